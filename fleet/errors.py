@@ -1,0 +1,45 @@
+"""The typed errors of fleet, and the exit codes the binaries map them to.
+
+Every refusal names what was wrong. Errors that end a boot carry a distinct exit
+code (`exit_code`) so that an operator, systemd or a wrapper script can tell them
+apart without parsing text; the library itself never exits, it raises.
+"""
+from __future__ import annotations
+
+# Exit codes. 0/1/2 keep their usual meanings (ok, runtime failure, usage);
+# 64-78 follow sysexits.h where one fits; the boot-refusal family gets its own.
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_CONFIG = 78  # EX_CONFIG: the configuration is invalid
+EXIT_NOT_RUNNING = 69  # EX_UNAVAILABLE: no fleet of that name is running
+EXIT_NO_PERMISSION = 77  # EX_NOPERM: a mutating op from a uid that may not
+EXIT_BELOW_HOST_FLOOR = 80  # fewer than 2 CPUs: no tier can host the fleet
+EXIT_QUOTA_TOO_SMALL = 81  # the declared peaks do not fit the quota
+EXIT_TABLE_IN_USE = 82  # a live fleet of that name owns the shared table
+EXIT_FUSE_TRIPPED = 83  # the exactly-one-outcome ledger found a duplicate or a gap
+
+
+class FleetError(Exception):
+    """Base of every error fleet raises on purpose."""
+
+    exit_code: int = EXIT_FAILURE
+
+
+class ConfigError(FleetError, ValueError):
+    """Configuration (file, dict or environment) is invalid.
+
+    `path` is the dotted path of the offending key, e.g. ``roles.solver.kind``.
+    """
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class BootRefused(FleetError):
+    """The fleet cannot boot as configured; the embedding process survives."""
+
+    exit_code = EXIT_QUOTA_TOO_SMALL

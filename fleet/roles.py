@@ -1,0 +1,180 @@
+"""Roles: the kinds of work a slot can be leased for, and how each reacts to cordon.
+
+A role is declared data: a name, a kind (how slots hold it), a cordon class (what
+posture does to its intake), a handler named as ``module:function``, a queue bound
+and its declared peak CPU share. The reference profile ships the eight roles of the
+worker-fleet design so that budgets and tests have a known vector to hold on to.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from . import fsm
+from .errors import ConfigError, FleetError
+
+KINDS = {name: i for i, name in enumerate(fsm.KIND_NAMES)}
+CORDON_CLASSES = {name: i for i, name in enumerate(fsm.CLASS_NAMES)}
+
+#: A role index must fit the slot word's 8-bit role field, below ANY_ROLE.
+MAX_ROLES = 64
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
+_HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class UnknownRoleError(FleetError, KeyError):
+    """A role name that the fleet does not declare."""
+
+    def __init__(self, name, known):
+        self.name = name
+        super().__init__(f"unknown role {name!r}; declared roles: {', '.join(known) or '(none)'}")
+
+    def __str__(self):  # KeyError would repr() the message
+        return self.args[0]
+
+
+@dataclass(frozen=True)
+class Role:
+    """One declared role.
+
+    Args:
+        name: lower-case identifier, unique in the fleet.
+        kind: ``pinned`` (keyed; one persistent pin per key), ``pooled`` or ``singleton``.
+        cordon_class: ``never``, ``floor`` (intake floored under cordon) or ``deferrable``.
+        handler: ``module:function`` run for each unit (None: declared, not active).
+        queue_bound: most units waiting in this role's queue; a full queue refuses.
+        peak_cpus: declared peak CPU share (cores) for the budget's sum check.
+        slots: how many slots this role may hold at once (pins for a pinned role).
+        io_bound: an I/O-dominant role may spend the fractional remainder of a quota.
+        timeout_s: per-unit run-time limit (None: none).
+    """
+
+    name: str
+    kind: str = "pooled"
+    cordon_class: str = "never"
+    handler: str | None = None
+    queue_bound: int = 1024
+    peak_cpus: float = 1.0
+    slots: int = 1
+    io_bound: bool = False
+    timeout_s: float | None = None
+
+    def __post_init__(self):
+        where = f"roles.{self.name}"
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ConfigError(where, "role name must match [a-z][a-z0-9_]{0,30}")
+        if self.kind not in KINDS:
+            raise ConfigError(f"{where}.kind", f"unknown kind {self.kind!r}; one of {', '.join(KINDS)}")
+        if self.cordon_class not in CORDON_CLASSES:
+            raise ConfigError(
+                f"{where}.cordon_class",
+                f"unknown cordon class {self.cordon_class!r}; one of {', '.join(CORDON_CLASSES)}",
+            )
+        if self.handler is not None and not (isinstance(self.handler, str) and _HANDLER_RE.match(self.handler)):
+            raise ConfigError(f"{where}.handler", f"handler must be 'module:function', got {self.handler!r}")
+        if not isinstance(self.queue_bound, int) or isinstance(self.queue_bound, bool) or self.queue_bound < 1:
+            raise ConfigError(f"{where}.queue_bound", f"must be an integer >= 1, got {self.queue_bound!r}")
+        if not isinstance(self.slots, int) or isinstance(self.slots, bool) or self.slots < 1:
+            raise ConfigError(f"{where}.slots", f"must be an integer >= 1, got {self.slots!r}")
+        if self.kind == "singleton" and self.slots != 1:
+            raise ConfigError(f"{where}.slots", "a singleton role holds exactly one slot")
+        if isinstance(self.peak_cpus, bool) or not isinstance(self.peak_cpus, (int, float)) or self.peak_cpus < 0:
+            raise ConfigError(f"{where}.peak_cpus", f"must be a number >= 0, got {self.peak_cpus!r}")
+        if self.timeout_s is not None and (
+            isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0
+        ):
+            raise ConfigError(f"{where}.timeout_s", f"must be a number > 0, got {self.timeout_s!r}")
+
+    @property
+    def kind_code(self) -> int:
+        return KINDS[self.kind]
+
+    @property
+    def class_code(self) -> int:
+        return CORDON_CLASSES[self.cordon_class]
+
+    @property
+    def keyed(self) -> bool:
+        return self.kind == "pinned"
+
+
+@dataclass(frozen=True)
+class RoleSet:
+    """The fleet's roles in a fixed order; a role's index is its code in the slot word."""
+
+    roles: tuple[Role, ...]
+    _index: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if not self.roles:
+            raise ConfigError("roles", "at least one role must be declared")
+        if len(self.roles) > MAX_ROLES:
+            raise ConfigError("roles", f"at most {MAX_ROLES} roles, got {len(self.roles)}")
+        index = {}
+        for i, role in enumerate(self.roles):
+            if role.name in index:
+                raise ConfigError(f"roles.{role.name}", "declared twice")
+            index[role.name] = i
+        object.__setattr__(self, "_index", index)
+
+    def __iter__(self):
+        return iter(self.roles)
+
+    def __len__(self):
+        return len(self.roles)
+
+    def __getitem__(self, name: str) -> Role:
+        return self.roles[self.code(name)]
+
+    def __contains__(self, name) -> bool:
+        return name in self._index
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.roles)
+
+    def code(self, name: str) -> int:
+        """The role's index; raises UnknownRoleError naming the declared roles."""
+        try:
+            return self._index[name]
+        except (KeyError, TypeError):
+            raise UnknownRoleError(name, self.names) from None
+
+    def by_code(self, code: int) -> Role:
+        if not 0 <= code < len(self.roles):
+            raise UnknownRoleError(code, self.names)
+        return self.roles[code]
+
+    def kind_codes(self) -> list[int]:
+        return [r.kind_code for r in self.roles]
+
+    def class_codes(self) -> list[int]:
+        return [r.class_code for r in self.roles]
+
+
+def _ref(name, kind, cordon_class, *, peak, slots, io_bound=False):
+    return Role(
+        name=name,
+        kind=kind,
+        cordon_class=cordon_class,
+        handler=None,
+        peak_cpus=peak,
+        slots=slots,
+        io_bound=io_bound,
+    )
+
+
+#: The reference profile (worker-fleet design, §3.1 and §5 at Q=8): four active
+#: roles and four declared background ones with their cordon classes.
+REFERENCE_ROLES = RoleSet(
+    (
+        _ref("solver", "pinned", "never", peak=3, slots=6),
+        _ref("simdriver", "pooled", "floor", peak=0, slots=4, io_bound=True),
+        _ref("resolve", "pooled", "never", peak=1, slots=1),
+        _ref("merge", "singleton", "never", peak=1, slots=1),
+        _ref("poolstateupdater", "pooled", "deferrable", peak=0, slots=1),
+        _ref("registrar", "pooled", "deferrable", peak=0, slots=1),
+        _ref("verifier", "pooled", "deferrable", peak=0, slots=1),
+        _ref("submitter", "pooled", "never", peak=0, slots=1),
+    )
+)
