@@ -1,0 +1,216 @@
+"""numba transition kernels over the shared table.
+
+`apply_transition` validates (old word, event) against the slot FSM and installs the
+new word with one compare-and-swap. On a lost race it re-reads and re-validates, so
+a word the FSM forbids is never written. It returns a reason code (fleet.fsm.OK or
+an R_* code) and never raises: bad indices are reason codes, not segfaults.
+
+The FSM's lookup arrays are generated from `fleet.fsm.TRANSITIONS`; numba freezes
+them into the compiled code, so the cache is valid exactly as long as the table is.
+
+Kernels are compiled without numba's reference-counting runtime (`_nrt=False`): with
+it, every call between njit functions increments and decrements each array argument's
+refcount with locked instructions, which costs more than the transition itself
+(~80 ns against ~19 ns). An njit loop that calls these kernels should be compiled the
+same way, or use `apply_batch`.
+
+Field writers (`seq_write`, `add_field`) keep the seqlock discipline for records that
+have a single writer: bump the sequence to odd, store the fields, bump it to even,
+all with release stores, so a lock-free reader can detect and retry a torn read.
+"""
+from __future__ import annotations
+
+from .numba_env import ensure_cache_dir
+
+ensure_cache_dir()
+
+import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
+
+from .. import fsm  # noqa: E402
+from . import layout as L  # noqa: E402
+from .atomics import compare_and_swap, fetch_add, load_acquire, store_release  # noqa: E402
+
+
+def _tables():
+    nxt = np.full((fsm.N_STATES, fsm.N_EVENTS), -1, dtype=np.int64)
+    kinds = np.zeros((fsm.N_STATES, fsm.N_EVENTS), dtype=np.int64)
+    gated = np.zeros((fsm.N_STATES, fsm.N_EVENTS), dtype=np.int64)
+    for (state, event), (to, _tid, allowed, is_gated) in fsm.TRANSITIONS.items():
+        nxt[state, event] = to
+        kinds[state, event] = sum(1 << k for k in allowed)
+        gated[state, event] = int(is_gated)
+    return nxt, kinds, gated
+
+
+_NEXT, _KIND_MASK, _GATED = _tables()
+
+SLOT_FIELDS = L.SLOT_SIZE // L.U64
+ROLE_FIELDS = L.ROLE_SIZE // L.U64
+
+_STATE_MASK = np.uint64(L.STATE_MASK)
+_ROLE_MASK = np.uint64(L.ROLE_MASK)
+_KEY_MASK = np.uint64(L.KEY_MASK)
+_GEN_MASK = np.uint64(L.GEN_MASK)
+_ROLE_SHIFT = np.uint64(L.ROLE_SHIFT)
+_KEY_SHIFT = np.uint64(L.KEY_SHIFT)
+_GEN_SHIFT = np.uint64(L.GEN_SHIFT)
+
+_N_STATES = fsm.N_STATES
+_N_EVENTS = fsm.N_EVENTS
+_ANY_ROLE = fsm.ANY_ROLE
+_LEASE, _RESUME = fsm.LEASE, fsm.RESUME
+_IDLE = fsm.IDLE
+_KIND_PINNED = fsm.KIND_PINNED
+_CLASS_DEFERRABLE = fsm.CLASS_DEFERRABLE
+_CORDONED = fsm.CORDONED
+_MAX_KEY = fsm.MAX_KEY
+_OK, _R_ILLEGAL, _R_WRONG_ROLE, _R_WRONG_KIND = fsm.OK, fsm.R_ILLEGAL, fsm.R_WRONG_ROLE, fsm.R_WRONG_KIND
+_R_KEY_MISMATCH, _R_CORDONED, _R_BAD_SLOT = fsm.R_KEY_MISMATCH, fsm.R_CORDONED, fsm.R_BAD_SLOT
+_R_BAD_EVENT, _R_BAD_ROLE, _R_BAD_KEY, _R_STALE = fsm.R_BAD_EVENT, fsm.R_BAD_ROLE, fsm.R_BAD_KEY, fsm.R_STALE
+_P_STATE = L.P_STATE
+_R_KIND, _R_CLASS = L.R_KIND, L.R_CLASS
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def pack(state, role, key, gen):
+    return (
+        (np.uint64(state) & _STATE_MASK)
+        | ((np.uint64(role) & _ROLE_MASK) << _ROLE_SHIFT)
+        | ((np.uint64(key) & _KEY_MASK) << _KEY_SHIFT)
+        | ((np.uint64(gen) & _GEN_MASK) << _GEN_SHIFT)
+    )
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def _decide(old, event, role, key, expected_gen, roles, n_roles, posture):
+    """(reason, new word) for `event` on a slot whose word is `old`."""
+    state = np.int64(old & _STATE_MASK)
+    slot_role = np.int64((old >> _ROLE_SHIFT) & _ROLE_MASK)
+    slot_key = np.int64((old >> _KEY_SHIFT) & _KEY_MASK)
+    gen = np.int64((old >> _GEN_SHIFT) & _GEN_MASK)
+    if expected_gen >= 0 and gen != expected_gen:
+        return _R_STALE, old
+    if state >= _N_STATES:
+        return _R_ILLEGAL, old  # a word no transition could have written
+    nxt = _NEXT[state, event]
+    if nxt < 0:
+        return _R_ILLEGAL, old
+    if event != _LEASE and role != _ANY_ROLE and role != slot_role:
+        return _R_WRONG_ROLE, old
+    r = role if event == _LEASE else slot_role
+    if r >= n_roles:
+        return _R_BAD_ROLE, old
+    kind = np.int64(roles[r * ROLE_FIELDS + _R_KIND])
+    klass = np.int64(roles[r * ROLE_FIELDS + _R_CLASS])
+    if (_KIND_MASK[state, event] >> kind) & 1 == 0:
+        return _R_WRONG_KIND, old
+    if event == _LEASE and (key < 0 or key > _MAX_KEY or (key != 0 and kind != _KIND_PINNED)):
+        return _R_BAD_KEY, old
+    if event == _RESUME and key != slot_key:
+        return _R_KEY_MISMATCH, old
+    if _GATED[state, event] != 0 and klass == _CLASS_DEFERRABLE:
+        if np.int64(load_acquire(posture, _P_STATE)) == _CORDONED:
+            return _R_CORDONED, old
+    new_gen = gen + 1
+    if event == _LEASE:
+        return _OK, pack(nxt, r, key, new_gen)
+    if nxt == _IDLE:
+        return _OK, pack(nxt, 0, 0, new_gen)
+    return _OK, pack(nxt, slot_role, slot_key, new_gen)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def apply_transition(slots, roles, n_roles, posture, slot, event, role, key, expected_gen):
+    """Apply one event to one slot; returns fsm.OK or the reason it was refused.
+
+    Args:
+        slots: uint64 view of the slots region; roles: of the roles region;
+        posture: of the posture record. n_roles: declared roles.
+        role: the role the event concerns (fsm.ANY_ROLE: the slot's own).
+        key: pin key for LEASE / RESUME, else ignored.
+        expected_gen: apply only if the slot's generation is this (-1: any).
+    """
+    n_slots = slots.size // SLOT_FIELDS
+    if slot < 0 or slot >= n_slots:
+        return _R_BAD_SLOT
+    if event < 0 or event >= _N_EVENTS:
+        return _R_BAD_EVENT
+    if role != _ANY_ROLE and (role < 0 or role >= n_roles):
+        return _R_BAD_ROLE
+    if event == _LEASE and role == _ANY_ROLE:
+        return _R_BAD_ROLE
+    idx = slot * SLOT_FIELDS
+    while True:
+        old = load_acquire(slots, idx)
+        reason, new = _decide(old, event, role, key, expected_gen, roles, n_roles, posture)
+        if reason != _OK:
+            return reason
+        if compare_and_swap(slots, idx, old, new):
+            return _OK
+        # Lost the race: somebody changed the word; re-read and re-validate.
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def apply_batch(slots, roles, n_roles, posture, slot_ids, events, role_ids, keys, out):
+    """Apply events[i] to slot_ids[i] in order; out[i] gets each reason. Returns #applied."""
+    applied = 0
+    n = min(slot_ids.size, events.size, role_ids.size, keys.size, out.size)
+    for i in range(n):
+        reason = apply_transition(slots, roles, n_roles, posture, slot_ids[i], events[i], role_ids[i], keys[i], -1)
+        out[i] = reason
+        if reason == _OK:
+            applied += 1
+    return applied
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def read_word(slots, slot):
+    """The slot's word (acquire), or 0xFFFF.. for an index out of range."""
+    if slot < 0 or slot >= slots.size // SLOT_FIELDS:
+        return np.uint64(0xFFFFFFFFFFFFFFFF)
+    return load_acquire(slots, slot * SLOT_FIELDS)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def seq_write(arr, seq_idx, field_idx, values):
+    """Seqlocked write of arr[field_idx[i]] = values[i] by the record's single writer."""
+    if seq_idx < 0 or seq_idx >= arr.size:
+        return False
+    for i in range(field_idx.size):
+        if field_idx[i] < 0 or field_idx[i] >= arr.size:
+            return False
+    seq = load_acquire(arr, seq_idx)
+    store_release(arr, seq_idx, seq + np.uint64(1))  # odd: write in progress
+    for i in range(field_idx.size):
+        store_release(arr, field_idx[i], values[i])
+    store_release(arr, seq_idx, seq + np.uint64(2))  # even: consistent again
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def add_field(arr, idx, delta):
+    """Atomic arr[idx] += delta; returns the old value (0 when idx is out of range)."""
+    if idx < 0 or idx >= arr.size:
+        return np.uint64(0)
+    return fetch_add(arr, idx, delta)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def store_field(arr, idx, value):
+    """Release-store arr[idx] = value (a single-word field with one writer)."""
+    if idx < 0 or idx >= arr.size:
+        return False
+    store_release(arr, idx, value)
+    return True
+
+
+def warm_up(slots, roles, n_roles, posture) -> None:
+    """Compile (or load from cache) every kernel with the table's argument types."""
+    apply_transition(slots, roles, n_roles, posture, -1, 0, 0, 0, -1)
+    ids = np.zeros(0, dtype=np.int64)
+    apply_batch(slots, roles, n_roles, posture, ids, ids, ids, ids, ids)
+    read_word(slots, -1)
+    seq_write(slots, -1, ids, np.zeros(0, dtype=np.uint64))
+    add_field(slots, -1, np.uint64(0))
+    store_field(slots, -1, np.uint64(0))

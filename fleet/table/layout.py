@@ -1,0 +1,189 @@
+"""Byte layout of the shared-memory table, and the slot word's bit fields.
+
+The table is one POSIX shared-memory segment:
+
+    header      256 B   identity (magic, version, boot id, creator), sizes, region offsets, name
+    posture     128 B   posture word + its seqlocked record, then the six live thresholds
+    ledger      128 B   outcome counters (seqlocked), then failures by reason
+    roles       128 B each: kind, cordon class, bounds, queue depth, in-use count, name
+    slots        64 B each: the slot word, then a seqlocked record (unit, pid, cpu set, binding)
+    bulkheads   128 B each: room for the provider admission's per-pool counters
+
+Every record starts on a 64-byte boundary so that two processes hammering different
+records never share a cache line. All fields are little-endian 64-bit words unless a
+name says otherwise; a region is viewed as a flat uint64 array and a field is
+``base + record * STRIDE + FIELD``.
+
+The slot word (64 bits) is the slot's whole FSM state, changed only by CAS:
+
+    bits  0..3   state      (fleet.fsm: Idle, Leased, Running, Pinned, Draining)
+    bits  4..11  role       (index into the roles region)
+    bits 12..35  key        (pin key; 0 when the role takes none)
+    bits 36..63  generation (bumped by every accepted transition, wraps at 2**28)
+
+This module is pure: constants and arithmetic, no numba, no shared memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MAGIC = int.from_bytes(b"FLEETTBL", "little")
+LAYOUT_VERSION = 1
+LINE = 64  # cache line: the unit of alignment for every record
+
+# --- slot word ------------------------------------------------------------------
+STATE_BITS, ROLE_BITS, KEY_BITS, GEN_BITS = 4, 8, 24, 28
+ROLE_SHIFT = STATE_BITS
+KEY_SHIFT = ROLE_SHIFT + ROLE_BITS
+GEN_SHIFT = KEY_SHIFT + KEY_BITS
+STATE_MASK = (1 << STATE_BITS) - 1
+ROLE_MASK = (1 << ROLE_BITS) - 1
+KEY_MASK = (1 << KEY_BITS) - 1
+GEN_MASK = (1 << GEN_BITS) - 1
+assert GEN_SHIFT + GEN_BITS == 64
+
+
+def pack_word(state: int, role: int, key: int, gen: int) -> int:
+    """The slot word for (state, role, key, generation); generation wraps."""
+    return (
+        (state & STATE_MASK)
+        | ((role & ROLE_MASK) << ROLE_SHIFT)
+        | ((key & KEY_MASK) << KEY_SHIFT)
+        | ((gen & GEN_MASK) << GEN_SHIFT)
+    )
+
+
+def unpack_word(word: int) -> tuple[int, int, int, int]:
+    """(state, role, key, generation) of a slot word."""
+    word = int(word)
+    return (
+        word & STATE_MASK,
+        (word >> ROLE_SHIFT) & ROLE_MASK,
+        (word >> KEY_SHIFT) & KEY_MASK,
+        (word >> GEN_SHIFT) & GEN_MASK,
+    )
+
+
+# --- header (256 bytes) ------------------------------------------------------------
+HEADER_SIZE = 256
+HEADER_DTYPE = np.dtype(
+    [
+        ("magic", "<u8"),  # written last by the creator: a set magic means "initialised"
+        ("version", "<u4"),
+        ("header_size", "<u4"),
+        ("total_size", "<u8"),
+        ("boot_id", "S16"),
+        ("creator_pid", "<i8"),
+        ("creator_start", "<u8"),  # /proc/<pid>/stat start time: tells pid reuse apart
+        ("created_ns", "<u8"),  # CLOCK_REALTIME ns
+        ("n_slots", "<u4"),
+        ("n_roles", "<u4"),
+        ("n_bulkheads", "<u4"),
+        ("flags", "<u4"),
+        ("posture_off", "<u8"),
+        ("ledger_off", "<u8"),
+        ("roles_off", "<u8"),
+        ("slots_off", "<u8"),
+        ("bulkheads_off", "<u8"),
+        ("name", "S64"),
+        ("meta_json_len", "<u4"),  # reserved for a future out-of-band metadata blob
+        ("_pad", "V68"),
+    ]
+)
+assert HEADER_DTYPE.itemsize == HEADER_SIZE, HEADER_DTYPE.itemsize
+
+FLAG_CLOSING = 1  # the owner is shutting down; take nothing new
+
+# --- posture record (2 lines, u64 fields) ------------------------------------------
+POSTURE_SIZE = 2 * LINE
+P_STATE = 0  # posture word (fleet.fsm.NOMINAL / CORDONED), read by the kernels
+P_SEQ = 1  # seqlock over fields 2..15
+P_CAUSE = 2
+P_SINCE_NS = 3  # CLOCK_MONOTONIC ns of the last change
+P_ENTER_COUNT = 4
+P_EXIT_COUNT = 5
+P_CORDONED_NS = 6  # total time spent Cordoned before the current dwell
+P_SUPPRESSED = 7  # intake refused or deferred by posture
+# second line: the live thresholds (ints, except duty stored as duty * 1e6)
+P_ENTER_EVENTS = 8
+P_ENTER_WINDOW_MS = 9
+P_DUTY_PPM = 10  # cordon_duty_percent * 10_000 (parts per million of time)
+P_DUTY_WINDOW_MS = 11
+P_EXIT_CLEAN_MS = 12
+P_INTAKE_FLOOR = 13  # 0 = unset (half the slot cap)
+POSTURE_CAUSES = ("none", "throttle-events", "throttle-duty", "lane-death", "operator")
+
+# --- ledger record (2 lines) ---------------------------------------------------------
+LEDGER_SIZE = 2 * LINE
+L_SEQ = 0
+L_SUBMITTED = 1
+L_SOLVED = 2
+L_SUPPRESSED = 3
+L_FAILED = 4
+L_INFLIGHT = 5
+L_FAILED_BY_REASON = 8  # second line: 8 counters, by fleet failure reason code
+N_FAILURE_REASONS = 8
+
+# --- role records (2 lines each) -------------------------------------------------------
+ROLE_SIZE = 2 * LINE
+R_KIND = 0
+R_CLASS = 1
+R_QUEUE_BOUND = 2
+R_QUEUE_DEPTH = 3
+R_SLOT_CAP = 4
+R_IN_USE = 5
+R_SEQ = 6
+R_NAME_BYTE = LINE  # second line: the name, NUL-padded, 32 bytes
+ROLE_NAME_BYTES = 32
+
+# --- slot records (1 line each) ---------------------------------------------------------
+SLOT_SIZE = LINE
+S_WORD = 0  # the FSM word; CAS only
+S_SEQ = 1  # seqlock over fields 2..6 (one writer: the supervisor)
+S_UNIT = 2  # unit id the slot runs or last ran
+S_PID = 3  # worker pid serving the slot (0: none)
+S_CPUS_LO = 4  # cpu set bitmask, cpus 0..63
+S_CPUS_HI = 5  # cpus 64..127
+S_BINDING = 6  # 0 pinned, 1 shared, 2 logical
+S_DONE = 7  # units completed on this slot (atomic add)
+BINDINGS = ("pinned", "shared", "logical")
+
+# --- bulkhead records (2 lines each) -----------------------------------------------------
+BULKHEAD_SIZE = 2 * LINE
+B_STATE = 0
+B_SEQ = 1
+B_INFLIGHT = 2
+B_SUCCESSES = 3
+B_FAILURES = 4
+B_CLOSED_UNTIL_NS = 5
+B_BACKOFF_UNTIL_NS = 6
+B_NAME_BYTE = LINE  # second line: the pool name, 64 bytes
+
+U64 = 8  # bytes per field
+
+
+def _align(n: int) -> int:
+    return (n + LINE - 1) // LINE * LINE
+
+
+def region_offsets(n_slots: int, n_roles: int, n_bulkheads: int) -> dict[str, int]:
+    """Byte offsets of each region, and `total_size`; every region starts on a line."""
+    off = HEADER_SIZE
+    out = {"posture_off": off}
+    off += POSTURE_SIZE
+    out["ledger_off"] = off
+    off += LEDGER_SIZE
+    out["roles_off"] = off
+    off += _align(n_roles * ROLE_SIZE)
+    out["slots_off"] = off
+    off += _align(n_slots * SLOT_SIZE)
+    out["bulkheads_off"] = off
+    off += _align(n_bulkheads * BULKHEAD_SIZE)
+    out["total_size"] = off
+    return out
+
+
+#: Limits a header must satisfy to be believed (a corrupt header names the field).
+MAX_SLOTS = 4096
+MAX_ROLES = 64
+MAX_BULKHEADS = 4096

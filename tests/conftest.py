@@ -1,0 +1,41 @@
+"""Shared fixtures. Every test gets its own fleet name, so segments never collide
+under pytest-xdist, and whatever a test creates is removed even when it fails."""
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import pytest
+
+from fleet.table import segment
+
+
+@pytest.fixture
+def fleet_name(request):
+    """A fleet name unique to this test; its table segment is unlinked afterwards."""
+    name = f"t{os.getpid()}-{uuid.uuid4().hex[:10]}"
+    yield name
+    segment.unlink(name)
+
+
+@pytest.fixture
+def reaper():
+    """Collects child pids (or Popen/Process objects); kills what is still alive at teardown."""
+    children = []
+    yield children
+    for child in children:
+        pid = getattr(child, "pid", child)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, TypeError):
+            pass
+        try:
+            if hasattr(child, "join"):
+                child.join(5)
+            elif hasattr(child, "wait"):
+                child.wait(5)
+            else:
+                os.waitpid(pid, 0)
+        except (ChildProcessError, OSError):
+            pass

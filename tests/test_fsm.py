@@ -1,0 +1,143 @@
+"""The slot FSM as data: every state x event pair, the listed illegal transitions,
+and the guards — against expectations written out here, not derived from the table."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from fleet import fsm
+from fleet.fsm import (
+    ANY_ROLE,
+    CLASS_DEFERRABLE,
+    CLASS_FLOOR,
+    CLASS_NEVER,
+    CORDONED,
+    DRAIN,
+    DRAINED,
+    DRAINING,
+    IDLE,
+    KIND_PINNED,
+    KIND_POOLED,
+    KIND_SINGLETON,
+    LEASE,
+    LEASED,
+    NOMINAL,
+    PIN_KEYED,
+    PIN_SINGLETON,
+    PINNED,
+    RELEASE,
+    RESUME,
+    RUNNING,
+    START,
+    UNPIN,
+)
+
+# The reference's T1..T9, written out independently of fsm.TRANSITIONS.
+EXPECTED_LEGAL = {
+    (IDLE, LEASE): (LEASED, "T1"),
+    (LEASED, START): (RUNNING, "T2"),
+    (RUNNING, PIN_KEYED): (PINNED, "T3"),
+    (RUNNING, PIN_SINGLETON): (PINNED, "T4"),
+    (RUNNING, RELEASE): (IDLE, "T5"),
+    (PINNED, RESUME): (RUNNING, "T6"),
+    (RUNNING, DRAIN): (DRAINING, "T7"),
+    (DRAINING, DRAINED): (IDLE, "T8"),
+    (PINNED, UNPIN): (IDLE, "T9"),
+}
+ALL_PAIRS = list(itertools.product(range(fsm.N_STATES), range(fsm.N_EVENTS)))
+
+
+def test_table_has_exactly_the_nine_reference_transitions():
+    got = {pair: (to, tid) for pair, (to, tid, _k, _g) in fsm.TRANSITIONS.items()}
+    assert got == EXPECTED_LEGAL
+
+
+@pytest.mark.parametrize("state,event", ALL_PAIRS, ids=[f"{fsm.STATE_NAMES[s]}-{fsm.EVENT_NAMES[e]}" for s, e in ALL_PAIRS])
+def test_every_state_event_pair(state, event):
+    """Legal pairs reach the expected state for some kind; illegal ones are refused unchanged."""
+    results = []
+    for kind in (KIND_PINNED, KIND_POOLED, KIND_SINGLETON):
+        key = 3 if kind == KIND_PINNED else 0
+        results.append(fsm.decide(state, 1, key, event, ANY_ROLE if event != LEASE else 1, key, kind, CLASS_NEVER, NOMINAL))
+    if (state, event) in EXPECTED_LEGAL:
+        assert any(r[0] == fsm.OK and r[1] == EXPECTED_LEGAL[(state, event)][0] for r in results)
+    else:
+        for reason, nxt, role, key in results:
+            assert reason == fsm.R_ILLEGAL
+            assert nxt == state and role == 1
+
+
+# --- the illegal transitions the reference lists -------------------------------------
+def test_idle_to_running_needs_a_lease():
+    assert fsm.decide(IDLE, 0, 0, START, ANY_ROLE, 0, KIND_POOLED, CLASS_NEVER, NOMINAL)[0] == fsm.R_ILLEGAL
+
+
+@pytest.mark.parametrize("kind", [KIND_PINNED, KIND_SINGLETON])
+def test_running_to_idle_mid_unit_is_refused_for_pinned_kinds(kind):
+    reason, nxt, *_ = fsm.decide(RUNNING, 0, 0, RELEASE, ANY_ROLE, 0, kind, CLASS_NEVER, NOMINAL)
+    assert (reason, nxt) == (fsm.R_WRONG_KIND, RUNNING)
+
+
+def test_pinned_rekeying_is_refused():
+    # No event takes Pinned(k) to Pinned(k'): LEASE is illegal there and RESUME checks the key.
+    assert fsm.decide(PINNED, 0, 5, LEASE, 0, 6, KIND_PINNED, CLASS_NEVER, NOMINAL)[0] == fsm.R_ILLEGAL
+    assert fsm.decide(PINNED, 0, 5, RESUME, ANY_ROLE, 6, KIND_PINNED, CLASS_NEVER, NOMINAL)[0] == fsm.R_KEY_MISMATCH
+    assert fsm.decide(PINNED, 0, 5, RESUME, ANY_ROLE, 5, KIND_PINNED, CLASS_NEVER, NOMINAL)[:2] == (fsm.OK, RUNNING)
+
+
+def test_rekeying_goes_through_unpin_then_lease():
+    reason, state, role, key = fsm.decide(PINNED, 0, 5, UNPIN, ANY_ROLE, 0, KIND_PINNED, CLASS_NEVER, NOMINAL)
+    assert (reason, state) == (fsm.OK, IDLE)
+    assert fsm.decide(state, role, key, LEASE, 0, 6, KIND_PINNED, CLASS_NEVER, NOMINAL) == (fsm.OK, LEASED, 0, 6)
+
+
+def test_draining_to_leased_is_refused():
+    assert fsm.decide(DRAINING, 0, 0, LEASE, 0, 0, KIND_POOLED, CLASS_NEVER, NOMINAL)[0] == fsm.R_ILLEGAL
+
+
+@pytest.mark.parametrize("state,event", [(IDLE, LEASE), (LEASED, START), (PINNED, RESUME)])
+def test_deferrable_role_cannot_lease_or_run_under_cordon(state, event):
+    kind = KIND_PINNED if state == PINNED else KIND_POOLED
+    key = 2 if kind == KIND_PINNED else 0
+    role = 0 if event == LEASE else ANY_ROLE
+    assert fsm.decide(state, 0, key, event, role, key, kind, CLASS_DEFERRABLE, CORDONED)[0] == fsm.R_CORDONED
+    assert fsm.decide(state, 0, key, event, role, key, kind, CLASS_DEFERRABLE, NOMINAL)[0] == fsm.OK
+    # Floor and never classes are not refused by the FSM under cordon (floor is a capacity rule).
+    for klass in (CLASS_NEVER, CLASS_FLOOR):
+        assert fsm.decide(state, 0, key, event, role, key, kind, klass, CORDONED)[0] == fsm.OK
+
+
+@pytest.mark.parametrize("state,event", [(RUNNING, DRAIN), (DRAINING, DRAINED), (RUNNING, RELEASE)])
+def test_in_flight_work_always_completes_under_cordon(state, event):
+    assert fsm.decide(state, 0, 0, event, ANY_ROLE, 0, KIND_POOLED, CLASS_DEFERRABLE, CORDONED)[0] == fsm.OK
+
+
+def test_event_for_another_role_is_refused():
+    assert fsm.decide(RUNNING, 2, 0, RELEASE, 3, 0, KIND_POOLED, CLASS_NEVER, NOMINAL)[0] == fsm.R_WRONG_ROLE
+    assert fsm.decide(RUNNING, 2, 0, RELEASE, 2, 0, KIND_POOLED, CLASS_NEVER, NOMINAL)[0] == fsm.OK
+
+
+def test_keys_only_for_pinned_roles_and_within_the_word():
+    assert fsm.decide(IDLE, 0, 0, LEASE, 1, 4, KIND_POOLED, CLASS_NEVER, NOMINAL)[0] == fsm.R_BAD_KEY
+    assert fsm.decide(IDLE, 0, 0, LEASE, 1, fsm.MAX_KEY + 1, KIND_PINNED, CLASS_NEVER, NOMINAL)[0] == fsm.R_BAD_KEY
+    assert fsm.decide(IDLE, 0, 0, LEASE, 1, fsm.MAX_KEY, KIND_PINNED, CLASS_NEVER, NOMINAL)[0] == fsm.OK
+
+
+def test_kind_guards_per_completion():
+    # T3 only pinned, T4 only singleton, T5 only pooled.
+    cases = {PIN_KEYED: KIND_PINNED, PIN_SINGLETON: KIND_SINGLETON, RELEASE: KIND_POOLED}
+    for event, allowed in cases.items():
+        for kind in (KIND_PINNED, KIND_POOLED, KIND_SINGLETON):
+            reason = fsm.decide(RUNNING, 0, 0, event, ANY_ROLE, 0, kind, CLASS_NEVER, NOMINAL)[0]
+            assert (reason == fsm.OK) == (kind == allowed), (event, kind)
+
+
+def test_leaving_to_idle_clears_role_and_key():
+    assert fsm.decide(PINNED, 3, 9, UNPIN, ANY_ROLE, 0, KIND_PINNED, CLASS_NEVER, NOMINAL) == (fsm.OK, IDLE, 0, 0)
+
+
+def test_bad_event_code():
+    assert fsm.decide(IDLE, 0, 0, 99, 0, 0, KIND_POOLED, CLASS_NEVER, NOMINAL)[0] == fsm.R_BAD_EVENT
+    assert fsm.transition_id(IDLE, START) is None
+    assert fsm.transition_id(IDLE, LEASE) == "T1"

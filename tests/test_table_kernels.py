@@ -1,0 +1,212 @@
+"""The numba transition kernels against the pure rule, over the full product of
+state x event x role kind x cordon class x posture x role/key arguments, on a real
+shared-memory table; plus bad input (indices, events, roles) that must change nothing."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from fleet import fsm
+from fleet.roles import REFERENCE_ROLES, Role, RoleSet
+from fleet.table import SlotTable, TransitionRejected, UnknownEvent
+from fleet.table import layout as L
+from fleet.table.kernels import SLOT_FIELDS
+
+KINDS = ("pinned", "pooled", "singleton")
+CLASSES = ("never", "floor", "deferrable")
+#: one role per (kind, cordon class), so every guard combination is reachable
+MATRIX = RoleSet(tuple(Role(name=f"{k}_{c}", kind=k, cordon_class=c) for k in KINDS for c in CLASSES))
+
+
+@pytest.fixture
+def table(fleet_name):
+    t = SlotTable.create(fleet_name, MATRIX, 4)
+    yield t
+    t.close()
+    t.unlink()
+
+
+def _force_word(table, slot, word):
+    """Test-only: put a slot in an arbitrary state (the runtime never writes words directly)."""
+    table.slots[slot * SLOT_FIELDS + L.S_WORD] = word
+
+
+def _set_posture(table, posture):
+    table.set_posture(posture)
+
+
+def test_kernel_matches_the_pure_rule_over_the_full_product(table):
+    cases = 0
+    for state, event, slot_role, posture in itertools.product(
+        range(fsm.N_STATES), range(fsm.N_EVENTS), range(len(MATRIX)), (fsm.NOMINAL, fsm.CORDONED)
+    ):
+        _set_posture(table, posture)
+        slot_kind = MATRIX.by_code(slot_role).kind_code
+        slot_key = 5 if (slot_kind == fsm.KIND_PINNED and state != fsm.IDLE) else 0
+        role_in_word = slot_role if state != fsm.IDLE else 0
+        key_in_word = slot_key if state != fsm.IDLE else 0
+        word = L.pack_word(state, role_in_word, key_in_word, 41)
+        role_args = (fsm.ANY_ROLE, slot_role, (slot_role + 1) % len(MATRIX)) if event != fsm.LEASE else tuple(range(len(MATRIX)))
+        for role_arg, key_arg in itertools.product(role_args, (0, 5, 6)):
+            _force_word(table, 0, word)
+            concerned = role_arg if event == fsm.LEASE else role_in_word
+            role_obj = MATRIX.by_code(concerned)
+            want = fsm.decide(state, role_in_word, key_in_word, event, role_arg, key_arg,
+                              role_obj.kind_code, role_obj.class_code, posture)
+            reason = table.transition(0, event, role_arg, key_arg)
+            assert reason == want[0], (fsm.STATE_NAMES[state], fsm.EVENT_NAMES[event], role_arg, key_arg, posture)
+            after = table.word(0)
+            if reason == fsm.OK:
+                assert L.unpack_word(after) == (want[1], want[2], want[3], 42)
+            else:
+                assert after == word, "a refused transition changed the word"
+            cases += 1
+    per_pair = (fsm.N_EVENTS - 1) * 3 + len(MATRIX)  # role arguments tried per (state, role, posture)
+    assert cases == fsm.N_STATES * len(MATRIX) * 2 * per_pair * 3
+
+
+def test_generation_wraps_without_touching_other_fields(table):
+    _force_word(table, 1, L.pack_word(fsm.IDLE, 0, 0, L.GEN_MASK))
+    pinned = MATRIX.code("pinned_never")
+    table.apply(1, "LEASE", pinned, L.KEY_MASK)
+    assert table.state(1) == (fsm.LEASED, pinned, L.KEY_MASK, 0)
+
+
+def test_expected_generation_guards_against_stale_callers(table):
+    pooled = MATRIX.code("pooled_never")
+    table.apply(2, "LEASE", pooled)
+    gen = table.state(2)[3]
+    assert table.transition(2, "START", expected_gen=gen - 1) == fsm.R_STALE
+    assert table.state(2)[0] == fsm.LEASED
+    assert table.transition(2, "START", expected_gen=gen) == fsm.OK
+
+
+@pytest.mark.parametrize("slot", [-1, 4, 10**9, -(2**40)])
+def test_slot_out_of_range_is_a_reason_not_a_segfault(table, slot):
+    before = table.segment.mm[:]
+    assert table.transition(slot, "LEASE", 0) == fsm.R_BAD_SLOT
+    with pytest.raises(TransitionRejected, match="slot out of range"):
+        table.apply(slot, "LEASE", 0)
+    assert table.segment.mm[:] == before
+
+
+@pytest.mark.parametrize("role", [-2, len(MATRIX), 254])
+def test_role_out_of_range_is_refused(table, role):
+    before = table.segment.mm[:]
+    assert table.transition(0, "LEASE", role) == fsm.R_BAD_ROLE
+    assert table.segment.mm[:] == before
+
+
+def test_lease_needs_a_role(table):
+    assert table.transition(0, "LEASE", fsm.ANY_ROLE) == fsm.R_BAD_ROLE
+
+
+@pytest.mark.parametrize("event", ["LAUNCH", "T10", 9, -1, None, 2.5])
+def test_unknown_event_is_a_typed_error(table, event):
+    before = table.segment.mm[:]
+    with pytest.raises(UnknownEvent):
+        table.transition(0, event, 0)
+    assert table.segment.mm[:] == before
+
+
+def test_bad_event_code_inside_the_kernel(table):
+    from fleet.table import kernels
+
+    assert kernels.apply_transition(table.slots, table.roles, table.n_roles, table.posture, 0, 42, 0, 0, -1) == fsm.R_BAD_EVENT
+
+
+def test_events_by_transition_id_and_name(table):
+    pooled = MATRIX.code("pooled_never")
+    table.apply(0, "T1", pooled)
+    table.apply(0, "start")
+    table.apply(0, "T5")
+    assert table.state(0)[0] == fsm.IDLE
+
+
+def test_rejection_message_names_slot_event_state_and_reason(table):
+    with pytest.raises(TransitionRejected) as info:
+        table.apply(3, "START")
+    assert info.value.reason == fsm.R_ILLEGAL
+    assert "slot 3" in str(info.value) and "START" in str(info.value) and "Idle" in str(info.value)
+
+
+def test_batch_applies_in_order_and_reports_each_reason(table):
+    pooled = MATRIX.code("pooled_never")
+    any_ = fsm.ANY_ROLE
+    reasons = table.apply_batch(
+        [0, 0, 0, 0, 9, 1],
+        [fsm.LEASE, fsm.START, fsm.START, fsm.RELEASE, fsm.LEASE, fsm.START],
+        [pooled, any_, any_, any_, pooled, any_],
+        [0, 0, 0, 0, 0, 0],
+    )
+    assert reasons.tolist() == [fsm.OK, fsm.OK, fsm.R_ILLEGAL, fsm.OK, fsm.R_BAD_SLOT, fsm.R_ILLEGAL]
+    assert table.state(0) == (fsm.IDLE, 0, 0, 3)
+
+
+def test_batch_rejects_ragged_input(table):
+    with pytest.raises(ValueError):
+        table.apply_batch([0, 1], [0], [0], [0])
+
+
+def test_word_index_checked(table):
+    with pytest.raises(IndexError):
+        table.word(4)
+    with pytest.raises(IndexError):
+        table.set_slot_meta(-1, pid=1)
+
+
+def test_cordon_read_from_the_table_gates_deferrable_roles(table):
+    deferrable = MATRIX.code("pooled_deferrable")
+    floor = MATRIX.code("pooled_floor")
+    table.set_posture(fsm.CORDONED)
+    assert table.transition(0, "LEASE", deferrable) == fsm.R_CORDONED
+    assert table.transition(0, "LEASE", floor) == fsm.OK
+    table.set_posture(fsm.NOMINAL)
+    assert table.transition(1, "LEASE", deferrable) == fsm.OK
+
+
+def test_meta_and_counters_land_in_the_snapshot(table):
+    table.set_slot_meta(2, unit=77, pid=4242, cpus=[0, 65], binding="logical")
+    table.count_done(2)
+    table.set_ledger(submitted=5, solved=3, suppressed=1, failed=1, inflight=0, failed_by_reason=[0, 1])
+    table.set_queue_depth(MATRIX.code("pooled_floor"), 7, in_use=2)
+    snap = table.snapshot()
+    row = snap.slot(2)
+    assert (row["unit"], row["pid"], row["cpus"], row["binding"], row["done"]) == (77, 4242, [0, 65], "logical", 1)
+    assert snap.ledger_view()["submitted"] == 5 and snap.ledger_view()["failed_by_reason"][1] == 1
+    assert snap.role_view(MATRIX.code("pooled_floor"))["queue_depth"] == 7
+    assert snap.role_names == MATRIX.names
+    with pytest.raises(ValueError):
+        table.set_slot_meta(0, cpus=[128])
+
+
+def test_snapshot_is_a_private_copy(table):
+    snap = table.snapshot()
+    table.apply(0, "LEASE", MATRIX.code("pooled_never"))
+    assert snap.slot(0)["state"] == "Idle"
+    assert table.snapshot().slot(0)["state"] == "Leased"
+
+
+def test_reference_profile_table(fleet_name):
+    with SlotTable.create(fleet_name, REFERENCE_ROLES, 8) as t:
+        names = t.snapshot().role_names
+        assert names == REFERENCE_ROLES.names
+        assert t.snapshot().role_view(REFERENCE_ROLES.code("merge"))["kind"] == "singleton"
+
+
+def test_snapshot_is_word_aligned(table):
+    assert table.slots.ctypes.data % L.LINE == 0
+    assert np.all(np.array([table.roles.ctypes.data, table.posture.ctypes.data, table.ledger.ctypes.data]) % L.LINE == 0)
+
+
+@pytest.mark.parametrize("bad", [1.5, "0", None])
+def test_non_integer_arguments_are_refused(table, bad):
+    before = table.segment.mm[:]
+    with pytest.raises(TypeError):
+        table.transition(bad, "LEASE", 0)
+    with pytest.raises(TypeError):
+        table.transition(0, "LEASE", bad)
+    assert table.segment.mm[:] == before
+    assert table.transition(np.int64(0), "LEASE", np.int32(MATRIX.code("pooled_never"))) == fsm.OK
