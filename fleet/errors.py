@@ -43,3 +43,9 @@ class BootRefused(FleetError):
     """The fleet cannot boot as configured; the embedding process survives."""
 
     exit_code = EXIT_QUOTA_TOO_SMALL
+
+
+class NotRunning(FleetError):
+    """No fleet daemon answers under that name: its socket is missing or refuses connections."""
+
+    exit_code = EXIT_NOT_RUNNING

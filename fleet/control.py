@@ -1,0 +1,1272 @@
+"""The control protocol: framed JSON requests and replies over a Unix stream socket.
+
+Wire format. One frame is one line: a UTF-8 JSON object followed by ``\\n``, at most
+`MAX_FRAME` bytes (the newline excluded). A request is
+``{"id": <int|string|null>, "op": <string>, "args": {...}}``; its reply is either
+``{"id": .., "ok": true, "result": ..}`` or
+``{"id": .., "ok": false, "error": {"type": .., "message": ..}}``. Replies come in
+request order on the connection that asked. A frame over the limit gets a
+``FrameTooLarge`` reply and the connection is closed (the stream cannot be resynced
+without reading the rest); any other bad frame gets an error reply and the
+connection goes on.
+
+Ops. Each op is one class holding both halves of the command: the client half
+(`Op.to_wire` builds the arguments, `Op.format` renders a result for people) and the
+daemon half (`Op.validate` checks the arguments against the op's schema,
+`Op.execute` calls the `ControlHandler`). `OPS` is the registry both sides look ops
+up in; nothing routes by if/elif.
+
+Who may do what. Anyone who can connect (the socket is mode 0660, group of the
+owner unless configured) may run read-only ops. Mutating ops (``mutating = True``)
+are refused with ``PermissionDenied`` unless the peer's uid, read with SO_PEERCRED,
+is the daemon's own uid or root.
+
+Threads. `ControlServer` reads and validates on its own threads, then hands each
+validated `Call` to a dispatch callback that returns a Future. The daemon passes
+`CallQueue.submit` so every op runs on the main loop that owns the state (the loop
+calls `CallQueue.run_pending`); the server thread only waits for the Future, with a
+timeout. Nothing here changes daemon state from a server thread.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import itertools
+import json
+import logging
+import os
+import pickle
+import re
+import selectors
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from .errors import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_NO_PERMISSION,
+    EXIT_USAGE,
+    FleetError,
+    NotRunning,
+)
+
+__all__ = [
+    "MAX_FRAME",
+    "OPS",
+    "POSTURE_KEYS",
+    "Arg",
+    "Call",
+    "CallQueue",
+    "ControlClient",
+    "ControlError",
+    "ControlHandler",
+    "ControlServer",
+    "ControlTimeout",
+    "InvalidFleetName",
+    "NotRunning",
+    "Op",
+    "OpRegistry",
+    "Peer",
+    "PermissionDenied",
+    "ProtocolError",
+    "RemoteError",
+    "Reply",
+    "Request",
+    "ShuttingDown",
+    "decode_reply",
+    "decode_request",
+    "encode_error",
+    "encode_reply",
+    "encode_request",
+    "find_socket",
+    "inline_dispatch",
+    "prepare_runtime_dir",
+    "runtime_dir",
+    "socket_candidates",
+    "socket_path",
+    "validate_fleet_name",
+]
+
+log = logging.getLogger("fleet.control")
+
+#: Largest frame (one JSON line, newline excluded) either side accepts: 1 MiB.
+MAX_FRAME = 1 << 20
+
+# Error types carried in error replies. Handler errors that are FleetErrors travel
+# under their class name (e.g. "ConfigError") so clients can tell them apart.
+E_MALFORMED = "MalformedRequest"  # not UTF-8, not JSON
+E_TOO_LARGE = "FrameTooLarge"
+E_INVALID = "InvalidRequest"  # JSON, but not a request envelope
+E_UNKNOWN_OP = "UnknownOp"
+E_INVALID_ARGS = "InvalidArgs"
+E_PERMISSION = "PermissionDenied"
+E_TIMEOUT = "Timeout"
+E_SHUTTING_DOWN = "ShuttingDown"
+E_BUSY = "Busy"
+E_INTERNAL = "InternalError"
+E_INVALID_REPLY = "InvalidReply"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ControlError(FleetError):
+    """Base of the control protocol's errors."""
+
+
+class ProtocolError(ControlError):
+    """A frame, request or reply broke the protocol.
+
+    ``code`` is the error type sent on the wire (e.g. ``InvalidArgs``); ``message``
+    names what was wrong; ``request_id`` is the request's id once it is known.
+    """
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, code: str, message: str, request_id: Any = None):
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+        super().__init__(f"{code}: {message}")
+
+
+class RemoteError(ControlError):
+    """The daemon answered a request with an error reply: ``type`` and ``message``."""
+
+    #: Exit codes for error types the caller caused; any other type exits 1.
+    EXIT_CODES = {
+        **dict.fromkeys((E_MALFORMED, E_TOO_LARGE, E_INVALID, E_UNKNOWN_OP, E_INVALID_ARGS), EXIT_USAGE),
+        # the daemon refused a value (e.g. a posture threshold): what fleet.posture raises
+        "ConfigError": EXIT_CONFIG,
+        "PostureRetuneError": EXIT_CONFIG,
+        E_PERMISSION: EXIT_NO_PERMISSION,
+    }
+
+    def __init__(self, type: str, message: str):
+        self.type = type
+        self.message = message
+        super().__init__(f"{type}: {message}")
+        self.exit_code = self.EXIT_CODES.get(type, EXIT_FAILURE)
+
+
+class PermissionDenied(RemoteError):
+    """The peer may not run that op (mutating op from another uid), or may not connect."""
+
+    def __init__(self, message: str):
+        super().__init__(E_PERMISSION, message)
+
+
+class ControlTimeout(ControlError):
+    """The daemon did not reply within the client's timeout."""
+
+
+class ShuttingDown(ControlError):
+    """The daemon is stopping and takes no more control requests."""
+
+
+class InvalidFleetName(FleetError, ValueError):
+    """A fleet name is not a safe identifier."""
+
+    exit_code = EXIT_USAGE
+
+
+# --------------------------------------------------------------------- names, paths
+
+# A fleet name becomes a file name, a systemd instance name and part of shared
+# memory segment names: letters, digits, '_' and '-', starting with a letter or digit.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+
+
+def validate_fleet_name(name: object) -> str:
+    """Return ``name`` if it is a safe fleet name, else raise InvalidFleetName saying why."""
+    if not isinstance(name, str):
+        raise InvalidFleetName(f"fleet name must be a string, got {type(name).__name__}")
+    if not _NAME.fullmatch(name):
+        raise InvalidFleetName(
+            f"fleet name {name!r} is not valid: use 1-63 letters, digits, '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+_SYSTEM_RUNTIME_DIR = Path("/run/fleet")
+
+
+def runtime_dir(
+    env: Mapping[str, str] | None = None,
+    *,
+    euid: int | None = None,
+    access: Callable[[str, int], bool] = os.access,
+) -> Path:
+    """The directory a daemon puts its control socket in.
+
+    In order: ``$RUNTIME_DIRECTORY`` (set by systemd's ``RuntimeDirectory=``; the
+    first entry when several), ``/run/fleet`` when root or when it is writable,
+    ``$XDG_RUNTIME_DIR/fleet``, else ``/tmp/fleet-<euid>``.
+    """
+    env = os.environ if env is None else env
+    systemd_dir = env.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    if systemd_dir:
+        return Path(systemd_dir)
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0 or access(str(_SYSTEM_RUNTIME_DIR), os.W_OK | os.X_OK):
+        return _SYSTEM_RUNTIME_DIR
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "fleet"
+    return Path("/tmp") / f"fleet-{euid}"
+
+
+def socket_path(name: str, env: Mapping[str, str] | None = None, **kwargs: Any) -> Path:
+    """``<runtime_dir>/<name>.sock``, the daemon's socket path (see `runtime_dir`)."""
+    return runtime_dir(env, **kwargs) / f"{validate_fleet_name(name)}.sock"
+
+
+def socket_candidates(
+    name: str, env: Mapping[str, str] | None = None, *, euid: int | None = None
+) -> list[Path]:
+    """Every place a daemon named ``name`` may have its socket, in lookup order.
+
+    A client cannot use `runtime_dir` alone: an operator who is not root sees
+    ``/run/fleet`` as not writable, yet that is where the systemd service lives.
+    """
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    validate_fleet_name(name)
+    dirs = []
+    if env.get("RUNTIME_DIRECTORY"):
+        dirs.append(Path(env["RUNTIME_DIRECTORY"].split(":")[0]))
+    dirs.append(_SYSTEM_RUNTIME_DIR)
+    if env.get("XDG_RUNTIME_DIR"):
+        dirs.append(Path(env["XDG_RUNTIME_DIR"]) / "fleet")
+    dirs.append(Path("/tmp") / f"fleet-{euid}")
+    return list(dict.fromkeys(d / f"{name}.sock" for d in dirs))
+
+
+def find_socket(name: str, env: Mapping[str, str] | None = None, **kwargs: Any) -> Path:
+    """The first existing socket among `socket_candidates`; NotRunning naming them if none."""
+    candidates = socket_candidates(name, env, **kwargs)
+    for path in candidates:
+        if path.exists():
+            return path
+    tried = ", ".join(str(p) for p in candidates)
+    raise NotRunning(f"fleet {name!r} is not running: no control socket at {tried}")
+
+
+def prepare_runtime_dir(path: str | os.PathLike, *, euid: int | None = None) -> Path:
+    """Create ``path`` (mode 0755) if needed and check that it is safe to bind in.
+
+    Refuses (ControlError) a symlink, a non-directory, a directory owned by someone
+    other than ``euid`` or root, or one others can write without the sticky bit:
+    under /tmp another user could have made it first to catch our socket.
+    """
+    path = Path(path)
+    euid = os.geteuid() if euid is None else euid
+    path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ControlError(f"runtime dir {path}: not a directory (or a symlink)")
+    if st.st_uid not in (euid, 0):
+        raise ControlError(f"runtime dir {path}: owned by uid {st.st_uid}, expected {euid}")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise ControlError(
+            f"runtime dir {path}: writable by group or others (mode {st.st_mode & 0o7777:o})"
+        )
+    return path
+
+
+# ----------------------------------------------------------------------------- wire
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded request envelope. ``args`` is not yet checked against the op's schema."""
+
+    id: int | str | None
+    op: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A decoded reply: ``result`` when ``ok``, else ``error_type`` and ``error_message``."""
+
+    id: int | str | None
+    ok: bool
+    result: Any = None
+    error_type: str = ""
+    error_message: str = ""
+
+
+def _dumps(obj: Any) -> bytes:
+    # allow_nan=False: NaN/Infinity are not JSON and other clients would choke on them.
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _loads(frame: bytes, max_frame: int) -> Any:
+    """Parse one frame, raising ProtocolError for every way it can be bad."""
+    if frame.endswith(b"\r"):
+        frame = frame[:-1]
+    if len(frame) > max_frame:
+        raise ProtocolError(E_TOO_LARGE, f"frame of {len(frame)} bytes exceeds {max_frame}")
+    try:
+        text = frame.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(E_MALFORMED, f"frame is not UTF-8: {exc.reason} at byte {exc.start}")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ProtocolError(E_MALFORMED, "JSON nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and int digit limits
+        raise ProtocolError(E_MALFORMED, f"invalid JSON: {exc}") from None
+
+
+def _valid_id(value: Any) -> bool:
+    return value is None or isinstance(value, str) or (
+        isinstance(value, int) and not isinstance(value, bool)
+    )
+
+
+def encode_request(op: str, args: Mapping[str, Any] | None = None, id: int | str | None = None) -> bytes:
+    """One request frame, newline included."""
+    return _dumps({"id": id, "op": op, "args": dict(args or {})})
+
+
+def decode_request(frame: bytes, *, max_frame: int = MAX_FRAME) -> Request:
+    """Parse one request frame (trailing newline optional) into a `Request`.
+
+    Raises ProtocolError: FrameTooLarge, MalformedRequest (not UTF-8 / not JSON) or
+    InvalidRequest (not an object; unknown keys; bad id, op or args), naming what
+    was wrong. The op name and the args are checked later, by `OpRegistry`.
+    """
+    obj = _loads(frame.rstrip(b"\n"), max_frame)
+    if not isinstance(obj, dict):
+        raise ProtocolError(E_INVALID, f"request must be a JSON object, got {_json_type(obj)}")
+    rid = obj.get("id")
+    if not _valid_id(rid):
+        raise ProtocolError(E_INVALID, f"id must be an integer, string or null, got {_json_type(rid)}")
+    unknown = sorted(set(obj) - {"id", "op", "args"})
+    if unknown:
+        raise ProtocolError(E_INVALID, f"unknown request key(s): {', '.join(unknown)}", rid)
+    op = obj.get("op")
+    if not isinstance(op, str) or not op:
+        raise ProtocolError(E_INVALID, f"op must be a non-empty string, got {_json_type(op)}", rid)
+    args = obj.get("args", {})
+    if not isinstance(args, dict):
+        raise ProtocolError(E_INVALID, f"args must be an object, got {_json_type(args)}", rid)
+    return Request(rid, op, args)
+
+
+def encode_reply(id: int | str | None, result: Any) -> bytes:
+    """A success reply frame. Raises TypeError/ValueError if ``result`` is not JSON."""
+    return _dumps({"id": id, "ok": True, "result": result})
+
+
+def encode_error(id: int | str | None, type: str, message: str) -> bytes:
+    """An error reply frame: ``{"id":..,"ok":false,"error":{"type":..,"message":..}}``."""
+    return _dumps({"id": id, "ok": False, "error": {"type": type, "message": message}})
+
+
+def decode_reply(frame: bytes, *, max_frame: int = 64 * MAX_FRAME) -> Reply:
+    """Parse a reply frame; raises ProtocolError(InvalidReply) when it is not one."""
+    try:
+        obj = _loads(frame.rstrip(b"\n"), max_frame)
+    except ProtocolError as exc:
+        raise ProtocolError(E_INVALID_REPLY, exc.message) from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool) or not _valid_id(obj.get("id")):
+        raise ProtocolError(E_INVALID_REPLY, "reply must be an object with a boolean 'ok' and an id")
+    if obj["ok"]:
+        return Reply(obj["id"], True, obj.get("result"))
+    err = obj.get("error")
+    if not (isinstance(err, dict) and isinstance(err.get("type"), str) and isinstance(err.get("message"), str)):
+        raise ProtocolError(E_INVALID_REPLY, "error reply lacks error.type / error.message strings")
+    return Reply(obj["id"], False, None, err["type"], err["message"])
+
+
+# --------------------------------------------------------------------------- schema
+
+_JSON_NAMES = {
+    str: "string", int: "integer", float: "number", bool: "boolean",
+    dict: "object", list: "array", type(None): "null",
+}
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _is(value: Any, kinds: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # bool is an int subclass; JSON keeps them apart
+        return bool in kinds
+    if isinstance(value, int) and float in kinds:
+        return True
+    return isinstance(value, kinds)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of an op: accepted JSON types (None = any JSON value), required, default."""
+
+    kinds: tuple[type, ...] | None
+    required: bool = False
+    default: Any = None
+    doc: str = ""
+
+    def describe(self) -> str:
+        if self.kinds is None:
+            return "any JSON value"
+        return " or ".join(_JSON_NAMES[k] for k in self.kinds)
+
+
+def check_args(op: str, schema: Mapping[str, Arg], args: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``args`` against ``schema``; returns them with defaults filled in.
+
+    Raises ProtocolError(InvalidArgs) naming every unknown, missing or mistyped argument.
+    """
+    problems = []
+    unknown = sorted(set(args) - set(schema))
+    if unknown:
+        problems.append(
+            f"unknown argument(s) {', '.join(unknown)} (accepted: {', '.join(sorted(schema)) or 'none'})"
+        )
+    for name, spec in schema.items():
+        if name not in args:
+            if spec.required:
+                problems.append(f"missing required argument {name} ({spec.describe()})")
+        elif spec.kinds is not None and not _is(args[name], spec.kinds):
+            problems.append(f"argument {name} must be {spec.describe()}, got {_json_type(args[name])}")
+    if problems:
+        raise ProtocolError(E_INVALID_ARGS, f"{op}: " + "; ".join(problems))
+    return {name: args.get(name, spec.default) for name, spec in schema.items()}
+
+
+# ------------------------------------------------------------------------- handler
+
+
+class ControlHandler(Protocol):
+    """What the daemon implements for the ops; every method runs on the daemon's loop.
+
+    Methods return JSON-serializable values. To refuse a request, raise a FleetError
+    subclass: it travels to the client as ``{"type": <class name>, "message": str(exc)}``.
+    Any other exception becomes an ``InternalError`` reply (and is logged).
+    """
+
+    def status(self) -> Any:
+        """The fleet's status: plan, budget, census, posture, ledger counters, queues."""
+
+    def posture_show(self) -> Any:
+        """The posture: state, cause, dwell and the six thresholds."""
+
+    def posture_set(self, patch: dict[str, Any]) -> Any:
+        """Apply a partial patch over `POSTURE_KEYS` (keys already checked; values not).
+
+        Validate the values, raise a typed error changing nothing if any is bad,
+        else apply and return the effective policy.
+        """
+
+    def drain(self) -> Any:
+        """Stop taking new units; in-flight units finish."""
+
+    def resume(self) -> Any:
+        """Take new units again after a drain."""
+
+    def submit(
+        self,
+        *,
+        role: str,
+        payload: Any,
+        encoding: str,
+        key: str | int | None,
+        lane: str | None,
+        priority: int,
+        timeout: float | None,
+        request_id: str | None,
+    ) -> Any:
+        """Admit one unit. ``payload`` is pickled bytes when ``encoding == "pickle"``,
+        else the decoded JSON value. Returns e.g. the unit id."""
+
+    def ledger(self) -> Any:
+        """The ledger counters: submitted, solved, suppressed, failed by reason."""
+
+
+# ----------------------------------------------------------------------------- ops
+
+
+class Op:
+    """One command: both its halves. Subclass, set the class attributes, register in `OPS`.
+
+    Class attributes: ``name`` (the wire name), ``mutating`` (needs the daemon's uid
+    or root), ``summary`` (one line for help), ``schema`` (``{arg: Arg}``).
+    """
+
+    name: ClassVar[str]
+    mutating: ClassVar[bool] = False
+    summary: ClassVar[str] = ""
+    schema: ClassVar[Mapping[str, Arg]] = {}
+
+    # -- client half
+    def to_wire(self, **args: Any) -> dict[str, Any]:
+        """Build the request's args from a caller's keyword arguments (checked locally)."""
+        self.validate(args)
+        return args
+
+    def format(self, result: Any) -> str:
+        """Render a result for a terminal."""
+        if isinstance(result, dict):
+            return "\n".join(f"{k}: {json.dumps(v)}" for k, v in result.items())
+        return json.dumps(result)
+
+    # -- daemon half
+    def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Schema check plus `check`; returns the normalized args `execute` receives."""
+        checked = check_args(self.name, self.schema, args)
+        self.check(checked)
+        return checked
+
+    def check(self, args: dict[str, Any]) -> None:
+        """Op-specific checks beyond types; may normalize ``args`` in place."""
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        """Run against the handler; called on the thread that owns the state."""
+        raise NotImplementedError
+
+    def _bad(self, message: str) -> ProtocolError:
+        return ProtocolError(E_INVALID_ARGS, f"{self.name}: {message}")
+
+
+class OpRegistry:
+    """Op name -> op instance. Both the client and the server look ops up here."""
+
+    def __init__(self, ops: Iterable[type[Op]] = ()):
+        self._ops: dict[str, Op] = {}
+        for op in ops:
+            self.register(op)
+
+    def register(self, op_cls: type[Op]) -> type[Op]:
+        """Add an op class (usable as a class decorator). A duplicate name is an error."""
+        if op_cls.name in self._ops:
+            raise ValueError(f"op {op_cls.name!r} is already registered")
+        self._ops[op_cls.name] = op_cls()
+        return op_cls
+
+    def get(self, name: str) -> Op:
+        """The op called ``name``; ProtocolError(UnknownOp) listing the known ones if none."""
+        try:
+            return self._ops[name]
+        except KeyError:
+            raise ProtocolError(
+                E_UNKNOWN_OP, f"unknown op {name!r} (known: {', '.join(sorted(self._ops))})"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._ops)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._ops
+
+
+#: The registry of fleet's ops.
+OPS = OpRegistry()
+
+#: The six posture thresholds a `posture_set` patch may touch.
+POSTURE_KEYS = frozenset(
+    {
+        "cordon_enter_events",
+        "cordon_enter_window_ms",
+        "cordon_duty_percent",
+        "cordon_duty_window_ms",
+        "cordon_exit_clean_ms",
+        "cordon_sim_intake_floor",
+    }
+)
+
+
+@OPS.register
+class PingOp(Op):
+    name = "ping"
+    summary = "Check that the daemon's main loop answers."
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        # No handler method: answering at all proves the owning loop is turning.
+        return {"pong": True, "pid": os.getpid()}
+
+
+@OPS.register
+class StatusOp(Op):
+    name = "status"
+    summary = "Plan, budget, census, posture, ledger counters and queue depths."
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.status()
+
+
+@OPS.register
+class PostureShowOp(Op):
+    name = "posture_show"
+    summary = "The posture state and its thresholds."
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.posture_show()
+
+
+@OPS.register
+class PostureSetOp(Op):
+    name = "posture_set"
+    mutating = True
+    summary = "Retune posture thresholds with a partial patch; echoes the effective policy."
+    schema = {"patch": Arg((dict,), required=True, doc="threshold name -> new value")}
+
+    def check(self, args: dict[str, Any]) -> None:
+        patch = args["patch"]
+        if not patch:
+            raise self._bad(f"patch is empty; give at least one of {', '.join(sorted(POSTURE_KEYS))}")
+        unknown = sorted(set(patch) - POSTURE_KEYS)
+        if unknown:
+            raise self._bad(
+                f"unknown posture key(s) {', '.join(unknown)} (known: {', '.join(sorted(POSTURE_KEYS))})"
+            )
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        # A copy: the handler may keep it, and the request's dict is not its to own.
+        return handler.posture_set(dict(args["patch"]))
+
+
+@OPS.register
+class DrainOp(Op):
+    name = "drain"
+    mutating = True
+    summary = "Stop taking new units; in-flight units finish."
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.drain()
+
+
+@OPS.register
+class ResumeOp(Op):
+    name = "resume"
+    mutating = True
+    summary = "Take new units again after a drain."
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.resume()
+
+
+@OPS.register
+class LedgerOp(Op):
+    name = "ledger"
+    summary = "Ledger counters: submitted, solved, suppressed, failed by reason."
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.ledger()
+
+
+@OPS.register
+class SubmitOp(Op):
+    """Submit one unit. On the wire the payload is JSON (``encoding: "json"``) or a
+    base64 string of pickled bytes (``encoding: "pickle"``). Only the daemon's uid and
+    root may submit, which is what makes accepting pickles acceptable."""
+
+    name = "submit"
+    mutating = True
+    summary = "Submit one unit of work to a role."
+    ENCODINGS = ("json", "pickle")
+    schema = {
+        "role": Arg((str,), required=True),
+        "payload": Arg(None, required=True),
+        "encoding": Arg((str,), default="json", doc="json | pickle (base64 of pickled bytes)"),
+        "key": Arg((str, int, type(None)), doc="bin key for pinned roles"),
+        "lane": Arg((str, type(None))),
+        "priority": Arg((int,), default=0),
+        "timeout": Arg((float, type(None)), doc="seconds"),
+        "request_id": Arg((str, type(None)), doc="idempotency id"),
+    }
+
+    def to_wire(self, **args: Any) -> dict[str, Any]:
+        """Callers pass any Python ``payload``; it is pickled unless ``encoding="json"``."""
+        args.setdefault("encoding", "pickle")
+        if args["encoding"] == "pickle" and "payload" in args:
+            raw = pickle.dumps(args["payload"], protocol=pickle.HIGHEST_PROTOCOL)
+            args["payload"] = base64.b64encode(raw).decode("ascii")
+        return super().to_wire(**args)
+
+    def check(self, args: dict[str, Any]) -> None:
+        if not args["role"]:
+            raise self._bad("role must be a non-empty string")
+        if args["encoding"] not in self.ENCODINGS:
+            raise self._bad(f"encoding must be one of {', '.join(self.ENCODINGS)}, got {args['encoding']!r}")
+        if args["timeout"] is not None and not args["timeout"] > 0:
+            raise self._bad(f"timeout must be > 0 seconds, got {args['timeout']!r}")
+        if args["encoding"] == "pickle":
+            if not isinstance(args["payload"], str):
+                raise self._bad(f"a pickle payload must be a base64 string, got {_json_type(args['payload'])}")
+            try:
+                args["payload"] = base64.b64decode(args["payload"], validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise self._bad(f"payload is not valid base64: {exc}") from None
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.submit(**args)
+
+
+# ------------------------------------------------------------------ calls, queueing
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The process at the other end of a connection, from SO_PEERCRED."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @classmethod
+    def of(cls, sock: socket.socket) -> Peer:
+        fmt = "3i"  # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(fmt))
+        return cls(*struct.unpack(fmt, raw))
+
+
+@dataclass(frozen=True)
+class Call:
+    """A validated request, ready to run against the handler on the owning thread."""
+
+    op: Op
+    args: dict[str, Any]
+    peer: Peer
+    request_id: int | str | None = None
+
+    def run(self, handler: ControlHandler) -> Any:
+        return self.op.execute(handler, self.args)
+
+
+def inline_dispatch(handler: ControlHandler) -> Callable[[Call], Future]:
+    """A dispatch that runs each call at once on the server's connection thread.
+
+    Only for handlers that are safe to call from any thread; a daemon whose loop
+    owns its state uses `CallQueue` instead.
+    """
+
+    def dispatch(call: Call) -> Future:
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()
+        try:
+            fut.set_result(call.run(handler))
+        except Exception as exc:  # delivered to the waiter as the reply
+            fut.set_exception(exc)
+        return fut
+
+    return dispatch
+
+
+class CallQueue:
+    """Hands calls from server threads to the thread that owns the state.
+
+    Give `submit` to `ControlServer` as its dispatch; the owning loop calls
+    `run_pending(handler)` whenever `wait` returns True or its ``wakeup`` fires
+    (e.g. a write to the loop's self-pipe, so a loop sleeping in select wakes).
+    A call whose Future was cancelled (its requester timed out) is skipped, so a
+    ``Timeout`` reply that says "not executed" stays true.
+    """
+
+    def __init__(self, wakeup: Callable[[], None] | None = None):
+        self._calls: collections.deque[tuple[Call, Future]] = collections.deque()
+        self._cond = threading.Condition()
+        self._wakeup = wakeup
+        self._closed: str | None = None
+
+    def submit(self, call: Call) -> Future:
+        """Queue ``call``; thread-safe. After `close` the Future fails with ShuttingDown."""
+        fut: Future = Future()
+        with self._cond:
+            if self._closed is not None:
+                fut.set_exception(ShuttingDown(self._closed))
+                return fut
+            self._calls.append((call, fut))
+            self._cond.notify_all()
+        if self._wakeup is not None:
+            self._wakeup()
+        return fut
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a call is pending (True), or the queue is closed or ``timeout``
+        seconds pass (False). ``while q.wait(): q.run_pending(h)`` serves until `close`."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._calls or self._closed is not None, timeout)
+            return bool(self._calls)
+
+    def run_pending(self, handler: ControlHandler, *, limit: int | None = None) -> int:
+        """Run queued calls (at most ``limit``) on this thread; returns how many ran."""
+        ran = 0
+        while limit is None or ran < limit:
+            with self._cond:
+                if not self._calls:
+                    break
+                call, fut = self._calls.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue  # the requester gave up before we got to it
+            ran += 1
+            try:
+                result = call.run(handler)
+            except Exception as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+        return ran
+
+    def close(self, reason: str = "the fleet daemon is shutting down") -> None:
+        """Refuse new calls and fail the pending ones with ShuttingDown."""
+        with self._cond:
+            self._closed = reason
+            pending, self._calls = list(self._calls), collections.deque()
+            self._cond.notify_all()
+        for _, fut in pending:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(ShuttingDown(reason))
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._calls)
+
+
+# --------------------------------------------------------------------------- server
+
+
+@dataclass(eq=False)
+class _Conn:
+    sock: socket.socket
+    peer: Peer
+    thread: threading.Thread | None = None
+    inflight: Future | None = None
+    closed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ControlServer:
+    """Serves the control protocol on a Unix stream socket.
+
+    One acceptor thread, one thread per connection (at most ``max_connections``).
+    Each request is decoded, its op looked up, the peer's right to run it checked,
+    its args validated, and only then handed to ``dispatch`` as a `Call`; the
+    server waits up to ``reply_timeout`` seconds on the returned Future and sends
+    the reply. Use as a context manager, or `start` / `close`.
+
+    Args:
+        path: socket path; its directory must exist (see `prepare_runtime_dir`).
+        dispatch: ``Call -> Future`` (normally ``CallQueue.submit``).
+        registry: the ops served (default `OPS`).
+        group: gid or group name the socket file is given; default the owner's group.
+        mode: socket file mode; 0660 lets the group connect and no one else.
+        owner_uid: the uid allowed mutating ops besides root; default our euid.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        dispatch: Callable[[Call], Future],
+        *,
+        registry: OpRegistry = OPS,
+        group: int | str | None = None,
+        mode: int = 0o660,
+        owner_uid: int | None = None,
+        reply_timeout: float = 30.0,
+        max_frame: int = MAX_FRAME,
+        max_connections: int = 64,
+        idle_timeout: float = 300.0,
+    ):
+        self.path = Path(path)
+        self.dispatch = dispatch
+        self.registry = registry
+        self.group = group
+        self.mode = mode
+        self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
+        self.reply_timeout = reply_timeout
+        self.max_frame = max_frame
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self._listener: socket.socket | None = None
+        self._inode: tuple[int, int] | None = None
+        self._wake_r = self._wake_w = -1
+        self._acceptor: threading.Thread | None = None
+        self._conns: set[_Conn] = set()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._serial = itertools.count(1)
+
+    # -- lifecycle
+    def start(self) -> ControlServer:
+        """Bind, set the socket file's mode and group, listen, start the acceptor."""
+        self._clear_stale()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            listener.bind(str(self.path))
+            # Mode and group before listen(): no one can connect until they are right.
+            os.chmod(self.path, self.mode)
+            if self.group is not None:
+                os.chown(self.path, -1, self._gid(self.group))
+            st = os.stat(self.path)
+            self._inode = (st.st_dev, st.st_ino)
+            listener.listen(16)
+        except BaseException:
+            listener.close()
+            self._unlink_own()
+            raise
+        self._listener = listener
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._acceptor = threading.Thread(target=self._accept_loop, name="fleet-control-accept", daemon=True)
+        self._acceptor.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting, cancel waits, close every connection, join threads, unlink the socket."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        if self._wake_w >= 0:
+            os.write(self._wake_w, b"x")
+        if self._acceptor is not None:
+            self._acceptor.join()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            self._abort(conn)
+        for conn in conns:
+            if conn.thread is not None:
+                conn.thread.join()
+        if self._listener is not None:
+            self._listener.close()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+        self._unlink_own()
+
+    def __enter__(self) -> ControlServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def connections(self) -> int:
+        """Connections being served now."""
+        with self._lock:
+            return len(self._conns)
+
+    # -- socket file
+    @staticmethod
+    def _gid(group: int | str) -> int:
+        if isinstance(group, int):
+            return group
+        import grp
+
+        try:
+            return grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ControlError(f"socket group {group!r} does not exist") from None
+
+    def _clear_stale(self) -> None:
+        """Remove a socket left by a dead daemon; refuse to touch a live one or a non-socket."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ControlError(f"{self.path} exists and is not a socket; not removing it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            probe.connect(str(self.path))
+        except ConnectionRefusedError:
+            os.unlink(self.path)  # nobody listens: a crashed daemon's leftover
+            return
+        except OSError as exc:
+            raise ControlError(f"{self.path}: cannot probe existing socket: {exc}") from exc
+        finally:
+            probe.close()
+        raise ControlError(f"{self.path}: another daemon is serving on this socket")
+
+    def _unlink_own(self) -> None:
+        # Only the inode we bound: a successor may already have bound a new one here.
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if self._inode is None or (st.st_dev, st.st_ino) == self._inode:
+            os.unlink(self.path)
+
+    # -- accepting
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._listener, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                for key, _ in sel.select():
+                    if key.fileobj is self._listener and not self._stopping.is_set():
+                        self._accept_one()
+
+    def _accept_one(self) -> None:
+        assert self._listener is not None
+        try:
+            sock, _ = self._listener.accept()
+        except OSError:
+            return
+        try:
+            peer = Peer.of(sock)
+        except OSError:
+            sock.close()
+            return
+        sock.settimeout(self.idle_timeout)
+        conn = _Conn(sock, peer)
+        with self._lock:
+            full = len(self._conns) >= self.max_connections
+            if not full:
+                self._conns.add(conn)
+        if full:
+            self._send(conn, encode_error(None, E_BUSY, f"{self.max_connections} connections already open"))
+            sock.close()
+            return
+        conn.thread = threading.Thread(
+            target=self._serve, args=(conn,), name=f"fleet-control-conn-{next(self._serial)}", daemon=True
+        )
+        conn.thread.start()
+
+    def _abort(self, conn: _Conn) -> None:
+        with conn.lock:
+            if conn.inflight is not None:
+                conn.inflight.cancel()
+            if not conn.closed:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in recv
+                except OSError:
+                    pass
+
+    # -- one connection
+    def _serve(self, conn: _Conn) -> None:
+        try:
+            self._serve_frames(conn)
+        except OSError:
+            pass  # the peer went away or we are closing: nothing to answer
+        except Exception:
+            log.exception("control connection from pid %d failed", conn.peer.pid)
+        finally:
+            with conn.lock:
+                conn.closed = True
+                conn.sock.close()
+            with self._lock:
+                self._conns.discard(conn)
+
+    def _serve_frames(self, conn: _Conn) -> None:
+        buf = bytearray()
+        scanned = 0  # bytes of buf already known to hold no newline
+        while not self._stopping.is_set():
+            nl = buf.find(b"\n", scanned)
+            if nl < 0:
+                if len(buf) > self.max_frame:
+                    self._send(conn, encode_error(None, E_TOO_LARGE, f"frame exceeds {self.max_frame} bytes"))
+                    return
+                scanned = len(buf)
+                try:
+                    data = conn.sock.recv(65536)
+                except TimeoutError:
+                    return  # idle connection: free its thread
+                if not data:
+                    if buf.strip():
+                        self._send(conn, encode_error(None, E_MALFORMED, "connection closed mid-frame (no newline)"))
+                    return
+                buf += data
+                continue
+            frame = bytes(buf[:nl])
+            del buf[: nl + 1]
+            scanned = 0
+            reply = self._answer(conn, frame)
+            self._send(conn, reply)
+            if len(frame) > self.max_frame:
+                return  # the reply said FrameTooLarge; that connection is done
+
+    def _send(self, conn: _Conn, data: bytes) -> None:
+        try:
+            conn.sock.sendall(data)
+        except OSError:
+            pass  # the peer is gone; its request was handled or refused either way
+
+    def _answer(self, conn: _Conn, frame: bytes) -> bytes:
+        """The reply frame for one request frame. Never raises for bad input."""
+        rid = None
+        try:
+            request = decode_request(frame, max_frame=self.max_frame)
+            rid = request.id
+            op = self.registry.get(request.op)
+            if op.mutating and conn.peer.uid not in (0, self.owner_uid):
+                log.warning(
+                    "refused mutating op %s from pid %d uid %d", op.name, conn.peer.pid, conn.peer.uid
+                )
+                raise ProtocolError(
+                    E_PERMISSION,
+                    f"op {op.name!r} changes the fleet; only uid {self.owner_uid} or root may run it "
+                    f"(you are uid {conn.peer.uid})",
+                )
+            args = op.validate(request.args)
+        except ProtocolError as exc:
+            return encode_error(exc.request_id if rid is None else rid, exc.code, exc.message)
+        return self._run(conn, Call(op, args, conn.peer, rid))
+
+    def _run(self, conn: _Conn, call: Call) -> bytes:
+        rid = call.request_id
+        fut = self.dispatch(call)
+        with conn.lock:
+            conn.inflight = fut
+            if self._stopping.is_set():
+                fut.cancel()  # close() ran between validation and now; don't wait
+        try:
+            result = fut.result(timeout=self.reply_timeout)
+        except FutureTimeout:
+            if fut.cancel():
+                return encode_error(rid, E_TIMEOUT, f"{call.op.name} not executed: the daemon's loop "
+                                    f"did not take it within {self.reply_timeout:g}s")
+            return encode_error(rid, E_TIMEOUT, f"{call.op.name} still running after "
+                                f"{self.reply_timeout:g}s; its outcome is unknown")
+        except CancelledError:
+            return encode_error(rid, E_SHUTTING_DOWN, f"{call.op.name} not executed: the server is closing")
+        except ShuttingDown as exc:
+            return encode_error(rid, E_SHUTTING_DOWN, str(exc))
+        except FleetError as exc:
+            return encode_error(rid, type(exc).__name__, str(exc))
+        except Exception as exc:
+            log.error("op %s failed", call.op.name, exc_info=exc)
+            return encode_error(rid, E_INTERNAL, f"{call.op.name} failed: {type(exc).__name__}: {exc}")
+        finally:
+            with conn.lock:
+                conn.inflight = None
+        try:
+            return encode_reply(rid, result)
+        except (TypeError, ValueError) as exc:
+            log.error("op %s returned a result that is not JSON: %s", call.op.name, exc)
+            return encode_error(rid, E_INTERNAL, f"{call.op.name} returned a result that is not JSON: {exc}")
+
+
+# --------------------------------------------------------------------------- client
+
+_REMOTE_TYPES: dict[str, Callable[[str], RemoteError]] = {E_PERMISSION: PermissionDenied}
+
+
+class ControlClient:
+    """Talks to one daemon's control socket. One connection, reused across calls.
+
+    ``ControlClient(path)`` or ``ControlClient.for_fleet(name)``; use as a context
+    manager or call `close`. Not thread-safe: one client per thread.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, timeout: float | None = 60.0, registry: OpRegistry = OPS):
+        self.path = Path(path)
+        self.timeout = timeout
+        self.registry = registry
+        self._sock: socket.socket | None = None
+        self._buf = bytearray()
+        self._ids = itertools.count(1)
+
+    @classmethod
+    def for_fleet(cls, name: str, env: Mapping[str, str] | None = None, **kwargs: Any) -> ControlClient:
+        """A client for the running fleet ``name`` (see `find_socket`); NotRunning if none."""
+        return cls(find_socket(name, env), **kwargs)
+
+    def call(self, op: str, **args: Any) -> Any:
+        """Run ``op`` with ``args`` on the daemon and return its result.
+
+        Raises:
+            ProtocolError: ``op`` is unknown or ``args`` do not fit its schema (checked
+                before anything is sent).
+            NotRunning: no daemon listens at the path, or it closed the connection.
+            PermissionDenied: the daemon refused the op to our uid, or we may not connect.
+            RemoteError: any other error reply; ``.type`` and ``.message`` say what.
+            ControlTimeout: no reply within ``timeout`` seconds.
+        """
+        spec = self.registry.get(op)
+        rid = next(self._ids)
+        frame = encode_request(op, spec.to_wire(**args), rid)
+        reply = decode_reply(self._roundtrip(frame))
+        if reply.id != rid:
+            raise ProtocolError(E_INVALID_REPLY, f"reply id {reply.id!r} does not match request id {rid!r}")
+        if not reply.ok:
+            factory = _REMOTE_TYPES.get(reply.error_type)
+            if factory is not None:
+                raise factory(reply.error_message)
+            raise RemoteError(reply.error_type, reply.error_message)
+        return reply.result
+
+    def send_raw(self, data: bytes) -> Reply:
+        """Send ``data`` as-is and decode one reply: for tests and diagnostics."""
+        return decode_reply(self._roundtrip(data))
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._buf.clear()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _connect(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise NotRunning(f"no fleet daemon at {self.path}: {exc.strerror}") from None
+        except PermissionError:
+            sock.close()
+            raise PermissionDenied(
+                f"may not connect to {self.path}: uid {os.geteuid()} is not its owner "
+                "and not in its group"
+            ) from None
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        return sock
+
+    def _roundtrip(self, frame: bytes) -> bytes:
+        sock = self._connect()
+        try:
+            sock.sendall(frame)
+            return self._read_line(sock)
+        except TimeoutError:
+            self.close()
+            raise ControlTimeout(f"no reply from {self.path} within {self.timeout}s") from None
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            self.close()
+            raise NotRunning(f"fleet daemon at {self.path} closed the connection: {exc.strerror}") from None
+        except BaseException:
+            self.close()  # the stream is out of step now; never reuse it
+            raise
+
+    def _read_line(self, sock: socket.socket) -> bytes:
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                return line
+            data = sock.recv(65536)
+            if not data:
+                raise NotRunning(f"fleet daemon at {self.path} closed the connection before replying")
+            self._buf += data

@@ -1,0 +1,708 @@
+"""The control protocol against a real server on a real Unix socket.
+
+Every server runs with a `CallQueue` drained by an owner thread, as in fleetd, so
+the tests also show that ops execute on the thread that owns the state.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleet import control as c
+from fleet.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, ConfigError
+
+NOBODY = 65534
+NOGROUP = 65534
+INITIAL_POLICY = {key: 10 for key in sorted(c.POSTURE_KEYS)}
+
+
+class Handler:
+    """A small real handler: keeps state, records which method ran on which thread."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, object]] = []
+        self.threads: set[int] = set()
+        self.policy = dict(INITIAL_POLICY)
+        self.draining = False
+        self.units: list[dict] = []
+
+    def _record(self, name, arg=None):
+        self.calls.append((name, arg))
+        self.threads.add(threading.get_ident())
+
+    def status(self):
+        self._record("status")
+        return {"draining": self.draining, "units": len(self.units)}
+
+    def posture_show(self):
+        self._record("posture_show")
+        return {"state": "Nominal", "policy": self.policy}
+
+    def posture_set(self, patch):
+        # Value validation is the handler's: all-or-nothing, typed error.
+        for key, value in patch.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"posture.{key}", f"must be a non-negative integer, got {value!r}")
+        self._record("posture_set", patch)
+        self.policy.update(patch)
+        return self.policy
+
+    def drain(self):
+        self._record("drain")
+        self.draining = True
+        return {"draining": True}
+
+    def resume(self):
+        self._record("resume")
+        self.draining = False
+        return {"draining": False}
+
+    def submit(self, **unit):
+        self._record("submit", unit)
+        self.units.append(unit)
+        return {"unit": len(self.units)}
+
+    def ledger(self):
+        self._record("ledger")
+        return {"submitted": len(self.units), "solved": 0, "suppressed": 0, "failed": {}}
+
+
+def control_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("fleet-control")]
+
+
+@pytest.fixture
+def sockdir():
+    # Short paths under /tmp: AF_UNIX paths are limited to 107 bytes and pytest's
+    # tmp_path can be longer. mkdtemp makes each worker's path unique.
+    path = tempfile.mkdtemp(prefix="fc-", dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def serving(sockdir, handler=None, *, owner=True, **server_kwargs):
+    """A ControlServer whose calls run on an owner thread draining a CallQueue."""
+    handler = handler or Handler()
+    queue = c.CallQueue()
+    path = os.path.join(sockdir, "t.sock")
+    owner_thread = None
+    if owner:
+        def loop():
+            while queue.wait():
+                queue.run_pending(handler)
+
+        owner_thread = threading.Thread(target=loop, name="test-owner")
+        owner_thread.start()
+    server = c.ControlServer(path, queue.submit, **server_kwargs)
+    try:
+        server.start()
+        yield _Served(server, path, handler, queue, owner_thread)
+    finally:
+        server.close()
+        queue.close()
+        if owner_thread is not None:
+            owner_thread.join()
+    assert control_threads() == []
+    assert not os.path.exists(path)
+
+
+class _Served:
+    def __init__(self, server, path, handler, queue, owner_thread):
+        self.server, self.path, self.handler, self.queue = server, path, handler, queue
+        self.owner_thread = owner_thread
+
+    def client(self, **kw):
+        return c.ControlClient(self.path, **kw)
+
+    def raw(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(30)
+        sock.connect(self.path)
+        return sock
+
+
+@pytest.fixture
+def served(sockdir):
+    with serving(sockdir) as s:
+        yield s
+
+
+def read_reply(sock, buf=None):
+    buf = bytearray() if buf is None else buf
+    while b"\n" not in buf:
+        data = sock.recv(65536)
+        if not data:
+            raise EOFError("server closed the connection")
+        buf += data
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return json.loads(line)
+
+
+# ------------------------------------------------------------------- round trips
+
+
+def test_read_only_ops_round_trip(served):
+    with served.client() as client:
+        assert client.call("ping") == {"pong": True, "pid": os.getpid()}
+        assert client.call("status") == {"draining": False, "units": 0}
+        assert client.call("posture_show") == {"state": "Nominal", "policy": INITIAL_POLICY}
+        assert client.call("ledger")["submitted"] == 0
+    assert [name for name, _ in served.handler.calls] == ["status", "posture_show", "ledger"]
+
+
+def test_ops_run_on_the_owner_thread_not_a_server_thread(served):
+    with served.client() as client:
+        client.call("status")
+        client.call("drain")
+        client.call("resume")
+    assert served.handler.threads == {served.owner_thread.ident}
+
+
+def test_posture_set_applies_the_patch_and_echoes_the_policy(served):
+    with served.client() as client:
+        policy = client.call("posture_set", patch={"cordon_duty_percent": 55})
+    assert policy == {**INITIAL_POLICY, "cordon_duty_percent": 55}
+    assert served.handler.policy == policy
+
+
+def test_posture_value_refused_by_the_daemon_is_a_typed_error_and_changes_nothing(served):
+    with served.client() as client:
+        with pytest.raises(c.RemoteError) as err:
+            client.call("posture_set", patch={"cordon_duty_percent": 50, "cordon_enter_events": -1})
+        assert client.call("ping")["pong"] is True
+    assert err.value.type == "ConfigError"
+    assert "posture.cordon_enter_events" in err.value.message
+    assert err.value.exit_code == EXIT_CONFIG
+    assert served.handler.policy == INITIAL_POLICY
+
+
+def test_drain_and_resume(served):
+    with served.client() as client:
+        assert client.call("drain") == {"draining": True}
+        assert client.call("status")["draining"] is True
+        assert client.call("resume") == {"draining": False}
+
+
+def test_submit_pickled_payload_reaches_the_handler_as_pickled_bytes(served):
+    payload = {"rows": [1, 2, 3], "blob": b"\x00\xff"}
+    with served.client() as client:
+        assert client.call("submit", role="solver", payload=payload, key="bin-7", priority=3) == {"unit": 1}
+    (_, unit), = served.handler.calls
+    assert unit["encoding"] == "pickle"
+    assert isinstance(unit["payload"], bytes) and pickle.loads(unit["payload"]) == payload
+    assert (unit["role"], unit["key"], unit["priority"]) == ("solver", "bin-7", 3)
+    assert (unit["lane"], unit["timeout"], unit["request_id"]) == (None, None, None)
+
+
+def test_submit_json_payload_reaches_the_handler_as_json(served):
+    with served.client() as client:
+        client.call("submit", role="merge", payload=[1, "two"], encoding="json", timeout=2.5,
+                    lane="batch", request_id="r-1")
+    (_, unit), = served.handler.calls
+    assert unit["payload"] == [1, "two"] and unit["encoding"] == "json"
+    assert (unit["timeout"], unit["lane"], unit["request_id"]) == (2.5, "batch", "r-1")
+
+
+def test_several_requests_in_one_write_are_answered_in_order(served):
+    frames = b"".join(c.encode_request(op, {}, i) for i, op in enumerate(["ping", "status", "nope", "ledger"]))
+    with served.raw() as sock:
+        sock.sendall(frames)
+        buf = bytearray()
+        replies = [read_reply(sock, buf) for _ in range(4)]
+    assert [r["id"] for r in replies] == [0, 1, 2, 3]
+    assert [r["ok"] for r in replies] == [True, True, False, True]
+
+
+# ------------------------------------------------------------------- bad requests
+
+BAD_FRAMES = [
+    (b"{not json", "MalformedRequest", "invalid JSON"),
+    (b"\xff\xfe{}", "MalformedRequest", "UTF-8"),
+    (b'{"op":"ping","id":NaN}', "MalformedRequest", "NaN"),
+    (b"[" * 100_000, "MalformedRequest", ""),
+    (b"[1,2]", "InvalidRequest", "object"),
+    (b'{"op":"ping","x":1}', "InvalidRequest", "x"),
+    (b'{"op":"ping","id":[1]}', "InvalidRequest", "id"),
+    (b'{"args":{}}', "InvalidRequest", "op"),
+    (b'{"op":"ping","args":[]}', "InvalidRequest", "args"),
+    (b'{"op":"nope"}', "UnknownOp", "'nope'"),
+    (b'{"op":"status","args":{"verbose":true}}', "InvalidArgs", "unknown argument(s) verbose"),
+    (b'{"op":"submit","args":{"role":5,"payload":1}}', "InvalidArgs", "role must be string, got integer"),
+    (b'{"op":"submit","args":{"payload":1}}', "InvalidArgs", "missing required argument role"),
+    (b'{"op":"submit","args":{"role":"s","payload":1,"priority":true}}', "InvalidArgs",
+     "priority must be integer, got boolean"),
+    (b'{"op":"submit","args":{"role":"s","payload":"@@","encoding":"pickle"}}', "InvalidArgs", "base64"),
+    (b'{"op":"submit","args":{"role":"s","payload":1,"encoding":"xml"}}', "InvalidArgs", "encoding"),
+    (b'{"op":"submit","args":{"role":"s","payload":1,"timeout":0}}', "InvalidArgs", "timeout"),
+    (b'{"op":"posture_set","args":{"patch":{}}}', "InvalidArgs", "patch is empty"),
+    (b'{"op":"posture_set","args":{"patch":{"cordon_bogus":1,"cordon_duty_percent":5}}}', "InvalidArgs",
+     "unknown posture key(s) cordon_bogus"),
+    (b'{"op":"posture_set","args":{"patch":[1]}}', "InvalidArgs", "patch must be object"),
+    (b'{"op":"posture_set","args":{}}', "InvalidArgs", "missing required argument patch"),
+]
+
+
+@pytest.mark.parametrize(("frame", "error_type", "needle"), BAD_FRAMES)
+def test_bad_request_gets_an_error_reply_changes_nothing_and_serving_goes_on(served, frame, error_type, needle):
+    with served.raw() as sock:
+        sock.sendall(frame + b"\n")
+        buf = bytearray()
+        reply = read_reply(sock, buf)
+        sock.sendall(c.encode_request("ping", {}, "after"))
+        after = read_reply(sock, buf)
+    assert reply["ok"] is False
+    assert reply["error"]["type"] == error_type
+    assert needle in reply["error"]["message"]
+    assert served.handler.calls == []
+    assert after == {"id": "after", "ok": True, "result": {"pong": True, "pid": os.getpid()}}
+
+
+def test_error_reply_echoes_the_request_id_once_known(served):
+    with served.raw() as sock:
+        sock.sendall(b'{"id":7,"op":"nope"}\n')
+        assert read_reply(sock)["id"] == 7
+
+
+def test_client_checks_args_before_sending(served):
+    with served.client() as client:
+        with pytest.raises(c.ProtocolError) as err:
+            client.call("posture_set", patch={"cordon_bogus": 1})
+    assert err.value.code == "InvalidArgs" and err.value.exit_code == EXIT_USAGE
+    assert served.server.connections == 0  # nothing was sent, no connection made
+
+
+def test_frame_of_exactly_max_size_is_served(served):
+    body = b'{"op":"ping","id":1}'
+    with served.raw() as sock:
+        sock.sendall(body + b" " * (c.MAX_FRAME - len(body)) + b"\n")
+        assert read_reply(sock)["ok"] is True
+
+
+@pytest.mark.parametrize("newline", [b"", b"\n"])
+def test_oversized_frame_gets_an_error_and_its_connection_is_closed(served, newline):
+    with served.raw() as sock:
+        sock.sendall(b"x" * (c.MAX_FRAME + 1) + newline)
+        reply = read_reply(sock)
+        with pytest.raises(EOFError):
+            read_reply(sock)
+    assert reply["error"]["type"] == "FrameTooLarge"
+    with served.client() as client:
+        assert client.call("ping")["pong"] is True
+
+
+def test_frame_cut_off_at_end_of_stream_gets_an_error(served):
+    with served.raw() as sock:
+        sock.sendall(b'{"op":"drain"')
+        sock.shutdown(socket.SHUT_WR)
+        assert read_reply(sock)["error"]["type"] == "MalformedRequest"
+    assert served.handler.calls == []
+
+
+def test_handler_crash_is_an_internal_error_and_serving_goes_on(sockdir):
+    class Crashing(Handler):
+        def status(self):
+            raise KeyError("boom")
+
+        def ledger(self):
+            return {"not json": object()}
+
+    with serving(sockdir, Crashing()) as s, s.client() as client:
+        with pytest.raises(c.RemoteError) as err:
+            client.call("status")
+        assert err.value.type == "InternalError" and "KeyError" in err.value.message
+        with pytest.raises(c.RemoteError) as err:
+            client.call("ledger")
+        assert err.value.type == "InternalError" and "not JSON" in err.value.message
+        assert client.call("ping")["pong"] is True
+
+
+# -------------------------------------------------------------- queue and timeouts
+
+
+def test_request_not_taken_in_time_times_out_and_never_runs(sockdir):
+    with serving(sockdir, owner=False, reply_timeout=0.2) as s, s.client() as client:
+        with pytest.raises(c.RemoteError) as err:
+            client.call("drain")
+        assert err.value.type == "Timeout" and "not executed" in err.value.message
+        assert s.queue.run_pending(s.handler) == 0  # the cancelled call is skipped
+    assert s.handler.calls == []
+
+
+def test_closed_queue_answers_shutting_down(sockdir):
+    with serving(sockdir) as s, s.client() as client:
+        s.queue.close()
+        with pytest.raises(c.RemoteError) as err:
+            client.call("status")
+    assert err.value.type == "ShuttingDown"
+
+
+def test_close_releases_a_request_waiting_on_the_queue(sockdir):
+    outcome = {}
+    # A reply timeout far beyond the test: close() must cancel the wait, not sit it out.
+    with serving(sockdir, owner=False, reply_timeout=3600) as s:
+        def ask():
+            try:
+                with s.client() as client:
+                    outcome["result"] = client.call("drain")
+            except (c.RemoteError, c.NotRunning) as exc:
+                outcome["error"] = exc
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        try:
+            assert s.queue.wait(timeout=30)
+            closer = threading.Thread(target=s.server.close, daemon=True)
+            closer.start()
+            closer.join(timeout=60)
+            assert not closer.is_alive(), "close() waited for the queued request"
+        finally:
+            asker.join()
+        assert s.queue.run_pending(s.handler) == 0
+    assert "result" not in outcome
+    err = outcome["error"]
+    assert isinstance(err, c.NotRunning) or err.type == "ShuttingDown"
+
+
+def test_call_queue_close_fails_pending_calls():
+    queue = c.CallQueue()
+    call = c.Call(c.OPS.get("drain"), {}, c.Peer(1, 0, 0))
+    fut = queue.submit(call)
+    queue.close("stopping for test")
+    with pytest.raises(c.ShuttingDown, match="stopping for test"):
+        fut.result(timeout=0)
+    assert queue.wait(timeout=0) is False
+    with pytest.raises(c.ShuttingDown):
+        queue.submit(call).result(timeout=0)
+
+
+def test_call_queue_wakeup_is_called_on_submit():
+    woken = []
+    queue = c.CallQueue(wakeup=lambda: woken.append(1))
+    queue.submit(c.Call(c.OPS.get("ping"), {}, c.Peer(1, 0, 0)))
+    assert woken == [1] and len(queue) == 1
+
+
+def test_connections_beyond_the_limit_are_refused_busy(sockdir):
+    with serving(sockdir, max_connections=1) as s, s.client() as first:
+        first.call("ping")  # the one allowed connection is now being served
+        with s.raw() as second:
+            reply = read_reply(second)
+        assert reply["error"]["type"] == "Busy"
+        assert first.call("ping")["pong"] is True
+
+
+# ---------------------------------------------------------------- socket lifecycle
+
+
+def test_socket_file_has_mode_0660_and_the_given_group(sockdir):
+    with serving(sockdir, group=NOGROUP) as s:
+        st_ = os.stat(s.path)
+        assert stat.S_IMODE(st_.st_mode) == 0o660
+        assert st_.st_gid == NOGROUP
+        assert stat.S_ISSOCK(st_.st_mode)
+
+
+def test_not_running_when_socket_is_missing_or_refused(sockdir):
+    missing = os.path.join(sockdir, "missing.sock")
+    with pytest.raises(c.NotRunning) as err:
+        c.ControlClient(missing).call("ping")
+    assert err.value.exit_code == EXIT_NOT_RUNNING and missing in str(err.value)
+    stale = os.path.join(sockdir, "stale.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(stale)  # bound, never listening: connect is refused
+    with pytest.raises(c.NotRunning):
+        c.ControlClient(stale).call("ping")
+
+
+def test_stale_socket_is_replaced_at_start(sockdir):
+    path = os.path.join(sockdir, "t.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(path)
+    with serving(sockdir) as served, served.client() as client:
+        assert client.call("ping")["pong"] is True
+
+
+def test_live_socket_and_non_socket_are_never_taken_over(sockdir):
+    with serving(sockdir) as served:
+        with pytest.raises(c.ControlError, match="another daemon"):
+            c.ControlServer(served.path, served.queue.submit).start()
+        with served.client() as client:
+            assert client.call("ping")["pong"] is True
+    path = os.path.join(sockdir, "t.sock")
+    with open(path, "w") as f:
+        f.write("not a socket")
+    with pytest.raises(c.ControlError, match="not a socket"):
+        c.ControlServer(path, c.CallQueue().submit).start()
+    assert os.path.isfile(path)
+    assert control_threads() == []
+
+
+# --------------------------------------------------------- peer credentials (root)
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
+
+
+def as_uid(uid, gid, fn):
+    """Run ``fn()`` in a forked child with ``uid``/``gid``; return what it returned (JSON)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            out = json.dumps(fn()).encode()
+            os.write(w, out)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        chunks = []
+        while chunk := os.read(r, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return json.loads(b"".join(chunks))
+
+
+def attempt(path, op, **args):
+    try:
+        return {"ok": c.ControlClient(path, timeout=30).call(op, **args)}
+    except c.RemoteError as exc:
+        return {"error": exc.type, "class": type(exc).__name__, "exit": exc.exit_code, "message": exc.message}
+
+
+@pytest.fixture
+def open_sockdir(sockdir):
+    os.chmod(sockdir, 0o711)  # let another uid reach the socket inside
+    return sockdir
+
+
+@needs_root
+def test_other_uid_may_read_but_not_mutate(open_sockdir):
+    with serving(open_sockdir, group=NOGROUP) as s:
+        def child():
+            return {
+                "ping": attempt(s.path, "ping"),
+                "status": attempt(s.path, "status"),
+                "posture_set": attempt(s.path, "posture_set", patch={"cordon_duty_percent": 1}),
+                "drain": attempt(s.path, "drain"),
+                "resume": attempt(s.path, "resume"),
+                "submit": attempt(s.path, "submit", role="solver", payload=1),
+            }
+
+        seen = as_uid(NOBODY, NOGROUP, child)
+        assert seen["ping"]["ok"]["pong"] is True
+        assert seen["status"] == {"ok": {"draining": False, "units": 0}}
+        for op in ("posture_set", "drain", "resume", "submit"):
+            assert seen[op]["error"] == "PermissionDenied", op
+            assert seen[op]["class"] == "PermissionDenied"
+            assert seen[op]["exit"] == EXIT_NO_PERMISSION
+            assert "uid 65534" in seen[op]["message"]
+        assert [name for name, _ in s.handler.calls] == ["status"]
+        # root may mutate
+        with s.client() as client:
+            assert client.call("drain") == {"draining": True}
+
+
+@needs_root
+def test_the_owner_uid_may_mutate(open_sockdir):
+    with serving(open_sockdir, group=NOGROUP, owner_uid=NOBODY) as s:
+        seen = as_uid(NOBODY, NOGROUP, lambda: attempt(s.path, "drain"))
+    assert seen == {"ok": {"draining": True}}
+
+
+@needs_root
+def test_uid_outside_the_socket_group_cannot_connect(open_sockdir):
+    with serving(open_sockdir) as s:  # group: root's, mode 0660
+        seen = as_uid(NOBODY, NOGROUP, lambda: attempt(s.path, "ping"))
+    assert seen["error"] == "PermissionDenied" and "may not connect" in seen["message"]
+    assert s.handler.calls == []
+
+
+# ------------------------------------------------------------------------- fuzzing
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+requests = st.fixed_dictionaries(
+    {"op": st.sampled_from(c.OPS.names() + ["nope", ""])},
+    optional={
+        "id": st.none() | st.integers() | st.text(max_size=5) | st.lists(st.integers(), max_size=1),
+        "args": st.dictionaries(
+            st.sampled_from(["patch", "role", "payload", "encoding", "key", "priority", "timeout", "x"]),
+            json_values, max_size=4,
+        ) | json_values,
+        "extra": json_values,
+    },
+)
+
+
+def test_fuzzed_frames_always_get_one_well_formed_reply_each(sockdir):
+    with serving(sockdir) as s:
+        @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(st.one_of(st.binary(max_size=300), requests.map(lambda r: json.dumps(r).encode())))
+        def exchange(data):
+            frames = data.split(b"\n")
+            with s.raw() as sock:
+                sock.sendall(data + b"\n")
+                buf = bytearray()
+                for _ in frames:
+                    reply = read_reply(sock, buf)
+                    assert set(reply) in ({"id", "ok", "result"}, {"id", "ok", "error"})
+                    if not reply["ok"]:
+                        assert set(reply["error"]) == {"type", "message"} and reply["error"]["message"]
+                # a valid request still works on the same connection afterwards
+                sock.sendall(c.encode_request("ping", {}, "probe"))
+                assert read_reply(sock, buf)["result"]["pong"] is True
+
+        exchange()
+        with s.client() as client:
+            assert client.call("ping")["pong"] is True
+        # only requests that passed validation reached the handler, and the
+        # handler's own checks kept the policy sane
+        assert all(isinstance(v, int) and v >= 0 for v in s.handler.policy.values())
+
+
+# ---------------------------------------------------------------- pure wire, ops
+
+
+def test_request_encoding_round_trips():
+    frame = c.encode_request("posture_set", {"patch": {"cordon_duty_percent": 5}}, 9)
+    assert frame.endswith(b"\n") and frame.count(b"\n") == 1
+    assert c.decode_request(frame) == c.Request(9, "posture_set", {"patch": {"cordon_duty_percent": 5}})
+
+
+def test_replies_round_trip_and_bad_replies_are_typed():
+    assert c.decode_reply(c.encode_reply(3, {"a": 1})) == c.Reply(3, True, {"a": 1})
+    assert c.decode_reply(c.encode_error(None, "X", "y")) == c.Reply(None, False, None, "X", "y")
+    for bad in (b"nope", b"[]", b'{"ok":1}', b'{"id":1,"ok":false,"error":"x"}'):
+        with pytest.raises(c.ProtocolError) as err:
+            c.decode_reply(bad)
+        assert err.value.code == "InvalidReply"
+
+
+def test_decode_request_enforces_the_frame_limit():
+    with pytest.raises(c.ProtocolError) as err:
+        c.decode_request(b'{"op":"ping"}    ', max_frame=15)
+    assert err.value.code == "FrameTooLarge"
+    assert c.decode_request(b'{"op":"ping"}  ', max_frame=15).op == "ping"
+
+
+def test_exactly_the_four_changing_ops_are_mutating():
+    mutating = {name for name in c.OPS.names() if c.OPS.get(name).mutating}
+    assert mutating == {"posture_set", "drain", "resume", "submit"}
+    assert set(c.OPS.names()) == {"ping", "status", "posture_show", "posture_set", "drain", "resume",
+                                  "submit", "ledger"}
+
+
+def test_registry_rejects_a_duplicate_op():
+    registry = c.OpRegistry([c.OPS.get("ping").__class__])
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(c.OPS.get("ping").__class__)
+
+
+def test_check_args_names_every_problem():
+    schema = {"a": c.Arg((int,), required=True), "b": c.Arg((float, type(None)))}
+    assert c.check_args("op", schema, {"a": 1}) == {"a": 1, "b": None}
+    assert c.check_args("op", schema, {"a": 1, "b": 2}) == {"a": 1, "b": 2}
+    with pytest.raises(c.ProtocolError) as err:
+        c.check_args("op", schema, {"b": "x", "zz": 1})
+    assert "unknown argument(s) zz" in err.value.message
+    assert "missing required argument a" in err.value.message
+    assert "b must be number or null, got string" in err.value.message
+
+
+def test_submit_to_wire_pickles_by_default():
+    wire = c.OPS.get("submit").to_wire(role="r", payload={1, 2})
+    assert wire["encoding"] == "pickle"
+    assert pickle.loads(base64.b64decode(wire["payload"])) == {1, 2}
+
+
+# ------------------------------------------------------------------ names, paths
+
+
+@pytest.mark.parametrize("name", ["fleet", "a", "Fleet_2-x", "9" * 63])
+def test_valid_fleet_names(name):
+    assert c.validate_fleet_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "-x", "_x", "a/b", "..", "a.b", "a b", "é", "9" * 64, 5, None])
+def test_invalid_fleet_names_are_refused(name):
+    with pytest.raises(c.InvalidFleetName):
+        c.validate_fleet_name(name)
+
+
+def test_runtime_dir_order():
+    never = lambda path, mode: False  # noqa: E731
+    always = lambda path, mode: True  # noqa: E731
+    env = {"RUNTIME_DIRECTORY": "/run/fleet-x:/run/other", "XDG_RUNTIME_DIR": "/run/user/5"}
+    assert str(c.runtime_dir(env, euid=5, access=never)) == "/run/fleet-x"
+    env.pop("RUNTIME_DIRECTORY")
+    assert str(c.runtime_dir(env, euid=0, access=never)) == "/run/fleet"
+    assert str(c.runtime_dir(env, euid=5, access=always)) == "/run/fleet"
+    assert str(c.runtime_dir(env, euid=5, access=never)) == "/run/user/5/fleet"
+    assert str(c.runtime_dir({}, euid=5, access=never)) == "/tmp/fleet-5"
+    assert str(c.socket_path("f1", {}, euid=5, access=never)) == "/tmp/fleet-5/f1.sock"
+    with pytest.raises(c.InvalidFleetName):
+        c.socket_path("../x", {}, euid=5, access=never)
+
+
+def test_find_socket_takes_the_first_existing_candidate(sockdir):
+    env = {"XDG_RUNTIME_DIR": sockdir}
+    candidates = c.socket_candidates("f1", env, euid=5)
+    assert [str(p) for p in candidates] == [
+        "/run/fleet/f1.sock", f"{sockdir}/fleet/f1.sock", "/tmp/fleet-5/f1.sock"]
+    with pytest.raises(c.NotRunning, match="f1"):
+        c.find_socket("f1", env, euid=5)
+    os.makedirs(f"{sockdir}/fleet")
+    open(f"{sockdir}/fleet/f1.sock", "w").close()
+    assert str(c.find_socket("f1", env, euid=5)) == f"{sockdir}/fleet/f1.sock"
+
+
+def test_prepare_runtime_dir_refuses_unsafe_directories(sockdir):
+    ok = c.prepare_runtime_dir(os.path.join(sockdir, "a", "b"))
+    assert stat.S_IMODE(os.stat(ok).st_mode) & 0o022 == 0
+    loose = os.path.join(sockdir, "loose")
+    os.mkdir(loose)
+    os.chmod(loose, 0o777)
+    with pytest.raises(c.ControlError, match="writable by group or others"):
+        c.prepare_runtime_dir(loose)
+    os.chmod(loose, 0o1777)  # sticky, like /tmp: acceptable
+    c.prepare_runtime_dir(loose)
+    link = os.path.join(sockdir, "link")
+    os.symlink(ok, link)
+    with pytest.raises(c.ControlError, match="not a directory"):
+        c.prepare_runtime_dir(link)
+    theirs = os.path.join(sockdir, "theirs")
+    os.mkdir(theirs)
+    if os.geteuid() == 0:
+        os.chown(theirs, NOBODY, NOGROUP)  # root: someone else's directory
+        euid = 0
+    else:
+        euid = os.geteuid() + 1  # not root: pretend to be someone else
+    with pytest.raises(c.ControlError, match="owned by uid"):
+        c.prepare_runtime_dir(theirs, euid=euid)
