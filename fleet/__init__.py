@@ -2,18 +2,33 @@
 
 The public face is re-exported here; everything else may move.
 """
+from .budget import BelowHostFloor, BudgetOverQuota, BudgetOverrides, FleetBudget, QuotaTooSmallForPinnedRoles
+from .config import FleetConfig, load_config
 from .errors import BootRefused, ConfigError, FleetError
+from .plan import TierPlan
+from .posture import PostureOwner, PosturePolicy, PostureRetuneError
 from .roles import REFERENCE_ROLES, Role, RoleSet, UnknownRoleError
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BelowHostFloor",
     "BootRefused",
+    "BudgetOverQuota",
+    "BudgetOverrides",
     "ConfigError",
+    "FleetBudget",
+    "FleetConfig",
     "FleetError",
+    "PostureOwner",
+    "PosturePolicy",
+    "PostureRetuneError",
+    "QuotaTooSmallForPinnedRoles",
     "REFERENCE_ROLES",
     "Role",
     "RoleSet",
+    "TierPlan",
     "UnknownRoleError",
+    "load_config",
     "__version__",
 ]

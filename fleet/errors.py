@@ -18,6 +18,7 @@ EXIT_BELOW_HOST_FLOOR = 80  # fewer than 2 CPUs: no tier can host the fleet
 EXIT_QUOTA_TOO_SMALL = 81  # the declared peaks do not fit the quota
 EXIT_TABLE_IN_USE = 82  # a live fleet of that name owns the shared table
 EXIT_FUSE_TRIPPED = 83  # the exactly-one-outcome ledger found a duplicate or a gap
+EXIT_BUDGET_OVER_QUOTA = 84  # overrides or fixed shares add up to more than the quota
 
 
 class FleetError(Exception):

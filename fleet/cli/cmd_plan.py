@@ -1,0 +1,72 @@
+"""fleetctl plan: the tier plan and CPU budget for a quota, without booting anything."""
+from __future__ import annotations
+
+import json
+import sys
+
+from .. import cgroup
+from ..budget import json_number
+from ..config import load_config
+from ..errors import EXIT_OK
+from ..plan import PROFILES, resolve
+
+NAME = "plan"
+HELP = "Show the tier plan and CPU budget a quota would run (dry run; boots nothing)."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--cpus", type=float, metavar="Q", help="quota in CPUs (default: config, else detected)")
+    parser.add_argument("--profile", choices=PROFILES, help="force a profile (default: config, else auto)")
+    parser.add_argument("--config", metavar="PATH", help="fleet TOML config (default: the reference profile)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _quota(args, config) -> tuple[float, str]:
+    if args.cpus is not None:
+        return args.cpus, "--cpus"
+    if config.cpus is not None:
+        return config.cpus, "config fleet.cpus"
+    limit = cgroup.effective_cpus()
+    return limit.cpus, "detected"
+
+
+def run(args) -> int:
+    config = load_config(args.config)
+    quota, origin = _quota(args, config)
+    plan = resolve(quota, args.profile or config.profile, config.roles, config.budget)
+    if args.json:
+        out = plan.to_dict()
+        out["plan"]["quota_source"] = origin
+        print(json.dumps(out, indent=2))
+    else:
+        sys.stdout.write(render(plan, origin))
+    return EXIT_OK
+
+
+def _cell(value) -> str:
+    return "-" if value is None else str(json_number(value))
+
+
+def render(plan, origin: str = "--cpus") -> str:
+    """The plan as a human-readable table."""
+    budget = plan.budget
+    refused = plan.tier_refused
+    lines = [
+        f"{'quota':<16}{_cell(plan.quota_cpus)} CPUs ({origin})",
+        f"{'profile':<16}{plan.profile} -> {plan.binding} binding",
+        f"{'oversubscribed':<16}{'YES' if plan.oversubscribed else 'no'}",
+        f"{'tier refused':<16}{'-' if refused is None else f'{refused.tier}: {refused.message}'}",
+        "",
+        f"{'consumer':<18}{'cores':>7}{'threads':>9}  rule",
+    ]
+    for share in budget.consumers:
+        mark = " (override; rule gives " + _cell(share.default) + ")" if share.overridden else ""
+        lines.append(f"{share.name:<18}{_cell(share.cores):>7}{_cell(share.threads):>9}  {share.rule}{mark}")
+        if share.lanes:
+            lines.append(f"{'':<36}lanes: {', '.join(share.lanes)}")
+    lines.append(f"{'sum':<18}{_cell(budget.total):>7}")
+    if budget.unallocated:
+        lines.append(f"{'unallocated':<18}{_cell(budget.unallocated):>7}  headroom no fleet thread uses")
+    if budget.zero_share:
+        lines.append(f"zero-share roles (declared peak 0): {', '.join(budget.zero_share)}")
+    return "\n".join(lines) + "\n"

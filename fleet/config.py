@@ -1,0 +1,326 @@
+"""Typed fleet configuration: a TOML file (or a dict), then ``FLEET_*`` environment overrides.
+
+Sections and keys (every key optional; unknown sections and keys are rejected with
+a ConfigError naming their dotted path)::
+
+    [fleet]
+    name = "fleet"            # names the shared table, socket and unit
+    profile = "auto"          # auto | serial | pinned (see fleet.plan)
+    cpus = 4.5                # use this quota instead of the detected one
+
+    [budget]                  # terminal overrides of fleet.budget's rules
+    reserve = 1
+    ambient_io = 2
+    pinned_min = 2
+    solver = 3                # any declared role name: its share in cores
+
+    [posture]                 # the six cordon keys of fleet.posture.PosturePolicy
+    cordon_enter_events = 2
+    cordon_enter_window_ms = 1000
+    cordon_duty_percent = 2.0
+    cordon_duty_window_ms = 5000
+    cordon_exit_clean_ms = 10000
+    cordon_sim_intake_floor = 2   # omit for half the slot cap
+
+    [roles.solver]            # fields of fleet.roles.Role; no [roles] = the reference profile
+    kind = "pinned"
+    handler = "mypkg.work:solve"
+    slots = 6
+
+    [limits]
+    max_payload_bytes = 1048576
+
+    [restart]                 # restart intensity: more than R restarts within T s stops the fleet
+    max_restarts = 5
+    within_seconds = 60
+
+Environment. ``FLEET_<SECTION>__<KEY>`` sets one key (``FLEET_POSTURE__CORDON_DUTY_PERCENT=5``,
+``FLEET_ROLES__SOLVER__SLOTS=4``); ``FLEET_NAME``, ``FLEET_PROFILE`` and ``FLEET_CPUS``
+set the ``[fleet]`` keys. Values are parsed by the key's type (``null`` for an
+optional value). Environment values win over the file and are listed in
+`FleetConfig.env_overrides` so boot can log them. Other ``FLEET_*`` variables
+without a ``__`` are not configuration and are left alone; a ``FLEET_X__Y`` whose
+section is unknown is an error, so a typo cannot pass silently.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+
+from .budget import BudgetOverrides
+from .errors import ConfigError
+from .plan import PROFILES
+from .posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, PostureRetuneError
+from .roles import REFERENCE_ROLES, Role, RoleSet
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Input limits. `max_payload_bytes`: largest unit payload accepted (default 1 MiB)."""
+
+    max_payload_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class RestartIntensity:
+    """OTP-style restart intensity: more than `max_restarts` within `within_seconds` stops the fleet."""
+
+    max_restarts: int = 5
+    within_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """The validated configuration. Build it with `load_config`."""
+
+    name: str = "fleet"
+    profile: str = "auto"
+    cpus: float | None = None
+    budget: BudgetOverrides = field(default_factory=BudgetOverrides)
+    posture: PosturePolicy = DEFAULT_POLICY
+    roles: RoleSet = REFERENCE_ROLES
+    limits: Limits = Limits()
+    restart: RestartIntensity = RestartIntensity()
+    source: str | None = None
+    env_overrides: tuple[str, ...] = ()
+
+
+# --- value checks ---------------------------------------------------------------------
+
+
+def _int(path, v, minimum):
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(path, f"must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _positive(path, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(path, f"must be a number > 0, got {v!r}")
+    return v
+
+
+def _table(path, v) -> dict:
+    if not isinstance(v, dict):
+        raise ConfigError(path, f"must be a table, got {type(v).__name__}")
+    return dict(v)
+
+
+def _reject_unknown(path, data, known):
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{path}.{key}", f"unknown key; known: {', '.join(known)}")
+
+
+# --- sections ---------------------------------------------------------------------------
+
+
+def _fleet(data):
+    data = _table("fleet", data)
+    _reject_unknown("fleet", data, ("name", "profile", "cpus"))
+    name = data.get("name", "fleet")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError("fleet.name", f"must match {_NAME_RE.pattern}, got {name!r}")
+    profile = data.get("profile", "auto")
+    if profile not in PROFILES:
+        raise ConfigError("fleet.profile", f"must be one of {', '.join(PROFILES)}, got {profile!r}")
+    cpus = data.get("cpus")
+    return {"name": name, "profile": profile, "cpus": None if cpus is None else _positive("fleet.cpus", cpus)}
+
+
+def _posture(data):
+    data = _table("posture", data)
+    _reject_unknown("posture", data, POLICY_KEYS)
+    try:
+        return dataclasses.replace(DEFAULT_POLICY, **data)
+    except PostureRetuneError as exc:
+        key, why = next(iter(exc.problems.items()))
+        raise ConfigError(f"posture.{key}", why) from None
+
+
+def _roles(data):
+    data = _table("roles", data)
+    roles = []
+    for name, fields_ in data.items():
+        fields_ = _table(f"roles.{name}", fields_)
+        _reject_unknown(f"roles.{name}", fields_, _ROLE_FIELDS)
+        roles.append(Role(name=name, **fields_))
+    return RoleSet(tuple(roles))
+
+
+def _limits(data):
+    data = _table("limits", data)
+    _reject_unknown("limits", data, ("max_payload_bytes",))
+    return Limits(_int("limits.max_payload_bytes", data.get("max_payload_bytes", Limits.max_payload_bytes), 1))
+
+
+def _restart(data):
+    data = _table("restart", data)
+    _reject_unknown("restart", data, ("max_restarts", "within_seconds"))
+    return RestartIntensity(
+        _int("restart.max_restarts", data.get("max_restarts", RestartIntensity.max_restarts), 0),
+        _positive("restart.within_seconds", data.get("within_seconds", RestartIntensity.within_seconds)),
+    )
+
+
+SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart")
+
+
+def _build(raw: dict, source, env_paths) -> FleetConfig:
+    for key in raw:
+        if key not in SECTIONS:
+            raise ConfigError(key, f"unknown section; sections: {', '.join(SECTIONS)}")
+    roles = _roles(raw["roles"]) if "roles" in raw else REFERENCE_ROLES
+    budget = BudgetOverrides.from_mapping(_table("budget", raw.get("budget", {})))
+    budget.check_roles(roles)
+    return FleetConfig(
+        **_fleet(raw.get("fleet", {})),
+        budget=budget,
+        posture=_posture(raw.get("posture", {})),
+        roles=roles,
+        limits=_limits(raw.get("limits", {})),
+        restart=_restart(raw.get("restart", {})),
+        source=source,
+        env_overrides=tuple(env_paths),
+    )
+
+
+# --- environment ---------------------------------------------------------------------------
+
+_FLEET_SHORT = {"FLEET_NAME": ("fleet", "name"), "FLEET_PROFILE": ("fleet", "profile"), "FLEET_CPUS": ("fleet", "cpus")}
+_TYPES = {
+    ("fleet", "cpus"): "float?",
+    ("budget", "reserve"): "int",
+    ("budget", "ambient_io"): "int",
+    ("budget", "pinned_min"): "int",
+    ("posture", "cordon_enter_events"): "int",
+    ("posture", "cordon_enter_window_ms"): "int",
+    ("posture", "cordon_duty_percent"): "float",
+    ("posture", "cordon_duty_window_ms"): "int",
+    ("posture", "cordon_exit_clean_ms"): "int",
+    ("posture", "cordon_sim_intake_floor"): "int?",
+    ("limits", "max_payload_bytes"): "int",
+    ("restart", "max_restarts"): "int",
+    ("restart", "within_seconds"): "float",
+}
+_ROLE_TYPES = {
+    "handler": "str?",
+    "queue_bound": "int",
+    "peak_cpus": "float",
+    "slots": "int",
+    "io_bound": "bool",
+    "timeout_s": "float?",
+}
+
+
+def _type_of(parts) -> str:
+    if parts[0] == "roles" and len(parts) == 3:
+        return _ROLE_TYPES.get(parts[2], "str")
+    if parts[0] == "budget" and len(parts) == 2:
+        return _TYPES.get(tuple(parts), "float")
+    return _TYPES.get(tuple(parts), "str")
+
+
+def _parse_env(var, text, kind):
+    if kind.endswith("?"):
+        if text.strip().lower() in ("", "null", "none"):
+            return None
+        kind = kind[:-1]
+    try:
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            value = float(text)
+            return int(value) if value.is_integer() and "." not in text else value
+        if kind == "bool":
+            return {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}[text.strip().lower()]
+    except (ValueError, KeyError):
+        raise ConfigError("", f"{var}={text!r} is not a valid {kind}") from None
+    return text
+
+
+def _env_paths(env):
+    """(dotted path parts, variable) for every FLEET_* variable that is configuration."""
+    for var in sorted(env):
+        if var in _FLEET_SHORT:
+            yield _FLEET_SHORT[var], var
+        elif var.startswith("FLEET_") and "__" in var:
+            parts = [p.lower() for p in var[len("FLEET_"):].split("__")]
+            if parts[0] not in SECTIONS or not all(parts):
+                raise ConfigError(var, f"not a configuration variable: sections are {', '.join(SECTIONS)}")
+            yield tuple(parts), var
+
+
+def _apply_env(raw: dict, env) -> dict:
+    """`raw` with environment overrides merged in; returns {dotted path: variable}."""
+    origins = {}
+    for parts, var in _env_paths(env):
+        value = _parse_env(var, env[var], _type_of(parts))
+        if parts[0] == "roles" and "roles" not in raw:
+            raw["roles"] = {r.name: _role_dict(r) for r in REFERENCE_ROLES}
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(".".join(parts[: i + 1]), "is not a table")
+        node[parts[-1]] = value
+        origins[".".join(parts)] = var
+    return origins
+
+
+def _role_dict(role: Role) -> dict:
+    return {f: getattr(role, f) for f in _ROLE_FIELDS}
+
+
+# --- entry point -----------------------------------------------------------------------------
+
+
+def _read_source(source):
+    if source is None:
+        return {}, None
+    if isinstance(source, dict):
+        return _deep_copy(source), "<dict>"
+    path = os.fspath(source)
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f), path
+    except OSError as exc:
+        raise ConfigError("", f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
+
+
+def _deep_copy(d):
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def load_config(source=None, env=None) -> FleetConfig:
+    """Load, override from the environment, and validate.
+
+    Args:
+        source: a TOML file path, a dict of the same shape, or None for defaults.
+        env: the environment to read ``FLEET_*`` overrides from (default os.environ).
+    Returns:
+        A frozen FleetConfig.
+    Raises:
+        ConfigError: naming the dotted path (and the variable, for an environment
+            value) of the first bad or unknown key. Nothing is loaded.
+    """
+    env = os.environ if env is None else env
+    raw, where = _read_source(source)
+    origins = _apply_env(raw, env)
+    try:
+        return _build(raw, where, sorted(origins))
+    except ConfigError as exc:
+        var = origins.get(exc.path)
+        if var is None:
+            raise
+        message = str(exc)[len(exc.path) + 2 :]
+        raise ConfigError(exc.path, f"{message} (set by {var})") from None

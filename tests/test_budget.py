@@ -1,0 +1,242 @@
+"""FleetBudget.derive: the reference table, small and fractional quotas, overrides, refusals."""
+import pytest
+
+from fleet.budget import (
+    PINNED,
+    SERIAL,
+    BelowHostFloor,
+    BudgetOverQuota,
+    BudgetOverrides,
+    FleetBudget,
+    QuotaTooSmallForPinnedRoles,
+    pinned_floor,
+)
+from fleet.errors import EXIT_BELOW_HOST_FLOOR, EXIT_BUDGET_OVER_QUOTA, EXIT_QUOTA_TOO_SMALL, ConfigError
+from fleet.roles import REFERENCE_ROLES, Role, RoleSet
+
+
+def rows(budget):
+    return {s.name: (s.cores, s.threads) for s in budget.consumers}
+
+
+def ov(**kw):
+    return BudgetOverrides.from_mapping(kw)
+
+
+# --- the pinned projection -------------------------------------------------------------
+
+# Q: reserve, ambient (cores = threads), resolve, merge, solver cores, simdriver cores
+PINNED_TABLE = {
+    6: (1, 1, 1, 1, 2, 0),
+    8: (1, 2, 1, 1, 3, 0),  # 002 §5, the worked table
+    8.5: (1, 2, 1, 1, 3, 0.5),
+    16: (1, 4, 1, 1, 9, 0),
+}
+
+
+@pytest.mark.parametrize("q", sorted(PINNED_TABLE))
+def test_pinned_table(q):
+    h, a, r, m, s, sim = PINNED_TABLE[q]
+    b = FleetBudget.derive(q)
+    assert rows(b) == {
+        "reserve": (h, None),
+        "ambient_io": (a, a),
+        "resolve": (r, 1),
+        "merge": (m, 1),
+        "solver": (s, 6),
+        "simdriver": (sim, 4),
+    }
+    assert b.total == q and not b.oversubscribed and b.unallocated == 0
+
+
+def test_reference_table_at_8_in_order_with_admission():
+    b = FleetBudget.derive(8)
+    assert [s.name for s in b.consumers] == ["reserve", "ambient_io", "resolve", "merge", "solver", "simdriver"]
+    assert b.share("solver").admit == 3  # concurrent walks = S, pins stay 6
+    assert b.zero_share == ("poolstateupdater", "registrar", "verifier", "submitter")
+
+
+def test_solver_admission_never_exceeds_its_pins():
+    assert FleetBudget.derive(16).share("solver").admit == 6
+
+
+@pytest.mark.parametrize("q", [2, 3, 4, 4.5, 5, 5.9])
+def test_pinned_refused_below_six_with_every_consumer_listed(q):
+    with pytest.raises(QuotaTooSmallForPinnedRoles) as info:
+        FleetBudget.derive(q, binding=PINNED)
+    err = info.value
+    assert err.exit_code == EXIT_QUOTA_TOO_SMALL and err.floor_cpus == 6
+    assert [n for n, _ in err.shares] == ["reserve", "ambient_io", "resolve", "merge", "solver", "simdriver"]
+    assert err.cores < 2
+
+
+def test_fractional_remainder_goes_only_to_io_roles():
+    b = FleetBudget.derive(6.75)
+    assert b.share("solver").cores == 2  # integer shares floor against 6
+    assert b.share("simdriver").cores == 0.75
+    assert b.total == 6.75
+
+
+def test_remainder_is_split_between_io_roles():
+    roles = RoleSet(
+        REFERENCE_ROLES.roles + (Role("fetch", "pooled", "deferrable", peak_cpus=0, slots=2, io_bound=True),)
+    )
+    b = FleetBudget.derive(8.5, roles)
+    assert b.share("simdriver").cores == 0.25 and b.share("fetch").cores == 0.25
+
+
+def test_without_io_roles_the_remainder_is_unallocated():
+    roles = RoleSet(tuple(r for r in REFERENCE_ROLES if not r.io_bound))
+    b = FleetBudget.derive(8.5, roles)
+    assert b.unallocated == 0.5 and b.total == 8
+
+
+def test_without_a_keyed_role_whole_cores_are_headroom_for_io():
+    roles = RoleSet((Role("resolve", peak_cpus=2), Role("sim", io_bound=True, peak_cpus=0, slots=4)))
+    b = FleetBudget.derive(8, roles)
+    assert rows(b) == {"reserve": (1, None), "ambient_io": (2, 2), "resolve": (2, 1), "sim": (3, 4)}
+
+
+# --- the serial projection ---------------------------------------------------------------
+
+SERIAL_TABLE = {  # Q: reserve, ambient cores, ambient threads, unallocated
+    2: (1, 0, 1, 0),  # ambient folds into the reserve core: fleetd + one seat
+    3: (1, 1, 1, 0),
+    4: (1, 1, 1, 1),
+    4.5: (1, 1, 1, 1.5),
+    5: (1, 1, 1, 2),
+}
+
+
+@pytest.mark.parametrize("q", sorted(SERIAL_TABLE))
+def test_serial_table(q):
+    h, a, at, free = SERIAL_TABLE[q]
+    b = FleetBudget.derive(q, binding=SERIAL)
+    assert rows(b) == {"reserve": (h, None), "ambient_io": (a, at), "serial-0": (1, 1)}
+    assert b.unallocated == free and b.total + b.unallocated == q
+    assert b.share("serial-0").lanes == REFERENCE_ROLES.names
+
+
+def test_serial_ignores_role_shares_so_solver_minimum_does_not_apply():
+    b = FleetBudget.derive(2, binding=SERIAL, overrides=ov(solver=5))
+    assert b.share("serial-0").cores == 1 and not b.oversubscribed
+
+
+# --- floors and refusals ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q", [0.5, 1, 1.99])
+@pytest.mark.parametrize("binding", [PINNED, SERIAL])
+def test_below_host_floor(q, binding):
+    with pytest.raises(BelowHostFloor) as info:
+        FleetBudget.derive(q, binding=binding, oversubscribe=True)
+    assert info.value.exit_code == EXIT_BELOW_HOST_FLOOR
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "8", True, None])
+def test_bad_quota_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="fleet.cpus"):
+        FleetBudget.derive(bad)
+
+
+def test_unknown_binding():
+    with pytest.raises(ConfigError, match="binding"):
+        FleetBudget.derive(8, binding="threads")
+
+
+def test_oversubscribe_keeps_floors_and_marks_the_excess():
+    b = FleetBudget.derive(4, binding=PINNED, oversubscribe=True)
+    assert b.share("solver").cores == 2 and b.total == 6 and b.oversubscribed
+
+
+def test_pinned_floor_is_six_for_the_reference_profile():
+    assert pinned_floor() == 6
+
+
+def test_pinned_floor_moves_with_overrides():
+    assert pinned_floor(overrides=ov(reserve=2)) == 7
+    assert pinned_floor(overrides=ov(pinned_min=3)) == 7
+
+
+# --- overrides ----------------------------------------------------------------------------------
+
+
+def test_ambient_override_is_terminal_and_shrinks_the_solver():
+    b = FleetBudget.derive(8, overrides=ov(ambient_io=3))
+    amb = b.share("ambient_io")
+    assert (amb.cores, amb.threads, amb.overridden, amb.default) == (3, 3, True, 2)
+    assert b.share("solver").cores == 2 and b.total == 8
+    assert b.overrides() == (amb,)
+
+
+def test_solver_override_leaves_headroom_to_io():
+    b = FleetBudget.derive(8, overrides=ov(solver=2))
+    assert b.share("solver").overridden and b.share("solver").default == 3
+    assert b.share("simdriver").cores == 1 and b.total == 8
+
+
+def test_solver_override_below_minimum_fails():
+    with pytest.raises(QuotaTooSmallForPinnedRoles):
+        FleetBudget.derive(16, overrides=ov(solver=1))
+
+
+def test_pinned_min_override_changes_the_refusal_edge():
+    FleetBudget.derive(6)
+    with pytest.raises(QuotaTooSmallForPinnedRoles):
+        FleetBudget.derive(6, overrides=ov(pinned_min=3))
+
+
+def test_overrides_over_quota_fail_listing_every_consumer():
+    with pytest.raises(BudgetOverQuota) as info:
+        FleetBudget.derive(8, overrides=ov(solver=4, resolve=2))
+    err = info.value
+    assert err.exit_code == EXIT_BUDGET_OVER_QUOTA and err.total == 10
+    assert [n for n, _ in err.shares] == ["reserve", "ambient_io", "resolve", "merge", "solver", "simdriver"]
+    assert "solver 4" in str(err) and "resolve 2" in str(err)
+
+
+def test_serial_over_quota_with_an_ambient_override():
+    with pytest.raises(BudgetOverQuota):
+        FleetBudget.derive(3, binding=SERIAL, overrides=ov(ambient_io=2))
+
+
+def test_io_role_override_takes_whole_cores_plus_the_remainder():
+    b = FleetBudget.derive(8.5, overrides=ov(simdriver=1))
+    assert b.share("simdriver").cores == 1.5 and b.share("solver").cores == 2
+
+
+@pytest.mark.parametrize(
+    "data, path",
+    [
+        ({"reserve": -1}, "budget.reserve"),
+        ({"ambient_io": 1.5}, "budget.ambient_io"),
+        ({"pinned_min": 0}, "budget.pinned_min"),
+        ({"solver": "3"}, "budget.solver"),
+        ({"solver": -2}, "budget.solver"),
+    ],
+)
+def test_bad_override_values(data, path):
+    with pytest.raises(ConfigError) as info:
+        BudgetOverrides.from_mapping(data)
+    assert info.value.path == path
+
+
+def test_override_of_an_undeclared_role():
+    with pytest.raises(ConfigError) as info:
+        FleetBudget.derive(8, overrides=ov(nosuch=1))
+    assert info.value.path == "budget.nosuch"
+
+
+def test_cpu_bound_role_takes_whole_cores():
+    with pytest.raises(ConfigError, match="whole cores"):
+        FleetBudget.derive(8, overrides=ov(resolve=1.5))
+    roles = RoleSet((Role("resolve", peak_cpus=0.5),))
+    with pytest.raises(ConfigError) as info:
+        FleetBudget.derive(8, roles)
+    assert info.value.path == "roles.resolve.peak_cpus"
+
+
+def test_to_dict_prints_whole_numbers_as_ints():
+    d = FleetBudget.derive(8).to_dict()
+    assert d["sum"] == 8 and isinstance(d["sum"], int)
+    assert [c["cores"] for c in d["consumers"]] == [1, 2, 1, 1, 3, 0]

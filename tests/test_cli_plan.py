@@ -1,0 +1,106 @@
+"""fleetctl plan: the done-when commands, JSON and human output, refusals and their exit codes."""
+import json
+import subprocess
+import sys
+
+from fleet.cli import fleetctl
+from fleet.errors import EXIT_BELOW_HOST_FLOOR, EXIT_BUDGET_OVER_QUOTA, EXIT_CONFIG
+
+
+def plan(capsys, *argv):
+    rc = fleetctl.main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cpus_8_json_reproduces_the_reference_table(capsys):
+    rc, out, _ = plan(capsys, "--cpus", "8", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert {k: doc["plan"][k] for k in ("profile", "binding", "quota_cpus", "oversubscribed", "tier_refused")} == {
+        "profile": "auto",
+        "binding": "pinned",
+        "quota_cpus": 8,
+        "oversubscribed": False,
+        "tier_refused": None,
+    }
+    table = [(c["name"], c["cores"], c["threads"]) for c in doc["budget"]["consumers"]]
+    assert table == [
+        ("reserve", 1, None),
+        ("ambient_io", 2, 2),
+        ("resolve", 1, 1),
+        ("merge", 1, 1),
+        ("solver", 3, 6),
+        ("simdriver", 0, 4),
+    ]
+    assert doc["budget"]["sum"] == 8
+
+
+def test_cpus_1_is_refused_with_its_exit_code(capsys):
+    rc, out, err = plan(capsys, "--cpus", "1", "--json")
+    assert rc == EXIT_BELOW_HOST_FLOOR and out == ""
+    assert err.count("\n") == 1 and "BelowHostFloor" in err
+
+
+def test_cpus_4_resolves_serial(capsys):
+    rc, out, _ = plan(capsys, "--cpus", "4", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["plan"]["binding"] == "serial" and not doc["plan"]["oversubscribed"]
+    assert doc["plan"]["tier_refused"]["error"] == "QuotaTooSmallForPinnedRoles"
+
+
+def test_cpus_4_forced_pinned_is_oversubscribed(capsys):
+    rc, out, _ = plan(capsys, "--cpus", "4", "--profile", "pinned", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and (doc["plan"]["binding"], doc["plan"]["oversubscribed"]) == ("pinned", True)
+    assert doc["plan"]["tier_refused"]["floor_cpus"] == 6 and doc["budget"]["sum"] == 6
+
+
+def test_human_table(capsys):
+    rc, out, _ = plan(capsys, "--cpus", "4.5")
+    assert rc == 0
+    assert "auto -> serial binding" in out and "pinned floor is 6 CPUs" in out
+    lines = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line[:1].isalpha()}
+    assert lines["serial-0"] == ["1", "1"] and lines["unallocated"][0] == "1.5" and lines["sum"] == ["3"]
+
+
+def test_human_table_marks_overrides(tmp_path, capsys):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text("[budget]\nambient_io = 3\n")
+    rc, out, _ = plan(capsys, "--cpus", "8", "--config", str(cfg))
+    assert rc == 0 and "override; rule gives 2" in out
+
+
+def test_config_supplies_quota_and_profile(tmp_path, capsys):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text('[fleet]\ncpus = 16\nprofile = "serial"\n')
+    doc = json.loads(plan(capsys, "--config", str(cfg), "--json")[1])
+    assert (doc["plan"]["quota_cpus"], doc["plan"]["binding"], doc["plan"]["quota_source"]) == (16, "serial", "config fleet.cpus")
+
+
+def test_bad_config_exits_with_config_code(tmp_path, capsys):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text("[posture]\ncordon_duty_pct = 1\n")
+    rc, _, err = plan(capsys, "--cpus", "8", "--config", str(cfg))
+    assert rc == EXIT_CONFIG and "posture.cordon_duty_pct" in err
+
+
+def test_over_quota_overrides_exit_with_their_code(tmp_path, capsys):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text("[budget]\nsolver = 5\n")
+    rc, _, err = plan(capsys, "--cpus", "8", "--config", str(cfg))
+    assert rc == EXIT_BUDGET_OVER_QUOTA and "BudgetOverQuota" in err
+
+
+def test_without_cpus_the_quota_is_detected(capsys):
+    rc, out, _ = plan(capsys, "--json")
+    doc = json.loads(out) if rc == 0 else None
+    assert rc in (0, EXIT_BELOW_HOST_FLOOR)
+    assert doc is None or doc["plan"]["quota_source"] == "detected"
+
+
+def test_the_installed_entry_point():
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet.cli.fleetctl", "plan", "--cpus", "1"], capture_output=True, text=True
+    )
+    assert proc.returncode == EXIT_BELOW_HOST_FLOOR and "BelowHostFloor" in proc.stderr

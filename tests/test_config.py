@@ -1,0 +1,167 @@
+"""Typed config: TOML or dict, FLEET_* environment overrides, unknown keys named by dotted path."""
+import pytest
+
+from fleet.config import FleetConfig, Limits, RestartIntensity, load_config
+from fleet.errors import ConfigError
+from fleet.posture import DEFAULT_POLICY
+from fleet.roles import REFERENCE_ROLES
+
+TOML = """
+[fleet]
+name = "pricing"
+profile = "serial"
+cpus = 4.5
+
+[budget]
+ambient_io = 1
+solver = 2
+
+[posture]
+cordon_duty_percent = 3.5
+cordon_sim_intake_floor = 2
+
+[roles.solver]
+kind = "pinned"
+handler = "pkg.work:solve"
+slots = 6
+peak_cpus = 2
+
+[roles.sim]
+kind = "pooled"
+cordon_class = "floor"
+io_bound = true
+peak_cpus = 0
+slots = 4
+
+[limits]
+max_payload_bytes = 65536
+
+[restart]
+max_restarts = 3
+within_seconds = 10
+"""
+
+
+def test_defaults():
+    c = load_config(env={})
+    assert c == FleetConfig()
+    assert (c.name, c.profile, c.cpus) == ("fleet", "auto", None)
+    assert c.roles is REFERENCE_ROLES and c.posture == DEFAULT_POLICY
+    assert c.limits == Limits(1 << 20) and c.restart == RestartIntensity(5, 60.0)
+
+
+def test_toml_file(tmp_path):
+    path = tmp_path / "pricing.toml"
+    path.write_text(TOML)
+    c = load_config(path, env={})
+    assert (c.name, c.profile, c.cpus, c.source) == ("pricing", "serial", 4.5, str(path))
+    assert (c.budget.ambient_io, dict(c.budget.roles)) == (1, {"solver": 2})
+    assert c.posture.cordon_duty_percent == 3.5 and c.posture.cordon_sim_intake_floor == 2
+    assert c.roles.names == ("solver", "sim") and c.roles["sim"].io_bound
+    assert c.limits.max_payload_bytes == 65536 and c.restart == RestartIntensity(3, 10)
+
+
+def test_dict_source_is_not_mutated():
+    source = {"posture": {"cordon_enter_events": 3}}
+    load_config(source, env={"FLEET_POSTURE__CORDON_ENTER_EVENTS": "4"})
+    assert source == {"posture": {"cordon_enter_events": 3}}
+
+
+def test_env_overrides_win_and_are_listed():
+    env = {
+        "FLEET_PROFILE": "pinned",
+        "FLEET_CPUS": "8",
+        "FLEET_POSTURE__CORDON_DUTY_PERCENT": "5",
+        "FLEET_POSTURE__CORDON_SIM_INTAKE_FLOOR": "null",
+        "FLEET_BUDGET__AMBIENT_IO": "3",
+        "FLEET_LIMITS__MAX_PAYLOAD_BYTES": "2048",
+    }
+    c = load_config({"posture": {"cordon_duty_percent": 1, "cordon_sim_intake_floor": 2}}, env=env)
+    assert (c.profile, c.cpus, c.posture.cordon_duty_percent) == ("pinned", 8, 5)
+    assert c.posture.cordon_sim_intake_floor is None and c.budget.ambient_io == 3
+    assert c.limits.max_payload_bytes == 2048
+    assert c.env_overrides == (
+        "budget.ambient_io",
+        "fleet.cpus",
+        "fleet.profile",
+        "limits.max_payload_bytes",
+        "posture.cordon_duty_percent",
+        "posture.cordon_sim_intake_floor",
+    )
+
+
+def test_env_role_override_applies_to_the_reference_profile():
+    c = load_config(env={"FLEET_ROLES__SOLVER__SLOTS": "4", "FLEET_ROLES__SIMDRIVER__IO_BOUND": "false"})
+    assert c.roles["solver"].slots == 4 and not c.roles["simdriver"].io_bound
+    assert c.roles.names == REFERENCE_ROLES.names
+
+
+def test_unrelated_fleet_variables_are_left_alone():
+    assert load_config(env={"FLEET_REQUIRE_PG": "1", "FLEETING": "x"}) == FleetConfig()
+
+
+@pytest.mark.parametrize(
+    "source, path",
+    [
+        ({"posture": {"cordon_duty_pct": 1}}, "posture.cordon_duty_pct"),
+        ({"fleet": {"nmae": "x"}}, "fleet.nmae"),
+        ({"limits": {"max_payload": 1}}, "limits.max_payload"),
+        ({"restart": {"intensity": 1}}, "restart.intensity"),
+        ({"roles": {"solver": {"kind": "pinned", "pins": 6}}}, "roles.solver.pins"),
+        ({"budget": {"solvr": 2}}, "budget.solvr"),
+        ({"scheduler": {}}, "scheduler"),
+    ],
+)
+def test_unknown_keys_are_named_by_dotted_path(source, path):
+    with pytest.raises(ConfigError) as info:
+        load_config(source, env={})
+    assert info.value.path == path and str(info.value).startswith(path + ":")
+
+
+@pytest.mark.parametrize(
+    "source, path",
+    [
+        ({"fleet": {"profile": "turbo"}}, "fleet.profile"),
+        ({"fleet": {"cpus": 0}}, "fleet.cpus"),
+        ({"fleet": {"name": "has space"}}, "fleet.name"),
+        ({"posture": {"cordon_duty_percent": 0}}, "posture.cordon_duty_percent"),
+        ({"posture": {"cordon_exit_clean_ms": 0}}, "posture.cordon_exit_clean_ms"),
+        ({"posture": "loud"}, "posture"),
+        ({"roles": {"solver": {"kind": "keyed"}}}, "roles.solver.kind"),
+        ({"limits": {"max_payload_bytes": 0}}, "limits.max_payload_bytes"),
+        ({"restart": {"max_restarts": -1}}, "restart.max_restarts"),
+        ({"restart": {"within_seconds": 0}}, "restart.within_seconds"),
+        ({"budget": {"reserve": -1}}, "budget.reserve"),
+    ],
+)
+def test_bad_values_are_named(source, path):
+    with pytest.raises(ConfigError) as info:
+        load_config(source, env={})
+    assert info.value.path == path
+
+
+def test_bad_env_value_names_the_variable():
+    with pytest.raises(ConfigError) as info:
+        load_config(env={"FLEET_POSTURE__CORDON_ENTER_EVENTS": "0"})
+    assert info.value.path == "posture.cordon_enter_events"
+    assert "FLEET_POSTURE__CORDON_ENTER_EVENTS" in str(info.value)
+
+
+def test_unparsable_env_value():
+    with pytest.raises(ConfigError, match="FLEET_BUDGET__RESERVE='two' is not a valid int"):
+        load_config(env={"FLEET_BUDGET__RESERVE": "two"})
+
+
+def test_env_with_an_unknown_section_is_an_error():
+    with pytest.raises(ConfigError) as info:
+        load_config(env={"FLEET_POSTRE__CORDON_ENTER_EVENTS": "3"})
+    assert info.value.path == "FLEET_POSTRE__CORDON_ENTER_EVENTS"
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml", env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[fleet\nname=")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(bad, env={})
