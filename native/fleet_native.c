@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -90,4 +91,54 @@ int fleet_mutex_destroy(void *addr) { return -pthread_mutex_destroy((pthread_mut
 
 int fleet_set_pdeathsig(int sig) {
     return prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0 ? 0 : -errno;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* One seqlocked read of a record into dst; 1 when it was consistent. */
+static int read_record(const uint64_t *src, uint64_t *dst, int64_t start, int64_t len, int64_t seq_at) {
+    uint64_t before = __atomic_load_n(&src[seq_at], __ATOMIC_ACQUIRE);
+    if (before & 1) return 0;
+    for (int64_t w = start; w < start + len; w++)
+        dst[w] = __atomic_load_n(&src[w], __ATOMIC_RELAXED);
+    /* The data loads must complete before the sequence is read again. */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(&src[seq_at], __ATOMIC_RELAXED) == before;
+}
+
+int fleet_snapshot_copy(const uint64_t *src, uint64_t *dst, size_t n_words,
+                        const int64_t *rec_start, const int64_t *rec_len, const int64_t *seq_at,
+                        size_t n_recs, int spins, int64_t timeout_ns, uint8_t *unsettled) {
+    int n_unsettled = 0;
+    /* Words outside records (the header) are written once at creation: a plain copy. */
+    for (size_t w = 0; w < n_words; w++) dst[w] = __atomic_load_n(&src[w], __ATOMIC_RELAXED);
+    for (size_t i = 0; i < n_recs; i++) {
+        int settled = 0;
+        for (int t = 0; t < spins && !settled; t++) {
+            settled = read_record(src, dst, rec_start[i], rec_len[i], seq_at[i]);
+            if (!settled) cpu_relax();
+        }
+        if (!settled) {
+            int64_t deadline = monotonic_ns() + timeout_ns;
+            do {
+                sched_yield();
+                settled = read_record(src, dst, rec_start[i], rec_len[i], seq_at[i]);
+            } while (!settled && monotonic_ns() < deadline);
+        }
+        unsettled[i] = !settled;
+        n_unsettled += !settled;
+    }
+    return n_unsettled;
 }

@@ -34,3 +34,14 @@ int fleet_mutex_destroy(void *addr);
 
 /* Ask the kernel to send `sig` to this process when its parent dies; returns 0 or -errno. */
 int fleet_set_pdeathsig(int sig);
+
+/* Copy a table of n_words 64-bit words from src to dst, reading each of the n_recs
+ * seqlocked records (rec_start[i], rec_len[i] words, sequence at word seq_at[i]) until
+ * it is consistent: sequence even and unchanged across the copy. A record is retried
+ * spinning `spins` times, then yielding the CPU (its writer may have been preempted
+ * mid-write) until `timeout_ns` has passed; a record that never settles (its writer
+ * died mid-write) keeps its last copy and gets unsettled[i] = 1. Returns how many
+ * records never settled. */
+int fleet_snapshot_copy(const uint64_t *src, uint64_t *dst, size_t n_words,
+                        const int64_t *rec_start, const int64_t *rec_len, const int64_t *seq_at,
+                        size_t n_recs, int spins, int64_t timeout_ns, uint8_t *unsettled);

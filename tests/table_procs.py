@@ -13,7 +13,8 @@ from numba import njit
 
 from fleet import fsm
 from fleet.table import SlotTable
-from fleet.table.kernels import apply_transition
+from fleet.table.atomics import load_acquire
+from fleet.table.kernels import apply_transition, seq_write
 
 LEASE, START, RELEASE, ANY = fsm.LEASE, fsm.START, fsm.RELEASE, fsm.ANY_ROLE
 
@@ -46,10 +47,36 @@ def hammer(slots, roles, n_roles, posture, n_slots, role, target, counts):
     return attempts
 
 
+@njit(cache=True, _nrt=False)
+def write_meta(slots, slot, rounds, fields, values):
+    """Rewrite a slot's record `rounds` times (rounds < 0: for ever) with one value in
+    every field, so a reader that sees two different values saw a torn record."""
+    i = 0
+    while rounds < 0 or i < rounds:
+        i += 1
+        for j in range(values.size):
+            values[j] = np.uint64(i)
+        seq_write(slots, slot * 8 + 1, fields, values)
+        # A breath between writes (~1 µs; still a million writes a second): a seqlock reader
+        # needs the record to be whole at some moment, and a writer that rewrites it
+        # back to back for ever starves every reader.
+        for _ in range(1000):
+            load_acquire(slots, slot * 8 + 1)
+    return i
+
+
 def main(argv):
     command, name = argv[0], argv[1]
     table = SlotTable.attach(name)
     table._kernels()
+    if command == "meta-writer":
+        fields = np.array([2, 3, 4, 5], dtype=np.int64) + int(argv[2]) * 8  # unit, pid, cpus lo/hi
+        values = np.zeros(4, dtype=np.uint64)
+        write_meta(table.slots, int(argv[2]), 1, fields, values)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        write_meta(table.slots, int(argv[2]), -1, fields, values)
+        return
     role, n_slots, target, out = int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
     counts = np.zeros((n_slots, 3), dtype=np.int64)
     # Compile before the start line, so the race starts together.

@@ -186,3 +186,30 @@ def test_table_survives_an_attacher_and_a_process_killed_mid_run(table, reaper, 
         assert [again.snapshot().slot(s)["state"] for s in range(n_slots)] == ["Leased"] * n_slots
     finally:
         again.close()
+
+
+def test_snapshots_never_show_a_torn_record(table, reaper):
+    """A writer process rewrites a slot record in a tight loop; every snapshot sees it whole."""
+    writer = _spawn(reaper, "meta-writer", table.name, 2)
+    _wait_ready(writer)
+    _start(writer)
+    seen = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < 2_000:
+        assert time.monotonic() < deadline, "the writer made no progress"
+        snap = table.snapshot()
+        assert snap.torn == ()
+        rec = snap.slots[2]
+        unit, pid, lo, hi = (int(x) for x in rec[[L.S_UNIT, L.S_PID, L.S_CPUS_LO, L.S_CPUS_HI]])
+        assert unit == pid == lo == hi, f"torn record: {unit} {pid} {lo} {hi}"
+        seen.add(unit)
+    writer.kill()
+
+
+def test_a_record_left_mid_write_is_reported_torn_not_hung(table):
+    """A writer killed between its two sequence bumps leaves the record odd for ever."""
+    table.set_slot_meta(1, pid=7)
+    table.slots[1 * 8 + L.S_SEQ] += 1  # odd: "write in progress", and nobody will finish it
+    snap = table.snapshot()
+    assert snap.torn == ("slots[1]",)
+    assert snap.slot(1)["pid"] == 7 and snap.slot(0)["state"] == "Idle"

@@ -1,28 +1,30 @@
 """Lock-free, consistent, read-only copies of the shared table.
 
 Readers never take a lock and never write. Each record with a seqlock is read as:
-sequence, fields, sequence again; a record whose sequence was odd or moved is read
-again (a writer was in the middle of it). Slot words need no seqlock: each is one
-aligned 64-bit word, read whole. Stores and loads are not reordered with each other
-on x86-64, the platform fleet targets, and the writers use release stores.
+sequence (acquire), fields, fence, sequence again; a record whose sequence was odd or
+moved is read again (a writer was in the middle of it). Slot words are also whole
+64-bit atomic words on their own. The copy runs in C (fleet._native), because the
+read must fit between two writes of a busy writer.
 
-This module imports numpy only: `fleetctl status` reads a table without numba.
+This module imports numpy and the cffi module only: `fleetctl status` reads a table
+without numba.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import fsm
+from .._native import ffi as _ffi
+from .._native import lib as _lib
 from . import layout as L
 from .segment import Segment
 
 SLOT_FIELDS = L.SLOT_SIZE // L.U64
 ROLE_FIELDS = L.ROLE_SIZE // L.U64
-MAX_RETRIES = 10_000
-
-
-class SnapshotRetryError(RuntimeError):
-    """A record kept changing under the reader (a writer died mid-write?)."""
+#: Spins per record before yielding the CPU to a writer that may be preempted mid-write.
+SPINS = 1_000
+#: How long a record may stay mid-write before it is reported torn (its writer died).
+TORN_TIMEOUT_NS = 50_000_000
 
 
 class TableSnapshot:
@@ -32,10 +34,13 @@ class TableSnapshot:
     that copy, made on first use. Holding a snapshot keeps nothing of the mapping.
     """
 
-    __slots__ = ("_reader", "_data", "flags")
+    __slots__ = ("_reader", "_data", "flags", "torn")
 
-    def __init__(self, reader: "Reader", data: np.ndarray, flags: int):
+    def __init__(self, reader: "Reader", data: np.ndarray, flags: int, torn: tuple[str, ...] = ()):
         self._reader, self._data, self.flags = reader, data, flags
+        #: records (e.g. "slots[3]") whose writer never finished a write while we read:
+        #: their values are the last copy, possibly mixed. Empty in a healthy fleet.
+        self.torn = torn
 
     name = property(lambda self: self._reader.name)
     boot_id = property(lambda self: self._reader.boot_id)
@@ -151,15 +156,23 @@ class Reader:
             "ledger": (int(h["ledger_off"]) // w, L.LEDGER_SIZE // w, 1, L.L_SEQ),
             "bulkheads": (int(h["bulkheads_off"]) // w, bulk_fields, self.n_bulk, L.B_SEQ),
         }
-        seq_idx, starts, strides = [], [], []
-        for first, stride, count, seq_field in self.regions.values():
+        seq_idx, starts, strides, names = [], [], [], []
+        for region, (first, stride, count, seq_field) in self.regions.items():
             for rec in range(count):
+                names.append(f"{region}[{rec}]")
                 seq_idx.append(first + rec * stride + seq_field)
                 starts.append(first + rec * stride)
                 strides.append(stride)
         self.seq_idx = np.asarray(seq_idx, dtype=np.int64)
         self.rec_start = np.asarray(starts, dtype=np.int64)
         self.rec_len = np.asarray(strides, dtype=np.int64)
+        self.rec_names = tuple(names)
+        # C does the copy: a seqlock read must fit between two writes, and Python is
+        # too slow to win that race against a busy writer.
+        self._src = _ffi.from_buffer("uint64_t[]", self.full)
+        self._starts = _ffi.from_buffer("int64_t[]", self.rec_start)
+        self._lens = _ffi.from_buffer("int64_t[]", self.rec_len)
+        self._seqs = _ffi.from_buffer("int64_t[]", self.seq_idx)
         roles_first = self.regions["roles"][0]
         raw = self.full[roles_first : roles_first + self.n_roles * ROLE_FIELDS].copy().reshape(self.n_roles, ROLE_FIELDS)
         self.role_names = tuple(
@@ -168,38 +181,23 @@ class Reader:
         )
 
     def _copy(self) -> np.ndarray:
-        full, seq_idx = self.full, self.seq_idx
-        before = full[seq_idx]
-        data = full.copy()
-        after = full[seq_idx]
-        # Nonzero where a sequence was odd (write in progress) or moved during the copy.
-        bad = (before & 1) | (before ^ after) | (data[seq_idx] ^ before)
-        if bad.any():
-            self._repair(data, np.flatnonzero(bad))
-        return data
-
-    def _repair(self, data: np.ndarray, bad_records: np.ndarray) -> None:
-        full = self.full
-        for rec in bad_records:
-            lo = int(self.rec_start[rec])
-            hi = lo + int(self.rec_len[rec])
-            seq_at = int(self.seq_idx[rec])
-            for _ in range(MAX_RETRIES):
-                b = full[seq_at]
-                chunk = full[lo:hi].copy()
-                a = full[seq_at]
-                if b & 1 == 0 and b == a == chunk[seq_at - lo]:
-                    data[lo:hi] = chunk
-                    break
-            else:
-                raise SnapshotRetryError(f"record at word {lo} never settled (a writer died mid-write?)")
+        data = np.empty_like(self.full)
+        unsettled = np.zeros(self.seq_idx.size, dtype=np.uint8)
+        n = _lib.fleet_snapshot_copy(
+            self._src, _ffi.from_buffer("uint64_t[]", data), data.size,
+            self._starts, self._lens, self._seqs, self.seq_idx.size, SPINS, TORN_TIMEOUT_NS,
+            _ffi.from_buffer("uint8_t[]", unsettled),
+        )
+        torn = () if n == 0 else tuple(self.rec_names[i] for i in np.flatnonzero(unsettled))
+        return data, torn
 
     def region(self, data: np.ndarray, key: str) -> np.ndarray:
         first, stride, count, _seq = self.regions[key]
         return data[first : first + stride * count].reshape(count, stride)
 
     def take(self) -> TableSnapshot:
-        return TableSnapshot(self, self._copy(), int(self.header["flags"]))
+        data, torn = self._copy()
+        return TableSnapshot(self, data, int(self.header["flags"]), torn)
 
 
 def take(segment: Segment) -> TableSnapshot:
