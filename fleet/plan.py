@@ -18,12 +18,14 @@ narrowing. Forced serial always fits a 2-CPU host.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .budget import (
     NO_OVERRIDES,
     PINNED,
     SERIAL,
+    BudgetOverQuota,
     BudgetOverrides,
     FleetBudget,
     QuotaTooSmallForPinnedRoles,
@@ -72,8 +74,10 @@ class TierPlan:
         return {"plan": plan, "budget": self.budget.to_dict()}
 
 
-def _refusal(exc: QuotaTooSmallForPinnedRoles) -> TierRefusal:
-    return TierRefusal(PINNED, type(exc).__name__, exc.floor_cpus, str(exc))
+def _refusal(exc: QuotaTooSmallForPinnedRoles | BudgetOverQuota) -> TierRefusal:
+    # A fixed-share overflow names its floor as the whole CPUs its shares need.
+    floor = getattr(exc, "floor_cpus", None) or math.ceil(getattr(exc, "total", 0)) or None
+    return TierRefusal(PINNED, type(exc).__name__, floor, str(exc))
 
 
 def resolve(
@@ -99,12 +103,22 @@ def resolve(
         return _serial(quota, profile, roles, overrides, None)
     try:
         budget = FleetBudget.derive(quota, roles, overrides, PINNED)
-    except QuotaTooSmallForPinnedRoles as exc:
+    except (QuotaTooSmallForPinnedRoles, BudgetOverQuota) as exc:
+        # Either way the pinned projection does not fit this quota: below the pinned
+        # floor, auto runs serial and a forced pinned profile runs oversubscribed.
+        # Declared peaks that overflow are a small host; overrides that overflow are
+        # an operator's mistake, refused as such.
+        if isinstance(exc, BudgetOverQuota) and _has_overrides(overrides):
+            raise
         if profile == AUTO:
             return _serial(quota, profile, roles, overrides, _refusal(exc))
         budget = FleetBudget.derive(quota, roles, overrides, PINNED, oversubscribe=True)
         return TierPlan(profile, PINNED, float(quota), True, _refusal(exc), budget)
     return TierPlan(profile, PINNED, float(quota), budget.oversubscribed, None, budget)
+
+
+def _has_overrides(ov: BudgetOverrides) -> bool:
+    return any(v is not None for v in (ov.reserve, ov.ambient_io, ov.pinned_min)) or bool(ov.roles)
 
 
 def _serial(quota, profile, roles, overrides, refused):

@@ -85,3 +85,15 @@ def test_plan_dict_shape():
     assert {"profile", "binding", "quota_cpus", "oversubscribed", "tier_refused"} <= set(d["plan"])
     assert d["plan"]["tier_refused"]["floor_cpus"] == 6
     assert d["budget"]["sum"] == 6 and d["budget"]["oversubscribed"] is True
+
+
+def test_a_role_set_without_a_keyed_role_runs_serial_on_a_small_host():
+    from fleet.roles import Role, RoleSet
+
+    roles = RoleSet((Role("work", peak_cpus=1, slots=8),))
+    auto = resolve(2, "auto", roles)
+    assert auto.binding == "serial" and auto.tier_refused.error == "BudgetOverQuota"
+    assert auto.tier_refused.floor_cpus == 3
+    forced = resolve(2, "pinned", roles)
+    assert forced.binding == "pinned" and forced.oversubscribed
+    assert resolve(3, "auto", roles).binding == "pinned"
