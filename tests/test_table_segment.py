@@ -197,3 +197,25 @@ def test_word_packing_round_trips():
     for fields in [(0, 0, 0, 0), (4, 255, L.KEY_MASK, L.GEN_MASK), (2, 7, 12345, 99)]:
         assert L.unpack_word(L.pack_word(*fields)) == fields
     assert L.unpack_word(L.pack_word(1, 1, 1, L.GEN_MASK + 1))[3] == 0
+
+
+def test_boot_metadata_is_stored_once_and_read_by_attachers(fleet_name):
+    meta = {"plan": {"binding": "serial", "quota_cpus": 2.0}, "seats": [{"name": "serial-0", "cpus": [1]}]}
+    with SlotTable.create(fleet_name, REFERENCE_ROLES, 2, meta=meta) as owner:
+        reader = SlotTable.attach(fleet_name, writable=False)
+        assert reader.meta == meta == reader.snapshot().meta == owner.meta
+        reader.close()
+
+
+def test_metadata_too_large_is_refused_and_leaves_no_table(fleet_name):
+    with pytest.raises(seg.TableError, match="metadata"):
+        SlotTable.create(fleet_name, REFERENCE_ROLES, 2, meta={"x": "y" * L.META_SIZE})
+    assert not os.path.exists(_shm_path(fleet_name))
+
+
+def test_corrupt_metadata_is_a_typed_error(fleet_name):
+    with SlotTable.create(fleet_name, REFERENCE_ROLES, 2, meta={"a": 1}) as t:
+        off = int(t.segment.header["meta_off"])
+        t.segment.mm[off : off + 1] = b"?"
+        with pytest.raises(TableCorrupt, match="metadata"):
+            SlotTable.attach(fleet_name).meta

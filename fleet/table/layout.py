@@ -8,6 +8,8 @@ The table is one POSIX shared-memory segment:
     roles       128 B each: kind, cordon class, bounds, queue depth, in-use count, name
     slots        64 B each: the slot word, then a seqlocked record (unit, pid, cpu set, binding)
     bulkheads   128 B each: room for the provider admission's per-pool counters
+    meta         32 KiB   JSON written once before the table is published: the plan,
+                          the budget, the seats (what `fleetctl status` shows beside the live state)
 
 Every record starts on a 64-byte boundary so that two processes hammering different
 records never share a cache line. All fields are little-endian 64-bit words unless a
@@ -86,8 +88,10 @@ HEADER_DTYPE = np.dtype(
         ("slots_off", "<u8"),
         ("bulkheads_off", "<u8"),
         ("name", "S64"),
-        ("meta_json_len", "<u4"),  # reserved for a future out-of-band metadata blob
-        ("_pad", "V68"),
+        ("meta_len", "<u4"),  # bytes of JSON in the meta region
+        ("_pad0", "V4"),
+        ("meta_off", "<u8"),
+        ("_pad", "V56"),
     ]
 )
 assert HEADER_DTYPE.itemsize == HEADER_SIZE, HEADER_DTYPE.itemsize
@@ -160,6 +164,7 @@ B_BACKOFF_UNTIL_NS = 6
 B_NAME_BYTE = LINE  # second line: the pool name, 64 bytes
 
 U64 = 8  # bytes per field
+META_SIZE = 32 * 1024
 
 
 def _align(n: int) -> int:
@@ -179,6 +184,8 @@ def region_offsets(n_slots: int, n_roles: int, n_bulkheads: int) -> dict[str, in
     off += _align(n_slots * SLOT_SIZE)
     out["bulkheads_off"] = off
     off += _align(n_bulkheads * BULKHEAD_SIZE)
+    out["meta_off"] = off
+    off += META_SIZE
     out["total_size"] = off
     return out
 

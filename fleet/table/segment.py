@@ -17,6 +17,7 @@ This module imports numpy and posix_ipc only (no numba), so read-only tools stay
 """
 from __future__ import annotations
 
+import json
 import logging
 import mmap
 import os
@@ -172,10 +173,30 @@ def create(name: str, n_slots: int, n_roles: int, n_bulkheads: int, *, now_ns=ti
     header["creator_start"] = process_start_time(os.getpid())
     header["created_ns"] = now_ns()
     header["n_slots"], header["n_roles"], header["n_bulkheads"] = n_slots, n_roles, n_bulkheads
-    for key in ("posture_off", "ledger_off", "roles_off", "slots_off", "bulkheads_off"):
+    for key in ("posture_off", "ledger_off", "roles_off", "slots_off", "bulkheads_off", "meta_off"):
         header[key] = offsets[key]
     header["name"] = name.encode()
     return Segment(name=name, mm=mm, header=header, created=True)
+
+
+def write_meta(segment: Segment, meta: dict) -> None:
+    """Store the boot metadata (JSON) before `publish`; it never changes afterwards."""
+    blob = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
+    if len(blob) > L.META_SIZE:
+        raise TableError(f"table metadata is {len(blob)} bytes; the table holds {L.META_SIZE}")
+    off = int(segment.header["meta_off"])
+    segment.mm[off : off + len(blob)] = blob
+    segment.header["meta_len"] = len(blob)
+
+
+def read_meta(segment: Segment) -> dict:
+    off, n = int(segment.header["meta_off"]), int(segment.header["meta_len"])
+    if n == 0:
+        return {}
+    try:
+        return json.loads(bytes(segment.mm[off : off + n]))
+    except ValueError as exc:
+        raise TableCorrupt(f"table {segment_name(segment.name)}: metadata is not valid JSON ({exc})") from None
 
 
 def publish(segment: Segment) -> None:
@@ -257,6 +278,8 @@ def validate_header(header: np.ndarray, mapped_size: int, seg_name: str) -> None
         if not ok:
             raise TableCorrupt(f"table {seg_name}: header field {field} = {int(header[field])} is out of range")
     expected = L.region_offsets(n_slots, n_roles, n_bulk)
+    if int(header["meta_len"]) > L.META_SIZE:
+        raise TableCorrupt(f"table {seg_name}: header field meta_len = {int(header['meta_len'])} is out of range")
     for field, value in expected.items():
         if int(header[field]) != value:
             raise TableCorrupt(f"table {seg_name}: header field {field} = {int(header[field])}, expected {value}")

@@ -17,7 +17,7 @@ from .. import fsm
 from .._native import ffi as _ffi
 from .._native import lib as _lib
 from . import layout as L
-from .segment import Segment
+from .segment import Segment, read_meta
 
 SLOT_FIELDS = L.SLOT_SIZE // L.U64
 ROLE_FIELDS = L.ROLE_SIZE // L.U64
@@ -47,6 +47,8 @@ class TableSnapshot:
     creator_pid = property(lambda self: self._reader.creator_pid)
     created_ns = property(lambda self: self._reader.created_ns)
     role_names = property(lambda self: self._reader.role_names)
+    #: boot metadata (plan, budget, seats), parsed once per attach
+    meta = property(lambda self: self._reader.meta)
     #: (n_slots, 8) uint64: word, seq, unit, pid, cpus lo/hi, binding, done
     slots = property(lambda self: self._reader.region(self._data, "slots"))
     #: (n_roles, 16) uint64
@@ -144,6 +146,7 @@ class Reader:
         self.creator_pid = int(h["creator_pid"])
         self.created_ns = int(h["created_ns"])
         self.header = h
+        self.meta = read_meta(segment)
         self.n_slots, self.n_roles, self.n_bulk = int(h["n_slots"]), int(h["n_roles"]), int(h["n_bulkheads"])
         self.full = segment.view_u64(0, segment.size // L.U64)
         w = L.U64

@@ -78,11 +78,19 @@ class SlotTable:
 
     # --- life cycle -------------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, roles: RoleSet, n_slots: int, *, n_bulkheads: int = DEFAULT_BULKHEADS) -> "SlotTable":
-        """Create and initialise the table (reclaiming a stale one); compile the kernels."""
+    def create(
+        cls, name: str, roles: RoleSet, n_slots: int, *, n_bulkheads: int = DEFAULT_BULKHEADS, meta: dict | None = None
+    ) -> "SlotTable":
+        """Create and initialise the table (reclaiming a stale one); compile the kernels.
+
+        `meta` (JSON-able: plan, budget, seats) is stored once for readers such as
+        `fleetctl status`; see `SlotTable.meta`.
+        """
         segment = seg.create(name, n_slots, len(roles), n_bulkheads)
         table = cls(segment)
         try:
+            if meta:
+                seg.write_meta(segment, meta)
             table._init_roles(roles)
             table._kernels()  # compile (or load) before anybody depends on latency
             seg.publish(segment)
@@ -251,5 +259,10 @@ class SlotTable:
         self.segment.header["flags"] = flags
 
     # --- reading ---------------------------------------------------------------------------
+    @property
+    def meta(self) -> dict:
+        """The boot metadata stored at creation ({} when none)."""
+        return seg.read_meta(self.segment)
+
     def snapshot(self) -> snap.TableSnapshot:
         return snap.take(self.segment)
