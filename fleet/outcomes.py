@@ -1,23 +1,51 @@
-"""Outcome vocabulary: every unit ends solved, suppressed, or failed for one reason.
+"""Unit outcomes and failure reasons: the vocabulary the ledger, the table and the tools share.
 
-Pure names and codes, shared by the ledger, the table (failure counters by code),
-the metrics and `fleetctl status`. A reason's code is its index here; the table has
-room for 8, so append new reasons, never reorder.
+Every unit ends with exactly one outcome: solved, suppressed, or failed with one
+reason. A reason's code is its index in `FAILURE_REASONS`; the table's ledger
+record keeps one counter per code (``failed_by_reason``), so the order here is the
+wire order and must only ever be appended to.
+
+This module imports nothing: `fleetctl status` and the metrics exporter read it
+without pulling in the runtime.
 """
 
+# --- outcomes -------------------------------------------------------------------
 SOLVED = "solved"
 SUPPRESSED = "suppressed"
 FAILED = "failed"
-KINDS = (SOLVED, SUPPRESSED, FAILED)
+OUTCOMES = (SOLVED, SUPPRESSED, FAILED)
+
+# --- failure reasons, by code ------------------------------------------------------
+HANDLER_ERROR = 0  # the handler raised (the traceback travels with the outcome)
+TIMEOUT = 1  # the unit ran past its timeout
+LANE_DEATH = 2  # the worker serving the unit died mid-unit
+SHUTDOWN = 3  # the fleet stopped before the unit ran (queued past the drain grace)
+REFUSED = 4  # an admission refused it (a full queue, a closed provider: 429/402/403)
+ROLE_STOPPED = 5  # its role was stopped (restart intensity exceeded)
+RESULT_ERROR = 6  # the result could not be returned (not picklable, too large)
+CANCELLED = 7  # the caller cancelled it before it ran
 
 FAILURE_REASONS = (
-    "HandlerError",  # the handler raised; the detail carries its traceback
-    "Timeout",  # ran past its per-unit or per-role timeout; the worker was killed and replaced
-    "LaneDeath",  # the worker serving it died; every unit it owed fails at once
-    "Shutdown",  # still queued or running when the fleet shut down
-    "Refused",  # a provider refused it (429/402/403), for the provider admission
-    "RoleStopped",  # its role exceeded the restart intensity and takes no more work
-    "ResultError",  # the handler's result could not be sent back (unpicklable, too large)
-    "Cancelled",  # cancelled before it ran
+    "HandlerError",
+    "Timeout",
+    "LaneDeath",
+    "Shutdown",
+    "Refused",
+    "RoleStopped",
+    "ResultError",
+    "Cancelled",
 )
-REASON_CODES = {name: code for code, name in enumerate(FAILURE_REASONS)}
+N_FAILURE_REASONS = len(FAILURE_REASONS)
+
+
+def reason_name(code: int) -> str:
+    """The name of failure reason ``code``; ``"?<code>"`` for a code this version does not know."""
+    return FAILURE_REASONS[code] if 0 <= code < N_FAILURE_REASONS else f"?{code}"
+
+
+def reason_code(name: str) -> int:
+    """The code of failure reason ``name``; ValueError listing the known names if none."""
+    try:
+        return FAILURE_REASONS.index(name)
+    except ValueError:
+        raise ValueError(f"unknown failure reason {name!r}; reasons: {', '.join(FAILURE_REASONS)}") from None
