@@ -13,7 +13,8 @@ without pulling in the runtime.
 SOLVED = "solved"
 SUPPRESSED = "suppressed"
 FAILED = "failed"
-OUTCOMES = (SOLVED, SUPPRESSED, FAILED)
+KINDS = (SOLVED, SUPPRESSED, FAILED)
+OUTCOMES = KINDS
 
 # --- failure reasons, by code ------------------------------------------------------
 HANDLER_ERROR = 0  # the handler raised (the traceback travels with the outcome)
@@ -36,6 +37,7 @@ FAILURE_REASONS = (
     "Cancelled",
 )
 N_FAILURE_REASONS = len(FAILURE_REASONS)
+REASON_CODES = {name: code for code, name in enumerate(FAILURE_REASONS)}
 
 
 def reason_name(code: int) -> str:
@@ -46,6 +48,6 @@ def reason_name(code: int) -> str:
 def reason_code(name: str) -> int:
     """The code of failure reason ``name``; ValueError listing the known names if none."""
     try:
-        return FAILURE_REASONS.index(name)
-    except ValueError:
+        return REASON_CODES[name]
+    except KeyError:
         raise ValueError(f"unknown failure reason {name!r}; reasons: {', '.join(FAILURE_REASONS)}") from None
