@@ -45,3 +45,56 @@ int fleet_set_pdeathsig(int sig);
 int fleet_snapshot_copy(const uint64_t *src, uint64_t *dst, size_t n_words,
                         const int64_t *rec_start, const int64_t *rec_len, const int64_t *seq_at,
                         size_t n_recs, int spins, int64_t timeout_ns, uint8_t *unsettled);
+
+/* ---- Single-producer single-consumer byte rings (the data plane) ----------------
+ *
+ * A ring sits at a 64-byte-aligned address in a shared mapping: 256 bytes of
+ * header (4 cache lines: producer index, consumer index, data wake-up,
+ * space wake-up + constants) followed by `capacity` data bytes, a power of two
+ * >= 4096. Exactly one process pushes and exactly one pops.
+ *
+ * A message is an 8-byte frame {uint32 len, uint32 tag} and `len` payload bytes,
+ * padded to 8. A message that would straddle the end of the data area is preceded
+ * by a wrap marker (len = 0xffffffff) and starts at offset 0. A message fits the
+ * ring at all only if len + 16 <= capacity / 2 (then it always fits an empty ring).
+ *
+ * Wake-ups are futexes: the consumer sleeps on data_seq, the producer on space_seq,
+ * and a side issues FUTEX_WAKE only when its peer announced it is waiting, so a
+ * busy ring makes no system calls. */
+size_t  fleet_ring_bytes(uint64_t capacity);
+int     fleet_ring_init(void *ring, uint64_t capacity);   /* 0 or -EINVAL */
+int     fleet_ring_check(const void *ring);               /* 0 or -EINVAL */
+/* Producer. push/push2 return 0, -EAGAIN (no room now) or -EMSGSIZE (never fits);
+ * they publish but do not wake: call fleet_ring_notify after a batch of pushes.
+ * push2 sends one message whose payload is a followed by b. */
+int     fleet_ring_push(void *ring, uint32_t tag, const void *buf, uint32_t len);
+int     fleet_ring_push2(void *ring, uint32_t tag, const void *a, uint32_t alen,
+                         const void *b, uint32_t blen);
+/* Bumps data_seq; wakes the consumer only if it waits. 1 if it issued the wake, else 0. */
+int     fleet_ring_notify(void *ring);
+/* Sleeps until a message of len bytes would fit (0) or timeout_ns passes (1);
+ * timeout_ns < 0 waits forever; -EMSGSIZE if it can never fit. Spurious 0s happen. */
+int     fleet_ring_wait_space(void *ring, uint32_t len, int64_t timeout_ns);
+/* Consumer. pop copies one message into out and returns its length, -EAGAIN when
+ * empty, or -ENOBUFS when cap is too small: the message stays in place and its
+ * length goes to *needed (if needed is not NULL). */
+int64_t fleet_ring_pop(void *ring, uint32_t *tag, void *out, uint32_t cap, uint32_t *needed);
+/* Copies as many whole messages as fit in out[cap] (at most max_msgs), each starting
+ * at an 8-byte boundary, their lengths and tags into lens/tags; returns the count
+ * (0 when empty). -ENOBUFS if even the first does not fit (its length in lens[0]).
+ * Wakes a waiting producer once, at the end. */
+int64_t fleet_ring_pop_many(void *ring, void *out, uint64_t cap, uint32_t *lens,
+                            uint32_t *tags, uint32_t max_msgs);
+/* Returns 0 at once if a message is there, else sleeps until one may be (0) or
+ * timeout_ns passes (1); timeout_ns < 0 waits forever. Spurious 0s happen. */
+int     fleet_ring_wait(void *ring, int64_t timeout_ns);
+uint64_t fleet_ring_used(const void *ring);               /* bytes in flight */
+uint64_t fleet_ring_capacity(const void *ring);
+uint32_t fleet_ring_max_message(const void *ring);        /* largest len that can ever fit */
+
+/* A doorbell: one consumer waits on a single word that many producers ring.
+ * bell_ring bumps *bell and wakes the waiter only if *waiting is set; returns 1 if
+ * it issued the wake. bell_wait sleeps while *bell == seen: 0 when woken or changed,
+ * 1 on timeout (timeout_ns < 0: forever). */
+int     fleet_bell_ring(uint32_t *bell, uint32_t *waiting);
+int     fleet_bell_wait(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64_t timeout_ns);

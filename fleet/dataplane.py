@@ -1,0 +1,502 @@
+"""The data plane: single-producer single-consumer byte rings in shared memory.
+
+The supervisor sends unit messages to each worker through the worker's *tasks* ring
+and receives results through its *results* ring. Both live in one posix shared-memory
+segment per fleet, ``/fleet.<name>.data``, beside the slot table:
+
+    header (128 B) | bell line (64 B) | seat 0: tasks ring, results ring | seat 1: ... |
+
+Each ring is 64-byte aligned (see ``native/fleet_native.h`` for its own layout and
+message framing). Rules that keep it fast and safe:
+
+* A ring has exactly one producer and one consumer, each in one thread. Pushes only
+  publish; ``notify()`` wakes the peer, and issues a syscall only if the peer sleeps,
+  so a busy ring costs no syscalls and an idle one burns no CPU (futex sleeps).
+* The supervisor waits on one *bell* that every worker rings after pushing results,
+  instead of waiting on n rings.
+* The segment follows the slot table's lifecycle (``fleet/table/segment.py``): only
+  the creator sizes it, exclusively; the magic is written last; a segment whose
+  creator is dead is reclaimed, one whose creator lives is refused; attachers never
+  pass a size (a size would shrink it and SIGBUS every reader).
+* Views into the mapping are made with ``ffi.from_buffer(mm)``, which pins the
+  mapping: it cannot be unmapped while a Ring or Bell still points into it.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import time
+
+import numpy as np
+import posix_ipc
+
+from ._native import ffi, lib
+from .errors import EXIT_TABLE_IN_USE, FleetError
+from .table.segment import (
+    UNINITIALISED_GRACE_S,
+    _close_quietly,
+    _map,
+    creator_alive,
+    process_start_time,
+    validate_name,
+)
+
+log = logging.getLogger("fleet.dataplane")
+
+MAGIC = 0x31415441444C4621  # "!FLDATA1" little-endian
+LAYOUT_VERSION = 1
+LINE = 64
+HEADER_SIZE = 128
+BELL_OFF = HEADER_SIZE  # the bell word and its waiting word share one line, alone
+RINGS_OFF = BELL_OFF + LINE
+MAX_SEATS = 4096
+MIN_CAPACITY = 4096
+MAX_CAPACITY = 1 << 31  # the C side keeps message lengths in 32 bits
+DEFAULT_CAPACITY = 1 << 18
+
+HEADER_DTYPE = np.dtype(
+    [
+        ("magic", "<u8"),
+        ("version", "<u4"),
+        ("n_seats", "<u4"),
+        ("task_capacity", "<u8"),
+        ("result_capacity", "<u8"),
+        ("creator_pid", "<u8"),
+        ("creator_start", "<u8"),
+        ("created_ns", "<u8"),
+        ("total_size", "<u8"),
+        ("rings_off", "<u8"),
+        ("seat_stride", "<u8"),
+    ]
+)
+assert HEADER_DTYPE.itemsize <= HEADER_SIZE
+
+_EAGAIN, _EMSGSIZE, _ENOBUFS = -11, -90, -105
+_U32 = 0xFFFFFFFF
+
+
+class DataPlaneError(FleetError):
+    """Base of data-plane errors."""
+
+
+class MessageTooLarge(DataPlaneError, ValueError):
+    """A message longer than the ring can ever hold (len + 16 > capacity / 2)."""
+
+    def __init__(self, size: int, limit: int, ring: str = "ring"):
+        self.size, self.limit = size, limit
+        super().__init__(f"message of {size} bytes is larger than {ring} can hold (limit {limit} bytes)")
+
+
+class DataSegmentNotFound(DataPlaneError):
+    """No data segment of this name exists (the fleet is not running)."""
+
+
+class DataSegmentInUse(DataPlaneError):
+    """A live process owns a data segment of this name."""
+
+    exit_code = EXIT_TABLE_IN_USE
+
+    def __init__(self, name: str, pid: int):
+        self.name, self.pid = name, pid
+        super().__init__(f"fleet {name!r} is already running (data segment owned by live pid {pid})")
+
+
+class DataSegmentCorrupt(DataPlaneError):
+    """The segment exists but is not a data segment this code can read."""
+
+
+def data_segment_name(name: str) -> str:
+    return f"/fleet.{validate_name(name)}.data"
+
+
+def _timeout_ns(timeout_s: float | None) -> int:
+    if timeout_s is None:
+        return -1
+    return max(0, int(timeout_s * 1e9))
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def _check_capacity(what: str, capacity: int) -> None:
+    if not (MIN_CAPACITY <= capacity <= MAX_CAPACITY) or capacity & (capacity - 1):
+        raise DataPlaneError(
+            f"{what} = {capacity} must be a power of two in [{MIN_CAPACITY}, {MAX_CAPACITY}]"
+        )
+
+
+class Ring:
+    """One SPSC byte ring. One process pushes, one pops; neither side is thread-safe.
+
+    Messages carry a uint32 `tag` and up to `max_message` bytes.
+    """
+
+    __slots__ = ("_p", "_keep", "name", "capacity", "max_message", "_tag", "_scratch", "_scratch_p", "_lens", "_tags")
+
+    def __init__(self, ptr, keepalive, name: str = "ring"):
+        # ptr is derived arithmetic on a from_buffer cdata and does not own it:
+        # `keepalive` holds the mapping pinned for as long as this Ring lives.
+        if lib.fleet_ring_check(ptr) != 0:
+            raise DataSegmentCorrupt(f"{name}: not an initialised ring (bad magic or capacity)")
+        self._p = ptr
+        self._keep = keepalive
+        self.name = name
+        self.capacity = int(lib.fleet_ring_capacity(ptr))
+        self.max_message = int(lib.fleet_ring_max_message(ptr))
+        self._tag = ffi.new("uint32_t *")
+        self._scratch = None
+        self._scratch_p = None
+        self._lens = self._tags = None
+
+    def _too_large(self, size: int) -> MessageTooLarge:
+        return MessageTooLarge(size, self.max_message, self.name)
+
+    # -- producer ---------------------------------------------------------------
+    def push(self, tag: int, data) -> bool:
+        """Append one message; False when there is no room now. Does not wake the consumer:
+        call `notify()` after a batch. Raises MessageTooLarge if it can never fit."""
+        if type(data) is not bytes:
+            data = ffi.from_buffer(data)
+        rc = lib.fleet_ring_push(self._p, tag, data, len(data))
+        if rc == 0:
+            return True
+        if rc == _EAGAIN:
+            return False
+        raise self._too_large(len(data))
+
+    def push2(self, tag: int, head, body) -> bool:
+        """Append one message whose payload is `head` followed by `body`, without joining
+        them in Python first. Same results as `push`."""
+        if type(head) is not bytes:
+            head = ffi.from_buffer(head)
+        if type(body) is not bytes:
+            body = ffi.from_buffer(body)
+        rc = lib.fleet_ring_push2(self._p, tag, head, len(head), body, len(body))
+        if rc == 0:
+            return True
+        if rc == _EAGAIN:
+            return False
+        raise self._too_large(len(head) + len(body))
+
+    def notify(self) -> bool:
+        """Tell the consumer messages were pushed; True if it was asleep and got woken."""
+        return lib.fleet_ring_notify(self._p) == 1
+
+    def wait_space(self, n: int, timeout_s: float | None = None) -> bool:
+        """Block until a message of `n` payload bytes may fit (True) or the timeout ends
+        (False). None waits forever. Raises MessageTooLarge if it can never fit."""
+        rc = lib.fleet_ring_wait_space(self._p, min(n, _U32), _timeout_ns(timeout_s))
+        if rc == _EMSGSIZE:
+            raise self._too_large(n)
+        return rc == 0
+
+    def send(self, tag: int, data, timeout_s: float | None = None) -> bool:
+        """Push one message, sleeping while the ring is full, then notify.
+        False if the ring stayed full for `timeout_s` (None: wait forever)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.push(tag, data):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self.wait_space(len(data) if type(data) is bytes else memoryview(data).nbytes, left)
+        self.notify()
+        return True
+
+    # -- consumer ---------------------------------------------------------------
+    def pop(self):
+        """Take one message: (tag, bytes), or None when the ring is empty."""
+        if self._scratch_p is None:
+            self._grow_scratch(min(self.max_message, 1 << 16))
+        needed = self._tag  # reused as the out-parameter for -ENOBUFS
+        while True:
+            n = lib.fleet_ring_pop(self._p, self._tag, self._scratch_p, len(self._scratch), needed)
+            if n >= 0:
+                return self._tag[0], ffi.unpack(self._scratch_p, n)
+            if n == _EAGAIN:
+                return None
+            self._grow_scratch(int(needed[0]))  # -ENOBUFS: the message waits for us
+
+    def _grow_scratch(self, size: int) -> None:
+        self._scratch = bytearray(size)
+        self._scratch_p = ffi.from_buffer(self._scratch)
+
+    def pop_many(self, max_bytes: int = 1 << 16, max_msgs: int = 1024) -> list:
+        """Take every message there is, up to `max_bytes` of payload and `max_msgs`
+        messages, in one call: a list of (tag, memoryview). The views share one fresh
+        bytearray (valid after later calls); [] when the ring is empty. A single
+        message larger than `max_bytes` is still returned, alone."""
+        if self._lens is None or len(self._lens) < max_msgs:
+            self._lens = ffi.new("uint32_t[]", max_msgs)
+            self._tags = ffi.new("uint32_t[]", max_msgs)
+        buf = bytearray(max_bytes)
+        n = lib.fleet_ring_pop_many(self._p, ffi.from_buffer(buf), max_bytes, self._lens, self._tags, max_msgs)
+        if n == _ENOBUFS:
+            buf = bytearray(self._lens[0])
+            n = lib.fleet_ring_pop_many(self._p, ffi.from_buffer(buf), len(buf), self._lens, self._tags, 1)
+        if n <= 0:
+            return []
+        lens = ffi.unpack(self._lens, n)
+        tags = ffi.unpack(self._tags, n)
+        mv = memoryview(buf)
+        out = []
+        off = 0
+        for i in range(n):
+            ln = lens[i]
+            out.append((tags[i], mv[off : off + ln]))
+            off += (ln + 7) & ~7
+        return out
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until a message may be there (True) or the timeout ends (False).
+        Returns at once when the ring is non-empty; None waits forever. The GIL is
+        released while it sleeps."""
+        return lib.fleet_ring_wait(self._p, _timeout_ns(timeout_s)) == 0
+
+    @property
+    def used(self) -> int:
+        """Bytes in flight (frames, padding and wrap gaps included)."""
+        return int(lib.fleet_ring_used(self._p))
+
+    def __repr__(self) -> str:
+        return f"<Ring {self.name} capacity={self.capacity} used={self.used}>"
+
+
+class Bell:
+    """A doorbell: many processes ring it, one thread waits on it.
+
+    Waiting pattern (no lost wake-up): ``seen = bell.value``; drain everything; if
+    nothing was found, ``bell.wait(seen, timeout)``. A ring after `seen` was read
+    makes the wait return at once."""
+
+    __slots__ = ("_bell", "_waiting", "_keep")
+
+    def __init__(self, bell_ptr, waiting_ptr, keepalive):
+        self._bell, self._waiting, self._keep = bell_ptr, waiting_ptr, keepalive
+
+    @property
+    def value(self) -> int:
+        return int(lib.fleet_load_acquire_u32(self._bell))
+
+    def ring(self) -> bool:
+        """Bump the bell; True if the waiter was asleep and got woken."""
+        return lib.fleet_bell_ring(self._bell, self._waiting) == 1
+
+    def wait(self, seen: int, timeout_s: float | None = None) -> bool:
+        """Sleep while the bell still reads `seen`: True when it rang (or a spurious
+        wake-up), False on timeout. None waits forever."""
+        return lib.fleet_bell_wait(self._bell, self._waiting, seen & _U32, _timeout_ns(timeout_s)) == 0
+
+
+def _layout(n_seats: int, task_capacity: int, result_capacity: int) -> tuple[int, int]:
+    """(seat_stride, total_size); every ring offset is a multiple of 64."""
+    stride = lib.fleet_ring_bytes(task_capacity) + lib.fleet_ring_bytes(result_capacity)
+    return stride, RINGS_OFF + n_seats * stride
+
+
+def _header_view(mm: mmap.mmap) -> np.ndarray:
+    # frombuffer, not ndarray(buffer=): the view must pin the mapping.
+    return np.frombuffer(mm, dtype=HEADER_DTYPE, count=1).reshape(())
+
+
+class DataSegment:
+    """The fleet's data segment: a bell and one tasks + results ring pair per seat."""
+
+    def __init__(self, name: str, mm: mmap.mmap, created: bool):
+        self.name = name
+        self.created = created
+        self._mm = mm
+        self._base = ffi.from_buffer(mm)  # pins the mapping while any view lives
+        h = _header_view(mm)
+        self.n_seats = int(h["n_seats"])
+        self.task_capacity = int(h["task_capacity"])
+        self.result_capacity = int(h["result_capacity"])
+        self.creator_pid = int(h["creator_pid"])
+        self._stride = int(h["seat_stride"])
+        self._task_bytes = lib.fleet_ring_bytes(self.task_capacity)
+        self._rings: dict = {}
+        self._bell = Bell(
+            ffi.cast("uint32_t *", self._base + BELL_OFF),
+            ffi.cast("uint32_t *", self._base + BELL_OFF + 4),
+            self._base,
+        )
+
+    # -- lifecycle --------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        n_seats: int,
+        task_capacity: int = DEFAULT_CAPACITY,
+        result_capacity: int = DEFAULT_CAPACITY,
+    ) -> "DataSegment":
+        """Create the segment exclusively, reclaiming a stale one (its creator is dead).
+
+        Raises DataSegmentInUse when a live process owns one of this name."""
+        seg = data_segment_name(name)
+        if not 1 <= n_seats <= MAX_SEATS:
+            raise DataPlaneError(f"n_seats = {n_seats} is out of range [1, {MAX_SEATS}]")
+        _check_capacity("task_capacity", task_capacity)
+        _check_capacity("result_capacity", result_capacity)
+        stride, total = _layout(n_seats, task_capacity, result_capacity)
+        try:
+            shm = posix_ipc.SharedMemory(seg, posix_ipc.O_CREX, mode=0o644, size=total)
+        except posix_ipc.ExistentialError:
+            _reclaim_if_stale(name)
+            shm = posix_ipc.SharedMemory(seg, posix_ipc.O_CREX, mode=0o644, size=total)
+        mm = _map(shm, writable=True)
+        h = _header_view(mm)
+        h["version"] = LAYOUT_VERSION
+        h["n_seats"] = n_seats
+        h["task_capacity"], h["result_capacity"] = task_capacity, result_capacity
+        h["creator_pid"] = os.getpid()
+        h["creator_start"] = process_start_time(os.getpid())
+        h["created_ns"] = time.time_ns()
+        h["total_size"], h["rings_off"], h["seat_stride"] = total, RINGS_OFF, stride
+        base = ffi.from_buffer(mm)
+        task_bytes = lib.fleet_ring_bytes(task_capacity)
+        for seat in range(n_seats):
+            off = RINGS_OFF + seat * stride
+            for ring_off, cap in ((off, task_capacity), (off + task_bytes, result_capacity)):
+                rc = lib.fleet_ring_init(base + ring_off, cap)
+                if rc != 0:  # only a layout bug gets here: capacities were checked
+                    raise DataPlaneError(f"cannot initialise ring at offset {ring_off}: errno {-rc}")
+        # Magic last, with a release store: an attacher that sees it sees every ring.
+        lib.fleet_store_release_u64(ffi.cast("uint64_t *", base), MAGIC)
+        del base, h
+        return cls(name, mm, created=True)
+
+    @classmethod
+    def attach(cls, name: str) -> "DataSegment":
+        """Map an existing segment after validating it. Never passes a size."""
+        seg = data_segment_name(name)
+        try:
+            shm = posix_ipc.SharedMemory(seg)  # flags=0: open only
+        except posix_ipc.ExistentialError:
+            raise DataSegmentNotFound(f"fleet {name!r} is not running (no data segment {seg})") from None
+        except posix_ipc.PermissionsError as exc:
+            raise DataPlaneError(f"cannot open data segment {seg}: {exc}") from None
+        if shm.size < RINGS_OFF:
+            shm.close_fd()
+            raise DataSegmentCorrupt(f"data segment {seg} is {shm.size} bytes, smaller than its header")
+        mm = _map(shm, writable=True)
+        try:
+            _validate(mm, seg)
+            return cls(name, mm, created=False)
+        except DataPlaneError:
+            _close_quietly(mm)
+            raise
+
+    def close(self) -> None:
+        """Unmap now, or when the last Ring/Bell handed out is gone."""
+        self._rings.clear()
+        self._bell = None
+        self._base = None
+        _close_quietly(self._mm)
+
+    def unlink(self) -> bool:
+        """Remove the segment's name; mappings stay valid until unmapped."""
+        return unlink(self.name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- views ------------------------------------------------------------------
+    def _ring(self, seat: int, which: int) -> Ring:
+        key = (seat, which)
+        ring = self._rings.get(key)
+        if ring is None:
+            if self._base is None:
+                raise DataPlaneError(f"data segment of fleet {self.name!r} is closed")
+            if not 0 <= seat < self.n_seats:
+                raise DataPlaneError(f"seat {seat} is out of range [0, {self.n_seats})")
+            off = RINGS_OFF + seat * self._stride + (self._task_bytes if which else 0)
+            label = f"{'results' if which else 'tasks'} ring of seat {seat}"
+            ring = self._rings[key] = Ring(self._base + off, self._base, label)
+        return ring
+
+    def tasks(self, seat: int) -> Ring:
+        """The supervisor -> worker ring of `seat`."""
+        return self._ring(seat, 0)
+
+    def results(self, seat: int) -> Ring:
+        """The worker -> supervisor ring of `seat`."""
+        return self._ring(seat, 1)
+
+    @property
+    def bell(self) -> Bell:
+        """The supervisor's doorbell: workers ring it after pushing results."""
+        if self._bell is None:
+            raise DataPlaneError(f"data segment of fleet {self.name!r} is closed")
+        return self._bell
+
+
+def _validate(mm: mmap.mmap, seg: str) -> None:
+    """Raise DataSegmentCorrupt naming the first field that is wrong."""
+    h = _header_view(mm)
+    magic = int(lib.fleet_load_acquire_u64(ffi.cast("uint64_t *", ffi.from_buffer(mm))))
+    if magic != MAGIC:
+        raise DataSegmentCorrupt(f"data segment {seg}: bad magic {magic:#018x} (not initialised or not a fleet data segment)")
+    if int(h["version"]) != LAYOUT_VERSION:
+        raise DataSegmentCorrupt(f"data segment {seg}: layout version {int(h['version'])}, this fleet reads {LAYOUT_VERSION}")
+    n_seats = int(h["n_seats"])
+    if not 1 <= n_seats <= MAX_SEATS:
+        raise DataSegmentCorrupt(f"data segment {seg}: n_seats = {n_seats} is out of range")
+    for field in ("task_capacity", "result_capacity"):
+        try:
+            _check_capacity(field, int(h[field]))
+        except DataPlaneError as exc:
+            raise DataSegmentCorrupt(f"data segment {seg}: {exc}") from None
+    stride, total = _layout(n_seats, int(h["task_capacity"]), int(h["result_capacity"]))
+    for field, want in (("rings_off", RINGS_OFF), ("seat_stride", stride), ("total_size", total)):
+        if int(h[field]) != want:
+            raise DataSegmentCorrupt(f"data segment {seg}: header field {field} = {int(h[field])}, expected {want}")
+    if len(mm) != total:
+        raise DataSegmentCorrupt(f"data segment {seg}: segment is {len(mm)} bytes, header says {total}")
+
+
+def _reclaim_if_stale(name: str) -> None:
+    seg = data_segment_name(name)
+    try:
+        shm = posix_ipc.SharedMemory(seg)
+    except posix_ipc.ExistentialError:
+        return  # gone in between
+    size = shm.size
+    age_s = time.time() - os.fstat(shm.fd).st_mtime
+    mm = _map(shm, writable=False)
+    try:
+        if size >= HEADER_SIZE:
+            h = _header_view(mm)
+            magic, pid, start = int(h["magic"]), int(h["creator_pid"]), int(h["creator_start"])
+            del h
+        else:
+            magic, pid, start = 0, 0, 0
+    finally:
+        _close_quietly(mm)
+    if magic == MAGIC or pid > 0:
+        if creator_alive(pid, start):
+            raise DataSegmentInUse(name, pid)
+        reason = f"creator pid {pid} is gone"
+    elif age_s < UNINITIALISED_GRACE_S:
+        raise DataSegmentInUse(name, pid)  # a creator is initialising it right now
+    else:
+        reason = "it was never initialised"
+    unlink(name)
+    log.warning("reclaimed stale fleet data segment %s: %s", seg, reason)
+
+
+def unlink(name: str) -> bool:
+    """Remove the data segment's name. True if it existed."""
+    try:
+        posix_ipc.unlink_shared_memory(data_segment_name(name))
+        return True
+    except posix_ipc.ExistentialError:
+        return False
+
+
+def exists(name: str) -> bool:
+    return os.path.exists(f"/dev/shm/fleet.{validate_name(name)}.data")
