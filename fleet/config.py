@@ -34,6 +34,11 @@ a ConfigError naming their dotted path)::
     max_restarts = 5
     within_seconds = 60
 
+    [metrics]                 # the Prometheus endpoint (fleet.metrics); off unless enabled
+    enabled = false
+    host = "127.0.0.1"        # localhost only unless the operator opens it
+    port = 9464               # 0 picks a free port
+
 Environment. ``FLEET_<SECTION>__<KEY>`` sets one key (``FLEET_POSTURE__CORDON_DUTY_PERCENT=5``,
 ``FLEET_ROLES__SOLVER__SLOTS=4``); ``FLEET_NAME``, ``FLEET_PROFILE`` and ``FLEET_CPUS``
 set the ``[fleet]`` keys. Values are parsed by the key's type (``null`` for an
@@ -77,6 +82,15 @@ class RestartIntensity:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus endpoint: served on `host`:`port` when `enabled` (port 0: any free port)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 9464
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     """The validated configuration. Build it with `load_config`."""
 
@@ -88,6 +102,7 @@ class FleetConfig:
     roles: RoleSet = REFERENCE_ROLES
     limits: Limits = Limits()
     restart: RestartIntensity = RestartIntensity()
+    metrics: MetricsConfig = MetricsConfig()
     source: str | None = None
     env_overrides: tuple[str, ...] = ()
 
@@ -170,7 +185,23 @@ def _restart(data):
     )
 
 
-SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart")
+def _metrics(data):
+    data = _table("metrics", data)
+    _reject_unknown("metrics", data, ("enabled", "host", "port"))
+    enabled = data.get("enabled", MetricsConfig.enabled)
+    if not isinstance(enabled, bool):
+        raise ConfigError("metrics.enabled", f"must be true or false, got {enabled!r}")
+    host = data.get("host", MetricsConfig.host)
+    # An address or a host name, never empty: an empty host would bind every interface.
+    if not isinstance(host, str) or not host.strip() or any(c.isspace() for c in host):
+        raise ConfigError("metrics.host", f"must be a non-empty address or host name, got {host!r}")
+    port = _int("metrics.port", data.get("port", MetricsConfig.port), 0)
+    if port > 65535:
+        raise ConfigError("metrics.port", f"must be a TCP port in 0..65535, got {port!r}")
+    return MetricsConfig(enabled, host, port)
+
+
+SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics")
 
 
 def _build(raw: dict, source, env_paths) -> FleetConfig:
@@ -187,6 +218,7 @@ def _build(raw: dict, source, env_paths) -> FleetConfig:
         roles=roles,
         limits=_limits(raw.get("limits", {})),
         restart=_restart(raw.get("restart", {})),
+        metrics=_metrics(raw.get("metrics", {})),
         source=source,
         env_overrides=tuple(env_paths),
     )
@@ -209,6 +241,8 @@ _TYPES = {
     ("limits", "max_payload_bytes"): "int",
     ("restart", "max_restarts"): "int",
     ("restart", "within_seconds"): "float",
+    ("metrics", "enabled"): "bool",
+    ("metrics", "port"): "int",
 }
 _ROLE_TYPES = {
     "handler": "str?",

@@ -1,7 +1,7 @@
 """Typed config: TOML or dict, FLEET_* environment overrides, unknown keys named by dotted path."""
 import pytest
 
-from fleet.config import FleetConfig, Limits, RestartIntensity, load_config
+from fleet.config import FleetConfig, Limits, MetricsConfig, RestartIntensity, load_config
 from fleet.errors import ConfigError
 from fleet.posture import DEFAULT_POLICY
 from fleet.roles import REFERENCE_ROLES
@@ -165,3 +165,54 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("[fleet\nname=")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(bad, env={})
+
+
+# --- [metrics] ------------------------------------------------------------------------
+
+
+def test_metrics_default_is_off_and_local():
+    assert load_config(env={}).metrics == MetricsConfig(enabled=False, host="127.0.0.1", port=9464)
+
+
+def test_metrics_section_from_toml(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text('[metrics]\nenabled = true\nhost = "0.0.0.0"\nport = 0\n')
+    assert load_config(path, env={}).metrics == MetricsConfig(True, "0.0.0.0", 0)
+
+
+def test_metrics_env_overrides_are_typed_and_listed():
+    env = {"FLEET_METRICS__ENABLED": "true", "FLEET_METRICS__PORT": "9100", "FLEET_METRICS__HOST": "::1"}
+    c = load_config(env=env)
+    assert c.metrics == MetricsConfig(True, "::1", 9100)
+    assert c.env_overrides == ("metrics.enabled", "metrics.host", "metrics.port")
+
+
+@pytest.mark.parametrize(
+    "metrics, path",
+    [
+        ({"enabled": "yes"}, "metrics.enabled"),
+        ({"enabled": 1}, "metrics.enabled"),
+        ({"port": 65536}, "metrics.port"),
+        ({"port": -1}, "metrics.port"),
+        ({"port": True}, "metrics.port"),
+        ({"port": "9464"}, "metrics.port"),
+        ({"host": ""}, "metrics.host"),
+        ({"host": "local host"}, "metrics.host"),
+        ({"host": 127}, "metrics.host"),
+        ({"path": "/metrics"}, "metrics.path"),
+    ],
+)
+def test_bad_metrics_values_are_named(metrics, path):
+    with pytest.raises(ConfigError) as info:
+        load_config({"metrics": metrics}, env={})
+    assert info.value.path == path
+
+
+def test_metrics_port_bounds_are_inclusive():
+    assert load_config({"metrics": {"port": 65535}}, env={}).metrics.port == 65535
+    assert load_config({"metrics": {"port": 0}}, env={}).metrics.port == 0
+
+
+def test_bad_metrics_env_value_names_the_variable():
+    with pytest.raises(ConfigError, match="FLEET_METRICS__PORT"):
+        load_config(env={"FLEET_METRICS__PORT": "70000"})
