@@ -13,7 +13,7 @@ import sys
 from ..errors import EXIT_USAGE, FleetError
 
 #: Subcommand modules, in the order `fleetctl --help` lists them.
-COMMANDS = ("cmd_plan",)
+COMMANDS = ("cmd_status", "cmd_plan", "cmd_posture", "cmd_drain", "cmd_resume")
 
 
 def build_parser() -> argparse.ArgumentParser:
