@@ -377,9 +377,10 @@ class DataSegment:
             raise DataSegmentNotFound(f"fleet {name!r} is not running (no data segment {seg})") from None
         except posix_ipc.PermissionsError as exc:
             raise DataPlaneError(f"cannot open data segment {seg}: {exc}") from None
-        if shm.size < RINGS_OFF:
+        size = shm.size  # read before close_fd: the size comes from fstat on the fd
+        if size < RINGS_OFF:
             shm.close_fd()
-            raise DataSegmentCorrupt(f"data segment {seg} is {shm.size} bytes, smaller than its header")
+            raise DataSegmentCorrupt(f"data segment {seg} is {size} bytes, smaller than its header")
         mm = _map(shm, writable=True)
         try:
             _validate(mm, seg)

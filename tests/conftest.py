@@ -8,15 +8,17 @@ import uuid
 
 import pytest
 
+from fleet import dataplane
 from fleet.table import segment
 
 
 @pytest.fixture
 def fleet_name(request):
-    """A fleet name unique to this test; its table segment is unlinked afterwards."""
+    """A fleet name unique to this test; its table and data segments are unlinked afterwards."""
     name = f"t{os.getpid()}-{uuid.uuid4().hex[:10]}"
     yield name
     segment.unlink(name)
+    dataplane.unlink(name)
 
 
 @pytest.fixture
