@@ -1,0 +1,360 @@
+"""The dispatcher: per-role bounded queues, grants in precedence order, pins by key.
+
+Pure bookkeeping, no I/O: the supervisor feeds it units, posture and completions,
+and carries out the grants it returns (slot transitions on the shared table, then
+a message to the slot's seat).
+
+Rules:
+* Precedence between roles (002 §4): pinned keyed roles and singletons first, then
+  pooled roles that are floored under cordon (sim-like), then other pooled roles
+  (resolve-like), deferrable background roles last; declaration order breaks ties.
+  Inside a role: higher priority first, then submit order.
+* A pooled unit takes a free slot of its role (a slot with nothing in flight): the
+  grant is LEASE (T1) and the worker STARTs it (T2).
+* A keyed unit goes to the slot pinned to its key, behind whatever that pin already
+  has in flight (at most `pin_depth`), and RESUMEs it (T6); units of one key keep
+  their order. A key without a pin claims an idle slot (LEASE with the key, then
+  START); with none idle, it re-keys the least recently used pin that has nothing in
+  flight (UNPIN T9 then LEASE T1, an epoch boundary); with none of those, it waits.
+  A singleton is a keyed role with one slot and one key.
+* Posture gates intake only: under cordon a deferrable role is granted nothing new,
+  a floor role at most its intake floor of slots in use; every grant held back by
+  posture is counted once per unit as suppressed intake. In-flight units always
+  complete.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Hashable
+
+from . import fsm
+from .roles import Role, RoleSet
+from .seats import NO_SEAT, SeatLayout
+
+#: Units queued behind one pin (its seat runs them in order).
+DEFAULT_PIN_DEPTH = 16
+
+
+def precedence(role: Role) -> int:
+    """Lower runs first; see the module docstring."""
+    if role.kind in ("pinned", "singleton"):
+        return 0
+    if role.cordon_class == "deferrable":
+        return 3
+    if role.cordon_class == "floor" or role.io_bound:
+        return 1
+    return 2
+
+
+@dataclass(slots=True)
+class Pending:
+    """A unit waiting for a grant (the supervisor keeps the rest of it by id)."""
+
+    unit_id: int
+    role: int
+    key: Hashable | None = None
+    priority: int = 0
+    held_by_posture: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Carry out `transitions` on the table (in order), then send the unit to `seat`.
+
+    The worker applies `start_event` (START or RESUME) with `key_id` when it begins.
+    """
+
+    unit_id: int
+    role: int
+    slot: int
+    seat: int
+    start_event: int
+    key_id: int
+    transitions: tuple  # ((event, role, key_id), ...)
+
+
+@dataclass
+class _Slot:
+    index: int
+    role: int
+    seat: int
+    inflight: deque = field(default_factory=deque)  # unit ids, in grant order
+    pin_key: Hashable | None = None  # user key the slot is pinned (or claimed) for
+    key_id: int = 0
+    claimed: bool = False  # a pin is claimed or held (Leased/Running/Pinned for the key)
+    last_used: int = 0
+
+
+class _PriorityQueue:
+    """FIFO per priority level; higher levels first. O(1) for the common single level."""
+
+    def __init__(self):
+        self.levels: dict[int, deque] = {}
+        self.order: list[int] = []  # priorities, descending
+        self.n = 0
+
+    def push(self, item: Pending, front: bool = False) -> None:
+        level = self.levels.get(item.priority)
+        if level is None:
+            level = self.levels[item.priority] = deque()
+            bisect.insort(self.order, -item.priority)
+        (level.appendleft if front else level.append)(item)
+        self.n += 1
+
+    def peek(self) -> Pending | None:
+        for neg in self.order:
+            level = self.levels[-neg]
+            if level:
+                return level[0]
+        return None
+
+    def pop(self) -> Pending:
+        for neg in self.order:
+            level = self.levels[-neg]
+            if level:
+                self.n -= 1
+                return level.popleft()
+        raise IndexError("pop from an empty queue")
+
+    def drain(self) -> list[Pending]:
+        out = [item for neg in self.order for item in self.levels[-neg]]
+        self.levels.clear()
+        self.order.clear()
+        self.n = 0
+        return out
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class _RoleQueue:
+    """A role's waiting units: one queue (pooled), or one per key in arrival order (keyed)."""
+
+    def __init__(self, keyed: bool):
+        self.keyed = keyed
+        self.plain = _PriorityQueue()
+        self.by_key: OrderedDict[Hashable, _PriorityQueue] = OrderedDict()
+        self.n = 0
+
+    def push(self, item: Pending, front: bool = False) -> None:
+        if self.keyed:
+            q = self.by_key.get(item.key)
+            if q is None:
+                q = self.by_key[item.key] = _PriorityQueue()
+            q.push(item, front)
+        else:
+            self.plain.push(item, front)
+        self.n += 1
+
+    def drain(self) -> list[Pending]:
+        out = self.plain.drain()
+        for q in self.by_key.values():
+            out.extend(q.drain())
+        self.by_key.clear()
+        self.n = 0
+        return out
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Dispatcher:
+    """Queues and grants for one fleet. Not thread-safe: its owner serialises calls."""
+
+    def __init__(self, roles: RoleSet, seat_layout: SeatLayout, *, pin_depth: int = DEFAULT_PIN_DEPTH):
+        self.roles = roles
+        self.pin_depth = pin_depth
+        self._slots = [_Slot(s.index, roles.code(s.role), s.seat) for s in seat_layout.slots]
+        self._role_slots = [[s for s in self._slots if s.role == code and s.seat != NO_SEAT] for code in range(len(roles))]
+        self._queues = [_RoleQueue(keyed=r.kind in ("pinned", "singleton")) for r in roles]
+        self._order = sorted(range(len(roles)), key=lambda c: (precedence(roles.by_code(c)), c))
+        self._in_use = [0] * len(roles)
+        self._where: dict[int, _Slot] = {}  # unit id -> slot, while in flight
+        self._clock = itertools.count(1)
+        self._key_ids = itertools.count(1)
+        self.suppressed = 0  # units held back by posture (counted once each)
+        self.posture = fsm.NOMINAL
+        self.floors = [0] * len(roles)  # intake floors per role under cordon
+        #: skip(unit id) -> True drops a unit as it is about to be granted (cancelled by
+        #: its caller); dropped ids are collected by `take_skipped`.
+        self.skip = None
+        self._skipped: list[int] = []
+
+    # --- intake -------------------------------------------------------------------
+    def queued(self, role: int) -> int:
+        return len(self._queues[role])
+
+    def in_use(self, role: int) -> int:
+        """Slots of `role` with something in flight."""
+        return self._in_use[role]
+
+    def enqueue(self, item: Pending, front: bool = False) -> None:
+        self._queues[item.role].push(item, front)
+
+    def drain_queue(self, role: int | None = None) -> list[Pending]:
+        """Remove and return queued (not granted) units, of one role or all."""
+        codes = range(len(self.roles)) if role is None else (role,)
+        out = []
+        for code in codes:
+            out.extend(self._queues[code].drain())
+        return out
+
+    def set_posture(self, posture: int, floors: list[int]) -> None:
+        self.posture, self.floors = posture, list(floors)
+
+    # --- grants ----------------------------------------------------------------------
+    def grant(self) -> list[Grant]:
+        """Every grant possible now, in precedence order."""
+        out: list[Grant] = []
+        for code in self._order:
+            queue = self._queues[code]
+            if not queue.n:
+                continue
+            if queue.keyed:
+                self._grant_keyed(code, queue, out)
+            else:
+                self._grant_pooled(code, queue, out)
+        return out
+
+    def _posture_allows(self, code: int, item: Pending, grows: bool) -> bool:
+        """May `item` be granted now? `grows`: the grant puts one more slot of the role in use."""
+        if self.posture != fsm.CORDONED:
+            return True
+        klass = self.roles.by_code(code).cordon_class
+        allowed = klass == "never" or (klass == "floor" and (not grows or self._in_use[code] < self.floors[code]))
+        if not allowed and not item.held_by_posture:
+            item.held_by_posture = True
+            self.suppressed += 1
+        return allowed
+
+    def _grant_pooled(self, code: int, queue: _RoleQueue, out: list) -> None:
+        for slot in self._role_slots[code]:
+            if slot.inflight:
+                continue
+            item = self._next_live(queue.plain, queue)
+            if item is None or not self._posture_allows(code, item, True):
+                return
+            queue.plain.pop()
+            queue.n -= 1
+            out.append(self._take(slot, item, fsm.START, ((fsm.LEASE, code, 0),)))
+
+    def _grant_keyed(self, code: int, queue: _RoleQueue, out: list) -> None:
+        pins = {s.pin_key: s for s in self._role_slots[code] if s.claimed}
+        for key in list(queue.by_key):
+            q = queue.by_key[key]
+            while q.n:
+                item = self._next_live(q, queue)
+                if item is None:
+                    break
+                slot = pins.get(key)
+                if slot is not None:
+                    if len(slot.inflight) >= self.pin_depth:
+                        break
+                    # RESUME (T6) is posture-gated like a new lease (for deferrable roles).
+                    if not self._posture_allows(code, item, not slot.inflight):
+                        return
+                    q.pop()
+                    queue.n -= 1
+                    out.append(self._take(slot, item, fsm.RESUME, ()))
+                    continue
+                if not self._posture_allows(code, item, True):
+                    return
+                slot, transitions = self._claim(code, key)
+                if slot is None:
+                    break
+                pins[key] = slot
+                q.pop()
+                queue.n -= 1
+                out.append(self._take(slot, item, fsm.START, transitions))
+            if not q.n:
+                del queue.by_key[key]
+
+    def _next_live(self, q: _PriorityQueue, queue: _RoleQueue) -> Pending | None:
+        """The head of `q`, dropping units `skip` says were cancelled."""
+        while True:
+            item = q.peek()
+            if item is None or self.skip is None or not self.skip(item.unit_id):
+                return item
+            q.pop()
+            queue.n -= 1
+            self._skipped.append(item.unit_id)
+
+    def take_skipped(self) -> list[int]:
+        out, self._skipped = self._skipped, []
+        return out
+
+    def _claim(self, code: int, key) -> tuple[_Slot | None, tuple]:
+        slots = self._role_slots[code]
+        idle = next((s for s in slots if not s.claimed and not s.inflight), None)
+        transitions: tuple = ()
+        if idle is None:
+            spare = [s for s in slots if s.claimed and not s.inflight]
+            if not spare:
+                return None, ()
+            idle = min(spare, key=lambda s: s.last_used)
+            transitions = ((fsm.UNPIN, code, idle.key_id),)
+        idle.claimed, idle.pin_key = True, key
+        idle.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
+        return idle, transitions + ((fsm.LEASE, code, idle.key_id),)
+
+    def _new_key_id(self, code: int) -> int:
+        in_use = {s.key_id for s in self._role_slots[code] if s.claimed}
+        while True:
+            kid = next(self._key_ids) % (fsm.MAX_KEY + 1)
+            if kid not in in_use:
+                return kid
+
+    def _take(self, slot: _Slot, item: Pending, start_event: int, transitions: tuple) -> Grant:
+        if not slot.inflight:
+            self._in_use[slot.role] += 1
+        slot.inflight.append(item.unit_id)
+        slot.last_used = next(self._clock)
+        self._where[item.unit_id] = slot
+        return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, transitions)
+
+    # --- completions and deaths ------------------------------------------------------
+    def complete(self, unit_id: int, final_state: int) -> int:
+        """A unit's outcome arrived; `final_state` is its slot's state after it. Returns the slot."""
+        slot = self._where.pop(unit_id)
+        if slot.inflight and slot.inflight[0] == unit_id:
+            slot.inflight.popleft()
+        else:
+            slot.inflight.remove(unit_id)
+        if not slot.inflight:
+            self._in_use[slot.role] -= 1
+        if final_state == fsm.IDLE and not slot.inflight:
+            slot.claimed, slot.pin_key = False, None  # drained or released: the pin is gone
+        return slot.index
+
+    def seat_lost(self, seat: int) -> list[tuple[int, int]]:
+        """The seat's worker died: forget its pins; returns (unit id, slot) it owed, in grant order."""
+        owed = []
+        for slot in self._slots:
+            if slot.seat != seat:
+                continue
+            for unit_id in slot.inflight:
+                owed.append((unit_id, slot.index))
+                del self._where[unit_id]
+            if slot.inflight:
+                self._in_use[slot.role] -= 1
+            slot.inflight.clear()
+            slot.claimed, slot.pin_key = False, None
+        return owed
+
+    def slot_of(self, unit_id: int) -> int | None:
+        """The slot a unit in flight was granted (None when it is not in flight)."""
+        slot = self._where.get(unit_id)
+        return None if slot is None else slot.index
+
+    def slots_of_seat(self, seat: int) -> list[int]:
+        return [s.index for s in self._slots if s.seat == seat]
+
+    def pinned_keys(self, role: int) -> dict:
+        """{user key: slot index} for the role's claimed pins (for status and tests)."""
+        return {s.pin_key: s.index for s in self._role_slots[role] if s.claimed}
+
+    def inflight_count(self) -> int:
+        return len(self._where)

@@ -1,0 +1,35 @@
+"""The data plane's message formats (pure).
+
+Every ring message carries a tag (its kind) and a fixed little-endian header,
+followed by a pickled body. Bodies are pickled once, where they are made: a
+payload at submit (so an unpicklable or oversized payload is refused there), a
+result in the worker.
+"""
+from __future__ import annotations
+
+import struct
+
+# --- tags ---------------------------------------------------------------------------
+TASK = 1  # supervisor -> worker: run a unit
+RESULT = 2  # worker -> supervisor: a unit's outcome
+STARTED = 3  # worker -> supervisor: a unit with a timeout began running
+
+# --- task flags ---------------------------------------------------------------------
+F_CHUNK = 1  # the body holds a list of payloads (Fleet.map with chunksize > 1)
+F_TIMED = 2  # report STARTED, so the supervisor can time the unit
+
+#: unit id, slot, key id, role, start event, flags
+TASK_HEAD = struct.Struct("<QIIHBB")
+
+# --- result status ------------------------------------------------------------------
+ST_SOLVED = 0
+ST_SUPPRESSED = 1  # body: the reason, utf-8
+ST_HANDLER_ERROR = 2  # body: pickled (traceback text, exception or None)
+ST_RESULT_ERROR = 3  # body: utf-8 text: why the result could not be sent
+ST_START_REFUSED = 4  # body: utf-8 text: the slot refused to start it (a fleet bug)
+ST_CHUNK = 5  # body: pickled list of (status, value) per item
+
+#: unit id, slot, status, slot state after the unit, run seconds
+RESULT_HEAD = struct.Struct("<QIBBd")
+#: unit id, slot
+STARTED_HEAD = struct.Struct("<QI")

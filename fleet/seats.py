@@ -1,0 +1,147 @@
+"""Seats and slots: how a tier plan becomes worker processes and table slots (pure).
+
+A *seat* is one worker process pinned to a CPU set; a *slot* is one lease of one
+role (a row of the shared table). Slots are bound to seats; a seat may hold several
+slots, and runs the units granted to them in grant order.
+
+Serial binding (2-5 CPUs): one seat, ``serial-0``, holds every role's slots; the
+roles are logical lanes on it (census binding ``logical``).
+
+Pinned binding: CPUs are laid out in budget order — the reserve, the ambient I/O
+runtime, then each role's whole cores. A role with whole cores gets one seat per
+core (at most one per slot), each pinned to its own core (binding ``pinned``); its
+slots are dealt round-robin over its seats, so a keyed role's pins share its cores
+("pins are threads, shares are cores"). A role with no whole core (I/O-dominant, or
+declared with peak 0) gets one seat on the shared CPUs — the ambient runtime's, or
+the reserve's when the ambient has none (binding ``shared``). When the quota has
+fewer CPUs than the plan lays out (a forced, oversubscribed profile), the layout
+wraps around the CPUs it has: the plan already says ``oversubscribed``.
+
+Roles without a handler are declared but not active: they get slots (the census
+shows them) but no seat.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from .budget import PINNED, SERIAL
+from .plan import TierPlan
+from .roles import RoleSet
+
+LOGICAL, SHARED = "logical", "shared"
+NO_SEAT = -1
+
+
+@dataclass(frozen=True)
+class Seat:
+    index: int
+    name: str
+    roles: tuple[str, ...]
+    cpus: tuple[int, ...]
+    binding: str  # pinned | shared | logical
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "name": self.name, "roles": list(self.roles), "cpus": list(self.cpus),
+                "binding": self.binding}
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    index: int
+    role: str
+    seat: int  # NO_SEAT for a role without a handler
+
+
+@dataclass(frozen=True)
+class SeatLayout:
+    seats: tuple[Seat, ...]
+    slots: tuple[SlotSpec, ...]
+
+    def slots_of(self, role: str) -> tuple[int, ...]:
+        return tuple(s.index for s in self.slots if s.role == role)
+
+    def seat_of(self, slot: int) -> int:
+        return self.slots[slot].seat
+
+    def binding_of(self, slot: int) -> str:
+        seat = self.slots[slot].seat
+        return self.seats[seat].binding if seat != NO_SEAT else LOGICAL
+
+    def to_meta(self) -> dict:
+        return {"seats": [s.to_dict() for s in self.seats], "slot_seats": [s.seat for s in self.slots]}
+
+
+class _Cursor:
+    """Hands out CPUs in order, wrapping around when the plan asks for more than exist."""
+
+    def __init__(self, cpus: Sequence[int]):
+        if not cpus:
+            raise ValueError("no CPUs to lay seats on")
+        self.cpus, self.i = list(cpus), 0
+
+    def take(self, n: int) -> tuple[int, ...]:
+        out = tuple(self.cpus[(self.i + k) % len(self.cpus)] for k in range(n))
+        self.i += n
+        return out
+
+
+def _whole(cores) -> int:
+    return math.floor(cores + 1e-9)
+
+
+def layout(plan: TierPlan, roles: RoleSet, cpus: Sequence[int]) -> SeatLayout:
+    """The seats and slots for `plan` over the CPUs this process may use (sorted)."""
+    active = [r for r in roles if r.handler is not None]
+    if plan.binding == SERIAL:
+        return _serial(plan, roles, active, cpus)
+    if plan.binding == PINNED:
+        return _pinned(plan, roles, active, cpus)
+    raise ValueError(f"unknown binding {plan.binding!r}")
+
+
+def _shares(plan: TierPlan) -> dict:
+    return {share.name: share for share in plan.budget.consumers}
+
+
+def _serial(plan, roles, active, cpus) -> SeatLayout:
+    shares, cursor = _shares(plan), _Cursor(cpus)
+    cursor.take(_whole(shares["reserve"].cores))
+    cursor.take(_whole(shares["ambient_io"].cores))
+    seat_cpus = cursor.take(max(1, _whole(shares["serial-0"].cores)))
+    seats = (Seat(0, "serial-0", tuple(r.name for r in active), seat_cpus, LOGICAL),) if active else ()
+    slots, index = [], 0
+    active_names = {r.name for r in active}
+    for role in roles:
+        for _ in range(role.slots):
+            slots.append(SlotSpec(index, role.name, 0 if role.name in active_names else NO_SEAT))
+            index += 1
+    return SeatLayout(seats, tuple(slots))
+
+
+def _pinned(plan, roles, active, cpus) -> SeatLayout:
+    shares, cursor = _shares(plan), _Cursor(cpus)
+    cores_of: dict[str, tuple[int, ...]] = {}
+    for share in plan.budget.consumers:  # budget order: reserve, ambient, then the roles
+        whole = _whole(share.cores)
+        cores_of[share.name] = cursor.take(whole) if whole else ()
+    shared_cpus = cores_of.get("ambient_io") or cores_of.get("reserve") or tuple(cpus)
+    seats: list[Seat] = []
+    seats_of: dict[str, list[int]] = {}
+    for role in active:
+        role_cpus = cores_of.get(role.name, ())
+        if role_cpus:
+            for k in range(max(1, min(len(role_cpus), role.slots))):
+                seats.append(Seat(len(seats), f"{role.name}-{k}", (role.name,), (role_cpus[k],), PINNED))
+                seats_of.setdefault(role.name, []).append(len(seats) - 1)
+        else:
+            seats.append(Seat(len(seats), f"{role.name}-0", (role.name,), tuple(shared_cpus), SHARED))
+            seats_of[role.name] = [len(seats) - 1]
+    slots, index = [], 0
+    for role in roles:
+        mine = seats_of.get(role.name)
+        for k in range(role.slots):
+            slots.append(SlotSpec(index, role.name, mine[k % len(mine)] if mine else NO_SEAT))
+            index += 1
+    return SeatLayout(tuple(seats), tuple(slots))

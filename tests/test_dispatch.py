@@ -1,0 +1,168 @@
+"""The dispatcher's pure rules: precedence, pooled grants, pins by key, posture gating."""
+from __future__ import annotations
+
+import pytest
+
+from fleet import fsm
+from fleet.dispatch import Dispatcher, Pending, precedence
+from fleet.roles import Role, RoleSet
+from fleet.seats import SeatLayout, Seat, SlotSpec
+
+ROLES = RoleSet(
+    (
+        Role("bg", kind="pooled", cordon_class="deferrable", handler="m:f", slots=2),
+        Role("resolve", kind="pooled", cordon_class="never", handler="m:f", slots=2),
+        Role("sim", kind="pooled", cordon_class="floor", handler="m:f", slots=4),
+        Role("solver", kind="pinned", cordon_class="never", handler="m:f", slots=2),
+        Role("merge", kind="singleton", cordon_class="never", handler="m:f", slots=1),
+    )
+)
+
+
+def _layout(roles=ROLES):
+    slots, index = [], 0
+    for r in roles:
+        for _ in range(r.slots):
+            slots.append(SlotSpec(index, r.name, 0))
+            index += 1
+    return SeatLayout((Seat(0, "serial-0", roles.names, (0,), "logical"),), tuple(slots))
+
+
+@pytest.fixture
+def d():
+    return Dispatcher(ROLES, _layout(), pin_depth=2)
+
+
+def _unit(uid, role, key=None, priority=0):
+    return Pending(uid, ROLES.code(role), key, priority)
+
+
+def test_precedence_order():
+    assert [precedence(r) for r in ROLES] == [3, 2, 1, 0, 0]
+
+
+def test_grants_follow_precedence_across_roles(d):
+    for uid, role, key in [(1, "bg", None), (2, "resolve", None), (3, "sim", None), (4, "solver", "k"), (5, "merge", None)]:
+        d.enqueue(_unit(uid, role, key))
+    assert [g.unit_id for g in d.grant()] == [4, 5, 3, 2, 1]
+
+
+def test_pooled_grant_is_lease_then_start_on_a_free_slot(d):
+    d.enqueue(_unit(1, "resolve"))
+    (g,) = d.grant()
+    assert g.transitions == ((fsm.LEASE, ROLES.code("resolve"), 0),) and g.start_event == fsm.START
+    assert d.in_use(ROLES.code("resolve")) == 1
+
+
+def test_pooled_role_never_holds_more_than_its_slots(d):
+    for uid in range(5):
+        d.enqueue(_unit(uid, "resolve"))
+    granted = d.grant()
+    assert len(granted) == 2 and d.queued(ROLES.code("resolve")) == 3
+    assert d.grant() == []
+    d.complete(granted[0].unit_id, fsm.IDLE)
+    (g,) = d.grant()
+    assert g.slot == granted[0].slot and g.unit_id == 2
+
+
+def test_priority_then_submit_order_inside_a_role(d):
+    d.enqueue(_unit(1, "resolve", priority=0))
+    d.enqueue(_unit(2, "resolve", priority=5))
+    d.enqueue(_unit(3, "resolve", priority=5))
+    assert [g.unit_id for g in d.grant()] == [2, 3]
+
+
+def test_keyed_units_claim_then_resume_their_pin_in_order(d):
+    solver = ROLES.code("solver")
+    for uid in range(1, 4):
+        d.enqueue(_unit(uid, "solver", "a"))
+    first, second = d.grant()  # pin depth 2
+    assert first.transitions == ((fsm.LEASE, solver, first.key_id),) and first.start_event == fsm.START
+    assert second.transitions == () and second.start_event == fsm.RESUME and second.slot == first.slot
+    assert d.grant() == []  # the third waits behind the pin's depth
+    d.complete(1, fsm.PINNED)
+    (third,) = d.grant()
+    assert (third.unit_id, third.slot, third.start_event) == (3, first.slot, fsm.RESUME)
+
+
+def test_distinct_keys_take_distinct_pins_and_then_wait(d):
+    for uid, key in [(1, "a"), (2, "b"), (3, "c")]:
+        d.enqueue(_unit(uid, "solver", key))
+    grants = d.grant()
+    assert [g.unit_id for g in grants] == [1, 2] and grants[0].slot != grants[1].slot
+    assert d.grant() == []  # both pins busy: c waits
+
+
+def test_a_new_key_rekeys_the_least_recently_used_idle_pin(d):
+    solver = ROLES.code("solver")
+    for uid, key in [(1, "a"), (2, "b")]:
+        d.enqueue(_unit(uid, "solver", key))
+    ga, gb = d.grant()
+    d.complete(1, fsm.PINNED)
+    d.complete(2, fsm.PINNED)
+    d.enqueue(_unit(3, "solver", "a"))
+    d.grant()
+    d.complete(3, fsm.PINNED)
+    d.enqueue(_unit(4, "solver", "c"))
+    (gc,) = d.grant()
+    assert gc.slot == gb.slot  # b was used least recently
+    assert gc.transitions[0] == (fsm.UNPIN, solver, gb.key_id)
+    assert gc.transitions[1][0] == fsm.LEASE and gc.transitions[1][2] != gb.key_id
+    assert d.pinned_keys(solver) == {"a": ga.slot, "c": gb.slot}
+
+
+def test_singleton_is_one_pin(d):
+    for uid in range(1, 4):
+        d.enqueue(_unit(uid, "merge"))
+    grants = d.grant()
+    assert {g.slot for g in grants} == {grants[0].slot} and grants[0].start_event == fsm.START
+
+
+def test_cordon_holds_deferrable_and_floors_floor_roles(d):
+    floors = [0] * len(ROLES)
+    floors[ROLES.code("sim")] = 2
+    d.set_posture(fsm.CORDONED, floors)
+    for uid in range(1, 5):
+        d.enqueue(_unit(uid, "sim"))
+    d.enqueue(_unit(10, "bg"))
+    d.enqueue(_unit(20, "resolve"))
+    granted = [g.unit_id for g in d.grant()]
+    assert granted == [1, 2, 20]  # sim floored at 2, bg held, resolve (never) untouched
+    assert d.suppressed == 2  # one sim unit and the bg unit, once each
+    d.grant()
+    assert d.suppressed == 2
+    d.set_posture(fsm.NOMINAL, floors)
+    assert sorted(g.unit_id for g in d.grant()) == [3, 4, 10]
+
+
+def test_completion_to_idle_releases_the_pin(d):
+    solver = ROLES.code("solver")
+    d.enqueue(_unit(1, "solver", "a"))
+    d.grant()
+    d.complete(1, fsm.IDLE)  # drained: the pin is gone
+    assert d.pinned_keys(solver) == {}
+
+
+def test_seat_lost_returns_what_it_owed_and_forgets_pins(d):
+    d.enqueue(_unit(1, "solver", "a"))
+    d.enqueue(_unit(2, "resolve"))
+    d.grant()
+    owed = d.seat_lost(0)
+    assert sorted(u for u, _ in owed) == [1, 2]
+    assert d.inflight_count() == 0 and d.pinned_keys(ROLES.code("solver")) == {}
+    assert d.in_use(ROLES.code("resolve")) == 0
+
+
+def test_skip_drops_cancelled_units(d):
+    d.skip = lambda uid: uid == 2
+    for uid in (1, 2, 3):
+        d.enqueue(_unit(uid, "resolve"))
+    assert [g.unit_id for g in d.grant()] == [1, 3]
+    assert d.take_skipped() == [2] and d.take_skipped() == []
+
+
+def test_drain_queue_returns_queued_units(d):
+    d.enqueue(_unit(1, "bg"))
+    d.enqueue(_unit(2, "solver", "x"))
+    assert sorted(p.unit_id for p in d.drain_queue()) == [1, 2]
+    assert d.grant() == []

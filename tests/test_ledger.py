@@ -1,0 +1,143 @@
+"""The outcome ledger: exactly one outcome per unit, and a loud fuse otherwise.
+
+A hypothesis state machine drives the real ledger beside a plain model."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from fleet.ledger import FuseTripped, Ledger
+from fleet.outcomes import FAILURE_REASONS
+
+
+class Fuse:
+    def __init__(self):
+        self.trips = []
+
+    def __call__(self, error):
+        self.trips.append(error)
+
+
+def test_exact_counts():
+    ledger = Ledger(on_fuse=Fuse())
+    for uid in range(5):
+        ledger.submitted(uid)
+    ledger.record(0, "solved")
+    ledger.record(1, "suppressed")
+    ledger.record(2, "failed", "LaneDeath")
+    counts = ledger.counts()
+    assert (counts.submitted, counts.solved, counts.suppressed, counts.failed, counts.inflight) == (5, 1, 1, 1, 2)
+    assert counts.failed_by_reason == {"LaneDeath": 1}
+
+
+def test_a_duplicate_outcome_trips_the_fuse():
+    fuse = Fuse()
+    ledger = Ledger(on_fuse=fuse)
+    ledger.submitted(1)
+    assert ledger.record(1, "solved")
+    assert not ledger.record(1, "failed", "Timeout")
+    assert len(fuse.trips) == 1 and isinstance(fuse.trips[0], FuseTripped)
+    assert "not open" in str(fuse.trips[0]) and fuse.trips[0].exit_code == 83
+
+
+def test_an_unknown_unit_trips_the_fuse():
+    fuse = Fuse()
+    Ledger(on_fuse=fuse).record(99, "solved")
+    assert fuse.trips
+
+
+def test_a_missing_outcome_trips_the_fuse_at_close():
+    fuse = Fuse()
+    ledger = Ledger(on_fuse=fuse)
+    ledger.submitted(1)
+    ledger.submitted(2)
+    ledger.record(1, "solved")
+    ledger.close()
+    assert len(fuse.trips) == 1 and "never got an outcome" in str(fuse.trips[0])
+
+
+def test_a_unit_submitted_twice_trips_the_fuse():
+    fuse = Fuse()
+    ledger = Ledger(on_fuse=fuse)
+    ledger.submitted(1)
+    ledger.submitted(1)
+    assert fuse.trips
+
+
+def test_the_fuse_is_logged_at_error(caplog):
+    ledger = Ledger(on_fuse=Fuse())
+    with caplog.at_level("ERROR", logger="fleet.ledger"):
+        ledger.record(5, "solved")
+    assert any("fuse tripped" in r.getMessage() for r in caplog.records)
+
+
+def test_the_default_fuse_aborts_the_process():
+    import subprocess
+    import sys
+
+    code = "from fleet.ledger import Ledger\nLedger().record(1, 'solved')\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -6  # SIGABRT: the loud stop
+    assert "fuse tripped" in proc.stderr
+
+
+@pytest.mark.parametrize("kind,reason", [("exploded", None), ("failed", "Gremlins"), ("failed", None)])
+def test_bad_outcomes_are_refused_and_change_nothing(kind, reason):
+    ledger = Ledger(on_fuse=Fuse())
+    ledger.submitted(1)
+    with pytest.raises(ValueError):
+        ledger.record(1, kind, reason)
+    assert ledger.is_open(1) and ledger.counts().inflight == 1
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """The real ledger against a model: open ids, and outcomes by kind and reason."""
+
+    def __init__(self):
+        super().__init__()
+        self.fuse = Fuse()
+        self.ledger = Ledger(on_fuse=self.fuse)
+        self.open, self.closed = set(), {}
+        self.next_id = 0
+        self.trips = 0
+
+    @rule()
+    def submit(self):
+        self.ledger.submitted(self.next_id)
+        self.open.add(self.next_id)
+        self.next_id += 1
+
+    @rule(data=st.data(), kind=st.sampled_from(["solved", "suppressed", "failed"]),
+          reason=st.sampled_from(FAILURE_REASONS))
+    def finish(self, data, kind, reason):
+        if not self.open:
+            return
+        uid = data.draw(st.sampled_from(sorted(self.open)))
+        self.ledger.record(uid, kind, reason if kind == "failed" else None)
+        self.open.remove(uid)
+        self.closed[uid] = (kind, reason if kind == "failed" else None)
+
+    @rule(data=st.data())
+    def duplicate(self, data):
+        if not self.closed:
+            return
+        uid = data.draw(st.sampled_from(sorted(self.closed)))
+        self.ledger.record(uid, "solved")
+        self.trips += 1
+
+    @invariant()
+    def counts_match(self):
+        c = self.ledger.counts()
+        kinds = [k for k, _ in self.closed.values()]
+        assert c.submitted == self.next_id and c.inflight == len(self.open)
+        assert (c.solved, c.suppressed, c.failed) == (kinds.count("solved"), kinds.count("suppressed"), kinds.count("failed"))
+        reasons = {}
+        for k, r in self.closed.values():
+            if k == "failed":
+                reasons[r] = reasons.get(r, 0) + 1
+        assert c.failed_by_reason == reasons
+        assert len(self.fuse.trips) == self.trips
+
+
+TestLedgerMachine = LedgerMachine.TestCase

@@ -1,0 +1,56 @@
+"""Seat and slot layout from a tier plan (pure)."""
+from __future__ import annotations
+
+import dataclasses
+
+from fleet.plan import resolve
+from fleet.roles import REFERENCE_ROLES, Role, RoleSet
+from fleet.seats import NO_SEAT, layout
+
+ACTIVE = RoleSet(tuple(dataclasses.replace(r, handler="m:f") for r in REFERENCE_ROLES))
+
+
+def test_serial_one_seat_holds_every_slot_on_the_core_after_the_reserve():
+    plan = resolve(2, "auto", ACTIVE)
+    out = layout(plan, ACTIVE, [0, 1])
+    assert [(s.name, s.cpus, s.binding) for s in out.seats] == [("serial-0", (1,), "logical")]
+    assert len(out.slots) == sum(r.slots for r in ACTIVE)
+    assert {s.seat for s in out.slots} == {0}
+
+
+def test_pinned_reference_layout_at_q8():
+    plan = resolve(8, "auto", ACTIVE)
+    out = layout(plan, ACTIVE, list(range(8)))
+    seats = {s.name: s for s in out.seats}
+    # reserve cpu 0, ambient 1-2, then resolve 3, merge 4, solver 5-7 (3 seats, 6 pins)
+    assert seats["resolve-0"].cpus == (3,) and seats["merge-0"].cpus == (4,)
+    assert [seats[f"solver-{k}"].cpus for k in range(3)] == [(5,), (6,), (7,)]
+    assert all(seats[f"solver-{k}"].binding == "pinned" for k in range(3))
+    solver_slots = out.slots_of("solver")
+    assert len(solver_slots) == 6
+    assert sorted(out.seat_of(s) for s in solver_slots) == sorted([seats[f"solver-{k}"].index for k in range(3)] * 2)
+    # roles with no whole core share the ambient CPUs
+    assert seats["simdriver-0"].cpus == (1, 2) and seats["simdriver-0"].binding == "shared"
+    assert seats["verifier-0"].binding == "shared"
+
+
+def test_forced_pinned_on_a_small_host_wraps_its_cpus():
+    roles = RoleSet((Role("work", handler="m:f", peak_cpus=2, slots=8),))
+    plan = resolve(2, "pinned", roles)
+    assert plan.oversubscribed
+    out = layout(plan, roles, [0, 1])
+    assert [s.cpus for s in out.seats] == [(0,), (1,)]
+    assert [out.seat_of(s) for s in range(4)] == [0, 1, 0, 1]
+
+
+def test_roles_without_a_handler_get_slots_but_no_seat():
+    roles = RoleSet((Role("work", handler="m:f"), Role("idle", handler=None, slots=2)))
+    out = layout(resolve(2, "auto", roles), roles, [0, 1])
+    assert [s.seat for s in out.slots] == [0, NO_SEAT, NO_SEAT]
+    assert out.seats[0].roles == ("work",)
+
+
+def test_meta_lists_seats_and_slot_seats():
+    roles = RoleSet((Role("work", handler="m:f", slots=2),))
+    meta = layout(resolve(2, "auto", roles), roles, [0, 1]).to_meta()
+    assert meta["slot_seats"] == [0, 0] and meta["seats"][0]["name"] == "serial-0"
