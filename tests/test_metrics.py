@@ -1,0 +1,221 @@
+"""fleet.metrics: scrape the real HTTP endpoint over a real table and parse the exposition."""
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.request
+
+import prometheus_client
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleet import fsm
+from fleet.metrics import FleetMetrics, MetricsServer
+from fleet.outcomes import FAILURE_REASONS
+from fleet.table import SlotTable, TableNotFound
+from tests import fleet_tables as ft
+
+NOW_NS = ft.SINCE_NS + 4_000_000_000  # 4 s into the current cordoned stay
+
+
+@pytest.fixture
+def table(fleet_name):
+    t = ft.create_table(fleet_name)
+    ft.populate(t)
+    yield t
+    t.close()
+    t.unlink()
+
+
+@pytest.fixture
+def server(table):
+    with MetricsServer(port=0, metrics=FleetMetrics(table.snapshot, clock=lambda: NOW_NS)) as s:
+        yield s
+
+
+def scrape(url: str) -> dict:
+    """{(sample name, sorted labels): value} from one scrape of ``url``."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples, name, **labels):
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def test_binds_localhost_on_an_ephemeral_port(server):
+    assert server.host == "127.0.0.1" and server.port > 0
+    assert server.url == f"http://127.0.0.1:{server.port}/metrics"
+
+
+def test_profile_and_identity(server, fleet_name):
+    m = scrape(server.url)
+    assert value(m, "fleet_profile", profile="auto", binding="pinned", oversubscribed="false") == 1
+    assert [k for k in m if k[0] == "fleet_profile"] == [
+        ("fleet_profile", (("binding", "pinned"), ("oversubscribed", "false"), ("profile", "auto")))
+    ]
+    info = [dict(k[1]) for k in m if k[0] == "fleet_info"]
+    assert len(info) == 1 and info[0]["fleet"] == fleet_name and info[0]["mode"] == "service"
+    assert value(m, "fleet_table_readable") == 1
+
+
+def test_serial_oversubscribed_profile(fleet_name):
+    t = SlotTable.create(fleet_name, ft.ROLES, ft.N_SLOTS, meta=ft.boot_meta(fleet_name, quota=4, profile="pinned"))
+    try:
+        with MetricsServer(port=0, provider=t.snapshot) as s:
+            m = scrape(s.url)
+        assert value(m, "fleet_profile", profile="pinned", binding="pinned", oversubscribed="true") == 1
+    finally:
+        t.close()
+
+
+def test_slots_by_role_and_state(server):
+    m = scrape(server.url)
+    slots = {dict(k[1])["role"] + "/" + dict(k[1])["state"]: v for k, v in m.items() if k[0] == "fleet_slots"}
+    assert slots["solver/Running"] == 1 and slots["solver/Pinned"] == 1
+    assert slots["sim/Running"] == 1 and slots["merge/Leased"] == 1 and slots["/Idle"] == 1
+    assert slots["sim/Draining"] == 0  # known pairs are exported at zero, so series never vanish
+    assert sum(slots.values()) == ft.N_SLOTS
+
+
+def test_slot_gauges_follow_the_table(server, table):
+    table.apply(2, "DRAIN")
+    m = scrape(server.url)
+    assert value(m, "fleet_slots", role="sim", state="Draining") == 1
+    assert value(m, "fleet_slots", role="sim", state="Running") == 0
+
+
+def test_posture_counters_and_cordoned_seconds(server):
+    m = scrape(server.url)
+    assert value(m, "fleet_posture_cordoned") == 1
+    assert value(m, "fleet_posture_enter_total") == 3 and value(m, "fleet_posture_exit_total") == 2
+    # 5 s of earlier stays plus the 4 s of the current one
+    assert value(m, "fleet_posture_cordoned_seconds_total") == pytest.approx(9.0)
+    assert value(m, "fleet_intake_suppressed_total") == 17
+
+
+def test_nominal_counts_no_current_stay(server, table):
+    table.set_posture(fsm.NOMINAL, since_ns=ft.SINCE_NS, enter_count=3, exit_count=3, cordoned_ns=ft.CORDONED_BEFORE_NS)
+    m = scrape(server.url)
+    assert value(m, "fleet_posture_cordoned") == 0 and value(m, "fleet_posture_exit_total") == 3
+    assert value(m, "fleet_posture_cordoned_seconds_total") == pytest.approx(5.0)
+
+
+def test_ledger_by_outcome_and_by_reason(server):
+    m = scrape(server.url)
+    assert value(m, "fleet_units_submitted_total") == 40 and value(m, "fleet_units_inflight") == 3
+    assert {o: value(m, "fleet_units_total", outcome=o) for o in ("solved", "suppressed", "failed")} == {
+        "solved": 28, "suppressed": 2, "failed": 7,
+    }
+    by_reason = {r: value(m, "fleet_units_failed_total", reason=r) for r in FAILURE_REASONS}
+    assert by_reason == dict(zip(FAILURE_REASONS, ft.FAILED_BY_REASON))
+
+
+def test_queue_depths_by_role(server, table):
+    table.set_queue_depth(ft.ROLES.code("merge"), 4, in_use=1)
+    m = scrape(server.url)
+    assert {r: value(m, "fleet_queue_depth", role=r) for r in ("solver", "sim", "merge")} == {
+        "solver": 5, "sim": 11, "merge": 4,
+    }
+    assert value(m, "fleet_queue_bound", role="sim") == 64 and value(m, "fleet_role_slots_in_use", role="merge") == 1
+
+
+def test_run_time_histogram_by_role(server):
+    for seconds in (0.003, 0.02, 0.02, 7.0):
+        server.observe_run("solver", seconds)
+    server.metrics.observe_run("sim", 0.0002)
+    m = scrape(server.url)
+    assert value(m, "fleet_unit_run_seconds_count", role="solver") == 4
+    assert value(m, "fleet_unit_run_seconds_sum", role="solver") == pytest.approx(7.043)
+    assert value(m, "fleet_unit_run_seconds_bucket", role="solver", le="0.005") == 1
+    assert value(m, "fleet_unit_run_seconds_bucket", role="solver", le="0.025") == 3
+    assert value(m, "fleet_unit_run_seconds_bucket", role="solver", le="5.0") == 3
+    assert value(m, "fleet_unit_run_seconds_bucket", role="solver", le="10.0") == 4
+    assert value(m, "fleet_unit_run_seconds_bucket", role="sim", le="0.0005") == 1
+
+
+@pytest.mark.parametrize("bad", [-0.001, float("nan"), float("inf")])
+def test_a_bad_run_time_is_refused(server, bad):
+    with pytest.raises(ValueError, match="run time"):
+        server.observe_run("solver", bad)
+    assert ("fleet_unit_run_seconds_count", (("role", "solver"),)) not in scrape(server.url)
+
+
+def test_a_table_that_went_away_scrapes_as_unreadable(fleet_name):
+    def gone():
+        raise TableNotFound(f"fleet {fleet_name!r} is not running")
+
+    with MetricsServer(port=0, provider=gone) as s:
+        m = scrape(s.url)
+    assert value(m, "fleet_table_readable") == 0
+    assert not [k for k in m if k[0] in ("fleet_profile", "fleet_slots")]
+
+
+def test_two_fleets_in_one_process_do_not_collide(table, fleet_name):
+    other_name = fleet_name + "b"
+    other = SlotTable.create(other_name, ft.ROLES, ft.N_SLOTS, meta=ft.boot_meta(other_name, quota=4))
+    try:
+        with MetricsServer(port=0, provider=table.snapshot) as a, MetricsServer(port=0, provider=other.snapshot) as b:
+            a.observe_run("solver", 1.0)
+            ma, mb = scrape(a.url), scrape(b.url)
+        assert a.port != b.port
+        assert [dict(k[1])["fleet"] for k in ma if k[0] == "fleet_info"] == [fleet_name]
+        assert [dict(k[1])["fleet"] for k in mb if k[0] == "fleet_info"] == [other_name]
+        assert value(mb, "fleet_profile", profile="auto", binding="serial", oversubscribed="false") == 1
+        assert ("fleet_unit_run_seconds_count", (("role", "solver"),)) not in mb
+        assert value(mb, "fleet_queue_depth", role="sim") == 0  # b's table was never populated
+    finally:
+        other.close()
+        other.unlink()
+    # the process-global registry never saw any fleet metric
+    global_names = {m.name for m in prometheus_client.REGISTRY.collect()}
+    assert not {n for n in global_names if n.startswith("fleet_")}
+
+
+def test_close_stops_the_thread_and_frees_the_port(table):
+    before = {t.ident for t in threading.enumerate()}
+    server = MetricsServer(port=0, provider=table.snapshot).start()
+    port = server.port
+    assert scrape(server.url)
+    server.close()
+    server.close()  # idempotent
+    assert {t.ident for t in threading.enumerate()} <= before
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    # the port can be bound again at once
+    with MetricsServer(port=port, provider=table.snapshot) as again:
+        assert scrape(again.url)
+
+
+def test_a_taken_port_is_an_error(table):
+    with MetricsServer(port=0, provider=table.snapshot) as first:
+        with pytest.raises(OSError):
+            MetricsServer(port=first.port, provider=table.snapshot).start()
+
+
+def test_construction_binds_nothing(table):
+    server = MetricsServer(port=0, provider=table.snapshot)
+    assert server.port == 0 and server._server is None
+    server.close()  # closing an unstarted server is harmless
+
+
+def test_needs_a_provider():
+    with pytest.raises(TypeError, match="provider"):
+        MetricsServer(port=0)
+
+
+def test_ipv6_localhost(table):
+    try:
+        probe = socket.socket(socket.AF_INET6)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError:
+        pytest.fail("this host has no IPv6 loopback; the endpoint's IPv6 path cannot be checked here")
+    with MetricsServer(host="::1", port=0, provider=table.snapshot) as s:
+        assert s.url.startswith("http://[::1]:") and value(scrape(s.url), "fleet_table_readable") == 1
