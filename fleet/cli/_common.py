@@ -1,6 +1,7 @@
 """Pieces every fleetctl subcommand shares: picking the fleet, reaching its daemon.
 
-Kept light (no numba, no table kernels): `fleetctl status` imports it too.
+Kept light: `fleetctl status` imports it too and must start fast, so the control
+protocol (fleet.control) is imported only by the commands that use the socket.
 """
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import json
 import os
 
 from ..config import FleetConfig
-from ..control import OPS, ControlClient
 from ..errors import EXIT_OK
 
 #: The fleet a command talks to when neither --name nor FLEET_NAME says otherwise:
@@ -36,8 +36,10 @@ def fleet_name(args) -> str:
     return args.name or default_name()
 
 
-def client(args, timeout: float = 30.0) -> ControlClient:
-    """A control client for the chosen fleet; raises NotRunning (exit 69) when it has no socket."""
+def client(args, timeout: float = 30.0):
+    """A `ControlClient` for the chosen fleet; raises NotRunning (exit 69) when it has no socket."""
+    from ..control import ControlClient
+
     return ControlClient.for_fleet(fleet_name(args), timeout=timeout)
 
 
@@ -47,6 +49,8 @@ def call_and_print(args, op: str, **op_args) -> int:
     The op's client half (`fleet.control.Op.format`) renders the reply, so each
     command's wording lives beside its wire format.
     """
+    from ..control import OPS
+
     with client(args) as c:
         result = c.call(op, **op_args)
     print(json.dumps(result, indent=2) if getattr(args, "json", False) else OPS.get(op).format(result))

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ..control import POSTURE_KEYS
 from ..errors import EXIT_OK, EXIT_USAGE, FleetError
+from ..posture import POLICY_KEYS
 from ._common import add_name_argument, client
 
 NAME = "posture"
@@ -32,7 +32,7 @@ def add_arguments(parser) -> None:
     show = sub.add_parser("show", help="the posture, its counters and the effective thresholds")
     add_name_argument(show)
     show.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
-    keys = ", ".join(sorted(POSTURE_KEYS))
+    keys = ", ".join(sorted(POLICY_KEYS))
     set_ = sub.add_parser(
         "set",
         help="retune thresholds with a partial patch; echoes the effective policy",
