@@ -8,10 +8,40 @@ from .errors import BootRefused, ConfigError, FleetError
 from .plan import TierPlan
 from .posture import PostureOwner, PosturePolicy, PostureRetuneError
 from .roles import REFERENCE_ROLES, Role, RoleSet, UnknownRoleError
+from .unit import (
+    BadUnit,
+    FleetClosed,
+    Outcome,
+    PayloadTooLarge,
+    PayloadUnpicklable,
+    QueueFull,
+    RoleStopped,
+    SubmitRefused,
+    Suppress,
+    Unit,
+    UnitError,
+    UnitFailed,
+    UnitSuppressed,
+)
+from .executor import Fleet
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BadUnit",
+    "Fleet",
+    "FleetClosed",
+    "Outcome",
+    "PayloadTooLarge",
+    "PayloadUnpicklable",
+    "QueueFull",
+    "RoleStopped",
+    "SubmitRefused",
+    "Suppress",
+    "Unit",
+    "UnitError",
+    "UnitFailed",
+    "UnitSuppressed",
     "BelowHostFloor",
     "BootRefused",
     "BudgetOverQuota",

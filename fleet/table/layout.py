@@ -143,8 +143,8 @@ ROLE_NAME_BYTES = 32
 # --- slot records (1 line each) ---------------------------------------------------------
 SLOT_SIZE = LINE
 S_WORD = 0  # the FSM word; CAS only
-S_SEQ = 1  # seqlock over fields 2..6 (one writer: the supervisor)
-S_UNIT = 2  # unit id the slot runs or last ran
+S_SEQ = 1  # seqlock over fields 3..6 (one writer: the supervisor)
+S_UNIT = 2  # unit id the slot runs or last ran (one atomic word; its writer: the worker)
 S_PID = 3  # worker pid serving the slot (0: none)
 S_CPUS_LO = 4  # cpu set bitmask, cpus 0..63
 S_CPUS_HI = 5  # cpus 64..127

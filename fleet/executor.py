@@ -1,0 +1,160 @@
+"""`fleet.Fleet`: the embedded fleet, a `concurrent.futures.Executor`.
+
+    with fleet.Fleet.from_config("/etc/fleet/app.toml") as f:
+        fut = f.submit("resolve", {"path": p})
+        for result in f.map("resolve", paths, chunksize=64):
+            ...
+
+It drops in where a ProcessPoolExecutor was, with roles instead of functions: the
+handler for each role is named in config (``module:function``) and receives a
+`fleet.Unit`. Every unit gets exactly one outcome; a unit that did not solve raises
+`UnitFailed` / `UnitSuppressed` (both carry the outcome) from its future.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import time
+from concurrent.futures import Executor, Future
+from typing import Iterable, Iterator
+
+from . import messages as M
+from .config import FleetConfig, load_config
+from .ledger import abort_process
+from .outcomes import FAILED, SUPPRESSED
+from .unit import Outcome, error_for
+
+#: Most units `map` keeps submitted ahead of the caller (also bounded by the role's queue).
+MAP_WINDOW = 4096
+
+
+class Fleet(Executor):
+    """A running fleet embedded in this process. Build it with `from_config`."""
+
+    def __init__(self, config: FleetConfig, *, on_fuse=abort_process, cpus=None):
+        from .supervisor import Supervisor
+
+        self.config = config
+        self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus).start()
+
+    @classmethod
+    def from_config(cls, source=None, *, env=None, **kwargs) -> "Fleet":
+        """Boot a fleet from a TOML path, a dict, or a FleetConfig (FLEET_* env applies).
+
+        Raises ConfigError (bad config), BootRefused (the quota cannot host it: see
+        its exit_code), TableInUse (a live fleet of that name runs already).
+        """
+        config = source if isinstance(source, FleetConfig) else load_config(source, env=os.environ if env is None else env)
+        return cls(config, **kwargs)
+
+    @property
+    def name(self) -> str:
+        return self._sup.name
+
+    @property
+    def plan(self):
+        return self._sup.plan
+
+    @property
+    def layout(self):
+        return self._sup.layout
+
+    # --- Executor ---------------------------------------------------------------------
+    def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
+               request_id=None) -> Future:
+        """Queue one unit for `role`; returns its Future.
+
+        Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
+        PayloadUnpicklable, QueueFull (the role's queue is at its bound), RoleStopped,
+        FleetClosed (after shutdown).
+        """
+        return self._sup.submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
+                                request_id=request_id)
+
+    def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
+            lane=None) -> Iterator:
+        """Results of `role`'s handler over `iterable`, in order.
+
+        With chunksize > 1 each chunk of items is one unit (one outcome in the ledger).
+        A failed or suppressed item raises its UnitFailed / UnitSuppressed when the
+        iteration reaches it. `timeout` bounds the whole iteration (TimeoutError).
+        """
+        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        items = iter(iterable)
+        window = max(1, min(MAP_WINDOW, self._sup.roles[role].queue_bound))
+        pending: collections.deque = collections.deque()
+
+        def feed() -> bool:
+            if chunksize == 1:
+                for payload in items:
+                    pending.append(self._sup.submit(role, payload, lane=lane))
+                    return True
+                return False
+            chunk = [payload for _, payload in zip(range(chunksize), items)]
+            if chunk:
+                pending.append(self._sup.submit(role, chunk, lane=lane, chunk=True))
+            return bool(chunk)
+
+        more = True
+        while more and len(pending) < window:
+            more = feed()
+        return self._results(role, pending, feed, more, chunksize, deadline)
+
+    def _results(self, role, pending, feed, more, chunksize, deadline):
+        try:
+            while pending:
+                future = pending.popleft()
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if chunksize == 1:
+                    yield future.result(left)
+                else:
+                    exc = future.exception(left)
+                    if exc is not None:
+                        raise exc
+                    for status, value in future.result():
+                        yield _item(role, status, value)
+                while more and len(pending) < self._window(role):
+                    more = feed()
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def _window(self, role) -> int:
+        return max(1, min(MAP_WINDOW, self._sup.roles[role].queue_bound))
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking units. Queued units still run unless cancel_futures (then they are
+        cancelled: outcome failed/Cancelled). wait=True blocks until every unit has its
+        outcome and the workers and shared segments are gone."""
+        self._sup.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    # --- views ----------------------------------------------------------------------------
+    def status(self) -> dict:
+        """What `fleetctl status --json` shows for this fleet."""
+        from .cli.cmd_status import gather
+
+        return gather(self.name)
+
+    def ledger(self) -> dict:
+        """submitted, solved, suppressed, failed (+ in flight and failures by reason)."""
+        return self._sup.ledger_counts().to_dict()
+
+    def posture_show(self) -> dict:
+        return self._sup.posture_show()
+
+    def posture_set(self, **patch) -> dict:
+        return self._sup.posture_set(patch)
+
+    def __repr__(self) -> str:
+        return f"<Fleet {self.name!r} binding={self._sup.plan.binding} seats={len(self._sup.layout.seats)}>"
+
+
+def _item(role: str, status: int, value):
+    if status == M.ST_SOLVED:
+        return value
+    if status == M.ST_SUPPRESSED:
+        raise error_for(0, role, Outcome(SUPPRESSED, None, value))
+    text, original = value
+    raise error_for(0, role, Outcome(FAILED, "HandlerError", text), original)

@@ -1,0 +1,845 @@
+"""The supervisor: boots the fleet, dispatches units, and gives every unit one outcome.
+
+Boot: config -> quota (cgroup) -> budget and tier plan -> seats and slots -> shared
+table -> data plane -> zygote -> one worker per seat, pinned to its CPUs.
+
+Threads. Callers submit from their own threads: a submit is validated and pickled
+outside any lock, then queued and, when a slot is free, granted at once, all under
+the supervisor's one lock, which owns the dispatcher and the ledger. One loop
+thread collects results, reports deaths, times units out and samples the posture;
+it sleeps on the data plane's bell (a futex) when there is nothing to do, so an
+idle fleet costs ~nothing. Futures are resolved outside the lock (their callbacks
+may submit again).
+
+Deaths. The zygote reports every worker exit. The loop then, under the lock:
+collects what the dead worker already delivered, discards the tasks it never took,
+fails every unit it still owed with LaneDeath (Timeout for the unit it was killed
+for), walks its slots back to Idle through legal transitions, and restarts the seat
+— unless one of the seat's roles died more than `restart.max_restarts` times within
+`restart.within_seconds`: that role is stopped, its queued units fail RoleStopped,
+and the posture is held Cordoned with the LaneDeath cause.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import heapq
+import itertools
+import json
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+
+from . import cgroup, fsm
+from . import messages as M
+from . import plan as plan_mod
+from . import posture as posture_mod
+from . import seats as seats_mod
+from .config import FleetConfig
+from .dataplane import DataSegment
+from .dispatch import Dispatcher, Pending
+from .errors import BootRefused, ConfigError, FleetError
+from .ledger import Ledger, abort_process
+from .outcomes import FAILED, SOLVED, SUPPRESSED
+from .sampler import Sampler
+from .table import SlotTable
+from .unit import (
+    BadUnit,
+    FleetClosed,
+    Outcome,
+    PayloadTooLarge,
+    PayloadUnpicklable,
+    QueueFull,
+    RoleStopped,
+    error_for,
+)
+
+log = logging.getLogger("fleet.supervisor")
+
+#: Longest the loop sleeps with nothing to do (timers are checked at least this often).
+IDLE_WAIT_S = 0.1
+#: Posture sampling period.
+SAMPLE_EVERY_S = 0.25
+#: How long boot waits for the zygote to import handlers and load kernels.
+BOOT_TIMEOUT_S = 120.0
+
+
+class WorkerStartError(BootRefused):
+    """The worker fork server could not start (it says why)."""
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(12, (n - 1).bit_length())
+
+
+@dataclasses.dataclass(slots=True)
+class _Unit:
+    future: Future
+    role: int
+    body: bytes
+    flags: int
+    timeout: float | None
+
+
+class Supervisor:
+    """One fleet: its table, data plane, zygote, workers, dispatcher and ledger."""
+
+    def __init__(self, config: FleetConfig, *, mode: str = "embedded", on_fuse=abort_process, cpus=None):
+        self.config = config
+        self.name = config.name
+        self.roles = config.roles
+        self.mode = mode
+        self.ledger = Ledger(on_fuse=on_fuse)
+        self._cpus_override = cpus
+        self._lock = threading.RLock()
+        self._units: dict[int, _Unit] = {}
+        self._ids = itertools.count(1)
+        self._closing = False
+        self._stopped = threading.Event()
+        self._draining = False  # fleetd drain: take nothing new from the queues
+        self._stopped_roles: set[int] = set()
+        self._deaths: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._timed_out: set[int] = set()
+        self._deadlines: list = []  # heap of (deadline, unit id)
+        self._outbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._pids: dict[int, int] = {}  # seat -> pid
+        self._seat_of_pid: dict[int, int] = {}
+        self._pending_forks: set[int] = set()
+        self.table = self.data = self.zygote = None
+        self._thread = None
+        self.started_ns = time.time_ns()
+        self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
+        self._pending_delivery: list = []  # outcomes decided under the lock, delivered after it
+        self._last_change = None  # the posture transition that set the current posture
+
+    # ================================================================== boot
+    def start(self) -> "Supervisor":
+        cfg = self.config
+        limit = cgroup.effective_cpus()
+        quota = cfg.cpus if cfg.cpus is not None else limit.cpus
+        self.quota_source = "config" if cfg.cpus is not None else "detected"
+        self.plan = plan_mod.resolve(quota, cfg.profile, self.roles, cfg.budget)
+        cpus = self._cpus_override or sorted(os.sched_getaffinity(0))
+        self.layout = seats_mod.layout(self.plan, self.roles, cpus)
+        if not self.layout.seats:
+            raise ConfigError("roles", "no role has a handler: nothing could run")
+        for role in self.roles:
+            log.debug("role %s: %s", role.name, role)
+        for share in self.plan.budget.consumers:
+            if share.overridden:
+                log.warning("budget override: %s = %s cores (rule gives %s)", share.name, share.cores, share.default)
+        self.dispatcher = Dispatcher(self.roles, self.layout)
+        self.posture = posture_mod.PostureOwner(cfg.posture, now_ms=_now_ms())
+        self.sampler = Sampler.for_self(self.posture)
+        self.table = SlotTable.create(self.name, self.roles, len(self.layout.slots), meta=self._meta())
+        try:
+            self._boot_rest()
+        except BaseException:
+            self._teardown(kill=True)
+            raise
+        self._atexit = weakref.WeakMethod(self._atexit_close)
+        atexit.register(_call_weak, self._atexit)
+        return self
+
+    def _meta(self) -> dict:
+        plan = self.plan.to_dict()
+        plan["plan"].update(fleet_booted=True, quota_source=self.quota_source)
+        meta = {
+            "fleet": self.name,
+            "version": _version(),
+            "pid": os.getpid(),
+            "mode": self.mode,
+            "started_ns": self.started_ns,
+            "plan": plan["plan"],
+            "budget": plan["budget"],
+            "socket": None,
+        }
+        meta.update(self.layout.to_meta())
+        return meta
+
+    def _boot_rest(self) -> None:
+        for spec in self.layout.slots:
+            if spec.seat != seats_mod.NO_SEAT:
+                seat = self.layout.seats[spec.seat]
+                self.table.set_slot_meta(spec.index, cpus=seat.cpus, binding=seat.binding)
+        self._publish_posture()
+        cap = _next_pow2(max(1 << 20, 4 * (self.config.limits.max_payload_bytes + 4096)))
+        self.data = DataSegment.create(self.name, len(self.layout.seats), cap, cap)
+        self._start_zygote()
+        for seat in self.layout.seats:
+            self._fork(seat.index)
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while self._pending_forks:
+            self._read_zygote(block_until=deadline)
+        self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _start_zygote(self) -> None:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        self.zygote = subprocess.Popen(
+            [sys.executable, "-m", "fleet.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=False,
+        )
+        theirs.close()
+        self._zsock = ours
+        self._zbuf = b""
+        boot = {
+            "op": "boot",
+            "name": self.name,
+            "roles": [dataclasses.asdict(r) for r in self.roles],
+            "sys_path": list(sys.path),
+            "log_level": logging.getLogger("fleet").getEffectiveLevel(),
+        }
+        ours.sendall(json.dumps(boot).encode() + b"\n")
+        reply = self._zygote_reply(time.monotonic() + BOOT_TIMEOUT_S)
+        if reply.get("op") == "error":
+            if reply.get("path"):
+                raise ConfigError(reply["path"], reply["message"].split(": ", 1)[-1])
+            raise WorkerStartError(f"worker fork server failed to boot: {reply.get('type')}: {reply.get('message')}")
+        if reply.get("op") != "ready":
+            raise WorkerStartError(f"worker fork server said {reply!r} at boot")
+        ours.setblocking(False)
+
+    def _zygote_reply(self, deadline: float) -> dict:
+        self._zsock.settimeout(max(0.0, deadline - time.monotonic()))
+        while b"\n" not in self._zbuf:
+            try:
+                chunk = self._zsock.recv(65536)
+            except TimeoutError:
+                raise WorkerStartError("worker fork server did not answer in time") from None
+            if not chunk:
+                raise WorkerStartError(f"worker fork server exited at boot (code {self.zygote.wait()})")
+            self._zbuf += chunk
+        line, self._zbuf = self._zbuf.split(b"\n", 1)
+        return json.loads(line)
+
+    def _fork(self, seat: int) -> None:
+        self._pending_forks.add(seat)
+        msg = {"op": "fork", "seat": seat, "cpus": list(self.layout.seats[seat].cpus)}
+        self._zsock.setblocking(True)
+        try:
+            self._zsock.sendall(json.dumps(msg).encode() + b"\n")
+        finally:
+            self._zsock.setblocking(False)
+
+    def _read_zygote(self, block_until: float | None = None) -> bool:
+        """Handle what the zygote said; False when it is gone."""
+        while True:
+            if b"\n" not in self._zbuf:
+                try:
+                    if block_until is not None:
+                        self._zsock.settimeout(max(0.001, block_until - time.monotonic()))
+                    chunk = self._zsock.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    return True
+                except TimeoutError:
+                    raise WorkerStartError("worker fork server did not fork the workers in time") from None
+                finally:
+                    if block_until is not None:
+                        self._zsock.setblocking(False)
+                if not chunk:
+                    return False
+                self._zbuf += chunk
+                continue
+            line, self._zbuf = self._zbuf.split(b"\n", 1)
+            self._zygote_message(json.loads(line))
+            if block_until is not None:
+                return True
+
+    def _zygote_message(self, msg: dict) -> None:
+        if msg["op"] == "forked":
+            seat, pid = msg["seat"], msg["pid"]
+            self._pending_forks.discard(seat)
+            self._pids[seat] = pid
+            self._seat_of_pid[pid] = seat
+            for slot in self.dispatcher.slots_of_seat(seat):
+                self.table.set_slot_meta(slot, pid=pid)
+            log.debug("seat %d: worker pid %d", seat, pid)
+        elif msg["op"] == "exited":
+            seat = self._seat_of_pid.pop(msg["pid"], None)
+            if seat is not None:
+                self._seat_died(seat, msg["pid"], msg["status"])
+
+    # ================================================================== submit
+    def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
+               request_id=None, chunk: bool = False) -> Future:
+        code = self.roles.code(role)
+        spec = self.roles.by_code(code)
+        self._check_unit(spec, key, lane, priority, timeout, request_id)
+        try:
+            body = pickle.dumps((payload, key, lane, request_id), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise PayloadUnpicklable(f"payload for role {role!r} cannot be pickled: {type(exc).__name__}: {exc}") from None
+        limit = self.config.limits.max_payload_bytes
+        if len(body) > limit:
+            raise PayloadTooLarge(f"payload for role {role!r} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
+        timeout = timeout if timeout is not None else spec.timeout_s
+        flags = (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
+        future = Future()
+        with self._lock:
+            if self._closing:
+                raise FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
+            if code in self._stopped_roles:
+                raise RoleStopped(f"role {role!r} was stopped after repeated worker deaths; it takes no more work")
+            if self.dispatcher.queued(code) >= spec.queue_bound:
+                raise QueueFull(f"role {role!r} queue is full ({spec.queue_bound} units waiting)")
+            unit_id = next(self._ids)
+            self._units[unit_id] = _Unit(future, code, body, flags, timeout)
+            self.ledger.submitted(unit_id)
+            self.dispatcher.enqueue(Pending(unit_id, code, key, priority))
+            done = self._dispatch()
+        _deliver(done)
+        return future
+
+    def _check_unit(self, spec, key, lane, priority, timeout, request_id) -> None:
+        if spec.handler is None:
+            raise BadUnit(f"role {spec.name!r} has no handler configured")
+        if spec.kind == "pinned" and key is None:
+            raise BadUnit(f"role {spec.name!r} is pinned by key: submit needs key=")
+        if spec.kind != "pinned" and key is not None:
+            raise BadUnit(f"role {spec.name!r} is {spec.kind}: it takes no key")
+        if key is not None:
+            try:
+                hash(key)
+            except TypeError:
+                raise BadUnit(f"key must be hashable, got {type(key).__name__}") from None
+        if lane is not None and not isinstance(lane, str):
+            raise BadUnit(f"lane must be a name (str), got {type(lane).__name__}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise BadUnit(f"priority must be an int, got {priority!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+            raise BadUnit(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        if request_id is not None and not isinstance(request_id, str):
+            raise BadUnit(f"request_id must be a str, got {type(request_id).__name__}")
+
+    # ================================================================== dispatch (lock held)
+    def _dispatch(self) -> list:
+        """Grant what can be granted and send it; returns futures to resolve after the lock
+        (with every outcome decided under the lock since the last call)."""
+        done, self._pending_delivery = self._pending_delivery, []
+        if self._draining:
+            return done
+        self.dispatcher.skip = self._cancelled
+        grants = self.dispatcher.grant()
+        for unit_id in self.dispatcher.take_skipped():
+            self.ledger.record(unit_id, FAILED, "Cancelled")
+            self._units.pop(unit_id, None)
+        touched = set()
+        for g in grants:
+            unit = self._units[g.unit_id]
+            ok = True
+            for event, role, key_id in g.transitions:
+                reason = self.table.transition(g.slot, event, role, key_id)
+                if reason != fsm.OK:
+                    log.error("slot %d: grant refused %s: %s", g.slot, fsm.EVENT_NAMES[event], fsm.REASON_NAMES[reason])
+                    ok = False
+                    break
+            if not ok:
+                self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
+                done.append(self._close(g.unit_id, Outcome(FAILED, "LaneDeath", "the slot refused the grant")))
+                continue
+            head = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags)
+            outbox = self._outbox[g.seat]
+            if outbox or not self.data.tasks(g.seat).push2(M.TASK, head, unit.body):
+                outbox.append((head, unit.body))
+            touched.add(g.seat)
+        for seat in touched:
+            self._flush(seat)
+        if self._pending_delivery:
+            done.extend(self._pending_delivery)
+            self._pending_delivery = []
+        return done
+
+    def _cancelled(self, unit_id: int) -> bool:
+        """Called as a unit comes up for a grant: True if its caller cancelled it; otherwise
+        its future is marked running (from here on it cannot be cancelled)."""
+        return not _claim(self._units[unit_id].future)
+
+    def _flush(self, seat: int) -> None:
+        ring, outbox = self.data.tasks(seat), self._outbox[seat]
+        while outbox and ring.push2(M.TASK, *outbox[0]):
+            outbox.popleft()
+        ring.notify()
+
+    def _close(self, unit_id: int, outcome: Outcome, value=None, original=None):
+        """Record an outcome (lock held); returns (future, value or error) to deliver."""
+        unit = self._units.pop(unit_id, None)
+        self.ledger.record(unit_id, outcome.kind, outcome.reason)
+        if unit is None:
+            return None
+        role = self.roles.by_code(unit.role).name
+        if outcome.kind == SOLVED:
+            return unit.future, value, None
+        return unit.future, None, error_for(unit_id, role, outcome, original)
+
+    # ================================================================== the loop
+    def _loop(self) -> None:
+        bell = self.data.bell
+        next_sample = 0.0
+        try:
+            while True:
+                seen = bell.value
+                if not self._read_zygote():
+                    self._zygote_died()
+                busy = self._collect()
+                now = time.monotonic()
+                if self._deadlines:
+                    self._check_deadlines(now)
+                if now >= next_sample:
+                    self._sample()
+                    next_sample = now + SAMPLE_EVERY_S
+                if self._closing and self._idle():
+                    break
+                if not busy:
+                    bell.wait(seen, IDLE_WAIT_S)
+        except BaseException:  # noqa: BLE001 - the loop must never die silently
+            log.exception("fleet %s: supervisor loop crashed", self.name)
+            self._fail_everything("LaneDeath", "the supervisor loop crashed")
+        finally:
+            self._teardown()
+            self._stopped.set()
+
+    def _idle(self) -> bool:
+        with self._lock:
+            return not self._units
+
+    def _collect(self) -> bool:
+        busy = False
+        for seat in range(len(self.layout.seats)):
+            batch = self.data.results(seat).pop_many()
+            if batch:
+                busy = True
+                self._handle_results(batch)
+            if self._outbox.get(seat):
+                with self._lock:
+                    self._flush(seat)
+        return busy
+
+    def _handle_results(self, batch) -> None:
+        decoded = [self._decode(tag, view) for tag, view in batch]
+        with self._lock:
+            done = [self._apply(d) for d in decoded if d is not None]
+            done.extend(self._dispatch())
+        _deliver(done)
+
+    def _decode(self, tag: int, view):
+        if tag == M.STARTED:
+            unit_id, _slot = M.STARTED_HEAD.unpack_from(view)
+            unit = self._units.get(unit_id)
+            if unit is not None and unit.timeout is not None:
+                heapq.heappush(self._deadlines, (time.monotonic() + unit.timeout, unit_id))
+            return None
+        unit_id, slot, status, final, elapsed = M.RESULT_HEAD.unpack_from(view)
+        body = view[M.RESULT_HEAD.size :]
+        return unit_id, slot, final, elapsed, *self._outcome(status, body)
+
+    @staticmethod
+    def _outcome(status: int, body):
+        """(Outcome, value, original exception) from a result message."""
+        if status == M.ST_SOLVED:
+            try:
+                return Outcome(SOLVED), pickle.loads(body), None
+            except Exception as exc:  # noqa: BLE001 - e.g. a class the caller's process cannot import
+                return Outcome(FAILED, "ResultError", f"result cannot be unpickled here: {exc}"), None, None
+        if status == M.ST_CHUNK:
+            items = pickle.loads(body)
+            kinds = {st for st, _ in items}
+            if M.ST_HANDLER_ERROR in kinds:
+                return Outcome(FAILED, "HandlerError", "an item of the chunk failed"), items, None
+            if M.ST_SUPPRESSED in kinds:
+                return Outcome(SUPPRESSED, None, "an item of the chunk was suppressed"), items, None
+            return Outcome(SOLVED), items, None
+        if status == M.ST_SUPPRESSED:
+            return Outcome(SUPPRESSED, None, bytes(body).decode(errors="replace")), None, None
+        if status == M.ST_HANDLER_ERROR:
+            text, original = pickle.loads(body)
+            return Outcome(FAILED, "HandlerError", text), None, original
+        if status == M.ST_RESULT_ERROR:
+            return Outcome(FAILED, "ResultError", bytes(body).decode(errors="replace")), None, None
+        return Outcome(FAILED, "LaneDeath", bytes(body).decode(errors="replace")), None, None
+
+    def _apply(self, decoded):
+        unit_id, slot, final, elapsed, outcome, value, original = decoded
+        unit = self._units.get(unit_id)
+        if unit is not None:
+            self.dispatcher.complete(unit_id, final)
+            if self.run_observer is not None:
+                self.run_observer(self.roles.by_code(unit.role).name, elapsed)
+        if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED:
+            # A chunk's items travel with it whatever its outcome: map raises item by item.
+            self.ledger.record(unit_id, outcome.kind, outcome.reason)
+            self._units.pop(unit_id)
+            return unit.future, value, None
+        return self._close(unit_id, outcome, value, original)
+
+    # ================================================================== deaths
+    def _seat_died(self, seat: int, pid: int, status: int) -> None:
+        how = f"signal {-status}" if status < 0 else f"exit code {status}"
+        with self._lock:
+            self._pids.pop(seat, None)
+            self._take_delivered(seat)
+            # Tasks it never took would run again on its successor: drop them.
+            tasks = self.data.tasks(seat)
+            while tasks.pop_many():
+                pass
+            self._outbox.pop(seat, None)
+            for unit_id, slot in self.dispatcher.seat_lost(seat):
+                timed_out = unit_id in self._timed_out
+                self._timed_out.discard(unit_id)
+                reason, detail = ("Timeout", "the unit ran past its timeout; its worker was killed") if timed_out else (
+                    "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
+                self._pending_delivery.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
+            self._reset_slots(seat)
+            restart = self._count_death(seat, how)
+            if restart and not self._closing:
+                self._fork(seat)
+            done = self._dispatch()
+        _deliver(done)
+
+    def _take_delivered(self, seat: int) -> None:
+        """Apply every result a (dead or stopped) worker pushed before it went (lock held)."""
+        batch = self.data.results(seat).pop_many()
+        while batch:
+            decoded = [self._decode(t, v) for t, v in batch]
+            self._pending_delivery.extend(self._apply(d) for d in decoded if d is not None)
+            batch = self.data.results(seat).pop_many()
+
+    def _reset_slots(self, seat: int) -> None:
+        """Walk a dead seat's slots back to Idle, through legal transitions only."""
+        paths = {
+            fsm.LEASED: (fsm.START, fsm.DRAIN, fsm.DRAINED),
+            fsm.RUNNING: (fsm.DRAIN, fsm.DRAINED),
+            fsm.DRAINING: (fsm.DRAINED,),
+            fsm.PINNED: (fsm.UNPIN,),
+        }
+        for slot in self.dispatcher.slots_of_seat(seat):
+            state = self.table.state(slot)[0]
+            for event in paths.get(state, ()):
+                reason = self.table.transition(slot, event)
+                if reason != fsm.OK:
+                    log.error("slot %d: reset %s refused: %s", slot, fsm.EVENT_NAMES[event], fsm.REASON_NAMES[reason])
+                    break
+            self.table.set_slot_meta(slot, pid=0)
+
+    def _count_death(self, seat: int, how: str) -> bool:
+        """Restart intensity: True to restart the seat; False stops its roles."""
+        limit = self.config.restart
+        now = time.monotonic()
+        stop = []
+        for role_name in self.layout.seats[seat].roles:
+            code = self.roles.code(role_name)
+            deaths = self._deaths[code]
+            deaths.append(now)
+            while deaths and deaths[0] < now - limit.within_seconds:
+                deaths.popleft()
+            if len(deaths) > limit.max_restarts:
+                stop.append(code)
+        log.warning("fleet %s: seat %s worker died (%s)", self.name, self.layout.seats[seat].name, how)
+        for code in stop:
+            self._stop_role(code)
+        return all(self.roles.code(r) in self._stopped_roles for r in self.layout.seats[seat].roles) is False
+
+    def _stop_role(self, code: int) -> None:
+        if code in self._stopped_roles:
+            return
+        self._stopped_roles.add(code)
+        name = self.roles.by_code(code).name
+        limit = self.config.restart
+        log.error("fleet %s: role %s died more than %d times in %ss: stopped; its queued units fail",
+                  self.name, name, limit.max_restarts, limit.within_seconds)
+        for item in self.dispatcher.drain_queue(code):
+            _claim(self._units[item.unit_id].future)
+            self._pending_delivery.append(self._close(item.unit_id, Outcome(
+                FAILED, "RoleStopped", f"role {name} exceeded its restart intensity")))
+        change = self.posture.hold("lane_death", _now_ms())
+        self._after_posture_change(change)
+
+    def _zygote_died(self) -> None:
+        """The fork server is gone: its workers die with it. Fail what they owed, start again."""
+        code = self.zygote.wait()
+        log.error("fleet %s: worker fork server exited (code %s); restarting it", self.name, code)
+        pids = dict(self._seat_of_pid)
+        for pid in pids:
+            _wait_gone(pid)
+        for pid, seat in pids.items():
+            self._seat_of_pid.pop(pid, None)
+            self._seat_died(seat, pid, -signal.SIGKILL)
+        if not self._closing:
+            self._pending_forks.clear()
+            self._start_zygote()
+            for seat in range(len(self.layout.seats)):
+                if not all(self.roles.code(r) in self._stopped_roles for r in self.layout.seats[seat].roles):
+                    self._fork(seat)
+
+    # ================================================================== timers
+    def _check_deadlines(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, unit_id = heapq.heappop(self._deadlines)
+            with self._lock:
+                slot = self.dispatcher.slot_of(unit_id)
+                if slot is None:
+                    continue  # already ended
+                seat = self.layout.seat_of(slot)
+                pid = self._pids.get(seat)
+                if pid is None:
+                    # Its worker is being (re)started: look again shortly.
+                    heapq.heappush(self._deadlines, (now + 0.01, unit_id))
+                    return
+                self._timed_out.add(unit_id)
+            log.warning("fleet %s: unit %d ran past its timeout; killing worker pid %d", self.name, unit_id, pid)
+            _kill(pid)
+
+    def _sample(self) -> None:
+        tick = self.sampler.tick()
+        if tick.transition is not None:
+            with self._lock:
+                self._after_posture_change(tick.transition)
+        self.ledger.publish(self.table)
+        with self._lock:
+            for code in range(len(self.roles)):
+                self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code))
+
+    def _after_posture_change(self, change) -> None:
+        """Publish the posture; on cordon, drain running deferrable slots (lock held)."""
+        self._publish_posture()
+        if change is None:
+            return
+        cordoned = self.posture.posture == fsm.CORDONED
+        if cordoned:
+            for spec in self.layout.slots:
+                role = self.roles[spec.role]
+                if role.cordon_class == "deferrable" and self.table.state(spec.index)[0] == fsm.RUNNING:
+                    self.table.transition(spec.index, fsm.DRAIN)
+        self._last_change = change
+        # (Not `self._pending_delivery.extend(self._dispatch())`: _dispatch swaps the list.)
+        granted = self._dispatch()
+        self._pending_delivery.extend(granted)
+
+    def _publish_posture(self) -> None:
+        p = self.posture
+        state = p.state
+        pol = p.policy
+        now = _now_ms()
+        self.table.set_posture(
+            p.posture,
+            cause=_cause_code(state, self._last_change),
+            since_ns=state.since_ms * 1_000_000,
+            enter_count=state.enter_count,
+            exit_count=state.exit_count,
+            cordoned_ns=int(posture_mod.cordoned_dwell_ms(state, now)) * 1_000_000,
+            suppressed=self.dispatcher.suppressed,
+            enter_events=pol.cordon_enter_events,
+            enter_window_ms=pol.cordon_enter_window_ms,
+            duty_ppm=int(round(pol.cordon_duty_percent * 10_000)),
+            duty_window_ms=pol.cordon_duty_window_ms,
+            exit_clean_ms=pol.cordon_exit_clean_ms,
+            intake_floor=pol.cordon_sim_intake_floor or 0,
+        )
+        floors = [pol.intake_floor(r.slots) for r in self.roles]
+        self.dispatcher.set_posture(p.posture, floors)
+
+    # ================================================================== operator
+    def posture_show(self) -> dict:
+        return self.posture.show(_now_ms())
+
+    def posture_set(self, patch: dict) -> dict:
+        """Retune the posture policy live (validated; a bad patch changes nothing)."""
+        with self._lock:
+            result = self.posture.retune(patch, _now_ms())
+            self._publish_posture()
+            done = self._dispatch()
+        _deliver(done)
+        return result
+
+    def drain(self) -> None:
+        """Take nothing new from the queues; in-flight units complete."""
+        with self._lock:
+            self._draining = True
+
+    def resume(self) -> None:
+        with self._lock:
+            self._draining = False
+            done = self._dispatch()
+        _deliver(done)
+
+    # ================================================================== shutdown
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closing = True
+            done = []
+            if cancel_futures:
+                for item in self.dispatcher.drain_queue():
+                    unit = self._units.pop(item.unit_id)
+                    unit.future.cancel()
+                    self.ledger.record(item.unit_id, FAILED, "Cancelled")
+            done.extend(self._dispatch())
+        _deliver(done)
+        self.data.bell.ring() if self.data is not None else None
+        if wait and self._thread is not None:
+            self._stopped.wait()
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Stop soon: queued units fail with Shutdown after `grace_s`; in-flight ones finish."""
+        with self._lock:
+            self._closing = True
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not self._idle() and not self._stopped.is_set():
+            time.sleep(0.01)
+        with self._lock:
+            done = []
+            for item in self.dispatcher.drain_queue():
+                _claim(self._units[item.unit_id].future)
+                done.append(self._close(item.unit_id, Outcome(FAILED, "Shutdown", "the fleet stopped before it ran")))
+        _deliver(done)
+        self.data.bell.ring()
+        self._stopped.wait()
+
+    def kill(self) -> None:
+        """Stop now: workers are killed; every unit still owed fails with Shutdown."""
+        with self._lock:
+            self._closing = True
+            self._fail_everything("Shutdown", "the fleet was stopped")
+        self.data.bell.ring()
+        self._stopped.wait()
+
+    def _fail_everything(self, reason: str, detail: str) -> None:
+        """Kill the workers, keep what they delivered, fail everything else with `reason`."""
+        with self._lock:
+            done = []
+            for item in self.dispatcher.drain_queue():
+                _claim(self._units[item.unit_id].future)
+                done.append(self._close(item.unit_id, Outcome(FAILED, reason, detail)))
+            pids = dict(self._pids)
+            for pid in pids.values():
+                _kill(pid)
+            for pid in pids.values():
+                _wait_gone(pid)
+            for seat in range(len(self.layout.seats)):
+                self._take_delivered(seat)
+                for unit_id, _slot in self.dispatcher.seat_lost(seat):
+                    done.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
+            done.extend(self._pending_delivery)
+            self._pending_delivery = []
+        _deliver(done)
+
+    def _atexit_close(self) -> None:
+        if not self._stopped.is_set() and self._thread is not None:
+            self.kill()
+
+    def _teardown(self, kill: bool = False) -> None:
+        """Stop the zygote and workers; remove the shared segments. Idempotent."""
+        if self.zygote is not None:
+            try:
+                self._zsock.setblocking(True)
+                self._zsock.sendall(b'{"op": "exit"}\n')
+            except OSError:
+                pass
+            try:
+                self.zygote.wait(5 if not kill else 0.5)
+            except subprocess.TimeoutExpired:
+                self.zygote.kill()
+                self.zygote.wait()
+            for pid in list(self._seat_of_pid):
+                _wait_gone(pid)
+            self._zsock.close()
+            self.zygote = None
+        if self.table is not None:
+            self.ledger.publish(self.table)
+            self.table.unlink()
+            self.table.close()
+            self.table = None
+        if self.data is not None:
+            self.data.unlink()
+            self.data.close()
+            self.data = None
+        if kill is False and self.ledger.tripped is None:
+            self.ledger.close()
+
+    # ================================================================== views
+    def ledger_counts(self):
+        return self.ledger.counts()
+
+    def pids(self) -> dict:
+        return dict(self._pids)
+
+
+# ---------------------------------------------------------------------- helpers
+def _deliver(done) -> None:
+    for item in done:
+        if item is None:
+            continue
+        future, value, error = item
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+
+
+def _claim(future: Future) -> bool:
+    """Mark a pending future running; False if its caller had cancelled it."""
+    if future.running() or future.done():
+        return not future.cancelled()
+    return future.set_running_or_notify_cancel()
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(pid: int, timeout: float = 5.0) -> None:
+    """Until `pid` is gone or a zombie (a worker is not our child: the zygote reaps it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    return
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        time.sleep(0.005)
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _cause_code(state, change) -> int:
+    """Index into table.layout.POSTURE_CAUSES for the posture's current cause."""
+    if "lane_death" in state.causes:
+        return 3
+    if state.posture != fsm.CORDONED:
+        return 0
+    reason = change.reason if change is not None else ""
+    if "operator" in reason:
+        return 4
+    return 2 if "duty" in reason else 1
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _call_weak(ref) -> None:
+    method = ref()
+    if method is not None:
+        method()

@@ -1,0 +1,68 @@
+"""Building real fleets for tests: configs, and a context that proves nothing is left behind."""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import psutil
+
+import fleet
+
+
+def role(handler: str, **fields) -> dict:
+    spec = {"kind": "pooled", "handler": f"tests.handlers:{handler}", "slots": 4, "peak_cpus": 1,
+            "queue_bound": 100_000}
+    spec.update(fields)
+    return spec
+
+
+def config(name: str, roles: dict, *, profile: str = "auto", restart=None, limits=None, posture=None) -> dict:
+    cfg = {"fleet": {"name": name, "profile": profile}, "roles": roles}
+    if restart:
+        cfg["restart"] = restart
+    if limits:
+        cfg["limits"] = limits
+    if posture:
+        cfg["posture"] = posture
+    return cfg
+
+
+def descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@contextlib.contextmanager
+def running(cfg: dict, **kwargs):
+    """A booted Fleet; on exit it is shut down and nothing of it may remain: no worker,
+    no zygote, no /dev/shm segment (checked even when the test body failed)."""
+    before = descendants()
+    f = fleet.Fleet.from_config(cfg, env={}, **kwargs)
+    ours = descendants() - before
+    try:
+        yield f
+    finally:
+        f.shutdown(wait=True, cancel_futures=True)
+        name = cfg["fleet"]["name"]
+        deadline = time.monotonic() + 10
+        while (ours & _alive()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not (ours & _alive()), f"processes left behind: {ours & _alive()}"
+        left = [p for p in os.listdir("/dev/shm") if p.startswith(f"fleet.{name}")]
+        assert not left, f"segments left behind: {left}"
+
+
+def _alive() -> set[int]:
+    out = set()
+    for p in psutil.process_iter(["pid", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.add(p.info["pid"])
+    return out
+
+
+def worker_pids(f, timeout: float = 30.0) -> set[int]:
+    """The pids of the fleet's workers, once every seat has one (restarts take a moment)."""
+    deadline = time.monotonic() + timeout
+    while len(f._sup.pids()) < len(f.layout.seats) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return set(f._sup.pids().values())

@@ -1,0 +1,84 @@
+"""Handlers the fleet tests name in their configs (``tests.handlers:NAME``)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from fleet import Suppress
+
+_WARM: dict = {}
+
+
+def noop(unit):
+    return None
+
+
+def echo(unit):
+    return unit.payload
+
+
+def square(unit):
+    return unit.payload * unit.payload
+
+
+def whoami(unit):
+    """(payload, pid): which worker process ran the unit."""
+    return unit.payload, os.getpid()
+
+
+def keyed(unit):
+    """Per-key warm state: how many units of this key this process has seen, and its pid."""
+    _WARM[unit.key] = _WARM.get(unit.key, 0) + 1
+    return unit.key, _WARM[unit.key], os.getpid()
+
+
+def fail(unit):
+    raise ValueError(f"bad payload {unit.payload!r}")
+
+
+def suppress(unit):
+    raise Suppress(f"nothing to do for {unit.payload!r}")
+
+
+def sometimes(unit):
+    """Solved, suppressed or failed by payload % 3: a corpus with every outcome."""
+    if unit.payload % 3 == 1:
+        raise Suppress("one")
+    if unit.payload % 3 == 2:
+        raise RuntimeError(f"two: {unit.payload}")
+    return unit.payload * 2
+
+
+def hang(unit):
+    time.sleep(unit.payload if unit.payload is not None else 3600)
+    return "woke"
+
+
+def die(unit):
+    os._exit(3)
+
+
+def unpicklable(unit):
+    return threading.Lock()
+
+
+def spin(unit):
+    """Burn about `payload` microseconds of CPU."""
+    end = time.perf_counter() + (unit.payload or 50) / 1e6
+    while time.perf_counter() < end:
+        pass
+    return None
+
+
+class Unpicklable(Exception):
+    def __init__(self, lock):
+        super().__init__("carries a lock")
+        self.lock = lock
+
+    def __reduce__(self):
+        raise TypeError("not picklable")
+
+
+def raise_unpicklable(unit):
+    raise Unpicklable(threading.Lock())

@@ -1,0 +1,245 @@
+"""The embedded Fleet end to end: real zygote, real workers, real shared memory."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import CancelledError
+
+import pytest
+
+import fleet
+from fleet import (
+    BadUnit,
+    FleetClosed,
+    PayloadTooLarge,
+    PayloadUnpicklable,
+    QueueFull,
+    RoleStopped,
+    UnitFailed,
+    UnitSuppressed,
+    UnknownRoleError,
+)
+from tests.fleets import config, role, running, worker_pids
+
+
+def test_submit_and_map_return_handler_results(fleet_name):
+    with running(config(fleet_name, {"work": role("square")})) as f:
+        assert f.submit("work", 7).result(30) == 49
+        assert list(f.map("work", range(50))) == [i * i for i in range(50)]
+        assert list(f.map("work", range(50), chunksize=7)) == [i * i for i in range(50)]
+        ledger = f.ledger()
+        # 1 + 50 units, and ceil(50 / 7) = 8 chunk units
+        assert (ledger["submitted"], ledger["solved"], ledger["failed"], ledger["inflight"]) == (59, 59, 0, 0)
+
+
+def test_handler_error_carries_its_traceback_and_exception(fleet_name):
+    with running(config(fleet_name, {"work": role("fail")})) as f:
+        with pytest.raises(UnitFailed) as info:
+            f.submit("work", "x").result(30)
+        outcome = info.value.outcome
+        assert (outcome.kind, outcome.reason) == ("failed", "HandlerError")
+        assert "ValueError: bad payload 'x'" in outcome.detail and "tests/handlers.py" in outcome.detail
+        assert isinstance(info.value.original, ValueError)
+        assert f.ledger()["failed_by_reason"] == {"HandlerError": 1}
+
+
+def test_an_exception_that_cannot_be_pickled_still_fails_with_its_text(fleet_name):
+    with running(config(fleet_name, {"work": role("raise_unpicklable")})) as f:
+        with pytest.raises(UnitFailed) as info:
+            f.submit("work").result(30)
+        assert info.value.reason == "HandlerError" and info.value.original is None
+        assert "carries a lock" in info.value.outcome.detail
+
+
+def test_suppress_ends_the_unit_suppressed(fleet_name):
+    with running(config(fleet_name, {"work": role("suppress")})) as f:
+        with pytest.raises(UnitSuppressed) as info:
+            f.submit("work", 5).result(30)
+        assert info.value.outcome.kind == "suppressed" and "nothing to do for 5" in info.value.outcome.detail
+        assert f.ledger()["suppressed"] == 1
+
+
+def test_unpicklable_result_fails_with_result_error(fleet_name):
+    with running(config(fleet_name, {"work": role("unpicklable")})) as f:
+        with pytest.raises(UnitFailed) as info:
+            f.submit("work").result(30)
+        assert info.value.reason == "ResultError" and "cannot be pickled" in info.value.outcome.detail
+        assert f.submit("work").exception(30).reason == "ResultError"  # and the worker lives on
+
+
+def test_timeout_kills_and_replaces_the_worker(fleet_name):
+    with running(config(fleet_name, {"work": role("hang"), "echo": role("echo")})) as f:
+        before = worker_pids(f)
+        with pytest.raises(UnitFailed) as info:
+            f.submit("work", 600, timeout=0.3).result(60)
+        assert info.value.reason == "Timeout"
+        assert f.submit("echo", "still here").result(60) == "still here"
+        assert worker_pids(f) and worker_pids(f).isdisjoint(before)
+
+
+def test_role_timeout_applies_without_a_unit_timeout(fleet_name):
+    with running(config(fleet_name, {"work": role("hang", timeout_s=0.3)})) as f:
+        assert f.submit("work", 600).exception(60).reason == "Timeout"
+
+
+def test_worker_exit_fails_its_unit_with_lane_death_and_is_replaced(fleet_name):
+    with running(config(fleet_name, {"die": role("die"), "echo": role("echo")})) as f:
+        error = f.submit("die").exception(60)
+        assert isinstance(error, UnitFailed) and error.reason == "LaneDeath"
+        assert "exit code 3" in error.outcome.detail
+        assert f.submit("echo", 1).result(60) == 1
+
+
+def test_payload_limits_and_bad_arguments_are_refused_at_submit(fleet_name):
+    cfg = config(fleet_name, {"work": role("echo"), "pin": role("keyed", kind="pinned")},
+                 limits={"max_payload_bytes": 1024})
+    with running(cfg) as f:
+        with pytest.raises(PayloadTooLarge, match="1024"):
+            f.submit("work", b"x" * 2000)
+        with pytest.raises(PayloadUnpicklable):
+            f.submit("work", lambda: None)
+        with pytest.raises(UnknownRoleError, match="'nope'"):
+            f.submit("nope")
+        with pytest.raises(BadUnit, match="takes no key"):
+            f.submit("work", 1, key="k")
+        with pytest.raises(BadUnit, match="needs key"):
+            f.submit("pin", 1)
+        with pytest.raises(BadUnit, match="timeout"):
+            f.submit("work", 1, timeout=-1)
+        with pytest.raises(BadUnit, match="priority"):
+            f.submit("work", 1, priority="high")
+        assert f.ledger()["submitted"] == 0  # nothing was queued
+
+
+def test_a_full_queue_refuses_loudly(fleet_name):
+    with running(config(fleet_name, {"work": role("hang", slots=1, queue_bound=3)})) as f:
+        futures = [f.submit("work", 600)]
+        deadline = time.monotonic() + 30
+        while f._sup.dispatcher.queued(0) and time.monotonic() < deadline:  # the first is granted
+            time.sleep(0.01)
+        futures += [f.submit("work", 600) for _ in range(3)]
+        with pytest.raises(QueueFull, match="3 units waiting"):
+            f.submit("work", 600)
+        f.shutdown(wait=False, cancel_futures=True)
+        for fut in futures[1:]:
+            with pytest.raises(CancelledError):
+                fut.result(30)
+        f._sup.kill()
+        assert futures[0].exception(30).reason == "Shutdown"
+
+
+def test_units_of_one_key_stay_on_one_pin_and_keep_warm_state(fleet_name):
+    cfg = config(fleet_name, {"solver": role("keyed", kind="pinned", slots=3, peak_cpus=2)}, profile="pinned")
+    with running(cfg) as f:
+        results = [f.submit("solver", None, key=f"bin{i % 3}").result(60) for i in range(30)]
+        by_key = {}
+        for key, count, pid in results:
+            by_key.setdefault(key, []).append((count, pid))
+        for key, seen in by_key.items():
+            assert [c for c, _ in seen] == list(range(1, 11)), key  # warm state survived every cycle
+            assert len({pid for _, pid in seen}) == 1, key  # on one process
+        pins = f._sup.dispatcher.pinned_keys(0)
+        assert set(pins) == {"bin0", "bin1", "bin2"} and len(set(pins.values())) == 3
+        snap = f._sup.table.snapshot()
+        assert {snap.slot(s)["state"] for s in pins.values()} == {"Pinned"}
+
+
+def test_a_new_key_rekeys_the_least_recently_used_idle_pin(fleet_name):
+    cfg = config(fleet_name, {"solver": role("keyed", kind="pinned", slots=2)})
+    with running(cfg) as f:
+        f.submit("solver", key="a").result(60)
+        f.submit("solver", key="b").result(60)
+        f.submit("solver", key="a").result(60)
+        assert f.submit("solver", key="c").result(60)[1] == 1
+        assert set(f._sup.dispatcher.pinned_keys(0)) == {"a", "c"}  # b was least recently used
+
+
+def test_shutdown_cancel_futures_cancels_what_is_queued(fleet_name):
+    with running(config(fleet_name, {"work": role("hang", slots=1)})) as f:
+        first = f.submit("work", 0.5)
+        queued = [f.submit("work", 0.01) for _ in range(5)]
+        f.shutdown(wait=True, cancel_futures=True)
+        assert first.result(0) == "woke"
+        assert all(q.cancelled() for q in queued)
+        ledger = f.ledger()
+        assert ledger["failed_by_reason"] == {"Cancelled": 5} and ledger["solved"] == 1
+        with pytest.raises(FleetClosed):
+            f.submit("work", 1)
+
+
+def test_shutdown_without_cancel_runs_everything_queued(fleet_name):
+    with running(config(fleet_name, {"work": role("square", slots=1)})) as f:
+        futures = [f.submit("work", i) for i in range(200)]
+        f.shutdown(wait=True)
+        assert [x.result(0) for x in futures] == [i * i for i in range(200)]
+
+
+def test_a_cancelled_future_is_not_run(fleet_name):
+    with running(config(fleet_name, {"work": role("hang", slots=1), "echo": role("echo")})) as f:
+        blocker = f.submit("work", 0.5)
+        victim = f.submit("work", 0.01)
+        assert victim.cancel()
+        assert blocker.result(30) == "woke"
+        assert f.submit("echo", 1).result(30) == 1
+        f.shutdown()
+        assert f.ledger()["failed_by_reason"] == {"Cancelled": 1}
+
+
+def test_restart_intensity_stops_the_role_and_cordons(fleet_name):
+    cfg = config(fleet_name, {"die": role("die", slots=1), "echo": role("echo")}, profile="pinned",
+                 restart={"max_restarts": 2, "within_seconds": 60})
+    with running(cfg) as f:
+        for _ in range(3):
+            assert f.submit("die").exception(60).reason == "LaneDeath"
+        deadline = time.monotonic() + 30
+        while 0 not in f._sup._stopped_roles and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(RoleStopped):
+            f.submit("die")
+        posture = f._sup.table.snapshot().posture_view()
+        assert (posture["state"], posture["cause"]) == ("Cordoned", "lane-death")
+        assert f.submit("echo", "other roles serve").result(60) == "other roles serve"
+
+
+def test_parity_serial_and_pinned_give_identical_outcomes(fleet_name):
+    def corpus(profile):
+        cfg = config(f"{fleet_name}-{profile}", {"work": role("sometimes", slots=8, peak_cpus=2)}, profile=profile)
+        with running(cfg) as f:
+            assert f.plan.binding == profile
+            futures = [f.submit("work", i) for i in range(300)]
+            out = []
+            for fut in futures:
+                exc = fut.exception(60)
+                out.append(("solved", fut.result()) if exc is None else (exc.outcome.kind, exc.outcome.reason))
+            return out, f.ledger()
+
+    serial, serial_ledger = corpus("serial")
+    pinned, pinned_ledger = corpus("pinned")
+    assert serial == pinned
+    assert serial_ledger == pinned_ledger
+    assert serial_ledger["suppressed"] == 100 and serial_ledger["failed_by_reason"] == {"HandlerError": 100}
+
+
+def test_status_and_table_show_the_plan_and_slots(fleet_name):
+    with running(config(fleet_name, {"work": role("square", slots=2)})) as f:
+        f.submit("work", 2).result(30)
+        status = f.status()
+        assert status["plan"]["fleet_booted"] is True
+        assert status["plan"]["binding"] == f.plan.binding
+        pids = {row["pid"] for row in status["census"]}
+        assert pids == worker_pids(f)
+
+
+def test_two_fleets_of_one_name_cannot_run(fleet_name):
+    from fleet.table import TableInUse
+
+    with running(config(fleet_name, {"work": role("echo")})):
+        with pytest.raises(TableInUse, match=str(os.getpid())):
+            fleet.Fleet.from_config(config(fleet_name, {"work": role("echo")}), env={})
+
+
+def test_a_handler_that_cannot_be_imported_is_a_config_error(fleet_name):
+    with pytest.raises(fleet.ConfigError, match="roles.work.handler"):
+        fleet.Fleet.from_config(config(fleet_name, {"work": role("nope")}), env={})
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"fleet.{fleet_name}")]
