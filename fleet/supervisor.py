@@ -93,8 +93,11 @@ class _Unit:
 class Supervisor:
     """One fleet: its table, data plane, zygote, workers, dispatcher and ledger."""
 
-    def __init__(self, config: FleetConfig, *, mode: str = "embedded", on_fuse=abort_process, cpus=None):
+    def __init__(self, config: FleetConfig, *, mode: str = "embedded", on_fuse=abort_process, cpus=None,
+                 socket_path: str | None = None):
         self.config = config
+        self.socket_path = socket_path
+        self.metrics = None
         self.name = config.name
         self.roles = config.roles
         self.mode = mode
@@ -161,7 +164,7 @@ class Supervisor:
             "started_ns": self.started_ns,
             "plan": plan["plan"],
             "budget": plan["budget"],
-            "socket": None,
+            "socket": self.socket_path,
         }
         meta.update(self.layout.to_meta())
         return meta
@@ -180,6 +183,14 @@ class Supervisor:
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         while self._pending_forks:
             self._read_zygote(block_until=deadline)
+        self._queue_bounds = [r.queue_bound for r in self.roles]
+        if self.config.metrics.enabled:
+            from .metrics import MetricsServer
+
+            m = self.config.metrics
+            self.metrics = MetricsServer(host=m.host, port=m.port, provider=self._snapshot_for_metrics).start()
+            self.run_observer = self.metrics.observe_run
+            log.info("fleet %s: metrics on %s", self.name, self.metrics.url)
         self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
         self._thread.start()
 
@@ -273,14 +284,25 @@ class Supervisor:
             if seat is not None:
                 self._seat_died(seat, msg["pid"], msg["status"])
 
+    def _snapshot_for_metrics(self):
+        table = self.table
+        if table is None:
+            raise FleetError(f"fleet {self.name!r} has stopped")
+        return table.snapshot()
+
     # ================================================================== submit
     def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
-               request_id=None, chunk: bool = False) -> Future:
+               request_id=None, chunk: bool = False, pickled_payload: bytes | None = None) -> Future:
+        """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
+        by a service-mode client; it travels to the worker as it is, never unpickled here."""
         code = self.roles.code(role)
         spec = self.roles.by_code(code)
         self._check_unit(spec, key, lane, priority, timeout, request_id)
         try:
-            body = pickle.dumps((payload, key, lane, request_id), protocol=pickle.HIGHEST_PROTOCOL)
+            if pickled_payload is not None:
+                body = pickle.dumps((_Pickled(pickled_payload), key, lane, request_id), protocol=pickle.HIGHEST_PROTOCOL)
+            else:
+                body = pickle.dumps((payload, key, lane, request_id), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
             raise PayloadUnpicklable(f"payload for role {role!r} cannot be pickled: {type(exc).__name__}: {exc}") from None
         limit = self.config.limits.max_payload_bytes
@@ -294,8 +316,9 @@ class Supervisor:
                 raise FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
             if code in self._stopped_roles:
                 raise RoleStopped(f"role {role!r} was stopped after repeated worker deaths; it takes no more work")
-            if self.dispatcher.queued(code) >= spec.queue_bound:
-                raise QueueFull(f"role {role!r} queue is full ({spec.queue_bound} units waiting)")
+            bound = self._queue_bounds[code]
+            if self.dispatcher.queued(code) >= bound:
+                raise QueueFull(f"role {role!r} queue is full ({bound} units waiting)")
             unit_id = next(self._ids)
             self._units[unit_id] = _Unit(future, code, body, flags, timeout)
             self.ledger.submitted(unit_id)
@@ -664,6 +687,34 @@ class Supervisor:
         _deliver(done)
         return result
 
+    def reload(self, config: FleetConfig) -> dict:
+        """Apply what can change on a live fleet (posture policy, queue bounds); report
+        what needs a restart. Nothing is applied if the posture policy is invalid."""
+        applied, restart = [], []
+        old = self.config
+        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics"):
+            if getattr(config, field) != getattr(old, field):
+                restart.append(field)
+        old_roles = {r.name: dataclasses.replace(r, queue_bound=0) for r in old.roles}
+        new_roles = {r.name: dataclasses.replace(r, queue_bound=0) for r in config.roles}
+        if old_roles != new_roles:
+            restart.append("roles")
+        with self._lock:
+            if config.posture != self.posture.policy:
+                patch = {k: v for k, v in config.posture.to_dict().items() if v != getattr(self.posture.policy, k)}
+                if patch:
+                    self.posture.retune(patch, _now_ms())
+                    self._publish_posture()
+                    applied.append("posture")
+            if "roles" not in restart:
+                bounds = [config.roles[r.name].queue_bound for r in self.roles]
+                if bounds != self._queue_bounds:
+                    self._queue_bounds = bounds
+                    applied.append("roles.*.queue_bound")
+            done = self._dispatch()
+        _deliver(done)
+        return {"applied": applied, "needs_restart": restart}
+
     def drain(self) -> None:
         """Take nothing new from the queues; in-flight units complete."""
         with self._lock:
@@ -756,6 +807,9 @@ class Supervisor:
                 _wait_gone(pid)
             self._zsock.close()
             self.zygote = None
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self.table is not None:
             self.ledger.publish(self.table)
             self.table.unlink()
@@ -772,11 +826,29 @@ class Supervisor:
     def ledger_counts(self):
         return self.ledger.counts()
 
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
     def pids(self) -> dict:
         return dict(self._pids)
 
 
 # ---------------------------------------------------------------------- helpers
+class _Pickled:
+    """A payload pickled by a remote client: the worker unpickles it, nobody else."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __reduce__(self):
+        return (_Pickled, (self.data,))
+
+    def load(self):
+        return pickle.loads(self.data)
+
+
 def _deliver(done) -> None:
     for item in done:
         if item is None:

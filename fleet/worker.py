@@ -99,6 +99,8 @@ class Worker:
     def _run_one(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
         try:
             payload, key, lane, request_id = pickle.loads(body)
+            if type(payload).__name__ == "_Pickled":
+                payload = payload.load()  # a service-mode client's payload, pickled at its end
             value = self.handlers[role](self._unit(unit_id, role, payload, key, lane, request_id))
         except Suppress as exc:
             return M.ST_SUPPRESSED, str(exc.reason).encode()
