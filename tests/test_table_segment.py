@@ -219,3 +219,9 @@ def test_corrupt_metadata_is_a_typed_error(fleet_name):
         t.segment.mm[off : off + 1] = b"?"
         with pytest.raises(TableCorrupt, match="metadata"):
             SlotTable.attach(fleet_name).meta
+
+
+def test_a_segment_shorter_than_a_header_is_corrupt(fleet_name):
+    _raw_segment(fleet_name, 64)
+    with pytest.raises(TableCorrupt, match="64 bytes"):
+        SlotTable.attach(fleet_name)

@@ -245,9 +245,10 @@ def attach(name: str, *, writable: bool = False) -> Segment:
         raise TableNotFound(f"fleet {name!r} is not running (no table {seg_name})") from None
     except posix_ipc.PermissionsError as exc:
         raise TableError(f"cannot open table {seg_name}: {exc}") from None
-    if shm.size < L.HEADER_SIZE:
+    size = shm.size  # read before close_fd: posix_ipc asks the fd
+    if size < L.HEADER_SIZE:
         shm.close_fd()
-        raise TableCorrupt(f"table {seg_name} is {shm.size} bytes, smaller than a header")
+        raise TableCorrupt(f"table {seg_name} is {size} bytes, smaller than a header")
     mm = _map(shm, writable=writable)
     try:
         header = _header_view(mm)
