@@ -4,7 +4,7 @@ The public face is re-exported here; everything else may move.
 """
 from .budget import BelowHostFloor, BudgetOverQuota, BudgetOverrides, FleetBudget, QuotaTooSmallForPinnedRoles
 from .config import FleetConfig, load_config
-from .errors import BootRefused, ConfigError, FleetError
+from .errors import BootRefused, ConfigError, FleetError, NotRunning
 from .plan import TierPlan
 from .posture import PostureOwner, PosturePolicy, PostureRetuneError
 from .roles import REFERENCE_ROLES, Role, RoleSet, UnknownRoleError
@@ -24,12 +24,15 @@ from .unit import (
     UnitSuppressed,
 )
 from .executor import Fleet
+from .client import Client, FleetConnectionLost, connect
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BadUnit",
+    "Client",
     "Fleet",
+    "FleetConnectionLost",
     "FleetClosed",
     "Outcome",
     "PayloadTooLarge",
@@ -59,6 +62,8 @@ __all__ = [
     "RoleSet",
     "TierPlan",
     "UnknownRoleError",
+    "NotRunning",
+    "connect",
     "load_config",
     "__version__",
 ]

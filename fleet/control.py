@@ -25,7 +25,23 @@ Threads. `ControlServer` reads and validates on its own threads, then hands each
 validated `Call` to a dispatch callback that returns a Future. The daemon passes
 `CallQueue.submit` so every op runs on the main loop that owns the state (the loop
 calls `CallQueue.run_pending`); the server thread only waits for the Future, with a
-timeout. Nothing here changes daemon state from a server thread.
+timeout. Nothing here changes daemon state from a server thread. A *blocking* op
+(``Op.blocking``, i.e. ``collect``) is the one exception to "ops run on the main
+loop": it waits for something to happen, so the daemon's dispatch does not queue it
+to the loop; its ``execute`` returns at once with a Future that the daemon resolves
+later, and only the connection's own thread waits on it.
+
+Result delivery (service mode). ``submit`` admits a unit and replies at once with
+its unit id. A client that wants outcomes passes a ``token`` (a random string it
+keeps for its life) and a ``seq`` (its own number for the unit); the daemon holds
+each outcome under the token until the client fetches it with ``collect``, a long
+poll that returns every outcome ready for the token (or an empty list after its
+``timeout``). A reply never exceeds `COLLECT_REPLY_BUDGET`: outcomes beyond it wait
+for the next ``collect`` (the reply says ``"more": true``), and one value too large
+for a reply travels in consecutive ``part``s that the client joins. Outcomes held
+for a token are bounded (bytes, and time since the token was last seen); past the
+bound the daemon drops them, logs it, and answers that token's next ``collect``
+with ``OutcomesDropped`` so the client fails its pending futures loudly.
 """
 from __future__ import annotations
 
@@ -54,6 +70,7 @@ from .errors import (
     EXIT_CONFIG,
     EXIT_FAILURE,
     EXIT_NO_PERMISSION,
+    EXIT_NOT_RUNNING,
     EXIT_USAGE,
     FleetError,
     NotRunning,
@@ -66,15 +83,19 @@ __all__ = [
     "Arg",
     "Call",
     "CallQueue",
+    "COLLECT_MAX_WAIT_S",
+    "COLLECT_REPLY_BUDGET",
     "ControlClient",
     "ControlError",
     "ControlHandler",
     "ControlServer",
     "ControlTimeout",
+    "FleetConnectionLost",
     "InvalidFleetName",
     "NotRunning",
     "Op",
     "OpRegistry",
+    "OutcomesDropped",
     "Peer",
     "PermissionDenied",
     "ProtocolError",
@@ -94,6 +115,7 @@ __all__ = [
     "socket_candidates",
     "socket_path",
     "validate_fleet_name",
+    "with_blocking_ops",
 ]
 
 log = logging.getLogger("fleet.control")
@@ -171,6 +193,18 @@ class ControlTimeout(ControlError):
 
 class ShuttingDown(ControlError):
     """The daemon is stopping and takes no more control requests."""
+
+
+class FleetConnectionLost(ControlError):
+    """A service-mode client lost its daemon (it died, or the socket broke) before an
+    outcome arrived: every future still pending fails with this, none is left hanging."""
+
+    exit_code = EXIT_NOT_RUNNING
+
+
+class OutcomesDropped(FleetConnectionLost):
+    """The daemon dropped outcomes held for a client token that was not collected in time
+    or held more than its bound (see `CollectOp`): the client's pending futures fail."""
 
 
 class InvalidFleetName(FleetError, ValueError):
@@ -494,12 +528,22 @@ class ControlHandler(Protocol):
         priority: int,
         timeout: float | None,
         request_id: str | None,
+        token: str | None = None,
+        seq: int | None = None,
+        chunk: bool = False,
     ) -> Any:
         """Admit one unit. ``payload`` is pickled bytes when ``encoding == "pickle"``,
-        else the decoded JSON value. Returns e.g. the unit id."""
+        else the decoded JSON value. With a ``token`` the outcome is held for
+        `collect` under that token, tagged with ``seq``. ``chunk``: the payload is a
+        list of items run as one unit (``Fleet.map`` with chunksize > 1). Returns e.g.
+        the unit id."""
 
     def ledger(self) -> Any:
         """The ledger counters: submitted, solved, suppressed, failed by reason."""
+
+    def collect(self, *, token: str, timeout: float) -> Future:
+        """The outcomes held for ``token``: a Future resolved, without blocking the
+        caller, as soon as one is ready or after ``timeout`` seconds (then empty)."""
 
 
 # ----------------------------------------------------------------------------- ops
@@ -509,11 +553,15 @@ class Op:
     """One command: both its halves. Subclass, set the class attributes, register in `OPS`.
 
     Class attributes: ``name`` (the wire name), ``mutating`` (needs the daemon's uid
-    or root), ``summary`` (one line for help), ``schema`` (``{arg: Arg}``).
+    or root), ``blocking`` (a long poll, kept off the main loop), ``summary`` (one
+    line for help), ``schema`` (``{arg: Arg}``).
     """
 
     name: ClassVar[str]
     mutating: ClassVar[bool] = False
+    #: A blocking op waits for an event (a long poll). Its `execute` must return a
+    #: Future at once instead of a value; the daemon dispatches it off the main loop.
+    blocking: ClassVar[bool] = False
     summary: ClassVar[str] = ""
     schema: ClassVar[Mapping[str, Arg]] = {}
 
@@ -692,12 +740,21 @@ class SubmitOp(Op):
         "priority": Arg((int,), default=0),
         "timeout": Arg((float, type(None)), doc="seconds"),
         "request_id": Arg((str, type(None)), doc="idempotency id"),
+        "token": Arg((str, type(None)), doc="hold the outcome for `collect` under this client token"),
+        "seq": Arg((int, type(None)), doc="the client's number for the unit, echoed in its outcome"),
+        "chunk": Arg((bool,), default=False, doc="the payload is a list of items run as one unit"),
     }
 
     def to_wire(self, **args: Any) -> dict[str, Any]:
-        """Callers pass any Python ``payload``; it is pickled unless ``encoding="json"``."""
-        args.setdefault("encoding", "pickle")
-        if args["encoding"] == "pickle" and "payload" in args:
+        """Callers pass any Python ``payload``; it is pickled unless ``encoding="json"``.
+
+        ``pickled=<bytes>`` in place of ``payload`` sends bytes the caller pickled
+        already (a client that measures a payload before sending it).
+        """
+        if "pickled" in args:
+            args["payload"] = base64.b64encode(args.pop("pickled")).decode("ascii")
+            args["encoding"] = "pickle"
+        elif args.setdefault("encoding", "pickle") == "pickle" and "payload" in args:
             raw = pickle.dumps(args["payload"], protocol=pickle.HIGHEST_PROTOCOL)
             args["payload"] = base64.b64encode(raw).decode("ascii")
         return super().to_wire(**args)
@@ -709,6 +766,12 @@ class SubmitOp(Op):
             raise self._bad(f"encoding must be one of {', '.join(self.ENCODINGS)}, got {args['encoding']!r}")
         if args["timeout"] is not None and not args["timeout"] > 0:
             raise self._bad(f"timeout must be > 0 seconds, got {args['timeout']!r}")
+        if args["token"] is not None and not _TOKEN.fullmatch(args["token"]):
+            raise self._bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
+        if args["seq"] is not None and args["token"] is None:
+            raise self._bad("seq tags an outcome held for a token: give token too")
+        if args["chunk"] and args["encoding"] != "pickle":
+            raise self._bad("a chunk travels pickled: use encoding pickle")
         if args["encoding"] == "pickle":
             if not isinstance(args["payload"], str):
                 raise self._bad(f"a pickle payload must be a base64 string, got {_json_type(args['payload'])}")
@@ -719,6 +782,52 @@ class SubmitOp(Op):
 
     def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
         return handler.submit(**args)
+
+
+#: Longest a `collect` may wait: below ControlServer's default reply_timeout (30 s),
+#: so a long poll always ends with an answer, never with the server's Timeout.
+COLLECT_MAX_WAIT_S = 20.0
+#: Most bytes of outcomes one `collect` reply carries (well under MAX_FRAME).
+COLLECT_REPLY_BUDGET = 768 * 1024
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{8,128}")
+
+
+@OPS.register
+class CollectOp(Op):
+    """Long-poll the outcomes held for a client token (see "Result delivery" above).
+
+    Reply: ``{"outcomes": [...], "more": bool, "closing": bool}``. Each outcome is
+    ``{"seq", "unit", "role", "kind", ...}``: a solved one carries ``value`` (base64
+    of the pickled value; with ``part``/``parts`` when split across replies), a
+    failed or suppressed one ``reason``, ``detail`` and, when it could be pickled,
+    ``error`` (base64 of the handler's exception). ``more``: outcomes are still
+    waiting beyond this reply's budget. ``closing``: the daemon is stopping and
+    takes no more units. Mutating: collecting consumes the held outcomes, and only
+    a uid that may submit has any.
+    """
+
+    name = "collect"
+    mutating = True
+    blocking = True
+    summary = "Fetch the outcomes held for a client token, waiting up to timeout seconds."
+    schema = {
+        "token": Arg((str,), required=True, doc="the client token given at submit"),
+        "timeout": Arg((float,), default=10.0, doc=f"seconds to wait, 0-{COLLECT_MAX_WAIT_S:g}"),
+    }
+
+    def check(self, args: dict[str, Any]) -> None:
+        if not _TOKEN.fullmatch(args["token"]):
+            raise self._bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
+        if not 0 <= args["timeout"] <= COLLECT_MAX_WAIT_S:
+            raise self._bad(f"timeout must be between 0 and {COLLECT_MAX_WAIT_S:g} seconds, got {args['timeout']!r}")
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Future:
+        return handler.collect(token=args["token"], timeout=float(args["timeout"]))
+
+    def format(self, result: Any) -> str:
+        outcomes = result.get("outcomes", []) if isinstance(result, dict) else []
+        return f"{len(outcomes)} outcome(s)" + (", more waiting" if result.get("more") else "")
 
 
 # ------------------------------------------------------------------ calls, queueing
@@ -769,6 +878,30 @@ def inline_dispatch(handler: ControlHandler) -> Callable[[Call], Future]:
         return fut
 
     return dispatch
+
+
+def with_blocking_ops(handler: ControlHandler, dispatch: Callable[[Call], Future]) -> Callable[[Call], Future]:
+    """A dispatch that keeps blocking ops (``Op.blocking``, a long poll) off ``dispatch``.
+
+    A blocking op's `execute` returns a Future at once; it is handed straight back to
+    the server, whose connection thread waits on it, so a long poll never occupies
+    the loop that owns the state. Every other call goes to ``dispatch`` (normally
+    `CallQueue.submit`).
+    """
+
+    def route(call: Call) -> Future:
+        if not call.op.blocking:
+            return dispatch(call)
+        try:
+            fut = call.run(handler)
+        except Exception as exc:  # delivered to the waiter as the reply
+            fut = Future()
+            fut.set_exception(exc)
+        if not isinstance(fut, Future):
+            raise TypeError(f"blocking op {call.op.name} returned {type(fut).__name__}, not a Future")
+        return fut
+
+    return route
 
 
 class CallQueue:

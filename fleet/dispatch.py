@@ -86,6 +86,7 @@ class _Slot:
     key_id: int = 0
     claimed: bool = False  # a pin is claimed or held (Leased/Running/Pinned for the key)
     last_used: int = 0
+    pooled: bool = False  # its role is pooled: while empty it waits in the role's free list
 
 
 class _PriorityQueue:
@@ -169,6 +170,13 @@ class Dispatcher:
         self.pin_depth = pin_depth
         self._slots = [_Slot(s.index, roles.code(s.role), s.seat) for s in seat_layout.slots]
         self._role_slots = [[s for s in self._slots if s.role == code and s.seat != NO_SEAT] for code in range(len(roles))]
+        # Free pooled slots per role, in layout order (which alternates seats): O(1) grants.
+        self._free = [deque() for _ in roles]
+        for code, slots in enumerate(self._role_slots):
+            if roles.by_code(code).kind == "pooled":
+                for slot in slots:
+                    slot.pooled = True
+                    self._free[code].append(slot)
         self._queues = [_RoleQueue(keyed=r.kind in ("pinned", "singleton")) for r in roles]
         self._order = sorted(range(len(roles)), key=lambda c: (precedence(roles.by_code(c)), c))
         self._in_use = [0] * len(roles)
@@ -231,12 +239,12 @@ class Dispatcher:
         return allowed
 
     def _grant_pooled(self, code: int, queue: _RoleQueue, out: list) -> None:
-        for slot in self._role_slots[code]:
-            if slot.inflight:
-                continue
+        free = self._free[code]
+        while free:
             item = self._next_live(queue.plain, queue)
             if item is None or not self._posture_allows(code, item, True):
                 return
+            slot = free.popleft()
             queue.plain.pop()
             queue.n -= 1
             out.append(self._take(slot, item, fsm.START, ((fsm.LEASE, code, 0),)))
@@ -325,6 +333,8 @@ class Dispatcher:
             slot.inflight.remove(unit_id)
         if not slot.inflight:
             self._in_use[slot.role] -= 1
+            if slot.pooled:
+                self._free[slot.role].append(slot)
         if final_state == fsm.IDLE and not slot.inflight:
             slot.claimed, slot.pin_key = False, None  # drained or released: the pin is gone
         return slot.index
@@ -340,6 +350,8 @@ class Dispatcher:
                 del self._where[unit_id]
             if slot.inflight:
                 self._in_use[slot.role] -= 1
+                if slot.pooled:
+                    self._free[slot.role].append(slot)
             slot.inflight.clear()
             slot.claimed, slot.pin_key = False, None
         return owed

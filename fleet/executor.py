@@ -16,7 +16,7 @@ import collections
 import os
 import time
 from concurrent.futures import Executor, Future
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from . import messages as M
 from .config import FleetConfig, load_config
@@ -79,47 +79,10 @@ class Fleet(Executor):
         A failed or suppressed item raises its UnitFailed / UnitSuppressed when the
         iteration reaches it. `timeout` bounds the whole iteration (TimeoutError).
         """
-        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
-            raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        items = iter(iterable)
-        window = max(1, min(MAP_WINDOW, self._sup.roles[role].queue_bound))
-        pending: collections.deque = collections.deque()
-
-        def feed() -> bool:
-            if chunksize == 1:
-                for payload in items:
-                    pending.append(self._sup.submit(role, payload, lane=lane))
-                    return True
-                return False
-            chunk = [payload for _, payload in zip(range(chunksize), items)]
-            if chunk:
-                pending.append(self._sup.submit(role, chunk, lane=lane, chunk=True))
-            return bool(chunk)
-
-        more = True
-        while more and len(pending) < window:
-            more = feed()
-        return self._results(role, pending, feed, more, chunksize, deadline)
-
-    def _results(self, role, pending, feed, more, chunksize, deadline):
-        try:
-            while pending:
-                future = pending.popleft()
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if chunksize == 1:
-                    yield future.result(left)
-                else:
-                    exc = future.exception(left)
-                    if exc is not None:
-                        raise exc
-                    for status, value in future.result():
-                        yield _item(role, status, value)
-                while more and len(pending) < self._window(role):
-                    more = feed()
-        finally:
-            for future in pending:
-                future.cancel()
+        return map_units(
+            lambda payload, chunk: self._sup.submit(role, payload, lane=lane, chunk=chunk),
+            role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role),
+        )
 
     def _window(self, role) -> int:
         return max(1, min(MAP_WINDOW, self._sup.roles[role].queue_bound))
@@ -151,9 +114,66 @@ class Fleet(Executor):
         return f"<Fleet {self.name!r} binding={self._sup.plan.binding} seats={len(self._sup.layout.seats)}>"
 
 
+def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Iterable, *, chunksize: int = 1,
+              timeout: float | None = None, window: Callable[[], int] = lambda: MAP_WINDOW) -> Iterator:
+    """`Executor.map` over units, shared by the embedded `Fleet` and the service-mode client.
+
+    ``submit(payload, chunk)`` queues one unit (``chunk=True``: the payload is a list
+    of items run as one unit, whose value is a list of ``(status, value)``) and
+    returns its Future. At most ``window()`` units are kept submitted ahead of the
+    caller. The first window is submitted before this returns, so a refusal (e.g.
+    QueueFull, an unknown role) raises here rather than at the first ``next()``.
+    Leaving the iteration early cancels the units not yet started.
+    """
+    if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+        raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    items = iter(iterable)
+    pending: collections.deque = collections.deque()
+
+    def feed() -> bool:
+        if chunksize == 1:
+            for payload in items:
+                pending.append(submit(payload, False))
+                return True
+            return False
+        chunk = [payload for _, payload in zip(range(chunksize), items)]
+        if chunk:
+            pending.append(submit(chunk, True))
+        return bool(chunk)
+
+    more = True
+    while more and len(pending) < max(1, window()):
+        more = feed()
+    return _results(role, pending, feed, more, chunksize, deadline, window)
+
+
+def _results(role, pending, feed, more, chunksize, deadline, window):
+    try:
+        while pending:
+            future = pending.popleft()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if chunksize == 1:
+                yield future.result(left)
+            else:
+                exc = future.exception(left)
+                if exc is not None:
+                    raise exc
+                values, failures = future.result()
+                if not failures:
+                    yield from values
+                else:
+                    for i, value in enumerate(values):
+                        yield _item(role, *failures[i]) if i in failures else value
+            while more and len(pending) < max(1, window()):
+                more = feed()
+    finally:
+        for future in pending:
+            future.cancel()
+
+
 def _item(role: str, status: int, value):
-    if status == M.ST_SOLVED:
-        return value
+    """Raise the error of a chunk item that did not solve."""
     if status == M.ST_SUPPRESSED:
         raise error_for(0, role, Outcome(SUPPRESSED, None, value))
     text, original = value

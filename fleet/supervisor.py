@@ -73,6 +73,9 @@ SAMPLE_EVERY_S = 0.25
 BOOT_TIMEOUT_S = 120.0
 
 
+_SOLVED = Outcome(SOLVED)
+
+
 class WorkerStartError(BootRefused):
     """The worker fork server could not start (it says why)."""
 
@@ -320,6 +323,7 @@ class Supervisor:
             if self.dispatcher.queued(code) >= bound:
                 raise QueueFull(f"role {role!r} queue is full ({bound} units waiting)")
             unit_id = next(self._ids)
+            future.unit_id = unit_id  # fleetd replies to a remote submit with it
             self._units[unit_id] = _Unit(future, code, body, flags, timeout)
             self.ledger.submitted(unit_id)
             self.dispatcher.enqueue(Pending(unit_id, code, key, priority))
@@ -474,17 +478,17 @@ class Supervisor:
         """(Outcome, value, original exception) from a result message."""
         if status == M.ST_SOLVED:
             try:
-                return Outcome(SOLVED), pickle.loads(body), None
+                return _SOLVED, pickle.loads(body), None
             except Exception as exc:  # noqa: BLE001 - e.g. a class the caller's process cannot import
                 return Outcome(FAILED, "ResultError", f"result cannot be unpickled here: {exc}"), None, None
         if status == M.ST_CHUNK:
-            items = pickle.loads(body)
-            kinds = {st for st, _ in items}
+            values, failures = chunk = pickle.loads(body)
+            kinds = {st for st, _ in failures.values()}
             if M.ST_HANDLER_ERROR in kinds:
-                return Outcome(FAILED, "HandlerError", "an item of the chunk failed"), items, None
+                return Outcome(FAILED, "HandlerError", "an item of the chunk failed"), chunk, None
             if M.ST_SUPPRESSED in kinds:
-                return Outcome(SUPPRESSED, None, "an item of the chunk was suppressed"), items, None
-            return Outcome(SOLVED), items, None
+                return Outcome(SUPPRESSED, None, "an item of the chunk was suppressed"), chunk, None
+            return _SOLVED, chunk, None
         if status == M.ST_SUPPRESSED:
             return Outcome(SUPPRESSED, None, bytes(body).decode(errors="replace")), None, None
         if status == M.ST_HANDLER_ERROR:
@@ -695,8 +699,9 @@ class Supervisor:
         for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics"):
             if getattr(config, field) != getattr(old, field):
                 restart.append(field)
-        old_roles = {r.name: dataclasses.replace(r, queue_bound=0) for r in old.roles}
-        new_roles = {r.name: dataclasses.replace(r, queue_bound=0) for r in config.roles}
+        # Compare roles with the one live field masked (1: a Role refuses a bound below 1).
+        old_roles = {r.name: dataclasses.replace(r, queue_bound=1) for r in old.roles}
+        new_roles = {r.name: dataclasses.replace(r, queue_bound=1) for r in config.roles}
         if old_roles != new_roles:
             restart.append("roles")
         with self._lock:

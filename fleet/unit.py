@@ -8,15 +8,14 @@ raises `UnitFailed` or `UnitSuppressed`, both carrying the unit's `Outcome`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Hashable, NamedTuple
 
 from .errors import FleetError
 from .outcomes import FAILED, SUPPRESSED
 
 
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """What a handler receives.
+class Unit(NamedTuple):
+    """What a handler receives (immutable; a NamedTuple because workers build one per item).
 
     Attributes:
         id: the fleet-wide unit id (unique for the life of the fleet).

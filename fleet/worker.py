@@ -71,7 +71,7 @@ class Worker:
     # --- one unit ---------------------------------------------------------------------
     def _task(self, head: tuple, body) -> None:
         unit_id, slot, key_id, role, start_event, flags = head
-        reason = self.table.transition(slot, start_event, role, key_id)
+        reason = self.table.start_unit(slot, start_event, role, key_id, unit_id)
         if reason == fsm.R_CORDONED:
             self.held.append((head, bytes(body)))
             return
@@ -80,7 +80,6 @@ class Worker:
             log.error("unit %d: %s", unit_id, text)
             self._send(unit_id, slot, M.ST_START_REFUSED, self._state(slot), 0.0, text.encode())
             return
-        self.table.note_unit(slot, unit_id)
         if flags & M.F_TIMED:
             self.results.send(M.STARTED, M.STARTED_HEAD.pack(unit_id, slot))
             self.bell.ring()
@@ -109,31 +108,34 @@ class Worker:
         return _result_body(value)
 
     def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
+        """Run every item of a chunk: (values, {index: (status, detail)} for items that did
+        not solve). A flat list of values pickles far faster than per-item tuples."""
         try:
             payloads, key, lane, request_id = pickle.loads(body)
+            if type(payloads).__name__ == "_Pickled":
+                payloads = payloads.load()  # a service-mode client's chunk, pickled at its end
         except BaseException as exc:  # noqa: BLE001
             return M.ST_HANDLER_ERROR, _error_body(exc)
-        handler = self.handlers[role]
-        items = []
-        for payload in payloads:
+        handler, name = self.handlers[role], self.roles.by_code(role).name
+        values, failures = [], {}
+        for i, payload in enumerate(payloads):
             try:
-                items.append((M.ST_SOLVED, handler(self._unit(unit_id, role, payload, key, lane, request_id))))
+                values.append(handler(Unit(unit_id, name, payload, key, lane, request_id)))
             except Suppress as exc:
-                items.append((M.ST_SUPPRESSED, str(exc.reason)))
+                values.append(None)
+                failures[i] = (M.ST_SUPPRESSED, str(exc.reason))
             except BaseException as exc:  # noqa: BLE001
-                items.append((M.ST_HANDLER_ERROR, (_traceback(exc), _picklable(exc))))
-        status, out = _result_body(items)
+                values.append(None)
+                failures[i] = (M.ST_HANDLER_ERROR, (_traceback(exc), _picklable(exc)))
+        status, out = _result_body((values, failures))
         return (M.ST_CHUNK, out) if status == M.ST_SOLVED else (status, out)
 
     def _finish(self, slot: int, role: int) -> int:
         """End the slot's unit; returns the slot's state afterwards."""
-        event = self._completion[role]
-        reason = self.table.transition(slot, event, role)
-        if reason == fsm.R_ILLEGAL and self._state(slot) == fsm.DRAINING:
-            reason = self.table.transition(slot, fsm.DRAINED, role)
+        reason, state = self.table.finish_unit(slot, self._completion[role], role)
         if reason != fsm.OK:
             log.error("slot %d: completion refused: %s", slot, fsm.REASON_NAMES[reason])
-        return self._state(slot)
+        return state
 
     def _state(self, slot: int) -> int:
         return self.table.state(slot)[0]

@@ -612,11 +612,13 @@ def test_decode_request_enforces_the_frame_limit():
     assert c.decode_request(b'{"op":"ping"}  ', max_frame=15).op == "ping"
 
 
-def test_exactly_the_four_changing_ops_are_mutating():
+def test_exactly_the_changing_ops_are_mutating():
     mutating = {name for name in c.OPS.names() if c.OPS.get(name).mutating}
-    assert mutating == {"posture_set", "drain", "resume", "submit"}
+    # collect consumes the outcomes held for a token, and only a uid that may submit has any
+    assert mutating == {"posture_set", "drain", "resume", "submit", "collect"}
     assert set(c.OPS.names()) == {"ping", "status", "posture_show", "posture_set", "drain", "resume",
-                                  "submit", "ledger"}
+                                  "submit", "ledger", "collect"}
+    assert {name for name in c.OPS.names() if c.OPS.get(name).blocking} == {"collect"}
 
 
 def test_registry_rejects_a_duplicate_op():

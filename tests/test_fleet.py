@@ -243,3 +243,26 @@ def test_a_handler_that_cannot_be_imported_is_a_config_error(fleet_name):
     with pytest.raises(fleet.ConfigError, match="roles.work.handler"):
         fleet.Fleet.from_config(config(fleet_name, {"work": role("nope")}), env={})
     assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"fleet.{fleet_name}")]
+
+
+def test_map_with_chunks_raises_at_the_item_that_did_not_solve(fleet_name):
+    with running(config(fleet_name, {"work": role("sometimes")})) as f:
+        it = f.map("work", [0, 3, 6, 1, 9], chunksize=2)
+        assert [next(it), next(it), next(it)] == [0, 6, 12]
+        with pytest.raises(UnitSuppressed):
+            next(it)
+        it = f.map("work", [0, 2], chunksize=2)
+        assert next(it) == 0
+        with pytest.raises(UnitFailed) as info:
+            next(it)
+        assert info.value.reason == "HandlerError" and "RuntimeError: two: 2" in info.value.outcome.detail
+        ledger = f.ledger()
+        # chunk units: [0,3] solved, [6,1] suppressed, [9] solved, [0,2] failed
+        assert (ledger["solved"], ledger["suppressed"], ledger["failed"]) == (2, 1, 1)
+
+
+def test_a_unit_is_an_immutable_named_record(fleet_name):
+    unit = fleet.Unit(7, "work", payload={"a": 1}, key=None, lane="batch")
+    assert (unit.id, unit.role, unit.payload, unit.lane, unit.request_id) == (7, "work", {"a": 1}, "batch", None)
+    with pytest.raises(AttributeError):
+        unit.payload = 2

@@ -69,6 +69,8 @@ _OK, _R_ILLEGAL, _R_WRONG_ROLE, _R_WRONG_KIND = fsm.OK, fsm.R_ILLEGAL, fsm.R_WRO
 _R_KEY_MISMATCH, _R_CORDONED, _R_BAD_SLOT = fsm.R_KEY_MISMATCH, fsm.R_CORDONED, fsm.R_BAD_SLOT
 _R_BAD_EVENT, _R_BAD_ROLE, _R_BAD_KEY, _R_STALE = fsm.R_BAD_EVENT, fsm.R_BAD_ROLE, fsm.R_BAD_KEY, fsm.R_STALE
 _P_STATE = L.P_STATE
+_S_UNIT, _S_DONE = L.S_UNIT, L.S_DONE
+_DRAINING, _DRAINED = fsm.DRAINING, fsm.DRAINED
 _R_KIND, _R_CLASS = L.R_KIND, L.R_CLASS
 
 
@@ -165,6 +167,31 @@ def apply_batch(slots, roles, n_roles, posture, slot_ids, events, role_ids, keys
 
 
 @njit(cache=True, nogil=True, _nrt=False)
+def start_unit(slots, roles, n_roles, posture, slot, event, role, key, unit_id):
+    """A worker begins a unit: START or RESUME, then record the unit id. One call."""
+    reason = apply_transition(slots, roles, n_roles, posture, slot, event, role, key, -1)
+    if reason == _OK:
+        store_release(slots, slot * SLOT_FIELDS + _S_UNIT, np.uint64(unit_id))
+    return reason
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def finish_unit(slots, roles, n_roles, posture, slot, event, role):
+    """A worker ends a unit with its role's completion event — DRAINED instead when the
+    supervisor drained the slot meanwhile — and counts it. Returns reason * 16 + the
+    slot's state afterwards (one call instead of three)."""
+    reason = apply_transition(slots, roles, n_roles, posture, slot, event, role, 0, -1)
+    if reason == _R_ILLEGAL:
+        if np.int64(load_acquire(slots, slot * SLOT_FIELDS) & _STATE_MASK) == _DRAINING:
+            reason = apply_transition(slots, roles, n_roles, posture, slot, _DRAINED, role, 0, -1)
+    if reason == _OK:
+        fetch_add(slots, slot * SLOT_FIELDS + _S_DONE, np.uint64(1))
+    if slot < 0 or slot >= slots.size // SLOT_FIELDS:
+        return reason * 16
+    return reason * 16 + np.int64(load_acquire(slots, slot * SLOT_FIELDS) & _STATE_MASK)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
 def read_word(slots, slot):
     """The slot's word (acquire), or 0xFFFF.. for an index out of range."""
     if slot < 0 or slot >= slots.size // SLOT_FIELDS:
@@ -211,6 +238,8 @@ def warm_up(slots, roles, n_roles, posture) -> None:
     ids = np.zeros(0, dtype=np.int64)
     apply_batch(slots, roles, n_roles, posture, ids, ids, ids, ids, ids)
     read_word(slots, -1)
+    start_unit(slots, roles, n_roles, posture, -1, 0, 0, 0, 0)
+    finish_unit(slots, roles, n_roles, posture, -1, 0, 0)
     seq_write(slots, -1, ids, np.zeros(0, dtype=np.uint64))
     add_field(slots, -1, np.uint64(0))
     store_field(slots, -1, np.uint64(0))

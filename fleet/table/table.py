@@ -213,6 +213,15 @@ class SlotTable:
         if fields:
             self._seq_write(self.slots, base + L.S_SEQ, fields)
 
+    def start_unit(self, slot: int, event: int, role: int, key: int, unit_id: int) -> int:
+        """Worker: START/RESUME the slot and record its unit in one kernel call; returns the reason."""
+        return self._k.start_unit(self.slots, self.roles, self.n_roles, self.posture, slot, event, role, key, unit_id)
+
+    def finish_unit(self, slot: int, event: int, role: int) -> tuple[int, int]:
+        """Worker: end the slot's unit (DRAINED if it was drained meanwhile); (reason, state after)."""
+        packed = self._k.finish_unit(self.slots, self.roles, self.n_roles, self.posture, slot, event, role)
+        return packed >> 4, packed & 15
+
     def note_unit(self, slot: int, unit_id: int) -> None:
         """Record the unit a slot is running (its worker is this word's only writer)."""
         self._kernels().store_field(self.slots, slot * SLOT_FIELDS + L.S_UNIT, np.uint64(unit_id))

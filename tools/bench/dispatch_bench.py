@@ -52,9 +52,8 @@ def bench_fleet(profile, workers, units):
     cfg = {
         "fleet": {"name": f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": profile},
         "roles": {
-            "noop": {"kind": "pooled", "handler": "bench_handlers:unit_noop", "slots": 32 * workers,
-                     "peak_cpus": workers, "queue_bound": 10 * units},
-            "spin": {"kind": "pooled", "handler": "bench_handlers:unit_spin50", "slots": 32 * workers,
+            # one role, so forced pinned runs exactly `workers` worker processes
+            "work": {"kind": "pooled", "handler": "bench_handlers:unit_work", "slots": 32 * workers,
                      "peak_cpus": workers, "queue_bound": 10 * units},
         },
     }
@@ -62,14 +61,14 @@ def bench_fleet(profile, workers, units):
     with fleet.Fleet.from_config(cfg, env={}) as f:
         out["binding"] = f.plan.binding
         out["seats"] = len(f.layout.seats)
-        list(f.map("noop", range(2000)))  # warm
-        out["submit_units_per_s"] = rate(units, lambda: [x.result() for x in [f.submit("noop", i) for i in range(units)]])
-        out["map_chunk1_units_per_s"] = rate(units, lambda: list(f.map("noop", range(units))))
+        list(f.map("work", range(2000)))  # warm
+        out["submit_units_per_s"] = rate(units, lambda: [x.result() for x in [f.submit("work", i) for i in range(units)]])
+        out["map_chunk1_units_per_s"] = rate(units, lambda: list(f.map("work", range(units))))
         big = units * 20
-        out["map_tuned_units_per_s"] = rate(big, lambda: list(f.map("noop", range(big), chunksize=TUNED_CHUNK)))
+        out["map_tuned_units_per_s"] = rate(big, lambda: list(f.map("work", range(big), chunksize=TUNED_CHUNK)))
         n50 = max(20_000, units)
-        out["spin50_map_units_per_s"] = rate(n50, lambda: list(f.map("spin", range(n50), chunksize=64)))
-        out["latency_us"] = latencies(lambda: f.submit("noop", 0).result())
+        out["spin50_map_units_per_s"] = rate(n50, lambda: list(f.map("work", ["spin"] * n50, chunksize=64)))
+        out["latency_us"] = latencies(lambda: f.submit("work", 0).result())
         out["idle_cpu_percent"] = idle_cpu(f)
     return out
 
@@ -98,23 +97,23 @@ def idle_cpu(f, seconds=10.0):
 def bench_ppe(workers, units):
     out = {}
     with cf.ProcessPoolExecutor(workers) as ex:
-        list(ex.map(H.noop, range(2000)))
-        out["submit_units_per_s"] = rate(units, lambda: [x.result() for x in [ex.submit(H.noop, i) for i in range(units)]])
-        out["latency_us"] = latencies(lambda: ex.submit(H.noop, 0).result())
+        list(ex.map(H.work, range(2000)))
+        out["submit_units_per_s"] = rate(units, lambda: [x.result() for x in [ex.submit(H.work, i) for i in range(units)]])
+        out["latency_us"] = latencies(lambda: ex.submit(H.work, 0).result())
         n50 = max(20_000, units)
-        out["spin50_map_units_per_s"] = rate(n50, lambda: list(ex.map(H.spin50, range(n50), chunksize=64)))
+        out["spin50_map_units_per_s"] = rate(n50, lambda: list(ex.map(H.work, ["spin"] * n50, chunksize=64)))
     return out
 
 
 def bench_pool(workers, units):
     out = {}
     with mp.Pool(workers) as pool:
-        list(pool.imap_unordered(H.noop, range(2000)))
-        out["imap_chunk1_units_per_s"] = rate(units, lambda: list(pool.imap_unordered(H.noop, range(units), chunksize=1)))
+        list(pool.imap_unordered(H.work, range(2000)))
+        out["imap_chunk1_units_per_s"] = rate(units, lambda: list(pool.imap_unordered(H.work, range(units), chunksize=1)))
         big = units * 20
-        out["imap_tuned_units_per_s"] = rate(big, lambda: list(pool.imap_unordered(H.noop, range(big), chunksize=TUNED_CHUNK)))
+        out["imap_tuned_units_per_s"] = rate(big, lambda: list(pool.imap_unordered(H.work, range(big), chunksize=TUNED_CHUNK)))
         n50 = max(20_000, units)
-        out["spin50_imap_units_per_s"] = rate(n50, lambda: list(pool.imap_unordered(H.spin50, range(n50), chunksize=64)))
+        out["spin50_imap_units_per_s"] = rate(n50, lambda: list(pool.imap_unordered(H.work, ["spin"] * n50, chunksize=64)))
     return out
 
 
@@ -152,7 +151,7 @@ def main(argv=None):
     }
     for section in ("fleet_pinned", "fleet_auto", "process_pool_executor", "multiprocessing_pool"):
         for k, v in list(res[section].items()):
-            if isinstance(v, float):
+            if isinstance(v, float) and k.endswith("_per_s"):
                 res[section][k] = round(v)
     if args.json:
         print(json.dumps(res, indent=2))

@@ -1,0 +1,83 @@
+"""fleetd: run one fleet in the foreground (systemd's ``Type=notify`` service).
+
+    fleetd --config /etc/fleet/app.toml [--name app] [--grace 30] [--log-level info]
+
+See fleet.daemon for what it does and its signals. A boot refusal prints one line
+on stderr (``fleetd: <ErrorType>: <what was wrong>``) and exits with the error's
+code: 78 invalid config, 82 the fleet is already running (the line names its pid),
+80/81/84 the CPU quota cannot host the plan, 2 bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import EXIT_FAILURE, EXIT_USAGE, FleetError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..daemon import DEFAULT_GRACE_S, DEFAULT_LINGER_S
+
+    parser = argparse.ArgumentParser(
+        prog="fleetd",
+        description="Run a fleet in the foreground: boot its workers, serve its control socket, "
+        "speak sd_notify. SIGTERM drains and exits 0; SIGINT stops fast; SIGHUP reloads the config.",
+    )
+    parser.add_argument("--config", required=True, metavar="PATH", help="the fleet's TOML config")
+    parser.add_argument("--name", metavar="NAME", help="the fleet's name (overrides [fleet] name in the config)")
+    parser.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE_S, metavar="SECONDS",
+                        help="on SIGTERM, how long queued units may still start before they fail with "
+                        f"Shutdown (default {DEFAULT_GRACE_S:g}; keep it well below TimeoutStopSec)")
+    parser.add_argument("--linger", type=_seconds, default=DEFAULT_LINGER_S, metavar="SECONDS",
+                        help="after the fleet stops, how long to wait for clients to collect their "
+                        f"outcomes (default {DEFAULT_LINGER_S:g})")
+    parser.add_argument("--socket-group", metavar="GROUP", default=None,
+                        help="group (name or gid) given the control socket; its members may run "
+                        "read-only commands (default: the daemon's group)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
+    return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds >= 0")
+    return value
+
+
+def _group(text: str | None):
+    return int(text) if text is not None and text.isdigit() else text
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=sys.stderr,
+        # journald adds the time and the unit; keep a line short and greppable
+        format="fleetd[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    from ..daemon import Daemon, Options
+
+    options = Options(config_path=args.config, name=args.name, grace_s=args.grace, linger_s=args.linger,
+                      socket_group=_group(args.socket_group))
+    try:
+        return Daemon(options).run()
+    except FleetError as exc:
+        print(f"fleetd: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:  # e.g. the runtime dir cannot be created
+        print(f"fleetd: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:  # SIGINT before the handlers were installed
+        return EXIT_USAGE + 128
+
+
+if __name__ == "__main__":
+    sys.exit(main())

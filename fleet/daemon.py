@@ -1,0 +1,621 @@
+"""fleetd: one fleet run as a service, in the foreground, under systemd or by hand.
+
+Theory of operation. The main thread owns the daemon: it boots the `Supervisor`
+(table, data plane, zygote, workers) in service mode, starts the `ControlServer`
+on ``<runtime dir>/<name>.sock``, tells the service manager ``READY=1``, then turns
+one loop until the fleet has stopped:
+
+1. sleep on a self-pipe until a signal, a control call or the next timer is due;
+2. dispatch queued signals, each to its ``handle_<name>`` method (a signal handler
+   only appends to a queue and writes the pipe: STYLE.md item 6);
+3. run the control calls queued by the server's threads (`CallQueue`): every op
+   that reads or changes the fleet runs here, on this thread;
+4. expire outcome long-polls and outcomes nobody collected (`OutcomeStore`);
+5. ping the watchdog (``WATCHDOG=1`` at half ``WATCHDOG_USEC``) and refresh the
+   one-line ``STATUS=``;
+6. once the supervisor has stopped, linger until clients have collected what they
+   are owed (at most ``linger_s``), then leave.
+
+Signals. SIGTERM drains: intake closes, in-flight units finish, units still queued
+after ``grace_s`` fail with Shutdown; exit 0. SIGINT (or a second SIGTERM) stops
+fast: workers are killed and everything owed fails with Shutdown; exit 0. SIGHUP
+re-reads the config and applies what can change live (posture policy, queue bounds)
+through `Supervisor.reload`, logging what needs a restart; an invalid file is
+logged and changes nothing.
+
+Result delivery (see fleet.control, "Result delivery"): a submit that carries a
+client token has its outcome encoded when the unit ends and held in the
+`OutcomeStore` under that token until the client's ``collect`` long poll takes it.
+The long poll is the one op that does not run on the loop: its Future is resolved
+by the store itself (when an outcome arrives) or by the loop's expiry pass.
+
+Exit codes: 0 after a requested stop; a boot refusal exits with its typed code
+(ConfigError 78, TableInUse 82, BootRefused 80/81/84, ...); 1 when the fleet stops
+on its own (its supervisor loop failed).
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import dataclasses
+import logging
+import os
+import pickle
+import selectors
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from . import control, sdnotify
+from .config import FleetConfig, load_config
+from .errors import EXIT_FAILURE, EXIT_OK, FleetError
+from .outcomes import FAILED, SOLVED
+from .unit import UnitError
+
+log = logging.getLogger("fleet.daemon")
+
+#: SIGTERM's default grace: queued units may still start for this long. Well below
+#: the unit files' TimeoutStopSec=90s, so in-flight units have time left to finish.
+DEFAULT_GRACE_S = 30.0
+#: After the fleet stops, how long fleetd waits for clients to collect their outcomes.
+DEFAULT_LINGER_S = 10.0
+#: How often the STATUS= line is refreshed.
+STATUS_EVERY_S = 5.0
+#: Longest the loop sleeps; expiry of long polls is checked at least this often.
+TICK_S = 0.25
+
+#: Base64 characters of a value per outcome record; a larger value is split into
+#: consecutive parts, so no collect reply outgrows control.COLLECT_REPLY_BUDGET.
+PART_CHARS = 512 * 1024
+#: Traceback text kept per failed outcome (the head is cut; the last lines matter).
+MAX_DETAIL_CHARS = 64 * 1024
+#: A handler's exception travels pickled only below this size (its text always does).
+MAX_ERROR_BYTES = 128 * 1024
+
+
+class ConfigReloadError(FleetError):
+    """A SIGHUP reload was refused (the new file is invalid, or renames the fleet)."""
+
+
+# ============================================================== outcomes for clients
+def encode_outcome(seq: int | None, role: str, future: Future) -> list[dict]:
+    """The outcome records for one ended unit, as `collect` sends them.
+
+    One record, or several ``part``s when the pickled value is larger than
+    `PART_CHARS` in base64. A value that cannot be pickled again for the client
+    becomes a failed ``ResultError`` record (the ledger counted the unit solved:
+    the detail says so).
+    """
+    base = {"seq": seq, "unit": getattr(future, "unit_id", None), "role": role}
+    if future.cancelled():
+        return [{**base, "kind": FAILED, "reason": "Cancelled", "detail": "cancelled in the daemon"}]
+    exc = future.exception()
+    if isinstance(exc, UnitError):
+        record = {**base, "kind": exc.outcome.kind, "reason": exc.outcome.reason,
+                  "detail": _clip(exc.outcome.detail)}
+        error = _pickled_error(exc.original)
+        if error is not None:
+            record["error"] = error
+        return [record]
+    if exc is not None:
+        return [{**base, "kind": FAILED, "reason": "ResultError",
+                 "detail": f"the daemon could not deliver the outcome: {type(exc).__name__}: {exc}"}]
+    try:
+        raw = pickle.dumps(future.result(), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:  # noqa: BLE001 - any pickling failure is this unit's outcome
+        return [{**base, "kind": FAILED, "reason": "ResultError",
+                 "detail": f"solved, but its value cannot be pickled for the client: {type(err).__name__}: {err}"}]
+    text = base64.b64encode(raw).decode("ascii")
+    if len(text) <= PART_CHARS:
+        return [{**base, "kind": SOLVED, "value": text}]
+    parts = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)]
+    return [{**base, "kind": SOLVED, "value": p, "part": i, "parts": len(parts)} for i, p in enumerate(parts)]
+
+
+def _clip(detail: str | None) -> str | None:
+    if detail is None or len(detail) <= MAX_DETAIL_CHARS:
+        return detail
+    return "[... cut ...]\n" + detail[-MAX_DETAIL_CHARS:]
+
+
+def _pickled_error(exc: BaseException | None) -> str | None:
+    if exc is None:
+        return None
+    try:
+        raw = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - the text in `detail` still says what happened
+        return None
+    return base64.b64encode(raw).decode("ascii") if len(raw) <= MAX_ERROR_BYTES else None
+
+
+def _size(record: dict) -> int:
+    # Close enough to the JSON size: the long strings dominate, the keys add ~150 bytes.
+    return 160 + sum(len(v) for v in record.values() if isinstance(v, str))
+
+
+@dataclasses.dataclass(eq=False)
+class _Box:
+    """What one client token is owed: records in order, and a waiting long poll."""
+
+    seen: float
+    items: collections.deque = dataclasses.field(default_factory=collections.deque)
+    bytes: int = 0
+    waiter: Future | None = None
+    deadline: float = 0.0
+
+
+class OutcomeStore:
+    """Outcomes held per client token until that client's `collect` takes them.
+
+    Thread-safe: outcomes arrive on the supervisor's threads, long polls on the
+    control server's, expiry on the daemon loop. Bounded, so a client that never
+    collects cannot grow the daemon forever: a token not seen (no submit, no
+    collect) for ``ttl_s`` seconds, or holding more than ``max_bytes``, has its
+    outcomes dropped with a log line; its next collect (or submit) then fails with
+    `control.OutcomesDropped`, so the client learns it lost them. The clock is
+    injected (``clock``), as are the bounds.
+    """
+
+    def __init__(self, *, max_bytes: int = 64 << 20, ttl_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic, lost_memory: int = 4096):
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._boxes: dict[str, _Box] = {}
+        self._lost: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._lost_memory = lost_memory
+        self._closing = False
+
+    # -- from submits and outcomes
+    def hold(self, token: str) -> None:
+        """A submit under ``token``: keep a box for it. OutcomesDropped if it lost some."""
+        with self._lock:
+            self._refuse_lost(token)
+            self._box(token).seen = self._clock()
+
+    def put(self, token: str, records: list[dict]) -> None:
+        """Hold ``records`` for ``token``; wakes its long poll."""
+        with self._lock:
+            if token in self._lost:
+                log.debug("outcome for dropped token %s discarded", _short(token))
+                return
+            box = self._box(token)
+            for record in records:
+                box.items.append(record)
+                box.bytes += _size(record)
+            if box.bytes > self.max_bytes:
+                self._drop(token, f"it held more than {self.max_bytes} bytes of uncollected outcomes")
+                wake = None
+            else:
+                wake = self._take_waiter(box)
+        _resolve(wake)
+
+    # -- from collect
+    def collect(self, token: str, timeout: float) -> Future:
+        """A Future of ``{"outcomes", "more", "closing"}`` for ``token``: resolved now if
+        anything is ready (or the daemon is closing), else when something arrives or
+        ``timeout`` seconds pass (then with no outcomes)."""
+        fut: Future = Future()
+        now = self._clock()
+        with self._lock:
+            try:
+                self._refuse_lost(token)
+            except control.OutcomesDropped as exc:
+                fut.set_exception(exc)
+                return fut
+            box = self._box(token)
+            box.seen = now
+            previous = box.waiter  # one poll per token: an older one is answered empty
+            box.waiter, box.deadline = fut, now + timeout
+            wake = [self._take_waiter(box)] if box.items or self._closing or timeout <= 0 else []
+            if previous is not None and previous.set_running_or_notify_cancel():
+                wake.append((previous, self._reply_empty()))
+        for item in wake:
+            _resolve(item)
+        return fut
+
+    # -- from the loop
+    def expire(self) -> None:
+        """Answer long polls whose timeout passed; drop tokens not seen for ``ttl_s``."""
+        now = self._clock()
+        wake = []
+        with self._lock:
+            for token, box in list(self._boxes.items()):
+                if box.waiter is not None:
+                    if now >= box.deadline:
+                        wake.append(self._take_waiter(box))
+                    continue
+                if now - box.seen > self.ttl_s:
+                    if box.items:
+                        self._drop(token, f"nobody collected them for {self.ttl_s:g}s")
+                    else:
+                        del self._boxes[token]
+        for item in wake:
+            _resolve(item)
+
+    def close(self) -> None:
+        """The daemon is stopping: answer every waiting poll now (``closing: true``)."""
+        with self._lock:
+            self._closing = True
+            wake = [self._take_waiter(box) for box in self._boxes.values() if box.waiter is not None]
+        for item in wake:
+            _resolve(item)
+
+    def undelivered(self) -> int:
+        """Records held and not yet collected, over every token."""
+        with self._lock:
+            return sum(len(box.items) for box in self._boxes.values())
+
+    def tokens(self) -> int:
+        with self._lock:
+            return len(self._boxes)
+
+    # -- internals (lock held)
+    def _box(self, token: str) -> _Box:
+        box = self._boxes.get(token)
+        if box is None:
+            box = self._boxes[token] = _Box(seen=self._clock())
+        return box
+
+    def _refuse_lost(self, token: str) -> None:
+        reason = self._lost.get(token)
+        if reason is not None:
+            raise control.OutcomesDropped(f"outcomes held for this client were dropped: {reason}")
+
+    def _drop(self, token: str, why: str) -> None:
+        box = self._boxes.pop(token)
+        log.warning("dropped %d outcome(s) held for client token %s: %s", len(box.items), _short(token), why)
+        self._lost[token] = why
+        while len(self._lost) > self._lost_memory:
+            self._lost.popitem(last=False)
+        if box.waiter is not None and box.waiter.set_running_or_notify_cancel():
+            box.waiter.set_exception(control.OutcomesDropped(f"outcomes held for this client were dropped: {why}"))
+
+    def _take_waiter(self, box: _Box):
+        """(waiter, reply) with what fits one reply; None if no live poll waits.
+
+        The waiter is marked running first: a poll the server already cancelled
+        (it is closing) takes nothing, so no record is lost with it.
+        """
+        fut, box.waiter = box.waiter, None
+        if fut is None or not fut.set_running_or_notify_cancel():
+            return None
+        out, used = [], 0
+        while box.items and (not out or used + _size(box.items[0]) <= control.COLLECT_REPLY_BUDGET):
+            record = box.items.popleft()
+            size = _size(record)
+            used += size
+            box.bytes -= size
+            out.append(record)
+        return fut, {"outcomes": out, "more": bool(box.items), "closing": self._closing}
+
+    def _reply_empty(self) -> dict:
+        return {"outcomes": [], "more": False, "closing": self._closing}
+
+
+def _resolve(item) -> None:
+    """Answer a long poll taken under the lock (outside it: waking threads is not free)."""
+    if item is not None:
+        fut, reply = item
+        fut.set_result(reply)
+
+
+def _short(token: str) -> str:
+    return token[:8] + "..."
+
+
+# ================================================================== the daemon
+@dataclasses.dataclass
+class Options:
+    """What the command line chose (see fleet.cli.fleetd)."""
+
+    config_path: str
+    name: str | None = None
+    grace_s: float = DEFAULT_GRACE_S
+    linger_s: float = DEFAULT_LINGER_S
+    socket_group: str | int | None = None
+    socket_mode: int = 0o660
+
+
+class Daemon:
+    """fleetd's state and main loop. Construction is inert: `run` boots and serves.
+
+    The OS and the clock are injected: ``env`` (for config overrides, the runtime
+    dir and sd_notify), ``clock`` (monotonic seconds), ``notify`` (the sd_notify
+    module or a stand-in with ready/status/watchdog/stopping/reloading).
+    """
+
+    SIGNALS = {signal.SIGTERM: "term", signal.SIGINT: "int", signal.SIGHUP: "hup"}
+
+    def __init__(self, options: Options, *, env: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic, notify=sdnotify):
+        self.options = options
+        self.env = dict(os.environ if env is None else env)
+        if options.name is not None:
+            self.env["FLEET_NAME"] = options.name  # --name wins over the file, at boot and at reload
+        self.clock = clock
+        self.notify = notify
+        self.config: FleetConfig | None = None
+        self.sup = None
+        self.server: control.ControlServer | None = None
+        self.calls: control.CallQueue | None = None
+        self.store = OutcomeStore(clock=clock)
+        self._signals: collections.deque[int] = collections.deque()
+        self._wake_r = self._wake_w = -1
+        self._stopping: str | None = None  # None, "drain" or "kill"
+        self._stopper: threading.Thread | None = None
+        self._linger_until: float | None = None
+        self._draining = False
+        self._watchdog: sdnotify.WatchdogSchedule | None = None
+        self._next_status = 0.0
+        self._notify_failed = False
+        self._exit_code = EXIT_OK
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        """Boot, serve until stopped, clean up; returns the exit code.
+
+        Raises the typed boot errors (ConfigError, TableInUse, BootRefused,
+        ControlError, ...) before anything is served; nothing is left behind then.
+        """
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
+        try:
+            self.boot()
+            try:
+                self._loop()
+            finally:
+                self._shut()
+            return self._exit_code
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def boot(self) -> None:
+        """Config, runtime dir, supervisor (workers up), control socket, READY=1."""
+        from .supervisor import Supervisor
+
+        self.config = load_config(self.options.config_path, env=self.env)
+        name = control.validate_fleet_name(self.config.name)
+        directory = control.prepare_runtime_dir(control.runtime_dir(self.env))
+        path = directory / f"{name}.sock"
+        self.sup = Supervisor(self.config, mode="service", socket_path=str(path)).start()
+        try:
+            self.calls = control.CallQueue(wakeup=self._wake)
+            self.server = control.ControlServer(
+                path, control.with_blocking_ops(self, self.calls.submit),
+                group=self.options.socket_group, mode=self.options.socket_mode,
+            ).start()
+        except BaseException:
+            self.sup.kill()
+            raise
+        interval = sdnotify.watchdog_interval(self.env)
+        if interval is not None:
+            self._watchdog = sdnotify.WatchdogSchedule(interval, self.clock())
+        log.info("fleet %s: serving on %s (%s); pid %d", name, path, self._summary(), os.getpid())
+        self._send("ready", self._summary())
+        self._next_status = self.clock() + STATUS_EVERY_S
+
+    def _loop(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                sel.select(self._sleep_for(self.clock()))
+                self._drain_pipe()
+                while self._signals:
+                    name = self.SIGNALS[self._signals.popleft()]
+                    getattr(self, f"handle_{name}")()
+                self.calls.run_pending(self)
+                self.store.expire()
+                now = self.clock()
+                self._heartbeat(now)
+                if self._finished(now):
+                    return
+
+    def _shut(self) -> None:
+        """After the loop: answer the long polls, close the socket, join the stopper."""
+        self.store.close()
+        if self.calls is not None:
+            self.calls.close()
+        if self.server is not None:
+            self.server.close()
+        if self.sup is not None and not self.sup.wait_stopped(0):
+            self.sup.kill()  # the loop left early (an exception): never leave workers behind
+        if self._stopper is not None:
+            self._stopper.join()
+        log.info("fleet %s: stopped; ledger %s", self.config.name if self.config else "?",
+                 self.sup.ledger_counts().to_dict() if self.sup else {})
+
+    # ------------------------------------------------------------------ loop parts
+    def _sleep_for(self, now: float) -> float:
+        wait = TICK_S
+        if self._watchdog is not None:
+            wait = min(wait, self._watchdog.remaining(now))
+        return max(0.0, min(wait, self._next_status - now))
+
+    def _heartbeat(self, now: float) -> None:
+        if self._watchdog is not None and self._watchdog.due(now):
+            self._send("watchdog")
+            self._watchdog.pinged(now)
+        if now >= self._next_status:
+            self._send("status", self._summary())
+            self._next_status = now + STATUS_EVERY_S
+
+    def _finished(self, now: float) -> bool:
+        if not self.sup.wait_stopped(0):
+            return False
+        if self._stopping is None:
+            log.error("fleet %s: the supervisor stopped on its own; exiting", self.config.name)
+            self._exit_code = EXIT_FAILURE
+            return True
+        if self._linger_until is None:
+            self.store.close()  # waiting polls learn at once that nothing new will come
+            self._linger_until = now + self.options.linger_s
+        return self.store.undelivered() == 0 or now >= self._linger_until
+
+    def _summary(self) -> str:
+        counts = self.sup.ledger_counts().to_dict()
+        text = (f"{self.sup.plan.binding} binding, {len(self.sup.layout.seats)} seat(s); "
+                f"units: {counts['submitted']} submitted, {counts['solved']} solved, "
+                f"{counts['suppressed']} suppressed, {counts['failed']} failed, {counts['inflight']} in flight")
+        if self._stopping:
+            text += "; stopping"
+        elif self._draining:
+            text += "; draining"
+        return text
+
+    def _send(self, what: str, *args) -> None:
+        try:
+            getattr(self.notify, what)(*args, env=self.env)
+        except sdnotify.NotifyError as exc:
+            if not self._notify_failed:  # once: a missing manager must not flood the log
+                log.warning("sd_notify: %s", exc)
+                self._notify_failed = True
+
+    # ------------------------------------------------------------------ signals
+    def _on_signal(self, signum, frame) -> None:
+        # Only enqueue: the loop owns the state and dispatches to handle_<name>.
+        self._signals.append(signum)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is already due to wake
+
+    def _drain_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def handle_term(self) -> None:
+        """SIGTERM: drain (a second one stops fast)."""
+        if self._stopping is not None:
+            log.warning("fleet %s: SIGTERM again while stopping: stopping fast", self.config.name)
+            self.handle_int()
+            return
+        log.info("fleet %s: SIGTERM: draining; queued units fail with Shutdown after %gs",
+                 self.config.name, self.options.grace_s)
+        self._begin_stop("drain", lambda: self.sup.stop(self.options.grace_s))
+
+    def handle_int(self) -> None:
+        """SIGINT: stop now; everything still owed fails with Shutdown."""
+        if self._stopping == "kill":
+            return
+        log.info("fleet %s: stopping fast: workers are killed, units owed fail with Shutdown", self.config.name)
+        self._begin_stop("kill", self.sup.kill)
+
+    def _begin_stop(self, how: str, stop: Callable[[], None]) -> None:
+        self._stopping = how
+        self._send("stopping")
+        self._send("status", self._summary())
+        # Off the loop: stop() waits for the grace and for in-flight units, and the
+        # loop must keep answering long polls (clients collect outcomes meanwhile)
+        # and pinging the watchdog. The supervisor is thread-safe for this.
+        stopper = threading.Thread(target=_quietly(stop, self.sup.wait_stopped), name=f"fleetd-stop-{how}",
+                                   daemon=True)
+        stopper.start()
+        if self._stopper is None:
+            self._stopper = stopper
+
+    def handle_hup(self) -> None:
+        """SIGHUP: re-read the config; apply what can change live, log the rest."""
+        if self._stopping is not None:
+            log.info("fleet %s: SIGHUP ignored: stopping", self.config.name)
+            return
+        self._send("reloading")
+        try:
+            result = self.reload()
+        except FleetError as exc:
+            log.error("fleet %s: reload refused, nothing changed: %s: %s", self.config.name, type(exc).__name__, exc)
+        else:
+            log.info("fleet %s: reload from %s: applied %s; needs a restart to change: %s", self.config.name,
+                     self.options.config_path, ", ".join(result["applied"]) or "nothing",
+                     ", ".join(result["needs_restart"]) or "nothing")
+        self._send("ready", self._summary())
+
+    def reload(self) -> dict:
+        """Load the config file again and hand it to `Supervisor.reload`.
+
+        Raises ConfigError / PostureRetuneError (nothing changed) or
+        ConfigReloadError when the new file names another fleet.
+        """
+        new = load_config(self.options.config_path, env=self.env)
+        if new.name != self.config.name:
+            raise ConfigReloadError(f"the config now names fleet {new.name!r}, not {self.config.name!r}; "
+                                    "a fleet cannot be renamed live (start it under the new name)")
+        result = self.sup.reload(new)
+        if "roles" not in result["needs_restart"]:
+            # Keep what was applied (queue bounds for submit replies); roles that need
+            # a restart keep the running definition.
+            self.config = dataclasses.replace(self.config, posture=new.posture, roles=new.roles)
+        elif "posture" in result["applied"]:
+            self.config = dataclasses.replace(self.config, posture=new.posture)
+        return result
+
+    # ------------------------------------------------------------------ control ops (on the loop)
+    def status(self) -> dict:
+        from .cli.cmd_status import gather
+
+        doc = gather(self.config.name)
+        doc["daemon"] = {"pid": os.getpid(), "draining": self._draining, "stopping": self._stopping,
+                         "clients": self.store.tokens(), "outcomes_held": self.store.undelivered()}
+        return doc
+
+    def posture_show(self) -> dict:
+        return self.sup.posture_show()
+
+    def posture_set(self, patch: dict[str, Any]) -> dict:
+        return self.sup.posture_set(patch)
+
+    def drain(self) -> dict:
+        self.sup.drain()
+        self._draining = True
+        return {"draining": True}
+
+    def resume(self) -> dict:
+        self.sup.resume()
+        self._draining = False
+        return {"draining": False}
+
+    def ledger(self) -> dict:
+        return self.sup.ledger_counts().to_dict()
+
+    def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
+               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False) -> dict:
+        if token is not None:
+            self.store.hold(token)
+        body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
+        fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
+                              request_id=request_id, chunk=chunk, **body)
+        if token is not None:
+            store = self.store
+            fut.add_done_callback(lambda f: store.put(token, encode_outcome(seq, role, f)))
+        return {"unit": fut.unit_id, "queue_bound": self.config.roles[role].queue_bound}
+
+    # ------------------------------------------------------------------ the blocking op (off the loop)
+    def collect(self, *, token: str, timeout: float) -> Future:
+        return self.store.collect(token, timeout)
+
+
+def _quietly(fn: Callable[[], None], stopped: Callable[[float], bool]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the loop sees the fleet stopped (or not) either way
+            if stopped(0):
+                # A drain overtaken by a fast stop may find the fleet already torn down.
+                log.debug("stop finished after the fleet had stopped", exc_info=True)
+            else:
+                log.exception("stopping the fleet failed")
+
+    return run

@@ -1,0 +1,296 @@
+"""fleetd as a process: started for real, driven only through its socket, fleetctl and signals.
+
+Each test runs its own fleetd (unique name, its own runtime dir and NOTIFY_SOCKET);
+whatever it started is killed and its segments unlinked even when the test fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import fleet
+from fleet.cli import fleetctl
+from fleet.control import ControlClient, PermissionDenied
+from fleet.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_TABLE_IN_USE, EXIT_USAGE
+from tests.daemons import BOUND_S, Fleetd, alive, outcome_of, running_slot, segments, wait_until
+from tests.fleets import role
+
+NOBODY = 65534
+
+
+def roles(**extra):
+    return {"sq": role("square", slots=2), "hang": role("hang", slots=2), **extra}
+
+
+@pytest.fixture
+def fleetd(fleet_name):
+    with Fleetd(fleet_name, roles()) as d:
+        yield d
+
+
+# ---------------------------------------------------------------- status, posture, drain
+
+
+def test_fleetctl_status_reads_the_running_daemon(fleetd):
+    doc = fleetd.ctl_json("status")
+    assert doc["fleet"] == fleetd.name and doc["alive"] and not doc["stale"]
+    assert doc["mode"] == "service" and doc["creator_pid"] == fleetd.proc.pid
+    assert doc["socket"] == os.path.join(fleetd.runtime_dir, f"{fleetd.name}.sock")
+    assert {q["name"] for q in doc["queues"]} == {"sq", "hang"}
+    human = fleetd.ctl("status")
+    assert human.returncode == 0 and f"fleet {fleetd.name}" in human.stdout and "running" in human.stdout
+    # the status op answers the same table, plus the daemon's own view
+    with ControlClient(doc["socket"]) as c:
+        over_socket = c.call("status")
+    assert over_socket["creator_pid"] == fleetd.proc.pid and over_socket["daemon"]["pid"] == fleetd.proc.pid
+
+
+def test_posture_set_valid_invalid_empty_and_unknown_key(fleetd):
+    before = fleetd.ctl_json("posture", "show")["policy"]
+    ok = fleetd.ctl("posture", "set", "cordon_enter_events=7", "cordon_duty_percent=3.5", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["policy"]["cordon_enter_events"] == 7
+    after = fleetd.ctl_json("posture", "show")["policy"]
+    assert after == {**before, "cordon_enter_events": 7, "cordon_duty_percent": 3.5}
+
+    bad = fleetd.ctl("posture", "set", "cordon_enter_events=0", "cordon_duty_percent=4")
+    assert bad.returncode == EXIT_CONFIG
+    assert "PostureRetuneError" in bad.stderr and "cordon_enter_events" in bad.stderr
+    empty = fleetd.ctl("posture", "set")
+    assert empty.returncode == EXIT_USAGE and "patch is empty" in empty.stderr
+    unknown = fleetd.ctl("posture", "set", "cordon_nonsense=1")
+    assert unknown.returncode == EXIT_USAGE and "cordon_nonsense" in unknown.stderr
+    # none of the refused patches changed anything, not even their valid keys
+    assert fleetd.ctl_json("posture", "show")["policy"] == after
+
+
+def test_drain_holds_queued_units_and_resume_runs_them(fleetd):
+    with fleetd.connect() as client:
+        assert fleetd.ctl("drain").returncode == 0
+        fut = client.submit("sq", 12)
+        wait_until(lambda: {q["name"]: q for q in client.status()["queues"]}["sq"]["queue_depth"] == 1,
+                   "the unit to wait in the drained queue")
+        assert not fut.done()
+        assert client.status()["daemon"]["draining"] is True
+        assert fleetd.ctl("resume").returncode == 0
+        assert fut.result(BOUND_S) == 144
+        assert client.ledger()["solved"] == 1
+
+
+def test_commands_exit_not_running_for_an_unknown_fleet(fleetd):
+    for argv in (["posture", "show"], ["drain"], ["resume"], ["status"]):
+        out = subprocess.run([sys.executable, "-m", "fleet.cli.fleetctl", *argv, "--name", fleetd.name + "-x"],
+                             env=fleetd.env, capture_output=True, text=True, timeout=BOUND_S)
+        assert out.returncode == EXIT_NOT_RUNNING, (argv, out.stderr)
+
+
+# ---------------------------------------------------------------- signals
+
+
+def test_sigterm_drains_in_flight_units_fails_queued_ones_and_exits_0(fleet_name):
+    with Fleetd(fleet_name, roles(), args=("--grace", "0.2")) as d:
+        client = d.connect()
+        long = [client.submit("hang", 1.5) for _ in range(2)]
+        queued = [client.submit("hang", 1.5) for _ in range(6)]
+        wait_until(lambda: running_slot(client), "a unit to be running")
+        pids = d.descendants()
+        d.signal(signal.SIGTERM)
+        assert d.wait() == 0, d.stderr()
+        outcomes = [outcome_of(f) for f in long + queued]
+        # every unit has exactly one outcome: the ones in flight finished, the rest
+        # failed Shutdown once the grace ran out
+        assert outcomes[0] == ("solved", "woke")
+        assert ("failed", "Shutdown") in outcomes
+        assert set(outcomes) <= {("solved", "woke"), ("failed", "Shutdown")}
+        assert not segments(fleet_name)
+        wait_until(lambda: not alive(pids), "zygote and workers to exit")
+        assert d.notify.with_key("STOPPING", "1")
+        client.close()
+
+
+def test_sigint_stops_fast_and_everything_owed_fails_shutdown(fleet_name):
+    with Fleetd(fleet_name, roles()) as d:
+        client = d.connect()
+        futs = [client.submit("hang", 3600) for _ in range(4)]
+        wait_until(lambda: running_slot(client), "a unit to be running")
+        d.signal(signal.SIGINT)
+        assert d.wait() == 0, d.stderr()
+        assert [outcome_of(f) for f in futs] == [("failed", "Shutdown")] * 4
+        assert not segments(fleet_name)
+        client.close()
+
+
+def test_sigkill_leaves_no_orphans_and_a_new_fleetd_reclaims_the_name(fleet_name):
+    first = Fleetd(fleet_name, roles())
+    try:
+        first.start()
+        client = first.connect()
+        client.submit("hang", 3600)
+        wait_until(lambda: running_slot(client), "a unit to be running")
+        children = first.descendants()
+        assert len(children) >= 2  # the zygote and at least one worker
+        first.signal(signal.SIGKILL)
+        first.wait()
+        wait_until(lambda: not alive(children), "the zygote and workers to die with fleetd")
+        client.close()
+        assert segments(fleet_name)  # the killed daemon's table is still there, stale
+        with Fleetd(fleet_name, roles(), base_dir=first.dir) as second:
+            doc = second.ctl_json("status")
+            assert doc["creator_pid"] == second.proc.pid and doc["alive"]
+            with second.connect() as c2:
+                assert c2.submit("sq", 9).result(BOUND_S) == 81
+    finally:
+        first.cleanup()
+
+
+def test_a_second_fleetd_with_the_same_name_refuses_naming_the_pid(fleetd):
+    second = subprocess.run(
+        [sys.executable, "-m", "fleet.cli.fleetd", "--config", fleetd.config_path, "--name", fleetd.name],
+        env={k: v for k, v in fleetd.env.items() if k != "NOTIFY_SOCKET"},
+        capture_output=True, text=True, timeout=BOUND_S,
+    )
+    assert second.returncode == EXIT_TABLE_IN_USE
+    lines = second.stderr.strip().splitlines()
+    assert lines[-1].startswith("fleetd: TableInUse:") and f"pid {fleetd.proc.pid}" in lines[-1]
+    # the first one still serves
+    assert fleetd.ctl_json("status")["creator_pid"] == fleetd.proc.pid
+
+
+def test_a_bad_config_refuses_boot_with_its_exit_code(fleet_name):
+    d = Fleetd(fleet_name, {"sq": role("square", kind="sideways")})
+    try:
+        d.start(wait_ready=False)
+        assert d.wait() == EXIT_CONFIG
+        err = d.stderr().strip().splitlines()
+        assert err[-1].startswith("fleetd: ConfigError: roles.sq.kind")
+        assert not segments(fleet_name) and not d.notify.with_key("READY")
+    finally:
+        d.cleanup()
+
+
+def test_sighup_applies_a_new_posture_and_an_invalid_file_changes_nothing(fleet_name):
+    with Fleetd(fleet_name, roles(), posture={"cordon_enter_events": 2}) as d:
+        d.write_config({**roles(), "sq": role("square", slots=3)}, posture={"cordon_enter_events": 5})
+        d.signal(signal.SIGHUP)
+        d.wait_ready(count=2)  # READY=1 again once the reload is done
+        assert d.notify.with_key("RELOADING", "1")
+        assert d.ctl_json("posture", "show")["policy"]["cordon_enter_events"] == 5
+        assert "needs a restart to change: roles" in d.stderr()
+
+        d.write_config(roles(), posture={"cordon_enter_events": -1})
+        d.signal(signal.SIGHUP)
+        d.wait_ready(count=3)
+        assert "reload refused, nothing changed: ConfigError: posture.cordon_enter_events" in d.stderr()
+        assert d.ctl_json("posture", "show")["policy"]["cordon_enter_events"] == 5
+        with d.connect() as client:  # and it still serves
+            assert client.submit("sq", 4).result(BOUND_S) == 16
+
+
+def test_sighup_applies_new_queue_bounds_live(fleet_name):
+    with Fleetd(fleet_name, roles()) as d, d.connect() as client:
+        d.write_config({**roles(), "hang": role("hang", slots=2, queue_bound=1)})
+        d.signal(signal.SIGHUP)
+        d.wait_ready(count=2)
+        assert "applied roles.*.queue_bound" in d.stderr()
+        assert d.ctl("drain").returncode == 0  # nothing leaves the queue now
+        first = client.submit("hang", 0)
+        with pytest.raises(fleet.QueueFull, match="1 units waiting"):
+            client.submit("hang", 0)
+        assert d.ctl("resume").returncode == 0
+        assert first.result(BOUND_S) == "woke"
+
+
+# ---------------------------------------------------------------- sd_notify
+
+
+def test_sd_notify_ready_status_watchdog_and_stopping(fleet_name):
+    with Fleetd(fleet_name, roles(), env={"WATCHDOG_USEC": "200000"}) as d:
+        ready = d.notify.with_key("READY", "1")[0]
+        assert "binding" in ready["STATUS"] and "seat(s)" in ready["STATUS"] and "submitted" in ready["STATUS"]
+        d.notify.wait_for("WATCHDOG", "1", count=3)  # every 0.1 s: several by now
+        with d.connect() as client:
+            client.submit("sq", 3).result(BOUND_S)
+        d.notify.wait_for("STATUS")
+        d.signal(signal.SIGTERM)
+        assert d.wait() == 0
+        d.notify.wait_for("STOPPING", "1")
+        assert "stopping" in d.notify.with_key("STATUS")[-1]["STATUS"]
+
+
+# ---------------------------------------------------------------- who may do what
+
+
+def _as_nobody(fn):
+    """Run ``fn`` in a forked child under uid/gid 65534; returns what it returned (JSON)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(w, json.dumps(fn()).encode())
+        except BaseException as exc:  # noqa: BLE001
+            os.write(w, json.dumps({"child_error": repr(exc)}).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks = []
+    try:
+        while chunk := os.read(r, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks))
+
+
+def test_an_unprivileged_uid_reads_but_may_not_mutate(fleet_name):
+    with Fleetd(fleet_name, roles(), args=("--socket-group", str(NOBODY))) as d:
+        def child():
+            seen = {}
+            client = d.connect()
+            seen["status_pid"] = client.status()["creator_pid"]
+            seen["ledger"] = client.ledger()["submitted"]
+            for op, call in (("submit", lambda: client.submit("sq", 2)),
+                             ("posture_set", lambda: client.posture_set(cordon_enter_events=9)),
+                             ("drain", lambda: client._call("drain"))):
+                try:
+                    call()
+                    seen[op] = "allowed"
+                except PermissionDenied as exc:
+                    seen[op] = [type(exc).__name__, exc.exit_code, str(exc)]
+            client.close()
+            # the CLI too (in this process: uid 65534 cannot exec root's interpreter)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                seen["cli_drain"] = [fleetctl.main(["drain", "--name", d.name]), err.getvalue()]
+            return seen
+
+        os.environ["RUNTIME_DIRECTORY"] = d.runtime_dir  # for the forked child's fleetctl
+        try:
+            seen = _as_nobody(child)
+        finally:
+            del os.environ["RUNTIME_DIRECTORY"]
+        assert seen.get("status_pid") == d.proc.pid, seen
+        assert seen["ledger"] == 0
+        for op in ("submit", "posture_set", "drain"):
+            assert seen[op][:2] == ["PermissionDenied", EXIT_NO_PERMISSION], (op, seen[op])
+            assert "uid 65534" in seen[op][2]
+        code, err = seen["cli_drain"]
+        assert code == EXIT_NO_PERMISSION and "PermissionDenied" in err and "uid 65534" in err
+        # nothing changed: the owner still submits and the posture is the default
+        assert d.ctl_json("posture", "show")["policy"]["cordon_enter_events"] != 9
+        assert d.ctl_json("status")["ledger"]["submitted"] == 0
+        with d.connect() as client:
+            assert client.submit("sq", 5).result(BOUND_S) == 25
