@@ -2,12 +2,7 @@
 
 The public face is re-exported here; everything else may move.
 """
-from .budget import BelowHostFloor, BudgetOverQuota, BudgetOverrides, FleetBudget, QuotaTooSmallForPinnedRoles
-from .config import FleetConfig, load_config
 from .errors import BootRefused, ConfigError, FleetError, NotRunning
-from .plan import TierPlan
-from .posture import PostureOwner, PosturePolicy, PostureRetuneError
-from .roles import REFERENCE_ROLES, Role, RoleSet, UnknownRoleError
 from .unit import (
     BadUnit,
     FleetClosed,
@@ -23,8 +18,46 @@ from .unit import (
     UnitFailed,
     UnitSuppressed,
 )
-from .executor import Fleet
-from .client import Client, FleetConnectionLost, connect
+
+# Heavier parts load on first use (PEP 562), so that `fleetctl status`, which imports
+# this package, starts fast: name -> module that defines it.
+_LAZY = {
+    "BelowHostFloor": "budget",
+    "BudgetOverQuota": "budget",
+    "BudgetOverrides": "budget",
+    "FleetBudget": "budget",
+    "QuotaTooSmallForPinnedRoles": "budget",
+    "FleetConfig": "config",
+    "load_config": "config",
+    "TierPlan": "plan",
+    "PostureOwner": "posture",
+    "PosturePolicy": "posture",
+    "PostureRetuneError": "posture",
+    "REFERENCE_ROLES": "roles",
+    "Role": "roles",
+    "RoleSet": "roles",
+    "UnknownRoleError": "roles",
+    "Fleet": "executor",
+    "Client": "client",
+    "FleetConnectionLost": "client",
+    "connect": "client",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fleet' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 
