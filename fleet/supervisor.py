@@ -636,6 +636,7 @@ class Supervisor:
                 self._after_posture_change(tick.transition)
         self.ledger.publish(self.table)
         with self._lock:
+            self._publish_posture()  # dwell and suppressed intake move without a transition
             for code in range(len(self.roles)):
                 self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code))
 
@@ -690,6 +691,19 @@ class Supervisor:
             done = self._dispatch()
         _deliver(done)
         return result
+
+    def hold(self, cause: str = "operator") -> None:
+        """Hold the posture Cordoned for `cause` until `release(cause)` (operator cordon)."""
+        with self._lock:
+            self._after_posture_change(self.posture.hold(cause, _now_ms()))
+            done = self._dispatch()
+        _deliver(done)
+
+    def release(self, cause: str = "operator") -> None:
+        with self._lock:
+            self._after_posture_change(self.posture.release(cause, _now_ms()))
+            done = self._dispatch()
+        _deliver(done)
 
     def reload(self, config: FleetConfig) -> dict:
         """Apply what can change on a live fleet (posture policy, queue bounds); report

@@ -266,3 +266,28 @@ def test_a_unit_is_an_immutable_named_record(fleet_name):
     assert (unit.id, unit.role, unit.payload, unit.lane, unit.request_id) == (7, "work", {"a": 1}, "batch", None)
     with pytest.raises(AttributeError):
         unit.payload = 2
+
+
+def test_cordon_holds_new_deferrable_work_and_lets_in_flight_work_finish(fleet_name):
+    cfg = config(fleet_name, {"bg": role("hang", cordon_class="deferrable", slots=2), "echo": role("echo")})
+    with running(cfg) as f:
+        sup = f._sup
+        running_unit = f.submit("bg", 1.0)
+        deadline = time.monotonic() + 30
+        while sup.table.snapshot().slot(0)["state"] != "Running" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        sup.hold("operator")
+        snap = sup.table.snapshot()
+        assert snap.posture_view()["state"] == "Cordoned"
+        assert snap.slot(0)["state"] == "Draining"  # T7: finishes, takes nothing new
+        held = f.submit("bg", 0.01)
+        assert f.submit("echo", "never-class roles still run").result(30) == "never-class roles still run"
+        assert running_unit.result(30) == "woke"  # in-flight work always completes
+        deadline = time.monotonic() + 30
+        while sup.table.snapshot().posture_view()["suppressed"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # published with the next posture sample
+        assert sup.table.snapshot().posture_view()["suppressed"] == 1
+        assert not held.done()  # deferrable intake waits while cordoned
+        sup.release("operator")
+        assert held.result(30) == "woke"
+        assert sup.table.snapshot().posture_view()["state"] == "Nominal"
