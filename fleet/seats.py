@@ -58,6 +58,8 @@ class SlotSpec:
 class SeatLayout:
     seats: tuple[Seat, ...]
     slots: tuple[SlotSpec, ...]
+    #: the reserve and ambient I/O CPUs: where the supervisor's own loop runs
+    supervisor_cpus: tuple[int, ...] = ()
 
     def slots_of(self, role: str) -> tuple[int, ...]:
         return tuple(s.index for s in self.slots if s.role == role)
@@ -107,8 +109,7 @@ def _shares(plan: TierPlan) -> dict:
 
 def _serial(plan, roles, active, cpus) -> SeatLayout:
     shares, cursor = _shares(plan), _Cursor(cpus)
-    cursor.take(_whole(shares["reserve"].cores))
-    cursor.take(_whole(shares["ambient_io"].cores))
+    own = cursor.take(_whole(shares["reserve"].cores)) + cursor.take(_whole(shares["ambient_io"].cores))
     seat_cpus = cursor.take(max(1, _whole(shares["serial-0"].cores)))
     seats = (Seat(0, "serial-0", tuple(r.name for r in active), seat_cpus, LOGICAL),) if active else ()
     slots, index = [], 0
@@ -117,7 +118,7 @@ def _serial(plan, roles, active, cpus) -> SeatLayout:
         for _ in range(role.slots):
             slots.append(SlotSpec(index, role.name, 0 if role.name in active_names else NO_SEAT))
             index += 1
-    return SeatLayout(seats, tuple(slots))
+    return SeatLayout(seats, tuple(slots), tuple(dict.fromkeys(own)))
 
 
 def _pinned(plan, roles, active, cpus) -> SeatLayout:
@@ -144,4 +145,5 @@ def _pinned(plan, roles, active, cpus) -> SeatLayout:
         for k in range(role.slots):
             slots.append(SlotSpec(index, role.name, mine[k % len(mine)] if mine else NO_SEAT))
             index += 1
-    return SeatLayout(tuple(seats), tuple(slots))
+    own = cores_of.get("reserve", ()) + cores_of.get("ambient_io", ())
+    return SeatLayout(tuple(seats), tuple(slots), tuple(dict.fromkeys(own)))

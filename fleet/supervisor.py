@@ -416,6 +416,13 @@ class Supervisor:
     def _loop(self) -> None:
         bell = self.data.bell
         next_sample = 0.0
+        if self.layout.supervisor_cpus:
+            # This thread only (Linux applies affinity per thread): the supervisor's loop
+            # runs on the reserve cores the budget set aside for it, off the worker seats.
+            try:
+                os.sched_setaffinity(0, self.layout.supervisor_cpus)
+            except OSError as exc:
+                log.warning("cannot pin the supervisor loop to %s: %s", self.layout.supervisor_cpus, exc)
         try:
             while True:
                 seen = bell.value

@@ -54,3 +54,10 @@ def test_meta_lists_seats_and_slot_seats():
     roles = RoleSet((Role("work", handler="m:f", slots=2),))
     meta = layout(resolve(2, "auto", roles), roles, [0, 1]).to_meta()
     assert meta["slot_seats"] == [0, 0] and meta["seats"][0]["name"] == "serial-0"
+
+
+def test_the_supervisor_runs_on_the_reserve_and_ambient_cpus():
+    roles = RoleSet((Role("work", handler="m:f", slots=2),))
+    assert layout(resolve(2, "auto", roles), roles, [0, 1]).supervisor_cpus == (0,)
+    plan = resolve(8, "auto", ACTIVE)
+    assert layout(plan, ACTIVE, list(range(8))).supervisor_cpus == (0, 1, 2)
