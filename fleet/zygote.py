@@ -90,6 +90,7 @@ class Zygote:
         self.data = DataSegment.attach(msg["name"])
 
     def fork(self, seat: int, cpus) -> int:
+        zygote = os.getpid()
         pid = os.fork()
         if pid == 0:
             code = 70
@@ -98,6 +99,8 @@ class Zygote:
 
                 self.sock.close()
                 child_setup(cpus)
+                if os.getppid() != zygote:
+                    os._exit(1)  # the zygote died before our death signal was armed: never an orphan
                 code = Worker(seat, self.table, self.data, self.roles, self.handlers).run()
             except BaseException:  # noqa: BLE001 - a crashing worker must still exit, never return here
                 logging.getLogger("fleet.worker").exception("worker for seat %d crashed", seat)
