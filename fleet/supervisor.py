@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import cgroup, fsm
 from . import messages as M
@@ -125,6 +125,7 @@ class Supervisor:
         self.started_ns = time.time_ns()
         self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
         self._pending_delivery: list = []  # outcomes decided under the lock, delivered after it
+        self._spawner = None
         self._last_change = None  # the posture transition that set the current posture
 
     # ================================================================== boot
@@ -200,13 +201,18 @@ class Supervisor:
     def _start_zygote(self) -> None:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
-        self.zygote = subprocess.Popen(
+        if self._spawner is None:
+            # The zygote's parent-death signal fires when the *thread* that started it
+            # exits; start it from a thread that lives exactly as long as this fleet, not
+            # from whichever caller thread booted it (it may end long before the fleet).
+            self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{self.name}-spawner")
+        self.zygote = self._spawner.submit(
+            subprocess.Popen,
             [sys.executable, "-m", "fleet.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=env,
-            start_new_session=False,
-        )
+        ).result()
         theirs.close()
         self._zsock = ours
         self._zbuf = b""
@@ -833,6 +839,9 @@ class Supervisor:
                 _wait_gone(pid)
             self._zsock.close()
             self.zygote = None
+        if self._spawner is not None:
+            self._spawner.shutdown(wait=False)
+            self._spawner = None
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None

@@ -291,3 +291,21 @@ def test_cordon_holds_new_deferrable_work_and_lets_in_flight_work_finish(fleet_n
         sup.release("operator")
         assert held.result(30) == "woke"
         assert sup.table.snapshot().posture_view()["state"] == "Nominal"
+
+
+def test_a_fleet_outlives_the_thread_that_booted_it(fleet_name):
+    import threading
+
+    box = {}
+    booter = threading.Thread(target=lambda: box.setdefault("f", fleet.Fleet.from_config(
+        config(fleet_name, {"work": role("whoami")}), env={})))
+    booter.start()
+    booter.join()
+    f = box["f"]
+    try:
+        first = f.submit("work", 1).result(30)[1]
+        time.sleep(0.3)  # a worker killed with its booting thread would be gone by now
+        assert f.submit("work", 2).result(30)[1] == first
+        assert f.ledger()["failed"] == 0
+    finally:
+        f.shutdown()
