@@ -292,3 +292,15 @@ def test_a_table_whose_creator_was_killed_is_stale(fleet_name, reaper):
     assert "STALE" in proc.stdout and "census    5 slots" in proc.stdout  # what it was doing when it died
     doc = json.loads(subprocess.run([FLEETCTL, "status", "--name", fleet_name, "--json"], capture_output=True, text=True).stdout)
     assert doc["stale"] is True and doc["alive"] is False
+
+
+def test_fleetctl_routes_each_command_to_its_module_and_knows_the_default_name():
+    import importlib
+
+    from fleet.cli import _common, fleetctl
+    from fleet.config import FleetConfig
+
+    assert _common.DEFAULT_NAME == FleetConfig.name
+    assert sorted(fleetctl.MODULE_OF.values()) == sorted(fleetctl.COMMANDS)
+    for name, module in fleetctl.MODULE_OF.items():
+        assert importlib.import_module(f"fleet.cli.{module}").NAME == name

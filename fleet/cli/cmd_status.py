@@ -19,9 +19,8 @@ import time
 from ..budget import json_number
 from ..errors import EXIT_NOT_RUNNING, EXIT_OK, NotRunning
 from ..outcomes import reason_name
-from ..table import SlotTable, TableNotFound
+from ..table import TableNotFound, snapshot
 from ..table import layout as L
-from ..table.segment import creator_alive
 from ._common import add_name_argument, fleet_name
 
 NAME = "status"
@@ -72,18 +71,12 @@ def gather(name: str, *, delay_source: str = "auto", now_ns=time.monotonic_ns, w
 
     Raises:
         NotRunning: no table of that name exists.
-        BadFleetName, TableCorrupt: as `SlotTable.attach`.
+        BadFleetName, TableCorrupt: the name is invalid, or the table unreadable.
     """
     try:
-        table = SlotTable.attach(name, writable=False)
+        snap, alive = snapshot.read(name)
     except TableNotFound as exc:
         raise NotRunning(str(exc)) from None
-    try:
-        snap = table.snapshot()
-        header = table.segment.header
-        alive = creator_alive(int(header["creator_pid"]), int(header["creator_start"]))
-    finally:
-        table.close()
     pids = sorted({snap.slot(i)["pid"] for i in range(snap.n_slots)} - {0})
     source = choose_delay_source(delay_source, delayacct_enabled(), os.geteuid())
     delays, source = read_delays(pids, source)

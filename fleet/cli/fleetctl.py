@@ -14,16 +14,23 @@ from ..errors import EXIT_USAGE, FleetError
 
 #: Subcommand modules, in the order `fleetctl --help` lists them.
 COMMANDS = ("cmd_status", "cmd_plan", "cmd_posture", "cmd_drain", "cmd_resume")
+#: command name -> its module, so that `fleetctl status` imports only what status needs
+#: (it must answer fast, even while the daemon is busy). A test keeps this in step.
+MODULE_OF = {"status": "cmd_status", "plan": "cmd_plan", "posture": "cmd_posture", "drain": "cmd_drain",
+             "resume": "cmd_resume"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv=None) -> argparse.ArgumentParser:
+    """The parser; given argv naming one command, only that command's module is loaded."""
     parser = argparse.ArgumentParser(
         prog="fleetctl",
         description="Inspect and steer a fleet: its CPU plan, slots, posture and ledger.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module_name in COMMANDS:
+    first = argv[0] if argv else None
+    modules = (MODULE_OF[first],) if first in MODULE_OF else COMMANDS
+    for module_name in modules:
         module = importlib.import_module(f"{__package__}.{module_name}")
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
@@ -32,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return args._run(args)

@@ -11,7 +11,16 @@ from .segment import (
     TableNotFound,
     TableVersionError,
 )
-from .table import SlotTable, TransitionRejected, UnknownEvent, event_code
+
+
+def __getattr__(name):
+    # The owner's handle (numpy, numba on first transition) loads on first use, so a
+    # reader that only needs `snapshot.read` imports neither.
+    if name in ("SlotTable", "TransitionRejected", "UnknownEvent", "event_code"):
+        from . import table
+
+        return getattr(table, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "BadFleetName",

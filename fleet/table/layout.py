@@ -27,7 +27,7 @@ This module is pure: constants and arithmetic, no numba, no shared memory.
 """
 from __future__ import annotations
 
-import numpy as np
+import struct
 
 MAGIC = int.from_bytes(b"FLEETTBL", "little")
 LAYOUT_VERSION = 1
@@ -68,33 +68,70 @@ def unpack_word(word: int) -> tuple[int, int, int, int]:
 
 # --- header (256 bytes) ------------------------------------------------------------
 HEADER_SIZE = 256
-HEADER_DTYPE = np.dtype(
-    [
-        ("magic", "<u8"),  # written last by the creator: a set magic means "initialised"
-        ("version", "<u4"),
-        ("header_size", "<u4"),
-        ("total_size", "<u8"),
-        ("boot_id", "S16"),
-        ("creator_pid", "<i8"),
-        ("creator_start", "<u8"),  # /proc/<pid>/stat start time: tells pid reuse apart
-        ("created_ns", "<u8"),  # CLOCK_REALTIME ns
-        ("n_slots", "<u4"),
-        ("n_roles", "<u4"),
-        ("n_bulkheads", "<u4"),
-        ("flags", "<u4"),
-        ("posture_off", "<u8"),
-        ("ledger_off", "<u8"),
-        ("roles_off", "<u8"),
-        ("slots_off", "<u8"),
-        ("bulkheads_off", "<u8"),
-        ("name", "S64"),
-        ("meta_len", "<u4"),  # bytes of JSON in the meta region
-        ("_pad0", "V4"),
-        ("meta_off", "<u8"),
-        ("_pad", "V56"),
-    ]
+#: (name, struct code) in order; little-endian, no implicit padding.
+HEADER_FIELDS = (
+    ("magic", "Q"),  # written last by the creator: a set magic means "initialised"
+    ("version", "I"),
+    ("header_size", "I"),
+    ("total_size", "Q"),
+    ("boot_id", "16s"),
+    ("creator_pid", "q"),
+    ("creator_start", "Q"),  # /proc/<pid>/stat start time: tells pid reuse apart
+    ("created_ns", "Q"),  # CLOCK_REALTIME ns
+    ("n_slots", "I"),
+    ("n_roles", "I"),
+    ("n_bulkheads", "I"),
+    ("flags", "I"),
+    ("posture_off", "Q"),
+    ("ledger_off", "Q"),
+    ("roles_off", "Q"),
+    ("slots_off", "Q"),
+    ("bulkheads_off", "Q"),
+    ("name", "64s"),
+    ("meta_len", "I"),  # bytes of JSON in the meta region
+    ("_pad0", "4x"),
+    ("meta_off", "Q"),
 )
-assert HEADER_DTYPE.itemsize == HEADER_SIZE, HEADER_DTYPE.itemsize
+
+
+def _field_structs():
+    out, off = {}, 0
+    for name, code in HEADER_FIELDS:
+        st = struct.Struct("<" + code)
+        if not name.startswith("_"):
+            out[name] = (off, st)
+        off += st.size
+    assert off <= HEADER_SIZE, off
+    return out
+
+
+_HEADER_AT = _field_structs()
+
+
+class HeaderView:
+    """The header fields of a mapped table, read and written in place (no numpy).
+
+    ``h["n_slots"]`` is an int (bytes for boot_id and name); ``h["flags"] = 1`` writes
+    through to the mapping.
+    """
+
+    __slots__ = ("_buf",)
+
+    def __init__(self, buf):
+        self._buf = buf
+
+    def __getitem__(self, name):
+        off, st = _HEADER_AT[name]
+        return st.unpack_from(self._buf, off)[0]
+
+    def __setitem__(self, name, value):
+        off, st = _HEADER_AT[name]
+        st.pack_into(self._buf, off, value)
+
+    @staticmethod
+    def fields() -> tuple[str, ...]:
+        return tuple(_HEADER_AT)
+
 
 FLAG_CLOSING = 1  # the owner is shutting down; take nothing new
 

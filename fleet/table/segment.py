@@ -13,7 +13,7 @@ One segment per fleet, named ``/fleet.<name>`` (``/dev/shm/fleet.<name>``). Rule
 * Attaching validates magic, layout version and every size and offset against the
   mapped size; a corrupt or foreign header is a typed error and nothing is written.
 
-This module imports numpy and posix_ipc only (no numba), so read-only tools stay fast.
+This module imports posix_ipc only (no numpy, no numba), so read-only tools stay fast.
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import numpy as np
 import posix_ipc
 
 from ..errors import EXIT_TABLE_IN_USE, FleetError
@@ -103,14 +102,17 @@ class Segment:
 
     name: str
     mm: mmap.mmap
-    header: np.ndarray  # 0-d structured view of HEADER_DTYPE
+    header: L.HeaderView  # the header fields, in place
     created: bool
 
     @property
     def size(self) -> int:
         return len(self.mm)
 
-    def view_u64(self, offset: int, n_fields: int) -> np.ndarray:
+    def view_u64(self, offset: int, n_fields: int):
+        """A numpy uint64 view of part of the mapping (the owner's and workers' side)."""
+        import numpy as np  # here, not at import: read-only tools never need numpy
+
         return np.frombuffer(self.mm, dtype="<u8", count=n_fields, offset=offset)
 
     def close(self) -> None:
@@ -139,9 +141,8 @@ def _map(shm: posix_ipc.SharedMemory, writable: bool) -> mmap.mmap:
         shm.close_fd()
 
 
-def _header_view(mm: mmap.mmap) -> np.ndarray:
-    # frombuffer, not ndarray(buffer=): the view must pin the mapping (see _close_quietly).
-    return np.frombuffer(mm, dtype=L.HEADER_DTYPE, count=1).reshape(())
+def _header_view(mm: mmap.mmap) -> L.HeaderView:
+    return L.HeaderView(mm)
 
 
 def create(name: str, n_slots: int, n_roles: int, n_bulkheads: int, *, now_ns=time.time_ns) -> Segment:
@@ -260,7 +261,7 @@ def attach(name: str, *, writable: bool = False) -> Segment:
     return Segment(name=name, mm=mm, header=header, created=False)
 
 
-def validate_header(header: np.ndarray, mapped_size: int, seg_name: str) -> None:
+def validate_header(header: L.HeaderView, mapped_size: int, seg_name: str) -> None:
     """Raise TableCorrupt / TableVersionError naming the first field that is wrong."""
     if int(header["magic"]) != L.MAGIC:
         raise TableCorrupt(f"table {seg_name}: bad magic {int(header['magic']):#018x} (not initialised or not a fleet table)")

@@ -6,12 +6,11 @@ moved is read again (a writer was in the middle of it). Slot words are also whol
 64-bit atomic words on their own. The copy runs in C (fleet._native), because the
 read must fit between two writes of a busy writer.
 
-This module imports numpy and the cffi module only: `fleetctl status` reads a table
-without numba.
+This module needs neither numba nor numpy: `fleetctl status` reads a table with the
+interpreter, posix_ipc and the cffi module alone. The numpy array views of a
+snapshot (`slots`, `roles`, ...) import numpy when first asked for.
 """
 from __future__ import annotations
-
-import numpy as np
 
 from .. import fsm
 from .._native import ffi as _ffi
@@ -34,10 +33,11 @@ class TableSnapshot:
     that copy, made on first use. Holding a snapshot keeps nothing of the mapping.
     """
 
-    __slots__ = ("_reader", "_data", "flags", "torn")
+    __slots__ = ("_reader", "_data", "_w", "flags", "torn")
 
-    def __init__(self, reader: "Reader", data: np.ndarray, flags: int, torn: tuple[str, ...] = ()):
+    def __init__(self, reader: "Reader", data: bytearray, flags: int, torn: tuple[str, ...] = ()):
         self._reader, self._data, self.flags = reader, data, flags
+        self._w = memoryview(data).cast("Q")  # the copy as 64-bit words
         #: records (e.g. "slots[3]") whose writer never finished a write while we read:
         #: their values are the last copy, possibly mixed. Empty in a healthy fleet.
         self.torn = torn
@@ -49,29 +49,44 @@ class TableSnapshot:
     role_names = property(lambda self: self._reader.role_names)
     #: boot metadata (plan, budget, seats), parsed once per attach
     meta = property(lambda self: self._reader.meta)
+    n_slots = property(lambda self: self._reader.n_slots)
+
+    # numpy views of the copy, for code that wants arrays (imports numpy on first use)
     #: (n_slots, 8) uint64: word, seq, unit, pid, cpus lo/hi, binding, done
-    slots = property(lambda self: self._reader.region(self._data, "slots"))
+    slots = property(lambda self: self._array("slots"))
     #: (n_roles, 16) uint64
-    roles = property(lambda self: self._reader.region(self._data, "roles"))
+    roles = property(lambda self: self._array("roles"))
     #: (16,) uint64
-    posture = property(lambda self: self._reader.region(self._data, "posture")[0])
+    posture = property(lambda self: self._array("posture")[0])
     #: (16,) uint64
-    ledger = property(lambda self: self._reader.region(self._data, "ledger")[0])
+    ledger = property(lambda self: self._array("ledger")[0])
     #: (n_bulkheads, 16) uint64
-    bulkheads = property(lambda self: self._reader.region(self._data, "bulkheads"))
+    bulkheads = property(lambda self: self._array("bulkheads"))
 
-    @property
-    def n_slots(self) -> int:
-        return self.slots.shape[0]
+    def _array(self, key: str):
+        import numpy as np
 
-    def words(self) -> np.ndarray:
-        return self.slots[:, L.S_WORD]
+        first, stride, count, _seq = self._reader.regions[key]
+        words = np.frombuffer(self._data, dtype="<u8")
+        return words[first : first + stride * count].reshape(count, stride)
+
+    def _field(self, key: str, record: int, field: int) -> int:
+        first, stride, _count, _seq = self._reader.regions[key]
+        return self._w[first + record * stride + field]
+
+    def words(self) -> list[int]:
+        return [self._field("slots", i, L.S_WORD) for i in range(self.n_slots)]
 
     def slot(self, i: int) -> dict:
         """One slot as plain values (state and role by name)."""
-        state, role, key, gen = L.unpack_word(self.slots[i, L.S_WORD])
-        rec = self.slots[i]
-        cpus = int(rec[L.S_CPUS_LO]) | (int(rec[L.S_CPUS_HI]) << 64)
+        if not 0 <= i < self.n_slots:
+            raise IndexError(f"slot {i} out of range [0, {self.n_slots})")
+        first, stride, _count, _seq = self._reader.regions["slots"]
+        base = first + i * stride
+        w = self._w
+        state, role, key, gen = L.unpack_word(w[base + L.S_WORD])
+        cpus = w[base + L.S_CPUS_LO] | (w[base + L.S_CPUS_HI] << 64)
+        binding = w[base + L.S_BINDING]
         held = state != fsm.IDLE
         return {
             "slot": i,
@@ -79,15 +94,15 @@ class TableSnapshot:
             "role": self.role_names[role] if held and role < len(self.role_names) else None,
             "key": key if held else None,
             "generation": gen,
-            "unit": int(rec[L.S_UNIT]),
-            "pid": int(rec[L.S_PID]),
+            "unit": w[base + L.S_UNIT],
+            "pid": w[base + L.S_PID],
             "cpus": [c for c in range(128) if cpus >> c & 1],
-            "binding": L.BINDINGS[int(rec[L.S_BINDING])] if int(rec[L.S_BINDING]) < len(L.BINDINGS) else "?",
-            "done": int(rec[L.S_DONE]),
+            "binding": L.BINDINGS[binding] if binding < len(L.BINDINGS) else "?",
+            "done": w[base + L.S_DONE],
         }
 
     def posture_view(self) -> dict:
-        p = self.posture
+        p = _Record(self, "posture", 0)
         cause = int(p[L.P_CAUSE])
         return {
             "state": fsm.POSTURE_NAMES[int(p[L.P_STATE]) & 1],
@@ -108,18 +123,18 @@ class TableSnapshot:
         }
 
     def ledger_view(self) -> dict:
-        g = self.ledger
+        g = _Record(self, "ledger", 0)
         return {
             "submitted": int(g[L.L_SUBMITTED]),
             "solved": int(g[L.L_SOLVED]),
             "suppressed": int(g[L.L_SUPPRESSED]),
             "failed": int(g[L.L_FAILED]),
             "inflight": int(g[L.L_INFLIGHT]),
-            "failed_by_reason": [int(x) for x in g[L.L_FAILED_BY_REASON : L.L_FAILED_BY_REASON + L.N_FAILURE_REASONS]],
+            "failed_by_reason": [g[L.L_FAILED_BY_REASON + i] for i in range(L.N_FAILURE_REASONS)],
         }
 
     def role_view(self, code: int) -> dict:
-        r = self.roles[code]
+        r = _Record(self, "roles", code)
         return {
             "name": self.role_names[code],
             "kind": fsm.KIND_NAMES[int(r[L.R_KIND])],
@@ -131,12 +146,25 @@ class TableSnapshot:
         }
 
 
-class Reader:
-    """Precomputed views of one mapped segment, for repeated snapshots.
+class _Record:
+    """Fields of one record of a snapshot, by index (what the views read)."""
 
-    A snapshot is: gather every record's sequence, copy the whole segment once,
-    gather the sequences again; records whose sequence was odd or moved are re-read
-    one by one. Role names never change after creation, so they are decoded once.
+    __slots__ = ("_w", "_base")
+
+    def __init__(self, snap: TableSnapshot, key: str, record: int):
+        first, stride, _count, _seq = snap._reader.regions[key]
+        self._w, self._base = snap._w, first + record * stride
+
+    def __getitem__(self, field: int) -> int:
+        return self._w[self._base + field]
+
+
+class Reader:
+    """Precomputed geometry of one mapped segment, for repeated snapshots.
+
+    A snapshot is one call into C that copies the whole segment and re-reads every
+    seqlocked record until it is consistent (see the module docstring). Role names
+    and the boot metadata never change after creation, so they are read once.
     """
 
     def __init__(self, segment: Segment):
@@ -148,7 +176,7 @@ class Reader:
         self.header = h
         self.meta = read_meta(segment)
         self.n_slots, self.n_roles, self.n_bulk = int(h["n_slots"]), int(h["n_roles"]), int(h["n_bulkheads"])
-        self.full = segment.view_u64(0, segment.size // L.U64)
+        self.n_words = segment.size // L.U64
         w = L.U64
         bulk_fields = L.BULKHEAD_SIZE // w
         # (first word, record stride, record count, seq field) of each seqlocked region
@@ -166,41 +194,52 @@ class Reader:
                 seq_idx.append(first + rec * stride + seq_field)
                 starts.append(first + rec * stride)
                 strides.append(stride)
-        self.seq_idx = np.asarray(seq_idx, dtype=np.int64)
-        self.rec_start = np.asarray(starts, dtype=np.int64)
-        self.rec_len = np.asarray(strides, dtype=np.int64)
         self.rec_names = tuple(names)
+        self.rec_start = starts
         # C does the copy: a seqlock read must fit between two writes, and Python is
         # too slow to win that race against a busy writer.
-        self._src = _ffi.from_buffer("uint64_t[]", self.full)
-        self._starts = _ffi.from_buffer("int64_t[]", self.rec_start)
-        self._lens = _ffi.from_buffer("int64_t[]", self.rec_len)
-        self._seqs = _ffi.from_buffer("int64_t[]", self.seq_idx)
-        roles_first = self.regions["roles"][0]
-        raw = self.full[roles_first : roles_first + self.n_roles * ROLE_FIELDS].copy().reshape(self.n_roles, ROLE_FIELDS)
+        self._src = _ffi.from_buffer("uint64_t[]", segment.mm)
+        self._starts = _ffi.new("int64_t[]", starts)
+        self._lens = _ffi.new("int64_t[]", strides)
+        self._seqs = _ffi.new("int64_t[]", seq_idx)
+        names_at = int(h["roles_off"]) + L.R_NAME_BYTE
         self.role_names = tuple(
-            bytes(raw[i].view(np.uint8)[L.R_NAME_BYTE : L.R_NAME_BYTE + L.ROLE_NAME_BYTES]).rstrip(b"\0").decode()
+            bytes(segment.mm[names_at + i * L.ROLE_SIZE : names_at + i * L.ROLE_SIZE + L.ROLE_NAME_BYTES])
+            .rstrip(b"\0")
+            .decode()
             for i in range(self.n_roles)
         )
 
-    def _copy(self) -> np.ndarray:
-        data = np.empty_like(self.full)
-        unsettled = np.zeros(self.seq_idx.size, dtype=np.uint8)
+    def _copy(self) -> tuple[bytearray, tuple]:
+        data = bytearray(self.n_words * L.U64)
+        unsettled = bytearray(len(self.rec_names))
         n = _lib.fleet_snapshot_copy(
-            self._src, _ffi.from_buffer("uint64_t[]", data), data.size,
-            self._starts, self._lens, self._seqs, self.seq_idx.size, SPINS, TORN_TIMEOUT_NS,
+            self._src, _ffi.from_buffer("uint64_t[]", data), self.n_words,
+            self._starts, self._lens, self._seqs, len(self.rec_names), SPINS, TORN_TIMEOUT_NS,
             _ffi.from_buffer("uint8_t[]", unsettled),
         )
-        torn = () if n == 0 else tuple(self.rec_names[i] for i in np.flatnonzero(unsettled))
+        torn = () if n == 0 else tuple(name for name, bad in zip(self.rec_names, unsettled) if bad)
         return data, torn
-
-    def region(self, data: np.ndarray, key: str) -> np.ndarray:
-        first, stride, count, _seq = self.regions[key]
-        return data[first : first + stride * count].reshape(count, stride)
 
     def take(self) -> TableSnapshot:
         data, torn = self._copy()
         return TableSnapshot(self, data, int(self.header["flags"]), torn)
+
+
+def read(name: str) -> tuple[TableSnapshot, bool]:
+    """Attach read-only to fleet `name`'s table, take one snapshot, detach.
+
+    Returns (snapshot, creator alive). Raises TableNotFound, TableCorrupt, BadFleetName.
+    """
+    from . import segment as seg
+
+    segment = seg.attach(name, writable=False)
+    try:
+        h = segment.header
+        alive = seg.creator_alive(int(h["creator_pid"]), int(h["creator_start"]))
+        return Reader(segment).take(), alive
+    finally:
+        segment.close()
 
 
 def take(segment: Segment) -> TableSnapshot:
