@@ -122,7 +122,7 @@ def _serial(plan, roles, active, cpus) -> SeatLayout:
 
 
 def _pinned(plan, roles, active, cpus) -> SeatLayout:
-    shares, cursor = _shares(plan), _Cursor(cpus)
+    cursor = _Cursor(cpus)
     cores_of: dict[str, tuple[int, ...]] = {}
     for share in plan.budget.consumers:  # budget order: reserve, ambient, then the roles
         whole = _whole(share.cores)

@@ -126,6 +126,7 @@ class Supervisor:
         self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
         self._pending_delivery: list = []  # outcomes decided under the lock, delivered after it
         self._spawner = None
+        self._zygote_gone = False  # its death has been handled (no new one yet)
         self._last_change = None  # the posture transition that set the current posture
 
     # ================================================================== boot
@@ -526,7 +527,9 @@ class Supervisor:
         return self._close(unit_id, outcome, value, original)
 
     # ================================================================== deaths
-    def _seat_died(self, seat: int, pid: int, status: int) -> None:
+    def _seat_died(self, seat: int, pid: int, status: int, restart: bool = True) -> None:
+        """A worker is gone. `restart=False` when its zygote died too (all seats are
+        forked again once a new zygote runs)."""
         how = f"signal {-status}" if status < 0 else f"exit code {status}"
         with self._lock:
             self._pids.pop(seat, None)
@@ -543,8 +546,7 @@ class Supervisor:
                     "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
                 self._pending_delivery.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
             self._reset_slots(seat)
-            restart = self._count_death(seat, how)
-            if restart and not self._closing:
+            if self._count_death(seat, how) and restart and not self._closing:
                 self._fork(seat)
             done = self._dispatch()
         _deliver(done)
@@ -590,7 +592,11 @@ class Supervisor:
         log.warning("fleet %s: seat %s worker died (%s)", self.name, self.layout.seats[seat].name, how)
         for code in stop:
             self._stop_role(code)
-        return all(self.roles.code(r) in self._stopped_roles for r in self.layout.seats[seat].roles) is False
+        return not self._seat_stopped(seat)
+
+    def _seat_stopped(self, seat: int) -> bool:
+        """Every role the seat serves was stopped: it is not restarted."""
+        return all(self.roles.code(r) in self._stopped_roles for r in self.layout.seats[seat].roles)
 
     def _stop_role(self, code: int) -> None:
         if code in self._stopped_roles:
@@ -609,19 +615,26 @@ class Supervisor:
 
     def _zygote_died(self) -> None:
         """The fork server is gone: its workers die with it. Fail what they owed, start again."""
+        if self.zygote is None or self._zygote_gone:
+            return
+        self._zygote_gone = True
         code = self.zygote.wait()
-        log.error("fleet %s: worker fork server exited (code %s); restarting it", self.name, code)
+        log.error("fleet %s: worker fork server exited (code %s)", self.name, code)
         pids = dict(self._seat_of_pid)
         for pid in pids:
-            _wait_gone(pid)
+            _wait_gone(pid)  # they die with it (parent-death signal)
         for pid, seat in pids.items():
             self._seat_of_pid.pop(pid, None)
-            self._seat_died(seat, pid, -signal.SIGKILL)
-        if not self._closing:
+            self._seat_died(seat, pid, -signal.SIGKILL, restart=False)
+        if self._closing:
+            return
+        with self._lock:
             self._pending_forks.clear()
+            self._zsock.close()
             self._start_zygote()
+            self._zygote_gone = False
             for seat in range(len(self.layout.seats)):
-                if not all(self.roles.code(r) in self._stopped_roles for r in self.layout.seats[seat].roles):
+                if not self._seat_stopped(seat):
                     self._fork(seat)
 
     # ================================================================== timers
@@ -770,7 +783,8 @@ class Supervisor:
                     self.ledger.record(item.unit_id, FAILED, "Cancelled")
             done.extend(self._dispatch())
         _deliver(done)
-        self.data.bell.ring() if self.data is not None else None
+        if self.data is not None:
+            self.data.bell.ring()  # the loop notices the close at once, not at its next tick
         if wait and self._thread is not None:
             self._stopped.wait()
 

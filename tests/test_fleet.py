@@ -309,3 +309,20 @@ def test_a_fleet_outlives_the_thread_that_booted_it(fleet_name):
         assert f.ledger()["failed"] == 0
     finally:
         f.shutdown()
+
+
+def test_the_fleet_survives_the_death_of_its_fork_server(fleet_name):
+    cfg = config(fleet_name, {"work": role("hang", slots=2), "echo": role("whoami")}, profile="pinned")
+    with running(cfg) as f:
+        stuck = f.submit("work", 600)
+        old_pid = f.submit("echo", 0).result(30)[1]
+        deadline = time.monotonic() + 30
+        while f._sup.table.snapshot().slot(0)["state"] != "Running" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.kill(f._sup.zygote.pid, signal.SIGKILL)
+        error = stuck.exception(60)
+        assert isinstance(error, UnitFailed) and error.reason == "LaneDeath"
+        value, pid = f.submit("echo", "again").result(60)
+        assert value == "again" and pid != old_pid
+        ledger = f.ledger()
+        assert ledger["inflight"] == 0 and ledger["failed_by_reason"] == {"LaneDeath": 1}
