@@ -423,9 +423,12 @@ class Supervisor:
     def _loop(self) -> None:
         bell = self.data.bell
         next_sample = 0.0
-        if self.layout.supervisor_cpus:
+        seat_cpus = {c for seat in self.layout.seats for c in seat.cpus}
+        if self.layout.supervisor_cpus and not seat_cpus & set(self.layout.supervisor_cpus):
             # This thread only (Linux applies affinity per thread): the supervisor's loop
             # runs on the reserve cores the budget set aside for it, off the worker seats.
+            # An oversubscribed layout has seats on those cores too: then the scheduler
+            # places the loop better than a pin would.
             try:
                 os.sched_setaffinity(0, self.layout.supervisor_cpus)
             except OSError as exc:
