@@ -62,8 +62,8 @@ def test_census_has_one_row_per_slot(table, fleet_name, capsys):
     assert got == [
         (0, "solver", "Running", 7, "pinned", [0, 1], 101, 0),
         (1, "solver", "Pinned", 9, "pinned", [1], 102, 1),
-        (2, "sim", "Running", 0, "shared", [0, 1], 103, 0),
-        (3, "merge", "Leased", 0, "logical", [0], 0, 0),
+        (2, "sim", "Running", None, "shared", [0, 1], 103, 0),  # pooled and singleton
+        (3, "merge", "Leased", None, "logical", [0], 0, 0),  # roles carry no key
         (4, None, "Idle", None, "pinned", [], 0, 0),
     ]
     assert [r["seat_name"] for r in rows] == [f"work-{fleet_name[:6]}-{i}" for i in range(5)]

@@ -210,3 +210,10 @@ def test_non_integer_arguments_are_refused(table, bad):
         table.transition(0, "LEASE", bad)
     assert table.segment.mm[:] == before
     assert table.transition(np.int64(0), "LEASE", np.int32(MATRIX.code("pooled_never"))) == fsm.OK
+
+
+def test_snapshot_shows_a_key_only_for_keyed_roles(table):
+    table.apply(0, "LEASE", MATRIX.code("pinned_never"), 9)
+    table.apply(1, "LEASE", MATRIX.code("pooled_never"))
+    snap = table.snapshot()
+    assert snap.slot(0)["key"] == 9 and snap.slot(1)["key"] is None and snap.slot(2)["key"] is None

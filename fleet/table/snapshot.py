@@ -88,11 +88,14 @@ class TableSnapshot:
         cpus = w[base + L.S_CPUS_LO] | (w[base + L.S_CPUS_HI] << 64)
         binding = w[base + L.S_BINDING]
         held = state != fsm.IDLE
+        known = held and role < len(self.role_names)
+        # Only a pinned-kind role is keyed; the key field of any other slot means nothing.
+        keyed = known and self._field("roles", role, L.R_KIND) == fsm.KIND_PINNED
         return {
             "slot": i,
             "state": fsm.STATE_NAMES[state] if state < fsm.N_STATES else f"?{state}",
-            "role": self.role_names[role] if held and role < len(self.role_names) else None,
-            "key": key if held else None,
+            "role": self.role_names[role] if known else None,
+            "key": key if keyed else None,
             "generation": gen,
             "unit": w[base + L.S_UNIT],
             "pid": w[base + L.S_PID],
