@@ -52,6 +52,7 @@ from .ledger import Ledger, abort_process
 from .outcomes import FAILED, SOLVED, SUPPRESSED
 from .sampler import Sampler
 from .table import SlotTable
+from .table import layout as L
 from .unit import (
     BadUnit,
     FleetClosed,
@@ -777,7 +778,7 @@ class Supervisor:
     # ================================================================== shutdown
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         with self._lock:
-            self._closing = True
+            self._close_intake()
             done = []
             if cancel_futures:
                 for item in self.dispatcher.drain_queue():
@@ -791,10 +792,16 @@ class Supervisor:
         if wait and self._thread is not None:
             self._stopped.wait()
 
+    def _close_intake(self) -> None:
+        """Refuse new units from here on (lock held); readers of the table see it too."""
+        self._closing = True
+        if self.table is not None:
+            self.table.set_flags(L.FLAG_CLOSING)
+
     def stop(self, grace_s: float = 0.0) -> None:
         """Stop soon: queued units fail with Shutdown after `grace_s`; in-flight ones finish."""
         with self._lock:
-            self._closing = True
+            self._close_intake()
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and not self._idle() and not self._stopped.is_set():
             time.sleep(0.01)
@@ -810,7 +817,7 @@ class Supervisor:
     def kill(self) -> None:
         """Stop now: workers are killed; every unit still owed fails with Shutdown."""
         with self._lock:
-            self._closing = True
+            self._close_intake()
             self._fail_everything("Shutdown", "the fleet was stopped")
         self.data.bell.ring()
         self._stopped.wait()

@@ -122,6 +122,9 @@ def test_a_full_queue_refuses_loudly(fleet_name):
         with pytest.raises(QueueFull, match="3 units waiting"):
             f.submit("work", 600)
         f.shutdown(wait=False, cancel_futures=True)
+        from fleet.table import layout as L
+
+        assert f._sup.table.snapshot().flags & L.FLAG_CLOSING  # status can say "closing"
         for fut in futures[1:]:
             with pytest.raises(CancelledError):
                 fut.result(30)

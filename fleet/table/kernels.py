@@ -192,14 +192,6 @@ def finish_unit(slots, roles, n_roles, posture, slot, event, role):
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def read_word(slots, slot):
-    """The slot's word (acquire), or 0xFFFF.. for an index out of range."""
-    if slot < 0 or slot >= slots.size // SLOT_FIELDS:
-        return np.uint64(0xFFFFFFFFFFFFFFFF)
-    return load_acquire(slots, slot * SLOT_FIELDS)
-
-
-@njit(cache=True, nogil=True, _nrt=False)
 def seq_write(arr, seq_idx, field_idx, values):
     """Seqlocked write of arr[field_idx[i]] = values[i] by the record's single writer."""
     if seq_idx < 0 or seq_idx >= arr.size:
@@ -237,7 +229,6 @@ def warm_up(slots, roles, n_roles, posture) -> None:
     apply_transition(slots, roles, n_roles, posture, -1, 0, 0, 0, -1)
     ids = np.zeros(0, dtype=np.int64)
     apply_batch(slots, roles, n_roles, posture, ids, ids, ids, ids, ids)
-    read_word(slots, -1)
     start_unit(slots, roles, n_roles, posture, -1, 0, 0, 0, 0)
     finish_unit(slots, roles, n_roles, posture, -1, 0, 0)
     seq_write(slots, -1, ids, np.zeros(0, dtype=np.uint64))

@@ -74,9 +74,6 @@ class TableSnapshot:
         first, stride, _count, _seq = self._reader.regions[key]
         return self._w[first + record * stride + field]
 
-    def words(self) -> list[int]:
-        return [self._field("slots", i, L.S_WORD) for i in range(self.n_slots)]
-
     def slot(self, i: int) -> dict:
         """One slot as plain values (state and role by name)."""
         if not 0 <= i < self.n_slots:

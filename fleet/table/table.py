@@ -222,10 +222,6 @@ class SlotTable:
         packed = self._k.finish_unit(self.slots, self.roles, self.n_roles, self.posture, slot, event, role)
         return packed >> 4, packed & 15
 
-    def note_unit(self, slot: int, unit_id: int) -> None:
-        """Record the unit a slot is running (its worker is this word's only writer)."""
-        self._kernels().store_field(self.slots, slot * SLOT_FIELDS + L.S_UNIT, np.uint64(unit_id))
-
     def count_done(self, slot: int) -> None:
         self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_DONE, np.uint64(1))
 
