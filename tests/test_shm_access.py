@@ -155,3 +155,32 @@ def test_fleetd_gives_its_segments_these_modes(fleet_name, group):
         table, data = os.stat(shm.path(fleet_name, TABLE)), os.stat(shm.path(fleet_name, DATA))
     assert (table.st_mode & 0o777, table.st_gid) == ((0o640, gid) if group else (0o600, os.getegid()))
     assert (data.st_mode & 0o777, data.st_gid) == (0o600, os.getegid())
+
+
+def test_an_owner_may_give_the_table_only_to_a_group_it_belongs_to(fleet_name):
+    """fleetd run by an ordinary user: fchown to a group it is not in fails, typed, leaving nothing."""
+    from fleet.table import segment as seg
+
+    gid = unused_gid()
+
+    def child():
+        out = {}
+        try:
+            seg.create(fleet_name, 2, 1, 0, readers_group=gid).close()
+            out["outside"] = "created"
+        except FleetError as exc:
+            out["outside"] = [type(exc).__name__, str(exc)]
+        out["left"] = os.path.exists(shm.path(fleet_name, TABLE))
+        return out
+
+    out = as_nobody(child)
+    assert out["outside"][0] == "TableAccessDenied" and f"group {gid}" in out["outside"][1], out
+    assert out["left"] is False
+
+    def member():
+        s = seg.create(fleet_name, 2, 1, 0, readers_group=gid)
+        st = os.stat(shm.path(fleet_name, TABLE))
+        s.close()
+        return [st.st_mode & 0o777, st.st_uid, st.st_gid]
+
+    assert as_nobody(member, groups=[gid]) == [0o640, 65534, gid]
