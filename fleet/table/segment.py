@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from .. import shm
 from ..errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 from ..names import InvalidFleetName
-from ..shm import UNINITIALISED_GRACE_S, creator_alive, process_start_time  # noqa: F401 (re-exported)
+from ..shm import creator_alive, process_start_time  # noqa: F401 (re-exported for readers and tests)
 from . import layout as L
 
 log = logging.getLogger("fleet.table")
