@@ -4,7 +4,7 @@ Sections and keys (every key optional; unknown sections and keys are rejected wi
 a ConfigError naming their dotted path)::
 
     [fleet]
-    name = "fleet"            # names the shared table, socket and unit
+    name = "fleet"            # names the shared table, socket and unit (see fleet.names)
     profile = "auto"          # auto | serial | pinned (see fleet.plan)
     cpus = 4.5                # use this quota instead of the detected one
 
@@ -52,17 +52,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import tomllib
 from dataclasses import dataclass, field
 
 from .budget import BudgetOverrides
 from .errors import ConfigError
+from .names import InvalidFleetName, validate_fleet_name
 from .plan import PROFILES
 from .posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, PostureRetuneError
 from .roles import REFERENCE_ROLES, Role, RoleSet
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name")
 
 
@@ -141,8 +140,10 @@ def _fleet(data):
     data = _table("fleet", data)
     _reject_unknown("fleet", data, ("name", "profile", "cpus"))
     name = data.get("name", "fleet")
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ConfigError("fleet.name", f"must match {_NAME_RE.pattern}, got {name!r}")
+    try:
+        validate_fleet_name(name)
+    except InvalidFleetName as exc:
+        raise ConfigError("fleet.name", str(exc)) from None
     profile = data.get("profile", "auto")
     if profile not in PROFILES:
         raise ConfigError("fleet.profile", f"must be one of {', '.join(PROFILES)}, got {profile!r}")

@@ -207,29 +207,11 @@ class OutcomesDropped(FleetConnectionLost):
     or held more than its bound (see `CollectOp`): the client's pending futures fail."""
 
 
-class InvalidFleetName(FleetError, ValueError):
-    """A fleet name is not a safe identifier."""
-
-    exit_code = EXIT_USAGE
-
-
 # --------------------------------------------------------------------- names, paths
 
-# A fleet name becomes a file name, a systemd instance name and part of shared
-# memory segment names: letters, digits, '_' and '-', starting with a letter or digit.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
-
-
-def validate_fleet_name(name: object) -> str:
-    """Return ``name`` if it is a safe fleet name, else raise InvalidFleetName saying why."""
-    if not isinstance(name, str):
-        raise InvalidFleetName(f"fleet name must be a string, got {type(name).__name__}")
-    if not _NAME.fullmatch(name):
-        raise InvalidFleetName(
-            f"fleet name {name!r} is not valid: use 1-63 letters, digits, '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return name
+# The fleet-name rule lives in fleet.names (one rule for config, segments and
+# sockets); both names stay importable from here.
+from .names import InvalidFleetName, validate_fleet_name  # noqa: E402
 
 
 _SYSTEM_RUNTIME_DIR = Path("/run/fleet")

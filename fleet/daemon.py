@@ -385,7 +385,9 @@ class Daemon:
         name = control.validate_fleet_name(self.config.name)
         directory = control.prepare_runtime_dir(control.runtime_dir(self.env))
         path = directory / f"{name}.sock"
-        self.sup = Supervisor(self.config, mode="service", socket_path=str(path)).start()
+        # The socket group may read the table too (fleetctl status), never the data segment.
+        self.sup = Supervisor(self.config, mode="service", socket_path=str(path),
+                              readers_group=self.options.socket_group).start()
         try:
             self.calls = control.CallQueue(wakeup=self._wake)
             self.server = control.ControlServer(

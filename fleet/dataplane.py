@@ -14,10 +14,13 @@ message framing). Rules that keep it fast and safe:
   so a busy ring costs no syscalls and an idle one burns no CPU (futex sleeps).
 * The supervisor waits on one *bell* that every worker rings after pushing results,
   instead of waiting on n rings.
-* The segment follows the slot table's lifecycle (``fleet/table/segment.py``): only
-  the creator sizes it, exclusively; the magic is written last; a segment whose
-  creator is dead is reclaimed, one whose creator lives is refused; attachers never
-  pass a size (a size would shrink it and SIGBUS every reader).
+* The segment's lifecycle is `fleet.shm`'s, shared with the slot table: only the
+  creator sizes it, exclusively; the magic is written last; a stale data segment of
+  this fleet (its creator is dead) is reclaimed, one whose creator lives is refused,
+  anything else under its name is left alone; attachers never pass a size (a size
+  would shrink it and SIGBUS every reader).
+* It carries unit payloads and results: mode 0600, never shared with a group (the
+  table may be; see `fleet.shm`).
 * Views into the mapping are made with ``ffi.from_buffer(mm)``, which pins the
   mapping: it cannot be unmapped while a Ring or Bell still points into it.
 """
@@ -25,29 +28,20 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 import time
 
 import numpy as np
-import posix_ipc
 
+from . import shm
 from ._native import ffi, lib
-from .errors import EXIT_TABLE_IN_USE, FleetError
-from .table.segment import (
-    UNINITIALISED_GRACE_S,
-    _close_quietly,
-    _map,
-    creator_alive,
-    process_start_time,
-    validate_name,
-)
+from .errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 
 log = logging.getLogger("fleet.dataplane")
 
-MAGIC = 0x31415441444C4621  # "!FLDATA1" little-endian
-LAYOUT_VERSION = 1
+MAGIC = 0x32415441444C4621  # "!FLDATA2" little-endian
+LAYOUT_VERSION = 2
 LINE = 64
-HEADER_SIZE = 128
+HEADER_SIZE = 192
 BELL_OFF = HEADER_SIZE  # the bell word and its waiting word share one line, alone
 RINGS_OFF = BELL_OFF + LINE
 MAX_SEATS = 4096
@@ -68,6 +62,7 @@ HEADER_DTYPE = np.dtype(
         ("total_size", "<u8"),
         ("rings_off", "<u8"),
         ("seat_stride", "<u8"),
+        ("name", "S64"),  # the fleet's name: a reclaimer checks it is this fleet's segment
     ]
 )
 assert HEADER_DTYPE.itemsize <= HEADER_SIZE
@@ -106,8 +101,34 @@ class DataSegmentCorrupt(DataPlaneError):
     """The segment exists but is not a data segment this code can read."""
 
 
+class DataSegmentAccessDenied(DataPlaneError):
+    """This uid may not open the data segment (only its owner and root may)."""
+
+    exit_code = EXIT_NO_PERMISSION
+
+
+#: The data segment as a kind of fleet segment (see fleet.shm).
+KIND = shm.Kind(
+    label="data segment",
+    suffix=".data",
+    magic=MAGIC,
+    header_size=HEADER_SIZE,
+    name_off=HEADER_DTYPE.fields["name"][1],
+    name_len=HEADER_DTYPE.fields["name"][0].itemsize,
+    start_off=HEADER_DTYPE.fields["creator_start"][1],
+    pid_off=HEADER_DTYPE.fields["creator_pid"][1],
+    errors=shm.Errors(
+        base=DataPlaneError, not_found=DataSegmentNotFound, in_use=DataSegmentInUse, corrupt=DataSegmentCorrupt,
+        denied=DataSegmentAccessDenied,
+    ),
+    group_readable=False,
+    access_hint="only its owner and root may open it: it carries unit payloads and results",
+    logger=log,
+)
+
+
 def data_segment_name(name: str) -> str:
-    return f"/fleet.{validate_name(name)}.data"
+    return shm.segment_name(name, KIND)
 
 
 def _timeout_ns(timeout_s: float | None) -> int:
@@ -334,24 +355,17 @@ class DataSegment:
         """Create the segment exclusively, reclaiming a stale one (its creator is dead).
 
         Raises DataSegmentInUse when a live process owns one of this name."""
-        seg = data_segment_name(name)
+        data_segment_name(name)  # a bad name is refused before anything else
         if not 1 <= n_seats <= MAX_SEATS:
             raise DataPlaneError(f"n_seats = {n_seats} is out of range [1, {MAX_SEATS}]")
         _check_capacity("task_capacity", task_capacity)
         _check_capacity("result_capacity", result_capacity)
         stride, total = _layout(n_seats, task_capacity, result_capacity)
-        try:
-            shm = posix_ipc.SharedMemory(seg, posix_ipc.O_CREX, mode=0o644, size=total)
-        except posix_ipc.ExistentialError:
-            _reclaim_if_stale(name)
-            shm = posix_ipc.SharedMemory(seg, posix_ipc.O_CREX, mode=0o644, size=total)
-        mm = _map(shm, writable=True)
+        mm = shm.create(name, KIND, total)  # 0600; name, creator pid and start written
         h = _header_view(mm)
         h["version"] = LAYOUT_VERSION
         h["n_seats"] = n_seats
         h["task_capacity"], h["result_capacity"] = task_capacity, result_capacity
-        h["creator_pid"] = os.getpid()
-        h["creator_start"] = process_start_time(os.getpid())
         h["created_ns"] = time.time_ns()
         h["total_size"], h["rings_off"], h["seat_stride"] = total, RINGS_OFF, stride
         base = ffi.from_buffer(mm)
@@ -370,23 +384,12 @@ class DataSegment:
     @classmethod
     def attach(cls, name: str) -> "DataSegment":
         """Map an existing segment after validating it. Never passes a size."""
-        seg = data_segment_name(name)
+        mm = shm.attach(name, KIND, writable=True)
         try:
-            shm = posix_ipc.SharedMemory(seg)  # flags=0: open only
-        except posix_ipc.ExistentialError:
-            raise DataSegmentNotFound(f"fleet {name!r} is not running (no data segment {seg})") from None
-        except posix_ipc.PermissionsError as exc:
-            raise DataPlaneError(f"cannot open data segment {seg}: {exc}") from None
-        size = shm.size  # read before close_fd: the size comes from fstat on the fd
-        if size < RINGS_OFF:
-            shm.close_fd()
-            raise DataSegmentCorrupt(f"data segment {seg} is {size} bytes, smaller than its header")
-        mm = _map(shm, writable=True)
-        try:
-            _validate(mm, seg)
+            _validate(mm, data_segment_name(name))
             return cls(name, mm, created=False)
         except DataPlaneError:
-            _close_quietly(mm)
+            shm.close_quietly(mm)
             raise
 
     def close(self) -> None:
@@ -394,7 +397,7 @@ class DataSegment:
         self._rings.clear()
         self._bell = None
         self._base = None
-        _close_quietly(self._mm)
+        shm.close_quietly(self._mm)
 
     def unlink(self) -> bool:
         """Remove the segment's name; mappings stay valid until unmapped."""
@@ -460,44 +463,10 @@ def _validate(mm: mmap.mmap, seg: str) -> None:
         raise DataSegmentCorrupt(f"data segment {seg}: segment is {len(mm)} bytes, header says {total}")
 
 
-def _reclaim_if_stale(name: str) -> None:
-    seg = data_segment_name(name)
-    try:
-        shm = posix_ipc.SharedMemory(seg)
-    except posix_ipc.ExistentialError:
-        return  # gone in between
-    size = shm.size
-    age_s = time.time() - os.fstat(shm.fd).st_mtime
-    mm = _map(shm, writable=False)
-    try:
-        if size >= HEADER_SIZE:
-            h = _header_view(mm)
-            magic, pid, start = int(h["magic"]), int(h["creator_pid"]), int(h["creator_start"])
-            del h
-        else:
-            magic, pid, start = 0, 0, 0
-    finally:
-        _close_quietly(mm)
-    if magic == MAGIC or pid > 0:
-        if creator_alive(pid, start):
-            raise DataSegmentInUse(name, pid)
-        reason = f"creator pid {pid} is gone"
-    elif age_s < UNINITIALISED_GRACE_S:
-        raise DataSegmentInUse(name, pid)  # a creator is initialising it right now
-    else:
-        reason = "it was never initialised"
-    unlink(name)
-    log.warning("reclaimed stale fleet data segment %s: %s", seg, reason)
-
-
 def unlink(name: str) -> bool:
     """Remove the data segment's name. True if it existed."""
-    try:
-        posix_ipc.unlink_shared_memory(data_segment_name(name))
-        return True
-    except posix_ipc.ExistentialError:
-        return False
+    return shm.unlink(name, KIND)
 
 
 def exists(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/fleet.{validate_name(name)}.data")
+    return shm.exists(name, KIND)

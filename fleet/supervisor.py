@@ -98,9 +98,10 @@ class Supervisor:
     """One fleet: its table, data plane, zygote, workers, dispatcher and ledger."""
 
     def __init__(self, config: FleetConfig, *, mode: str = "embedded", on_fuse=abort_process, cpus=None,
-                 socket_path: str | None = None):
+                 socket_path: str | None = None, readers_group: int | str | None = None):
         self.config = config
         self.socket_path = socket_path
+        self.readers_group = readers_group  # may read the table (fleetd's --socket-group); None: owner only
         self.metrics = None
         self.name = config.name
         self.roles = config.roles
@@ -149,7 +150,8 @@ class Supervisor:
         self.dispatcher = Dispatcher(self.roles, self.layout)
         self.posture = posture_mod.PostureOwner(cfg.posture, now_ms=_now_ms())
         self.sampler = Sampler.for_self(self.posture)
-        self.table = SlotTable.create(self.name, self.roles, len(self.layout.slots), meta=self._meta())
+        self.table = SlotTable.create(self.name, self.roles, len(self.layout.slots), meta=self._meta(),
+                                      readers_group=self.readers_group)
         try:
             self._boot_rest()
         except BaseException:

@@ -13,7 +13,7 @@ import pytest
 
 from fleet import fsm
 from fleet.cli import cmd_status, fleetctl
-from fleet.errors import EXIT_NOT_RUNNING
+from fleet.errors import EXIT_NOT_RUNNING, EXIT_USAGE
 from fleet.table import SlotTable
 from fleet.table import layout as L
 from tests import fleet_tables as ft
@@ -226,7 +226,7 @@ def test_not_running_exits_69(fleet_name, capsys):
 
 def test_bad_name_is_refused(capsys):
     rc, _, err = status(capsys, "--name", "../etc")
-    assert rc != 0 and "BadFleetName" in err
+    assert rc == EXIT_USAGE and "InvalidFleetName" in err and "../etc" in err
 
 
 @pytest.mark.parametrize(

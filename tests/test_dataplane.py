@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from fleet import dataplane as dp
 from fleet._native import ffi, lib
 from fleet.dataplane import DataSegment, MessageTooLarge, Ring
+from fleet.names import InvalidFleetName
 
 COMPLETION_BOUND_S = 120.0  # generous: a lost wake-up hangs forever, a slow CI box does not
 
@@ -527,7 +528,7 @@ def test_close_keeps_handed_out_rings_valid_and_unlink_leaves_nothing(fleet_name
 
 
 def test_bad_name_and_sizes_are_refused(fleet_name):
-    with pytest.raises(dp.FleetError, match="bad fleet name"):
+    with pytest.raises(InvalidFleetName, match="is not valid"):
         DataSegment.create("../x", 1)
     with pytest.raises(dp.DataPlaneError, match="task_capacity = 5000 must be a power of two"):
         DataSegment.create(fleet_name, 1, 5000, 4096)

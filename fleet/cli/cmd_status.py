@@ -69,9 +69,14 @@ def run(args) -> int:
 def gather(name: str, *, delay_source: str = "auto", now_ns=time.monotonic_ns, wall_ns=time.time_ns) -> dict:
     """Attach read-only to fleet ``name``'s table and build its status document.
 
+    Read-only means O_RDONLY and PROT_READ: all that a member of fleetd's
+    ``--socket-group`` may do with the table (it is mode 0640 for that group).
+
     Raises:
         NotRunning: no table of that name exists.
-        BadFleetName, TableCorrupt: the name is invalid, or the table unreadable.
+        InvalidFleetName: the name breaks the fleet-name rule (fleet.names).
+        TableAccessDenied: this uid may not read the table (exit 77).
+        TableCorrupt: the table is unreadable.
     """
     try:
         snap, alive = snapshot.read(name)

@@ -35,8 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="after the fleet stops, how long to wait for clients to collect their "
                         f"outcomes (default {DEFAULT_LINGER_S:g})")
     parser.add_argument("--socket-group", metavar="GROUP", default=None,
-                        help="group (name or gid) given the control socket; its members may run "
-                        "read-only commands (default: the daemon's group)")
+                        help="group (name or gid) whose members may run read-only commands: it is given "
+                        "the control socket and read access to the shared table (fleetctl status), never "
+                        "the data segment (default: the socket gets the daemon's group; the table is the "
+                        "daemon user's only)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
     return parser
 

@@ -5,6 +5,7 @@ loaded lazily); `snapshot.take` / `SlotTable.snapshot` is the lock-free reader.
 """
 from .segment import (
     BadFleetName,
+    TableAccessDenied,
     TableCorrupt,
     TableError,
     TableInUse,
@@ -25,6 +26,7 @@ def __getattr__(name):
 __all__ = [
     "BadFleetName",
     "SlotTable",
+    "TableAccessDenied",
     "TableCorrupt",
     "TableError",
     "TableInUse",

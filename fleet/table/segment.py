@@ -1,15 +1,17 @@
-"""Create, attach and remove the fleet's shared-memory segment.
+"""Create, attach and remove the fleet's shared-memory table segment.
 
-One segment per fleet, named ``/fleet.<name>`` (``/dev/shm/fleet.<name>``). Rules:
+One table per fleet, named ``/fleet.<name>`` (``/dev/shm/fleet.<name>``). Its
+lifecycle -- exclusive create, access mode, creator identity, stale reclaim,
+attach, unlink -- is `fleet.shm`'s, shared with the data plane; this module adds
+the table's header and its checks:
 
-* Only the creator sizes the segment, and creates it exclusively (O_CREX). Opening
-  an existing segment with a size would shrink it and kill every reader with
-  SIGBUS, so attachers never pass one.
 * The creator writes the header's magic LAST: an attacher that sees the magic sees
   a fully initialised table.
-* A segment whose creator is gone (its pid is dead, or reused by a process that
-  started at another time) is stale: `create` reclaims it and logs that. One whose
-  creator lives is in use: `create` refuses, naming the pid.
+* The table is mode 0600, or 0640 with the readers' group (fleetd's
+  ``--socket-group``): status readers attach it read-only.
+* A stale table (its creator is gone) is reclaimed by the next `create`, which
+  logs it; one whose creator lives is refused, naming the pid; a segment under the
+  table's name that is not this fleet's table is refused and left alone.
 * Attaching validates magic, layout version and every size and offset against the
   mapped size; a corrupt or foreign header is a typed error and nothing is written.
 
@@ -20,22 +22,18 @@ from __future__ import annotations
 import json
 import logging
 import mmap
-import os
-import re
+import struct
 import time
 import uuid
 from dataclasses import dataclass
 
-import posix_ipc
-
-from ..errors import EXIT_TABLE_IN_USE, FleetError
+from .. import shm
+from ..errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
+from ..names import InvalidFleetName
+from ..shm import creator_alive, process_start_time  # noqa: F401 (re-exported for readers and tests)
 from . import layout as L
 
 log = logging.getLogger("fleet.table")
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-#: A segment with no magic yet, older than this, is a creator that died mid-boot.
-UNINITIALISED_GRACE_S = 2.0
 
 
 class TableError(FleetError):
@@ -64,36 +62,48 @@ class TableVersionError(TableCorrupt):
     """The table was laid out by another version of fleet."""
 
 
-class BadFleetName(TableError, ValueError):
-    """A fleet name that cannot name a segment, socket or unit."""
+class TableAccessDenied(TableError):
+    """This uid may not open the table that way (see `fleet.shm` for who may)."""
+
+    exit_code = EXIT_NO_PERMISSION
 
 
-def validate_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise BadFleetName(
-            f"bad fleet name {name!r}: 1-63 characters of letters, digits, '_', '.', '-', starting alphanumeric"
-        )
-    return name
+#: A bad fleet name (the rule is `fleet.names`); the old name stays importable.
+BadFleetName = InvalidFleetName
+
+
+def _header_field(field: str) -> tuple[int, int]:
+    """(offset, size) of a header field, from the layout's field list."""
+    off = 0
+    for name, code in L.HEADER_FIELDS:
+        size = struct.calcsize("<" + code)
+        if name == field:
+            return off, size
+        off += size
+    raise KeyError(field)
+
+
+#: The table as a kind of fleet segment (name, magic, creator identity in its header).
+KIND = shm.Kind(
+    label="table",
+    suffix="",
+    magic=L.MAGIC,
+    header_size=L.HEADER_SIZE,
+    name_off=_header_field("name")[0],
+    name_len=_header_field("name")[1],
+    start_off=_header_field("creator_start")[0],
+    pid_off=_header_field("creator_pid")[0],
+    errors=shm.Errors(
+        base=TableError, not_found=TableNotFound, in_use=TableInUse, corrupt=TableCorrupt, denied=TableAccessDenied
+    ),
+    group_readable=True,
+    access_hint="its owner and root may open it, and members of fleetd's --socket-group may read it",
+    logger=log,
+)
 
 
 def segment_name(name: str) -> str:
-    return f"/fleet.{validate_name(name)}"
-
-
-def process_start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot, or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    return int(fields[19])  # field 22 overall
-
-
-def creator_alive(pid: int, start: int) -> bool:
-    return pid > 0 and process_start_time(pid) == start
+    return shm.segment_name(name, KIND)
 
 
 @dataclass
@@ -119,38 +129,20 @@ class Segment:
         """Unmap now, or when the last numpy view of the mapping is gone."""
         self.header = None
         self.__dict__.pop("_reader", None)
-        _close_quietly(self.mm)
+        shm.close_quietly(self.mm)
 
 
-def _close_quietly(mm: mmap.mmap) -> None:
-    try:
-        mm.close()
-    except BufferError:
-        # Views are still alive (a caller kept an array). np.frombuffer holds the
-        # buffer export, so the mapping cannot vanish under them: it is unmapped
-        # when the last view is collected. (np.ndarray(buffer=mm) would NOT hold
-        # it, and a later access would touch unmapped memory.)
-        pass
-
-
-def _map(shm: posix_ipc.SharedMemory, writable: bool) -> mmap.mmap:
-    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-    try:
-        return mmap.mmap(shm.fd, shm.size, mmap.MAP_SHARED, prot)
-    finally:
-        shm.close_fd()
-
-
-def _header_view(mm: mmap.mmap) -> L.HeaderView:
-    return L.HeaderView(mm)
-
-
-def create(name: str, n_slots: int, n_roles: int, n_bulkheads: int, *, now_ns=time.time_ns) -> Segment:
+def create(
+    name: str, n_slots: int, n_roles: int, n_bulkheads: int, *, readers_group: int | str | None = None,
+    now_ns=time.time_ns,
+) -> Segment:
     """Create the table segment exclusively, reclaiming a stale one.
 
-    Raises TableInUse when a live process owns a segment of this name.
+    ``readers_group`` (gid or name) may read the table (mode 0640); else only its
+    owner may (0600). Raises TableInUse when a live process owns a segment of this
+    name, TableCorrupt when the name holds something that is not this fleet's table.
     """
-    seg_name = segment_name(name)
+    shm.segment_name(name, KIND)  # a bad name is refused before anything else
     for what, count, low, high in (
         ("n_slots", n_slots, 1, L.MAX_SLOTS),
         ("n_roles", n_roles, 1, L.MAX_ROLES),
@@ -159,24 +151,16 @@ def create(name: str, n_slots: int, n_roles: int, n_bulkheads: int, *, now_ns=ti
         if not low <= count <= high:
             raise TableError(f"{what} = {count} is out of range [{low}, {high}]")
     offsets = L.region_offsets(n_slots, n_roles, n_bulkheads)
-    try:
-        shm = posix_ipc.SharedMemory(seg_name, posix_ipc.O_CREX, mode=0o644, size=offsets["total_size"])
-    except posix_ipc.ExistentialError:
-        _reclaim_if_stale(name)
-        shm = posix_ipc.SharedMemory(seg_name, posix_ipc.O_CREX, mode=0o644, size=offsets["total_size"])
-    mm = _map(shm, writable=True)
-    header = _header_view(mm)
+    mm = shm.create(name, KIND, offsets["total_size"], readers_group=readers_group)
+    header = L.HeaderView(mm)  # name, creator pid and start are written (fleet.shm)
     header["version"] = L.LAYOUT_VERSION
     header["header_size"] = L.HEADER_SIZE
     header["total_size"] = offsets["total_size"]
     header["boot_id"] = uuid.uuid4().bytes
-    header["creator_pid"] = os.getpid()
-    header["creator_start"] = process_start_time(os.getpid())
     header["created_ns"] = now_ns()
     header["n_slots"], header["n_roles"], header["n_bulkheads"] = n_slots, n_roles, n_bulkheads
     for key in ("posture_off", "ledger_off", "roles_off", "slots_off", "bulkheads_off", "meta_off"):
         header[key] = offsets[key]
-    header["name"] = name.encode()
     return Segment(name=name, mm=mm, header=header, created=True)
 
 
@@ -207,56 +191,19 @@ def publish(segment: Segment) -> None:
     magic[0] = L.MAGIC
 
 
-def _reclaim_if_stale(name: str) -> None:
-    seg_name = segment_name(name)
-    try:
-        shm = posix_ipc.SharedMemory(seg_name)
-    except posix_ipc.ExistentialError:
-        return  # gone in between: nothing to reclaim
-    size = shm.size
-    age_s = time.time() - os.fstat(shm.fd).st_mtime
-    mm = _map(shm, writable=False)
-    try:
-        if size >= L.HEADER_SIZE:
-            header = _header_view(mm)
-            magic, pid, start = int(header["magic"]), int(header["creator_pid"]), int(header["creator_start"])
-            del header
-        else:
-            magic, pid, start = 0, 0, 0
-    finally:
-        _close_quietly(mm)
-    if magic == L.MAGIC or pid > 0:
-        if creator_alive(pid, start):
-            raise TableInUse(name, pid)
-        reason = f"creator pid {pid} is gone"
-    elif age_s < UNINITIALISED_GRACE_S:
-        raise TableInUse(name, pid)  # a creator is initialising it right now
-    else:
-        reason = "it was never initialised"
-    unlink(name)
-    log.warning("reclaimed stale fleet table %s: %s", seg_name, reason)
-
-
 def attach(name: str, *, writable: bool = False) -> Segment:
-    """Map an existing table after validating its header. Never resizes anything."""
-    seg_name = segment_name(name)
+    """Map an existing table after validating its header. Never resizes anything.
+
+    Read-only (the default) opens the segment O_RDONLY and maps it PROT_READ, which
+    is all a status reader in the table's group is allowed.
+    """
+    mm = shm.attach(name, KIND, writable=writable)
     try:
-        shm = posix_ipc.SharedMemory(seg_name)  # flags=0: open only, no size
-    except posix_ipc.ExistentialError:
-        raise TableNotFound(f"fleet {name!r} is not running (no table {seg_name})") from None
-    except posix_ipc.PermissionsError as exc:
-        raise TableError(f"cannot open table {seg_name}: {exc}") from None
-    size = shm.size  # read before close_fd: posix_ipc asks the fd
-    if size < L.HEADER_SIZE:
-        shm.close_fd()
-        raise TableCorrupt(f"table {seg_name} is {size} bytes, smaller than a header")
-    mm = _map(shm, writable=writable)
-    try:
-        header = _header_view(mm)
-        validate_header(header, len(mm), seg_name)
+        header = L.HeaderView(mm)
+        validate_header(header, len(mm), segment_name(name))
     except TableError:
         header = None
-        _close_quietly(mm)
+        shm.close_quietly(mm)
         raise
     return Segment(name=name, mm=mm, header=header, created=False)
 
@@ -291,12 +238,8 @@ def validate_header(header: L.HeaderView, mapped_size: int, seg_name: str) -> No
 
 def unlink(name: str) -> bool:
     """Remove the segment name (mappings stay valid until unmapped). True if it existed."""
-    try:
-        posix_ipc.unlink_shared_memory(segment_name(name))
-        return True
-    except posix_ipc.ExistentialError:
-        return False
+    return shm.unlink(name, KIND)
 
 
 def exists(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/fleet.{validate_name(name)}")
+    return shm.exists(name, KIND)

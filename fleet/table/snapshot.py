@@ -227,9 +227,10 @@ class Reader:
 
 
 def read(name: str) -> tuple[TableSnapshot, bool]:
-    """Attach read-only to fleet `name`'s table, take one snapshot, detach.
+    """Attach read-only (O_RDONLY, PROT_READ) to fleet `name`'s table, take one snapshot, detach.
 
-    Returns (snapshot, creator alive). Raises TableNotFound, TableCorrupt, BadFleetName.
+    Returns (snapshot, creator alive). Raises TableNotFound, TableCorrupt,
+    TableAccessDenied, InvalidFleetName.
     """
     from . import segment as seg
 

@@ -79,14 +79,17 @@ class SlotTable:
     # --- life cycle -------------------------------------------------------------------
     @classmethod
     def create(
-        cls, name: str, roles: RoleSet, n_slots: int, *, n_bulkheads: int = DEFAULT_BULKHEADS, meta: dict | None = None
+        cls, name: str, roles: RoleSet, n_slots: int, *, n_bulkheads: int = DEFAULT_BULKHEADS, meta: dict | None = None,
+        readers_group: int | str | None = None,
     ) -> "SlotTable":
         """Create and initialise the table (reclaiming a stale one); compile the kernels.
 
         `meta` (JSON-able: plan, budget, seats) is stored once for readers such as
-        `fleetctl status`; see `SlotTable.meta`.
+        `fleetctl status`; see `SlotTable.meta`. `readers_group` (a gid or group
+        name, e.g. fleetd's ``--socket-group``) may read the table; without it only
+        its owner may open it.
         """
-        segment = seg.create(name, n_slots, len(roles), n_bulkheads)
+        segment = seg.create(name, n_slots, len(roles), n_bulkheads, readers_group=readers_group)
         table = cls(segment)
         try:
             if meta:
@@ -102,7 +105,7 @@ class SlotTable:
 
     @classmethod
     def attach(cls, name: str, *, writable: bool = True) -> "SlotTable":
-        """Attach to a running fleet's table. Never resizes it."""
+        """Attach to a running fleet's table (read-only: O_RDONLY, PROT_READ). Never resizes it."""
         return cls(seg.attach(name, writable=writable))
 
     def close(self) -> None:
