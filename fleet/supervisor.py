@@ -43,6 +43,7 @@ from . import cgroup, fsm
 from . import messages as M
 from . import plan as plan_mod
 from . import posture as posture_mod
+from . import quota as quota_mod
 from . import seats as seats_mod
 from .config import FleetConfig
 from .dataplane import DataSegment
@@ -134,9 +135,10 @@ class Supervisor:
     def start(self) -> "Supervisor":
         cfg = self.config
         limit = cgroup.effective_cpus()
-        quota = cfg.cpus if cfg.cpus is not None else limit.cpus
-        self.quota_source = "config" if cfg.cpus is not None else "detected"
-        self.plan = plan_mod.resolve(quota, cfg.profile, self.roles, cfg.budget)
+        self.quota = quota_mod.choose(cfg.cpus, limit.cpus, quota_mod.detected_from(limit))
+        self.plan = plan_mod.resolve(self.quota.cpus, cfg.profile, self.roles, cfg.budget)
+        for warning in quota_mod.boot_warnings(self.quota, self.plan):
+            log.warning("fleet %s: %s", self.name, warning)
         cpus = self._cpus_override or sorted(os.sched_getaffinity(0))
         self.layout = seats_mod.layout(self.plan, self.roles, cpus)
         if not self.layout.seats:
@@ -161,7 +163,7 @@ class Supervisor:
 
     def _meta(self) -> dict:
         plan = self.plan.to_dict()
-        plan["plan"].update(fleet_booted=True, quota_source=self.quota_source)
+        plan["plan"].update(fleet_booted=True, **self.quota.to_dict())
         meta = {
             "fleet": self.name,
             "version": _version(),

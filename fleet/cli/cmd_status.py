@@ -294,12 +294,24 @@ def render_plan(plan: dict | None) -> list[str]:
         return ["plan      (no boot metadata in the table)"]
     refused = plan.get("tier_refused")
     refused_text = "-" if not refused else f"{refused.get('tier')}: {refused.get('error')}"
-    source = f" ({plan['quota_source']})" if plan.get("quota_source") else ""
     return [
         f"plan      booted {'yes' if plan.get('fleet_booted') else 'no'}  profile {plan.get('profile')} -> "
-        f"{plan.get('binding')} binding  quota {_dash(plan.get('quota_cpus'))} CPUs{source}",
+        f"{plan.get('binding')} binding  {quota_text(plan)}",
         f"          oversubscribed {'YES' if plan.get('oversubscribed') else 'no'}  tier refused {refused_text}",
     ]
+
+
+def quota_text(plan: dict) -> str:
+    """The quota the plan uses and where it came from; a configured quota names the
+    detected one beside it, so an override never hides what the kernel gives."""
+    quota = f"quota {_dash(json_number(plan.get('quota_cpus')))} CPUs"
+    source, detected = plan.get("quota_source"), plan.get("detected_cpus")
+    where = plan.get("detected_from") or "?"
+    if source == "config" and detected is not None:
+        return f"{quota} (configured fleet.cpus; detected {json_number(detected)} CPUs from {where})"
+    if source == "detected":
+        return f"{quota} (detected from {where})"
+    return f"{quota} ({source})" if source else quota
 
 
 def render_budget(budget: dict | None) -> list[str]:
