@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .budget import json_number
 from .cgroup import CpuLimit
 
 CONFIG = "config"
@@ -59,7 +60,7 @@ class Quota:
         return {
             "quota_source": self.source,
             "configured_cpus": self.configured,
-            "detected_cpus": round(self.detected, 6),
+            "detected_cpus": json_number(self.detected),
             "detected_from": self.detected_from,
         }
 
@@ -84,6 +85,45 @@ def boot_warnings(quota: Quota, plan) -> list[str]:
         out.append(f"fleet.cpus = {_cpus(quota.configured)} exceeds the {_cpus(quota.detected)} CPUs detected "
                    f"({quota.detected_from}): the plan counts on CPUs the kernel does not give this fleet")
     return out
+
+
+@dataclass(frozen=True)
+class Projection:
+    """What a config boots on this host: the quota, the tier plan, the seats and slots.
+
+    The supervisor boots exactly this; `fleetctl status --config` prints it before boot.
+    """
+
+    quota: Quota
+    plan: object  # fleet.plan.TierPlan
+    layout: object  # fleet.seats.SeatLayout
+
+    def meta(self, booted: bool) -> dict:
+        """The plan, budget and seats as the table's boot metadata holds them."""
+        doc = self.plan.to_dict()
+        doc["plan"].update(fleet_booted=booted, **self.quota.to_dict())
+        slot_roles = [spec.role for spec in self.layout.slots]
+        return {"plan": doc["plan"], "budget": doc["budget"], **self.layout.to_meta(), "slot_roles": slot_roles}
+
+
+def project(config, limit: CpuLimit, cpus) -> Projection:
+    """The projection of `config` (a FleetConfig) on a host whose detection found `limit`,
+    with `cpus` (sorted CPU numbers) to lay seats on.
+
+    Raises the plan's typed refusals (BelowHostFloor, BudgetOverQuota, ...), and
+    ConfigError when no role has a handler (nothing could run).
+    """
+    from . import plan as plan_mod
+    from . import seats as seats_mod
+
+    from .errors import ConfigError
+
+    quota = choose(config.cpus, limit.cpus, detected_from(limit))
+    plan = plan_mod.resolve(quota.cpus, config.profile, config.roles, config.budget)
+    layout = seats_mod.layout(plan, config.roles, cpus)
+    if not layout.seats:
+        raise ConfigError("roles", "no role has a handler: nothing could run")
+    return Projection(quota, plan, layout)
 
 
 def _cpus(v: float) -> str:

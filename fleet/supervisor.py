@@ -41,7 +41,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import cgroup, fsm
 from . import messages as M
-from . import plan as plan_mod
 from . import posture as posture_mod
 from . import quota as quota_mod
 from . import seats as seats_mod
@@ -134,15 +133,11 @@ class Supervisor:
     # ================================================================== boot
     def start(self) -> "Supervisor":
         cfg = self.config
-        limit = cgroup.effective_cpus()
-        self.quota = quota_mod.choose(cfg.cpus, limit.cpus, quota_mod.detected_from(limit))
-        self.plan = plan_mod.resolve(self.quota.cpus, cfg.profile, self.roles, cfg.budget)
+        cpus = self._cpus_override or sorted(os.sched_getaffinity(0))
+        self.projection = quota_mod.project(cfg, cgroup.effective_cpus(), cpus)
+        self.quota, self.plan, self.layout = self.projection.quota, self.projection.plan, self.projection.layout
         for warning in quota_mod.boot_warnings(self.quota, self.plan):
             log.warning("fleet %s: %s", self.name, warning)
-        cpus = self._cpus_override or sorted(os.sched_getaffinity(0))
-        self.layout = seats_mod.layout(self.plan, self.roles, cpus)
-        if not self.layout.seats:
-            raise ConfigError("roles", "no role has a handler: nothing could run")
         for role in self.roles:
             log.debug("role %s: %s", role.name, role)
         for share in self.plan.budget.consumers:
@@ -162,19 +157,15 @@ class Supervisor:
         return self
 
     def _meta(self) -> dict:
-        plan = self.plan.to_dict()
-        plan["plan"].update(fleet_booted=True, **self.quota.to_dict())
         meta = {
             "fleet": self.name,
             "version": _version(),
             "pid": os.getpid(),
             "mode": self.mode,
             "started_ns": self.started_ns,
-            "plan": plan["plan"],
-            "budget": plan["budget"],
             "socket": self.socket_path,
         }
-        meta.update(self.layout.to_meta())
+        meta.update(self.projection.meta(booted=True))
         return meta
 
     def _boot_rest(self) -> None:
