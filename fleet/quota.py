@@ -224,13 +224,14 @@ class Replan:
         return text
 
 
-def replan(quota: float, booted, resolve) -> Replan:
-    """Resolve the plan for `quota` with `resolve(quota)` (fleet.plan.resolve bound to
-    the fleet's profile, roles and overrides) and compare it with `booted`."""
+def replan(quota: float, booted, config) -> Replan:
+    """The plan `config` (a FleetConfig: profile, roles, budget overrides) resolves to on
+    `quota` CPUs, compared with the `booted` plan."""
     from .errors import FleetError
+    from .plan import resolve
 
     try:
-        plan = resolve(quota)
+        plan = resolve(quota, config.profile, config.roles, config.budget)
     except FleetError as exc:
         return Replan(None, f"{type(exc).__name__}: {exc}", ())
     differs = []
