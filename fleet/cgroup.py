@@ -296,8 +296,10 @@ class CpuLimit:
 
 
 def _affinity_count() -> int | None:
+    # The process's mask (its main thread's), not the calling thread's: the supervisor
+    # pins its own loop thread to the reserve cores, and re-detects the quota from it.
     try:
-        return len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(os.getpid()))
     except (AttributeError, OSError):
         return None
 

@@ -224,6 +224,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "uptime_s": round(max(0, wall_ns - snap.created_ns) / 1e9, 3),
         "closing": bool(snap.flags & L.FLAG_CLOSING),
         "plan": meta.get("plan"),
+        "quota": quota_now(meta.get("plan"), snap.posture_view()),
         "budget": meta.get("budget"),
         "seats": meta.get("seats", []),
         "delay_source": delay_source,
@@ -259,6 +260,22 @@ def build_projection(name: str, config, meta: dict | None, refused: Exception | 
                "slot_cap": r.slots} for r in config.roles]
     doc.update(plan=meta["plan"], budget=meta["budget"], seats=seats, slots=slots, queues=queues, refused=None)
     return doc
+
+
+def quota_now(plan: dict | None, posture_view: dict) -> dict:
+    """The quota epoch and the quota now in force (the plan in the meta is the boot's).
+
+    A configured quota stays in force whatever is detected; otherwise the latest
+    detected quota is the one the current epoch plans with.
+    """
+    plan = plan or {}
+    detected = posture_view.get("detected_cpus")
+    if detected is None:
+        detected = plan.get("detected_cpus")
+    configured = plan.get("configured_cpus")
+    cpus = configured if configured is not None else detected
+    return {"epoch": posture_view.get("epoch", 0), "cpus": json_number(cpus), "detected_cpus": json_number(detected),
+            "booted_cpus": plan.get("quota_cpus"), "source": "config" if configured is not None else "detected"}
 
 
 def census(snap, meta: dict, delays: dict, delay_source: str) -> list[dict]:
@@ -382,6 +399,18 @@ def quota_text(plan: dict) -> str:
     return f"{quota} ({source})" if source else quota
 
 
+def render_quota(q: dict | None) -> list[str]:
+    """The quota epoch line: which epoch runs, on what quota, against the boot's."""
+    if not q:
+        return []
+    text = f"quota     epoch {q['epoch']}: plans with {_dash(q['cpus'])} CPUs ({q['source']})"
+    if q["source"] == "config":
+        text += f"; detected now {_dash(q['detected_cpus'])} CPUs"
+    if q["epoch"]:
+        text += f"; booted with {_dash(q['booted_cpus'])} CPUs (seats and budget as booted until a restart)"
+    return [text]
+
+
 def render_budget(budget: dict | None) -> list[str]:
     if not budget:
         return []
@@ -473,6 +502,7 @@ def render(doc: dict) -> str:
     sections = [
         render_header(doc),
         render_plan(doc["plan"]),
+        render_quota(doc.get("quota")),
         render_budget(doc["budget"]),
         render_census(doc),
         render_posture(doc["posture"]),
