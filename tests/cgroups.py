@@ -65,6 +65,35 @@ def cpu_group(cpus: float):
         _remove(group)
 
 
+def _cgroup2_mount() -> str | None:
+    from fleet import cgroup
+
+    with open("/proc/self/mountinfo") as f:
+        mounts = cgroup.parse_mountinfo(f.read())
+    return next((m.mount_point for m in mounts if m.fstype == "cgroup2"), None)
+
+
+@contextlib.contextmanager
+def v2_group():
+    """A fresh cgroup2 group (no controllers needed: its cpu.pressure is PSI of its own
+    tasks); removed on exit. Fails under CI (root, cgroup2 with PSI there), skips elsewhere."""
+    mount = _cgroup2_mount()
+    if os.geteuid() != 0 or mount is None or not os.path.exists(os.path.join(mount, "cpu.pressure")):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and a cgroup2 mount with PSI")
+    path = os.path.join(mount, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    group = CpuGroup(path)
+    try:
+        yield group
+    finally:
+        _remove(group)
+
+
+def busy(group: CpuGroup, n: int) -> list[subprocess.Popen]:
+    """`n` busy-looping processes inside `group` (the caller kills them; _remove does too)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=group.enter_self) for _ in range(n)]
+
+
 def _remove(group: CpuGroup) -> None:
     deadline = time.monotonic() + 30
     while True:
