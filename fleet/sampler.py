@@ -176,6 +176,16 @@ class QuotaWatcher:
         self.pressure_state = pressure.PressureState()
         self.unavailable: str | None = None
 
+    def describe(self) -> str:
+        """What is watched, for the boot log."""
+        text = f"quota re-detected every {self.every_ms / 1000:g} s"
+        p = self.pressure_input
+        if p is None:
+            return text + "; no CPU pressure input (no PSI, or the trigger was refused)"
+        if p.cordon:
+            return text + f"; CPU pressure on {p.path} cordons the fleet"
+        return text + f"; host-wide CPU pressure ({p.path}) wakes re-detection (no cordon input: not the fleet's own group)"
+
     @property
     def epoch(self) -> int:
         return self.state.epoch

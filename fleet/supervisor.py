@@ -147,9 +147,10 @@ class Supervisor:
         self.dispatcher = Dispatcher(self.roles, self.layout)
         self.posture = posture_mod.PostureOwner(cfg.posture, now_ms=_now_ms())
         self.sampler = Sampler.for_self(self.posture)
-        self.quota_watcher = QuotaWatcher(self.quota, pressure_input=PressureInput.for_self())
         self.table = SlotTable.create(self.name, self.roles, len(self.layout.slots), meta=self._meta())
         self.table.set_quota_epoch(0, self.quota.detected)
+        self.quota_watcher = QuotaWatcher(self.quota, pressure_input=PressureInput.for_self())
+        log.info("fleet %s: %s", self.name, self.quota_watcher.describe())
         try:
             self._boot_rest()
         except BaseException:

@@ -132,6 +132,7 @@ def test_fleetd_in_a_pressured_group_cordons_with_the_cpu_pressure_cause(fleet_n
         try:
             d.start()
             assert d.proc.pid in group.pids()
+            assert f"CPU pressure on {group.path}/cpu.pressure cordons the fleet" in d.stderr()
             assert d.ctl_json("status")["posture"]["state"] == "Nominal"
             load = busy(group, 2 * len(os.sched_getaffinity(0)))
             try:
