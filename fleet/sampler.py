@@ -11,6 +11,7 @@ why in `unavailable` and keeps trying, it never raises out of a tick.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from typing import Callable
 from . import cgroup, pressure, quota
 from .cgroup import CgroupUnavailable, CpuStat
 from .posture import PostureOwner, Transition
+
+log = logging.getLogger("fleet.sampler")
 
 
 def monotonic_ms() -> int:
@@ -165,14 +168,18 @@ class QuotaWatcher:
         booted: the Quota the fleet booted with (epoch 0).
         detect: returns a `fleet.cgroup.CpuLimit` (raises OSError/CgroupUnavailable).
         pressure_input: a `PressureInput`-like object (poll, cordon, stall_us,
-            window_us), or None.
+            window_us, path), or None.
+        arm_pressure: instead of `pressure_input`, a callable returning one (or None),
+            called at the first poll: a fleet arms its trigger once it has booted, so
+            the stalls of its own boot (imports, forks) do not cordon it.
     """
 
     def __init__(self, booted: quota.Quota, *, detect=cgroup.effective_cpus, clock=monotonic_ms,
-                 every_ms: int = QUOTA_EVERY_MS, pressure_input=None):
+                 every_ms: int = QUOTA_EVERY_MS, pressure_input=None, arm_pressure=None):
         self._detect, self._clock, self.every_ms = detect, clock, every_ms
         self.state = quota.watch_initial(booted, clock(), every_ms)
         self.pressure_input = pressure_input
+        self._arm = arm_pressure
         self.pressure_state = pressure.PressureState()
         self.unavailable: str | None = None
 
@@ -195,6 +202,9 @@ class QuotaWatcher:
         return self.state.quota
 
     def poll(self) -> Seen:
+        if self._arm is not None:
+            self.pressure_input, self._arm = self._arm(), None
+            log.info("%s", self.describe())
         now = self._clock()
         action, fired = None, False
         if self.pressure_input is not None:

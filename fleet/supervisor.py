@@ -149,8 +149,7 @@ class Supervisor:
         self.sampler = Sampler.for_self(self.posture)
         self.table = SlotTable.create(self.name, self.roles, len(self.layout.slots), meta=self._meta())
         self.table.set_quota_epoch(0, self.quota.detected)
-        self.quota_watcher = QuotaWatcher(self.quota, pressure_input=PressureInput.for_self())
-        log.info("fleet %s: %s", self.name, self.quota_watcher.describe())
+        self.quota_watcher = QuotaWatcher(self.quota, arm_pressure=PressureInput.for_self)
         try:
             self._boot_rest()
         except BaseException:

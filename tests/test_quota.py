@@ -151,7 +151,7 @@ def test_pressure_that_returns_restarts_the_calm_window():
 
 class FakePressure:
     def __init__(self, cordon, readings):
-        self.cordon, self.stall_us, self.window_us = cordon, 150_000, 2_000_000
+        self.cordon, self.stall_us, self.window_us, self.path = cordon, 150_000, 2_000_000, "/g/cpu.pressure"
         self.readings = list(readings)
 
     def poll(self):
@@ -203,3 +203,16 @@ def test_the_watcher_turns_own_group_pressure_into_holds_and_survives_a_failed_d
     assert w.poll().pressure is None
     clock.now = 2100
     assert w.poll().pressure == PR.RELEASE
+
+
+def test_the_pressure_trigger_is_armed_at_the_first_poll_not_at_boot():
+    armed = []
+
+    def arm():
+        armed.append(True)
+        return FakePressure(True, [(True, 0)])
+
+    w = QuotaWatcher(Q.choose(None, 2, "x"), detect=lambda: _limit(2), clock=Clock(0), arm_pressure=arm)
+    assert armed == [] and w.pressure_input is None
+    assert w.poll().pressure == PR.HOLD and armed == [True]
+    assert w.describe().endswith("; CPU pressure on /g/cpu.pressure cordons the fleet")
