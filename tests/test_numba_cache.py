@@ -136,14 +136,16 @@ def test_the_digest_covers_the_fsm_table():
     from fleet import fsm
     from fleet.table import kernels
 
-    assert kernels.TABLES_DIGEST == kernels.tables_digest({"_NEXT": kernels._NEXT, **_constants(kernels)})
+    embedded = {**_constants(kernels), "atomics.py": kernels._source_digest(kernels._atomics)}
+    assert kernels.TABLES_DIGEST == kernels.tables_digest(embedded)
     changed = kernels._GATED.copy()
     changed[fsm.RUNNING, fsm.PIN_KEYED] = 1  # T3 posture-gated
-    assert kernels.tables_digest({"_NEXT": kernels._NEXT, **_constants(kernels), "_GATED": changed}) != kernels.TABLES_DIGEST
+    assert kernels.tables_digest({**embedded, "_GATED": changed}) != kernels.TABLES_DIGEST
+    assert kernels.tables_digest({**embedded, "atomics.py": 1}) != kernels.TABLES_DIGEST
 
 
 def _constants(kernels):
     import numpy as np
 
-    return {n: v for n, v in vars(kernels).items() if not n.startswith("__") and n not in ("TABLES_DIGEST",)
+    return {n: v for n, v in vars(kernels).items() if not n.startswith("__") and n != "TABLES_DIGEST"
             and isinstance(v, (int, np.integer, np.ndarray)) and not isinstance(v, bool)}

@@ -401,8 +401,8 @@ def quota_text(plan: dict) -> str:
 
 def render_quota(q: dict | None) -> list[str]:
     """The quota epoch line: which epoch runs, on what quota, against the boot's."""
-    if not q:
-        return []
+    if not q or (q["cpus"] is None and not q["epoch"]):
+        return []  # a table from before epochs were published
     text = f"quota     epoch {q['epoch']}: plans with {_dash(q['cpus'])} CPUs ({q['source']})"
     if q["source"] == "config":
         text += f"; detected now {_dash(q['detected_cpus'])} CPUs"

@@ -36,6 +36,7 @@ from numba import njit  # noqa: E402
 
 from .. import fsm  # noqa: E402
 from . import layout as L  # noqa: E402
+from . import atomics as _atomics  # noqa: E402
 from .atomics import compare_and_swap, fetch_add, load_acquire, store_release  # noqa: E402
 
 
@@ -94,11 +95,19 @@ def tables_digest(embedded: dict) -> int:
     return int(h.hexdigest()[:15], 16)
 
 
+def _source_digest(module) -> int:
+    with open(module.__file__, "rb") as f:
+        return int(hashlib.sha256(f.read()).hexdigest()[:15], 16)
+
+
 #: Digest of every module-level constant and table defined above: the FSM arrays, the
-#: fsm codes and the layout's fields, all frozen into the kernels that read them.
+#: fsm codes and the layout's fields, all frozen into the kernels that read them; and
+#: of the atomics' source, whose intrinsics are compiled into the kernels too (numba
+#: does not notice a change in a callee's module either).
 TABLES_DIGEST = tables_digest({
-    name: value for name, value in globals().items()
-    if not name.startswith("__") and isinstance(value, (int, np.integer, np.ndarray)) and not isinstance(value, bool)
+    **{name: value for name, value in globals().items()
+       if not name.startswith("__") and isinstance(value, (int, np.integer, np.ndarray)) and not isinstance(value, bool)},
+    "atomics.py": _source_digest(_atomics),
 })
 
 # How a kernel that embeds the tables is written: a factory taking the digest, whose
