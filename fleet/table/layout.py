@@ -152,7 +152,9 @@ P_DUTY_PPM = 10  # cordon_duty_percent * 10_000 (parts per million of time)
 P_DUTY_WINDOW_MS = 11
 P_EXIT_CLEAN_MS = 12
 P_INTAKE_FLOOR = 13  # 0 = unset (half the slot cap)
-POSTURE_CAUSES = ("none", "throttle-events", "throttle-duty", "lane-death", "operator")
+P_EPOCH = 14  # quota epoch: 0 at boot, +1 at every change of the quota the plan uses
+P_QUOTA_UCPU = 15  # the quota last detected, in millionths of a CPU (0: not detected yet)
+POSTURE_CAUSES = ("none", "throttle-events", "throttle-duty", "lane-death", "operator", "cpu-pressure")
 
 # --- ledger record (2 lines) ---------------------------------------------------------
 LEDGER_SIZE = 2 * LINE

@@ -120,6 +120,8 @@ class TableSnapshot:
                 "cordon_exit_clean_ms": int(p[L.P_EXIT_CLEAN_MS]),
                 "cordon_sim_intake_floor": int(p[L.P_INTAKE_FLOOR]) or None,
             },
+            "epoch": int(p[L.P_EPOCH]),
+            "detected_cpus": int(p[L.P_QUOTA_UCPU]) / 1e6 if int(p[L.P_QUOTA_UCPU]) else None,
         }
 
     def ledger_view(self) -> dict:
