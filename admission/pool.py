@@ -30,8 +30,7 @@ import os
 import random
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 from fleet.errors import FleetError
 from fleet.outcomes import Refused
@@ -42,6 +41,7 @@ from . import state as T
 from .policy import Policy, PolicyError, PolicyHolder
 
 log = logging.getLogger("admission")
+_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
 # --- clocks ---------------------------------------------------------------------------------
@@ -162,8 +162,7 @@ class BadAsk(FleetError, ValueError):
     """An admit whose arguments cannot be decided (not a Route, an unknown severity, a reused id)."""
 
 
-@dataclass(slots=True)
-class _Seat:
+class _Seat(NamedTuple):
     route: Route
     lane: str | None
     probe: bool
@@ -199,7 +198,7 @@ class AdmissionPool:
 
     # --- time and policy --------------------------------------------------------------------
     def now(self) -> T.Now:
-        return T.Now(self.clock.wall(), self.clock.mono())
+        return _new(T.Now, (self.clock.wall(), self.clock.mono()))
 
     @property
     def policy(self) -> Policy:
@@ -212,36 +211,42 @@ class AdmissionPool:
 
         A delegated unit (`parent` given) counts on its parent's lane when the parent is seated.
         """
-        if not isinstance(route, Route):
+        if type(route) is not Route:
             raise BadAsk(f"unit {unit}: route must be a fleet.Route, not {type(route).__name__}")
-        if unit in self._seats or unit in self._waits:
+        seats = self._seats
+        if unit in seats or unit in self._waits:
             raise BadAsk(f"unit {unit} is already admitted or waiting")
-        try:
-            self.policy.weight(severity)
-        except PolicyError as exc:
-            raise BadAsk(f"unit {unit}: {exc}") from None
-        if parent is not None and parent in self._seats:
-            lane = self._seats[parent].lane
+        policy = self.holder.current
+        if severity is not None and severity not in policy.severity:
+            raise BadAsk(f"unit {unit}: unknown severity {severity!r}; known: {', '.join(policy.severity)}")
+        if parent is not None and parent in seats:
+            lane = seats[parent].lane
         now = self.now()
-        ask = S.Ask(unit, route, lane, severity, bool(pinned), parent, tag, now.mono)
-        decision = S.decide(ask, self.state, self.policy, now, self.rng)
-        if decision.starts:
+        ask = _new(S.Ask, (unit, route, lane, severity, bool(pinned), parent, tag, now.mono))
+        decision = S.decide(ask, self.state, policy, now, self.rng)
+        if decision.action != S.WAIT:
             self._seat(ask, decision, now)
         else:
             self._waits[unit] = ask
             self._why[unit] = decision
-            self.state = T.wait(self.state, route, now)
+            self._put(T.waited(T.bulkhead_of(self.state, route, now), 1))
         return decision
 
+    def _put(self, b: T.Bulkhead) -> None:
+        # The pool owns its state's dicts: the pure transitions made `b`, the pool files it in place.
+        self.state.bulkheads[b.route] = b
+
     def _seat(self, ask: S.Ask, decision: S.Decision, now: T.Now) -> None:
+        route = decision.route
         moved = decision.action == S.MOVE
-        self.state = T.seat(self.state, decision.route, now, probe=decision.probe, delegated=decision.delegated,
-                            moved=moved)
-        self._seats[ask.id] = _Seat(decision.route, ask.lane, decision.probe, decision.delegated, now.mono)
-        row = self._lane(ask.lane, decision.route)
+        b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
+        self._put(T.seated(b, now, decision.probe, decision.delegated, moved))
+        self._seats[ask.id] = _new(_Seat, (route, ask.lane, decision.probe, decision.delegated, now.mono))
+        row = self._lanes.get((ask.lane, route)) or self._lane(ask.lane, route)
         row.running += 1
         row.started += 1
-        row.moved_in += moved
+        if moved:
+            row.moved_in += 1
         if decision.delegated:
             row.delegated += 1
             row.delegated_total += 1
@@ -257,19 +262,26 @@ class AdmissionPool:
         seat = self._seats.pop(unit, None)
         if seat is None:
             raise UnknownUnit(f"unit {unit} is not running under the admission")
+        route, lane, probe, delegated, started = seat
         now = self.now()
         if signal.kind == T.CLEAN and signal.seconds is None:
-            signal = signal._replace(seconds=now.mono - seat.started)
-        before = self.state.closures
-        self.state = T.report(self.state, seat.route, signal, now, self.policy, probe=seat.probe,
-                              delegated=seat.delegated)
-        row = self._lane(seat.lane, seat.route)
+            signal = _new(T.Signal, (T.CLEAN, None, None, "", now.mono - started, signal.cost))
+        b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
+        b, closure, reopens = T.ended(b, signal, now, self.holder.current, probe, delegated)
+        self._put(b)
+        row = self._lanes[(lane, route)]
         row.running -= 1
-        row.delegated -= seat.delegated
-        row.refused += signal.kind == T.REFUSED
+        if delegated:
+            row.delegated -= 1
+        if signal.kind == T.REFUSED:
+            row.refused += 1
         if signal.cost:
             row.spent += signal.cost
-        if self.state.closures is not before:
+        if closure is not None:
+            self.state = T.close(self.state, closure, now)
+        if reopens:
+            self.state = T.reopen(self.state, route, now=now)
+        if closure is not None or reopens:
             self._save()
 
     def cancel(self, unit: int) -> None:
@@ -278,7 +290,7 @@ class AdmissionPool:
         if ask is None:
             raise UnknownUnit(f"unit {unit} is not waiting under the admission")
         self._why.pop(unit, None)
-        self.state = T.wait(self.state, ask.route, self.now(), -1)
+        self._put(T.waited(T.bulkhead_of(self.state, ask.route, self.now()), -1))
 
     def wake(self) -> list[tuple[int, S.Decision]]:
         """Re-decide every waiting unit, lane by lane, most urgent first; seat and return those that start."""
@@ -297,7 +309,7 @@ class AdmissionPool:
                 if decision.starts:
                     del self._waits[ask.id]
                     self._why.pop(ask.id, None)
-                    self.state = T.wait(self.state, ask.route, now, -1)
+                    self._put(T.waited(T.bulkhead_of(self.state, ask.route, now), -1))
                     self._seat(ask, decision, now)
                     started.append((ask.id, decision))
                 else:

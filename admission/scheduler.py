@@ -37,6 +37,8 @@ from fleet.route import Route
 from .policy import Policy
 from .state import AdmissionState, Now, bulkhead_of
 
+_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+
 ADMIT = "admit"
 MOVE = "move"
 WAIT = "wait"
@@ -89,17 +91,18 @@ def thompson(routes: Sequence[Route], state: AdmissionState, now: Now, rng) -> R
     """Pick one route: Beta(s+1, f+1) draws, discounted by mean cost relative to the cheapest."""
     if len(routes) == 1:
         return routes[0]
-    heads = [bulkhead_of(state, r, now) for r in routes]
+    scores = [rng.betavariate(a, b) * discount for a, b, discount in _thompson_params(routes, state, now)]
+    return routes[max(range(len(scores)), key=scores.__getitem__)]
+
+
+def _thompson_params(routes: Sequence[Route], state: AdmissionState, now: Now) -> list[tuple[int, int, float]]:
+    """Per route (alpha, beta, discount): Beta(successes + 1, failures + 1), scaled by
+    cheapest mean cost / its mean cost (1 when it has no cost yet: unexplored is not penalised)."""
+    heads = [state.bulkheads.get(r) or bulkhead_of(state, r, now) for r in routes]
     costs = [b.mean_cost for b in heads if b.costed and b.mean_cost > 0]
     cheapest = min(costs) if costs else 0.0
-    best, best_score = routes[0], -1.0
-    for route, b in zip(routes, heads):
-        score = rng.betavariate(b.successes + 1, b.failures + 1)
-        if cheapest and b.costed and b.mean_cost > 0:
-            score *= cheapest / b.mean_cost
-        if score > best_score:
-            best, best_score = route, score
-    return best
+    return [(b.successes + 1, b.failures + 1,
+             cheapest / b.mean_cost if cheapest and b.costed and b.mean_cost > 0 else 1.0) for b in heads]
 
 
 def _held(b, now: Now) -> tuple[str, float]:
@@ -112,62 +115,111 @@ def _held(b, now: Now) -> tuple[str, float]:
     return "", 0.0
 
 
-def decide(ask: Ask, state: AdmissionState, policy: Policy, now: Now, rng, *, probed: set | None = None) -> Decision:
+def decide(ask: Ask, state: AdmissionState, policy: Policy, now: Now, rng, *, probed: set | None = None,
+           memo: dict | None = None) -> Decision:
     """Admit `ask` now, move it to an alternative, or tell it to wait (see the module doc).
 
     `probed`: routes already granted a probe by the caller's batch (a probe is one unit).
+    `memo`: a dict the caller keeps for one (state, now) — a batch — to reuse what does
+    not depend on the unit (why a pool holds, which alternatives admit).
     """
     route = ask.route
-    b = bulkhead_of(state, route, now)
+    delegated = ask.parent is not None
+    b = state.bulkheads.get(route) or bulkhead_of(state, route, now)
     if b.closed_until > now.wall:
         if (probed is None or route not in probed) and b.probe_due(now, policy.probe_interval(b.daily)):
             if probed is not None:
                 probed.add(route)
-            return Decision(ADMIT, route, "probe", probe=True, delegated=ask.parent is not None)
+            return _new(Decision, (ADMIT, route, "probe", 0.0, True, delegated))
     elif b.backoff_until > now.mono:
-        if ask.parent is not None:
-            return Decision(ADMIT, route, "delegated", delegated=True)
+        if delegated:
+            return _new(Decision, (ADMIT, route, "delegated", 0.0, False, True))
     else:
-        return Decision(ADMIT, route, delegated=ask.parent is not None)
-    why, until = _held(b, now)
+        return _new(Decision, (ADMIT, route, "", 0.0, False, delegated))
+    if memo is None:
+        memo = {}
+    held = memo.get(route)
+    if held is None:
+        held = memo[route] = _held(b, now)
+    why, until = held
     if policy.is_pinned(ask.lane, ask.tag, ask.pinned):
-        return Decision(WAIT, route, f"hard-pinned to {route}: {why}", until)
-    for group in policy.alternatives(route, ask.lane):
-        admitting = [r for r in group if not bulkhead_of(state, r, now).held(now)]
-        if admitting:
-            return Decision(MOVE, thompson(admitting, state, now, rng), f"moved from {route}: {why}",
-                            delegated=ask.parent is not None)
-    if ask.parent is not None:
+        return _new(Decision, (WAIT, route, f"hard-pinned to {route}: {why}", until, False, False))
+    key = (route, ask.lane)
+    admitting = memo.get(key)
+    if admitting is None:
+        admitting = memo[key] = _admitting(route, ask.lane, state, policy, now)
+    if admitting:
+        # rng None: the caller draws the Thompson sample itself (decide_batch, vectorised)
+        chosen = thompson(admitting, state, now, rng) if rng is not None else admitting[0]
+        return _new(Decision, (MOVE, chosen, f"moved from {route}: {why}", 0.0, False, delegated))
+    if delegated:
         # Never make a delegated unit wait (its parent holds a seat): the provider answers it.
-        return Decision(ADMIT, route, f"delegated: {why}", delegated=True)
-    return Decision(WAIT, route, f"{route} {why}; no admitting alternative", until)
+        return _new(Decision, (ADMIT, route, f"delegated: {why}", 0.0, False, True))
+    return _new(Decision, (WAIT, route, f"{route} {why}; no admitting alternative", until, False, False))
+
+
+def _admitting(route: Route, lane, state: AdmissionState, policy: Policy, now: Now) -> tuple[Route, ...]:
+    """The first group of the route's alternatives with a route that admits now; only those routes."""
+    for group in policy.alternatives(route, lane):
+        admitting = tuple(r for r in group if not bulkhead_of(state, r, now).held(now))
+        if admitting:
+            return admitting
+    return ()
 
 
 def decide_batch(asks: Sequence[Ask], state: AdmissionState, policy: Policy, now: Now, rng) -> list[Decision]:
-    """Decide many units against one state, for throughput; same rules as `decide`.
+    """Decide many units against one state, for throughput; the same rules as `decide`.
 
-    The common case — the route's pool admits — is answered from a per-batch table of
-    open pools without building a bulkhead; everything else goes through `decide`.
+    Admission changes no other unit's admissibility (there is no cap), except that a
+    probe is one unit per pool: so one state serves the whole batch. What does not
+    depend on the unit is worked out once per batch (`memo`), a plain admission on an
+    open pool is shared by every later unit of that route, and the Thompson draws of
+    every move are made at once with numpy (seeded from `rng`, so a seeded run repeats).
     """
     out = []
     append = out.append
     probed: set = set()
-    open_admit: dict = {}  # route -> the Decision for an open pool (shared, immutable)
-    bulkheads = state.bulkheads
-    closures = state.closures
-    wall, mono = now
+    memo: dict = {}
+    open_admit: dict = {}  # route -> the Decision every undelegated unit of that open pool gets
+    moves = []  # (index in out, admitting routes) of moves with a choice to draw
     for ask in asks:
-        route = ask.route
-        hit = open_admit.get(route)
-        if hit is not None and ask.parent is None:
-            append(hit)
-            continue
-        b = bulkheads.get(route)
-        if hit is None and ((b is not None and b.closed_until <= wall and b.backoff_until <= mono)
-                            or (b is None and not closures)):
-            hit = open_admit[route] = Decision(ADMIT, route)
-            if ask.parent is None:
+        if ask.parent is None:
+            hit = open_admit.get(ask.route)
+            if hit is not None:
                 append(hit)
                 continue
-        append(decide(ask, state, policy, now, rng, probed=probed))
+        d = decide(ask, state, policy, now, None, probed=probed, memo=memo)
+        if d.action == ADMIT:
+            if not d.reason and not d.delegated:
+                open_admit[ask.route] = d
+        elif d.action == MOVE:
+            admitting = memo[(ask.route, ask.lane)]
+            if len(admitting) > 1:
+                moves.append((len(out), admitting))
+        append(d)
+    if moves:
+        _draw_moves(out, moves, state, now, rng)
     return out
+
+
+def _draw_moves(out: list, moves: list, state: AdmissionState, now: Now, rng) -> None:
+    import numpy as np
+
+    params: dict = {}
+    alpha, beta, discount = [], [], []
+    for _i, admitting in moves:
+        p = params.get(admitting)
+        if p is None:
+            p = params[admitting] = _thompson_params(admitting, state, now)
+        for a, b, d in p:
+            alpha.append(a)
+            beta.append(b)
+            discount.append(d)
+    gen = np.random.default_rng(rng.getrandbits(64))
+    scores = (gen.beta(alpha, beta) * np.asarray(discount)).tolist()
+    at = 0
+    for i, admitting in moves:
+        n = len(admitting)
+        best = max(range(at, at + n), key=scores.__getitem__)
+        out[i] = out[i]._replace(route=admitting[best - at])
+        at += n

@@ -209,21 +209,90 @@ def _put(state: AdmissionState, b: Bulkhead) -> AdmissionState:
     return AdmissionState(bulkheads, state.closures)
 
 
+# Field positions, for the hot transitions: one tuple built per event instead of a
+# _replace per field (the live pool's admit + report round trip is a few µs).
+_F = {name: i for i, name in enumerate(Bulkhead._fields)}
+_RUNNING, _WAITING, _DELEGATED, _DELEGATED_TOTAL = _F["running"], _F["waiting"], _F["delegated"], _F["delegated_total"]
+_SUCCESSES, _FAILURES, _REFUSALS, _PROBE_AT, _PROBES = (
+    _F["successes"], _F["failures"], _F["refusals"], _F["probe_at"], _F["probes"])
+_ESTIMATE, _MEAN_SECONDS, _MEAN_COST, _COSTED, _MOVED_IN = (
+    _F["estimate"], _F["mean_seconds"], _F["mean_cost"], _F["costed"], _F["moved_in"])
+_new = tuple.__new__
+
+
+def seated(b: Bulkhead, now: Now, probe: bool = False, delegated: bool = False, moved: bool = False) -> Bulkhead:
+    """`b` after a unit starts on it (a probe, a delegated unit, a move from another pool...)."""
+    f = list(b)
+    f[_RUNNING] += 1
+    if delegated:
+        f[_DELEGATED] += 1
+        f[_DELEGATED_TOTAL] += 1
+    if probe:
+        f[_PROBE_AT] = now.mono
+        f[_PROBES] += 1
+    if moved:
+        f[_MOVED_IN] += 1
+    return _new(Bulkhead, f)
+
+
+def waited(b: Bulkhead, delta: int = 1) -> Bulkhead:
+    """`b` with one more unit waiting for it (delta -1: one stopped waiting)."""
+    f = list(b)
+    f[_WAITING] = max(0, f[_WAITING] + delta)
+    return _new(Bulkhead, f)
+
+
+def ended(b: Bulkhead, signal: Signal, now: Now, policy, probe: bool = False,
+          delegated: bool = False) -> tuple[Bulkhead, Closure | None, bool]:
+    """A unit that ran on `b` ended with `signal`: (new bulkhead, closure it makes or None, reopen?).
+
+    `reopen` is True when a clean probe proved a closed pool's key works again; the
+    closure (or reopening) is for the caller to apply to every pool it covers
+    (`close`, `reopen`). `policy` supplies closed_for and the backoff.
+    """
+    load = b.running
+    f = list(b)
+    f[_RUNNING] = max(0, load - 1)
+    if delegated:
+        f[_DELEGATED] = max(0, f[_DELEGATED] - 1)
+    kind = signal.kind
+    if kind == CLEAN:
+        n = f[_SUCCESSES] = f[_SUCCESSES] + 1
+        f[_REFUSALS] = 0
+        if load >= f[_ESTIMATE]:
+            f[_ESTIMATE] += 1
+        if signal.seconds is not None:
+            f[_MEAN_SECONDS] += (signal.seconds - f[_MEAN_SECONDS]) / n
+        if signal.cost is not None:
+            c = f[_COSTED] = f[_COSTED] + 1
+            f[_MEAN_COST] += (signal.cost - f[_MEAN_COST]) / c
+        b = _new(Bulkhead, f)
+        # a topped-up key does not wait for midnight
+        return b, None, probe and b.closed_until > now.wall
+    if kind == ERROR:
+        f[_FAILURES] += 1
+        return _new(Bulkhead, f), None, False
+    if kind != REFUSED:
+        return _new(Bulkhead, f), None, False  # a stall or a timeout holds nothing back
+    refusals = b.refusals + 1
+    b = _new(Bulkhead, f)._replace(
+        failures=b.failures + 1, refusals=refusals, carrying=load, refused_at=now.wall,
+        why=f"{signal.refusal}: {signal.message}".rstrip(": "), estimate=max(1, load // 2))
+    if signal.refusal == RATE_LIMIT:
+        delay = backoff_seconds(refusals, signal.retry_after, policy.backoff_base, policy.backoff_max)
+        return b._replace(backoff_until=max(b.backoff_until, now.mono + delay)), None, False
+    return b, closure_for(b.route, signal.refusal, now, policy.closed_for, signal.message), False
+
+
 def seat(state: AdmissionState, route: Route, now: Now, *, probe: bool = False, delegated: bool = False,
          moved: bool = False) -> AdmissionState:
-    """A unit starts on `route` (a probe, a delegated unit, a move from another pool...)."""
-    b = bulkhead_of(state, route, now)
-    b = b._replace(
-        running=b.running + 1,
-        delegated=b.delegated + delegated, delegated_total=b.delegated_total + delegated,
-        probe_at=now.mono if probe else b.probe_at, probes=b.probes + probe, moved_in=b.moved_in + moved)
-    return _put(state, b)
+    """A unit starts on `route`; returns the new state."""
+    return _put(state, seated(bulkhead_of(state, route, now), now, probe, delegated, moved))
 
 
 def wait(state: AdmissionState, route: Route, now: Now, delta: int = 1) -> AdmissionState:
     """Count a unit waiting for `route` (delta -1: it stopped waiting without starting)."""
-    b = bulkhead_of(state, route, now)
-    return _put(state, b._replace(waiting=max(0, b.waiting + delta)))
+    return _put(state, waited(bulkhead_of(state, route, now), delta))
 
 
 def backoff_seconds(refusals: int, retry_after: float | None, base: float, cap: float) -> float:
@@ -277,37 +346,14 @@ def reopen(state: AdmissionState, route: Route | None = None, *, scope: tuple | 
 
 def report(state: AdmissionState, route: Route, signal: Signal, now: Now, policy, *, probe: bool = False,
            delegated: bool = False) -> AdmissionState:
-    """A unit that ran on `route` ended with `signal`; returns the new state.
-
-    `policy` supplies closed_for and the backoff (admission.policy.Policy).
-    """
-    b = bulkhead_of(state, route, now)
-    load = b.running
-    b = b._replace(running=max(0, b.running - 1), delegated=max(0, b.delegated - delegated))
-    kind = signal.kind
-    if kind == CLEAN:
-        n = b.successes + 1
-        b = b._replace(successes=n, refusals=0, estimate=b.estimate + (load >= b.estimate))
-        if signal.seconds is not None:
-            b = b._replace(mean_seconds=b.mean_seconds + (signal.seconds - b.mean_seconds) / n)
-        if signal.cost is not None:
-            c = b.costed + 1
-            b = b._replace(costed=c, mean_cost=b.mean_cost + (signal.cost - b.mean_cost) / c)
-        state = _put(state, b)
-        if probe and b.closed_until > now.wall:
-            state = reopen(state, route, now=now)  # a topped-up key does not wait for midnight
-        return state
-    if kind == ERROR:
-        return _put(state, b._replace(failures=b.failures + 1))
-    if kind != REFUSED:
-        return _put(state, b)  # a stall or a timeout holds nothing back
-    refusals = b.refusals + 1
-    b = b._replace(failures=b.failures + 1, refusals=refusals, carrying=load, refused_at=now.wall,
-                   why=f"{signal.refusal}: {signal.message}".rstrip(": "), estimate=max(1, load // 2))
-    if signal.refusal == RATE_LIMIT:
-        delay = backoff_seconds(refusals, signal.retry_after, policy.backoff_base, policy.backoff_max)
-        return _put(state, b._replace(backoff_until=max(b.backoff_until, now.mono + delay)))
-    return close(_put(state, b), closure_for(route, signal.refusal, now, policy.closed_for, signal.message), now)
+    """A unit that ran on `route` ended with `signal`; returns the new state (see `ended`)."""
+    b, closure, reopens = ended(bulkhead_of(state, route, now), signal, now, policy, probe, delegated)
+    state = _put(state, b)
+    if closure is not None:
+        state = close(state, closure, now)
+    if reopens:
+        state = reopen(state, route, now=now)
+    return state
 
 
 def prune(state: AdmissionState, now: Now) -> AdmissionState:
