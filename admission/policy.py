@@ -375,7 +375,7 @@ class PolicyHolder:
         """Load `data` (an ``[admission]`` section); (True, None) or (False, why) — then nothing changed."""
         try:
             policy = Policy.from_dict(data)
-        except ConfigError as exc:
+        except (ConfigError, TypeError, ValueError) as exc:
             with self._lock:
                 self.last_error = str(exc)
             return False, str(exc)

@@ -217,6 +217,8 @@ class AdmissionPool:
         if unit in seats or unit in self._waits:
             raise BadAsk(f"unit {unit} is already admitted or waiting")
         policy = self.holder.current
+        if policy.nodes and (route.model, route.provider) not in policy.nodes:
+            raise BadAsk(f"unit {unit}: route {route} is not in the declared catalog")
         if severity is not None and severity not in policy.severity:
             raise BadAsk(f"unit {unit}: unknown severity {severity!r}; known: {', '.join(policy.severity)}")
         if parent is not None and parent in seats:

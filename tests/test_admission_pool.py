@@ -263,3 +263,20 @@ def test_batch_thompson_draws_keep_the_cost_discount_and_exploration():
     state = T.AdmissionState({GLM_OR: held, GLM_AZ: held_az}, {})
     assert S.decide_batch(asks[:50], state, pol, now, random.Random(1)) == S.decide_batch(
         asks[:50], state, pol, now, random.Random(1))
+
+
+def test_a_scaled_clock_runs_a_day_in_minutes():
+    import time
+
+    from admission.pool import ScaledClock
+
+    clock = ScaledClock(1440, start_wall=T_1447)  # a day in a minute
+    m0 = clock.mono()
+    time.sleep(0.05)
+    m1 = clock.mono()
+    assert m1 - m0 >= 0.05 * 1440  # at least as far as the scaled sleep (a lower bound only)
+    assert clock.wall() - clock.mono() == pytest.approx(T_1447)
+    with pytest.raises(ValueError):
+        ScaledClock(0)
+    with pytest.raises(ValueError):
+        ManualClock().advance(-1)

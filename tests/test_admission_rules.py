@@ -397,6 +397,8 @@ def test_bad_asks_are_typed_errors_and_change_nothing():
         pool.admit(1, ("glm", "or"))
     with pytest.raises(BadAsk, match="unknown severity"):
         pool.admit(1, GLM_OR, severity="X")
+    with pytest.raises(BadAsk, match="not in the declared catalog"):
+        pool.admit(1, Route("glm-5.3-review", "nowhere"))
     pool.admit(1, GLM_OR)
     with pytest.raises(BadAsk, match="already"):
         pool.admit(1, GLM_OR)
@@ -414,3 +416,27 @@ def test_a_move_is_counted_and_reports_land_on_the_route_it_ran_on():
     assert bulkhead(pool, GLM_AZ).refusals == 1 and bulkhead(pool, GLM_AZ).moved_in == 1
     assert bulkhead(pool, GLM_OR).refusals == 1
     assert GLM_US not in pool.state.bulkheads  # never a weaker node
+
+
+def test_refused_is_a_typed_picklable_signal():
+    import pickle
+
+    r = pickle.loads(pickle.dumps(Refused(429, "slow down", retry_after=2.5)))
+    assert (r.status, r.message, r.retry_after) == (429, "slow down", 2.5)
+    assert signal_for(r) == T.Signal(T.REFUSED, T.RATE_LIMIT, 2.5, "slow down")
+    for bad in (dict(status=42), dict(status="429"), dict(status=True), dict(status=429, retry_after=-1),
+                dict(status=429, message=3)):
+        with pytest.raises(ValueError):
+            Refused(**bad)
+    import fleet
+
+    assert fleet.Refused is Refused and fleet.Route is Route
+
+
+def test_route_text_form():
+    r = Route("anthropic/claude-opus-5", "openrouter-eu", "k1")
+    assert str(r) == "anthropic/claude-opus-5@openrouter-eu/k1" and Route.parse(str(r)) == r
+    assert Route.parse("m@p") == Route("m", "p")
+    for bad in ("m", "@p", "m@", "m@p/"):
+        with pytest.raises(ValueError):
+            Route.parse(bad)
