@@ -116,3 +116,15 @@ def test_failed_reload_keeps_the_last_good_catalog_and_says_why():
     # control: a good reload replaces it and clears the error
     assert holder.reload(catalog(probe_every=3)) == (True, None)
     assert holder.current.probe_every == 3.0 and holder.last_error is None
+
+
+def test_the_readme_catalog_example_loads():
+    import pathlib
+    import tomllib
+
+    text = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## Declaring a provider catalog", 1)[1]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    p = Policy.from_dict(tomllib.loads(block)["admission"])
+    assert p.lane("review").exclude == ("kimi",) and p.pinned_tags == {"fixer"}
+    assert p.alternatives(Route("deepseek-v4-flash", "openrouter-eu"), None) == ((), (GLM_AZ,), ())
