@@ -192,6 +192,7 @@ class AdmissionPool:
         self._waits: dict[int, S.Ask] = {}  # unit id -> ask (insertion order = arrival)
         self._why: dict[int, S.Decision] = {}  # unit id -> its last WAIT decision
         self._lanes: dict[tuple, _LaneRow] = {}  # (lane, route) -> counters
+        self._budget: dict[str, tuple] = {}  # provider -> (spent, limit, wall time of the reading)
         self.load_error: str | None = None
         if store is not None:
             self._load()
@@ -375,6 +376,23 @@ class AdmissionPool:
                         "waiting_s": now.mono - a.since, "why": self._why[a.id].reason})
         return out
 
+    def next_wake(self) -> float | None:
+        """When `wake` may start something (a monotonic time of the clock), None if no unit waits."""
+        if not self._waits:
+            return None
+        return T.next_change(self.state, self.now(), self.policy)
+
+    def report_budget(self, provider: str, spent: float, limit: float | None) -> None:
+        """The budget gate's reading for `provider` today (shown per bulkhead); at the limit it closes
+        the provider until the next UTC midnight."""
+        now = self.now()
+        self._budget[provider] = (float(spent), None if limit is None else float(limit), now.wall)
+        closure = T.budget_closure(provider, spent, limit, now)
+        if closure is not None and not any(c.cause == T.BUDGET and c.until >= closure.until
+                                           for c in self.state.closures.values() if c.scope == closure.scope):
+            self.state = T.close(self.state, closure, now)
+            self._save()
+
     # --- operator ------------------------------------------------------------------------------
     def close(self, provider: str, credential: str | None = None, *, until: float, cause: str = T.OPERATOR,
               message: str = "") -> None:
@@ -406,7 +424,7 @@ class AdmissionPool:
             key = (a.lane, a.route)
             waiting_by_lane[key] = waiting_by_lane.get(key, 0) + 1
             oldest[key] = min(oldest.get(key, a.since), a.since)
-        bulkheads = [bulkhead_row(b, now) for b in self.state.bulkheads.values()]
+        bulkheads = [bulkhead_row(b, now, self._budget.get(b.route.provider)) for b in self.state.bulkheads.values()]
         lanes = []
         for key in sorted(set(self._lanes) | set(waiting_by_lane), key=lambda k: (k[0] or "", str(k[1]))):
             lane, route = key
@@ -454,8 +472,12 @@ class AdmissionPool:
             log.error("admission: cannot save closures: %s", exc)
 
 
-def bulkhead_row(b: T.Bulkhead, now: T.Now) -> dict:
-    """One bulkhead as a census row (what `fleetctl status` and `Fleet.status()` show)."""
+def bulkhead_row(b: T.Bulkhead, now: T.Now, budget: tuple | None = None) -> dict:
+    """One bulkhead as a census row (what `fleetctl status` and `Fleet.status()` show).
+
+    `budget`: the provider's last budget reading (spent, limit, wall time), shown only.
+    """
+    spent, limit, budget_at = budget or (None, None, None)
     closed = b.closed_until > now.wall
     backoff = b.backoff_until > now.mono
     return {
@@ -469,6 +491,7 @@ def bulkhead_row(b: T.Bulkhead, now: T.Now) -> dict:
         "closed_until": b.closed_until if closed else None, "cause": b.cause if closed else None,
         "closed_by_daily_limit": b.daily and closed, "probes": b.probes, "moved_in": b.moved_in,
         "mean_seconds": b.mean_seconds, "mean_cost": b.mean_cost,
+        "budget_spent": spent, "budget_limit": limit, "budget_at": budget_at,
     }
 
 

@@ -308,6 +308,29 @@ def closure_for(route: Route, refusal: str, now: Now, closed_for: float, message
     return Closure(route.provider, route.credential, until, refusal, daily, now.wall, message)
 
 
+def budget_closure(provider: str, spent: float, limit: float | None, now: Now) -> Closure | None:
+    """The fleet's own daily budget for `provider`: read and shown, never reserved; reached, it
+    closes the provider until the next UTC midnight (a daily closure). None while below it."""
+    if limit is None or spent < limit:
+        return None
+    return Closure(provider, None, next_utc_midnight(now.wall), BUDGET, True, now.wall,
+                   f"daily budget reached: {spent:g} of {limit:g}")
+
+
+def next_change(state: AdmissionState, now: Now, policy) -> float | None:
+    """The earliest monotonic time after `now` at which some pool may admit again (a backoff
+    ends, a probe falls due, a closure ends), or None when nothing is held."""
+    times = []
+    for b in state.bulkheads.values():
+        if b.backoff_until > now.mono:
+            times.append(b.backoff_until)
+        if b.closed_until > now.wall:
+            times.append(now.mono + (b.closed_until - now.wall))
+            if b.running == 0:
+                times.append(max(now.mono, b.probe_at + policy.probe_interval(b.daily)))
+    return min(times) if times else None
+
+
 def close(state: AdmissionState, closure: Closure, now: Now) -> AdmissionState:
     """Record `closure` and close every known pool it covers (later pools are born closed).
 

@@ -280,3 +280,30 @@ def test_a_scaled_clock_runs_a_day_in_minutes():
         ScaledClock(0)
     with pytest.raises(ValueError):
         ManualClock().advance(-1)
+
+
+def test_the_daily_budget_is_shown_and_closes_the_provider_at_its_limit():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    pool.admit(1, GLM_OR)
+    pool.report_budget("openrouter-eu", 4.0, 10.0)
+    row = {r["pool"]: r for r in pool.census()["bulkheads"]}[str(GLM_OR)]
+    assert (row["budget_spent"], row["budget_limit"], row["state"]) == (4.0, 10.0, "open")  # shown only
+    assert pool.admit(2, GLM_OR).action == S.ADMIT
+    pool.report_budget("openrouter-eu", 10.0, 10.0)  # reached: closed till midnight, probed as a daily limit
+    d = pool.admit(3, GLM_OR)
+    assert d.action == S.WAIT and d.until == MIDNIGHT_AFTER and "budget" in d.reason
+    assert pool.census()["closures"][0]["daily"] is True
+    assert pool.admit(4, GLM_AZ).action == S.ADMIT  # control: another provider
+
+
+def test_next_wake_says_when_a_waiting_unit_may_start():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    assert pool.next_wake() is None
+    pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    pool.admit(1, GLM_OR)
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 30)
+    clock.advance(30)
+    assert [u for u, _d in pool.wake()] == [1]
+    pool.report(1, signal_for(Refused(402)))
+    pool.admit(2, GLM_OR)
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 10)  # the next probe
