@@ -440,3 +440,23 @@ def test_route_text_form():
     for bad in ("m", "@p", "m@", "m@p/"):
         with pytest.raises(ValueError):
             Route.parse(bad)
+
+
+def test_a_delegated_unit_never_waits_even_on_a_closed_pool_with_no_alternative():
+    pool, _ = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    pool.admit(1, SONNET)
+    run(pool, GLM_OR, CREDIT)
+    child = pool.admit(2, GLM_OR, parent=1)
+    assert child.action == S.ADMIT and child.delegated  # the provider answers it; the parent is not stalled
+    assert pool.admit(3, GLM_OR).action == S.WAIT  # control: an undelegated unit waits
+
+
+def test_a_shorter_closure_never_cuts_a_longer_one_of_the_same_key_short():
+    pool, clock = make_pool()
+    run(pool, GLM_OR, DAILY)
+    clock.advance(10)
+    d = pool.admit(1, GLM_OR, pinned=True)
+    assert d.probe
+    pool.report(1, signal_for(CREDIT))  # the probe meets a credit refusal: 35 min, shorter than midnight
+    assert bulkhead(pool, GLM_OR).closed_until == MIDNIGHT_AFTER
+    assert pool.census()["closures"][0]["until"] == MIDNIGHT_AFTER
