@@ -171,11 +171,18 @@ class _Seat(NamedTuple):
 
 
 class _LaneRow:
-    __slots__ = ("running", "delegated", "delegated_total", "moved_in", "spent", "started", "refused")
+    __slots__ = ("running", "delegated", "delegated_total", "moved_in", "spent", "spent_day", "started", "refused")
 
     def __init__(self):
         self.running = self.delegated = self.delegated_total = self.moved_in = self.started = self.refused = 0
-        self.spent = 0.0
+        self.spent = 0.0  # USD spent today (UTC) by the lane's clean rounds on this pool
+        self.spent_day = 0
+
+    def spend(self, cost: float, wall: float) -> None:
+        day = int(wall // T.DAY)
+        if day != self.spent_day:
+            self.spent, self.spent_day = 0.0, day
+        self.spent += cost
 
 
 class AdmissionPool:
@@ -279,7 +286,7 @@ class AdmissionPool:
         if signal.kind == T.REFUSED:
             row.refused += 1
         if signal.cost:
-            row.spent += signal.cost
+            row.spend(signal.cost, now.wall)
         if closure is not None:
             self.state = T.close(self.state, closure, now)
         if reopens:
@@ -306,9 +313,11 @@ class AdmissionPool:
         for ask in self._waits.values():
             lanes.setdefault(ask.lane, []).append(ask)
         started = []
+        probed: set = set()
+        memo: dict = {}  # seating changes no pool's hold, so one memo serves the whole wake
         for asks in lanes.values():
             for ask in S.order(asks, policy, now):
-                decision = S.decide(ask, self.state, policy, now, self.rng)
+                decision = S.decide(ask, self.state, policy, now, self.rng, probed=probed, memo=memo)
                 if decision.starts:
                     del self._waits[ask.id]
                     self._why.pop(ask.id, None)
@@ -433,7 +442,8 @@ class AdmissionPool:
             lanes.append({
                 "lane": lane, "pool": str(route), "running": row.running, "waiting": waiting_by_lane.get(key, 0),
                 "delegated": row.delegated, "delegated_total": row.delegated_total, "moved_in": row.moved_in,
-                "started": row.started, "refused": row.refused, "spent": row.spent,
+                "started": row.started, "refused": row.refused,
+                "spent_today": row.spent if row.spent_day == int(now.wall // T.DAY) else 0.0,
                 "oldest_waiting_s": None if since is None else now.mono - since,
             })
         return {

@@ -8,7 +8,8 @@ Then, in this order:
    ``daily_limit_probe_every``) while nothing runs on it;
 2. a *delegated* unit (one with a parent) is admitted at once on its route even while
    the pool backs off: refusing it could only stall its parent, which holds a seat
-   (a nested-resource deadlock). It is counted, and marked delegated;
+   (a nested-resource deadlock). It is counted, and marked delegated. It never waits:
+   on a closed pool it moves if an alternative admits, else the provider answers it;
 3. a *hard-pinned* unit waits for its route;
 4. otherwise the unit moves to an alternative that admits it now. The policy gives the
    alternatives in groups (same model on another provider; the tier's other models;

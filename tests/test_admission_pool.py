@@ -134,7 +134,7 @@ def test_a_scripted_provider_day():
     assert lanes[("review", str(GLM_AZ))]["moved_in"] == 7
     assert lanes[("embeddings", str(EMBED_EU))]["waiting"] >= 1
     assert lanes[("embeddings", str(EMBED_EU))]["oldest_waiting_s"] > 15 * 60
-    assert lanes[("review", str(GLM_AZ))]["spent"] == pytest.approx(0.01 * 7)  # its clean rounds' cost
+    assert lanes[("review", str(GLM_AZ))]["spent_today"] == pytest.approx(0.01 * 7)  # its clean rounds' cost
     assert lanes[("review", str(GLM_OR))]["refused"] == 21
 
     # --- midnight: the key is fresh again; waiting work starts without any operator --------------
@@ -142,6 +142,8 @@ def test_a_scripted_provider_day():
     started = dict(pool.wake())
     assert pinned in started and len(started) == 1 + _row(pool, EMBED_EU)["running"]
     assert pool.starving() == [] and pool.census()["closures"] == []
+    lanes = {(r["lane"], r["pool"]): r for r in pool.census()["lanes"]}
+    assert lanes[("review", str(GLM_AZ))]["spent_today"] == 0.0  # a new UTC day
 
 
 def _head(pool, route):
