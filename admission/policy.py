@@ -42,6 +42,7 @@ from fleet.route import Route
 SECTION = "admission"
 DEFAULT_SEVERITY = {"red-main": 32, "B": 16, "H": 8, "M": 4, "L": 2, "none": 1}
 MARKS = ("residency", "retention")
+_CACHE_BOUND = 65_536  # (route, lane) pairs of alternatives kept per policy
 
 
 class PolicyError(ConfigError):
@@ -127,8 +128,19 @@ class Policy:
         key = (route, lane)
         hit = self._cache.get(key)
         if hit is None:
+            if len(self._cache) >= _CACHE_BOUND:
+                self._cache.clear()  # lanes are free names: never let the cache grow without end
             hit = self._cache[key] = self._alternatives(route, self.lane(lane))
         return hit
+
+    def breaks_lane(self, route: Route, lane: str | None) -> str | None:
+        """Why `route` may not serve `lane` (a mark the lane requires and its node lacks), or None."""
+        rules = self.lanes.get(lane)
+        node = self.nodes.get((route.model, route.provider))
+        if rules is None or node is None or _meets(rules, node):
+            return None
+        return (f"route {route} (residency {node.residency!r}, retention {node.retention!r}) does not carry "
+                f"lane {lane!r}'s required marks (residency {rules.residency!r}, retention {rules.retention!r})")
 
     def _alternatives(self, route: Route, lane: LanePolicy) -> tuple[tuple[Route, ...], ...]:
         own = self.nodes.get((route.model, route.provider))

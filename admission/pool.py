@@ -227,10 +227,14 @@ class AdmissionPool:
         policy = self.holder.current
         if policy.nodes and (route.model, route.provider) not in policy.nodes:
             raise BadAsk(f"unit {unit}: route {route} is not in the declared catalog")
-        if severity is not None and severity not in policy.severity:
-            raise BadAsk(f"unit {unit}: unknown severity {severity!r}; known: {', '.join(policy.severity)}")
         if parent is not None and parent in seats:
             lane = seats[parent].lane
+        if lane in policy.lanes:
+            broken = policy.breaks_lane(route, lane)
+            if broken is not None:
+                raise BadAsk(f"unit {unit}: {broken}")
+        if severity is not None and severity not in policy.severity:
+            raise BadAsk(f"unit {unit}: unknown severity {severity!r}; known: {', '.join(policy.severity)}")
         now = self.now()
         ask = _new(S.Ask, (unit, route, lane, severity, bool(pinned), parent, tag, now.mono))
         decision = S.decide(ask, self.state, policy, now, self.rng)

@@ -28,8 +28,8 @@ after its provider (or key) closed is born closed (`bulkhead_of`), and so that t
 closures can be saved and loaded across restarts (see `admission.pool`).
 
 The estimate K̂ (``estimate``) is shown only, never consulted to admit: it grows by
-one per clean round above it and halves at a refusal; ``carrying`` is the load at
-which the pool last refused.
+one per clean round that ran at a load at or above it, and halves at a refusal;
+``carrying`` is the load at which the pool last refused.
 """
 from __future__ import annotations
 

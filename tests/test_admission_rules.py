@@ -399,12 +399,15 @@ def test_bad_asks_are_typed_errors_and_change_nothing():
         pool.admit(1, GLM_OR, severity="X")
     with pytest.raises(BadAsk, match="not in the declared catalog"):
         pool.admit(1, Route("glm-5.3-review", "nowhere"))
+    with pytest.raises(BadAsk, match="does not carry lane 'eu-only'"):
+        pool.admit(1, OPUS, lane="eu-only")
     pool.admit(1, GLM_OR)
     with pytest.raises(BadAsk, match="already"):
         pool.admit(1, GLM_OR)
     with pytest.raises(UnknownUnit):
         pool.report(99, signal_for(None))
-    assert bulkhead(pool, GLM_OR).running == 1
+    assert bulkhead(pool, GLM_OR).running == 1 and OPUS not in pool.state.bulkheads
+    assert pool.admit(2, OPUS, lane="triage").action == S.ADMIT  # control: a lane with no requirement
 
 
 def test_a_move_is_counted_and_reports_land_on_the_route_it_ran_on():
