@@ -100,10 +100,11 @@ import sys, time
 from fleet.table import SlotTable, bulkheads
 t = SlotTable.attach(sys.argv[1])
 w = bulkheads.BulkheadWriter(t)
-print("ready", flush=True)
 i = 0
 while True:
     i += 1
+    if i == 2:
+        print("ready", flush=True)  # after one write: the kernels are loaded (or compiled)
     w.publish([{"pool": "p@q", "state": "open", "running": i, "waiting": i, "delegated": i, "successes": i,
                 "failures": i, "refusals": i, "probes": i, "estimate": i, "carrying_capacity": i}])
 """
