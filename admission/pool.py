@@ -38,7 +38,7 @@ from fleet.route import Route
 
 from . import scheduler as S
 from . import state as T
-from .policy import Policy, PolicyError, PolicyHolder
+from .policy import Policy, PolicyHolder
 
 log = logging.getLogger("admission")
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
