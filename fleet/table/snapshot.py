@@ -60,7 +60,7 @@ class TableSnapshot:
     posture = property(lambda self: self._array("posture")[0])
     #: (16,) uint64
     ledger = property(lambda self: self._array("ledger")[0])
-    #: (n_bulkheads, 16) uint64
+    #: (n_bulkheads, 24) uint64
     bulkheads = property(lambda self: self._array("bulkheads"))
 
     def _array(self, key: str):
@@ -100,6 +100,17 @@ class TableSnapshot:
             "binding": L.BINDINGS[binding] if binding < len(L.BINDINGS) else "?",
             "done": w[base + L.S_DONE],
         }
+
+    @property
+    def n_bulkheads(self) -> int:
+        return self._reader.n_bulk
+
+    def bulkhead_words(self, i: int) -> memoryview:
+        """The words of bulkhead record `i` (fleet.table.bulkheads.unpack reads them)."""
+        first, stride, count, _seq = self._reader.regions["bulkheads"]
+        if not 0 <= i < count:
+            raise IndexError(f"bulkhead {i} out of range [0, {count})")
+        return self._w[first + i * stride : first + (i + 1) * stride]
 
     def posture_view(self) -> dict:
         p = _Record(self, "posture", 0)
