@@ -566,7 +566,7 @@ class Daemon:
 
     # ------------------------------------------------------------------ control ops (on the loop)
     def status(self) -> dict:
-        from .cli.cmd_status import gather
+        from .status import gather
 
         doc = gather(self.config.name)
         doc["daemon"] = {"pid": os.getpid(), "draining": self._draining, "stopping": self._stopping,
