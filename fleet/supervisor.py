@@ -49,6 +49,7 @@ from .config import FleetConfig
 from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
 from .errors import BootRefused, ConfigError, FleetError
+from .intensity import Deaths
 from .ledger import Ledger, abort_process
 from .outcomes import FAILED, SOLVED, SUPPRESSED
 from .sampler import PressureInput, QuotaWatcher, Sampler
@@ -116,7 +117,7 @@ class Supervisor:
         self._stopped = threading.Event()
         self._draining = False  # fleetd drain: take nothing new from the queues
         self._stopped_roles: set[int] = set()
-        self._deaths: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._deaths = Deaths(config.restart.max_restarts, config.restart.within_seconds)
         self._timed_out: set[int] = set()
         self._deadlines: list = []  # heap of (deadline, unit id)
         self._outbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
@@ -579,18 +580,9 @@ class Supervisor:
             self.table.set_slot_meta(slot, pid=0)
 
     def _count_death(self, seat: int, how: str) -> bool:
-        """Restart intensity: True to restart the seat; False stops its roles."""
-        limit = self.config.restart
+        """Restart intensity (fleet.intensity): True to restart the seat; False stops its roles."""
         now = time.monotonic()
-        stop = []
-        for role_name in self.layout.seats[seat].roles:
-            code = self.roles.code(role_name)
-            deaths = self._deaths[code]
-            deaths.append(now)
-            while deaths and deaths[0] < now - limit.within_seconds:
-                deaths.popleft()
-            if len(deaths) > limit.max_restarts:
-                stop.append(code)
+        stop = [code for code in map(self.roles.code, self.layout.seats[seat].roles) if self._deaths.died(code, now)]
         log.warning("fleet %s: seat %s worker died (%s)", self.name, self.layout.seats[seat].name, how)
         for code in stop:
             self._stop_role(code)
