@@ -29,7 +29,6 @@ import itertools
 import json
 import logging
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -39,7 +38,7 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from . import cgroup, fsm
+from . import cgroup, codec, fsm
 from . import messages as M
 from . import posture as posture_mod
 from . import pressure as pressure_mod
@@ -51,7 +50,7 @@ from .dispatch import Dispatcher, Pending
 from .errors import BootRefused, ConfigError, FleetError
 from .intensity import Deaths
 from .ledger import Ledger, abort_process
-from .outcomes import FAILED, SOLVED, SUPPRESSED
+from .outcomes import FAILED, SOLVED
 from .sampler import PressureInput, QuotaWatcher, Sampler
 from .table import SlotTable
 from .table import layout as L
@@ -59,8 +58,6 @@ from .unit import (
     BadUnit,
     FleetClosed,
     Outcome,
-    PayloadTooLarge,
-    PayloadUnpicklable,
     QueueFull,
     RoleStopped,
     error_for,
@@ -74,9 +71,6 @@ IDLE_WAIT_S = 0.1
 SAMPLE_EVERY_S = 0.25
 #: How long boot waits for the zygote to import handlers and load kernels.
 BOOT_TIMEOUT_S = 120.0
-
-
-_SOLVED = Outcome(SOLVED)
 
 
 class WorkerStartError(BootRefused):
@@ -308,16 +302,8 @@ class Supervisor:
         code = self.roles.code(role)
         spec = self.roles.by_code(code)
         self._check_unit(spec, key, lane, priority, timeout, request_id)
-        try:
-            if pickled_payload is not None:
-                body = pickle.dumps((_Pickled(pickled_payload), key, lane, request_id), protocol=pickle.HIGHEST_PROTOCOL)
-            else:
-                body = pickle.dumps((payload, key, lane, request_id), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            raise PayloadUnpicklable(f"payload for role {role!r} cannot be pickled: {type(exc).__name__}: {exc}") from None
-        limit = self.config.limits.max_payload_bytes
-        if len(body) > limit:
-            raise PayloadTooLarge(f"payload for role {role!r} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
+        body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
+                               limit=self.config.limits.max_payload_bytes)
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
         future = Future()
@@ -488,32 +474,7 @@ class Supervisor:
             return None
         unit_id, slot, status, final, elapsed = M.RESULT_HEAD.unpack_from(view)
         body = view[M.RESULT_HEAD.size :]
-        return unit_id, slot, final, elapsed, *self._outcome(status, body)
-
-    @staticmethod
-    def _outcome(status: int, body):
-        """(Outcome, value, original exception) from a result message."""
-        if status == M.ST_SOLVED:
-            try:
-                return _SOLVED, pickle.loads(body), None
-            except Exception as exc:  # noqa: BLE001 - e.g. a class the caller's process cannot import
-                return Outcome(FAILED, "ResultError", f"result cannot be unpickled here: {exc}"), None, None
-        if status == M.ST_CHUNK:
-            values, failures = chunk = pickle.loads(body)
-            kinds = {st for st, _ in failures.values()}
-            if M.ST_HANDLER_ERROR in kinds:
-                return Outcome(FAILED, "HandlerError", "an item of the chunk failed"), chunk, None
-            if M.ST_SUPPRESSED in kinds:
-                return Outcome(SUPPRESSED, None, "an item of the chunk was suppressed"), chunk, None
-            return _SOLVED, chunk, None
-        if status == M.ST_SUPPRESSED:
-            return Outcome(SUPPRESSED, None, bytes(body).decode(errors="replace")), None, None
-        if status == M.ST_HANDLER_ERROR:
-            text, original = pickle.loads(body)
-            return Outcome(FAILED, "HandlerError", text), None, original
-        if status == M.ST_RESULT_ERROR:
-            return Outcome(FAILED, "ResultError", bytes(body).decode(errors="replace")), None, None
-        return Outcome(FAILED, "LaneDeath", bytes(body).decode(errors="replace")), None, None
+        return unit_id, slot, final, elapsed, *codec.result_outcome(status, body)
 
     def _apply(self, decoded):
         unit_id, slot, final, elapsed, outcome, value, original = decoded
@@ -923,21 +884,6 @@ class Supervisor:
 
 
 # ---------------------------------------------------------------------- helpers
-class _Pickled:
-    """A payload pickled by a remote client: the worker unpickles it, nobody else."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes):
-        self.data = data
-
-    def __reduce__(self):
-        return (_Pickled, (self.data,))
-
-    def load(self):
-        return pickle.loads(self.data)
-
-
 def _deliver(done) -> None:
     for item in done:
         if item is None:
