@@ -94,6 +94,34 @@ TRANSITIONS = {
     (PINNED, UNPIN): (IDLE, "T9", frozenset({KIND_PINNED, KIND_SINGLETON}), False),
 }
 
+# --- paths: the sequences of events other modules walk --------------------------
+#: How a unit's completion ends its slot, by the role's kind: a keyed unit leaves
+#: its pin (T3), the singleton stays pinned (T4), a pooled unit returns the slot to
+#: the pool (T5).
+COMPLETION = {KIND_PINNED: PIN_KEYED, KIND_SINGLETON: PIN_SINGLETON, KIND_POOLED: RELEASE}
+
+#: How a slot whose worker died walks back to Idle, from each state, through legal
+#: transitions only (Idle needs nothing). A Leased slot must START before it can
+#: DRAIN: Leased has no other way out in the table.
+RESET_PATHS = {
+    LEASED: (START, DRAIN, DRAINED),
+    RUNNING: (DRAIN, DRAINED),
+    DRAINING: (DRAINED,),
+    PINNED: (UNPIN,),
+}
+
+
+def walk(state, path):
+    """The state a path of events leads to from `state` by the table alone (no
+    guards), or None if a step is illegal."""
+    for event in path:
+        entry = TRANSITIONS.get((state, event))
+        if entry is None:
+            return None
+        state = entry[0]
+    return state
+
+
 # --- why a transition was refused (0 = applied) ----------------------------------
 OK = 0
 R_ILLEGAL = 1  # (state, event) is not in the table

@@ -524,16 +524,10 @@ class Supervisor:
             batch = self.data.results(seat).pop_many()
 
     def _reset_slots(self, seat: int) -> None:
-        """Walk a dead seat's slots back to Idle, through legal transitions only."""
-        paths = {
-            fsm.LEASED: (fsm.START, fsm.DRAIN, fsm.DRAINED),
-            fsm.RUNNING: (fsm.DRAIN, fsm.DRAINED),
-            fsm.DRAINING: (fsm.DRAINED,),
-            fsm.PINNED: (fsm.UNPIN,),
-        }
+        """Walk a dead seat's slots back to Idle (fsm.RESET_PATHS)."""
         for slot in self.dispatcher.slots_of_seat(seat):
             state = self.table.state(slot)[0]
-            for event in paths.get(state, ()):
+            for event in fsm.RESET_PATHS.get(state, ()):
                 reason = self.table.transition(slot, event)
                 if reason != fsm.OK:
                     log.error("slot %d: reset %s refused: %s", slot, fsm.EVENT_NAMES[event], fsm.REASON_NAMES[reason])

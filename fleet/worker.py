@@ -33,7 +33,6 @@ EXIT_BROKEN = 70  # EX_SOFTWARE: the worker hit a state it cannot continue from
 #: How long an idle worker sleeps between checks when units are held back by cordon.
 HELD_RETRY_S = 0.05
 
-_COMPLETION = {"pinned": fsm.PIN_KEYED, "singleton": fsm.PIN_SINGLETON, "pooled": fsm.RELEASE}
 
 
 class Worker:
@@ -48,7 +47,7 @@ class Worker:
         self.results = data.results(seat)
         self.bell = data.bell
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
-        self._completion = [_COMPLETION[r.kind] for r in roles]
+        self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
 
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
