@@ -26,13 +26,9 @@ import collections
 import dataclasses
 import heapq
 import itertools
-import json
 import logging
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -47,13 +43,14 @@ from . import seats as seats_mod
 from .config import FleetConfig
 from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
-from .errors import BootRefused, ConfigError, FleetError
+from .errors import FleetError
 from .intensity import Deaths
 from .ledger import Ledger, abort_process
 from .outcomes import FAILED, SOLVED
 from .sampler import PressureInput, QuotaWatcher, Sampler
 from .table import SlotTable
 from .table import layout as L
+from .zygote_link import BOOT_TIMEOUT_S, Exited, Forked, ZygoteLink
 from .unit import (
     BadUnit,
     FleetClosed,
@@ -69,12 +66,6 @@ log = logging.getLogger("fleet.supervisor")
 IDLE_WAIT_S = 0.1
 #: Posture sampling period.
 SAMPLE_EVERY_S = 0.25
-#: How long boot waits for the zygote to import handlers and load kernels.
-BOOT_TIMEOUT_S = 120.0
-
-
-class WorkerStartError(BootRefused):
-    """The worker fork server could not start (it says why)."""
 
 
 def _next_pow2(n: int) -> int:
@@ -194,99 +185,38 @@ class Supervisor:
         self._thread.start()
 
     def _start_zygote(self) -> None:
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ)
         if self._spawner is None:
             # The zygote's parent-death signal fires when the *thread* that started it
-            # exits; start it from a thread that lives exactly as long as this fleet, not
-            # from whichever caller thread booted it (it may end long before the fleet).
+            # exits; start it from a thread that lives exactly as long as this fleet.
             self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{self.name}-spawner")
-        self.zygote = self._spawner.submit(
-            subprocess.Popen,
-            [sys.executable, "-m", "fleet.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env=env,
-        ).result()
-        theirs.close()
-        self._zsock = ours
-        self._zbuf = b""
-        boot = {
-            "op": "boot",
-            "name": self.name,
-            "roles": [dataclasses.asdict(r) for r in self.roles],
-            "sys_path": list(sys.path),
-            "log_level": logging.getLogger("fleet").getEffectiveLevel(),
-        }
-        ours.sendall(json.dumps(boot).encode() + b"\n")
-        reply = self._zygote_reply(time.monotonic() + BOOT_TIMEOUT_S)
-        if reply.get("op") == "error":
-            if reply.get("path"):
-                raise ConfigError(reply["path"], reply["message"].split(": ", 1)[-1])
-            raise WorkerStartError(f"worker fork server failed to boot: {reply.get('type')}: {reply.get('message')}")
-        if reply.get("op") != "ready":
-            raise WorkerStartError(f"worker fork server said {reply!r} at boot")
-        ours.setblocking(False)
-
-    def _zygote_reply(self, deadline: float) -> dict:
-        self._zsock.settimeout(max(0.0, deadline - time.monotonic()))
-        while b"\n" not in self._zbuf:
-            try:
-                chunk = self._zsock.recv(65536)
-            except TimeoutError:
-                raise WorkerStartError("worker fork server did not answer in time") from None
-            if not chunk:
-                raise WorkerStartError(f"worker fork server exited at boot (code {self.zygote.wait()})")
-            self._zbuf += chunk
-        line, self._zbuf = self._zbuf.split(b"\n", 1)
-        return json.loads(line)
+        self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner)
 
     def _fork(self, seat: int) -> None:
         self._pending_forks.add(seat)
-        msg = {"op": "fork", "seat": seat, "cpus": list(self.layout.seats[seat].cpus)}
-        self._zsock.setblocking(True)
-        try:
-            self._zsock.sendall(json.dumps(msg).encode() + b"\n")
-        finally:
-            self._zsock.setblocking(False)
+        self.zygote.fork(seat, self.layout.seats[seat].cpus)
 
     def _read_zygote(self, block_until: float | None = None) -> bool:
         """Handle what the zygote said; False when it is gone."""
-        while True:
-            if b"\n" not in self._zbuf:
-                try:
-                    if block_until is not None:
-                        self._zsock.settimeout(max(0.001, block_until - time.monotonic()))
-                    chunk = self._zsock.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    return True
-                except TimeoutError:
-                    raise WorkerStartError("worker fork server did not fork the workers in time") from None
-                finally:
-                    if block_until is not None:
-                        self._zsock.setblocking(False)
-                if not chunk:
-                    return False
-                self._zbuf += chunk
-                continue
-            line, self._zbuf = self._zbuf.split(b"\n", 1)
-            self._zygote_message(json.loads(line))
-            if block_until is not None:
-                return True
+        events = self.zygote.read(block_until)
+        if events is None:
+            return False
+        for event in events:
+            self._zygote_event(event)
+        return True
 
-    def _zygote_message(self, msg: dict) -> None:
-        if msg["op"] == "forked":
-            seat, pid = msg["seat"], msg["pid"]
+    def _zygote_event(self, event) -> None:
+        if isinstance(event, Forked):
+            seat, pid = event.seat, event.pid
             self._pending_forks.discard(seat)
             self._pids[seat] = pid
             self._seat_of_pid[pid] = seat
             for slot in self.dispatcher.slots_of_seat(seat):
                 self.table.set_slot_meta(slot, pid=pid)
             log.debug("seat %d: worker pid %d", seat, pid)
-        elif msg["op"] == "exited":
-            seat = self._seat_of_pid.pop(msg["pid"], None)
+        elif isinstance(event, Exited):
+            seat = self._seat_of_pid.pop(event.pid, None)
             if seat is not None:
-                self._seat_died(seat, msg["pid"], msg["status"])
+                self._seat_died(seat, event.pid, event.status)
 
     def _snapshot_for_metrics(self):
         table = self.table
@@ -579,7 +509,7 @@ class Supervisor:
             return
         with self._lock:
             self._pending_forks.clear()
-            self._zsock.close()
+            self.zygote.exit(timeout=0.5)
             self._start_zygote()
             self._zygote_gone = False
             for seat in range(len(self.layout.seats)):
@@ -831,19 +761,9 @@ class Supervisor:
     def _teardown(self, kill: bool = False) -> None:
         """Stop the zygote and workers; remove the shared segments. Idempotent."""
         if self.zygote is not None:
-            try:
-                self._zsock.setblocking(True)
-                self._zsock.sendall(b'{"op": "exit"}\n')
-            except OSError:
-                pass
-            try:
-                self.zygote.wait(5 if not kill else 0.5)
-            except subprocess.TimeoutExpired:
-                self.zygote.kill()
-                self.zygote.wait()
+            self.zygote.exit(timeout=5 if not kill else 0.5)
             for pid in list(self._seat_of_pid):
                 _wait_gone(pid)
-            self._zsock.close()
             self.zygote = None
         if self._spawner is not None:
             self._spawner.shutdown(wait=False)
