@@ -398,13 +398,21 @@ def test_call_queue_wakeup_is_called_on_submit():
     assert woken == [1] and len(queue) == 1
 
 
-def test_connections_beyond_the_limit_are_refused_busy(sockdir):
-    with serving(sockdir, max_connections=1) as s, s.client() as first:
-        first.call("ping")  # the one allowed connection is now being served
-        with s.raw() as second:
-            reply = read_reply(second)
-        assert reply["error"]["type"] == "Busy"
-        assert first.call("ping")["pong"] is True
+def test_a_connection_refused_for_want_of_room_raises_control_busy(sockdir):
+    # The only connection root may hold is busy (its request waits on a queue nobody
+    # drains), so it cannot be closed to make room: the next one is refused as busy.
+    with serving(sockdir, owner=False, max_connections=1, reserved=0, reply_timeout=3600) as s:
+        with s.raw() as first:
+            first.sendall(c.encode_request("status", {}, 1))
+            assert s.queue.wait(timeout=30)  # the request is in flight
+            with s.client() as second, pytest.raises(c.ControlBusy) as err:
+                second.call("ping")
+            assert err.value.type == "Busy" and "busy" in err.value.message
+            assert err.value.exit_code == 75
+            assert isinstance(err.value, c.RemoteError)  # callers catching RemoteError still do
+            with s.raw() as third:
+                assert read_reply(third)["error"]["type"] == "Busy"
+        assert s.handler.calls == []
 
 
 # ---------------------------------------------------------------- socket lifecycle
