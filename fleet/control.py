@@ -1227,6 +1227,10 @@ class ControlServer:
         """Connections being served now."""
         return len(self._conns)
 
+    def connections_by_uid(self) -> dict[int, int]:
+        """Connections being served now, per peer uid."""
+        return dict(collections.Counter(c.peer.uid for c in list(self._conns)))
+
     # -- socket file
     @staticmethod
     def _gid(group: int | str) -> int:
@@ -1389,13 +1393,18 @@ class ControlServer:
                 full, why = shared >= pool, f"all {pool} control connections open to other users are busy"
         if not full:
             return None
-        idle = [c for c in mine if c.idle]
-        if not idle:
-            return why
-        victim = min(idle, key=lambda c: c.last_active)
-        self._pressure.evicted(victim.peer)
-        self._drop(victim)  # frees a place in whichever limit was full: it counted in all of them
-        return None
+        for victim in sorted((c for c in mine if c.idle), key=lambda c: c.last_active):
+            # Idle as far as the loop knows; but a request may be waiting unread in
+            # its socket (accepted just before this flood): read first, close only
+            # a connection that really has nothing to say.
+            self._guarded(victim, self._read)
+            if victim not in self._conns:
+                return None  # it had gone away: that made room
+            if victim.idle:
+                self._pressure.evicted(victim.peer)
+                self._drop(victim)  # frees a place in whichever limit was full: it counted in all
+                return None
+        return why
 
     def _resume_accepting(self) -> None:
         assert self._sel is not None and self._listener is not None
@@ -1732,7 +1741,7 @@ class ControlClient:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(str(self.path))
+            self._connect_through_backlog(sock)
             self._server_pid = Peer.of(sock).pid
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
@@ -1748,6 +1757,23 @@ class ControlClient:
             raise
         self._sock = sock
         return sock
+
+    def _connect_through_backlog(self, sock: socket.socket) -> None:
+        """connect(), retried while the daemon's listen backlog is full (a Unix socket
+        with a timeout says EAGAIN then, where a blocking one would wait); ControlBusy
+        if it stays full for the whole timeout."""
+        deadline = time.monotonic() + (self.timeout if self.timeout is not None else 60.0)
+        pause = 0.001
+        while True:
+            try:
+                sock.connect(str(self.path))
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ControlBusy(f"{self.path}: the daemon's connection backlog stayed full "
+                                      f"for {self.timeout}s") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
 
     def _still_open(self, sock: socket.socket) -> bool:
         """False if the daemon closed this idle connection (end of stream, or a parting

@@ -718,3 +718,222 @@ def test_prepare_runtime_dir_refuses_unsafe_directories(sockdir):
         euid = os.geteuid() + 1  # not root: pretend to be someone else
     with pytest.raises(c.ControlError, match="owned by uid"):
         c.prepare_runtime_dir(theirs, euid=euid)
+
+
+# ------------------------------------------- many, idle and hostile connections (one loop)
+
+
+@contextmanager
+def idle_connections(path, n, uid=None, gid=None, *, send=b""):
+    """``n`` connections to ``path`` held open by a forked child (as ``uid`` if given),
+    each having sent ``send`` (default nothing) and then nothing more, until the block ends.
+
+    The child raises its own RLIMIT_NOFILE soft limit to hold them (up to the hard limit).
+    Yields how many connects succeeded.
+    """
+    import resource
+
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            want = n + 64
+            if soft < want:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+            held, connected = [], 0
+            for _ in range(n):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.connect(path)  # blocking: waits while the listen backlog is full
+                    if send:
+                        sock.sendall(send)
+                    connected += 1
+                except OSError:
+                    pass
+                held.append(sock)
+            os.write(ready_w, str(connected).encode())
+            os.read(go_r, 1)  # until the parent closes its end
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        connected = int(os.read(ready_r, 64) or b"0")
+        yield connected
+    finally:
+        os.close(go_w)
+        os.close(ready_r)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def owner_is_served(s):
+    """posture_show and submit, as the owner (root here), each on a new connection."""
+    with s.client(timeout=30) as client:
+        assert client.call("posture_show")["state"] == "Nominal"
+    with s.client(timeout=30) as client:
+        assert client.call("submit", role="solver", payload=7) == {"unit": len(s.handler.units)}
+    assert s.handler.units[-1]["role"] == "solver"
+
+
+@needs_root
+def test_owner_is_served_with_1000_idle_connections_of_another_uid_open(open_sockdir):
+    with serving(open_sockdir, group=NOGROUP) as s:
+        with idle_connections(s.path, 1000, NOBODY, NOGROUP) as connected:
+            assert connected == 1000
+            owner_is_served(s)
+            # Idle sockets of one uid only ever replace each other: it never holds more than its cap.
+            assert s.server.connections_by_uid()[NOBODY] <= s.server.max_per_uid
+        owner_is_served(s)
+
+
+def test_owner_is_served_with_1000_of_its_own_idle_connections_open(sockdir):
+    with serving(sockdir) as s:
+        with idle_connections(s.path, 1000) as connected:
+            assert connected == 1000
+            owner_is_served(s)
+            assert s.server.connections <= s.server.max_connections
+
+
+@needs_root
+def test_a_uid_at_its_cap_of_busy_connections_is_refused_and_the_owner_still_served(open_sockdir, caplog):
+    # Half a frame each and a long frame deadline: these connections are not idle, so
+    # none can be closed to make room; the 33rd and later are refused as busy.
+    caplog.set_level("WARNING", logger="fleet.control")
+    with serving(open_sockdir, group=NOGROUP, frame_timeout=3600) as s:
+        with idle_connections(s.path, 100, NOBODY, NOGROUP, send=b'{"op":"pi') as connected:
+            assert connected == 100
+            assert s.server.connections_by_uid()[NOBODY] == s.server.max_per_uid
+            seen = as_uid(NOBODY, NOGROUP, lambda: attempt(s.path, "ping"))
+            assert seen["class"] == "ControlBusy" and f"uid {NOBODY}" in seen["message"]
+            owner_is_served(s)
+    pressure = [r for r in caplog.records if "under pressure" in r.getMessage()]
+    # ~70 refusals, at most one line per interval (the first at once, maybe one summary).
+    assert 1 <= len(pressure) <= 2, [r.getMessage() for r in pressure]
+    assert f"uid {NOBODY}" in pressure[0].getMessage()
+
+
+def test_an_idle_connection_makes_room_for_a_new_one_of_its_uid(sockdir):
+    with serving(sockdir, max_connections=3, reserved=0) as s:
+        idle = [s.raw() for _ in range(3)]
+        try:
+            wait_for(lambda: s.server.connections == 3)
+            with s.client() as client:
+                assert client.call("ping")["pong"] is True
+            idle[0].settimeout(30)
+            assert idle[0].recv(1) == b""  # the oldest idle one was closed for it
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def wait_for(predicate, timeout=30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_half_a_frame_then_silence_is_closed_after_the_frame_deadline_and_others_are_served(sockdir):
+    with serving(sockdir, frame_timeout=1.0) as s, s.raw() as stalled, s.raw() as silent:
+        stalled.sendall(b'{"op":"drain","id":1')
+        with s.client() as client:
+            assert client.call("ping")["pong"] is True  # served while the other stalls
+        for sock in (stalled, silent):
+            reply = read_reply(sock)  # within the deadline, well inside the socket's 30 s
+            assert reply["error"]["type"] == "Timeout" and "no complete request frame" in reply["error"]["message"]
+            with pytest.raises(EOFError):
+                read_reply(sock)
+    assert s.handler.calls == []
+
+
+def test_a_never_ending_line_is_refused_and_others_are_served(sockdir):
+    with serving(sockdir) as s, s.raw() as endless:
+        chunk = b"x" * 65536
+        sent = 0
+        try:
+            while sent <= c.MAX_FRAME + len(chunk):
+                endless.sendall(chunk)
+                sent += len(chunk)
+                if sent % (4 * len(chunk)) == 0:
+                    with s.client() as client:
+                        assert client.call("ping")["pong"] is True
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server closed it once the frame passed the limit
+        assert read_reply(endless)["error"]["type"] == "FrameTooLarge"
+        with s.client() as client:
+            assert client.call("ping")["pong"] is True
+
+
+def test_a_trickled_line_that_never_ends_meets_the_frame_deadline(sockdir):
+    with serving(sockdir, frame_timeout=1.0) as s, s.raw() as trickle:
+        import time
+
+        try:
+            for _ in range(300):  # 1 byte / 10 ms for up to 3 s: never a newline
+                trickle.sendall(b"x")
+                time.sleep(0.01)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert read_reply(trickle)["error"]["type"] == "Timeout"
+
+
+def test_a_peer_that_never_reads_its_replies_does_not_stop_the_others(sockdir):
+    with serving(sockdir, write_timeout=1.0) as s, s.raw() as deaf:
+        deaf.setblocking(False)
+        request = c.encode_request("status", {}, 1)
+        sent = 0
+        try:
+            while sent < 64 << 20:  # far more requests than any socket buffer holds
+                sent += deaf.send(request * 1024)
+        except BlockingIOError:
+            pass  # the server stopped reading it: its replies are not being taken
+        with s.client() as client:
+            assert client.call("ping")["pong"] is True
+        # It is closed once its reply sat unread past the write deadline.
+        wait_for(lambda: s.server.connections == 0)
+    calls = len(s.handler.calls)
+    assert 0 < calls < sent // len(request)  # it stopped taking requests from the deaf peer
+
+
+def test_pressure_log_is_rate_limited():
+    now = [100.0]
+    records = []
+    plog = c._PressureLog(every_s=10.0, clock=lambda: now[0])
+    peer = c.Peer(pid=1, uid=NOBODY, gid=NOGROUP)
+    import logging
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Catch()
+    c.log.addHandler(handler)
+    try:
+        for _ in range(100):
+            plog.refused(peer, "busy")
+        assert len(records) == 1 and "refused 1 " in records[0]
+        now[0] += 5
+        plog.flush()
+        assert len(records) == 1
+        now[0] += 5
+        plog.evicted(peer)
+        assert len(records) == 2
+        assert "refused 99 " in records[1] and "closed 1 idle" in records[1] and f"uid {NOBODY}: 99" in records[1]
+        now[0] += 60
+        plog.flush()
+        assert len(records) == 2  # nothing new: nothing to say
+    finally:
+        c.log.removeHandler(handler)
