@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from fleet import control as c
 from fleet.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, ConfigError
+from tests.daemons import idle_connections
 
 NOBODY = 65534
 NOGROUP = 65534
@@ -721,60 +722,6 @@ def test_prepare_runtime_dir_refuses_unsafe_directories(sockdir):
 
 
 # ------------------------------------------- many, idle and hostile connections (one loop)
-
-
-@contextmanager
-def idle_connections(path, n, uid=None, gid=None, *, send=b""):
-    """``n`` connections to ``path`` held open by a forked child (as ``uid`` if given),
-    each having sent ``send`` (default nothing) and then nothing more, until the block ends.
-
-    The child raises its own RLIMIT_NOFILE soft limit to hold them (up to the hard limit).
-    Yields how many connects succeeded.
-    """
-    import resource
-
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        code = 1
-        try:
-            os.close(ready_r)
-            os.close(go_w)
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            want = n + 64
-            if soft < want:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
-            if uid is not None:
-                os.setgroups([])
-                os.setgid(gid)
-                os.setuid(uid)
-            held, connected = [], 0
-            for _ in range(n):
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    sock.connect(path)  # blocking: waits while the listen backlog is full
-                    if send:
-                        sock.sendall(send)
-                    connected += 1
-                except OSError:
-                    pass
-                held.append(sock)
-            os.write(ready_w, str(connected).encode())
-            os.read(go_r, 1)  # until the parent closes its end
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(ready_w)
-    os.close(go_r)
-    try:
-        connected = int(os.read(ready_r, 64) or b"0")
-        yield connected
-    finally:
-        os.close(go_w)
-        os.close(ready_r)
-        _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def owner_is_served(s):
