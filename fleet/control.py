@@ -561,6 +561,9 @@ class ControlHandler(Protocol):
         """The outcomes held for ``token``: a Future resolved, without blocking the
         caller, as soon as one is ready or after ``timeout`` seconds (then empty)."""
 
+    def cancel(self, unit: int) -> Any:
+        """Cancel unit ``unit`` if it has not started; say what became of it (`CancelOp`)."""
+
 
 # ----------------------------------------------------------------------------- ops
 
@@ -844,6 +847,26 @@ class CollectOp(Op):
     def format(self, result: Any) -> str:
         outcomes = result.get("outcomes", []) if isinstance(result, dict) else []
         return f"{len(outcomes)} outcome(s)" + (", more waiting" if result.get("more") else "")
+
+
+@OPS.register
+class CancelOp(Op):
+    """Cancel a unit that has not started: it never runs, and its outcome is failed
+    ``Cancelled`` (counted in the ledger, delivered to its client). A unit already
+    running, or ended, is left alone. Reply: ``{"unit", "cancelled": bool, "state"}``
+    with ``state`` one of ``cancelled``, ``running``, ``ended`` (or not this daemon's)."""
+
+    name = "cancel"
+    mutating = True
+    summary = "Cancel a unit that has not started yet."
+    schema = {"unit": Arg((int,), required=True, doc="the unit id submit replied with")}
+
+    def check(self, args: dict[str, Any]) -> None:
+        if args["unit"] < 1:
+            raise self._bad(f"unit must be a unit id (an integer >= 1), got {args['unit']!r}")
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.cancel(args["unit"])
 
 
 # ------------------------------------------------------------------ calls, queueing
