@@ -187,13 +187,18 @@ class _UnitFuture(Future):
     def __init__(self, client: "Client"):
         super().__init__()
         self._client = client
+        # Set while fleetd is asked to cancel: the Cancelled outcome may come back
+        # before the reply does, and must then cancel this future, not fail it.
+        self.cancelling = False
 
     def cancel(self) -> bool:
         """Cancel the unit if it has not started in the fleet (True); False if it is
         running or done. If fleetd cannot be reached, only this future is cancelled."""
         if self.done():
             return self.cancelled()
+        self.cancelling = True
         if not self._client._cancel_remote(self):
+            self.cancelling = False
             return False
         return super().cancel()
 
@@ -441,6 +446,9 @@ class Client(Executor):
             if entry is None:
                 continue  # not ours any more (a submit that raised), or delivered already
             fut, role = entry
+            if record.get("reason") == "Cancelled" and getattr(fut, "cancelling", False):
+                Future.cancel(fut)  # the outcome of our own cancel: the future ends cancelled
+                continue
             if not fut.set_running_or_notify_cancel():
                 continue  # cancelled here: the unit ran anyway, nobody wants its outcome
             try:

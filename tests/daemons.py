@@ -310,3 +310,16 @@ def idle_connections(path, n, uid=None, gid=None, *, send=b""):
         os.close(ready_r)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+class _OneWay:
+    """Pickles in the worker, but what it unpickles into (a lock) cannot be pickled
+    again: a value that survives only if nobody between worker and client re-pickles it."""
+
+    def __reduce__(self):
+        return (threading.Lock, ())
+
+
+def one_way(unit):
+    """A handler (``tests.daemons:one_way``) returning a `_OneWay`."""
+    return _OneWay()
