@@ -760,7 +760,7 @@ def test_a_uid_at_its_cap_of_busy_connections_is_refused_and_the_owner_still_ser
     with serving(open_sockdir, group=NOGROUP, frame_timeout=3600) as s:
         with idle_connections(s.path, 100, NOBODY, NOGROUP, send=b'{"op":"pi') as connected:
             assert connected == 100
-            assert s.server.connections_by_uid()[NOBODY] == s.server.max_per_uid
+            wait_for(lambda: s.server.connections_by_uid().get(NOBODY) == s.server.max_per_uid)
             seen = as_uid(NOBODY, NOGROUP, lambda: attempt(s.path, "ping"))
             assert seen["class"] == "ControlBusy" and f"uid {NOBODY}" in seen["message"]
             owner_is_served(s)
@@ -768,6 +768,19 @@ def test_a_uid_at_its_cap_of_busy_connections_is_refused_and_the_owner_still_ser
     # ~70 refusals, at most one line per interval (the first at once, maybe one summary).
     assert 1 <= len(pressure) <= 2, [r.getMessage() for r in pressure]
     assert f"uid {NOBODY}" in pressure[0].getMessage()
+
+
+@needs_root
+def test_the_reserve_is_left_for_the_owner_when_other_uids_fill_the_rest(open_sockdir):
+    # 4 connections, 2 of them reserved: uid 65534 (cap 4) gets only the other 2 even
+    # with busy ones (half frames), and the owner still gets in.
+    with serving(open_sockdir, group=NOGROUP, max_connections=4, reserved=2, max_per_uid=4,
+                 frame_timeout=3600) as s:
+        with idle_connections(s.path, 3, NOBODY, NOGROUP, send=b'{"op":"pi') as connected:
+            assert connected == 3
+            wait_for(lambda: s.server.connections_by_uid() == {NOBODY: 2})
+            assert as_uid(NOBODY, NOGROUP, lambda: attempt(s.path, "ping"))["class"] == "ControlBusy"
+            owner_is_served(s)
 
 
 def test_an_idle_connection_makes_room_for_a_new_one_of_its_uid(sockdir):
