@@ -163,25 +163,35 @@ def test_a_client_reconnects_to_a_restarted_fleetd_for_new_calls(fleet_name):
         first.cleanup()
 
 
-def test_units_pending_across_a_restart_between_polls_fail_and_new_ones_run(fleet_name):
-    # The restart happens while the client is idle (no poll in flight): the pending
-    # unit's outcome is lost with the old daemon, and the client must say so rather
-    # than wait for it from the new one.
+@pytest.mark.parametrize("noticed_by", ["poll", "submit"])
+def test_units_pending_across_a_restart_between_polls_fail_and_new_ones_run(fleet_name, noticed_by):
+    # The restart happens while no poll is in flight (the test holds the poll channel),
+    # so no broken poll reports it: the client must notice the new daemon (its pid on
+    # the socket) and fail the unit the old one owed, not wait for it from the new one.
     first = Fleetd(fleet_name, roles())
+    second = Fleetd(fleet_name, roles(), base_dir=first.dir)
     try:
         first.start()
         client = first.connect()
-        owed = client.submit("hang", 3600)
-        wait_until(lambda: running_slot(client), "a unit to be running")
-        client._polls.abort()  # the collector's poll breaks as if the daemon went
-        first.signal(signal.SIGKILL)
-        first.wait()
-        with Fleetd(fleet_name, roles(), base_dir=first.dir):
-            with pytest.raises(fleet.FleetConnectionLost):
-                owed.result(BOUND_S)
-            assert client.submit("sq", 5).result(BOUND_S) == 25
+        with client._polls.lock:
+            owed = client.submit("hang", 3600)
+            wait_until(lambda: running_slot(client), "a unit to be running")
+            first.signal(signal.SIGKILL)
+            first.wait()
+            second.start()
+            if noticed_by == "submit":
+                fresh = client.submit("sq", 5)
+                with pytest.raises(fleet.FleetConnectionLost, match="restarted"):
+                    owed.result(0)  # failed already, by the submit that met the new daemon
+        # the poll channel is free again: the collector polls now
+        with pytest.raises(fleet.FleetConnectionLost, match="restarted"):
+            owed.result(BOUND_S)
+        if noticed_by == "poll":
+            fresh = client.submit("sq", 5)
+        assert fresh.result(BOUND_S) == 25
         client.close()
     finally:
+        second.cleanup()
         first.cleanup()
 
 

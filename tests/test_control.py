@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import pickle
+import select
 import shutil
 import socket
 import stat
@@ -851,21 +852,40 @@ def test_a_trickled_line_that_never_ends_meets_the_frame_deadline(sockdir):
 
 
 def test_a_peer_that_never_reads_its_replies_does_not_stop_the_others(sockdir):
-    with serving(sockdir, write_timeout=1.0) as s, s.raw() as deaf:
-        deaf.setblocking(False)
+    with serving(sockdir, write_timeout=5.0) as s, s.raw() as deaf:
+        deaf.settimeout(2.0)
         request = c.encode_request("status", {}, 1)
         sent = 0
         try:
             while sent < 64 << 20:  # far more requests than any socket buffer holds
-                sent += deaf.send(request * 1024)
-        except BlockingIOError:
+                deaf.sendall(request * 1024)
+                sent += len(request) * 1024
+        except TimeoutError:
             pass  # the server stopped reading it: its replies are not being taken
+        # It was read only while its replies could be sent: what it got in is bounded by
+        # the socket buffers and one frame, not by how much it wanted to send.
+        assert sent < 16 << 20, sent
         with s.client() as client:
             assert client.call("ping")["pong"] is True
         # It is closed once its reply sat unread past the write deadline.
         wait_for(lambda: s.server.connections == 0)
-    calls = len(s.handler.calls)
-    assert 0 < calls < sent // len(request)  # it stopped taking requests from the deaf peer
+    assert len(s.handler.calls) < sent // len(request)
+
+
+def test_a_busy_reply_is_read_even_when_sending_the_request_fails(sockdir):
+    # The server refuses the connection (Busy) and closes it before the client's request
+    # goes out: the send fails (EPIPE), and the reply waiting in the socket still says why.
+    with serving(sockdir, owner=False, max_connections=1, reserved=0, reply_timeout=3600) as s:
+        with s.raw() as first:
+            first.sendall(c.encode_request("status", {}, 1))
+            assert s.queue.wait(timeout=30)  # in flight: the one place is taken
+            client = c.ControlClient(s.path, timeout=30)
+            client.connect()
+            wait_for(lambda: select.select([client._sock], [], [], 0)[0])  # refused and closed
+            client._still_open = lambda sock: True  # as if the close came just after the check
+            with pytest.raises(c.ControlBusy):
+                client.call("ping")
+            client.close()
 
 
 def test_pressure_log_is_rate_limited():
