@@ -21,15 +21,23 @@ owner unless configured) may run read-only ops. Mutating ops (``mutating = True`
 are refused with ``PermissionDenied`` unless the peer's uid, read with SO_PEERCRED,
 is the daemon's own uid or root.
 
-Threads. `ControlServer` reads and validates on its own threads, then hands each
-validated `Call` to a dispatch callback that returns a Future. The daemon passes
-`CallQueue.submit` so every op runs on the main loop that owns the state (the loop
-calls `CallQueue.run_pending`); the server thread only waits for the Future, with a
-timeout. Nothing here changes daemon state from a server thread. A *blocking* op
-(``Op.blocking``, i.e. ``collect``) is the one exception to "ops run on the main
-loop": it waits for something to happen, so the daemon's dispatch does not queue it
-to the loop; its ``execute`` returns at once with a Future that the daemon resolves
-later, and only the connection's own thread waits on it.
+Threads. `ControlServer` reads, validates and answers on one thread that
+multiplexes every connection (selectors), then hands each validated `Call` to a
+dispatch callback that returns a Future. The daemon passes `CallQueue.submit` so
+every op runs on the main loop that owns the state (the loop calls
+`CallQueue.run_pending`); the server thread never waits for a Future: its
+completion wakes the server loop, which sends the reply (or a ``Timeout`` reply
+after ``reply_timeout``). Nothing here changes daemon state from the server
+thread. A *blocking* op (``Op.blocking``, i.e. ``collect``) is the one exception
+to "ops run on the main loop": it waits for something to happen, so the daemon's
+dispatch does not queue it to the loop; its ``execute`` returns at once with a
+Future that the daemon resolves later, and nothing waits on it meanwhile.
+
+Connections. The server admits connections by uid (a cap per uid, a reserve for
+the owner and root; an idle connection of a uid at its cap is closed to make room),
+gives each a deadline to complete a frame, and refuses with a ``Busy`` error reply
+(``"id": null``) when no room can be made; the client raises `ControlBusy`. See
+`ControlServer`.
 
 Result delivery (service mode). ``submit`` admits a unit and replies at once with
 its unit id. A client that wants outcomes passes a ``token`` (a random string it

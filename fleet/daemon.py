@@ -8,7 +8,7 @@ one loop until the fleet has stopped:
 1. sleep on a self-pipe until a signal, a control call or the next timer is due;
 2. dispatch queued signals, each to its ``handle_<name>`` method (a signal handler
    only appends to a queue and writes the pipe: STYLE.md item 6);
-3. run the control calls queued by the server's threads (`CallQueue`): every op
+3. run the control calls queued by the control server's thread (`CallQueue`): every op
    that reads or changes the fleet runs here, on this thread;
 4. expire outcome long-polls and outcomes nobody collected (`OutcomeStore`);
 5. ping the watchdog (``WATCHDOG=1`` at half ``WATCHDOG_USEC``) and refresh the
@@ -165,7 +165,7 @@ class OutcomeStore:
     """Outcomes held per client token until that client's `collect` takes them.
 
     Thread-safe: outcomes arrive on the supervisor's threads, long polls on the
-    control server's, expiry on the daemon loop. Bounded, so a client that never
+    control server's thread, expiry on the daemon loop. Bounded, so a client that never
     collects cannot grow the daemon forever: a token not seen (no submit, no
     collect) for ``ttl_s`` seconds, or holding more than ``max_bytes``, has its
     outcomes dropped with a log line; its next collect (or submit) then fails with
