@@ -142,12 +142,11 @@ def _socket_for(name: str, env: Mapping[str, str] | None, boot_wait: float):
 def _booting_socket(name: str) -> str | None:
     """The socket path a live service-mode fleetd of ``name`` will listen on, from its
     table; None when there is no such table (no fleet, a dead one, an embedded one)."""
-    from .errors import FleetError as _FleetError
     from .table import snapshot
 
     try:
         snap, alive = snapshot.read(name)
-    except (_FleetError, OSError):
+    except (FleetError, OSError):
         return None
     meta = snap.meta or {}
     if not alive or meta.get("mode") != "service" or not meta.get("socket"):
