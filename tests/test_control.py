@@ -522,12 +522,13 @@ def test_other_uid_may_read_but_not_mutate(open_sockdir):
                 "drain": attempt(s.path, "drain"),
                 "resume": attempt(s.path, "resume"),
                 "submit": attempt(s.path, "submit", role="solver", payload=1),
+                "cancel": attempt(s.path, "cancel", unit=1),
             }
 
         seen = as_uid(NOBODY, NOGROUP, child)
         assert seen["ping"]["ok"]["pong"] is True
         assert seen["status"] == {"ok": {"draining": False, "units": 0}}
-        for op in ("posture_set", "drain", "resume", "submit"):
+        for op in ("posture_set", "drain", "resume", "submit", "cancel"):
             assert seen[op]["error"] == "PermissionDenied", op
             assert seen[op]["class"] == "PermissionDenied"
             assert seen[op]["exit"] == EXIT_NO_PERMISSION
