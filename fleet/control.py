@@ -1201,6 +1201,7 @@ class ControlServer:
         self._done: collections.deque[tuple[_Conn, Future]] = collections.deque()
         self._stopping = threading.Event()
         self._accept_paused_until: float | None = None
+        self._emfile_logged = float("-inf")
         self._pressure = _PressureLog(clock=clock)
 
     # -- lifecycle
@@ -1377,7 +1378,11 @@ class ControlServer:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     # Out of descriptors: the listener stays readable, so stop watching
                     # it for a moment rather than spin.
-                    log.error("control socket cannot accept: %s; pausing accepts for %gs", exc, _ACCEPT_PAUSE_S)
+                    now = self._clock()
+                    if now >= self._emfile_logged + self._pressure.every_s:  # not a line per retry
+                        log.error("control socket cannot accept: %s; pausing accepts for %gs at a time",
+                                  exc, _ACCEPT_PAUSE_S)
+                        self._emfile_logged = now
                     self._sel.unregister(self._listener)
                     self._accept_paused_until = self._clock() + _ACCEPT_PAUSE_S
                 return

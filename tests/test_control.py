@@ -889,6 +889,62 @@ def test_a_busy_reply_is_read_even_when_sending_the_request_fails(sockdir):
             client.close()
 
 
+def test_running_out_of_descriptors_pauses_accepting_and_serving_resumes(sockdir):
+    # The server runs in a forked child whose RLIMIT_NOFILE leaves room for a few
+    # connections only: accept() fails with EMFILE. The server must not spin on the
+    # readable listener, and must serve again once descriptors are free.
+    import resource
+    import time
+
+    path = os.path.join(sockdir, "t.sock")
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            server = c.ControlServer(path, c.inline_dispatch(object())).start()
+            used = len(os.listdir("/proc/self/fd"))
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (used + 3, hard))
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            os.write(ready_w, b"r")
+            os.read(go_r, 1)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+            os.write(ready_w, json.dumps({"cpu": cpu}).encode())
+            os.read(go_r, 1)
+            server.close()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        assert os.read(ready_r, 1) == b"r"
+        held = []
+        for _ in range(12):  # more than the child can accept
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            held.append(sock)
+        time.sleep(1.0)  # the child sits at EMFILE with connections waiting
+        for sock in held:
+            sock.close()
+        with c.ControlClient(path, timeout=30) as client:
+            assert client.call("ping")["pong"] is True  # serving again
+        os.write(go_w, b"g")
+        cpu = json.loads(os.read(ready_r, 4096))["cpu"]
+        assert cpu < 0.5, f"the server spun at EMFILE: {cpu:.2f}s of CPU in about a second"
+        os.write(go_w, b"g")
+    finally:
+        os.close(go_w)
+        os.close(ready_r)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_pressure_log_is_rate_limited():
     now = [100.0]
     records = []
