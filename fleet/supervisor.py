@@ -127,6 +127,7 @@ class Supervisor:
         self._thread = None
         self.started_ns = time.time_ns()
         self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
+        self._runs_ended: list = []  # run times not yet published (see _publish_units)
         self._pending_delivery: list = []  # outcomes decided under the lock, delivered after it
         self._spawner = None
         self._zygote_gone = False  # its death has been handled (no new one yet)
@@ -193,7 +194,8 @@ class Supervisor:
 
             m = self.config.metrics
             self.metrics = MetricsServer(host=m.host, port=m.port, provider=self._snapshot_for_metrics).start()
-            self.run_observer = self.metrics.observe_run
+            # Held until _publish_units hands them over with the ledger's counters.
+            self.run_observer = lambda role, seconds: self._runs_ended.append((role, seconds))
             log.info("fleet %s: metrics on %s", self.name, self.metrics.url)
         self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
         self._thread.start()
@@ -476,6 +478,7 @@ class Supervisor:
         with self._lock:
             done = [self._apply(d) for d in decoded if d is not None]
             done.extend(self._dispatch())
+            self._publish_units()
         _deliver(done)
 
     def _decode(self, tag: int, view):
@@ -487,18 +490,23 @@ class Supervisor:
             return None
         unit_id, slot, status, final, elapsed = M.RESULT_HEAD.unpack_from(view)
         body = view[M.RESULT_HEAD.size :]
-        return unit_id, slot, final, elapsed, *self._outcome(status, body)
+        return unit_id, slot, final, elapsed, *self._outcome(status, body, relay=self.mode == "service")
 
     @staticmethod
-    def _outcome(status: int, body):
-        """(Outcome, value, original exception) from a result message."""
+    def _outcome(status: int, body, relay: bool = False):
+        """(Outcome, value, original exception) from a result message. ``relay``: a value
+        is kept as the worker's pickled bytes (`_Pickled`) for fleetd to pass to its client."""
         if status == M.ST_SOLVED:
+            if relay:
+                return _SOLVED, _Pickled(bytes(body)), None
             try:
                 return _SOLVED, pickle.loads(body), None
             except Exception as exc:  # noqa: BLE001 - e.g. a class the caller's process cannot import
                 return Outcome(FAILED, "ResultError", f"result cannot be unpickled here: {exc}"), None, None
         if status == M.ST_CHUNK:
             values, failures = chunk = pickle.loads(body)
+            if relay:
+                chunk = _Pickled(bytes(body))
             kinds = {st for st, _ in failures.values()}
             if M.ST_HANDLER_ERROR in kinds:
                 return Outcome(FAILED, "HandlerError", "an item of the chunk failed"), chunk, None
@@ -551,6 +559,7 @@ class Supervisor:
             if self._count_death(seat, how) and restart and not self._closing:
                 self._fork(seat)
             done = self._dispatch()
+            self._publish_units()
         _deliver(done)
 
     def _take_delivered(self, seat: int) -> None:
@@ -663,8 +672,8 @@ class Supervisor:
             with self._lock:
                 self._after_posture_change(tick.transition)
         self._watch_quota()
-        self.ledger.publish(self.table)
         with self._lock:
+            self._publish_units()
             self._publish_posture()  # dwell and suppressed intake move without a transition
             for code in range(len(self.roles)):
                 self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code))
@@ -720,6 +729,15 @@ class Supervisor:
         # (Not `self._pending_delivery.extend(self._dispatch())`: _dispatch swaps the list.)
         granted = self._dispatch()
         self._pending_delivery.extend(granted)
+
+    def _publish_units(self) -> None:
+        """The one point unit counters and run times are published (lock held), before
+        the futures they count resolve: the table's ledger, then the metrics' counters
+        and histogram as one step (so neither lags the other)."""
+        self.ledger.publish(self.table)
+        if self.metrics is not None:
+            runs, self._runs_ended = self._runs_ended, []
+            self.metrics.publish_units(self.ledger.counts().to_dict(), runs)
 
     def _publish_posture(self) -> None:
         p = self.posture
@@ -932,7 +950,8 @@ class Supervisor:
 
 # ---------------------------------------------------------------------- helpers
 class _Pickled:
-    """A payload pickled by a remote client: the worker unpickles it, nobody else."""
+    """Bytes pickled at one end for the other: a remote client's payload (the worker
+    unpickles it) or a worker's value relayed by fleetd (its client unpickles it)."""
 
     __slots__ = ("data",)
 

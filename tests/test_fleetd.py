@@ -19,7 +19,7 @@ import fleet
 from fleet.cli import fleetctl
 from fleet.control import ControlClient, PermissionDenied
 from fleet.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_TABLE_IN_USE, EXIT_USAGE
-from tests.daemons import BOUND_S, Fleetd, alive, outcome_of, running_slot, segments, wait_until
+from tests.daemons import BOUND_S, Fleetd, alive, idle_connections, outcome_of, running_slot, segments, wait_until
 from tests.fleets import role
 
 NOBODY = 65534
@@ -294,3 +294,26 @@ def test_an_unprivileged_uid_reads_but_may_not_mutate(fleet_name):
         assert d.ctl_json("status")["ledger"]["submitted"] == 0
         with d.connect() as client:
             assert client.submit("sq", 5).result(BOUND_S) == 25
+
+
+# ---------------------------------------------------------------- a crowded control socket
+
+
+def test_the_owner_is_served_with_1000_idle_connections_open(fleet_name):
+    # 1,000 connections that never send a byte from uid 65534 (in the socket group)
+    # and 1,000 more from the owner: posture show and submit still answer the owner.
+    # (The holders raise their own RLIMIT_NOFILE; fleetd needs no more descriptors than
+    # its connection cap, so its limit is left as it is.)
+    with Fleetd(fleet_name, roles(), args=("--socket-group", str(NOBODY))) as d:
+        path = os.path.join(d.runtime_dir, f"{d.name}.sock")
+        with idle_connections(path, 1000, NOBODY, NOBODY) as theirs, idle_connections(path, 1000) as ours:
+            assert (theirs, ours) == (1000, 1000)
+            shown = d.ctl("posture", "show", "--json")
+            assert shown.returncode == 0, shown.stderr
+            assert "cordon_enter_events" in json.loads(shown.stdout)["policy"]
+            with d.connect() as client:
+                assert client.submit("sq", 9).result(BOUND_S) == 81
+        # the pressure was logged, in a few lines rather than one per connection
+        lines = [line for line in d.stderr().splitlines() if "under pressure" in line]
+        assert 1 <= len(lines) <= 20, lines
+        assert "uid 65534" in "\n".join(lines)
