@@ -254,6 +254,10 @@ class Supervisor:
         self._zsock.setblocking(True)
         try:
             self._zsock.sendall(json.dumps(msg).encode() + b"\n")
+        except OSError as exc:
+            # The zygote is gone (its end of the socket closed under us). The loop sees
+            # the EOF next and `_zygote_died` forks every seat again, this one included.
+            log.warning("fleet %s: cannot ask the worker fork server for seat %d: %s", self.name, seat, exc)
         finally:
             self._zsock.setblocking(False)
 
@@ -269,6 +273,11 @@ class Supervisor:
                     return True
                 except TimeoutError:
                     raise WorkerStartError("worker fork server did not fork the workers in time") from None
+                except ConnectionError:
+                    # A zygote killed with our fork requests unread resets the socket
+                    # instead of closing it: it is gone all the same (this used to crash
+                    # the loop, failing every unit and leaving intake open).
+                    return False
                 finally:
                     if block_until is not None:
                         self._zsock.setblocking(False)
@@ -452,6 +461,8 @@ class Supervisor:
                     bell.wait(seen, IDLE_WAIT_S)
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
+            with self._lock:
+                self._close_intake()  # nothing would ever run a unit submitted from here on
             self._fail_everything("LaneDeath", "the supervisor loop crashed")
         finally:
             self._teardown()
@@ -550,7 +561,9 @@ class Supervisor:
                     "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
                 self._pending_delivery.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
             self._reset_slots(seat)
-            if self._count_death(seat, how) and restart and not self._closing:
+            # Re-fork even while shutting down: shutdown waits for every queued unit, and
+            # only a live seat can run them (not re-forking here wedged shutdown for good).
+            if self._count_death(seat, how) and restart:
                 self._fork(seat)
             done = self._dispatch()
         _deliver(done)
@@ -630,16 +643,43 @@ class Supervisor:
         for pid, seat in pids.items():
             self._seat_of_pid.pop(pid, None)
             self._seat_died(seat, pid, -signal.SIGKILL, restart=False)
-        if self._closing:
-            return
+        # Start a new one even while shutting down: queued units still need seats, and
+        # shutdown waits for them (the loop exits, and tears it down, once none is owed).
         with self._lock:
+            if self._closing and not self._units:
+                return
             self._pending_forks.clear()
             self._zsock.close()
-            self._start_zygote()
+            self._restart_zygote()
             self._zygote_gone = False
             for seat in range(len(self.layout.seats)):
                 if not self._seat_stopped(seat):
                     self._fork(seat)
+
+    def _restart_zygote(self, attempts: int = 3) -> None:
+        """Start a new fork server (lock held). A start can fail when the new zygote is
+        itself killed while it boots: try again a few times before giving up (the loop
+        then fails every unit owed and closes intake)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_zygote()
+                return
+            except WorkerStartError as exc:
+                log.error("fleet %s: worker fork server restart %d/%d failed: %s", self.name, attempt, attempts, exc)
+                if attempt == attempts:
+                    raise
+                self._reap_zygote()
+
+    def _reap_zygote(self) -> None:
+        """Forget a zygote that failed to start (it is dead or about to be)."""
+        try:
+            self._zsock.close()
+        except OSError:
+            pass
+        if self.zygote is not None and self.zygote.poll() is None:
+            self.zygote.kill()
+        if self.zygote is not None:
+            self.zygote.wait()
 
     # ================================================================== timers
     def _check_deadlines(self, now: float) -> None:
