@@ -384,16 +384,17 @@ class Supervisor:
         touched = set()
         for g in grants:
             unit = self._units[g.unit_id]
-            ok = True
+            refused = None
             for event, role, key_id in g.transitions:
                 reason = self.table.transition(g.slot, event, role, key_id)
                 if reason != fsm.OK:
-                    log.error("slot %d: grant refused %s: %s", g.slot, fsm.EVENT_NAMES[event], fsm.REASON_NAMES[reason])
-                    ok = False
+                    refused = f"slot {g.slot} refused the grant's {fsm.EVENT_NAMES[event]}: {fsm.REASON_NAMES[reason]}"
                     break
-            if not ok:
+            if refused is not None:
+                # A broken FSM rule, not a dead worker: its own reason, counted (item for status).
+                self._fsm_refused(refused)
                 self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
-                done.append(self._close(g.unit_id, Outcome(FAILED, "LaneDeath", "the slot refused the grant")))
+                done.append(self._close(g.unit_id, Outcome(FAILED, "FsmRefused", refused)))
                 continue
             head = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags)
             outbox = self._outbox[g.seat]
@@ -500,7 +501,7 @@ class Supervisor:
             return None
         unit_id, slot, status, final, elapsed = M.RESULT_HEAD.unpack_from(view)
         body = view[M.RESULT_HEAD.size :]
-        return unit_id, slot, final, elapsed, *self._outcome(status, body)
+        return unit_id, slot, final, elapsed, *self._outcome(status, body), status
 
     @staticmethod
     def _outcome(status: int, body):
@@ -525,16 +526,22 @@ class Supervisor:
             return Outcome(FAILED, "HandlerError", text), None, original
         if status == M.ST_RESULT_ERROR:
             return Outcome(FAILED, "ResultError", bytes(body).decode(errors="replace")), None, None
+        if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
+            return Outcome(FAILED, "FsmRefused", bytes(body).decode(errors="replace")), None, None
         return Outcome(FAILED, "LaneDeath", bytes(body).decode(errors="replace")), None, None
 
     def _apply(self, decoded):
-        unit_id, slot, final, elapsed, outcome, value, original = decoded
+        unit_id, slot, final, elapsed, outcome, value, original, status = decoded
         unit = self._units.get(unit_id)
+        if status == M.ST_START_REFUSED and unit is not None and self.dispatcher.requeue(unit_id):
+            return None  # sent behind a pin that cordon drained: it waits for a new grant
+        if outcome.reason == "FsmRefused":
+            self._fsm_refused(f"unit {unit_id}: {outcome.detail}")
         if unit is not None:
             self.dispatcher.complete(unit_id, final)
             if self.run_observer is not None:
                 self.run_observer(self.roles.by_code(unit.role).name, elapsed)
-        if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED:
+        if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED and value is not None:
             # A chunk's items travel with it whatever its outcome: map raises item by item.
             self.ledger.record(unit_id, outcome.kind, outcome.reason)
             self._units.pop(unit_id)
@@ -579,7 +586,9 @@ class Supervisor:
     def _reset_slots(self, seat: int) -> None:
         """Walk a dead seat's slots back to Idle, through legal transitions only."""
         paths = {
-            fsm.LEASED: (fsm.START, fsm.DRAIN, fsm.DRAINED),
+            # VACATE (T10), not START: START is posture-gated, so under cordon a deferrable
+            # role's lost lease could not get home and refused every later grant.
+            fsm.LEASED: (fsm.VACATE,),
             fsm.RUNNING: (fsm.DRAIN, fsm.DRAINED),
             fsm.DRAINING: (fsm.DRAINED,),
             fsm.PINNED: (fsm.UNPIN,),
@@ -589,9 +598,15 @@ class Supervisor:
             for event in paths.get(state, ()):
                 reason = self.table.transition(slot, event)
                 if reason != fsm.OK:
-                    log.error("slot %d: reset %s refused: %s", slot, fsm.EVENT_NAMES[event], fsm.REASON_NAMES[reason])
+                    self._fsm_refused(f"slot {slot}: reset {fsm.EVENT_NAMES[event]} refused: {fsm.REASON_NAMES[reason]}")
                     break
             self.table.set_slot_meta(slot, pid=0)
+
+    def _fsm_refused(self, what: str) -> None:
+        """The slot FSM refused the runtime a transition: a bug in a rule, logged and counted
+        apart from worker deaths (status shows the count)."""
+        log.error("fleet %s: slot FSM refused a transition: %s", self.name, what)
+        self.ledger.fsm_refused()
 
     def _count_death(self, seat: int, how: str) -> bool:
         """Restart intensity: True to restart the seat; False stops its roles."""

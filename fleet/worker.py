@@ -71,6 +71,11 @@ class Worker:
     # --- one unit ---------------------------------------------------------------------
     def _task(self, head: tuple, body) -> None:
         unit_id, slot, key_id, role, start_event, flags = head
+        if any(held[0][1] == slot for held in self.held):
+            # Behind a unit cordon held back on the same slot: keep their order (its
+            # RESUME could not apply before the held START anyway).
+            self.held.append((head, bytes(body)))
+            return
         reason = self.table.start_unit(slot, start_event, role, key_id, unit_id)
         if reason == fsm.R_CORDONED:
             self.held.append((head, bytes(body)))
@@ -89,7 +94,12 @@ class Worker:
         else:
             status, out = self._run_one(unit_id, role, body)
         elapsed = time.perf_counter() - t0
-        final = self._finish(slot, role)
+        reason, final = self.table.finish_unit(slot, self._completion[role], role)
+        if reason != fsm.OK:
+            # A broken FSM rule, not a result to trust: the unit fails FsmRefused.
+            text = f"slot {slot} refused {fsm.EVENT_NAMES[self._completion[role]]}: {fsm.REASON_NAMES[reason]}"
+            log.error("unit %d: %s", unit_id, text)
+            status, out = M.ST_COMPLETION_REFUSED, text.encode()
         self._send(unit_id, slot, status, final, elapsed, out)
 
     def _unit(self, unit_id: int, role: int, payload, key, lane, request_id) -> Unit:
@@ -129,13 +139,6 @@ class Worker:
                 failures[i] = (M.ST_HANDLER_ERROR, (_traceback(exc), _picklable(exc)))
         status, out = _result_body((values, failures))
         return (M.ST_CHUNK, out) if status == M.ST_SOLVED else (status, out)
-
-    def _finish(self, slot: int, role: int) -> int:
-        """End the slot's unit; returns the slot's state afterwards."""
-        reason, state = self.table.finish_unit(slot, self._completion[role], role)
-        if reason != fsm.OK:
-            log.error("slot %d: completion refused: %s", slot, fsm.REASON_NAMES[reason])
-        return state
 
     def _state(self, slot: int) -> int:
         return self.table.state(slot)[0]
