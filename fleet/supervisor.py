@@ -16,8 +16,11 @@ collects what the dead worker already delivered, discards the tasks it never too
 fails every unit it still owed with LaneDeath (Timeout for the unit it was killed
 for), walks its slots back to Idle through legal transitions, and restarts the seat
 — unless one of the seat's roles died more than `restart.max_restarts` times within
-`restart.within_seconds`: that role is stopped, its queued units fail RoleStopped,
-and the posture is held Cordoned with the LaneDeath cause.
+`restart.within_seconds`: that role is stopped and its queued units fail RoleStopped.
+Every death the supervisor did not cause itself (a lane death, 002 §14) holds the
+posture Cordoned with the sticky `lane-death` cause until an operator releases it
+(`fleetctl posture release lane-death`, `Fleet.posture_release`). Seats are
+re-forked during shutdown too: shutdown waits for every queued unit.
 """
 from __future__ import annotations
 
@@ -121,6 +124,7 @@ class Supervisor:
         self._pids: dict[int, int] = {}  # seat -> pid
         self._seat_of_pid: dict[int, int] = {}
         self._pending_forks: set[int] = set()
+        self._killed: set[int] = set()  # worker pids the supervisor killed itself (not lane deaths)
         self.table = self.data = self.zygote = None
         self._thread = None
         self.started_ns = time.time_ns()
@@ -568,6 +572,10 @@ class Supervisor:
                     "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
                 self._pending_delivery.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
             self._reset_slots(seat)
+            if pid not in self._killed:
+                # Every lane death cordons (sticky) until an operator releases it (002 §14).
+                self._after_posture_change(self.posture.hold(posture_mod.LANE_DEATH, _now_ms()))
+            self._killed.discard(pid)
             # Re-fork even while shutting down: shutdown waits for every queued unit, and
             # only a live seat can run them (not re-forking here wedged shutdown for good).
             if self._count_death(seat, how) and restart:
@@ -642,7 +650,7 @@ class Supervisor:
             _claim(self._units[item.unit_id].future)
             self._pending_delivery.append(self._close(item.unit_id, Outcome(
                 FAILED, "RoleStopped", f"role {name} exceeded its restart intensity")))
-        change = self.posture.hold("lane_death", _now_ms())
+        change = self.posture.hold(posture_mod.LANE_DEATH, _now_ms())
         self._after_posture_change(change)
 
     def _zygote_died(self) -> None:
@@ -711,6 +719,7 @@ class Supervisor:
                     heapq.heappush(self._deadlines, (now + 0.01, unit_id))
                     return
                 self._timed_out.add(unit_id)
+                self._killed.add(pid)
             log.warning("fleet %s: unit %d ran past its timeout; killing worker pid %d", self.name, unit_id, pid)
             _kill(pid)
 
@@ -777,18 +786,27 @@ class Supervisor:
         _deliver(done)
         return result
 
-    def hold(self, cause: str = "operator") -> None:
+    def hold(self, cause: str = posture_mod.OPERATOR) -> None:
         """Hold the posture Cordoned for `cause` until `release(cause)` (operator cordon)."""
         with self._lock:
             self._after_posture_change(self.posture.hold(cause, _now_ms()))
             done = self._dispatch()
         _deliver(done)
 
-    def release(self, cause: str = "operator") -> None:
+    def release(self, cause: str = posture_mod.OPERATOR) -> dict:
+        """Release a sticky posture cause (`lane-death`, `operator`); returns the posture view
+        with ``released``: whether the cause was held. An unknown cause raises
+        PostureCauseError and changes nothing. The posture turns Nominal once the exit
+        window is clean and no other cause holds it."""
         with self._lock:
+            held = posture_mod.check_cause(cause) in self.posture.state.causes
             self._after_posture_change(self.posture.release(cause, _now_ms()))
+            if held:
+                log.warning("fleet %s: operator released the posture cause %s", self.name, cause)
+            view = {**self.posture.show(_now_ms()), "released": held}
             done = self._dispatch()
         _deliver(done)
+        return view
 
     def reload(self, config: FleetConfig) -> dict:
         """Apply what can change on a live fleet (posture policy, queue bounds); report
@@ -885,6 +903,7 @@ class Supervisor:
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, reason, detail)))
             pids = dict(self._pids)
+            self._killed.update(pids.values())
             for pid in pids.values():
                 _kill(pid)
             for pid in pids.values():
@@ -1009,12 +1028,17 @@ def _now_ms() -> int:
 
 def _cause_code(state, change) -> int:
     """Index into table.layout.POSTURE_CAUSES for the posture's current cause."""
-    if "lane_death" in state.causes:
+    if posture_mod.LANE_DEATH in state.causes:
         return 3
+    if posture_mod.OPERATOR in state.causes:
+        return 4
     if state.posture != fsm.CORDONED:
         return 0
+    # Released, but still in its clean exit window: the cause that cordoned it.
     reason = change.reason if change is not None else ""
-    if "operator" in reason:
+    if posture_mod.LANE_DEATH in reason:
+        return 3
+    if posture_mod.OPERATOR in reason:
         return 4
     return 2 if "duty" in reason else 1
 

@@ -77,11 +77,11 @@ def test_show_json_is_the_daemons_view(daemon, fleet_name, capsys):
 
 
 def test_show_human(daemon, fleet_name, capsys):
-    daemon.owner.hold("lane_death", 1_000)
+    daemon.owner.hold("lane-death", 1_000)
     rc, out, _ = cli(capsys, "posture", "show", "--name", fleet_name)
     assert rc == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["posture", "Cordoned"] and "held by   lane_death" in lines
+    assert lines[0].split() == ["posture", "Cordoned"] and "held by   lane-death" in lines
     assert "entered 1" in out and f"cordoned {daemon.now_ms - 1_000} ms" in out
     policy = dict(line.split() for line in lines[lines.index("policy") + 1 :])
     assert policy == {"cordon_enter_events": "2", "cordon_enter_window_ms": "1000", "cordon_duty_percent": "2.0",
@@ -112,7 +112,7 @@ def test_set_json_echo_and_null_restores_the_floor(daemon, fleet_name, capsys):
 
 
 def test_set_keeps_the_live_posture(daemon, fleet_name, capsys):
-    daemon.owner.hold("lane_death", 1_000)
+    daemon.owner.hold("lane-death", 1_000)
     rc, out, _ = cli(capsys, "posture", "set", "--name", fleet_name, "--json", "cordon_exit_clean_ms=20000")
     doc = json.loads(out)
     assert rc == 0 and doc["posture"] == "Cordoned" and doc["policy"]["cordon_exit_clean_ms"] == 20000
