@@ -377,6 +377,7 @@ class Supervisor:
     def _dispatch(self) -> list:
         """Grant what can be granted and send it; returns futures to resolve after the lock
         (with every outcome decided under the lock since the last call)."""
+        self._shed_deferred_at_close()
         done, self._pending_delivery = self._pending_delivery, []
         if self._draining:
             return done
@@ -411,6 +412,26 @@ class Supervisor:
             done.extend(self._pending_delivery)
             self._pending_delivery = []
         return done
+
+    def _shed_deferred_at_close(self) -> None:
+        """Closing while Cordoned: deferrable units not yet started fail Shutdown (lock held).
+
+        Shutdown waits for every queued unit, but cordon holds deferrable intake, and a
+        sticky cause (lane-death, operator) never clears without an operator: waiting
+        could last forever. (Units a worker holds back come home the same way.)
+        """
+        if not self._closing or self.posture.posture != fsm.CORDONED:
+            return
+        for code, spec in enumerate(self.roles):
+            if spec.cordon_class != "deferrable" or not self.dispatcher.queued(code):
+                continue
+            for item in self.dispatcher.drain_queue(code):
+                _claim(self._units[item.unit_id].future)
+                self._pending_delivery.append(self._close(item.unit_id, Outcome(
+                    FAILED, "Shutdown", f"the fleet closed while cordoned ({self._held_by()}); it never ran")))
+
+    def _held_by(self) -> str:
+        return ", ".join(sorted(self.posture.state.causes)) or "throttling"
 
     def _cancelled(self, unit_id: int) -> bool:
         """Called as a unit comes up for a grant: True if its caller cancelled it; otherwise
@@ -530,6 +551,8 @@ class Supervisor:
             return Outcome(FAILED, "HandlerError", text), None, original
         if status == M.ST_RESULT_ERROR:
             return Outcome(FAILED, "ResultError", bytes(body).decode(errors="replace")), None, None
+        if status == M.ST_HELD_AT_CLOSE:
+            return Outcome(FAILED, "Shutdown", bytes(body).decode(errors="replace")), None, None
         if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
             return Outcome(FAILED, "FsmRefused", bytes(body).decode(errors="replace")), None, None
         return Outcome(FAILED, "LaneDeath", bytes(body).decode(errors="replace")), None, None
@@ -539,6 +562,9 @@ class Supervisor:
         unit = self._units.get(unit_id)
         if status == M.ST_START_REFUSED and unit is not None and self.dispatcher.requeue(unit_id):
             return None  # sent behind a pin that cordon drained: it waits for a new grant
+        if status == M.ST_HELD_AT_CLOSE and unit is not None:
+            self._vacate(slot)  # its lease never started: walk the slot home (T10)
+            final = self.table.state(slot)[0]
         if outcome.reason == "FsmRefused":
             self._fsm_refused(f"unit {unit_id}: {outcome.detail}")
         if unit is not None:
@@ -609,6 +635,14 @@ class Supervisor:
                     self._fsm_refused(f"slot {slot}: reset {fsm.EVENT_NAMES[event]} refused: {fsm.REASON_NAMES[reason]}")
                     break
             self.table.set_slot_meta(slot, pid=0)
+
+    def _vacate(self, slot: int) -> None:
+        """A lease handed back unstarted: Leased -> Idle (T10). A slot in another state
+        (e.g. Pinned, for a RESUME held back) keeps it."""
+        if self.table.state(slot)[0] == fsm.LEASED:
+            reason = self.table.transition(slot, fsm.VACATE)
+            if reason != fsm.OK:
+                self._fsm_refused(f"slot {slot}: VACATE refused: {fsm.REASON_NAMES[reason]}")
 
     def _fsm_refused(self, what: str) -> None:
         """The slot FSM refused the runtime a transition: a bug in a rule, logged and counted

@@ -10,7 +10,9 @@ slot with the completion its role's kind takes (PIN_KEYED T3, PIN_SINGLETON T4,
 RELEASE T5) — or DRAINED (T8) when the supervisor drained the slot meanwhile — and
 push the result. A unit of a deferrable role that cordon refuses to start is held
 back (not run, not lost) and retried once the posture is Nominal again, while the
-seat goes on with other roles' units.
+seat goes on with other roles' units. If the fleet closes while units are held, the
+posture may never clear on its own (a sticky cause): they are handed back unrun
+(ST_HELD_AT_CLOSE; the supervisor fails them Shutdown) so shutdown cannot wedge.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import traceback
 
 from . import fsm
 from . import messages as M
+from .table.layout import FLAG_CLOSING
 from .unit import Suppress, Unit
 
 log = logging.getLogger("fleet.worker")
@@ -55,6 +58,8 @@ class Worker:
         while True:
             if self.held and self.table.posture[0] == fsm.NOMINAL:
                 self._retry_held()
+            elif self.held and int(self.table.segment.header["flags"]) & FLAG_CLOSING:
+                self._hand_back_held()
             batch = self.tasks.pop_many()
             if not batch:
                 self.tasks.wait(HELD_RETRY_S if self.held else None)
@@ -62,6 +67,12 @@ class Worker:
             for tag, view in batch:
                 if tag == M.TASK:
                     self._task(M.TASK_HEAD.unpack_from(view), view[M.TASK_HEAD.size :])
+
+    def _hand_back_held(self) -> None:
+        held, self.held = self.held, []
+        for (unit_id, slot, *_rest), _body in held:
+            text = b"the fleet closed while cordon held this unit back; it never ran"
+            self._send(unit_id, slot, M.ST_HELD_AT_CLOSE, self._state(slot), 0.0, text)
 
     def _retry_held(self) -> None:
         held, self.held = self.held, []

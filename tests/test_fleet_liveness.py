@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -173,3 +174,35 @@ def test_a_refused_completion_fails_fsm_refused_and_is_counted(fleet_name):
 def test_a_refusal_from_a_worker_is_not_a_lane_death(status):
     outcome, value, original = Supervisor._outcome(status, b"slot 3 refused START: wrong role")
     assert (outcome.kind, outcome.reason, outcome.detail) == ("failed", "FsmRefused", "slot 3 refused START: wrong role")
+
+
+# --- shutdown while a sticky cause holds the cordon -------------------------------------------------
+
+
+def test_shutdown_under_a_sticky_cordon_fails_deferred_work_instead_of_waiting(fleet_name):
+    """Cordon holds deferrable intake, and a sticky cause never clears on its own: shutdown
+    must not wait for it. Deferrable units not yet started (one held by its worker on a
+    Leased slot, one still queued) fail Shutdown; started work completes; shutdown returns."""
+    cfg = config(fleet_name, {"work": role("hang", slots=1), "bg": role("echo", cordon_class="deferrable", slots=1)},
+                 profile="serial")
+    with running(cfg) as f:
+        sup = f._sup
+        busy = f.submit("work", 0.5)
+        wait_for(lambda: states(sup) == ["Running", "Idle"], "the busy unit runs")
+        leased = f.submit("bg", "leased")  # granted behind it on the one serial seat
+        wait_for(lambda: states(sup) == ["Running", "Leased"], "the deferrable unit is granted")
+        sup.hold("operator")
+        queued = f.submit("bg", "queued")
+        closer = threading.Thread(target=f.shutdown, daemon=True)
+        closer.start()
+        closer.join(EVENTUALLY_S)
+        if closer.is_alive():
+            sup.kill()
+            pytest.fail("shutdown waited for a sticky cordon")
+        assert busy.result(0) == "woke"
+        for fut in (leased, queued):
+            error = fut.exception(0)
+            assert isinstance(error, UnitFailed) and error.reason == "Shutdown", error
+        ledger = f.ledger()
+        assert (ledger["submitted"], ledger["solved"], ledger["inflight"]) == (3, 1, 0)
+        assert ledger["failed_by_reason"] == {"Shutdown": 2} and ledger["fsm_refused"] == 0
