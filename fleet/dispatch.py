@@ -20,7 +20,8 @@ Rules:
 * A pin drained at cordon onset (T7, T8) ends Idle with units still sent to it: their
   RESUME is refused, and they come back (`requeue`) to the head of their key's
   queue, in submit order, to be granted anew (a new pin) when posture allows. The
-  drained slot takes nothing new until every one of them is back.
+  drained slot takes nothing new, and its key is granted nothing, until every one of
+  them is back.
 * Posture gates intake only: under cordon a deferrable role is granted nothing new,
   a floor role at most its intake floor of slots in use; every grant held back by
   posture is counted once per unit as suppressed intake. In-flight units always
@@ -265,7 +266,12 @@ class Dispatcher:
 
     def _grant_keyed(self, code: int, queue: _RoleQueue, out: list) -> None:
         pins = {s.pin_key: s for s in self._role_slots[code] if s.claimed and not s.drained}
+        # A key whose drained pin still has units out waits for them to come back, so
+        # its units keep their order (they go first again).
+        returning = {s.pin_key for s in self._role_slots[code] if s.claimed and s.drained}
         for key in list(queue.by_key):
+            if key in returning:
+                continue
             q = queue.by_key[key]
             while q.n:
                 item = self._next_live(q, queue)
