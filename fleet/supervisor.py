@@ -396,7 +396,7 @@ class Supervisor:
                     refused = f"slot {g.slot} refused the grant's {fsm.EVENT_NAMES[event]}: {fsm.REASON_NAMES[reason]}"
                     break
             if refused is not None:
-                # A broken FSM rule, not a dead worker: its own reason, counted (item for status).
+                # A broken FSM rule, not a dead worker: its own reason, and counted (status shows it).
                 self._fsm_refused(refused)
                 self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
                 done.append(self._close(g.unit_id, Outcome(FAILED, "FsmRefused", refused)))

@@ -93,7 +93,10 @@ class Worker:
             return
         if reason != fsm.OK:
             text = f"slot {slot} refused {fsm.EVENT_NAMES[start_event]}: {fsm.REASON_NAMES[reason]}"
-            log.error("unit %d: %s", unit_id, text)
+            # A RESUME on an Idle slot is expected once cordon drained its pin (the supervisor
+            # requeues the unit); any other refusal is a broken rule.
+            drained = start_event == fsm.RESUME and self._state(slot) == fsm.IDLE
+            log.log(logging.INFO if drained else logging.ERROR, "unit %d: %s", unit_id, text)
             self._send(unit_id, slot, M.ST_START_REFUSED, self._state(slot), 0.0, text.encode())
             return
         if flags & M.F_TIMED:

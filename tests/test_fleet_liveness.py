@@ -206,3 +206,27 @@ def test_shutdown_under_a_sticky_cordon_fails_deferred_work_instead_of_waiting(f
         ledger = f.ledger()
         assert (ledger["submitted"], ledger["solved"], ledger["inflight"]) == (3, 1, 0)
         assert ledger["failed_by_reason"] == {"Shutdown": 2} and ledger["fsm_refused"] == 0
+
+
+# --- a zygote that dies with requests unread ---------------------------------------------------
+
+
+def test_a_zygote_killed_with_requests_unread_is_replaced(fleet_name, caplog):
+    """A fork server killed with bytes unread in its socket resets the connection rather
+    than closing it (ECONNRESET, not EOF). That is its death all the same: a new one
+    starts and the fleet serves; the loop must not crash (failing everything, for good)."""
+    cfg = config(fleet_name, {"work": role("whoami", slots=1)}, profile="serial")
+    with running(cfg) as f:
+        sup = f._sup
+        old_pid = f.submit("work", 1).result(EVENTUALLY_S)[1]
+        zygote = sup.zygote.pid
+        os.kill(zygote, signal.SIGSTOP)  # so it cannot read what comes next
+        with sup._lock:
+            sup._zsock.setblocking(True)
+            sup._zsock.sendall(b'{"op": "noop"}\n')
+            sup._zsock.setblocking(False)
+        os.kill(zygote, signal.SIGKILL)
+        wait_for(lambda: sup.zygote is not None and sup.zygote.pid != zygote and sup.pids(), "a new zygote serves")
+        value, pid = f.submit("work", 2).result(EVENTUALLY_S)
+        assert value == 2 and pid != old_pid
+        assert "supervisor loop crashed" not in caplog.text
