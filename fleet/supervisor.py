@@ -632,7 +632,8 @@ class Supervisor:
             for event in paths.get(state, ()):
                 reason = self.table.transition(slot, event)
                 if reason != fsm.OK:
-                    self._fsm_refused(f"slot {slot}: reset {fsm.EVENT_NAMES[event]} refused: {fsm.REASON_NAMES[reason]}")
+                    what = f"slot {slot}: reset {fsm.EVENT_NAMES[event]} refused: {fsm.REASON_NAMES[reason]}"
+                    self._fsm_refused(what)
                     break
             self.table.set_slot_meta(slot, pid=0)
 
