@@ -292,6 +292,11 @@ class Client(Executor):
         """Retune posture thresholds; RemoteError ``PostureRetuneError`` (exit 78) if refused."""
         return self._call("posture_set", patch=patch)
 
+    def posture_release(self, cause: str) -> dict:
+        """Release a sticky posture cause (``lane-death``, ``operator``); the posture view
+        with ``released`` (was it held)."""
+        return self._call("posture_release", cause=cause)
+
     def ping(self) -> dict:
         return self._call("ping")
 

@@ -701,6 +701,26 @@ class PostureSetOp(Op):
 
 
 @OPS.register
+class PostureReleaseOp(Op):
+    """Release a sticky posture cause; the handler's ``posture_release(cause)`` returns the
+    posture view with ``released`` (whether the cause was held)."""
+
+    name = "posture_release"
+    mutating = True
+    summary = "Release a sticky posture cause (lane-death, operator); echoes the posture."
+    schema = {"cause": Arg((str,), required=True, doc="the sticky cause: lane-death or operator")}
+
+    def check(self, args: dict[str, Any]) -> None:
+        from .posture import STICKY_CAUSES
+
+        if args["cause"] not in STICKY_CAUSES:
+            raise self._bad(f"unknown posture cause {args['cause']!r} (causes: {', '.join(STICKY_CAUSES)})")
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.posture_release(args["cause"])
+
+
+@OPS.register
 class DrainOp(Op):
     name = "drain"
     mutating = True

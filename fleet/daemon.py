@@ -594,6 +594,9 @@ class Daemon:
     def posture_set(self, patch: dict[str, Any]) -> dict:
         return self.sup.posture_set(patch)
 
+    def posture_release(self, cause: str) -> dict:
+        return self.sup.release(cause)
+
     def drain(self) -> dict:
         self.sup.drain()
         self._draining = True

@@ -16,8 +16,11 @@ collects what the dead worker already delivered, discards the tasks it never too
 fails every unit it still owed with LaneDeath (Timeout for the unit it was killed
 for), walks its slots back to Idle through legal transitions, and restarts the seat
 — unless one of the seat's roles died more than `restart.max_restarts` times within
-`restart.within_seconds`: that role is stopped, its queued units fail RoleStopped,
-and the posture is held Cordoned with the LaneDeath cause.
+`restart.within_seconds`: that role is stopped and its queued units fail RoleStopped.
+Every death the supervisor did not cause itself (a lane death, 002 §14) holds the
+posture Cordoned with the sticky `lane-death` cause until an operator releases it
+(`fleetctl posture release lane-death`, `Fleet.posture_release`). Seats are
+re-forked during shutdown too: shutdown waits for every queued unit.
 """
 from __future__ import annotations
 
@@ -123,6 +126,7 @@ class Supervisor:
         self._pids: dict[int, int] = {}  # seat -> pid
         self._seat_of_pid: dict[int, int] = {}
         self._pending_forks: set[int] = set()
+        self._killed: set[int] = set()  # worker pids the supervisor killed itself (not lane deaths)
         self.table = self.data = self.zygote = None
         self._thread = None
         self.started_ns = time.time_ns()
@@ -254,6 +258,10 @@ class Supervisor:
         self._zsock.setblocking(True)
         try:
             self._zsock.sendall(json.dumps(msg).encode() + b"\n")
+        except OSError as exc:
+            # The zygote is gone (its end of the socket closed under us). The loop sees
+            # the EOF next and `_zygote_died` forks every seat again, this one included.
+            log.warning("fleet %s: cannot ask the worker fork server for seat %d: %s", self.name, seat, exc)
         finally:
             self._zsock.setblocking(False)
 
@@ -269,6 +277,11 @@ class Supervisor:
                     return True
                 except TimeoutError:
                     raise WorkerStartError("worker fork server did not fork the workers in time") from None
+                except ConnectionError:
+                    # A zygote killed with our fork requests unread resets the socket
+                    # instead of closing it: it is gone all the same (this used to crash
+                    # the loop, failing every unit and leaving intake open).
+                    return False
                 finally:
                     if block_until is not None:
                         self._zsock.setblocking(False)
@@ -364,6 +377,7 @@ class Supervisor:
     def _dispatch(self) -> list:
         """Grant what can be granted and send it; returns futures to resolve after the lock
         (with every outcome decided under the lock since the last call)."""
+        self._shed_deferred_at_close()
         done, self._pending_delivery = self._pending_delivery, []
         if self._draining:
             return done
@@ -375,16 +389,17 @@ class Supervisor:
         touched = set()
         for g in grants:
             unit = self._units[g.unit_id]
-            ok = True
+            refused = None
             for event, role, key_id in g.transitions:
                 reason = self.table.transition(g.slot, event, role, key_id)
                 if reason != fsm.OK:
-                    log.error("slot %d: grant refused %s: %s", g.slot, fsm.EVENT_NAMES[event], fsm.REASON_NAMES[reason])
-                    ok = False
+                    refused = f"slot {g.slot} refused the grant's {fsm.EVENT_NAMES[event]}: {fsm.REASON_NAMES[reason]}"
                     break
-            if not ok:
+            if refused is not None:
+                # A broken FSM rule, not a dead worker: its own reason, and counted (status shows it).
+                self._fsm_refused(refused)
                 self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
-                done.append(self._close(g.unit_id, Outcome(FAILED, "LaneDeath", "the slot refused the grant")))
+                done.append(self._close(g.unit_id, Outcome(FAILED, "FsmRefused", refused)))
                 continue
             head = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags)
             outbox = self._outbox[g.seat]
@@ -397,6 +412,26 @@ class Supervisor:
             done.extend(self._pending_delivery)
             self._pending_delivery = []
         return done
+
+    def _shed_deferred_at_close(self) -> None:
+        """Closing while Cordoned: deferrable units not yet started fail Shutdown (lock held).
+
+        Shutdown waits for every queued unit, but cordon holds deferrable intake, and a
+        sticky cause (lane-death, operator) never clears without an operator: waiting
+        could last forever. (Units a worker holds back come home the same way.)
+        """
+        if not self._closing or self.posture.posture != fsm.CORDONED:
+            return
+        for code, spec in enumerate(self.roles):
+            if spec.cordon_class != "deferrable" or not self.dispatcher.queued(code):
+                continue
+            for item in self.dispatcher.drain_queue(code):
+                _claim(self._units[item.unit_id].future)
+                self._pending_delivery.append(self._close(item.unit_id, Outcome(
+                    FAILED, "Shutdown", f"the fleet closed while cordoned ({self._held_by()}); it never ran")))
+
+    def _held_by(self) -> str:
+        return ", ".join(sorted(self.posture.state.causes)) or "throttling"
 
     def _cancelled(self, unit_id: int) -> bool:
         """Called as a unit comes up for a grant: True if its caller cancelled it; otherwise
@@ -452,6 +487,8 @@ class Supervisor:
                     bell.wait(seen, IDLE_WAIT_S)
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
+            with self._lock:
+                self._close_intake()  # nothing would ever run a unit submitted from here on
             self._fail_everything("LaneDeath", "the supervisor loop crashed")
         finally:
             self._teardown()
@@ -490,7 +527,7 @@ class Supervisor:
             return None
         unit_id, slot, status, final, elapsed = M.RESULT_HEAD.unpack_from(view)
         body = view[M.RESULT_HEAD.size :]
-        return unit_id, slot, final, elapsed, *self._outcome(status, body, relay=self.mode == "service")
+        return unit_id, slot, final, elapsed, *self._outcome(status, body, relay=self.mode == "service"), status
 
     @staticmethod
     def _outcome(status: int, body, relay: bool = False):
@@ -520,16 +557,27 @@ class Supervisor:
             return Outcome(FAILED, "HandlerError", text), None, original
         if status == M.ST_RESULT_ERROR:
             return Outcome(FAILED, "ResultError", bytes(body).decode(errors="replace")), None, None
+        if status == M.ST_HELD_AT_CLOSE:
+            return Outcome(FAILED, "Shutdown", bytes(body).decode(errors="replace")), None, None
+        if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
+            return Outcome(FAILED, "FsmRefused", bytes(body).decode(errors="replace")), None, None
         return Outcome(FAILED, "LaneDeath", bytes(body).decode(errors="replace")), None, None
 
     def _apply(self, decoded):
-        unit_id, slot, final, elapsed, outcome, value, original = decoded
+        unit_id, slot, final, elapsed, outcome, value, original, status = decoded
         unit = self._units.get(unit_id)
+        if status == M.ST_START_REFUSED and unit is not None and self.dispatcher.requeue(unit_id):
+            return None  # sent behind a pin that cordon drained: it waits for a new grant
+        if status == M.ST_HELD_AT_CLOSE and unit is not None:
+            self._vacate(slot)  # its lease never started: walk the slot home (T10)
+            final = self.table.state(slot)[0]
+        if outcome.reason == "FsmRefused":
+            self._fsm_refused(f"unit {unit_id}: {outcome.detail}")
         if unit is not None:
             self.dispatcher.complete(unit_id, final)
             if self.run_observer is not None:
                 self.run_observer(self.roles.by_code(unit.role).name, elapsed)
-        if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED:
+        if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED and value is not None:
             # A chunk's items travel with it whatever its outcome: map raises item by item.
             self.ledger.record(unit_id, outcome.kind, outcome.reason)
             self._units.pop(unit_id)
@@ -556,7 +604,13 @@ class Supervisor:
                     "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
                 self._pending_delivery.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
             self._reset_slots(seat)
-            if self._count_death(seat, how) and restart and not self._closing:
+            if pid not in self._killed:
+                # Every lane death cordons (sticky) until an operator releases it (002 §14).
+                self._after_posture_change(self.posture.hold(posture_mod.LANE_DEATH, _now_ms()))
+            self._killed.discard(pid)
+            # Re-fork even while shutting down: shutdown waits for every queued unit, and
+            # only a live seat can run them (not re-forking here wedged shutdown for good).
+            if self._count_death(seat, how) and restart:
                 self._fork(seat)
             done = self._dispatch()
             self._publish_units()
@@ -573,7 +627,9 @@ class Supervisor:
     def _reset_slots(self, seat: int) -> None:
         """Walk a dead seat's slots back to Idle, through legal transitions only."""
         paths = {
-            fsm.LEASED: (fsm.START, fsm.DRAIN, fsm.DRAINED),
+            # VACATE (T10), not START: START is posture-gated, so under cordon a deferrable
+            # role's lost lease could not get home and refused every later grant.
+            fsm.LEASED: (fsm.VACATE,),
             fsm.RUNNING: (fsm.DRAIN, fsm.DRAINED),
             fsm.DRAINING: (fsm.DRAINED,),
             fsm.PINNED: (fsm.UNPIN,),
@@ -583,9 +639,24 @@ class Supervisor:
             for event in paths.get(state, ()):
                 reason = self.table.transition(slot, event)
                 if reason != fsm.OK:
-                    log.error("slot %d: reset %s refused: %s", slot, fsm.EVENT_NAMES[event], fsm.REASON_NAMES[reason])
+                    what = f"slot {slot}: reset {fsm.EVENT_NAMES[event]} refused: {fsm.REASON_NAMES[reason]}"
+                    self._fsm_refused(what)
                     break
             self.table.set_slot_meta(slot, pid=0)
+
+    def _vacate(self, slot: int) -> None:
+        """A lease handed back unstarted: Leased -> Idle (T10). A slot in another state
+        (e.g. Pinned, for a RESUME held back) keeps it."""
+        if self.table.state(slot)[0] == fsm.LEASED:
+            reason = self.table.transition(slot, fsm.VACATE)
+            if reason != fsm.OK:
+                self._fsm_refused(f"slot {slot}: VACATE refused: {fsm.REASON_NAMES[reason]}")
+
+    def _fsm_refused(self, what: str) -> None:
+        """The slot FSM refused the runtime a transition: a bug in a rule, logged and counted
+        apart from worker deaths (status shows the count)."""
+        log.error("fleet %s: slot FSM refused a transition: %s", self.name, what)
+        self.ledger.fsm_refused()
 
     def _count_death(self, seat: int, how: str) -> bool:
         """Restart intensity: True to restart the seat; False stops its roles."""
@@ -621,7 +692,7 @@ class Supervisor:
             _claim(self._units[item.unit_id].future)
             self._pending_delivery.append(self._close(item.unit_id, Outcome(
                 FAILED, "RoleStopped", f"role {name} exceeded its restart intensity")))
-        change = self.posture.hold("lane_death", _now_ms())
+        change = self.posture.hold(posture_mod.LANE_DEATH, _now_ms())
         self._after_posture_change(change)
 
     def _zygote_died(self) -> None:
@@ -637,16 +708,43 @@ class Supervisor:
         for pid, seat in pids.items():
             self._seat_of_pid.pop(pid, None)
             self._seat_died(seat, pid, -signal.SIGKILL, restart=False)
-        if self._closing:
-            return
+        # Start a new one even while shutting down: queued units still need seats, and
+        # shutdown waits for them (the loop exits, and tears it down, once none is owed).
         with self._lock:
+            if self._closing and not self._units:
+                return
             self._pending_forks.clear()
             self._zsock.close()
-            self._start_zygote()
+            self._restart_zygote()
             self._zygote_gone = False
             for seat in range(len(self.layout.seats)):
                 if not self._seat_stopped(seat):
                     self._fork(seat)
+
+    def _restart_zygote(self, attempts: int = 3) -> None:
+        """Start a new fork server (lock held). A start can fail when the new zygote is
+        itself killed while it boots: try again a few times before giving up (the loop
+        then fails every unit owed and closes intake)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_zygote()
+                return
+            except WorkerStartError as exc:
+                log.error("fleet %s: worker fork server restart %d/%d failed: %s", self.name, attempt, attempts, exc)
+                if attempt == attempts:
+                    raise
+                self._reap_zygote()
+
+    def _reap_zygote(self) -> None:
+        """Forget a zygote that failed to start (it is dead or about to be)."""
+        try:
+            self._zsock.close()
+        except OSError:
+            pass
+        if self.zygote is not None and self.zygote.poll() is None:
+            self.zygote.kill()
+        if self.zygote is not None:
+            self.zygote.wait()
 
     # ================================================================== timers
     def _check_deadlines(self, now: float) -> None:
@@ -663,6 +761,7 @@ class Supervisor:
                     heapq.heappush(self._deadlines, (now + 0.01, unit_id))
                     return
                 self._timed_out.add(unit_id)
+                self._killed.add(pid)
             log.warning("fleet %s: unit %d ran past its timeout; killing worker pid %d", self.name, unit_id, pid)
             _kill(pid)
 
@@ -775,18 +874,27 @@ class Supervisor:
         _deliver(done)
         return result
 
-    def hold(self, cause: str = "operator") -> None:
+    def hold(self, cause: str = posture_mod.OPERATOR) -> None:
         """Hold the posture Cordoned for `cause` until `release(cause)` (operator cordon)."""
         with self._lock:
             self._after_posture_change(self.posture.hold(cause, _now_ms()))
             done = self._dispatch()
         _deliver(done)
 
-    def release(self, cause: str = "operator") -> None:
+    def release(self, cause: str = posture_mod.OPERATOR) -> dict:
+        """Release a sticky posture cause (`lane-death`, `operator`); returns the posture view
+        with ``released``: whether the cause was held. An unknown cause raises
+        PostureCauseError and changes nothing. The posture turns Nominal once the exit
+        window is clean and no other cause holds it."""
         with self._lock:
+            held = posture_mod.check_cause(cause) in self.posture.state.causes
             self._after_posture_change(self.posture.release(cause, _now_ms()))
+            if held:
+                log.warning("fleet %s: operator released the posture cause %s", self.name, cause)
+            view = {**self.posture.show(_now_ms()), "released": held}
             done = self._dispatch()
         _deliver(done)
+        return view
 
     def reload(self, config: FleetConfig) -> dict:
         """Apply what can change on a live fleet (posture policy, queue bounds); report
@@ -883,6 +991,7 @@ class Supervisor:
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, reason, detail)))
             pids = dict(self._pids)
+            self._killed.update(pids.values())
             for pid in pids.values():
                 _kill(pid)
             for pid in pids.values():
@@ -1011,14 +1120,19 @@ def _now_ms() -> int:
 
 def _cause_code(state, change) -> int:
     """Index into table.layout.POSTURE_CAUSES for the posture's current cause."""
-    if "lane_death" in state.causes:
+    if posture_mod.LANE_DEATH in state.causes:
         return 3
+    if posture_mod.OPERATOR in state.causes:
+        return 4
     if pressure_mod.CAUSE in state.causes:
         return 5
     if state.posture != fsm.CORDONED:
         return 0
+    # Released, but still in its clean exit window: the cause that cordoned it.
     reason = change.reason if change is not None else ""
-    if "operator" in reason:
+    if posture_mod.LANE_DEATH in reason:
+        return 3
+    if posture_mod.OPERATOR in reason:
         return 4
     return 2 if "duty" in reason else 1
 

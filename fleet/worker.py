@@ -10,7 +10,9 @@ slot with the completion its role's kind takes (PIN_KEYED T3, PIN_SINGLETON T4,
 RELEASE T5) — or DRAINED (T8) when the supervisor drained the slot meanwhile — and
 push the result. A unit of a deferrable role that cordon refuses to start is held
 back (not run, not lost) and retried once the posture is Nominal again, while the
-seat goes on with other roles' units.
+seat goes on with other roles' units. If the fleet closes while units are held, the
+posture may never clear on its own (a sticky cause): they are handed back unrun
+(ST_HELD_AT_CLOSE; the supervisor fails them Shutdown) so shutdown cannot wedge.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import traceback
 
 from . import fsm
 from . import messages as M
+from .table.layout import FLAG_CLOSING
 from .unit import Suppress, Unit
 
 log = logging.getLogger("fleet.worker")
@@ -55,6 +58,8 @@ class Worker:
         while True:
             if self.held and self.table.posture[0] == fsm.NOMINAL:
                 self._retry_held()
+            elif self.held and int(self.table.segment.header["flags"]) & FLAG_CLOSING:
+                self._hand_back_held()
             batch = self.tasks.pop_many()
             if not batch:
                 self.tasks.wait(HELD_RETRY_S if self.held else None)
@@ -62,6 +67,12 @@ class Worker:
             for tag, view in batch:
                 if tag == M.TASK:
                     self._task(M.TASK_HEAD.unpack_from(view), view[M.TASK_HEAD.size :])
+
+    def _hand_back_held(self) -> None:
+        held, self.held = self.held, []
+        for (unit_id, slot, *_rest), _body in held:
+            text = b"the fleet closed while cordon held this unit back; it never ran"
+            self._send(unit_id, slot, M.ST_HELD_AT_CLOSE, self._state(slot), 0.0, text)
 
     def _retry_held(self) -> None:
         held, self.held = self.held, []
@@ -71,13 +82,21 @@ class Worker:
     # --- one unit ---------------------------------------------------------------------
     def _task(self, head: tuple, body) -> None:
         unit_id, slot, key_id, role, start_event, flags = head
+        if any(held[0][1] == slot for held in self.held):
+            # Behind a unit cordon held back on the same slot: keep their order (its
+            # RESUME could not apply before the held START anyway).
+            self.held.append((head, bytes(body)))
+            return
         reason = self.table.start_unit(slot, start_event, role, key_id, unit_id)
         if reason == fsm.R_CORDONED:
             self.held.append((head, bytes(body)))
             return
         if reason != fsm.OK:
             text = f"slot {slot} refused {fsm.EVENT_NAMES[start_event]}: {fsm.REASON_NAMES[reason]}"
-            log.error("unit %d: %s", unit_id, text)
+            # A RESUME on an Idle slot is expected once cordon drained its pin (the supervisor
+            # requeues the unit); any other refusal is a broken rule.
+            drained = start_event == fsm.RESUME and self._state(slot) == fsm.IDLE
+            log.log(logging.INFO if drained else logging.ERROR, "unit %d: %s", unit_id, text)
             self._send(unit_id, slot, M.ST_START_REFUSED, self._state(slot), 0.0, text.encode())
             return
         if flags & M.F_TIMED:
@@ -89,7 +108,12 @@ class Worker:
         else:
             status, out = self._run_one(unit_id, role, body)
         elapsed = time.perf_counter() - t0
-        final = self._finish(slot, role)
+        reason, final = self.table.finish_unit(slot, self._completion[role], role)
+        if reason != fsm.OK:
+            # A broken FSM rule, not a result to trust: the unit fails FsmRefused.
+            text = f"slot {slot} refused {fsm.EVENT_NAMES[self._completion[role]]}: {fsm.REASON_NAMES[reason]}"
+            log.error("unit %d: %s", unit_id, text)
+            status, out = M.ST_COMPLETION_REFUSED, text.encode()
         self._send(unit_id, slot, status, final, elapsed, out)
 
     def _unit(self, unit_id: int, role: int, payload, key, lane, request_id) -> Unit:
@@ -129,13 +153,6 @@ class Worker:
                 failures[i] = (M.ST_HANDLER_ERROR, (_traceback(exc), _picklable(exc)))
         status, out = _result_body((values, failures))
         return (M.ST_CHUNK, out) if status == M.ST_SOLVED else (status, out)
-
-    def _finish(self, slot: int, role: int) -> int:
-        """End the slot's unit; returns the slot's state afterwards."""
-        reason, state = self.table.finish_unit(slot, self._completion[role], role)
-        if reason != fsm.OK:
-            log.error("slot %d: completion refused: %s", slot, fsm.REASON_NAMES[reason])
-        return state
 
     def _state(self, slot: int) -> int:
         return self.table.state(slot)[0]

@@ -71,6 +71,24 @@ def test_posture_set_valid_invalid_empty_and_unknown_key(fleetd):
     assert fleetd.ctl_json("posture", "show")["policy"] == after
 
 
+def test_a_worker_death_cordons_until_fleetctl_posture_release(fleet_name):
+    with Fleetd(fleet_name, roles(), posture={"cordon_exit_clean_ms": 50}) as d:
+        with d.connect() as client:
+            assert client.submit("sq", 3).result(BOUND_S) == 9
+            pid = next(row["pid"] for row in client.status()["census"] if row.get("pid"))
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: d.ctl_json("posture", "show")["causes"] == ["lane-death"], "the lane-death cordon")
+            assert d.ctl_json("status")["posture"]["cause"] == "lane-death"
+            bad = d.ctl("posture", "release", "lane_death")
+            assert bad.returncode == EXIT_USAGE and "invalid choice" in bad.stderr
+            released = d.ctl("posture", "release", "lane-death")
+            assert released.returncode == 0 and released.stdout.startswith("lane-death: released"), released.stderr
+            wait_until(lambda: d.ctl_json("posture", "show")["posture"] == "Nominal", "Nominal after the release")
+            again = d.ctl("posture", "release", "lane-death")
+            assert again.returncode == 0 and again.stdout.startswith("lane-death: was not held")
+            assert client.submit("sq", 4).result(BOUND_S) == 16
+
+
 def test_drain_holds_queued_units_and_resume_runs_them(fleetd):
     with fleetd.connect() as client:
         assert fleetd.ctl("drain").returncode == 0

@@ -31,9 +31,10 @@ from fleet.fsm import (
     RUNNING,
     START,
     UNPIN,
+    VACATE,
 )
 
-# The reference's T1..T9, written out independently of fsm.TRANSITIONS.
+# The reference's T1..T9 (and T10, the lost lease), written out independently of fsm.TRANSITIONS.
 EXPECTED_LEGAL = {
     (IDLE, LEASE): (LEASED, "T1"),
     (LEASED, START): (RUNNING, "T2"),
@@ -44,6 +45,7 @@ EXPECTED_LEGAL = {
     (RUNNING, DRAIN): (DRAINING, "T7"),
     (DRAINING, DRAINED): (IDLE, "T8"),
     (PINNED, UNPIN): (IDLE, "T9"),
+    (LEASED, VACATE): (IDLE, "T10"),
 }
 ALL_PAIRS = list(itertools.product(range(fsm.N_STATES), range(fsm.N_EVENTS)))
 
@@ -68,7 +70,7 @@ EXPECTED_GUARDS = {
 KIND_OF = {"pinned": KIND_PINNED, "pooled": KIND_POOLED, "singleton": KIND_SINGLETON}
 
 
-def test_table_has_exactly_the_nine_reference_transitions():
+def test_table_has_exactly_the_reference_transitions_and_the_lost_lease():
     got = {pair: (to, tid) for pair, (to, tid, _k, _g) in fsm.TRANSITIONS.items()}
     assert got == EXPECTED_LEGAL
 
@@ -194,3 +196,17 @@ def test_bad_event_code():
     assert fsm.decide(IDLE, 0, 0, 99, 0, 0, KIND_POOLED, CLASS_NEVER, NOMINAL)[0] == fsm.R_BAD_EVENT
     assert fsm.transition_id(IDLE, START) is None
     assert fsm.transition_id(IDLE, LEASE) == "T1"
+
+
+# --- T10: a lost lease goes home in any posture ------------------------------------------
+@pytest.mark.parametrize("kind", [KIND_PINNED, KIND_POOLED, KIND_SINGLETON])
+@pytest.mark.parametrize("klass", [CLASS_NEVER, CLASS_FLOOR, CLASS_DEFERRABLE])
+def test_a_lost_lease_is_vacated_to_idle_even_under_cordon(kind, klass):
+    key = 3 if kind == KIND_PINNED else 0
+    assert fsm.decide(LEASED, 1, key, VACATE, ANY_ROLE, 0, kind, klass, CORDONED) == (fsm.OK, IDLE, 0, 0)
+
+
+@pytest.mark.parametrize("state", [IDLE, RUNNING, PINNED, DRAINING])
+def test_only_a_lease_can_be_vacated(state):
+    """A started unit is never vacated: it ends through its completion or DRAIN/DRAINED."""
+    assert fsm.decide(state, 1, 0, VACATE, ANY_ROLE, 0, KIND_POOLED, CLASS_NEVER, NOMINAL)[0] == fsm.R_ILLEGAL

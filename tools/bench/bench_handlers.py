@@ -24,3 +24,8 @@ def work(x=None):
 # fleet handlers take a Unit
 def unit_work(unit):
     return work(unit.payload)
+
+
+def echo_unit(unit):
+    """The unit's payload back (the chaos storm checks every solved value)."""
+    return unit.payload
