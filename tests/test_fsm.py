@@ -66,6 +66,7 @@ EXPECTED_GUARDS = {
     "T7": (ALL, False),
     "T8": (ALL, False),
     "T9": (("pinned", "singleton"), False),
+    "T10": (ALL, False),  # a lost lease goes home whatever the posture (a dead seat's reset)
 }
 KIND_OF = {"pinned": KIND_PINNED, "pooled": KIND_POOLED, "singleton": KIND_SINGLETON}
 
