@@ -1,0 +1,48 @@
+"""The host-group store on PostgreSQL (psycopg 3), for orchestrators on several machines.
+
+``postgresql://user:password@host:5432/dbname`` (any libpq URI; add
+``?options=-csearch_path%3Dmyschema`` to keep the store in its own schema). Each
+transaction starts by locking the one schema_version row (``SELECT ... FOR UPDATE``),
+which serializes every store transaction of the host group, whatever host it comes
+from; under READ COMMITTED each later statement then sees everything committed
+before the lock was granted. Schema creation takes a transaction-scoped advisory
+lock keyed on the schema, so fleets opening a fresh store at once do not race.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from ._sql import SqlStore
+
+PREFIXES = ("postgresql://", "postgres://")
+
+
+class PostgresStore(SqlStore):
+    """The admission store in PostgreSQL. See `admission.store.base.AdmissionStore`."""
+
+    lock_suffix = " FOR UPDATE OF v"
+    ddl_types = {"serial": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION"}
+    db_time_sql = "SELECT extract(epoch FROM clock_timestamp())::float8"
+    paramstyle = "%s"
+
+    def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
+                 connect_timeout: int = 10):
+        import psycopg  # imported here so that SQLite users need not have it
+
+        self._psycopg = psycopg
+        self.connect_timeout = connect_timeout
+        super().__init__(url, actor, clock)
+
+    def _connect(self):
+        kwargs = {} if "connect_timeout" in self.url else {"connect_timeout": self.connect_timeout}
+        return self._psycopg.connect(self.url, autocommit=False, **kwargs)
+
+    def _begin(self, cur) -> None:
+        pass  # psycopg opens a transaction at the first statement
+
+    def _migration_lock(self, cur) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store:' || current_schema()))")
+
+    def _unreachable(self, exc: BaseException) -> bool:
+        return isinstance(exc, (self._psycopg.OperationalError, self._psycopg.InterfaceError))
