@@ -1,0 +1,64 @@
+"""Orchestrator processes for the store tests: ``python -m tests.store_procs ROLE ...``.
+
+``scheduler URL ACTOR COUNT SEED``: submit COUNT requests one after another with
+random placements; wait for each to be admitted, check that the admitted set is
+within every quota, release it. Prints one JSON line: ids admitted, violations.
+
+``holder URL ACTOR NOW``: with the clock stopped at NOW, submit one host-tier
+request, print its record as JSON, then sleep until killed.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+
+from admission.store import ADMITTED, QUEUED, Request, open_store, rules
+
+ENVIRONMENTS = ("prod", "dev", "ci")
+PROVIDERS = ("openai", "anthropic")
+TIERS = ("host", "container", "vm")
+
+
+def scheduler(url: str, actor: str, count: int, seed: int) -> dict:
+    rnd = random.Random(seed)
+    store = open_store(url, actor=actor)
+    admitted, violations = [], []
+    for i in range(count):
+        r = Request(f"{actor}-{i}", actor, rnd.choice(ENVIRONMENTS), rnd.choice(PROVIDERS), rnd.choice(TIERS),
+                    priority=rnd.randint(0, 3), lease_ttl=600.0)
+        rec = store.submit(r)
+        deadline = time.monotonic() + 120
+        while rec.state == QUEUED and time.monotonic() < deadline:
+            time.sleep(0.002)
+            rec = store.get(r.id)
+        if rec.state != ADMITTED:
+            violations.append(f"{r.id} ended {rec.state}")
+            continue
+        live = [x for x in store.active() if x.state == ADMITTED]
+        over = rules.over_quota(store.policy(), live)
+        if over:
+            violations.append(f"after admitting {r.id}: {over}")
+        admitted.append(r.id)
+        store.release(r.id, rec.revision)
+    store.close()
+    return {"actor": actor, "admitted": admitted, "violations": violations}
+
+
+def holder(url: str, actor: str, now: float) -> None:
+    store = open_store(url, actor=actor, clock=lambda: now)
+    rec = store.submit(Request(f"{actor}-held", actor, "prod", "openai", "host", lease_ttl=30.0))
+    print(json.dumps(rec.to_dict()), flush=True)
+    while True:
+        time.sleep(60)
+
+
+if __name__ == "__main__":
+    role, args = sys.argv[1], sys.argv[2:]
+    if role == "scheduler":
+        print(json.dumps(scheduler(args[0], args[1], int(args[2]), int(args[3]))), flush=True)
+    elif role == "holder":
+        holder(args[0], args[1], float(args[2]))
+    else:
+        sys.exit(f"unknown role {role!r}")
