@@ -40,11 +40,13 @@ from .base import (
 )
 
 
-def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time.time) -> AdmissionStore:
+def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
+               create: bool = True) -> AdmissionStore:
     """Open (creating or migrating its schema) the store at `url`.
 
     `actor` names this orchestrator in requests and audit rows; `clock` gives the
-    store's notion of now. Raises BadRequest for an unknown url scheme,
+    store's notion of now. With `create` false a missing store is StoreUnreachable
+    instead of being created (for operator commands). Raises BadRequest for an unknown url scheme,
     StoreUnreachable when the database cannot be reached, SchemaTooNew when newer
     code owns the store.
     """
@@ -57,11 +59,11 @@ def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time
             path_of(url)
         except ValueError as exc:
             raise BadRequest("url", str(exc)) from None
-        return SqliteStore(url, actor, clock)
+        return SqliteStore(url, actor, clock, create=create)
     if url.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresStore
 
-        return PostgresStore(url, actor, clock)
+        return PostgresStore(url, actor, clock, create=create)
     raise BadRequest("url", f"unknown store url {url!r}: want sqlite:///path or postgresql://...")
 
 

@@ -118,8 +118,9 @@ class SqlStore(AdmissionStore):
     db_time_sql = ""
     paramstyle = "?"
 
-    def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time):
+    def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time, create: bool = True):
         self.url, self.actor, self.clock = url, actor, clock
+        self.create = create
         self._conn = None
         self._mutex = threading.Lock()  # one connection, one transaction at a time per store object
         self._policy_cache: tuple[str | None, Policy] = (None, DEFAULT_POLICY)
@@ -143,6 +144,10 @@ class SqlStore(AdmissionStore):
         """Serialize schema creation among processes opening a fresh store at once."""
 
     @abc.abstractmethod
+    def _has_schema(self, cur) -> bool:
+        """Whether the schema_version table exists (in the schema in use)."""
+
+    @abc.abstractmethod
     def _unreachable(self, exc: BaseException) -> bool:
         """Whether a driver error means the database is gone (as opposed to a bug)."""
 
@@ -150,13 +155,8 @@ class SqlStore(AdmissionStore):
         return text if self.paramstyle == "?" else text.replace("?", "%s")
 
     def redacted_url(self) -> str:
-        """The url without a password, for reports."""
-        head, sep, tail = self.url.partition("://")
-        if "@" in tail:
-            cred, at, rest = tail.partition("@")
-            user = cred.split(":", 1)[0]
-            return f"{head}{sep}{user}{':***' if ':' in cred else ''}@{rest}"
-        return self.url
+        """The url without a password, for reports and errors."""
+        return redact(self.url)
 
     # ------------------------------------------------------------- connection and transactions
 
@@ -232,6 +232,8 @@ class SqlStore(AdmissionStore):
             cur = conn.cursor()
             self._begin(cur)
             self._migration_lock(cur)
+            if not self.create and not self._has_schema(cur):
+                raise StoreUnreachable(f"{self.redacted_url()}: no admission store there (it has no schema_version)")
             cur.execute("CREATE TABLE IF NOT EXISTS schema_version "
                         "(id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)")
             cur.execute("SELECT version FROM schema_version WHERE id = 1")
@@ -378,11 +380,18 @@ class SqlStore(AdmissionStore):
     def active(self) -> list[Record]:
         return self.reconcile()
 
-    def active_at(self) -> tuple[list[Record], Policy, float]:
-        """The live records with the policy and the `now` they were reconciled at (for listings)."""
-        with self._tx() as tx:
-            live = self._reconcile(tx)
-            policy, now = tx.policy, tx.now
+    def snapshot(self) -> tuple[list[Record], Policy, float]:
+        """The live records as stored, the policy and the clock's now, read without writing.
+
+        For listings (``fleetctl leases``): nothing is reconciled, so a lease past its
+        expiry still shows as admitted until the next store transaction times it out.
+        """
+        with self._read() as cur:
+            cur.execute("SELECT body FROM policy WHERE id = 1")
+            row = cur.fetchone()
+            cur.execute(_LIVE_SQL)
+            live = [_record(r) for r in cur.fetchall()]
+        policy, now = self._parse_policy(None if row is None else row[0]), self.clock()
         return _ordered(live, policy, now), policy, now
 
     def events(self, request_id: str | None = None, since: int = 0, limit: int | None = None) -> list[Event]:
@@ -460,6 +469,17 @@ class SqlStore(AdmissionStore):
     def close(self) -> None:
         with self._mutex:
             self._drop_connection()
+
+
+def redact(url: str) -> str:
+    """`url` with the password (if any) replaced by ``***``."""
+    head, sep, tail = url.partition("://")
+    authority, slash, rest = tail.partition("/")
+    if "@" in authority:
+        cred, _, host = authority.rpartition("@")
+        user = cred.split(":", 1)[0]
+        return f"{head}{sep}{user}{':***' if ':' in cred else ''}@{host}{slash}{rest}"
+    return url
 
 
 def _closure(row) -> Closure:

@@ -14,6 +14,7 @@ import time
 from typing import Callable
 
 from ._sql import SqlStore
+from .base import StoreUnreachable
 
 PREFIXES = ("postgresql://", "postgres://")
 
@@ -27,12 +28,16 @@ class PostgresStore(SqlStore):
     paramstyle = "%s"
 
     def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
-                 connect_timeout: int = 10):
-        import psycopg  # imported here so that SQLite users need not have it
+                 connect_timeout: int = 10, create: bool = True):
+        try:
+            import psycopg  # imported here so that SQLite users need not have it
+        except ImportError as exc:
+            raise StoreUnreachable(f"{url}: the PostgreSQL driver is not installed "
+                                   f"(pip install 'fleet[postgres]'): {exc}") from None
 
         self._psycopg = psycopg
         self.connect_timeout = connect_timeout
-        super().__init__(url, actor, clock)
+        super().__init__(url, actor, clock, create)
 
     def _connect(self):
         kwargs = {} if "connect_timeout" in self.url else {"connect_timeout": self.connect_timeout}
@@ -46,3 +51,7 @@ class PostgresStore(SqlStore):
 
     def _unreachable(self, exc: BaseException) -> bool:
         return isinstance(exc, (self._psycopg.OperationalError, self._psycopg.InterfaceError))
+
+    def _has_schema(self, cur) -> bool:
+        cur.execute("SELECT to_regclass('schema_version') IS NOT NULL")
+        return bool(cur.fetchone()[0])

@@ -7,11 +7,13 @@ process waits for it up to ``busy_timeout`` seconds, then gets StoreUnreachable.
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from typing import Callable
 
 from ._sql import SqlStore
+from .base import StoreUnreachable
 
 PREFIX = "sqlite://"
 
@@ -29,10 +31,12 @@ class SqliteStore(SqlStore):
     db_time_sql = "SELECT (julianday('now') - 2440587.5) * 86400.0"
 
     def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
-                 busy_timeout: float = 30.0):
+                 busy_timeout: float = 30.0, create: bool = True):
         self.path = path_of(url)
         self.busy_timeout = busy_timeout
-        super().__init__(url, actor, clock)
+        if not create and not os.path.exists(self.path):
+            raise StoreUnreachable(f"{url}: no store at {self.path}")
+        super().__init__(url, actor, clock, create)
 
     def _connect(self):
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
@@ -54,3 +58,7 @@ class SqliteStore(SqlStore):
 
     def _unreachable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError)
+
+    def _has_schema(self, cur) -> bool:
+        cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'")
+        return cur.fetchone() is not None
