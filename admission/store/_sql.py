@@ -13,13 +13,19 @@ import abc
 import json
 import threading
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Callable
 
 from . import rules
 from .base import (
     ADMITTED,
+    CANCELLED,
+    DENIED,
+    PREEMPTED,
+    RELEASED,
+    TIMED_OUT,
     LIVE_STATES,
     QUEUED,
     AdmissionStore,
@@ -91,6 +97,10 @@ _REQ_COLS = ("id, orchestrator, environment, provider, tier, priority, queue_tim
              "submitted_at, state, revision, lease_expires, decided_at, reason")
 _LIVE_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE state IN ('queued', 'admitted')"
 _GET_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE id = ?"
+# the live records and the one a call is about, in one statement
+_READ_SQL = f"{_LIVE_SQL} UNION ALL SELECT {_REQ_COLS} FROM requests WHERE id = ? AND state NOT IN ('queued', 'admitted')"
+_INSERT_SQL = f"INSERT INTO requests ({_REQ_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_UPDATE_SQL = "UPDATE requests SET state = ?, revision = ?, lease_expires = ?, decided_at = ?, reason = ? WHERE id = ?"
 
 
 def _record(row) -> Record:
@@ -103,9 +113,38 @@ def _record(row) -> Record:
 
 @dataclass
 class _Tx:
+    """One transaction's view: the live records (and the one it is about), changed in memory.
+
+    The transaction reads once and writes once: `change` and `insert` collect the
+    rows, `event` the audit rows, and the store flushes them together before commit.
+    """
+
     cur: object
     now: float
     policy: Policy
+    records: dict = field(default_factory=dict)
+    changed: dict = field(default_factory=dict)
+    inserted: list = field(default_factory=list)
+    audit: list = field(default_factory=list)
+
+    def change(self, rec: Record, kind: str, reason: str, **fields) -> Record:
+        new = dataclasses.replace(rec, decided_at=self.now, reason=reason, **fields)
+        self.records[rec.id] = new
+        if rec.id not in self.inserted:
+            self.changed[rec.id] = new
+        self.event(kind, rec.id, reason)
+        return new
+
+    def insert(self, rec: Record, reason: str) -> None:
+        self.records[rec.id] = rec
+        self.inserted.append(rec.id)
+        self.event("queued", rec.id, reason)
+
+    def event(self, kind: str, request_id: str, reason: str) -> None:
+        self.audit.append((kind, request_id, reason))
+
+    def live(self) -> list[Record]:
+        return [r for r in self.records.values() if r.state in LIVE_STATES]
 
 
 class SqlStore(AdmissionStore):
@@ -127,6 +166,10 @@ class SqlStore(AdmissionStore):
         self._lock_sql = self._sql(
             "SELECT v.version, p.body FROM schema_version v LEFT JOIN policy p ON p.id = 1 WHERE v.id = 1"
             + self.lock_suffix)
+        self._read_sql = self._sql(_READ_SQL)
+        self._insert_sql = self._sql(_INSERT_SQL)
+        self._update_sql = self._sql(_UPDATE_SQL)
+        self._event_sql = self._sql("INSERT INTO events (at, kind, request_id, actor, reason) VALUES (?, ?, ?, ?, ?)")
         self._migrate()
 
     # ------------------------------------------------------------- dialect hooks
@@ -138,6 +181,14 @@ class SqlStore(AdmissionStore):
     @abc.abstractmethod
     def _begin(self, cur) -> None:
         """Start a write transaction."""
+
+    def _commit(self, conn, cur) -> None:
+        """Commit a store transaction; return only once it is durable."""
+        conn.commit()
+
+    def _pipeline(self, conn):
+        """Batch the statements of one transaction into as few round trips as the driver allows."""
+        return nullcontext()
 
     @abc.abstractmethod
     def _migration_lock(self, cur) -> None:
@@ -196,12 +247,17 @@ class SqlStore(AdmissionStore):
                 raise
 
     @contextmanager
-    def _tx(self):
-        """One serialized write transaction at the store clock's now, under the stored policy."""
-        with self._guard() as conn:
-            cur = conn.cursor()
+    def _tx(self, request_id: str = ""):
+        """One serialized write transaction at the store clock's now, under the stored policy.
+
+        Reads the live records and `request_id`'s record into memory; what the body
+        changes there is written back in one batch, then committed.
+        """
+        with self._guard() as conn, self._pipeline(conn):
+            cur, reader = conn.cursor(), conn.cursor()
             self._begin(cur)
-            cur.execute(self._lock_sql)
+            cur.execute(self._lock_sql)  # waits for the lock; the read below then sees every earlier commit
+            reader.execute(self._read_sql, (request_id,))
             row = cur.fetchone()
             if row is None:
                 raise StoreError(f"{self.redacted_url()}: the store's schema_version row is missing")
@@ -210,8 +266,24 @@ class SqlStore(AdmissionStore):
                 # newer code migrated it meanwhile (or it was rolled back under us): refuse to write
                 raise SchemaTooNew(version, SCHEMA_VERSION)
             tx = _Tx(cur, self.clock(), self._parse_policy(body))
+            tx.records = {r.id: r for r in map(_record, reader.fetchall())}
             yield tx
-            conn.commit()
+            self._flush(tx)
+            self._commit(conn, tx.cur)
+
+    def _flush(self, tx: _Tx) -> None:
+        cur = tx.cur
+        for rid in tx.inserted:
+            r = tx.records[rid]
+            q = r.request
+            cur.execute(self._insert_sql, (q.id, q.orchestrator, q.environment, q.provider, q.tier, q.priority,
+                                           q.queue_timeout, int(q.preemptible), q.lease_ttl, r.submitted_at,
+                                           r.state, r.revision, r.lease_expires, r.decided_at, r.reason))
+        if tx.changed:
+            cur.executemany(self._update_sql, [(r.state, r.revision, r.lease_expires, r.decided_at, r.reason, r.id)
+                                               for r in tx.changed.values()])
+        if tx.audit:
+            cur.executemany(self._event_sql, [(tx.now, kind, rid, self.actor, reason) for kind, rid, reason in tx.audit])
 
     @contextmanager
     def _read(self):
@@ -250,53 +322,27 @@ class SqlStore(AdmissionStore):
                 cur.execute(self._sql("UPDATE schema_version SET version = ? WHERE id = 1"), (SCHEMA_VERSION,))
             conn.commit()
 
-    # ------------------------------------------------------------- writes inside a transaction
+    # ------------------------------------------------------------- decisions inside a transaction
 
-    def _events(self, tx: _Tx, rows) -> None:
-        if rows:
-            tx.cur.executemany(
-                self._sql("INSERT INTO events (at, kind, request_id, actor, reason) VALUES (?, ?, ?, ?, ?)"),
-                [(tx.now, kind, rid, self.actor, reason) for kind, rid, reason in rows])
-
-    def _get(self, tx_or_cur, request_id: str) -> Record | None:
-        cur = getattr(tx_or_cur, "cur", tx_or_cur)
-        cur.execute(self._sql(_GET_SQL), (request_id,))
-        row = cur.fetchone()
-        return None if row is None else _record(row)
+    def _reconcile(self, tx: _Tx) -> None:
+        """Apply `rules.plan` at tx.now to the records in memory."""
+        p = rules.plan(tx.policy, tx.live(), tx.now)
+        if p.empty():
+            return
+        for pairs, state in ((p.lease_timeouts, TIMED_OUT), (p.queue_timeouts, TIMED_OUT), (p.denials, DENIED),
+                             (p.preemptions, PREEMPTED)):
+            for r, reason in pairs:
+                tx.change(tx.records[r.id], state, reason, state=state)
+        for r, reason in p.admissions:
+            rec = tx.records[r.id]
+            tx.change(rec, ADMITTED, reason, state=ADMITTED, revision=rec.revision + 1,
+                      lease_expires=tx.now + rec.request.lease_ttl)
 
     def _must_get(self, tx: _Tx, request_id: str) -> Record:
-        rec = self._get(tx, request_id)
+        rec = tx.records.get(request_id)
         if rec is None:
             raise UnknownRequest(request_id)
         return rec
-
-    def _set_state(self, tx: _Tx, pairs, state: str, kind: str) -> list:
-        tx.cur.executemany(
-            self._sql("UPDATE requests SET state = ?, decided_at = ?, reason = ? WHERE id = ?"),
-            [(state, tx.now, reason, r.id) for r, reason in pairs])
-        return [(kind, r.id, reason) for r, reason in pairs]
-
-    def _reconcile(self, tx: _Tx) -> list[Record]:
-        """Apply `rules.plan` at tx.now; returns the live records as they stand after it."""
-        tx.cur.execute(_LIVE_SQL)
-        live = [_record(row) for row in tx.cur.fetchall()]
-        p = rules.plan(tx.policy, live, tx.now)
-        if p.empty():
-            return live
-        events = []
-        events += self._set_state(tx, p.lease_timeouts, "timed-out", "timed-out")
-        events += self._set_state(tx, p.queue_timeouts, "timed-out", "timed-out")
-        events += self._set_state(tx, p.denials, "denied", "denied")
-        events += self._set_state(tx, p.preemptions, "preempted", "preempted")
-        if p.admissions:
-            tx.cur.executemany(
-                self._sql("UPDATE requests SET state = 'admitted', revision = revision + 1, lease_expires = ?, "
-                          "decided_at = ?, reason = ? WHERE id = ?"),
-                [(tx.now + r.request.lease_ttl, tx.now, reason, r.id) for r, reason in p.admissions])
-            events += [("admitted", r.id, reason) for r, reason in p.admissions]
-        self._events(tx, events)
-        tx.cur.execute(_LIVE_SQL)
-        return [_record(row) for row in tx.cur.fetchall()]
 
     def _owned(self, tx: _Tx, request_id: str, verb: str) -> Record:
         rec = self._must_get(tx, request_id)
@@ -310,72 +356,63 @@ class SqlStore(AdmissionStore):
         rules.validate_request(request)
         if request.orchestrator != self.actor:
             raise BadRequest("orchestrator", f"this store speaks for {self.actor!r}, not {request.orchestrator!r}")
-        with self._tx() as tx:
-            stored = self._get(tx, request.id)
+        with self._tx(request.id) as tx:
+            stored = tx.records.get(request.id)
             if stored is not None:
                 mismatch = rules.identity_mismatch(stored.request, request)
                 if mismatch:
                     raise IdentityConflict(request.id, mismatch)
             else:
                 r = request
-                tx.cur.execute(
-                    self._sql(f"INSERT INTO requests ({_REQ_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-                    (r.id, r.orchestrator, r.environment, r.provider, r.tier, r.priority, r.queue_timeout,
-                     int(r.preemptible), r.lease_ttl, tx.now, QUEUED, 0, None, tx.now, "submitted"))
-                self._events(tx, [("queued", r.id, f"{r.environment}/{r.provider}/{r.tier} priority {r.priority}")])
+                tx.insert(Record(r, submitted_at=tx.now, state=QUEUED, decided_at=tx.now, reason="submitted"),
+                          f"{r.environment}/{r.provider}/{r.tier} priority {r.priority}")
             self._reconcile(tx)
-            return self._must_get(tx, request.id)
+            return tx.records[request.id]
 
     def get(self, request_id: str) -> Record:
-        with self._tx() as tx:
+        with self._tx(request_id) as tx:
             self._reconcile(tx)
             return self._must_get(tx, request_id)
 
     def renew(self, request_id: str, revision: int) -> Lease:
         # The reconcile must commit even when the lease turns out lost, so raise after the transaction.
-        with self._tx() as tx:
+        with self._tx(request_id) as tx:
             self._reconcile(tx)
             rec = self._owned(tx, request_id, "renew")
+            lease = None
             if rec.state == ADMITTED and rec.revision == revision:
-                expires = tx.now + rec.request.lease_ttl
-                tx.cur.execute(self._sql("UPDATE requests SET revision = ?, lease_expires = ? WHERE id = ?"),
-                               (revision + 1, expires, request_id))
-                self._events(tx, [("renewed", request_id, f"revision {revision + 1}")])
-                lease = Lease(request_id, revision + 1, expires)
-            else:
-                lease = None
+                rec = tx.change(rec, "renewed", f"revision {revision + 1}", revision=revision + 1,
+                                lease_expires=tx.now + rec.request.lease_ttl)
+                lease = rec.lease
         if lease is None:
             raise LeaseLost(request_id, rec.state, rec.reason if rec.state != ADMITTED
                             else f"revision {revision} is stale (current {rec.revision})")
         return lease
 
     def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
-        with self._tx() as tx:
+        with self._tx(request_id) as tx:
             self._reconcile(tx)
             rec = self._owned(tx, request_id, "release")
             if rec.state == ADMITTED:
                 if rec.revision != revision:
                     raise LeaseLost(request_id, rec.state, f"revision {revision} is stale (current {rec.revision})")
-                self._events(tx, self._set_state(tx, [(rec, str(reason))], "released", "released"))
+                tx.change(rec, RELEASED, str(reason), state=RELEASED)
                 self._reconcile(tx)
-                rec = self._must_get(tx, request_id)
-            return rec
+            return tx.records[request_id]
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
-        with self._tx() as tx:
+        with self._tx(request_id) as tx:
             self._reconcile(tx)
             rec = self._owned(tx, request_id, "cancel")
             if rec.state in LIVE_STATES:
-                self._events(tx, self._set_state(tx, [(rec, str(reason))], "cancelled", "cancelled"))
+                tx.change(rec, CANCELLED, str(reason), state=CANCELLED)
                 self._reconcile(tx)
-                rec = self._must_get(tx, request_id)
-            return rec
+            return tx.records[request_id]
 
     def reconcile(self) -> list[Record]:
         with self._tx() as tx:
-            live = self._reconcile(tx)
-            policy, now = tx.policy, tx.now
-        return _ordered(live, policy, now)
+            self._reconcile(tx)
+        return _ordered(tx.live(), tx.policy, tx.now)
 
     def active(self) -> list[Record]:
         return self.reconcile()
@@ -423,10 +460,11 @@ class SqlStore(AdmissionStore):
                     "INSERT INTO policy (id, body, updated_at, updated_by) VALUES (1, ?, ?, ?) "
                     "ON CONFLICT (id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at, "
                     "updated_by = excluded.updated_by"), (body, tx.now, self.actor))
-                self._events(tx, [("policy", "", body)])
+                tx.event("policy", "", body)
                 tx.policy = checked
             self._reconcile(tx)
         return checked
+
 
     def record_closure(self, key: str, until: float, reason: str, daily: bool = False) -> Closure:
         if not isinstance(key, str) or not key:
@@ -444,7 +482,7 @@ class SqlStore(AdmissionStore):
                 "daily = excluded.daily, recorded_at = excluded.recorded_at, recorded_by = excluded.recorded_by "
                 "WHERE excluded.until > closures.until"),
                 (key, float(until), reason, int(bool(daily)), tx.now, self.actor))
-            self._events(tx, [("closure", key, f"until {until:.3f}{' (daily limit)' if daily else ''}: {reason}")])
+            tx.event("closure", key, f"until {until:.3f}{' (daily limit)' if daily else ''}: {reason}")
             tx.cur.execute(self._sql("SELECT key, until, reason, daily, recorded_at, recorded_by FROM closures "
                                      "WHERE key = ?"), (key,))
             return _closure(tx.cur.fetchone())

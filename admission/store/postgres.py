@@ -44,7 +44,25 @@ class PostgresStore(SqlStore):
         return self._psycopg.connect(self.url, autocommit=False, **kwargs)
 
     def _begin(self, cur) -> None:
-        pass  # psycopg opens a transaction at the first statement
+        # psycopg opens the transaction here. Its commit does not wait for the WAL flush,
+        # so the store lock is released without holding every other orchestrator
+        # through an fsync; `_commit` waits for durability after the lock is gone.
+        cur.execute("SET LOCAL synchronous_commit = off")
+
+    def _commit(self, conn, cur) -> None:
+        conn.commit()
+        # A second, tiny transaction that writes one WAL record (a logical message, which
+        # any user may emit and nothing consumes) commits under the server's own
+        # synchronous_commit. Its flush covers all WAL before it, so our decision - and
+        # every decision it read - is durable before the caller may act on it; the
+        # flushes of several orchestrators group into one fsync. (A transaction that
+        # only takes an xid writes no WAL and would not wait for the flush.)
+        cur.execute("SELECT pg_logical_emit_message(true, 'fleet.admission.store', '')")
+        conn.commit()
+
+    def _pipeline(self, conn):
+        # the lock and the read go out together, then the writes and the commit: two round trips
+        return conn.pipeline()
 
     def _migration_lock(self, cur) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store:' || current_schema()))")
