@@ -232,3 +232,54 @@ def test_a_killed_fleets_lease_is_reclaimed(store_url, reaper):
         (held,) = [e.request_id for e in s.events() if e.request_id.startswith("fleet-dead/")][:1]
         rec = s.get(held)
         assert (rec.state, rec.reason) == ("timed-out", "lease expired")
+
+
+def test_a_running_unit_whose_lease_is_lost_fails_by_name(store_url, fleet_name):
+    import fleet
+
+    config = {
+        "fleet": {"name": fleet_name},
+        "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:slow_square", "slots": 1}},
+        "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 2.0, "poll_every": 0.05, "preemption": True,
+                  "roles": {"w": {"environment": "prod", "tier": "host", "preemptible": True}}},
+    }
+    with fleet.Fleet.from_config(config, env={}) as f, open_store(store_url, actor="orch-b") as other:
+        fut = f.submit("w", 30_000)
+        wait_for(lambda: fut.running())
+        urgent = other.submit(Request("urgent", "orch-b", "prod", "x", "host", priority=5))
+        assert urgent.state == "admitted"
+        with pytest.raises(fleet.UnitFailed) as err:
+            fut.result(timeout=BOUND_S)
+        assert err.value.outcome.reason == "Refused" and err.value.outcome.detail.startswith("LeaseLost")
+        assert "preempted" in err.value.outcome.detail
+        # while orch-b holds the host tier, a new unit waits for its lease; then it runs
+        nxt = f.submit("w", 10)
+        time.sleep(0.5)
+        assert not nxt.done()
+        other.release("urgent", urgent.revision)
+        assert nxt.result(timeout=BOUND_S) == 100
+        counts = f.ledger()
+    assert (counts["submitted"], counts["solved"], counts["failed"]) == (2, 1, 1)
+
+
+def test_a_unit_whose_lease_ends_while_it_waits_for_a_slot_never_runs(store_url, fleet_name):
+    import fleet
+
+    config = {
+        "fleet": {"name": fleet_name},
+        "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:slow_square", "slots": 1}},
+        "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 2.0, "poll_every": 0.05, "preemption": True,
+                  "tiers": {"container": 2},
+                  "roles": {"w": {"environment": "prod", "tier": "container", "preemptible": True}}},
+    }
+    with fleet.Fleet.from_config(config, env={}) as f, open_store(store_url, actor="orch-b") as other:
+        running = f.submit("w", 3000)
+        wait_for(lambda: running.running())
+        waiting = f.submit("w", 10)  # admitted by the store, queued behind the one slot
+        wait_for(lambda: sum(e.kind == "admitted" for e in other.events()) == 2)
+        # the newest of the two equal leases is the victim
+        assert other.submit(Request("urgent", "orch-b", "prod", "x", "container", priority=5)).state == "admitted"
+        with pytest.raises(fleet.UnitFailed) as err:
+            waiting.result(timeout=BOUND_S)
+        assert err.value.outcome.reason == "Refused" and "preempted" in err.value.outcome.detail
+        assert running.result(timeout=BOUND_S) == 9_000_000
