@@ -79,8 +79,8 @@ class LeaseGate:
         self._store = None
         self._held: dict[int, _Held] = {}
         self._releases: list[_Held] = []  # finished units whose lease is still to be given back
-        self._closed = False
         self._unreachable_since: float | None = None
+        self._last_refusal = ""
 
     # ------------------------------------------------------------------ callers' side
 
@@ -100,10 +100,6 @@ class LeaseGate:
     def done(self, unit_id: int) -> None:
         """`unit_id` has its outcome: give its lease back (or withdraw its request)."""
         self._commands.put(("done", unit_id, None))
-
-    def close(self) -> None:
-        """Admit nothing more: every unit still waiting for a lease is lost (``Shutdown``)."""
-        self._commands.put(("close", None, None))
 
     def stop(self, timeout: float = 10.0) -> None:
         """Release what is held, close the store and end the thread."""
@@ -139,18 +135,11 @@ class LeaseGate:
 
     def _command(self, op: str, unit_id, role) -> bool:
         if op == "hold":
-            if self._closed:
-                self._on_lost(unit_id, "Shutdown: the fleet is stopping")
-                return False
             self._held[unit_id] = _Held(unit_id, f"{self._prefix}{unit_id}", role)
         elif op == "done":
             held = self._held.pop(unit_id, None)
             if held is not None and held.state in ("queued", "admitted"):
                 self._releases.append(held)
-        elif op == "close":
-            self._closed = True
-            for held in [h for h in self._held.values() if h.state != "admitted"]:
-                self._lose(held, "Shutdown: the fleet stopped before the store admitted it")
         elif op == "stop":
             return True
         return False
@@ -185,7 +174,10 @@ class LeaseGate:
                 log.error("host-group store unreachable (failing closed): %s", exc)
             self._expire_unrenewed()
         except StoreError as exc:  # e.g. SchemaTooNew: nothing can be decided; leases run out
-            log.error("host-group store refused: %s: %s", type(exc).__name__, exc)
+            text = f"{type(exc).__name__}: {exc}"
+            if text != self._last_refusal:  # once per distinct refusal, not at every poll
+                log.error("host-group store refused: %s", text)
+                self._last_refusal = text
             self._expire_unrenewed()
 
     def _release_finished(self, store) -> None:

@@ -678,10 +678,25 @@ class Supervisor:
             done = self._dispatch()
         _deliver(done)
 
+    def _drop_held(self, reason: str = "", detail: str = "", cancel: bool = False) -> list:
+        """End every unit still waiting for its lease (lock held): failed with `reason`, or
+        cancelled; their requests are withdrawn from the store. Returns what to deliver."""
+        done = []
+        for unit_id in list(self._held):
+            self._held_by_role[self._held.pop(unit_id).role] -= 1
+            if cancel:
+                self._units.pop(unit_id).future.cancel()
+                self.ledger.record(unit_id, FAILED, "Cancelled")
+                self._gate.done(unit_id)
+            else:
+                _claim(self._units[unit_id].future)
+                done.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
+        return done
+
     def _lease_ended(self, unit_id: int, detail: str) -> None:
-        """The gate's thread: a unit's request or lease ended early; fail it (``Refused``, or
-        ``Shutdown`` when the fleet is stopping). A running unit's worker is killed."""
-        reason = "Shutdown" if detail.startswith("Shutdown") else "Refused"
+        """The gate's thread: a unit's request or lease ended early; fail it (``Refused``).
+        A running unit's worker is killed."""
+        reason = "Refused"
         pid = None
         with self._lock:
             if unit_id not in self._units:
@@ -800,7 +815,7 @@ class Supervisor:
         what needs a restart. Nothing is applied if the posture policy is invalid."""
         applied, restart = [], []
         old = self.config
-        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics"):
+        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store"):
             if getattr(config, field) != getattr(old, field):
                 restart.append(field)
         # Compare roles with the one live field masked (1: a Role refuses a bound below 1).
@@ -845,6 +860,7 @@ class Supervisor:
                     unit = self._units.pop(item.unit_id)
                     unit.future.cancel()
                     self.ledger.record(item.unit_id, FAILED, "Cancelled")
+                self._drop_held(cancel=True)
             done.extend(self._dispatch())
         _deliver(done)
         if self.data is not None:
@@ -857,8 +873,6 @@ class Supervisor:
         self._closing = True
         if self.table is not None:
             self.table.set_flags(L.FLAG_CLOSING)
-        if self._gate is not None:
-            self._gate.close()  # units still waiting for a lease end with Shutdown
 
     def stop(self, grace_s: float = 0.0) -> None:
         """Stop soon: queued units fail with Shutdown after `grace_s`; in-flight ones finish."""
@@ -872,6 +886,7 @@ class Supervisor:
             for item in self.dispatcher.drain_queue():
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, "Shutdown", "the fleet stopped before it ran")))
+            done.extend(self._drop_held("Shutdown", "the fleet stopped before the host-group store granted its lease"))
         _deliver(done)
         self.data.bell.ring()
         self._stopped.wait()
@@ -891,6 +906,7 @@ class Supervisor:
             for item in self.dispatcher.drain_queue():
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, reason, detail)))
+            done.extend(self._drop_held(reason, detail))
             pids = dict(self._pids)
             for pid in pids.values():
                 _kill(pid)

@@ -118,23 +118,6 @@ def test_a_preempted_lease_is_lost(store_url):
         gate.stop()
 
 
-def test_close_ends_units_still_waiting(store_url):
-    a, seen_a = make_gate(store_url, HOST, "orch-a")
-    b, seen_b = make_gate(store_url, HOST, "orch-b")
-    try:
-        a.hold(1, "w")
-        next_event(seen_a)
-        b.hold(1, "w")
-        wait_for(lambda: [r for r in requests_of(store_url, "orch-b").values() if r.state == "queued"])
-        b.close()
-        kind, unit, detail = next_event(seen_b)
-        assert (kind, unit) == ("lost", 1) and detail.startswith("Shutdown")
-        wait_for(lambda: all(r.state == "cancelled" for r in requests_of(store_url, "orch-b").values()))
-    finally:
-        a.stop()
-        b.stop()
-
-
 def test_an_unreachable_store_fails_closed_and_recovers(tmp_path):
     """SQLite held locked by another writer: the store does not answer in time."""
     url = f"sqlite://{tmp_path}/store.db"
@@ -283,3 +266,67 @@ def test_a_unit_whose_lease_ends_while_it_waits_for_a_slot_never_runs(store_url,
             waiting.result(timeout=BOUND_S)
         assert err.value.outcome.reason == "Refused" and "preempted" in err.value.outcome.detail
         assert running.result(timeout=BOUND_S) == 9_000_000
+
+
+def _gated_fleet(store_url, fleet_name):
+    import fleet
+
+    return fleet.Fleet.from_config({
+        "fleet": {"name": fleet_name},
+        "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:slow_square", "slots": 1}},
+        "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 5.0, "poll_every": 0.05,
+                  "roles": {"w": {"environment": "prod", "tier": "host"}}},
+    }, env={})
+
+
+def _orch_a_requests(store):
+    return [store.get(e.request_id) for e in store.events() if e.kind == "queued" and e.request_id.startswith("orch-a/")]
+
+
+def test_shutdown_waits_for_a_unit_waiting_for_its_lease(store_url, fleet_name):
+    import threading
+
+    with open_store(store_url, actor="orch-b") as other:
+        blocker = other.submit(Request("blocker", "orch-b", "prod", "x", "host", lease_ttl=300))
+        f = _gated_fleet(store_url, fleet_name)
+        fut = f.submit("w", 10)
+        wait_for(lambda: _orch_a_requests(other))
+        closer = threading.Thread(target=f.shutdown)  # wait=True: pending work still runs
+        closer.start()
+        time.sleep(0.5)
+        assert not fut.done() and closer.is_alive()
+        other.release("blocker", blocker.revision)
+        assert fut.result(timeout=BOUND_S) == 100
+        closer.join(BOUND_S)
+        assert not closer.is_alive()
+        assert [r.state for r in _orch_a_requests(other)] == ["released"]
+
+
+def test_cancelling_shutdown_withdraws_waiting_requests(store_url, fleet_name):
+    from concurrent.futures import CancelledError
+
+    with open_store(store_url, actor="orch-b") as other:
+        other.submit(Request("blocker", "orch-b", "prod", "x", "host", lease_ttl=300))
+        f = _gated_fleet(store_url, fleet_name)
+        fut = f.submit("w", 10)
+        wait_for(lambda: _orch_a_requests(other))
+        f.shutdown(wait=True, cancel_futures=True)
+        with pytest.raises(CancelledError):
+            fut.result(timeout=0)
+        assert f.ledger()["failed"] == 1
+        wait_for(lambda: [r.state for r in _orch_a_requests(other)] == ["cancelled"])
+
+
+def test_a_stopping_fleet_fails_units_still_waiting_for_a_lease(store_url, fleet_name):
+    import fleet
+
+    with open_store(store_url, actor="orch-b") as other:
+        other.submit(Request("blocker", "orch-b", "prod", "x", "host", lease_ttl=300))
+        f = _gated_fleet(store_url, fleet_name)
+        fut = f.submit("w", 10)
+        wait_for(lambda: _orch_a_requests(other))
+        f._sup.stop(grace_s=0.0)  # what fleetd does on SIGTERM
+        with pytest.raises(fleet.UnitFailed) as err:
+            fut.result(timeout=BOUND_S)
+        assert err.value.outcome.reason == "Shutdown"
+        wait_for(lambda: [r.state for r in _orch_a_requests(other)] == ["cancelled"])
