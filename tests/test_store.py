@@ -289,7 +289,7 @@ def test_ids_are_global_across_orchestrators(store_url, clock):
 # ----------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("field,value", [("id", ""), ("environment", ""), ("provider", 3), ("tier", "bare-metal"),
+@pytest.mark.parametrize("field,value", [("id", ""), ("id", "a\x00b"), ("environment", ""), ("provider", 3), ("tier", "bare-metal"),
                                          ("priority", 1.5), ("priority", True), ("queue_timeout", 0),
                                          ("queue_timeout", float("nan")), ("preemptible", "yes"),
                                          ("lease_ttl", -1)])

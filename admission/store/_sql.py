@@ -13,7 +13,7 @@ import abc
 import json
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
@@ -186,10 +186,6 @@ class SqlStore(AdmissionStore):
         """Commit a store transaction; return only once it is durable."""
         conn.commit()
 
-    def _pipeline(self, conn):
-        """Batch the statements of one transaction into as few round trips as the driver allows."""
-        return nullcontext()
-
     @abc.abstractmethod
     def _migration_lock(self, cur) -> None:
         """Serialize schema creation among processes opening a fresh store at once."""
@@ -253,12 +249,9 @@ class SqlStore(AdmissionStore):
         Reads the live records and `request_id`'s record into memory; what the body
         changes there is written back in one batch, then committed.
         """
-        with self._guard() as conn, self._pipeline(conn):
-            cur, reader = conn.cursor(), conn.cursor()
-            self._begin(cur)
-            cur.execute(self._lock_sql)  # waits for the lock; the read below then sees every earlier commit
-            reader.execute(self._read_sql, (request_id,))
-            row = cur.fetchone()
+        with self._guard() as conn:
+            cur = conn.cursor()
+            row, rows = self._lock_and_read(cur, request_id)
             if row is None:
                 raise StoreError(f"{self.redacted_url()}: the store's schema_version row is missing")
             version, body = row
@@ -266,24 +259,41 @@ class SqlStore(AdmissionStore):
                 # newer code migrated it meanwhile (or it was rolled back under us): refuse to write
                 raise SchemaTooNew(version, SCHEMA_VERSION)
             tx = _Tx(cur, self.clock(), self._parse_policy(body))
-            tx.records = {r.id: r for r in map(_record, reader.fetchall())}
+            tx.records = {r.id: r for r in map(_record, rows)}
             yield tx
-            self._flush(tx)
-            self._commit(conn, tx.cur)
+            self._write_and_commit(conn, cur, self._writes(tx))
 
-    def _flush(self, tx: _Tx) -> None:
-        cur = tx.cur
-        for rid in tx.inserted:
-            r = tx.records[rid]
-            q = r.request
-            cur.execute(self._insert_sql, (q.id, q.orchestrator, q.environment, q.provider, q.tier, q.priority,
-                                           q.queue_timeout, int(q.preemptible), q.lease_ttl, r.submitted_at,
-                                           r.state, r.revision, r.lease_expires, r.decided_at, r.reason))
+    def _lock_and_read(self, cur, request_id: str):
+        """Begin, take the store lock, then read: (schema_version row, request rows)."""
+        self._begin(cur)
+        cur.execute(self._lock_sql)  # waits for the lock; the read below then sees every earlier commit
+        row = cur.fetchone()
+        cur.execute(self._read_sql, (request_id,))
+        return row, cur.fetchall()
+
+    def _writes(self, tx: _Tx) -> list[tuple[str, list]]:
+        """The transaction's writes: (statement, [parameter rows])."""
+        out = []
+        if tx.inserted:
+            rows = []
+            for rid in tx.inserted:
+                r = tx.records[rid]
+                q = r.request
+                rows.append((q.id, q.orchestrator, q.environment, q.provider, q.tier, q.priority, q.queue_timeout,
+                             int(q.preemptible), q.lease_ttl, r.submitted_at, r.state, r.revision, r.lease_expires,
+                             r.decided_at, r.reason))
+            out.append((self._insert_sql, rows))
         if tx.changed:
-            cur.executemany(self._update_sql, [(r.state, r.revision, r.lease_expires, r.decided_at, r.reason, r.id)
-                                               for r in tx.changed.values()])
+            out.append((self._update_sql, [(r.state, r.revision, r.lease_expires, r.decided_at, r.reason, r.id)
+                                           for r in tx.changed.values()]))
         if tx.audit:
-            cur.executemany(self._event_sql, [(tx.now, kind, rid, self.actor, reason) for kind, rid, reason in tx.audit])
+            out.append((self._event_sql, [(tx.now, kind, rid, self.actor, reason) for kind, rid, reason in tx.audit]))
+        return out
+
+    def _write_and_commit(self, conn, cur, writes) -> None:
+        for sql, rows in writes:
+            cur.executemany(sql, rows)
+        self._commit(conn, cur)
 
     @contextmanager
     def _read(self):
@@ -320,7 +330,7 @@ class SqlStore(AdmissionStore):
                 cur.execute(self._sql("INSERT INTO schema_version (id, version) VALUES (1, ?)"), (SCHEMA_VERSION,))
             elif found != SCHEMA_VERSION:
                 cur.execute(self._sql("UPDATE schema_version SET version = ? WHERE id = 1"), (SCHEMA_VERSION,))
-            conn.commit()
+            self._commit(conn, cur)
 
     # ------------------------------------------------------------- decisions inside a transaction
 
@@ -467,13 +477,13 @@ class SqlStore(AdmissionStore):
 
 
     def record_closure(self, key: str, until: float, reason: str, daily: bool = False) -> Closure:
-        if not isinstance(key, str) or not key:
+        if not isinstance(key, str) or not key or "\x00" in key:
             raise BadRequest("key", f"must be a non-empty string, got {key!r}")
         if isinstance(until, bool) or not isinstance(until, (int, float)) or until != until or until in (
                 float("inf"), float("-inf")):
             raise BadRequest("until", f"must be a finite time in epoch seconds, got {until!r}")
-        if not isinstance(reason, str):
-            raise BadRequest("reason", f"must be a string, got {reason!r}")
+        if not isinstance(reason, str) or "\x00" in reason:
+            raise BadRequest("reason", f"must be a string without NUL, got {reason!r}")
         with self._tx() as tx:
             # A later `until` wins: a closure never shortens one another orchestrator recorded.
             tx.cur.execute(self._sql(

@@ -18,6 +18,16 @@ from .base import StoreUnreachable
 
 PREFIXES = ("postgresql://", "postgres://")
 
+# A store transaction's commit does not wait for the WAL flush, so the store lock is
+# released without holding every other orchestrator through an fsync.
+_BEGIN = "BEGIN; SET LOCAL synchronous_commit = off"
+# Then a second, tiny transaction that writes one WAL record (a logical message, which any
+# user may emit and nothing consumes) commits under the server's own synchronous_commit.
+# Its flush covers all WAL before it, so our decision - and every decision it read - is
+# durable before the caller may act on it; the flushes of several orchestrators group into
+# one fsync. (A transaction that only takes an xid writes no WAL and would not wait.)
+_COMMIT_DURABLY = "COMMIT; BEGIN; SELECT pg_logical_emit_message(true, 'fleet.admission.store', ''); COMMIT"
+
 
 class PostgresStore(SqlStore):
     """The admission store in PostgreSQL. See `admission.store.base.AdmissionStore`."""
@@ -41,28 +51,31 @@ class PostgresStore(SqlStore):
 
     def _connect(self):
         kwargs = {} if "connect_timeout" in self.url else {"connect_timeout": self.connect_timeout}
-        return self._psycopg.connect(self.url, autocommit=False, **kwargs)
+        # Transactions are begun and committed by the statements themselves, and values are
+        # bound on the client, so that one round trip can carry several statements.
+        return self._psycopg.connect(self.url, autocommit=True, cursor_factory=self._psycopg.ClientCursor,
+                                     **kwargs)
 
     def _begin(self, cur) -> None:
-        # psycopg opens the transaction here. Its commit does not wait for the WAL flush,
-        # so the store lock is released without holding every other orchestrator
-        # through an fsync; `_commit` waits for durability after the lock is gone.
-        cur.execute("SET LOCAL synchronous_commit = off")
+        cur.execute(_BEGIN)
+
+    def _lock_and_read(self, cur, request_id: str):
+        # One round trip: begin, take the lock (the read, a later statement, then sees every
+        # commit before the lock was granted), read.
+        cur.execute(f"{_BEGIN}; {self._lock_sql}; {self._read_sql}", (request_id,))
+        cur.nextset()  # past BEGIN
+        cur.nextset()  # past SET
+        row = cur.fetchone()
+        cur.nextset()
+        return row, cur.fetchall()
+
+    def _write_and_commit(self, conn, cur, writes) -> None:
+        # One round trip: every write, the commit, and the wait for durability.
+        parts = [cur.mogrify(sql, params) for sql, rows in writes for params in rows]
+        cur.execute("; ".join(parts + [_COMMIT_DURABLY]))
 
     def _commit(self, conn, cur) -> None:
-        conn.commit()
-        # A second, tiny transaction that writes one WAL record (a logical message, which
-        # any user may emit and nothing consumes) commits under the server's own
-        # synchronous_commit. Its flush covers all WAL before it, so our decision - and
-        # every decision it read - is durable before the caller may act on it; the
-        # flushes of several orchestrators group into one fsync. (A transaction that
-        # only takes an xid writes no WAL and would not wait for the flush.)
-        cur.execute("SELECT pg_logical_emit_message(true, 'fleet.admission.store', '')")
-        conn.commit()
-
-    def _pipeline(self, conn):
-        # the lock and the read go out together, then the writes and the commit: two round trips
-        return conn.pipeline()
+        cur.execute(_COMMIT_DURABLY)
 
     def _migration_lock(self, cur) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store:' || current_schema()))")

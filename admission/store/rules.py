@@ -48,8 +48,9 @@ def validate_request(request: Request) -> None:
     """Raise BadRequest naming the first invalid field of `request`."""
     for name in ("id", "orchestrator", "environment", "provider"):
         value = getattr(request, name)
-        if not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
-            raise BadRequest(name, f"must be a non-empty string of at most {_MAX_TEXT} characters, got {value!r}")
+        if not isinstance(value, str) or not value or len(value) > _MAX_TEXT or "\x00" in value:
+            raise BadRequest(name, f"must be a non-empty string of at most {_MAX_TEXT} characters (no NUL), "
+                                   f"got {value!r}")
     if request.tier not in TIERS:
         raise BadRequest("tier", f"unknown runtime tier {request.tier!r}; tiers: {', '.join(TIERS)}")
     if isinstance(request.priority, bool) or not isinstance(request.priority, int) or abs(request.priority) > 2**31:
