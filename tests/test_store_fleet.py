@@ -176,6 +176,14 @@ def test_bad_store_config_is_named(store, path):
 # ----------------------------------------------------------------------------- fleets sharing a store
 
 
+def _unlink_segments(name):
+    from fleet import dataplane
+    from fleet.table import segment
+
+    segment.unlink(name)
+    dataplane.unlink(name)
+
+
 def _fleet(url, actor, count, payload_ms, ttl):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-m", "tests.store_procs", "fleet", url, actor, str(count),
@@ -208,6 +216,7 @@ def test_a_killed_fleets_lease_is_reclaimed(store_url, reaper):
     time.sleep(0.5)
     os.kill(dead.pid, signal.SIGKILL)
     dead.wait(30)
+    _unlink_segments(f"stfleet-dead-{dead.pid}")  # a SIGKILLed fleet cannot remove its own
     out, err = live.communicate(timeout=300)
     assert live.returncode == 0, err[-3000:]
     assert json.loads(out.strip().splitlines()[-1])["outcomes"][0][0] == "solved"
