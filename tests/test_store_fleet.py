@@ -130,7 +130,8 @@ def test_an_unreachable_store_fails_closed_and_recovers(tmp_path):
         assert next_event(seen) == ("admitted", 1, "")
         blocker.execute("BEGIN IMMEDIATE")  # the store stops answering
         kind, unit, detail = next_event(seen)
-        assert (kind, unit) == ("lost", 1) and "unreachable" in detail
+        # lost once its ttl ran out unrenewed, whichever of the gate's checks sees it first
+        assert (kind, unit) == ("lost", 1) and detail.startswith("LeaseLost")
         gate.hold(2, "w")
         assert quiet(seen, 1.0)  # nothing is admitted while the store is away
         blocker.execute("ROLLBACK")  # it answers again
