@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BOUND_S = 60.0
 
 
-def make_gate(url, roles, name, *, ttl=2.0, poll=0.02, opener=None, policy=None):
-    cfg = StoreConfig(url=url, orchestrator=name, lease_ttl=ttl, poll_every=poll, policy=policy,
+def make_gate(url, roles, name, *, ttl=2.0, renew=None, poll=0.02, opener=None, policy=None):
+    cfg = StoreConfig(url=url, orchestrator=name, lease_ttl=ttl, renew_every=renew, poll_every=poll, policy=policy,
                       roles=tuple(roles.items()))
     seen: queue.Queue = queue.Queue()
     gate = LeaseGate(cfg, "fleet", on_admitted=lambda u: seen.put(("admitted", u, "")),
@@ -65,11 +65,11 @@ HOST = {"w": StoreRole(environment="prod", tier="host")}
 
 
 def test_gate_admits_renews_and_releases(store_url):
-    gate, seen = make_gate(store_url, HOST, "orch-a", ttl=1.0)
+    gate, seen = make_gate(store_url, HOST, "orch-a", ttl=6.0)
     try:
         gate.hold(1, "w")
         assert next_event(seen) == ("admitted", 1, "")
-        time.sleep(1.5)  # past the first ttl: only renewals keep it
+        time.sleep(7.0)  # past the first ttl: only renewals (every 2 s) keep it
         (rec,) = requests_of(store_url, "orch-a").values()
         assert rec.state == "admitted" and rec.revision > 1
         gate.done(1)
@@ -79,8 +79,8 @@ def test_gate_admits_renews_and_releases(store_url):
 
 
 def test_two_gates_share_the_host_tier_quota(store_url):
-    a, seen_a = make_gate(store_url, HOST, "orch-a")
-    b, seen_b = make_gate(store_url, HOST, "orch-b")
+    a, seen_a = make_gate(store_url, HOST, "orch-a", ttl=30.0)
+    b, seen_b = make_gate(store_url, HOST, "orch-b", ttl=30.0)
     try:
         a.hold(1, "w")
         assert next_event(seen_a) == ("admitted", 1, "")
@@ -106,7 +106,7 @@ def test_a_denied_request_fails_the_unit(store_url):
 
 def test_a_preempted_lease_is_lost(store_url):
     roles = {"w": StoreRole(environment="prod", tier="host", preemptible=True)}
-    gate, seen = make_gate(store_url, roles, "orch-a", ttl=1.0, policy=Policy.build(preemption=True))
+    gate, seen = make_gate(store_url, roles, "orch-a", ttl=9.0, renew=0.3, policy=Policy.build(preemption=True))
     try:
         gate.hold(1, "w")
         assert next_event(seen)[0] == "admitted"
@@ -233,7 +233,8 @@ def test_a_running_unit_whose_lease_is_lost_fails_by_name(store_url, fleet_name)
     config = {
         "fleet": {"name": fleet_name},
         "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:slow_square", "slots": 1}},
-        "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 2.0, "poll_every": 0.05, "preemption": True,
+        "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 9.0, "renew_every": 0.3, "poll_every": 0.05,
+                  "preemption": True,
                   "roles": {"w": {"environment": "prod", "tier": "host", "preemptible": True}}},
     }
     with fleet.Fleet.from_config(config, env={}) as f, open_store(store_url, actor="orch-b") as other:
@@ -261,12 +262,13 @@ def test_a_unit_whose_lease_ends_while_it_waits_for_a_slot_never_runs(store_url,
     config = {
         "fleet": {"name": fleet_name},
         "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:slow_square", "slots": 1}},
-        "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 2.0, "poll_every": 0.05, "preemption": True,
+        "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 9.0, "renew_every": 0.3, "poll_every": 0.05,
+                  "preemption": True,
                   "tiers": {"container": 2},
                   "roles": {"w": {"environment": "prod", "tier": "container", "preemptible": True}}},
     }
     with fleet.Fleet.from_config(config, env={}) as f, open_store(store_url, actor="orch-b") as other:
-        running = f.submit("w", 3000)
+        running = f.submit("w", 6000)
         wait_for(lambda: running.running())
         waiting = f.submit("w", 10)  # admitted by the store, queued behind the one slot
         wait_for(lambda: sum(e.kind == "admitted" for e in other.events()) == 2)
@@ -275,7 +277,7 @@ def test_a_unit_whose_lease_ends_while_it_waits_for_a_slot_never_runs(store_url,
         with pytest.raises(fleet.UnitFailed) as err:
             waiting.result(timeout=BOUND_S)
         assert err.value.outcome.reason == "Refused" and "preempted" in err.value.outcome.detail
-        assert running.result(timeout=BOUND_S) == 9_000_000
+        assert running.result(timeout=BOUND_S) == 36_000_000
 
 
 def _gated_fleet(store_url, fleet_name):
