@@ -52,6 +52,7 @@ from .config import FleetConfig
 from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
 from .errors import BootRefused, ConfigError, FleetError
+from .leases import LeaseGate
 from .ledger import Ledger, abort_process
 from .outcomes import FAILED, SOLVED, SUPPRESSED
 from .sampler import PressureInput, QuotaWatcher, Sampler
@@ -136,6 +137,10 @@ class Supervisor:
         self._spawner = None
         self._zygote_gone = False  # its death has been handled (no new one yet)
         self._last_change = None  # the posture transition that set the current posture
+        self._gate = None  # the host-group lease gate (fleet.leases) when [store] is configured
+        self._held: dict[int, Pending] = {}  # units waiting for their lease, not queued yet
+        self._held_by_role: collections.Counter = collections.Counter()
+        self._lease_lost: dict[int, str] = {}  # unit id -> why its lease ended before its outcome
 
     # ================================================================== boot
     def start(self) -> "Supervisor":
@@ -162,6 +167,9 @@ class Supervisor:
         except BaseException:
             self._teardown(kill=True)
             raise
+        if cfg.store.url:
+            self._gate = LeaseGate(cfg.store, self.name, on_admitted=self._lease_granted,
+                                   on_lost=self._lease_ended).start()
         self._atexit = weakref.WeakMethod(self._atexit_close)
         atexit.register(_call_weak, self._atexit)
         return self
@@ -341,13 +349,19 @@ class Supervisor:
             if code in self._stopped_roles:
                 raise RoleStopped(f"role {role!r} was stopped after repeated worker deaths; it takes no more work")
             bound = self._queue_bounds[code]
-            if self.dispatcher.queued(code) >= bound:
+            if self.dispatcher.queued(code) + self._held_by_role[code] >= bound:
                 raise QueueFull(f"role {role!r} queue is full ({bound} units waiting)")
             unit_id = next(self._ids)
             future.unit_id = unit_id  # fleetd replies to a remote submit with it
             self._units[unit_id] = _Unit(future, code, body, flags, timeout)
             self.ledger.submitted(unit_id)
-            self.dispatcher.enqueue(Pending(unit_id, code, key, priority))
+            if self._gate is not None and self._gate.gates(role):
+                # queued for dispatch only once the host-group store grants it a lease
+                self._held[unit_id] = Pending(unit_id, code, key, priority)
+                self._held_by_role[code] += 1
+                self._gate.hold(unit_id, role)
+            else:
+                self.dispatcher.enqueue(Pending(unit_id, code, key, priority))
             done = self._dispatch()
         _deliver(done)
         return future
@@ -384,6 +398,9 @@ class Supervisor:
         self.dispatcher.skip = self._cancelled
         grants = self.dispatcher.grant()
         for unit_id in self.dispatcher.take_skipped():
+            if unit_id in self._lease_lost:
+                done.append(self._close(unit_id, Outcome(FAILED, "LeaseLost", self._lease_lost[unit_id])))
+                continue
             self.ledger.record(unit_id, FAILED, "Cancelled")
             self._units.pop(unit_id, None)
         touched = set()
@@ -435,7 +452,10 @@ class Supervisor:
 
     def _cancelled(self, unit_id: int) -> bool:
         """Called as a unit comes up for a grant: True if its caller cancelled it; otherwise
-        its future is marked running (from here on it cannot be cancelled)."""
+        its future is marked running (from here on it cannot be cancelled). A unit whose
+        host-group lease ended while it waited is skipped too: no dispatch without a lease."""
+        if unit_id in self._lease_lost:
+            return True
         return not _claim(self._units[unit_id].future)
 
     def _flush(self, seat: int) -> None:
@@ -446,6 +466,9 @@ class Supervisor:
 
     def _close(self, unit_id: int, outcome: Outcome, value=None, original=None):
         """Record an outcome (lock held); returns (future, value or error) to deliver."""
+        if self._gate is not None:
+            self._lease_lost.pop(unit_id, None)
+            self._gate.done(unit_id)  # give its lease back
         unit = self._units.pop(unit_id, None)
         self.ledger.record(unit_id, outcome.kind, outcome.reason)
         if unit is None:
@@ -602,6 +625,8 @@ class Supervisor:
                 self._timed_out.discard(unit_id)
                 reason, detail = ("Timeout", "the unit ran past its timeout; its worker was killed") if timed_out else (
                     "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
+                if unit_id in self._lease_lost:  # killed because its host-group lease ended
+                    reason, detail = "LeaseLost", self._lease_lost[unit_id]
                 self._pending_delivery.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
             self._reset_slots(seat)
             if pid not in self._killed:
@@ -745,6 +770,58 @@ class Supervisor:
             self.zygote.kill()
         if self.zygote is not None:
             self.zygote.wait()
+
+    # ================================================================== host-group leases
+    def _lease_granted(self, unit_id: int) -> None:
+        """The gate's thread: the store admitted a held unit; queue it for dispatch."""
+        with self._lock:
+            pending = self._held.pop(unit_id, None)
+            if pending is None or unit_id not in self._units:
+                return
+            self._held_by_role[pending.role] -= 1
+            self.dispatcher.enqueue(pending)
+            done = self._dispatch()
+        _deliver(done)
+
+    def _drop_held(self, reason: str = "", detail: str = "", cancel: bool = False) -> list:
+        """End every unit still waiting for its lease (lock held): failed with `reason`, or
+        cancelled; their requests are withdrawn from the store. Returns what to deliver."""
+        done = []
+        for unit_id in list(self._held):
+            self._held_by_role[self._held.pop(unit_id).role] -= 1
+            if cancel:
+                self._units.pop(unit_id).future.cancel()
+                self.ledger.record(unit_id, FAILED, "Cancelled")
+                self._gate.done(unit_id)
+            else:
+                _claim(self._units[unit_id].future)
+                done.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
+        return done
+
+    def _lease_ended(self, unit_id: int, detail: str) -> None:
+        """The gate's thread: a unit's request or lease ended early; fail it (``LeaseLost``).
+        A running unit's worker is killed."""
+        reason = "LeaseLost"
+        pid = None
+        with self._lock:
+            if unit_id not in self._units:
+                return
+            done = []
+            pending = self._held.pop(unit_id, None)
+            if pending is not None:
+                self._held_by_role[pending.role] -= 1
+                done.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
+            else:
+                self._lease_lost[unit_id] = detail  # queued: skipped at its grant; running: killed
+                slot = self.dispatcher.slot_of(unit_id)
+                if slot is not None:
+                    pid = self._pids.get(self.layout.seat_of(slot))
+                    if pid is not None:
+                        self._killed.add(pid)  # our own kill: not a lane death
+        _deliver(done)
+        if pid is not None:
+            log.warning("fleet %s: unit %d lost its lease (%s); killing worker pid %d", self.name, unit_id, detail, pid)
+            _kill(pid)
 
     # ================================================================== timers
     def _check_deadlines(self, now: float) -> None:
@@ -901,7 +978,7 @@ class Supervisor:
         what needs a restart. Nothing is applied if the posture policy is invalid."""
         applied, restart = [], []
         old = self.config
-        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics"):
+        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store"):
             if getattr(config, field) != getattr(old, field):
                 restart.append(field)
         # Compare roles with the one live field masked (1: a Role refuses a bound below 1).
@@ -946,6 +1023,7 @@ class Supervisor:
                     unit = self._units.pop(item.unit_id)
                     unit.future.cancel()
                     self.ledger.record(item.unit_id, FAILED, "Cancelled")
+                self._drop_held(cancel=True)
             done.extend(self._dispatch())
         _deliver(done)
         if self.data is not None:
@@ -971,6 +1049,7 @@ class Supervisor:
             for item in self.dispatcher.drain_queue():
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, "Shutdown", "the fleet stopped before it ran")))
+            done.extend(self._drop_held("Shutdown", "the fleet stopped before the host-group store granted its lease"))
         _deliver(done)
         self.data.bell.ring()
         self._stopped.wait()
@@ -990,6 +1069,7 @@ class Supervisor:
             for item in self.dispatcher.drain_queue():
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, reason, detail)))
+            done.extend(self._drop_held(reason, detail))
             pids = dict(self._pids)
             self._killed.update(pids.values())
             for pid in pids.values():
@@ -1010,6 +1090,9 @@ class Supervisor:
 
     def _teardown(self, kill: bool = False) -> None:
         """Stop the zygote and workers; remove the shared segments. Idempotent."""
+        if self._gate is not None:
+            self._gate.stop()  # gives back the leases still held
+            self._gate = None
         if self.zygote is not None:
             try:
                 self._zsock.setblocking(True)
