@@ -53,6 +53,10 @@ class IoRunner:
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set = set()  # the loop keeps only weak references to its tasks (loop thread)
+        # Coroutines to start, passed to the loop in batches: one wake-up of the loop thread
+        # per batch of grants, not one per unit.
+        self._to_spawn: list = []
+        self._spawn_lock = threading.Lock()
 
     # --- main thread ----------------------------------------------------------------
     @property
@@ -93,7 +97,11 @@ class IoRunner:
         self._begin(slot, tag)
         if self._loop is None:
             self._loop = _start_loop()
-        self._loop.call_soon_threadsafe(self._spawn, slot, tag, make)
+        with self._spawn_lock:
+            self._to_spawn.append((slot, tag, make))
+            if len(self._to_spawn) > 1:
+                return  # the loop has not taken the batch yet: it takes this one with it
+        self._loop.call_soon_threadsafe(self._spawn)
 
     def completions(self) -> list:
         """Every (slot, tag, result) handed back since the last call; their slots are free
@@ -123,10 +131,13 @@ class IoRunner:
             result = exc
         self._hand_back(slot, tag, result)
 
-    def _spawn(self, slot: int, tag, make) -> None:
-        task = asyncio.ensure_future(self._run_coro(slot, tag, make))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self) -> None:
+        with self._spawn_lock:
+            batch, self._to_spawn = self._to_spawn, []
+        for slot, tag, make in batch:
+            task = asyncio.ensure_future(self._run_coro(slot, tag, make))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _run_coro(self, slot: int, tag, make) -> None:
         try:

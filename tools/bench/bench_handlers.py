@@ -1,4 +1,5 @@
 """Work functions shared by fleet and its peers in the benchmarks (same code on both sides)."""
+import asyncio
 import time
 
 
@@ -24,3 +25,8 @@ def work(x=None):
 # fleet handlers take a Unit
 def unit_work(unit):
     return work(unit.payload)
+
+
+async def unit_sleep_async(unit):
+    """An I/O-bound unit: waits `payload` seconds and uses no CPU meanwhile."""
+    await asyncio.sleep(unit.payload)
