@@ -12,6 +12,8 @@ the worker's main thread, and only to it: the ring has one producer. The runner 
 touches either. A finished unit is *handed back*: appended to a thread-safe queue,
 then `wake()` (the seat task ring's notify, atomics only) rouses the main loop, which
 waits with `Ring.wait_since` so no hand-back is missed between its look and its sleep.
+Only the hand-back that finds the queue empty wakes: the main loop takes the whole
+queue at once, so later ones of a burst ride on that wake-up.
 The main loop then ends the slot (the completion transition) and pushes the result.
 
 One unit per slot at a time. A slot walks Leased -> Running -> Idle/Pinned for each of
@@ -47,7 +49,8 @@ class IoRunner:
     def __init__(self, threads: int, wake: Callable[[], Any]):
         self.threads = max(1, threads)
         self._wake = wake
-        self._handed_back: collections.deque = collections.deque()  # (slot, tag, result): any thread appends
+        self._handed_back: list = []  # (slot, tag, result), appended by any thread under _back_lock
+        self._back_lock = threading.Lock()
         self._running: dict[int, Any] = {}  # slot -> tag of its unit in the runner (main thread)
         self._backlog: dict[int, collections.deque] = {}  # slot -> items waiting their turn (main thread)
         self._pool: ThreadPoolExecutor | None = None
@@ -107,11 +110,10 @@ class IoRunner:
         """Every (slot, tag, result) handed back since the last call; their slots are free
         for their next units. A result is what the call returned, or the exception that
         escaped it."""
-        out = []
-        while self._handed_back:
-            slot, tag, result = self._handed_back.popleft()
+        with self._back_lock:
+            out, self._handed_back = self._handed_back, []
+        for slot, _tag, _result in out:
             del self._running[slot]
-            out.append((slot, tag, result))
         return out
 
     def _begin(self, slot: int, tag) -> None:
@@ -121,8 +123,11 @@ class IoRunner:
 
     # --- pool and loop threads ---------------------------------------------------------
     def _hand_back(self, slot: int, tag, result) -> None:
-        self._handed_back.append((slot, tag, result))
-        self._wake()
+        with self._back_lock:
+            first = not self._handed_back
+            self._handed_back.append((slot, tag, result))
+        if first:  # later ones of a batch ride on this wake-up: the main loop takes the whole list
+            self._wake()
 
     def _run_call(self, slot: int, tag, fn) -> None:
         try:

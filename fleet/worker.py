@@ -59,6 +59,7 @@ class Worker:
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
         self._completion = [_COMPLETION[r.kind] for r in roles]
         self._async = [inspect.iscoroutinefunction(h) for h in handlers]
+        self._io_bound = [r.io_bound for r in roles]
         self.io = self._io_runner()  # None when no I/O-bound role has slots on this seat
 
     def _io_runner(self) -> IoRunner | None:
@@ -68,7 +69,7 @@ class Worker:
         return IoRunner(io_slots, self.tasks.notify) if io_slots else None
 
     def _is_io(self, role: int) -> bool:
-        return self.io is not None and self.roles.by_code(role).io_bound
+        return self.io is not None and self._io_bound[role]
 
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
@@ -179,13 +180,17 @@ class Worker:
     def _io_completions(self) -> None:
         """End the slots of the units the runner handed back, push their results (this
         thread is the result ring's one producer), then start what waited for those slots."""
-        for slot, (unit_id, role), result in self.io.completions():
+        done = self.io.completions()
+        for slot, (unit_id, role), result in done:
             if isinstance(result, BaseException):  # escaped _execute (a fleet bug): still its outcome
                 status, out, elapsed = M.ST_HANDLER_ERROR, _error_body(result), 0.0
             else:
                 status, out, elapsed = result
             final = self._finish(slot, role)
-            self._send(unit_id, slot, status, final, elapsed, out)
+            self._send(unit_id, slot, status, final, elapsed, out, ring=False)
+        if done:
+            self.bell.ring()  # once for the batch: the supervisor takes them all in one wake-up
+        for slot, _tag, _result in done:
             while not self.io.busy(slot) and (item := self.io.next_for(slot)) is not None:
                 self._task(*item)
 
@@ -230,7 +235,8 @@ class Worker:
     def _state(self, slot: int) -> int:
         return self.table.state(slot)[0]
 
-    def _send(self, unit_id, slot, status, final_state, elapsed, body) -> None:
+    def _send(self, unit_id, slot, status, final_state, elapsed, body, ring: bool = True) -> None:
+        """Push a result; `ring=False` leaves waking the supervisor to the caller (a batch)."""
         head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed)
         if len(head) + len(body) > self.results.max_message:
             status = M.ST_RESULT_ERROR
@@ -239,7 +245,8 @@ class Worker:
         while not self.results.push2(M.RESULT, head, body):
             self.bell.ring()  # the supervisor may be asleep with a full ring to drain
             self.results.wait_space(len(head) + len(body), 1.0)
-        self.bell.ring()
+        if ring:
+            self.bell.ring()
 
 
 def _traceback(exc: BaseException) -> str:
