@@ -335,7 +335,7 @@ def test_results_of_many_units_finishing_at_once_arrive_whole_and_once(fleet_nam
     """The result ring has one producer: the worker's main thread pushes every result its
     pool hands back. (Pool threads pushing results themselves race on the ring's head:
     under this load that garbles and loses results.)"""
-    with running(config(fleet_name, {"io": io_role("echo", module="tests.handlers", slots=64)})) as f:
+    with owing_fleet(config(fleet_name, {"io": io_role("echo", module="tests.handlers", slots=64)})) as f:
         payloads = [bytes([i % 251]) * 20_000 for i in range(4000)]
         futures = [f.submit("io", p) for p in payloads]
         assert sum(fut.result(WAIT_S) != p for fut, p in zip(futures, payloads)) == 0
