@@ -17,7 +17,8 @@ slots of that role at once, on `fleet.io_runner` (``async def`` handlers on an a
 loop, plain ones on a thread pool). The main loop still STARTs each on its own slot,
 and ends the slot and pushes the result when the runner hands the unit back: the
 table kernels and the result ring stay this thread's alone. Other roles' units run
-in this thread, one after another, as above.
+in this thread, one after another, as above; on a seat that hosts both (serial), the
+hand-backs of I/O units wait while such a unit runs.
 """
 from __future__ import annotations
 
