@@ -620,7 +620,11 @@ class Supervisor:
             while tasks.pop_many():
                 pass
             self._outbox.pop(seat, None)
-            for unit_id, slot in self.dispatcher.seat_lost(seat):
+            owed = self.dispatcher.seat_lost(seat)
+            killed_for = [unit_id for unit_id, _slot in owed if unit_id in self._timed_out]
+            if killed_for:  # the others on the seat die of that unit's timeout: say so
+                how += f", killed because unit {killed_for[0]} ran past its timeout"
+            for unit_id, slot in owed:
                 timed_out = unit_id in self._timed_out
                 self._timed_out.discard(unit_id)
                 reason, detail = ("Timeout", "the unit ran past its timeout; its worker was killed") if timed_out else (
