@@ -1,0 +1,59 @@
+"""One replay run: every profile x mode of a trace, same trace, same seed; returns the report."""
+from __future__ import annotations
+
+import sys
+
+from .admission_seam import AdmissionSeam
+from .clock import ReplayClock
+from .replay import Driver, FleetFailed, fleet_config, replay_name
+from .report import build, summarize
+from .simulator import ProviderSimulator
+from .trace import Trace
+
+
+def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = None, cap: int | None = None,
+           profiles=None, name: str | None = None, progress: bool = True) -> dict:
+    """Replay `trace` once per profile x mode; raises AdmissionUnavailable (before anything runs),
+    FleetFailed (the fleet did not boot)."""
+    import fleet
+
+    header = trace.header
+    modes = tuple(modes or header.modes)
+    profiles = tuple(profiles or header.profiles)
+    seed = header.seed if seed is None else seed
+    cap = cap if cap is not None else header.cap
+    name = name or replay_name()
+    clock = ReplayClock(speed, header.start)
+    if "admission" in modes:
+        AdmissionSeam(header, clock, seed)  # fails now, typed, if the admission is not here
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(trace.arrivals) * len(modes) * len(profiles), unit="round", file=sys.stderr,
+                   dynamic_ncols=True, desc=header.name)
+    sections = []
+    try:
+        for profile in profiles:
+            try:
+                f = fleet.Fleet.from_config(fleet_config(trace, name, profile))
+            except fleet.FleetError as exc:
+                raise FleetFailed(f"the replay fleet ({profile}) did not boot: {type(exc).__name__}: {exc}") from None
+            sim = ProviderSimulator(header, clock, seed=seed)
+            try:
+                sim.start()
+                for mode in modes:
+                    if bar is not None:
+                        bar.set_description(f"{header.name} {profile}/{mode}")
+                    admission = AdmissionSeam(header, clock, seed) if mode == "admission" else None
+                    driver = Driver(trace, f, sim, clock, mode, cap=cap, admission=admission, progress=bar)
+                    result = driver.run()
+                    result.profile = profile
+                    sections.append(summarize(result, trace))
+            finally:
+                sim.stop()
+                f.shutdown(wait=True)
+    finally:
+        if bar is not None:
+            bar.close()
+    return build(trace, sections, speed=speed, seed=seed, fleet_name=name)
