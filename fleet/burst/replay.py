@@ -182,6 +182,8 @@ class Driver:
                 nw = self.admission.next_wake()
                 if nw is not None and nw <= clock.mono():
                     self._wake()
+            if not self.open:
+                break
             if not cut and clock.mono() >= horizon:
                 cut = True
                 self._cut(pending)

@@ -10,6 +10,8 @@ from .report import build, summarize
 from .simulator import ProviderSimulator
 from .trace import Trace
 
+SWITCH_INTERVAL_S = 0.0002
+
 
 def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = None, cap: int | None = None,
            profiles=None, name: str | None = None, progress: bool = True) -> dict:
@@ -33,6 +35,10 @@ def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = N
         bar = tqdm(total=len(trace.arrivals) * len(modes) * len(profiles), unit="round", file=sys.stderr,
                    dynamic_ncols=True, desc=header.name)
     sections = []
+    # The scheduler thread shares the GIL with the embedded fleet's supervisor threads and the
+    # simulator's loop; the default 5 ms switch interval alone would put arrivals milliseconds late.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         for profile in profiles:
             try:
@@ -54,6 +60,7 @@ def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = N
                 sim.stop()
                 f.shutdown(wait=True)
     finally:
+        sys.setswitchinterval(switch)
         if bar is not None:
             bar.close()
     return build(trace, sections, speed=speed, seed=seed, fleet_name=name)
