@@ -1,6 +1,33 @@
 """Provider and host-group admission (bulkheads, lanes, the durable lease store).
 
-Declared as a package now so the shared table reserves its bulkhead records and the
-dispatch path has a seam for it; the rules land with the provider-admission work.
+The provider admission core (reference 000): `policy` (the declared catalog and
+policy), `state` (bulkheads and their pure transitions), `scheduler` (pure
+decisions) and `pool` (the live pool). Names load on first use.
 """
-__all__: list[str] = []
+_LAZY = {
+    "Policy": "policy",
+    "PolicyError": "policy",
+    "PolicyHolder": "policy",
+    "AdmissionPool": "pool",
+    "FileClosureStore": "pool",
+    "ManualClock": "pool",
+    "ScaledClock": "pool",
+    "SystemClock": "pool",
+    "signal_for": "pool",
+    "decide": "scheduler",
+    "decide_batch": "scheduler",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'admission' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__: list[str] = sorted(_LAZY)

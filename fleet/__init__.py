@@ -41,6 +41,8 @@ _LAZY = {
     "Client": "client",
     "FleetConnectionLost": "client",
     "connect": "client",
+    "Refused": "outcomes",
+    "Route": "route",
 }
 
 
@@ -71,7 +73,9 @@ __all__ = [
     "PayloadTooLarge",
     "PayloadUnpicklable",
     "QueueFull",
+    "Refused",
     "RoleStopped",
+    "Route",
     "SubmitRefused",
     "Suppress",
     "Unit",

@@ -296,8 +296,10 @@ class CpuLimit:
 
 
 def _affinity_count() -> int | None:
+    # The process's mask (its main thread's), not the calling thread's: the supervisor
+    # pins its own loop thread to the reserve cores, and re-detects the quota from it.
     try:
-        return len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(os.getpid()))
     except (AttributeError, OSError):
         return None
 
@@ -411,6 +413,28 @@ def read_psi(path: str = "/proc/pressure/cpu", root: str = "/") -> Pressure:
     if not text:
         raise CgroupUnavailable(f"cannot read {path} (PSI disabled or not supported)")
     return parse_psi(text)
+
+
+def pressure_file(root: str = "/", pid: str = "self") -> tuple[str | None, bool]:
+    """The CPU pressure file to watch for process `pid`: (path, own group).
+
+    Its own cgroup2 group's ``cpu.pressure`` when it sits in one below the root (a
+    delegated service group: pressure there is this fleet's own), else the host-wide
+    ``/proc/pressure/cpu`` (own group False: other tenants' load shows there too), else
+    (None, False) when the kernel has no PSI.
+    """
+    cg_text = _read_text(root, f"/proc/{pid}/cgroup")
+    mi_text = _read_text(root, f"/proc/{pid}/mountinfo")
+    if cg_text is not None and mi_text is not None:
+        membership = parse_proc_cgroup(cg_text)
+        v2 = next((m for m in parse_mountinfo(mi_text) if m.fstype == "cgroup2"), None)
+        if v2 is not None and membership.v2 not in (None, "/"):
+            path = _dir_under(v2, membership.v2)
+            if path is not None and os.path.exists(_join(root, path + "/cpu.pressure")):
+                return path + "/cpu.pressure", True
+    if os.path.exists(_join(root, "/proc/pressure/cpu")):
+        return "/proc/pressure/cpu", False
+    return None, False
 
 
 class PsiTrigger:

@@ -323,11 +323,22 @@ def _read_source(source):
     if isinstance(source, dict):
         return _deep_copy(source), "<dict>"
     path = os.fspath(source)
+    # Every way a file can fail to load is a ConfigError: at boot it is exit 78, and
+    # on SIGHUP a refused reload that changes nothing (an escaping error would stop
+    # a running daemon).
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f), path
-    except OSError as exc:
-        raise ConfigError("", f"cannot read {path}: {exc.strerror}") from None
+            data = f.read()
+    except OSError as exc:  # missing, unreadable, a directory, ...
+        raise ConfigError("", f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise ConfigError("", f"cannot read {path!r}: {exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("", f"{path}: not a TOML text file: byte {exc.start} is not UTF-8") from None
+    try:
+        return tomllib.loads(text), path
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
 

@@ -17,6 +17,10 @@ Rules:
   START); with none idle, it re-keys the least recently used pin that has nothing in
   flight (UNPIN T9 then LEASE T1, an epoch boundary); with none of those, it waits.
   A singleton is a keyed role with one slot and one key.
+* Epochs (002 §3.4): at a quota change `begin_epoch` marks every pin held; a held
+  pin takes no new unit, and is released (T9) once it has nothing in flight: by the
+  next unit of its key (UNPIN then LEASE on the same slot: release before re-lease)
+  or by `take_idle_stale_pins`, whose caller applies the UNPIN.
 * Posture gates intake only: under cordon a deferrable role is granted nothing new,
   a floor role at most its intake floor of slots in use; every grant held back by
   posture is counted once per unit as suppressed intake. In-flight units always
@@ -87,6 +91,7 @@ class _Slot:
     claimed: bool = False  # a pin is claimed or held (Leased/Running/Pinned for the key)
     last_used: int = 0
     pooled: bool = False  # its role is pooled: while empty it waits in the role's free list
+    stale: bool = False  # a pin from before the current epoch: released once it is empty
 
 
 class _PriorityQueue:
@@ -258,6 +263,15 @@ class Dispatcher:
                 if item is None:
                     break
                 slot = pins.get(key)
+                if slot is not None and slot.stale:
+                    if slot.inflight:
+                        break  # the old epoch's pin finishes what it has first
+                    if not self._posture_allows(code, item, True):
+                        return
+                    q.pop()
+                    queue.n -= 1
+                    out.append(self._take(slot, item, fsm.START, self._repin(code, slot, key)))
+                    continue
                 if slot is not None:
                     if len(slot.inflight) >= self.pin_depth:
                         break
@@ -304,9 +318,38 @@ class Dispatcher:
                 return None, ()
             idle = min(spare, key=lambda s: s.last_used)
             transitions = ((fsm.UNPIN, code, idle.key_id),)
-        idle.claimed, idle.pin_key = True, key
+        idle.claimed, idle.stale, idle.pin_key = True, False, key
         idle.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
         return idle, transitions + ((fsm.LEASE, code, idle.key_id),)
+
+    def _repin(self, code: int, slot: _Slot, key) -> tuple:
+        """Release `slot`'s pin (T9) and claim it again for `key` (T1): the transitions."""
+        old_key_id = slot.key_id
+        slot.claimed, slot.stale, slot.pin_key = True, False, key
+        slot.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
+        return ((fsm.UNPIN, code, old_key_id), (fsm.LEASE, code, slot.key_id))
+
+    # --- epochs ----------------------------------------------------------------------
+    def begin_epoch(self) -> int:
+        """A new epoch: every pin held now is to be released. Returns how many."""
+        held = [s for s in self._slots if s.claimed and not s.pooled]
+        for slot in held:
+            slot.stale = True
+        return len(held)
+
+    def take_idle_stale_pins(self) -> list[int]:
+        """Pins of a past epoch with nothing in flight, forgotten here; the caller applies
+        UNPIN (T9) to each returned slot."""
+        out = []
+        for slot in self._slots:
+            if slot.stale and slot.claimed and not slot.inflight:
+                slot.claimed, slot.stale, slot.pin_key = False, False, None
+                out.append(slot.index)
+        return out
+
+    def units_in_flight(self, slot: int) -> int:
+        """Units granted to `slot` and not yet ended."""
+        return len(self._slots[slot].inflight)
 
     def _new_key_id(self, code: int) -> int:
         in_use = {s.key_id for s in self._role_slots[code] if s.claimed}
@@ -336,7 +379,7 @@ class Dispatcher:
             if slot.pooled:
                 self._free[slot.role].append(slot)
         if final_state == fsm.IDLE and not slot.inflight:
-            slot.claimed, slot.pin_key = False, None  # drained or released: the pin is gone
+            slot.claimed, slot.stale, slot.pin_key = False, False, None  # drained or released: the pin is gone
         return slot.index
 
     def seat_lost(self, seat: int) -> list[tuple[int, int]]:
@@ -353,7 +396,7 @@ class Dispatcher:
                 if slot.pooled:
                     self._free[slot.role].append(slot)
             slot.inflight.clear()
-            slot.claimed, slot.pin_key = False, None
+            slot.claimed, slot.stale, slot.pin_key = False, False, None
         return owed
 
     def slot_of(self, unit_id: int) -> int | None:

@@ -51,3 +51,30 @@ def reason_code(name: str) -> int:
         return REASON_CODES[name]
     except KeyError:
         raise ValueError(f"unknown failure reason {name!r}; reasons: {', '.join(FAILURE_REASONS)}") from None
+
+
+class Refused(Exception):
+    """Raised by a handler: the provider refused the call (HTTP `status`), so the unit fails Refused.
+
+    The provider admission reads it as a signal about the unit's route (reference 000 §8):
+    429 backs off that one pool (honouring `retry_after`, seconds); 402 (credit), 401/403
+    (a rejected key) close the key for a while; a 403 whose `message` names a daily limit
+    closes the key until the next UTC midnight. Other statuses are plain failures.
+    """
+
+    def __init__(self, status: int, message: str = "", retry_after: float | None = None):
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+            raise ValueError(f"Refused: status must be an HTTP status code (100..599), not {status!r}")
+        if retry_after is not None:
+            if isinstance(retry_after, bool) or not isinstance(retry_after, (int, float)) or not retry_after >= 0:
+                raise ValueError(f"Refused: retry_after must be seconds >= 0 or None, not {retry_after!r}")
+            retry_after = float(retry_after)
+        if not isinstance(message, str):
+            raise ValueError(f"Refused: message must be a string, not {type(message).__name__}")
+        self.status, self.message, self.retry_after = status, message, retry_after
+        text = f"{status} {message}".strip()
+        super().__init__(text if retry_after is None else f"{text} (retry after {retry_after:g} s)")
+
+    def __reduce__(self):
+        # Keyword fields do not survive Exception's default pickling (args only).
+        return (Refused, (self.status, self.message, self.retry_after))

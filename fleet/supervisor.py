@@ -41,8 +41,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import cgroup, fsm
 from . import messages as M
-from . import plan as plan_mod
 from . import posture as posture_mod
+from . import pressure as pressure_mod
+from . import quota as quota_mod
 from . import seats as seats_mod
 from .config import FleetConfig
 from .dataplane import DataSegment
@@ -50,7 +51,7 @@ from .dispatch import Dispatcher, Pending
 from .errors import BootRefused, ConfigError, FleetError
 from .ledger import Ledger, abort_process
 from .outcomes import FAILED, SOLVED, SUPPRESSED
-from .sampler import Sampler
+from .sampler import PressureInput, QuotaWatcher, Sampler
 from .table import SlotTable
 from .table import layout as L
 from .unit import (
@@ -134,14 +135,11 @@ class Supervisor:
     # ================================================================== boot
     def start(self) -> "Supervisor":
         cfg = self.config
-        limit = cgroup.effective_cpus()
-        quota = cfg.cpus if cfg.cpus is not None else limit.cpus
-        self.quota_source = "config" if cfg.cpus is not None else "detected"
-        self.plan = plan_mod.resolve(quota, cfg.profile, self.roles, cfg.budget)
         cpus = self._cpus_override or sorted(os.sched_getaffinity(0))
-        self.layout = seats_mod.layout(self.plan, self.roles, cpus)
-        if not self.layout.seats:
-            raise ConfigError("roles", "no role has a handler: nothing could run")
+        self.projection = quota_mod.project(cfg, cgroup.effective_cpus(), cpus)
+        self.quota, self.plan, self.layout = self.projection.quota, self.projection.plan, self.projection.layout
+        for warning in quota_mod.boot_warnings(self.quota, self.plan):
+            log.warning("fleet %s: %s", self.name, warning)
         for role in self.roles:
             log.debug("role %s: %s", role.name, role)
         for share in self.plan.budget.consumers:
@@ -152,6 +150,8 @@ class Supervisor:
         self.sampler = Sampler.for_self(self.posture)
         self.table = SlotTable.create(self.name, self.roles, len(self.layout.slots), meta=self._meta(),
                                       readers_group=self.readers_group)
+        self.table.set_quota_epoch(0, self.quota.detected)
+        self.quota_watcher = QuotaWatcher(self.quota, arm_pressure=PressureInput.for_self)
         try:
             self._boot_rest()
         except BaseException:
@@ -162,19 +162,15 @@ class Supervisor:
         return self
 
     def _meta(self) -> dict:
-        plan = self.plan.to_dict()
-        plan["plan"].update(fleet_booted=True, quota_source=self.quota_source)
         meta = {
             "fleet": self.name,
             "version": _version(),
             "pid": os.getpid(),
             "mode": self.mode,
             "started_ns": self.started_ns,
-            "plan": plan["plan"],
-            "budget": plan["budget"],
             "socket": self.socket_path,
         }
-        meta.update(self.layout.to_meta())
+        meta.update(self.projection.meta(booted=True))
         return meta
 
     def _boot_rest(self) -> None:
@@ -670,11 +666,48 @@ class Supervisor:
         if tick.transition is not None:
             with self._lock:
                 self._after_posture_change(tick.transition)
+        self._watch_quota()
         self.ledger.publish(self.table)
         with self._lock:
             self._publish_posture()  # dwell and suppressed intake move without a transition
             for code in range(len(self.roles)):
                 self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code))
+
+    def _watch_quota(self) -> None:
+        """Quota re-detection and CPU pressure (fleet.sampler.QuotaWatcher): pressure on
+        the fleet's own group holds the posture Cordoned; a quota change is logged and,
+        when the plan's quota changed, starts a new epoch."""
+        seen = self.quota_watcher.poll()
+        with self._lock:
+            if seen.pressure is not None:
+                act = self.posture.hold if seen.pressure == pressure_mod.HOLD else self.posture.release
+                self._after_posture_change(act(pressure_mod.CAUSE, _now_ms()))
+            if seen.change is not None:
+                self._quota_changed(seen.change)
+            released = self.dispatcher.take_idle_stale_pins()  # pins of a past epoch, now empty
+            for slot in released:
+                if self.table.transition(slot, fsm.UNPIN) != fsm.OK:
+                    log.error("slot %d: epoch UNPIN refused in state %s", slot, fsm.STATE_NAMES[self.table.state(slot)[0]])
+            changed = released or seen.pressure is not None or seen.change is not None
+            done = self._dispatch() if changed else []
+        _deliver(done)
+
+    def _quota_changed(self, change) -> None:
+        """Log the change; a new epoch re-derives the budget (logged: the seats stay as
+        booted until a restart), drains in-flight deferrable units (T7) and marks every
+        pin for release (T9 once it is empty). Lock held."""
+        log.warning("[fleet-posture] fleet %s: %s", self.name, change.describe())
+        self.table.set_quota_epoch(self.quota_watcher.epoch, change.new.detected)
+        if change.epoch is None:
+            return
+        log.warning("fleet %s: epoch %d: %s", self.name, change.epoch,
+                    quota_mod.replan(change.new.cpus, self.plan, self.config).describe(self.plan))
+        for spec in self.layout.slots:
+            # One unit in flight only: units queued behind a keyed slot would find it Idle.
+            if (self.roles[spec.role].cordon_class == "deferrable" and self.table.state(spec.index)[0] == fsm.RUNNING
+                    and self.dispatcher.units_in_flight(spec.index) == 1):
+                self.table.transition(spec.index, fsm.DRAIN)
+        self.dispatcher.begin_epoch()
 
     def _after_posture_change(self, change) -> None:
         """Publish the posture; on cordon, drain running deferrable slots (lock held)."""
@@ -875,6 +908,9 @@ class Supervisor:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+        if getattr(self, "quota_watcher", None) is not None:
+            self.quota_watcher.close()  # its PSI trigger's file descriptor
+            self.quota_watcher = None
         if self.table is not None:
             self.ledger.publish(self.table)
             self.table.unlink()
@@ -962,6 +998,8 @@ def _cause_code(state, change) -> int:
     """Index into table.layout.POSTURE_CAUSES for the posture's current cause."""
     if "lane_death" in state.causes:
         return 3
+    if pressure_mod.CAUSE in state.causes:
+        return 5
     if state.posture != fsm.CORDONED:
         return 0
     reason = change.reason if change is not None else ""

@@ -200,3 +200,40 @@ def test_psi_trigger_arms_and_polls_on_this_kernel():
         return
     with trig:
         assert trig.wait(0) in (True, False)
+
+
+# --- which pressure file, and whose affinity ---------------------------------------------------------
+
+
+def test_pressure_file_is_the_own_v2_groups_when_it_has_one():
+    assert cgroup.pressure_file(tree("v2_nested")) == ("/sys/fs/cgroup/fleet.slice/fleet.service/cpu.pressure", True)
+
+
+def test_pressure_file_without_a_group_file_is_none_or_the_hosts(tmp_path):
+    # v1_hybrid's unified group has no cpu.pressure, and the tree has no /proc/pressure/cpu
+    assert cgroup.pressure_file(tree("v1_hybrid")) == (None, False)
+    assert cgroup.pressure_file(tree("empty")) == (None, False)
+    host = tmp_path / "proc" / "pressure"
+    host.mkdir(parents=True)
+    (host / "cpu").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert cgroup.pressure_file(str(tmp_path)) == ("/proc/pressure/cpu", False)
+
+
+def test_affinity_is_the_process_not_a_pinned_thread():
+    """The supervisor pins its loop thread to the reserve cores and re-detects the quota
+    from that thread: detection must still count the process's CPUs."""
+    import threading
+
+    whole = len(os.sched_getaffinity(0))
+    if whole < 2:
+        pytest.skip("needs 2 CPUs to pin a thread to fewer")
+    seen = []
+
+    def pinned():
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        seen.append(cgroup.effective_cpus(cgroup.CgroupPaths(None, None, None)).affinity)
+
+    t = threading.Thread(target=pinned)
+    t.start()
+    t.join()
+    assert seen == [whole]

@@ -304,3 +304,86 @@ def test_fleetctl_routes_each_command_to_its_module_and_knows_the_default_name()
     assert sorted(fleetctl.MODULE_OF.values()) == sorted(fleetctl.COMMANDS)
     for name, module in fleetctl.MODULE_OF.items():
         assert importlib.import_module(f"fleet.cli.{module}").NAME == name
+
+
+# --- before boot: the projection a config would boot with -----------------------------------------
+
+PROJECTED = """
+[fleet]
+name = "{name}"
+profile = "serial"
+cpus = 2
+
+[roles.sq]
+kind = "pooled"
+handler = "tests.handlers:square"
+slots = 2
+peak_cpus = 1
+queue_bound = 7
+
+[roles.idle]
+kind = "pooled"
+slots = 1
+"""
+
+
+def _config(tmp_path, name):
+    path = tmp_path / "fleet.toml"
+    path.write_text(PROJECTED.format(name=name))
+    return str(path)
+
+
+def test_status_with_a_config_before_boot_prints_the_projection(tmp_path, fleet_name, capsys):
+    path = _config(tmp_path, fleet_name)
+    rc, out, err = status(capsys, "--config", path, "--json")
+    assert rc == EXIT_NOT_RUNNING and f"fleet {fleet_name!r} is not running" in err
+    doc = json.loads(out)
+    assert (doc["fleet"], doc["fleet_booted"], doc["alive"], doc["config"]) == (fleet_name, False, False, path)
+    plan = doc["plan"]
+    assert plan["fleet_booted"] is False and (plan["profile"], plan["binding"]) == ("serial", "serial")
+    assert (plan["quota_cpus"], plan["quota_source"], plan["configured_cpus"]) == (2, "config", 2)
+    assert plan["detected_cpus"] > 0 and plan["detected_from"]
+    assert {c["name"] for c in doc["budget"]["consumers"]} == {"reserve", "ambient_io", "serial-0"}
+    assert [s["name"] for s in doc["seats"]] == ["serial-0"]
+    assert [(s["slot"], s["role"], s["seat_name"], s["binding"]) for s in doc["slots"]] == [
+        (0, "sq", "serial-0", "logical"), (1, "sq", "serial-0", "logical"), (2, "idle", None, "logical")]
+    assert [(q["name"], q["queue_bound"], q["slot_cap"]) for q in doc["queues"]] == [("sq", 7, 2), ("idle", 1024, 1)]
+    assert not os.path.exists(f"/dev/shm/fleet.{fleet_name}")  # a projection boots nothing
+
+    rc, out, _ = status(capsys, "--config", path)
+    assert rc == EXIT_NOT_RUNNING
+    for needle in (f"fleet {fleet_name}  NOT RUNNING (not booted)  projection from {path}",
+                   "booted no  profile serial -> serial binding  quota 2 CPUs (configured fleet.cpus; detected",
+                   "serial-0", "seats     1 worker process(es); slots 3"):
+        assert needle in out, (needle, out)
+
+
+def test_the_projection_of_a_config_that_cannot_boot_says_why(tmp_path, fleet_name, capsys, monkeypatch):
+    monkeypatch.setenv("FLEET_CPUS", "1.5")
+    rc, out, _ = status(capsys, "--config", _config(tmp_path, fleet_name), "--json")
+    doc = json.loads(out)
+    assert rc == EXIT_NOT_RUNNING and doc["fleet_booted"] is False and doc["plan"] is None
+    assert (doc["refused"]["error"], doc["refused"]["exit_code"]) == ("BelowHostFloor", 80)
+    rc, out, _ = status(capsys, "--config", _config(tmp_path, fleet_name))
+    assert "boot would be REFUSED: BelowHostFloor" in out
+
+
+def test_status_with_a_config_of_a_running_fleet_reads_the_live_table(table, tmp_path, fleet_name, capsys):
+    rc, out, _ = status(capsys, "--config", _config(tmp_path, fleet_name), "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["fleet_booted"] is True and doc["plan"]["fleet_booted"] is True
+    assert len(doc["census"]) == ft.N_SLOTS  # the live table's slots, not the config's three
+
+
+def test_status_with_a_bad_config_is_a_config_error(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(b"\xff\xfe")
+    rc, _, err = status(capsys, "--config", str(path))
+    assert rc == 78 and "ConfigError" in err and "not a TOML text file" in err
+
+
+def test_status_help_names_the_projection(capsys):
+    with pytest.raises(SystemExit):
+        fleetctl.main(["status", "--help"])
+    out = capsys.readouterr().out
+    assert "--config PATH" in out and "projection" in out

@@ -1,4 +1,6 @@
 """Typed config: TOML or dict, FLEET_* environment overrides, unknown keys named by dotted path."""
+import os
+
 import pytest
 
 from fleet.config import FleetConfig, Limits, MetricsConfig, RestartIntensity, load_config
@@ -165,6 +167,60 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("[fleet\nname=")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(bad, env={})
+
+
+# Bytes that are not UTF-8 (a gzip header, a stray Latin-1 byte), and NUL bytes in valid UTF-8.
+@pytest.mark.parametrize("content, match", [
+    (b"\x1f\x8b\x08\x00\xff\xfe binary", "byte 1 is not UTF-8"),
+    (b'[fleet]\nname = "caf\xe9"\n', "byte 19 is not UTF-8"),
+    (b"\x00\x00\x00\x00", "invalid TOML"),
+])
+def test_a_binary_file_is_a_config_error(tmp_path, content, match):
+    path = tmp_path / "fleet.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(path, env={})
+    assert str(path) in str(info.value)
+
+
+def test_a_directory_and_a_nul_in_the_path_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read .*Is a directory"):
+        load_config(tmp_path, env={})
+    with pytest.raises(ConfigError, match="cannot read .*null byte"):
+        load_config(str(tmp_path / "a\0b.toml"), env={})
+
+
+def test_a_file_the_reader_may_not_read_is_a_config_error(tmp_path):
+    """As uid 65534 (root reads any file): a 0600 file of root's is refused by name."""
+    path = tmp_path / "fleet.toml"
+    path.write_text("[fleet]\nname = 'x'\n")
+    path.chmod(0o600)
+    os.chmod(tmp_path, 0o755)
+    if os.geteuid() != 0:
+        with pytest.raises(ConfigError, match="cannot read .*Permission denied"):
+            load_config(path, env={})
+        return
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports what load_config raised, then leaves without cleanup
+        os.close(r)
+        try:
+            os.setresgid(65534, 65534, 65534)
+            os.setgroups([])
+            os.setresuid(65534, 65534, 65534)
+            load_config(path, env={})
+            report = "loaded"
+        except ConfigError as exc:
+            report = f"ConfigError: {exc}"
+        except BaseException as exc:  # noqa: BLE001 - any other escape is the failure we look for
+            report = f"{type(exc).__name__}: {exc}"
+        os.write(w, report.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        report = f.read().decode()
+    os.waitpid(pid, 0)
+    assert report.startswith("ConfigError: cannot read") and "Permission denied" in report, report
 
 
 # --- [metrics] ------------------------------------------------------------------------

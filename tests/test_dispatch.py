@@ -166,3 +166,46 @@ def test_drain_queue_returns_queued_units(d):
     d.enqueue(_unit(2, "solver", "x"))
     assert sorted(p.unit_id for p in d.drain_queue()) == [1, 2]
     assert d.grant() == []
+
+
+# --- epochs: pins are released (T9) at a quota change, release before re-lease --------------
+
+
+def test_an_epoch_releases_idle_pins_at_once(d):
+    solver = ROLES.code("solver")
+    d.enqueue(_unit(1, "solver", "a"))
+    (g,) = d.grant()
+    d.complete(1, fsm.PINNED)
+    assert d.take_idle_stale_pins() == []  # no epoch yet: a pin is kept
+    assert d.begin_epoch() == 1
+    assert d.take_idle_stale_pins() == [g.slot] and d.pinned_keys(solver) == {}
+    assert d.take_idle_stale_pins() == []  # once
+
+
+def test_a_busy_pin_takes_nothing_new_after_an_epoch_then_is_released(d):
+    solver = ROLES.code("solver")
+    d.enqueue(_unit(1, "solver", "a"))
+    (g,) = d.grant()
+    d.begin_epoch()
+    assert d.take_idle_stale_pins() == []  # busy: released when it is empty
+    d.enqueue(_unit(2, "solver", "a"))
+    assert d.grant() == []  # not RESUMEd on the old epoch's pin
+    d.complete(1, fsm.PINNED)
+    (g2,) = d.grant()  # the key's next unit: UNPIN (T9) then LEASE (T1) on the same slot
+    assert g2.slot == g.slot and g2.start_event == fsm.START
+    assert g2.transitions[0] == (fsm.UNPIN, solver, g.key_id) and g2.transitions[1][0] == fsm.LEASE
+    assert d.pinned_keys(solver) == {"a": g.slot} and d.take_idle_stale_pins() == []
+
+
+def test_a_pin_drained_to_idle_is_not_released_twice(d):
+    d.enqueue(_unit(1, "merge"))
+    (g,) = d.grant()
+    d.begin_epoch()
+    d.complete(1, fsm.IDLE)  # T7/T8 took it to Idle: the pin is already gone
+    assert d.take_idle_stale_pins() == [] and d.units_in_flight(g.slot) == 0
+
+
+def test_pooled_slots_hold_no_pin_to_release(d):
+    d.enqueue(_unit(1, "resolve"))
+    (g,) = d.grant()
+    assert d.begin_epoch() == 0 and d.units_in_flight(g.slot) == 1

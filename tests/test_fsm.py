@@ -47,10 +47,63 @@ EXPECTED_LEGAL = {
 }
 ALL_PAIRS = list(itertools.product(range(fsm.N_STATES), range(fsm.N_EVENTS)))
 
+# The guard columns, written out from 002 §3.3: which role kinds each transition takes,
+# and whether it is posture-gated (refused for a deferrable role under cordon). Only
+# T1 (a new lease), T2 (starting) and T6 (resuming a pin) take new work, so only they
+# are gated; completions (T3, T4, T5) and draining (T7, T8) always go through, or
+# in-flight work could not finish under cordon. One row per legal edge: a new edge
+# adds a row here (and to EXPECTED_LEGAL).
+ALL = ("pinned", "pooled", "singleton")
+EXPECTED_GUARDS = {
+    "T1": (ALL, True),
+    "T2": (ALL, True),
+    "T3": (("pinned",), False),
+    "T4": (("singleton",), False),
+    "T5": (("pooled",), False),
+    "T6": (("pinned", "singleton"), True),
+    "T7": (ALL, False),
+    "T8": (ALL, False),
+    "T9": (("pinned", "singleton"), False),
+}
+KIND_OF = {"pinned": KIND_PINNED, "pooled": KIND_POOLED, "singleton": KIND_SINGLETON}
+
 
 def test_table_has_exactly_the_nine_reference_transitions():
     got = {pair: (to, tid) for pair, (to, tid, _k, _g) in fsm.TRANSITIONS.items()}
     assert got == EXPECTED_LEGAL
+
+
+def test_kinds_and_gating_columns_are_the_reference_ones():
+    got = {tid: (frozenset(fsm.KIND_NAMES[k] for k in kinds), gated) for (_to, tid, kinds, gated) in fsm.TRANSITIONS.values()}
+    assert got == {tid: (frozenset(kinds), gated) for tid, (kinds, gated) in EXPECTED_GUARDS.items()}
+
+
+def _args(state, event, kind):
+    key = 3 if kind == KIND_PINNED else 0
+    return state, 1, key, event, (1 if event == LEASE else ANY_ROLE), key
+
+
+@pytest.mark.parametrize("pair", list(EXPECTED_LEGAL), ids=[v[1] for v in EXPECTED_LEGAL.values()])
+def test_every_legal_edge_by_kind_class_and_posture(pair):
+    """decide() against the literal guard columns, for every kind x cordon class x posture."""
+    to, tid = EXPECTED_LEGAL[pair]
+    kinds, gated = EXPECTED_GUARDS[tid]
+    for kind_name, klass, posture in itertools.product(KIND_OF, (CLASS_NEVER, CLASS_FLOOR, CLASS_DEFERRABLE),
+                                                       (NOMINAL, CORDONED)):
+        reason, nxt, *_ = fsm.decide(*_args(*pair, KIND_OF[kind_name]), KIND_OF[kind_name], klass, posture)
+        if kind_name not in kinds:
+            want = fsm.R_WRONG_KIND
+        elif gated and klass == CLASS_DEFERRABLE and posture == CORDONED:
+            want = fsm.R_CORDONED
+        else:
+            want = fsm.OK
+        assert reason == want, (tid, kind_name, fsm.CLASS_NAMES[klass], fsm.POSTURE_NAMES[posture])
+        assert nxt == (to if want == fsm.OK else pair[0])
+
+
+def test_a_pinned_deferrable_unit_completes_under_cordon():
+    """T3 is not gated: a keyed deferrable unit running when the cordon came must finish."""
+    assert fsm.decide(RUNNING, 0, 4, PIN_KEYED, ANY_ROLE, 0, KIND_PINNED, CLASS_DEFERRABLE, CORDONED)[:2] == (fsm.OK, PINNED)
 
 
 @pytest.mark.parametrize("state,event", ALL_PAIRS, ids=[f"{fsm.STATE_NAMES[s]}-{fsm.EVENT_NAMES[e]}" for s, e in ALL_PAIRS])

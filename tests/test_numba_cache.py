@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet.fsm import R_ILLEGAL
 from fleet.table import numba_env
 
 PACKAGE = Path(numba_env.__file__).resolve().parent.parent  # .../fleet
@@ -76,3 +77,75 @@ def test_writable_package_caches_beside_the_source(tmp_path):
     pkg.mkdir()
     assert numba_env.choose_cache_dir({}, package_dir=pkg) is None
     assert (pkg / "__pycache__").is_dir()
+
+
+# --- a changed FSM table is a cache miss, never a stale kernel -------------------------------------
+
+FOLLOWS = textwrap.dedent(
+    """
+    import sys
+    import fleet
+    from fleet import fsm
+    from fleet.roles import RoleSet, Role
+    from fleet.table import SlotTable
+    assert fleet.__file__.startswith(sys.argv[1]), fleet.__file__
+    roles = RoleSet((Role("pool", kind="pooled"),))
+    t = SlotTable.create(sys.argv[2], roles, 1)
+    try:
+        kernel = []
+        for event in (fsm.LEASE, fsm.START, fsm.RELEASE):  # T1, T2, then T5 (or whatever the table says)
+            kernel.append(t.transition(0, event, 0 if event == fsm.LEASE else fsm.ANY_ROLE, 0))
+            if kernel[-1] != fsm.OK:
+                break
+        rule = fsm.decide(fsm.RUNNING, 0, 0, fsm.RELEASE, fsm.ANY_ROLE, 0, fsm.KIND_POOLED, fsm.CLASS_NEVER, fsm.NOMINAL)[0]
+        print(kernel[-1], rule)
+    finally:
+        t.close()
+        t.unlink()
+    """
+)
+
+
+def test_a_changed_fsm_table_recompiles_the_cached_kernels(tmp_path, fleet_name):
+    """Warm the cache, edit fsm.TRANSITIONS (T5 removed: a pooled unit can no longer
+    complete to Idle), run again on the same cache: the kernel follows the new table."""
+    root = tmp_path / "site"
+    shutil.copytree(PACKAGE, root / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", FOLLOWS, str(root), fleet_name], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return tuple(int(x) for x in out.stdout.split())
+
+    assert run() == (0, 0)  # compiles and caches: T5 applies
+    assert run() == (0, 0)  # from the cache
+    assert list((tmp_path / "cache").rglob("*.nbc")), "nothing was cached"
+
+    fsm_py = root / "fleet" / "fsm.py"
+    text = fsm_py.read_text()
+    t5 = '    (RUNNING, RELEASE): (IDLE, "T5", frozenset({KIND_POOLED}), False),\n'
+    assert t5 in text
+    fsm_py.write_text(text.replace(t5, ""))
+    # kernels.py is untouched (same mtime and size): only the digest can tell the table changed
+    assert run() == (R_ILLEGAL, R_ILLEGAL)
+
+
+def test_the_digest_covers_the_fsm_table():
+    from fleet import fsm
+    from fleet.table import kernels
+
+    embedded = {**_constants(kernels), "atomics.py": kernels._source_digest(kernels._atomics)}
+    assert kernels.TABLES_DIGEST == kernels.tables_digest(embedded)
+    changed = kernels._GATED.copy()
+    changed[fsm.RUNNING, fsm.PIN_KEYED] = 1  # T3 posture-gated
+    assert kernels.tables_digest({**embedded, "_GATED": changed}) != kernels.TABLES_DIGEST
+    assert kernels.tables_digest({**embedded, "atomics.py": 1}) != kernels.TABLES_DIGEST
+
+
+def _constants(kernels):
+    import numpy as np
+
+    return {n: v for n, v in vars(kernels).items() if not n.startswith("__") and n != "TABLES_DIGEST"
+            and isinstance(v, (int, np.integer, np.ndarray)) and not isinstance(v, bool)}

@@ -67,6 +67,44 @@ def test_kernel_matches_the_pure_rule_over_the_full_product(table):
     assert cases == fsm.N_STATES * len(MATRIX) * 2 * per_pair * 3
 
 
+# Written out from 002 §3.3, not derived from fsm.TRANSITIONS: (state, event) -> (next
+# state, role kinds it takes, posture-gated). One row per legal edge; a new edge adds a row.
+ALL_KINDS = ("pinned", "pooled", "singleton")
+LITERAL = {
+    (fsm.IDLE, fsm.LEASE): (fsm.LEASED, ALL_KINDS, True),  # T1
+    (fsm.LEASED, fsm.START): (fsm.RUNNING, ALL_KINDS, True),  # T2
+    (fsm.RUNNING, fsm.PIN_KEYED): (fsm.PINNED, ("pinned",), False),  # T3
+    (fsm.RUNNING, fsm.PIN_SINGLETON): (fsm.PINNED, ("singleton",), False),  # T4
+    (fsm.RUNNING, fsm.RELEASE): (fsm.IDLE, ("pooled",), False),  # T5
+    (fsm.PINNED, fsm.RESUME): (fsm.RUNNING, ("pinned", "singleton"), True),  # T6
+    (fsm.RUNNING, fsm.DRAIN): (fsm.DRAINING, ALL_KINDS, False),  # T7
+    (fsm.DRAINING, fsm.DRAINED): (fsm.IDLE, ALL_KINDS, False),  # T8
+    (fsm.PINNED, fsm.UNPIN): (fsm.IDLE, ("pinned", "singleton"), False),  # T9
+}
+
+
+def test_kernel_follows_the_literal_table_for_every_role_and_posture(table):
+    """Each legal edge, for each (kind, cordon class) role, Nominal and Cordoned: the kernel
+    applies it exactly when the literal kinds/gated columns say so."""
+    for (state, event), (to, kinds, gated) in LITERAL.items():
+        for code, posture in itertools.product(range(len(MATRIX)), (fsm.NOMINAL, fsm.CORDONED)):
+            role = MATRIX.by_code(code)
+            _set_posture(table, posture)
+            key = 5 if role.kind == "pinned" else 0
+            word = L.pack_word(state, 0 if state == fsm.IDLE else code, 0 if state == fsm.IDLE else key, 7)
+            _force_word(table, 0, word)
+            reason = table.transition(0, event, code if event == fsm.LEASE else fsm.ANY_ROLE, key)
+            if role.kind not in kinds:
+                want = fsm.R_WRONG_KIND
+            elif gated and role.cordon_class == "deferrable" and posture == fsm.CORDONED:
+                want = fsm.R_CORDONED
+            else:
+                want = fsm.OK
+            where = (fsm.STATE_NAMES[state], fsm.EVENT_NAMES[event], role.name, fsm.POSTURE_NAMES[posture])
+            assert reason == want, where
+            assert L.unpack_word(table.word(0))[0] == (to if want == fsm.OK else state), where
+
+
 def test_generation_wraps_without_touching_other_fields(table):
     _force_word(table, 1, L.pack_word(fsm.IDLE, 0, 0, L.GEN_MASK))
     pinned = MATRIX.code("pinned_never")

@@ -24,7 +24,8 @@ from ..table import layout as L
 from ._common import add_name_argument, fleet_name
 
 NAME = "status"
-HELP = "Show the fleet's plan, budget, slots, posture, ledger and queues (read from its table)."
+HELP = ("Show the fleet's plan, budget, slots, posture, ledger and queues (read from its table); "
+        "with --config, a fleet that is not running shows the plan it would boot with.")
 
 #: Where a slot's run-queue delay comes from.
 SCHEDSTAT = "schedstat"  # /proc/PID/schedstat field 2: ns the task waited on a run queue
@@ -40,6 +41,13 @@ def add_arguments(parser) -> None:
     add_name_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="the fleet's TOML config: names the fleet (unless --name does), and when it is not "
+        "running, status prints the projection it would boot with on this host (plan, budget, "
+        "seats and slots; fleet_booted false) and still exits 69",
+    )
+    parser.add_argument(
         "--delay-source",
         choices=DELAY_SOURCES,
         default="auto",
@@ -49,7 +57,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    doc = gather(fleet_name(args), delay_source=args.delay_source)
+    config = _load_config(args.config) if args.config else None
+    name = (args.name or config.name) if config is not None else fleet_name(args)
+    try:
+        doc = gather(name, delay_source=args.delay_source)
+    except NotRunning:
+        if config is None:
+            raise
+        return _print_projection(args, config)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render(doc))
     if doc["stale"]:
         # Its state is still worth showing (what was running when it died), but
@@ -61,6 +76,20 @@ def run(args) -> int:
         )
         return EXIT_NOT_RUNNING
     return EXIT_OK
+
+
+def _load_config(path):
+    from ..config import load_config  # only here: plain status must start fast
+
+    return load_config(path)
+
+
+def _print_projection(args, config) -> int:
+    doc = gather_projection(config, args.name or config.name)
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render_projection(doc))
+    print(f"fleetctl status: fleet {doc['fleet']!r} is not running; shown: the projection of {args.config} "
+          "on this host", file=sys.stderr)
+    return EXIT_NOT_RUNNING
 
 
 # --------------------------------------------------------------------------- I/O edge
@@ -86,6 +115,18 @@ def gather(name: str, *, delay_source: str = "auto", now_ns=time.monotonic_ns, w
     source = choose_delay_source(delay_source, delayacct_enabled(), os.geteuid())
     delays, source = read_delays(pids, source)
     return build(snap, alive=alive, delays=delays, delay_source=source, now_ns=now_ns(), wall_ns=wall_ns())
+
+
+def gather_projection(config, name: str) -> dict:
+    """The projection of `config` on this host (quota detected now, this process's CPUs)."""
+    from .. import cgroup, quota
+    from ..errors import FleetError
+
+    try:
+        proj = quota.project(config, cgroup.effective_cpus(), sorted(os.sched_getaffinity(0)))
+    except FleetError as exc:
+        return build_projection(name, config, None, exc)
+    return build_projection(name, config, proj.meta(booted=False), None)
 
 
 def delayacct_enabled(path: str = "/proc/sys/kernel/task_delayacct") -> bool:
@@ -176,6 +217,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
     meta = snap.meta or {}
     return {
         "fleet": snap.name,
+        "fleet_booted": True,
         "alive": alive,
         "stale": not alive,
         "creator_pid": snap.creator_pid,
@@ -187,6 +229,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "uptime_s": round(max(0, wall_ns - snap.created_ns) / 1e9, 3),
         "closing": bool(snap.flags & L.FLAG_CLOSING),
         "plan": meta.get("plan"),
+        "quota": quota_now(meta.get("plan"), snap.posture_view()),
         "budget": meta.get("budget"),
         "seats": meta.get("seats", []),
         "delay_source": delay_source,
@@ -196,6 +239,48 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "queues": [snap.role_view(code) for code in range(len(snap.role_names))],
         "torn": list(snap.torn),
     }
+
+
+def build_projection(name: str, config, meta: dict | None, refused: Exception | None) -> dict:
+    """The status document of a fleet that is not running: what `config` would boot.
+
+    Args:
+        meta: `fleet.quota.Projection.meta` (plan, budget, seats, slot_seats), or None
+            when the config would be refused at boot (`refused` is the error).
+    """
+    doc = {"fleet": name, "fleet_booted": False, "alive": False, "config": config.source}
+    if meta is None:
+        doc.update(plan=None, budget=None, seats=[], slots=[], queues=[],
+                   refused={"error": type(refused).__name__, "message": str(refused),
+                            "exit_code": getattr(refused, "exit_code", None)})
+        return doc
+    seats = meta["seats"]
+    slots = []
+    for index, (seat, role) in enumerate(zip(meta["slot_seats"], meta["slot_roles"])):
+        row = seats[seat] if seat >= 0 else None
+        slots.append({"slot": index, "role": role, "seat": seat if seat >= 0 else None,
+                      "seat_name": row["name"] if row else None, "cpus": row["cpus"] if row else [],
+                      "binding": row["binding"] if row else "logical"})
+    queues = [{"name": r.name, "kind": r.kind, "cordon_class": r.cordon_class, "queue_bound": r.queue_bound,
+               "slot_cap": r.slots} for r in config.roles]
+    doc.update(plan=meta["plan"], budget=meta["budget"], seats=seats, slots=slots, queues=queues, refused=None)
+    return doc
+
+
+def quota_now(plan: dict | None, posture_view: dict) -> dict:
+    """The quota epoch and the quota now in force (the plan in the meta is the boot's).
+
+    A configured quota stays in force whatever is detected; otherwise the latest
+    detected quota is the one the current epoch plans with.
+    """
+    plan = plan or {}
+    detected = posture_view.get("detected_cpus")
+    if detected is None:
+        detected = plan.get("detected_cpus")
+    configured = plan.get("configured_cpus")
+    cpus = configured if configured is not None else detected
+    return {"epoch": posture_view.get("epoch", 0), "cpus": json_number(cpus), "detected_cpus": json_number(detected),
+            "booted_cpus": plan.get("quota_cpus"), "source": "config" if configured is not None else "detected"}
 
 
 def census(snap, meta: dict, delays: dict, delay_source: str) -> list[dict]:
@@ -299,12 +384,36 @@ def render_plan(plan: dict | None) -> list[str]:
         return ["plan      (no boot metadata in the table)"]
     refused = plan.get("tier_refused")
     refused_text = "-" if not refused else f"{refused.get('tier')}: {refused.get('error')}"
-    source = f" ({plan['quota_source']})" if plan.get("quota_source") else ""
     return [
         f"plan      booted {'yes' if plan.get('fleet_booted') else 'no'}  profile {plan.get('profile')} -> "
-        f"{plan.get('binding')} binding  quota {_dash(plan.get('quota_cpus'))} CPUs{source}",
+        f"{plan.get('binding')} binding  {quota_text(plan)}",
         f"          oversubscribed {'YES' if plan.get('oversubscribed') else 'no'}  tier refused {refused_text}",
     ]
+
+
+def quota_text(plan: dict) -> str:
+    """The quota the plan uses and where it came from; a configured quota names the
+    detected one beside it, so an override never hides what the kernel gives."""
+    quota = f"quota {_dash(json_number(plan.get('quota_cpus')))} CPUs"
+    source, detected = plan.get("quota_source"), plan.get("detected_cpus")
+    where = plan.get("detected_from") or "?"
+    if source == "config" and detected is not None:
+        return f"{quota} (configured fleet.cpus; detected {json_number(detected)} CPUs from {where})"
+    if source == "detected":
+        return f"{quota} (detected from {where})"
+    return f"{quota} ({source})" if source else quota
+
+
+def render_quota(q: dict | None) -> list[str]:
+    """The quota epoch line: which epoch runs, on what quota, against the boot's."""
+    if not q or (q["cpus"] is None and not q["epoch"]):
+        return []  # a table from before epochs were published
+    text = f"quota     epoch {q['epoch']}: plans with {_dash(q['cpus'])} CPUs ({q['source']})"
+    if q["source"] == "config":
+        text += f"; detected now {_dash(q['detected_cpus'])} CPUs"
+    if q["epoch"]:
+        text += f"; booted with {_dash(q['booted_cpus'])} CPUs (seats and budget as booted until a restart)"
+    return [text]
 
 
 def render_budget(budget: dict | None) -> list[str]:
@@ -373,11 +482,32 @@ def render_queues(queues: list[dict]) -> list[str]:
     return ["queues"] + _table(("role", "kind", "cordon", "queued/bound", "slots in use/cap"), rows)
 
 
+def render_projection(doc: dict) -> str:
+    """A not-running fleet's projection (`build_projection`) as the human table."""
+    lines = [f"fleet {doc['fleet']}  NOT RUNNING (not booted)  projection from {doc['config']}"]
+    if doc["refused"] is not None:
+        r = doc["refused"]
+        lines += [f"plan      boot would be REFUSED: {r['error']}: {r['message']} (exit {r['exit_code']})"]
+        return "\n".join(lines) + "\n"
+    rows = [(str(s["slot"]), _dash(s["seat_name"]), s["role"], cpu_list(s["cpus"]), s["binding"]) for s in doc["slots"]]
+    queues = [(q["name"], q["kind"], q["cordon_class"], str(q["queue_bound"]), str(q["slot_cap"])) for q in doc["queues"]]
+    sections = [
+        lines,
+        render_plan(doc["plan"]),
+        render_budget(doc["budget"]),
+        [f"seats     {len(doc['seats'])} worker process(es); slots {len(rows)}"]
+        + _table(("slot", "seat", "role", "cpus", "binding"), rows),
+        ["queues"] + _table(("role", "kind", "cordon", "bound", "slots"), queues),
+    ]
+    return "\n".join(line for section in sections if section for line in section + [""]).rstrip("\n") + "\n"
+
+
 def render(doc: dict) -> str:
     """The status document as the human table."""
     sections = [
         render_header(doc),
         render_plan(doc["plan"]),
+        render_quota(doc.get("quota")),
         render_budget(doc["budget"]),
         render_census(doc),
         render_posture(doc["posture"]),

@@ -6,7 +6,12 @@ a word the FSM forbids is never written. It returns a reason code (fleet.fsm.OK 
 an R_* code) and never raises: bad indices are reason codes, not segfaults.
 
 The FSM's lookup arrays are generated from `fleet.fsm.TRANSITIONS`; numba freezes
-them into the compiled code, so the cache is valid exactly as long as the table is.
+them (and every other module-level constant a kernel reads) into the compiled code,
+while its on-disk cache is keyed only on this file's timestamp and each kernel's
+bytecode and closure. So every kernel that embeds the FSM is made by a factory and
+closes over `TABLES_DIGEST`, a digest of everything embedded: numba puts a closure's
+contents in the cache key, and a changed table (an upgrade, an edit of fsm.py) is a
+cache miss that recompiles, never a stale kernel enforcing the old rules.
 
 Kernels are compiled without numba's reference-counting runtime (`_nrt=False`): with
 it, every call between njit functions increments and decrements each array argument's
@@ -20,6 +25,8 @@ all with release stores, so a lock-free reader can detect and retry a torn read.
 """
 from __future__ import annotations
 
+import hashlib
+
 from .numba_env import ensure_cache_dir
 
 ensure_cache_dir()
@@ -29,6 +36,7 @@ from numba import njit  # noqa: E402
 
 from .. import fsm  # noqa: E402
 from . import layout as L  # noqa: E402
+from . import atomics as _atomics  # noqa: E402
 from .atomics import compare_and_swap, fetch_add, load_acquire, store_release  # noqa: E402
 
 
@@ -74,6 +82,40 @@ _DRAINING, _DRAINED = fsm.DRAINING, fsm.DRAINED
 _R_KIND, _R_CLASS = L.R_KIND, L.R_CLASS
 
 
+def tables_digest(embedded: dict) -> int:
+    """A 60-bit digest of named constants and arrays (name -> int or ndarray)."""
+    h = hashlib.sha256()
+    for name in sorted(embedded):
+        value = embedded[name]
+        if isinstance(value, np.ndarray):
+            raw = repr((value.dtype.str, value.shape)).encode() + value.tobytes()
+        else:
+            raw = repr(int(value)).encode()
+        h.update(name.encode() + b"=" + raw + b";")
+    return int(h.hexdigest()[:15], 16)
+
+
+def _source_digest(module) -> int:
+    with open(module.__file__, "rb") as f:
+        return int(hashlib.sha256(f.read()).hexdigest()[:15], 16)
+
+
+#: Digest of every module-level constant and table defined above: the FSM arrays, the
+#: fsm codes and the layout's fields, all frozen into the kernels that read them; and
+#: of the atomics' source, whose intrinsics are compiled into the kernels too (numba
+#: does not notice a change in a callee's module either).
+TABLES_DIGEST = tables_digest({
+    **{name: value for name, value in globals().items()
+       if not name.startswith("__") and isinstance(value, (int, np.integer, np.ndarray)) and not isinstance(value, bool)},
+    "atomics.py": _source_digest(_atomics),
+})
+
+# How a kernel that embeds the tables is written: a factory taking the digest, whose
+# inner function names it once (a no-op statement that puts it in the closure, i.e.
+# in numba's cache key). Calls between kernels go through module globals, never
+# through a closure (a Dispatcher in a closure would be pickled into the key).
+
+
 @njit(cache=True, inline="always", _nrt=False)
 def pack(state, role, key, gen):
     return (
@@ -84,111 +126,146 @@ def pack(state, role, key, gen):
     )
 
 
-@njit(cache=True, inline="always", _nrt=False)
-def _decide(old, event, role, key, expected_gen, roles, n_roles, posture):
-    """(reason, new word) for `event` on a slot whose word is `old`."""
-    state = np.int64(old & _STATE_MASK)
-    slot_role = np.int64((old >> _ROLE_SHIFT) & _ROLE_MASK)
-    slot_key = np.int64((old >> _KEY_SHIFT) & _KEY_MASK)
-    gen = np.int64((old >> _GEN_SHIFT) & _GEN_MASK)
-    if expected_gen >= 0 and gen != expected_gen:
-        return _R_STALE, old
-    if state >= _N_STATES:
-        return _R_ILLEGAL, old  # a word no transition could have written
-    nxt = _NEXT[state, event]
-    if nxt < 0:
-        return _R_ILLEGAL, old
-    if event != _LEASE and role != _ANY_ROLE and role != slot_role:
-        return _R_WRONG_ROLE, old
-    r = role if event == _LEASE else slot_role
-    if r >= n_roles:
-        return _R_BAD_ROLE, old
-    kind = np.int64(roles[r * ROLE_FIELDS + _R_KIND])
-    klass = np.int64(roles[r * ROLE_FIELDS + _R_CLASS])
-    if (_KIND_MASK[state, event] >> kind) & 1 == 0:
-        return _R_WRONG_KIND, old
-    if event == _LEASE and (key < 0 or key > _MAX_KEY or (key != 0 and kind != _KIND_PINNED)):
-        return _R_BAD_KEY, old
-    if event == _RESUME and key != slot_key:
-        return _R_KEY_MISMATCH, old
-    if _GATED[state, event] != 0 and klass == _CLASS_DEFERRABLE:
-        if np.int64(load_acquire(posture, _P_STATE)) == _CORDONED:
-            return _R_CORDONED, old
-    new_gen = gen + 1
-    if event == _LEASE:
-        return _OK, pack(nxt, r, key, new_gen)
-    if nxt == _IDLE:
-        return _OK, pack(nxt, 0, 0, new_gen)
-    return _OK, pack(nxt, slot_role, slot_key, new_gen)
+def _make_decide(tables_digest):
+    @njit(cache=True, inline="always", _nrt=False)
+    def _decide(old, event, role, key, expected_gen, roles, n_roles, posture):
+        """(reason, new word) for `event` on a slot whose word is `old`."""
+        tables_digest  # noqa: B018 - in the closure, so in numba's cache key
+        state = np.int64(old & _STATE_MASK)
+        slot_role = np.int64((old >> _ROLE_SHIFT) & _ROLE_MASK)
+        slot_key = np.int64((old >> _KEY_SHIFT) & _KEY_MASK)
+        gen = np.int64((old >> _GEN_SHIFT) & _GEN_MASK)
+        if expected_gen >= 0 and gen != expected_gen:
+            return _R_STALE, old
+        if state >= _N_STATES:
+            return _R_ILLEGAL, old  # a word no transition could have written
+        nxt = _NEXT[state, event]
+        if nxt < 0:
+            return _R_ILLEGAL, old
+        if event != _LEASE and role != _ANY_ROLE and role != slot_role:
+            return _R_WRONG_ROLE, old
+        r = role if event == _LEASE else slot_role
+        if r >= n_roles:
+            return _R_BAD_ROLE, old
+        kind = np.int64(roles[r * ROLE_FIELDS + _R_KIND])
+        klass = np.int64(roles[r * ROLE_FIELDS + _R_CLASS])
+        if (_KIND_MASK[state, event] >> kind) & 1 == 0:
+            return _R_WRONG_KIND, old
+        if event == _LEASE and (key < 0 or key > _MAX_KEY or (key != 0 and kind != _KIND_PINNED)):
+            return _R_BAD_KEY, old
+        if event == _RESUME and key != slot_key:
+            return _R_KEY_MISMATCH, old
+        if _GATED[state, event] != 0 and klass == _CLASS_DEFERRABLE:
+            if np.int64(load_acquire(posture, _P_STATE)) == _CORDONED:
+                return _R_CORDONED, old
+        new_gen = gen + 1
+        if event == _LEASE:
+            return _OK, pack(nxt, r, key, new_gen)
+        if nxt == _IDLE:
+            return _OK, pack(nxt, 0, 0, new_gen)
+        return _OK, pack(nxt, slot_role, slot_key, new_gen)
+
+    return _decide
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def apply_transition(slots, roles, n_roles, posture, slot, event, role, key, expected_gen):
-    """Apply one event to one slot; returns fsm.OK or the reason it was refused.
-
-    Args:
-        slots: uint64 view of the slots region; roles: of the roles region;
-        posture: of the posture record. n_roles: declared roles.
-        role: the role the event concerns (fsm.ANY_ROLE: the slot's own).
-        key: pin key for LEASE / RESUME, else ignored.
-        expected_gen: apply only if the slot's generation is this (-1: any).
-    """
-    n_slots = slots.size // SLOT_FIELDS
-    if slot < 0 or slot >= n_slots:
-        return _R_BAD_SLOT
-    if event < 0 or event >= _N_EVENTS:
-        return _R_BAD_EVENT
-    if role != _ANY_ROLE and (role < 0 or role >= n_roles):
-        return _R_BAD_ROLE
-    if event == _LEASE and role == _ANY_ROLE:
-        return _R_BAD_ROLE
-    idx = slot * SLOT_FIELDS
-    while True:
-        old = load_acquire(slots, idx)
-        reason, new = _decide(old, event, role, key, expected_gen, roles, n_roles, posture)
-        if reason != _OK:
-            return reason
-        if compare_and_swap(slots, idx, old, new):
-            return _OK
-        # Lost the race: somebody changed the word; re-read and re-validate.
+_decide = _make_decide(TABLES_DIGEST)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def apply_batch(slots, roles, n_roles, posture, slot_ids, events, role_ids, keys, out):
-    """Apply events[i] to slot_ids[i] in order; out[i] gets each reason. Returns #applied."""
-    applied = 0
-    n = min(slot_ids.size, events.size, role_ids.size, keys.size, out.size)
-    for i in range(n):
-        reason = apply_transition(slots, roles, n_roles, posture, slot_ids[i], events[i], role_ids[i], keys[i], -1)
-        out[i] = reason
+def _make_apply_transition(tables_digest):
+    @njit(cache=True, nogil=True, _nrt=False)
+    def apply_transition(slots, roles, n_roles, posture, slot, event, role, key, expected_gen):
+        """Apply one event to one slot; returns fsm.OK or the reason it was refused.
+
+        Args:
+            slots: uint64 view of the slots region; roles: of the roles region;
+            posture: of the posture record. n_roles: declared roles.
+            role: the role the event concerns (fsm.ANY_ROLE: the slot's own).
+            key: pin key for LEASE / RESUME, else ignored.
+            expected_gen: apply only if the slot's generation is this (-1: any).
+        """
+        tables_digest  # noqa: B018 - in the closure, so in numba's cache key
+        n_slots = slots.size // SLOT_FIELDS
+        if slot < 0 or slot >= n_slots:
+            return _R_BAD_SLOT
+        if event < 0 or event >= _N_EVENTS:
+            return _R_BAD_EVENT
+        if role != _ANY_ROLE and (role < 0 or role >= n_roles):
+            return _R_BAD_ROLE
+        if event == _LEASE and role == _ANY_ROLE:
+            return _R_BAD_ROLE
+        idx = slot * SLOT_FIELDS
+        while True:
+            old = load_acquire(slots, idx)
+            reason, new = _decide(old, event, role, key, expected_gen, roles, n_roles, posture)
+            if reason != _OK:
+                return reason
+            if compare_and_swap(slots, idx, old, new):
+                return _OK
+            # Lost the race: somebody changed the word; re-read and re-validate.
+
+    return apply_transition
+
+
+apply_transition = _make_apply_transition(TABLES_DIGEST)
+
+
+def _make_apply_batch(tables_digest):
+    @njit(cache=True, nogil=True, _nrt=False)
+    def apply_batch(slots, roles, n_roles, posture, slot_ids, events, role_ids, keys, out):
+        """Apply events[i] to slot_ids[i] in order; out[i] gets each reason. Returns #applied."""
+        tables_digest  # noqa: B018 - in the closure, so in numba's cache key
+        applied = 0
+        n = min(slot_ids.size, events.size, role_ids.size, keys.size, out.size)
+        for i in range(n):
+            reason = apply_transition(slots, roles, n_roles, posture, slot_ids[i], events[i], role_ids[i], keys[i], -1)
+            out[i] = reason
+            if reason == _OK:
+                applied += 1
+        return applied
+
+    return apply_batch
+
+
+apply_batch = _make_apply_batch(TABLES_DIGEST)
+
+
+def _make_start_unit(tables_digest):
+    @njit(cache=True, nogil=True, _nrt=False)
+    def start_unit(slots, roles, n_roles, posture, slot, event, role, key, unit_id):
+        """A worker begins a unit: START or RESUME, then record the unit id. One call."""
+        tables_digest  # noqa: B018 - in the closure, so in numba's cache key
+        reason = apply_transition(slots, roles, n_roles, posture, slot, event, role, key, -1)
         if reason == _OK:
-            applied += 1
-    return applied
+            store_release(slots, slot * SLOT_FIELDS + _S_UNIT, np.uint64(unit_id))
+        return reason
+
+    return start_unit
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def start_unit(slots, roles, n_roles, posture, slot, event, role, key, unit_id):
-    """A worker begins a unit: START or RESUME, then record the unit id. One call."""
-    reason = apply_transition(slots, roles, n_roles, posture, slot, event, role, key, -1)
-    if reason == _OK:
-        store_release(slots, slot * SLOT_FIELDS + _S_UNIT, np.uint64(unit_id))
-    return reason
+start_unit = _make_start_unit(TABLES_DIGEST)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def finish_unit(slots, roles, n_roles, posture, slot, event, role):
-    """A worker ends a unit with its role's completion event — DRAINED instead when the
-    supervisor drained the slot meanwhile — and counts it. Returns reason * 16 + the
-    slot's state afterwards (one call instead of three)."""
-    reason = apply_transition(slots, roles, n_roles, posture, slot, event, role, 0, -1)
-    if reason == _R_ILLEGAL:
-        if np.int64(load_acquire(slots, slot * SLOT_FIELDS) & _STATE_MASK) == _DRAINING:
-            reason = apply_transition(slots, roles, n_roles, posture, slot, _DRAINED, role, 0, -1)
-    if reason == _OK:
-        fetch_add(slots, slot * SLOT_FIELDS + _S_DONE, np.uint64(1))
-    if slot < 0 or slot >= slots.size // SLOT_FIELDS:
-        return reason * 16
-    return reason * 16 + np.int64(load_acquire(slots, slot * SLOT_FIELDS) & _STATE_MASK)
+def _make_finish_unit(tables_digest):
+    @njit(cache=True, nogil=True, _nrt=False)
+    def finish_unit(slots, roles, n_roles, posture, slot, event, role):
+        """A worker ends a unit with its role's completion event — DRAINED instead when the
+        supervisor drained the slot meanwhile — and counts it. Returns reason * 16 + the
+        slot's state afterwards (one call instead of three)."""
+        tables_digest  # noqa: B018 - in the closure, so in numba's cache key
+        reason = apply_transition(slots, roles, n_roles, posture, slot, event, role, 0, -1)
+        if reason == _R_ILLEGAL:
+            if np.int64(load_acquire(slots, slot * SLOT_FIELDS) & _STATE_MASK) == _DRAINING:
+                reason = apply_transition(slots, roles, n_roles, posture, slot, _DRAINED, role, 0, -1)
+        if reason == _OK:
+            fetch_add(slots, slot * SLOT_FIELDS + _S_DONE, np.uint64(1))
+        if slot < 0 or slot >= slots.size // SLOT_FIELDS:
+            return reason * 16
+        return reason * 16 + np.int64(load_acquire(slots, slot * SLOT_FIELDS) & _STATE_MASK)
+
+    return finish_unit
+
+
+finish_unit = _make_finish_unit(TABLES_DIGEST)
 
 
 @njit(cache=True, nogil=True, _nrt=False)

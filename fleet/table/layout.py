@@ -7,7 +7,7 @@ The table is one POSIX shared-memory segment:
     ledger      128 B   outcome counters (seqlocked), then failures by reason
     roles       128 B each: kind, cordon class, bounds, queue depth, in-use count, name
     slots        64 B each: the slot word, then a seqlocked record (unit, pid, cpu set, binding)
-    bulkheads   128 B each: room for the provider admission's per-pool counters
+    bulkheads   192 B each: the provider admission's per-pool counters and the pool's name
     meta         32 KiB   JSON written once before the table is published: the plan,
                           the budget, the seats (what `fleetctl status` shows beside the live state)
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 
 MAGIC = int.from_bytes(b"FLEETTBL", "little")
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: bulkhead records grew to 3 lines
 LINE = 64  # cache line: the unit of alignment for every record
 
 # --- slot word ------------------------------------------------------------------
@@ -152,7 +152,9 @@ P_DUTY_PPM = 10  # cordon_duty_percent * 10_000 (parts per million of time)
 P_DUTY_WINDOW_MS = 11
 P_EXIT_CLEAN_MS = 12
 P_INTAKE_FLOOR = 13  # 0 = unset (half the slot cap)
-POSTURE_CAUSES = ("none", "throttle-events", "throttle-duty", "lane-death", "operator")
+P_EPOCH = 14  # quota epoch: 0 at boot, +1 at every change of the quota the plan uses
+P_QUOTA_UCPU = 15  # the quota last detected, in millionths of a CPU (0: not detected yet)
+POSTURE_CAUSES = ("none", "throttle-events", "throttle-duty", "lane-death", "operator", "cpu-pressure")
 
 # --- ledger record (2 lines) ---------------------------------------------------------
 LEDGER_SIZE = 2 * LINE
@@ -189,16 +191,26 @@ S_BINDING = 6  # 0 pinned, 1 shared, 2 logical
 S_DONE = 7  # units completed on this slot (atomic add)
 BINDINGS = ("pinned", "shared", "logical")
 
-# --- bulkhead records (2 lines each) -----------------------------------------------------
-BULKHEAD_SIZE = 2 * LINE
-B_STATE = 0
-B_SEQ = 1
-B_INFLIGHT = 2
+# --- bulkhead records (3 lines each; packed by fleet.table.bulkheads) -----------------------
+BULKHEAD_SIZE = 3 * LINE
+B_STATE = 0  # 0: record unused; else state code | daily-limit flag << 8
+B_SEQ = 1  # seqlock over the whole record (one writer: the supervisor)
+B_INFLIGHT = 2  # units running on the pool
 B_SUCCESSES = 3
 B_FAILURES = 4
-B_CLOSED_UNTIL_NS = 5
-B_BACKOFF_UNTIL_NS = 6
-B_NAME_BYTE = LINE  # second line: the pool name, 64 bytes
+B_CLOSED_UNTIL_NS = 5  # CLOCK_REALTIME ns (0: not closed)
+B_BACKOFF_UNTIL_NS = 6  # CLOCK_REALTIME ns (0: not backing off)
+B_WAITING = 7
+B_DELEGATED = 8  # second line
+B_REFUSALS = 9  # consecutive
+B_CAUSE = 10  # closure cause code
+B_CARRYING = 11  # the load at the last refusal
+B_ESTIMATE = 12  # shown only
+B_MEAN_US = 13  # mean round time, µs
+B_MEAN_COST_NUSD = 14  # mean cost, nano-USD
+B_PROBES = 15
+B_NAME_BYTE = 2 * LINE  # third line: the pool name, 64 bytes
+BULKHEAD_NAME_BYTES = LINE
 
 U64 = 8  # bytes per field
 META_SIZE = 32 * 1024

@@ -60,7 +60,7 @@ class TableSnapshot:
     posture = property(lambda self: self._array("posture")[0])
     #: (16,) uint64
     ledger = property(lambda self: self._array("ledger")[0])
-    #: (n_bulkheads, 16) uint64
+    #: (n_bulkheads, 24) uint64
     bulkheads = property(lambda self: self._array("bulkheads"))
 
     def _array(self, key: str):
@@ -101,6 +101,17 @@ class TableSnapshot:
             "done": w[base + L.S_DONE],
         }
 
+    @property
+    def n_bulkheads(self) -> int:
+        return self._reader.n_bulk
+
+    def bulkhead_words(self, i: int) -> memoryview:
+        """The words of bulkhead record `i` (fleet.table.bulkheads.unpack reads them)."""
+        first, stride, count, _seq = self._reader.regions["bulkheads"]
+        if not 0 <= i < count:
+            raise IndexError(f"bulkhead {i} out of range [0, {count})")
+        return self._w[first + i * stride : first + (i + 1) * stride]
+
     def posture_view(self) -> dict:
         p = _Record(self, "posture", 0)
         cause = int(p[L.P_CAUSE])
@@ -120,6 +131,8 @@ class TableSnapshot:
                 "cordon_exit_clean_ms": int(p[L.P_EXIT_CLEAN_MS]),
                 "cordon_sim_intake_floor": int(p[L.P_INTAKE_FLOOR]) or None,
             },
+            "epoch": int(p[L.P_EPOCH]),
+            "detected_cpus": int(p[L.P_QUOTA_UCPU]) / 1e6 if int(p[L.P_QUOTA_UCPU]) else None,
         }
 
     def ledger_view(self) -> dict:

@@ -249,6 +249,10 @@ class SlotTable:
             fields[names[key]] = value
         self._seq_write(self.posture, L.P_SEQ, fields)
 
+    def set_quota_epoch(self, epoch: int, detected_cpus: float) -> None:
+        """Publish the quota epoch and the detected quota (posture record, seqlocked)."""
+        self._seq_write(self.posture, L.P_SEQ, {L.P_EPOCH: epoch, L.P_QUOTA_UCPU: int(round(detected_cpus * 1e6))})
+
     def set_ledger(self, *, submitted: int, solved: int, suppressed: int, failed: int, inflight: int = 0,
                    failed_by_reason: Iterable[int] = ()) -> None:
         """Publish the ledger counters in one seqlocked write (single writer: the ledger)."""

@@ -1,0 +1,527 @@
+"""The live provider admission: admit units, take their outcome signals, answer coordinators.
+
+Theory of operation. `AdmissionPool` owns one `AdmissionState` (admission.state) and
+replaces it through the pure transitions; every decision is `admission.scheduler.decide`.
+It adds what needs memory of units:
+
+* **seats**: which unit runs on which route (a probe? delegated? moved?), so that
+  `report(unit, signal)` lands on the pool the unit really ran on;
+* **waits**: units told to wait keep their ask; `wake()` re-decides them lane by lane
+  in urgency order and returns those that start now;
+* **lanes**: running / waiting / delegated / moved / spent per lane x bulkhead, for
+  the census (reference 000 §10);
+* **closures on disk**: every change of the closures is saved through a
+  `ClosureStore` (a JSON file written atomically by default; the host-group store can
+  stand in later through the same two methods), and loaded at start — a restarted
+  process must not re-spend a key it knows is spent.
+
+Time comes from a clock object with ``wall()`` (UTC epoch seconds: closures, midnight)
+and ``mono()`` (monotonic seconds: backoffs, probes, waits). `ManualClock` is stepped by
+hand (tests, replays); `ScaledClock` runs a day in minutes for a replay.
+
+Not thread-safe by design: one owner (the supervisor's loop) calls it; others post
+to that loop (DESIGN §8).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+from typing import NamedTuple, Protocol, Sequence
+
+from fleet.errors import FleetError
+from fleet.outcomes import Refused
+from fleet.route import Route
+
+from . import scheduler as S
+from . import state as T
+from .policy import Policy, PolicyHolder
+
+log = logging.getLogger("admission")
+_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+
+
+# --- clocks ---------------------------------------------------------------------------------
+class SystemClock:
+    """The host's clocks: time.time for wall, time.monotonic for intervals."""
+
+    wall = staticmethod(time.time)
+    mono = staticmethod(time.monotonic)
+
+
+class ManualClock:
+    """A clock that moves only when told (`advance`, `set_wall`); wall and mono move together."""
+
+    def __init__(self, wall: float = 0.0, mono: float = 0.0):
+        self._wall, self._mono = float(wall), float(mono)
+
+    def wall(self) -> float:
+        return self._wall
+
+    def mono(self) -> float:
+        return self._mono
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock does not run backwards")
+        self._wall += seconds
+        self._mono += seconds
+
+
+class ScaledClock:
+    """Real time sped up `scale` times from `start_wall` (a replay of a day in minutes)."""
+
+    def __init__(self, scale: float, start_wall: float | None = None):
+        if not scale > 0:
+            raise ValueError(f"scale must be > 0, not {scale!r}")
+        self.scale = float(scale)
+        self._t0 = time.monotonic()
+        self._w0 = time.time() if start_wall is None else float(start_wall)
+
+    def mono(self) -> float:
+        return (time.monotonic() - self._t0) * self.scale
+
+    def wall(self) -> float:
+        return self._w0 + self.mono()
+
+
+# --- closures on disk --------------------------------------------------------------------------
+class ClosureStore(Protocol):
+    """Where closures outlive the process. The host-group store implements the same two calls."""
+
+    def load(self) -> list[T.Closure]: ...
+
+    def save(self, closures: Sequence[T.Closure]) -> None: ...
+
+
+class ClosureFileError(FleetError):
+    """The closure state file cannot be read as one."""
+
+
+class FileClosureStore:
+    """Closures as a small JSON file, replaced atomically (temp file, fsync, rename, fsync dir)."""
+
+    VERSION = 1
+
+    def __init__(self, path: str):
+        self.path = os.fspath(path)
+
+    def load(self) -> list[T.Closure]:
+        try:
+            with open(self.path, "rb") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            raise ClosureFileError(f"closure file {self.path}: {exc}") from None
+        try:
+            if data["version"] != self.VERSION:
+                raise ClosureFileError(f"closure file {self.path}: version {data['version']!r}, expected {self.VERSION}")
+            return [T.Closure(str(c["provider"]), c["credential"], float(c["until"]), str(c["cause"]),
+                              bool(c["daily"]), float(c["since"]), str(c.get("message", "")))
+                    for c in data["closures"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClosureFileError(f"closure file {self.path}: bad record ({exc!r})") from None
+
+    def save(self, closures: Sequence[T.Closure]) -> None:
+        blob = json.dumps({"version": self.VERSION, "closures": [c._asdict() for c in closures]},
+                          sort_keys=True, indent=1).encode()
+        folder = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(prefix=".closures.", dir=folder)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, blob)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, self.path)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        dfd = os.open(folder, os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)  # the rename itself is durable
+        finally:
+            os.close(dfd)
+
+
+# --- the pool -----------------------------------------------------------------------------------
+class UnknownUnit(FleetError, KeyError):
+    """A report or cancel for a unit the admission does not hold."""
+
+
+class BadAsk(FleetError, ValueError):
+    """An admit whose arguments cannot be decided (not a Route, an unknown severity, a reused id)."""
+
+
+class _Seat(NamedTuple):
+    route: Route
+    lane: str | None
+    probe: bool
+    delegated: bool
+    started: float  # mono
+
+
+class _LaneRow:
+    __slots__ = ("running", "delegated", "delegated_total", "moved_in", "spent", "spent_day", "started", "refused")
+
+    def __init__(self):
+        self.running = self.delegated = self.delegated_total = self.moved_in = self.started = self.refused = 0
+        self.spent = 0.0  # USD spent today (UTC) by the lane's clean rounds on this pool
+        self.spent_day = 0
+
+    def spend(self, cost: float, wall: float) -> None:
+        day = int(wall // T.DAY)
+        if day != self.spent_day:
+            self.spent, self.spent_day = 0.0, day
+        self.spent += cost
+
+
+class AdmissionPool:
+    """The live admission of one process. See the module docstring."""
+
+    def __init__(self, policy: Policy | PolicyHolder | None = None, *, clock=None, rng=None,
+                 store: ClosureStore | None = None):
+        self.holder = policy if isinstance(policy, PolicyHolder) else PolicyHolder(policy)
+        self.clock = clock if clock is not None else SystemClock()
+        self.rng = rng if rng is not None else random.Random()
+        self.store = store
+        self.state = T.AdmissionState.empty()
+        self._seats: dict[int, _Seat] = {}
+        self._waits: dict[int, S.Ask] = {}  # unit id -> ask (insertion order = arrival)
+        self._why: dict[int, S.Decision] = {}  # unit id -> its last WAIT decision
+        self._lanes: dict[tuple, _LaneRow] = {}  # (lane, route) -> counters
+        self._budget: dict[str, tuple] = {}  # provider -> (spent, limit, wall time of the reading)
+        self.load_error: str | None = None
+        if store is not None:
+            self._load()
+
+    # --- time and policy --------------------------------------------------------------------
+    def now(self) -> T.Now:
+        return _new(T.Now, (self.clock.wall(), self.clock.mono()))
+
+    @property
+    def policy(self) -> Policy:
+        return self.holder.current
+
+    # --- admission ---------------------------------------------------------------------------
+    def admit(self, unit: int, route: Route, *, lane: str | None = None, severity: str | None = None,
+              pinned: bool = False, parent: int | None = None, tag: str | None = None) -> S.Decision:
+        """Decide unit `unit` for `route`: it starts now (ADMIT / MOVE, seated) or waits (kept for `wake`).
+
+        A delegated unit (`parent` given) counts on its parent's lane when the parent is seated.
+        """
+        if type(route) is not Route:
+            raise BadAsk(f"unit {unit}: route must be a fleet.Route, not {type(route).__name__}")
+        seats = self._seats
+        if unit in seats or unit in self._waits:
+            raise BadAsk(f"unit {unit} is already admitted or waiting")
+        policy = self.holder.current
+        if policy.nodes and (route.model, route.provider) not in policy.nodes:
+            raise BadAsk(f"unit {unit}: route {route} is not in the declared catalog")
+        if parent is not None and parent in seats:
+            lane = seats[parent].lane
+        if lane in policy.lanes:
+            broken = policy.breaks_lane(route, lane)
+            if broken is not None:
+                raise BadAsk(f"unit {unit}: {broken}")
+        if severity is not None and severity not in policy.severity:
+            raise BadAsk(f"unit {unit}: unknown severity {severity!r}; known: {', '.join(policy.severity)}")
+        now = self.now()
+        ask = _new(S.Ask, (unit, route, lane, severity, bool(pinned), parent, tag, now.mono))
+        decision = S.decide(ask, self.state, policy, now, self.rng)
+        if decision.action != S.WAIT:
+            self._seat(ask, decision, now)
+        else:
+            self._waits[unit] = ask
+            self._why[unit] = decision
+            self._put(T.waited(T.bulkhead_of(self.state, route, now), 1))
+        return decision
+
+    def _put(self, b: T.Bulkhead) -> None:
+        # The pool owns its state's dicts: the pure transitions made `b`, the pool files it in place.
+        self.state.bulkheads[b.route] = b
+
+    def _seat(self, ask: S.Ask, decision: S.Decision, now: T.Now) -> None:
+        route = decision.route
+        moved = decision.action == S.MOVE
+        b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
+        self._put(T.seated(b, now, decision.probe, decision.delegated, moved))
+        self._seats[ask.id] = _new(_Seat, (route, ask.lane, decision.probe, decision.delegated, now.mono))
+        row = self._lanes.get((ask.lane, route)) or self._lane(ask.lane, route)
+        row.running += 1
+        row.started += 1
+        if moved:
+            row.moved_in += 1
+        if decision.delegated:
+            row.delegated += 1
+            row.delegated_total += 1
+
+    def _lane(self, lane, route) -> _LaneRow:
+        row = self._lanes.get((lane, route))
+        if row is None:
+            row = self._lanes[(lane, route)] = _LaneRow()
+        return row
+
+    def report(self, unit: int, signal: T.Signal) -> None:
+        """Unit `unit` ended with `signal` (see `signal_for`); its bulkhead takes the signal."""
+        seat = self._seats.pop(unit, None)
+        if seat is None:
+            raise UnknownUnit(f"unit {unit} is not running under the admission")
+        route, lane, probe, delegated, started = seat
+        now = self.now()
+        if signal.kind == T.CLEAN and signal.seconds is None:
+            signal = _new(T.Signal, (T.CLEAN, None, None, "", now.mono - started, signal.cost))
+        b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
+        b, closure, reopens = T.ended(b, signal, now, self.holder.current, probe, delegated)
+        self._put(b)
+        row = self._lanes[(lane, route)]
+        row.running -= 1
+        if delegated:
+            row.delegated -= 1
+        if signal.kind == T.REFUSED:
+            row.refused += 1
+        if signal.cost:
+            row.spend(signal.cost, now.wall)
+        if closure is not None:
+            self.state = T.close(self.state, closure, now)
+        if reopens:
+            self.state = T.reopen(self.state, route, now=now)
+        if closure is not None or reopens:
+            self._save()
+
+    def cancel(self, unit: int) -> None:
+        """Forget a waiting unit (cancelled, or its fleet shut down) without starting it."""
+        ask = self._waits.pop(unit, None)
+        if ask is None:
+            raise UnknownUnit(f"unit {unit} is not waiting under the admission")
+        self._why.pop(unit, None)
+        self._put(T.waited(T.bulkhead_of(self.state, ask.route, self.now()), -1))
+
+    def wake(self) -> list[tuple[int, S.Decision]]:
+        """Re-decide every waiting unit, lane by lane, most urgent first; seat and return those that start."""
+        if not self._waits:
+            return []
+        now = self.now()
+        self._prune(now)
+        policy = self.policy
+        lanes: dict = {}
+        for ask in self._waits.values():
+            lanes.setdefault(ask.lane, []).append(ask)
+        started = []
+        probed: set = set()
+        memo: dict = {}  # seating changes no pool's hold, so one memo serves the whole wake
+        for asks in lanes.values():
+            for ask in S.order(asks, policy, now):
+                decision = S.decide(ask, self.state, policy, now, self.rng, probed=probed, memo=memo)
+                if decision.starts:
+                    del self._waits[ask.id]
+                    self._why.pop(ask.id, None)
+                    self._put(T.waited(T.bulkhead_of(self.state, ask.route, now), -1))
+                    self._seat(ask, decision, now)
+                    started.append((ask.id, decision))
+                else:
+                    self._why[ask.id] = decision
+        return started
+
+    def waiting(self, unit: int) -> S.Decision | None:
+        """The last WAIT decision of a waiting unit (its reason and until-when), else None."""
+        return self._why.get(unit)
+
+    # --- coordinator API ------------------------------------------------------------------------
+    def plan(self, lane: str | None, route: Route, wanted: int, *, pinned: bool = False) -> int:
+        """How many of `wanted` new units on `route` in `lane` would start now. Seats nothing.
+
+        All of them unless a live refusal holds the pool: then all if an alternative
+        admits (and the lane is not pinned), one if a probe is due, else none.
+        """
+        if wanted <= 0:
+            return 0
+        now = self.now()
+        ask = S.Ask(-1, route, lane, None, pinned, None, None, now.mono)
+        first = S.decide(ask, self.state, self.policy, now, random.Random(0))
+        if not first.starts:
+            return 0
+        if not first.probe:
+            return wanted
+        # a probe is one unit: the rest decide as if it were seated
+        rest = S.decide(ask, T.seat(self.state, route, now, probe=True), self.policy, now, random.Random(0))
+        return 1 + (wanted - 1 if rest.starts else 0)
+
+    def lane_routes(self, lane: str | None) -> set[Route]:
+        """The routes the lane's work asks for (its waiting units' and its seats')."""
+        routes = {a.route for a in self._waits.values() if a.lane == lane}
+        routes |= {s.route for s in self._seats.values() if s.lane == lane}
+        return routes
+
+    def allowance(self, lane: str | None) -> int | None:
+        """None (start everything) unless every route the lane's work asks for is held back
+        by a live refusal with no admitting alternative: then 0."""
+        routes = self.lane_routes(lane)
+        if not routes:
+            return None
+        return 0 if all(self.plan(lane, r, 1) == 0 for r in routes) else None
+
+    def starving(self) -> list[dict]:
+        """Closed providers (or keys) with work waiting first, then pinned waits past starved_after."""
+        now = self.now()
+        out = []
+        for closure in sorted(self.state.closures.values(), key=lambda c: (c.provider, c.credential or "")):
+            if closure.until <= now.wall:
+                continue
+            n = sum(1 for a in self._waits.values() if closure.covers(a.route))
+            if n:
+                out.append({"kind": "provider-closed", "provider": closure.provider, "credential": closure.credential,
+                            "cause": closure.cause, "daily": closure.daily, "until": closure.until, "waiting": n})
+        policy = self.policy
+        pinned = [a for a in self._waits.values()
+                  if policy.is_pinned(a.lane, a.tag, a.pinned) and now.mono - a.since > policy.starved_after]
+        for a in sorted(pinned, key=lambda a: a.since):
+            out.append({"kind": "pinned", "unit": a.id, "route": str(a.route), "lane": a.lane,
+                        "waiting_s": now.mono - a.since, "why": self._why[a.id].reason})
+        return out
+
+    def next_wake(self) -> float | None:
+        """When `wake` may start something (a monotonic time of the clock), None if no unit waits."""
+        if not self._waits:
+            return None
+        return T.next_change(self.state, self.now(), self.policy)
+
+    def report_budget(self, provider: str, spent: float, limit: float | None) -> None:
+        """The budget gate's reading for `provider` today (shown per bulkhead); at the limit it closes
+        the provider until the next UTC midnight."""
+        now = self.now()
+        self._budget[provider] = (float(spent), None if limit is None else float(limit), now.wall)
+        closure = T.budget_closure(provider, spent, limit, now)
+        if closure is not None and not any(c.cause == T.BUDGET and c.until >= closure.until
+                                           for c in self.state.closures.values() if c.scope == closure.scope):
+            self.state = T.close(self.state, closure, now)
+            self._save()
+
+    # --- operator ------------------------------------------------------------------------------
+    def close(self, provider: str, credential: str | None = None, *, until: float, cause: str = T.OPERATOR,
+              message: str = "") -> None:
+        """Close a provider (or one key) until `until` (wall seconds): an operator, or the budget gate."""
+        now = self.now()
+        if not until > now.wall:
+            raise ValueError(f"close: until {until!r} is not in the future")
+        if cause not in T.CLOSING:
+            raise ValueError(f"close: cause must be one of {', '.join(T.CLOSING)}, not {cause!r}")
+        closure = T.Closure(provider, credential, float(until), cause, cause in T.DAILY_CAUSES, now.wall, message)
+        self.state = T.close(self.state, closure, now)
+        self._save()
+
+    def reopen(self, provider: str, credential: str | None = None) -> bool:
+        """Lift the closure of a provider (credential None) or one key; True if there was one."""
+        scope = (provider, credential)
+        had = scope in self.state.closures
+        self.state = T.reopen(self.state, scope=scope, now=self.now())
+        self._save()
+        return had
+
+    # --- read model ------------------------------------------------------------------------------
+    def census(self) -> dict:
+        """Rows per bulkhead and per lane x bulkhead, the closures and the starving list (000 §10)."""
+        now = self.now()
+        oldest: dict = {}
+        waiting_by_lane: dict = {}
+        for a in self._waits.values():
+            key = (a.lane, a.route)
+            waiting_by_lane[key] = waiting_by_lane.get(key, 0) + 1
+            oldest[key] = min(oldest.get(key, a.since), a.since)
+        bulkheads = [bulkhead_row(b, now, self._budget.get(b.route.provider)) for b in self.state.bulkheads.values()]
+        lanes = []
+        for key in sorted(set(self._lanes) | set(waiting_by_lane), key=lambda k: (k[0] or "", str(k[1]))):
+            lane, route = key
+            row = self._lanes.get(key) or _LaneRow()
+            since = oldest.get(key)
+            lanes.append({
+                "lane": lane, "pool": str(route), "running": row.running, "waiting": waiting_by_lane.get(key, 0),
+                "delegated": row.delegated, "delegated_total": row.delegated_total, "moved_in": row.moved_in,
+                "started": row.started, "refused": row.refused,
+                "spent_today": row.spent if row.spent_day == int(now.wall // T.DAY) else 0.0,
+                "oldest_waiting_s": None if since is None else now.mono - since,
+            })
+        return {
+            "bulkheads": bulkheads, "lanes": lanes,
+            "closures": [c._asdict() for c in self.state.closures.values() if c.until > now.wall],
+            "starving": self.starving(), "policy_error": self.holder.last_error,
+            "closure_store_error": self.load_error,
+        }
+
+    # --- persistence ------------------------------------------------------------------------------
+    def _load(self) -> None:
+        try:
+            closures = self.store.load()
+        except FleetError as exc:
+            # Start without them, loudly: refusing to start would stop every lane for a file.
+            self.load_error = str(exc)
+            log.error("admission: %s; starting with no known closures", exc)
+            return
+        now = self.now()
+        for closure in closures:
+            if closure.until > now.wall:
+                self.state = T.close(self.state, closure, now)
+
+    def _prune(self, now: T.Now) -> None:
+        pruned = T.prune(self.state, now)
+        if pruned is not self.state:
+            self.state = pruned
+            self._save()
+
+    def _save(self) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.save(list(self.state.closures.values()))
+        except OSError as exc:
+            log.error("admission: cannot save closures: %s", exc)
+
+
+def bulkhead_row(b: T.Bulkhead, now: T.Now, budget: tuple | None = None) -> dict:
+    """One bulkhead as a census row (what `fleetctl status` and `Fleet.status()` show).
+
+    `budget`: the provider's last budget reading (spent, limit, wall time), shown only.
+    """
+    spent, limit, budget_at = budget or (None, None, None)
+    closed = b.closed_until > now.wall
+    backoff = b.backoff_until > now.mono
+    return {
+        "pool": str(b.route), "model": b.route.model, "provider": b.route.provider, "credential": b.route.credential,
+        "state": "closed" if closed else "backoff" if backoff else "open",
+        "estimate": b.estimate, "carrying_capacity": b.carrying, "exhausted": closed or backoff,
+        "exhausted_at": b.refused_at or None, "why": b.why,
+        "running": b.running, "waiting": b.waiting, "delegated": b.delegated, "delegated_total": b.delegated_total,
+        "successes": b.successes, "failures": b.failures, "refusals": b.refusals,
+        "backoff_until": (now.wall + b.backoff_until - now.mono) if backoff else None,
+        "closed_until": b.closed_until if closed else None, "cause": b.cause if closed else None,
+        "closed_by_daily_limit": b.daily and closed, "probes": b.probes, "moved_in": b.moved_in,
+        "mean_seconds": b.mean_seconds, "mean_cost": b.mean_cost,
+        "budget_spent": spent, "budget_limit": limit, "budget_at": budget_at,
+    }
+
+
+def signal_for(error: BaseException | None = None, *, cost: float | None = None,
+               seconds: float | None = None) -> T.Signal:
+    """The signal of a unit's end: None -> clean; fleet.Refused -> its refusal; a timeout -> stall; else error."""
+    if error is None:
+        return T.Signal.clean(seconds, cost)
+    if isinstance(error, Refused):
+        return T.Signal.refused(error.status, error.message, error.retry_after)
+    if isinstance(error, TimeoutError):
+        return T.Signal(T.STALL)
+    return T.Signal(T.ERROR, message=type(error).__name__)
+
+
+__all__ = [
+    "AdmissionPool", "BadAsk", "ClosureFileError", "ClosureStore", "FileClosureStore", "ManualClock",
+    "ScaledClock", "SystemClock", "UnknownUnit", "bulkhead_row", "signal_for",
+]

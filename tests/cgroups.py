@@ -1,0 +1,143 @@
+"""Real v1 cpu cgroups for tests: created under /sys/fs/cgroup/cpu/ with a quota the test
+sets (and may change while something runs inside), removed even when the test fails.
+Only groups made here are ever touched."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.daemons import Fleetd, to_toml
+
+V1_CPU = "/sys/fs/cgroup/cpu"
+PERIOD_US = 100_000
+
+
+def require_v1_cpu() -> None:
+    """Fail under CI (root, cgroups v1 cpu: a missing one is a broken machine), skip elsewhere."""
+    if os.geteuid() != 0 or not os.path.exists(os.path.join(V1_CPU, "cgroup.procs")):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and a cgroup v1 cpu hierarchy")
+
+
+class CpuGroup:
+    """One v1 cpu cgroup this test made."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def set_quota(self, cpus: float) -> None:
+        """Set the CFS quota to `cpus` CPUs (period 100 ms)."""
+        with open(os.path.join(self.path, "cpu.cfs_period_us"), "w") as f:
+            f.write(str(PERIOD_US))
+        with open(os.path.join(self.path, "cpu.cfs_quota_us"), "w") as f:
+            f.write(str(int(round(cpus * PERIOD_US))))
+
+    def add(self, pid: int) -> None:
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+
+    def pids(self) -> list[int]:
+        with open(os.path.join(self.path, "cgroup.procs")) as f:
+            return [int(line) for line in f.read().split()]
+
+    def enter_self(self) -> None:
+        """For a preexec_fn: move the calling (forked) process into the group."""
+        self.add(os.getpid())
+
+
+@contextlib.contextmanager
+def cpu_group(cpus: float):
+    """A fresh v1 cpu cgroup limited to `cpus` CPUs; removed on exit (processes still in
+    it are the test's own: they are killed first, so rmdir can succeed)."""
+    require_v1_cpu()
+    path = os.path.join(V1_CPU, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    group = CpuGroup(path)
+    try:
+        group.set_quota(cpus)
+        yield group
+    finally:
+        _remove(group)
+
+
+def _cgroup2_mount() -> str | None:
+    from fleet import cgroup
+
+    with open("/proc/self/mountinfo") as f:
+        mounts = cgroup.parse_mountinfo(f.read())
+    return next((m.mount_point for m in mounts if m.fstype == "cgroup2"), None)
+
+
+@contextlib.contextmanager
+def v2_group():
+    """A fresh cgroup2 group (no controllers needed: its cpu.pressure is PSI of its own
+    tasks); removed on exit. Fails under CI (root, cgroup2 with PSI there), skips elsewhere."""
+    mount = _cgroup2_mount()
+    if os.geteuid() != 0 or mount is None or not os.path.exists(os.path.join(mount, "cpu.pressure")):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and a cgroup2 mount with PSI")
+    path = os.path.join(mount, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    group = CpuGroup(path)
+    try:
+        yield group
+    finally:
+        _remove(group)
+
+
+def busy(group: CpuGroup, n: int) -> list[subprocess.Popen]:
+    """`n` busy-looping processes inside `group` (the caller kills them; _remove does too)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=group.enter_self) for _ in range(n)]
+
+
+def _remove(group: CpuGroup) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            for pid in group.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+            os.rmdir(group.path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # a killed process takes a moment to leave the group
+
+
+class FleetdInGroup(Fleetd):
+    """A real fleetd started inside `group` (it moves itself there before exec)."""
+
+    def __init__(self, name: str, roles: dict, group: CpuGroup, *, fleet: dict | None = None, **kwargs):
+        self.group = group
+        self.fleet_section = fleet or {}
+        super().__init__(name, roles, **kwargs)
+
+    def write_config(self, roles, *, posture=None, limits=None, text=None) -> None:
+        if text is None:
+            cfg = {"fleet": {"name": self.name, **self.fleet_section}, "roles": roles}
+            if posture:
+                cfg["posture"] = posture
+            if limits:
+                cfg["limits"] = limits
+            text = to_toml(cfg)
+        super().write_config(roles, text=text)
+
+    def start(self, *, wait_ready: bool = True) -> "FleetdInGroup":
+        self._stderr = open(self.stderr_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet.cli.fleetd", "--config", self.config_path, "--name", self.name,
+             *self.args],
+            env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr, cwd=self.dir,
+            preexec_fn=self.group.enter_self,
+        )
+        if wait_ready:
+            self.wait_ready()
+        return self
+
