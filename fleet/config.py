@@ -34,6 +34,10 @@ a ConfigError naming their dotted path)::
     max_restarts = 5
     within_seconds = 60
 
+    [record]                  # the arrival log fleet-burst records traces from (fleet.burst.record)
+    enabled = false
+    path = "..."              # default: <runtime dir>/<name>.arrivals.jsonl
+
     [metrics]                 # the Prometheus endpoint (fleet.metrics); off unless enabled
     enabled = false
     host = "127.0.0.1"        # localhost only unless the operator opens it
@@ -90,6 +94,14 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class RecordConfig:
+    """The arrival log: one JSON line per accepted unit at `path` when `enabled` (fleet.burst.record)."""
+
+    enabled: bool = False
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     """The validated configuration. Build it with `load_config`."""
 
@@ -102,6 +114,7 @@ class FleetConfig:
     limits: Limits = Limits()
     restart: RestartIntensity = RestartIntensity()
     metrics: MetricsConfig = MetricsConfig()
+    record: RecordConfig = RecordConfig()
     source: str | None = None
     env_overrides: tuple[str, ...] = ()
 
@@ -202,7 +215,19 @@ def _metrics(data):
     return MetricsConfig(enabled, host, port)
 
 
-SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics")
+def _record(data):
+    data = _table("record", data)
+    _reject_unknown("record", data, ("enabled", "path"))
+    enabled = data.get("enabled", RecordConfig.enabled)
+    if not isinstance(enabled, bool):
+        raise ConfigError("record.enabled", f"must be true or false, got {enabled!r}")
+    path = data.get("path")
+    if path is not None and (not isinstance(path, str) or not path.strip()):
+        raise ConfigError("record.path", f"must be a file path, got {path!r}")
+    return RecordConfig(enabled, path)
+
+
+SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "record")
 
 
 def _build(raw: dict, source, env_paths) -> FleetConfig:
@@ -220,6 +245,7 @@ def _build(raw: dict, source, env_paths) -> FleetConfig:
         limits=_limits(raw.get("limits", {})),
         restart=_restart(raw.get("restart", {})),
         metrics=_metrics(raw.get("metrics", {})),
+        record=_record(raw.get("record", {})),
         source=source,
         env_overrides=tuple(env_paths),
     )
@@ -244,6 +270,8 @@ _TYPES = {
     ("restart", "within_seconds"): "float",
     ("metrics", "enabled"): "bool",
     ("metrics", "port"): "int",
+    ("record", "enabled"): "bool",
+    ("record", "path"): "str?",
 }
 _ROLE_TYPES = {
     "handler": "str?",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx  # imported here so that the zygote has it loaded before it forks workers
+
 _clients: dict = {}  # event loop -> httpx.AsyncClient (one per worker loop)
 
 
@@ -30,8 +32,6 @@ class ProviderRefusal(Exception):
 
 
 def _client():
-    import httpx
-
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
@@ -42,8 +42,12 @@ def _client():
 
 
 async def chat(unit) -> dict:
-    """One chat-completions round. Payload: url, model, credential, id, latency_s (optional)."""
+    """One chat-completions round. Payload: url, model, credential, id, latency_s (optional);
+    ``{"warm": true}`` only makes the worker's client (the replay warms each role up before it measures)."""
     p = unit.payload
+    if p.get("warm"):
+        _client()
+        return {"status": 0}
     headers = {"X-Burst-Round": p["id"]}
     if p.get("credential"):
         headers["Authorization"] = f"Bearer {p['credential']}"

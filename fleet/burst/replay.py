@@ -57,6 +57,7 @@ class Round:
     index: int
     arrival: Arrival
     released: float | None = None
+    ready: float | None = None  # released and every arrival it comes `after` has ended
     submitted: float | None = None
     started: float | None = None
     ended: float | None = None
@@ -74,7 +75,7 @@ class Round:
     def to_json(self) -> dict:
         a = self.arrival
         return {"id": a.id, "lane": a.lane, "role": a.role, "t": a.t, "cycle": a.cycle, "pool": self.pool,
-                "released": self.released, "submitted": self.submitted, "started": self.started,
+                "released": self.released, "ready": self.ready, "submitted": self.submitted, "started": self.started,
                 "ended": self.ended, "status": self.status, "reason": self.reason, "moved": self.moved,
                 "probe": self.probe}
 
@@ -230,6 +231,7 @@ class Driver:
     # --- arrivals ----------------------------------------------------------------------------
     def _arrive(self, r: Round) -> None:
         a = r.arrival
+        r.ready = self.clock.mono()
         if a.route is None:
             self._submit(r, None)
         elif self.mode == "none":

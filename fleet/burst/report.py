@@ -7,7 +7,8 @@
 
 Per mode: refusals (429, 402, 403) per pool and in total, rounds ok / failed / cut,
 rounds moved to an alternative, probes, makespan (first arrival to last end), wait
-p50/p95/max per lane (arrival to the start of the work), starving time per lane (from a
+p50/p95/max per lane (from ready — released, and every arrival it comes
+``after`` ended — to the start of the work), starving time per lane (from a
 402/403 refusal or a cut round in the lane to its next clean round, or to the end),
 cycle tail avg/p95/max (ms, first arrival of a cycle to its last end), the scheduler's
 lag (real ms), the ledger check, and the simulator's own counts with
@@ -77,7 +78,8 @@ def summarize(result, trace) -> dict:
     for r in rounds:
         lanes[r["lane"] or "-"].append(r)
     end = max(ended + [trace.horizon_s if statuses.get("cut") else 0.0]) if ended else trace.horizon_s
-    wait = {lane: _stats([r["started"] - r["t"] for r in rs if r["started"] is not None]) for lane, rs in lanes.items()}
+    wait = {lane: _stats([r["started"] - r["ready"] for r in rs if r["started"] is not None and r["ready"] is not None])
+            for lane, rs in lanes.items()}
     starving = {lane: starving_time(rs, end) for lane, rs in lanes.items()}
     cycles = collections.defaultdict(list)
     for r in rounds:

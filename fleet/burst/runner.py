@@ -13,6 +13,17 @@ from .trace import Trace
 SWITCH_INTERVAL_S = 0.0002
 
 
+def warm_up(f, trace: Trace) -> None:
+    """One unit per role before any mode is measured: workers forked, clients made, code paths warm."""
+    futures = []
+    for role in dict.fromkeys(a.role for a in trace.arrivals):
+        a = next(x for x in trace.arrivals if x.role == role)
+        payload = {"warm": True} if a.route is not None else {"id": "warm", "cpu_ms": 0.0}
+        futures.append(f.submit(role, payload, key=a.key))
+    for future in futures:
+        future.result(60)
+
+
 def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = None, cap: int | None = None,
            profiles=None, name: str | None = None, progress: bool = True) -> dict:
     """Replay `trace` once per profile x mode; raises AdmissionUnavailable (before anything runs),
@@ -48,6 +59,7 @@ def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = N
             sim = ProviderSimulator(header, clock, seed=seed)
             try:
                 sim.start()
+                warm_up(f, trace)
                 for mode in modes:
                     if bar is not None:
                         bar.set_description(f"{header.name} {profile}/{mode}")
