@@ -154,7 +154,9 @@ def _record(args) -> int:
     from .record import NoRecording, capture
 
     try:
-        n = capture(args.name, args.output, source=args.source, duration=args.duration, count=args.count)
+        n = capture(args.name, args.output, source=args.source, duration=args.duration, count=args.count,
+                    on_ready=lambda path: print(f"recording arrivals of {args.name} from {path}", file=sys.stderr,
+                                                flush=True))
     except NoRecording as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_NO_FLEET

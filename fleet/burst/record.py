@@ -112,10 +112,10 @@ def to_trace(name: str, lines: list[dict]) -> tuple[dict, list[dict]]:
 
 
 def capture(name: str, output: str, *, source: str | None = None, duration: float | None = None,
-            count: int | None = None, ready: threading.Event | None = None) -> int:
+            count: int | None = None, on_ready=None) -> int:
     """Tail fleet `name`'s arrival log from now until a stop condition; write the trace; returns arrivals.
 
-    `ready` (optional) is set once reading has started at the log's end.
+    `on_ready` (optional) is called once reading has started at the log's end.
     """
     from fleet.names import InvalidFleetName, validate_fleet_name
 
@@ -136,8 +136,8 @@ def capture(name: str, output: str, *, source: str | None = None, duration: floa
     last_check = time.monotonic()
     with f:
         f.seek(0, os.SEEK_END)
-        if ready is not None:
-            ready.set()
+        if on_ready is not None:
+            on_ready(path)
         buf = b""
         try:
             while True:
