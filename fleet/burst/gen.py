@@ -12,7 +12,9 @@
   that key (no compliant alternative), the other lanes have one on another provider.
 * ``solve-cycle.jsonl``: reference 002 §1's cycle: resolve (12.4 ms CPU), then 6 keyed
   solver bins, ~95 sims of 3.3 ms CPU (85-105 per cycle) spread over the bins, then a
-  merge after every sim; one cycle every 500 ms, 40 cycles, at speed 1.
+  merge after every sim; 30 cycles at speed 1. 002's survey saw 333 cycles in ~1158 s (one
+  every ~3.5 s); the idle time between cycles is compressed to one cycle a second, which
+  changes no cycle's tail as long as a cycle ends within its second.
 """
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ def daily_limit_day(seed: int = 1004):
         "embeddings": Route("text-embed-3", "openrouter-eu", key),
     }
     header = {
-        "name": "daily-limit-day", "start": "2026-10-04T00:00:00Z", "seed": seed, "speed": 720, "horizon_s": 86400,
+        "name": "daily-limit-day", "start": "2026-10-04T00:00:00Z", "seed": seed, "speed": 1440, "horizon_s": 86400,
         "modes": ["none", "cap", "admission"], "cap": 8,
         "pools": [
             {"model": "glm-5.3-review", "provider": "openrouter-eu", "k": 12, "residency": "eu"},
@@ -113,7 +115,7 @@ def daily_limit_day(seed: int = 1004):
     return header, arrivals
 
 
-def solve_cycle(seed: int = 2, cycles: int = 40, period_s: float = 0.5):
+def solve_cycle(seed: int = 2, cycles: int = 30, period_s: float = 1.0):
     rng = random.Random(seed)
     header = {"name": "solve-cycle", "start": "2026-09-08T00:00:00Z", "seed": seed, "speed": 1, "horizon_s": cycles * period_s + 30,
               "modes": ["none"], "profiles": ["auto", "pinned"]}
