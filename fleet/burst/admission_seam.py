@@ -38,6 +38,7 @@ class AdmissionSeam:
                 f"installation does not have ({exc}); run with --modes none,cap") from None
         self._Route, self._Signal = Route, Signal
         self.pool = AdmissionPool(Policy.from_dict(policy_dict(header)), clock=clock, rng=random.Random(seed))
+        self._closures: dict = {}  # (provider, credential, since) -> closure: every one the replay saw
 
     def admit(self, unit: int, route: TraceRoute, lane, severity, parent: int | None):
         """(starts, route chosen (trace Route), moved, probe)."""
@@ -55,6 +56,8 @@ class AdmissionSeam:
 
     def report_refused(self, unit: int, status: int, message: str, retry_after: float | None) -> None:
         self.pool.report(unit, self._Signal.refused(status, message, retry_after))
+        for c in self.pool.census()["closures"]:  # a refusal is when a closure can begin
+            self._closures.setdefault((c["provider"], c["credential"], c["since"]), c)
 
     def report_error(self, unit: int, message: str) -> None:
         self.pool.report(unit, self._Signal("error", message=message))
@@ -70,7 +73,8 @@ class AdmissionSeam:
         self.pool.cancel(unit)
 
     def closures(self) -> list[dict]:
-        return self.pool.census()["closures"]
+        """Every closure the admission made during the replay (census rows), also those since lifted."""
+        return list(self._closures.values())
 
 
 def policy_dict(header: Header) -> dict:

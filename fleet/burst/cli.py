@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 EXIT_OK = 0
@@ -172,8 +173,6 @@ def _show(args) -> int:
     except R.ReportError as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_BAD_REPORT
-    import os
-
     folder = args.report if os.path.isdir(args.report) else os.path.dirname(os.path.abspath(args.report))
     paths = R.render(rep, folder)
     print(R.markdown(rep))

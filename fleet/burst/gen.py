@@ -8,8 +8,10 @@
   alternative (the same model on azure-eu).
 * ``daily-limit-day.jsonl``: reference 000's 2026-10-04: lanes review, triage, bugfix
   and embeddings all day on one OpenRouter key; the key hits its daily limit (403) at
-  14:47Z; the review lane is bound to EU/ZDR residency and its only compliant route is
-  that key (no compliant alternative), the other lanes have one on another provider.
+  14:47Z; the review lane is bound to EU/ZDR residency (its model node carries the ``eu``
+  mark, the lane requires it) and its only compliant route is that key (no compliant
+  alternative); the other lanes' nodes carry no mark and each has the same model declared
+  on another provider.
 * ``solve-cycle.jsonl``: reference 002 §1's cycle: resolve (12.4 ms CPU), then 6 keyed
   solver bins, ~95 sims of 3.3 ms CPU (85-105 per cycle) spread over the bins, then a
   merge after every sim; 30 cycles at speed 1. 002's survey saw 333 cycles in ~1158 s (one
@@ -82,14 +84,14 @@ def daily_limit_day(seed: int = 1004):
         "pools": [
             {"model": "glm-5.3-review", "provider": "openrouter-eu", "k": 12, "residency": "eu"},
             {"model": "deepseek-v4-flash", "provider": "openrouter-eu", "k": 12,
-             "latency": {"median_s": 4.0, "sigma": 0.3}, "residency": "eu",
+             "latency": {"median_s": 4.0, "sigma": 0.3},
              "alternatives": [{"model": "deepseek-v4-flash", "provider": "deepinfra"}]},
             {"model": "deepseek-v4-flash", "provider": "deepinfra", "k": 12, "latency": {"median_s": 4.0, "sigma": 0.3}},
             {"model": "glm-5.3-coding", "provider": "openrouter-eu", "k": 12, "latency": {"median_s": 20.0, "sigma": 0.5},
-             "residency": "eu", "alternatives": [{"model": "glm-5.3-coding", "provider": "zai"}]},
+             "alternatives": [{"model": "glm-5.3-coding", "provider": "zai"}]},
             {"model": "glm-5.3-coding", "provider": "zai", "k": 8, "latency": {"median_s": 20.0, "sigma": 0.5}},
             {"model": "text-embed-3", "provider": "openrouter-eu", "k": 40,
-             "latency": {"median_s": 0.4, "sigma": 0.2}, "residency": "eu",
+             "latency": {"median_s": 0.4, "sigma": 0.2},
              "alternatives": [{"model": "text-embed-3", "provider": "openai"}]},
             {"model": "text-embed-3", "provider": "openai", "k": 40, "latency": {"median_s": 0.4, "sigma": 0.2}},
         ],

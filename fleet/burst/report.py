@@ -148,6 +148,23 @@ def markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _in_flight_by_role(round_log) -> dict:
+    """{role: (times, units in flight)} from the rounds' start and end instants."""
+    steps = collections.defaultdict(list)
+    for r in round_log:
+        if r["started"] is not None and r["ended"] is not None:
+            steps[r["role"]] += [(r["started"], 1), (r["ended"], -1)]
+    out = {}
+    for role, ev in steps.items():
+        xs, ys, n = [0.0], [0], 0
+        for t, d in sorted(ev):
+            n += d
+            xs.append(t)
+            ys.append(n)
+        out[role] = (xs, ys)
+    return out
+
+
 def timeline(report: dict, path: str) -> None:
     """The PNG: one panel per profile x mode; in-flight per pool over time (from the simulator),
     refusals as marks, key closures (provider side) and admission closures shaded."""
@@ -174,19 +191,8 @@ def timeline(report: dict, path: str) -> None:
                 ys.append(in_flight)
             else:
                 refusals[status].append((t, in_flight))
-        if not series:  # CPU trace: units in flight per role from the round log
-            for r in m["round_log"]:
-                if r["started"] is not None and r["ended"] is not None:
-                    series[r["role"]]  # noqa: B018 (creates the row)
-            for role in list(series):
-                ev = sorted([(r["started"], 1) for r in m["round_log"] if r["role"] == role and r["started"] is not None]
-                            + [(r["ended"], -1) for r in m["round_log"] if r["role"] == role and r["started"] is not None])
-                xs, ys, n = [0.0], [0], 0
-                for t, d in ev:
-                    n += d
-                    xs.append(t)
-                    ys.append(n)
-                series[role] = (xs, ys)
+        if not series:  # a CPU trace: units in flight per role, from the round log
+            series.update(_in_flight_by_role(m["round_log"]))
         for pool, (xs, ys) in sorted(series.items()):
             ax.step(xs, ys, where="post", lw=1.0, label=pool)
         for status, pts in refusals.items():

@@ -40,7 +40,6 @@ import json
 import math
 import random
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
