@@ -147,3 +147,29 @@ def test_show_refuses_what_is_not_a_report(tmp_path):
     (tmp_path / "report.json").write_text('{"version": 99}')
     assert cli.main(["show", str(tmp_path)]) == cli.EXIT_BAD_REPORT
     assert cli.main(["show", str(tmp_path / "missing.json")]) == cli.EXIT_BAD_REPORT
+
+
+def test_admission_rounds_held_by_a_backoff_start_when_it_ends(tmp_path):
+    """Two rounds arrive while a 429 backs the only pool off and nothing else is running: only the
+    end of the backoff can start them (not a completion). None may be cut at the horizon."""
+    from fleet.burst.runner import replay
+    from fleet.burst.trace import load
+
+    header = {"format": FORMAT, "version": VERSION, "name": "backoff", "start": "2026-10-07T09:00:00Z", "seed": 1,
+              "horizon_s": 200, "pools": [{"model": "m", "provider": "p", "k": 1, "retry_after_s": 20,
+                                           "latency": {"median_s": 2, "sigma": 0}}]}
+    rows = [json.dumps(header)]
+    route = {"model": "m", "provider": "p", "credential": "k"}
+    for i, t in enumerate((0.0, 0.0, 0.0, 10.0, 10.0)):
+        rows.append(json.dumps({"t": t, "id": f"r{i}", "role": "review", "lane": "review", "route": route}))
+    path = tmp_path / "backoff.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    rep = replay(load(str(path)), modes=("admission",), speed=20.0, progress=False, name=f"bo{os.getpid()}")
+    m = rep["modes"][0]
+    assert m["refused"]["429"] >= 1, "the first burst must meet the pool's K"
+    assert m["cut"] == 0 and m["ok"] + m["refused"]["429"] == 5, m["round_log"]  # every round ended
+    late = [r for r in m["round_log"] if r["id"] in ("r3", "r4")]
+    # both start once the backoff (Retry-After 20) has ended; with K 1 one of them may meet a 429 again
+    assert all(r["submitted"] >= 20.0 and r["status"] in ("ok", "429") for r in late), late
+    assert any(r["status"] == "ok" for r in late), late
+    assert m["ledger"]["exact"]

@@ -180,8 +180,9 @@ class Driver:
                 now_real = time.monotonic()
             self._drain()
             if self.admission is not None and self.admission_waits:
+                # None with rounds waiting: nothing holds them any more (a backoff just ended)
                 nw = self.admission.next_wake()
-                if nw is not None and nw <= clock.mono():
+                if nw is None or nw <= clock.mono():
                     self._wake()
             if not self.open:
                 break
