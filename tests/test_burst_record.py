@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from fleet.burst import cli
 from fleet.burst.runner import replay
 from fleet.burst.trace import load
 from fleet.config import ConfigError, load_config
-from tests.daemons import BOUND_S, Fleetd, to_toml, wait_until
+from tests.daemons import BOUND_S, Fleetd, segments, to_toml, wait_until
 
 ROLES = {"crunch": {"kind": "pooled", "handler": "fleet.burst.handlers:burn", "slots": 1},
          "binned": {"kind": "pinned", "handler": "fleet.burst.handlers:burn", "slots": 2}}
@@ -60,8 +61,11 @@ def test_record_then_replay_round_trip(tmp_path):
                 rec.wait()
         assert rec.returncode == cli.EXIT_OK, stderr
         assert "recorded 6 arrival(s)" in stdout
+        d.signal(signal.SIGTERM)  # a clean stop removes fleetd's shared memory
+        assert d.wait() == 0
     finally:
         d.cleanup()
+    assert not segments(name)
     trace = load(out)
     arrivals = trace.arrivals
     assert [a.role for a in arrivals] == ["crunch"] * 3 + ["binned"] * 3
