@@ -128,7 +128,8 @@ def test_help_names_the_exit_codes():
 
 def test_bad_arguments_are_usage_errors(tmp_path):
     for argv in (["replay", "x.jsonl", "--modes", "none,fast"], ["replay", "x.jsonl", "--speed", "0"],
-                 ["replay", "x.jsonl", "--cap", "0"]):
+                 ["replay", "x.jsonl", "--cap", "0"], ["replay", "x.jsonl", "--name", "a.b"],
+                 ["record", "--name", "../x", "-o", "t.jsonl"]):
         with pytest.raises(SystemExit) as exit_:
             cli.main(argv)
         assert exit_.value.code == cli.EXIT_USAGE

@@ -70,6 +70,15 @@ def _count(text: str) -> int:
     return v
 
 
+def _fleet_name(text: str) -> str:
+    from fleet.names import InvalidFleetName, validate_fleet_name
+
+    try:
+        return validate_fleet_name(text)
+    except InvalidFleetName as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="fleet-burst", description=__doc__.splitlines()[0] if __doc__ else None,
                                   epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,14 +102,14 @@ def parser() -> argparse.ArgumentParser:
                     help="the cap mode's per-pool limit (default: the header's cap, else each pool's k)")
     rp.add_argument("--profiles", type=_profiles, default=None,
                     help="fleet profiles to run, comma list of auto, serial, pinned (default: the header's)")
-    rp.add_argument("--name", default=None, help="the replay fleet's name (default burst-<pid>)")
+    rp.add_argument("--name", type=_fleet_name, default=None, help="the replay fleet's name (default burst-<pid>)")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rec = sub.add_parser("record", help="capture arrivals from a running fleetd into a trace", epilog=EXIT_CODES,
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          description="Tail the arrival log of a running fleetd (config: [record] enabled = true) "
                                      "from now on and write what arrives as a trace. Stops after --duration "
                                      "seconds, after --count arrivals, when fleetd stops, or on Ctrl-C.")
-    rec.add_argument("--name", required=True, help="the fleet's name")
+    rec.add_argument("--name", type=_fleet_name, required=True, help="the fleet's name")
     rec.add_argument("-o", "--output", required=True, metavar="TRACE", help="the trace file to write")
     rec.add_argument("--source", default=None, metavar="FILE",
                      help="the arrival log (default: [record] path's default, <runtime dir>/<name>.arrivals.jsonl)")
