@@ -173,3 +173,58 @@ def test_admission_rounds_held_by_a_backoff_start_when_it_ends(tmp_path):
     assert all(r["submitted"] >= 20.0 and r["status"] in ("ok", "429") for r in late), late
     assert any(r["status"] == "ok" for r in late), late
     assert m["ledger"]["exact"]
+
+
+def test_cpu_quota_runs_inside_the_tools_own_group_and_removes_it(tmp_path):
+    """As root with v1 cpu (CI): the fleet sees the group's quota; the group is gone afterwards."""
+    from tests.cgroups import require_v1_cpu
+
+    require_v1_cpu()
+    import glob
+
+    from fleet.burst.runner import replay
+    from fleet.burst.trace import load
+
+    header = {"format": FORMAT, "version": VERSION, "name": "quota", "start": "2026-09-08T00:00:00Z",
+              "modes": ["none"], "horizon_s": 60}
+    rows = [json.dumps(header)] + [json.dumps({"t": i * 0.01, "id": f"c{i}", "role": "crunch", "cpu_ms": 2.0})
+                                   for i in range(20)]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    before = set(glob.glob("/sys/fs/cgroup/cpu/fleet-burst-*"))
+    with open("/proc/self/cgroup") as f:
+        home = f.read()
+    rep = replay(load(str(path)), speed=1.0, progress=False, name=f"quota{os.getpid()}", cpu_quota=2.0)
+    m = rep["modes"][0]
+    assert m["ledger"]["exact"] and m["ok"] == 20
+    assert rep["cpu_quota"]["cpu_stat"]["nr_periods"] > 0  # the fleet ran under the group's CFS quota
+    assert rep["cpu_quota"]["cgroup"] not in before and not os.path.exists(rep["cpu_quota"]["cgroup"])
+    assert set(glob.glob("/sys/fs/cgroup/cpu/fleet-burst-*")) == before
+    with open("/proc/self/cgroup") as f:
+        assert f.read() == home  # this process is back where it was
+
+
+def test_cpu_quota_needs_root(tmp_path):
+    """Not root: a typed refusal before anything runs, exit EXIT_NO_CGROUP."""
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child drops to uid 65534 and runs the command
+        code = 1
+        try:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            os.dup2(write_end, 2)
+            code = cli.main(["replay", str(trace), "--modes", "none", "--cpu-quota", "2", "--no-progress",
+                             "--report", str(tmp_path / "r")])
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        stderr = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == cli.EXIT_NO_CGROUP == 91, stderr
+    assert "needs root" in stderr and not (tmp_path / "r").exists()

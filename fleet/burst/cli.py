@@ -19,6 +19,7 @@ EXIT_BAD_REPORT = 66  # show: the report cannot be read
 EXIT_NO_FLEET = 69  # record: no fleet of that name is running, or it does not record
 EXIT_FLEET_FAILED = 70  # the replay fleet did not boot, or a unit did not get exactly one outcome
 EXIT_NO_ADMISSION = 90  # --modes admission, but the provider admission is not installed here
+EXIT_NO_CGROUP = 91  # --cpu-quota without root or a v1 cpu cgroup hierarchy
 
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}   done (replay: every mode ran and the ledger was exact)
@@ -28,7 +29,8 @@ EXIT_CODES = f"""exit codes:
   {EXIT_BAD_REPORT}  show: the report cannot be read
   {EXIT_NO_FLEET}  record: no fleet of that name runs, or it does not record arrivals
   {EXIT_FLEET_FAILED}  the replay fleet did not boot, or a unit did not get exactly one outcome
-  {EXIT_NO_ADMISSION}  the admission mode needs the provider admission, not installed here"""
+  {EXIT_NO_ADMISSION}  the admission mode needs the provider admission, not installed here
+  {EXIT_NO_CGROUP}  --cpu-quota needs root and a v1 cpu cgroup hierarchy"""
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -103,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--profiles", type=_profiles, default=None,
                     help="fleet profiles to run, comma list of auto, serial, pinned (default: the header's)")
     rp.add_argument("--name", type=_fleet_name, default=None, help="the replay fleet's name (default burst-<pid>)")
+    rp.add_argument("--cpu-quota", type=_positive, default=None, metavar="CPUS",
+                    help="run inside the tool's own v1 cpu cgroup with this CFS quota (root; made and removed "
+                         "by the tool). Below 2 CPUs the fleet refuses to boot (its host floor): exit 70")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rec = sub.add_parser("record", help="capture arrivals from a running fleetd into a trace", epilog=EXIT_CODES,
                          formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -133,10 +138,17 @@ def main(argv=None) -> int:
 def _replay(args) -> int:
     from . import report as R
     from .admission_seam import AdmissionUnavailable
+    from .cpuquota import CpuQuotaUnavailable, check_available
     from .replay import FleetFailed
     from .runner import replay
     from .trace import TraceError, load
 
+    if args.cpu_quota is not None:
+        try:
+            check_available()
+        except CpuQuotaUnavailable as exc:
+            print(f"fleet-burst: {exc}", file=sys.stderr)
+            return EXIT_NO_CGROUP
     try:
         trace = load(args.trace)
     except TraceError as exc:
@@ -144,7 +156,11 @@ def _replay(args) -> int:
         return EXIT_BAD_TRACE
     try:
         rep = replay(trace, modes=args.modes, speed=args.speed or trace.header.speed or 60.0, seed=args.seed, cap=args.cap,
-                     profiles=args.profiles, name=args.name, progress=not args.no_progress)
+                     profiles=args.profiles, name=args.name, progress=not args.no_progress,
+                     cpu_quota=args.cpu_quota)
+    except CpuQuotaUnavailable as exc:
+        print(f"fleet-burst: {exc}", file=sys.stderr)
+        return EXIT_NO_CGROUP
     except AdmissionUnavailable as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_NO_ADMISSION

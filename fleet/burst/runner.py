@@ -25,9 +25,23 @@ def warm_up(f, trace: Trace) -> None:
 
 
 def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = None, cap: int | None = None,
-           profiles=None, name: str | None = None, progress: bool = True) -> dict:
+           profiles=None, name: str | None = None, progress: bool = True, cpu_quota: float | None = None) -> dict:
     """Replay `trace` once per profile x mode; raises AdmissionUnavailable (before anything runs),
-    FleetFailed (the fleet did not boot)."""
+    FleetFailed (the fleet did not boot), CpuQuotaUnavailable (`cpu_quota` without root or v1 cpu).
+
+    `cpu_quota`: run inside the tool's own v1 cpu cgroup of that many CPUs (fleet.burst.cpuquota).
+    """
+    if cpu_quota is None:
+        return _replay(trace, modes, speed, seed, cap, profiles, name, progress)
+    from .cpuquota import cpu_quota as group
+
+    with group(cpu_quota) as info:
+        rep = _replay(trace, modes, speed, seed, cap, profiles, name, progress)
+    rep["cpu_quota"] = {"cpus": cpu_quota, "cgroup": info["path"], "cpu_stat": info["stat"]}
+    return rep
+
+
+def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
     import fleet
 
     header = trace.header
@@ -60,6 +74,7 @@ def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = N
             try:
                 sim.start()
                 warm_up(f, trace)
+                quota = f.status()["quota"]
                 for mode in modes:
                     if bar is not None:
                         bar.set_description(f"{header.name} {profile}/{mode}")
@@ -67,7 +82,10 @@ def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = N
                     driver = Driver(trace, f, sim, clock, mode, cap=cap, admission=admission, progress=bar)
                     result = driver.run()
                     result.profile = profile
-                    sections.append(summarize(result, trace))
+                    section = summarize(result, trace)
+                    section["quota"] = quota
+                    section["plan"] = {"binding": f.plan.binding, "oversubscribed": f.plan.oversubscribed}
+                    sections.append(section)
             finally:
                 sim.stop()
                 f.shutdown(wait=True)
