@@ -216,7 +216,7 @@ def test_cpu_quota_needs_root(tmp_path):
             os.setgroups([])
             os.setresgid(65534, 65534, 65534)
             os.setresuid(65534, 65534, 65534)
-            os.dup2(write_end, 2)
+            sys.stderr = os.fdopen(write_end, "w")  # pytest's capture is not fd 2
             code = cli.main(["replay", str(trace), "--modes", "none", "--cpu-quota", "2", "--no-progress",
                              "--report", str(tmp_path / "r")])
         finally:
