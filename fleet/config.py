@@ -34,6 +34,10 @@ a ConfigError naming their dotted path)::
     max_restarts = 5
     within_seconds = 60
 
+    [record]                  # the arrival log fleet-burst records traces from (fleet.burst.record)
+    enabled = false
+    path = "..."              # default: <runtime dir>/<name>.arrivals.jsonl
+
     [metrics]                 # the Prometheus endpoint (fleet.metrics); off unless enabled
     enabled = false
     host = "127.0.0.1"        # localhost only unless the operator opens it
@@ -142,6 +146,14 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class RecordConfig:
+    """The arrival log: one JSON line per accepted unit at `path` when `enabled` (fleet.burst.record)."""
+
+    enabled: bool = False
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     """The validated configuration. Build it with `load_config`."""
 
@@ -155,6 +167,7 @@ class FleetConfig:
     restart: RestartIntensity = RestartIntensity()
     metrics: MetricsConfig = MetricsConfig()
     store: StoreConfig = StoreConfig()
+    record: RecordConfig = RecordConfig()
     source: str | None = None
     env_overrides: tuple[str, ...] = ()
 
@@ -310,7 +323,19 @@ def _store(data, roles: RoleSet):
                        policy=policy, roles=tuple(gated))
 
 
-SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store")
+def _record(data):
+    data = _table("record", data)
+    _reject_unknown("record", data, ("enabled", "path"))
+    enabled = data.get("enabled", RecordConfig.enabled)
+    if not isinstance(enabled, bool):
+        raise ConfigError("record.enabled", f"must be true or false, got {enabled!r}")
+    path = data.get("path")
+    if path is not None and (not isinstance(path, str) or not path.strip()):
+        raise ConfigError("record.path", f"must be a file path, got {path!r}")
+    return RecordConfig(enabled, path)
+
+
+SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store", "record")
 
 
 def _build(raw: dict, source, env_paths) -> FleetConfig:
@@ -329,6 +354,7 @@ def _build(raw: dict, source, env_paths) -> FleetConfig:
         restart=_restart(raw.get("restart", {})),
         metrics=_metrics(raw.get("metrics", {})),
         store=_store(raw.get("store", {}), roles),
+        record=_record(raw.get("record", {})),
         source=source,
         env_overrides=tuple(env_paths),
     )
@@ -359,6 +385,8 @@ _TYPES = {
     ("store", "global_limit"): "int?",
     ("store", "aging_interval"): "float",
     ("store", "preemption"): "bool",
+    ("record", "enabled"): "bool",
+    ("record", "path"): "str?",
 }
 _ROLE_TYPES = {
     "handler": "str?",

@@ -108,6 +108,7 @@ class Supervisor:
         self.socket_path = socket_path
         self.readers_group = readers_group  # may read the table (fleetd's --socket-group); None: owner only
         self.metrics = None
+        self.recorder = _arrival_log(config)  # None unless [record] enabled
         self.name = config.name
         self.roles = config.roles
         self.mode = mode
@@ -364,6 +365,8 @@ class Supervisor:
                 self.dispatcher.enqueue(Pending(unit_id, code, key, priority))
             done = self._dispatch()
         _deliver(done)
+        if self.recorder is not None:
+            self.recorder.arrival(unit_id, role, payload, key, lane)
         return future
 
     def _check_unit(self, spec, key, lane, priority, timeout, request_id) -> None:
@@ -1038,6 +1041,8 @@ class Supervisor:
     def _close_intake(self) -> None:
         """Refuse new units from here on (lock held); readers of the table see it too."""
         self._closing = True
+        if self.recorder is not None:
+            self.recorder.close()
         if self.table is not None:
             self.table.set_flags(L.FLAG_CLOSING)
 
@@ -1159,6 +1164,15 @@ class _Pickled:
 
     def load(self):
         return pickle.loads(self.data)
+
+
+def _arrival_log(config):
+    """The arrival log of `[record]` (fleet.burst.record), or None when recording is off."""
+    if not config.record.enabled:
+        return None
+    from .burst.record import ArrivalLog, default_path
+
+    return ArrivalLog(config.record.path or default_path(config.name))
 
 
 def _deliver(done) -> None:
