@@ -292,11 +292,11 @@ def idle_connections(path, n, uid=None, gid=None, *, send=b""):
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
                     sock.connect(path)  # blocking: waits while the listen backlog is full
+                    connected += 1
                     if send:
                         sock.sendall(send)
-                    connected += 1
                 except OSError:
-                    pass
+                    pass  # not connected; or connected and already refused (busy) before the send
                 held.append(sock)
             os.write(ready_w, str(connected).encode())
             os.read(go_r, 1)  # until the parent closes its end
