@@ -21,6 +21,7 @@ from fleet.control import ControlClient, PermissionDenied
 from fleet.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_TABLE_IN_USE, EXIT_USAGE
 from tests.daemons import BOUND_S, Fleetd, alive, idle_connections, outcome_of, running_slot, segments, wait_until
 from tests.fleets import role
+from tests.uids import as_nobody
 
 NOBODY = 65534
 
@@ -245,34 +246,6 @@ def test_sd_notify_ready_status_watchdog_and_stopping(fleet_name):
 # ---------------------------------------------------------------- who may do what
 
 
-def _as_nobody(fn):
-    """Run ``fn`` in a forked child under uid/gid 65534; returns what it returned (JSON)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 0
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.write(w, json.dumps(fn()).encode())
-        except BaseException as exc:  # noqa: BLE001
-            os.write(w, json.dumps({"child_error": repr(exc)}).encode())
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    chunks = []
-    try:
-        while chunk := os.read(r, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
-    return json.loads(b"".join(chunks))
-
-
 def test_an_unprivileged_uid_reads_but_may_not_mutate(fleet_name):
     with Fleetd(fleet_name, roles(), args=("--socket-group", str(NOBODY))) as d:
         def child():
@@ -297,7 +270,7 @@ def test_an_unprivileged_uid_reads_but_may_not_mutate(fleet_name):
 
         os.environ["RUNTIME_DIRECTORY"] = d.runtime_dir  # for the forked child's fleetctl
         try:
-            seen = _as_nobody(child)
+            seen = as_nobody(child)
         finally:
             del os.environ["RUNTIME_DIRECTORY"]
         assert seen.get("status_pid") == d.proc.pid, seen
