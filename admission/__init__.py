@@ -3,6 +3,8 @@
 The provider admission core (reference 000): `policy` (the declared catalog and
 policy), `state` (bulkheads and their pure transitions), `scheduler` (pure
 decisions) and `pool` (the live pool). Names load on first use.
+
+`store` is the host-group lease store (reference 001): ``admission.store.open_store(url)``.
 """
 _LAZY = {
     "Policy": "policy",

@@ -15,12 +15,24 @@ fleetd holds the unit's outcome under the token. One background thread long-poll
 ``collect`` whenever a future is pending and resolves futures as outcomes arrive
 (a large value arrives in parts and is joined here). If the daemon dies, the socket
 breaks, or the daemon dropped this client's outcomes, every pending future fails
-with `FleetConnectionLost` (a FleetError) — none is left hanging — and the client
-refuses further submits with the same error.
+with `FleetConnectionLost` (a FleetError) — none is left hanging.
 
-Cancelling a future here only stops this client waiting for it: the unit, once
-admitted, still runs in the fleet (its outcome is counted in the ledger, then
-discarded here).
+Reconnecting. The client is not spent by a lost daemon: the next call connects
+again, and once fleetd is back (restarted under the same name) calls and submits
+work as before. A restart is told by the daemon's pid on the socket (SO_PEERCRED):
+outcomes owed by the old daemon are gone with it, so the futures still waiting for
+them fail with `FleetConnectionLost`, and new submits use a fresh token.
+
+Cancelling. ``future.cancel()`` asks fleetd to cancel the unit (the ``cancel`` op):
+a unit that has not started is cancelled — it never runs, the ledger counts it
+failed ``Cancelled`` — and cancel() returns True; a unit already running runs to
+its outcome and cancel() returns False, as `concurrent.futures` promises. If the
+daemon cannot be reached, the future is cancelled here only (nobody waits for it).
+
+Connecting to a booting fleet. fleetd creates the fleet's table before it opens
+its control socket, so `fleetctl status` can see a fleet that does not take
+connections yet. `connect` waits (up to ``boot_wait``, `BOOT_WAIT_S` by default)
+for the socket of a fleet whose table says a live service-mode fleetd is booting.
 
 Only the daemon's uid and root may submit (the socket checks SO_PEERCRED); any
 uid that can reach the socket may read ``status`` and ``ledger``.
@@ -29,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import logging
 import os
 import pickle
 import secrets
@@ -57,8 +70,15 @@ from .unit import (
     error_for,
 )
 
-__all__ = ["Client", "FleetConnectionLost", "connect"]
+__all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "connect"]
 
+log = logging.getLogger("fleet.client")
+
+#: How long `connect` waits, by default, for the control socket of a fleet that is
+#: booting (its table is up, its socket not yet): booting forks every worker first.
+BOOT_WAIT_S = 30.0
+#: How often `connect` looks for that socket meanwhile.
+_BOOT_POLL_S = 0.05
 #: How long one `collect` long poll waits on the daemon.
 COLLECT_WAIT_S = 10.0
 #: A connection idle this long is replaced before use: the server drops idle
@@ -74,7 +94,8 @@ _SUBMIT_ERRORS = {cls.__name__: cls for cls in (
     BadUnit, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed)}
 
 
-def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None) -> "Client":
+def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
+            boot_wait: float = BOOT_WAIT_S) -> "Client":
     """A client of the running fleet ``name`` (its fleetd's control socket).
 
     Args:
@@ -82,11 +103,16 @@ def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None =
         timeout: seconds to wait for a reply to a request before ControlTimeout.
         env: where to look for the socket (``RUNTIME_DIRECTORY``, ``XDG_RUNTIME_DIR``);
             default os.environ.
+        boot_wait: seconds to wait for the socket of a fleet that is still booting
+            (its table exists, owned by a live service-mode fleetd, but its socket
+            is not open yet); 0 does not wait.
     Raises:
-        NotRunning (exit 69): no fleetd of that name answers.
+        NotRunning (exit 69): no fleetd of that name answers (or it did not finish
+            booting within ``boot_wait``).
         PermissionDenied (exit 77): this uid may not connect to the socket.
+        ControlBusy (exit 75): fleetd refused the connection, every one it allows is busy.
     """
-    client = Client(name, control.find_socket(name, env), timeout=timeout)
+    client = Client(name, _socket_for(name, env, boot_wait), timeout=timeout)
     try:
         client.ping()
     except BaseException:
@@ -95,22 +121,54 @@ def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None =
     return client
 
 
+def _socket_for(name: str, env: Mapping[str, str] | None, boot_wait: float):
+    """The fleet's control socket; waits for it while the fleet's table says it is booting."""
+    deadline = time.monotonic() + boot_wait
+    while True:
+        try:
+            return control.find_socket(name, env)
+        except NotRunning as exc:
+            path = _booting_socket(name)
+            if path is None:
+                raise
+            if os.path.exists(path):
+                return path
+            if time.monotonic() >= deadline:
+                raise NotRunning(f"fleet {name!r} is booting but its control socket {path} did not appear "
+                                 f"within {boot_wait:g}s") from exc
+            time.sleep(_BOOT_POLL_S)
+
+
+def _booting_socket(name: str) -> str | None:
+    """The socket path a live service-mode fleetd of ``name`` will listen on, from its
+    table; None when there is no such table (no fleet, a dead one, an embedded one)."""
+    from .table import snapshot
+
+    try:
+        snap, alive = snapshot.read(name)
+    except (FleetError, OSError):
+        return None
+    meta = snap.meta or {}
+    if not alive or meta.get("mode") != "service" or not meta.get("socket"):
+        return None
+    return str(meta["socket"])
+
+
 class _Channel(control.ControlClient):
-    """One connection for one thread at a time: reconnects when it sat idle long enough
+    """One connection for one thread at a time: replaced when it sat idle long enough
     for the server to have dropped it, and can be aborted from another thread."""
 
     def __init__(self, path, *, timeout):
         super().__init__(path, timeout=timeout)
         self._used = 0.0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a future's callback may cancel (a call) mid-submit
 
-    def call(self, op: str, **args: Any) -> Any:
+    def _connect(self):
         if self._sock is not None and time.monotonic() - self._used > IDLE_REFRESH_S:
             self.close()
-        try:
-            return super().call(op, **args)
-        finally:
-            self._used = time.monotonic()
+        sock = super()._connect()
+        self._used = time.monotonic()
+        return sock
 
     def abort(self) -> None:
         """Wake a call blocked in recv on another thread (it then fails)."""
@@ -122,6 +180,28 @@ class _Channel(control.ControlClient):
                 pass
 
 
+class _UnitFuture(Future):
+    """A client future whose `cancel` cancels the unit in the fleet when it has not started."""
+
+    def __init__(self, client: "Client"):
+        super().__init__()
+        self._client = client
+        # Set while fleetd is asked to cancel: the Cancelled outcome may come back
+        # before the reply does, and must then cancel this future, not fail it.
+        self.cancelling = False
+
+    def cancel(self) -> bool:
+        """Cancel the unit if it has not started in the fleet (True); False if it is
+        running or done. If fleetd cannot be reached, only this future is cancelled."""
+        if self.done():
+            return self.cancelled()
+        self.cancelling = True
+        if not self._client._cancel_remote(self):
+            self.cancelling = False
+            return False
+        return super().cancel()
+
+
 class Client(Executor):
     """A running fleetd, seen from another process. Build it with `fleet.connect`."""
 
@@ -130,6 +210,7 @@ class Client(Executor):
         self.path = path
         self.timeout = timeout
         self._token = secrets.token_urlsafe(24)
+        self._token_pid: int | None = None  # the daemon holding outcomes for _token
         self._seq = itertools.count(1)
         self._requests = _Channel(path, timeout=timeout)
         self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + 20.0))
@@ -139,7 +220,6 @@ class Client(Executor):
         self._bounds: dict[str, int] = {}
         self._collector: threading.Thread | None = None
         self._closing = False
-        self._lost: FleetConnectionLost | None = None
 
     # --- Executor -----------------------------------------------------------------------
     def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
@@ -149,7 +229,8 @@ class Client(Executor):
         Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
         PayloadUnpicklable, QueueFull, RoleStopped, FleetClosed (this client is
         closed, or the fleet is stopping), PermissionDenied (this uid may not
-        submit), FleetConnectionLost (the daemon is gone).
+        submit), ControlBusy (fleetd refused the connection: busy),
+        FleetConnectionLost (the daemon is gone; a later submit tries again).
         """
         return self._submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
                             request_id=request_id)
@@ -211,6 +292,11 @@ class Client(Executor):
         """Retune posture thresholds; RemoteError ``PostureRetuneError`` (exit 78) if refused."""
         return self._call("posture_set", patch=patch)
 
+    def posture_release(self, cause: str) -> dict:
+        """Release a sticky posture cause (``lane-death``, ``operator``); the posture view
+        with ``released`` (was it held)."""
+        return self._call("posture_release", cause=cause)
+
     def ping(self) -> dict:
         return self._call("ping")
 
@@ -224,8 +310,6 @@ class Client(Executor):
 
     def _submit(self, role, payload, *, key=None, lane=None, priority=0, timeout=None, request_id=None,
                 chunk=False) -> Future:
-        if self._lost is not None:
-            raise FleetConnectionLost(str(self._lost))
         if self._closing:
             raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
         try:
@@ -237,22 +321,50 @@ class Client(Executor):
             raise PayloadTooLarge(f"payload for role {role!r} is {len(raw)} bytes pickled; a service-mode submit "
                                   f"carries at most {MAX_WIRE_PAYLOAD} (one control frame, base64)")
         seq = next(self._seq)
-        fut: Future = Future()
-        with self._cond:
-            self._pending[seq] = (fut, role)
-        try:
-            reply = self._call("submit", role=role, pickled=raw, key=key, lane=lane, priority=priority,
-                               timeout=timeout, request_id=request_id, token=self._token, seq=seq, chunk=chunk)
-        except BaseException as exc:
-            with self._cond:
-                self._pending.pop(seq, None)
-            raise self._translate(exc, role) from None
+        fut = _UnitFuture(self)
+        with self._requests.lock:
+            try:
+                pid = self._requests.connect()
+                with self._cond:
+                    token = self._token_for(pid)
+                    self._pending[seq] = (fut, role)
+                reply = self._requests.call("submit", role=role, pickled=raw, key=key, lane=lane, priority=priority,
+                                            timeout=timeout, request_id=request_id, token=token, seq=seq,
+                                            chunk=chunk)
+            except BaseException as exc:
+                with self._cond:
+                    self._pending.pop(seq, None)
+                raise self._translate(exc, role) from None
         fut.unit_id = reply["unit"]
         self._bounds[role] = reply.get("queue_bound", MAP_WINDOW)
         self._start_collector()
         with self._cond:
             self._cond.notify_all()
         return fut
+
+    def _token_for(self, pid: int) -> str:
+        """The token to submit under to the daemon ``pid`` (lock held). A new daemon (a
+        restart) owes nothing of the old one's: those futures fail, a new token starts."""
+        if self._token_pid is not None and self._token_pid != pid:
+            self._retire_locked_and_fail(FleetConnectionLost(
+                f"fleetd {self.name!r} at {self.path} restarted (pid {self._token_pid} -> {pid}); "
+                "outcomes owed by the old daemon are lost"))
+        self._token_pid = pid
+        return self._token
+
+    def _cancel_remote(self, fut: Future) -> bool:
+        """Ask fleetd to cancel ``fut``'s unit: True if it will not run (or fleetd cannot
+        be asked: then nobody waits for it here either), False if it started."""
+        unit = getattr(fut, "unit_id", None)
+        if unit is None:
+            return True  # never admitted: nothing runs
+        try:
+            with self._requests.lock:
+                reply = self._requests.call("cancel", unit=unit)
+        except (FleetError, OSError) as exc:
+            log.debug("fleet %s: cannot cancel unit %s in the fleet: %s", self.name, unit, exc)
+            return True
+        return bool(reply.get("cancelled"))
 
     def _translate(self, exc: BaseException, role: str) -> BaseException:
         """The embedded API's typed error for a refused submit."""
@@ -267,12 +379,14 @@ class Client(Executor):
             if exc.type == control.E_SHUTTING_DOWN:
                 return FleetClosed(f"fleet {self.name!r} is shutting down: {exc.message}")
             if exc.type == "OutcomesDropped":
-                return self._connection_lost(OutcomesDropped(exc.message))
+                lost = OutcomesDropped(exc.message)
+                self._retire(lost)  # this token is refused from now on: a new one starts
+                return lost
             return exc
         if isinstance(exc, ProtocolError) and exc.code == control.E_INVALID_ARGS:
             return BadUnit(exc.message)  # checked here before sending, as the daemon would
         if isinstance(exc, (NotRunning, OSError)):
-            return self._connection_lost(FleetConnectionLost(f"lost fleetd {self.name!r} at {self.path}: {exc}"))
+            return FleetConnectionLost(f"lost fleetd {self.name!r} at {self.path}: {exc}")
         return exc
 
     # --- outcomes -----------------------------------------------------------------------
@@ -290,26 +404,38 @@ class Client(Executor):
                 self._cond.wait_for(lambda: self._waiting() or self._closing)
                 if not self._waiting():
                     return  # closing, nothing owed
+            token = None
             try:
                 with self._polls.lock:
-                    reply = self._polls.call("collect", token=self._token, timeout=COLLECT_WAIT_S)
+                    pid = self._polls.connect()
+                    with self._cond:
+                        if self._token_pid is not None and pid != self._token_pid:
+                            self._retire_locked_and_fail(FleetConnectionLost(
+                                f"fleetd {self.name!r} at {self.path} restarted (pid {self._token_pid} -> {pid}) "
+                                f"with unit(s) pending; their outcomes are lost"))
+                            continue
+                        token = self._token
+                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S)
             except RemoteError as exc:
                 cls = OutcomesDropped if exc.type == "OutcomesDropped" else FleetConnectionLost
-                self._connection_lost(cls(f"fleetd {self.name!r} at {self.path}: {exc}"))
-                return
+                self._retire(cls(f"fleetd {self.name!r} at {self.path}: {exc}"), token)
+                continue
             except (FleetError, OSError) as exc:
                 if self._closing:
                     return  # shutdown() aborted the poll on purpose
-                self._connection_lost(FleetConnectionLost(
-                    f"lost fleetd {self.name!r} at {self.path} with {len(self._pending)} unit(s) pending: {exc}"))
-                return
-            self._deliver(reply.get("outcomes", []))
+                self._retire(FleetConnectionLost(
+                    f"lost fleetd {self.name!r} at {self.path} with {len(self._pending)} unit(s) pending: {exc}"),
+                    token)
+                continue
+            self._deliver(reply.get("outcomes", []), token)
 
     def _waiting(self) -> bool:
         """Some pending future is not done (cancelled ones need no outcome)."""
         return any(not fut.done() for fut, _ in self._pending.values())
 
-    def _deliver(self, records: list[dict]) -> None:
+    def _deliver(self, records: list[dict], token: str) -> None:
+        if token != self._token:
+            return  # for a token retired meanwhile: its futures have failed already
         for record in records:
             seq = record.get("seq")
             value = record.get("value")
@@ -324,6 +450,9 @@ class Client(Executor):
             if entry is None:
                 continue  # not ours any more (a submit that raised), or delivered already
             fut, role = entry
+            if record.get("reason") == "Cancelled" and getattr(fut, "cancelling", False):
+                Future.cancel(fut)  # the outcome of our own cancel: the future ends cancelled
+                continue
             if not fut.set_running_or_notify_cancel():
                 continue  # cancelled here: the unit ran anyway, nobody wants its outcome
             try:
@@ -333,21 +462,47 @@ class Client(Executor):
             else:
                 fut.set_result(result)
 
-    def _connection_lost(self, exc: FleetConnectionLost) -> FleetConnectionLost:
-        """Remember the loss and fail every pending future with it (never leave one hanging)."""
-        if self._lost is None:
-            self._lost = exc
-        self._fail_pending(exc)
-        return exc
+    def _retire(self, exc: FleetError, token: str | None = None) -> None:
+        """The daemon holding outcomes for ``token`` (default: the current one) is gone, or
+        dropped them: fail every future waiting for them and start a new token. A loss
+        already handled (``token`` retired meanwhile) changes nothing."""
+        with self._cond:
+            if token is not None and token != self._token:
+                return
+            failed = self._retire_locked(exc)
+        _fail(failed, exc)
+
+    def _retire_locked_and_fail(self, exc: FleetError) -> None:
+        failed = self._retire_locked(exc)
+        # Futures resolve outside the lock only; a callback may call back into us.
+        self._cond.release()
+        try:
+            _fail(failed, exc)
+        finally:
+            self._cond.acquire()
+
+    def _retire_locked(self, exc: FleetError) -> list[Future]:
+        pending, self._pending = self._pending, {}
+        self._parts.clear()
+        self._token = secrets.token_urlsafe(24)
+        self._token_pid = None
+        self._cond.notify_all()
+        if pending:
+            log.warning("fleet %s: %d pending unit(s) lost: %s", self.name, len(pending), exc)
+        return [fut for fut, _ in pending.values()]
 
     def _fail_pending(self, exc: FleetError) -> None:
         with self._cond:
             pending, self._pending = self._pending, {}
             self._parts.clear()
             self._cond.notify_all()
-        for fut, _ in pending.values():
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(exc)
+        _fail([fut for fut, _ in pending.values()], exc)
+
+
+def _fail(futures: Iterable[Future], exc: FleetError) -> None:
+    for fut in futures:
+        if Future.set_running_or_notify_cancel(fut):
+            fut.set_exception(exc)
 
 
 def _decode(record: dict, value: str | None, role: str):

@@ -19,7 +19,8 @@ _SOLVED = Outcome(SOLVED)
 
 
 class _Pickled:
-    """A payload pickled by a remote client: the worker unpickles it, nobody else.
+    """Bytes pickled at one end for the other: a remote client's payload (the worker
+    unpickles it) or a worker's value relayed by fleetd (its client unpickles it).
 
     (The worker recognises it by this class name.)"""
 
@@ -53,15 +54,22 @@ def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: byt
     return body
 
 
-def result_outcome(status: int, body):
-    """(Outcome, value, original exception) from a result message's status and body."""
+def result_outcome(status: int, body, relay: bool = False):
+    """(Outcome, value, original exception) from a result message's status and body.
+
+    ``relay``: a value is kept as the worker's pickled bytes (`_Pickled`) for fleetd
+    to pass to its client, never unpickled here."""
     if status == M.ST_SOLVED:
+        if relay:
+            return _SOLVED, _Pickled(bytes(body)), None
         try:
             return _SOLVED, pickle.loads(body), None
         except Exception as exc:  # noqa: BLE001 - e.g. a class the caller's process cannot import
             return Outcome(FAILED, "ResultError", f"result cannot be unpickled here: {exc}"), None, None
     if status == M.ST_CHUNK:
         values, failures = chunk = pickle.loads(body)
+        if relay:
+            chunk = _Pickled(bytes(body))
         kinds = {st for st, _ in failures.values()}
         if M.ST_HANDLER_ERROR in kinds:
             return Outcome(FAILED, "HandlerError", "an item of the chunk failed"), chunk, None
@@ -75,6 +83,10 @@ def result_outcome(status: int, body):
         return Outcome(FAILED, "HandlerError", text), None, original
     if status == M.ST_RESULT_ERROR:
         return Outcome(FAILED, "ResultError", _text(body)), None, None
+    if status == M.ST_HELD_AT_CLOSE:
+        return Outcome(FAILED, "Shutdown", _text(body)), None, None
+    if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
+        return Outcome(FAILED, "FsmRefused", _text(body)), None, None
     return Outcome(FAILED, "LaneDeath", _text(body)), None, None
 
 

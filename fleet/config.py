@@ -34,10 +34,33 @@ a ConfigError naming their dotted path)::
     max_restarts = 5
     within_seconds = 60
 
+    [record]                  # the arrival log fleet-burst records traces from (fleet.burst.record)
+    enabled = false
+    path = "..."              # default: <runtime dir>/<name>.arrivals.jsonl
+
     [metrics]                 # the Prometheus endpoint (fleet.metrics); off unless enabled
     enabled = false
     host = "127.0.0.1"        # localhost only unless the operator opens it
     port = 9464               # 0 picks a free port
+
+    [store]                   # the host-group admission store (admission.store); off without url
+    url = "sqlite:///var/lib/fleet/store.db"   # or postgresql://user@db/fleet
+    orchestrator = "host-a/demo"  # this fleet's id in the group; default "<hostname>/<fleet name>"
+    lease_ttl = 30.0          # seconds a lease lasts unless renewed
+    renew_every = 10.0        # default: a third of lease_ttl
+    poll_every = 0.2          # how often queued requests are looked at
+    global_limit = 8          # the group's quotas: written to the store at boot when any is set
+    aging_interval = 60.0
+    preemption = false
+    [store.environments]      # also [store.providers], [store.tiers] (host defaults to 1)
+    prod = 4
+    [store.roles.solver]      # units of this role hold a lease from before dispatch to their outcome
+    environment = "prod"
+    provider = "local"
+    tier = "host"             # host | container | vm | microvm | custom
+    priority = 0
+    preemptible = false
+    queue_timeout = 600.0     # omit to wait without limit
 
 Environment. ``FLEET_<SECTION>__<KEY>`` sets one key (``FLEET_POSTURE__CORDON_DUTY_PERCENT=5``,
 ``FLEET_ROLES__SOLVER__SLOTS=4``); ``FLEET_NAME``, ``FLEET_PROFILE`` and ``FLEET_CPUS``
@@ -90,6 +113,47 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class StoreRole:
+    """How units of one role ask the host-group store: placement, priority, waiting limit."""
+
+    environment: str
+    provider: str = "local"
+    tier: str = "host"
+    priority: int = 0
+    preemptible: bool = False
+    queue_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The host-group admission store (admission.store); off unless `url` is set.
+
+    Units of the roles listed in `roles` hold a lease of the store from before
+    dispatch until their outcome. `policy` (None: leave the store's as it is) is
+    written to the store at boot and then holds for the whole host group.
+    """
+
+    url: str | None = None
+    orchestrator: str | None = None  # None: "<hostname>/<fleet name>"
+    lease_ttl: float = 30.0
+    renew_every: float | None = None  # None: a third of lease_ttl
+    poll_every: float = 0.2
+    policy: object = None  # admission.store.Policy, or None
+    roles: tuple = ()  # ((role name, StoreRole), ...)
+
+    def role(self, name: str) -> StoreRole | None:
+        return dict(self.roles).get(name)
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """The arrival log: one JSON line per accepted unit at `path` when `enabled` (fleet.burst.record)."""
+
+    enabled: bool = False
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     """The validated configuration. Build it with `load_config`."""
 
@@ -102,6 +166,8 @@ class FleetConfig:
     limits: Limits = Limits()
     restart: RestartIntensity = RestartIntensity()
     metrics: MetricsConfig = MetricsConfig()
+    store: StoreConfig = StoreConfig()
+    record: RecordConfig = RecordConfig()
     source: str | None = None
     env_overrides: tuple[str, ...] = ()
 
@@ -202,7 +268,74 @@ def _metrics(data):
     return MetricsConfig(enabled, host, port)
 
 
-SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics")
+_STORE_KEYS = ("url", "orchestrator", "lease_ttl", "renew_every", "poll_every", "global_limit", "aging_interval",
+               "preemption", "environments", "providers", "tiers", "roles")
+_POLICY_KEYS = ("global_limit", "aging_interval", "preemption", "environments", "providers", "tiers")
+_STORE_ROLE_KEYS = tuple(f.name for f in dataclasses.fields(StoreRole))
+
+
+def _store(data, roles: RoleSet):
+    """The [store] section: the url, this orchestrator's id, lease timing, the group's quotas,
+    and which roles' units hold a lease ([store.roles.<role>])."""
+    data = _table("store", data)
+    _reject_unknown("store", data, _STORE_KEYS)
+    url = data.get("url")
+    if url is None:
+        if data:
+            raise ConfigError("store.url", "is required when [store] is configured")
+        return StoreConfig()
+    from admission.store import BadRequest, Policy, QuotaConfigInvalid, Request
+    from admission.store.rules import validate_request
+
+    if not isinstance(url, str) or not url.startswith(("sqlite://", "postgresql://", "postgres://")):
+        raise ConfigError("store.url", f"must be sqlite:///path or postgresql://..., got {url!r}")
+    orchestrator = data.get("orchestrator")
+    if orchestrator is not None and (not isinstance(orchestrator, str) or not orchestrator.strip()):
+        raise ConfigError("store.orchestrator", f"must be a non-empty name, got {orchestrator!r}")
+    ttl = _positive("store.lease_ttl", data.get("lease_ttl", StoreConfig.lease_ttl))
+    renew = data.get("renew_every")
+    if renew is not None and _positive("store.renew_every", renew) >= ttl:
+        raise ConfigError("store.renew_every", f"must be shorter than lease_ttl ({ttl}), got {renew!r}")
+    poll = _positive("store.poll_every", data.get("poll_every", StoreConfig.poll_every))
+    policy = None
+    if any(k in data for k in _POLICY_KEYS):
+        try:
+            policy = Policy.build({k: data[k] for k in _POLICY_KEYS if k in data})
+        except QuotaConfigInvalid as exc:
+            raise ConfigError(f"store.{exc.path}", str(exc)[len(exc.path) + 2:]) from None
+    gated = []
+    for name, spec in _table("store.roles", data.get("roles", {})).items():
+        path = f"store.roles.{name}"
+        if name not in roles.names:
+            raise ConfigError(path, f"no such role; roles: {', '.join(roles.names)}")
+        spec = _table(path, spec)
+        _reject_unknown(path, spec, _STORE_ROLE_KEYS)
+        if "environment" not in spec:
+            raise ConfigError(f"{path}.environment", "is required")
+        role = StoreRole(**spec)
+        try:  # the store's own request check, on a sample request of this role
+            validate_request(Request("check", "check", role.environment, role.provider, role.tier, role.priority,
+                                     role.queue_timeout, role.preemptible, ttl))
+        except BadRequest as exc:
+            raise ConfigError(f"{path}.{exc.field}", str(exc)[len(exc.field) + 2:]) from None
+        gated.append((name, role))
+    return StoreConfig(url=url, orchestrator=orchestrator, lease_ttl=ttl, renew_every=renew, poll_every=poll,
+                       policy=policy, roles=tuple(gated))
+
+
+def _record(data):
+    data = _table("record", data)
+    _reject_unknown("record", data, ("enabled", "path"))
+    enabled = data.get("enabled", RecordConfig.enabled)
+    if not isinstance(enabled, bool):
+        raise ConfigError("record.enabled", f"must be true or false, got {enabled!r}")
+    path = data.get("path")
+    if path is not None and (not isinstance(path, str) or not path.strip()):
+        raise ConfigError("record.path", f"must be a file path, got {path!r}")
+    return RecordConfig(enabled, path)
+
+
+SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store", "record")
 
 
 def _build(raw: dict, source, env_paths) -> FleetConfig:
@@ -220,6 +353,8 @@ def _build(raw: dict, source, env_paths) -> FleetConfig:
         limits=_limits(raw.get("limits", {})),
         restart=_restart(raw.get("restart", {})),
         metrics=_metrics(raw.get("metrics", {})),
+        store=_store(raw.get("store", {}), roles),
+        record=_record(raw.get("record", {})),
         source=source,
         env_overrides=tuple(env_paths),
     )
@@ -244,6 +379,14 @@ _TYPES = {
     ("restart", "within_seconds"): "float",
     ("metrics", "enabled"): "bool",
     ("metrics", "port"): "int",
+    ("store", "lease_ttl"): "float",
+    ("store", "renew_every"): "float?",
+    ("store", "poll_every"): "float",
+    ("store", "global_limit"): "int?",
+    ("store", "aging_interval"): "float",
+    ("store", "preemption"): "bool",
+    ("record", "enabled"): "bool",
+    ("record", "path"): "str?",
 }
 _ROLE_TYPES = {
     "handler": "str?",

@@ -21,15 +21,23 @@ owner unless configured) may run read-only ops. Mutating ops (``mutating = True`
 are refused with ``PermissionDenied`` unless the peer's uid, read with SO_PEERCRED,
 is the daemon's own uid or root.
 
-Threads. `ControlServer` reads and validates on its own threads, then hands each
-validated `Call` to a dispatch callback that returns a Future. The daemon passes
-`CallQueue.submit` so every op runs on the main loop that owns the state (the loop
-calls `CallQueue.run_pending`); the server thread only waits for the Future, with a
-timeout. Nothing here changes daemon state from a server thread. A *blocking* op
-(``Op.blocking``, i.e. ``collect``) is the one exception to "ops run on the main
-loop": it waits for something to happen, so the daemon's dispatch does not queue it
-to the loop; its ``execute`` returns at once with a Future that the daemon resolves
-later, and only the connection's own thread waits on it.
+Threads. `ControlServer` reads, validates and answers on one thread that
+multiplexes every connection (selectors), then hands each validated `Call` to a
+dispatch callback that returns a Future. The daemon passes `CallQueue.submit` so
+every op runs on the main loop that owns the state (the loop calls
+`CallQueue.run_pending`); the server thread never waits for a Future: its
+completion wakes the server loop, which sends the reply (or a ``Timeout`` reply
+after ``reply_timeout``). Nothing here changes daemon state from the server
+thread. A *blocking* op (``Op.blocking``, i.e. ``collect``) is the one exception
+to "ops run on the main loop": it waits for something to happen, so the daemon's
+dispatch does not queue it to the loop; its ``execute`` returns at once with a
+Future that the daemon resolves later, and nothing waits on it meanwhile.
+
+Connections. The server admits connections by uid (a cap per uid, a reserve for
+the owner and root; an idle connection of a uid at its cap is closed to make room),
+gives each a deadline to complete a frame, and refuses with a ``Busy`` error reply
+(``"id": null``) when no room can be made; the client raises `ControlBusy`. See
+`ControlServer`.
 
 Result delivery (service mode). ``submit`` admits a unit and replies at once with
 its unit id. A client that wants outcomes passes a ``token`` (a random string it
@@ -48,20 +56,22 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
+import errno
 import itertools
 import json
 import logging
 import os
 import pickle
 import re
+import select
 import selectors
 import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import CancelledError, Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -85,6 +95,7 @@ __all__ = [
     "CallQueue",
     "COLLECT_MAX_WAIT_S",
     "COLLECT_REPLY_BUDGET",
+    "ControlBusy",
     "ControlClient",
     "ControlError",
     "ControlHandler",
@@ -185,6 +196,18 @@ class PermissionDenied(RemoteError):
 
     def __init__(self, message: str):
         super().__init__(E_PERMISSION, message)
+
+
+class ControlBusy(RemoteError):
+    """The daemon refused the connection: every control connection it allows is busy
+    (its own limits, see `ControlServer`). Try again shortly; nothing was run."""
+
+    #: EX_TEMPFAIL: a temporary condition, retrying later may work.
+    EXIT_BUSY = 75
+
+    def __init__(self, message: str):
+        super().__init__(E_BUSY, message)
+        self.exit_code = self.EXIT_BUSY
 
 
 class ControlTimeout(ControlError):
@@ -527,6 +550,9 @@ class ControlHandler(Protocol):
         """The outcomes held for ``token``: a Future resolved, without blocking the
         caller, as soon as one is ready or after ``timeout`` seconds (then empty)."""
 
+    def cancel(self, unit: int) -> Any:
+        """Cancel unit ``unit`` if it has not started; say what became of it (`CancelOp`)."""
+
 
 # ----------------------------------------------------------------------------- ops
 
@@ -675,6 +701,26 @@ class PostureSetOp(Op):
 
 
 @OPS.register
+class PostureReleaseOp(Op):
+    """Release a sticky posture cause; the handler's ``posture_release(cause)`` returns the
+    posture view with ``released`` (whether the cause was held)."""
+
+    name = "posture_release"
+    mutating = True
+    summary = "Release a sticky posture cause (lane-death, operator); echoes the posture."
+    schema = {"cause": Arg((str,), required=True, doc="the sticky cause: lane-death or operator")}
+
+    def check(self, args: dict[str, Any]) -> None:
+        from .posture import STICKY_CAUSES
+
+        if args["cause"] not in STICKY_CAUSES:
+            raise self._bad(f"unknown posture cause {args['cause']!r} (causes: {', '.join(STICKY_CAUSES)})")
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.posture_release(args["cause"])
+
+
+@OPS.register
 class DrainOp(Op):
     name = "drain"
     mutating = True
@@ -810,6 +856,26 @@ class CollectOp(Op):
     def format(self, result: Any) -> str:
         outcomes = result.get("outcomes", []) if isinstance(result, dict) else []
         return f"{len(outcomes)} outcome(s)" + (", more waiting" if result.get("more") else "")
+
+
+@OPS.register
+class CancelOp(Op):
+    """Cancel a unit that has not started: it never runs, and its outcome is failed
+    ``Cancelled`` (counted in the ledger, delivered to its client). A unit already
+    running, or ended, is left alone. Reply: ``{"unit", "cancelled": bool, "state"}``
+    with ``state`` one of ``cancelled``, ``running``, ``ended`` (or not this daemon's)."""
+
+    name = "cancel"
+    mutating = True
+    summary = "Cancel a unit that has not started yet."
+    schema = {"unit": Arg((int,), required=True, doc="the unit id submit replied with")}
+
+    def check(self, args: dict[str, Any]) -> None:
+        if args["unit"] < 1:
+            raise self._bad(f"unit must be a unit id (an integer >= 1), got {args['unit']!r}")
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.cancel(args["unit"])
 
 
 # ------------------------------------------------------------------ calls, queueing
@@ -958,25 +1024,125 @@ class CallQueue:
 
 # --------------------------------------------------------------------------- server
 
+#: How long a connection may take to send a complete frame: from accept until its
+#: first frame ends, and from a frame's first byte until its newline. Every client
+#: writes a request at once, so only a stalled or hostile peer ever reaches this.
+FRAME_TIMEOUT_S = 10.0
+#: How long a reply may sit unsent because the peer does not read it.
+WRITE_TIMEOUT_S = 30.0
+#: Reply bytes waiting for the peer beyond which no further request of that
+#: connection is read: a peer that never reads its replies holds one reply, no more.
+_WRITE_HIGH = 64 * 1024
+#: At most this many connections are accepted per wake-up, so a connect flood
+#: cannot starve the connections already being served.
+_ACCEPT_BURST = 64
+#: After accept() fails for want of file descriptors, it is retried this much later.
+_ACCEPT_PAUSE_S = 0.1
+#: Longest the server loop sleeps without a deadline due (it also wakes on I/O).
+_TICK_S = 1.0
+
 
 @dataclass(eq=False)
 class _Conn:
+    """One accepted connection; owned by the server loop thread."""
+
     sock: socket.socket
     peer: Peer
-    thread: threading.Thread | None = None
+    opened: float
+    rbuf: bytearray = field(default_factory=bytearray)
+    scanned: int = 0  # bytes of rbuf known to hold no newline
+    wbuf: bytearray = field(default_factory=bytearray)
+    call: Call | None = None  # the request being answered
     inflight: Future | None = None
-    closed: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    call_deadline: float = 0.0
+    spoke: bool = False  # sent at least one complete frame
+    frame_deadline: float | None = None  # an incomplete frame must end by then
+    last_active: float = 0.0  # last complete frame or reply
+    write_stalled_since: float | None = None
+    eof: bool = False
+    closing: bool = False  # close once wbuf is sent
+    events: int = 0  # what the selector watches for it
+
+    @property
+    def idle(self) -> bool:
+        """Nothing asked, nothing owed: closing it loses no request and no reply."""
+        return self.inflight is None and not self.wbuf and not self.rbuf
+
+
+class _PressureLog:
+    """Refused and evicted connections, logged at most once per ``every_s``.
+
+    A flood of connection attempts must not become a flood of log lines: the first
+    event logs at once, later ones are counted and summed up in one line per
+    interval (by uid). ``clock`` is injected for tests.
+    """
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.every_s = every_s
+        self._clock = clock
+        self._next = 0.0
+        self._refused: collections.Counter = collections.Counter()
+        self._evicted: collections.Counter = collections.Counter()
+        self._last = ""
+
+    def refused(self, peer: Peer, why: str) -> None:
+        self._refused[peer.uid] += 1
+        self._last = f"uid {peer.uid} pid {peer.pid}: {why}"
+        self.flush()
+
+    def evicted(self, peer: Peer) -> None:
+        self._evicted[peer.uid] += 1
+        self.flush()
+
+    def flush(self) -> None:
+        """Log what was counted, if the interval allows."""
+        if not (self._refused or self._evicted):
+            return
+        now = self._clock()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        parts = []
+        if self._refused:
+            parts.append(f"refused {sum(self._refused.values())} connection(s) as busy "
+                         f"({_by_uid(self._refused)}; last: {self._last})")
+        if self._evicted:
+            parts.append(f"closed {sum(self._evicted.values())} idle connection(s) to make room "
+                         f"({_by_uid(self._evicted)})")
+        log.warning("control socket under pressure: %s", "; ".join(parts))
+        self._refused.clear()
+        self._evicted.clear()
+
+
+def _by_uid(counts: collections.Counter) -> str:
+    return ", ".join(f"uid {uid}: {n}" for uid, n in counts.most_common())
 
 
 class ControlServer:
-    """Serves the control protocol on a Unix stream socket.
+    """Serves the control protocol on a Unix stream socket, from one thread.
 
-    One acceptor thread, one thread per connection (at most ``max_connections``).
-    Each request is decoded, its op looked up, the peer's right to run it checked,
-    its args validated, and only then handed to ``dispatch`` as a `Call`; the
-    server waits up to ``reply_timeout`` seconds on the returned Future and sends
-    the reply. Use as a context manager, or `start` / `close`.
+    One thread multiplexes the listener and every connection (selectors). Each
+    request is decoded, its op looked up, the peer's right to run it checked, its
+    args validated, and only then handed to ``dispatch`` as a `Call`; the Future it
+    returns is not waited on: its completion wakes the loop, which sends the reply.
+    So a long poll (``collect``) holds no thread, and one connection never delays
+    another. A connection has one request in flight at a time, so replies keep
+    request order. Use as a context manager, or `start` / `close`.
+
+    Who gets a connection. At most ``max_connections`` at once; the last
+    ``reserved`` of them only the owner uid and root may hold, and any other uid at
+    most ``max_per_uid``. A uid at its limit gets room by closing its own longest
+    idle connection (one with no request in flight, no partial frame, no reply
+    pending): idle sockets never deny service, not even to their own uid. When
+    nothing can be closed the new connection gets a ``Busy`` error reply and is
+    closed (the client raises `ControlBusy`); refusals are logged, rate-limited.
+
+    Hostile peers. A connection must send a complete frame within
+    ``frame_timeout`` of connecting or of starting that frame (a half frame, a
+    never-ending line), else it gets a ``Timeout`` error and is closed; a frame over
+    ``max_frame`` gets ``FrameTooLarge`` and is closed; a peer that leaves a reply
+    unread for ``write_timeout`` is closed, and none of its later requests is read
+    meanwhile. Connections idle between requests close after ``idle_timeout``.
 
     Args:
         path: socket path; its directory must exist (see `prepare_runtime_dir`).
@@ -985,6 +1151,7 @@ class ControlServer:
         group: gid or group name the socket file is given; default the owner's group.
         mode: socket file mode; 0660 lets the group connect and no one else.
         owner_uid: the uid allowed mutating ops besides root; default our euid.
+        reply_timeout: seconds a call may take before a ``Timeout`` reply.
     """
 
     def __init__(
@@ -998,9 +1165,19 @@ class ControlServer:
         owner_uid: int | None = None,
         reply_timeout: float = 30.0,
         max_frame: int = MAX_FRAME,
-        max_connections: int = 64,
+        max_connections: int = 256,
+        max_per_uid: int = 32,
+        reserved: int = 32,
+        frame_timeout: float = FRAME_TIMEOUT_S,
+        write_timeout: float = WRITE_TIMEOUT_S,
         idle_timeout: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
+        if max_connections < 1 or max_per_uid < 1 or not 0 <= reserved <= max_connections:
+            raise ValueError(
+                f"need max_connections >= 1, max_per_uid >= 1 and 0 <= reserved <= max_connections; "
+                f"got {max_connections}, {max_per_uid}, {reserved}"
+            )
         self.path = Path(path)
         self.dispatch = dispatch
         self.registry = registry
@@ -1010,21 +1187,30 @@ class ControlServer:
         self.reply_timeout = reply_timeout
         self.max_frame = max_frame
         self.max_connections = max_connections
+        self.max_per_uid = max_per_uid
+        self.reserved = reserved
+        self.frame_timeout = frame_timeout
+        self.write_timeout = write_timeout
         self.idle_timeout = idle_timeout
+        self._clock = clock
         self._listener: socket.socket | None = None
         self._inode: tuple[int, int] | None = None
+        self._sel: selectors.BaseSelector | None = None
         self._wake_r = self._wake_w = -1
-        self._acceptor: threading.Thread | None = None
+        self._wake_lock = threading.Lock()  # a Future may complete after close(): never write a closed fd
+        self._thread: threading.Thread | None = None
         self._conns: set[_Conn] = set()
-        self._lock = threading.Lock()
+        self._done: collections.deque[tuple[_Conn, Future]] = collections.deque()
         self._stopping = threading.Event()
-        self._serial = itertools.count(1)
+        self._accept_paused_until: float | None = None
+        self._emfile_logged = float("-inf")
+        self._pressure = _PressureLog(clock=clock)
 
     # -- lifecycle
     def start(self) -> ControlServer:
-        """Bind, set the socket file's mode and group, listen, start the acceptor."""
+        """Bind, set the socket file's mode and group, listen, start the server thread."""
         self._clear_stale()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
             listener.bind(str(self.path))
             # Mode and group before listen(): no one can connect until they are right.
@@ -1033,39 +1219,34 @@ class ControlServer:
                 os.chown(self.path, -1, self._gid(self.group))
             st = os.stat(self.path)
             self._inode = (st.st_dev, st.st_ino)
-            listener.listen(16)
+            listener.listen(128)
         except BaseException:
             listener.close()
             self._unlink_own()
             raise
         self._listener = listener
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._acceptor = threading.Thread(target=self._accept_loop, name="fleet-control-accept", daemon=True)
-        self._acceptor.start()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(listener, selectors.EVENT_READ, "listener")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._serve, name="fleet-control", daemon=True)
+        self._thread.start()
         return self
 
     def close(self) -> None:
-        """Stop accepting, cancel waits, close every connection, join threads, unlink the socket."""
+        """Stop serving: cancel calls in flight (answered ``ShuttingDown`` where the peer
+        still reads), close every connection, join the thread, unlink the socket."""
         if self._stopping.is_set():
             return
         self._stopping.set()
-        if self._wake_w >= 0:
-            os.write(self._wake_w, b"x")
-        if self._acceptor is not None:
-            self._acceptor.join()
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
-            self._abort(conn)
-        for conn in conns:
-            if conn.thread is not None:
-                conn.thread.join()
-        if self._listener is not None:
-            self._listener.close()
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
+        self._wake()
+        if self._thread is not None:
+            self._thread.join()
+        with self._wake_lock:
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
         self._unlink_own()
 
     def __enter__(self) -> ControlServer:
@@ -1077,8 +1258,11 @@ class ControlServer:
     @property
     def connections(self) -> int:
         """Connections being served now."""
-        with self._lock:
-            return len(self._conns)
+        return len(self._conns)
+
+    def connections_by_uid(self) -> dict[int, int]:
+        """Connections being served now, per peer uid."""
+        return dict(collections.Counter(c.peer.uid for c in list(self._conns)))
 
     # -- socket file
     @staticmethod
@@ -1121,110 +1305,330 @@ class ControlServer:
         if self._inode is None or (st.st_dev, st.st_ino) == self._inode:
             os.unlink(self.path)
 
-    # -- accepting
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._listener, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
-            while not self._stopping.is_set():
-                for key, _ in sel.select():
-                    if key.fileobj is self._listener and not self._stopping.is_set():
-                        self._accept_one()
+    # -- the loop
+    def _wake(self) -> None:
+        with self._wake_lock:
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:
+                pass  # the pipe is full: the loop is due to wake anyway
 
-    def _accept_one(self) -> None:
-        assert self._listener is not None
+    def _serve(self) -> None:
+        assert self._sel is not None
         try:
-            sock, _ = self._listener.accept()
+            while not self._stopping.is_set():
+                for key, events in self._sel.select(self._sleep_for()):
+                    if key.data == "listener":
+                        self._accept_burst()
+                    elif key.data == "wake":
+                        _drain(self._wake_r)
+                    else:
+                        self._guarded(key.data, self._on_ready, events)
+                self._finish_calls()
+                self._expire()
+                self._pressure.flush()
+        except Exception:  # noqa: BLE001 - logged loudly; close() still cleans up
+            log.exception("control server loop failed; no more control requests are served")
+        finally:
+            self._teardown()
+
+    def _guarded(self, conn: _Conn, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` for one connection; a bug or I/O error there closes that one only."""
+        try:
+            fn(conn, *args)
         except OSError:
-            return
+            self._drop(conn)  # the peer went away: nothing to answer
+        except Exception:  # noqa: BLE001 - one connection's failure must not stop the others
+            log.exception("control connection from pid %d failed", conn.peer.pid)
+            self._drop(conn)
+
+    def _sleep_for(self) -> float:
+        wait = _TICK_S
+        now = self._clock()
+        if self._accept_paused_until is not None:
+            wait = min(wait, self._accept_paused_until - now)
+        for conn in self._conns:
+            for due in (conn.frame_deadline, conn.call_deadline if conn.inflight is not None else None):
+                if due is not None:
+                    wait = min(wait, due - now)
+        return max(0.0, wait)
+
+    def _teardown(self) -> None:
+        for conn in list(self._conns):
+            fut = conn.inflight
+            if fut is not None and fut.cancel():
+                conn.inflight = None
+                self._send_now(conn, encode_error(conn.call.request_id, E_SHUTTING_DOWN,
+                                                  f"{conn.call.op.name} not executed: the server is closing"))
+            self._drop(conn)
+        if self._listener is not None:
+            self._listener.close()
+        if self._sel is not None:
+            self._sel.close()
+
+    # -- accepting
+    def _accept_burst(self) -> None:
+        assert self._listener is not None
+        for _ in range(_ACCEPT_BURST):
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors: the listener stays readable, so stop watching
+                    # it for a moment rather than spin.
+                    now = self._clock()
+                    if now >= self._emfile_logged + self._pressure.every_s:  # not a line per retry
+                        log.error("control socket cannot accept: %s; pausing accepts for %gs at a time",
+                                  exc, _ACCEPT_PAUSE_S)
+                        self._emfile_logged = now
+                    self._sel.unregister(self._listener)
+                    self._accept_paused_until = self._clock() + _ACCEPT_PAUSE_S
+                return
+            self._admit(sock)
+
+    def _admit(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
         try:
             peer = Peer.of(sock)
         except OSError:
             sock.close()
             return
-        sock.settimeout(self.idle_timeout)
-        conn = _Conn(sock, peer)
-        with self._lock:
-            full = len(self._conns) >= self.max_connections
-            if not full:
-                self._conns.add(conn)
-        if full:
-            self._send(conn, encode_error(None, E_BUSY, f"{self.max_connections} connections already open"))
+        refusal = self._make_room(peer)
+        if refusal is not None:
+            self._pressure.refused(peer, refusal)
+            try:
+                sock.send(encode_error(None, E_BUSY, refusal))
+            except OSError:
+                pass
             sock.close()
             return
-        conn.thread = threading.Thread(
-            target=self._serve, args=(conn,), name=f"fleet-control-conn-{next(self._serial)}", daemon=True
-        )
-        conn.thread.start()
+        now = self._clock()
+        conn = _Conn(sock, peer, opened=now, last_active=now, frame_deadline=now + self.frame_timeout)
+        self._conns.add(conn)
+        self._watch(conn)
 
-    def _abort(self, conn: _Conn) -> None:
-        with conn.lock:
-            if conn.inflight is not None:
-                conn.inflight.cancel()
-            if not conn.closed:
-                try:
-                    conn.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in recv
-                except OSError:
-                    pass
+    def _privileged(self, peer: Peer) -> bool:
+        return peer.uid in (0, self.owner_uid)
 
-    # -- one connection
-    def _serve(self, conn: _Conn) -> None:
+    def _make_room(self, peer: Peer) -> str | None:
+        """None if ``peer`` may have a new connection now (after closing one of its own
+        idle ones if need be), else the reason it is refused."""
+        mine = [c for c in self._conns if c.peer.uid == peer.uid]
+        if self._privileged(peer):
+            full = len(self._conns) >= self.max_connections
+            why = f"all {self.max_connections} control connections are busy"
+        else:
+            shared = sum(1 for c in self._conns if not self._privileged(c.peer))
+            pool = self.max_connections - self.reserved
+            if len(mine) >= self.max_per_uid:
+                full, why = True, f"uid {peer.uid} already has {len(mine)} busy control connections (the most one uid may hold)"
+            else:
+                full, why = shared >= pool, f"all {pool} control connections open to other users are busy"
+        if not full:
+            return None
+        for victim in sorted((c for c in mine if c.idle), key=lambda c: c.last_active):
+            # Idle as far as the loop knows; but a request may be waiting unread in
+            # its socket (accepted just before this flood): read first, close only
+            # a connection that really has nothing to say.
+            self._guarded(victim, self._read)
+            if victim not in self._conns:
+                return None  # it had gone away: that made room
+            if victim.idle:
+                self._pressure.evicted(victim.peer)
+                self._drop(victim)  # frees a place in whichever limit was full: it counted in all
+                return None
+        return why
+
+    def _resume_accepting(self) -> None:
+        assert self._sel is not None and self._listener is not None
+        self._accept_paused_until = None
+        self._sel.register(self._listener, selectors.EVENT_READ, "listener")
+
+    # -- one connection's I/O
+    def _watch(self, conn: _Conn) -> None:
+        """Point the selector at what ``conn`` waits for now."""
+        assert self._sel is not None
+        events = 0
+        if not conn.eof and not conn.closing and len(conn.rbuf) <= self.max_frame:
+            events |= selectors.EVENT_READ
+        if conn.wbuf:
+            events |= selectors.EVENT_WRITE
+        if events == conn.events:
+            return
+        if conn.events == 0:
+            self._sel.register(conn.sock, events, conn)
+        elif events == 0:
+            self._sel.unregister(conn.sock)
+        else:
+            self._sel.modify(conn.sock, events, conn)
+        conn.events = events
+
+    def _on_ready(self, conn: _Conn, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self._flush(conn)
+        if events & selectors.EVENT_READ and conn in self._conns:
+            self._read(conn)
+
+    def _read(self, conn: _Conn) -> None:
         try:
-            self._serve_frames(conn)
-        except OSError:
-            pass  # the peer went away or we are closing: nothing to answer
-        except Exception:
-            log.exception("control connection from pid %d failed", conn.peer.pid)
-        finally:
-            with conn.lock:
-                conn.closed = True
-                conn.sock.close()
-            with self._lock:
-                self._conns.discard(conn)
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        if data:
+            conn.rbuf += data
+        else:
+            conn.eof = True
+        self._advance(conn)
 
-    def _serve_frames(self, conn: _Conn) -> None:
-        buf = bytearray()
-        scanned = 0  # bytes of buf already known to hold no newline
-        while not self._stopping.is_set():
-            nl = buf.find(b"\n", scanned)
+    def _advance(self, conn: _Conn) -> None:
+        """Answer the frames ``conn`` sent, one at a time, while nothing is in flight
+        and the peer keeps up with its replies."""
+        now = self._clock()
+        while conn.inflight is None and not conn.closing and len(conn.wbuf) < _WRITE_HIGH:
+            nl = conn.rbuf.find(b"\n", conn.scanned)
             if nl < 0:
-                if len(buf) > self.max_frame:
-                    self._send(conn, encode_error(None, E_TOO_LARGE, f"frame exceeds {self.max_frame} bytes"))
-                    return
-                scanned = len(buf)
-                try:
-                    data = conn.sock.recv(65536)
-                except TimeoutError:
-                    return  # idle connection: free its thread
-                if not data:
-                    if buf.strip():
-                        self._send(conn, encode_error(None, E_MALFORMED, "connection closed mid-frame (no newline)"))
-                    return
-                buf += data
-                continue
-            frame = bytes(buf[:nl])
-            del buf[: nl + 1]
-            scanned = 0
-            reply = self._answer(conn, frame)
-            self._send(conn, reply)
+                conn.scanned = len(conn.rbuf)
+                if len(conn.rbuf) > self.max_frame:
+                    self._reply(conn, encode_error(None, E_TOO_LARGE, f"frame exceeds {self.max_frame} bytes"))
+                    conn.closing = True  # the stream cannot be resynced without reading the rest
+                elif conn.eof:
+                    if conn.rbuf.strip():
+                        self._reply(conn, encode_error(None, E_MALFORMED, "connection closed mid-frame (no newline)"))
+                    conn.closing = True
+                break
+            frame = bytes(conn.rbuf[:nl])
+            del conn.rbuf[: nl + 1]
+            conn.scanned = 0
+            conn.spoke = True
+            conn.last_active = now
+            self._start(conn, frame)
             if len(frame) > self.max_frame:
-                return  # the reply said FrameTooLarge; that connection is done
+                conn.closing = True  # the reply said FrameTooLarge; that connection is done
+        # The deadline for a complete frame: from accept until the first one, and
+        # from the first byte of any later one.
+        tail = len(conn.rbuf) - (conn.rbuf.rfind(b"\n") + 1)
+        if tail:
+            if conn.frame_deadline is None:
+                conn.frame_deadline = now + self.frame_timeout
+        elif conn.spoke:
+            conn.frame_deadline = None
+        if conn.closing and not conn.wbuf:
+            self._drop(conn)
+            return
+        self._watch(conn)
 
-    def _send(self, conn: _Conn, data: bytes) -> None:
+    def _reply(self, conn: _Conn, data: bytes) -> None:
+        """Queue a reply and send what the socket takes now (the caller updates the selector)."""
+        conn.wbuf += data
+        conn.last_active = self._clock()
+        self._send_some(conn)
+
+    def _send_some(self, conn: _Conn) -> None:
         try:
-            conn.sock.sendall(data)
-        except OSError:
-            pass  # the peer is gone; its request was handled or refused either way
+            sent = conn.sock.send(conn.wbuf)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        del conn.wbuf[:sent]
+        if sent or not conn.wbuf:
+            conn.write_stalled_since = None
+        if conn.wbuf and conn.write_stalled_since is None:
+            conn.write_stalled_since = self._clock()
 
-    def _answer(self, conn: _Conn, frame: bytes) -> bytes:
-        """The reply frame for one request frame. Never raises for bad input."""
+    def _flush(self, conn: _Conn) -> None:
+        """EVENT_WRITE: send more; once all is sent, read the requests held back meanwhile."""
+        self._send_some(conn)
+        if conn.wbuf:
+            self._watch(conn)
+        else:
+            self._advance(conn)
+
+    def _send_now(self, conn: _Conn, data: bytes) -> None:
+        """Best effort, never blocking: a notice sent just before closing."""
+        try:
+            conn.sock.send(bytes(conn.wbuf) + data)
+        except OSError:
+            pass
+
+    def _drop(self, conn: _Conn) -> None:
+        if conn not in self._conns:
+            return
+        self._conns.discard(conn)
+        if conn.events and self._sel is not None:
+            try:
+                self._sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+        conn.events = 0
+        if conn.inflight is not None:
+            conn.inflight.cancel()  # not started: it never runs; started: its reply has no reader
+            conn.inflight = None
+        conn.sock.close()
+
+    # -- deadlines
+    def _expire(self) -> None:
+        now = self._clock()
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._resume_accepting()
+        for conn in list(self._conns):
+            if conn.inflight is not None and now >= conn.call_deadline:
+                self._guarded(conn, self._call_timed_out)
+            elif conn.frame_deadline is not None and now >= conn.frame_deadline:
+                self._send_now(conn, encode_error(
+                    None, E_TIMEOUT, f"no complete request frame within {self.frame_timeout:g}s; closing"))
+                self._drop(conn)
+            elif conn.wbuf and conn.write_stalled_since is not None \
+                    and now - conn.write_stalled_since >= self.write_timeout:
+                log.info("control connection from pid %d uid %d closed: it left a reply unread for %gs",
+                         conn.peer.pid, conn.peer.uid, self.write_timeout)
+                self._drop(conn)
+            elif conn.idle and now - conn.last_active >= self.idle_timeout:
+                self._drop(conn)
+
+    def _call_timed_out(self, conn: _Conn) -> None:
+        fut, call = conn.inflight, conn.call
+        conn.inflight = None  # its completion, if it ever comes, is ignored
+        if fut.cancel():
+            reply = encode_error(call.request_id, E_TIMEOUT, f"{call.op.name} not executed: the daemon's loop "
+                                 f"did not take it within {self.reply_timeout:g}s")
+        else:
+            reply = encode_error(call.request_id, E_TIMEOUT, f"{call.op.name} still running after "
+                                 f"{self.reply_timeout:g}s; its outcome is unknown")
+        self._reply(conn, reply)
+        if conn in self._conns:
+            self._advance(conn)
+
+    # -- requests
+    def _start(self, conn: _Conn, frame: bytes) -> None:
+        """Check one request frame and dispatch it; errors are answered at once."""
+        checked = self._check(conn, frame)
+        if isinstance(checked, bytes):
+            self._reply(conn, checked)
+            return
+        try:
+            fut = self.dispatch(checked)
+        except Exception as exc:  # noqa: BLE001 - a dispatch bug is this request's InternalError
+            log.error("dispatching op %s failed", checked.op.name, exc_info=exc)
+            self._reply(conn, encode_error(checked.request_id, E_INTERNAL, f"{checked.op.name} failed: "
+                                           f"{type(exc).__name__}: {exc}"))
+            return
+        conn.call, conn.inflight = checked, fut
+        conn.call_deadline = self._clock() + self.reply_timeout
+        # Runs on whichever thread completes the Future (at once if it is done):
+        # it only queues the completion and wakes the loop.
+        fut.add_done_callback(lambda f, conn=conn: (self._done.append((conn, f)), self._wake()))
+
+    def _check(self, conn: _Conn, frame: bytes) -> Call | bytes:
+        """The validated `Call` for one request frame, or the error reply. Never raises for bad input."""
         rid = None
         try:
             request = decode_request(frame, max_frame=self.max_frame)
             rid = request.id
             op = self.registry.get(request.op)
-            if op.mutating and conn.peer.uid not in (0, self.owner_uid):
+            if op.mutating and not self._privileged(conn.peer):
                 log.warning(
                     "refused mutating op %s from pid %d uid %d", op.name, conn.peer.pid, conn.peer.uid
                 )
@@ -1236,23 +1640,26 @@ class ControlServer:
             args = op.validate(request.args)
         except ProtocolError as exc:
             return encode_error(exc.request_id if rid is None else rid, exc.code, exc.message)
-        return self._run(conn, Call(op, args, conn.peer, rid))
+        return Call(op, args, conn.peer, rid)
 
-    def _run(self, conn: _Conn, call: Call) -> bytes:
+    def _finish_calls(self) -> None:
+        while self._done:
+            conn, fut = self._done.popleft()
+            if conn.inflight is not fut or conn not in self._conns:
+                continue  # timed out or dropped meanwhile: already answered or unanswerable
+            conn.inflight = None
+            self._guarded(conn, self._answer, fut)
+
+    def _answer(self, conn: _Conn, fut: Future) -> None:
+        self._reply(conn, self._reply_for(conn.call, fut))
+        if conn in self._conns:
+            self._advance(conn)
+
+    @staticmethod
+    def _reply_for(call: Call, fut: Future) -> bytes:
         rid = call.request_id
-        fut = self.dispatch(call)
-        with conn.lock:
-            conn.inflight = fut
-            if self._stopping.is_set():
-                fut.cancel()  # close() ran between validation and now; don't wait
         try:
-            result = fut.result(timeout=self.reply_timeout)
-        except FutureTimeout:
-            if fut.cancel():
-                return encode_error(rid, E_TIMEOUT, f"{call.op.name} not executed: the daemon's loop "
-                                    f"did not take it within {self.reply_timeout:g}s")
-            return encode_error(rid, E_TIMEOUT, f"{call.op.name} still running after "
-                                f"{self.reply_timeout:g}s; its outcome is unknown")
+            result = fut.result(timeout=0)
         except CancelledError:
             return encode_error(rid, E_SHUTTING_DOWN, f"{call.op.name} not executed: the server is closing")
         except ShuttingDown as exc:
@@ -1262,9 +1669,6 @@ class ControlServer:
         except Exception as exc:
             log.error("op %s failed", call.op.name, exc_info=exc)
             return encode_error(rid, E_INTERNAL, f"{call.op.name} failed: {type(exc).__name__}: {exc}")
-        finally:
-            with conn.lock:
-                conn.inflight = None
         try:
             return encode_reply(rid, result)
         except (TypeError, ValueError) as exc:
@@ -1272,13 +1676,25 @@ class ControlServer:
             return encode_error(rid, E_INTERNAL, f"{call.op.name} returned a result that is not JSON: {exc}")
 
 
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
 # --------------------------------------------------------------------------- client
 
-_REMOTE_TYPES: dict[str, Callable[[str], RemoteError]] = {E_PERMISSION: PermissionDenied}
+_REMOTE_TYPES: dict[str, Callable[[str], RemoteError]] = {E_PERMISSION: PermissionDenied, E_BUSY: ControlBusy}
 
 
 class ControlClient:
     """Talks to one daemon's control socket. One connection, reused across calls.
+
+    A connection the daemon closed while it sat unused (an idle timeout, a restart)
+    is replaced by a new one before the next request is sent: no request is lost on
+    it, since none was sent.
 
     ``ControlClient(path)`` or ``ControlClient.for_fleet(name)``; use as a context
     manager or call `close`. Not thread-safe: one client per thread.
@@ -1289,6 +1705,7 @@ class ControlClient:
         self.timeout = timeout
         self.registry = registry
         self._sock: socket.socket | None = None
+        self._server_pid: int | None = None
         self._buf = bytearray()
         self._ids = itertools.count(1)
 
@@ -1305,6 +1722,7 @@ class ControlClient:
                 before anything is sent).
             NotRunning: no daemon listens at the path, or it closed the connection.
             PermissionDenied: the daemon refused the op to our uid, or we may not connect.
+            ControlBusy: the daemon refused the connection: its connections are all busy.
             RemoteError: any other error reply; ``.type`` and ``.message`` say what.
             ControlTimeout: no reply within ``timeout`` seconds.
         """
@@ -1313,12 +1731,15 @@ class ControlClient:
         frame = encode_request(op, spec.to_wire(**args), rid)
         reply = decode_reply(self._roundtrip(frame))
         if reply.id != rid:
+            if reply.id is None and not reply.ok:
+                # An error about the connection, not the request (Busy at accept, a
+                # frame deadline): the daemon closes it after saying so.
+                self.close()
+                raise _remote_error(reply)
+            self.close()
             raise ProtocolError(E_INVALID_REPLY, f"reply id {reply.id!r} does not match request id {rid!r}")
         if not reply.ok:
-            factory = _REMOTE_TYPES.get(reply.error_type)
-            if factory is not None:
-                raise factory(reply.error_message)
-            raise RemoteError(reply.error_type, reply.error_message)
+            raise _remote_error(reply)
         return reply.result
 
     def send_raw(self, data: bytes) -> Reply:
@@ -1337,13 +1758,28 @@ class ControlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def server_pid(self) -> int | None:
+        """The daemon's pid on the current connection (SO_PEERCRED); None when not connected."""
+        return self._server_pid
+
+    def connect(self) -> int:
+        """Connect now, or check that the open connection still stands (see `_connect`);
+        returns the daemon's pid on it."""
+        self._connect()
+        assert self._server_pid is not None
+        return self._server_pid
+
     def _connect(self) -> socket.socket:
         if self._sock is not None:
-            return self._sock
+            if self._still_open(self._sock):
+                return self._sock
+            self.close()  # the daemon closed it while we did not use it: a new one is as good
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(str(self.path))
+            self._connect_through_backlog(sock)
+            self._server_pid = Peer.of(sock).pid
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             raise NotRunning(f"no fleet daemon at {self.path}: {exc.strerror}") from None
@@ -1359,10 +1795,45 @@ class ControlClient:
         self._sock = sock
         return sock
 
+    def _connect_through_backlog(self, sock: socket.socket) -> None:
+        """connect(), retried while the daemon's listen backlog is full (a Unix socket
+        with a timeout says EAGAIN then, where a blocking one would wait); ControlBusy
+        if it stays full for the whole timeout."""
+        deadline = time.monotonic() + (self.timeout if self.timeout is not None else 60.0)
+        pause = 0.001
+        while True:
+            try:
+                sock.connect(str(self.path))
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ControlBusy(f"{self.path}: the daemon's connection backlog stayed full "
+                                      f"for {self.timeout}s") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+
+    def _still_open(self, sock: socket.socket) -> bool:
+        """False if the daemon closed this idle connection (end of stream, or a parting
+        error such as an idle timeout, waiting unread): no request of ours was read on
+        it, so sending on a new connection instead is safe."""
+        if self._buf:
+            return False  # bytes nobody asked for: the stream is out of step
+        readable, _, _ = select.select([sock], [], [], 0)
+        return not readable
+
     def _roundtrip(self, frame: bytes) -> bytes:
         sock = self._connect()
         try:
-            sock.sendall(frame)
+            try:
+                sock.sendall(frame)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                # The daemon closed the connection before reading our request; it may
+                # have said why first (Busy): that reply is still ours to read.
+                parting = self._parting_words(sock)
+                self.close()
+                if parting is not None:
+                    return parting
+                raise NotRunning(f"fleet daemon at {self.path} closed the connection: {exc.strerror}") from None
             return self._read_line(sock)
         except TimeoutError:
             self.close()
@@ -1373,6 +1844,12 @@ class ControlClient:
         except BaseException:
             self.close()  # the stream is out of step now; never reuse it
             raise
+
+    def _parting_words(self, sock: socket.socket) -> bytes | None:
+        try:
+            return self._read_line(sock)
+        except (OSError, NotRunning):
+            return None
 
     def _read_line(self, sock: socket.socket) -> bytes:
         while True:
@@ -1385,3 +1862,10 @@ class ControlClient:
             if not data:
                 raise NotRunning(f"fleet daemon at {self.path} closed the connection before replying")
             self._buf += data
+
+
+def _remote_error(reply: Reply) -> RemoteError:
+    factory = _REMOTE_TYPES.get(reply.error_type)
+    if factory is not None:
+        return factory(reply.error_message)
+    return RemoteError(reply.error_type, reply.error_message)

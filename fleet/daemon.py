@@ -8,7 +8,7 @@ one loop until the fleet has stopped:
 1. sleep on a self-pipe until a signal, a control call or the next timer is due;
 2. dispatch queued signals, each to its ``handle_<name>`` method (a signal handler
    only appends to a queue and writes the pipe: STYLE.md item 6);
-3. run the control calls queued by the server's threads (`CallQueue`): every op
+3. run the control calls queued by the control server's thread (`CallQueue`): every op
    that reads or changes the fleet runs here, on this thread;
 4. expire outcome long-polls and outcomes nobody collected (`OutcomeStore`);
 5. ping the watchdog (``WATCHDOG=1`` at half ``WATCHDOG_USEC``) and refresh the
@@ -85,10 +85,20 @@ def encode_outcome(seq: int | None, role: str, future: Future) -> list[dict]:
     """The outcome records for one ended unit, as `collect` sends them.
 
     One record, or several ``part``s when the pickled value is larger than
-    `PART_CHARS` in base64. A value that cannot be pickled again for the client
-    becomes a failed ``ResultError`` record (the ledger counted the unit solved:
-    the detail says so).
+    `PART_CHARS` in base64.
+
+    A solved value travels as the bytes its worker pickled: in service mode the
+    supervisor relays them without unpickling (`fleet.codec._Pickled`), so the
+    daemon never has to pickle a value again. That is what keeps the ledger honest:
+    a value that the worker could pickle but that would not survive a round trip
+    through the daemon (its unpickled form is not picklable) used to be counted
+    solved while its client was sent a ResultError. Relayed, the client gets
+    exactly what the handler returned, and the daemon runs no code from a result.
+    A value that is not relayed (a future built by hand) is pickled here; if that
+    fails the record is a failed ``ResultError`` that says so.
     """
+    from .codec import _Pickled
+
     base = {"seq": seq, "unit": getattr(future, "unit_id", None), "role": role}
     if future.cancelled():
         return [{**base, "kind": FAILED, "reason": "Cancelled", "detail": "cancelled in the daemon"}]
@@ -103,11 +113,15 @@ def encode_outcome(seq: int | None, role: str, future: Future) -> list[dict]:
     if exc is not None:
         return [{**base, "kind": FAILED, "reason": "ResultError",
                  "detail": f"the daemon could not deliver the outcome: {type(exc).__name__}: {exc}"}]
-    try:
-        raw = pickle.dumps(future.result(), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:  # noqa: BLE001 - any pickling failure is this unit's outcome
-        return [{**base, "kind": FAILED, "reason": "ResultError",
-                 "detail": f"solved, but its value cannot be pickled for the client: {type(err).__name__}: {err}"}]
+    value = future.result()
+    if isinstance(value, _Pickled):
+        raw = value.data
+    else:
+        try:
+            raw = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as err:  # noqa: BLE001 - any pickling failure is this unit's outcome
+            return [{**base, "kind": FAILED, "reason": "ResultError",
+                     "detail": f"solved, but its value cannot be pickled for the client: {type(err).__name__}: {err}"}]
     text = base64.b64encode(raw).decode("ascii")
     if len(text) <= PART_CHARS:
         return [{**base, "kind": SOLVED, "value": text}]
@@ -151,7 +165,7 @@ class OutcomeStore:
     """Outcomes held per client token until that client's `collect` takes them.
 
     Thread-safe: outcomes arrive on the supervisor's threads, long polls on the
-    control server's, expiry on the daemon loop. Bounded, so a client that never
+    control server's thread, expiry on the daemon loop. Bounded, so a client that never
     collects cannot grow the daemon forever: a token not seen (no submit, no
     collect) for ``ttl_s`` seconds, or holding more than ``max_bytes``, has its
     outcomes dropped with a log line; its next collect (or submit) then fails with
@@ -344,6 +358,7 @@ class Daemon:
         self.server: control.ControlServer | None = None
         self.calls: control.CallQueue | None = None
         self.store = OutcomeStore(clock=clock)
+        self._units: dict[int, Future] = {}  # admitted and not ended, for `cancel`
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = self._wake_w = -1
         self._stopping: str | None = None  # None, "drain" or "kill"
@@ -579,6 +594,9 @@ class Daemon:
     def posture_set(self, patch: dict[str, Any]) -> dict:
         return self.sup.posture_set(patch)
 
+    def posture_release(self, cause: str) -> dict:
+        return self.sup.release(cause)
+
     def drain(self) -> dict:
         self.sup.drain()
         self._draining = True
@@ -599,10 +617,24 @@ class Daemon:
         body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
         fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
                               request_id=request_id, chunk=chunk, **body)
+        units = self._units
+        units[fut.unit_id] = fut
+        fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
         if token is not None:
             store = self.store
             fut.add_done_callback(lambda f: store.put(token, encode_outcome(seq, role, f)))
         return {"unit": fut.unit_id, "queue_bound": self.config.roles[role].queue_bound}
+
+    def cancel(self, unit: int) -> dict:
+        # The supervisor claims a unit's future as it grants it a slot: a future still
+        # pending is a unit that has not started, and cancelling it is final (the
+        # supervisor skips it and records Cancelled; its client gets that outcome).
+        fut = self._units.get(unit)
+        if fut is None:
+            return {"unit": unit, "cancelled": False, "state": "ended"}
+        if fut.cancel():
+            return {"unit": unit, "cancelled": True, "state": "cancelled"}
+        return {"unit": unit, "cancelled": False, "state": "ended" if fut.done() else "running"}
 
     # ------------------------------------------------------------------ the blocking op (off the loop)
     def collect(self, *, token: str, timeout: float) -> Future:

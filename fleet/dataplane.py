@@ -275,6 +275,18 @@ class Ring:
         released while it sleeps."""
         return lib.fleet_ring_wait(self._p, _timeout_ns(timeout_s)) == 0
 
+    def seq(self) -> int:
+        """The ring's notify count, for `wait_since` (read it before looking for work)."""
+        return int(lib.fleet_ring_seq(self._p))
+
+    def wait_since(self, seen: int, timeout_s: float | None = None) -> bool:
+        """Like `wait`, but also returns at once when any `notify()` came after `seen`
+        was read from `seq()`. A consumer whose own threads hand it work too (they call
+        `notify()`, which is atomics only and safe from any thread) waits with this:
+        ``seen = ring.seq()``; look at both kinds of work; if none, ``wait_since(seen)``
+        — no wake-up is lost between the look and the sleep."""
+        return lib.fleet_ring_wait_since(self._p, seen & _U32, _timeout_ns(timeout_s)) == 0
+
     @property
     def used(self) -> int:
         """Bytes in flight (frames, padding and wrap gaps included)."""

@@ -21,6 +21,11 @@ Rules:
   pin takes no new unit, and is released (T9) once it has nothing in flight: by the
   next unit of its key (UNPIN then LEASE on the same slot: release before re-lease)
   or by `take_idle_stale_pins`, whose caller applies the UNPIN.
+* A pin drained at cordon onset (T7, T8) ends Idle with units still sent to it: their
+  RESUME is refused, and they come back (`requeue`) to the head of their key's
+  queue, in submit order, to be granted anew (a new pin) when posture allows. The
+  drained slot takes nothing new, and its key is granted nothing, until every one of
+  them is back.
 * Posture gates intake only: under cordon a deferrable role is granted nothing new,
   a floor role at most its intake floor of slots in use; every grant held back by
   posture is counted once per unit as suppressed intake. In-flight units always
@@ -92,6 +97,7 @@ class _Slot:
     last_used: int = 0
     pooled: bool = False  # its role is pooled: while empty it waits in the role's free list
     stale: bool = False  # a pin from before the current epoch: released once it is empty
+    drained: bool = False  # the pin was drained to Idle with units still sent to it (they come back)
 
 
 class _PriorityQueue:
@@ -124,6 +130,14 @@ class _PriorityQueue:
                 self.n -= 1
                 return level.popleft()
         raise IndexError("pop from an empty queue")
+
+    def put_back(self, item: Pending) -> None:
+        """Insert a unit that was granted and came back, in submit (unit id) order."""
+        self.push(item)
+        level = self.levels[item.priority]
+        level.pop()
+        at = next((i for i, other in enumerate(level) if other.unit_id > item.unit_id), len(level))
+        level.insert(at, item)
 
     def drain(self) -> list[Pending]:
         out = [item for neg in self.order for item in self.levels[-neg]]
@@ -186,6 +200,7 @@ class Dispatcher:
         self._order = sorted(range(len(roles)), key=lambda c: (precedence(roles.by_code(c)), c))
         self._in_use = [0] * len(roles)
         self._where: dict[int, _Slot] = {}  # unit id -> slot, while in flight
+        self._keyed_items: dict[int, Pending] = {}  # keyed units in flight, to requeue if their pin drains
         self._clock = itertools.count(1)
         self._key_ids = itertools.count(1)
         self.suppressed = 0  # units held back by posture (counted once each)
@@ -255,8 +270,13 @@ class Dispatcher:
             out.append(self._take(slot, item, fsm.START, ((fsm.LEASE, code, 0),)))
 
     def _grant_keyed(self, code: int, queue: _RoleQueue, out: list) -> None:
-        pins = {s.pin_key: s for s in self._role_slots[code] if s.claimed}
+        pins = {s.pin_key: s for s in self._role_slots[code] if s.claimed and not s.drained}
+        # A key whose drained pin still has units out waits for them to come back, so
+        # its units keep their order (they go first again).
+        returning = {s.pin_key for s in self._role_slots[code] if s.claimed and s.drained}
         for key in list(queue.by_key):
+            if key in returning:
+                continue
             q = queue.by_key[key]
             while q.n:
                 item = self._next_live(q, queue)
@@ -364,12 +384,15 @@ class Dispatcher:
         slot.inflight.append(item.unit_id)
         slot.last_used = next(self._clock)
         self._where[item.unit_id] = slot
+        if not slot.pooled:
+            self._keyed_items[item.unit_id] = item
         return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, transitions)
 
     # --- completions and deaths ------------------------------------------------------
     def complete(self, unit_id: int, final_state: int) -> int:
         """A unit's outcome arrived; `final_state` is its slot's state after it. Returns the slot."""
         slot = self._where.pop(unit_id)
+        self._keyed_items.pop(unit_id, None)
         if slot.inflight and slot.inflight[0] == unit_id:
             slot.inflight.popleft()
         else:
@@ -378,9 +401,29 @@ class Dispatcher:
             self._in_use[slot.role] -= 1
             if slot.pooled:
                 self._free[slot.role].append(slot)
+        if final_state == fsm.IDLE and slot.inflight and not slot.pooled:
+            slot.drained = True  # the pin was drained: what was sent behind it comes back (requeue)
         if final_state == fsm.IDLE and not slot.inflight:
-            slot.claimed, slot.stale, slot.pin_key = False, False, None  # drained or released: the pin is gone
+            slot.claimed, slot.stale, slot.pin_key, slot.drained = False, False, None, False  # drained or released: the pin is gone
         return slot.index
+
+    def requeue(self, unit_id: int) -> bool:
+        """A unit sent behind a pin that was drained to Idle came back unstarted: put it at
+        the head of its key's queue again (submit order kept). False (nothing changed)
+        when it was not such a unit."""
+        slot = self._where.get(unit_id)
+        if slot is None or not slot.drained or unit_id not in self._keyed_items:
+            return False
+        item = self._keyed_items[unit_id]
+        self.complete(unit_id, fsm.IDLE)
+        queue = self._queues[item.role]
+        sub = queue.by_key.get(item.key)
+        if sub is None:
+            sub = queue.by_key[item.key] = _PriorityQueue()
+            queue.by_key.move_to_end(item.key, last=False)  # it was waiting before newer keys
+        sub.put_back(item)
+        queue.n += 1
+        return True
 
     def seat_lost(self, seat: int) -> list[tuple[int, int]]:
         """The seat's worker died: forget its pins; returns (unit id, slot) it owed, in grant order."""
@@ -391,12 +434,13 @@ class Dispatcher:
             for unit_id in slot.inflight:
                 owed.append((unit_id, slot.index))
                 del self._where[unit_id]
+                self._keyed_items.pop(unit_id, None)
             if slot.inflight:
                 self._in_use[slot.role] -= 1
                 if slot.pooled:
                     self._free[slot.role].append(slot)
             slot.inflight.clear()
-            slot.claimed, slot.stale, slot.pin_key = False, False, None
+            slot.claimed, slot.stale, slot.pin_key, slot.drained = False, False, None, False
         return owed
 
     def slot_of(self, unit_id: int) -> int | None:

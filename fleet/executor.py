@@ -110,6 +110,13 @@ class Fleet(Executor):
     def posture_set(self, **patch) -> dict:
         return self._sup.posture_set(patch)
 
+    def posture_release(self, cause: str) -> dict:
+        """Release a sticky posture cause: ``"lane-death"`` (held since a worker died) or
+        ``"operator"``. Returns the posture view with ``released`` (was it held). The
+        posture turns Nominal once its exit window is clean and no other cause holds it.
+        An unknown cause raises PostureCauseError and changes nothing."""
+        return self._sup.release(cause)
+
     def __repr__(self) -> str:
         return f"<Fleet {self.name!r} binding={self._sup.plan.binding} seats={len(self._sup.layout.seats)}>"
 

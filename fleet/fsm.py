@@ -7,6 +7,10 @@ is leased to, the pin key and a generation that every accepted transition bumps.
 Rules this table keeps:
 
 * Idle -> Leased -> Running -> (Pinned | Idle); Running -> Draining -> Idle.
+* Leased -> Idle when the lease is lost (T10, beyond the reference's T1..T9): the
+  seat's worker died before it started the unit. Without this edge a dead seat's
+  lease of a deferrable role could only be walked home through START, which cordon
+  refuses: the slot stayed Leased and refused every later grant.
 * A transition is legal only if (state, event) is a key of TRANSITIONS. A missing
   key IS the illegal transition: the kernel rejects it and leaves the word as it
   was. In particular: Idle -> Running (a lease is required), Running -> Idle for a
@@ -48,6 +52,7 @@ RESUME = 5  # T6  the next unit for the same key on a pinned slot
 DRAIN = 6  # T7  cordon onset / resize mid-unit: finish, take nothing new
 DRAINED = 7  # T8  the draining unit is done
 UNPIN = 8  # T9  explicit rebalance at an epoch boundary
+VACATE = 9  # T10 the lease is lost before its unit started (the seat's worker died)
 
 EVENT_NAMES = (
     "LEASE",
@@ -59,6 +64,7 @@ EVENT_NAMES = (
     "DRAIN",
     "DRAINED",
     "UNPIN",
+    "VACATE",
 )
 N_EVENTS = len(EVENT_NAMES)
 
@@ -92,6 +98,8 @@ TRANSITIONS = {
     (RUNNING, DRAIN): (DRAINING, "T7", ALL_KINDS, False),
     (DRAINING, DRAINED): (IDLE, "T8", ALL_KINDS, False),
     (PINNED, UNPIN): (IDLE, "T9", frozenset({KIND_PINNED, KIND_SINGLETON}), False),
+    # Not posture-gated: a lost lease must reach Idle in any posture (it starts nothing).
+    (LEASED, VACATE): (IDLE, "T10", ALL_KINDS, False),
 }
 
 # --- paths: the sequences of events other modules walk --------------------------
@@ -101,10 +109,11 @@ TRANSITIONS = {
 COMPLETION = {KIND_PINNED: PIN_KEYED, KIND_SINGLETON: PIN_SINGLETON, KIND_POOLED: RELEASE}
 
 #: How a slot whose worker died walks back to Idle, from each state, through legal
-#: transitions only (Idle needs nothing). A Leased slot must START before it can
-#: DRAIN: Leased has no other way out in the table.
+#: transitions only (Idle needs nothing), in any posture. A lost lease is VACATEd
+#: (T10), not STARTed: START is posture-gated, so under cordon a deferrable role's
+#: lost lease could not get home and would refuse every later grant.
 RESET_PATHS = {
-    LEASED: (START, DRAIN, DRAINED),
+    LEASED: (VACATE,),
     RUNNING: (DRAIN, DRAINED),
     DRAINING: (DRAINED,),
     PINNED: (UNPIN,),
@@ -188,6 +197,6 @@ def decide(state, slot_role, slot_key, event, role, key, kind, cordon_class, pos
 
 
 def transition_id(state, event):
-    """'T1'..'T9' for a legal pair, None for an illegal one."""
+    """'T1'..'T10' for a legal pair, None for an illegal one."""
     entry = TRANSITIONS.get((state, event))
     return None if entry is None else entry[1]

@@ -4,6 +4,9 @@ Rules:
 * `submitted(id)` opens a unit; an id opened twice trips the fuse.
 * `record(id, kind, reason)` closes it with one outcome; an outcome for a unit that
   is not open (never submitted, or already closed: a duplicate) trips the fuse.
+* `fsm_refused()` counts a transition the slot FSM refused the runtime (a grant, a
+  start, a completion, a dead seat's reset): a broken rule, kept apart from worker
+  deaths so it is seen (status shows it; the unit it cost fails `FsmRefused`).
 * solved + suppressed + failed + in flight == submitted holds after every call; the
   ledger checks it, and `close()` at shutdown checks that nothing is still open (a
   missing outcome) — either way the fuse trips.
@@ -45,6 +48,7 @@ class LedgerCounts:
     failed: int
     inflight: int
     failed_by_reason: dict = field(default_factory=dict)
+    fsm_refused: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -54,6 +58,7 @@ class LedgerCounts:
             "failed": self.failed,
             "inflight": self.inflight,
             "failed_by_reason": dict(self.failed_by_reason),
+            "fsm_refused": self.fsm_refused,
         }
 
 
@@ -67,6 +72,7 @@ class Ledger:
         self._submitted = 0
         self._by_kind = dict.fromkeys(KINDS, 0)
         self._by_reason = [0] * len(FAILURE_REASONS)
+        self._fsm_refused = 0
         self.tripped: FuseTripped | None = None
 
     def _trip(self, message: str) -> None:
@@ -101,6 +107,11 @@ class Ledger:
             self._check_locked()
         return True
 
+    def fsm_refused(self) -> None:
+        """Count one transition the slot FSM refused the runtime."""
+        with self._lock:
+            self._fsm_refused += 1
+
     def _check_locked(self) -> None:
         closed = self._by_kind[SOLVED] + self._by_kind[SUPPRESSED] + self._by_kind[FAILED]
         if closed + len(self._open) != self._submitted:
@@ -130,6 +141,7 @@ class Ledger:
                 failed=self._by_kind[FAILED],
                 inflight=len(self._open),
                 failed_by_reason={r: n for r, n in zip(FAILURE_REASONS, self._by_reason) if n},
+                fsm_refused=self._fsm_refused,
             )
 
     def publish(self, table) -> None:
@@ -142,4 +154,5 @@ class Ledger:
                 failed=self._by_kind[FAILED],
                 inflight=len(self._open),
                 failed_by_reason=self._by_reason,
+                fsm_refused=self._fsm_refused,
             )

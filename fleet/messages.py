@@ -28,6 +28,8 @@ ST_HANDLER_ERROR = 2  # body: pickled (traceback text, exception or None)
 ST_RESULT_ERROR = 3  # body: utf-8 text: why the result could not be sent
 ST_START_REFUSED = 4  # body: utf-8 text: the slot refused to start it (a fleet bug)
 ST_CHUNK = 5  # body: pickled (values, {index: (status, detail)} for items that did not solve)
+ST_COMPLETION_REFUSED = 6  # body: utf-8 text: the slot refused to end it (a fleet bug; its result is void)
+ST_HELD_AT_CLOSE = 7  # body: utf-8 text: cordon held it back and the fleet is closing: it never ran
 
 #: unit id, slot, status, slot state after the unit, run seconds
 RESULT_HEAD = struct.Struct("<QIBBd")

@@ -14,18 +14,26 @@ What is exported (names as scraped):
 * ``fleet_queue_depth{role}``, ``fleet_queue_bound{role}``, ``fleet_role_slots_in_use{role}``.
 * ``fleet_table_torn_records`` and ``fleet_table_readable`` (0 when the provider failed:
   the scrape still succeeds and says so, rather than erroring).
-* ``fleet_unit_run_seconds{role}`` — histogram fed by the supervisor (`FleetMetrics.observe_run`).
+* ``fleet_unit_run_seconds{role}`` — histogram fed by the supervisor.
 
 The table-backed families are computed at scrape time from a fresh snapshot
 (`FleetCollector`), so nothing is copied between scrapes and the figures are as
-consistent as the table's seqlock reads. Each fleet has its own
+consistent as the table's seqlock reads.
+
+Unit counters and run times, from one point. The supervisor hands the ledger's
+counters and the run times of the units that ended since its last call to
+`FleetMetrics.publish_units` together, under its own lock, before it resolves
+those units' futures; a scrape reads both under one lock. So when a caller's
+``map`` has returned, a scrape counts its units, and ``fleet_units_total`` never
+lags (or leads) the histogram. Until something is published (a `FleetMetrics`
+over a table another process writes), the counters come from the table. Each fleet has its own
 `CollectorRegistry`: several fleets (or tests) in one process never collide, and
 the process-global default registry is left alone.
 
 Use::
 
     server = MetricsServer(port=9464, provider=table.snapshot).start()
-    server.observe_run("solver", 0.012)   # per finished unit, on any thread
+    server.publish_units(ledger.counts().to_dict(), [("solver", 0.012)])  # counters + run times
     ...
     server.close()
 """
@@ -36,12 +44,13 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from . import fsm
 from .errors import FleetError
@@ -68,16 +77,18 @@ def _bool_label(value) -> str:
     return "true" if value else "false"
 
 
-def table_families(snap, now_ns: int) -> list:
+def table_families(snap, now_ns: int, ledger: dict | None = None) -> list:
     """Every table-backed metric family for one snapshot (pure: no clock, no I/O).
 
     ``now_ns`` is CLOCK_MONOTONIC, the clock the posture's ``since_ns`` is on.
+    ``ledger``: the unit counters (the table's ``ledger_view`` shape) when they come
+    from the publishing point rather than the table.
     """
     return [
         *_identity(snap),
         _slots(snap),
         *_posture(snap.posture_view(), now_ns),
-        *_ledger(snap.ledger_view()),
+        *_ledger(snap.ledger_view() if ledger is None else ledger),
         *_queues(snap),
         GaugeMetricFamily("fleet_table_torn_records", "Table records a writer left mid-write.", value=len(snap.torn)),
     ]
@@ -172,14 +183,21 @@ class FleetCollector(Collector):
     """A prometheus_client collector over a snapshot provider: one snapshot per scrape.
 
     A provider that raises a FleetError (the table went away, or is corrupt) yields
-    only ``fleet_table_readable 0``: the scrape succeeds and the alert can fire.
+    only ``fleet_table_readable 0`` (and the run times): the scrape succeeds and the
+    alert can fire. ``units``, when given, returns the published unit counters and
+    run-time histogram, read together (see `FleetMetrics.publish_units`).
     """
 
-    def __init__(self, provider: SnapshotProvider, *, clock: Callable[[], int] = time.monotonic_ns):
+    def __init__(self, provider: SnapshotProvider, *, clock: Callable[[], int] = time.monotonic_ns,
+                 units: Callable[[], tuple] | None = None):
         self._provider = provider
         self._clock = clock
+        self._units = units
 
     def collect(self) -> Iterable:
+        ledger, runs = self._units() if self._units is not None else (None, None)
+        if runs is not None:
+            yield runs
         try:
             snap = self._provider()
         except FleetError as exc:
@@ -187,14 +205,15 @@ class FleetCollector(Collector):
             yield GaugeMetricFamily("fleet_table_readable", "1 when the fleet table could be read.", value=0)
             return
         yield GaugeMetricFamily("fleet_table_readable", "1 when the fleet table could be read.", value=1)
-        yield from table_families(snap, self._clock())
+        yield from table_families(snap, self._clock(), ledger)
 
 
 # ------------------------------------------------------------------------- the fleet
 
 
 class FleetMetrics:
-    """One fleet's metrics on its own registry: the table collector and the run-time histogram.
+    """One fleet's metrics on its own registry: the table collector, the unit counters
+    and the run-time histogram.
 
     Args:
         provider: returns a fresh TableSnapshot; called once per scrape, on the
@@ -210,31 +229,78 @@ class FleetMetrics:
         buckets: Iterable[float] = RUN_SECONDS_BUCKETS,
         clock: Callable[[], int] = time.monotonic_ns,
     ):
+        self._bounds = tuple(sorted(float(b) for b in buckets))
+        self._lock = threading.Lock()
+        self._ledger: dict | None = None
+        self._runs: dict[str, tuple[list[int], float]] = {}  # role -> (count per bucket and +Inf, sum)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(FleetCollector(provider, clock=clock))
-        self._run_seconds = Histogram(
-            "fleet_unit_run_seconds",
-            "Run time of finished units (handler start to outcome), by role.",
-            labelnames=("role",),
-            buckets=tuple(buckets),
-            registry=self.registry,
-        )
+        self.registry.register(FleetCollector(provider, clock=clock, units=self._units_view))
+
+    def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = ()) -> None:
+        """Publish the ledger's counters and the run times of units that ended since the
+        last call, as one step: a scrape sees both or neither. Thread-safe.
+
+        ``ledger`` is `fleet.ledger.LedgerCounts.to_dict()` (failures by reason name).
+        Raises ValueError, publishing nothing, for a negative or non-finite run time.
+        """
+        runs = list(runs)
+        for _, seconds in runs:
+            _check_seconds(seconds)
+        by_reason = ledger.get("failed_by_reason", {})
+        view = {
+            "submitted": int(ledger["submitted"]),
+            **{outcome: int(ledger[outcome]) for outcome in OUTCOMES},
+            "inflight": int(ledger["inflight"]),
+            "failed_by_reason": [int(by_reason.get(reason, 0)) for reason in FAILURE_REASONS],
+        }
+        with self._lock:
+            self._ledger = view
+            for role, seconds in runs:
+                self._observe_locked(role, seconds)
 
     def observe_run(self, role: str, seconds: float) -> None:
-        """Record one finished unit's run time. Thread-safe; cheap (no I/O).
+        """Record one finished unit's run time alone (no counters). Thread-safe; cheap.
 
         Raises ValueError for a negative or non-finite duration: a clock mix-up
         upstream, which the histogram would otherwise hide in its sum.
         """
-        if not (seconds >= 0 and seconds != float("inf")):
-            raise ValueError(f"run time must be a finite number of seconds >= 0, got {seconds!r}")
-        self._run_seconds.labels(role=role).observe(seconds)
+        _check_seconds(seconds)
+        with self._lock:
+            self._observe_locked(role, seconds)
+
+    def _observe_locked(self, role: str, seconds: float) -> None:
+        counts, total = self._runs.get(role) or ([0] * (len(self._bounds) + 1), 0.0)
+        i = next((i for i, bound in enumerate(self._bounds) if seconds <= bound), len(self._bounds))
+        counts[i] += 1
+        self._runs[role] = (counts, total + seconds)
+
+    def _units_view(self) -> tuple[dict | None, HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            "fleet_unit_run_seconds", "Run time of finished units (handler start to outcome), by role.",
+            labels=("role",),
+        )
+        with self._lock:
+            ledger = None if self._ledger is None else dict(self._ledger)
+            runs = {role: (list(counts), total) for role, (counts, total) in self._runs.items()}
+        for role in sorted(runs):
+            counts, total = runs[role]
+            cumulative, buckets = 0, []
+            for bound, n in zip((*self._bounds, float("inf")), counts):
+                cumulative += n
+                buckets.append((floatToGoString(bound), cumulative))
+            family.add_metric((role,), buckets, total)
+        return ledger, family
 
     def exposition(self) -> bytes:
         """The current text exposition (what a scrape returns)."""
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+def _check_seconds(seconds: float) -> None:
+    if not (seconds >= 0 and seconds != float("inf")):
+        raise ValueError(f"run time must be a finite number of seconds >= 0, got {seconds!r}")
 
 
 # -------------------------------------------------------------------------- the server
@@ -299,6 +365,10 @@ class MetricsServer:
     def observe_run(self, role: str, seconds: float) -> None:
         """Shortcut for ``self.metrics.observe_run``."""
         self.metrics.observe_run(role, seconds)
+
+    def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = ()) -> None:
+        """Shortcut for ``self.metrics.publish_units``."""
+        self.metrics.publish_units(ledger, runs)
 
     def start(self) -> MetricsServer:
         """Bind and serve in a daemon thread; returns self. OSError if the port is taken."""

@@ -25,6 +25,8 @@ REFUSED = 4  # an admission refused it (a full queue, a closed provider: 429/402
 ROLE_STOPPED = 5  # its role was stopped (restart intensity exceeded)
 RESULT_ERROR = 6  # the result could not be returned (not picklable, too large)
 CANCELLED = 7  # the caller cancelled it before it ran
+FSM_REFUSED = 8  # a slot refused its grant, start or completion: a broken FSM rule, never a death
+LEASE_LOST = 9  # its host-group lease was denied, expired or preempted (the detail says which)
 
 FAILURE_REASONS = (
     "HandlerError",
@@ -35,6 +37,8 @@ FAILURE_REASONS = (
     "RoleStopped",
     "ResultError",
     "Cancelled",
+    "FsmRefused",
+    "LeaseLost",
 )
 N_FAILURE_REASONS = len(FAILURE_REASONS)
 REASON_CODES = {name: code for code, name in enumerate(FAILURE_REASONS)}

@@ -8,8 +8,12 @@ Rules this module keeps (002 §6):
 * Leave Cordoned after `cordon_exit_clean_ms` (default 10 s) of clean samples and no
   sticky cause. Any throttled sample restarts the clean clock, so a signal that
   toggles faster than the exit window holds the posture instead of flapping it.
-* A sticky cause (e.g. ``lane_death``) cordons at once and holds Cordoned until it is
-  released; the clean clock restarts on release.
+* A sticky cause cordons at once and holds Cordoned until it is released; the clean
+  clock restarts on release. The causes are STICKY_CAUSES: ``lane-death`` (a worker
+  died: every lane death, 002 §14) and ``operator`` (a manual cordon). Only an
+  operator releases them (``fleetctl posture release CAUSE``); a name outside the
+  vocabulary is refused (PostureCauseError) and changes nothing; releasing a cause
+  that is not held changes nothing.
 * Posture changes intake only; this module decides the posture, not its effects.
 
 What an "event" is. The kernel does not count throttle events: `nr_throttled`
@@ -44,7 +48,7 @@ import math
 import threading
 from dataclasses import dataclass, fields, replace
 
-from .errors import EXIT_CONFIG, FleetError
+from .errors import EXIT_CONFIG, EXIT_USAGE, FleetError
 from .fsm import CORDONED, NOMINAL, POSTURE_NAMES
 
 log = logging.getLogger("fleet.posture")
@@ -56,6 +60,16 @@ SETTLED = "settled"  # clean for the exit window, no cause held
 HOLD = "hold"  # a sticky cause was raised
 RELEASE = "release"  # a sticky cause was cleared
 EVENTS = (TRIPPED, UNSETTLED, SETTLED, HOLD, RELEASE)
+
+# --- sticky causes: held until an operator releases them --------------------------
+LANE_DEATH = "lane-death"  # a worker (a lane) died; its owed units failed LaneDeath
+OPERATOR = "operator"  # an operator's manual cordon
+STICKY_CAUSES = (LANE_DEATH, OPERATOR)
+# A held cause that its own input releases (never an operator): CPU pressure on the
+# fleet's own cgroup2 group (fleet.pressure).
+CPU_PRESSURE = "cpu-pressure"
+#: Every cause a posture may hold.
+CAUSES = STICKY_CAUSES + (CPU_PRESSURE,)
 
 # --- the table: (posture, event) -> next posture ----------------------------------
 TRANSITIONS = {
@@ -73,6 +87,24 @@ TRANSITIONS = {
 
 class PostureError(FleetError):
     """An illegal (posture, event) pair: a bug in the caller, never bad input."""
+
+
+class PostureCauseError(FleetError, ValueError):
+    """A cause name outside the vocabulary (bad input: nothing changes)."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, cause, vocabulary=STICKY_CAUSES):
+        self.cause = cause
+        super().__init__(f"unknown posture cause {cause!r}; causes: {', '.join(vocabulary)}")
+
+
+def check_cause(cause, vocabulary=STICKY_CAUSES) -> str:
+    """`cause` if it is in `vocabulary` (by default the causes an operator may hold and
+    release), else PostureCauseError."""
+    if not isinstance(cause, str) or cause not in vocabulary:
+        raise PostureCauseError(cause, vocabulary)
+    return cause
 
 
 class PostureRetuneError(FleetError, ValueError):
@@ -271,13 +303,14 @@ def observe(state: PostureState, policy: PosturePolicy, now_ms: int, nr_throttle
 
 def hold(state: PostureState, cause: str, now_ms: int):
     """Raise a sticky cause: cordon now and stay until it is released."""
-    state = replace(state, causes=state.causes | {cause})
+    state = replace(state, causes=state.causes | {check_cause(cause, CAUSES)})
     return _apply(state, HOLD, f"held by {cause}", now_ms)
 
 
 def release(state: PostureState, cause: str, now_ms: int):
-    """Clear a sticky cause; the clean clock restarts. Clearing an absent cause changes nothing."""
-    if cause not in state.causes:
+    """Clear a sticky cause; the clean clock restarts. Clearing an absent cause changes
+    nothing; an unknown one raises PostureCauseError."""
+    if check_cause(cause, CAUSES) not in state.causes:
         return state, None
     state = replace(state, causes=state.causes - {cause}, clean_since_ms=now_ms)
     return _apply(state, RELEASE, f"released {cause}", now_ms)

@@ -4,7 +4,7 @@ A PSI trigger (`fleet.cgroup.PsiTrigger`) on the fleet's own cgroup's ``cpu.pres
 wakes when its tasks stalled for `stall_us` within `window_us` waiting for a CPU: the
 group is short of CPU, which is what a cordon is for, and the trigger says so at once
 instead of at the next throttle count. A fired trigger holds the posture Cordoned
-under the cause ``cpu_pressure``.
+under the cause ``cpu-pressure``.
 
 Triggers fire only on rising pressure (PLATFORM.md): the way out is found by polling
 the file's cumulative ``total`` (µs stalled). The cause is released once the stall
@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .posture import CPU_PRESSURE
+
 HOLD = "hold"
 RELEASE = "release"
 #: The posture cause a pressure hold is filed under.
-CAUSE = "cpu_pressure"
+CAUSE = CPU_PRESSURE
 
 
 @dataclass(frozen=True)

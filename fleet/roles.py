@@ -45,7 +45,8 @@ class Role:
         queue_bound: most units waiting in this role's queue; a full queue refuses.
         peak_cpus: declared peak CPU share (cores) for the budget's sum check.
         slots: how many slots this role may hold at once (pins for a pinned role).
-        io_bound: an I/O-dominant role may spend the fractional remainder of a quota.
+        io_bound: an I/O-dominant role: it may spend the fractional remainder of a quota,
+            and its worker runs up to its slots of units at once (`fleet.io_runner`).
         timeout_s: per-unit run-time limit (None: none).
     """
 

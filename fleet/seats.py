@@ -72,7 +72,14 @@ class SeatLayout:
         return self.seats[seat].binding if seat != NO_SEAT else LOGICAL
 
     def to_meta(self) -> dict:
-        return {"seats": [s.to_dict() for s in self.seats], "slot_seats": [s.seat for s in self.slots]}
+        seats = [s.to_dict() for s in self.seats]
+        for seat in seats:
+            seat["role_slots"] = {}  # role -> how many of its slots the seat holds
+        for slot in self.slots:
+            if slot.seat != NO_SEAT:
+                counts = seats[slot.seat]["role_slots"]
+                counts[slot.role] = counts.get(slot.role, 0) + 1
+        return {"seats": seats, "slot_seats": [s.seat for s in self.slots]}
 
 
 class _Cursor:

@@ -16,8 +16,11 @@ collects what the dead worker already delivered, discards the tasks it never too
 fails every unit it still owed with LaneDeath (Timeout for the unit it was killed
 for), walks its slots back to Idle through legal transitions, and restarts the seat
 — unless one of the seat's roles died more than `restart.max_restarts` times within
-`restart.within_seconds`: that role is stopped, its queued units fail RoleStopped,
-and the posture is held Cordoned with the LaneDeath cause.
+`restart.within_seconds`: that role is stopped and its queued units fail RoleStopped.
+Every death the supervisor did not cause itself (a lane death, 002 §14) holds the
+posture Cordoned with the sticky `lane-death` cause until an operator releases it
+(`fleetctl posture release lane-death`, `Fleet.posture_release`). Seats are
+re-forked during shutdown too: shutdown waits for every queued unit.
 """
 from __future__ import annotations
 
@@ -45,12 +48,13 @@ from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
 from .errors import FleetError
 from .intensity import Deaths
+from .leases import LeaseGate
 from .ledger import Ledger, abort_process
 from .outcomes import FAILED, SOLVED
 from .sampler import PressureInput, QuotaWatcher, Sampler
 from .table import SlotTable
 from .table import layout as L
-from .zygote_link import BOOT_TIMEOUT_S, Exited, Forked, ZygoteLink
+from .zygote_link import BOOT_TIMEOUT_S, Exited, Forked, WorkerStartError, ZygoteLink
 from .unit import (
     BadUnit,
     FleetClosed,
@@ -90,6 +94,7 @@ class Supervisor:
         self.socket_path = socket_path
         self.readers_group = readers_group  # may read the table (fleetd's --socket-group); None: owner only
         self.metrics = None
+        self.recorder = _arrival_log(config)  # None unless [record] enabled
         self.name = config.name
         self.roles = config.roles
         self.mode = mode
@@ -109,14 +114,20 @@ class Supervisor:
         self._pids: dict[int, int] = {}  # seat -> pid
         self._seat_of_pid: dict[int, int] = {}
         self._pending_forks: set[int] = set()
+        self._killed: set[int] = set()  # worker pids the supervisor killed itself (not lane deaths)
         self.table = self.data = self.zygote = None
         self._thread = None
         self.started_ns = time.time_ns()
         self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
+        self._runs_ended: list = []  # run times not yet published (see _publish_units)
         self._pending_delivery: list = []  # outcomes decided under the lock, delivered after it
         self._spawner = None
         self._zygote_gone = False  # its death has been handled (no new one yet)
         self._last_change = None  # the posture transition that set the current posture
+        self._gate = None  # the host-group lease gate (fleet.leases) when [store] is configured
+        self._held: dict[int, Pending] = {}  # units waiting for their lease, not queued yet
+        self._held_by_role: collections.Counter = collections.Counter()
+        self._lease_lost: dict[int, str] = {}  # unit id -> why its lease ended before its outcome
 
     # ================================================================== boot
     def start(self) -> "Supervisor":
@@ -143,6 +154,9 @@ class Supervisor:
         except BaseException:
             self._teardown(kill=True)
             raise
+        if cfg.store.url:
+            self._gate = LeaseGate(cfg.store, self.name, on_admitted=self._lease_granted,
+                                   on_lost=self._lease_ended).start()
         self._atexit = weakref.WeakMethod(self._atexit_close)
         atexit.register(_call_weak, self._atexit)
         return self
@@ -179,7 +193,8 @@ class Supervisor:
 
             m = self.config.metrics
             self.metrics = MetricsServer(host=m.host, port=m.port, provider=self._snapshot_for_metrics).start()
-            self.run_observer = self.metrics.observe_run
+            # Held until _publish_units hands them over with the ledger's counters.
+            self.run_observer = lambda role, seconds: self._runs_ended.append((role, seconds))
             log.info("fleet %s: metrics on %s", self.name, self.metrics.url)
         self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
         self._thread.start()
@@ -243,15 +258,23 @@ class Supervisor:
             if code in self._stopped_roles:
                 raise RoleStopped(f"role {role!r} was stopped after repeated worker deaths; it takes no more work")
             bound = self._queue_bounds[code]
-            if self.dispatcher.queued(code) >= bound:
+            if self.dispatcher.queued(code) + self._held_by_role[code] >= bound:
                 raise QueueFull(f"role {role!r} queue is full ({bound} units waiting)")
             unit_id = next(self._ids)
             future.unit_id = unit_id  # fleetd replies to a remote submit with it
             self._units[unit_id] = _Unit(future, code, body, flags, timeout)
             self.ledger.submitted(unit_id)
-            self.dispatcher.enqueue(Pending(unit_id, code, key, priority))
+            if self._gate is not None and self._gate.gates(role):
+                # queued for dispatch only once the host-group store grants it a lease
+                self._held[unit_id] = Pending(unit_id, code, key, priority)
+                self._held_by_role[code] += 1
+                self._gate.hold(unit_id, role)
+            else:
+                self.dispatcher.enqueue(Pending(unit_id, code, key, priority))
             done = self._dispatch()
         _deliver(done)
+        if self.recorder is not None:
+            self.recorder.arrival(unit_id, role, payload, key, lane)
         return future
 
     def _check_unit(self, spec, key, lane, priority, timeout, request_id) -> None:
@@ -279,27 +302,32 @@ class Supervisor:
     def _dispatch(self) -> list:
         """Grant what can be granted and send it; returns futures to resolve after the lock
         (with every outcome decided under the lock since the last call)."""
+        self._shed_deferred_at_close()
         done, self._pending_delivery = self._pending_delivery, []
         if self._draining:
             return done
         self.dispatcher.skip = self._cancelled
         grants = self.dispatcher.grant()
         for unit_id in self.dispatcher.take_skipped():
+            if unit_id in self._lease_lost:
+                done.append(self._close(unit_id, Outcome(FAILED, "LeaseLost", self._lease_lost[unit_id])))
+                continue
             self.ledger.record(unit_id, FAILED, "Cancelled")
             self._units.pop(unit_id, None)
         touched = set()
         for g in grants:
             unit = self._units[g.unit_id]
-            ok = True
+            refused = None
             for event, role, key_id in g.transitions:
                 reason = self.table.transition(g.slot, event, role, key_id)
                 if reason != fsm.OK:
-                    log.error("slot %d: grant refused %s: %s", g.slot, fsm.EVENT_NAMES[event], fsm.REASON_NAMES[reason])
-                    ok = False
+                    refused = f"slot {g.slot} refused the grant's {fsm.EVENT_NAMES[event]}: {fsm.REASON_NAMES[reason]}"
                     break
-            if not ok:
+            if refused is not None:
+                # A broken FSM rule, not a dead worker: its own reason, and counted (status shows it).
+                self._fsm_refused(refused)
                 self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
-                done.append(self._close(g.unit_id, Outcome(FAILED, "LaneDeath", "the slot refused the grant")))
+                done.append(self._close(g.unit_id, Outcome(FAILED, "FsmRefused", refused)))
                 continue
             head = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags)
             outbox = self._outbox[g.seat]
@@ -313,9 +341,32 @@ class Supervisor:
             self._pending_delivery = []
         return done
 
+    def _shed_deferred_at_close(self) -> None:
+        """Closing while Cordoned: deferrable units not yet started fail Shutdown (lock held).
+
+        Shutdown waits for every queued unit, but cordon holds deferrable intake, and a
+        sticky cause (lane-death, operator) never clears without an operator: waiting
+        could last forever. (Units a worker holds back come home the same way.)
+        """
+        if not self._closing or self.posture.posture != fsm.CORDONED:
+            return
+        for code, spec in enumerate(self.roles):
+            if spec.cordon_class != "deferrable" or not self.dispatcher.queued(code):
+                continue
+            for item in self.dispatcher.drain_queue(code):
+                _claim(self._units[item.unit_id].future)
+                self._pending_delivery.append(self._close(item.unit_id, Outcome(
+                    FAILED, "Shutdown", f"the fleet closed while cordoned ({self._held_by()}); it never ran")))
+
+    def _held_by(self) -> str:
+        return ", ".join(sorted(self.posture.state.causes)) or "throttling"
+
     def _cancelled(self, unit_id: int) -> bool:
         """Called as a unit comes up for a grant: True if its caller cancelled it; otherwise
-        its future is marked running (from here on it cannot be cancelled)."""
+        its future is marked running (from here on it cannot be cancelled). A unit whose
+        host-group lease ended while it waited is skipped too: no dispatch without a lease."""
+        if unit_id in self._lease_lost:
+            return True
         return not _claim(self._units[unit_id].future)
 
     def _flush(self, seat: int) -> None:
@@ -326,6 +377,9 @@ class Supervisor:
 
     def _close(self, unit_id: int, outcome: Outcome, value=None, original=None):
         """Record an outcome (lock held); returns (future, value or error) to deliver."""
+        if self._gate is not None:
+            self._lease_lost.pop(unit_id, None)
+            self._gate.done(unit_id)  # give its lease back
         unit = self._units.pop(unit_id, None)
         self.ledger.record(unit_id, outcome.kind, outcome.reason)
         if unit is None:
@@ -367,6 +421,8 @@ class Supervisor:
                     bell.wait(seen, IDLE_WAIT_S)
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
+            with self._lock:
+                self._close_intake()  # nothing would ever run a unit submitted from here on
             self._fail_everything("LaneDeath", "the supervisor loop crashed")
         finally:
             self._teardown()
@@ -393,6 +449,7 @@ class Supervisor:
         with self._lock:
             done = [self._apply(d) for d in decoded if d is not None]
             done.extend(self._dispatch())
+            self._publish_units()
         _deliver(done)
 
     def _decode(self, tag: int, view):
@@ -404,16 +461,23 @@ class Supervisor:
             return None
         unit_id, slot, status, final, elapsed = M.RESULT_HEAD.unpack_from(view)
         body = view[M.RESULT_HEAD.size :]
-        return unit_id, slot, final, elapsed, *codec.result_outcome(status, body)
+        return unit_id, slot, final, elapsed, *codec.result_outcome(status, body, relay=self.mode == "service"), status
 
     def _apply(self, decoded):
-        unit_id, slot, final, elapsed, outcome, value, original = decoded
+        unit_id, slot, final, elapsed, outcome, value, original, status = decoded
         unit = self._units.get(unit_id)
+        if status == M.ST_START_REFUSED and unit is not None and self.dispatcher.requeue(unit_id):
+            return None  # sent behind a pin that cordon drained: it waits for a new grant
+        if status == M.ST_HELD_AT_CLOSE and unit is not None:
+            self._vacate(slot)  # its lease never started: walk the slot home (T10)
+            final = self.table.state(slot)[0]
+        if outcome.reason == "FsmRefused":
+            self._fsm_refused(f"unit {unit_id}: {outcome.detail}")
         if unit is not None:
             self.dispatcher.complete(unit_id, final)
             if self.run_observer is not None:
                 self.run_observer(self.roles.by_code(unit.role).name, elapsed)
-        if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED:
+        if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED and value is not None:
             # A chunk's items travel with it whatever its outcome: map raises item by item.
             self.ledger.record(unit_id, outcome.kind, outcome.reason)
             self._units.pop(unit_id)
@@ -433,16 +497,29 @@ class Supervisor:
             while tasks.pop_many():
                 pass
             self._outbox.pop(seat, None)
-            for unit_id, slot in self.dispatcher.seat_lost(seat):
+            owed = self.dispatcher.seat_lost(seat)
+            killed_for = [unit_id for unit_id, _slot in owed if unit_id in self._timed_out]
+            if killed_for:  # the others on the seat die of that unit's timeout: say so
+                how += f", killed because unit {killed_for[0]} ran past its timeout"
+            for unit_id, slot in owed:
                 timed_out = unit_id in self._timed_out
                 self._timed_out.discard(unit_id)
                 reason, detail = ("Timeout", "the unit ran past its timeout; its worker was killed") if timed_out else (
                     "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
+                if unit_id in self._lease_lost:  # killed because its host-group lease ended
+                    reason, detail = "LeaseLost", self._lease_lost[unit_id]
                 self._pending_delivery.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
             self._reset_slots(seat)
-            if self._count_death(seat, how) and restart and not self._closing:
+            if pid not in self._killed:
+                # Every lane death cordons (sticky) until an operator releases it (002 §14).
+                self._after_posture_change(self.posture.hold(posture_mod.LANE_DEATH, _now_ms()))
+            self._killed.discard(pid)
+            # Re-fork even while shutting down: shutdown waits for every queued unit, and
+            # only a live seat can run them (not re-forking here wedged shutdown for good).
+            if self._count_death(seat, how) and restart:
                 self._fork(seat)
             done = self._dispatch()
+            self._publish_units()
         _deliver(done)
 
     def _take_delivered(self, seat: int) -> None:
@@ -454,15 +531,30 @@ class Supervisor:
             batch = self.data.results(seat).pop_many()
 
     def _reset_slots(self, seat: int) -> None:
-        """Walk a dead seat's slots back to Idle (fsm.RESET_PATHS)."""
+        """Walk a dead seat's slots back to Idle (fsm.RESET_PATHS), in any posture."""
         for slot in self.dispatcher.slots_of_seat(seat):
             state = self.table.state(slot)[0]
             for event in fsm.RESET_PATHS.get(state, ()):
                 reason = self.table.transition(slot, event)
                 if reason != fsm.OK:
-                    log.error("slot %d: reset %s refused: %s", slot, fsm.EVENT_NAMES[event], fsm.REASON_NAMES[reason])
+                    what = f"slot {slot}: reset {fsm.EVENT_NAMES[event]} refused: {fsm.REASON_NAMES[reason]}"
+                    self._fsm_refused(what)
                     break
             self.table.set_slot_meta(slot, pid=0)
+
+    def _vacate(self, slot: int) -> None:
+        """A lease handed back unstarted: Leased -> Idle (T10). A slot in another state
+        (e.g. Pinned, for a RESUME held back) keeps it."""
+        if self.table.state(slot)[0] == fsm.LEASED:
+            reason = self.table.transition(slot, fsm.VACATE)
+            if reason != fsm.OK:
+                self._fsm_refused(f"slot {slot}: VACATE refused: {fsm.REASON_NAMES[reason]}")
+
+    def _fsm_refused(self, what: str) -> None:
+        """The slot FSM refused the runtime a transition: a bug in a rule, logged and counted
+        apart from worker deaths (status shows the count)."""
+        log.error("fleet %s: slot FSM refused a transition: %s", self.name, what)
+        self.ledger.fsm_refused()
 
     def _count_death(self, seat: int, how: str) -> bool:
         """Restart intensity (fleet.intensity): True to restart the seat; False stops its roles."""
@@ -489,7 +581,7 @@ class Supervisor:
             _claim(self._units[item.unit_id].future)
             self._pending_delivery.append(self._close(item.unit_id, Outcome(
                 FAILED, "RoleStopped", f"role {name} exceeded its restart intensity")))
-        change = self.posture.hold("lane_death", _now_ms())
+        change = self.posture.hold(posture_mod.LANE_DEATH, _now_ms())
         self._after_posture_change(change)
 
     def _zygote_died(self) -> None:
@@ -505,16 +597,84 @@ class Supervisor:
         for pid, seat in pids.items():
             self._seat_of_pid.pop(pid, None)
             self._seat_died(seat, pid, -signal.SIGKILL, restart=False)
-        if self._closing:
-            return
+        # Start a new one even while shutting down: queued units still need seats, and
+        # shutdown waits for them (the loop exits, and tears it down, once none is owed).
         with self._lock:
+            if self._closing and not self._units:
+                return
             self._pending_forks.clear()
             self.zygote.exit(timeout=0.5)
-            self._start_zygote()
+            self._restart_zygote()
             self._zygote_gone = False
             for seat in range(len(self.layout.seats)):
                 if not self._seat_stopped(seat):
                     self._fork(seat)
+
+    def _restart_zygote(self, attempts: int = 3) -> None:
+        """Start a new fork server (lock held). A start can fail when the new zygote is
+        itself killed while it boots: try again a few times before giving up (the loop
+        then fails every unit owed and closes intake)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_zygote()
+                return
+            except WorkerStartError as exc:
+                log.error("fleet %s: worker fork server restart %d/%d failed: %s", self.name, attempt, attempts, exc)
+                if attempt == attempts:
+                    raise
+                # (ZygoteLink.start has reaped the zygote that failed.)
+
+    # ================================================================== host-group leases
+    def _lease_granted(self, unit_id: int) -> None:
+        """The gate's thread: the store admitted a held unit; queue it for dispatch."""
+        with self._lock:
+            pending = self._held.pop(unit_id, None)
+            if pending is None or unit_id not in self._units:
+                return
+            self._held_by_role[pending.role] -= 1
+            self.dispatcher.enqueue(pending)
+            done = self._dispatch()
+        _deliver(done)
+
+    def _drop_held(self, reason: str = "", detail: str = "", cancel: bool = False) -> list:
+        """End every unit still waiting for its lease (lock held): failed with `reason`, or
+        cancelled; their requests are withdrawn from the store. Returns what to deliver."""
+        done = []
+        for unit_id in list(self._held):
+            self._held_by_role[self._held.pop(unit_id).role] -= 1
+            if cancel:
+                self._units.pop(unit_id).future.cancel()
+                self.ledger.record(unit_id, FAILED, "Cancelled")
+                self._gate.done(unit_id)
+            else:
+                _claim(self._units[unit_id].future)
+                done.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
+        return done
+
+    def _lease_ended(self, unit_id: int, detail: str) -> None:
+        """The gate's thread: a unit's request or lease ended early; fail it (``LeaseLost``).
+        A running unit's worker is killed."""
+        reason = "LeaseLost"
+        pid = None
+        with self._lock:
+            if unit_id not in self._units:
+                return
+            done = []
+            pending = self._held.pop(unit_id, None)
+            if pending is not None:
+                self._held_by_role[pending.role] -= 1
+                done.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
+            else:
+                self._lease_lost[unit_id] = detail  # queued: skipped at its grant; running: killed
+                slot = self.dispatcher.slot_of(unit_id)
+                if slot is not None:
+                    pid = self._pids.get(self.layout.seat_of(slot))
+                    if pid is not None:
+                        self._killed.add(pid)  # our own kill: not a lane death
+        _deliver(done)
+        if pid is not None:
+            log.warning("fleet %s: unit %d lost its lease (%s); killing worker pid %d", self.name, unit_id, detail, pid)
+            _kill(pid)
 
     # ================================================================== timers
     def _check_deadlines(self, now: float) -> None:
@@ -531,6 +691,7 @@ class Supervisor:
                     heapq.heappush(self._deadlines, (now + 0.01, unit_id))
                     return
                 self._timed_out.add(unit_id)
+                self._killed.add(pid)
             log.warning("fleet %s: unit %d ran past its timeout; killing worker pid %d", self.name, unit_id, pid)
             _kill(pid)
 
@@ -540,8 +701,8 @@ class Supervisor:
             with self._lock:
                 self._after_posture_change(tick.transition)
         self._watch_quota()
-        self.ledger.publish(self.table)
         with self._lock:
+            self._publish_units()
             self._publish_posture()  # dwell and suppressed intake move without a transition
             for code in range(len(self.roles)):
                 self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code))
@@ -598,6 +759,15 @@ class Supervisor:
         granted = self._dispatch()
         self._pending_delivery.extend(granted)
 
+    def _publish_units(self) -> None:
+        """The one point unit counters and run times are published (lock held), before
+        the futures they count resolve: the table's ledger, then the metrics' counters
+        and histogram as one step (so neither lags the other)."""
+        self.ledger.publish(self.table)
+        if self.metrics is not None:
+            runs, self._runs_ended = self._runs_ended, []
+            self.metrics.publish_units(self.ledger.counts().to_dict(), runs)
+
     def _publish_posture(self) -> None:
         p = self.posture
         state = p.state
@@ -634,25 +804,34 @@ class Supervisor:
         _deliver(done)
         return result
 
-    def hold(self, cause: str = "operator") -> None:
+    def hold(self, cause: str = posture_mod.OPERATOR) -> None:
         """Hold the posture Cordoned for `cause` until `release(cause)` (operator cordon)."""
         with self._lock:
             self._after_posture_change(self.posture.hold(cause, _now_ms()))
             done = self._dispatch()
         _deliver(done)
 
-    def release(self, cause: str = "operator") -> None:
+    def release(self, cause: str = posture_mod.OPERATOR) -> dict:
+        """Release a sticky posture cause (`lane-death`, `operator`); returns the posture view
+        with ``released``: whether the cause was held. An unknown cause raises
+        PostureCauseError and changes nothing. The posture turns Nominal once the exit
+        window is clean and no other cause holds it."""
         with self._lock:
+            held = posture_mod.check_cause(cause) in self.posture.state.causes
             self._after_posture_change(self.posture.release(cause, _now_ms()))
+            if held:
+                log.warning("fleet %s: operator released the posture cause %s", self.name, cause)
+            view = {**self.posture.show(_now_ms()), "released": held}
             done = self._dispatch()
         _deliver(done)
+        return view
 
     def reload(self, config: FleetConfig) -> dict:
         """Apply what can change on a live fleet (posture policy, queue bounds); report
         what needs a restart. Nothing is applied if the posture policy is invalid."""
         applied, restart = [], []
         old = self.config
-        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics"):
+        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store"):
             if getattr(config, field) != getattr(old, field):
                 restart.append(field)
         # Compare roles with the one live field masked (1: a Role refuses a bound below 1).
@@ -697,6 +876,7 @@ class Supervisor:
                     unit = self._units.pop(item.unit_id)
                     unit.future.cancel()
                     self.ledger.record(item.unit_id, FAILED, "Cancelled")
+                self._drop_held(cancel=True)
             done.extend(self._dispatch())
         _deliver(done)
         if self.data is not None:
@@ -707,6 +887,8 @@ class Supervisor:
     def _close_intake(self) -> None:
         """Refuse new units from here on (lock held); readers of the table see it too."""
         self._closing = True
+        if self.recorder is not None:
+            self.recorder.close()
         if self.table is not None:
             self.table.set_flags(L.FLAG_CLOSING)
 
@@ -722,6 +904,7 @@ class Supervisor:
             for item in self.dispatcher.drain_queue():
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, "Shutdown", "the fleet stopped before it ran")))
+            done.extend(self._drop_held("Shutdown", "the fleet stopped before the host-group store granted its lease"))
         _deliver(done)
         self.data.bell.ring()
         self._stopped.wait()
@@ -741,7 +924,9 @@ class Supervisor:
             for item in self.dispatcher.drain_queue():
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, reason, detail)))
+            done.extend(self._drop_held(reason, detail))
             pids = dict(self._pids)
+            self._killed.update(pids.values())
             for pid in pids.values():
                 _kill(pid)
             for pid in pids.values():
@@ -760,6 +945,9 @@ class Supervisor:
 
     def _teardown(self, kill: bool = False) -> None:
         """Stop the zygote and workers; remove the shared segments. Idempotent."""
+        if self._gate is not None:
+            self._gate.stop()  # gives back the leases still held
+            self._gate = None
         if self.zygote is not None:
             self.zygote.exit(timeout=5 if not kill else 0.5)
             for pid in list(self._seat_of_pid):
@@ -798,6 +986,15 @@ class Supervisor:
 
 
 # ---------------------------------------------------------------------- helpers
+def _arrival_log(config):
+    """The arrival log of `[record]` (fleet.burst.record), or None when recording is off."""
+    if not config.record.enabled:
+        return None
+    from .burst.record import ArrivalLog, default_path
+
+    return ArrivalLog(config.record.path or default_path(config.name))
+
+
 def _deliver(done) -> None:
     for item in done:
         if item is None:
@@ -844,14 +1041,19 @@ def _now_ms() -> int:
 
 def _cause_code(state, change) -> int:
     """Index into table.layout.POSTURE_CAUSES for the posture's current cause."""
-    if "lane_death" in state.causes:
+    if posture_mod.LANE_DEATH in state.causes:
         return 3
+    if posture_mod.OPERATOR in state.causes:
+        return 4
     if pressure_mod.CAUSE in state.causes:
         return 5
     if state.posture != fsm.CORDONED:
         return 0
+    # Released, but still in its clean exit window: the cause that cordoned it.
     reason = change.reason if change is not None else ""
-    if "operator" in reason:
+    if posture_mod.LANE_DEATH in reason:
+        return 3
+    if posture_mod.OPERATOR in reason:
         return 4
     return 2 if "duty" in reason else 1
 

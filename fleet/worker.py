@@ -10,10 +10,21 @@ slot with the completion its role's kind takes (PIN_KEYED T3, PIN_SINGLETON T4,
 RELEASE T5) — or DRAINED (T8) when the supervisor drained the slot meanwhile — and
 push the result. A unit of a deferrable role that cordon refuses to start is held
 back (not run, not lost) and retried once the posture is Nominal again, while the
-seat goes on with other roles' units.
+seat goes on with other roles' units. If the fleet closes while units are held, the
+posture may never clear on its own (a sticky cause): they are handed back unrun
+(ST_HELD_AT_CLOSE; the supervisor fails them Shutdown) so shutdown cannot wedge.
+
+Units of an I/O-bound role (``io_bound = true``) run concurrently, up to the seat's
+slots of that role at once, on `fleet.io_runner` (``async def`` handlers on an asyncio
+loop, plain ones on a thread pool). The main loop still STARTs each on its own slot,
+and ends the slot and pushes the result when the runner hands the unit back: the
+table kernels and the result ring stay this thread's alone. Other roles' units run
+in this thread, one after another, as above; on a seat that hosts both (serial), the
+hand-backs of I/O units wait while such a unit runs.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import pickle
@@ -23,6 +34,8 @@ import traceback
 
 from . import fsm
 from . import messages as M
+from .io_runner import IoRunner
+from .table.layout import FLAG_CLOSING
 from .unit import Suppress, Unit
 
 log = logging.getLogger("fleet.worker")
@@ -48,19 +61,45 @@ class Worker:
         self.bell = data.bell
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
         self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
+        self._async = [inspect.iscoroutinefunction(h) for h in handlers]
+        self._io_bound = [r.io_bound for r in roles]
+        self.io = self._io_runner()  # None when no I/O-bound role has slots on this seat
+
+    def _io_runner(self) -> IoRunner | None:
+        seats = self.table.meta.get("seats", ())
+        mine = seats[self.seat].get("role_slots", {}) if self.seat < len(seats) else {}
+        io_slots = sum(n for role, n in mine.items() if role in self.roles and self.roles[role].io_bound)
+        return IoRunner(io_slots, self.tasks.notify) if io_slots else None
+
+    def _is_io(self, role: int) -> bool:
+        return self.io is not None and self._io_bound[role]
 
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
         while True:
             if self.held and self.table.posture[0] == fsm.NOMINAL:
                 self._retry_held()
+            elif self.held and int(self.table.segment.header["flags"]) & FLAG_CLOSING:
+                self._hand_back_held()
+            if self.io is not None:
+                seen = self.tasks.seq()  # before looking: a hand-back after this wakes the wait
+                self._io_completions()
             batch = self.tasks.pop_many()
             if not batch:
-                self.tasks.wait(HELD_RETRY_S if self.held else None)
+                if self.io is not None:
+                    self.tasks.wait_since(seen, HELD_RETRY_S if self.held else None)
+                else:
+                    self.tasks.wait(HELD_RETRY_S if self.held else None)
                 continue
             for tag, view in batch:
                 if tag == M.TASK:
                     self._task(M.TASK_HEAD.unpack_from(view), view[M.TASK_HEAD.size :])
+
+    def _hand_back_held(self) -> None:
+        held, self.held = self.held, []
+        for (unit_id, slot, *_rest), _body in held:
+            text = b"the fleet closed while cordon held this unit back; it never ran"
+            self._send(unit_id, slot, M.ST_HELD_AT_CLOSE, self._state(slot), 0.0, text)
 
     def _retry_held(self) -> None:
         held, self.held = self.held, []
@@ -70,76 +109,156 @@ class Worker:
     # --- one unit ---------------------------------------------------------------------
     def _task(self, head: tuple, body) -> None:
         unit_id, slot, key_id, role, start_event, flags = head
+        if any(held[0][1] == slot for held in self.held):
+            # Behind a unit cordon held back on the same slot: keep their order (its
+            # RESUME could not apply before the held START anyway).
+            self.held.append((head, bytes(body)))
+            return
+        if self._is_io(role) and self.io.busy(slot):
+            self.io.defer(slot, (head, body))  # its slot's unit still runs: it starts after it
+            return
         reason = self.table.start_unit(slot, start_event, role, key_id, unit_id)
         if reason == fsm.R_CORDONED:
             self.held.append((head, bytes(body)))
             return
         if reason != fsm.OK:
             text = f"slot {slot} refused {fsm.EVENT_NAMES[start_event]}: {fsm.REASON_NAMES[reason]}"
-            log.error("unit %d: %s", unit_id, text)
+            # A RESUME on an Idle slot is expected once cordon drained its pin (the supervisor
+            # requeues the unit); any other refusal is a broken rule.
+            drained = start_event == fsm.RESUME and self._state(slot) == fsm.IDLE
+            log.log(logging.INFO if drained else logging.ERROR, "unit %d: %s", unit_id, text)
             self._send(unit_id, slot, M.ST_START_REFUSED, self._state(slot), 0.0, text.encode())
             return
         if flags & M.F_TIMED:
             self.results.send(M.STARTED, M.STARTED_HEAD.pack(unit_id, slot))
             self.bell.ring()
+        if self._is_io(role):
+            self._io_start(unit_id, slot, role, flags, body)
+            return
+        status, out, elapsed = self._execute(unit_id, role, flags, body)
+        status, out, final = self._finish(unit_id, slot, role, status, out)
+        self._send(unit_id, slot, status, final, elapsed, out)
+
+    def _execute(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float]:
+        """Run a unit's handler: (status, result body, seconds). Any thread may call it."""
         t0 = time.perf_counter()
         if flags & M.F_CHUNK:
             status, out = self._run_chunk(unit_id, role, body)
         else:
             status, out = self._run_one(unit_id, role, body)
-        elapsed = time.perf_counter() - t0
-        final = self._finish(slot, role)
-        self._send(unit_id, slot, status, final, elapsed, out)
+        return status, out, time.perf_counter() - t0
 
     def _unit(self, unit_id: int, role: int, payload, key, lane, request_id) -> Unit:
         return Unit(unit_id, self.roles.by_code(role).name, payload, key, lane, request_id)
 
+    def _decode_one(self, unit_id: int, role: int, body) -> Unit:
+        payload, key, lane, request_id = pickle.loads(body)
+        if type(payload).__name__ == "_Pickled":
+            payload = payload.load()  # a service-mode client's payload, pickled at its end
+        return self._unit(unit_id, role, payload, key, lane, request_id)
+
+    def _decode_chunk(self, unit_id: int, role: int, body) -> list:
+        payloads, key, lane, request_id = pickle.loads(body)
+        if type(payloads).__name__ == "_Pickled":
+            payloads = payloads.load()  # a service-mode client's chunk, pickled at its end
+        name = self.roles.by_code(role).name
+        return [Unit(unit_id, name, payload, key, lane, request_id) for payload in payloads]
+
     def _run_one(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
         try:
-            payload, key, lane, request_id = pickle.loads(body)
-            if type(payload).__name__ == "_Pickled":
-                payload = payload.load()  # a service-mode client's payload, pickled at its end
-            value = self.handlers[role](self._unit(unit_id, role, payload, key, lane, request_id))
-        except Suppress as exc:
-            return M.ST_SUPPRESSED, str(exc.reason).encode()
+            value = self.handlers[role](self._decode_one(unit_id, role, body))
         except BaseException as exc:  # noqa: BLE001 - every handler failure is an outcome
-            return M.ST_HANDLER_ERROR, _error_body(exc)
+            return _failure_body(exc)
         return _result_body(value)
 
     def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
-        """Run every item of a chunk: (values, {index: (status, detail)} for items that did
-        not solve). A flat list of values pickles far faster than per-item tuples."""
+        """Run every item of a chunk, in order: (values, {index: (status, detail)} for items
+        that did not solve). A flat list of values pickles far faster than per-item tuples."""
         try:
-            payloads, key, lane, request_id = pickle.loads(body)
-            if type(payloads).__name__ == "_Pickled":
-                payloads = payloads.load()  # a service-mode client's chunk, pickled at its end
+            units = self._decode_chunk(unit_id, role, body)
         except BaseException as exc:  # noqa: BLE001
             return M.ST_HANDLER_ERROR, _error_body(exc)
-        handler, name = self.handlers[role], self.roles.by_code(role).name
+        handler = self.handlers[role]
         values, failures = [], {}
-        for i, payload in enumerate(payloads):
+        for i, unit in enumerate(units):
             try:
-                values.append(handler(Unit(unit_id, name, payload, key, lane, request_id)))
-            except Suppress as exc:
-                values.append(None)
-                failures[i] = (M.ST_SUPPRESSED, str(exc.reason))
+                values.append(handler(unit))
             except BaseException as exc:  # noqa: BLE001
                 values.append(None)
-                failures[i] = (M.ST_HANDLER_ERROR, (_traceback(exc), _picklable(exc)))
-        status, out = _result_body((values, failures))
-        return (M.ST_CHUNK, out) if status == M.ST_SOLVED else (status, out)
+                failures[i] = _item_failure(exc)
+        return _chunk_body(values, failures)
 
-    def _finish(self, slot: int, role: int) -> int:
-        """End the slot's unit; returns the slot's state afterwards."""
-        reason, state = self.table.finish_unit(slot, self._completion[role], role)
+    # --- I/O-bound roles: the same unit, awaited or on a pool thread ---------------------
+    def _io_start(self, unit_id: int, slot: int, role: int, flags: int, body) -> None:
+        """Hand a STARTed unit to the runner; `_io_completions` ends it."""
+        if self._async[role]:
+            self.io.await_(slot, (unit_id, role), lambda: self._execute_async(unit_id, role, flags, body))
+        else:
+            self.io.call(slot, (unit_id, role), lambda: self._execute(unit_id, role, flags, body))
+
+    def _io_completions(self) -> None:
+        """End the slots of the units the runner handed back, push their results (this
+        thread is the result ring's one producer), then start what waited for those slots."""
+        done = self.io.completions()
+        for slot, (unit_id, role), result in done:
+            if isinstance(result, BaseException):  # escaped _execute (a fleet bug): still its outcome
+                status, out, elapsed = M.ST_HANDLER_ERROR, _error_body(result), 0.0
+            else:
+                status, out, elapsed = result
+            status, out, final = self._finish(unit_id, slot, role, status, out)
+            self._send(unit_id, slot, status, final, elapsed, out, ring=False)
+        if done:
+            self.bell.ring()  # once for the batch: the supervisor takes them all in one wake-up
+        for slot, _tag, _result in done:
+            while not self.io.busy(slot) and (item := self.io.next_for(slot)) is not None:
+                self._task(*item)
+
+    async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float]:
+        t0 = time.perf_counter()
+        if flags & M.F_CHUNK:
+            status, out = await self._run_chunk_async(unit_id, role, body)
+        else:
+            status, out = await self._run_one_async(unit_id, role, body)
+        return status, out, time.perf_counter() - t0
+
+    async def _run_one_async(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
+        try:
+            value = await self.handlers[role](self._decode_one(unit_id, role, body))
+        except BaseException as exc:  # noqa: BLE001 - every handler failure is an outcome
+            return _failure_body(exc)
+        return _result_body(value)
+
+    async def _run_chunk_async(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
+        """A chunk's items run one after another, as in `_run_chunk`: a chunk holds one slot."""
+        try:
+            units = self._decode_chunk(unit_id, role, body)
+        except BaseException as exc:  # noqa: BLE001
+            return M.ST_HANDLER_ERROR, _error_body(exc)
+        handler = self.handlers[role]
+        values, failures = [], {}
+        for i, unit in enumerate(units):
+            try:
+                values.append(await handler(unit))
+            except BaseException as exc:  # noqa: BLE001
+                values.append(None)
+                failures[i] = _item_failure(exc)
+        return _chunk_body(values, failures)
+
+    def _finish(self, unit_id: int, slot: int, role: int, status: int, out: bytes) -> tuple[int, bytes, int]:
+        """End the slot's unit: (status, body, the slot's state afterwards). A refused
+        completion is a broken FSM rule, not a result to trust: the unit fails FsmRefused."""
+        reason, final = self.table.finish_unit(slot, self._completion[role], role)
         if reason != fsm.OK:
-            log.error("slot %d: completion refused: %s", slot, fsm.REASON_NAMES[reason])
-        return state
+            text = f"slot {slot} refused {fsm.EVENT_NAMES[self._completion[role]]}: {fsm.REASON_NAMES[reason]}"
+            log.error("unit %d: %s", unit_id, text)
+            return M.ST_COMPLETION_REFUSED, text.encode(), final
+        return status, out, final
 
     def _state(self, slot: int) -> int:
         return self.table.state(slot)[0]
 
-    def _send(self, unit_id, slot, status, final_state, elapsed, body) -> None:
+    def _send(self, unit_id, slot, status, final_state, elapsed, body, ring: bool = True) -> None:
+        """Push a result; `ring=False` leaves waking the supervisor to the caller (a batch)."""
         head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed)
         if len(head) + len(body) > self.results.max_message:
             status = M.ST_RESULT_ERROR
@@ -148,7 +267,8 @@ class Worker:
         while not self.results.push2(M.RESULT, head, body):
             self.bell.ring()  # the supervisor may be asleep with a full ring to drain
             self.results.wait_space(len(head) + len(body), 1.0)
-        self.bell.ring()
+        if ring:
+            self.bell.ring()
 
 
 def _traceback(exc: BaseException) -> str:
@@ -165,6 +285,26 @@ def _picklable(exc: BaseException):
 
 def _error_body(exc: BaseException) -> bytes:
     return pickle.dumps((_traceback(exc), _picklable(exc)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _item_failure(exc: BaseException) -> tuple[int, object]:
+    """What a handler's exception makes of a chunk item: (status, reason or (traceback, exception))."""
+    if isinstance(exc, Suppress):
+        return M.ST_SUPPRESSED, str(exc.reason)
+    return M.ST_HANDLER_ERROR, (_traceback(exc), _picklable(exc))
+
+
+def _failure_body(exc: BaseException) -> tuple[int, bytes]:
+    """What a handler's exception makes of a unit (the same rule as for a chunk item)."""
+    status, detail = _item_failure(exc)
+    if status == M.ST_SUPPRESSED:
+        return status, detail.encode()
+    return status, pickle.dumps(detail, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _chunk_body(values: list, failures: dict) -> tuple[int, bytes]:
+    status, out = _result_body((values, failures))
+    return (M.ST_CHUNK, out) if status == M.ST_SOLVED else (status, out)
 
 
 def _result_body(value) -> tuple[int, bytes]:

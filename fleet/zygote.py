@@ -44,6 +44,17 @@ def resolve_handler(spec: str, where: str):
     return fn
 
 
+def check_async_handler(role, handler) -> None:
+    """An `async def` handler needs an event loop: only I/O-bound roles run one."""
+    import inspect
+
+    from .errors import ConfigError
+
+    if handler is not None and inspect.iscoroutinefunction(handler) and not role.io_bound:
+        raise ConfigError(f"roles.{role.name}.handler",
+                          f"{role.handler!r} is an async def handler; declare the role io_bound = true to run it")
+
+
 class Zygote:
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -85,6 +96,8 @@ class Zygote:
         self.handlers = [
             resolve_handler(r.handler, f"roles.{r.name}.handler") if r.handler else None for r in self.roles
         ]
+        for role, handler in zip(self.roles, self.handlers):
+            check_async_handler(role, handler)
         self.table = SlotTable.attach(msg["name"])
         self.table._kernels()  # compile or load once, here, for every fork to inherit
         self.data = DataSegment.attach(msg["name"])

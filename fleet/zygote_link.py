@@ -21,6 +21,8 @@ import time
 
 from .errors import BootRefused, ConfigError
 
+log = logging.getLogger("fleet.supervisor")
+
 #: How long boot waits for the zygote to import handlers and load kernels.
 BOOT_TIMEOUT_S = 120.0
 
@@ -121,7 +123,12 @@ class ZygoteLink:
     # --- running -----------------------------------------------------------------------
     def fork(self, seat: int, cpus) -> None:
         """Ask for a worker for `seat`, pinned to `cpus` (answered by a `Forked` event)."""
-        self._send({"op": "fork", "seat": seat, "cpus": list(cpus)})
+        try:
+            self._send({"op": "fork", "seat": seat, "cpus": list(cpus)})
+        except OSError as exc:
+            # The zygote is gone (its end of the socket closed under us). The next read
+            # says so, and the supervisor forks every seat again, this one included.
+            log.warning("cannot ask the worker fork server for seat %d: %s", seat, exc)
 
     def read(self, block_until: float | None = None) -> list | None:
         """The events received so far; None when the zygote is gone.
@@ -140,6 +147,10 @@ class ZygoteLink:
                 return []
             except TimeoutError:
                 raise WorkerStartError("worker fork server did not fork the workers in time") from None
+            except ConnectionError:
+                # A zygote killed with our fork requests unread resets the socket
+                # instead of closing it: it is gone all the same.
+                return None
             finally:
                 if block_until is not None:
                     self._sock.setblocking(False)

@@ -388,14 +388,8 @@ static inline int ring_nonempty(struct ring_hdr *h) {
     return __atomic_load_n(&h->head, __ATOMIC_ACQUIRE) != h->tail;
 }
 
-int fleet_ring_wait(void *ring, int64_t timeout_ns) {
-    struct ring_hdr *h = HDR(ring);
-    if (ring_nonempty(h)) return 0;
-    for (int64_t until = monotonic_ns() + FLEET_SPIN_NS; monotonic_ns() < until;) {  /* see fleet_bell_wait */
-        if (ring_nonempty(h)) return 0;
-        cpu_relax();
-    }
-    uint32_t seq = __atomic_load_n(&h->data_seq, __ATOMIC_ACQUIRE);
+/* Consumer: sleep on data_seq while it still reads `seq` and the ring is empty. */
+static int ring_sleep(struct ring_hdr *h, uint32_t seq, int64_t timeout_ns) {
     __atomic_store_n(&h->consumer_waiting, 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* waiting store before head load */
     int rc = 0;
@@ -406,6 +400,29 @@ int fleet_ring_wait(void *ring, int64_t timeout_ns) {
     /* Nobody sleeps now: spare the producer a wake-up syscall. */
     __atomic_store_n(&h->consumer_waiting, 0, __ATOMIC_RELAXED);
     return (rc == 1 && !ring_nonempty(h)) ? 1 : 0;
+}
+
+int fleet_ring_wait(void *ring, int64_t timeout_ns) {
+    struct ring_hdr *h = HDR(ring);
+    if (ring_nonempty(h)) return 0;
+    for (int64_t until = monotonic_ns() + FLEET_SPIN_NS; monotonic_ns() < until;) {  /* see fleet_bell_wait */
+        if (ring_nonempty(h)) return 0;
+        cpu_relax();
+    }
+    return ring_sleep(h, __atomic_load_n(&h->data_seq, __ATOMIC_ACQUIRE), timeout_ns);
+}
+
+uint32_t fleet_ring_seq(const void *ring) {
+    return __atomic_load_n(&((const struct ring_hdr *)ring)->data_seq, __ATOMIC_ACQUIRE);
+}
+
+int fleet_ring_wait_since(void *ring, uint32_t seen, int64_t timeout_ns) {
+    struct ring_hdr *h = HDR(ring);
+    for (int64_t until = monotonic_ns() + FLEET_SPIN_NS; monotonic_ns() < until;) {  /* see fleet_bell_wait */
+        if (ring_nonempty(h) || __atomic_load_n(&h->data_seq, __ATOMIC_ACQUIRE) != seen) return 0;
+        cpu_relax();
+    }
+    return ring_sleep(h, seen, timeout_ns);
 }
 
 static inline int space_for(struct ring_hdr *h, uint32_t len) {

@@ -88,6 +88,14 @@ int64_t fleet_ring_pop_many(void *ring, void *out, uint64_t cap, uint32_t *lens,
 /* Returns 0 at once if a message is there, else sleeps until one may be (0) or
  * timeout_ns passes (1); timeout_ns < 0 waits forever. Spurious 0s happen. */
 int     fleet_ring_wait(void *ring, int64_t timeout_ns);
+/* A consumer that also waits for wake-ups of its own (another thread of its process
+ * calling fleet_ring_notify) reads seq = fleet_ring_seq(ring), looks at its own work,
+ * then calls fleet_ring_wait_since(ring, seq, ...): it returns 0 at once if a message
+ * is there or any notify came after seq was read, else sleeps like fleet_ring_wait.
+ * No wake-up is lost between the look and the sleep. notify is atomics only, so any
+ * thread may call it. */
+uint32_t fleet_ring_seq(const void *ring);
+int     fleet_ring_wait_since(void *ring, uint32_t seen, int64_t timeout_ns);
 uint64_t fleet_ring_used(const void *ring);               /* bytes in flight */
 uint64_t fleet_ring_capacity(const void *ring);
 uint32_t fleet_ring_max_message(const void *ring);        /* largest len that can ever fit */

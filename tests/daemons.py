@@ -4,6 +4,7 @@ it (fleetd, zygote, workers) left running when the test ends, even when it faile
 from __future__ import annotations
 
 import itertools
+import resource
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 
 import psutil
 
@@ -256,3 +258,71 @@ def outcome_of(future, timeout: float = BOUND_S):
         return exc.outcome.kind, exc.outcome.reason
     except FleetError as exc:
         return "error", type(exc).__name__
+
+
+@contextmanager
+def idle_connections(path, n, uid=None, gid=None, *, send=b""):
+    """``n`` connections to ``path`` held open by a forked child (as ``uid`` if given),
+    each having sent ``send`` (default nothing) and then nothing more, until the block ends.
+
+    The child raises its own RLIMIT_NOFILE to hold them (the hard limit too, as root).
+    Yields how many connects succeeded.
+    """
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            want = n + 64
+            if soft < want:
+                try:  # root may raise the hard limit too (CI runs as root)
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(want, hard)))
+                except (ValueError, OSError):
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+            held, connected = [], 0
+            for _ in range(n):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.connect(path)  # blocking: waits while the listen backlog is full
+                    connected += 1
+                    if send:
+                        sock.sendall(send)
+                except OSError:
+                    pass  # not connected; or connected and already refused (busy) before the send
+                held.append(sock)
+            os.write(ready_w, str(connected).encode())
+            os.read(go_r, 1)  # until the parent closes its end
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        connected = int(os.read(ready_r, 64) or b"0")
+        yield connected
+    finally:
+        os.close(go_w)
+        os.close(ready_r)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+class _OneWay:
+    """Pickles in the worker, but what it unpickles into (a lock) cannot be pickled
+    again: a value that survives only if nobody between worker and client re-pickles it."""
+
+    def __reduce__(self):
+        return (threading.Lock, ())
+
+
+def one_way(unit):
+    """A handler (``tests.daemons:one_way``) returning a `_OneWay`."""
+    return _OneWay()

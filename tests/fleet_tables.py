@@ -28,7 +28,8 @@ N_SLOTS = 5
 #: posture record written by `populate`: Cordoned for DWELL_NS before `since`'s reference
 SINCE_NS = 1_000_000_000_000
 CORDONED_BEFORE_NS = 5_000_000_000
-FAILED_BY_REASON = [2, 1, 3, 0, 0, 0, 0, 1]  # HandlerError 2, Timeout 1, LaneDeath 3, Cancelled 1
+FAILED_BY_REASON = [2, 1, 3, 0, 0, 0, 0, 1, 0, 0]  # HandlerError 2, Timeout 1, LaneDeath 3, Cancelled 1
+FSM_REFUSED = 4  # transitions the slot FSM refused (a dead seat's reset refusals need not cost a unit)
 
 
 def boot_meta(name: str, quota: float = 8, profile: str = "auto", pid: int | None = None) -> dict:
@@ -77,7 +78,8 @@ def populate(table: SlotTable, worker_pid: int | None = None) -> None:
         suppressed=17, enter_events=2, enter_window_ms=1000, duty_ppm=25_000, duty_window_ms=5000,
         exit_clean_ms=10000, intake_floor=0,
     )
-    table.set_ledger(submitted=40, solved=28, suppressed=2, failed=7, inflight=3, failed_by_reason=FAILED_BY_REASON)
+    table.set_ledger(submitted=40, solved=28, suppressed=2, failed=7, inflight=3, failed_by_reason=FAILED_BY_REASON,
+                     fsm_refused=FSM_REFUSED)
     table.set_queue_depth(solver, 5, in_use=2)
     table.set_queue_depth(sim, 11, in_use=1)
 

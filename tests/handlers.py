@@ -82,3 +82,32 @@ class Unpicklable(Exception):
 
 def raise_unpicklable(unit):
     raise Unpicklable(threading.Lock())
+
+
+_RAN: list = []
+
+
+def nap_in_order(unit):
+    """payload (seconds, tag): sleep, then (tag, how many units this process has run)."""
+    seconds, tag = unit.payload
+    time.sleep(seconds)
+    _RAN.append(tag)
+    return tag, len(_RAN)
+
+
+def lose_own_completion(unit):
+    """payload: the fleet name. Put this unit's slot back to Idle behind the runtime's back,
+    so its completion (RELEASE) is refused: a stand-in for a broken FSM rule."""
+    from fleet import fsm
+    from fleet.table import SlotTable
+    from fleet.table import layout as L
+    from fleet.table.kernels import SLOT_FIELDS
+
+    table = SlotTable.attach(unit.payload)
+    try:
+        snap = table.snapshot()
+        slot = next(i for i in range(snap.n_slots) if snap.slot(i)["unit"] == unit.id)
+        table.slots[slot * SLOT_FIELDS + L.S_WORD] = L.pack_word(fsm.IDLE, 0, 0, 1)
+    finally:
+        table.close()
+    return "ran"

@@ -32,6 +32,12 @@ class PostureDaemon:
         self.calls.append("posture_set")
         return self.owner.retune(patch, self.now_ms)
 
+    def posture_release(self, cause):
+        self.calls.append("posture_release")
+        held = cause in self.owner.state.causes
+        self.owner.release(cause, self.now_ms)
+        return {**self.owner.show(self.now_ms), "released": held}
+
     def drain(self):
         self.calls.append("drain")
         was, self.draining = self.draining, True
@@ -77,11 +83,11 @@ def test_show_json_is_the_daemons_view(daemon, fleet_name, capsys):
 
 
 def test_show_human(daemon, fleet_name, capsys):
-    daemon.owner.hold("lane_death", 1_000)
+    daemon.owner.hold("lane-death", 1_000)
     rc, out, _ = cli(capsys, "posture", "show", "--name", fleet_name)
     assert rc == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["posture", "Cordoned"] and "held by   lane_death" in lines
+    assert lines[0].split() == ["posture", "Cordoned"] and "held by   lane-death" in lines
     assert "entered 1" in out and f"cordoned {daemon.now_ms - 1_000} ms" in out
     policy = dict(line.split() for line in lines[lines.index("policy") + 1 :])
     assert policy == {"cordon_enter_events": "2", "cordon_enter_window_ms": "1000", "cordon_duty_percent": "2.0",
@@ -112,7 +118,7 @@ def test_set_json_echo_and_null_restores_the_floor(daemon, fleet_name, capsys):
 
 
 def test_set_keeps_the_live_posture(daemon, fleet_name, capsys):
-    daemon.owner.hold("lane_death", 1_000)
+    daemon.owner.hold("lane-death", 1_000)
     rc, out, _ = cli(capsys, "posture", "set", "--name", fleet_name, "--json", "cordon_exit_clean_ms=20000")
     doc = json.loads(out)
     assert rc == 0 and doc["posture"] == "Cordoned" and doc["policy"]["cordon_exit_clean_ms"] == 20000
@@ -179,6 +185,49 @@ def test_malformed_assignments_are_usage_errors(daemon, fleet_name, capsys, argv
 )
 def test_parse_value(text, value):
     assert cmd_posture.parse_value(text) == value and type(cmd_posture.parse_value(text)) is type(value)
+
+
+# --- posture release --------------------------------------------------------------------------
+
+
+def test_release_clears_a_held_cause_and_echoes_the_posture(daemon, fleet_name, capsys):
+    daemon.owner.hold("lane-death", 1_000)
+    rc, out, _ = cli(capsys, "posture", "release", "--name", fleet_name, "lane-death")
+    assert rc == 0 and daemon.calls == ["posture_release"]
+    assert daemon.owner.state.causes == frozenset()
+    lines = out.splitlines()
+    assert lines[0] == "lane-death: released"
+    assert lines[1].split() == ["posture", "Cordoned"]  # until its exit window is clean
+    assert not any(line.startswith("held by") for line in lines)
+
+
+def test_release_json_and_a_cause_not_held_changes_nothing(daemon, fleet_name, capsys):
+    daemon.owner.hold("lane-death", 1_000)
+    rc, out, _ = cli(capsys, "posture", "release", "--name", fleet_name, "--json", "operator")
+    doc = json.loads(out)
+    assert rc == 0 and doc["released"] is False and doc["causes"] == ["lane-death"]
+    assert daemon.owner.state.causes == frozenset({"lane-death"})
+    rc, out, _ = cli(capsys, "posture", "release", "--name", fleet_name, "operator")
+    assert rc == 0 and out.splitlines()[0] == "operator: was not held; nothing changed"
+
+
+@pytest.mark.parametrize("cause", ["lane_death", "throttle-events", ""])
+def test_release_of_an_unknown_cause_is_a_usage_error_sent_nowhere(daemon, fleet_name, capsys, cause):
+    with pytest.raises(SystemExit) as exit_:
+        fleetctl.main(["posture", "release", "--name", fleet_name, cause])
+    assert exit_.value.code == EXIT_USAGE and "choose from 'lane-death', 'operator'" in capsys.readouterr().err
+    assert daemon.calls == []
+
+
+@pytest.mark.parametrize("args, why", [({"cause": "bogus"}, "unknown posture cause 'bogus'"),
+                                       ({}, "missing required argument cause"),
+                                       ({"cause": 3}, "argument cause must be string")])
+def test_the_daemon_refuses_a_bad_release_and_changes_nothing(daemon, fleet_name, runtime_dir, args, why):
+    daemon.owner.hold("lane-death", 1_000)
+    with ControlClient(f"{runtime_dir}/{fleet_name}.sock") as c:
+        reply = c.send_raw(encode_request("posture_release", args, 1))
+    assert not reply.ok and reply.error_type == "InvalidArgs" and why in reply.error_message
+    assert daemon.calls == [] and daemon.owner.state.causes == frozenset({"lane-death"})
 
 
 # --- drain / resume --------------------------------------------------------------------------

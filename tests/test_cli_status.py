@@ -155,8 +155,9 @@ def test_ledger_failures_by_reason_name(table, fleet_name, capsys):
     assert (g["submitted"], g["solved"], g["suppressed"], g["failed"], g["inflight"]) == (40, 28, 2, 7, 3)
     assert g["failed_by_reason"] == {
         "HandlerError": 2, "Timeout": 1, "LaneDeath": 3, "Shutdown": 0,
-        "Refused": 0, "RoleStopped": 0, "ResultError": 0, "Cancelled": 1,
+        "Refused": 0, "RoleStopped": 0, "ResultError": 0, "Cancelled": 1, "FsmRefused": 0, "LeaseLost": 0,
     }
+    assert g["fsm_refused"] == 4
 
 
 def test_queue_depths_per_role(table, fleet_name, capsys):
@@ -187,7 +188,7 @@ def test_human_table_shows_every_section(table, fleet_name, capsys):
         "profile auto -> pinned binding", "quota 8 CPUs", "oversubscribed no", "tier refused -",
         "consumer", "ambient_io", "run-queue delay from", "Cordoned (cause throttle-events)",
         "entered 3, exited 2", "intake suppressed 17", "duty > 2.5%", "submitted 40",
-        "LaneDeath 3", "11/64",
+        "LaneDeath 3", "slot FSM refusals: 4", "11/64",
     ):
         assert needle in out, needle
     census = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ") and line.split()[0].isdigit()}

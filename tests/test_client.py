@@ -24,6 +24,7 @@ def roles():
         "die": role("die", slots=1),
         "hang": role("hang", slots=2),
         "blob": {**role("square", slots=1), "handler": "fleet.examples:blob"},
+        "oneway": {**role("square", slots=1), "handler": "tests.daemons:one_way"},
     }
 
 
@@ -136,8 +137,166 @@ def test_pending_futures_fail_typed_when_fleetd_is_killed(fleet_name):
             with pytest.raises(fleet.FleetConnectionLost):
                 fut.result(BOUND_S)
         with pytest.raises(fleet.FleetConnectionLost):
-            client.submit("sq", 1)
+            client.submit("sq", 1)  # nobody serves the name now
         client.close()
+
+
+def test_a_client_reconnects_to_a_restarted_fleetd_for_new_calls(fleet_name):
+    first = Fleetd(fleet_name, roles())
+    try:
+        first.start()
+        client = first.connect()
+        assert client.submit("sq", 3).result(BOUND_S) == 9
+        owed = client.submit("hang", 3600)
+        wait_until(lambda: running_slot(client), "a unit to be running")
+        first.signal(signal.SIGKILL)
+        first.wait()
+        with pytest.raises(fleet.FleetConnectionLost):
+            owed.result(BOUND_S)  # its outcome died with the daemon, as before
+        with Fleetd(fleet_name, roles(), base_dir=first.dir) as second:
+            # the same client, no new connect(): calls and submits reach the new daemon
+            assert client.status()["creator_pid"] == second.proc.pid
+            assert [client.submit("sq", i).result(BOUND_S) for i in range(3)] == [0, 1, 4]
+            assert list(client.map("sq", range(4), chunksize=2)) == [0, 1, 4, 9]
+        client.close()
+    finally:
+        first.cleanup()
+
+
+@pytest.mark.parametrize("noticed_by", ["poll", "submit"])
+def test_units_pending_across_a_restart_between_polls_fail_and_new_ones_run(fleet_name, noticed_by):
+    # The restart happens while no poll is in flight (the test holds the poll channel),
+    # so no broken poll reports it: the client must notice the new daemon (its pid on
+    # the socket) and fail the unit the old one owed, not wait for it from the new one.
+    first = Fleetd(fleet_name, roles())
+    second = Fleetd(fleet_name, roles(), base_dir=first.dir)
+    try:
+        first.start()
+        client = first.connect()
+        with client._polls.lock:
+            owed = client.submit("hang", 3600)
+            wait_until(lambda: running_slot(client), "a unit to be running")
+            first.signal(signal.SIGKILL)
+            first.wait()
+            second.start()
+            if noticed_by == "submit":
+                fresh = client.submit("sq", 5)
+                with pytest.raises(fleet.FleetConnectionLost, match="restarted"):
+                    owed.result(0)  # failed already, by the submit that met the new daemon
+        # the poll channel is free again: the collector polls now
+        with pytest.raises(fleet.FleetConnectionLost, match="restarted"):
+            owed.result(BOUND_S)
+        if noticed_by == "poll":
+            fresh = client.submit("sq", 5)
+        assert fresh.result(BOUND_S) == 25
+        client.close()
+    finally:
+        second.cleanup()
+        first.cleanup()
+
+
+def test_cancelling_a_queued_unit_cancels_it_in_the_fleet(served, client):
+    before = client.ledger()
+    client._call("drain")  # units are admitted and held in the queue: none starts
+    try:
+        queued = client.submit("sq", 4)
+        assert queued.cancel() is True and queued.cancelled()
+        kept = client.submit("sq", 5)
+    finally:
+        client._call("resume")
+    assert kept.result(BOUND_S) == 25
+
+    def settled():
+        now = client.ledger()
+        return now["inflight"] == before["inflight"] and now
+
+    after = wait_until(settled, "the cancelled unit to be counted")
+    assert after["solved"] - before["solved"] == 1  # the cancelled unit never ran
+    cancelled = after["failed_by_reason"].get("Cancelled", 0) - before["failed_by_reason"].get("Cancelled", 0)
+    assert cancelled == 1
+
+
+def test_cancelling_a_running_unit_is_refused_and_it_runs_to_its_outcome(served, client):
+    running = client.submit("hang", 1.0)
+    wait_until(lambda: running_slot(client), "the unit to be running")
+    assert running.cancel() is False and not running.cancelled()
+    assert running.result(BOUND_S) == "woke"
+
+
+def test_cancel_op_is_validated(client):
+    for bad in (0, -3, "7", None, 1.5):
+        with pytest.raises((control.ProtocolError, control.RemoteError)) as err:
+            client._call("cancel", unit=bad)
+        assert "unit" in str(err.value)
+    assert client._call("cancel", unit=10**9) == {"unit": 10**9, "cancelled": False, "state": "ended"}
+
+
+def test_a_value_that_cannot_be_pickled_twice_reaches_the_client_and_the_ledger_says_solved(client):
+    import threading
+
+    before = client.ledger()
+    value = client.submit("oneway").result(BOUND_S)
+    assert isinstance(value, type(threading.Lock()))
+    after = client.ledger()
+    assert after["solved"] - before["solved"] == 1
+    assert after["failed_by_reason"].get("ResultError", 0) == before["failed_by_reason"].get("ResultError", 0)
+
+
+def test_connect_waits_for_a_fleet_that_is_booting(fleet_name):
+    import os
+    import threading
+    import time
+
+    from fleet.table import SlotTable
+    from tests import fleet_tables as ft
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as run:
+        env = {"RUNTIME_DIRECTORY": run}
+        path = os.path.join(run, f"{fleet_name}.sock")
+        # A live service-mode fleet's table, naming the socket it will open: booting.
+        table = SlotTable.create(fleet_name, ft.ROLES, ft.N_SLOTS,
+                                 meta={**ft.boot_meta(fleet_name), "socket": path})
+        server = control.ControlServer(path, control.inline_dispatch(object()))
+        try:
+            with pytest.raises(fleet.NotRunning, match="booting"):
+                fleet.connect(fleet_name, env=env, boot_wait=0.3)
+            opener = threading.Timer(1.0, server.start)
+            opener.start()
+            started = time.monotonic()
+            client = fleet.connect(fleet_name, env=env, boot_wait=BOUND_S)
+            try:
+                assert client.ping()["pong"] is True
+                assert time.monotonic() - started >= 0.5  # it did wait for the socket
+            finally:
+                client.close()
+                opener.join()
+        finally:
+            server.close()
+            table.close()
+            table.unlink()
+
+
+def test_connect_does_not_wait_for_an_embedded_or_absent_fleet(fleet_name):
+    import os
+    import time
+
+    from fleet.table import SlotTable
+    from tests import fleet_tables as ft
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as run:
+        env = {"RUNTIME_DIRECTORY": run}
+        started = time.monotonic()
+        with pytest.raises(fleet.NotRunning, match="not running"):
+            fleet.connect(fleet_name, env=env, boot_wait=BOUND_S)
+        meta = {**ft.boot_meta(fleet_name), "mode": "embedded", "socket": os.path.join(run, "x.sock")}
+        table = SlotTable.create(fleet_name, ft.ROLES, ft.N_SLOTS, meta=meta)
+        try:
+            with pytest.raises(fleet.NotRunning, match="not running"):
+                fleet.connect(fleet_name, env=env, boot_wait=BOUND_S)
+        finally:
+            table.close()
+            table.unlink()
+        assert time.monotonic() - started < BOUND_S / 2  # neither waited out the bound
 
 
 # ---------------------------------------------------------------- the daemon's outcome store

@@ -23,7 +23,10 @@ def _dumps(v) -> bytes:
         (M.ST_SOLVED, b"not a pickle", "failed", "ResultError", None),
         (M.ST_SUPPRESSED, b"duplicate", "suppressed", None, None),
         (M.ST_RESULT_ERROR, b"too big", "failed", "ResultError", None),
-        (M.ST_START_REFUSED, b"refused", "failed", "LaneDeath", None),
+        (M.ST_START_REFUSED, b"refused", "failed", "FsmRefused", None),
+        (M.ST_COMPLETION_REFUSED, b"refused", "failed", "FsmRefused", None),
+        (M.ST_HELD_AT_CLOSE, b"closing", "failed", "Shutdown", None),
+        (250, b"who knows", "failed", "LaneDeath", None),
         (M.ST_CHUNK, _dumps(([1, 2], {})), "solved", None, ([1, 2], {})),
         (M.ST_CHUNK, _dumps(([1, None], {1: (M.ST_SUPPRESSED, "dup")})), "suppressed", None,
          ([1, None], {1: (M.ST_SUPPRESSED, "dup")})),
@@ -55,3 +58,10 @@ def test_a_task_body_is_refused_typed():
         codec.task_body("r", threading.Lock(), None, None, None, pickled_payload=None, limit=1 << 20)
     with pytest.raises(PayloadTooLarge, match="limits.max_payload_bytes is 100"):
         codec.task_body("r", b"x" * 200, None, None, None, pickled_payload=None, limit=100)
+
+
+def test_a_relayed_value_stays_pickled_for_the_client():
+    body = _dumps({"a": 1})
+    outcome, value, _ = codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)
+    assert outcome.kind == "solved" and type(value).__name__ == "_Pickled" and value.data == body
+    assert value.load() == {"a": 1}

@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import pickle
+import select
 import shutil
 import socket
 import stat
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from fleet import control as c
 from fleet.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, ConfigError
+from tests.daemons import idle_connections
 
 NOBODY = 65534
 NOGROUP = 65534
@@ -398,13 +400,21 @@ def test_call_queue_wakeup_is_called_on_submit():
     assert woken == [1] and len(queue) == 1
 
 
-def test_connections_beyond_the_limit_are_refused_busy(sockdir):
-    with serving(sockdir, max_connections=1) as s, s.client() as first:
-        first.call("ping")  # the one allowed connection is now being served
-        with s.raw() as second:
-            reply = read_reply(second)
-        assert reply["error"]["type"] == "Busy"
-        assert first.call("ping")["pong"] is True
+def test_a_connection_refused_for_want_of_room_raises_control_busy(sockdir):
+    # The only connection root may hold is busy (its request waits on a queue nobody
+    # drains), so it cannot be closed to make room: the next one is refused as busy.
+    with serving(sockdir, owner=False, max_connections=1, reserved=0, reply_timeout=3600) as s:
+        with s.raw() as first:
+            first.sendall(c.encode_request("status", {}, 1))
+            assert s.queue.wait(timeout=30)  # the request is in flight
+            with s.client() as second, pytest.raises(c.ControlBusy) as err:
+                second.call("ping")
+            assert err.value.type == "Busy" and "busy" in err.value.message
+            assert err.value.exit_code == 75
+            assert isinstance(err.value, c.RemoteError)  # callers catching RemoteError still do
+            with s.raw() as third:
+                assert read_reply(third)["error"]["type"] == "Busy"
+        assert s.handler.calls == []
 
 
 # ---------------------------------------------------------------- socket lifecycle
@@ -512,12 +522,13 @@ def test_other_uid_may_read_but_not_mutate(open_sockdir):
                 "drain": attempt(s.path, "drain"),
                 "resume": attempt(s.path, "resume"),
                 "submit": attempt(s.path, "submit", role="solver", payload=1),
+                "cancel": attempt(s.path, "cancel", unit=1),
             }
 
         seen = as_uid(NOBODY, NOGROUP, child)
         assert seen["ping"]["ok"]["pong"] is True
         assert seen["status"] == {"ok": {"draining": False, "units": 0}}
-        for op in ("posture_set", "drain", "resume", "submit"):
+        for op in ("posture_set", "drain", "resume", "submit", "cancel"):
             assert seen[op]["error"] == "PermissionDenied", op
             assert seen[op]["class"] == "PermissionDenied"
             assert seen[op]["exit"] == EXIT_NO_PERMISSION
@@ -617,9 +628,9 @@ def test_decode_request_enforces_the_frame_limit():
 def test_exactly_the_changing_ops_are_mutating():
     mutating = {name for name in c.OPS.names() if c.OPS.get(name).mutating}
     # collect consumes the outcomes held for a token, and only a uid that may submit has any
-    assert mutating == {"posture_set", "drain", "resume", "submit", "collect"}
-    assert set(c.OPS.names()) == {"ping", "status", "posture_show", "posture_set", "drain", "resume",
-                                  "submit", "ledger", "collect"}
+    assert mutating == {"posture_set", "posture_release", "drain", "resume", "submit", "collect", "cancel"}
+    assert set(c.OPS.names()) == {"ping", "status", "posture_show", "posture_set", "posture_release", "drain",
+                                  "resume", "submit", "ledger", "collect", "cancel"}
     assert {name for name in c.OPS.names() if c.OPS.get(name).blocking} == {"collect"}
 
 
@@ -710,3 +721,256 @@ def test_prepare_runtime_dir_refuses_unsafe_directories(sockdir):
         euid = os.geteuid() + 1  # not root: pretend to be someone else
     with pytest.raises(c.ControlError, match="owned by uid"):
         c.prepare_runtime_dir(theirs, euid=euid)
+
+
+# ------------------------------------------- many, idle and hostile connections (one loop)
+
+
+def owner_is_served(s):
+    """posture_show and submit, as the owner (root here), each on a new connection."""
+    with s.client(timeout=30) as client:
+        assert client.call("posture_show")["state"] == "Nominal"
+    with s.client(timeout=30) as client:
+        assert client.call("submit", role="solver", payload=7) == {"unit": len(s.handler.units)}
+    assert s.handler.units[-1]["role"] == "solver"
+
+
+@needs_root
+def test_owner_is_served_with_1000_idle_connections_of_another_uid_open(open_sockdir):
+    with serving(open_sockdir, group=NOGROUP) as s:
+        with idle_connections(s.path, 1000, NOBODY, NOGROUP) as connected:
+            assert connected == 1000
+            owner_is_served(s)
+            # Idle sockets of one uid only ever replace each other: it never holds more than its cap.
+            assert s.server.connections_by_uid()[NOBODY] <= s.server.max_per_uid
+        owner_is_served(s)
+
+
+def test_owner_is_served_with_1000_of_its_own_idle_connections_open(sockdir):
+    with serving(sockdir) as s:
+        with idle_connections(s.path, 1000) as connected:
+            assert connected == 1000
+            owner_is_served(s)
+            assert s.server.connections <= s.server.max_connections
+
+
+@needs_root
+def test_a_uid_at_its_cap_of_busy_connections_is_refused_and_the_owner_still_served(open_sockdir, caplog):
+    # Half a frame each and a long frame deadline: these connections are not idle, so
+    # none can be closed to make room; the 33rd and later are refused as busy.
+    caplog.set_level("WARNING", logger="fleet.control")
+    with serving(open_sockdir, group=NOGROUP, frame_timeout=3600) as s:
+        with idle_connections(s.path, 100, NOBODY, NOGROUP, send=b'{"op":"pi') as connected:
+            assert connected == 100
+            wait_for(lambda: s.server.connections_by_uid().get(NOBODY) == s.server.max_per_uid)
+            seen = as_uid(NOBODY, NOGROUP, lambda: attempt(s.path, "ping"))
+            assert seen["class"] == "ControlBusy" and f"uid {NOBODY}" in seen["message"]
+            owner_is_served(s)
+    pressure = [r for r in caplog.records if "under pressure" in r.getMessage()]
+    # ~70 refusals, at most one line per interval (the first at once, maybe one summary).
+    assert 1 <= len(pressure) <= 2, [r.getMessage() for r in pressure]
+    assert f"uid {NOBODY}" in pressure[0].getMessage()
+
+
+@needs_root
+def test_the_reserve_is_left_for_the_owner_when_other_uids_fill_the_rest(open_sockdir):
+    # 4 connections, 2 of them reserved: uid 65534 (cap 4) gets only the other 2 even
+    # with busy ones (half frames), and the owner still gets in.
+    with serving(open_sockdir, group=NOGROUP, max_connections=4, reserved=2, max_per_uid=4,
+                 frame_timeout=3600) as s:
+        with idle_connections(s.path, 3, NOBODY, NOGROUP, send=b'{"op":"pi') as connected:
+            assert connected == 3
+            wait_for(lambda: s.server.connections_by_uid() == {NOBODY: 2})
+            assert as_uid(NOBODY, NOGROUP, lambda: attempt(s.path, "ping"))["class"] == "ControlBusy"
+            owner_is_served(s)
+
+
+def test_an_idle_connection_makes_room_for_a_new_one_of_its_uid(sockdir):
+    with serving(sockdir, max_connections=3, reserved=0) as s:
+        idle = [s.raw() for _ in range(3)]
+        try:
+            wait_for(lambda: s.server.connections == 3)
+            with s.client() as client:
+                assert client.call("ping")["pong"] is True
+            idle[0].settimeout(30)
+            assert idle[0].recv(1) == b""  # the oldest idle one was closed for it
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def wait_for(predicate, timeout=30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_half_a_frame_then_silence_is_closed_after_the_frame_deadline_and_others_are_served(sockdir):
+    with serving(sockdir, frame_timeout=1.0) as s, s.raw() as stalled, s.raw() as silent:
+        stalled.sendall(b'{"op":"drain","id":1')
+        with s.client() as client:
+            assert client.call("ping")["pong"] is True  # served while the other stalls
+        for sock in (stalled, silent):
+            reply = read_reply(sock)  # within the deadline, well inside the socket's 30 s
+            assert reply["error"]["type"] == "Timeout" and "no complete request frame" in reply["error"]["message"]
+            with pytest.raises(EOFError):
+                read_reply(sock)
+    assert s.handler.calls == []
+
+
+def test_a_never_ending_line_is_refused_and_others_are_served(sockdir):
+    with serving(sockdir) as s, s.raw() as endless:
+        chunk = b"x" * 65536
+        sent = 0
+        try:
+            while sent <= c.MAX_FRAME + len(chunk):
+                endless.sendall(chunk)
+                sent += len(chunk)
+                if sent % (4 * len(chunk)) == 0:
+                    with s.client() as client:
+                        assert client.call("ping")["pong"] is True
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server closed it once the frame passed the limit
+        assert read_reply(endless)["error"]["type"] == "FrameTooLarge"
+        with s.client() as client:
+            assert client.call("ping")["pong"] is True
+
+
+def test_a_trickled_line_that_never_ends_meets_the_frame_deadline(sockdir):
+    with serving(sockdir, frame_timeout=1.0) as s, s.raw() as trickle:
+        import time
+
+        try:
+            for _ in range(300):  # 1 byte / 10 ms for up to 3 s: never a newline
+                trickle.sendall(b"x")
+                time.sleep(0.01)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert read_reply(trickle)["error"]["type"] == "Timeout"
+
+
+def test_a_peer_that_never_reads_its_replies_does_not_stop_the_others(sockdir):
+    with serving(sockdir, write_timeout=5.0) as s, s.raw() as deaf:
+        deaf.settimeout(2.0)
+        request = c.encode_request("status", {}, 1)
+        sent = 0
+        try:
+            while sent < 64 << 20:  # far more requests than any socket buffer holds
+                deaf.sendall(request * 1024)
+                sent += len(request) * 1024
+        except TimeoutError:
+            pass  # the server stopped reading it: its replies are not being taken
+        # It was read only while its replies could be sent: what it got in is bounded by
+        # the socket buffers and one frame, not by how much it wanted to send.
+        assert sent < 16 << 20, sent
+        with s.client() as client:
+            assert client.call("ping")["pong"] is True
+        # It is closed once its reply sat unread past the write deadline.
+        wait_for(lambda: s.server.connections == 0)
+    assert len(s.handler.calls) < sent // len(request)
+
+
+def test_a_busy_reply_is_read_even_when_sending_the_request_fails(sockdir):
+    # The server refuses the connection (Busy) and closes it before the client's request
+    # goes out: the send fails (EPIPE), and the reply waiting in the socket still says why.
+    with serving(sockdir, owner=False, max_connections=1, reserved=0, reply_timeout=3600) as s:
+        with s.raw() as first:
+            first.sendall(c.encode_request("status", {}, 1))
+            assert s.queue.wait(timeout=30)  # in flight: the one place is taken
+            client = c.ControlClient(s.path, timeout=30)
+            client.connect()
+            wait_for(lambda: select.select([client._sock], [], [], 0)[0])  # refused and closed
+            client._still_open = lambda sock: True  # as if the close came just after the check
+            with pytest.raises(c.ControlBusy):
+                client.call("ping")
+            client.close()
+
+
+def test_running_out_of_descriptors_pauses_accepting_and_serving_resumes(sockdir):
+    # The server runs in a forked child whose RLIMIT_NOFILE leaves room for a few
+    # connections only: accept() fails with EMFILE. The server must not spin on the
+    # readable listener, and must serve again once descriptors are free.
+    import resource
+    import time
+
+    path = os.path.join(sockdir, "t.sock")
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            server = c.ControlServer(path, c.inline_dispatch(object())).start()
+            used = len(os.listdir("/proc/self/fd"))
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (used + 3, hard))
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            os.write(ready_w, b"r")
+            os.read(go_r, 1)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+            os.write(ready_w, json.dumps({"cpu": cpu}).encode())
+            os.read(go_r, 1)
+            server.close()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        assert os.read(ready_r, 1) == b"r"
+        held = []
+        for _ in range(12):  # more than the child can accept
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            held.append(sock)
+        time.sleep(1.0)  # the child sits at EMFILE with connections waiting
+        for sock in held:
+            sock.close()
+        with c.ControlClient(path, timeout=30) as client:
+            assert client.call("ping")["pong"] is True  # serving again
+        os.write(go_w, b"g")
+        cpu = json.loads(os.read(ready_r, 4096))["cpu"]
+        assert cpu < 0.5, f"the server spun at EMFILE: {cpu:.2f}s of CPU in about a second"
+        os.write(go_w, b"g")
+    finally:
+        os.close(go_w)
+        os.close(ready_r)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_pressure_log_is_rate_limited():
+    now = [100.0]
+    records = []
+    plog = c._PressureLog(every_s=10.0, clock=lambda: now[0])
+    peer = c.Peer(pid=1, uid=NOBODY, gid=NOGROUP)
+    import logging
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Catch()
+    c.log.addHandler(handler)
+    try:
+        for _ in range(100):
+            plog.refused(peer, "busy")
+        assert len(records) == 1 and "refused 1 " in records[0]
+        now[0] += 5
+        plog.flush()
+        assert len(records) == 1
+        now[0] += 5
+        plog.evicted(peer)
+        assert len(records) == 2
+        assert "refused 99 " in records[1] and "closed 1 idle" in records[1] and f"uid {NOBODY}: 99" in records[1]
+        now[0] += 60
+        plog.flush()
+        assert len(records) == 2  # nothing new: nothing to say
+    finally:
+        c.log.removeHandler(handler)

@@ -209,3 +209,47 @@ def test_pooled_slots_hold_no_pin_to_release(d):
     d.enqueue(_unit(1, "resolve"))
     (g,) = d.grant()
     assert d.begin_epoch() == 0 and d.units_in_flight(g.slot) == 1
+
+
+# --- a pin drained with units sent behind it --------------------------------------------------
+
+
+def test_units_behind_a_drained_pin_come_back_in_submit_order(d):
+    solver = ROLES.code("solver")
+    d.posture = fsm.CORDONED  # solver is never shed: cordon does not hold its grants
+    for uid in (1, 2, 3, 4):
+        d.enqueue(_unit(uid, "solver", "k"))
+    first, second = d.grant()  # 1 claims the pin, 2 is sent behind it (RESUME); pin depth 2
+    assert second.start_event == fsm.RESUME and first.slot == second.slot
+    d.complete(1, fsm.IDLE)  # cordon drained the pin: the slot ended Idle with 2 sent to it
+    assert d.grant() == []  # 3 is not sent behind the drained pin, nor elsewhere before 2
+    assert d.requeue(2)
+    assert d.queued(solver) == 3 and d.inflight_count() == 0
+    regrant = d.grant()
+    assert [g.unit_id for g in regrant] == [2, 3]  # submit order kept: 2 first, then 3 (pin depth 2)
+    assert regrant[0].transitions[-1][0] == fsm.LEASE  # a new pin, claimed afresh
+    assert regrant[1].start_event == fsm.RESUME
+
+
+def test_a_drained_pin_takes_nothing_new_until_its_units_are_back(d):
+    for uid in (1, 2):
+        d.enqueue(_unit(uid, "solver", "k"))
+    first, _ = d.grant()
+    d.complete(1, fsm.IDLE)
+    d.enqueue(_unit(3, "solver", "k"))
+    d.enqueue(_unit(4, "solver", "j"))
+    (g,) = d.grant()  # another key may claim a pin; the drained one takes nothing new
+    assert (g.unit_id, g.transitions[-1][0]) == (4, fsm.LEASE) and g.slot != first.slot
+    assert d.requeue(2)
+    assert [g.unit_id for g in d.grant()] == [2, 3]
+    assert d.pinned_keys(ROLES.code("solver")) == {"k": first.slot, "j": g.slot}
+
+
+def test_requeue_refuses_what_was_not_behind_a_drained_pin(d):
+    d.enqueue(_unit(1, "solver", "k"))
+    d.enqueue(_unit(2, "resolve"))
+    d.grant()
+    assert not d.requeue(1)  # its pin was not drained
+    assert not d.requeue(2)  # pooled: never behind a pin
+    assert not d.requeue(99)  # unknown
+    assert d.inflight_count() == 2 and d.queued(ROLES.code("solver")) == 0

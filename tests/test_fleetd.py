@@ -19,8 +19,9 @@ import fleet
 from fleet.cli import fleetctl
 from fleet.control import ControlClient, PermissionDenied
 from fleet.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_TABLE_IN_USE, EXIT_USAGE
-from tests.daemons import BOUND_S, Fleetd, alive, outcome_of, running_slot, segments, wait_until
+from tests.daemons import BOUND_S, Fleetd, alive, idle_connections, outcome_of, running_slot, segments, wait_until
 from tests.fleets import role
+from tests.uids import as_nobody
 
 NOBODY = 65534
 
@@ -69,6 +70,24 @@ def test_posture_set_valid_invalid_empty_and_unknown_key(fleetd):
     assert unknown.returncode == EXIT_USAGE and "cordon_nonsense" in unknown.stderr
     # none of the refused patches changed anything, not even their valid keys
     assert fleetd.ctl_json("posture", "show")["policy"] == after
+
+
+def test_a_worker_death_cordons_until_fleetctl_posture_release(fleet_name):
+    with Fleetd(fleet_name, roles(), posture={"cordon_exit_clean_ms": 50}) as d:
+        with d.connect() as client:
+            assert client.submit("sq", 3).result(BOUND_S) == 9
+            pid = next(row["pid"] for row in client.status()["census"] if row.get("pid"))
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: d.ctl_json("posture", "show")["causes"] == ["lane-death"], "the lane-death cordon")
+            assert d.ctl_json("status")["posture"]["cause"] == "lane-death"
+            bad = d.ctl("posture", "release", "lane_death")
+            assert bad.returncode == EXIT_USAGE and "invalid choice" in bad.stderr
+            released = d.ctl("posture", "release", "lane-death")
+            assert released.returncode == 0 and released.stdout.startswith("lane-death: released"), released.stderr
+            wait_until(lambda: d.ctl_json("posture", "show")["posture"] == "Nominal", "Nominal after the release")
+            again = d.ctl("posture", "release", "lane-death")
+            assert again.returncode == 0 and again.stdout.startswith("lane-death: was not held")
+            assert client.submit("sq", 4).result(BOUND_S) == 16
 
 
 def test_drain_holds_queued_units_and_resume_runs_them(fleetd):
@@ -227,34 +246,6 @@ def test_sd_notify_ready_status_watchdog_and_stopping(fleet_name):
 # ---------------------------------------------------------------- who may do what
 
 
-def _as_nobody(fn):
-    """Run ``fn`` in a forked child under uid/gid 65534; returns what it returned (JSON)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 0
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.write(w, json.dumps(fn()).encode())
-        except BaseException as exc:  # noqa: BLE001
-            os.write(w, json.dumps({"child_error": repr(exc)}).encode())
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    chunks = []
-    try:
-        while chunk := os.read(r, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
-    return json.loads(b"".join(chunks))
-
-
 def test_an_unprivileged_uid_reads_but_may_not_mutate(fleet_name):
     with Fleetd(fleet_name, roles(), args=("--socket-group", str(NOBODY))) as d:
         def child():
@@ -279,7 +270,7 @@ def test_an_unprivileged_uid_reads_but_may_not_mutate(fleet_name):
 
         os.environ["RUNTIME_DIRECTORY"] = d.runtime_dir  # for the forked child's fleetctl
         try:
-            seen = _as_nobody(child)
+            seen = as_nobody(child)
         finally:
             del os.environ["RUNTIME_DIRECTORY"]
         assert seen.get("status_pid") == d.proc.pid, seen
@@ -294,3 +285,26 @@ def test_an_unprivileged_uid_reads_but_may_not_mutate(fleet_name):
         assert d.ctl_json("status")["ledger"]["submitted"] == 0
         with d.connect() as client:
             assert client.submit("sq", 5).result(BOUND_S) == 25
+
+
+# ---------------------------------------------------------------- a crowded control socket
+
+
+def test_the_owner_is_served_with_1000_idle_connections_open(fleet_name):
+    # 1,000 connections that never send a byte from uid 65534 (in the socket group)
+    # and 1,000 more from the owner: posture show and submit still answer the owner.
+    # (The holders raise their own RLIMIT_NOFILE; fleetd needs no more descriptors than
+    # its connection cap, so its limit is left as it is.)
+    with Fleetd(fleet_name, roles(), args=("--socket-group", str(NOBODY))) as d:
+        path = os.path.join(d.runtime_dir, f"{d.name}.sock")
+        with idle_connections(path, 1000, NOBODY, NOBODY) as theirs, idle_connections(path, 1000) as ours:
+            assert (theirs, ours) == (1000, 1000)
+            shown = d.ctl("posture", "show", "--json")
+            assert shown.returncode == 0, shown.stderr
+            assert "cordon_enter_events" in json.loads(shown.stdout)["policy"]
+            with d.connect() as client:
+                assert client.submit("sq", 9).result(BOUND_S) == 81
+        # the pressure was logged, in a few lines rather than one per connection
+        lines = [line for line in d.stderr().splitlines() if "under pressure" in line]
+        assert 1 <= len(lines) <= 20, lines
+        assert "uid 65534" in "\n".join(lines)

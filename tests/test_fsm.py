@@ -31,9 +31,10 @@ from fleet.fsm import (
     RUNNING,
     START,
     UNPIN,
+    VACATE,
 )
 
-# The reference's T1..T9, written out independently of fsm.TRANSITIONS.
+# The reference's T1..T9 (and T10, the lost lease), written out independently of fsm.TRANSITIONS.
 EXPECTED_LEGAL = {
     (IDLE, LEASE): (LEASED, "T1"),
     (LEASED, START): (RUNNING, "T2"),
@@ -44,6 +45,7 @@ EXPECTED_LEGAL = {
     (RUNNING, DRAIN): (DRAINING, "T7"),
     (DRAINING, DRAINED): (IDLE, "T8"),
     (PINNED, UNPIN): (IDLE, "T9"),
+    (LEASED, VACATE): (IDLE, "T10"),
 }
 ALL_PAIRS = list(itertools.product(range(fsm.N_STATES), range(fsm.N_EVENTS)))
 
@@ -64,11 +66,12 @@ EXPECTED_GUARDS = {
     "T7": (ALL, False),
     "T8": (ALL, False),
     "T9": (("pinned", "singleton"), False),
+    "T10": (ALL, False),  # a lost lease goes home whatever the posture (a dead seat's reset)
 }
 KIND_OF = {"pinned": KIND_PINNED, "pooled": KIND_POOLED, "singleton": KIND_SINGLETON}
 
 
-def test_table_has_exactly_the_nine_reference_transitions():
+def test_table_has_exactly_the_reference_transitions_and_the_lost_lease():
     got = {pair: (to, tid) for pair, (to, tid, _k, _g) in fsm.TRANSITIONS.items()}
     assert got == EXPECTED_LEGAL
 
@@ -223,3 +226,26 @@ def test_a_dead_seats_slot_walks_back_to_idle_from_every_state(state, kind):
 def test_walk_stops_at_an_illegal_step():
     assert fsm.walk(IDLE, (START,)) is None
     assert fsm.walk(IDLE, (LEASE, START, RELEASE)) == IDLE
+
+
+@pytest.mark.parametrize("kind", [KIND_PINNED, KIND_POOLED, KIND_SINGLETON])
+def test_a_dead_seats_slot_walks_back_to_idle_under_cordon_too(kind):
+    """A deferrable role's lost lease or drained unit must get home while Cordoned."""
+    for state, path in fsm.RESET_PATHS.items():
+        if state == PINNED and kind == KIND_POOLED:
+            continue
+        assert _walk_decide(state, path, kind, CLASS_DEFERRABLE, CORDONED) == (fsm.OK, IDLE)
+
+
+# --- T10: a lost lease goes home in any posture ------------------------------------------
+@pytest.mark.parametrize("kind", [KIND_PINNED, KIND_POOLED, KIND_SINGLETON])
+@pytest.mark.parametrize("klass", [CLASS_NEVER, CLASS_FLOOR, CLASS_DEFERRABLE])
+def test_a_lost_lease_is_vacated_to_idle_even_under_cordon(kind, klass):
+    key = 3 if kind == KIND_PINNED else 0
+    assert fsm.decide(LEASED, 1, key, VACATE, ANY_ROLE, 0, kind, klass, CORDONED) == (fsm.OK, IDLE, 0, 0)
+
+
+@pytest.mark.parametrize("state", [IDLE, RUNNING, PINNED, DRAINING])
+def test_only_a_lease_can_be_vacated(state):
+    """A started unit is never vacated: it ends through its completion or DRAIN/DRAINED."""
+    assert fsm.decide(state, 1, 0, VACATE, ANY_ROLE, 0, KIND_POOLED, CLASS_NEVER, NOMINAL)[0] == fsm.R_ILLEGAL

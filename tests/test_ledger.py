@@ -141,3 +141,26 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 TestLedgerMachine = LedgerMachine.TestCase
+
+
+def test_fsm_refusals_are_counted_apart_from_outcomes(fleet_name):
+    from fleet.roles import RoleSet, Role
+    from fleet.table import SlotTable
+
+    ledger = Ledger(on_fuse=lambda e: None)
+    ledger.submitted(1)
+    ledger.record(1, "failed", "FsmRefused")
+    ledger.fsm_refused()
+    ledger.fsm_refused()  # e.g. a dead seat's reset refused: no unit behind it
+    counts = ledger.counts()
+    assert (counts.failed, counts.failed_by_reason, counts.fsm_refused) == (1, {"FsmRefused": 1}, 2)
+    assert counts.to_dict()["fsm_refused"] == 2
+    table = SlotTable.create(fleet_name, RoleSet((Role("r", handler="m:f"),)), 1)
+    try:
+        ledger.publish(table)
+        view = table.snapshot().ledger_view()
+        assert view["fsm_refused"] == 2
+        assert view["failed_by_reason"][FAILURE_REASONS.index("FsmRefused")] == 1
+    finally:
+        table.close()
+        table.unlink()

@@ -219,3 +219,44 @@ def test_ipv6_localhost(table):
         pytest.fail("this host has no IPv6 loopback; the endpoint's IPv6 path cannot be checked here")
     with MetricsServer(host="::1", port=0, provider=table.snapshot) as s:
         assert s.url.startswith("http://[::1]:") and value(scrape(s.url), "fleet_table_readable") == 1
+
+
+# ------------------------------------------------- counters and run times from one point
+
+
+def test_counters_and_run_times_agree_as_soon_as_a_map_returns(fleet_name):
+    from tests.fleets import config, role, running
+
+    cfg = config(fleet_name, {"sq": role("square", slots=2)})
+    cfg["metrics"] = {"enabled": True, "host": "127.0.0.1", "port": 0}
+    with running(cfg) as f:
+        url = f._sup.metrics.url
+        for n in range(1, 4):
+            assert list(f.map("sq", range(5))) == [i * i for i in range(5)]
+            m = scrape(url)  # at once: no sampling interval may pass first
+            assert value(m, "fleet_units_total", outcome="solved") == 5 * n
+            assert value(m, "fleet_units_inflight") == 0
+            assert value(m, "fleet_units_submitted_total") == 5 * n
+            assert value(m, "fleet_unit_run_seconds_count", role="sq") == 5 * n
+
+
+def test_published_counters_and_run_times_are_read_together(table):
+    metrics = FleetMetrics(table.snapshot, clock=lambda: NOW_NS)
+    counts = {"submitted": 9, "solved": 4, "suppressed": 1, "failed": 2, "inflight": 2,
+              "failed_by_reason": {"Timeout": 2}}
+    metrics.publish_units(counts, [("solver", 0.01)] * 4 + [("sim", 0.2)] * 3)
+    with MetricsServer(port=0, metrics=metrics) as s:
+        m = scrape(s.url)
+    # the published counters, not the table's (populate wrote others there)
+    assert value(m, "fleet_units_total", outcome="solved") == 4
+    assert value(m, "fleet_units_failed_total", reason="Timeout") == 2
+    assert value(m, "fleet_units_inflight") == 2
+    assert value(m, "fleet_unit_run_seconds_count", role="solver") == 4
+    assert value(m, "fleet_unit_run_seconds_count", role="sim") == 3
+    # a bad run time publishes nothing, counters included
+    with pytest.raises(ValueError):
+        metrics.publish_units({**counts, "solved": 5}, [("solver", -1.0)])
+    with MetricsServer(port=0, metrics=metrics) as s:
+        m = scrape(s.url)
+    assert value(m, "fleet_units_total", outcome="solved") == 4
+    assert value(m, "fleet_unit_run_seconds_count", role="solver") == 4

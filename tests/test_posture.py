@@ -147,16 +147,16 @@ def test_counters_going_back_rebase_instead_of_counting():
 
 def test_lane_death_cordons_and_holds_past_the_clean_window():
     state = P.initial(0)
-    state, change = P.hold(state, "lane_death", 50)
-    assert state.posture == CORDONED and change.reason == "held by lane_death"
+    state, change = P.hold(state, "lane-death", 50)
+    assert state.posture == CORDONED and change.reason == "held by lane-death"
     state, _ = run([(100, 0, 0), (60_000, 0, 0)], state=state)
     assert state.posture == CORDONED
 
 
 def test_release_restarts_the_clean_clock_then_exits():
-    state, _ = P.hold(P.initial(0), "lane_death", 0)
+    state, _ = P.hold(P.initial(0), "lane-death", 0)
     state, _ = run([(100, 0, 0), (20_000, 0, 0)], state=state)
-    state, change = P.release(state, "lane_death", 20_000)
+    state, change = P.release(state, "lane-death", 20_000)
     assert state.posture == CORDONED and change is None
     state, _ = run([(29_999, 0, 0)], state=state)
     assert state.posture == CORDONED
@@ -166,7 +166,7 @@ def test_release_restarts_the_clean_clock_then_exits():
 
 def test_releasing_an_absent_cause_changes_nothing():
     state = P.initial(0)
-    assert P.release(state, "lane_death", 10) == (state, None)
+    assert P.release(state, "lane-death", 10) == (state, None)
 
 
 # --- the table -------------------------------------------------------------------------------------------
@@ -302,3 +302,33 @@ def test_show_reports_counters():
     owner = owner_cordoned()
     view = owner.show(1200)
     assert (view["posture"], view["enter_count"], view["cordoned_dwell_ms"]) == ("Cordoned", 1, 1000)
+
+
+@pytest.mark.parametrize("cause", ["lane_death", "", None, 3, "Operator"])
+def test_a_cause_outside_the_vocabulary_is_refused_and_changes_nothing(cause):
+    state, _ = P.hold(P.initial(0), "lane-death", 0)
+    with pytest.raises(P.PostureCauseError) as err:
+        P.release(state, cause, 10)
+    assert err.value.exit_code == 2 and "lane-death, operator" in str(err.value)
+    with pytest.raises(P.PostureCauseError):
+        P.hold(state, cause, 10)
+    owner = P.PostureOwner(now_ms=0)
+    owner.hold("lane-death", 0)
+    before = owner.state
+    with pytest.raises(P.PostureCauseError):
+        owner.release(cause, 10)
+    assert owner.state is before
+
+
+def test_the_sticky_causes_are_lane_death_and_operator():
+    assert P.STICKY_CAUSES == ("lane-death", "operator")
+
+
+def test_cpu_pressure_is_a_held_cause_its_input_releases_but_not_an_operator_cause():
+    state, change = P.hold(P.initial(0), "cpu-pressure", 0)
+    assert state.posture == CORDONED and state.causes == {"cpu-pressure"}
+    assert "cpu-pressure" not in P.STICKY_CAUSES  # fleetctl posture release refuses it
+    with pytest.raises(P.PostureCauseError):
+        P.check_cause("cpu-pressure")
+    state, change = P.release(state, "cpu-pressure", 10)
+    assert state.causes == frozenset()  # released; the clean window then brings Nominal back

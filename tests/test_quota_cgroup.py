@@ -141,7 +141,7 @@ def test_fleetd_in_a_pressured_group_cordons_with_the_cpu_pressure_cause(fleet_n
                 doc = wait_until(lambda: (p := d.ctl_json("status")["posture"])["cause"] == "cpu-pressure" and p,
                                  "the cpu-pressure cordon")
                 assert doc["state"] == "Cordoned"
-                assert "held by cpu_pressure" in d.stderr()
+                assert "held by cpu-pressure" in d.stderr()
             finally:
                 for proc in load:
                     proc.kill()

@@ -141,7 +141,7 @@ def test_lease_needs_a_role(table):
     assert table.transition(0, "LEASE", fsm.ANY_ROLE) == fsm.R_BAD_ROLE
 
 
-@pytest.mark.parametrize("event", ["LAUNCH", "T10", 9, -1, None, 2.5])
+@pytest.mark.parametrize("event", ["LAUNCH", "T11", 10, -1, None, 2.5])
 def test_unknown_event_is_a_typed_error(table, event):
     before = table.segment.mm[:]
     with pytest.raises(UnknownEvent):

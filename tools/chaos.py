@@ -6,6 +6,15 @@
 Every submitted unit must end with exactly one outcome: solved (its result checked)
 or failed with LaneDeath (its worker was SIGKILLed under it). The ledger must agree
 with what the futures said. Exits 0 when it does, 1 otherwise.
+
+    python tools/chaos.py --storm [--seed 1] [--units 3000] [--kill-every 0.03] [--kill-zygote] [--lenient]
+
+The storm: two pooled roles `a` and `b` (2 slots each, pinned profile, 2 CPUs, the
+default restart intensity unless --lenient), payloads of 1 B-64 KiB submitted as fast
+as they go (a role stopped by restart intensity refuses with RoleStopped: correct),
+and SIGKILLs that go on while `shutdown()` drains the queues. Shutdown must return
+within --shutdown-deadline seconds, every future must be resolved, and the ledger
+exact; exits 1 (with the fleet's state) when shutdown wedged.
 """
 from __future__ import annotations
 
@@ -27,13 +36,24 @@ import fleet  # noqa: E402
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--units", type=int, default=100_000)
-    parser.add_argument("--kill-every", type=float, default=0.05, help="seconds between SIGKILLs")
+    parser.add_argument("--units", type=int, default=None, help="default 100000 (--storm: 3000)")
+    parser.add_argument("--kill-every", type=float, default=None, help="seconds between SIGKILLs (0.05; --storm: 0.03)")
     parser.add_argument("--profile", default="pinned", choices=("auto", "serial", "pinned"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--storm", action="store_true", help="two small roles; kills go on through shutdown")
+    parser.add_argument("--seed", type=int, default=1, help="storm: the kill and payload seed")
+    parser.add_argument("--kill-zygote", action="store_true", help="storm: now and then kill the zygote too")
+    parser.add_argument("--lenient", action="store_true", help="storm: no restart intensity (roles never stop)")
+    parser.add_argument("--shutdown-deadline", type=float, default=120.0, help="storm: seconds shutdown may take")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.ERROR)  # each death is a warning; the report says how many
+    if args.units is None:
+        args.units = 3000 if args.storm else 100_000
+    if args.kill_every is None:
+        args.kill_every = 0.03 if args.storm else 0.05
+    logging.basicConfig(level=os.environ.get("CHAOS_LOG", "ERROR"), format="%(asctime)s %(message)s")  # each death is a warning; the report says how many
+    if args.storm:
+        return storm(args)
     cfg = {
         "fleet": {"name": f"chaos-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": args.profile},
         "roles": {"work": {"kind": "pooled", "handler": "bench_handlers:unit_work", "slots": 16 * args.workers,
@@ -86,6 +106,74 @@ def main(argv=None) -> int:
         and ledger["failed"] == lane_death + other
     )
     report["exactly_one_outcome_each"] = exact
+    print(json.dumps(report, indent=None if not args.json else 2))
+    return 0 if exact else 1
+
+
+def storm(args) -> int:
+    from fleet.unit import RoleStopped
+
+    role = {"kind": "pooled", "handler": "bench_handlers:echo_unit", "slots": 2, "peak_cpus": 1, "queue_bound": 10**6}
+    cfg = {"fleet": {"name": f"storm-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": "pinned", "cpus": 2},
+           "roles": {"a": role, "b": role}}
+    if args.lenient:
+        cfg["restart"] = {"max_restarts": 10**9, "within_seconds": 1}
+    rng, kills, stop = random.Random(args.seed), [], threading.Event()
+    f = fleet.Fleet.from_config(cfg, env={})
+
+    def chaos():
+        krng, next_zygote = random.Random(args.seed), time.monotonic() + 3.0
+        while not stop.wait(args.kill_every):
+            sup = f._sup
+            pids = list(sup.pids().values())
+            victim = krng.choice(pids) if pids else None
+            if args.kill_zygote and pids and sup.zygote is not None and time.monotonic() >= next_zygote:
+                victim, next_zygote = sup.zygote.pid, time.monotonic() + 3.0  # a reboot takes ~1-2 s
+            if victim is not None:
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                    kills.append(victim)
+                except ProcessLookupError:
+                    pass
+
+    threading.Thread(target=chaos, daemon=True).start()
+    t0, futures, live = time.monotonic(), [], ["a", "b"]
+    for _ in range(args.units):
+        if not live:
+            break
+        name = rng.choice(live)
+        payload = rng.randbytes(rng.randint(1, 64 * 1024 - 256))
+        try:
+            futures.append((f.submit(name, payload), payload))
+        except RoleStopped:
+            live.remove(name)
+    closer = threading.Thread(target=f.shutdown, daemon=True)
+    closer.start()
+    closer.join(args.shutdown_deadline)
+    stop.set()
+    report = {"seed": args.seed, "submitted": len(futures), "kills": len(kills), "ledger": f.ledger()}
+    if closer.is_alive():
+        sup = f._sup
+        report["wedged"] = {
+            "slots": [sup.table.snapshot().slot(i) for i in range(len(sup.layout.slots))],
+            "pids": sup.pids(), "queued": [sup.dispatcher.queued(c) for c in range(len(sup.roles))],
+            "posture": sup.posture_show()["causes"],
+        }
+        print(json.dumps(report, indent=2, default=str))
+        sup.kill()
+        return 1
+    outcomes = {}
+    for fut, payload in futures:
+        exc = fut.exception(0)
+        key = "solved" if exc is None and fut.result() == payload else getattr(exc, "reason", "wrong value")
+        outcomes[key] = outcomes.get(key, 0) + 1
+    ledger = report["ledger"]
+    report.update(futures=outcomes, seconds=round(time.monotonic() - t0, 1))
+    report["exactly_one_outcome_each"] = exact = (
+        ledger["submitted"] == len(futures) and ledger["inflight"] == 0 and ledger["solved"] == outcomes.get("solved", 0)
+        and ledger["solved"] + ledger["suppressed"] + ledger["failed"] == ledger["submitted"]
+        and "wrong value" not in outcomes
+    )
     print(json.dumps(report, indent=None if not args.json else 2))
     return 0 if exact else 1
 

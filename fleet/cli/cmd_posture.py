@@ -1,4 +1,4 @@
-"""fleetctl posture: show the cordon posture, or retune its thresholds on the live daemon.
+"""fleetctl posture: show the cordon posture, retune its thresholds, or release a sticky cause.
 
 ``posture set KEY=VALUE ...`` sends a partial patch (``posture_set``); absent keys
 keep their live value and ``KEY=null`` restores a key's default where it has one
@@ -6,6 +6,11 @@ keep their live value and ``KEY=null`` restores a key's default where it has one
 bad one with a typed error (``PostureRetuneError``, exit 78) and changes nothing.
 An empty patch or an unknown key is refused by the op's own check (``InvalidArgs``,
 exit 2), the same check the daemon runs. The reply is the effective policy.
+
+``posture release CAUSE`` clears a sticky cause (``posture_release``): ``lane-death``
+(held since a worker died) or ``operator``. The posture turns Nominal once its exit
+window is clean and no other cause holds it. An unknown cause is refused (exit 2)
+and changes nothing; releasing a cause that is not held says so and changes nothing.
 """
 from __future__ import annotations
 
@@ -13,11 +18,11 @@ import json
 import sys
 
 from ..errors import EXIT_OK, EXIT_USAGE, FleetError
-from ..posture import POLICY_KEYS
+from ..posture import POLICY_KEYS, STICKY_CAUSES
 from ._common import add_name_argument, client
 
 NAME = "posture"
-HELP = "Show the cordon posture and its thresholds, or retune them on the running fleet."
+HELP = "Show the cordon posture and its thresholds, retune them, or release a sticky cause on the running fleet."
 
 
 class PostureArgumentError(FleetError, ValueError):
@@ -42,9 +47,29 @@ def add_arguments(parser) -> None:
     add_name_argument(set_)
     set_.add_argument("assignments", nargs="*", metavar="KEY=VALUE", help=f"one of: {keys}")
     set_.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
+    causes = ", ".join(STICKY_CAUSES)
+    release = sub.add_parser(
+        "release",
+        help=f"release a sticky cause ({causes}); echoes the posture",
+        description="Release a sticky cause that holds the posture Cordoned: lane-death (held since a "
+        "worker died) or operator (a manual cordon). The posture turns Nominal once its exit window "
+        "(cordon_exit_clean_ms) is clean and no other cause holds it.",
+    )
+    add_name_argument(release)
+    release.add_argument("cause", metavar="CAUSE", choices=STICKY_CAUSES, help=f"one of: {causes}")
+    release.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
 
 
 def run(args) -> int:
+    if args.posture_command == "release":
+        with client(args) as c:
+            result = c.call("posture_release", cause=args.cause)
+        if args.json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        else:
+            said = "released" if result.get("released") else "was not held; nothing changed"
+            sys.stdout.write(f"{args.cause}: {said}\n" + render(result))
+        return EXIT_OK
     if args.posture_command == "set":
         patch = parse_patch(args.assignments)
         with client(args) as c:

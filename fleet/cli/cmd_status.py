@@ -232,6 +232,7 @@ def render_ledger(g: dict) -> list[str]:
         f"ledger    submitted {g['submitted']}  solved {g['solved']}  suppressed {g['suppressed']}  "
         f"failed {g['failed']}  in flight {g['inflight']}",
         f"          failed by reason: {failed}",
+        f"          slot FSM refusals: {g['fsm_refused']}",
     ]
 
 

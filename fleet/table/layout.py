@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 
 MAGIC = int.from_bytes(b"FLEETTBL", "little")
-LAYOUT_VERSION = 2  # 2: bulkhead records grew to 3 lines
+LAYOUT_VERSION = 3  # 2: bulkhead records grew to 3 lines; 3: the ledger record grew a line (more failure reasons, FSM refusals)
 LINE = 64  # cache line: the unit of alignment for every record
 
 # --- slot word ------------------------------------------------------------------
@@ -156,16 +156,17 @@ P_EPOCH = 14  # quota epoch: 0 at boot, +1 at every change of the quota the plan
 P_QUOTA_UCPU = 15  # the quota last detected, in millionths of a CPU (0: not detected yet)
 POSTURE_CAUSES = ("none", "throttle-events", "throttle-duty", "lane-death", "operator", "cpu-pressure")
 
-# --- ledger record (2 lines) ---------------------------------------------------------
-LEDGER_SIZE = 2 * LINE
+# --- ledger record (3 lines) ---------------------------------------------------------
+LEDGER_SIZE = 3 * LINE
 L_SEQ = 0
 L_SUBMITTED = 1
 L_SOLVED = 2
 L_SUPPRESSED = 3
 L_FAILED = 4
 L_INFLIGHT = 5
-L_FAILED_BY_REASON = 8  # second line: 8 counters, by fleet failure reason code
-N_FAILURE_REASONS = 8
+L_FSM_REFUSED = 6  # transitions the slot FSM refused the runtime (grants, starts, completions, resets)
+L_FAILED_BY_REASON = 8  # second and third lines: counters by fleet failure reason code
+N_FAILURE_REASONS = 10  # fleet.outcomes.FAILURE_REASONS; room for 16
 
 # --- role records (2 lines each) -------------------------------------------------------
 ROLE_SIZE = 2 * LINE

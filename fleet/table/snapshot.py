@@ -143,6 +143,7 @@ class TableSnapshot:
             "suppressed": int(g[L.L_SUPPRESSED]),
             "failed": int(g[L.L_FAILED]),
             "inflight": int(g[L.L_INFLIGHT]),
+            "fsm_refused": int(g[L.L_FSM_REFUSED]),
             "failed_by_reason": [g[L.L_FAILED_BY_REASON + i] for i in range(L.N_FAILURE_REASONS)],
         }
 

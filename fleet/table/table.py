@@ -254,10 +254,10 @@ class SlotTable:
         self._seq_write(self.posture, L.P_SEQ, {L.P_EPOCH: epoch, L.P_QUOTA_UCPU: int(round(detected_cpus * 1e6))})
 
     def set_ledger(self, *, submitted: int, solved: int, suppressed: int, failed: int, inflight: int = 0,
-                   failed_by_reason: Iterable[int] = ()) -> None:
+                   failed_by_reason: Iterable[int] = (), fsm_refused: int = 0) -> None:
         """Publish the ledger counters in one seqlocked write (single writer: the ledger)."""
         fields = {L.L_SUBMITTED: submitted, L.L_SOLVED: solved, L.L_SUPPRESSED: suppressed, L.L_FAILED: failed,
-                  L.L_INFLIGHT: inflight}
+                  L.L_INFLIGHT: inflight, L.L_FSM_REFUSED: fsm_refused}
         for i, n in enumerate(failed_by_reason):
             if i >= L.N_FAILURE_REASONS:
                 raise ValueError(f"at most {L.N_FAILURE_REASONS} failure reasons")

@@ -1,4 +1,5 @@
 """Work functions shared by fleet and its peers in the benchmarks (same code on both sides)."""
+import asyncio
 import time
 
 
@@ -24,3 +25,13 @@ def work(x=None):
 # fleet handlers take a Unit
 def unit_work(unit):
     return work(unit.payload)
+
+
+def echo_unit(unit):
+    """The unit's payload back (the chaos storm checks every solved value)."""
+    return unit.payload
+
+
+async def unit_sleep_async(unit):
+    """An I/O-bound unit: waits `payload` seconds and uses no CPU meanwhile."""
+    await asyncio.sleep(unit.payload)

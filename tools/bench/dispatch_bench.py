@@ -9,6 +9,8 @@ Same worker count, same machine, same run, same no-op and ~50 µs CPU handlers:
   spin50_map_units_per_s 50 µs units through map; `of_limit` = share of N workers x 20,000/s
   latency_us             single-submit round trip p50/p99 (one unit in flight at a time)
   idle_cpu_percent       fleet (supervisor thread + zygote + workers) over an idle period
+  io_fleet               1,000 units that each `await asyncio.sleep(0.01)` on one I/O-bound
+                         role with 100 slots; `io_fleet_of_ideal` = 0.1 s / the median run
 Ratios are fleet / peer (higher is better for throughput, lower for latency).
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ import bench_handlers as H  # noqa: E402
 import fleet  # noqa: E402
 
 TUNED_CHUNK = 1000
+IO_UNITS, IO_SLOTS, IO_WAIT_S, IO_RUNS = 1000, 100, 0.01, 5
 
 
 def rate(n, fn):
@@ -71,6 +74,30 @@ def bench_fleet(profile, workers, units):
         out["latency_us"] = latencies(lambda: f.submit("work", 0).result())
         out["idle_cpu_percent"] = idle_cpu(f)
     return out
+
+
+def bench_io_fleet():
+    """I/O-bound units on one role: the time to run IO_UNITS waits of IO_WAIT_S with
+    IO_SLOTS at once, against the ideal IO_UNITS / IO_SLOTS * IO_WAIT_S."""
+    cfg = {
+        "fleet": {"name": f"bench-io-{os.getpid()}-{uuid.uuid4().hex[:6]}"},
+        "roles": {
+            "io": {"kind": "pooled", "handler": "bench_handlers:unit_sleep_async", "slots": IO_SLOTS,
+                   "peak_cpus": 0, "io_bound": True, "queue_bound": 10 * IO_UNITS},
+        },
+    }
+    runs = []
+    with fleet.Fleet.from_config(cfg, env={}) as f:
+        [x.result() for x in [f.submit("io", IO_WAIT_S) for _ in range(IO_SLOTS)]]  # warm
+        for _ in range(IO_RUNS):
+            t0 = time.perf_counter()
+            [x.result() for x in [f.submit("io", IO_WAIT_S) for _ in range(IO_UNITS)]]
+            runs.append(time.perf_counter() - t0)
+        binding = f.plan.binding
+    runs.sort()
+    return {"binding": binding, "units": IO_UNITS, "slots": IO_SLOTS, "wait_s": IO_WAIT_S,
+            "ideal_s": IO_UNITS / IO_SLOTS * IO_WAIT_S, "median_s": round(runs[len(runs) // 2], 4),
+            "runs_s": [round(r, 4) for r in runs]}
 
 
 def idle_cpu(f, seconds=10.0):
@@ -130,6 +157,7 @@ def main(argv=None):
         "fleet_auto": bench_fleet("auto", w, n),
         "process_pool_executor": bench_ppe(w, n),
         "multiprocessing_pool": bench_pool(w, n),
+        "io_fleet": bench_io_fleet(),
     }
     fp, ppe, pool = res["fleet_pinned"], res["process_pool_executor"], res["multiprocessing_pool"]
     limit = w * 20_000
@@ -141,6 +169,7 @@ def main(argv=None):
         "spin50_pool_of_limit": round(pool["spin50_imap_units_per_s"] / limit, 3),
         "latency_p50_fleet_over_ppe": round(fp["latency_us"]["p50"] / ppe["latency_us"]["p50"], 3),
         "idle_cpu_percent_fleet": fp["idle_cpu_percent"],
+        "io_fleet_of_ideal": round(res["io_fleet"]["ideal_s"] / res["io_fleet"]["median_s"], 3),
     }
     res["targets"] = {
         "submit_fleet_over_ppe": ">= 10",
@@ -148,6 +177,7 @@ def main(argv=None):
         "spin50_fleet_of_limit": ">= 0.9",
         "latency_p50_fleet_over_ppe": "<= 0.25",
         "idle_cpu_percent_fleet": "< 1",
+        "io_fleet_of_ideal": ">= 0.8",
     }
     for section in ("fleet_pinned", "fleet_auto", "process_pool_executor", "multiprocessing_pool"):
         for k, v in list(res[section].items()):

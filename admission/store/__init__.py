@@ -1,0 +1,75 @@
+"""The host-group admission store: durable leases shared by every orchestrator of a host group.
+
+`open_store(url)` opens ``sqlite:///path`` (one host, many processes) or
+``postgresql://...`` (a host group across machines). The contract, records and
+errors are in `admission.store.base`; the decision rules in `admission.store.rules`.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .base import (
+    ADMITTED,
+    CANCELLED,
+    DENIED,
+    PREEMPTED,
+    QUEUED,
+    RELEASED,
+    STATES,
+    TERMINAL_STATES,
+    TIERS,
+    TIMED_OUT,
+    AdmissionStore,
+    BadRequest,
+    Closure,
+    Event,
+    Health,
+    IdentityConflict,
+    Lease,
+    LeaseLost,
+    NotOwner,
+    Policy,
+    QuotaConfigInvalid,
+    Record,
+    Request,
+    SchemaTooNew,
+    StoreError,
+    StoreUnreachable,
+    UnknownRequest,
+)
+
+
+def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
+               create: bool = True) -> AdmissionStore:
+    """Open (creating or migrating its schema) the store at `url`.
+
+    `actor` names this orchestrator in requests and audit rows; `clock` gives the
+    store's notion of now. With `create` false a missing store is StoreUnreachable
+    instead of being created (for operator commands). Raises BadRequest for an unknown url scheme,
+    StoreUnreachable when the database cannot be reached, SchemaTooNew when newer
+    code owns the store.
+    """
+    if not isinstance(url, str):
+        raise BadRequest("url", f"must be a string, got {url!r}")
+    if url.startswith("sqlite://"):
+        from .sqlite import SqliteStore, path_of
+
+        try:
+            path_of(url)
+        except ValueError as exc:
+            raise BadRequest("url", str(exc)) from None
+        return SqliteStore(url, actor, clock, create=create)
+    if url.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresStore
+
+        return PostgresStore(url, actor, clock, create=create)
+    raise BadRequest("url", f"unknown store url {url!r}: want sqlite:///path or postgresql://...")
+
+
+__all__ = [
+    "open_store", "AdmissionStore", "Request", "Record", "Lease", "Event", "Closure", "Health", "Policy",
+    "StoreError", "StoreUnreachable", "SchemaTooNew", "QuotaConfigInvalid", "BadRequest", "UnknownRequest",
+    "NotOwner", "IdentityConflict", "LeaseLost", "STATES", "TERMINAL_STATES", "TIERS",
+    "QUEUED", "ADMITTED", "DENIED", "CANCELLED", "TIMED_OUT", "PREEMPTED", "RELEASED",
+]

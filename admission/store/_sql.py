@@ -1,0 +1,542 @@
+"""The store written once over SQL; `sqlite` and `postgres` supply the connection and dialect.
+
+Every mutating call runs in one transaction that first locks the schema_version
+row (SQLite: ``BEGIN IMMEDIATE`` already holds the database's write lock), reads the
+policy in the same statement, then reconciles: it reads the live records, asks
+`rules.plan` what must change at the store clock's `now`, and writes exactly that,
+with an audit row per decision. The lock makes transactions run one at a time
+across every process and host that shares the store, so the quotas hold.
+"""
+from __future__ import annotations
+
+import abc
+import json
+import threading
+import time
+from contextlib import contextmanager
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import rules
+from .base import (
+    ADMITTED,
+    CANCELLED,
+    DENIED,
+    PREEMPTED,
+    RELEASED,
+    TIMED_OUT,
+    LIVE_STATES,
+    QUEUED,
+    AdmissionStore,
+    BadRequest,
+    Closure,
+    DEFAULT_POLICY,
+    Event,
+    Health,
+    IdentityConflict,
+    Lease,
+    LeaseLost,
+    NotOwner,
+    Policy,
+    Record,
+    Request,
+    SchemaTooNew,
+    StoreError,
+    StoreUnreachable,
+    UnknownRequest,
+)
+
+#: The schema this code writes. Bump it and append to MIGRATIONS together.
+SCHEMA_VERSION = 1
+
+# {serial} and {float} are filled in per dialect; everything else is common SQL.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE requests (
+            id TEXT PRIMARY KEY,
+            orchestrator TEXT NOT NULL,
+            environment TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            tier TEXT NOT NULL,
+            priority BIGINT NOT NULL,
+            queue_timeout {float},
+            preemptible INTEGER NOT NULL,
+            lease_ttl {float} NOT NULL,
+            submitted_at {float} NOT NULL,
+            state TEXT NOT NULL,
+            revision BIGINT NOT NULL,
+            lease_expires {float},
+            decided_at {float},
+            reason TEXT NOT NULL)""",
+        "CREATE INDEX requests_live ON requests (state) WHERE state IN ('queued', 'admitted')",
+        """CREATE TABLE events (
+            seq {serial},
+            at {float} NOT NULL,
+            kind TEXT NOT NULL,
+            request_id TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            reason TEXT NOT NULL)""",
+        "CREATE INDEX events_request ON events (request_id)",
+        """CREATE TABLE policy (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            body TEXT NOT NULL,
+            updated_at {float} NOT NULL,
+            updated_by TEXT NOT NULL)""",
+        """CREATE TABLE closures (
+            key TEXT PRIMARY KEY,
+            until {float} NOT NULL,
+            reason TEXT NOT NULL,
+            daily INTEGER NOT NULL,
+            recorded_at {float} NOT NULL,
+            recorded_by TEXT NOT NULL)""",
+    ),
+}
+
+_REQ_COLS = ("id, orchestrator, environment, provider, tier, priority, queue_timeout, preemptible, lease_ttl, "
+             "submitted_at, state, revision, lease_expires, decided_at, reason")
+_LIVE_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE state IN ('queued', 'admitted')"
+_GET_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE id = ?"
+# the live records and the one a call is about, in one statement
+_READ_SQL = f"{_LIVE_SQL} UNION ALL SELECT {_REQ_COLS} FROM requests WHERE id = ? AND state NOT IN ('queued', 'admitted')"
+_INSERT_SQL = f"INSERT INTO requests ({_REQ_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_UPDATE_SQL = "UPDATE requests SET state = ?, revision = ?, lease_expires = ?, decided_at = ?, reason = ? WHERE id = ?"
+
+
+def _record(row) -> Record:
+    (rid, orch, env, prov, tier, prio, qt, pre, ttl, sub, state, rev, exp, dec, reason) = row
+    req = Request(id=rid, orchestrator=orch, environment=env, provider=prov, tier=tier, priority=int(prio),
+                  queue_timeout=qt, preemptible=bool(pre), lease_ttl=ttl)
+    return Record(request=req, submitted_at=sub, state=state, revision=int(rev), lease_expires=exp,
+                  decided_at=dec, reason=reason)
+
+
+@dataclass
+class _Tx:
+    """One transaction's view: the live records (and the one it is about), changed in memory.
+
+    The transaction reads once and writes once: `change` and `insert` collect the
+    rows, `event` the audit rows, and the store flushes them together before commit.
+    """
+
+    cur: object
+    now: float
+    policy: Policy
+    records: dict = field(default_factory=dict)
+    changed: dict = field(default_factory=dict)
+    inserted: list = field(default_factory=list)
+    audit: list = field(default_factory=list)
+
+    def change(self, rec: Record, kind: str, reason: str, **fields) -> Record:
+        new = dataclasses.replace(rec, decided_at=self.now, reason=reason, **fields)
+        self.records[rec.id] = new
+        if rec.id not in self.inserted:
+            self.changed[rec.id] = new
+        self.event(kind, rec.id, reason)
+        return new
+
+    def insert(self, rec: Record, reason: str) -> None:
+        self.records[rec.id] = rec
+        self.inserted.append(rec.id)
+        self.event("queued", rec.id, reason)
+
+    def event(self, kind: str, request_id: str, reason: str) -> None:
+        self.audit.append((kind, request_id, reason))
+
+    def live(self) -> list[Record]:
+        return [r for r in self.records.values() if r.state in LIVE_STATES]
+
+
+class SqlStore(AdmissionStore):
+    """The store over a DB-API connection; subclasses give the dialect and the driver errors."""
+
+    #: Appended to the lock statement (PostgreSQL: ``FOR UPDATE OF v``).
+    lock_suffix = ""
+    #: Dialect pieces for the DDL.
+    ddl_types = {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "DOUBLE PRECISION"}
+    db_time_sql = ""
+    paramstyle = "?"
+
+    def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time, create: bool = True):
+        self.url, self.actor, self.clock = url, actor, clock
+        self.create = create
+        self._conn = None
+        self._mutex = threading.Lock()  # one connection, one transaction at a time per store object
+        self._policy_cache: tuple[str | None, Policy] = (None, DEFAULT_POLICY)
+        self._lock_sql = self._sql(
+            "SELECT v.version, p.body FROM schema_version v LEFT JOIN policy p ON p.id = 1 WHERE v.id = 1"
+            + self.lock_suffix)
+        self._read_sql = self._sql(_READ_SQL)
+        self._insert_sql = self._sql(_INSERT_SQL)
+        self._update_sql = self._sql(_UPDATE_SQL)
+        self._event_sql = self._sql("INSERT INTO events (at, kind, request_id, actor, reason) VALUES (?, ?, ?, ?, ?)")
+        self._migrate()
+
+    # ------------------------------------------------------------- dialect hooks
+
+    @abc.abstractmethod
+    def _connect(self):
+        """A new DB-API connection (raising the driver's error when unreachable)."""
+
+    @abc.abstractmethod
+    def _begin(self, cur) -> None:
+        """Start a write transaction."""
+
+    def _commit(self, conn, cur) -> None:
+        """Commit a store transaction; return only once it is durable."""
+        conn.commit()
+
+    @abc.abstractmethod
+    def _migration_lock(self, cur) -> None:
+        """Serialize schema creation among processes opening a fresh store at once."""
+
+    @abc.abstractmethod
+    def _has_schema(self, cur) -> bool:
+        """Whether the schema_version table exists (in the schema in use)."""
+
+    @abc.abstractmethod
+    def _unreachable(self, exc: BaseException) -> bool:
+        """Whether a driver error means the database is gone (as opposed to a bug)."""
+
+    def _sql(self, text: str) -> str:
+        return text if self.paramstyle == "?" else text.replace("?", "%s")
+
+    def redacted_url(self) -> str:
+        """The url without a password, for reports and errors."""
+        return redact(self.url)
+
+    # ------------------------------------------------------------- connection and transactions
+
+    def _connection(self):
+        if self._conn is None:
+            try:
+                self._conn = self._connect()
+            except Exception as exc:
+                if self._unreachable(exc):
+                    raise StoreUnreachable(f"{self.redacted_url()}: {exc}".strip()) from exc
+                raise
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a dead connection may refuse even to close; it is dropped either way
+                pass
+
+    @contextmanager
+    def _guard(self):
+        """Map a lost database to StoreUnreachable, rolling back whatever was begun."""
+        with self._mutex:
+            conn = self._connection()
+            try:
+                yield conn
+            except BaseException as exc:
+                try:
+                    conn.rollback()
+                except Exception:
+                    self._drop_connection()
+                if isinstance(exc, Exception) and self._unreachable(exc):
+                    self._drop_connection()
+                    raise StoreUnreachable(f"{self.redacted_url()}: {exc}".strip()) from exc
+                raise
+
+    @contextmanager
+    def _tx(self, request_id: str = ""):
+        """One serialized write transaction at the store clock's now, under the stored policy.
+
+        Reads the live records and `request_id`'s record into memory; what the body
+        changes there is written back in one batch, then committed.
+        """
+        with self._guard() as conn:
+            cur = conn.cursor()
+            row, rows = self._lock_and_read(cur, request_id)
+            if row is None:
+                raise StoreError(f"{self.redacted_url()}: the store's schema_version row is missing")
+            version, body = row
+            if version != SCHEMA_VERSION:
+                # newer code migrated it meanwhile (or it was rolled back under us): refuse to write
+                raise SchemaTooNew(version, SCHEMA_VERSION)
+            tx = _Tx(cur, self.clock(), self._parse_policy(body))
+            tx.records = {r.id: r for r in map(_record, rows)}
+            yield tx
+            self._write_and_commit(conn, cur, self._writes(tx))
+
+    def _lock_and_read(self, cur, request_id: str):
+        """Begin, take the store lock, then read: (schema_version row, request rows)."""
+        self._begin(cur)
+        cur.execute(self._lock_sql)  # waits for the lock; the read below then sees every earlier commit
+        row = cur.fetchone()
+        cur.execute(self._read_sql, (request_id,))
+        return row, cur.fetchall()
+
+    def _writes(self, tx: _Tx) -> list[tuple[str, list]]:
+        """The transaction's writes: (statement, [parameter rows])."""
+        out = []
+        if tx.inserted:
+            rows = []
+            for rid in tx.inserted:
+                r = tx.records[rid]
+                q = r.request
+                rows.append((q.id, q.orchestrator, q.environment, q.provider, q.tier, q.priority, q.queue_timeout,
+                             int(q.preemptible), q.lease_ttl, r.submitted_at, r.state, r.revision, r.lease_expires,
+                             r.decided_at, r.reason))
+            out.append((self._insert_sql, rows))
+        if tx.changed:
+            out.append((self._update_sql, [(r.state, r.revision, r.lease_expires, r.decided_at, r.reason, r.id)
+                                           for r in tx.changed.values()]))
+        if tx.audit:
+            out.append((self._event_sql, [(tx.now, kind, rid, self.actor, reason) for kind, rid, reason in tx.audit]))
+        return out
+
+    def _write_and_commit(self, conn, cur, writes) -> None:
+        for sql, rows in writes:
+            cur.executemany(sql, rows)
+        self._commit(conn, cur)
+
+    @contextmanager
+    def _read(self):
+        with self._guard() as conn:
+            cur = conn.cursor()
+            yield cur
+            conn.commit()
+
+    def _parse_policy(self, body: str | None) -> Policy:
+        if body == self._policy_cache[0]:
+            return self._policy_cache[1]
+        policy = DEFAULT_POLICY if body is None else Policy.build(json.loads(body))
+        self._policy_cache = (body, policy)
+        return policy
+
+    def _migrate(self) -> None:
+        with self._guard() as conn:
+            cur = conn.cursor()
+            self._begin(cur)
+            self._migration_lock(cur)
+            if not self.create and not self._has_schema(cur):
+                raise StoreUnreachable(f"{self.redacted_url()}: no admission store there (it has no schema_version)")
+            cur.execute("CREATE TABLE IF NOT EXISTS schema_version "
+                        "(id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)")
+            cur.execute("SELECT version FROM schema_version WHERE id = 1")
+            row = cur.fetchone()
+            found = 0 if row is None else row[0]
+            if found > SCHEMA_VERSION:
+                raise SchemaTooNew(found, SCHEMA_VERSION)
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    cur.execute(statement.format(**self.ddl_types))
+            if row is None:
+                cur.execute(self._sql("INSERT INTO schema_version (id, version) VALUES (1, ?)"), (SCHEMA_VERSION,))
+            elif found != SCHEMA_VERSION:
+                cur.execute(self._sql("UPDATE schema_version SET version = ? WHERE id = 1"), (SCHEMA_VERSION,))
+            self._commit(conn, cur)
+
+    # ------------------------------------------------------------- decisions inside a transaction
+
+    def _reconcile(self, tx: _Tx) -> None:
+        """Apply `rules.plan` at tx.now to the records in memory."""
+        p = rules.plan(tx.policy, tx.live(), tx.now)
+        if p.empty():
+            return
+        for pairs, state in ((p.lease_timeouts, TIMED_OUT), (p.queue_timeouts, TIMED_OUT), (p.denials, DENIED),
+                             (p.preemptions, PREEMPTED)):
+            for r, reason in pairs:
+                tx.change(tx.records[r.id], state, reason, state=state)
+        for r, reason in p.admissions:
+            rec = tx.records[r.id]
+            tx.change(rec, ADMITTED, reason, state=ADMITTED, revision=rec.revision + 1,
+                      lease_expires=tx.now + rec.request.lease_ttl)
+
+    def _must_get(self, tx: _Tx, request_id: str) -> Record:
+        rec = tx.records.get(request_id)
+        if rec is None:
+            raise UnknownRequest(request_id)
+        return rec
+
+    def _owned(self, tx: _Tx, request_id: str, verb: str) -> Record:
+        rec = self._must_get(tx, request_id)
+        if rec.request.orchestrator != self.actor:
+            raise NotOwner(f"{self.actor!r} may not {verb} {request_id!r}: it belongs to {rec.request.orchestrator!r}")
+        return rec
+
+    # ------------------------------------------------------------- the contract
+
+    def submit(self, request: Request) -> Record:
+        rules.validate_request(request)
+        if request.orchestrator != self.actor:
+            raise BadRequest("orchestrator", f"this store speaks for {self.actor!r}, not {request.orchestrator!r}")
+        with self._tx(request.id) as tx:
+            stored = tx.records.get(request.id)
+            if stored is not None:
+                mismatch = rules.identity_mismatch(stored.request, request)
+                if mismatch:
+                    raise IdentityConflict(request.id, mismatch)
+            else:
+                r = request
+                tx.insert(Record(r, submitted_at=tx.now, state=QUEUED, decided_at=tx.now, reason="submitted"),
+                          f"{r.environment}/{r.provider}/{r.tier} priority {r.priority}")
+            self._reconcile(tx)
+            return tx.records[request.id]
+
+    def get(self, request_id: str) -> Record:
+        with self._tx(request_id) as tx:
+            self._reconcile(tx)
+            return self._must_get(tx, request_id)
+
+    def renew(self, request_id: str, revision: int) -> Lease:
+        # The reconcile must commit even when the lease turns out lost, so raise after the transaction.
+        with self._tx(request_id) as tx:
+            self._reconcile(tx)
+            rec = self._owned(tx, request_id, "renew")
+            lease = None
+            if rec.state == ADMITTED and rec.revision == revision:
+                rec = tx.change(rec, "renewed", f"revision {revision + 1}", revision=revision + 1,
+                                lease_expires=tx.now + rec.request.lease_ttl)
+                lease = rec.lease
+        if lease is None:
+            raise LeaseLost(request_id, rec.state, rec.reason if rec.state != ADMITTED
+                            else f"revision {revision} is stale (current {rec.revision})")
+        return lease
+
+    def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
+        with self._tx(request_id) as tx:
+            self._reconcile(tx)
+            rec = self._owned(tx, request_id, "release")
+            if rec.state == ADMITTED:
+                if rec.revision != revision:
+                    raise LeaseLost(request_id, rec.state, f"revision {revision} is stale (current {rec.revision})")
+                tx.change(rec, RELEASED, str(reason), state=RELEASED)
+                self._reconcile(tx)
+            return tx.records[request_id]
+
+    def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
+        with self._tx(request_id) as tx:
+            self._reconcile(tx)
+            rec = self._owned(tx, request_id, "cancel")
+            if rec.state in LIVE_STATES:
+                tx.change(rec, CANCELLED, str(reason), state=CANCELLED)
+                self._reconcile(tx)
+            return tx.records[request_id]
+
+    def reconcile(self) -> list[Record]:
+        with self._tx() as tx:
+            self._reconcile(tx)
+        return _ordered(tx.live(), tx.policy, tx.now)
+
+    def active(self) -> list[Record]:
+        return self.reconcile()
+
+    def snapshot(self) -> tuple[list[Record], Policy, float]:
+        """The live records as stored, the policy and the clock's now, read without writing.
+
+        For listings (``fleetctl leases``): nothing is reconciled, so a lease past its
+        expiry still shows as admitted until the next store transaction times it out.
+        """
+        with self._read() as cur:
+            cur.execute("SELECT body FROM policy WHERE id = 1")
+            row = cur.fetchone()
+            cur.execute(_LIVE_SQL)
+            live = [_record(r) for r in cur.fetchall()]
+        policy, now = self._parse_policy(None if row is None else row[0]), self.clock()
+        return _ordered(live, policy, now), policy, now
+
+    def events(self, request_id: str | None = None, since: int = 0, limit: int | None = None) -> list[Event]:
+        sql = "SELECT seq, at, kind, request_id, actor, reason FROM events WHERE seq > ?"
+        args: list = [since]
+        if request_id is not None:
+            sql += " AND request_id = ?"
+            args.append(request_id)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        with self._read() as cur:
+            cur.execute(self._sql(sql), args)
+            return [Event(*row) for row in cur.fetchall()]
+
+    def policy(self) -> Policy:
+        with self._read() as cur:
+            cur.execute("SELECT body FROM policy WHERE id = 1")
+            row = cur.fetchone()
+        return self._parse_policy(None if row is None else row[0])
+
+    def set_policy(self, policy: Policy) -> Policy:
+        checked = policy.checked()
+        body = json.dumps(checked.to_dict(), sort_keys=True)
+        with self._tx() as tx:
+            if json.dumps(tx.policy.to_dict(), sort_keys=True) != body:
+                tx.cur.execute(self._sql(
+                    "INSERT INTO policy (id, body, updated_at, updated_by) VALUES (1, ?, ?, ?) "
+                    "ON CONFLICT (id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at, "
+                    "updated_by = excluded.updated_by"), (body, tx.now, self.actor))
+                tx.event("policy", "", body)
+                tx.policy = checked
+            self._reconcile(tx)
+        return checked
+
+
+    def record_closure(self, key: str, until: float, reason: str, daily: bool = False) -> Closure:
+        if not isinstance(key, str) or not key or "\x00" in key:
+            raise BadRequest("key", f"must be a non-empty string, got {key!r}")
+        if isinstance(until, bool) or not isinstance(until, (int, float)) or until != until or until in (
+                float("inf"), float("-inf")):
+            raise BadRequest("until", f"must be a finite time in epoch seconds, got {until!r}")
+        if not isinstance(reason, str) or "\x00" in reason:
+            raise BadRequest("reason", f"must be a string without NUL, got {reason!r}")
+        with self._tx() as tx:
+            # A later `until` wins: a closure never shortens one another orchestrator recorded.
+            tx.cur.execute(self._sql(
+                "INSERT INTO closures (key, until, reason, daily, recorded_at, recorded_by) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET until = excluded.until, reason = excluded.reason, "
+                "daily = excluded.daily, recorded_at = excluded.recorded_at, recorded_by = excluded.recorded_by "
+                "WHERE excluded.until > closures.until"),
+                (key, float(until), reason, int(bool(daily)), tx.now, self.actor))
+            tx.event("closure", key, f"until {until:.3f}{' (daily limit)' if daily else ''}: {reason}")
+            tx.cur.execute(self._sql("SELECT key, until, reason, daily, recorded_at, recorded_by FROM closures "
+                                     "WHERE key = ?"), (key,))
+            return _closure(tx.cur.fetchone())
+
+    def closures(self, now: float | None = None) -> list[Closure]:
+        now = self.clock() if now is None else now
+        with self._read() as cur:
+            cur.execute(self._sql("SELECT key, until, reason, daily, recorded_at, recorded_by FROM closures "
+                                  "WHERE until > ? ORDER BY key"), (now,))
+            return [_closure(row) for row in cur.fetchall()]
+
+    def check(self) -> Health:
+        with self._read() as cur:
+            cur.execute("SELECT version FROM schema_version WHERE id = 1")
+            version = cur.fetchone()[0]
+            before = time.time()
+            cur.execute(self.db_time_sql)
+            db_time = float(cur.fetchone()[0])
+            after = time.time()
+        return Health(self.redacted_url(), version, SCHEMA_VERSION, (before + after) / 2, db_time)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._drop_connection()
+
+
+def redact(url: str) -> str:
+    """`url` with the password (if any) replaced by ``***``."""
+    head, sep, tail = url.partition("://")
+    authority, slash, rest = tail.partition("/")
+    if "@" in authority:
+        cred, _, host = authority.rpartition("@")
+        user = cred.split(":", 1)[0]
+        return f"{head}{sep}{user}{':***' if ':' in cred else ''}@{host}{slash}{rest}"
+    return url
+
+
+def _closure(row) -> Closure:
+    key, until, reason, daily, at, by = row
+    return Closure(key, until, reason, bool(daily), at, by)
+
+
+def _ordered(live: list[Record], policy: Policy, now: float) -> list[Record]:
+    """Admitted first (by lease expiry), then the queue in queue order."""
+    admitted = sorted((r for r in live if r.state == ADMITTED), key=lambda r: (r.lease_expires, r.id))
+    queued = sorted((r for r in live if r.state == QUEUED), key=lambda r: rules.queue_key(r, now, policy.aging_interval))
+    return admitted + queued

@@ -1,0 +1,439 @@
+"""The host-group admission store's contract: its records, its policy, its errors, its API.
+
+Every orchestrator (every fleetd) of a host group opens the same durable store. The
+store decides who may dispatch: a request is queued, then admitted under a renewable
+lease when the host group's global limit and its environment, provider and
+runtime-tier quotas all have room, or denied when policy can never admit it. One
+store transaction is the serialization boundary, so the quotas hold across
+processes and hosts. The decision rules themselves are pure (`admission.store.rules`);
+the backends (`sqlite`, `postgres`) only read rows, call the rules and write rows.
+
+Time is injected: a store takes a ``clock`` (seconds since the epoch, default
+``time.time``) and reads it once per transaction, so tests step time by hand.
+
+Errors are typed and carry an ``exit_code`` for the command line; a refused
+request changes nothing.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from fleet.errors import EXIT_CONFIG, FleetError
+
+# ----------------------------------------------------------------------------- states
+
+QUEUED = "queued"
+ADMITTED = "admitted"
+DENIED = "denied"
+CANCELLED = "cancelled"
+TIMED_OUT = "timed-out"
+PREEMPTED = "preempted"
+#: An admitted request whose orchestrator gave the lease back when its work ended. The
+#: reference names no state for that; it is terminal like the others.
+RELEASED = "released"
+
+STATES = (QUEUED, ADMITTED, DENIED, CANCELLED, TIMED_OUT, PREEMPTED, RELEASED)
+LIVE_STATES = (QUEUED, ADMITTED)
+TERMINAL_STATES = (DENIED, CANCELLED, TIMED_OUT, PREEMPTED, RELEASED)
+
+#: Runtime tiers, least isolated first. ``host`` admits one lease at a time unless
+#: the policy sets its quota.
+TIERS = ("host", "container", "vm", "microvm", "custom")
+HOST_TIER_DEFAULT_QUOTA = 1
+
+#: Audit event kinds: one row per decision.
+EVENT_KINDS = ("queued", "admitted", "renewed", "released", "cancelled", "timed-out", "denied",
+               "preempted", "policy", "closure")
+
+# ----------------------------------------------------------------------------- exit codes
+
+EXIT_STORE_UNREACHABLE = 90  # the database cannot be reached (or stopped answering)
+EXIT_SCHEMA_TOO_NEW = 91  # the store was migrated by newer code than this
+EXIT_IDENTITY_CONFLICT = 92  # a request id reused with a different identity
+EXIT_LEASE_LOST = 93  # the lease expired, was preempted, or its revision is stale
+EXIT_BAD_STORE_REQUEST = 94  # a malformed request, unknown id, or not the owner
+EXIT_QUOTA_CONFIG_INVALID = EXIT_CONFIG  # 78: the quota policy is invalid
+
+
+class StoreError(FleetError):
+    """Base of every error the admission store raises on purpose."""
+
+    exit_code = EXIT_STORE_UNREACHABLE
+
+
+class StoreUnreachable(StoreError):
+    """The database could not be reached or the connection dropped mid-transaction.
+
+    Fails closed: nothing was decided, and no lease counts as current until the
+    store answers again. The next call reconnects.
+    """
+
+    exit_code = EXIT_STORE_UNREACHABLE
+
+
+class SchemaTooNew(StoreError):
+    """The store's schema version is newer than this code knows; it is not touched."""
+
+    exit_code = EXIT_SCHEMA_TOO_NEW
+
+    def __init__(self, found: int, supported: int):
+        self.found, self.supported = found, supported
+        super().__init__(f"store schema version {found} is newer than this code supports ({supported})")
+
+
+class QuotaConfigInvalid(StoreError, ValueError):
+    """A quota policy value is invalid; `path` names it (e.g. ``tiers.vm``)."""
+
+    exit_code = EXIT_QUOTA_CONFIG_INVALID
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        super().__init__(f"{path}: {message}")
+
+
+class BadRequest(StoreError, ValueError):
+    """A request field is invalid (`field` names it); nothing was stored."""
+
+    exit_code = EXIT_BAD_STORE_REQUEST
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
+class UnknownRequest(StoreError, KeyError):
+    """No request with that id is in the store."""
+
+    exit_code = EXIT_BAD_STORE_REQUEST
+
+    def __str__(self):
+        return f"no request {self.args[0]!r} in the store"
+
+
+class NotOwner(StoreError):
+    """Only the orchestrator that submitted a request may renew, release or cancel it."""
+
+    exit_code = EXIT_BAD_STORE_REQUEST
+
+
+class IdentityConflict(StoreError):
+    """A request id already names a request with a different identity; fails closed."""
+
+    exit_code = EXIT_IDENTITY_CONFLICT
+
+    def __init__(self, request_id: str, fields: tuple[str, ...]):
+        self.request_id, self.fields = request_id, fields
+        super().__init__(f"request {request_id!r} already exists with different {', '.join(fields)}")
+
+
+class LeaseLost(StoreError):
+    """The lease is not current: expired, preempted, released, or a stale revision.
+
+    `state` is the request's state now and `reason` says why it is not admitted.
+    """
+
+    exit_code = EXIT_LEASE_LOST
+
+    def __init__(self, request_id: str, state: str, reason: str):
+        self.request_id, self.state, self.reason = request_id, state, reason
+        super().__init__(f"lease of {request_id!r} lost ({state}: {reason})")
+
+
+# ----------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Request:
+    """What an orchestrator asks the store for: permission to dispatch one piece of work.
+
+    `id` is globally unique. `orchestrator`, `environment`, `provider` and `tier` are
+    its placement identity. `priority` is the base priority (higher first);
+    `queue_timeout` (seconds, None = wait forever) bounds how long it may stay
+    queued; `lease_ttl` (seconds) is how long each lease grant or renewal lasts.
+    """
+
+    id: str
+    orchestrator: str
+    environment: str
+    provider: str
+    tier: str = "host"
+    priority: int = 0
+    queue_timeout: float | None = None
+    preemptible: bool = False
+    lease_ttl: float = 30.0
+
+
+#: The fields two submissions of one id must share to be the same request.
+IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(Request) if f.name != "id")
+#: Of those, the ones that say where the work runs.
+PLACEMENT_FIELDS = ("orchestrator", "environment", "provider", "tier")
+
+
+@dataclass(frozen=True)
+class Record:
+    """A request as the store holds it: the request, when it arrived, and where it stands.
+
+    `revision` counts lease grants and renewals (0 while queued); `lease_expires` is
+    the current lease's end (None unless admitted); `decided_at`/`reason` describe
+    the latest state change.
+    """
+
+    request: Request
+    submitted_at: float
+    state: str
+    revision: int = 0
+    lease_expires: float | None = None
+    decided_at: float | None = None
+    reason: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def lease(self) -> "Lease | None":
+        if self.state != ADMITTED:
+            return None
+        return Lease(self.id, self.revision, self.lease_expires)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self.request)
+        d.update(submitted_at=self.submitted_at, state=self.state, revision=self.revision,
+                 lease_expires=self.lease_expires, decided_at=self.decided_at, reason=self.reason)
+        return d
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Permission to dispatch `request_id` until `expires`, at revision `revision`."""
+
+    request_id: str
+    revision: int
+    expires: float
+
+    def current(self, now: float) -> bool:
+        return now < self.expires
+
+
+@dataclass(frozen=True)
+class Event:
+    """One audit row: `actor` (an orchestrator id) did `kind` to `request_id` at `at`, because `reason`."""
+
+    seq: int
+    at: float
+    kind: str
+    request_id: str
+    actor: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Closure:
+    """A provider key known to be spent: closed `until` (epoch seconds) because `reason`.
+
+    `daily` marks a daily limit (closed until the next UTC midnight) as opposed to
+    a fixed closure. `recorded_by` is the orchestrator that met the refusal first.
+    """
+
+    key: str
+    until: float
+    reason: str
+    daily: bool = False
+    recorded_at: float = 0.0
+    recorded_by: str = ""
+
+
+@dataclass(frozen=True)
+class Health:
+    """What `fleetctl store check` reports."""
+
+    url: str
+    schema_version: int
+    supported_version: int
+    host_time: float
+    db_time: float
+
+    @property
+    def skew(self) -> float:
+        """Seconds the database's clock is ahead of this host's (negative: behind)."""
+        return self.db_time - self.host_time
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def _limit(path: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise QuotaConfigInvalid(path, f"must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def _limits(path: str, value) -> dict:
+    if not isinstance(value, Mapping):
+        raise QuotaConfigInvalid(path, f"must be a table of name = limit, got {type(value).__name__}")
+    out = {}
+    for name, limit in value.items():
+        if not isinstance(name, str) or not name:
+            raise QuotaConfigInvalid(path, f"names must be non-empty strings, got {name!r}")
+        out[name] = _limit(f"{path}.{name}", limit)
+    return out
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The host group's limits, shared through the store.
+
+    `global_limit`: admitted leases across the whole group (None = no limit).
+    `environments`/`providers`/`tiers`: per-name quotas; a name not listed has no
+    quota of its own, except the ``host`` tier, which defaults to 1. A limit of 0
+    forbids: such requests are denied. `aging_interval` (seconds): effective
+    priority = base + 1 per interval waited. `preemption`: off unless enabled.
+    Build one with `Policy.build` to have every value checked.
+    """
+
+    global_limit: int | None = None
+    environments: Mapping[str, int] = field(default_factory=dict)
+    providers: Mapping[str, int] = field(default_factory=dict)
+    tiers: Mapping[str, int] = field(default_factory=dict)
+    aging_interval: float = 60.0
+    preemption: bool = False
+
+    @classmethod
+    def build(cls, data: Mapping | None = None, **kw) -> "Policy":
+        """A checked policy from a mapping (config or JSON) and/or keywords.
+
+        Raises QuotaConfigInvalid naming the first bad key.
+        """
+        raw = dict(data or {}, **kw)
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in raw:
+            if key not in known:
+                raise QuotaConfigInvalid(str(key), f"unknown key; keys: {', '.join(sorted(known))}")
+        g = raw.get("global_limit")
+        tiers = _limits("tiers", raw.get("tiers", {}))
+        for name in tiers:
+            if name not in TIERS:
+                raise QuotaConfigInvalid(f"tiers.{name}", f"unknown tier; tiers: {', '.join(TIERS)}")
+        aging = raw.get("aging_interval", 60.0)
+        if isinstance(aging, bool) or not isinstance(aging, (int, float)) or not math.isfinite(aging) or aging <= 0:
+            raise QuotaConfigInvalid("aging_interval", f"must be a number of seconds > 0, got {aging!r}")
+        pre = raw.get("preemption", False)
+        if not isinstance(pre, bool):
+            raise QuotaConfigInvalid("preemption", f"must be true or false, got {pre!r}")
+        return cls(
+            global_limit=None if g is None else _limit("global_limit", g),
+            environments=_limits("environments", raw.get("environments", {})),
+            providers=_limits("providers", raw.get("providers", {})),
+            tiers=tiers,
+            aging_interval=float(aging),
+            preemption=pre,
+        )
+
+    def checked(self) -> "Policy":
+        """This policy through `build`'s checks (for one built by hand)."""
+        return Policy.build({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+    def tier_limit(self, tier: str) -> int | None:
+        if tier in self.tiers:
+            return self.tiers[tier]
+        return HOST_TIER_DEFAULT_QUOTA if tier == "host" else None
+
+    def to_dict(self) -> dict:
+        return {"global_limit": self.global_limit, "environments": dict(self.environments),
+                "providers": dict(self.providers), "tiers": dict(self.tiers),
+                "aging_interval": self.aging_interval, "preemption": self.preemption}
+
+
+DEFAULT_POLICY = Policy()
+
+
+# ----------------------------------------------------------------------------- the contract
+
+
+class AdmissionStore(abc.ABC):
+    """The durable store every orchestrator of a host group shares.
+
+    Each mutating call is one transaction that also reconciles: expired leases and
+    queue deadlines become ``timed-out``, and the next eligible requests are
+    admitted (or preempt, when the policy allows). So every call sees, and leaves,
+    a reconciled store. `actor` names this orchestrator in the audit trail.
+    """
+
+    url: str
+    actor: str
+    clock: Callable[[], float]
+
+    @abc.abstractmethod
+    def submit(self, request: Request) -> Record:
+        """Queue (or at once admit, or deny) `request`; an exact replay returns its record.
+
+        Raises BadRequest (nothing stored), IdentityConflict (id reused differently).
+        """
+
+    @abc.abstractmethod
+    def get(self, request_id: str) -> Record:
+        """The request's record, reconciled to now. Raises UnknownRequest."""
+
+    @abc.abstractmethod
+    def renew(self, request_id: str, revision: int) -> Lease:
+        """Extend a current lease by its ttl; returns the lease at the next revision.
+
+        Raises LeaseLost when the lease is not current (or `revision` is stale).
+        """
+
+    @abc.abstractmethod
+    def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
+        """Give a lease back at the end of its work; its capacity goes to the next request.
+
+        Releasing a request that is no longer admitted is a no-op that returns its record.
+        """
+
+    @abc.abstractmethod
+    def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
+        """Cancel a queued or admitted request; a finished one is returned as it is."""
+
+    @abc.abstractmethod
+    def reconcile(self) -> list[Record]:
+        """Apply expiries and admissions now; returns the live (queued/admitted) records."""
+
+    @abc.abstractmethod
+    def active(self) -> list[Record]:
+        """Queued and admitted records, reconciled to now, in queue order for the queued."""
+
+    @abc.abstractmethod
+    def events(self, request_id: str | None = None, since: int = 0, limit: int | None = None) -> list[Event]:
+        """Audit rows after sequence `since`, oldest first (of one request, if given)."""
+
+    @abc.abstractmethod
+    def policy(self) -> Policy:
+        """The host group's policy (the default one until an operator sets one)."""
+
+    @abc.abstractmethod
+    def set_policy(self, policy: Policy) -> Policy:
+        """Store `policy` for the whole host group (audited), then reconcile under it."""
+
+    @abc.abstractmethod
+    def record_closure(self, key: str, until: float, reason: str, daily: bool = False) -> Closure:
+        """Record that provider key `key` is spent until `until`; a later `until` wins."""
+
+    @abc.abstractmethod
+    def closures(self, now: float | None = None) -> list[Closure]:
+        """The closures still in force at `now` (default: the store clock)."""
+
+    @abc.abstractmethod
+    def check(self) -> Health:
+        """Reach the database and report its schema version and clock."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the connection; the store may not be used afterwards."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

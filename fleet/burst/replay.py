@@ -1,0 +1,356 @@
+"""Replay a trace against a real fleet and the local provider, once per mode.
+
+For each profile the trace asks for, one named, embedded `fleet.Fleet` boots (so
+`fleetctl status --name NAME` reads its table during the replay) with:
+
+* one I/O-bound role per role of the trace's provider rounds, whose ``async def``
+  handler (`fleet.burst.handlers.chat`) calls the simulator over HTTP;
+* one role per role of its CPU arrivals (`fleet.burst.handlers.burn`), pinned by key
+  when the arrivals carry keys.
+
+Then, for each mode, against a fresh simulator state, `Driver.run` releases every
+arrival at its scaled offset (after the arrivals it names in ``after`` have ended) and:
+
+* ``none``: submits it at once; a refusal is a failed round;
+* ``cap``: submits it when its pool has fewer than ``cap`` rounds of this replay in
+  flight (the usual client-side semaphore), else queues it in arrival order;
+* ``admission``: asks the provider admission first (`admission_seam`): it starts now on
+  its own route or a declared alternative, or waits until the admission's `wake` starts it.
+
+A round that meets a refusal ends there (it is the refusal the modes are compared on).
+Rounds still waiting at the trace's horizon are *cut*. Every round ends in exactly one
+of: ok, 429, 402, 403, failed (another outcome) or cut; the fleet's ledger is checked
+against the units submitted (`ModeResult.ledger_check`).
+
+One thread does the scheduling: it sleeps on the completion queue until the next
+arrival's instant (spinning the last `SPIN_S`), so completions and arrivals never race
+and the admission (not thread-safe by design) has one owner. Each arrival's lag (when
+it was released minus when it was due, real milliseconds) goes into the report.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import time
+from dataclasses import dataclass, field
+
+from .clock import ReplayClock
+from .handlers import ProviderRefusal
+from .trace import Arrival, Route, Trace
+
+SPIN_S = 0.0015  # the last stretch before an arrival is polled, not slept (timer slack)
+IO_SLOTS_MAX = 1024
+ROLE_QUEUE_BOUND = 1 << 20
+
+OK, CUT, FAILED = "ok", "cut", "failed"
+
+
+class FleetFailed(Exception):
+    """The fleet could not boot or lost units during the replay."""
+
+
+@dataclass
+class Round:
+    """One arrival's life in one mode (trace seconds)."""
+
+    index: int
+    arrival: Arrival
+    released: float | None = None
+    ready: float | None = None  # released and every arrival it comes `after` has ended
+    submitted: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    route: Route | None = None  # the route it ran on (an alternative when moved)
+    status: str | None = None  # ok | 429 | 402 | 403 | failed | cut
+    reason: str | None = None
+    moved: bool = False
+    probe: bool = False
+    outcomes: int = 0  # futures resolved for it: exactly one if submitted
+
+    @property
+    def pool(self) -> str | None:
+        return None if self.route is None else self.route.pool
+
+    def to_json(self) -> dict:
+        a = self.arrival
+        return {"id": a.id, "lane": a.lane, "role": a.role, "t": a.t, "cycle": a.cycle, "pool": self.pool,
+                "released": self.released, "ready": self.ready, "submitted": self.submitted, "started": self.started,
+                "ended": self.ended, "status": self.status, "reason": self.reason, "moved": self.moved,
+                "probe": self.probe}
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    profile: str
+    rounds: list[Round]
+    lag_ms: list[float]
+    wall_s: float
+    ledger_before: dict
+    ledger_after: dict
+    simulator: dict
+    events: list
+    key_closures: dict
+    admission_closures: list = field(default_factory=list)
+    submitted: int = 0
+
+    def ledger_check(self) -> dict:
+        """Exactly one outcome per submitted unit, from the fleet's own ledger and the futures."""
+        d = {k: self.ledger_after[k] - self.ledger_before[k] for k in ("submitted", "solved", "suppressed", "failed")}
+        ended = d["solved"] + d["suppressed"] + d["failed"]
+        multi = [r.arrival.id for r in self.rounds if r.outcomes > 1]
+        missing = [r.arrival.id for r in self.rounds if r.submitted is not None and r.outcomes != 1]
+        unended = [r.arrival.id for r in self.rounds if r.status is None]
+        exact = (d["submitted"] == self.submitted and ended == self.submitted and not multi and not missing
+                 and not unended and self.ledger_after["inflight"] == self.ledger_before["inflight"])
+        return {"exact": exact, "submitted_by_replay": self.submitted, "ledger": d, "duplicates": multi,
+                "missing": missing, "unended": unended}
+
+
+def fleet_config(trace: Trace, name: str, profile: str) -> dict:
+    """The embedded fleet a trace runs on (see the module docstring)."""
+    roles: dict = {}
+    io_roles = collections.Counter(a.role for a in trace.arrivals if a.route is not None)
+    cpu = [a for a in trace.arrivals if a.route is None]
+    keys: dict = collections.defaultdict(set)
+    for a in cpu:
+        if a.key is not None:
+            keys[a.role].add(a.key)
+    for role, n in io_roles.items():
+        roles[role] = {"kind": "pooled", "handler": "fleet.burst.handlers:chat", "io_bound": True,
+                       "slots": max(1, min(IO_SLOTS_MAX, n)), "peak_cpus": 0, "queue_bound": ROLE_QUEUE_BOUND}
+    for role in dict.fromkeys(a.role for a in cpu):
+        if role in roles:
+            raise FleetFailed(f"role {role!r} has both provider rounds and CPU arrivals; give them different roles")
+        if keys.get(role):
+            roles[role] = {"kind": "pinned", "handler": "fleet.burst.handlers:burn", "slots": len(keys[role]),
+                           "queue_bound": ROLE_QUEUE_BOUND, "peak_cpus": 1}
+        else:
+            roles[role] = {"kind": "pooled", "handler": "fleet.burst.handlers:burn", "slots": 2,
+                           "queue_bound": ROLE_QUEUE_BOUND, "peak_cpus": 1}
+    return {"fleet": {"name": name, "profile": profile}, "roles": roles}
+
+
+class Driver:
+    """Runs one mode of one trace on a running fleet and simulator. Not reusable: one `run`."""
+
+    def __init__(self, trace: Trace, fleet, simulator, clock: ReplayClock, mode: str, *, cap: int | None = None,
+                 admission=None, progress=None):
+        self.trace, self.fleet, self.sim, self.clock, self.mode = trace, fleet, simulator, clock, mode
+        self.cap = cap
+        self.admission = admission
+        self.progress = progress
+        self.rounds = [Round(i, a) for i, a in enumerate(trace.arrivals)]
+        self.by_id = {r.arrival.id: r for r in self.rounds}
+        self.children = collections.defaultdict(list)  # id -> rounds whose `after` names it
+        self.blockers = {}
+        for r in self.rounds:
+            need = {x for x in r.arrival.after}
+            self.blockers[r.index] = need
+            for x in need:
+                self.children[x].append(r)
+        self.done_q: queue.SimpleQueue = queue.SimpleQueue()
+        self.in_flight = collections.Counter()  # pool -> rounds of this replay in flight (cap mode)
+        self.cap_waits: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self.admission_waits: set[int] = set()
+        self.open = len(self.rounds)
+        self.submitted = 0
+        self.lag_ms: list[float] = []
+        self._cutting = False
+
+    # --- the loop ------------------------------------------------------------------------
+    def run(self) -> ModeResult:
+        ledger_before = self.fleet.ledger()
+        self.sim.reset()
+        clock = self.clock
+        clock.start()
+        t_wall0 = time.monotonic()
+        pending = collections.deque(self.rounds)
+        horizon = self.trace.horizon_s
+        cut = False
+        while self.open:
+            now_real = time.monotonic()
+            while pending and clock.real_at(pending[0].arrival.t) <= now_real:
+                r = pending.popleft()
+                self.lag_ms.append((time.monotonic() - clock.real_at(r.arrival.t)) * 1000.0)
+                r.released = clock.mono()
+                if not self.blockers[r.index]:
+                    self._arrive(r)
+                now_real = time.monotonic()
+            self._drain()
+            if self.admission is not None and self.admission_waits:
+                # None with rounds waiting: nothing holds them any more (a backoff just ended)
+                nw = self.admission.next_wake()
+                if nw is None or nw <= clock.mono():
+                    self._wake()
+            if not self.open:
+                break
+            if not cut and clock.mono() >= horizon:
+                cut = True
+                self._cut(pending)
+                continue
+            deadline = clock.real_at(horizon)
+            if pending:
+                deadline = min(deadline, clock.real_at(pending[0].arrival.t))
+            if self.admission is not None and self.admission_waits:
+                nw = self.admission.next_wake()
+                if nw is not None:
+                    deadline = min(deadline, clock.real_at(nw))
+            wait = deadline - time.monotonic()
+            if wait > SPIN_S:
+                self._block(wait - SPIN_S)
+            elif wait > 0 and not pending:
+                self._block(wait)
+            # else: spin (loop again) through the last stretch before an arrival
+        wall = time.monotonic() - t_wall0
+        # every resolved future has arrived; the ledger settles right after its futures
+        deadline = time.monotonic() + 30
+        ledger_after = self.fleet.ledger()
+        while ledger_after["inflight"] != ledger_before["inflight"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+            ledger_after = self.fleet.ledger()
+        adm_closures = self.admission.closures() if self.admission is not None else []
+        return ModeResult(self.mode, "", self.rounds, self.lag_ms, wall, ledger_before, ledger_after,
+                          self.sim.counts(), self.sim.events(), self.sim.key_closures(), adm_closures, self.submitted)
+
+    def _block(self, seconds: float) -> None:
+        try:
+            item = self.done_q.get(timeout=seconds)
+        except queue.Empty:
+            return
+        self._complete(*item)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                item = self.done_q.get_nowait()
+            except queue.Empty:
+                return
+            self._complete(*item)
+
+    # --- arrivals ----------------------------------------------------------------------------
+    def _arrive(self, r: Round) -> None:
+        a = r.arrival
+        r.ready = self.clock.mono()
+        if a.route is None:
+            self._submit(r, None)
+        elif self.mode == "none":
+            self._submit(r, a.route)
+        elif self.mode == "cap":
+            pool = a.route.pool
+            if self.in_flight[pool] < self._cap_of(pool):
+                self.in_flight[pool] += 1
+                self._submit(r, a.route)
+            else:
+                self.cap_waits[pool].append(r)
+        else:
+            parent = self.by_id[a.parent].index if a.parent is not None else None
+            starts, route, moved, probe = self.admission.admit(r.index, a.route, a.lane, a.severity, parent)
+            if starts:
+                r.moved, r.probe = moved, probe
+                self._submit(r, route)
+            else:
+                self.admission_waits.add(r.index)
+
+    def _cap_of(self, pool: str) -> int:
+        return self.cap if self.cap is not None else self.trace.header.pool(pool).k
+
+    def _wake(self) -> None:
+        for unit, starts, route, moved, probe in self.admission.wake():
+            r = self.rounds[unit]
+            self.admission_waits.discard(unit)
+            r.moved, r.probe = moved, probe
+            self._submit(r, route)
+
+    def _submit(self, r: Round, route: Route | None) -> None:
+        a = r.arrival
+        r.route = route
+        submitted = self.clock.mono()
+        if route is None:
+            payload = {"id": a.id, "cpu_ms": a.cpu_ms}
+        else:
+            pool = self.trace.header.pool(route.pool)
+            payload = {"id": a.id, "url": f"{self.sim.base_url}/{pool.provider}/v1/chat/completions",
+                       "model": route.model, "credential": route.credential, "latency_s": a.latency_s}
+        try:
+            future = self.fleet.submit(a.role, payload, key=a.key, lane=a.lane)
+        except Exception as exc:  # refused at submit: nothing queued, the round ends here
+            self._end(r, FAILED, f"submit refused: {type(exc).__name__}: {exc}")
+            return
+        r.submitted = submitted
+        self.submitted += 1
+        future.add_done_callback(lambda f, r=r: self.done_q.put((r, f)))
+
+    # --- completions -------------------------------------------------------------------------
+    def _complete(self, r: Round, future) -> None:
+        r.outcomes += 1
+        if r.outcomes > 1:
+            return  # counted by the ledger check
+        exc = future.exception()
+        clock = self.clock
+        if exc is None:
+            value = future.result()
+            r.started, r.ended = clock.trace_of(value["started"]), clock.trace_of(value["ended"])
+            status = OK
+            reason = None
+        else:
+            original = getattr(exc, "original", None)
+            r.ended = clock.mono()
+            if isinstance(original, ProviderRefusal):
+                r.started = clock.trace_of(original.started)
+                status, reason = str(original.status), original.message
+            else:
+                status = FAILED
+                outcome = getattr(exc, "outcome", None)
+                reason = outcome.reason if outcome is not None else type(exc).__name__
+        if r.route is not None and self.mode == "cap":
+            pool = r.route.pool
+            self.in_flight[pool] -= 1
+            waits = self.cap_waits[pool]
+            if waits:
+                nxt = waits.popleft()
+                self.in_flight[pool] += 1
+                self._submit(nxt, nxt.arrival.route)
+        if r.route is not None and self.admission is not None:
+            if status == OK:
+                self.admission.report_clean(r.index, r.ended - r.started)
+            elif exc is not None and isinstance(getattr(exc, "original", None), ProviderRefusal):
+                o = exc.original
+                self.admission.report_refused(r.index, o.status, o.message, o.retry_after)
+            else:
+                self.admission.report_error(r.index, str(reason))
+        self._end(r, status, reason)
+        if self.admission is not None and self.admission_waits:
+            self._wake()
+
+    def _end(self, r: Round, status: str, reason: str | None) -> None:
+        r.status, r.reason = status, reason
+        if r.ended is None:
+            r.ended = self.clock.mono()
+        self.open -= 1
+        if self.progress is not None:
+            self.progress.update(1)
+        for child in self.children.get(r.arrival.id, ()):
+            need = self.blockers[child.index]
+            need.discard(r.arrival.id)
+            if not need and child.released is not None and child.status is None and not self._cutting:
+                self._arrive(child)
+
+    def _cut(self, pending) -> None:
+        """The horizon: rounds not yet submitted end as cut (those in flight still finish)."""
+        self._cutting = True
+        for r in self.rounds:
+            if r.status is None and r.submitted is None:
+                if r.index in self.admission_waits:
+                    self.admission.cancel(r.index)
+                    self.admission_waits.discard(r.index)
+                self._end(r, CUT, "waiting at the horizon")
+        pending.clear()
+        for waits in self.cap_waits.values():
+            waits.clear()
+
+
+def replay_name() -> str:
+    """A fleet name for this replay, unique per process."""
+    return f"burst-{os.getpid()}"

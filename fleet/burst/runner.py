@@ -1,0 +1,96 @@
+"""One replay run: every profile x mode of a trace, same trace, same seed; returns the report."""
+from __future__ import annotations
+
+import sys
+
+from .admission_seam import AdmissionSeam
+from .clock import ReplayClock
+from .replay import Driver, FleetFailed, fleet_config, replay_name
+from .report import build, summarize
+from .simulator import ProviderSimulator
+from .trace import Trace
+
+SWITCH_INTERVAL_S = 0.0002
+
+
+def warm_up(f, trace: Trace) -> None:
+    """One unit per role before any mode is measured: workers forked, clients made, code paths warm."""
+    futures = []
+    for role in dict.fromkeys(a.role for a in trace.arrivals):
+        a = next(x for x in trace.arrivals if x.role == role)
+        payload = {"warm": True} if a.route is not None else {"id": "warm", "cpu_ms": 0.0}
+        futures.append(f.submit(role, payload, key=a.key))
+    for future in futures:
+        future.result(60)
+
+
+def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = None, cap: int | None = None,
+           profiles=None, name: str | None = None, progress: bool = True, cpu_quota: float | None = None) -> dict:
+    """Replay `trace` once per profile x mode; raises AdmissionUnavailable (before anything runs),
+    FleetFailed (the fleet did not boot), CpuQuotaUnavailable (`cpu_quota` without root or v1 cpu).
+
+    `cpu_quota`: run inside the tool's own v1 cpu cgroup of that many CPUs (fleet.burst.cpuquota).
+    """
+    if cpu_quota is None:
+        return _replay(trace, modes, speed, seed, cap, profiles, name, progress)
+    from .cpuquota import cpu_quota as group
+
+    with group(cpu_quota) as info:
+        rep = _replay(trace, modes, speed, seed, cap, profiles, name, progress)
+    rep["cpu_quota"] = {"cpus": cpu_quota, "cgroup": info["path"], "cpu_stat": info["stat"]}
+    return rep
+
+
+def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
+    import fleet
+
+    header = trace.header
+    modes = tuple(modes or header.modes)
+    profiles = tuple(profiles or header.profiles)
+    seed = header.seed if seed is None else seed
+    cap = cap if cap is not None else header.cap
+    name = name or replay_name()
+    clock = ReplayClock(speed, header.start)
+    if "admission" in modes:
+        AdmissionSeam(header, clock, seed)  # fails now, typed, if the admission is not here
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(trace.arrivals) * len(modes) * len(profiles), unit="round", file=sys.stderr,
+                   dynamic_ncols=True, desc=header.name)
+    sections = []
+    # The scheduler thread shares the GIL with the embedded fleet's supervisor threads and the
+    # simulator's loop; the default 5 ms switch interval alone would put arrivals milliseconds late.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        for profile in profiles:
+            try:
+                f = fleet.Fleet.from_config(fleet_config(trace, name, profile))
+            except fleet.FleetError as exc:
+                raise FleetFailed(f"the replay fleet ({profile}) did not boot: {type(exc).__name__}: {exc}") from None
+            sim = ProviderSimulator(header, clock, seed=seed)
+            try:
+                sim.start()
+                warm_up(f, trace)
+                quota = f.status()["quota"]
+                for mode in modes:
+                    if bar is not None:
+                        bar.set_description(f"{header.name} {profile}/{mode}")
+                    admission = AdmissionSeam(header, clock, seed) if mode == "admission" else None
+                    driver = Driver(trace, f, sim, clock, mode, cap=cap, admission=admission, progress=bar)
+                    result = driver.run()
+                    result.profile = profile
+                    section = summarize(result, trace)
+                    section["quota"] = quota
+                    section["plan"] = {"binding": f.plan.binding, "oversubscribed": f.plan.oversubscribed}
+                    sections.append(section)
+            finally:
+                sim.stop()
+                f.shutdown(wait=True)
+    finally:
+        sys.setswitchinterval(switch)
+        if bar is not None:
+            bar.close()
+    return build(trace, sections, speed=speed, seed=seed, fleet_name=name)

@@ -1,0 +1,66 @@
+"""fleetctl leases: the host-group store's queued and admitted requests.
+
+Admitted requests first (soonest lease expiry first), then the queue in queue
+order, each with its effective priority (base + 1 per aging interval waited) and,
+for a lease, its revision and the seconds until it expires. Read-only: nothing is
+reconciled, so a lease past its expiry shows ``expired`` until a store transaction
+times it out. Store errors exit with their code (90 unreachable, 91 schema too new).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..errors import EXIT_OK
+from ._store import add_store_argument, open_for_operator
+
+NAME = "leases"
+HELP = "List the host-group store's admitted and queued requests with effective priority and lease expiry."
+
+
+def add_arguments(parser) -> None:
+    add_store_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def run(args) -> int:
+    with open_for_operator(args) as store:
+        records, policy, now = store.snapshot()
+    rows = [row_of(r, policy, now) for r in records]
+    sys.stdout.write(json.dumps(rows, indent=2) + "\n" if args.json else render(rows))
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------ pure
+
+
+def row_of(record, policy, now: float) -> dict:
+    """One listing row: the record plus its effective priority and lease time left at `now`."""
+    from admission.store.rules import effective_priority
+
+    row = record.to_dict()
+    row["effective_priority"] = effective_priority(record, now, policy.aging_interval)
+    row["waited_s"] = round(now - record.submitted_at, 3)
+    row["lease_expires_in_s"] = None if record.lease_expires is None or record.state != "admitted" \
+        else round(record.lease_expires - now, 3)
+    return row
+
+
+_COLUMNS = ("ID", "STATE", "ORCHESTRATOR", "ENVIRONMENT", "PROVIDER", "TIER", "PRIO", "EFF", "WAITED", "LEASE")
+
+
+def render(rows: list[dict]) -> str:
+    """A plain table; ``(none)`` when the store holds no live request."""
+    if not rows:
+        return "no queued or admitted requests\n"
+    table = [_COLUMNS]
+    for r in rows:
+        if r["state"] == "admitted":
+            left = r["lease_expires_in_s"]
+            lease = f"rev {r['revision']}, " + (f"{left:.1f}s left" if left > 0 else "expired")
+        else:
+            lease = "-"
+        table.append((r["id"], r["state"], r["orchestrator"], r["environment"], r["provider"], r["tier"],
+                      str(r["priority"]), str(r["effective_priority"]), f"{r['waited_s']:.1f}s", lease))
+    widths = [max(len(row[i]) for row in table) for i in range(len(_COLUMNS))]
+    return "".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n" for row in table)

@@ -1,0 +1,441 @@
+"""The host-group admission store, the same suite against SQLite and a real PostgreSQL."""
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+
+import pytest
+
+from admission.store import (
+    ADMITTED,
+    CANCELLED,
+    DENIED,
+    PREEMPTED,
+    QUEUED,
+    RELEASED,
+    TIMED_OUT,
+    BadRequest,
+    IdentityConflict,
+    LeaseLost,
+    NotOwner,
+    Policy,
+    QuotaConfigInvalid,
+    Request,
+    SchemaTooNew,
+    StoreUnreachable,
+    UnknownRequest,
+    open_store,
+)
+from admission.store import rules
+from admission.store._sql import SCHEMA_VERSION
+
+from .store_backends import FakeClock, Stores, backend, pg_dsn, quota_history_violations, store_url, stores  # noqa: F401
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def store(store_url, clock):
+    s = open_store(store_url, actor="orch-a", clock=clock)
+    yield s
+    s.close()
+
+
+def req(rid, **kw) -> Request:
+    fields = dict(orchestrator="orch-a", environment="prod", provider="openai", tier="container")
+    fields.update(kw)
+    return Request(rid, **fields)
+
+
+def admitted_ids(store):
+    return sorted(r.id for r in store.active() if r.state == ADMITTED)
+
+
+# ----------------------------------------------------------------------------- admission and quotas
+
+
+def test_host_tier_admits_one_lease_unless_configured(store):
+    a = store.submit(req("a", tier="host"))
+    b = store.submit(req("b", tier="host"))
+    assert (a.state, b.state) == (ADMITTED, QUEUED)
+    assert a.revision == 1 and a.lease_expires == a.submitted_at + a.request.lease_ttl
+    store.set_policy(Policy.build(tiers={"host": 2}))
+    assert store.get("b").state == ADMITTED
+
+
+def test_release_hands_capacity_to_the_next_request(store):
+    store.set_policy(Policy.build(global_limit=1))
+    a = store.submit(req("a"))
+    store.submit(req("b"))
+    assert store.release("a", a.revision).state == RELEASED
+    assert store.get("b").state == ADMITTED
+    # a finished request stays finished: releasing again is a no-op
+    assert store.release("a", a.revision).state == RELEASED
+    assert admitted_ids(store) == ["b"]
+
+
+@pytest.mark.parametrize("level", ["global", "environment", "provider", "tier"])
+def test_every_quota_level_holds(store, level):
+    limits = {"global": dict(global_limit=2), "environment": dict(environments={"prod": 2}),
+              "provider": dict(providers={"openai": 2}), "tier": dict(tiers={"container": 2})}[level]
+    policy = store.set_policy(Policy.build(limits))
+    for i in range(4):
+        store.submit(req(f"same-{i}"))
+    assert admitted_ids(store) == ["same-0", "same-1"]
+    other = {"global": {}, "environment": dict(environment="dev"), "provider": dict(provider="anthropic"),
+             "tier": dict(tier="vm")}[level]
+    # a request that shares no limited key is admitted beside them; under the global limit it waits too
+    assert store.submit(req("other", **other)).state == (QUEUED if level == "global" else ADMITTED)
+    assert rules.over_quota(policy, [r for r in store.active() if r.state == ADMITTED]) == []
+    assert quota_history_violations(store, policy) == []
+
+
+def test_all_levels_must_hold_at_once(store):
+    store.set_policy(Policy.build(environments={"prod": 5}, providers={"openai": 1}))
+    store.submit(req("a"))
+    b = store.submit(req("b"))  # environment has room, provider does not
+    assert b.state == QUEUED
+
+
+def test_policy_denial_is_terminal(store):
+    store.set_policy(Policy.build(environments={"blocked": 0}))
+    d = store.submit(req("d", environment="blocked"))
+    assert d.state == DENIED and "environment" in d.reason
+    store.set_policy(Policy.build(environments={"blocked": 3}))
+    assert store.get("d").state == DENIED
+    # replay of a denied request returns the denial; it is not retried
+    assert store.submit(req("d", environment="blocked")).state == DENIED
+    assert [e.kind for e in store.events("d")] == ["queued", "denied"]
+
+
+# ----------------------------------------------------------------------------- order, ties, aging
+
+
+def test_queue_order_priority_then_time_then_id(store, clock):
+    store.set_policy(Policy.build(global_limit=1, aging_interval=3600))
+    hold = store.submit(req("hold"))
+    store.submit(req("low", priority=0))
+    clock.advance(1)
+    store.submit(req("b-tie", priority=5))
+    store.submit(req("a-tie", priority=5))  # same submission time as b-tie: id breaks the tie
+    clock.advance(1)
+    store.submit(req("later", priority=5))
+    order = []
+    current = hold
+    for _ in range(4):
+        store.release(current.id, current.revision)
+        current = next(r for r in store.active() if r.state == ADMITTED)
+        order.append(current.id)
+    assert order == ["a-tie", "b-tie", "later", "low"]
+
+
+def test_priority_aging_lets_an_old_request_overtake(store, clock):
+    store.set_policy(Policy.build(global_limit=1, aging_interval=10))
+    hold = store.submit(req("hold", lease_ttl=1000))
+    store.submit(req("old", priority=0))
+    clock.advance(35)  # old has aged 3 points: effective priority 3
+    store.submit(req("new", priority=3))
+    store.submit(req("newer", priority=4))
+    queue = [r.id for r in store.active() if r.state == QUEUED]
+    # newer (4) > old (3, submitted first) > new (3)
+    assert queue == ["newer", "old", "new"]
+    store.release("hold", hold.revision)
+    assert admitted_ids(store) == ["newer"]
+
+
+def test_effective_priority_counts_whole_intervals():
+    r = rules  # the pure rule, checked on its own numbers
+    rec = type("R", (), {})()
+    rec.submitted_at, rec.request = 100.0, req("x", priority=2)
+    assert r.effective_priority(rec, 100.0, 10) == 2
+    assert r.effective_priority(rec, 109.9, 10) == 2
+    assert r.effective_priority(rec, 110.0, 10) == 3
+    assert r.effective_priority(rec, 145.0, 10) == 6
+
+
+# ----------------------------------------------------------------------------- leases and time
+
+
+def test_renew_extends_the_lease_and_bumps_the_revision(store, clock):
+    a = store.submit(req("a", lease_ttl=10))
+    clock.advance(9)
+    lease = store.renew("a", a.revision)
+    assert (lease.revision, lease.expires) == (2, clock.now + 10)
+    with pytest.raises(LeaseLost) as stale:
+        store.renew("a", a.revision)
+    assert "stale" in str(stale.value) and stale.value.exit_code == 93
+    clock.advance(9.5)
+    assert store.get("a").state == ADMITTED  # renewed: still current past the first expiry
+
+
+def test_expired_lease_times_out_and_admits_the_next(store, clock):
+    a = store.submit(req("a", tier="host", lease_ttl=10))
+    store.submit(req("b", tier="host"))
+    clock.advance(10)
+    with pytest.raises(LeaseLost) as lost:
+        store.renew("a", a.revision)
+    assert lost.value.state == TIMED_OUT
+    # the timeout was committed even though renew raised
+    assert store.get("a").state == TIMED_OUT and store.get("b").state == ADMITTED
+    assert [e.kind for e in store.events("a")] == ["queued", "admitted", "timed-out"]
+
+
+def test_queue_timeout(store, clock):
+    store.submit(req("a", tier="host"))
+    store.submit(req("b", tier="host", queue_timeout=5))
+    clock.advance(4.9)
+    assert store.get("b").state == QUEUED
+    clock.advance(0.1)
+    b = store.get("b")
+    assert (b.state, b.reason) == (TIMED_OUT, "queue timeout")
+
+
+def test_cancel_frees_capacity(store):
+    store.submit(req("a", tier="host"))
+    store.submit(req("b", tier="host"))
+    assert store.cancel("a", "operator stopped it").state == CANCELLED
+    assert store.get("b").state == ADMITTED
+    assert store.cancel("a").state == CANCELLED  # cancelling a finished request changes nothing
+    assert [e.kind for e in store.events("a")] == ["queued", "admitted", "cancelled"]
+
+
+# ----------------------------------------------------------------------------- preemption
+
+
+def test_preemption_is_off_unless_enabled(store):
+    store.submit(req("low", tier="host", preemptible=True))
+    assert store.submit(req("high", tier="host", priority=9)).state == QUEUED
+    assert store.get("low").state == ADMITTED
+
+
+def test_preemption_displaces_a_preemptible_lower_priority_lease(store):
+    store.set_policy(Policy.build(preemption=True))
+    low = store.submit(req("low", tier="host", preemptible=True))
+    high = store.submit(req("high", tier="host", priority=1))
+    assert high.state == ADMITTED
+    victim = store.get("low")
+    assert victim.state == PREEMPTED and "high" in victim.reason
+    with pytest.raises(LeaseLost):
+        store.renew("low", low.revision)
+    assert store.release("low", low.revision).state == PREEMPTED  # terminal
+
+
+def test_preemption_never_takes_a_non_preemptible_lease(store):
+    store.set_policy(Policy.build(preemption=True))
+    store.submit(req("prod", tier="host", preemptible=False))
+    assert store.submit(req("high", tier="host", priority=100)).state == QUEUED
+    assert store.get("prod").state == ADMITTED
+
+
+def test_preemption_never_by_equal_priority(store, clock):
+    store.set_policy(Policy.build(preemption=True, aging_interval=10))
+    store.submit(req("low", tier="host", priority=1, preemptible=True))
+    clock.advance(10)  # low has aged to 2
+    assert store.submit(req("eq", tier="host", priority=2)).state == QUEUED
+    assert store.get("low").state == ADMITTED
+    assert store.submit(req("higher", tier="host", priority=3)).state == ADMITTED
+    assert store.get("low").state == PREEMPTED
+
+
+def test_preemption_takes_the_lowest_priority_victim_and_only_if_it_helps(store):
+    store.set_policy(Policy.build(preemption=True, global_limit=2))
+    store.submit(req("p1", priority=1, preemptible=True))
+    store.submit(req("p0", priority=0, preemptible=True))
+    store.submit(req("hi", priority=5))
+    assert store.get("p0").state == PREEMPTED and store.get("p1").state == ADMITTED
+    # a request blocked by a quota no victim frees displaces nothing
+    store.set_policy(Policy.build(preemption=True, global_limit=3, providers={"x": 1}))
+    store.submit(req("x-holder", provider="x"))
+    store.submit(req("x-high", provider="x", priority=50))
+    assert store.get("x-high").state == QUEUED and store.get("p1").state == ADMITTED
+
+
+# ----------------------------------------------------------------------------- replay and identity
+
+
+def test_exact_replay_returns_the_same_record(store):
+    first = store.submit(req("a", priority=3, queue_timeout=60.0))
+    events = len(store.events())
+    assert store.submit(req("a", priority=3, queue_timeout=60.0)) == first
+    assert len(store.events()) == events
+
+
+@pytest.mark.parametrize("change", [dict(environment="dev"), dict(provider="other"), dict(tier="vm"),
+                                    dict(priority=4), dict(preemptible=True), dict(queue_timeout=1.0)])
+def test_reusing_an_id_with_another_identity_fails_closed(store, change):
+    first = store.submit(req("a"))
+    with pytest.raises(IdentityConflict) as err:
+        store.submit(req("a", **change))
+    assert err.value.fields == tuple(change) and err.value.exit_code == 92
+    assert store.get("a") == first
+
+
+def test_ids_are_global_across_orchestrators(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as a, open_store(store_url, actor="orch-b",
+                                                                            clock=clock) as b:
+        a.submit(req("shared"))
+        with pytest.raises(IdentityConflict) as err:
+            b.submit(req("shared", orchestrator="orch-b"))
+        assert err.value.fields == ("orchestrator",)
+        with pytest.raises(NotOwner):
+            b.release("shared", 1)
+        with pytest.raises(NotOwner):
+            b.cancel("shared")
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("field,value", [("id", ""), ("id", "a\x00b"), ("environment", ""), ("provider", 3), ("tier", "bare-metal"),
+                                         ("priority", 1.5), ("priority", True), ("queue_timeout", 0),
+                                         ("queue_timeout", float("nan")), ("preemptible", "yes"),
+                                         ("lease_ttl", -1)])
+def test_a_bad_request_is_refused_by_name_and_stores_nothing(store, field, value):
+    with pytest.raises(BadRequest) as err:
+        store.submit(dataclasses.replace(req("r"), **{field: value}))
+    assert err.value.field == field and err.value.exit_code == 94
+    assert store.events() == [] and store.active() == []
+
+
+def test_a_request_for_another_orchestrator_is_refused(store):
+    with pytest.raises(BadRequest) as err:
+        store.submit(req("r", orchestrator="someone-else"))
+    assert err.value.field == "orchestrator"
+
+
+def test_unknown_request(store):
+    with pytest.raises(UnknownRequest):
+        store.get("nope")
+
+
+@pytest.mark.parametrize("data,path", [
+    (dict(global_limit=-1), "global_limit"), (dict(global_limit=1.5), "global_limit"),
+    (dict(tiers={"bare": 1}), "tiers.bare"), (dict(tiers={"vm": -2}), "tiers.vm"),
+    (dict(environments={"prod": "x"}), "environments.prod"), (dict(providers=[1]), "providers"),
+    (dict(aging_interval=0), "aging_interval"), (dict(preemption="on"), "preemption"),
+    (dict(quotas=1), "quotas"),
+])
+def test_invalid_quota_config_is_named(store, data, path):
+    before = store.policy()
+    with pytest.raises(QuotaConfigInvalid) as err:
+        store.set_policy(Policy(**{**before.to_dict(), **data}) if path != "quotas" else Policy.build(data))
+    assert err.value.path == path and err.value.exit_code == 78
+    assert store.policy() == before
+
+
+# ----------------------------------------------------------------------------- audit
+
+
+def test_every_decision_is_an_audit_event(store, clock):
+    store.set_policy(Policy.build(preemption=True, environments={"no": 0}))
+    a = store.submit(req("a", tier="host", preemptible=True))
+    clock.advance(1)
+    store.renew("a", a.revision)
+    store.submit(req("b", tier="host", priority=2))
+    store.submit(req("c", tier="host", queue_timeout=1))
+    store.submit(req("d", environment="no"))
+    clock.advance(2)
+    b = store.get("b")
+    store.release("b", b.revision)
+    store.submit(req("e"))
+    store.cancel("e", "not needed")
+    kinds = {(e.request_id, e.kind) for e in store.events()}
+    assert {("a", "queued"), ("a", "admitted"), ("a", "renewed"), ("a", "preempted"), ("b", "admitted"),
+            ("b", "released"), ("c", "timed-out"), ("d", "denied"), ("e", "cancelled"), ("", "policy")} <= kinds
+    for e in store.events():
+        assert e.actor == "orch-a" and e.at >= 1_000_000.0 and e.reason
+    preempted = store.events("a")[-1]
+    assert preempted.kind == "preempted" and "b" in preempted.reason
+    assert [e.seq for e in store.events(since=3)] == [e.seq for e in store.events()][3:]
+
+
+# ----------------------------------------------------------------------------- provider closures
+
+
+def test_provider_closures_are_shared_through_the_store(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as a, open_store(store_url, actor="orch-b",
+                                                                            clock=clock) as b:
+        a.record_closure("openai/key-1", clock.now + 3600, "403 daily limit", daily=True)
+        seen = b.closures()
+        assert [(c.key, c.until, c.daily, c.recorded_by) for c in seen] == [
+            ("openai/key-1", clock.now + 3600, True, "orch-a")]
+        # an earlier until never shortens a recorded closure; a later one extends it
+        b.record_closure("openai/key-1", clock.now + 60, "403 again")
+        assert a.closures()[0].until == clock.now + 3600
+        b.record_closure("openai/key-1", clock.now + 7200, "402 no credit")
+        assert a.closures()[0].reason == "402 no credit"
+        assert a.closures(now=clock.now + 7200) == []
+        with pytest.raises(BadRequest):
+            a.record_closure("", clock.now, "x")
+        assert any(e.kind == "closure" and e.request_id == "openai/key-1" for e in a.events())
+
+
+# ----------------------------------------------------------------------------- schema and reachability
+
+
+def _set_version(url: str, version: int) -> None:
+    if url.startswith("sqlite://"):
+        with sqlite3.connect(url[len("sqlite://"):]) as c:
+            c.execute("UPDATE schema_version SET version = ?", (version,))
+    else:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("UPDATE schema_version SET version = %s", (version,))
+
+
+def test_a_schema_newer_than_the_code_is_refused(store_url, clock):
+    live = open_store(store_url, actor="orch-a", clock=clock)
+    live.submit(req("a"))
+    _set_version(store_url, SCHEMA_VERSION + 1)
+    with pytest.raises(SchemaTooNew) as err:
+        open_store(store_url, actor="orch-a", clock=clock)
+    assert err.value.exit_code == 91 and err.value.found == SCHEMA_VERSION + 1
+    with pytest.raises(SchemaTooNew):  # an open store refuses to write too
+        live.submit(req("b"))
+    _set_version(store_url, SCHEMA_VERSION)
+    assert [r.id for r in live.active()] == ["a"]
+    live.close()
+
+
+def test_schema_is_created_once_and_reopened(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as s:
+        s.submit(req("a"))
+        health = s.check()
+        assert (health.schema_version, health.supported_version) == (SCHEMA_VERSION, SCHEMA_VERSION)
+        assert abs(health.skew) < 5  # same machine: the clocks agree
+    with open_store(store_url, actor="orch-a", clock=clock) as s:
+        assert s.get("a").state == ADMITTED
+
+
+def test_unreachable_store_is_named(tmp_path, backend):
+    url = (f"sqlite://{tmp_path}/missing-dir/store.db" if backend == "sqlite"
+           else "postgresql://postgres@127.0.0.1:1/none?connect_timeout=2")
+    with pytest.raises(StoreUnreachable) as err:
+        open_store(url)
+    assert err.value.exit_code == 90
+
+
+@pytest.fixture
+def pg_stores(tmp_path, request):
+    s = Stores("postgresql", tmp_path, request)
+    yield s
+    s.cleanup()
+
+
+def test_a_lost_connection_fails_closed_and_recovers(pg_stores, clock):
+    """PostgreSQL only: a SQLite file has no connection to lose."""
+    stores = pg_stores
+    url = stores.new_url()
+    s = open_store(url, actor="orch-a", clock=clock)
+    a = s.submit(req("a"))
+    stores.admin.execute("SELECT pg_terminate_backend(%s)", (s._conn.info.backend_pid,))
+    with pytest.raises(StoreUnreachable):
+        s.renew("a", a.revision)
+    # the next call reconnects; nothing was decided while it was down
+    lease = s.renew("a", a.revision)
+    assert lease.revision == a.revision + 1
+    s.close()

@@ -1,0 +1,174 @@
+"""Benchmark the host-group admission store: admit+release cycles per second.
+
+    python tools/bench/store_bench.py [--json] [--seconds 3] [--pg-dsn URI]
+
+Measures, in one run on one machine:
+
+- ``sqlite_1_per_s`` / ``sqlite_4_per_s``: cycles/s with 1 and 4 orchestrator
+  processes sharing one SQLite store (WAL). A cycle is one ``submit`` that is
+  admitted at once plus one ``release`` of its lease: two store transactions, each
+  taking the store's lock, reconciling and writing its audit rows.
+- ``pg_1_per_s`` / ``pg_4_per_s``: the same on PostgreSQL.
+- ``pg_bare_skip_locked_per_s``: the peer. 4 processes on the same PostgreSQL run
+  the classic job-queue claim — ``SELECT id ... FOR UPDATE SKIP LOCKED LIMIT 1`` then
+  mark it claimed, one transaction — and then complete it in a second transaction,
+  so one bare cycle is two transactions like ours, without quotas or audit.
+- ``ratio_pg4_over_bare`` = pg_4_per_s / pg_bare_skip_locked_per_s.
+
+PostgreSQL comes from ``--pg-dsn``, else ``$FLEET_PG_DSN``, else the local server
+at ``postgresql://postgres@127.0.0.1:5432/test``; the bench works in a schema of its
+own and drops it afterwards. Without a reachable PostgreSQL the pg keys are null.
+Targets on a 2-core machine: sqlite_1_per_s >= 2000, ratio_pg4_over_bare >= 0.5.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from admission.store import Policy, Request, open_store  # noqa: E402
+
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _with_schema(dsn: str, schema: str) -> str:
+    return f"{dsn}{'&' if '?' in dsn else '?'}options=-csearch_path%3D{schema}"
+
+
+def _store_worker(url: str, actor: str, seconds: float, start, out) -> None:
+    store = open_store(url, actor=actor)
+    start.wait()
+    n, i = 0, 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(20):
+            rec = store.submit(Request(f"{actor}-{i}", actor, "bench", "local", "container", lease_ttl=60.0))
+            if rec.state != "admitted":
+                raise SystemExit(f"{rec.id} was {rec.state}, expected admitted")
+            store.release(rec.id, rec.revision)
+            i += 1
+            n += 1
+    out.put(n)
+    store.close()
+
+
+def _bare_worker(url: str, seconds: float, start, out) -> None:
+    import psycopg
+
+    conn = psycopg.connect(url)
+    start.wait()
+    n = 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(20):
+            with conn.transaction():
+                row = conn.execute(
+                    "UPDATE bare_jobs SET state = 'claimed' WHERE id = (SELECT id FROM bare_jobs WHERE state = 'ready' "
+                    "ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id").fetchone()
+            if row is None:
+                raise SystemExit("bare queue ran dry; raise --bare-rows")
+            with conn.transaction():
+                conn.execute("UPDATE bare_jobs SET state = 'done' WHERE id = %s", (row[0],))
+            n += 1
+    out.put(n)
+    conn.close()
+
+
+def _run_procs(target, args_of, procs: int, seconds: float) -> float:
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    workers = [ctx.Process(target=target, args=(*args_of(k), seconds, start, out)) for k in range(procs)]
+    for w in workers:
+        w.start()
+    time.sleep(1.0)  # let every process connect before the clock starts
+    t0 = time.perf_counter()
+    start.set()
+    total = sum(out.get(timeout=seconds + 120) for _ in workers)
+    elapsed = time.perf_counter() - t0
+    for w in workers:
+        w.join(30)
+        if w.exitcode != 0:
+            raise RuntimeError(f"a bench process failed (exit {w.exitcode})")
+    return total / elapsed
+
+
+def _open_policy(url: str) -> None:
+    with open_store(url, actor="bench-setup") as s:
+        s.set_policy(Policy.build(aging_interval=60))  # container tier: no quota, every submit admits
+
+
+def bench_sqlite(seconds: float) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        out = {}
+        for procs in (1, 4):
+            url = f"sqlite://{d}/store-{procs}.db"
+            _open_policy(url)
+            out[f"sqlite_{procs}_per_s"] = _run_procs(_store_worker, lambda k: (url, f"o{k}"), procs, seconds)
+        return out
+
+
+def bench_pg(dsn: str, seconds: float, bare_rows: int) -> dict:
+    import psycopg
+
+    admin = psycopg.connect(dsn, autocommit=True, connect_timeout=5)
+    schemas = []
+    try:
+        out = {}
+        for procs in (1, 4):
+            schema = f"bench_{uuid.uuid4().hex[:12]}"
+            schemas.append(schema)
+            admin.execute(f"CREATE SCHEMA {schema}")
+            url = _with_schema(dsn, schema)
+            _open_policy(url)
+            out[f"pg_{procs}_per_s"] = _run_procs(_store_worker, lambda k: (url, f"o{k}"), procs, seconds)
+        schema = f"bench_{uuid.uuid4().hex[:12]}"
+        schemas.append(schema)
+        admin.execute(f"CREATE SCHEMA {schema}")
+        url = _with_schema(dsn, schema)
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("CREATE TABLE bare_jobs (id BIGSERIAL PRIMARY KEY, state TEXT NOT NULL)")
+            c.execute("CREATE INDEX bare_ready ON bare_jobs (id) WHERE state = 'ready'")
+            c.execute("INSERT INTO bare_jobs (state) SELECT 'ready' FROM generate_series(1, %s)", (bare_rows,))
+            c.execute("ANALYZE bare_jobs")
+        out["pg_bare_skip_locked_per_s"] = _run_procs(_bare_worker, lambda k: (url,), 4, seconds)
+        out["ratio_pg4_over_bare"] = out["pg_4_per_s"] / out["pg_bare_skip_locked_per_s"]
+        return out
+    finally:
+        for schema in schemas:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        admin.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--seconds", type=float, default=3.0, help="measuring time per case (default 3)")
+    ap.add_argument("--pg-dsn", default=os.environ.get("FLEET_PG_DSN") or DEFAULT_PG)
+    ap.add_argument("--bare-rows", type=int, default=400_000, help="rows queued for the bare claim")
+    args = ap.parse_args(argv)
+    result = {"cpus": os.cpu_count(), "seconds_per_case": args.seconds}
+    result.update(bench_sqlite(args.seconds))
+    try:
+        result.update(bench_pg(args.pg_dsn, args.seconds, args.bare_rows))
+    except Exception as exc:  # no PostgreSQL here: report it, keep the SQLite figures
+        result.update(pg_1_per_s=None, pg_4_per_s=None, pg_bare_skip_locked_per_s=None, ratio_pg4_over_bare=None,
+                      pg_error=f"{type(exc).__name__}: {exc}")
+    result["targets"] = {"sqlite_1_per_s": 2000, "ratio_pg4_over_bare": 0.5}
+    if args.json:
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}, indent=2))
+    else:
+        for k, v in result.items():
+            print(f"{k:28} {v:,.1f}" if isinstance(v, float) else f"{k:28} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
