@@ -103,7 +103,7 @@ def test_disagreeing_names_are_refused_naming_both(capsys, no_env_name, command)
 def test_bad_explicit_name_exits_2(capsys, no_env_name, argv):
     rc, out, err = run(capsys, *argv)
     assert rc == EXIT_USAGE and out == ""
-    assert "InvalidFleetName" in err and argv[argv.index("--name") + 1] in err
+    assert "InvalidFleetName: --name:" in err and argv[argv.index("--name") + 1] in err
 
 
 @pytest.mark.parametrize("command", [["status"], ["drain"], ["posture", "show"]], ids=" ".join)

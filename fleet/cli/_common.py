@@ -62,7 +62,7 @@ def merge_names(args) -> str | None:
         NameNotApplicable: --name given to a command that addresses no fleet.
         InvalidFleetName: the name breaks the fleet-name rule (fleet.names).
     """
-    from ..names import validate_fleet_name
+    from ..names import InvalidFleetName, validate_fleet_name
 
     before = getattr(args, GLOBAL_NAME_DEST, None)
     takes_name = hasattr(args, "name")
@@ -73,7 +73,10 @@ def merge_names(args) -> str | None:
         raise NameNotApplicable(f"--name {before!r}: this command addresses no fleet")
     chosen = after if after is not None else before
     if chosen is not None:
-        validate_fleet_name(chosen)
+        try:
+            validate_fleet_name(chosen)
+        except InvalidFleetName as exc:  # checked before any command runs, saying where it came from
+            raise InvalidFleetName(f"--name: {exc}") from None
     if takes_name:
         args.name = chosen
     return chosen
