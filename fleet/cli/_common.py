@@ -8,7 +8,19 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, EXIT_USAGE, FleetError
+
+
+class NameConflict(FleetError):
+    """``fleetctl --name A CMD --name B`` with A != B: no silent pick."""
+
+    exit_code = EXIT_USAGE
+
+
+class NameNotApplicable(FleetError):
+    """``fleetctl --name A CMD`` where CMD addresses no fleet (plan, leases, store)."""
+
+    exit_code = EXIT_USAGE
 
 #: The fleet a command talks to when neither --name nor FLEET_NAME says otherwise:
 #: the name a config without ``[fleet] name`` gets (fleet.config.FleetConfig.name;
@@ -22,18 +34,69 @@ def default_name(env=None) -> str:
     return env.get("FLEET_NAME") or DEFAULT_NAME
 
 
-def add_name_argument(parser) -> None:
+#: Where the fleet name comes from, in order; `fleetctl --help` and each command's
+#: --name help say it, so the precedence is written once.
+NAME_PRECEDENCE = f"--name (before or after the command), else $FLEET_NAME, else {DEFAULT_NAME!r}"
+#: Namespace attribute of the --name given before the command (fleetctl's own option);
+#: the one given after it lands in ``name``. fleetctl.main merges the two.
+GLOBAL_NAME_DEST = "global_name"
+
+
+def add_name_argument(parser, dest: str = "name") -> None:
+    """The one --name option: on fleetctl itself (dest `GLOBAL_NAME_DEST`) and on each
+    command that addresses a fleet (dest ``name``)."""
     parser.add_argument(
         "--name",
+        dest=dest,
         default=None,
         metavar="NAME",
-        help=f"the fleet to talk to (default: $FLEET_NAME, else {DEFAULT_NAME!r})",
+        help=f"the fleet to talk to (precedence: {NAME_PRECEDENCE})",
     )
 
 
-def fleet_name(args) -> str:
-    """The fleet named by ``--name``, else by the environment, else the default."""
-    return args.name or default_name()
+def merge_names(args) -> str | None:
+    """The explicit --name of a parsed command line, validated, or None if none was given.
+
+    Sets ``args.name`` to it. Raises:
+        NameConflict: --name before and after the command disagree.
+        NameNotApplicable: --name given to a command that addresses no fleet.
+        InvalidFleetName: the name breaks the fleet-name rule (fleet.names).
+    """
+    from ..names import InvalidFleetName, validate_fleet_name
+
+    before = getattr(args, GLOBAL_NAME_DEST, None)
+    takes_name = hasattr(args, "name")
+    after = getattr(args, "name", None)
+    if before is not None and after is not None and before != after:
+        raise NameConflict(f"--name {before!r} before the command and --name {after!r} after it disagree; give one")
+    if before is not None and not takes_name:
+        raise NameNotApplicable(f"--name {before!r}: this command addresses no fleet")
+    chosen = after if after is not None else before
+    if chosen is not None:
+        try:
+            validate_fleet_name(chosen)
+        except InvalidFleetName as exc:  # checked before any command runs, saying where it came from
+            raise InvalidFleetName(f"--name: {exc}") from None
+    if takes_name:
+        args.name = chosen
+    return chosen
+
+
+def fleet_name(args, env=None) -> str:
+    """The fleet named by ``--name``, else by ``$FLEET_NAME``, else the default.
+
+    A name from the environment is checked here (an explicit --name already was,
+    in `merge_names`); a bad one raises InvalidFleetName saying it came from there.
+    """
+    if args.name:
+        return args.name
+    from ..names import InvalidFleetName, validate_fleet_name
+
+    name = default_name(env)
+    try:
+        return validate_fleet_name(name)
+    except InvalidFleetName as exc:
+        raise InvalidFleetName(f"$FLEET_NAME: {exc}") from None
 
 
 def client(args, timeout: float = 30.0):

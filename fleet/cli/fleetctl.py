@@ -3,6 +3,10 @@
 Each subcommand lives in its own module exposing ``NAME``, ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only routes. A typed
 fleet error becomes one line on stderr and its exit code.
+
+The fleet a command addresses: ``--name`` before or after the command (both given
+and different: refused, exit 2), else ``$FLEET_NAME``, else ``fleet``. The name is
+checked by the fleet-name rule (fleet.names); a bad one exits 2.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import importlib
 import sys
 
 from ..errors import EXIT_USAGE, FleetError
+from ._common import GLOBAL_NAME_DEST, NAME_PRECEDENCE, add_name_argument, merge_names
 
 #: Subcommand modules, in the order `fleetctl --help` lists them.
 COMMANDS = ("cmd_status", "cmd_plan", "cmd_posture", "cmd_drain", "cmd_resume", "cmd_leases", "cmd_store")
@@ -25,10 +30,13 @@ def build_parser(argv=None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetctl",
         description="Inspect and steer a fleet: its CPU plan, slots, posture and ledger.",
+        epilog=f"The fleet a command addresses: {NAME_PRECEDENCE}. "
+        "--name before and after the command must agree.",
     )
+    add_name_argument(parser, dest=GLOBAL_NAME_DEST)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    first = argv[0] if argv else None
+    first = _command_word(argv or [])
     modules = (MODULE_OF[first],) if first in MODULE_OF else COMMANDS
     for module_name in modules:
         module = importlib.import_module(f"{__package__}.{module_name}")
@@ -38,11 +46,23 @@ def build_parser(argv=None) -> argparse.ArgumentParser:
     return parser
 
 
+def _command_word(argv) -> str | None:
+    """The command in argv, past fleetctl's own options (``--name NAME`` / ``--name=NAME``)."""
+    rest = iter(argv)
+    for word in rest:
+        if word == "--name":
+            next(rest, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
+        merge_names(args)
         return args._run(args)
     except FleetError as exc:
         print(f"fleetctl {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
