@@ -88,7 +88,7 @@ def encode_outcome(seq: int | None, role: str, future: Future) -> list[dict]:
     `PART_CHARS` in base64.
 
     A solved value travels as the bytes its worker pickled: in service mode the
-    supervisor relays them without unpickling (`fleet.supervisor._Pickled`), so the
+    supervisor relays them without unpickling (`fleet.codec._Pickled`), so the
     daemon never has to pickle a value again. That is what keeps the ledger honest:
     a value that the worker could pickle but that would not survive a round trip
     through the daemon (its unpickled form is not picklable) used to be counted
@@ -97,7 +97,7 @@ def encode_outcome(seq: int | None, role: str, future: Future) -> list[dict]:
     A value that is not relayed (a future built by hand) is pickled here; if that
     fails the record is a failed ``ResultError`` that says so.
     """
-    from .supervisor import _Pickled  # loaded already: the daemon runs a Supervisor
+    from .codec import _Pickled
 
     base = {"seq": seq, "unit": getattr(future, "unit_id", None), "role": role}
     if future.cancelled():
@@ -581,7 +581,7 @@ class Daemon:
 
     # ------------------------------------------------------------------ control ops (on the loop)
     def status(self) -> dict:
-        from .cli.cmd_status import gather
+        from .status import gather
 
         doc = gather(self.config.name)
         doc["daemon"] = {"pid": os.getpid(), "draining": self._draining, "stopping": self._stopping,

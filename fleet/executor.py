@@ -96,7 +96,7 @@ class Fleet(Executor):
     # --- views ----------------------------------------------------------------------------
     def status(self) -> dict:
         """What `fleetctl status --json` shows for this fleet."""
-        from .cli.cmd_status import gather
+        from .status import gather
 
         return gather(self.name)
 

@@ -102,6 +102,35 @@ TRANSITIONS = {
     (LEASED, VACATE): (IDLE, "T10", ALL_KINDS, False),
 }
 
+# --- paths: the sequences of events other modules walk --------------------------
+#: How a unit's completion ends its slot, by the role's kind: a keyed unit leaves
+#: its pin (T3), the singleton stays pinned (T4), a pooled unit returns the slot to
+#: the pool (T5).
+COMPLETION = {KIND_PINNED: PIN_KEYED, KIND_SINGLETON: PIN_SINGLETON, KIND_POOLED: RELEASE}
+
+#: How a slot whose worker died walks back to Idle, from each state, through legal
+#: transitions only (Idle needs nothing), in any posture. A lost lease is VACATEd
+#: (T10), not STARTed: START is posture-gated, so under cordon a deferrable role's
+#: lost lease could not get home and would refuse every later grant.
+RESET_PATHS = {
+    LEASED: (VACATE,),
+    RUNNING: (DRAIN, DRAINED),
+    DRAINING: (DRAINED,),
+    PINNED: (UNPIN,),
+}
+
+
+def walk(state, path):
+    """The state a path of events leads to from `state` by the table alone (no
+    guards), or None if a step is illegal."""
+    for event in path:
+        entry = TRANSITIONS.get((state, event))
+        if entry is None:
+            return None
+        state = entry[0]
+    return state
+
+
 # --- why a transition was refused (0 = applied) ----------------------------------
 OK = 0
 R_ILLEGAL = 1  # (state, event) is not in the table

@@ -29,20 +29,15 @@ import collections
 import dataclasses
 import heapq
 import itertools
-import json
 import logging
 import os
-import pickle
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from . import cgroup, fsm
+from . import cgroup, codec, fsm
 from . import messages as M
 from . import posture as posture_mod
 from . import pressure as pressure_mod
@@ -51,19 +46,19 @@ from . import seats as seats_mod
 from .config import FleetConfig
 from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
-from .errors import BootRefused, ConfigError, FleetError
+from .errors import FleetError
+from .intensity import Deaths
 from .leases import LeaseGate
 from .ledger import Ledger, abort_process
-from .outcomes import FAILED, SOLVED, SUPPRESSED
+from .outcomes import FAILED, SOLVED
 from .sampler import PressureInput, QuotaWatcher, Sampler
 from .table import SlotTable
 from .table import layout as L
+from .zygote_link import BOOT_TIMEOUT_S, Exited, Forked, WorkerStartError, ZygoteLink
 from .unit import (
     BadUnit,
     FleetClosed,
     Outcome,
-    PayloadTooLarge,
-    PayloadUnpicklable,
     QueueFull,
     RoleStopped,
     error_for,
@@ -75,15 +70,6 @@ log = logging.getLogger("fleet.supervisor")
 IDLE_WAIT_S = 0.1
 #: Posture sampling period.
 SAMPLE_EVERY_S = 0.25
-#: How long boot waits for the zygote to import handlers and load kernels.
-BOOT_TIMEOUT_S = 120.0
-
-
-_SOLVED = Outcome(SOLVED)
-
-
-class WorkerStartError(BootRefused):
-    """The worker fork server could not start (it says why)."""
 
 
 def _next_pow2(n: int) -> int:
@@ -121,7 +107,7 @@ class Supervisor:
         self._stopped = threading.Event()
         self._draining = False  # fleetd drain: take nothing new from the queues
         self._stopped_roles: set[int] = set()
-        self._deaths: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._deaths = Deaths(config.restart.max_restarts, config.restart.within_seconds)
         self._timed_out: set[int] = set()
         self._deadlines: list = []  # heap of (deadline, unit id)
         self._outbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
@@ -214,108 +200,38 @@ class Supervisor:
         self._thread.start()
 
     def _start_zygote(self) -> None:
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ)
         if self._spawner is None:
             # The zygote's parent-death signal fires when the *thread* that started it
-            # exits; start it from a thread that lives exactly as long as this fleet, not
-            # from whichever caller thread booted it (it may end long before the fleet).
+            # exits; start it from a thread that lives exactly as long as this fleet.
             self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{self.name}-spawner")
-        self.zygote = self._spawner.submit(
-            subprocess.Popen,
-            [sys.executable, "-m", "fleet.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env=env,
-        ).result()
-        theirs.close()
-        self._zsock = ours
-        self._zbuf = b""
-        boot = {
-            "op": "boot",
-            "name": self.name,
-            "roles": [dataclasses.asdict(r) for r in self.roles],
-            "sys_path": list(sys.path),
-            "log_level": logging.getLogger("fleet").getEffectiveLevel(),
-        }
-        ours.sendall(json.dumps(boot).encode() + b"\n")
-        reply = self._zygote_reply(time.monotonic() + BOOT_TIMEOUT_S)
-        if reply.get("op") == "error":
-            if reply.get("path"):
-                raise ConfigError(reply["path"], reply["message"].split(": ", 1)[-1])
-            raise WorkerStartError(f"worker fork server failed to boot: {reply.get('type')}: {reply.get('message')}")
-        if reply.get("op") != "ready":
-            raise WorkerStartError(f"worker fork server said {reply!r} at boot")
-        ours.setblocking(False)
-
-    def _zygote_reply(self, deadline: float) -> dict:
-        self._zsock.settimeout(max(0.0, deadline - time.monotonic()))
-        while b"\n" not in self._zbuf:
-            try:
-                chunk = self._zsock.recv(65536)
-            except TimeoutError:
-                raise WorkerStartError("worker fork server did not answer in time") from None
-            if not chunk:
-                raise WorkerStartError(f"worker fork server exited at boot (code {self.zygote.wait()})")
-            self._zbuf += chunk
-        line, self._zbuf = self._zbuf.split(b"\n", 1)
-        return json.loads(line)
+        self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner)
 
     def _fork(self, seat: int) -> None:
         self._pending_forks.add(seat)
-        msg = {"op": "fork", "seat": seat, "cpus": list(self.layout.seats[seat].cpus)}
-        self._zsock.setblocking(True)
-        try:
-            self._zsock.sendall(json.dumps(msg).encode() + b"\n")
-        except OSError as exc:
-            # The zygote is gone (its end of the socket closed under us). The loop sees
-            # the EOF next and `_zygote_died` forks every seat again, this one included.
-            log.warning("fleet %s: cannot ask the worker fork server for seat %d: %s", self.name, seat, exc)
-        finally:
-            self._zsock.setblocking(False)
+        self.zygote.fork(seat, self.layout.seats[seat].cpus)
 
     def _read_zygote(self, block_until: float | None = None) -> bool:
         """Handle what the zygote said; False when it is gone."""
-        while True:
-            if b"\n" not in self._zbuf:
-                try:
-                    if block_until is not None:
-                        self._zsock.settimeout(max(0.001, block_until - time.monotonic()))
-                    chunk = self._zsock.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    return True
-                except TimeoutError:
-                    raise WorkerStartError("worker fork server did not fork the workers in time") from None
-                except ConnectionError:
-                    # A zygote killed with our fork requests unread resets the socket
-                    # instead of closing it: it is gone all the same (this used to crash
-                    # the loop, failing every unit and leaving intake open).
-                    return False
-                finally:
-                    if block_until is not None:
-                        self._zsock.setblocking(False)
-                if not chunk:
-                    return False
-                self._zbuf += chunk
-                continue
-            line, self._zbuf = self._zbuf.split(b"\n", 1)
-            self._zygote_message(json.loads(line))
-            if block_until is not None:
-                return True
+        events = self.zygote.read(block_until)
+        if events is None:
+            return False
+        for event in events:
+            self._zygote_event(event)
+        return True
 
-    def _zygote_message(self, msg: dict) -> None:
-        if msg["op"] == "forked":
-            seat, pid = msg["seat"], msg["pid"]
+    def _zygote_event(self, event) -> None:
+        if isinstance(event, Forked):
+            seat, pid = event.seat, event.pid
             self._pending_forks.discard(seat)
             self._pids[seat] = pid
             self._seat_of_pid[pid] = seat
             for slot in self.dispatcher.slots_of_seat(seat):
                 self.table.set_slot_meta(slot, pid=pid)
             log.debug("seat %d: worker pid %d", seat, pid)
-        elif msg["op"] == "exited":
-            seat = self._seat_of_pid.pop(msg["pid"], None)
+        elif isinstance(event, Exited):
+            seat = self._seat_of_pid.pop(event.pid, None)
             if seat is not None:
-                self._seat_died(seat, msg["pid"], msg["status"])
+                self._seat_died(seat, event.pid, event.status)
 
     def _snapshot_for_metrics(self):
         table = self.table
@@ -331,16 +247,8 @@ class Supervisor:
         code = self.roles.code(role)
         spec = self.roles.by_code(code)
         self._check_unit(spec, key, lane, priority, timeout, request_id)
-        try:
-            if pickled_payload is not None:
-                body = pickle.dumps((_Pickled(pickled_payload), key, lane, request_id), protocol=pickle.HIGHEST_PROTOCOL)
-            else:
-                body = pickle.dumps((payload, key, lane, request_id), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            raise PayloadUnpicklable(f"payload for role {role!r} cannot be pickled: {type(exc).__name__}: {exc}") from None
-        limit = self.config.limits.max_payload_bytes
-        if len(body) > limit:
-            raise PayloadTooLarge(f"payload for role {role!r} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
+        body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
+                               limit=self.config.limits.max_payload_bytes)
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
         future = Future()
@@ -553,41 +461,7 @@ class Supervisor:
             return None
         unit_id, slot, status, final, elapsed = M.RESULT_HEAD.unpack_from(view)
         body = view[M.RESULT_HEAD.size :]
-        return unit_id, slot, final, elapsed, *self._outcome(status, body, relay=self.mode == "service"), status
-
-    @staticmethod
-    def _outcome(status: int, body, relay: bool = False):
-        """(Outcome, value, original exception) from a result message. ``relay``: a value
-        is kept as the worker's pickled bytes (`_Pickled`) for fleetd to pass to its client."""
-        if status == M.ST_SOLVED:
-            if relay:
-                return _SOLVED, _Pickled(bytes(body)), None
-            try:
-                return _SOLVED, pickle.loads(body), None
-            except Exception as exc:  # noqa: BLE001 - e.g. a class the caller's process cannot import
-                return Outcome(FAILED, "ResultError", f"result cannot be unpickled here: {exc}"), None, None
-        if status == M.ST_CHUNK:
-            values, failures = chunk = pickle.loads(body)
-            if relay:
-                chunk = _Pickled(bytes(body))
-            kinds = {st for st, _ in failures.values()}
-            if M.ST_HANDLER_ERROR in kinds:
-                return Outcome(FAILED, "HandlerError", "an item of the chunk failed"), chunk, None
-            if M.ST_SUPPRESSED in kinds:
-                return Outcome(SUPPRESSED, None, "an item of the chunk was suppressed"), chunk, None
-            return _SOLVED, chunk, None
-        if status == M.ST_SUPPRESSED:
-            return Outcome(SUPPRESSED, None, bytes(body).decode(errors="replace")), None, None
-        if status == M.ST_HANDLER_ERROR:
-            text, original = pickle.loads(body)
-            return Outcome(FAILED, "HandlerError", text), None, original
-        if status == M.ST_RESULT_ERROR:
-            return Outcome(FAILED, "ResultError", bytes(body).decode(errors="replace")), None, None
-        if status == M.ST_HELD_AT_CLOSE:
-            return Outcome(FAILED, "Shutdown", bytes(body).decode(errors="replace")), None, None
-        if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
-            return Outcome(FAILED, "FsmRefused", bytes(body).decode(errors="replace")), None, None
-        return Outcome(FAILED, "LaneDeath", bytes(body).decode(errors="replace")), None, None
+        return unit_id, slot, final, elapsed, *codec.result_outcome(status, body, relay=self.mode == "service"), status
 
     def _apply(self, decoded):
         unit_id, slot, final, elapsed, outcome, value, original, status = decoded
@@ -657,18 +531,10 @@ class Supervisor:
             batch = self.data.results(seat).pop_many()
 
     def _reset_slots(self, seat: int) -> None:
-        """Walk a dead seat's slots back to Idle, through legal transitions only."""
-        paths = {
-            # VACATE (T10), not START: START is posture-gated, so under cordon a deferrable
-            # role's lost lease could not get home and refused every later grant.
-            fsm.LEASED: (fsm.VACATE,),
-            fsm.RUNNING: (fsm.DRAIN, fsm.DRAINED),
-            fsm.DRAINING: (fsm.DRAINED,),
-            fsm.PINNED: (fsm.UNPIN,),
-        }
+        """Walk a dead seat's slots back to Idle (fsm.RESET_PATHS), in any posture."""
         for slot in self.dispatcher.slots_of_seat(seat):
             state = self.table.state(slot)[0]
-            for event in paths.get(state, ()):
+            for event in fsm.RESET_PATHS.get(state, ()):
                 reason = self.table.transition(slot, event)
                 if reason != fsm.OK:
                     what = f"slot {slot}: reset {fsm.EVENT_NAMES[event]} refused: {fsm.REASON_NAMES[reason]}"
@@ -691,18 +557,9 @@ class Supervisor:
         self.ledger.fsm_refused()
 
     def _count_death(self, seat: int, how: str) -> bool:
-        """Restart intensity: True to restart the seat; False stops its roles."""
-        limit = self.config.restart
+        """Restart intensity (fleet.intensity): True to restart the seat; False stops its roles."""
         now = time.monotonic()
-        stop = []
-        for role_name in self.layout.seats[seat].roles:
-            code = self.roles.code(role_name)
-            deaths = self._deaths[code]
-            deaths.append(now)
-            while deaths and deaths[0] < now - limit.within_seconds:
-                deaths.popleft()
-            if len(deaths) > limit.max_restarts:
-                stop.append(code)
+        stop = [code for code in map(self.roles.code, self.layout.seats[seat].roles) if self._deaths.died(code, now)]
         log.warning("fleet %s: seat %s worker died (%s)", self.name, self.layout.seats[seat].name, how)
         for code in stop:
             self._stop_role(code)
@@ -746,7 +603,7 @@ class Supervisor:
             if self._closing and not self._units:
                 return
             self._pending_forks.clear()
-            self._zsock.close()
+            self.zygote.exit(timeout=0.5)
             self._restart_zygote()
             self._zygote_gone = False
             for seat in range(len(self.layout.seats)):
@@ -765,18 +622,7 @@ class Supervisor:
                 log.error("fleet %s: worker fork server restart %d/%d failed: %s", self.name, attempt, attempts, exc)
                 if attempt == attempts:
                     raise
-                self._reap_zygote()
-
-    def _reap_zygote(self) -> None:
-        """Forget a zygote that failed to start (it is dead or about to be)."""
-        try:
-            self._zsock.close()
-        except OSError:
-            pass
-        if self.zygote is not None and self.zygote.poll() is None:
-            self.zygote.kill()
-        if self.zygote is not None:
-            self.zygote.wait()
+                # (ZygoteLink.start has reaped the zygote that failed.)
 
     # ================================================================== host-group leases
     def _lease_granted(self, unit_id: int) -> None:
@@ -1103,19 +949,9 @@ class Supervisor:
             self._gate.stop()  # gives back the leases still held
             self._gate = None
         if self.zygote is not None:
-            try:
-                self._zsock.setblocking(True)
-                self._zsock.sendall(b'{"op": "exit"}\n')
-            except OSError:
-                pass
-            try:
-                self.zygote.wait(5 if not kill else 0.5)
-            except subprocess.TimeoutExpired:
-                self.zygote.kill()
-                self.zygote.wait()
+            self.zygote.exit(timeout=5 if not kill else 0.5)
             for pid in list(self._seat_of_pid):
                 _wait_gone(pid)
-            self._zsock.close()
             self.zygote = None
         if self._spawner is not None:
             self._spawner.shutdown(wait=False)
@@ -1150,22 +986,6 @@ class Supervisor:
 
 
 # ---------------------------------------------------------------------- helpers
-class _Pickled:
-    """Bytes pickled at one end for the other: a remote client's payload (the worker
-    unpickles it) or a worker's value relayed by fleetd (its client unpickles it)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes):
-        self.data = data
-
-    def __reduce__(self):
-        return (_Pickled, (self.data,))
-
-    def load(self):
-        return pickle.loads(self.data)
-
-
 def _arrival_log(config):
     """The arrival log of `[record]` (fleet.burst.record), or None when recording is off."""
     if not config.record.enabled:

@@ -46,7 +46,6 @@ EXIT_BROKEN = 70  # EX_SOFTWARE: the worker hit a state it cannot continue from
 #: How long an idle worker sleeps between checks when units are held back by cordon.
 HELD_RETRY_S = 0.05
 
-_COMPLETION = {"pinned": fsm.PIN_KEYED, "singleton": fsm.PIN_SINGLETON, "pooled": fsm.RELEASE}
 
 
 class Worker:
@@ -61,7 +60,7 @@ class Worker:
         self.results = data.results(seat)
         self.bell = data.bell
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
-        self._completion = [_COMPLETION[r.kind] for r in roles]
+        self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
         self._async = [inspect.iscoroutinefunction(h) for h in handlers]
         self._io_bound = [r.io_bound for r in roles]
         self.io = self._io_runner()  # None when no I/O-bound role has slots on this seat

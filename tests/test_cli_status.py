@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from fleet import fsm
+from fleet import status as fleet_status
 from fleet.cli import cmd_status, fleetctl
 from fleet.errors import EXIT_NOT_RUNNING, EXIT_USAGE
 from fleet.table import SlotTable
@@ -72,7 +73,7 @@ def test_census_has_one_row_per_slot(table, fleet_name, capsys):
 
 def test_census_carries_the_run_queue_delay_of_each_pid(table, fleet_name, capsys):
     _, doc, _ = status_json(capsys, fleet_name)
-    assert doc["delay_source"] in (cmd_status.SCHEDSTAT, cmd_status.TASKSTATS)
+    assert doc["delay_source"] in (fleet_status.SCHEDSTAT, fleet_status.TASKSTATS)
     for row in doc["census"][:4]:
         assert isinstance(row["runq_delay_ns"], int) and row["runq_delay_ns"] >= 0
         assert row["runq_delay_source"] == doc["delay_source"]
@@ -82,16 +83,16 @@ def test_census_carries_the_run_queue_delay_of_each_pid(table, fleet_name, capsy
 def test_schedstat_delay_is_field_two(tmp_path):
     (tmp_path / "4242").mkdir()
     (tmp_path / "4242" / "schedstat").write_text("987654321 123456 77\n")
-    assert cmd_status.schedstat_delay(4242, proc=str(tmp_path)) == 123456
-    assert cmd_status.schedstat_delay(4243, proc=str(tmp_path)) is None
-    assert isinstance(cmd_status.schedstat_delay(os.getpid()), int)
+    assert fleet_status.schedstat_delay(4242, proc=str(tmp_path)) == 123456
+    assert fleet_status.schedstat_delay(4243, proc=str(tmp_path)) is None
+    assert isinstance(fleet_status.schedstat_delay(os.getpid()), int)
 
 
 def test_taskstats_source_when_asked(table, fleet_name, capsys):
     rc, out, _ = status(capsys, "--name", fleet_name, "--json", "--delay-source", "taskstats")
     doc = json.loads(out)
     # taskstats needs a netlink socket; where it cannot be opened the source says schedstat
-    expected = cmd_status.TASKSTATS if cmd_status.taskstats_delays([]) is not None else cmd_status.SCHEDSTAT
+    expected = fleet_status.TASKSTATS if fleet_status.taskstats_delays([]) is not None else fleet_status.SCHEDSTAT
     assert rc == 0 and doc["delay_source"] == expected
     assert isinstance(doc["census"][0]["runq_delay_ns"], int)
     assert doc["census"][0]["runq_delay_source"] == expected
@@ -108,21 +109,21 @@ def test_taskstats_source_when_asked(table, fleet_name, capsys):
     ],
 )
 def test_choose_delay_source(requested, delayacct, euid, source):
-    assert cmd_status.choose_delay_source(requested, delayacct, euid) == source
+    assert fleet_status.choose_delay_source(requested, delayacct, euid) == source
 
 
 def test_delayacct_flag_is_read_from_proc(tmp_path):
     flag = tmp_path / "task_delayacct"
     flag.write_text("1\n")
-    assert cmd_status.delayacct_enabled(str(flag))
+    assert fleet_status.delayacct_enabled(str(flag))
     flag.write_text("0\n")
-    assert not cmd_status.delayacct_enabled(str(flag))
-    assert not cmd_status.delayacct_enabled(str(tmp_path / "missing"))
+    assert not fleet_status.delayacct_enabled(str(flag))
+    assert not fleet_status.delayacct_enabled(str(tmp_path / "missing"))
 
 
 def test_posture_dwell_and_cordoned_time_use_the_monotonic_clock(table):
     now = ft.SINCE_NS + 2_500_000_000
-    doc = cmd_status.build(table.snapshot(), alive=True, delays={}, delay_source="schedstat", now_ns=now, wall_ns=0)
+    doc = fleet_status.build(table.snapshot(), alive=True, delays={}, delay_source="schedstat", now_ns=now, wall_ns=0)
     p = doc["posture"]
     assert (p["state"], p["cause"], p["enter_count"], p["exit_count"], p["suppressed"]) == (
         "Cordoned", "throttle-events", 3, 2, 17,
@@ -135,14 +136,14 @@ def test_posture_dwell_and_cordoned_time_use_the_monotonic_clock(table):
 def test_nominal_posture_adds_no_current_stay(table):
     table.set_posture(fsm.NOMINAL, since_ns=ft.SINCE_NS, cordoned_ns=ft.CORDONED_BEFORE_NS)
     now = ft.SINCE_NS + 2_000_000_000
-    p = cmd_status.build(table.snapshot(), alive=True, delays={}, delay_source="schedstat", now_ns=now, wall_ns=0)["posture"]
+    p = fleet_status.build(table.snapshot(), alive=True, delays={}, delay_source="schedstat", now_ns=now, wall_ns=0)["posture"]
     assert (p["state"], p["dwell_s"], p["cordoned_s"]) == ("Nominal", 2.0, 5.0)
 
 
 def test_unpublished_posture_has_no_dwell(fleet_name):
     t = ft.create_table(fleet_name)
     try:
-        p = cmd_status.build(t.snapshot(), alive=True, delays={}, delay_source="schedstat", now_ns=10**12, wall_ns=0)
+        p = fleet_status.build(t.snapshot(), alive=True, delays={}, delay_source="schedstat", now_ns=10**12, wall_ns=0)
         assert p["posture"]["dwell_s"] is None and p["posture"]["cordoned_s"] == 0
     finally:
         t.close()

@@ -12,10 +12,9 @@ import time
 
 import pytest
 
-from fleet import fsm
+from fleet import codec, fsm
 from fleet import messages as M
 from fleet.posture import PostureCauseError
-from fleet.supervisor import Supervisor
 from fleet.table import layout as L
 from fleet.table.kernels import SLOT_FIELDS
 from fleet.unit import UnitFailed
@@ -172,7 +171,7 @@ def test_a_refused_completion_fails_fsm_refused_and_is_counted(fleet_name):
 
 @pytest.mark.parametrize("status", [M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED])
 def test_a_refusal_from_a_worker_is_not_a_lane_death(status):
-    outcome, value, original = Supervisor._outcome(status, b"slot 3 refused START: wrong role")
+    outcome, value, original = codec.result_outcome(status, b"slot 3 refused START: wrong role")
     assert (outcome.kind, outcome.reason, outcome.detail) == ("failed", "FsmRefused", "slot 3 refused START: wrong role")
 
 
@@ -222,9 +221,7 @@ def test_a_zygote_killed_with_requests_unread_is_replaced(fleet_name, caplog):
         zygote = sup.zygote.pid
         os.kill(zygote, signal.SIGSTOP)  # so it cannot read what comes next
         with sup._lock:
-            sup._zsock.setblocking(True)
-            sup._zsock.sendall(b'{"op": "noop"}\n')
-            sup._zsock.setblocking(False)
+            sup.zygote._send({"op": "noop"})
         os.kill(zygote, signal.SIGKILL)
         wait_for(lambda: sup.zygote is not None and sup.zygote.pid != zygote and sup.pids(), "a new zygote serves")
         value, pid = f.submit("work", 2).result(EVENTUALLY_S)

@@ -199,6 +199,44 @@ def test_bad_event_code():
     assert fsm.transition_id(IDLE, LEASE) == "T1"
 
 
+# --- paths other modules walk (fsm.COMPLETION, fsm.RESET_PATHS) -------------------
+def _walk_decide(state, path, kind, cls=CLASS_NEVER, posture=NOMINAL):
+    """Walk `path` through the full guarded rule; (reason of the first refusal, state)."""
+    for event in path:
+        reason, state, _r, _k = fsm.decide(state, 0, 0, event, ANY_ROLE, 0, kind, cls, posture)
+        if reason != fsm.OK:
+            return reason, state
+    return fsm.OK, state
+
+
+@pytest.mark.parametrize("kind, expected", [(KIND_PINNED, PINNED), (KIND_SINGLETON, PINNED), (KIND_POOLED, IDLE)])
+def test_each_kind_completes_a_running_slot_legally(kind, expected):
+    assert _walk_decide(RUNNING, (fsm.COMPLETION[kind],), kind) == (fsm.OK, expected)
+
+
+@pytest.mark.parametrize("state, kind", [(s, k) for s in range(fsm.N_STATES) for k in (KIND_PINNED, KIND_POOLED, KIND_SINGLETON)
+                                         if not (s == PINNED and k == KIND_POOLED)])
+def test_a_dead_seats_slot_walks_back_to_idle_from_every_state(state, kind):
+    path = fsm.RESET_PATHS.get(state, ())
+    assert (state == IDLE) == (path == ())
+    assert _walk_decide(state, path, kind) == (fsm.OK, IDLE)
+    assert fsm.walk(state, path) == IDLE
+
+
+def test_walk_stops_at_an_illegal_step():
+    assert fsm.walk(IDLE, (START,)) is None
+    assert fsm.walk(IDLE, (LEASE, START, RELEASE)) == IDLE
+
+
+@pytest.mark.parametrize("kind", [KIND_PINNED, KIND_POOLED, KIND_SINGLETON])
+def test_a_dead_seats_slot_walks_back_to_idle_under_cordon_too(kind):
+    """A deferrable role's lost lease or drained unit must get home while Cordoned."""
+    for state, path in fsm.RESET_PATHS.items():
+        if state == PINNED and kind == KIND_POOLED:
+            continue
+        assert _walk_decide(state, path, kind, CLASS_DEFERRABLE, CORDONED) == (fsm.OK, IDLE)
+
+
 # --- T10: a lost lease goes home in any posture ------------------------------------------
 @pytest.mark.parametrize("kind", [KIND_PINNED, KIND_POOLED, KIND_SINGLETON])
 @pytest.mark.parametrize("klass", [CLASS_NEVER, CLASS_FLOOR, CLASS_DEFERRABLE])

@@ -16,7 +16,8 @@ import uuid
 import pytest
 
 from fleet import shm
-from fleet.cli import cmd_status, fleetctl
+from fleet import status
+from fleet.cli import fleetctl
 from fleet.dataplane import KIND as DATA
 from fleet.dataplane import DataSegment
 from fleet.errors import EXIT_NO_PERMISSION, EXIT_OK, FleetError
@@ -130,7 +131,7 @@ def test_fleetctl_status_works_for_the_socket_group_and_payloads_stay_private(fl
         with open(data_path, "rb") as f:
             assert marker.encode() in f.read()  # what is at stake: the payload sits in the segment
         # the table's ledger is published by the supervisor loop: wait until it shows the unit
-        wait_until(lambda: cmd_status.gather(fleet_name)["ledger"]["solved"] == 1, "the ledger to show the unit")
+        wait_until(lambda: status.gather(fleet_name)["ledger"]["solved"] == 1, "the ledger to show the unit")
 
         def child():
             code, out, err = _fleetctl("status", "--json", "--name", fleet_name)

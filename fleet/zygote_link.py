@@ -1,0 +1,194 @@
+"""The supervisor's end of the zygote: starting it, its protocol, fork requests, and
+noticing its death (the zygote's own end is fleet.zygote, which documents the
+protocol: JSON lines over a socketpair).
+
+`ZygoteLink.start` launches `python -m fleet.zygote`, sends the boot message and
+waits for `ready` (a handler that cannot be imported comes back as the ConfigError
+naming the role). After boot the socket is non-blocking: `fork(seat, cpus)` asks
+for a worker, `read()` returns the `Forked` and `Exited` events received so far
+(None once the zygote is gone), `exit()` asks it to stop and waits for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from .errors import BootRefused, ConfigError
+
+log = logging.getLogger("fleet.supervisor")
+
+#: How long boot waits for the zygote to import handlers and load kernels.
+BOOT_TIMEOUT_S = 120.0
+
+
+class WorkerStartError(BootRefused):
+    """The worker fork server could not start (it says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Forked:
+    """The zygote forked the worker of `seat`."""
+
+    seat: int
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited:
+    """A worker exited (status: exit code, or minus the signal that killed it)."""
+
+    pid: int
+    status: int
+
+
+class ZygoteLink:
+    """One running zygote, from the supervisor's side."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+        self._proc = proc
+        self._sock = sock
+        self._buf = b""
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    # --- start -------------------------------------------------------------------------
+    @classmethod
+    def start(cls, name: str, roles, spawner) -> "ZygoteLink":
+        """Start a zygote for fleet `name` and boot it with `roles`.
+
+        `spawner` is a one-thread executor that lives as long as the fleet: the
+        zygote's parent-death signal fires when the *thread* that started it exits,
+        so it must not be whichever caller thread booted the fleet.
+
+        Raises:
+            ConfigError: a role's handler cannot be imported (named by its path).
+            WorkerStartError: the zygote failed, exited or did not answer in time.
+        """
+        ours, theirs = socket.socketpair()
+        proc = spawner.submit(
+            subprocess.Popen,
+            [sys.executable, "-m", "fleet.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ),
+        ).result()
+        theirs.close()
+        link = cls(proc, ours)
+        try:
+            link._boot(name, roles)
+        except BaseException:
+            link.exit(timeout=0.5)
+            raise
+        return link
+
+    def _boot(self, name: str, roles) -> None:
+        boot = {
+            "op": "boot",
+            "name": name,
+            "roles": [dataclasses.asdict(r) for r in roles],
+            "sys_path": list(sys.path),
+            "log_level": logging.getLogger("fleet").getEffectiveLevel(),
+        }
+        self._sock.sendall(json.dumps(boot).encode() + b"\n")
+        reply = self._reply(time.monotonic() + BOOT_TIMEOUT_S)
+        if reply.get("op") == "error":
+            if reply.get("path"):
+                raise ConfigError(reply["path"], reply["message"].split(": ", 1)[-1])
+            raise WorkerStartError(f"worker fork server failed to boot: {reply.get('type')}: {reply.get('message')}")
+        if reply.get("op") != "ready":
+            raise WorkerStartError(f"worker fork server said {reply!r} at boot")
+        self._sock.setblocking(False)
+
+    def _reply(self, deadline: float) -> dict:
+        self._sock.settimeout(max(0.0, deadline - time.monotonic()))
+        while b"\n" not in self._buf:
+            try:
+                chunk = self._sock.recv(65536)
+            except TimeoutError:
+                raise WorkerStartError("worker fork server did not answer in time") from None
+            if not chunk:
+                raise WorkerStartError(f"worker fork server exited at boot (code {self._proc.wait()})")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    # --- running -----------------------------------------------------------------------
+    def fork(self, seat: int, cpus) -> None:
+        """Ask for a worker for `seat`, pinned to `cpus` (answered by a `Forked` event)."""
+        try:
+            self._send({"op": "fork", "seat": seat, "cpus": list(cpus)})
+        except OSError as exc:
+            # The zygote is gone (its end of the socket closed under us). The next read
+            # says so, and the supervisor forks every seat again, this one included.
+            log.warning("cannot ask the worker fork server for seat %d: %s", seat, exc)
+
+    def read(self, block_until: float | None = None) -> list | None:
+        """The events received so far; None when the zygote is gone.
+
+        With `block_until` (a time.monotonic deadline), waits for at least one event.
+
+        Raises:
+            WorkerStartError: nothing came before `block_until`.
+        """
+        while b"\n" not in self._buf:
+            try:
+                if block_until is not None:
+                    self._sock.settimeout(max(0.001, block_until - time.monotonic()))
+                chunk = self._sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return []
+            except TimeoutError:
+                raise WorkerStartError("worker fork server did not fork the workers in time") from None
+            except ConnectionError:
+                # A zygote killed with our fork requests unread resets the socket
+                # instead of closing it: it is gone all the same.
+                return None
+            finally:
+                if block_until is not None:
+                    self._sock.setblocking(False)
+            if not chunk:
+                return None
+            self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        return [e for e in map(_event, lines) if e is not None]
+
+    def wait(self) -> int:
+        """The zygote's exit code (it is gone or going)."""
+        return self._proc.wait()
+
+    def exit(self, timeout: float = 5.0) -> None:
+        """Ask the zygote to exit; kill it if it has not within `timeout`. Idempotent."""
+        try:
+            self._send({"op": "exit"})
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._sock.close()
+
+    def _send(self, msg: dict) -> None:
+        self._sock.setblocking(True)
+        try:
+            self._sock.sendall(json.dumps(msg).encode() + b"\n")
+        finally:
+            self._sock.setblocking(False)
+
+
+def _event(line: bytes):
+    msg = json.loads(line)
+    if msg["op"] == "forked":
+        return Forked(msg["seat"], msg["pid"])
+    if msg["op"] == "exited":
+        return Exited(msg["pid"], msg["status"])
+    return None
