@@ -1267,14 +1267,12 @@ class ControlServer:
     # -- socket file
     @staticmethod
     def _gid(group: int | str) -> int:
-        if isinstance(group, int):
-            return group
-        import grp
+        from .groups import resolve_gid
 
         try:
-            return grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise ControlError(f"socket group {group!r} does not exist") from None
+            return resolve_gid(group)
+        except ValueError as exc:
+            raise ControlError(f"socket {exc}") from None
 
     def _clear_stale(self) -> None:
         """Remove a socket left by a dead daemon; refuse to touch a live one or a non-socket."""

@@ -38,7 +38,6 @@ This module imports posix_ipc only (no numpy, no numba), so read-only tools stay
 from __future__ import annotations
 
 import dataclasses
-import grp
 import logging
 import mmap
 import os
@@ -48,6 +47,7 @@ import time
 
 import posix_ipc
 
+from .groups import resolve_gid
 from .names import validate_fleet_name
 
 #: A segment with no magic and no creator recorded, older than this, is a creator that
@@ -155,16 +155,10 @@ def creator_alive(pid: int, start: int) -> bool:
 
 def group_id(group: int | str, kind: Kind) -> int:
     """The gid of a group given by number or name; the kind's base error if there is none."""
-    if isinstance(group, int) and not isinstance(group, bool):
-        if group < 0:
-            raise kind.errors.base(f"group id {group} is not valid")
-        return group
-    if isinstance(group, str):
-        try:
-            return grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise kind.errors.base(f"group {group!r} does not exist") from None
-    raise kind.errors.base(f"group must be a name or a gid, got {type(group).__name__}")
+    try:
+        return resolve_gid(group)
+    except ValueError as exc:
+        raise kind.errors.base(str(exc)) from None
 
 
 def create(fleet: str, kind: Kind, size: int, *, readers_group: int | str | None = None) -> mmap.mmap:
