@@ -22,6 +22,18 @@ def fleet_name(request):
 
 
 @pytest.fixture
+def table(fleet_name):
+    """A real table of this test's fleet, filled with `tests.fleet_tables`' known values."""
+    from tests import fleet_tables as ft
+
+    t = ft.create_table(fleet_name)
+    ft.populate(t)
+    yield t
+    t.close()
+    t.unlink()
+
+
+@pytest.fixture
 def reaper():
     """Collects child pids (or Popen/Process objects); kills what is still alive at teardown."""
     children = []

@@ -11,21 +11,11 @@ import pytest
 
 from fleet.cli import fleetctl
 from fleet.errors import EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
-from tests import fleet_tables as ft
 
 FLEETCTL = shutil.which("fleetctl")
 #: Every command that addresses a fleet, as argv after the command word's position.
 FLEET_COMMANDS = (["status"], ["posture", "show"], ["posture", "set", "cordon_enter_events=3"],
                   ["posture", "release", "operator"], ["drain"], ["resume"])
-
-
-@pytest.fixture
-def table(fleet_name):
-    t = ft.create_table(fleet_name)
-    ft.populate(t)
-    yield t
-    t.close()
-    t.unlink()
 
 
 @pytest.fixture

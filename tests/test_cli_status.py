@@ -22,15 +22,6 @@ from tests import fleet_tables as ft
 FLEETCTL = shutil.which("fleetctl")
 
 
-@pytest.fixture
-def table(fleet_name):
-    t = ft.create_table(fleet_name)
-    ft.populate(t)
-    yield t
-    t.close()
-    t.unlink()
-
-
 def status(capsys, *argv):
     rc = fleetctl.main(["status", *argv])
     out, err = capsys.readouterr()

@@ -19,15 +19,6 @@ NOW_NS = ft.SINCE_NS + 4_000_000_000  # 4 s into the current cordoned stay
 
 
 @pytest.fixture
-def table(fleet_name):
-    t = ft.create_table(fleet_name)
-    ft.populate(t)
-    yield t
-    t.close()
-    t.unlink()
-
-
-@pytest.fixture
 def server(table):
     with MetricsServer(port=0, metrics=FleetMetrics(table.snapshot, clock=lambda: NOW_NS)) as s:
         yield s
