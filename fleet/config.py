@@ -395,6 +395,7 @@ _ROLE_TYPES = {
     "slots": "int",
     "io_bound": "bool",
     "timeout_s": "float?",
+    "elastic_repin": "bool",
 }
 
 
