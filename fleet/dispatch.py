@@ -88,14 +88,14 @@ class Grant:
 @dataclass
 class _Slot:
     index: int
-    role: int
     seat: int
+    role: int = -1  # the role that holds the slot now (-1: none; it waits in its seat's idle pool)
+    last_role: int = -1  # the role it last served: an Idle slot goes back to the same role first
     inflight: deque = field(default_factory=deque)  # unit ids, in grant order
     pin_key: Hashable | None = None  # user key the slot is pinned (or claimed) for
     key_id: int = 0
     claimed: bool = False  # a pin is claimed or held (Leased/Running/Pinned for the key)
     last_used: int = 0
-    pooled: bool = False  # its role is pooled: while empty it waits in the role's free list
     stale: bool = False  # a pin from before the current epoch: released once it is empty
     drained: bool = False  # the pin was drained to Idle with units still sent to it (they come back)
 
@@ -187,15 +187,25 @@ class Dispatcher:
     def __init__(self, roles: RoleSet, seat_layout: SeatLayout, *, pin_depth: int = DEFAULT_PIN_DEPTH):
         self.roles = roles
         self.pin_depth = pin_depth
-        self._slots = [_Slot(s.index, roles.code(s.role), s.seat) for s in seat_layout.slots]
-        self._role_slots = [[s for s in self._slots if s.role == code and s.seat != NO_SEAT] for code in range(len(roles))]
-        # Free pooled slots per role, in layout order (which alternates seats): O(1) grants.
-        self._free = [deque() for _ in roles]
-        for code, slots in enumerate(self._role_slots):
-            if roles.by_code(code).kind == "pooled":
-                for slot in slots:
-                    slot.pooled = True
-                    self._free[code].append(slot)
+        n_seats = len(seat_layout.seats)
+        self._slots = [_Slot(s.index, s.seat) for s in seat_layout.slots]
+        self._seat_slots = [[s.index for s in self._slots if s.seat == seat] for seat in range(n_seats)]
+        #: the seats each role may lease slots of, and where the next search starts (so
+        #: a role's grants alternate over its seats)
+        self._seats_for = [seat_layout.seats_for(r.name) for r in roles]
+        self._next_seat = [0] * len(roles)
+        #: Idle slots per seat, by the role each last served (-1: none yet): O(1) grants,
+        #: and a role gets back a slot it served before when there is one (no switch).
+        self._idle: list[dict[int, deque]] = [{} for _ in range(n_seats)]
+        self._n_idle = [0] * n_seats
+        for slot in self._slots:
+            if slot.seat != NO_SEAT:
+                self._park(slot)
+        self._count = [r.slots for r in roles]  # the budget count: most slots a role holds at once
+        self._held = [0] * len(roles)
+        self._pooled = [r.kind == "pooled" for r in roles]
+        self._pins: list[dict] = [{} for _ in roles]  # keyed roles: user key -> claimed slot
+        self.repins = [0] * len(roles)  # elastic re-pins per role (`elastic_repin`)
         self._queues = [_RoleQueue(keyed=r.kind in ("pinned", "singleton")) for r in roles]
         self._order = sorted(range(len(roles)), key=lambda c: (precedence(roles.by_code(c)), c))
         self._in_use = [0] * len(roles)
@@ -210,6 +220,59 @@ class Dispatcher:
         #: its caller); dropped ids are collected by `take_skipped`.
         self.skip = None
         self._skipped: list[int] = []
+
+    # --- holding slots: the budget count ---------------------------------------------
+    def _park(self, slot: _Slot) -> None:
+        """`slot` is Idle: it waits in its seat's pool for any role that may run there."""
+        slot.role = -1
+        pool = self._idle[slot.seat].get(slot.last_role)
+        if pool is None:
+            pool = self._idle[slot.seat][slot.last_role] = deque()
+        pool.append(slot)
+        self._n_idle[slot.seat] += 1
+
+    def _has_idle(self, code: int) -> bool:
+        return self._held[code] < self._count[code] and any(self._n_idle[s] for s in self._seats_for[code])
+
+    def _lease_idle(self, code: int) -> _Slot | None:
+        """Take an Idle slot for `code` within its budget count (None: at its count, or no
+        Idle slot on its seats). Prefers a slot that last served `code`, then a fresh one."""
+        if self._held[code] >= self._count[code]:
+            return None
+        seats = self._seats_for[code]
+        n, first = len(seats), self._next_seat[code]
+        for k in range(n):
+            seat = seats[(first + k) % n]
+            if not self._n_idle[seat]:
+                continue
+            self._next_seat[code] = (first + k + 1) % n
+            by_last = self._idle[seat]
+            pool = by_last.get(code) or by_last.get(-1) or next(p for p in by_last.values() if p)
+            slot = pool.popleft()
+            self._n_idle[seat] -= 1
+            slot.role = code
+            self._held[code] += 1
+            return slot
+        return None
+
+    def _unhold(self, slot: _Slot) -> None:
+        """`slot` is Idle again (T5, T8, T9 or a reset): it no longer counts for its role."""
+        code = slot.role
+        self._held[code] -= 1
+        if slot.claimed:
+            del self._pins[code][slot.pin_key]
+        slot.claimed, slot.stale, slot.pin_key, slot.drained, slot.key_id = False, False, None, False, 0
+        slot.last_role = code
+        self._park(slot)
+
+    def held(self, role: int) -> int:
+        """Slots `role` holds now (pooled slots with a unit, claimed pins): never above its count."""
+        return self._held[role]
+
+    def slot_role(self, slot: int) -> int | None:
+        """The role holding `slot` now (None: Idle)."""
+        code = self._slots[slot].role
+        return None if code < 0 else code
 
     # --- intake -------------------------------------------------------------------
     def queued(self, role: int) -> int:
@@ -259,23 +322,22 @@ class Dispatcher:
         return allowed
 
     def _grant_pooled(self, code: int, queue: _RoleQueue, out: list) -> None:
-        free = self._free[code]
-        while free:
+        while self._has_idle(code):
             item = self._next_live(queue.plain, queue)
             if item is None or not self._posture_allows(code, item, True):
                 return
-            slot = free.popleft()
+            slot = self._lease_idle(code)
             queue.plain.pop()
             queue.n -= 1
             out.append(self._take(slot, item, fsm.START, ((fsm.LEASE, code, 0),)))
 
     def _grant_keyed(self, code: int, queue: _RoleQueue, out: list) -> None:
-        pins = {s.pin_key: s for s in self._role_slots[code] if s.claimed and not s.drained}
-        # A key whose drained pin still has units out waits for them to come back, so
-        # its units keep their order (they go first again).
-        returning = {s.pin_key for s in self._role_slots[code] if s.claimed and s.drained}
+        pins = self._pins[code]
         for key in list(queue.by_key):
-            if key in returning:
+            slot = pins.get(key)
+            if slot is not None and slot.drained:
+                # Its drained pin still has units out: they come back and go first, so
+                # the key's units keep their order.
                 continue
             q = queue.by_key[key]
             while q.n:
@@ -307,7 +369,6 @@ class Dispatcher:
                 slot, transitions = self._claim(code, key)
                 if slot is None:
                     break
-                pins[key] = slot
                 q.pop()
                 queue.n -= 1
                 out.append(self._take(slot, item, fsm.START, transitions))
@@ -329,53 +390,61 @@ class Dispatcher:
         return out
 
     def _claim(self, code: int, key) -> tuple[_Slot | None, tuple]:
-        slots = self._role_slots[code]
-        idle = next((s for s in slots if not s.claimed and not s.inflight), None)
+        """A pin for a key that has none: an Idle slot within the role's count (T1); at its
+        count, with `elastic_repin`, the least recently used pin with nothing in flight
+        is re-keyed (T9 then T1); otherwise the key waits for a pin to be released."""
+        pins = self._pins[code]
+        slot = self._lease_idle(code)
         transitions: tuple = ()
-        if idle is None:
-            spare = [s for s in slots if s.claimed and not s.inflight]
+        if slot is None:
+            if not self.roles.by_code(code).elastic_repin:
+                return None, ()
+            spare = [s for s in pins.values() if not s.inflight and not s.drained]
             if not spare:
                 return None, ()
-            idle = min(spare, key=lambda s: s.last_used)
-            transitions = ((fsm.UNPIN, code, idle.key_id),)
-        idle.claimed, idle.stale, idle.pin_key = True, False, key
-        idle.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
-        return idle, transitions + ((fsm.LEASE, code, idle.key_id),)
+            slot = min(spare, key=lambda s: s.last_used)
+            del pins[slot.pin_key]
+            transitions = ((fsm.UNPIN, code, slot.key_id),)
+            self.repins[code] += 1
+        slot.claimed, slot.stale, slot.pin_key = True, False, key
+        slot.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
+        pins[key] = slot
+        return slot, transitions + ((fsm.LEASE, code, slot.key_id),)
 
     def _repin(self, code: int, slot: _Slot, key) -> tuple:
         """Release `slot`'s pin (T9) and claim it again for `key` (T1): the transitions."""
         old_key_id = slot.key_id
-        slot.claimed, slot.stale, slot.pin_key = True, False, key
+        slot.stale = False
         slot.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
         return ((fsm.UNPIN, code, old_key_id), (fsm.LEASE, code, slot.key_id))
 
     # --- epochs ----------------------------------------------------------------------
     def begin_epoch(self) -> int:
         """A new epoch: every pin held now is to be released. Returns how many."""
-        held = [s for s in self._slots if s.claimed and not s.pooled]
+        held = [s for pins in self._pins for s in pins.values()]
         for slot in held:
             slot.stale = True
         return len(held)
 
     def take_idle_stale_pins(self) -> list[int]:
         """Pins of a past epoch with nothing in flight, forgotten here; the caller applies
-        UNPIN (T9) to each returned slot."""
+        UNPIN (T9) to each returned slot (before anything else is granted)."""
         out = []
-        for slot in self._slots:
-            if slot.stale and slot.claimed and not slot.inflight:
-                slot.claimed, slot.stale, slot.pin_key = False, False, None
+        for pins in self._pins:
+            for slot in [s for s in pins.values() if s.stale and not s.inflight]:
+                self._unhold(slot)
                 out.append(slot.index)
-        return out
+        return sorted(out)
 
     def units_in_flight(self, slot: int) -> int:
         """Units granted to `slot` and not yet ended."""
         return len(self._slots[slot].inflight)
 
     def _new_key_id(self, code: int) -> int:
-        in_use = {s.key_id for s in self._role_slots[code] if s.claimed}
+        in_use = {s.key_id for s in self._pins[code].values()}
         while True:
             kid = next(self._key_ids) % (fsm.MAX_KEY + 1)
-            if kid not in in_use:
+            if kid and kid not in in_use:
                 return kid
 
     def _take(self, slot: _Slot, item: Pending, start_event: int, transitions: tuple) -> Grant:
@@ -384,7 +453,7 @@ class Dispatcher:
         slot.inflight.append(item.unit_id)
         slot.last_used = next(self._clock)
         self._where[item.unit_id] = slot
-        if not slot.pooled:
+        if not self._pooled[slot.role]:
             self._keyed_items[item.unit_id] = item
         return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, transitions)
 
@@ -399,12 +468,14 @@ class Dispatcher:
             slot.inflight.remove(unit_id)
         if not slot.inflight:
             self._in_use[slot.role] -= 1
-            if slot.pooled:
-                self._free[slot.role].append(slot)
-        if final_state == fsm.IDLE and slot.inflight and not slot.pooled:
-            slot.drained = True  # the pin was drained: what was sent behind it comes back (requeue)
-        if final_state == fsm.IDLE and not slot.inflight:
-            slot.claimed, slot.stale, slot.pin_key, slot.drained = False, False, None, False  # drained or released: the pin is gone
+        if self._pooled[slot.role]:
+            if not slot.inflight:
+                self._unhold(slot)  # T5 (or T8): back to the seat's pool, for any role
+        elif final_state == fsm.IDLE:
+            if slot.inflight:
+                slot.drained = True  # the pin was drained: what was sent behind it comes back (requeue)
+            else:
+                self._unhold(slot)  # drained or released: the pin is gone
         return slot.index
 
     def requeue(self, unit_id: int) -> bool:
@@ -428,19 +499,17 @@ class Dispatcher:
     def seat_lost(self, seat: int) -> list[tuple[int, int]]:
         """The seat's worker died: forget its pins; returns (unit id, slot) it owed, in grant order."""
         owed = []
-        for slot in self._slots:
-            if slot.seat != seat:
-                continue
+        for index in self._seat_slots[seat] if 0 <= seat < len(self._seat_slots) else ():
+            slot = self._slots[index]
             for unit_id in slot.inflight:
                 owed.append((unit_id, slot.index))
                 del self._where[unit_id]
                 self._keyed_items.pop(unit_id, None)
             if slot.inflight:
                 self._in_use[slot.role] -= 1
-                if slot.pooled:
-                    self._free[slot.role].append(slot)
             slot.inflight.clear()
-            slot.claimed, slot.stale, slot.pin_key, slot.drained = False, False, None, False
+            if slot.role >= 0:
+                self._unhold(slot)
         return owed
 
     def slot_of(self, unit_id: int) -> int | None:
@@ -449,11 +518,11 @@ class Dispatcher:
         return None if slot is None else slot.index
 
     def slots_of_seat(self, seat: int) -> list[int]:
-        return [s.index for s in self._slots if s.seat == seat]
+        return list(self._seat_slots[seat]) if 0 <= seat < len(self._seat_slots) else []
 
     def pinned_keys(self, role: int) -> dict:
         """{user key: slot index} for the role's claimed pins (for status and tests)."""
-        return {s.pin_key: s.index for s in self._role_slots[role] if s.claimed}
+        return {key: s.index for key, s in self._pins[role].items()}
 
     def inflight_count(self) -> int:
         return len(self._where)

@@ -705,7 +705,8 @@ class Supervisor:
             self._publish_units()
             self._publish_posture()  # dwell and suppressed intake move without a transition
             for code in range(len(self.roles)):
-                self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code))
+                self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code),
+                                           self.dispatcher.repins[code])
 
     def _watch_quota(self) -> None:
         """Quota re-detection and CPU pressure (fleet.sampler.QuotaWatcher): pressure on
@@ -736,11 +737,10 @@ class Supervisor:
             return
         log.warning("fleet %s: epoch %d: %s", self.name, change.epoch,
                     quota_mod.replan(change.new.cpus, self.plan, self.config).describe(self.plan))
-        for spec in self.layout.slots:
+        for slot in self._running_deferrable():
             # One unit in flight only: units queued behind a keyed slot would find it Idle.
-            if (self.roles[spec.role].cordon_class == "deferrable" and self.table.state(spec.index)[0] == fsm.RUNNING
-                    and self.dispatcher.units_in_flight(spec.index) == 1):
-                self.table.transition(spec.index, fsm.DRAIN)
+            if self.dispatcher.units_in_flight(slot) == 1:
+                self.table.transition(slot, fsm.DRAIN)
         self.dispatcher.begin_epoch()
 
     def _after_posture_change(self, change) -> None:
@@ -750,14 +750,21 @@ class Supervisor:
             return
         cordoned = self.posture.posture == fsm.CORDONED
         if cordoned:
-            for spec in self.layout.slots:
-                role = self.roles[spec.role]
-                if role.cordon_class == "deferrable" and self.table.state(spec.index)[0] == fsm.RUNNING:
-                    self.table.transition(spec.index, fsm.DRAIN)
+            for slot in self._running_deferrable():
+                self.table.transition(slot, fsm.DRAIN)
         self._last_change = change
         # (Not `self._pending_delivery.extend(self._dispatch())`: _dispatch swaps the list.)
         granted = self._dispatch()
         self._pending_delivery.extend(granted)
+
+    def _running_deferrable(self) -> list[int]:
+        """Slots Running a unit of a deferrable role now (slots switch roles: the word says which)."""
+        out = []
+        for slot in range(len(self.layout.slots)):
+            state, code, _key, _gen = self.table.state(slot)
+            if state == fsm.RUNNING and self.roles.by_code(code).cordon_class == "deferrable":
+                out.append(slot)
+        return out
 
     def _publish_units(self) -> None:
         """The one point unit counters and run times are published (lock held), before
@@ -851,6 +858,9 @@ class Supervisor:
                 if bounds != self._queue_bounds:
                     self._queue_bounds = bounds
                     applied.append("roles.*.queue_bound")
+            # A reload is an epoch boundary (002 §3.4): pins are released (T9) once empty.
+            if self.dispatcher.begin_epoch():
+                applied.append("pins released")
             done = self._dispatch()
         _deliver(done)
         return {"applied": applied, "needs_restart": restart}

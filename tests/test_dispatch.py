@@ -1,6 +1,8 @@
 """The dispatcher's pure rules: precedence, pooled grants, pins by key, posture gating."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fleet import fsm
@@ -93,7 +95,31 @@ def test_distinct_keys_take_distinct_pins_and_then_wait(d):
     assert d.grant() == []  # both pins busy: c waits
 
 
-def test_a_new_key_rekeys_the_least_recently_used_idle_pin(d):
+def _elastic():
+    roles = RoleSet(tuple(dataclasses.replace(r, elastic_repin=True) if r.name == "solver" else r for r in ROLES))
+    return Dispatcher(roles, _layout(roles), pin_depth=2)
+
+
+def test_a_new_key_waits_for_an_epoch_when_every_pin_is_taken(d):
+    solver = ROLES.code("solver")
+    for uid, key in [(1, "a"), (2, "b")]:
+        d.enqueue(_unit(uid, "solver", key))
+    ga, gb = d.grant()
+    d.complete(1, fsm.PINNED)
+    d.complete(2, fsm.PINNED)
+    d.enqueue(_unit(3, "solver", "c"))
+    assert d.grant() == []  # no elastic re-pin: both pins stay, c waits (idle slots of other roles notwithstanding)
+    assert d.pinned_keys(solver) == {"a": ga.slot, "b": gb.slot} and d.repins[solver] == 0
+    d.begin_epoch()
+    released = d.take_idle_stale_pins()  # the epoch boundary: T9 for both
+    assert released == sorted([ga.slot, gb.slot])
+    (gc,) = d.grant()
+    assert gc.transitions == ((fsm.LEASE, solver, gc.key_id),)
+    assert d.pinned_keys(solver) == {"c": gc.slot}
+
+
+def test_a_new_key_rekeys_the_least_recently_used_idle_pin():
+    d = _elastic()
     solver = ROLES.code("solver")
     for uid, key in [(1, "a"), (2, "b")]:
         d.enqueue(_unit(uid, "solver", key))
@@ -109,6 +135,7 @@ def test_a_new_key_rekeys_the_least_recently_used_idle_pin(d):
     assert gc.transitions[0] == (fsm.UNPIN, solver, gb.key_id)
     assert gc.transitions[1][0] == fsm.LEASE and gc.transitions[1][2] != gb.key_id
     assert d.pinned_keys(solver) == {"a": ga.slot, "c": gb.slot}
+    assert d.repins[solver] == 1 and d.held(solver) == 2
 
 
 def test_singleton_is_one_pin(d):
