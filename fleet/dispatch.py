@@ -9,18 +9,30 @@ Rules:
   pooled roles that are floored under cordon (sim-like), then other pooled roles
   (resolve-like), deferrable background roles last; declaration order breaks ties.
   Inside a role: higher priority first, then submit order.
-* A pooled unit takes a free slot of its role (a slot with nothing in flight): the
-  grant is LEASE (T1) and the worker STARTs it (T2).
+* Slots switch roles (002 §3.4). A slot is not a role's for life: an Idle slot of a
+  seat the role may use (`fleet.seats`: the seats whose CPU share the role's is) is
+  leased (T1, the slot word's role field set to the granted role) for whichever
+  role's unit is granted next, and goes back to Idle after it (T5). A role holds at
+  most its budget count of slots at once (its `slots`: pooled slots with a unit in
+  flight, and claimed pins); this module is where that count is kept and checked.
+  An Idle slot goes back to the role it last served when that role asks (its warm
+  state), else the slot that went Idle last is taken; the table counts each lease
+  for another role than the last as a role switch (status shows it per slot).
+* A pooled unit takes an Idle slot within its role's count: the grant is LEASE (T1)
+  and the worker STARTs it (T2); the slot is Idle again after the unit (T5).
 * A keyed unit goes to the slot pinned to its key, behind whatever that pin already
   has in flight (at most `pin_depth`), and RESUMEs it (T6); units of one key keep
-  their order. A key without a pin claims an idle slot (LEASE with the key, then
-  START); with none idle, it re-keys the least recently used pin that has nothing in
-  flight (UNPIN T9 then LEASE T1, an epoch boundary); with none of those, it waits.
-  A singleton is a keyed role with one slot and one key.
-* Epochs (002 §3.4): at a quota change `begin_epoch` marks every pin held; a held
-  pin takes no new unit, and is released (T9) once it has nothing in flight: by the
-  next unit of its key (UNPIN then LEASE on the same slot: release before re-lease)
-  or by `take_idle_stale_pins`, whose caller applies the UNPIN.
+  their order. A pinned slot keeps its role and key: no other role or key is
+  granted it until it is released (T9). A key without a pin claims an Idle slot
+  within the role's count (LEASE with the key, then START). With none (every pin of
+  the role taken) the key waits for an epoch boundary to release a pin — unless the
+  role opted in to `elastic_repin`: then the least recently used pin that has
+  nothing in flight is re-keyed (UNPIN T9 then LEASE T1, release before re-lease),
+  and counted (`repins`). A singleton is a keyed role with one slot and one key.
+* Epochs (002 §3.4): at a quota change or a config reload `begin_epoch` marks every
+  pin held; a held pin takes no new unit, and is released (T9) once it has nothing
+  in flight: by the next unit of its key (UNPIN then LEASE on the same slot: release
+  before re-lease) or by `take_idle_stale_pins`, whose caller applies the UNPIN.
 * A pin drained at cordon onset (T7, T8) ends Idle with units still sent to it: their
   RESUME is refused, and they come back (`requeue`) to the head of their key's
   queue, in submit order, to be granted anew (a new pin) when posture allows. The
@@ -90,7 +102,8 @@ class _Slot:
     index: int
     seat: int
     role: int = -1  # the role that holds the slot now (-1: none; it waits in its seat's idle pool)
-    last_role: int = -1  # the role it last served: an Idle slot goes back to the same role first
+    last_role: int = -1  # the role it last served (-1: none yet)
+    mark: int = 0  # bumped when it enters or leaves its seat's idle pool (stale pool entries differ)
     inflight: deque = field(default_factory=deque)  # unit ids, in grant order
     pin_key: Hashable | None = None  # user key the slot is pinned (or claimed) for
     key_id: int = 0
@@ -98,6 +111,52 @@ class _Slot:
     last_used: int = 0
     stale: bool = False  # a pin from before the current epoch: released once it is empty
     drained: bool = False  # the pin was drained to Idle with units still sent to it (they come back)
+
+
+class _IdlePool:
+    """A seat's Idle slots. `take(role)` gives the slot that last served `role` and went
+    Idle last (its state is warmest), else the slot that went Idle last of any role.
+
+    Two stacks with lazy removal: a slot taken through one stays in the other as a stale
+    entry (its mark no longer matches) until popped, or dropped when a stack outgrows
+    twice the seat's slots.
+    """
+
+    def __init__(self, size: int):
+        self.n = 0
+        self._any: list = []  # (mark, slot)
+        self._by_role: dict[int, list] = {}
+        self._limit = 2 * size + 8
+
+    def put(self, slot: _Slot) -> None:
+        slot.mark += 1
+        entry = (slot.mark, slot)
+        self._push(self._any, entry)
+        if slot.last_role >= 0:
+            stack = self._by_role.get(slot.last_role)
+            if stack is None:
+                stack = self._by_role[slot.last_role] = []
+            self._push(stack, entry)
+        self.n += 1
+
+    def take(self, role: int) -> _Slot:
+        slot = self._pop(self._by_role.get(role)) or self._pop(self._any)
+        slot.mark += 1
+        self.n -= 1
+        return slot
+
+    def _push(self, stack: list, entry) -> None:
+        if len(stack) >= self._limit:
+            stack[:] = [e for e in stack if e[0] == e[1].mark]
+        stack.append(entry)
+
+    @staticmethod
+    def _pop(stack: list | None) -> _Slot | None:
+        while stack:
+            mark, slot = stack.pop()
+            if mark == slot.mark:
+                return slot
+        return None
 
 
 class _PriorityQueue:
@@ -194,11 +253,10 @@ class Dispatcher:
         #: a role's grants alternate over its seats)
         self._seats_for = [seat_layout.seats_for(r.name) for r in roles]
         self._next_seat = [0] * len(roles)
-        #: Idle slots per seat, by the role each last served (-1: none yet): O(1) grants,
-        #: and a role gets back a slot it served before when there is one (no switch).
-        self._idle: list[dict[int, deque]] = [{} for _ in range(n_seats)]
-        self._n_idle = [0] * n_seats
-        for slot in self._slots:
+        #: Idle slots per seat (see _IdlePool): O(1) grants, and a role gets back a slot it
+        #: served before when there is one (no switch).
+        self._idle = [_IdlePool(len(slots)) for slots in self._seat_slots]
+        for slot in reversed(self._slots):  # so that the lowest slots are leased first
             if slot.seat != NO_SEAT:
                 self._park(slot)
         self._count = [r.slots for r in roles]  # the budget count: most slots a role holds at once
@@ -225,31 +283,24 @@ class Dispatcher:
     def _park(self, slot: _Slot) -> None:
         """`slot` is Idle: it waits in its seat's pool for any role that may run there."""
         slot.role = -1
-        pool = self._idle[slot.seat].get(slot.last_role)
-        if pool is None:
-            pool = self._idle[slot.seat][slot.last_role] = deque()
-        pool.append(slot)
-        self._n_idle[slot.seat] += 1
+        self._idle[slot.seat].put(slot)
 
     def _has_idle(self, code: int) -> bool:
-        return self._held[code] < self._count[code] and any(self._n_idle[s] for s in self._seats_for[code])
+        return self._held[code] < self._count[code] and any(self._idle[s].n for s in self._seats_for[code])
 
     def _lease_idle(self, code: int) -> _Slot | None:
         """Take an Idle slot for `code` within its budget count (None: at its count, or no
-        Idle slot on its seats). Prefers a slot that last served `code`, then a fresh one."""
+        Idle slot on its seats). The role's seats take turns."""
         if self._held[code] >= self._count[code]:
             return None
         seats = self._seats_for[code]
         n, first = len(seats), self._next_seat[code]
         for k in range(n):
             seat = seats[(first + k) % n]
-            if not self._n_idle[seat]:
+            if not self._idle[seat].n:
                 continue
             self._next_seat[code] = (first + k + 1) % n
-            by_last = self._idle[seat]
-            pool = by_last.get(code) or by_last.get(-1) or next(p for p in by_last.values() if p)
-            slot = pool.popleft()
-            self._n_idle[seat] -= 1
+            slot = self._idle[seat].take(code)
             slot.role = code
             self._held[code] += 1
             return slot
