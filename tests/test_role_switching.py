@@ -1,0 +1,132 @@
+"""Role switching on real fleets (002 §3.4): a slot is not a role's for life.
+
+An Idle slot is leased (T1) for whichever role's unit comes next, within that role's
+budget count, on the seats whose CPU share the role may use; a Pinned slot keeps its
+role and key. The census counts each slot's switches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.fleets import config, role, running, worker_pids
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _census(f) -> dict:
+    return {row["slot"]: row for row in f.status()["census"]}
+
+
+def test_a_slot_serves_role_a_then_role_b(fleet_name):
+    cfg = config(fleet_name, {"a": role("whoami", slots=1), "b": role("whoami", slots=1)}, profile="serial")
+    with running(cfg) as f:
+        assert f.submit("a", "first").result(60)[0] == "first"
+        (slot,) = [s for s, row in _census(f).items() if row["last_role"] == "a"]
+        assert _census(f)[slot]["switches"] == 0
+        value, pid = f.submit("b", "second").result(60)
+        row = _census(f)[slot]
+        # the slot role a left Idle took role b's unit: T5 then T1 with the role field set to b
+        assert (value, row["last_role"], row["switches"], row["state"]) == ("second", "b", 1, "Idle")
+        assert pid in worker_pids(f)
+        assert sum(r["switches"] for r in _census(f).values()) == 1
+
+
+def test_pooled_roles_use_every_shared_seat(fleet_name):
+    """Pinned binding: roles without whole cores share the shared CPUs, so each may run on
+    every shared seat (each seat is its own worker process)."""
+    roles = {"a": role("nap_in_order", slots=2, peak_cpus=0), "b": role("whoami", slots=2, peak_cpus=0)}
+    with running(config(fleet_name, roles, profile="pinned")) as f:
+        shared = [s for s in f.layout.seats if s.binding == "shared"]
+        assert len(shared) == 2 and all(set(s.roles) == {"a", "b"} for s in shared)
+        # two units of a at once: its count is 2, and its seats take turns
+        futures = [f.submit("a", (0.3, i)) for i in range(2)]
+        for fut in futures:
+            fut.result(60)
+        rows = [r for r in _census(f).values() if r["last_role"] == "a"]
+        assert len(rows) == 2 and {r["seat"] for r in rows} == {s.index for s in shared}
+
+
+def test_a_role_never_holds_more_than_its_count_while_others_idle(fleet_name):
+    cfg = config(fleet_name, {"one": role("hang", slots=1), "many": role("echo", slots=6)}, profile="serial")
+    with running(cfg) as f:
+        futures = [f.submit("one", 0.2) for _ in range(4)]
+        deadline = time.monotonic() + 30
+        while not any(r["state"] == "Running" for r in _census(f).values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held = [r for r in _census(f).values() if r["role"] == "one"]
+        assert len(held) == 1  # six Idle slots, yet role one holds one: its count
+        assert [fut.result(60) for fut in futures] == ["woke"] * 4
+
+
+def _sampler(name: str, counts: dict) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.role_census_sampler", name, json.dumps(counts)],
+                            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", f"sampler said {line!r}"
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> dict:
+    out, _ = proc.communicate("stop\n", timeout=60)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+STRESS_ROLES = {
+    "solver": role("keyed", kind="pinned", slots=3, peak_cpus=1),
+    "merge": role("whoami", kind="singleton", slots=1, peak_cpus=0),
+    "sim": role("hang", slots=2, peak_cpus=0),
+    "resolve": role("spin", slots=1, peak_cpus=0),
+    "bg": role("echo", slots=1, peak_cpus=0),
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("profile", ["serial", "pinned"])
+def test_under_a_random_stress_no_role_exceeds_its_count_and_no_pin_switches(fleet_name, profile, seed):
+    rng = random.Random(seed)
+    counts = {name: spec["slots"] for name, spec in STRESS_ROLES.items()}
+    with running(config(fleet_name, STRESS_ROLES, profile=profile)) as f:
+        sampler = _sampler(fleet_name, counts)
+        try:
+            futures = []
+            # Pooled roles first, then everyone: the keyed and singleton roles' first
+            # leases take slots the pooled roles served (switches), then all mix.
+            for phase, names, n in ((1, ["sim", "resolve", "bg"], 100), (2, list(STRESS_ROLES), 500)):
+                for _ in range(n):
+                    futures.append(_submit(f, rng, rng.choice(names)))
+                    if rng.random() < 0.05:
+                        time.sleep(rng.random() * 0.01)  # let the fleet drain now and then
+                if phase == 1:
+                    for fut in futures:
+                        fut.exception(120)
+            for fut in futures:
+                assert fut.exception(120) is None
+        finally:
+            report = _stop(sampler)
+        census = _census(f)
+        pins = f._sup.dispatcher.pinned_keys(f._sup.roles.code("solver"))
+    assert report["samples"] > 0 and not report["over_count"], report
+    assert not report["pin_switches"], report
+    assert report["max_held"]["solver"] == 3  # every key took its own pin, and kept it
+    assert set(pins) == {"bin0", "bin1", "bin2"}
+    for slot in pins.values():
+        assert census[slot]["last_role"] == "solver" and census[slot]["state"] == "Pinned"
+    # the singleton (and, serial, the keyed role) leased slots that pooled roles had served
+    assert sum(row["switches"] for row in census.values()) > 0
+
+
+def _submit(f, rng, name):
+    if name == "solver":
+        return f.submit(name, None, key=f"bin{rng.randrange(3)}")
+    if name == "sim":
+        return f.submit(name, rng.choice((0, 0.001, 0.003)))
+    if name == "resolve":
+        return f.submit(name, rng.randrange(50, 500))
+    return f.submit(name, rng.random())
