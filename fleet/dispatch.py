@@ -285,13 +285,17 @@ class Dispatcher:
         slot.role = -1
         self._idle[slot.seat].put(slot)
 
+    def _under_count(self, code: int) -> bool:
+        """May `code` hold one more slot? Its budget count bounds the slots it holds at once."""
+        return self._held[code] < self._count[code]
+
     def _has_idle(self, code: int) -> bool:
-        return self._held[code] < self._count[code] and any(self._idle[s].n for s in self._seats_for[code])
+        return self._under_count(code) and any(self._idle[s].n for s in self._seats_for[code])
 
     def _lease_idle(self, code: int) -> _Slot | None:
         """Take an Idle slot for `code` within its budget count (None: at its count, or no
         Idle slot on its seats). The role's seats take turns."""
-        if self._held[code] >= self._count[code]:
+        if not self._under_count(code):
             return None
         seats = self._seats_for[code]
         n, first = len(seats), self._next_seat[code]

@@ -90,17 +90,24 @@ STRESS_ROLES = {
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("profile", ["serial", "pinned"])
 def test_under_a_random_stress_no_role_exceeds_its_count_and_no_pin_switches(fleet_name, profile, seed):
+    """Random units of five roles; a second process samples the slot words throughout.
+    A fourth solver key waits while the three pins are held (no elastic re-pin): it gets
+    a pin only at the epoch boundary after the watch (a config reload)."""
     rng = random.Random(seed)
     counts = {name: spec["slots"] for name, spec in STRESS_ROLES.items()}
     with running(config(fleet_name, STRESS_ROLES, profile=profile)) as f:
+        # Three keys take the three pins first; bin3 comes only with the random units.
+        assert [f.submit("solver", None, key=f"bin{k}").result(60)[0] for k in range(3)] == ["bin0", "bin1", "bin2"]
         sampler = _sampler(fleet_name, counts)
         try:
-            futures = []
-            # Pooled roles first, then everyone: the keyed and singleton roles' first
-            # leases take slots the pooled roles served (switches), then all mix.
+            futures, late = [], []
+            # Pooled roles first, then everyone: the singleton's first lease takes a slot
+            # the pooled roles served (a switch), then all mix.
             for phase, names, n in ((1, ["sim", "resolve", "bg"], 100), (2, list(STRESS_ROLES), 500)):
                 for _ in range(n):
-                    futures.append(_submit(f, rng, rng.choice(names)))
+                    name = rng.choice(names)
+                    fut, key = _submit(f, rng, name)
+                    (late if key == "bin3" else futures).append(fut)
                     if rng.random() < 0.05:
                         time.sleep(rng.random() * 0.01)  # let the fleet drain now and then
                 if phase == 1:
@@ -108,25 +115,33 @@ def test_under_a_random_stress_no_role_exceeds_its_count_and_no_pin_switches(fle
                         fut.exception(120)
             for fut in futures:
                 assert fut.exception(120) is None
+            waiting = sum(not fut.done() for fut in late)
         finally:
             report = _stop(sampler)
         census = _census(f)
-        pins = f._sup.dispatcher.pinned_keys(f._sup.roles.code("solver"))
+        solver = f._sup.roles.code("solver")
+        pins = f._sup.dispatcher.pinned_keys(solver)
+        assert late and waiting == len(late)  # bin3 waited: every pin stayed with its key
+        f._sup.reload(f._sup.config)  # an epoch boundary: pins are released (T9), bin3 gets one
+        assert [fut.result(120)[0] for fut in late] == ["bin3"] * len(late)
+        assert "bin3" in f._sup.dispatcher.pinned_keys(solver) and f._sup.dispatcher.repins[solver] == 0
     assert report["samples"] > 0 and not report["over_count"], report
     assert not report["pin_switches"], report
-    assert report["max_held"]["solver"] == 3  # every key took its own pin, and kept it
+    assert report["max_held"]["solver"] == 3  # three keys took their pins, and kept them
     assert set(pins) == {"bin0", "bin1", "bin2"}
     for slot in pins.values():
         assert census[slot]["last_role"] == "solver" and census[slot]["state"] == "Pinned"
-    # the singleton (and, serial, the keyed role) leased slots that pooled roles had served
+    # slots switched roles: the singleton's, and those the released pins went back to
     assert sum(row["switches"] for row in census.values()) > 0
 
 
 def _submit(f, rng, name):
+    """(future, key) of one random unit of `name`."""
     if name == "solver":
-        return f.submit(name, None, key=f"bin{rng.randrange(3)}")
+        key = f"bin{rng.randrange(4)}"
+        return f.submit(name, None, key=key), key
     if name == "sim":
-        return f.submit(name, rng.choice((0, 0.001, 0.003)))
+        return f.submit(name, rng.choice((0, 0.001, 0.003))), None
     if name == "resolve":
-        return f.submit(name, rng.randrange(50, 500))
-    return f.submit(name, rng.random())
+        return f.submit(name, rng.randrange(50, 500)), None
+    return f.submit(name, rng.random()), None
