@@ -111,3 +111,13 @@ def lose_own_completion(unit):
     finally:
         table.close()
     return "ran"
+
+
+_COUNTS: dict = {}
+
+
+def keyed_count(unit):
+    """(key, how many units of this key this process has run): the same on any binding as
+    long as each key stays on one pin."""
+    _COUNTS[unit.key] = _COUNTS.get(unit.key, 0) + 1
+    return unit.key, _COUNTS[unit.key]
