@@ -498,6 +498,8 @@ class Supervisor:
                 pass
             self._outbox.pop(seat, None)
             owed = self.dispatcher.seat_lost(seat)
+            # Slots switch roles: the roles that died are those of the units it ran.
+            dead_roles = {self._units[u].role for u, _slot in owed if u in self._units}
             killed_for = [unit_id for unit_id, _slot in owed if unit_id in self._timed_out]
             if killed_for:  # the others on the seat die of that unit's timeout: say so
                 how += f", killed because unit {killed_for[0]} ran past its timeout"
@@ -516,7 +518,7 @@ class Supervisor:
             self._killed.discard(pid)
             # Re-fork even while shutting down: shutdown waits for every queued unit, and
             # only a live seat can run them (not re-forking here wedged shutdown for good).
-            if self._count_death(seat, how) and restart:
+            if self._count_death(seat, how, dead_roles) and restart:
                 self._fork(seat)
             done = self._dispatch()
             self._publish_units()
@@ -556,10 +558,13 @@ class Supervisor:
         log.error("fleet %s: slot FSM refused a transition: %s", self.name, what)
         self.ledger.fsm_refused()
 
-    def _count_death(self, seat: int, how: str) -> bool:
-        """Restart intensity (fleet.intensity): True to restart the seat; False stops its roles."""
+    def _count_death(self, seat: int, how: str, roles: set | None = None) -> bool:
+        """Restart intensity (fleet.intensity): True to restart the seat; False stops its roles.
+        A death counts for `roles` (those of the units the worker ran), else for every role
+        that may run on the seat."""
         now = time.monotonic()
-        stop = [code for code in map(self.roles.code, self.layout.seats[seat].roles) if self._deaths.died(code, now)]
+        codes = sorted(roles) if roles else map(self.roles.code, self.layout.seats[seat].roles)
+        stop = [code for code in codes if self._deaths.died(code, now)]
         log.warning("fleet %s: seat %s worker died (%s)", self.name, self.layout.seats[seat].name, how)
         for code in stop:
             self._stop_role(code)

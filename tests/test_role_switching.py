@@ -145,3 +145,22 @@ def _submit(f, rng, name):
     if name == "resolve":
         return f.submit(name, rng.randrange(50, 500)), None
     return f.submit(name, rng.random()), None
+
+
+@pytest.mark.parametrize("profile", ["serial", "pinned"])
+def test_restart_intensity_stops_only_the_role_whose_units_died(fleet_name, profile):
+    """Slots switch roles, so a seat is no role's: a death counts for the roles of the
+    units its worker ran, and a role that keeps killing its worker stops alone."""
+    roles = {"die": role("die", slots=1, peak_cpus=0), "echo": role("echo", slots=1, peak_cpus=0)}
+    from fleet.unit import RoleStopped
+
+    cfg = config(fleet_name, roles, profile=profile, restart={"max_restarts": 2, "within_seconds": 60})
+    with running(cfg) as f:
+        for _ in range(3):
+            assert f.submit("die").exception(60).reason == "LaneDeath"
+        deadline = time.monotonic() + 30
+        while f._sup.roles.code("die") not in f._sup._stopped_roles and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(RoleStopped):
+            f.submit("die")
+        assert f.submit("echo", "still served").result(60) == "still served"
