@@ -61,6 +61,9 @@ callers use, so ``from fleet.control import X`` keeps working.
 from __future__ import annotations
 
 from ..errors import NotRunning
+
+# The fleet-name rule lives in fleet.names (one rule for config, segments and
+# sockets); both names stay importable from here.
 from ..names import InvalidFleetName, validate_fleet_name
 from .calls import Call, CallQueue, Peer, inline_dispatch, with_blocking_ops
 from .client import ControlClient
