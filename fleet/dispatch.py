@@ -129,14 +129,20 @@ class _IdlePool:
         self._limit = 2 * size + 8
 
     def put(self, slot: _Slot) -> None:
-        slot.mark += 1
-        entry = (slot.mark, slot)
-        self._push(self._any, entry)
+        slot.mark = mark = slot.mark + 1
+        entry = (mark, slot)
+        stack = self._any
+        stack.append(entry)
+        if len(stack) > self._limit:
+            self._compact(stack)
         if slot.last_role >= 0:
             stack = self._by_role.get(slot.last_role)
             if stack is None:
-                stack = self._by_role[slot.last_role] = []
-            self._push(stack, entry)
+                self._by_role[slot.last_role] = [entry]
+            else:
+                stack.append(entry)
+                if len(stack) > self._limit:
+                    self._compact(stack)
         self.n += 1
 
     def take(self, role: int) -> _Slot:
@@ -145,10 +151,9 @@ class _IdlePool:
         self.n -= 1
         return slot
 
-    def _push(self, stack: list, entry) -> None:
-        if len(stack) >= self._limit:
-            stack[:] = [e for e in stack if e[0] == e[1].mark]
-        stack.append(entry)
+    @staticmethod
+    def _compact(stack: list) -> None:
+        stack[:] = [e for e in stack if e[0] == e[1].mark]
 
     @staticmethod
     def _pop(stack: list | None) -> _Slot | None:
@@ -289,26 +294,30 @@ class Dispatcher:
         """May `code` hold one more slot? Its budget count bounds the slots it holds at once."""
         return self._held[code] < self._count[code]
 
-    def _has_idle(self, code: int) -> bool:
-        return self._under_count(code) and any(self._idle[s].n for s in self._seats_for[code])
-
-    def _lease_idle(self, code: int) -> _Slot | None:
-        """Take an Idle slot for `code` within its budget count (None: at its count, or no
-        Idle slot on its seats). The role's seats take turns."""
+    def _idle_seat(self, code: int) -> int:
+        """A seat of `code`'s with an Idle slot, when the role may hold one more slot (else
+        -1). The role's seats take turns, so its units spread over them."""
         if not self._under_count(code):
-            return None
+            return -1
         seats = self._seats_for[code]
+        if len(seats) == 1:
+            return seats[0] if self._idle[seats[0]].n else -1
         n, first = len(seats), self._next_seat[code]
         for k in range(n):
             seat = seats[(first + k) % n]
-            if not self._idle[seat].n:
-                continue
-            self._next_seat[code] = (first + k + 1) % n
-            slot = self._idle[seat].take(code)
-            slot.role = code
-            self._held[code] += 1
-            return slot
-        return None
+            if self._idle[seat].n:
+                return seat
+        return -1
+
+    def _lease_on(self, seat: int, code: int) -> _Slot:
+        """Take an Idle slot of `seat` (from `_idle_seat`) for `code`: it now counts for the role."""
+        slot = self._idle[seat].take(code)
+        slot.role = code
+        self._held[code] += 1
+        seats = self._seats_for[code]
+        if len(seats) > 1:
+            self._next_seat[code] = (seats.index(seat) + 1) % len(seats)
+        return slot
 
     def _unhold(self, slot: _Slot) -> None:
         """`slot` is Idle again (T5, T8, T9 or a reset): it no longer counts for its role."""
@@ -377,11 +386,11 @@ class Dispatcher:
         return allowed
 
     def _grant_pooled(self, code: int, queue: _RoleQueue, out: list) -> None:
-        while self._has_idle(code):
+        while (seat := self._idle_seat(code)) >= 0:
             item = self._next_live(queue.plain, queue)
             if item is None or not self._posture_allows(code, item, True):
                 return
-            slot = self._lease_idle(code)
+            slot = self._lease_on(seat, code)
             queue.plain.pop()
             queue.n -= 1
             out.append(self._take(slot, item, fsm.START, ((fsm.LEASE, code, 0),)))
@@ -449,7 +458,8 @@ class Dispatcher:
         count, with `elastic_repin`, the least recently used pin with nothing in flight
         is re-keyed (T9 then T1); otherwise the key waits for a pin to be released."""
         pins = self._pins[code]
-        slot = self._lease_idle(code)
+        seat = self._idle_seat(code)
+        slot = self._lease_on(seat, code) if seat >= 0 else None
         transitions: tuple = ()
         if slot is None:
             if not self.roles.by_code(code).elastic_repin:
