@@ -164,3 +164,18 @@ def test_restart_intensity_stops_only_the_role_whose_units_died(fleet_name, prof
         with pytest.raises(RoleStopped):
             f.submit("die")
         assert f.submit("echo", "still served").result(60) == "still served"
+
+
+def test_an_io_role_runs_concurrently_on_another_roles_shared_seat(fleet_name):
+    """Every seat an I/O-bound role may land on runs its units at once: the worker sizes
+    its I/O runner by the most slots each role may hold on the seat, not by home slots."""
+    roles = {"io": role("together", slots=4, peak_cpus=0, io_bound=True), "other": role("echo", slots=4, peak_cpus=0)}
+    roles["io"]["handler"] = "tests.io_handlers:together"
+    with running(config(fleet_name, roles, profile="pinned")) as f:
+        payload = {"want": 2, "patience": 5.0, "hold": 0.2}
+        results = [fut.result(60) for fut in [f.submit("io", payload) for _ in range(4)]]
+        by_pid: dict = {}
+        for peak, pid, _start, _end in results:
+            by_pid.setdefault(pid, []).append(peak)
+        assert len(by_pid) == 2  # the io role's turns went to both shared seats
+        assert all(max(peaks) == 2 for peaks in by_pid.values()), by_pid  # two at once on each
