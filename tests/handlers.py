@@ -111,3 +111,9 @@ def lose_own_completion(unit):
     finally:
         table.close()
     return "ran"
+
+
+def nap_whoami(unit):
+    """Sleep `payload` seconds, then (pid): which worker ran a unit that took a while."""
+    time.sleep(unit.payload)
+    return os.getpid()
