@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 
+import psutil
 import pytest
 
 from fleet import UnitFailed, UnitSuppressed
@@ -156,3 +157,23 @@ def test_a_ten_million_item_generator_is_read_only_a_window_ahead(fleet_name, or
         # every unit the map submitted has exactly one outcome: solved, or cancelled by close()
         assert ledger["solved"] + ledger["failed"] == items.pulled
         assert ledger["failed"] == ledger["failed_by_reason"].get("Cancelled", 0)
+
+
+def test_all_ten_million_items_in_chunks_stream_through_in_bounded_memory(fleet_name):
+    # every item runs (10,000 chunks of 1,000); the iterable is never more than a window
+    # of chunks ahead of the results, and the results are not held anywhere: the process
+    # grows by far less than ten million results would take (> 300 MiB as Python ints)
+    window, chunk = 64, 1000
+    with running(config(fleet_name, {"work": role("square", queue_bound=window)})) as f:
+        items = Counted(range(MILLIONS))
+        rss_before = psutil.Process().memory_info().rss
+        rss_peak, total, seen = rss_before, 0, 0
+        for value in f.map("work", items, chunksize=chunk):
+            total += value
+            seen += 1
+            assert items.pulled - seen <= (window + 1) * chunk
+            if seen % 500_000 == 0:
+                rss_peak = max(rss_peak, psutil.Process().memory_info().rss)
+        assert seen == MILLIONS and total == (MILLIONS - 1) * MILLIONS * (2 * MILLIONS - 1) // 6
+        assert rss_peak - rss_before < 128 << 20
+        assert f.ledger()["submitted"] == MILLIONS // chunk
