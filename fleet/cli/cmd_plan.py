@@ -16,7 +16,8 @@ from ..roles import RoleSet
 from .. import seats
 
 NAME = "plan"
-HELP = "Show the tier plan and CPU budget a quota would run (dry run; boots nothing)."
+HELP = ("Show the tier plan, the CPU budget and the worker processes each role would run on for a quota "
+        "(dry run; boots nothing).")
 
 
 def add_arguments(parser) -> None:
