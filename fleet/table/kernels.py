@@ -175,8 +175,9 @@ _decide = _make_decide(TABLES_DIGEST)
 @njit(cache=True, inline="always", _nrt=False)
 def _count_lease(slots, idx, role):
     """The role census of a slot just leased (T1) for `role`: a lease for another role
-    than the last one is a role switch. The leaser is the census's one writer (no other
-    LEASE can apply before the slot is Idle again), so a plain read-then-store is safe."""
+    than the last one is a role switch. The runtime has one leaser (the supervisor's
+    dispatch), so it is the census's one writer and a read-then-store is safe; leasers
+    racing on one slot could at worst miscount the census, never the slot word."""
     last = load_acquire(slots, idx + _S_LAST_ROLE)
     now = np.uint64(role + 1)
     if last != now:

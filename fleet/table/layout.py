@@ -195,8 +195,8 @@ S_CPUS_LO = 4  # cpu set bitmask, cpus 0..63
 S_CPUS_HI = 5  # cpus 64..127
 S_BINDING = 6  # 0 pinned, 1 shared, 2 logical
 S_DONE = 7  # units completed on this slot (atomic add)
-# second line: the role census, written by the LEASE (T1) kernel only: whoever leases an
-# Idle slot is its one writer until the slot is Idle again (the word's CAS makes it so).
+# second line: the role census, written by the LEASE (T1) kernel only, i.e. by the one
+# process that leases slots (the supervisor).
 S_LAST_ROLE = 8  # role code + 1 of the role the slot was last leased to (0: never leased)
 S_SWITCHES = 9  # leases for a role other than the one before (role switches)
 BINDINGS = ("pinned", "shared", "logical")
