@@ -29,7 +29,7 @@ from fleet.roles import Role, RoleSet
 from fleet.seats import Seat, SeatLayout, SlotSpec
 
 ROLES = RoleSet((
-    Role("solver", kind="pinned", handler="m:f", slots=2, elastic_repin=True),
+    Role("solver", kind="pinned", handler="m:f", slots=1, elastic_repin=True),
     Role("bins", kind="pinned", handler="m:f", slots=1),
     Role("merge", kind="singleton", handler="m:f", slots=1),
     Role("sim", kind="pooled", cordon_class="floor", handler="m:f", slots=3),
@@ -71,6 +71,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.words = {i: (fsm.IDLE, 0, 0) for i in range(len(LAYOUT.slots))}  # state, role, key
         self.posture = fsm.NOMINAL
         self.floors = [FLOOR if r.name == "sim" else 0 for r in ROLES]
+        self.repins = [0] * len(ROLES)  # elastic re-pins
 
     # --- the pure FSM over the model's words ------------------------------------------
     def _step(self, slot, event, role=fsm.ANY_ROLE, key=0) -> int:
@@ -101,6 +102,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         item = Pending(self.ids, ROLES.code(role), key if spec.kind == "pinned" else None, priority)
         self.queued[self.ids] = item
         self.d.enqueue(Pending(item.unit_id, item.role, item.key, item.priority))
+        self.grant()  # the supervisor dispatches after every submit
 
     @rule()
     def grant(self):
@@ -136,6 +138,7 @@ class DispatcherMachine(RuleBasedStateMachine):
                 assert events == [fsm.UNPIN, fsm.LEASE] and not self.inflight[g.slot]
                 epoch = g.slot in self.stale and pin == (item.role, item.key)
                 assert epoch or spec.elastic_repin, "a pin was re-keyed without an epoch or elastic_repin"
+                self.repins[item.role] += not epoch
                 del self.pins[self.pin_of.pop(g.slot)]
                 self.stale.discard(g.slot)
         else:
@@ -176,6 +179,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.d.complete(uid, self.words[slot][0])
         if kind == fsm.KIND_POOLED:
             self._release(slot)
+        self.grant()  # and after every batch of results
 
     @rule()
     def epoch(self):
@@ -218,6 +222,7 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert self.d.held(code) == held[code]
             assert self.d.in_use(code) == sum(1 for s, r in self.holder.items() if r == code and self.inflight[s])
             assert self.d.queued(code) == sum(1 for p in self.queued.values() if p.role == code)
+            assert self.d.repins[code] == self.repins[code]
             if spec.kind != "pooled":
                 assert self.d.pinned_keys(code) == {k: s for (r, k), s in self.pins.items() if r == code}
 
