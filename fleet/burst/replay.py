@@ -23,8 +23,8 @@ of: ok, 429, 402, 403, failed (another outcome) or cut; the fleet's ledger is ch
 against the units submitted (`ModeResult.ledger_check`).
 
 One thread does the scheduling: it sleeps on the completion queue until the next
-arrival's instant (spinning the last `SPIN_S`), so completions and arrivals never race
-and the admission (not thread-safe by design) has one owner. Every deadline is an
+arrival's instant (spinning the last stretch, see `urgent_thread`), so completions and
+arrivals never race and the admission (not thread-safe by design) has one owner. Every deadline is an
 absolute instant of the replay clock, so a late wake-up never shifts the arrivals after
 it. Each arrival's lag goes into the report: the real milliseconds from when it was due
 to when the driver handed it to its mode (called ``fleet.submit`` for it, or queued it
@@ -35,7 +35,10 @@ While a mode runs the cyclic garbage collector is off (`quiet_gc`): with the fle
 numba and the trace in one heap, a full collection took 150–200 ms on this host, which
 stopped the driver mid-burst (measured with ``gc.callbacks``). Young garbage is still
 collected when the driver has a gap of `GC_GAP_S` before its next deadline, and a full
-collection runs once the mode ends.
+collection runs once the mode ends. The driver thread runs in the real-time scheduling
+class when the host allows it (`urgent_thread`), and the provider simulator in a process
+of its own (`simulator_process`), so neither the fleet's workers nor the simulator's
+request handling delay an arrival.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ import contextlib
 import gc
 import os
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -54,6 +58,8 @@ from .trace import Arrival, Route, Trace
 SPIN_S = 0.0015  # the last stretch before an arrival is polled, not slept (timer slack)
 START_LEAD_S = 0.05  # trace time 0 is this far ahead of the start, so setting up costs no arrival lag
 IDLE_BLOCK_S = 1.0  # past the horizon: how long one wait for a completion blocks
+RT_PRIORITY = 1  # the lowest real-time priority: above every normal thread, below the kernel's own
+RT_SPIN_S = 0.0001
 GC_GAP_S = 0.02  # a young-generation collection (~1 ms) only runs when the next deadline is this far
 IO_SLOTS_MAX = 1024
 ROLE_QUEUE_BOUND = 1 << 20
@@ -109,6 +115,7 @@ class ModeResult:
     key_closures: dict
     admission_closures: list = field(default_factory=list)
     submitted: int = 0
+    driver_class: str = "normal"
 
     def ledger_check(self) -> dict:
         """Exactly one outcome per submitted unit, from the fleet's own ledger and the futures."""
@@ -174,11 +181,14 @@ class Driver:
         self.lag_ms: list[float] = []
         self._cutting = False
         self._wall = 0.0
+        self._spin = SPIN_S
+        self.driver_class = "normal"  # the scheduling class the driver thread ran in (urgent_thread)
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> ModeResult:
         ledger_before = self.fleet.ledger()
-        with quiet_gc():
+        with quiet_gc(), urgent_thread() as self._spin:
+            self.driver_class = "realtime" if self._spin == RT_SPIN_S else "normal"
             self.clock.start(time.monotonic() + START_LEAD_S)
             self.sim.reset()  # after the clock: a simulator process takes the clock's new origin
             self._loop()
@@ -191,7 +201,8 @@ class Driver:
             ledger_after = self.fleet.ledger()
         adm_closures = self.admission.closures() if self.admission is not None else []
         return ModeResult(self.mode, "", self.rounds, self.lag_ms, wall, ledger_before, ledger_after,
-                          self.sim.counts(), self.sim.events(), self.sim.key_closures(), adm_closures, self.submitted)
+                          self.sim.counts(), self.sim.events(), self.sim.key_closures(), adm_closures, self.submitted,
+                          self.driver_class)
 
     def _loop(self) -> None:
         clock = self.clock
@@ -236,8 +247,8 @@ class Driver:
             if wait > GC_GAP_S and gc.get_count()[0] >= gc.get_threshold()[0]:
                 gc.collect(1)
                 wait = deadline - time.monotonic()
-            if wait > SPIN_S:
-                self._block(wait - SPIN_S)
+            if wait > self._spin:
+                self._block(wait - self._spin)
             elif wait > 0 and not pending:
                 self._block(wait)
             # else: spin (loop again) through the last stretch before an arrival
@@ -394,6 +405,29 @@ def quiet_gc():
         if was:
             gc.enable()
         gc.collect()
+
+
+@contextlib.contextmanager
+def urgent_thread():
+    """This thread (only) in the real-time class while it runs, when the host allows it (root).
+
+    Yields the margin to spin before a deadline: `RT_SPIN_S` in the real-time class (it wakes
+    on time), else `SPIN_S`. On a host whose cores the fleet's own workers (and whatever else
+    runs there) keep busy, a normal thread waits for a core for milliseconds at a time, and a
+    lower nice value does not help across the kernel's autogroups; a real-time thread that
+    sleeps until each deadline gets a core when it wakes and costs no CPU while it waits."""
+    tid = threading.get_native_id()
+    try:
+        before = os.sched_getscheduler(tid), os.sched_getparam(tid)
+        # reset-on-fork: a thread or process started from here (a progress bar's monitor) is normal again
+        os.sched_setscheduler(tid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(RT_PRIORITY))
+    except (OSError, AttributeError):  # not permitted: normal class, spin the last stretch
+        yield SPIN_S
+        return
+    try:
+        yield RT_SPIN_S
+    finally:
+        os.sched_setscheduler(tid, *before)
 
 
 def replay_name() -> str:
