@@ -60,6 +60,7 @@ START_LEAD_S = 0.05  # trace time 0 is this far ahead of the start, so setting u
 IDLE_BLOCK_S = 1.0  # past the horizon: how long one wait for a completion blocks
 RT_PRIORITY = 1  # the lowest real-time priority: above every normal thread, below the kernel's own
 RT_SPIN_S = 0.0001
+STALE_WAKE_S = 0.001
 GC_GAP_S = 0.02  # a young-generation collection (~1 ms) only runs when the next deadline is this far
 IO_SLOTS_MAX = 1024
 ROLE_QUEUE_BOUND = 1 << 20
@@ -239,7 +240,12 @@ class Driver:
             if self.admission is not None and self.admission_waits:
                 nw = self.admission.next_wake()
                 if nw is not None:
-                    deadline = clock.real_at(nw) if deadline is None else min(deadline, clock.real_at(nw))
+                    # a wake instant the last wake left in the past is looked at again shortly, never
+                    # spun on: the driver may be a real-time thread
+                    at = clock.real_at(nw)
+                    if at <= time.monotonic():
+                        at = time.monotonic() + STALE_WAKE_S
+                    deadline = at if deadline is None else min(deadline, at)
             if deadline is None:
                 self._block(IDLE_BLOCK_S)
                 continue
