@@ -478,6 +478,8 @@ class Supervisor:
             self.dispatcher.complete(unit_id, final)
             if self.run_observer is not None:
                 self.run_observer(self.roles.by_code(unit.role).name, elapsed)
+            if self.recorder is not None:  # the measured work shape of a recorded arrival
+                self.recorder.completion(unit_id, elapsed, outcome.kind)
         if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED and value is not None:
             # A chunk's items travel with it whatever its outcome: map raises item by item.
             self.ledger.record(unit_id, outcome.kind, outcome.reason)
@@ -991,9 +993,9 @@ def _arrival_log(config):
     """The arrival log of `[record]` (fleet.burst.record), or None when recording is off."""
     if not config.record.enabled:
         return None
-    from .burst.record import ArrivalLog, default_path
+    from .burst.record import ArrivalLog
 
-    return ArrivalLog(config.record.path or default_path(config.name))
+    return ArrivalLog.for_config(config)
 
 
 def _deliver(done) -> None:

@@ -17,7 +17,7 @@ EXIT_USAGE = 2  # bad arguments
 EXIT_BAD_TRACE = 65  # the trace has bad lines (all listed with their line numbers); nothing ran
 EXIT_BAD_REPORT = 66  # show: the report cannot be read
 EXIT_NO_FLEET = 69  # record: no fleet of that name is running, or it does not record
-EXIT_FLEET_FAILED = 70  # the replay fleet did not boot, or a unit did not get exactly one outcome
+EXIT_FLEET_FAILED = 70  # the replay fleet or simulator did not start, or a unit did not get exactly one outcome
 EXIT_NO_ADMISSION = 90  # --modes admission, but the provider admission is not installed here
 EXIT_NO_CGROUP = 91  # --cpu-quota without root or a v1 cpu cgroup hierarchy
 
@@ -28,7 +28,8 @@ EXIT_CODES = f"""exit codes:
   {EXIT_BAD_TRACE}  bad trace (every bad line is listed with its number; nothing ran)
   {EXIT_BAD_REPORT}  show: the report cannot be read
   {EXIT_NO_FLEET}  record: no fleet of that name runs, or it does not record arrivals
-  {EXIT_FLEET_FAILED}  the replay fleet did not boot, or a unit did not get exactly one outcome
+  {EXIT_FLEET_FAILED}  the replay fleet or its provider simulator did not start, or a unit did not get
+      exactly one outcome
   {EXIT_NO_ADMISSION}  the admission mode needs the provider admission, not installed here
   {EXIT_NO_CGROUP}  --cpu-quota needs root and a v1 cpu cgroup hierarchy"""
 
@@ -141,6 +142,7 @@ def _replay(args) -> int:
     from .cpuquota import CpuQuotaUnavailable, check_available
     from .replay import FleetFailed
     from .runner import replay
+    from .simulator import SimulatorError
     from .trace import TraceError, load
 
     if args.cpu_quota is not None:
@@ -164,7 +166,7 @@ def _replay(args) -> int:
     except AdmissionUnavailable as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_NO_ADMISSION
-    except FleetFailed as exc:
+    except (FleetFailed, SimulatorError) as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_FLEET_FAILED
     paths = R.write(rep, args.report)

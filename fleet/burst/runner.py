@@ -7,7 +7,7 @@ from .admission_seam import AdmissionSeam
 from .clock import ReplayClock
 from .replay import Driver, FleetFailed, fleet_config, replay_name
 from .report import build, summarize
-from .simulator import ProviderSimulator
+from .simulator_process import SimulatorProcess
 from .trace import Trace
 
 SWITCH_INTERVAL_S = 0.0002
@@ -60,8 +60,8 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
         bar = tqdm(total=len(trace.arrivals) * len(modes) * len(profiles), unit="round", file=sys.stderr,
                    dynamic_ncols=True, desc=header.name)
     sections = []
-    # The scheduler thread shares the GIL with the embedded fleet's supervisor threads and the
-    # simulator's loop; the default 5 ms switch interval alone would put arrivals milliseconds late.
+    # The scheduler thread shares the GIL with the embedded fleet's supervisor threads (the
+    # simulator runs in its own process); the default 5 ms switch interval alone would put arrivals milliseconds late.
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
@@ -70,7 +70,7 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
                 f = fleet.Fleet.from_config(fleet_config(trace, name, profile))
             except fleet.FleetError as exc:
                 raise FleetFailed(f"the replay fleet ({profile}) did not boot: {type(exc).__name__}: {exc}") from None
-            sim = ProviderSimulator(header, clock, seed=seed)
+            sim = SimulatorProcess(header, clock, seed=seed)
             try:
                 sim.start()
                 warm_up(f, trace)
