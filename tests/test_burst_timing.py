@@ -80,3 +80,28 @@ def test_without_privilege_the_driver_stays_normal_and_spins():
     assert os.waitstatus_to_exitcode(status) == 0
     spin, policy = out.split()
     assert float(spin) == SPIN_S and int(policy) == os.SCHED_OTHER
+
+
+def test_no_realtime_keeps_every_thread_normal_even_as_root():
+    assert os.geteuid() == 0, "CI runs as root (see PLATFORM.md); the control needs the privilege"
+    tid = threading.get_native_id()
+    with urgent_threads(False) as spin:
+        assert spin == SPIN_S and _policy(tid) == os.SCHED_OTHER
+    assert _policy(tid) == os.SCHED_OTHER
+
+
+def test_the_cli_flag_reaches_the_driver(monkeypatch, tmp_path):
+    from fleet.burst import cli
+
+    seen = {}
+
+    def fake_replay(trace, **kwargs):
+        seen.update(kwargs)
+        raise KeyboardInterrupt  # stop before anything runs
+
+    monkeypatch.setattr("fleet.burst.runner.replay", fake_replay)
+    trace = os.path.join(os.path.dirname(__file__), "..", "examples", "traces", "burst-35.jsonl")
+    for argv, want in ((["replay", trace, "--no-progress"], True),
+                       (["replay", trace, "--no-progress", "--no-realtime"], False)):
+        cli.main(argv)
+        assert seen.pop("realtime") is want

@@ -110,6 +110,10 @@ def parser() -> argparse.ArgumentParser:
                     help="run inside the tool's own v1 cpu cgroup with this CFS quota (root; made and removed "
                          "by the tool). Below 2 CPUs the fleet refuses to boot (its host floor): exit 70")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rp.add_argument("--no-realtime", action="store_true",
+                    help="keep the replay's threads in the normal scheduling class (by default, as root, the "
+                         "driver and the threads sharing its GIL run real-time while a mode runs, so arrivals "
+                         "are on time; the report's lag_ms.driver says which class ran)")
     rec = sub.add_parser("record", help="capture arrivals from a running fleetd into a trace", epilog=EXIT_CODES,
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          description="Tail the arrival log of a running fleetd (config: [record] enabled = true) "
@@ -159,7 +163,7 @@ def _replay(args) -> int:
     try:
         rep = replay(trace, modes=args.modes, speed=args.speed or trace.header.speed or 60.0, seed=args.seed, cap=args.cap,
                      profiles=args.profiles, name=args.name, progress=not args.no_progress,
-                     cpu_quota=args.cpu_quota)
+                     cpu_quota=args.cpu_quota, realtime=not args.no_realtime)
     except CpuQuotaUnavailable as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_NO_CGROUP

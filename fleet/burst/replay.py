@@ -159,9 +159,10 @@ class Driver:
     """Runs one mode of one trace on a running fleet and simulator. Not reusable: one `run`."""
 
     def __init__(self, trace: Trace, fleet, simulator, clock: ReplayClock, mode: str, *, cap: int | None = None,
-                 admission=None, progress=None):
+                 admission=None, progress=None, realtime: bool = True):
         self.trace, self.fleet, self.sim, self.clock, self.mode = trace, fleet, simulator, clock, mode
         self.cap = cap
+        self.realtime = realtime  # try the real-time class for this process's threads while it runs
         self.admission = admission
         self.progress = progress
         self.rounds = [Round(i, a) for i, a in enumerate(trace.arrivals)]
@@ -188,7 +189,7 @@ class Driver:
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> ModeResult:
         ledger_before = self.fleet.ledger()
-        with quiet_gc(), urgent_threads() as self._spin:
+        with quiet_gc(), urgent_threads(self.realtime) as self._spin:
             self.driver_class = "realtime" if self._spin == RT_SPIN_S else "normal"
             self.clock.start(time.monotonic() + START_LEAD_S)
             self.sim.reset()  # after the clock: a simulator process takes the clock's new origin
@@ -414,7 +415,7 @@ def quiet_gc():
 
 
 @contextlib.contextmanager
-def urgent_threads():
+def urgent_threads(enabled: bool = True):
     """Every thread of this process in the real-time class while a mode runs, when the host
     allows it (root); the driver is the thread that calls this.
 
@@ -427,6 +428,9 @@ def urgent_threads():
     they take the GIL, and one that holds it while it waits for a core stalls the driver
     just the same (measured: lag p99 0.2-2.4 ms with the driver alone real-time, 0.002-0.015
     ms with every thread). Threads started meanwhile are normal (reset-on-fork)."""
+    if not enabled:  # the operator asked for the normal class (fleet-burst replay --no-realtime)
+        yield SPIN_S
+        return
     me = threading.get_native_id()
     others = [t.native_id for t in threading.enumerate() if t.native_id not in (None, me) and t.is_alive()]
     changed = []

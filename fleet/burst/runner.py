@@ -25,23 +25,26 @@ def warm_up(f, trace: Trace) -> None:
 
 
 def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = None, cap: int | None = None,
-           profiles=None, name: str | None = None, progress: bool = True, cpu_quota: float | None = None) -> dict:
+           profiles=None, name: str | None = None, progress: bool = True, cpu_quota: float | None = None,
+           realtime: bool = True) -> dict:
     """Replay `trace` once per profile x mode; raises AdmissionUnavailable (before anything runs),
     FleetFailed (the fleet did not boot), CpuQuotaUnavailable (`cpu_quota` without root or v1 cpu).
 
     `cpu_quota`: run inside the tool's own v1 cpu cgroup of that many CPUs (fleet.burst.cpuquota).
+    `realtime`: while a mode runs, put this process's threads in the real-time class when the
+    host allows it (see replay.urgent_threads); False keeps them in the normal class.
     """
     if cpu_quota is None:
-        return _replay(trace, modes, speed, seed, cap, profiles, name, progress)
+        return _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime)
     from .cpuquota import cpu_quota as group
 
     with group(cpu_quota) as info:
-        rep = _replay(trace, modes, speed, seed, cap, profiles, name, progress)
+        rep = _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime)
     rep["cpu_quota"] = {"cpus": cpu_quota, "cgroup": info["path"], "cpu_stat": info["stat"]}
     return rep
 
 
-def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
+def _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime) -> dict:
     import fleet
 
     header = trace.header
@@ -79,7 +82,8 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
                     if bar is not None:
                         bar.set_description(f"{header.name} {profile}/{mode}")
                     admission = AdmissionSeam(header, clock, seed) if mode == "admission" else None
-                    driver = Driver(trace, f, sim, clock, mode, cap=cap, admission=admission, progress=bar)
+                    driver = Driver(trace, f, sim, clock, mode, cap=cap, admission=admission, progress=bar,
+                                    realtime=realtime)
                     result = driver.run()
                     result.profile = profile
                     section = summarize(result, trace)
