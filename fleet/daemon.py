@@ -401,8 +401,12 @@ class Daemon:
         directory = control.prepare_runtime_dir(control.runtime_dir(self.env))
         path = directory / f"{name}.sock"
         # The socket group may read the table too (fleetctl status), never the data segment.
+        from .provider_gate import default_closure_file
+
+        # Closures outlive a restart: a restarted fleetd must not re-spend a key it knows is spent.
         self.sup = Supervisor(self.config, mode="service", socket_path=str(path),
-                              readers_group=self.options.socket_group).start()
+                              readers_group=self.options.socket_group,
+                              closure_file=default_closure_file(name, self.env)).start()
         try:
             self.calls = control.CallQueue(wakeup=self._wake)
             self.server = control.ControlServer(
@@ -554,6 +558,8 @@ class Daemon:
             result = self.reload()
         except FleetError as exc:
             log.error("fleet %s: reload refused, nothing changed: %s: %s", self.config.name, type(exc).__name__, exc)
+            if str(getattr(exc, "path", "")).startswith("admission"):
+                self.sup.admission_reload_refused(str(exc))  # the last good catalog stays; status says why
         else:
             log.info("fleet %s: reload from %s: applied %s; needs a restart to change: %s", self.config.name,
                      self.options.config_path, ", ".join(result["applied"]) or "nothing",
@@ -584,6 +590,7 @@ class Daemon:
         from .status import gather
 
         doc = gather(self.config.name)
+        doc["admission"] = self.sup.admission_census()
         doc["daemon"] = {"pid": os.getpid(), "draining": self._draining, "stopping": self._stopping,
                          "clients": self.store.tokens(), "outcomes_held": self.store.undelivered()}
         return doc

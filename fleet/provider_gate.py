@@ -262,6 +262,7 @@ class ProviderGate:
     def reload(self, config) -> tuple[bool, str | None]:
         """Swap in a new declared policy; a policy that fails keeps the last good one (and says why)."""
         if config.section == self.section:
+            self.holder.last_error = None  # the file loads again, and says what runs already
             return False, None
         ok, why = self.holder.reload(config.section)
         if ok:

@@ -207,3 +207,43 @@ def test_waiting_units_end_once_when_cancelled_or_when_the_fleet_closes():
         assert info.value.reason == "Shutdown" and "closed (daily-limit" in info.value.outcome.detail
         counts = f.ledger()
         assert counts["submitted"] == 3 and counts["failed"] == 3
+
+
+def test_a_restarted_fleet_is_born_with_the_closures_it_knew(tmp_path):
+    path = tmp_path / "state" / "closures.json"
+    cfg = config("admkeep", _roles())
+    cfg["admission"] = catalog(closure_file=str(path))
+    with running(cfg, admission_clock=_clock()) as f:
+        _refusal(f.submit("llm", {"openrouter-eu": DAILY}, route=GLM_OR))
+        assert f.status()["admission"]["closure_file"] == str(path)
+    assert path.exists()
+    with running(cfg, admission_clock=_clock()) as f:
+        (closure,) = f.status()["admission"]["closures"]
+        assert (closure["provider"], closure["until"], closure["daily"]) == ("openrouter-eu", MIDNIGHT_AFTER, True)
+        # the spent key is not spent again: its unit moves at once, with no refusal first
+        assert f.submit("llm", {"openrouter-eu": DAILY}, route=GLM_OR).result(60) == str(GLM_AZ)
+        assert f.ledger()["failed"] == 0
+    cfg["admission"] = catalog(closure_file=str(tmp_path / "elsewhere.json"))
+    with running(cfg, admission_clock=_clock()) as f:  # control: a fleet without that file knows nothing
+        assert f.status()["admission"]["closures"] == []
+
+
+def test_reload_swaps_the_catalog_and_a_bad_one_keeps_the_last_good_one():
+    clock = _clock()
+    cfg = config("admreload", _roles())
+    cfg["admission"] = catalog()
+    with running(cfg, admission_clock=clock) as f:
+        new = dict(cfg, admission=catalog(alternatives={"glm-5.3-review": ["gpt-6-sol@azure-eu"]}))
+        assert "admission" in f.reload(new, env={})["applied"]
+        _refusal(f.submit("llm", {"openrouter-eu": [429, "", 30]}, route=GLM_OR))
+        # the explicit entry replaced the tier defaults: no longer the same model elsewhere
+        assert f.submit("llm", {}, route=GLM_OR).result(60) == "gpt-6-sol@azure-eu"
+
+        bad = dict(cfg, admission=catalog(alternatives={"glm-5.3-review": ["no-such-model"]}))
+        with pytest.raises(fleet.ConfigError) as info:
+            f.reload(bad, env={})
+        assert info.value.path == "admission.alternatives.glm-5.3-review[0]"
+        assert "no-such-model" in f.status()["admission"]["policy_error"]
+        assert f.submit("llm", {}, route=GLM_OR).result(60) == "gpt-6-sol@azure-eu"  # the last good one
+        assert "admission" not in f.reload(new, env={})["applied"]  # the same catalog: nothing to apply
+        assert f.status()["admission"]["policy_error"] is None
