@@ -39,7 +39,6 @@ uid that can reach the socket may read ``status`` and ``ledger``.
 """
 from __future__ import annotations
 
-import base64
 import itertools
 import logging
 import os
@@ -54,20 +53,19 @@ from typing import Any
 
 from . import control
 from .control import FleetConnectionLost, NotRunning, OutcomesDropped, ProtocolError, RemoteError
+from .control import outcome_record
+from .control.outcome_record import BadOutcomeRecord
 from .errors import FleetError
 from .executor import MAP_WINDOW, map_units
-from .outcomes import FAILED, SOLVED
 from .roles import UnknownRoleError
 from .unit import (
     BadUnit,
     FleetClosed,
-    Outcome,
     PayloadTooLarge,
     PayloadUnpicklable,
     QueueFull,
     RoleStopped,
     SubmitRefused,
-    error_for,
 )
 
 __all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "connect"]
@@ -436,31 +434,47 @@ class Client(Executor):
     def _deliver(self, records: list[dict], token: str) -> None:
         if token != self._token:
             return  # for a token retired meanwhile: its futures have failed already
-        for record in records:
-            seq = record.get("seq")
-            value = record.get("value")
-            if "parts" in record:
-                parts = self._parts.setdefault(seq, [])
-                parts.append(value)
-                if len(parts) < record["parts"]:
-                    continue
-                value = "".join(self._parts.pop(seq))
+        for raw in records:
+            try:
+                record = outcome_record.parse(raw)
+            except BadOutcomeRecord as exc:
+                self._bad_record(raw, exc, token)
+                if token != self._token:
+                    return  # it retired the token: the rest of the reply is owed to nobody
+                continue
+            seq = record.seq
+            value = outcome_record.join_part(record, self._parts)
+            if value is outcome_record.INCOMPLETE:
+                continue
             with self._cond:
                 entry = self._pending.pop(seq, None)
             if entry is None:
                 continue  # not ours any more (a submit that raised), or delivered already
             fut, role = entry
-            if record.get("reason") == "Cancelled" and getattr(fut, "cancelling", False):
+            if record.reason == "Cancelled" and getattr(fut, "cancelling", False):
                 Future.cancel(fut)  # the outcome of our own cancel: the future ends cancelled
                 continue
             if not fut.set_running_or_notify_cancel():
                 continue  # cancelled here: the unit ran anyway, nobody wants its outcome
             try:
-                result = _decode(record, value, role)
+                result = outcome_record.result_of(record, value, role)
             except BaseException as exc:  # noqa: BLE001 - a UnitError, or a value we cannot unpickle
                 fut.set_exception(exc)
             else:
                 fut.set_result(result)
+
+    def _bad_record(self, raw: Any, exc: BadOutcomeRecord, token: str) -> None:
+        """A record that breaks the format fails the future it names; one that names
+        none we wait for leaves no way to tell whose outcome it was, so every pending
+        future fails rather than wait for ever."""
+        seq = raw.get("seq") if isinstance(raw, dict) else None
+        with self._cond:
+            entry = self._pending.pop(seq, None) if isinstance(seq, int) else None
+        if entry is None:
+            self._retire(FleetConnectionLost(f"fleetd {self.name!r} at {self.path} sent an outcome record "
+                                             f"that names no pending unit: {exc}"), token)
+        elif entry[0].set_running_or_notify_cancel():
+            entry[0].set_exception(exc)
 
     def _retire(self, exc: FleetError, token: str | None = None) -> None:
         """The daemon holding outcomes for ``token`` (default: the current one) is gone, or
@@ -503,22 +517,3 @@ def _fail(futures: Iterable[Future], exc: FleetError) -> None:
     for fut in futures:
         if Future.set_running_or_notify_cancel(fut):
             fut.set_exception(exc)
-
-
-def _decode(record: dict, value: str | None, role: str):
-    """The value of a solved record; raises the unit's UnitFailed / UnitSuppressed otherwise."""
-    unit_id = record.get("unit") or 0
-    kind = record.get("kind")
-    if kind == SOLVED:
-        try:
-            return pickle.loads(base64.b64decode(value))
-        except Exception as exc:  # noqa: BLE001 - e.g. a class this process cannot import
-            raise error_for(unit_id, role, Outcome(FAILED, "ResultError",
-                            f"result cannot be unpickled here: {type(exc).__name__}: {exc}")) from None
-    original = None
-    if record.get("error"):
-        try:
-            original = pickle.loads(base64.b64decode(record["error"]))
-        except Exception:  # noqa: BLE001 - the traceback text in detail still tells the story
-            original = None
-    raise error_for(unit_id, role, Outcome(kind, record.get("reason"), record.get("detail")), original)

@@ -24,8 +24,9 @@ through `Supervisor.reload`, logging what needs a restart; an invalid file is
 logged and changes nothing.
 
 Result delivery (see fleet.control, "Result delivery"): a submit that carries a
-client token has its outcome encoded when the unit ends and held in the
-`OutcomeStore` under that token until the client's ``collect`` long poll takes it.
+client token has its outcome encoded (`fleet.control.outcome_record`) when the
+unit ends and held in the `OutcomeStore` under that token until the client's
+``collect`` long poll takes it.
 The long poll is the one op that does not run on the loop: its Future is resolved
 by the store itself (when an outcome arrives) or by the loop's expiry pass.
 
@@ -35,12 +36,10 @@ on its own (its supervisor loop failed).
 """
 from __future__ import annotations
 
-import base64
 import collections
 import dataclasses
 import logging
 import os
-import pickle
 import selectors
 import signal
 import threading
@@ -51,9 +50,8 @@ from typing import Any
 
 from . import control, sdnotify
 from .config import FleetConfig, load_config
+from .control import outcome_record
 from .errors import EXIT_FAILURE, EXIT_OK, FleetError
-from .outcomes import FAILED, SOLVED
-from .unit import UnitError
 
 log = logging.getLogger("fleet.daemon")
 
@@ -67,84 +65,13 @@ STATUS_EVERY_S = 5.0
 #: Longest the loop sleeps; expiry of long polls is checked at least this often.
 TICK_S = 0.25
 
-#: Base64 characters of a value per outcome record; a larger value is split into
-#: consecutive parts, so no collect reply outgrows control.COLLECT_REPLY_BUDGET.
-PART_CHARS = 512 * 1024
-#: Traceback text kept per failed outcome (the head is cut; the last lines matter).
-MAX_DETAIL_CHARS = 64 * 1024
-#: A handler's exception travels pickled only below this size (its text always does).
-MAX_ERROR_BYTES = 128 * 1024
-
 
 class ConfigReloadError(FleetError):
     """A SIGHUP reload was refused (the new file is invalid, or renames the fleet)."""
 
 
 # ============================================================== outcomes for clients
-def encode_outcome(seq: int | None, role: str, future: Future) -> list[dict]:
-    """The outcome records for one ended unit, as `collect` sends them.
-
-    One record, or several ``part``s when the pickled value is larger than
-    `PART_CHARS` in base64.
-
-    A solved value travels as the bytes its worker pickled: in service mode the
-    supervisor relays them without unpickling (`fleet.codec._Pickled`), so the
-    daemon never has to pickle a value again. That is what keeps the ledger honest:
-    a value that the worker could pickle but that would not survive a round trip
-    through the daemon (its unpickled form is not picklable) used to be counted
-    solved while its client was sent a ResultError. Relayed, the client gets
-    exactly what the handler returned, and the daemon runs no code from a result.
-    A value that is not relayed (a future built by hand) is pickled here; if that
-    fails the record is a failed ``ResultError`` that says so.
-    """
-    from .codec import _Pickled
-
-    base = {"seq": seq, "unit": getattr(future, "unit_id", None), "role": role}
-    if future.cancelled():
-        return [{**base, "kind": FAILED, "reason": "Cancelled", "detail": "cancelled in the daemon"}]
-    exc = future.exception()
-    if isinstance(exc, UnitError):
-        record = {**base, "kind": exc.outcome.kind, "reason": exc.outcome.reason,
-                  "detail": _clip(exc.outcome.detail)}
-        error = _pickled_error(exc.original)
-        if error is not None:
-            record["error"] = error
-        return [record]
-    if exc is not None:
-        return [{**base, "kind": FAILED, "reason": "ResultError",
-                 "detail": f"the daemon could not deliver the outcome: {type(exc).__name__}: {exc}"}]
-    value = future.result()
-    if isinstance(value, _Pickled):
-        raw = value.data
-    else:
-        try:
-            raw = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as err:  # noqa: BLE001 - any pickling failure is this unit's outcome
-            return [{**base, "kind": FAILED, "reason": "ResultError",
-                     "detail": f"solved, but its value cannot be pickled for the client: {type(err).__name__}: {err}"}]
-    text = base64.b64encode(raw).decode("ascii")
-    if len(text) <= PART_CHARS:
-        return [{**base, "kind": SOLVED, "value": text}]
-    parts = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)]
-    return [{**base, "kind": SOLVED, "value": p, "part": i, "parts": len(parts)} for i, p in enumerate(parts)]
-
-
-def _clip(detail: str | None) -> str | None:
-    if detail is None or len(detail) <= MAX_DETAIL_CHARS:
-        return detail
-    return "[... cut ...]\n" + detail[-MAX_DETAIL_CHARS:]
-
-
-def _pickled_error(exc: BaseException | None) -> str | None:
-    if exc is None:
-        return None
-    try:
-        raw = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001 - the text in `detail` still says what happened
-        return None
-    return base64.b64encode(raw).decode("ascii") if len(raw) <= MAX_ERROR_BYTES else None
-
-
+# The records themselves (format, encoding): fleet.control.outcome_record.
 def _size(record: dict) -> int:
     # Close enough to the JSON size: the long strings dominate, the keys add ~150 bytes.
     return 160 + sum(len(v) for v in record.values() if isinstance(v, str))
@@ -629,7 +556,7 @@ class Daemon:
         fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
         if token is not None:
             store = self.store
-            fut.add_done_callback(lambda f: store.put(token, encode_outcome(seq, role, f)))
+            fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
         return {"unit": fut.unit_id, "queue_bound": self.config.roles[role].queue_bound}
 
     def cancel(self, unit: int) -> dict:

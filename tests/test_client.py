@@ -9,7 +9,8 @@ import pytest
 
 import fleet
 from fleet import control
-from fleet.daemon import OutcomeStore, encode_outcome
+from fleet.control.outcome_record import encode as encode_outcome
+from fleet.daemon import OutcomeStore
 from fleet.errors import EXIT_NOT_RUNNING
 from tests.daemons import BOUND_S, Fleetd, running_slot, wait_until
 from tests.fleets import role

@@ -44,3 +44,46 @@ def test_the_scan_finds_a_function_local_import_of_the_cli():
     source = "def status(self):\n    from .cli.cmd_status import gather\n    return gather(self.name)\n"
     assert cli_imports(source, "fleet") == ["fleet.cli.cmd_status", "fleet.cli.cmd_status.gather"]
     assert cli_imports("from . import status\n", "fleet") == []
+
+
+# The control wire format (frames, request and reply envelopes, outcome records) is
+# defined in fleet/control/ and nowhere else: these names and envelope shapes are its.
+WIRE_NAMES = {"MAX_FRAME", "Request", "Reply", "encode_request", "decode_request", "encode_reply",
+              "decode_reply", "encode_error", "encode_outcome", "decode_outcome"}
+WIRE_SHAPES = ({"id", "op", "args"}, {"id", "ok"}, {"seq", "kind"})
+
+
+def wire_definitions(source: str) -> list[str]:
+    """What ``source`` defines of the wire format: a wire name (def, class or
+    assignment) or a dict literal shaped like a request, reply or outcome record."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in WIRE_NAMES:
+            found.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [t.id for t in targets if isinstance(t, ast.Name) and t.id in WIRE_NAMES]
+        elif isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            found += ["{" + ", ".join(sorted(shape)) + "}" for shape in WIRE_SHAPES if shape <= keys]
+    return found
+
+
+def test_no_module_outside_fleet_control_defines_the_wire_format():
+    offenders = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent)
+        if rel.parts[:2] == ("fleet", "control"):
+            continue
+        found = wire_definitions(path.read_text())
+        if found:
+            offenders[str(rel)] = found
+    assert offenders == {}
+
+
+def test_the_wire_scan_finds_an_encoder_and_an_envelope_outside_the_package():
+    # How the daemon once encoded outcome records itself.
+    source = ("def encode_outcome(seq, role, fut):\n    return [{'seq': seq, 'role': role, 'kind': 'solved'}]\n"
+              "def reply(i):\n    return {'id': i, 'ok': True, 'result': 1}\n")
+    assert wire_definitions(source) == ["encode_outcome", "{id, ok}", "{kind, seq}"]
+    assert wire_definitions("x = {'id': 1, 'name': 'a'}\n") == []

@@ -37,7 +37,7 @@ class NoRecording(Exception):
 
 def default_path(name: str) -> str:
     """The arrival log of fleet `name` when ``[record] path`` is not given."""
-    from fleet.control import runtime_dir
+    from fleet.control.paths import runtime_dir
 
     return str(runtime_dir() / f"{name}.arrivals.jsonl")
 

@@ -101,7 +101,7 @@ def fleet_name(args, env=None) -> str:
 
 def client(args, timeout: float = 30.0):
     """A `ControlClient` for the chosen fleet; raises NotRunning (exit 69) when it has no socket."""
-    from ..control import ControlClient
+    from ..control.client import ControlClient
 
     return ControlClient.for_fleet(fleet_name(args), timeout=timeout)
 
@@ -112,7 +112,7 @@ def call_and_print(args, op: str, **op_args) -> int:
     The op's client half (`fleet.control.Op.format`) renders the reply, so each
     command's wording lives beside its wire format.
     """
-    from ..control import OPS
+    from ..control.ops import OPS
 
     with client(args) as c:
         result = c.call(op, **op_args)
