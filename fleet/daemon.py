@@ -545,12 +545,15 @@ class Daemon:
         return self.sup.ledger_counts().to_dict()
 
     def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
-               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False) -> dict:
+               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False, route=None,
+               severity: str | None = None, pinned: bool = False, parent: int | None = None,
+               tag: str | None = None) -> dict:
         if token is not None:
             self.store.hold(token)
         body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
         fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
-                              request_id=request_id, chunk=chunk, **body)
+                              request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
+                              parent=parent, tag=tag, **body)
         units = self._units
         units[fut.unit_id] = fut
         fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
@@ -569,6 +572,15 @@ class Daemon:
         if fut.cancel():
             return {"unit": unit, "cancelled": True, "state": "cancelled"}
         return {"unit": unit, "cancelled": False, "state": "ended" if fut.done() else "running"}
+
+    def admission_show(self) -> dict:
+        return self.sup.admission_census()
+
+    def admission_close(self, pool: str, until: float, message: str) -> dict:
+        return self.sup.admission_close(pool, until, message)
+
+    def admission_reopen(self, pool: str) -> dict:
+        return self.sup.admission_reopen(pool)
 
     # ------------------------------------------------------------------ the blocking op (off the loop)
     def collect(self, *, token: str, timeout: float) -> Future:
