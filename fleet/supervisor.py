@@ -473,17 +473,14 @@ class Supervisor:
             self._stopped.set()
 
     def _provider_tick(self) -> None:
-        """Units the provider admission held: cancelled ones end, due ones start (or, once the
-        fleet closes, fail Shutdown: a closed key may wait until midnight); bulkheads published."""
+        """Units the provider admission held: cancelled ones end, due ones start; bulkheads published."""
         gate = self._providers
         with self._lock:
             for unit_id in gate.take_cancelled():
                 self._held_by_role[self._units.pop(unit_id).role] -= 1
                 self.ledger.record(unit_id, FAILED, "Cancelled")
             done = []
-            if self._closing:
-                done = self._drop_waiting("Shutdown", "the fleet closed while the unit waited for provider admission")
-            elif gate.due():
+            if gate.due():
                 for unit_id, pending, route in gate.wake():
                     self._held_by_role[pending.role] -= 1
                     self._routed(unit_id, route)
@@ -963,6 +960,9 @@ class Supervisor:
                     self._providers.ended(item.unit_id, _CANCELLED)
                 self._drop_held(cancel=True)
                 self._drop_waiting("", "", cancel=True)
+            # Shutdown waits for queued units, but not for a provider's reopening: a closed
+            # key may wait until midnight. Units still waiting for admission fail Shutdown.
+            done.extend(self._drop_waiting("Shutdown", "the fleet closed while the unit waited for provider admission"))
             done.extend(self._dispatch())
         _deliver(done)
         if self.data is not None:
