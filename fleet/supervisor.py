@@ -451,8 +451,7 @@ class Supervisor:
                 if not self._read_zygote():
                     self._zygote_died()
                 busy = self._collect()
-                if self._providers.has_work():
-                    self._provider_tick()
+                wait = self._provider_tick() if self._providers.has_work() else IDLE_WAIT_S
                 now = time.monotonic()
                 if self._deadlines:
                     self._check_deadlines(now)
@@ -462,7 +461,7 @@ class Supervisor:
                 if self._closing and self._idle():
                     break
                 if not busy:
-                    bell.wait(seen, self._providers.seconds_to_wake(IDLE_WAIT_S))
+                    bell.wait(seen, wait)
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
             with self._lock:
@@ -472,8 +471,9 @@ class Supervisor:
             self._teardown()
             self._stopped.set()
 
-    def _provider_tick(self) -> None:
-        """Units the provider admission held: cancelled ones end, due ones start; bulkheads published."""
+    def _provider_tick(self) -> float:
+        """Units the provider admission held: cancelled ones end, due ones start; bulkheads
+        published. Returns how long the loop may sleep before it looks again (seconds)."""
         gate = self._providers
         with self._lock:
             for unit_id in gate.take_cancelled():
@@ -487,7 +487,9 @@ class Supervisor:
                     self._to_dispatch(pending)
                 done = self._dispatch()
             gate.publish()
+            wait = gate.seconds_to_wake(IDLE_WAIT_S)  # the pool is read under the lock only
         _deliver(done)
+        return wait
 
     def _drop_waiting(self, reason: str, detail: str, cancel: bool = False) -> list:
         """End every unit waiting for provider admission (lock held): failed with `reason`, or
