@@ -9,6 +9,10 @@ The pinned projection (one process per seat, 002 §5):
     reserve H        1                     fixed; fleetd itself must never starve
     ambient I/O A    max(1, floor(Q/4))    pump, dispatch, delivery threads
     fixed roles      their declared peak   whole cores (resolve 1, merge 1)
+    undeclared       one core per slot     a CPU-bound role that declares no peak:
+                                           capped by the whole cores left after the
+                                           rows above, the I/O roles' whole cores and
+                                           the elastic role's minimum; at least 1
     elastic role S   floor(Q) - the above  the first keyed role (solver); S >= 2
     I/O-dominant     Q - integer shares    the fractional remainder only (simdriver)
 
@@ -20,6 +24,13 @@ and keeps the smallest quota with S >= 2 at 6 CPUs, which is where the tier tabl
 (002 §14) starts the pinned tier. Pins are threads, shares are cores: the keyed role
 keeps its declared slots as pins, and at most min(S, pins) of its units run at once
 (`admit`).
+
+A CPU-bound role that declares no peak is read the way users read `slots`: as how
+many of its units should run at once. Its share is its slots, capped by the cores the
+quota has left (several such roles take turns, one core at a time, in declaration
+order), so `slots = 4` gets 4 worker processes on a host with 4 spare cores and 2 on
+one with 2. It never squeezes a declared share or the elastic role below its minimum:
+with no core left it asks for 1 and the sum check decides (a small host runs serial).
 
 Integer shares sum against floor(Q). The remainder (the 0.5 of 4.5, plus any whole
 cores no keyed role absorbs) is spendable only by I/O-dominant roles, split evenly
@@ -71,6 +82,8 @@ BINDINGS = (PINNED, SERIAL)
 HOST_FLOOR_CPUS = 2
 #: Default least share of the elastic keyed role under the pinned binding.
 PINNED_MIN = 2
+#: The whole cores an I/O-dominant role that declares no share counts for.
+IO_DEFAULT_PEAK = 1.0
 #: Largest quota the floor search tries; far beyond any real host.
 _FLOOR_SEARCH_LIMIT = 4096
 
@@ -343,8 +356,32 @@ def _role_share(role, ov: BudgetOverrides) -> Share:
 
 
 def _io_whole(role, ov: BudgetOverrides) -> tuple[int, bool]:
-    value = ov.roles.get(role.name, role.peak_cpus)
+    value = ov.roles.get(role.name, role.peak_cpus if role.declares_share else IO_DEFAULT_PEAK)
     return math.floor(value), role.name in ov.roles
+
+
+def _follows_slots(role, ov: BudgetOverrides) -> bool:
+    """A CPU-bound role that declares no share and has no override: its share is derived."""
+    return not role.declares_share and role.name not in ov.roles
+
+
+def _slot_shares(roles, room: int) -> list[Share]:
+    """Shares of the roles whose share follows their slots: one core per slot, capped by
+    the `room` the quota has left. Every role gets one core first (a CPU-bound role
+    needs one to run at all; if the room has fewer, the sum check refuses, as it would
+    a declared 1); the rest of the room is dealt one core at a time, round-robin in
+    declaration order, until each role has its slots or the room is spent."""
+    cores = {r.name: 1 for r in roles}
+    spare = room - len(roles)
+    while spare > 0:
+        wanting = [r for r in roles if cores[r.name] < r.slots]
+        if not wanting:
+            break
+        for role in wanting[:spare]:
+            cores[role.name] += 1
+        spare -= min(spare, len(wanting))
+    rule = f"its slots, capped by the {max(0, room)} cores left"
+    return [Share(r.name, cores[r.name], r.slots, "fixed", rule) for r in roles]
 
 
 def _derive_pinned(quota, roles, ov, oversubscribe, find_floor=True):
@@ -352,21 +389,38 @@ def _derive_pinned(quota, roles, ov, oversubscribe, find_floor=True):
     rows = [_reserve(ov), _ambient(quota, ov)]
     elastic = _elastic_role(roles)
     io_roles = [r for r in roles if r.io_bound]
-    zero = []
+    zero, by_slots, fixed = [], [], {}
     for role in roles:
         if role is elastic or role.io_bound:
             continue
         if role.peak_cpus == 0 and role.name not in ov.roles:
             zero.append(role.name)
-            continue
-        rows.append(_role_share(role, ov))
+        elif _follows_slots(role, ov):
+            by_slots.append(role)
+        else:
+            fixed[role.name] = _role_share(role, ov)
     io_whole = sum(_io_whole(r, ov)[0] for r in io_roles)
+    if by_slots:
+        # What is left once every declared consumer, and the elastic role's least
+        # share, has its cores: shares that follow slots never squeeze a declared one.
+        room = whole - sum(s.cores for s in rows) - sum(s.cores for s in fixed.values()) - io_whole
+        if elastic is not None:
+            room -= _elastic_reservation(elastic, ov)
+        fixed.update((s.name, s) for s in _slot_shares(by_slots, room))
+    rows += [fixed[r.name] for r in roles if r.name in fixed]  # declaration order
     used = sum(s.cores for s in rows) + io_whole
     if elastic is not None:
         floor = (lambda: pinned_floor(roles, ov)) if find_floor else (lambda: None)
         io_listed = [(r.name, _io_whole(r, ov)[0]) for r in io_roles]
         rows.append(_elastic_share(quota, whole - used, elastic, ov, rows, io_listed, oversubscribe, floor))
     return _finish(quota, PINNED, rows, io_roles, ov, zero, oversubscribe)
+
+
+def _elastic_reservation(role, ov: BudgetOverrides) -> int:
+    """The cores the elastic role keeps before shares that follow slots are dealt."""
+    if role.name in ov.roles:
+        return int(ov.roles[role.name])
+    return ov.pinned_min if ov.pinned_min is not None else PINNED_MIN
 
 
 def _elastic_share(quota, left, role, ov, rows, io_listed, oversubscribe, floor):

@@ -244,10 +244,18 @@ class Client(Executor):
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
             lane=None) -> Iterator:
         """Results of `role`'s handler over `iterable`, in order (see `fleet.Fleet.map`)."""
+        return self._map(role, iterable, chunksize, timeout, lane, ordered=True)
+
+    def map_unordered(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
+                      lane=None) -> Iterator:
+        """Results as their units complete (see `fleet.Fleet.map_unordered`)."""
+        return self._map(role, iterable, chunksize, timeout, lane, ordered=False)
+
+    def _map(self, role, iterable, chunksize, timeout, lane, ordered) -> Iterator:
         return map_units(
             lambda payload, chunk: self._submit(role, payload, lane=lane, chunk=chunk),
             role, iterable, chunksize=chunksize, timeout=timeout,
-            window=lambda: max(1, min(MAP_WINDOW, self._bounds.get(role, MAP_WINDOW))),
+            window=lambda: max(1, min(MAP_WINDOW, self._bounds.get(role, MAP_WINDOW))), ordered=ordered,
         )
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

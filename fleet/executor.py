@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import os
+import queue
 import time
 from concurrent.futures import Executor, Future
 from typing import Callable, Iterable, Iterator
@@ -94,10 +95,31 @@ class Fleet(Executor):
         With chunksize > 1 each chunk of items is one unit (one outcome in the ledger).
         A failed or suppressed item raises its UnitFailed / UnitSuppressed when the
         iteration reaches it. `timeout` bounds the whole iteration (TimeoutError).
+        The iterable is read lazily, at most a window of units (MAP_WINDOW, or the
+        role's queue bound if smaller) ahead of the results taken: a generator of
+        any length maps in bounded memory. For results as they complete, see
+        `map_unordered`.
         """
         return map_units(
             lambda payload, chunk: self._sup.submit(role, payload, lane=lane, chunk=chunk),
             role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role),
+        )
+
+    def map_unordered(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
+                      lane=None) -> Iterator:
+        """Results of `role`'s handler over `iterable` as their units complete, the way
+        `multiprocessing.Pool.imap_unordered` hands them out: a slow item does not hold
+        back the items behind it. The items of one chunk come out together, in order.
+
+        Same bounded window as `map` (at most that many units submitted ahead; the
+        iterable is read lazily, so an endless generator is fine). A unit that did not
+        solve raises its UnitFailed / UnitSuppressed when its result comes up, which
+        ends the iteration (units not yet started are cancelled). `timeout` bounds the
+        whole iteration (TimeoutError).
+        """
+        return map_units(
+            lambda payload, chunk: self._sup.submit(role, payload, lane=lane, chunk=chunk),
+            role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role), ordered=False,
         )
 
     def _window(self, role) -> int:
@@ -168,61 +190,117 @@ class Fleet(Executor):
 
 
 def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Iterable, *, chunksize: int = 1,
-              timeout: float | None = None, window: Callable[[], int] = lambda: MAP_WINDOW) -> Iterator:
+              timeout: float | None = None, window: Callable[[], int] = lambda: MAP_WINDOW,
+              ordered: bool = True) -> Iterator:
     """`Executor.map` over units, shared by the embedded `Fleet` and the service-mode client.
 
     ``submit(payload, chunk)`` queues one unit (``chunk=True``: the payload is a list
     of items run as one unit, whose value is a list of ``(status, value)``) and
     returns its Future. At most ``window()`` units are kept submitted ahead of the
-    caller. The first window is submitted before this returns, so a refusal (e.g.
-    QueueFull, an unknown role) raises here rather than at the first ``next()``.
-    Leaving the iteration early cancels the units not yet started.
+    caller, so the iterable is read at most ``window() * chunksize`` items ahead of
+    the results handed out: a generator of any length maps in bounded memory. The
+    first window is submitted before this returns, so a refusal (e.g. QueueFull, an
+    unknown role) raises here rather than at the first ``next()``. Leaving the
+    iteration early (``close()``, ``break``, an error) cancels the units not yet
+    started; each still gets its one outcome.
+
+    ``ordered=False`` hands results out as their units complete (the items of one
+    chunk stay in their order), as `multiprocessing.Pool.imap_unordered` does.
     """
     if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
         raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    items = iter(iterable)
-    pending: collections.deque = collections.deque()
+    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered)
+    feeder.fill()
+    results = _ordered if ordered else _unordered
+    return results(role, feeder, chunksize, deadline)
 
-    def feed() -> bool:
-        if chunksize == 1:
-            for payload in items:
-                pending.append(submit(payload, False))
+
+class _Feeder:
+    """Keeps at most ``window()`` units of a map submitted; owns the iterable's cursor.
+
+    Ordered, its futures wait in submit order in `pending`. Unordered, each future
+    reports its completion onto `done` (a done callback, so no scan of the window
+    per result) and `pending` is the set still owed a result.
+    """
+
+    def __init__(self, submit, items, chunksize, window, ordered):
+        self.submit, self.items, self.chunksize, self.window = submit, items, chunksize, window
+        self.more = True
+        self.pending = collections.deque() if ordered else set()
+        self.done = None if ordered else queue.SimpleQueue()
+
+    def fill(self) -> None:
+        while self.more and len(self.pending) < max(1, self.window()):
+            self.more = self._feed()
+
+    def _feed(self) -> bool:
+        if self.chunksize == 1:
+            for payload in self.items:
+                self._track(self.submit(payload, False))
                 return True
             return False
-        chunk = [payload for _, payload in zip(range(chunksize), items)]
+        chunk = [payload for _, payload in zip(range(self.chunksize), self.items)]
         if chunk:
-            pending.append(submit(chunk, True))
+            self._track(self.submit(chunk, True))
         return bool(chunk)
 
-    more = True
-    while more and len(pending) < max(1, window()):
-        more = feed()
-    return _results(role, pending, feed, more, chunksize, deadline, window)
+    def _track(self, future: Future) -> None:
+        if self.done is None:
+            self.pending.append(future)
+        else:
+            self.pending.add(future)
+            future.add_done_callback(self.done.put)
+
+    def cancel_rest(self) -> None:
+        for future in list(self.pending):
+            future.cancel()
 
 
-def _results(role, pending, feed, more, chunksize, deadline, window):
+def _left(deadline):
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _ordered(role, feeder, chunksize, deadline):
+    pending = feeder.pending
     try:
         while pending:
-            future = pending.popleft()
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if chunksize == 1:
-                yield future.result(left)
-            else:
-                exc = future.exception(left)
-                if exc is not None:
-                    raise exc
-                values, failures = future.result()
-                if not failures:
-                    yield from values
-                else:
-                    for i, value in enumerate(values):
-                        yield _item(role, *failures[i]) if i in failures else value
-            while more and len(pending) < max(1, window()):
-                more = feed()
+            yield from _values(role, pending.popleft(), chunksize, _left(deadline))
+            feeder.fill()
     finally:
-        for future in pending:
-            future.cancel()
+        feeder.cancel_rest()
+
+
+def _unordered(role, feeder, chunksize, deadline):
+    pending = feeder.pending
+    try:
+        while pending:
+            try:
+                future = feeder.done.get(timeout=_left(deadline))
+            except queue.Empty:
+                raise TimeoutError(f"map_unordered over {role!r}: timed out with {len(pending)} unit(s) owed") from None
+            pending.discard(future)
+            yield from _values(role, future, chunksize, 0)
+            feeder.fill()
+    finally:
+        feeder.cancel_rest()
+
+
+def _values(role, future: Future, chunksize: int, left):
+    """The result(s) of one unit of a map: its value, or a chunk's values in order;
+    raises the unit's error, or a chunk item's, where the iteration reaches it."""
+    if chunksize == 1:
+        yield future.result(left)
+        return
+    exc = future.exception(left)
+    if exc is not None:
+        raise exc
+    values, failures = future.result()
+    if not failures:
+        yield from values
+    else:
+        for i, value in enumerate(values):
+            yield _item(role, *failures[i]) if i in failures else value
 
 
 def _item(role: str, status: int, value):

@@ -97,13 +97,24 @@ class Projection:
     quota: Quota
     plan: object  # fleet.plan.TierPlan
     layout: object  # fleet.seats.SeatLayout
+    roles: object = None  # fleet.roles.RoleSet (marks I/O-bound roles in role_processes)
 
     def meta(self, booted: bool) -> dict:
         """The plan, budget and seats as the table's boot metadata holds them."""
         doc = self.plan.to_dict()
         doc["plan"].update(fleet_booted=booted, **self.quota.to_dict())
+        from .processes import role_processes
+
         slot_roles = [spec.role for spec in self.layout.slots]
-        return {"plan": doc["plan"], "budget": doc["budget"], **self.layout.to_meta(), "slot_roles": slot_roles}
+        meta = {"plan": doc["plan"], "budget": doc["budget"], **self.layout.to_meta(), "slot_roles": slot_roles}
+        meta["role_processes"] = role_processes(meta, self.roles)
+        return meta
+
+    def processes(self) -> list[str]:
+        """One line per role, ``"w: 4 slots on 2 processes"`` (the boot log prints them)."""
+        from .processes import describe
+
+        return [describe(row) for row in self.meta(booted=False)["role_processes"]]
 
 
 def project(config, limit: CpuLimit, cpus) -> Projection:
@@ -123,7 +134,7 @@ def project(config, limit: CpuLimit, cpus) -> Projection:
     layout = seats_mod.layout(plan, config.roles, cpus)
     if not layout.seats:
         raise ConfigError("roles", "no role has a handler: nothing could run")
-    return Projection(quota, plan, layout)
+    return Projection(quota, plan, layout, config.roles)
 
 
 def _cpus(v: float) -> str:

@@ -43,7 +43,10 @@ class Role:
         cordon_class: ``never``, ``floor`` (intake floored under cordon) or ``deferrable``.
         handler: ``module:function`` run for each unit (None: declared, not active).
         queue_bound: most units waiting in this role's queue; a full queue refuses.
-        peak_cpus: declared peak CPU share (cores) for the budget's sum check.
+        peak_cpus: declared peak CPU share (cores) for the budget's sum check. None (not
+            declared): a CPU-bound role asks for one core per slot and the budget caps
+            it to the cores the quota has left (`fleet.budget`), so ``slots = 4`` on a
+            roomy host runs on up to 4 worker processes; an I/O-bound role counts 1.
         slots: how many slots this role may hold at once (pins for a pinned role).
         io_bound: an I/O-dominant role: it may spend the fractional remainder of a quota,
             and its worker runs up to its slots of units at once (`fleet.io_runner`).
@@ -55,7 +58,7 @@ class Role:
     cordon_class: str = "never"
     handler: str | None = None
     queue_bound: int = 1024
-    peak_cpus: float = 1.0
+    peak_cpus: float | None = None
     slots: int = 1
     io_bound: bool = False
     timeout_s: float | None = None
@@ -79,7 +82,9 @@ class Role:
             raise ConfigError(f"{where}.slots", f"must be an integer >= 1, got {self.slots!r}")
         if self.kind == "singleton" and self.slots != 1:
             raise ConfigError(f"{where}.slots", "a singleton role holds exactly one slot")
-        if isinstance(self.peak_cpus, bool) or not isinstance(self.peak_cpus, (int, float)) or self.peak_cpus < 0:
+        if self.peak_cpus is not None and (
+            isinstance(self.peak_cpus, bool) or not isinstance(self.peak_cpus, (int, float)) or self.peak_cpus < 0
+        ):
             raise ConfigError(f"{where}.peak_cpus", f"must be a number >= 0, got {self.peak_cpus!r}")
         if self.timeout_s is not None and (
             isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0
@@ -93,6 +98,11 @@ class Role:
     @property
     def class_code(self) -> int:
         return CORDON_CLASSES[self.cordon_class]
+
+    @property
+    def declares_share(self) -> bool:
+        """Whether `peak_cpus` was declared (else the budget derives the share from `slots`)."""
+        return self.peak_cpus is not None
 
     @property
     def keyed(self) -> bool:

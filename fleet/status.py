@@ -168,6 +168,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "quota": quota_now(meta.get("plan"), snap.posture_view()),
         "budget": meta.get("budget"),
         "seats": meta.get("seats", []),
+        "role_processes": meta.get("role_processes", []),
         "delay_source": delay_source,
         "census": census(snap, meta, delays, delay_source),
         "posture": posture(snap.posture_view(), now_ns),
@@ -200,7 +201,8 @@ def build_projection(name: str, config, meta: dict | None, refused: Exception | 
                       "binding": row["binding"] if row else "logical"})
     queues = [{"name": r.name, "kind": r.kind, "cordon_class": r.cordon_class, "queue_bound": r.queue_bound,
                "slot_cap": r.slots} for r in config.roles]
-    doc.update(plan=meta["plan"], budget=meta["budget"], seats=seats, slots=slots, queues=queues, refused=None)
+    doc.update(plan=meta["plan"], budget=meta["budget"], seats=seats, role_processes=meta.get("role_processes", []),
+               slots=slots, queues=queues, refused=None)
     return doc
 
 

@@ -146,6 +146,7 @@ class Supervisor:
             log.warning("fleet %s: %s", self.name, warning)
         for role in self.roles:
             log.debug("role %s: %s", role.name, role)
+        log.info("fleet %s: %s", self.name, "; ".join(self.projection.processes()))
         for share in self.plan.budget.consumers:
             if share.overridden:
                 log.warning("budget override: %s = %s cores (rule gives %s)", share.name, share.cores, share.default)

@@ -111,3 +111,21 @@ def lose_own_completion(unit):
     finally:
         table.close()
     return "ran"
+
+
+def nap_whoami(unit):
+    """Sleep `payload` seconds, then (pid): which worker ran a unit that took a while."""
+    time.sleep(unit.payload)
+    return os.getpid()
+
+
+def wait_for_file(unit):
+    """Payload (path, value): once `path` exists (None: at once), return value * value.
+    Lets a test hold a unit running until it says so, without timing."""
+    path, value = unit.payload
+    deadline = time.monotonic() + 120
+    while path is not None and not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.005)
+    return value * value

@@ -347,7 +347,9 @@ def test_status_with_a_config_before_boot_prints_the_projection(tmp_path, fleet_
     assert rc == EXIT_NOT_RUNNING
     for needle in (f"fleet {fleet_name}  NOT RUNNING (not booted)  projection from {path}",
                    "booted no  profile serial -> serial binding  quota 2 CPUs (configured fleet.cpus; detected",
-                   "serial-0", "seats     1 worker process(es); slots 3"):
+                   "serial-0", "seats     1 worker process(es); slots 3",
+                   "processes sq: 2 slots on 1 process: at most 1 unit at once",
+                   "idle: 1 slot, no process (no handler: declared, not run)"):
         assert needle in out, (needle, out)
 
 

@@ -26,6 +26,7 @@ def roles():
         "hang": role("hang", slots=2),
         "blob": {**role("square", slots=1), "handler": "fleet.examples:blob"},
         "oneway": {**role("square", slots=1), "handler": "tests.daemons:one_way"},
+        "held": role("wait_for_file", slots=4, io_bound=True, peak_cpus=0, queue_bound=6),
     }
 
 
@@ -104,6 +105,37 @@ def test_map_in_order_with_and_without_chunks(client):
     assert next(items) == 0 and next(items) == 6
     with pytest.raises(fleet.UnitSuppressed):
         next(items)
+
+
+def test_map_unordered_hands_out_results_as_they_complete(client, tmp_path):
+    release = tmp_path / "release"
+    tmp_path.chmod(0o755)  # fleetd's workers look for the file
+    # the first unit runs until `release` exists: the four behind it come out first
+    items = iter([(str(release), 10)] + [(None, i) for i in range(1, 5)])
+    it = client.map_unordered("held", items, timeout=120)
+    assert sorted(next(it) for _ in range(4)) == [1, 4, 9, 16]
+    release.touch()
+    assert list(it) == [100]
+    failing = client.map_unordered("sometimes", [0, 2, 3], chunksize=1)
+    with pytest.raises(fleet.UnitFailed):
+        list(failing)
+
+
+def test_map_unordered_keeps_at_most_the_roles_queue_bound_submitted(client, tmp_path):
+    release = tmp_path / "release"
+    tmp_path.chmod(0o755)
+    pulled = []
+
+    def items():
+        for i in range(30):
+            pulled.append(i)
+            yield (str(release), i)
+
+    list(client.map("held", [(None, 0)]))  # the client learns the role's queue bound (6)
+    it = client.map_unordered("held", items(), timeout=120)
+    assert len(pulled) == 6
+    release.touch()
+    assert sorted(it) == [i * i for i in range(30)]
 
 
 def test_a_value_larger_than_a_reply_arrives_in_parts(client):

@@ -1,7 +1,9 @@
 """fleetctl plan: the tier plan and CPU budget for a quota, without booting anything."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import sys
 
 from .. import cgroup
@@ -9,9 +11,13 @@ from ..budget import json_number
 from ..config import load_config
 from ..errors import EXIT_OK
 from ..plan import PROFILES, resolve
+from ..processes import describe, role_processes
+from ..roles import RoleSet
+from .. import seats
 
 NAME = "plan"
-HELP = "Show the tier plan and CPU budget a quota would run (dry run; boots nothing)."
+HELP = ("Show the tier plan, the CPU budget and the worker processes each role would run on for a quota "
+        "(dry run; boots nothing).")
 
 
 def add_arguments(parser) -> None:
@@ -34,21 +40,33 @@ def run(args) -> int:
     config = load_config(args.config)
     quota, origin = _quota(args, config)
     plan = resolve(quota, args.profile or config.profile, config.roles, config.budget)
+    processes = plan_processes(plan, config.roles)
     if args.json:
         out = plan.to_dict()
         out["plan"]["quota_source"] = origin
+        out["role_processes"] = processes
         print(json.dumps(out, indent=2))
     else:
-        sys.stdout.write(render(plan, origin))
+        sys.stdout.write(render(plan, origin, processes))
     return EXIT_OK
+
+
+def plan_processes(plan, roles) -> list[dict]:
+    """The worker processes each role would run on under `plan` (`fleet.processes`).
+    A dry run lays the seats out as if every declared role had a handler (the
+    reference profile names none), on CPUs numbered 0..Q-1."""
+    active = RoleSet(tuple(r if r.handler else dataclasses.replace(r, handler="dry.run:unit") for r in roles))
+    layout = seats.layout(plan, active, list(range(max(1, math.ceil(plan.quota_cpus)))))
+    meta = {**layout.to_meta(), "slot_roles": [spec.role for spec in layout.slots]}
+    return role_processes(meta, roles)
 
 
 def _cell(value) -> str:
     return "-" if value is None else str(json_number(value))
 
 
-def render(plan, origin: str = "--cpus") -> str:
-    """The plan as a human-readable table."""
+def render(plan, origin: str = "--cpus", processes=()) -> str:
+    """The plan as a human-readable table; `processes` from `plan_processes`."""
     budget = plan.budget
     refused = plan.tier_refused
     lines = [
@@ -69,4 +87,7 @@ def render(plan, origin: str = "--cpus") -> str:
         lines.append(f"{'unallocated':<18}{_cell(budget.unallocated):>7}  headroom no fleet thread uses")
     if budget.zero_share:
         lines.append(f"zero-share roles (declared peak 0): {', '.join(budget.zero_share)}")
+    if processes:
+        lines += ["", "processes (worker processes per role; a CPU-bound one runs one unit at a time)"]
+        lines += [f"  {describe(row)}" for row in processes]
     return "\n".join(lines) + "\n"

@@ -190,6 +190,13 @@ def render_budget(budget: dict | None) -> list[str]:
     return ["budget"] + _table(("consumer", "cores", "threads", "rule"), rows)
 
 
+def render_processes(rows) -> list[str]:
+    """One line per role: its slots and the worker processes that run them."""
+    from ..processes import describe
+
+    return [f"{'processes' if i == 0 else '':<10}{describe(row)}" for i, row in enumerate(rows or [])]
+
+
 def render_census(doc: dict) -> list[str]:
     rows = [
         (
@@ -303,6 +310,7 @@ def render_projection(doc: dict) -> str:
         lines,
         render_plan(doc["plan"]),
         render_budget(doc["budget"]),
+        render_processes(doc.get("role_processes")),
         [f"seats     {len(doc['seats'])} worker process(es); slots {len(rows)}"]
         + _table(("slot", "seat", "role", "cpus", "binding"), rows),
         ["queues"] + _table(("role", "kind", "cordon", "bound", "slots"), queues),
@@ -317,6 +325,7 @@ def render(doc: dict) -> str:
         render_plan(doc["plan"]),
         render_quota(doc.get("quota")),
         render_budget(doc["budget"]),
+        render_processes(doc.get("role_processes")),
         render_census(doc),
         render_posture(doc["posture"]),
         render_ledger(doc["ledger"]),

@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""Dispatch benchmark: fleet against ProcessPoolExecutor and multiprocessing.Pool.
+"""Dispatch benchmark: fleet against ProcessPoolExecutor, multiprocessing.Pool, mpire and loky.
 
     python tools/bench/dispatch_bench.py [--json] [--workers N] [--units N]
 
-Same worker count, same machine, same run, same no-op and ~50 µs CPU handlers:
-  submit_units_per_s     one future per unit (fleet.submit / executor.submit)
-  map_units_per_s        fleet.map / Pool.imap_unordered at chunksize 1 and a tuned chunksize
+Peers mpire and loky come with `pip install '.[bench]'`; an absent peer is reported as
+such and its ratios are left out. Same worker count, same machine, same run, same no-op
+and ~50 µs CPU handlers:
+  submit_units_per_s     one future per unit (fleet.submit / executor.submit / apply_async)
+  map_chunkC_units_per_s fleet.map / Pool.imap_unordered at chunksize C = 1, 64, 1000
   spin50_map_units_per_s 50 µs units through map; `of_limit` = share of N workers x 20,000/s
   latency_us             single-submit round trip p50/p99 (one unit in flight at a time)
   idle_cpu_percent       fleet (supervisor thread + zygote + workers) over an idle period
   io_fleet               1,000 units that each `await asyncio.sleep(0.01)` on one I/O-bound
                          role with 100 slots; `io_fleet_of_ideal` = 0.1 s / the median run
+Fleet runs N worker processes (forced pinned, one role of N cores) in two configurations:
+`slots` = N (what users write) and 32 slots per worker (the tuned one). Each throughput
+ratio under "ratios" is the LOWER of the two; "ratios_by_config" keeps both figures.
 Ratios are fleet / peer (higher is better for throughput, lower for latency).
 """
 from __future__ import annotations
@@ -31,8 +36,14 @@ import bench_handlers as H  # noqa: E402
 
 import fleet  # noqa: E402
 
-TUNED_CHUNK = 1000
+CHUNKS = (1, 64, 1000)
+#: items per chunk-C map run: enough for a stable rate, small enough for chunk 1
+MAP_ITEMS = {1: 1, 64: 5, 1000: 20}  # x --units
 IO_UNITS, IO_SLOTS, IO_WAIT_S, IO_RUNS = 1000, 100, 0.01, 5
+#: fleet configurations: slots per worker process
+CONFIGS = {"slots_eq_workers": 1, "slots_32_per_worker": 32}
+THROUGHPUT = ("submit_units_per_s", "map_chunk1_units_per_s", "map_chunk64_units_per_s",
+              "map_chunk1000_units_per_s", "spin50_map_units_per_s")
 
 
 def rate(n, fn):
@@ -51,12 +62,12 @@ def latencies(submit_one, n=2000):
     return {"p50": round(out[len(out) // 2] * 1e6, 1), "p99": round(out[int(len(out) * 0.99)] * 1e6, 1)}
 
 
-def bench_fleet(profile, workers, units):
+def bench_fleet(workers, units, slots_per_worker, *, extras=True):
     cfg = {
-        "fleet": {"name": f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": profile},
+        "fleet": {"name": f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": "pinned"},
         "roles": {
-            # one role, so forced pinned runs exactly `workers` worker processes
-            "work": {"kind": "pooled", "handler": "bench_handlers:unit_work", "slots": 32 * workers,
+            # one role of `workers` declared cores, forced pinned: exactly `workers` processes
+            "work": {"kind": "pooled", "handler": "bench_handlers:unit_work", "slots": slots_per_worker * workers,
                      "peak_cpus": workers, "queue_bound": 10 * units},
         },
     }
@@ -64,15 +75,17 @@ def bench_fleet(profile, workers, units):
     with fleet.Fleet.from_config(cfg, env={}) as f:
         out["binding"] = f.plan.binding
         out["seats"] = len(f.layout.seats)
+        out["slots"] = slots_per_worker * workers
         list(f.map("work", range(2000)))  # warm
         out["submit_units_per_s"] = rate(units, lambda: [x.result() for x in [f.submit("work", i) for i in range(units)]])
-        out["map_chunk1_units_per_s"] = rate(units, lambda: list(f.map("work", range(units))))
-        big = units * 20
-        out["map_tuned_units_per_s"] = rate(big, lambda: list(f.map("work", range(big), chunksize=TUNED_CHUNK)))
+        for c in CHUNKS:
+            n = units * MAP_ITEMS[c]
+            out[f"map_chunk{c}_units_per_s"] = rate(n, lambda: list(f.map("work", range(n), chunksize=c)))
         n50 = max(20_000, units)
         out["spin50_map_units_per_s"] = rate(n50, lambda: list(f.map("work", ["spin"] * n50, chunksize=64)))
         out["latency_us"] = latencies(lambda: f.submit("work", 0).result())
-        out["idle_cpu_percent"] = idle_cpu(f)
+        if extras:
+            out["idle_cpu_percent"] = idle_cpu(f)
     return out
 
 
@@ -136,11 +149,65 @@ def bench_pool(workers, units):
     out = {}
     with mp.Pool(workers) as pool:
         list(pool.imap_unordered(H.work, range(2000)))
-        out["imap_chunk1_units_per_s"] = rate(units, lambda: list(pool.imap_unordered(H.work, range(units), chunksize=1)))
-        big = units * 20
-        out["imap_tuned_units_per_s"] = rate(big, lambda: list(pool.imap_unordered(H.work, range(big), chunksize=TUNED_CHUNK)))
+        for c in CHUNKS:
+            n = units * MAP_ITEMS[c]
+            out[f"imap_chunk{c}_units_per_s"] = rate(n, lambda: list(pool.imap_unordered(H.work, range(n), chunksize=c)))
         n50 = max(20_000, units)
         out["spin50_imap_units_per_s"] = rate(n50, lambda: list(pool.imap_unordered(H.work, ["spin"] * n50, chunksize=64)))
+    return out
+
+
+def bench_mpire(workers, units):
+    """mpire's WorkerPool: its default `map` (it picks the chunk size) and one
+    `apply_async` per unit (the per-unit submit shape)."""
+    try:
+        from mpire import WorkerPool
+    except ImportError:
+        return {"absent": "pip install '.[bench]'"}
+    out = {}
+    with WorkerPool(n_jobs=workers) as pool:
+        pool.map(H.work, range(2000), progress_bar=False)
+        out["map_default_units_per_s"] = rate(units, lambda: pool.map(H.work, range(units), progress_bar=False))
+        n50 = max(20_000, units)
+        # mpire unpacks an iterable item into arguments: a tuple keeps "spin" one argument
+        out["spin50_map_units_per_s"] = rate(n50, lambda: pool.map(H.work, [("spin",)] * n50, progress_bar=False))
+    # a pool of its own: mpire 2.10's map fails on a pool that has run apply_async
+    with WorkerPool(n_jobs=workers) as pool:
+        [r.get() for r in [pool.apply_async(H.work, (i,)) for i in range(200)]]
+        out["apply_async_units_per_s"] = rate(
+            units, lambda: [r.get() for r in [pool.apply_async(H.work, (i,)) for i in range(units)]])
+    return out
+
+
+def bench_loky(workers, units):
+    """loky's reusable executor: one future per unit, and map at chunksize 64."""
+    try:
+        from loky import get_reusable_executor
+    except ImportError:
+        return {"absent": "pip install '.[bench]'"}
+    out = {}
+    ex = get_reusable_executor(max_workers=workers)
+    try:
+        list(ex.map(H.work, range(2000)))
+        out["submit_units_per_s"] = rate(units, lambda: [x.result() for x in [ex.submit(H.work, i) for i in range(units)]])
+        out["map_chunk64_units_per_s"] = rate(units * 5, lambda: list(ex.map(H.work, range(units * 5), chunksize=64)))
+        out["latency_us"] = latencies(lambda: ex.submit(H.work, 0).result())
+    finally:
+        ex.shutdown(wait=True, kill_workers=True)
+    return out
+
+
+def fleet_ratios(fl, ppe, pool, mpire, workers) -> dict:
+    """Throughput ratios of one fleet configuration against the peers."""
+    out = {
+        "submit_fleet_over_ppe": round(fl["submit_units_per_s"] / ppe["submit_units_per_s"], 2),
+        "spin50_fleet_of_limit": round(fl["spin50_map_units_per_s"] / (workers * 20_000), 3),
+    }
+    if "map_default_units_per_s" in mpire:
+        out["submit_fleet_over_mpire"] = round(fl["submit_units_per_s"] / mpire["map_default_units_per_s"], 3)
+    for c in CHUNKS:
+        out[f"map_chunk{c}_fleet_over_pool"] = round(fl[f"map_chunk{c}_units_per_s"] / pool[f"imap_chunk{c}_units_per_s"], 2)
+    out["latency_p50_fleet_over_ppe"] = round(fl["latency_us"]["p50"] / ppe["latency_us"]["p50"], 3)
     return out
 
 
@@ -151,35 +218,45 @@ def main(argv=None):
     parser.add_argument("--units", type=int, default=20_000)
     args = parser.parse_args(argv)
     w, n = args.workers, args.units
-    res = {
-        "workers": w,
-        "fleet_pinned": bench_fleet("pinned", w, n),
-        "fleet_auto": bench_fleet("auto", w, n),
-        "process_pool_executor": bench_ppe(w, n),
-        "multiprocessing_pool": bench_pool(w, n),
-        "io_fleet": bench_io_fleet(),
-    }
-    fp, ppe, pool = res["fleet_pinned"], res["process_pool_executor"], res["multiprocessing_pool"]
-    limit = w * 20_000
-    res["ratios"] = {
-        "submit_fleet_over_ppe": round(fp["submit_units_per_s"] / ppe["submit_units_per_s"], 2),
-        "map_chunk1_fleet_over_pool": round(fp["map_chunk1_units_per_s"] / pool["imap_chunk1_units_per_s"], 2),
-        "map_tuned_fleet_over_pool": round(fp["map_tuned_units_per_s"] / pool["imap_tuned_units_per_s"], 2),
-        "spin50_fleet_of_limit": round(fp["spin50_map_units_per_s"] / limit, 3),
-        "spin50_pool_of_limit": round(pool["spin50_imap_units_per_s"] / limit, 3),
-        "latency_p50_fleet_over_ppe": round(fp["latency_us"]["p50"] / ppe["latency_us"]["p50"], 3),
-        "idle_cpu_percent_fleet": fp["idle_cpu_percent"],
-        "io_fleet_of_ideal": round(res["io_fleet"]["ideal_s"] / res["io_fleet"]["median_s"], 3),
-    }
+    res = {"workers": w}
+    for name, per_worker in CONFIGS.items():
+        res[f"fleet_{name}"] = bench_fleet(w, n, per_worker, extras=name == "slots_eq_workers")
+    res["process_pool_executor"] = bench_ppe(w, n)
+    res["multiprocessing_pool"] = bench_pool(w, n)
+    res["mpire"] = bench_mpire(w, n)
+    res["loky"] = bench_loky(w, n)
+    res["io_fleet"] = bench_io_fleet()
+    ppe, pool, mpire = res["process_pool_executor"], res["multiprocessing_pool"], res["mpire"]
+    by_config = {name: fleet_ratios(res[f"fleet_{name}"], ppe, pool, mpire, w) for name in CONFIGS}
+    res["ratios_by_config"] = by_config
+    ratios = {}
+    for key in by_config["slots_eq_workers"]:
+        values = [by_config[name][key] for name in CONFIGS]
+        # the headline is the worse configuration: lower throughput, higher latency
+        ratios[key] = max(values) if key.startswith("latency") else min(values)
+    natural = res["fleet_slots_eq_workers"]
+    ratios["spin50_pool_of_limit"] = round(pool["spin50_imap_units_per_s"] / (w * 20_000), 3)
+    if "spin50_map_units_per_s" in mpire:
+        ratios["spin50_mpire_of_limit"] = round(mpire["spin50_map_units_per_s"] / (w * 20_000), 3)
+        ratios["mpire_map_over_ppe_submit"] = round(mpire["map_default_units_per_s"] / ppe["submit_units_per_s"], 2)
+    if "submit_units_per_s" in res["loky"]:
+        ratios["submit_fleet_over_loky"] = min(
+            round(res[f"fleet_{name}"]["submit_units_per_s"] / res["loky"]["submit_units_per_s"], 2) for name in CONFIGS)
+    ratios["idle_cpu_percent_fleet"] = natural["idle_cpu_percent"]
+    ratios["io_fleet_of_ideal"] = round(res["io_fleet"]["ideal_s"] / res["io_fleet"]["median_s"], 3)
+    res["ratios"] = ratios
     res["targets"] = {
-        "submit_fleet_over_ppe": ">= 10",
-        "map_tuned_fleet_over_pool": ">= 1",
+        "submit_fleet_over_ppe": ">= 5 (aim 10)",
+        "submit_fleet_over_mpire": "reported (aim >= 1)",
+        "map_chunk1_fleet_over_pool": ">= 1",
+        "map_chunk64_fleet_over_pool": ">= 1",
+        "map_chunk1000_fleet_over_pool": ">= 1",
+        "latency_p50_fleet_over_ppe": "<= 0.5 (aim 0.25)",
         "spin50_fleet_of_limit": ">= 0.9",
-        "latency_p50_fleet_over_ppe": "<= 0.25",
-        "idle_cpu_percent_fleet": "< 1",
         "io_fleet_of_ideal": ">= 0.8",
+        "idle_cpu_percent_fleet": "< 1",
     }
-    for section in ("fleet_pinned", "fleet_auto", "process_pool_executor", "multiprocessing_pool"):
+    for section in [k for k in res if isinstance(res[k], dict) and k not in ("ratios", "ratios_by_config", "targets")]:
         for k, v in list(res[section].items()):
             if isinstance(v, float) and k.endswith("_per_s"):
                 res[section][k] = round(v)
