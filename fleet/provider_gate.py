@@ -39,13 +39,19 @@ import math
 import os
 import queue
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from admission import scheduler as S
 from admission import state as T
 from admission.policy import Policy, PolicyHolder
-from admission.pool import AdmissionPool, BadAsk, FileClosureStore, bulkhead_row, signal_for
+from admission.pool import (
+    AdmissionPool,
+    BadAsk,
+    FileClosureStore,
+    bulkhead_row,
+    signal_for,
+)
 
 from .errors import FleetError
 from .outcomes import FAILED, SOLVED, SUPPRESSED

@@ -11,6 +11,11 @@ it sleeps on the data plane's bell (a futex) when there is nothing to do, so an
 idle fleet costs ~nothing. Futures are resolved outside the lock (their callbacks
 may submit again).
 
+Provider admission. A unit submitted with a `route` asks `fleet.provider_gate` (under
+the lock) before the dispatcher: it starts now on its route or an alternative (the
+chosen route travels with its task), or waits there until the loop finds its pool
+admits again; its outcome is the pool's signal (`_close`).
+
 Deaths. The zygote reports every worker exit. The loop then, under the lock:
 collects what the dead worker already delivered, discards the tasks it never took,
 fails every unit it still owed with LaneDeath (Timeout for the unit it was killed

@@ -15,7 +15,14 @@ from fleet.route import Route
 from fleet.table import bulkheads as table_bulkheads
 from fleet.table import snapshot
 
-from .admission_catalog import DEEPSEEK_OR, GLM_AZ, GLM_OR, MIDNIGHT_AFTER, T_1447, catalog
+from .admission_catalog import (
+    DEEPSEEK_OR,
+    GLM_AZ,
+    GLM_OR,
+    MIDNIGHT_AFTER,
+    T_1447,
+    catalog,
+)
 from .fleets import config, running
 
 DAILY = [403, "Key limit exceeded (daily limit)", None]
