@@ -222,6 +222,12 @@ class Share:
     admit: int | None = None
     lanes: tuple[str, ...] = ()
 
+    def rule_gives(self) -> str:
+        """What the rule would have given an overridden row, in words."""
+        if self.default is None:
+            return "its share would follow its slots"
+        return f"rule gives {json_number(self.default)}"
+
     def to_dict(self) -> dict:
         out = {
             "name": self.name,

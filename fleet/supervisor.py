@@ -154,7 +154,7 @@ class Supervisor:
         log.info("fleet %s: %s", self.name, "; ".join(self.projection.processes()))
         for share in self.plan.budget.consumers:
             if share.overridden:
-                log.warning("budget override: %s = %s cores (rule gives %s)", share.name, share.cores, share.default)
+                log.warning("budget override: %s = %s cores (%s)", share.name, share.cores, share.rule_gives())
         self.dispatcher = Dispatcher(self.roles, self.layout)
         self.posture = posture_mod.PostureOwner(cfg.posture, now_ms=_now_ms())
         self.sampler = Sampler.for_self(self.posture)

@@ -78,7 +78,7 @@ def render(plan, origin: str = "--cpus", processes=()) -> str:
         f"{'consumer':<18}{'cores':>7}{'threads':>9}  rule",
     ]
     for share in budget.consumers:
-        mark = " (override; rule gives " + _cell(share.default) + ")" if share.overridden else ""
+        mark = f" (override; {share.rule_gives()})" if share.overridden else ""
         lines.append(f"{share.name:<18}{_cell(share.cores):>7}{_cell(share.threads):>9}  {share.rule}{mark}")
         if share.lanes:
             lines.append(f"{'':<36}lanes: {', '.join(share.lanes)}")
