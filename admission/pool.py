@@ -390,10 +390,16 @@ class AdmissionPool:
         return out
 
     def next_wake(self) -> float | None:
-        """When `wake` may start something (a monotonic time of the clock), None if no unit waits."""
+        """When `wake` may start something (a monotonic time of the clock), None if no unit waits.
+
+        Units that wait while nothing holds any pool back any more (a backoff ended, a
+        closure was lifted) may start now: then it is the clock's now, never None.
+        """
         if not self._waits:
             return None
-        return T.next_change(self.state, self.now(), self.policy)
+        now = self.now()
+        at = T.next_change(self.state, now, self.policy)
+        return now.mono if at is None else at
 
     def report_budget(self, provider: str, spent: float, limit: float | None) -> None:
         """The budget gate's reading for `provider` today (shown per bulkhead); at the limit it closes

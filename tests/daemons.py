@@ -113,7 +113,9 @@ class Fleetd:
         self.runtime_dir = os.path.join(self.dir, "run")
         self.config_path = os.path.join(self.dir, "fleet.toml")
         self.write_config(roles, posture=posture, limits=limits)
-        self.env = {**os.environ, "RUNTIME_DIRECTORY": self.runtime_dir, "PYTHONPATH": REPO}
+        # STATE_DIRECTORY: the closure file of the provider admission stays in the test's dir
+        self.env = {**os.environ, "RUNTIME_DIRECTORY": self.runtime_dir, "STATE_DIRECTORY": os.path.join(self.dir, "state"),
+                    "PYTHONPATH": REPO}
         for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "FLEET_NAME"):
             self.env.pop(key, None)
         self.env.update(env or {})
