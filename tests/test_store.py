@@ -77,6 +77,66 @@ def test_release_hands_capacity_to_the_next_request(store):
     assert admitted_ids(store) == ["b"]
 
 
+def test_a_release_of_an_expired_or_stale_lease_frees_nothing_twice(store, clock):
+    a = store.submit(req("a", lease_ttl=10))
+    with pytest.raises(LeaseLost):
+        store.release("a", a.revision + 1)  # a stale revision: the lease stays
+    assert store.get("a").state == ADMITTED
+    clock.advance(10)
+    assert store.release("a", a.revision).state == TIMED_OUT  # expired before it was given back
+    assert [e.kind for e in store.events("a")] == ["queued", "admitted", "timed-out"]
+
+
+def test_an_unlimited_submit_follows_a_policy_another_orchestrator_changed(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as a, open_store(store_url, actor="orch-b",
+                                                                            clock=clock) as b:
+        assert a.submit(req("x")).state == ADMITTED  # nothing limits it under the default policy
+        b.set_policy(Policy.build(global_limit=1))
+        assert a.submit(req("y")).state == QUEUED  # a judged by the policy it saw last would admit it
+        assert rules.over_quota(a.policy(), [r for r in a.active() if r.state == ADMITTED]) == []
+
+
+def test_a_release_racing_a_decision_about_its_lease_yields_to_it(pg_stores, clock):
+    """PostgreSQL: a lock-free release waits for a locked transaction that read its lease.
+
+    Orchestrator b reconciles at a time when a's lease has expired and is held just after
+    its read; a then releases the lease it still believes current. The release must not
+    slip in between: a's lease ends timed-out, with no released row in its history.
+    """
+    import threading
+
+    url = pg_stores.new_url()
+    a = open_store(url, actor="orch-a", clock=clock)
+    lease = a.submit(req("a", lease_ttl=10))
+    clock.advance(5)
+    read, go = threading.Event(), threading.Event()
+
+    def b_clock():
+        read.set()
+        go.wait(60)
+        return clock.now + 20  # a's lease expired for b
+
+    b = open_store(url, actor="orch-b", clock=clock)
+    b.clock = b_clock
+    out = {}
+    tb = threading.Thread(target=lambda: out.setdefault("b", b.reconcile()))
+    tb.start()
+    assert read.wait(60)
+    ta = threading.Thread(target=lambda: out.setdefault("a", a.release("a", lease.revision)))
+    ta.start()
+    pid = a._conn.info.backend_pid
+    while ta.is_alive() and not pg_stores.admin.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", (pid,)).fetchone():
+        ta.join(0.01)  # until a's release waits on b (or, wrongly, finished without waiting)
+    go.set()
+    tb.join(60)
+    ta.join(60)
+    assert out["a"].state == TIMED_OUT
+    assert [e.kind for e in a.events("a")] == ["queued", "admitted", "timed-out"]
+    a.close()
+    b.close()
+
+
 @pytest.mark.parametrize("level", ["global", "environment", "provider", "tier"])
 def test_every_quota_level_holds(store, level):
     limits = {"global": dict(global_limit=2), "environment": dict(environments={"prod": 2}),

@@ -389,6 +389,8 @@ class AdmissionStore(abc.ABC):
     def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
         """Give a lease back at the end of its work; its capacity goes to the next request.
 
+        The next request is admitted by the next reconciling call (any submit, get,
+        renew, cancel or reconcile of any orchestrator), not by the release itself.
         Releasing a request that is no longer admitted is a no-op that returns its record.
         """
 
