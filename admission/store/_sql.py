@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import threading
 import time
 from contextlib import contextmanager
@@ -59,7 +60,7 @@ from .base import (
 )
 
 #: The schema this code writes. Bump it and append to MIGRATIONS together.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # {serial} and {float} are filled in per dialect; everything else is common SQL.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -101,6 +102,26 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             daily INTEGER NOT NULL,
             recorded_at {float} NOT NULL,
             recorded_by TEXT NOT NULL)""",
+    ),
+    # Provider closures by scope (provider, credential; '' = the whole provider), in the
+    # provider admission's own terms. A version-1 closure keyed by one string becomes the
+    # closure of the provider of that name.
+    2: (
+        """CREATE TABLE closures_v2 (
+            provider TEXT NOT NULL,
+            credential TEXT NOT NULL,
+            until {float} NOT NULL,
+            cause TEXT NOT NULL,
+            daily INTEGER NOT NULL,
+            since {float} NOT NULL,
+            message TEXT NOT NULL,
+            written_at {float} NOT NULL,
+            written_by TEXT NOT NULL,
+            PRIMARY KEY (provider, credential))""",
+        """INSERT INTO closures_v2 (provider, credential, until, cause, daily, since, message, written_at, written_by)
+            SELECT key, '', until, reason, daily, recorded_at, reason, recorded_at, recorded_by FROM closures""",
+        "DROP TABLE closures",
+        "ALTER TABLE closures_v2 RENAME TO closures",
     ),
 }
 
@@ -194,6 +215,8 @@ class SqlStore(AdmissionStore):
         self._insert_sql = self._sql(_INSERT_SQL)
         self._update_sql = self._sql(_UPDATE_SQL)
         self._release_sql = self._sql(_RELEASE_SQL)
+        self._put_closure_sql = self._sql(_PUT_CLOSURE_SQL)
+        self._get_closure_sql = self._sql(f"SELECT {_CLOSURE_COLS} FROM closures WHERE provider = ? AND credential = ?")
         self._event_sql = self._sql("INSERT INTO events (at, kind, request_id, actor, reason) VALUES (?, ?, ?, ?, ?)")
         self._migrate()
 
@@ -554,33 +577,50 @@ class SqlStore(AdmissionStore):
         return checked
 
 
-    def record_closure(self, key: str, until: float, reason: str, daily: bool = False) -> Closure:
-        if not isinstance(key, str) or not key or "\x00" in key:
-            raise BadRequest("key", f"must be a non-empty string, got {key!r}")
-        if isinstance(until, bool) or not isinstance(until, (int, float)) or until != until or until in (
-                float("inf"), float("-inf")):
-            raise BadRequest("until", f"must be a finite time in epoch seconds, got {until!r}")
-        if not isinstance(reason, str) or "\x00" in reason:
-            raise BadRequest("reason", f"must be a string without NUL, got {reason!r}")
-        with self._tx() as tx:
-            # A later `until` wins: a closure never shortens one another orchestrator recorded.
-            tx.cur.execute(self._sql(
-                "INSERT INTO closures (key, until, reason, daily, recorded_at, recorded_by) VALUES (?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET until = excluded.until, reason = excluded.reason, "
-                "daily = excluded.daily, recorded_at = excluded.recorded_at, recorded_by = excluded.recorded_by "
-                "WHERE excluded.until > closures.until"),
-                (key, float(until), reason, int(bool(daily)), tx.now, self.actor))
-            tx.event("closure", key, f"until {until:.3f}{' (daily limit)' if daily else ''}: {reason}")
-            tx.cur.execute(self._sql("SELECT key, until, reason, daily, recorded_at, recorded_by FROM closures "
-                                     "WHERE key = ?"), (key,))
-            return _closure(tx.cur.fetchone())
+    def put_closures(self, closures) -> list[Closure]:
+        rows = [_closure_row(c) for c in closures]  # every one checked before anything is written
+        with self._guard() as conn:
+            cur = conn.cursor()
+            now = self.clock()
+            self._begin(cur)
+            out = []
+            for row in rows:
+                cur.execute(self._put_closure_sql, (*row, now, self.actor))
+                written = cur.fetchone()
+                if written is not None:
+                    c = _closure(written)
+                    reason = f"until {c.until:.3f}{' (daily limit)' if c.daily else ''}: {c.cause}"
+                    cur.execute(self._event_sql, (now, "closure", c.scope, self.actor,
+                                                  f"{reason}: {c.message}" if c.message else reason))
+                cur.execute(self._get_closure_sql, row[:2])
+                out.append(_closure(cur.fetchone()))
+            self._commit(conn, cur)
+            return out
 
     def closures(self, now: float | None = None) -> list[Closure]:
         now = self.clock() if now is None else now
         with self._read() as cur:
-            cur.execute(self._sql("SELECT key, until, reason, daily, recorded_at, recorded_by FROM closures "
-                                  "WHERE until > ? ORDER BY key"), (now,))
+            cur.execute(self._sql(f"SELECT {_CLOSURE_COLS} FROM closures WHERE until > ? ORDER BY provider, credential"),
+                        (now,))
             return [_closure(row) for row in cur.fetchall()]
+
+    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = "reopened") -> bool:
+        provider, credential = _closure_scope(provider, credential)
+        if not isinstance(reason, str) or "\x00" in reason:
+            raise BadRequest("reason", f"must be a string without NUL, got {reason!r}")
+        with self._guard() as conn:
+            cur = conn.cursor()
+            now = self.clock()
+            self._begin(cur)
+            cur.execute(self._sql("DELETE FROM closures WHERE provider = ? AND credential = ? RETURNING until"),
+                        (provider, credential))
+            gone = cur.fetchone()
+            lifted = gone is not None and gone[0] > now
+            if gone is not None:
+                scope = Closure(provider, credential or None, 0.0, "").scope
+                cur.execute(self._event_sql, (now, "reopened", scope, self.actor, reason))
+            self._commit(conn, cur)
+            return lifted
 
     def check(self) -> Health:
         with self._read() as cur:
@@ -608,9 +648,50 @@ def redact(url: str) -> str:
     return url
 
 
+_CLOSURE_COLS = "provider, credential, until, cause, daily, since, message, written_at, written_by"
+# A later `until` wins; an earlier one leaves the stored closure as it is (and returns no row).
+_PUT_CLOSURE_SQL = (
+    f"INSERT INTO closures ({_CLOSURE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (provider, credential) DO UPDATE SET until = excluded.until, cause = excluded.cause, "
+    "daily = excluded.daily, since = excluded.since, message = excluded.message, "
+    "written_at = excluded.written_at, written_by = excluded.written_by "
+    f"WHERE excluded.until > closures.until RETURNING {_CLOSURE_COLS}")
+
+
 def _closure(row) -> Closure:
-    key, until, reason, daily, at, by = row
-    return Closure(key, until, reason, bool(daily), at, by)
+    provider, credential, until, cause, daily, since, message, at, by = row
+    return Closure(provider, credential or None, until, cause, bool(daily), since, message, at, by)
+
+
+def _text(name: str, value, empty_ok: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not empty_ok) or "\x00" in value:
+        raise BadRequest(name, f"must be a{'' if empty_ok else ' non-empty'} string without NUL, got {value!r}")
+    return value
+
+
+def _epoch(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadRequest(name, f"must be a finite time in UTC epoch seconds, got {value!r}")
+    return float(value)
+
+
+def _closure_scope(provider, credential) -> tuple[str, str]:
+    """(provider, credential) as stored: the whole provider is credential ''."""
+    _text("provider", provider)
+    if credential is not None:
+        _text("credential", credential)
+    return provider, credential or ""
+
+
+def _closure_row(c) -> tuple:
+    """The stored fields of closure `c` (anything with the `Closure` fields), checked."""
+    provider, credential = _closure_scope(getattr(c, "provider", None), getattr(c, "credential", None))
+    daily = getattr(c, "daily", None)
+    if not isinstance(daily, bool):
+        raise BadRequest("daily", f"must be true or false, got {daily!r}")
+    return (provider, credential, _epoch("until", getattr(c, "until", None)), _text("cause", getattr(c, "cause", None)),
+            int(daily), _epoch("since", getattr(c, "since", None)),
+            _text("message", getattr(c, "message", None), empty_ok=True))
 
 
 def _ordered(live: list[Record], policy: Policy, now: float) -> list[Record]:
