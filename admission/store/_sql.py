@@ -208,7 +208,6 @@ class SqlStore(AdmissionStore):
         self._conn = None
         self._mutex = threading.Lock()  # one connection, one transaction at a time per store object
         self._policy_cache: tuple[str | None, Policy] = (None, DEFAULT_POLICY)
-        self._lock_sql = self._sql(_VERSION_POLICY_SQL)
         self._version_policy_sql = self._sql(_VERSION_POLICY_SQL)
         self._insert_new_sql = self._sql(_INSERT_NEW_SQL)
         self._read_sql = self._sql(_READ_SQL)
@@ -317,7 +316,7 @@ class SqlStore(AdmissionStore):
         `policy_write`: the transaction may change the policy, so it also excludes the
         lock-free admissions that rely on the policy staying put."""
         self._begin(cur)
-        cur.execute(self._lock_sql)  # waits for the lock; the read below then sees every earlier commit
+        cur.execute(self._version_policy_sql)  # under the lock _begin took (SQLite: BEGIN IMMEDIATE)
         row = cur.fetchone()
         cur.execute(self._read_sql, (request_id,))
         return row, cur.fetchall()

@@ -97,7 +97,7 @@ class PostgresStore(SqlStore):
         # transaction and re-checks its row, so what this transaction decided about an
         # admitted lease (timed out, preempted, renewed) cannot be overtaken by a release.
         locks = f"{_GROUP_LOCK}; {_POLICY_LOCK}" if policy_write else _GROUP_LOCK
-        cur.execute(f"{_BEGIN}; {locks}; {self._lock_sql}; {_ADMITTED_FOR_UPDATE}; {_QUEUED_AND_ONE}",
+        cur.execute(f"{_BEGIN}; {locks}; {self._version_policy_sql}; {_ADMITTED_FOR_UPDATE}; {_QUEUED_AND_ONE}",
                     (request_id,))
         for _ in range(4 if policy_write else 3):
             cur.nextset()  # past BEGIN, SET and the locks
