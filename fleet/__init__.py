@@ -17,6 +17,8 @@ from .unit import (
     UnitError,
     UnitFailed,
     UnitSuppressed,
+    current_unit,
+    report_cost,
 )
 
 # Heavier parts load on first use (PEP 562), so that `fleetctl status`, which imports
@@ -103,6 +105,8 @@ __all__ = [
     "UnknownRoleError",
     "NotRunning",
     "connect",
+    "current_unit",
     "load_config",
+    "report_cost",
     "__version__",
 ]

@@ -58,6 +58,7 @@ from .control.outcome_record import BadOutcomeRecord
 from .errors import FleetError
 from .executor import MAP_WINDOW, map_units
 from .roles import UnknownRoleError
+from .route import Route
 from .unit import (
     BadUnit,
     FleetClosed,
@@ -221,8 +222,9 @@ class Client(Executor):
 
     # --- Executor -----------------------------------------------------------------------
     def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
-               request_id=None) -> Future:
-        """Submit one unit to the fleet's `role`; returns its Future (see `fleet.Fleet.submit`).
+               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None) -> Future:
+        """Submit one unit to the fleet's `role`; returns its Future (see `fleet.Fleet.submit`,
+        also for the provider admission's `route`, `severity`, `pinned`, `parent`, `tag`).
 
         Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
         PayloadUnpicklable, QueueFull, RoleStopped, FleetClosed (this client is
@@ -230,8 +232,14 @@ class Client(Executor):
         submit), ControlBusy (fleetd refused the connection: busy),
         FleetConnectionLost (the daemon is gone; a later submit tries again).
         """
+        if route is not None and type(route) is not Route:
+            raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
+        admission = {} if route is None else {"route": str(route), "severity": severity, "pinned": pinned,
+                                              "parent": parent, "tag": tag}
+        if route is None and (severity is not None or pinned or parent is not None or tag is not None):
+            raise BadUnit("severity, pinned, parent and tag are provider admission arguments: give route= too")
         return self._submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
-                            request_id=request_id)
+                            request_id=request_id, **admission)
 
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
             lane=None) -> Iterator:
@@ -306,6 +314,18 @@ class Client(Executor):
     def ping(self) -> dict:
         return self._call("ping")
 
+    def admission_show(self) -> dict:
+        """The provider admission's read model (see `fleet.Fleet.status`'s ``admission``)."""
+        return self._call("admission_show")
+
+    def admission_close(self, pool: str, until: float, message: str = "") -> dict:
+        """Close a provider or ``provider/credential`` until `until` (UTC epoch seconds)."""
+        return self._call("admission_close", pool=pool, until=float(until), message=message)
+
+    def admission_reopen(self, pool: str) -> dict:
+        """Reopen a closed provider or key; ``reopened``: whether it was closed."""
+        return self._call("admission_reopen", pool=pool)
+
     def __repr__(self) -> str:
         return f"<fleet.Client {self.name!r} at {self.path}>"
 
@@ -315,7 +335,7 @@ class Client(Executor):
             return self._requests.call(op, **args)
 
     def _submit(self, role, payload, *, key=None, lane=None, priority=0, timeout=None, request_id=None,
-                chunk=False) -> Future:
+                chunk=False, **admission) -> Future:
         if self._closing:
             raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
         try:
@@ -336,7 +356,7 @@ class Client(Executor):
                     self._pending[seq] = (fut, role)
                 reply = self._requests.call("submit", role=role, pickled=raw, key=key, lane=lane, priority=priority,
                                             timeout=timeout, request_id=request_id, token=token, seq=seq,
-                                            chunk=chunk)
+                                            chunk=chunk, **admission)
             except BaseException as exc:
                 with self._cond:
                     self._pending.pop(seq, None)

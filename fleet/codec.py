@@ -10,9 +10,10 @@ its value, and the handler's original exception when there was one.
 from __future__ import annotations
 
 import pickle
+import struct
 
 from . import messages as M
-from .outcomes import FAILED, SOLVED, SUPPRESSED
+from .outcomes import FAILED, SOLVED, SUPPRESSED, Refused
 from .unit import Outcome, PayloadTooLarge, PayloadUnpicklable
 
 _SOLVED = Outcome(SOLVED)
@@ -54,6 +55,33 @@ def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: byt
     return body
 
 
+_ROUTE_LEN = struct.Struct("<I")
+
+
+def with_route(body: bytes, route) -> bytes:
+    """A task body carrying the provider route admission chose (sent with flag F_ROUTED).
+
+    The route goes in front (its pickled length, then it), so the payload's bytes,
+    pickled once at submit, are never pickled again when admission moves a unit.
+    """
+    raw = pickle.dumps(tuple(route), protocol=pickle.HIGHEST_PROTOCOL)
+    return _ROUTE_LEN.pack(len(raw)) + raw + body
+
+
+def split_route(body):
+    """(route, the rest of the body) of a body made by `with_route`."""
+    from .route import Route
+
+    (n,) = _ROUTE_LEN.unpack_from(body)
+    start = _ROUTE_LEN.size
+    return Route(*pickle.loads(body[start : start + n])), body[start + n :]
+
+
+def refused_body(exc: Refused) -> bytes:
+    """The result body of a handler that raised fleet.Refused (status ST_REFUSED)."""
+    return pickle.dumps((exc.status, exc.message, exc.retry_after), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def result_outcome(status: int, body, relay: bool = False):
     """(Outcome, value, original exception) from a result message's status and body.
 
@@ -83,6 +111,9 @@ def result_outcome(status: int, body, relay: bool = False):
         return Outcome(FAILED, "HandlerError", text), None, original
     if status == M.ST_RESULT_ERROR:
         return Outcome(FAILED, "ResultError", _text(body)), None, None
+    if status == M.ST_REFUSED:
+        refusal = Refused(*pickle.loads(body))
+        return Outcome(FAILED, "Refused", str(refusal)), None, refusal
     if status == M.ST_HELD_AT_CLOSE:
         return Outcome(FAILED, "Shutdown", _text(body)), None, None
     if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):

@@ -63,6 +63,20 @@ a ConfigError naming their dotted path)::
     preemptible = false
     queue_timeout = 600.0     # omit to wait without limit
 
+    [admission]               # the provider admission (admission.policy; README "Provider admission")
+    probe_every = 10.0        # a closed pool lets one probe through this often (seconds)
+    closed_for = 2100.0       # credit / rejected-key closures last this long
+    daily_limit_probe_every = 10.0   # probes of a daily-limit closure (default: probe_every)
+    starved_after = 900.0     # a hard-pinned wait this long is listed as starving
+    aging_unit = 86400.0      # urgency = (1 + severity) x (1 + age / aging_unit)
+    closure_file = "..."      # closures kept across restarts; fleetd's default is in its state dir
+    pinned_tags = ["coordinator"]
+    [admission.severity]      # red-main 32, B 16, H 8, M 4, L 2, none 1 unless declared
+    [admission.tiers]         # standard = ["glm-5.3", "gpt-6", ...]: model-id tokens, in order
+    [admission.providers.openrouter.models."glm-5.3-review"]  # residency = "eu", retention = "zdr"
+    [admission.alternatives]  # "glm-5.3-review" = ["gpt-6-sol@azure"]: replaces the tier defaults
+    [admission.lanes.review]  # exclude = ["kimi"], residency = "eu", pinned = false
+
 Environment. ``FLEET_<SECTION>__<KEY>`` sets one key (``FLEET_POSTURE__CORDON_DUTY_PERCENT=5``,
 ``FLEET_ROLES__SOLVER__SLOTS=4``); ``FLEET_NAME``, ``FLEET_PROFILE`` and ``FLEET_CPUS``
 set the ``[fleet]`` keys. Values are parsed by the key's type (``null`` for an
@@ -155,6 +169,21 @@ class RecordConfig:
 
 
 @dataclass(frozen=True)
+class AdmissionConfig:
+    """The provider admission's declared policy (``[admission]``; see admission.policy).
+
+    `section` is the section as declared (what a reload compares); `policy` its
+    validated `admission.policy.Policy` (None: no section, the default policy);
+    `closure_file` where closures outlive the process (None: fleetd's default, and
+    none for an embedded fleet).
+    """
+
+    section: dict | None = None
+    policy: object = field(default=None, compare=False)
+    closure_file: str | None = None
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     """The validated configuration. Build it with `load_config`."""
 
@@ -169,6 +198,7 @@ class FleetConfig:
     metrics: MetricsConfig = MetricsConfig()
     store: StoreConfig = StoreConfig()
     record: RecordConfig = RecordConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     source: str | None = None
     env_overrides: tuple[str, ...] = ()
 
@@ -336,7 +366,21 @@ def _record(data):
     return RecordConfig(enabled, path)
 
 
-SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store", "record")
+def _admission(data):
+    """The [admission] section: the catalog and policy are validated by admission.policy (one
+    rule in one place); `closure_file` is the fleet's own key."""
+    data = _table("admission", data)
+    closure_file = data.pop("closure_file", None)
+    if closure_file is not None and (not isinstance(closure_file, str) or not closure_file.strip()):
+        raise ConfigError("admission.closure_file", f"must be a file path, got {closure_file!r}")
+    if not data and closure_file is None:
+        return AdmissionConfig()
+    from admission.policy import Policy
+
+    return AdmissionConfig(section=data, policy=Policy.from_dict(data, path="admission"), closure_file=closure_file)
+
+
+SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store", "record", "admission")
 
 
 def _build(raw: dict, source, env_paths) -> FleetConfig:
@@ -356,6 +400,7 @@ def _build(raw: dict, source, env_paths) -> FleetConfig:
         metrics=_metrics(raw.get("metrics", {})),
         store=_store(raw.get("store", {}), roles),
         record=_record(raw.get("record", {})),
+        admission=_admission(raw.get("admission", {})),
         source=source,
         env_overrides=tuple(env_paths),
     )
@@ -388,6 +433,14 @@ _TYPES = {
     ("store", "preemption"): "bool",
     ("record", "enabled"): "bool",
     ("record", "path"): "str?",
+    ("admission", "probe_every"): "float",
+    ("admission", "closed_for"): "float",
+    ("admission", "daily_limit_probe_every"): "float",
+    ("admission", "starved_after"): "float",
+    ("admission", "aging_unit"): "float",
+    ("admission", "backoff_base"): "float",
+    ("admission", "backoff_max"): "float",
+    ("admission", "closure_file"): "str?",
 }
 _ROLE_TYPES = {
     "handler": "str?",

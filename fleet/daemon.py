@@ -328,8 +328,12 @@ class Daemon:
         directory = control.prepare_runtime_dir(control.runtime_dir(self.env))
         path = directory / f"{name}.sock"
         # The socket group may read the table too (fleetctl status), never the data segment.
+        from .provider_gate import default_closure_file
+
+        # Closures outlive a restart: a restarted fleetd must not re-spend a key it knows is spent.
         self.sup = Supervisor(self.config, mode="service", socket_path=str(path),
-                              readers_group=self.options.socket_group).start()
+                              readers_group=self.options.socket_group,
+                              closure_file=default_closure_file(name, self.env)).start()
         try:
             self.calls = control.CallQueue(wakeup=self._wake)
             self.server = control.ControlServer(
@@ -481,6 +485,8 @@ class Daemon:
             result = self.reload()
         except FleetError as exc:
             log.error("fleet %s: reload refused, nothing changed: %s: %s", self.config.name, type(exc).__name__, exc)
+            if str(getattr(exc, "path", "")).startswith("admission"):
+                self.sup.admission_reload_refused(str(exc))  # the last good catalog stays; status says why
         else:
             log.info("fleet %s: reload from %s: applied %s; needs a restart to change: %s", self.config.name,
                      self.options.config_path, ", ".join(result["applied"]) or "nothing",
@@ -511,6 +517,7 @@ class Daemon:
         from .status import gather
 
         doc = gather(self.config.name)
+        doc["admission"] = self.sup.admission_census()
         doc["daemon"] = {"pid": os.getpid(), "draining": self._draining, "stopping": self._stopping,
                          "clients": self.store.tokens(), "outcomes_held": self.store.undelivered()}
         return doc
@@ -538,12 +545,15 @@ class Daemon:
         return self.sup.ledger_counts().to_dict()
 
     def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
-               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False) -> dict:
+               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False, route=None,
+               severity: str | None = None, pinned: bool = False, parent: int | None = None,
+               tag: str | None = None) -> dict:
         if token is not None:
             self.store.hold(token)
         body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
         fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
-                              request_id=request_id, chunk=chunk, **body)
+                              request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
+                              parent=parent, tag=tag, **body)
         units = self._units
         units[fut.unit_id] = fut
         fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
@@ -562,6 +572,15 @@ class Daemon:
         if fut.cancel():
             return {"unit": unit, "cancelled": True, "state": "cancelled"}
         return {"unit": unit, "cancelled": False, "state": "ended" if fut.done() else "running"}
+
+    def admission_show(self) -> dict:
+        return self.sup.admission_census()
+
+    def admission_close(self, pool: str, until: float, message: str) -> dict:
+        return self.sup.admission_close(pool, until, message)
+
+    def admission_reopen(self, pool: str) -> dict:
+        return self.sup.admission_reopen(pool)
 
     # ------------------------------------------------------------------ the blocking op (off the loop)
     def collect(self, *, token: str, timeout: float) -> Future:

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 from . import messages as M
 from .config import FleetConfig, load_config
+from .errors import ConfigError
 from .ledger import abort_process
 from .outcomes import FAILED, SUPPRESSED
 from .unit import Outcome, error_for
@@ -32,11 +33,16 @@ MAP_WINDOW = 4096
 class Fleet(Executor):
     """A running fleet embedded in this process. Build it with `from_config`."""
 
-    def __init__(self, config: FleetConfig, *, on_fuse=abort_process, cpus=None):
+    def __init__(self, config: FleetConfig, *, on_fuse=abort_process, cpus=None, admission_clock=None,
+                 admission_rng=None):
+        """`admission_clock`: the provider admission's clock (``wall()``, ``mono()``; e.g.
+        ``admission.ScaledClock(600)`` replays a day in minutes, ``admission.ManualClock``
+        is stepped by hand); `admission_rng`: its ``random.Random`` (Thompson sampling)."""
         from .supervisor import Supervisor
 
         self.config = config
-        self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus).start()
+        self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus, admission_clock=admission_clock,
+                               admission_rng=admission_rng).start()
 
     @classmethod
     def from_config(cls, source=None, *, env=None, **kwargs) -> "Fleet":
@@ -62,15 +68,25 @@ class Fleet(Executor):
 
     # --- Executor ---------------------------------------------------------------------
     def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
-               request_id=None) -> Future:
+               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None) -> Future:
         """Queue one unit for `role`; returns its Future.
 
-        Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
-        PayloadUnpicklable, QueueFull (the role's queue is at its bound), RoleStopped,
-        FleetClosed (after shutdown).
+        A unit that calls a provider passes ``route=fleet.Route(model, provider,
+        credential=None)``: the provider admission (README, "Provider admission") starts
+        it now, moves it to a declared alternative, or holds it while its pool backs off
+        or is closed. Its handler calls ``unit.route``, the route admission chose.
+        `severity` (a declared severity name: urgency inside the lane), `pinned` (never
+        move: wait for this route), `parent` (the id of the unit that delegated this one:
+        admitted at once on its lane) and `tag` (pins may name it) need a route.
+
+        Raises (nothing queued): UnknownRoleError, BadUnit (also: a route outside the
+        declared catalog, one the lane's marks exclude, an unknown severity),
+        PayloadTooLarge, PayloadUnpicklable, QueueFull (the role's queue is at its bound,
+        units waiting for admission included), RoleStopped, FleetClosed (after shutdown).
         """
         return self._sup.submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
-                                request_id=request_id)
+                                request_id=request_id, route=route, severity=severity, pinned=pinned, parent=parent,
+                                tag=tag)
 
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
             lane=None) -> Iterator:
@@ -117,10 +133,40 @@ class Fleet(Executor):
 
     # --- views ----------------------------------------------------------------------------
     def status(self) -> dict:
-        """What `fleetctl status --json` shows for this fleet."""
+        """What `fleetctl status --json` shows for this fleet, plus ``admission``: the provider
+        admission's read model (per bulkhead and per lane x bulkhead rows, closures, the
+        starving list, units waiting with their reason and until-when; reference 000 §10)."""
         from .status import gather
 
-        return gather(self.name)
+        doc = gather(self.name)
+        doc["admission"] = self._sup.admission_census()
+        return doc
+
+    def reload(self, source=None, *, env=None) -> dict:
+        """Load the config again (a path, dict or FleetConfig) and apply what can change live:
+        posture policy, queue bounds, the provider catalog. Returns ``applied`` and
+        ``needs_restart``. A config that fails to load raises ConfigError and changes nothing;
+        when it is the ``[admission]`` section, the last good catalog stays and the
+        admission's ``policy_error`` says why."""
+        if source is None:
+            source = self.config.source if self.config.source not in (None, "<dict>") else None
+        try:
+            config = source if isinstance(source, FleetConfig) else load_config(
+                source, env=os.environ if env is None else env)
+        except ConfigError as exc:
+            if str(exc.path).startswith("admission"):
+                self._sup.admission_reload_refused(str(exc))
+            raise
+        return self._sup.reload(config)
+
+    def admission_close(self, pool: str, until: float, message: str = "") -> dict:
+        """Close a provider (``"provider"``) or one key (``"provider/credential"``) until
+        `until` (UTC epoch seconds). BadPool for an unknown pool or a time not in the future."""
+        return self._sup.admission_close(pool, until, message)
+
+    def admission_reopen(self, pool: str) -> dict:
+        """Reopen a closed provider or key (a topped-up key); ``reopened``: was it closed."""
+        return self._sup.admission_reopen(pool)
 
     def ledger(self) -> dict:
         """submitted, solved, suppressed, failed (+ in flight and failures by reason)."""

@@ -17,6 +17,7 @@ STARTED = 3  # worker -> supervisor: a unit with a timeout began running
 # --- task flags ---------------------------------------------------------------------
 F_CHUNK = 1  # the body holds a list of payloads (Fleet.map with chunksize > 1)
 F_TIMED = 2  # report STARTED, so the supervisor can time the unit
+F_ROUTED = 4  # the body starts with the provider route admission chose (fleet.codec.with_route)
 
 #: unit id, slot, key id, role, start event, flags
 TASK_HEAD = struct.Struct("<QIIHBB")
@@ -30,8 +31,10 @@ ST_START_REFUSED = 4  # body: utf-8 text: the slot refused to start it (a fleet 
 ST_CHUNK = 5  # body: pickled (values, {index: (status, detail)} for items that did not solve)
 ST_COMPLETION_REFUSED = 6  # body: utf-8 text: the slot refused to end it (a fleet bug; its result is void)
 ST_HELD_AT_CLOSE = 7  # body: utf-8 text: cordon held it back and the fleet is closing: it never ran
+ST_REFUSED = 8  # body: pickled (status, message, retry_after): the handler raised fleet.Refused
 
-#: unit id, slot, status, slot state after the unit, run seconds
-RESULT_HEAD = struct.Struct("<QIBBd")
+#: unit id, slot, status, slot state after the unit, run seconds, cost in USD the handler
+#: reported (fleet.report_cost; NaN when it reported none)
+RESULT_HEAD = struct.Struct("<QIBBdd")
 #: unit id, slot
 STARTED_HEAD = struct.Struct("<QI")

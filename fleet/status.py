@@ -19,6 +19,7 @@ from .budget import json_number
 from .errors import NotRunning
 from .outcomes import reason_name
 from .table import TableNotFound, snapshot
+from .table import bulkheads as table_bulkheads
 from .table import layout as L
 
 #: Where a slot's run-queue delay comes from.
@@ -173,6 +174,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "posture": posture(snap.posture_view(), now_ns),
         "ledger": ledger(snap.ledger_view()),
         "queues": [snap.role_view(code) for code in range(len(snap.role_names))],
+        "bulkheads": table_bulkheads.read(snap),
         "torn": list(snap.torn),
     }
 

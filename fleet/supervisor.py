@@ -11,6 +11,11 @@ it sleeps on the data plane's bell (a futex) when there is nothing to do, so an
 idle fleet costs ~nothing. Futures are resolved outside the lock (their callbacks
 may submit again).
 
+Provider admission. A unit submitted with a `route` asks `fleet.provider_gate` (under
+the lock) before the dispatcher: it starts now on its route or an alternative (the
+chosen route travels with its task), or waits there until the loop finds its pool
+admits again; its outcome is the pool's signal (`_close`).
+
 Deaths. The zygote reports every worker exit. The loop then, under the lock:
 collects what the dead worker already delivered, discards the tasks it never took,
 fails every unit it still owed with LaneDeath (Timeout for the unit it was killed
@@ -48,7 +53,7 @@ from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
 from .errors import FleetError
 from .intensity import Deaths
-from .leases import LeaseGate
+from .leases import LeaseGate, orchestrator_id
 from .ledger import Ledger, abort_process
 from .outcomes import FAILED, SOLVED
 from .sampler import PressureInput, QuotaWatcher, Sampler
@@ -65,6 +70,8 @@ from .unit import (
 )
 
 log = logging.getLogger("fleet.supervisor")
+
+_CANCELLED = Outcome(FAILED, "Cancelled")
 
 #: Longest the loop sleeps with nothing to do (timers are checked at least this often).
 IDLE_WAIT_S = 0.1
@@ -89,8 +96,13 @@ class Supervisor:
     """One fleet: its table, data plane, zygote, workers, dispatcher and ledger."""
 
     def __init__(self, config: FleetConfig, *, mode: str = "embedded", on_fuse=abort_process, cpus=None,
-                 socket_path: str | None = None, readers_group: int | str | None = None):
+                 socket_path: str | None = None, readers_group: int | str | None = None, admission_clock=None,
+                 admission_rng=None, closure_file=None):
         self.config = config
+        # the provider admission (fleet.provider_gate), made at boot; its clock and RNG injectable
+        self._providers = None
+        self._admission_args = {"clock": admission_clock, "rng": admission_rng,
+                                "closure_file": config.admission.closure_file or closure_file}
         self.socket_path = socket_path
         self.readers_group = readers_group  # may read the table (fleetd's --socket-group); None: owner only
         self.metrics = None
@@ -151,6 +163,10 @@ class Supervisor:
         self.table.set_quota_epoch(0, self.quota.detected)
         self.quota_watcher = QuotaWatcher(self.quota, arm_pressure=PressureInput.for_self)
         try:
+            from .provider_gate import ProviderGate
+
+            shared = (cfg.store.url, orchestrator_id(cfg.store.orchestrator, self.name)) if cfg.store.url else None
+            self._providers = ProviderGate(cfg.admission, table=self.table, shared_store=shared, **self._admission_args)
             self._boot_rest()
         except BaseException:
             self._teardown(kill=True)
@@ -242,12 +258,18 @@ class Supervisor:
 
     # ================================================================== submit
     def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
-               request_id=None, chunk: bool = False, pickled_payload: bytes | None = None) -> Future:
+               request_id=None, chunk: bool = False, pickled_payload: bytes | None = None, route=None,
+               severity=None, pinned: bool = False, parent=None, tag=None) -> Future:
         """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
-        by a service-mode client; it travels to the worker as it is, never unpickled here."""
+        by a service-mode client; it travels to the worker as it is, never unpickled here.
+        A unit with a `route` asks the provider admission first (fleet.provider_gate)."""
         code = self.roles.code(role)
         spec = self.roles.by_code(code)
         self._check_unit(spec, key, lane, priority, timeout, request_id)
+        if route is None and (severity is not None or pinned or parent is not None or tag is not None):
+            raise BadUnit("severity, pinned, parent and tag are provider admission arguments: give route= too")
+        if route is not None and chunk:
+            raise BadUnit("a chunk of items takes no route: submit provider calls one by one")
         body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
                                limit=self.config.limits.max_payload_bytes)
         timeout = timeout if timeout is not None else spec.timeout_s
@@ -263,20 +285,43 @@ class Supervisor:
                 raise QueueFull(f"role {role!r} queue is full ({bound} units waiting)")
             unit_id = next(self._ids)
             future.unit_id = unit_id  # fleetd replies to a remote submit with it
+            pending = Pending(unit_id, code, key, priority)
+            decision = None
+            if route is not None:  # BadUnit here leaves nothing behind
+                decision = self._providers.admit(unit_id, pending, route, lane=lane, severity=severity,
+                                                 pinned=pinned, parent=parent, tag=tag)
             self._units[unit_id] = _Unit(future, code, body, flags, timeout)
             self.ledger.submitted(unit_id)
-            if self._gate is not None and self._gate.gates(role):
-                # queued for dispatch only once the host-group store grants it a lease
-                self._held[unit_id] = Pending(unit_id, code, key, priority)
-                self._held_by_role[code] += 1
-                self._gate.hold(unit_id, role)
+            if decision is not None and not decision.starts:
+                self._held_by_role[code] += 1  # waits in the provider gate; counts against the bound
+                self._providers.watch(unit_id, future)
             else:
-                self.dispatcher.enqueue(Pending(unit_id, code, key, priority))
+                if decision is not None:
+                    self._routed(unit_id, decision.route)
+                self._to_dispatch(pending)
             done = self._dispatch()
         _deliver(done)
         if self.recorder is not None:
             self.recorder.arrival(unit_id, role, payload, key, lane)
         return future
+
+    def _to_dispatch(self, pending: Pending) -> None:
+        """A unit past the provider admission goes to the dispatcher, or first waits for its
+        host-group lease when its role is gated (lock held)."""
+        role = self.roles.by_code(pending.role).name
+        if self._gate is not None and self._gate.gates(role):
+            # queued for dispatch only once the host-group store grants it a lease
+            self._held[pending.unit_id] = pending
+            self._held_by_role[pending.role] += 1
+            self._gate.hold(pending.unit_id, role)
+        else:
+            self.dispatcher.enqueue(pending)
+
+    def _routed(self, unit_id: int, route) -> None:
+        """The route admission chose travels with the unit's task: the handler's `unit.route`."""
+        unit = self._units[unit_id]
+        unit.body = codec.with_route(unit.body, route)
+        unit.flags |= M.F_ROUTED
 
     def _check_unit(self, spec, key, lane, priority, timeout, request_id) -> None:
         if spec.handler is None:
@@ -315,6 +360,7 @@ class Supervisor:
                 continue
             self.ledger.record(unit_id, FAILED, "Cancelled")
             self._units.pop(unit_id, None)
+            self._providers.ended(unit_id, _CANCELLED)
         touched = set()
         for g in grants:
             unit = self._units[g.unit_id]
@@ -376,8 +422,10 @@ class Supervisor:
             outbox.popleft()
         ring.notify()
 
-    def _close(self, unit_id: int, outcome: Outcome, value=None, original=None):
+    def _close(self, unit_id: int, outcome: Outcome, value=None, original=None, cost=None):
         """Record an outcome (lock held); returns (future, value or error) to deliver."""
+        if self._providers is not None:
+            self._providers.ended(unit_id, outcome, original, cost)  # its pool takes the signal
         if self._gate is not None:
             self._lease_lost.pop(unit_id, None)
             self._gate.done(unit_id)  # give its lease back
@@ -410,6 +458,7 @@ class Supervisor:
                 if not self._read_zygote():
                     self._zygote_died()
                 busy = self._collect()
+                wait = self._provider_tick() if self._providers.has_work() else IDLE_WAIT_S
                 now = time.monotonic()
                 if self._deadlines:
                     self._check_deadlines(now)
@@ -419,7 +468,7 @@ class Supervisor:
                 if self._closing and self._idle():
                     break
                 if not busy:
-                    bell.wait(seen, IDLE_WAIT_S)
+                    bell.wait(seen, wait)
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
             with self._lock:
@@ -428,6 +477,41 @@ class Supervisor:
         finally:
             self._teardown()
             self._stopped.set()
+
+    def _provider_tick(self) -> float:
+        """Units the provider admission held: cancelled ones end, due ones start; bulkheads
+        published. Returns how long the loop may sleep before it looks again (seconds)."""
+        gate = self._providers
+        with self._lock:
+            for unit_id in gate.take_cancelled():
+                self._held_by_role[self._units.pop(unit_id).role] -= 1
+                self.ledger.record(unit_id, FAILED, "Cancelled")
+            done = []
+            if gate.due():
+                for unit_id, pending, route in gate.wake():
+                    self._held_by_role[pending.role] -= 1
+                    self._routed(unit_id, route)
+                    self._to_dispatch(pending)
+                done = self._dispatch()
+            gate.publish()
+            wait = gate.seconds_to_wake(IDLE_WAIT_S)  # the pool is read under the lock only
+        _deliver(done)
+        return wait
+
+    def _drop_waiting(self, reason: str, detail: str, cancel: bool = False) -> list:
+        """End every unit waiting for provider admission (lock held): failed with `reason`, or
+        cancelled. Returns what to deliver."""
+        done = []
+        for unit_id, why in self._providers.drop_waiting():
+            unit = self._units[unit_id]
+            self._held_by_role[unit.role] -= 1
+            if cancel:
+                self._units.pop(unit_id).future.cancel()
+                self.ledger.record(unit_id, FAILED, "Cancelled")
+            else:
+                _claim(unit.future)
+                done.append(self._close(unit_id, Outcome(FAILED, reason, f"{detail}: {why}" if why else detail)))
+        return done
 
     def _idle(self) -> bool:
         with self._lock:
@@ -460,12 +544,13 @@ class Supervisor:
             if unit is not None and unit.timeout is not None:
                 heapq.heappush(self._deadlines, (time.monotonic() + unit.timeout, unit_id))
             return None
-        unit_id, slot, status, final, elapsed = M.RESULT_HEAD.unpack_from(view)
+        unit_id, slot, status, final, elapsed, cost = M.RESULT_HEAD.unpack_from(view)
         body = view[M.RESULT_HEAD.size :]
-        return unit_id, slot, final, elapsed, *codec.result_outcome(status, body, relay=self.mode == "service"), status
+        return (unit_id, slot, final, elapsed, *codec.result_outcome(status, body, relay=self.mode == "service"),
+                status, None if cost != cost else cost)  # NaN: no cost reported
 
     def _apply(self, decoded):
-        unit_id, slot, final, elapsed, outcome, value, original, status = decoded
+        unit_id, slot, final, elapsed, outcome, value, original, status, cost = decoded
         unit = self._units.get(unit_id)
         if status == M.ST_START_REFUSED and unit is not None and self.dispatcher.requeue(unit_id):
             return None  # sent behind a pin that cordon drained: it waits for a new grant
@@ -478,12 +563,14 @@ class Supervisor:
             self.dispatcher.complete(unit_id, final)
             if self.run_observer is not None:
                 self.run_observer(self.roles.by_code(unit.role).name, elapsed)
+            if self.recorder is not None:  # the measured work shape of a recorded arrival
+                self.recorder.completion(unit_id, elapsed, outcome.kind)
         if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED and value is not None:
             # A chunk's items travel with it whatever its outcome: map raises item by item.
             self.ledger.record(unit_id, outcome.kind, outcome.reason)
             self._units.pop(unit_id)
             return unit.future, value, None
-        return self._close(unit_id, outcome, value, original)
+        return self._close(unit_id, outcome, value, original, cost)
 
     # ================================================================== deaths
     def _seat_died(self, seat: int, pid: int, status: int, restart: bool = True) -> None:
@@ -651,6 +738,7 @@ class Supervisor:
             if cancel:
                 self._units.pop(unit_id).future.cancel()
                 self.ledger.record(unit_id, FAILED, "Cancelled")
+                self._providers.ended(unit_id, _CANCELLED)
                 self._gate.done(unit_id)
             else:
                 _claim(self._units[unit_id].future)
@@ -709,6 +797,7 @@ class Supervisor:
         self._watch_quota()
         with self._lock:
             self._publish_units()
+            self._providers.publish(force=True)  # backoffs and closures end with time
             self._publish_posture()  # dwell and suppressed intake move without a transition
             for code in range(len(self.roles)):
                 self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code),
@@ -859,6 +948,8 @@ class Supervisor:
                     self.posture.retune(patch, _now_ms())
                     self._publish_posture()
                     applied.append("posture")
+            if self._providers.reload(config.admission)[0]:
+                applied.append("admission")
             if "roles" not in restart:
                 bounds = [config.roles[r.name].queue_bound for r in self.roles]
                 if bounds != self._queue_bounds:
@@ -892,7 +983,12 @@ class Supervisor:
                     unit = self._units.pop(item.unit_id)
                     unit.future.cancel()
                     self.ledger.record(item.unit_id, FAILED, "Cancelled")
+                    self._providers.ended(item.unit_id, _CANCELLED)
                 self._drop_held(cancel=True)
+                self._drop_waiting("", "", cancel=True)
+            # Shutdown waits for queued units, but not for a provider's reopening: a closed
+            # key may wait until midnight. Units still waiting for admission fail Shutdown.
+            done.extend(self._drop_waiting("Shutdown", "the fleet closed while the unit waited for provider admission"))
             done.extend(self._dispatch())
         _deliver(done)
         if self.data is not None:
@@ -921,6 +1017,7 @@ class Supervisor:
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, "Shutdown", "the fleet stopped before it ran")))
             done.extend(self._drop_held("Shutdown", "the fleet stopped before the host-group store granted its lease"))
+            done.extend(self._drop_waiting("Shutdown", "the fleet stopped while the unit waited for provider admission"))
         _deliver(done)
         self.data.bell.ring()
         self._stopped.wait()
@@ -941,6 +1038,8 @@ class Supervisor:
                 _claim(self._units[item.unit_id].future)
                 done.append(self._close(item.unit_id, Outcome(FAILED, reason, detail)))
             done.extend(self._drop_held(reason, detail))
+            if self._providers is not None:
+                done.extend(self._drop_waiting(reason, detail))
             pids = dict(self._pids)
             self._killed.update(pids.values())
             for pid in pids.values():
@@ -964,6 +1063,8 @@ class Supervisor:
         if self._gate is not None:
             self._gate.stop()  # gives back the leases still held
             self._gate = None
+        if self._providers is not None:
+            self._providers.close_store()  # writes the closures still posted
         if self.zygote is not None:
             self.zygote.exit(timeout=5 if not kill else 0.5)
             for pid in list(self._seat_of_pid):
@@ -990,6 +1091,33 @@ class Supervisor:
         if kill is False and self.ledger.tripped is None:
             self.ledger.close()
 
+    # ================================================================== provider admission (operator)
+    def admission_census(self) -> dict:
+        """The provider admission's read model: bulkheads, lane x bulkhead rows, closures,
+        starving, waiting units with their reason (fleet.provider_gate)."""
+        with self._lock:
+            return self._providers.census()
+
+    def admission_close(self, pool: str, until: float, message: str = "") -> dict:
+        """Close a provider or key (``provider[/credential]``) until `until` (UTC epoch seconds)."""
+        with self._lock:
+            result = self._providers.close(pool, until, message)
+            self._providers.publish(force=True)
+        return result
+
+    def admission_reopen(self, pool: str) -> dict:
+        """Lift a provider's or key's closure; its waiting units start at the loop's next turn."""
+        with self._lock:
+            result = self._providers.reopen(pool)
+            self._providers.publish(force=True)
+        self.data.bell.ring()
+        return result
+
+    def admission_reload_refused(self, why: str) -> None:
+        """A reload whose [admission] section did not load: the last good catalog stays; say why."""
+        with self._lock:
+            self._providers.refused_reload(why)
+
     # ================================================================== views
     def ledger_counts(self):
         return self.ledger.counts()
@@ -1006,9 +1134,9 @@ def _arrival_log(config):
     """The arrival log of `[record]` (fleet.burst.record), or None when recording is off."""
     if not config.record.enabled:
         return None
-    from .burst.record import ArrivalLog, default_path
+    from .burst.record import ArrivalLog
 
-    return ArrivalLog(config.record.path or default_path(config.name))
+    return ArrivalLog.for_config(config)
 
 
 def _deliver(done) -> None:

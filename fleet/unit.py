@@ -7,6 +7,8 @@ raises `UnitFailed` or `UnitSuppressed`, both carrying the unit's `Outcome`.
 """
 from __future__ import annotations
 
+import math
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Hashable, NamedTuple
 
@@ -24,6 +26,9 @@ class Unit(NamedTuple):
         key: the pin key (pinned roles), else None.
         lane: the lane it was submitted under (a name; None for the default lane).
         request_id: the caller's idempotency id, if any.
+        route: the provider pool to call (a `fleet.Route`), as the provider admission
+            chose it: the submitted route, or the alternative it moved the unit to.
+            None for a unit submitted without a route.
     """
 
     id: int
@@ -32,6 +37,50 @@ class Unit(NamedTuple):
     key: Hashable | None = None
     lane: str | None = None
     request_id: str | None = None
+    route: Any = None
+
+
+class _Running:
+    """The unit a handler runs and the cost it reported (the worker keeps one per unit)."""
+
+    __slots__ = ("unit", "cost")
+
+    def __init__(self):
+        self.unit: Unit | None = None
+        self.cost: float | None = None
+
+
+# Set by the worker around each handler call. A context variable, so concurrent units of
+# an I/O-bound role (asyncio tasks, pool threads) each see their own.
+RUNNING: ContextVar = ContextVar("fleet_running_unit", default=None)
+
+
+def current_unit() -> Unit:
+    """The `Unit` the calling handler is running (its ``route`` is what admission chose).
+
+    Works in the handler and in what it awaits; a thread the handler starts itself
+    does not inherit it (use ``contextvars.copy_context().run``). RuntimeError outside
+    a handler.
+    """
+    running = RUNNING.get()
+    if running is None or running.unit is None:
+        raise RuntimeError("fleet.current_unit() is only known inside a handler")
+    return running.unit
+
+
+def report_cost(usd: float) -> None:
+    """Report what the running unit's provider call cost, in USD (adds up when called again).
+
+    The provider admission keeps the mean cost per pool (shown, and used to discount
+    Thompson sampling among alternatives); a cost counts when the unit solves.
+    ValueError for a negative or non-finite amount; RuntimeError outside a handler.
+    """
+    if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd < 0:
+        raise ValueError(f"report_cost: usd must be a finite number >= 0, not {usd!r}")
+    running = RUNNING.get()
+    if running is None:
+        raise RuntimeError("fleet.report_cost() is only known inside a handler")
+    running.cost = (running.cost or 0.0) + float(usd)
 
 
 class Suppress(Exception):

@@ -34,9 +34,11 @@ import traceback
 
 from . import fsm
 from . import messages as M
+from .codec import refused_body, split_route
 from .io_runner import IoRunner
+from .outcomes import Refused
 from .table.layout import FLAG_CLOSING
-from .unit import Suppress, Unit
+from .unit import RUNNING, Suppress, Unit, _Running
 
 log = logging.getLogger("fleet.worker")
 
@@ -45,6 +47,8 @@ EXIT_BROKEN = 70  # EX_SOFTWARE: the worker hit a state it cannot continue from
 
 #: How long an idle worker sleeps between checks when units are held back by cordon.
 HELD_RETRY_S = 0.05
+#: The cost field of a result whose handler reported none.
+NO_COST = float("nan")
 
 
 
@@ -135,27 +139,31 @@ class Worker:
         if self._is_io(role):
             self._io_start(unit_id, slot, role, flags, body)
             return
-        status, out, elapsed = self._execute(unit_id, role, flags, body)
+        status, out, elapsed, cost = self._execute(unit_id, role, flags, body)
         status, out, final = self._finish(unit_id, slot, role, status, out)
-        self._send(unit_id, slot, status, final, elapsed, out)
+        self._send(unit_id, slot, status, final, elapsed, out, cost=cost)
 
-    def _execute(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float]:
-        """Run a unit's handler: (status, result body, seconds). Any thread may call it."""
+    def _execute(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float]:
+        """Run a unit's handler: (status, result body, seconds, reported cost or NaN). Any thread may call it."""
         t0 = time.perf_counter()
         if flags & M.F_CHUNK:
             status, out = self._run_chunk(unit_id, role, body)
+            cost = NO_COST
         else:
-            status, out = self._run_one(unit_id, role, body)
-        return status, out, time.perf_counter() - t0
+            status, out, cost = self._run_one(unit_id, role, body, flags)
+        return status, out, time.perf_counter() - t0, cost
 
-    def _unit(self, unit_id: int, role: int, payload, key, lane, request_id) -> Unit:
-        return Unit(unit_id, self.roles.by_code(role).name, payload, key, lane, request_id)
+    def _unit(self, unit_id: int, role: int, payload, key, lane, request_id, route=None) -> Unit:
+        return Unit(unit_id, self.roles.by_code(role).name, payload, key, lane, request_id, route)
 
-    def _decode_one(self, unit_id: int, role: int, body) -> Unit:
+    def _decode_one(self, unit_id: int, role: int, body, flags: int = 0) -> Unit:
+        route = None
+        if flags & M.F_ROUTED:
+            route, body = split_route(body)
         payload, key, lane, request_id = pickle.loads(body)
         if type(payload).__name__ == "_Pickled":
             payload = payload.load()  # a service-mode client's payload, pickled at its end
-        return self._unit(unit_id, role, payload, key, lane, request_id)
+        return self._unit(unit_id, role, payload, key, lane, request_id, route)
 
     def _decode_chunk(self, unit_id: int, role: int, body) -> list:
         payloads, key, lane, request_id = pickle.loads(body)
@@ -164,12 +172,17 @@ class Worker:
         name = self.roles.by_code(role).name
         return [Unit(unit_id, name, payload, key, lane, request_id) for payload in payloads]
 
-    def _run_one(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
+    def _run_one(self, unit_id: int, role: int, body, flags: int) -> tuple[int, bytes, float]:
+        running = _Running()
+        token = RUNNING.set(running)  # fleet.current_unit() / fleet.report_cost() in the handler
         try:
-            value = self.handlers[role](self._decode_one(unit_id, role, body))
+            running.unit = self._decode_one(unit_id, role, body, flags)
+            value = self.handlers[role](running.unit)
         except BaseException as exc:  # noqa: BLE001 - every handler failure is an outcome
-            return _failure_body(exc)
-        return _result_body(value)
+            return (*_failure_body(exc), NO_COST)
+        finally:
+            RUNNING.reset(token)
+        return (*_result_body(value), _cost(running))
 
     def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
         """Run every item of a chunk, in order: (values, {index: (status, detail)} for items
@@ -202,31 +215,37 @@ class Worker:
         done = self.io.completions()
         for slot, (unit_id, role), result in done:
             if isinstance(result, BaseException):  # escaped _execute (a fleet bug): still its outcome
-                status, out, elapsed = M.ST_HANDLER_ERROR, _error_body(result), 0.0
+                status, out, elapsed, cost = M.ST_HANDLER_ERROR, _error_body(result), 0.0, NO_COST
             else:
-                status, out, elapsed = result
+                status, out, elapsed, cost = result
             status, out, final = self._finish(unit_id, slot, role, status, out)
-            self._send(unit_id, slot, status, final, elapsed, out, ring=False)
+            self._send(unit_id, slot, status, final, elapsed, out, ring=False, cost=cost)
         if done:
             self.bell.ring()  # once for the batch: the supervisor takes them all in one wake-up
         for slot, _tag, _result in done:
             while not self.io.busy(slot) and (item := self.io.next_for(slot)) is not None:
                 self._task(*item)
 
-    async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float]:
+    async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float]:
         t0 = time.perf_counter()
         if flags & M.F_CHUNK:
             status, out = await self._run_chunk_async(unit_id, role, body)
+            cost = NO_COST
         else:
-            status, out = await self._run_one_async(unit_id, role, body)
-        return status, out, time.perf_counter() - t0
+            status, out, cost = await self._run_one_async(unit_id, role, body, flags)
+        return status, out, time.perf_counter() - t0, cost
 
-    async def _run_one_async(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
+    async def _run_one_async(self, unit_id: int, role: int, body, flags: int) -> tuple[int, bytes, float]:
+        running = _Running()
+        token = RUNNING.set(running)  # this task's own context: concurrent units do not mix
         try:
-            value = await self.handlers[role](self._decode_one(unit_id, role, body))
+            running.unit = self._decode_one(unit_id, role, body, flags)
+            value = await self.handlers[role](running.unit)
         except BaseException as exc:  # noqa: BLE001 - every handler failure is an outcome
-            return _failure_body(exc)
-        return _result_body(value)
+            return (*_failure_body(exc), NO_COST)
+        finally:
+            RUNNING.reset(token)
+        return (*_result_body(value), _cost(running))
 
     async def _run_chunk_async(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
         """A chunk's items run one after another, as in `_run_chunk`: a chunk holds one slot."""
@@ -257,13 +276,13 @@ class Worker:
     def _state(self, slot: int) -> int:
         return self.table.state(slot)[0]
 
-    def _send(self, unit_id, slot, status, final_state, elapsed, body, ring: bool = True) -> None:
+    def _send(self, unit_id, slot, status, final_state, elapsed, body, ring: bool = True, cost: float = NO_COST) -> None:
         """Push a result; `ring=False` leaves waking the supervisor to the caller (a batch)."""
-        head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed)
+        head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost)
         if len(head) + len(body) > self.results.max_message:
             status = M.ST_RESULT_ERROR
             body = f"result is {len(body)} bytes; the result ring takes {self.results.max_message}".encode()
-            head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed)
+            head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost)
         while not self.results.push2(M.RESULT, head, body):
             self.bell.ring()  # the supervisor may be asleep with a full ring to drain
             self.results.wait_space(len(head) + len(body), 1.0)
@@ -294,8 +313,15 @@ def _item_failure(exc: BaseException) -> tuple[int, object]:
     return M.ST_HANDLER_ERROR, (_traceback(exc), _picklable(exc))
 
 
+def _cost(running: _Running) -> float:
+    return NO_COST if running.cost is None else running.cost
+
+
 def _failure_body(exc: BaseException) -> tuple[int, bytes]:
-    """What a handler's exception makes of a unit (the same rule as for a chunk item)."""
+    """What a handler's exception makes of a unit (the same rule as for a chunk item);
+    a provider's refusal (fleet.Refused) is its own outcome, Failed(Refused)."""
+    if isinstance(exc, Refused):
+        return M.ST_REFUSED, refused_body(exc)
     status, detail = _item_failure(exc)
     if status == M.ST_SUPPRESSED:
         return status, detail.encode()

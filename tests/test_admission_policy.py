@@ -123,8 +123,12 @@ def test_the_readme_catalog_example_loads():
     import tomllib
 
     text = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text.split("## Declaring a provider catalog", 1)[1]
+    from fleet.config import load_config
+
+    section = text.split("## Provider admission", 1)[1]
     block = section.split("```toml\n", 1)[1].split("```", 1)[0]
-    p = Policy.from_dict(tomllib.loads(block)["admission"])
+    admission = load_config(tomllib.loads(block), env={}).admission  # as fleet's config reads it
+    assert admission.closure_file == "/var/lib/fleet/demo.closures.json"
+    p = admission.policy
     assert p.lane("review").exclude == ("kimi",) and p.pinned_tags == {"fixer"}
     assert p.alternatives(Route("deepseek-v4-flash", "openrouter-eu"), None) == ((), (GLM_AZ,), ())

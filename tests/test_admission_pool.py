@@ -309,3 +309,13 @@ def test_next_wake_says_when_a_waiting_unit_may_start():
     pool.report(1, signal_for(Refused(402)))
     pool.admit(2, GLM_OR)
     assert pool.next_wake() == pytest.approx(pool.now().mono + 10)  # the next probe
+
+
+def test_next_wake_is_now_while_units_wait_and_nothing_holds_them():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    pool.admit(1, GLM_OR)
+    clock.advance(31)  # the backoff ended: nothing holds the waiting unit any more
+    assert pool.next_wake() == pytest.approx(pool.now().mono)
+    assert [u for u, _d in pool.wake()] == [1]
+    assert pool.next_wake() is None  # control: no unit waits

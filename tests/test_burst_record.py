@@ -12,12 +12,15 @@ import pytest
 
 from fleet.burst import cli
 from fleet.burst.runner import replay
-from fleet.burst.trace import load
+from fleet.burst.trace import load, parse_lines
 from fleet.config import ConfigError, load_config
 from tests.daemons import BOUND_S, Fleetd, segments, to_toml, wait_until
 
 ROLES = {"crunch": {"kind": "pooled", "handler": "fleet.burst.handlers:burn", "slots": 1},
          "binned": {"kind": "pinned", "handler": "fleet.burst.handlers:burn", "slots": 2}}
+
+
+CRUNCH_MS, BINNED_MS = 10.0, 200.0
 
 
 def test_record_config_is_validated():
@@ -49,9 +52,10 @@ def test_record_then_replay_round_trip(tmp_path):
         try:
             # reading starts at the log's end: wait for it before submitting
             wait_until(lambda: rec.poll() is not None or "recording arrivals" in _peek(rec), "record to start")
-            with d.connect() as c:
-                futures = [c.submit("crunch", {"cpu_ms": 1}, lane="triage") for _ in range(3)]
-                futures += [c.submit("binned", {"cpu_ms": 1}, key=f"bin-{i % 2}", lane="cycle") for i in range(3)]
+            with d.connect() as c:  # fleetd never unpickles these payloads: the shape must be measured
+                futures = [c.submit("crunch", {"cpu_ms": CRUNCH_MS}, lane="triage") for _ in range(3)]
+                futures += [c.submit("binned", {"cpu_ms": BINNED_MS}, key=f"bin-{i % 2}", lane="cycle")
+                            for i in range(3)]
                 for f in futures:
                     f.result(BOUND_S)
             stdout, stderr = rec.communicate(timeout=BOUND_S)
@@ -73,6 +77,10 @@ def test_record_then_replay_round_trip(tmp_path):
     assert [a.key for a in arrivals] == [None] * 3 + ["bin-0", "bin-1", "bin-0"]
     assert arrivals[0].t == 0.0 and all(b.t >= a.t for a, b in zip(arrivals, arrivals[1:]))
     assert arrivals[-1].t < BOUND_S
+    # the measured shape: each unit's handler burned its cpu_ms of thread CPU, so ran at least that long
+    assert all(a.cpu_ms >= CRUNCH_MS for a in arrivals[:3]), [a.cpu_ms for a in arrivals]
+    assert all(a.cpu_ms >= BINNED_MS for a in arrivals[3:]), [a.cpu_ms for a in arrivals]
+    assert all(a.cpu_ms < 1000 * BOUND_S for a in arrivals)
     rep = replay(trace, modes=("none",), speed=1.0, progress=False, name=f"rep{os.getpid()}")
     m = rep["modes"][0]
     assert m["ledger"]["exact"] and m["ok"] == 6 and m["ledger"]["ledger"]["submitted"] == 6
@@ -87,10 +95,41 @@ def test_an_embedded_fleet_records_the_work_shape(tmp_path):
     with fleet.Fleet.from_config(cfg) as f:
         f.submit("crunch", {"id": "x", "cpu_ms": 2.5, "severity": "B"}, lane="l").result(BOUND_S)
         f.submit("crunch", {"id": "y", "cpu_ms": 1.0}).result(BOUND_S)
-    lines = [json.loads(x) for x in log.read_text().splitlines()]
-    assert [(x["role"], x["lane"], x["cpu_ms"]) for x in lines] == [("crunch", "l", 2.5), ("crunch", None, 1.0)]
+    every = [json.loads(x) for x in log.read_text().splitlines()]
+    lines = [x for x in every if "done" not in x]
+    assert [(x["role"], x["lane"], x["cpu_ms"], x["io"]) for x in lines] == [("crunch", "l", 2.5, False),
+                                                                         ("crunch", None, 1.0, False)]
     assert lines[0]["severity"] == "B" and lines[0]["unit"] < lines[1]["unit"]
+    done = {x["done"]: x for x in every if "done" in x}
+    assert set(done) == {lines[0]["unit"], lines[1]["unit"]}  # one done line per unit a worker ran
+    assert done[lines[0]["unit"]]["run_s"] >= 0.0025 and done[lines[0]["unit"]]["outcome"] == "solved"
     assert oct(os.stat(log).st_mode & 0o777) == "0o600"
+
+
+def test_done_lines_give_the_shape_the_payload_did_not():
+    """The join of `fleet-burst record`: measured run time for a CPU unit's cpu_ms and an I/O round's
+    latency_s; a declared shape wins; a unit with no done line (it never ran) is a zero-CPU unit."""
+    from fleet.burst.record import to_trace
+
+    route = {"model": "m", "provider": "p", "credential": None}
+    lines = [{"wall": 100.0, "unit": 1, "role": "crunch", "lane": None, "key": None, "io": False},
+             {"done": 2, "wall": 100.2, "run_s": 0.5, "outcome": "solved"},  # written before its arrival line
+             {"wall": 100.1, "unit": 2, "role": "chat", "lane": "review", "key": None, "io": True, "route": route},
+             {"wall": 100.3, "unit": 3, "role": "crunch", "lane": None, "key": None, "io": False, "cpu_ms": 7.0},
+             {"wall": 100.4, "unit": 4, "role": "crunch", "lane": None, "key": None, "io": False},
+             {"done": 1, "wall": 101.0, "run_s": 0.025, "outcome": "solved"},
+             {"done": 3, "wall": 101.0, "run_s": 0.9, "outcome": "failed"},
+             {"done": 9, "wall": 101.0, "run_s": "bad", "outcome": "solved"}]
+    header, arrivals = to_trace("f", lines)
+    by_id = {a["id"]: a for a in arrivals}
+    assert list(by_id) == ["u1", "u2", "u3", "u4"]
+    assert by_id["u1"]["cpu_ms"] == 25.0 and by_id["u1"]["latency_s"] is None
+    assert by_id["u2"]["latency_s"] == 0.5 and by_id["u2"]["cpu_ms"] == 0.0
+    assert by_id["u3"]["cpu_ms"] == 7.0  # declared, not the measured 900
+    assert by_id["u4"]["cpu_ms"] == 0.0  # never reported: no shape
+    assert by_id["u2"]["t"] == pytest.approx(0.1)
+    trace = parse_lines([json.dumps(header)] + [json.dumps(a) for a in arrivals])  # the replay accepts it
+    assert [a.cpu_ms for a in trace.arrivals] == [25.0, 0.0, 7.0, 0.0]
 
 
 _seen: dict = {}

@@ -135,3 +135,78 @@ def test_bad_requests_are_refused_and_not_counted_as_rounds(sim):
     assert call(sim, "x", model="unknown").status_code == 404
     assert httpx.get(f"{sim.base_url}/p/v1/chat/completions", timeout=30).status_code == 404
     assert sim.counts()["m@p"]["requests"] == 0
+
+
+# --- the simulator in its own process (what a replay runs) ------------------------------------------
+
+def _gone(pid: int, bound_s: float = 30.0) -> bool:
+    """Whether process `pid` has exited (and been reaped) within `bound_s` (a liveness bound)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ", 1)[1].startswith("Z"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_simulator_process_serves_the_same_rules_on_the_drivers_clock():
+    import time
+
+    from fleet.burst.clock import ReplayClock
+    from fleet.burst.simulator_process import SimulatorProcess
+
+    h = header()
+    clock = ReplayClock(1.0, h.start)
+    sim = SimulatorProcess(h, clock).start()
+    try:
+        pid = sim._proc.pid
+        clock.start(time.monotonic() - 120.0)  # trace second ~120: inside key "day"'s closure [100, 150)
+        sim.reset()  # carries the clock's new origin to the child
+        r = call(sim, "day")
+        assert r.status_code == 403 and r.json()["error"]["message"] == DAILY_LIMIT_MESSAGE
+        assert sim.counts()["m@p"] == {"requests": 1, "200": 0, "429": 0, "402": 0, "403": 1, "max_concurrency": 0}
+        (event,) = sim.events()
+        assert event[1:] == ("m@p", 403, 0) and 100 <= event[0] < 150
+        assert sim.key_closures()["day"] == [(100.0, 150.0)]
+        clock.start(time.monotonic())  # trace second ~0: the key is open again
+        sim.reset()
+        assert sim.counts()["m@p"]["requests"] == 0
+    finally:
+        sim.stop()
+    assert _gone(pid)
+
+
+def test_the_simulator_process_exits_when_the_replay_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import json, sys, time\n"
+        "from fleet.burst.clock import ReplayClock\n"
+        "from fleet.burst.simulator_process import SimulatorProcess\n"
+        "from fleet.burst.trace import parse_lines\n"
+        f"h = parse_lines([{json.dumps(json.dumps(header().raw))}]).header\n"
+        "sim = SimulatorProcess(h, ReplayClock(1.0, h.start)).start()\n"
+        "print(sim._proc.pid, flush=True)\n"
+        "time.sleep(600)\n")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": repo})
+    try:
+        child = int(parent.stdout.readline())
+        assert not _gone(child, 0.5)  # it serves while the replay lives
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        parent.stdout.close()
+    assert _gone(child)

@@ -628,9 +628,11 @@ def test_decode_request_enforces_the_frame_limit():
 def test_exactly_the_changing_ops_are_mutating():
     mutating = {name for name in c.OPS.names() if c.OPS.get(name).mutating}
     # collect consumes the outcomes held for a token, and only a uid that may submit has any
-    assert mutating == {"posture_set", "posture_release", "drain", "resume", "submit", "collect", "cancel"}
+    assert mutating == {"posture_set", "posture_release", "drain", "resume", "submit", "collect", "cancel",
+                        "admission_close", "admission_reopen"}
     assert set(c.OPS.names()) == {"ping", "status", "posture_show", "posture_set", "posture_release", "drain",
-                                  "resume", "submit", "ledger", "collect", "cancel"}
+                                  "resume", "submit", "ledger", "collect", "cancel", "admission_show",
+                                  "admission_close", "admission_reopen"}
     assert {name for name in c.OPS.names() if c.OPS.get(name).blocking} == {"collect"}
 
 

@@ -17,7 +17,7 @@ EXIT_USAGE = 2  # bad arguments
 EXIT_BAD_TRACE = 65  # the trace has bad lines (all listed with their line numbers); nothing ran
 EXIT_BAD_REPORT = 66  # show: the report cannot be read
 EXIT_NO_FLEET = 69  # record: no fleet of that name is running, or it does not record
-EXIT_FLEET_FAILED = 70  # the replay fleet did not boot, or a unit did not get exactly one outcome
+EXIT_FLEET_FAILED = 70  # the replay fleet or simulator did not start, or a unit did not get exactly one outcome
 EXIT_NO_ADMISSION = 90  # --modes admission, but the provider admission is not installed here
 EXIT_NO_CGROUP = 91  # --cpu-quota without root or a v1 cpu cgroup hierarchy
 
@@ -28,7 +28,8 @@ EXIT_CODES = f"""exit codes:
   {EXIT_BAD_TRACE}  bad trace (every bad line is listed with its number; nothing ran)
   {EXIT_BAD_REPORT}  show: the report cannot be read
   {EXIT_NO_FLEET}  record: no fleet of that name runs, or it does not record arrivals
-  {EXIT_FLEET_FAILED}  the replay fleet did not boot, or a unit did not get exactly one outcome
+  {EXIT_FLEET_FAILED}  the replay fleet or its provider simulator did not start, or a unit did not get
+      exactly one outcome
   {EXIT_NO_ADMISSION}  the admission mode needs the provider admission, not installed here
   {EXIT_NO_CGROUP}  --cpu-quota needs root and a v1 cpu cgroup hierarchy"""
 
@@ -109,6 +110,10 @@ def parser() -> argparse.ArgumentParser:
                     help="run inside the tool's own v1 cpu cgroup with this CFS quota (root; made and removed "
                          "by the tool). Below 2 CPUs the fleet refuses to boot (its host floor): exit 70")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rp.add_argument("--no-realtime", action="store_true",
+                    help="keep the replay's threads in the normal scheduling class (by default, as root, the "
+                         "driver and the threads sharing its GIL run real-time while a mode runs, so arrivals "
+                         "are on time; the report's lag_ms.driver says which class ran)")
     rec = sub.add_parser("record", help="capture arrivals from a running fleetd into a trace", epilog=EXIT_CODES,
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          description="Tail the arrival log of a running fleetd (config: [record] enabled = true) "
@@ -141,6 +146,7 @@ def _replay(args) -> int:
     from .cpuquota import CpuQuotaUnavailable, check_available
     from .replay import FleetFailed
     from .runner import replay
+    from .simulator import SimulatorError
     from .trace import TraceError, load
 
     if args.cpu_quota is not None:
@@ -157,14 +163,14 @@ def _replay(args) -> int:
     try:
         rep = replay(trace, modes=args.modes, speed=args.speed or trace.header.speed or 60.0, seed=args.seed, cap=args.cap,
                      profiles=args.profiles, name=args.name, progress=not args.no_progress,
-                     cpu_quota=args.cpu_quota)
+                     cpu_quota=args.cpu_quota, realtime=not args.no_realtime)
     except CpuQuotaUnavailable as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_NO_CGROUP
     except AdmissionUnavailable as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_NO_ADMISSION
-    except FleetFailed as exc:
+    except (FleetFailed, SimulatorError) as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_FLEET_FAILED
     paths = R.write(rep, args.report)

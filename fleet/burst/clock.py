@@ -21,9 +21,9 @@ class ReplayClock:
         self.start_wall = float(start_wall)
         self.t0 = time.monotonic()
 
-    def start(self) -> None:
-        """Trace time 0 is now."""
-        self.t0 = time.monotonic()
+    def start(self, at: float | None = None) -> None:
+        """Trace time 0 is now, or at host monotonic instant `at` (trace time is negative until then)."""
+        self.t0 = time.monotonic() if at is None else float(at)
 
     def mono(self) -> float:
         """Trace seconds since `start`."""

@@ -2,21 +2,35 @@
 
 The design is a file, not a protocol. A fleet configured with ``[record] enabled = true``
 appends one JSON line per accepted unit to its arrival log (``[record] path``, by default
-``<runtime dir>/<name>.arrivals.jsonl``, next to its control socket; mode 0600):
-``{"wall": <UTC epoch s>, "unit": <unit id>, "role": ..., "lane": ..., "key": ...}``,
-plus the work shape when the fleet holds the payload itself (an embedded `Fleet`: a dict
-payload's ``route``, ``cpu_ms``, ``latency_s``, ``severity``, ``parent``, ``after`` keys,
-the names the replay's own handlers take). A unit submitted to fleetd by a client arrives
-pickled and is never unpickled by the supervisor, so its shape is unknown: the trace
-replays it as a zero-CPU unit of its role. Each line is one ``write`` to an ``O_APPEND``
-file, so concurrent lines never interleave and a reader never sees half a line it
-cannot tell from a whole one (an incomplete last line is left for the next read).
+``<runtime dir>/<name>.arrivals.jsonl``, next to its control socket; mode 0600)::
+
+    {"wall": <UTC epoch s>, "unit": <unit id>, "role": ..., "lane": ..., "key": ..., "io": <bool>}
+
+plus the work shape the payload declares when the fleet holds the payload itself (an
+embedded `Fleet`: a dict payload's ``route``, ``cpu_ms``, ``latency_s``, ``severity``,
+``parent``, ``after`` keys, the names the replay's own handlers take). A unit submitted to
+fleetd by a client arrives pickled and is never unpickled by the supervisor, so for the
+shape the log has a second kind of line, written when a worker reports the unit's end::
+
+    {"done": <unit id>, "wall": <UTC epoch s>, "run_s": <handler seconds>, "outcome": "solved" | ...}
+
+``run_s`` is the handler's run time as its worker measured it. `fleet-burst record` joins
+the two by unit id: a unit of a CPU role replays with ``cpu_ms`` = its measured run time
+(its CPU time when its seat had a core to itself; on an oversubscribed host it includes
+time spent waiting for one), a provider round of an I/O role (``io``: true) with
+``latency_s`` = its measured run time; a shape the payload declared wins over the
+measured one. A unit that never ran on a worker (cancelled, refused, its lease denied)
+has no ``done`` line and replays as a zero-CPU unit of its role. Each line is one
+``write`` to an ``O_APPEND`` file, so concurrent lines never interleave and a reader never
+sees half a line it cannot tell from a whole one (an incomplete last line is left for
+the next read).
 
 `fleet-burst record --name FLEET -o TRACE` checks that fleet runs (its control socket
 answers), starts reading the log at its current end, and writes what arrives from then
 on as a trace (header: the fleet's name, the first arrival's instant as ``start``, one
 default pool per route seen) when it stops: after ``--duration``, ``--count``, when fleetd
-stops, or on Ctrl-C.
+stops, or on Ctrl-C. Having stopped taking arrivals it still reads up to `SETTLE_S` for
+the ``done`` lines of the arrivals it took (not after Ctrl-C).
 """
 from __future__ import annotations
 
@@ -29,6 +43,7 @@ from .trace import FORMAT, VERSION
 
 SHAPE_KEYS = ("route", "cpu_ms", "latency_s", "severity", "parent", "after")
 POLL_S = 0.05
+SETTLE_S = 10.0  # after the last arrival taken: how long `capture` waits for their done lines
 
 
 class NoRecording(Exception):
@@ -43,21 +58,38 @@ def default_path(name: str) -> str:
 
 
 class ArrivalLog:
-    """The fleet side: one JSON line per accepted unit, appended (thread-safe: one write per line)."""
+    """The fleet side: one JSON line per accepted unit and one per unit a worker ended, appended
+    (thread-safe: one write per line). `io_roles`: the names of the fleet's I/O-bound roles."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, io_roles=()):
         self.path = path
+        self.io_roles = frozenset(io_roles)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_config(cls, config) -> "ArrivalLog | None":
+        """The log a fleet's ``[record]`` section asks for, or None when recording is off."""
+        if not config.record.enabled:
+            return None
+        return cls(config.record.path or default_path(config.name),
+                   io_roles=(r.name for r in config.roles if r.io_bound))
+
     def arrival(self, unit_id: int, role: str, payload, key, lane) -> None:
         line = {"wall": time.time(), "unit": unit_id, "role": role, "lane": lane,
-                "key": None if key is None else str(key)}
+                "key": None if key is None else str(key), "io": role in self.io_roles}
         if isinstance(payload, dict):
             for name in SHAPE_KEYS:
                 if name in payload:
                     line[name] = payload[name]
+        self._write(line)
+
+    def completion(self, unit_id: int, run_s: float, outcome: str) -> None:
+        """A worker reported unit `unit_id`'s end: its handler ran `run_s` seconds."""
+        self._write({"done": unit_id, "wall": time.time(), "run_s": float(run_s), "outcome": outcome})
+
+    def _write(self, line: dict) -> None:
         try:
             data = (json.dumps(line, default=str) + "\n").encode()
         except (TypeError, ValueError):
@@ -84,10 +116,32 @@ def _running(name: str) -> bool:
     return True
 
 
+def _number(value) -> float | None:
+    """A non-negative number from a log line, else None (a line is never trusted to be well formed)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and value != float("inf"):
+        return float(value)
+    return None
+
+
+def split(lines: list[dict]) -> tuple[list[dict], dict]:
+    """(arrival lines in log order, {unit id: measured run seconds}) from arrival-log lines."""
+    arrivals, run_s = [], {}
+    for x in lines:
+        if "done" in x:
+            seconds = _number(x.get("run_s"))
+            if seconds is not None:
+                run_s[x["done"]] = seconds
+        elif isinstance(x.get("role"), str) and _number(x.get("wall")) is not None:
+            arrivals.append(x)
+    return arrivals, run_s
+
+
 def to_trace(name: str, lines: list[dict]) -> tuple[dict, list[dict]]:
-    """A trace (header dict, arrival dicts) from arrival-log lines."""
+    """A trace (header dict, arrival dicts) from arrival-log lines, arrivals joined with their
+    done lines: the declared shape first, else the measured one (see the module docstring)."""
     from datetime import datetime, timezone
 
+    lines, run_s = split(lines)
     start = min((x["wall"] for x in lines), default=time.time())
     pools = {}
     arrivals = []
@@ -98,12 +152,17 @@ def to_trace(name: str, lines: list[dict]) -> tuple[dict, list[dict]]:
                              {"model": route["model"], "provider": route["provider"], "k": 12})
         else:
             route = None
-        cpu = x.get("cpu_ms")
+        measured = run_s.get(x.get("unit"))
+        cpu = _number(x.get("cpu_ms"))
+        latency = _number(x.get("latency_s"))
+        if measured is not None and x.get("io"):
+            latency = latency if latency is not None else measured
+        elif measured is not None:
+            cpu = cpu if cpu is not None else round(measured * 1000.0, 3)
         arrivals.append({"t": round(x["wall"] - start, 6), "id": f"u{x.get('unit', i)}", "role": x["role"],
                          "lane": x.get("lane"), "route": route, "severity": x.get("severity"),
-                         "parent": None, "key": x.get("key"), "after": [],
-                         "cpu_ms": float(cpu) if isinstance(cpu, (int, float)) and cpu >= 0 else 0.0,
-                         "latency_s": x.get("latency_s"), "cycle": None})
+                         "parent": None, "key": x.get("key"), "after": [], "cpu_ms": cpu or 0.0,
+                         "latency_s": latency if route is not None else None, "cycle": None})
     header = {"format": FORMAT, "version": VERSION, "name": f"recorded-{name}",
               "start": datetime.fromtimestamp(start, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
               "speed": 1, "modes": ["none", "cap"] if not pools else ["none", "cap", "admission"],
@@ -127,46 +186,98 @@ def capture(name: str, output: str, *, source: str | None = None, duration: floa
         raise NoRecording(f"no fleet named {name!r} is running (its control socket does not answer)")
     path = source or default_path(name)
     try:
-        f = open(path, "rb")
+        os.close(os.open(path, os.O_RDONLY))
     except OSError as exc:
         raise NoRecording(f"fleet {name!r} writes no arrival log at {path} ({exc.strerror}); "
                           "start it with [record] enabled = true") from None
-    lines: list[dict] = []
-    deadline = None if duration is None else time.monotonic() + duration
-    last_check = time.monotonic()
-    with f:
-        f.seek(0, os.SEEK_END)
+    with open(path, "rb") as f:
+        tail = _Tail(f)
         if on_ready is not None:
             on_ready(path)
-        buf = b""
-        try:
-            while True:
-                chunk = f.read()
-                if chunk:
-                    buf += chunk
-                    *whole, buf = buf.split(b"\n")
-                    for raw in whole:
-                        try:
-                            lines.append(json.loads(raw))
-                        except ValueError:
-                            continue
-                if count is not None and len(lines) >= count:
-                    lines = lines[:count]
-                    break
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    break
-                if now - last_check > 1.0:
-                    last_check = now
-                    if not _running(name):
-                        break
-                if not chunk:
-                    time.sleep(POLL_S)
-        except KeyboardInterrupt:
-            pass
+        arrivals, done, interrupted = _take(tail, name, duration, count)
+        if not interrupted:
+            _settle(tail, name, arrivals, done)
+    lines = arrivals + done
     header, arrivals = to_trace(name, lines)
     with open(output, "w", encoding="utf-8") as out:
         out.write(json.dumps(header, sort_keys=True) + "\n")
         for a in arrivals:
             out.write(json.dumps(a, sort_keys=True) + "\n")
     return len(arrivals)
+
+
+class _Tail:
+    """The whole JSON lines appended to an open log file since it was opened."""
+
+    def __init__(self, f):
+        self.f = f
+        f.seek(0, os.SEEK_END)
+        self._buf = b""
+
+    def read(self) -> list[dict] | None:
+        """The new lines; None when nothing was appended since the last read."""
+        chunk = self.f.read()
+        if not chunk:
+            return None
+        self._buf += chunk
+        *whole, self._buf = self._buf.split(b"\n")
+        out = []
+        for raw in whole:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(line, dict):
+                out.append(line)
+        return out
+
+
+def _take(tail: _Tail, name: str, duration: float | None, count: int | None):
+    """Arrival and done lines until the stop condition: (arrivals, dones, interrupted by Ctrl-C)."""
+    arrivals: list[dict] = []
+    done: list[dict] = []
+    deadline = None if duration is None else time.monotonic() + duration
+    last_check = time.monotonic()
+    try:
+        while True:
+            new = tail.read()
+            for line in new or ():
+                if "done" in line:
+                    done.append(line)
+                elif count is None or len(arrivals) < count:
+                    arrivals.append(line)
+            if count is not None and len(arrivals) >= count:
+                return arrivals, done, False
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return arrivals, done, False
+            if now - last_check > 1.0:
+                last_check = now
+                if not _running(name):
+                    return arrivals, done, False
+            if new is None:
+                time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        return arrivals, done, True
+
+
+def _settle(tail: _Tail, name: str, arrivals: list[dict], done: list[dict]) -> None:
+    """Read on (adding to `done`) until every arrival taken has its done line, for at most `SETTLE_S`."""
+    waiting = {x.get("unit") for x in arrivals} - {x["done"] for x in done}
+    deadline = time.monotonic() + SETTLE_S
+    last_check = time.monotonic()
+    try:
+        while waiting and time.monotonic() < deadline:
+            new = tail.read()
+            for line in new or ():
+                if "done" in line and line["done"] in waiting:
+                    done.append(line)
+                    waiting.discard(line["done"])
+            if new is None:
+                if time.monotonic() - last_check > 1.0:
+                    last_check = time.monotonic()
+                    if not _running(name):
+                        return
+                time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        return

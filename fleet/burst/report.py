@@ -11,7 +11,9 @@ p50/p95/max per lane (from ready — released, and every arrival it comes
 ``after`` ended — to the start of the work), starving time per lane (from a
 402/403 refusal or a cut round in the lane to its next clean round, or to the end),
 cycle tail avg/p95/max (ms, first arrival of a cycle to its last end), the scheduler's
-lag (real ms), the ledger check, and the simulator's own counts with
+lag (real ms from when an arrival was due to when the driver handed it over: called
+``fleet.submit`` for it or queued it behind the cap or the admission; ``driver`` names the
+scheduling class the driver thread ran in, ``realtime`` or ``normal``), the ledger check, and the simulator's own counts with
 ``counts_match`` (the report's per-pool counts equal the simulator's).
 """
 from __future__ import annotations
@@ -98,7 +100,7 @@ def summarize(result, trace) -> dict:
         "cycle_tail_ms": None if not tails else {"n": len(tails), "avg": sum(tails) / len(tails),
                                                    "p95": pct(tails, 0.95), "max": max(tails)},
         "lag_ms": {"n": len(result.lag_ms), "p50": pct(result.lag_ms, 0.5), "p99": pct(result.lag_ms, 0.99),
-                   "max": max(result.lag_ms) if result.lag_ms else None},
+                   "max": max(result.lag_ms) if result.lag_ms else None, "driver": result.driver_class},
         "ledger": result.ledger_check(),
         "simulator": result.simulator, "pools": reported, "counts_match": reported == sim,
         "key_closures": {k: [list(x) for x in v] for k, v in result.key_closures.items()},

@@ -7,7 +7,7 @@ from .admission_seam import AdmissionSeam
 from .clock import ReplayClock
 from .replay import Driver, FleetFailed, fleet_config, replay_name
 from .report import build, summarize
-from .simulator import ProviderSimulator
+from .simulator_process import SimulatorProcess
 from .trace import Trace
 
 SWITCH_INTERVAL_S = 0.0002
@@ -25,23 +25,26 @@ def warm_up(f, trace: Trace) -> None:
 
 
 def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = None, cap: int | None = None,
-           profiles=None, name: str | None = None, progress: bool = True, cpu_quota: float | None = None) -> dict:
+           profiles=None, name: str | None = None, progress: bool = True, cpu_quota: float | None = None,
+           realtime: bool = True) -> dict:
     """Replay `trace` once per profile x mode; raises AdmissionUnavailable (before anything runs),
     FleetFailed (the fleet did not boot), CpuQuotaUnavailable (`cpu_quota` without root or v1 cpu).
 
     `cpu_quota`: run inside the tool's own v1 cpu cgroup of that many CPUs (fleet.burst.cpuquota).
+    `realtime`: while a mode runs, put this process's threads in the real-time class when the
+    host allows it (see replay.urgent_threads); False keeps them in the normal class.
     """
     if cpu_quota is None:
-        return _replay(trace, modes, speed, seed, cap, profiles, name, progress)
+        return _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime)
     from .cpuquota import cpu_quota as group
 
     with group(cpu_quota) as info:
-        rep = _replay(trace, modes, speed, seed, cap, profiles, name, progress)
+        rep = _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime)
     rep["cpu_quota"] = {"cpus": cpu_quota, "cgroup": info["path"], "cpu_stat": info["stat"]}
     return rep
 
 
-def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
+def _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime) -> dict:
     import fleet
 
     header = trace.header
@@ -60,8 +63,8 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
         bar = tqdm(total=len(trace.arrivals) * len(modes) * len(profiles), unit="round", file=sys.stderr,
                    dynamic_ncols=True, desc=header.name)
     sections = []
-    # The scheduler thread shares the GIL with the embedded fleet's supervisor threads and the
-    # simulator's loop; the default 5 ms switch interval alone would put arrivals milliseconds late.
+    # The scheduler thread shares the GIL with the embedded fleet's supervisor threads (the
+    # simulator runs in its own process); the default 5 ms switch interval alone would put arrivals milliseconds late.
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
@@ -70,7 +73,7 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
                 f = fleet.Fleet.from_config(fleet_config(trace, name, profile))
             except fleet.FleetError as exc:
                 raise FleetFailed(f"the replay fleet ({profile}) did not boot: {type(exc).__name__}: {exc}") from None
-            sim = ProviderSimulator(header, clock, seed=seed)
+            sim = SimulatorProcess(header, clock, seed=seed)
             try:
                 sim.start()
                 warm_up(f, trace)
@@ -79,7 +82,8 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress) -> dict:
                     if bar is not None:
                         bar.set_description(f"{header.name} {profile}/{mode}")
                     admission = AdmissionSeam(header, clock, seed) if mode == "admission" else None
-                    driver = Driver(trace, f, sim, clock, mode, cap=cap, admission=admission, progress=bar)
+                    driver = Driver(trace, f, sim, clock, mode, cap=cap, admission=admission, progress=bar,
+                                    realtime=realtime)
                     result = driver.run()
                     result.profile = profile
                     section = summarize(result, trace)

@@ -16,7 +16,7 @@ from ..status import DELAY_SOURCES, SCHEDSTAT, TASKSTATS, gather, gather_project
 from ._common import add_name_argument, fleet_name
 
 NAME = "status"
-HELP = ("Show the fleet's plan, budget, slots, posture, ledger and queues (read from its table); "
+HELP = ("Show the fleet's plan, budget, slots, posture, ledger, queues and provider bulkheads (read from its table); "
         "with --config, a fleet that is not running shows the plan it would boot with.")
 
 #: How the census header names where a slot's run-queue delay came from.
@@ -255,6 +255,52 @@ def render_queues(queues: list[dict]) -> list[str]:
     return ["queues"] + _table(("role", "kind", "cordon", "queued/bound", "slots in use/cap", "re-pins"), rows)
 
 
+def utc(epoch) -> str:
+    """UTC epoch seconds as ``2026-10-05T00:00:00Z``; ``"-"`` for none."""
+    if not epoch:
+        return "-"
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def render_bulkheads(rows: list[dict]) -> list[str]:
+    """The provider admission's bulkheads, one per pool (model@provider[/key]), as the table holds them."""
+    if not rows:
+        return []
+    table = []
+    for b in rows:
+        state = b["state"] + (" (daily limit)" if b.get("closed_by_daily_limit") else "")
+        until = b["closed_until"] if b["state"] == "closed" else b["backoff_until"] if b["state"] == "backoff" else None
+        table.append((b["pool"], state, _dash(b["cause"]), utc(until), str(b["running"]), str(b["waiting"]),
+                      str(b["delegated"]), str(b["successes"]), str(b["failures"]), str(b["refusals"]),
+                      str(b["probes"]), str(b["carrying_capacity"]), str(b["estimate"]),
+                      duration(b["mean_seconds"]) if b["mean_seconds"] else "-",
+                      f"${b['mean_cost']:.4f}" if b["mean_cost"] else "-"))
+    cols = ("pool", "state", "cause", "until (UTC)", "running", "waiting", "delegated", "ok", "failed",
+            "refusals", "probes", "carrying", "estimate", "mean", "mean cost")
+    return [f"bulkheads {len(rows)} provider pool(s)"] + _table(cols, table)
+
+
+def render_admission(adm: dict | None) -> list[str]:
+    """What only the fleet's own process knows (Fleet.status(), fleetd's status op): the
+    starving list, waiting units and a catalog that failed to load."""
+    if not adm:
+        return []
+    lines = []
+    if adm.get("policy_error"):
+        lines.append(f"admission catalog reload FAILED (the last good one runs): {adm['policy_error']}")
+    for s in adm.get("starving", []):
+        if s["kind"] == "provider-closed":
+            who = s["provider"] + (f"/{s['credential']}" if s.get("credential") else "")
+            lines.append(f"starving  {who} closed ({s['cause']}) until {utc(s['until'])}: {s['waiting']} unit(s) waiting")
+        else:
+            lines.append(f"starving  unit {s['unit']} hard-pinned to {s['route']} for {duration(s['waiting_s'])}")
+    for w in adm.get("waiting_units", [])[:20]:
+        lines.append(f"waiting   unit {w['unit']}: {w['why']}")
+    return lines
+
+
 def render_projection(doc: dict) -> str:
     """A not-running fleet's projection (`build_projection`) as the human table."""
     lines = [f"fleet {doc['fleet']}  NOT RUNNING (not booted)  projection from {doc['config']}"]
@@ -288,6 +334,8 @@ def render(doc: dict) -> str:
         render_posture(doc["posture"]),
         render_ledger(doc["ledger"]),
         render_queues(doc["queues"]),
+        render_bulkheads(doc.get("bulkheads", [])),
+        render_admission(doc.get("admission")),
     ]
     if doc["torn"]:
         sections.append([f"TORN      records a writer never finished: {', '.join(doc['torn'])}"])

@@ -58,12 +58,18 @@ class ControlHandler(Protocol):
         token: str | None = None,
         seq: int | None = None,
         chunk: bool = False,
+        route=None,
+        severity: str | None = None,
+        pinned: bool = False,
+        parent: int | None = None,
+        tag: str | None = None,
     ) -> Any:
         """Admit one unit. ``payload`` is pickled bytes when ``encoding == "pickle"``,
         else the decoded JSON value. With a ``token`` the outcome is held for
         `collect` under that token, tagged with ``seq``. ``chunk``: the payload is a
-        list of items run as one unit (``Fleet.map`` with chunksize > 1). Returns e.g.
-        the unit id."""
+        list of items run as one unit (``Fleet.map`` with chunksize > 1). ``route``
+        (a `fleet.Route`, parsed), ``severity``, ``pinned``, ``parent``, ``tag``: the
+        provider admission's arguments (`fleet.Fleet.submit`). Returns e.g. the unit id."""
 
     def ledger(self) -> Any:
         """The ledger counters: submitted, solved, suppressed, failed by reason."""
@@ -74,6 +80,15 @@ class ControlHandler(Protocol):
 
     def cancel(self, unit: int) -> Any:
         """Cancel unit ``unit`` if it has not started; say what became of it (`CancelOp`)."""
+
+    def admission_show(self) -> Any:
+        """The provider admission's read model (bulkheads, lanes, closures, starving, waits)."""
+
+    def admission_close(self, pool: str, until: float, message: str) -> Any:
+        """Close a provider or key until ``until`` (UTC epoch seconds); BadPool if unknown or not future."""
+
+    def admission_reopen(self, pool: str) -> Any:
+        """Lift a provider's or key's closure; BadPool if the pool is unknown."""
 
 
 # ----------------------------------------------------------------------------- ops
@@ -293,6 +308,11 @@ class SubmitOp(Op):
         "token": Arg((str, type(None)), doc="hold the outcome for `collect` under this client token"),
         "seq": Arg((int, type(None)), doc="the client's number for the unit, echoed in its outcome"),
         "chunk": Arg((bool,), default=False, doc="the payload is a list of items run as one unit"),
+        "route": Arg((str, type(None)), doc="provider pool the unit calls: model@provider[/credential]"),
+        "severity": Arg((str, type(None)), doc="a declared severity (urgency inside the lane)"),
+        "pinned": Arg((bool,), default=False, doc="hard pin: wait for this route, never move"),
+        "parent": Arg((int, type(None)), doc="the unit that delegated this one (admitted at once)"),
+        "tag": Arg((str, type(None)), doc="the agent or unit tag (pins may name it)"),
     }
 
     def to_wire(self, **args: Any) -> dict[str, Any]:
@@ -322,6 +342,13 @@ class SubmitOp(Op):
             raise self._bad("seq tags an outcome held for a token: give token too")
         if args["chunk"] and args["encoding"] != "pickle":
             raise self._bad("a chunk travels pickled: use encoding pickle")
+        if args["route"] is not None:
+            from ..route import Route
+
+            try:
+                args["route"] = Route.parse(args["route"])
+            except ValueError as exc:
+                raise self._bad(str(exc)) from None
         if args["encoding"] == "pickle":
             if not isinstance(args["payload"], str):
                 raise self._bad(f"a pickle payload must be a base64 string, got {_json_type(args['payload'])}")
@@ -398,3 +425,66 @@ class CancelOp(Op):
 
     def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
         return handler.cancel(args["unit"])
+
+
+def _pool(op: Op, args: dict[str, Any]) -> None:
+    from ..provider_gate import BadPool, parse_pool
+
+    try:
+        parse_pool(args["pool"])
+    except BadPool as exc:
+        raise op._bad(str(exc)) from None
+
+
+@OPS.register
+class AdmissionShowOp(Op):
+    """The provider admission as the fleet's own process sees it: per bulkhead and per
+    lane x bulkhead rows, live closures, the starving list, units waiting with their
+    reason, and a catalog reload that failed (``policy_error``)."""
+
+    name = "admission_show"
+    summary = "The provider admission: bulkheads, lanes, closures, starving, waiting units."
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.admission_show()
+
+
+@OPS.register
+class AdmissionCloseOp(Op):
+    """Close a provider (``pool: "provider"``) or one key (``"provider/credential"``) until
+    ``until`` (UTC epoch seconds): nothing is admitted on it but one probe per interval.
+    The closure is kept across restarts. Unknown pool or a past time: ``BadPool``."""
+
+    name = "admission_close"
+    mutating = True
+    summary = "Close a provider or key until a time (an operator takes a key out)."
+    schema = {
+        "pool": Arg((str,), required=True, doc="provider or provider/credential"),
+        "until": Arg((float,), required=True, doc="UTC epoch seconds"),
+        "message": Arg((str,), default="", doc="why (shown with the closure)"),
+    }
+
+    def check(self, args: dict[str, Any]) -> None:
+        _pool(self, args)
+        if not 0 < args["until"] < 1e11:
+            raise self._bad(f"until must be UTC epoch seconds, got {args['until']!r}")
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.admission_close(args["pool"], float(args["until"]), args["message"])
+
+
+@OPS.register
+class AdmissionReopenOp(Op):
+    """Reopen a closed provider or key (a topped-up key need not wait for midnight);
+    ``reopened``: whether it was closed. Unknown pool: ``BadPool``."""
+
+    name = "admission_reopen"
+    mutating = True
+    summary = "Reopen a closed provider or key."
+    schema = {"pool": Arg((str,), required=True, doc="provider or provider/credential")}
+
+    def check(self, args: dict[str, Any]) -> None:
+        _pool(self, args)
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return handler.admission_reopen(args["pool"])

@@ -2,8 +2,10 @@
 
 Replays a synthetic trace of `--rate` arrivals/s for `--seconds` against a real embedded
 fleet (a pooled CPU role whose units burn `--cpu-ms`, or with `--provider` an I/O role
-calling the simulator) and prints the release lag (real ms: when an arrival was handed to
-the fleet minus when it was due) p50/p99/max, against the issue's bound (2 ms p99).
+calling the simulator, in its own process, over HTTP) and prints the arrival lag (real ms:
+when the replay called ``submit`` for an arrival minus when it was due) p50/p99/max, against
+the issue's bound (2 ms p99). ``lag_ms.driver`` says whether the replay's threads ran in the
+real-time class (root) or not; a non-root run measures the normal class.
 
     python tools/bench/burst_bench.py --json
 """
