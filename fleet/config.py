@@ -25,7 +25,8 @@ a ConfigError naming their dotted path)::
     [roles.solver]            # fields of fleet.roles.Role; no [roles] = the reference profile
     kind = "pinned"
     handler = "mypkg.work:solve"
-    slots = 6
+    slots = 6                 # the budget count: most slots the role holds at once
+    elastic_repin = false     # pinned roles only: re-key the least recently used idle pin on demand
 
     [limits]
     max_payload_bytes = 1048576
@@ -448,6 +449,7 @@ _ROLE_TYPES = {
     "slots": "int",
     "io_bound": "bool",
     "timeout_s": "float?",
+    "elastic_repin": "bool",
 }
 
 

@@ -9,18 +9,30 @@ Rules:
   pooled roles that are floored under cordon (sim-like), then other pooled roles
   (resolve-like), deferrable background roles last; declaration order breaks ties.
   Inside a role: higher priority first, then submit order.
-* A pooled unit takes a free slot of its role (a slot with nothing in flight): the
-  grant is LEASE (T1) and the worker STARTs it (T2).
+* Slots switch roles (002 §3.4). A slot is not a role's for life: an Idle slot of a
+  seat the role may use (`fleet.seats`: the seats whose CPU share the role's is) is
+  leased (T1, the slot word's role field set to the granted role) for whichever
+  role's unit is granted next, and goes back to Idle after it (T5). A role holds at
+  most its budget count of slots at once (its `slots`: pooled slots with a unit in
+  flight, and claimed pins); this module is where that count is kept and checked.
+  An Idle slot goes back to the role it last served when that role asks (its warm
+  state), else the slot that went Idle last is taken; the table counts each lease
+  for another role than the last as a role switch (status shows it per slot).
+* A pooled unit takes an Idle slot within its role's count: the grant is LEASE (T1)
+  and the worker STARTs it (T2); the slot is Idle again after the unit (T5).
 * A keyed unit goes to the slot pinned to its key, behind whatever that pin already
   has in flight (at most `pin_depth`), and RESUMEs it (T6); units of one key keep
-  their order. A key without a pin claims an idle slot (LEASE with the key, then
-  START); with none idle, it re-keys the least recently used pin that has nothing in
-  flight (UNPIN T9 then LEASE T1, an epoch boundary); with none of those, it waits.
-  A singleton is a keyed role with one slot and one key.
-* Epochs (002 §3.4): at a quota change `begin_epoch` marks every pin held; a held
-  pin takes no new unit, and is released (T9) once it has nothing in flight: by the
-  next unit of its key (UNPIN then LEASE on the same slot: release before re-lease)
-  or by `take_idle_stale_pins`, whose caller applies the UNPIN.
+  their order. A pinned slot keeps its role and key: no other role or key is
+  granted it until it is released (T9). A key without a pin claims an Idle slot
+  within the role's count (LEASE with the key, then START). With none (every pin of
+  the role taken) the key waits for an epoch boundary to release a pin — unless the
+  role opted in to `elastic_repin`: then the least recently used pin that has
+  nothing in flight is re-keyed (UNPIN T9 then LEASE T1, release before re-lease),
+  and counted (`repins`). A singleton is a keyed role with one slot and one key.
+* Epochs (002 §3.4): at a quota change or a config reload `begin_epoch` marks every
+  pin held; a held pin takes no new unit, and is released (T9) once it has nothing
+  in flight: by the next unit of its key (UNPIN then LEASE on the same slot: release
+  before re-lease) or by `take_idle_stale_pins`, whose caller applies the UNPIN.
 * A pin drained at cordon onset (T7, T8) ends Idle with units still sent to it: their
   RESUME is refused, and they come back (`requeue`) to the head of their key's
   queue, in submit order, to be granted anew (a new pin) when posture allows. The
@@ -88,16 +100,68 @@ class Grant:
 @dataclass
 class _Slot:
     index: int
-    role: int
     seat: int
+    role: int = -1  # the role that holds the slot now (-1: none; it waits in its seat's idle pool)
+    last_role: int = -1  # the role it last served (-1: none yet)
+    mark: int = 0  # bumped when it enters or leaves its seat's idle pool (stale pool entries differ)
     inflight: deque = field(default_factory=deque)  # unit ids, in grant order
     pin_key: Hashable | None = None  # user key the slot is pinned (or claimed) for
     key_id: int = 0
     claimed: bool = False  # a pin is claimed or held (Leased/Running/Pinned for the key)
     last_used: int = 0
-    pooled: bool = False  # its role is pooled: while empty it waits in the role's free list
     stale: bool = False  # a pin from before the current epoch: released once it is empty
     drained: bool = False  # the pin was drained to Idle with units still sent to it (they come back)
+
+
+class _IdlePool:
+    """A seat's Idle slots. `take(role)` gives the slot that last served `role` and went
+    Idle last (its state is warmest), else the slot that went Idle last of any role.
+
+    Two stacks with lazy removal: a slot taken through one stays in the other as a stale
+    entry (its mark no longer matches) until popped, or dropped when a stack outgrows
+    twice the seat's slots.
+    """
+
+    def __init__(self, size: int):
+        self.n = 0
+        self._any: list = []  # (mark, slot)
+        self._by_role: dict[int, list] = {}
+        self._limit = 2 * size + 8
+
+    def put(self, slot: _Slot) -> None:
+        slot.mark = mark = slot.mark + 1
+        entry = (mark, slot)
+        stack = self._any
+        stack.append(entry)
+        if len(stack) > self._limit:
+            self._compact(stack)
+        if slot.last_role >= 0:
+            stack = self._by_role.get(slot.last_role)
+            if stack is None:
+                self._by_role[slot.last_role] = [entry]
+            else:
+                stack.append(entry)
+                if len(stack) > self._limit:
+                    self._compact(stack)
+        self.n += 1
+
+    def take(self, role: int) -> _Slot:
+        slot = self._pop(self._by_role.get(role)) or self._pop(self._any)
+        slot.mark += 1
+        self.n -= 1
+        return slot
+
+    @staticmethod
+    def _compact(stack: list) -> None:
+        stack[:] = [e for e in stack if e[0] == e[1].mark]
+
+    @staticmethod
+    def _pop(stack: list | None) -> _Slot | None:
+        while stack:
+            mark, slot = stack.pop()
+            if mark == slot.mark:
+                return slot
+        return None
 
 
 class _PriorityQueue:
@@ -187,15 +251,24 @@ class Dispatcher:
     def __init__(self, roles: RoleSet, seat_layout: SeatLayout, *, pin_depth: int = DEFAULT_PIN_DEPTH):
         self.roles = roles
         self.pin_depth = pin_depth
-        self._slots = [_Slot(s.index, roles.code(s.role), s.seat) for s in seat_layout.slots]
-        self._role_slots = [[s for s in self._slots if s.role == code and s.seat != NO_SEAT] for code in range(len(roles))]
-        # Free pooled slots per role, in layout order (which alternates seats): O(1) grants.
-        self._free = [deque() for _ in roles]
-        for code, slots in enumerate(self._role_slots):
-            if roles.by_code(code).kind == "pooled":
-                for slot in slots:
-                    slot.pooled = True
-                    self._free[code].append(slot)
+        n_seats = len(seat_layout.seats)
+        self._slots = [_Slot(s.index, s.seat) for s in seat_layout.slots]
+        self._seat_slots = [[s.index for s in self._slots if s.seat == seat] for seat in range(n_seats)]
+        #: the seats each role may lease slots of, and where the next search starts (so
+        #: a role's grants alternate over its seats)
+        self._seats_for = [seat_layout.seats_for(r.name) for r in roles]
+        self._next_seat = [0] * len(roles)
+        #: Idle slots per seat (see _IdlePool): O(1) grants, and a role gets back a slot it
+        #: served before when there is one (no switch).
+        self._idle = [_IdlePool(len(slots)) for slots in self._seat_slots]
+        for slot in reversed(self._slots):  # so that the lowest slots are leased first
+            if slot.seat != NO_SEAT:
+                self._park(slot)
+        self._count = [r.slots for r in roles]  # the budget count: most slots a role holds at once
+        self._held = [0] * len(roles)
+        self._pooled = [r.kind == "pooled" for r in roles]
+        self._pins: list[dict] = [{} for _ in roles]  # keyed roles: user key -> claimed slot
+        self.repins = [0] * len(roles)  # elastic re-pins per role (`elastic_repin`)
         self._queues = [_RoleQueue(keyed=r.kind in ("pinned", "singleton")) for r in roles]
         self._order = sorted(range(len(roles)), key=lambda c: (precedence(roles.by_code(c)), c))
         self._in_use = [0] * len(roles)
@@ -210,6 +283,60 @@ class Dispatcher:
         #: its caller); dropped ids are collected by `take_skipped`.
         self.skip = None
         self._skipped: list[int] = []
+
+    # --- holding slots: the budget count ---------------------------------------------
+    def _park(self, slot: _Slot) -> None:
+        """`slot` is Idle: it waits in its seat's pool for any role that may run there."""
+        slot.role = -1
+        self._idle[slot.seat].put(slot)
+
+    def _under_count(self, code: int) -> bool:
+        """May `code` hold one more slot? Its budget count bounds the slots it holds at once."""
+        return self._held[code] < self._count[code]
+
+    def _idle_seat(self, code: int) -> int:
+        """A seat of `code`'s with an Idle slot, when the role may hold one more slot (else
+        -1). The role's seats take turns, so its units spread over them."""
+        if not self._under_count(code):
+            return -1
+        seats = self._seats_for[code]
+        if len(seats) == 1:
+            return seats[0] if self._idle[seats[0]].n else -1
+        n, first = len(seats), self._next_seat[code]
+        for k in range(n):
+            seat = seats[(first + k) % n]
+            if self._idle[seat].n:
+                return seat
+        return -1
+
+    def _lease_on(self, seat: int, code: int) -> _Slot:
+        """Take an Idle slot of `seat` (from `_idle_seat`) for `code`: it now counts for the role."""
+        slot = self._idle[seat].take(code)
+        slot.role = code
+        self._held[code] += 1
+        seats = self._seats_for[code]
+        if len(seats) > 1:
+            self._next_seat[code] = (seats.index(seat) + 1) % len(seats)
+        return slot
+
+    def _unhold(self, slot: _Slot) -> None:
+        """`slot` is Idle again (T5, T8, T9 or a reset): it no longer counts for its role."""
+        code = slot.role
+        self._held[code] -= 1
+        if slot.claimed:
+            del self._pins[code][slot.pin_key]
+        slot.claimed, slot.stale, slot.pin_key, slot.drained, slot.key_id = False, False, None, False, 0
+        slot.last_role = code
+        self._park(slot)
+
+    def held(self, role: int) -> int:
+        """Slots `role` holds now (pooled slots with a unit, claimed pins): never above its count."""
+        return self._held[role]
+
+    def slot_role(self, slot: int) -> int | None:
+        """The role holding `slot` now (None: Idle)."""
+        code = self._slots[slot].role
+        return None if code < 0 else code
 
     # --- intake -------------------------------------------------------------------
     def queued(self, role: int) -> int:
@@ -259,23 +386,22 @@ class Dispatcher:
         return allowed
 
     def _grant_pooled(self, code: int, queue: _RoleQueue, out: list) -> None:
-        free = self._free[code]
-        while free:
+        while (seat := self._idle_seat(code)) >= 0:
             item = self._next_live(queue.plain, queue)
             if item is None or not self._posture_allows(code, item, True):
                 return
-            slot = free.popleft()
+            slot = self._lease_on(seat, code)
             queue.plain.pop()
             queue.n -= 1
             out.append(self._take(slot, item, fsm.START, ((fsm.LEASE, code, 0),)))
 
     def _grant_keyed(self, code: int, queue: _RoleQueue, out: list) -> None:
-        pins = {s.pin_key: s for s in self._role_slots[code] if s.claimed and not s.drained}
-        # A key whose drained pin still has units out waits for them to come back, so
-        # its units keep their order (they go first again).
-        returning = {s.pin_key for s in self._role_slots[code] if s.claimed and s.drained}
+        pins = self._pins[code]
         for key in list(queue.by_key):
-            if key in returning:
+            slot = pins.get(key)
+            if slot is not None and slot.drained:
+                # Its drained pin still has units out: they come back and go first, so
+                # the key's units keep their order.
                 continue
             q = queue.by_key[key]
             while q.n:
@@ -307,7 +433,6 @@ class Dispatcher:
                 slot, transitions = self._claim(code, key)
                 if slot is None:
                     break
-                pins[key] = slot
                 q.pop()
                 queue.n -= 1
                 out.append(self._take(slot, item, fsm.START, transitions))
@@ -329,53 +454,62 @@ class Dispatcher:
         return out
 
     def _claim(self, code: int, key) -> tuple[_Slot | None, tuple]:
-        slots = self._role_slots[code]
-        idle = next((s for s in slots if not s.claimed and not s.inflight), None)
+        """A pin for a key that has none: an Idle slot within the role's count (T1); at its
+        count, with `elastic_repin`, the least recently used pin with nothing in flight
+        is re-keyed (T9 then T1); otherwise the key waits for a pin to be released."""
+        pins = self._pins[code]
+        seat = self._idle_seat(code)
+        slot = self._lease_on(seat, code) if seat >= 0 else None
         transitions: tuple = ()
-        if idle is None:
-            spare = [s for s in slots if s.claimed and not s.inflight]
+        if slot is None:
+            if not self.roles.by_code(code).elastic_repin:
+                return None, ()
+            spare = [s for s in pins.values() if not s.inflight and not s.drained]
             if not spare:
                 return None, ()
-            idle = min(spare, key=lambda s: s.last_used)
-            transitions = ((fsm.UNPIN, code, idle.key_id),)
-        idle.claimed, idle.stale, idle.pin_key = True, False, key
-        idle.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
-        return idle, transitions + ((fsm.LEASE, code, idle.key_id),)
+            slot = min(spare, key=lambda s: s.last_used)
+            del pins[slot.pin_key]
+            transitions = ((fsm.UNPIN, code, slot.key_id),)
+            self.repins[code] += 1
+        slot.claimed, slot.stale, slot.pin_key = True, False, key
+        slot.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
+        pins[key] = slot
+        return slot, transitions + ((fsm.LEASE, code, slot.key_id),)
 
     def _repin(self, code: int, slot: _Slot, key) -> tuple:
         """Release `slot`'s pin (T9) and claim it again for `key` (T1): the transitions."""
         old_key_id = slot.key_id
-        slot.claimed, slot.stale, slot.pin_key = True, False, key
+        slot.stale = False
         slot.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
         return ((fsm.UNPIN, code, old_key_id), (fsm.LEASE, code, slot.key_id))
 
     # --- epochs ----------------------------------------------------------------------
     def begin_epoch(self) -> int:
         """A new epoch: every pin held now is to be released. Returns how many."""
-        held = [s for s in self._slots if s.claimed and not s.pooled]
+        held = [s for pins in self._pins for s in pins.values()]
         for slot in held:
             slot.stale = True
         return len(held)
 
     def take_idle_stale_pins(self) -> list[int]:
         """Pins of a past epoch with nothing in flight, forgotten here; the caller applies
-        UNPIN (T9) to each returned slot."""
+        UNPIN (T9) to each returned slot (before anything else is granted)."""
         out = []
-        for slot in self._slots:
-            if slot.stale and slot.claimed and not slot.inflight:
-                slot.claimed, slot.stale, slot.pin_key = False, False, None
+        for pins in self._pins:
+            for slot in [s for s in pins.values() if s.stale and not s.inflight]:
+                self._unhold(slot)
                 out.append(slot.index)
-        return out
+        return sorted(out)
 
     def units_in_flight(self, slot: int) -> int:
         """Units granted to `slot` and not yet ended."""
         return len(self._slots[slot].inflight)
 
     def _new_key_id(self, code: int) -> int:
-        in_use = {s.key_id for s in self._role_slots[code] if s.claimed}
+        in_use = {s.key_id for s in self._pins[code].values()}
         while True:
             kid = next(self._key_ids) % (fsm.MAX_KEY + 1)
-            if kid not in in_use:
+            if kid and kid not in in_use:
                 return kid
 
     def _take(self, slot: _Slot, item: Pending, start_event: int, transitions: tuple) -> Grant:
@@ -384,7 +518,7 @@ class Dispatcher:
         slot.inflight.append(item.unit_id)
         slot.last_used = next(self._clock)
         self._where[item.unit_id] = slot
-        if not slot.pooled:
+        if not self._pooled[slot.role]:
             self._keyed_items[item.unit_id] = item
         return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, transitions)
 
@@ -399,12 +533,14 @@ class Dispatcher:
             slot.inflight.remove(unit_id)
         if not slot.inflight:
             self._in_use[slot.role] -= 1
-            if slot.pooled:
-                self._free[slot.role].append(slot)
-        if final_state == fsm.IDLE and slot.inflight and not slot.pooled:
-            slot.drained = True  # the pin was drained: what was sent behind it comes back (requeue)
-        if final_state == fsm.IDLE and not slot.inflight:
-            slot.claimed, slot.stale, slot.pin_key, slot.drained = False, False, None, False  # drained or released: the pin is gone
+        if self._pooled[slot.role]:
+            if not slot.inflight:
+                self._unhold(slot)  # T5 (or T8): back to the seat's pool, for any role
+        elif final_state == fsm.IDLE:
+            if slot.inflight:
+                slot.drained = True  # the pin was drained: what was sent behind it comes back (requeue)
+            else:
+                self._unhold(slot)  # drained or released: the pin is gone
         return slot.index
 
     def requeue(self, unit_id: int) -> bool:
@@ -428,19 +564,17 @@ class Dispatcher:
     def seat_lost(self, seat: int) -> list[tuple[int, int]]:
         """The seat's worker died: forget its pins; returns (unit id, slot) it owed, in grant order."""
         owed = []
-        for slot in self._slots:
-            if slot.seat != seat:
-                continue
+        for index in self._seat_slots[seat] if 0 <= seat < len(self._seat_slots) else ():
+            slot = self._slots[index]
             for unit_id in slot.inflight:
                 owed.append((unit_id, slot.index))
                 del self._where[unit_id]
                 self._keyed_items.pop(unit_id, None)
             if slot.inflight:
                 self._in_use[slot.role] -= 1
-                if slot.pooled:
-                    self._free[slot.role].append(slot)
             slot.inflight.clear()
-            slot.claimed, slot.stale, slot.pin_key, slot.drained = False, False, None, False
+            if slot.role >= 0:
+                self._unhold(slot)
         return owed
 
     def slot_of(self, unit_id: int) -> int | None:
@@ -449,11 +583,11 @@ class Dispatcher:
         return None if slot is None else slot.index
 
     def slots_of_seat(self, seat: int) -> list[int]:
-        return [s.index for s in self._slots if s.seat == seat]
+        return list(self._seat_slots[seat]) if 0 <= seat < len(self._seat_slots) else []
 
     def pinned_keys(self, role: int) -> dict:
         """{user key: slot index} for the role's claimed pins (for status and tests)."""
-        return {s.pin_key: s.index for s in self._role_slots[role] if s.claimed}
+        return {key: s.index for key, s in self._pins[role].items()}
 
     def inflight_count(self) -> int:
         return len(self._where)

@@ -51,6 +51,11 @@ class Role:
         io_bound: an I/O-dominant role: it may spend the fractional remainder of a quota,
             and its worker runs up to its slots of units at once (`fleet.io_runner`).
         timeout_s: per-unit run-time limit (None: none).
+        elastic_repin: a pinned role only. When every pin is taken and a unit of a new key
+            arrives, re-key the least recently used pin that has nothing in flight (T9
+            then T1) instead of waiting for the next epoch boundary. Off by default: pins
+            are released only at an epoch boundary (quota change, config reload), so a
+            key beyond the role's `slots` waits until then (002 §3.4).
     """
 
     name: str
@@ -62,6 +67,7 @@ class Role:
     slots: int = 1
     io_bound: bool = False
     timeout_s: float | None = None
+    elastic_repin: bool = False
 
     def __post_init__(self):
         where = f"roles.{self.name}"
@@ -90,6 +96,11 @@ class Role:
             isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0
         ):
             raise ConfigError(f"{where}.timeout_s", f"must be a number > 0, got {self.timeout_s!r}")
+        if not isinstance(self.elastic_repin, bool):
+            raise ConfigError(f"{where}.elastic_repin", f"must be true or false, got {self.elastic_repin!r}")
+        if self.elastic_repin and self.kind != "pinned":
+            raise ConfigError(f"{where}.elastic_repin",
+                              f"re-pinning re-keys pins of a pinned (keyed) role; {self.name!r} is {self.kind}")
 
     @property
     def kind_code(self) -> int:

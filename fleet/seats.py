@@ -1,19 +1,33 @@
 """Seats and slots: how a tier plan becomes worker processes and table slots (pure).
 
-A *seat* is one worker process pinned to a CPU set; a *slot* is one lease of one
-role (a row of the shared table). Slots are bound to seats; a seat may hold several
-slots, and runs the units granted to them in grant order.
+A *seat* is one worker process pinned to a CPU set; a *slot* is one row of the shared
+table that can hold one lease at a time. Slots are bound to seats; a seat may hold
+several slots, and runs the units granted to them in grant order.
 
-Serial binding (2-5 CPUs): one seat, ``serial-0``, holds every role's slots; the
-roles are logical lanes on it (census binding ``logical``).
+Slots switch roles (002 §3.4). A role's ``slots`` is its budget count: the layout lays
+out that many slots for it (its *home* slots, `SlotSpec.role`), but an Idle slot is
+leased (T1) for whichever role the dispatcher grants next among the roles that may run
+on its seat (`Seat.roles`), and goes back to Idle (T5) after the unit. How many slots a
+role holds at once is bounded by its count in the dispatcher (`fleet.dispatch`), so a
+role never holds more than its count, and the slots of a seat group always suffice for
+every role of that group to reach its count. A Pinned slot keeps its role and key
+until T9. Every worker loads every role's handler (the zygote imports them all), so a
+seat can run whatever lands on it.
+
+Which roles may run on a seat is which CPU share the role may use:
+
+* Serial binding (2-5 CPUs): one seat, ``serial-0``, holds every slot, and every active
+  role may run on it; the roles are logical lanes on it (census binding ``logical``).
 
 Pinned binding: CPUs are laid out in budget order — the reserve, the ambient I/O
 runtime, then each role's whole cores. A role with whole cores gets one seat per
 core (at most one per slot), each pinned to its own core (binding ``pinned``); its
 slots are dealt round-robin over its seats, so a keyed role's pins share its cores
-("pins are threads, shares are cores"). A role with no whole core (I/O-dominant, or
-declared with peak 0) gets one seat on the shared CPUs — the ambient runtime's, or
-the reserve's when the ambient has none (binding ``shared``). When the quota has
+("pins are threads, shares are cores"). Only that role runs on those seats: the cores
+are its share. A role with no whole core (I/O-dominant, or declared with peak 0) gets
+one seat on the shared CPUs — the ambient runtime's, or the reserve's when the ambient
+has none (binding ``shared``); every such role may run on every shared seat, since
+they all spend the same CPUs. When the quota has
 fewer CPUs than the plan lays out (a forced, oversubscribed profile), the layout
 wraps around the CPUs it has: the plan already says ``oversubscribed``.
 
@@ -38,6 +52,7 @@ NO_SEAT = -1
 class Seat:
     index: int
     name: str
+    #: the roles that may run on the seat's slots (whose CPU share the seat's CPUs are)
     roles: tuple[str, ...]
     cpus: tuple[int, ...]
     binding: str  # pinned | shared | logical
@@ -50,6 +65,8 @@ class Seat:
 @dataclass(frozen=True)
 class SlotSpec:
     index: int
+    #: the role whose budget count laid the slot out (its home role); any role of its
+    #: seat may lease it while it is Idle
     role: str
     seat: int  # NO_SEAT for a role without a handler
 
@@ -62,7 +79,12 @@ class SeatLayout:
     supervisor_cpus: tuple[int, ...] = ()
 
     def slots_of(self, role: str) -> tuple[int, ...]:
+        """The role's home slots (as many as its budget count)."""
         return tuple(s.index for s in self.slots if s.role == role)
+
+    def seats_for(self, role: str) -> tuple[int, ...]:
+        """The seats whose slots `role` may lease (empty for a role without a handler)."""
+        return tuple(s.index for s in self.seats if role in s.roles)
 
     def seat_of(self, slot: int) -> int:
         return self.slots[slot].seat
@@ -72,13 +94,17 @@ class SeatLayout:
         return self.seats[seat].binding if seat != NO_SEAT else LOGICAL
 
     def to_meta(self) -> dict:
+        counts: dict[str, int] = {}  # role -> its budget count (home slots)
+        on_seat = [0] * len(self.seats)
+        for slot in self.slots:
+            counts[slot.role] = counts.get(slot.role, 0) + 1
+            if slot.seat != NO_SEAT:
+                on_seat[slot.seat] += 1
         seats = [s.to_dict() for s in self.seats]
         for seat in seats:
-            seat["role_slots"] = {}  # role -> how many of its slots the seat holds
-        for slot in self.slots:
-            if slot.seat != NO_SEAT:
-                counts = seats[slot.seat]["role_slots"]
-                counts[slot.role] = counts.get(slot.role, 0) + 1
+            # role -> the most of the seat's slots the role may hold at once (a worker
+            # sizes its I/O runner from it)
+            seat["role_slots"] = {r: min(counts.get(r, 0), on_seat[seat["index"]]) for r in seat["roles"]}
         return {"seats": seats, "slot_seats": [s.seat for s in self.slots]}
 
 
@@ -135,6 +161,8 @@ def _pinned(plan, roles, active, cpus) -> SeatLayout:
         whole = _whole(share.cores)
         cores_of[share.name] = cursor.take(whole) if whole else ()
     shared_cpus = cores_of.get("ambient_io") or cores_of.get("reserve") or tuple(cpus)
+    # Every role without whole cores may run on every shared seat: they share those CPUs.
+    sharing = tuple(r.name for r in active if not cores_of.get(r.name))
     seats: list[Seat] = []
     seats_of: dict[str, list[int]] = {}
     for role in active:
@@ -144,7 +172,7 @@ def _pinned(plan, roles, active, cpus) -> SeatLayout:
                 seats.append(Seat(len(seats), f"{role.name}-{k}", (role.name,), (role_cpus[k],), PINNED))
                 seats_of.setdefault(role.name, []).append(len(seats) - 1)
         else:
-            seats.append(Seat(len(seats), f"{role.name}-0", (role.name,), tuple(shared_cpus), SHARED))
+            seats.append(Seat(len(seats), f"{role.name}-0", sharing, tuple(shared_cpus), SHARED))
             seats_of[role.name] = [len(seats) - 1]
     slots, index = [], 0
     for role in roles:

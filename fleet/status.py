@@ -223,7 +223,8 @@ def quota_now(plan: dict | None, posture_view: dict) -> dict:
 
 
 def census(snap, meta: dict, delays: dict, delay_source: str) -> list[dict]:
-    """One row per slot: its FSM state, who serves it and where, and its run-queue delay."""
+    """One row per slot: its FSM state, who serves it and where, the role it last served and
+    its role switches (slots switch roles, 002 §3.4), and its run-queue delay."""
     seat_of = meta.get("slot_seats") or []
     seats = {s.get("index"): s for s in meta.get("seats") or []}
     rows = []

@@ -586,6 +586,8 @@ class Supervisor:
                 pass
             self._outbox.pop(seat, None)
             owed = self.dispatcher.seat_lost(seat)
+            # Slots switch roles: the roles that died are those of the units it ran.
+            dead_roles = {self._units[u].role for u, _slot in owed if u in self._units}
             killed_for = [unit_id for unit_id, _slot in owed if unit_id in self._timed_out]
             if killed_for:  # the others on the seat die of that unit's timeout: say so
                 how += f", killed because unit {killed_for[0]} ran past its timeout"
@@ -604,7 +606,7 @@ class Supervisor:
             self._killed.discard(pid)
             # Re-fork even while shutting down: shutdown waits for every queued unit, and
             # only a live seat can run them (not re-forking here wedged shutdown for good).
-            if self._count_death(seat, how) and restart:
+            if self._count_death(seat, how, dead_roles) and restart:
                 self._fork(seat)
             done = self._dispatch()
             self._publish_units()
@@ -644,10 +646,13 @@ class Supervisor:
         log.error("fleet %s: slot FSM refused a transition: %s", self.name, what)
         self.ledger.fsm_refused()
 
-    def _count_death(self, seat: int, how: str) -> bool:
-        """Restart intensity (fleet.intensity): True to restart the seat; False stops its roles."""
+    def _count_death(self, seat: int, how: str, roles: set | None = None) -> bool:
+        """Restart intensity (fleet.intensity): True to restart the seat; False stops its roles.
+        A death counts for `roles` (those of the units the worker ran), else for every role
+        that may run on the seat."""
         now = time.monotonic()
-        stop = [code for code in map(self.roles.code, self.layout.seats[seat].roles) if self._deaths.died(code, now)]
+        codes = sorted(roles) if roles else map(self.roles.code, self.layout.seats[seat].roles)
+        stop = [code for code in codes if self._deaths.died(code, now)]
         log.warning("fleet %s: seat %s worker died (%s)", self.name, self.layout.seats[seat].name, how)
         for code in stop:
             self._stop_role(code)
@@ -795,7 +800,8 @@ class Supervisor:
             self._providers.publish(force=True)  # backoffs and closures end with time
             self._publish_posture()  # dwell and suppressed intake move without a transition
             for code in range(len(self.roles)):
-                self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code))
+                self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code),
+                                           self.dispatcher.repins[code])
 
     def _watch_quota(self) -> None:
         """Quota re-detection and CPU pressure (fleet.sampler.QuotaWatcher): pressure on
@@ -826,11 +832,10 @@ class Supervisor:
             return
         log.warning("fleet %s: epoch %d: %s", self.name, change.epoch,
                     quota_mod.replan(change.new.cpus, self.plan, self.config).describe(self.plan))
-        for spec in self.layout.slots:
+        for slot in self._running_deferrable():
             # One unit in flight only: units queued behind a keyed slot would find it Idle.
-            if (self.roles[spec.role].cordon_class == "deferrable" and self.table.state(spec.index)[0] == fsm.RUNNING
-                    and self.dispatcher.units_in_flight(spec.index) == 1):
-                self.table.transition(spec.index, fsm.DRAIN)
+            if self.dispatcher.units_in_flight(slot) == 1:
+                self.table.transition(slot, fsm.DRAIN)
         self.dispatcher.begin_epoch()
 
     def _after_posture_change(self, change) -> None:
@@ -840,14 +845,21 @@ class Supervisor:
             return
         cordoned = self.posture.posture == fsm.CORDONED
         if cordoned:
-            for spec in self.layout.slots:
-                role = self.roles[spec.role]
-                if role.cordon_class == "deferrable" and self.table.state(spec.index)[0] == fsm.RUNNING:
-                    self.table.transition(spec.index, fsm.DRAIN)
+            for slot in self._running_deferrable():
+                self.table.transition(slot, fsm.DRAIN)
         self._last_change = change
         # (Not `self._pending_delivery.extend(self._dispatch())`: _dispatch swaps the list.)
         granted = self._dispatch()
         self._pending_delivery.extend(granted)
+
+    def _running_deferrable(self) -> list[int]:
+        """Slots Running a unit of a deferrable role now (slots switch roles: the word says which)."""
+        out = []
+        for slot in range(len(self.layout.slots)):
+            state, code, _key, _gen = self.table.state(slot)
+            if state == fsm.RUNNING and self.roles.by_code(code).cordon_class == "deferrable":
+                out.append(slot)
+        return out
 
     def _publish_units(self) -> None:
         """The one point unit counters and run times are published (lock held), before
@@ -943,6 +955,9 @@ class Supervisor:
                 if bounds != self._queue_bounds:
                     self._queue_bounds = bounds
                     applied.append("roles.*.queue_bound")
+            # A reload is an epoch boundary (002 §3.4): pins are released (T9) once empty.
+            if self.dispatcher.begin_epoch():
+                applied.append("pins released")
             done = self._dispatch()
         _deliver(done)
         return {"applied": applied, "needs_restart": restart}

@@ -57,7 +57,8 @@ def create_table(name: str, **meta_kwargs) -> SlotTable:
 
 
 def populate(table: SlotTable, worker_pid: int | None = None) -> None:
-    """Slots: 0 Running solver key 7, 1 Pinned solver key 9, 2 Running sim, 3 Leased merge, 4 Idle."""
+    """Slots: 0 Running solver key 7, 1 Pinned solver key 9, 2 Running sim, 3 Leased merge, 4 Idle
+    after serving sim, then merge (one role switch)."""
     pid = os.getpid() if worker_pid is None else worker_pid
     solver, sim, merge = (ROLES.code(r) for r in ("solver", "sim", "merge"))
     table.set_slot_meta(0, pid=pid, cpus=[0, 1], binding="pinned", unit=101)
@@ -73,6 +74,9 @@ def populate(table: SlotTable, worker_pid: int | None = None) -> None:
     table.apply(2, "START")
     table.set_slot_meta(3, pid=pid, cpus=[0], binding="logical")
     table.apply(3, "LEASE", merge)
+    for event, role in (("LEASE", sim), ("START", None), ("RELEASE", None), ("LEASE", merge), ("START", None),
+                        ("PIN_SINGLETON", None), ("UNPIN", None)):
+        table.apply(4, event, fsm.ANY_ROLE if role is None else role)
     table.set_posture(
         fsm.CORDONED, cause=1, since_ns=SINCE_NS, enter_count=3, exit_count=2, cordoned_ns=CORDONED_BEFORE_NS,
         suppressed=17, enter_events=2, enter_window_ms=1000, duty_ppm=25_000, duty_window_ms=5000,
@@ -80,7 +84,7 @@ def populate(table: SlotTable, worker_pid: int | None = None) -> None:
     )
     table.set_ledger(submitted=40, solved=28, suppressed=2, failed=7, inflight=3, failed_by_reason=FAILED_BY_REASON,
                      fsm_refused=FSM_REFUSED)
-    table.set_queue_depth(solver, 5, in_use=2)
+    table.set_queue_depth(solver, 5, in_use=2, repins=3)
     table.set_queue_depth(sim, 11, in_use=1)
 
 

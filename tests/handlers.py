@@ -141,3 +141,13 @@ def wait_for_file(unit):
             raise TimeoutError(f"{path} never appeared")
         time.sleep(0.005)
     return value * value
+
+
+_COUNTS: dict = {}
+
+
+def keyed_count(unit):
+    """(key, how many units of this key this process has run): the same on any binding as
+    long as each key stays on one pin."""
+    _COUNTS[unit.key] = _COUNTS.get(unit.key, 0) + 1
+    return unit.key, _COUNTS[unit.key]

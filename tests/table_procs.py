@@ -14,7 +14,7 @@ from numba import njit
 from fleet import fsm
 from fleet.table import SlotTable
 from fleet.table.atomics import load_acquire
-from fleet.table.kernels import apply_transition, seq_write
+from fleet.table.kernels import SLOT_FIELDS, apply_transition, seq_write
 
 LEASE, START, RELEASE, ANY = fsm.LEASE, fsm.START, fsm.RELEASE, fsm.ANY_ROLE
 
@@ -56,12 +56,12 @@ def write_meta(slots, slot, rounds, fields, values):
         i += 1
         for j in range(values.size):
             values[j] = np.uint64(i)
-        seq_write(slots, slot * 8 + 1, fields, values)
+        seq_write(slots, slot * SLOT_FIELDS + 1, fields, values)
         # A breath between writes (~1 µs; still a million writes a second): a seqlock reader
         # needs the record to be whole at some moment, and a writer that rewrites it
         # back to back for ever starves every reader.
         for _ in range(1000):
-            load_acquire(slots, slot * 8 + 1)
+            load_acquire(slots, slot * SLOT_FIELDS + 1)
     return i
 
 
@@ -70,7 +70,7 @@ def main(argv):
     table = SlotTable.attach(name)
     table._kernels()
     if command == "meta-writer":
-        fields = np.array([2, 3, 4, 5], dtype=np.int64) + int(argv[2]) * 8  # unit, pid, cpus lo/hi
+        fields = np.array([2, 3, 4, 5], dtype=np.int64) + int(argv[2]) * SLOT_FIELDS  # unit, pid, cpus lo/hi
         values = np.zeros(4, dtype=np.uint64)
         write_meta(table.slots, int(argv[2]), 1, fields, values)
         print("ready", flush=True)

@@ -186,6 +186,18 @@ def test_human_table_shows_every_section(table, fleet_name, capsys):
     assert census["1"][2:5] == ["solver", "Pinned", "9"] and census["1"][6:8] == ["1", "pinned"]
     assert census["2"][6:8] == ["0-1", "shared"] and census["3"][7] == "logical"
     assert census["4"][2:4] == ["-", "Idle"]
+    # the role census: the role each slot last served and its role switches
+    assert census["4"][-3:-1] == ["merge", "1"] and census["1"][-3:-1] == ["solver", "0"]
+    queues = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  solver ")}
+    assert queues["solver"][-1] == "3"  # elastic re-pins
+
+
+def test_json_census_has_the_last_role_and_switches(table, fleet_name, capsys):
+    _, doc, _ = status_json(capsys, fleet_name)
+    rows = {r["slot"]: r for r in doc["census"]}
+    assert (rows[4]["role"], rows[4]["last_role"], rows[4]["switches"]) == (None, "merge", 1)
+    assert (rows[2]["last_role"], rows[2]["switches"]) == ("sim", 0)
+    assert [q["repins"] for q in doc["queues"]] == [3, 0, 0]
 
 
 def test_oversubscribed_plan_is_marked(fleet_name, capsys):

@@ -98,6 +98,19 @@ def test_env_role_override_applies_to_the_reference_profile():
     assert c.roles.names == REFERENCE_ROLES.names
 
 
+def test_elastic_repin_is_off_unless_a_pinned_role_opts_in():
+    c = load_config({"roles": {"solver": {"kind": "pinned", "elastic_repin": True}, "sim": {}}}, env={})
+    assert c.roles["solver"].elastic_repin and not c.roles["sim"].elastic_repin
+    assert not any(r.elastic_repin for r in load_config(env={}).roles)
+    c = load_config(env={"FLEET_ROLES__SOLVER__ELASTIC_REPIN": "true"})
+    assert c.roles["solver"].elastic_repin
+
+
+def test_elastic_repin_on_a_role_without_pins_says_why():
+    with pytest.raises(ConfigError, match="re-keys pins of a pinned .keyed. role; 'sim' is pooled"):
+        load_config({"roles": {"sim": {"elastic_repin": True}}}, env={})
+
+
 def test_unrelated_fleet_variables_are_left_alone():
     assert load_config(env={"FLEET_REQUIRE_PG": "1", "FLEETING": "x"}) == FleetConfig()
 
@@ -130,6 +143,9 @@ def test_unknown_keys_are_named_by_dotted_path(source, path):
         ({"posture": {"cordon_exit_clean_ms": 0}}, "posture.cordon_exit_clean_ms"),
         ({"posture": "loud"}, "posture"),
         ({"roles": {"solver": {"kind": "keyed"}}}, "roles.solver.kind"),
+        ({"roles": {"solver": {"kind": "pinned", "elastic_repin": "yes"}}}, "roles.solver.elastic_repin"),
+        ({"roles": {"sim": {"kind": "pooled", "elastic_repin": True}}}, "roles.sim.elastic_repin"),
+        ({"roles": {"merge": {"kind": "singleton", "elastic_repin": True}}}, "roles.merge.elastic_repin"),
         ({"limits": {"max_payload_bytes": 0}}, "limits.max_payload_bytes"),
         ({"restart": {"max_restarts": -1}}, "restart.max_restarts"),
         ({"restart": {"within_seconds": 0}}, "restart.within_seconds"),

@@ -1,6 +1,8 @@
 """The dispatcher's pure rules: precedence, pooled grants, pins by key, posture gating."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fleet import fsm
@@ -93,7 +95,31 @@ def test_distinct_keys_take_distinct_pins_and_then_wait(d):
     assert d.grant() == []  # both pins busy: c waits
 
 
-def test_a_new_key_rekeys_the_least_recently_used_idle_pin(d):
+def _elastic():
+    roles = RoleSet(tuple(dataclasses.replace(r, elastic_repin=True) if r.name == "solver" else r for r in ROLES))
+    return Dispatcher(roles, _layout(roles), pin_depth=2)
+
+
+def test_a_new_key_waits_for_an_epoch_when_every_pin_is_taken(d):
+    solver = ROLES.code("solver")
+    for uid, key in [(1, "a"), (2, "b")]:
+        d.enqueue(_unit(uid, "solver", key))
+    ga, gb = d.grant()
+    d.complete(1, fsm.PINNED)
+    d.complete(2, fsm.PINNED)
+    d.enqueue(_unit(3, "solver", "c"))
+    assert d.grant() == []  # no elastic re-pin: both pins stay, c waits (idle slots of other roles notwithstanding)
+    assert d.pinned_keys(solver) == {"a": ga.slot, "b": gb.slot} and d.repins[solver] == 0
+    d.begin_epoch()
+    released = d.take_idle_stale_pins()  # the epoch boundary: T9 for both
+    assert released == sorted([ga.slot, gb.slot])
+    (gc,) = d.grant()
+    assert gc.transitions == ((fsm.LEASE, solver, gc.key_id),)
+    assert d.pinned_keys(solver) == {"c": gc.slot}
+
+
+def test_a_new_key_rekeys_the_least_recently_used_idle_pin():
+    d = _elastic()
     solver = ROLES.code("solver")
     for uid, key in [(1, "a"), (2, "b")]:
         d.enqueue(_unit(uid, "solver", key))
@@ -109,6 +135,7 @@ def test_a_new_key_rekeys_the_least_recently_used_idle_pin(d):
     assert gc.transitions[0] == (fsm.UNPIN, solver, gb.key_id)
     assert gc.transitions[1][0] == fsm.LEASE and gc.transitions[1][2] != gb.key_id
     assert d.pinned_keys(solver) == {"a": ga.slot, "c": gb.slot}
+    assert d.repins[solver] == 1 and d.held(solver) == 2
 
 
 def test_singleton_is_one_pin(d):
@@ -253,3 +280,71 @@ def test_requeue_refuses_what_was_not_behind_a_drained_pin(d):
     assert not d.requeue(2)  # pooled: never behind a pin
     assert not d.requeue(99)  # unknown
     assert d.inflight_count() == 2 and d.queued(ROLES.code("solver")) == 0
+
+
+# --- role switching (002 §3.4): an Idle slot serves whichever role comes next --------------------
+
+
+def _two(*roles):
+    """Roles on one seat (serial), and their dispatcher."""
+    roles = RoleSet(roles)
+    return roles, Dispatcher(roles, _layout(roles), pin_depth=2)
+
+
+def test_an_idle_slot_is_leased_for_another_role_after_its_unit():
+    roles, d = _two(Role("a", handler="m:f"), Role("b", handler="m:f"))
+    d.enqueue(Pending(1, roles.code("a")))
+    (ga,) = d.grant()
+    d.complete(1, fsm.IDLE)  # T5: back to Idle
+    d.enqueue(Pending(2, roles.code("b")))
+    (gb,) = d.grant()
+    assert gb.slot == ga.slot and gb.transitions == ((fsm.LEASE, roles.code("b"), 0),)  # T1 for role b
+    assert d.slot_role(gb.slot) == roles.code("b") and d.held(roles.code("a")) == 0
+
+
+def test_an_idle_slot_goes_back_to_the_role_it_last_served_first():
+    roles, d = _two(Role("a", handler="m:f", slots=2), Role("b", handler="m:f", slots=2))
+    a, b = roles.code("a"), roles.code("b")
+    d.enqueue(Pending(1, a))
+    d.enqueue(Pending(2, b))
+    ga, gb = d.grant()
+    d.complete(1, fsm.IDLE)
+    d.complete(2, fsm.IDLE)  # b's slot went Idle last
+    d.enqueue(Pending(3, a))
+    (g,) = d.grant()
+    assert g.slot == ga.slot  # a gets its own slot back, not the one idle last
+
+
+def test_a_role_holds_at_most_its_count_whatever_is_idle():
+    roles, d = _two(Role("a", handler="m:f", slots=1), Role("b", handler="m:f", slots=5))
+    for uid in range(1, 4):
+        d.enqueue(Pending(uid, roles.code("a")))
+    assert [g.unit_id for g in d.grant()] == [1]  # five Idle slots are left, but a's count is 1
+    assert d.held(roles.code("a")) == 1 and d.queued(roles.code("a")) == 2
+
+
+def test_a_pinned_slot_keeps_its_role_and_key_while_others_wait():
+    roles, d = _two(Role("k", kind="pinned", handler="m:f", slots=1), Role("p", handler="m:f", slots=1))
+    k, p = roles.code("k"), roles.code("p")
+    d.enqueue(Pending(1, k, "x"))
+    (gk,) = d.grant()
+    d.complete(1, fsm.PINNED)
+    for uid in (2, 3):
+        d.enqueue(Pending(uid, p))
+    (gp,) = d.grant()
+    assert gp.slot != gk.slot and d.grant() == []  # the Pinned slot is not p's, though it runs nothing
+    d.enqueue(Pending(4, k, "y"))
+    assert d.grant() == []  # nor another key's (no elastic_repin): it waits for an epoch
+    assert d.pinned_keys(k) == {"x": gk.slot} and d.slot_role(gk.slot) == k
+
+
+def test_a_role_leases_only_slots_of_seats_it_may_use():
+    roles = RoleSet((Role("a", handler="m:f", slots=1), Role("b", handler="m:f", slots=1)))
+    seats = (Seat(0, "a-0", ("a",), (0,), "pinned"), Seat(1, "b-0", ("b",), (1,), "pinned"))
+    d = Dispatcher(roles, SeatLayout(seats, (SlotSpec(0, "a", 0), SlotSpec(1, "b", 1))))
+    d.enqueue(Pending(1, roles.code("b")))
+    (g,) = d.grant()
+    d.complete(1, fsm.IDLE)
+    d.enqueue(Pending(2, roles.code("a")))
+    (ga,) = d.grant()
+    assert (g.slot, g.seat, ga.slot, ga.seat) == (1, 1, 0, 0)  # b's cores are not a's share

@@ -149,13 +149,17 @@ def test_units_of_one_key_stay_on_one_pin_and_keep_warm_state(fleet_name):
 
 
 def test_a_new_key_rekeys_the_least_recently_used_idle_pin(fleet_name):
-    cfg = config(fleet_name, {"solver": role("keyed", kind="pinned", slots=2)})
+    cfg = config(fleet_name, {"solver": role("keyed", kind="pinned", slots=2, elastic_repin=True)})
     with running(cfg) as f:
         f.submit("solver", key="a").result(60)
         f.submit("solver", key="b").result(60)
         f.submit("solver", key="a").result(60)
         assert f.submit("solver", key="c").result(60)[1] == 1
         assert set(f._sup.dispatcher.pinned_keys(0)) == {"a", "c"}  # b was least recently used
+        deadline = time.monotonic() + 30  # the loop publishes role counters every sample tick
+        while f.status()["queues"][0]["repins"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f.status()["queues"][0]["repins"] == 1
 
 
 def test_shutdown_cancel_futures_cancels_what_is_queued(fleet_name):

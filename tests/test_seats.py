@@ -61,3 +61,27 @@ def test_the_supervisor_runs_on_the_reserve_and_ambient_cpus():
     assert layout(resolve(2, "auto", roles), roles, [0, 1]).supervisor_cpus == (0,)
     plan = resolve(8, "auto", ACTIVE)
     assert layout(plan, ACTIVE, list(range(8))).supervisor_cpus == (0, 1, 2)
+
+
+def test_a_role_may_lease_the_slots_of_every_seat_whose_cpu_share_it_may_use():
+    """Slots switch roles (002 §3.4) within CPU shares: the serial seat takes every role;
+    pinned, a role with whole cores keeps its seats, roles without share the shared seats."""
+    out = layout(resolve(2, "auto", ACTIVE), ACTIVE, [0, 1])
+    assert out.seats[0].roles == ACTIVE.names and all(out.seats_for(r) == (0,) for r in ACTIVE.names)
+    out = layout(resolve(8, "auto", ACTIVE), ACTIVE, list(range(8)))
+    seats = {s.name: s for s in out.seats}
+    sharing = ("simdriver", "poolstateupdater", "registrar", "verifier", "submitter")
+    for role in sharing:
+        assert set(seats[f"{role}-0"].roles) == set(sharing)
+        assert {out.seats[s].name for s in out.seats_for(role)} == {f"{r}-0" for r in sharing}
+    assert seats["resolve-0"].roles == ("resolve",) and seats["solver-0"].roles == ("solver",)
+    assert {out.seats[s].name for s in out.seats_for("solver")} == {"solver-0", "solver-1", "solver-2"}
+
+
+def test_meta_role_slots_are_the_most_a_role_may_hold_on_a_seat():
+    out = layout(resolve(8, "auto", ACTIVE), ACTIVE, list(range(8)))
+    meta = {s["name"]: s for s in out.to_meta()["seats"]}
+    # simdriver's seat holds its 4 slots; verifier's seat holds 1, so simdriver may hold 1 there
+    assert meta["simdriver-0"]["role_slots"]["simdriver"] == 4
+    assert meta["verifier-0"]["role_slots"] == {r: 1 for r in meta["verifier-0"]["roles"]}
+    assert meta["solver-0"]["role_slots"] == {"solver": 2}

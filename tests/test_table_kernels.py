@@ -255,3 +255,46 @@ def test_snapshot_shows_a_key_only_for_keyed_roles(table):
     table.apply(1, "LEASE", MATRIX.code("pooled_never"))
     snap = table.snapshot()
     assert snap.slot(0)["key"] == 9 and snap.slot(1)["key"] is None and snap.slot(2)["key"] is None
+
+
+# --- the role census: the LEASE kernel records the role a slot serves and counts switches ---
+
+
+def _serve(table, slot, role):
+    for event in ("LEASE", "START", "RELEASE"):
+        table.apply(slot, event, role if event == "LEASE" else fsm.ANY_ROLE)
+
+
+def test_a_lease_records_the_role_and_counts_a_switch_only_for_another_role(table):
+    a, b = MATRIX.code("pooled_never"), MATRIX.code("pooled_floor")
+    census = lambda: (table.snapshot().slot(0)["last_role"], table.snapshot().slot(0)["switches"])  # noqa: E731
+    assert census() == (None, 0)
+    _serve(table, 0, a)
+    assert census() == ("pooled_never", 0)  # a first lease is no switch
+    _serve(table, 0, a)
+    assert census() == ("pooled_never", 0)
+    _serve(table, 0, b)
+    assert census() == ("pooled_floor", 1)
+    table.apply(0, "LEASE", a)
+    assert census() == ("pooled_never", 2)  # counted at the lease (T1), before the unit runs
+    assert table.snapshot().slot(1)["switches"] == 0  # per slot
+
+
+def test_a_refused_lease_leaves_the_census_alone(table):
+    a, b = MATRIX.code("pooled_never"), MATRIX.code("pooled_floor")
+    table.apply(0, "LEASE", a)
+    assert table.transition(0, "LEASE", b) == fsm.R_ILLEGAL  # Leased: no second lease
+    assert table.transition(1, "LEASE", b, 5) == fsm.R_BAD_KEY
+    snap = table.snapshot()
+    assert (snap.slot(0)["last_role"], snap.slot(0)["switches"]) == ("pooled_never", 0)
+    assert (snap.slot(1)["last_role"], snap.slot(1)["switches"]) == (None, 0)
+
+
+def test_a_batch_lease_counts_switches_too(table):
+    a, b = MATRIX.code("pooled_never"), MATRIX.code("pinned_never")
+    reasons = table.apply_batch([0, 0, 0, 0, 0, 0], [fsm.LEASE, fsm.START, fsm.RELEASE, fsm.LEASE, fsm.START, fsm.PIN_KEYED],
+                                [a, fsm.ANY_ROLE, fsm.ANY_ROLE, b, fsm.ANY_ROLE, fsm.ANY_ROLE], [0, 0, 0, 3, 0, 0])
+    assert list(reasons) == [fsm.OK] * 6
+    slot = table.snapshot().slot(0)
+    assert (slot["state"], slot["role"], slot["key"], slot["last_role"], slot["switches"]) == (
+        "Pinned", "pinned_never", 3, "pinned_never", 1)

@@ -18,6 +18,7 @@ from fleet import fsm
 from fleet.roles import REFERENCE_ROLES
 from fleet.table import SlotTable
 from fleet.table import layout as L
+from fleet.table.kernels import SLOT_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = REFERENCE_ROLES
@@ -209,7 +210,7 @@ def test_snapshots_never_show_a_torn_record(table, reaper):
 def test_a_record_left_mid_write_is_reported_torn_not_hung(table):
     """A writer killed between its two sequence bumps leaves the record odd for ever."""
     table.set_slot_meta(1, pid=7)
-    table.slots[1 * 8 + L.S_SEQ] += 1  # odd: "write in progress", and nobody will finish it
+    table.slots[1 * SLOT_FIELDS + L.S_SEQ] += 1  # odd: "write in progress", and nobody will finish it
     snap = table.snapshot()
     assert snap.torn == ("slots[1]",)
     assert snap.slot(1)["pid"] == 7 and snap.slot(0)["state"] == "Idle"

@@ -210,12 +210,15 @@ def render_census(doc: dict) -> list[str]:
             r["binding"],
             _dash(r["unit"] or None),
             str(r["done"]),
+            _dash(r.get("last_role")),
+            str(r.get("switches", 0)),
             delay(r["runq_delay_ns"]),
         )
         for r in doc["census"]
     ]
     head = f"census    {len(rows)} slots; run-queue delay from {DELAY_SOURCE_TEXT.get(doc['delay_source'], doc['delay_source'])}"
-    cols = ("slot", "seat", "role", "state", "key", "pid", "cpus", "binding", "unit", "done", "runq-delay")
+    cols = ("slot", "seat", "role", "state", "key", "pid", "cpus", "binding", "unit", "done", "last-role", "switches",
+            "runq-delay")
     return [head] + _table(cols, rows)
 
 
@@ -245,10 +248,11 @@ def render_ledger(g: dict) -> list[str]:
 
 def render_queues(queues: list[dict]) -> list[str]:
     rows = [
-        (q["name"], q["kind"], q["cordon_class"], f"{q['queue_depth']}/{q['queue_bound']}", f"{q['in_use']}/{q['slot_cap']}")
+        (q["name"], q["kind"], q["cordon_class"], f"{q['queue_depth']}/{q['queue_bound']}", f"{q['in_use']}/{q['slot_cap']}",
+         str(q.get("repins", 0)))
         for q in queues
     ]
-    return ["queues"] + _table(("role", "kind", "cordon", "queued/bound", "slots in use/cap"), rows)
+    return ["queues"] + _table(("role", "kind", "cordon", "queued/bound", "slots in use/cap", "re-pins"), rows)
 
 
 def utc(epoch) -> str:

@@ -78,6 +78,7 @@ _R_KEY_MISMATCH, _R_CORDONED, _R_BAD_SLOT = fsm.R_KEY_MISMATCH, fsm.R_CORDONED, 
 _R_BAD_EVENT, _R_BAD_ROLE, _R_BAD_KEY, _R_STALE = fsm.R_BAD_EVENT, fsm.R_BAD_ROLE, fsm.R_BAD_KEY, fsm.R_STALE
 _P_STATE = L.P_STATE
 _S_UNIT, _S_DONE = L.S_UNIT, L.S_DONE
+_S_LAST_ROLE, _S_SWITCHES = L.S_LAST_ROLE, L.S_SWITCHES
 _DRAINING, _DRAINED = fsm.DRAINING, fsm.DRAINED
 _R_KIND, _R_CLASS = L.R_KIND, L.R_CLASS
 
@@ -171,6 +172,20 @@ def _make_decide(tables_digest):
 _decide = _make_decide(TABLES_DIGEST)
 
 
+@njit(cache=True, inline="always", _nrt=False)
+def _count_lease(slots, idx, role):
+    """The role census of a slot just leased (T1) for `role`: a lease for another role
+    than the last one is a role switch. The runtime has one leaser (the supervisor's
+    dispatch), so it is the census's one writer and a read-then-store is safe; leasers
+    racing on one slot could at worst miscount the census, never the slot word."""
+    last = load_acquire(slots, idx + _S_LAST_ROLE)
+    now = np.uint64(role + 1)
+    if last != now:
+        if last != np.uint64(0):
+            fetch_add(slots, idx + _S_SWITCHES, np.uint64(1))
+        store_release(slots, idx + _S_LAST_ROLE, now)
+
+
 def _make_apply_transition(tables_digest):
     @njit(cache=True, nogil=True, _nrt=False)
     def apply_transition(slots, roles, n_roles, posture, slot, event, role, key, expected_gen):
@@ -200,6 +215,8 @@ def _make_apply_transition(tables_digest):
             if reason != _OK:
                 return reason
             if compare_and_swap(slots, idx, old, new):
+                if event == _LEASE:
+                    _count_lease(slots, idx, role)
                 return _OK
             # Lost the race: somebody changed the word; re-read and re-validate.
 

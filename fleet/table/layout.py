@@ -6,7 +6,8 @@ The table is one POSIX shared-memory segment:
     posture     128 B   posture word + its seqlocked record, then the six live thresholds
     ledger      128 B   outcome counters (seqlocked), then failures by reason
     roles       128 B each: kind, cordon class, bounds, queue depth, in-use count, name
-    slots        64 B each: the slot word, then a seqlocked record (unit, pid, cpu set, binding)
+    slots       128 B each: the slot word, a seqlocked record (unit, pid, cpu set, binding),
+                          then the role census (the role it last served, its role switches)
     bulkheads   192 B each: the provider admission's per-pool counters and the pool's name
     meta         32 KiB   JSON written once before the table is published: the plan,
                           the budget, the seats (what `fleetctl status` shows beside the live state)
@@ -30,7 +31,10 @@ from __future__ import annotations
 import struct
 
 MAGIC = int.from_bytes(b"FLEETTBL", "little")
-LAYOUT_VERSION = 3  # 2: bulkhead records grew to 3 lines; 3: the ledger record grew a line (more failure reasons, FSM refusals)
+#: 2: bulkhead records grew to 3 lines; 3: the ledger record grew a line (more failure reasons,
+#: FSM refusals); 4: slot records grew a line (the role census: last role, switches) and role
+#: records count elastic re-pins.
+LAYOUT_VERSION = 4
 LINE = 64  # cache line: the unit of alignment for every record
 
 # --- slot word ------------------------------------------------------------------
@@ -177,11 +181,12 @@ R_QUEUE_DEPTH = 3
 R_SLOT_CAP = 4
 R_IN_USE = 5
 R_SEQ = 6
+R_REPINS = 7  # elastic re-pins (T9 then T1 on demand, `elastic_repin`); same writer and seqlock as the rest
 R_NAME_BYTE = LINE  # second line: the name, NUL-padded, 32 bytes
 ROLE_NAME_BYTES = 32
 
-# --- slot records (1 line each) ---------------------------------------------------------
-SLOT_SIZE = LINE
+# --- slot records (2 lines each) ---------------------------------------------------------
+SLOT_SIZE = 2 * LINE
 S_WORD = 0  # the FSM word; CAS only
 S_SEQ = 1  # seqlock over fields 3..6 (one writer: the supervisor)
 S_UNIT = 2  # unit id the slot runs or last ran (one atomic word; its writer: the worker)
@@ -190,6 +195,10 @@ S_CPUS_LO = 4  # cpu set bitmask, cpus 0..63
 S_CPUS_HI = 5  # cpus 64..127
 S_BINDING = 6  # 0 pinned, 1 shared, 2 logical
 S_DONE = 7  # units completed on this slot (atomic add)
+# second line: the role census, written by the LEASE (T1) kernel only, i.e. by the one
+# process that leases slots (the supervisor).
+S_LAST_ROLE = 8  # role code + 1 of the role the slot was last leased to (0: never leased)
+S_SWITCHES = 9  # leases for a role other than the one before (role switches)
 BINDINGS = ("pinned", "shared", "logical")
 
 # --- bulkhead records (3 lines each; packed by fleet.table.bulkheads) -----------------------

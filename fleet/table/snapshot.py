@@ -52,7 +52,7 @@ class TableSnapshot:
     n_slots = property(lambda self: self._reader.n_slots)
 
     # numpy views of the copy, for code that wants arrays (imports numpy on first use)
-    #: (n_slots, 8) uint64: word, seq, unit, pid, cpus lo/hi, binding, done
+    #: (n_slots, 16) uint64: word, seq, unit, pid, cpus lo/hi, binding, done, last role + 1, switches
     slots = property(lambda self: self._array("slots"))
     #: (n_roles, 16) uint64
     roles = property(lambda self: self._array("roles"))
@@ -99,7 +99,12 @@ class TableSnapshot:
             "cpus": [c for c in range(128) if cpus >> c & 1],
             "binding": L.BINDINGS[binding] if binding < len(L.BINDINGS) else "?",
             "done": w[base + L.S_DONE],
+            "last_role": self._role_name(w[base + L.S_LAST_ROLE] - 1) if w[base + L.S_LAST_ROLE] else None,
+            "switches": w[base + L.S_SWITCHES],
         }
+
+    def _role_name(self, code: int) -> str:
+        return self.role_names[code] if code < len(self.role_names) else f"?{code}"
 
     @property
     def n_bulkheads(self) -> int:
@@ -157,6 +162,7 @@ class TableSnapshot:
             "queue_depth": int(r[L.R_QUEUE_DEPTH]),
             "slot_cap": int(r[L.R_SLOT_CAP]),
             "in_use": int(r[L.R_IN_USE]),
+            "repins": int(r[L.R_REPINS]),
         }
 
 

@@ -264,11 +264,13 @@ class SlotTable:
             fields[L.L_FAILED_BY_REASON + i] = n
         self._seq_write(self.ledger, L.L_SEQ, fields)
 
-    def set_queue_depth(self, role: int, depth: int, in_use: int | None = None) -> None:
+    def set_queue_depth(self, role: int, depth: int, in_use: int | None = None, repins: int | None = None) -> None:
         base = role * ROLE_FIELDS
         fields = {base + L.R_QUEUE_DEPTH: depth}
         if in_use is not None:
             fields[base + L.R_IN_USE] = in_use
+        if repins is not None:
+            fields[base + L.R_REPINS] = repins
         self._seq_write(self.roles, base + L.R_SEQ, fields)
 
     def set_flags(self, flags: int) -> None:
