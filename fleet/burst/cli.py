@@ -18,7 +18,6 @@ EXIT_BAD_TRACE = 65  # the trace has bad lines (all listed with their line numbe
 EXIT_BAD_REPORT = 66  # show: the report cannot be read
 EXIT_NO_FLEET = 69  # record: no fleet of that name is running, or it does not record
 EXIT_FLEET_FAILED = 70  # the replay fleet or simulator did not start, or a unit did not get exactly one outcome
-EXIT_NO_ADMISSION = 90  # --modes admission, but the provider admission is not installed here
 EXIT_NO_CGROUP = 91  # --cpu-quota without root or a v1 cpu cgroup hierarchy
 
 EXIT_CODES = f"""exit codes:
@@ -30,7 +29,6 @@ EXIT_CODES = f"""exit codes:
   {EXIT_NO_FLEET}  record: no fleet of that name runs, or it does not record arrivals
   {EXIT_FLEET_FAILED}  the replay fleet or its provider simulator did not start, or a unit did not get
       exactly one outcome
-  {EXIT_NO_ADMISSION}  the admission mode needs the provider admission, not installed here
   {EXIT_NO_CGROUP}  --cpu-quota needs root and a v1 cpu cgroup hierarchy"""
 
 
@@ -142,7 +140,6 @@ def main(argv=None) -> int:
 
 def _replay(args) -> int:
     from . import report as R
-    from .admission_seam import AdmissionUnavailable
     from .cpuquota import CpuQuotaUnavailable, check_available
     from .replay import FleetFailed
     from .runner import replay
@@ -167,9 +164,6 @@ def _replay(args) -> int:
     except CpuQuotaUnavailable as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_NO_CGROUP
-    except AdmissionUnavailable as exc:
-        print(f"fleet-burst: {exc}", file=sys.stderr)
-        return EXIT_NO_ADMISSION
     except (FleetFailed, SimulatorError) as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_FLEET_FAILED
