@@ -258,3 +258,6 @@ def test_admission_through_the_fleet_beats_none_on_burst_35(tmp_path):
     assert none["moved"] == 0 and none["admission_moved"] is None
     assert adm["refused"]["429"] < none["refused"]["429"], (adm["refused"], none["refused"])
     assert adm["moved"] == adm["admission_moved"] >= 1
+    # every follow-up names its parent (submitted with parent=): the fleet's admission starts it as delegated
+    followups = [r for r in adm["round_log"] if r["id"].endswith("-followup") and r["submitted"] is not None]
+    assert adm["delegated"] == len(followups) == 35

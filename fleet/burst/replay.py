@@ -96,6 +96,7 @@ class Round:
     probe: bool = False
     outcomes: int = 0  # futures resolved for it: exactly one if submitted
     future: object = None  # the fleet's future while it is submitted (the admission mode cuts waiting ones)
+    unit_id: int | None = None  # the fleet's unit id (its delegated rounds name it as their parent)
 
     @property
     def pool(self) -> str | None:
@@ -126,6 +127,7 @@ class ModeResult:
     driver_class: str = "normal"
     probes: int | None = None  # the admission mode: probes the fleet's admission let through (its bulkheads)
     admission_moved: int | None = None  # the admission mode: units the fleet's admission moved (its own count)
+    delegated: int | None = None  # the admission mode: units its admission started as delegated (named a parent)
 
     def ledger_check(self) -> dict:
         """Exactly one outcome per submitted unit, from the fleet's own ledger and the futures."""
@@ -257,6 +259,7 @@ class Driver:
         self._note_closures(census)
         result.probes = sum(b["probes"] for b in census["bulkheads"])
         result.admission_moved = census["moved"]
+        result.delegated = sum(b["delegated_total"] for b in census["bulkheads"])
         result.admission_closures = list(self._closures.values())
 
     def _note_closures(self, census: dict | None = None) -> None:
@@ -351,9 +354,10 @@ class Driver:
         else:
             payload = {"id": a.id, "base": self.sim.base_url, "latency_s": a.latency_s}
             if self.admission:  # the fleet's admission chooses; the handler calls unit.route
-                parent = self.by_id[a.parent].future if a.parent is not None else None
+                # a delegated round names its parent's unit, which has usually ended by now (it comes `after` it)
+                parent = self.by_id[a.parent].unit_id if a.parent is not None else None
                 admission = {"route": fleet.Route(route.model, route.provider, route.credential),
-                             "severity": a.severity, "parent": getattr(parent, "unit_id", None)}
+                             "severity": a.severity, "parent": parent}
             else:
                 payload.update(model=route.model, provider=route.provider, credential=route.credential)
         try:
@@ -362,7 +366,7 @@ class Driver:
             self._end(r, FAILED, f"submit refused: {type(exc).__name__}: {exc}")
             return
         r.submitted = submitted
-        r.future = future
+        r.future, r.unit_id = future, future.unit_id
         self.submitted += 1
         future.add_done_callback(lambda f, r=r: self.done_q.put((r, f)))
 

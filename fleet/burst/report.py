@@ -7,7 +7,8 @@
 
 Per mode: refusals (429, 402, 403) per pool and in total, rounds ok / failed / cut,
 rounds moved to an alternative (the pool a round reached at the simulator is not the one
-it asked for; ``admission_moved`` is the fleet admission's own count), probes (the fleet
+it asked for; ``admission_moved`` is the fleet admission's own count; ``delegated`` the rounds it started
+as delegated, submitted with their parent's unit id), probes (the fleet
 admission's bulkheads: probes it let through), makespan (first arrival to last end), wait
 p50/p95/max per lane (from ready — released, and every arrival it comes
 ``after`` ended — to the start of the work), starving time per lane (from a
@@ -98,7 +99,7 @@ def summarize(result, trace) -> dict:
         "failed_or_cut": sum(statuses.get(k, 0) for k in ("failed", "cut") + REFUSALS),
         "moved": sum(1 for r in rounds if r["moved"]),
         "probes": result.probes if result.probes is not None else sum(1 for r in rounds if r["probe"]),
-        "admission_moved": result.admission_moved,
+        "admission_moved": result.admission_moved, "delegated": result.delegated,
         "makespan_s": makespan, "wall_s": result.wall_s,
         "wait_s": wait, "starving_s": starving,
         "cycle_tail_ms": None if not tails else {"n": len(tails), "avg": sum(tails) / len(tails),
