@@ -92,7 +92,8 @@ def parser() -> argparse.ArgumentParser:
                                     "timeline.png.")
     rp.add_argument("trace", help="a trace file (JSON lines; see the README, 'Burst traces')")
     rp.add_argument("--modes", type=_modes, default=None,
-                    help="comma list of none, cap, admission (default: the trace header's, else all three)")
+                    help="comma list of none, cap, admission (the fleet's own provider admission: submit with route=); "
+                         "default: the trace header's, else all three")
     rp.add_argument("--speed", type=_positive, default=None,
                     help="trace seconds per real second (default: the header's speed, else 60; CPU work is never scaled)")
     rp.add_argument("--seed", type=int, default=None, help="RNG seed of the latency draws and the admission "
