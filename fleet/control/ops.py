@@ -91,13 +91,13 @@ class ControlHandler(Protocol):
         """Lift a provider's or key's closure; BadPool if the pool is unknown."""
 
     def admission_allowance(self, lane: str | None) -> Any:
-        """The coordinator's allowance for `lane`: None or 0 (`fleet.Fleet.allowance`)."""
+        """The coordinator's allowance for `lane`: None or 0 (`fleet.Fleet.admission_allowance`)."""
 
     def admission_plan(self, lane: str | None, route, wanted: int, pinned: bool) -> Any:
         """How many of `wanted` units on `route` (a parsed `fleet.Route`) would start now; BadPlan if refused."""
 
     def admission_starving(self) -> Any:
-        """The starving list (`fleet.Fleet.starving`)."""
+        """The starving list (`fleet.Fleet.admission_starving`)."""
 
 
 # ----------------------------------------------------------------------------- ops
