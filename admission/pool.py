@@ -293,10 +293,13 @@ class AdmissionPool:
             row.spend(signal.cost, now.wall)
         if closure is not None:
             self.state = T.close(self.state, closure, now)
+        lifted = ()
         if reopens:
+            before = self.state.closures
             self.state = T.reopen(self.state, route, now=now)
+            lifted = [k for k, c in before.items() if c.until > now.wall and k not in self.state.closures]
         if closure is not None or reopens:
-            self._save()
+            self._save(lifted)
 
     def cancel(self, unit: int) -> None:
         """Forget a waiting unit (cancelled, or its fleet shut down) without starting it."""
@@ -429,9 +432,26 @@ class AdmissionPool:
         """Lift the closure of a provider (credential None) or one key; True if there was one."""
         scope = (provider, credential)
         had = scope in self.state.closures
-        self.state = T.reopen(self.state, scope=scope, now=self.now())
-        self._save()
+        before, now = self.state.closures, self.now()
+        self.state = T.reopen(self.state, scope=scope, now=now)
+        self._save([k for k, c in before.items() if c.until > now.wall and k not in self.state.closures] or [scope])
         return had
+
+    def learn(self, closures: Sequence[T.Closure]) -> int:
+        """Take closures another process met (the host-group store's reading); how many were new.
+
+        A closure counts when it is still in force and no known closure of its scope
+        lasts as long: a reading never shortens what this pool knows, and one that
+        says nothing new changes nothing (not even the bulkheads' published rows)."""
+        now = self.now()
+        learned = 0
+        for closure in closures:
+            known = self.state.closures.get(closure.scope)
+            if closure.until <= now.wall or (known is not None and known.until >= closure.until):
+                continue
+            self.state = T.close(self.state, closure, now)
+            learned += 1
+        return learned
 
     # --- read model ------------------------------------------------------------------------------
     def census(self) -> dict:
@@ -483,10 +503,16 @@ class AdmissionPool:
             self.state = pruned
             self._save()
 
-    def _save(self) -> None:
+    def _save(self, lifted: Sequence[tuple] = ()) -> None:
+        """Save the closures; `lifted`: scopes reopened early (an operator, a clean probe),
+        which a shared store must hear of explicitly (it never drops a closure a save omits)."""
         if self.store is None:
             return
         try:
+            reopen = getattr(self.store, "reopen", None)
+            if reopen is not None:
+                for provider, credential in lifted:
+                    reopen(provider, credential)
             self.store.save(list(self.state.closures.values()))
         except OSError as exc:
             log.error("admission: cannot save closures: %s", exc)

@@ -30,7 +30,10 @@ to a queue the loop drains (`take_cancelled`).
 
 Closures outlive the process in a small JSON file (`admission.pool.FileClosureStore`):
 ``[admission] closure_file``, or for fleetd `default_closure_file` (its state
-directory). A restarted fleet is born with the closures it knew.
+directory). A restarted fleet is born with the closures it knew. With a ``[store]``
+(the host group's), closures live there instead, shared by every fleet of the group
+(`admission.store.closures.SyncedClosures`: written and read on its own thread, so the
+supervisor never waits on the database; readings are merged at each sample).
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ from admission.pool import (
     AdmissionPool,
     BadAsk,
     FileClosureStore,
+    SystemClock,
     bulkhead_row,
     signal_for,
 )
@@ -62,6 +66,8 @@ log = logging.getLogger("fleet.provider_gate")
 
 #: Bulkheads that changed are written to the table at most this often (and at each sample).
 PUBLISH_EVERY_S = 0.05
+#: How often the host group's store is read for closures other fleets met.
+CLOSURES_EVERY_S = 2.0
 #: Outcomes that say nothing about the provider: no bulkhead changes (000 §8: a stall,
 #: a timeout or a cap holds nothing back; a lane death is not a refusal).
 SILENT_REASONS = frozenset({"Timeout", "LaneDeath", "Shutdown", "Cancelled", "FsmRefused", "LeaseLost",
@@ -99,9 +105,22 @@ class ProviderGate:
         table: the fleet's `SlotTable`, whose bulkhead records the gate writes.
     """
 
-    def __init__(self, config, *, clock=None, rng=None, closure_file: str | os.PathLike | None = None, table=None):
+    def __init__(self, config, *, clock=None, rng=None, closure_file: str | os.PathLike | None = None, table=None,
+                 shared_store: tuple[str, str] | None = None):
+        clock = clock if clock is not None else SystemClock()
         store = None
-        if closure_file is not None:
+        self._shared = None
+        if shared_store is not None:
+            # The host group's store replaces the file: every fleet of the group learns a
+            # spent key from the first 403 any of them met (read every CLOSURES_EVERY_S).
+            from admission.store import closure_store
+            from admission.store.closures import SyncedClosures
+
+            url, actor = shared_store
+            store = self._shared = SyncedClosures(lambda: closure_store(url, actor, clock=clock.wall),
+                                                  every_s=CLOSURES_EVERY_S)
+            closure_file = None
+        elif closure_file is not None:
             Path(closure_file).parent.mkdir(parents=True, exist_ok=True)
             store = FileClosureStore(os.fspath(closure_file))
         self.holder = PolicyHolder(config.policy if config.policy is not None else Policy())
@@ -109,6 +128,7 @@ class ProviderGate:
         self.pool = AdmissionPool(self.holder, clock=clock, rng=rng, store=store)
         self.clock = self.pool.clock
         self.closure_file = None if closure_file is None else os.fspath(closure_file)
+        self.closure_store = "host-group store" if shared_store is not None else self.closure_file
         self._writer = None
         if table is not None:
             from .table.bulkheads import BulkheadWriter
@@ -235,6 +255,8 @@ class ProviderGate:
     def publish(self, force: bool = False) -> None:
         """Write the bulkheads into the table if they changed (and `PUBLISH_EVERY_S` has passed),
         or whenever `force` (a sample: backoffs and closures end with time)."""
+        if force:
+            self.learn_shared()
         if self._writer is None or not (force or self._dirty):
             return
         now = time.monotonic()
@@ -243,6 +265,23 @@ class ProviderGate:
         self._published_at = now
         self._dirty = False
         self._writer.publish(self.bulkhead_rows())
+
+    def learn_shared(self) -> int:
+        """Merge what the host group's store last said about closures (no store call here:
+        the reading comes from the store's own thread); how many closures were new."""
+        if self._shared is None:
+            return 0
+        reading = self._shared.fresh()
+        learned = 0 if reading is None else self.pool.learn(reading)
+        if learned:
+            self._dirty = True
+        return learned
+
+    def close_store(self) -> None:
+        """Stop the shared closure store's thread (after it wrote what was posted)."""
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
 
     def bulkhead_rows(self) -> list[dict]:
         pool = self.pool
@@ -263,6 +302,9 @@ class ProviderGate:
         doc["waiting_units"] = [w for w in (self.waiting(u) for u in self._waiting) if w is not None]
         doc["moved"] = self.moved
         doc["closure_file"] = self.closure_file
+        doc["closure_store"] = self.closure_store
+        if self._shared is not None and self._shared.error:
+            doc["closure_store_error"] = self._shared.error
         return doc
 
     def reload(self, config) -> tuple[bool, str | None]:

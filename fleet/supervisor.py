@@ -53,7 +53,7 @@ from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
 from .errors import FleetError
 from .intensity import Deaths
-from .leases import LeaseGate
+from .leases import LeaseGate, orchestrator_id
 from .ledger import Ledger, abort_process
 from .outcomes import FAILED, SOLVED
 from .sampler import PressureInput, QuotaWatcher, Sampler
@@ -165,7 +165,8 @@ class Supervisor:
         try:
             from .provider_gate import ProviderGate
 
-            self._providers = ProviderGate(cfg.admission, table=self.table, **self._admission_args)
+            shared = (cfg.store.url, orchestrator_id(cfg.store.orchestrator, self.name)) if cfg.store.url else None
+            self._providers = ProviderGate(cfg.admission, table=self.table, shared_store=shared, **self._admission_args)
             self._boot_rest()
         except BaseException:
             self._teardown(kill=True)
@@ -1047,6 +1048,8 @@ class Supervisor:
         if self._gate is not None:
             self._gate.stop()  # gives back the leases still held
             self._gate = None
+        if self._providers is not None:
+            self._providers.close_store()  # writes the closures still posted
         if self.zygote is not None:
             self.zygote.exit(timeout=5 if not kill else 0.5)
             for pid in list(self._seat_of_pid):

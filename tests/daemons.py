@@ -104,8 +104,9 @@ class Fleetd:
     """One fleetd process. Use as a context manager (or `start` / `cleanup`)."""
 
     def __init__(self, name: str, roles: dict, *, posture: dict | None = None, limits: dict | None = None,
-                 args: tuple = (), env: dict | None = None, base_dir: str | None = None):
+                 args: tuple = (), env: dict | None = None, base_dir: str | None = None, extra: dict | None = None):
         self.name = name
+        self.extra = dict(extra or {})  # more config sections (e.g. [store]), written as they are
         self.args = list(args)
         self.dir = base_dir or tempfile.mkdtemp(prefix="fd-", dir="/tmp")  # short: AF_UNIX paths <= 107 bytes
         self._own_dir = base_dir is None
@@ -134,6 +135,7 @@ class Fleetd:
             cfg["posture"] = posture
         if limits:
             cfg["limits"] = limits
+        cfg.update(self.extra)
         tmp = self.config_path + ".new"
         with open(tmp, "w") as f:
             f.write(text if text is not None else to_toml(cfg))

@@ -22,6 +22,18 @@ def square(unit):
     return unit.payload * unit.payload
 
 
+def interval(unit):
+    """Sleep ``payload[1]`` ms, then append ``start end pid`` (CLOCK_MONOTONIC, shared by every
+    process of the host) to the file ``payload[0]``: when this handler ran."""
+    path, ms = unit.payload
+    start = time.monotonic()
+    time.sleep(ms / 1000)
+    end = time.monotonic()
+    with open(path, "a") as f:
+        f.write(f"{start!r} {end!r} {os.getpid()}\n")
+    return ms
+
+
 def whoami(unit):
     """(payload, pid): which worker process ran the unit."""
     return unit.payload, os.getpid()

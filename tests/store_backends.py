@@ -176,7 +176,7 @@ def quota_history_violations(store, policy) -> list:
     bad = []
     records = {}
     for ev in store.events():
-        if not ev.request_id or ev.kind in ("policy", "closure"):
+        if not ev.request_id or ev.kind in ("policy", "closure", "reopened"):
             continue
         if ev.kind == "admitted":
             if ev.request_id not in records:

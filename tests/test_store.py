@@ -23,7 +23,9 @@ from admission.store import (
     Request,
     SchemaTooNew,
     StoreUnreachable,
+    Closure,
     UnknownRequest,
+    closure_store,
     open_store,
 )
 from admission.store import rules
@@ -75,6 +77,66 @@ def test_release_hands_capacity_to_the_next_request(store):
     # a finished request stays finished: releasing again is a no-op
     assert store.release("a", a.revision).state == RELEASED
     assert admitted_ids(store) == ["b"]
+
+
+def test_a_release_of_an_expired_or_stale_lease_frees_nothing_twice(store, clock):
+    a = store.submit(req("a", lease_ttl=10))
+    with pytest.raises(LeaseLost):
+        store.release("a", a.revision + 1)  # a stale revision: the lease stays
+    assert store.get("a").state == ADMITTED
+    clock.advance(10)
+    assert store.release("a", a.revision).state == TIMED_OUT  # expired before it was given back
+    assert [e.kind for e in store.events("a")] == ["queued", "admitted", "timed-out"]
+
+
+def test_an_unlimited_submit_follows_a_policy_another_orchestrator_changed(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as a, open_store(store_url, actor="orch-b",
+                                                                            clock=clock) as b:
+        assert a.submit(req("x")).state == ADMITTED  # nothing limits it under the default policy
+        b.set_policy(Policy.build(global_limit=1))
+        assert a.submit(req("y")).state == QUEUED  # a judged by the policy it saw last would admit it
+        assert rules.over_quota(a.policy(), [r for r in a.active() if r.state == ADMITTED]) == []
+
+
+def test_a_release_racing_a_decision_about_its_lease_yields_to_it(pg_stores, clock):
+    """PostgreSQL: a lock-free release waits for a locked transaction that read its lease.
+
+    Orchestrator b reconciles at a time when a's lease has expired and is held just after
+    its read; a then releases the lease it still believes current. The release must not
+    slip in between: a's lease ends timed-out, with no released row in its history.
+    """
+    import threading
+
+    url = pg_stores.new_url()
+    a = open_store(url, actor="orch-a", clock=clock)
+    lease = a.submit(req("a", lease_ttl=10))
+    clock.advance(5)
+    read, go = threading.Event(), threading.Event()
+
+    def b_clock():
+        read.set()
+        go.wait(60)
+        return clock.now + 20  # a's lease expired for b
+
+    b = open_store(url, actor="orch-b", clock=clock)
+    b.clock = b_clock
+    out = {}
+    tb = threading.Thread(target=lambda: out.setdefault("b", b.reconcile()))
+    tb.start()
+    assert read.wait(60)
+    ta = threading.Thread(target=lambda: out.setdefault("a", a.release("a", lease.revision)))
+    ta.start()
+    pid = a._conn.info.backend_pid
+    while ta.is_alive() and not pg_stores.admin.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", (pid,)).fetchone():
+        ta.join(0.01)  # until a's release waits on b (or, wrongly, finished without waiting)
+    go.set()
+    tb.join(60)
+    ta.join(60)
+    assert out["a"].state == TIMED_OUT
+    assert [e.kind for e in a.events("a")] == ["queued", "admitted", "timed-out"]
+    a.close()
+    b.close()
 
 
 @pytest.mark.parametrize("level", ["global", "environment", "provider", "tier"])
@@ -355,36 +417,126 @@ def test_every_decision_is_an_audit_event(store, clock):
 # ----------------------------------------------------------------------------- provider closures
 
 
+def closure(provider="openai", credential="key-1", until=0.0, cause="daily-limit", daily=True, since=0.0,
+            message="403 daily limit"):
+    return Closure(provider, credential, until, cause, daily, since, message)
+
+
 def test_provider_closures_are_shared_through_the_store(store_url, clock):
     with open_store(store_url, actor="orch-a", clock=clock) as a, open_store(store_url, actor="orch-b",
                                                                             clock=clock) as b:
-        a.record_closure("openai/key-1", clock.now + 3600, "403 daily limit", daily=True)
+        [written] = a.put_closures([closure(until=clock.now + 3600, since=clock.now)])
+        assert (written.written_by, written.written_at) == ("orch-a", clock.now)
         seen = b.closures()
-        assert [(c.key, c.until, c.daily, c.recorded_by) for c in seen] == [
-            ("openai/key-1", clock.now + 3600, True, "orch-a")]
-        # an earlier until never shortens a recorded closure; a later one extends it
-        b.record_closure("openai/key-1", clock.now + 60, "403 again")
-        assert a.closures()[0].until == clock.now + 3600
-        b.record_closure("openai/key-1", clock.now + 7200, "402 no credit")
-        assert a.closures()[0].reason == "402 no credit"
-        assert a.closures(now=clock.now + 7200) == []
-        with pytest.raises(BadRequest):
-            a.record_closure("", clock.now, "x")
-        assert any(e.kind == "closure" and e.request_id == "openai/key-1" for e in a.events())
+        assert [(c.provider, c.credential, c.until, c.cause, c.daily, c.since, c.message, c.written_by)
+                for c in seen] == [("openai", "key-1", clock.now + 3600, "daily-limit", True, clock.now,
+                                    "403 daily limit", "orch-a")]
+        # a provider-wide closure (credential None) is its own scope
+        b.put_closures([closure(credential=None, until=clock.now + 60, cause="credit", daily=False)])
+        assert [(c.provider, c.credential) for c in a.closures()] == [("openai", None), ("openai", "key-1")]
+        assert a.closures(now=clock.now + 60) == [seen[0]]  # in force only until `until`
+
+
+def test_a_closure_never_shortens_a_later_one_of_another_fleet(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as a, open_store(store_url, actor="orch-b",
+                                                                            clock=clock) as b:
+        a.put_closures([closure(until=clock.now + 3600)])
+        [kept] = b.put_closures([closure(until=clock.now + 60, cause="rejected", message="403 again")])
+        assert (kept.until, kept.cause, kept.written_by) == (clock.now + 3600, "daily-limit", "orch-a")
+        [longer] = b.put_closures([closure(until=clock.now + 7200, cause="credit", daily=False)])
+        assert (longer.until, longer.cause, longer.written_by) == (clock.now + 7200, "credit", "orch-b")
+        assert [c.until for c in a.closures()] == [clock.now + 7200]
+        # one audit row per closure written, none for the one that changed nothing
+        assert [(e.kind, e.request_id, e.actor) for e in a.events() if e.kind == "closure"] == [
+            ("closure", "openai/key-1", "orch-a"), ("closure", "openai/key-1", "orch-b")]
+
+
+def test_reopen_ends_a_closure_early_for_every_fleet_and_is_audited(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as a, open_store(store_url, actor="orch-b",
+                                                                            clock=clock) as b:
+        a.put_closures([closure(until=clock.now + 3600), closure(credential=None, until=clock.now + 3600)])
+        assert b.reopen_closure("openai", "key-1", "operator reopened") is True
+        assert [(c.provider, c.credential) for c in a.closures()] == [("openai", None)]
+        assert b.reopen_closure("openai", "key-1") is False  # nothing left to reopen
+        [event] = [e for e in a.events() if e.kind == "reopened"][:1]
+        assert (event.request_id, event.actor, event.reason) == ("openai/key-1", "orch-b", "operator reopened")
+        # after a reopen a shorter closure is taken again
+        [c] = a.put_closures([closure(until=clock.now + 60)])
+        assert c.until == clock.now + 60
+
+
+@pytest.mark.parametrize("field,value", [("provider", ""), ("credential", ""), ("until", float("inf")),
+                                         ("until", "soon"), ("cause", ""), ("daily", 1), ("since", None),
+                                         ("message", None), ("provider", "a\x00b")])
+def test_a_bad_closure_is_refused_by_name_and_writes_nothing(store, clock, field, value):
+    good = closure(until=clock.now + 60)
+    bad = dataclasses.replace(closure(provider="other", until=clock.now + 60), **{field: value})
+    with pytest.raises(BadRequest) as err:
+        store.put_closures([good, bad])
+    assert err.value.field == field
+    assert store.closures() == [] and [e for e in store.events() if e.kind == "closure"] == []
+
+
+def test_the_pool_closure_store_shares_a_spent_key_across_fleets(store_url, clock):
+    """Two fleets' provider admission pools on one store: a key one closes is closed for the other."""
+    from admission import state as T
+    from admission.policy import Policy as ProviderPolicy
+    from admission.pool import AdmissionPool, ManualClock
+
+    from .admission_catalog import CATALOG
+
+    a_closures = closure_store(store_url, actor="fleet-a", clock=clock)
+    b_closures = closure_store(store_url, actor="fleet-b", clock=clock)
+    try:
+        pool_a = AdmissionPool(ProviderPolicy.from_dict(CATALOG), clock=ManualClock(wall=clock.now), store=a_closures)
+        pool_a.close("openrouter-eu", "key-1", until=clock.now + 3600, cause=T.DAILY_LIMIT, message="403")
+        pool_b = AdmissionPool(ProviderPolicy.from_dict(CATALOG), clock=ManualClock(wall=clock.now), store=b_closures)
+        assert [(c.provider, c.credential, c.until, c.cause, c.daily) for c in pool_b.state.closures.values()] == [
+            ("openrouter-eu", "key-1", clock.now + 3600, T.DAILY_LIMIT, True)]
+        pool_b.close("anthropic", until=clock.now + 60, cause=T.CREDIT)
+        # a fleet saving only what it knows (here without a's closure) removes nothing
+        b_closures.save([c for c in pool_b.state.closures.values() if c.provider == "anthropic"])
+        assert {(c.provider, c.credential) for c in a_closures.load()} == {("openrouter-eu", "key-1"),
+                                                                           ("anthropic", None)}
+        assert b_closures.reopen("openrouter-eu", "key-1") is True
+        assert [(c.provider, c.credential) for c in a_closures.load()] == [("anthropic", None)]
+    finally:
+        a_closures.close()
+        b_closures.close()
+
+
+def test_a_store_of_schema_1_is_migrated_with_its_closures(store_url, clock):
+    from admission.store._sql import MIGRATIONS
+
+    with open_store(store_url, actor="orch-a", clock=clock) as s:
+        pass  # the schema exists; rebuild it as version 1 had it
+    _exec(store_url, ["DROP TABLE closures", MIGRATIONS[1][-1].format(float="DOUBLE PRECISION"),
+                      "INSERT INTO closures VALUES ('openai', 2000000.0, 'daily limit', 1, 1000.0, 'orch-x')",
+                      "UPDATE schema_version SET version = 1"])
+    with open_store(store_url, actor="orch-a", clock=clock) as s:
+        assert s.check().schema_version == SCHEMA_VERSION == 2
+        assert [(c.provider, c.credential, c.until, c.cause, c.daily, c.written_by) for c in s.closures()] == [
+            ("openai", None, 2000000.0, "daily limit", True, "orch-x")]
 
 
 # ----------------------------------------------------------------------------- schema and reachability
 
 
-def _set_version(url: str, version: int) -> None:
+def _exec(url: str, statements) -> None:
     if url.startswith("sqlite://"):
         with sqlite3.connect(url[len("sqlite://"):]) as c:
-            c.execute("UPDATE schema_version SET version = ?", (version,))
+            for statement in statements:
+                c.execute(statement)
     else:
         import psycopg
 
         with psycopg.connect(url, autocommit=True) as c:
-            c.execute("UPDATE schema_version SET version = %s", (version,))
+            for statement in statements:
+                c.execute(statement)
+
+
+def _set_version(url: str, version: int) -> None:
+    _exec(url, [f"UPDATE schema_version SET version = {int(version)}"])
 
 
 def test_a_schema_newer_than_the_code_is_refused(store_url, clock):

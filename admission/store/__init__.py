@@ -3,6 +3,12 @@
 `open_store(url)` opens ``sqlite:///path`` (one host, many processes) or
 ``postgresql://...`` (a host group across machines). The contract, records and
 errors are in `admission.store.base`; the decision rules in `admission.store.rules`.
+
+Provider closures are shared through the same store: ``closure_store(url, actor)``
+builds the `ClosureStore` that `admission.pool.AdmissionPool(store=...)` takes
+(``load()``/``save(closures)``, plus ``reopen(provider, credential)`` to end one
+early for the whole host group). Saves merge: a later `until` wins, and nothing is
+removed except by ``reopen``. See `admission.store.closures`.
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ from .base import (
     StoreUnreachable,
     UnknownRequest,
 )
+from .closures import ClosureStoreUnreachable, StoreClosures
 
 
 def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
@@ -67,7 +74,18 @@ def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time
     raise BadRequest("url", f"unknown store url {url!r}: want sqlite:///path or postgresql://...")
 
 
+def closure_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time.time) -> "StoreClosures":
+    """The provider-closure store of the host group at `url`, for `admission.pool.AdmissionPool`.
+
+    Opens (creating or migrating) the admission store like `open_store`, with the same
+    errors; `actor` names this fleet in the closures it writes and in the audit rows.
+    The returned object owns the store: close it when done.
+    """
+    return StoreClosures(open_store(url, actor=actor, clock=clock))
+
+
 __all__ = [
+    "closure_store", "StoreClosures", "ClosureStoreUnreachable",
     "open_store", "AdmissionStore", "Request", "Record", "Lease", "Event", "Closure", "Health", "Policy",
     "StoreError", "StoreUnreachable", "SchemaTooNew", "QuotaConfigInvalid", "BadRequest", "UnknownRequest",
     "NotOwner", "IdentityConflict", "LeaseLost", "STATES", "TERMINAL_STATES", "TIERS",

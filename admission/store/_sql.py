@@ -1,16 +1,28 @@
 """The store written once over SQL; `sqlite` and `postgres` supply the connection and dialect.
 
-Every mutating call runs in one transaction that first locks the schema_version
-row (SQLite: ``BEGIN IMMEDIATE`` already holds the database's write lock), reads the
-policy in the same statement, then reconciles: it reads the live records, asks
-`rules.plan` what must change at the store clock's `now`, and writes exactly that,
-with an audit row per decision. The lock makes transactions run one at a time
-across every process and host that shares the store, so the quotas hold.
+A mutating call that decides anything runs in one transaction that first takes the
+store lock (SQLite: ``BEGIN IMMEDIATE`` holds the database's write lock; PostgreSQL:
+a transaction-scoped advisory lock of the store's schema), reads the schema version,
+the policy and the live records, then reconciles: it asks `rules.plan` what must
+change at the store clock's `now` and writes exactly that, with an audit row per
+decision. The lock makes these transactions run one at a time across every process
+and host that shares the store, so the quotas hold.
+
+Two calls need no store lock, because they cannot make any quota overflow:
+
+- a release of the owner's current, unexpired lease (it only frees capacity; the
+  next request is admitted by the next reconciling call), and
+- a submit that no level of the policy limits (it competes with nothing, so it is
+  admitted at once), written only while the stored policy is still the one it was
+  judged under (a policy change excludes it).
+
+Either falls back to the locked path when its precondition does not hold.
 """
 from __future__ import annotations
 
 import abc
 import json
+import math
 import threading
 import time
 from contextlib import contextmanager
@@ -48,7 +60,7 @@ from .base import (
 )
 
 #: The schema this code writes. Bump it and append to MIGRATIONS together.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # {serial} and {float} are filled in per dialect; everything else is common SQL.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -91,6 +103,26 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             recorded_at {float} NOT NULL,
             recorded_by TEXT NOT NULL)""",
     ),
+    # Provider closures by scope (provider, credential; '' = the whole provider), in the
+    # provider admission's own terms. A version-1 closure keyed by one string becomes the
+    # closure of the provider of that name.
+    2: (
+        """CREATE TABLE closures_v2 (
+            provider TEXT NOT NULL,
+            credential TEXT NOT NULL,
+            until {float} NOT NULL,
+            cause TEXT NOT NULL,
+            daily INTEGER NOT NULL,
+            since {float} NOT NULL,
+            message TEXT NOT NULL,
+            written_at {float} NOT NULL,
+            written_by TEXT NOT NULL,
+            PRIMARY KEY (provider, credential))""",
+        """INSERT INTO closures_v2 (provider, credential, until, cause, daily, since, message, written_at, written_by)
+            SELECT key, '', until, reason, daily, recorded_at, reason, recorded_at, recorded_by FROM closures""",
+        "DROP TABLE closures",
+        "ALTER TABLE closures_v2 RENAME TO closures",
+    ),
 }
 
 _REQ_COLS = ("id, orchestrator, environment, provider, tier, priority, queue_timeout, preemptible, lease_ttl, "
@@ -100,7 +132,22 @@ _GET_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE id = ?"
 # the live records and the one a call is about, in one statement
 _READ_SQL = f"{_LIVE_SQL} UNION ALL SELECT {_REQ_COLS} FROM requests WHERE id = ? AND state NOT IN ('queued', 'admitted')"
 _INSERT_SQL = f"INSERT INTO requests ({_REQ_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+# A lock-free release: only of the owner's current, unexpired lease at its revision.
+_RELEASE_SQL = ("UPDATE requests SET state = ?, decided_at = ?, reason = ? WHERE id = ? AND orchestrator = ? "
+                f"AND state = 'admitted' AND revision = ? AND lease_expires > ? RETURNING {_REQ_COLS}")
+_VERSION_POLICY_SQL = "SELECT v.version, p.body FROM schema_version v LEFT JOIN policy p ON p.id = 1 WHERE v.id = 1"
+_INSERT_NEW_SQL = _INSERT_SQL + f" ON CONFLICT (id) DO NOTHING RETURNING {_REQ_COLS}"
 _UPDATE_SQL = "UPDATE requests SET state = ?, revision = ?, lease_expires = ?, decided_at = ?, reason = ? WHERE id = ?"
+
+
+def _queued_reason(r: Request) -> str:
+    return f"{r.environment}/{r.provider}/{r.tier} priority {r.priority}"
+
+
+def _admitted_row(q: Request, now: float) -> tuple:
+    """The requests row of `q` admitted at once at `now` (what the locked path would write)."""
+    return (q.id, q.orchestrator, q.environment, q.provider, q.tier, q.priority, q.queue_timeout, int(q.preemptible),
+            q.lease_ttl, now, ADMITTED, 1, now + q.lease_ttl, now, "capacity")
 
 
 def _record(row) -> Record:
@@ -150,8 +197,6 @@ class _Tx:
 class SqlStore(AdmissionStore):
     """The store over a DB-API connection; subclasses give the dialect and the driver errors."""
 
-    #: Appended to the lock statement (PostgreSQL: ``FOR UPDATE OF v``).
-    lock_suffix = ""
     #: Dialect pieces for the DDL.
     ddl_types = {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "DOUBLE PRECISION"}
     db_time_sql = ""
@@ -163,12 +208,14 @@ class SqlStore(AdmissionStore):
         self._conn = None
         self._mutex = threading.Lock()  # one connection, one transaction at a time per store object
         self._policy_cache: tuple[str | None, Policy] = (None, DEFAULT_POLICY)
-        self._lock_sql = self._sql(
-            "SELECT v.version, p.body FROM schema_version v LEFT JOIN policy p ON p.id = 1 WHERE v.id = 1"
-            + self.lock_suffix)
+        self._version_policy_sql = self._sql(_VERSION_POLICY_SQL)
+        self._insert_new_sql = self._sql(_INSERT_NEW_SQL)
         self._read_sql = self._sql(_READ_SQL)
         self._insert_sql = self._sql(_INSERT_SQL)
         self._update_sql = self._sql(_UPDATE_SQL)
+        self._release_sql = self._sql(_RELEASE_SQL)
+        self._put_closure_sql = self._sql(_PUT_CLOSURE_SQL)
+        self._get_closure_sql = self._sql(f"SELECT {_CLOSURE_COLS} FROM closures WHERE provider = ? AND credential = ?")
         self._event_sql = self._sql("INSERT INTO events (at, kind, request_id, actor, reason) VALUES (?, ?, ?, ?, ?)")
         self._migrate()
 
@@ -243,7 +290,7 @@ class SqlStore(AdmissionStore):
                 raise
 
     @contextmanager
-    def _tx(self, request_id: str = ""):
+    def _tx(self, request_id: str = "", policy_write: bool = False):
         """One serialized write transaction at the store clock's now, under the stored policy.
 
         Reads the live records and `request_id`'s record into memory; what the body
@@ -251,7 +298,7 @@ class SqlStore(AdmissionStore):
         """
         with self._guard() as conn:
             cur = conn.cursor()
-            row, rows = self._lock_and_read(cur, request_id)
+            row, rows = self._lock_and_read(cur, request_id, policy_write)
             if row is None:
                 raise StoreError(f"{self.redacted_url()}: the store's schema_version row is missing")
             version, body = row
@@ -263,10 +310,13 @@ class SqlStore(AdmissionStore):
             yield tx
             self._write_and_commit(conn, cur, self._writes(tx))
 
-    def _lock_and_read(self, cur, request_id: str):
-        """Begin, take the store lock, then read: (schema_version row, request rows)."""
+    def _lock_and_read(self, cur, request_id: str, policy_write: bool = False):
+        """Begin, take the store lock, then read: (schema_version row, request rows).
+
+        `policy_write`: the transaction may change the policy, so it also excludes the
+        lock-free admissions that rely on the policy staying put."""
         self._begin(cur)
-        cur.execute(self._lock_sql)  # waits for the lock; the read below then sees every earlier commit
+        cur.execute(self._version_policy_sql)  # under the lock _begin took (SQLite: BEGIN IMMEDIATE)
         row = cur.fetchone()
         cur.execute(self._read_sql, (request_id,))
         return row, cur.fetchall()
@@ -366,6 +416,13 @@ class SqlStore(AdmissionStore):
         rules.validate_request(request)
         if request.orchestrator != self.actor:
             raise BadRequest("orchestrator", f"this store speaks for {self.actor!r}, not {request.orchestrator!r}")
+        body, policy = self._policy_cache
+        if rules.unconstrained(policy, request):
+            # Admitted at once under the policy last seen, if it is still the stored one and
+            # the id is new; anything else (a replay, a changed policy) takes the locked path.
+            rec = self._submit_unconstrained(request, body)
+            if rec is not None:
+                return rec
         with self._tx(request.id) as tx:
             stored = tx.records.get(request.id)
             if stored is not None:
@@ -375,7 +432,7 @@ class SqlStore(AdmissionStore):
             else:
                 r = request
                 tx.insert(Record(r, submitted_at=tx.now, state=QUEUED, decided_at=tx.now, reason="submitted"),
-                          f"{r.environment}/{r.provider}/{r.tier} priority {r.priority}")
+                          _queued_reason(r))
             self._reconcile(tx)
             return tx.records[request.id]
 
@@ -400,6 +457,13 @@ class SqlStore(AdmissionStore):
         return lease
 
     def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
+        # A release only frees capacity, so the common case (the owner gives back its current,
+        # unexpired lease) needs no store lock: one guarded update, audited in the same
+        # transaction. The freed capacity goes to the next request at the next reconciling
+        # call. Everything else (expired, stale, not ours, unknown) takes the locked path.
+        rec = self._release_fast(request_id, revision, str(reason))
+        if rec is not None:
+            return rec
         with self._tx(request_id) as tx:
             self._reconcile(tx)
             rec = self._owned(tx, request_id, "release")
@@ -409,6 +473,42 @@ class SqlStore(AdmissionStore):
                 tx.change(rec, RELEASED, str(reason), state=RELEASED)
                 self._reconcile(tx)
             return tx.records[request_id]
+
+    def _submit_unconstrained(self, request: Request, policy_body: str | None) -> Record | None:
+        """Insert `request` admitted, without the store lock; None unless the id is new and
+        the stored policy is `policy_body` (under which nothing limits the request)."""
+        with self._guard() as conn:
+            cur = conn.cursor()
+            now = self.clock()
+            self._begin(cur)
+            cur.execute(self._version_policy_sql)
+            if cur.fetchone() != (SCHEMA_VERSION, policy_body):
+                conn.rollback()
+                return None
+            cur.execute(self._insert_new_sql, _admitted_row(request, now))
+            row = cur.fetchone()
+            if row is None:
+                conn.rollback()
+                return None
+            cur.executemany(self._event_sql, [(now, "queued", request.id, self.actor, _queued_reason(request)),
+                                              (now, ADMITTED, request.id, self.actor, "capacity")])
+            self._commit(conn, cur)
+            return _record(row)
+
+    def _release_fast(self, request_id: str, revision: int, reason: str) -> Record | None:
+        """Release a current lease of ours without the store lock; None when it is not one."""
+        with self._guard() as conn:
+            cur = conn.cursor()
+            now = self.clock()
+            self._begin(cur)
+            cur.execute(self._release_sql, (RELEASED, now, reason, request_id, self.actor, revision, now))
+            row = cur.fetchone()
+            if row is None:
+                conn.rollback()
+                return None
+            cur.execute(self._event_sql, (now, "released", request_id, self.actor, reason))
+            self._commit(conn, cur)
+            return _record(row)
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
         with self._tx(request_id) as tx:
@@ -464,7 +564,7 @@ class SqlStore(AdmissionStore):
     def set_policy(self, policy: Policy) -> Policy:
         checked = policy.checked()
         body = json.dumps(checked.to_dict(), sort_keys=True)
-        with self._tx() as tx:
+        with self._tx(policy_write=True) as tx:
             if json.dumps(tx.policy.to_dict(), sort_keys=True) != body:
                 tx.cur.execute(self._sql(
                     "INSERT INTO policy (id, body, updated_at, updated_by) VALUES (1, ?, ?, ?) "
@@ -476,33 +576,50 @@ class SqlStore(AdmissionStore):
         return checked
 
 
-    def record_closure(self, key: str, until: float, reason: str, daily: bool = False) -> Closure:
-        if not isinstance(key, str) or not key or "\x00" in key:
-            raise BadRequest("key", f"must be a non-empty string, got {key!r}")
-        if isinstance(until, bool) or not isinstance(until, (int, float)) or until != until or until in (
-                float("inf"), float("-inf")):
-            raise BadRequest("until", f"must be a finite time in epoch seconds, got {until!r}")
-        if not isinstance(reason, str) or "\x00" in reason:
-            raise BadRequest("reason", f"must be a string without NUL, got {reason!r}")
-        with self._tx() as tx:
-            # A later `until` wins: a closure never shortens one another orchestrator recorded.
-            tx.cur.execute(self._sql(
-                "INSERT INTO closures (key, until, reason, daily, recorded_at, recorded_by) VALUES (?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET until = excluded.until, reason = excluded.reason, "
-                "daily = excluded.daily, recorded_at = excluded.recorded_at, recorded_by = excluded.recorded_by "
-                "WHERE excluded.until > closures.until"),
-                (key, float(until), reason, int(bool(daily)), tx.now, self.actor))
-            tx.event("closure", key, f"until {until:.3f}{' (daily limit)' if daily else ''}: {reason}")
-            tx.cur.execute(self._sql("SELECT key, until, reason, daily, recorded_at, recorded_by FROM closures "
-                                     "WHERE key = ?"), (key,))
-            return _closure(tx.cur.fetchone())
+    def put_closures(self, closures) -> list[Closure]:
+        rows = [_closure_row(c) for c in closures]  # every one checked before anything is written
+        with self._guard() as conn:
+            cur = conn.cursor()
+            now = self.clock()
+            self._begin(cur)
+            out = []
+            for row in rows:
+                cur.execute(self._put_closure_sql, (*row, now, self.actor))
+                written = cur.fetchone()
+                if written is not None:
+                    c = _closure(written)
+                    reason = f"until {c.until:.3f}{' (daily limit)' if c.daily else ''}: {c.cause}"
+                    cur.execute(self._event_sql, (now, "closure", c.scope, self.actor,
+                                                  f"{reason}: {c.message}" if c.message else reason))
+                cur.execute(self._get_closure_sql, row[:2])
+                out.append(_closure(cur.fetchone()))
+            self._commit(conn, cur)
+            return out
 
     def closures(self, now: float | None = None) -> list[Closure]:
         now = self.clock() if now is None else now
         with self._read() as cur:
-            cur.execute(self._sql("SELECT key, until, reason, daily, recorded_at, recorded_by FROM closures "
-                                  "WHERE until > ? ORDER BY key"), (now,))
+            cur.execute(self._sql(f"SELECT {_CLOSURE_COLS} FROM closures WHERE until > ? ORDER BY provider, credential"),
+                        (now,))
             return [_closure(row) for row in cur.fetchall()]
+
+    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = "reopened") -> bool:
+        provider, credential = _closure_scope(provider, credential)
+        if not isinstance(reason, str) or "\x00" in reason:
+            raise BadRequest("reason", f"must be a string without NUL, got {reason!r}")
+        with self._guard() as conn:
+            cur = conn.cursor()
+            now = self.clock()
+            self._begin(cur)
+            cur.execute(self._sql("DELETE FROM closures WHERE provider = ? AND credential = ? RETURNING until"),
+                        (provider, credential))
+            gone = cur.fetchone()
+            lifted = gone is not None and gone[0] > now
+            if gone is not None:
+                scope = Closure(provider, credential or None, 0.0, "").scope
+                cur.execute(self._event_sql, (now, "reopened", scope, self.actor, reason))
+            self._commit(conn, cur)
+            return lifted
 
     def check(self) -> Health:
         with self._read() as cur:
@@ -530,9 +647,50 @@ def redact(url: str) -> str:
     return url
 
 
+_CLOSURE_COLS = "provider, credential, until, cause, daily, since, message, written_at, written_by"
+# A later `until` wins; an earlier one leaves the stored closure as it is (and returns no row).
+_PUT_CLOSURE_SQL = (
+    f"INSERT INTO closures ({_CLOSURE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (provider, credential) DO UPDATE SET until = excluded.until, cause = excluded.cause, "
+    "daily = excluded.daily, since = excluded.since, message = excluded.message, "
+    "written_at = excluded.written_at, written_by = excluded.written_by "
+    f"WHERE excluded.until > closures.until RETURNING {_CLOSURE_COLS}")
+
+
 def _closure(row) -> Closure:
-    key, until, reason, daily, at, by = row
-    return Closure(key, until, reason, bool(daily), at, by)
+    provider, credential, until, cause, daily, since, message, at, by = row
+    return Closure(provider, credential or None, until, cause, bool(daily), since, message, at, by)
+
+
+def _text(name: str, value, empty_ok: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not empty_ok) or "\x00" in value:
+        raise BadRequest(name, f"must be a{'' if empty_ok else ' non-empty'} string without NUL, got {value!r}")
+    return value
+
+
+def _epoch(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadRequest(name, f"must be a finite time in UTC epoch seconds, got {value!r}")
+    return float(value)
+
+
+def _closure_scope(provider, credential) -> tuple[str, str]:
+    """(provider, credential) as stored: the whole provider is credential ''."""
+    _text("provider", provider)
+    if credential is not None:
+        _text("credential", credential)
+    return provider, credential or ""
+
+
+def _closure_row(c) -> tuple:
+    """The stored fields of closure `c` (anything with the `Closure` fields), checked."""
+    provider, credential = _closure_scope(getattr(c, "provider", None), getattr(c, "credential", None))
+    daily = getattr(c, "daily", None)
+    if not isinstance(daily, bool):
+        raise BadRequest("daily", f"must be true or false, got {daily!r}")
+    return (provider, credential, _epoch("until", getattr(c, "until", None)), _text("cause", getattr(c, "cause", None)),
+            int(daily), _epoch("since", getattr(c, "since", None)),
+            _text("message", getattr(c, "message", None), empty_ok=True))
 
 
 def _ordered(live: list[Record], policy: Policy, now: float) -> list[Record]:

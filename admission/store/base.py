@@ -47,7 +47,7 @@ HOST_TIER_DEFAULT_QUOTA = 1
 
 #: Audit event kinds: one row per decision.
 EVENT_KINDS = ("queued", "admitted", "renewed", "released", "cancelled", "timed-out", "denied",
-               "preempted", "policy", "closure")
+               "preempted", "policy", "closure", "reopened")
 
 # ----------------------------------------------------------------------------- exit codes
 
@@ -233,18 +233,28 @@ class Event:
 
 @dataclass(frozen=True)
 class Closure:
-    """A provider key known to be spent: closed `until` (epoch seconds) because `reason`.
+    """A provider (credential None) or one of its keys known to be spent, as the host group shares it.
 
-    `daily` marks a daily limit (closed until the next UTC midnight) as opposed to
-    a fixed closure. `recorded_by` is the orchestrator that met the refusal first.
+    Closed `until` (UTC epoch seconds) because of `cause` (a refusal kind such as
+    ``daily-limit``), since `since`, with the provider's `message`; `daily` marks a
+    daily limit (closed until the next UTC midnight). `written_at`/`written_by`: when
+    and by which orchestrator the row was last written (set by the store).
     """
 
-    key: str
+    provider: str
+    credential: str | None
     until: float
-    reason: str
+    cause: str
     daily: bool = False
-    recorded_at: float = 0.0
-    recorded_by: str = ""
+    since: float = 0.0
+    message: str = ""
+    written_at: float = 0.0
+    written_by: str = ""
+
+    @property
+    def scope(self) -> str:
+        """``provider/credential``, or ``provider/*`` for the whole provider (the audit rows' subject)."""
+        return f"{self.provider}/{'*' if self.credential is None else self.credential}"
 
 
 @dataclass(frozen=True)
@@ -389,6 +399,8 @@ class AdmissionStore(abc.ABC):
     def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
         """Give a lease back at the end of its work; its capacity goes to the next request.
 
+        The next request is admitted by the next reconciling call (any submit, get,
+        renew, cancel or reconcile of any orchestrator), not by the release itself.
         Releasing a request that is no longer admitted is a no-op that returns its record.
         """
 
@@ -417,12 +429,27 @@ class AdmissionStore(abc.ABC):
         """Store `policy` for the whole host group (audited), then reconcile under it."""
 
     @abc.abstractmethod
-    def record_closure(self, key: str, until: float, reason: str, daily: bool = False) -> Closure:
-        """Record that provider key `key` is spent until `until`; a later `until` wins."""
+    def put_closures(self, closures) -> list[Closure]:
+        """Write provider closures (`Closure`s; their written_* fields are ignored) in one transaction.
+
+        Merge rule: per scope (provider, credential) a closure replaces the stored one
+        only if its `until` is later, so a fleet never shortens what another fleet
+        recorded; only `reopen_closure` ends one early. Every closure written (new or
+        extended) is an audit row of kind ``closure``. Returns the closure in force
+        for each given scope after the write. Raises BadRequest naming the first bad
+        field (nothing is written).
+        """
 
     @abc.abstractmethod
     def closures(self, now: float | None = None) -> list[Closure]:
-        """The closures still in force at `now` (default: the store clock)."""
+        """The closures still in force at `now` (default: the store clock), by scope."""
+
+    @abc.abstractmethod
+    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = "reopened") -> bool:
+        """Lift the closure of one scope, whatever its `until`; audited (kind ``reopened``).
+
+        Returns whether there was one in force.
+        """
 
     @abc.abstractmethod
     def check(self) -> Health:

@@ -2,18 +2,29 @@
 
 ``postgresql://user:password@host:5432/dbname`` (any libpq URI; add
 ``?options=-csearch_path%3Dmyschema`` to keep the store in its own schema). Each
-transaction starts by locking the one schema_version row (``SELECT ... FOR UPDATE``),
-which serializes every store transaction of the host group, whatever host it comes
-from; under READ COMMITTED each later statement then sees everything committed
-before the lock was granted. Schema creation takes a transaction-scoped advisory
-lock keyed on the schema, so fleets opening a fresh store at once do not race.
+locked transaction starts with a transaction-scoped advisory lock keyed on the
+schema (``pg_advisory_xact_lock``), which serializes every such transaction of the
+host group, whatever host it comes from, and schema creation too; under READ
+COMMITTED each later statement then sees everything committed before the lock was
+granted. A second advisory key guards the policy: a policy change takes it
+exclusively, an unconstrained submit shares it. Every call is one or two round
+trips: statements are sent together and values bound on the client.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable
 
-from ._sql import SqlStore
+from ._sql import (
+    _RELEASE_SQL,
+    _REQ_COLS,
+    _VERSION_POLICY_SQL,
+    SCHEMA_VERSION,
+    SqlStore,
+    _admitted_row,
+    _queued_reason,
+    _record,
+)
 from .base import StoreUnreachable
 
 PREFIXES = ("postgresql://", "postgres://")
@@ -28,11 +39,31 @@ _BEGIN = "BEGIN; SET LOCAL synchronous_commit = off"
 # one fsync. (A transaction that only takes an xid writes no WAL and would not wait.)
 _COMMIT_DURABLY = "COMMIT; BEGIN; SELECT pg_logical_emit_message(true, 'fleet.admission.store', ''); COMMIT"
 
+_GROUP_LOCK = "SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store:' || current_schema()))"
+# Taken exclusively by a transaction that may change the policy, shared by an admission that
+# relies on it (see `SqlStore._submit_unconstrained`).
+_POLICY_LOCK = "SELECT pg_advisory_xact_lock(hashtext('fleet.admission.policy:' || current_schema()))"
+_POLICY_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(hashtext('fleet.admission.policy:' || current_schema()))"
+_SUBMIT_UNCONSTRAINED = (
+    f"WITH ok AS ({_VERSION_POLICY_SQL} AND v.version = %s AND p.body IS NOT DISTINCT FROM %s), "
+    f"i AS (INSERT INTO requests ({_REQ_COLS}) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+    f"FROM ok ON CONFLICT (id) DO NOTHING RETURNING {_REQ_COLS}), "
+    "e AS (INSERT INTO events (at, kind, request_id, actor, reason) "
+    "SELECT %s, ev.kind, i.id, %s, CASE ev.n WHEN 1 THEN %s ELSE 'capacity' END FROM i, "
+    "(VALUES (1, 'queued'), (2, 'admitted')) AS ev (n, kind) ORDER BY ev.n) "
+    f"SELECT {_REQ_COLS} FROM i")
+_ADMITTED_FOR_UPDATE = f"SELECT {_REQ_COLS} FROM requests WHERE state = 'admitted' FOR UPDATE"
+_QUEUED_AND_ONE = (f"SELECT {_REQ_COLS} FROM requests WHERE state = 'queued' UNION ALL "
+                   f"SELECT {_REQ_COLS} FROM requests WHERE id = %s AND state NOT IN ('queued', 'admitted')")
+_RELEASE_FAST = (f"WITH u AS ({_RELEASE_SQL.replace('?', '%s')}), "
+                 "e AS (INSERT INTO events (at, kind, request_id, actor, reason) "
+                 "SELECT %s, 'released', id, %s, %s FROM u) "
+                 f"SELECT {_REQ_COLS} FROM u")
+
 
 class PostgresStore(SqlStore):
     """The admission store in PostgreSQL. See `admission.store.base.AdmissionStore`."""
 
-    lock_suffix = " FOR UPDATE OF v"
     ddl_types = {"serial": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION"}
     db_time_sql = "SELECT extract(epoch FROM clock_timestamp())::float8"
     paramstyle = "%s"
@@ -59,15 +90,52 @@ class PostgresStore(SqlStore):
     def _begin(self, cur) -> None:
         cur.execute(_BEGIN)
 
-    def _lock_and_read(self, cur, request_id: str):
-        # One round trip: begin, take the lock (the read, a later statement, then sees every
-        # commit before the lock was granted), read.
-        cur.execute(f"{_BEGIN}; {self._lock_sql}; {self._read_sql}", (request_id,))
-        cur.nextset()  # past BEGIN
-        cur.nextset()  # past SET
+    def _lock_and_read(self, cur, request_id: str, policy_write: bool = False):
+        # One round trip: begin, take the lock (the reads, later statements, then see every
+        # commit before the lock was granted), read. The admitted rows are read FOR UPDATE:
+        # a lock-free release (see `_release_fast`) of one of them then waits for this
+        # transaction and re-checks its row, so what this transaction decided about an
+        # admitted lease (timed out, preempted, renewed) cannot be overtaken by a release.
+        locks = f"{_GROUP_LOCK}; {_POLICY_LOCK}" if policy_write else _GROUP_LOCK
+        cur.execute(f"{_BEGIN}; {locks}; {self._version_policy_sql}; {_ADMITTED_FOR_UPDATE}; {_QUEUED_AND_ONE}",
+                    (request_id,))
+        for _ in range(4 if policy_write else 3):
+            cur.nextset()  # past BEGIN, SET and the locks
         row = cur.fetchone()
         cur.nextset()
-        return row, cur.fetchall()
+        rows = cur.fetchall()
+        cur.nextset()
+        return row, rows + cur.fetchall()
+
+    def _submit_unconstrained(self, request, policy_body):
+        # One round trip, holding the policy lock shared: it keeps the policy put (set_policy
+        # takes it exclusively before it reads) but lets these admissions run side by side.
+        # Committed synchronously: no transaction waits on a row it inserts, so there is no
+        # lock to hand on before the flush.
+        with self._guard() as conn:
+            now = self.clock()
+            cur = conn.cursor()
+            cur.execute(f"BEGIN; {_POLICY_LOCK_SHARED}; {_SUBMIT_UNCONSTRAINED}; COMMIT",
+                        (SCHEMA_VERSION, policy_body, *_admitted_row(request, now),
+                         now, self.actor, _queued_reason(request)))
+            for _ in range(2):
+                cur.nextset()  # past BEGIN and the lock
+            row = cur.fetchone()
+            return None if row is None else _record(row)
+
+    def _release_fast(self, request_id: str, revision: int, reason: str):
+        # One round trip: the guarded update and its audit row in one statement, committed
+        # without waiting for the WAL flush (so that a locked transaction waiting on this row
+        # does not wait through an fsync), then made durable like every store transaction.
+        with self._guard() as conn:
+            now = self.clock()
+            cur = conn.cursor()
+            cur.execute(f"{_BEGIN}; {_RELEASE_FAST}; {_COMMIT_DURABLY}",
+                        ("released", now, reason, request_id, self.actor, revision, now, now, self.actor, reason))
+            cur.nextset()  # past BEGIN
+            cur.nextset()  # past SET
+            row = cur.fetchone()
+            return None if row is None else _record(row)
 
     def _write_and_commit(self, conn, cur, writes) -> None:
         # One round trip: every write, the commit, and the wait for durability.
@@ -78,7 +146,7 @@ class PostgresStore(SqlStore):
         cur.execute(_COMMIT_DURABLY)
 
     def _migration_lock(self, cur) -> None:
-        cur.execute("SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store:' || current_schema()))")
+        cur.execute(_GROUP_LOCK)
 
     def _unreachable(self, exc: BaseException) -> bool:
         return isinstance(exc, (self._psycopg.OperationalError, self._psycopg.InterfaceError))

@@ -108,6 +108,15 @@ def denial_reason(policy: Policy, request: Request) -> str | None:
     return None
 
 
+def unconstrained(policy: Policy, request: Request) -> bool:
+    """No level of `policy` limits `request`: it is admitted at once whatever else is live.
+
+    Such a request competes with nothing, so no queue order applies to it and its
+    admission needs no store lock (only a policy that stays put while it is written).
+    """
+    return all(limit_of(policy, level, key) is None for level, key in quota_slots(request))
+
+
 def usage_of(records: Iterable[Record]) -> Counter:
     """Admitted leases per (level, key)."""
     usage: Counter = Counter()

@@ -7,7 +7,8 @@ code; 95 the skew is larger than ``--max-skew`` (leases are judged by clocks, so
 hosts of one group must agree on the time).
 
 ``store events`` prints the audit trail (every queue, admission, renewal,
-release, cancellation, timeout, denial, preemption, policy change and closure).
+release, cancellation, timeout, denial, preemption, policy change, provider closure
+and closure reopen).
 """
 from __future__ import annotations
 
