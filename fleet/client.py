@@ -326,6 +326,25 @@ class Client(Executor):
         """Reopen a closed provider or key; ``reopened``: whether it was closed."""
         return self._call("admission_reopen", pool=pool)
 
+    # -- the provider admission's coordinator API: questions any connected peer may ask
+    def admission_allowance(self, lane: str | None) -> int | None:
+        """As `fleet.Fleet.admission_allowance`: None, or 0 while every route of the lane is held back."""
+        return self._call("admission_allowance", lane=lane)["allowance"]
+
+    def admission_plan(self, lane: str | None, route, wanted: int, pinned: bool = False) -> int:
+        """As `fleet.Fleet.admission_plan`: how many of `wanted` units on `route` would start now. A route
+        outside the catalog: RemoteError ``BadPlan``; a route that is not a `fleet.Route`: BadPlan
+        (nothing sent); other malformed arguments: ProtocolError ``InvalidArgs``."""
+        if type(route) is not Route:
+            from .provider_gate import BadPlan
+
+            raise BadPlan(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
+        return self._call("admission_plan", lane=lane, route=str(route), wanted=wanted, pinned=pinned)["starts"]
+
+    def admission_starving(self) -> list[dict]:
+        """As `fleet.Fleet.admission_starving`."""
+        return self._call("admission_starving")["starving"]
+
     def __repr__(self) -> str:
         return f"<fleet.Client {self.name!r} at {self.path}>"
 

@@ -582,6 +582,15 @@ class Daemon:
     def admission_reopen(self, pool: str) -> dict:
         return self.sup.admission_reopen(pool)
 
+    def admission_allowance(self, lane):
+        return self.sup.admission_ask(lambda gate: gate.allowance(lane))
+
+    def admission_plan(self, lane, route, wanted: int, pinned: bool) -> int:
+        return self.sup.admission_ask(lambda gate: gate.plan(lane, route, wanted, pinned))
+
+    def admission_starving(self) -> list:
+        return self.sup.admission_ask(lambda gate: gate.starving())
+
     # ------------------------------------------------------------------ the blocking op (off the loop)
     def collect(self, *, token: str, timeout: float) -> Future:
         return self.store.collect(token, timeout)

@@ -164,6 +164,24 @@ class Fleet(Executor):
         `until` (UTC epoch seconds). BadPool for an unknown pool or a time not in the future."""
         return self._sup.admission_close(pool, until, message)
 
+    # -- the provider admission's coordinator API (reference 000 §9): questions, nothing is seated.
+    # Named admission_* (as the control ops): `plan` is the fleet's placement plan.
+    def admission_allowance(self, lane: str | None) -> int | None:
+        """None (start everything) unless every route `lane`'s work asks for is held back by a
+        live refusal with no admitting alternative: then 0 (hold the lane's fan-out)."""
+        return self._sup.admission_ask(lambda gate: gate.allowance(lane))
+
+    def admission_plan(self, lane: str | None, route, wanted: int, pinned: bool = False) -> int:
+        """How many of `wanted` new units on `route` (a `fleet.Route`) in `lane` would start now,
+        pins and alternatives honoured; nothing is submitted or seated. Raises BadPlan (a
+        route outside the catalog, `wanted` not a whole number >= 0, bad types)."""
+        return self._sup.admission_ask(lambda gate: gate.plan(lane, route, wanted, pinned))
+
+    def admission_starving(self) -> list[dict]:
+        """Closed providers or keys with work waiting (``kind: provider-closed``) first, then
+        hard-pinned units waiting past ``starved_after`` (``kind: pinned``)."""
+        return self._sup.admission_ask(lambda gate: gate.starving())
+
     def admission_reopen(self, pool: str) -> dict:
         """Reopen a closed provider or key (a topped-up key); ``reopened``: was it closed."""
         return self._sup.admission_reopen(pool)

@@ -342,6 +342,32 @@ class ProviderGate:
         return {"pool": pool, "reopened": had}
 
 
+    # ------------------------------------------------------------------ coordinator API (000 §9)
+    # Questions a coordinator asks before it fans work out: they read the pool and seat nothing.
+    def allowance(self, lane: str | None) -> int | None:
+        """None (start everything) unless every route `lane`'s work asks for is held back by a
+        live refusal with no admitting alternative: then 0."""
+        return self.pool.allowance(_lane(lane))
+
+    def plan(self, lane: str | None, route, wanted: int, pinned: bool = False) -> int:
+        """How many of `wanted` new units on `route` in `lane` would start now (pins and
+        alternatives honoured). BadPlan for a route outside the catalog or bad arguments."""
+        lane = _lane(lane)
+        if type(route) is not Route:
+            raise BadPlan(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
+        if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
+            raise BadPlan(f"wanted must be a whole number >= 0, got {wanted!r}")
+        if not isinstance(pinned, bool):
+            raise BadPlan(f"pinned must be true or false, got {pinned!r}")
+        policy = self.pool.policy
+        if policy.nodes and (route.model, route.provider) not in policy.nodes:
+            raise BadPlan(f"route {route} is not in the declared catalog")
+        return self.pool.plan(lane, route, wanted, pinned=pinned)
+
+    def starving(self) -> list[dict]:
+        """Closed providers (or keys) with work waiting first, then hard-pinned waits past starved_after."""
+        return self.pool.starving()
+
     def _known(self, pool: str) -> tuple[str, str | None]:
         provider, credential = parse_pool(pool)
         known = set(self.pool.policy.providers) | {r.provider for r in self.pool.state.bulkheads}
@@ -353,6 +379,16 @@ class ProviderGate:
 
 class BadPool(FleetError, ValueError):
     """An operator named a pool the admission does not know, or a time that is no future time."""
+
+
+class BadPlan(FleetError, ValueError):
+    """A coordinator question (allowance, plan) with bad arguments: nothing was read or changed."""
+
+
+def _lane(lane):
+    if lane is not None and not isinstance(lane, str):
+        raise BadPlan(f"lane must be a str or None, got {type(lane).__name__}")
+    return lane
 
 
 def parse_pool(text: str) -> tuple[str, str | None]:

@@ -1113,6 +1113,12 @@ class Supervisor:
         self.data.bell.ring()
         return result
 
+    def admission_ask(self, question):
+        """Answer a coordinator question (``question(gate)``: allowance, plan, starving) under the
+        lock, as every other call on the provider gate; it reads the pool and seats nothing."""
+        with self._lock:
+            return question(self._providers)
+
     def admission_reload_refused(self, why: str) -> None:
         """A reload whose [admission] section did not load: the last good catalog stays; say why."""
         with self._lock:

@@ -84,6 +84,14 @@ def test_fleetctl_status_reads_the_replay_fleet(replayed):
     assert max(st["ledger"]["submitted"] for st in statuses) > 0  # read while units were going through
 
 
+def test_fleetctl_status_shows_the_admission_modes_bulkheads(replayed):
+    """The admission mode goes through the fleet's own admission: its bulkheads are in the shared
+    table, and `fleetctl status` reads them while the replay runs."""
+    rows = [row for st in replayed["statuses"] for row in st.get("bulkheads", [])]
+    assert {row["pool"] for row in rows} >= {"m@p/k1"}, rows
+    assert any(row["successes"] + row["refusals"] > 0 for row in rows), rows
+
+
 @pytest.mark.parametrize("name", ["none", "cap", "admission"])
 def test_ledger_exact_and_counts_are_the_simulators(replayed, name):
     m = mode(replayed, name)
@@ -113,6 +121,7 @@ def test_cap_mode_never_exceeds_its_cap(replayed):
 def test_admission_mode_moves_rounds_to_the_alternative(replayed):
     m = mode(replayed, "admission")
     assert m["moved"] >= 1
+    assert m["admission_moved"] == m["moved"]  # the fleet's admission moved exactly the rounds that reached q
     assert m["simulator"]["m@q"]["200"] >= m["moved"]
     moved = [r for r in m["round_log"] if r["moved"]]
     assert all(r["pool"] == "m@q" for r in moved)
@@ -152,7 +161,8 @@ def test_show_refuses_what_is_not_a_report(tmp_path):
 
 def test_admission_rounds_held_by_a_backoff_start_when_it_ends(tmp_path):
     """Two rounds arrive while a 429 backs the only pool off and nothing else is running: only the
-    end of the backoff can start them (not a completion). None may be cut at the horizon."""
+    end of the backoff can start them (not a completion). None may be cut at the horizon: the fleet's
+    admission runs on the replay clock (on the host's clock, Retry-After 20 would outlast the horizon)."""
     from fleet.burst.runner import replay
     from fleet.burst.trace import load
 
@@ -171,7 +181,7 @@ def test_admission_rounds_held_by_a_backoff_start_when_it_ends(tmp_path):
     assert m["cut"] == 0 and m["ok"] + m["refused"]["429"] == 5, m["round_log"]  # every round ended
     late = [r for r in m["round_log"] if r["id"] in ("r3", "r4")]
     # both start once the backoff (Retry-After 20) has ended; with K 1 one of them may meet a 429 again
-    assert all(r["submitted"] >= 20.0 and r["status"] in ("ok", "429") for r in late), late
+    assert all(r["started"] >= 20.0 and r["status"] in ("ok", "429") for r in late), late
     assert any(r["status"] == "ok" for r in late), late
     assert m["ledger"]["exact"]
 
@@ -229,3 +239,25 @@ def test_cpu_quota_needs_root(tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == cli.EXIT_NO_CGROUP == 91, stderr
     assert "needs root" in stderr and not (tmp_path / "r").exists()
+
+
+def test_admission_through_the_fleet_beats_none_on_burst_35(tmp_path):
+    """The shipped 35-head burst, same seed: the fleet's own admission (submit with route=, lane=,
+    severity=, parent=) meets fewer 429s than dispatching everything at once; every unit one
+    outcome; the report's counts are the simulator's; what admission did is the fleet's."""
+    from fleet.burst.runner import replay
+    from fleet.burst.trace import load
+
+    rep = replay(load(os.path.join(REPO, "examples", "traces", "burst-35.jsonl")), modes=("none", "admission"),
+                 speed=60.0, seed=35, progress=False, name=f"b35{os.getpid()}")
+    none, adm = rep["modes"]
+    for m in (none, adm):
+        assert m["ledger"]["exact"], m["ledger"]
+        assert m["counts_match"], (m["pools"], m["simulator"])
+        assert m["ok"] + m["failed"] + m["cut"] + sum(m["refused"].values()) == m["rounds"] == 105
+    assert none["moved"] == 0 and none["admission_moved"] is None
+    assert adm["refused"]["429"] < none["refused"]["429"], (adm["refused"], none["refused"])
+    assert adm["moved"] == adm["admission_moved"] >= 1
+    # every follow-up names its parent (submitted with parent=): the fleet's admission starts it as delegated
+    followups = [r for r in adm["round_log"] if r["id"].endswith("-followup") and r["submitted"] is not None]
+    assert adm["delegated"] == len(followups) == 35

@@ -122,7 +122,7 @@ def test_help_names_the_exit_codes():
         out = subprocess.run([sys.executable, "-m", "fleet.burst.cli", *argv], capture_output=True, text=True,
                              timeout=60, env={**os.environ, "PYTHONPATH": REPO})
         assert out.returncode == 0
-        for code in (cli.EXIT_BAD_TRACE, cli.EXIT_NO_FLEET, cli.EXIT_FLEET_FAILED, cli.EXIT_NO_ADMISSION):
+        for code in (cli.EXIT_BAD_TRACE, cli.EXIT_NO_FLEET, cli.EXIT_FLEET_FAILED):
             assert f"  {code}  " in out.stdout
 
 

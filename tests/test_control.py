@@ -632,7 +632,8 @@ def test_exactly_the_changing_ops_are_mutating():
                         "admission_close", "admission_reopen"}
     assert set(c.OPS.names()) == {"ping", "status", "posture_show", "posture_set", "posture_release", "drain",
                                   "resume", "submit", "ledger", "collect", "cancel", "admission_show",
-                                  "admission_close", "admission_reopen"}
+                                  "admission_close", "admission_reopen", "admission_allowance", "admission_plan",
+                                  "admission_starving"}
     assert {name for name in c.OPS.names() if c.OPS.get(name).blocking} == {"collect"}
 
 

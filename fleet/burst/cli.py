@@ -18,7 +18,6 @@ EXIT_BAD_TRACE = 65  # the trace has bad lines (all listed with their line numbe
 EXIT_BAD_REPORT = 66  # show: the report cannot be read
 EXIT_NO_FLEET = 69  # record: no fleet of that name is running, or it does not record
 EXIT_FLEET_FAILED = 70  # the replay fleet or simulator did not start, or a unit did not get exactly one outcome
-EXIT_NO_ADMISSION = 90  # --modes admission, but the provider admission is not installed here
 EXIT_NO_CGROUP = 91  # --cpu-quota without root or a v1 cpu cgroup hierarchy
 
 EXIT_CODES = f"""exit codes:
@@ -30,7 +29,6 @@ EXIT_CODES = f"""exit codes:
   {EXIT_NO_FLEET}  record: no fleet of that name runs, or it does not record arrivals
   {EXIT_FLEET_FAILED}  the replay fleet or its provider simulator did not start, or a unit did not get
       exactly one outcome
-  {EXIT_NO_ADMISSION}  the admission mode needs the provider admission, not installed here
   {EXIT_NO_CGROUP}  --cpu-quota needs root and a v1 cpu cgroup hierarchy"""
 
 
@@ -94,7 +92,8 @@ def parser() -> argparse.ArgumentParser:
                                     "timeline.png.")
     rp.add_argument("trace", help="a trace file (JSON lines; see the README, 'Burst traces')")
     rp.add_argument("--modes", type=_modes, default=None,
-                    help="comma list of none, cap, admission (default: the trace header's, else all three)")
+                    help="comma list of none, cap, admission (the fleet's own provider admission: submit with route=); "
+                         "default: the trace header's, else all three")
     rp.add_argument("--speed", type=_positive, default=None,
                     help="trace seconds per real second (default: the header's speed, else 60; CPU work is never scaled)")
     rp.add_argument("--seed", type=int, default=None, help="RNG seed of the latency draws and the admission "
@@ -142,7 +141,6 @@ def main(argv=None) -> int:
 
 def _replay(args) -> int:
     from . import report as R
-    from .admission_seam import AdmissionUnavailable
     from .cpuquota import CpuQuotaUnavailable, check_available
     from .replay import FleetFailed
     from .runner import replay
@@ -167,9 +165,6 @@ def _replay(args) -> int:
     except CpuQuotaUnavailable as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_NO_CGROUP
-    except AdmissionUnavailable as exc:
-        print(f"fleet-burst: {exc}", file=sys.stderr)
-        return EXIT_NO_ADMISSION
     except (FleetFailed, SimulatorError) as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_FLEET_FAILED

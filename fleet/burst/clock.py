@@ -3,7 +3,8 @@
 Trace time runs `speed` times faster than the host's monotonic clock from the moment
 `start()` is called. `mono()` is trace seconds since then and `wall()` the UTC epoch
 second it stands for (the trace header's ``start`` plus `mono()`), the two readings the
-admission's clock protocol asks for, so closures of 35 minutes, probes every 10 s and
+admission's clock protocol asks for: the replay fleet's provider admission runs on this
+clock (``fleet.Fleet(..., admission_clock=clock)``), so closures of 35 minutes, probes every 10 s and
 UTC midnight all scale with the replay.
 """
 from __future__ import annotations
@@ -24,6 +25,12 @@ class ReplayClock:
     def start(self, at: float | None = None) -> None:
         """Trace time 0 is now, or at host monotonic instant `at` (trace time is negative until then)."""
         self.t0 = time.monotonic() if at is None else float(at)
+
+    @property
+    def scale(self) -> float:
+        """Trace seconds per real second (the admission's clock protocol reads it to turn a wake
+        instant into real seconds to sleep)."""
+        return self.speed
 
     def mono(self) -> float:
         """Trace seconds since `start`."""

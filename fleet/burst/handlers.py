@@ -2,11 +2,14 @@
 
 `chat` is an ``async def`` handler of an I/O-bound role: it calls the provider simulator
 over real HTTP with one `httpx.AsyncClient` per worker loop, exactly as a user's handler
-would call a provider, and raises `ProviderRefusal` for a 4xx refusal (the unit fails
-with it; the replay reads status, message and Retry-After from the exception). `burn`
-spends a unit's ``cpu_ms`` of busy CPU on its worker thread. Both return the host
-monotonic instants the work started and ended (the same clock in every process), which
-the replay turns into waits and a timeline.
+would call a provider. It calls the route the fleet's provider admission chose
+(``unit.route``: the asked route or the alternative admission moved the round to); a
+round submitted without a route (the ``none`` and ``cap`` modes) calls the route in its
+payload. A 4xx refusal is raised as ``fleet.Refused(status, message, retry_after=...)``:
+the unit fails ``Refused`` and, for a routed unit, the admission takes it as its pool's
+signal (429 backs off, 402/403 close). `burn` spends a unit's ``cpu_ms`` of busy CPU on
+its worker thread. Both return the host monotonic instants the work started and ended
+(the same clock in every process), which the replay turns into waits and a timeline.
 """
 from __future__ import annotations
 
@@ -15,20 +18,9 @@ import time
 
 import httpx  # imported here so that the zygote has it loaded before it forks workers
 
+import fleet
+
 _clients: dict = {}  # event loop -> httpx.AsyncClient (one per worker loop)
-
-
-class ProviderRefusal(Exception):
-    """The provider refused a round: `status` (429, 402, 403), its message and Retry-After (s)."""
-
-    def __init__(self, status: int, message: str = "", retry_after: float | None = None, started: float = 0.0,
-                 ended: float = 0.0):
-        super().__init__(status, message, retry_after, started, ended)
-        self.status, self.message, self.retry_after = status, message, retry_after
-        self.started, self.ended = started, ended
-
-    def __str__(self):
-        return f"HTTP {self.status}: {self.message}"
 
 
 def _client():
@@ -41,21 +33,31 @@ def _client():
     return client
 
 
+def route_of(unit) -> tuple[str, str, str | None]:
+    """(model, provider, credential) the round calls: the admission's choice, else the payload's."""
+    if unit.route is not None:
+        return unit.route.model, unit.route.provider, unit.route.credential
+    p = unit.payload
+    return p["model"], p["provider"], p.get("credential")
+
+
 async def chat(unit) -> dict:
-    """One chat-completions round. Payload: url, model, credential, id, latency_s (optional);
-    ``{"warm": true}`` only makes the worker's client (the replay warms each role up before it measures)."""
+    """One chat-completions round. Payload: base (the simulator's URL), id, latency_s (optional),
+    and model, provider, credential for a round without a route; ``{"warm": true}`` only makes
+    the worker's client (the replay warms each role up before it measures)."""
     p = unit.payload
     if p.get("warm"):
         _client()
         return {"status": 0}
+    model, provider, credential = route_of(unit)
     headers = {"X-Burst-Round": p["id"]}
-    if p.get("credential"):
-        headers["Authorization"] = f"Bearer {p['credential']}"
+    if credential:
+        headers["Authorization"] = f"Bearer {credential}"
     if p.get("latency_s") is not None:
         headers["X-Burst-Latency"] = repr(float(p["latency_s"]))
-    body = {"model": p["model"], "messages": [{"role": "user", "content": f"round {p['id']}"}]}
+    body = {"model": model, "messages": [{"role": "user", "content": f"round {p['id']}"}]}
     started = time.monotonic()
-    response = await _client().post(p["url"], json=body, headers=headers)
+    response = await _client().post(f"{p['base']}/{provider}/v1/chat/completions", json=body, headers=headers)
     ended = time.monotonic()
     if response.status_code != 200:
         try:
@@ -63,7 +65,7 @@ async def chat(unit) -> dict:
         except Exception:
             message = response.text[:200]
         retry = response.headers.get("retry-after")
-        raise ProviderRefusal(response.status_code, message, float(retry) if retry else None, started, ended)
+        raise fleet.Refused(response.status_code, message, retry_after=float(retry) if retry else None)
     return {"status": 200, "started": started, "ended": ended}
 
 

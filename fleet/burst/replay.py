@@ -14,8 +14,14 @@ arrival at its scaled offset (after the arrivals it names in ``after`` have ende
 * ``none``: submits it at once; a refusal is a failed round;
 * ``cap``: submits it when its pool has fewer than ``cap`` rounds of this replay in
   flight (the usual client-side semaphore), else queues it in arrival order;
-* ``admission``: asks the provider admission first (`admission_seam`): it starts now on
-  its own route or a declared alternative, or waits until the admission's `wake` starts it.
+* ``admission``: submits it through the fleet's own provider admission
+  (``fleet.submit(..., route=fleet.Route(...), lane=, severity=, parent=)``): the fleet
+  starts it now on its own route or a declared alternative (the handler calls
+  ``unit.route``), or holds it until its pool may admit again. The fleet's admission
+  runs on the replay clock (``admission_clock``), so its backoffs, 35-minute closures,
+  10 s probes and UTC midnight scale with ``--speed``. Waits, moves and probes are the
+  fleet's: the driver reads them back from the simulator (which pool each round
+  reached) and from ``Fleet.status()["admission"]`` (probes, moves, closures).
 
 A round that meets a refusal ends there (it is the refusal the modes are compared on).
 Rounds still waiting at the trace's horizon are *cut*. Every round ends in exactly one
@@ -24,11 +30,11 @@ against the units submitted (`ModeResult.ledger_check`).
 
 One thread does the scheduling: it sleeps on the completion queue until the next
 arrival's instant (spinning the last stretch, see `urgent_threads`), so completions and
-arrivals never race and the admission (not thread-safe by design) has one owner. Every deadline is an
+arrivals never race. Every deadline is an
 absolute instant of the replay clock, so a late wake-up never shifts the arrivals after
 it. Each arrival's lag goes into the report: the real milliseconds from when it was due
 to when the driver handed it to its mode (called ``fleet.submit`` for it, or queued it
-behind the cap or the admission); arrivals due at the same instant are handed over in
+behind the cap); arrivals due at the same instant are handed over in
 one pass, in trace order.
 
 While a mode runs the cyclic garbage collector is off (`quiet_gc`): with the fleet,
@@ -51,16 +57,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import fleet
+
 from .clock import ReplayClock
-from .handlers import ProviderRefusal
-from .trace import Arrival, Route, Trace
+from .trace import Arrival, Header, Route, Trace
 
 SPIN_S = 0.0015  # the last stretch before an arrival is polled, not slept (timer slack)
 START_LEAD_S = 0.05  # trace time 0 is this far ahead of the start, so setting up costs no arrival lag
 IDLE_BLOCK_S = 1.0  # past the horizon: how long one wait for a completion blocks
 RT_PRIORITY = 1  # the lowest real-time priority: above every normal thread, below the kernel's own
 RT_SPIN_S = 0.0001
-STALE_WAKE_S = 0.001
 GC_GAP_S = 0.02  # a young-generation collection (~1 ms) only runs when the next deadline is this far
 IO_SLOTS_MAX = 1024
 ROLE_QUEUE_BOUND = 1 << 20
@@ -89,6 +95,8 @@ class Round:
     moved: bool = False
     probe: bool = False
     outcomes: int = 0  # futures resolved for it: exactly one if submitted
+    future: object = None  # the fleet's future while it is submitted (the admission mode cuts waiting ones)
+    unit_id: int | None = None  # the fleet's unit id (its delegated rounds name it as their parent)
 
     @property
     def pool(self) -> str | None:
@@ -117,6 +125,9 @@ class ModeResult:
     admission_closures: list = field(default_factory=list)
     submitted: int = 0
     driver_class: str = "normal"
+    probes: int | None = None  # the admission mode: probes the fleet's admission let through (its bulkheads)
+    admission_moved: int | None = None  # the admission mode: units the fleet's admission moved (its own count)
+    delegated: int | None = None  # the admission mode: units its admission started as delegated (named a parent)
 
     def ledger_check(self) -> dict:
         """Exactly one outcome per submitted unit, from the fleet's own ledger and the futures."""
@@ -152,18 +163,40 @@ def fleet_config(trace: Trace, name: str, profile: str) -> dict:
         else:
             roles[role] = {"kind": "pooled", "handler": "fleet.burst.handlers:burn", "slots": 2,
                            "queue_bound": ROLE_QUEUE_BOUND, "peak_cpus": 1}
-    return {"fleet": {"name": name, "profile": profile}, "roles": roles}
+    config = {"fleet": {"name": name, "profile": profile}, "roles": roles}
+    if io_roles:
+        config["admission"] = policy_dict(trace.header)
+    return config
+
+
+def policy_dict(header: Header) -> dict:
+    """The replay fleet's ``[admission]`` section a trace header declares: the catalog of its pools
+    with their residency marks, their alternatives, its lanes and its admission timings."""
+    providers: dict = {}
+    alternatives: dict = {}
+    for pool in header.pools:
+        marks = {"residency": pool.residency} if pool.residency else {}
+        providers.setdefault(pool.provider, {"models": {}})["models"][pool.model] = marks
+        if pool.alternatives:
+            alternatives.setdefault(pool.model, [])
+            for model, provider in pool.alternatives:
+                entry = f"{model}@{provider}"
+                if entry not in alternatives[pool.model]:
+                    alternatives[pool.model].append(entry)
+    out = dict(header.raw.get("admission", {}))
+    out.update({"providers": providers, "alternatives": alternatives, "lanes": dict(header.lanes)})
+    return out
 
 
 class Driver:
     """Runs one mode of one trace on a running fleet and simulator. Not reusable: one `run`."""
 
     def __init__(self, trace: Trace, fleet, simulator, clock: ReplayClock, mode: str, *, cap: int | None = None,
-                 admission=None, progress=None, realtime: bool = True):
+                 progress=None, realtime: bool = True):
         self.trace, self.fleet, self.sim, self.clock, self.mode = trace, fleet, simulator, clock, mode
         self.cap = cap
         self.realtime = realtime  # try the real-time class for this process's threads while it runs
-        self.admission = admission
+        self.admission = mode == "admission"  # rounds go through the fleet's provider admission
         self.progress = progress
         self.rounds = [Round(i, a) for i, a in enumerate(trace.arrivals)]
         self.by_id = {r.arrival.id: r for r in self.rounds}
@@ -177,7 +210,7 @@ class Driver:
         self.done_q: queue.SimpleQueue = queue.SimpleQueue()
         self.in_flight = collections.Counter()  # pool -> rounds of this replay in flight (cap mode)
         self.cap_waits: dict[str, collections.deque] = collections.defaultdict(collections.deque)
-        self.admission_waits: set[int] = set()
+        self._closures: dict = {}  # (provider, credential, since) -> every admission closure seen
         self.open = len(self.rounds)
         self.submitted = 0
         self.lag_ms: list[float] = []
@@ -201,10 +234,38 @@ class Driver:
         while ledger_after["inflight"] != ledger_before["inflight"] and time.monotonic() < deadline:
             time.sleep(0.01)
             ledger_after = self.fleet.ledger()
-        adm_closures = self.admission.closures() if self.admission is not None else []
-        return ModeResult(self.mode, "", self.rounds, self.lag_ms, wall, ledger_before, ledger_after,
-                          self.sim.counts(), self.sim.events(), self.sim.key_closures(), adm_closures, self.submitted,
-                          self.driver_class)
+        result = ModeResult(self.mode, "", self.rounds, self.lag_ms, wall, ledger_before, ledger_after,
+                            self.sim.counts(), self.sim.events(), self.sim.key_closures(), [], self.submitted,
+                            self.driver_class)
+        if self.admission:
+            self._read_admission(result)
+        return result
+
+    def _read_admission(self, result: ModeResult) -> None:
+        """What the fleet's admission did, read back: the pool each round reached (the simulator's
+        own record: a move shows as another pool), probes and moves (the admission's bulkheads and
+        count), every closure it made (those still in force now, and those seen after a refusal)."""
+        header = self.trace.header
+        calls = self.sim.calls()
+        for r in self.rounds:
+            asked = r.arrival.route
+            reached = calls.get(r.arrival.id)
+            if asked is None or reached is None:
+                continue
+            if reached != asked.pool:
+                pool = header.pool(reached)
+                r.route, r.moved = Route(pool.model, pool.provider, None), True
+        census = self.fleet.status()["admission"]
+        self._note_closures(census)
+        result.probes = sum(b["probes"] for b in census["bulkheads"])
+        result.admission_moved = census["moved"]
+        result.delegated = sum(b["delegated_total"] for b in census["bulkheads"])
+        result.admission_closures = list(self._closures.values())
+
+    def _note_closures(self, census: dict | None = None) -> None:
+        census = census if census is not None else self.fleet.status()["admission"]
+        for c in census["closures"]:
+            self._closures.setdefault((c["provider"], c["credential"], c["since"]), c)
 
     def _loop(self) -> None:
         clock = self.clock
@@ -222,11 +283,6 @@ class Driver:
                     self._arrive(r)
                 now_real = time.monotonic()
             self._drain()
-            if self.admission is not None and self.admission_waits:
-                # None with rounds waiting: nothing holds them any more (a backoff just ended)
-                nw = self.admission.next_wake()
-                if nw is None or nw <= clock.mono():
-                    self._wake()
             if not self.open:
                 break
             if not cut and clock.mono() >= horizon:
@@ -238,15 +294,6 @@ class Driver:
             if pending:
                 deadline = clock.real_at(pending[0].arrival.t) if deadline is None else min(
                     deadline, clock.real_at(pending[0].arrival.t))
-            if self.admission is not None and self.admission_waits:
-                nw = self.admission.next_wake()
-                if nw is not None:
-                    # a wake instant the last wake left in the past is looked at again shortly, never
-                    # spun on: the driver may be a real-time thread
-                    at = clock.real_at(nw)
-                    if at <= time.monotonic():
-                        at = time.monotonic() + STALE_WAKE_S
-                    deadline = at if deadline is None else min(deadline, at)
             if deadline is None:
                 self._block(IDLE_BLOCK_S)
                 continue
@@ -292,40 +339,34 @@ class Driver:
             else:
                 self.cap_waits[pool].append(r)
         else:
-            parent = self.by_id[a.parent].index if a.parent is not None else None
-            starts, route, moved, probe = self.admission.admit(r.index, a.route, a.lane, a.severity, parent)
-            if starts:
-                r.moved, r.probe = moved, probe
-                self._submit(r, route)
-            else:
-                self.admission_waits.add(r.index)
+            self._submit(r, a.route)
 
     def _cap_of(self, pool: str) -> int:
         return self.cap if self.cap is not None else self.trace.header.pool(pool).k
-
-    def _wake(self) -> None:
-        for unit, starts, route, moved, probe in self.admission.wake():
-            r = self.rounds[unit]
-            self.admission_waits.discard(unit)
-            r.moved, r.probe = moved, probe
-            self._submit(r, route)
 
     def _submit(self, r: Round, route: Route | None) -> None:
         a = r.arrival
         r.route = route
         submitted = self.clock.mono()
+        admission = {}
         if route is None:
             payload = {"id": a.id, "cpu_ms": a.cpu_ms}
         else:
-            pool = self.trace.header.pool(route.pool)
-            payload = {"id": a.id, "url": f"{self.sim.base_url}/{pool.provider}/v1/chat/completions",
-                       "model": route.model, "credential": route.credential, "latency_s": a.latency_s}
+            payload = {"id": a.id, "base": self.sim.base_url, "latency_s": a.latency_s}
+            if self.admission:  # the fleet's admission chooses; the handler calls unit.route
+                # a delegated round names its parent's unit, which has usually ended by now (it comes `after` it)
+                parent = self.by_id[a.parent].unit_id if a.parent is not None else None
+                admission = {"route": fleet.Route(route.model, route.provider, route.credential),
+                             "severity": a.severity, "parent": parent}
+            else:
+                payload.update(model=route.model, provider=route.provider, credential=route.credential)
         try:
-            future = self.fleet.submit(a.role, payload, key=a.key, lane=a.lane)
+            future = self.fleet.submit(a.role, payload, key=a.key, lane=a.lane, **admission)
         except Exception as exc:  # refused at submit: nothing queued, the round ends here
             self._end(r, FAILED, f"submit refused: {type(exc).__name__}: {exc}")
             return
         r.submitted = submitted
+        r.future, r.unit_id = future, future.unit_id
         self.submitted += 1
         future.add_done_callback(lambda f, r=r: self.done_q.put((r, f)))
 
@@ -334,9 +375,12 @@ class Driver:
         r.outcomes += 1
         if r.outcomes > 1:
             return  # counted by the ledger check
-        exc = future.exception()
         clock = self.clock
-        if exc is None:
+        exc = None if future.cancelled() else future.exception()
+        if future.cancelled():  # cut at the horizon while the fleet's admission held it
+            r.ended = clock.mono()
+            status, reason = CUT, "waiting at the horizon"
+        elif exc is None:
             value = future.result()
             r.started, r.ended = clock.trace_of(value["started"]), clock.trace_of(value["ended"])
             status = OK
@@ -344,13 +388,17 @@ class Driver:
         else:
             original = getattr(exc, "original", None)
             r.ended = clock.mono()
-            if isinstance(original, ProviderRefusal):
-                r.started = clock.trace_of(original.started)
+            if isinstance(original, fleet.Refused):
+                # a refusal comes back at once: its start is its end, to within one HTTP round trip
+                r.started = r.ended
                 status, reason = str(original.status), original.message
+                if self.admission and original.status in (402, 403):
+                    self._note_closures()  # a closure begins at a refusal; it may be lifted before the end
             else:
                 status = FAILED
                 outcome = getattr(exc, "outcome", None)
                 reason = outcome.reason if outcome is not None else type(exc).__name__
+        r.future = None
         if r.route is not None and self.mode == "cap":
             pool = r.route.pool
             self.in_flight[pool] -= 1
@@ -359,17 +407,7 @@ class Driver:
                 nxt = waits.popleft()
                 self.in_flight[pool] += 1
                 self._submit(nxt, nxt.arrival.route)
-        if r.route is not None and self.admission is not None:
-            if status == OK:
-                self.admission.report_clean(r.index, r.ended - r.started)
-            elif exc is not None and isinstance(getattr(exc, "original", None), ProviderRefusal):
-                o = exc.original
-                self.admission.report_refused(r.index, o.status, o.message, o.retry_after)
-            else:
-                self.admission.report_error(r.index, str(reason))
         self._end(r, status, reason)
-        if self.admission is not None and self.admission_waits:
-            self._wake()
 
     def _end(self, r: Round, status: str, reason: str | None) -> None:
         r.status, r.reason = status, reason
@@ -385,14 +423,14 @@ class Driver:
                 self._arrive(child)
 
     def _cut(self, pending) -> None:
-        """The horizon: rounds not yet submitted end as cut (those in flight still finish)."""
+        """The horizon: rounds not yet submitted end as cut (those in flight still finish); in the
+        admission mode, rounds the fleet still holds are cancelled and end cut when their future says so."""
         self._cutting = True
         for r in self.rounds:
             if r.status is None and r.submitted is None:
-                if r.index in self.admission_waits:
-                    self.admission.cancel(r.index)
-                    self.admission_waits.discard(r.index)
                 self._end(r, CUT, "waiting at the horizon")
+            elif self.admission and r.status is None and r.future is not None:
+                r.future.cancel()  # False once it started: it finishes
         pending.clear()
         for waits in self.cap_waits.values():
             waits.clear()

@@ -6,13 +6,16 @@
 ``fleet-burst show`` does). Times are trace seconds unless a name says ms.
 
 Per mode: refusals (429, 402, 403) per pool and in total, rounds ok / failed / cut,
-rounds moved to an alternative, probes, makespan (first arrival to last end), wait
+rounds moved to an alternative (the pool a round reached at the simulator is not the one
+it asked for; ``admission_moved`` is the fleet admission's own count; ``delegated`` the rounds it started
+as delegated, submitted with their parent's unit id), probes (the fleet
+admission's bulkheads: probes it let through), makespan (first arrival to last end), wait
 p50/p95/max per lane (from ready — released, and every arrival it comes
 ``after`` ended — to the start of the work), starving time per lane (from a
 402/403 refusal or a cut round in the lane to its next clean round, or to the end),
 cycle tail avg/p95/max (ms, first arrival of a cycle to its last end), the scheduler's
 lag (real ms from when an arrival was due to when the driver handed it over: called
-``fleet.submit`` for it or queued it behind the cap or the admission; ``driver`` names the
+``fleet.submit`` for it or queued it behind the cap; ``driver`` names the
 scheduling class the driver thread ran in, ``realtime`` or ``normal``), the ledger check, and the simulator's own counts with
 ``counts_match`` (the report's per-pool counts equal the simulator's).
 """
@@ -94,7 +97,9 @@ def summarize(result, trace) -> dict:
         "ok": statuses.get("ok", 0), "failed": statuses.get("failed", 0), "cut": statuses.get("cut", 0),
         "refused": {code: statuses.get(code, 0) for code in REFUSALS},
         "failed_or_cut": sum(statuses.get(k, 0) for k in ("failed", "cut") + REFUSALS),
-        "moved": sum(1 for r in rounds if r["moved"]), "probes": sum(1 for r in rounds if r["probe"]),
+        "moved": sum(1 for r in rounds if r["moved"]),
+        "probes": result.probes if result.probes is not None else sum(1 for r in rounds if r["probe"]),
+        "admission_moved": result.admission_moved, "delegated": result.delegated,
         "makespan_s": makespan, "wall_s": result.wall_s,
         "wait_s": wait, "starving_s": starving,
         "cycle_tail_ms": None if not tails else {"n": len(tails), "avg": sum(tails) / len(tails),

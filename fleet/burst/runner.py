@@ -1,9 +1,9 @@
 """One replay run: every profile x mode of a trace, same trace, same seed; returns the report."""
 from __future__ import annotations
 
+import random
 import sys
 
-from .admission_seam import AdmissionSeam
 from .clock import ReplayClock
 from .replay import Driver, FleetFailed, fleet_config, replay_name
 from .report import build, summarize
@@ -27,8 +27,11 @@ def warm_up(f, trace: Trace) -> None:
 def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = None, cap: int | None = None,
            profiles=None, name: str | None = None, progress: bool = True, cpu_quota: float | None = None,
            realtime: bool = True) -> dict:
-    """Replay `trace` once per profile x mode; raises AdmissionUnavailable (before anything runs),
-    FleetFailed (the fleet did not boot), CpuQuotaUnavailable (`cpu_quota` without root or v1 cpu).
+    """Replay `trace` once per profile x mode; raises FleetFailed (the fleet did not boot),
+    CpuQuotaUnavailable (`cpu_quota` without root or v1 cpu).
+
+    One fleet per profile, its provider admission on the replay clock (so it scales with
+    `speed`) with an RNG seeded by `seed`; only the admission mode submits with a route.
 
     `cpu_quota`: run inside the tool's own v1 cpu cgroup of that many CPUs (fleet.burst.cpuquota).
     `realtime`: while a mode runs, put this process's threads in the real-time class when the
@@ -54,8 +57,6 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime) 
     cap = cap if cap is not None else header.cap
     name = name or replay_name()
     clock = ReplayClock(speed, header.start)
-    if "admission" in modes:
-        AdmissionSeam(header, clock, seed)  # fails now, typed, if the admission is not here
     bar = None
     if progress:
         from tqdm import tqdm
@@ -70,7 +71,8 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime) 
     try:
         for profile in profiles:
             try:
-                f = fleet.Fleet.from_config(fleet_config(trace, name, profile))
+                f = fleet.Fleet.from_config(fleet_config(trace, name, profile), admission_clock=clock,
+                                            admission_rng=random.Random(seed))
             except fleet.FleetError as exc:
                 raise FleetFailed(f"the replay fleet ({profile}) did not boot: {type(exc).__name__}: {exc}") from None
             sim = SimulatorProcess(header, clock, seed=seed)
@@ -81,9 +83,7 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime) 
                 for mode in modes:
                     if bar is not None:
                         bar.set_description(f"{header.name} {profile}/{mode}")
-                    admission = AdmissionSeam(header, clock, seed) if mode == "admission" else None
-                    driver = Driver(trace, f, sim, clock, mode, cap=cap, admission=admission, progress=bar,
-                                    realtime=realtime)
+                    driver = Driver(trace, f, sim, clock, mode, cap=cap, progress=bar, realtime=realtime)
                     result = driver.run()
                     result.profile = profile
                     section = summarize(result, trace)

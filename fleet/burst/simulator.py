@@ -30,7 +30,8 @@ declares its own ``k``, ``latency.median_s``, ``sigma`` and ``load`` per pool.
 Draws come from `random.Random` seeded by (seed, round id, attempt): a round draws the same
 latency whatever order the requests arrive in. The simulator keeps its own counts per pool
 (`counts()`: requests, 200s, 429s, 402s, 403s, max concurrency) and a list of events
-(`events()`) that the report compares and draws.
+(`events()`) that the report compares and draws, and which pool each round's request
+reached (`calls()`: where the admission's moves went, as the provider saw them).
 """
 from __future__ import annotations
 
@@ -116,6 +117,7 @@ class ProviderSimulator:
         self._keys = {k.credential: _KeyState(k, closed_intervals(k, header.start)) for k in header.keys}
         self._counts = {name: PoolCounts() for name in self.pools}
         self._events: list[tuple] = []  # (trace t, pool, status, in-flight after)
+        self._calls: dict[str, str] = {}  # round id (X-Burst-Round) -> the pool it called last
         self._attempts: dict[str, int] = {}
         self._rng = random.Random(self.seed)
         self._lock = threading.Lock()  # counts are read from other threads
@@ -184,6 +186,7 @@ class ProviderSimulator:
         with self._lock:
             self._counts = {name: PoolCounts() for name in self.pools}
             self._events = []
+            self._calls = {}
             self._attempts = {}
             for ks in self._keys.values():
                 ks.used = {}
@@ -197,6 +200,12 @@ class ProviderSimulator:
     def events(self) -> list[tuple]:
         with self._lock:
             return list(self._events)
+
+    def calls(self) -> dict[str, str]:
+        """Round id -> the pool (``model@provider``) its request reached: where a round ran, as the
+        provider saw it (the replay reads an admission's moves back from here)."""
+        with self._lock:
+            return dict(self._calls)
 
     def key_closures(self) -> dict[str, list[tuple[float, float]]]:
         return {cred: list(ks.closed) for cred, ks in self._keys.items()}
@@ -244,6 +253,8 @@ class ProviderSimulator:
         with self._lock:
             counts = self._counts[pool.name]
             counts.requests += 1
+            if round_id is not None:
+                self._calls[round_id] = pool.name
             status, extra, message = self.decide(pool, credential, t)
             if status == 200:
                 counts.in_flight += 1

@@ -5,7 +5,7 @@ thousands of HTTP requests a second; in the driver's process that work would tak
 interpreter from the thread that has to release arrivals on time. `SimulatorProcess`
 runs the same `ProviderSimulator` (same rules, same seeded draws, same counts) in a
 child ``python -m fleet.burst.simulator_process`` and offers the driver the same calls
-(`start`, `stop`, `reset`, `counts`, `events`, `key_closures`, `base_url`).
+(`start`, `stop`, `reset`, `counts`, `events`, `calls`, `key_closures`, `base_url`).
 
 The two processes talk JSON lines over the child's stdin and stdout: first the header,
 seed and clock; the child answers with the port it bound (127.0.0.1:0, ephemeral);
@@ -97,6 +97,9 @@ class SimulatorProcess:
     def events(self) -> list[tuple]:
         return [tuple(e) for e in self._call({"op": "events"})["events"]]
 
+    def calls(self) -> dict[str, str]:
+        return self._call({"op": "calls"})["calls"]
+
     def key_closures(self) -> dict[str, list[tuple[float, float]]]:
         return {k: [tuple(x) for x in v] for k, v in self._call({"op": "key_closures"})["key_closures"].items()}
 
@@ -163,6 +166,8 @@ def _serve() -> int:
                 reply({"counts": sim.counts()})
             elif op == "events":
                 reply({"events": sim.events()})
+            elif op == "calls":
+                reply({"calls": sim.calls()})
             elif op == "key_closures":
                 reply({"key_closures": sim.key_closures()})
             else:

@@ -90,6 +90,15 @@ class ControlHandler(Protocol):
     def admission_reopen(self, pool: str) -> Any:
         """Lift a provider's or key's closure; BadPool if the pool is unknown."""
 
+    def admission_allowance(self, lane: str | None) -> Any:
+        """The coordinator's allowance for `lane`: None or 0 (`fleet.Fleet.admission_allowance`)."""
+
+    def admission_plan(self, lane: str | None, route, wanted: int, pinned: bool) -> Any:
+        """How many of `wanted` units on `route` (a parsed `fleet.Route`) would start now; BadPlan if refused."""
+
+    def admission_starving(self) -> Any:
+        """The starving list (`fleet.Fleet.admission_starving`)."""
+
 
 # ----------------------------------------------------------------------------- ops
 
@@ -488,3 +497,66 @@ class AdmissionReopenOp(Op):
 
     def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
         return handler.admission_reopen(args["pool"])
+
+
+# The coordinator API (reference 000 §9). Questions only: they read the admission and seat
+# nothing, so any peer the server serves may ask them (like status and admission_show).
+_LANE = Arg((str, type(None)), default=None, doc="the lane (None: units submitted without one)")
+
+
+@OPS.register
+class AdmissionAllowanceOp(Op):
+    """``{"lane", "allowance"}``: None (start everything) unless every route the lane's work
+    asks for is held back by a live refusal with no admitting alternative, then 0."""
+
+    name = "admission_allowance"
+    summary = "The provider admission's allowance for a lane (None: no hold; 0: hold its fan-out)."
+    schema = {"lane": _LANE}
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return {"lane": args["lane"], "allowance": handler.admission_allowance(args["lane"])}
+
+
+@OPS.register
+class AdmissionPlanOp(Op):
+    """``{"lane", "route", "wanted", "starts"}``: how many of ``wanted`` new units on ``route``
+    would start now, pins and alternatives honoured; nothing is seated. A route outside the
+    catalog: ``BadPlan``."""
+
+    name = "admission_plan"
+    summary = "How many of N units on a route would the provider admission start now."
+    schema = {
+        "lane": _LANE,
+        "route": Arg((str,), required=True, doc="model@provider[/credential]"),
+        "wanted": Arg((int,), required=True, doc="units the coordinator would fan out"),
+        "pinned": Arg((bool,), default=False, doc="hard pin: never an alternative"),
+    }
+
+    def check(self, args: dict[str, Any]) -> None:
+        from ..route import Route
+
+        try:
+            Route.parse(args["route"])
+        except ValueError as exc:
+            raise self._bad(str(exc)) from None
+        if args["wanted"] < 0:
+            raise self._bad(f"wanted must be a whole number >= 0, got {args['wanted']!r}")
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        from ..route import Route
+
+        route = Route.parse(args["route"])
+        starts = handler.admission_plan(args["lane"], route, args["wanted"], args["pinned"])
+        return {"lane": args["lane"], "route": str(route), "wanted": args["wanted"], "starts": starts}
+
+
+@OPS.register
+class AdmissionStarvingOp(Op):
+    """``{"starving": [...]}``: closed providers or keys with work waiting first, then
+    hard-pinned waits past ``starved_after``."""
+
+    name = "admission_starving"
+    summary = "The provider admission's starving list."
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        return {"starving": handler.admission_starving()}
