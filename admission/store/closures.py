@@ -13,6 +13,10 @@ probe) must also call `reopen` here.
 """
 from __future__ import annotations
 
+import logging
+import queue
+import threading
+import time
 from typing import Sequence
 
 from admission import state as T
@@ -83,9 +87,6 @@ class SyncedClosures:
 
     def __init__(self, open_closures, *, every_s: float = 5.0, boot_wait_s: float = 5.0,
                  name: str = "fleet-closures"):
-        import queue
-        import threading
-
         self._open = open_closures
         self.every_s = every_s
         self.boot_wait_s = boot_wait_s
@@ -125,10 +126,6 @@ class SyncedClosures:
 
     # --- the thread -------------------------------------------------------------------------
     def _run(self) -> None:
-        import logging
-        import queue
-        import time
-
         log = logging.getLogger("admission.store.closures")
         store = None
         pending_save = None  # the newest list not written yet
@@ -136,9 +133,8 @@ class SyncedClosures:
         next_read = 0.0
         try:
             while True:
-                wait = max(0.0, next_read - time.monotonic())
-                try:
-                    item = self._posted.get(timeout=wait if store is not None or wait else 0.5)
+                try:  # a posted command, or the next reading (or retry) falls due
+                    item = self._posted.get(timeout=max(0.0, next_read - time.monotonic()))
                 except queue.Empty:
                     item = None
                 while item is not None:
