@@ -112,7 +112,7 @@ def test_payload_limits_and_bad_arguments_are_refused_at_submit(fleet_name):
         assert f.ledger()["submitted"] == 0  # nothing was queued
 
 
-def test_a_full_queue_refuses_loudly(fleet_name):
+def test_a_full_queue_refuses_loudly_when_told_not_to_wait(fleet_name):
     with running(config(fleet_name, {"work": role("hang", slots=1, queue_bound=3)})) as f:
         futures = [f.submit("work", 600)]
         deadline = time.monotonic() + 30
@@ -120,7 +120,7 @@ def test_a_full_queue_refuses_loudly(fleet_name):
             time.sleep(0.01)
         futures += [f.submit("work", 600) for _ in range(3)]
         with pytest.raises(QueueFull, match="3 units waiting"):
-            f.submit("work", 600)
+            f.submit("work", 600, block=False)
         f.shutdown(wait=False, cancel_futures=True)
         from fleet.table import layout as L
 
