@@ -405,7 +405,9 @@ class Daemon:
         return self.store.undelivered() == 0 or now >= self._linger_until
 
     def _summary(self) -> str:
-        counts = self.sup.ledger_counts().to_dict()
+        # The ledger itself (thread-safe), not a call on the supervisor's loop: the status
+        # line goes out with the watchdog ping, which must not wait on a busy loop.
+        counts = self.sup.ledger.counts().to_dict()
         text = (f"{self.sup.plan.binding} binding, {len(self.sup.layout.seats)} seat(s); "
                 f"units: {counts['submitted']} submitted, {counts['solved']} solved, "
                 f"{counts['suppressed']} suppressed, {counts['failed']} failed, {counts['inflight']} in flight")

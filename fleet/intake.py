@@ -25,6 +25,10 @@ from concurrent.futures import Future
 from .unit import FleetClosed, QueueFull
 
 
+class TurnedAway(FleetClosed):
+    """A command the loop never ran: it had stopped (the caller may read what it left)."""
+
+
 class Intake:
     """Commands for the loop thread; any thread posts, only the loop drains."""
 
@@ -86,9 +90,9 @@ class Intake:
             except IndexError:
                 return
             if refused is not None:
-                refused(FleetClosed(self._closed))
+                refused(TurnedAway(self._closed))
             elif reply is not None:
-                reply.set_exception(FleetClosed(self._closed))
+                reply.set_exception(TurnedAway(self._closed))
 
 
 class QueueRoom:

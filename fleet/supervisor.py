@@ -62,7 +62,7 @@ from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
 from .errors import FleetError
 from .host import Host
-from .intake import Intake, QueueRoom
+from .intake import Intake, QueueRoom, TurnedAway
 from .intensity import Deaths
 from .leases import LeaseGate, orchestrator_id
 from .ledger import Ledger, abort_process
@@ -146,6 +146,7 @@ class Supervisor:
         # -------- the loop's own state
         self._units: dict[int, _Unit] = {}
         self._done: list = []  # (future, value, error) decided this turn, delivered at its end
+        self._accepted = False  # units accepted since the last dispatch
         self._stopped = threading.Event()
         self._stop_at: float | None = None  # stop(grace): when queued units fail Shutdown
         self._draining = False  # fleetd drain: take nothing new from the queues
@@ -298,13 +299,30 @@ class Supervisor:
     def _on_loop(self) -> bool:
         return threading.current_thread() is self._thread
 
-    def _call(self, fn, *args, timeout: float | None = None):
+    def _call(self, fn, *args, timeout: float | None = None, view: bool = False):
         """Run ``fn(*args)`` on the loop thread and return its result. On the loop thread
-        itself (a future's callback), or once the loop has stopped, it runs here: then
-        nothing else runs on the state."""
-        if self._on_loop() or self._thread is None or self._stopped.is_set():
+        itself (a future's callback), or before the loop started, it runs here. Once the
+        loop has stopped nothing else runs on the state: a `view` reads what it left; a
+        change raises FleetClosed."""
+        if self._on_loop() or self._thread is None:
             return fn(*args)
-        return self._intake.call(fn, *args, timeout=timeout)
+        if not self._stopped.is_set():
+            try:
+                return self._intake.call(self._op, fn, *args, timeout=timeout)
+            except TurnedAway:
+                self._stopped.wait()  # the loop was stopping as we asked
+        if not view:
+            raise FleetClosed(f"fleet {self.name!r} has stopped")
+        return fn(*args)
+
+    def _op(self, fn, *args):
+        """An operator call or a stop, on the loop: the submits posted before it are
+        dispatched first, so it sees them as it would have after each submit's return
+        (shutdown(cancel_futures) cancels only what could not start)."""
+        if self._accepted:
+            self._accepted = False
+            self._dispatch()
+        return fn(*args)
 
     # ================================================================== submit (caller's thread)
     def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
@@ -374,6 +392,7 @@ class Supervisor:
             self._room.give(code)
             return
         self._units[cmd.unit_id] = cmd.unit
+        self._accepted = True
         self.ledger.submitted(cmd.unit_id)
         if self.recorder is not None:
             self.recorder.arrival(*cmd.arrival)
@@ -569,7 +588,8 @@ class Supervisor:
     def _turn(self) -> bool:
         """One pass over every input; True if anything came in (look again at once)."""
         ran = self._intake.drain()
-        if ran:
+        if self._accepted:
+            self._accepted = False
             self._dispatch()
         if not self._read_zygote():
             self._zygote_died()
@@ -965,7 +985,7 @@ class Supervisor:
 
     # ================================================================== operator (posted to the loop)
     def posture_show(self) -> dict:
-        return self._call(lambda: self.posture.show(self.host.now_ms()))
+        return self._call(lambda: self.posture.show(self.host.now_ms()), view=True)
 
     def posture_set(self, patch: dict) -> dict:
         """Retune the posture policy live (validated; a bad patch changes nothing)."""
@@ -1090,7 +1110,7 @@ class Supervisor:
         if self._on_loop():
             fn(*args)  # from a future's callback: the loop finishes the stop after this turn
             return
-        self._intake.post(fn, *args, refused=lambda _exc: None)
+        self._intake.post(self._op, fn, *args, refused=lambda _exc: None)
         if wait:
             self._stopped.wait()
 
@@ -1164,7 +1184,7 @@ class Supervisor:
     def admission_census(self) -> dict:
         """The provider admission's read model: bulkheads, lane x bulkhead rows, closures,
         starving, waiting units with their reason (fleet.provider_gate)."""
-        return self._call(lambda: self._providers.census())
+        return self._call(lambda: self._providers.census(), view=True)
 
     def admission_close(self, pool: str, until: float, message: str = "") -> dict:
         """Close a provider or key (``provider[/credential]``) until `until` (UTC epoch seconds)."""
@@ -1187,7 +1207,7 @@ class Supervisor:
     def admission_ask(self, question):
         """Answer a coordinator question (``question(gate)``: allowance, plan, starving) on
         the loop, as every other call on the provider gate; it reads the pool and seats nothing."""
-        return self._call(question, self._providers)
+        return self._call(question, self._providers, view=True)
 
     def admission_reload_refused(self, why: str) -> None:
         """A reload whose [admission] section did not load: the last good catalog stays; say why."""
@@ -1195,25 +1215,27 @@ class Supervisor:
 
     # ================================================================== views
     def ledger_counts(self):
-        return self.ledger.counts()
+        """The ledger's counts, taken on the loop: every submit that returned before this
+        call is counted."""
+        return self._call(self.ledger.counts, view=True)
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
 
     def pids(self) -> dict:
         """Worker pid per seat (a copy, taken on the loop)."""
-        return self._call(lambda: dict(self._pids))
+        return self._call(lambda: dict(self._pids), view=True)
 
     def queued(self, role: str) -> int:
         """Units of `role` waiting for a slot (taken on the loop)."""
         code = self.roles.code(role)
-        return self._call(lambda: self.dispatcher.queued(code))
+        return self._call(lambda: self.dispatcher.queued(code), view=True)
 
     def inspect(self, fn, timeout: float | None = None):
         """Run ``fn(supervisor)`` on the loop and return what it returns (tests and tools
         that look inside: nothing else may read the loop's state from another thread).
         Raises TimeoutError when the loop has not answered within `timeout` seconds."""
-        return self._call(fn, self, timeout=timeout)
+        return self._call(fn, self, timeout=timeout, view=True)
 
 
 # ---------------------------------------------------------------------- helpers

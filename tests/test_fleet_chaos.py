@@ -142,7 +142,7 @@ def _wedge_report(f) -> str:
             return "<the loop did not answer>"
 
     slots = [(i, sup.table.state(i)) for i in range(len(sup.layout.slots))] if sup.table else None
-    return (f"ledger {f.ledger()}; slots (state, role, key, gen) {slots}; pids {ask(lambda s: dict(s._pids))}; "
+    return (f"ledger {sup.ledger.counts().to_dict()}; slots (state, role, key, gen) {slots}; pids {ask(lambda s: dict(s._pids))}; "
             f"pending forks {ask(lambda s: set(s._pending_forks))}; stopped roles {ask(lambda s: set(s._stopped_roles))}; "
             f"queued {ask(lambda s: [s.dispatcher.queued(c) for c in range(len(s.roles))])}; "
             f"zygote {ask(lambda s: s.zygote and s.zygote.pid)}; "
