@@ -219,22 +219,16 @@ class AdmissionPool:
 
         A delegated unit (`parent` given) counts on its parent's lane when the parent is seated.
         """
-        if type(route) is not Route:
-            raise BadAsk(f"unit {unit}: route must be a fleet.Route, not {type(route).__name__}")
         seats = self._seats
         if unit in seats or unit in self._waits:
             raise BadAsk(f"unit {unit} is already admitted or waiting")
-        policy = self.holder.current
-        if policy.nodes and (route.model, route.provider) not in policy.nodes:
-            raise BadAsk(f"unit {unit}: route {route} is not in the declared catalog")
         if parent is not None and parent in seats:
             lane = seats[parent].lane
-        if lane in policy.lanes:
-            broken = policy.breaks_lane(route, lane)
-            if broken is not None:
-                raise BadAsk(f"unit {unit}: {broken}")
-        if severity is not None and severity not in policy.severity:
-            raise BadAsk(f"unit {unit}: unknown severity {severity!r}; known: {', '.join(policy.severity)}")
+        policy = self.holder.current
+        try:
+            check_ask(policy, route, lane, severity)
+        except BadAsk as exc:
+            raise BadAsk(f"unit {unit}: {exc}") from None
         now = self.now()
         ask = _new(S.Ask, (unit, route, lane, severity, bool(pinned), parent, tag, now.mono))
         decision = S.decide(ask, self.state, policy, now, self.rng)
@@ -245,6 +239,12 @@ class AdmissionPool:
             self._why[unit] = decision
             self._put(T.waited(T.bulkhead_of(self.state, route, now), 1))
         return decision
+
+    def check(self, route: Route, *, lane: str | None = None, severity: str | None = None) -> None:
+        """Raise BadAsk for what `admit` would refuse in this ask on its face (route type,
+        catalog, the lane's required marks, severity), against the current policy;
+        it changes nothing. A delegated unit's lane is its parent's: `admit` checks that one."""
+        check_ask(self.holder.current, route, lane, severity)
 
     def _put(self, b: T.Bulkhead) -> None:
         # The pool owns its state's dicts: the pure transitions made `b`, the pool files it in place.
@@ -557,3 +557,17 @@ __all__ = [
     "AdmissionPool", "BadAsk", "ClosureFileError", "ClosureStore", "FileClosureStore", "ManualClock",
     "ScaledClock", "SystemClock", "UnknownUnit", "bulkhead_row", "signal_for",
 ]
+
+
+def check_ask(policy: Policy, route, lane: str | None, severity: str | None) -> None:
+    """The refusals of an ask on its face, against `policy` (the one rule `admit` and `check` share)."""
+    if type(route) is not Route:
+        raise BadAsk(f"route must be a fleet.Route, not {type(route).__name__}")
+    if policy.nodes and (route.model, route.provider) not in policy.nodes:
+        raise BadAsk(f"route {route} is not in the declared catalog")
+    if lane in policy.lanes:
+        broken = policy.breaks_lane(route, lane)
+        if broken is not None:
+            raise BadAsk(broken)
+    if severity is not None and severity not in policy.severity:
+        raise BadAsk(f"unknown severity {severity!r}; known: {', '.join(policy.severity)}")

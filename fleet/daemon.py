@@ -289,7 +289,6 @@ class Daemon:
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = self._wake_w = -1
         self._stopping: str | None = None  # None, "drain" or "kill"
-        self._stopper: threading.Thread | None = None
         self._linger_until: float | None = None
         self._draining = False
         self._watchdog: sdnotify.WatchdogSchedule | None = None
@@ -375,8 +374,6 @@ class Daemon:
             self.server.close()
         if self.sup is not None and not self.sup.wait_stopped(0):
             self.sup.kill()  # the loop left early (an exception): never leave workers behind
-        if self._stopper is not None:
-            self._stopper.join()
         log.info("fleet %s: stopped; ledger %s", self.config.name if self.config else "?",
                  self.sup.ledger_counts().to_dict() if self.sup else {})
 
@@ -453,27 +450,24 @@ class Daemon:
             return
         log.info("fleet %s: SIGTERM: draining; queued units fail with Shutdown after %gs",
                  self.config.name, self.options.grace_s)
-        self._begin_stop("drain", lambda: self.sup.stop(self.options.grace_s))
+        self._begin_stop("drain", lambda: self.sup.stop(self.options.grace_s, wait=False))
 
     def handle_int(self) -> None:
         """SIGINT: stop now; everything still owed fails with Shutdown."""
         if self._stopping == "kill":
             return
         log.info("fleet %s: stopping fast: workers are killed, units owed fail with Shutdown", self.config.name)
-        self._begin_stop("kill", self.sup.kill)
+        self._begin_stop("kill", lambda: self.sup.kill(wait=False))
 
     def _begin_stop(self, how: str, stop: Callable[[], None]) -> None:
         self._stopping = how
         self._send("stopping")
         self._send("status", self._summary())
-        # Off the loop: stop() waits for the grace and for in-flight units, and the
-        # loop must keep answering long polls (clients collect outcomes meanwhile)
-        # and pinging the watchdog. The supervisor is thread-safe for this.
-        stopper = threading.Thread(target=_quietly(stop, self.sup.wait_stopped), name=f"fleetd-stop-{how}",
-                                   daemon=True)
-        stopper.start()
-        if self._stopper is None:
-            self._stopper = stopper
+        # Posted to the supervisor's loop, not waited for: this loop keeps answering long
+        # polls (clients collect outcomes meanwhile) and pinging the watchdog, and sees
+        # the supervisor stopped in `_finished`. A stop posted to a fleet that has
+        # stopped already is a no-op.
+        stop()
 
     def handle_hup(self) -> None:
         """SIGHUP: re-read the config; apply what can change live, log the rest."""
@@ -551,9 +545,10 @@ class Daemon:
         if token is not None:
             self.store.hold(token)
         body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
+        # block=False: this loop serves every client; a full queue is the client's QueueFull.
         fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
                               request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
-                              parent=parent, tag=tag, **body)
+                              parent=parent, tag=tag, block=False, **body)
         units = self._units
         units[fut.unit_id] = fut
         fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
@@ -594,17 +589,3 @@ class Daemon:
     # ------------------------------------------------------------------ the blocking op (off the loop)
     def collect(self, *, token: str, timeout: float) -> Future:
         return self.store.collect(token, timeout)
-
-
-def _quietly(fn: Callable[[], None], stopped: Callable[[float], bool]) -> Callable[[], None]:
-    def run() -> None:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - the loop sees the fleet stopped (or not) either way
-            if stopped(0):
-                # A drain overtaken by a fast stop may find the fleet already torn down.
-                log.debug("stop finished after the fleet had stopped", exc_info=True)
-            else:
-                log.exception("stopping the fleet failed")
-
-    return run

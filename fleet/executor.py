@@ -34,15 +34,17 @@ class Fleet(Executor):
     """A running fleet embedded in this process. Build it with `from_config`."""
 
     def __init__(self, config: FleetConfig, *, on_fuse=abort_process, cpus=None, admission_clock=None,
-                 admission_rng=None):
+                 admission_rng=None, host=None):
         """`admission_clock`: the provider admission's clock (``wall()``, ``mono()``; e.g.
         ``admission.ScaledClock(600)`` replays a day in minutes, ``admission.ManualClock``
-        is stepped by hand); `admission_rng`: its ``random.Random`` (Thompson sampling)."""
+        is stepped by hand); `admission_rng`: its ``random.Random`` (Thompson sampling);
+        `host`: the OS and clock the supervisor uses (`fleet.host.Host`; tests pass one
+        with a fake clock)."""
         from .supervisor import Supervisor
 
         self.config = config
         self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus, admission_clock=admission_clock,
-                               admission_rng=admission_rng).start()
+                               admission_rng=admission_rng, host=host).start()
 
     @classmethod
     def from_config(cls, source=None, *, env=None, **kwargs) -> "Fleet":
@@ -68,8 +70,14 @@ class Fleet(Executor):
 
     # --- Executor ---------------------------------------------------------------------
     def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
-               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None) -> Future:
+               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None,
+               block: bool = True, block_timeout: float | None = None) -> Future:
         """Queue one unit for `role`; returns its Future.
+
+        When the role's queue is at its bound (`queue_bound`, units waiting for admission
+        included), submit waits for room, as ProcessPoolExecutor's caller never notices a
+        bound: at most `block_timeout` seconds (None: as long as it takes), or not at all
+        with ``block=False``. `timeout` is the unit's own run time limit, not this wait.
 
         A unit that calls a provider passes ``route=fleet.Route(model, provider,
         credential=None)``: the provider admission (README, "Provider admission") starts
@@ -81,12 +89,12 @@ class Fleet(Executor):
 
         Raises (nothing queued): UnknownRoleError, BadUnit (also: a route outside the
         declared catalog, one the lane's marks exclude, an unknown severity),
-        PayloadTooLarge, PayloadUnpicklable, QueueFull (the role's queue is at its bound,
-        units waiting for admission included), RoleStopped, FleetClosed (after shutdown).
+        PayloadTooLarge, PayloadUnpicklable, QueueFull (the queue stayed full: ``block=False``,
+        or `block_timeout` passed), RoleStopped, FleetClosed (after shutdown).
         """
         return self._sup.submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
                                 request_id=request_id, route=route, severity=severity, pinned=pinned, parent=parent,
-                                tag=tag)
+                                tag=tag, block=block, block_timeout=block_timeout)
 
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
             lane=None) -> Iterator:

@@ -142,6 +142,17 @@ class ProviderGate:
         self.moved = 0  # units that started on an alternative
 
     # ------------------------------------------------------------------ submit
+    def check(self, route, *, lane=None, severity=None, pinned=False, parent=None, tag=None) -> None:
+        """Raise BadUnit for a submit `admit` would refuse on its face; changes nothing.
+
+        It reads only the current (immutable) policy, so a caller's thread may ask it
+        before the unit is posted to the loop."""
+        _check_types(route, pinned, parent, tag)
+        try:
+            self.pool.check(route, lane=lane, severity=severity)
+        except BadAsk as exc:
+            raise BadUnit(str(exc)) from None
+
     def admit(self, unit_id: int, item, route, *, lane=None, severity=None, pinned=False, parent=None,
               tag=None) -> S.Decision:
         """Decide a new unit: its decision; a WAIT keeps `item` until `tick` starts it.
@@ -149,15 +160,7 @@ class ProviderGate:
         Raises BadUnit (nothing kept) for a route outside the catalog, a route the lane's
         required marks exclude, an unknown severity, or arguments of the wrong type.
         """
-        if type(route) is not Route:
-            raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), "
-                          f"not {type(route).__name__}")
-        if not isinstance(pinned, bool):
-            raise BadUnit(f"pinned must be true or false, got {pinned!r}")
-        if parent is not None and (isinstance(parent, bool) or not isinstance(parent, int)):
-            raise BadUnit(f"parent must be the id of the unit that delegated this one (an int), got {parent!r}")
-        if tag is not None and not isinstance(tag, str):
-            raise BadUnit(f"tag must be a str, got {type(tag).__name__}")
+        _check_types(route, pinned, parent, tag)
         try:
             decision = self.pool.admit(unit_id, route, lane=lane, severity=severity, pinned=pinned, parent=parent,
                                        tag=tag)
@@ -383,6 +386,18 @@ class BadPool(FleetError, ValueError):
 
 class BadPlan(FleetError, ValueError):
     """A coordinator question (allowance, plan) with bad arguments: nothing was read or changed."""
+
+
+def _check_types(route, pinned, parent, tag) -> None:
+    if type(route) is not Route:
+        raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), "
+                      f"not {type(route).__name__}")
+    if not isinstance(pinned, bool):
+        raise BadUnit(f"pinned must be true or false, got {pinned!r}")
+    if parent is not None and (isinstance(parent, bool) or not isinstance(parent, int)):
+        raise BadUnit(f"parent must be the id of the unit that delegated this one (an int), got {parent!r}")
+    if tag is not None and not isinstance(tag, str):
+        raise BadUnit(f"tag must be a str, got {type(tag).__name__}")
 
 
 def _lane(lane):

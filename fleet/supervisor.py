@@ -3,24 +3,33 @@
 Boot: config -> quota (cgroup) -> budget and tier plan -> seats and slots -> shared
 table -> data plane -> zygote -> one worker per seat, pinned to its CPUs.
 
-Threads. Callers submit from their own threads: a submit is validated and pickled
-outside any lock, then queued and, when a slot is free, granted at once, all under
-the supervisor's one lock, which owns the dispatcher and the ledger. One loop
-thread collects results, reports deaths, times units out and samples the posture;
-it sleeps on the data plane's bell (a futex) when there is nothing to do, so an
-idle fleet costs ~nothing. Futures are resolved outside the lock (their callbacks
-may submit again).
+One owner. Every piece of the supervisor's state (dispatcher, ledger bookkeeping,
+units, deadlines, deaths, posture, provider gate, pids) belongs to its loop thread.
+Other threads never touch it: `submit` validates and pickles on the caller's thread,
+takes room in the role's queue (`fleet.intake.QueueRoom`: it waits for room, or
+refuses with QueueFull), and posts the unit to the loop (`fleet.intake.Intake`);
+operator ops, stop and the lease gate's thread post commands the same way and wait
+for their reply. The loop drains every posted command each turn (one wake-up
+carries a batch of submits), collects results, reports deaths, times units out and
+samples the posture; it sleeps on the data plane's bell (a futex) when there is
+nothing to do, so an idle fleet costs ~nothing. Outcomes decided during a turn are
+delivered (futures resolved) at the end of that turn, from the loop thread.
 
-Provider admission. A unit submitted with a `route` asks `fleet.provider_gate` (under
-the lock) before the dispatcher: it starts now on its route or an alternative (the
-chosen route travels with its task), or waits there until the loop finds its pool
-admits again; its outcome is the pool's signal (`_close`).
+Clock and OS. Every clock read and OS call a rule depends on goes through
+`fleet.host.Host` (injected): tests drive restart intensity, deadlines and stop
+grace with a fake clock while the workers stay real processes.
 
-Deaths. The zygote reports every worker exit. The loop then, under the lock:
-collects what the dead worker already delivered, discards the tasks it never took,
-fails every unit it still owed with LaneDeath (Timeout for the unit it was killed
-for), walks its slots back to Idle through legal transitions, and restarts the seat
-— unless one of the seat's roles died more than `restart.max_restarts` times within
+Provider admission. A unit submitted with a `route` is checked on the caller's
+thread (`ProviderGate.check`), then asks `fleet.provider_gate` on the loop before the
+dispatcher: it starts now on its route or an alternative (the chosen route travels
+with its task), or waits there until the loop finds its pool admits again; its
+outcome is the pool's signal (`_close`).
+
+Deaths. The zygote reports every worker exit. The loop then collects what the dead
+worker already delivered, discards the tasks it never took, fails every unit it
+still owed with LaneDeath (Timeout for the unit it was killed for), walks its slots
+back to Idle through legal transitions, and restarts the seat — unless one of the
+roles it ran died more than `restart.max_restarts` times within
 `restart.within_seconds`: that role is stopped and its queued units fail RoleStopped.
 Every death the supervisor did not cause itself (a lane death, 002 §14) holds the
 posture Cordoned with the sticky `lane-death` cause until an operator releases it
@@ -42,7 +51,7 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from . import cgroup, codec, fsm
+from . import codec, fsm
 from . import messages as M
 from . import posture as posture_mod
 from . import pressure as pressure_mod
@@ -52,6 +61,8 @@ from .config import FleetConfig
 from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
 from .errors import FleetError
+from .host import Host
+from .intake import Intake, QueueRoom
 from .intensity import Deaths
 from .leases import LeaseGate, orchestrator_id
 from .ledger import Ledger, abort_process
@@ -64,7 +75,6 @@ from .unit import (
     BadUnit,
     FleetClosed,
     Outcome,
-    QueueFull,
     RoleStopped,
     error_for,
 )
@@ -90,6 +100,20 @@ class _Unit:
     body: bytes
     flags: int
     timeout: float | None
+    queued: bool = True  # holds room in its role's queue (fleet.intake.QueueRoom) until granted or ended
+
+
+@dataclasses.dataclass(slots=True)
+class _Submit:
+    """A submit as the caller's thread prepared it, for the loop to accept."""
+
+    unit_id: int
+    future: Future
+    pending: Pending
+    unit: _Unit
+    route: object
+    admission: dict  # lane, severity, pinned, parent, tag (provider admission)
+    arrival: tuple | None  # what the arrival log records, when [record] is on
 
 
 class Supervisor:
@@ -97,8 +121,9 @@ class Supervisor:
 
     def __init__(self, config: FleetConfig, *, mode: str = "embedded", on_fuse=abort_process, cpus=None,
                  socket_path: str | None = None, readers_group: int | str | None = None, admission_clock=None,
-                 admission_rng=None, closure_file=None):
+                 admission_rng=None, closure_file=None, host: Host | None = None):
         self.config = config
+        self.host = host if host is not None else Host()
         # the provider admission (fleet.provider_gate), made at boot; its clock and RNG injectable
         self._providers = None
         self._admission_args = {"clock": admission_clock, "rng": admission_rng,
@@ -110,13 +135,19 @@ class Supervisor:
         self.name = config.name
         self.roles = config.roles
         self.mode = mode
-        self.ledger = Ledger(on_fuse=on_fuse)
+        self.ledger = Ledger(on_fuse=on_fuse)  # thread-safe itself: any thread may read its counts
         self._cpus_override = cpus
-        self._lock = threading.RLock()
-        self._units: dict[int, _Unit] = {}
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # next() is atomic: callers number their own units
+        self._room = QueueRoom([r.queue_bound for r in self.roles])
+        self._intake = Intake(self._ring)
+        # Read by callers, written by the loop only (a plain attribute swap each).
         self._closing = False
+        self._stopped_view: frozenset = frozenset()  # codes of stopped roles
+        # -------- the loop's own state
+        self._units: dict[int, _Unit] = {}
+        self._done: list = []  # (future, value, error) decided this turn, delivered at its end
         self._stopped = threading.Event()
+        self._stop_at: float | None = None  # stop(grace): when queued units fail Shutdown
         self._draining = False  # fleetd drain: take nothing new from the queues
         self._stopped_roles: set[int] = set()
         self._deaths = Deaths(config.restart.max_restarts, config.restart.within_seconds)
@@ -132,20 +163,19 @@ class Supervisor:
         self.started_ns = time.time_ns()
         self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
         self._runs_ended: list = []  # run times not yet published (see _publish_units)
-        self._pending_delivery: list = []  # outcomes decided under the lock, delivered after it
         self._spawner = None
         self._zygote_gone = False  # its death has been handled (no new one yet)
         self._last_change = None  # the posture transition that set the current posture
         self._gate = None  # the host-group lease gate (fleet.leases) when [store] is configured
         self._held: dict[int, Pending] = {}  # units waiting for their lease, not queued yet
-        self._held_by_role: collections.Counter = collections.Counter()
         self._lease_lost: dict[int, str] = {}  # unit id -> why its lease ended before its outcome
 
     # ================================================================== boot
     def start(self) -> "Supervisor":
+        """Boot on the caller's thread; from the loop's start on, the loop owns the state."""
         cfg = self.config
-        cpus = self._cpus_override or sorted(os.sched_getaffinity(0))
-        self.projection = quota_mod.project(cfg, cgroup.effective_cpus(), cpus)
+        cpus = self._cpus_override or self.host.affinity()
+        self.projection = quota_mod.project(cfg, self.host.effective_cpus(), cpus)
         self.quota, self.plan, self.layout = self.projection.quota, self.projection.plan, self.projection.layout
         for warning in quota_mod.boot_warnings(self.quota, self.plan):
             log.warning("fleet %s: %s", self.name, warning)
@@ -156,12 +186,12 @@ class Supervisor:
             if share.overridden:
                 log.warning("budget override: %s = %s cores (%s)", share.name, share.cores, share.rule_gives())
         self.dispatcher = Dispatcher(self.roles, self.layout)
-        self.posture = posture_mod.PostureOwner(cfg.posture, now_ms=_now_ms())
-        self.sampler = Sampler.for_self(self.posture)
+        self.posture = posture_mod.PostureOwner(cfg.posture, now_ms=self.host.now_ms())
+        self.sampler = Sampler.for_self(self.posture, clock=self.host.now_ms)
         self.table = SlotTable.create(self.name, self.roles, len(self.layout.slots), meta=self._meta(),
                                       readers_group=self.readers_group)
         self.table.set_quota_epoch(0, self.quota.detected)
-        self.quota_watcher = QuotaWatcher(self.quota, arm_pressure=PressureInput.for_self)
+        self.quota_watcher = QuotaWatcher(self.quota, arm_pressure=PressureInput.for_self, clock=self.host.now_ms)
         try:
             from .provider_gate import ProviderGate
 
@@ -172,8 +202,13 @@ class Supervisor:
             self._teardown(kill=True)
             raise
         if cfg.store.url:
-            self._gate = LeaseGate(cfg.store, self.name, on_admitted=self._lease_granted,
-                                   on_lost=self._lease_ended).start()
+            # The gate's thread only posts: a grant or a lost lease is the loop's to apply.
+            self._gate = LeaseGate(cfg.store, self.name,
+                                   on_admitted=lambda unit_id: self._intake.post(self._lease_granted, unit_id),
+                                   on_lost=lambda unit_id, why: self._intake.post(self._lease_ended, unit_id, why),
+                                   ).start()
+        self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
+        self._thread.start()
         self._atexit = weakref.WeakMethod(self._atexit_close)
         atexit.register(_call_weak, self._atexit)
         return self
@@ -201,10 +236,9 @@ class Supervisor:
         self._start_zygote()
         for seat in self.layout.seats:
             self._fork(seat.index)
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        deadline = time.monotonic() + BOOT_TIMEOUT_S  # the zygote link's own I/O clock
         while self._pending_forks:
             self._read_zygote(block_until=deadline)
-        self._queue_bounds = [r.queue_bound for r in self.roles]
         if self.config.metrics.enabled:
             from .metrics import MetricsServer
 
@@ -213,8 +247,6 @@ class Supervisor:
             # Held until _publish_units hands them over with the ledger's counters.
             self.run_observer = lambda role, seconds: self._runs_ended.append((role, seconds))
             log.info("fleet %s: metrics on %s", self.name, self.metrics.url)
-        self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
-        self._thread.start()
 
     def _start_zygote(self) -> None:
         if self._spawner is None:
@@ -251,68 +283,114 @@ class Supervisor:
                 self._seat_died(seat, event.pid, event.status)
 
     def _snapshot_for_metrics(self):
+        # The metrics server's thread reads the shared table, as any process may.
         table = self.table
         if table is None:
             raise FleetError(f"fleet {self.name!r} has stopped")
         return table.snapshot()
 
-    # ================================================================== submit
+    # ================================================================== posting to the loop
+    def _ring(self) -> None:
+        data = self.data
+        if data is not None:
+            data.bell.ring()
+
+    def _on_loop(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _call(self, fn, *args, timeout: float | None = None):
+        """Run ``fn(*args)`` on the loop thread and return its result. On the loop thread
+        itself (a future's callback), or once the loop has stopped, it runs here: then
+        nothing else runs on the state."""
+        if self._on_loop() or self._thread is None or self._stopped.is_set():
+            return fn(*args)
+        return self._intake.call(fn, *args, timeout=timeout)
+
+    # ================================================================== submit (caller's thread)
     def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
                request_id=None, chunk: bool = False, pickled_payload: bytes | None = None, route=None,
-               severity=None, pinned: bool = False, parent=None, tag=None) -> Future:
+               severity=None, pinned: bool = False, parent=None, tag=None, block: bool = True,
+               block_timeout: float | None = None) -> Future:
         """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
         by a service-mode client; it travels to the worker as it is, never unpickled here.
-        A unit with a `route` asks the provider admission first (fleet.provider_gate)."""
+        A unit with a `route` asks the provider admission first (fleet.provider_gate).
+
+        A full queue makes the caller wait for room (at most `block_timeout` seconds),
+        or refuses at once with QueueFull when `block` is False. (A future's callback,
+        which runs on the loop thread, never waits: it would wait for itself.)"""
         code = self.roles.code(role)
         spec = self.roles.by_code(code)
-        self._check_unit(spec, key, lane, priority, timeout, request_id)
+        _check_unit(spec, key, lane, priority, timeout, request_id)
+        if block_timeout is not None and (isinstance(block_timeout, bool) or not isinstance(block_timeout, (int, float))
+                                          or block_timeout < 0):
+            raise BadUnit(f"block_timeout must be a number of seconds >= 0, got {block_timeout!r}")
+        admission = {"lane": lane, "severity": severity, "pinned": pinned, "parent": parent, "tag": tag}
         if route is None and (severity is not None or pinned or parent is not None or tag is not None):
             raise BadUnit("severity, pinned, parent and tag are provider admission arguments: give route= too")
-        if route is not None and chunk:
-            raise BadUnit("a chunk of items takes no route: submit provider calls one by one")
+        if route is not None:
+            if chunk:
+                raise BadUnit("a chunk of items takes no route: submit provider calls one by one")
+            if self._providers is not None:
+                self._providers.check(route, **admission)
         body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
                                limit=self.config.limits.max_payload_bytes)
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
+        self._refuse_if_closed(code, role)
+        self._room.take(code, role, block=block and not self._on_loop(), timeout=block_timeout)
         future = Future()
-        with self._lock:
-            if self._closing:
-                raise FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
-            if code in self._stopped_roles:
-                raise RoleStopped(f"role {role!r} was stopped after repeated worker deaths; it takes no more work")
-            bound = self._queue_bounds[code]
-            if self.dispatcher.queued(code) + self._held_by_role[code] >= bound:
-                raise QueueFull(f"role {role!r} queue is full ({bound} units waiting)")
-            unit_id = next(self._ids)
-            future.unit_id = unit_id  # fleetd replies to a remote submit with it
-            pending = Pending(unit_id, code, key, priority)
-            decision = None
-            if route is not None:  # BadUnit here leaves nothing behind
-                decision = self._providers.admit(unit_id, pending, route, lane=lane, severity=severity,
-                                                 pinned=pinned, parent=parent, tag=tag)
-            self._units[unit_id] = _Unit(future, code, body, flags, timeout)
-            self.ledger.submitted(unit_id)
-            if decision is not None and not decision.starts:
-                self._held_by_role[code] += 1  # waits in the provider gate; counts against the bound
-                self._providers.watch(unit_id, future)
-            else:
-                if decision is not None:
-                    self._routed(unit_id, decision.route)
-                self._to_dispatch(pending)
-            done = self._dispatch()
-        _deliver(done)
-        if self.recorder is not None:
-            self.recorder.arrival(unit_id, role, payload, key, lane)
+        unit_id = next(self._ids)
+        future.unit_id = unit_id  # fleetd replies to a remote submit with it
+        arrival = (unit_id, role, payload, key, lane) if self.recorder is not None else None
+        cmd = _Submit(unit_id, future, Pending(unit_id, code, key, priority), _Unit(future, code, body, flags, timeout),
+                      route, admission, arrival)
+        self._intake.post(self._accept, cmd, refused=lambda exc: _fail_future(future, exc))
         return future
+
+    def _refuse_if_closed(self, code: int, role: str) -> None:
+        if self._closing or self._thread is None or self._intake.closed:
+            raise FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
+        if code in self._stopped_view:
+            raise RoleStopped(f"role {role!r} was stopped after repeated worker deaths; it takes no more work")
+
+    # ================================================================== submit (the loop)
+    def _accept(self, cmd: _Submit) -> None:
+        """A posted submit: into the ledger and on its way (provider gate, lease, queue)."""
+        code = cmd.pending.role
+        refusal = None
+        if self._closing:
+            refusal = FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
+        elif code in self._stopped_roles:
+            refusal = RoleStopped(f"role {self.roles.by_code(code).name!r} was stopped after repeated worker "
+                                  "deaths; it takes no more work")
+        decision = None
+        if refusal is None and cmd.route is not None:
+            try:
+                decision = self._providers.admit(cmd.unit_id, cmd.pending, cmd.route, **cmd.admission)
+            except BadUnit as exc:  # the catalog changed since the caller's check (a reload)
+                refusal = exc
+        if refusal is not None:
+            _fail_future(cmd.future, refusal)
+            self._room.give(code)
+            return
+        self._units[cmd.unit_id] = cmd.unit
+        self.ledger.submitted(cmd.unit_id)
+        if self.recorder is not None:
+            self.recorder.arrival(*cmd.arrival)
+        if decision is not None and not decision.starts:
+            self._providers.watch(cmd.unit_id, cmd.future)  # waits in the provider gate
+            return
+        if decision is not None:
+            self._routed(cmd.unit_id, decision.route)
+        self._to_dispatch(cmd.pending)
 
     def _to_dispatch(self, pending: Pending) -> None:
         """A unit past the provider admission goes to the dispatcher, or first waits for its
-        host-group lease when its role is gated (lock held)."""
+        host-group lease when its role is gated."""
         role = self.roles.by_code(pending.role).name
         if self._gate is not None and self._gate.gates(role):
             # queued for dispatch only once the host-group store grants it a lease
             self._held[pending.unit_id] = pending
-            self._held_by_role[pending.role] += 1
             self._gate.hold(pending.unit_id, role)
         else:
             self.dispatcher.enqueue(pending)
@@ -323,47 +401,25 @@ class Supervisor:
         unit.body = codec.with_route(unit.body, route)
         unit.flags |= M.F_ROUTED
 
-    def _check_unit(self, spec, key, lane, priority, timeout, request_id) -> None:
-        if spec.handler is None:
-            raise BadUnit(f"role {spec.name!r} has no handler configured")
-        if spec.kind == "pinned" and key is None:
-            raise BadUnit(f"role {spec.name!r} is pinned by key: submit needs key=")
-        if spec.kind != "pinned" and key is not None:
-            raise BadUnit(f"role {spec.name!r} is {spec.kind}: it takes no key")
-        if key is not None:
-            try:
-                hash(key)
-            except TypeError:
-                raise BadUnit(f"key must be hashable, got {type(key).__name__}") from None
-        if lane is not None and not isinstance(lane, str):
-            raise BadUnit(f"lane must be a name (str), got {type(lane).__name__}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise BadUnit(f"priority must be an int, got {priority!r}")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
-            raise BadUnit(f"timeout must be a number of seconds > 0, got {timeout!r}")
-        if request_id is not None and not isinstance(request_id, str):
-            raise BadUnit(f"request_id must be a str, got {type(request_id).__name__}")
-
-    # ================================================================== dispatch (lock held)
-    def _dispatch(self) -> list:
-        """Grant what can be granted and send it; returns futures to resolve after the lock
-        (with every outcome decided under the lock since the last call)."""
+    # ================================================================== dispatch
+    def _dispatch(self) -> None:
+        """Grant what can be granted and send it to the seats."""
         self._shed_deferred_at_close()
-        done, self._pending_delivery = self._pending_delivery, []
         if self._draining:
-            return done
+            return
         self.dispatcher.skip = self._cancelled
         grants = self.dispatcher.grant()
         for unit_id in self.dispatcher.take_skipped():
             if unit_id in self._lease_lost:
-                done.append(self._close(unit_id, Outcome(FAILED, "LeaseLost", self._lease_lost[unit_id])))
-                continue
-            self.ledger.record(unit_id, FAILED, "Cancelled")
-            self._units.pop(unit_id, None)
-            self._providers.ended(unit_id, _CANCELLED)
+                self._close(unit_id, Outcome(FAILED, "LeaseLost", self._lease_lost[unit_id]))
+            else:
+                self._forget(unit_id)  # its caller cancelled it
         touched = set()
+        room = self._room
         for g in grants:
             unit = self._units[g.unit_id]
+            unit.queued = False
+            room.give(unit.role)
             refused = None
             for event, role, key_id in g.transitions:
                 reason = self.table.transition(g.slot, event, role, key_id)
@@ -374,7 +430,7 @@ class Supervisor:
                 # A broken FSM rule, not a dead worker: its own reason, and counted (status shows it).
                 self._fsm_refused(refused)
                 self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
-                done.append(self._close(g.unit_id, Outcome(FAILED, "FsmRefused", refused)))
+                self._close(g.unit_id, Outcome(FAILED, "FsmRefused", refused))
                 continue
             head = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags)
             outbox = self._outbox[g.seat]
@@ -383,13 +439,9 @@ class Supervisor:
             touched.add(g.seat)
         for seat in touched:
             self._flush(seat)
-        if self._pending_delivery:
-            done.extend(self._pending_delivery)
-            self._pending_delivery = []
-        return done
 
     def _shed_deferred_at_close(self) -> None:
-        """Closing while Cordoned: deferrable units not yet started fail Shutdown (lock held).
+        """Closing while Cordoned: deferrable units not yet started fail Shutdown.
 
         Shutdown waits for every queued unit, but cordon holds deferrable intake, and a
         sticky cause (lane-death, operator) never clears without an operator: waiting
@@ -401,9 +453,8 @@ class Supervisor:
             if spec.cordon_class != "deferrable" or not self.dispatcher.queued(code):
                 continue
             for item in self.dispatcher.drain_queue(code):
-                _claim(self._units[item.unit_id].future)
-                self._pending_delivery.append(self._close(item.unit_id, Outcome(
-                    FAILED, "Shutdown", f"the fleet closed while cordoned ({self._held_by()}); it never ran")))
+                self._fail_unstarted(item.unit_id, "Shutdown",
+                                     f"the fleet closed while cordoned ({self._held_by()}); it never ran")
 
     def _held_by(self) -> str:
         return ", ".join(sorted(self.posture.state.causes)) or "throttling"
@@ -422,21 +473,61 @@ class Supervisor:
             outbox.popleft()
         ring.notify()
 
-    def _close(self, unit_id: int, outcome: Outcome, value=None, original=None, cost=None):
-        """Record an outcome (lock held); returns (future, value or error) to deliver."""
+    def _end(self, unit_id: int) -> _Unit | None:
+        """The one place a unit leaves the books: its room in the queue goes back if it
+        never got a slot."""
+        unit = self._units.pop(unit_id, None)
+        if unit is not None and unit.queued:
+            unit.queued = False
+            self._room.give(unit.role)
+        return unit
+
+    def _close(self, unit_id: int, outcome: Outcome, value=None, original=None, cost=None) -> None:
+        """Record an outcome; its future resolves at the end of this turn."""
         if self._providers is not None:
             self._providers.ended(unit_id, outcome, original, cost)  # its pool takes the signal
         if self._gate is not None:
             self._lease_lost.pop(unit_id, None)
             self._gate.done(unit_id)  # give its lease back
-        unit = self._units.pop(unit_id, None)
+        unit = self._end(unit_id)
         self.ledger.record(unit_id, outcome.kind, outcome.reason)
         if unit is None:
-            return None
-        role = self.roles.by_code(unit.role).name
+            return
         if outcome.kind == SOLVED:
-            return unit.future, value, None
-        return unit.future, None, error_for(unit_id, role, outcome, original)
+            self._done.append((unit.future, value, None))
+        else:
+            role = self.roles.by_code(unit.role).name
+            self._done.append((unit.future, None, error_for(unit_id, role, outcome, original)))
+
+    def _fail_unstarted(self, unit_id: int, reason: str, detail: str) -> None:
+        """A unit that never ran fails with `reason` (its future is claimed first: a
+        cancel that raced it has no say any more)."""
+        _claim(self._units[unit_id].future)
+        self._close(unit_id, Outcome(FAILED, reason, detail))
+
+    def _forget(self, unit_id: int, cancel_future: bool = False) -> None:
+        """A unit cancelled before it ran: recorded Cancelled (its future is cancelled
+        already, or here when `cancel_future`)."""
+        unit = self._end(unit_id)
+        if unit is not None and cancel_future:
+            unit.future.cancel()
+        self.ledger.record(unit_id, FAILED, "Cancelled")
+        if self._providers is not None:
+            self._providers.ended(unit_id, _CANCELLED)
+        if self._gate is not None:
+            self._gate.done(unit_id)
+
+    def _deliver(self) -> None:
+        """Resolve the futures decided this turn (their callbacks run here, on the loop)."""
+        while self._done:
+            done, self._done = self._done, []
+            for future, value, error in done:
+                if future.done():
+                    continue
+                if error is None:
+                    future.set_result(value)
+                else:
+                    future.set_exception(error)
 
     # ================================================================== the loop
     def _loop(self) -> None:
@@ -444,78 +535,83 @@ class Supervisor:
         next_sample = 0.0
         seat_cpus = {c for seat in self.layout.seats for c in seat.cpus}
         if self.layout.supervisor_cpus and not seat_cpus & set(self.layout.supervisor_cpus):
-            # This thread only (Linux applies affinity per thread): the supervisor's loop
-            # runs on the reserve cores the budget set aside for it, off the worker seats.
-            # An oversubscribed layout has seats on those cores too: then the scheduler
-            # places the loop better than a pin would.
+            # This thread only: the supervisor's loop runs on the reserve cores the budget
+            # set aside for it, off the worker seats. An oversubscribed layout has seats on
+            # those cores too: then the scheduler places the loop better than a pin would.
             try:
-                os.sched_setaffinity(0, self.layout.supervisor_cpus)
+                self.host.pin_this_thread(self.layout.supervisor_cpus)
             except OSError as exc:
                 log.warning("cannot pin the supervisor loop to %s: %s", self.layout.supervisor_cpus, exc)
         try:
             while True:
                 seen = bell.value
-                if not self._read_zygote():
-                    self._zygote_died()
-                busy = self._collect()
-                wait = self._provider_tick() if self._providers.has_work() else IDLE_WAIT_S
-                now = time.monotonic()
-                if self._deadlines:
-                    self._check_deadlines(now)
+                busy = self._turn()
+                now = self.host.monotonic()
                 if now >= next_sample:
                     self._sample()
                     next_sample = now + SAMPLE_EVERY_S
-                if self._closing and self._idle():
+                self._deliver()
+                if self._closing and not self._units:
                     break
                 if not busy:
-                    bell.wait(seen, wait)
+                    bell.wait(seen, self._sleep_for(now))
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
-            with self._lock:
-                self._close_intake()  # nothing would ever run a unit submitted from here on
+            self._close_intake()  # nothing would ever run a unit submitted from here on
             self._fail_everything("LaneDeath", "the supervisor loop crashed")
         finally:
             self._teardown()
+            why = f"fleet {self.name!r} has stopped"
+            self._intake.close(why)
+            self._room.close(why)  # a caller waiting for room learns it at once
             self._stopped.set()
 
-    def _provider_tick(self) -> float:
-        """Units the provider admission held: cancelled ones end, due ones start; bulkheads
-        published. Returns how long the loop may sleep before it looks again (seconds)."""
-        gate = self._providers
-        with self._lock:
-            for unit_id in gate.take_cancelled():
-                self._held_by_role[self._units.pop(unit_id).role] -= 1
-                self.ledger.record(unit_id, FAILED, "Cancelled")
-            done = []
-            if gate.due():
-                for unit_id, pending, route in gate.wake():
-                    self._held_by_role[pending.role] -= 1
-                    self._routed(unit_id, route)
-                    self._to_dispatch(pending)
-                done = self._dispatch()
-            gate.publish()
-            wait = gate.seconds_to_wake(IDLE_WAIT_S)  # the pool is read under the lock only
-        _deliver(done)
+    def _turn(self) -> bool:
+        """One pass over every input; True if anything came in (look again at once)."""
+        ran = self._intake.drain()
+        if ran:
+            self._dispatch()
+        if not self._read_zygote():
+            self._zygote_died()
+        busy = self._collect() or ran > 0
+        if self._providers.has_work():
+            self._provider_tick()
+        now = self.host.monotonic()
+        if self._deadlines:
+            self._check_deadlines(now)
+        if self._stop_at is not None and now >= self._stop_at:
+            self._stop_at = None
+            self._fail_queued("Shutdown", "the fleet stopped before it ran")
+        return busy
+
+    def _sleep_for(self, now: float) -> float:
+        wait = IDLE_WAIT_S
+        if self._providers.has_work():
+            wait = min(wait, self._providers.seconds_to_wake(IDLE_WAIT_S))
+        if self._stop_at is not None:
+            wait = min(wait, max(0.0, self._stop_at - now))
         return wait
 
-    def _drop_waiting(self, reason: str, detail: str, cancel: bool = False) -> list:
-        """End every unit waiting for provider admission (lock held): failed with `reason`, or
-        cancelled. Returns what to deliver."""
-        done = []
-        for unit_id, why in self._providers.drop_waiting():
-            unit = self._units[unit_id]
-            self._held_by_role[unit.role] -= 1
-            if cancel:
-                self._units.pop(unit_id).future.cancel()
-                self.ledger.record(unit_id, FAILED, "Cancelled")
-            else:
-                _claim(unit.future)
-                done.append(self._close(unit_id, Outcome(FAILED, reason, f"{detail}: {why}" if why else detail)))
-        return done
+    def _provider_tick(self) -> None:
+        """Units the provider admission held: cancelled ones end, due ones start; bulkheads
+        published."""
+        gate = self._providers
+        for unit_id in gate.take_cancelled():
+            self._forget(unit_id)
+        if gate.due():
+            for unit_id, pending, route in gate.wake():
+                self._routed(unit_id, route)
+                self._to_dispatch(pending)
+            self._dispatch()
+        gate.publish()
 
-    def _idle(self) -> bool:
-        with self._lock:
-            return not self._units
+    def _drop_waiting(self, reason: str, detail: str, cancel: bool = False) -> None:
+        """End every unit waiting for provider admission: failed with `reason`, or cancelled."""
+        for unit_id, why in self._providers.drop_waiting():
+            if cancel:
+                self._forget(unit_id, cancel_future=True)
+            else:
+                self._fail_unstarted(unit_id, reason, f"{detail}: {why}" if why else detail)
 
     def _collect(self) -> bool:
         busy = False
@@ -525,35 +621,34 @@ class Supervisor:
                 busy = True
                 self._handle_results(batch)
             if self._outbox.get(seat):
-                with self._lock:
-                    self._flush(seat)
+                self._flush(seat)
         return busy
 
     def _handle_results(self, batch) -> None:
-        decoded = [self._decode(tag, view) for tag, view in batch]
-        with self._lock:
-            done = [self._apply(d) for d in decoded if d is not None]
-            done.extend(self._dispatch())
-            self._publish_units()
-        _deliver(done)
+        for tag, view in batch:
+            decoded = self._decode(tag, view)
+            if decoded is not None:
+                self._apply(decoded)
+        self._dispatch()
+        self._publish_units()
 
     def _decode(self, tag: int, view):
         if tag == M.STARTED:
             unit_id, _slot = M.STARTED_HEAD.unpack_from(view)
             unit = self._units.get(unit_id)
             if unit is not None and unit.timeout is not None:
-                heapq.heappush(self._deadlines, (time.monotonic() + unit.timeout, unit_id))
+                heapq.heappush(self._deadlines, (self.host.monotonic() + unit.timeout, unit_id))
             return None
         unit_id, slot, status, final, elapsed, cost = M.RESULT_HEAD.unpack_from(view)
         body = view[M.RESULT_HEAD.size :]
         return (unit_id, slot, final, elapsed, *codec.result_outcome(status, body, relay=self.mode == "service"),
                 status, None if cost != cost else cost)  # NaN: no cost reported
 
-    def _apply(self, decoded):
+    def _apply(self, decoded) -> None:
         unit_id, slot, final, elapsed, outcome, value, original, status, cost = decoded
         unit = self._units.get(unit_id)
         if status == M.ST_START_REFUSED and unit is not None and self.dispatcher.requeue(unit_id):
-            return None  # sent behind a pin that cordon drained: it waits for a new grant
+            return  # sent behind a pin that cordon drained: it waits for a new grant
         if status == M.ST_HELD_AT_CLOSE and unit is not None:
             self._vacate(slot)  # its lease never started: walk the slot home (T10)
             final = self.table.state(slot)[0]
@@ -568,57 +663,62 @@ class Supervisor:
         if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED and value is not None:
             # A chunk's items travel with it whatever its outcome: map raises item by item.
             self.ledger.record(unit_id, outcome.kind, outcome.reason)
-            self._units.pop(unit_id)
-            return unit.future, value, None
-        return self._close(unit_id, outcome, value, original, cost)
+            self._end(unit_id)
+            self._done.append((unit.future, value, None))
+            return
+        self._close(unit_id, outcome, value, original, cost)
 
     # ================================================================== deaths
     def _seat_died(self, seat: int, pid: int, status: int, restart: bool = True) -> None:
         """A worker is gone. `restart=False` when its zygote died too (all seats are
         forked again once a new zygote runs)."""
         how = f"signal {-status}" if status < 0 else f"exit code {status}"
-        with self._lock:
-            self._pids.pop(seat, None)
-            self._take_delivered(seat)
-            # Tasks it never took would run again on its successor: drop them.
-            tasks = self.data.tasks(seat)
-            while tasks.pop_many():
-                pass
-            self._outbox.pop(seat, None)
-            owed = self.dispatcher.seat_lost(seat)
-            # Slots switch roles: the roles that died are those of the units it ran.
-            dead_roles = {self._units[u].role for u, _slot in owed if u in self._units}
-            killed_for = [unit_id for unit_id, _slot in owed if unit_id in self._timed_out]
-            if killed_for:  # the others on the seat die of that unit's timeout: say so
-                how += f", killed because unit {killed_for[0]} ran past its timeout"
-            for unit_id, slot in owed:
-                timed_out = unit_id in self._timed_out
-                self._timed_out.discard(unit_id)
-                reason, detail = ("Timeout", "the unit ran past its timeout; its worker was killed") if timed_out else (
-                    "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
-                if unit_id in self._lease_lost:  # killed because its host-group lease ended
-                    reason, detail = "LeaseLost", self._lease_lost[unit_id]
-                self._pending_delivery.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
-            self._reset_slots(seat)
-            if pid not in self._killed:
-                # Every lane death cordons (sticky) until an operator releases it (002 §14).
-                self._after_posture_change(self.posture.hold(posture_mod.LANE_DEATH, _now_ms()))
-            self._killed.discard(pid)
-            # Re-fork even while shutting down: shutdown waits for every queued unit, and
-            # only a live seat can run them (not re-forking here wedged shutdown for good).
-            if self._count_death(seat, how, dead_roles) and restart:
-                self._fork(seat)
-            done = self._dispatch()
-            self._publish_units()
-        _deliver(done)
+        self._pids.pop(seat, None)
+        self._take_delivered(seat)
+        # Tasks it never took would run again on its successor: drop them.
+        tasks = self.data.tasks(seat)
+        while tasks.pop_many():
+            pass
+        self._outbox.pop(seat, None)
+        owed = self.dispatcher.seat_lost(seat)
+        # Slots switch roles: the roles that died are those of the units it ran.
+        dead_roles = {self._units[u].role for u, _slot in owed if u in self._units}
+        killed_for = [unit_id for unit_id, _slot in owed if unit_id in self._timed_out]
+        if killed_for:  # the others on the seat die of that unit's timeout: say so
+            how += f", killed because unit {killed_for[0]} ran past its timeout"
+        for unit_id, _slot in owed:
+            timed_out = unit_id in self._timed_out
+            self._timed_out.discard(unit_id)
+            reason, detail = ("Timeout", "the unit ran past its timeout; its worker was killed") if timed_out else (
+                "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
+            if unit_id in self._lease_lost:  # killed because its host-group lease ended
+                reason, detail = "LeaseLost", self._lease_lost[unit_id]
+            self._close(unit_id, Outcome(FAILED, reason, detail))
+        self._reset_slots(seat)
+        # Count the death first: a role past its limit is stopped before anything could
+        # be granted to the seat again (a cordon change below dispatches).
+        keep = self._count_death(seat, how, dead_roles)
+        if pid not in self._killed:
+            # Every lane death cordons (sticky) until an operator releases it (002 §14).
+            self._after_posture_change(self.posture.hold(posture_mod.LANE_DEATH, self.host.now_ms()))
+        self._killed.discard(pid)
+        # Re-fork even while shutting down: shutdown waits for every queued unit, and
+        # only a live seat can run them (not re-forking here wedged shutdown for good).
+        if keep and restart:
+            self._fork(seat)
+        self._dispatch()
+        self._publish_units()
 
     def _take_delivered(self, seat: int) -> None:
-        """Apply every result a (dead or stopped) worker pushed before it went (lock held)."""
-        batch = self.data.results(seat).pop_many()
+        """Apply every result a (dead or stopped) worker pushed before it went."""
+        ring = self.data.results(seat)
+        batch = ring.pop_many()
         while batch:
-            decoded = [self._decode(t, v) for t, v in batch]
-            self._pending_delivery.extend(self._apply(d) for d in decoded if d is not None)
-            batch = self.data.results(seat).pop_many()
+            for tag, view in batch:
+                decoded = self._decode(tag, view)
+                if decoded is not None:
+                    self._apply(decoded)
+            batch = ring.pop_many()
 
     def _reset_slots(self, seat: int) -> None:
         """Walk a dead seat's slots back to Idle (fsm.RESET_PATHS), in any posture."""
@@ -650,7 +750,7 @@ class Supervisor:
         """Restart intensity (fleet.intensity): True to restart the seat; False stops its roles.
         A death counts for `roles` (those of the units the worker ran), else for every role
         that may run on the seat."""
-        now = time.monotonic()
+        now = self.host.monotonic()
         codes = sorted(roles) if roles else map(self.roles.code, self.layout.seats[seat].roles)
         stop = [code for code in codes if self._deaths.died(code, now)]
         log.warning("fleet %s: seat %s worker died (%s)", self.name, self.layout.seats[seat].name, how)
@@ -666,16 +766,14 @@ class Supervisor:
         if code in self._stopped_roles:
             return
         self._stopped_roles.add(code)
+        self._stopped_view = frozenset(self._stopped_roles)  # callers refuse its submits from now on
         name = self.roles.by_code(code).name
         limit = self.config.restart
         log.error("fleet %s: role %s died more than %d times in %ss: stopped; its queued units fail",
                   self.name, name, limit.max_restarts, limit.within_seconds)
         for item in self.dispatcher.drain_queue(code):
-            _claim(self._units[item.unit_id].future)
-            self._pending_delivery.append(self._close(item.unit_id, Outcome(
-                FAILED, "RoleStopped", f"role {name} exceeded its restart intensity")))
-        change = self.posture.hold(posture_mod.LANE_DEATH, _now_ms())
-        self._after_posture_change(change)
+            self._fail_unstarted(item.unit_id, "RoleStopped", f"role {name} exceeded its restart intensity")
+        self._after_posture_change(self.posture.hold(posture_mod.LANE_DEATH, self.host.now_ms()))
 
     def _zygote_died(self) -> None:
         """The fork server is gone: its workers die with it. Fail what they owed, start again."""
@@ -686,27 +784,26 @@ class Supervisor:
         log.error("fleet %s: worker fork server exited (code %s)", self.name, code)
         pids = dict(self._seat_of_pid)
         for pid in pids:
-            _wait_gone(pid)  # they die with it (parent-death signal)
+            self.host.wait_gone(pid)  # they die with it (parent-death signal)
         for pid, seat in pids.items():
             self._seat_of_pid.pop(pid, None)
             self._seat_died(seat, pid, -signal.SIGKILL, restart=False)
         # Start a new one even while shutting down: queued units still need seats, and
         # shutdown waits for them (the loop exits, and tears it down, once none is owed).
-        with self._lock:
-            if self._closing and not self._units:
-                return
-            self._pending_forks.clear()
-            self.zygote.exit(timeout=0.5)
-            self._restart_zygote()
-            self._zygote_gone = False
-            for seat in range(len(self.layout.seats)):
-                if not self._seat_stopped(seat):
-                    self._fork(seat)
+        if self._closing and not self._units:
+            return
+        self._pending_forks.clear()
+        self.zygote.exit(timeout=0.5)
+        self._restart_zygote()
+        self._zygote_gone = False
+        for seat in range(len(self.layout.seats)):
+            if not self._seat_stopped(seat):
+                self._fork(seat)
 
     def _restart_zygote(self, attempts: int = 3) -> None:
-        """Start a new fork server (lock held). A start can fail when the new zygote is
-        itself killed while it boots: try again a few times before giving up (the loop
-        then fails every unit owed and closes intake)."""
+        """Start a new fork server. A start can fail when the new zygote is itself killed
+        while it boots: try again a few times before giving up (the loop then fails every
+        unit owed and closes intake)."""
         for attempt in range(1, attempts + 1):
             try:
                 self._start_zygote()
@@ -717,115 +814,91 @@ class Supervisor:
                     raise
                 # (ZygoteLink.start has reaped the zygote that failed.)
 
-    # ================================================================== host-group leases
+    # ================================================================== host-group leases (posted by the gate)
     def _lease_granted(self, unit_id: int) -> None:
-        """The gate's thread: the store admitted a held unit; queue it for dispatch."""
-        with self._lock:
-            pending = self._held.pop(unit_id, None)
-            if pending is None or unit_id not in self._units:
-                return
-            self._held_by_role[pending.role] -= 1
-            self.dispatcher.enqueue(pending)
-            done = self._dispatch()
-        _deliver(done)
+        """The store admitted a held unit: queue it for dispatch."""
+        pending = self._held.pop(unit_id, None)
+        if pending is None or unit_id not in self._units:
+            return
+        self.dispatcher.enqueue(pending)
+        self._dispatch()
 
-    def _drop_held(self, reason: str = "", detail: str = "", cancel: bool = False) -> list:
-        """End every unit still waiting for its lease (lock held): failed with `reason`, or
-        cancelled; their requests are withdrawn from the store. Returns what to deliver."""
-        done = []
+    def _drop_held(self, reason: str = "", detail: str = "", cancel: bool = False) -> None:
+        """End every unit still waiting for its lease: failed with `reason`, or cancelled;
+        their requests are withdrawn from the store."""
         for unit_id in list(self._held):
-            self._held_by_role[self._held.pop(unit_id).role] -= 1
+            del self._held[unit_id]
             if cancel:
-                self._units.pop(unit_id).future.cancel()
-                self.ledger.record(unit_id, FAILED, "Cancelled")
-                self._providers.ended(unit_id, _CANCELLED)
-                self._gate.done(unit_id)
+                self._forget(unit_id, cancel_future=True)
             else:
-                _claim(self._units[unit_id].future)
-                done.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
-        return done
+                self._fail_unstarted(unit_id, reason, detail)
 
     def _lease_ended(self, unit_id: int, detail: str) -> None:
-        """The gate's thread: a unit's request or lease ended early; fail it (``LeaseLost``).
-        A running unit's worker is killed."""
-        reason = "LeaseLost"
-        pid = None
-        with self._lock:
-            if unit_id not in self._units:
-                return
-            done = []
-            pending = self._held.pop(unit_id, None)
-            if pending is not None:
-                self._held_by_role[pending.role] -= 1
-                done.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
-            else:
-                self._lease_lost[unit_id] = detail  # queued: skipped at its grant; running: killed
-                slot = self.dispatcher.slot_of(unit_id)
-                if slot is not None:
-                    pid = self._pids.get(self.layout.seat_of(slot))
-                    if pid is not None:
-                        self._killed.add(pid)  # our own kill: not a lane death
-        _deliver(done)
+        """A unit's request or lease ended early; fail it (``LeaseLost``). A running unit's
+        worker is killed."""
+        if unit_id not in self._units:
+            return
+        if self._held.pop(unit_id, None) is not None:
+            self._close(unit_id, Outcome(FAILED, "LeaseLost", detail))
+            return
+        self._lease_lost[unit_id] = detail  # queued: skipped at its grant; running: killed
+        slot = self.dispatcher.slot_of(unit_id)
+        pid = None if slot is None else self._pids.get(self.layout.seat_of(slot))
         if pid is not None:
+            self._killed.add(pid)  # our own kill: not a lane death
             log.warning("fleet %s: unit %d lost its lease (%s); killing worker pid %d", self.name, unit_id, detail, pid)
-            _kill(pid)
+            self.host.kill(pid)
 
     # ================================================================== timers
     def _check_deadlines(self, now: float) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, unit_id = heapq.heappop(self._deadlines)
-            with self._lock:
-                slot = self.dispatcher.slot_of(unit_id)
-                if slot is None:
-                    continue  # already ended
-                seat = self.layout.seat_of(slot)
-                pid = self._pids.get(seat)
-                if pid is None:
-                    # Its worker is being (re)started: look again shortly.
-                    heapq.heappush(self._deadlines, (now + 0.01, unit_id))
-                    return
-                self._timed_out.add(unit_id)
-                self._killed.add(pid)
+            slot = self.dispatcher.slot_of(unit_id)
+            if slot is None:
+                continue  # already ended
+            pid = self._pids.get(self.layout.seat_of(slot))
+            if pid is None:
+                # Its worker is being (re)started: look again shortly.
+                heapq.heappush(self._deadlines, (now + 0.01, unit_id))
+                return
+            self._timed_out.add(unit_id)
+            self._killed.add(pid)
             log.warning("fleet %s: unit %d ran past its timeout; killing worker pid %d", self.name, unit_id, pid)
-            _kill(pid)
+            self.host.kill(pid)
 
     def _sample(self) -> None:
         tick = self.sampler.tick()
         if tick.transition is not None:
-            with self._lock:
-                self._after_posture_change(tick.transition)
+            self._after_posture_change(tick.transition)
         self._watch_quota()
-        with self._lock:
-            self._publish_units()
-            self._providers.publish(force=True)  # backoffs and closures end with time
-            self._publish_posture()  # dwell and suppressed intake move without a transition
-            for code in range(len(self.roles)):
-                self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code),
-                                           self.dispatcher.repins[code])
+        self._publish_units()
+        self._providers.publish(force=True)  # backoffs and closures end with time
+        self._publish_posture()  # dwell and suppressed intake move without a transition
+        for code in range(len(self.roles)):
+            self.table.set_queue_depth(code, self.dispatcher.queued(code), self.dispatcher.in_use(code),
+                                       self.dispatcher.repins[code])
 
     def _watch_quota(self) -> None:
         """Quota re-detection and CPU pressure (fleet.sampler.QuotaWatcher): pressure on
         the fleet's own group holds the posture Cordoned; a quota change is logged and,
         when the plan's quota changed, starts a new epoch."""
         seen = self.quota_watcher.poll()
-        with self._lock:
-            if seen.pressure is not None:
-                act = self.posture.hold if seen.pressure == pressure_mod.HOLD else self.posture.release
-                self._after_posture_change(act(pressure_mod.CAUSE, _now_ms()))
-            if seen.change is not None:
-                self._quota_changed(seen.change)
-            released = self.dispatcher.take_idle_stale_pins()  # pins of a past epoch, now empty
-            for slot in released:
-                if self.table.transition(slot, fsm.UNPIN) != fsm.OK:
-                    log.error("slot %d: epoch UNPIN refused in state %s", slot, fsm.STATE_NAMES[self.table.state(slot)[0]])
-            changed = released or seen.pressure is not None or seen.change is not None
-            done = self._dispatch() if changed else []
-        _deliver(done)
+        if seen.pressure is not None:
+            act = self.posture.hold if seen.pressure == pressure_mod.HOLD else self.posture.release
+            self._after_posture_change(act(pressure_mod.CAUSE, self.host.now_ms()))
+        if seen.change is not None:
+            self._quota_changed(seen.change)
+        released = self.dispatcher.take_idle_stale_pins()  # pins of a past epoch, now empty
+        for slot in released:
+            if self.table.transition(slot, fsm.UNPIN) != fsm.OK:
+                log.error("slot %d: epoch UNPIN refused in state %s", slot, fsm.STATE_NAMES[self.table.state(slot)[0]])
+        if released or seen.pressure is not None or seen.change is not None:
+            self._dispatch()
 
     def _quota_changed(self, change) -> None:
         """Log the change; a new epoch re-derives the budget (logged: the seats stay as
         booted until a restart), drains in-flight deferrable units (T7) and marks every
-        pin for release (T9 once it is empty). Lock held."""
+        pin for release (T9 once it is empty)."""
         log.warning("[fleet-posture] fleet %s: %s", self.name, change.describe())
         self.table.set_quota_epoch(self.quota_watcher.epoch, change.new.detected)
         if change.epoch is None:
@@ -839,18 +912,15 @@ class Supervisor:
         self.dispatcher.begin_epoch()
 
     def _after_posture_change(self, change) -> None:
-        """Publish the posture; on cordon, drain running deferrable slots (lock held)."""
+        """Publish the posture; on cordon, drain running deferrable slots."""
         self._publish_posture()
         if change is None:
             return
-        cordoned = self.posture.posture == fsm.CORDONED
-        if cordoned:
+        if self.posture.posture == fsm.CORDONED:
             for slot in self._running_deferrable():
                 self.table.transition(slot, fsm.DRAIN)
         self._last_change = change
-        # (Not `self._pending_delivery.extend(self._dispatch())`: _dispatch swaps the list.)
-        granted = self._dispatch()
-        self._pending_delivery.extend(granted)
+        self._dispatch()
 
     def _running_deferrable(self) -> list[int]:
         """Slots Running a unit of a deferrable role now (slots switch roles: the word says which)."""
@@ -862,9 +932,9 @@ class Supervisor:
         return out
 
     def _publish_units(self) -> None:
-        """The one point unit counters and run times are published (lock held), before
-        the futures they count resolve: the table's ledger, then the metrics' counters
-        and histogram as one step (so neither lags the other)."""
+        """The one point unit counters and run times are published, before the futures
+        they count resolve: the table's ledger, then the metrics' counters and histogram
+        as one step (so neither lags the other)."""
         self.ledger.publish(self.table)
         if self.metrics is not None:
             runs, self._runs_ended = self._runs_ended, []
@@ -874,7 +944,7 @@ class Supervisor:
         p = self.posture
         state = p.state
         pol = p.policy
-        now = _now_ms()
+        now = self.host.now_ms()
         self.table.set_posture(
             p.posture,
             cause=_cause_code(state, self._last_change),
@@ -893,44 +963,44 @@ class Supervisor:
         floors = [pol.intake_floor(r.slots) for r in self.roles]
         self.dispatcher.set_posture(p.posture, floors)
 
-    # ================================================================== operator
+    # ================================================================== operator (posted to the loop)
     def posture_show(self) -> dict:
-        return self.posture.show(_now_ms())
+        return self._call(lambda: self.posture.show(self.host.now_ms()))
 
     def posture_set(self, patch: dict) -> dict:
         """Retune the posture policy live (validated; a bad patch changes nothing)."""
-        with self._lock:
-            result = self.posture.retune(patch, _now_ms())
-            self._publish_posture()
-            done = self._dispatch()
-        _deliver(done)
+        return self._call(self._posture_set, patch)
+
+    def _posture_set(self, patch: dict) -> dict:
+        result = self.posture.retune(patch, self.host.now_ms())
+        self._publish_posture()
+        self._dispatch()
         return result
 
     def hold(self, cause: str = posture_mod.OPERATOR) -> None:
         """Hold the posture Cordoned for `cause` until `release(cause)` (operator cordon)."""
-        with self._lock:
-            self._after_posture_change(self.posture.hold(cause, _now_ms()))
-            done = self._dispatch()
-        _deliver(done)
+        self._call(lambda: self._after_posture_change(self.posture.hold(cause, self.host.now_ms())))
 
     def release(self, cause: str = posture_mod.OPERATOR) -> dict:
         """Release a sticky posture cause (`lane-death`, `operator`); returns the posture view
         with ``released``: whether the cause was held. An unknown cause raises
         PostureCauseError and changes nothing. The posture turns Nominal once the exit
         window is clean and no other cause holds it."""
-        with self._lock:
-            held = posture_mod.check_cause(cause) in self.posture.state.causes
-            self._after_posture_change(self.posture.release(cause, _now_ms()))
-            if held:
-                log.warning("fleet %s: operator released the posture cause %s", self.name, cause)
-            view = {**self.posture.show(_now_ms()), "released": held}
-            done = self._dispatch()
-        _deliver(done)
-        return view
+        return self._call(self._release, cause)
+
+    def _release(self, cause: str) -> dict:
+        held = posture_mod.check_cause(cause) in self.posture.state.causes
+        self._after_posture_change(self.posture.release(cause, self.host.now_ms()))
+        if held:
+            log.warning("fleet %s: operator released the posture cause %s", self.name, cause)
+        return {**self.posture.show(self.host.now_ms()), "released": held}
 
     def reload(self, config: FleetConfig) -> dict:
         """Apply what can change on a live fleet (posture policy, queue bounds); report
         what needs a restart. Nothing is applied if the posture policy is invalid."""
+        return self._call(self._reload, config)
+
+    def _reload(self, config: FleetConfig) -> dict:
         applied, restart = [], []
         old = self.config
         for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store"):
@@ -941,118 +1011,117 @@ class Supervisor:
         new_roles = {r.name: dataclasses.replace(r, queue_bound=1) for r in config.roles}
         if old_roles != new_roles:
             restart.append("roles")
-        with self._lock:
-            if config.posture != self.posture.policy:
-                patch = {k: v for k, v in config.posture.to_dict().items() if v != getattr(self.posture.policy, k)}
-                if patch:
-                    self.posture.retune(patch, _now_ms())
-                    self._publish_posture()
-                    applied.append("posture")
-            if self._providers.reload(config.admission)[0]:
-                applied.append("admission")
-            if "roles" not in restart:
-                bounds = [config.roles[r.name].queue_bound for r in self.roles]
-                if bounds != self._queue_bounds:
-                    self._queue_bounds = bounds
-                    applied.append("roles.*.queue_bound")
-            # A reload is an epoch boundary (002 §3.4): pins are released (T9) once empty.
-            if self.dispatcher.begin_epoch():
-                applied.append("pins released")
-            done = self._dispatch()
-        _deliver(done)
+        if config.posture != self.posture.policy:
+            patch = {k: v for k, v in config.posture.to_dict().items() if v != getattr(self.posture.policy, k)}
+            if patch:
+                self.posture.retune(patch, self.host.now_ms())
+                self._publish_posture()
+                applied.append("posture")
+        if self._providers.reload(config.admission)[0]:
+            applied.append("admission")
+        if "roles" not in restart:
+            bounds = [config.roles[r.name].queue_bound for r in self.roles]
+            if bounds != self._room.bounds():
+                self._room.set_bounds(bounds)
+                applied.append("roles.*.queue_bound")
+        # A reload is an epoch boundary (002 §3.4): pins are released (T9) once empty.
+        if self.dispatcher.begin_epoch():
+            applied.append("pins released")
+        self._dispatch()
         return {"applied": applied, "needs_restart": restart}
 
     def drain(self) -> None:
         """Take nothing new from the queues; in-flight units complete."""
-        with self._lock:
-            self._draining = True
+        self._call(self._set_draining, True)
 
     def resume(self) -> None:
-        with self._lock:
-            self._draining = False
-            done = self._dispatch()
-        _deliver(done)
+        self._call(self._set_draining, False)
+
+    def _set_draining(self, draining: bool) -> None:
+        self._draining = draining
+        self._dispatch()
 
     # ================================================================== shutdown
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        with self._lock:
-            self._close_intake()
-            done = []
-            if cancel_futures:
-                for item in self.dispatcher.drain_queue():
-                    unit = self._units.pop(item.unit_id)
-                    unit.future.cancel()
-                    self.ledger.record(item.unit_id, FAILED, "Cancelled")
-                    self._providers.ended(item.unit_id, _CANCELLED)
-                self._drop_held(cancel=True)
-                self._drop_waiting("", "", cancel=True)
-            # Shutdown waits for queued units, but not for a provider's reopening: a closed
-            # key may wait until midnight. Units still waiting for admission fail Shutdown.
-            done.extend(self._drop_waiting("Shutdown", "the fleet closed while the unit waited for provider admission"))
-            done.extend(self._dispatch())
-        _deliver(done)
-        if self.data is not None:
-            self.data.bell.ring()  # the loop notices the close at once, not at its next tick
-        if wait and self._thread is not None:
+        """Take no more units; with `cancel_futures`, queued units are cancelled. Returns once
+        every unit owed has its outcome and the fleet is torn down (unless `wait` is False)."""
+        self._stop_with(self._shutdown, cancel_futures, wait=wait)
+
+    def _shutdown(self, cancel_futures: bool) -> None:
+        self._close_intake()
+        if cancel_futures:
+            for item in self.dispatcher.drain_queue():
+                self._forget(item.unit_id, cancel_future=True)
+            self._drop_held(cancel=True)
+            self._drop_waiting("", "", cancel=True)
+        # Shutdown waits for queued units, but not for a provider's reopening: a closed
+        # key may wait until midnight. Units still waiting for admission fail Shutdown.
+        self._drop_waiting("Shutdown", "the fleet closed while the unit waited for provider admission")
+        self._dispatch()
+
+    def stop(self, grace_s: float = 0.0, wait: bool = True) -> None:
+        """Stop soon: queued units fail with Shutdown once nothing runs or `grace_s` has
+        passed, whichever is first; in-flight ones finish."""
+        self._stop_with(self._stop, grace_s, wait=wait)
+
+    def _stop(self, grace_s: float) -> None:
+        self._close_intake()
+        self._stop_at = self.host.monotonic() + grace_s
+        self._drop_waiting("Shutdown", "the fleet stopped while the unit waited for provider admission")
+
+    def _fail_queued(self, reason: str, detail: str) -> None:
+        """Every unit not yet granted a slot fails with `reason`."""
+        for item in self.dispatcher.drain_queue():
+            self._fail_unstarted(item.unit_id, reason, detail)
+        self._drop_held(reason, detail.replace("before it ran", "before the host-group store granted its lease"))
+
+    def kill(self, wait: bool = True) -> None:
+        """Stop now: workers are killed; every unit still owed fails with Shutdown."""
+        self._stop_with(self._kill, wait=wait)
+
+    def _kill(self) -> None:
+        self._close_intake()
+        self._fail_everything("Shutdown", "the fleet was stopped")
+
+    def _stop_with(self, fn, *args, wait: bool) -> None:
+        """Post a stop to the loop (a fleet that has stopped already stays stopped)."""
+        if self._thread is None or self._stopped.is_set():
+            return
+        if self._on_loop():
+            fn(*args)  # from a future's callback: the loop finishes the stop after this turn
+            return
+        self._intake.post(fn, *args, refused=lambda _exc: None)
+        if wait:
             self._stopped.wait()
 
     def _close_intake(self) -> None:
-        """Refuse new units from here on (lock held); readers of the table see it too."""
+        """Refuse new units from here on; readers of the table see it too."""
+        if self._closing:
+            return
         self._closing = True
         if self.recorder is not None:
             self.recorder.close()
         if self.table is not None:
             self.table.set_flags(L.FLAG_CLOSING)
 
-    def stop(self, grace_s: float = 0.0) -> None:
-        """Stop soon: queued units fail with Shutdown after `grace_s`; in-flight ones finish."""
-        with self._lock:
-            self._close_intake()
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and not self._idle() and not self._stopped.is_set():
-            time.sleep(0.01)
-        with self._lock:
-            done = []
-            for item in self.dispatcher.drain_queue():
-                _claim(self._units[item.unit_id].future)
-                done.append(self._close(item.unit_id, Outcome(FAILED, "Shutdown", "the fleet stopped before it ran")))
-            done.extend(self._drop_held("Shutdown", "the fleet stopped before the host-group store granted its lease"))
-            done.extend(self._drop_waiting("Shutdown", "the fleet stopped while the unit waited for provider admission"))
-        _deliver(done)
-        self.data.bell.ring()
-        self._stopped.wait()
-
-    def kill(self) -> None:
-        """Stop now: workers are killed; every unit still owed fails with Shutdown."""
-        with self._lock:
-            self._close_intake()
-            self._fail_everything("Shutdown", "the fleet was stopped")
-        self.data.bell.ring()
-        self._stopped.wait()
-
     def _fail_everything(self, reason: str, detail: str) -> None:
         """Kill the workers, keep what they delivered, fail everything else with `reason`."""
-        with self._lock:
-            done = []
-            for item in self.dispatcher.drain_queue():
-                _claim(self._units[item.unit_id].future)
-                done.append(self._close(item.unit_id, Outcome(FAILED, reason, detail)))
-            done.extend(self._drop_held(reason, detail))
-            if self._providers is not None:
-                done.extend(self._drop_waiting(reason, detail))
-            pids = dict(self._pids)
-            self._killed.update(pids.values())
-            for pid in pids.values():
-                _kill(pid)
-            for pid in pids.values():
-                _wait_gone(pid)
-            for seat in range(len(self.layout.seats)):
-                self._take_delivered(seat)
-                for unit_id, _slot in self.dispatcher.seat_lost(seat):
-                    done.append(self._close(unit_id, Outcome(FAILED, reason, detail)))
-            done.extend(self._pending_delivery)
-            self._pending_delivery = []
-        _deliver(done)
+        self._fail_queued(reason, detail)
+        if self._providers is not None:
+            self._drop_waiting(reason, detail)
+        pids = dict(self._pids)
+        self._killed.update(pids.values())
+        for pid in pids.values():
+            self.host.kill(pid)
+        for pid in pids.values():
+            self.host.wait_gone(pid)
+        for seat in range(len(self.layout.seats)):
+            self._take_delivered(seat)
+            for unit_id, _slot in self.dispatcher.seat_lost(seat):
+                self._close(unit_id, Outcome(FAILED, reason, detail))
+        # Submits posted but not yet accepted fail too (they never reach the ledger).
+        self._intake.drain()
+        self._deliver()
 
     def _atexit_close(self) -> None:
         if not self._stopped.is_set() and self._thread is not None:
@@ -1068,7 +1137,7 @@ class Supervisor:
         if self.zygote is not None:
             self.zygote.exit(timeout=5 if not kill else 0.5)
             for pid in list(self._seat_of_pid):
-                _wait_gone(pid)
+                self.host.wait_gone(pid)
             self.zygote = None
         if self._spawner is not None:
             self._spawner.shutdown(wait=False)
@@ -1095,34 +1164,34 @@ class Supervisor:
     def admission_census(self) -> dict:
         """The provider admission's read model: bulkheads, lane x bulkhead rows, closures,
         starving, waiting units with their reason (fleet.provider_gate)."""
-        with self._lock:
-            return self._providers.census()
+        return self._call(lambda: self._providers.census())
 
     def admission_close(self, pool: str, until: float, message: str = "") -> dict:
         """Close a provider or key (``provider[/credential]``) until `until` (UTC epoch seconds)."""
-        with self._lock:
-            result = self._providers.close(pool, until, message)
-            self._providers.publish(force=True)
+        return self._call(self._admission_close, pool, until, message)
+
+    def _admission_close(self, pool: str, until: float, message: str) -> dict:
+        result = self._providers.close(pool, until, message)
+        self._providers.publish(force=True)
         return result
 
     def admission_reopen(self, pool: str) -> dict:
         """Lift a provider's or key's closure; its waiting units start at the loop's next turn."""
-        with self._lock:
-            result = self._providers.reopen(pool)
-            self._providers.publish(force=True)
-        self.data.bell.ring()
+        return self._call(self._admission_reopen, pool)
+
+    def _admission_reopen(self, pool: str) -> dict:
+        result = self._providers.reopen(pool)
+        self._providers.publish(force=True)
         return result
 
     def admission_ask(self, question):
-        """Answer a coordinator question (``question(gate)``: allowance, plan, starving) under the
-        lock, as every other call on the provider gate; it reads the pool and seats nothing."""
-        with self._lock:
-            return question(self._providers)
+        """Answer a coordinator question (``question(gate)``: allowance, plan, starving) on
+        the loop, as every other call on the provider gate; it reads the pool and seats nothing."""
+        return self._call(question, self._providers)
 
     def admission_reload_refused(self, why: str) -> None:
         """A reload whose [admission] section did not load: the last good catalog stays; say why."""
-        with self._lock:
-            self._providers.refused_reload(why)
+        self._call(self._providers.refused_reload, why)
 
     # ================================================================== views
     def ledger_counts(self):
@@ -1132,10 +1201,45 @@ class Supervisor:
         return self._stopped.wait(timeout)
 
     def pids(self) -> dict:
-        return dict(self._pids)
+        """Worker pid per seat (a copy, taken on the loop)."""
+        return self._call(lambda: dict(self._pids))
+
+    def queued(self, role: str) -> int:
+        """Units of `role` waiting for a slot (taken on the loop)."""
+        code = self.roles.code(role)
+        return self._call(lambda: self.dispatcher.queued(code))
+
+    def inspect(self, fn, timeout: float | None = None):
+        """Run ``fn(supervisor)`` on the loop and return what it returns (tests and tools
+        that look inside: nothing else may read the loop's state from another thread).
+        Raises TimeoutError when the loop has not answered within `timeout` seconds."""
+        return self._call(fn, self, timeout=timeout)
 
 
 # ---------------------------------------------------------------------- helpers
+def _check_unit(spec, key, lane, priority, timeout, request_id) -> None:
+    """A submit's arguments, on their face (pure: the caller's thread)."""
+    if spec.handler is None:
+        raise BadUnit(f"role {spec.name!r} has no handler configured")
+    if spec.kind == "pinned" and key is None:
+        raise BadUnit(f"role {spec.name!r} is pinned by key: submit needs key=")
+    if spec.kind != "pinned" and key is not None:
+        raise BadUnit(f"role {spec.name!r} is {spec.kind}: it takes no key")
+    if key is not None:
+        try:
+            hash(key)
+        except TypeError:
+            raise BadUnit(f"key must be hashable, got {type(key).__name__}") from None
+    if lane is not None and not isinstance(lane, str):
+        raise BadUnit(f"lane must be a name (str), got {type(lane).__name__}")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise BadUnit(f"priority must be an int, got {priority!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise BadUnit(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if request_id is not None and not isinstance(request_id, str):
+        raise BadUnit(f"request_id must be a str, got {type(request_id).__name__}")
+
+
 def _arrival_log(config):
     """The arrival log of `[record]` (fleet.burst.record), or None when recording is off."""
     if not config.record.enabled:
@@ -1145,17 +1249,10 @@ def _arrival_log(config):
     return ArrivalLog.for_config(config)
 
 
-def _deliver(done) -> None:
-    for item in done:
-        if item is None:
-            continue
-        future, value, error = item
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(value)
-        else:
-            future.set_exception(error)
+def _fail_future(future: Future, error: BaseException) -> None:
+    """Fail a future nobody resolved yet (a caller may have cancelled it meanwhile)."""
+    if _claim(future) and not future.done():
+        future.set_exception(error)
 
 
 def _claim(future: Future) -> bool:
@@ -1163,30 +1260,6 @@ def _claim(future: Future) -> bool:
     if future.running() or future.done():
         return not future.cancelled()
     return future.set_running_or_notify_cancel()
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_gone(pid: int, timeout: float = 5.0) -> None:
-    """Until `pid` is gone or a zombie (a worker is not our child: the zygote reaps it)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    return
-        except (FileNotFoundError, ProcessLookupError):
-            return
-        time.sleep(0.005)
-
-
-def _now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 def _cause_code(state, change) -> int:

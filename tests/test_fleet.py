@@ -112,15 +112,15 @@ def test_payload_limits_and_bad_arguments_are_refused_at_submit(fleet_name):
         assert f.ledger()["submitted"] == 0  # nothing was queued
 
 
-def test_a_full_queue_refuses_loudly(fleet_name):
+def test_a_full_queue_refuses_loudly_when_told_not_to_wait(fleet_name):
     with running(config(fleet_name, {"work": role("hang", slots=1, queue_bound=3)})) as f:
         futures = [f.submit("work", 600)]
         deadline = time.monotonic() + 30
-        while f._sup.dispatcher.queued(0) and time.monotonic() < deadline:  # the first is granted
+        while f._sup.inspect(lambda s: s.dispatcher.queued(0)) and time.monotonic() < deadline:  # the first is granted
             time.sleep(0.01)
         futures += [f.submit("work", 600) for _ in range(3)]
         with pytest.raises(QueueFull, match="3 units waiting"):
-            f.submit("work", 600)
+            f.submit("work", 600, block=False)
         f.shutdown(wait=False, cancel_futures=True)
         from fleet.table import layout as L
 
@@ -142,7 +142,7 @@ def test_units_of_one_key_stay_on_one_pin_and_keep_warm_state(fleet_name):
         for key, seen in by_key.items():
             assert [c for c, _ in seen] == list(range(1, 11)), key  # warm state survived every cycle
             assert len({pid for _, pid in seen}) == 1, key  # on one process
-        pins = f._sup.dispatcher.pinned_keys(0)
+        pins = f._sup.inspect(lambda s: s.dispatcher.pinned_keys(0))
         assert set(pins) == {"bin0", "bin1", "bin2"} and len(set(pins.values())) == 3
         snap = f._sup.table.snapshot()
         assert {snap.slot(s)["state"] for s in pins.values()} == {"Pinned"}
@@ -155,7 +155,7 @@ def test_a_new_key_rekeys_the_least_recently_used_idle_pin(fleet_name):
         f.submit("solver", key="b").result(60)
         f.submit("solver", key="a").result(60)
         assert f.submit("solver", key="c").result(60)[1] == 1
-        assert set(f._sup.dispatcher.pinned_keys(0)) == {"a", "c"}  # b was least recently used
+        assert set(f._sup.inspect(lambda s: s.dispatcher.pinned_keys(0))) == {"a", "c"}  # b was least recently used
         deadline = time.monotonic() + 30  # the loop publishes role counters every sample tick
         while f.status()["queues"][0]["repins"] != 1 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -200,7 +200,7 @@ def test_restart_intensity_stops_the_role_and_cordons(fleet_name):
         for _ in range(3):
             assert f.submit("die").exception(60).reason == "LaneDeath"
         deadline = time.monotonic() + 30
-        while 0 not in f._sup._stopped_roles and time.monotonic() < deadline:
+        while 0 not in f._sup.inspect(lambda s: set(s._stopped_roles)) and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(RoleStopped):
             f.submit("die")

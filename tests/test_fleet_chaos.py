@@ -134,11 +134,19 @@ class KillStorm:
 
 def _wedge_report(f) -> str:
     sup = f._sup
+
+    def ask(fn):
+        try:  # a wedged loop may not answer: say so rather than hang the report
+            return sup.inspect(fn, timeout=2)
+        except TimeoutError:
+            return "<the loop did not answer>"
+
     slots = [(i, sup.table.state(i)) for i in range(len(sup.layout.slots))] if sup.table else None
-    return (f"ledger {f.ledger()}; slots (state, role, key, gen) {slots}; pids {sup.pids()}; "
-            f"pending forks {sup._pending_forks}; stopped roles {sup._stopped_roles}; "
-            f"queued {[sup.dispatcher.queued(c) for c in range(len(sup.roles))]}; "
-            f"zygote {sup.zygote and sup.zygote.poll()}; posture {sup.posture_show()['causes']}")
+    return (f"ledger {f.ledger()}; slots (state, role, key, gen) {slots}; pids {ask(lambda s: dict(s._pids))}; "
+            f"pending forks {ask(lambda s: set(s._pending_forks))}; stopped roles {ask(lambda s: set(s._stopped_roles))}; "
+            f"queued {ask(lambda s: [s.dispatcher.queued(c) for c in range(len(s.roles))])}; "
+            f"zygote {ask(lambda s: s.zygote and s.zygote.pid)}; "
+            f"posture {ask(lambda s: sorted(s.posture.state.causes))}")
 
 
 def _storm_config(name: str, restart: str, b_class: str) -> dict:

@@ -85,10 +85,10 @@ def test_units_sent_behind_a_drained_pin_run_later_in_order(fleet_name):
         head = f.submit("bins", (1.0, "head"), key="k")
         wait_for(lambda: states(sup) == ["Running"], "the head unit runs on its pin")
         behind = [f.submit("bins", (0.0, tag), key="k") for tag in ("second", "third")]
-        wait_for(lambda: sup.dispatcher.inflight_count() == 3, "both are sent behind the pin")
+        wait_for(lambda: sup.inspect(lambda s: s.dispatcher.inflight_count()) == 3, "both are sent behind the pin")
         sup.hold("operator")
         assert head.result(EVENTUALLY_S)[0] == "head"  # in-flight work completes (drained)
-        wait_for(lambda: sup.dispatcher.queued(0) == 2, "the two come back to the queue")
+        wait_for(lambda: sup.inspect(lambda s: s.dispatcher.queued(0)) == 2, "the two come back to the queue")
         assert not any(fut.done() for fut in behind)
         assert states(sup) == ["Idle"]
         sup.release("operator")
@@ -220,8 +220,7 @@ def test_a_zygote_killed_with_requests_unread_is_replaced(fleet_name, caplog):
         old_pid = f.submit("work", 1).result(EVENTUALLY_S)[1]
         zygote = sup.zygote.pid
         os.kill(zygote, signal.SIGSTOP)  # so it cannot read what comes next
-        with sup._lock:
-            sup.zygote._send({"op": "noop"})
+        sup.inspect(lambda sup: sup.zygote._send({"op": "noop"}))
         os.kill(zygote, signal.SIGKILL)
         wait_for(lambda: sup.zygote is not None and sup.zygote.pid != zygote and sup.pids(), "a new zygote serves")
         value, pid = f.submit("work", 2).result(EVENTUALLY_S)

@@ -49,8 +49,7 @@ def owing_fleet(cfg: dict):
         try:
             yield f
         except BaseException:
-            with f._sup._lock:
-                f._sup._units.clear()  # the loop stops once nothing is owed
+            f._sup.inspect(lambda sup: sup._units.clear())  # the loop stops once nothing is owed
             raise
     assert not fuses, fuses
 

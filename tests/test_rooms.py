@@ -87,3 +87,14 @@ def test_the_wire_scan_finds_an_encoder_and_an_envelope_outside_the_package():
               "def reply(i):\n    return {'id': i, 'ok': True, 'result': 1}\n")
     assert wire_definitions(source) == ["encode_outcome", "{id, ok}", "{kind, seq}"]
     assert wire_definitions("x = {'id': 1, 'name': 'a'}\n") == []
+
+
+def test_the_readme_names_what_every_module_of_fleet_owns():
+    """The README's room map lists every module and package of fleet/, and nothing that
+    is gone: a new room comes with its line."""
+    readme = (ROOT.parent / "README.md").read_text()
+    section = readme.split("### fleet/, room by room", 1)[1].split("\n## ", 1)[0]
+    listed = {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
+    present = {p.name for p in ROOT.glob("*.py") if p.name != "__init__.py"}
+    present |= {p.name + "/" for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert listed == present

@@ -154,11 +154,13 @@ def storm(args) -> int:
     report = {"seed": args.seed, "submitted": len(futures), "kills": len(kills), "ledger": f.ledger()}
     if closer.is_alive():
         sup = f._sup
-        report["wedged"] = {
-            "slots": [sup.table.snapshot().slot(i) for i in range(len(sup.layout.slots))],
-            "pids": sup.pids(), "queued": [sup.dispatcher.queued(c) for c in range(len(sup.roles))],
-            "posture": sup.posture_show()["causes"],
-        }
+        try:  # a wedged loop may not answer
+            inside = sup.inspect(lambda s: {"pids": dict(s._pids), "posture": sorted(s.posture.state.causes),
+                                            "queued": [s.dispatcher.queued(c) for c in range(len(s.roles))]},
+                                 timeout=2)
+        except TimeoutError:
+            inside = {"loop": "did not answer"}
+        report["wedged"] = {"slots": [sup.table.snapshot().slot(i) for i in range(len(sup.layout.slots))], **inside}
         print(json.dumps(report, indent=2, default=str))
         sup.kill()
         return 1

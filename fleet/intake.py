@@ -1,0 +1,155 @@
+"""What other threads hand to the supervisor's loop, which alone owns its state.
+
+`Intake` is the loop's command queue. Callers (submit, map, operator ops, stop, the
+lease gate's thread) post a command and ring the loop's bell; the loop drains the
+whole queue each turn, so one wake-up carries as many submits as arrived meanwhile.
+A command is ``fn(*args)``: the loop runs it and, when a `reply` Future is given,
+resolves it with the result or the exception. Once the loop has stopped, `close`
+turns late commands away: a command posted after that (or still queued) gets
+`FleetClosed` on its reply (or through its `refused` callback), whoever pops it first.
+
+`QueueRoom` is the one piece of intake state a caller touches: per role, how many
+units wait (submitted, not yet granted a slot) against the role's queue bound. A
+submit takes room before it posts (waiting for it, or refusing at once with
+`QueueFull`); the loop gives it back when the unit is granted or ends unstarted.
+It is a counting semaphore per role with its own lock, the way `queue.Queue`
+bounds a producer: the loop never waits on it.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future
+
+from .unit import FleetClosed, QueueFull
+
+
+class Intake:
+    """Commands for the loop thread; any thread posts, only the loop drains."""
+
+    def __init__(self, wake):
+        self._queue: collections.deque = collections.deque()
+        self._wake = wake
+        self._closed: str | None = None
+
+    def post(self, fn, *args, reply: Future | None = None, refused=None) -> None:
+        """Queue ``fn(*args)`` for the loop and wake it. After `close` it is turned away at
+        once: `reply` fails, or ``refused(FleetClosed)`` is called."""
+        self._queue.append((fn, args, reply, refused))
+        if self._closed is not None:
+            self._turn_away()  # the loop is gone: nobody else will pop it
+            return
+        self._wake()
+
+    def call(self, fn, *args, timeout: float | None = None):
+        """Run ``fn(*args)`` on the loop and return its result (or raise its exception).
+        Raises TimeoutError when the loop has not answered within `timeout` seconds."""
+        reply: Future = Future()
+        self.post(fn, *args, reply=reply)
+        return reply.result(timeout)
+
+    def drain(self) -> int:
+        """Run every queued command (the loop thread only); how many ran."""
+        ran = 0
+        queue = self._queue
+        while queue:
+            try:
+                fn, args, reply, _refused = queue.popleft()
+            except IndexError:  # a late poster's `_turn_away` took it
+                break
+            ran += 1
+            if reply is None:
+                fn(*args)
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it, the loop goes on
+                reply.set_exception(exc)
+            else:
+                reply.set_result(result)
+        return ran
+
+    def close(self, why: str) -> None:
+        """The loop has stopped: fail what is still queued and whatever comes later."""
+        self._closed = why
+        self._turn_away()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def _turn_away(self) -> None:
+        while True:
+            try:
+                _fn, _args, reply, refused = self._queue.popleft()
+            except IndexError:
+                return
+            if refused is not None:
+                refused(FleetClosed(self._closed))
+            elif reply is not None:
+                reply.set_exception(FleetClosed(self._closed))
+
+
+class QueueRoom:
+    """Per role: units waiting for a slot, against the role's queue bound."""
+
+    def __init__(self, bounds: list[int]):
+        self._bounds = list(bounds)
+        self._waiting = [0] * len(bounds)
+        self._cond = threading.Condition(threading.Lock())
+        self._sleepers = 0
+        self._closed: str | None = None
+
+    def take(self, code: int, name: str, block: bool = True, timeout: float | None = None) -> None:
+        """Room for one more unit of role `code`: at once, or after waiting (at most
+        `timeout` seconds; None waits as long as it takes). Raises QueueFull when
+        `block` is False and the queue is full, or when `timeout` passes first."""
+        with self._cond:
+            if self._closed is not None:
+                raise FleetClosed(self._closed)
+            if self._waiting[code] < self._bounds[code]:
+                self._waiting[code] += 1
+                return
+            if not block:
+                raise QueueFull(f"role {name!r} queue is full ({self._bounds[code]} units waiting)")
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self._sleepers += 1
+            try:
+                while self._waiting[code] >= self._bounds[code]:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise QueueFull(f"role {name!r} queue stayed full ({self._bounds[code]} units waiting) "
+                                        f"for {timeout:g} s")
+                    self._cond.wait(left)
+                    if self._closed is not None:
+                        raise FleetClosed(self._closed)
+                self._waiting[code] += 1
+            finally:
+                self._sleepers -= 1
+
+    def give(self, code: int) -> None:
+        """A unit of role `code` left the queue (granted, or ended unstarted)."""
+        with self._cond:
+            self._waiting[code] -= 1
+            if self._sleepers:
+                self._cond.notify_all()
+
+    def set_bounds(self, bounds: list[int]) -> None:
+        """New queue bounds (a reload); waiters re-check at once."""
+        with self._cond:
+            self._bounds = list(bounds)
+            self._cond.notify_all()
+
+    def close(self, why: str) -> None:
+        """No more room, ever: every waiter (and every later `take`) raises FleetClosed."""
+        with self._cond:
+            self._closed = why
+            self._cond.notify_all()
+
+    def bounds(self) -> list[int]:
+        with self._cond:
+            return list(self._bounds)
+
+    def waiting(self, code: int) -> int:
+        return self._waiting[code]
