@@ -179,7 +179,7 @@ class _Channel(control.ControlClient):
                 pass
 
 
-class _UnitFuture(Future):
+class _RemoteUnitFuture(Future):
     """A client future whose `cancel` cancels the unit in the fleet when it has not started."""
 
     def __init__(self, client: "Client"):
@@ -366,7 +366,7 @@ class Client(Executor):
             raise PayloadTooLarge(f"payload for role {role!r} is {len(raw)} bytes pickled; a service-mode submit "
                                   f"carries at most {MAX_WIRE_PAYLOAD} (one control frame, base64)")
         seq = next(self._seq)
-        fut = _UnitFuture(self)
+        fut = _RemoteUnitFuture(self)
         with self._requests.lock:
             try:
                 pid = self._requests.connect()

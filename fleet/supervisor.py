@@ -61,6 +61,7 @@ from .config import FleetConfig
 from .dataplane import DataSegment
 from .dispatch import Dispatcher, Pending
 from .errors import FleetError
+from .future import UnitFuture
 from .host import Host
 from .intake import Intake, QueueRoom, TurnedAway
 from .intensity import Deaths
@@ -356,7 +357,7 @@ class Supervisor:
         flags = (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
         self._refuse_if_closed(code, role)
         self._room.take(code, role, block=block and not self._on_loop(), timeout=block_timeout)
-        future = Future()
+        future = UnitFuture()  # a Future without the cost of building a Condition nobody waits on
         unit_id = next(self._ids)
         future.unit_id = unit_id  # fleetd replies to a remote submit with it
         arrival = (unit_id, role, payload, key, lane) if self.recorder is not None else None
