@@ -185,6 +185,7 @@ def test_block_false_refuses_a_full_queue_at_once(fleet_name):
             f.submit("w", 30, block_timeout=0.2)
         assert time.monotonic() - started >= 0.2
         assert f.ledger()["submitted"] == 3  # the refused ones changed nothing
+        f._sup.kill()  # rather than wait for the sleeping units
 
 
 def test_a_waiting_submit_fails_fleet_closed_when_the_fleet_stops(fleet_name):
