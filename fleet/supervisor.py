@@ -1066,7 +1066,15 @@ class Supervisor:
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         """Take no more units; with `cancel_futures`, queued units are cancelled. Returns once
         every unit owed has its outcome and the fleet is torn down (unless `wait` is False)."""
-        self._stop_with(self._shutdown, cancel_futures, wait=wait)
+        if wait or self._on_loop():
+            self._stop_with(self._shutdown, cancel_futures, wait=wait)
+        elif self._thread is not None and not self._stopped.is_set():
+            # Executor semantics: once shutdown returns, submit refuses (and the table says
+            # closing), so wait for the loop to apply it, not for the units to end.
+            try:
+                self._call(self._shutdown, cancel_futures)
+            except FleetClosed:
+                pass  # it stopped meanwhile: nothing left to shut
 
     def _shutdown(self, cancel_futures: bool) -> None:
         self._close_intake()
