@@ -380,8 +380,13 @@ class Supervisor:
         if self._closing:
             refusal = FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
         elif code in self._stopped_roles:
-            refusal = RoleStopped(f"role {self.roles.by_code(code).name!r} was stopped after repeated worker "
-                                  "deaths; it takes no more work")
+            # Its role stopped after the caller's check: the unit is counted and fails
+            # RoleStopped, as the units queued when the role stopped did.
+            self._units[cmd.unit_id] = cmd.unit
+            self.ledger.submitted(cmd.unit_id)
+            self._fail_unstarted(cmd.unit_id, "RoleStopped",
+                                 f"role {self.roles.by_code(code).name} exceeded its restart intensity")
+            return
         decision = None
         if refusal is None and cmd.route is not None:
             try:

@@ -104,12 +104,18 @@ class KillStorm:
 
     def _run(self):
         next_zygote = time.monotonic() + STORM_ZYGOTE_EVERY_S
+        serving_since: dict[int, float] = {}  # zygote pid -> when the storm first saw it serve
         while not self.stop.wait(STORM_KILL_EVERY_S):
             sup = self.f._sup
             zygote, pids = sup.zygote, sorted(sup.pids().values())
-            # The zygote only once it serves (it has forked workers): one killed again and
-            # again while it boots is a broken host, and the fleet rightly gives up on it.
-            if time.monotonic() >= next_zygote and zygote is not None and pids and self.rng.random() < 0.3:
+            now = time.monotonic()
+            if zygote is not None and pids:
+                serving_since.setdefault(zygote.pid, now)
+            # The zygote only once it has served a while (forked workers, at least a kill
+            # period ago): one killed again and again as it comes up is a broken host,
+            # and the fleet rightly spends all its time restarting it.
+            served = zygote is not None and pids and now - serving_since[zygote.pid] >= STORM_ZYGOTE_EVERY_S
+            if now >= next_zygote and served and self.rng.random() < 0.3:
                 next_zygote = time.monotonic() + STORM_ZYGOTE_EVERY_S
                 victim = zygote.pid
                 self.zygote_kills += 1
