@@ -30,21 +30,56 @@ class TurnedAway(FleetClosed):
 
 
 class Intake:
-    """Commands for the loop thread; any thread posts, only the loop drains."""
+    """Commands for the loop thread; any thread posts, only the loop drains.
 
-    def __init__(self, wake):
+    Pacing. A thread that posts faster than the loop drains (a plain loop of submits)
+    holds the GIL for whole switch intervals, while the loop, which calls into C at
+    every grant, gives the GIL up at each call and waits an interval to get it back:
+    the loop would dispatch nothing until the poster stops. So a paced post that finds
+    `high` commands still queued waits (GIL released) until the loop has drained them
+    below `low`: the poster and the loop take turns, and units start while the caller
+    is still submitting. The loop thread itself never waits (it would wait for itself).
+    """
+
+    def __init__(self, wake, high: int = 256, low: int = 64, pace_timeout: float = 0.05):
         self._queue: collections.deque = collections.deque()
         self._wake = wake
         self._closed: str | None = None
+        self.high, self.low, self.pace_timeout = high, low, pace_timeout
+        self._paced = threading.Condition(threading.Lock())
+        self._pacing = 0  # posters waiting for the queue to go below `low`
 
-    def post(self, fn, *args, reply: Future | None = None, refused=None) -> None:
+    def post(self, fn, *args, reply: Future | None = None, refused=None, pace: bool = False) -> None:
         """Queue ``fn(*args)`` for the loop and wake it. After `close` it is turned away at
-        once: `reply` fails, or ``refused(FleetClosed)`` is called."""
-        self._queue.append((fn, args, reply, refused))
+        once: `reply` fails, or ``refused(FleetClosed)`` is called. `pace`: wait while
+        the loop is `high` commands behind (see the class doc)."""
+        queue = self._queue
+        queue.append((fn, args, reply, refused))
         if self._closed is not None:
             self._turn_away()  # the loop is gone: nobody else will pop it
             return
-        self._wake()
+        n = len(queue)
+        if n == 1:
+            # Only the post that finds the queue empty rings: a later one finds an
+            # earlier command still queued, and the loop drains until the queue is empty
+            # (or runs another turn at once when it stopped at its limit), so it sees
+            # this one too without another wake-up.
+            self._wake()
+        elif pace and n >= self.high:
+            self._wait_for_loop()
+
+    def _wait_for_loop(self) -> None:
+        with self._paced:
+            self._pacing += 1
+            try:
+                # Bounded: pacing is a turn-taking hint, not a bound (QueueRoom is).
+                # A loop busy in a long turn (or in a callback that waits for this very
+                # thread) slows the poster down; it never strands it.
+                while len(self._queue) >= self.low and self._closed is None:
+                    if not self._paced.wait(self.pace_timeout):
+                        break
+            finally:
+                self._pacing -= 1
 
     def call(self, fn, *args, timeout: float | None = None):
         """Run ``fn(*args)`` on the loop and return its result (or raise its exception).
@@ -53,16 +88,21 @@ class Intake:
         self.post(fn, *args, reply=reply)
         return reply.result(timeout)
 
-    def drain(self) -> int:
-        """Run every queued command (the loop thread only); how many ran."""
+    def drain(self, limit: int | None = None) -> int:
+        """Run the queued commands (the loop thread only), at most `limit` of them; how
+        many ran. A limit lets the loop act on a batch (dispatch it) while a fast
+        producer is still posting, instead of draining for as long as it posts."""
         ran = 0
         queue = self._queue
-        while queue:
+        while queue and (limit is None or ran < limit):
             try:
                 fn, args, reply, _refused = queue.popleft()
             except IndexError:  # a late poster's `_turn_away` took it
                 break
             ran += 1
+            if self._pacing and len(queue) < self.low:
+                with self._paced:
+                    self._paced.notify_all()
             if reply is None:
                 fn(*args)
                 continue

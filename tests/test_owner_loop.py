@@ -41,12 +41,64 @@ def test_intake_runs_commands_in_order_and_answers_replies():
     ok, bad = Future(), Future()
     intake.post(lambda: "answer", reply=ok)
     intake.post(lambda: 1 / 0, reply=bad)
-    assert ran == [] and len(wakes) == 4  # nothing runs until the loop drains
+    # nothing runs until the loop drains; only the post that found the queue empty
+    # rang: the loop drains until it is empty, so the later ones ride on that wake-up
+    assert ran == [] and len(wakes) == 1
     assert intake.drain() == 4
     assert ran == [1, 2] and ok.result(0) == "answer"
     with pytest.raises(ZeroDivisionError):
         bad.result(0)
     assert intake.drain() == 0
+    intake.post(ran.append, 3)  # the queue is empty again: this one rings
+    assert len(wakes) == 2
+
+
+def test_a_drain_runs_at_most_its_limit_and_leaves_the_rest_queued():
+    intake, ran = Intake(lambda: None), []
+    for i in range(10):
+        intake.post(ran.append, i)
+    assert intake.drain(4) == 4 and ran == [0, 1, 2, 3]
+    assert intake.drain() == 6 and ran == list(range(10))
+
+
+def test_a_paced_poster_waits_for_the_loop_to_drain_below_low():
+    """A caller that posts faster than the loop drains takes turns with it: at `high`
+    queued it waits (GIL released) until the loop has drained below `low`."""
+    intake = Intake(lambda: None, high=8, low=2, pace_timeout=30.0)
+    posted = []
+
+    def poster():
+        for i in range(20):
+            intake.post(lambda: None, pace=True)
+            posted.append(i)
+
+    t = threading.Thread(target=poster)
+    t.start()
+    eventually(lambda: len(posted) == 7, "the poster to reach high")
+    time.sleep(0.2)
+    assert len(posted) == 7  # the 8th post found 8 queued: it waits for the loop
+    intake.drain(5)  # 3 left: still not below low
+    time.sleep(0.2)
+    assert len(posted) == 7
+    intake.drain(2)  # 1 left: below low, the poster goes on
+    eventually(lambda: len(posted) >= 8, "the poster to go on once drained below low")
+    while t.is_alive():
+        intake.drain()
+        time.sleep(0.01)
+    t.join()
+    intake.drain()
+    assert len(posted) == 20
+    # an unpaced post (the loop's own thread, a future's callback) never waits
+    for _ in range(20):
+        intake.post(lambda: None)
+    assert intake.drain() == 20
+
+
+def test_pacing_slows_a_poster_but_never_strands_it_when_the_loop_does_not_drain():
+    intake = Intake(lambda: None, high=4, low=1, pace_timeout=0.01)
+    for _ in range(10):  # nobody drains: each post past `high` waits its timeout, then goes on
+        intake.post(lambda: None, pace=True)
+    assert intake.drain() == 10
 
 
 def test_a_closed_intake_turns_commands_away_with_fleet_closed():

@@ -19,6 +19,11 @@ refcount with locked instructions, which costs more than the transition itself
 (~80 ns against ~19 ns). An njit loop that calls these kernels should be compiled the
 same way, or use `apply_batch`.
 
+Kernels keep the GIL (``nogil=False``). Each runs for well under a microsecond; giving
+the GIL up around it lets another thread of the process take it, and the caller then
+waits a whole switch interval (5 ms) to get it back — the supervisor's loop, which
+calls a kernel per grant, would crawl while a caller thread submits.
+
 Field writers (`seq_write`, `add_field`) keep the seqlock discipline for records that
 have a single writer: bump the sequence to odd, store the fields, bump it to even,
 all with release stores, so a lock-free reader can detect and retry a torn read.
@@ -187,7 +192,7 @@ def _count_lease(slots, idx, role):
 
 
 def _make_apply_transition(tables_digest):
-    @njit(cache=True, nogil=True, _nrt=False)
+    @njit(cache=True, nogil=False, _nrt=False)
     def apply_transition(slots, roles, n_roles, posture, slot, event, role, key, expected_gen):
         """Apply one event to one slot; returns fsm.OK or the reason it was refused.
 
@@ -227,7 +232,7 @@ apply_transition = _make_apply_transition(TABLES_DIGEST)
 
 
 def _make_apply_batch(tables_digest):
-    @njit(cache=True, nogil=True, _nrt=False)
+    @njit(cache=True, nogil=False, _nrt=False)
     def apply_batch(slots, roles, n_roles, posture, slot_ids, events, role_ids, keys, out):
         """Apply events[i] to slot_ids[i] in order; out[i] gets each reason. Returns #applied."""
         tables_digest  # noqa: B018 - in the closure, so in numba's cache key
@@ -247,7 +252,7 @@ apply_batch = _make_apply_batch(TABLES_DIGEST)
 
 
 def _make_start_unit(tables_digest):
-    @njit(cache=True, nogil=True, _nrt=False)
+    @njit(cache=True, nogil=False, _nrt=False)
     def start_unit(slots, roles, n_roles, posture, slot, event, role, key, unit_id):
         """A worker begins a unit: START or RESUME, then record the unit id. One call."""
         tables_digest  # noqa: B018 - in the closure, so in numba's cache key
@@ -263,7 +268,7 @@ start_unit = _make_start_unit(TABLES_DIGEST)
 
 
 def _make_finish_unit(tables_digest):
-    @njit(cache=True, nogil=True, _nrt=False)
+    @njit(cache=True, nogil=False, _nrt=False)
     def finish_unit(slots, roles, n_roles, posture, slot, event, role):
         """A worker ends a unit with its role's completion event — DRAINED instead when the
         supervisor drained the slot meanwhile — and counts it. Returns reason * 16 + the
@@ -285,7 +290,7 @@ def _make_finish_unit(tables_digest):
 finish_unit = _make_finish_unit(TABLES_DIGEST)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=False, _nrt=False)
 def seq_write(arr, seq_idx, field_idx, values):
     """Seqlocked write of arr[field_idx[i]] = values[i] by the record's single writer."""
     if seq_idx < 0 or seq_idx >= arr.size:
@@ -301,7 +306,7 @@ def seq_write(arr, seq_idx, field_idx, values):
     return True
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=False, _nrt=False)
 def add_field(arr, idx, delta):
     """Atomic arr[idx] += delta; returns the old value (0 when idx is out of range)."""
     if idx < 0 or idx >= arr.size:
@@ -309,7 +314,7 @@ def add_field(arr, idx, delta):
     return fetch_add(arr, idx, delta)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=False, _nrt=False)
 def store_field(arr, idx, value):
     """Release-store arr[idx] = value (a single-word field with one writer)."""
     if idx < 0 or idx >= arr.size:
