@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
+import threading
 import time
 
 import numpy as np
@@ -296,6 +298,49 @@ class Ring:
         return f"<Ring {self.name} capacity={self.capacity} used={self.used}>"
 
 
+class RingRelay:
+    """A ring's wake-ups as a readable fd, for a consumer that waits in an event loop.
+
+    A thread of its own sits in C (`fleet_ring_relay`, no GIL) waiting on the ring, and
+    writes a byte to a pipe when a message or a notify came; the consumer watches
+    `fileno()` (``loop.add_reader``). Pattern, as with `Ring.wait_since`:
+    ``seen = ring.seq()``; look at every kind of work; if none, ``relay.arm(seen)``.
+    The relay fires once per arming; `clear()` reads the bytes it wrote.
+    """
+
+    def __init__(self, ring: Ring):
+        self.ring = ring
+        self._arm = ffi.new("uint32_t[2]")
+        self._rfd, self._wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._run, name=f"relay {ring.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        rc = lib.fleet_ring_relay(self.ring._p, self._arm, self._wfd)
+        if rc < 0:
+            log.error("%s: relay stopped: %s", self.ring.name, os.strerror(-rc))
+
+    def fileno(self) -> int:
+        return self._rfd
+
+    def arm(self, seen: int) -> None:
+        """Fire once the ring has a message, or a notify came after `seen` was read."""
+        lib.fleet_ring_relay_arm(self._arm, seen & _U32)
+
+    def clear(self) -> None:
+        try:
+            while os.read(self._rfd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        lib.fleet_ring_relay_stop(self._arm)
+        self._thread.join()
+        os.close(self._rfd)
+        os.close(self._wfd)
+
+
 class Bell:
     """A doorbell: many processes ring it, one thread waits on it.
 
@@ -303,14 +348,19 @@ class Bell:
     nothing was found, ``bell.wait(seen, timeout)``. A ring after `seen` was read
     makes the wait return at once."""
 
-    __slots__ = ("_bell", "_waiting", "_keep")
+    __slots__ = ("_bell", "_waiting", "_keep", "_word")
 
     def __init__(self, bell_ptr, waiting_ptr, keepalive):
         self._bell, self._waiting, self._keep = bell_ptr, waiting_ptr, keepalive
+        # Read as a plain aligned 32-bit load, not a C call: the loop reads it every turn,
+        # and a C call gives the GIL away. Its ordering before the ring loads that follow
+        # (the waiting pattern needs it) holds all the same: each ring read is a cffi call,
+        # which releases the GIL (a mutex operation, a full barrier) before it loads.
+        self._word = memoryview(ffi.buffer(bell_ptr, 4)).cast("I")
 
     @property
     def value(self) -> int:
-        return int(lib.fleet_load_acquire_u32(self._bell))
+        return self._word[0]
 
     def ring(self) -> bool:
         """Bump the bell; True if the waiter was asleep and got woken."""

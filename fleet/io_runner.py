@@ -1,36 +1,32 @@
-"""Concurrent units for I/O-bound roles: one asyncio loop thread and one thread pool per worker.
+"""Concurrent units for I/O-bound roles: the seat's event loop and thread pools.
 
 A role declared ``io_bound = true`` spends most of each unit waiting (RPCs, storage),
 so its seat's worker runs up to the role's slot count of units at once instead of one
-after another (002 §4: slots may exceed the CPU share for I/O-dominant roles):
-``async def`` handlers run as tasks on one asyncio loop in its own thread, plain
-handlers on a thread pool with one thread per I/O slot of the seat. Both are made at
-first use, so a seat that never runs an I/O unit starts no thread.
+after another (002 §4: slots may exceed the CPU share for I/O-dominant roles).
 
-Who does what. The slot transitions (the table kernels) and the result ring belong to
-the worker's main thread, and only to it: the ring has one producer. The runner never
-touches either. A finished unit is *handed back*: appended to a thread-safe queue,
-then `wake()` (the seat task ring's notify, atomics only) rouses the main loop, which
-waits with `Ring.wait_since` so no hand-back is missed between its look and its sleep.
-Only the hand-back that finds the queue empty wakes: the main loop takes the whole
-queue at once, so later ones of a burst ride on that wake-up.
-The main loop then ends the slot (the completion transition) and pushes the result.
+Who does what. A worker whose seat hosts an I/O-bound role runs an asyncio loop on its
+main thread, and that thread owns everything of the seat: the slot transitions, the
+result ring (it has one producer), and this runner's books. ``async def`` handlers run
+as tasks on that loop; plain handlers of I/O-bound roles on a thread pool with one
+thread per I/O slot of the seat; the seat's other units (roles that are not I/O-bound,
+on a serial seat) one after another on a thread of their own, so that a CPU-heavy
+unit does not stop the loop's waits. A unit run off the loop comes back to it with
+``loop.call_soon_threadsafe``: `on_done(slot, tag, result)` always runs on the loop
+thread, with the slot already free for its next unit. No hand-back queue, no lock: a
+coroutine's unit ends on the thread that started it.
 
 One unit per slot at a time. A slot walks Leased -> Running -> Idle/Pinned for each of
 its units in grant order (a pin's next unit RESUMEs the slot its predecessor left
 Pinned), so a unit that arrives for a slot whose unit is still running waits in the
-slot's backlog (`defer`) until its predecessor was handed back (`next_for`).
+slot's backlog (`defer`) until its predecessor is done (`next_for`). The serial lane
+keeps its own order the same way (`serial_busy`, `defer_serial`, `next_serial`).
 Concurrency is across slots, and so never more than the seat's slots.
-
-Everything but the hand-back queue is the main thread's (`start`, `defer`,
-`completions`, `next_for`, `busy`); the pool and the loop only run what they are given.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable
 
@@ -38,47 +34,44 @@ log = logging.getLogger("fleet.io_runner")
 
 
 class IoRunner:
-    """Runs the units of I/O-bound roles concurrently for one worker (see the module doc).
+    """Runs units off the seat's loop or on it, and reports each back on the loop thread.
 
     Args:
         threads: the plain-handler pool's size: the seat's I/O slots.
-        wake: called (from a pool or loop thread) after each hand-back; must be
-            thread-safe and must make the main loop look at `completions()`.
+        loop: the seat's event loop (its thread calls every method here).
+        on_done: ``on_done(slot, tag, result)``, called on the loop thread when a unit
+            ends; `result` is what the call returned or the exception that escaped it.
     """
 
-    def __init__(self, threads: int, wake: Callable[[], Any]):
+    def __init__(self, threads: int, loop: asyncio.AbstractEventLoop, on_done: Callable[[int, Any, Any], None]):
         self.threads = max(1, threads)
-        self._wake = wake
-        self._handed_back: list = []  # (slot, tag, result), appended by any thread under _back_lock
-        self._back_lock = threading.Lock()
-        self._running: dict[int, Any] = {}  # slot -> tag of its unit in the runner (main thread)
-        self._backlog: dict[int, collections.deque] = {}  # slot -> items waiting their turn (main thread)
+        self.loop = loop
+        self._on_done = on_done
+        self._running: dict[int, Any] = {}  # slot -> tag of its unit in the runner
+        self._backlog: dict[int, collections.deque] = {}  # slot -> items waiting their turn
+        self._serial: collections.deque = collections.deque()  # items waiting for the serial lane
+        self._serial_busy = False
         self._pool: ThreadPoolExecutor | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set = set()  # the loop keeps only weak references to its tasks (loop thread)
-        # Coroutines to start, passed to the loop in batches: one wake-up of the loop thread
-        # per batch of grants, not one per unit.
-        self._to_spawn: list = []
-        self._spawn_lock = threading.Lock()
+        self._serial_pool: ThreadPoolExecutor | None = None
+        self._tasks: set = set()  # the loop keeps only weak references to its tasks
 
-    # --- main thread ----------------------------------------------------------------
     @property
     def in_flight(self) -> int:
-        """Units started and not yet collected by `completions()`."""
+        """Units started on slots and not yet done (the serial lane's not counted)."""
         return len(self._running)
 
     def busy(self, slot: int) -> bool:
-        """A unit of `slot` runs in the runner (not yet collected). While one does, the
-        slot's later units must `defer`; the worker starts them after collecting it, so
-        a slot has a backlog only while it is busy."""
+        """A unit of `slot` runs in the runner. While one does, the slot's later units
+        must `defer`; the worker starts them once it is done, so a slot has a backlog
+        only while it is busy."""
         return slot in self._running
 
     def defer(self, slot: int, item) -> None:
-        """`item` waits until `slot`'s unit in the runner was handed back (see `next_for`)."""
+        """`item` waits until `slot`'s running unit is done (see `next_for`)."""
         self._backlog.setdefault(slot, collections.deque()).append(item)
 
     def next_for(self, slot: int):
-        """The next item deferred for `slot` (None: none), once its running unit was collected."""
+        """The next item deferred for `slot` (None: none), once its running unit is done."""
         waiting = self._backlog.get(slot)
         if not waiting:
             return None
@@ -87,81 +80,73 @@ class IoRunner:
             del self._backlog[slot]
         return item
 
+    # --- I/O slots ----------------------------------------------------------------------
+    def await_(self, slot: int, tag, make: Callable[[], Awaitable]) -> None:
+        """Run the coroutine `make()` as a task on the loop."""
+        self._begin(slot, tag)
+        task = self.loop.create_task(self._run_coro(slot, tag, make))
+        self._tasks.add(task)
+
     def call(self, slot: int, tag, fn: Callable[[], Any]) -> None:
-        """Run `fn()` on the pool; its return value is handed back as `slot`'s result."""
+        """Run `fn()` on the pool."""
         self._begin(slot, tag)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fleet-io")
         self._pool.submit(self._run_call, slot, tag, fn)
-
-    def await_(self, slot: int, tag, make: Callable[[], Awaitable]) -> None:
-        """Run the coroutine `make()` on the loop; its value is handed back as `slot`'s result.
-        `make` is called on the loop thread, so the coroutine is created where it runs."""
-        self._begin(slot, tag)
-        if self._loop is None:
-            self._loop = _start_loop()
-        with self._spawn_lock:
-            self._to_spawn.append((slot, tag, make))
-            if len(self._to_spawn) > 1:
-                return  # the loop has not taken the batch yet: it takes this one with it
-        self._loop.call_soon_threadsafe(self._spawn)
-
-    def completions(self) -> list:
-        """Every (slot, tag, result) handed back since the last call; their slots are free
-        for their next units. A result is what the call returned, or the exception that
-        escaped it."""
-        with self._back_lock:
-            out, self._handed_back = self._handed_back, []
-        for slot, _tag, _result in out:
-            del self._running[slot]
-        return out
 
     def _begin(self, slot: int, tag) -> None:
         if slot in self._running:
             raise RuntimeError(f"slot {slot} already runs a unit in the runner")  # the worker defers instead
         self._running[slot] = tag
 
-    # --- pool and loop threads ---------------------------------------------------------
-    def _hand_back(self, slot: int, tag, result) -> None:
-        with self._back_lock:
-            first = not self._handed_back
-            self._handed_back.append((slot, tag, result))
-        if first:  # later ones of a batch ride on this wake-up: the main loop takes the whole list
-            self._wake()
-
-    def _run_call(self, slot: int, tag, fn) -> None:
-        try:
-            result = fn()
-        except BaseException as exc:  # noqa: BLE001 - whatever escapes, the unit must be handed back
-            result = exc
-        self._hand_back(slot, tag, result)
-
-    def _spawn(self) -> None:
-        with self._spawn_lock:
-            batch, self._to_spawn = self._to_spawn, []
-        for slot, tag, make in batch:
-            task = asyncio.ensure_future(self._run_coro(slot, tag, make))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    def _end(self, slot: int, tag, result) -> None:
+        del self._running[slot]
+        self._on_done(slot, tag, result)
 
     async def _run_coro(self, slot: int, tag, make) -> None:
         try:
             result = await make()
-        except BaseException as exc:  # noqa: BLE001 - whatever escapes, the unit must be handed back
+        except BaseException as exc:  # noqa: BLE001 - whatever escapes, the unit must end
             result = exc
-        self._hand_back(slot, tag, result)
+        self._tasks.discard(asyncio.current_task())
+        self._end(slot, tag, result)
 
+    def _run_call(self, slot: int, tag, fn) -> None:  # a pool thread
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001
+            result = exc
+        self.loop.call_soon_threadsafe(self._end, slot, tag, result)
 
-def _start_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop running forever on a daemon thread (it dies with the worker)."""
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
+    # --- the serial lane --------------------------------------------------------------------
+    @property
+    def serial_busy(self) -> bool:
+        """A unit runs on the serial lane: the seat's other units wait (`defer_serial`)."""
+        return self._serial_busy
 
-    def run():
-        asyncio.set_event_loop(loop)
-        loop.call_soon(ready.set)
-        loop.run_forever()
+    def defer_serial(self, item) -> None:
+        self._serial.append(item)
 
-    threading.Thread(target=run, name="fleet-io-loop", daemon=True).start()
-    ready.wait()
-    return loop
+    def next_serial(self):
+        """The next item waiting for the serial lane (None: none), once it is free."""
+        return self._serial.popleft() if self._serial and not self._serial_busy else None
+
+    def serial(self, slot: int, tag, fn: Callable[[], Any]) -> None:
+        """Run `fn()` on the serial lane's thread: one unit at a time, in order."""
+        if self._serial_busy:
+            raise RuntimeError("the serial lane already runs a unit")  # the worker defers instead
+        self._serial_busy = True
+        if self._serial_pool is None:
+            self._serial_pool = ThreadPoolExecutor(1, thread_name_prefix="fleet-serial")
+        self._serial_pool.submit(self._run_serial, slot, tag, fn)
+
+    def _run_serial(self, slot: int, tag, fn) -> None:  # the serial thread
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001
+            result = exc
+        self.loop.call_soon_threadsafe(self._end_serial, slot, tag, result)
+
+    def _end_serial(self, slot: int, tag, result) -> None:
+        self._serial_busy = False
+        self._on_done(slot, tag, result)

@@ -97,6 +97,8 @@ def _next_pow2(n: int) -> int:
 #: Commands a turn runs before it dispatches what they brought (a fast poster does not
 #: keep the loop draining while no unit starts).
 INTAKE_BATCH = 64
+#: Busy turns between two reads of the zygote's socket (every turn after a sleep reads it).
+ZYGOTE_READ_EVERY = 16
 #: Results handled before the units they free are granted, sent and delivered. Units
 #: that end together (an I/O role's timers fire in batches) would otherwise wait for the
 #: whole batch: the last one's successor would start only after every other's had.
@@ -173,6 +175,7 @@ class Supervisor:
         self._thread = None
         self.started_ns = time.time_ns()
         self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
+        self._turns_busy = 0  # busy turns since the zygote's socket was last read
         self._runs_ended: list = []  # run times not yet published (see _publish_units)
         self._spawner = None
         self._zygote_gone = False  # its death has been handled (no new one yet)
@@ -567,6 +570,7 @@ class Supervisor:
     def _loop(self) -> None:
         bell = self.data.bell
         next_sample = 0.0
+        woke = True
         seat_cpus = {c for seat in self.layout.seats for c in seat.cpus}
         if self.layout.supervisor_cpus and not seat_cpus & set(self.layout.supervisor_cpus):
             # This thread only: the supervisor's loop runs on the reserve cores the budget
@@ -579,7 +583,7 @@ class Supervisor:
         try:
             while True:
                 seen = bell.value
-                busy = self._turn()
+                busy = self._turn(woke)
                 now = self.host.monotonic()
                 if now >= next_sample:
                     self._sample()
@@ -587,6 +591,7 @@ class Supervisor:
                 self._deliver()
                 if self._closing and not self._units:
                     break
+                woke = not busy
                 if not busy:
                     bell.wait(seen, self._sleep_for(now))
         except BaseException:  # noqa: BLE001 - the loop must never die silently
@@ -600,14 +605,21 @@ class Supervisor:
             self._room.close(why)  # a caller waiting for room learns it at once
             self._stopped.set()
 
-    def _turn(self) -> bool:
-        """One pass over every input; True if anything came in (look again at once)."""
+    def _turn(self, woke: bool = True) -> bool:
+        """One pass over every input; True if anything came in (look again at once).
+        `woke`: the loop slept (or just started) before this turn."""
         ran = self._intake.drain(INTAKE_BATCH)
         if self._accepted:
             self._accepted = False
             self._dispatch()
-        if not self._read_zygote():
-            self._zygote_died()
+        # The zygote rings the bell after each event it sends: read it after every
+        # sleep, and every ZYGOTE_READ_EVERY-th busy turn (a read is a system call,
+        # which a turn that carries a handful of units should not pay each time).
+        self._turns_busy += 1
+        if woke or self._turns_busy >= ZYGOTE_READ_EVERY:
+            self._turns_busy = 0
+            if not self._read_zygote():
+                self._zygote_died()
         busy = self._collect() or ran > 0
         if self._providers.has_work():
             self._provider_tick()
@@ -655,20 +667,22 @@ class Supervisor:
             while batch := ring.pop_many(max_msgs=RESULT_SLICE):
                 busy = True
                 self._handle_results(batch)
-                self._deliver()
                 if len(batch) < RESULT_SLICE:
                     break
             if self._outbox.get(seat):
                 self._flush(seat)
+        if busy:
+            self._publish_units()
         return busy
 
     def _handle_results(self, batch) -> None:
+        """A slice of results: outcomes recorded, and the slots they freed granted and
+        sent at once (counters are published once per pass, before delivery)."""
         for tag, view in batch:
             decoded = self._decode(tag, view)
             if decoded is not None:
                 self._apply(decoded)
         self._dispatch()
-        self._publish_units()
 
     def _decode(self, tag: int, view):
         if tag == M.STARTED:

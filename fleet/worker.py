@@ -15,15 +15,17 @@ posture may never clear on its own (a sticky cause): they are handed back unrun
 (ST_HELD_AT_CLOSE; the supervisor fails them Shutdown) so shutdown cannot wedge.
 
 Units of an I/O-bound role (``io_bound = true``) run concurrently, up to the seat's
-slots of that role at once, on `fleet.io_runner` (``async def`` handlers on an asyncio
-loop, plain ones on a thread pool). The main loop still STARTs each on its own slot,
-and ends the slot and pushes the result when the runner hands the unit back: the
-table kernels and the result ring stay this thread's alone. Other roles' units run
-in this thread, one after another, as above; on a seat that hosts both (serial), the
-hand-backs of I/O units wait while such a unit runs.
+slots of that role at once. A seat that hosts one runs an asyncio loop on its main
+thread instead of the plain loop above, and that thread still owns the slot
+transitions and the result ring: it STARTs each unit on its own slot, runs it on
+`fleet.io_runner` (``async def`` handlers as tasks on the loop, plain ones on a
+thread pool, other roles' units one after another on a serial thread), and ends the
+slot and pushes the result when the unit is done — for a coroutine, in the task that
+ran it. The task ring's wake-ups reach the loop as a readable fd (`RingRelay`).
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import os
@@ -35,6 +37,7 @@ import traceback
 from . import fsm
 from . import messages as M
 from .codec import refused_body, split_route
+from .dataplane import RingRelay
 from .io_runner import IoRunner
 from .outcomes import Refused
 from .table.layout import FLAG_CLOSING
@@ -47,6 +50,8 @@ EXIT_BROKEN = 70  # EX_SOFTWARE: the worker hit a state it cannot continue from
 
 #: How long an idle worker sleeps between checks when units are held back by cordon.
 HELD_RETRY_S = 0.05
+#: On a seat with I/O slots, the supervisor's bell rings at least every this many results.
+RESULT_RING_EVERY = 8
 #: The cost field of a result whose handler reported none.
 NO_COST = float("nan")
 
@@ -67,37 +72,103 @@ class Worker:
         self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
         self._async = [inspect.iscoroutinefunction(h) for h in handlers]
         self._io_bound = [r.io_bound for r in roles]
-        self.io = self._io_runner()  # None when no I/O-bound role has slots on this seat
+        self._io_slots = self._count_io_slots()  # 0: no I/O-bound role has slots on this seat
+        self.io: IoRunner | None = None  # made by `run` on a seat with I/O slots
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._relay: RingRelay | None = None
+        self._bell_due = False  # a bell ring is scheduled for results pushed this loop pass
+        self._unrung = 0  # results pushed since the last ring
+        self._held_timer = None
 
-    def _io_runner(self) -> IoRunner | None:
+    def _count_io_slots(self) -> int:
         seats = self.table.meta.get("seats", ())
         mine = seats[self.seat].get("role_slots", {}) if self.seat < len(seats) else {}
-        io_slots = sum(n for role, n in mine.items() if role in self.roles and self.roles[role].io_bound)
-        return IoRunner(io_slots, self.tasks.notify) if io_slots else None
-
-    def _is_io(self, role: int) -> bool:
-        return self.io is not None and self._io_bound[role]
+        return sum(n for role, n in mine.items() if role in self.roles and self.roles[role].io_bound)
 
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
+        if self._io_slots:
+            return self._run_io_seat()
         while True:
-            if self.held and self.table.posture[0] == fsm.NOMINAL:
-                self._retry_held()
-            elif self.held and int(self.table.segment.header["flags"]) & FLAG_CLOSING:
-                self._hand_back_held()
-            if self.io is not None:
-                seen = self.tasks.seq()  # before looking: a hand-back after this wakes the wait
-                self._io_completions()
+            self._look_at_held()
             batch = self.tasks.pop_many()
             if not batch:
-                if self.io is not None:
-                    self.tasks.wait_since(seen, HELD_RETRY_S if self.held else None)
-                else:
-                    self.tasks.wait(HELD_RETRY_S if self.held else None)
+                self.tasks.wait(HELD_RETRY_S if self.held else None)
                 continue
-            for tag, view in batch:
-                if tag == M.TASK:
-                    self._task(M.TASK_HEAD.unpack_from(view), view[M.TASK_HEAD.size :])
+            self._tasks(batch)
+
+    def _look_at_held(self) -> None:
+        if self.held and self.table.posture[0] == fsm.NOMINAL:
+            self._retry_held()
+        elif self.held and int(self.table.segment.header["flags"]) & FLAG_CLOSING:
+            self._hand_back_held()
+
+    def _tasks(self, batch) -> None:
+        for tag, view in batch:
+            if tag == M.TASK:
+                self._task(M.TASK_HEAD.unpack_from(view), view[M.TASK_HEAD.size :])
+
+    # --- a seat with I/O slots: everything on one event loop ----------------------------
+    def _run_io_seat(self) -> int:
+        self.loop = loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.io = IoRunner(self._io_slots, loop, self._unit_done)
+        self._relay = RingRelay(self.tasks)
+        loop.add_reader(self._relay.fileno(), self._relayed)
+        loop.call_soon(self._pump)
+        loop.run_forever()  # until the process ends: the zygote or the supervisor ends it
+        return EXIT_OK
+
+    def _relayed(self) -> None:
+        self._relay.clear()
+        self._pump()
+
+    def _pump(self) -> None:
+        """Take the tasks there are; when none, arm the relay (it fires at the next)."""
+        self._look_at_held()
+        seen = self.tasks.seq()  # before looking: a task pushed after this fires the relay
+        batch = self.tasks.pop_many()
+        if batch:
+            self._tasks(batch)
+            self.loop.call_soon(self._pump)  # more may be there: look again once ready tasks ran
+            return
+        self._relay.arm(seen)
+        if self.held and self._held_timer is None:
+            self._held_timer = self.loop.call_later(HELD_RETRY_S, self._held_tick)
+
+    def _held_tick(self) -> None:
+        self._held_timer = None
+        self._pump()
+
+    def _unit_done(self, slot: int, tag, result) -> None:
+        """A unit run by the runner is done (on the loop thread): end its slot, push its
+        result, then start what waited for its slot or for the serial lane."""
+        unit_id, role = tag
+        if isinstance(result, BaseException):  # escaped _execute (a fleet bug): still its outcome
+            status, out, elapsed, cost = M.ST_HANDLER_ERROR, _error_body(result), 0.0, NO_COST
+        else:
+            status, out, elapsed, cost = result
+        status, out, final = self._finish(unit_id, slot, role, status, out)
+        # Units whose waits end together end in one pass of the loop: ring for the first
+        # result and then for every RESULT_RING_EVERY-th (the supervisor starts on them
+        # while the rest are pushed), and once after the pass for those left.
+        self._unrung += 1
+        if self._unrung == 1 or self._unrung >= RESULT_RING_EVERY:
+            self._ring_bell()
+        self._send(unit_id, slot, status, final, elapsed, out, ring=False, cost=cost)
+        if not self._bell_due:
+            self._bell_due = True
+            self.loop.call_soon(self._ring_bell)
+        io = self.io
+        while not io.busy(slot) and (item := io.next_for(slot)) is not None:
+            self._task(*item)
+        while (item := io.next_serial()) is not None:
+            self._task(*item)
+
+    def _ring_bell(self) -> None:
+        self._bell_due = False
+        self._unrung = 0
+        self.bell.ring()
 
     def _hand_back_held(self) -> None:
         held, self.held = self.held, []
@@ -118,9 +189,15 @@ class Worker:
             # RESUME could not apply before the held START anyway).
             self.held.append((head, bytes(body)))
             return
-        if self._is_io(role) and self.io.busy(slot):
-            self.io.defer(slot, (head, body))  # its slot's unit still runs: it starts after it
-            return
+        io = self.io
+        if io is not None:
+            if self._io_bound[role]:
+                if io.busy(slot):
+                    io.defer(slot, (head, body))  # its slot's unit still runs: it starts after it
+                    return
+            elif io.serial_busy:
+                io.defer_serial((head, body))  # the seat's other units run one after another
+                return
         reason = self.table.start_unit(slot, start_event, role, key_id, unit_id)
         if reason == fsm.R_CORDONED:
             self.held.append((head, bytes(body)))
@@ -136,8 +213,14 @@ class Worker:
         if flags & M.F_TIMED:
             self.results.send(M.STARTED, M.STARTED_HEAD.pack(unit_id, slot))
             self.bell.ring()
-        if self._is_io(role):
-            self._io_start(unit_id, slot, role, flags, body)
+        if io is not None:
+            tag = (unit_id, role)
+            if not self._io_bound[role]:
+                io.serial(slot, tag, lambda: self._execute(unit_id, role, flags, body))
+            elif self._async[role]:
+                io.await_(slot, tag, lambda: self._execute_async(unit_id, role, flags, body))
+            else:
+                io.call(slot, tag, lambda: self._execute(unit_id, role, flags, body))
             return
         status, out, elapsed, cost = self._execute(unit_id, role, flags, body)
         status, out, final = self._finish(unit_id, slot, role, status, out)
@@ -201,31 +284,7 @@ class Worker:
                 failures[i] = _item_failure(exc)
         return _chunk_body(values, failures)
 
-    # --- I/O-bound roles: the same unit, awaited or on a pool thread ---------------------
-    def _io_start(self, unit_id: int, slot: int, role: int, flags: int, body) -> None:
-        """Hand a STARTed unit to the runner; `_io_completions` ends it."""
-        if self._async[role]:
-            self.io.await_(slot, (unit_id, role), lambda: self._execute_async(unit_id, role, flags, body))
-        else:
-            self.io.call(slot, (unit_id, role), lambda: self._execute(unit_id, role, flags, body))
-
-    def _io_completions(self) -> None:
-        """End the slots of the units the runner handed back, push their results (this
-        thread is the result ring's one producer), then start what waited for those slots."""
-        done = self.io.completions()
-        for slot, (unit_id, role), result in done:
-            if isinstance(result, BaseException):  # escaped _execute (a fleet bug): still its outcome
-                status, out, elapsed, cost = M.ST_HANDLER_ERROR, _error_body(result), 0.0, NO_COST
-            else:
-                status, out, elapsed, cost = result
-            status, out, final = self._finish(unit_id, slot, role, status, out)
-            self._send(unit_id, slot, status, final, elapsed, out, ring=False, cost=cost)
-        if done:
-            self.bell.ring()  # once for the batch: the supervisor takes them all in one wake-up
-        for slot, _tag, _result in done:
-            while not self.io.busy(slot) and (item := self.io.next_for(slot)) is not None:
-                self._task(*item)
-
+    # --- I/O-bound roles: the same unit, awaited ------------------------------------------
     async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float]:
         t0 = time.perf_counter()
         if flags & M.F_CHUNK:

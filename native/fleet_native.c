@@ -425,6 +425,46 @@ int fleet_ring_wait_since(void *ring, uint32_t seen, int64_t timeout_ns) {
     return ring_sleep(h, seen, timeout_ns);
 }
 
+#define RELAY_IDLE 0u
+#define RELAY_ARMED 1u
+#define RELAY_STOP 2u
+
+int fleet_ring_relay(void *ring, uint32_t *arm, int fd) {
+    for (;;) {
+        uint32_t a;
+        while ((a = __atomic_load_n(&arm[0], __ATOMIC_ACQUIRE)) == RELAY_IDLE)
+            fleet_futex_wait(&arm[0], RELAY_IDLE, -1);
+        if (a == RELAY_STOP) return 0;
+        uint32_t seen = __atomic_load_n(&arm[1], __ATOMIC_ACQUIRE);
+        /* Disarm before the wait: an arm that comes while we wait is kept, and costs at
+           most one spurious byte. */
+        uint32_t expected = RELAY_ARMED;
+        __atomic_compare_exchange_n(&arm[0], &expected, RELAY_IDLE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        if (expected == RELAY_STOP) return 0;
+        /* Wake now and then to see a stop: the ring may stay silent forever. */
+        while (fleet_ring_wait_since(ring, seen, 200000000LL) == 1)
+            if (__atomic_load_n(&arm[0], __ATOMIC_ACQUIRE) == RELAY_STOP) return 0;
+        char byte = 1;
+        while (write(fd, &byte, 1) < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN) break;
+            return -errno;
+        }
+    }
+}
+
+void fleet_ring_relay_arm(uint32_t *arm, uint32_t seen) {
+    __atomic_store_n(&arm[1], seen, __ATOMIC_RELEASE);
+    uint32_t expected = RELAY_IDLE;
+    if (__atomic_compare_exchange_n(&arm[0], &expected, RELAY_ARMED, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        fleet_futex_wake(&arm[0], 1);
+}
+
+void fleet_ring_relay_stop(uint32_t *arm) {
+    __atomic_store_n(&arm[0], RELAY_STOP, __ATOMIC_RELEASE);
+    fleet_futex_wake(&arm[0], 1);
+}
+
 static inline int space_for(struct ring_hdr *h, uint32_t len) {
     uint64_t head = h->head;
     uint64_t tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);

@@ -96,6 +96,17 @@ int     fleet_ring_wait(void *ring, int64_t timeout_ns);
  * thread may call it. */
 uint32_t fleet_ring_seq(const void *ring);
 int     fleet_ring_wait_since(void *ring, uint32_t seen, int64_t timeout_ns);
+/* A relay turns a ring's wake-ups into a readable file descriptor, for a consumer whose
+ * own loop waits on fds (an asyncio loop): called from a thread of its own, which it
+ * never returns to Python from (so it needs no GIL), it waits until armed, then until
+ * the ring has a message or a notify came after the seq given at arming, then writes
+ * one byte to fd and waits to be armed again. The consumer reads seq, looks at its
+ * work, and arms with that seq when it found none: no wake-up is lost between. `arm`
+ * is two uint32 words of the consumer's process, zeroed. Returns 0 once stopped,
+ * -errno if the write fails (EAGAIN excepted: a full pipe is readable already). */
+int     fleet_ring_relay(void *ring, uint32_t *arm, int fd);
+void    fleet_ring_relay_arm(uint32_t *arm, uint32_t seen);
+void    fleet_ring_relay_stop(uint32_t *arm);
 uint64_t fleet_ring_used(const void *ring);               /* bytes in flight */
 uint64_t fleet_ring_capacity(const void *ring);
 uint32_t fleet_ring_max_message(const void *ring);        /* largest len that can ever fit */

@@ -8,6 +8,7 @@ never as wall-clock bounds; every "eventually" has a generous deadline.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -111,6 +112,29 @@ def test_units_of_an_io_role_run_up_to_its_slots_at_once_and_each_walks_the_fsm(
         rows = slot_rows(f, "io")
         assert sum(row["done"] for row in rows) == 16
         assert sum(row["generation"] for row in rows) - sum(gens) == 3 * 16
+
+
+def test_on_a_serial_seat_a_long_cpu_unit_does_not_stop_the_io_units_waits(fleet_name):
+    """The seat's loop owns its slots; a unit of a role that is not I/O-bound runs on the
+    seat's serial lane, so I/O units keep waking and ending while it burns its CPU."""
+    cfg = config(fleet_name, {"io": io_role("sleep_async", slots=8), "cpu": cpu_role("spin", slots=1)},
+                 profile="serial")
+    with running(cfg) as f:
+        assert f.plan.binding == "serial" and len(f.layout.seats) == 1
+        f.submit("io", 0.0).result(WAIT_S)  # the seat's loop is up
+        burn = f.submit("cpu", 3_000_000)  # ~3 s of CPU
+        def cpu_running():
+            snap = f._sup.table.snapshot()
+            return any(snap.slot(i)["state"] == "Running" and snap.slot(i)["role"] == "cpu"
+                       for i in range(snap.n_slots))
+
+        eventually(cpu_running, "the cpu unit to run")  # on whichever Idle slot of the seat it leased
+        t0 = time.monotonic()
+        for _ in range(5):  # five rounds of eight 50 ms waits, while the cpu unit burns
+            assert [x.result(WAIT_S) for x in [f.submit("io", 0.05) for _ in range(8)]] == [0.05] * 8
+        took = time.monotonic() - t0
+        assert not burn.done(), f"the io rounds took {took:.2f} s: they waited for the cpu unit"
+        assert burn.result(WAIT_S) is None
 
 
 @pytest.mark.parametrize("kind", [ASYNC, PLAIN])
@@ -280,35 +304,94 @@ def test_an_idle_io_worker_sleeps(fleet_name):
 
 
 # --- the runner and the ring's lossless wait, in one process -------------------------------------
-def test_runner_hands_every_unit_back_and_keeps_one_unit_per_slot():
-    woken = threading.Semaphore(0)
-    runner = IoRunner(4, woken.release)
+def test_runner_reports_every_unit_on_the_loop_thread_and_keeps_one_unit_per_slot():
+    """Coroutines, pool calls and serial calls all end in `on_done` on the loop's own
+    thread (the seat's owner), with the slot already free; a slot and the serial lane
+    each run one unit at a time."""
+    loop = asyncio.new_event_loop()
+    done, threads = {}, set()
+
+    def on_done(slot, tag, result):
+        threads.add(threading.get_ident())
+        done[tag] = (slot, result, runner.busy(slot))
+
+    runner = IoRunner(4, loop, on_done)
     gate = threading.Event()
-    runner.call(0, "a", lambda: gate.wait(WAIT_S) and "a done")
-    assert runner.busy(0) and runner.in_flight == 1
-    with pytest.raises(RuntimeError):
-        runner.call(0, "b", lambda: "b done")  # a slot runs one unit at a time: the worker defers
-    runner.defer(0, "b")
-    runner.defer(0, "c")
 
     async def boom():
         raise KeyError("escaped")
 
-    runner.await_(1, "boom", boom)
-    runner.call(2, "raises", lambda: 1 / 0)
-    got = {}
-    deadline = time.monotonic() + WAIT_S
-    while len(got) < 2:
-        assert woken.acquire(timeout=max(0.0, deadline - time.monotonic()))
-        got.update({tag: result for _slot, tag, result in runner.completions()})
-    assert isinstance(got["boom"], KeyError) and isinstance(got["raises"], ZeroDivisionError)
-    assert runner.busy(0) and not runner.busy(1) and not runner.busy(2)
-    gate.set()
-    while not got.get("a"):
-        assert woken.acquire(timeout=WAIT_S)
-        got.update({tag: result for _slot, tag, result in runner.completions()})
-    assert got["a"] == "a done" and not runner.busy(0) and runner.in_flight == 0
-    assert [runner.next_for(0), runner.next_for(0), runner.next_for(0)] == ["b", "c", None]
+    async def fine():
+        await asyncio.sleep(0.01)
+        return "fine"
+
+    def until(pred):
+        deadline = time.monotonic() + WAIT_S
+        while not pred():
+            assert time.monotonic() < deadline, "the runner never reported"
+            loop.run_until_complete(asyncio.sleep(0.005))
+
+    try:
+        runner.call(0, "a", lambda: gate.wait(WAIT_S) and "a done")
+        assert runner.busy(0) and runner.in_flight == 1
+        with pytest.raises(RuntimeError):
+            runner.call(0, "b", lambda: "b done")  # a slot runs one unit at a time: the worker defers
+        runner.defer(0, "b")
+        runner.defer(0, "c")
+        runner.await_(1, "boom", boom)
+        runner.await_(3, "fine", fine)
+        runner.call(2, "raises", lambda: 1 / 0)
+        runner.serial(5, "s1", lambda: "serial")
+        assert runner.serial_busy
+        with pytest.raises(RuntimeError):
+            runner.serial(6, "s2", lambda: None)
+        runner.defer_serial("s2")
+        assert runner.next_serial() is None  # the lane is busy: its next waits
+        until(lambda: {"boom", "fine", "raises", "s1"} <= set(done))
+        assert isinstance(done["boom"][1], KeyError) and isinstance(done["raises"][1], ZeroDivisionError)
+        assert done["fine"] == (3, "fine", False) and done["s1"] == (5, "serial", False)
+        assert not runner.serial_busy and runner.next_serial() == "s2"
+        assert runner.busy(0) and "a" not in done
+        gate.set()
+        until(lambda: "a" in done)
+        assert done["a"] == (0, "a done", False) and runner.in_flight == 0
+        assert [runner.next_for(0), runner.next_for(0), runner.next_for(0)] == ["b", "c", None]
+        assert threads == {threading.get_ident()}  # every unit ended on the loop's thread
+    finally:
+        loop.close()
+
+
+def test_a_ring_relay_fires_for_a_message_or_a_notify_and_never_loses_one(fleet_name):
+    """The relay makes the task ring's wake-ups a readable fd for the seat's event loop;
+    like `wait_since`, a notify between the look and the arming still fires it."""
+    import select
+
+    from fleet.dataplane import DataSegment, RingRelay
+
+    seg = DataSegment.create(fleet_name, 1, 4096, 4096)
+    relay = None
+    try:
+        ring = seg.tasks(0)
+        relay = RingRelay(ring)
+        relay.arm(ring.seq())
+        assert select.select([relay], [], [], 0.05)[0] == []  # armed, nothing came: silent
+        ring.push(7, b"x")
+        ring.notify()
+        assert select.select([relay], [], [], WAIT_S)[0] == [relay]
+        relay.clear()
+        assert ring.pop() == (7, b"x")
+        seen = ring.seq()
+        ring.notify()  # e.g. a task pushed between the loop's look and its arming
+        relay.arm(seen)
+        assert select.select([relay], [], [], WAIT_S)[0] == [relay]
+        relay.clear()
+        relay.arm(ring.seq())
+        assert select.select([relay], [], [], 0.05)[0] == []  # fires once per arming, not twice
+    finally:
+        if relay is not None:
+            relay.close()
+        seg.unlink()
+        seg.close()
 
 
 def test_ring_wait_since_returns_for_a_notify_that_came_before_the_sleep(fleet_name):

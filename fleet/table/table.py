@@ -22,6 +22,10 @@ from . import snapshot as snap
 SLOT_FIELDS = L.SLOT_SIZE // L.U64
 ROLE_FIELDS = L.ROLE_SIZE // L.U64
 DEFAULT_BULKHEADS = 64
+#: The ledger's fields in `set_ledger`'s order: the five counters, fsm_refused, then
+#: failures by reason.
+_LEDGER_FIELDS = np.array([L.L_SUBMITTED, L.L_SOLVED, L.L_SUPPRESSED, L.L_FAILED, L.L_INFLIGHT, L.L_FSM_REFUSED]
+                          + [L.L_FAILED_BY_REASON + i for i in range(L.N_FAILURE_REASONS)], dtype=np.int64)
 
 
 class TransitionRejected(FleetError):
@@ -75,6 +79,7 @@ class SlotTable:
             int(h["bulkheads_off"]), self.n_bulkheads * (L.BULKHEAD_SIZE // L.U64)
         )
         self._k = None
+        self._ledger_values = None
 
     # --- life cycle -------------------------------------------------------------------
     @classmethod
@@ -256,13 +261,18 @@ class SlotTable:
     def set_ledger(self, *, submitted: int, solved: int, suppressed: int, failed: int, inflight: int = 0,
                    failed_by_reason: Iterable[int] = (), fsm_refused: int = 0) -> None:
         """Publish the ledger counters in one seqlocked write (single writer: the ledger)."""
-        fields = {L.L_SUBMITTED: submitted, L.L_SOLVED: solved, L.L_SUPPRESSED: suppressed, L.L_FAILED: failed,
-                  L.L_INFLIGHT: inflight, L.L_FSM_REFUSED: fsm_refused}
-        for i, n in enumerate(failed_by_reason):
-            if i >= L.N_FAILURE_REASONS:
-                raise ValueError(f"at most {L.N_FAILURE_REASONS} failure reasons")
-            fields[L.L_FAILED_BY_REASON + i] = n
-        self._seq_write(self.ledger, L.L_SEQ, fields)
+        # Published after every batch of outcomes: preallocated index and value arrays,
+        # not a dict turned into arrays each time.
+        values = [submitted, solved, suppressed, failed, inflight, fsm_refused, *failed_by_reason]
+        n = len(values)
+        if n > len(_LEDGER_FIELDS):
+            raise ValueError(f"at most {L.N_FAILURE_REASONS} failure reasons")
+        if self._ledger_values is None:
+            self._ledger_values = np.zeros(len(_LEDGER_FIELDS), dtype=np.uint64)
+        buf = self._ledger_values[:n]
+        buf[:] = values
+        if not self._kernels().seq_write(self.ledger, L.L_SEQ, _LEDGER_FIELDS[:n], buf):
+            raise IndexError("ledger field index out of range")
 
     def set_queue_depth(self, role: int, depth: int, in_use: int | None = None, repins: int | None = None) -> None:
         base = role * ROLE_FIELDS
