@@ -20,6 +20,20 @@ Rules:
   for another role than the last as a role switch (status shows it per slot).
 * A pooled unit takes an Idle slot within its role's count: the grant is LEASE (T1)
   and the worker STARTs it (T2); the slot is Idle again after the unit (T5).
+* Seats stay fed (the role's `lookahead`, default 1). With no Idle slot left for it,
+  a pooled role's next unit is sent to a slot it holds that runs one already, to wait
+  on the seat's ring behind it: the worker, once the slot is Idle again (T5), LEASEs
+  it (T1) and STARTs it (T2) itself (start event LEASE: both, in one kernel call), so
+  the slot walks the FSM for every unit as before and the seat starts its next unit
+  without a round trip through the supervisor. The slot stays the role's until its
+  last unit ends; it counts once against the role's count. Only while the role's
+  queue holds at least as many units as the role holds slots: a unit sent ahead
+  waits behind a running one, and with a shorter queue a slot that frees elsewhere
+  could have started it at once. A unit sent ahead that never started when its
+  worker died goes back to the head of the queue (`seat_lost`). A seat that runs its
+  units one after another needs one unit waiting, not one per slot: a role with two
+  or more slots per seat has that already, so only an I/O-bound role, or one with a
+  slot per seat (``slots`` = its processes), sends ahead.
 * A keyed unit goes to the slot pinned to its key, behind whatever that pin already
   has in flight (at most `pin_depth`), and RESUMEs it (T6); units of one key keep
   their order. A pinned slot keeps its role and key: no other role or key is
@@ -95,6 +109,7 @@ class Grant:
     start_event: int
     key_id: int
     transitions: tuple  # ((event, role, key_id), ...)
+    ahead: bool = False  # sent behind the slot's running unit (the worker LEASEs the slot)
 
 
 @dataclass
@@ -267,6 +282,17 @@ class Dispatcher:
         self._count = [r.slots for r in roles]  # the budget count: most slots a role holds at once
         self._held = [0] * len(roles)
         self._pooled = [r.kind == "pooled" for r in roles]
+        #: units sent ahead per slot: an I/O-bound role's slots run at once, so each is fed;
+        #: a seat that runs its units one after another is fed by a role's other slots when
+        #: it has two or more there (their units wait on the ring), so only a role with one
+        #: slot per seat sends ahead on such seats
+        self._ahead = [r.ahead if r.io_bound or r.slots <= len(self._seats_for[c]) else 0
+                       for c, r in enumerate(roles)]
+        #: per role: indices of the slots it holds that may take a unit ahead
+        #: (1 <= in flight <= ahead), as an insertion-ordered set
+        self._feedable: list[dict] = [{} for _ in roles]
+        self._sent_ahead: dict[int, Pending] = {}  # units sent ahead, until they end or come back
+        self.sent_ahead_total = 0  # units sent ahead so far
         self._pins: list[dict] = [{} for _ in roles]  # keyed roles: user key -> claimed slot
         self.repins = [0] * len(roles)  # elastic re-pins per role (`elastic_repin`)
         self._queues = [_RoleQueue(keyed=r.kind in ("pinned", "singleton")) for r in roles]
@@ -394,6 +420,17 @@ class Dispatcher:
             queue.plain.pop()
             queue.n -= 1
             out.append(self._take(slot, item, fsm.START, ((fsm.LEASE, code, 0),)))
+        feedable = self._feedable[code]
+        while feedable and queue.plain.n >= self._held[code]:
+            item = self._next_live(queue.plain, queue)
+            if item is None or not self._posture_allows(code, item, False):
+                return
+            slot = self._slots[next(iter(feedable))]
+            queue.plain.pop()
+            queue.n -= 1
+            self._sent_ahead[item.unit_id] = item
+            self.sent_ahead_total += 1
+            out.append(self._take(slot, item, fsm.LEASE, (), ahead=True))
 
     def _grant_keyed(self, code: int, queue: _RoleQueue, out: list) -> None:
         pins = self._pins[code]
@@ -512,7 +549,7 @@ class Dispatcher:
             if kid and kid not in in_use:
                 return kid
 
-    def _take(self, slot: _Slot, item: Pending, start_event: int, transitions: tuple) -> Grant:
+    def _take(self, slot: _Slot, item: Pending, start_event: int, transitions: tuple, ahead: bool = False) -> Grant:
         if not slot.inflight:
             self._in_use[slot.role] += 1
         slot.inflight.append(item.unit_id)
@@ -520,13 +557,24 @@ class Dispatcher:
         self._where[item.unit_id] = slot
         if not self._pooled[slot.role]:
             self._keyed_items[item.unit_id] = item
-        return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, transitions)
+        else:
+            self._update_feedable(slot)
+        return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, transitions, ahead)
+
+    def _update_feedable(self, slot: _Slot) -> None:
+        """A pooled slot may take a unit ahead while 1 <= its units in flight <= the role's lookahead."""
+        feedable = self._feedable[slot.role]
+        if 1 <= len(slot.inflight) <= self._ahead[slot.role]:
+            feedable[slot.index] = None
+        else:
+            feedable.pop(slot.index, None)
 
     # --- completions and deaths ------------------------------------------------------
     def complete(self, unit_id: int, final_state: int) -> int:
         """A unit's outcome arrived; `final_state` is its slot's state after it. Returns the slot."""
         slot = self._where.pop(unit_id)
         self._keyed_items.pop(unit_id, None)
+        self._sent_ahead.pop(unit_id, None)
         if slot.inflight and slot.inflight[0] == unit_id:
             slot.inflight.popleft()
         else:
@@ -534,6 +582,7 @@ class Dispatcher:
         if not slot.inflight:
             self._in_use[slot.role] -= 1
         if self._pooled[slot.role]:
+            self._update_feedable(slot)
             if not slot.inflight:
                 self._unhold(slot)  # T5 (or T8): back to the seat's pool, for any role
         elif final_state == fsm.IDLE:
@@ -561,21 +610,34 @@ class Dispatcher:
         queue.n += 1
         return True
 
-    def seat_lost(self, seat: int) -> list[tuple[int, int]]:
-        """The seat's worker died: forget its pins; returns (unit id, slot) it owed, in grant order."""
-        owed = []
+    def seat_lost(self, seat: int, started=None) -> list[tuple[int, int]]:
+        """The seat's worker died: forget its pins; returns (unit id, slot) it owed, in grant
+        order. `started(unit id, slot)`: whether a unit sent ahead had started; one that
+        had not goes back to the head of its role's queue (submit order kept) instead."""
+        owed, back = [], []
         for index in self._seat_slots[seat] if 0 <= seat < len(self._seat_slots) else ():
             slot = self._slots[index]
             for unit_id in slot.inflight:
-                owed.append((unit_id, slot.index))
                 del self._where[unit_id]
                 self._keyed_items.pop(unit_id, None)
+                item = self._sent_ahead.pop(unit_id, None)
+                if item is not None and started is not None and not started(unit_id, slot.index):
+                    back.append(item)
+                else:
+                    owed.append((unit_id, slot.index))
             if slot.inflight:
                 self._in_use[slot.role] -= 1
             slot.inflight.clear()
             if slot.role >= 0:
+                self._feedable[slot.role].pop(slot.index, None)
                 self._unhold(slot)
+        for item in sorted(back, key=lambda i: i.unit_id, reverse=True):
+            self._queues[item.role].push(item, front=True)
         return owed
+
+    def sent_ahead(self, unit_id: int) -> bool:
+        """Whether `unit_id` was sent behind a running unit and has not ended."""
+        return unit_id in self._sent_ahead
 
     def slot_of(self, unit_id: int) -> int | None:
         """The slot a unit in flight was granted (None when it is not in flight)."""

@@ -732,7 +732,9 @@ class Supervisor:
         while tasks.pop_many():
             pass
         self._outbox.pop(seat, None)
-        owed = self.dispatcher.seat_lost(seat)
+        # A unit sent ahead that its worker never started goes back to its queue: it
+        # never ran, so it has no outcome yet (the slot records the unit it started last).
+        owed = self.dispatcher.seat_lost(seat, started=lambda unit_id, slot: self.table.unit(slot) == unit_id)
         # Slots switch roles: the roles that died are those of the units it ran.
         dead_roles = {self._units[u].role for u, _slot in owed if u in self._units}
         killed_for = [unit_id for unit_id, _slot in owed if unit_id in self._timed_out]

@@ -83,6 +83,7 @@ _R_KEY_MISMATCH, _R_CORDONED, _R_BAD_SLOT = fsm.R_KEY_MISMATCH, fsm.R_CORDONED, 
 _R_BAD_EVENT, _R_BAD_ROLE, _R_BAD_KEY, _R_STALE = fsm.R_BAD_EVENT, fsm.R_BAD_ROLE, fsm.R_BAD_KEY, fsm.R_STALE
 _P_STATE = L.P_STATE
 _S_UNIT, _S_DONE = L.S_UNIT, L.S_DONE
+_LEASE, _START = fsm.LEASE, fsm.START
 _S_LAST_ROLE, _S_SWITCHES = L.S_LAST_ROLE, L.S_SWITCHES
 _DRAINING, _DRAINED = fsm.DRAINING, fsm.DRAINED
 _R_KIND, _R_CLASS = L.R_KIND, L.R_CLASS
@@ -254,8 +255,15 @@ apply_batch = _make_apply_batch(TABLES_DIGEST)
 def _make_start_unit(tables_digest):
     @njit(cache=True, nogil=False, _nrt=False)
     def start_unit(slots, roles, n_roles, posture, slot, event, role, key, unit_id):
-        """A worker begins a unit: START or RESUME, then record the unit id. One call."""
+        """A worker begins a unit: START or RESUME, then record the unit id. One call.
+        LEASE: a unit sent ahead (fleet.dispatch), which the worker leases the Idle slot
+        for itself (T1) and then STARTs (T2); a refused LEASE leaves the slot Idle."""
         tables_digest  # noqa: B018 - in the closure, so in numba's cache key
+        if event == _LEASE:
+            reason = apply_transition(slots, roles, n_roles, posture, slot, _LEASE, role, key, -1)
+            if reason != _OK:
+                return reason
+            event = _START
         reason = apply_transition(slots, roles, n_roles, posture, slot, event, role, key, -1)
         if reason == _OK:
             store_release(slots, slot * SLOT_FIELDS + _S_UNIT, np.uint64(unit_id))

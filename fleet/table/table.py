@@ -187,6 +187,12 @@ class SlotTable:
             raise IndexError(f"slot {slot} out of range [0, {self.n_slots})")
         return int(self.slots[slot * SLOT_FIELDS + L.S_WORD])
 
+    def unit(self, slot: int) -> int:
+        """The id of the unit a worker last started on `slot` (0: none yet)."""
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot {slot} out of range [0, {self.n_slots})")
+        return int(self.slots[slot * SLOT_FIELDS + L.S_UNIT])
+
     def state(self, slot: int) -> tuple[int, int, int, int]:
         """(state, role, key, generation) of a slot."""
         return L.unpack_word(self.word(slot))
