@@ -263,7 +263,8 @@ class _RoleQueue:
 class Dispatcher:
     """Queues and grants for one fleet. Not thread-safe: its owner serialises calls."""
 
-    def __init__(self, roles: RoleSet, seat_layout: SeatLayout, *, pin_depth: int = DEFAULT_PIN_DEPTH):
+    def __init__(self, roles: RoleSet, seat_layout: SeatLayout, *, pin_depth: int = DEFAULT_PIN_DEPTH,
+                 ahead_off=()):
         self.roles = roles
         self.pin_depth = pin_depth
         n_seats = len(seat_layout.seats)
@@ -286,7 +287,8 @@ class Dispatcher:
         #: a seat that runs its units one after another is fed by a role's other slots when
         #: it has two or more there (their units wait on the ring), so only a role with one
         #: slot per seat sends ahead on such seats
-        self._ahead = [r.ahead if r.io_bound or r.slots <= len(self._seats_for[c]) else 0
+        #: (`ahead_off`: roles that send nothing ahead, e.g. those gated by a host-group lease)
+        self._ahead = [r.ahead if c not in ahead_off and (r.io_bound or r.slots <= len(self._seats_for[c])) else 0
                        for c, r in enumerate(roles)]
         #: per role: indices of the slots it holds that may take a unit ahead
         #: (1 <= in flight <= ahead), as an insertion-ordered set

@@ -199,7 +199,10 @@ class Supervisor:
         for share in self.plan.budget.consumers:
             if share.overridden:
                 log.warning("budget override: %s = %s cores (%s)", share.name, share.cores, share.rule_gives())
-        self.dispatcher = Dispatcher(self.roles, self.layout)
+        # A unit sent ahead is dispatched: a role whose units need a host-group lease sends
+        # none ahead, so a lease lost while a unit waits for a slot still stops it unrun.
+        gated = {c for c, r in enumerate(self.roles) if cfg.store.url and cfg.store.role(r.name) is not None}
+        self.dispatcher = Dispatcher(self.roles, self.layout, ahead_off=gated)
         self.posture = posture_mod.PostureOwner(cfg.posture, now_ms=self.host.now_ms())
         self.sampler = Sampler.for_self(self.posture, clock=self.host.now_ms)
         self.table = SlotTable.create(self.name, self.roles, len(self.layout.slots), meta=self._meta(),

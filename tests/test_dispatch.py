@@ -319,8 +319,10 @@ def test_a_role_holds_at_most_its_count_whatever_is_idle():
     roles, d = _two(Role("a", handler="m:f", slots=1), Role("b", handler="m:f", slots=5))
     for uid in range(1, 4):
         d.enqueue(Pending(uid, roles.code("a")))
-    assert [g.unit_id for g in d.grant()] == [1]  # five Idle slots are left, but a's count is 1
-    assert d.held(roles.code("a")) == 1 and d.queued(roles.code("a")) == 2
+    grants = d.grant()
+    # five Idle slots are left, but a's count is 1 (its next unit is sent ahead to that slot)
+    assert [(g.unit_id, g.ahead) for g in grants] == [(1, False), (2, True)] and grants[1].slot == grants[0].slot
+    assert d.held(roles.code("a")) == 1 and d.queued(roles.code("a")) == 1
 
 
 def test_a_pinned_slot_keeps_its_role_and_key_while_others_wait():
@@ -331,7 +333,8 @@ def test_a_pinned_slot_keeps_its_role_and_key_while_others_wait():
     d.complete(1, fsm.PINNED)
     for uid in (2, 3):
         d.enqueue(Pending(uid, p))
-    (gp,) = d.grant()
+    gp, behind = d.grant()  # p's second unit is sent ahead to the one slot p holds
+    assert behind.ahead and behind.slot == gp.slot
     assert gp.slot != gk.slot and d.grant() == []  # the Pinned slot is not p's, though it runs nothing
     d.enqueue(Pending(4, k, "y"))
     assert d.grant() == []  # nor another key's (no elastic_repin): it waits for an epoch

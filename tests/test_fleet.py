@@ -113,7 +113,8 @@ def test_payload_limits_and_bad_arguments_are_refused_at_submit(fleet_name):
 
 
 def test_a_full_queue_refuses_loudly_when_told_not_to_wait(fleet_name):
-    with running(config(fleet_name, {"work": role("hang", slots=1, queue_bound=3)})) as f:
+    # lookahead 0: the queue's three units all wait in it (none is sent ahead to the seat)
+    with running(config(fleet_name, {"work": role("hang", slots=1, queue_bound=3, lookahead=0)})) as f:
         futures = [f.submit("work", 600)]
         deadline = time.monotonic() + 30
         while f._sup.inspect(lambda s: s.dispatcher.queued(0)) and time.monotonic() < deadline:  # the first is granted
@@ -165,12 +166,15 @@ def test_a_new_key_rekeys_the_least_recently_used_idle_pin(fleet_name):
 def test_shutdown_cancel_futures_cancels_what_is_queued(fleet_name):
     with running(config(fleet_name, {"work": role("hang", slots=1)})) as f:
         first = f.submit("work", 0.5)
-        queued = [f.submit("work", 0.01) for _ in range(5)]
+        ahead, *queued = [f.submit("work", 0.01) for _ in range(5)]
         f.shutdown(wait=True, cancel_futures=True)
         assert first.result(0) == "woke"
+        # The seat's next unit was sent ahead to wait on its ring (lookahead): like the
+        # call queue of ProcessPoolExecutor, it is running already, and runs.
+        assert ahead.result(0) == "woke"
         assert all(q.cancelled() for q in queued)
         ledger = f.ledger()
-        assert ledger["failed_by_reason"] == {"Cancelled": 5} and ledger["solved"] == 1
+        assert ledger["failed_by_reason"] == {"Cancelled": 4} and ledger["solved"] == 2
         with pytest.raises(FleetClosed):
             f.submit("work", 1)
 

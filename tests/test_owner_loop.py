@@ -224,7 +224,8 @@ def test_a_plain_submit_loop_waits_for_room_and_every_unit_solves(fleet_name):
 
 
 def test_block_false_refuses_a_full_queue_at_once(fleet_name):
-    cfg = config(fleet_name, {"w": role("hang", slots=1, queue_bound=2)}, profile="serial")
+    # lookahead 0: every unit but the running one waits in the queue
+    cfg = config(fleet_name, {"w": role("hang", slots=1, queue_bound=2, lookahead=0)}, profile="serial")
     with running(cfg) as f:
         f.submit("w", 30)
         eventually(lambda: f._sup.queued("w") == 0, "the first unit is granted")
@@ -241,7 +242,7 @@ def test_block_false_refuses_a_full_queue_at_once(fleet_name):
 
 
 def test_a_waiting_submit_fails_fleet_closed_when_the_fleet_stops(fleet_name):
-    cfg = config(fleet_name, {"w": role("hang", slots=1, queue_bound=1)}, profile="serial")
+    cfg = config(fleet_name, {"w": role("hang", slots=1, queue_bound=1, lookahead=0)}, profile="serial")
     with running(cfg) as f:
         f.submit("w", 30)
         eventually(lambda: f._sup.queued("w") == 0, "the first unit is granted")
@@ -328,9 +329,8 @@ def test_a_death_during_shutdown_fails_its_unit_and_the_queue_still_runs(fleet_n
                  restart={"max_restarts": 100, "within_seconds": 10})
     with running(cfg) as f:
         running_unit = f.submit("w", 30)
-        queued = f.submit("w", 0)  # sleeps 0 s: solves at once once it runs
-        eventually(lambda: f._sup.queued("w") == 1 and f._sup.table.snapshot().slot(0)["state"] == "Running",
-                   "the first unit runs")
+        queued = f.submit("w", 0)  # sleeps 0 s: solves at once once it runs (sent ahead: it never starts)
+        eventually(lambda: f._sup.table.snapshot().slot(0)["state"] == "Running", "the first unit runs")
         closer = threading.Thread(target=f.shutdown)
         closer.start()
         eventually(lambda: f._sup._closing, "shutdown began")
