@@ -15,6 +15,14 @@ unit does not stop the loop's waits. A unit run off the loop comes back to it wi
 thread, with the slot already free for its next unit. No hand-back queue, no lock: a
 coroutine's unit ends on the thread that started it.
 
+A slot's next unit starts in the task of the one before. When a coroutine's unit ends
+and the worker starts the slot's next unit at once (one sent ahead, waiting in the
+slot's backlog), that unit runs in the same task, right away, not in a new task that
+would first wait for the loop's next pass: units whose waits end together end in one
+pass, and each of their successors would otherwise start only after all of them. (So
+a context variable a handler sets and does not reset is still set for the next unit
+of its slot; `fleet.current_unit()` is set and reset per unit.)
+
 One unit per slot at a time. A slot walks Leased -> Running -> Idle/Pinned for each of
 its units in grant order (a pin's next unit RESUMEs the slot its predecessor left
 Pinned), so a unit that arrives for a slot whose unit is still running waits in the
@@ -54,6 +62,8 @@ class IoRunner:
         self._pool: ThreadPoolExecutor | None = None
         self._serial_pool: ThreadPoolExecutor | None = None
         self._tasks: set = set()  # the loop keeps only weak references to its tasks
+        self._ending = None  # the slot whose task is ending a unit (its next one runs in that task)
+        self._chained: dict[int, tuple] = {}  # slot -> (tag, make) of the unit its task runs next
 
     @property
     def in_flight(self) -> int:
@@ -84,6 +94,9 @@ class IoRunner:
     def await_(self, slot: int, tag, make: Callable[[], Awaitable]) -> None:
         """Run the coroutine `make()` as a task on the loop."""
         self._begin(slot, tag)
+        if self._ending == slot:  # called from that slot's task, as it ends a unit: it runs this one next
+            self._chained[slot] = (tag, make)
+            return
         task = self.loop.create_task(self._run_coro(slot, tag, make))
         self._tasks.add(task)
 
@@ -104,12 +117,21 @@ class IoRunner:
         self._on_done(slot, tag, result)
 
     async def _run_coro(self, slot: int, tag, make) -> None:
-        try:
-            result = await make()
-        except BaseException as exc:  # noqa: BLE001 - whatever escapes, the unit must end
-            result = exc
+        while True:
+            try:
+                result = await make()
+            except BaseException as exc:  # noqa: BLE001 - whatever escapes, the unit must end
+                result = exc
+            self._ending = slot
+            try:
+                self._end(slot, tag, result)
+            finally:
+                self._ending = None
+            nxt = self._chained.pop(slot, None)
+            if nxt is None:
+                break
+            tag, make = nxt
         self._tasks.discard(asyncio.current_task())
-        self._end(slot, tag, result)
 
     def _run_call(self, slot: int, tag, fn) -> None:  # a pool thread
         try:

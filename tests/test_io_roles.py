@@ -361,6 +361,37 @@ def test_runner_reports_every_unit_on_the_loop_thread_and_keeps_one_unit_per_slo
         loop.close()
 
 
+def test_a_slots_next_unit_started_as_one_ends_runs_in_that_task_before_the_loops_next_pass():
+    loop = asyncio.new_event_loop()
+    order, tasks = [], {}
+
+    def make(tag):
+        async def unit():
+            tasks[tag] = asyncio.current_task()
+            order.append(("start", tag))
+            await asyncio.sleep(0)
+            return tag
+        return unit
+
+    def on_done(slot, tag, result):
+        order.append(("done", tag))
+        if tag == "first":
+            runner.await_(slot, "second", make("second"))  # the slot's next, started as the first ends
+            loop.call_soon(order.append, ("next pass", None))
+
+    runner = IoRunner(1, loop, on_done)
+    try:
+        runner.await_(0, "first", make("first"))
+        deadline = time.monotonic() + WAIT_S
+        while ("done", "second") not in order:
+            assert time.monotonic() < deadline
+            loop.run_until_complete(asyncio.sleep(0.001))
+        assert order.index(("start", "second")) < order.index(("next pass", None))
+        assert tasks["first"] is tasks["second"] and not runner.busy(0)
+    finally:
+        loop.close()
+
+
 def test_a_ring_relay_fires_for_a_message_or_a_notify_and_never_loses_one(fleet_name):
     """The relay makes the task ring's wake-ups a readable fd for the seat's event loop;
     like `wait_since`, a notify between the look and the arming still fires it."""
