@@ -20,16 +20,17 @@ Rules:
   for another role than the last as a role switch (status shows it per slot).
 * A pooled unit takes an Idle slot within its role's count: the grant is LEASE (T1)
   and the worker STARTs it (T2); the slot is Idle again after the unit (T5).
-* Seats stay fed (the role's `lookahead`, default 1). With no Idle slot left for it,
+* Seats stay fed (the role's `lookahead`, default 8). With no Idle slot left for it,
   a pooled role's next unit is sent to a slot it holds that runs one already, to wait
   on the seat's ring behind it: the worker, once the slot is Idle again (T5), LEASEs
   it (T1) and STARTs it (T2) itself (start event LEASE: both, in one kernel call), so
   the slot walks the FSM for every unit as before and the seat starts its next unit
   without a round trip through the supervisor. The slot stays the role's until its
-  last unit ends; it counts once against the role's count. Only while the role's
-  queue holds at least as many units as the role holds slots: a unit sent ahead
-  waits behind a running one, and with a shorter queue a slot that frees elsewhere
-  could have started it at once. A unit sent ahead that never started when its
+  last unit ends; it counts once against the role's count. The shallowest slot takes
+  the next, and only while the role's queue holds at least as many units as every
+  slot of the role would then have waiting: a unit sent ahead waits behind the
+  slot's others, and with a shorter queue a slot that frees elsewhere could have
+  started it sooner. A unit sent ahead that never started when its
   worker died goes back to the head of the queue (`seat_lost`). A seat that runs its
   units one after another needs one unit waiting, not one per slot: a role with two
   or more slots per seat has that already, so only an I/O-bound role, or one with a
@@ -423,11 +424,17 @@ class Dispatcher:
             queue.n -= 1
             out.append(self._take(slot, item, fsm.START, ((fsm.LEASE, code, 0),)))
         feedable = self._feedable[code]
-        while feedable and queue.plain.n >= self._held[code]:
+        while feedable:
+            # The shallowest slot first, so the role's seats fill evenly; and only while
+            # the queue holds at least as many units as every slot would then have ahead
+            # of it: a unit never waits behind more than is left for the other slots.
+            slot = self._slots[min(feedable, key=lambda i: len(self._slots[i].inflight))
+                               if self._ahead[code] > 1 else next(iter(feedable))]
+            if queue.plain.n < self._held[code] * len(slot.inflight):
+                return
             item = self._next_live(queue.plain, queue)
             if item is None or not self._posture_allows(code, item, False):
                 return
-            slot = self._slots[next(iter(feedable))]
             queue.plain.pop()
             queue.n -= 1
             self._sent_ahead[item.unit_id] = item

@@ -56,13 +56,13 @@ class Role:
             then T1) instead of waiting for the next epoch boundary. Off by default: pins
             are released only at an epoch boundary (quota change, config reload), so a
             key beyond the role's `slots` waits until then (002 §3.4).
-        lookahead: a pooled role only. Units sent to a slot beyond the one it runs, so
-            its worker starts the next without waiting for a round trip through the
-            supervisor (default 1; 0 sends a slot's next unit only once it is Idle). A
+        lookahead: a pooled role only. Most units sent to a slot beyond the one it runs,
+            so its worker starts the next without waiting for a round trip through the
+            supervisor (default 8; 0 sends a slot's next unit only once it is Idle). A
             unit sent ahead waits behind the one that runs: give 0 to a role whose units
             run long and unevenly, where waiting behind a long one costs more than the
-            round trip. Sent ahead only while the role's queue has at least as many
-            units as the role holds slots, so every slot that frees has a unit to take.
+            round trip. Sent ahead only while the role's queue holds at least as many
+            units as each of its slots would then have waiting on it.
     """
 
     name: str
@@ -75,7 +75,7 @@ class Role:
     io_bound: bool = False
     timeout_s: float | None = None
     elastic_repin: bool = False
-    lookahead: int = 1
+    lookahead: int = 8
 
     def __post_init__(self):
         where = f"roles.{self.name}"

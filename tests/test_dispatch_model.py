@@ -151,7 +151,10 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert self.inflight[g.slot], "sent ahead to a slot that runs nothing"
             assert events == [] and g.start_event == fsm.LEASE
             waiting = 1 + sum(1 for p in self.queued.values() if p.role == item.role)
-            assert waiting >= self.d.held(item.role), "sent ahead with fewer queued than slots held"
+            depth = len(self.inflight[g.slot])  # units on the slot before this one
+            assert waiting >= self.d.held(item.role) * depth, "sent ahead with fewer queued than would wait on slots"
+            assert all(len(self.inflight[s]) >= depth for s, r in self.holder.items()
+                       if r == item.role and 1 <= len(self.inflight[s]) <= spec.lookahead), "not the shallowest slot"
         else:
             assert g.slot not in self.holder, "a held slot was leased again"
             assert events == [fsm.LEASE] and g.start_event == fsm.START

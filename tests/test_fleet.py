@@ -164,7 +164,7 @@ def test_a_new_key_rekeys_the_least_recently_used_idle_pin(fleet_name):
 
 
 def test_shutdown_cancel_futures_cancels_what_is_queued(fleet_name):
-    with running(config(fleet_name, {"work": role("hang", slots=1)})) as f:
+    with running(config(fleet_name, {"work": role("hang", slots=1, lookahead=1)})) as f:
         first = f.submit("work", 0.5)
         ahead, *queued = [f.submit("work", 0.01) for _ in range(5)]
         f.shutdown(wait=True, cancel_futures=True)
@@ -187,7 +187,9 @@ def test_shutdown_without_cancel_runs_everything_queued(fleet_name):
 
 
 def test_a_cancelled_future_is_not_run(fleet_name):
-    with running(config(fleet_name, {"work": role("hang", slots=1), "echo": role("echo")})) as f:
+    # lookahead 0: the victim waits in the queue (one sent ahead is running, as in
+    # ProcessPoolExecutor's call queue, and no longer cancellable)
+    with running(config(fleet_name, {"work": role("hang", slots=1, lookahead=0), "echo": role("echo")})) as f:
         blocker = f.submit("work", 0.5)
         victim = f.submit("work", 0.01)
         assert victim.cancel()

@@ -51,6 +51,21 @@ def test_with_no_idle_slot_the_next_units_are_sent_ahead_behind_the_running_ones
     assert (g.unit_id, g.slot, g.ahead) == (5, grants[0].slot, True) and d.held(0) == 2
 
 
+def test_deeper_lookahead_fills_the_shallowest_slot_first_and_never_past_what_is_queued():
+    d = _dispatcher(lookahead=3)
+    _fill(d, 20)
+    grants = d.grant()
+    first = {g.slot for g in grants if not g.ahead}
+    ahead = [g.slot for g in grants if g.ahead]
+    assert len(first) == 2 and len(ahead) == 6  # three behind each slot: its lookahead
+    assert ahead[0::2] == [ahead[0]] * 3 and ahead[1::2] == [ahead[1]] * 3 and set(ahead) == first  # in turn
+    assert d.queued(0) == 12
+    # a short queue: no slot gets more waiting on it than is left queued for the others
+    d = _dispatcher(lookahead=3)
+    _fill(d, 6)
+    assert [g.ahead for g in d.grant()] == [False, False, True, True] and d.queued(0) == 2
+
+
 def test_nothing_is_sent_ahead_while_the_queue_is_shorter_than_the_slots_held():
     """A unit sent ahead waits behind a running one; with fewer queued than slots held, a
     slot that frees elsewhere would start it at once."""
@@ -100,7 +115,7 @@ def test_a_dead_seats_unstarted_units_sent_ahead_go_back_to_the_head_of_the_queu
 # ------------------------------------------------------------------------------ real workers
 def _one_seat(name, handler, **fields):
     spec = {"kind": "pooled", "handler": f"tests.handlers:{handler}", "slots": 1, "peak_cpus": 1,
-            "queue_bound": 10_000}
+            "queue_bound": 10_000, "lookahead": 1}
     spec.update(fields)
     return config(name, {"w": spec}, profile="pinned")
 
