@@ -284,12 +284,14 @@ class Dispatcher:
         self._count = [r.slots for r in roles]  # the budget count: most slots a role holds at once
         self._held = [0] * len(roles)
         self._pooled = [r.kind == "pooled" for r in roles]
-        #: units sent ahead per slot: an I/O-bound role's slots run at once, so each is fed;
+        #: units sent ahead per slot: an I/O-bound role's slots run at once, so each is fed,
+        #: with one (its units wait far longer than a round trip through the supervisor);
         #: a seat that runs its units one after another is fed by a role's other slots when
         #: it has two or more there (their units wait on the ring), so only a role with one
-        #: slot per seat sends ahead on such seats
+        #: slot per seat sends ahead on such seats, up to its lookahead
         #: (`ahead_off`: roles that send nothing ahead, e.g. those gated by a host-group lease)
-        self._ahead = [r.ahead if c not in ahead_off and (r.io_bound or r.slots <= len(self._seats_for[c])) else 0
+        self._ahead = [0 if c in ahead_off else min(r.ahead, 1) if r.io_bound
+                       else r.ahead if r.slots <= len(self._seats_for[c]) else 0
                        for c, r in enumerate(roles)]
         #: per role: indices of the slots it holds that may take a unit ahead
         #: (1 <= in flight <= ahead), as an insertion-ordered set

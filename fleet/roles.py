@@ -62,7 +62,8 @@ class Role:
             unit sent ahead waits behind the one that runs: give 0 to a role whose units
             run long and unevenly, where waiting behind a long one costs more than the
             round trip. Sent ahead only while the role's queue holds at least as many
-            units as each of its slots would then have waiting on it.
+            units as each of its slots would then have waiting on it. An I/O-bound role
+            sends at most one ahead per slot (its units wait far longer than the trip).
     """
 
     name: str

@@ -83,9 +83,10 @@ def test_lookahead_zero_and_several_slots_per_sequential_seat_send_nothing_ahead
     d = _dispatcher(slots=4)
     _fill(d, 10)
     assert [g.ahead for g in d.grant()] == [False] * 4
-    # an I/O-bound role's slots run at once: each is fed, whatever the slots per seat
-    d = _dispatcher(slots=4, io_bound=True)
-    _fill(d, 12)
+    # an I/O-bound role's slots run at once: each is fed, whatever the slots per seat,
+    # with one unit ahead (its units wait far longer than a round trip)
+    d = _dispatcher(slots=4, io_bound=True, lookahead=3)
+    _fill(d, 40)
     assert [g.ahead for g in d.grant()] == [False] * 4 + [True] * 4
 
 
