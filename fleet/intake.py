@@ -94,13 +94,15 @@ class Intake:
         producer is still posting, instead of draining for as long as it posts."""
         ran = 0
         queue = self._queue
+        woken = False  # paced posters told, once a drain takes the queue below `low`
         while queue and (limit is None or ran < limit):
             try:
                 fn, args, reply, _refused = queue.popleft()
             except IndexError:  # a late poster's `_turn_away` took it
                 break
             ran += 1
-            if self._pacing and len(queue) < self.low:
+            if not woken and self._pacing and len(queue) < self.low:
+                woken = True
                 with self._paced:
                     self._paced.notify_all()
             if reply is None:

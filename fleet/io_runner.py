@@ -105,7 +105,7 @@ class IoRunner:
         self._begin(slot, tag)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fleet-io")
-        self._pool.submit(self._run_call, slot, tag, fn)
+        self._pool.submit(self._off_loop, self._end, slot, tag, fn)
 
     def _begin(self, slot: int, tag) -> None:
         if slot in self._running:
@@ -133,12 +133,12 @@ class IoRunner:
             tag, make = nxt
         self._tasks.discard(asyncio.current_task())
 
-    def _run_call(self, slot: int, tag, fn) -> None:  # a pool thread
+    def _off_loop(self, end, slot: int, tag, fn) -> None:  # a pool or the serial thread
         try:
             result = fn()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - whatever escapes, the unit must end
             result = exc
-        self.loop.call_soon_threadsafe(self._end, slot, tag, result)
+        self.loop.call_soon_threadsafe(end, slot, tag, result)
 
     # --- the serial lane --------------------------------------------------------------------
     @property
@@ -160,14 +160,7 @@ class IoRunner:
         self._serial_busy = True
         if self._serial_pool is None:
             self._serial_pool = ThreadPoolExecutor(1, thread_name_prefix="fleet-serial")
-        self._serial_pool.submit(self._run_serial, slot, tag, fn)
-
-    def _run_serial(self, slot: int, tag, fn) -> None:  # the serial thread
-        try:
-            result = fn()
-        except BaseException as exc:  # noqa: BLE001
-            result = exc
-        self.loop.call_soon_threadsafe(self._end_serial, slot, tag, result)
+        self._serial_pool.submit(self._off_loop, self._end_serial, slot, tag, fn)
 
     def _end_serial(self, slot: int, tag, result) -> None:
         self._serial_busy = False

@@ -608,7 +608,7 @@ class Supervisor:
             self._room.close(why)  # a caller waiting for room learns it at once
             self._stopped.set()
 
-    def _turn(self, woke: bool = True) -> bool:
+    def _turn(self, woke: bool) -> bool:
         """One pass over every input; True if anything came in (look again at once).
         `woke`: the loop slept (or just started) before this turn."""
         ran = self._intake.drain(INTAKE_BATCH)

@@ -76,7 +76,7 @@ class Worker:
         self.io: IoRunner | None = None  # made by `run` on a seat with I/O slots
         self.loop: asyncio.AbstractEventLoop | None = None
         self._relay: RingRelay | None = None
-        self._bell_due = False  # a bell ring is scheduled for results pushed this loop pass
+        self._bell_due = False  # an end-of-pass ring is scheduled (results were pushed this pass)
         self._unrung = 0  # results pushed since the last ring
         self._held_timer = None
 
@@ -149,26 +149,32 @@ class Worker:
         else:
             status, out, elapsed, cost = result
         status, out, final = self._finish(unit_id, slot, role, status, out)
-        # Units whose waits end together end in one pass of the loop: ring for the first
-        # result and then for every RESULT_RING_EVERY-th (the supervisor starts on them
-        # while the rest are pushed), and once after the pass for those left.
-        self._unrung += 1
-        if self._unrung == 1 or self._unrung >= RESULT_RING_EVERY:
-            self._ring_bell()
         self._send(unit_id, slot, status, final, elapsed, out, ring=False, cost=cost)
-        if not self._bell_due:
-            self._bell_due = True
-            self.loop.call_soon(self._ring_bell)
+        self._result_pushed()
         io = self.io
         while not io.busy(slot) and (item := io.next_for(slot)) is not None:
             self._task(*item)
         while (item := io.next_serial()) is not None:
             self._task(*item)
 
-    def _ring_bell(self) -> None:
+    def _result_pushed(self) -> None:
+        """Units whose waits end together end in one pass of the loop: ring the bell for
+        the first result of a pass and for every RESULT_RING_EVERY-th (the supervisor
+        starts on them while the rest are pushed), and once after the pass for those left."""
+        first = not self._bell_due
+        if first:
+            self._bell_due = True
+            self.loop.call_soon(self._end_of_pass)
+        self._unrung += 1
+        if first or self._unrung >= RESULT_RING_EVERY:
+            self._unrung = 0
+            self.bell.ring()
+
+    def _end_of_pass(self) -> None:
         self._bell_due = False
-        self._unrung = 0
-        self.bell.ring()
+        if self._unrung:
+            self._unrung = 0
+            self.bell.ring()
 
     def _hand_back_held(self) -> None:
         held, self.held = self.held, []
