@@ -27,7 +27,7 @@ a ConfigError naming their dotted path)::
     handler = "mypkg.work:solve"
     slots = 6                 # the budget count: most slots the role holds at once
     elastic_repin = false     # pinned roles only: re-key the least recently used idle pin on demand
-    lookahead = 8             # pooled roles: units sent to a busy slot, so its worker never waits for the next
+    lookahead = 16            # pooled roles: units sent to a busy slot, so its worker never waits for the next
 
     [limits]
     max_payload_bytes = 1048576

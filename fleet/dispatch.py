@@ -20,7 +20,7 @@ Rules:
   for another role than the last as a role switch (status shows it per slot).
 * A pooled unit takes an Idle slot within its role's count: the grant is LEASE (T1)
   and the worker STARTs it (T2); the slot is Idle again after the unit (T5).
-* Seats stay fed (the role's `lookahead`, default 8). With no Idle slot left for it,
+* Seats stay fed (the role's `lookahead`, default 16). With no Idle slot left for it,
   a pooled role's next unit is sent to a slot it holds that runs one already, to wait
   on the seat's ring behind it: the worker, once the slot is Idle again (T5), LEASEs
   it (T1) and STARTs it (T2) itself (start event LEASE: both, in one kernel call), so

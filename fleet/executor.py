@@ -13,6 +13,7 @@ handler for each role is named in config (``module:function``) and receives a
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import queue
 import time
@@ -266,7 +267,7 @@ class _Feeder:
                 self._track(self.submit(payload, False))
                 return True
             return False
-        chunk = [payload for _, payload in zip(range(self.chunksize), self.items)]
+        chunk = list(itertools.islice(self.items, self.chunksize))
         if chunk:
             self._track(self.submit(chunk, True))
         return bool(chunk)
@@ -291,7 +292,15 @@ def _ordered(role, feeder, chunksize, deadline):
     pending = feeder.pending
     try:
         while pending:
-            yield from _values(role, pending.popleft(), chunksize, _left(deadline))
+            future = pending.popleft()
+            if chunksize == 1:
+                yield future.result(_left(deadline))
+            else:  # inline, not a nested generator: its items are yielded straight from the list
+                values, failures = _chunk(future, _left(deadline))
+                if failures:
+                    yield from _items(role, values, failures)
+                else:
+                    yield from values
             feeder.fill()
     finally:
         feeder.cancel_rest()
@@ -306,27 +315,31 @@ def _unordered(role, feeder, chunksize, deadline):
             except queue.Empty:
                 raise TimeoutError(f"map_unordered over {role!r}: timed out with {len(pending)} unit(s) owed") from None
             pending.discard(future)
-            yield from _values(role, future, chunksize, 0)
+            if chunksize == 1:
+                yield future.result(0)
+            else:
+                values, failures = _chunk(future, 0)
+                if failures:
+                    yield from _items(role, values, failures)
+                else:
+                    yield from values
             feeder.fill()
     finally:
         feeder.cancel_rest()
 
 
-def _values(role, future: Future, chunksize: int, left):
-    """The result(s) of one unit of a map: its value, or a chunk's values in order;
-    raises the unit's error, or a chunk item's, where the iteration reaches it."""
-    if chunksize == 1:
-        yield future.result(left)
-        return
+def _chunk(future: Future, left):
+    """(values, failures) of a chunk's unit; raises the unit's own error (the whole chunk)."""
     exc = future.exception(left)
     if exc is not None:
         raise exc
-    values, failures = future.result()
-    if not failures:
-        yield from values
-    else:
-        for i, value in enumerate(values):
-            yield _item(role, *failures[i]) if i in failures else value
+    return future.result()
+
+
+def _items(role, values: list, failures: dict):
+    """A chunk's values in order, raising a failed item's error where the iteration reaches it."""
+    for i, value in enumerate(values):
+        yield _item(role, *failures[i]) if i in failures else value
 
 
 def _item(role: str, status: int, value):

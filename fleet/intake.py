@@ -51,7 +51,8 @@ class Intake:
 
     def post(self, fn, *args, reply: Future | None = None, refused=None, pace: bool = False) -> None:
         """Queue ``fn(*args)`` for the loop and wake it. After `close` it is turned away at
-        once: `reply` fails, or ``refused(FleetClosed)`` is called. `pace`: wait while
+        once: `reply` fails, or ``refused(FleetClosed, *args)`` is called (the command's
+        own args, so a poster needs no closure per command). `pace`: wait while
         the loop is `high` commands behind (see the class doc)."""
         queue = self._queue
         queue.append((fn, args, reply, refused))
@@ -128,11 +129,11 @@ class Intake:
     def _turn_away(self) -> None:
         while True:
             try:
-                _fn, _args, reply, refused = self._queue.popleft()
+                _fn, args, reply, refused = self._queue.popleft()
             except IndexError:
                 return
             if refused is not None:
-                refused(TurnedAway(self._closed))
+                refused(TurnedAway(self._closed), *args)
             elif reply is not None:
                 reply.set_exception(TurnedAway(self._closed))
 

@@ -76,7 +76,7 @@ class Role:
     io_bound: bool = False
     timeout_s: float | None = None
     elastic_repin: bool = False
-    lookahead: int = 8
+    lookahead: int = 16
 
     def __post_init__(self):
         where = f"roles.{self.name}"

@@ -105,27 +105,17 @@ ZYGOTE_READ_EVERY = 16
 RESULT_SLICE = 8
 
 
-@dataclasses.dataclass(slots=True)
-class _Unit:
+@dataclasses.dataclass(slots=True, kw_only=True)
+class _Unit(Pending):
+    """A unit the loop holds, from its accept to its outcome. It is also what the
+    dispatcher queues (a `Pending`): one object per unit on the hot path, not one per
+    stage, so a burst of submits leaves the garbage collector fewer objects to track."""
+
     future: Future
-    role: int
     body: bytes
     flags: int
     timeout: float | None
     queued: bool = True  # holds room in its role's queue (fleet.intake.QueueRoom) until granted or ended
-
-
-@dataclasses.dataclass(slots=True)
-class _Submit:
-    """A submit as the caller's thread prepared it, for the loop to accept."""
-
-    unit_id: int
-    future: Future
-    pending: Pending
-    unit: _Unit
-    route: object
-    admission: dict  # lane, severity, pinned, parent, tag (provider admission)
-    arrival: tuple | None  # what the arrival log records, when [record] is on
 
 
 class Supervisor:
@@ -358,12 +348,14 @@ class Supervisor:
         if block_timeout is not None and (isinstance(block_timeout, bool) or not isinstance(block_timeout, (int, float))
                                           or block_timeout < 0):
             raise BadUnit(f"block_timeout must be a number of seconds >= 0, got {block_timeout!r}")
-        admission = {"lane": lane, "severity": severity, "pinned": pinned, "parent": parent, "tag": tag}
-        if route is None and (severity is not None or pinned or parent is not None or tag is not None):
-            raise BadUnit("severity, pinned, parent and tag are provider admission arguments: give route= too")
-        if route is not None:
+        if route is None:
+            if severity is not None or pinned or parent is not None or tag is not None:
+                raise BadUnit("severity, pinned, parent and tag are provider admission arguments: give route= too")
+            admission = None
+        else:
             if chunk:
                 raise BadUnit("a chunk of items takes no route: submit provider calls one by one")
+            admission = {"lane": lane, "severity": severity, "pinned": pinned, "parent": parent, "tag": tag}
             if self._providers is not None:
                 self._providers.check(route, **admission)
         body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
@@ -376,9 +368,9 @@ class Supervisor:
         unit_id = next(self._ids)
         future.unit_id = unit_id  # fleetd replies to a remote submit with it
         arrival = (unit_id, role, payload, key, lane) if self.recorder is not None else None
-        cmd = _Submit(unit_id, future, Pending(unit_id, code, key, priority), _Unit(future, code, body, flags, timeout),
-                      route, admission, arrival)
-        self._intake.post(self._accept, cmd, refused=lambda exc: _fail_future(future, exc), pace=not self._on_loop())
+        unit = _Unit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
+        self._intake.post(self._accept, unit, route, admission, arrival, refused=_refuse_submit,
+                          pace=not self._on_loop())
         return future
 
     def _refuse_if_closed(self, code: int, role: str) -> None:
@@ -388,41 +380,43 @@ class Supervisor:
             raise RoleStopped(f"role {role!r} was stopped after repeated worker deaths; it takes no more work")
 
     # ================================================================== submit (the loop)
-    def _accept(self, cmd: _Submit) -> None:
-        """A posted submit: into the ledger and on its way (provider gate, lease, queue)."""
-        code = cmd.pending.role
+    def _accept(self, unit: _Unit, route, admission: dict | None, arrival: tuple | None) -> None:
+        """A posted submit: into the ledger and on its way (provider gate, lease, queue).
+        `admission`: lane, severity, pinned, parent, tag (a unit with a route); `arrival`:
+        what the arrival log records, when [record] is on."""
+        code, unit_id = unit.role, unit.unit_id
         refusal = None
         if self._closing:
             refusal = FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
         elif code in self._stopped_roles:
             # Its role stopped after the caller's check: the unit is counted and fails
             # RoleStopped, as the units queued when the role stopped did.
-            self._units[cmd.unit_id] = cmd.unit
-            self.ledger.submitted(cmd.unit_id)
-            self._fail_unstarted(cmd.unit_id, "RoleStopped",
+            self._units[unit_id] = unit
+            self.ledger.submitted(unit_id)
+            self._fail_unstarted(unit_id, "RoleStopped",
                                  f"role {self.roles.by_code(code).name} exceeded its restart intensity")
             return
         decision = None
-        if refusal is None and cmd.route is not None:
+        if refusal is None and route is not None:
             try:
-                decision = self._providers.admit(cmd.unit_id, cmd.pending, cmd.route, **cmd.admission)
+                decision = self._providers.admit(unit_id, unit, route, **admission)
             except BadUnit as exc:  # the catalog changed since the caller's check (a reload)
                 refusal = exc
         if refusal is not None:
-            _fail_future(cmd.future, refusal)
+            _fail_future(unit.future, refusal)
             self._room.give(code)
             return
-        self._units[cmd.unit_id] = cmd.unit
+        self._units[unit_id] = unit
         self._accepted = True
-        self.ledger.submitted(cmd.unit_id)
+        self.ledger.submitted(unit_id)
         if self.recorder is not None:
-            self.recorder.arrival(*cmd.arrival)
+            self.recorder.arrival(*arrival)
         if decision is not None and not decision.starts:
-            self._providers.watch(cmd.unit_id, cmd.future)  # waits in the provider gate
+            self._providers.watch(unit_id, unit.future)  # waits in the provider gate
             return
         if decision is not None:
-            self._routed(cmd.unit_id, decision.route)
-        self._to_dispatch(cmd.pending)
+            self._routed(unit_id, decision.route)
+        self._to_dispatch(unit)
 
     def _to_dispatch(self, pending: Pending) -> None:
         """A unit past the provider admission goes to the dispatcher, or first waits for its
@@ -1155,7 +1149,7 @@ class Supervisor:
         if self._on_loop():
             fn(*args)  # from a future's callback: the loop finishes the stop after this turn
             return
-        self._intake.post(self._op, fn, *args, refused=lambda _exc: None)
+        self._intake.post(self._op, fn, *args, refused=_ignore_refusal)
         if wait:
             self._stopped.wait()
 
@@ -1314,6 +1308,15 @@ def _arrival_log(config):
     from .burst.record import ArrivalLog
 
     return ArrivalLog.for_config(config)
+
+
+def _ignore_refusal(_error: BaseException, *_args) -> None:
+    """An operator op the loop never ran (it had stopped): the op was fire-and-forget."""
+
+
+def _refuse_submit(error: BaseException, unit: _Unit, *_rest) -> None:
+    """A submit the loop never accepted (it had stopped): its future fails."""
+    _fail_future(unit.future, error)
 
 
 def _fail_future(future: Future, error: BaseException) -> None:

@@ -254,12 +254,12 @@ class Worker:
             payload = payload.load()  # a service-mode client's payload, pickled at its end
         return self._unit(unit_id, role, payload, key, lane, request_id, route)
 
-    def _decode_chunk(self, unit_id: int, role: int, body) -> list:
+    def _decode_chunk(self, unit_id: int, role: int, body):
+        """A chunk's items, and the fields its every item's Unit shares but the payload."""
         payloads, key, lane, request_id = pickle.loads(body)
         if type(payloads).__name__ == "_Pickled":
             payloads = payloads.load()  # a service-mode client's chunk, pickled at its end
-        name = self.roles.by_code(role).name
-        return [Unit(unit_id, name, payload, key, lane, request_id) for payload in payloads]
+        return payloads, (unit_id, self.roles.by_code(role).name, key, lane, request_id)
 
     def _run_one(self, unit_id: int, role: int, body, flags: int) -> tuple[int, bytes, float]:
         running = _Running()
@@ -277,17 +277,24 @@ class Worker:
         """Run every item of a chunk, in order: (values, {index: (status, detail)} for items
         that did not solve). A flat list of values pickles far faster than per-item tuples."""
         try:
-            units = self._decode_chunk(unit_id, role, body)
+            payloads, shared = self._decode_chunk(unit_id, role, body)
         except BaseException as exc:  # noqa: BLE001
             return M.ST_HANDLER_ERROR, _error_body(exc)
-        handler = self.handlers[role]
-        values, failures = [], {}
-        for i, unit in enumerate(units):
+        uid, name, key, lane, request_id = shared
+        handler, values, failures = self.handlers[role], [], {}
+        append, items = values.append, iter(payloads)
+        while True:
+            # One try around the loop, not one per item: an item that raises is recorded
+            # and the loop resumes on the same iterator, at the item after it.
             try:
-                values.append(handler(unit))
+                for payload in items:
+                    # tuple.__new__ skips the NamedTuple's Python-level __new__ (the
+                    # costliest step of a cheap item); the fields are in Unit's order.
+                    append(handler(_new_tuple(Unit, (uid, name, payload, key, lane, request_id, None))))
+                break
             except BaseException as exc:  # noqa: BLE001
-                values.append(None)
-                failures[i] = _item_failure(exc)
+                failures[len(values)] = _item_failure(exc)
+                append(None)
         return _chunk_body(values, failures)
 
     # --- I/O-bound roles: the same unit, awaited ------------------------------------------
@@ -315,14 +322,14 @@ class Worker:
     async def _run_chunk_async(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
         """A chunk's items run one after another, as in `_run_chunk`: a chunk holds one slot."""
         try:
-            units = self._decode_chunk(unit_id, role, body)
+            payloads, shared = self._decode_chunk(unit_id, role, body)
         except BaseException as exc:  # noqa: BLE001
             return M.ST_HANDLER_ERROR, _error_body(exc)
-        handler = self.handlers[role]
-        values, failures = [], {}
-        for i, unit in enumerate(units):
+        uid, name, key, lane, request_id = shared
+        handler, values, failures = self.handlers[role], [], {}
+        for i, payload in enumerate(payloads):
             try:
-                values.append(await handler(unit))
+                values.append(await handler(_new_tuple(Unit, (uid, name, payload, key, lane, request_id, None))))
             except BaseException as exc:  # noqa: BLE001
                 values.append(None)
                 failures[i] = _item_failure(exc)
@@ -353,6 +360,12 @@ class Worker:
             self.results.wait_space(len(head) + len(body), 1.0)
         if ring:
             self.bell.ring()
+
+
+_new_tuple = tuple.__new__
+# `_run_chunk` builds each item's Unit from a tuple in this field order.
+if Unit._fields != ("id", "role", "payload", "key", "lane", "request_id", "route"):
+    raise ImportError(f"fleet.worker builds chunk items in an older Unit field order than {Unit._fields}")
 
 
 def _traceback(exc: BaseException) -> str:

@@ -17,6 +17,7 @@ workers die with it.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import logging
@@ -101,6 +102,11 @@ class Zygote:
         self.table = SlotTable.attach(msg["name"])
         self.table._kernels()  # compile or load once, here, for every fork to inherit
         self.data = DataSegment.attach(msg["name"])
+        # Everything imported so far (numba, the handlers' modules) lives as long as the
+        # process: out of the collector's sight, a worker's full collections walk only
+        # what it made itself (and forked pages stay shared, untouched by the collector).
+        gc.collect()
+        gc.freeze()
 
     def fork(self, seat: int, cpus) -> int:
         zygote = os.getpid()

@@ -274,6 +274,23 @@ def test_map_with_chunks_raises_at_the_item_that_did_not_solve(fleet_name):
         assert (ledger["solved"], ledger["suppressed"], ledger["failed"]) == (2, 1, 1)
 
 
+def test_a_chunk_runs_every_item_past_one_that_did_not_solve(fleet_name):
+    with running(config(fleet_name, {"work": role("sometimes")})) as f:
+        # one chunk: solved, suppressed, failed, solved, failed, solved (in that order)
+        fut = f._sup.submit("work", [0, 1, 2, 3, 5, 6], chunk=True)
+        values, failures = fut.result(30)
+        assert values == [0, None, None, 6, None, 12]
+        assert sorted(failures) == [1, 2, 4]
+        assert failures[1] == (fleet.messages.ST_SUPPRESSED, "one")
+        assert failures[2][0] == failures[4][0] == fleet.messages.ST_HANDLER_ERROR
+        assert "RuntimeError: two: 2" in failures[2][1][0] and "RuntimeError: two: 5" in failures[4][1][0]
+        # and map hands out the items around them, raising where it reaches each
+        it = f.map("work", [0, 1, 3, 2, 6], chunksize=5)
+        assert next(it) == 0
+        with pytest.raises(UnitSuppressed):
+            next(it)
+
+
 def test_a_unit_is_an_immutable_named_record(fleet_name):
     unit = fleet.Unit(7, "work", payload={"a": 1}, key=None, lane="batch")
     assert (unit.id, unit.role, unit.payload, unit.lane, unit.request_id) == (7, "work", {"a": 1}, "batch", None)

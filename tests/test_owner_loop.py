@@ -17,7 +17,7 @@ import pytest
 
 from fleet import QueueFull, UnitFailed
 from fleet.host import FakeClockHost
-from fleet.intake import Intake, QueueRoom
+from fleet.intake import Intake, QueueRoom, TurnedAway
 from fleet.unit import FleetClosed
 
 from .fleets import config, role, running, worker_pids
@@ -114,6 +114,9 @@ def test_a_closed_intake_turns_commands_away_with_fleet_closed():
         late.result(0)
     intake.post(lambda: "never", refused=refused.append)
     assert len(refused) == 1 and isinstance(refused[0], FleetClosed)
+    told = []  # the refusal gets the command's own args: a poster needs no closure per command
+    intake.post(lambda unit, n: "never", "unit-7", 3, refused=lambda exc, *args: told.append((type(exc), args)))
+    assert told == [(TurnedAway, ("unit-7", 3))]
     assert intake.drain() == 0
 
 
