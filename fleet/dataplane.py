@@ -26,6 +26,8 @@ message framing). Rules that keep it fast and safe:
 """
 from __future__ import annotations
 
+import array
+
 import logging
 import mmap
 import os
@@ -150,6 +152,10 @@ def _check_capacity(what: str, capacity: int) -> None:
         )
 
 
+#: The array typecode of a C uint32_t (push_many's lengths).
+_U32_CODE = next(code for code in "IL" if array.array(code).itemsize == 4)
+
+
 class Ring:
     """One SPSC byte ring. One process pushes, one pops; neither side is thread-safe.
 
@@ -202,6 +208,17 @@ class Ring:
         if rc == _EAGAIN:
             return False
         raise self._too_large(len(head) + len(body))
+
+    def push_many(self, tag: int, messages: list, notify: bool = True) -> int:
+        """Append `messages` (bytes each) in order, in one C call, until one does not fit:
+        how many were pushed (the rest are the caller's to retry; push reports one that
+        can never fit). `notify`: wake the consumer once after them."""
+        n = len(messages)
+        if n == 0:
+            return 0
+        lens = array.array(_U32_CODE, map(len, messages))
+        return lib.fleet_ring_push_many(self._p, tag, b"".join(messages), ffi.from_buffer("uint32_t[]", lens), n,
+                                        1 if notify else 0)
 
     def notify(self) -> bool:
         """Tell the consumer messages were pushed; True if it was asleep and got woken."""

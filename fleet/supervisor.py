@@ -448,7 +448,7 @@ class Supervisor:
                 self._close(unit_id, Outcome(FAILED, "LeaseLost", self._lease_lost[unit_id]))
             else:
                 self._forget(unit_id)  # its caller cancelled it
-        touched = set()
+        sends: dict[int, list] = {}  # seat -> its tasks of this pass, pushed in one call each
         room = self._room
         for g in grants:
             unit = self._units[g.unit_id]
@@ -466,12 +466,26 @@ class Supervisor:
                 self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
                 self._close(g.unit_id, Outcome(FAILED, "FsmRefused", refused))
                 continue
-            head = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags)
-            outbox = self._outbox[g.seat]
-            if outbox or not self.data.tasks(g.seat).push2(M.TASK, head, unit.body):
-                outbox.append((head, unit.body))
-            touched.add(g.seat)
-        for seat in touched:
+            task = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags) + unit.body
+            batch = sends.get(g.seat)
+            if batch is None:
+                sends[g.seat] = [task]
+            else:
+                batch.append(task)
+        for seat, batch in sends.items():
+            self._send(seat, batch)
+
+    def _send(self, seat: int, tasks: list) -> None:
+        """A seat's tasks of one pass: pushed and its worker woken in one call; what does
+        not fit waits in its outbox (behind any already waiting, so the order holds)."""
+        outbox = self._outbox[seat]
+        if outbox:
+            outbox.extend(tasks)
+            self._flush(seat)
+            return
+        pushed = self.data.tasks(seat).push_many(M.TASK, tasks)
+        if pushed < len(tasks):
+            outbox.extend(tasks[pushed:])
             self._flush(seat)
 
     def _shed_deferred_at_close(self) -> None:
@@ -503,7 +517,7 @@ class Supervisor:
 
     def _flush(self, seat: int) -> None:
         ring, outbox = self.data.tasks(seat), self._outbox[seat]
-        while outbox and ring.push2(M.TASK, *outbox[0]):
+        while outbox and ring.push(M.TASK, outbox[0]):
             outbox.popleft()
         ring.notify()
 

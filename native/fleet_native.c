@@ -292,6 +292,23 @@ int fleet_ring_notify(void *ring) {
     return 1;
 }
 
+/* Push messages packed back to back in `buf` (message i is lens[i] bytes), in order,
+ * until one does not fit: returns how many were pushed (the rest wait for the caller to
+ * retry, and a message that can never fit is left for push/push2 to report). With
+ * `notify`, wakes the consumer once after them, as fleet_ring_notify does. One call for
+ * a batch: the caller crosses into C (and, from Python, gives up its GIL) once. */
+int fleet_ring_push_many(void *ring, uint32_t tag, const void *buf, const uint32_t *lens,
+                         uint32_t n, int notify) {
+    const uint8_t *p = (const uint8_t *)buf;
+    uint32_t i = 0;
+    for (; i < n; i++) {
+        if (push_parts(ring, tag, p, lens[i], NULL, 0) != 0) break;
+        p += lens[i];
+    }
+    if (notify && i > 0) fleet_ring_notify(ring);
+    return (int)i;
+}
+
 /* Consumer side of "pop made room": wake the producer only if it announced a wait. */
 static inline void after_pop(struct ring_hdr *h) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* tail store before waiting load */

@@ -72,6 +72,11 @@ int     fleet_ring_push2(void *ring, uint32_t tag, const void *a, uint32_t alen,
                          const void *b, uint32_t blen);
 /* Bumps data_seq; wakes the consumer only if it waits. 1 if it issued the wake, else 0. */
 int     fleet_ring_notify(void *ring);
+/* push_many: messages packed back to back in buf (lens[i] bytes each), pushed in order
+ * until one does not fit; returns how many were pushed. notify != 0: wakes the
+ * consumer once after them (if any were pushed). */
+int     fleet_ring_push_many(void *ring, uint32_t tag, const void *buf, const uint32_t *lens,
+                             uint32_t n, int notify);
 /* Sleeps until a message of len bytes would fit (0) or timeout_ns passes (1);
  * timeout_ns < 0 waits forever; -EMSGSIZE if it can never fit. Spurious 0s happen. */
 int     fleet_ring_wait_space(void *ring, uint32_t len, int64_t timeout_ns);
