@@ -7,6 +7,7 @@ a ConfigError naming their dotted path)::
     name = "fleet"            # names the shared table, socket and unit (see fleet.names)
     profile = "auto"          # auto | serial | pinned (see fleet.plan)
     cpus = 4.5                # use this quota instead of the detected one
+    gc_freeze = true          # after boot, keep what boot loaded out of full GC collections (see FleetConfig)
 
     [budget]                  # terminal overrides of fleet.budget's rules
     reserve = 1
@@ -191,6 +192,11 @@ class FleetConfig:
     name: str = "fleet"
     profile: str = "auto"
     cpus: float | None = None
+    # After boot, gc.freeze(): the objects alive then (numba's compiler state, some 100k)
+    # leave the collector's sight, so a full collection no longer walks them all, a stall
+    # of every thread in the process (the dispatch loop's included) of 30-100 ms. Process-
+    # wide: objects alive at boot are never collected as cyclic garbage afterwards.
+    gc_freeze: bool = True
     budget: BudgetOverrides = field(default_factory=BudgetOverrides)
     posture: PosturePolicy = DEFAULT_POLICY
     roles: RoleSet = REFERENCE_ROLES
@@ -236,7 +242,7 @@ def _reject_unknown(path, data, known):
 
 def _fleet(data):
     data = _table("fleet", data)
-    _reject_unknown("fleet", data, ("name", "profile", "cpus"))
+    _reject_unknown("fleet", data, ("name", "profile", "cpus", "gc_freeze"))
     name = data.get("name", "fleet")
     try:
         validate_fleet_name(name)
@@ -246,7 +252,11 @@ def _fleet(data):
     if profile not in PROFILES:
         raise ConfigError("fleet.profile", f"must be one of {', '.join(PROFILES)}, got {profile!r}")
     cpus = data.get("cpus")
-    return {"name": name, "profile": profile, "cpus": None if cpus is None else _positive("fleet.cpus", cpus)}
+    gc_freeze = data.get("gc_freeze", True)
+    if not isinstance(gc_freeze, bool):
+        raise ConfigError("fleet.gc_freeze", f"must be true or false, got {gc_freeze!r}")
+    return {"name": name, "profile": profile, "cpus": None if cpus is None else _positive("fleet.cpus", cpus),
+            "gc_freeze": gc_freeze}
 
 
 def _posture(data):
@@ -412,6 +422,7 @@ def _build(raw: dict, source, env_paths) -> FleetConfig:
 _FLEET_SHORT = {"FLEET_NAME": ("fleet", "name"), "FLEET_PROFILE": ("fleet", "profile"), "FLEET_CPUS": ("fleet", "cpus")}
 _TYPES = {
     ("fleet", "cpus"): "float?",
+    ("fleet", "gc_freeze"): "bool",
     ("budget", "reserve"): "int",
     ("budget", "ambient_io"): "int",
     ("budget", "pinned_min"): "int",

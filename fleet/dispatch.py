@@ -64,7 +64,7 @@ import bisect
 import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import Hashable, NamedTuple
 
 from . import fsm
 from .roles import Role, RoleSet
@@ -96,11 +96,12 @@ class Pending:
     held_by_posture: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
+class Grant(NamedTuple):
     """Carry out `transitions` on the table (in order), then send the unit to `seat`.
 
     The worker applies `start_event` (START or RESUME) with `key_id` when it begins.
+    (Immutable as a NamedTuple: one is built per unit, and a frozen dataclass's
+    __init__ costs several times as much.)
     """
 
     unit_id: int

@@ -175,10 +175,10 @@ class QueueRoom:
             finally:
                 self._sleepers -= 1
 
-    def give(self, code: int) -> None:
-        """A unit of role `code` left the queue (granted, or ended unstarted)."""
+    def give(self, code: int, n: int = 1) -> None:
+        """`n` units of role `code` left the queue (granted, or ended unstarted)."""
         with self._cond:
-            self._waiting[code] -= 1
+            self._waiting[code] -= n
             if self._sleepers:
                 self._cond.notify_all()
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import gc
 import heapq
 import itertools
 import logging
@@ -163,6 +164,7 @@ class Supervisor:
         self._killed: set[int] = set()  # worker pids the supervisor killed itself (not lane deaths)
         self.table = self.data = self.zygote = None
         self._thread = None
+        self._loop_ident = None  # the loop thread's ident (`_on_loop`, on every submit)
         self.started_ns = time.time_ns()
         self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
         self._turns_busy = 0  # busy turns since the zygote's socket was last read
@@ -214,6 +216,11 @@ class Supervisor:
                                    on_admitted=lambda unit_id: self._intake.post(self._lease_granted, unit_id),
                                    on_lost=lambda unit_id, why: self._intake.post(self._lease_ended, unit_id, why),
                                    ).start()
+        if cfg.gc_freeze:
+            # Boot loaded numba's compiler state (~100k objects) for the table's kernels: out
+            # of the collector's sight, full collections stop stalling the loop 30-100 ms.
+            gc.collect()
+            gc.freeze()
         self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
         self._thread.start()
         self._atexit = weakref.WeakMethod(self._atexit_close)
@@ -303,7 +310,7 @@ class Supervisor:
             data.bell.ring()
 
     def _on_loop(self) -> bool:
-        return threading.current_thread() is self._thread
+        return threading.get_ident() == self._loop_ident
 
     def _call(self, fn, *args, timeout: float | None = None, view: bool = False):
         """Run ``fn(*args)`` on the loop thread and return its result. On the loop thread
@@ -449,11 +456,11 @@ class Supervisor:
             else:
                 self._forget(unit_id)  # its caller cancelled it
         sends: dict[int, list] = {}  # seat -> its tasks of this pass, pushed in one call each
-        room = self._room
+        freed: dict[int, int] = {}  # role -> units granted, whose queue room goes back at once below
         for g in grants:
             unit = self._units[g.unit_id]
             unit.queued = False
-            room.give(unit.role)
+            freed[unit.role] = freed.get(unit.role, 0) + 1
             refused = None
             for event, role, key_id in g.transitions:
                 reason = self.table.transition(g.slot, event, role, key_id)
@@ -472,6 +479,8 @@ class Supervisor:
                 sends[g.seat] = [task]
             else:
                 batch.append(task)
+        for code, n in freed.items():
+            self._room.give(code, n)
         for seat, batch in sends.items():
             self._send(seat, batch)
 
@@ -579,6 +588,7 @@ class Supervisor:
 
     # ================================================================== the loop
     def _loop(self) -> None:
+        self._loop_ident = threading.get_ident()
         bell = self.data.bell
         next_sample = 0.0
         woke = True

@@ -98,6 +98,13 @@ def test_env_role_override_applies_to_the_reference_profile():
     assert c.roles.names == REFERENCE_ROLES.names
 
 
+def test_gc_freeze_is_on_by_default_and_set_by_file_or_env():
+    assert load_config({}, env={}).gc_freeze is True
+    assert load_config({"fleet": {"gc_freeze": False}}, env={}).gc_freeze is False
+    cfg = load_config({}, env={"FLEET_FLEET__GC_FREEZE": "false"})
+    assert cfg.gc_freeze is False and "fleet.gc_freeze" in cfg.env_overrides
+
+
 def test_elastic_repin_is_off_unless_a_pinned_role_opts_in():
     c = load_config({"roles": {"solver": {"kind": "pinned", "elastic_repin": True}, "sim": {}}}, env={})
     assert c.roles["solver"].elastic_repin and not c.roles["sim"].elastic_repin
@@ -138,6 +145,8 @@ def test_unknown_keys_are_named_by_dotted_path(source, path):
     [
         ({"fleet": {"profile": "turbo"}}, "fleet.profile"),
         ({"fleet": {"cpus": 0}}, "fleet.cpus"),
+        ({"fleet": {"gc_freeze": "yes"}}, "fleet.gc_freeze"),
+        ({"fleet": {"gc_freeze": 1}}, "fleet.gc_freeze"),
         ({"fleet": {"name": "has space"}}, "fleet.name"),
         ({"posture": {"cordon_duty_percent": 0}}, "posture.cordon_duty_percent"),
         ({"posture": {"cordon_exit_clean_ms": 0}}, "posture.cordon_exit_clean_ms"),

@@ -157,6 +157,55 @@ def test_full_ring_refuses_then_takes_after_a_pop():
     assert [r.pop()[0] for _ in range(n)] == list(range(1, n + 1))
 
 
+def test_push_many_pushes_in_order_until_one_does_not_fit():
+    r = anon_ring(4096)
+    msgs = [payload(i, 100) for i in range(50)]  # 36 fit (frame + padded payload: 112 bytes each)
+    assert r.push_many(5, []) == 0
+    pushed = r.push_many(5, msgs[:3])
+    assert pushed == 3 and [r.pop() for _ in range(3)] == [(5, m) for m in msgs[:3]]
+    r = anon_ring(4096)
+    pushed = r.push_many(6, msgs)
+    assert pushed == 4096 // 112 and r.used == pushed * 112
+    assert [r.pop() for _ in range(pushed)] == [(6, m) for m in msgs[:pushed]]
+    assert r.pop() is None
+    # The rest is the caller's to retry: in order, after the ring made room.
+    assert r.push_many(6, msgs[pushed:]) == len(msgs) - pushed
+    assert [r.pop()[1] for _ in range(len(msgs) - pushed)] == msgs[pushed:]
+
+
+def test_push_many_stops_before_a_message_that_can_never_fit():
+    r = anon_ring(4096)
+    big = bytes(r.max_message + 1)
+    assert r.push_many(1, [b"a", big, b"b"]) == 1  # "b" is not pushed past the one that cannot fit
+    assert r.pop() == (1, b"a") and r.pop() is None
+    with pytest.raises(MessageTooLarge):
+        r.push(1, big)  # and push names it
+
+
+def test_push_many_wakes_a_sleeping_consumer_once(fleet_name, reaper):
+    seg = DataSegment.create(fleet_name, 1, 4096, 4096)
+    ring = seg.tasks(0)
+
+    def consumer():
+        r = DataSegment.attach(fleet_name).tasks(0)
+        got = []
+        while len(got) < 3:
+            batch = r.pop_many()
+            if not batch:
+                r.wait(None)
+            got += [(tag, bytes(view)) for tag, view in batch]
+        return 0 if got == [(4, b"x"), (4, b"y"), (4, b"z")] else 3
+
+    pid = _fork(consumer)
+    reaper.append(pid)
+    deadline = time.monotonic() + 30
+    hdr = ffi.cast("uint32_t *", ring._p)
+    while lib.fleet_load_acquire_u32(hdr + 33) == 0 and time.monotonic() < deadline:  # consumer_waiting
+        time.sleep(0.005)
+    assert ring.push_many(4, [b"x", b"y", b"z"]) == 3  # no notify() after it: push_many woke it
+    assert _wait_all([pid]) == [0]
+
+
 def test_message_too_large_names_size_and_limit():
     r = anon_ring(4096)
     assert r.max_message == 4096 // 2 - 16

@@ -1,6 +1,7 @@
 """The embedded Fleet end to end: real zygote, real workers, real shared memory."""
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -289,6 +290,21 @@ def test_a_chunk_runs_every_item_past_one_that_did_not_solve(fleet_name):
         assert next(it) == 0
         with pytest.raises(UnitSuppressed):
             next(it)
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_boot_freezes_what_it_loaded_out_of_the_collectors_sight_unless_told_not_to(fleet_name, freeze):
+    cfg = config(fleet_name, {"work": role("square")})
+    cfg["fleet"]["gc_freeze"] = freeze
+    before = gc.get_freeze_count()
+    with running(cfg) as f:
+        assert f.submit("work", 3).result(30) == 9
+        frozen = gc.get_freeze_count()
+    if freeze:
+        assert frozen > before  # boot's own objects (its table, its loop) joined the frozen ones
+    else:
+        # the embedding process's collector is left as it was (frozen objects may die meanwhile)
+        assert frozen <= before
 
 
 def test_a_unit_is_an_immutable_named_record(fleet_name):
