@@ -383,9 +383,14 @@ class Bell:
         """Bump the bell; True if the waiter was asleep and got woken."""
         return lib.fleet_bell_ring(self._bell, self._waiting) == 1
 
-    def wait(self, seen: int, timeout_s: float | None = None) -> bool:
+    def wait(self, seen: int, timeout_s: float | None = None, spin_s: float = 0.0) -> bool:
         """Sleep while the bell still reads `seen`: True when it rang (or a spurious
-        wake-up), False on timeout. None waits forever."""
+        wake-up), False on timeout. None waits forever. `spin_s`: look for that long
+        first (yielding the CPU between looks) before the usual short spin and sleep;
+        the spin is part of the wait (it never outlasts `timeout_s`)."""
+        if spin_s > 0:
+            return lib.fleet_bell_wait_spin(self._bell, self._waiting, seen & _U32, _timeout_ns(timeout_s),
+                                            int(spin_s * 1e9)) == 0
         return lib.fleet_bell_wait(self._bell, self._waiting, seen & _U32, _timeout_ns(timeout_s)) == 0
 
 

@@ -87,6 +87,10 @@ _CANCELLED = Outcome(FAILED, "Cancelled")
 
 #: Longest the loop sleeps with nothing to do (timers are checked at least this often).
 IDLE_WAIT_S = 0.1
+#: With units out, the loop looks at its bell this long before it sleeps (yielding the
+#: CPU between looks): their results, and a caller's next submit, come within a wake-up's
+#: time (~20-50 us on a busy VM), so catching them awake saves that wake-up on each.
+IN_FLIGHT_SPIN_S = 150e-6
 #: Posture sampling period.
 SAMPLE_EVERY_S = 0.25
 
@@ -614,7 +618,7 @@ class Supervisor:
                     break
                 woke = not busy
                 if not busy:
-                    bell.wait(seen, self._sleep_for(now))
+                    bell.wait(seen, self._sleep_for(now), spin_s=IN_FLIGHT_SPIN_S if self._units else 0.0)
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
             self._close_intake()  # nothing would ever run a unit submitted from here on

@@ -532,3 +532,22 @@ int fleet_bell_wait(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64_t ti
     __atomic_store_n(waiting, 0, __ATOMIC_RELAXED);
     return (rc == 1 && __atomic_load_n(bell, __ATOMIC_ACQUIRE) == seen) ? 1 : 0;
 }
+
+/* fleet_bell_wait with a spin of `spin_ns` before the sleep, yielding the CPU at each
+ * look: a waiter that expects its next ring within microseconds (replies to work in
+ * flight) catches it without a wake-up, and a runnable thread on its core still runs. */
+int fleet_bell_wait_spin(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64_t timeout_ns,
+                         int64_t spin_ns) {
+    int64_t start = monotonic_ns();
+    if (timeout_ns >= 0 && spin_ns > timeout_ns) spin_ns = timeout_ns;  /* the spin is part of the wait */
+    for (int64_t until = start + spin_ns; monotonic_ns() < until;) {
+        if (__atomic_load_n(bell, __ATOMIC_ACQUIRE) != seen) return 0;
+        sched_yield();
+    }
+    if (timeout_ns >= 0) {
+        timeout_ns -= monotonic_ns() - start;
+        if (timeout_ns < 0) timeout_ns = 0;
+    }
+    return fleet_bell_wait(bell, waiting, seen, timeout_ns);
+}
+

@@ -122,3 +122,6 @@ uint32_t fleet_ring_max_message(const void *ring);        /* largest len that ca
  * 1 on timeout (timeout_ns < 0: forever). */
 int     fleet_bell_ring(uint32_t *bell, uint32_t *waiting);
 int     fleet_bell_wait(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64_t timeout_ns);
+/* bell_wait_spin: bell_wait after spinning up to spin_ns (yielding the CPU at each look). */
+int     fleet_bell_wait_spin(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64_t timeout_ns,
+                             int64_t spin_ns);

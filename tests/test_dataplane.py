@@ -449,6 +449,35 @@ def test_bell_wait_returns_at_once_when_it_already_rang_and_times_out_otherwise(
     assert bell.wait(seen + 1, 0.01) is False
 
 
+def test_a_spinning_bell_wait_catches_a_ring_awake_and_never_outlasts_its_timeout(fleet_name, reaper):
+    seg = DataSegment.create(fleet_name, 1, 4096, 4096)
+    bell = seg.bell
+    seen = bell.value
+    t0 = time.monotonic()
+    assert bell.wait(seen, 0.02, spin_s=5.0) is False  # a 5 s spin inside a 20 ms wait
+    assert time.monotonic() - t0 < 2.0
+    bell.ring()
+    assert bell.wait(seen, None, spin_s=0.001) is True  # rang already: at once
+
+    def ringer():
+        time.sleep(0.05)
+        DataSegment.attach(fleet_name).bell.ring()
+        return 0
+
+    seen = bell.value
+    pid = _fork(ringer)
+    reaper.append(pid)
+    t0 = time.monotonic()
+    assert bell.wait(seen, 30, spin_s=10.0) is True  # rung while it spun: it returns then
+    assert time.monotonic() - t0 < 9.0
+    assert _wait_all([pid]) == [0]
+    seen = bell.value
+    pid = _fork(ringer)  # and rung after the spin: the sleep that follows wakes
+    reaper.append(pid)
+    assert bell.wait(seen, 30, spin_s=0.001) is True
+    assert _wait_all([pid]) == [0]
+
+
 @pytest.mark.parametrize("what", ["ring", "space", "bell"])
 def test_idle_waiter_uses_no_cpu_and_still_wakes(fleet_name, reaper, what):
     seg = DataSegment.create(fleet_name, 1, 4096, 4096)
