@@ -27,7 +27,6 @@ message framing). Rules that keep it fast and safe:
 from __future__ import annotations
 
 import array
-
 import logging
 import mmap
 import os

@@ -292,15 +292,7 @@ def _ordered(role, feeder, chunksize, deadline):
     pending = feeder.pending
     try:
         while pending:
-            future = pending.popleft()
-            if chunksize == 1:
-                yield future.result(_left(deadline))
-            else:  # inline, not a nested generator: its items are yielded straight from the list
-                values, failures = _chunk(future, _left(deadline))
-                if failures:
-                    yield from _items(role, values, failures)
-                else:
-                    yield from values
+            yield from _results(role, pending.popleft(), chunksize, _left(deadline))
             feeder.fill()
     finally:
         feeder.cancel_rest()
@@ -315,25 +307,23 @@ def _unordered(role, feeder, chunksize, deadline):
             except queue.Empty:
                 raise TimeoutError(f"map_unordered over {role!r}: timed out with {len(pending)} unit(s) owed") from None
             pending.discard(future)
-            if chunksize == 1:
-                yield future.result(0)
-            else:
-                values, failures = _chunk(future, 0)
-                if failures:
-                    yield from _items(role, values, failures)
-                else:
-                    yield from values
+            yield from _results(role, future, chunksize, 0)
             feeder.fill()
     finally:
         feeder.cancel_rest()
 
 
-def _chunk(future: Future, left):
-    """(values, failures) of a chunk's unit; raises the unit's own error (the whole chunk)."""
+def _results(role, future: Future, chunksize: int, left):
+    """The result(s) of one unit of a map, to `yield from`: its value, or a chunk's values
+    in order (the list itself when every item solved: no generator between it and the
+    caller). Raises the unit's own error here; a chunk item's, where the iteration reaches it."""
+    if chunksize == 1:
+        return (future.result(left),)
     exc = future.exception(left)
     if exc is not None:
         raise exc
-    return future.result()
+    values, failures = future.result()
+    return _items(role, values, failures) if failures else values
 
 
 def _items(role, values: list, failures: dict):
