@@ -8,6 +8,7 @@ a ConfigError naming their dotted path)::
     profile = "auto"          # auto | serial | pinned (see fleet.plan)
     cpus = 4.5                # use this quota instead of the detected one
     gc_freeze = true          # after boot, keep what boot loaded out of full GC collections (see FleetConfig)
+    dispatch_priority = 10    # nice levels the supervisor's loop runs above its workers (fleet.priority)
 
     [budget]                  # terminal overrides of fleet.budget's rules
     reserve = 1
@@ -100,6 +101,7 @@ from .errors import ConfigError
 from .names import InvalidFleetName, validate_fleet_name
 from .plan import PROFILES
 from .posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, PostureRetuneError
+from .priority import LEVELS_MAX
 from .roles import REFERENCE_ROLES, Role, RoleSet
 
 _ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name")
@@ -197,6 +199,9 @@ class FleetConfig:
     # of every thread in the process (the dispatch loop's included) of 30-100 ms. Process-
     # wide: objects alive at boot are never collected as cyclic garbage afterwards.
     gc_freeze: bool = True
+    # Nice levels between the supervisor's loop and its workers, so a woken worker does not
+    # preempt the loop that feeds every seat (fleet.priority: how, and what 0 keeps).
+    dispatch_priority: int = 10
     budget: BudgetOverrides = field(default_factory=BudgetOverrides)
     posture: PosturePolicy = DEFAULT_POLICY
     roles: RoleSet = REFERENCE_ROLES
@@ -242,7 +247,7 @@ def _reject_unknown(path, data, known):
 
 def _fleet(data):
     data = _table("fleet", data)
-    _reject_unknown("fleet", data, ("name", "profile", "cpus", "gc_freeze"))
+    _reject_unknown("fleet", data, ("name", "profile", "cpus", "gc_freeze", "dispatch_priority"))
     name = data.get("name", "fleet")
     try:
         validate_fleet_name(name)
@@ -255,8 +260,11 @@ def _fleet(data):
     gc_freeze = data.get("gc_freeze", True)
     if not isinstance(gc_freeze, bool):
         raise ConfigError("fleet.gc_freeze", f"must be true or false, got {gc_freeze!r}")
+    levels = data.get("dispatch_priority", 10)
+    if isinstance(levels, bool) or not isinstance(levels, int) or not 0 <= levels <= LEVELS_MAX:
+        raise ConfigError("fleet.dispatch_priority", f"must be an integer in [0, {LEVELS_MAX}] (nice levels), got {levels!r}")
     return {"name": name, "profile": profile, "cpus": None if cpus is None else _positive("fleet.cpus", cpus),
-            "gc_freeze": gc_freeze}
+            "gc_freeze": gc_freeze, "dispatch_priority": levels}
 
 
 def _posture(data):
@@ -423,6 +431,7 @@ _FLEET_SHORT = {"FLEET_NAME": ("fleet", "name"), "FLEET_PROFILE": ("fleet", "pro
 _TYPES = {
     ("fleet", "cpus"): "float?",
     ("fleet", "gc_freeze"): "bool",
+    ("fleet", "dispatch_priority"): "int",
     ("budget", "reserve"): "int",
     ("budget", "ambient_io"): "int",
     ("budget", "pinned_min"): "int",

@@ -169,6 +169,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "budget": meta.get("budget"),
         "seats": meta.get("seats", []),
         "role_processes": meta.get("role_processes", []),
+        "dispatch_priority": meta.get("dispatch_priority"),
         "delay_source": delay_source,
         "census": census(snap, meta, delays, delay_source),
         "posture": posture(snap.posture_view(), now_ns),

@@ -56,6 +56,7 @@ from . import codec, fsm
 from . import messages as M
 from . import posture as posture_mod
 from . import pressure as pressure_mod
+from . import priority as priority_mod
 from . import quota as quota_mod
 from . import seats as seats_mod
 from .config import FleetConfig
@@ -192,6 +193,8 @@ class Supervisor:
         for role in self.roles:
             log.debug("role %s: %s", role.name, role)
         log.info("fleet %s: %s", self.name, "; ".join(self.projection.processes()))
+        self.priority = priority_mod.this_process(cfg.dispatch_priority)
+        log.info("fleet %s: dispatch priority: %s", self.name, self.priority.describe())
         for share in self.plan.budget.consumers:
             if share.overridden:
                 log.warning("budget override: %s = %s cores (%s)", share.name, share.cores, share.rule_gives())
@@ -241,6 +244,7 @@ class Supervisor:
             "socket": self.socket_path,
         }
         meta.update(self.projection.meta(booted=True))
+        meta["dispatch_priority"] = self.priority.to_meta()
         return meta
 
     def _boot_rest(self) -> None:
@@ -271,7 +275,7 @@ class Supervisor:
             # The zygote's parent-death signal fires when the *thread* that started it
             # exits; start it from a thread that lives exactly as long as this fleet.
             self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{self.name}-spawner")
-        self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner)
+        self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice)
 
     def _fork(self, seat: int) -> None:
         self._pending_forks.add(seat)
@@ -605,6 +609,12 @@ class Supervisor:
                 self.host.pin_this_thread(self.layout.supervisor_cpus)
             except OSError as exc:
                 log.warning("cannot pin the supervisor loop to %s: %s", self.layout.supervisor_cpus, exc)
+        if self.priority.raises_loop:
+            try:
+                priority_mod.set_this_thread(self.priority.loop_nice)
+            except OSError as exc:  # allowed by the capability check, refused by the kernel (an LSM)
+                log.warning("fleet %s: cannot raise the supervisor loop to nice %d: %s", self.name,
+                            self.priority.loop_nice, exc)
         try:
             while True:
                 seen = bell.value

@@ -418,8 +418,9 @@ def _result_body(value) -> tuple[int, bytes]:
         return M.ST_RESULT_ERROR, f"result of type {type(value).__name__} cannot be pickled: {exc}".encode()
 
 
-def child_setup(cpus) -> None:
-    """Process-wide set-up of a fresh worker (after fork, before run)."""
+def child_setup(cpus, nice: int | None = None) -> None:
+    """Process-wide set-up of a fresh worker (after fork, before run): pinned to `cpus`,
+    at `nice` (fleet.priority: a worker below its supervisor's loop)."""
     from ._native import lib
 
     lib.fleet_set_pdeathsig(signal.SIGKILL)  # never outlive the zygote (and so fleetd)
@@ -432,3 +433,8 @@ def child_setup(cpus) -> None:
             os.sched_setaffinity(0, cpus)
         except OSError as exc:  # a CPU outside our cgroup's cpuset: run unpinned, say so
             log.warning("cannot pin worker to cpus %s: %s", list(cpus), exc)
+    if nice is not None and nice != os.getpriority(os.PRIO_PROCESS, 0):
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except OSError as exc:  # a nice we may not take: run at the zygote's, say so
+            log.warning("cannot set worker nice to %d: %s", nice, exc)

@@ -63,6 +63,7 @@ class Zygote:
         self.children: dict[int, int] = {}  # pid -> seat
         self.table = self.data = self.roles = None
         self.handlers: list = []
+        self.worker_nice: int | None = None
 
     def send(self, **msg) -> None:
         self.sock.sendall(json.dumps(msg).encode() + b"\n")
@@ -93,6 +94,7 @@ class Zygote:
         from .dataplane import DataSegment
 
         sys.path[:] = msg["sys_path"]
+        self.worker_nice = msg.get("worker_nice")
         self.roles = RoleSet(tuple(Role(**r) for r in msg["roles"]))
         self.handlers = [
             resolve_handler(r.handler, f"roles.{r.name}.handler") if r.handler else None for r in self.roles
@@ -117,7 +119,7 @@ class Zygote:
                 from .worker import Worker, child_setup
 
                 self.sock.close()
-                child_setup(cpus)
+                child_setup(cpus, self.worker_nice)
                 if os.getppid() != zygote:
                     os._exit(1)  # the zygote died before our death signal was armed: never an orphan
                 code = Worker(seat, self.table, self.data, self.roles, self.handlers).run()

@@ -61,8 +61,9 @@ class ZygoteLink:
 
     # --- start -------------------------------------------------------------------------
     @classmethod
-    def start(cls, name: str, roles, spawner) -> "ZygoteLink":
-        """Start a zygote for fleet `name` and boot it with `roles`.
+    def start(cls, name: str, roles, spawner, worker_nice: int | None = None) -> "ZygoteLink":
+        """Start a zygote for fleet `name` and boot it with `roles`; its workers run at
+        `worker_nice` (None: the zygote's own; see fleet.priority).
 
         `spawner` is a one-thread executor that lives as long as the fleet: the
         zygote's parent-death signal fires when the *thread* that started it exits,
@@ -83,16 +84,17 @@ class ZygoteLink:
         theirs.close()
         link = cls(proc, ours)
         try:
-            link._boot(name, roles)
+            link._boot(name, roles, worker_nice)
         except BaseException:
             link.exit(timeout=0.5)
             raise
         return link
 
-    def _boot(self, name: str, roles) -> None:
+    def _boot(self, name: str, roles, worker_nice: int | None) -> None:
         boot = {
             "op": "boot",
             "name": name,
+            "worker_nice": worker_nice,
             "roles": [dataclasses.asdict(r) for r in roles],
             "sys_path": list(sys.path),
             "log_level": logging.getLogger("fleet").getEffectiveLevel(),

@@ -39,6 +39,11 @@ def whoami(unit):
     return unit.payload, os.getpid()
 
 
+def my_nice(unit):
+    """The nice value the worker that ran the unit runs at."""
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def keyed(unit):
     """Per-key warm state: how many units of this key this process has seen, and its pid."""
     _WARM[unit.key] = _WARM.get(unit.key, 0) + 1

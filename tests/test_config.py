@@ -105,6 +105,13 @@ def test_gc_freeze_is_on_by_default_and_set_by_file_or_env():
     assert cfg.gc_freeze is False and "fleet.gc_freeze" in cfg.env_overrides
 
 
+def test_dispatch_priority_is_ten_levels_by_default_and_set_by_file_or_env():
+    assert load_config({}, env={}).dispatch_priority == 10
+    assert load_config({"fleet": {"dispatch_priority": 0}}, env={}).dispatch_priority == 0
+    cfg = load_config({}, env={"FLEET_FLEET__DISPATCH_PRIORITY": "39"})
+    assert cfg.dispatch_priority == 39 and "fleet.dispatch_priority" in cfg.env_overrides
+
+
 def test_elastic_repin_is_off_unless_a_pinned_role_opts_in():
     c = load_config({"roles": {"solver": {"kind": "pinned", "elastic_repin": True}, "sim": {}}}, env={})
     assert c.roles["solver"].elastic_repin and not c.roles["sim"].elastic_repin
@@ -147,6 +154,10 @@ def test_unknown_keys_are_named_by_dotted_path(source, path):
         ({"fleet": {"cpus": 0}}, "fleet.cpus"),
         ({"fleet": {"gc_freeze": "yes"}}, "fleet.gc_freeze"),
         ({"fleet": {"gc_freeze": 1}}, "fleet.gc_freeze"),
+        ({"fleet": {"dispatch_priority": -1}}, "fleet.dispatch_priority"),
+        ({"fleet": {"dispatch_priority": 40}}, "fleet.dispatch_priority"),
+        ({"fleet": {"dispatch_priority": 2.5}}, "fleet.dispatch_priority"),
+        ({"fleet": {"dispatch_priority": True}}, "fleet.dispatch_priority"),
         ({"fleet": {"name": "has space"}}, "fleet.name"),
         ({"posture": {"cordon_duty_percent": 0}}, "posture.cordon_duty_percent"),
         ({"posture": {"cordon_exit_clean_ms": 0}}, "posture.cordon_exit_clean_ms"),

@@ -197,6 +197,14 @@ def render_processes(rows) -> list[str]:
     return [f"{'processes' if i == 0 else '':<10}{describe(row)}" for i, row in enumerate(rows or [])]
 
 
+def render_priority(prio: dict | None) -> list[str]:
+    """The nices the loop and the workers run at (fleet.priority)."""
+    if not prio:
+        return []
+    return [f"{'priority':<10}loop at nice {prio['loop_nice']}, workers at nice {prio['worker_nice']}"
+            f" (dispatch_priority = {prio['levels']})"]
+
+
 def render_census(doc: dict) -> list[str]:
     rows = [
         (
@@ -329,7 +337,7 @@ def render(doc: dict) -> str:
         render_plan(doc["plan"]),
         render_quota(doc.get("quota")),
         render_budget(doc["budget"]),
-        render_processes(doc.get("role_processes")),
+        render_processes(doc.get("role_processes")) + render_priority(doc.get("dispatch_priority")),
         render_census(doc),
         render_posture(doc["posture"]),
         render_ledger(doc["ledger"]),
