@@ -29,6 +29,9 @@ from .unit import Outcome, error_for
 
 #: Most units `map` keeps submitted ahead of the caller (also bounded by the role's queue).
 MAP_WINDOW = 4096
+#: With a batch submit, `map` tops its window up once this many units (or a quarter of the
+#: window, if less) are free: one batch per refill instead of one submit per result.
+MAP_REFILL = 64
 
 
 class Fleet(Executor):
@@ -112,6 +115,7 @@ class Fleet(Executor):
         return map_units(
             lambda payload, chunk: self._sup.submit(role, payload, lane=lane, chunk=chunk),
             role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role),
+            submit_many=lambda payloads, chunk: self._sup.submit_many(role, payloads, lane=lane, chunk=chunk),
         )
 
     def map_unordered(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
@@ -129,6 +133,7 @@ class Fleet(Executor):
         return map_units(
             lambda payload, chunk: self._sup.submit(role, payload, lane=lane, chunk=chunk),
             role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role), ordered=False,
+            submit_many=lambda payloads, chunk: self._sup.submit_many(role, payloads, lane=lane, chunk=chunk),
         )
 
     def _window(self, role) -> int:
@@ -218,7 +223,7 @@ class Fleet(Executor):
 
 def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Iterable, *, chunksize: int = 1,
               timeout: float | None = None, window: Callable[[], int] = lambda: MAP_WINDOW,
-              ordered: bool = True) -> Iterator:
+              ordered: bool = True, submit_many: Callable[[list, bool], list] | None = None) -> Iterator:
     """`Executor.map` over units, shared by the embedded `Fleet` and the service-mode client.
 
     ``submit(payload, chunk)`` queues one unit (``chunk=True``: the payload is a list
@@ -233,11 +238,15 @@ def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Ite
 
     ``ordered=False`` hands results out as their units complete (the items of one
     chunk stay in their order), as `multiprocessing.Pool.imap_unordered` does.
+
+    ``submit_many(payloads, chunk)``, when given, queues a list of units at once and
+    returns their Futures: the window is then topped up in batches (once `MAP_REFILL`
+    units, or a quarter of the window, are free), not one unit per result taken.
     """
     if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
         raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered)
+    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many)
     feeder.fill()
     results = _ordered if ordered else _unordered
     return results(role, feeder, chunksize, deadline)
@@ -251,15 +260,35 @@ class _Feeder:
     per result) and `pending` is the set still owed a result.
     """
 
-    def __init__(self, submit, items, chunksize, window, ordered):
+    def __init__(self, submit, items, chunksize, window, ordered, submit_many=None):
         self.submit, self.items, self.chunksize, self.window = submit, items, chunksize, window
+        self.submit_many = submit_many
         self.more = True
         self.pending = collections.deque() if ordered else set()
         self.done = None if ordered else queue.SimpleQueue()
 
     def fill(self) -> None:
+        if self.submit_many is not None:
+            self._fill_batch()
+            return
         while self.more and len(self.pending) < max(1, self.window()):
             self.more = self._feed()
+
+    def _fill_batch(self) -> None:
+        window = max(1, self.window())
+        free = window - len(self.pending)
+        if not self.more or free <= 0 or (self.pending and free < min(MAP_REFILL, max(1, window // 4))):
+            return
+        if self.chunksize == 1:
+            payloads = list(itertools.islice(self.items, free))
+        else:
+            payloads = []
+            while len(payloads) < free and (chunk := list(itertools.islice(self.items, self.chunksize))):
+                payloads.append(chunk)
+        self.more = len(payloads) == free
+        if payloads:
+            for future in self.submit_many(payloads, self.chunksize > 1):
+                self._track(future)
 
     def _feed(self) -> bool:
         if self.chunksize == 1:

@@ -148,32 +148,36 @@ class QueueRoom:
         self._sleepers = 0
         self._closed: str | None = None
 
-    def take(self, code: int, name: str, block: bool = True, timeout: float | None = None) -> None:
-        """Room for one more unit of role `code`: at once, or after waiting (at most
-        `timeout` seconds; None waits as long as it takes). Raises QueueFull when
-        `block` is False and the queue is full, or when `timeout` passes first."""
+    def take(self, code: int, name: str, block: bool = True, timeout: float | None = None, n: int = 1) -> int:
+        """Room for up to `n` more units of role `code`: how many it took (1..n), as many
+        as are free. When none is, waits for one (at most `timeout` seconds; None waits
+        as long as it takes). Raises QueueFull when `block` is False and the queue is
+        full, or when `timeout` passes first."""
         with self._cond:
             if self._closed is not None:
                 raise FleetClosed(self._closed)
-            if self._waiting[code] < self._bounds[code]:
-                self._waiting[code] += 1
-                return
-            if not block:
-                raise QueueFull(f"role {name!r} queue is full ({self._bounds[code]} units waiting)")
-            deadline = None if timeout is None else time.monotonic() + timeout
-            self._sleepers += 1
-            try:
-                while self._waiting[code] >= self._bounds[code]:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise QueueFull(f"role {name!r} queue stayed full ({self._bounds[code]} units waiting) "
-                                        f"for {timeout:g} s")
-                    self._cond.wait(left)
-                    if self._closed is not None:
-                        raise FleetClosed(self._closed)
-                self._waiting[code] += 1
-            finally:
-                self._sleepers -= 1
+            if self._waiting[code] >= self._bounds[code]:
+                if not block:
+                    raise QueueFull(f"role {name!r} queue is full ({self._bounds[code]} units waiting)")
+                self._wait_for_room(code, name, timeout)
+            took = min(n, self._bounds[code] - self._waiting[code])
+            self._waiting[code] += took
+            return took
+
+    def _wait_for_room(self, code: int, name: str, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._sleepers += 1
+        try:
+            while self._waiting[code] >= self._bounds[code]:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise QueueFull(f"role {name!r} queue stayed full ({self._bounds[code]} units waiting) "
+                                    f"for {timeout:g} s")
+                self._cond.wait(left)
+                if self._closed is not None:
+                    raise FleetClosed(self._closed)
+        finally:
+            self._sleepers -= 1
 
     def give(self, code: int, n: int = 1) -> None:
         """`n` units of role `code` left the queue (granted, or ended unstarted)."""

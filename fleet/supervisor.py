@@ -103,6 +103,9 @@ def _next_pow2(n: int) -> int:
 #: Commands a turn runs before it dispatches what they brought (a fast poster does not
 #: keep the loop draining while no unit starts).
 INTAKE_BATCH = 64
+#: Most units one `submit_many` command carries to the loop: the loop starts on a run
+#: while the caller still makes the next.
+SUBMIT_RUN = 256
 #: Busy turns between two reads of the zygote's socket (every turn after a sleep reads it).
 ZYGOTE_READ_EVERY = 16
 #: Results handled before the units they free are granted, sent and delivered. Units
@@ -379,14 +382,45 @@ class Supervisor:
         flags = (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
         self._refuse_if_closed(code, role)
         self._room.take(code, role, block=block and not self._on_loop(), timeout=block_timeout)
+        unit = self._new_unit(code, key, priority, body, flags, timeout)
+        arrival = (unit.unit_id, role, payload, key, lane) if self.recorder is not None else None
+        self._intake.post(self._accept, unit, route, admission, arrival, refused=_refuse_submit,
+                          pace=not self._on_loop())
+        return unit.future
+
+    def submit_many(self, role: str, payloads: list, *, lane=None, chunk: bool = False) -> list[Future]:
+        """Queue one unit per payload, as `submit(role, payload, lane=lane, chunk=chunk)`
+        would each (map's batches): the checks made once, and one command to the loop per
+        run of queue room taken, not one per unit. Waits for room as long as it takes, as
+        `submit` does by default. Raises what `submit` raises; an unpicklable or too large
+        payload raises before any unit of the batch is queued."""
+        code = self.roles.code(role)
+        spec = self.roles.by_code(code)
+        _check_unit(spec, None, lane, 0, None, None)
+        limit = self.config.limits.max_payload_bytes
+        bodies = [codec.task_body(role, payload, None, lane, None, pickled_payload=None, limit=limit)
+                  for payload in payloads]
+        timeout = spec.timeout_s
+        flags = (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
+        self._refuse_if_closed(code, role)
+        on_loop = self._on_loop()
+        futures, start = [], 0
+        while start < len(bodies):
+            took = self._room.take(code, role, block=not on_loop, n=min(len(bodies) - start, SUBMIT_RUN))
+            units = [self._new_unit(code, None, 0, body, flags, timeout) for body in bodies[start:start + took]]
+            arrivals = None
+            if self.recorder is not None:
+                arrivals = [(u.unit_id, role, p, None, lane) for u, p in zip(units, payloads[start:start + took])]
+            self._intake.post(self._accept_many, units, arrivals, refused=_refuse_many, pace=not on_loop)
+            futures.extend(u.future for u in units)
+            start += took
+        return futures
+
+    def _new_unit(self, code: int, key, priority: int, body: bytes, flags: int, timeout) -> _Unit:
         future = UnitFuture()  # a Future without the cost of building a Condition nobody waits on
         unit_id = next(self._ids)
         future.unit_id = unit_id  # fleetd replies to a remote submit with it
-        arrival = (unit_id, role, payload, key, lane) if self.recorder is not None else None
-        unit = _Unit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
-        self._intake.post(self._accept, unit, route, admission, arrival, refused=_refuse_submit,
-                          pace=not self._on_loop())
-        return future
+        return _Unit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
 
     def _refuse_if_closed(self, code: int, role: str) -> None:
         if self._closing or self._thread is None or self._intake.closed:
@@ -432,6 +466,11 @@ class Supervisor:
         if decision is not None:
             self._routed(unit_id, decision.route)
         self._to_dispatch(unit)
+
+    def _accept_many(self, units: list, arrivals: list | None) -> None:
+        """A posted `submit_many` run: each unit accepted as a single submit is."""
+        for i, unit in enumerate(units):
+            self._accept(unit, None, None, None if arrivals is None else arrivals[i])
 
     def _to_dispatch(self, pending: Pending) -> None:
         """A unit past the provider admission goes to the dispatcher, or first waits for its
@@ -1355,6 +1394,12 @@ def _ignore_refusal(_error: BaseException, *_args) -> None:
 def _refuse_submit(error: BaseException, unit: _Unit, *_rest) -> None:
     """A submit the loop never accepted (it had stopped): its future fails."""
     _fail_future(unit.future, error)
+
+
+def _refuse_many(error: BaseException, units: list, *_rest) -> None:
+    """A `submit_many` run the loop never accepted: every future of it fails."""
+    for unit in units:
+        _fail_future(unit.future, error)
 
 
 def _fail_future(future: Future, error: BaseException) -> None:

@@ -18,7 +18,7 @@ import pytest
 from fleet import QueueFull, UnitFailed
 from fleet.host import FakeClockHost
 from fleet.intake import Intake, QueueRoom, TurnedAway
-from fleet.unit import FleetClosed
+from fleet.unit import BadUnit, FleetClosed, PayloadUnpicklable
 
 from .fleets import config, role, running, worker_pids
 
@@ -139,6 +139,24 @@ def test_queue_room_refuses_a_full_queue_at_once_without_block():
     assert room.waiting(0) == 2 and room.waiting(1) == 1
 
 
+def test_queue_room_takes_as_much_of_a_batch_as_is_free_and_waits_only_for_none():
+    room = QueueRoom([5])
+    assert room.take(0, "a", n=3) == 3
+    assert room.take(0, "a", n=3) == 2  # what was free, not all three
+    with pytest.raises(QueueFull):
+        room.take(0, "a", block=False, n=4)
+    room.give(0, 2)
+    assert room.take(0, "a", timeout=0.1, n=9) == 2 and room.waiting(0) == 5
+    got = []
+    t = threading.Thread(target=lambda: got.append(room.take(0, "a", n=4)))
+    t.start()
+    t.join(0.1)
+    assert t.is_alive()  # none free: it waits
+    room.give(0, 3)
+    t.join(5)
+    assert got == [3] and room.waiting(0) == 5
+
+
 def test_queue_room_waits_for_room_and_times_out():
     room = QueueRoom([1])
     room.take(0, "a")
@@ -224,6 +242,29 @@ def test_a_plain_submit_loop_waits_for_room_and_every_unit_solves(fleet_name):
         futures = [f.submit("w", i) for i in range(5000)]  # never QueueFull: submit waits
         assert [fut.result(WAIT_S) for fut in futures] == [i * i for i in range(5000)]
         assert f.ledger()["solved"] == 5000
+
+
+def test_a_batch_submit_takes_room_in_runs_and_gives_each_payload_one_unit_in_order(fleet_name):
+    # map's batches: 5,000 payloads through a queue bound of 64, each its own unit and outcome
+    cfg = config(fleet_name, {"w": role("square", slots=2, queue_bound=64)}, profile="serial")
+    with running(cfg) as f:
+        futures = f._sup.submit_many("w", list(range(5000)))
+        ids = [fut.unit_id for fut in futures]
+        assert ids == sorted(ids) and len(set(ids)) == 5000
+        assert [fut.result(WAIT_S) for fut in futures] == [i * i for i in range(5000)]
+        chunks = f._sup.submit_many("w", [[1, 2], [3]], chunk=True)
+        assert [fut.result(WAIT_S)[0] for fut in chunks] == [[1, 4], [9]]
+        assert f.ledger()["solved"] == 5002
+
+
+def test_a_batch_with_one_bad_payload_queues_none_of_it(fleet_name):
+    cfg = config(fleet_name, {"w": role("square", slots=2)}, profile="serial")
+    with running(cfg) as f:
+        with pytest.raises(PayloadUnpicklable, match="role 'w'"):
+            f._sup.submit_many("w", [1, 2, threading.Lock(), 4])
+        with pytest.raises(BadUnit):
+            f._sup.submit_many("w", [1], lane=7)
+        assert f.ledger()["submitted"] == 0 and f._sup.queued("w") == 0
 
 
 def test_block_false_refuses_a_full_queue_at_once(fleet_name):
