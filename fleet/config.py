@@ -260,7 +260,7 @@ def _fleet(data):
     gc_freeze = data.get("gc_freeze", True)
     if not isinstance(gc_freeze, bool):
         raise ConfigError("fleet.gc_freeze", f"must be true or false, got {gc_freeze!r}")
-    levels = data.get("dispatch_priority", 10)
+    levels = data.get("dispatch_priority", FleetConfig.dispatch_priority)
     if isinstance(levels, bool) or not isinstance(levels, int) or not 0 <= levels <= LEVELS_MAX:
         raise ConfigError("fleet.dispatch_priority", f"must be an integer in [0, {LEVELS_MAX}] (nice levels), got {levels!r}")
     return {"name": name, "profile": profile, "cpus": None if cpus is None else _positive("fleet.cpus", cpus),

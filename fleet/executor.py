@@ -112,11 +112,7 @@ class Fleet(Executor):
         any length maps in bounded memory. For results as they complete, see
         `map_unordered`.
         """
-        return map_units(
-            lambda payload, chunk: self._sup.submit(role, payload, lane=lane, chunk=chunk),
-            role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role),
-            submit_many=lambda payloads, chunk: self._sup.submit_many(role, payloads, lane=lane, chunk=chunk),
-        )
+        return self._map(role, iterable, chunksize, timeout, lane, ordered=True)
 
     def map_unordered(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
                       lane=None) -> Iterator:
@@ -130,10 +126,14 @@ class Fleet(Executor):
         ends the iteration (units not yet started are cancelled). `timeout` bounds the
         whole iteration (TimeoutError).
         """
+        return self._map(role, iterable, chunksize, timeout, lane, ordered=False)
+
+    def _map(self, role, iterable, chunksize, timeout, lane, ordered: bool) -> Iterator:
+        sup = self._sup
         return map_units(
-            lambda payload, chunk: self._sup.submit(role, payload, lane=lane, chunk=chunk),
-            role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role), ordered=False,
-            submit_many=lambda payloads, chunk: self._sup.submit_many(role, payloads, lane=lane, chunk=chunk),
+            lambda payload, chunk: sup.submit(role, payload, lane=lane, chunk=chunk),
+            role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role), ordered=ordered,
+            submit_many=lambda payloads, chunk: sup.submit_many(role, payloads, lane=lane, chunk=chunk),
         )
 
     def _window(self, role) -> int:

@@ -67,8 +67,8 @@ def decide(levels: int, base: int, cap_eff: int, rlimit_nice: int) -> DispatchPr
     loop = max(NICE_MIN, base - levels)
     if loop < base and not may_lower_nice(loop, cap_eff, rlimit_nice):
         loop = base
-    worker = min(NICE_MAX, loop + levels)
-    return DispatchPriority(levels, base, loop, max(base, worker))
+    # loop >= base - levels, so the workers never go below the process's nice
+    return DispatchPriority(levels, base, loop, min(NICE_MAX, loop + levels))
 
 
 def this_process(levels: int) -> DispatchPriority:
@@ -88,6 +88,6 @@ def _cap_eff() -> int:
             for line in f:
                 if line.startswith("CapEff:"):
                     return int(line.split()[1], 16)
-    except OSError:
-        pass
+    except OSError:  # no /proc: no capability we could show
+        return 0
     return 0

@@ -379,7 +379,7 @@ class Supervisor:
         body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
                                limit=self.config.limits.max_payload_bytes)
         timeout = timeout if timeout is not None else spec.timeout_s
-        flags = (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
+        flags = _task_flags(chunk, timeout)
         self._refuse_if_closed(code, role)
         self._room.take(code, role, block=block and not self._on_loop(), timeout=block_timeout)
         unit = self._new_unit(code, key, priority, body, flags, timeout)
@@ -401,7 +401,7 @@ class Supervisor:
         bodies = [codec.task_body(role, payload, None, lane, None, pickled_payload=None, limit=limit)
                   for payload in payloads]
         timeout = spec.timeout_s
-        flags = (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
+        flags = _task_flags(chunk, timeout)
         self._refuse_if_closed(code, role)
         on_loop = self._on_loop()
         futures, start = [], 0
@@ -1394,6 +1394,11 @@ def _ignore_refusal(_error: BaseException, *_args) -> None:
 def _refuse_submit(error: BaseException, unit: _Unit, *_rest) -> None:
     """A submit the loop never accepted (it had stopped): its future fails."""
     _fail_future(unit.future, error)
+
+
+def _task_flags(chunk: bool, timeout) -> int:
+    """A task's flags: a chunk of items, and a run time limit the loop must watch."""
+    return (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
 
 
 def _refuse_many(error: BaseException, units: list, *_rest) -> None:
