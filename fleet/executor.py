@@ -249,7 +249,28 @@ def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Ite
     feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many)
     feeder.fill()
     results = _ordered if ordered else _unordered
-    return results(role, feeder, chunksize, deadline)
+    return MapIterator.over(results(role, feeder, chunksize, deadline))
+
+
+class MapIterator(itertools.chain):
+    """What `map` and `map_unordered` return: an iterator over the results, with
+    ``close()`` (the units not yet started are cancelled, as on ``break``).
+
+    Results come a unit at a time from a generator that yields each unit's values
+    (a chunk's list as it came back); the items inside a unit are handed out by
+    `itertools.chain` in C, with no generator frame resumed per item."""
+
+    __slots__ = ("_units",)
+
+    @classmethod
+    def over(cls, units: Iterator[Iterable]) -> "MapIterator":
+        it = cls.from_iterable(units)
+        it._units = units
+        return it
+
+    def close(self) -> None:
+        """Stop early: the units not yet started are cancelled (each still gets its outcome)."""
+        self._units.close()
 
 
 class _Feeder:
@@ -342,23 +363,26 @@ def _unordered(role, feeder, chunksize, deadline):
         feeder.cancel_rest()
 
 
-def _results(role, future: Future, chunksize: int, left):
-    """The result(s) of one unit of a map, to `yield from`: its value, or a chunk's values
-    in order (the list itself when every item solved: no generator between it and the
-    caller). Raises the unit's own error here; a chunk item's, where the iteration reaches it."""
+def _results(role, future: Future, chunksize: int, left) -> tuple:
+    """The values of one unit of a map, for its generator to `yield from`: one iterable
+    of them (its value alone, or a chunk's list as it came back). A unit that did not
+    solve raises its error here, and a chunk with a failed item yields the values before
+    it and then raises that item's error: raised in the generator, it ends the
+    iteration (and cancels what has not started), as the unit's own error does."""
     if chunksize == 1:
-        return (future.result(left),)
+        return ((future.result(left),),)
     exc = future.exception(left)
     if exc is not None:
         raise exc
     values, failures = future.result()
-    return _items(role, values, failures) if failures else values
+    return _upto_failure(role, values, failures) if failures else (values,)
 
 
-def _items(role, values: list, failures: dict):
-    """A chunk's values in order, raising a failed item's error where the iteration reaches it."""
-    for i, value in enumerate(values):
-        yield _item(role, *failures[i]) if i in failures else value
+def _upto_failure(role, values: list, failures: dict):
+    first = min(failures)
+    if first:
+        yield values[:first]
+    _item(role, *failures[first])
 
 
 def _item(role: str, status: int, value):

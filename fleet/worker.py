@@ -37,6 +37,7 @@ import traceback
 from . import fsm
 from . import messages as M
 from .codec import refused_body, split_route
+from ._chunk import run_items
 from .dataplane import RingRelay
 from .io_runner import IoRunner
 from .outcomes import Refused
@@ -255,11 +256,13 @@ class Worker:
         return self._unit(unit_id, role, payload, key, lane, request_id, route)
 
     def _decode_chunk(self, unit_id: int, role: int, body):
-        """A chunk's items, and the fields its every item's Unit shares but the payload."""
+        """A chunk's items (a list), and the Unit its every item shares but the payload."""
         payloads, key, lane, request_id = pickle.loads(body)
         if type(payloads).__name__ == "_Pickled":
             payloads = payloads.load()  # a service-mode client's chunk, pickled at its end
-        return payloads, (unit_id, self.roles.by_code(role).name, key, lane, request_id)
+        if type(payloads) is not list:
+            payloads = list(payloads)
+        return payloads, Unit(unit_id, self.roles.by_code(role).name, None, key, lane, request_id)
 
     def _run_one(self, unit_id: int, role: int, body, flags: int) -> tuple[int, bytes, float]:
         running = _Running()
@@ -275,26 +278,21 @@ class Worker:
 
     def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
         """Run every item of a chunk, in order: (values, {index: (status, detail)} for items
-        that did not solve). A flat list of values pickles far faster than per-item tuples."""
+        that did not solve). A flat list of values pickles far faster than per-item tuples.
+        The items run in one C loop (`fleet._chunk`: a Unit per item, built and passed
+        without a Python frame of ours); it stops at an item that raises, which is
+        recorded here, and resumes at the item after it."""
         try:
-            payloads, shared = self._decode_chunk(unit_id, role, body)
+            payloads, template = self._decode_chunk(unit_id, role, body)
         except BaseException as exc:  # noqa: BLE001
             return M.ST_HANDLER_ERROR, _error_body(exc)
-        uid, name, key, lane, request_id = shared
         handler, values, failures = self.handlers[role], [], {}
-        append, items = values.append, iter(payloads)
-        while True:
-            # One try around the loop, not one per item: an item that raises is recorded
-            # and the loop resumes on the same iterator, at the item after it.
-            try:
-                for payload in items:
-                    # tuple.__new__ skips the NamedTuple's Python-level __new__ (the
-                    # costliest step of a cheap item); the fields are in Unit's order.
-                    append(handler(_new_tuple(Unit, (uid, name, payload, key, lane, request_id, None))))
-                break
-            except BaseException as exc:  # noqa: BLE001
-                failures[len(values)] = _item_failure(exc)
-                append(None)
+        start = 0
+        while (failed := run_items(handler, template, _PAYLOAD_AT, payloads, values, start)) is not None:
+            index, exc = failed
+            failures[index] = _item_failure(exc)
+            values.append(None)
+            start = index + 1
         return _chunk_body(values, failures)
 
     # --- I/O-bound roles: the same unit, awaited ------------------------------------------
@@ -322,14 +320,13 @@ class Worker:
     async def _run_chunk_async(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
         """A chunk's items run one after another, as in `_run_chunk`: a chunk holds one slot."""
         try:
-            payloads, shared = self._decode_chunk(unit_id, role, body)
+            payloads, template = self._decode_chunk(unit_id, role, body)
         except BaseException as exc:  # noqa: BLE001
             return M.ST_HANDLER_ERROR, _error_body(exc)
-        uid, name, key, lane, request_id = shared
         handler, values, failures = self.handlers[role], [], {}
         for i, payload in enumerate(payloads):
             try:
-                values.append(await handler(_new_tuple(Unit, (uid, name, payload, key, lane, request_id, None))))
+                values.append(await handler(template._replace(payload=payload)))
             except BaseException as exc:  # noqa: BLE001
                 values.append(None)
                 failures[i] = _item_failure(exc)
@@ -362,10 +359,8 @@ class Worker:
             self.bell.ring()
 
 
-_new_tuple = tuple.__new__
-# `_run_chunk` builds each item's Unit from a tuple in this field order.
-if Unit._fields != ("id", "role", "payload", "key", "lane", "request_id", "route"):
-    raise ImportError(f"fleet.worker builds chunk items in an older Unit field order than {Unit._fields}")
+#: Where a chunk item's payload goes in its Unit (`run_items` fills the rest from a template).
+_PAYLOAD_AT = Unit._fields.index("payload")
 
 
 def _traceback(exc: BaseException) -> str:

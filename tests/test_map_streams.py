@@ -101,6 +101,36 @@ def test_an_item_that_failed_raises_when_the_iteration_reaches_it(fleet_name):
         assert sorted(f.map_unordered("work", [0, 3, 6, 9, 12], chunksize=2)) == [0, 6, 12, 18, 24]
 
 
+@pytest.mark.parametrize("ordered", [True, False], ids=["map", "map_unordered"])
+def test_a_failed_chunk_item_ends_the_iteration_after_the_items_before_it(fleet_name, ordered):
+    with running(config(fleet_name, {"work": role("sometimes")})) as f:
+        mapper = f.map if ordered else f.map_unordered
+        # chunks [0, 3] [6, 4] [9, 12] [15, 18]: 4 % 3 == 1 is suppressed
+        it = mapper("work", [0, 3, 6, 4, 9, 12, 15, 18], chunksize=2)
+        got = []
+        with pytest.raises(UnitSuppressed):
+            for value in it:
+                got.append(value)
+        assert 12 in got  # 6, the item before the failed one in its chunk, came first
+        if ordered:
+            assert got == [0, 6, 12]
+        assert list(it) == []  # nothing after it is handed out: the map is over
+        it = mapper("work", [2, 0], chunksize=2)  # the first item fails
+        with pytest.raises(UnitFailed):
+            next(it)
+        assert list(it) == []
+
+
+def test_a_map_can_be_closed_before_it_is_iterated_and_again(fleet_name):
+    with running(config(fleet_name, {"work": role("sometimes")})) as f:
+        it = f.map("work", range(100), chunksize=10)
+        it.close()
+        it.close()
+        assert list(it) == []
+        ledger = settled(f, 10)
+        assert ledger["solved"] + ledger["suppressed"] + ledger["failed"] == ledger["submitted"] == 10
+
+
 def test_unordered_keeps_at_most_a_window_of_units_submitted(fleet_name, tmp_path):
     release = tmp_path / "release"
     # the window is the role's queue bound when that is smaller than MAP_WINDOW

@@ -1,0 +1,134 @@
+/* fleet._chunk: a chunk's items run through their handler in one C loop.
+ *
+ * A chunk of a map carries many small items; in Python, building each item's Unit (a
+ * NamedTuple) cost more than a cheap handler itself. Here a Unit is allocated and
+ * filled directly (the template's fields, the item's payload in its place), reused for
+ * the next item when the handler kept no reference to it, and the handler is called
+ * through vectorcall: no Python frame of ours per item.
+ *
+ * This is a CPython extension module, not a cffi one: it builds Python objects.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Take the exception being raised, with its traceback attached (the worker formats it). */
+static PyObject *take_exception(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+PyDoc_STRVAR(run_items_doc,
+"run_items(handler, template, payload_at, payloads, values, start) -> None | (index, exception)\n"
+"\n"
+"For each payload of the list `payloads` from index `start` on: a copy of `template`\n"
+"(a tuple, or an instance of a tuple subclass such as a NamedTuple) with the payload at\n"
+"field `payload_at`, passed to `handler`; what it returns is appended to the list\n"
+"`values`. Stops at the first item whose handler raises and returns (its index, the\n"
+"exception, with its traceback); None once every item ran.");
+
+static PyObject *run_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "run_items takes 6 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *handler = args[0], *template = args[1], *payloads = args[3], *values = args[4];
+    if (!PyTuple_Check(template)) {
+        PyErr_SetString(PyExc_TypeError, "run_items: template must be a tuple");
+        return NULL;
+    }
+    if (!PyList_Check(payloads) || !PyList_Check(values)) {
+        PyErr_SetString(PyExc_TypeError, "run_items: payloads and values must be lists");
+        return NULL;
+    }
+    Py_ssize_t width = PyTuple_GET_SIZE(template);
+    Py_ssize_t payload_at = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (payload_at < 0 || payload_at >= width) {
+        PyErr_Format(PyExc_ValueError, "run_items: payload_at %zd is not a field of a %zd-tuple",
+                     payload_at, width);
+        return NULL;
+    }
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "run_items: start must be >= 0");
+        return NULL;
+    }
+    PyTypeObject *type = Py_TYPE(template);
+    PyObject *unit = NULL;
+    /* The list may change under a handler that holds it: its size is read each turn. */
+    for (Py_ssize_t i = start; i < PyList_GET_SIZE(payloads); i++) {
+        PyObject *payload = PyList_GET_ITEM(payloads, i);
+        Py_INCREF(payload);
+        if (unit != NULL && Py_REFCNT(unit) == 1) {
+            /* Nothing kept the last item's Unit: it takes this item's payload instead of a
+             * new Unit being made (zip reuses its result tuple the same way). No other
+             * reference exists, so no one can see it change. */
+            PyObject *old = PyTuple_GET_ITEM(unit, payload_at);
+            PyTuple_SET_ITEM(unit, payload_at, payload);
+            Py_DECREF(old);
+            if (!PyObject_GC_IsTracked(unit)) {
+                PyObject_GC_Track(unit);  /* a collection may have untracked it: it may hold anything now */
+            }
+        } else {
+            Py_XDECREF(unit);
+            unit = type->tp_alloc(type, width);
+            if (unit == NULL) {
+                Py_DECREF(payload);
+                return NULL;
+            }
+            for (Py_ssize_t f = 0; f < width; f++) {
+                PyObject *field = f == payload_at ? payload : PyTuple_GET_ITEM(template, f);
+                if (f != payload_at) {
+                    Py_INCREF(field);
+                }
+                PyTuple_SET_ITEM(unit, f, field);
+            }
+        }
+        PyObject *result = PyObject_Vectorcall(handler, &unit, 1, NULL);
+        if (result == NULL) {
+            Py_DECREF(unit);
+            PyObject *exc = take_exception();
+            if (exc == NULL) {
+                PyErr_SetString(PyExc_SystemError, "run_items: a handler failed without an exception");
+                return NULL;
+            }
+            return Py_BuildValue("(nN)", i, exc);
+        }
+        int appended = PyList_Append(values, result);
+        Py_DECREF(result);
+        if (appended < 0) {
+            Py_DECREF(unit);
+            return NULL;
+        }
+    }
+    Py_XDECREF(unit);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef chunk_methods[] = {
+    {"run_items", (PyCFunction)(void (*)(void))run_items, METH_FASTCALL, run_items_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef chunk_module = {
+    PyModuleDef_HEAD_INIT, "fleet._chunk", "A chunk's items run through their handler in one C loop.", -1,
+    chunk_methods,
+};
+
+PyMODINIT_FUNC PyInit__chunk(void) {
+    return PyModule_Create(&chunk_module);
+}
