@@ -657,7 +657,7 @@ class Supervisor:
         try:
             while True:
                 seen = bell.value
-                busy = self._turn(woke)
+                left = self._turn(woke)
                 now = self.host.monotonic()
                 if now >= next_sample:
                     self._sample()
@@ -665,8 +665,13 @@ class Supervisor:
                 self._deliver()
                 if self._closing and not self._units:
                     break
-                woke = not busy
-                if not busy:
+                # Turn again at once only for input the turn left behind or that rang
+                # since it began: everything else that comes in rings the bell. (Turning
+                # again on every busy turn cost the round trip: a caller woken by this
+                # turn's deliveries and the loop reading every ring handed the GIL back
+                # and forth; the wait lets go of it and catches what comes next awake.)
+                woke = not left and bell.value == seen
+                if woke:
                     bell.wait(seen, self._sleep_for(now), spin_s=IN_FLIGHT_SPIN_S if self._units else 0.0)
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
@@ -680,8 +685,9 @@ class Supervisor:
             self._stopped.set()
 
     def _turn(self, woke: bool) -> bool:
-        """One pass over every input; True if anything came in (look again at once).
-        `woke`: the loop slept (or just started) before this turn."""
+        """One pass over every input; True if it left some behind (commands past its
+        intake batch): look again at once. `woke`: the loop slept (or just started)
+        before this turn."""
         ran = self._intake.drain(INTAKE_BATCH)
         if self._accepted:
             self._accepted = False
@@ -694,7 +700,7 @@ class Supervisor:
             self._turns_busy = 0
             if not self._read_zygote():
                 self._zygote_died()
-        busy = self._collect() or ran > 0
+        self._collect()
         if self._providers.has_work():
             self._provider_tick()
         now = self.host.monotonic()
@@ -703,7 +709,7 @@ class Supervisor:
         if self._stop_at is not None and now >= self._stop_at:
             self._stop_at = None
             self._fail_queued("Shutdown", "the fleet stopped before it ran")
-        return busy
+        return ran >= INTAKE_BATCH
 
     def _sleep_for(self, now: float) -> float:
         wait = IDLE_WAIT_S
@@ -734,7 +740,7 @@ class Supervisor:
             else:
                 self._fail_unstarted(unit_id, reason, f"{detail}: {why}" if why else detail)
 
-    def _collect(self) -> bool:
+    def _collect(self) -> None:
         busy = False
         for seat in range(len(self.layout.seats)):
             ring = self.data.results(seat)
@@ -747,7 +753,6 @@ class Supervisor:
                 self._flush(seat)
         if busy:
             self._publish_units()
-        return busy
 
     def _handle_results(self, batch) -> None:
         """A slice of results: outcomes recorded, and the slots they freed granted and

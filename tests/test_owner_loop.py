@@ -235,6 +235,30 @@ def test_a_future_callback_may_submit_and_read_without_deadlock(fleet_name):
         assert chained[1].result(WAIT_S) == 2
 
 
+def test_a_turn_that_left_nothing_and_heard_no_ring_waits_for_the_bell(fleet_name):
+    """Everything that comes in rings the loop's bell, so a turn that left no command
+    behind waits for it: a round trip (its submit, then its result) takes about one
+    turn each, not a further empty turn after each (which read every ring while the
+    woken caller waited for the GIL)."""
+    with running(config(fleet_name, {"w": role("echo", slots=1)}, profile="serial")) as f:
+        sup = f._sup
+        f.submit("w", 0).result(WAIT_S)
+        turns = []
+
+        def counted(turn):
+            def counting(woke):
+                turns.append(woke)
+                return turn(woke)
+            return counting
+
+        sup.inspect(lambda s: setattr(s, "_turn", counted(s._turn)))
+        n = 300
+        for i in range(n):
+            assert f.submit("w", i).result(WAIT_S) == i
+        # two per round trip; a few more for the sampler's and the idle wait's timers
+        assert len(turns) <= 2.5 * n, f"{len(turns)} turns for {n} round trips"
+
+
 # ----------------------------------------------------------------------------- backpressure
 def test_a_plain_submit_loop_waits_for_room_and_every_unit_solves(fleet_name):
     cfg = config(fleet_name, {"w": role("square", slots=2, queue_bound=64)}, profile="serial")
