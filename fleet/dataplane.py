@@ -266,11 +266,15 @@ class Ring:
         messages, in one call: a list of (tag, memoryview). The views share one fresh
         bytearray (valid after later calls); [] when the ring is empty. A single
         message larger than `max_bytes` is still returned, alone."""
+        used = lib.fleet_ring_used(self._p)
+        if not used:
+            return []  # the common look at an empty ring: no buffer made (or zeroed) for it
         if self._lens is None or len(self._lens) < max_msgs:
             self._lens = ffi.new("uint32_t[]", max_msgs)
             self._tags = ffi.new("uint32_t[]", max_msgs)
-        buf = bytearray(max_bytes)
-        n = lib.fleet_ring_pop_many(self._p, ffi.from_buffer(buf), max_bytes, self._lens, self._tags, max_msgs)
+        # what is in the ring (payloads and their framing) bounds what one call can take
+        buf = bytearray(min(max_bytes, used))
+        n = lib.fleet_ring_pop_many(self._p, ffi.from_buffer(buf), len(buf), self._lens, self._tags, max_msgs)
         if n == _ENOBUFS:
             buf = bytearray(self._lens[0])
             n = lib.fleet_ring_pop_many(self._p, ffi.from_buffer(buf), len(buf), self._lens, self._tags, 1)
