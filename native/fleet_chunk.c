@@ -100,8 +100,8 @@ static PyObject *run_items(PyObject *module, PyObject *const *args, Py_ssize_t n
         }
         PyObject *result = PyObject_Vectorcall(handler, &unit, 1, NULL);
         if (result == NULL) {
+            PyObject *exc = take_exception();  /* first: freeing the Unit may run a payload's __del__ */
             Py_DECREF(unit);
-            PyObject *exc = take_exception();
             if (exc == NULL) {
                 PyErr_SetString(PyExc_SystemError, "run_items: a handler failed without an exception");
                 return NULL;
