@@ -363,7 +363,7 @@ def _unordered(role, feeder, chunksize, deadline):
         feeder.cancel_rest()
 
 
-def _results(role, future: Future, chunksize: int, left) -> tuple:
+def _results(role, future: Future, chunksize: int, left) -> Iterable:
     """The values of one unit of a map, for its generator to `yield from`: one iterable
     of them (its value alone, or a chunk's list as it came back). A unit that did not
     solve raises its error here, and a chunk with a failed item yields the values before
@@ -379,6 +379,7 @@ def _results(role, future: Future, chunksize: int, left) -> tuple:
 
 
 def _upto_failure(role, values: list, failures: dict):
+    """A chunk's values before its first failed item (as one list), then that item's error."""
     first = min(failures)
     if first:
         yield values[:first]
