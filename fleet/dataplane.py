@@ -23,10 +23,13 @@ message framing). Rules that keep it fast and safe:
   table may be; see `fleet.shm`).
 * Views into the mapping are made with ``ffi.from_buffer(mm)``, which pins the
   mapping: it cannot be unmapped while a Ring or Bell still points into it.
+* Calls that cannot block (push, pop, notify, a bell's ring) go through `fleet._rings`
+  and keep the GIL; only the waits go through cffi, which releases it. A released GIL
+  is handed to whichever thread waits for it (a caller submitting, while the loop
+  pushes its grants), and getting it back cost far more than the call itself.
 """
 from __future__ import annotations
 
-import array
 import logging
 import mmap
 import os
@@ -35,7 +38,7 @@ import time
 
 import numpy as np
 
-from . import shm
+from . import _rings, shm
 from ._native import ffi, lib
 from .errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 
@@ -70,7 +73,7 @@ HEADER_DTYPE = np.dtype(
 )
 assert HEADER_DTYPE.itemsize <= HEADER_SIZE
 
-_EAGAIN, _EMSGSIZE, _ENOBUFS = -11, -90, -105
+_EAGAIN, _EMSGSIZE = -11, -90
 _U32 = 0xFFFFFFFF
 
 
@@ -151,17 +154,13 @@ def _check_capacity(what: str, capacity: int) -> None:
         )
 
 
-#: The array typecode of a C uint32_t (push_many's lengths).
-_U32_CODE = next(code for code in "IL" if array.array(code).itemsize == 4)
-
-
 class Ring:
     """One SPSC byte ring. One process pushes, one pops; neither side is thread-safe.
 
     Messages carry a uint32 `tag` and up to `max_message` bytes.
     """
 
-    __slots__ = ("_p", "_keep", "name", "capacity", "max_message", "_tag", "_scratch", "_scratch_p", "_lens", "_tags")
+    __slots__ = ("_p", "_a", "_keep", "name", "capacity", "max_message")
 
     def __init__(self, ptr, keepalive, name: str = "ring"):
         # ptr is derived arithmetic on a from_buffer cdata and does not own it:
@@ -169,14 +168,11 @@ class Ring:
         if lib.fleet_ring_check(ptr) != 0:
             raise DataSegmentCorrupt(f"{name}: not an initialised ring (bad magic or capacity)")
         self._p = ptr
+        self._a = int(ffi.cast("uintptr_t", ptr))  # its address, for fleet._rings
         self._keep = keepalive
         self.name = name
         self.capacity = int(lib.fleet_ring_capacity(ptr))
         self.max_message = int(lib.fleet_ring_max_message(ptr))
-        self._tag = ffi.new("uint32_t *")
-        self._scratch = None
-        self._scratch_p = None
-        self._lens = self._tags = None
 
     def _too_large(self, size: int) -> MessageTooLarge:
         return MessageTooLarge(size, self.max_message, self.name)
@@ -185,43 +181,29 @@ class Ring:
     def push(self, tag: int, data) -> bool:
         """Append one message; False when there is no room now. Does not wake the consumer:
         call `notify()` after a batch. Raises MessageTooLarge if it can never fit."""
-        if type(data) is not bytes:
-            data = ffi.from_buffer(data)
-        rc = lib.fleet_ring_push(self._p, tag, data, len(data))
-        if rc == 0:
-            return True
-        if rc == _EAGAIN:
-            return False
-        raise self._too_large(len(data))
+        return self._pushed(_rings.push(self._a, tag, data, b""), data)
 
     def push2(self, tag: int, head, body) -> bool:
         """Append one message whose payload is `head` followed by `body`, without joining
         them in Python first. Same results as `push`."""
-        if type(head) is not bytes:
-            head = ffi.from_buffer(head)
-        if type(body) is not bytes:
-            body = ffi.from_buffer(body)
-        rc = lib.fleet_ring_push2(self._p, tag, head, len(head), body, len(body))
+        return self._pushed(_rings.push(self._a, tag, head, body), head, body)
+
+    def _pushed(self, rc: int, *parts) -> bool:
         if rc == 0:
             return True
         if rc == _EAGAIN:
             return False
-        raise self._too_large(len(head) + len(body))
+        raise self._too_large(sum(memoryview(p).nbytes for p in parts))
 
     def push_many(self, tag: int, messages: list, notify: bool = True) -> int:
-        """Append `messages` (bytes each) in order, in one C call, until one does not fit:
-        how many were pushed (the rest are the caller's to retry; push reports one that
-        can never fit). `notify`: wake the consumer once after them."""
-        n = len(messages)
-        if n == 0:
-            return 0
-        lens = array.array(_U32_CODE, map(len, messages))
-        return lib.fleet_ring_push_many(self._p, tag, b"".join(messages), ffi.from_buffer("uint32_t[]", lens), n,
-                                        1 if notify else 0)
+        """Append `messages` (a list of bytes) in order, in one call, until one does not
+        fit: how many were pushed (the rest are the caller's to retry; push reports one
+        that can never fit). `notify`: wake the consumer once after them."""
+        return _rings.push_many(self._a, tag, messages, notify)
 
     def notify(self) -> bool:
         """Tell the consumer messages were pushed; True if it was asleep and got woken."""
-        return lib.fleet_ring_notify(self._p) == 1
+        return _rings.notify(self._a)
 
     def wait_space(self, n: int, timeout_s: float | None = None) -> bool:
         """Block until a message of `n` payload bytes may fit (True) or the timeout ends
@@ -246,50 +228,15 @@ class Ring:
     # -- consumer ---------------------------------------------------------------
     def pop(self):
         """Take one message: (tag, bytes), or None when the ring is empty."""
-        if self._scratch_p is None:
-            self._grow_scratch(min(self.max_message, 1 << 16))
-        needed = self._tag  # reused as the out-parameter for -ENOBUFS
-        while True:
-            n = lib.fleet_ring_pop(self._p, self._tag, self._scratch_p, len(self._scratch), needed)
-            if n >= 0:
-                return self._tag[0], ffi.unpack(self._scratch_p, n)
-            if n == _EAGAIN:
-                return None
-            self._grow_scratch(int(needed[0]))  # -ENOBUFS: the message waits for us
-
-    def _grow_scratch(self, size: int) -> None:
-        self._scratch = bytearray(size)
-        self._scratch_p = ffi.from_buffer(self._scratch)
+        one = _rings.pop_many(self._a, 1 << 16, 1)
+        return (one[0][0], bytes(one[0][1])) if one else None
 
     def pop_many(self, max_bytes: int = 1 << 16, max_msgs: int = 1024) -> list:
         """Take every message there is, up to `max_bytes` of payload and `max_msgs`
         messages, in one call: a list of (tag, memoryview). The views share one fresh
         bytearray (valid after later calls); [] when the ring is empty. A single
         message larger than `max_bytes` is still returned, alone."""
-        used = lib.fleet_ring_used(self._p)
-        if not used:
-            return []  # the common look at an empty ring: no buffer made (or zeroed) for it
-        if self._lens is None or len(self._lens) < max_msgs:
-            self._lens = ffi.new("uint32_t[]", max_msgs)
-            self._tags = ffi.new("uint32_t[]", max_msgs)
-        # what is in the ring (payloads and their framing) bounds what one call can take
-        buf = bytearray(min(max_bytes, used))
-        n = lib.fleet_ring_pop_many(self._p, ffi.from_buffer(buf), len(buf), self._lens, self._tags, max_msgs)
-        if n == _ENOBUFS:
-            buf = bytearray(self._lens[0])
-            n = lib.fleet_ring_pop_many(self._p, ffi.from_buffer(buf), len(buf), self._lens, self._tags, 1)
-        if n <= 0:
-            return []
-        lens = ffi.unpack(self._lens, n)
-        tags = ffi.unpack(self._tags, n)
-        mv = memoryview(buf)
-        out = []
-        off = 0
-        for i in range(n):
-            ln = lens[i]
-            out.append((tags[i], mv[off : off + ln]))
-            off += (ln + 7) & ~7
-        return out
+        return _rings.pop_many(self._a, max_bytes, max_msgs)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until a message may be there (True) or the timeout ends (False).
@@ -299,7 +246,7 @@ class Ring:
 
     def seq(self) -> int:
         """The ring's notify count, for `wait_since` (read it before looking for work)."""
-        return int(lib.fleet_ring_seq(self._p))
+        return _rings.seq(self._a)
 
     def wait_since(self, seen: int, timeout_s: float | None = None) -> bool:
         """Like `wait`, but also returns at once when any `notify()` came after `seen`
@@ -312,7 +259,7 @@ class Ring:
     @property
     def used(self) -> int:
         """Bytes in flight (frames, padding and wrap gaps included)."""
-        return int(lib.fleet_ring_used(self._p))
+        return _rings.used(self._a)
 
     def __repr__(self) -> str:
         return f"<Ring {self.name} capacity={self.capacity} used={self.used}>"
@@ -368,10 +315,11 @@ class Bell:
     nothing was found, ``bell.wait(seen, timeout)``. A ring after `seen` was read
     makes the wait return at once."""
 
-    __slots__ = ("_bell", "_waiting", "_keep", "_word")
+    __slots__ = ("_bell", "_waiting", "_keep", "_word", "_addrs")
 
     def __init__(self, bell_ptr, waiting_ptr, keepalive):
         self._bell, self._waiting, self._keep = bell_ptr, waiting_ptr, keepalive
+        self._addrs = (int(ffi.cast("uintptr_t", bell_ptr)), int(ffi.cast("uintptr_t", waiting_ptr)))
         # Read as a plain aligned 32-bit load, not a C call: the loop reads it every turn,
         # and a C call gives the GIL away. Its ordering before the ring loads that follow
         # (the waiting pattern needs it) holds all the same: each ring read is a cffi call,
@@ -384,7 +332,7 @@ class Bell:
 
     def ring(self) -> bool:
         """Bump the bell; True if the waiter was asleep and got woken."""
-        return lib.fleet_bell_ring(self._bell, self._waiting) == 1
+        return _rings.bell_ring(*self._addrs)
 
     def wait(self, seen: int, timeout_s: float | None = None, spin_s: float = 0.0) -> bool:
         """Sleep while the bell still reads `seen`: True when it rang (or a spurious

@@ -262,15 +262,10 @@ class UnitFuture(Future):
         Raises:
             RuntimeError: the future is running or done already, or was notified.
         """
-        with self._lock:
+        with self._lock:  # an RLock: `claim` takes it again
             state = self._state
-            nxt = _ON_START.get(state)
-            if nxt is not None:
-                self._state = nxt
-                if nxt == CANCELLED_AND_NOTIFIED and self._cond is not None:
-                    for waiter in self._waiter_list:
-                        waiter.add_cancelled(self)
-                return nxt == RUNNING
+            if state in _ON_START:
+                return self.claim()
         LOGGER.critical("Future %s in unexpected state: %s", id(self), state)
         raise RuntimeError("Future in unexpected state")
 
@@ -280,7 +275,8 @@ class UnitFuture(Future):
         Raises:
             InvalidStateError: the future is cancelled or finished already.
         """
-        self._finish(result, None, False)
+        if not self.settle(result, None, False):
+            raise InvalidStateError(f"{self._state}: {self!r}")
 
     def set_exception(self, exception: BaseException | None) -> None:
         """Finish the future with `exception` raised. For the unit's runner.
@@ -288,27 +284,45 @@ class UnitFuture(Future):
         Raises:
             InvalidStateError: the future is cancelled or finished already.
         """
-        self._finish(None, exception, True)
+        if not self.settle(None, exception, True):
+            raise InvalidStateError(f"{self._state}: {self!r}")
 
-    def _finish(self, result, exception, raised: bool) -> None:
+    # --- the runner's one-call moves (fleet's loop: one call per unit, not three) ----
+    def claim(self) -> bool:
+        """Mark the future running unless its caller cancelled it: True if the unit may
+        run (it is running, or done already: a unit that ended before it started);
+        False if it was cancelled (and its waiters are told, as by
+        `set_running_or_notify_cancel`)."""
         with self._lock:
             state = self._state
-            if state not in _ON_FINISH:
-                bad = state  # raised once the lock is let go: the message formats a repr
-            else:
-                bad = None
-                # Result before state: lock-free readers trust whatever FINISHED shows.
-                self._result = result
-                self._exception = exception
-                self._state = FINISHED
-                cond = self._cond
-                if cond is not None:
-                    # The waiter kind follows the method, not the value: set_exception(None)
-                    # still counts as an exception for wait(FIRST_EXCEPTION), as in the stdlib.
-                    tell = "add_exception" if raised else "add_result"
-                    for waiter in self._waiter_list:
-                        getattr(waiter, tell)(self)
-                    cond.notify_all()
-        if bad is not None:
-            raise InvalidStateError(f"{bad}: {self!r}")
-        self._invoke_callbacks()
+            nxt = _ON_START.get(state)
+            if nxt is None:  # running or finished: the runner's own earlier move
+                return state not in _CANCELLED
+            self._state = nxt
+            if nxt == CANCELLED_AND_NOTIFIED and self._cond is not None:
+                for waiter in self._waiter_list:
+                    waiter.add_cancelled(self)
+            return nxt == RUNNING
+
+    def settle(self, result, exception, raised: bool) -> bool:
+        """Finish the future (`exception` raised when `raised`, else `result` returned)
+        unless it is done already: True if it finished it; False, changing nothing,
+        when a cancel came first (or it was finished). Callbacks run here."""
+        with self._lock:
+            if self._state not in _ON_FINISH:
+                return False
+            # Result before state: lock-free readers trust whatever FINISHED shows.
+            self._result = result
+            self._exception = exception
+            self._state = FINISHED
+            cond = self._cond
+            if cond is not None:
+                # The waiter kind follows the method, not the value: set_exception(None)
+                # still counts as an exception for wait(FIRST_EXCEPTION), as in the stdlib.
+                tell = "add_exception" if raised else "add_result"
+                for waiter in self._waiter_list:
+                    getattr(waiter, tell)(self)
+                cond.notify_all()
+        if self._callbacks is not None:
+            self._invoke_callbacks()
+        return True

@@ -475,11 +475,11 @@ class Supervisor:
     def _to_dispatch(self, pending: Pending) -> None:
         """A unit past the provider admission goes to the dispatcher, or first waits for its
         host-group lease when its role is gated."""
-        role = self.roles.by_code(pending.role).name
-        if self._gate is not None and self._gate.gates(role):
+        gate = self._gate
+        if gate is not None and gate.gates(role := self.roles.by_code(pending.role).name):
             # queued for dispatch only once the host-group store grants it a lease
             self._held[pending.unit_id] = pending
-            self._gate.hold(pending.unit_id, role)
+            gate.hold(pending.unit_id, role)
         else:
             self.dispatcher.enqueue(pending)
 
@@ -569,7 +569,7 @@ class Supervisor:
         host-group lease ended while it waited is skipped too: no dispatch without a lease."""
         if unit_id in self._lease_lost:
             return True
-        return not _claim(self._units[unit_id].future)
+        return not self._units[unit_id].future.claim()
 
     def _flush(self, seat: int) -> None:
         ring, outbox = self.data.tasks(seat), self._outbox[seat]
@@ -606,7 +606,7 @@ class Supervisor:
     def _fail_unstarted(self, unit_id: int, reason: str, detail: str) -> None:
         """A unit that never ran fails with `reason` (its future is claimed first: a
         cancel that raced it has no say any more)."""
-        _claim(self._units[unit_id].future)
+        self._units[unit_id].future.claim()
         self._close(unit_id, Outcome(FAILED, reason, detail))
 
     def _forget(self, unit_id: int, cancel_future: bool = False) -> None:
@@ -626,12 +626,7 @@ class Supervisor:
         while self._done:
             done, self._done = self._done, []
             for future, value, error in done:
-                if future.done():
-                    continue
-                if error is None:
-                    future.set_result(value)
-                else:
-                    future.set_exception(error)
+                future.settle(value, error, error is not None)  # refused (no-op) when cancelled meanwhile
 
     # ================================================================== the loop
     def _loop(self) -> None:
@@ -758,25 +753,23 @@ class Supervisor:
         """A slice of results: outcomes recorded, and the slots they freed granted and
         sent at once (counters are published once per pass, before delivery)."""
         for tag, view in batch:
-            decoded = self._decode(tag, view)
-            if decoded is not None:
-                self._apply(decoded)
+            self._take_message(tag, view)
         self._dispatch()
 
-    def _decode(self, tag: int, view):
+    def _take_message(self, tag: int, view) -> None:
+        """One message from a worker: a unit started (its run time limit is armed), or a
+        unit's result (its outcome recorded; the slot it freed is granted by the caller)."""
         if tag == M.STARTED:
             unit_id, _slot = M.STARTED_HEAD.unpack_from(view)
             unit = self._units.get(unit_id)
             if unit is not None and unit.timeout is not None:
                 heapq.heappush(self._deadlines, (self.host.monotonic() + unit.timeout, unit_id))
-            return None
+            return
         unit_id, slot, status, final, elapsed, cost = M.RESULT_HEAD.unpack_from(view)
-        body = view[M.RESULT_HEAD.size :]
-        return (unit_id, slot, final, elapsed, *codec.result_outcome(status, body, relay=self.mode == "service"),
-                status, None if cost != cost else cost)  # NaN: no cost reported
-
-    def _apply(self, decoded) -> None:
-        unit_id, slot, final, elapsed, outcome, value, original, status, cost = decoded
+        outcome, value, original = codec.result_outcome(status, view[M.RESULT_HEAD.size :],
+                                                        relay=self.mode == "service")
+        if cost != cost:  # NaN: no cost reported
+            cost = None
         unit = self._units.get(unit_id)
         if status == M.ST_START_REFUSED and unit is not None and self.dispatcher.requeue(unit_id):
             return  # sent behind a pin that cordon drained: it waits for a new grant
@@ -848,9 +841,7 @@ class Supervisor:
         batch = ring.pop_many()
         while batch:
             for tag, view in batch:
-                decoded = self._decode(tag, view)
-                if decoded is not None:
-                    self._apply(decoded)
+                self._take_message(tag, view)
             batch = ring.pop_many()
 
     def _reset_slots(self, seat: int) -> None:
@@ -1412,17 +1403,10 @@ def _refuse_many(error: BaseException, units: list, *_rest) -> None:
         _fail_future(unit.future, error)
 
 
-def _fail_future(future: Future, error: BaseException) -> None:
+def _fail_future(future: UnitFuture, error: BaseException) -> None:
     """Fail a future nobody resolved yet (a caller may have cancelled it meanwhile)."""
-    if _claim(future) and not future.done():
-        future.set_exception(error)
-
-
-def _claim(future: Future) -> bool:
-    """Mark a pending future running; False if its caller had cancelled it."""
-    if future.running() or future.done():
-        return not future.cancelled()
-    return future.set_running_or_notify_cancel()
+    if future.claim():
+        future.settle(None, error, True)
 
 
 def _cause_code(state, change) -> int:

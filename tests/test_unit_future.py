@@ -319,7 +319,7 @@ def test_lock_free_reads_never_see_a_half_finished_future():
             return look
 
         def tracer(frame, event, arg):
-            if frame.f_code is UnitFuture._finish.__code__:
+            if frame.f_code is UnitFuture.settle.__code__:
                 frame.f_trace_opcodes = True
                 return look
             return None
@@ -596,7 +596,7 @@ def test_a_move_reads_the_condition_under_the_lock():
     f = UnitFuture()
     told = _EventWaiter()
     with f._lock:
-        resolver = Blocking(f.set_result, "x", blocks_in="_finish")
+        resolver = Blocking(f.set_result, "x", blocks_in="settle")
         cond = f._condition  # reentrant: this thread holds the lock
         assert not f.done()
         f._waiters.append(told)
@@ -634,7 +634,7 @@ def test_the_condition_is_built_around_the_futures_own_lock():
     with f._condition:
         # Held through the Condition, so no other thread can move the future now.
         assert lock._is_owned()
-        assert Blocking(f.set_result, 1, blocks_in="_finish").thread.is_alive()
+        assert Blocking(f.set_result, 1, blocks_in="settle").thread.is_alive()
     assert f.result(STUCK_S) == 1
 
 
@@ -785,3 +785,42 @@ def test_unit_id_lives_in_a_slot():
     wait([f])
     assert f.unit_id == 42 and isinstance(f, Future)
     assert vars(f) == {}, "every attribute it uses is a slot"
+
+
+# --- the runner's one-call moves --------------------------------------------------------
+@pytest.mark.parametrize("start, may_run, state_after", [
+    ("pending", True, RUNNING), ("running", True, RUNNING), ("cancelled", False, CANCELLED_AND_NOTIFIED),
+    ("cancelled_and_notified", False, CANCELLED_AND_NOTIFIED), ("returned", True, FINISHED),
+    ("raised", True, FINISHED)])
+def test_claim_answers_whether_the_unit_may_run(start, may_run, state_after):
+    f = STARTS[start](UnitFuture())
+    assert f.claim() is may_run
+    assert f._state == state_after
+
+
+def test_claim_of_a_cancelled_future_tells_wait_as_set_running_does():
+    f, other = UnitFuture(), UnitFuture()
+    f.cancel()
+    waiter = threading.Thread(target=wait, args=([f, other],), kwargs={"return_when": FIRST_COMPLETED})
+    waiter.start()
+    f.claim()
+    waiter.join(STUCK_S)
+    assert not waiter.is_alive()
+
+
+@pytest.mark.parametrize("raised", [False, True])
+def test_settle_finishes_once_and_refuses_what_is_done(raised):
+    f = _running(UnitFuture())
+    calls = []
+    f.add_done_callback(calls.append)
+    value = Boom("e") if raised else "v"
+    assert f.settle(None if raised else value, value if raised else None, raised) is True
+    assert calls == [f]
+    if raised:
+        assert f.exception() is value
+    else:
+        assert f.result() == "v"
+    assert f.settle("again", None, False) is False and calls == [f]
+    assert (f.exception() is value) if raised else f.result() == "v"
+    cancelled = _cancelled(UnitFuture())
+    assert cancelled.settle(1, None, False) is False and cancelled.cancelled()

@@ -12,6 +12,10 @@ Figures (all measured in this run, between two processes on this host):
   ping-pong round trip, µs p50/p99, 64-byte messages: tasks ring out, results ring
   back, each side sleeping in wait() (a futex) between messages; the same over a
   Pipe pair and a Queue pair.
+  calls beside a busy thread, µs per call: a look at an empty ring through fleet._rings
+  (the GIL kept, as Ring does) and through cffi (the GIL released), alone and while
+  another Python thread of the process runs: what a released GIL costs the loop while
+  a caller submits (`busy_cffi_over_rings`).
 Ratios are ring/peer for throughput (higher is better for the ring) and peer/ring
 for latency (higher is better for the ring).
 """
@@ -19,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 import uuid
 
@@ -214,6 +220,44 @@ def latency(rounds, warmup=1000):
     return out
 
 
+def _per_call_us(fn, n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def gil_calls(n=2000):
+    """µs per empty-ring look, GIL kept (fleet._rings) vs released (cffi), alone and with
+    a busy Python thread beside the caller."""
+    from fleet import _rings
+    from fleet._native import ffi, lib
+
+    mapping = mmap.mmap(-1, lib.fleet_ring_bytes(4096), mmap.MAP_SHARED)  # page-aligned, as a segment's rings
+    mem = ffi.from_buffer(mapping)
+    assert lib.fleet_ring_init(mem, 4096) == 0
+    addr = int(ffi.cast("uintptr_t", mem))
+    calls = {"rings": lambda: _rings.used(addr), "cffi": lambda: lib.fleet_ring_used(mem)}
+    out = {f"alone_{k}_us": round(_per_call_us(fn, n * 10), 3) for k, fn in calls.items()}
+    stop, running = threading.Event(), threading.Event()
+
+    def busy():
+        running.set()
+        while not stop.is_set():
+            pass
+
+    t = threading.Thread(target=busy, daemon=True)
+    t.start()
+    running.wait()  # it runs, and wants the GIL back whenever it lets it go
+    try:
+        out.update({f"busy_{k}_us": round(_per_call_us(fn, n), 3) for k, fn in calls.items()})
+    finally:
+        stop.set()
+        t.join()
+    out["busy_cffi_over_rings"] = round(out["busy_cffi_us"] / out["busy_rings_us"], 1)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document")
@@ -230,6 +274,7 @@ def main(argv=None):
             "4KiB": throughput(max(1, args.n // 4), 4096, args.capacity),
         },
         "pingpong_64B": latency(args.rounds),
+        "calls_beside_a_busy_thread": gil_calls(),
         "params": {"n": args.n, "rounds": args.rounds, "capacity": args.capacity, "notify_every": BATCH},
     }
     if args.json:
@@ -241,6 +286,7 @@ def main(argv=None):
         for k in ("ring", "pipe", "queue"):
             print(f"ping-pong {k:>5}: p50 {lat[k]['p50_us']} µs  p99 {lat[k]['p99_us']} µs")
         print(f"ratios: pipe/ring p50 {lat['pipe_vs_ring_p50']}  queue/ring p50 {lat['queue_vs_ring_p50']}")
+        print("calls beside a busy thread: " + "  ".join(f"{k}={v}" for k, v in result["calls_beside_a_busy_thread"].items()))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+"""fleet._rings: the rings' non-blocking calls, made with the GIL held, over the same
+ring code as fleet._native. Round trips against the cffi side (one implementation,
+two ways to call it), and bad arguments refused with nothing changed."""
+from __future__ import annotations
+
+import errno
+import mmap
+
+import pytest
+
+from fleet import _rings
+from fleet._native import ffi, lib
+from fleet.dataplane import MessageTooLarge, Ring
+
+CAPACITY = 4096
+
+
+@pytest.fixture
+def ring():
+    mm = mmap.mmap(-1, lib.fleet_ring_bytes(CAPACITY), mmap.MAP_SHARED)
+    base = ffi.from_buffer(mm)
+    assert lib.fleet_ring_init(base, CAPACITY) == 0
+    r = Ring(base, base, "test ring")
+    return r, base, int(ffi.cast("uintptr_t", base))  # the Ring pins the mapping while it lives
+
+
+def test_what_one_side_pushes_the_other_pops(ring):
+    r, base, addr = ring
+    assert _rings.push_many(addr, 7, [b"a", b"bb", b""], False) == 3
+    assert _rings.used(addr) == int(lib.fleet_ring_used(base)) > 0
+    tag, n = ffi.new("uint32_t *"), ffi.new("uint32_t *")
+    out = ffi.new("char[]", 16)
+    assert lib.fleet_ring_pop(base, tag, out, 16, n) == 1 and tag[0] == 7 and ffi.unpack(out, 1) == b"a"
+    assert lib.fleet_ring_push(base, 9, b"xyz", 3) == 0
+    assert [(t, bytes(v)) for t, v in _rings.pop_many(addr, 1 << 16, 64)] == [(7, b"bb"), (7, b""), (9, b"xyz")]
+    assert _rings.used(addr) == 0 and _rings.pop_many(addr, 1 << 16, 64) == []
+
+
+def test_pop_many_views_share_one_buffer_and_outlive_later_calls(ring):
+    r, _base, addr = ring
+    r.push_many(1, [b"first", b"second"])
+    (_, a), (_, b) = _rings.pop_many(addr, 1 << 16, 8)
+    assert isinstance(a, memoryview) and a.obj is b.obj
+    r.push_many(2, [b"later"])
+    assert [bytes(v) for _, v in r.pop_many()] == [b"later"]
+    assert (bytes(a), bytes(b)) == (b"first", b"second")
+
+
+def test_push_many_stops_at_the_first_message_that_does_not_fit(ring):
+    r, _base, addr = ring
+    big = b"x" * (r.max_message // 2)
+    pushed = _rings.push_many(addr, 3, [big] * 8, True)
+    assert 0 < pushed < 8
+    assert len(r.pop_many(max_bytes=1 << 20)) == pushed
+    # one that can never fit stops the run too: push is the call that names it
+    assert _rings.push_many(addr, 3, [b"ok", b"y" * (r.max_message + 1), b"never"], True) == 1
+    with pytest.raises(MessageTooLarge):
+        r.push(3, b"y" * (r.max_message + 1))
+
+
+def test_push_reports_no_room_and_too_large(ring):
+    r, _base, addr = ring
+    assert _rings.push(addr, 1, b"head", bytearray(b"body")) == 0
+    assert bytes(r.pop_many()[0][1]) == b"headbody"
+    assert _rings.push(addr, 1, b"z" * (r.max_message + 1), b"") == -errno.EMSGSIZE
+    while _rings.push(addr, 1, b"f" * 512, b"") == 0:
+        pass
+    assert _rings.push(addr, 1, b"f" * 512, b"") == -errno.EAGAIN
+
+
+@pytest.mark.parametrize("call, args, error", [
+    ("push_many", (1, [b"ok", "not bytes"], True), TypeError),
+    ("push_many", (1, (b"a tuple",), True), TypeError),
+    ("push_many", (2**32, [b"tag too big"], True), OverflowError),
+    ("push", (1, "str", b""), TypeError),
+    ("pop_many", (-1, 8), ValueError),
+    ("pop_many", (1024, 0), ValueError),
+])
+def test_bad_arguments_are_refused_and_change_nothing(ring, call, args, error):
+    r, _base, addr = ring
+    r.push_many(5, [b"kept"])
+    used = _rings.used(addr)
+    with pytest.raises(error):
+        getattr(_rings, call)(addr, *args)
+    assert _rings.used(addr) == used
+    assert [bytes(v) for _, v in r.pop_many()] == [b"kept"]
+
+
+@pytest.mark.parametrize("address", ["0x10", 1.5, None, 0])
+def test_an_address_must_be_a_nonzero_int(address):
+    with pytest.raises((TypeError, ValueError)):
+        _rings.used(address)
+    with pytest.raises((TypeError, ValueError)):
+        _rings.bell_ring(address, address)
+
+
+def test_wrong_argument_counts_are_refused():
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        _rings.pop_many(1)
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        _rings.push_many(1, 2, [])
+
+
+def test_bell_ring_bumps_the_bell_and_wakes_only_a_sleeper():
+    words = ffi.new("uint32_t[2]")
+    bell, waiting = int(ffi.cast("uintptr_t", words)), int(ffi.cast("uintptr_t", words + 1))
+    assert _rings.bell_ring(bell, waiting) is False and words[0] == 1
+    words[1] = 1  # a waiter announced its sleep: the ring wakes it and clears the flag
+    assert _rings.bell_ring(bell, waiting) is True and words[0] == 2 and words[1] == 0
+
+
+def test_notify_and_seq(ring):
+    _r, base, addr = ring
+    seen = _rings.seq(addr)
+    assert _rings.notify(addr) is False  # nobody waits
+    assert _rings.seq(addr) == (seen + 1) & 0xFFFFFFFF == int(lib.fleet_ring_seq(base))
