@@ -94,11 +94,6 @@ static PyObject *bell_ring(PyObject *module, PyObject *const *args, Py_ssize_t n
     return PyBool_FromLong(fleet_bell_ring((uint32_t *)bell, (uint32_t *)waiting) == 1);
 }
 
-/* A bytes-like argument as a contiguous buffer (released by the caller). */
-static int get_buffer(PyObject *obj, Py_buffer *view) {
-    return PyObject_GetBuffer(obj, view, PyBUF_SIMPLE);
-}
-
 PyDoc_STRVAR(push_doc,
 "push(ring, tag, head, body) -> int\n"
 "\n"
@@ -111,8 +106,8 @@ static PyObject *push(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     uint32_t tag;
     if (check_nargs("push", nargs, 4) || take_address(args[0], &ring, "ring") || take_tag(args[1], &tag)) return NULL;
     Py_buffer head, body;
-    if (get_buffer(args[2], &head)) return NULL;
-    if (get_buffer(args[3], &body)) {
+    if (PyObject_GetBuffer(args[2], &head, PyBUF_SIMPLE)) return NULL;
+    if (PyObject_GetBuffer(args[3], &body, PyBUF_SIMPLE)) {
         PyBuffer_Release(&head);
         return NULL;
     }

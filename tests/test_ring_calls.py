@@ -4,24 +4,20 @@ two ways to call it), and bad arguments refused with nothing changed."""
 from __future__ import annotations
 
 import errno
-import mmap
 
 import pytest
 
 from fleet import _rings
 from fleet._native import ffi, lib
-from fleet.dataplane import MessageTooLarge, Ring
+from fleet.dataplane import MessageTooLarge
 
-CAPACITY = 4096
+from .test_dataplane import anon_ring
 
 
 @pytest.fixture
 def ring():
-    mm = mmap.mmap(-1, lib.fleet_ring_bytes(CAPACITY), mmap.MAP_SHARED)
-    base = ffi.from_buffer(mm)
-    assert lib.fleet_ring_init(base, CAPACITY) == 0
-    r = Ring(base, base, "test ring")
-    return r, base, int(ffi.cast("uintptr_t", base))  # the Ring pins the mapping while it lives
+    r = anon_ring()  # the Ring pins its mapping while it lives
+    return r, r._p, r._a
 
 
 def test_what_one_side_pushes_the_other_pops(ring):
