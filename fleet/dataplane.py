@@ -238,10 +238,13 @@ class Ring:
         message larger than `max_bytes` is still returned, alone."""
         return _rings.pop_many(self._a, max_bytes, max_msgs)
 
-    def wait(self, timeout_s: float | None = None) -> bool:
+    def wait(self, timeout_s: float | None = None, spin_s: float = 0.0) -> bool:
         """Block until a message may be there (True) or the timeout ends (False).
         Returns at once when the ring is non-empty; None waits forever. The GIL is
-        released while it sleeps."""
+        released while it sleeps. `spin_s`: look for that long first (yielding the CPU
+        between looks) before the usual short spin and sleep; part of the timeout."""
+        if spin_s > 0:
+            return lib.fleet_ring_wait_spin(self._p, _timeout_ns(timeout_s), int(spin_s * 1e9)) == 0
         return lib.fleet_ring_wait(self._p, _timeout_ns(timeout_s)) == 0
 
     def seq(self) -> int:
@@ -343,6 +346,34 @@ class Bell:
             return lib.fleet_bell_wait_spin(self._bell, self._waiting, seen & _U32, _timeout_ns(timeout_s),
                                             int(spin_s * 1e9)) == 0
         return lib.fleet_bell_wait(self._bell, self._waiting, seen & _U32, _timeout_ns(timeout_s)) == 0
+
+
+class Pulse:
+    """A counter one thread bumps and other threads of the process watch for a short
+    while without sleeping (the GIL released): a hint, never a promise. A watcher
+    reads `value`, checks what it waits for, then `watch(seen, spin_s)`; when the
+    watch runs out it falls back to a real wait, so a missed or absent bump only costs
+    the spin. What it buys is the wake-up: a thread that keeps looking is on its CPU
+    when the news comes, where a sleeping one is woken tens of microseconds later."""
+
+    __slots__ = ("_words", "_addrs", "_word")
+
+    def __init__(self):
+        self._words = ffi.new("uint32_t[2]")  # the count, and a waiting flag never set
+        self._addrs = (int(ffi.cast("uintptr_t", self._words)), int(ffi.cast("uintptr_t", self._words + 1)))
+        self._word = memoryview(ffi.buffer(self._words, 4)).cast("I")
+
+    @property
+    def value(self) -> int:
+        return self._word[0]
+
+    def bump(self) -> None:
+        _rings.bell_ring(*self._addrs)  # an atomic add; nobody sleeps on it, so no wake-up call
+
+    def watch(self, seen: int, spin_s: float) -> bool:
+        """Look until the count differs from `seen` (True) or `spin_s` passed (False),
+        yielding the CPU between looks."""
+        return lib.fleet_word_watch(self._words, seen & _U32, int(spin_s * 1e9)) == 0
 
 
 def _layout(n_seats: int, task_capacity: int, result_capacity: int) -> tuple[int, int]:

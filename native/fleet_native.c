@@ -429,6 +429,21 @@ int fleet_ring_wait(void *ring, int64_t timeout_ns) {
     return ring_sleep(h, __atomic_load_n(&h->data_seq, __ATOMIC_ACQUIRE), timeout_ns);
 }
 
+int fleet_ring_wait_spin(void *ring, int64_t timeout_ns, int64_t spin_ns) {
+    struct ring_hdr *h = HDR(ring);
+    int64_t start = monotonic_ns();
+    if (timeout_ns >= 0 && spin_ns > timeout_ns) spin_ns = timeout_ns;
+    for (int64_t until = start + spin_ns; monotonic_ns() < until;) {
+        if (ring_nonempty(h)) return 0;
+        sched_yield();
+    }
+    if (timeout_ns >= 0) {
+        timeout_ns -= monotonic_ns() - start;
+        if (timeout_ns < 0) timeout_ns = 0;
+    }
+    return fleet_ring_wait(ring, timeout_ns);
+}
+
 uint32_t fleet_ring_seq(const void *ring) {
     return __atomic_load_n(&((const struct ring_hdr *)ring)->data_seq, __ATOMIC_ACQUIRE);
 }
@@ -551,3 +566,10 @@ int fleet_bell_wait_spin(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64
     return fleet_bell_wait(bell, waiting, seen, timeout_ns);
 }
 
+int fleet_word_watch(const uint32_t *word, uint32_t seen, int64_t spin_ns) {
+    for (int64_t until = monotonic_ns() + spin_ns;;) {
+        if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) return 0;
+        if (monotonic_ns() >= until) return 1;
+        sched_yield();
+    }
+}

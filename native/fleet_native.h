@@ -93,6 +93,9 @@ int64_t fleet_ring_pop_many(void *ring, void *out, uint64_t cap, uint32_t *lens,
 /* Returns 0 at once if a message is there, else sleeps until one may be (0) or
  * timeout_ns passes (1); timeout_ns < 0 waits forever. Spurious 0s happen. */
 int     fleet_ring_wait(void *ring, int64_t timeout_ns);
+/* fleet_ring_wait after looking up to spin_ns for a message (yielding the CPU at each
+ * look; the spin is part of the timeout). */
+int     fleet_ring_wait_spin(void *ring, int64_t timeout_ns, int64_t spin_ns);
 /* A consumer that also waits for wake-ups of its own (another thread of its process
  * calling fleet_ring_notify) reads seq = fleet_ring_seq(ring), looks at its own work,
  * then calls fleet_ring_wait_since(ring, seq, ...): it returns 0 at once if a message
@@ -125,3 +128,7 @@ int     fleet_bell_wait(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64_
 /* bell_wait_spin: bell_wait after spinning up to spin_ns (yielding the CPU at each look). */
 int     fleet_bell_wait_spin(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64_t timeout_ns,
                              int64_t spin_ns);
+/* A word that one thread bumps (any atomic add) and other threads of the process
+ * watch for a short while, never sleeping: word_watch looks until *word != seen (0)
+ * or spin_ns have passed (1), yielding the CPU at each look. */
+int     fleet_word_watch(const uint32_t *word, uint32_t seen, int64_t spin_ns);

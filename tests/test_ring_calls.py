@@ -4,12 +4,14 @@ two ways to call it), and bad arguments refused with nothing changed."""
 from __future__ import annotations
 
 import errno
+import threading
+import time
 
 import pytest
 
 from fleet import _rings
 from fleet._native import ffi, lib
-from fleet.dataplane import MessageTooLarge
+from fleet.dataplane import MessageTooLarge, Pulse
 
 from .test_dataplane import anon_ring
 
@@ -110,3 +112,40 @@ def test_notify_and_seq(ring):
     seen = _rings.seq(addr)
     assert _rings.notify(addr) is False  # nobody waits
     assert _rings.seq(addr) == (seen + 1) & 0xFFFFFFFF == int(lib.fleet_ring_seq(base))
+
+
+# --- looking before sleeping -------------------------------------------------------------
+def _later(seconds, fn):
+    t = threading.Timer(seconds, fn)
+    t.start()
+    return t
+
+
+def test_a_pulse_counts_bumps_and_a_watch_ends_on_one():
+    pulse = Pulse()
+    seen = pulse.value
+    assert pulse.watch(seen, 0.001) is False  # nothing came: the watch runs out
+    pulse.bump()
+    assert pulse.value == (seen + 1) & 0xFFFFFFFF
+    assert pulse.watch(seen, 30.0) is True  # changed already: at once
+    seen = pulse.value
+    t0 = time.monotonic()
+    timer = _later(0.02, pulse.bump)
+    assert pulse.watch(seen, 30.0) is True
+    assert time.monotonic() - t0 < 15.0  # the bump ended it, not the 30 s
+    timer.join()
+
+
+def test_a_ring_wait_with_a_spin_takes_a_message_pushed_meanwhile(ring):
+    r, _base, _addr = ring
+    timer = _later(0.02, lambda: r.push_many(3, [b"x"]))
+    assert r.wait(30.0, spin_s=30.0) is True
+    assert [(t, bytes(v)) for t, v in r.pop_many()] == [(3, b"x")]
+    timer.join()
+
+
+def test_a_ring_wait_spin_is_part_of_its_timeout(ring):
+    r, _base, _addr = ring
+    t0 = time.monotonic()
+    assert r.wait(0.05, spin_s=30.0) is False
+    assert time.monotonic() - t0 < 15.0

@@ -824,3 +824,35 @@ def test_settle_finishes_once_and_refuses_what_is_done(raised):
     assert (f.exception() is value) if raised else f.result() == "v"
     cancelled = _cancelled(UnitFuture())
     assert cancelled.settle(1, None, False) is False and cancelled.cancelled()
+
+
+# --- the watch before the sleep (SETTLED, bumped by the fleet's loop) -------------------
+def test_a_blocked_read_takes_a_settle_its_watch_sees_without_sleeping(monkeypatch):
+    monkeypatch.setattr(uf, "RESULT_SPIN_S", 30.0)  # the whole wait is the watch
+    f = UnitFuture()
+    reader = Blocking(f.result, blocks_in="_watch")
+    f.settle("seen", None, False)
+    uf.SETTLED.bump()
+    assert reader.value() == "seen"
+    assert f._cond is None  # it never slept on the Condition
+
+
+def test_a_settle_nobody_bumps_for_is_still_taken_once_the_watch_ends(monkeypatch):
+    monkeypatch.setattr(uf, "RESULT_SPIN_S", 0.05)
+    f = UnitFuture()
+    reader = Blocking(f.result, blocks_in=None)
+    time.sleep(0.2)  # past the watch: asleep on the Condition
+    _blocked_in(reader.thread, "wait")
+    f.set_result("late")  # no bump: the Condition wakes it
+    assert reader.value() == "late"
+
+
+def test_the_watch_is_part_of_the_timeout(monkeypatch):
+    monkeypatch.setattr(uf, "RESULT_SPIN_S", 30.0)
+    f = UnitFuture()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        f.result(timeout=0.05)
+    assert time.monotonic() - t0 < STUCK_S / 2  # not the 30 s watch
+    with pytest.raises(TimeoutError):
+        f.exception(timeout=0)  # no watch at all
