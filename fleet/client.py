@@ -56,7 +56,7 @@ from .control import FleetConnectionLost, NotRunning, OutcomesDropped, ProtocolE
 from .control import outcome_record
 from .control.outcome_record import BadOutcomeRecord
 from .errors import FleetError
-from .executor import MAP_WINDOW, map_units
+from .executor import MAP_WINDOW, map_units, map_window
 from .roles import UnknownRoleError
 from .route import Route
 from .unit import (
@@ -216,7 +216,7 @@ class Client(Executor):
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[Future, str]] = {}
         self._parts: dict[int, list[str]] = {}
-        self._bounds: dict[str, int] = {}
+        self._bounds: dict[str, tuple[int, int]] = {}  # role -> (queue bound, slots), from submit replies
         self._collector: threading.Thread | None = None
         self._closing = False
 
@@ -255,7 +255,7 @@ class Client(Executor):
         return map_units(
             lambda payload, chunk: self._submit(role, payload, lane=lane, chunk=chunk),
             role, iterable, chunksize=chunksize, timeout=timeout,
-            window=lambda: max(1, min(MAP_WINDOW, self._bounds.get(role, MAP_WINDOW))), ordered=ordered,
+            window=lambda: map_window(chunksize, *self._bounds.get(role, (MAP_WINDOW, 0))), ordered=ordered,
         )
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -381,7 +381,7 @@ class Client(Executor):
                     self._pending.pop(seq, None)
                 raise self._translate(exc, role) from None
         fut.unit_id = reply["unit"]
-        self._bounds[role] = reply.get("queue_bound", MAP_WINDOW)
+        self._bounds[role] = (reply.get("queue_bound", MAP_WINDOW), reply.get("slots", 0))
         self._start_collector()
         with self._cond:
             self._cond.notify_all()

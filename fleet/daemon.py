@@ -557,7 +557,8 @@ class Daemon:
         if token is not None:
             store = self.store
             fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
-        return {"unit": fut.unit_id, "queue_bound": self.config.roles[role].queue_bound}
+        spec = self.config.roles[role]
+        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots}
 
     def cancel(self, unit: int) -> dict:
         # The supervisor claims a unit's future as it grants it a slot: a future still

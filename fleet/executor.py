@@ -29,9 +29,20 @@ from .unit import Outcome, error_for
 
 #: Most units `map` keeps submitted ahead of the caller (also bounded by the role's queue).
 MAP_WINDOW = 4096
+#: ... and most items in them, when its chunks are big: a window of 4,096 chunks of 1,000
+#: would hold 4 million items, all read and pickled before the first chunk could start
+#: (the loop waits for the GIL meanwhile, and the workers for the loop). Never fewer
+#: units than two per slot of the role, so every slot still has one ahead.
+MAP_WINDOW_ITEMS = 65_536
 #: With a batch submit, `map` tops its window up once this many units (or a quarter of the
 #: window, if less) are free: one batch per refill instead of one submit per result.
 MAP_REFILL = 64
+
+
+def map_window(chunksize: int, queue_bound: int, slots: int = 0) -> int:
+    """Units `map` keeps submitted ahead of the results taken: MAP_WINDOW, or fewer
+    when the role's queue bound is smaller or the chunks are big (MAP_WINDOW_ITEMS)."""
+    return max(1, min(MAP_WINDOW, queue_bound, max(2 * slots, MAP_WINDOW_ITEMS // chunksize)))
 
 
 class Fleet(Executor):
@@ -107,9 +118,9 @@ class Fleet(Executor):
         With chunksize > 1 each chunk of items is one unit (one outcome in the ledger).
         A failed or suppressed item raises its UnitFailed / UnitSuppressed when the
         iteration reaches it. `timeout` bounds the whole iteration (TimeoutError).
-        The iterable is read lazily, at most a window of units (MAP_WINDOW, or the
-        role's queue bound if smaller) ahead of the results taken: a generator of
-        any length maps in bounded memory. For results as they complete, see
+        The iterable is read lazily, at most a window of units (`map_window`:
+        MAP_WINDOW, or fewer for a smaller queue bound or big chunks) ahead of the
+        results taken: a generator of any length maps in bounded memory. For results as they complete, see
         `map_unordered`.
         """
         return self._map(role, iterable, chunksize, timeout, lane, ordered=True)
@@ -132,12 +143,14 @@ class Fleet(Executor):
         sup = self._sup
         return map_units(
             lambda payload, chunk: sup.submit(role, payload, lane=lane, chunk=chunk),
-            role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role), ordered=ordered,
+            role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role, chunksize),
+            ordered=ordered,
             submit_many=lambda payloads, chunk: sup.submit_many(role, payloads, lane=lane, chunk=chunk),
         )
 
-    def _window(self, role) -> int:
-        return max(1, min(MAP_WINDOW, self._sup.roles[role].queue_bound))
+    def _window(self, role, chunksize: int) -> int:
+        spec = self._sup.roles[role]  # read at each top-up: a reload may change the bound
+        return map_window(chunksize, spec.queue_bound, spec.slots)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking units. Queued units still run unless cancel_futures (then they are

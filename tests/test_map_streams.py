@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from fleet import UnitFailed, UnitSuppressed
+from fleet.executor import MAP_WINDOW, MAP_WINDOW_ITEMS, map_window
 
 from .fleets import config, role, running
 
@@ -141,6 +142,35 @@ def test_unordered_keeps_at_most_a_window_of_units_submitted(fleet_name, tmp_pat
         release.touch()
         assert sorted(it) == [i * i for i in range(40)]
         assert items.pulled == 40
+
+
+@pytest.mark.parametrize("chunksize, bound, slots, window", [
+    (1, 10_000, 2, MAP_WINDOW),          # small units: the unit window
+    (1, 6, 2, 6),                        # a smaller queue bound
+    (64, 10_000, 2, MAP_WINDOW_ITEMS // 64),
+    (1000, 10_000, 2, MAP_WINDOW_ITEMS // 1000),  # big chunks: the item window
+    (1000, 10_000, 64, 128),             # ... never fewer than two per slot
+    (1000, 100, 64, 100),                # ... nor more than the queue holds
+    (10 ** 6, 10_000, 0, 1),
+])
+def test_the_map_window(chunksize, bound, slots, window):
+    assert map_window(chunksize, bound, slots) == window
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_map_of_big_chunks_reads_at_most_the_item_window_ahead(fleet_name, tmp_path, ordered):
+    release = tmp_path / "release"
+    chunk = 20_000  # three chunks make the item window; the unit window would take all ten
+    with running(config(fleet_name, {"w": held_role(slots=1)})) as f:
+        items = Counted((str(release), i % 7) for i in range(10 * chunk))
+        it = (f.map if ordered else f.map_unordered)("w", items, chunksize=chunk, timeout=120)
+        window = map_window(chunk, f._sup.roles["w"].queue_bound, 1)
+        try:
+            assert window == 3 and items.pulled == window * chunk and f.ledger()["submitted"] == window
+        finally:
+            release.touch()  # a failed check must not leave the units held until their timeout
+        assert sum(it) == sum((i % 7) ** 2 for i in range(10 * chunk))
+        assert items.pulled == 10 * chunk
 
 
 def test_closing_an_unordered_map_early_cancels_what_has_not_started(fleet_name, tmp_path):

@@ -16,7 +16,8 @@ and ~50 µs CPU handlers:
 Fleet runs N worker processes (forced pinned, one role of N cores) in two configurations:
 `slots` = N (what users write) and 32 slots per worker (the tuned one). Each throughput
 ratio under "ratios" is the LOWER of the two; "ratios_by_config" keeps both figures.
-Ratios are fleet / peer (higher is better for throughput, lower for latency).
+Ratios are fleet / peer (higher is better for throughput, lower for latency). Every
+throughput, fleet's and the peers' alike, is the median of --repeat runs (3).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -46,10 +48,18 @@ THROUGHPUT = ("submit_units_per_s", "map_chunk1_units_per_s", "map_chunk64_units
               "map_chunk1000_units_per_s", "spin50_map_units_per_s")
 
 
+#: each throughput is the median of this many back-to-back runs (--repeat): one run of
+#: 100,000 units at chunk 64 lasts ~30 ms, short enough for a scheduler hiccup to halve it
+REPEAT = 3
+
+
 def rate(n, fn):
-    t0 = time.perf_counter()
-    fn()
-    return n / (time.perf_counter() - t0)
+    runs = []
+    for _ in range(REPEAT):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(n / (time.perf_counter() - t0))
+    return statistics.median(runs)
 
 
 def latencies(submit_one, n=2000):
@@ -212,11 +222,17 @@ def fleet_ratios(fl, ppe, pool, mpire, workers) -> dict:
 
 
 def main(argv=None):
+    global REPEAT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--units", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=REPEAT,
+                        help="runs per throughput figure, of which the median is kept (default %(default)s)")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    REPEAT = args.repeat
     w, n = args.workers, args.units
     res = {"workers": w}
     for name, per_worker in CONFIGS.items():
