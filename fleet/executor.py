@@ -120,8 +120,8 @@ class Fleet(Executor):
         iteration reaches it. `timeout` bounds the whole iteration (TimeoutError).
         The iterable is read lazily, at most a window of units (`map_window`:
         MAP_WINDOW, or fewer for a smaller queue bound or big chunks) ahead of the
-        results taken: a generator of any length maps in bounded memory. For results as they complete, see
-        `map_unordered`.
+        results taken: a generator of any length maps in bounded memory. For
+        results as they complete, see `map_unordered`.
         """
         return self._map(role, iterable, chunksize, timeout, lane, ordered=True)
 
