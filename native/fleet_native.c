@@ -429,19 +429,22 @@ int fleet_ring_wait(void *ring, int64_t timeout_ns) {
     return ring_sleep(h, __atomic_load_n(&h->data_seq, __ATOMIC_ACQUIRE), timeout_ns);
 }
 
+/* What is left of timeout_ns (< 0: forever) once a spin begun at `start` is over. */
+static int64_t timeout_after_spin(int64_t timeout_ns, int64_t start) {
+    if (timeout_ns < 0) return timeout_ns;
+    timeout_ns -= monotonic_ns() - start;
+    return timeout_ns < 0 ? 0 : timeout_ns;
+}
+
 int fleet_ring_wait_spin(void *ring, int64_t timeout_ns, int64_t spin_ns) {
     struct ring_hdr *h = HDR(ring);
     int64_t start = monotonic_ns();
-    if (timeout_ns >= 0 && spin_ns > timeout_ns) spin_ns = timeout_ns;
+    if (timeout_ns >= 0 && spin_ns > timeout_ns) spin_ns = timeout_ns;  /* the spin is part of the wait */
     for (int64_t until = start + spin_ns; monotonic_ns() < until;) {
         if (ring_nonempty(h)) return 0;
         sched_yield();
     }
-    if (timeout_ns >= 0) {
-        timeout_ns -= monotonic_ns() - start;
-        if (timeout_ns < 0) timeout_ns = 0;
-    }
-    return fleet_ring_wait(ring, timeout_ns);
+    return fleet_ring_wait(ring, timeout_after_spin(timeout_ns, start));
 }
 
 uint32_t fleet_ring_seq(const void *ring) {
@@ -559,11 +562,7 @@ int fleet_bell_wait_spin(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64
         if (__atomic_load_n(bell, __ATOMIC_ACQUIRE) != seen) return 0;
         sched_yield();
     }
-    if (timeout_ns >= 0) {
-        timeout_ns -= monotonic_ns() - start;
-        if (timeout_ns < 0) timeout_ns = 0;
-    }
-    return fleet_bell_wait(bell, waiting, seen, timeout_ns);
+    return fleet_bell_wait(bell, waiting, seen, timeout_after_spin(timeout_ns, start));
 }
 
 int fleet_word_watch(const uint32_t *word, uint32_t seen, int64_t spin_ns) {
