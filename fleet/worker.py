@@ -243,8 +243,7 @@ class Worker:
         """Run a unit's handler: (status, result body, seconds, reported cost or NaN). Any thread may call it."""
         t0 = time.perf_counter()
         if flags & M.F_CHUNK:
-            status, out = self._run_chunk(unit_id, role, body)
-            cost = NO_COST
+            status, out, cost = self._run_chunk(unit_id, role, body)
         else:
             status, out, cost = self._run_one(unit_id, role, body, flags)
         return status, out, time.perf_counter() - t0, cost
@@ -282,31 +281,36 @@ class Worker:
             RUNNING.reset(token)
         return (*_result_body(value), _cost(running))
 
-    def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
+    def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes, float]:
         """Run every item of a chunk, in order: (values, {index: (status, detail)} for items
-        that did not solve). A flat list of values pickles far faster than per-item tuples.
-        The items run in one C loop (`fleet._chunk`: a Unit per item, built and passed
-        without a Python frame of ours); it stops at an item that raises, which is
-        recorded here, and resumes at the item after it."""
+        that did not solve), and the cost its items reported, summed. A flat list of
+        values pickles far faster than per-item tuples. The items run in one C loop
+        (`fleet._chunk`: a Unit per item, built and passed without a Python frame of
+        ours, and set as `fleet.current_unit()` while it runs); it stops at an item that
+        raises, which is recorded here, and resumes at the item after it."""
         try:
             payloads, template = self._decode_chunk(unit_id, role, body)
         except BaseException as exc:  # noqa: BLE001
-            return M.ST_HANDLER_ERROR, _error_body(exc)
+            return M.ST_HANDLER_ERROR, _error_body(exc), NO_COST
         handler, values, failures = self.handlers[role], [], {}
-        start = 0
-        while (failed := run_items(handler, template, _PAYLOAD_AT, payloads, values, start)) is not None:
-            index, exc = failed
-            failures[index] = _item_failure(exc)
-            values.append(None)
-            start = index + 1
-        return _chunk_body(values, failures)
+        running = _Running()
+        token = RUNNING.set(running)
+        try:
+            start = 0
+            while (failed := run_items(handler, template, _PAYLOAD_AT, payloads, values, start, running)) is not None:
+                index, exc = failed
+                failures[index] = _item_failure(exc)
+                values.append(None)
+                start = index + 1
+        finally:
+            RUNNING.reset(token)
+        return (*_chunk_body(values, failures), _cost(running))
 
     # --- I/O-bound roles: the same unit, awaited ------------------------------------------
     async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float]:
         t0 = time.perf_counter()
         if flags & M.F_CHUNK:
-            status, out = await self._run_chunk_async(unit_id, role, body)
-            cost = NO_COST
+            status, out, cost = await self._run_chunk_async(unit_id, role, body)
         else:
             status, out, cost = await self._run_one_async(unit_id, role, body, flags)
         return status, out, time.perf_counter() - t0, cost
@@ -323,20 +327,27 @@ class Worker:
             RUNNING.reset(token)
         return (*_result_body(value), _cost(running))
 
-    async def _run_chunk_async(self, unit_id: int, role: int, body) -> tuple[int, bytes]:
+    async def _run_chunk_async(self, unit_id: int, role: int, body) -> tuple[int, bytes, float]:
         """A chunk's items run one after another, as in `_run_chunk`: a chunk holds one slot."""
         try:
             payloads, template = self._decode_chunk(unit_id, role, body)
         except BaseException as exc:  # noqa: BLE001
-            return M.ST_HANDLER_ERROR, _error_body(exc)
+            return M.ST_HANDLER_ERROR, _error_body(exc), NO_COST
         handler, values, failures = self.handlers[role], [], {}
-        for i, payload in enumerate(payloads):
-            try:
-                values.append(await handler(template._replace(payload=payload)))
-            except BaseException as exc:  # noqa: BLE001
-                values.append(None)
-                failures[i] = _item_failure(exc)
-        return _chunk_body(values, failures)
+        running = _Running()
+        token = RUNNING.set(running)  # this task's own context, as for a single unit
+        try:
+            for i, payload in enumerate(payloads):
+                running.unit = template._replace(payload=payload)
+                try:
+                    values.append(await handler(running.unit))
+                except BaseException as exc:  # noqa: BLE001
+                    values.append(None)
+                    failures[i] = _item_failure(exc)
+                running.unit = None
+        finally:
+            RUNNING.reset(token)
+        return (*_chunk_body(values, failures), _cost(running))
 
     def _finish(self, unit_id: int, slot: int, role: int, status: int, out: bytes) -> tuple[int, bytes, int]:
         """End the slot's unit: (status, body, the slot's state afterwards). A refused

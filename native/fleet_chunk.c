@@ -10,6 +10,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 /* Take the exception being raised, with its traceback attached (the worker formats it). */
 static PyObject *take_exception(void) {
@@ -29,18 +30,52 @@ static PyObject *take_exception(void) {
 }
 
 PyDoc_STRVAR(run_items_doc,
-"run_items(handler, template, payload_at, payloads, values, start) -> None | (index, exception)\n"
+"run_items(handler, template, payload_at, payloads, values, start, running=None)\n"
+"    -> None | (index, exception)\n"
 "\n"
 "For each payload of the list `payloads` from index `start` on: a copy of `template`\n"
 "(a tuple, or an instance of a tuple subclass such as a NamedTuple) with the payload at\n"
 "field `payload_at`, passed to `handler`; what it returns is appended to the list\n"
 "`values`. Stops at the first item whose handler raises and returns (its index, the\n"
-"exception, with its traceback); None once every item ran.");
+"exception, with its traceback); None once every item ran.\n"
+"\n"
+"`running`: an object whose `unit` is a __slots__ field (fleet.unit._Running): it holds\n"
+"each item's Unit while its handler runs (fleet.current_unit()), and None between items.");
+
+/* Where `running`'s __slots__ field "unit" lives in the object, or -1 (exception set)
+ * when it has none: written directly per item, as a slot descriptor would. */
+static Py_ssize_t unit_field_offset(PyObject *running) {
+    PyObject *descr = PyObject_GetAttrString((PyObject *)Py_TYPE(running), "unit");
+    if (descr == NULL) {
+        PyErr_SetString(PyExc_TypeError, "run_items: running must have a __slots__ field 'unit'");
+        return -1;
+    }
+    Py_ssize_t offset = -1;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) {
+            offset = member->offset;
+        }
+    }
+    Py_DECREF(descr);
+    if (offset < 0) {
+        PyErr_SetString(PyExc_TypeError, "run_items: running must have a __slots__ field 'unit'");
+    }
+    return offset;
+}
+
+/* Put `value` (a new reference taken here) in the field at `at`, releasing what was there. */
+static void set_field(PyObject **at, PyObject *value) {
+    PyObject *old = *at;
+    Py_INCREF(value);
+    *at = value;
+    Py_XDECREF(old);
+}
 
 static PyObject *run_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "run_items takes 6 arguments, got %zd", nargs);
+    if (nargs != 6 && nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "run_items takes 6 or 7 arguments, got %zd", nargs);
         return NULL;
     }
     PyObject *handler = args[0], *template = args[1], *payloads = args[3], *values = args[4];
@@ -66,6 +101,14 @@ static PyObject *run_items(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (start < 0) {
         PyErr_SetString(PyExc_ValueError, "run_items: start must be >= 0");
         return NULL;
+    }
+    PyObject **running_unit = NULL;  /* running's "unit" field, or NULL: no running object */
+    if (nargs == 7 && args[6] != Py_None) {
+        Py_ssize_t offset = unit_field_offset(args[6]);
+        if (offset < 0) {
+            return NULL;
+        }
+        running_unit = (PyObject **)((char *)args[6] + offset);
     }
     PyTypeObject *type = Py_TYPE(template);
     PyObject *unit = NULL;
@@ -98,7 +141,14 @@ static PyObject *run_items(PyObject *module, PyObject *const *args, Py_ssize_t n
                 PyTuple_SET_ITEM(unit, f, field);
             }
         }
+        if (running_unit != NULL) {
+            set_field(running_unit, unit);
+        }
         PyObject *result = PyObject_Vectorcall(handler, &unit, 1, NULL);
+        if (running_unit != NULL) {
+            /* Before the reuse test above: the field's reference is not the handler's. */
+            set_field(running_unit, Py_None);
+        }
         if (result == NULL) {
             PyObject *exc = take_exception();  /* first: freeing the Unit may run a payload's __del__ */
             Py_DECREF(unit);

@@ -156,3 +156,14 @@ def keyed_count(unit):
     long as each key stays on one pin."""
     _COUNTS[unit.key] = _COUNTS.get(unit.key, 0) + 1
     return unit.key, _COUNTS[unit.key]
+
+
+def knows_itself(unit):
+    """Its payload back, when `fleet.current_unit()` is the very Unit it was given and
+    `fleet.report_cost` takes a cost (both raise outside a handler)."""
+    import fleet
+
+    fleet.report_cost(0.25)
+    if fleet.current_unit() is not unit:
+        raise AssertionError(f"current_unit() is {fleet.current_unit()!r}, not {unit!r}")
+    return unit.payload

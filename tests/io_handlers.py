@@ -122,3 +122,11 @@ async def exit_async(unit):
 
 def exit_plain(unit):
     raise SystemExit(4)
+
+
+async def knows_itself_async(unit):
+    """`handlers.knows_itself`, awaited: the Unit stays current across an await."""
+    import fleet
+
+    await asyncio.sleep(0)
+    return plain.knows_itself(unit)

@@ -11,8 +11,9 @@ import traceback
 
 import pytest
 
+import fleet
 from fleet._chunk import run_items
-from fleet.unit import Unit
+from fleet.unit import RUNNING, Unit, _Running
 from fleet.worker import _PAYLOAD_AT
 
 TEMPLATE = Unit(7, "resolve", None, "k", "batch", "req-1")
@@ -99,6 +100,47 @@ def test_a_handler_that_grows_the_list_is_safe():
 
     values, _ = run_all(handler, payloads)
     assert values == [1, 2, 3]
+
+
+def test_running_holds_each_item_while_its_handler_runs_and_none_between():
+    running, seen = _Running(), []
+
+    def handler(u):
+        fleet.report_cost(0.5)
+        seen.append(fleet.current_unit() is u and running.unit is u)
+        return u.payload
+
+    token = RUNNING.set(running)
+    try:
+        values = []
+        assert run_items(handler, TEMPLATE, _PAYLOAD_AT, [1, 2, 3], values, 0, running) is None
+    finally:
+        RUNNING.reset(token)
+    assert values == [1, 2, 3] and seen == [True] * 3
+    assert running.unit is None and running.cost == 1.5
+    # an item that raises leaves it None too (the worker resumes after it)
+    assert run_items(lambda u: 1 / 0, TEMPLATE, _PAYLOAD_AT, [1], [], 0, running)[0] == 0
+    assert running.unit is None
+
+
+def test_with_running_no_reference_is_leaked_and_units_are_still_reused():
+    payload, running, ids = object(), _Running(), set()
+    before = sys.getrefcount(payload)
+    run_items(lambda u: ids.add(id(u)), TEMPLATE, _PAYLOAD_AT, [payload] * 100, [], 0, running)
+    assert sys.getrefcount(payload) == before
+    assert len(ids) == 1  # the field's reference is dropped before the reuse test
+
+
+class _NoSlot:
+    unit = None
+
+
+@pytest.mark.parametrize("running", [object(), _NoSlot(), 5])
+def test_a_running_object_without_a_unit_slot_is_refused(running):
+    values = []
+    with pytest.raises(TypeError, match="__slots__ field 'unit'"):
+        run_items(lambda u: u, TEMPLATE, _PAYLOAD_AT, [1], values, 0, running)
+    assert values == []
 
 
 @pytest.mark.parametrize("args, error", [

@@ -292,6 +292,15 @@ def test_a_chunk_runs_every_item_past_one_that_did_not_solve(fleet_name):
             next(it)
 
 
+def test_an_item_of_a_chunk_knows_its_unit_and_may_report_a_cost(fleet_name):
+    # fleet.current_unit() and fleet.report_cost() raise outside a handler: an item of a
+    # chunk is inside one, as a single unit is
+    with running(config(fleet_name, {"work": role("knows_itself")})) as f:
+        assert list(f.map("work", range(10), chunksize=4)) == list(range(10))
+        assert sorted(f.map_unordered("work", range(10), chunksize=3)) == list(range(10))
+        assert f.submit("work", 7).result(30) == 7
+
+
 @pytest.mark.parametrize("freeze", [True, False])
 def test_boot_freezes_what_it_loaded_out_of_the_collectors_sight_unless_told_not_to(fleet_name, freeze):
     cfg = config(fleet_name, {"work": role("square")})

@@ -269,6 +269,13 @@ def test_chunks_on_an_io_role_run_their_items_in_order_and_raise_at_the_item(fle
             next(it)
 
 
+@pytest.mark.parametrize("handler", ["knows_itself_async", "knows_itself"])
+def test_an_item_of_a_chunk_on_an_io_role_knows_its_unit(fleet_name, handler):
+    module = "tests.io_handlers" if handler.endswith("_async") else "tests.handlers"
+    with running(config(fleet_name, {"io": io_role(handler, module=module, slots=4)})) as f:
+        assert list(f.map("io", range(9), chunksize=4)) == list(range(9))
+
+
 def test_items_of_a_chunk_run_one_after_another(fleet_name):
     with running(config(fleet_name, {"io": io_role("keyed_async", slots=4)})) as f:
         stamps = list(f.map("io", range(12), chunksize=6))
