@@ -280,14 +280,19 @@ int fleet_ring_push2(void *ring, uint32_t tag, const void *a, uint32_t alen,
  * and the load on both sides, at least one of them sees the other's store: either the
  * waiter sees the new index and does not sleep, or the waker sees the flag and wakes.
  * The sequence word closes the rest: the waiter samples it before announcing, and the
- * waker bumps it before waking, so FUTEX_WAIT on a stale sample returns at once. */
+ * waker bumps it before waking, so FUTEX_WAIT on a stale sample returns at once.
+ *
+ * Only the waiter clears its flag (once it is awake). A waker must not: one that read
+ * the flag of an earlier sleep and is preempted before clearing it would clear the flag
+ * of the waiter's next sleep, and every later waker would then see no one asleep while
+ * the waiter sleeps for good on a word that moved (the unit on its ring never runs).
+ * Wakers that see the flag while the waiter is waking each make a FUTEX_WAKE that finds
+ * no one: a syscall, never a lost wake-up. */
 int fleet_ring_notify(void *ring) {
     struct ring_hdr *h = HDR(ring);
     __atomic_fetch_add(&h->data_seq, 1, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* head store (in push) before waiting load */
     if (__atomic_load_n(&h->consumer_waiting, __ATOMIC_RELAXED) == 0) return 0;
-    /* Exchange: of several notifies racing a single wait, one issues the syscall. */
-    if (__atomic_exchange_n(&h->consumer_waiting, 0, __ATOMIC_SEQ_CST) == 0) return 0;
     fleet_futex_wake(&h->data_seq, 1);
     return 1;
 }
@@ -313,7 +318,7 @@ int fleet_ring_push_many(void *ring, uint32_t tag, const void *buf, const uint32
 static inline void after_pop(struct ring_hdr *h) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* tail store before waiting load */
     if (__atomic_load_n(&h->producer_waiting, __ATOMIC_RELAXED) == 0) return;
-    if (__atomic_exchange_n(&h->producer_waiting, 0, __ATOMIC_SEQ_CST) == 0) return;
+    /* The waiter clears its own flag (see fleet_ring_notify). */
     __atomic_fetch_add(&h->space_seq, 1, __ATOMIC_SEQ_CST);
     fleet_futex_wake(&h->space_seq, 1);
 }
@@ -526,7 +531,7 @@ int fleet_bell_ring(uint32_t *bell, uint32_t *waiting) {
     __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(waiting, __ATOMIC_RELAXED) == 0) return 0;
-    if (__atomic_exchange_n(waiting, 0, __ATOMIC_SEQ_CST) == 0) return 0;
+    /* The waiter clears its own flag (see fleet_ring_notify). */
     fleet_futex_wake(bell, INT_MAX);
     return 1;
 }

@@ -103,8 +103,74 @@ def test_bell_ring_bumps_the_bell_and_wakes_only_a_sleeper():
     words = ffi.new("uint32_t[2]")
     bell, waiting = int(ffi.cast("uintptr_t", words)), int(ffi.cast("uintptr_t", words + 1))
     assert _rings.bell_ring(bell, waiting) is False and words[0] == 1
-    words[1] = 1  # a waiter announced its sleep: the ring wakes it and clears the flag
-    assert _rings.bell_ring(bell, waiting) is True and words[0] == 2 and words[1] == 0
+    words[1] = 1  # a waiter announced its sleep: the ring wakes it
+    assert _rings.bell_ring(bell, waiting) is True and words[0] == 2
+    # ... and leaves its flag to it (see the wakers below): a second ring wakes it too
+    assert words[1] == 1 and _rings.bell_ring(bell, waiting) is True and words[0] == 3
+
+
+# --- wakers leave the sleeper's flag alone ------------------------------------------------
+# A waiter sets its flag, sleeps, and clears the flag once awake; a waker that sees the
+# flag wakes it. Were a waker to clear the flag, one that read it during one sleep and
+# ran on after the waiter had woken and gone back to sleep would clear the flag of that
+# next sleep: every later waker would see nobody asleep, and the waiter (a worker with
+# a unit on its ring) would sleep for good. These pin the rule: only the waiter clears.
+CONSUMER_WAITING, PRODUCER_WAITING, SPACE_SEQ = 132, 196, 192  # byte offsets in the ring header
+
+
+def _word(base, offset):
+    return ffi.cast("uint32_t *", ffi.cast("char *", base) + offset)
+
+
+def test_a_notify_wakes_a_sleeping_consumer_and_leaves_its_flag(ring):
+    r, base, addr = ring
+    flag = _word(base, CONSUMER_WAITING)
+    flag[0] = 1
+    assert _rings.notify(addr) is True and flag[0] == 1
+    assert r.notify() is True and flag[0] == 1  # every notify while it sleeps wakes it
+    assert _rings.push_many(addr, 1, [b"x"], True) == 1 and flag[0] == 1
+    flag[0] = 0  # awake: it cleared its own flag
+    assert r.notify() is False
+
+
+def test_a_pop_wakes_a_producer_waiting_for_room_and_leaves_its_flag(ring):
+    r, base, addr = ring
+    flag, seq = _word(base, PRODUCER_WAITING), _word(base, SPACE_SEQ)
+    r.push_many(1, [b"a", b"b"])
+    flag[0] = 1
+    before = seq[0]
+    assert len(r.pop_many(max_msgs=1)) == 1
+    assert seq[0] == before + 1 and flag[0] == 1
+    assert len(r.pop_many(max_msgs=1)) == 1
+    assert seq[0] == before + 2 and flag[0] == 1
+
+
+def test_a_consumer_woken_by_notify_sleeps_again_and_is_woken_again(ring):
+    """The full cycle, with real sleeps: every push after a wake-up reaches the consumer."""
+    r, _base, _addr = ring
+    got, stop = [], threading.Event()
+
+    def consume():
+        while not stop.is_set():
+            if not r.wait(5.0):
+                return  # a wake-up was lost: the test below sees the missing messages
+            got.extend(bytes(v) for _t, v in r.pop_many())
+
+    t = threading.Thread(target=consume)
+    t.start()
+    try:
+        for i in range(200):
+            time.sleep(0.0005 if i % 2 else 0)  # sometimes asleep, sometimes still looking
+            r.push_many(1, [str(i).encode()])
+            deadline = time.monotonic() + 5
+            while len(got) <= i and time.monotonic() < deadline:
+                time.sleep(0.0001)
+            assert len(got) == i + 1, f"message {i} never reached the consumer"
+    finally:
+        stop.set()
+        r.notify()
+        t.join(10)
+    assert got == [str(i).encode() for i in range(200)]
 
 
 def test_notify_and_seq(ring):
