@@ -381,6 +381,13 @@ class Dispatcher:
     def enqueue(self, item: Pending, front: bool = False) -> None:
         self._queues[item.role].push(item, front)
 
+    def enqueue_many(self, items: list) -> None:
+        """`enqueue` each of `items` (units of one role), in order."""
+        if items:
+            push = self._queues[items[0].role].push
+            for item in items:
+                push(item)
+
     def drain_queue(self, role: int | None = None) -> list[Pending]:
         """Remove and return queued (not granted) units, of one role or all."""
         codes = range(len(self.roles)) if role is None else (role,)
@@ -431,8 +438,8 @@ class Dispatcher:
             # The shallowest slot first, so the role's seats fill evenly; and only while
             # the queue holds at least as many units as every slot would then have ahead
             # of it: a unit never waits behind more than is left for the other slots.
-            slot = self._slots[min(feedable, key=lambda i: len(self._slots[i].inflight))
-                               if self._ahead[code] > 1 else next(iter(feedable))]
+            slot = self._slots[self._shallowest(feedable) if self._ahead[code] > 1 and len(feedable) > 1
+                               else next(iter(feedable))]
             if queue.plain.n < self._held[code] * len(slot.inflight):
                 return
             item = self._next_live(queue.plain, queue)
@@ -443,6 +450,15 @@ class Dispatcher:
             self._sent_ahead[item.unit_id] = item
             self.sent_ahead_total += 1
             out.append(self._take(slot, item, fsm.LEASE, (), ahead=True))
+
+    def _shallowest(self, feedable: dict) -> int:
+        """The feedable slot with the fewest units in flight (the first of them on a tie)."""
+        slots, best, depth = self._slots, -1, 1 << 30
+        for index in feedable:
+            n = len(slots[index].inflight)
+            if n < depth:
+                best, depth = index, n
+        return best
 
     def _grant_keyed(self, code: int, queue: _RoleQueue, out: list) -> None:
         pins = self._pins[code]

@@ -83,11 +83,20 @@ class Ledger:
 
     def submitted(self, unit_id: int) -> None:
         with self._lock:
-            if unit_id in self._open:
-                self._trip(f"unit {unit_id} submitted twice")
-                return
-            self._open.add(unit_id)
-            self._submitted += 1
+            self._submitted_locked(unit_id)
+
+    def submitted_many(self, unit_ids) -> None:
+        """`submitted` for each of `unit_ids`, under one lock (a batch of submits)."""
+        with self._lock:
+            for unit_id in unit_ids:
+                self._submitted_locked(unit_id)
+
+    def _submitted_locked(self, unit_id: int) -> None:
+        if unit_id in self._open:
+            self._trip(f"unit {unit_id} submitted twice")
+            return
+        self._open.add(unit_id)
+        self._submitted += 1
 
     def record(self, unit_id: int, kind: str, reason: str | None = None) -> bool:
         """Close a unit with its outcome. False (after tripping the fuse) when it was not open."""

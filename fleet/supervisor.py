@@ -469,20 +469,37 @@ class Supervisor:
         self._to_dispatch(unit)
 
     def _accept_many(self, units: list, arrivals: list | None) -> None:
-        """A posted `submit_many` run: each unit accepted as a single submit is."""
-        for i, unit in enumerate(units):
-            self._accept(unit, None, None, None if arrivals is None else arrivals[i])
+        """A posted `submit_many` run (units of one role, no route): each unit accepted
+        as a single submit is. While the fleet is open, the role runs and takes no lease
+        (what `_accept` checks per unit), the run goes on in bulk: one ledger lock, one
+        queue push loop."""
+        if not units or self._closing or units[0].role in self._stopped_roles or self._gated(units[0].role):
+            for i, unit in enumerate(units):
+                self._accept(unit, None, None, None if arrivals is None else arrivals[i])
+            return
+        held = self._units
+        for unit in units:
+            held[unit.unit_id] = unit
+        self._accepted = True
+        self.ledger.submitted_many([unit.unit_id for unit in units])
+        if self.recorder is not None and arrivals is not None:
+            for arrival in arrivals:
+                self.recorder.arrival(*arrival)
+        self.dispatcher.enqueue_many(units)
 
     def _to_dispatch(self, pending: Pending) -> None:
         """A unit past the provider admission goes to the dispatcher, or first waits for its
         host-group lease when its role is gated."""
-        gate = self._gate
-        if gate is not None and gate.gates(role := self.roles.by_code(pending.role).name):
+        if self._gated(pending.role):
             # queued for dispatch only once the host-group store grants it a lease
             self._held[pending.unit_id] = pending
-            gate.hold(pending.unit_id, role)
+            self._gate.hold(pending.unit_id, self.roles.by_code(pending.role).name)
         else:
             self.dispatcher.enqueue(pending)
+
+    def _gated(self, code: int) -> bool:
+        """Whether units of role `code` wait for a host-group lease before dispatch."""
+        return self._gate is not None and self._gate.gates(self.roles.by_code(code).name)
 
     def _routed(self, unit_id: int, route) -> None:
         """The route admission chose travels with the unit's task: the handler's `unit.route`."""

@@ -65,6 +65,16 @@ def test_a_unit_submitted_twice_trips_the_fuse():
     assert fuse.trips
 
 
+def test_a_batch_of_submits_counts_each_and_trips_on_one_seen_before():
+    fuse = Fuse()
+    ledger = Ledger(on_fuse=fuse)
+    ledger.submitted_many([1, 2, 3])
+    assert ledger.counts().submitted == 3 and ledger.counts().inflight == 3 and not fuse.trips
+    ledger.submitted_many([4, 2])  # 4 counts; 2 was submitted already
+    assert len(fuse.trips) == 1 and "unit 2 submitted twice" in str(fuse.trips[0])
+    assert ledger.counts().submitted == 4 and ledger.is_open(4)
+
+
 def test_the_fuse_is_logged_at_error(caplog):
     ledger = Ledger(on_fuse=Fuse())
     with caplog.at_level("ERROR", logger="fleet.ledger"):

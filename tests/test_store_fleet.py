@@ -295,6 +295,14 @@ def _orch_a_requests(store):
     return [store.get(e.request_id) for e in store.events() if e.kind == "queued" and e.request_id.startswith("orch-a/")]
 
 
+def test_every_unit_of_a_map_over_a_gated_role_takes_its_own_lease(store_url, fleet_name):
+    # map submits in batches (submit_many): each unit of a batch still waits for its lease
+    with open_store(store_url, actor="orch-b") as other, _gated_fleet(store_url, fleet_name) as f:
+        assert list(f.map("w", [1, 2, 3])) == [1, 4, 9]
+        assert sorted(f.map_unordered("w", [4, 5], chunksize=2)) == [16, 25]
+        wait_for(lambda: [r.state for r in _orch_a_requests(other)] == ["released"] * 4)
+
+
 def test_shutdown_waits_for_a_unit_waiting_for_its_lease(store_url, fleet_name):
     import threading
 
