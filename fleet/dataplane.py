@@ -45,10 +45,13 @@ from .errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 log = logging.getLogger("fleet.dataplane")
 
 MAGIC = 0x32415441444C4621  # "!FLDATA2" little-endian
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 LINE = 64
 HEADER_SIZE = 192
-BELL_OFF = HEADER_SIZE  # the bell word and its waiting word share one line, alone
+#: The bell word and its waiting word share one line, alone but for the zygote's news
+#: count (and its never-set flag) at +8: what the zygote bumps before it rings.
+BELL_OFF = HEADER_SIZE
+ZYGOTE_NEWS_OFF = BELL_OFF + 8
 RINGS_OFF = BELL_OFF + LINE
 MAX_SEATS = 4096
 MIN_CAPACITY = 4096
@@ -354,12 +357,17 @@ class Pulse:
     reads `value`, checks what it waits for, then `watch(seen, spin_s)`; when the
     watch runs out it falls back to a real wait, so a missed or absent bump only costs
     the spin. What it buys is the wake-up: a thread that keeps looking is on its CPU
-    when the news comes, where a sleeping one is woken tens of microseconds later."""
+    when the news comes, where a sleeping one is woken tens of microseconds later.
 
-    __slots__ = ("_words", "_addrs", "_word")
+    `words`: two uint32 words (the count, and a flag never set) in memory that other
+    processes map too (`keepalive` pins it), for a count another process bumps; by
+    default the process's own."""
 
-    def __init__(self):
-        self._words = ffi.new("uint32_t[2]")  # the count, and a waiting flag never set
+    __slots__ = ("_words", "_addrs", "_word", "_keep")
+
+    def __init__(self, words=None, keepalive=None):
+        self._words = ffi.new("uint32_t[2]") if words is None else words
+        self._keep = keepalive
         self._addrs = (int(ffi.cast("uintptr_t", self._words)), int(ffi.cast("uintptr_t", self._words + 1)))
         self._word = memoryview(ffi.buffer(self._words, 4)).cast("I")
 
@@ -408,6 +416,11 @@ class DataSegment:
             ffi.cast("uint32_t *", self._base + BELL_OFF + 4),
             self._base,
         )
+        #: Bumped by the zygote before it rings the bell for an event it sent: the
+        #: supervisor reads the zygote's socket when this moved, not after every ring
+        #: (a read is a system call and a raised BlockingIOError, tens of microseconds
+        #: on a busy VM, on the path of every result that wakes the loop).
+        self.zygote_news = Pulse(ffi.cast("uint32_t *", self._base + ZYGOTE_NEWS_OFF), self._base)
 
     # -- lifecycle --------------------------------------------------------------
     @classmethod

@@ -107,8 +107,6 @@ INTAKE_BATCH = 64
 #: Most units one `submit_many` command carries to the loop: the loop starts on a run
 #: while the caller still makes the next.
 SUBMIT_RUN = 256
-#: Busy turns between two reads of the zygote's socket (every turn after a sleep reads it).
-ZYGOTE_READ_EVERY = 16
 #: Results handled before the units they free are granted, sent and delivered. Units
 #: that end together (an I/O role's timers fire in batches) would otherwise wait for the
 #: whole batch: the last one's successor would start only after every other's had.
@@ -176,7 +174,7 @@ class Supervisor:
         self._loop_ident = None  # the loop thread's ident (`_on_loop`, on every submit)
         self.started_ns = time.time_ns()
         self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
-        self._turns_busy = 0  # busy turns since the zygote's socket was last read
+        self._zygote_seen = 0  # the zygote's news count when its socket was last read
         self._runs_ended: list = []  # run times not yet published (see _publish_units)
         self._spawner = None
         self._zygote_gone = False  # its death has been handled (no new one yet)
@@ -284,6 +282,14 @@ class Supervisor:
     def _fork(self, seat: int) -> None:
         self._pending_forks.add(seat)
         self.zygote.fork(seat, self.layout.seats[seat].cpus)
+
+    def _hear_zygote(self) -> None:
+        """Read what the zygote sent (its news count first: news after this read is
+        read next time); restart it when it is gone. Also after each wait that timed
+        out, and once a sample (`_sample`): a zygote that died said nothing."""
+        self._zygote_seen = self.data.zygote_news.value
+        if not self._read_zygote():
+            self._zygote_died()
 
     def _read_zygote(self, block_until: float | None = None) -> bool:
         """Handle what the zygote said; False when it is gone."""
@@ -656,7 +662,6 @@ class Supervisor:
         self._loop_ident = threading.get_ident()
         bell = self.data.bell
         next_sample = 0.0
-        woke = True
         seat_cpus = {c for seat in self.layout.seats for c in seat.cpus}
         if self.layout.supervisor_cpus and not seat_cpus & set(self.layout.supervisor_cpus):
             # This thread only: the supervisor's loop runs on the reserve cores the budget
@@ -675,7 +680,7 @@ class Supervisor:
         try:
             while True:
                 seen = bell.value
-                left = self._turn(woke)
+                left = self._turn()
                 now = self.host.monotonic()
                 if now >= next_sample:
                     self._sample()
@@ -688,12 +693,13 @@ class Supervisor:
                 # again on every busy turn cost the round trip: a caller woken by this
                 # turn's deliveries and the loop reading every ring handed the GIL back
                 # and forth; the wait lets go of it and catches what comes next awake.)
-                woke = not left and bell.value == seen
-                if woke:
+                quiet = not left and bell.value == seen
+                if quiet:
                     # Keep looking a while with units out, or just after results went
                     # out: a caller's next submit tends to follow its result at once.
                     busy = delivered or self._units
-                    bell.wait(seen, self._sleep_for(now), spin_s=IN_FLIGHT_SPIN_S if busy else 0.0)
+                    if not bell.wait(seen, self._sleep_for(now), spin_s=IN_FLIGHT_SPIN_S if busy else 0.0):
+                        self._hear_zygote()  # a quiet spell: a zygote that died said nothing
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
             self._close_intake()  # nothing would ever run a unit submitted from here on
@@ -705,22 +711,15 @@ class Supervisor:
             self._room.close(why)  # a caller waiting for room learns it at once
             self._stopped.set()
 
-    def _turn(self, woke: bool) -> bool:
+    def _turn(self) -> bool:
         """One pass over every input; True if it left some behind (commands past its
-        intake batch): look again at once. `woke`: the loop slept (or just started)
-        before this turn."""
+        intake batch): look again at once."""
         ran = self._intake.drain(INTAKE_BATCH)
         if self._accepted:
             self._accepted = False
             self._dispatch()
-        # The zygote rings the bell after each event it sends: read it after every
-        # sleep, and every ZYGOTE_READ_EVERY-th busy turn (a read is a system call,
-        # which a turn that carries a handful of units should not pay each time).
-        self._turns_busy += 1
-        if woke or self._turns_busy >= ZYGOTE_READ_EVERY:
-            self._turns_busy = 0
-            if not self._read_zygote():
-                self._zygote_died()
+        if self.data.zygote_news.value != self._zygote_seen:
+            self._hear_zygote()  # it sent an event (and rang)
         self._collect()
         if self._providers.has_work():
             self._provider_tick()
@@ -1017,6 +1016,7 @@ class Supervisor:
             self.host.kill(pid)
 
     def _sample(self) -> None:
+        self._hear_zygote()  # a zygote that died said nothing: its socket tells
         tick = self.sampler.tick()
         if tick.transition is not None:
             self._after_posture_change(tick.transition)

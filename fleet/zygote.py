@@ -140,7 +140,12 @@ class Zygote:
                 return
             self.children.pop(pid, None)
             self.send(op="exited", pid=pid, status=os.waitstatus_to_exitcode(status))
-            self.data.bell.ring()
+            self.tell()
+
+    def tell(self) -> None:
+        """Wake the supervisor's loop for an event just sent: news first, then the bell."""
+        self.data.zygote_news.bump()
+        self.data.bell.ring()
 
     def serve(self) -> int:
         rsig, wsig = os.pipe()
@@ -163,6 +168,7 @@ class Zygote:
                 for msg in msgs:
                     if msg["op"] == "fork":
                         self.send(op="forked", seat=msg["seat"], pid=self.fork(msg["seat"], msg.get("cpus")))
+                        self.tell()
                     elif msg["op"] == "exit":
                         return 0
             self.reap()  # a SIGCHLD may have raced the registration

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from fleet import QueueFull, UnitFailed
+from fleet import QueueFull, UnitFailed, supervisor
 from fleet.host import FakeClockHost
 from fleet.intake import Intake, QueueRoom, TurnedAway
 from fleet.unit import BadUnit, FleetClosed, PayloadUnpicklable
@@ -246,9 +246,9 @@ def test_a_turn_that_left_nothing_and_heard_no_ring_waits_for_the_bell(fleet_nam
         turns = []
 
         def counted(turn):
-            def counting(woke):
-                turns.append(woke)
-                return turn(woke)
+            def counting():
+                turns.append(1)
+                return turn()
             return counting
 
         sup.inspect(lambda s: setattr(s, "_turn", counted(s._turn)))
@@ -257,6 +257,42 @@ def test_a_turn_that_left_nothing_and_heard_no_ring_waits_for_the_bell(fleet_nam
             assert f.submit("w", i).result(WAIT_S) == i
         # two per round trip; a few more for the sampler's and the idle wait's timers
         assert len(turns) <= 2.5 * n, f"{len(turns)} turns for {n} round trips"
+
+
+def test_the_loop_reads_the_zygote_socket_when_the_zygote_has_news_not_on_every_wake(fleet_name):
+    """A read of the zygote's socket is a system call (and a raised BlockingIOError when
+    empty): the loop makes it when the zygote's news count moved, and once a sample as a
+    backstop, not on each of the wake-ups that carry results. Its events still arrive:
+    a killed worker is replaced."""
+    with running(config(fleet_name, {"w": role("whoami", slots=1)}, profile="serial")) as f:
+        sup = f._sup
+        _, first_pid = f.submit("w", 0).result(WAIT_S)
+        reads = []
+
+        def counted(read):
+            def counting(*args):
+                reads.append(time.monotonic())
+                return read(*args)
+            return counting
+
+        sup.inspect(lambda s: setattr(s, "_read_zygote", counted(s._read_zygote)))
+        began = time.monotonic()
+        for i in range(300):
+            assert f.submit("w", i).result(WAIT_S)[0] == i
+        samples = (time.monotonic() - began) / supervisor.SAMPLE_EVERY_S
+        assert len(reads) <= samples + 3, f"{len(reads)} reads for 300 round trips in {samples:.1f} samples"
+        news = sup.data.zygote_news.value
+        os.kill(first_pid, signal.SIGKILL)  # the zygote reaps it and tells: a new worker runs
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                value, pid = f.submit("w", "after").result(WAIT_S)
+            except UnitFailed:  # LaneDeath: sent before the death was heard
+                continue
+            if pid != first_pid:
+                break
+        assert value == "after" and pid != first_pid
+        assert sup.data.zygote_news.value - news >= 2  # told of the exit, then of the fork
 
 
 # ----------------------------------------------------------------------------- backpressure
