@@ -60,6 +60,11 @@ LATENCY_SAMPLES = 2000
 REPEAT = 3
 
 
+def spin50_units(units):
+    """Units of a spin50 run: --units, and at least 20,000 (half a second on 2 workers)."""
+    return max(20_000, units)
+
+
 def timed(n, fn):
     """One run: n / the seconds `fn` took."""
     t0 = time.perf_counter()
@@ -114,7 +119,7 @@ def open_fleet(stack, workers, units, slots_per_worker):
     }
     f = stack.enter_context(fleet.Fleet.from_config(cfg, env={}))
     list(f.map("work", range(2000)))  # warm
-    n50 = max(20_000, units)
+    n50 = spin50_units(units)
     measures = {"submit_units_per_s": lambda: timed(units, lambda: [x.result() for x in [f.submit("work", i) for i in range(units)]])}
     for c in CHUNKS:
         n = units * MAP_ITEMS[c]
@@ -128,7 +133,7 @@ def open_fleet(stack, workers, units, slots_per_worker):
 def open_ppe(stack, workers, units):
     ex = stack.enter_context(cf.ProcessPoolExecutor(workers))
     list(ex.map(H.work, range(2000)))
-    n50 = max(20_000, units)
+    n50 = spin50_units(units)
     return {
         "submit_units_per_s": lambda: timed(units, lambda: [x.result() for x in [ex.submit(H.work, i) for i in range(units)]]),
         "latency_us": lambda: round_trips(lambda: ex.submit(H.work, 0).result()),
@@ -139,7 +144,7 @@ def open_ppe(stack, workers, units):
 def open_pool(stack, workers, units):
     pool = stack.enter_context(mp.Pool(workers))
     list(pool.imap_unordered(H.work, range(2000)))
-    n50 = max(20_000, units)
+    n50 = spin50_units(units)
     measures = {}
     for c in CHUNKS:
         n = units * MAP_ITEMS[c]
@@ -175,7 +180,7 @@ def open_bare(stack, workers, units):
             ours.send(None)
             proc.join(10)
         stack.callback(stop)
-    n50 = max(20_000, units)
+    n50 = spin50_units(units)
 
     def run():
         for c in conns:
@@ -194,7 +199,7 @@ def open_mpire(stack, workers, units):
         from mpire import WorkerPool
     except ImportError:
         return None
-    n50 = max(20_000, units)
+    n50 = spin50_units(units)
 
     def on_a_pool(n, run, warm):
         with WorkerPool(n_jobs=workers) as pool:
