@@ -69,6 +69,7 @@ from typing import Hashable, NamedTuple
 from . import fsm
 from .roles import Role, RoleSet
 from .seats import NO_SEAT, SeatLayout
+from .table.layout import OP_FIELDS  # a grant's rows are the table's batch rows
 
 #: Units queued behind one pin (its seat runs them in order).
 DEFAULT_PIN_DEPTH = 16
@@ -97,11 +98,14 @@ class Pending:
 
 
 class Grant(NamedTuple):
-    """Carry out `transitions` on the table (in order), then send the unit to `seat`.
+    """Carry out `ops` on the table (in order), then send the unit to `seat`.
 
-    The worker applies `start_event` (START or RESUME) with `key_id` when it begins.
-    (Immutable as a NamedTuple: one is built per unit, and a frozen dataclass's
-    __init__ costs several times as much.)
+    `ops` are the slot events of the grant as rows of the table's batch call
+    (`SlotTable.apply_ops`, OP_FIELDS each: slot, event, role, key, chained), so the
+    loop applies every grant of a pass in one kernel call by joining them; a grant's
+    second event is chained to its first. The worker applies `start_event` (START or
+    RESUME) with `key_id` when it begins. (Immutable as a NamedTuple: one is built per
+    unit, and a frozen dataclass's __init__ costs several times as much.)
     """
 
     unit_id: int
@@ -110,8 +114,23 @@ class Grant(NamedTuple):
     seat: int
     start_event: int
     key_id: int
-    transitions: tuple  # ((event, role, key_id), ...)
+    ops: tuple  # (slot, event, role, key_id, chained) * its events
     ahead: bool = False  # sent behind the slot's running unit (the worker LEASEs the slot)
+
+    @property
+    def transitions(self) -> tuple:
+        """The grant's events as ((event, role, key_id), ...)."""
+        ops = self.ops
+        return tuple((ops[i + 1], ops[i + 2], ops[i + 3]) for i in range(0, len(ops), OP_FIELDS))
+
+
+def _ops(slot: int, events: tuple) -> tuple:
+    """`events` ((event, role, key_id), ...) on `slot` as `Grant.ops` rows, each after
+    the first chained to the one before."""
+    rows: tuple = ()
+    for i, (event, role, key_id) in enumerate(events):
+        rows += (slot, event, role, key_id, int(i > 0))
+    return rows
 
 
 @dataclass
@@ -432,7 +451,7 @@ class Dispatcher:
             slot = self._lease_on(seat, code)
             queue.plain.pop()
             queue.n -= 1
-            out.append(self._take(slot, item, fsm.START, ((fsm.LEASE, code, 0),)))
+            out.append(self._take(slot, item, fsm.START, (slot.index, fsm.LEASE, code, 0, 0)))
         feedable = self._feedable[code]
         while feedable:
             # The shallowest slot first, so the role's seats fill evenly; and only while
@@ -481,7 +500,7 @@ class Dispatcher:
                         return
                     q.pop()
                     queue.n -= 1
-                    out.append(self._take(slot, item, fsm.START, self._repin(code, slot, key)))
+                    out.append(self._take(slot, item, fsm.START, _ops(slot.index, self._repin(code, slot, key))))
                     continue
                 if slot is not None:
                     if len(slot.inflight) >= self.pin_depth:
@@ -500,7 +519,7 @@ class Dispatcher:
                     break
                 q.pop()
                 queue.n -= 1
-                out.append(self._take(slot, item, fsm.START, transitions))
+                out.append(self._take(slot, item, fsm.START, _ops(slot.index, transitions)))
             if not q.n:
                 del queue.by_key[key]
 
@@ -577,7 +596,7 @@ class Dispatcher:
             if kid and kid not in in_use:
                 return kid
 
-    def _take(self, slot: _Slot, item: Pending, start_event: int, transitions: tuple, ahead: bool = False) -> Grant:
+    def _take(self, slot: _Slot, item: Pending, start_event: int, ops: tuple, ahead: bool = False) -> Grant:
         if not slot.inflight:
             self._in_use[slot.role] += 1
         slot.inflight.append(item.unit_id)
@@ -587,7 +606,7 @@ class Dispatcher:
             self._keyed_items[item.unit_id] = item
         else:
             self._update_feedable(slot)
-        return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, transitions, ahead)
+        return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, ops, ahead)
 
     def _update_feedable(self, slot: _Slot) -> None:
         """A pooled slot may take a unit ahead while 1 <= its units in flight <= the role's lookahead."""

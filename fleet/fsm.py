@@ -143,6 +143,7 @@ R_BAD_EVENT = 7  # no such event
 R_BAD_ROLE = 8  # no such role
 R_BAD_KEY = 9  # key does not fit the word, or a key for a role that takes none
 R_STALE = 10  # the caller's expected generation is no longer current
+R_NOT_TRIED = 11  # chained to an earlier event of a batch that was refused: not attempted
 
 REASON_NAMES = (
     "ok",
@@ -156,6 +157,7 @@ REASON_NAMES = (
     "no such role",
     "bad key",
     "stale generation",
+    "not tried: an earlier event of its grant was refused",
 )
 
 #: Role argument meaning "whatever role the slot holds" (events other than LEASE).

@@ -526,24 +526,29 @@ class Supervisor:
                 self._close(unit_id, Outcome(FAILED, "LeaseLost", self._lease_lost[unit_id]))
             else:
                 self._forget(unit_id)  # its caller cancelled it
+        ops: list = []  # every grant's slot events, applied in one kernel call
+        for g in grants:
+            if g.ops:
+                ops += g.ops
+        reasons = None  # read only when the table refused some event (rare: a broken FSM rule)
+        if ops:
+            rows = len(ops) // L.OP_FIELDS
+            if self.table.apply_ops(ops) < rows:
+                reasons = iter(self.table.reasons(rows))
         sends: dict[int, list] = {}  # seat -> its tasks of this pass, pushed in one call each
         freed: dict[int, int] = {}  # role -> units granted, whose queue room goes back at once below
         for g in grants:
             unit = self._units[g.unit_id]
             unit.queued = False
             freed[unit.role] = freed.get(unit.role, 0) + 1
-            refused = None
-            for event, role, key_id in g.transitions:
-                reason = self.table.transition(g.slot, event, role, key_id)
-                if reason != fsm.OK:
-                    refused = f"slot {g.slot} refused the grant's {fsm.EVENT_NAMES[event]}: {fsm.REASON_NAMES[reason]}"
-                    break
-            if refused is not None:
-                # A broken FSM rule, not a dead worker: its own reason, and counted (status shows it).
-                self._fsm_refused(refused)
-                self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
-                self._close(g.unit_id, Outcome(FAILED, "FsmRefused", refused))
-                continue
+            if reasons is not None and g.ops:
+                why = self._grant_refused(g, [next(reasons) for _ in range(len(g.ops) // L.OP_FIELDS)])
+                if why is not None:
+                    # A broken FSM rule, not a dead worker: its own reason, and counted (status shows it).
+                    self._fsm_refused(why)
+                    self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
+                    self._close(g.unit_id, Outcome(FAILED, "FsmRefused", why))
+                    continue
             task = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags) + unit.body
             batch = sends.get(g.seat)
             if batch is None:
@@ -554,6 +559,14 @@ class Supervisor:
             self._room.give(code, n)
         for seat, batch in sends.items():
             self._send(seat, batch)
+
+    @staticmethod
+    def _grant_refused(g, reasons: list) -> str | None:
+        """Why the table refused grant `g` (its events' `reasons`, in order), or None."""
+        for (event, _role, _key), reason in zip(g.transitions, reasons):
+            if reason != fsm.OK:
+                return f"slot {g.slot} refused the grant's {fsm.EVENT_NAMES[event]}: {fsm.REASON_NAMES[reason]}"
+        return None
 
     def _send(self, seat: int, tasks: list) -> None:
         """A seat's tasks of one pass: pushed and its worker woken in one call; what does

@@ -159,6 +159,23 @@ def test_a_refused_grant_fails_fsm_refused_and_is_counted(fleet_name):
         assert f.posture_show()["causes"] == []  # not a lane death
 
 
+def test_one_refused_grant_of_a_batch_fails_alone(fleet_name):
+    """Grants of one pass go to the table in one kernel call: the refused one fails
+    FsmRefused, the others of the same call run."""
+    cfg = config(fleet_name, {"work": role("echo", slots=3)}, profile="serial")
+    with running(cfg) as f:
+        sup = f._sup
+        assert list(f.map("work", [1, 2, 3])) == [1, 2, 3]
+        wait_for(lambda: all(sup.table.state(s)[0] == fsm.IDLE for s in range(3)), "every slot Idle")
+        sup.table.slots[1 * SLOT_FIELDS + L.S_WORD] = L.pack_word(fsm.RUNNING, 0, 0, 7)
+        futures = sup.submit_many("work", [10, 20, 30])  # one run: one pass grants all three
+        errors = [fu.exception(EVENTUALLY_S) for fu in futures]
+        refused = [e for e in errors if e is not None]
+        assert len(refused) == 1 and refused[0].reason == "FsmRefused" and "LEASE" in str(refused[0])
+        assert sorted(fu.result() for fu, e in zip(futures, errors) if e is None) in ([10, 20], [10, 30], [20, 30])
+        assert f.ledger()["fsm_refused"] == 1
+
+
 def test_a_refused_completion_fails_fsm_refused_and_is_counted(fleet_name):
     cfg = config(fleet_name, {"work": role("lose_own_completion", slots=1)}, profile="serial")
     with running(cfg) as f:

@@ -183,6 +183,50 @@ def test_batch_applies_in_order_and_reports_each_reason(table):
     assert table.state(0) == (fsm.IDLE, 0, 0, 3)
 
 
+def test_a_chained_event_is_not_tried_after_a_refusal(table):
+    """A grant of two events (UNPIN then LEASE, as a re-key does) never half-happens: on
+    an Idle slot the UNPIN is refused, so the chained LEASE must not lease it."""
+    pinned, pooled = MATRIX.code("pinned_never"), MATRIX.code("pooled_never")
+    before = table.word(1)
+    reasons = table.apply_batch([1, 1, 2], [fsm.UNPIN, fsm.LEASE, fsm.LEASE], [fsm.ANY_ROLE, pinned, pooled],
+                                [0, 3, 0], chained=[0, 1, 0])
+    assert reasons.tolist() == [fsm.R_ILLEGAL, fsm.R_NOT_TRIED, fsm.OK]  # the next grant is its own
+    assert table.word(1) == before
+    assert table.state(2)[:2] == (fsm.LEASED, pooled)
+    assert fsm.REASON_NAMES[fsm.R_NOT_TRIED].startswith("not tried")
+
+
+def test_a_chained_event_runs_after_an_applied_one(table):
+    pinned = MATRIX.code("pinned_never")
+    table.apply(0, "LEASE", pinned, 3)
+    table.apply(0, "START")
+    table.apply(0, "PIN_KEYED")
+    reasons = table.apply_batch([0, 0], [fsm.UNPIN, fsm.LEASE], [fsm.ANY_ROLE, pinned], [0, 4], chained=[0, 1])
+    assert reasons.tolist() == [fsm.OK, fsm.OK]
+    assert table.state(0)[:3] == (fsm.LEASED, pinned, 4)
+
+
+def test_apply_ops_applies_rows_and_tells_reasons_only_when_asked(table):
+    pooled = MATRIX.code("pooled_never")
+    ops = [0, fsm.LEASE, pooled, 0, 0, 0, fsm.START, fsm.ANY_ROLE, 0, 1, 3, fsm.START, fsm.ANY_ROLE, 0, 0]
+    assert table.apply_ops(ops) == 2
+    assert table.reasons(3) == [fsm.OK, fsm.OK, fsm.R_ILLEGAL]
+    assert table.state(0)[0] == fsm.RUNNING
+    assert table.apply_ops([1, fsm.LEASE, pooled, 0, 0]) == 1  # one row: the one-event kernel
+    assert table.state(1)[:2] == (fsm.LEASED, pooled)
+    assert table.apply_ops([1, fsm.LEASE, pooled, 0, 0]) == 0  # Leased: no second lease
+    assert table.reasons(1) == [fsm.R_ILLEGAL]
+    many = [5, fsm.LEASE, pooled, 0, 0] * 40  # more rows than its first reasons buffer: it grows
+    assert table.apply_ops(many) == 0
+    assert table.reasons(40) == [fsm.R_BAD_SLOT] * 40
+
+
+def test_batch_refuses_floats(table):
+    with pytest.raises(TypeError):
+        table.apply_batch([0.0], [fsm.LEASE], [0], [0])
+    assert table.state(0)[0] == fsm.IDLE
+
+
 def test_batch_rejects_ragged_input(table):
     with pytest.raises(ValueError):
         table.apply_batch([0, 1], [0], [0], [0])

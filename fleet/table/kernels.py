@@ -17,7 +17,7 @@ Kernels are compiled without numba's reference-counting runtime (`_nrt=False`): 
 it, every call between njit functions increments and decrements each array argument's
 refcount with locked instructions, which costs more than the transition itself
 (~80 ns against ~19 ns). An njit loop that calls these kernels should be compiled the
-same way, or use `apply_batch`.
+same way, or use `apply_batch` (many events, one call from Python).
 
 Kernels keep the GIL (``nogil=False``). Each runs for well under a microsecond; giving
 the GIL up around it lets another thread of the process take it, and the caller then
@@ -31,6 +31,7 @@ all with release stores, so a lock-free reader can detect and retry a torn read.
 from __future__ import annotations
 
 import hashlib
+from array import array
 
 from .numba_env import ensure_cache_dir
 
@@ -81,6 +82,8 @@ _MAX_KEY = fsm.MAX_KEY
 _OK, _R_ILLEGAL, _R_WRONG_ROLE, _R_WRONG_KIND = fsm.OK, fsm.R_ILLEGAL, fsm.R_WRONG_ROLE, fsm.R_WRONG_KIND
 _R_KEY_MISMATCH, _R_CORDONED, _R_BAD_SLOT = fsm.R_KEY_MISMATCH, fsm.R_CORDONED, fsm.R_BAD_SLOT
 _R_BAD_EVENT, _R_BAD_ROLE, _R_BAD_KEY, _R_STALE = fsm.R_BAD_EVENT, fsm.R_BAD_ROLE, fsm.R_BAD_KEY, fsm.R_STALE
+_R_NOT_TRIED = fsm.R_NOT_TRIED
+OP_FIELDS = L.OP_FIELDS
 _P_STATE = L.P_STATE
 _S_UNIT, _S_DONE = L.S_UNIT, L.S_DONE
 _LEASE, _START = fsm.LEASE, fsm.START
@@ -234,14 +237,27 @@ apply_transition = _make_apply_transition(TABLES_DIGEST)
 
 def _make_apply_batch(tables_digest):
     @njit(cache=True, nogil=False, _nrt=False)
-    def apply_batch(slots, roles, n_roles, posture, slot_ids, events, role_ids, keys, out):
-        """Apply events[i] to slot_ids[i] in order; out[i] gets each reason. Returns #applied."""
+    def apply_batch(slots, roles, n_roles, posture, ops, out):
+        """Apply a batch of events in order, in one call; returns how many were applied.
+
+        `ops` is flat int64, OP_FIELDS per row: slot, event, role, key, chained. A
+        chained row is tried only if the row before it was applied (out: R_NOT_TRIED
+        otherwise), so a grant of two events (UNPIN then LEASE) never half-happens past
+        a refusal. out[i] gets row i's reason; `out` holds at least one per row.
+        """
         tables_digest  # noqa: B018 - in the closure, so in numba's cache key
         applied = 0
-        n = min(slot_ids.size, events.size, role_ids.size, keys.size, out.size)
+        n = min(len(ops) // OP_FIELDS, out.size)
+        previous = _OK
         for i in range(n):
-            reason = apply_transition(slots, roles, n_roles, posture, slot_ids[i], events[i], role_ids[i], keys[i], -1)
+            base = i * OP_FIELDS
+            if ops[base + 4] != 0 and previous != _OK:
+                reason = _R_NOT_TRIED
+            else:
+                reason = apply_transition(slots, roles, n_roles, posture, ops[base], ops[base + 1], ops[base + 2],
+                                          ops[base + 3], -1)
             out[i] = reason
+            previous = reason
             if reason == _OK:
                 applied += 1
         return applied
@@ -335,7 +351,8 @@ def warm_up(slots, roles, n_roles, posture) -> None:
     """Compile (or load from cache) every kernel with the table's argument types."""
     apply_transition(slots, roles, n_roles, posture, -1, 0, 0, 0, -1)
     ids = np.zeros(0, dtype=np.int64)
-    apply_batch(slots, roles, n_roles, posture, ids, ids, ids, ids, ids)
+    apply_batch(slots, roles, n_roles, posture, ids, ids)
+    apply_batch(slots, roles, n_roles, posture, array("q"), ids)  # the loop's grants come as an array.array
     start_unit(slots, roles, n_roles, posture, -1, 0, 0, 0, 0)
     finish_unit(slots, roles, n_roles, posture, -1, 0, 0)
     seq_write(slots, -1, ids, np.zeros(0, dtype=np.uint64))

@@ -185,7 +185,12 @@ R_REPINS = 7  # elastic re-pins (T9 then T1 on demand, `elastic_repin`); same wr
 R_NAME_BYTE = LINE  # second line: the name, NUL-padded, 32 bytes
 ROLE_NAME_BYTES = 32
 
+#: Fields of one row of a batch of slot events (`SlotTable.apply_batch`/`apply_ops`):
+#: slot, event, role, key, chained (tried only if the row before it was applied).
+OP_FIELDS = 5
+
 # --- slot records (2 lines each) ---------------------------------------------------------
+
 SLOT_SIZE = 2 * LINE
 S_WORD = 0  # the FSM word; CAS only
 S_SEQ = 1  # seqlock over fields 3..6 (one writer: the supervisor)

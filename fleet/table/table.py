@@ -7,6 +7,7 @@ so an attach-and-snapshot reader such as `fleetctl status` never loads numba).
 from __future__ import annotations
 
 import operator
+from array import array
 import time
 from typing import Iterable
 
@@ -80,6 +81,7 @@ class SlotTable:
         )
         self._k = None
         self._ledger_values = None
+        self._reasons = np.empty(16, dtype=np.int64)  # apply_ops' reasons, reused
 
     # --- life cycle -------------------------------------------------------------------
     @classmethod
@@ -169,17 +171,41 @@ class SlotTable:
             raise TransitionRejected(reason, slot, ev, word)
         return self.word(slot)
 
-    def apply_batch(self, slot_ids, events, role_ids, keys) -> np.ndarray:
-        """Apply many events in one call (a Python -> kernel call costs ~0.5 µs); returns reasons."""
-        slot_ids = np.ascontiguousarray(slot_ids, dtype=np.int64)
-        events = np.ascontiguousarray(events, dtype=np.int64)
-        role_ids = np.ascontiguousarray(role_ids, dtype=np.int64)
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
-        if not slot_ids.shape == events.shape == role_ids.shape == keys.shape:
-            raise ValueError("apply_batch: slot_ids, events, role_ids and keys must have one length")
-        out = np.empty_like(slot_ids)
-        self._kernels().apply_batch(self.slots, self.roles, self.n_roles, self.posture, slot_ids, events, role_ids, keys, out)
+    def apply_batch(self, slot_ids, events, role_ids, keys, chained=None) -> np.ndarray:
+        """Apply many events in order, in one kernel call; returns each one's reason.
+        `chained[i]` true: event i is tried only if event i-1 was applied (else its
+        reason is fsm.R_NOT_TRIED), for a grant of several events on one slot."""
+        n = len(slot_ids)
+        if chained is None:
+            chained = [0] * n
+        if not n == len(events) == len(role_ids) == len(keys) == len(chained):
+            raise ValueError("apply_batch: slot_ids, events, role_ids, keys and chained must have one length")
+        columns = [np.asarray(column) for column in (slot_ids, events, role_ids, keys, chained)]
+        for column in columns:
+            if column.size and column.dtype.kind not in "iub":
+                raise TypeError(f"apply_batch takes integers, not {column.dtype}")
+        ops = np.ascontiguousarray(np.column_stack(columns).reshape(-1), dtype=np.int64) if n else np.zeros(0, np.int64)
+        out = np.empty(n, dtype=np.int64)
+        self._kernels().apply_batch(self.slots, self.roles, self.n_roles, self.posture, ops, out)
         return out
+
+    def apply_ops(self, ops: list) -> int:
+        """The loop's form of `apply_batch`: `ops` a flat list of int rows (slot, event,
+        role, key, chained), as `fleet.dispatch.Grant.ops` joined; returns how many
+        events were applied. When that is fewer than the rows, `reasons(n)` tells each
+        row's reason."""
+        n = len(ops) // L.OP_FIELDS
+        if n == 1:  # one event (a lone grant): the one-event kernel, no array to build
+            reason = self._reasons[0] = self.transition(ops[0], ops[1], ops[2], ops[3])
+            return int(reason == fsm.OK)
+        if len(self._reasons) < n:
+            self._reasons = np.empty(max(n, 2 * len(self._reasons)), dtype=np.int64)
+        return (self._k or self._kernels()).apply_batch(self.slots, self.roles, self.n_roles, self.posture,
+                                                        array("q", ops), self._reasons)
+
+    def reasons(self, n: int) -> list[int]:
+        """The reasons of the last `apply_ops` call's first `n` rows."""
+        return self._reasons[:n].tolist()
 
     def word(self, slot: int) -> int:
         """The slot's current word (see layout.unpack_word)."""

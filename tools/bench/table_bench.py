@@ -8,6 +8,8 @@ Figures (all measured in this run):
   ns_per_transition_contended  two processes racing on the same slots (per attempt, each side)
   ns_per_call_python           one transition from Python through SlotTable.transition
   ns_per_call_kernel_direct    the same kernel called from Python without the wrapper
+  ns_per_grant_K_per_pass_*    a loop pass granting K slots (LEASE each): one call per grant
+                               (`calls`) against one `apply_ops` call for the pass (`batch`)
   us_per_snapshot              full consistent snapshot of a 64-slot table
 and a peer measured the same way: the same Idle->Leased->Running->Idle cycle done
 from Python on a multiprocessing shared array under a multiprocessing.Lock, with
@@ -118,6 +120,37 @@ def bench_python_call(table, n):
     return per_method * 1e9, per_direct * 1e9
 
 
+def bench_grant_pass(table, grants, n):
+    """ns per grant for one loop pass of `grants` LEASEs: one `transition` call each
+    (what the loop did) against the rows joined into one `apply_ops` call (what it does).
+    Each round leases slots 0..grants-1 and walks them home, outside the timing."""
+    t = table
+    rows = [[s, LEASE, ROLE, 0, 0] for s in range(grants)]
+
+    def home():
+        for s in range(grants):
+            t.transition(s, START)
+            t.transition(s, RELEASE)
+
+    per_call = batch = 0
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        for s, event, role, key, _chained in rows:
+            t.transition(s, event, role, key)
+        t1 = time.perf_counter_ns()
+        home()
+        t2 = time.perf_counter_ns()
+        ops: list = []
+        for row in rows:
+            ops += row
+        t.apply_ops(ops)
+        t3 = time.perf_counter_ns()
+        home()
+        per_call += t1 - t0
+        batch += t3 - t2
+    return per_call / n / grants, batch / n / grants
+
+
 def bench_snapshot(name, n):
     with SlotTable.create(name, REFERENCE_ROLES, 64) as t:
         try:
@@ -163,6 +196,8 @@ def main(argv=None):
             njit_ns = min(bench_njit(table, args.transitions) for _ in range(3))
             contended_ns, contended_rate = bench_contended(table, args.transitions)
             method_ns, direct_ns = bench_python_call(table, 300_000)
+            pass1 = bench_grant_pass(table, 1, 30_000)
+            pass8 = bench_grant_pass(table, 8, 30_000)
         finally:
             table.unlink()
     snapshot_us = bench_snapshot(name + "-s", 20_000)
@@ -173,6 +208,11 @@ def main(argv=None):
         "contended_applied_per_s": round(contended_rate),
         "ns_per_call_python": round(method_ns, 1),
         "ns_per_call_kernel_direct": round(direct_ns, 1),
+        "ns_per_grant_1_per_pass_calls": round(pass1[0], 1),
+        "ns_per_grant_1_per_pass_batch": round(pass1[1], 1),
+        "ns_per_grant_8_per_pass_calls": round(pass8[0], 1),
+        "ns_per_grant_8_per_pass_batch": round(pass8[1], 1),
+        "ratio_grant_calls_over_batch_8_per_pass": round(pass8[0] / pass8[1], 2),
         "us_per_snapshot": round(snapshot_us, 2),
         "snapshot_slots": 64,
         "peer_mp_lock_python_ns_per_transition": round(peer_ns, 1),
