@@ -105,15 +105,29 @@ class Ledger:
         if kind == FAILED and reason not in FAILURE_REASONS:
             raise ValueError(f"unknown failure reason {reason!r}; one of {', '.join(FAILURE_REASONS)}")
         with self._lock:
-            try:
-                self._open.remove(unit_id)
-            except KeyError:
-                self._trip(f"outcome {kind}({reason}) for unit {unit_id}, which is not open (duplicate or unknown)")
-                return False
-            self._by_kind[kind] += 1
-            if kind == FAILED:
-                self._by_reason[FAILURE_REASONS.index(reason)] += 1
+            closed = self._close_locked(unit_id, kind, reason)
             self._check_locked()
+        return closed
+
+    def solved_many(self, unit_ids) -> int:
+        """`record(unit_id, SOLVED)` for each of `unit_ids`, under one lock (the units a
+        slice of results solved); returns how many were open (the fuse trips for any other)."""
+        closed = 0
+        with self._lock:
+            for unit_id in unit_ids:
+                closed += self._close_locked(unit_id, SOLVED, None)
+            self._check_locked()
+        return closed
+
+    def _close_locked(self, unit_id: int, kind: str, reason: str | None) -> bool:
+        try:
+            self._open.remove(unit_id)
+        except KeyError:
+            self._trip(f"outcome {kind}({reason}) for unit {unit_id}, which is not open (duplicate or unknown)")
+            return False
+        self._by_kind[kind] += 1
+        if kind == FAILED:
+            self._by_reason[FAILURE_REASONS.index(reason)] += 1
         return True
 
     def fsm_refused(self) -> None:

@@ -623,15 +623,20 @@ class Supervisor:
             self._room.give(unit.role)
         return unit
 
-    def _close(self, unit_id: int, outcome: Outcome, value=None, original=None, cost=None) -> None:
-        """Record an outcome; its future resolves at the end of this turn."""
+    def _close(self, unit_id: int, outcome: Outcome, value=None, original=None, cost=None,
+               solved: list | None = None) -> None:
+        """Record an outcome; its future resolves at the end of this turn. `solved`: a
+        slice's list of solved units, which its caller ledgers in one call."""
         if self._providers is not None:
             self._providers.ended(unit_id, outcome, original, cost)  # its pool takes the signal
         if self._gate is not None:
             self._lease_lost.pop(unit_id, None)
             self._gate.done(unit_id)  # give its lease back
         unit = self._end(unit_id)
-        self.ledger.record(unit_id, outcome.kind, outcome.reason)
+        if solved is not None and outcome.kind == SOLVED:
+            solved.append(unit_id)
+        else:
+            self.ledger.record(unit_id, outcome.kind, outcome.reason)
         if unit is None:
             return
         if outcome.kind == SOLVED:
@@ -788,15 +793,25 @@ class Supervisor:
             self._publish_units()
 
     def _handle_results(self, batch) -> None:
-        """A slice of results: outcomes recorded, and the slots they freed granted and
-        sent at once (counters are published once per pass, before delivery)."""
-        for tag, view in batch:
-            self._take_message(tag, view)
+        """A slice of results: outcomes recorded (the solved ones in one ledger call), and
+        the slots they freed granted and sent at once (counters are published once per
+        pass, before delivery)."""
+        self._take_messages(batch)
         self._dispatch()
 
-    def _take_message(self, tag: int, view) -> None:
+    def _take_messages(self, batch) -> None:
+        solved: list[int] = []
+        try:
+            for tag, view in batch:
+                self._take_message(tag, view, solved)
+        finally:  # even past an error: every unit taken off the books has its outcome
+            if solved:
+                self.ledger.solved_many(solved)
+
+    def _take_message(self, tag: int, view, solved: list) -> None:
         """One message from a worker: a unit started (its run time limit is armed), or a
-        unit's result (its outcome recorded; the slot it freed is granted by the caller)."""
+        unit's result (its outcome recorded, a solved one onto `solved`; the slot it
+        freed is granted by the caller)."""
         if tag == M.STARTED:
             unit_id, _slot = M.STARTED_HEAD.unpack_from(view)
             unit = self._units.get(unit_id)
@@ -828,7 +843,7 @@ class Supervisor:
             self._end(unit_id)
             self._done.append((unit.future, value, None))
             return
-        self._close(unit_id, outcome, value, original, cost)
+        self._close(unit_id, outcome, value, original, cost, solved)
 
     # ================================================================== deaths
     def _seat_died(self, seat: int, pid: int, status: int, restart: bool = True) -> None:
@@ -878,8 +893,7 @@ class Supervisor:
         ring = self.data.results(seat)
         batch = ring.pop_many()
         while batch:
-            for tag, view in batch:
-                self._take_message(tag, view)
+            self._take_messages(batch)
             batch = ring.pop_many()
 
     def _reset_slots(self, seat: int) -> None:

@@ -75,6 +75,19 @@ def test_a_batch_of_submits_counts_each_and_trips_on_one_seen_before():
     assert ledger.counts().submitted == 4 and ledger.is_open(4)
 
 
+def test_a_slice_of_solved_units_is_ledgered_at_once_and_trips_on_one_not_open():
+    fuse = Fuse()
+    ledger = Ledger(on_fuse=fuse)
+    ledger.submitted_many([1, 2, 3, 4])
+    assert ledger.solved_many([1, 3]) == 2
+    counts = ledger.counts()
+    assert (counts.solved, counts.inflight) == (2, 2) and not fuse.trips
+    assert ledger.solved_many([2, 3, 99]) == 1  # 2 closes; 3 was closed already, 99 never opened
+    assert len(fuse.trips) == 2 and "unit 3, which is not open" in str(fuse.trips[0])
+    counts = ledger.counts()
+    assert (counts.submitted, counts.solved, counts.inflight) == (4, 3, 1) and ledger.is_open(4)
+
+
 def test_the_fuse_is_logged_at_error(caplog):
     ledger = Ledger(on_fuse=Fuse())
     with caplog.at_level("ERROR", logger="fleet.ledger"):
@@ -127,6 +140,16 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.record(uid, kind, reason if kind == "failed" else None)
         self.open.remove(uid)
         self.closed[uid] = (kind, reason if kind == "failed" else None)
+
+    @rule(data=st.data())
+    def finish_a_slice(self, data):
+        if not self.open:
+            return
+        uids = data.draw(st.lists(st.sampled_from(sorted(self.open)), min_size=1, unique=True))
+        assert self.ledger.solved_many(uids) == len(uids)
+        for uid in uids:
+            self.open.remove(uid)
+            self.closed[uid] = ("solved", None)
 
     @rule(data=st.data())
     def duplicate(self, data):
