@@ -452,19 +452,20 @@ class Dispatcher:
             queue.plain.pop()
             queue.n -= 1
             out.append(self._take(slot, item, fsm.START, (slot.index, fsm.LEASE, code, 0, 0)))
-        feedable = self._feedable[code]
+        feedable, plain = self._feedable[code], queue.plain
+        # Fixed for this loop (it leases nothing, and posture changes between grants only):
+        held, shallow, nominal = self._held[code], self._ahead[code] > 1, self.posture != fsm.CORDONED
         while feedable:
             # The shallowest slot first, so the role's seats fill evenly; and only while
             # the queue holds at least as many units as every slot would then have ahead
             # of it: a unit never waits behind more than is left for the other slots.
-            slot = self._slots[self._shallowest(feedable) if self._ahead[code] > 1 and len(feedable) > 1
-                               else next(iter(feedable))]
-            if queue.plain.n < self._held[code] * len(slot.inflight):
+            slot = self._slots[self._shallowest(feedable) if shallow and len(feedable) > 1 else next(iter(feedable))]
+            if plain.n < held * len(slot.inflight):
                 return
-            item = self._next_live(queue.plain, queue)
-            if item is None or not self._posture_allows(code, item, False):
+            item = self._next_live(plain, queue)
+            if item is None or not (nominal or self._posture_allows(code, item, False)):
                 return
-            queue.plain.pop()
+            plain.pop()
             queue.n -= 1
             self._sent_ahead[item.unit_id] = item
             self.sent_ahead_total += 1

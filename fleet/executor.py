@@ -149,7 +149,7 @@ class Fleet(Executor):
         )
 
     def _window(self, role, chunksize: int) -> int:
-        spec = self._sup.roles[role]  # read at each top-up: a reload may change the bound
+        spec = self._sup.roles[role]  # read at each look at the window: a reload may change the bound
         return map_window(chunksize, spec.queue_bound, spec.slots)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -300,18 +300,25 @@ class _Feeder:
         self.more = True
         self.pending = collections.deque() if ordered else set()
         self.done = None if ordered else queue.SimpleQueue()
+        #: a batch top-up waits until no more than this many are pending (set at each
+        #: look at the window: the map reads its window only then, not per result)
+        self.low = 0
 
     def fill(self) -> None:
         if self.submit_many is not None:
-            self._fill_batch()
+            if self.more and len(self.pending) <= self.low:
+                self._fill_batch()
             return
         while self.more and len(self.pending) < max(1, self.window()):
             self.more = self._feed()
 
     def _fill_batch(self) -> None:
         window = max(1, self.window())
+        # Top up in runs of at least MAP_REFILL (or a quarter of a small window), or
+        # whenever nothing is pending.
+        self.low = window - min(MAP_REFILL, max(1, window // 4))
         free = window - len(self.pending)
-        if not self.more or free <= 0 or (self.pending and free < min(MAP_REFILL, max(1, window // 4))):
+        if not self.more or free <= 0 or (self.pending and len(self.pending) > self.low):
             return
         if self.chunksize == 1:
             payloads = list(itertools.islice(self.items, free))

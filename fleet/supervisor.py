@@ -145,6 +145,7 @@ class Supervisor:
         self.name = config.name
         self.roles = config.roles
         self.mode = mode
+        self._relay = mode == "service"  # results stay pickled for fleetd's clients (codec.result_outcome)
         self.ledger = Ledger(on_fuse=on_fuse)  # thread-safe itself: any thread may read its counts
         self._cpus_override = cpus
         self._ids = itertools.count(1)  # next() is atomic: callers number their own units
@@ -604,7 +605,7 @@ class Supervisor:
         """Called as a unit comes up for a grant: True if its caller cancelled it; otherwise
         its future is marked running (from here on it cannot be cancelled). A unit whose
         host-group lease ended while it waited is skipped too: no dispatch without a lease."""
-        if unit_id in self._lease_lost:
+        if self._lease_lost and unit_id in self._lease_lost:
             return True
         return not self._units[unit_id].future.claim()
 
@@ -819,8 +820,7 @@ class Supervisor:
                 heapq.heappush(self._deadlines, (self.host.monotonic() + unit.timeout, unit_id))
             return
         unit_id, slot, status, final, elapsed, cost = M.RESULT_HEAD.unpack_from(view)
-        outcome, value, original = codec.result_outcome(status, view[M.RESULT_HEAD.size :],
-                                                        relay=self.mode == "service")
+        outcome, value, original = codec.result_outcome(status, view[M.RESULT_HEAD.size :], relay=self._relay)
         if cost != cost:  # NaN: no cost reported
             cost = None
         unit = self._units.get(unit_id)
