@@ -7,8 +7,8 @@ so an attach-and-snapshot reader such as `fleetctl status` never loads numba).
 from __future__ import annotations
 
 import operator
-from array import array
 import time
+from array import array
 from typing import Iterable
 
 import numpy as np
