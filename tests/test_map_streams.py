@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from fleet import UnitFailed, UnitSuppressed
-from fleet.executor import MAP_WINDOW, MAP_WINDOW_ITEMS, map_window
+from fleet.executor import MAP_REFILL, MAP_WINDOW, MAP_WINDOW_ITEMS, _Feeder, map_window
 
 from .fleets import config, role, running
 
@@ -155,6 +155,39 @@ def test_unordered_keeps_at_most_a_window_of_units_submitted(fleet_name, tmp_pat
 ])
 def test_the_map_window(chunksize, bound, slots, window):
     assert map_window(chunksize, bound, slots) == window
+
+
+def test_the_feeder_reads_its_window_once_a_top_up_and_tops_up_in_runs():
+    """A map looks at its window (the role's bound, which a reload may change) when a
+    top-up may be due, not after every result; it tops up in runs of MAP_REFILL, never
+    past the window, and a smaller window holds from the next top-up on."""
+    windows = {"now": 256, "looks": 0}
+
+    def window():
+        windows["looks"] += 1
+        return windows["now"]
+
+    submitted, runs = [], []
+
+    def submit_many(payloads, _chunk):
+        assert len(feeder.pending) + len(payloads) <= windows["now"]  # never past the window it read
+        runs.append((len(payloads), windows["now"]))
+        submitted.extend(payloads)
+        return list(payloads)  # stand-ins for futures: the feeder only tracks them
+
+    feeder = _Feeder(None, iter(range(5_000)), 1, window, ordered=True, submit_many=submit_many)
+    feeder.fill()
+    assert runs == [(256, 256)] and windows["looks"] == 1
+    taken = []
+    while feeder.pending:
+        taken.append(feeder.pending.popleft())
+        feeder.fill()
+        if len(taken) == 2_000:
+            windows["now"] = 100  # a reload shrank the role's bound
+    assert taken == list(range(5_000)) == submitted  # every item once, in order
+    assert all(n >= min(MAP_REFILL, w // 4) for n, w in runs[1:-1])  # in runs, not one by one
+    assert {w for _n, w in runs} == {256, 100}
+    assert windows["looks"] <= len(runs) + 2  # once a top-up, not once a result (5,000)
 
 
 @pytest.mark.parametrize("ordered", [True, False])
