@@ -8,7 +8,8 @@ and at every restart after a death — is a fork of it, ready in milliseconds.
 
 Protocol: JSON lines over a socketpair with the supervisor.
   supervisor -> zygote: {"op": "boot", ...} once, then {"op": "fork", "seat": i, "cpus": [...]}, {"op": "exit"}
-  zygote -> supervisor: {"op": "ready"} | {"op": "error", "type": ..., "message": ...}
+  zygote -> supervisor: {"op": "ready", "pid": p, "fleet": the directory fleet was imported from}
+                        | {"op": "error", "type": ..., "message": ...}
                         {"op": "forked", "seat": i, "pid": p} | {"op": "exited", "pid": p, "status": s}
 The zygote reaps its children and reports each exit, then rings the supervisor's
 bell so its loop wakes. It dies with the supervisor (parent-death signal), and its
@@ -194,7 +195,8 @@ def main(argv=None) -> int:
     except BaseException as exc:  # noqa: BLE001 - report any boot failure to the supervisor
         zygote.send(op="error", type=type(exc).__name__, message=str(exc), path=getattr(exc, "path", None))
         return 1
-    zygote.send(op="ready", pid=os.getpid())
+    # where this fleet was imported from: the supervisor checks it runs the same copy
+    zygote.send(op="ready", pid=os.getpid(), fleet=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return zygote.serve()
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import site
 import socket
 import subprocess
 import sys
@@ -25,6 +26,12 @@ log = logging.getLogger("fleet.supervisor")
 
 #: How long boot waits for the zygote to import handlers and load kernels.
 BOOT_TIMEOUT_S = 120.0
+
+#: The directory this fleet package was imported from. The zygote is started so that
+#: it imports fleet from here too: a supervisor and its workers must run one copy of
+#: fleet (its table layout, FSM and ring protocol), whatever else the zygote's working
+#: directory or environment would put first (a folder named fleet, another install).
+FLEET_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class WorkerStartError(BootRefused):
@@ -76,10 +83,13 @@ class ZygoteLink:
         ours, theirs = socket.socketpair()
         proc = spawner.submit(
             subprocess.Popen,
-            [sys.executable, "-m", "fleet.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
+            # -P: the working directory does not go first on the zygote's sys.path, the
+            # root of this fleet (zygote_env) does; the boot message then gives the
+            # zygote our whole sys.path, so handlers import as they do here.
+            [sys.executable, "-P", "-m", "fleet.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
-            env=dict(os.environ),
+            env=zygote_env(os.environ),
         ).result()
         theirs.close()
         link = cls(proc, ours)
@@ -107,6 +117,9 @@ class ZygoteLink:
             raise WorkerStartError(f"worker fork server failed to boot: {reply.get('type')}: {reply.get('message')}")
         if reply.get("op") != "ready":
             raise WorkerStartError(f"worker fork server said {reply!r} at boot")
+        if reply.get("fleet") != FLEET_ROOT:
+            raise WorkerStartError(f"worker fork server runs the fleet package of {reply.get('fleet')!r}, "
+                                   f"this process the one of {FLEET_ROOT!r}: they must be one copy")
         self._sock.setblocking(False)
 
     def _reply(self, deadline: float) -> dict:
@@ -116,6 +129,8 @@ class ZygoteLink:
                 chunk = self._sock.recv(65536)
             except TimeoutError:
                 raise WorkerStartError("worker fork server did not answer in time") from None
+            except ConnectionError:  # it died with our boot message unread: a reset, not an end of file
+                chunk = b""
             if not chunk:
                 raise WorkerStartError(f"worker fork server exited at boot (code {self._proc.wait()})")
             self._buf += chunk
@@ -194,3 +209,18 @@ def _event(line: bytes):
     if msg["op"] == "exited":
         return Exited(msg["pid"], msg["status"])
     return None
+
+
+def zygote_env(environ, root: str = FLEET_ROOT, site_dirs=None) -> dict:
+    """The zygote's environment: `environ`, with `root` first on PYTHONPATH, unless it is
+    one of the interpreter's own site directories: a zygote started with -P finds it
+    there as this process did (and site-packages put ahead of the standard library
+    could shadow a module of it with a stale backport of the same name)."""
+    env = dict(environ)
+    if site_dirs is None:
+        site_dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    if os.path.realpath(root) in {os.path.realpath(d) for d in site_dirs}:
+        return env
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = root + (os.pathsep + rest if rest else "")
+    return env

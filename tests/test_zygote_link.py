@@ -1,0 +1,99 @@
+"""A supervisor and its workers run one copy of fleet: the zygote imports the fleet
+package its supervisor imported, whatever its working directory or PYTHONPATH holds,
+and a zygote that runs another copy is refused at boot with both paths named."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import fleet
+from fleet.zygote_link import FLEET_ROOT, WorkerStartError, ZygoteLink, zygote_env
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    if len(sys.argv) > 2:
+        sys.path.insert(0, sys.argv[2])  # this process's fleet comes from there
+    import fleet
+    print("fleet", fleet.__file__, flush=True)
+    cfg = {"fleet": {"name": sys.argv[1], "profile": "serial"},
+           "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:square", "slots": 1}}}
+    with fleet.Fleet.from_config(cfg, env={}) as f:
+        print("result", f.submit("w", 7).result(60), flush=True)
+""")
+
+
+def _run(tmp_path, cwd, *args):
+    script = tmp_path / "bin" / "run.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_folder_named_fleet_in_the_working_directory_is_not_what_the_workers_run(tmp_path, fleet_name):
+    decoy = tmp_path / "work" / "fleet"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    (decoy / "zygote.py").write_text("raise SystemExit('the decoy fleet was imported')\n")
+    done = _run(tmp_path, decoy.parent, fleet_name)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "result 49" in done.stdout
+
+
+def test_the_zygote_imports_the_fleet_this_process_imported(tmp_path, fleet_name):
+    """A fleet found only on this process's own sys.path (a checkout beside the program,
+    here a link to the installed package): the zygote takes that one too."""
+    alt = tmp_path / "alt"
+    alt.mkdir()
+    (alt / "fleet").symlink_to(os.path.dirname(fleet.__file__), target_is_directory=True)
+    done = _run(tmp_path, tmp_path, fleet_name, str(alt))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"fleet {alt / 'fleet' / '__init__.py'}" in done.stdout and "result 49" in done.stdout
+
+
+def test_zygote_env_puts_this_fleet_first_and_keeps_the_rest():
+    env = zygote_env({"PYTHONPATH": "/a:/b", "HOME": "/root"}, root="/src/checkout", site_dirs=[])
+    assert env == {"PYTHONPATH": "/src/checkout" + os.pathsep + "/a:/b", "HOME": "/root"}
+    assert zygote_env({}, root="/src/checkout", site_dirs=[])["PYTHONPATH"] == "/src/checkout"
+
+
+def test_zygote_env_leaves_an_installed_fleet_where_the_interpreter_finds_it(tmp_path):
+    # site-packages ahead of the standard library could shadow it with a stale backport
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    assert zygote_env({"PYTHONPATH": "/a"}, root=str(site_dir), site_dirs=[str(site_dir)]) == {"PYTHONPATH": "/a"}
+    assert "PYTHONPATH" not in zygote_env({}, root=str(site_dir), site_dirs=[str(site_dir)])
+
+
+@pytest.mark.parametrize("reply, says", [
+    ({"op": "ready", "pid": 1, "fleet": "/elsewhere"}, "'/elsewhere'"),
+    ({"op": "ready", "pid": 1}, "None"),  # a zygote too old to say
+])
+def test_a_zygote_running_another_copy_of_fleet_is_refused_at_boot(reply, says):
+    ours, theirs = socket.socketpair()
+
+    def zygote_side():
+        with theirs, theirs.makefile("rb") as lines:
+            boot = json.loads(lines.readline())
+            assert boot["op"] == "boot"
+            theirs.sendall(json.dumps(reply).encode() + b"\n")
+
+    peer = threading.Thread(target=zygote_side)
+    peer.start()
+    link = ZygoteLink(None, ours)
+    try:
+        with pytest.raises(WorkerStartError) as info:
+            link._boot("x", [], None)
+        assert says in str(info.value) and repr(FLEET_ROOT) in str(info.value)
+    finally:
+        ours.close()
+        peer.join(10)
+
