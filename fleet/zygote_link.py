@@ -117,8 +117,9 @@ class ZygoteLink:
             raise WorkerStartError(f"worker fork server failed to boot: {reply.get('type')}: {reply.get('message')}")
         if reply.get("op") != "ready":
             raise WorkerStartError(f"worker fork server said {reply!r} at boot")
-        if reply.get("fleet") != FLEET_ROOT:
-            raise WorkerStartError(f"worker fork server runs the fleet package of {reply.get('fleet')!r}, "
+        theirs = reply.get("fleet")
+        if theirs is None or os.path.realpath(theirs) != os.path.realpath(FLEET_ROOT):
+            raise WorkerStartError(f"worker fork server runs the fleet package of {theirs!r}, "
                                    f"this process the one of {FLEET_ROOT!r}: they must be one copy")
         self._sock.setblocking(False)
 
