@@ -195,8 +195,9 @@ def main(argv=None) -> int:
     except BaseException as exc:  # noqa: BLE001 - report any boot failure to the supervisor
         zygote.send(op="error", type=type(exc).__name__, message=str(exc), path=getattr(exc, "path", None))
         return 1
-    # where this fleet was imported from: the supervisor checks it runs the same copy
-    zygote.send(op="ready", pid=os.getpid(), fleet=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from .zygote_link import FLEET_ROOT  # where this process's fleet came from
+
+    zygote.send(op="ready", pid=os.getpid(), fleet=FLEET_ROOT)  # the supervisor checks it runs the same copy
     return zygote.serve()
 
 
