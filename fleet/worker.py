@@ -40,6 +40,7 @@ from .codec import refused_body, split_route
 from ._chunk import run_items
 from .dataplane import RingRelay
 from .io_runner import IoRunner
+from .io_selector import new_event_loop
 from .outcomes import Refused
 from .table.layout import FLAG_CLOSING
 from .unit import RUNNING, Suppress, Unit, _Running
@@ -117,7 +118,7 @@ class Worker:
 
     # --- a seat with I/O slots: everything on one event loop ----------------------------
     def _run_io_seat(self) -> int:
-        self.loop = loop = asyncio.new_event_loop()
+        self.loop = loop = new_event_loop()  # timers to the nanosecond (fleet.io_selector)
         asyncio.set_event_loop(loop)
         self.io = IoRunner(self._io_slots, loop, self._unit_done)
         self._relay = RingRelay(self.tasks)

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <linux/time_types.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -576,4 +578,27 @@ int fleet_word_watch(const uint32_t *word, uint32_t seen, int64_t spin_ns) {
         if (monotonic_ns() >= until) return 1;
         sched_yield();
     }
+}
+
+#ifndef __NR_epoll_pwait2
+#define __NR_epoll_pwait2 441 /* one number on every architecture (new syscalls since 5.1) */
+#endif
+#define EPOLL_NS_BATCH 256
+
+int fleet_epoll_wait_ns(int epfd, uint64_t *out, int max_events, int64_t timeout_ns) {
+    struct epoll_event evs[EPOLL_NS_BATCH];
+    struct __kernel_timespec ts, *tsp = NULL;
+    if (max_events <= 0) return -EINVAL;
+    if (max_events > EPOLL_NS_BATCH) max_events = EPOLL_NS_BATCH;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = timeout_ns / 1000000000LL;
+        ts.tv_nsec = timeout_ns % 1000000000LL;
+        tsp = &ts;
+    }
+    /* Through syscall(): glibc wraps epoll_pwait2 only since 2.35. No signal mask. */
+    long n = syscall(__NR_epoll_pwait2, epfd, evs, max_events, tsp, NULL, (size_t)0);
+    if (n < 0) return -errno;
+    for (long i = 0; i < n; i++)
+        out[i] = ((uint64_t)evs[i].events << 32) | (uint32_t)evs[i].data.fd;
+    return (int)n;
 }

@@ -132,3 +132,12 @@ int     fleet_bell_wait_spin(uint32_t *bell, uint32_t *waiting, uint32_t seen, i
  * watch for a short while, never sleeping: word_watch looks until *word != seen (0)
  * or spin_ns have passed (1), yielding the CPU at each look. */
 int     fleet_word_watch(const uint32_t *word, uint32_t seen, int64_t spin_ns);
+
+/* epoll_wait with a nanosecond timeout (epoll_pwait2, Linux 5.11): an event loop's
+ * timers then fire when due, where epoll_wait's whole milliseconds wake them up to 1 ms
+ * late. Waits on `epfd` at most timeout_ns (< 0: no limit) and writes up to
+ * `max_events` (at most 256 a call; level-triggered fds report the rest next call)
+ * ready events to `out`, each as (events << 32) | fd. Returns how many, or -errno:
+ * -ENOSYS (or -EPERM from a seccomp filter) when the kernel does not offer it, -EINTR
+ * when a signal came (the caller runs its handlers and waits again for what is left). */
+int     fleet_epoll_wait_ns(int epfd, uint64_t *out, int max_events, int64_t timeout_ns);

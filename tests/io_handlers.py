@@ -130,3 +130,8 @@ async def knows_itself_async(unit):
 
     await asyncio.sleep(0)
     return plain.knows_itself(unit)
+
+
+async def loop_selector(unit):
+    """The class name of the selector under the seat's event loop."""
+    return type(asyncio.get_running_loop()._selector).__name__
