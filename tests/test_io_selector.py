@@ -13,6 +13,7 @@ import os
 import selectors
 import signal
 import socket
+import threading
 import time
 
 import pytest
@@ -59,6 +60,30 @@ def test_the_kernel_gets_the_timeout_as_asked_and_the_wait_lasts_at_least_that(s
     assert time.monotonic() - t0 >= 0.0015
     assert waits == [1_500_000]
     assert selector.precise
+
+
+def test_the_wait_lets_the_other_threads_of_the_process_run(selector):
+    """An I/O seat's plain handlers run on threads of the loop's process: the loop's
+    wait must not hold the GIL. Another thread stamps each of its turns; some stamp
+    falls well inside the wait."""
+    stamps, stop = [], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            stamps.append(time.monotonic())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    try:
+        time.sleep(0.01)
+        t0 = time.monotonic()
+        selector.select(0.3)
+        t1 = time.monotonic()
+    finally:
+        stop.set()
+        thread.join()
+    assert any(t0 + 0.05 < t < t1 - 0.05 for t in stamps), "no other thread ran while the selector waited"
 
 
 def test_an_asyncio_timer_is_waited_for_to_the_nanosecond(waits):
