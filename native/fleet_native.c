@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include <linux/time_types.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -585,9 +584,16 @@ int fleet_word_watch(const uint32_t *word, uint32_t seen, int64_t spin_ns) {
 #endif
 #define EPOLL_NS_BATCH 256
 
+/* The kernel's own timespec for epoll_pwait2 (struct __kernel_timespec: 64-bit fields on
+   every architecture), spelled here so the build needs no recent kernel headers. */
+struct epoll_ns_timespec {
+    int64_t tv_sec;
+    long long tv_nsec;
+};
+
 int fleet_epoll_wait_ns(int epfd, uint64_t *out, int max_events, int64_t timeout_ns) {
     struct epoll_event evs[EPOLL_NS_BATCH];
-    struct __kernel_timespec ts, *tsp = NULL;
+    struct epoll_ns_timespec ts, *tsp = NULL;
     if (max_events <= 0) return -EINVAL;
     if (max_events > EPOLL_NS_BATCH) max_events = EPOLL_NS_BATCH;
     if (timeout_ns >= 0) {
