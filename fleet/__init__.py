@@ -46,6 +46,7 @@ _LAZY = {
     "connect": "client",
     "Refused": "outcomes",
     "Route": "route",
+    "UntrustedPeer": "trust",
 }
 
 
@@ -104,6 +105,7 @@ __all__ = [
     "TierPlan",
     "UnknownRoleError",
     "NotRunning",
+    "UntrustedPeer",
     "connect",
     "current_unit",
     "load_config",

@@ -19,6 +19,7 @@ EXIT_QUOTA_TOO_SMALL = 81  # the declared peaks do not fit the quota
 EXIT_TABLE_IN_USE = 82  # a live fleet of that name owns the shared table
 EXIT_FUSE_TRIPPED = 83  # the exactly-one-outcome ledger found a duplicate or a gap
 EXIT_BUDGET_OVER_QUOTA = 84  # overrides or fixed shares add up to more than the quota
+EXIT_UNTRUSTED_PEER = 85  # a client refused a daemon, table or socket directory of a uid it does not trust
 
 
 class FleetError(Exception):
