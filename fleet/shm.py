@@ -32,6 +32,11 @@ Lifecycle rules:
   a process that started at another time). A live creator -> the kind's InUse error
   naming its pid; a header of another kind, of another fleet, or of something else
   -> the kind's Corrupt error, and the segment is left alone.
+* Owners. A segment under the fleet's name that belongs to another uid is never
+  reclaimed, whatever it holds: boot fails with `ForeignSegment` naming it and its
+  owner (another user made it, or ran this fleet before). Its bytes are not read.
+  An attach maps a segment only when its owner is trusted (`fleet.trust`): a table
+  another user made under our fleet's name tells us nothing we may believe.
 
 This module imports posix_ipc only (no numpy, no numba), so read-only tools stay fast.
 """
@@ -47,8 +52,10 @@ import time
 
 import posix_ipc
 
+from .errors import EXIT_FOREIGN_SEGMENT, FleetError
 from .groups import resolve_gid
 from .names import validate_fleet_name
+from .trust import check_owner, trusted_uids
 
 #: A segment with no magic and no creator recorded, older than this, is a creator that
 #: died before writing anything. Younger, a creator may be writing it right now.
@@ -61,6 +68,20 @@ SHM_DIR = "/dev/shm"
 
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
+
+
+class ForeignSegment(FleetError):
+    """A segment under the fleet's name belongs to another uid: not ours to reclaim or use."""
+
+    exit_code = EXIT_FOREIGN_SEGMENT
+
+    def __init__(self, where: str, label: str, uid: int, euid: int):
+        self.path, self.uid = where, uid
+        super().__init__(
+            f"the {label} {where} belongs to uid {uid}, not to uid {euid} that runs this fleet; "
+            "not reclaiming it (another user made it, or ran this fleet before): "
+            "if nothing uses it, remove it by hand"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +188,9 @@ def create(fleet: str, kind: Kind, size: int, *, readers_group: int | str | None
 
     ``readers_group`` (a gid or group name) may read the segment (mode 0640); without
     it only the owner may (0600). The caller initialises its header, then publishes
-    the magic. Raises the kind's InUse (a live creator), Corrupt (the name holds
-    something else), AccessDenied, or base error (a bad group).
+    the magic. Raises ForeignSegment (the name holds another uid's segment), the
+    kind's InUse (a live creator), Corrupt (the name holds something else),
+    AccessDenied, or base error (a bad group).
     """
     seg = segment_name(fleet, kind)
     gid = None
@@ -208,6 +230,7 @@ def _create_exclusive(fleet: str, kind: Kind, seg: str) -> posix_ipc.SharedMemor
         return _open_new(seg)
     except posix_ipc.ExistentialError:
         # Another creator took the name between the reclaim and this create.
+        _refuse_foreign(fleet, kind, _owner(fleet, kind))
         raise kind.errors.in_use(fleet, _recorded_pid(seg, kind)) from None
 
 
@@ -243,10 +266,12 @@ def _recorded_pid(seg: str, kind: Kind) -> int:
 # ---------------------------------------------------------------------- attach
 
 
-def attach(fleet: str, kind: Kind, *, writable: bool) -> mmap.mmap:
+def attach(fleet: str, kind: Kind, *, writable: bool, trust: frozenset[int] | None = None) -> mmap.mmap:
     """Map an existing segment (read-only unless ``writable``). Never resizes anything.
 
-    Validating the header is the kind's job; this checks only that there is one.
+    The segment must belong to a uid in ``trust`` (default `fleet.trust.trusted_uids`:
+    ours and root), else UntrustedPeer, before a byte of it is read. Validating the
+    header is the kind's job; this checks only that there is one.
     """
     seg = segment_name(fleet, kind)
     try:
@@ -255,10 +280,16 @@ def attach(fleet: str, kind: Kind, *, writable: bool) -> mmap.mmap:
         raise kind.errors.not_found(f"fleet {fleet!r} is not running (no {kind.label} {seg})") from None
     except posix_ipc.PermissionsError:
         raise kind.errors.denied(_denied(fleet, kind, "read-write" if writable else "read-only")) from None
-    size = shm.size  # read before close_fd: posix_ipc asks the fd
-    if size < kind.header_size:
+    try:
+        # fstat, not stat: the owner of the very object mapped, not of whatever the name holds now
+        check_owner(f"the {kind.label} {path(fleet, kind)}", os.fstat(shm.fd).st_uid,
+                    trusted_uids() if trust is None else trust)
+        size = shm.size  # read before close_fd: posix_ipc asks the fd
+        if size < kind.header_size:
+            raise kind.errors.corrupt(f"{kind.label} {seg} is {size} bytes, smaller than its header")
+    except BaseException:
         shm.close_fd()
-        raise kind.errors.corrupt(f"{kind.label} {seg} is {size} bytes, smaller than its header")
+        raise
     return _map(shm, writable)
 
 
@@ -301,9 +332,10 @@ def close_quietly(mm: mmap.mmap) -> None:
 def reclaim_if_stale(fleet: str, kind: Kind) -> None:
     """Unlink the segment if it is a stale segment of `kind` for `fleet` (and log why).
 
-    Raises the kind's InUse when its creator lives (or may be writing it now), its
-    Corrupt when it is not this fleet's segment of this kind, its AccessDenied when
-    it cannot be read. Does nothing if there is no such segment.
+    Raises ForeignSegment when it belongs to another uid, the kind's InUse when its
+    creator lives (or may be writing it now), its Corrupt when it is not this fleet's
+    segment of this kind, its AccessDenied when it cannot be read. Does nothing if
+    there is no such segment.
     """
     seg = segment_name(fleet, kind)
     try:
@@ -311,9 +343,11 @@ def reclaim_if_stale(fleet: str, kind: Kind) -> None:
     except posix_ipc.ExistentialError:
         return  # gone in between: nothing to reclaim
     except posix_ipc.PermissionsError:
+        _refuse_foreign(fleet, kind, _owner(fleet, kind))  # the likely reason: say whose it is
         raise kind.errors.denied(_denied(fleet, kind, "to inspect it")) from None
     try:
         st = os.fstat(shm.fd)
+        _refuse_foreign(fleet, kind, st.st_uid)  # before reading it: its bytes are another user's to choose
         head = os.pread(shm.fd, kind.header_size, 0)
     finally:
         shm.close_fd()
@@ -325,6 +359,23 @@ def reclaim_if_stale(fleet: str, kind: Kind) -> None:
         return
     unlink(fleet, kind)
     kind.logger.warning("reclaimed stale fleet %s %s: %s", kind.label, seg, reason)
+
+
+def _refuse_foreign(fleet: str, kind: Kind, owner: int | None) -> None:
+    """Raise ForeignSegment if the segment belongs to a uid other than ours (None: no segment).
+
+    Root is no exception: a segment another user made under our name is theirs to
+    remove, never ours to judge by contents they chose.
+    """
+    if owner is not None and owner != os.geteuid():
+        raise ForeignSegment(path(fleet, kind), kind.label, owner, os.geteuid())
+
+
+def _owner(fleet: str, kind: Kind) -> int | None:
+    try:
+        return os.stat(path(fleet, kind)).st_uid
+    except FileNotFoundError:
+        return None
 
 
 def stale_reason(head: bytes, fleet: str, kind: Kind, *, age_s: float, alive=creator_alive) -> str:

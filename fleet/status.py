@@ -21,6 +21,7 @@ from .outcomes import reason_name
 from .table import TableNotFound, snapshot
 from .table import bulkheads as table_bulkheads
 from .table import layout as L
+from .trust import trusted_uids
 
 #: Where a slot's run-queue delay comes from.
 SCHEDSTAT = "schedstat"  # /proc/PID/schedstat field 2: ns the task waited on a run queue
@@ -31,7 +32,8 @@ DELAY_SOURCES = ("auto", SCHEDSTAT, TASKSTATS)
 # --------------------------------------------------------------------------- I/O edge
 
 
-def gather(name: str, *, delay_source: str = "auto", now_ns=time.monotonic_ns, wall_ns=time.time_ns) -> dict:
+def gather(name: str, *, delay_source: str = "auto", trust_uids=(), now_ns=time.monotonic_ns,
+           wall_ns=time.time_ns) -> dict:
     """Attach read-only to fleet ``name``'s table and build its status document.
 
     Read-only means O_RDONLY and PROT_READ: all that a member of fleetd's
@@ -42,9 +44,11 @@ def gather(name: str, *, delay_source: str = "auto", now_ns=time.monotonic_ns, w
         InvalidFleetName: the name breaks the fleet-name rule (fleet.names).
         TableAccessDenied: this uid may not read the table (exit 77).
         TableCorrupt: the table is unreadable.
+        UntrustedPeer: the table belongs to a uid other than ours, root and
+            ``trust_uids`` (exit 85): another user's table under this name.
     """
     try:
-        snap, alive = snapshot.read(name)
+        snap, alive = snapshot.read(name, trust=trusted_uids(trust_uids))
     except TableNotFound as exc:
         raise NotRunning(str(exc)) from None
     pids = sorted({snap.slot(i)["pid"] for i in range(snap.n_slots)} - {0})

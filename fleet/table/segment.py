@@ -191,13 +191,14 @@ def publish(segment: Segment) -> None:
     magic[0] = L.MAGIC
 
 
-def attach(name: str, *, writable: bool = False) -> Segment:
+def attach(name: str, *, writable: bool = False, trust: frozenset[int] | None = None) -> Segment:
     """Map an existing table after validating its header. Never resizes anything.
 
     Read-only (the default) opens the segment O_RDONLY and maps it PROT_READ, which
-    is all a status reader in the table's group is allowed.
+    is all a status reader in the table's group is allowed. A table that belongs to
+    a uid outside ``trust`` (default: ours and root) is UntrustedPeer (`fleet.shm.attach`).
     """
-    mm = shm.attach(name, KIND, writable=writable)
+    mm = shm.attach(name, KIND, writable=writable, trust=trust)
     try:
         header = L.HeaderView(mm)
         validate_header(header, len(mm), segment_name(name))

@@ -246,15 +246,16 @@ class Reader:
         return TableSnapshot(self, data, int(self.header["flags"]), torn)
 
 
-def read(name: str) -> tuple[TableSnapshot, bool]:
+def read(name: str, *, trust: frozenset[int] | None = None) -> tuple[TableSnapshot, bool]:
     """Attach read-only (O_RDONLY, PROT_READ) to fleet `name`'s table, take one snapshot, detach.
 
     Returns (snapshot, creator alive). Raises TableNotFound, TableCorrupt,
-    TableAccessDenied, InvalidFleetName.
+    TableAccessDenied, InvalidFleetName, UntrustedPeer (the table belongs to a uid
+    outside ``trust``; default: ours and root).
     """
     from . import segment as seg
 
-    segment = seg.attach(name, writable=False)
+    segment = seg.attach(name, writable=False, trust=trust)
     try:
         h = segment.header
         alive = seg.creator_alive(int(h["creator_pid"]), int(h["creator_start"]))
