@@ -709,8 +709,14 @@ def test_prepare_runtime_dir_refuses_unsafe_directories(sockdir):
     os.chmod(loose, 0o777)
     with pytest.raises(c.ControlError, match="writable by group or others"):
         c.prepare_runtime_dir(loose)
-    os.chmod(loose, 0o1777)  # sticky, like /tmp: acceptable
-    c.prepare_runtime_dir(loose)
+    os.chmod(loose, 0o1777)  # sticky, like /tmp: others may still add a socket our clients would find
+    with pytest.raises(c.ControlError, match="writable by group or others"):
+        c.prepare_runtime_dir(loose)
+    below = os.path.join(loose, "below")  # ours, in a sticky directory: nobody else may rename it
+    assert str(c.prepare_runtime_dir(below)) == below
+    os.chmod(loose, 0o777)  # not sticky: anyone may swap `below` for their own
+    with pytest.raises(c.ControlError, match=f"{loose} is writable by group or others"):
+        c.prepare_runtime_dir(below)
     link = os.path.join(sockdir, "link")
     os.symlink(ok, link)
     with pytest.raises(c.ControlError, match="not a directory"):
