@@ -36,6 +36,12 @@ for the socket of a fleet whose table says a live service-mode fleetd is booting
 
 Only the daemon's uid and root may submit (the socket checks SO_PEERCRED); any
 uid that can reach the socket may read ``status`` and ``ledger``.
+
+Trust. The client believes only a fleetd of its own uid, root, or a uid in
+``trust_uids`` (`fleet.trust`): the daemon's uid on each connection (SO_PEERCRED),
+the owner of the table a booting fleet's socket path is read from, and the owners
+of the directories a socket is looked up in are checked before anything is sent
+or unpickled. Anything else is `fleet.UntrustedPeer` naming the uid.
 """
 from __future__ import annotations
 
@@ -59,6 +65,7 @@ from .errors import FleetError
 from .executor import MAP_WINDOW, map_units, map_window
 from .roles import UnknownRoleError
 from .route import Route
+from .trust import UntrustedPeer, trusted_uids
 from .unit import (
     BadUnit,
     FleetClosed,
@@ -94,7 +101,7 @@ _SUBMIT_ERRORS = {cls.__name__: cls for cls in (
 
 
 def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
-            boot_wait: float = BOOT_WAIT_S) -> "Client":
+            boot_wait: float = BOOT_WAIT_S, trust_uids: Iterable[int] = ()) -> "Client":
     """A client of the running fleet ``name`` (its fleetd's control socket).
 
     Args:
@@ -105,13 +112,19 @@ def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None =
         boot_wait: seconds to wait for the socket of a fleet that is still booting
             (its table exists, owned by a live service-mode fleetd, but its socket
             is not open yet); 0 does not wait.
+        trust_uids: uids besides our own and root whose fleetd this client may use
+            (a service run as its own user, say); every other uid's is refused.
     Raises:
         NotRunning (exit 69): no fleetd of that name answers (or it did not finish
             booting within ``boot_wait``).
+        UntrustedPeer (exit 85): the fleetd, its table, or the directory its socket
+            was found in belongs to an untrusted uid (named); nothing was sent or read.
+        InvalidTrust (exit 2): ``trust_uids`` holds something that is not a uid.
         PermissionDenied (exit 77): this uid may not connect to the socket.
         ControlBusy (exit 75): fleetd refused the connection, every one it allows is busy.
     """
-    client = Client(name, _socket_for(name, env, boot_wait), timeout=timeout)
+    trust = trusted_uids(trust_uids)
+    client = Client(name, _socket_for(name, env, boot_wait, trust), timeout=timeout, trust_uids=trust)
     try:
         client.ping()
     except BaseException:
@@ -120,14 +133,14 @@ def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None =
     return client
 
 
-def _socket_for(name: str, env: Mapping[str, str] | None, boot_wait: float):
+def _socket_for(name: str, env: Mapping[str, str] | None, boot_wait: float, trust: frozenset[int]):
     """The fleet's control socket; waits for it while the fleet's table says it is booting."""
     deadline = time.monotonic() + boot_wait
     while True:
         try:
-            return control.find_socket(name, env)
+            return control.find_socket(name, env, trust=trust)
         except NotRunning as exc:
-            path = _booting_socket(name)
+            path = _booting_socket(name, trust)
             if path is None:
                 raise
             if os.path.exists(path):
@@ -138,13 +151,16 @@ def _socket_for(name: str, env: Mapping[str, str] | None, boot_wait: float):
             time.sleep(_BOOT_POLL_S)
 
 
-def _booting_socket(name: str) -> str | None:
+def _booting_socket(name: str, trust: frozenset[int]) -> str | None:
     """The socket path a live service-mode fleetd of ``name`` will listen on, from its
-    table; None when there is no such table (no fleet, a dead one, an embedded one)."""
+    table; None when there is no such table (no fleet, a dead one, an embedded one).
+    UntrustedPeer when the table belongs to an untrusted uid: its path is theirs."""
     from .table import snapshot
 
     try:
-        snap, alive = snapshot.read(name)
+        snap, alive = snapshot.read(name, trust=trust)
+    except UntrustedPeer:
+        raise
     except (FleetError, OSError):
         return None
     meta = snap.meta or {}
@@ -157,8 +173,8 @@ class _Channel(control.ControlClient):
     """One connection for one thread at a time: replaced when it sat idle long enough
     for the server to have dropped it, and can be aborted from another thread."""
 
-    def __init__(self, path, *, timeout):
-        super().__init__(path, timeout=timeout)
+    def __init__(self, path, *, timeout, trust_uids):
+        super().__init__(path, timeout=timeout, trust_uids=trust_uids)
         self._used = 0.0
         self.lock = threading.RLock()  # a future's callback may cancel (a call) mid-submit
 
@@ -202,17 +218,22 @@ class _RemoteUnitFuture(Future):
 
 
 class Client(Executor):
-    """A running fleetd, seen from another process. Build it with `fleet.connect`."""
+    """A running fleetd, seen from another process. Build it with `fleet.connect`.
 
-    def __init__(self, name: str, path: str | os.PathLike, *, timeout: float = 30.0):
+    ``Client(name, path)`` talks to the socket at ``path`` with no lookup; the daemon
+    there must still run as our uid, root, or one of ``trust_uids`` (UntrustedPeer).
+    """
+
+    def __init__(self, name: str, path: str | os.PathLike, *, timeout: float = 30.0, trust_uids: Iterable[int] = ()):
         self.name = name
         self.path = path
         self.timeout = timeout
+        trust = trusted_uids(trust_uids)
         self._token = secrets.token_urlsafe(24)
         self._token_pid: int | None = None  # the daemon holding outcomes for _token
         self._seq = itertools.count(1)
-        self._requests = _Channel(path, timeout=timeout)
-        self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + 20.0))
+        self._requests = _Channel(path, timeout=timeout, trust_uids=trust)
+        self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + 20.0), trust_uids=trust)
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[Future, str]] = {}
         self._parts: dict[int, list[str]] = {}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NotRunning
+from ..trust import check_owner, trusted_uids
 from .calls import Peer
 from .errors import (
     E_BUSY,
@@ -38,23 +39,32 @@ class ControlClient:
     is replaced by a new one before the next request is sent: no request is lost on
     it, since none was sent.
 
+    It talks only to a daemon of a trusted uid (ours, root, or one of ``trust_uids``;
+    see `fleet.trust`): each connection's peer (SO_PEERCRED) is checked before anything
+    is sent on it or read from it, and another uid's daemon is UntrustedPeer.
+
     ``ControlClient(path)`` or ``ControlClient.for_fleet(name)``; use as a context
     manager or call `close`. Not thread-safe: one client per thread.
     """
 
-    def __init__(self, path: str | os.PathLike, *, timeout: float | None = 60.0, registry: OpRegistry = OPS):
+    def __init__(self, path: str | os.PathLike, *, timeout: float | None = 60.0, registry: OpRegistry = OPS,
+                 trust_uids=()):
         self.path = Path(path)
         self.timeout = timeout
         self.registry = registry
+        self.trust = trusted_uids(trust_uids)
         self._sock: socket.socket | None = None
         self._server_pid: int | None = None
         self._buf = bytearray()
         self._ids = itertools.count(1)
 
     @classmethod
-    def for_fleet(cls, name: str, env: Mapping[str, str] | None = None, **kwargs: Any) -> ControlClient:
-        """A client for the running fleet ``name`` (see `find_socket`); NotRunning if none."""
-        return cls(find_socket(name, env), **kwargs)
+    def for_fleet(cls, name: str, env: Mapping[str, str] | None = None, *, trust_uids=(),
+                  **kwargs: Any) -> ControlClient:
+        """A client for the running fleet ``name`` (see `find_socket`); NotRunning if none,
+        UntrustedPeer if only a directory of an untrusted uid holds its socket."""
+        trust = trusted_uids(trust_uids)
+        return cls(find_socket(name, env, trust=trust), trust_uids=trust, **kwargs)
 
     def call(self, op: str, **args: Any) -> Any:
         """Run ``op`` with ``args`` on the daemon and return its result.
@@ -62,6 +72,8 @@ class ControlClient:
         Raises:
             ProtocolError: ``op`` is unknown or ``args`` do not fit its schema (checked
                 before anything is sent).
+            UntrustedPeer: the daemon at the path runs as a uid this client does not
+                trust (nothing was sent).
             NotRunning: no daemon listens at the path, or it closed the connection.
             PermissionDenied: the daemon refused the op to our uid, or we may not connect.
             ControlBusy: the daemon refused the connection: its connections are all busy.
@@ -121,7 +133,11 @@ class ControlClient:
         sock.settimeout(self.timeout)
         try:
             self._connect_through_backlog(sock)
-            self._server_pid = Peer.of(sock).pid
+            peer = Peer.of(sock)
+            # Before a byte goes either way: another uid's daemon may answer with
+            # pickles that would run as us, and must not see what we send.
+            check_owner(f"the fleet daemon at {self.path} (pid {peer.pid})", peer.uid, self.trust)
+            self._server_pid = peer.pid
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             raise NotRunning(f"no fleet daemon at {self.path}: {exc.strerror}") from None
