@@ -40,11 +40,16 @@ NAME_PRECEDENCE = f"--name (before or after the command), else $FLEET_NAME, else
 #: Namespace attribute of the --name given before the command (fleetctl's own option);
 #: the one given after it lands in ``name``. fleetctl.main merges the two.
 GLOBAL_NAME_DEST = "global_name"
+#: The same for --trust-uid: before the command, and after it (``trust_uids``).
+GLOBAL_TRUST_DEST = "global_trust_uids"
+#: fleetctl's options that take a value, so the command word can be found past them.
+GLOBAL_VALUE_OPTIONS = ("--name", "--trust-uid")
 
 
 def add_name_argument(parser, dest: str = "name") -> None:
-    """The one --name option: on fleetctl itself (dest `GLOBAL_NAME_DEST`) and on each
-    command that addresses a fleet (dest ``name``)."""
+    """The one --name option, and --trust-uid with it (whom to believe about that
+    fleet): on fleetctl itself (dest `GLOBAL_NAME_DEST`) and on each command that
+    addresses a fleet (dest ``name``)."""
     parser.add_argument(
         "--name",
         dest=dest,
@@ -52,6 +57,46 @@ def add_name_argument(parser, dest: str = "name") -> None:
         metavar="NAME",
         help=f"the fleet to talk to (precedence: {NAME_PRECEDENCE})",
     )
+    parser.add_argument(
+        "--trust-uid",
+        dest=GLOBAL_TRUST_DEST if dest == GLOBAL_NAME_DEST else "trust_uids",
+        action="append",
+        type=uid_argument,
+        default=None,
+        metavar="UID",
+        help="also believe a fleetd, table and socket directory of this uid or user (repeatable); "
+        "by default only this uid's and root's are believed, anything else is refused (exit 85)",
+    )
+
+
+def uid_argument(text: str) -> int:
+    """A --trust-uid value: a uid, or a user name looked up in the password database."""
+    import argparse
+    import pwd
+
+    if text.isdigit():
+        from ..trust import MAX_UID
+
+        if int(text) <= MAX_UID:
+            return int(text)
+        raise argparse.ArgumentTypeError(f"{text!r} is not a uid (at most {MAX_UID})")
+    try:
+        return pwd.getpwnam(text).pw_uid
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a uid nor a user name") from None
+
+
+def merge_trust(args) -> tuple[int, ...]:
+    """Every --trust-uid of a parsed command line, before and after the command; sets
+    ``args.trust_uids`` to them. NameNotApplicable if given to a command that addresses
+    no fleet."""
+    before = getattr(args, GLOBAL_TRUST_DEST, None) or []
+    if before and not hasattr(args, "trust_uids"):
+        raise NameNotApplicable(f"--trust-uid {before[0]}: this command addresses no fleet")
+    merged = tuple(before) + tuple(getattr(args, "trust_uids", None) or ())
+    if hasattr(args, "trust_uids"):
+        args.trust_uids = merged
+    return merged
 
 
 def merge_names(args) -> str | None:
@@ -100,10 +145,11 @@ def fleet_name(args, env=None) -> str:
 
 
 def client(args, timeout: float = 30.0):
-    """A `ControlClient` for the chosen fleet; raises NotRunning (exit 69) when it has no socket."""
+    """A `ControlClient` for the chosen fleet; raises NotRunning (exit 69) when it has no
+    socket, UntrustedPeer (exit 85) when it belongs to a uid not trusted (--trust-uid)."""
     from ..control.client import ControlClient
 
-    return ControlClient.for_fleet(fleet_name(args), timeout=timeout)
+    return ControlClient.for_fleet(fleet_name(args), timeout=timeout, trust_uids=getattr(args, "trust_uids", ()) or ())
 
 
 def call_and_print(args, op: str, **op_args) -> int:

@@ -49,7 +49,7 @@ def run(args) -> int:
     config = _load_config(args.config) if args.config else None
     name = (args.name or config.name) if config is not None else fleet_name(args)
     try:
-        doc = gather(name, delay_source=args.delay_source)
+        doc = gather(name, delay_source=args.delay_source, trust_uids=args.trust_uids or ())
     except NotRunning:
         if config is None:
             raise

@@ -7,6 +7,10 @@ fleet error becomes one line on stderr and its exit code.
 The fleet a command addresses: ``--name`` before or after the command (both given
 and different: refused, exit 2), else ``$FLEET_NAME``, else ``fleet``. The name is
 checked by the fleet-name rule (fleet.names); a bad one exits 2.
+
+Whom a command believes: a fleetd, table and socket directory of this uid or root,
+and of each ``--trust-uid`` (before or after the command); any other is refused
+with UntrustedPeer naming its uid, exit 85 (see fleet.trust).
 """
 from __future__ import annotations
 
@@ -15,7 +19,14 @@ import importlib
 import sys
 
 from ..errors import EXIT_USAGE, FleetError
-from ._common import GLOBAL_NAME_DEST, NAME_PRECEDENCE, add_name_argument, merge_names
+from ._common import (
+    GLOBAL_NAME_DEST,
+    GLOBAL_VALUE_OPTIONS,
+    NAME_PRECEDENCE,
+    add_name_argument,
+    merge_names,
+    merge_trust,
+)
 
 #: Subcommand modules, in the order `fleetctl --help` lists them.
 COMMANDS = ("cmd_status", "cmd_plan", "cmd_posture", "cmd_drain", "cmd_resume", "cmd_leases", "cmd_store",
@@ -48,10 +59,11 @@ def build_parser(argv=None) -> argparse.ArgumentParser:
 
 
 def _command_word(argv) -> str | None:
-    """The command in argv, past fleetctl's own options (``--name NAME`` / ``--name=NAME``)."""
+    """The command in argv, past fleetctl's own options (``--name NAME`` / ``--name=NAME``,
+    ``--trust-uid UID``)."""
     rest = iter(argv)
     for word in rest:
-        if word == "--name":
+        if word in GLOBAL_VALUE_OPTIONS:
             next(rest, None)
         elif not word.startswith("-"):
             return word
@@ -64,6 +76,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         merge_names(args)
+        merge_trust(args)
         return args._run(args)
     except FleetError as exc:
         print(f"fleetctl {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
