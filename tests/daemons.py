@@ -104,8 +104,10 @@ class Fleetd:
     """One fleetd process. Use as a context manager (or `start` / `cleanup`)."""
 
     def __init__(self, name: str, roles: dict, *, posture: dict | None = None, limits: dict | None = None,
-                 args: tuple = (), env: dict | None = None, base_dir: str | None = None, extra: dict | None = None):
+                 args: tuple = (), env: dict | None = None, base_dir: str | None = None, extra: dict | None = None,
+                 as_nobody: bool = False):
         self.name = name
+        self.as_nobody = as_nobody  # run as uid 65534 (tests.uids): another local user's fleetd
         self.extra = dict(extra or {})  # more config sections (e.g. [store]), written as they are
         self.args = list(args)
         self.dir = base_dir or tempfile.mkdtemp(prefix="fd-", dir="/tmp")  # short: AF_UNIX paths <= 107 bytes
@@ -123,6 +125,8 @@ class Fleetd:
         # one per instance: a second daemon in the same dir (a restart) has its own
         self.notify = NotifyListener(os.path.join(self.dir, f"notify-{next(_instances)}.sock"))
         self.env["NOTIFY_SOCKET"] = self.notify.path
+        if as_nobody:
+            self._give_to_nobody()
         self.proc: subprocess.Popen | None = None
         self.stderr_path = os.path.join(self.dir, "fleetd.stderr")
         self.children: set[int] = set()
@@ -141,12 +145,26 @@ class Fleetd:
             f.write(text if text is not None else to_toml(cfg))
         os.replace(tmp, self.config_path)  # a reload never reads half a file
 
+    def _give_to_nobody(self) -> None:
+        """What a fleetd of uid 65534 writes: its runtime, state and numba cache dirs, and
+        the sd_notify socket it sends to."""
+        from tests.uids import NOBODY, NOGROUP
+
+        self.env.setdefault("NUMBA_CACHE_DIR", os.path.join(self.dir, "numba"))
+        for path in (self.runtime_dir, self.env["STATE_DIRECTORY"], self.env["NUMBA_CACHE_DIR"]):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            os.chown(path, NOBODY, NOGROUP)
+        os.chown(self.notify.path, NOBODY, NOGROUP)
+
     # --- lifecycle
     def start(self, *, wait_ready: bool = True) -> "Fleetd":
+        from tests.uids import as_nobody_argv
+
         self._stderr = open(self.stderr_path, "ab")
+        argv = [sys.executable, "-m", "fleet.cli.fleetd", "--config", self.config_path, "--name", self.name,
+                *self.args]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet.cli.fleetd", "--config", self.config_path, "--name", self.name,
-             *self.args],
+            as_nobody_argv(argv) if self.as_nobody else argv,
             env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr, cwd=self.dir,
         )
         if wait_ready:

@@ -2,9 +2,12 @@
 with exactly the supplementary groups a test gives it, and reports back as JSON."""
 from __future__ import annotations
 
+import functools
 import grp
 import json
 import os
+import sys
+import sysconfig
 
 NOBODY = 65534
 NOGROUP = 65534
@@ -60,3 +63,22 @@ def try_open(path: str, flags: int) -> str:
         return type(exc).__name__
     os.close(fd)
     return "ok"
+
+
+@functools.cache
+def _nobody_reaches_python() -> bool:
+    """Can uid 65534 run this interpreter and import its packages (not so when it lives under
+    a home only root may enter, as pyenv's under /root does)?"""
+    where = (sys.executable, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])
+    return as_nobody(lambda: all(os.access(p, os.R_OK | os.X_OK) for p in where))
+
+
+def as_nobody_argv(argv: list[str]) -> list[str]:
+    """``argv`` run as uid 65534, gid 65534 and no supplementary groups, through setpriv.
+
+    Where that uid cannot reach the interpreter, the process keeps CAP_DAC_READ_SEARCH
+    (ambient, so its children keep it too): it may then read files it could not, but
+    its uid -- what SO_PEERCRED reports and what owns what it creates -- is 65534.
+    """
+    caps = [] if _nobody_reaches_python() else ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOGROUP}", "--clear-groups", *caps, "--", *argv]
