@@ -91,7 +91,6 @@ section is unknown is an error, so a typo cannot pass silently.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -101,7 +100,7 @@ from .errors import ConfigError
 from .names import InvalidFleetName, validate_fleet_name
 from .plan import PROFILES
 from .posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, PostureRetuneError
-from .priority import LEVELS_MAX
+from .ranges import config_range
 from .roles import REFERENCE_ROLES, Role, RoleSet
 
 _ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name")
@@ -218,15 +217,11 @@ class FleetConfig:
 # --- value checks ---------------------------------------------------------------------
 
 
-def _int(path, v, minimum):
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(path, f"must be an integer >= {minimum}, got {v!r}")
-    return v
-
-
-def _positive(path, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ConfigError(path, f"must be a number > 0, got {v!r}")
+def _number(path, v):
+    """`v` if it is in the range fleet.ranges gives `path`, else ConfigError naming both."""
+    why = config_range(path).problem(v)
+    if why:
+        raise ConfigError(path, why)
     return v
 
 
@@ -260,10 +255,8 @@ def _fleet(data):
     gc_freeze = data.get("gc_freeze", True)
     if not isinstance(gc_freeze, bool):
         raise ConfigError("fleet.gc_freeze", f"must be true or false, got {gc_freeze!r}")
-    levels = data.get("dispatch_priority", FleetConfig.dispatch_priority)
-    if isinstance(levels, bool) or not isinstance(levels, int) or not 0 <= levels <= LEVELS_MAX:
-        raise ConfigError("fleet.dispatch_priority", f"must be an integer in [0, {LEVELS_MAX}] (nice levels), got {levels!r}")
-    return {"name": name, "profile": profile, "cpus": None if cpus is None else _positive("fleet.cpus", cpus),
+    levels = _number("fleet.dispatch_priority", data.get("dispatch_priority", FleetConfig.dispatch_priority))
+    return {"name": name, "profile": profile, "cpus": None if cpus is None else _number("fleet.cpus", cpus),
             "gc_freeze": gc_freeze, "dispatch_priority": levels}
 
 
@@ -290,15 +283,15 @@ def _roles(data):
 def _limits(data):
     data = _table("limits", data)
     _reject_unknown("limits", data, ("max_payload_bytes",))
-    return Limits(_int("limits.max_payload_bytes", data.get("max_payload_bytes", Limits.max_payload_bytes), 1))
+    return Limits(_number("limits.max_payload_bytes", data.get("max_payload_bytes", Limits.max_payload_bytes)))
 
 
 def _restart(data):
     data = _table("restart", data)
     _reject_unknown("restart", data, ("max_restarts", "within_seconds"))
     return RestartIntensity(
-        _int("restart.max_restarts", data.get("max_restarts", RestartIntensity.max_restarts), 0),
-        _positive("restart.within_seconds", data.get("within_seconds", RestartIntensity.within_seconds)),
+        _number("restart.max_restarts", data.get("max_restarts", RestartIntensity.max_restarts)),
+        _number("restart.within_seconds", data.get("within_seconds", RestartIntensity.within_seconds)),
     )
 
 
@@ -312,9 +305,7 @@ def _metrics(data):
     # An address or a host name, never empty: an empty host would bind every interface.
     if not isinstance(host, str) or not host.strip() or any(c.isspace() for c in host):
         raise ConfigError("metrics.host", f"must be a non-empty address or host name, got {host!r}")
-    port = _int("metrics.port", data.get("port", MetricsConfig.port), 0)
-    if port > 65535:
-        raise ConfigError("metrics.port", f"must be a TCP port in 0..65535, got {port!r}")
+    port = _number("metrics.port", data.get("port", MetricsConfig.port))
     return MetricsConfig(enabled, host, port)
 
 
@@ -342,11 +333,11 @@ def _store(data, roles: RoleSet):
     orchestrator = data.get("orchestrator")
     if orchestrator is not None and (not isinstance(orchestrator, str) or not orchestrator.strip()):
         raise ConfigError("store.orchestrator", f"must be a non-empty name, got {orchestrator!r}")
-    ttl = _positive("store.lease_ttl", data.get("lease_ttl", StoreConfig.lease_ttl))
+    ttl = _number("store.lease_ttl", data.get("lease_ttl", StoreConfig.lease_ttl))
     renew = data.get("renew_every")
-    if renew is not None and _positive("store.renew_every", renew) >= ttl:
+    if renew is not None and _number("store.renew_every", renew) >= ttl:
         raise ConfigError("store.renew_every", f"must be shorter than lease_ttl ({ttl}), got {renew!r}")
-    poll = _positive("store.poll_every", data.get("poll_every", StoreConfig.poll_every))
+    poll = _number("store.poll_every", data.get("poll_every", StoreConfig.poll_every))
     policy = None
     if any(k in data for k in _POLICY_KEYS):
         try:
