@@ -80,6 +80,11 @@ a ConfigError naming their dotted path)::
     [admission.alternatives]  # "glm-5.3-review" = ["gpt-6-sol@azure"]: replaces the tier defaults
     [admission.lanes.review]  # exclude = ["kimi"], residency = "eu", pinned = false
 
+Bounds. The file must be a regular file (a FIFO, a device or a directory is refused
+unread) of at most `fleet.ranges.MAX_CONFIG_BYTES` (1 MiB), nesting tables and arrays at
+most `MAX_CONFIG_DEPTH` (16) deep; every number must fall in its range in
+`fleet.ranges.CONFIG` (the README lists them). Each refusal is a ConfigError.
+
 Environment. ``FLEET_<SECTION>__<KEY>`` sets one key (``FLEET_POSTURE__CORDON_DUTY_PERCENT=5``,
 ``FLEET_ROLES__SOLVER__SLOTS=4``); ``FLEET_NAME``, ``FLEET_PROFILE`` and ``FLEET_CPUS``
 set the ``[fleet]`` keys. Values are parsed by the key's type (``null`` for an
@@ -92,6 +97,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, field
 
@@ -100,7 +106,7 @@ from .errors import ConfigError
 from .names import InvalidFleetName, validate_fleet_name
 from .plan import PROFILES
 from .posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, PostureRetuneError
-from .ranges import config_range
+from .ranges import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, config_range
 from .roles import REFERENCE_ROLES, Role, RoleSet
 
 _ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name")
@@ -529,29 +535,102 @@ def _role_dict(role: Role) -> dict:
 
 
 def _read_source(source):
+    """(raw dict, where it came from). Every way a source can fail to load is a ConfigError:
+    at boot it is exit 78, and on SIGHUP a refused reload that changes nothing (an escaping
+    error would stop a running daemon)."""
     if source is None:
         return {}, None
     if isinstance(source, dict):
+        _check_depth(source, "<dict>")  # before the copy: a dict that holds itself nests forever
         return _deep_copy(source), "<dict>"
     path = os.fspath(source)
-    # Every way a file can fail to load is a ConfigError: at boot it is exit 78, and
-    # on SIGHUP a refused reload that changes nothing (an escaping error would stop
-    # a running daemon).
+    text = _read_text(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:  # missing, unreadable, a directory, ...
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:  # the parser recurses once per level of an inline array or table
+        raise ConfigError("", f"{path}: {_too_deep()}") from None
+    except ValueError as exc:  # an integer past the interpreter's digit limit
+        raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
+    return raw, path
+
+
+def _read_text(path: str) -> str:
+    """The text of the regular file at `path`, at most MAX_CONFIG_BYTES of it.
+
+    Anything else is refused without being read: a FIFO (its open would wait for a
+    writer), a device (``/dev/zero`` never ends), a directory. The kind is looked at
+    before the open, and again on the open file, which is opened non-blocking so that a
+    FIFO swapped in between cannot hold the open either.
+    """
+    fd = _open_regular(path)
+    try:
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
         raise ConfigError("", f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"{path}: larger than {MAX_CONFIG_BYTES} bytes, the most a config file may hold")
+    data = b"".join(chunks)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("", f"{path}: not a TOML text file: byte {exc.start} is not UTF-8") from None
+
+
+def _open_regular(path: str) -> int:
+    try:
+        _regular(path, os.stat(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:  # missing, unreadable, ...
+        raise ConfigError("", f"cannot read {path}: {exc.strerror or exc}") from None
+    except ConfigError:
+        raise
     except ValueError as exc:  # e.g. a NUL byte in the path
         raise ConfigError("", f"cannot read {path!r}: {exc}") from None
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError("", f"{path}: not a TOML text file: byte {exc.start} is not UTF-8") from None
-    try:
-        return tomllib.loads(text), path
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
+        _regular(path, os.fstat(fd))
+    except ConfigError:
+        os.close(fd)
+        raise
+    return fd
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _regular(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
+        raise ConfigError("", f"cannot read {path}: it is {kind}, not a regular file")
+
+
+def _too_deep() -> str:
+    return f"nested more than {MAX_CONFIG_DEPTH} tables or arrays deep, the most a config may nest"
+
+
+def _check_depth(raw: dict, where: str) -> None:
+    """ConfigError if tables and arrays nest deeper than MAX_CONFIG_DEPTH (walked without
+    recursion: the check must not be what a deep file breaks)."""
+    todo = [(raw, 1, "")]
+    while todo:
+        node, depth, path = todo.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(path, f"{where or 'the environment'}: {_too_deep()}")
+        if isinstance(node, dict):
+            children = ((f"{path}.{key}" if path else str(key), value) for key, value in node.items())
+        else:
+            children = ((f"{path}[{i}]", value) for i, value in enumerate(node))
+        todo.extend((value, depth + 1, where_) for where_, value in children if isinstance(value, (dict, list)))
 
 
 def _deep_copy(d):
@@ -573,6 +652,7 @@ def load_config(source=None, env=None) -> FleetConfig:
     env = os.environ if env is None else env
     raw, where = _read_source(source)
     origins = _apply_env(raw, env)
+    _check_depth(raw, where)
     try:
         return _build(raw, where, sorted(origins))
     except ConfigError as exc:

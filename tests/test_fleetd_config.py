@@ -42,7 +42,7 @@ def test_a_config_that_cannot_be_loaded_refuses_boot_with_exit_78(fleet_name, ki
         assert "Traceback" not in err, err
         last = err.strip().splitlines()[-1]
         assert last.startswith("fleetd: ConfigError: ") and d.config_path in last, err
-        expected = {"binary": "not a TOML text file", "directory": "Is a directory", "missing": "No such file"}
+        expected = {"binary": "not a TOML text file", "directory": "it is a directory, not a regular file", "missing": "No such file"}
         assert expected[kind] in last, last
         assert not segments(fleet_name) and not d.notify.with_key("READY")
     finally:
