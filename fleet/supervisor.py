@@ -1174,10 +1174,14 @@ class Supervisor:
 
     def reload(self, config: FleetConfig) -> dict:
         """Apply what can change on a live fleet (posture policy, queue bounds); report
-        what needs a restart. Nothing is applied if the posture policy is invalid."""
+        what needs a restart. Nothing is applied if the posture policy is invalid, or if
+        the config could not boot on this host now (its typed boot refusal is raised)."""
         return self._call(self._reload, config)
 
     def _reload(self, config: FleetConfig) -> dict:
+        # A config a restart would refuse (a budget over the quota, no handler) is refused
+        # whole: accepting its live parts would leave a fleet that cannot start again.
+        quota_mod.project(config, self.host.effective_cpus(), self._cpus_override or self.host.affinity())
         applied, restart = [], []
         old = self.config
         for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store"):
