@@ -58,6 +58,7 @@ from . import posture as posture_mod
 from . import pressure as pressure_mod
 from . import priority as priority_mod
 from . import quota as quota_mod
+from . import ranges
 from . import seats as seats_mod
 from .config import FleetConfig
 from .dataplane import DataSegment
@@ -1423,10 +1424,10 @@ def _check_unit(spec, key, lane, priority, timeout, request_id) -> None:
             raise BadUnit(f"key must be hashable, got {type(key).__name__}") from None
     if lane is not None and not isinstance(lane, str):
         raise BadUnit(f"lane must be a name (str), got {type(lane).__name__}")
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise BadUnit(f"priority must be an int, got {priority!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
-        raise BadUnit(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if not ranges.PRIORITY.holds(priority):
+        raise BadUnit(f"priority {ranges.PRIORITY.problem(priority)}")
+    if timeout is not None and not ranges.UNIT_TIMEOUT_S.holds(timeout):
+        raise BadUnit(f"timeout {ranges.UNIT_TIMEOUT_S.problem(timeout)}")
     if request_id is not None and not isinstance(request_id, str):
         raise BadUnit(f"request_id must be a str, got {type(request_id).__name__}")
 
