@@ -17,6 +17,7 @@ import pytest
 from fleet import ranges
 from fleet.config import load_config
 from fleet.errors import ConfigError
+from fleet.posture import DEFAULT_POLICY, PostureOwner, PostureRetuneError
 from fleet.ranges import CONFIG, MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, Range
 from tests.daemons import BOUND_S, REPO
 
@@ -192,3 +193,19 @@ def test_the_readme_lists_every_range_of_the_schema():
     readme = (pathlib.Path(REPO) / "README.md").read_text()
     for path, r in CONFIG.items():
         assert f"| `{path}` | {r} |" in readme, f"README lacks the row of {path}: | `{path}` | {r} |"
+
+
+# ------------------------------------------------------------------ a retune (the embedded API's path too)
+
+
+@pytest.mark.parametrize("key, value", [("cordon_enter_window_ms", 10**30), ("cordon_duty_percent", math.inf),
+                                        ("cordon_duty_percent", math.nan), ("cordon_exit_clean_ms", -1),
+                                        ("cordon_sim_intake_floor", ranges.MAX_SLOTS + 1)])
+def test_a_retune_out_of_range_names_key_value_and_range_and_changes_nothing(key, value):
+    owner = PostureOwner(DEFAULT_POLICY)
+    with pytest.raises(PostureRetuneError) as info:
+        owner.retune({"cordon_enter_events": 7, key: value}, now_ms=0)
+    within = ranges.posture_range(key)
+    assert info.value.problems == {key: f"must be {within}, got {ranges.shown(value)}"}
+    assert owner.policy == DEFAULT_POLICY  # not even the valid key
+    assert str(within) in str(info.value) and key in str(info.value)
