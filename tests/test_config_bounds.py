@@ -209,3 +209,22 @@ def test_a_retune_out_of_range_names_key_value_and_range_and_changes_nothing(key
     assert info.value.problems == {key: f"must be {within}, got {ranges.shown(value)}"}
     assert owner.policy == DEFAULT_POLICY  # not even the valid key
     assert str(within) in str(info.value) and key in str(info.value)
+
+
+# ------------------------------------------------------------------ Fleet.submit's numbers
+
+
+@pytest.mark.parametrize("field, value", [("priority", 2**31), ("priority", -(2**31) - 1), ("priority", 1.0),
+                                          ("timeout", math.inf), ("timeout", math.nan), ("timeout", 0),
+                                          ("timeout", ranges.UNIT_WAIT_S + 1)])
+def test_a_submit_number_out_of_range_is_a_bad_unit_naming_its_range(field, value):
+    from fleet.roles import Role
+    from fleet.supervisor import BadUnit, _check_unit
+
+    spec = Role("sq", handler="tests.handlers:square")
+    args = {"priority": 0, "timeout": None, field: value}
+    within = ranges.PRIORITY if field == "priority" else ranges.UNIT_TIMEOUT_S
+    with pytest.raises(BadUnit, match=re.escape(f"{field} must be {within}, got {ranges.shown(value)}")):
+        _check_unit(spec, None, None, args["priority"], args["timeout"], None)
+    inside = {"priority": 0, "timeout": None, field: within.hi}
+    _check_unit(spec, None, None, inside["priority"], inside["timeout"], None)
