@@ -8,14 +8,14 @@ A range is closed, ``[lo, hi]``, unless it says ``(lo, hi]``: a positive quantit
 and NaN and the infinities are outside every range. Why the bounds sit where they do:
 
 * every slot has a record in the shared table, which holds at most `MAX_SLOTS` in all;
-  a pin key is the slot word's 24-bit field;
 * the table keeps the posture thresholds in 64-bit words and the duty in millionths
   (0.0001 % is one); a window longer than a day, or more throttled periods than a
   day has, cannot be met and would only wrap the word;
 * cores and CPU quotas: no host has more than `CPUS_MAX` CPUs;
 * seconds a unit may run or wait: 30 days; restart and lease windows: a week and a day;
 * a config file is at most `MAX_CONFIG_BYTES` and nests at most `MAX_CONFIG_DEPTH`
-  tables or arrays deep (the deepest section fleet declares is 5: an admission model).
+  tables or arrays deep, the file itself counted (the deepest that fleet's own sections
+  need, an admission model's table, is 6).
 
 This module is pure: constants and comparisons.
 """
