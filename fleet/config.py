@@ -231,6 +231,18 @@ def _number(path, v):
     return v
 
 
+def _numbers_of(section, data, keys, tables) -> None:
+    """Range-check the numbers of a section whose meaning another module checks: `keys`
+    where given, and each value of the `tables` (name = number) when they are tables."""
+    for key in keys:
+        if data.get(key) is not None:
+            _number(f"{section}.{key}", data[key])
+    for table in tables:
+        if isinstance(data.get(table), dict):
+            for name, value in data[table].items():
+                _number(f"{section}.{table}.{name}", value)
+
+
 def _table(path, v) -> dict:
     if not isinstance(v, dict):
         raise ConfigError(path, f"must be a table, got {type(v).__name__}")
@@ -345,6 +357,7 @@ def _store(data, roles: RoleSet):
         raise ConfigError("store.renew_every", f"must be shorter than lease_ttl ({ttl}), got {renew!r}")
     poll = _number("store.poll_every", data.get("poll_every", StoreConfig.poll_every))
     policy = None
+    _numbers_of("store", data, ("global_limit", "aging_interval"), ("environments", "providers", "tiers"))
     if any(k in data for k in _POLICY_KEYS):
         try:
             policy = Policy.build({k: data[k] for k in _POLICY_KEYS if k in data})
@@ -382,6 +395,10 @@ def _record(data):
     return RecordConfig(enabled, path)
 
 
+_ADMISSION_SECONDS = ("probe_every", "closed_for", "daily_limit_probe_every", "starved_after", "aging_unit",
+                      "backoff_base", "backoff_max")
+
+
 def _admission(data):
     """The [admission] section: the catalog and policy are validated by admission.policy (one
     rule in one place); `closure_file` is the fleet's own key."""
@@ -391,6 +408,7 @@ def _admission(data):
         raise ConfigError("admission.closure_file", f"must be a file path, got {closure_file!r}")
     if not data and closure_file is None:
         return AdmissionConfig()
+    _numbers_of("admission", data, _ADMISSION_SECONDS, ("severity",))
     from admission.policy import Policy
 
     return AdmissionConfig(section=data, policy=Policy.from_dict(data, path="admission"), closure_file=closure_file)

@@ -99,9 +99,12 @@ PRIORITY = Range(-(1 << 31), (1 << 31) - 1)
 #: Units a coordinator asks `admission_plan` about at once.
 PLAN_WANTED = Range(0, 1_000_000, unit="units")
 
-#: The config schema's numbers: dotted key -> range; ``*`` stands for a role's name.
-#: (The [admission] and the [store] quotas and requests are checked by admission.policy
-#: and admission.store, which own them.)
+_LEASES = Range(0, 1_000_000, unit="leases")
+_ADMISSION_S = Range(0, UNIT_WAIT_S, integer=False, open_lo=True, unit="s")
+
+#: The config schema's numbers: dotted key -> range; ``*`` stands for one name (a role's,
+#: an environment's, a severity's). The meaning of the [store] and [admission] figures
+#: (and the store's per-role requests) is checked by admission.store and admission.policy.
 CONFIG = {
     "fleet.cpus": Range(0, CPUS_MAX, integer=False, open_lo=True, unit="CPUs"),
     "fleet.dispatch_priority": Range(0, LEVELS_MAX, unit="nice levels"),
@@ -127,6 +130,22 @@ CONFIG = {
     "store.lease_ttl": Range(0, DAY_S, integer=False, open_lo=True, unit="s"),
     "store.renew_every": Range(0, DAY_S, integer=False, open_lo=True, unit="s"),
     "store.poll_every": Range(0, 3600, integer=False, open_lo=True, unit="s"),
+    # The host group's quotas (admission.store checks what they mean; no host group holds
+    # a million leases at once).
+    "store.global_limit": _LEASES,
+    "store.environments.*": _LEASES,
+    "store.providers.*": _LEASES,
+    "store.tiers.*": _LEASES,
+    "store.aging_interval": Range(0, WEEK_S, integer=False, open_lo=True, unit="s"),
+    # The provider admission's timing and weights (admission.policy checks what they mean).
+    "admission.probe_every": _ADMISSION_S,
+    "admission.closed_for": _ADMISSION_S,
+    "admission.daily_limit_probe_every": _ADMISSION_S,
+    "admission.starved_after": _ADMISSION_S,
+    "admission.aging_unit": _ADMISSION_S,
+    "admission.backoff_base": _ADMISSION_S,
+    "admission.backoff_max": _ADMISSION_S,
+    "admission.severity.*": Range(0, 1_000_000),
 }
 
 #: Every slot a config declares, over all its roles, has a record in the table.
@@ -135,10 +154,19 @@ TOTAL_SLOTS = _SLOTS
 
 def config_range(path: str) -> Range:
     """The range of the config key at dotted `path` (``roles.solver.slots``)."""
+    if path in CONFIG:
+        return CONFIG[path]
     parts = path.split(".")
-    if parts[0] == "roles" and len(parts) == 3:
-        return CONFIG[f"roles.*.{parts[2]}"]
-    return CONFIG.get(path) or CONFIG[f"{parts[0]}.*"]
+    for pattern, within in CONFIG.items():
+        if _matches(pattern.split("."), parts):
+            return within
+    raise KeyError(path)
+
+
+def _matches(names: list[str], parts: list[str]) -> bool:
+    if names[-1] == "*" and len(parts) > len(names):  # a last name may hold dots (a quoted TOML key)
+        parts = parts[:len(names) - 1] + [".".join(parts[len(names) - 1:])]
+    return len(names) == len(parts) and all(n in ("*", p) for n, p in zip(names, parts))
 
 
 def posture_range(key: str) -> Range:

@@ -22,8 +22,17 @@ from fleet.ranges import CONFIG, MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, Range
 from tests.daemons import BOUND_S, REPO
 
 BASE = {"roles": {"sq": {"kind": "pooled", "handler": "tests.handlers:square"}}}
-#: Keys whose range is not their only rule: a value inside the range that the other rule allows.
-INSIDE_HI = {"store.renew_every": ranges.DAY_S - 1}  # renew_every must also be below lease_ttl
+#: Keys whose range is not their only rule: the values inside the range that the other rule allows.
+INSIDE = {
+    "store.renew_every": [1e-9, ranges.DAY_S - 1],  # below lease_ttl
+    "admission.backoff_base": [1e-9, 300],  # at most backoff_max (300)
+    "admission.backoff_max": [1.0, ranges.UNIT_WAIT_S],  # at least backoff_base (1)
+}
+
+
+def concrete(path: str) -> str:
+    """`path` with its ``*`` named: a role of BASE, or a tier the store knows."""
+    return path.replace("*", "host" if path.startswith("store.tiers.") else "sq")
 
 
 def config_with(path: str, value) -> dict:
@@ -31,7 +40,7 @@ def config_with(path: str, value) -> dict:
     if path.startswith("store."):
         cfg["store"] = {"url": "sqlite:///never-opened.db", "lease_ttl": ranges.DAY_S}
     node = cfg
-    *parents, last = path.replace("*", "sq").split(".")
+    *parents, last = concrete(path).split(".")
     for part in parents:
         node = node.setdefault(part, {})
     node[last] = value
@@ -40,7 +49,7 @@ def config_with(path: str, value) -> dict:
 
 def inside(path: str, r: Range) -> list:
     low = r.lo if not r.open_lo else (r.lo + 1 if r.integer else r.lo + 1e-9)
-    return [low, INSIDE_HI.get(path, r.hi)]
+    return INSIDE.get(path, [low, r.hi])
 
 
 def outside(r: Range) -> list:
@@ -64,11 +73,10 @@ def test_every_number_of_the_schema_is_taken_inside_its_range(path, r):
 
 @pytest.mark.parametrize("path, r", CASES, ids=[p for p, _ in CASES])
 def test_every_number_of_the_schema_is_refused_outside_its_range_naming_key_value_and_range(path, r):
-    concrete = path.replace("*", "sq")
     for value in outside(r):
         with pytest.raises(ConfigError) as info:
             load_config(config_with(path, value), env={})
-        assert info.value.path == concrete, (value, str(info.value))
+        assert info.value.path == concrete(path), (value, str(info.value))
         assert str(r) in str(info.value) and ranges.shown(value) in str(info.value), str(info.value)
 
 
