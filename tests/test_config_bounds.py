@@ -116,7 +116,8 @@ def test_a_huge_integer_is_shown_by_its_size():
 
 
 def _deep_array(levels: int) -> str:
-    return "[fleet]\nname = \"deep\"\n[roles.sq]\nhandler = \"tests.handlers:square\"\nx = " + "[" * levels + "]" * levels + "\n"
+    head = '[fleet]\nname = "deep"\n[roles.sq]\nhandler = "tests.handlers:square"\n'
+    return head + "x = " + "[" * levels + "]" * levels + "\n"
 
 
 @pytest.mark.parametrize("levels", [MAX_CONFIG_DEPTH, 100, 500, 50_000])

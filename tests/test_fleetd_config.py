@@ -47,7 +47,8 @@ def test_a_config_that_cannot_be_loaded_refuses_boot_with_exit_78(fleet_name, ki
         assert "Traceback" not in err, err
         last = err.strip().splitlines()[-1]
         assert last.startswith("fleetd: ConfigError: ") and d.config_path in last, err
-        expected = {"binary": "not a TOML text file", "directory": "it is a directory, not a regular file", "missing": "No such file"}
+        expected = {"binary": "not a TOML text file", "directory": "it is a directory, not a regular file",
+                    "missing": "No such file"}
         assert expected[kind] in last, last
         assert not segments(fleet_name) and not d.notify.with_key("READY")
     finally:
@@ -81,8 +82,9 @@ DEEP = 500
 
 
 def _deep_text(d: Fleetd) -> str:
-    return f'[fleet]\nname = "{d.name}"\n[posture]\ncordon_enter_events = 9\n[roles.sq]\nhandler = "tests.handlers:square"\n' \
-           f'x = {"[" * DEEP}{"]" * DEEP}\n'
+    head = f'[fleet]\nname = "{d.name}"\n[posture]\ncordon_enter_events = 9\n'
+    head += '[roles.sq]\nhandler = "tests.handlers:square"\n'
+    return head + f'x = {"[" * DEEP}{"]" * DEEP}\n'
 
 
 def _make_bad(d: Fleetd, kind: str) -> None:
