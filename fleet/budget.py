@@ -72,6 +72,7 @@ from .errors import (
     BootRefused,
     ConfigError,
 )
+from .ranges import config_range
 from .roles import REFERENCE_ROLES, RoleSet
 
 PINNED = "pinned"
@@ -141,9 +142,11 @@ def _list(shares) -> str:
 # --- overrides ----------------------------------------------------------------------
 
 
-def _whole(where, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(where, f"must be an integer >= {minimum}, got {value!r}")
+def _in_range(where, key, value):
+    """`value` if it is in the range fleet.ranges gives ``budget.<key>``, else ConfigError."""
+    why = config_range(f"budget.{key}").problem(value)
+    if why:
+        raise ConfigError(f"{where}.{key}", why)
     return value
 
 
@@ -169,16 +172,12 @@ class BudgetOverrides:
         """Build from a ``[budget]`` table; a bad value raises ConfigError naming its key."""
         data = dict(data or {})
         kwargs = {}
-        for key, minimum in (("reserve", 0), ("ambient_io", 0), ("pinned_min", 1)):
+        for key in ("reserve", "ambient_io", "pinned_min"):
             if key in data and data[key] is not None:
-                kwargs[key] = _whole(f"{where}.{key}", data.pop(key), minimum)
+                kwargs[key] = _in_range(where, key, data.pop(key))
             else:
                 data.pop(key, None)
-        roles = {}
-        for name, value in data.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ConfigError(f"{where}.{name}", f"a role share must be a number of cores >= 0, got {value!r}")
-            roles[name] = value
+        roles = {name: _in_range(where, name, value) for name, value in data.items()}  # role shares, in cores
         return cls(roles=MappingProxyType(roles), **kwargs)
 
     def check_roles(self, roles: RoleSet, where: str = "budget") -> None:

@@ -80,6 +80,11 @@ a ConfigError naming their dotted path)::
     [admission.alternatives]  # "glm-5.3-review" = ["gpt-6-sol@azure"]: replaces the tier defaults
     [admission.lanes.review]  # exclude = ["kimi"], residency = "eu", pinned = false
 
+Bounds. The file must be a regular file (a FIFO, a device or a directory is refused
+unread) of at most `fleet.ranges.MAX_CONFIG_BYTES` (1 MiB), nesting tables and arrays at
+most `MAX_CONFIG_DEPTH` (16) deep; every number must fall in its range in
+`fleet.ranges.CONFIG` (the README lists them). Each refusal is a ConfigError.
+
 Environment. ``FLEET_<SECTION>__<KEY>`` sets one key (``FLEET_POSTURE__CORDON_DUTY_PERCENT=5``,
 ``FLEET_ROLES__SOLVER__SLOTS=4``); ``FLEET_NAME``, ``FLEET_PROFILE`` and ``FLEET_CPUS``
 set the ``[fleet]`` keys. Values are parsed by the key's type (``null`` for an
@@ -91,8 +96,8 @@ section is unknown is an error, so a typo cannot pass silently.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, field
 
@@ -101,7 +106,7 @@ from .errors import ConfigError
 from .names import InvalidFleetName, validate_fleet_name
 from .plan import PROFILES
 from .posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, PostureRetuneError
-from .priority import LEVELS_MAX
+from .ranges import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, config_range
 from .roles import REFERENCE_ROLES, Role, RoleSet
 
 _ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name")
@@ -218,16 +223,24 @@ class FleetConfig:
 # --- value checks ---------------------------------------------------------------------
 
 
-def _int(path, v, minimum):
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(path, f"must be an integer >= {minimum}, got {v!r}")
+def _number(path, v):
+    """`v` if it is in the range fleet.ranges gives `path`, else ConfigError naming both."""
+    why = config_range(path).problem(v)
+    if why:
+        raise ConfigError(path, why)
     return v
 
 
-def _positive(path, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ConfigError(path, f"must be a number > 0, got {v!r}")
-    return v
+def _numbers_of(section, data, keys, tables) -> None:
+    """Range-check the numbers of a section whose meaning another module checks: `keys`
+    where given, and each value of the `tables` (name = number) when they are tables."""
+    for key in keys:
+        if data.get(key) is not None:
+            _number(f"{section}.{key}", data[key])
+    for table in tables:
+        if isinstance(data.get(table), dict):
+            for name, value in data[table].items():
+                _number(f"{section}.{table}.{name}", value)
 
 
 def _table(path, v) -> dict:
@@ -260,10 +273,8 @@ def _fleet(data):
     gc_freeze = data.get("gc_freeze", True)
     if not isinstance(gc_freeze, bool):
         raise ConfigError("fleet.gc_freeze", f"must be true or false, got {gc_freeze!r}")
-    levels = data.get("dispatch_priority", FleetConfig.dispatch_priority)
-    if isinstance(levels, bool) or not isinstance(levels, int) or not 0 <= levels <= LEVELS_MAX:
-        raise ConfigError("fleet.dispatch_priority", f"must be an integer in [0, {LEVELS_MAX}] (nice levels), got {levels!r}")
-    return {"name": name, "profile": profile, "cpus": None if cpus is None else _positive("fleet.cpus", cpus),
+    levels = _number("fleet.dispatch_priority", data.get("dispatch_priority", FleetConfig.dispatch_priority))
+    return {"name": name, "profile": profile, "cpus": None if cpus is None else _number("fleet.cpus", cpus),
             "gc_freeze": gc_freeze, "dispatch_priority": levels}
 
 
@@ -290,15 +301,15 @@ def _roles(data):
 def _limits(data):
     data = _table("limits", data)
     _reject_unknown("limits", data, ("max_payload_bytes",))
-    return Limits(_int("limits.max_payload_bytes", data.get("max_payload_bytes", Limits.max_payload_bytes), 1))
+    return Limits(_number("limits.max_payload_bytes", data.get("max_payload_bytes", Limits.max_payload_bytes)))
 
 
 def _restart(data):
     data = _table("restart", data)
     _reject_unknown("restart", data, ("max_restarts", "within_seconds"))
     return RestartIntensity(
-        _int("restart.max_restarts", data.get("max_restarts", RestartIntensity.max_restarts), 0),
-        _positive("restart.within_seconds", data.get("within_seconds", RestartIntensity.within_seconds)),
+        _number("restart.max_restarts", data.get("max_restarts", RestartIntensity.max_restarts)),
+        _number("restart.within_seconds", data.get("within_seconds", RestartIntensity.within_seconds)),
     )
 
 
@@ -312,9 +323,7 @@ def _metrics(data):
     # An address or a host name, never empty: an empty host would bind every interface.
     if not isinstance(host, str) or not host.strip() or any(c.isspace() for c in host):
         raise ConfigError("metrics.host", f"must be a non-empty address or host name, got {host!r}")
-    port = _int("metrics.port", data.get("port", MetricsConfig.port), 0)
-    if port > 65535:
-        raise ConfigError("metrics.port", f"must be a TCP port in 0..65535, got {port!r}")
+    port = _number("metrics.port", data.get("port", MetricsConfig.port))
     return MetricsConfig(enabled, host, port)
 
 
@@ -342,12 +351,13 @@ def _store(data, roles: RoleSet):
     orchestrator = data.get("orchestrator")
     if orchestrator is not None and (not isinstance(orchestrator, str) or not orchestrator.strip()):
         raise ConfigError("store.orchestrator", f"must be a non-empty name, got {orchestrator!r}")
-    ttl = _positive("store.lease_ttl", data.get("lease_ttl", StoreConfig.lease_ttl))
+    ttl = _number("store.lease_ttl", data.get("lease_ttl", StoreConfig.lease_ttl))
     renew = data.get("renew_every")
-    if renew is not None and _positive("store.renew_every", renew) >= ttl:
+    if renew is not None and _number("store.renew_every", renew) >= ttl:
         raise ConfigError("store.renew_every", f"must be shorter than lease_ttl ({ttl}), got {renew!r}")
-    poll = _positive("store.poll_every", data.get("poll_every", StoreConfig.poll_every))
+    poll = _number("store.poll_every", data.get("poll_every", StoreConfig.poll_every))
     policy = None
+    _numbers_of("store", data, ("global_limit", "aging_interval"), ("environments", "providers", "tiers"))
     if any(k in data for k in _POLICY_KEYS):
         try:
             policy = Policy.build({k: data[k] for k in _POLICY_KEYS if k in data})
@@ -385,6 +395,10 @@ def _record(data):
     return RecordConfig(enabled, path)
 
 
+_ADMISSION_SECONDS = ("probe_every", "closed_for", "daily_limit_probe_every", "starved_after", "aging_unit",
+                      "backoff_base", "backoff_max")
+
+
 def _admission(data):
     """The [admission] section: the catalog and policy are validated by admission.policy (one
     rule in one place); `closure_file` is the fleet's own key."""
@@ -394,6 +408,7 @@ def _admission(data):
         raise ConfigError("admission.closure_file", f"must be a file path, got {closure_file!r}")
     if not data and closure_file is None:
         return AdmissionConfig()
+    _numbers_of("admission", data, _ADMISSION_SECONDS, ("severity",))
     from admission.policy import Policy
 
     return AdmissionConfig(section=data, policy=Policy.from_dict(data, path="admission"), closure_file=closure_file)
@@ -538,29 +553,102 @@ def _role_dict(role: Role) -> dict:
 
 
 def _read_source(source):
+    """(raw dict, where it came from). Every way a source can fail to load is a ConfigError:
+    at boot it is exit 78, and on SIGHUP a refused reload that changes nothing (an escaping
+    error would stop a running daemon)."""
     if source is None:
         return {}, None
     if isinstance(source, dict):
+        _check_depth(source, "<dict>")  # before the copy: a dict that holds itself nests forever
         return _deep_copy(source), "<dict>"
     path = os.fspath(source)
-    # Every way a file can fail to load is a ConfigError: at boot it is exit 78, and
-    # on SIGHUP a refused reload that changes nothing (an escaping error would stop
-    # a running daemon).
+    text = _read_text(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:  # missing, unreadable, a directory, ...
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:  # the parser recurses once per level of an inline array or table
+        raise ConfigError("", f"{path}: {_too_deep()}") from None
+    except ValueError as exc:  # an integer past the interpreter's digit limit
+        raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
+    return raw, path
+
+
+def _read_text(path: str) -> str:
+    """The text of the regular file at `path`, at most MAX_CONFIG_BYTES of it.
+
+    Anything else is refused without being read: a FIFO (its open would wait for a
+    writer), a device (``/dev/zero`` never ends), a directory. The kind is looked at
+    before the open, and again on the open file, which is opened non-blocking so that a
+    FIFO swapped in between cannot hold the open either.
+    """
+    fd = _open_regular(path)
+    try:
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
         raise ConfigError("", f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"{path}: larger than {MAX_CONFIG_BYTES} bytes, the most a config file may hold")
+    data = b"".join(chunks)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("", f"{path}: not a TOML text file: byte {exc.start} is not UTF-8") from None
+
+
+def _open_regular(path: str) -> int:
+    try:
+        _regular(path, os.stat(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:  # missing, unreadable, ...
+        raise ConfigError("", f"cannot read {path}: {exc.strerror or exc}") from None
+    except ConfigError:
+        raise
     except ValueError as exc:  # e.g. a NUL byte in the path
         raise ConfigError("", f"cannot read {path!r}: {exc}") from None
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError("", f"{path}: not a TOML text file: byte {exc.start} is not UTF-8") from None
-    try:
-        return tomllib.loads(text), path
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
+        _regular(path, os.fstat(fd))
+    except ConfigError:
+        os.close(fd)
+        raise
+    return fd
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _regular(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
+        raise ConfigError("", f"cannot read {path}: it is {kind}, not a regular file")
+
+
+def _too_deep() -> str:
+    return f"nested more than {MAX_CONFIG_DEPTH} tables or arrays deep, the most a config may nest"
+
+
+def _check_depth(raw: dict, where: str) -> None:
+    """ConfigError if tables and arrays nest deeper than MAX_CONFIG_DEPTH (walked without
+    recursion: the check must not be what a deep file breaks)."""
+    todo = [(raw, 1, "")]
+    while todo:
+        node, depth, path = todo.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(path, f"{where or 'the environment'}: {_too_deep()}")
+        if isinstance(node, dict):
+            children = ((f"{path}.{key}" if path else str(key), value) for key, value in node.items())
+        else:
+            children = ((f"{path}[{i}]", value) for i, value in enumerate(node))
+        todo.extend((value, depth + 1, where_) for where_, value in children if isinstance(value, (dict, list)))
 
 
 def _deep_copy(d):
@@ -582,6 +670,7 @@ def load_config(source=None, env=None) -> FleetConfig:
     env = os.environ if env is None else env
     raw, where = _read_source(source)
     origins = _apply_env(raw, env)
+    _check_depth(raw, where)
     try:
         return _build(raw, where, sorted(origins))
     except ConfigError as exc:

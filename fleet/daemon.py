@@ -20,8 +20,9 @@ Signals. SIGTERM drains: intake closes, in-flight units finish, units still queu
 after ``grace_s`` fail with Shutdown; exit 0. SIGINT (or a second SIGTERM) stops
 fast: workers are killed and everything owed fails with Shutdown; exit 0. SIGHUP
 re-reads the config and applies what can change live (posture policy, queue bounds)
-through `Supervisor.reload`, logging what needs a restart; an invalid file is
-logged and changes nothing.
+through `Supervisor.reload`, logging what needs a restart; a file that boot would
+refuse (invalid, out of range, a budget that does not fit) is logged at WARNING with
+the reason and changes nothing: the running config stays.
 
 Result delivery (see fleet.control, "Result delivery"): a submit that carries a
 client token has its outcome encoded (`fleet.control.outcome_record`) when the
@@ -480,9 +481,12 @@ class Daemon:
         try:
             result = self.reload()
         except FleetError as exc:
-            log.error("fleet %s: reload refused, nothing changed: %s: %s", self.config.name, type(exc).__name__, exc)
+            # A warning, not an error: the fleet runs on, as it was; the operator fixes the file.
+            log.warning("fleet %s: reload refused, nothing changed: %s: %s", self.config.name, type(exc).__name__, exc)
             if str(getattr(exc, "path", "")).startswith("admission"):
                 self.sup.admission_reload_refused(str(exc))  # the last good catalog stays; status says why
+        except Exception:  # a fault in reading or checking the file must not stop a running fleet
+            log.exception("fleet %s: reload failed; the running config stays", self.config.name)
         else:
             log.info("fleet %s: reload from %s: applied %s; needs a restart to change: %s", self.config.name,
                      self.options.config_path, ", ".join(result["applied"]) or "nothing",
@@ -492,8 +496,9 @@ class Daemon:
     def reload(self) -> dict:
         """Load the config file again and hand it to `Supervisor.reload`.
 
-        Raises ConfigError / PostureRetuneError (nothing changed) or
-        ConfigReloadError when the new file names another fleet.
+        Raises ConfigError / PostureRetuneError, the boot refusal of a config that could
+        not boot here (BootRefused), or ConfigReloadError when the new file names another
+        fleet; nothing changed then.
         """
         new = load_config(self.options.config_path, env=self.env)
         if new.name != self.config.name:

@@ -44,12 +44,12 @@ swaps the policy atomically on retune and logs.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from dataclasses import dataclass, fields, replace
 
 from .errors import EXIT_CONFIG, EXIT_USAGE, FleetError
 from .fsm import CORDONED, NOMINAL, POSTURE_NAMES
+from .ranges import posture_range
 
 log = logging.getLogger("fleet.posture")
 
@@ -149,25 +149,16 @@ class PosturePolicy:
 POLICY_KEYS = tuple(f.name for f in fields(PosturePolicy))
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _problem(key: str, value) -> str | None:
-    """Why `value` is not acceptable for `key` (None: it is). Never adjusts the value."""
+    """Why `value` is not acceptable for `key` (None: it is). Never adjusts the value.
+
+    The ranges are fleet.ranges' (the table keeps each threshold in a 64-bit word and the
+    duty in millionths, so a value past its range would be stored wrapped or as 0)."""
     if not isinstance(key, str) or key not in POLICY_KEYS:
         return "unknown key; keys: " + ", ".join(POLICY_KEYS)
-    if key == "cordon_enter_events":
-        return None if _is_int(value) and value >= 1 else f"must be an integer >= 1, got {value!r}"
-    if key.endswith("_ms"):
-        return None if _is_int(value) and value > 0 else f"must be an integer number of ms > 0, got {value!r}"
-    if key == "cordon_duty_percent":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        return None if ok and 0 < value <= 100 else f"must be a number in (0, 100], got {value!r}"
-    if key == "cordon_sim_intake_floor":
-        ok = value is None or (_is_int(value) and value >= 1)
-        return None if ok else f"must be null or an integer >= 1, got {value!r}"
-    return None
+    if key == "cordon_sim_intake_floor" and value is None:
+        return None  # half the slot cap
+    return posture_range(key).problem(value)
 
 
 def validate_patch(policy: PosturePolicy, patch) -> PosturePolicy:

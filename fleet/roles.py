@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from . import fsm
+from . import fsm, ranges
 from .errors import ConfigError, FleetError
 
 KINDS = {name: i for i, name in enumerate(fsm.KIND_NAMES)}
@@ -31,6 +31,16 @@ class UnknownRoleError(FleetError, KeyError):
 
     def __str__(self):  # KeyError would repr() the message
         return self.args[0]
+
+
+_NUMBERS = ("queue_bound", "slots", "lookahead", "peak_cpus", "timeout_s")
+_MAY_BE_NONE = ("peak_cpus", "timeout_s")
+
+
+def _in_range(path: str, value) -> None:
+    why = ranges.config_range(path).problem(value)
+    if why:
+        raise ConfigError(path, why)
 
 
 @dataclass(frozen=True)
@@ -91,28 +101,17 @@ class Role:
             )
         if self.handler is not None and not (isinstance(self.handler, str) and _HANDLER_RE.match(self.handler)):
             raise ConfigError(f"{where}.handler", f"handler must be 'module:function', got {self.handler!r}")
-        if not isinstance(self.queue_bound, int) or isinstance(self.queue_bound, bool) or self.queue_bound < 1:
-            raise ConfigError(f"{where}.queue_bound", f"must be an integer >= 1, got {self.queue_bound!r}")
-        if not isinstance(self.slots, int) or isinstance(self.slots, bool) or self.slots < 1:
-            raise ConfigError(f"{where}.slots", f"must be an integer >= 1, got {self.slots!r}")
+        for name in _NUMBERS:  # their ranges: fleet.ranges
+            value = getattr(self, name)
+            if value is not None or name not in _MAY_BE_NONE:
+                _in_range(f"{where}.{name}", value)
         if self.kind == "singleton" and self.slots != 1:
             raise ConfigError(f"{where}.slots", "a singleton role holds exactly one slot")
-        if self.peak_cpus is not None and (
-            isinstance(self.peak_cpus, bool) or not isinstance(self.peak_cpus, (int, float)) or self.peak_cpus < 0
-        ):
-            raise ConfigError(f"{where}.peak_cpus", f"must be a number >= 0, got {self.peak_cpus!r}")
-        if self.timeout_s is not None and (
-            isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0
-        ):
-            raise ConfigError(f"{where}.timeout_s", f"must be a number > 0, got {self.timeout_s!r}")
         if not isinstance(self.elastic_repin, bool):
             raise ConfigError(f"{where}.elastic_repin", f"must be true or false, got {self.elastic_repin!r}")
         if self.elastic_repin and self.kind != "pinned":
             raise ConfigError(f"{where}.elastic_repin",
                               f"re-pinning re-keys pins of a pinned (keyed) role; {self.name!r} is {self.kind}")
-
-        if not isinstance(self.lookahead, int) or isinstance(self.lookahead, bool) or not 0 <= self.lookahead <= 64:
-            raise ConfigError(f"{where}.lookahead", f"must be an integer in [0, 64], got {self.lookahead!r}")
 
     @property
     def ahead(self) -> int:
@@ -154,6 +153,10 @@ class RoleSet:
             if role.name in index:
                 raise ConfigError(f"roles.{role.name}", "declared twice")
             index[role.name] = i
+        total = sum(r.slots for r in self.roles)
+        if not ranges.TOTAL_SLOTS.holds(total):
+            raise ConfigError("roles", f"the roles' slots add up to {total}; in all they must be "
+                              f"{ranges.TOTAL_SLOTS} (the slot table's size)")
         object.__setattr__(self, "_index", index)
 
     def __iter__(self):

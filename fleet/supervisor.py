@@ -58,6 +58,7 @@ from . import posture as posture_mod
 from . import pressure as pressure_mod
 from . import priority as priority_mod
 from . import quota as quota_mod
+from . import ranges
 from . import seats as seats_mod
 from .config import FleetConfig
 from .dataplane import DataSegment
@@ -1174,10 +1175,14 @@ class Supervisor:
 
     def reload(self, config: FleetConfig) -> dict:
         """Apply what can change on a live fleet (posture policy, queue bounds); report
-        what needs a restart. Nothing is applied if the posture policy is invalid."""
+        what needs a restart. Nothing is applied if the posture policy is invalid, or if
+        the config could not boot on this host now (its typed boot refusal is raised)."""
         return self._call(self._reload, config)
 
     def _reload(self, config: FleetConfig) -> dict:
+        # A config a restart would refuse (a budget over the quota, no handler) is refused
+        # whole: accepting its live parts would leave a fleet that cannot start again.
+        quota_mod.project(config, self.host.effective_cpus(), self._cpus_override or self.host.affinity())
         applied, restart = [], []
         old = self.config
         for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store"):
@@ -1419,10 +1424,10 @@ def _check_unit(spec, key, lane, priority, timeout, request_id) -> None:
             raise BadUnit(f"key must be hashable, got {type(key).__name__}") from None
     if lane is not None and not isinstance(lane, str):
         raise BadUnit(f"lane must be a name (str), got {type(lane).__name__}")
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise BadUnit(f"priority must be an int, got {priority!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
-        raise BadUnit(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if not ranges.PRIORITY.holds(priority):
+        raise BadUnit(f"priority {ranges.PRIORITY.problem(priority)}")
+    if timeout is not None and not ranges.UNIT_TIMEOUT_S.holds(timeout):
+        raise BadUnit(f"timeout {ranges.UNIT_TIMEOUT_S.problem(timeout)}")
     if request_id is not None and not isinstance(request_id, str):
         raise BadUnit(f"request_id must be a str, got {type(request_id).__name__}")
 

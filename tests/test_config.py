@@ -220,7 +220,7 @@ def test_a_binary_file_is_a_config_error(tmp_path, content, match):
 
 
 def test_a_directory_and_a_nul_in_the_path_are_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read .*Is a directory"):
+    with pytest.raises(ConfigError, match="cannot read .*it is a directory, not a regular file"):
         load_config(tmp_path, env={})
     with pytest.raises(ConfigError, match="cannot read .*null byte"):
         load_config(str(tmp_path / "a\0b.toml"), env={})

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, ClassVar, Protocol
 
+from .. import ranges
 from .errors import E_INVALID_ARGS, E_UNKNOWN_OP, ProtocolError
 from .wire import Arg, _json_type, check_args
 
@@ -343,8 +344,9 @@ class SubmitOp(Op):
             raise self._bad("role must be a non-empty string")
         if args["encoding"] not in self.ENCODINGS:
             raise self._bad(f"encoding must be one of {', '.join(self.ENCODINGS)}, got {args['encoding']!r}")
-        if args["timeout"] is not None and not args["timeout"] > 0:
-            raise self._bad(f"timeout must be > 0 seconds, got {args['timeout']!r}")
+        for name, within in (("priority", ranges.PRIORITY), ("timeout", ranges.UNIT_TIMEOUT_S),
+                             ("seq", ranges.SEQ), ("parent", ranges.UNIT_ID)):
+            _in_range(self, name, args[name], within)
         if args["token"] is not None and not _TOKEN.fullmatch(args["token"]):
             raise self._bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
         if args["seq"] is not None and args["token"] is None:
@@ -429,11 +431,17 @@ class CancelOp(Op):
     schema = {"unit": Arg((int,), required=True, doc="the unit id submit replied with")}
 
     def check(self, args: dict[str, Any]) -> None:
-        if args["unit"] < 1:
-            raise self._bad(f"unit must be a unit id (an integer >= 1), got {args['unit']!r}")
+        _in_range(self, "unit", args["unit"], ranges.UNIT_ID)
 
     def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
         return handler.cancel(args["unit"])
+
+
+def _in_range(op: Op, name: str, value: Any, within) -> None:
+    """InvalidArgs naming the argument, its value and its range (fleet.ranges) unless
+    `value` is None (not given) or in the range. JSON's 1e400 arrives as inf: refused."""
+    if value is not None and not within.holds(value):
+        raise op._bad(f"{name} {within.problem(value)}")
 
 
 def _pool(op: Op, args: dict[str, Any]) -> None:
@@ -539,8 +547,7 @@ class AdmissionPlanOp(Op):
             Route.parse(args["route"])
         except ValueError as exc:
             raise self._bad(str(exc)) from None
-        if args["wanted"] < 0:
-            raise self._bad(f"wanted must be a whole number >= 0, got {args['wanted']!r}")
+        _in_range(self, "wanted", args["wanted"], ranges.PLAN_WANTED)
 
     def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
         from ..route import Route
