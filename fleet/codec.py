@@ -18,6 +18,11 @@ from .unit import Outcome, PayloadTooLarge, PayloadUnpicklable
 
 _SOLVED = Outcome(SOLVED)
 
+#: Traceback text kept per failed outcome (the head is cut; the last lines matter).
+MAX_DETAIL_CHARS = 64 * 1024
+#: A handler's exception travels pickled only below this size (its text always does).
+MAX_ERROR_BYTES = 128 * 1024
+
 
 class _Pickled:
     """Bytes pickled at one end for the other: a remote client's payload (the worker
@@ -119,6 +124,13 @@ def result_outcome(status: int, body, relay: bool = False):
     if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
         return Outcome(FAILED, "FsmRefused", _text(body)), None, None
     return Outcome(FAILED, "LaneDeath", _text(body)), None, None
+
+
+def clip_detail(detail: str | None) -> str | None:
+    """A failure's text cut to its last `MAX_DETAIL_CHARS` characters (a traceback ends with what matters)."""
+    if detail is None or len(detail) <= MAX_DETAIL_CHARS:
+        return detail
+    return "[... cut ...]\n" + detail[-MAX_DETAIL_CHARS:]
 
 
 def _text(body) -> str:

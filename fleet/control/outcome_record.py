@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from ..codec import MAX_DETAIL_CHARS, MAX_ERROR_BYTES, clip_detail
 from ..outcomes import FAILED, KINDS, SOLVED
 from ..unit import Outcome, UnitError, error_for
 from .errors import E_INVALID_REPLY, ProtocolError
@@ -45,10 +46,6 @@ PARTS = "parts"
 #: Base64 characters of a value per outcome record; a larger value is split into
 #: consecutive parts, so no collect reply outgrows control.COLLECT_REPLY_BUDGET.
 PART_CHARS = 512 * 1024
-#: Traceback text kept per failed outcome (the head is cut; the last lines matter).
-MAX_DETAIL_CHARS = 64 * 1024
-#: A handler's exception travels pickled only below this size (its text always does).
-MAX_ERROR_BYTES = 128 * 1024
 
 
 class BadOutcomeRecord(ProtocolError):
@@ -84,7 +81,7 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
     exc = future.exception()
     if isinstance(exc, UnitError):
         record = {**base, KIND: exc.outcome.kind, REASON: exc.outcome.reason,
-                  DETAIL: _clip(exc.outcome.detail)}
+                  DETAIL: clip_detail(exc.outcome.detail)}
         error = _pickled_error(exc.original)
         if error is not None:
             record[ERROR] = error
@@ -106,12 +103,6 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
         return [{**base, KIND: SOLVED, VALUE: text}]
     parts = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)]
     return [{**base, KIND: SOLVED, VALUE: p, PART: i, PARTS: len(parts)} for i, p in enumerate(parts)]
-
-
-def _clip(detail: str | None) -> str | None:
-    if detail is None or len(detail) <= MAX_DETAIL_CHARS:
-        return detail
-    return "[... cut ...]\n" + detail[-MAX_DETAIL_CHARS:]
 
 
 def _pickled_error(exc: BaseException | None) -> str | None:
