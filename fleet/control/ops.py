@@ -7,12 +7,12 @@ import base64
 import binascii
 import json
 import os
-import pickle
 import re
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, ClassVar, Protocol
 
+from ..codec import CodecError, dumps
 from .errors import E_INVALID_ARGS, E_UNKNOWN_OP, ProtocolError
 from .wire import Arg, _json_type, check_args
 
@@ -334,7 +334,10 @@ class SubmitOp(Op):
             args["payload"] = base64.b64encode(args.pop("pickled")).decode("ascii")
             args["encoding"] = "pickle"
         elif args.setdefault("encoding", "pickle") == "pickle" and "payload" in args:
-            raw = pickle.dumps(args["payload"], protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                raw = dumps(args["payload"], "payload")
+            except CodecError as exc:
+                raise self._bad(str(exc)) from None
             args["payload"] = base64.b64encode(raw).decode("ascii")
         return super().to_wire(**args)
 
