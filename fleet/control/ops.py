@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, ClassVar, Protocol
 
-from ..codec import CodecError, dumps
 from .errors import E_INVALID_ARGS, E_UNKNOWN_OP, ProtocolError
 from .wire import Arg, _json_type, check_args
 
@@ -334,6 +333,8 @@ class SubmitOp(Op):
             args["payload"] = base64.b64encode(args.pop("pickled")).decode("ascii")
             args["encoding"] = "pickle"
         elif args.setdefault("encoding", "pickle") == "pickle" and "payload" in args:
+            from ..codec import CodecError, dumps  # the client half only: the daemon never pickles a payload
+
             try:
                 raw = dumps(args["payload"], "payload")
             except CodecError as exc:
