@@ -48,7 +48,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import pickle
 import secrets
 import socket
 import threading
@@ -57,7 +56,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
 from typing import Any
 
-from . import control
+from . import codec, control
 from .control import FleetConnectionLost, NotRunning, OutcomesDropped, ProtocolError, RemoteError
 from .control import outcome_record
 from .control.outcome_record import BadOutcomeRecord
@@ -379,10 +378,9 @@ class Client(Executor):
         if self._closing:
             raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
         try:
-            raw = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - whatever pickle raises, the unit cannot travel
-            raise PayloadUnpicklable(f"payload for role {role!r} cannot be pickled: {type(exc).__name__}: {exc}") \
-                from None
+            raw = codec.dumps(payload, f"payload for role {role!r}")
+        except codec.CodecError as exc:  # whatever pickling raises, the unit cannot travel
+            raise PayloadUnpicklable(str(exc)) from None
         if len(raw) > MAX_WIRE_PAYLOAD:
             raise PayloadTooLarge(f"payload for role {role!r} is {len(raw)} bytes pickled; a service-mode submit "
                                   f"carries at most {MAX_WIRE_PAYLOAD} (one control frame, base64)")

@@ -21,6 +21,7 @@ from concurrent.futures import Executor, Future
 from typing import Callable, Iterable, Iterator
 
 from . import messages as M
+from .codec import handler_error
 from .config import FleetConfig, load_config
 from .errors import ConfigError
 from .ledger import abort_process
@@ -411,5 +412,5 @@ def _item(role: str, status: int, value):
     """Raise the error of a chunk item that did not solve."""
     if status == M.ST_SUPPRESSED:
         raise error_for(0, role, Outcome(SUPPRESSED, None, value))
-    text, original = value
+    text, original = handler_error(*value)  # rebuilt here, under the codec's guard
     raise error_for(0, role, Outcome(FAILED, "HandlerError", text), original)

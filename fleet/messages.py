@@ -25,13 +25,17 @@ TASK_HEAD = struct.Struct("<QIIHBB")
 # --- result status ------------------------------------------------------------------
 ST_SOLVED = 0
 ST_SUPPRESSED = 1  # body: the reason, utf-8
-ST_HANDLER_ERROR = 2  # body: pickled (traceback text, exception or None)
+ST_HANDLER_ERROR = 2  # body: pickled (traceback text, the exception pickled or None): fleet.codec.error_parts
 ST_RESULT_ERROR = 3  # body: utf-8 text: why the result could not be sent
 ST_START_REFUSED = 4  # body: utf-8 text: the slot refused to start it (a fleet bug)
-ST_CHUNK = 5  # body: pickled (values, {index: (status, detail)} for items that did not solve)
+ST_CHUNK = 5  # body: pickled (values, {index: (status, reason | error_parts)} for items that did not solve); all solved
 ST_COMPLETION_REFUSED = 6  # body: utf-8 text: the slot refused to end it (a fleet bug; its result is void)
 ST_HELD_AT_CLOSE = 7  # body: utf-8 text: cordon held it back and the fleet is closing: it never ran
 ST_REFUSED = 8  # body: pickled (status, message, retry_after): the handler raised fleet.Refused
+# A chunk's status sums up its items, so nobody unpickles its values to learn its outcome
+# (fleetd relays them unread). Body as ST_CHUNK.
+ST_CHUNK_SUPPRESSED = 9  # some item was suppressed, none failed
+ST_CHUNK_FAILED = 10  # some item failed (HandlerError)
 
 #: unit id, slot, status, slot state after the unit, run seconds, cost in USD the handler
 #: reported (fleet.report_cost; NaN when it reported none)

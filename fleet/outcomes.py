@@ -17,13 +17,13 @@ KINDS = (SOLVED, SUPPRESSED, FAILED)
 OUTCOMES = KINDS
 
 # --- failure reasons, by code ------------------------------------------------------
-HANDLER_ERROR = 0  # the handler raised (the traceback travels with the outcome)
+HANDLER_ERROR = 0  # the handler raised, or the worker could not unpickle its payload (the traceback travels)
 TIMEOUT = 1  # the unit ran past its timeout
 LANE_DEATH = 2  # the worker serving the unit died mid-unit
 SHUTDOWN = 3  # the fleet stopped before the unit ran (queued past the drain grace)
 REFUSED = 4  # an admission refused it (a full queue, a closed provider: 429/402/403)
 ROLE_STOPPED = 5  # its role was stopped (restart intensity exceeded)
-RESULT_ERROR = 6  # the result could not be returned (not picklable, too large)
+RESULT_ERROR = 6  # the result could not be returned (not picklable, too large, not unpicklable here)
 CANCELLED = 7  # the caller cancelled it before it ran
 FSM_REFUSED = 8  # a slot refused its grant, start or completion: a broken FSM rule, never a death
 LEASE_LOST = 9  # its host-group lease was denied, expired or preempted (the detail says which)

@@ -124,7 +124,8 @@ class UnitFailed(UnitError):
     """The unit failed: outcome.reason is one of fleet.outcomes.FAILURE_REASONS.
 
     For HandlerError, `outcome.detail` holds the handler's traceback as text and
-    `original` the exception itself when it could be pickled back.
+    `original` the exception itself when it could be pickled back and rebuilt here
+    (when not, the detail's first line says why and `original` is None).
     """
 
 

@@ -36,7 +36,7 @@ import traceback
 
 from . import fsm
 from . import messages as M
-from .codec import refused_body, split_route
+from .codec import MAX_DETAIL_CHARS, CodecError, describe, dumps, error_parts, loads, refused_body, safe_str, split_route
 from ._chunk import run_items
 from .dataplane import RingRelay
 from .io_runner import IoRunner
@@ -255,17 +255,17 @@ class Worker:
     def _decode_one(self, unit_id: int, role: int, body, flags: int = 0) -> Unit:
         route = None
         if flags & M.F_ROUTED:
-            route, body = split_route(body)
-        payload, key, lane, request_id = pickle.loads(body)
+            route, body = split_route(body, _HERE)
+        payload, key, lane, request_id = loads(body, "the payload", _HERE)
         if type(payload).__name__ == "_Pickled":
-            payload = payload.load()  # a service-mode client's payload, pickled at its end
+            payload = payload.load("the payload", _HERE)  # a service-mode client's payload, pickled at its end
         return self._unit(unit_id, role, payload, key, lane, request_id, route)
 
     def _decode_chunk(self, unit_id: int, role: int, body):
         """A chunk's items (a list), and the Unit its every item shares but the payload."""
-        payloads, key, lane, request_id = pickle.loads(body)
+        payloads, key, lane, request_id = loads(body, "the chunk's payloads", _HERE)
         if type(payloads).__name__ == "_Pickled":
-            payloads = payloads.load()  # a service-mode client's chunk, pickled at its end
+            payloads = payloads.load("the chunk's payloads", _HERE)  # a service-mode client's chunk, pickled at its end
         if type(payloads) is not list:
             payloads = list(payloads)
         return payloads, Unit(unit_id, self.roles.by_code(role).name, None, key, lane, request_id)
@@ -379,29 +379,27 @@ class Worker:
 
 #: Where a chunk item's payload goes in its Unit (`run_items` fills the rest from a template).
 _PAYLOAD_AT = Unit._fields.index("payload")
+#: Where this process unpickles what the supervisor sent, as a failure names it.
+_HERE = "in the worker"
 
 
 def _traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-
-
-def _picklable(exc: BaseException):
     try:
-        pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-        return exc
-    except Exception:  # noqa: BLE001 - an exception we cannot send back travels as text only
-        return None
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException as err:  # noqa: BLE001 - a handler's exception is its unit's, whatever it does
+        return f"{describe(exc)}\n(its traceback cannot be formatted: {describe(err)})"
 
 
 def _error_body(exc: BaseException) -> bytes:
-    return pickle.dumps((_traceback(exc), _picklable(exc)), protocol=pickle.HIGHEST_PROTOCOL)
+    # Plain data (text, bytes): pickling it cannot run a unit's code.
+    return pickle.dumps(error_parts(_traceback(exc), exc), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _item_failure(exc: BaseException) -> tuple[int, object]:
-    """What a handler's exception makes of a chunk item: (status, reason or (traceback, exception))."""
+    """What a handler's exception makes of a chunk item: (status, reason or codec.error_parts)."""
     if isinstance(exc, Suppress):
-        return M.ST_SUPPRESSED, str(exc.reason)
-    return M.ST_HANDLER_ERROR, (_traceback(exc), _picklable(exc))
+        return M.ST_SUPPRESSED, safe_str(exc.reason, MAX_DETAIL_CHARS)
+    return M.ST_HANDLER_ERROR, error_parts(_traceback(exc), exc)
 
 
 def _cost(running: _Running) -> float:
@@ -415,20 +413,31 @@ def _failure_body(exc: BaseException) -> tuple[int, bytes]:
         return M.ST_REFUSED, refused_body(exc)
     status, detail = _item_failure(exc)
     if status == M.ST_SUPPRESSED:
-        return status, detail.encode()
+        return status, _utf8(detail)
     return status, pickle.dumps(detail, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _chunk_body(values: list, failures: dict) -> tuple[int, bytes]:
-    status, out = _result_body((values, failures))
-    return (M.ST_CHUNK, out) if status == M.ST_SOLVED else (status, out)
+    """A chunk's result, its status summing up its items (so nobody has to unpickle its
+    values to learn its outcome): failed if an item failed, else suppressed if one was."""
+    status, out = _result_body((values, failures), "the chunk's results")
+    if status != M.ST_SOLVED:
+        return status, out
+    kinds = {st for st, _ in failures.values()}
+    if M.ST_HANDLER_ERROR in kinds:
+        return M.ST_CHUNK_FAILED, out
+    return (M.ST_CHUNK_SUPPRESSED if kinds else M.ST_CHUNK), out
 
 
-def _result_body(value) -> tuple[int, bytes]:
+def _result_body(value, what: str = "the result") -> tuple[int, bytes]:
     try:
-        return M.ST_SOLVED, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except BaseException as exc:  # noqa: BLE001 - an unpicklable result is the unit's outcome
-        return M.ST_RESULT_ERROR, f"result of type {type(value).__name__} cannot be pickled: {exc}".encode()
+        return M.ST_SOLVED, dumps(value, what)
+    except CodecError as exc:  # an unpicklable result is the unit's outcome
+        return M.ST_RESULT_ERROR, _utf8(str(exc))
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode(errors="replace")  # a lone surrogate in a handler's text is no reason to die
 
 
 def child_setup(cpus, nice: int | None = None) -> None:

@@ -7,7 +7,6 @@ import base64
 import binascii
 import json
 import os
-import pickle
 import re
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
@@ -335,7 +334,12 @@ class SubmitOp(Op):
             args["payload"] = base64.b64encode(args.pop("pickled")).decode("ascii")
             args["encoding"] = "pickle"
         elif args.setdefault("encoding", "pickle") == "pickle" and "payload" in args:
-            raw = pickle.dumps(args["payload"], protocol=pickle.HIGHEST_PROTOCOL)
+            from ..codec import CodecError, dumps  # the client half only: the daemon never pickles a payload
+
+            try:
+                raw = dumps(args["payload"], "payload")
+            except CodecError as exc:
+                raise self._bad(str(exc)) from None
             args["payload"] = base64.b64encode(raw).decode("ascii")
         return super().to_wire(**args)
 

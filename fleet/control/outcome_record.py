@@ -17,11 +17,12 @@ A record without ``v`` is version 1 (the format before records carried it).
 from __future__ import annotations
 
 import base64
-import pickle
+import binascii
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from ..codec import MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _Pickled, clip_detail, dumps, handler_error, loads
 from ..outcomes import FAILED, KINDS, SOLVED
 from ..unit import Outcome, UnitError, error_for
 from .errors import E_INVALID_REPLY, ProtocolError
@@ -45,10 +46,6 @@ PARTS = "parts"
 #: Base64 characters of a value per outcome record; a larger value is split into
 #: consecutive parts, so no collect reply outgrows control.COLLECT_REPLY_BUDGET.
 PART_CHARS = 512 * 1024
-#: Traceback text kept per failed outcome (the head is cut; the last lines matter).
-MAX_DETAIL_CHARS = 64 * 1024
-#: A handler's exception travels pickled only below this size (its text always does).
-MAX_ERROR_BYTES = 128 * 1024
 
 
 class BadOutcomeRecord(ProtocolError):
@@ -74,17 +71,16 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
     solved while its client was sent a ResultError. Relayed, the client gets
     exactly what the handler returned, and the daemon runs no code from a result.
     A value that is not relayed (a future built by hand) is pickled here; if that
-    fails the record is a failed ``ResultError`` that says so.
+    fails the record is a failed ``ResultError`` that says so. A handler's exception
+    is relayed the same way, as its worker pickled it.
     """
-    from ..codec import _Pickled
-
     base = {V: VERSION, SEQ: seq, UNIT: getattr(future, "unit_id", None), ROLE: role}
     if future.cancelled():
         return [{**base, KIND: FAILED, REASON: "Cancelled", DETAIL: "cancelled in the daemon"}]
     exc = future.exception()
     if isinstance(exc, UnitError):
         record = {**base, KIND: exc.outcome.kind, REASON: exc.outcome.reason,
-                  DETAIL: _clip(exc.outcome.detail)}
+                  DETAIL: clip_detail(exc.outcome.detail)}
         error = _pickled_error(exc.original)
         if error is not None:
             record[ERROR] = error
@@ -97,10 +93,9 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
         raw = value.data
     else:
         try:
-            raw = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as err:  # noqa: BLE001 - any pickling failure is this unit's outcome
-            return [{**base, KIND: FAILED, REASON: "ResultError",
-                     DETAIL: f"solved, but its value cannot be pickled for the client: {type(err).__name__}: {err}"}]
+            raw = dumps(value, "solved, but its value")
+        except CodecError as err:  # any pickling failure is this unit's outcome
+            return [{**base, KIND: FAILED, REASON: "ResultError", DETAIL: f"{err} for the client"}]
     text = base64.b64encode(raw).decode("ascii")
     if len(text) <= PART_CHARS:
         return [{**base, KIND: SOLVED, VALUE: text}]
@@ -108,19 +103,16 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
     return [{**base, KIND: SOLVED, VALUE: p, PART: i, PARTS: len(parts)} for i, p in enumerate(parts)]
 
 
-def _clip(detail: str | None) -> str | None:
-    if detail is None or len(detail) <= MAX_DETAIL_CHARS:
-        return detail
-    return "[... cut ...]\n" + detail[-MAX_DETAIL_CHARS:]
-
-
-def _pickled_error(exc: BaseException | None) -> str | None:
+def _pickled_error(exc: BaseException | _Pickled | None) -> str | None:
     if exc is None:
         return None
-    try:
-        raw = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001 - the text in `detail` still says what happened
-        return None
+    if isinstance(exc, _Pickled):
+        raw = exc.data  # relayed: as its worker pickled it
+    else:
+        try:
+            raw = dumps(exc, "the handler's exception")
+        except CodecError:  # the text in `detail` still says what happened
+            return None
     return base64.b64encode(raw).decode("ascii") if len(raw) <= MAX_ERROR_BYTES else None
 
 
@@ -206,14 +198,17 @@ def result_of(record: Record, value: str | None, role: str) -> Any:
     unit_id = record.unit or 0
     if record.kind == SOLVED:
         try:
-            return pickle.loads(base64.b64decode(value))
-        except Exception as exc:  # noqa: BLE001 - e.g. a class this process cannot import
-            raise error_for(unit_id, role, Outcome(FAILED, "ResultError",
-                            f"result cannot be unpickled here: {type(exc).__name__}: {exc}")) from None
-    original = None
+            return loads(_unbase64(value, VALUE), "the result")
+        except CodecError as exc:  # e.g. a class this process cannot import, or a __reduce__ that exits
+            raise error_for(unit_id, role, Outcome(FAILED, "ResultError", str(exc))) from None
+    detail, original = record.detail, None
     if record.error:
-        try:
-            original = pickle.loads(base64.b64decode(record.error))
-        except Exception:  # noqa: BLE001 - the traceback text in detail still tells the story
-            original = None
-    raise error_for(unit_id, role, Outcome(record.kind, record.reason, record.detail), original)
+        detail, original = handler_error(record.detail, _unbase64(record.error, ERROR))
+    raise error_for(unit_id, role, Outcome(record.kind, record.reason, detail), original)
+
+
+def _unbase64(text: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadOutcomeRecord(field, f"is not base64: {exc}") from None
