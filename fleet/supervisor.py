@@ -1244,14 +1244,25 @@ class Supervisor:
     def _shutdown(self, cancel_futures: bool) -> None:
         self._close_intake()
         if cancel_futures:
-            for item in self.dispatcher.drain_queue():
-                self._forget(item.unit_id, cancel_future=True)
+            self._cancel_queued()
             self._drop_held(cancel=True)
             self._drop_waiting("", "", cancel=True)
         # Shutdown waits for queued units, but not for a provider's reopening: a closed
         # key may wait until midnight. Units still waiting for admission fail Shutdown.
         self._drop_waiting("Shutdown", "the fleet closed while the unit waited for provider admission")
         self._dispatch()
+
+    def _cancel_queued(self) -> None:
+        """Cancel every queued unit, except one whose future runs already (it came back
+        unrun from a dead seat): that one cannot be cancelled any more, so it stays first
+        in its queue and runs (shutdown waits for it)."""
+        running = []
+        for item in self.dispatcher.drain_queue():
+            if self._units[item.unit_id].future.cancel():
+                self._forget(item.unit_id)
+            else:
+                running.append(item)
+        self.dispatcher.put_back_first(running)
 
     def stop(self, grace_s: float = 0.0, wait: bool = True) -> None:
         """Stop soon: queued units fail with Shutdown once nothing runs or `grace_s` has

@@ -146,3 +146,23 @@ def test_a_unit_killed_for_its_timeout_fails_timeout_and_the_units_behind_it_run
         assert [runs(d, tag) for tag in range(4)] == [1] * 4
         assert f.ledger()["failed_by_reason"] == {"Timeout": 1}
 
+
+def test_shutdown_cancelling_futures_still_runs_a_unit_that_came_back_from_a_dead_seat(fleet_name, tmp_path):
+    """A unit put back unrun was running from its caller's view (its future cannot be
+    cancelled): `shutdown(cancel_futures=True)` runs it rather than leave it unresolved."""
+    d = str(tmp_path)
+    cfg = _one_seat(fleet_name, "serial", {"w": role("marked", slots=2)})
+    with running(cfg) as f:
+        f.submit("w", (d, 0, LONG_S))
+        eventually(lambda: runs(d, 0) == 1, "the first unit runs")
+        behind = f.submit("w", (d, 1, 0))
+        eventually(lambda: in_flight(f) == 2, "the second slot is granted a unit")
+        assert behind.running()
+        f._sup.drain()  # nothing is granted from here on: it stays queued once it is back
+        kill_worker(f)
+        eventually(lambda: f._sup.inspect(lambda sup: sup.dispatcher.queued(0)) == 1, "it is back in its queue")
+        f._sup.shutdown(wait=False, cancel_futures=True)  # applied on the loop before it returns
+        f._sup.resume()
+        assert behind.result(WAIT_S) == 1 and runs(d, 1) == 1
+        ledger = f.ledger()
+        assert (ledger["submitted"], ledger["solved"], ledger["failed"]) == (2, 1, 1)
