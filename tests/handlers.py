@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -186,3 +187,20 @@ def marked(unit):
     time.sleep(seconds)
     return tag
 
+
+def marked_echo(unit):
+    """payload (directory, tag, data): note the run, return `data`."""
+    directory, tag, data = unit.payload
+    note_run(directory, tag)
+    return data
+
+
+def marked_or_die(unit):
+    """payload (directory, tag, die, data): note the run; then, if `die`, SIGKILL this
+    worker (so it dies inside a handler that ran, never between two units); else return
+    `data`."""
+    directory, tag, die, data = unit.payload
+    note_run(directory, tag)
+    if die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return data
