@@ -30,8 +30,7 @@ Rules:
   the next, and only while the role's queue holds at least as many units as every
   slot of the role would then have waiting: a unit sent ahead waits behind the
   slot's others, and with a shorter queue a slot that frees elsewhere could have
-  started it sooner. A unit sent ahead that never started when its
-  worker died goes back to the head of the queue (`seat_lost`). A seat that runs its
+  started it sooner. A seat that runs its
   units one after another needs one unit waiting, not one per slot: a role with two
   or more slots per seat has that already, so only an I/O-bound role, or one with a
   slot per seat (``slots`` = its processes), sends ahead.
@@ -53,6 +52,11 @@ Rules:
   queue, in submit order, to be granted anew (a new pin) when posture allows. The
   drained slot takes nothing new, and its key is granted nothing, until every one of
   them is back.
+* A seat whose worker died (`seat_lost`) holds nothing any more: its slots, pins and
+  units are forgotten, and it says what it owed in grant order. Its owner decides what
+  the death means for each (`fleet.deaths`) and hands those that never started back
+  (`put_back_first`): to the head of their queue (of their key's), in grant order, which
+  is the order they had in it.
 * Posture gates intake only: under cordon a deferrable role is granted nothing new,
   a floor role at most its intake floor of slots in use; every grant held back by
   posture is counted once per unit as suppressed intake. In-flight units always
@@ -122,6 +126,13 @@ class Grant(NamedTuple):
         """The grant's events as ((event, role, key_id), ...)."""
         ops = self.ops
         return tuple((ops[i + 1], ops[i + 2], ops[i + 3]) for i in range(0, len(ops), OP_FIELDS))
+
+
+class Lost(NamedTuple):
+    """A unit a dead seat owed: what was granted (as it was queued), and its slot."""
+
+    item: Pending
+    slot: int
 
 
 def _ops(slot: int, events: tuple) -> tuple:
@@ -269,6 +280,13 @@ class _RoleQueue:
             self.plain.push(item, front)
         self.n += 1
 
+    def push_first(self, item: Pending) -> None:
+        """`item` goes first: at the head of its priority level (of its key's queue, and
+        that key first of all)."""
+        self.push(item, front=True)
+        if self.keyed:
+            self.by_key.move_to_end(item.key, last=False)
+
     def drain(self) -> list[Pending]:
         out = self.plain.drain()
         for q in self.by_key.values():
@@ -316,7 +334,7 @@ class Dispatcher:
         #: per role: indices of the slots it holds that may take a unit ahead
         #: (1 <= in flight <= ahead), as an insertion-ordered set
         self._feedable: list[dict] = [{} for _ in roles]
-        self._sent_ahead: dict[int, Pending] = {}  # units sent ahead, until they end or come back
+        self._sent_ahead: set[int] = set()  # units sent ahead, until they end or come back
         self.sent_ahead_total = 0  # units sent ahead so far
         self._pins: list[dict] = [{} for _ in roles]  # keyed roles: user key -> claimed slot
         self.repins = [0] * len(roles)  # elastic re-pins per role (`elastic_repin`)
@@ -324,7 +342,9 @@ class Dispatcher:
         self._order = sorted(range(len(roles)), key=lambda c: (precedence(roles.by_code(c)), c))
         self._in_use = [0] * len(roles)
         self._where: dict[int, _Slot] = {}  # unit id -> slot, while in flight
-        self._keyed_items: dict[int, Pending] = {}  # keyed units in flight, to requeue if their pin drains
+        #: every unit in flight, in grant order: what goes back to a queue when its pin
+        #: drains or its seat dies before it started
+        self._granted: dict[int, Pending] = {}
         self._clock = itertools.count(1)
         self._key_ids = itertools.count(1)
         self.suppressed = 0  # units held back by posture (counted once each)
@@ -467,7 +487,7 @@ class Dispatcher:
                 return
             plain.pop()
             queue.n -= 1
-            self._sent_ahead[item.unit_id] = item
+            self._sent_ahead.add(item.unit_id)
             self.sent_ahead_total += 1
             out.append(self._take(slot, item, fsm.LEASE, (), ahead=True))
 
@@ -603,9 +623,8 @@ class Dispatcher:
         slot.inflight.append(item.unit_id)
         slot.last_used = next(self._clock)
         self._where[item.unit_id] = slot
-        if not self._pooled[slot.role]:
-            self._keyed_items[item.unit_id] = item
-        else:
+        self._granted[item.unit_id] = item
+        if self._pooled[slot.role]:
             self._update_feedable(slot)
         return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, ops, ahead)
 
@@ -621,8 +640,8 @@ class Dispatcher:
     def complete(self, unit_id: int, final_state: int) -> int:
         """A unit's outcome arrived; `final_state` is its slot's state after it. Returns the slot."""
         slot = self._where.pop(unit_id)
-        self._keyed_items.pop(unit_id, None)
-        self._sent_ahead.pop(unit_id, None)
+        del self._granted[unit_id]
+        self._sent_ahead.discard(unit_id)
         if slot.inflight and slot.inflight[0] == unit_id:
             slot.inflight.popleft()
         else:
@@ -645,9 +664,9 @@ class Dispatcher:
         the head of its key's queue again (submit order kept). False (nothing changed)
         when it was not such a unit."""
         slot = self._where.get(unit_id)
-        if slot is None or not slot.drained or unit_id not in self._keyed_items:
+        if slot is None or not slot.drained:
             return False
-        item = self._keyed_items[unit_id]
+        item = self._granted[unit_id]
         self.complete(unit_id, fsm.IDLE)
         queue = self._queues[item.role]
         sub = queue.by_key.get(item.key)
@@ -658,30 +677,36 @@ class Dispatcher:
         queue.n += 1
         return True
 
-    def seat_lost(self, seat: int, started=None) -> list[tuple[int, int]]:
-        """The seat's worker died: forget its pins; returns (unit id, slot) it owed, in grant
-        order. `started(unit id, slot)`: whether a unit sent ahead had started; one that
-        had not goes back to the head of its role's queue (submit order kept) instead."""
-        owed, back = [], []
+    def seat_lost(self, seat: int) -> list[Lost]:
+        """The seat's worker died: forget its slots, pins and units in flight. Returns the
+        units it owed, in grant order; its owner decides what the death means for each
+        (`fleet.deaths`) and gives back those that never started (`put_back_first`)."""
+        slot_of: dict[int, int] = {}  # unit id -> slot, for the seat's units in flight
         for index in self._seat_slots[seat] if 0 <= seat < len(self._seat_slots) else ():
             slot = self._slots[index]
             for unit_id in slot.inflight:
                 del self._where[unit_id]
-                self._keyed_items.pop(unit_id, None)
-                item = self._sent_ahead.pop(unit_id, None)
-                if item is not None and started is not None and not started(unit_id, slot.index):
-                    back.append(item)
-                else:
-                    owed.append((unit_id, slot.index))
+                self._sent_ahead.discard(unit_id)
+                slot_of[unit_id] = index
             if slot.inflight:
                 self._in_use[slot.role] -= 1
             slot.inflight.clear()
             if slot.role >= 0:
                 self._feedable[slot.role].pop(slot.index, None)
                 self._unhold(slot)
-        for item in sorted(back, key=lambda i: i.unit_id, reverse=True):
-            self._queues[item.role].push(item, front=True)
-        return owed
+        if not slot_of:
+            return []
+        lost = [Lost(item, slot_of[unit_id]) for unit_id, item in self._granted.items() if unit_id in slot_of]
+        for item, _slot in lost:
+            del self._granted[item.unit_id]
+        return lost
+
+    def put_back_first(self, items: list[Pending]) -> None:
+        """Units granted that never started (their seat died), in grant order: back to the
+        head of their queues in that order, which is the order they had there; a keyed
+        unit's key goes before its role's other keys (it was waiting before them)."""
+        for item in reversed(items):
+            self._queues[item.role].push_first(item)
 
     def sent_ahead(self, unit_id: int) -> bool:
         """Whether `unit_id` was sent behind a running unit and has not ended."""

@@ -26,11 +26,13 @@ with its task), or waits there until the loop finds its pool admits again; its
 outcome is the pool's signal (`_close`).
 
 Deaths. The zygote reports every worker exit. The loop then collects what the dead
-worker already delivered, discards the tasks it never took, fails every unit it
-still owed with LaneDeath (Timeout for the unit it was killed for), walks its slots
-back to Idle through legal transitions, and restarts the seat — unless one of the
-roles it ran died more than `restart.max_restarts` times within
-`restart.within_seconds`: that role is stopped and its queued units fail RoleStopped.
+worker already delivered, discards the tasks it never took, and asks `fleet.deaths`
+what the death means for each unit it still owed: one it had started fails LaneDeath
+(Timeout for the unit it was killed for), one it had not goes back to the head of its
+queue, unrun. It walks the seat's slots back to Idle through legal transitions, and
+restarts the seat — unless one of the roles it ran died more than
+`restart.max_restarts` times within `restart.within_seconds`: that role is stopped and
+its queued units fail RoleStopped.
 Every death the supervisor did not cause itself (a lane death, 002 §14) holds the
 posture Cordoned with the sticky `lane-death` cause until an operator releases it
 (`fleetctl posture release lane-death`, `Fleet.posture_release`). Seats are
@@ -53,6 +55,7 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import codec, fsm
+from . import deaths as deaths_mod
 from . import messages as M
 from . import posture as posture_mod
 from . import pressure as pressure_mod
@@ -850,7 +853,6 @@ class Supervisor:
     def _seat_died(self, seat: int, pid: int, status: int, restart: bool = True) -> None:
         """A worker is gone. `restart=False` when its zygote died too (all seats are
         forked again once a new zygote runs)."""
-        how = f"signal {-status}" if status < 0 else f"exit code {status}"
         self._pids.pop(seat, None)
         self._take_delivered(seat)
         # Tasks it never took would run again on its successor: drop them.
@@ -858,22 +860,21 @@ class Supervisor:
         while tasks.pop_many():
             pass
         self._outbox.pop(seat, None)
-        # A unit sent ahead that its worker never started goes back to its queue: it
-        # never ran, so it has no outcome yet (the slot records the unit it started last).
-        owed = self.dispatcher.seat_lost(seat, started=lambda unit_id, slot: self.table.unit(slot) == unit_id)
+        lost = self.dispatcher.seat_lost(seat)
+        owed = [self._owed(item.unit_id, slot) for item, slot in lost]
+        how = deaths_mod.cause(status, [unit.unit_id for unit in owed if unit.timed_out])
+        worker = f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})"
+        back = []  # never started: back to the head of their queues, unrun
+        for (item, _slot), unit in zip(lost, owed):
+            self._timed_out.discard(unit.unit_id)
+            outcome = deaths_mod.verdict(unit, worker)
+            if outcome is None:
+                back.append(item)
+            else:
+                self._close(unit.unit_id, outcome)
+        self.dispatcher.put_back_first(back)
         # Slots switch roles: the roles that died are those of the units it ran.
-        dead_roles = {self._units[u].role for u, _slot in owed if u in self._units}
-        killed_for = [unit_id for unit_id, _slot in owed if unit_id in self._timed_out]
-        if killed_for:  # the others on the seat die of that unit's timeout: say so
-            how += f", killed because unit {killed_for[0]} ran past its timeout"
-        for unit_id, _slot in owed:
-            timed_out = unit_id in self._timed_out
-            self._timed_out.discard(unit_id)
-            reason, detail = ("Timeout", "the unit ran past its timeout; its worker was killed") if timed_out else (
-                "LaneDeath", f"worker pid {pid} of seat {self.layout.seats[seat].name} died ({how})")
-            if unit_id in self._lease_lost:  # killed because its host-group lease ended
-                reason, detail = "LeaseLost", self._lease_lost[unit_id]
-            self._close(unit_id, Outcome(FAILED, reason, detail))
+        dead_roles = {item.role for (item, _slot), unit in zip(lost, owed) if unit.started}
         self._reset_slots(seat)
         # Count the death first: a role past its limit is stopped before anything could
         # be granted to the seat again (a cordon change below dispatches).
@@ -888,6 +889,14 @@ class Supervisor:
             self._fork(seat)
         self._dispatch()
         self._publish_units()
+
+    def _owed(self, unit_id: int, slot: int) -> deaths_mod.Owed:
+        """What is known of a unit a dead seat owed on `slot`. Started: its worker records
+        the id in the slot's row as it STARTs the slot, before it decodes the unit or runs
+        the handler; a slot runs its units one after another, and the result of each that
+        ended before was taken, so the id there is the one unit of the slot that may have run."""
+        return deaths_mod.Owed(unit_id, self.table.unit(slot) == unit_id, unit_id in self._timed_out,
+                               self._lease_lost.get(unit_id))
 
     def _take_delivered(self, seat: int) -> None:
         """Apply every result a (dead or stopped) worker pushed before it went."""
@@ -1240,14 +1249,25 @@ class Supervisor:
     def _shutdown(self, cancel_futures: bool) -> None:
         self._close_intake()
         if cancel_futures:
-            for item in self.dispatcher.drain_queue():
-                self._forget(item.unit_id, cancel_future=True)
+            self._cancel_queued()
             self._drop_held(cancel=True)
             self._drop_waiting("", "", cancel=True)
         # Shutdown waits for queued units, but not for a provider's reopening: a closed
         # key may wait until midnight. Units still waiting for admission fail Shutdown.
         self._drop_waiting("Shutdown", "the fleet closed while the unit waited for provider admission")
         self._dispatch()
+
+    def _cancel_queued(self) -> None:
+        """Cancel every queued unit, except one whose future runs already (it came back
+        unrun from a dead seat): that one cannot be cancelled any more, so it stays first
+        in its queue and runs (shutdown waits for it)."""
+        running = []
+        for item in self.dispatcher.drain_queue():
+            if self._units[item.unit_id].future.cancel():
+                self._forget(item.unit_id)
+            else:
+                running.append(item)
+        self.dispatcher.put_back_first(running)
 
     def stop(self, grace_s: float = 0.0, wait: bool = True) -> None:
         """Stop soon: queued units fail with Shutdown once nothing runs or `grace_s` has
@@ -1307,8 +1327,8 @@ class Supervisor:
             self.host.wait_gone(pid)
         for seat in range(len(self.layout.seats)):
             self._take_delivered(seat)
-            for unit_id, _slot in self.dispatcher.seat_lost(seat):
-                self._close(unit_id, Outcome(FAILED, reason, detail))
+            for item, _slot in self.dispatcher.seat_lost(seat):  # started or not: nothing will run it now
+                self._close(item.unit_id, Outcome(FAILED, reason, detail))
         # Submits posted but not yet accepted fail too (they never reach the ledger).
         self._intake.drain()
         self._deliver()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -167,3 +168,39 @@ def knows_itself(unit):
     if fleet.current_unit() is not unit:
         raise AssertionError(f"current_unit() is {fleet.current_unit()!r}, not {unit!r}")
     return unit.payload
+
+
+def note_run(directory: str, tag) -> None:
+    """Say that unit `tag` ran: a line (this pid) in ``directory/<tag>``, one file per unit,
+    so a unit that ran twice has two lines; and its tag on a line of ``directory/order``,
+    so the order units ran in is known (appends of one short line each do not interleave)."""
+    with open(os.path.join(directory, str(tag)), "a") as f:
+        f.write(f"{os.getpid()}\n")
+    with open(os.path.join(directory, "order"), "a") as f:
+        f.write(f"{tag}\n")
+
+
+def marked(unit):
+    """payload (directory, tag, seconds): note the run (`note_run`), sleep, return the tag."""
+    directory, tag, seconds = unit.payload
+    note_run(directory, tag)
+    time.sleep(seconds)
+    return tag
+
+
+def marked_echo(unit):
+    """payload (directory, tag, data): note the run, return `data`."""
+    directory, tag, data = unit.payload
+    note_run(directory, tag)
+    return data
+
+
+def marked_or_die(unit):
+    """payload (directory, tag, die, data): note the run; then, if `die`, SIGKILL this
+    worker (so it dies inside a handler that ran, never between two units); else return
+    `data`."""
+    directory, tag, die, data = unit.payload
+    note_run(directory, tag)
+    if die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return data

@@ -135,3 +135,11 @@ async def knows_itself_async(unit):
 async def loop_selector(unit):
     """The class name of the selector under the seat's event loop."""
     return type(asyncio.get_running_loop()._selector).__name__
+
+
+async def marked_async(unit):
+    """`handlers.marked`, awaited: note the run, sleep on the loop, return the tag."""
+    directory, tag, seconds = unit.payload
+    plain.note_run(directory, tag)
+    await asyncio.sleep(seconds)
+    return tag

@@ -170,14 +170,52 @@ def test_completion_to_idle_releases_the_pin(d):
     assert d.pinned_keys(solver) == {}
 
 
-def test_seat_lost_returns_what_it_owed_and_forgets_pins(d):
-    d.enqueue(_unit(1, "solver", "a"))
-    d.enqueue(_unit(2, "resolve"))
-    d.grant()
+def test_seat_lost_returns_what_it_owed_in_grant_order_and_forgets_pins(d):
+    d.enqueue(_unit(1, "resolve"))
+    d.enqueue(_unit(2, "solver", "a"))
+    d.enqueue(_unit(3, "solver", "a"))  # behind its key's pin (pin depth 2)
+    grants = d.grant()
     owed = d.seat_lost(0)
-    assert sorted(u for u, _ in owed) == [1, 2]
+    assert [(lost.item.unit_id, lost.slot) for lost in owed] == [(g.unit_id, g.slot) for g in grants]
+    assert [lost.item.unit_id for lost in owed] == [2, 3, 1]  # keyed first (precedence)
     assert d.inflight_count() == 0 and d.pinned_keys(ROLES.code("solver")) == {}
-    assert d.in_use(ROLES.code("resolve")) == 0
+    assert d.in_use(ROLES.code("resolve")) == 0 and d.held(ROLES.code("resolve")) == 0
+    assert d.seat_lost(0) == []  # nothing is owed twice
+
+
+def test_units_put_back_after_a_seat_death_are_granted_again_first_in_the_order_they_had():
+    """Every unit in flight came back unrun: the next grants are the same units in the same
+    order, ahead of everything that was queued behind them (priority levels and keys kept)."""
+    d = Dispatcher(ROLES, _layout(), pin_depth=2)
+    units = [_unit(1, "resolve"), _unit(2, "resolve", priority=2), _unit(3, "resolve"), _unit(4, "solver", "a"),
+             _unit(5, "solver", "b"), _unit(6, "solver", "a"), _unit(7, "solver", "a"), _unit(8, "resolve", priority=2)]
+    for unit in units:
+        d.enqueue(unit)
+    first = [g.unit_id for g in d.grant()]
+    assert first == [4, 6, 5, 2, 8]  # keyed (a twice: pin depth 2), then resolve by priority
+    lost = d.seat_lost(0)
+    d.put_back_first([x.item for x in lost])
+    again = [g.unit_id for g in d.grant()]
+    assert again == first
+    # and what waited behind them comes after them, in its own order
+    for uid in again:
+        d.complete(uid, fsm.PINNED if uid in (4, 5, 6) else fsm.IDLE)
+    assert [g.unit_id for g in d.grant()] == [7, 1, 3]
+
+
+def test_a_unit_put_back_goes_before_the_units_queued_at_its_level_and_its_key_before_other_keys():
+    d = Dispatcher(ROLES, _layout(), pin_depth=2)
+    d.enqueue(_unit(1, "resolve"))
+    d.enqueue(_unit(2, "resolve"))
+    d.enqueue(_unit(3, "solver", "a"))
+    (g1, g2, g3) = d.grant()
+    lost = {x.item.unit_id: x.item for x in d.seat_lost(0)}
+    d.enqueue(_unit(4, "resolve"))
+    d.enqueue(_unit(5, "resolve", priority=1))
+    d.enqueue(_unit(6, "solver", "b"))
+    d.put_back_first([lost[3], lost[1]])  # 2 had started (it fails); 1 and 3 had not
+    assert [g.unit_id for g in d.grant()] == [3, 6, 5, 1]  # key a first; a higher priority still goes first
+    assert d.queued(ROLES.code("resolve")) == 1  # 4 waits for a slot
 
 
 def test_skip_drops_cancelled_units(d):

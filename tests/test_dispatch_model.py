@@ -17,7 +17,8 @@ role (and inside a key), posture intake, and the slot words as the pure FSM rule
 * a unit is sent ahead (lookahead) only to a pooled slot its role holds that has a
   unit in flight, with no transition of its own (the worker LEASEs and STARTs it), and
   only while the role's queue holds as many units as the role holds slots; a dead
-  seat's units sent ahead and never started go back to the head of their queue.
+  seat's units that never started go back to the head of their queue, and are granted
+  again in the order they had there.
 """
 from __future__ import annotations
 
@@ -218,13 +219,14 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     @rule(seat=st.sampled_from(sorted(GROUPS)))
     def seat_lost(self, seat):
-        # In the model a unit starts and ends in one step: whatever is in flight never started.
-        owed = self.d.seat_lost(seat, started=lambda unit_id, slot: False)
-        lost = [(uid, s, e) for s in range(len(SEAT_OF)) if SEAT_OF[s] == seat for uid, e, _k in self.inflight[s]]
-        assert sorted(owed) == sorted((uid, s) for uid, s, e in lost if e != fsm.LEASE)
-        for uid, _s, e in lost:
-            if e == fsm.LEASE:  # sent ahead and never started: queued again, not owed
-                self.queued[uid] = self.items[uid]
+        # In the model a unit starts and ends in one step: whatever is in flight never
+        # started, so all of it goes back to the head of its queue (fleet.deaths).
+        owed = self.d.seat_lost(seat)
+        lost = [(uid, s) for s in range(len(SEAT_OF)) if SEAT_OF[s] == seat for uid, _e, _k in self.inflight[s]]
+        assert sorted((x.item.unit_id, x.slot) for x in owed) == sorted(lost)
+        self.d.put_back_first([x.item for x in owed])
+        for uid, _s in lost:
+            self.queued[uid] = self.items[uid]
         for slot in [s for s in range(len(SEAT_OF)) if SEAT_OF[s] == seat]:
             self.inflight[slot].clear()
             for event in fsm.RESET_PATHS.get(self.words[slot][0], ()):

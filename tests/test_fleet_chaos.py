@@ -96,6 +96,16 @@ STORM_ZYGOTE_EVERY_S = 1.0  # at most one zygote kill a second
 SHUTDOWN_DEADLINE_S = 120  # generous: an "eventually", never a timing assertion
 
 
+def runs_by_unit(directory: str) -> collections.Counter:
+    """{tag: how many times its handler ran}, from the files `tests.handlers.note_run` writes."""
+    out = collections.Counter()
+    for name in os.listdir(directory):
+        if name != "order":
+            with open(os.path.join(directory, name)) as f:
+                out[int(name)] = len(f.read().splitlines())
+    return out
+
+
 class KillStorm:
     """SIGKILLs a random worker of `f` every `every` seconds, the zygote now and then."""
 
@@ -159,7 +169,7 @@ def _wedge_report(f) -> str:
 
 
 def _storm_config(name: str, restart: str, b_class: str) -> dict:
-    roles = {"a": role("echo", slots=2), "b": role("echo", slots=2, cordon_class=b_class)}
+    roles = {"a": role("marked_echo", slots=2), "b": role("marked_echo", slots=2, cordon_class=b_class)}
     lenient = {"max_restarts": 1_000_000, "within_seconds": 1}
     cfg = config(name, roles, profile="pinned", restart=lenient if restart == "lenient" else None)
     cfg["fleet"]["cpus"] = 2
@@ -167,8 +177,9 @@ def _storm_config(name: str, restart: str, b_class: str) -> dict:
 
 
 @pytest.mark.parametrize("seed, restart, b_class", STORM_CASES, ids=[f"{s}-{r}-b_{c}" for s, r, c in STORM_CASES])
-def test_a_kill_storm_never_wedges_the_fleet(fleet_name, seed, restart, b_class, caplog):
+def test_a_kill_storm_never_wedges_the_fleet(fleet_name, seed, restart, b_class, caplog, tmp_path):
     rng = random.Random(seed)
+    marks = str(tmp_path)
     before = descendants()
     with running(_storm_config(fleet_name, restart, b_class)) as f, KillStorm(f, seed) as storm:
         futures, live = [], ["a", "b"]
@@ -180,7 +191,7 @@ def test_a_kill_storm_never_wedges_the_fleet(fleet_name, seed, restart, b_class,
             name = rng.choice(live)  # (a deferrable b is cordoned from the first death on)
             payload = rng.randbytes(rng.choice((1, 100, 4096, rng.randint(1, 64 * 1024 - 256))))
             try:
-                futures.append((f.submit(name, payload), payload, name))
+                futures.append((f.submit(name, (marks, i, payload)), payload, name))
             except RoleStopped:
                 live.remove(name)  # restart intensity stopped it: correct, and final
             if i < STORM_UNITS and rng.random() < 0.05:
@@ -194,6 +205,8 @@ def test_a_kill_storm_never_wedges_the_fleet(fleet_name, seed, restart, b_class,
             f._sup.kill()  # so the test ends (and cleans up) instead of hanging with it
             pytest.fail(f"shutdown wedged: {report}")
     outcomes = collections.Counter()
+    ran = runs_by_unit(marks)
+    assert max(ran.values(), default=0) <= 1, "a unit ran twice"
     for fut, payload, name in futures:
         assert fut.done()
         exc = fut.exception(timeout=0)
@@ -217,3 +230,56 @@ def test_a_kill_storm_never_wedges_the_fleet(fleet_name, seed, restart, b_class,
     while descendants() - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not descendants() - before, "processes left behind"
+
+
+# --- deaths in the middle of a flowing load: only units that started fail ---------------------
+#
+# Now and then a unit kills its own worker (SIGKILL) from inside its handler, after its
+# handler noted the run: so at every death the worker is inside a unit that ran, never
+# between two (a kill from outside may land after a unit's START and before its handler's
+# first line, where the fleet rightly counts it as started but the handler wrote nothing).
+# Units pour in while the seats die, and shutdown drains the backlog through the deaths.
+# Every unit granted to a dead seat's other slots, or sent ahead to it, never started:
+# it must solve, run once, and no LaneDeath may fall on it.
+
+DEATHS_UNITS = 1500
+DEATH_EVERY = 30  # about one unit in this many kills its worker
+
+
+@pytest.mark.parametrize("profile", ["serial", "pinned"])
+def test_a_storm_of_deaths_fails_only_the_units_that_started(fleet_name, tmp_path, profile):
+    marks = str(tmp_path)
+    # b has one slot per seat: its next units are sent ahead, to wait on the ring behind it
+    roles = {"a": role("marked_or_die", slots=4), "b": role("marked_or_die", slots=1, lookahead=4)}
+    cfg = config(fleet_name, roles, profile=profile, restart={"max_restarts": 1_000_000, "within_seconds": 1})
+    cfg["fleet"]["cpus"] = 2
+    rng = random.Random(61)
+    with running(cfg) as f:
+        futures = []
+        for tag in range(DEATHS_UNITS):
+            die = rng.randrange(DEATH_EVERY) == 0
+            futures.append((f.submit(rng.choice("ab"), (marks, tag, die, tag)), tag, die))
+        closer = threading.Thread(target=f.shutdown, daemon=True)  # the backlog drains through the deaths
+        closer.start()
+        closer.join(SHUTDOWN_DEADLINE_S)
+        if closer.is_alive():
+            report = _wedge_report(f)
+            f._sup.kill()
+            pytest.fail(f"shutdown wedged: {report}")
+    ran = runs_by_unit(marks)
+    lane_deaths = [tag for fut, tag, _die in futures if fut.exception(timeout=0) is not None]
+    never_started = [tag for tag in lane_deaths if ran[tag] == 0]
+    assert never_started == [], f"{len(never_started)} of {len(lane_deaths)} LaneDeaths never ran"
+    for fut, tag, die in futures:
+        exc = fut.exception(timeout=0)
+        if die:
+            assert exc is not None and exc.reason == "LaneDeath", (tag, exc)
+        else:
+            assert exc is None and fut.result() == tag, (tag, exc)
+    assert [ran[tag] for _fut, tag, _die in futures] == [1] * DEATHS_UNITS  # every unit ran, and once
+    deaths = sum(die for _fut, _tag, die in futures)
+    assert deaths > 10
+    ledger = f.ledger()
+    assert (ledger["submitted"], ledger["solved"], ledger["failed"], ledger["inflight"]) == (
+        DEATHS_UNITS, DEATHS_UNITS - deaths, deaths, 0)
+    assert ledger["failed_by_reason"] == {"LaneDeath": deaths}

@@ -48,27 +48,28 @@ def release_everything(f):
 def test_a_lease_lost_under_cordon_goes_back_to_idle_and_the_slot_serves_again(fleet_name):
     """One serial seat, two slots of a deferrable role: the first unit runs, the second is
     granted (Leased) behind it; cordon, then the worker dies. Both slots must reach Idle
-    (the Leased one by T10: START is refused under cordon) and serve once released."""
+    (the Leased one by T10: START is refused under cordon) and serve once released; the
+    second unit never started, so it waits in its queue and runs then."""
     cfg = config(fleet_name, {"bg": role("hang", cordon_class="deferrable", slots=2)}, profile="serial",
                  posture=QUICK_EXIT)
     with running(cfg) as f:
         sup = f._sup
         first = f.submit("bg", 600)
         wait_for(lambda: states(sup) == ["Running", "Idle"], "the first unit runs")
-        second = f.submit("bg", 600)
+        second = f.submit("bg", 0.01)
         wait_for(lambda: states(sup) == ["Running", "Leased"], "the second is granted behind it")
         sup.hold("operator")
         assert states(sup) == ["Draining", "Leased"]
         os.kill(sup.pids()[0], signal.SIGKILL)
-        for fut in (first, second):
-            error = fut.exception(EVENTUALLY_S)
-            assert isinstance(error, UnitFailed) and error.reason == "LaneDeath"
+        error = first.exception(EVENTUALLY_S)
+        assert isinstance(error, UnitFailed) and error.reason == "LaneDeath"
         wait_for(lambda: states(sup) == ["Idle", "Idle"], "both slots reach Idle")
         assert f.ledger()["fsm_refused"] == 0
+        assert sup.inspect(lambda s: s.dispatcher.queued(0)) == 1 and not second.done()  # back, held by cordon
         release_everything(f)
         again = [f.submit("bg", 0.01) for _ in range(4)]
-        assert [fut.result(EVENTUALLY_S) for fut in again] == ["woke"] * 4
-        assert f.ledger()["failed_by_reason"] == {"LaneDeath": 2}
+        assert [fut.result(EVENTUALLY_S) for fut in [second] + again] == ["woke"] * 5
+        assert f.ledger()["failed_by_reason"] == {"LaneDeath": 1}
 
 
 # --- item: units sent behind a pin that cordon drains --------------------------------------------

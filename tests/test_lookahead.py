@@ -90,27 +90,21 @@ def test_lookahead_zero_and_several_slots_per_sequential_seat_send_nothing_ahead
     assert [g.ahead for g in d.grant()] == [False] * 4 + [True] * 4
 
 
-def test_a_dead_seats_unstarted_units_sent_ahead_go_back_to_the_head_of_the_queue():
+def test_a_dead_seats_units_sent_ahead_are_owed_in_grant_order_and_go_back_first_when_unstarted():
     d = _dispatcher()
     _fill(d, 6)
     grants = {g.unit_id: g for g in d.grant()}  # 1, 2 run; 3, 4 sent ahead; 5, 6 queued
     seat = grants[1].seat
     behind = next(u for u in (3, 4) if grants[u].seat == seat)
-    owed = d.seat_lost(seat, started=lambda unit_id, slot: False)
-    assert owed == [(1, grants[1].slot)]  # the unit that ran is owed an outcome; the one ahead is not
-    assert not d.sent_ahead(behind) and d.queued(0) == 3
+    lost = d.seat_lost(seat)
+    assert [(x.item.unit_id, x.slot) for x in lost] == [(1, grants[1].slot), (behind, grants[1].slot)]
+    assert not d.sent_ahead(behind) and d.queued(0) == 2
+    d.put_back_first([x.item for x in lost if x.item.unit_id == behind])  # 1 had started; it fails
+    assert d.queued(0) == 3
     # it comes back first, before the units that were still queued
     d.complete(2, fsm.IDLE)
     order = [g.unit_id for g in d.grant()]
     assert order[0] == behind and set(order) <= {behind, 5, 6}
-    # one the worker had started is owed like any other
-    d = _dispatcher()
-    _fill(d, 4)
-    grants = {g.unit_id: g for g in d.grant()}
-    seat = grants[3].seat
-    ran = next(u for u in (1, 2) if grants[u].seat == seat)
-    owed = d.seat_lost(seat, started=lambda unit_id, slot: True)
-    assert [u for u, _ in owed] == [ran, 3]
 
 
 # ------------------------------------------------------------------------------ real workers
@@ -143,6 +137,10 @@ def test_a_unit_sent_ahead_of_a_killed_worker_runs_on_its_successor_and_solves(f
         deadline = time.monotonic() + WAIT_S
         while not f._sup.inspect(lambda sup: sup.dispatcher.sent_ahead(behind.unit_id)):
             assert time.monotonic() < deadline, "the second unit was never sent ahead"
+            time.sleep(0.01)
+        slot = f.layout.slots_of("w")[0]
+        while f._sup.table.unit(slot) != long.unit_id:  # the worker has started the long one
+            assert time.monotonic() < deadline, "the worker never started the first unit"
             time.sleep(0.01)
         (pid,) = worker_pids(f)
         os.kill(pid, signal.SIGKILL)

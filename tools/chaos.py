@@ -5,7 +5,11 @@
 
 Every submitted unit must end with exactly one outcome: solved (its result checked)
 or failed with LaneDeath (its worker was SIGKILLed under it). The ledger must agree
-with what the futures said. Exits 0 when it does, 1 otherwise.
+with what the futures said, and no unit's handler may run twice (each run is noted in
+a file). Exits 0 when they do, 1 otherwise. The report also counts the LaneDeaths whose
+handler never ran: a unit granted to a dead seat and not started goes back to its
+queue, so only a kill that lands after a unit's START and before its handler's first
+line (where the fleet rightly counts it as started) leaves one, at most one per kill.
 
     python tools/chaos.py --storm [--seed 1] [--units 3000] [--kill-every 0.03] [--kill-zygote] [--lenient]
 
@@ -19,12 +23,14 @@ exact; exits 1 (with the fleet's state) when shutdown wedged.
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import json
 import os
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -56,11 +62,13 @@ def main(argv=None) -> int:
         return storm(args)
     cfg = {
         "fleet": {"name": f"chaos-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": args.profile},
-        "roles": {"work": {"kind": "pooled", "handler": "bench_handlers:unit_work", "slots": 16 * args.workers,
+        "roles": {"work": {"kind": "pooled", "handler": "bench_handlers:noted_unit_work", "slots": 16 * args.workers,
                            "peak_cpus": args.workers, "queue_bound": args.units}},
         "restart": {"max_restarts": 10**9, "within_seconds": 1},
     }
     stop, kills = threading.Event(), []
+    run_log = tempfile.NamedTemporaryFile(prefix="fleet-chaos-ran-", delete=False)  # a line per handler run
+    run_log.close()
     t0 = time.monotonic()
     with fleet.Fleet.from_config(cfg, env={}) as f:
 
@@ -78,32 +86,40 @@ def main(argv=None) -> int:
 
         killer = threading.Thread(target=chaos, daemon=True)
         killer.start()
-        futures = [f.submit("work", i) for i in range(args.units)]
-        solved = lane_death = other = 0
-        for fut in futures:
+        futures = [f.submit("work", (run_log.name, i)) for i in range(args.units)]
+        solved = other = 0
+        lane_deaths = []
+        for i, fut in enumerate(futures):
             exc = fut.exception()
             if exc is None:
                 solved += 1
             elif getattr(exc, "reason", None) == "LaneDeath":
-                lane_death += 1
+                lane_deaths.append(i)
             else:
                 other += 1
         stop.set()
         killer.join()
         ledger = f.ledger()
+    with open(run_log.name) as log:
+        ran = collections.Counter(int(line) for line in log)
+    os.unlink(run_log.name)
     report = {
         "units": args.units,
         "kills": len(kills),
         "seconds": round(time.monotonic() - t0, 1),
-        "futures": {"solved": solved, "LaneDeath": lane_death, "other": other},
+        "binding": f.layout.seats[0].binding,
+        "futures": {"solved": solved, "LaneDeath": len(lane_deaths), "other": other},
         "ledger": ledger,
+        "LaneDeath_never_ran": sum(1 for i in lane_deaths if not ran[i]),
+        "ran_twice": sum(1 for n in ran.values() if n > 1),
     }
     exact = (
-        solved + lane_death + other == args.units
+        solved + len(lane_deaths) + other == args.units
         and ledger["submitted"] == args.units
         and ledger["inflight"] == 0
         and ledger["solved"] == solved
-        and ledger["failed"] == lane_death + other
+        and ledger["failed"] == len(lane_deaths) + other
+        and report["ran_twice"] == 0
     )
     report["exactly_one_outcome_each"] = exact
     print(json.dumps(report, indent=None if not args.json else 2))

@@ -1,5 +1,6 @@
 """Work functions shared by fleet and its peers in the benchmarks (same code on both sides)."""
 import asyncio
+import os
 import time
 
 
@@ -25,6 +26,20 @@ def work(x=None):
 # fleet handlers take a Unit
 def unit_work(unit):
     return work(unit.payload)
+
+
+_RUN_LOGS: dict = {}  # path -> this process's fd on it (opened once: one write per unit)
+
+
+def noted_unit_work(unit):
+    """payload (path, n): append the line ``n`` to the file `path` (the chaos run counts how
+    many times each unit's handler ran), then `work()`."""
+    path, n = unit.payload
+    fd = _RUN_LOGS.get(path)
+    if fd is None:
+        fd = _RUN_LOGS[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(fd, b"%d\n" % n)  # one short O_APPEND write: lines of several workers never interleave
+    return work()
 
 
 def echo_unit(unit):
