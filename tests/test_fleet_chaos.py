@@ -61,7 +61,10 @@ def test_sigkill_a_random_worker_every_50ms_under_load(fleet_name):
             stop.set()
             killer.join()
         assert len(kills) >= 5, "the chaos thread never got to kill"
-        assert outcomes["LaneDeath"] > 0 and outcomes["solved"] > 0
+        # A kill fails only the unit its worker had started (one at a time on a CPU seat);
+        # what it had been granted but not started runs elsewhere. So a storm of tiny
+        # units may fail none at all, and never more than it killed.
+        assert outcomes["solved"] > 0 and outcomes["LaneDeath"] <= len(kills), (outcomes, len(kills))
         ledger = f.ledger()
         assert ledger["submitted"] == len(futures) and ledger["inflight"] == 0
         assert ledger["solved"] == outcomes["solved"]
