@@ -127,12 +127,15 @@ def test_a_closed_pool_lets_one_probe_through_every_probe_every_while_nothing_ru
     clock.advance(9.9)
     assert pool.admit(101, GLM_OR).action == S.WAIT  # not yet
     clock.advance(0.1)
-    first = pool.admit(102, GLM_OR)
-    assert first.starts and first.probe
+    # the probe is due, but unit 101 waited for it: a fresh arrival does not take it
+    assert pool.admit(102, GLM_OR).action == S.WAIT
+    (first,) = pool.wake()
+    assert first[0] == 101 and first[1].probe
     assert pool.admit(103, GLM_OR).action == S.WAIT  # one probe: one runs, the next waits
     clock.advance(60)
     assert pool.admit(104, GLM_OR).action == S.WAIT  # still running: no second probe
-    pool.report(102, signal_for(CREDIT))  # refused probe: stays closed, probe clock restarts
+    assert not pool.wake()
+    pool.report(101, signal_for(CREDIT))  # refused probe: stays closed, probe clock restarts
     assert bulkhead(pool, GLM_OR).closed(pool.now())
     clock.advance(9)
     assert not pool.wake()
@@ -142,7 +145,7 @@ def test_a_closed_pool_lets_one_probe_through_every_probe_every_while_nothing_ru
     unit = started[0][0]
     pool.report(unit, signal_for(None))  # clean probe: reopens (a topped-up key does not wait)
     assert not bulkhead(pool, GLM_OR).closed(pool.now()) and not pool.state.closures
-    assert {u for u, _d in pool.wake()} == {101, 103, 104} - {unit}
+    assert {u for u, _d in pool.wake()} == {102, 103, 104} - {unit}
 
 
 def test_daily_limit_probe_interval_setting_with_credit_as_control():
@@ -152,7 +155,8 @@ def test_daily_limit_probe_interval_setting_with_credit_as_control():
     clock.advance(10)
     assert pool.admit(201, GLM_OR).action == S.WAIT  # held: the daily setting, not probe_every
     clock.advance(3590)
-    assert pool.admit(202, GLM_OR).probe
+    (woken,) = pool.wake()
+    assert woken[0] == 201 and woken[1].probe
     # control: a credit closure under the same policy still probes after 10 s
     pool2, clock2 = make_pool(pol)
     run(pool2, GLM_OR, CREDIT)
@@ -445,13 +449,18 @@ def test_route_text_form():
             Route.parse(bad)
 
 
-def test_a_delegated_unit_never_waits_even_on_a_closed_pool_with_no_alternative():
-    pool, _ = make_pool(policy(alternatives={"glm-5.3-review": []}))
+def test_delegation_passes_a_backoff_only_never_a_closure():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
     pool.admit(1, SONNET)
-    run(pool, GLM_OR, CREDIT)
+    run(pool, GLM_OR, R429)
     child = pool.admit(2, GLM_OR, parent=1)
-    assert child.action == S.ADMIT and child.delegated  # the provider answers it; the parent is not stalled
-    assert pool.admit(3, GLM_OR).action == S.WAIT  # control: an undelegated unit waits
+    assert child.action == S.ADMIT and child.delegated  # through the backoff: the parent is not stalled
+    assert pool.admit(3, GLM_OR).action == S.WAIT  # control: an undelegated unit waits out the backoff
+    clock.advance(2)
+    pool.report(2, signal_for(None))
+    run(pool, GLM_OR, CREDIT)  # now the key is spent
+    assert pool.admit(4, GLM_OR, parent=1).action == S.WAIT  # a delegated unit is never sent onto a closed key
+    assert pool.admit(5, DEEPSEEK_OR, parent=1).action == S.MOVE  # control: an admitting alternative takes it
 
 
 def test_a_shorter_closure_never_cuts_a_longer_one_of_the_same_key_short():
