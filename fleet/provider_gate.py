@@ -17,7 +17,12 @@ dispatcher, like a gated unit asks the host-group lease gate (fleet.leases):
   provider refusal (the handler raised ``fleet.Refused``: 429 backs the pool off,
   402/403 close the key or provider), a handler error (a failure), or nothing at all
   for a stall, a timeout, a lane death, a shutdown or a cancel — none of those is the
-  provider's answer.
+  provider's answer;
+* a **refused** unit is not lost (000 §8): within its lane's limit (``max_refusals``,
+  ``refusal_deadline``) `ended` hands it back, decided again — it starts at once on
+  an alternative that admits it, or waits here with the refusal's reason and end
+  until its pool admits again. It fails ``Refused`` only past that limit (`spent`:
+  a deadline that passes while it waits). The handler runs once per admission.
 
 Bulkheads are published into the shared table (fleet.table.bulkheads) after they
 change, at most every `PUBLISH_EVERY_S`, and on every posture sample, so
@@ -136,34 +141,35 @@ class ProviderGate:
             self._writer = BulkheadWriter(table)
         self._waiting: dict[int, object] = {}  # unit id -> what the supervisor handed in (a Pending)
         self._seated: set[int] = set()  # units the pool counts as running, until their outcome
+        self._refused: dict[int, object] = {}  # refused unit waiting again -> the last fleet.Refused it met
         self._cancelled: queue.SimpleQueue = queue.SimpleQueue()
         self._dirty = True
         self._published_at = -math.inf
         self.moved = 0  # units that started on an alternative
 
     # ------------------------------------------------------------------ submit
-    def check(self, route, *, lane=None, severity=None, pinned=False, parent=None, tag=None) -> None:
+    def check(self, route, *, lane=None, severity=None, pinned=False, parent=None, tag=None, age=0.0) -> None:
         """Raise BadUnit for a submit `admit` would refuse on its face; changes nothing.
 
         It reads only the current (immutable) policy, so a caller's thread may ask it
         before the unit is posted to the loop."""
-        _check_types(route, pinned, parent, tag)
+        _check_types(route, pinned, parent, tag, age)
         try:
             self.pool.check(route, lane=lane, severity=severity)
         except BadAsk as exc:
             raise BadUnit(str(exc)) from None
 
     def admit(self, unit_id: int, item, route, *, lane=None, severity=None, pinned=False, parent=None,
-              tag=None) -> S.Decision:
+              tag=None, age=0.0) -> S.Decision:
         """Decide a new unit: its decision; a WAIT keeps `item` until `tick` starts it.
 
         Raises BadUnit (nothing kept) for a route outside the catalog, a route the lane's
         required marks exclude, an unknown severity, or arguments of the wrong type.
         """
-        _check_types(route, pinned, parent, tag)
+        _check_types(route, pinned, parent, tag, age)
         try:
             decision = self.pool.admit(unit_id, route, lane=lane, severity=severity, pinned=pinned, parent=parent,
-                                       tag=tag)
+                                       tag=tag, age=float(age))
         except BadAsk as exc:
             raise BadUnit(str(exc).replace(f"unit {unit_id}: ", "", 1)) from None
         self._dirty = True
@@ -211,6 +217,7 @@ class ProviderGate:
         started = []
         for unit_id, decision in self.pool.wake():
             item = self._waiting.pop(unit_id)
+            self._refused.pop(unit_id, None)
             self._started(unit_id, decision)
             started.append((unit_id, item, decision.route))
         if started:
@@ -237,22 +244,52 @@ class ProviderGate:
             decision = self.pool.waiting(unit_id)
             out.append((unit_id, decision.reason if decision is not None else ""))
             del self._waiting[unit_id]
+            self._refused.pop(unit_id, None)
             self.pool.cancel(unit_id)
         if out:
             self._dirty = True
         return out
 
     # ------------------------------------------------------------------ outcomes
-    def ended(self, unit_id: int, outcome, original=None, cost: float | None = None) -> None:
+    def ended(self, unit_id: int, outcome, original=None, cost: float | None = None, item=None) -> S.Decision | None:
         """A unit's outcome: the pool takes its signal (see the module doc). Any unit may be
-        passed: one the gate never saw is ignored."""
+        passed: one the gate never saw is ignored.
+
+        `item`: what the supervisor holds for the unit, when a refusal need not end it. A
+        refused unit within its limit is then handed back: the decision is returned (it
+        starts now on the decision's route, or waits here, keeping `item`) and the
+        outcome is not the unit's. None: the outcome stands."""
+        self._refused.pop(unit_id, None)
         if unit_id in self._seated:
             self._seated.discard(unit_id)
-            self.pool.report(unit_id, signal_of(outcome, original, cost))
             self._dirty = True
-        elif self._waiting.pop(unit_id, None) is not None:
+            signal = signal_of(outcome, original, cost)
+            again = item is not None and signal.kind == T.REFUSED
+            decision = self.pool.report(unit_id, signal, again=again)
+            if decision is None:
+                return None
+            if decision.starts:
+                self._started(unit_id, decision)
+            else:
+                self._waiting[unit_id] = item
+                self._refused[unit_id] = original
+            log.info("unit %d refused (%s); %s", unit_id, signal.message,
+                     f"again on {decision.route}" if decision.starts else decision.reason)
+            return decision
+        if self._waiting.pop(unit_id, None) is not None:
             self.pool.cancel(unit_id)
             self._dirty = True
+        return None
+
+    def spent(self) -> list[tuple[int, object, str, object]]:
+        """Refused units whose refusal deadline passed while they waited, forgotten here:
+        (unit id, item, why, the last fleet.Refused it met), for the caller to fail Refused."""
+        out = []
+        for unit_id, why in self.pool.spent():
+            out.append((unit_id, self._waiting.pop(unit_id), why, self._refused.pop(unit_id, None)))
+        if out:
+            self._dirty = True
+        return out
 
     # ------------------------------------------------------------------ table
     def publish(self, force: bool = False) -> None:
@@ -297,7 +334,10 @@ class ProviderGate:
         decision = self.pool.waiting(unit_id)
         if decision is None:
             return None
-        return {"unit": unit_id, "route": str(decision.route), "why": decision.reason, "until": decision.until or None}
+        refused = self._refused.get(unit_id)
+        return {"unit": unit_id, "route": str(decision.route), "why": decision.reason, "until": decision.until or None,
+                "refusals": self.pool.refusals(unit_id),
+                "refused": None if refused is None else f"{refused.status} {refused.message}".strip()}
 
     def census(self) -> dict:
         """Bulkheads, lane x bulkhead rows, closures, starving (000 §10), plus the waiting units."""
@@ -388,7 +428,7 @@ class BadPlan(FleetError, ValueError):
     """A coordinator question (allowance, plan) with bad arguments: nothing was read or changed."""
 
 
-def _check_types(route, pinned, parent, tag) -> None:
+def _check_types(route, pinned, parent, tag, age=0.0) -> None:
     if type(route) is not Route:
         raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), "
                       f"not {type(route).__name__}")
@@ -398,6 +438,8 @@ def _check_types(route, pinned, parent, tag) -> None:
         raise BadUnit(f"parent must be the id of the unit that delegated this one (an int), got {parent!r}")
     if tag is not None and not isinstance(tag, str):
         raise BadUnit(f"tag must be a str, got {type(tag).__name__}")
+    if isinstance(age, bool) or not isinstance(age, (int, float)) or not math.isfinite(age) or age < 0:
+        raise BadUnit(f"age must be the seconds the unit has waited already (a finite number >= 0), got {age!r}")
 
 
 def _lane(lane):

@@ -24,7 +24,8 @@ DAILY = {"p1": [403, "Key limit exceeded (daily limit)", None]}
 def _text(name: str) -> str:
     roles = {"llm": {"kind": "pooled", "handler": "tests.provider_handlers:call", "slots": 2, "peak_cpus": 1}}
     return to_toml({"fleet": {"name": name}, "roles": roles}) + (
-        '[admission]\nprobe_every = 3600\n'
+        '[admission]\nprobe_every = 3600\nmax_refusals = 1\n'
+        '[admission.alternatives]\nm1 = ["m1@p2"]\n'
         '[admission.providers.p1]\nmodels = ["m1"]\n'
         '[admission.providers.p2]\nmodels = ["m1"]\n'
         '[admission.lanes.stay]\npinned = true\n')

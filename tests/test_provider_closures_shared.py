@@ -14,7 +14,7 @@ from admission.pool import ManualClock
 from admission.store import closure_store
 from admission.store.closures import SyncedClosures
 
-from .admission_catalog import GLM_AZ, GLM_OR, MIDNIGHT_AFTER, T_1447, catalog
+from .admission_catalog import GLM_AZ, GLM_OR, MIDNIGHT_AFTER, ONE_REFUSAL, T_1447, catalog
 from .fleets import config, running
 from .store_backends import backend, pg_dsn, store_url, stores  # noqa: F401
 from .test_provider_admission import DAILY, _refusal, _roles
@@ -22,7 +22,7 @@ from .test_provider_admission import DAILY, _refusal, _roles
 
 def _fleet(name, url):
     cfg = config(name, _roles())
-    cfg["admission"] = catalog()
+    cfg["admission"] = catalog(**ONE_REFUSAL)
     cfg["store"] = {"url": url, "orchestrator": f"test/{name}"}
     return running(cfg, admission_clock=ManualClock(wall=T_1447, mono=1000.0))
 
