@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import tempfile
@@ -120,9 +121,13 @@ class FileClosureStore:
         try:
             if data["version"] != self.VERSION:
                 raise ClosureFileError(f"closure file {self.path}: version {data['version']!r}, expected {self.VERSION}")
-            return [T.Closure(str(c["provider"]), c["credential"], float(c["until"]), str(c["cause"]),
-                              bool(c["daily"]), float(c["since"]), str(c.get("message", "")))
-                    for c in data["closures"]]
+            closures = [T.Closure(str(c["provider"]), c["credential"], float(c["until"]), str(c["cause"]),
+                                  bool(c["daily"]), float(c["since"]), str(c.get("message", "")))
+                        for c in data["closures"]]
+            for c in closures:
+                if not math.isfinite(c.until):
+                    raise ValueError(f"closure of {c.provider!r} has no finite end: {c.until!r}")
+            return closures
         except (KeyError, TypeError, ValueError) as exc:
             raise ClosureFileError(f"closure file {self.path}: bad record ({exc!r})") from None
 
@@ -475,6 +480,9 @@ class AdmissionPool:
               message: str = "") -> None:
         """Close a provider (or one key) until `until` (wall seconds): an operator, or the budget gate."""
         now = self.now()
+        if isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until):
+            # a closure without an end would never reopen, and the host-group store refuses it
+            raise ValueError(f"close: until must be a finite UTC time in epoch seconds, not {until!r}")
         if not until > now.wall:
             raise ValueError(f"close: until {until!r} is not in the future")
         if cause not in T.CLOSING:
@@ -519,6 +527,9 @@ class AdmissionPool:
             waiting_by_lane[key] = waiting_by_lane.get(key, 0) + 1
             oldest[key] = min(oldest.get(key, a.since), a.since)
         bulkheads = [bulkhead_row(b, now, self._budget.get(b.route.provider)) for b in self.state.bulkheads.values()]
+        pinned = self._pinned_waits(now)
+        for row in bulkheads:
+            row["pinned_wait"] = pinned.get(row["pool"])
         lanes = []
         for key in sorted(set(self._lanes) | set(waiting_by_lane), key=lambda k: (k[0] or "", str(k[1]))):
             lane, route = key
@@ -537,6 +548,23 @@ class AdmissionPool:
             "starving": self.starving(), "policy_error": self.holder.last_error,
             "closure_store_error": self.load_error,
         }
+
+    def _pinned_waits(self, now: T.Now) -> dict[str, str]:
+        """Per pool, what its hard-pinned waiting units wait for (000 §6: "hard-pinned to …" on its row)."""
+        policy = self.holder.current
+        waits: dict = {}
+        for a in self._waits.values():
+            if policy.is_pinned(a.lane, a.tag, a.pinned):
+                waits.setdefault(a.route, []).append(now.mono - a.since)
+        out = {}
+        for route, ages in waits.items():
+            why = self._why_held(route, now)
+            out[str(route)] = (f"hard-pinned to {route}: {len(ages)} unit(s) waiting, the longest {max(ages):.0f} s"
+                               + (f"; {why}" if why else ""))
+        return out
+
+    def _why_held(self, route: Route, now: T.Now) -> str:
+        return S.hold_of(T.bulkhead_of(self.state, route, now), now)[0]
 
     # --- persistence ------------------------------------------------------------------------------
     def _load(self) -> None:

@@ -115,7 +115,7 @@ def _thompson_params(routes: Sequence[Route], state: AdmissionState, now: Now) -
              cheapest / b.mean_cost if cheapest and b.costed and b.mean_cost > 0 else 1.0) for b in heads]
 
 
-def _held(b, now: Now) -> tuple[str, float]:
+def hold_of(b, now: Now) -> tuple[str, float]:
     """Why `b` holds units back and until when (wall), or ("", 0) when it admits."""
     if b.closed_until > now.wall:
         return f"closed ({b.cause}{', daily limit' if b.daily else ''}) until {_utc(b.closed_until)}", b.closed_until
@@ -147,7 +147,7 @@ def decide(ask: Ask, state: AdmissionState, policy: Policy, now: Now, rng, *, pr
         memo = {}
     held = memo.get(route)
     if held is None:
-        held = memo[route] = _held(b, now)
+        held = memo[route] = hold_of(b, now)
     why, until = held
     if policy.is_pinned(ask.lane, ask.tag, ask.pinned):
         if closed and _probe(route, b, state, policy, now, probed):
