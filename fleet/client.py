@@ -326,6 +326,10 @@ class Client(Executor):
         """Reopen a closed provider or key; ``reopened``: whether it was closed."""
         return self._call("admission_reopen", pool=pool)
 
+    def report_budget(self, provider: str, spent: float, limit: float | None = None) -> dict:
+        """As `fleet.Fleet.report_budget`: the provider's daily budget reading (RemoteError ``BadBudget``)."""
+        return self._call("admission_budget", provider=provider, spent=spent, limit=limit)
+
     # -- the provider admission's coordinator API: questions any connected peer may ask
     def admission_allowance(self, lane: str | None) -> int | None:
         """As `fleet.Fleet.admission_allowance`: None, or 0 while every route of the lane is held back."""

@@ -580,6 +580,9 @@ class Daemon:
     def admission_reopen(self, pool: str) -> dict:
         return self.sup.admission_reopen(pool)
 
+    def admission_budget(self, provider: str, spent: float, limit: float | None) -> dict:
+        return self.sup.admission_report_budget(provider, spent, limit)
+
     def admission_allowance(self, lane):
         return self.sup.admission_ask(lambda gate: gate.allowance(lane))
 

@@ -222,6 +222,13 @@ class Fleet(Executor):
         """Reopen a closed provider or key (a topped-up key); ``reopened``: was it closed."""
         return self._sup.admission_reopen(pool)
 
+    def report_budget(self, provider: str, spent: float, limit: float | None = None) -> dict:
+        """The provider's daily budget reading (000 §8: read and shown, never reserved): `spent`
+        today against its daily `limit` (None: none), shown on every bulkhead of `provider`;
+        at the limit the provider closes until the next UTC midnight. Raises BadBudget
+        (nothing changed) for an unknown provider or an amount that is not finite and >= 0."""
+        return self._sup.admission_report_budget(provider, spent, limit)
+
     def ledger(self) -> dict:
         """submitted, solved, suppressed, failed (+ in flight and failures by reason)."""
         return self._sup.ledger_counts().to_dict()

@@ -33,6 +33,13 @@ with its lock held (its loop thread, or a submitting thread under the lock). The
 exception is the cancel hook of a waiting unit's future, which only posts the unit id
 to a queue the loop drains (`take_cancelled`).
 
+The catalog is read again at each sample when its file changed (`refresh_catalog`:
+the config file the fleet booted from; 000 §7 reads it every sweep): a file that does
+not load costs nothing but a logged error, and the last good catalog runs on. The
+provider's daily budget reading comes in through `report_budget` (`Fleet.report_budget`,
+the ``admission_budget`` control op): shown per bulkhead; at the limit it closes the
+provider until the next UTC midnight.
+
 Closures outlive the process in a small JSON file (`admission.pool.FileClosureStore`):
 ``[admission] closure_file``, or for fleetd `default_closure_file` (its state
 directory). A restarted fleet is born with the closures it knew. With a ``[store]``
@@ -111,7 +118,7 @@ class ProviderGate:
     """
 
     def __init__(self, config, *, clock=None, rng=None, closure_file: str | os.PathLike | None = None, table=None,
-                 shared_store: tuple[str, str] | None = None):
+                 shared_store: tuple[str, str] | None = None, catalog_file: str | None = None):
         clock = clock if clock is not None else SystemClock()
         store = None
         self._shared = None
@@ -146,6 +153,9 @@ class ProviderGate:
         self._dirty = True
         self._published_at = -math.inf
         self.moved = 0  # units that started on an alternative
+        # the config file it booted from (a fleet built from a dict has none to watch)
+        self.catalog_file = catalog_file if catalog_file and os.path.isfile(catalog_file) else None
+        self._catalog_seen = _file_stamp(catalog_file)  # what the boot read
 
     # ------------------------------------------------------------------ submit
     def check(self, route, *, lane=None, severity=None, pinned=False, parent=None, tag=None, age=0.0) -> None:
@@ -363,6 +373,49 @@ class ProviderGate:
             log.error("admission: the new catalog did not load; keeping the last good one: %s", why)
         return ok, why
 
+    def refresh_catalog(self) -> bool:
+        """Read the catalog again if its file changed since the last look (000 §7: every sweep);
+        True if a new one runs. A file that does not load is logged and kept as the policy's
+        error; the last good catalog stays."""
+        if self.catalog_file is None:
+            return False
+        stamp = _file_stamp(self.catalog_file)
+        if stamp == self._catalog_seen:
+            return False
+        self._catalog_seen = stamp
+        from .config import load_config
+
+        try:
+            config = load_config(self.catalog_file, env=os.environ)
+        except (FleetError, OSError, ValueError) as exc:
+            log.error("admission: the catalog in %s did not load; keeping the last good one: %s", self.catalog_file, exc)
+            self.holder.last_error = f"{self.catalog_file}: {exc}"
+            return False
+        ok, _why = self.reload(config.admission)
+        if ok:
+            log.warning("admission: the catalog in %s changed; the new one runs", self.catalog_file)
+        return ok
+
+    def report_budget(self, provider: str, spent: float, limit: float | None) -> dict:
+        """The provider's daily budget reading (spent today, daily limit or None): shown per
+        bulkhead of that provider; at the limit it closes the provider until the next UTC
+        midnight. BadBudget (nothing changed) for an unknown provider or a bad amount."""
+        if not isinstance(provider, str) or provider not in self._providers_known():
+            raise BadBudget(f"unknown provider {provider!r}: providers are "
+                            f"{', '.join(sorted(self._providers_known())) or 'none yet'}")
+        for name, value in (("spent", spent), ("limit", limit)):
+            if value is None and name == "limit":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise BadBudget(f"{name} must be a finite amount >= 0, got {value!r}")
+        self.pool.report_budget(provider, spent, limit)
+        self._dirty = True
+        return {"provider": provider, "spent": float(spent), "limit": None if limit is None else float(limit)}
+
+    def _providers_known(self) -> set:
+        known = set(self.pool.policy.providers) | {r.provider for r in self.pool.state.bulkheads}
+        return known | {c.provider for c in self.pool.state.closures.values()}
+
     def refused_reload(self, why: str) -> None:
         """A reload refused before it reached the gate (the [admission] section was invalid): say so."""
         self.holder.last_error = why
@@ -413,8 +466,7 @@ class ProviderGate:
 
     def _known(self, pool: str) -> tuple[str, str | None]:
         provider, credential = parse_pool(pool)
-        known = set(self.pool.policy.providers) | {r.provider for r in self.pool.state.bulkheads}
-        known |= {c.provider for c in self.pool.state.closures.values()}
+        known = self._providers_known()
         if provider not in known:
             raise BadPool(f"unknown pool {pool!r}: providers are {', '.join(sorted(known)) or 'none yet'}")
         return provider, credential
@@ -422,6 +474,21 @@ class ProviderGate:
 
 class BadPool(FleetError, ValueError):
     """An operator named a pool the admission does not know, or a time that is no future time."""
+
+
+class BadBudget(FleetError, ValueError):
+    """A budget reading for an unknown provider, or an amount that is none: nothing changed."""
+
+
+def _file_stamp(path: str | None):
+    """What tells a file changed (inode, size, mtime), or None when it cannot be read."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class BadPlan(FleetError, ValueError):

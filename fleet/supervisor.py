@@ -216,7 +216,9 @@ class Supervisor:
             from .provider_gate import ProviderGate
 
             shared = (cfg.store.url, orchestrator_id(cfg.store.orchestrator, self.name)) if cfg.store.url else None
-            self._providers = ProviderGate(cfg.admission, table=self.table, shared_store=shared, **self._admission_args)
+            self._providers = ProviderGate(cfg.admission, table=self.table, shared_store=shared,
+                                           catalog_file=cfg.source,
+                                           **self._admission_args)
             self._boot_rest()
         except BaseException:
             self._teardown(kill=True)
@@ -1075,6 +1077,7 @@ class Supervisor:
             self._after_posture_change(tick.transition)
         self._watch_quota()
         self._publish_units()
+        self._providers.refresh_catalog()  # 000 §7: the catalog read every sweep, when its file changed
         self._providers.publish(force=True)  # backoffs and closures end with time
         self._publish_posture()  # dwell and suppressed intake move without a transition
         for code in range(len(self.roles)):
@@ -1392,6 +1395,15 @@ class Supervisor:
 
     def _admission_reopen(self, pool: str) -> dict:
         result = self._providers.reopen(pool)
+        self._providers.publish(force=True)
+        return result
+
+    def admission_report_budget(self, provider: str, spent: float, limit: float | None) -> dict:
+        """The provider's daily budget reading (fleet.provider_gate.ProviderGate.report_budget)."""
+        return self._call(self._admission_budget, provider, spent, limit)
+
+    def _admission_budget(self, provider: str, spent: float, limit: float | None) -> dict:
+        result = self._providers.report_budget(provider, spent, limit)
         self._providers.publish(force=True)
         return result
 

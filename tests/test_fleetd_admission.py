@@ -79,6 +79,9 @@ def test_operator_close_and_its_typed_refusals(fleet_name):
         assert out.returncode == EXIT_USAGE and "--until 'tomorrow'" in out.stderr
         out = d.ctl("admission", "close", "p1@x", "--until", "+1h")
         assert out.returncode == EXIT_USAGE and "InvalidArgs" in out.stderr
+        for endless in ("inf", "nan", "1e400"):  # a closure ends: the host-group store refuses one that never does
+            out = d.ctl("admission", "close", "p1", "--until", endless)
+            assert out.returncode == EXIT_USAGE and "finite" in out.stderr, out.stderr
         assert d.ctl_json("admission", "show")["closures"] == []  # nothing changed
 
         out = d.ctl("admission", "close", "p1/key-a", "--until", "+35m", "--message", "rotating the key")
@@ -103,3 +106,15 @@ def test_operator_close_and_its_typed_refusals(fleet_name):
         finally:
             del os.environ["RUNTIME_DIRECTORY"]
         assert len(d.ctl_json("admission", "show")["closures"]) == 1  # still closed
+
+        # the provider's daily budget reading, fed over the socket (owner only): shown on its pools
+        with d.connect() as client:
+            from fleet.control import RemoteError
+
+            with pytest.raises(RemoteError) as info:
+                client.report_budget("nope", 1.0, 10.0)
+            assert info.value.type == "BadBudget"
+            assert client.report_budget("p2", 2.5, 10.0) == {"provider": "p2", "spent": 2.5, "limit": 10.0}
+            assert client.submit("llm", {}, route=P2).result(BOUND_S) == str(P2)
+        row = next(b for b in d.ctl_json("admission", "show")["bulkheads"] if b["pool"] == str(P2))
+        assert (row["budget_spent"], row["budget_limit"]) == (2.5, 10.0)
