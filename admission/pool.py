@@ -307,7 +307,7 @@ class AdmissionPool:
         if signal.kind == T.CLEAN and signal.seconds is None:
             signal = _new(T.Signal, (T.CLEAN, None, None, "", now.mono - started, signal.cost))
         b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
-        b, closure, reopens = T.ended(b, signal, now, self.holder.current, probe, delegated)
+        b, closure, reopens = T.ended(b, signal, now, self.holder.current, probe, delegated, started)
         self._put(b)
         row = self._lanes[(lane, route)]
         row.running -= 1

@@ -16,9 +16,10 @@ Signals (what an outcome says about its pool):
 * 429 (`RATE_LIMIT`) backs off that one pool: ``backoff_base * 2**(n-1)`` seconds for
   the n-th backoff in a row, capped at ``backoff_max``, never shorter than the
   provider's Retry-After; it closes nothing. A 429 heard while the pool already backs
-  off answers a round admitted before the backoff began (a burst's refusals arrive
-  together): it may stretch the backoff to its Retry-After, but it is the same
-  backoff, not the next one in a row;
+  off, for a round that started before that backoff began, is the same burst's news
+  (its refusals arrive together, some late): it neither lengthens the backoff nor
+  counts as the next one in a row. A round that started during the backoff (a
+  delegated one) and is refused starts the next one;
 * a key's daily limit (a 403 that says so) closes until the next UTC midnight; no
   credit (402) or a rejected key (401/403) closes for ``closed_for``; the fleet's own
   daily budget (`BUDGET`) closes until midnight too. With the credential known only
@@ -157,6 +158,7 @@ class Bulkhead(NamedTuple):
     costed: int = 0  # clean rounds that reported a cost
     moved_in: int = 0  # units moved here from another pool
     strikes: int = 0  # backoffs in a row (a clean round resets): the backoff's exponent
+    backoff_at: float = -math.inf  # mono time the current backoff began
 
     def closed(self, now: Now) -> bool:
         return self.closed_until > now.wall
@@ -247,8 +249,10 @@ def waited(b: Bulkhead, delta: int = 1) -> Bulkhead:
 
 
 def ended(b: Bulkhead, signal: Signal, now: Now, policy, probe: bool = False,
-          delegated: bool = False) -> tuple[Bulkhead, Closure | None, bool]:
+          delegated: bool = False, started: float | None = None) -> tuple[Bulkhead, Closure | None, bool]:
     """A unit that ran on `b` ended with `signal`: (new bulkhead, closure it makes or None, reopen?).
+
+    `started`: the mono time the unit started (None: unknown, taken as after any backoff).
 
     `reopen` is True when a clean probe proved a closed pool's key works again; the
     closure (or reopening) is for the caller to apply to every pool it covers
@@ -283,9 +287,12 @@ def ended(b: Bulkhead, signal: Signal, now: Now, policy, probe: bool = False,
         failures=b.failures + 1, refusals=refusals, carrying=load, refused_at=now.wall,
         why=f"{signal.refusal}: {signal.message}".rstrip(": "), estimate=max(1, load // 2))
     if signal.refusal == RATE_LIMIT:
-        strikes = b.strikes if b.backoff_until > now.mono else b.strikes + 1
+        if b.backoff_until > now.mono and started is not None and started <= b.backoff_at:
+            return b, None, False  # the same burst: its backoff stands as it is
+        strikes = b.strikes + 1
         delay = backoff_seconds(strikes, signal.retry_after, policy.backoff_base, policy.backoff_max)
-        return b._replace(backoff_until=max(b.backoff_until, now.mono + delay), strikes=strikes), None, False
+        return b._replace(backoff_until=max(b.backoff_until, now.mono + delay), strikes=strikes,
+                          backoff_at=now.mono), None, False
     return b, closure_for(b.route, signal.refusal, now, policy.closed_for, signal.message), False
 
 
