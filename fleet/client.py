@@ -222,9 +222,10 @@ class Client(Executor):
 
     # --- Executor -----------------------------------------------------------------------
     def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
-               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None) -> Future:
+               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None,
+               age: float = 0.0) -> Future:
         """Submit one unit to the fleet's `role`; returns its Future (see `fleet.Fleet.submit`,
-        also for the provider admission's `route`, `severity`, `pinned`, `parent`, `tag`).
+        also for the provider admission's `route`, `severity`, `pinned`, `parent`, `tag`, `age`).
 
         Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
         PayloadUnpicklable, QueueFull, RoleStopped, FleetClosed (this client is
@@ -236,8 +237,10 @@ class Client(Executor):
             raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
         admission = {} if route is None else {"route": str(route), "severity": severity, "pinned": pinned,
                                               "parent": parent, "tag": tag}
-        if route is None and (severity is not None or pinned or parent is not None or tag is not None):
-            raise BadUnit("severity, pinned, parent and tag are provider admission arguments: give route= too")
+        if route is None and (severity is not None or pinned or parent is not None or tag is not None or age):
+            raise BadUnit("severity, pinned, parent, tag and age are provider admission arguments: give route= too")
+        if age:
+            admission["age"] = age  # checked by the fleet (a number of seconds >= 0)
         return self._submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
                             request_id=request_id, **admission)
 

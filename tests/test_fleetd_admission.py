@@ -115,6 +115,8 @@ def test_operator_close_and_its_typed_refusals(fleet_name):
                 client.report_budget("nope", 1.0, 10.0)
             assert info.value.type == "BadBudget"
             assert client.report_budget("p2", 2.5, 10.0) == {"provider": "p2", "spent": 2.5, "limit": 10.0}
-            assert client.submit("llm", {}, route=P2).result(BOUND_S) == str(P2)
+            assert client.submit("llm", {}, route=P2, age=3600).result(BOUND_S) == str(P2)  # age= travels too
+            with pytest.raises(fleet.BadUnit, match="age"):
+                client.submit("llm", {}, route=P2, age=-1).result(BOUND_S)
         row = next(b for b in d.ctl_json("admission", "show")["bulkheads"] if b["pool"] == str(P2))
         assert (row["budget_spent"], row["budget_limit"]) == (2.5, 10.0)

@@ -63,12 +63,13 @@ class ControlHandler(Protocol):
         pinned: bool = False,
         parent: int | None = None,
         tag: str | None = None,
+        age: float = 0.0,
     ) -> Any:
         """Admit one unit. ``payload`` is pickled bytes when ``encoding == "pickle"``,
         else the decoded JSON value. With a ``token`` the outcome is held for
         `collect` under that token, tagged with ``seq``. ``chunk``: the payload is a
         list of items run as one unit (``Fleet.map`` with chunksize > 1). ``route``
-        (a `fleet.Route`, parsed), ``severity``, ``pinned``, ``parent``, ``tag``: the
+        (a `fleet.Route`, parsed), ``severity``, ``pinned``, ``parent``, ``tag``, ``age``: the
         provider admission's arguments (`fleet.Fleet.submit`). Returns e.g. the unit id."""
 
     def ledger(self) -> Any:
@@ -325,6 +326,7 @@ class SubmitOp(Op):
         "pinned": Arg((bool,), default=False, doc="hard pin: wait for this route, never move"),
         "parent": Arg((int, type(None)), doc="the unit that delegated this one (admitted at once)"),
         "tag": Arg((str, type(None)), doc="the agent or unit tag (pins may name it)"),
+        "age": Arg((float,), default=0.0, doc="seconds the unit waited already (its urgency counts from then)"),
     }
 
     def to_wire(self, **args: Any) -> dict[str, Any]:
