@@ -23,7 +23,9 @@ Provider admission. A unit submitted with a `route` is checked on the caller's
 thread (`ProviderGate.check`), then asks `fleet.provider_gate` on the loop before the
 dispatcher: it starts now on its route or an alternative (the chosen route travels
 with its task), or waits there until the loop finds its pool admits again; its
-outcome is the pool's signal (`_close`).
+outcome is the pool's signal (`_close`). A refusal within the unit's limit is no
+outcome: the gate hands the unit back (`_refused_again`), to run again now on an
+alternative or to wait in the gate, and the ledger sees the outcome it ends with.
 
 Deaths. The zygote reports every worker exit. The loop then collects what the dead
 worker already delivered, discards the tasks it never took, fails every unit it
