@@ -23,6 +23,11 @@ and validated once, into immutable data the pure scheduler reads on every decisi
   ``starved_after`` 900, ``aging_unit`` 86400, and the 429 backoff (``backoff_base``
   doubling per consecutive refusal, up to ``backoff_max``).
 * **Severity weights** for aging inside a lane: red-main 32, B 16, H 8, M 4, L 2, none 1.
+* **A refused round's limit.** A unit the provider refuses (429, 402, 403) waits and is
+  admitted again; it fails ``Refused`` only once it has met ``max_refusals`` refusals
+  (default 10), or at a refusal or while it waits once ``refusal_deadline`` seconds
+  have passed since its submit (default none: it waits out the closure, as long as it
+  takes). A lane may set either for its own units.
 
 `Policy.from_dict` takes the ``[admission]`` section of the fleet config (see README,
 "Declaring a provider catalog"). Bad input raises `PolicyError` naming the dotted path
@@ -42,6 +47,7 @@ from fleet.route import Route
 SECTION = "admission"
 DEFAULT_SEVERITY = {"red-main": 32, "B": 16, "H": 8, "M": 4, "L": 2, "none": 1}
 MARKS = ("residency", "retention")
+DEFAULT_MAX_REFUSALS = 10
 _CACHE_BOUND = 65_536  # (route, lane) pairs of alternatives kept per policy
 
 
@@ -71,6 +77,8 @@ class LanePolicy:
     residency: str | None = None
     retention: str | None = None
     pinned: bool = False
+    max_refusals: int | None = None  # None: the policy's
+    refusal_deadline: float | None = None  # None: the policy's
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,6 +97,8 @@ class Policy:
     aging_unit: float = 86_400.0
     backoff_base: float = 1.0
     backoff_max: float = 300.0
+    max_refusals: int = DEFAULT_MAX_REFUSALS
+    refusal_deadline: float | None = None
     severity: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_SEVERITY))
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -114,6 +124,12 @@ class Policy:
             return self.severity["none" if severity is None else severity]
         except KeyError:
             raise PolicyError("severity", f"unknown severity {severity!r}; known: {', '.join(self.severity)}") from None
+
+    def refusal_limit(self, lane: str | None) -> tuple[int, float | None]:
+        """(refusals a unit of `lane` may meet, seconds after its submit it may keep trying or None)."""
+        rules = self.lanes.get(lane) or LanePolicy("")
+        return (self.max_refusals if rules.max_refusals is None else rules.max_refusals,
+                self.refusal_deadline if rules.refusal_deadline is None else rules.refusal_deadline)
 
     def probe_interval(self, daily_limit: bool) -> float:
         """How often a closed pool lets one probe through: daily limits have their own setting."""
@@ -173,13 +189,14 @@ class Policy:
         return (tuple(same_elsewhere), tuple(others), tuple(variants))
 
     def _defaults(self, own: ModelNode) -> list[ModelNode]:
-        # The same model elsewhere is no equivalence guess; it is offered in or out of a tier.
+        # A model in no tier has no defaults at all, not even itself elsewhere (000 §7): it is
+        # chosen by name, and only an explicit entry gives it a stand-in.
+        if own.tier is None:
+            return []
         out = [n for n in self.nodes.values() if n.model == own.model and n.provider != own.provider]
-        if own.tier is not None:
-            tier = [n for n in self.nodes.values() if n.tier == own.tier and n.model != own.model]
-            tier.sort(key=lambda n: (n.provider != own.provider, n.token_index, n.model, n.provider))
-            out += tier
-        return out
+        tier = [n for n in self.nodes.values() if n.tier == own.tier and n.model != own.model]
+        tier.sort(key=lambda n: (n.provider != own.provider, n.token_index, n.model, n.provider))
+        return out + tier
 
     # --- building ------------------------------------------------------------------
     @classmethod
@@ -190,7 +207,7 @@ class Policy:
         known = {
             "probe_every", "closed_for", "daily_limit_probe_every", "starved_after", "aging_unit",
             "backoff_base", "backoff_max", "severity", "providers", "tiers", "alternatives", "lanes",
-            "pinned_tags",
+            "pinned_tags", "max_refusals", "refusal_deadline",
         }
         _no_unknown(data, known, path)
         timing = {}
@@ -201,6 +218,10 @@ class Policy:
             data.get("daily_limit_probe_every", timing["probe_every"]), f"{path}.daily_limit_probe_every")
         if timing["backoff_max"] < timing["backoff_base"]:
             raise PolicyError(f"{path}.backoff_max", f"{timing['backoff_max']:g} is below backoff_base")
+
+        timing["max_refusals"] = _count(data.get("max_refusals", DEFAULT_MAX_REFUSALS), f"{path}.max_refusals")
+        if data.get("refusal_deadline") is not None:
+            timing["refusal_deadline"] = _seconds(data["refusal_deadline"], f"{path}.refusal_deadline")
 
         severity = dict(DEFAULT_SEVERITY)
         sev = data.get("severity", {})
@@ -253,6 +274,12 @@ def _seconds(value, path) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise PolicyError(path, f"must be a number of seconds > 0, not {value!r}")
     return float(value)
+
+
+def _count(value, path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PolicyError(path, f"must be a whole number >= 1, not {value!r}")
+    return value
 
 
 def _name(value, path) -> str:
@@ -351,7 +378,7 @@ def _lanes(data, path) -> dict[str, LanePolicy]:
     for lane, body in data.items():
         where = f"{path}.{lane}"
         _mapping(body, where)
-        _no_unknown(body, {"exclude", "residency", "retention", "pinned"}, where)
+        _no_unknown(body, {"exclude", "residency", "retention", "pinned", "max_refusals", "refusal_deadline"}, where)
         exclude = body.get("exclude", [])
         if not isinstance(exclude, list):
             raise PolicyError(f"{where}.exclude", "must be a list of model-id fragments")
@@ -362,7 +389,10 @@ def _lanes(data, path) -> dict[str, LanePolicy]:
             raise PolicyError(f"{where}.pinned", f"must be true or false, not {pinned!r}")
         out[str(lane)] = LanePolicy(
             str(lane), tuple(f.lower() for f in exclude), _mark(body.get("residency"), f"{where}.residency"),
-            _mark(body.get("retention"), f"{where}.retention"), pinned)
+            _mark(body.get("retention"), f"{where}.retention"), pinned,
+            None if body.get("max_refusals") is None else _count(body["max_refusals"], f"{where}.max_refusals"),
+            None if body.get("refusal_deadline") is None else _seconds(body["refusal_deadline"],
+                                                                         f"{where}.refusal_deadline"))
     return out
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import tempfile
@@ -120,9 +121,13 @@ class FileClosureStore:
         try:
             if data["version"] != self.VERSION:
                 raise ClosureFileError(f"closure file {self.path}: version {data['version']!r}, expected {self.VERSION}")
-            return [T.Closure(str(c["provider"]), c["credential"], float(c["until"]), str(c["cause"]),
-                              bool(c["daily"]), float(c["since"]), str(c.get("message", "")))
-                    for c in data["closures"]]
+            closures = [T.Closure(str(c["provider"]), c["credential"], float(c["until"]), str(c["cause"]),
+                                  bool(c["daily"]), float(c["since"]), str(c.get("message", "")))
+                        for c in data["closures"]]
+            for c in closures:
+                if not math.isfinite(c.until):
+                    raise ValueError(f"closure of {c.provider!r} has no finite end: {c.until!r}")
+            return closures
         except (KeyError, TypeError, ValueError) as exc:
             raise ClosureFileError(f"closure file {self.path}: bad record ({exc!r})") from None
 
@@ -164,7 +169,7 @@ class BadAsk(FleetError, ValueError):
 
 class _Seat(NamedTuple):
     route: Route
-    lane: str | None
+    ask: S.Ask  # what was asked (a refused unit is decided again from it)
     probe: bool
     delegated: bool
     started: float  # mono
@@ -214,30 +219,43 @@ class AdmissionPool:
 
     # --- admission ---------------------------------------------------------------------------
     def admit(self, unit: int, route: Route, *, lane: str | None = None, severity: str | None = None,
-              pinned: bool = False, parent: int | None = None, tag: str | None = None) -> S.Decision:
+              pinned: bool = False, parent: int | None = None, tag: str | None = None,
+              age: float = 0.0) -> S.Decision:
         """Decide unit `unit` for `route`: it starts now (ADMIT / MOVE, seated) or waits (kept for `wake`).
 
         A delegated unit (`parent` given) counts on its parent's lane when the parent is seated.
+        `age`: seconds the unit has waited already (elsewhere, or before a restart): its
+        urgency and starvation count from then.
         """
         seats = self._seats
         if unit in seats or unit in self._waits:
             raise BadAsk(f"unit {unit} is already admitted or waiting")
         if parent is not None and parent in seats:
-            lane = seats[parent].lane
+            lane = seats[parent].ask.lane
         policy = self.holder.current
         try:
             check_ask(policy, route, lane, severity)
         except BadAsk as exc:
             raise BadAsk(f"unit {unit}: {exc}") from None
         now = self.now()
-        ask = _new(S.Ask, (unit, route, lane, severity, bool(pinned), parent, tag, now.mono))
+        ask = _new(S.Ask, (unit, route, lane, severity, bool(pinned), parent, tag, now.mono - age, now.mono, 0))
+        return self._decide(ask, now)
+
+    def _decide(self, ask: S.Ask, now: T.Now) -> S.Decision:
+        """Decide `ask` (new or refused): seat it, or keep it waiting."""
+        policy = self.holder.current
         decision = S.decide(ask, self.state, policy, now, self.rng)
+        if decision.probe and self._waits:
+            # Units that waited for this key come first: the next wake gives one of them the probe.
+            scope = T.probe_scope(self.state, decision.route, now)
+            if any(T.probe_scope(self.state, a.route, now) == scope for a in self._waits.values()):
+                decision = S.decide(ask, self.state, policy, now, self.rng, probed={scope})
         if decision.action != S.WAIT:
             self._seat(ask, decision, now)
         else:
-            self._waits[unit] = ask
-            self._why[unit] = decision
-            self._put(T.waited(T.bulkhead_of(self.state, route, now), 1))
+            self._waits[ask.id] = ask
+            self._why[ask.id] = decision
+            self._put(T.waited(T.bulkhead_of(self.state, ask.route, now), 1))
         return decision
 
     def check(self, route: Route, *, lane: str | None = None, severity: str | None = None) -> None:
@@ -255,7 +273,9 @@ class AdmissionPool:
         moved = decision.action == S.MOVE
         b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
         self._put(T.seated(b, now, decision.probe, decision.delegated, moved))
-        self._seats[ask.id] = _new(_Seat, (route, ask.lane, decision.probe, decision.delegated, now.mono))
+        if decision.probe:
+            self.state = T.probed(self.state, route, now)
+        self._seats[ask.id] = _new(_Seat, (route, ask, decision.probe, decision.delegated, now.mono))
         row = self._lanes.get((ask.lane, route)) or self._lane(ask.lane, route)
         row.running += 1
         row.started += 1
@@ -271,17 +291,23 @@ class AdmissionPool:
             row = self._lanes[(lane, route)] = _LaneRow()
         return row
 
-    def report(self, unit: int, signal: T.Signal) -> None:
-        """Unit `unit` ended with `signal` (see `signal_for`); its bulkhead takes the signal."""
+    def report(self, unit: int, signal: T.Signal, *, again: bool = False) -> S.Decision | None:
+        """Unit `unit` ended with `signal` (see `signal_for`); its bulkhead takes the signal.
+
+        `again`: a refusal does not end the unit. Within its lane's limit (`scheduler.spent`)
+        it is decided again from what it asked, as a unit that waited since its submit:
+        the decision is returned (seated, or kept waiting for `wake`); past the limit, or
+        for any other signal, None (the unit ends here)."""
         seat = self._seats.pop(unit, None)
         if seat is None:
             raise UnknownUnit(f"unit {unit} is not running under the admission")
-        route, lane, probe, delegated, started = seat
+        route, ask, probe, delegated, started = seat
+        lane = ask.lane
         now = self.now()
         if signal.kind == T.CLEAN and signal.seconds is None:
             signal = _new(T.Signal, (T.CLEAN, None, None, "", now.mono - started, signal.cost))
         b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
-        b, closure, reopens = T.ended(b, signal, now, self.holder.current, probe, delegated)
+        b, closure, reopens = T.ended(b, signal, now, self.holder.current, probe, delegated, started)
         self._put(b)
         row = self._lanes[(lane, route)]
         row.running -= 1
@@ -300,6 +326,24 @@ class AdmissionPool:
             lifted = [k for k, c in before.items() if c.until > now.wall and k not in self.state.closures]
         if closure is not None or reopens:
             self._save(lifted)
+        if again and signal.kind == T.REFUSED:
+            ask = ask._replace(refused=ask.refused + 1)
+            if S.spent(ask, self.holder.current, now) is None:
+                return self._decide(ask, now)
+        return None
+
+    def spent(self) -> list[tuple[int, str]]:
+        """Refused units waiting past their refusal deadline, forgotten here: (unit, why), for
+        the caller to fail (a unit never refused waits as long as its pool holds it)."""
+        now = self.now()
+        policy = self.holder.current
+        out = []
+        for ask in [a for a in self._waits.values() if a.refused]:
+            why = S.spent(ask, policy, now)
+            if why is not None:
+                self.cancel(ask.id)
+                out.append((ask.id, why))
+        return out
 
     def cancel(self, unit: int) -> None:
         """Forget a waiting unit (cancelled, or its fleet shut down) without starting it."""
@@ -339,6 +383,14 @@ class AdmissionPool:
         """The last WAIT decision of a waiting unit (its reason and until-when), else None."""
         return self._why.get(unit)
 
+    def refusals(self, unit: int) -> int:
+        """How many refusals a waiting or seated unit has met so far (0 for an unknown one)."""
+        ask = self._waits.get(unit)
+        if ask is None:
+            seat = self._seats.get(unit)
+            ask = None if seat is None else seat.ask
+        return 0 if ask is None else ask.refused
+
     # --- coordinator API ------------------------------------------------------------------------
     def plan(self, lane: str | None, route: Route, wanted: int, *, pinned: bool = False) -> int:
         """How many of `wanted` new units on `route` in `lane` would start now. Seats nothing.
@@ -362,7 +414,7 @@ class AdmissionPool:
     def lane_routes(self, lane: str | None) -> set[Route]:
         """The routes the lane's work asks for (its waiting units' and its seats')."""
         routes = {a.route for a in self._waits.values() if a.lane == lane}
-        routes |= {s.route for s in self._seats.values() if s.lane == lane}
+        routes |= {s.route for s in self._seats.values() if s.ask.lane == lane}
         return routes
 
     def allowance(self, lane: str | None) -> int | None:
@@ -402,7 +454,15 @@ class AdmissionPool:
             return None
         now = self.now()
         at = T.next_change(self.state, now, self.policy)
+        deadlines = [d for d in (self._deadline(a) for a in self._waits.values() if a.refused) if d is not None]
+        if deadlines:
+            at = min(deadlines) if at is None else min(at, *deadlines)
         return now.mono if at is None else at
+
+    def _deadline(self, ask: S.Ask) -> float | None:
+        """When a refused unit's refusal deadline passes (mono), or None without one."""
+        deadline = self.holder.current.refusal_limit(ask.lane)[1]
+        return None if deadline is None else ask.submitted + deadline
 
     def report_budget(self, provider: str, spent: float, limit: float | None) -> None:
         """The budget gate's reading for `provider` today (shown per bulkhead); at the limit it closes
@@ -420,6 +480,9 @@ class AdmissionPool:
               message: str = "") -> None:
         """Close a provider (or one key) until `until` (wall seconds): an operator, or the budget gate."""
         now = self.now()
+        if isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until):
+            # a closure without an end would never reopen, and the host-group store refuses it
+            raise ValueError(f"close: until must be a finite UTC time in epoch seconds, not {until!r}")
         if not until > now.wall:
             raise ValueError(f"close: until {until!r} is not in the future")
         if cause not in T.CLOSING:
@@ -464,6 +527,9 @@ class AdmissionPool:
             waiting_by_lane[key] = waiting_by_lane.get(key, 0) + 1
             oldest[key] = min(oldest.get(key, a.since), a.since)
         bulkheads = [bulkhead_row(b, now, self._budget.get(b.route.provider)) for b in self.state.bulkheads.values()]
+        pinned = self._pinned_waits(now)
+        for row in bulkheads:
+            row["pinned_wait"] = pinned.get(row["pool"])
         lanes = []
         for key in sorted(set(self._lanes) | set(waiting_by_lane), key=lambda k: (k[0] or "", str(k[1]))):
             lane, route = key
@@ -482,6 +548,23 @@ class AdmissionPool:
             "starving": self.starving(), "policy_error": self.holder.last_error,
             "closure_store_error": self.load_error,
         }
+
+    def _pinned_waits(self, now: T.Now) -> dict[str, str]:
+        """Per pool, what its hard-pinned waiting units wait for (000 §6: "hard-pinned to …" on its row)."""
+        policy = self.holder.current
+        waits: dict = {}
+        for a in self._waits.values():
+            if policy.is_pinned(a.lane, a.tag, a.pinned):
+                waits.setdefault(a.route, []).append(now.mono - a.since)
+        out = {}
+        for route, ages in waits.items():
+            why = self._why_held(route, now)
+            out[str(route)] = (f"hard-pinned to {route}: {len(ages)} unit(s) waiting, the longest {max(ages):.0f} s"
+                               + (f"; {why}" if why else ""))
+        return out
+
+    def _why_held(self, route: Route, now: T.Now) -> str:
+        return S.hold_of(T.bulkhead_of(self.state, route, now), now)[0]
 
     # --- persistence ------------------------------------------------------------------------------
     def _load(self) -> None:

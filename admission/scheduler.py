@@ -4,29 +4,36 @@ Theory of operation. There is no cap, share or floor: a unit is admitted at once
 its route unless a live refusal holds that pool back (a 429 backoff, or a closure).
 Then, in this order:
 
-1. a closed pool lets one *probe* through every ``probe_every`` (a daily-limit closure:
-   ``daily_limit_probe_every``) while nothing runs on it;
-2. a *delegated* unit (one with a parent) is admitted at once on its route even while
-   the pool backs off: refusing it could only stall its parent, which holds a seat
-   (a nested-resource deadlock). It is counted, and marked delegated. It never waits:
-   on a closed pool it moves if an alternative admits, else the provider answers it;
-3. a *hard-pinned* unit waits for its route;
-4. otherwise the unit moves to an alternative that admits it now. The policy gives the
+1. a *hard-pinned* unit waits for its route — or, on a closed pool, is its probe when
+   one is due;
+2. a *delegated* unit (its parent is a unit running in this fleet) is admitted at once
+   through a backoff on its own route: refusing it could only stall its parent, which
+   holds a seat (a nested-resource deadlock). It is counted, and marked delegated.
+   Delegation passes a backoff only: on a closed pool it is decided as any other unit;
+3. otherwise the unit moves to an alternative that admits it now. The policy gives the
    alternatives in groups (same model on another provider; the tier's other models;
    same-provider variants), already filtered for marks and lane exclusions. The first
    group with any admitting route wins; inside it, Thompson sampling picks: each
    route's success rate is drawn from Beta(successes + 1, failures + 1) and scaled by
    (cheapest mean cost in the group / its mean cost); a route with no cost yet is not
    discounted, and an unexplored one draws from Beta(1, 1), so the choice keeps exploring;
-5. with no admitting alternative it waits, with the reason and until when (wall clock,
-   UTC epoch seconds) its own pool holds it back.
+4. with no admitting alternative, a closed pool lets one *probe* through every
+   ``probe_every`` (a daily-limit closure: ``daily_limit_probe_every``) per closed key
+   (the provider, when the key is unknown) while nothing runs on that pool: a round an
+   alternative could run is never spent on a probe;
+5. else it waits, with the reason and until when (wall clock, UTC epoch seconds) its
+   own pool holds it back.
 
 Within a lane, waiting units start by urgency ``(1 + weight(severity)) * (1 + age / aging_unit)``:
-an eight-day-old L unit (3 x 9 = 27) comes before a fresh B one (17 x 1).
+an eight-day-old L unit (3 x 9 = 27) comes before a fresh B one (17 x 1). A unit's age
+counts from ``since``, which a caller may set in the past (a unit that already waited).
+
+A refused unit is decided again (`spent`: unless it has met its lane's limit of
+refusals, or its refusal deadline has passed).
 
 `decide` is one decision; `decide_batch` many at once against one state (a probe is
-granted once per pool per batch, as seating it would do). Randomness comes from the
-`rng` argument (a ``random.Random``), so a seeded run is reproducible.
+granted once per closed key per batch, as seating it would do). Randomness comes from
+the `rng` argument (a ``random.Random``), so a seeded run is reproducible.
 """
 from __future__ import annotations
 
@@ -36,7 +43,7 @@ from typing import NamedTuple, Sequence
 from fleet.route import Route
 
 from .policy import Policy
-from .state import AdmissionState, Now, bulkhead_of
+from .state import AdmissionState, Now, bulkhead_of, probe_scope
 
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
@@ -55,7 +62,9 @@ class Ask(NamedTuple):
     pinned: bool = False
     parent: int | None = None  # the unit that delegated this one
     tag: str | None = None  # the agent or unit tag (pins may name it)
-    since: float = 0.0  # mono time it was submitted (its age, for urgency and starvation)
+    since: float = 0.0  # mono time its age counts from (urgency, starvation): its submit, or earlier
+    submitted: float = 0.0  # mono time it was submitted here (its refusal deadline counts from it)
+    refused: int = 0  # refusals it has met so far
 
 
 class Decision(NamedTuple):
@@ -106,7 +115,7 @@ def _thompson_params(routes: Sequence[Route], state: AdmissionState, now: Now) -
              cheapest / b.mean_cost if cheapest and b.costed and b.mean_cost > 0 else 1.0) for b in heads]
 
 
-def _held(b, now: Now) -> tuple[str, float]:
+def hold_of(b, now: Now) -> tuple[str, float]:
     """Why `b` holds units back and until when (wall), or ("", 0) when it admits."""
     if b.closed_until > now.wall:
         return f"closed ({b.cause}{', daily limit' if b.daily else ''}) until {_utc(b.closed_until)}", b.closed_until
@@ -120,30 +129,29 @@ def decide(ask: Ask, state: AdmissionState, policy: Policy, now: Now, rng, *, pr
            memo: dict | None = None) -> Decision:
     """Admit `ask` now, move it to an alternative, or tell it to wait (see the module doc).
 
-    `probed`: routes already granted a probe by the caller's batch (a probe is one unit).
-    `memo`: a dict the caller keeps for one (state, now) — a batch — to reuse what does
-    not depend on the unit (why a pool holds, which alternatives admit).
+    `probed`: closed keys (`state.probe_scope`) whose probe the caller has given away
+    already (a batch, or units that waited before this one). `memo`: a dict the caller
+    keeps for one (state, now) — a batch — to reuse what does not depend on the unit
+    (why a pool holds, which alternatives admit).
     """
     route = ask.route
     delegated = ask.parent is not None
     b = state.bulkheads.get(route) or bulkhead_of(state, route, now)
-    if b.closed_until > now.wall:
-        if (probed is None or route not in probed) and b.probe_due(now, policy.probe_interval(b.daily)):
-            if probed is not None:
-                probed.add(route)
-            return _new(Decision, (ADMIT, route, "probe", 0.0, True, delegated))
-    elif b.backoff_until > now.mono:
+    closed = b.closed_until > now.wall
+    if not closed:
+        if b.backoff_until <= now.mono:
+            return _new(Decision, (ADMIT, route, "", 0.0, False, delegated))
         if delegated:
             return _new(Decision, (ADMIT, route, "delegated", 0.0, False, True))
-    else:
-        return _new(Decision, (ADMIT, route, "", 0.0, False, delegated))
     if memo is None:
         memo = {}
     held = memo.get(route)
     if held is None:
-        held = memo[route] = _held(b, now)
+        held = memo[route] = hold_of(b, now)
     why, until = held
     if policy.is_pinned(ask.lane, ask.tag, ask.pinned):
+        if closed and _probe(route, b, state, policy, now, probed):
+            return _new(Decision, (ADMIT, route, "probe", 0.0, True, delegated))
         return _new(Decision, (WAIT, route, f"hard-pinned to {route}: {why}", until, False, False))
     key = (route, ask.lane)
     admitting = memo.get(key)
@@ -153,10 +161,32 @@ def decide(ask: Ask, state: AdmissionState, policy: Policy, now: Now, rng, *, pr
         # rng None: the caller draws the Thompson sample itself (decide_batch, vectorised)
         chosen = thompson(admitting, state, now, rng) if rng is not None else admitting[0]
         return _new(Decision, (MOVE, chosen, f"moved from {route}: {why}", 0.0, False, delegated))
-    if delegated:
-        # Never make a delegated unit wait (its parent holds a seat): the provider answers it.
-        return _new(Decision, (ADMIT, route, f"delegated: {why}", 0.0, False, True))
+    if closed and _probe(route, b, state, policy, now, probed):
+        return _new(Decision, (ADMIT, route, "probe", 0.0, True, delegated))
     return _new(Decision, (WAIT, route, f"{route} {why}; no admitting alternative", until, False, False))
+
+
+def _probe(route: Route, b, state: AdmissionState, policy: Policy, now: Now, probed: set | None) -> bool:
+    """Whether this unit may be the probe of `route`'s closed key now; marks it given in `probed`."""
+    if not b.probe_due(now, policy.probe_interval(b.daily)):
+        return False
+    if probed is None:
+        return True
+    scope = probe_scope(state, route, now)
+    if scope in probed:
+        return False
+    probed.add(scope)
+    return True
+
+
+def spent(ask: Ask, policy: Policy, now: Now) -> str | None:
+    """Why a refused unit is tried no more (its lane's limit of refusals, or its deadline), or None."""
+    most, deadline = policy.refusal_limit(ask.lane)
+    if ask.refused >= most:
+        return f"refused {ask.refused} time(s), the limit of lane {ask.lane!r}"
+    if deadline is not None and now.mono - ask.submitted >= deadline:
+        return f"still refused {now.mono - ask.submitted:.0f} s after its submit (lane {ask.lane!r}'s deadline {deadline:g} s)"
+    return None
 
 
 def _admitting(route: Route, lane, state: AdmissionState, policy: Policy, now: Now) -> tuple[Route, ...]:
@@ -172,7 +202,7 @@ def decide_batch(asks: Sequence[Ask], state: AdmissionState, policy: Policy, now
     """Decide many units against one state, for throughput; the same rules as `decide`.
 
     Admission changes no other unit's admissibility (there is no cap), except that a
-    probe is one unit per pool: so one state serves the whole batch. What does not
+    probe is one unit per closed key: so one state serves the whole batch. What does not
     depend on the unit is worked out once per batch (`memo`), a plain admission on an
     open pool is shared by every later unit of that route, and the Thompson draws of
     every move are made at once with numpy (seeded from `rng`, so a seeded run repeats).

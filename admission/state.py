@@ -14,8 +14,12 @@ Signals (what an outcome says about its pool):
 * a clean round resets the consecutive-refusal count, counts a success and updates
   the mean seconds and cost; a clean *probe* on a closed pool reopens its closure;
 * 429 (`RATE_LIMIT`) backs off that one pool: ``backoff_base * 2**(n-1)`` seconds for
-  the n-th refusal in a row, capped at ``backoff_max``, never shorter than the
-  provider's Retry-After; it closes nothing;
+  the n-th backoff in a row, capped at ``backoff_max``, never shorter than the
+  provider's Retry-After; it closes nothing. A 429 heard while the pool already backs
+  off, for a round that started before that backoff began, is the same burst's news
+  (its refusals arrive together, some late): it neither lengthens the backoff nor
+  counts as the next one in a row. A round that started during the backoff (a
+  delegated one) and is refused starts the next one;
 * a key's daily limit (a 403 that says so) closes until the next UTC midnight; no
   credit (402) or a rejected key (401/403) closes for ``closed_for``; the fleet's own
   daily budget (`BUDGET`) closes until midnight too. With the credential known only
@@ -153,6 +157,8 @@ class Bulkhead(NamedTuple):
     mean_cost: float = 0.0
     costed: int = 0  # clean rounds that reported a cost
     moved_in: int = 0  # units moved here from another pool
+    strikes: int = 0  # backoffs in a row (a clean round resets): the backoff's exponent
+    backoff_at: float = -math.inf  # mono time the current backoff began
 
     def closed(self, now: Now) -> bool:
         return self.closed_until > now.wall
@@ -215,8 +221,8 @@ _F = {name: i for i, name in enumerate(Bulkhead._fields)}
 _RUNNING, _WAITING, _DELEGATED, _DELEGATED_TOTAL = _F["running"], _F["waiting"], _F["delegated"], _F["delegated_total"]
 _SUCCESSES, _FAILURES, _REFUSALS, _PROBE_AT, _PROBES = (
     _F["successes"], _F["failures"], _F["refusals"], _F["probe_at"], _F["probes"])
-_ESTIMATE, _MEAN_SECONDS, _MEAN_COST, _COSTED, _MOVED_IN = (
-    _F["estimate"], _F["mean_seconds"], _F["mean_cost"], _F["costed"], _F["moved_in"])
+_ESTIMATE, _MEAN_SECONDS, _MEAN_COST, _COSTED, _MOVED_IN, _STRIKES = (
+    _F["estimate"], _F["mean_seconds"], _F["mean_cost"], _F["costed"], _F["moved_in"], _F["strikes"])
 _new = tuple.__new__
 
 
@@ -243,8 +249,10 @@ def waited(b: Bulkhead, delta: int = 1) -> Bulkhead:
 
 
 def ended(b: Bulkhead, signal: Signal, now: Now, policy, probe: bool = False,
-          delegated: bool = False) -> tuple[Bulkhead, Closure | None, bool]:
+          delegated: bool = False, started: float | None = None) -> tuple[Bulkhead, Closure | None, bool]:
     """A unit that ran on `b` ended with `signal`: (new bulkhead, closure it makes or None, reopen?).
+
+    `started`: the mono time the unit started (None: unknown, taken as after any backoff).
 
     `reopen` is True when a clean probe proved a closed pool's key works again; the
     closure (or reopening) is for the caller to apply to every pool it covers
@@ -258,7 +266,7 @@ def ended(b: Bulkhead, signal: Signal, now: Now, policy, probe: bool = False,
     kind = signal.kind
     if kind == CLEAN:
         n = f[_SUCCESSES] = f[_SUCCESSES] + 1
-        f[_REFUSALS] = 0
+        f[_REFUSALS] = f[_STRIKES] = 0
         if load >= f[_ESTIMATE]:
             f[_ESTIMATE] += 1
         if signal.seconds is not None:
@@ -279,15 +287,39 @@ def ended(b: Bulkhead, signal: Signal, now: Now, policy, probe: bool = False,
         failures=b.failures + 1, refusals=refusals, carrying=load, refused_at=now.wall,
         why=f"{signal.refusal}: {signal.message}".rstrip(": "), estimate=max(1, load // 2))
     if signal.refusal == RATE_LIMIT:
-        delay = backoff_seconds(refusals, signal.retry_after, policy.backoff_base, policy.backoff_max)
-        return b._replace(backoff_until=max(b.backoff_until, now.mono + delay)), None, False
+        if b.backoff_until > now.mono and started is not None and started <= b.backoff_at:
+            return b, None, False  # the same burst: its backoff stands as it is
+        strikes = b.strikes + 1
+        delay = backoff_seconds(strikes, signal.retry_after, policy.backoff_base, policy.backoff_max)
+        return b._replace(backoff_until=max(b.backoff_until, now.mono + delay), strikes=strikes,
+                          backoff_at=now.mono), None, False
     return b, closure_for(b.route, signal.refusal, now, policy.closed_for, signal.message), False
 
 
 def seat(state: AdmissionState, route: Route, now: Now, *, probe: bool = False, delegated: bool = False,
          moved: bool = False) -> AdmissionState:
-    """A unit starts on `route`; returns the new state."""
-    return _put(state, seated(bulkhead_of(state, route, now), now, probe, delegated, moved))
+    """A unit starts on `route`; returns the new state (a probe starts its key's probe clock)."""
+    state = _put(state, seated(bulkhead_of(state, route, now), now, probe, delegated, moved))
+    return probed(state, route, now) if probe else state
+
+
+def probe_scope(state: AdmissionState, route: Route, now: Now) -> tuple:
+    """What one probe speaks for: the closed key (or provider) that holds `route`, else the route."""
+    closure = closure_of(state, route, now)
+    return route if closure is None else closure.scope
+
+
+def probed(state: AdmissionState, route: Route, now: Now) -> AdmissionState:
+    """A probe went out on `route`: every pool of the same closed key waits a full interval
+    for its next one (one probe speaks for the key, not for one pool)."""
+    closure = closure_of(state, route, now)
+    if closure is None:
+        return state
+    bulkheads = dict(state.bulkheads)
+    for r, b in bulkheads.items():
+        if r != route and closure.covers(r) and b.probe_at < now.mono:
+            bulkheads[r] = b._replace(probe_at=now.mono)
+    return AdmissionState(bulkheads, state.closures)
 
 
 def wait(state: AdmissionState, route: Route, now: Now, delta: int = 1) -> AdmissionState:
@@ -295,9 +327,9 @@ def wait(state: AdmissionState, route: Route, now: Now, delta: int = 1) -> Admis
     return _put(state, waited(bulkhead_of(state, route, now), delta))
 
 
-def backoff_seconds(refusals: int, retry_after: float | None, base: float, cap: float) -> float:
-    """Exponential in the consecutive refusals, capped; never shorter than Retry-After."""
-    delay = min(cap, base * 2.0 ** max(0, refusals - 1))
+def backoff_seconds(strikes: int, retry_after: float | None, base: float, cap: float) -> float:
+    """Exponential in the backoffs in a row, capped; never shorter than Retry-After."""
+    delay = min(cap, base * 2.0 ** max(0, strikes - 1))
     return max(delay, retry_after or 0.0)
 
 

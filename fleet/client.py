@@ -242,9 +242,10 @@ class Client(Executor):
 
     # --- Executor -----------------------------------------------------------------------
     def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
-               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None) -> Future:
+               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None,
+               age: float = 0.0) -> Future:
         """Submit one unit to the fleet's `role`; returns its Future (see `fleet.Fleet.submit`,
-        also for the provider admission's `route`, `severity`, `pinned`, `parent`, `tag`).
+        also for the provider admission's `route`, `severity`, `pinned`, `parent`, `tag`, `age`).
 
         Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
         PayloadUnpicklable, QueueFull, RoleStopped, FleetClosed (this client is
@@ -256,8 +257,10 @@ class Client(Executor):
             raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
         admission = {} if route is None else {"route": str(route), "severity": severity, "pinned": pinned,
                                               "parent": parent, "tag": tag}
-        if route is None and (severity is not None or pinned or parent is not None or tag is not None):
-            raise BadUnit("severity, pinned, parent and tag are provider admission arguments: give route= too")
+        if route is None and (severity is not None or pinned or parent is not None or tag is not None or age):
+            raise BadUnit("severity, pinned, parent, tag and age are provider admission arguments: give route= too")
+        if age:
+            admission["age"] = age  # checked by the fleet (a number of seconds >= 0)
         return self._submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
                             request_id=request_id, **admission)
 
@@ -345,6 +348,10 @@ class Client(Executor):
     def admission_reopen(self, pool: str) -> dict:
         """Reopen a closed provider or key; ``reopened``: whether it was closed."""
         return self._call("admission_reopen", pool=pool)
+
+    def report_budget(self, provider: str, spent: float, limit: float | None = None) -> dict:
+        """As `fleet.Fleet.report_budget`: the provider's daily budget reading (RemoteError ``BadBudget``)."""
+        return self._call("admission_budget", provider=provider, spent=spent, limit=limit)
 
     # -- the provider admission's coordinator API: questions any connected peer may ask
     def admission_allowance(self, lane: str | None) -> int | None:

@@ -548,14 +548,14 @@ class Daemon:
     def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
                request_id, token: str | None = None, seq: int | None = None, chunk: bool = False, route=None,
                severity: str | None = None, pinned: bool = False, parent: int | None = None,
-               tag: str | None = None) -> dict:
+               tag: str | None = None, age: float = 0.0) -> dict:
         if token is not None:
             self.store.hold(token)
         body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
         # block=False: this loop serves every client; a full queue is the client's QueueFull.
         fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
                               request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
-                              parent=parent, tag=tag, block=False, **body)
+                              parent=parent, tag=tag, age=age, block=False, **body)
         units = self._units
         units[fut.unit_id] = fut
         fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
@@ -584,6 +584,9 @@ class Daemon:
 
     def admission_reopen(self, pool: str) -> dict:
         return self.sup.admission_reopen(pool)
+
+    def admission_budget(self, provider: str, spent: float, limit: float | None) -> dict:
+        return self.sup.admission_report_budget(provider, spent, limit)
 
     def admission_allowance(self, lane):
         return self.sup.admission_ask(lambda gate: gate.allowance(lane))

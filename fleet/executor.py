@@ -87,7 +87,7 @@ class Fleet(Executor):
     # --- Executor ---------------------------------------------------------------------
     def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
                request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None,
-               block: bool = True, block_timeout: float | None = None) -> Future:
+               age: float = 0.0, block: bool = True, block_timeout: float | None = None) -> Future:
         """Queue one unit for `role`; returns its Future.
 
         When the role's queue is at its bound (`queue_bound`, units waiting for admission
@@ -100,8 +100,17 @@ class Fleet(Executor):
         it now, moves it to a declared alternative, or holds it while its pool backs off
         or is closed. Its handler calls ``unit.route``, the route admission chose.
         `severity` (a declared severity name: urgency inside the lane), `pinned` (never
-        move: wait for this route), `parent` (the id of the unit that delegated this one:
-        admitted at once on its lane) and `tag` (pins may name it) need a route.
+        move: wait for this route), `parent` (the id of a unit running in this fleet that
+        delegated this one: admitted on its lane through a backoff, never through a
+        closure; a unit that is not running fails the future with BadUnit, nothing
+        counted), `tag` (pins may name it) and `age` (seconds the unit waited already,
+        elsewhere or before a restart: its urgency counts from then) need a route.
+
+        A unit its provider refuses (the handler raises ``fleet.Refused``) is not lost:
+        it waits out the refusal (a backoff, a closure) and is admitted again, on an
+        alternative when one admits, so its handler may run more than once. It fails
+        ``Refused`` only past its lane's limit (``max_refusals``, ``refusal_deadline``).
+        Once it has run it counts as running: it can no longer be cancelled.
 
         Raises (nothing queued): UnknownRoleError, BadUnit (also: a route outside the
         declared catalog, one the lane's marks exclude, an unknown severity),
@@ -110,7 +119,7 @@ class Fleet(Executor):
         """
         return self._sup.submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
                                 request_id=request_id, route=route, severity=severity, pinned=pinned, parent=parent,
-                                tag=tag, block=block, block_timeout=block_timeout)
+                                tag=tag, age=age, block=block, block_timeout=block_timeout)
 
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
             lane=None) -> Iterator:
@@ -214,6 +223,13 @@ class Fleet(Executor):
     def admission_reopen(self, pool: str) -> dict:
         """Reopen a closed provider or key (a topped-up key); ``reopened``: was it closed."""
         return self._sup.admission_reopen(pool)
+
+    def report_budget(self, provider: str, spent: float, limit: float | None = None) -> dict:
+        """The provider's daily budget reading (000 §8: read and shown, never reserved): `spent`
+        today against its daily `limit` (None: none), shown on every bulkhead of `provider`;
+        at the limit the provider closes until the next UTC midnight. Raises BadBudget
+        (nothing changed) for an unknown provider or an amount that is not finite and >= 0."""
+        return self._sup.admission_report_budget(provider, spent, limit)
 
     def ledger(self) -> dict:
         """submitted, solved, suppressed, failed (+ in flight and failures by reason)."""

@@ -17,7 +17,12 @@ dispatcher, like a gated unit asks the host-group lease gate (fleet.leases):
   provider refusal (the handler raised ``fleet.Refused``: 429 backs the pool off,
   402/403 close the key or provider), a handler error (a failure), or nothing at all
   for a stall, a timeout, a lane death, a shutdown or a cancel — none of those is the
-  provider's answer.
+  provider's answer;
+* a **refused** unit is not lost (000 §8): within its lane's limit (``max_refusals``,
+  ``refusal_deadline``) `ended` hands it back, decided again — it starts at once on
+  an alternative that admits it, or waits here with the refusal's reason and end
+  until its pool admits again. It fails ``Refused`` only past that limit (`spent`:
+  a deadline that passes while it waits). The handler runs once per admission.
 
 Bulkheads are published into the shared table (fleet.table.bulkheads) after they
 change, at most every `PUBLISH_EVERY_S`, and on every posture sample, so
@@ -27,6 +32,13 @@ One owner. The pool is not thread-safe: every method here is called by the super
 with its lock held (its loop thread, or a submitting thread under the lock). The one
 exception is the cancel hook of a waiting unit's future, which only posts the unit id
 to a queue the loop drains (`take_cancelled`).
+
+The catalog is read again at each sample when its file changed (`refresh_catalog`:
+the config file the fleet booted from; 000 §7 reads it every sweep): a file that does
+not load costs nothing but a logged error, and the last good catalog runs on. The
+provider's daily budget reading comes in through `report_budget` (`Fleet.report_budget`,
+the ``admission_budget`` control op): shown per bulkhead; at the limit it closes the
+provider until the next UTC midnight.
 
 Closures outlive the process in a small JSON file (`admission.pool.FileClosureStore`):
 ``[admission] closure_file``, or for fleetd `default_closure_file` (its state
@@ -106,7 +118,7 @@ class ProviderGate:
     """
 
     def __init__(self, config, *, clock=None, rng=None, closure_file: str | os.PathLike | None = None, table=None,
-                 shared_store: tuple[str, str] | None = None):
+                 shared_store: tuple[str, str] | None = None, catalog_file: str | None = None):
         clock = clock if clock is not None else SystemClock()
         store = None
         self._shared = None
@@ -136,34 +148,38 @@ class ProviderGate:
             self._writer = BulkheadWriter(table)
         self._waiting: dict[int, object] = {}  # unit id -> what the supervisor handed in (a Pending)
         self._seated: set[int] = set()  # units the pool counts as running, until their outcome
+        self._refused: dict[int, object] = {}  # refused unit waiting again -> the last fleet.Refused it met
         self._cancelled: queue.SimpleQueue = queue.SimpleQueue()
         self._dirty = True
         self._published_at = -math.inf
         self.moved = 0  # units that started on an alternative
+        # the config file it booted from (a fleet built from a dict has none to watch)
+        self.catalog_file = catalog_file if catalog_file and os.path.isfile(catalog_file) else None
+        self._catalog_seen = _file_stamp(catalog_file)  # what the boot read
 
     # ------------------------------------------------------------------ submit
-    def check(self, route, *, lane=None, severity=None, pinned=False, parent=None, tag=None) -> None:
+    def check(self, route, *, lane=None, severity=None, pinned=False, parent=None, tag=None, age=0.0) -> None:
         """Raise BadUnit for a submit `admit` would refuse on its face; changes nothing.
 
         It reads only the current (immutable) policy, so a caller's thread may ask it
         before the unit is posted to the loop."""
-        _check_types(route, pinned, parent, tag)
+        _check_types(route, pinned, parent, tag, age)
         try:
             self.pool.check(route, lane=lane, severity=severity)
         except BadAsk as exc:
             raise BadUnit(str(exc)) from None
 
     def admit(self, unit_id: int, item, route, *, lane=None, severity=None, pinned=False, parent=None,
-              tag=None) -> S.Decision:
+              tag=None, age=0.0) -> S.Decision:
         """Decide a new unit: its decision; a WAIT keeps `item` until `tick` starts it.
 
         Raises BadUnit (nothing kept) for a route outside the catalog, a route the lane's
         required marks exclude, an unknown severity, or arguments of the wrong type.
         """
-        _check_types(route, pinned, parent, tag)
+        _check_types(route, pinned, parent, tag, age)
         try:
             decision = self.pool.admit(unit_id, route, lane=lane, severity=severity, pinned=pinned, parent=parent,
-                                       tag=tag)
+                                       tag=tag, age=float(age))
         except BadAsk as exc:
             raise BadUnit(str(exc).replace(f"unit {unit_id}: ", "", 1)) from None
         self._dirty = True
@@ -211,6 +227,7 @@ class ProviderGate:
         started = []
         for unit_id, decision in self.pool.wake():
             item = self._waiting.pop(unit_id)
+            self._refused.pop(unit_id, None)
             self._started(unit_id, decision)
             started.append((unit_id, item, decision.route))
         if started:
@@ -237,22 +254,52 @@ class ProviderGate:
             decision = self.pool.waiting(unit_id)
             out.append((unit_id, decision.reason if decision is not None else ""))
             del self._waiting[unit_id]
+            self._refused.pop(unit_id, None)
             self.pool.cancel(unit_id)
         if out:
             self._dirty = True
         return out
 
     # ------------------------------------------------------------------ outcomes
-    def ended(self, unit_id: int, outcome, original=None, cost: float | None = None) -> None:
+    def ended(self, unit_id: int, outcome, original=None, cost: float | None = None, item=None) -> S.Decision | None:
         """A unit's outcome: the pool takes its signal (see the module doc). Any unit may be
-        passed: one the gate never saw is ignored."""
+        passed: one the gate never saw is ignored.
+
+        `item`: what the supervisor holds for the unit, when a refusal need not end it. A
+        refused unit within its limit is then handed back: the decision is returned (it
+        starts now on the decision's route, or waits here, keeping `item`) and the
+        outcome is not the unit's. None: the outcome stands."""
+        self._refused.pop(unit_id, None)
         if unit_id in self._seated:
             self._seated.discard(unit_id)
-            self.pool.report(unit_id, signal_of(outcome, original, cost))
             self._dirty = True
-        elif self._waiting.pop(unit_id, None) is not None:
+            signal = signal_of(outcome, original, cost)
+            again = item is not None and signal.kind == T.REFUSED
+            decision = self.pool.report(unit_id, signal, again=again)
+            if decision is None:
+                return None
+            if decision.starts:
+                self._started(unit_id, decision)
+            else:
+                self._waiting[unit_id] = item
+                self._refused[unit_id] = original
+            log.info("unit %d refused (%s); %s", unit_id, signal.message,
+                     f"again on {decision.route}" if decision.starts else decision.reason)
+            return decision
+        if self._waiting.pop(unit_id, None) is not None:
             self.pool.cancel(unit_id)
             self._dirty = True
+        return None
+
+    def spent(self) -> list[tuple[int, object, str, object]]:
+        """Refused units whose refusal deadline passed while they waited, forgotten here:
+        (unit id, item, why, the last fleet.Refused it met), for the caller to fail Refused."""
+        out = []
+        for unit_id, why in self.pool.spent():
+            out.append((unit_id, self._waiting.pop(unit_id), why, self._refused.pop(unit_id, None)))
+        if out:
+            self._dirty = True
+        return out
 
     # ------------------------------------------------------------------ table
     def publish(self, force: bool = False) -> None:
@@ -297,7 +344,10 @@ class ProviderGate:
         decision = self.pool.waiting(unit_id)
         if decision is None:
             return None
-        return {"unit": unit_id, "route": str(decision.route), "why": decision.reason, "until": decision.until or None}
+        refused = self._refused.get(unit_id)
+        return {"unit": unit_id, "route": str(decision.route), "why": decision.reason, "until": decision.until or None,
+                "refusals": self.pool.refusals(unit_id),
+                "refused": None if refused is None else f"{refused.status} {refused.message}".strip()}
 
     def census(self) -> dict:
         """Bulkheads, lane x bulkhead rows, closures, starving (000 §10), plus the waiting units."""
@@ -322,6 +372,49 @@ class ProviderGate:
         else:
             log.error("admission: the new catalog did not load; keeping the last good one: %s", why)
         return ok, why
+
+    def refresh_catalog(self) -> bool:
+        """Read the catalog again if its file changed since the last look (000 §7: every sweep);
+        True if a new one runs. A file that does not load is logged and kept as the policy's
+        error; the last good catalog stays."""
+        if self.catalog_file is None:
+            return False
+        stamp = _file_stamp(self.catalog_file)
+        if stamp == self._catalog_seen:
+            return False
+        self._catalog_seen = stamp
+        from .config import load_config
+
+        try:
+            config = load_config(self.catalog_file, env=os.environ)
+        except (FleetError, OSError, ValueError) as exc:
+            log.error("admission: the catalog in %s did not load; keeping the last good one: %s", self.catalog_file, exc)
+            self.holder.last_error = f"{self.catalog_file}: {exc}"
+            return False
+        ok, _why = self.reload(config.admission)
+        if ok:
+            log.warning("admission: the catalog in %s changed; the new one runs", self.catalog_file)
+        return ok
+
+    def report_budget(self, provider: str, spent: float, limit: float | None) -> dict:
+        """The provider's daily budget reading (spent today, daily limit or None): shown per
+        bulkhead of that provider; at the limit it closes the provider until the next UTC
+        midnight. BadBudget (nothing changed) for an unknown provider or a bad amount."""
+        if not isinstance(provider, str) or provider not in self._providers_known():
+            raise BadBudget(f"unknown provider {provider!r}: providers are "
+                            f"{', '.join(sorted(self._providers_known())) or 'none yet'}")
+        for name, value in (("spent", spent), ("limit", limit)):
+            if value is None and name == "limit":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise BadBudget(f"{name} must be a finite amount >= 0, got {value!r}")
+        self.pool.report_budget(provider, spent, limit)
+        self._dirty = True
+        return {"provider": provider, "spent": float(spent), "limit": None if limit is None else float(limit)}
+
+    def _providers_known(self) -> set:
+        known = set(self.pool.policy.providers) | {r.provider for r in self.pool.state.bulkheads}
+        return known | {c.provider for c in self.pool.state.closures.values()}
 
     def refused_reload(self, why: str) -> None:
         """A reload refused before it reached the gate (the [admission] section was invalid): say so."""
@@ -373,8 +466,7 @@ class ProviderGate:
 
     def _known(self, pool: str) -> tuple[str, str | None]:
         provider, credential = parse_pool(pool)
-        known = set(self.pool.policy.providers) | {r.provider for r in self.pool.state.bulkheads}
-        known |= {c.provider for c in self.pool.state.closures.values()}
+        known = self._providers_known()
         if provider not in known:
             raise BadPool(f"unknown pool {pool!r}: providers are {', '.join(sorted(known)) or 'none yet'}")
         return provider, credential
@@ -384,11 +476,26 @@ class BadPool(FleetError, ValueError):
     """An operator named a pool the admission does not know, or a time that is no future time."""
 
 
+class BadBudget(FleetError, ValueError):
+    """A budget reading for an unknown provider, or an amount that is none: nothing changed."""
+
+
+def _file_stamp(path: str | None):
+    """What tells a file changed (inode, size, mtime), or None when it cannot be read."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class BadPlan(FleetError, ValueError):
     """A coordinator question (allowance, plan) with bad arguments: nothing was read or changed."""
 
 
-def _check_types(route, pinned, parent, tag) -> None:
+def _check_types(route, pinned, parent, tag, age=0.0) -> None:
     if type(route) is not Route:
         raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), "
                       f"not {type(route).__name__}")
@@ -398,6 +505,8 @@ def _check_types(route, pinned, parent, tag) -> None:
         raise BadUnit(f"parent must be the id of the unit that delegated this one (an int), got {parent!r}")
     if tag is not None and not isinstance(tag, str):
         raise BadUnit(f"tag must be a str, got {type(tag).__name__}")
+    if isinstance(age, bool) or not isinstance(age, (int, float)) or not math.isfinite(age) or age < 0:
+        raise BadUnit(f"age must be the seconds the unit has waited already (a finite number >= 0), got {age!r}")
 
 
 def _lane(lane):

@@ -23,7 +23,9 @@ Provider admission. A unit submitted with a `route` is checked on the caller's
 thread (`ProviderGate.check`), then asks `fleet.provider_gate` on the loop before the
 dispatcher: it starts now on its route or an alternative (the chosen route travels
 with its task), or waits there until the loop finds its pool admits again; its
-outcome is the pool's signal (`_close`).
+outcome is the pool's signal (`_close`). A refusal within the unit's limit is no
+outcome: the gate hands the unit back (`_refused_again`), to run again now on an
+alternative or to wait in the gate, and the ledger sees the outcome it ends with.
 
 Deaths. The zygote reports every worker exit. The loop then collects what the dead
 worker already delivered, discards the tasks it never took, and asks `fleet.deaths`
@@ -128,6 +130,7 @@ class _Unit(Pending):
     flags: int
     timeout: float | None
     queued: bool = True  # holds room in its role's queue (fleet.intake.QueueRoom) until granted or ended
+    due: float | None = None  # when its current run times out (a refused unit runs again: a new deadline)
 
 
 class Supervisor:
@@ -219,7 +222,9 @@ class Supervisor:
             from .provider_gate import ProviderGate
 
             shared = (cfg.store.url, orchestrator_id(cfg.store.orchestrator, self.name)) if cfg.store.url else None
-            self._providers = ProviderGate(cfg.admission, table=self.table, shared_store=shared, **self._admission_args)
+            self._providers = ProviderGate(cfg.admission, table=self.table, shared_store=shared,
+                                           catalog_file=cfg.source,
+                                           **self._admission_args)
             self._boot_rest()
         except BaseException:
             self._teardown(kill=True)
@@ -363,7 +368,7 @@ class Supervisor:
     # ================================================================== submit (caller's thread)
     def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
                request_id=None, chunk: bool = False, pickled_payload: bytes | None = None, route=None,
-               severity=None, pinned: bool = False, parent=None, tag=None, block: bool = True,
+               severity=None, pinned: bool = False, parent=None, tag=None, age: float = 0.0, block: bool = True,
                block_timeout: float | None = None) -> Future:
         """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
         by a service-mode client; it travels to the worker as it is, never unpickled here.
@@ -379,13 +384,14 @@ class Supervisor:
                                           or block_timeout < 0):
             raise BadUnit(f"block_timeout must be a number of seconds >= 0, got {block_timeout!r}")
         if route is None:
-            if severity is not None or pinned or parent is not None or tag is not None:
-                raise BadUnit("severity, pinned, parent and tag are provider admission arguments: give route= too")
+            if severity is not None or pinned or parent is not None or tag is not None or age:
+                raise BadUnit("severity, pinned, parent, tag and age are provider admission arguments: give route= too")
             admission = None
         else:
             if chunk:
                 raise BadUnit("a chunk of items takes no route: submit provider calls one by one")
-            admission = {"lane": lane, "severity": severity, "pinned": pinned, "parent": parent, "tag": tag}
+            admission = {"lane": lane, "severity": severity, "pinned": pinned, "parent": parent, "tag": tag,
+                         "age": age}
             if self._providers is not None:
                 self._providers.check(route, **admission)
         body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
@@ -458,6 +464,11 @@ class Supervisor:
                                  f"role {self.roles.by_code(code).name} exceeded its restart intensity")
             return
         decision = None
+        parent = None if admission is None else admission["parent"]
+        if refusal is None and parent is not None and self.dispatcher.slot_of(parent) is None:
+            # 000 §9 licenses a delegated unit only for a parent holding a seat here
+            refusal = BadUnit(f"parent {parent} is no unit running in fleet {self.name!r}: "
+                              "only a running unit delegates")
         if refusal is None and route is not None:
             try:
                 decision = self._providers.admit(unit_id, unit, route, **admission)
@@ -515,7 +526,8 @@ class Supervisor:
     def _routed(self, unit_id: int, route) -> None:
         """The route admission chose travels with the unit's task: the handler's `unit.route`."""
         unit = self._units[unit_id]
-        unit.body = codec.with_route(unit.body, route)
+        body = codec.split_route(unit.body)[1] if unit.flags & M.F_ROUTED else unit.body  # a refused unit's last route
+        unit.body = codec.with_route(body, route)
         unit.flags |= M.F_ROUTED
 
     # ================================================================== dispatch
@@ -633,7 +645,11 @@ class Supervisor:
         """Record an outcome; its future resolves at the end of this turn. `solved`: a
         slice's list of solved units, which its caller ledgers in one call."""
         if self._providers is not None:
-            self._providers.ended(unit_id, outcome, original, cost)  # its pool takes the signal
+            # its pool takes the signal; a refused unit within its limit is handed back (000 §8)
+            again = self._providers.ended(unit_id, outcome, original, cost, self._units.get(unit_id))
+            if again is not None:
+                self._refused_again(unit_id, again)
+                return
         if self._gate is not None:
             self._lease_lost.pop(unit_id, None)
             self._gate.done(unit_id)  # give its lease back
@@ -649,6 +665,15 @@ class Supervisor:
         else:
             role = self.roles.by_code(unit.role).name
             self._done.append((unit.future, None, error_for(unit_id, role, outcome, original)))
+
+    def _refused_again(self, unit_id: int, decision) -> None:
+        """A refused unit the provider admission decided again: no outcome yet (the ledger
+        sees one when it ends). It starts now on the decision's route, or waits in the
+        gate. It keeps its host-group lease meanwhile, and has no queue room to give back
+        (it was granted once): re-queued, it goes past the role's bound, never lost."""
+        if decision.starts:
+            self._routed(unit_id, decision.route)
+            self.dispatcher.enqueue(self._units[unit_id])
 
     def _fail_unstarted(self, unit_id: int, reason: str, detail: str) -> None:
         """A unit that never ran fails with `reason` (its future is claimed first: a
@@ -768,6 +793,8 @@ class Supervisor:
         gate = self._providers
         for unit_id in gate.take_cancelled():
             self._forget(unit_id)
+        for unit_id, _pending, why, refusal in gate.spent():
+            self._close(unit_id, Outcome(FAILED, "Refused", why), original=refusal)
         if gate.due():
             for unit_id, pending, route in gate.wake():
                 self._routed(unit_id, route)
@@ -821,7 +848,8 @@ class Supervisor:
             unit_id, _slot = M.STARTED_HEAD.unpack_from(view)
             unit = self._units.get(unit_id)
             if unit is not None and unit.timeout is not None:
-                heapq.heappush(self._deadlines, (self.host.monotonic() + unit.timeout, unit_id))
+                unit.due = self.host.monotonic() + unit.timeout
+                heapq.heappush(self._deadlines, (unit.due, unit_id))
             return
         unit_id, slot, status, final, elapsed, cost = M.RESULT_HEAD.unpack_from(view)
         outcome, value, original = codec.result_outcome(status, view[M.RESULT_HEAD.size :], relay=self._relay)
@@ -1038,14 +1066,16 @@ class Supervisor:
     # ================================================================== timers
     def _check_deadlines(self, now: float) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:
-            _, unit_id = heapq.heappop(self._deadlines)
+            due, unit_id = heapq.heappop(self._deadlines)
+            unit = self._units.get(unit_id)
             slot = self.dispatcher.slot_of(unit_id)
-            if slot is None:
-                continue  # already ended
+            if slot is None or unit is None or unit.due != due:
+                continue  # already ended, or the deadline of a run before this one (a refused unit's)
             pid = self._pids.get(self.layout.seat_of(slot))
             if pid is None:
                 # Its worker is being (re)started: look again shortly.
-                heapq.heappush(self._deadlines, (now + 0.01, unit_id))
+                unit.due = now + 0.01
+                heapq.heappush(self._deadlines, (unit.due, unit_id))
                 return
             self._timed_out.add(unit_id)
             self._killed.add(pid)
@@ -1059,6 +1089,7 @@ class Supervisor:
             self._after_posture_change(tick.transition)
         self._watch_quota()
         self._publish_units()
+        self._providers.refresh_catalog()  # 000 §7: the catalog read every sweep, when its file changed
         self._providers.publish(force=True)  # backoffs and closures end with time
         self._publish_posture()  # dwell and suppressed intake move without a transition
         for code in range(len(self.roles)):
@@ -1391,6 +1422,15 @@ class Supervisor:
 
     def _admission_reopen(self, pool: str) -> dict:
         result = self._providers.reopen(pool)
+        self._providers.publish(force=True)
+        return result
+
+    def admission_report_budget(self, provider: str, spent: float, limit: float | None) -> dict:
+        """The provider's daily budget reading (fleet.provider_gate.ProviderGate.report_budget)."""
+        return self._call(self._admission_budget, provider, spent, limit)
+
+    def _admission_budget(self, provider: str, spent: float, limit: float | None) -> dict:
+        result = self._providers.report_budget(provider, spent, limit)
         self._providers.publish(force=True)
         return result
 

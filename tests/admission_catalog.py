@@ -49,6 +49,11 @@ T_1447 = calendar.timegm((2026, 10, 4, 14, 47, 0))
 MIDNIGHT_AFTER = calendar.timegm((2026, 10, 5, 0, 0, 0))
 
 
+#: A unit fails Refused at its first refusal: for tests that read what one refusal does to its
+#: pool (the refused unit's own wait and re-admission have their tests: test_provider_refused).
+ONE_REFUSAL = {"max_refusals": 1}
+
+
 def catalog(**overrides) -> dict:
     data = copy.deepcopy(CATALOG)
     data.update(overrides)

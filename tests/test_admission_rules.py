@@ -5,6 +5,7 @@ import pytest
 
 from admission import scheduler as S
 from admission import state as T
+from admission.policy import Policy
 from admission.pool import BadAsk, UnknownUnit, signal_for
 from fleet.outcomes import Refused
 from fleet.route import Route
@@ -127,12 +128,15 @@ def test_a_closed_pool_lets_one_probe_through_every_probe_every_while_nothing_ru
     clock.advance(9.9)
     assert pool.admit(101, GLM_OR).action == S.WAIT  # not yet
     clock.advance(0.1)
-    first = pool.admit(102, GLM_OR)
-    assert first.starts and first.probe
+    # the probe is due, but unit 101 waited for it: a fresh arrival does not take it
+    assert pool.admit(102, GLM_OR).action == S.WAIT
+    (first,) = pool.wake()
+    assert first[0] == 101 and first[1].probe
     assert pool.admit(103, GLM_OR).action == S.WAIT  # one probe: one runs, the next waits
     clock.advance(60)
     assert pool.admit(104, GLM_OR).action == S.WAIT  # still running: no second probe
-    pool.report(102, signal_for(CREDIT))  # refused probe: stays closed, probe clock restarts
+    assert not pool.wake()
+    pool.report(101, signal_for(CREDIT))  # refused probe: stays closed, probe clock restarts
     assert bulkhead(pool, GLM_OR).closed(pool.now())
     clock.advance(9)
     assert not pool.wake()
@@ -142,7 +146,7 @@ def test_a_closed_pool_lets_one_probe_through_every_probe_every_while_nothing_ru
     unit = started[0][0]
     pool.report(unit, signal_for(None))  # clean probe: reopens (a topped-up key does not wait)
     assert not bulkhead(pool, GLM_OR).closed(pool.now()) and not pool.state.closures
-    assert {u for u, _d in pool.wake()} == {101, 103, 104} - {unit}
+    assert {u for u, _d in pool.wake()} == {102, 103, 104} - {unit}
 
 
 def test_daily_limit_probe_interval_setting_with_credit_as_control():
@@ -152,7 +156,8 @@ def test_daily_limit_probe_interval_setting_with_credit_as_control():
     clock.advance(10)
     assert pool.admit(201, GLM_OR).action == S.WAIT  # held: the daily setting, not probe_every
     clock.advance(3590)
-    assert pool.admit(202, GLM_OR).probe
+    (woken,) = pool.wake()
+    assert woken[0] == 201 and woken[1].probe
     # control: a credit closure under the same policy still probes after 10 s
     pool2, clock2 = make_pool(pol)
     run(pool2, GLM_OR, CREDIT)
@@ -445,13 +450,18 @@ def test_route_text_form():
             Route.parse(bad)
 
 
-def test_a_delegated_unit_never_waits_even_on_a_closed_pool_with_no_alternative():
-    pool, _ = make_pool(policy(alternatives={"glm-5.3-review": []}))
+def test_delegation_passes_a_backoff_only_never_a_closure():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
     pool.admit(1, SONNET)
-    run(pool, GLM_OR, CREDIT)
+    run(pool, GLM_OR, R429)
     child = pool.admit(2, GLM_OR, parent=1)
-    assert child.action == S.ADMIT and child.delegated  # the provider answers it; the parent is not stalled
-    assert pool.admit(3, GLM_OR).action == S.WAIT  # control: an undelegated unit waits
+    assert child.action == S.ADMIT and child.delegated  # through the backoff: the parent is not stalled
+    assert pool.admit(3, GLM_OR).action == S.WAIT  # control: an undelegated unit waits out the backoff
+    clock.advance(2)
+    pool.report(2, signal_for(None))
+    run(pool, GLM_OR, CREDIT)  # now the key is spent
+    assert pool.admit(4, GLM_OR, parent=1).action == S.WAIT  # a delegated unit is never sent onto a closed key
+    assert pool.admit(5, DEEPSEEK_OR, parent=1).action == S.MOVE  # control: an admitting alternative takes it
 
 
 def test_a_shorter_closure_never_cuts_a_longer_one_of_the_same_key_short():
@@ -463,3 +473,161 @@ def test_a_shorter_closure_never_cuts_a_longer_one_of_the_same_key_short():
     pool.report(1, signal_for(CREDIT))  # the probe meets a credit refusal: 35 min, shorter than midnight
     assert bulkhead(pool, GLM_OR).closed_until == MIDNIGHT_AFTER
     assert pool.census()["closures"][0]["until"] == MIDNIGHT_AFTER
+
+
+# --- a refused round waits and runs (000 §8) -------------------------------------------------------------
+def test_a_refused_unit_is_decided_again_under_its_marks_and_lane_exclusions():
+    explicit = ["kimi-k2.7-code@openrouter-eu", "glm-5.3-review@openrouter-us", "glm-5.3-review@azure-eu"]
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": explicit}))
+    assert pool.admit(901, GLM_OR, lane="review").action == S.ADMIT
+    again = pool.report(901, signal_for(R429), again=True)
+    # the same model on another provider, EU like its own node (never the US one); never Kimi (the
+    # review lane excludes it)
+    assert again.action == S.MOVE and again.route == GLM_AZ
+    assert pool.refusals(901) == 1
+    again = pool.report(901, signal_for(R429), again=True)  # the alternative refuses too: it waits
+    assert again.action == S.WAIT and pool.waiting(901) is again and again.until > clock.wall()
+    assert bulkhead(pool, GLM_OR).refusals == bulkhead(pool, GLM_AZ).refusals == 1  # every refusal is counted
+    clock.advance(1.0)
+    (woken,) = pool.wake()  # its pool's backoff ended: admitted again on its own route
+    assert woken == (901, woken[1]) and woken[1].route == GLM_OR
+    # control: a report that may not hand the unit back ends it
+    assert pool.admit(902, GPT_AZ).starts and pool.report(902, signal_for(R429)) is None
+
+
+def test_a_refused_unit_fails_only_past_its_lanes_refusal_limit_or_deadline():
+    pol = policy(lanes={"review": {"max_refusals": 2, "pinned": True}})
+    pool, clock = make_pool(pol)
+    pool.admit(911, GPT_AZ, lane="review")
+    assert pool.report(911, signal_for(R429), again=True) is not None  # the first refusal: it waits
+    clock.advance(2)
+    (_woken,) = pool.wake()
+    assert pool.report(911, signal_for(R429), again=True) is None  # the second: its lane's limit
+    assert pol.refusal_limit(None) == (10, None)  # control: the default limit
+    pool, clock = make_pool(policy(lanes={"slow": {"refusal_deadline": 60, "pinned": True}}, probe_every=3600))
+    pool.admit(912, SONNET, lane="slow")
+    assert pool.report(912, signal_for(CREDIT), again=True).action == S.WAIT  # closed 35 min
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 60)  # its deadline comes first
+    clock.advance(59)
+    assert pool.spent() == []
+    clock.advance(1)
+    ((unit, why),) = pool.spent()
+    assert unit == 912 and "deadline" in why and pool.waiting(912) is None
+
+
+def test_a_bursts_429s_are_one_backoff_not_many_in_a_row():
+    pool, clock = make_pool(policy(backoff_max=300))
+    for unit in range(921, 941):
+        assert pool.admit(unit, GPT_AZ).starts  # no cap: all twenty start
+    began = pool.now().mono
+    for unit in range(921, 931):
+        pool.report(unit, signal_for(R429))
+    clock.advance(0.5)
+    for unit in range(931, 941):  # the same burst's refusals, heard late: they change nothing
+        pool.report(unit, signal_for(R429))
+    b = bulkhead(pool, GPT_AZ)
+    assert b.refusals == 20 and b.strikes == 1
+    assert b.backoff_until == began + 1.0  # one backoff's first step, not 2**19 s, and not stretched
+    clock.advance(0.5)
+    run(pool, GPT_AZ, R429)  # refused after the backoff ended: the next one in a row
+    assert bulkhead(pool, GPT_AZ).backoff_until == pool.now().mono + 2.0
+
+
+def test_no_round_is_spent_as_a_probe_while_an_alternative_admits():
+    pool, clock = make_pool()
+    run(pool, GLM_OR, CREDIT)  # the provider's key (unknown) is spent
+    clock.advance(10)  # a probe is due
+    d = pool.admit(931, GLM_OR)
+    assert d.action == S.MOVE and d.route == GLM_AZ and not d.probe
+    assert bulkhead(pool, GLM_OR).probes == 0
+    # control: with no admitting alternative the same round is the probe
+    assert pool.admit(932, GLM_OR, pinned=True).probe
+
+
+def test_one_probe_per_closed_key_per_interval_not_one_per_pool():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": [], "deepseek-v4-flash": []}))
+    run(pool, GLM_OR, CREDIT)
+    assert pool.admit(941, GLM_OR).action == S.WAIT
+    assert pool.admit(942, DEEPSEEK_OR).action == S.WAIT  # another pool of the same spent key
+    clock.advance(10)
+    started = pool.wake()
+    assert len(started) == 1 and started[0][1].probe  # one probe speaks for the key
+    clock.advance(5)
+    assert pool.wake() == []  # the other pool runs nothing, but its key was probed 5 s ago
+    # a batch decides against one state: still one probe for the key
+    fresh, clock3 = make_pool(policy(alternatives={"glm-5.3-review": [], "deepseek-v4-flash": []}))
+    run(fresh, GLM_OR, CREDIT)
+    run(fresh, DEEPSEEK_OR)  # born closed, nothing running
+    clock3.advance(10)
+    asks = [S.Ask(945, GLM_OR), S.Ask(946, DEEPSEEK_OR)]
+    batch = S.decide_batch(asks, fresh.state, fresh.policy, fresh.now(), random.Random(1))
+    assert [d.probe for d in batch] == [True, False]
+    # control: two keys, two probes
+    pool2, clock2 = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    k1, k2 = Route("glm-5.3-review", "openrouter-eu", "k1"), Route("glm-5.3-review", "openrouter-eu", "k2")
+    run(pool2, k1, CREDIT)
+    run(pool2, k2, CREDIT)
+    pool2.admit(943, k1)
+    pool2.admit(944, k2)
+    clock2.advance(10)
+    assert sorted(u for u, d in pool2.wake() if d.probe) == [943, 944]
+
+
+def test_a_model_in_no_tier_has_no_default_alternatives_but_an_explicit_entry_applies():
+    data = catalog()
+    data["providers"]["azure-eu"]["models"]["kimi-k2.7-code"] = {"residency": "eu", "retention": "zdr"}
+    pol = Policy.from_dict(data)
+    assert pol.node("kimi-k2.7-code", "openrouter-eu").tier is None
+    assert pol.alternatives(KIMI_OR, None) == ((), (), ())  # not even the same model elsewhere
+    data["alternatives"] = {"kimi-k2.7-code": ["kimi-k2.7-code@azure-eu"]}
+    assert Policy.from_dict(data).alternatives(KIMI_OR, None)[0] == (Route("kimi-k2.7-code", "azure-eu"),)
+    # control: a tier model still has the same model elsewhere by default
+    assert pol.alternatives(GLM_OR, None)[0][0] == GLM_AZ
+
+
+def test_an_age_given_at_admit_counts_for_urgency_an_old_low_unit_first():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    run(pool, GLM_OR, R429)  # backing off 1 s: both wait
+    pool.admit(951, GLM_OR, lane="dispatch", severity="B")
+    pool.admit(952, GLM_OR, lane="dispatch", severity="L", age=8 * 86_400)  # a replayed round, eight days old
+    clock.advance(1)
+    assert [u for u, _d in pool.wake()] == [952, 951]
+    # control: without its age the fresh B unit comes first
+    pool2, clock2 = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    run(pool2, GLM_OR, R429)
+    pool2.admit(953, GLM_OR, lane="dispatch", severity="B")
+    pool2.admit(954, GLM_OR, lane="dispatch", severity="L")
+    clock2.advance(1)
+    assert [u for u, _d in pool2.wake()] == [953, 954]
+
+
+def test_a_closure_has_a_finite_end_everywhere(tmp_path):
+    import json
+    import math
+
+    from admission.pool import ClosureFileError, FileClosureStore
+
+    pool, clock = make_pool()
+    for until in (math.inf, math.nan, "tomorrow", True):
+        with pytest.raises(ValueError, match="finite"):
+            pool.close("openrouter-eu", until=until)
+    assert pool.state.closures == {}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"version": 1, "closures": [
+        {"provider": "p", "credential": None, "until": "Infinity", "cause": "credit", "daily": False, "since": 0}]}))
+    with pytest.raises(ClosureFileError, match="finite"):
+        FileClosureStore(str(path)).load()
+    pool.close("openrouter-eu", until=clock.wall() + 60)  # control: a finite future end
+    assert pool.state.closures
+
+
+def test_the_census_row_of_a_pool_says_what_its_hard_pinned_units_wait_for():
+    pool, clock = make_pool()
+    run(pool, GLM_OR, CREDIT)
+    pool.admit(961, GLM_OR, lane="coordinator")  # a pinned lane
+    pool.admit(962, GLM_OR)  # not pinned: it moves
+    clock.advance(5)
+    rows = {r["pool"]: r for r in pool.census()["bulkheads"]}
+    text = rows[str(GLM_OR)]["pinned_wait"]
+    assert text.startswith(f"hard-pinned to {GLM_OR}: 1 unit(s) waiting, the longest 5 s") and "closed (credit" in text
+    assert rows[str(GLM_AZ)]["pinned_wait"] is None  # control

@@ -24,7 +24,8 @@ DAILY = {"p1": [403, "Key limit exceeded (daily limit)", None]}
 def _text(name: str) -> str:
     roles = {"llm": {"kind": "pooled", "handler": "tests.provider_handlers:call", "slots": 2, "peak_cpus": 1}}
     return to_toml({"fleet": {"name": name}, "roles": roles}) + (
-        '[admission]\nprobe_every = 3600\n'
+        '[admission]\nprobe_every = 3600\nmax_refusals = 1\n'
+        '[admission.alternatives]\nm1 = ["m1@p2"]\n'
         '[admission.providers.p1]\nmodels = ["m1"]\n'
         '[admission.providers.p2]\nmodels = ["m1"]\n'
         '[admission.lanes.stay]\npinned = true\n')
@@ -78,6 +79,9 @@ def test_operator_close_and_its_typed_refusals(fleet_name):
         assert out.returncode == EXIT_USAGE and "--until 'tomorrow'" in out.stderr
         out = d.ctl("admission", "close", "p1@x", "--until", "+1h")
         assert out.returncode == EXIT_USAGE and "InvalidArgs" in out.stderr
+        for endless in ("inf", "nan", "1e400"):  # a closure ends: the host-group store refuses one that never does
+            out = d.ctl("admission", "close", "p1", "--until", endless)
+            assert out.returncode == EXIT_USAGE and "finite" in out.stderr, out.stderr
         assert d.ctl_json("admission", "show")["closures"] == []  # nothing changed
 
         out = d.ctl("admission", "close", "p1/key-a", "--until", "+35m", "--message", "rotating the key")
@@ -102,3 +106,17 @@ def test_operator_close_and_its_typed_refusals(fleet_name):
         finally:
             del os.environ["RUNTIME_DIRECTORY"]
         assert len(d.ctl_json("admission", "show")["closures"]) == 1  # still closed
+
+        # the provider's daily budget reading, fed over the socket (owner only): shown on its pools
+        with d.connect() as client:
+            from fleet.control import RemoteError
+
+            with pytest.raises(RemoteError) as info:
+                client.report_budget("nope", 1.0, 10.0)
+            assert info.value.type == "BadBudget"
+            assert client.report_budget("p2", 2.5, 10.0) == {"provider": "p2", "spent": 2.5, "limit": 10.0}
+            assert client.submit("llm", {}, route=P2, age=3600).result(BOUND_S) == str(P2)  # age= travels too
+            with pytest.raises(fleet.BadUnit, match="age"):
+                client.submit("llm", {}, route=P2, age=-1).result(BOUND_S)
+        row = next(b for b in d.ctl_json("admission", "show")["bulkheads"] if b["pool"] == str(P2))
+        assert (row["budget_spent"], row["budget_limit"]) == (2.5, 10.0)

@@ -20,6 +20,7 @@ from .admission_catalog import (
     GLM_AZ,
     GLM_OR,
     MIDNIGHT_AFTER,
+    ONE_REFUSAL,
     T_1447,
     catalog,
 )
@@ -42,7 +43,7 @@ def _roles():
 
 def _fleet(name, clock, **admission):
     cfg = config(name, _roles())
-    cfg["admission"] = catalog(**admission)
+    cfg["admission"] = catalog(**{**ONE_REFUSAL, **admission})
     return running(cfg, admission_clock=clock)
 
 
@@ -219,7 +220,7 @@ def test_waiting_units_end_once_when_cancelled_or_when_the_fleet_closes():
 def test_a_restarted_fleet_is_born_with_the_closures_it_knew(tmp_path):
     path = tmp_path / "state" / "closures.json"
     cfg = config("admkeep", _roles())
-    cfg["admission"] = catalog(closure_file=str(path))
+    cfg["admission"] = catalog(closure_file=str(path), **ONE_REFUSAL)
     with running(cfg, admission_clock=_clock()) as f:
         _refusal(f.submit("llm", {"openrouter-eu": DAILY}, route=GLM_OR))
         assert f.status()["admission"]["closure_file"] == str(path)
@@ -238,15 +239,15 @@ def test_a_restarted_fleet_is_born_with_the_closures_it_knew(tmp_path):
 def test_reload_swaps_the_catalog_and_a_bad_one_keeps_the_last_good_one():
     clock = _clock()
     cfg = config("admreload", _roles())
-    cfg["admission"] = catalog()
+    cfg["admission"] = catalog(**ONE_REFUSAL)
     with running(cfg, admission_clock=clock) as f:
-        new = dict(cfg, admission=catalog(alternatives={"glm-5.3-review": ["gpt-6-sol@azure-eu"]}))
+        new = dict(cfg, admission=catalog(alternatives={"glm-5.3-review": ["gpt-6-sol@azure-eu"]}, **ONE_REFUSAL))
         assert "admission" in f.reload(new, env={})["applied"]
         _refusal(f.submit("llm", {"openrouter-eu": [429, "", 30]}, route=GLM_OR))
         # the explicit entry replaced the tier defaults: no longer the same model elsewhere
         assert f.submit("llm", {}, route=GLM_OR).result(60) == "gpt-6-sol@azure-eu"
 
-        bad = dict(cfg, admission=catalog(alternatives={"glm-5.3-review": ["no-such-model"]}))
+        bad = dict(cfg, admission=catalog(alternatives={"glm-5.3-review": ["no-such-model"]}, **ONE_REFUSAL))
         with pytest.raises(fleet.ConfigError) as info:
             f.reload(bad, env={})
         assert info.value.path == "admission.alternatives.glm-5.3-review[0]"

@@ -14,7 +14,7 @@ from admission.pool import ManualClock
 from admission.store import closure_store
 from admission.store.closures import SyncedClosures
 
-from .admission_catalog import GLM_AZ, GLM_OR, MIDNIGHT_AFTER, T_1447, catalog
+from .admission_catalog import GLM_AZ, GLM_OR, MIDNIGHT_AFTER, ONE_REFUSAL, T_1447, catalog
 from .fleets import config, running
 from .store_backends import backend, pg_dsn, store_url, stores  # noqa: F401
 from .test_provider_admission import DAILY, _refusal, _roles
@@ -22,7 +22,7 @@ from .test_provider_admission import DAILY, _refusal, _roles
 
 def _fleet(name, url):
     cfg = config(name, _roles())
-    cfg["admission"] = catalog()
+    cfg["admission"] = catalog(**ONE_REFUSAL)
     cfg["store"] = {"url": url, "orchestrator": f"test/{name}"}
     return running(cfg, admission_clock=ManualClock(wall=T_1447, mono=1000.0))
 
@@ -97,3 +97,24 @@ def test_learning_a_reading_never_shortens_a_known_closure_and_ignores_ended_one
     later = long._replace(until=T_1447 + 7200)
     assert pool.learn([later]) == 1
     assert [c.until for c in pool.state.closures.values()] == [T_1447 + 7200]
+
+
+def test_one_closure_the_store_refuses_keeps_no_other_from_the_group_and_the_refusal_stays_shown(tmp_path):
+    import math
+
+    from admission import state as T
+
+    url = f"sqlite:///{tmp_path}/group.db"
+    synced = SyncedClosures(lambda: closure_store(url, "test/sync", clock=lambda: T_1447), every_s=0.05)
+    try:
+        synced.load()
+        endless = T.Closure("prov", "key-0", math.inf, "operator", False, T_1447, "no end")
+        spent = T.Closure("prov", "key-1", T_1447 + 600, "credit", False, T_1447, "no credit")
+        synced.save([endless, spent])
+        _eventually(lambda: [c.credential for c in synced.fresh() or []] == ["key-1"], timeout=10)
+        time.sleep(0.3)  # several good readings later, the refused save is still what status shows
+        assert synced.error is not None and "prov/key-0" in synced.error and "key-1" not in synced.error
+        synced.save([spent])  # a save that goes through clears it
+        _eventually(lambda: synced.error is None, timeout=10)
+    finally:
+        synced.close()

@@ -15,14 +15,14 @@ from fleet.route import Route
 from tests.daemons import BOUND_S, Fleetd, to_toml
 from tests.uids import as_nobody
 
-from .admission_catalog import GLM_AZ, GLM_OR, T_1447, catalog
+from .admission_catalog import GLM_AZ, GLM_OR, ONE_REFUSAL, T_1447, catalog
 from .fleets import config, running
 from .test_provider_admission import DAILY, _bulkhead, _eventually, _one_outcome_each, _refusal, _roles, _waiting
 
 
 def _fleet(name, clock, **admission):
     cfg = config(name, _roles())
-    cfg["admission"] = catalog(**admission)
+    cfg["admission"] = catalog(**{**ONE_REFUSAL, **admission})
     return running(cfg, admission_clock=clock)
 
 
@@ -108,7 +108,8 @@ def _daemon(name: str) -> Fleetd:
     roles = {"llm": {"kind": "pooled", "handler": "tests.provider_handlers:call", "slots": 2, "peak_cpus": 1}}
     d = Fleetd(name, {}, args=("--socket-group", str(NOBODY)))
     d.write_config({}, text=to_toml({"fleet": {"name": name}, "roles": roles}) + (
-        '[admission]\nprobe_every = 3600\n'
+        '[admission]\nprobe_every = 3600\nmax_refusals = 1\n'
+        '[admission.alternatives]\nm1 = ["m1@p2"]\n'
         '[admission.providers.p1]\nmodels = ["m1"]\n'
         '[admission.providers.p2]\nmodels = ["m1"]\n'
         '[admission.lanes.stay]\npinned = true\n'))

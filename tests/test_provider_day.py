@@ -19,7 +19,7 @@ import fleet
 from admission.pool import ManualClock
 from fleet.route import Route
 
-from .admission_catalog import GLM_AZ, GLM_OR, KIMI_OR, MIDNIGHT_AFTER, catalog
+from .admission_catalog import GLM_AZ, GLM_OR, KIMI_OR, MIDNIGHT_AFTER, ONE_REFUSAL, catalog
 from .fleets import config, running
 
 EMBED_EU = Route("embed-3", "openrouter-eu")
@@ -32,7 +32,9 @@ def at(hh, mm):
 
 
 def day_catalog():
-    data = catalog(daily_limit_probe_every=1800)  # a spent day is probed every 30 min (a setting)
+    # a spent day is probed every 30 min (a setting); a refused round fails at once here: this day
+    # reads what each refusal does to the pools (test_provider_refused: the rounds that wait and run)
+    data = catalog(daily_limit_probe_every=1800, **ONE_REFUSAL)
     data["providers"]["openrouter-eu"]["models"]["embed-3"] = {"residency": "eu", "retention": "zdr"}
     data["providers"]["openrouter-us"]["models"]["embed-3-us"] = {"residency": "us"}
     data["tiers"]["embed"] = ["embed-3"]

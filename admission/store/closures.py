@@ -21,11 +21,15 @@ from typing import Sequence
 
 from admission import state as T
 
-from .base import AdmissionStore, Closure, StoreUnreachable
+from .base import AdmissionStore, BadRequest, Closure, StoreUnreachable
 
 
 class ClosureStoreUnreachable(StoreUnreachable, OSError):
     """The store could not take the closures; an OSError too, so the pool logs it and goes on."""
+
+
+class ClosuresRefused(BadRequest, OSError):
+    """The store refused some closures of a save (named); every other one of the save was written."""
 
 
 class StoreClosures:
@@ -48,6 +52,16 @@ class StoreClosures:
             self.store.put_closures(items)
         except StoreUnreachable as exc:
             raise ClosureStoreUnreachable(str(exc)) from exc
+        except BadRequest:
+            # One bad entry must not keep the others from the host group: each one alone.
+            refused = []
+            for item in items:
+                try:
+                    self.store.put_closures([item])
+                except BadRequest as exc:
+                    refused.append(f"{item.provider}{'/' + item.credential if item.credential else ''}: {exc}")
+            if refused:
+                raise ClosuresRefused("closures", "the store refused " + "; ".join(refused)) from None
 
     def reopen(self, provider: str, credential: str | None = None, reason: str = "reopened") -> bool:
         """End the closure of a provider (credential None) or one key for the whole host group."""
@@ -63,7 +77,7 @@ class StoreClosures:
         self.close()
 
 
-__all__ = ["StoreClosures", "ClosureStoreUnreachable"]
+__all__ = ["StoreClosures", "ClosureStoreUnreachable", "ClosuresRefused"]
 
 
 class SyncedClosures:
@@ -129,6 +143,7 @@ class SyncedClosures:
         log = logging.getLogger("admission.store.closures")
         store = None
         pending_save = None  # the newest list not written yet
+        refused = None  # why the store refused the last save: shown until a save goes through
         reopens: list[tuple] = []
         next_read = 0.0
         try:
@@ -155,7 +170,7 @@ class SyncedClosures:
                         reopens.pop(0)
                     if pending_save is not None:
                         store.save(pending_save)
-                        pending_save = None
+                        pending_save = refused = None
                     if stopping:
                         return
                     if time.monotonic() >= next_read:
@@ -164,9 +179,9 @@ class SyncedClosures:
                             self._fresh = reading
                         self._first.set()
                         next_read = time.monotonic() + self.every_s
-                    if self.error is not None:
+                    if self.error is not None and refused is None:
                         log.warning("provider closures: the store answers again")
-                        self.error = None
+                    self.error = refused
                 except Exception as exc:  # noqa: BLE001 - a store error must not end the thread
                     if str(exc) != self.error:
                         log.error("provider closures: %s", exc)
@@ -175,8 +190,9 @@ class SyncedClosures:
                         return
                     if not isinstance(exc, StoreUnreachable):
                         # refused, not unreachable (a bad closure, a newer schema): retrying
-                        # the same writes would fail the same way for ever
-                        pending_save, reopens = None, []
+                        # the same writes would fail the same way for ever; the refusal stays
+                        # in `error` (the fleet's status) until a save goes through
+                        pending_save, reopens, refused = None, [], str(exc)
                     elif store is not None:
                         try:
                             store.close()

@@ -23,7 +23,11 @@ arrival at its scaled offset (after the arrivals it names in ``after`` have ende
   fleet's: the driver reads them back from the simulator (which pool each round
   reached) and from ``Fleet.status()["admission"]`` (probes, moves, closures).
 
-A round that meets a refusal ends there (it is the refusal the modes are compared on).
+In the ``none`` and ``cap`` modes a round that meets a refusal ends there (it is the refusal
+the modes are compared on); in the ``admission`` mode the fleet's admission holds a refused
+round and admits it again (000 §8), so it ends refused only past its lane's limit, and the
+refusals it met are the simulator's counts. A round's ``age`` (what it waited since its
+arrival for the rounds it comes ``after``) goes with it.
 Rounds still waiting at the trace's horizon are *cut*. Every round ends in exactly one
 of: ok, 429, 402, 403, failed (another outcome) or cut; the fleet's ledger is checked
 against the units submitted (`ModeResult.ledger_check`).
@@ -94,6 +98,7 @@ class Round:
     reason: str | None = None
     moved: bool = False
     probe: bool = False
+    tries: list = field(default_factory=list)  # [(pool, status)] of each request the provider saw from it
     outcomes: int = 0  # futures resolved for it: exactly one if submitted
     future: object = None  # the fleet's future while it is submitted (the admission mode cuts waiting ones)
     unit_id: int | None = None  # the fleet's unit id (its delegated rounds name it as their parent)
@@ -107,7 +112,7 @@ class Round:
         return {"id": a.id, "lane": a.lane, "role": a.role, "t": a.t, "cycle": a.cycle, "pool": self.pool,
                 "released": self.released, "ready": self.ready, "submitted": self.submitted, "started": self.started,
                 "ended": self.ended, "status": self.status, "reason": self.reason, "moved": self.moved,
-                "probe": self.probe}
+                "probe": self.probe, "tries": [list(t) for t in self.tries]}
 
 
 @dataclass
@@ -237,6 +242,9 @@ class Driver:
         result = ModeResult(self.mode, "", self.rounds, self.lag_ms, wall, ledger_before, ledger_after,
                             self.sim.counts(), self.sim.events(), self.sim.key_closures(), [], self.submitted,
                             self.driver_class)
+        for round_id, tries in self.sim.calls().items():
+            if round_id in self.by_id:
+                self.by_id[round_id].tries = tries
         if self.admission:
             self._read_admission(result)
         return result
@@ -246,10 +254,9 @@ class Driver:
         own record: a move shows as another pool), probes and moves (the admission's bulkheads and
         count), every closure it made (those still in force now, and those seen after a refusal)."""
         header = self.trace.header
-        calls = self.sim.calls()
         for r in self.rounds:
             asked = r.arrival.route
-            reached = calls.get(r.arrival.id)
+            reached = r.tries[-1][0] if r.tries else None
             if asked is None or reached is None:
                 continue
             if reached != asked.pool:
@@ -354,10 +361,14 @@ class Driver:
         else:
             payload = {"id": a.id, "base": self.sim.base_url, "latency_s": a.latency_s}
             if self.admission:  # the fleet's admission chooses; the handler calls unit.route
-                # a delegated round names its parent's unit, which has usually ended by now (it comes `after` it)
-                parent = self.by_id[a.parent].unit_id if a.parent is not None else None
+                # A delegated round names its parent's unit only while that one is in the fleet: a
+                # parent must be running (a round that comes `after` its parent is no delegation).
+                up = self.by_id[a.parent] if a.parent is not None else None
+                parent = up.unit_id if up is not None and up.submitted is not None and up.status is None else None
+                # its age: what it waited since its arrival (for the rounds it comes `after`), on the
+                # admission's own clock, so the lane's aging sees it as the trace does
                 admission = {"route": fleet.Route(route.model, route.provider, route.credential),
-                             "severity": a.severity, "parent": parent}
+                             "severity": a.severity, "parent": parent, "age": max(0.0, submitted - r.released)}
             else:
                 payload.update(model=route.model, provider=route.provider, credential=route.credential)
         try:

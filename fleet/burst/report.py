@@ -5,7 +5,9 @@
 `render(report, folder)` re-draws the Markdown and the PNG from a saved JSON (what
 ``fleet-burst show`` does). Times are trace seconds unless a name says ms.
 
-Per mode: refusals (429, 402, 403) per pool and in total, rounds ok / failed / cut,
+Per mode: refusals (429, 402, 403) per pool and in total — every refusal the provider
+answered, also those of a round the admission then ran again — rounds ok / lost (rounds
+that did not end ok: refused past their limit, failed or cut) / failed / cut,
 rounds moved to an alternative (the pool a round reached at the simulator is not the one
 it asked for; ``admission_moved`` is the fleet admission's own count; ``delegated`` the rounds it started
 as delegated, submitted with their parent's unit id), probes (the fleet
@@ -72,11 +74,11 @@ def summarize(result, trace) -> dict:
     statuses = collections.Counter(r["status"] for r in rounds)
     per_pool: dict = collections.defaultdict(lambda: {"requests": 0, "200": 0, "429": 0, "402": 0, "403": 0})
     for r in rounds:
-        if r["pool"] is None or r["submitted"] is None or r["status"] in ("failed", "cut"):
-            continue
-        row = per_pool[r["pool"]]
-        row["requests"] += 1
-        row["200" if r["status"] == "ok" else r["status"]] += 1
+        for pool, status in r.get("tries") or ():
+            row = per_pool[pool]
+            row["requests"] += 1
+            row[str(status)] += 1
+    refusals = {code: sum(row[code] for row in per_pool.values()) for code in REFUSALS}
     sim = {pool: {k: v for k, v in c.items() if k != "max_concurrency"} for pool, c in result.simulator.items()}
     reported = {pool: dict(per_pool.get(pool, {"requests": 0, "200": 0, "429": 0, "402": 0, "403": 0})) for pool in sim}
     lanes = collections.defaultdict(list)
@@ -95,7 +97,7 @@ def summarize(result, trace) -> dict:
     return {
         "mode": result.mode, "profile": result.profile, "rounds": len(rounds),
         "ok": statuses.get("ok", 0), "failed": statuses.get("failed", 0), "cut": statuses.get("cut", 0),
-        "refused": {code: statuses.get(code, 0) for code in REFUSALS},
+        "refused": refusals, "lost": len(rounds) - statuses.get("ok", 0),
         "failed_or_cut": sum(statuses.get(k, 0) for k in ("failed", "cut") + REFUSALS),
         "moved": sum(1 for r in rounds if r["moved"]),
         "probes": result.probes if result.probes is not None else sum(1 for r in rounds if r["probe"]),
@@ -136,13 +138,14 @@ def markdown(report: dict) -> str:
     """The comparison table (one row per profile x mode) and the per-lane waits."""
     out = [f"# fleet-burst: {report['trace']} ({report['arrivals']} arrivals, speed {report['speed']:g}, "
            f"seed {report['seed']})", "",
-           "| profile | mode | ok | 429 | 402 | 403 | failed | cut | moved | probes | makespan s | "
+           "| profile | mode | ok | lost | 429 | 402 | 403 | failed | cut | moved | probes | makespan s | "
            "lag p99 ms | cycle tail avg/p95/max ms | ledger exact | counts = simulator |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in report["modes"]:
         tail = m["cycle_tail_ms"]
         tail_text = "-" if not tail else f"{tail['avg']:.0f} / {tail['p95']:.0f} / {tail['max']:.0f}"
-        out.append(f"| {m['profile']} | {m['mode']} | {m['ok']} | {m['refused']['429']} | {m['refused']['402']} | "
+        out.append(f"| {m['profile']} | {m['mode']} | {m['ok']} | {m.get('lost', '-')} | {m['refused']['429']} | "
+                   f"{m['refused']['402']} | "
                    f"{m['refused']['403']} | {m['failed']} | {m['cut']} | {m['moved']} | {m['probes']} | "
                    f"{_fmt(m['makespan_s'])} | {_fmt(m['lag_ms']['p99'], 2)} | {tail_text} | "
                    f"{'yes' if m['ledger']['exact'] else 'NO'} | {'yes' if m['counts_match'] else 'NO'} |")

@@ -117,7 +117,7 @@ class ProviderSimulator:
         self._keys = {k.credential: _KeyState(k, closed_intervals(k, header.start)) for k in header.keys}
         self._counts = {name: PoolCounts() for name in self.pools}
         self._events: list[tuple] = []  # (trace t, pool, status, in-flight after)
-        self._calls: dict[str, str] = {}  # round id (X-Burst-Round) -> the pool it called last
+        self._calls: dict[str, list] = {}  # round id (X-Burst-Round) -> [(pool, status)] of each request
         self._attempts: dict[str, int] = {}
         self._rng = random.Random(self.seed)
         self._lock = threading.Lock()  # counts are read from other threads
@@ -201,11 +201,12 @@ class ProviderSimulator:
         with self._lock:
             return list(self._events)
 
-    def calls(self) -> dict[str, str]:
-        """Round id -> the pool (``model@provider``) its request reached: where a round ran, as the
-        provider saw it (the replay reads an admission's moves back from here)."""
+    def calls(self) -> dict[str, list]:
+        """Round id -> [(pool ``model@provider``, status)] of each request it made, in order: where
+        a round ran, as the provider saw it (the replay reads an admission's moves back from here),
+        and the refusals a round met before it ran (a refused round the admission tried again)."""
         with self._lock:
-            return dict(self._calls)
+            return {k: list(v) for k, v in self._calls.items()}
 
     def key_closures(self) -> dict[str, list[tuple[float, float]]]:
         return {cred: list(ks.closed) for cred, ks in self._keys.items()}
@@ -253,9 +254,9 @@ class ProviderSimulator:
         with self._lock:
             counts = self._counts[pool.name]
             counts.requests += 1
-            if round_id is not None:
-                self._calls[round_id] = pool.name
             status, extra, message = self.decide(pool, credential, t)
+            if round_id is not None:
+                self._calls.setdefault(round_id, []).append((pool.name, status))
             if status == 200:
                 counts.in_flight += 1
                 counts.max_concurrency = max(counts.max_concurrency, counts.in_flight)

@@ -97,8 +97,8 @@ class SimulatorProcess:
     def events(self) -> list[tuple]:
         return [tuple(e) for e in self._call({"op": "events"})["events"]]
 
-    def calls(self) -> dict[str, str]:
-        return self._call({"op": "calls"})["calls"]
+    def calls(self) -> dict[str, list]:
+        return {k: [tuple(x) for x in v] for k, v in self._call({"op": "calls"})["calls"].items()}
 
     def key_closures(self) -> dict[str, list[tuple[float, float]]]:
         return {k: [tuple(x) for x in v] for k, v in self._call({"op": "key_closures"})["key_closures"].items()}

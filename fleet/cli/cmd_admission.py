@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import math
 import re
 import sys
 import time
@@ -85,9 +86,13 @@ def parse_until(text: str, now: float) -> float:
     if m:
         return now + float(m.group(1)) * _UNITS[m.group(2)]
     try:
-        return float(text)
+        epoch = float(text)
     except ValueError:
         pass
+    else:
+        if math.isfinite(epoch):
+            return epoch
+        raise AdmissionArgumentError(f"--until {text!r}: a closure ends at a finite time")
     for fmt in _FORMATS:
         try:
             return float(calendar.timegm(time.strptime(text, fmt)))
@@ -110,6 +115,9 @@ def render(doc: dict) -> str:
     if lanes:
         lines += ["lanes"] + _table(("lane", "pool", "running", "waiting", "delegated", "moved in", "refused",
                                      "spent today"), lanes)
+    for b in doc.get("bulkheads", []):
+        if b.get("pinned_wait"):
+            lines.append(f"pinned    {b['pool']}: {b['pinned_wait']}")
     for c in doc.get("closures", []):
         who = c["provider"] + (f"/{c['credential']}" if c.get("credential") else "")
         lines.append(f"closed    {who}: {c['cause']}{' (daily limit)' if c['daily'] else ''} until {utc(c['until'])}"

@@ -305,7 +305,8 @@ def render_admission(adm: dict | None) -> list[str]:
         else:
             lines.append(f"starving  unit {s['unit']} hard-pinned to {s['route']} for {duration(s['waiting_s'])}")
     for w in adm.get("waiting_units", [])[:20]:
-        lines.append(f"waiting   unit {w['unit']}: {w['why']}")
+        refused = f" (refused {w['refusals']}x, last: {w['refused']})" if w.get("refused") else ""
+        lines.append(f"waiting   unit {w['unit']}: {w['why']}{refused}")
     return lines
 
 

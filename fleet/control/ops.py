@@ -63,12 +63,13 @@ class ControlHandler(Protocol):
         pinned: bool = False,
         parent: int | None = None,
         tag: str | None = None,
+        age: float = 0.0,
     ) -> Any:
         """Admit one unit. ``payload`` is pickled bytes when ``encoding == "pickle"``,
         else the decoded JSON value. With a ``token`` the outcome is held for
         `collect` under that token, tagged with ``seq``. ``chunk``: the payload is a
         list of items run as one unit (``Fleet.map`` with chunksize > 1). ``route``
-        (a `fleet.Route`, parsed), ``severity``, ``pinned``, ``parent``, ``tag``: the
+        (a `fleet.Route`, parsed), ``severity``, ``pinned``, ``parent``, ``tag``, ``age``: the
         provider admission's arguments (`fleet.Fleet.submit`). Returns e.g. the unit id."""
 
     def ledger(self) -> Any:
@@ -89,6 +90,9 @@ class ControlHandler(Protocol):
 
     def admission_reopen(self, pool: str) -> Any:
         """Lift a provider's or key's closure; BadPool if the pool is unknown."""
+
+    def admission_budget(self, provider: str, spent: float, limit: float | None) -> Any:
+        """The provider's daily budget reading (`fleet.Fleet.report_budget`); BadBudget if refused."""
 
     def admission_allowance(self, lane: str | None) -> Any:
         """The coordinator's allowance for `lane`: None or 0 (`fleet.Fleet.admission_allowance`)."""
@@ -322,6 +326,7 @@ class SubmitOp(Op):
         "pinned": Arg((bool,), default=False, doc="hard pin: wait for this route, never move"),
         "parent": Arg((int, type(None)), doc="the unit that delegated this one (admitted at once)"),
         "tag": Arg((str, type(None)), doc="the agent or unit tag (pins may name it)"),
+        "age": Arg((float,), default=0.0, doc="seconds the unit waited already (its urgency counts from then)"),
     }
 
     def to_wire(self, **args: Any) -> dict[str, Any]:
@@ -509,6 +514,26 @@ class AdmissionReopenOp(Op):
 
     def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
         return handler.admission_reopen(args["pool"])
+
+
+@OPS.register
+class AdmissionBudgetOp(Op):
+    """The provider's daily budget reading: ``spent`` today against ``limit`` (None: no limit),
+    shown per bulkhead; at the limit the provider closes until the next UTC midnight.
+    Unknown provider or a bad amount: ``BadBudget``."""
+
+    name = "admission_budget"
+    mutating = True
+    summary = "Report a provider's daily budget reading (spent, limit)."
+    schema = {
+        "provider": Arg((str,), required=True, doc="the provider"),
+        "spent": Arg((float,), required=True, doc="spent today (the budget's unit, e.g. USD)"),
+        "limit": Arg((float, type(None)), default=None, doc="the daily limit (None: none)"),
+    }
+
+    def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Any:
+        limit = args["limit"]
+        return handler.admission_budget(args["provider"], float(args["spent"]), None if limit is None else float(limit))
 
 
 # The coordinator API (reference 000 §9). Questions only: they read the admission and seat
