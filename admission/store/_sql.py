@@ -420,7 +420,10 @@ class SqlStore(AdmissionStore):
 
     def _reconcile(self, tx: _Tx) -> None:
         """Apply `rules.plan` at tx.now to the records in memory."""
-        p = rules.plan(tx.policy, tx.live(), tx.now, tx.heartbeats)
+        # The caller is alive (it is making this call): only the other orchestrators are
+        # judged by their heartbeats.
+        beats = {o: lapses_at for o, lapses_at in tx.heartbeats.items() if o != self.actor}
+        p = rules.plan(tx.policy, tx.live(), tx.now, beats)
         if p.empty():
             return
         for pairs, state in ((p.lease_timeouts, TIMED_OUT), (p.queue_timeouts, TIMED_OUT), (p.denials, DENIED),
@@ -430,7 +433,7 @@ class SqlStore(AdmissionStore):
         for r, reason in p.admissions:
             rec = tx.records[r.id]
             tx.change(rec, ADMITTED, reason, state=ADMITTED, revision=rec.revision + 1,
-                      lease_expires=rules.lease_end(rec.request, tx.now, tx.heartbeats))
+                      lease_expires=rules.lease_end(rec.request, tx.now, beats))
 
     def _must_get(self, tx: _Tx, request_id: str) -> Record:
         rec = tx.records.get(request_id)

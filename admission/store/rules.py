@@ -28,7 +28,8 @@ lease that has run long is no harder to displace than a fresh one.
 An admission is granted until its ttl has passed, or until its orchestrator's
 heartbeat lapses, whichever comes first: a request admitted to an orchestrator that
 has died holds its capacity no longer than one heartbeat window after its last beat.
-Orchestrators that never heartbeat are not judged by it.
+Orchestrators that never heartbeat are not judged by it, nor is the one making the
+call (it is alive: the store passes only the others' heartbeats).
 
 No I/O and no clock here: `now` is an argument.
 """
