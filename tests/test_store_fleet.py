@@ -29,7 +29,7 @@ def make_gate(url, roles, name, *, ttl=2.0, renew=None, poll=0.02, opener=None, 
                       roles=tuple(roles.items()))
     seen: queue.Queue = queue.Queue()
     gate = LeaseGate(cfg, "fleet", on_admitted=lambda u: seen.put(("admitted", u, "")),
-                     on_lost=lambda u, d: seen.put(("lost", u, d)), open_store=opener)
+                     on_lost=lambda u, reason, d: seen.put(("lost", u, f"{reason}: {d}")), open_store=opener)
     return gate.start(), seen
 
 
@@ -113,7 +113,7 @@ def test_a_preempted_lease_is_lost(store_url):
         with open_store(store_url, actor="orch-b") as other:
             assert other.submit(Request("urgent", "orch-b", "prod", "x", "host", priority=5)).state == "admitted"
         kind, unit, detail = next_event(seen)
-        assert (kind, unit) == ("lost", 1) and detail.startswith("LeaseLost") and "preempted" in detail
+        assert (kind, unit) == ("lost", 1) and detail.startswith("LeasePreempted:") and "preempted" in detail
     finally:
         gate.stop()
 
@@ -122,7 +122,7 @@ def test_an_unreachable_store_fails_closed_and_recovers(tmp_path):
     """SQLite held locked by another writer: the store does not answer in time."""
     url = f"sqlite://{tmp_path}/store.db"
     open_store(url).close()
-    opener = lambda u, actor, clock: SqliteStore(u, actor, clock, busy_timeout=0.1)  # noqa: E731
+    opener = lambda u, actor, clock, call_timeout: SqliteStore(u, actor, clock, busy_timeout=0.1)  # noqa: E731
     gate, seen = make_gate(url, HOST, "orch-a", ttl=1.0, opener=opener)
     blocker = sqlite3.connect(str(tmp_path / "store.db"), isolation_level=None)
     try:
@@ -131,7 +131,7 @@ def test_an_unreachable_store_fails_closed_and_recovers(tmp_path):
         blocker.execute("BEGIN IMMEDIATE")  # the store stops answering
         kind, unit, detail = next_event(seen)
         # lost once its ttl ran out unrenewed, whichever of the gate's checks sees it first
-        assert (kind, unit) == ("lost", 1) and detail.startswith("LeaseLost")
+        assert (kind, unit) == ("lost", 1) and detail.startswith("LeaseExpired:")
         gate.hold(2, "w")
         assert quiet(seen, 1.0)  # nothing is admitted while the store is away
         blocker.execute("ROLLBACK")  # it answers again
@@ -244,8 +244,7 @@ def test_a_running_unit_whose_lease_is_lost_fails_by_name(store_url, fleet_name)
         assert urgent.state == "admitted"
         with pytest.raises(fleet.UnitFailed) as err:
             fut.result(timeout=BOUND_S)
-        assert err.value.outcome.reason == "LeaseLost" and err.value.outcome.detail.startswith("LeaseLost")
-        assert "preempted" in err.value.outcome.detail
+        assert err.value.outcome.reason == "LeasePreempted" and "preempted" in err.value.outcome.detail
         # while orch-b holds the host tier, a new unit waits for its lease; then it runs
         nxt = f.submit("w", 10)
         time.sleep(0.5)
@@ -276,7 +275,7 @@ def test_a_unit_whose_lease_ends_while_it_waits_for_a_slot_never_runs(store_url,
         assert other.submit(Request("urgent", "orch-b", "prod", "x", "container", priority=5)).state == "admitted"
         with pytest.raises(fleet.UnitFailed) as err:
             waiting.result(timeout=BOUND_S)
-        assert err.value.outcome.reason == "LeaseLost" and "preempted" in err.value.outcome.detail
+        assert err.value.outcome.reason == "LeasePreempted" and "preempted" in err.value.outcome.detail
         assert running.result(timeout=BOUND_S) == 36_000_000
 
 
