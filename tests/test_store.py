@@ -354,6 +354,16 @@ def test_preemption_takes_the_fewest_victims_whose_release_admits_the_request(st
     assert store.get("on-anthropic").state == ADMITTED
 
 
+def test_preemption_prefers_one_victim_to_two_of_lower_priority(store):
+    store.set_policy(Policy.build(preemption=True, environments={"prod": 2}, providers={"openai": 2}))
+    store.submit(req("both", environment="prod", provider="openai", priority=2, preemptible=True))
+    store.submit(req("env-only", environment="prod", provider="anthropic", priority=0, preemptible=True))
+    store.submit(req("prov-only", environment="dev", provider="openai", priority=0, preemptible=True))
+    # prod and openai are full; "both" alone frees each, the two priority-0 leases free one each
+    assert store.submit(req("hi", environment="prod", provider="openai", priority=5)).state == ADMITTED
+    assert [store.get(r).state for r in ("both", "env-only", "prov-only")] == [PREEMPTED, ADMITTED, ADMITTED]
+
+
 def test_preemption_takes_nothing_when_no_victims_would_admit_the_request(store):
     store.set_policy(Policy.build(preemption=True, global_limit=2, providers={"openai": 1}))
     store.submit(req("on-openai", provider="openai", priority=0, preemptible=False))
@@ -794,3 +804,14 @@ def test_a_missing_schema_this_user_may_not_create_says_what_to_run(pg_stores, c
         assert err.value.exit_code == 90 and f'CREATE SCHEMA "{schema}" AUTHORIZATION "{role}"' in str(err.value)
     finally:
         pg_stores.admin.execute(f"DROP ROLE {role}")
+
+
+def test_the_calling_orchestrator_is_alive_whatever_its_last_beat(store, clock):
+    store.set_policy(Policy.build(global_limit=1))
+    hold = store.submit(req("hold"))
+    store.heartbeat(5.0)
+    store.submit(req("waits", lease_ttl=30.0))
+    clock.advance(10)  # its beat lapsed, but it is the one calling now
+    store.release("hold", hold.revision)
+    got = store.get("waits")
+    assert (got.state, got.lease_expires) == (ADMITTED, clock.now + 30.0)
