@@ -37,8 +37,10 @@ _BEGIN = "BEGIN; SET LOCAL synchronous_commit = off"
 # user may emit and nothing consumes) commits under the server's own synchronous_commit.
 # Its flush covers all WAL before it, so our decision - and every decision it read - is
 # durable before the caller may act on it; the flushes of several orchestrators group into
-# one fsync. (A transaction that only takes an xid writes no WAL and would not wait.)
-_COMMIT_DURABLY = "COMMIT; BEGIN; SELECT pg_logical_emit_message(true, 'fleet.admission.store', ''); COMMIT"
+# one fsync. (A transaction that only takes an xid writes no WAL and would not wait.) The
+# statement after COMMIT is a transaction of its own, committed at the end of the query
+# string: one statement, not BEGIN, SELECT and COMMIT.
+_COMMIT_DURABLY = "COMMIT; SELECT pg_logical_emit_message(true, 'fleet.admission.store', '')"
 
 _GROUP_LOCK = "SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store:' || current_schema()))"
 # Taken exclusively by a transaction that may change the policy, shared by an admission that
@@ -155,8 +157,15 @@ class PostgresStore(SqlStore):
             return None if row is None else _record(row)
 
     def _write_and_commit(self, conn, cur, writes) -> None:
-        # One round trip: every write, the commit, and the wait for durability.
-        parts = [cur.mogrify(sql, params) for sql, rows in writes for params in rows]
+        # One round trip: every write, the commit, and the wait for durability. The rows of
+        # one INSERT go in one statement (a transaction's audit rows, say).
+        parts = []
+        for sql, rows in writes:
+            if sql.startswith("INSERT") and sql.endswith(")") and len(rows) > 1:
+                head, values = sql.rsplit(" VALUES ", 1)
+                parts.append(f"{head} VALUES " + ", ".join(cur.mogrify(values, params) for params in rows))
+            else:
+                parts += [cur.mogrify(sql, params) for params in rows]
         cur.execute("; ".join(parts + [_COMMIT_DURABLY]))
 
     def _commit(self, conn, cur) -> None:
