@@ -78,6 +78,11 @@ class _Held:
     stop_at: float = 0.0  # monotonic: the unit is stopped here unless renewed
 
 
+def _lease_of(held: _Held) -> str:
+    """Which request and lease revision a unit ran under: what its outcome records."""
+    return f"request {held.request_id}" + (f" lease revision {held.revision}" if held.revision else "")
+
+
 def orchestrator_id(config_orchestrator: str | None, fleet_name: str) -> str:
     """This fleet's id in the host group: the configured one, else ``<hostname>/<fleet name>``."""
     return config_orchestrator or f"{socket.gethostname()}/{fleet_name}"
@@ -91,10 +96,11 @@ class _Watchdog:
     passed). Only the taker reports the unit, so every unit is reported at most once.
     """
 
-    def __init__(self, on_expired: Callable[[int], None], monotonic: Callable[[], float]):
+    def __init__(self, on_expired: Callable[[int, str], None], monotonic: Callable[[], float]):
         self._on_expired, self._monotonic = on_expired, monotonic
         self._cond = threading.Condition()
         self._stop_at: dict[int, float] = {}
+        self._lease: dict[int, str] = {}  # unit id -> which lease it runs under, for the report
         self._stopped = False
         self._thread: threading.Thread | None = None
 
@@ -106,18 +112,20 @@ class _Watchdog:
         with self._cond:
             self._stop_at[unit_id] = math.inf
 
-    def arm(self, unit_id: int, stop_at: float) -> bool:
-        """Set the unit's stop time; False if it is no longer tracked (taken by someone)."""
+    def arm(self, unit_id: int, stop_at: float, lease: str) -> bool:
+        """Set the unit's stop time under `lease`; False if it is no longer tracked (taken by someone)."""
         with self._cond:
             if unit_id not in self._stop_at:
                 return False
             self._stop_at[unit_id] = stop_at
+            self._lease[unit_id] = lease
             self._cond.notify()
             return True
 
     def claim(self, unit_id: int) -> bool:
         """Take the unit: True for the one caller that gets it."""
         with self._cond:
+            self._lease.pop(unit_id, None)
             return self._stop_at.pop(unit_id, None) is not None
 
     def stop(self) -> None:
@@ -133,15 +141,15 @@ class _Watchdog:
                 if self._stopped:
                     return
                 now = self._monotonic()
-                due = [u for u, at in self._stop_at.items() if at <= now]
-                for u in due:
+                due = [(u, self._lease.pop(u, "")) for u, at in self._stop_at.items() if at <= now]
+                for u, _ in due:
                     del self._stop_at[u]
                 if not due:
                     nearest = min(self._stop_at.values(), default=math.inf)
                     self._cond.wait(None if nearest == math.inf else max(0.0, nearest - now))
                     continue
-            for u in due:
-                self._on_expired(u)
+            for u, lease in due:
+                self._on_expired(u, lease)
 
 
 class LeaseGate:
@@ -209,11 +217,11 @@ class LeaseGate:
 
     # ------------------------------------------------------------------ the watchdog's thread
 
-    def _expired(self, unit_id: int) -> None:
+    def _expired(self, unit_id: int, lease: str) -> None:
         # The lease reaches its end unrenewed: stop the unit now. Its held entry stays with
         # the gate's thread, which gives the lease back when the unit's outcome is in.
-        log.warning("unit %d: lease not renewed in time; stopping it", unit_id)
-        self._on_lost(unit_id, LEASE_EXPIRED, "its lease ran out unrenewed (the store did not answer in time)")
+        log.warning("unit %d: lease not renewed in time (%s); stopping it", unit_id, lease)
+        self._on_lost(unit_id, LEASE_EXPIRED, f"its lease ran out unrenewed (the store did not answer in time; {lease})")
 
     # ------------------------------------------------------------------ the gate's thread
 
@@ -336,7 +344,7 @@ class LeaseGate:
         held.state, held.revision = "admitted", revision
         held.renew_at = sent + min(self.renew_every, (stop_at - sent) / 2)
         held.stop_at = stop_at
-        if stop_at > self._monotonic() and self._watchdog.arm(held.unit_id, stop_at):
+        if stop_at > self._monotonic() and self._watchdog.arm(held.unit_id, stop_at, _lease_of(held)):
             return True
         self._held.pop(held.unit_id, None)
         self._releases.append(held)  # nobody runs under it: give it back
@@ -375,6 +383,7 @@ class LeaseGate:
             self._releases.append(held)  # withdraw the request when the store answers
         if not self._watchdog.claim(held.unit_id):
             return  # already reported (its stop time passed) or ended
+        detail = f"{detail}; {_lease_of(held)}"
         log.warning("unit %d: %s: %s", held.unit_id, reason, detail)
         self._on_lost(held.unit_id, reason, detail)
 

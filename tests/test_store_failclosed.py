@@ -139,6 +139,8 @@ def test_a_stalled_store_stops_the_unit_before_its_lease_ends_and_lets_no_peer_i
         (held,) = [e.request_id for e in s.events() if e.kind == "queued" and e.request_id.startswith("orch-a/")]
         rec = s.get(held)
         admitted_at = [e.at for e in s.events("peer-1") if e.kind == "admitted"]
+    # the outcome records the request and the lease revision the unit ran under
+    assert f"request {held} lease revision {rec.revision}" in err.value.outcome.detail
     assert last < rec.lease_expires, "the unit ran past its lease"
     assert admitted_at and admitted_at[0] > last, "a peer was admitted while the unit still ran"
 

@@ -245,6 +245,7 @@ def test_a_running_unit_whose_lease_is_lost_fails_by_name(store_url, fleet_name)
         with pytest.raises(fleet.UnitFailed) as err:
             fut.result(timeout=BOUND_S)
         assert err.value.outcome.reason == "LeasePreempted" and "preempted" in err.value.outcome.detail
+        assert "request orch-a/" in err.value.outcome.detail and "lease revision" in err.value.outcome.detail
         # while orch-b holds the host tier, a new unit waits for its lease; then it runs
         nxt = f.submit("w", 10)
         time.sleep(0.5)
