@@ -32,7 +32,8 @@ PREFIXES = ("postgresql://", "postgres://")
 
 # A store transaction's commit does not wait for the WAL flush, so the store lock is
 # released without holding every other orchestrator through an fsync.
-_BEGIN = "BEGIN; SET LOCAL synchronous_commit = off"
+_BEGIN_STATEMENTS = ("BEGIN", "SET LOCAL synchronous_commit = off")
+_BEGIN = "; ".join(_BEGIN_STATEMENTS)
 # Then a second, tiny transaction that writes one WAL record (a logical message, which any
 # user may emit and nothing consumes) commits under the server's own synchronous_commit.
 # Its flush covers all WAL before it, so our decision - and every decision it read - is
@@ -40,7 +41,8 @@ _BEGIN = "BEGIN; SET LOCAL synchronous_commit = off"
 # one fsync. (A transaction that only takes an xid writes no WAL and would not wait.) The
 # statement after COMMIT is a transaction of its own, committed at the end of the query
 # string: one statement, not BEGIN, SELECT and COMMIT.
-_COMMIT_DURABLY = "COMMIT; SELECT pg_logical_emit_message(true, 'fleet.admission.store', '')"
+_DURABLE = "SELECT pg_logical_emit_message(true, 'fleet.admission.store', '')"
+_COMMIT_DURABLY = f"COMMIT; {_DURABLE}"
 
 _GROUP_LOCK = "SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store:' || current_schema()))"
 # Taken exclusively by a transaction that may change the policy, shared by an admission that
@@ -108,23 +110,27 @@ class PostgresStore(SqlStore):
         cur.execute(_BEGIN)
 
     def _lock_and_read(self, cur, request_id: str, policy_write: bool = False):
-        # One round trip: begin, take the lock (the reads, later statements, then see every
-        # commit before the lock was granted), read. The admitted rows are read FOR UPDATE:
+        # One round trip, pipelined: begin, take the lock (the reads, later statements, then see
+        # every commit before the lock was granted), read. The admitted rows are read FOR UPDATE:
         # a lock-free release (see `_release_fast`) of one of them then waits for this
         # transaction and re-checks its row, so what this transaction decided about an
         # admitted lease (timed out, preempted, renewed) cannot be overtaken by a release.
-        locks = f"{_GROUP_LOCK}; {_POLICY_LOCK}" if policy_write else _GROUP_LOCK
-        cur.execute(f"{_BEGIN}; {locks}; {self._version_policy_sql}; {_ADMITTED_FOR_UPDATE}; {_QUEUED_AND_ONE}; "
-                    f"{_BEATS_SQL}", (request_id,))
-        for _ in range(4 if policy_write else 3):
-            cur.nextset()  # past BEGIN, SET and the locks
-        row = cur.fetchone()
-        cur.nextset()
-        rows = cur.fetchall()
-        cur.nextset()
-        rows += cur.fetchall()
-        cur.nextset()
-        return row, rows, cur.fetchall()
+        # Pipelined statements are prepared once per connection and then only executed: the
+        # store lock is held for as short a time as the reads take, not their planning too.
+        conn = cur.connection
+        with conn.pipeline():
+            run = [self._psycopg.Cursor(conn) for _ in range(4)]
+            for statement in _BEGIN_STATEMENTS:  # a pipeline takes one statement per query
+                cur.execute(statement)
+            for lock in ((_GROUP_LOCK, _POLICY_LOCK) if policy_write else (_GROUP_LOCK,)):
+                cur.execute(lock)
+            run[0].execute(_VERSION_POLICY_SQL)
+            run[1].execute(_ADMITTED_FOR_UPDATE)
+            run[2].execute(_QUEUED_AND_ONE, (request_id,))
+            run[3].execute(_BEATS_SQL)
+        row = run[0].fetchone()
+        rows = run[1].fetchall() + run[2].fetchall()
+        return row, rows, run[3].fetchall()
 
     def _submit_unconstrained(self, request, policy_body):
         # One round trip, holding the policy lock shared: it keeps the policy put (set_policy
@@ -157,16 +163,14 @@ class PostgresStore(SqlStore):
             return None if row is None else _record(row)
 
     def _write_and_commit(self, conn, cur, writes) -> None:
-        # One round trip: every write, the commit, and the wait for durability. The rows of
-        # one INSERT go in one statement (a transaction's audit rows, say).
-        parts = []
-        for sql, rows in writes:
-            if sql.startswith("INSERT") and sql.endswith(")") and len(rows) > 1:
-                head, values = sql.rsplit(" VALUES ", 1)
-                parts.append(f"{head} VALUES " + ", ".join(cur.mogrify(values, params) for params in rows))
-            else:
-                parts += [cur.mogrify(sql, params) for params in rows]
-        cur.execute("; ".join(parts + [_COMMIT_DURABLY]))
+        # One round trip, pipelined like the reads: every write, the commit, and the wait for
+        # durability (the statement after COMMIT is a transaction of its own, ended at the sync).
+        with conn.pipeline():
+            run = self._psycopg.Cursor(conn)
+            for sql, rows in writes:
+                run.executemany(sql, rows)
+            run.execute("COMMIT")
+            run.execute(_DURABLE)
 
     def _commit(self, conn, cur) -> None:
         cur.execute(_COMMIT_DURABLY)
