@@ -8,7 +8,6 @@ audit rows) and the unit's ticks, never from the rules' code.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
