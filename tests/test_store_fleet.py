@@ -350,3 +350,58 @@ def test_a_stopping_fleet_fails_units_still_waiting_for_a_lease(store_url, fleet
             fut.result(timeout=BOUND_S)
         assert err.value.outcome.reason == "Shutdown"
         wait_for(lambda: [r.state for r in _orch_a_requests(other)] == ["cancelled"])
+
+
+# ----------------------------------------------------------------------------- the gate's own rules
+
+
+def test_a_restarted_orchestrator_cancels_what_its_earlier_run_left_queued(store_url):
+    with open_store(store_url, actor="orch-b") as other, open_store(store_url, actor="orch-a") as earlier:
+        other.submit(Request("blocker", "orch-b", "prod", "x", "host", lease_ttl=300))
+        left = earlier.submit(Request("orch-a/previous-run/1", "orch-a", "prod", "x", "host"))
+        assert left.state == "queued"
+        gate, seen = make_gate(store_url, HOST, "orch-a")
+        try:
+            wait_for(lambda: other.get(left.id).state == "cancelled")
+            assert "restarted" in other.get(left.id).reason
+            assert other.get("blocker").state == "admitted"
+        finally:
+            gate.stop()
+
+
+def test_the_expiry_margin_keeps_a_tenth_within_bounds():
+    from fleet.leases import call_timeout, expiry_margin
+
+    assert expiry_margin(30.0) == 3.0  # a tenth
+    assert expiry_margin(0.6) == 0.1  # at least 0.1 s
+    assert expiry_margin(0.2) == 0.05  # at most a quarter of the lease
+    assert call_timeout(30.0, 10.0) == 7.5 and call_timeout(2.0, 0.5) == 0.5 and call_timeout(0.1, 0.03) == 0.05
+
+
+def test_the_watchdog_reports_a_unit_once_and_never_after_it_was_taken():
+    import threading
+
+    from fleet.leases import _Watchdog
+
+    fired: list = []
+    done = threading.Event()
+
+    def on_expired(unit, lease):
+        fired.append((unit, lease))
+        done.set()
+
+    dog = _Watchdog(on_expired, time.monotonic)
+    dog.start()
+    try:
+        dog.track(1)
+        dog.track(2)
+        assert dog.arm(2, time.monotonic() + 0.05, "lease of 2")
+        assert dog.claim(2)  # ended before its stop time: never reported
+        assert dog.arm(1, time.monotonic() + 0.05, "lease of 1")
+        assert done.wait(BOUND_S)
+        assert fired == [(1, "lease of 1")]
+        assert not dog.claim(1) and not dog.arm(1, time.monotonic() + 60, "again")  # taken by the watchdog
+        assert not dog.arm(3, time.monotonic(), "never tracked")
+    finally:
+        dog.stop()
+    assert fired == [(1, "lease of 1")]
