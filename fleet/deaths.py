@@ -14,8 +14,9 @@ its items did.)
 The rules, for each unit the seat owed, in this order:
 
 * its host-group lease ended (its worker was killed for it, or the lease was lost
-  while the unit waited on the seat): Failed(LeaseLost), started or not, since no
-  unit runs without its lease;
+  while the unit waited on the seat): failed with the lease's own reason
+  (LeaseExpired, LeaseDenied or LeasePreempted), started or not, since no unit runs
+  without its lease;
 * it ran past its timeout (its worker was killed for it): Failed(Timeout);
 * it had started: Failed(LaneDeath). It may have done part of its work, so it never
   runs again: a unit runs at most once;
@@ -30,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .outcomes import FAILED, FAILURE_REASONS, LANE_DEATH, LEASE_LOST, TIMEOUT
+from .outcomes import FAILED, FAILURE_REASONS, LANE_DEATH, TIMEOUT
 from .unit import Outcome
 
 
@@ -43,8 +44,8 @@ class Owed:
     started: bool
     #: the supervisor killed the worker because this unit ran past its timeout
     timed_out: bool = False
-    #: why its host-group lease ended before its outcome (None: it still holds it)
-    lease_lost: str | None = None
+    #: (reason, detail) of its host-group lease's end before its outcome (None: it still holds it)
+    lease_lost: tuple[str, str] | None = None
 
 
 def cause(status: int, timed_out: Sequence[int] = ()) -> str:
@@ -60,7 +61,7 @@ def verdict(unit: Owed, worker: str) -> Outcome | None:
     """The outcome the death gives `unit`, or None: it never started and goes back to its
     queue. `worker` says which worker died and how (the LaneDeath detail)."""
     if unit.lease_lost is not None:
-        return Outcome(FAILED, FAILURE_REASONS[LEASE_LOST], unit.lease_lost)
+        return Outcome(FAILED, *unit.lease_lost)
     if unit.timed_out:
         return Outcome(FAILED, FAILURE_REASONS[TIMEOUT], "the unit ran past its timeout; its worker was killed")
     if unit.started:

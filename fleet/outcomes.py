@@ -26,7 +26,12 @@ ROLE_STOPPED = 5  # its role was stopped (restart intensity exceeded)
 RESULT_ERROR = 6  # the result could not be returned (not picklable, too large, not unpicklable here)
 CANCELLED = 7  # the caller cancelled it before it ran
 FSM_REFUSED = 8  # a slot refused its grant, start or completion: a broken FSM rule, never a death
-LEASE_LOST = 9  # its host-group lease was denied, expired or preempted (the detail says which)
+# Its host-group lease ended before its outcome (fleet.leases): ran out unrenewed, timed out
+# in the queue, or was cancelled or released by another. Code 9 was named LeaseLost and
+# covered the two below as well; readers older than them show 10 and 11 as ?10 and ?11.
+LEASE_EXPIRED = 9
+LEASE_DENIED = 10  # the host group's policy refuses its request (not retryable)
+LEASE_PREEMPTED = 11  # a higher-priority request displaced its preemptible lease
 
 FAILURE_REASONS = (
     "HandlerError",
@@ -38,7 +43,9 @@ FAILURE_REASONS = (
     "ResultError",
     "Cancelled",
     "FsmRefused",
-    "LeaseLost",
+    "LeaseExpired",
+    "LeaseDenied",
+    "LeasePreempted",
 )
 N_FAILURE_REASONS = len(FAILURE_REASONS)
 REASON_CODES = {name: code for code, name in enumerate(FAILURE_REASONS)}

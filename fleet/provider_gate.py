@@ -82,8 +82,8 @@ PUBLISH_EVERY_S = 0.05
 CLOSURES_EVERY_S = 2.0
 #: Outcomes that say nothing about the provider: no bulkhead changes (000 §8: a stall,
 #: a timeout or a cap holds nothing back; a lane death is not a refusal).
-SILENT_REASONS = frozenset({"Timeout", "LaneDeath", "Shutdown", "Cancelled", "FsmRefused", "LeaseLost",
-                            "RoleStopped", "ResultError"})
+SILENT_REASONS = frozenset({"Timeout", "LaneDeath", "Shutdown", "Cancelled", "FsmRefused", "LeaseExpired",
+                            "LeaseDenied", "LeasePreempted", "RoleStopped", "ResultError"})
 
 
 def default_closure_file(name: str, env: Mapping[str, str] | None = None, *, euid: int | None = None) -> Path:

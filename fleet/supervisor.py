@@ -189,7 +189,7 @@ class Supervisor:
         self._last_change = None  # the posture transition that set the current posture
         self._gate = None  # the host-group lease gate (fleet.leases) when [store] is configured
         self._held: dict[int, Pending] = {}  # units waiting for their lease, not queued yet
-        self._lease_lost: dict[int, str] = {}  # unit id -> why its lease ended before its outcome
+        self._lease_lost: dict[int, tuple[str, str]] = {}  # unit id -> (reason, detail): its lease ended first
 
     # ================================================================== boot
     def start(self) -> "Supervisor":
@@ -233,7 +233,8 @@ class Supervisor:
             # The gate's thread only posts: a grant or a lost lease is the loop's to apply.
             self._gate = LeaseGate(cfg.store, self.name,
                                    on_admitted=lambda unit_id: self._intake.post(self._lease_granted, unit_id),
-                                   on_lost=lambda unit_id, why: self._intake.post(self._lease_ended, unit_id, why),
+                                   on_lost=lambda unit_id, reason, why: self._intake.post(self._lease_ended, unit_id,
+                                                                                          reason, why),
                                    ).start()
         if cfg.gc_freeze:
             # Boot loaded numba's compiler state (~100k objects) for the table's kernels: out
@@ -540,7 +541,7 @@ class Supervisor:
         grants = self.dispatcher.grant()
         for unit_id in self.dispatcher.take_skipped():
             if unit_id in self._lease_lost:
-                self._close(unit_id, Outcome(FAILED, "LeaseLost", self._lease_lost[unit_id]))
+                self._close(unit_id, Outcome(FAILED, *self._lease_lost[unit_id]))
             else:
                 self._forget(unit_id)  # its caller cancelled it
         ops: list = []  # every grant's slot events, applied in one kernel call
@@ -1047,15 +1048,15 @@ class Supervisor:
             else:
                 self._fail_unstarted(unit_id, reason, detail)
 
-    def _lease_ended(self, unit_id: int, detail: str) -> None:
-        """A unit's request or lease ended early; fail it (``LeaseLost``). A running unit's
-        worker is killed."""
+    def _lease_ended(self, unit_id: int, reason: str, detail: str) -> None:
+        """A unit's request or lease ended early; fail it with `reason` (LeaseDenied,
+        LeasePreempted, LeaseExpired). A running unit's worker is killed."""
         if unit_id not in self._units:
             return
         if self._held.pop(unit_id, None) is not None:
-            self._close(unit_id, Outcome(FAILED, "LeaseLost", detail))
+            self._close(unit_id, Outcome(FAILED, reason, detail))
             return
-        self._lease_lost[unit_id] = detail  # queued: skipped at its grant; running: killed
+        self._lease_lost[unit_id] = (reason, detail)  # queued: skipped at its grant; running: killed
         slot = self.dispatcher.slot_of(unit_id)
         pid = None if slot is None else self._pids.get(self.layout.seat_of(slot))
         if pid is not None:

@@ -28,7 +28,7 @@ N_SLOTS = 5
 #: posture record written by `populate`: Cordoned for DWELL_NS before `since`'s reference
 SINCE_NS = 1_000_000_000_000
 CORDONED_BEFORE_NS = 5_000_000_000
-FAILED_BY_REASON = [2, 1, 3, 0, 0, 0, 0, 1, 0, 0]  # HandlerError 2, Timeout 1, LaneDeath 3, Cancelled 1
+FAILED_BY_REASON = [2, 1, 3, 0, 0, 0, 0, 1, 0, 0, 0, 0]  # HandlerError 2, Timeout 1, LaneDeath 3, Cancelled 1
 FSM_REFUSED = 4  # transitions the slot FSM refused (a dead seat's reset refusals need not cost a unit)
 
 

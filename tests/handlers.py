@@ -35,6 +35,18 @@ def interval(unit):
     return ms
 
 
+def ticker(unit):
+    """Append ``time.time()`` to the file ``payload[0]`` every 10 ms for ``payload[1]`` ms: the
+    last line is the last moment the unit was seen running (the store's clock is time.time)."""
+    path, ms = unit.payload
+    end = time.monotonic() + ms / 1000
+    with open(path, "a", buffering=1) as f:
+        while time.monotonic() < end:
+            f.write(f"{time.time()!r}\n")
+            time.sleep(0.01)
+    return ms
+
+
 def whoami(unit):
     """(payload, pid): which worker process ran the unit."""
     return unit.payload, os.getpid()

@@ -146,7 +146,8 @@ def test_ledger_failures_by_reason_name(table, fleet_name, capsys):
     assert (g["submitted"], g["solved"], g["suppressed"], g["failed"], g["inflight"]) == (40, 28, 2, 7, 3)
     assert g["failed_by_reason"] == {
         "HandlerError": 2, "Timeout": 1, "LaneDeath": 3, "Shutdown": 0,
-        "Refused": 0, "RoleStopped": 0, "ResultError": 0, "Cancelled": 1, "FsmRefused": 0, "LeaseLost": 0,
+        "Refused": 0, "RoleStopped": 0, "ResultError": 0, "Cancelled": 1, "FsmRefused": 0, "LeaseExpired": 0,
+        "LeaseDenied": 0, "LeasePreempted": 0,
     }
     assert g["fsm_refused"] == 4
 

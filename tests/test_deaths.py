@@ -26,17 +26,18 @@ def test_the_unit_whose_timeout_killed_the_worker_fails_timeout():
 
 
 @pytest.mark.parametrize("started", [True, False])
-def test_a_unit_whose_lease_ended_fails_lease_lost_started_or_not(started):
+@pytest.mark.parametrize("reason", ["LeaseExpired", "LeaseDenied", "LeasePreempted"])
+def test_a_unit_whose_lease_ended_fails_with_the_lease_reason_started_or_not(started, reason):
     """No unit runs without its host-group lease: one that never started does not go back."""
-    outcome = verdict(Owed(7, started=started, timed_out=started, lease_lost="lease 3 expired"), WORKER)
-    assert (outcome.kind, outcome.reason, outcome.detail) == ("failed", "LeaseLost", "lease 3 expired")
+    outcome = verdict(Owed(7, started=started, timed_out=started, lease_lost=(reason, "lease 3 ended")), WORKER)
+    assert (outcome.kind, outcome.reason, outcome.detail) == ("failed", reason, "lease 3 ended")
 
 
 def test_every_combination_has_exactly_one_verdict_by_precedence():
     """Lease lost, then timeout, then started, then back to the queue."""
     for started, timed_out, lost in itertools.product((False, True), repeat=3):
-        outcome = verdict(Owed(1, started, timed_out, "gone" if lost else None), WORKER)
-        expected = "LeaseLost" if lost else "Timeout" if timed_out else "LaneDeath" if started else None
+        outcome = verdict(Owed(1, started, timed_out, ("LeaseExpired", "gone") if lost else None), WORKER)
+        expected = "LeaseExpired" if lost else "Timeout" if timed_out else "LaneDeath" if started else None
         assert (outcome.reason if outcome else None) == expected, (started, timed_out, lost)
 
 

@@ -31,7 +31,9 @@ from .admission_catalog import GLM_OR, T_1447, catalog
     (Outcome("failed", "LaneDeath"), None, T.STALL, None),
     (Outcome("failed", "Shutdown"), None, T.STALL, None),
     (Outcome("failed", "Cancelled"), None, T.STALL, None),
-    (Outcome("failed", "LeaseLost"), None, T.STALL, None),
+    (Outcome("failed", "LeaseExpired"), None, T.STALL, None),
+    (Outcome("failed", "LeaseDenied"), None, T.STALL, None),
+    (Outcome("failed", "LeasePreempted"), None, T.STALL, None),
 ])
 def test_each_outcome_is_its_signal(outcome, original, kind, refusal):
     signal = signal_of(outcome, original, cost=0.5)

@@ -20,6 +20,7 @@ from admission.store import (
     NotOwner,
     Policy,
     QuotaConfigInvalid,
+    Record,
     Request,
     SchemaTooNew,
     StoreUnreachable,
@@ -210,12 +211,44 @@ def test_priority_aging_lets_an_old_request_overtake(store, clock):
 
 def test_effective_priority_counts_whole_intervals():
     r = rules  # the pure rule, checked on its own numbers
-    rec = type("R", (), {})()
-    rec.submitted_at, rec.request = 100.0, req("x", priority=2)
+    rec = Record(req("x", priority=2), submitted_at=100.0, state=QUEUED)
     assert r.effective_priority(rec, 100.0, 10) == 2
     assert r.effective_priority(rec, 109.9, 10) == 2
     assert r.effective_priority(rec, 110.0, 10) == 3
     assert r.effective_priority(rec, 145.0, 10) == 6
+    # aging lifts waiting requests only: an admitted lease counts its base priority
+    running = dataclasses.replace(rec, state=ADMITTED, revision=1, lease_expires=1e9)
+    assert r.effective_priority(running, 145.0, 10) == 2
+
+
+def test_the_head_takes_what_frees_first_not_the_requests_behind_it(store, clock):
+    # The head needs prod and openai; prod and openai are held by two different leases.
+    # Ten lower-priority requests each need only one of them: none may take what the head
+    # waits for, so the head is admitted as soon as both are free.
+    store.set_policy(Policy.build(environments={"prod": 1}, providers={"openai": 1}, aging_interval=3600))
+    a = store.submit(req("a", environment="prod", provider="anthropic"))
+    b = store.submit(req("b", environment="dev", provider="openai"))
+    assert (a.state, b.state) == (ADMITTED, ADMITTED)
+    assert store.submit(req("head", environment="prod", provider="openai", priority=9)).state == QUEUED
+    for i in range(10):
+        env, prov = ("prod", "anthropic") if i % 2 == 0 else ("dev", "openai")
+        store.submit(req(f"low{i}", environment=env, provider=prov, priority=0))
+    store.release("a", a.revision)  # prod frees: the head still waits for openai, and keeps prod
+    assert admitted_ids(store) == ["b"]
+    store.release("b", b.revision)
+    assert admitted_ids(store) == ["head"]
+
+
+def test_requests_that_need_nothing_the_head_waits_for_still_run(store, clock):
+    # backfill where it provably cannot delay the head: room beyond the places it keeps
+    store.set_policy(Policy.build(global_limit=3, providers={"openai": 1}, aging_interval=3600))
+    hold = store.submit(req("hold", provider="openai"))
+    assert store.submit(req("head", provider="openai", priority=9)).state == QUEUED
+    # global: 1 used + 1 kept for the head leaves one place
+    assert store.submit(req("other", provider="anthropic")).state == ADMITTED
+    assert store.submit(req("one-too-many", provider="anthropic")).state == QUEUED
+    store.release("hold", hold.revision)  # openai frees: the head first, then the place it kept
+    assert admitted_ids(store) == ["head", "one-too-many", "other"]
 
 
 # ----------------------------------------------------------------------------- leases and time
@@ -293,13 +326,50 @@ def test_preemption_never_takes_a_non_preemptible_lease(store):
 
 
 def test_preemption_never_by_equal_priority(store, clock):
-    store.set_policy(Policy.build(preemption=True, aging_interval=10))
+    store.set_policy(Policy.build(preemption=True, aging_interval=3600))
     store.submit(req("low", tier="host", priority=1, preemptible=True))
-    clock.advance(10)  # low has aged to 2
-    assert store.submit(req("eq", tier="host", priority=2)).state == QUEUED
+    assert store.submit(req("eq", tier="host", priority=1)).state == QUEUED
     assert store.get("low").state == ADMITTED
-    assert store.submit(req("higher", tier="host", priority=3)).state == ADMITTED
+    assert store.submit(req("higher", tier="host", priority=2)).state == ADMITTED
     assert store.get("low").state == PREEMPTED
+
+
+def test_a_running_lease_does_not_age_into_protection(store, clock):
+    store.set_policy(Policy.build(preemption=True, aging_interval=10))
+    low = store.submit(req("low", tier="host", priority=0, preemptible=True, lease_ttl=1000))
+    clock.advance(100)  # ten intervals: a request queued that long would count priority 10
+    store.renew("low", low.revision)
+    assert store.submit(req("fresh", tier="host", priority=5)).state == ADMITTED
+    assert store.get("low").state == PREEMPTED
+
+
+def test_preemption_takes_the_fewest_victims_whose_release_admits_the_request(store):
+    store.set_policy(Policy.build(preemption=True, global_limit=2, providers={"openai": 1}))
+    store.submit(req("on-openai", provider="openai", priority=1, preemptible=True))
+    store.submit(req("on-anthropic", provider="anthropic", priority=0, preemptible=True))
+    # global and openai are full; the openai lease alone frees both, the lower-priority
+    # anthropic lease frees only global
+    assert store.submit(req("hi", provider="openai", priority=5)).state == ADMITTED
+    assert store.get("on-openai").state == PREEMPTED
+    assert store.get("on-anthropic").state == ADMITTED
+
+
+def test_preemption_prefers_one_victim_to_two_of_lower_priority(store):
+    store.set_policy(Policy.build(preemption=True, environments={"prod": 2}, providers={"openai": 2}))
+    store.submit(req("both", environment="prod", provider="openai", priority=2, preemptible=True))
+    store.submit(req("env-only", environment="prod", provider="anthropic", priority=0, preemptible=True))
+    store.submit(req("prov-only", environment="dev", provider="openai", priority=0, preemptible=True))
+    # prod and openai are full; "both" alone frees each, the two priority-0 leases free one each
+    assert store.submit(req("hi", environment="prod", provider="openai", priority=5)).state == ADMITTED
+    assert [store.get(r).state for r in ("both", "env-only", "prov-only")] == [PREEMPTED, ADMITTED, ADMITTED]
+
+
+def test_preemption_takes_nothing_when_no_victims_would_admit_the_request(store):
+    store.set_policy(Policy.build(preemption=True, global_limit=2, providers={"openai": 1}))
+    store.submit(req("on-openai", provider="openai", priority=0, preemptible=False))
+    store.submit(req("on-anthropic", provider="anthropic", priority=0, preemptible=True))
+    assert store.submit(req("hi", provider="openai", priority=5)).state == QUEUED
+    assert admitted_ids(store) == ["on-anthropic", "on-openai"]
 
 
 def test_preemption_takes_the_lowest_priority_victim_and_only_if_it_helps(store):
@@ -510,13 +580,24 @@ def test_a_store_of_schema_1_is_migrated_with_its_closures(store_url, clock):
 
     with open_store(store_url, actor="orch-a", clock=clock) as s:
         pass  # the schema exists; rebuild it as version 1 had it
-    _exec(store_url, ["DROP TABLE closures", MIGRATIONS[1][-1].format(float="DOUBLE PRECISION"),
+    _exec(store_url, ["DROP TABLE orchestrators", "DROP TABLE closures", MIGRATIONS[1][-1].format(float="DOUBLE PRECISION"),
                       "INSERT INTO closures VALUES ('openai', 2000000.0, 'daily limit', 1, 1000.0, 'orch-x')",
                       "UPDATE schema_version SET version = 1"])
     with open_store(store_url, actor="orch-a", clock=clock) as s:
-        assert s.check().schema_version == SCHEMA_VERSION == 2
+        assert s.check().schema_version == SCHEMA_VERSION == 3
         assert [(c.provider, c.credential, c.until, c.cause, c.daily, c.written_by) for c in s.closures()] == [
             ("openai", None, 2000000.0, "daily limit", True, "orch-x")]
+
+
+def test_a_store_of_schema_2_is_migrated_and_keeps_its_requests(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as s:
+        s.submit(req("kept"))
+    _exec(store_url, ["DROP TABLE orchestrators", "UPDATE schema_version SET version = 2"])
+    with open_store(store_url, actor="orch-a", clock=clock) as s:
+        assert s.check().schema_version == 3
+        assert s.get("kept").state == ADMITTED
+        assert s.heartbeat(5.0).lapses_at == clock.now + 5.0
+        assert [o.id for o in s.orchestrators()] == ["orch-a"]
 
 
 # ----------------------------------------------------------------------------- schema and reachability
@@ -591,3 +672,146 @@ def test_a_lost_connection_fails_closed_and_recovers(pg_stores, clock):
     lease = s.renew("a", a.revision)
     assert lease.revision == a.revision + 1
     s.close()
+
+
+# ----------------------------------------------------------------------------- orchestrator liveness
+
+
+def test_a_lapsed_orchestrators_queued_requests_are_cancelled_not_admitted(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as a, \
+            open_store(store_url, actor="orch-b", clock=clock) as b:
+        a.set_policy(Policy.build(global_limit=1))
+        hold = a.submit(req("hold"))
+        a.heartbeat(10.0)
+        b.heartbeat(10.0)
+        b.submit(req("b-waits", orchestrator="orch-b", priority=5))
+        a.submit(req("a-waits"))
+        clock.advance(6)
+        a.heartbeat(10.0)  # orch-a beats on; orch-b has died
+        clock.advance(5)  # orch-b's beat lapsed 1 s ago
+        a.release("hold", hold.revision)
+        assert admitted_ids(a) == ["a-waits"]
+        gone = a.get("b-waits")
+        assert gone.state == CANCELLED and "orch-b" in gone.reason
+        assert [(e.kind, e.actor) for e in a.events("b-waits")][-1] == ("cancelled", "orch-a")
+        lapsed = {o.id: o.live(clock.now) for o in a.orchestrators()}
+        assert lapsed == {"orch-a": True, "orch-b": False}
+
+
+def test_an_admission_to_an_orchestrator_ends_when_its_heartbeat_lapses(store_url, clock):
+    with open_store(store_url, actor="orch-a", clock=clock) as a, \
+            open_store(store_url, actor="orch-b", clock=clock) as b:
+        a.set_policy(Policy.build(global_limit=1))
+        hold = a.submit(req("hold"))
+        beat = b.heartbeat(10.0)
+        b.submit(req("b-waits", orchestrator="orch-b", lease_ttl=30.0))
+        clock.advance(4)
+        a.release("hold", hold.revision)
+        got = a.get("b-waits")
+        # granted for its ttl (30 s) but cut where orch-b stops being known alive
+        assert (got.state, got.lease_expires) == (ADMITTED, beat.lapses_at)
+        clock.advance(6)
+        assert a.get("b-waits").state == TIMED_OUT
+
+
+def test_orchestrators_that_never_beat_are_not_judged_by_heartbeat(store, clock):
+    store.set_policy(Policy.build(global_limit=1))
+    hold = store.submit(req("hold"))
+    store.submit(req("waits", lease_ttl=30.0))
+    clock.advance(1000)
+    store.release("hold", hold.revision)
+    got = store.get("waits")
+    assert (got.state, got.lease_expires) == (ADMITTED, clock.now + 30.0)
+
+
+def test_a_beat_after_a_lapse_starts_a_new_life(store, clock):
+    first = store.heartbeat(5.0)
+    clock.advance(3)
+    assert store.heartbeat(5.0).started_at == first.started_at  # still the same life
+    clock.advance(10)
+    again = store.heartbeat(5.0)
+    assert (again.started_at, again.beat_at, again.lapses_at) == (clock.now, clock.now, clock.now + 5.0)
+
+
+# ----------------------------------------------------------------------------- bad input, both backends alike
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda s: s.get("a\x00b"), "request_id"),
+    (lambda s: s.get(7), "request_id"),
+    (lambda s: s.renew("a\x00", 1), "request_id"),
+    (lambda s: s.renew("a", "1"), "revision"),
+    (lambda s: s.release("a", 1, "done\x00"), "reason"),
+    (lambda s: s.release("a\x00", 1), "request_id"),
+    (lambda s: s.cancel("a", "x\x00"), "reason"),
+    (lambda s: s.cancel(None), "request_id"),
+    (lambda s: s.events(limit=-1), "limit"),
+    (lambda s: s.events(since="x"), "since"),
+    (lambda s: s.events(since=-1), "since"),
+    (lambda s: s.events(request_id="a\x00"), "request_id"),
+    (lambda s: s.put_closures(None), "closures"),
+    (lambda s: s.heartbeat(0), "window"),
+    (lambda s: s.heartbeat(float("nan")), "window"),
+    (lambda s: s.submit(req("a\x00b")), "id"),
+])
+def test_bad_input_is_a_typed_error_that_changes_nothing(store, call, field):
+    rec = store.submit(req("a"))
+    before = store.events()
+    with pytest.raises(BadRequest) as err:
+        call(store)
+    assert err.value.field == field and err.value.exit_code == 94
+    assert store.events() == before and store.get("a") == rec
+
+
+def test_a_file_that_is_not_a_database_is_named_not_a_traceback(tmp_path):
+    path = tmp_path / "store.db"
+    path.write_bytes(b"this is not an sqlite database, just text" * 100)
+    with pytest.raises(StoreUnreachable) as err:
+        open_store(f"sqlite://{path}")
+    assert err.value.exit_code == 90 and str(path) in str(err.value)
+
+
+def test_a_schema_named_in_the_url_is_created_when_missing(pg_stores, clock):
+    import uuid
+
+    from .store_backends import with_schema
+
+    pg_stores.new_url()  # connects the admin session
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    pg_stores.schemas.append(schema)  # dropped afterwards
+    url = with_schema(pg_stores.dsn, schema)
+    with open_store(url, actor="orch-a", clock=clock) as s:
+        assert s.submit(req("a")).state == ADMITTED
+    row = pg_stores.admin.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
+                                  (schema,)).fetchone()
+    assert row[0] >= 5
+
+
+def test_a_missing_schema_this_user_may_not_create_says_what_to_run(pg_stores, clock):
+    import uuid
+
+    from admission.store import SchemaMissing
+    from .store_backends import with_schema
+
+    pg_stores.new_url()
+    role = f"r_{uuid.uuid4().hex[:12]}"
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    pg_stores.admin.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        base = pg_stores.dsn.replace("postgres@", f"{role}@", 1)
+        with pytest.raises(SchemaMissing) as err:
+            open_store(with_schema(base, schema), actor="orch-a", clock=clock)
+        assert err.value.exit_code == 90 and f'CREATE SCHEMA "{schema}" AUTHORIZATION "{role}"' in str(err.value)
+    finally:
+        pg_stores.admin.execute(f"DROP ROLE {role}")
+
+
+def test_the_calling_orchestrator_is_alive_whatever_its_last_beat(store, clock):
+    store.set_policy(Policy.build(global_limit=1))
+    hold = store.submit(req("hold"))
+    store.heartbeat(5.0)
+    store.submit(req("waits", lease_ttl=30.0))
+    clock.advance(10)  # its beat lapsed, but it is the one calling now
+    store.release("hold", hold.revision)
+    got = store.get("waits")
+    assert (got.state, got.lease_expires) == (ADMITTED, clock.now + 30.0)

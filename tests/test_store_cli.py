@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,9 @@ def _fill(url):
 
 def test_leases_lists_admitted_and_queued_with_priority_and_expiry(store_url, capsys):
     _fill(store_url)
-    rc, rows = fleetctl_json(capsys, "leases", "--store", store_url, "--json")
+    rc, listing = fleetctl_json(capsys, "leases", "--store", store_url, "--json")
     assert rc == 0
+    rows = listing["requests"]
     assert [(r["id"], r["state"], r["effective_priority"]) for r in rows] == [("held", "admitted", 1),
                                                                              ("waiting", "queued", 4)]
     assert 0 < rows[0]["lease_expires_in_s"] <= 300 and rows[0]["revision"] == 1
@@ -50,11 +52,28 @@ def test_leases_row_ages_the_priority_and_marks_expiry():
     policy = Policy.build(aging_interval=10)
     from admission.store import Record
 
+    queued = Record(Request("q", "o", "e", "p", priority=2), submitted_at=clock.now, state="queued")
+    row = cmd_leases.row_of(queued, policy, clock.now + 25)
+    assert (row["effective_priority"], row["waited_s"], row["lease_expires_in_s"]) == (4, 25, None)
     rec = Record(Request("r", "o", "e", "p", priority=2, lease_ttl=5), submitted_at=clock.now, state="admitted",
                  revision=3, lease_expires=clock.now + 5)
     row = cmd_leases.row_of(rec, policy, clock.now + 25)
-    assert (row["effective_priority"], row["waited_s"], row["lease_expires_in_s"]) == (4, 25, -20)
+    # a lease no longer waits: it keeps its base priority
+    assert (row["effective_priority"], row["waited_s"], row["lease_expires_in_s"]) == (2, 25, -20)
     assert "expired" in cmd_leases.render([row])
+
+
+def test_leases_lists_live_and_lapsed_orchestrators(store_url, capsys):
+    with open_store(store_url, actor="orch-gone", clock=lambda: time.time() - 100) as s:
+        s.heartbeat(10.0)
+    with open_store(store_url, actor="orch-live") as s:
+        s.heartbeat(60.0)
+    rc, listing = fleetctl_json(capsys, "leases", "--store", store_url, "--json")
+    assert rc == 0
+    assert [(o["id"], o["state"]) for o in listing["orchestrators"]] == [("orch-gone", "lapsed"), ("orch-live", "live")]
+    rc, text = fleetctl_json(capsys, "leases", "--store", store_url)
+    assert any(line.split()[:2] == ["orch-gone", "lapsed"] for line in text.splitlines())
+    assert any(line.split()[:2] == ["orch-live", "live"] for line in text.splitlines())
 
 
 def test_store_url_from_the_environment(store_url, capsys, monkeypatch):
@@ -112,6 +131,14 @@ def test_unreachable_store_exits_90_and_is_not_created(tmp_path, backend):
     p = _run("store", "check", "--store", url)
     assert p.returncode == 90 and "StoreUnreachable" in p.stderr
     assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_file_that_is_not_a_database_exits_90_without_a_traceback(tmp_path):
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"plain text, not a store\n" * 200)
+    p = _run("store", "check", "--store", f"sqlite://{path}")
+    assert p.returncode == 90 and "StoreUnreachable" in p.stderr and "Traceback" not in p.stderr
+    assert path.read_bytes() == b"plain text, not a store\n" * 200
 
 
 def test_schema_too_new_exits_91(store_url):

@@ -29,7 +29,7 @@ def make_gate(url, roles, name, *, ttl=2.0, renew=None, poll=0.02, opener=None, 
                       roles=tuple(roles.items()))
     seen: queue.Queue = queue.Queue()
     gate = LeaseGate(cfg, "fleet", on_admitted=lambda u: seen.put(("admitted", u, "")),
-                     on_lost=lambda u, d: seen.put(("lost", u, d)), open_store=opener)
+                     on_lost=lambda u, reason, d: seen.put(("lost", u, f"{reason}: {d}")), open_store=opener)
     return gate.start(), seen
 
 
@@ -113,7 +113,7 @@ def test_a_preempted_lease_is_lost(store_url):
         with open_store(store_url, actor="orch-b") as other:
             assert other.submit(Request("urgent", "orch-b", "prod", "x", "host", priority=5)).state == "admitted"
         kind, unit, detail = next_event(seen)
-        assert (kind, unit) == ("lost", 1) and detail.startswith("LeaseLost") and "preempted" in detail
+        assert (kind, unit) == ("lost", 1) and detail.startswith("LeasePreempted:") and "preempted" in detail
     finally:
         gate.stop()
 
@@ -122,7 +122,7 @@ def test_an_unreachable_store_fails_closed_and_recovers(tmp_path):
     """SQLite held locked by another writer: the store does not answer in time."""
     url = f"sqlite://{tmp_path}/store.db"
     open_store(url).close()
-    opener = lambda u, actor, clock: SqliteStore(u, actor, clock, busy_timeout=0.1)  # noqa: E731
+    opener = lambda u, actor, clock, call_timeout: SqliteStore(u, actor, clock, busy_timeout=0.1)  # noqa: E731
     gate, seen = make_gate(url, HOST, "orch-a", ttl=1.0, opener=opener)
     blocker = sqlite3.connect(str(tmp_path / "store.db"), isolation_level=None)
     try:
@@ -131,7 +131,7 @@ def test_an_unreachable_store_fails_closed_and_recovers(tmp_path):
         blocker.execute("BEGIN IMMEDIATE")  # the store stops answering
         kind, unit, detail = next_event(seen)
         # lost once its ttl ran out unrenewed, whichever of the gate's checks sees it first
-        assert (kind, unit) == ("lost", 1) and detail.startswith("LeaseLost")
+        assert (kind, unit) == ("lost", 1) and detail.startswith("LeaseExpired:")
         gate.hold(2, "w")
         assert quiet(seen, 1.0)  # nothing is admitted while the store is away
         blocker.execute("ROLLBACK")  # it answers again
@@ -244,8 +244,8 @@ def test_a_running_unit_whose_lease_is_lost_fails_by_name(store_url, fleet_name)
         assert urgent.state == "admitted"
         with pytest.raises(fleet.UnitFailed) as err:
             fut.result(timeout=BOUND_S)
-        assert err.value.outcome.reason == "LeaseLost" and err.value.outcome.detail.startswith("LeaseLost")
-        assert "preempted" in err.value.outcome.detail
+        assert err.value.outcome.reason == "LeasePreempted" and "preempted" in err.value.outcome.detail
+        assert "request orch-a/" in err.value.outcome.detail and "lease revision" in err.value.outcome.detail
         # while orch-b holds the host tier, a new unit waits for its lease; then it runs
         nxt = f.submit("w", 10)
         time.sleep(0.5)
@@ -276,7 +276,7 @@ def test_a_unit_whose_lease_ends_while_it_waits_for_a_slot_never_runs(store_url,
         assert other.submit(Request("urgent", "orch-b", "prod", "x", "container", priority=5)).state == "admitted"
         with pytest.raises(fleet.UnitFailed) as err:
             waiting.result(timeout=BOUND_S)
-        assert err.value.outcome.reason == "LeaseLost" and "preempted" in err.value.outcome.detail
+        assert err.value.outcome.reason == "LeasePreempted" and "preempted" in err.value.outcome.detail
         assert running.result(timeout=BOUND_S) == 36_000_000
 
 
@@ -350,3 +350,58 @@ def test_a_stopping_fleet_fails_units_still_waiting_for_a_lease(store_url, fleet
             fut.result(timeout=BOUND_S)
         assert err.value.outcome.reason == "Shutdown"
         wait_for(lambda: [r.state for r in _orch_a_requests(other)] == ["cancelled"])
+
+
+# ----------------------------------------------------------------------------- the gate's own rules
+
+
+def test_a_restarted_orchestrator_cancels_what_its_earlier_run_left_queued(store_url):
+    with open_store(store_url, actor="orch-b") as other, open_store(store_url, actor="orch-a") as earlier:
+        other.submit(Request("blocker", "orch-b", "prod", "x", "host", lease_ttl=300))
+        left = earlier.submit(Request("orch-a/previous-run/1", "orch-a", "prod", "x", "host"))
+        assert left.state == "queued"
+        gate, seen = make_gate(store_url, HOST, "orch-a")
+        try:
+            wait_for(lambda: other.get(left.id).state == "cancelled")
+            assert "restarted" in other.get(left.id).reason
+            assert other.get("blocker").state == "admitted"
+        finally:
+            gate.stop()
+
+
+def test_the_expiry_margin_keeps_a_tenth_within_bounds():
+    from fleet.leases import call_timeout, expiry_margin
+
+    assert expiry_margin(30.0) == 3.0  # a tenth
+    assert expiry_margin(0.6) == 0.1  # at least 0.1 s
+    assert expiry_margin(0.2) == 0.05  # at most a quarter of the lease
+    assert call_timeout(30.0, 10.0) == 7.5 and call_timeout(2.0, 0.5) == 0.5 and call_timeout(0.1, 0.03) == 0.05
+
+
+def test_the_watchdog_reports_a_unit_once_and_never_after_it_was_taken():
+    import threading
+
+    from fleet.leases import _Watchdog
+
+    fired: list = []
+    done = threading.Event()
+
+    def on_expired(unit, lease):
+        fired.append((unit, lease))
+        done.set()
+
+    dog = _Watchdog(on_expired, time.monotonic)
+    dog.start()
+    try:
+        dog.track(1)
+        dog.track(2)
+        assert dog.arm(2, time.monotonic() + 0.05, "lease of 2")
+        assert dog.claim(2)  # ended before its stop time: never reported
+        assert dog.arm(1, time.monotonic() + 0.05, "lease of 1")
+        assert done.wait(BOUND_S)
+        assert fired == [(1, "lease of 1")]
+        assert not dog.claim(1) and not dog.arm(1, time.monotonic() + 60, "again")  # taken by the watchdog
+        assert not dog.arm(3, time.monotonic(), "never tracked")
+    finally:
+        dog.stop()
+    assert fired == [(1, "lease of 1")]

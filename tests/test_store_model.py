@@ -4,20 +4,26 @@ The model is written from the reference's rules alone, brute force and without
 the store's code: after every step every record in the store must equal the
 model's, and the invariants (no quota exceeded, preemption only of preemptible
 leases by strictly higher effective priority, terminal states never change) must hold.
+
+Two orchestrators share the store; each may heartbeat or die (stop beating), and the
+store may stall (another session holds the group lock), which a call must meet with
+StoreTimeout, changing nothing.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from admission.store import LeaseLost, Policy, Request, open_store
+from admission.store import LeaseLost, Policy, Request, StoreTimeout, open_store
 
 from .store_backends import FakeClock, backend, pg_dsn, stores  # noqa: F401
 
 IDS = [f"r{i}" for i in range(8)]
+ORCHS = ["orch", "orch2"]
 ENVS = ["prod", "dev"]
 PROVS = ["p1", "p2"]
 TIERS = ["host", "container"]
@@ -31,6 +37,7 @@ class Model:
         self.p = policy
         self.recs: dict[str, dict] = {}
         self.preemptions: list[tuple[dict, dict, int, int]] = []
+        self.beats: dict[str, float] = {}  # orchestrator -> when its heartbeat lapses
 
     def limit(self, level, key):
         if level == "global":
@@ -53,50 +60,64 @@ class Model:
         return True
 
     def eff(self, r, now):
+        if r["state"] != "queued":  # only waiting requests age
+            return r["priority"]
         return r["priority"] + math.floor(max(0.0, now - r["submitted_at"]) / self.p.aging_interval)
 
-    def reconcile(self, now):
+    def reconcile(self, now, caller):
+        """As a call of orchestrator `caller` reconciles: it is alive, only the others are judged by heartbeat."""
+        beats = {o: t for o, t in self.beats.items() if o != caller}
         for r in self.recs.values():
             if r["state"] == "admitted" and r["lease_expires"] <= now:
                 r["state"] = "timed-out"
             elif r["state"] == "queued":
                 if r["queue_timeout"] is not None and now >= r["submitted_at"] + r["queue_timeout"]:
                     r["state"] = "timed-out"
+                elif beats.get(r["orchestrator"], math.inf) <= now:
+                    r["state"] = "cancelled"
                 elif any(self.limit(level, key) == 0 for level, key in self.keys(r)):
                     r["state"] = "denied"
         queue = sorted((r for r in self.recs.values() if r["state"] == "queued"),
                        key=lambda r: (-self.eff(r, now), r["submitted_at"], r["id"]))
+        # strict order: a request passed over still counts as taking its place, so nothing
+        # behind it can take what it waits for
+        passed = []
         for c in queue:
             admitted = [r for r in self.recs.values() if r["state"] == "admitted"]
-            if self.fits(c, admitted):
-                self.admit(c, now)
-            elif self.p.preemption:
-                self.try_preempt(c, admitted, now)
+            if self.fits(c, admitted + passed):
+                self.admit(c, now, beats)
+            elif not (self.p.preemption and self.try_preempt(c, admitted, passed, now, beats)):
+                passed.append(c)
 
-    def try_preempt(self, c, admitted, now):
-        eligible = sorted((v for v in admitted if v["preemptible"] and self.eff(v, now) < self.eff(c, now)),
-                          key=lambda v: (self.eff(v, now), -v["submitted_at"], v["id"]))
-        chosen = []
-        while True:
-            rest = [a for a in admitted if a not in chosen]
-            if self.fits(c, rest):
+    def try_preempt(self, c, admitted, passed, now, beats):
+        eligible = [v for v in admitted if v["preemptible"] and v["priority"] < self.eff(c, now)]
+        best = None
+        for n in range(1, len(eligible) + 1):
+            for chosen in itertools.combinations(eligible, n):
+                if not self.fits(c, [a for a in admitted if a not in chosen] + passed):
+                    continue
+                key = (n, sum(v["priority"] for v in chosen),
+                       sorted((v["priority"], -v["submitted_at"], v["id"]) for v in chosen))
+                if best is None or key < best[0]:
+                    best = (key, chosen)
+            if best is not None:
                 break
-            blocked = {k for k in self.keys(c) if not self.fits_level(c, rest, k)}
-            pick = next((v for v in eligible if v not in chosen and blocked & set(self.keys(v))), None)
-            if pick is None:
-                return
-            chosen.append(pick)
-        for v in chosen:
+        if best is None:
+            return False
+        for v in best[1]:
+            self.preemptions.append((v, c, v["priority"], self.eff(c, now)))
             v["state"] = "preempted"
-            self.preemptions.append((v, c, self.eff(v, now), self.eff(c, now)))
-        self.admit(c, now)
+        self.admit(c, now, beats)
+        return True
 
     def fits_level(self, c, admitted, k):
         lim = self.limit(*k)
         return lim is None or sum(1 for a in admitted if k in self.keys(a)) + 1 <= lim
 
-    def admit(self, r, now):
-        r.update(state="admitted", revision=r["revision"] + 1, lease_expires=now + r["lease_ttl"])
+    def admit(self, r, now, beats):
+        # granted for its ttl, never past the moment its orchestrator stops being known alive
+        r.update(state="admitted", revision=r["revision"] + 1,
+                 lease_expires=min(now + r["lease_ttl"], beats.get(r["orchestrator"], math.inf)))
 
 
 policies = st.builds(
@@ -112,50 +133,116 @@ policies = st.builds(
 )
 
 
+class Stall:
+    """Another session holding the store's group lock, as a stalled peer or a long transaction would."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def __enter__(self):
+        if self.url.startswith("sqlite://"):
+            import sqlite3
+
+            self.conn = sqlite3.connect(self.url[len("sqlite://"):], isolation_level=None)
+            self.conn.execute("BEGIN IMMEDIATE")
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(self.url, autocommit=True)
+            self.conn.execute("SELECT pg_advisory_lock(hashtext('fleet.admission.store:' || current_schema()))")
+        return self
+
+    def __exit__(self, *exc):
+        self.conn.close()  # ends the transaction or the session, and with it the lock
+
+
 def machine_for(new_url):
     class StoreMachine(RuleBasedStateMachine):
         @initialize(policy=policies)
         def setup(self, policy):
             self.clock = FakeClock()
-            self.store = open_store(new_url(), actor="orch", clock=self.clock)
+            self.url = new_url()
+            self.stores = {o: open_store(self.url, actor=o, clock=self.clock) for o in ORCHS}
+            self.store = self.stores["orch"]
+            # the same orchestrator with a short deadline, for the calls a stall meets
+            self.hasty = open_store(self.url, actor="orch", clock=self.clock, call_timeout=0.05)
             self.store.set_policy(policy)
             self.model = Model(policy)
             self.frozen: dict[str, str] = {}
+            self.dead: set[str] = set()
 
         def teardown(self):
-            if hasattr(self, "store"):
-                self.store.close()
+            for s in getattr(self, "stores", {}).values():
+                s.close()
+            if hasattr(self, "hasty"):
+                self.hasty.close()
 
-        @rule(rid=st.sampled_from(IDS), env=st.sampled_from(ENVS), prov=st.sampled_from(PROVS),
-              tier=st.sampled_from(TIERS), prio=st.integers(0, 2), pre=st.booleans(),
+        @rule(rid=st.sampled_from(IDS), orch=st.sampled_from(ORCHS), env=st.sampled_from(ENVS),
+              prov=st.sampled_from(PROVS), tier=st.sampled_from(TIERS), prio=st.integers(0, 2), pre=st.booleans(),
               qt=st.sampled_from([None, None, 20.0]))
-        def submit(self, rid, env, prov, tier, prio, pre, qt):
-            r = Request(rid, "orch", env, prov, tier, prio, qt, pre, lease_ttl=10.0)
+        def submit(self, rid, orch, env, prov, tier, prio, pre, qt):
+            if orch in self.dead:
+                return
+            r = Request(rid, orch, env, prov, tier, prio, qt, pre, lease_ttl=10.0)
             known = self.model.recs.get(rid)
             if known is not None:
-                same = all(known[f] == getattr(r, f) for f in ("environment", "provider", "tier", "priority",
-                                                               "preemptible", "queue_timeout"))
+                same = all(known[f] == getattr(r, f) for f in ("orchestrator", "environment", "provider", "tier",
+                                                               "priority", "preemptible", "queue_timeout"))
                 try:
-                    self.store.submit(r)
+                    self.stores[orch].submit(r)
                     assert same, "a changed identity was accepted"
                 except Exception as exc:
                     assert not same and type(exc).__name__ == "IdentityConflict", exc
             else:
-                self.store.submit(r)
-                self.model.recs[rid] = dict(id=rid, environment=env, provider=prov, tier=tier, priority=prio,
-                                            preemptible=pre, queue_timeout=qt, lease_ttl=10.0,
+                self.stores[orch].submit(r)
+                self.model.recs[rid] = dict(id=rid, orchestrator=orch, environment=env, provider=prov, tier=tier,
+                                            priority=prio, preemptible=pre, queue_timeout=qt, lease_ttl=10.0,
                                             submitted_at=self.clock.now, state="queued", revision=0,
                                             lease_expires=None)
-            self.model.reconcile(self.clock.now)
+            self.model.reconcile(self.clock.now, orch)
+
+        @rule(orch=st.sampled_from(ORCHS), window=st.sampled_from([5.0, 15.0]))
+        def heartbeat(self, orch, window):
+            if orch in self.dead:
+                return
+            self.stores[orch].heartbeat(window)
+            self.model.beats[orch] = self.clock.now + window
+
+        @rule(orch=st.sampled_from(ORCHS))
+        def die(self, orch):
+            self.dead.add(orch)  # it never beats, submits, renews or releases again
+
+        @rule(renew=st.booleans())
+        def stall(self, renew):
+            # every locked call meets a held group lock with StoreTimeout and decides nothing
+            before = self.store.events()
+            with Stall(self.url):
+                try:
+                    if renew and self.model.recs:
+                        self.hasty.renew(sorted(self.model.recs)[0], 1)
+                    else:
+                        self.hasty.reconcile()
+                except StoreTimeout:
+                    pass
+                else:
+                    raise AssertionError("a call ran through a held store lock")
+            assert self.store.events() == before
+
+        def _owner(self, rid):
+            orch = self.model.recs[rid]["orchestrator"]
+            return None if orch in self.dead else self.stores[orch]
 
         @precondition(lambda self: self.model.recs)
         @rule(data=st.data())
         def renew(self, data):
             rid = data.draw(st.sampled_from(sorted(self.model.recs)))
-            self.model.reconcile(self.clock.now)
+            owner = self._owner(rid)
+            if owner is None:
+                return
+            self.model.reconcile(self.clock.now, self.model.recs[rid]["orchestrator"])
             m = self.model.recs[rid]
             try:
-                lease = self.store.renew(rid, m["revision"])
+                lease = owner.renew(rid, m["revision"])
                 assert m["state"] == "admitted"
                 m.update(revision=m["revision"] + 1, lease_expires=self.clock.now + m["lease_ttl"])
                 assert (lease.revision, lease.expires) == (m["revision"], m["lease_expires"])
@@ -166,17 +253,20 @@ def machine_for(new_url):
         @rule(data=st.data(), cancel=st.booleans())
         def finish(self, data, cancel):
             rid = data.draw(st.sampled_from(sorted(self.model.recs)))
-            self.model.reconcile(self.clock.now)
+            owner = self._owner(rid)
+            if owner is None:
+                return
+            self.model.reconcile(self.clock.now, self.model.recs[rid]["orchestrator"])
             m = self.model.recs[rid]
             if cancel:
-                self.store.cancel(rid)
+                owner.cancel(rid)
                 if m["state"] in ("queued", "admitted"):
                     m["state"] = "cancelled"
             else:
-                self.store.release(rid, m["revision"])
+                owner.release(rid, m["revision"])
                 if m["state"] == "admitted":
                     m["state"] = "released"
-            self.model.reconcile(self.clock.now)
+            self.model.reconcile(self.clock.now, m["orchestrator"])
 
         @rule(dt=st.sampled_from([0.5, 2.0, 4.0, 12.0]))
         def advance(self, dt):
@@ -187,7 +277,7 @@ def machine_for(new_url):
             if not hasattr(self, "store"):
                 return
             self.store.reconcile()
-            self.model.reconcile(self.clock.now)
+            self.model.reconcile(self.clock.now, "orch")
             for rid, m in self.model.recs.items():
                 got = self.store.get(rid)
                 assert (got.state, got.revision) == (m["state"], m["revision"]), (rid, got, m)

@@ -35,12 +35,15 @@ from .base import (
     Lease,
     LeaseLost,
     NotOwner,
+    Orchestrator,
     Policy,
     QuotaConfigInvalid,
     Record,
     Request,
+    SchemaMissing,
     SchemaTooNew,
     StoreError,
+    StoreTimeout,
     StoreUnreachable,
     UnknownRequest,
 )
@@ -48,17 +51,22 @@ from .closures import ClosureStoreUnreachable, StoreClosures
 
 
 def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
-               create: bool = True) -> AdmissionStore:
+               create: bool = True, call_timeout: float = 30.0) -> AdmissionStore:
     """Open (creating or migrating its schema) the store at `url`.
 
     `actor` names this orchestrator in requests and audit rows; `clock` gives the
     store's notion of now. With `create` false a missing store is StoreUnreachable
-    instead of being created (for operator commands). Raises BadRequest for an unknown url scheme,
+    instead of being created (for operator commands). `call_timeout` (seconds) bounds how
+    long any one call may wait on the database (a lock another session holds, a statement
+    that does not end): past it the call raises StoreTimeout and decides nothing.
+    Raises BadRequest for an unknown url scheme or a bad `call_timeout`,
     StoreUnreachable when the database cannot be reached, SchemaTooNew when newer
     code owns the store.
     """
     if not isinstance(url, str):
         raise BadRequest("url", f"must be a string, got {url!r}")
+    if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)) or not 0 < call_timeout < 86400:
+        raise BadRequest("call_timeout", f"must be seconds > 0 (less than a day), got {call_timeout!r}")
     if url.startswith("sqlite://"):
         from .sqlite import SqliteStore, path_of
 
@@ -66,11 +74,11 @@ def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time
             path_of(url)
         except ValueError as exc:
             raise BadRequest("url", str(exc)) from None
-        return SqliteStore(url, actor, clock, create=create)
+        return SqliteStore(url, actor, clock, busy_timeout=call_timeout, create=create)
     if url.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresStore
 
-        return PostgresStore(url, actor, clock, create=create)
+        return PostgresStore(url, actor, clock, call_timeout=call_timeout, create=create)
     raise BadRequest("url", f"unknown store url {url!r}: want sqlite:///path or postgresql://...")
 
 
@@ -86,8 +94,8 @@ def closure_store(url: str, actor: str = "fleet", clock: Callable[[], float] = t
 
 __all__ = [
     "closure_store", "StoreClosures", "ClosureStoreUnreachable",
-    "open_store", "AdmissionStore", "Request", "Record", "Lease", "Event", "Closure", "Health", "Policy",
-    "StoreError", "StoreUnreachable", "SchemaTooNew", "QuotaConfigInvalid", "BadRequest", "UnknownRequest",
+    "open_store", "AdmissionStore", "Request", "Record", "Lease", "Event", "Closure", "Health", "Policy", "Orchestrator",
+    "StoreError", "StoreUnreachable", "StoreTimeout", "SchemaTooNew", "SchemaMissing", "QuotaConfigInvalid", "BadRequest", "UnknownRequest",
     "NotOwner", "IdentityConflict", "LeaseLost", "STATES", "TERMINAL_STATES", "TIERS",
     "QUEUED", "ADMITTED", "DENIED", "CANCELLED", "TIMED_OUT", "PREEMPTED", "RELEASED",
 ]

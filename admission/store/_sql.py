@@ -50,17 +50,19 @@ from .base import (
     Lease,
     LeaseLost,
     NotOwner,
+    Orchestrator,
     Policy,
     Record,
     Request,
     SchemaTooNew,
     StoreError,
+    StoreTimeout,
     StoreUnreachable,
     UnknownRequest,
 )
 
 #: The schema this code writes. Bump it and append to MIGRATIONS together.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # {serial} and {float} are filled in per dialect; everything else is common SQL.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -123,6 +125,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP TABLE closures",
         "ALTER TABLE closures_v2 RENAME TO closures",
     ),
+    # Orchestrator heartbeats. A store of version 2 had none: its orchestrators are judged
+    # by heartbeat from their first beat on.
+    3: (
+        """CREATE TABLE orchestrators (
+            id TEXT PRIMARY KEY,
+            beat_at {float} NOT NULL,
+            lapses_at {float} NOT NULL,
+            started_at {float} NOT NULL)""",
+    ),
 }
 
 _REQ_COLS = ("id, orchestrator, environment, provider, tier, priority, queue_timeout, preemptible, lease_ttl, "
@@ -137,6 +148,14 @@ _RELEASE_SQL = ("UPDATE requests SET state = ?, decided_at = ?, reason = ? WHERE
                 f"AND state = 'admitted' AND revision = ? AND lease_expires > ? RETURNING {_REQ_COLS}")
 _VERSION_POLICY_SQL = "SELECT v.version, p.body FROM schema_version v LEFT JOIN policy p ON p.id = 1 WHERE v.id = 1"
 _INSERT_NEW_SQL = _INSERT_SQL + f" ON CONFLICT (id) DO NOTHING RETURNING {_REQ_COLS}"
+# the heartbeats that bear on this transaction: those of orchestrators with queued requests
+_BEATS_SQL = ("SELECT id, lapses_at FROM orchestrators "
+              "WHERE id IN (SELECT orchestrator FROM requests WHERE state = 'queued')")
+_ORCH_COLS = "id, beat_at, lapses_at, started_at"
+_HEARTBEAT_SQL = (f"INSERT INTO orchestrators ({_ORCH_COLS}) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+                  "SET beat_at = excluded.beat_at, lapses_at = excluded.lapses_at, started_at = CASE "
+                  "WHEN orchestrators.lapses_at <= excluded.beat_at THEN excluded.started_at "
+                  f"ELSE orchestrators.started_at END RETURNING {_ORCH_COLS}")
 _UPDATE_SQL = "UPDATE requests SET state = ?, revision = ?, lease_expires = ?, decided_at = ?, reason = ? WHERE id = ?"
 
 
@@ -169,6 +188,7 @@ class _Tx:
     cur: object
     now: float
     policy: Policy
+    heartbeats: dict = field(default_factory=dict)  # orchestrator -> when its heartbeat lapses
     records: dict = field(default_factory=dict)
     changed: dict = field(default_factory=dict)
     inserted: list = field(default_factory=list)
@@ -216,6 +236,7 @@ class SqlStore(AdmissionStore):
         self._release_sql = self._sql(_RELEASE_SQL)
         self._put_closure_sql = self._sql(_PUT_CLOSURE_SQL)
         self._get_closure_sql = self._sql(f"SELECT {_CLOSURE_COLS} FROM closures WHERE provider = ? AND credential = ?")
+        self._heartbeat_sql = self._sql(_HEARTBEAT_SQL)
         self._event_sql = self._sql("INSERT INTO events (at, kind, request_id, actor, reason) VALUES (?, ?, ?, ?, ?)")
         self._migrate()
 
@@ -237,6 +258,9 @@ class SqlStore(AdmissionStore):
     def _migration_lock(self, cur) -> None:
         """Serialize schema creation among processes opening a fresh store at once."""
 
+    def _ensure_schema(self, cur) -> None:
+        """Make the namespace the store lives in exist (a database schema named in the url)."""
+
     @abc.abstractmethod
     def _has_schema(self, cur) -> bool:
         """Whether the schema_version table exists (in the schema in use)."""
@@ -244,6 +268,10 @@ class SqlStore(AdmissionStore):
     @abc.abstractmethod
     def _unreachable(self, exc: BaseException) -> bool:
         """Whether a driver error means the database is gone (as opposed to a bug)."""
+
+    @abc.abstractmethod
+    def _timed_out(self, exc: BaseException) -> bool:
+        """Whether a driver error is a call that passed its deadline (the connection is still good)."""
 
     def _sql(self, text: str) -> str:
         return text if self.paramstyle == "?" else text.replace("?", "%s")
@@ -284,6 +312,8 @@ class SqlStore(AdmissionStore):
                     conn.rollback()
                 except Exception:
                     self._drop_connection()
+                if isinstance(exc, Exception) and self._timed_out(exc):
+                    raise StoreTimeout(f"{self.redacted_url()}: the call passed its deadline: {exc}".strip()) from exc
                 if isinstance(exc, Exception) and self._unreachable(exc):
                     self._drop_connection()
                     raise StoreUnreachable(f"{self.redacted_url()}: {exc}".strip()) from exc
@@ -298,7 +328,7 @@ class SqlStore(AdmissionStore):
         """
         with self._guard() as conn:
             cur = conn.cursor()
-            row, rows = self._lock_and_read(cur, request_id, policy_write)
+            row, rows, beats = self._lock_and_read(cur, request_id, policy_write)
             if row is None:
                 raise StoreError(f"{self.redacted_url()}: the store's schema_version row is missing")
             version, body = row
@@ -307,11 +337,12 @@ class SqlStore(AdmissionStore):
                 raise SchemaTooNew(version, SCHEMA_VERSION)
             tx = _Tx(cur, self.clock(), self._parse_policy(body))
             tx.records = {r.id: r for r in map(_record, rows)}
+            tx.heartbeats = dict(beats)
             yield tx
             self._write_and_commit(conn, cur, self._writes(tx))
 
     def _lock_and_read(self, cur, request_id: str, policy_write: bool = False):
-        """Begin, take the store lock, then read: (schema_version row, request rows).
+        """Begin, take the store lock, then read: (schema_version row, request rows, heartbeat rows).
 
         `policy_write`: the transaction may change the policy, so it also excludes the
         lock-free admissions that rely on the policy staying put."""
@@ -319,7 +350,9 @@ class SqlStore(AdmissionStore):
         cur.execute(self._version_policy_sql)  # under the lock _begin took (SQLite: BEGIN IMMEDIATE)
         row = cur.fetchone()
         cur.execute(self._read_sql, (request_id,))
-        return row, cur.fetchall()
+        rows = cur.fetchall()
+        cur.execute(_BEATS_SQL)
+        return row, rows, cur.fetchall()
 
     def _writes(self, tx: _Tx) -> list[tuple[str, list]]:
         """The transaction's writes: (statement, [parameter rows])."""
@@ -363,6 +396,7 @@ class SqlStore(AdmissionStore):
         with self._guard() as conn:
             cur = conn.cursor()
             self._begin(cur)
+            self._ensure_schema(cur)
             self._migration_lock(cur)
             if not self.create and not self._has_schema(cur):
                 raise StoreUnreachable(f"{self.redacted_url()}: no admission store there (it has no schema_version)")
@@ -386,17 +420,20 @@ class SqlStore(AdmissionStore):
 
     def _reconcile(self, tx: _Tx) -> None:
         """Apply `rules.plan` at tx.now to the records in memory."""
-        p = rules.plan(tx.policy, tx.live(), tx.now)
+        # The caller is alive (it is making this call): only the other orchestrators are
+        # judged by their heartbeats.
+        beats = {o: lapses_at for o, lapses_at in tx.heartbeats.items() if o != self.actor}
+        p = rules.plan(tx.policy, tx.live(), tx.now, beats)
         if p.empty():
             return
         for pairs, state in ((p.lease_timeouts, TIMED_OUT), (p.queue_timeouts, TIMED_OUT), (p.denials, DENIED),
-                             (p.preemptions, PREEMPTED)):
+                             (p.cancellations, CANCELLED), (p.preemptions, PREEMPTED)):
             for r, reason in pairs:
                 tx.change(tx.records[r.id], state, reason, state=state)
         for r, reason in p.admissions:
             rec = tx.records[r.id]
             tx.change(rec, ADMITTED, reason, state=ADMITTED, revision=rec.revision + 1,
-                      lease_expires=tx.now + rec.request.lease_ttl)
+                      lease_expires=rules.lease_end(rec.request, tx.now, beats))
 
     def _must_get(self, tx: _Tx, request_id: str) -> Record:
         rec = tx.records.get(request_id)
@@ -437,11 +474,14 @@ class SqlStore(AdmissionStore):
             return tx.records[request.id]
 
     def get(self, request_id: str) -> Record:
+        _text("request_id", request_id)
         with self._tx(request_id) as tx:
             self._reconcile(tx)
             return self._must_get(tx, request_id)
 
     def renew(self, request_id: str, revision: int) -> Lease:
+        _text("request_id", request_id)
+        _whole("revision", revision)
         # The reconcile must commit even when the lease turns out lost, so raise after the transaction.
         with self._tx(request_id) as tx:
             self._reconcile(tx)
@@ -461,7 +501,10 @@ class SqlStore(AdmissionStore):
         # unexpired lease) needs no store lock: one guarded update, audited in the same
         # transaction. The freed capacity goes to the next request at the next reconciling
         # call. Everything else (expired, stale, not ours, unknown) takes the locked path.
-        rec = self._release_fast(request_id, revision, str(reason))
+        _text("request_id", request_id)
+        _whole("revision", revision)
+        _text("reason", reason)
+        rec = self._release_fast(request_id, revision, reason)
         if rec is not None:
             return rec
         with self._tx(request_id) as tx:
@@ -470,7 +513,7 @@ class SqlStore(AdmissionStore):
             if rec.state == ADMITTED:
                 if rec.revision != revision:
                     raise LeaseLost(request_id, rec.state, f"revision {revision} is stale (current {rec.revision})")
-                tx.change(rec, RELEASED, str(reason), state=RELEASED)
+                tx.change(rec, RELEASED, reason, state=RELEASED)
                 self._reconcile(tx)
             return tx.records[request_id]
 
@@ -511,11 +554,13 @@ class SqlStore(AdmissionStore):
             return _record(row)
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
+        _text("request_id", request_id)
+        _text("reason", reason)
         with self._tx(request_id) as tx:
             self._reconcile(tx)
             rec = self._owned(tx, request_id, "cancel")
             if rec.state in LIVE_STATES:
-                tx.change(rec, CANCELLED, str(reason), state=CANCELLED)
+                tx.change(rec, CANCELLED, reason, state=CANCELLED)
                 self._reconcile(tx)
             return tx.records[request_id]
 
@@ -542,6 +587,11 @@ class SqlStore(AdmissionStore):
         return _ordered(live, policy, now), policy, now
 
     def events(self, request_id: str | None = None, since: int = 0, limit: int | None = None) -> list[Event]:
+        if request_id is not None:
+            _text("request_id", request_id)
+        _whole("since", since)
+        if limit is not None:
+            _whole("limit", limit)
         sql = "SELECT seq, at, kind, request_id, actor, reason FROM events WHERE seq > ?"
         args: list = [since]
         if request_id is not None:
@@ -550,10 +600,27 @@ class SqlStore(AdmissionStore):
         sql += " ORDER BY seq"
         if limit is not None:
             sql += " LIMIT ?"
-            args.append(int(limit))
+            args.append(limit)
         with self._read() as cur:
             cur.execute(self._sql(sql), args)
             return [Event(*row) for row in cur.fetchall()]
+
+    def heartbeat(self, window: float) -> Orchestrator:
+        if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 < window < 86400:
+            raise BadRequest("window", f"must be seconds > 0 (less than a day), got {window!r}")
+        with self._guard() as conn:
+            cur = conn.cursor()
+            now = self.clock()
+            self._begin(cur)
+            cur.execute(self._heartbeat_sql, (self.actor, now, now + window, now))
+            beat = Orchestrator(*cur.fetchone())
+            self._commit(conn, cur)
+            return beat
+
+    def orchestrators(self) -> list[Orchestrator]:
+        with self._read() as cur:
+            cur.execute(f"SELECT {_ORCH_COLS} FROM orchestrators ORDER BY id")
+            return [Orchestrator(*row) for row in cur.fetchall()]
 
     def policy(self) -> Policy:
         with self._read() as cur:
@@ -577,7 +644,11 @@ class SqlStore(AdmissionStore):
 
 
     def put_closures(self, closures) -> list[Closure]:
-        rows = [_closure_row(c) for c in closures]  # every one checked before anything is written
+        try:
+            given = list(closures)
+        except TypeError:
+            raise BadRequest("closures", f"must be an iterable of closures, got {closures!r}") from None
+        rows = [_closure_row(c) for c in given]  # every one checked before anything is written
         with self._guard() as conn:
             cur = conn.cursor()
             now = self.clock()
@@ -665,6 +736,13 @@ def _closure(row) -> Closure:
 def _text(name: str, value, empty_ok: bool = False) -> str:
     if not isinstance(value, str) or (not value and not empty_ok) or "\x00" in value:
         raise BadRequest(name, f"must be a{'' if empty_ok else ' non-empty'} string without NUL, got {value!r}")
+    return value
+
+
+def _whole(name: str, value) -> int:
+    """A whole number >= 0 that both databases take (a 63-bit integer)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise BadRequest(name, f"must be a whole number >= 0, got {value!r}")
     return value
 
 

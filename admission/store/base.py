@@ -75,6 +75,22 @@ class StoreUnreachable(StoreError):
     exit_code = EXIT_STORE_UNREACHABLE
 
 
+class StoreTimeout(StoreUnreachable):
+    """A store call passed its deadline (a lock held elsewhere, a statement that would not end).
+
+    Fails closed like any unreachable store: nothing was decided.
+    """
+
+
+class SchemaMissing(StoreUnreachable):
+    """The database schema the url names does not exist and this user may not create it."""
+
+    def __init__(self, url: str, schema: str, statement: str, cause):
+        self.schema, self.statement = schema, statement
+        super().__init__(f"{url}: schema {schema!r} does not exist and could not be created ({cause}); "
+                         f"have its owner run: {statement}")
+
+
 class SchemaTooNew(StoreError):
     """The store's schema version is newer than this code knows; it is not touched."""
 
@@ -229,6 +245,24 @@ class Event:
     request_id: str
     actor: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Orchestrator:
+    """One orchestrator's heartbeat: it beat at `beat_at` and counts as gone from `lapses_at` on.
+
+    Requests it queued are not admitted once it has lapsed (they are cancelled), and an
+    admission granted to it never outlasts `lapses_at`. Its admitted leases still run to
+    their own expiry: an absent heartbeat alone is no proof that its work stopped.
+    """
+
+    id: str
+    beat_at: float
+    lapses_at: float
+    started_at: float
+
+    def live(self, now: float) -> bool:
+        return now < self.lapses_at
 
 
 @dataclass(frozen=True)
@@ -419,6 +453,18 @@ class AdmissionStore(abc.ABC):
     @abc.abstractmethod
     def events(self, request_id: str | None = None, since: int = 0, limit: int | None = None) -> list[Event]:
         """Audit rows after sequence `since`, oldest first (of one request, if given)."""
+
+    @abc.abstractmethod
+    def heartbeat(self, window: float) -> Orchestrator:
+        """Say this orchestrator (`actor`) is alive for the next `window` seconds.
+
+        From its first beat on, the orchestrator is judged by its heartbeat: once
+        `window` passes without another beat, its queued requests are cancelled.
+        """
+
+    @abc.abstractmethod
+    def orchestrators(self) -> list[Orchestrator]:
+        """Every orchestrator that has heartbeat in this store, by id."""
 
     @abc.abstractmethod
     def policy(self) -> Policy:

@@ -16,6 +16,7 @@ import time
 from typing import Callable
 
 from ._sql import (
+    _BEATS_SQL,
     _RELEASE_SQL,
     _REQ_COLS,
     _VERSION_POLICY_SQL,
@@ -25,19 +26,23 @@ from ._sql import (
     _queued_reason,
     _record,
 )
-from .base import StoreUnreachable
+from .base import SchemaMissing, StoreUnreachable
 
 PREFIXES = ("postgresql://", "postgres://")
 
 # A store transaction's commit does not wait for the WAL flush, so the store lock is
 # released without holding every other orchestrator through an fsync.
-_BEGIN = "BEGIN; SET LOCAL synchronous_commit = off"
+_BEGIN_STATEMENTS = ("BEGIN", "SET LOCAL synchronous_commit = off")
+_BEGIN = "; ".join(_BEGIN_STATEMENTS)
 # Then a second, tiny transaction that writes one WAL record (a logical message, which any
 # user may emit and nothing consumes) commits under the server's own synchronous_commit.
 # Its flush covers all WAL before it, so our decision - and every decision it read - is
 # durable before the caller may act on it; the flushes of several orchestrators group into
-# one fsync. (A transaction that only takes an xid writes no WAL and would not wait.)
-_COMMIT_DURABLY = "COMMIT; BEGIN; SELECT pg_logical_emit_message(true, 'fleet.admission.store', ''); COMMIT"
+# one fsync. (A transaction that only takes an xid writes no WAL and would not wait.) The
+# statement after COMMIT is a transaction of its own, committed at the end of the query
+# string: one statement, not BEGIN, SELECT and COMMIT.
+_DURABLE = "SELECT pg_logical_emit_message(true, 'fleet.admission.store', '')"
+_COMMIT_DURABLY = f"COMMIT; {_DURABLE}"
 
 _GROUP_LOCK = "SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store:' || current_schema()))"
 # Taken exclusively by a transaction that may change the policy, shared by an admission that
@@ -69,43 +74,63 @@ class PostgresStore(SqlStore):
     paramstyle = "%s"
 
     def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
-                 connect_timeout: int = 10, create: bool = True):
+                 connect_timeout: int = 10, create: bool = True, call_timeout: float = 30.0):
         try:
             import psycopg  # imported here so that SQLite users need not have it
         except ImportError as exc:
             raise StoreUnreachable(f"{url}: the PostgreSQL driver is not installed "
                                    f"(pip install 'fleet[postgres]'): {exc}") from None
 
+        import psycopg.sql  # noqa: F401 - quotes the schema name on creation
+
         self._psycopg = psycopg
         self.connect_timeout = connect_timeout
+        self.call_timeout = call_timeout
         super().__init__(url, actor, clock, create)
 
     def _connect(self):
         kwargs = {} if "connect_timeout" in self.url else {"connect_timeout": self.connect_timeout}
         # Transactions are begun and committed by the statements themselves, and values are
         # bound on the client, so that one round trip can carry several statements.
-        return self._psycopg.connect(self.url, autocommit=True, cursor_factory=self._psycopg.ClientCursor,
+        conn = self._psycopg.connect(self.url, autocommit=True, cursor_factory=self._psycopg.ClientCursor,
                                      **kwargs)
+        # Every call has a deadline: a lock held by another session (lock_timeout), a statement
+        # that does not end (statement_timeout), and a transaction left open by a client that
+        # stopped mid-way (idle_in_transaction_session_timeout, so its group lock is freed).
+        ms = max(1, int(self.call_timeout * 1000))
+        try:
+            conn.execute(f"SET lock_timeout = {ms}; SET statement_timeout = {ms}; "
+                         f"SET idle_in_transaction_session_timeout = {ms}")
+        except Exception:
+            conn.close()
+            raise
+        return conn
 
     def _begin(self, cur) -> None:
         cur.execute(_BEGIN)
 
     def _lock_and_read(self, cur, request_id: str, policy_write: bool = False):
-        # One round trip: begin, take the lock (the reads, later statements, then see every
-        # commit before the lock was granted), read. The admitted rows are read FOR UPDATE:
+        # One round trip, pipelined: begin, take the lock (the reads, later statements, then see
+        # every commit before the lock was granted), read. The admitted rows are read FOR UPDATE:
         # a lock-free release (see `_release_fast`) of one of them then waits for this
         # transaction and re-checks its row, so what this transaction decided about an
         # admitted lease (timed out, preempted, renewed) cannot be overtaken by a release.
-        locks = f"{_GROUP_LOCK}; {_POLICY_LOCK}" if policy_write else _GROUP_LOCK
-        cur.execute(f"{_BEGIN}; {locks}; {self._version_policy_sql}; {_ADMITTED_FOR_UPDATE}; {_QUEUED_AND_ONE}",
-                    (request_id,))
-        for _ in range(4 if policy_write else 3):
-            cur.nextset()  # past BEGIN, SET and the locks
-        row = cur.fetchone()
-        cur.nextset()
-        rows = cur.fetchall()
-        cur.nextset()
-        return row, rows + cur.fetchall()
+        # Pipelined statements are prepared once per connection and then only executed: the
+        # store lock is held for as short a time as the reads take, not their planning too.
+        conn = cur.connection
+        with conn.pipeline():
+            run = [self._psycopg.Cursor(conn) for _ in range(4)]
+            for statement in _BEGIN_STATEMENTS:  # a pipeline takes one statement per query
+                cur.execute(statement)
+            for lock in ((_GROUP_LOCK, _POLICY_LOCK) if policy_write else (_GROUP_LOCK,)):
+                cur.execute(lock)
+            run[0].execute(_VERSION_POLICY_SQL)
+            run[1].execute(_ADMITTED_FOR_UPDATE)
+            run[2].execute(_QUEUED_AND_ONE, (request_id,))
+            run[3].execute(_BEATS_SQL)
+        row = run[0].fetchone()
+        rows = run[1].fetchall() + run[2].fetchall()
+        return row, rows, run[3].fetchall()
 
     def _submit_unconstrained(self, request, policy_body):
         # One round trip, holding the policy lock shared: it keeps the policy put (set_policy
@@ -138,15 +163,46 @@ class PostgresStore(SqlStore):
             return None if row is None else _record(row)
 
     def _write_and_commit(self, conn, cur, writes) -> None:
-        # One round trip: every write, the commit, and the wait for durability.
-        parts = [cur.mogrify(sql, params) for sql, rows in writes for params in rows]
-        cur.execute("; ".join(parts + [_COMMIT_DURABLY]))
+        # One round trip, pipelined like the reads: every write, the commit, and the wait for
+        # durability (the statement after COMMIT is a transaction of its own, ended at the sync).
+        with conn.pipeline():
+            run = self._psycopg.Cursor(conn)
+            for sql, rows in writes:
+                run.executemany(sql, rows)
+            run.execute("COMMIT")
+            run.execute(_DURABLE)
 
     def _commit(self, conn, cur) -> None:
         cur.execute(_COMMIT_DURABLY)
 
+    def _ensure_schema(self, cur) -> None:
+        # A search_path naming a schema that does not exist leaves current_schema() NULL:
+        # create the first schema it names (serialized by a lock of its own, since the group
+        # lock is keyed on the schema), or say exactly what to run.
+        cur.execute("SELECT current_schema()")
+        if cur.fetchone()[0] is not None:
+            return
+        cur.execute("SELECT current_setting('search_path')")
+        names = [n.strip() for n in cur.fetchone()[0].split(",") if n.strip() and n.strip() != '"$user"']
+        if not names:
+            raise StoreUnreachable(f"{self.redacted_url()}: the search_path names no schema to keep the store in")
+        name = names[0][1:-1].replace('""', '"') if names[0].startswith('"') else names[0]
+        ident = self._psycopg.sql.Identifier(name).as_string(cur)
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store.schema'))")
+        try:
+            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {ident}")
+        except self._psycopg.errors.InsufficientPrivilege as exc:
+            cur.connection.rollback()
+            cur.execute("SELECT current_user")
+            user = self._psycopg.sql.Identifier(cur.fetchone()[0]).as_string(cur)
+            raise SchemaMissing(self.redacted_url(), name, f"CREATE SCHEMA {ident} AUTHORIZATION {user}", exc) from None
+
     def _migration_lock(self, cur) -> None:
         cur.execute(_GROUP_LOCK)
+
+    def _timed_out(self, exc: BaseException) -> bool:
+        errors = self._psycopg.errors
+        return isinstance(exc, (errors.LockNotAvailable, errors.QueryCanceled))
 
     def _unreachable(self, exc: BaseException) -> bool:
         return isinstance(exc, (self._psycopg.OperationalError, self._psycopg.InterfaceError))

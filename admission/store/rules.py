@@ -1,22 +1,35 @@
 """The host-group admission rules, as pure functions both backends call.
 
 Theory. A store transaction reads the live records (queued and admitted), the
-policy and the clock, and asks `plan` what must change; it then writes exactly
-that. `plan` works in this order, so that freed capacity is reused at once:
+policy, the orchestrators' heartbeats and the clock, and asks `plan` what must
+change; it then writes exactly that. `plan` works in this order, so that freed
+capacity is reused at once:
 
 1. an admitted request whose lease expired is timed out; a queued request past its
-   queue deadline is timed out; a queued request the policy forbids (a limit of 0
-   at some level) is denied;
-2. the remaining queued requests are taken in queue order — effective priority
-   (base + 1 per aging interval waited) descending, then submission time, then
-   id — and each is admitted if the global limit and its environment, provider and
-   tier quotas all have room. One that does not fit stays queued and the next is
-   tried (capacity waits are retryable; the head never blocks work it does not
-   compete with);
+   queue deadline is timed out; a queued request of an orchestrator whose heartbeat
+   lapsed is cancelled (nobody is there to dispatch it); a queued request the policy
+   forbids (a limit of 0 at some level) is denied;
+2. the remaining queued requests are taken in queue order - effective priority
+   (base + 1 per aging interval waited) descending, then submission time, then id -
+   and each is admitted if the global limit and its environment, provider and tier
+   quotas all have room. Order is strict: a request that does not fit holds one
+   place at each limited quota it needs, and no request behind it may take such a
+   place. A later request is admitted only where room is left beyond those held
+   places, so it can never delay an earlier one (it takes nothing the earlier one
+   waits for); where there is no such room, nothing behind the head moves;
 3. with preemption enabled, a request that does not fit may displace admitted
-   requests that are preemptible and of strictly lower effective priority, lowest
-   first (newest first among equals), and only if displacing them makes it fit;
-   otherwise nothing is displaced.
+   requests that are preemptible and of strictly lower priority: the fewest such
+   leases whose release makes it fit (then the lowest total priority, then the
+   newest), and none at all when no set of them would.
+
+Aging lifts waiting requests only: an admitted lease keeps its base priority, so a
+lease that has run long is no harder to displace than a fresh one.
+
+An admission is granted until its ttl has passed, or until its orchestrator's
+heartbeat lapses, whichever comes first: a request admitted to an orchestrator that
+has died holds its capacity no longer than one heartbeat window after its last beat.
+Orchestrators that never heartbeat are not judged by it, nor is the one making the
+call (it is alive: the store passes only the others' heartbeats).
 
 No I/O and no clock here: `now` is an argument.
 """
@@ -25,7 +38,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from .base import (
     ADMITTED,
@@ -73,7 +86,12 @@ def identity_mismatch(stored: Request, replay: Request) -> tuple[str, ...]:
 
 
 def effective_priority(record: Record, now: float, aging_interval: float) -> int:
-    """Base priority plus one point per whole aging interval the request has waited."""
+    """Base priority plus one point per whole aging interval the request has waited.
+
+    Only a queued request is waiting: an admitted one counts its base priority.
+    """
+    if record.state != QUEUED:
+        return record.request.priority
     waited = max(0.0, now - record.submitted_at)
     return record.request.priority + int(waited // aging_interval)
 
@@ -135,6 +153,21 @@ def blocking(policy: Policy, usage: Counter, request: Request) -> list[tuple[str
     return out
 
 
+def limited_slots(policy: Policy, request: Request) -> list[tuple[str, str]]:
+    """The (level, key) pairs of `request` that the policy limits."""
+    return [slot for slot in quota_slots(request) if limit_of(policy, *slot) is not None]
+
+
+def lapsed(heartbeats: Mapping[str, float], now: float) -> frozenset:
+    """The orchestrators whose heartbeat (orchestrator -> when it lapses) has lapsed at `now`."""
+    return frozenset(o for o, lapses_at in heartbeats.items() if lapses_at <= now)
+
+
+def lease_end(request: Request, now: float, heartbeats: Mapping[str, float]) -> float:
+    """When a lease granted to `request` at `now` ends: its ttl, cut at its orchestrator's heartbeat lapse."""
+    return min(now + request.lease_ttl, heartbeats.get(request.orchestrator, math.inf))
+
+
 def over_quota(policy: Policy, admitted: Iterable[Record]) -> list[tuple[str, str, int, int]]:
     """(level, key, used, limit) for every quota the admitted set exceeds; [] when all hold."""
     return [(level, key, used, limit) for (level, key), used in usage_of(admitted).items()
@@ -148,17 +181,22 @@ class Plan:
     lease_timeouts: list = field(default_factory=list)
     queue_timeouts: list = field(default_factory=list)
     denials: list = field(default_factory=list)
+    cancellations: list = field(default_factory=list)
     preemptions: list = field(default_factory=list)
     admissions: list = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.lease_timeouts or self.queue_timeouts or self.denials or self.preemptions
-                    or self.admissions)
+        return not (self.lease_timeouts or self.queue_timeouts or self.denials or self.cancellations
+                    or self.preemptions or self.admissions)
 
 
-def plan(policy: Policy, live: Iterable[Record], now: float) -> Plan:
-    """Decide expiries, denials, preemptions and admissions for the live records at `now`."""
+def plan(policy: Policy, live: Iterable[Record], now: float, heartbeats: Mapping[str, float] | None = None) -> Plan:
+    """Decide expiries, cancellations, denials, preemptions and admissions for the live records at `now`.
+
+    `heartbeats`: orchestrator -> when its heartbeat lapses, for the orchestrators that beat.
+    """
     out = Plan()
+    gone = lapsed(heartbeats or {}, now)
     admitted: list[Record] = []
     queued: list[Record] = []
     for r in live:
@@ -172,48 +210,79 @@ def plan(policy: Policy, live: Iterable[Record], now: float) -> Plan:
             reason = denial_reason(policy, r.request)
             if deadline is not None and now >= deadline:
                 out.queue_timeouts.append((r, "queue timeout"))
+            elif r.request.orchestrator in gone:
+                out.cancellations.append((r, f"orchestrator {r.request.orchestrator!r} stopped heartbeating "
+                                             f"(lapsed at {heartbeats[r.request.orchestrator]:.3f})"))
             elif reason is not None:
                 out.denials.append((r, reason))
             else:
                 queued.append(r)
     usage = usage_of(admitted)
+    held: Counter = Counter()  # places kept at each limited quota for requests ahead that did not fit
     for cand in sorted(queued, key=lambda r: queue_key(r, now, policy.aging_interval)):
-        if not blocking(policy, usage, cand.request):
+        taken = usage + held
+        if not blocking(policy, taken, cand.request):
             usage.update(quota_slots(cand.request))
             admitted.append(cand)
             out.admissions.append((cand, "capacity"))
             continue
-        if policy.preemption:
-            victims = choose_victims(policy, usage, admitted, cand, now)
-            if victims:
-                prio = effective_priority(cand, now, policy.aging_interval)
-                for v in victims:
-                    usage.subtract(quota_slots(v.request))
-                    admitted.remove(v)
-                    out.preemptions.append((v, f"preempted by {cand.id} (effective priority {prio})"))
-                usage.update(quota_slots(cand.request))
-                admitted.append(cand)
-                out.admissions.append((cand, "preemption"))
+        victims = choose_victims(policy, taken, admitted, cand, now) if policy.preemption else None
+        if victims:
+            prio = effective_priority(cand, now, policy.aging_interval)
+            for v in victims:
+                usage.subtract(quota_slots(v.request))
+                admitted.remove(v)
+                out.preemptions.append((v, f"preempted by {cand.id} (effective priority {prio})"))
+            usage.update(quota_slots(cand.request))
+            admitted.append(cand)
+            out.admissions.append((cand, "preemption"))
+            continue
+        held.update(limited_slots(policy, cand.request))
     return out
 
 
 def preemptible_by(victim: Record, cand: Record, now: float, aging_interval: float) -> bool:
-    """Only a preemptible admitted request, and only by strictly higher effective priority."""
+    """Only a preemptible admitted request, and only by strictly higher effective priority
+    (the victim's is its base priority: it no longer waits)."""
     return (victim.state == ADMITTED and victim.request.preemptible
             and effective_priority(victim, now, aging_interval) < effective_priority(cand, now, aging_interval))
 
 
+def victim_key(record: Record):
+    """Which of two equally useful victims goes first: the lower priority, then the newer (it has run least)."""
+    return (record.request.priority, -record.submitted_at, record.id)
+
+
 def choose_victims(policy: Policy, usage: Counter, admitted: list[Record], cand: Record, now: float):
-    """The fewest-first, lowest-priority admitted requests whose removal lets `cand` fit, or None."""
-    eligible = [v for v in admitted if preemptible_by(v, cand, now, policy.aging_interval)]
-    # lowest effective priority first; among equals the newest goes first (it has run least)
-    eligible.sort(key=lambda v: (effective_priority(v, now, policy.aging_interval), -v.submitted_at, v.id))
-    trial = Counter(usage)
-    chosen: list[Record] = []
-    while blocked := blocking(policy, trial, cand.request):
-        helpful = next((v for v in eligible if v not in chosen and set(quota_slots(v.request)) & set(blocked)), None)
-        if helpful is None:
-            return None
-        chosen.append(helpful)
-        trial.subtract(quota_slots(helpful.request))
-    return chosen
+    """The fewest preemptible admitted requests whose release lets `cand` fit at `usage`, or None.
+
+    Among sets of that size: the lowest total priority, then the set whose victims,
+    sorted by `victim_key`, come first. Victims that share the same blocked quotas
+    are interchangeable but for their key, so the search runs over how many to take
+    from each such class (its lowest keys first), not over every subset.
+    """
+    blocked = blocking(policy, usage, cand.request)
+    short = tuple(usage[slot] + 1 - limit_of(policy, *slot) for slot in blocked)
+    classes: dict[tuple, list[Record]] = {}
+    for v in admitted:
+        if preemptible_by(v, cand, now, policy.aging_interval):
+            mine = set(quota_slots(v.request))
+            cover = tuple(slot in mine for slot in blocked)
+            if any(cover):
+                classes.setdefault(cover, []).append(v)
+    # best[remaining shortfall per blocked quota] = (count, total priority, sorted victim keys, victims)
+    best: dict[tuple, tuple] = {short: (0, 0, (), ())}
+    for cover, members in classes.items():
+        members.sort(key=victim_key)
+        nxt = dict(best)
+        for left, (n, total, keys, chosen) in best.items():
+            for k in range(1, min(len(members), max(left)) + 1):
+                took = members[:k]
+                state = tuple(max(0, need - k) if c else need for need, c in zip(left, cover))
+                cost = (n + k, total + sum(v.request.priority for v in took),
+                        tuple(sorted(keys + tuple(victim_key(v) for v in took))), chosen + tuple(took))
+                if state not in nxt or cost[:3] < nxt[state][:3]:
+                    nxt[state] = cost
+        best = nxt
+    done = best.get(tuple(0 for _ in blocked))
+    return list(done[3]) if done and done[3] else None

@@ -3,7 +3,8 @@
 ``sqlite:///var/lib/fleet/store.db`` names the file ``/var/lib/fleet/store.db`` (what
 follows ``sqlite://`` is the path). ``BEGIN IMMEDIATE`` takes the database's write
 lock at the start of each transaction, which is the serialization boundary; a
-process waits for it up to ``busy_timeout`` seconds, then gets StoreUnreachable.
+process waits for it up to ``busy_timeout`` seconds (`open_store`'s ``call_timeout``),
+then gets StoreTimeout.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from ._sql import SqlStore
 from .base import StoreUnreachable
 
 PREFIX = "sqlite://"
+_NOT_A_STORE = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def path_of(url: str) -> str:
@@ -57,7 +60,13 @@ class SqliteStore(SqlStore):
         pass  # BEGIN IMMEDIATE already excludes every other writer
 
     def _unreachable(self, exc: BaseException) -> bool:
-        return isinstance(exc, sqlite3.OperationalError)
+        # a file that is not a database (or is damaged) can no more be used than a missing one
+        return isinstance(exc, sqlite3.OperationalError) or (
+            isinstance(exc, sqlite3.DatabaseError) and getattr(exc, "sqlite_errorcode", None) in _NOT_A_STORE)
+
+    def _timed_out(self, exc: BaseException) -> bool:
+        # the write lock stayed taken past busy_timeout
+        return isinstance(exc, sqlite3.OperationalError) and getattr(exc, "sqlite_errorcode", None) in _BUSY
 
     def _has_schema(self, cur) -> bool:
         cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'")

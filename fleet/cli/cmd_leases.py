@@ -2,9 +2,12 @@
 
 Admitted requests first (soonest lease expiry first), then the queue in queue
 order, each with its effective priority (base + 1 per aging interval waited) and,
-for a lease, its revision and the seconds until it expires. Read-only: nothing is
-reconciled, so a lease past its expiry shows ``expired`` until a store transaction
-times it out. Store errors exit with their code (90 unreachable, 91 schema too new).
+for a lease, its revision and the seconds until it expires; then every orchestrator
+that heartbeats in the store, live or lapsed (a lapsed one's queued requests are
+cancelled, never admitted). Read-only: nothing is reconciled, so a lease past its
+expiry shows ``expired`` until a store transaction times it out. ``--json`` prints
+``{"requests": [...], "orchestrators": [...]}``. Store errors exit with their code
+(90 unreachable, 91 schema too new).
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from ..errors import EXIT_OK
 from ._store import add_store_argument, open_for_operator
 
 NAME = "leases"
-HELP = "List the host-group store's admitted and queued requests with effective priority and lease expiry."
+HELP = ("List the host-group store's admitted and queued requests with effective priority and lease expiry, "
+        "and its live and lapsed orchestrators.")
 
 
 def add_arguments(parser) -> None:
@@ -26,8 +30,13 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     with open_for_operator(args) as store:
         records, policy, now = store.snapshot()
+        beats = store.orchestrators()
     rows = [row_of(r, policy, now) for r in records]
-    sys.stdout.write(json.dumps(rows, indent=2) + "\n" if args.json else render(rows))
+    orchestrators = [orchestrator_row(o, now) for o in beats]
+    if args.json:
+        sys.stdout.write(json.dumps({"requests": rows, "orchestrators": orchestrators}, indent=2) + "\n")
+    else:
+        sys.stdout.write(render(rows) + render_orchestrators(orchestrators))
     return EXIT_OK
 
 
@@ -44,6 +53,24 @@ def row_of(record, policy, now: float) -> dict:
     row["lease_expires_in_s"] = None if record.lease_expires is None or record.state != "admitted" \
         else round(record.lease_expires - now, 3)
     return row
+
+
+def orchestrator_row(beat, now: float) -> dict:
+    """One orchestrator's heartbeat at `now`: live or lapsed, and for how long."""
+    live = beat.live(now)
+    return {"id": beat.id, "state": "live" if live else "lapsed", "beat_s_ago": round(now - beat.beat_at, 3),
+            "lapses_in_s": round(beat.lapses_at - now, 3), "up_s": round(now - beat.started_at, 3) if live else None}
+
+
+def render_orchestrators(rows: list[dict]) -> str:
+    if not rows:
+        return "no orchestrator heartbeats\n"
+    table = [("ORCHESTRATOR", "STATE", "LAST BEAT", "LAPSE")]
+    for r in rows:
+        lapse = f"in {r['lapses_in_s']:.1f}s" if r["state"] == "live" else f"{-r['lapses_in_s']:.1f}s ago"
+        table.append((r["id"], r["state"], f"{r['beat_s_ago']:.1f}s ago", lapse))
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    return "\n" + "".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in table)
 
 
 _COLUMNS = ("ID", "STATE", "ORCHESTRATOR", "ENVIRONMENT", "PROVIDER", "TIER", "PRIO", "EFF", "WAITED", "LEASE")

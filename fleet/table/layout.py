@@ -170,7 +170,7 @@ L_FAILED = 4
 L_INFLIGHT = 5
 L_FSM_REFUSED = 6  # transitions the slot FSM refused the runtime (grants, starts, completions, resets)
 L_FAILED_BY_REASON = 8  # second and third lines: counters by fleet failure reason code
-N_FAILURE_REASONS = 10  # fleet.outcomes.FAILURE_REASONS; room for 16
+N_FAILURE_REASONS = 12  # fleet.outcomes.FAILURE_REASONS; room for 16
 
 # --- role records (2 lines each) -------------------------------------------------------
 ROLE_SIZE = 2 * LINE
