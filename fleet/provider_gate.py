@@ -370,7 +370,7 @@ class ProviderGate:
             self.section = config.section
             self._dirty = True
         else:
-            log.error("admission: the new catalog did not load; keeping the last good one: %s", why)
+            log.warning("admission: the new catalog did not load; keeping the last good one: %s", why)
         return ok, why
 
     def refresh_catalog(self) -> bool:
@@ -388,7 +388,7 @@ class ProviderGate:
         try:
             config = load_config(self.catalog_file, env=os.environ)
         except (FleetError, OSError, ValueError) as exc:
-            log.error("admission: the catalog in %s did not load; keeping the last good one: %s", self.catalog_file, exc)
+            log.warning("admission: the catalog in %s did not load; keeping the last good one: %s", self.catalog_file, exc)
             self.holder.last_error = f"{self.catalog_file}: {exc}"
             return False
         ok, _why = self.reload(config.admission)
