@@ -13,9 +13,13 @@ come back pickled. Service-mode keys are ``str`` or ``int`` (they travel as JSON
 Delivery. Each submit carries this client's random token and a sequence number;
 fleetd holds the unit's outcome under the token. One background thread long-polls
 ``collect`` whenever a future is pending and resolves futures as outcomes arrive
-(a large value arrives in parts and is joined here). If the daemon dies, the socket
-breaks, or the daemon dropped this client's outcomes, every pending future fails
-with `FleetConnectionLost` (a FleetError) — none is left hanging.
+(a large value arrives in parts and is joined here). A slow daemon is not a lost
+one: a poll it does not answer in time (stopped, swamped) or whose connection
+breaks is asked again on a new connection, and the daemon sends again whatever the
+client has not acknowledged, so the futures wait for the outcomes it still owes. If
+the daemon dies (the socket refuses us), restarts, or dropped this client's
+outcomes, every pending future fails with `FleetConnectionLost` (a FleetError) —
+none is left hanging.
 
 Reconnecting. The client is not spent by a lost daemon: the next call connects
 again, and once fleetd is back (restarted under the same name) calls and submits
@@ -57,7 +61,15 @@ from concurrent.futures import Executor, Future
 from typing import Any
 
 from . import codec, control
-from .control import FleetConnectionLost, NotRunning, OutcomesDropped, ProtocolError, RemoteError
+from .control import (
+    ControlBusy,
+    ControlTimeout,
+    FleetConnectionLost,
+    NotRunning,
+    OutcomesDropped,
+    ProtocolError,
+    RemoteError,
+)
 from .control import outcome_record
 from .control.outcome_record import BadOutcomeRecord
 from .errors import FleetError
@@ -86,6 +98,14 @@ BOOT_WAIT_S = 30.0
 _BOOT_POLL_S = 0.05
 #: How long one `collect` long poll waits on the daemon.
 COLLECT_WAIT_S = 10.0
+#: How much longer than its wait a poll's reply may take before the client asks again
+#: (on a new connection: the daemon holds what it sent until it is acknowledged).
+COLLECT_GRACE_S = 20.0
+#: Pause before polling again after a poll the daemon was too slow or too busy to answer.
+COLLECT_RETRY_S = 0.05
+#: Polls in a row whose connection broke after it was made, before the daemon counts
+#: as gone (a live one is reached again at the first of them).
+COLLECT_BREAKS = 3
 #: A connection idle this long is replaced before use: the server drops idle
 #: connections (ControlServer idle_timeout, 300 s) and a dropped one would read
 #: as a dead daemon.
@@ -232,10 +252,11 @@ class Client(Executor):
         self._token_pid: int | None = None  # the daemon holding outcomes for _token
         self._seq = itertools.count(1)
         self._requests = _Channel(path, timeout=timeout, trust_uids=trust)
-        self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + 20.0), trust_uids=trust)
+        self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + COLLECT_GRACE_S), trust_uids=trust)
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[Future, str]] = {}
         self._parts: dict[int, list[str]] = {}
+        self._received = 0  # outcomes of _token received: the next collect's ack
         self._bounds: dict[str, tuple[int, int]] = {}  # role -> (queue bound, slots), from submit replies
         self._collector: threading.Thread | None = None
         self._closing = False
@@ -470,23 +491,33 @@ class Client(Executor):
         self._collector.start()
 
     def _collect_loop(self) -> None:
+        breaks = 0  # polls in a row whose connection broke after it was made
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._waiting() or self._closing)
                 if not self._waiting():
                     return  # closing, nothing owed
-            token = None
+            token = connected = None
             try:
                 with self._polls.lock:
                     pid = self._polls.connect()
+                    connected = True
                     with self._cond:
                         if self._token_pid is not None and pid != self._token_pid:
                             self._retire_locked_and_fail(FleetConnectionLost(
                                 f"fleetd {self.name!r} at {self.path} restarted (pid {self._token_pid} -> {pid}) "
                                 f"with unit(s) pending; their outcomes are lost"))
                             continue
-                        token = self._token
-                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S)
+                        token, ack = self._token, self._received
+                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S, ack=ack)
+            except (ControlTimeout, ControlBusy) as exc:
+                # A live daemon too slow or too busy to answer still owes the outcomes (it
+                # holds what it sent until acknowledged): the futures stay pending.
+                if self._closing:
+                    return
+                log.info("fleet %s: no outcomes from %s yet (%s); polling again", self.name, self.path, exc)
+                time.sleep(COLLECT_RETRY_S)
+                continue
             except RemoteError as exc:
                 cls = OutcomesDropped if exc.type == "OutcomesDropped" else FleetConnectionLost
                 self._retire(cls(f"fleetd {self.name!r} at {self.path}: {exc}"), token)
@@ -494,20 +525,32 @@ class Client(Executor):
             except (FleetError, OSError) as exc:
                 if self._closing:
                     return  # shutdown() aborted the poll on purpose
+                if connected and breaks < COLLECT_BREAKS:
+                    # The connection broke under a poll: connect again and ask again. A dead
+                    # daemon refuses the connection, a restarted one shows another pid.
+                    breaks += 1
+                    continue
                 self._retire(FleetConnectionLost(
                     f"lost fleetd {self.name!r} at {self.path} with {len(self._pending)} unit(s) pending: {exc}"),
                     token)
                 continue
-            self._deliver(reply.get("outcomes", []), token)
+            breaks = 0
+            self._deliver(reply.get("outcomes", []), reply.get("first", 0), token)
 
     def _waiting(self) -> bool:
         """Some pending future is not done (cancelled ones need no outcome)."""
         return any(not fut.done() for fut, _ in self._pending.values())
 
-    def _deliver(self, records: list[dict], token: str) -> None:
+    def _deliver(self, records: list[dict], first: int, token: str) -> None:
         if token != self._token:
             return  # for a token retired meanwhile: its futures have failed already
-        for raw in records:
+        for number, raw in enumerate(records, first):
+            with self._cond:
+                if token != self._token:
+                    return  # retired meanwhile (a restart noticed by a submit)
+                if number < self._received:
+                    continue  # sent again: the reply that carried it was late, not lost
+                self._received = number + 1
             try:
                 record = outcome_record.parse(raw)
             except BadOutcomeRecord as exc:
@@ -572,6 +615,7 @@ class Client(Executor):
         pending, self._pending = self._pending, {}
         self._parts.clear()
         self._token = secrets.token_urlsafe(24)
+        self._received = 0
         self._token_pid = None
         self._cond.notify_all()
         if pending:
