@@ -69,11 +69,14 @@ from .control import (
     OutcomesDropped,
     ProtocolError,
     RemoteError,
+    ReplyLost,
+    SubmitUncertain,
 )
 from .control import outcome_record
 from .control.outcome_record import BadOutcomeRecord
 from .errors import FleetError
 from .executor import MAP_WINDOW, map_units, map_window
+from .replays import RequestIdReused
 from .roles import UnknownRoleError
 from .route import Route
 from .trust import UntrustedPeer, trusted_uids
@@ -87,7 +90,7 @@ from .unit import (
     SubmitRefused,
 )
 
-__all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "connect"]
+__all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "SubmitUncertain", "connect"]
 
 log = logging.getLogger("fleet.client")
 
@@ -116,7 +119,8 @@ MAX_WIRE_PAYLOAD = (control.MAX_FRAME - 64 * 1024) * 3 // 4
 
 # Error replies that are the embedded API's typed submit refusals, by wire type.
 _SUBMIT_ERRORS = {cls.__name__: cls for cls in (
-    BadUnit, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed)}
+    BadUnit, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed,
+    RequestIdReused)}
 
 
 def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
@@ -268,11 +272,20 @@ class Client(Executor):
         """Submit one unit to the fleet's `role`; returns its Future (see `fleet.Fleet.submit`,
         also for the provider admission's `route`, `severity`, `pinned`, `parent`, `tag`, `age`).
 
+        ``request_id`` makes the submit idempotent: fleetd admits one unit per id
+        (`fleet.replays`: while the unit is owed and for 5 minutes after), so
+        submitting again with the same id and arguments returns a future of that
+        unit, never a second run; the same id with other arguments raises
+        RequestIdReused.
+
         Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
-        PayloadUnpicklable, QueueFull, RoleStopped, FleetClosed (this client is
-        closed, or the fleet is stopping), PermissionDenied (this uid may not
-        submit), ControlBusy (fleetd refused the connection: busy),
+        PayloadUnpicklable, QueueFull, RoleStopped, RequestIdReused, FleetClosed
+        (this client is closed, or the fleet is stopping), PermissionDenied (this
+        uid may not submit), ControlBusy (fleetd refused the connection: busy),
         FleetConnectionLost (the daemon is gone; a later submit tries again).
+        Raises SubmitUncertain when the request went out and no reply came (none
+        within the client's timeout, or the connection broke): the unit may have
+        been admitted; retry with the same request_id to run it at most once.
         """
         if route is not None and type(route) is not Route:
             raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
@@ -426,7 +439,7 @@ class Client(Executor):
             except BaseException as exc:
                 with self._cond:
                     self._pending.pop(seq, None)
-                raise self._translate(exc, role) from None
+                raise self._translate(exc, role, request_id) from None
         fut.unit_id = reply["unit"]
         self._bounds[role] = (reply.get("queue_bound", MAP_WINDOW), reply.get("slots", 0))
         self._start_collector()
@@ -458,8 +471,14 @@ class Client(Executor):
             return True
         return bool(reply.get("cancelled"))
 
-    def _translate(self, exc: BaseException, role: str) -> BaseException:
-        """The embedded API's typed error for a refused submit."""
+    def _translate(self, exc: BaseException, role: str, request_id: str | None = None) -> BaseException:
+        """The embedded API's typed error for a refused submit; SubmitUncertain for one
+        whose reply never came (it may have been admitted)."""
+        if isinstance(exc, ReplyLost) or (isinstance(exc, ControlTimeout) and exc.sent):
+            retry = (f"submitting again with request_id={request_id!r} is safe: fleetd admits one unit per id"
+                     if request_id is not None else "give submit a request_id to make a retry safe")
+            return SubmitUncertain(f"submit to role {role!r} of fleet {self.name!r}: {exc}; the unit may have been "
+                                   f"admitted and then runs: {retry}", role=role, request_id=request_id)
         if isinstance(exc, RemoteError):
             cls = _SUBMIT_ERRORS.get(exc.type)
             if cls is not None:

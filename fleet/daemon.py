@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from . import control, sdnotify
+from . import control, replays, sdnotify
 from .config import FleetConfig, load_config
 from .control import outcome_record
 from .errors import EXIT_FAILURE, EXIT_OK, FleetError
@@ -330,6 +330,7 @@ class Daemon:
         self.server: control.ControlServer | None = None
         self.calls: control.CallQueue | None = None
         self.store = OutcomeStore(clock=clock)
+        self.replays = replays.Replays(clock=clock)  # submits made at most once per request_id
         self._units: dict[int, Future] = {}  # admitted and not ended, for `cancel`
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = self._wake_w = -1
@@ -595,19 +596,27 @@ class Daemon:
                tag: str | None = None, age: float = 0.0) -> dict:
         if token is not None:
             self.store.hold(token)
-        body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
-        # block=False: this loop serves every client; a full queue is the client's QueueFull.
-        fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
-                              request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
-                              parent=parent, tag=tag, age=age, block=False, **body)
-        units = self._units
-        units[fut.unit_id] = fut
-        fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
+        same = replays.identity(role, payload, key, lane, chunk, route)
+        # A retry of a submit whose reply was lost: the unit admitted the first time
+        # answers it (its outcome goes to this token too); nothing runs twice.
+        fut = None if request_id is None else self.replays.find(request_id, same)
+        replayed = fut is not None
+        if not replayed:
+            body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
+            # block=False: this loop serves every client; a full queue is the client's QueueFull.
+            fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
+                                  request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
+                                  parent=parent, tag=tag, age=age, block=False, **body)
+            units = self._units
+            units[fut.unit_id] = fut
+            fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
+            if request_id is not None:
+                self.replays.admitted(request_id, same, fut)
         if token is not None:
             store = self.store
             fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
         spec = self.config.roles[role]
-        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots}
+        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
 
     def cancel(self, unit: int) -> dict:
         # The supervisor claims a unit's future as it grants it a slot: a future still

@@ -256,6 +256,67 @@ def test_a_daemon_stalled_past_the_poll_timeout_still_delivers_what_it_solves(fl
             client.close()
 
 
+def marking_roles():
+    return {**roles(), "mark": role("marked_echo", slots=1)}
+
+
+def marking(marks, tag: str = "job"):
+    """The payload of a `marked_echo` unit: it notes each run in ``marks/<tag>`` and returns "marked"."""
+    return (str(marks), tag, "marked")
+
+
+def runs(marks, tag: str = "job") -> int:
+    path = marks / tag
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_a_submit_repeated_with_its_request_id_runs_once_and_every_future_gets_its_outcome(fleet_name, tmp_path):
+    marks = tmp_path
+    with Fleetd(fleet_name, marking_roles()) as d:
+        client = d.connect()
+        try:
+            # a submit whose reply its caller never saw: sent on a connection of its own
+            with control.ControlClient(client.path) as lost:
+                first = lost.call("submit", role="mark", payload=marking(marks), request_id="job-1")
+            again = client.submit("mark", marking(marks), request_id="job-1")
+            assert again.unit_id == first["unit"] and again.result(BOUND_S) == "marked"
+            later = client.submit("mark", marking(marks), request_id="job-1")  # its unit has ended: still known
+            assert later.unit_id == first["unit"] and later.result(BOUND_S) == "marked"
+            assert runs(marks) == 1
+            with pytest.raises(fleet.RequestIdReused, match="job-1"):
+                client.submit("mark", marking(marks, "other"), request_id="job-1")
+            assert client.submit("mark", marking(marks), request_id="job-2").result(BOUND_S) == "marked"
+            assert runs(marks) == 2
+            ledger = client.ledger()
+            assert ledger["submitted"] == ledger["solved"] == 2
+        finally:
+            client.close()
+
+
+def test_a_submit_without_a_reply_says_it_may_have_run_and_its_retry_runs_it_once(fleet_name, tmp_path):
+    marks = tmp_path
+    with Fleetd(fleet_name, marking_roles()) as d:
+        client = d.connect(timeout=0.5)
+        try:
+            d.signal(signal.SIGSTOP)  # the request goes out; no reply comes within the timeout
+            try:
+                with pytest.raises(fleet.SubmitUncertain, match="may have been admitted") as err:
+                    client.submit("mark", marking(marks), request_id="job-1")
+                assert err.value.request_id == "job-1" and "is safe" in str(err.value)
+                with pytest.raises(fleet.SubmitUncertain, match="give submit a request_id"):
+                    client.submit("sq", 2)
+            finally:
+                d.signal(signal.SIGCONT)
+            retry = client.submit("mark", marking(marks), request_id="job-1")
+            assert retry.result(BOUND_S) == "marked"
+            wait_until(lambda: client.ledger()["inflight"] == 0, "the sq unit, if it was admitted, to end")
+            assert runs(marks) == 1
+            ledger = client.ledger()
+            assert ledger["submitted"] - ledger["solved"] == 0 and ledger["submitted"] in (1, 2)
+        finally:
+            client.close()
+
+
 def test_cancelling_a_queued_unit_cancels_it_in_the_fleet(served, client):
     before = client.ledger()
     client._call("drain")  # units are admitted and held in the queue: none starts

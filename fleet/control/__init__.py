@@ -87,7 +87,9 @@ from .errors import (
     PermissionDenied,
     ProtocolError,
     RemoteError,
+    ReplyLost,
     ShuttingDown,
+    SubmitUncertain,
 )
 from .ops import COLLECT_MAX_WAIT_S, COLLECT_REPLY_BUDGET, OPS, POSTURE_KEYS, ControlHandler, Op, OpRegistry
 from .paths import find_socket, prepare_runtime_dir, runtime_dir, socket_candidates, socket_path
@@ -131,8 +133,10 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "Reply",
+    "ReplyLost",
     "Request",
     "ShuttingDown",
+    "SubmitUncertain",
     "decode_reply",
     "decode_request",
     "encode_error",

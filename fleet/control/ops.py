@@ -318,7 +318,8 @@ class SubmitOp(Op):
         "lane": Arg((str, type(None))),
         "priority": Arg((int,), default=0),
         "timeout": Arg((float, type(None)), doc="seconds"),
-        "request_id": Arg((str, type(None)), doc="idempotency id"),
+        "request_id": Arg((str, type(None)), doc="idempotency id: a submit repeated with it is admitted "
+                                                  "once (fleet.replays); the reply says replayed"),
         "token": Arg((str, type(None)), doc="hold the outcome for `collect` under this client token"),
         "seq": Arg((int, type(None)), doc="the client's number for the unit, echoed in its outcome"),
         "chunk": Arg((bool,), default=False, doc="the payload is a list of items run as one unit"),
