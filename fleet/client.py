@@ -431,6 +431,8 @@ class Client(Executor):
             try:
                 pid = self._requests.connect()
                 with self._cond:
+                    if self._closing:  # shutdown() began since the check above: it waits for none of ours
+                        raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
                     token = self._token_for(pid)
                     self._pending[seq] = (fut, role)
                 reply = self._requests.call("submit", role=role, pickled=raw, key=key, lane=lane, priority=priority,

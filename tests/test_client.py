@@ -317,6 +317,33 @@ def test_a_submit_without_a_reply_says_it_may_have_run_and_its_retry_runs_it_onc
             client.close()
 
 
+def test_submits_racing_the_clients_shutdown_each_raise_or_get_their_outcome(served):
+    import threading
+
+    client = served.connect()
+    futures, raised = [], []
+
+    def hammer():
+        while True:
+            try:
+                futures.append(client.submit("sq", 3))
+            except fleet.FleetClosed:
+                raised.append(1)
+                return
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(futures) >= 200, "200 submits")
+    client.shutdown(wait=True)
+    for t in threads:
+        t.join(BOUND_S)
+    assert len(raised) == len(threads)
+    # shutdown(wait=True) waited for every future a submit returned: none is left pending
+    assert all(fut.done() for fut in futures)
+    assert [fut.result(0) for fut in futures] == [9] * len(futures)
+
+
 def test_cancelling_a_queued_unit_cancels_it_in_the_fleet(served, client):
     before = client.ledger()
     client._call("drain")  # units are admitted and held in the queue: none starts
