@@ -46,7 +46,11 @@ each outcome under the token until the client fetches it with ``collect``, a lon
 poll that returns every outcome ready for the token (or an empty list after its
 ``timeout``). A reply never exceeds `COLLECT_REPLY_BUDGET`: outcomes beyond it wait
 for the next ``collect`` (the reply says ``"more": true``), and one value too large
-for a reply travels in consecutive ``part``s that the client joins. Outcomes held
+for a reply travels in consecutive ``part``s that the client joins. A token's
+outcomes are numbered; each ``collect`` acknowledges (``ack``) how many the client
+has, and the daemon sends again those after it, so a reply lost to a client's
+timeout or a broken connection loses nothing. A ``submit`` with a ``request_id`` is
+admitted once per id (`fleet.replays`): a retry after a lost reply gets the same unit. Outcomes held
 for a token are bounded (bytes, and time since the token was last seen); past the
 bound the daemon drops them, logs it, and answers that token's next ``collect``
 with ``OutcomesDropped`` so the client fails its pending futures loudly.
