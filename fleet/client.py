@@ -476,7 +476,8 @@ class Client(Executor):
     def _translate(self, exc: BaseException, role: str, request_id: str | None = None) -> BaseException:
         """The embedded API's typed error for a refused submit; SubmitUncertain for one
         whose reply never came (it may have been admitted)."""
-        if isinstance(exc, ReplyLost) or (isinstance(exc, ControlTimeout) and exc.sent):
+        if isinstance(exc, ReplyLost) or (isinstance(exc, ControlTimeout) and exc.sent) or (
+                isinstance(exc, RemoteError) and exc.type == control.E_OUTCOME_UNKNOWN):
             retry = (f"submitting again with request_id={request_id!r} is safe: fleetd admits one unit per id"
                      if request_id is not None else "give submit a request_id to make a retry safe")
             return SubmitUncertain(f"submit to role {role!r} of fleet {self.name!r}: {exc}; the unit may have been "

@@ -78,6 +78,7 @@ from .errors import (
     E_INVALID_ARGS,
     E_INVALID_REPLY,
     E_MALFORMED,
+    E_OUTCOME_UNKNOWN,
     E_PERMISSION,
     E_SHUTTING_DOWN,
     E_TIMEOUT,
