@@ -27,6 +27,13 @@ work as before. A restart is told by the daemon's pid on the socket (SO_PEERCRED
 outcomes owed by the old daemon are gone with it, so the futures still waiting for
 them fail with `FleetConnectionLost`, and new submits use a fresh token.
 
+A submit that got no reply. A submit whose request went out and whose reply never
+came (none within ``timeout``, the connection broke, or fleetd's loop was still in
+it at its deadline) raises `SubmitUncertain`: the unit may have been admitted. With a
+``request_id`` the retry is safe: fleetd admits one unit per id (`fleet.replays`), and
+the retry's future gets that unit's outcome. A submit that raised anything else ran
+nothing.
+
 Cancelling. ``future.cancel()`` asks fleetd to cancel the unit (the ``cancel`` op):
 a unit that has not started is cancelled — it never runs, the ledger counts it
 failed ``Cancelled`` — and cancel() returns True; a unit already running runs to
