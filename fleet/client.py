@@ -13,15 +13,26 @@ come back pickled. Service-mode keys are ``str`` or ``int`` (they travel as JSON
 Delivery. Each submit carries this client's random token and a sequence number;
 fleetd holds the unit's outcome under the token. One background thread long-polls
 ``collect`` whenever a future is pending and resolves futures as outcomes arrive
-(a large value arrives in parts and is joined here). If the daemon dies, the socket
-breaks, or the daemon dropped this client's outcomes, every pending future fails
-with `FleetConnectionLost` (a FleetError) — none is left hanging.
+(a large value arrives in parts and is joined here). A slow daemon is not a lost
+one: a poll it does not answer in time (stopped, swamped) or whose connection
+breaks is asked again on a new connection, and the daemon sends again whatever the
+client has not acknowledged, so the futures wait for the outcomes it still owes. If
+the daemon dies (the socket refuses us), restarts, or dropped this client's
+outcomes, every pending future fails with `FleetConnectionLost` (a FleetError) —
+none is left hanging.
 
 Reconnecting. The client is not spent by a lost daemon: the next call connects
 again, and once fleetd is back (restarted under the same name) calls and submits
 work as before. A restart is told by the daemon's pid on the socket (SO_PEERCRED):
 outcomes owed by the old daemon are gone with it, so the futures still waiting for
 them fail with `FleetConnectionLost`, and new submits use a fresh token.
+
+A submit that got no reply. A submit whose request went out and whose reply never
+came (none within ``timeout``, the connection broke, or fleetd's loop was still in
+it at its deadline) raises `SubmitUncertain`: the unit may have been admitted. With a
+``request_id`` the retry is safe: fleetd admits one unit per id (`fleet.replays`), and
+the retry's future gets that unit's outcome. A submit that raised anything else ran
+nothing.
 
 Cancelling. ``future.cancel()`` asks fleetd to cancel the unit (the ``cancel`` op):
 a unit that has not started is cancelled — it never runs, the ledger counts it
@@ -57,11 +68,22 @@ from concurrent.futures import Executor, Future
 from typing import Any
 
 from . import codec, control
-from .control import FleetConnectionLost, NotRunning, OutcomesDropped, ProtocolError, RemoteError
+from .control import (
+    ControlBusy,
+    ControlTimeout,
+    FleetConnectionLost,
+    NotRunning,
+    OutcomesDropped,
+    ProtocolError,
+    RemoteError,
+    ReplyLost,
+    SubmitUncertain,
+)
 from .control import outcome_record
 from .control.outcome_record import BadOutcomeRecord
 from .errors import FleetError
 from .executor import MAP_WINDOW, map_units, map_window
+from .replays import RequestIdReused
 from .roles import UnknownRoleError
 from .route import Route
 from .trust import UntrustedPeer, trusted_uids
@@ -75,7 +97,7 @@ from .unit import (
     SubmitRefused,
 )
 
-__all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "connect"]
+__all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "SubmitUncertain", "connect"]
 
 log = logging.getLogger("fleet.client")
 
@@ -86,6 +108,14 @@ BOOT_WAIT_S = 30.0
 _BOOT_POLL_S = 0.05
 #: How long one `collect` long poll waits on the daemon.
 COLLECT_WAIT_S = 10.0
+#: How much longer than its wait a poll's reply may take before the client asks again
+#: (on a new connection: the daemon holds what it sent until it is acknowledged).
+COLLECT_GRACE_S = 20.0
+#: Pause before polling again after a poll the daemon was too slow or too busy to answer.
+COLLECT_RETRY_S = 0.05
+#: Polls in a row whose connection broke after it was made, before the daemon counts
+#: as gone (a live one is reached again at the first of them).
+COLLECT_BREAKS = 3
 #: A connection idle this long is replaced before use: the server drops idle
 #: connections (ControlServer idle_timeout, 300 s) and a dropped one would read
 #: as a dead daemon.
@@ -96,7 +126,8 @@ MAX_WIRE_PAYLOAD = (control.MAX_FRAME - 64 * 1024) * 3 // 4
 
 # Error replies that are the embedded API's typed submit refusals, by wire type.
 _SUBMIT_ERRORS = {cls.__name__: cls for cls in (
-    BadUnit, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed)}
+    BadUnit, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed,
+    RequestIdReused)}
 
 
 def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
@@ -232,10 +263,11 @@ class Client(Executor):
         self._token_pid: int | None = None  # the daemon holding outcomes for _token
         self._seq = itertools.count(1)
         self._requests = _Channel(path, timeout=timeout, trust_uids=trust)
-        self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + 20.0), trust_uids=trust)
+        self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + COLLECT_GRACE_S), trust_uids=trust)
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[Future, str]] = {}
         self._parts: dict[int, list[str]] = {}
+        self._received = 0  # outcomes of _token received: the next collect's ack
         self._bounds: dict[str, tuple[int, int]] = {}  # role -> (queue bound, slots), from submit replies
         self._collector: threading.Thread | None = None
         self._closing = False
@@ -247,11 +279,20 @@ class Client(Executor):
         """Submit one unit to the fleet's `role`; returns its Future (see `fleet.Fleet.submit`,
         also for the provider admission's `route`, `severity`, `pinned`, `parent`, `tag`, `age`).
 
+        ``request_id`` makes the submit idempotent: fleetd admits one unit per id
+        (`fleet.replays`: while the unit is owed and for 5 minutes after), so
+        submitting again with the same id and arguments returns a future of that
+        unit, never a second run; the same id with other arguments raises
+        RequestIdReused.
+
         Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
-        PayloadUnpicklable, QueueFull, RoleStopped, FleetClosed (this client is
-        closed, or the fleet is stopping), PermissionDenied (this uid may not
-        submit), ControlBusy (fleetd refused the connection: busy),
+        PayloadUnpicklable, QueueFull, RoleStopped, RequestIdReused, FleetClosed
+        (this client is closed, or the fleet is stopping), PermissionDenied (this
+        uid may not submit), ControlBusy (fleetd refused the connection: busy),
         FleetConnectionLost (the daemon is gone; a later submit tries again).
+        Raises SubmitUncertain when the request went out and no reply came (none
+        within the client's timeout, or the connection broke): the unit may have
+        been admitted; retry with the same request_id to run it at most once.
         """
         if route is not None and type(route) is not Route:
             raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
@@ -397,6 +438,8 @@ class Client(Executor):
             try:
                 pid = self._requests.connect()
                 with self._cond:
+                    if self._closing:  # shutdown() began since the check above: it waits for none of ours
+                        raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
                     token = self._token_for(pid)
                     self._pending[seq] = (fut, role)
                 reply = self._requests.call("submit", role=role, pickled=raw, key=key, lane=lane, priority=priority,
@@ -405,7 +448,7 @@ class Client(Executor):
             except BaseException as exc:
                 with self._cond:
                     self._pending.pop(seq, None)
-                raise self._translate(exc, role) from None
+                raise self._translate(exc, role, request_id) from None
         fut.unit_id = reply["unit"]
         self._bounds[role] = (reply.get("queue_bound", MAP_WINDOW), reply.get("slots", 0))
         self._start_collector()
@@ -437,8 +480,15 @@ class Client(Executor):
             return True
         return bool(reply.get("cancelled"))
 
-    def _translate(self, exc: BaseException, role: str) -> BaseException:
-        """The embedded API's typed error for a refused submit."""
+    def _translate(self, exc: BaseException, role: str, request_id: str | None = None) -> BaseException:
+        """The embedded API's typed error for a refused submit; SubmitUncertain for one
+        whose reply never came (it may have been admitted)."""
+        if isinstance(exc, ReplyLost) or (isinstance(exc, ControlTimeout) and exc.sent) or (
+                isinstance(exc, RemoteError) and exc.type == control.E_OUTCOME_UNKNOWN):
+            retry = (f"submitting again with request_id={request_id!r} is safe: fleetd admits one unit per id"
+                     if request_id is not None else "give submit a request_id to make a retry safe")
+            return SubmitUncertain(f"submit to role {role!r} of fleet {self.name!r}: {exc}; the unit may have been "
+                                   f"admitted and then runs: {retry}", role=role, request_id=request_id)
         if isinstance(exc, RemoteError):
             cls = _SUBMIT_ERRORS.get(exc.type)
             if cls is not None:
@@ -470,23 +520,33 @@ class Client(Executor):
         self._collector.start()
 
     def _collect_loop(self) -> None:
+        breaks = 0  # polls in a row whose connection broke after it was made
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._waiting() or self._closing)
                 if not self._waiting():
                     return  # closing, nothing owed
-            token = None
+            token = connected = None
             try:
                 with self._polls.lock:
                     pid = self._polls.connect()
+                    connected = True
                     with self._cond:
                         if self._token_pid is not None and pid != self._token_pid:
                             self._retire_locked_and_fail(FleetConnectionLost(
                                 f"fleetd {self.name!r} at {self.path} restarted (pid {self._token_pid} -> {pid}) "
                                 f"with unit(s) pending; their outcomes are lost"))
                             continue
-                        token = self._token
-                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S)
+                        token, ack = self._token, self._received
+                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S, ack=ack)
+            except (ControlTimeout, ControlBusy) as exc:
+                # A live daemon too slow or too busy to answer still owes the outcomes (it
+                # holds what it sent until acknowledged): the futures stay pending.
+                if self._closing:
+                    return
+                log.info("fleet %s: no outcomes from %s yet (%s); polling again", self.name, self.path, exc)
+                time.sleep(COLLECT_RETRY_S)
+                continue
             except RemoteError as exc:
                 cls = OutcomesDropped if exc.type == "OutcomesDropped" else FleetConnectionLost
                 self._retire(cls(f"fleetd {self.name!r} at {self.path}: {exc}"), token)
@@ -494,20 +554,32 @@ class Client(Executor):
             except (FleetError, OSError) as exc:
                 if self._closing:
                     return  # shutdown() aborted the poll on purpose
+                if connected and breaks < COLLECT_BREAKS:
+                    # The connection broke under a poll: connect again and ask again. A dead
+                    # daemon refuses the connection, a restarted one shows another pid.
+                    breaks += 1
+                    continue
                 self._retire(FleetConnectionLost(
                     f"lost fleetd {self.name!r} at {self.path} with {len(self._pending)} unit(s) pending: {exc}"),
                     token)
                 continue
-            self._deliver(reply.get("outcomes", []), token)
+            breaks = 0
+            self._deliver(reply.get("outcomes", []), reply.get("first", 0), token)
 
     def _waiting(self) -> bool:
         """Some pending future is not done (cancelled ones need no outcome)."""
         return any(not fut.done() for fut, _ in self._pending.values())
 
-    def _deliver(self, records: list[dict], token: str) -> None:
+    def _deliver(self, records: list[dict], first: int, token: str) -> None:
         if token != self._token:
             return  # for a token retired meanwhile: its futures have failed already
-        for raw in records:
+        for number, raw in enumerate(records, first):
+            with self._cond:
+                if token != self._token:
+                    return  # retired meanwhile (a restart noticed by a submit)
+                if number < self._received:
+                    continue  # sent again: the reply that carried it was late, not lost
+                self._received = number + 1
             try:
                 record = outcome_record.parse(raw)
             except BadOutcomeRecord as exc:
@@ -572,6 +644,7 @@ class Client(Executor):
         pending, self._pending = self._pending, {}
         self._parts.clear()
         self._token = secrets.token_urlsafe(24)
+        self._received = 0
         self._token_pid = None
         self._cond.notify_all()
         if pending:

@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from . import control, sdnotify
+from . import control, replays, sdnotify
 from .config import FleetConfig, load_config
 from .control import outcome_record
 from .errors import EXIT_FAILURE, EXIT_OK, FleetError
@@ -80,10 +80,14 @@ def _size(record: dict) -> int:
 
 @dataclasses.dataclass(eq=False)
 class _Box:
-    """What one client token is owed: records in order, and a waiting long poll."""
+    """What one client token is owed: records in order, not yet acknowledged, and a
+    waiting long poll. ``base`` numbers ``items[0]`` (the token's records are numbered
+    from 0 in the order they were held); the first ``sent`` items went out in a reply."""
 
     seen: float
     items: collections.deque = dataclasses.field(default_factory=collections.deque)
+    base: int = 0
+    sent: int = 0
     bytes: int = 0
     waiter: Future | None = None
     deadline: float = 0.0
@@ -99,6 +103,13 @@ class OutcomeStore:
     outcomes dropped with a log line; its next collect (or submit) then fails with
     `control.OutcomesDropped`, so the client learns it lost them. The clock is
     injected (``clock``), as are the bounds.
+
+    A reply can be lost (the client timed out on a stalled daemon, the connection
+    broke), so a record sent stays held until the client acknowledges it: each
+    ``collect`` says how many of the token's records it has (``ack``); the records
+    after those go out again. Once sent, a record counts as delivered: one nobody
+    acknowledges goes quietly at the ttl or to make room under the byte bound, and
+    fleetd's linger at a stop does not wait for acknowledgements.
     """
 
     def __init__(self, *, max_bytes: int = 64 << 20, ttl_s: float = 300.0,
@@ -130,6 +141,8 @@ class OutcomeStore:
                 box.items.append(record)
                 box.bytes += _size(record)
             if box.bytes > self.max_bytes:
+                self._forget_sent(box)  # handed over already: room first, before anything is lost
+            if box.bytes > self.max_bytes:
                 self._drop(token, f"it held more than {self.max_bytes} bytes of uncollected outcomes")
                 wake = None
             else:
@@ -137,25 +150,29 @@ class OutcomeStore:
         _resolve(wake)
 
     # -- from collect
-    def collect(self, token: str, timeout: float) -> Future:
-        """A Future of ``{"outcomes", "more", "closing"}`` for ``token``: resolved now if
-        anything is ready (or the daemon is closing), else when something arrives or
-        ``timeout`` seconds pass (then with no outcomes)."""
+    def collect(self, token: str, timeout: float, ack: int | None = None) -> Future:
+        """A Future of ``{"outcomes", "first", "more", "closing"}`` for ``token``: resolved
+        now if anything is ready (or the daemon is closing), else when something arrives
+        or ``timeout`` seconds pass (then with no outcomes). ``first`` numbers the first
+        outcome of the reply. ``ack``: how many of the token's records the client has
+        (records before it are let go, those after it are sent, again if need be);
+        None acknowledges every record sent so far."""
         fut: Future = Future()
         now = self._clock()
         with self._lock:
             try:
                 self._refuse_lost(token)
-            except control.OutcomesDropped as exc:
+                box = self._box(token)
+                self._acknowledge(token, box, ack)
+            except (control.OutcomesDropped, control.ProtocolError) as exc:
                 fut.set_exception(exc)
                 return fut
-            box = self._box(token)
             box.seen = now
             previous = box.waiter  # one poll per token: an older one is answered empty
             box.waiter, box.deadline = fut, now + timeout
             wake = [self._take_waiter(box)] if box.items or self._closing or timeout <= 0 else []
             if previous is not None and previous.set_running_or_notify_cancel():
-                wake.append((previous, self._reply_empty()))
+                wake.append((previous, self._reply_empty(box)))
         for item in wake:
             _resolve(item)
         return fut
@@ -172,7 +189,7 @@ class OutcomeStore:
                         wake.append(self._take_waiter(box))
                     continue
                 if now - box.seen > self.ttl_s:
-                    if box.items:
+                    if len(box.items) > box.sent:
                         self._drop(token, f"nobody collected them for {self.ttl_s:g}s")
                     else:
                         del self._boxes[token]
@@ -188,9 +205,9 @@ class OutcomeStore:
             _resolve(item)
 
     def undelivered(self) -> int:
-        """Records held and not yet collected, over every token."""
+        """Records held and never sent, over every token."""
         with self._lock:
-            return sum(len(box.items) for box in self._boxes.values())
+            return sum(len(box.items) - box.sent for box in self._boxes.values())
 
     def tokens(self) -> int:
         with self._lock:
@@ -202,6 +219,30 @@ class OutcomeStore:
         if box is None:
             box = self._boxes[token] = _Box(seen=self._clock())
         return box
+
+    def _acknowledge(self, token: str, box: _Box, ack: int | None) -> None:
+        """Let go of the records the client has (its ``ack``); ProtocolError for an ack
+        past what was sent, OutcomesDropped when it asks again for records let go."""
+        held_to = box.base + box.sent
+        ack = held_to if ack is None else ack
+        if ack > held_to:
+            raise control.ProtocolError(control.E_INVALID_ARGS, f"ack {ack} is past the {held_to} outcome(s) "
+                                                                "sent for this token")
+        if ack < box.base:
+            self._drop(token, f"the client asked again for outcome(s) {ack}..{box.base - 1}, let go "
+                              "after they were sent")
+            self._refuse_lost(token)
+        while box.base < ack:
+            box.bytes -= _size(box.items.popleft())
+            box.base += 1
+            box.sent -= 1
+
+    def _forget_sent(self, box: _Box) -> None:
+        """Let go of every record sent and not acknowledged (they were handed over)."""
+        while box.sent:
+            box.bytes -= _size(box.items.popleft())
+            box.base += 1
+            box.sent -= 1
 
     def _refuse_lost(self, token: str) -> None:
         reason = self._lost.get(token)
@@ -226,17 +267,20 @@ class OutcomeStore:
         fut, box.waiter = box.waiter, None
         if fut is None or not fut.set_running_or_notify_cancel():
             return None
+        # From the first record the client lacks: records stay held until acknowledged.
         out, used = [], 0
-        while box.items and (not out or used + _size(box.items[0]) <= control.COLLECT_REPLY_BUDGET):
-            record = box.items.popleft()
+        for record in box.items:
             size = _size(record)
+            if out and used + size > control.COLLECT_REPLY_BUDGET:
+                break
             used += size
-            box.bytes -= size
             out.append(record)
-        return fut, {"outcomes": out, "more": bool(box.items), "closing": self._closing}
+        box.sent = max(box.sent, len(out))
+        return fut, {"outcomes": out, "first": box.base, "more": len(out) < len(box.items),
+                     "closing": self._closing}
 
-    def _reply_empty(self) -> dict:
-        return {"outcomes": [], "more": False, "closing": self._closing}
+    def _reply_empty(self, box: _Box) -> dict:
+        return {"outcomes": [], "first": box.base, "more": False, "closing": self._closing}
 
 
 def _resolve(item) -> None:
@@ -286,6 +330,7 @@ class Daemon:
         self.server: control.ControlServer | None = None
         self.calls: control.CallQueue | None = None
         self.store = OutcomeStore(clock=clock)
+        self.replays = replays.Replays(clock=clock)  # submits made at most once per request_id
         self._units: dict[int, Future] = {}  # admitted and not ended, for `cancel`
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = self._wake_w = -1
@@ -551,19 +596,27 @@ class Daemon:
                tag: str | None = None, age: float = 0.0) -> dict:
         if token is not None:
             self.store.hold(token)
-        body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
-        # block=False: this loop serves every client; a full queue is the client's QueueFull.
-        fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
-                              request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
-                              parent=parent, tag=tag, age=age, block=False, **body)
-        units = self._units
-        units[fut.unit_id] = fut
-        fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
+        same = replays.identity(role, payload, key, lane, chunk, route)
+        # A retry of a submit whose reply was lost: the unit admitted the first time
+        # answers it (its outcome goes to this token too); nothing runs twice.
+        fut = None if request_id is None else self.replays.find(request_id, same)
+        replayed = fut is not None
+        if not replayed:
+            body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
+            # block=False: this loop serves every client; a full queue is the client's QueueFull.
+            fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
+                                  request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
+                                  parent=parent, tag=tag, age=age, block=False, **body)
+            units = self._units
+            units[fut.unit_id] = fut
+            fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
+            if request_id is not None:
+                self.replays.admitted(request_id, same, fut)
         if token is not None:
             store = self.store
             fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
         spec = self.config.roles[role]
-        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots}
+        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
 
     def cancel(self, unit: int) -> dict:
         # The supervisor claims a unit's future as it grants it a slot: a future still
@@ -598,5 +651,5 @@ class Daemon:
         return self.sup.admission_ask(lambda gate: gate.starving())
 
     # ------------------------------------------------------------------ the blocking op (off the loop)
-    def collect(self, *, token: str, timeout: float) -> Future:
-        return self.store.collect(token, timeout)
+    def collect(self, *, token: str, timeout: float, ack: int | None = None) -> Future:
+        return self.store.collect(token, timeout, ack)

@@ -115,7 +115,10 @@ class Fleet(Executor):
         Raises (nothing queued): UnknownRoleError, BadUnit (also: a route outside the
         declared catalog, one the lane's marks exclude, an unknown severity),
         PayloadTooLarge, PayloadUnpicklable, QueueFull (the queue stayed full: ``block=False``,
-        or `block_timeout` passed), RoleStopped, FleetClosed (after shutdown).
+        or `block_timeout` passed), RoleStopped, FleetClosed (after shutdown). A submit
+        racing `shutdown` from another thread raises FleetClosed or returns a future like
+        any other: its unit is in the ledger and ends with its own outcome (solved, or
+        UnitFailed with reason ``Shutdown`` when the fleet closed before it was queued).
         """
         return self._sup.submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
                                 request_id=request_id, route=route, severity=severity, pinned=pinned, parent=parent,

@@ -403,7 +403,7 @@ class Supervisor:
         self._room.take(code, role, block=block and not self._on_loop(), timeout=block_timeout)
         unit = self._new_unit(code, key, priority, body, flags, timeout)
         arrival = (unit.unit_id, role, payload, key, lane) if self.recorder is not None else None
-        self._intake.post(self._accept, unit, route, admission, arrival, refused=_refuse_submit,
+        self._intake.post(self._accept, unit, route, admission, arrival, refused=self._turned_away,
                           pace=not self._on_loop())
         return unit.future
 
@@ -430,7 +430,7 @@ class Supervisor:
             arrivals = None
             if self.recorder is not None:
                 arrivals = [(u.unit_id, role, p, None, lane) for u, p in zip(units, payloads[start:start + took])]
-            self._intake.post(self._accept_many, units, arrivals, refused=_refuse_many, pace=not on_loop)
+            self._intake.post(self._accept_many, units, arrivals, refused=self._turned_away_many, pace=not on_loop)
             futures.extend(u.future for u in units)
             start += took
         return futures
@@ -453,20 +453,18 @@ class Supervisor:
         `admission`: lane, severity, pinned, parent, tag (a unit with a route); `arrival`:
         what the arrival log records, when [record] is on."""
         code, unit_id = unit.role, unit.unit_id
-        refusal = None
-        if self._closing:
-            refusal = FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
-        elif code in self._stopped_roles:
-            # Its role stopped after the caller's check: the unit is counted and fails
-            # RoleStopped, as the units queued when the role stopped did.
+        late = self._late_failure(code)
+        if late is not None:
+            # The fleet closed, or the role stopped, after the caller's check: the caller
+            # holds the unit's future, so the unit is counted and fails as the units
+            # queued at that moment did (Shutdown, RoleStopped); never an orphan future.
             self._units[unit_id] = unit
             self.ledger.submitted(unit_id)
-            self._fail_unstarted(unit_id, "RoleStopped",
-                                 f"role {self.roles.by_code(code).name} exceeded its restart intensity")
+            self._fail_unstarted(unit_id, *late)
             return
-        decision = None
+        refusal = decision = None
         parent = None if admission is None else admission["parent"]
-        if refusal is None and parent is not None and self.dispatcher.slot_of(parent) is None:
+        if parent is not None and self.dispatcher.slot_of(parent) is None:
             # 000 §9 licenses a delegated unit only for a parent holding a seat here
             refusal = BadUnit(f"parent {parent} is no unit running in fleet {self.name!r}: "
                               "only a running unit delegates")
@@ -490,6 +488,31 @@ class Supervisor:
         if decision is not None:
             self._routed(unit_id, decision.route)
         self._to_dispatch(unit)
+
+    def _late_failure(self, code: int) -> tuple[str, str] | None:
+        """(reason, detail) for a unit of role `code` accepted after the fleet closed or
+        the role stopped; None while it may be queued."""
+        if self._closing:
+            return "Shutdown", "the fleet closed before the unit was queued"
+        if code in self._stopped_roles:
+            return "RoleStopped", f"role {self.roles.by_code(code).name} exceeded its restart intensity"
+        return None
+
+    def _turned_away(self, error: BaseException, unit: _Unit, *_rest) -> None:
+        """A submit the loop never accepted: it had stopped as the caller posted (this runs
+        on the poster's thread, or the loop's as it closes the intake). The caller holds
+        the future, so the unit is counted and fails Shutdown, as the units queued at the
+        stop did. Only the ledger is touched (it is thread-safe; the rest is the loop's)."""
+        self.ledger.submitted(unit.unit_id)
+        self.ledger.record(unit.unit_id, FAILED, "Shutdown")
+        role = self.roles.by_code(unit.role).name
+        _fail_future(unit.future, error_for(unit.unit_id, role, Outcome(
+            FAILED, "Shutdown", f"{error}: the unit was never queued")))
+
+    def _turned_away_many(self, error: BaseException, units: list, *_rest) -> None:
+        """A `submit_many` run the loop never accepted: each unit as `_turned_away`."""
+        for unit in units:
+            self._turned_away(error, unit)
 
     def _accept_many(self, units: list, arrivals: list | None) -> None:
         """A posted `submit_many` run (units of one role, no route): each unit accepted
@@ -1361,7 +1384,7 @@ class Supervisor:
             self._take_delivered(seat)
             for item, _slot in self.dispatcher.seat_lost(seat):  # started or not: nothing will run it now
                 self._close(item.unit_id, Outcome(FAILED, reason, detail))
-        # Submits posted but not yet accepted fail too (they never reach the ledger).
+        # Submits posted but not yet accepted are counted and fail Shutdown (see _accept).
         self._intake.drain()
         self._deliver()
 
@@ -1506,20 +1529,9 @@ def _ignore_refusal(_error: BaseException, *_args) -> None:
     """An operator op the loop never ran (it had stopped): the op was fire-and-forget."""
 
 
-def _refuse_submit(error: BaseException, unit: _Unit, *_rest) -> None:
-    """A submit the loop never accepted (it had stopped): its future fails."""
-    _fail_future(unit.future, error)
-
-
 def _task_flags(chunk: bool, timeout) -> int:
     """A task's flags: a chunk of items, and a run time limit the loop must watch."""
     return (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
-
-
-def _refuse_many(error: BaseException, units: list, *_rest) -> None:
-    """A `submit_many` run the loop never accepted: every future of it fails."""
-    for unit in units:
-        _fail_future(unit.future, error)
 
 
 def _fail_future(future: UnitFuture, error: BaseException) -> None:

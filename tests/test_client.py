@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import tempfile
+import time
 
 import pytest
 
@@ -228,6 +229,121 @@ def test_units_pending_across_a_restart_between_polls_fail_and_new_ones_run(flee
         first.cleanup()
 
 
+def test_a_daemon_stalled_past_the_poll_timeout_still_delivers_what_it_solves(fleet_name, monkeypatch):
+    # Polls give up after 0.5 s; the daemon is stopped for several of them while its
+    # worker (another process) runs the unit, then goes on: the unit it solves reaches
+    # the future, which waited (a slow daemon is not a lost one).
+    from fleet import client as client_mod
+
+    monkeypatch.setattr(client_mod, "COLLECT_WAIT_S", 0.2)
+    monkeypatch.setattr(client_mod, "COLLECT_GRACE_S", 0.3)
+    with Fleetd(fleet_name, roles()) as d:
+        client = d.connect(timeout=0.5)
+        try:
+            fut = client.submit("hang", 1.0)
+            wait_until(lambda: running_slot(client), "the unit to be running")
+            d.signal(signal.SIGSTOP)
+            try:
+                assert not fut.done()
+                time.sleep(3.0)  # six poll timeouts
+                assert not fut.done()  # no FleetConnectionLost for a daemon that is only slow
+            finally:
+                d.signal(signal.SIGCONT)
+            assert fut.result(BOUND_S) == "woke"
+            assert client.submit("sq", 6).result(BOUND_S) == 36
+            assert client.ledger()["solved"] == 2
+        finally:
+            client.close()
+
+
+def marking_roles():
+    return {**roles(), "mark": role("marked_echo", slots=1)}
+
+
+def marking(marks, tag: str = "job"):
+    """The payload of a `marked_echo` unit: it notes each run in ``marks/<tag>`` and returns "marked"."""
+    return (str(marks), tag, "marked")
+
+
+def runs(marks, tag: str = "job") -> int:
+    path = marks / tag
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_a_submit_repeated_with_its_request_id_runs_once_and_every_future_gets_its_outcome(fleet_name, tmp_path):
+    marks = tmp_path
+    with Fleetd(fleet_name, marking_roles()) as d:
+        client = d.connect()
+        try:
+            # a submit whose reply its caller never saw: sent on a connection of its own
+            with control.ControlClient(client.path) as lost:
+                first = lost.call("submit", role="mark", payload=marking(marks), request_id="job-1")
+            again = client.submit("mark", marking(marks), request_id="job-1")
+            assert again.unit_id == first["unit"] and again.result(BOUND_S) == "marked"
+            later = client.submit("mark", marking(marks), request_id="job-1")  # its unit has ended: still known
+            assert later.unit_id == first["unit"] and later.result(BOUND_S) == "marked"
+            assert runs(marks) == 1
+            with pytest.raises(fleet.RequestIdReused, match="job-1"):
+                client.submit("mark", marking(marks, "other"), request_id="job-1")
+            assert client.submit("mark", marking(marks), request_id="job-2").result(BOUND_S) == "marked"
+            assert runs(marks) == 2
+            ledger = client.ledger()
+            assert ledger["submitted"] == ledger["solved"] == 2
+        finally:
+            client.close()
+
+
+def test_a_submit_without_a_reply_says_it_may_have_run_and_its_retry_runs_it_once(fleet_name, tmp_path):
+    marks = tmp_path
+    with Fleetd(fleet_name, marking_roles()) as d:
+        client = d.connect(timeout=0.5)
+        try:
+            d.signal(signal.SIGSTOP)  # the request goes out; no reply comes within the timeout
+            try:
+                with pytest.raises(fleet.SubmitUncertain, match="may have been admitted") as err:
+                    client.submit("mark", marking(marks), request_id="job-1")
+                assert err.value.request_id == "job-1" and "is safe" in str(err.value)
+                with pytest.raises(fleet.SubmitUncertain, match="give submit a request_id"):
+                    client.submit("sq", 2)
+            finally:
+                d.signal(signal.SIGCONT)
+            retry = client.submit("mark", marking(marks), request_id="job-1")
+            assert retry.result(BOUND_S) == "marked"
+            wait_until(lambda: client.ledger()["inflight"] == 0, "the sq unit, if it was admitted, to end")
+            assert runs(marks) == 1
+            ledger = client.ledger()
+            assert ledger["submitted"] - ledger["solved"] == 0 and ledger["submitted"] in (1, 2)
+        finally:
+            client.close()
+
+
+def test_submits_racing_the_clients_shutdown_each_raise_or_get_their_outcome(served):
+    import threading
+
+    client = served.connect()
+    futures, raised = [], []
+
+    def hammer():
+        while True:
+            try:
+                futures.append(client.submit("sq", 3))
+            except fleet.FleetClosed:
+                raised.append(1)
+                return
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(futures) >= 200, "200 submits")
+    client.shutdown(wait=True)
+    for t in threads:
+        t.join(BOUND_S)
+    assert len(raised) == len(threads)
+    # shutdown(wait=True) waited for every future a submit returned: none is left pending
+    assert all(fut.done() for fut in futures)
+    assert [fut.result(0) for fut in futures] == [9] * len(futures)
+
+
 def test_cancelling_a_queued_unit_cancels_it_in_the_fleet(served, client):
     before = client.ledger()
     client._call("drain")  # units are admitted and held in the queue: none starts
@@ -377,7 +493,27 @@ def test_store_answers_an_expired_poll_empty():
     assert not poll.done()
     clock.now += 0.2
     store.expire()
-    assert poll.result(0) == {"outcomes": [], "more": False, "closing": False}
+    assert poll.result(0) == {"outcomes": [], "first": 0, "more": False, "closing": False}
+
+
+def test_store_sends_again_what_a_lost_reply_carried_until_it_is_acknowledged():
+    store = OutcomeStore(clock=Clock())
+    store.hold(TOKEN)
+    store.put(TOKEN, solved(1))
+    store.put(TOKEN, solved(2))
+    lost = store.collect(TOKEN, 10, ack=0).result(0)  # a reply the client never read
+    assert lost["first"] == 0 and [r["seq"] for r in lost["outcomes"]] == [1, 2]
+    assert store.undelivered() == 0  # sent: fleetd's linger does not wait for the ack
+    again = store.collect(TOKEN, 10, ack=0).result(0)  # the client asks again, having none
+    assert again["first"] == 0 and [r["seq"] for r in again["outcomes"]] == [1, 2]
+    waiting = store.collect(TOKEN, 10, ack=2)  # has both now: they go, nothing is ready
+    assert not waiting.done()
+    store.put(TOKEN, solved(3))
+    reply = waiting.result(0)
+    assert reply["first"] == 2 and [r["seq"] for r in reply["outcomes"]] == [3]
+    with pytest.raises(control.ProtocolError, match="ack 9 is past"):
+        store.collect(TOKEN, 0, ack=9).result(0)
+    assert store.collect(TOKEN, 0).result(0)["outcomes"] == []  # no ack: what was sent counts as had
 
 
 def test_store_splits_replies_at_the_budget_and_keeps_order():

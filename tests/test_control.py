@@ -15,6 +15,7 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -344,6 +345,30 @@ def test_request_not_taken_in_time_times_out_and_never_runs(sockdir):
         assert err.value.type == "Timeout" and "not executed" in err.value.message
         assert s.queue.run_pending(s.handler) == 0  # the cancelled call is skipped
     assert s.handler.calls == []
+
+
+def test_a_submit_still_running_at_its_deadline_is_uncertain_not_a_timeout(sockdir):
+    import fleet
+
+    class SlowSubmit(Handler):
+        def submit(self, **unit):
+            time.sleep(0.6)  # on the owner thread, past the reply deadline
+            return super().submit(**unit)
+
+    with serving(sockdir, SlowSubmit(), reply_timeout=0.2) as s:
+        with s.client() as client:
+            with pytest.raises(c.RemoteError) as err:
+                client.call("submit", role="r", payload=1)
+        assert err.value.type == c.E_OUTCOME_UNKNOWN and "its outcome is unknown" in err.value.message
+        wait_for(lambda: len(s.handler.units) == 1)  # it ran: the reply said it might have
+        remote = fleet.Client("t", s.path, timeout=5)
+        try:
+            with pytest.raises(fleet.SubmitUncertain, match="may have been admitted") as err:
+                remote.submit("r", 2, request_id="job-7")
+            assert err.value.request_id == "job-7" and err.value.role == "r"
+        finally:
+            remote.close()
+        wait_for(lambda: len(s.handler.units) == 2)
 
 
 def test_closed_queue_answers_shutting_down(sockdir):

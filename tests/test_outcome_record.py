@@ -167,7 +167,7 @@ class OneRecord:
     def submit(self, **kwargs):
         return {"unit": 7}
 
-    def collect(self, *, token, timeout):
+    def collect(self, *, token, timeout, ack=None):
         fut: Future = Future()
         records, self.sent = ([] if self.sent else self.records), True
         fut.set_result({"outcomes": records, "more": False, "closing": False})

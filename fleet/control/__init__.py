@@ -46,7 +46,11 @@ each outcome under the token until the client fetches it with ``collect``, a lon
 poll that returns every outcome ready for the token (or an empty list after its
 ``timeout``). A reply never exceeds `COLLECT_REPLY_BUDGET`: outcomes beyond it wait
 for the next ``collect`` (the reply says ``"more": true``), and one value too large
-for a reply travels in consecutive ``part``s that the client joins. Outcomes held
+for a reply travels in consecutive ``part``s that the client joins. A token's
+outcomes are numbered; each ``collect`` acknowledges (``ack``) how many the client
+has, and the daemon sends again those after it, so a reply lost to a client's
+timeout or a broken connection loses nothing. A ``submit`` with a ``request_id`` is
+admitted once per id (`fleet.replays`): a retry after a lost reply gets the same unit. Outcomes held
 for a token are bounded (bytes, and time since the token was last seen); past the
 bound the daemon drops them, logs it, and answers that token's next ``collect``
 with ``OutcomesDropped`` so the client fails its pending futures loudly.
@@ -74,6 +78,7 @@ from .errors import (
     E_INVALID_ARGS,
     E_INVALID_REPLY,
     E_MALFORMED,
+    E_OUTCOME_UNKNOWN,
     E_PERMISSION,
     E_SHUTTING_DOWN,
     E_TIMEOUT,
@@ -87,7 +92,9 @@ from .errors import (
     PermissionDenied,
     ProtocolError,
     RemoteError,
+    ReplyLost,
     ShuttingDown,
+    SubmitUncertain,
 )
 from .ops import COLLECT_MAX_WAIT_S, COLLECT_REPLY_BUDGET, OPS, POSTURE_KEYS, ControlHandler, Op, OpRegistry
 from .paths import find_socket, prepare_runtime_dir, runtime_dir, socket_candidates, socket_path
@@ -131,8 +138,10 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "Reply",
+    "ReplyLost",
     "Request",
     "ShuttingDown",
+    "SubmitUncertain",
     "decode_reply",
     "decode_request",
     "encode_error",

@@ -23,6 +23,7 @@ from .errors import (
     PermissionDenied,
     ProtocolError,
     RemoteError,
+    ReplyLost,
 )
 from .ops import OPS, OpRegistry
 from .paths import find_socket
@@ -181,6 +182,7 @@ class ControlClient:
 
     def _roundtrip(self, frame: bytes) -> bytes:
         sock = self._connect()
+        sent = False  # a timeout before the whole frame went out: the daemon ran nothing
         try:
             try:
                 sock.sendall(frame)
@@ -192,10 +194,16 @@ class ControlClient:
                 if parting is not None:
                     return parting
                 raise NotRunning(f"fleet daemon at {self.path} closed the connection: {exc.strerror}") from None
-            return self._read_line(sock)
+            sent = True
+            try:
+                return self._read_line(sock)
+            except (NotRunning, BrokenPipeError, ConnectionResetError) as exc:
+                self.close()
+                raise ReplyLost(f"fleet daemon at {self.path} closed the connection after the request went out, "
+                                f"before replying ({exc}); it may have run it") from None
         except TimeoutError:
             self.close()
-            raise ControlTimeout(f"no reply from {self.path} within {self.timeout}s") from None
+            raise ControlTimeout(f"no reply from {self.path} within {self.timeout}s", sent=sent) from None
         except (BrokenPipeError, ConnectionResetError) as exc:
             self.close()
             raise NotRunning(f"fleet daemon at {self.path} closed the connection: {exc.strerror}") from None

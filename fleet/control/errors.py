@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, FleetError
+from ..errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, FleetError, NotRunning
 
 
 # Error types carried in error replies. Handler errors that are FleetErrors travel
@@ -15,7 +15,8 @@ E_INVALID = "InvalidRequest"  # JSON, but not a request envelope
 E_UNKNOWN_OP = "UnknownOp"
 E_INVALID_ARGS = "InvalidArgs"
 E_PERMISSION = "PermissionDenied"
-E_TIMEOUT = "Timeout"
+E_TIMEOUT = "Timeout"  # the daemon's loop did not take the call in time: it never runs
+E_OUTCOME_UNKNOWN = "OutcomeUnknown"  # the call was still running at its deadline: it may have done its work
 E_SHUTTING_DOWN = "ShuttingDown"
 E_BUSY = "Busy"
 E_INTERNAL = "InternalError"
@@ -81,7 +82,32 @@ class ControlBusy(RemoteError):
 
 
 class ControlTimeout(ControlError):
-    """The daemon did not reply within the client's timeout."""
+    """The daemon did not reply within the client's timeout. ``sent``: the whole request
+    had gone out (the daemon may have run it); False: it had not (nothing ran)."""
+
+    def __init__(self, message: str, *, sent: bool = True):
+        super().__init__(message)
+        self.sent = sent
+
+
+class ReplyLost(NotRunning):
+    """The daemon closed the connection after the request went out, before replying:
+    it may have run the request."""
+
+
+class SubmitUncertain(ControlError):
+    """A service-mode submit whose reply never came (none in time, or the connection
+    broke after the request went out): fleetd may have admitted the unit, and then it
+    runs. ``request_id`` is the caller's, if it gave one: submitting again with the same
+    request_id and the same arguments is safe, fleetd admits one unit per request_id
+    (`fleet.replays`), and the new future gets that unit's outcome. Without one, a
+    retry may run the unit twice."""
+
+    exit_code = EXIT_NOT_RUNNING
+
+    def __init__(self, message: str, *, role: str, request_id: str | None):
+        super().__init__(message)
+        self.role, self.request_id = role, request_id
 
 
 class ShuttingDown(ControlError):

@@ -75,9 +75,10 @@ class ControlHandler(Protocol):
     def ledger(self) -> Any:
         """The ledger counters: submitted, solved, suppressed, failed by reason."""
 
-    def collect(self, *, token: str, timeout: float) -> Future:
+    def collect(self, *, token: str, timeout: float, ack: int | None = None) -> Future:
         """The outcomes held for ``token``: a Future resolved, without blocking the
-        caller, as soon as one is ready or after ``timeout`` seconds (then empty)."""
+        caller, as soon as one is ready or after ``timeout`` seconds (then empty).
+        ``ack``: how many of the token's outcomes the client has (`CollectOp`)."""
 
     def cancel(self, unit: int) -> Any:
         """Cancel unit ``unit`` if it has not started; say what became of it (`CancelOp`)."""
@@ -317,7 +318,8 @@ class SubmitOp(Op):
         "lane": Arg((str, type(None))),
         "priority": Arg((int,), default=0),
         "timeout": Arg((float, type(None)), doc="seconds"),
-        "request_id": Arg((str, type(None)), doc="idempotency id"),
+        "request_id": Arg((str, type(None)), doc="idempotency id: a submit repeated with it is admitted "
+                                                  "once (fleet.replays); the reply says replayed"),
         "token": Arg((str, type(None)), doc="hold the outcome for `collect` under this client token"),
         "seq": Arg((int, type(None)), doc="the client's number for the unit, echoed in its outcome"),
         "chunk": Arg((bool,), default=False, doc="the payload is a list of items run as one unit"),
@@ -394,7 +396,12 @@ _TOKEN = re.compile(r"[A-Za-z0-9_-]{8,128}")
 class CollectOp(Op):
     """Long-poll the outcomes held for a client token (see "Result delivery" above).
 
-    Reply: ``{"outcomes": [...], "more": bool, "closing": bool}``. Each outcome is
+    Reply: ``{"outcomes": [...], "first": int, "more": bool, "closing": bool}``.
+    A token's outcomes are numbered from 0 in the order they were held; ``first`` is
+    the number of the reply's first outcome. ``ack`` (the count of the token's outcomes
+    the client has) lets go of those; the ones after it are sent, again when a reply
+    was lost on the way (a timeout, a broken connection). Without ``ack``, every
+    outcome sent before counts as received. Each outcome is
     ``{"seq", "unit", "role", "kind", ...}``: a solved one carries ``value`` (base64
     of the pickled value; with ``part``/``parts`` when split across replies), a
     failed or suppressed one ``reason``, ``detail`` and, when it could be pickled,
@@ -411,6 +418,7 @@ class CollectOp(Op):
     schema = {
         "token": Arg((str,), required=True, doc="the client token given at submit"),
         "timeout": Arg((float,), default=10.0, doc=f"seconds to wait, 0-{COLLECT_MAX_WAIT_S:g}"),
+        "ack": Arg((int, type(None)), doc="how many of the token's outcomes the client has received"),
     }
 
     def check(self, args: dict[str, Any]) -> None:
@@ -418,9 +426,11 @@ class CollectOp(Op):
             raise self._bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
         if not 0 <= args["timeout"] <= COLLECT_MAX_WAIT_S:
             raise self._bad(f"timeout must be between 0 and {COLLECT_MAX_WAIT_S:g} seconds, got {args['timeout']!r}")
+        if args["ack"] is not None and args["ack"] < 0:
+            raise self._bad(f"ack must be >= 0, got {args['ack']!r}")
 
     def execute(self, handler: ControlHandler, args: dict[str, Any]) -> Future:
-        return handler.collect(token=args["token"], timeout=float(args["timeout"]))
+        return handler.collect(token=args["token"], timeout=float(args["timeout"]), ack=args["ack"])
 
     def format(self, result: Any) -> str:
         outcomes = result.get("outcomes", []) if isinstance(result, dict) else []

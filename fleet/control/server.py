@@ -23,6 +23,7 @@ from .errors import (
     E_BUSY,
     E_INTERNAL,
     E_MALFORMED,
+    E_OUTCOME_UNKNOWN,
     E_PERMISSION,
     E_SHUTTING_DOWN,
     E_TIMEOUT,
@@ -606,7 +607,7 @@ class ControlServer:
             reply = encode_error(call.request_id, E_TIMEOUT, f"{call.op.name} not executed: the daemon's loop "
                                  f"did not take it within {self.reply_timeout:g}s")
         else:
-            reply = encode_error(call.request_id, E_TIMEOUT, f"{call.op.name} still running after "
+            reply = encode_error(call.request_id, E_OUTCOME_UNKNOWN, f"{call.op.name} still running after "
                                  f"{self.reply_timeout:g}s; its outcome is unknown")
         self._reply(conn, reply)
         if conn in self._conns:
