@@ -27,6 +27,7 @@ import math
 import os
 
 REPORT_VERSION = 1
+MAX_REPORT_BYTES = 1 << 30
 REFUSALS = ("429", "402", "403")
 
 
@@ -240,11 +241,18 @@ def load(path: str) -> dict:
     """A saved report (a report.json, or the folder holding one); ReportError if unreadable."""
     if os.path.isdir(path):
         path = os.path.join(path, "report.json")
+    from .trace import read_regular
+
     try:
-        with open(path, encoding="utf-8") as f:
-            report = json.load(f)
+        data = read_regular(path, MAX_REPORT_BYTES)
     except OSError as exc:
         raise ReportError(f"{path}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ReportError(f"{path}: cannot read: {exc}") from None
+    try:
+        report = json.loads(data)
+    except RecursionError:
+        raise ReportError(f"{path}: not JSON: nested too deeply") from None
     except ValueError as exc:
         raise ReportError(f"{path}: not JSON: {exc}") from None
     if not isinstance(report, dict) or report.get("version") != REPORT_VERSION or not isinstance(report.get("modes"), list):
