@@ -309,8 +309,8 @@ class Driver:
         self._wall = time.monotonic() - t_wall0
 
     def _block(self, seconds: float) -> None:
-        try:
-            item = self.done_q.get(timeout=seconds)
+        try:  # at most IDLE_BLOCK_S: the loop looks again (a slow trace's gaps outlast what a timer takes)
+            item = self.done_q.get(timeout=min(seconds, IDLE_BLOCK_S))
         except queue.Empty:
             return
         self._complete(*item)
