@@ -34,7 +34,8 @@ ST_HELD_AT_CLOSE = 7  # body: utf-8 text: cordon held it back and the fleet is c
 ST_REFUSED = 8  # body: pickled (status, message, retry_after): the handler raised fleet.Refused
 
 #: unit id, slot, status, slot state after the unit, run seconds, cost in USD the handler
-#: reported (fleet.report_cost; NaN when it reported none)
-RESULT_HEAD = struct.Struct("<QIBBdd")
+#: reported (fleet.report_cost; NaN when it reported none), CPU seconds of the thread that ran
+#: the handler (NaN: not measured, an awaited handler shares its thread with others)
+RESULT_HEAD = struct.Struct("<QIBBddd")
 #: unit id, slot
 STARTED_HEAD = struct.Struct("<QI")

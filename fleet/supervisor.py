@@ -819,7 +819,7 @@ class Supervisor:
             if unit is not None and unit.timeout is not None:
                 heapq.heappush(self._deadlines, (self.host.monotonic() + unit.timeout, unit_id))
             return
-        unit_id, slot, status, final, elapsed, cost = M.RESULT_HEAD.unpack_from(view)
+        unit_id, slot, status, final, elapsed, cost, cpu = M.RESULT_HEAD.unpack_from(view)
         outcome, value, original = codec.result_outcome(status, view[M.RESULT_HEAD.size :], relay=self._relay)
         if cost != cost:  # NaN: no cost reported
             cost = None
@@ -836,7 +836,7 @@ class Supervisor:
             if self.run_observer is not None:
                 self.run_observer(self.roles.by_code(unit.role).name, elapsed)
             if self.recorder is not None:  # the measured work shape of a recorded arrival
-                self.recorder.completion(unit_id, elapsed, outcome.kind)
+                self.recorder.completion(unit_id, elapsed, outcome.kind, cpu_s=cpu)
         if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED and value is not None:
             # A chunk's items travel with it whatever its outcome: map raises item by item.
             self.ledger.record(unit_id, outcome.kind, outcome.reason)

@@ -350,7 +350,7 @@ class Driver:
         submitted = self.clock.mono()
         admission = {}
         if route is None:
-            payload = {"id": a.id, "cpu_ms": a.cpu_ms}
+            payload = {"id": a.id, "cpu_ms": a.cpu_ms, "wait_ms": a.wait_ms}
         else:
             payload = {"id": a.id, "base": self.sim.base_url, "latency_s": a.latency_s}
             if self.admission:  # the fleet's admission chooses; the handler calls unit.route

@@ -43,8 +43,9 @@ Arrival::
      "cpu_ms": 0.0, "latency_s": null, "cycle": null}
 
 ``route`` (or null): a provider round, run by an I/O-bound role that calls the
-simulator; without a route the arrival is CPU work (``cpu_ms`` of busy CPU) on a role
-of that name, pinned by ``key`` when one is given. ``parent``: the delegating round
+simulator; without a route the arrival is CPU work (``cpu_ms`` of busy CPU, then
+``wait_ms``, optional, of sleep: the part of a recorded handler's run spent off the CPU)
+on a role of that name, pinned by ``key`` when one is given. Neither is scaled by the speed. ``parent``: the delegating round
 (reference 000 §9, counted on its lane); ``after``: ids that must have ended before this
 arrival is released (a solve cycle's merge after its sims). ``latency_s`` overrides the
 pool's drawn latency. ``cycle``: a cycle number (solve-cycle traces: the report gives the
@@ -86,8 +87,8 @@ _HEADER_KEYS = {"format", "version", "name", "start", "seed", "horizon_s", "mode
                 "keys", "lanes", "admission", "speed"}
 _POOL_KEYS = {"model", "provider", "k", "retry_after_s", "latency", "alternatives", "residency"}
 _KEY_KEYS = {"credential", "provider", "daily_limit_at", "reset", "top_ups", "credit_requests"}
-_ARRIVAL_KEYS = {"t", "id", "role", "lane", "route", "severity", "parent", "key", "after", "cpu_ms", "latency_s",
-                 "cycle"}
+_ARRIVAL_KEYS = {"t", "id", "role", "lane", "route", "severity", "parent", "key", "after", "cpu_ms", "wait_ms",
+                 "latency_s", "cycle"}
 
 
 class TraceError(Exception):
@@ -172,13 +173,17 @@ class Arrival:
     cpu_ms: float = 0.0
     latency_s: float | None = None
     cycle: int | None = None
+    wait_ms: float = 0.0
 
     def to_json(self) -> dict:
-        return {"t": self.t, "id": self.id, "role": self.role, "lane": self.lane,
+        out = {"t": self.t, "id": self.id, "role": self.role, "lane": self.lane,
                 "route": None if self.route is None else {"model": self.route.model, "provider": self.route.provider,
                                                           "credential": self.route.credential},
                 "severity": self.severity, "parent": self.parent, "key": self.key, "after": list(self.after),
                 "cpu_ms": self.cpu_ms, "latency_s": self.latency_s, "cycle": self.cycle}
+        if self.wait_ms:  # written only when there is one (the traces written before it stay as they are)
+            out["wait_ms"] = self.wait_ms
+        return out
 
 
 @dataclass(frozen=True)
@@ -387,7 +392,8 @@ def parse_arrival(obj, header: Header) -> Arrival:
         raise _Bad("an arrival needs a route (a provider round) or cpu_ms (CPU work)")
     return Arrival(_num(obj, "t"), _str(obj, "id"), role, _str(obj, "lane", optional=True), route, severity,
                    _str(obj, "parent", optional=True), key, tuple(after), cpu_ms,
-                   _num(obj, "latency_s", optional=True), _num(obj, "cycle", maximum=MAX_COUNT, optional=True, integer=True))
+                   _num(obj, "latency_s", optional=True), _num(obj, "cycle", maximum=MAX_COUNT, optional=True, integer=True),
+                   _num(obj, "wait_ms", maximum=MAX_TRACE_S * 1000.0) if obj.get("wait_ms") is not None else 0.0)
 
 
 def parse_lines(lines, path: str = "<trace>") -> Trace:
