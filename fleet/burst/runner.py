@@ -122,4 +122,4 @@ def _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime, 
         sys.setswitchinterval(switch)
         if bar is not None:
             bar.close()
-    return build(trace, sections, speed=speed, seed=seed, fleet_name=name)
+    return build(trace, sections, speed=speed, seed=seed, fleet_name=name, cap=cap)
