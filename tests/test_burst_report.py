@@ -149,4 +149,8 @@ def test_the_legend_is_off_the_data(fig):
     box = legend.get_window_extent()
     assert all(box.y1 <= ax.get_window_extent().y0 for ax in fig.axes)
     labels = [t.get_text() for t in legend.get_texts()]
-    assert "m@p" in labels and "m@q" in labels and "cap" in labels
+    assert "m@p (k 3)" in labels and "m@q (k 5)" in labels and "cap" in labels
+
+
+def test_renewed_closures_draw_as_one():
+    assert R.merged([(50.0, 60.0), (10.0, 20.0), (20.5, 30.0), (29.0, 40.0)], gap=1.0) == [(10.0, 40.0), (50.0, 60.0)]

@@ -63,6 +63,7 @@ def test_a_signal_mid_replay_stops_it_and_leaves_nothing(tmp_path, signum, sigin
             if not line or "replaying" in line:
                 break
         assert "replaying" in said[-1], "".join(said)
+        assert "booting the fleet" in said[0] and "warming up" in said[-2], said  # the seconds before a round
         time.sleep(3)  # mid-replay: rounds in flight, CPU units running
         assert segments_of(name), "the replay fleet's segments exist while it runs"
         children = psutil.Process(proc.pid).children(recursive=True)
