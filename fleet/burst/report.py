@@ -324,6 +324,7 @@ def figure(report: dict):
                              sharex=True, sharey=True)
     used_marks, used_spans, cap_drawn = set(), set(), False
     top = _y_top(report, drawn)
+    provider = any(m["events"] for m in modes) or bool(report.get("pools_k"))  # else a CPU trace: roles
     for ax, m, (series, refusals) in zip(axes[:, 0], modes, drawn):
         spans = [(a, b, "provider") for a, b in merged([tuple(x) for v in m["key_closures"].values() for x in v],
                                                        horizon / 200)]
@@ -352,9 +353,10 @@ def figure(report: dict):
             ax.scatter([x(p[0]) for p in pts], [p[1] for p in pts], marker=shape, color=mark_colour, s=14, zorder=3,
                        alpha=0.7, lw=0.8)
             used_marks.add(status)
-        ax.set_title(f"{m['profile']} / {m['mode']}: ok {m['ok']} of {m['rounds']}; ended 429 {m['refused']['429']}, "
-                     f"402 {m['refused']['402']}, 403 {m['refused']['403']}, failed {m['failed']}, cut {m['cut']}; "
-                     f"moved {m['moved']}", fontsize=9, loc="left")
+        refused = (f"ended 429 {m['refused']['429']}, 402 {m['refused']['402']}, 403 {m['refused']['403']}, "
+                   if provider else "")
+        ax.set_title(f"{m['profile']} / {m['mode']}: ok {m['ok']} of {m['rounds']}; {refused}failed {m['failed']}, "
+                     f"cut {m['cut']}" + (f"; moved {m['moved']}" if provider else ""), fontsize=9, loc="left")
         ax.set_ylabel("in flight")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, top)
@@ -385,7 +387,8 @@ def figure(report: dict):
                       hatch={"provider": "///", "admission": "\\\\\\"}[w],
                       label={"provider": "key closed at the provider", "admission": "closed by the admission"}[w])
                 for w in sorted(used_spans)]
-    fig.suptitle(f"fleet-burst {report['trace']}: rounds in flight per pool", fontsize=11)
+    what = "rounds in flight per pool" if provider else "units in flight per role"
+    fig.suptitle(f"fleet-burst {report['trace']}: {what}", fontsize=11)
     fig.legend(handles=handles, loc="lower center", ncol=min(4, max(1, len(handles))), fontsize=8, frameon=False)
     rows = -(-len(handles) // 4)
     fig.tight_layout(rect=(0, 0.03 + 0.035 * rows * 4.2 / (2.6 * max(1, len(modes)) + 1.4), 1, 1))
