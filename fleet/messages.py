@@ -38,7 +38,8 @@ ST_CHUNK_SUPPRESSED = 9  # some item was suppressed, none failed
 ST_CHUNK_FAILED = 10  # some item failed (HandlerError)
 
 #: unit id, slot, status, slot state after the unit, run seconds, cost in USD the handler
-#: reported (fleet.report_cost; NaN when it reported none)
-RESULT_HEAD = struct.Struct("<QIBBdd")
+#: reported (fleet.report_cost; NaN when it reported none), CPU seconds of the thread that ran
+#: the handler (NaN: not measured, an awaited handler shares its thread with others)
+RESULT_HEAD = struct.Struct("<QIBBddd")
 #: unit id, slot
 STARTED_HEAD = struct.Struct("<QI")

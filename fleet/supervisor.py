@@ -875,7 +875,7 @@ class Supervisor:
                 unit.due = self.host.monotonic() + unit.timeout
                 heapq.heappush(self._deadlines, (unit.due, unit_id))
             return
-        unit_id, slot, status, final, elapsed, cost = M.RESULT_HEAD.unpack_from(view)
+        unit_id, slot, status, final, elapsed, cost, cpu = M.RESULT_HEAD.unpack_from(view)
         outcome, value, original = codec.result_outcome(status, view[M.RESULT_HEAD.size :], relay=self._relay)
         if cost != cost:  # NaN: no cost reported
             cost = None
@@ -892,7 +892,7 @@ class Supervisor:
             if self.run_observer is not None:
                 self.run_observer(self.roles.by_code(unit.role).name, elapsed)
             if self.recorder is not None:  # the measured work shape of a recorded arrival
-                self.recorder.completion(unit_id, elapsed, outcome.kind)
+                self.recorder.completion(unit_id, elapsed, outcome.kind, cpu_s=cpu)
         if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED and value is not None:
             # A chunk's items travel with it whatever its outcome: map raises item by item.
             self.ledger.record(unit_id, outcome.kind, outcome.reason)

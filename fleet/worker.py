@@ -62,6 +62,8 @@ IDLE_SPIN_S = 200e-6
 RESULT_RING_EVERY = 8
 #: The cost field of a result whose handler reported none.
 NO_COST = float("nan")
+#: The CPU field of a result whose handler's CPU time was not measured.
+NO_CPU = float("nan")
 
 
 
@@ -153,11 +155,11 @@ class Worker:
         result, then start what waited for its slot or for the serial lane."""
         unit_id, role = tag
         if isinstance(result, BaseException):  # escaped _execute (a fleet bug): still its outcome
-            status, out, elapsed, cost = M.ST_HANDLER_ERROR, _error_body(result), 0.0, NO_COST
+            status, out, elapsed, cost, cpu = M.ST_HANDLER_ERROR, _error_body(result), 0.0, NO_COST, NO_CPU
         else:
-            status, out, elapsed, cost = result
+            status, out, elapsed, cost, cpu = result
         status, out, final = self._finish(unit_id, slot, role, status, out)
-        self._send(unit_id, slot, status, final, elapsed, out, ring=False, cost=cost)
+        self._send(unit_id, slot, status, final, elapsed, out, ring=False, cost=cost, cpu=cpu)
         self._result_pushed()
         io = self.io
         while not io.busy(slot) and (item := io.next_for(slot)) is not None:
@@ -236,18 +238,19 @@ class Worker:
             else:
                 io.call(slot, tag, lambda: self._execute(unit_id, role, flags, body))
             return
-        status, out, elapsed, cost = self._execute(unit_id, role, flags, body)
+        status, out, elapsed, cost, cpu = self._execute(unit_id, role, flags, body)
         status, out, final = self._finish(unit_id, slot, role, status, out)
-        self._send(unit_id, slot, status, final, elapsed, out, cost=cost)
+        self._send(unit_id, slot, status, final, elapsed, out, cost=cost, cpu=cpu)
 
-    def _execute(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float]:
-        """Run a unit's handler: (status, result body, seconds, reported cost or NaN). Any thread may call it."""
-        t0 = time.perf_counter()
+    def _execute(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float, float]:
+        """Run a unit's handler: (status, result body, seconds, reported cost or NaN, CPU seconds of
+        this thread meanwhile: a handler that sleeps runs long on little CPU). Any thread may call it."""
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         if flags & M.F_CHUNK:
             status, out, cost = self._run_chunk(unit_id, role, body)
         else:
             status, out, cost = self._run_one(unit_id, role, body, flags)
-        return status, out, time.perf_counter() - t0, cost
+        return status, out, time.perf_counter() - t0, cost, time.thread_time() - cpu0
 
     def _unit(self, unit_id: int, role: int, payload, key, lane, request_id, route=None) -> Unit:
         return Unit(unit_id, self.roles.by_code(role).name, payload, key, lane, request_id, route)
@@ -308,13 +311,14 @@ class Worker:
         return (*_chunk_body(values, failures), _cost(running))
 
     # --- I/O-bound roles: the same unit, awaited ------------------------------------------
-    async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float]:
+    async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float, float]:
+        """As `_execute`; its CPU is not measured (the loop's thread runs other units between awaits)."""
         t0 = time.perf_counter()
         if flags & M.F_CHUNK:
             status, out, cost = await self._run_chunk_async(unit_id, role, body)
         else:
             status, out, cost = await self._run_one_async(unit_id, role, body, flags)
-        return status, out, time.perf_counter() - t0, cost
+        return status, out, time.perf_counter() - t0, cost, NO_CPU
 
     async def _run_one_async(self, unit_id: int, role: int, body, flags: int) -> tuple[int, bytes, float]:
         running = _Running()
@@ -363,13 +367,14 @@ class Worker:
     def _state(self, slot: int) -> int:
         return self.table.state(slot)[0]
 
-    def _send(self, unit_id, slot, status, final_state, elapsed, body, ring: bool = True, cost: float = NO_COST) -> None:
+    def _send(self, unit_id, slot, status, final_state, elapsed, body, ring: bool = True, cost: float = NO_COST,
+              cpu: float = NO_CPU) -> None:
         """Push a result; `ring=False` leaves waking the supervisor to the caller (a batch)."""
-        head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost)
+        head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost, cpu)
         if len(head) + len(body) > self.results.max_message:
             status = M.ST_RESULT_ERROR
             body = f"result is {len(body)} bytes; the result ring takes {self.results.max_message}".encode()
-            head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost)
+            head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost, cpu)
         while not self.results.push2(M.RESULT, head, body):
             self.bell.ring()  # the supervisor may be asleep with a full ring to drain
             self.results.wait_space(len(head) + len(body), 1.0)

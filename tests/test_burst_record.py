@@ -147,3 +147,29 @@ def _peek(proc) -> str:
         chunk = ""
     _seen[proc.pid] = _seen.get(proc.pid, "") + chunk
     return _seen[proc.pid]
+
+
+def test_recording_measures_cpu_beside_run_time_and_the_replay_sleeps_the_rest(tmp_path):
+    """A handler that sleeps 200 ms on a CPU role is recorded as next to no CPU and 200 ms of wait
+    (not as cpu_ms 200), and its replay burns the one and sleeps the other."""
+    import fleet
+    from fleet.burst.record import to_trace
+
+    log = tmp_path / "a.jsonl"
+    cfg = {"fleet": {"name": f"cpu{os.getpid()}"},
+           "roles": {"sleeper": {"kind": "pooled", "handler": "tests.handlers:hang", "slots": 1}},
+           "record": {"enabled": True, "path": str(log)}}
+    with fleet.Fleet.from_config(cfg) as f:  # the payload declares no shape: it is measured
+        assert f.submit("sleeper", 0.2).result(BOUND_S) == "woke"
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    done = next(x for x in lines if "done" in x)
+    assert done["run_s"] >= 0.2 and 0 <= done["cpu_s"] < 0.05, done
+    header, arrivals = to_trace("f", lines)
+    (a,) = arrivals
+    assert a["cpu_ms"] < 50 and a["wait_ms"] >= 150, a
+    assert a["cpu_ms"] + a["wait_ms"] == pytest.approx(done["run_s"] * 1000, abs=0.01)
+    trace = parse_lines([json.dumps(header)] + [json.dumps(x) for x in arrivals])
+    assert trace.arrivals[0].wait_ms == a["wait_ms"]
+    rep = replay(trace, modes=("none",), speed=1.0, progress=False, name=f"cpurep{os.getpid()}")
+    (r,) = rep["modes"][0]["round_log"]
+    assert r["status"] == "ok" and r["ended"] - r["started"] >= a["wait_ms"] / 1000, r

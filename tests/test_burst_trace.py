@@ -70,7 +70,7 @@ def test_every_bad_line_is_reported_with_its_number():
     numbers = [n for n, _ in err.value.problems]
     assert numbers == [3, 4, 5, 6, 7, 8, 9, 10]
     text = str(err.value)
-    assert "line 3: not JSON" in text and "x@p is not a pool" in text and "already used on line 2" in text
+    assert "x.jsonl:3: not JSON" in text and "x@p is not a pool" in text and "already used on line 2" in text
     assert "unknown arrival 'nope'" in text and "colour" in text
 
 
@@ -113,7 +113,7 @@ def test_cli_bad_trace_exits_with_its_code_and_runs_nothing(tmp_path):
                           str(tmp_path / "rep")], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": REPO})
     assert out.returncode == cli.EXIT_BAD_TRACE == 65
-    assert "line 3" in out.stderr and "line 4" in out.stderr and "nothing was replayed" in out.stderr
+    assert f"{path}:3: not JSON" in out.stderr and f"{path}:4: t must be a number" in out.stderr
     assert not (tmp_path / "rep").exists()
 
 
@@ -133,3 +133,66 @@ def test_bad_arguments_are_usage_errors(tmp_path):
         with pytest.raises(SystemExit) as exit_:
             cli.main(argv)
         assert exit_.value.code == cli.EXIT_USAGE
+
+
+def _replay_cli(path, tmp_path, timeout=60):
+    return subprocess.run([sys.executable, "-m", "fleet.burst.cli", "replay", str(path), "--report",
+                           str(tmp_path / "rep")], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": REPO})
+
+
+@pytest.mark.parametrize("line, what", [
+    ("[" * 100_000 + "]" * 100_000, "2: nested too deeply"),
+    ('{"t": ' + "7" * 5000 + ', "id": "a", "role": "r", "cpu_ms": 1}', "2: a number longer than"),
+    ('{"t": ' + "7" * 400 + ', "id": "a", "role": "r", "cpu_ms": 1}', "2: t must be a number from 0 to"),
+    ('{"t": Infinity, "id": "a", "role": "r", "cpu_ms": 1}', "2: t must be a number"),
+    ('{"t": 0, "id": "a", "role": "r", "cpu_ms": 1e308}', "2: cpu_ms must be a number"),
+], ids=["deep", "5000-digits", "400-digits", "infinity", "cpu-1e308"])
+def test_a_hostile_arrival_is_one_line_and_exit_65(tmp_path, line, what):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(HEADER) + "\n" + line + "\n")
+    out = _replay_cli(path, tmp_path)
+    assert out.returncode == cli.EXIT_BAD_TRACE == 65, out.stderr[-2000:]
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.startswith(f"fleet-burst: {path}:{what}") and len(out.stderr) < 300, out.stderr
+    assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("field, value", [("horizon_s", 1e308), ("seed", 10**30), ("speed", 1e-300),
+                                          ("cap", 10**400)])
+def test_a_hostile_header_is_one_line_and_exit_65(tmp_path, field, value):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({**HEADER, field: value}) + "\n" + json.dumps(good(1)) + "\n")
+    out = _replay_cli(path, tmp_path)
+    assert out.returncode == cli.EXIT_BAD_TRACE, out.stderr[-2000:]
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.startswith(f"fleet-burst: {path}:1: {field} must be a number"), out.stderr
+
+
+def test_a_trace_that_ends_past_the_calendar_is_one_line(tmp_path):
+    path = tmp_path / "late.jsonl"
+    path.write_text(json.dumps({**HEADER, "start": "9999-12-31T00:00:00Z", "horizon_s": 86400 * 2}) + "\n"
+                    + json.dumps(good(1)) + "\n")
+    out = _replay_cli(path, tmp_path)
+    assert out.returncode == cli.EXIT_BAD_TRACE and out.stderr.count("\n") == 1, out.stderr[-2000:]
+    assert "past the last date" in out.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_trace_is_refused_not_waited_on(tmp_path, kind):
+    if kind == "fifo":
+        path = tmp_path / "trace.fifo"
+        os.mkfifo(path)  # no writer: an open() for reading would block for ever
+    else:
+        path = "/dev/zero"  # never ends
+    out = _replay_cli(path, tmp_path, timeout=30)
+    assert out.returncode == cli.EXIT_BAD_TRACE, out.stderr
+    assert out.stderr == f"fleet-burst: {path}: cannot read: not a regular file\n"
+
+
+def test_bad_arguments_exit_ex_usage(tmp_path):
+    for argv in (["replay", "x.jsonl", "--speed", "inf"], ["replay", "x.jsonl", "--speed", "1e-300"], ["bogus"]):
+        out = subprocess.run([sys.executable, "-m", "fleet.burst.cli", *argv], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PYTHONPATH": REPO})
+        assert out.returncode == cli.EXIT_USAGE == 64, (argv, out.stderr)
+        assert "error:" in out.stderr and "Traceback" not in out.stderr

@@ -13,23 +13,26 @@ import sys
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # anything not named below
-EXIT_USAGE = 2  # bad arguments
-EXIT_BAD_TRACE = 65  # the trace has bad lines (all listed with their line numbers); nothing ran
+EXIT_USAGE = 64  # bad arguments (EX_USAGE)
+EXIT_BAD_TRACE = 65  # the trace has bad lines (all listed with their line numbers); nothing ran (EX_DATAERR)
 EXIT_BAD_REPORT = 66  # show: the report cannot be read
 EXIT_NO_FLEET = 69  # record: no fleet of that name is running, or it does not record
 EXIT_FLEET_FAILED = 70  # the replay fleet or simulator did not start, or a unit did not get exactly one outcome
 EXIT_NO_CGROUP = 91  # --cpu-quota without root or a v1 cpu cgroup hierarchy
+# stopped by SIGINT or SIGTERM: 128 + the signal (130, 143), once the fleet and the simulator are gone
 
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}   done (replay: every mode ran and the ledger was exact)
   {EXIT_FAILURE}   another failure
-  {EXIT_USAGE}   bad arguments
-  {EXIT_BAD_TRACE}  bad trace (every bad line is listed with its number; nothing ran)
+  {EXIT_USAGE}  bad arguments
+  {EXIT_BAD_TRACE}  bad trace (one line per bad line: FILE:LINE: what is wrong; nothing ran)
   {EXIT_BAD_REPORT}  show: the report cannot be read
   {EXIT_NO_FLEET}  record: no fleet of that name runs, or it does not record arrivals
   {EXIT_FLEET_FAILED}  the replay fleet or its provider simulator did not start, or a unit did not get
       exactly one outcome
-  {EXIT_NO_CGROUP}  --cpu-quota needs root and a v1 cpu cgroup hierarchy"""
+  {EXIT_NO_CGROUP}  --cpu-quota needs root and a v1 cpu cgroup hierarchy
+  130, 143  stopped by SIGINT (Ctrl-C) or SIGTERM; the fleet, its simulator and its
+      shared memory are gone first"""
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -56,8 +59,17 @@ def _positive(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0:
+    if not 0 < v < float("inf"):
         raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return v
+
+
+def _speed(text: str) -> float:
+    from .trace import SPEEDS
+
+    v = _positive(text)
+    if not SPEEDS[0] <= v <= SPEEDS[1]:
+        raise argparse.ArgumentTypeError(f"must be from {SPEEDS[0]:g} to {SPEEDS[1]:g}, got {text!r}")
     return v
 
 
@@ -80,8 +92,16 @@ def _fleet_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse exiting EXIT_USAGE (its own default is 2) for bad arguments."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="fleet-burst", description=__doc__.splitlines()[0] if __doc__ else None,
+    top = _Parser(prog="fleet-burst", description=__doc__.splitlines()[0] if __doc__ else None,
                                   epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = top.add_subparsers(dest="command", required=True)
     rp = sub.add_parser("replay", help="replay a trace once per mode and compare", epilog=EXIT_CODES,
@@ -94,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--modes", type=_modes, default=None,
                     help="comma list of none, cap, admission (the fleet's own provider admission: submit with route=); "
                          "default: the trace header's, else all three")
-    rp.add_argument("--speed", type=_positive, default=None,
+    rp.add_argument("--speed", type=_speed, default=None,
                     help="trace seconds per real second (default: the header's speed, else 60; CPU work is never scaled)")
     rp.add_argument("--seed", type=int, default=None, help="RNG seed of the latency draws and the admission "
                                                             "(default: the trace header's)")
@@ -132,9 +152,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from .stop import Stopped, on_signals
+
     args = parser().parse_args(argv)
     try:
-        return {"replay": _replay, "record": _record, "show": _show}[args.command](args)
+        with on_signals():
+            return {"replay": _replay, "record": _record, "show": _show}[args.command](args)
+    except Stopped as stop:  # unwound: the fleet and the simulator are gone
+        print(f"fleet-burst: stopped by {stop.name}", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         return 130
 
@@ -161,7 +187,8 @@ def _replay(args) -> int:
     try:
         rep = replay(trace, modes=args.modes, speed=args.speed or trace.header.speed or 60.0, seed=args.seed, cap=args.cap,
                      profiles=args.profiles, name=args.name, progress=not args.no_progress,
-                     cpu_quota=args.cpu_quota, realtime=not args.no_realtime)
+                     cpu_quota=args.cpu_quota, realtime=not args.no_realtime,
+                     say=lambda line: print(f"fleet-burst: {line}", file=sys.stderr, flush=True))
     except CpuQuotaUnavailable as exc:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_NO_CGROUP

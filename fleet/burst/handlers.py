@@ -8,7 +8,7 @@ round submitted without a route (the ``none`` and ``cap`` modes) calls the route
 payload. A 4xx refusal is raised as ``fleet.Refused(status, message, retry_after=...)``:
 the unit fails ``Refused`` and, for a routed unit, the admission takes it as its pool's
 signal (429 backs off, 402/403 close). `burn` spends a unit's ``cpu_ms`` of busy CPU on
-its worker thread. Both return the host monotonic instants the work started and ended
+its worker thread, then sleeps its ``wait_ms`` (a recorded handler's time off the CPU). Both return the host monotonic instants the work started and ended
 (the same clock in every process), which the replay turns into waits and a timeline.
 """
 from __future__ import annotations
@@ -70,11 +70,14 @@ async def chat(unit) -> dict:
 
 
 def burn(unit) -> dict:
-    """Busy CPU for the payload's cpu_ms (this thread's CPU time), then return."""
+    """Busy CPU for the payload's cpu_ms (this thread's CPU time), then a sleep of its wait_ms
+    (optional), then return."""
     started = time.monotonic()
     goal = time.thread_time() + unit.payload["cpu_ms"] / 1000.0
     x = 0
     while time.thread_time() < goal:
         for _ in range(200):
             x += 1
+    if unit.payload.get("wait_ms"):
+        time.sleep(unit.payload["wait_ms"] / 1000.0)
     return {"status": 0, "started": started, "ended": time.monotonic()}

@@ -12,14 +12,18 @@ embedded `Fleet`: a dict payload's ``route``, ``cpu_ms``, ``latency_s``, ``sever
 fleetd by a client arrives pickled and is never unpickled by the supervisor, so for the
 shape the log has a second kind of line, written when a worker reports the unit's end::
 
-    {"done": <unit id>, "wall": <UTC epoch s>, "run_s": <handler seconds>, "outcome": "solved" | ...}
+    {"done": <unit id>, "wall": <UTC epoch s>, "run_s": <handler seconds>, "cpu_s": <its CPU seconds>,
+     "outcome": "solved" | ...}
 
-``run_s`` is the handler's run time as its worker measured it. `fleet-burst record` joins
-the two by unit id: a unit of a CPU role replays with ``cpu_ms`` = its measured run time
-(its CPU time when its seat had a core to itself; on an oversubscribed host it includes
-time spent waiting for one), a provider round of an I/O role (``io``: true) with
-``latency_s`` = its measured run time; a shape the payload declared wins over the
-measured one. A unit that never ran on a worker (cancelled, refused, its lease denied)
+``run_s`` is the handler's run time as its worker measured it, ``cpu_s`` the CPU time of
+the thread that ran it meanwhile (absent for an ``async def`` handler, whose thread runs
+other units between its awaits; threads the handler starts are not counted). `fleet-burst
+record` joins the two by unit id: a unit of a CPU role replays with ``cpu_ms`` = its
+measured CPU time and ``wait_ms`` = the rest of its run time (sleeping, blocked, waiting
+for a core), so a handler that sleeps 200 ms is not replayed as 200 ms of CPU; without a
+``cpu_s`` its whole run time is its ``cpu_ms``. A provider round of an I/O role (``io``:
+true) replays with ``latency_s`` = its measured run time. A shape the payload declared
+wins over the measured one. A unit that never ran on a worker (cancelled, refused, its lease denied)
 has no ``done`` line and replays as a zero-CPU unit of its role. Each line is one
 ``write`` to an ``O_APPEND`` file, so concurrent lines never interleave and a reader never
 sees half a line it cannot tell from a whole one (an incomplete last line is left for
@@ -41,7 +45,7 @@ import time
 
 from .trace import FORMAT, VERSION
 
-SHAPE_KEYS = ("route", "cpu_ms", "latency_s", "severity", "parent", "after")
+SHAPE_KEYS = ("route", "cpu_ms", "wait_ms", "latency_s", "severity", "parent", "after")
 POLL_S = 0.05
 SETTLE_S = 10.0  # after the last arrival taken: how long `capture` waits for their done lines
 
@@ -85,9 +89,13 @@ class ArrivalLog:
                     line[name] = payload[name]
         self._write(line)
 
-    def completion(self, unit_id: int, run_s: float, outcome: str) -> None:
-        """A worker reported unit `unit_id`'s end: its handler ran `run_s` seconds."""
-        self._write({"done": unit_id, "wall": time.time(), "run_s": float(run_s), "outcome": outcome})
+    def completion(self, unit_id: int, run_s: float, outcome: str, cpu_s: float | None = None) -> None:
+        """A worker reported unit `unit_id`'s end: its handler ran `run_s` seconds, `cpu_s` of them
+        on a CPU (None or NaN: not measured)."""
+        line = {"done": unit_id, "wall": time.time(), "run_s": float(run_s), "outcome": outcome}
+        if cpu_s is not None and cpu_s == cpu_s:
+            line["cpu_s"] = float(cpu_s)
+        self._write(line)
 
     def _write(self, line: dict) -> None:
         try:
@@ -124,13 +132,14 @@ def _number(value) -> float | None:
 
 
 def split(lines: list[dict]) -> tuple[list[dict], dict]:
-    """(arrival lines in log order, {unit id: measured run seconds}) from arrival-log lines."""
+    """(arrival lines in log order, {unit id: (measured run seconds, CPU seconds or None)}) from
+    arrival-log lines."""
     arrivals, run_s = [], {}
     for x in lines:
         if "done" in x:
             seconds = _number(x.get("run_s"))
             if seconds is not None:
-                run_s[x["done"]] = seconds
+                run_s[x["done"]] = (seconds, _number(x.get("cpu_s")))
         elif isinstance(x.get("role"), str) and _number(x.get("wall")) is not None:
             arrivals.append(x)
     return arrivals, run_s
@@ -152,17 +161,23 @@ def to_trace(name: str, lines: list[dict]) -> tuple[dict, list[dict]]:
                              {"model": route["model"], "provider": route["provider"], "k": 12})
         else:
             route = None
-        measured = run_s.get(x.get("unit"))
+        measured, measured_cpu = run_s.get(x.get("unit"), (None, None))
         cpu = _number(x.get("cpu_ms"))
+        wait = _number(x.get("wait_ms"))
         latency = _number(x.get("latency_s"))
         if measured is not None and x.get("io"):
             latency = latency if latency is not None else measured
-        elif measured is not None:
-            cpu = cpu if cpu is not None else round(measured * 1000.0, 3)
-        arrivals.append({"t": round(x["wall"] - start, 6), "id": f"u{x.get('unit', i)}", "role": x["role"],
-                         "lane": x.get("lane"), "route": route, "severity": x.get("severity"),
-                         "parent": None, "key": x.get("key"), "after": [], "cpu_ms": cpu or 0.0,
-                         "latency_s": latency if route is not None else None, "cycle": None})
+        elif measured is not None and cpu is None:
+            on_cpu = measured if measured_cpu is None else min(measured_cpu, measured)
+            cpu = round(on_cpu * 1000.0, 3)
+            wait = wait if wait is not None else round((measured - on_cpu) * 1000.0, 3)
+        arrival = {"t": round(x["wall"] - start, 6), "id": f"u{x.get('unit', i)}", "role": x["role"],
+                   "lane": x.get("lane"), "route": route, "severity": x.get("severity"),
+                   "parent": None, "key": x.get("key"), "after": [], "cpu_ms": cpu or 0.0,
+                   "latency_s": latency if route is not None else None, "cycle": None}
+        if wait:
+            arrival["wait_ms"] = wait
+        arrivals.append(arrival)
     header = {"format": FORMAT, "version": VERSION, "name": f"recorded-{name}",
               "start": datetime.fromtimestamp(start, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
               "speed": 1, "modes": ["none", "cap"] if not pools else ["none", "cap", "admission"],

@@ -316,8 +316,8 @@ class Driver:
         self._wall = time.monotonic() - t_wall0
 
     def _block(self, seconds: float) -> None:
-        try:
-            item = self.done_q.get(timeout=seconds)
+        try:  # at most IDLE_BLOCK_S: the loop looks again (a slow trace's gaps outlast what a timer takes)
+            item = self.done_q.get(timeout=min(seconds, IDLE_BLOCK_S))
         except queue.Empty:
             return
         self._complete(*item)
@@ -357,7 +357,7 @@ class Driver:
         submitted = self.clock.mono()
         admission = {}
         if route is None:
-            payload = {"id": a.id, "cpu_ms": a.cpu_ms}
+            payload = {"id": a.id, "cpu_ms": a.cpu_ms, "wait_ms": a.wait_ms}
         else:
             payload = {"id": a.id, "base": self.sim.base_url, "latency_s": a.latency_s}
             if self.admission:  # the fleet's admission chooses; the handler calls unit.route

@@ -331,6 +331,8 @@ class ProviderSimulator:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except asyncio.CancelledError:  # the server stops with rounds in flight: they end with it
+            return
         finally:
             self._writers.discard(writer)
             writer.close()

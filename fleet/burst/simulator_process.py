@@ -16,7 +16,9 @@ instant at the same speed.
 
 The child never outlives the replay: `stop` closes its stdin (the child stops serving
 and exits) and kills it if it has not exited within `STOP_S`; if the replay process
-dies instead, the child reads end-of-file on stdin and exits the same way.
+dies instead, the child reads end-of-file on stdin and exits the same way. It ignores
+SIGINT: a Ctrl-C reaches the whole process group, and the replay, which stops on it, stops
+the child in its turn.
 """
 from __future__ import annotations
 
@@ -133,8 +135,13 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
 
 def _serve() -> int:
     """The child: serve the simulator until stdin ends."""
+    import signal
+
     from .simulator import ProviderSimulator
     from .trace import parse_header
+
+    # Ctrl-C reaches the whole process group: the replay stops on it and then closes our stdin
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     setup = json.loads(sys.stdin.readline() or "null")
     if setup is None:
