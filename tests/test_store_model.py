@@ -193,6 +193,7 @@ def machine_for(new_url):
                     assert same, "a changed identity was accepted"
                 except Exception as exc:
                     assert not same and type(exc).__name__ == "IdentityConflict", exc
+                    return  # a refused request changes nothing, not even by reconciling
             else:
                 self.stores[orch].submit(r)
                 self.model.recs[rid] = dict(id=rid, orchestrator=orch, environment=env, provider=prov, tier=tier,
@@ -256,8 +257,14 @@ def machine_for(new_url):
             owner = self._owner(rid)
             if owner is None:
                 return
-            self.model.reconcile(self.clock.now, self.model.recs[rid]["orchestrator"])
             m = self.model.recs[rid]
+            if not cancel and m["state"] == "admitted" and m["lease_expires"] > self.clock.now:
+                # the owner gives back its current lease: the store frees it without its lock
+                # and reconciles nothing (the next reconciling call hands the capacity on)
+                owner.release(rid, m["revision"])
+                m["state"] = "released"
+                return
+            self.model.reconcile(self.clock.now, m["orchestrator"])
             if cancel:
                 owner.cancel(rid)
                 if m["state"] in ("queued", "admitted"):
