@@ -393,6 +393,11 @@ class Supervisor:
                 raise BadUnit("a chunk of items takes no route: submit provider calls one by one")
             admission = {"lane": lane, "severity": severity, "pinned": pinned, "parent": parent, "tag": tag,
                          "age": age}
+            if parent is not None and (type(parent) is not int or not self.ledger.is_open(parent)):
+                # 000 §9: only a unit of this fleet that is still owed may delegate (the loop
+                # then grants the privilege only while the parent holds a seat)
+                raise BadUnit(f"parent {parent!r} is no unit running in fleet {self.name!r}: "
+                              "only a running unit delegates")
             if self._providers is not None:
                 self._providers.check(route, **admission)
         body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
@@ -463,11 +468,11 @@ class Supervisor:
             self._fail_unstarted(unit_id, *late)
             return
         refusal = decision = None
-        parent = None if admission is None else admission["parent"]
-        if parent is not None and self.dispatcher.slot_of(parent) is None:
-            # 000 §9 licenses a delegated unit only for a parent holding a seat here
-            refusal = BadUnit(f"parent {parent} is no unit running in fleet {self.name!r}: "
-                              "only a running unit delegates")
+        if admission is not None and admission["parent"] is not None and self.dispatcher.slot_of(admission["parent"]) is None:
+            # 000 §9 licenses a delegated unit only for a parent holding a seat here. The
+            # caller's check found it owed; one still queued, or ended since, delegates
+            # nothing: its child is admitted as any unit is (never an orphan future).
+            admission = {**admission, "parent": None}
         if refusal is None and route is not None:
             try:
                 decision = self._providers.admit(unit_id, unit, route, **admission)

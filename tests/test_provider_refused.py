@@ -97,8 +97,9 @@ def test_parent_must_be_a_running_unit_and_delegation_passes_a_backoff_only(tmp_
     clock = ManualClock(wall=T_1447, mono=1000.0)
     go = tmp_path / "go"
     with _fleet("refparent", clock, max_refusals=1) as f:
-        with pytest.raises(fleet.BadUnit, match="parent 424242 is no unit running"):
-            f.submit("llm", {}, route=GLM_OR, parent=424242).result(60)
+        for bad in (424242, "424242", None.__class__):  # refused at submit: no future to fail later
+            with pytest.raises(fleet.BadUnit, match="is no unit running"):
+                f.submit("llm", {}, route=GLM_OR, parent=bad)
         assert f.ledger()["submitted"] == 0  # nothing counted
         parent = f.submit("plain", {"go": str(go)}, route=GPT_AZ)  # runs until `go` exists
         _eventually(lambda: _bulkhead(f, GPT_AZ) is not None and _bulkhead(f, GPT_AZ)["running"] == 1)
@@ -111,6 +112,8 @@ def test_parent_must_be_a_running_unit_and_delegation_passes_a_backoff_only(tmp_
         _eventually(lambda: held.unit_id in _waiting(f))
         go.touch()
         assert parent.result(60) == str(GPT_AZ)
+        with pytest.raises(fleet.BadUnit, match=f"parent {parent.unit_id} is no unit running"):
+            f.submit("llm", {}, route=GLM_OR, parent=parent.unit_id)  # it ended: it delegates nothing
         clock.advance(30)
         assert held.result(60) == str(GLM_OR)
         _one_outcome_each(f)
