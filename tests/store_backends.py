@@ -188,3 +188,27 @@ def quota_history_violations(store, policy) -> list:
         if over:
             bad.append((ev.seq, over))
     return bad
+
+
+class GroupLockHeld:
+    """Another session holding the store's group lock, as a stalled peer or a long
+    transaction would: every locked transaction of the store at `url` waits meanwhile."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def __enter__(self):
+        if self.url.startswith("sqlite://"):
+            import sqlite3
+
+            self.conn = sqlite3.connect(self.url[len("sqlite://"):], isolation_level=None)
+            self.conn.execute("BEGIN IMMEDIATE")
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(self.url, autocommit=True)
+            self.conn.execute("SELECT pg_advisory_lock(hashtext('fleet.admission.store:' || current_schema()))")
+        return self
+
+    def __exit__(self, *exc):
+        self.conn.close()  # ends the transaction or the session, and with it the lock

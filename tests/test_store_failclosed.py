@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import threading
 import time
 
@@ -18,29 +17,8 @@ import pytest
 
 from admission.store import Policy, Request, StoreUnreachable, open_store
 
-from .store_backends import Stores, backend, pg_dsn, store_url, stores  # noqa: F401
+from .store_backends import GroupLockHeld, Stores, backend, pg_dsn, store_url, stores  # noqa: F401
 from .test_store_fleet import BOUND_S, _fleet, _unlink_segments, wait_for
-
-
-class GroupLockHeld:
-    """Another session holding the store's group lock: every locked transaction waits."""
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def __enter__(self):
-        if self.url.startswith("sqlite://"):
-            self.conn = sqlite3.connect(self.url[len("sqlite://"):], isolation_level=None)
-            self.conn.execute("BEGIN IMMEDIATE")
-        else:
-            import psycopg
-
-            self.conn = psycopg.connect(self.url, autocommit=True)
-            self.conn.execute("SELECT pg_advisory_lock(hashtext('fleet.admission.store:' || current_schema()))")
-        return self
-
-    def __exit__(self, *exc):
-        self.conn.close()  # the lock goes with the transaction or the session
 
 
 class SleepInThePath:

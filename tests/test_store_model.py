@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from admission.store import LeaseLost, Policy, Request, StoreTimeout, open_store
 
-from .store_backends import FakeClock, backend, pg_dsn, stores  # noqa: F401
+from .store_backends import FakeClock, GroupLockHeld, backend, pg_dsn, stores  # noqa: F401
 
 IDS = [f"r{i}" for i in range(8)]
 ORCHS = ["orch", "orch2"]
@@ -133,29 +133,6 @@ policies = st.builds(
 )
 
 
-class Stall:
-    """Another session holding the store's group lock, as a stalled peer or a long transaction would."""
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def __enter__(self):
-        if self.url.startswith("sqlite://"):
-            import sqlite3
-
-            self.conn = sqlite3.connect(self.url[len("sqlite://"):], isolation_level=None)
-            self.conn.execute("BEGIN IMMEDIATE")
-        else:
-            import psycopg
-
-            self.conn = psycopg.connect(self.url, autocommit=True)
-            self.conn.execute("SELECT pg_advisory_lock(hashtext('fleet.admission.store:' || current_schema()))")
-        return self
-
-    def __exit__(self, *exc):
-        self.conn.close()  # ends the transaction or the session, and with it the lock
-
-
 def machine_for(new_url):
     class StoreMachine(RuleBasedStateMachine):
         @initialize(policy=policies)
@@ -217,7 +194,7 @@ def machine_for(new_url):
         def stall(self, renew):
             # every locked call meets a held group lock with StoreTimeout and decides nothing
             before = self.store.events()
-            with Stall(self.url):
+            with GroupLockHeld(self.url):
                 try:
                     if renew and self.model.recs:
                         self.hasty.renew(sorted(self.model.recs)[0], 1)
