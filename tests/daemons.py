@@ -15,12 +15,15 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 
 import psutil
 
 import fleet
+from fleet import dataplane
 from fleet.errors import FleetError
+from fleet.table import segment
 
 #: Generous bound for anything a test waits on (boot, a unit, a stop).
 BOUND_S = 60.0
@@ -348,3 +351,16 @@ class _OneWay:
 def one_way(unit):
     """A handler (``tests.daemons:one_way``) returning a `_OneWay`."""
     return _OneWay()
+
+
+@contextmanager
+def served_fleetd(prefix: str, roles: dict, **kwargs):
+    """A real fleetd under a name unique to this process, for a module's tests to share;
+    its table and data segments are unlinked afterwards, even when it never booted."""
+    name = f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:10]}"
+    try:
+        with Fleetd(name, roles, **kwargs) as d:
+            yield d
+    finally:
+        segment.unlink(name)
+        dataplane.unlink(name)

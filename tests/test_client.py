@@ -13,7 +13,7 @@ from fleet import control
 from fleet.control.outcome_record import encode as encode_outcome
 from fleet.daemon import OutcomeStore
 from fleet.errors import EXIT_NOT_RUNNING
-from tests.daemons import BOUND_S, Fleetd, running_slot, wait_until
+from tests.daemons import BOUND_S, Fleetd, running_slot, served_fleetd, wait_until
 from tests.fleets import role
 
 
@@ -34,19 +34,8 @@ def roles():
 @pytest.fixture(scope="module")
 def served():
     """One fleetd for the read-mostly tests of this module (its name is unique too)."""
-    import os
-    import uuid
-
-    from fleet import dataplane
-    from fleet.table import segment
-
-    name = f"c{os.getpid()}-{uuid.uuid4().hex[:10]}"
-    try:
-        with Fleetd(name, roles()) as d:
-            yield d
-    finally:
-        segment.unlink(name)
-        dataplane.unlink(name)
+    with served_fleetd("c", roles()) as d:
+        yield d
 
 
 @pytest.fixture

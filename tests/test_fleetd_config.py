@@ -7,14 +7,11 @@ import json
 import os
 import signal
 import socket
-import uuid
 
 import pytest
 
-from fleet import dataplane
 from fleet.errors import EXIT_CONFIG
-from fleet.table import segment
-from tests.daemons import BOUND_S, Fleetd, segments, wait_until
+from tests.daemons import BOUND_S, Fleetd, segments, served_fleetd, wait_until
 from tests.fleets import role
 
 #: A gzip header: what an operator gets by pointing --config at a compressed backup.
@@ -171,13 +168,8 @@ def test_sighup_refuses_every_unbounded_config_and_the_daemon_keeps_its_own(flee
 @pytest.fixture(scope="module")
 def served():
     """One fleetd for the refusals below: each changes nothing, so they can share it."""
-    name = f"t{os.getpid()}-{uuid.uuid4().hex[:10]}"
-    try:
-        with Fleetd(name, roles()) as d:
-            yield d
-    finally:
-        segment.unlink(name)
-        dataplane.unlink(name)
+    with served_fleetd("t", roles()) as d:
+        yield d
 
 
 def _raw_call(d: Fleetd, frame: bytes) -> dict:
