@@ -468,12 +468,13 @@ class Supervisor:
             self._fail_unstarted(unit_id, *late)
             return
         refusal = decision = None
-        if admission is not None and admission["parent"] is not None and self.dispatcher.slot_of(admission["parent"]) is None:
+        parent = None if admission is None else admission["parent"]
+        if parent is not None and self.dispatcher.slot_of(parent) is None:
             # 000 §9 licenses a delegated unit only for a parent holding a seat here. The
             # caller's check found it owed; one still queued, or ended since, delegates
             # nothing: its child is admitted as any unit is (never an orphan future).
             admission = {**admission, "parent": None}
-        if refusal is None and route is not None:
+        if route is not None:
             try:
                 decision = self._providers.admit(unit_id, unit, route, **admission)
             except BadUnit as exc:  # the catalog changed since the caller's check (a reload)
