@@ -97,12 +97,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import stat
 import tomllib
 from dataclasses import dataclass, field
 
 from .budget import BudgetOverrides
 from .errors import ConfigError
+from .files import FileTooLarge, NotRegularFile, read_regular
 from .names import InvalidFleetName, validate_fleet_name
 from .plan import PROFILES
 from .posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, PostureRetuneError
@@ -575,61 +575,22 @@ def _read_source(source):
 
 
 def _read_text(path: str) -> str:
-    """The text of the regular file at `path`, at most MAX_CONFIG_BYTES of it.
-
-    Anything else is refused without being read: a FIFO (its open would wait for a
-    writer), a device (``/dev/zero`` never ends), a directory. The kind is looked at
-    before the open, and again on the open file, which is opened non-blocking so that a
-    FIFO swapped in between cannot hold the open either.
-    """
-    fd = _open_regular(path)
+    """The text of the regular file at `path`, at most MAX_CONFIG_BYTES of it
+    (`fleet.files.read_regular`: a FIFO, a device or a directory is refused unread)."""
     try:
-        chunks, size = [], 0
-        while size <= MAX_CONFIG_BYTES:
-            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
+        data = read_regular(path, MAX_CONFIG_BYTES)
+    except FileTooLarge:
+        raise ConfigError("", f"{path}: larger than {MAX_CONFIG_BYTES} bytes, the most a config file may hold") from None
+    except OSError as exc:  # missing, unreadable, ...
         raise ConfigError("", f"cannot read {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError("", f"{path}: larger than {MAX_CONFIG_BYTES} bytes, the most a config file may hold")
-    data = b"".join(chunks)
+    except NotRegularFile as exc:
+        raise ConfigError("", f"cannot read {path}: {exc}") from None
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise ConfigError("", f"cannot read {path!r}: {exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError("", f"{path}: not a TOML text file: byte {exc.start} is not UTF-8") from None
-
-
-def _open_regular(path: str) -> int:
-    try:
-        _regular(path, os.stat(path))
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:  # missing, unreadable, ...
-        raise ConfigError("", f"cannot read {path}: {exc.strerror or exc}") from None
-    except ConfigError:
-        raise
-    except ValueError as exc:  # e.g. a NUL byte in the path
-        raise ConfigError("", f"cannot read {path!r}: {exc}") from None
-    try:
-        _regular(path, os.fstat(fd))
-    except ConfigError:
-        os.close(fd)
-        raise
-    return fd
-
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _regular(path: str, st: os.stat_result) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
-        raise ConfigError("", f"cannot read {path}: it is {kind}, not a regular file")
 
 
 def _too_deep() -> str:

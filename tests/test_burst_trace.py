@@ -187,7 +187,8 @@ def test_a_fifo_or_device_trace_is_refused_not_waited_on(tmp_path, kind):
         path = "/dev/zero"  # never ends
     out = _replay_cli(path, tmp_path, timeout=30)
     assert out.returncode == cli.EXIT_BAD_TRACE, out.stderr
-    assert out.stderr == f"fleet-burst: {path}: cannot read: not a regular file\n"
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    assert out.stderr == f"fleet-burst: {path}: cannot read: it is {what}, not a regular file\n"
 
 
 def test_bad_arguments_exit_ex_usage(tmp_path):

@@ -28,6 +28,8 @@ import json
 import math
 import os
 
+from ..files import read_regular
+
 REPORT_VERSION = 1
 MAX_REPORT_BYTES = 1 << 30
 REFUSALS = ("429", "402", "403")
@@ -449,8 +451,6 @@ def load(path: str) -> dict:
     """A saved report (a report.json, or the folder holding one); ReportError if unreadable."""
     if os.path.isdir(path):
         path = os.path.join(path, "report.json")
-    from .trace import read_regular
-
     try:
         data = read_regular(path, MAX_REPORT_BYTES)
     except OSError as exc:

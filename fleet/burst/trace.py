@@ -61,12 +61,12 @@ device is refused, not waited on).
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+
+from ..files import read_regular
 
 FORMAT = "fleet-burst-trace"
 VERSION = 1
@@ -469,23 +469,6 @@ def load(path) -> Trace:
     except UnicodeDecodeError as exc:
         raise TraceError(str(path), [(0, f"not UTF-8 text: {exc.reason}")]) from None
     return parse_lines(text.splitlines(), str(path))
-
-
-def read_regular(path, limit: int) -> bytes:
-    """The bytes of the regular file at `path`; ValueError for anything else (a FIFO or a device
-    would block or never end) or a file over `limit` bytes. Opened non-blocking, so a FIFO
-    is looked at, not waited on."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("not a regular file")
-        if st.st_size > limit:
-            raise ValueError(f"{st.st_size} bytes; at most {limit} are read")
-        data = f.read(limit + 1)
-    if len(data) > limit:  # it grew while read
-        raise ValueError(f"over {limit} bytes; at most {limit} are read")
-    return data
 
 
 def dump(header: dict, arrivals, path) -> None:
