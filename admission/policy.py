@@ -41,7 +41,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fleet.errors import ConfigError
+from fleet.rules.errors import ConfigError
 from fleet.route import Route
 
 SECTION = "admission"

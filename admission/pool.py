@@ -33,13 +33,13 @@ import tempfile
 import time
 from typing import NamedTuple, Protocol, Sequence
 
-from fleet.errors import FleetError
-from fleet.outcomes import Refused
+from fleet.rules.errors import FleetError
+from fleet.rules.outcomes import Refused
 from fleet.route import Route
 
-from . import scheduler as S
-from . import state as T
-from .policy import Policy, PolicyHolder
+from admission import scheduler as S
+from admission import state as T
+from admission.policy import Policy, PolicyHolder
 
 log = logging.getLogger("admission")
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)

@@ -42,8 +42,8 @@ from typing import NamedTuple, Sequence
 
 from fleet.route import Route
 
-from .policy import Policy
-from .state import AdmissionState, Now, bulkhead_of, probe_scope
+from admission.policy import Policy
+from admission.state import AdmissionState, Now, bulkhead_of, probe_scope
 
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 

@@ -2,8 +2,8 @@
 
 The public face is re-exported here; everything else may move.
 """
-from .errors import BootRefused, ConfigError, FleetError, NotRunning
-from .unit import (
+from fleet.rules.errors import BootRefused, ConfigError, FleetError, NotRunning
+from fleet.rules.unit import (
     BadUnit,
     FleetClosed,
     Outcome,
@@ -24,31 +24,31 @@ from .unit import (
 # Heavier parts load on first use (PEP 562), so that `fleetctl status`, which imports
 # this package, starts fast: name -> module that defines it.
 _LAZY = {
-    "BelowHostFloor": "budget",
-    "BudgetOverQuota": "budget",
-    "BudgetOverrides": "budget",
-    "FleetBudget": "budget",
-    "QuotaTooSmallForPinnedRoles": "budget",
-    "FleetConfig": "config",
-    "load_config": "config",
-    "TierPlan": "plan",
-    "PostureCauseError": "posture",
-    "PostureOwner": "posture",
-    "PosturePolicy": "posture",
-    "PostureRetuneError": "posture",
-    "REFERENCE_ROLES": "roles",
-    "Role": "roles",
-    "RoleSet": "roles",
-    "UnknownRoleError": "roles",
-    "Fleet": "executor",
-    "Client": "client",
-    "FleetConnectionLost": "client",
-    "SubmitUncertain": "client",
-    "RequestIdReused": "replays",
-    "connect": "client",
-    "Refused": "outcomes",
+    "BelowHostFloor": "rules.budget",
+    "BudgetOverQuota": "rules.budget",
+    "BudgetOverrides": "rules.budget",
+    "FleetBudget": "rules.budget",
+    "QuotaTooSmallForPinnedRoles": "rules.budget",
+    "FleetConfig": "runtime.config",
+    "load_config": "runtime.config",
+    "TierPlan": "rules.plan",
+    "PostureCauseError": "rules.posture",
+    "PostureOwner": "rules.posture",
+    "PosturePolicy": "rules.posture",
+    "PostureRetuneError": "rules.posture",
+    "REFERENCE_ROLES": "rules.roles",
+    "Role": "rules.roles",
+    "RoleSet": "rules.roles",
+    "UnknownRoleError": "rules.roles",
+    "Fleet": "api.executor",
+    "Client": "service.client",
+    "FleetConnectionLost": "service.client",
+    "SubmitUncertain": "service.client",
+    "RequestIdReused": "service.replays",
+    "connect": "service.client",
+    "Refused": "rules.outcomes",
     "Route": "route",
-    "UntrustedPeer": "trust",
+    "UntrustedPeer": "host.trust",
 }
 
 

@@ -66,7 +66,7 @@ def cpu_group(cpus: float):
 
 
 def _cgroup2_mount() -> str | None:
-    from fleet import cgroup
+    from fleet.host import cgroup
 
     with open("/proc/self/mountinfo") as f:
         mounts = cgroup.parse_mountinfo(f.read())

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from fleet import dataplane
-from fleet.table import segment
+from fleet.shm import dataplane
+from fleet.shm.table import segment
 
 
 @pytest.fixture

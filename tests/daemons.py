@@ -21,9 +21,9 @@ from contextlib import contextmanager
 import psutil
 
 import fleet
-from fleet import dataplane
-from fleet.errors import FleetError
-from fleet.table import segment
+from fleet.shm import dataplane
+from fleet.rules.errors import FleetError
+from fleet.shm.table import segment
 
 #: Generous bound for anything a test waits on (boot, a unit, a stop).
 BOUND_S = 60.0

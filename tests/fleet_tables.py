@@ -12,10 +12,10 @@ import os
 import sys
 import time
 
-from fleet import fsm
-from fleet.plan import resolve
-from fleet.roles import Role, RoleSet
-from fleet.table import SlotTable
+from fleet.rules import fsm
+from fleet.rules.plan import resolve
+from fleet.rules.roles import Role, RoleSet
+from fleet.shm.table import SlotTable
 
 ROLES = RoleSet(
     (

@@ -128,10 +128,10 @@ def nap_in_order(unit):
 def lose_own_completion(unit):
     """payload: the fleet name. Put this unit's slot back to Idle behind the runtime's back,
     so its completion (RELEASE) is refused: a stand-in for a broken FSM rule."""
-    from fleet import fsm
-    from fleet.table import SlotTable
-    from fleet.table import layout as L
-    from fleet.table.kernels import SLOT_FIELDS
+    from fleet.rules import fsm
+    from fleet.shm.table import SlotTable
+    from fleet.shm.table import layout as L
+    from fleet.shm.table.kernels import SLOT_FIELDS
 
     table = SlotTable.attach(unit.payload)
     try:

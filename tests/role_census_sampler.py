@@ -18,10 +18,10 @@ import json
 import select
 import sys
 
-from fleet import fsm
-from fleet.table import SlotTable
-from fleet.table import layout as L
-from fleet.table.kernels import SLOT_FIELDS
+from fleet.rules import fsm
+from fleet.shm.table import SlotTable
+from fleet.shm.table import layout as L
+from fleet.shm.table.kernels import SLOT_FIELDS
 
 
 def watch(name: str, counts: dict) -> dict:

@@ -64,7 +64,7 @@ def fleet_run(url: str, actor: str, count: int, payload_ms: int, ttl: float) -> 
 
     config = {
         "fleet": {"name": f"st{actor}-{os.getpid()}"},
-        "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:slow_square", "slots": 1}},
+        "roles": {"w": {"kind": "pooled", "handler": "fleet.api.examples:slow_square", "slots": 1}},
         "store": {"url": url, "orchestrator": actor, "lease_ttl": ttl, "poll_every": 0.05,
                   "roles": {"w": {"environment": "prod", "tier": "host"}}},
     }

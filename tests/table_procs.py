@@ -11,10 +11,10 @@ import sys
 import numpy as np
 from numba import njit
 
-from fleet import fsm
-from fleet.table import SlotTable
-from fleet.table.atomics import load_acquire
-from fleet.table.kernels import SLOT_FIELDS, apply_transition, seq_write
+from fleet.rules import fsm
+from fleet.shm.table import SlotTable
+from fleet.shm.table.atomics import load_acquire
+from fleet.shm.table.kernels import SLOT_FIELDS, apply_transition, seq_write
 
 LEASE, START, RELEASE, ANY = fsm.LEASE, fsm.START, fsm.RELEASE, fsm.ANY_ROLE
 

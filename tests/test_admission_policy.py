@@ -123,7 +123,7 @@ def test_the_readme_catalog_example_loads():
     import tomllib
 
     text = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    from fleet.config import load_config
+    from fleet.runtime.config import load_config
 
     section = text.split("## Provider admission", 1)[1]
     block = section.split("```toml\n", 1)[1].split("```", 1)[0]

@@ -7,7 +7,7 @@ from admission import scheduler as S
 from admission import state as T
 from admission.policy import Policy
 from admission.pool import BadAsk, UnknownUnit, signal_for
-from fleet.outcomes import Refused
+from fleet.rules.outcomes import Refused
 from fleet.route import Route
 
 from .admission_catalog import (

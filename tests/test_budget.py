@@ -1,7 +1,7 @@
 """FleetBudget.derive: the reference table, small and fractional quotas, overrides, refusals."""
 import pytest
 
-from fleet.budget import (
+from fleet.rules.budget import (
     PINNED,
     SERIAL,
     BelowHostFloor,
@@ -11,8 +11,8 @@ from fleet.budget import (
     QuotaTooSmallForPinnedRoles,
     pinned_floor,
 )
-from fleet.errors import EXIT_BELOW_HOST_FLOOR, EXIT_BUDGET_OVER_QUOTA, EXIT_QUOTA_TOO_SMALL, ConfigError
-from fleet.roles import REFERENCE_ROLES, Role, RoleSet
+from fleet.rules.errors import EXIT_BELOW_HOST_FLOOR, EXIT_BUDGET_OVER_QUOTA, EXIT_QUOTA_TOO_SMALL, ConfigError
+from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
 
 
 def rows(budget):

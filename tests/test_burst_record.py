@@ -13,7 +13,7 @@ import pytest
 from fleet.burst import cli
 from fleet.burst.runner import replay
 from fleet.burst.trace import load, parse_lines
-from fleet.config import ConfigError, load_config
+from fleet.runtime.config import ConfigError, load_config
 from tests.daemons import BOUND_S, Fleetd, segments, to_toml, wait_until
 
 ROLES = {"crunch": {"kind": "pooled", "handler": "fleet.burst.handlers:burn", "slots": 1},

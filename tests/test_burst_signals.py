@@ -13,9 +13,9 @@ import time
 import psutil
 import pytest
 
-from fleet import dataplane
+from fleet.shm import dataplane
 from fleet.burst.trace import FORMAT, VERSION
-from fleet.table import segment
+from fleet.shm.table import segment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO}

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import cgroup
-from fleet.cgroup import V1, V2, CgroupUnavailable
+from fleet.host import cgroup
+from fleet.host.cgroup import V1, V2, CgroupUnavailable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 

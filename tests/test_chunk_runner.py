@@ -13,8 +13,8 @@ import pytest
 
 import fleet
 from fleet._chunk import run_items
-from fleet.unit import RUNNING, Unit, _Running
-from fleet.worker import _PAYLOAD_AT
+from fleet.rules.unit import RUNNING, Unit, _Running
+from fleet.runtime.worker import _PAYLOAD_AT
 
 TEMPLATE = Unit(7, "resolve", None, "k", "batch", "req-1")
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from fleet.cli import fleetctl
-from fleet.errors import EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
+from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
 
 FLEETCTL = shutil.which("fleetctl")
 #: Every command that addresses a fleet, as argv after the command word's position.

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from fleet.cli import fleetctl
-from fleet.errors import EXIT_BELOW_HOST_FLOOR, EXIT_BUDGET_OVER_QUOTA, EXIT_CONFIG
+from fleet.rules.errors import EXIT_BELOW_HOST_FLOOR, EXIT_BUDGET_OVER_QUOTA, EXIT_CONFIG
 
 
 def plan(capsys, *argv):
@@ -110,7 +110,7 @@ def test_override_of_a_share_that_follows_slots_says_so(tmp_path, capsys):
     # A CPU-bound role with no declared share: the rule derives it from its slots, so an
     # override has no fixed number to compare with; the table says what the rule does.
     cfg = tmp_path / "f.toml"
-    cfg.write_text('[roles.w]\nhandler = "fleet.examples:echo"\nslots = 4\n\n[budget]\nw = 2\n')
+    cfg.write_text('[roles.w]\nhandler = "fleet.api.examples:echo"\nslots = 4\n\n[budget]\nw = 2\n')
     rc, out, _ = plan(capsys, "--cpus", "8", "--config", str(cfg))
     row = next(line for line in out.splitlines() if line.startswith("w "))
     assert rc == 0 and "override; its share would follow its slots" in row and "None" not in row

@@ -1,5 +1,5 @@
 """fleetctl posture show|set, drain, resume: the real CLI against a real ControlServer on
-a Unix socket, whose handler keeps the real posture rules (fleet.posture.PostureOwner)."""
+a Unix socket, whose handler keeps the real posture rules (fleet.rules.posture.PostureOwner)."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,9 @@ import tempfile
 import pytest
 
 from fleet.cli import cmd_posture, fleetctl
-from fleet.control import ControlClient, ControlServer, encode_request, inline_dispatch
-from fleet.errors import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_USAGE
-from fleet.posture import DEFAULT_POLICY, PostureOwner
+from fleet.service.control import ControlClient, ControlServer, encode_request, inline_dispatch
+from fleet.rules.errors import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_USAGE
+from fleet.rules.posture import DEFAULT_POLICY, PostureOwner
 
 
 class PostureDaemon:

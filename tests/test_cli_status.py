@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from fleet import fsm
-from fleet import status as fleet_status
+from fleet.rules import fsm
+from fleet.shm import status as fleet_status
 from fleet.cli import cmd_status, fleetctl
-from fleet.errors import EXIT_NOT_RUNNING, EXIT_USAGE
-from fleet.table import SlotTable
-from fleet.table import layout as L
+from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_USAGE
+from fleet.shm.table import SlotTable
+from fleet.shm.table import layout as L
 from tests import fleet_tables as ft
 
 FLEETCTL = shutil.which("fleetctl")
@@ -258,10 +258,10 @@ def test_installed_fleetctl_prints_the_census_without_importing_numba(table, fle
     proc = subprocess.run([FLEETCTL, "status", "--name", fleet_name], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "fleet.table.snapshot" in imported  # the profile saw the table reader load
+    assert "fleet.shm.table.snapshot" in imported  # the profile saw the table reader load
     assert not {m for m in imported if m == "numba" or m.startswith("numba.")}
     assert "pyroute2" not in imported  # only with --delay-source taskstats / delay accounting on
-    assert "fleet.control" not in imported and "fleet.metrics" not in imported  # socket and exporter: not here
+    assert "fleet.service.control" not in imported and "fleet.runtime.metrics" not in imported  # socket and exporter: not here
     assert "census    5 slots" in proc.stdout
     assert any(line.split()[:4] == ["0", f"work-{fleet_name[:6]}-0", "solver", "Running"] for line in proc.stdout.splitlines())
 
@@ -304,7 +304,7 @@ def test_fleetctl_routes_each_command_to_its_module_and_knows_the_default_name()
     import importlib
 
     from fleet.cli import _common, fleetctl
-    from fleet.config import FleetConfig
+    from fleet.runtime.config import FleetConfig
 
     assert _common.DEFAULT_NAME == FleetConfig.name
     assert sorted(fleetctl.MODULE_OF.values()) == sorted(fleetctl.COMMANDS)

@@ -9,10 +9,10 @@ import time
 import pytest
 
 import fleet
-from fleet import control
-from fleet.control.outcome_record import encode as encode_outcome
-from fleet.daemon import OutcomeStore
-from fleet.errors import EXIT_NOT_RUNNING
+from fleet.service import control
+from fleet.service.control.outcome_record import encode as encode_outcome
+from fleet.service.daemon import OutcomeStore
+from fleet.rules.errors import EXIT_NOT_RUNNING
 from tests.daemons import BOUND_S, Fleetd, running_slot, served_fleetd, wait_until
 from tests.fleets import role
 
@@ -25,7 +25,7 @@ def roles():
         "sometimes": role("sometimes", slots=1),
         "die": role("die", slots=1),
         "hang": role("hang", slots=2),
-        "blob": {**role("square", slots=1), "handler": "fleet.examples:blob"},
+        "blob": {**role("square", slots=1), "handler": "fleet.api.examples:blob"},
         "oneway": {**role("square", slots=1), "handler": "tests.daemons:one_way"},
         "held": role("wait_for_file", slots=4, io_bound=True, peak_cpus=0, queue_bound=6),
     }
@@ -222,7 +222,7 @@ def test_a_daemon_stalled_past_the_poll_timeout_still_delivers_what_it_solves(fl
     # Polls give up after 0.5 s; the daemon is stopped for several of them while its
     # worker (another process) runs the unit, then goes on: the unit it solves reaches
     # the future, which waited (a slow daemon is not a lost one).
-    from fleet import client as client_mod
+    from fleet.service import client as client_mod
 
     monkeypatch.setattr(client_mod, "COLLECT_WAIT_S", 0.2)
     monkeypatch.setattr(client_mod, "COLLECT_GRACE_S", 0.3)
@@ -385,7 +385,7 @@ def test_connect_waits_for_a_fleet_that_is_booting(fleet_name):
     import threading
     import time
 
-    from fleet.table import SlotTable
+    from fleet.shm.table import SlotTable
     from tests import fleet_tables as ft
 
     with tempfile.TemporaryDirectory(dir="/tmp") as run:
@@ -418,7 +418,7 @@ def test_connect_does_not_wait_for_an_embedded_or_absent_fleet(fleet_name):
     import os
     import time
 
-    from fleet.table import SlotTable
+    from fleet.shm.table import SlotTable
     from tests import fleet_tables as ft
 
     with tempfile.TemporaryDirectory(dir="/tmp") as run:

@@ -3,10 +3,10 @@ import os
 
 import pytest
 
-from fleet.config import FleetConfig, Limits, MetricsConfig, RestartIntensity, load_config
-from fleet.errors import ConfigError
-from fleet.posture import DEFAULT_POLICY
-from fleet.roles import REFERENCE_ROLES
+from fleet.runtime.config import FleetConfig, Limits, MetricsConfig, RestartIntensity, load_config
+from fleet.rules.errors import ConfigError
+from fleet.rules.posture import DEFAULT_POLICY
+from fleet.rules.roles import REFERENCE_ROLES
 
 TOML = """
 [fleet]

@@ -2,8 +2,8 @@
 import pytest
 
 from admission.policy import Policy
-from fleet.config import AdmissionConfig, load_config
-from fleet.errors import ConfigError
+from fleet.runtime.config import AdmissionConfig, load_config
+from fleet.rules.errors import ConfigError
 from fleet.route import Route
 
 from .admission_catalog import CATALOG, catalog

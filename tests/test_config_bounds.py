@@ -1,4 +1,4 @@
-"""The config's bounds: every number of the schema (fleet.ranges.CONFIG) inside its stated
+"""The config's bounds: every number of the schema (fleet.rules.ranges.CONFIG) inside its stated
 range or a ConfigError naming the key, the value and the range; a file that is not a
 regular file, too large or nested too deep refused before it costs anything; and the
 README's table of ranges in step with the schema."""
@@ -14,11 +14,11 @@ import sys
 
 import pytest
 
-from fleet import ranges
-from fleet.config import load_config
-from fleet.errors import ConfigError
-from fleet.posture import DEFAULT_POLICY, PostureOwner, PostureRetuneError
-from fleet.ranges import CONFIG, MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, Range
+from fleet.rules import ranges
+from fleet.runtime.config import load_config
+from fleet.rules.errors import ConfigError
+from fleet.rules.posture import DEFAULT_POLICY, PostureOwner, PostureRetuneError
+from fleet.rules.ranges import CONFIG, MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, Range
 from tests.daemons import BOUND_S, REPO
 
 BASE = {"roles": {"sq": {"kind": "pooled", "handler": "tests.handlers:square"}}}
@@ -178,7 +178,7 @@ def test_only_a_regular_file_is_read(tmp_path, kind):
         sock.close()
     else:
         path = kind
-    code = ("import sys\nfrom fleet.config import load_config\nfrom fleet.errors import ConfigError\n"
+    code = ("import sys\nfrom fleet.runtime.config import load_config\nfrom fleet.rules.errors import ConfigError\n"
             "try:\n    load_config(sys.argv[1], env={})\nexcept ConfigError as exc:\n    print(exc)\n")
     out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=BOUND_S,
                          env={**os.environ, "PYTHONPATH": REPO})
@@ -227,8 +227,8 @@ def test_a_retune_out_of_range_names_key_value_and_range_and_changes_nothing(key
                                           ("timeout", math.inf), ("timeout", math.nan), ("timeout", 0),
                                           ("timeout", ranges.UNIT_WAIT_S + 1)])
 def test_a_submit_number_out_of_range_is_a_bad_unit_naming_its_range(field, value):
-    from fleet.roles import Role
-    from fleet.supervisor import BadUnit, _check_unit
+    from fleet.rules.roles import Role
+    from fleet.runtime.supervisor import BadUnit, _check_unit
 
     spec = Role("sq", handler="tests.handlers:square")
     args = {"priority": 0, "timeout": None, field: value}

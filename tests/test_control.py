@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet import control as c
-from fleet.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, ConfigError
+from fleet.service import control as c
+from fleet.rules.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, ConfigError
 from tests.daemons import idle_connections
 
 NOBODY = 65534
@@ -792,7 +792,7 @@ def test_owner_is_served_with_1000_of_its_own_idle_connections_open(sockdir):
 def test_a_uid_at_its_cap_of_busy_connections_is_refused_and_the_owner_still_served(open_sockdir, caplog):
     # Half a frame each and a long frame deadline: these connections are not idle, so
     # none can be closed to make room; the 33rd and later are refused as busy.
-    caplog.set_level("WARNING", logger="fleet.control")
+    caplog.set_level("WARNING", logger="fleet.service.control")
     with serving(open_sockdir, group=NOGROUP, frame_timeout=3600) as s:
         with idle_connections(s.path, 100, NOBODY, NOGROUP, send=b'{"op":"pi') as connected:
             assert connected == 100

@@ -21,10 +21,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet import dataplane as dp
+from fleet.shm import dataplane as dp
 from fleet._native import ffi, lib
-from fleet.dataplane import DataSegment, MessageTooLarge, Ring
-from fleet.names import InvalidFleetName
+from fleet.shm.dataplane import DataSegment, MessageTooLarge, Ring
+from fleet.rules.names import InvalidFleetName
 
 COMPLETION_BOUND_S = 120.0  # generous: a lost wake-up hangs forever, a slow CI box does not
 
@@ -587,7 +587,7 @@ def test_stale_segment_of_a_sigkilled_creator_is_reclaimed(fleet_name, reaper, c
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     assert DataSegment.attach(fleet_name).creator_pid == pid  # it outlived its creator
-    with caplog.at_level("WARNING", logger="fleet.dataplane"):
+    with caplog.at_level("WARNING", logger="fleet.shm.dataplane"):
         seg = DataSegment.create(fleet_name, 2, 4096, 4096)
     assert f"creator pid {pid} is gone" in caplog.text
     assert seg.creator_pid == os.getpid() and seg.n_seats == 2 and seg.tasks(0).pop() is None

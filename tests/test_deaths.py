@@ -1,11 +1,11 @@
-"""What a seat's death means for each unit it owed (`fleet.deaths`): the pure rule."""
+"""What a seat's death means for each unit it owed (`fleet.runtime.deaths`): the pure rule."""
 from __future__ import annotations
 
 import itertools
 
 import pytest
 
-from fleet.deaths import Owed, cause, verdict
+from fleet.runtime.deaths import Owed, cause, verdict
 
 WORKER = "worker pid 41 of seat serial-0 died (signal 9)"
 

@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from fleet import fsm
-from fleet.dispatch import Dispatcher, Pending, precedence
-from fleet.roles import Role, RoleSet
-from fleet.seats import SeatLayout, Seat, SlotSpec
+from fleet.rules import fsm
+from fleet.rules.dispatch import Dispatcher, Pending, precedence
+from fleet.rules.roles import Role, RoleSet
+from fleet.rules.seats import SeatLayout, Seat, SlotSpec
 
 ROLES = RoleSet(
     (

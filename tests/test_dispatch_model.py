@@ -1,4 +1,4 @@
-"""The dispatcher (`fleet.dispatch`) against a plain Python model, step by step (hypothesis).
+"""The dispatcher (`fleet.rules.dispatch`) against a plain Python model, step by step (hypothesis).
 
 The model holds what the rules promise, written the obvious way: which role holds each
 slot and which (role, key) each pin serves, the role counts, the queue order inside a
@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from fleet import fsm
-from fleet.dispatch import Dispatcher, Pending
-from fleet.roles import Role, RoleSet
-from fleet.seats import Seat, SeatLayout, SlotSpec
+from fleet.rules import fsm
+from fleet.rules.dispatch import Dispatcher, Pending
+from fleet.rules.roles import Role, RoleSet
+from fleet.rules.seats import Seat, SeatLayout, SlotSpec
 
 ROLES = RoleSet((
     Role("solver", kind="pinned", handler="m:f", slots=1, elastic_repin=True),
@@ -220,7 +220,7 @@ class DispatcherMachine(RuleBasedStateMachine):
     @rule(seat=st.sampled_from(sorted(GROUPS)))
     def seat_lost(self, seat):
         # In the model a unit starts and ends in one step: whatever is in flight never
-        # started, so all of it goes back to the head of its queue (fleet.deaths).
+        # started, so all of it goes back to the head of its queue (fleet.runtime.deaths).
         owed = self.d.seat_lost(seat)
         lost = [(uid, s) for s in range(len(SEAT_OF)) if SEAT_OF[s] == seat for uid, _e, _k in self.inflight[s]]
         assert sorted((x.item.unit_id, x.slot) for x in owed) == sorted(lost)

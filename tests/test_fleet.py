@@ -124,7 +124,7 @@ def test_a_full_queue_refuses_loudly_when_told_not_to_wait(fleet_name):
         with pytest.raises(QueueFull, match="3 units waiting"):
             f.submit("work", 600, block=False)
         f.shutdown(wait=False, cancel_futures=True)
-        from fleet.table import layout as L
+        from fleet.shm.table import layout as L
 
         assert f._sup.table.snapshot().flags & L.FLAG_CLOSING  # status can say "closing"
         for fut in futures[1:]:
@@ -246,7 +246,7 @@ def test_status_and_table_show_the_plan_and_slots(fleet_name):
 
 
 def test_two_fleets_of_one_name_cannot_run(fleet_name):
-    from fleet.table import TableInUse
+    from fleet.shm.table import TableInUse
 
     with running(config(fleet_name, {"work": role("echo")})):
         with pytest.raises(TableInUse, match=str(os.getpid())):
@@ -282,8 +282,8 @@ def test_a_chunk_runs_every_item_past_one_that_did_not_solve(fleet_name):
         values, failures = fut.result(30)
         assert values == [0, None, None, 6, None, 12]
         assert sorted(failures) == [1, 2, 4]
-        assert failures[1] == (fleet.messages.ST_SUPPRESSED, "one")
-        assert failures[2][0] == failures[4][0] == fleet.messages.ST_HANDLER_ERROR
+        assert failures[1] == (fleet.shm.messages.ST_SUPPRESSED, "one")
+        assert failures[2][0] == failures[4][0] == fleet.shm.messages.ST_HANDLER_ERROR
         assert "RuntimeError: two: 2" in failures[2][1][0] and "RuntimeError: two: 5" in failures[4][1][0]
         # and map hands out the items around them, raising where it reaches each
         it = f.map("work", [0, 1, 3, 2, 6], chunksize=5)

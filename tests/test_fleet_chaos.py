@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from fleet.unit import RoleStopped
+from fleet.rules.unit import RoleStopped
 from tests.fleets import config, descendants, role, running, worker_pids
 
 UNITS = 20_000

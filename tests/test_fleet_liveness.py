@@ -12,12 +12,13 @@ import time
 
 import pytest
 
-from fleet import codec, fsm
-from fleet import messages as M
-from fleet.posture import PostureCauseError
-from fleet.table import layout as L
-from fleet.table.kernels import SLOT_FIELDS
-from fleet.unit import UnitFailed
+from fleet.runtime import codec
+from fleet.rules import fsm
+from fleet.shm import messages as M
+from fleet.rules.posture import PostureCauseError
+from fleet.shm.table import layout as L
+from fleet.shm.table.kernels import SLOT_FIELDS
+from fleet.rules.unit import UnitFailed
 from tests.fleets import config, role, running
 
 EVENTUALLY_S = 60  # generous: these are "eventually" waits, never timing assertions

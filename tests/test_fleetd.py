@@ -17,8 +17,8 @@ import pytest
 
 import fleet
 from fleet.cli import fleetctl
-from fleet.control import ControlClient, PermissionDenied
-from fleet.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_TABLE_IN_USE, EXIT_USAGE
+from fleet.service.control import ControlClient, PermissionDenied
+from fleet.rules.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_TABLE_IN_USE, EXIT_USAGE
 from tests.daemons import BOUND_S, Fleetd, alive, idle_connections, outcome_of, running_slot, segments, wait_until
 from tests.fleets import role
 from tests.uids import as_nobody

@@ -11,8 +11,8 @@ import tempfile
 import pytest
 
 import fleet
-from fleet.control import PermissionDenied
-from fleet.errors import EXIT_NO_PERMISSION, EXIT_USAGE
+from fleet.service.control import PermissionDenied
+from fleet.rules.errors import EXIT_NO_PERMISSION, EXIT_USAGE
 from tests.daemons import BOUND_S, Fleetd, to_toml
 from tests.uids import as_nobody
 
@@ -109,7 +109,7 @@ def test_operator_close_and_its_typed_refusals(fleet_name):
 
         # the provider's daily budget reading, fed over the socket (owner only): shown on its pools
         with d.connect() as client:
-            from fleet.control import RemoteError
+            from fleet.service.control import RemoteError
 
             with pytest.raises(RemoteError) as info:
                 client.report_budget("nope", 1.0, 10.0)

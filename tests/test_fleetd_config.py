@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from fleet.errors import EXIT_CONFIG
+from fleet.rules.errors import EXIT_CONFIG
 from tests.daemons import BOUND_S, Fleetd, segments, served_fleetd, wait_until
 from tests.fleets import role
 
@@ -136,7 +136,7 @@ def test_an_unbounded_config_refuses_boot_with_exit_78_and_one_line(fleet_name, 
 
 def _refusals(d: Fleetd) -> list[str]:
     return [line for line in d.stderr().splitlines()
-            if " WARNING fleet.daemon: " in line and "reload refused, nothing changed" in line]
+            if " WARNING fleet.service.daemon: " in line and "reload refused, nothing changed" in line]
 
 
 def test_sighup_refuses_every_unbounded_config_and_the_daemon_keeps_its_own(fleet_name):

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from fleet import fsm
-from fleet.fsm import (
+from fleet.rules import fsm
+from fleet.rules.fsm import (
     ANY_ROLE,
     CLASS_DEFERRABLE,
     CLASS_FLOOR,

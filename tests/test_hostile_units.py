@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet import codec, dataplane
-from fleet.table import segment
-from fleet.unit import PayloadTooLarge, PayloadUnpicklable, UnitError, UnitFailed
+from fleet.runtime import codec
+from fleet.shm import dataplane
+from fleet.shm.table import segment
+from fleet.rules.unit import PayloadTooLarge, PayloadUnpicklable, UnitError, UnitFailed
 from tests import hostile as H
 from tests.daemons import BOUND_S, Fleetd, wait_until
 from tests.fleets import config, running

@@ -1,10 +1,10 @@
-"""Restart intensity (fleet.intensity): OTP's MaxR deaths within MaxT seconds, with
+"""Restart intensity (fleet.rules.intensity): OTP's MaxR deaths within MaxT seconds, with
 time passed in, so the window's expiry is tested without waiting."""
 from __future__ import annotations
 
 import pytest
 
-from fleet.intensity import Deaths, note_death
+from fleet.rules.intensity import Deaths, note_death
 
 
 def test_deaths_up_to_the_limit_are_restarted_one_more_stops():

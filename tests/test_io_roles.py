@@ -20,7 +20,7 @@ import pytest
 
 import fleet
 from fleet import UnitFailed, UnitSuppressed
-from fleet.io_runner import IoRunner
+from fleet.runtime.io.runner import IoRunner
 from tests.fleets import config, running, worker_pids
 
 WAIT_S = 120.0  # generous: a unit that never gets its outcome fails the test, a slow box does not
@@ -404,7 +404,7 @@ def test_a_ring_relay_fires_for_a_message_or_a_notify_and_never_loses_one(fleet_
     like `wait_since`, a notify between the look and the arming still fires it."""
     import select
 
-    from fleet.dataplane import DataSegment, RingRelay
+    from fleet.shm.dataplane import DataSegment, RingRelay
 
     seg = DataSegment.create(fleet_name, 1, 4096, 4096)
     relay = None
@@ -433,7 +433,7 @@ def test_a_ring_relay_fires_for_a_message_or_a_notify_and_never_loses_one(fleet_
 
 
 def test_ring_wait_since_returns_for_a_notify_that_came_before_the_sleep(fleet_name):
-    from fleet.dataplane import DataSegment
+    from fleet.shm.dataplane import DataSegment
 
     seg = DataSegment.create(fleet_name, 1, 4096, 4096)
     try:

@@ -1,5 +1,5 @@
 """The I/O seat's selector: epoll waits whose timeouts are nanoseconds, not whole
-milliseconds (fleet.io_selector), and otherwise what `selectors.EpollSelector` reports.
+milliseconds (fleet.runtime.io.selector), and otherwise what `selectors.EpollSelector` reports.
 
 Real epoll instances, pipes, socket pairs and signals. Timing is asserted only as a
 lower bound (a wait is never shorter than asked); the precision itself is checked on
@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from fleet import io_selector
-from fleet.io_selector import PreciseEpollSelector, new_event_loop, timeout_ns
+from fleet.runtime.io import selector as io_selector
+from fleet.runtime.io.selector import PreciseEpollSelector, new_event_loop, timeout_ns
 from tests.fleets import running
 from tests.test_io_roles import io_role
 
@@ -186,7 +186,7 @@ def test_a_kernel_without_epoll_pwait2_gets_whole_millisecond_waits_from_then_on
     try:
         selector.register(r, selectors.EVENT_READ, "pipe")
         os.write(w, b"x")
-        with caplog.at_level("INFO", logger="fleet.io_selector"):
+        with caplog.at_level("INFO", logger="fleet.runtime.io.selector"):
             assert [(k.data, e) for k, e in selector.select(0.001)] == [("pipe", selectors.EVENT_READ)]
         assert not selector.precise and len(calls) == 1
         assert "not offered" in caplog.text

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from fleet.ledger import FuseTripped, Ledger
-from fleet.outcomes import FAILURE_REASONS
+from fleet.rules.ledger import FuseTripped, Ledger
+from fleet.rules.outcomes import FAILURE_REASONS
 
 
 class Fuse:
@@ -90,7 +90,7 @@ def test_a_slice_of_solved_units_is_ledgered_at_once_and_trips_on_one_not_open()
 
 def test_the_fuse_is_logged_at_error(caplog):
     ledger = Ledger(on_fuse=Fuse())
-    with caplog.at_level("ERROR", logger="fleet.ledger"):
+    with caplog.at_level("ERROR", logger="fleet.rules.ledger"):
         ledger.record(5, "solved")
     assert any("fuse tripped" in r.getMessage() for r in caplog.records)
 
@@ -99,7 +99,7 @@ def test_the_default_fuse_aborts_the_process():
     import subprocess
     import sys
 
-    code = "from fleet.ledger import Ledger\nLedger().record(1, 'solved')\n"
+    code = "from fleet.rules.ledger import Ledger\nLedger().record(1, 'solved')\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -6  # SIGABRT: the loud stop
     assert "fuse tripped" in proc.stderr
@@ -177,8 +177,8 @@ TestLedgerMachine = LedgerMachine.TestCase
 
 
 def test_fsm_refusals_are_counted_apart_from_outcomes(fleet_name):
-    from fleet.roles import RoleSet, Role
-    from fleet.table import SlotTable
+    from fleet.rules.roles import RoleSet, Role
+    from fleet.shm.table import SlotTable
 
     ledger = Ledger(on_fuse=lambda e: None)
     ledger.submitted(1)

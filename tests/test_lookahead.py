@@ -9,10 +9,10 @@ import time
 import pytest
 
 import fleet
-from fleet import fsm
-from fleet.dispatch import Dispatcher, Pending
-from fleet.roles import Role, RoleSet
-from fleet.seats import Seat, SeatLayout, SlotSpec
+from fleet.rules import fsm
+from fleet.rules.dispatch import Dispatcher, Pending
+from fleet.rules.roles import Role, RoleSet
+from fleet.rules.seats import Seat, SeatLayout, SlotSpec
 from tests.fleets import config, running, worker_pids
 
 WAIT_S = 120.0

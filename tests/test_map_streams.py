@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from fleet import UnitFailed, UnitSuppressed
-from fleet.executor import MAP_REFILL, MAP_WINDOW, MAP_WINDOW_ITEMS, _Feeder, map_window
+from fleet.api.executor import MAP_REFILL, MAP_WINDOW, MAP_WINDOW_ITEMS, _Feeder, map_window
 
 from .fleets import config, role, running
 

@@ -1,4 +1,4 @@
-"""fleet.metrics: scrape the real HTTP endpoint over a real table and parse the exposition."""
+"""fleet.runtime.metrics: scrape the real HTTP endpoint over a real table and parse the exposition."""
 from __future__ import annotations
 
 import socket
@@ -9,10 +9,10 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet import fsm
-from fleet.metrics import FleetMetrics, MetricsServer
-from fleet.outcomes import FAILURE_REASONS
-from fleet.table import SlotTable, TableNotFound
+from fleet.rules import fsm
+from fleet.runtime.metrics import FleetMetrics, MetricsServer
+from fleet.rules.outcomes import FAILURE_REASONS
+from fleet.shm.table import SlotTable, TableNotFound
 from tests import fleet_tables as ft
 
 NOW_NS = ft.SINCE_NS + 4_000_000_000  # 4 s into the current cordoned stay

@@ -1,13 +1,15 @@
-"""The fleet-name rule: one rule (fleet.names), and every place that takes a name follows it."""
+"""The fleet-name rule: one rule (fleet.rules.names), and every place that takes a name follows it."""
 from __future__ import annotations
 
 import pytest
 
-from fleet import control, dataplane, names
-from fleet.config import load_config
-from fleet.errors import EXIT_USAGE, ConfigError
-from fleet.table import BadFleetName
-from fleet.table import segment as seg
+from fleet.service import control
+from fleet.shm import dataplane
+from fleet.rules import names
+from fleet.runtime.config import load_config
+from fleet.rules.errors import EXIT_USAGE, ConfigError
+from fleet.shm.table import BadFleetName
+from fleet.shm.table import segment as seg
 
 VALID = ["a", "9", "qa6", "Fleet_2-x", "a-", "A_", "x" * 63, "0" + "-" * 62]
 INVALID = [

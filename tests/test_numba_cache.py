@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from fleet.fsm import R_ILLEGAL
-from fleet.table import numba_env
+from fleet.rules.fsm import R_ILLEGAL
+from fleet.shm.table import numba_env
 
-PACKAGE = Path(numba_env.__file__).resolve().parent.parent  # .../fleet
+PACKAGE = Path(numba_env.__file__).resolve().parents[2]  # .../fleet
 
 CHILD = textwrap.dedent(
     """
     import os, sys
-    import fleet.table.kernels
-    from fleet.table import SlotTable
-    from fleet.roles import REFERENCE_ROLES
+    import fleet.shm.table.kernels
+    from fleet.shm.table import SlotTable
+    from fleet.rules.roles import REFERENCE_ROLES
     assert fleet.__file__.startswith(sys.argv[1]), fleet.__file__
     t = SlotTable.create(sys.argv[2], REFERENCE_ROLES, 2)
     t.apply(0, "LEASE", 2)
@@ -44,7 +44,7 @@ def _run_read_only(tmp_path, fleet_name, env_extra):
     )
     out = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert not (root / "fleet" / "table" / "__pycache__").exists()
+    assert not (root / "fleet" / "shm" / "table" / "__pycache__").exists()
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -85,9 +85,9 @@ FOLLOWS = textwrap.dedent(
     """
     import sys
     import fleet
-    from fleet import fsm
-    from fleet.roles import RoleSet, Role
-    from fleet.table import SlotTable
+    from fleet.rules import fsm
+    from fleet.rules.roles import RoleSet, Role
+    from fleet.shm.table import SlotTable
     assert fleet.__file__.startswith(sys.argv[1]), fleet.__file__
     roles = RoleSet((Role("pool", kind="pooled"),))
     t = SlotTable.create(sys.argv[2], roles, 1)
@@ -123,7 +123,7 @@ def test_a_changed_fsm_table_recompiles_the_cached_kernels(tmp_path, fleet_name)
     assert run() == (0, 0)  # from the cache
     assert list((tmp_path / "cache").rglob("*.nbc")), "nothing was cached"
 
-    fsm_py = root / "fleet" / "fsm.py"
+    fsm_py = root / "fleet" / "rules" / "fsm.py"
     text = fsm_py.read_text()
     t5 = '    (RUNNING, RELEASE): (IDLE, "T5", frozenset({KIND_POOLED}), False),\n'
     assert t5 in text
@@ -133,8 +133,8 @@ def test_a_changed_fsm_table_recompiles_the_cached_kernels(tmp_path, fleet_name)
 
 
 def test_the_digest_covers_the_fsm_table():
-    from fleet import fsm
-    from fleet.table import kernels
+    from fleet.rules import fsm
+    from fleet.shm.table import kernels
 
     embedded = {**_constants(kernels), "atomics.py": kernels._source_digest(kernels._atomics)}
     assert kernels.TABLES_DIGEST == kernels.tables_digest(embedded)

@@ -1,4 +1,4 @@
-"""The outcome record (fleet.control.outcome_record): every kind of outcome survives
+"""The outcome record (fleet.service.control.outcome_record): every kind of outcome survives
 the trip daemon -> JSON -> client, and a malformed record is a typed error naming
 its field, both in the module and in a client served by a real socket."""
 from __future__ import annotations
@@ -10,11 +10,11 @@ from concurrent.futures import Future
 
 import pytest
 
-from fleet import control
-from fleet.client import Client
-from fleet.control import outcome_record as rec
-from fleet.outcomes import FAILED, FAILURE_REASONS, SUPPRESSED
-from fleet.unit import Outcome, UnitError, UnitFailed, UnitSuppressed, error_for
+from fleet.service import control
+from fleet.service.client import Client
+from fleet.service.control import outcome_record as rec
+from fleet.rules.outcomes import FAILED, FAILURE_REASONS, SUPPRESSED
+from fleet.rules.unit import Outcome, UnitError, UnitFailed, UnitSuppressed, error_for
 from tests.daemons import BOUND_S
 
 

@@ -1,7 +1,7 @@
 """The supervisor's one owner: intake, queue room, and the rules driven by an injected clock.
 
 The intake and the queue room are tested as plain objects. The supervisor is tested
-with real workers and a fake monotonic clock (`fleet.host.FakeClockHost`): restart
+with real workers and a fake monotonic clock (`fleet.host.system.FakeClockHost`): restart
 intensity's window, unit deadlines and stop's grace move only when the test steps the
 clock, so each rule is shown to wait for its time and to act once it has come.
 """
@@ -15,10 +15,11 @@ from concurrent.futures import Future
 
 import pytest
 
-from fleet import QueueFull, UnitFailed, supervisor
-from fleet.host import FakeClockHost
-from fleet.intake import Intake, QueueRoom, TurnedAway
-from fleet.unit import BadUnit, FleetClosed, PayloadUnpicklable
+from fleet import QueueFull, UnitFailed
+from fleet.runtime import supervisor
+from fleet.host.system import FakeClockHost
+from fleet.runtime.intake import Intake, QueueRoom, TurnedAway
+from fleet.rules.unit import BadUnit, FleetClosed, PayloadUnpicklable
 
 from .fleets import config, role, running, worker_pids
 

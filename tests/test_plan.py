@@ -1,10 +1,10 @@
 """The tier plan: auto tiers, forced profiles, oversubscription and refusals (002 §14)."""
 import pytest
 
-from fleet import errors
-from fleet.budget import BelowHostFloor, BudgetOverQuota, BudgetOverrides, QuotaTooSmallForPinnedRoles
-from fleet.errors import ConfigError
-from fleet.plan import resolve
+from fleet.rules import errors
+from fleet.rules.budget import BelowHostFloor, BudgetOverQuota, BudgetOverrides, QuotaTooSmallForPinnedRoles
+from fleet.rules.errors import ConfigError
+from fleet.rules.plan import resolve
 
 
 @pytest.mark.parametrize("q", [2, 3, 4, 4.5, 5, 5.99])
@@ -88,7 +88,7 @@ def test_plan_dict_shape():
 
 
 def test_a_role_set_without_a_keyed_role_runs_serial_on_a_small_host():
-    from fleet.roles import Role, RoleSet
+    from fleet.rules.roles import Role, RoleSet
 
     roles = RoleSet((Role("work", peak_cpus=1, slots=8),))
     auto = resolve(2, "auto", roles)

@@ -4,8 +4,8 @@ import logging
 
 import pytest
 
-from fleet import posture as P
-from fleet.fsm import CORDONED, NOMINAL
+from fleet.rules import posture as P
+from fleet.rules.fsm import CORDONED, NOMINAL
 
 POLICY = P.DEFAULT_POLICY
 MS = 1_000_000  # ns per ms
@@ -225,7 +225,7 @@ def test_retune_keeps_posture_and_window_and_returns_the_effective_policy(caplog
     owner = owner_cordoned()
     window = owner.state.window
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fleet.posture"):
+    with caplog.at_level(logging.WARNING, logger="fleet.rules.posture"):
         view = owner.retune({"cordon_exit_clean_ms": 500, "cordon_duty_percent": 5}, now_ms=300)
     assert view["posture"] == "Cordoned" and view["policy"]["cordon_exit_clean_ms"] == 500
     assert view["policy"]["cordon_enter_events"] == 2 and view["window_events"] == 2
@@ -243,7 +243,7 @@ def test_retuned_exit_window_takes_effect_on_the_next_reading():
 
 def test_retune_with_the_live_values_logs_nothing(caplog):
     owner = P.PostureOwner()
-    with caplog.at_level(logging.WARNING, logger="fleet.posture"):
+    with caplog.at_level(logging.WARNING, logger="fleet.rules.posture"):
         owner.retune({"cordon_enter_events": 2}, 0)
     assert not caplog.records
 
@@ -279,7 +279,7 @@ def test_bad_patch_is_rejected_whole_and_never_clamped(patch, key, caplog):
     owner = owner_cordoned()
     before = (owner.policy, owner.state)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fleet.posture"), pytest.raises(P.PostureRetuneError) as info:
+    with caplog.at_level(logging.WARNING, logger="fleet.rules.posture"), pytest.raises(P.PostureRetuneError) as info:
         owner.retune(patch, 300)
     assert key in info.value.problems
     assert (owner.policy, owner.state) == before and not caplog.records

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from fleet import priority
+from fleet.host import priority
 from fleet.cli.cmd_status import render
-from fleet.priority import CAP_SYS_NICE, decide, may_lower_nice
+from fleet.host.priority import CAP_SYS_NICE, decide, may_lower_nice
 from tests.fleets import config, role, running
 
 CAP = 1 << CAP_SYS_NICE

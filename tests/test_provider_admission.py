@@ -1,4 +1,4 @@
-"""The provider admission wired into a real fleet (fleet.provider_gate): handlers raise fleet.Refused.
+"""The provider admission wired into a real fleet (fleet.runtime.provider_gate): handlers raise fleet.Refused.
 
 Real workers, real shared memory; only the admission's clock is fake (a ManualClock passed
 to the Fleet), so a 5 s backoff or a 60 s probe interval is one `advance`, not a sleep.
@@ -12,8 +12,8 @@ import pytest
 import fleet
 from admission.pool import ManualClock
 from fleet.route import Route
-from fleet.table import bulkheads as table_bulkheads
-from fleet.table import snapshot
+from fleet.shm.table import bulkheads as table_bulkheads
+from fleet.shm.table import snapshot
 
 from .admission_catalog import (
     DEEPSEEK_OR,

@@ -10,7 +10,7 @@ import pytest
 
 import fleet
 from admission.pool import ManualClock
-from fleet.provider_gate import BadPlan
+from fleet.runtime.provider_gate import BadPlan
 from fleet.route import Route
 from tests.daemons import BOUND_S, Fleetd, to_toml
 from tests.uids import as_nobody
@@ -132,7 +132,7 @@ def test_the_coordinator_api_over_fleetd_answers_any_reader(fleet_name):
 
 
 def _ask(d, client):
-    from fleet.control import ProtocolError, RemoteError
+    from fleet.service.control import ProtocolError, RemoteError
 
     assert client.admission_plan("stay", P1, 3) == 0
     assert client.admission_plan(None, P1, 3) == 3  # it would move to p2

@@ -6,16 +6,16 @@ import pytest
 
 from admission import state as T
 from admission.pool import ManualClock
-from fleet.config import load_config
-from fleet.outcomes import Refused
-from fleet.provider_gate import (
+from fleet.runtime.config import load_config
+from fleet.rules.outcomes import Refused
+from fleet.runtime.provider_gate import (
     BadPool,
     ProviderGate,
     default_closure_file,
     parse_pool,
     signal_of,
 )
-from fleet.unit import Outcome
+from fleet.rules.unit import Outcome
 
 from .admission_catalog import GLM_OR, T_1447, catalog
 

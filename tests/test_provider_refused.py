@@ -15,7 +15,7 @@ import pytest
 
 import fleet
 from admission.pool import ManualClock
-from fleet.provider_gate import BadBudget, BadPool
+from fleet.runtime.provider_gate import BadBudget, BadPool
 from fleet.route import Route
 from tests.daemons import to_toml
 

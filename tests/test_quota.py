@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from fleet import quota as Q
-from fleet.cgroup import CpuLimit
+from fleet.rules import quota as Q
+from fleet.host.cgroup import CpuLimit
 from fleet.cli import cmd_status
-from fleet.plan import resolve
-from fleet.roles import Role, RoleSet
+from fleet.rules.plan import resolve
+from fleet.rules.roles import Role, RoleSet
 
 ROLES = RoleSet((Role("sq", kind="pooled", handler="tests.handlers:square", slots=2, peak_cpus=1),))
 
@@ -61,9 +61,9 @@ def test_status_names_both_quotas_and_their_sources(plan, text):
 
 # --- runtime: re-detection and epochs, with a fake clock and fake readings -------------------------
 
-from fleet import pressure as PR  # noqa: E402
-from fleet.config import load_config  # noqa: E402
-from fleet.sampler import QuotaWatcher  # noqa: E402
+from fleet.rules import pressure as PR  # noqa: E402
+from fleet.runtime.config import load_config  # noqa: E402
+from fleet.host.sampler import QuotaWatcher  # noqa: E402
 
 
 class Clock:

@@ -7,8 +7,9 @@ import signal
 
 import pytest
 
-from fleet import cgroup, pressure, quota
-from fleet.sampler import PressureInput, QuotaWatcher
+from fleet.host import cgroup
+from fleet.rules import pressure, quota
+from fleet.host.sampler import PressureInput, QuotaWatcher
 from tests.cgroups import FleetdInGroup, busy, cpu_group, v2_group
 from tests.daemons import BOUND_S, wait_until
 from tests.fleets import role

@@ -1,4 +1,4 @@
-"""`fleet.replays`: a request id stands for the unit first admitted under it, while the
+"""`fleet.service.replays`: a request id stands for the unit first admitted under it, while the
 unit is owed and for the ttl after it ended (within a bound), on a fake clock."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from fleet.replays import Replays, RequestIdReused, identity
+from fleet.service.replays import Replays, RequestIdReused, identity
 
 
 class Clock:

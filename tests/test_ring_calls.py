@@ -11,7 +11,7 @@ import pytest
 
 from fleet import _rings
 from fleet._native import ffi, lib
-from fleet.dataplane import MessageTooLarge, Pulse
+from fleet.shm.dataplane import MessageTooLarge, Pulse
 
 from .test_dataplane import anon_ring
 

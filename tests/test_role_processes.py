@@ -8,14 +8,14 @@ import logging
 
 import pytest
 
-from fleet.budget import FleetBudget
+from fleet.rules.budget import FleetBudget
 from fleet.cli import fleetctl
 from fleet.cli.cmd_status import render_processes
-from fleet.plan import resolve
-from fleet.processes import describe, role_processes
-from fleet.roles import REFERENCE_ROLES, Role, RoleSet
-from fleet.seats import layout
-from fleet.status import gather
+from fleet.rules.plan import resolve
+from fleet.rules.processes import describe, role_processes
+from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
+from fleet.rules.seats import layout
+from fleet.shm.status import gather
 
 from .fleets import running, worker_pids
 
@@ -45,7 +45,7 @@ def test_a_declared_peak_still_wins_over_slots():
 
 
 def test_an_override_still_wins_over_slots():
-    from fleet.budget import BudgetOverrides
+    from fleet.rules.budget import BudgetOverrides
 
     roles = RoleSet((Role("w", handler="m:f", slots=4),))
     budget = FleetBudget.derive(8, roles, BudgetOverrides.from_mapping({"w": 2}))

@@ -152,7 +152,7 @@ def test_restart_intensity_stops_only_the_role_whose_units_died(fleet_name, prof
     """Slots switch roles, so a seat is no role's: a death counts for the roles of the
     units its worker ran, and a role that keeps killing its worker stops alone."""
     roles = {"die": role("die", slots=1, peak_cpus=0), "echo": role("echo", slots=1, peak_cpus=0)}
-    from fleet.unit import RoleStopped
+    from fleet.rules.unit import RoleStopped
 
     cfg = config(fleet_name, roles, profile=profile, restart={"max_restarts": 2, "within_seconds": 60})
     with running(cfg) as f:

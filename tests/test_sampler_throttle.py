@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
-from fleet import cgroup
-from fleet.cgroup import V1, V2, CgroupUnavailable, CpuStat
-from fleet.fsm import CORDONED, NOMINAL
-from fleet.posture import PostureOwner
-from fleet.sampler import Sampler
+from fleet.host import cgroup
+from fleet.host.cgroup import V1, V2, CgroupUnavailable, CpuStat
+from fleet.rules.fsm import CORDONED, NOMINAL
+from fleet.rules.posture import PostureOwner
+from fleet.host.sampler import Sampler
 
 
 class FakeClock:

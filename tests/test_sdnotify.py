@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from fleet import sdnotify
-from fleet.sdnotify import NotifyError, WatchdogSchedule
+from fleet.service import sdnotify
+from fleet.service.sdnotify import NotifyError, WatchdogSchedule
 
 
 class Receiver:
@@ -99,7 +99,7 @@ def test_unset_notify_socket_is_a_no_op(receiver):
 
 def test_a_process_reads_notify_socket_from_its_environment(receiver):
     env = {**os.environ, **receiver.env}
-    code = "from fleet import sdnotify; sdnotify.ready('up'); sdnotify.watchdog(); sdnotify.stopping()"
+    code = "from fleet.service import sdnotify; sdnotify.ready('up'); sdnotify.watchdog(); sdnotify.stopping()"
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     assert receiver.message() == ["READY=1", "STATUS=up"]
     assert receiver.message() == ["WATCHDOG=1"]

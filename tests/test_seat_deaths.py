@@ -1,4 +1,4 @@
-"""A seat's death fails only the units that started on it (`fleet.deaths`); the others go
+"""A seat's death fails only the units that started on it (`fleet.runtime.deaths`); the others go
 back to the head of their queue, in order, and run once on the seat's successor.
 
 Real fleets: the worker is SIGKILLed while one unit (or, on an I/O seat, each of its

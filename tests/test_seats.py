@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from fleet.plan import resolve
-from fleet.roles import REFERENCE_ROLES, Role, RoleSet
-from fleet.seats import NO_SEAT, layout
+from fleet.rules.plan import resolve
+from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
+from fleet.rules.seats import NO_SEAT, layout
 
 ACTIVE = RoleSet(tuple(dataclasses.replace(r, handler="m:f") for r in REFERENCE_ROLES))
 

@@ -1,4 +1,4 @@
-"""The shared-memory lifecycle both segments use (fleet.shm): modes, names that cannot
+"""The shared-memory lifecycle both segments use (fleet.shm.segments): modes, names that cannot
 collide across fleets, and a reclaim that only unlinks a stale segment of its own kind
 and fleet. Real segments throughout; the uid checks are in test_shm_access.py."""
 from __future__ import annotations
@@ -13,12 +13,12 @@ import time
 import posix_ipc
 import pytest
 
-from fleet import dataplane as dp
-from fleet import shm
-from fleet.dataplane import DataSegment
-from fleet.roles import REFERENCE_ROLES
-from fleet.table import SlotTable, TableCorrupt, TableError, TableInUse
-from fleet.table import segment as seg
+from fleet.shm import dataplane as dp
+from fleet.shm import segments as shm
+from fleet.shm.dataplane import DataSegment
+from fleet.rules.roles import REFERENCE_ROLES
+from fleet.shm.table import SlotTable, TableCorrupt, TableError, TableInUse
+from fleet.shm.table import segment as seg
 from tests.uids import NOGROUP, unused_gid
 
 TABLE, DATA = seg.KIND, dp.KIND

@@ -15,15 +15,15 @@ import uuid
 
 import pytest
 
-from fleet import shm
-from fleet import status
+from fleet.shm import segments as shm
+from fleet.shm import status
 from fleet.cli import fleetctl
-from fleet.dataplane import KIND as DATA
-from fleet.dataplane import DataSegment
-from fleet.errors import EXIT_NO_PERMISSION, EXIT_OK, FleetError
-from fleet.roles import REFERENCE_ROLES
-from fleet.table import SlotTable, snapshot
-from fleet.table.segment import KIND as TABLE
+from fleet.shm.dataplane import KIND as DATA
+from fleet.shm.dataplane import DataSegment
+from fleet.rules.errors import EXIT_NO_PERMISSION, EXIT_OK, FleetError
+from fleet.rules.roles import REFERENCE_ROLES
+from fleet.shm.table import SlotTable, snapshot
+from fleet.shm.table.segment import KIND as TABLE
 from tests.daemons import BOUND_S, Fleetd, wait_until
 from tests.fleets import role
 from tests.uids import as_nobody, try_open, unused_gid
@@ -160,7 +160,7 @@ def test_fleetd_gives_its_segments_these_modes(fleet_name, group):
 
 def test_an_owner_may_give_the_table_only_to_a_group_it_belongs_to(fleet_name):
     """fleetd run by an ordinary user: fchown to a group it is not in fails, typed, leaving nothing."""
-    from fleet.table import segment as seg
+    from fleet.shm.table import segment as seg
 
     gid = unused_gid()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from fleet.cli import cmd_status, fleetctl
-from fleet.table.bulkheads import BulkheadWriter
+from fleet.shm.table.bulkheads import BulkheadWriter
 
 from .admission_catalog import MIDNIGHT_AFTER, T_1447
 

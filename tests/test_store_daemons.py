@@ -36,8 +36,8 @@ def intervals(path: str) -> list[tuple[float, float, int]]:
 def stop(*daemons: Fleetd) -> None:
     """Stop each daemon (SIGTERM, so it removes its segments), kill what remains, and remove
     the segments a SIGKILLed one could not."""
-    from fleet import dataplane
-    from fleet.table import segment
+    from fleet.shm import dataplane
+    from fleet.shm.table import segment
 
     for d in daemons:
         try:

@@ -15,8 +15,8 @@ import pytest
 
 from admission.store import Policy, Request, open_store
 from admission.store.sqlite import SqliteStore
-from fleet.config import ConfigError, StoreConfig, StoreRole, load_config
-from fleet.leases import LeaseGate
+from fleet.runtime.config import ConfigError, StoreConfig, StoreRole, load_config
+from fleet.runtime.lease_gate import LeaseGate
 
 from .store_backends import backend, pg_dsn, quota_history_violations, store_url, stores  # noqa: F401
 
@@ -145,7 +145,7 @@ def test_an_unreachable_store_fails_closed_and_recovers(tmp_path):
 
 
 def test_store_config_section():
-    roles = {"w": {"kind": "pooled", "handler": "fleet.examples:square", "slots": 1}}
+    roles = {"w": {"kind": "pooled", "handler": "fleet.api.examples:square", "slots": 1}}
     cfg = load_config({"roles": roles, "store": {"url": "sqlite:///tmp/s.db", "tiers": {"host": 2},
                                                  "roles": {"w": {"environment": "prod"}}}}, env={})
     assert cfg.store.policy.tier_limit("host") == 2 and cfg.store.role("w").tier == "host"
@@ -168,7 +168,7 @@ def test_store_config_section():
     ({"url": "sqlite:///x", "roles": {"w": {"environment": "e", "priority": "high"}}}, "store.roles.w.priority"),
 ])
 def test_bad_store_config_is_named(store, path):
-    roles = {"w": {"kind": "pooled", "handler": "fleet.examples:square", "slots": 1}}
+    roles = {"w": {"kind": "pooled", "handler": "fleet.api.examples:square", "slots": 1}}
     with pytest.raises(ConfigError) as err:
         load_config({"roles": roles, "store": store}, env={})
     assert err.value.path == path
@@ -178,8 +178,8 @@ def test_bad_store_config_is_named(store, path):
 
 
 def _unlink_segments(name):
-    from fleet import dataplane
-    from fleet.table import segment
+    from fleet.shm import dataplane
+    from fleet.shm.table import segment
 
     segment.unlink(name)
     dataplane.unlink(name)
@@ -232,7 +232,7 @@ def test_a_running_unit_whose_lease_is_lost_fails_by_name(store_url, fleet_name)
 
     config = {
         "fleet": {"name": fleet_name},
-        "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:slow_square", "slots": 1}},
+        "roles": {"w": {"kind": "pooled", "handler": "fleet.api.examples:slow_square", "slots": 1}},
         "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 9.0, "renew_every": 0.3, "poll_every": 0.05,
                   "preemption": True,
                   "roles": {"w": {"environment": "prod", "tier": "host", "preemptible": True}}},
@@ -261,7 +261,7 @@ def test_a_unit_whose_lease_ends_while_it_waits_for_a_slot_never_runs(store_url,
 
     config = {
         "fleet": {"name": fleet_name},
-        "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:slow_square", "slots": 1}},
+        "roles": {"w": {"kind": "pooled", "handler": "fleet.api.examples:slow_square", "slots": 1}},
         "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 9.0, "renew_every": 0.3, "poll_every": 0.05,
                   "preemption": True,
                   "tiers": {"container": 2},
@@ -285,7 +285,7 @@ def _gated_fleet(store_url, fleet_name):
 
     return fleet.Fleet.from_config({
         "fleet": {"name": fleet_name},
-        "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:slow_square", "slots": 1}},
+        "roles": {"w": {"kind": "pooled", "handler": "fleet.api.examples:slow_square", "slots": 1}},
         "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 5.0, "poll_every": 0.05,
                   "roles": {"w": {"environment": "prod", "tier": "host"}}},
     }, env={})
@@ -370,7 +370,7 @@ def test_a_restarted_orchestrator_cancels_what_its_earlier_run_left_queued(store
 
 
 def test_the_expiry_margin_keeps_a_tenth_within_bounds():
-    from fleet.leases import call_timeout, expiry_margin
+    from fleet.runtime.lease_gate import call_timeout, expiry_margin
 
     assert expiry_margin(30.0) == 3.0  # a tenth
     assert expiry_margin(0.6) == 0.1  # at least 0.1 s
@@ -381,7 +381,7 @@ def test_the_expiry_margin_keeps_a_tenth_within_bounds():
 def test_the_watchdog_reports_a_unit_once_and_never_after_it_was_taken():
     import threading
 
-    from fleet.leases import _Watchdog
+    from fleet.runtime.lease_gate import _Watchdog
 
     fired: list = []
     done = threading.Event()

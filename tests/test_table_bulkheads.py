@@ -12,12 +12,12 @@ import pytest
 
 from admission import state as T
 from admission.pool import signal_for
-from fleet.outcomes import Refused
-from fleet.roles import REFERENCE_ROLES
-from fleet.table import SlotTable, TableVersionError
-from fleet.table import bulkheads as B
-from fleet.table import layout as L
-from fleet.table import snapshot
+from fleet.rules.outcomes import Refused
+from fleet.rules.roles import REFERENCE_ROLES
+from fleet.shm.table import SlotTable, TableVersionError
+from fleet.shm.table import bulkheads as B
+from fleet.shm.table import layout as L
+from fleet.shm.table import snapshot
 
 from .admission_catalog import GLM_AZ, GLM_OR, MIDNIGHT_AFTER, make_pool
 
@@ -67,7 +67,7 @@ def test_bulkheads_round_trip_through_a_real_table_read_by_another_process(table
     assert writer.publish(rows) == 2
     # fleetctl's path: a separate process attaches read-only and reads the records
     code = (
-        "import json, sys; from fleet.table import snapshot, bulkheads;"
+        "import json, sys; from fleet.shm.table import snapshot, bulkheads;"
         "snap, alive = snapshot.read(sys.argv[1]); print(json.dumps(bulkheads.read(snap)))"
     )
     out = subprocess.run([sys.executable, "-c", code, table.name], capture_output=True, text=True, check=True,
@@ -97,7 +97,7 @@ def test_a_table_of_the_old_bulkhead_layout_is_refused_by_version(table):
 
 WRITER = """
 import sys, time
-from fleet.table import SlotTable, bulkheads
+from fleet.shm.table import SlotTable, bulkheads
 t = SlotTable.attach(sys.argv[1])
 w = bulkheads.BulkheadWriter(t)
 i = 0

@@ -8,11 +8,11 @@ import itertools
 import numpy as np
 import pytest
 
-from fleet import fsm
-from fleet.roles import REFERENCE_ROLES, Role, RoleSet
-from fleet.table import SlotTable, TransitionRejected, UnknownEvent
-from fleet.table import layout as L
-from fleet.table.kernels import SLOT_FIELDS
+from fleet.rules import fsm
+from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
+from fleet.shm.table import SlotTable, TransitionRejected, UnknownEvent
+from fleet.shm.table import layout as L
+from fleet.shm.table.kernels import SLOT_FIELDS
 
 KINDS = ("pinned", "pooled", "singleton")
 CLASSES = ("never", "floor", "deferrable")
@@ -150,7 +150,7 @@ def test_unknown_event_is_a_typed_error(table, event):
 
 
 def test_bad_event_code_inside_the_kernel(table):
-    from fleet.table import kernels
+    from fleet.shm.table import kernels
 
     assert kernels.apply_transition(table.slots, table.roles, table.n_roles, table.posture, 0, 42, 0, 0, -1) == fsm.R_BAD_EVENT
 

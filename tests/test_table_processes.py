@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleet import fsm
-from fleet.roles import REFERENCE_ROLES
-from fleet.table import SlotTable
-from fleet.table import layout as L
-from fleet.table.kernels import SLOT_FIELDS
+from fleet.rules import fsm
+from fleet.rules.roles import REFERENCE_ROLES
+from fleet.shm.table import SlotTable
+from fleet.shm.table import layout as L
+from fleet.shm.table.kernels import SLOT_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = REFERENCE_ROLES

@@ -12,8 +12,8 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from fleet.roles import REFERENCE_ROLES
-from fleet.table import (
+from fleet.rules.roles import REFERENCE_ROLES
+from fleet.shm.table import (
     BadFleetName,
     SlotTable,
     TableCorrupt,
@@ -21,8 +21,8 @@ from fleet.table import (
     TableNotFound,
     TableVersionError,
 )
-from fleet.table import layout as L
-from fleet.table import segment as seg
+from fleet.shm.table import layout as L
+from fleet.shm.table import segment as seg
 
 
 def _shm_path(name):
@@ -70,8 +70,8 @@ def test_live_creator_refuses_a_second_create_naming_its_pid(fleet_name):
 def test_stale_table_of_a_dead_creator_is_reclaimed_and_logged(fleet_name, reaper, caplog):
     code = (
         "import os, sys, time\n"
-        "from fleet.table import SlotTable\n"
-        "from fleet.roles import REFERENCE_ROLES\n"
+        "from fleet.shm.table import SlotTable\n"
+        "from fleet.rules.roles import REFERENCE_ROLES\n"
         f"t = SlotTable.create({fleet_name!r}, REFERENCE_ROLES, 4)\n"
         "t.apply(0, 'LEASE', 2)\n"
         "print(os.getpid(), flush=True)\n"
@@ -84,7 +84,7 @@ def test_stale_table_of_a_dead_creator_is_reclaimed_and_logged(fleet_name, reape
         SlotTable.create(fleet_name, REFERENCE_ROLES, 4)
     child.send_signal(signal.SIGKILL)
     child.wait(10)
-    with caplog.at_level(logging.WARNING, logger="fleet.table"):
+    with caplog.at_level(logging.WARNING, logger="fleet.shm.table"):
         with SlotTable.create(fleet_name, REFERENCE_ROLES, 4) as t:
             assert t.state(0)[0] == 0  # a fresh table, not the dead one's
             assert int(t.segment.header["creator_pid"]) == os.getpid()

@@ -18,14 +18,14 @@ import numpy  # noqa: F401 - imported here: a forked child of uid 65534 cannot i
 import pytest
 
 import fleet
-from fleet import dataplane, shm
+from fleet.shm import dataplane, segments as shm
 from fleet.cli import fleetctl
-from fleet.control import ControlClient, find_socket
-from fleet.dataplane import KIND as DATA
-from fleet.errors import EXIT_FOREIGN_SEGMENT, EXIT_OK, EXIT_UNTRUSTED_PEER, EXIT_USAGE
-from fleet.table import segment
-from fleet.table.segment import KIND as TABLE
-from fleet.trust import InvalidTrust, UntrustedPeer
+from fleet.service.control import ControlClient, find_socket
+from fleet.shm.dataplane import KIND as DATA
+from fleet.rules.errors import EXIT_FOREIGN_SEGMENT, EXIT_OK, EXIT_UNTRUSTED_PEER, EXIT_USAGE
+from fleet.shm.table import segment
+from fleet.shm.table.segment import KIND as TABLE
+from fleet.host.trust import InvalidTrust, UntrustedPeer
 from tests.daemons import BOUND_S, Fleetd, segments, wait_until
 from tests.uids import NOBODY, NOGROUP, as_nobody
 
@@ -285,7 +285,7 @@ def test_a_fleet_run_by_another_user_is_told_whose_segment_holds_its_name(fleet_
 
 def test_an_attach_maps_only_a_segment_of_a_trusted_uid(fleet_name):
     """The reader side of the table's owner check: status, the zygote and every reader attach."""
-    from fleet.table import snapshot
+    from fleet.shm.table import snapshot
 
     assert as_nobody(_plant_stale_table(fleet_name)) == "planted"
     with pytest.raises(UntrustedPeer) as err:

@@ -1,5 +1,5 @@
 """UnitFuture against the stdlib Future: the same answers on the same scenarios, the
-moves of `fleet.future.TRANSITIONS` against a table written out here, `wait()` and
+moves of `fleet.runtime.future.TRANSITIONS` against a table written out here, `wait()` and
 `as_completed()` over mixed futures, and threaded runs in which no wake-up may be lost."""
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 
 import pytest
 
-from fleet import future as uf
-from fleet.future import UnitFuture
+from fleet.runtime import future as uf
+from fleet.runtime.future import UnitFuture
 
 KINDS = pytest.mark.parametrize("kind", [Future, UnitFuture], ids=["stdlib", "unit"])
 #: how long a test thread may block before the test calls it stuck (never reached when green)
@@ -80,7 +80,7 @@ EVENTS = {
     uf.SET_EXCEPTION: lambda f: f.set_exception(Boom("y")),
 }
 
-# Written out from the stdlib's code, independently of fleet.future.TRANSITIONS.
+# Written out from the stdlib's code, independently of fleet.runtime.future.TRANSITIONS.
 EXPECTED_LEGAL = {
     (PENDING, uf.CANCEL): CANCELLED,
     (CANCELLED, uf.CANCEL): CANCELLED,
@@ -732,7 +732,7 @@ def test_stress_callbacks_race_resolves(fine_switching):
 
 # --- interop details ----------------------------------------------------------------------------
 def test_stdlib_methods_called_unbound_stay_coherent():
-    # fleet.client calls Future.set_running_or_notify_cancel(fut) on its futures.
+    # fleet.service.client calls Future.set_running_or_notify_cancel(fut) on its futures.
     f = UnitFuture()
     calls = []
     Future.add_done_callback(f, lambda g: calls.append("base"))

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 import fleet
-from fleet.zygote_link import FLEET_ROOT, WorkerStartError, ZygoteLink, zygote_env
+from fleet.runtime.zygote_link import FLEET_ROOT, WorkerStartError, ZygoteLink, zygote_env
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     import fleet
     print("fleet", fleet.__file__, flush=True)
     cfg = {"fleet": {"name": sys.argv[1], "profile": "serial"},
-           "roles": {"w": {"kind": "pooled", "handler": "fleet.examples:square", "slots": 1}}}
+           "roles": {"w": {"kind": "pooled", "handler": "fleet.api.examples:square", "slots": 1}}}
     with fleet.Fleet.from_config(cfg, env={}) as f:
         print("result", f.submit("w", 7).result(60), flush=True)
 """)

@@ -127,7 +127,7 @@ def main(argv=None) -> int:
 
 
 def storm(args) -> int:
-    from fleet.unit import RoleStopped
+    from fleet.rules.unit import RoleStopped
 
     role = {"kind": "pooled", "handler": "bench_handlers:echo_unit", "slots": 2, "peak_cpus": 1, "queue_bound": 10**6}
     cfg = {"fleet": {"name": f"storm-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": "pinned", "cpus": 2},

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .base import (
+from admission.store.base import (
     ADMITTED,
     CANCELLED,
     DENIED,
@@ -47,7 +47,7 @@ from .base import (
     StoreUnreachable,
     UnknownRequest,
 )
-from .closures import ClosureStoreUnreachable, StoreClosures
+from admission.store.closures import ClosureStoreUnreachable, StoreClosures
 
 
 def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
@@ -68,7 +68,7 @@ def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time
     if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)) or not 0 < call_timeout < 86400:
         raise BadRequest("call_timeout", f"must be seconds > 0 (less than a day), got {call_timeout!r}")
     if url.startswith("sqlite://"):
-        from .sqlite import SqliteStore, path_of
+        from admission.store.sqlite import SqliteStore, path_of
 
         try:
             path_of(url)
@@ -76,7 +76,7 @@ def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time
             raise BadRequest("url", str(exc)) from None
         return SqliteStore(url, actor, clock, busy_timeout=call_timeout, create=create)
     if url.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore
+        from admission.store.postgres import PostgresStore
 
         return PostgresStore(url, actor, clock, call_timeout=call_timeout, create=create)
     raise BadRequest("url", f"unknown store url {url!r}: want sqlite:///path or postgresql://...")

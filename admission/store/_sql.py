@@ -30,8 +30,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import rules
-from .base import (
+from admission.store import rules
+from admission.store.base import (
     ADMITTED,
     CANCELLED,
     DENIED,

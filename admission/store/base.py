@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from fleet.errors import EXIT_CONFIG, FleetError
+from fleet.rules.errors import EXIT_CONFIG, FleetError
 
 # ----------------------------------------------------------------------------- states
 

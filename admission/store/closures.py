@@ -21,7 +21,7 @@ from typing import Sequence
 
 from admission import state as T
 
-from .base import AdmissionStore, BadRequest, Closure, StoreUnreachable
+from admission.store.base import AdmissionStore, BadRequest, Closure, StoreUnreachable
 
 
 class ClosureStoreUnreachable(StoreUnreachable, OSError):

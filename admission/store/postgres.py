@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ._sql import (
+from admission.store._sql import (
     _BEATS_SQL,
     _RELEASE_SQL,
     _REQ_COLS,
@@ -26,7 +26,7 @@ from ._sql import (
     _queued_reason,
     _record,
 )
-from .base import SchemaMissing, StoreUnreachable
+from admission.store.base import SchemaMissing, StoreUnreachable
 
 PREFIXES = ("postgresql://", "postgres://")
 

@@ -40,7 +40,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from .base import (
+from admission.store.base import (
     ADMITTED,
     IDENTITY_FIELDS,
     QUEUED,

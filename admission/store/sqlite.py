@@ -13,8 +13,8 @@ import sqlite3
 import time
 from typing import Callable
 
-from ._sql import SqlStore
-from .base import StoreUnreachable
+from admission.store._sql import SqlStore
+from admission.store.base import StoreUnreachable
 
 PREFIX = "sqlite://"
 _NOT_A_STORE = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)

@@ -36,7 +36,7 @@ EXIT_CODES = f"""exit codes:
 
 
 def _modes(text: str) -> tuple[str, ...]:
-    from .trace import MODES
+    from fleet.burst.trace import MODES
 
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
     bad = [m for m in modes if m not in MODES]
@@ -46,7 +46,7 @@ def _modes(text: str) -> tuple[str, ...]:
 
 
 def _profiles(text: str) -> tuple[str, ...]:
-    from .trace import PROFILES
+    from fleet.burst.trace import PROFILES
 
     profiles = tuple(p.strip() for p in text.split(",") if p.strip())
     if not profiles or any(p not in PROFILES for p in profiles):
@@ -65,7 +65,7 @@ def _positive(text: str) -> float:
 
 
 def _speed(text: str) -> float:
-    from .trace import SPEEDS
+    from fleet.burst.trace import SPEEDS
 
     v = _positive(text)
     if not SPEEDS[0] <= v <= SPEEDS[1]:
@@ -84,7 +84,7 @@ def _count(text: str) -> int:
 
 
 def _fleet_name(text: str) -> str:
-    from fleet.names import InvalidFleetName, validate_fleet_name
+    from fleet.rules.names import InvalidFleetName, validate_fleet_name
 
     try:
         return validate_fleet_name(text)
@@ -152,7 +152,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .stop import Stopped, on_signals
+    from fleet.burst.stop import Stopped, on_signals
 
     args = parser().parse_args(argv)
     try:
@@ -166,12 +166,12 @@ def main(argv=None) -> int:
 
 
 def _replay(args) -> int:
-    from . import report as R
-    from .cpuquota import CpuQuotaUnavailable, check_available
-    from .replay import FleetFailed
-    from .runner import replay
-    from .simulator import SimulatorError
-    from .trace import TraceError, load
+    from fleet.burst import report as R
+    from fleet.burst.cpuquota import CpuQuotaUnavailable, check_available
+    from fleet.burst.replay import FleetFailed
+    from fleet.burst.runner import replay
+    from fleet.burst.simulator import SimulatorError
+    from fleet.burst.trace import TraceError, load
 
     if args.cpu_quota is not None:
         try:
@@ -205,7 +205,7 @@ def _replay(args) -> int:
 
 
 def _record(args) -> int:
-    from .record import NoRecording, capture
+    from fleet.burst.record import NoRecording, capture
 
     try:
         n = capture(args.name, args.output, source=args.source, duration=args.duration, count=args.count,
@@ -219,7 +219,7 @@ def _record(args) -> int:
 
 
 def _show(args) -> int:
-    from . import report as R
+    from fleet.burst import report as R
 
     try:
         rep = R.load(args.report)

@@ -25,7 +25,7 @@ import os
 import random
 import sys
 
-from .trace import FORMAT, VERSION, Arrival, Route
+from fleet.burst.trace import FORMAT, VERSION, Arrival, Route
 
 
 def _write(path, header, arrivals):

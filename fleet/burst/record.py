@@ -43,7 +43,7 @@ import os
 import threading
 import time
 
-from .trace import FORMAT, VERSION
+from fleet.burst.trace import FORMAT, VERSION
 
 SHAPE_KEYS = ("route", "cpu_ms", "wait_ms", "latency_s", "severity", "parent", "after")
 POLL_S = 0.05
@@ -56,7 +56,7 @@ class NoRecording(Exception):
 
 def default_path(name: str) -> str:
     """The arrival log of fleet `name` when ``[record] path`` is not given."""
-    from fleet.control.paths import runtime_dir
+    from fleet.service.control.paths import runtime_dir
 
     return str(runtime_dir() / f"{name}.arrivals.jsonl")
 
@@ -191,7 +191,7 @@ def capture(name: str, output: str, *, source: str | None = None, duration: floa
 
     `on_ready` (optional) is called once reading has started at the log's end.
     """
-    from fleet.names import InvalidFleetName, validate_fleet_name
+    from fleet.rules.names import InvalidFleetName, validate_fleet_name
 
     try:
         validate_fleet_name(name)

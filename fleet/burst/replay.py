@@ -63,8 +63,8 @@ from dataclasses import dataclass, field
 
 import fleet
 
-from .clock import ReplayClock
-from .trace import Arrival, Header, Route, Trace
+from fleet.burst.clock import ReplayClock
+from fleet.burst.trace import Arrival, Header, Route, Trace
 
 SPIN_S = 0.0015  # the last stretch before an arrival is polled, not slept (timer slack)
 START_LEAD_S = 0.05  # trace time 0 is this far ahead of the start, so setting up costs no arrival lag

@@ -28,7 +28,7 @@ import json
 import math
 import os
 
-from ..files import read_regular
+from fleet.host.files import read_regular
 
 REPORT_VERSION = 1
 MAX_REPORT_BYTES = 1 << 30

@@ -4,12 +4,12 @@ from __future__ import annotations
 import random
 import sys
 
-from .clock import ReplayClock
-from .replay import Driver, FleetFailed, fleet_config, replay_name
-from .report import build, summarize
-from .simulator_process import SimulatorProcess
-from .stop import deferred
-from .trace import Trace
+from fleet.burst.clock import ReplayClock
+from fleet.burst.replay import Driver, FleetFailed, fleet_config, replay_name
+from fleet.burst.report import build, summarize
+from fleet.burst.simulator_process import SimulatorProcess
+from fleet.burst.stop import deferred
+from fleet.burst.trace import Trace
 
 SWITCH_INTERVAL_S = 0.0002
 
@@ -45,7 +45,7 @@ def replay(trace: Trace, *, modes=None, speed: float = 1.0, seed: int | None = N
     """
     if cpu_quota is None:
         return _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime, say)
-    from .cpuquota import cpu_quota as group
+    from fleet.burst.cpuquota import cpu_quota as group
 
     with group(cpu_quota) as info:
         rep = _replay(trace, modes, speed, seed, cap, profiles, name, progress, realtime, say)

@@ -44,8 +44,8 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .clock import ReplayClock
-from .trace import Header, Key, Latency, Pool
+from fleet.burst.clock import ReplayClock
+from fleet.burst.trace import Header, Key, Latency, Pool
 
 DEFAULT_LATENCY = Latency(median_s=6.0, sigma=0.35, load=((1, 1.0), (5, 1.25), (20, 2.0)))
 DEFAULT_K = 12

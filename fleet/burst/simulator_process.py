@@ -28,9 +28,9 @@ import subprocess
 import sys
 import threading
 
-from .clock import ReplayClock
-from .simulator import SimulatorError
-from .trace import Header
+from fleet.burst.clock import ReplayClock
+from fleet.burst.simulator import SimulatorError
+from fleet.burst.trace import Header
 
 START_S = 30.0
 STOP_S = 10.0
@@ -137,8 +137,8 @@ def _serve() -> int:
     """The child: serve the simulator until stdin ends."""
     import signal
 
-    from .simulator import ProviderSimulator
-    from .trace import parse_header
+    from fleet.burst.simulator import ProviderSimulator
+    from fleet.burst.trace import parse_header
 
     # Ctrl-C reaches the whole process group: the replay stops on it and then closes our stdin
     signal.signal(signal.SIGINT, signal.SIG_IGN)

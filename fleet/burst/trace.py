@@ -66,7 +66,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from ..files import read_regular
+from fleet.host.files import read_regular
 
 FORMAT = "fleet-burst-trace"
 VERSION = 1
@@ -81,7 +81,7 @@ SPEEDS = (1e-3, 1e6)  # trace seconds per real second: the replay's waits stay w
 MAX_TRACE_BYTES = 512 << 20
 _SHOWN = 60  # characters of a bad value quoted in a message
 
-_ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,30}$")  # fleet.roles' role-name rule, checked at parse time
+_ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,30}$")  # fleet.rules.roles' role-name rule, checked at parse time
 _SEVERITIES = (None, "red-main", "B", "H", "M", "L")
 _HEADER_KEYS = {"format", "version", "name", "start", "seed", "horizon_s", "modes", "cap", "profiles", "pools",
                 "keys", "lanes", "admission", "speed"}

@@ -1,14 +1,14 @@
 """Pieces every fleetctl subcommand shares: picking the fleet, reaching its daemon.
 
 Kept light: `fleetctl status` imports it too and must start fast, so the control
-protocol (fleet.control) is imported only by the commands that use the socket.
+protocol (fleet.service.control) is imported only by the commands that use the socket.
 """
 from __future__ import annotations
 
 import json
 import os
 
-from ..errors import EXIT_OK, EXIT_USAGE, FleetError
+from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError
 
 
 class NameConflict(FleetError):
@@ -23,7 +23,7 @@ class NameNotApplicable(FleetError):
     exit_code = EXIT_USAGE
 
 #: The fleet a command talks to when neither --name nor FLEET_NAME says otherwise:
-#: the name a config without ``[fleet] name`` gets (fleet.config.FleetConfig.name;
+#: the name a config without ``[fleet] name`` gets (fleet.runtime.config.FleetConfig.name;
 #: a test keeps the two equal, so status need not import the config module).
 DEFAULT_NAME = "fleet"
 
@@ -75,7 +75,7 @@ def uid_argument(text: str) -> int:
     import pwd
 
     if text.isdigit():
-        from ..trust import MAX_UID
+        from fleet.host.trust import MAX_UID
 
         if int(text) <= MAX_UID:
             return int(text)
@@ -105,9 +105,9 @@ def merge_names(args) -> str | None:
     Sets ``args.name`` to it. Raises:
         NameConflict: --name before and after the command disagree.
         NameNotApplicable: --name given to a command that addresses no fleet.
-        InvalidFleetName: the name breaks the fleet-name rule (fleet.names).
+        InvalidFleetName: the name breaks the fleet-name rule (fleet.rules.names).
     """
-    from ..names import InvalidFleetName, validate_fleet_name
+    from fleet.rules.names import InvalidFleetName, validate_fleet_name
 
     before = getattr(args, GLOBAL_NAME_DEST, None)
     takes_name = hasattr(args, "name")
@@ -135,7 +135,7 @@ def fleet_name(args, env=None) -> str:
     """
     if args.name:
         return args.name
-    from ..names import InvalidFleetName, validate_fleet_name
+    from fleet.rules.names import InvalidFleetName, validate_fleet_name
 
     name = default_name(env)
     try:
@@ -147,7 +147,7 @@ def fleet_name(args, env=None) -> str:
 def client(args, timeout: float = 30.0):
     """A `ControlClient` for the chosen fleet; raises NotRunning (exit 69) when it has no
     socket, UntrustedPeer (exit 85) when it belongs to a uid not trusted (--trust-uid)."""
-    from ..control.client import ControlClient
+    from fleet.service.control.client import ControlClient
 
     return ControlClient.for_fleet(fleet_name(args), timeout=timeout, trust_uids=getattr(args, "trust_uids", ()) or ())
 
@@ -155,10 +155,10 @@ def client(args, timeout: float = 30.0):
 def call_and_print(args, op: str, **op_args) -> int:
     """Run ``op`` on the chosen fleet's daemon and print its reply (JSON with ``--json``).
 
-    The op's client half (`fleet.control.Op.format`) renders the reply, so each
+    The op's client half (`fleet.service.control.Op.format`) renders the reply, so each
     command's wording lives beside its wire format.
     """
-    from ..control.ops import OPS
+    from fleet.service.control.ops import OPS
 
     with client(args) as c:
         result = c.call(op, **op_args)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
-from ..errors import EXIT_USAGE, FleetError
+from fleet.rules.errors import EXIT_USAGE, FleetError
 
 STORE_ENV = "FLEET_STORE__URL"
 

@@ -21,8 +21,8 @@ import re
 import sys
 import time
 
-from ..errors import EXIT_OK, EXIT_USAGE, FleetError
-from ._common import add_name_argument, client
+from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError
+from fleet.cli._common import add_name_argument, client
 
 NAME = "admission"
 HELP = "Show the provider admission's bulkheads, closures and starving list; close or reopen a provider or key."
@@ -107,7 +107,7 @@ def utc(epoch) -> str:
 
 
 def render(doc: dict) -> str:
-    from .cmd_status import _table, render_admission, render_bulkheads
+    from fleet.cli.cmd_status import _table, render_admission, render_bulkheads
 
     lines = render_bulkheads(doc.get("bulkheads", [])) or ["bulkheads none yet (no unit has asked for a provider)"]
     lanes = [(_dash(r["lane"]), r["pool"], str(r["running"]), str(r["waiting"]), str(r["delegated"]),

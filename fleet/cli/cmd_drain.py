@@ -1,7 +1,7 @@
 """fleetctl drain: stop the fleet taking new units; what is in flight finishes."""
 from __future__ import annotations
 
-from ._common import add_name_argument, call_and_print
+from fleet.cli._common import add_name_argument, call_and_print
 
 NAME = "drain"
 HELP = "Stop taking new units; in-flight units finish (undo with `fleetctl resume`)."

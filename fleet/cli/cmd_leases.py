@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import EXIT_OK
-from ._store import add_store_argument, open_for_operator
+from fleet.rules.errors import EXIT_OK
+from fleet.cli._store import add_store_argument, open_for_operator
 
 NAME = "leases"
 HELP = ("List the host-group store's admitted and queued requests with effective priority and lease expiry, "

@@ -6,14 +6,14 @@ import json
 import math
 import sys
 
-from .. import cgroup
-from ..budget import json_number
-from ..config import load_config
-from ..errors import EXIT_OK
-from ..plan import PROFILES, resolve
-from ..processes import describe, role_processes
-from ..roles import RoleSet
-from .. import seats
+from fleet.host import cgroup
+from fleet.rules.budget import json_number
+from fleet.runtime.config import load_config
+from fleet.rules.errors import EXIT_OK
+from fleet.rules.plan import PROFILES, resolve
+from fleet.rules.processes import describe, role_processes
+from fleet.rules.roles import RoleSet
+from fleet.rules import seats
 
 NAME = "plan"
 HELP = ("Show the tier plan, the CPU budget and the worker processes each role would run on for a quota "
@@ -52,7 +52,7 @@ def run(args) -> int:
 
 
 def plan_processes(plan, roles) -> list[dict]:
-    """The worker processes each role would run on under `plan` (`fleet.processes`).
+    """The worker processes each role would run on under `plan` (`fleet.rules.processes`).
     A dry run lays the seats out as if every declared role had a handler (the
     reference profile names none), on CPUs numbered 0..Q-1."""
     active = RoleSet(tuple(r if r.handler else dataclasses.replace(r, handler="dry.run:unit") for r in roles))

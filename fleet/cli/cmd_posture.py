@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import EXIT_OK, EXIT_USAGE, FleetError
-from ..posture import POLICY_KEYS, STICKY_CAUSES
-from ._common import add_name_argument, client
+from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError
+from fleet.rules.posture import POLICY_KEYS, STICKY_CAUSES
+from fleet.cli._common import add_name_argument, client
 
 NAME = "posture"
 HELP = "Show the cordon posture and its thresholds, retune them, or release a sticky cause on the running fleet."

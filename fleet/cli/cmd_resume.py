@@ -1,7 +1,7 @@
 """fleetctl resume: the fleet takes new units again after a drain."""
 from __future__ import annotations
 
-from ._common import add_name_argument, call_and_print
+from fleet.cli._common import add_name_argument, call_and_print
 
 NAME = "resume"
 HELP = "Take new units again after `fleetctl drain`."

@@ -1,6 +1,6 @@
 """fleetctl status: the live fleet, read straight from its shared-memory table.
 
-Gathering the status document is the runtime's (fleet.status: a lock-free table
+Gathering the status document is the runtime's (fleet.shm.status: a lock-free table
 snapshot plus /proc readings, pure `build`); this command chooses what to gather
 from its arguments and formats the document: `--json` prints it, `render` (pure)
 turns it into the human table.
@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import sys
 
-from ..budget import json_number
-from ..errors import EXIT_NOT_RUNNING, EXIT_OK, NotRunning
-from ..status import DELAY_SOURCES, SCHEDSTAT, TASKSTATS, gather, gather_projection
-from ._common import add_name_argument, fleet_name
+from fleet.rules.budget import json_number
+from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, NotRunning
+from fleet.shm.status import DELAY_SOURCES, SCHEDSTAT, TASKSTATS, gather, gather_projection
+from fleet.cli._common import add_name_argument, fleet_name
 
 NAME = "status"
 HELP = ("Show the fleet's plan, budget, slots, posture, ledger, queues and provider bulkheads (read from its table); "
@@ -68,7 +68,7 @@ def run(args) -> int:
 
 
 def _load_config(path):
-    from ..config import load_config  # only here: plain status must start fast
+    from fleet.runtime.config import load_config  # only here: plain status must start fast
 
     return load_config(path)
 
@@ -192,13 +192,13 @@ def render_budget(budget: dict | None) -> list[str]:
 
 def render_processes(rows) -> list[str]:
     """One line per role: its slots and the worker processes that run them."""
-    from ..processes import describe
+    from fleet.rules.processes import describe
 
     return [f"{'processes' if i == 0 else '':<10}{describe(row)}" for i, row in enumerate(rows or [])]
 
 
 def render_priority(prio: dict | None) -> list[str]:
-    """The nices the loop and the workers run at (fleet.priority)."""
+    """The nices the loop and the workers run at (fleet.host.priority)."""
     if not prio:
         return []
     return [f"{'priority':<10}loop at nice {prio['loop_nice']}, workers at nice {prio['worker_nice']}"

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import EXIT_OK
-from ._store import add_store_argument, open_for_operator
+from fleet.rules.errors import EXIT_OK
+from fleet.cli._store import add_store_argument, open_for_operator
 
 NAME = "store"
 HELP = "Check the host-group store (reachable, schema version, clock skew) or print its audit events."

@@ -6,11 +6,11 @@ fleet error becomes one line on stderr and its exit code.
 
 The fleet a command addresses: ``--name`` before or after the command (both given
 and different: refused, exit 2), else ``$FLEET_NAME``, else ``fleet``. The name is
-checked by the fleet-name rule (fleet.names); a bad one exits 2.
+checked by the fleet-name rule (fleet.rules.names); a bad one exits 2.
 
 Whom a command believes: a fleetd, table and socket directory of this uid or root,
 and of each ``--trust-uid`` (before or after the command); any other is refused
-with UntrustedPeer naming its uid, exit 85 (see fleet.trust).
+with UntrustedPeer naming its uid, exit 85 (see fleet.host.trust).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import argparse
 import importlib
 import sys
 
-from ..errors import EXIT_USAGE, FleetError
-from ._common import (
+from fleet.rules.errors import EXIT_USAGE, FleetError
+from fleet.cli._common import (
     GLOBAL_NAME_DEST,
     GLOBAL_VALUE_OPTIONS,
     NAME_PRECEDENCE,

@@ -2,7 +2,7 @@
 
     fleetd --config /etc/fleet/app.toml [--name app] [--grace 30] [--log-level info]
 
-See fleet.daemon for what it does and its signals. A boot refusal prints one line
+See fleet.service.daemon for what it does and its signals. A boot refusal prints one line
 on stderr (``fleetd: <ErrorType>: <what was wrong>``) and exits with the error's
 code: 78 invalid config, 82 the fleet is already running (the line names its pid),
 86 a segment under the fleet's name belongs to another uid (the line names it and
@@ -14,13 +14,13 @@ import argparse
 import logging
 import sys
 
-from ..errors import EXIT_FAILURE, EXIT_USAGE, FleetError
+from fleet.rules.errors import EXIT_FAILURE, EXIT_USAGE, FleetError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..daemon import DEFAULT_GRACE_S, DEFAULT_LINGER_S
+    from fleet.service.daemon import DEFAULT_GRACE_S, DEFAULT_LINGER_S
 
     parser = argparse.ArgumentParser(
         prog="fleetd",
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         # journald adds the time and the unit; keep a line short and greppable
         format="fleetd[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
-    from ..daemon import Daemon, Options
+    from fleet.service.daemon import Daemon, Options
 
     options = Options(config_path=args.config, name=args.name, grace_s=args.grace, linger_s=args.linger,
                       socket_group=_group(args.socket_group))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark `fleet.future.UnitFuture` against `concurrent.futures.Future`.
+"""Benchmark `fleet.runtime.future.UnitFuture` against `concurrent.futures.Future`.
 
     python tools/bench/future_bench.py [--json] [--n N] [--rounds R] [--threads T]
 
@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from fleet.future import UnitFuture
+from fleet.runtime.future import UnitFuture
 
 KINDS = {"unit": UnitFuture, "stdlib": cf.Future}
 

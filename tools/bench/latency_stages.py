@@ -27,7 +27,8 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fleet  # noqa: E402
-from fleet import dispatch, intake, supervisor  # noqa: E402
+from fleet.rules import dispatch
+from fleet.runtime import intake, supervisor  # noqa: E402
 
 STAGES = (
     ("caller: submit -> post", None, "post"),

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 
-from fleet.dataplane import DataSegment, unlink
+from fleet.shm.dataplane import DataSegment, unlink
 
 CTX = mp.get_context("fork")
 BATCH = 32  # pushes between notifies

@@ -30,10 +30,10 @@ import uuid
 import numpy as np
 from numba import njit
 
-from fleet import fsm
-from fleet.roles import REFERENCE_ROLES
-from fleet.table import SlotTable
-from fleet.table.kernels import apply_transition
+from fleet.rules import fsm
+from fleet.rules.roles import REFERENCE_ROLES
+from fleet.shm.table import SlotTable
+from fleet.shm.table.kernels import apply_transition
 
 LEASE, START, RELEASE, ANY = fsm.LEASE, fsm.START, fsm.RELEASE, fsm.ANY_ROLE
 ROLE = REFERENCE_ROLES.code("resolve")

@@ -1,0 +1,1 @@
+"""The faces a Python program uses: the embedded fleet (roles) and the executor."""

@@ -1,0 +1,231 @@
+"""The posture sampler: read a cgroup's cpu.stat on every tick and feed the posture;
+and the quota watcher: re-detect the quota, read CPU pressure, on the same ticks.
+
+The edge between the kernel and the pure posture rules: `tick()` reads the clock
+and the counters, hands plain numbers to `PostureOwner.observe`, and returns what
+changed. Clock, reader and wait are injected, so tests drive it tick by tick.
+
+A group whose cpu.stat reports no throttle counters (cgroup2 without the cpu
+controller) or cannot be read leaves the posture untouched: the sampler records
+why in `unavailable` and keeps trying, it never raises out of a tick.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from fleet.host import cgroup
+from fleet.rules import pressure, quota
+from fleet.host.cgroup import CgroupUnavailable, CpuStat
+from fleet.rules.posture import PostureOwner, Transition
+
+log = logging.getLogger("fleet.host.sampler")
+
+
+def monotonic_ms() -> int:
+    """The default clock: monotonic milliseconds."""
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What one tick saw: the time, the reading (None if unreadable) and any change."""
+
+    now_ms: int
+    stat: CpuStat | None
+    transition: Transition | None
+
+
+class Sampler:
+    """Reads throttle counters every `interval_s` and feeds a PostureOwner.
+
+    Args:
+        owner: the posture to feed.
+        read_stat: returns the group's current CpuStat (raises CgroupUnavailable).
+        clock: returns now in milliseconds (monotonic).
+        interval_s: time between ticks in `run`.
+    """
+
+    def __init__(
+        self,
+        owner: PostureOwner,
+        read_stat: Callable[[], CpuStat],
+        clock: Callable[[], int] = monotonic_ms,
+        interval_s: float = 0.25,
+    ):
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self.owner = owner
+        self._read = read_stat
+        self._clock = clock
+        self.interval_s = interval_s
+        self.unavailable: str | None = None
+
+    @classmethod
+    def for_cgroup(cls, owner: PostureOwner, path: str, version: int, root: str = "/", **kwargs) -> "Sampler":
+        """A sampler over the cgroup directory `path` (v1 or v2)."""
+        return cls(owner, lambda: cgroup.read_cpu_stat(path, version, root), **kwargs)
+
+    @classmethod
+    def for_self(cls, owner: PostureOwner, root: str = "/", **kwargs) -> "Sampler":
+        """A sampler over this process's own cpu cgroup, as `fleet.host.cgroup.locate` finds it."""
+        paths = cgroup.locate(root)
+        if paths.cpu is None:
+            reason = "; ".join(paths.reasons) or "no cpu cgroup"
+
+            def unavailable():
+                raise CgroupUnavailable(reason)
+
+            return cls(owner, unavailable, **kwargs)
+        return cls.for_cgroup(owner, paths.cpu.path, paths.cpu.version, root, **kwargs)
+
+    def tick(self) -> Tick:
+        """Read once and feed the posture. Never raises for a missing or partial cpu.stat."""
+        now = self._clock()
+        try:
+            stat = self._read()
+        except CgroupUnavailable as exc:
+            self.unavailable = str(exc)
+            return Tick(now, None, None)
+        if not stat.has_throttle:
+            self.unavailable = "cpu.stat has no throttle counters (no cpu controller on this group)"
+            return Tick(now, stat, None)
+        self.unavailable = None
+        return Tick(now, stat, self.owner.observe(now, stat.nr_throttled, stat.throttled_ns))
+
+    def run(self, stop: threading.Event, on_tick: Callable[[Tick], None] | None = None) -> None:
+        """Tick every `interval_s` until `stop` is set."""
+        while not stop.is_set():
+            result = self.tick()
+            if on_tick is not None:
+                on_tick(result)
+            stop.wait(self.interval_s)
+
+
+# --------------------------------------------------------------------------- quota and pressure
+
+#: How often the quota is re-detected (a pressure trigger wakes it sooner).
+QUOTA_EVERY_MS = 2000
+#: The PSI trigger: this much stall (µs) within the window (µs). Unprivileged
+#: processes may only use windows that are a multiple of 2 s (PLATFORM.md).
+PSI_STALL_US = 150_000
+PSI_WINDOW_US = 2_000_000
+
+
+class PressureInput:
+    """A PSI trigger on a cpu.pressure file, and the file's cumulative ``some`` total.
+
+    `cordon` says whether the file is the fleet's own group's (a cordon input) or the
+    host's (a wake-up for quota re-detection only). `poll` never blocks.
+    """
+
+    def __init__(self, path: str, cordon: bool, stall_us: int = PSI_STALL_US, window_us: int = PSI_WINDOW_US):
+        self.path, self.cordon = path, cordon
+        self.stall_us, self.window_us = stall_us, window_us
+        self._trigger = cgroup.PsiTrigger(path, stall_us, window_us)  # CgroupUnavailable if refused
+
+    @classmethod
+    def for_self(cls, root: str = "/") -> "PressureInput | None":
+        """The pressure input of this process (see `fleet.host.cgroup.pressure_file`); None
+        when the kernel has no PSI or refuses the trigger."""
+        path, own = cgroup.pressure_file(root)
+        if path is None:
+            return None
+        try:
+            return cls(path, own)
+        except CgroupUnavailable:
+            return None
+
+    def poll(self) -> tuple[bool, int | None]:
+        """(fired since the last poll, total µs stalled or None when unreadable)."""
+        try:
+            fired = self._trigger.wait(0)
+            total = cgroup.read_psi(self.path).some.total_us
+        except (CgroupUnavailable, ValueError, KeyError):
+            return False, None
+        return fired, total
+
+    def close(self) -> None:
+        self._trigger.close()
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one `QuotaWatcher.poll` found: a quota change, and a pressure HOLD/RELEASE."""
+
+    change: quota.Change | None = None
+    pressure: str | None = None
+
+
+class QuotaWatcher:
+    """Re-detects the quota every `every_ms` (at once when a pressure trigger fired) and
+    turns pressure readings into cordon holds; the rules are `fleet.rules.quota` and
+    `fleet.rules.pressure`, this is their edge. Clock, detection and pressure are injected.
+
+    Args:
+        booted: the Quota the fleet booted with (epoch 0).
+        detect: returns a `fleet.host.cgroup.CpuLimit` (raises OSError/CgroupUnavailable).
+        pressure_input: a `PressureInput`-like object (poll, cordon, stall_us,
+            window_us, path), or None.
+        arm_pressure: instead of `pressure_input`, a callable returning one (or None),
+            called at the first poll: a fleet arms its trigger once it has booted, so
+            the stalls of its own boot (imports, forks) do not cordon it.
+    """
+
+    def __init__(self, booted: quota.Quota, *, detect=cgroup.effective_cpus, clock=monotonic_ms,
+                 every_ms: int = QUOTA_EVERY_MS, pressure_input=None, arm_pressure=None):
+        self._detect, self._clock, self.every_ms = detect, clock, every_ms
+        self.state = quota.watch_initial(booted, clock(), every_ms)
+        self.pressure_input = pressure_input
+        self._arm = arm_pressure
+        self.pressure_state = pressure.PressureState()
+        self.unavailable: str | None = None
+
+    def describe(self) -> str:
+        """What is watched, for the boot log."""
+        text = f"quota re-detected every {self.every_ms / 1000:g} s"
+        p = self.pressure_input
+        if p is None:
+            return text + "; no CPU pressure input (no PSI, or the trigger was refused)"
+        if p.cordon:
+            return text + f"; CPU pressure on {p.path} cordons the fleet"
+        return text + f"; host-wide CPU pressure ({p.path}) wakes re-detection (no cordon input: not the fleet's own group)"
+
+    @property
+    def epoch(self) -> int:
+        return self.state.epoch
+
+    @property
+    def quota(self) -> quota.Quota:
+        return self.state.quota
+
+    def poll(self) -> Seen:
+        if self._arm is not None:
+            self.pressure_input, self._arm = self._arm(), None
+            log.info("%s", self.describe())
+        now = self._clock()
+        action, fired = None, False
+        if self.pressure_input is not None:
+            fired, total = self.pressure_input.poll()
+            if self.pressure_input.cordon:
+                p = self.pressure_input
+                self.pressure_state, action = pressure.observe(self.pressure_state, now, fired, total,
+                                                               p.stall_us, p.window_us)
+        if not quota.due(self.state, now, fired):
+            return Seen(None, action)
+        try:
+            limit = self._detect()
+            detected, source = limit.cpus, quota.detected_from(limit)
+            self.unavailable = None
+        except (OSError, CgroupUnavailable, ValueError) as exc:
+            detected, source = None, ""
+            self.unavailable = f"quota re-detection failed: {exc}"
+        self.state, change = quota.observe(self.state, now, self.every_ms, detected, source)
+        return Seen(change, action)
+
+    def close(self) -> None:
+        if self.pressure_input is not None:
+            self.pressure_input.close()

@@ -1,0 +1,486 @@
+"""FleetBudget: the one authority that bounds the sum of every consumer's CPU share.
+
+Every consumer declares (peak cores, threads); `FleetBudget.derive(Q)` lays them
+against a quota of Q CPUs and refuses, with a typed error listing every consumer,
+when they do not fit. Pure: no clocks, no files, no logging.
+
+The pinned projection (one process per seat, 002 §5):
+
+    reserve H        1                     fixed; fleetd itself must never starve
+    ambient I/O A    max(1, floor(Q/4))    pump, dispatch, delivery threads
+    fixed roles      their declared peak   whole cores (resolve 1, merge 1)
+    undeclared       one core per slot     a CPU-bound role that declares no peak:
+                                           capped by the whole cores left after the
+                                           rows above, the I/O roles' whole cores and
+                                           the elastic role's minimum; at least 1
+    elastic role S   floor(Q) - the above  the first keyed role (solver); S >= 2
+    I/O-dominant     Q - integer shares    the fractional remainder only (simdriver)
+
+At Q = 8 this gives 1 / 2 / 1 / 1 / 3 (6 pins) / remainder 0, sum 8: the worked
+table. The reference writes A = max(1, floor((Q - H)/4)), which is 1 at Q = 8 and
+would give S = 4; its worked table (the signed-off test vector) says A = 2 and S = 3.
+We keep the table: floor(Q/4) reproduces it, equals floor((Q - H + 1)/4) for H = 1,
+and keeps the smallest quota with S >= 2 at 6 CPUs, which is where the tier table
+(002 §14) starts the pinned tier. Pins are threads, shares are cores: the keyed role
+keeps its declared slots as pins, and at most min(S, pins) of its units run at once
+(`admit`).
+
+A CPU-bound role that declares no peak is read the way users read `slots`: as how
+many of its units should run at once. Its share is its slots, capped by the cores the
+quota has left (several such roles take turns, one core at a time, in declaration
+order), so `slots = 4` gets 4 worker processes on a host with 4 spare cores and 2 on
+one with 2. It never squeezes a declared share or the elastic role below its minimum:
+with no core left it asks for 1 and the sum check decides (a small host runs serial).
+
+Integer shares sum against floor(Q). The remainder (the 0.5 of 4.5, plus any whole
+cores no keyed role absorbs) is spendable only by I/O-dominant roles, split evenly
+among them; with none declared it is reported as `unallocated`.
+
+Small quotas. "S >= 2 or fail" is a rule of the pinned projection: below 6 CPUs there
+is no room for two concurrent keyed walks beside the reserve, the ambient runtime
+and the fixed roles, so `derive(binding="pinned")` raises
+QuotaTooSmallForPinnedRoles. The tier plan (002 §14) then runs such hosts *serial*:
+one seat (`serial-0`) runs every granted unit in grant order, so the roles become
+logical lanes on one thread and their per-role shares (and S >= 2) do not apply.
+The serial projection is
+
+    reserve H        1
+    ambient I/O A    max(1, floor(Q/4)), but at most floor(Q) - H - 1
+    serial-0         1 core, 1 thread, every role's lane (I/O-dominant ones too)
+    remainder        unallocated headroom: no other thread runs fleet units
+
+At Q = 2 the default ambient runtime folds into the reserve core (A = 0 cores,
+still 1 thread): a 2-CPU host runs fleetd plus one worker seat, which is the least
+that can run anything. Below 2 CPUs nothing fits: BelowHostFloor.
+
+Overrides (`[budget]` in config, `FLEET_BUDGET__*` in the environment) are terminal:
+the configured value wins, the share is marked `overridden` (with the value the rule
+would have given) so boot can log it, and it takes part in the same sum check. A
+forced pinned profile on a small host passes `oversubscribe=True`: shares keep their
+floors, the sum exceeds the quota, and the budget says so instead of refusing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from fleet.rules.errors import (
+    EXIT_BELOW_HOST_FLOOR,
+    EXIT_BUDGET_OVER_QUOTA,
+    EXIT_QUOTA_TOO_SMALL,
+    BootRefused,
+    ConfigError,
+)
+from fleet.rules.ranges import config_range
+from fleet.rules.roles import REFERENCE_ROLES, RoleSet
+
+PINNED = "pinned"
+SERIAL = "serial"
+BINDINGS = (PINNED, SERIAL)
+
+#: No tier can host the fleet below this many CPUs (fleetd + one worker seat).
+HOST_FLOOR_CPUS = 2
+#: Default least share of the elastic keyed role under the pinned binding.
+PINNED_MIN = 2
+#: The whole cores an I/O-dominant role that declares no share counts for.
+IO_DEFAULT_PEAK = 1.0
+#: Largest quota the floor search tries; far beyond any real host.
+_FLOOR_SEARCH_LIMIT = 4096
+
+
+# --- typed refusals ---------------------------------------------------------------
+
+
+class BelowHostFloor(BootRefused):
+    """Fewer than 2 CPUs: no tier can host the fleet."""
+
+    exit_code = EXIT_BELOW_HOST_FLOOR
+
+    def __init__(self, quota: float):
+        self.quota = quota
+        super().__init__(
+            f"quota {_fmt(quota)} CPUs is below the host floor of {HOST_FLOOR_CPUS}: "
+            "no tier can host fleetd and a worker seat"
+        )
+
+
+class QuotaTooSmallForPinnedRoles(BootRefused):
+    """The pinned projection leaves the elastic keyed role below its minimum."""
+
+    exit_code = EXIT_QUOTA_TOO_SMALL
+
+    def __init__(self, quota, role, cores, minimum, shares, floor_cpus=None):
+        self.quota, self.role, self.cores, self.minimum = quota, role, cores, minimum
+        self.shares = tuple(shares)
+        self.floor_cpus = floor_cpus
+        floor = f"; the pinned floor is {floor_cpus} CPUs" if floor_cpus else ""
+        super().__init__(
+            f"quota {_fmt(quota)} CPUs leaves {role} {_fmt(cores)} cores, below its minimum of "
+            f"{minimum} ({_list(shares)}){floor}"
+        )
+
+
+class BudgetOverQuota(BootRefused):
+    """Declared or overridden shares add up to more than the quota."""
+
+    exit_code = EXIT_BUDGET_OVER_QUOTA
+
+    def __init__(self, quota, total, shares):
+        self.quota, self.total, self.shares = quota, total, tuple(shares)
+        super().__init__(f"declared shares sum to {_fmt(total)} cores over a quota of {_fmt(quota)}: {_list(shares)}")
+
+
+def _fmt(x) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _list(shares) -> str:
+    return ", ".join(f"{name} {_fmt(cores)}" for name, cores in shares)
+
+
+# --- overrides ----------------------------------------------------------------------
+
+
+def _in_range(where, key, value):
+    """`value` if it is in the range fleet.rules.ranges gives ``budget.<key>``, else ConfigError."""
+    why = config_range(f"budget.{key}").problem(value)
+    if why:
+        raise ConfigError(f"{where}.{key}", why)
+    return value
+
+
+@dataclass(frozen=True)
+class BudgetOverrides:
+    """Terminal overrides of the budget rules (None: the rule decides).
+
+    Args:
+        reserve: reserve cores H.
+        ambient_io: ambient I/O cores (and threads) A.
+        pinned_min: least share of the elastic keyed role in the pinned projection.
+        roles: role name -> cores, replacing the role's declared peak (for the
+            elastic role, replacing S).
+    """
+
+    reserve: int | None = None
+    ambient_io: int | None = None
+    pinned_min: int | None = None
+    roles: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def from_mapping(cls, data, where: str = "budget") -> "BudgetOverrides":
+        """Build from a ``[budget]`` table; a bad value raises ConfigError naming its key."""
+        data = dict(data or {})
+        kwargs = {}
+        for key in ("reserve", "ambient_io", "pinned_min"):
+            if key in data and data[key] is not None:
+                kwargs[key] = _in_range(where, key, data.pop(key))
+            else:
+                data.pop(key, None)
+        roles = {name: _in_range(where, name, value) for name, value in data.items()}  # role shares, in cores
+        return cls(roles=MappingProxyType(roles), **kwargs)
+
+    def check_roles(self, roles: RoleSet, where: str = "budget") -> None:
+        """Raise ConfigError for an override naming a role that is not declared."""
+        for name in self.roles:
+            if name not in roles:
+                raise ConfigError(
+                    f"{where}.{name}",
+                    f"not a budget key or a declared role; keys: reserve, ambient_io, pinned_min, "
+                    f"{', '.join(roles.names)}",
+                )
+
+    def as_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in ("reserve", "ambient_io", "pinned_min") if getattr(self, k) is not None}
+        out.update(self.roles)
+        return out
+
+
+NO_OVERRIDES = BudgetOverrides()
+
+
+# --- the table ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Share:
+    """One consumer's row: its cores, its threads (None: not a thread pool) and why.
+
+    `kind` is one of reserve, ambient, fixed, elastic, io, seat. `admit` is how many
+    units of an elastic role may run at once (its cores); `lanes` lists the roles a
+    serial seat runs; `default` is what the rule would have given an overridden row.
+    """
+
+    name: str
+    cores: float
+    threads: int | None
+    kind: str
+    rule: str
+    overridden: bool = False
+    default: float | None = None
+    admit: int | None = None
+    lanes: tuple[str, ...] = ()
+
+    def rule_gives(self) -> str:
+        """What the rule would have given an overridden row, in words."""
+        if self.default is None:
+            return "its share would follow its slots"
+        return f"rule gives {json_number(self.default)}"
+
+    def to_dict(self) -> dict:
+        out = {
+            "name": self.name,
+            "cores": json_number(self.cores),
+            "threads": self.threads,
+            "kind": self.kind,
+            "rule": self.rule,
+            "overridden": self.overridden,
+        }
+        if self.overridden:
+            out["default"] = json_number(self.default)
+        if self.admit is not None:
+            out["admit"] = self.admit
+        if self.lanes:
+            out["lanes"] = list(self.lanes)
+        return out
+
+
+def json_number(x):
+    """A number for JSON: whole values as int (8, not 8.0), others rounded to 6 places."""
+    if x is None:
+        return None
+    x = round(float(x), 6)
+    return int(x) if x.is_integer() else x
+
+
+@dataclass(frozen=True)
+class FleetBudget:
+    """The shares table for one quota and binding. Build it with `FleetBudget.derive`."""
+
+    quota_cpus: float
+    binding: str
+    consumers: tuple[Share, ...]
+    zero_share: tuple[str, ...] = ()
+    unallocated: float = 0.0
+    oversubscribed: bool = False
+
+    @property
+    def total(self) -> float:
+        """Sum of every consumer's cores (equals the quota unless unallocated or oversubscribed)."""
+        return round(sum(s.cores for s in self.consumers), 6)
+
+    def share(self, name: str) -> Share:
+        """The row named `name`; KeyError if there is none."""
+        for s in self.consumers:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def overrides(self) -> tuple[Share, ...]:
+        """Rows whose value came from an override (boot logs each one)."""
+        return tuple(s for s in self.consumers if s.overridden)
+
+    def to_dict(self) -> dict:
+        return {
+            "binding": self.binding,
+            "quota_cpus": json_number(self.quota_cpus),
+            "consumers": [s.to_dict() for s in self.consumers],
+            "sum": json_number(self.total),
+            "unallocated": json_number(self.unallocated),
+            "oversubscribed": self.oversubscribed,
+            "zero_share": list(self.zero_share),
+        }
+
+    @classmethod
+    def derive(
+        cls,
+        quota: float,
+        roles: RoleSet = REFERENCE_ROLES,
+        overrides: BudgetOverrides = NO_OVERRIDES,
+        binding: str = PINNED,
+        oversubscribe: bool = False,
+    ) -> "FleetBudget":
+        """Lay every consumer against `quota` CPUs.
+
+        Args:
+            quota: effective CPUs (may be fractional).
+            roles: the declared roles (the reference profile by default).
+            overrides: terminal overrides from config or environment.
+            binding: ``pinned`` or ``serial`` (see the module docstring).
+            oversubscribe: a forced profile: keep floors and mark the excess
+                instead of refusing.
+        Raises:
+            BelowHostFloor: quota < 2.
+            QuotaTooSmallForPinnedRoles: pinned, and the elastic role gets < its minimum.
+            BudgetOverQuota: integer shares sum beyond floor(quota).
+            ConfigError: a bad quota, binding, or an override naming no declared role.
+        """
+        if isinstance(quota, bool) or not isinstance(quota, (int, float)) or not math.isfinite(quota) or quota <= 0:
+            raise ConfigError("fleet.cpus", f"quota must be a finite number of CPUs > 0, got {quota!r}")
+        if binding not in BINDINGS:
+            raise ConfigError("fleet.profile", f"unknown binding {binding!r}; one of {', '.join(BINDINGS)}")
+        if quota < HOST_FLOOR_CPUS:
+            raise BelowHostFloor(quota)
+        overrides.check_roles(roles)
+        build = _derive_pinned if binding == PINNED else _derive_serial
+        return build(float(quota), roles, overrides, oversubscribe)
+
+
+# --- the two projections ------------------------------------------------------------------
+
+
+def _reserve(ov: BudgetOverrides) -> Share:
+    if ov.reserve is not None:
+        return Share("reserve", ov.reserve, None, "reserve", "override", True, 1)
+    return Share("reserve", 1, None, "reserve", "fixed: fleetd must never starve I/O")
+
+
+def _ambient(quota: float, ov: BudgetOverrides, cap: int | None = None) -> Share:
+    rule_value = max(1, math.floor(quota / 4))
+    if ov.ambient_io is not None:
+        return Share("ambient_io", ov.ambient_io, max(1, ov.ambient_io), "ambient", "override", True, rule_value)
+    if cap is not None and rule_value > cap:
+        return Share("ambient_io", max(0, cap), 1, "ambient", "max(1, floor(Q/4)), folded into the reserve core")
+    return Share("ambient_io", rule_value, rule_value, "ambient", "max(1, floor(Q/4))")
+
+
+def _elastic_role(roles: RoleSet):
+    return next((r for r in roles if r.kind == "pinned"), None)
+
+
+def _role_share(role, ov: BudgetOverrides) -> Share:
+    """A fixed (non-elastic, non-I/O) role's whole-core share."""
+    if role.name in ov.roles:
+        value = ov.roles[role.name]
+        if not float(value).is_integer():
+            raise ConfigError(f"budget.{role.name}", f"a CPU-bound role takes whole cores, got {value!r}")
+        return Share(role.name, int(value), role.slots, "fixed", "override", True, role.peak_cpus)
+    if not float(role.peak_cpus).is_integer():
+        raise ConfigError(f"roles.{role.name}.peak_cpus", f"a CPU-bound role takes whole cores, got {role.peak_cpus!r}")
+    return Share(role.name, int(role.peak_cpus), role.slots, "fixed", "declared peak")
+
+
+def _io_whole(role, ov: BudgetOverrides) -> tuple[int, bool]:
+    value = ov.roles.get(role.name, role.peak_cpus if role.declares_share else IO_DEFAULT_PEAK)
+    return math.floor(value), role.name in ov.roles
+
+
+def _follows_slots(role, ov: BudgetOverrides) -> bool:
+    """A CPU-bound role that declares no share and has no override: its share is derived."""
+    return not role.declares_share and role.name not in ov.roles
+
+
+def _slot_shares(roles, room: int) -> list[Share]:
+    """Shares of the roles whose share follows their slots: one core per slot, capped by
+    the `room` the quota has left. Every role gets one core first (a CPU-bound role
+    needs one to run at all; if the room has fewer, the sum check refuses, as it would
+    a declared 1); the rest of the room is dealt one core at a time, round-robin in
+    declaration order, until each role has its slots or the room is spent."""
+    cores = {r.name: 1 for r in roles}
+    spare = room - len(roles)
+    while spare > 0:
+        wanting = [r for r in roles if cores[r.name] < r.slots]
+        if not wanting:
+            break
+        for role in wanting[:spare]:
+            cores[role.name] += 1
+        spare -= min(spare, len(wanting))
+    rule = f"its slots, capped by the {max(0, room)} cores left"
+    return [Share(r.name, cores[r.name], r.slots, "fixed", rule) for r in roles]
+
+
+def _derive_pinned(quota, roles, ov, oversubscribe, find_floor=True):
+    whole = math.floor(quota)
+    rows = [_reserve(ov), _ambient(quota, ov)]
+    elastic = _elastic_role(roles)
+    io_roles = [r for r in roles if r.io_bound]
+    zero, by_slots, fixed = [], [], {}
+    for role in roles:
+        if role is elastic or role.io_bound:
+            continue
+        if role.peak_cpus == 0 and role.name not in ov.roles:
+            zero.append(role.name)
+        elif _follows_slots(role, ov):
+            by_slots.append(role)
+        else:
+            fixed[role.name] = _role_share(role, ov)
+    io_whole = sum(_io_whole(r, ov)[0] for r in io_roles)
+    if by_slots:
+        # What is left once every declared consumer, and the elastic role's least
+        # share, has its cores: shares that follow slots never squeeze a declared one.
+        room = whole - sum(s.cores for s in rows) - sum(s.cores for s in fixed.values()) - io_whole
+        if elastic is not None:
+            room -= _elastic_reservation(elastic, ov)
+        fixed.update((s.name, s) for s in _slot_shares(by_slots, room))
+    rows += [fixed[r.name] for r in roles if r.name in fixed]  # declaration order
+    used = sum(s.cores for s in rows) + io_whole
+    if elastic is not None:
+        floor = (lambda: pinned_floor(roles, ov)) if find_floor else (lambda: None)
+        io_listed = [(r.name, _io_whole(r, ov)[0]) for r in io_roles]
+        rows.append(_elastic_share(quota, whole - used, elastic, ov, rows, io_listed, oversubscribe, floor))
+    return _finish(quota, PINNED, rows, io_roles, ov, zero, oversubscribe)
+
+
+def _elastic_reservation(role, ov: BudgetOverrides) -> int:
+    """The cores the elastic role keeps before shares that follow slots are dealt."""
+    if role.name in ov.roles:
+        return int(ov.roles[role.name])
+    return ov.pinned_min if ov.pinned_min is not None else PINNED_MIN
+
+
+def _elastic_share(quota, left, role, ov, rows, io_listed, oversubscribe, floor):
+    minimum = ov.pinned_min if ov.pinned_min is not None else PINNED_MIN
+    if role.name in ov.roles:
+        cores = _role_share(role, ov).cores
+        share = Share(role.name, cores, role.slots, "elastic", "override", True, left, admit=min(cores, role.slots))
+    else:
+        share = Share(role.name, left, role.slots, "elastic", "floor(Q) - reserve - ambient - fixed",
+                      admit=min(left, role.slots))
+    if share.cores < minimum:
+        if not oversubscribe:
+            listed = [(s.name, s.cores) for s in rows] + [(share.name, share.cores)] + io_listed
+            raise QuotaTooSmallForPinnedRoles(quota, role.name, share.cores, minimum, listed, floor())
+        share = Share(role.name, minimum, role.slots, "elastic", f"pinned minimum {minimum} (oversubscribed)",
+                      share.overridden, share.default, admit=min(minimum, role.slots))
+    return share
+
+
+def _derive_serial(quota, roles, ov, oversubscribe):
+    whole = math.floor(quota)
+    reserve = _reserve(ov)
+    rows = [reserve, _ambient(quota, ov, cap=whole - reserve.cores - 1)]
+    lanes = tuple(r.name for r in roles)
+    rows.append(Share("serial-0", 1, 1, "seat", "one seat runs every granted unit in grant order", lanes=lanes))
+    # I/O-dominant roles are lanes of serial-0 too: nothing else runs their units,
+    # so the remainder stays unallocated headroom rather than a share nobody uses.
+    return _finish(quota, SERIAL, rows, (), ov, (), oversubscribe)
+
+
+def _finish(quota, binding, rows, io_roles, ov, zero, oversubscribe):
+    """Check the integer sum, then hand the remainder to the I/O-dominant roles."""
+    whole = math.floor(quota)
+    io_fixed = {r.name: _io_whole(r, ov) for r in io_roles} if binding == PINNED else {}
+    integer_sum = sum(s.cores for s in rows) + sum(w for w, _ in io_fixed.values())
+    over = integer_sum > whole
+    if over and not oversubscribe:
+        listed = [(s.name, s.cores) for s in rows] + [(n, w) for n, (w, _) in io_fixed.items()]
+        raise BudgetOverQuota(quota, integer_sum, listed)
+    remainder = max(0.0, round(quota - integer_sum, 6))
+    unallocated = remainder if not io_roles else 0.0
+    for role in io_roles:
+        base, overridden = io_fixed.get(role.name, (0, False))
+        cores = round(base + remainder / len(io_roles), 6)
+        rows.append(Share(role.name, cores, role.slots, "io", "remainder only; I/O-dominant", overridden,
+                          role.peak_cpus if overridden else None))
+    return FleetBudget(quota, binding, tuple(rows), tuple(zero), unallocated, over)
+
+
+def pinned_floor(roles: RoleSet = REFERENCE_ROLES, overrides: BudgetOverrides = NO_OVERRIDES) -> int | None:
+    """The least whole number of CPUs on which the pinned projection fits (None: none does)."""
+    for cpus in range(HOST_FLOOR_CPUS, _FLOOR_SEARCH_LIMIT + 1):
+        try:
+            _derive_pinned(float(cpus), roles, overrides, False, find_floor=False)
+            return cpus
+        except (QuotaTooSmallForPinnedRoles, BudgetOverQuota):
+            continue
+    return None

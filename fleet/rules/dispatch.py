@@ -1,0 +1,728 @@
+"""The dispatcher: per-role bounded queues, grants in precedence order, pins by key.
+
+Pure bookkeeping, no I/O: the supervisor feeds it units, posture and completions,
+and carries out the grants it returns (slot transitions on the shared table, then
+a message to the slot's seat).
+
+Rules:
+* Precedence between roles (002 §4): pinned keyed roles and singletons first, then
+  pooled roles that are floored under cordon (sim-like), then other pooled roles
+  (resolve-like), deferrable background roles last; declaration order breaks ties.
+  Inside a role: higher priority first, then submit order.
+* Slots switch roles (002 §3.4). A slot is not a role's for life: an Idle slot of a
+  seat the role may use (`fleet.rules.seats`: the seats whose CPU share the role's is) is
+  leased (T1, the slot word's role field set to the granted role) for whichever
+  role's unit is granted next, and goes back to Idle after it (T5). A role holds at
+  most its budget count of slots at once (its `slots`: pooled slots with a unit in
+  flight, and claimed pins); this module is where that count is kept and checked.
+  An Idle slot goes back to the role it last served when that role asks (its warm
+  state), else the slot that went Idle last is taken; the table counts each lease
+  for another role than the last as a role switch (status shows it per slot).
+* A pooled unit takes an Idle slot within its role's count: the grant is LEASE (T1)
+  and the worker STARTs it (T2); the slot is Idle again after the unit (T5).
+* Seats stay fed (the role's `lookahead`, default 16). With no Idle slot left for it,
+  a pooled role's next unit is sent to a slot it holds that runs one already, to wait
+  on the seat's ring behind it: the worker, once the slot is Idle again (T5), LEASEs
+  it (T1) and STARTs it (T2) itself (start event LEASE: both, in one kernel call), so
+  the slot walks the FSM for every unit as before and the seat starts its next unit
+  without a round trip through the supervisor. The slot stays the role's until its
+  last unit ends; it counts once against the role's count. The shallowest slot takes
+  the next, and only while the role's queue holds at least as many units as every
+  slot of the role would then have waiting: a unit sent ahead waits behind the
+  slot's others, and with a shorter queue a slot that frees elsewhere could have
+  started it sooner. A seat that runs its
+  units one after another needs one unit waiting, not one per slot: a role with two
+  or more slots per seat has that already, so only an I/O-bound role, or one with a
+  slot per seat (``slots`` = its processes), sends ahead.
+* A keyed unit goes to the slot pinned to its key, behind whatever that pin already
+  has in flight (at most `pin_depth`), and RESUMEs it (T6); units of one key keep
+  their order. A pinned slot keeps its role and key: no other role or key is
+  granted it until it is released (T9). A key without a pin claims an Idle slot
+  within the role's count (LEASE with the key, then START). With none (every pin of
+  the role taken) the key waits for an epoch boundary to release a pin — unless the
+  role opted in to `elastic_repin`: then the least recently used pin that has
+  nothing in flight is re-keyed (UNPIN T9 then LEASE T1, release before re-lease),
+  and counted (`repins`). A singleton is a keyed role with one slot and one key.
+* Epochs (002 §3.4): at a quota change or a config reload `begin_epoch` marks every
+  pin held; a held pin takes no new unit, and is released (T9) once it has nothing
+  in flight: by the next unit of its key (UNPIN then LEASE on the same slot: release
+  before re-lease) or by `take_idle_stale_pins`, whose caller applies the UNPIN.
+* A pin drained at cordon onset (T7, T8) ends Idle with units still sent to it: their
+  RESUME is refused, and they come back (`requeue`) to the head of their key's
+  queue, in submit order, to be granted anew (a new pin) when posture allows. The
+  drained slot takes nothing new, and its key is granted nothing, until every one of
+  them is back.
+* A seat whose worker died (`seat_lost`) holds nothing any more: its slots, pins and
+  units are forgotten, and it says what it owed in grant order. Its owner decides what
+  the death means for each (`fleet.runtime.deaths`) and hands those that never started back
+  (`put_back_first`): to the head of their queue (of their key's), in grant order, which
+  is the order they had in it.
+* Posture gates intake only: under cordon a deferrable role is granted nothing new,
+  a floor role at most its intake floor of slots in use; every grant held back by
+  posture is counted once per unit as suppressed intake. In-flight units always
+  complete.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Hashable, NamedTuple
+
+from fleet.rules import fsm
+from fleet.rules.roles import Role, RoleSet
+from fleet.rules.seats import NO_SEAT, SeatLayout
+from fleet.shm.table.layout import OP_FIELDS  # a grant's rows are the table's batch rows
+
+#: Units queued behind one pin (its seat runs them in order).
+DEFAULT_PIN_DEPTH = 16
+
+
+def precedence(role: Role) -> int:
+    """Lower runs first; see the module docstring."""
+    if role.kind in ("pinned", "singleton"):
+        return 0
+    if role.cordon_class == "deferrable":
+        return 3
+    if role.cordon_class == "floor" or role.io_bound:
+        return 1
+    return 2
+
+
+@dataclass(slots=True)
+class Pending:
+    """A unit waiting for a grant (the supervisor keeps the rest of it by id)."""
+
+    unit_id: int
+    role: int
+    key: Hashable | None = None
+    priority: int = 0
+    held_by_posture: bool = False
+
+
+class Grant(NamedTuple):
+    """Carry out `ops` on the table (in order), then send the unit to `seat`.
+
+    `ops` are the slot events of the grant as rows of the table's batch call
+    (`SlotTable.apply_ops`, OP_FIELDS each: slot, event, role, key, chained), so the
+    loop applies every grant of a pass in one kernel call by joining them; a grant's
+    second event is chained to its first. The worker applies `start_event` (START or
+    RESUME) with `key_id` when it begins. (Immutable as a NamedTuple: one is built per
+    unit, and a frozen dataclass's __init__ costs several times as much.)
+    """
+
+    unit_id: int
+    role: int
+    slot: int
+    seat: int
+    start_event: int
+    key_id: int
+    ops: tuple  # (slot, event, role, key_id, chained) * its events
+    ahead: bool = False  # sent behind the slot's running unit (the worker LEASEs the slot)
+
+    @property
+    def transitions(self) -> tuple:
+        """The grant's events as ((event, role, key_id), ...)."""
+        ops = self.ops
+        return tuple((ops[i + 1], ops[i + 2], ops[i + 3]) for i in range(0, len(ops), OP_FIELDS))
+
+
+class Lost(NamedTuple):
+    """A unit a dead seat owed: what was granted (as it was queued), and its slot."""
+
+    item: Pending
+    slot: int
+
+
+def _ops(slot: int, events: tuple) -> tuple:
+    """`events` ((event, role, key_id), ...) on `slot` as `Grant.ops` rows, each after
+    the first chained to the one before."""
+    rows: tuple = ()
+    for i, (event, role, key_id) in enumerate(events):
+        rows += (slot, event, role, key_id, int(i > 0))
+    return rows
+
+
+@dataclass
+class _Slot:
+    index: int
+    seat: int
+    role: int = -1  # the role that holds the slot now (-1: none; it waits in its seat's idle pool)
+    last_role: int = -1  # the role it last served (-1: none yet)
+    mark: int = 0  # bumped when it enters or leaves its seat's idle pool (stale pool entries differ)
+    inflight: deque = field(default_factory=deque)  # unit ids, in grant order
+    pin_key: Hashable | None = None  # user key the slot is pinned (or claimed) for
+    key_id: int = 0
+    claimed: bool = False  # a pin is claimed or held (Leased/Running/Pinned for the key)
+    last_used: int = 0
+    stale: bool = False  # a pin from before the current epoch: released once it is empty
+    drained: bool = False  # the pin was drained to Idle with units still sent to it (they come back)
+
+
+class _IdlePool:
+    """A seat's Idle slots. `take(role)` gives the slot that last served `role` and went
+    Idle last (its state is warmest), else the slot that went Idle last of any role.
+
+    Two stacks with lazy removal: a slot taken through one stays in the other as a stale
+    entry (its mark no longer matches) until popped, or dropped when a stack outgrows
+    twice the seat's slots.
+    """
+
+    def __init__(self, size: int):
+        self.n = 0
+        self._any: list = []  # (mark, slot)
+        self._by_role: dict[int, list] = {}
+        self._limit = 2 * size + 8
+
+    def put(self, slot: _Slot) -> None:
+        slot.mark = mark = slot.mark + 1
+        entry = (mark, slot)
+        stack = self._any
+        stack.append(entry)
+        if len(stack) > self._limit:
+            self._compact(stack)
+        if slot.last_role >= 0:
+            stack = self._by_role.get(slot.last_role)
+            if stack is None:
+                self._by_role[slot.last_role] = [entry]
+            else:
+                stack.append(entry)
+                if len(stack) > self._limit:
+                    self._compact(stack)
+        self.n += 1
+
+    def take(self, role: int) -> _Slot:
+        slot = self._pop(self._by_role.get(role)) or self._pop(self._any)
+        slot.mark += 1
+        self.n -= 1
+        return slot
+
+    @staticmethod
+    def _compact(stack: list) -> None:
+        stack[:] = [e for e in stack if e[0] == e[1].mark]
+
+    @staticmethod
+    def _pop(stack: list | None) -> _Slot | None:
+        while stack:
+            mark, slot = stack.pop()
+            if mark == slot.mark:
+                return slot
+        return None
+
+
+class _PriorityQueue:
+    """FIFO per priority level; higher levels first. O(1) for the common single level."""
+
+    def __init__(self):
+        self.levels: dict[int, deque] = {}
+        self.order: list[int] = []  # priorities, descending
+        self.n = 0
+
+    def push(self, item: Pending, front: bool = False) -> None:
+        level = self.levels.get(item.priority)
+        if level is None:
+            level = self.levels[item.priority] = deque()
+            bisect.insort(self.order, -item.priority)
+        (level.appendleft if front else level.append)(item)
+        self.n += 1
+
+    def peek(self) -> Pending | None:
+        for neg in self.order:
+            level = self.levels[-neg]
+            if level:
+                return level[0]
+        return None
+
+    def pop(self) -> Pending:
+        for neg in self.order:
+            level = self.levels[-neg]
+            if level:
+                self.n -= 1
+                return level.popleft()
+        raise IndexError("pop from an empty queue")
+
+    def put_back(self, item: Pending) -> None:
+        """Insert a unit that was granted and came back, in submit (unit id) order."""
+        self.push(item)
+        level = self.levels[item.priority]
+        level.pop()
+        at = next((i for i, other in enumerate(level) if other.unit_id > item.unit_id), len(level))
+        level.insert(at, item)
+
+    def drain(self) -> list[Pending]:
+        out = [item for neg in self.order for item in self.levels[-neg]]
+        self.levels.clear()
+        self.order.clear()
+        self.n = 0
+        return out
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class _RoleQueue:
+    """A role's waiting units: one queue (pooled), or one per key in arrival order (keyed)."""
+
+    def __init__(self, keyed: bool):
+        self.keyed = keyed
+        self.plain = _PriorityQueue()
+        self.by_key: OrderedDict[Hashable, _PriorityQueue] = OrderedDict()
+        self.n = 0
+
+    def push(self, item: Pending, front: bool = False) -> None:
+        if self.keyed:
+            q = self.by_key.get(item.key)
+            if q is None:
+                q = self.by_key[item.key] = _PriorityQueue()
+            q.push(item, front)
+        else:
+            self.plain.push(item, front)
+        self.n += 1
+
+    def push_first(self, item: Pending) -> None:
+        """`item` goes first: at the head of its priority level (of its key's queue, and
+        that key first of all)."""
+        self.push(item, front=True)
+        if self.keyed:
+            self.by_key.move_to_end(item.key, last=False)
+
+    def drain(self) -> list[Pending]:
+        out = self.plain.drain()
+        for q in self.by_key.values():
+            out.extend(q.drain())
+        self.by_key.clear()
+        self.n = 0
+        return out
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Dispatcher:
+    """Queues and grants for one fleet. Not thread-safe: its owner serialises calls."""
+
+    def __init__(self, roles: RoleSet, seat_layout: SeatLayout, *, pin_depth: int = DEFAULT_PIN_DEPTH,
+                 ahead_off=()):
+        self.roles = roles
+        self.pin_depth = pin_depth
+        n_seats = len(seat_layout.seats)
+        self._slots = [_Slot(s.index, s.seat) for s in seat_layout.slots]
+        self._seat_slots = [[s.index for s in self._slots if s.seat == seat] for seat in range(n_seats)]
+        #: the seats each role may lease slots of, and where the next search starts (so
+        #: a role's grants alternate over its seats)
+        self._seats_for = [seat_layout.seats_for(r.name) for r in roles]
+        self._next_seat = [0] * len(roles)
+        #: Idle slots per seat (see _IdlePool): O(1) grants, and a role gets back a slot it
+        #: served before when there is one (no switch).
+        self._idle = [_IdlePool(len(slots)) for slots in self._seat_slots]
+        for slot in reversed(self._slots):  # so that the lowest slots are leased first
+            if slot.seat != NO_SEAT:
+                self._park(slot)
+        self._count = [r.slots for r in roles]  # the budget count: most slots a role holds at once
+        self._held = [0] * len(roles)
+        self._pooled = [r.kind == "pooled" for r in roles]
+        #: units sent ahead per slot: an I/O-bound role's slots run at once, so each is fed,
+        #: with one (its units wait far longer than a round trip through the supervisor);
+        #: a seat that runs its units one after another is fed by a role's other slots when
+        #: it has two or more there (their units wait on the ring), so only a role with one
+        #: slot per seat sends ahead on such seats, up to its lookahead
+        #: (`ahead_off`: roles that send nothing ahead, e.g. those gated by a host-group lease)
+        self._ahead = [0 if c in ahead_off else min(r.ahead, 1) if r.io_bound
+                       else r.ahead if r.slots <= len(self._seats_for[c]) else 0
+                       for c, r in enumerate(roles)]
+        #: per role: indices of the slots it holds that may take a unit ahead
+        #: (1 <= in flight <= ahead), as an insertion-ordered set
+        self._feedable: list[dict] = [{} for _ in roles]
+        self._sent_ahead: set[int] = set()  # units sent ahead, until they end or come back
+        self.sent_ahead_total = 0  # units sent ahead so far
+        self._pins: list[dict] = [{} for _ in roles]  # keyed roles: user key -> claimed slot
+        self.repins = [0] * len(roles)  # elastic re-pins per role (`elastic_repin`)
+        self._queues = [_RoleQueue(keyed=r.kind in ("pinned", "singleton")) for r in roles]
+        self._order = sorted(range(len(roles)), key=lambda c: (precedence(roles.by_code(c)), c))
+        self._in_use = [0] * len(roles)
+        self._where: dict[int, _Slot] = {}  # unit id -> slot, while in flight
+        #: every unit in flight, in grant order: what goes back to a queue when its pin
+        #: drains or its seat dies before it started
+        self._granted: dict[int, Pending] = {}
+        self._clock = itertools.count(1)
+        self._key_ids = itertools.count(1)
+        self.suppressed = 0  # units held back by posture (counted once each)
+        self.posture = fsm.NOMINAL
+        self.floors = [0] * len(roles)  # intake floors per role under cordon
+        #: skip(unit id) -> True drops a unit as it is about to be granted (cancelled by
+        #: its caller); dropped ids are collected by `take_skipped`.
+        self.skip = None
+        self._skipped: list[int] = []
+
+    # --- holding slots: the budget count ---------------------------------------------
+    def _park(self, slot: _Slot) -> None:
+        """`slot` is Idle: it waits in its seat's pool for any role that may run there."""
+        slot.role = -1
+        self._idle[slot.seat].put(slot)
+
+    def _under_count(self, code: int) -> bool:
+        """May `code` hold one more slot? Its budget count bounds the slots it holds at once."""
+        return self._held[code] < self._count[code]
+
+    def _idle_seat(self, code: int) -> int:
+        """A seat of `code`'s with an Idle slot, when the role may hold one more slot (else
+        -1). The role's seats take turns, so its units spread over them."""
+        if not self._under_count(code):
+            return -1
+        seats = self._seats_for[code]
+        if len(seats) == 1:
+            return seats[0] if self._idle[seats[0]].n else -1
+        n, first = len(seats), self._next_seat[code]
+        for k in range(n):
+            seat = seats[(first + k) % n]
+            if self._idle[seat].n:
+                return seat
+        return -1
+
+    def _lease_on(self, seat: int, code: int) -> _Slot:
+        """Take an Idle slot of `seat` (from `_idle_seat`) for `code`: it now counts for the role."""
+        slot = self._idle[seat].take(code)
+        slot.role = code
+        self._held[code] += 1
+        seats = self._seats_for[code]
+        if len(seats) > 1:
+            self._next_seat[code] = (seats.index(seat) + 1) % len(seats)
+        return slot
+
+    def _unhold(self, slot: _Slot) -> None:
+        """`slot` is Idle again (T5, T8, T9 or a reset): it no longer counts for its role."""
+        code = slot.role
+        self._held[code] -= 1
+        if slot.claimed:
+            del self._pins[code][slot.pin_key]
+        slot.claimed, slot.stale, slot.pin_key, slot.drained, slot.key_id = False, False, None, False, 0
+        slot.last_role = code
+        self._park(slot)
+
+    def held(self, role: int) -> int:
+        """Slots `role` holds now (pooled slots with a unit, claimed pins): never above its count."""
+        return self._held[role]
+
+    def slot_role(self, slot: int) -> int | None:
+        """The role holding `slot` now (None: Idle)."""
+        code = self._slots[slot].role
+        return None if code < 0 else code
+
+    # --- intake -------------------------------------------------------------------
+    def queued(self, role: int) -> int:
+        return len(self._queues[role])
+
+    def in_use(self, role: int) -> int:
+        """Slots of `role` with something in flight."""
+        return self._in_use[role]
+
+    def enqueue(self, item: Pending, front: bool = False) -> None:
+        self._queues[item.role].push(item, front)
+
+    def enqueue_many(self, items: list) -> None:
+        """`enqueue` each of `items` (units of one role), in order."""
+        if items:
+            push = self._queues[items[0].role].push
+            for item in items:
+                push(item)
+
+    def drain_queue(self, role: int | None = None) -> list[Pending]:
+        """Remove and return queued (not granted) units, of one role or all."""
+        codes = range(len(self.roles)) if role is None else (role,)
+        out = []
+        for code in codes:
+            out.extend(self._queues[code].drain())
+        return out
+
+    def set_posture(self, posture: int, floors: list[int]) -> None:
+        self.posture, self.floors = posture, list(floors)
+
+    # --- grants ----------------------------------------------------------------------
+    def grant(self) -> list[Grant]:
+        """Every grant possible now, in precedence order."""
+        out: list[Grant] = []
+        for code in self._order:
+            queue = self._queues[code]
+            if not queue.n:
+                continue
+            if queue.keyed:
+                self._grant_keyed(code, queue, out)
+            else:
+                self._grant_pooled(code, queue, out)
+        return out
+
+    def _posture_allows(self, code: int, item: Pending, grows: bool) -> bool:
+        """May `item` be granted now? `grows`: the grant puts one more slot of the role in use."""
+        if self.posture != fsm.CORDONED:
+            return True
+        klass = self.roles.by_code(code).cordon_class
+        allowed = klass == "never" or (klass == "floor" and (not grows or self._in_use[code] < self.floors[code]))
+        if not allowed and not item.held_by_posture:
+            item.held_by_posture = True
+            self.suppressed += 1
+        return allowed
+
+    def _grant_pooled(self, code: int, queue: _RoleQueue, out: list) -> None:
+        while (seat := self._idle_seat(code)) >= 0:
+            item = self._next_live(queue.plain, queue)
+            if item is None or not self._posture_allows(code, item, True):
+                return
+            slot = self._lease_on(seat, code)
+            queue.plain.pop()
+            queue.n -= 1
+            out.append(self._take(slot, item, fsm.START, (slot.index, fsm.LEASE, code, 0, 0)))
+        feedable, plain = self._feedable[code], queue.plain
+        # Fixed for this loop (it leases nothing, and posture changes between grants only):
+        held, shallow, nominal = self._held[code], self._ahead[code] > 1, self.posture != fsm.CORDONED
+        while feedable:
+            # The shallowest slot first, so the role's seats fill evenly; and only while
+            # the queue holds at least as many units as every slot would then have ahead
+            # of it: a unit never waits behind more than is left for the other slots.
+            slot = self._slots[self._shallowest(feedable) if shallow and len(feedable) > 1 else next(iter(feedable))]
+            if plain.n < held * len(slot.inflight):
+                return
+            item = self._next_live(plain, queue)
+            if item is None or not (nominal or self._posture_allows(code, item, False)):
+                return
+            plain.pop()
+            queue.n -= 1
+            self._sent_ahead.add(item.unit_id)
+            self.sent_ahead_total += 1
+            out.append(self._take(slot, item, fsm.LEASE, (), ahead=True))
+
+    def _shallowest(self, feedable: dict) -> int:
+        """The feedable slot with the fewest units in flight (the first of them on a tie)."""
+        slots, best, depth = self._slots, -1, 1 << 30
+        for index in feedable:
+            n = len(slots[index].inflight)
+            if n < depth:
+                best, depth = index, n
+        return best
+
+    def _grant_keyed(self, code: int, queue: _RoleQueue, out: list) -> None:
+        pins = self._pins[code]
+        for key in list(queue.by_key):
+            slot = pins.get(key)
+            if slot is not None and slot.drained:
+                # Its drained pin still has units out: they come back and go first, so
+                # the key's units keep their order.
+                continue
+            q = queue.by_key[key]
+            while q.n:
+                item = self._next_live(q, queue)
+                if item is None:
+                    break
+                slot = pins.get(key)
+                if slot is not None and slot.stale:
+                    if slot.inflight:
+                        break  # the old epoch's pin finishes what it has first
+                    if not self._posture_allows(code, item, True):
+                        return
+                    q.pop()
+                    queue.n -= 1
+                    out.append(self._take(slot, item, fsm.START, _ops(slot.index, self._repin(code, slot, key))))
+                    continue
+                if slot is not None:
+                    if len(slot.inflight) >= self.pin_depth:
+                        break
+                    # RESUME (T6) is posture-gated like a new lease (for deferrable roles).
+                    if not self._posture_allows(code, item, not slot.inflight):
+                        return
+                    q.pop()
+                    queue.n -= 1
+                    out.append(self._take(slot, item, fsm.RESUME, ()))
+                    continue
+                if not self._posture_allows(code, item, True):
+                    return
+                slot, transitions = self._claim(code, key)
+                if slot is None:
+                    break
+                q.pop()
+                queue.n -= 1
+                out.append(self._take(slot, item, fsm.START, _ops(slot.index, transitions)))
+            if not q.n:
+                del queue.by_key[key]
+
+    def _next_live(self, q: _PriorityQueue, queue: _RoleQueue) -> Pending | None:
+        """The head of `q`, dropping units `skip` says were cancelled."""
+        while True:
+            item = q.peek()
+            if item is None or self.skip is None or not self.skip(item.unit_id):
+                return item
+            q.pop()
+            queue.n -= 1
+            self._skipped.append(item.unit_id)
+
+    def take_skipped(self) -> list[int]:
+        out, self._skipped = self._skipped, []
+        return out
+
+    def _claim(self, code: int, key) -> tuple[_Slot | None, tuple]:
+        """A pin for a key that has none: an Idle slot within the role's count (T1); at its
+        count, with `elastic_repin`, the least recently used pin with nothing in flight
+        is re-keyed (T9 then T1); otherwise the key waits for a pin to be released."""
+        pins = self._pins[code]
+        seat = self._idle_seat(code)
+        slot = self._lease_on(seat, code) if seat >= 0 else None
+        transitions: tuple = ()
+        if slot is None:
+            if not self.roles.by_code(code).elastic_repin:
+                return None, ()
+            spare = [s for s in pins.values() if not s.inflight and not s.drained]
+            if not spare:
+                return None, ()
+            slot = min(spare, key=lambda s: s.last_used)
+            del pins[slot.pin_key]
+            transitions = ((fsm.UNPIN, code, slot.key_id),)
+            self.repins[code] += 1
+        slot.claimed, slot.stale, slot.pin_key = True, False, key
+        slot.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
+        pins[key] = slot
+        return slot, transitions + ((fsm.LEASE, code, slot.key_id),)
+
+    def _repin(self, code: int, slot: _Slot, key) -> tuple:
+        """Release `slot`'s pin (T9) and claim it again for `key` (T1): the transitions."""
+        old_key_id = slot.key_id
+        slot.stale = False
+        slot.key_id = self._new_key_id(code) if self.roles.by_code(code).kind == "pinned" else 0
+        return ((fsm.UNPIN, code, old_key_id), (fsm.LEASE, code, slot.key_id))
+
+    # --- epochs ----------------------------------------------------------------------
+    def begin_epoch(self) -> int:
+        """A new epoch: every pin held now is to be released. Returns how many."""
+        held = [s for pins in self._pins for s in pins.values()]
+        for slot in held:
+            slot.stale = True
+        return len(held)
+
+    def take_idle_stale_pins(self) -> list[int]:
+        """Pins of a past epoch with nothing in flight, forgotten here; the caller applies
+        UNPIN (T9) to each returned slot (before anything else is granted)."""
+        out = []
+        for pins in self._pins:
+            for slot in [s for s in pins.values() if s.stale and not s.inflight]:
+                self._unhold(slot)
+                out.append(slot.index)
+        return sorted(out)
+
+    def units_in_flight(self, slot: int) -> int:
+        """Units granted to `slot` and not yet ended."""
+        return len(self._slots[slot].inflight)
+
+    def _new_key_id(self, code: int) -> int:
+        in_use = {s.key_id for s in self._pins[code].values()}
+        while True:
+            kid = next(self._key_ids) % (fsm.MAX_KEY + 1)
+            if kid and kid not in in_use:
+                return kid
+
+    def _take(self, slot: _Slot, item: Pending, start_event: int, ops: tuple, ahead: bool = False) -> Grant:
+        if not slot.inflight:
+            self._in_use[slot.role] += 1
+        slot.inflight.append(item.unit_id)
+        slot.last_used = next(self._clock)
+        self._where[item.unit_id] = slot
+        self._granted[item.unit_id] = item
+        if self._pooled[slot.role]:
+            self._update_feedable(slot)
+        return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, ops, ahead)
+
+    def _update_feedable(self, slot: _Slot) -> None:
+        """A pooled slot may take a unit ahead while 1 <= its units in flight <= the role's lookahead."""
+        feedable = self._feedable[slot.role]
+        if 1 <= len(slot.inflight) <= self._ahead[slot.role]:
+            feedable[slot.index] = None
+        else:
+            feedable.pop(slot.index, None)
+
+    # --- completions and deaths ------------------------------------------------------
+    def complete(self, unit_id: int, final_state: int) -> int:
+        """A unit's outcome arrived; `final_state` is its slot's state after it. Returns the slot."""
+        slot = self._where.pop(unit_id)
+        del self._granted[unit_id]
+        self._sent_ahead.discard(unit_id)
+        if slot.inflight and slot.inflight[0] == unit_id:
+            slot.inflight.popleft()
+        else:
+            slot.inflight.remove(unit_id)
+        if not slot.inflight:
+            self._in_use[slot.role] -= 1
+        if self._pooled[slot.role]:
+            self._update_feedable(slot)
+            if not slot.inflight:
+                self._unhold(slot)  # T5 (or T8): back to the seat's pool, for any role
+        elif final_state == fsm.IDLE:
+            if slot.inflight:
+                slot.drained = True  # the pin was drained: what was sent behind it comes back (requeue)
+            else:
+                self._unhold(slot)  # drained or released: the pin is gone
+        return slot.index
+
+    def requeue(self, unit_id: int) -> bool:
+        """A unit sent behind a pin that was drained to Idle came back unstarted: put it at
+        the head of its key's queue again (submit order kept). False (nothing changed)
+        when it was not such a unit."""
+        slot = self._where.get(unit_id)
+        if slot is None or not slot.drained:
+            return False
+        item = self._granted[unit_id]
+        self.complete(unit_id, fsm.IDLE)
+        queue = self._queues[item.role]
+        sub = queue.by_key.get(item.key)
+        if sub is None:
+            sub = queue.by_key[item.key] = _PriorityQueue()
+            queue.by_key.move_to_end(item.key, last=False)  # it was waiting before newer keys
+        sub.put_back(item)
+        queue.n += 1
+        return True
+
+    def seat_lost(self, seat: int) -> list[Lost]:
+        """The seat's worker died: forget its slots, pins and units in flight. Returns the
+        units it owed, in grant order; its owner decides what the death means for each
+        (`fleet.runtime.deaths`) and gives back those that never started (`put_back_first`)."""
+        slot_of: dict[int, int] = {}  # unit id -> slot, for the seat's units in flight
+        for index in self._seat_slots[seat] if 0 <= seat < len(self._seat_slots) else ():
+            slot = self._slots[index]
+            for unit_id in slot.inflight:
+                del self._where[unit_id]
+                self._sent_ahead.discard(unit_id)
+                slot_of[unit_id] = index
+            if slot.inflight:
+                self._in_use[slot.role] -= 1
+            slot.inflight.clear()
+            if slot.role >= 0:
+                self._feedable[slot.role].pop(slot.index, None)
+                self._unhold(slot)
+        if not slot_of:
+            return []
+        lost = [Lost(item, slot_of[unit_id]) for unit_id, item in self._granted.items() if unit_id in slot_of]
+        for item, _slot in lost:
+            del self._granted[item.unit_id]
+        return lost
+
+    def put_back_first(self, items: list[Pending]) -> None:
+        """Units granted that never started (their seat died), in grant order: back to the
+        head of their queues in that order, which is the order they had there; a keyed
+        unit's key goes before its role's other keys (it was waiting before them)."""
+        for item in reversed(items):
+            self._queues[item.role].push_first(item)
+
+    def sent_ahead(self, unit_id: int) -> bool:
+        """Whether `unit_id` was sent behind a running unit and has not ended."""
+        return unit_id in self._sent_ahead
+
+    def slot_of(self, unit_id: int) -> int | None:
+        """The slot a unit in flight was granted (None when it is not in flight)."""
+        slot = self._where.get(unit_id)
+        return None if slot is None else slot.index
+
+    def slots_of_seat(self, seat: int) -> list[int]:
+        return list(self._seat_slots[seat]) if 0 <= seat < len(self._seat_slots) else []
+
+    def pinned_keys(self, role: int) -> dict:
+        """{user key: slot index} for the role's claimed pins (for status and tests)."""
+        return {key: s.index for key, s in self._pins[role].items()}
+
+    def inflight_count(self) -> int:
+        return len(self._where)

@@ -1,0 +1,181 @@
+"""The outcome ledger: every submitted unit ends exactly once.
+
+Rules:
+* `submitted(id)` opens a unit; an id opened twice trips the fuse.
+* `record(id, kind, reason)` closes it with one outcome; an outcome for a unit that
+  is not open (never submitted, or already closed: a duplicate) trips the fuse.
+* `fsm_refused()` counts a transition the slot FSM refused the runtime (a grant, a
+  start, a completion, a dead seat's reset): a broken rule, kept apart from worker
+  deaths so it is seen (status shows it; the unit it cost fails `FsmRefused`).
+* solved + suppressed + failed + in flight == submitted holds after every call; the
+  ledger checks it, and `close()` at shutdown checks that nothing is still open (a
+  missing outcome) — either way the fuse trips.
+
+A tripped fuse is loud, never silent: it is logged at error, then the fuse action
+runs. The default action aborts the process (the design's loud stop: a duplicate
+or lost outcome is a bug no retry may paper over); tests inject their own.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+from fleet.rules.errors import EXIT_FUSE_TRIPPED, FleetError
+from fleet.rules.outcomes import FAILED, FAILURE_REASONS, KINDS, SOLVED, SUPPRESSED
+
+log = logging.getLogger("fleet.rules.ledger")
+
+
+class FuseTripped(FleetError):
+    """The ledger found a duplicate or a missing outcome."""
+
+    exit_code = EXIT_FUSE_TRIPPED
+
+
+def abort_process(error: FuseTripped) -> None:
+    """The default fuse action: the loud stop."""
+    logging.shutdown()
+    os.abort()
+
+
+@dataclass(frozen=True)
+class LedgerCounts:
+    submitted: int
+    solved: int
+    suppressed: int
+    failed: int
+    inflight: int
+    failed_by_reason: dict = field(default_factory=dict)
+    fsm_refused: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "submitted": self.submitted,
+            "solved": self.solved,
+            "suppressed": self.suppressed,
+            "failed": self.failed,
+            "inflight": self.inflight,
+            "failed_by_reason": dict(self.failed_by_reason),
+            "fsm_refused": self.fsm_refused,
+        }
+
+
+class Ledger:
+    """Counts outcomes and guards exactly-once. Thread-safe."""
+
+    def __init__(self, on_fuse=abort_process):
+        self._on_fuse = on_fuse
+        self._lock = threading.Lock()
+        self._open: set[int] = set()
+        self._submitted = 0
+        self._by_kind = dict.fromkeys(KINDS, 0)
+        self._by_reason = [0] * len(FAILURE_REASONS)
+        self._fsm_refused = 0
+        self.tripped: FuseTripped | None = None
+
+    def _trip(self, message: str) -> None:
+        error = FuseTripped(f"ledger fuse tripped: {message}")
+        self.tripped = error
+        log.error("%s", error)
+        self._on_fuse(error)
+
+    def submitted(self, unit_id: int) -> None:
+        with self._lock:
+            self._submitted_locked(unit_id)
+
+    def submitted_many(self, unit_ids) -> None:
+        """`submitted` for each of `unit_ids`, under one lock (a batch of submits)."""
+        with self._lock:
+            for unit_id in unit_ids:
+                self._submitted_locked(unit_id)
+
+    def _submitted_locked(self, unit_id: int) -> None:
+        if unit_id in self._open:
+            self._trip(f"unit {unit_id} submitted twice")
+            return
+        self._open.add(unit_id)
+        self._submitted += 1
+
+    def record(self, unit_id: int, kind: str, reason: str | None = None) -> bool:
+        """Close a unit with its outcome. False (after tripping the fuse) when it was not open."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown outcome kind {kind!r}; one of {', '.join(KINDS)}")
+        if kind == FAILED and reason not in FAILURE_REASONS:
+            raise ValueError(f"unknown failure reason {reason!r}; one of {', '.join(FAILURE_REASONS)}")
+        with self._lock:
+            closed = self._close_locked(unit_id, kind, reason)
+            self._check_locked()
+        return closed
+
+    def solved_many(self, unit_ids) -> int:
+        """`record(unit_id, SOLVED)` for each of `unit_ids`, under one lock (the units a
+        slice of results solved); returns how many were open (the fuse trips for any other)."""
+        closed = 0
+        with self._lock:
+            for unit_id in unit_ids:
+                closed += self._close_locked(unit_id, SOLVED, None)
+            self._check_locked()
+        return closed
+
+    def _close_locked(self, unit_id: int, kind: str, reason: str | None) -> bool:
+        try:
+            self._open.remove(unit_id)
+        except KeyError:
+            self._trip(f"outcome {kind}({reason}) for unit {unit_id}, which is not open (duplicate or unknown)")
+            return False
+        self._by_kind[kind] += 1
+        if kind == FAILED:
+            self._by_reason[FAILURE_REASONS.index(reason)] += 1
+        return True
+
+    def fsm_refused(self) -> None:
+        """Count one transition the slot FSM refused the runtime."""
+        with self._lock:
+            self._fsm_refused += 1
+
+    def _check_locked(self) -> None:
+        closed = self._by_kind[SOLVED] + self._by_kind[SUPPRESSED] + self._by_kind[FAILED]
+        if closed + len(self._open) != self._submitted:
+            self._trip(f"{closed} outcomes + {len(self._open)} in flight != {self._submitted} submitted")
+
+    def check(self) -> None:
+        with self._lock:
+            self._check_locked()
+
+    def close(self) -> None:
+        """At shutdown: every submitted unit must have its outcome."""
+        with self._lock:
+            self._check_locked()
+            if self._open:
+                sample = sorted(self._open)[:10]
+                self._trip(f"{len(self._open)} units never got an outcome (e.g. {sample})")
+
+    def is_open(self, unit_id: int) -> bool:
+        return unit_id in self._open
+
+    def counts(self) -> LedgerCounts:
+        with self._lock:
+            return LedgerCounts(
+                submitted=self._submitted,
+                solved=self._by_kind[SOLVED],
+                suppressed=self._by_kind[SUPPRESSED],
+                failed=self._by_kind[FAILED],
+                inflight=len(self._open),
+                failed_by_reason={r: n for r, n in zip(FAILURE_REASONS, self._by_reason) if n},
+                fsm_refused=self._fsm_refused,
+            )
+
+    def publish(self, table) -> None:
+        """Write the counters into the shared table (the ledger is their single writer)."""
+        with self._lock:
+            table.set_ledger(
+                submitted=self._submitted,
+                solved=self._by_kind[SOLVED],
+                suppressed=self._by_kind[SUPPRESSED],
+                failed=self._by_kind[FAILED],
+                inflight=len(self._open),
+                failed_by_reason=self._by_reason,
+                fsm_refused=self._fsm_refused,
+            )

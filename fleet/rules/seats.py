@@ -1,0 +1,184 @@
+"""Seats and slots: how a tier plan becomes worker processes and table slots (pure).
+
+A *seat* is one worker process pinned to a CPU set; a *slot* is one row of the shared
+table that can hold one lease at a time. Slots are bound to seats; a seat may hold
+several slots, and runs the units granted to them in grant order.
+
+Slots switch roles (002 §3.4). A role's ``slots`` is its budget count: the layout lays
+out that many slots for it (its *home* slots, `SlotSpec.role`), but an Idle slot is
+leased (T1) for whichever role the dispatcher grants next among the roles that may run
+on its seat (`Seat.roles`), and goes back to Idle (T5) after the unit. How many slots a
+role holds at once is bounded by its count in the dispatcher (`fleet.rules.dispatch`), so a
+role never holds more than its count, and the slots of a seat group always suffice for
+every role of that group to reach its count. A Pinned slot keeps its role and key
+until T9. Every worker loads every role's handler (the zygote imports them all), so a
+seat can run whatever lands on it.
+
+Which roles may run on a seat is which CPU share the role may use:
+
+* Serial binding (2-5 CPUs): one seat, ``serial-0``, holds every slot, and every active
+  role may run on it; the roles are logical lanes on it (census binding ``logical``).
+
+Pinned binding: CPUs are laid out in budget order — the reserve, the ambient I/O
+runtime, then each role's whole cores. A role with whole cores gets one seat per
+core (at most one per slot), each pinned to its own core (binding ``pinned``); its
+slots are dealt round-robin over its seats, so a keyed role's pins share its cores
+("pins are threads, shares are cores"). Only that role runs on those seats: the cores
+are its share. A role with no whole core (I/O-dominant, or declared with peak 0) gets
+one seat on the shared CPUs — the ambient runtime's, or the reserve's when the ambient
+has none (binding ``shared``); every such role may run on every shared seat, since
+they all spend the same CPUs. When the quota has
+fewer CPUs than the plan lays out (a forced, oversubscribed profile), the layout
+wraps around the CPUs it has: the plan already says ``oversubscribed``.
+
+Roles without a handler are declared but not active: they get slots (the census
+shows them) but no seat.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from fleet.rules.budget import PINNED, SERIAL
+from fleet.rules.plan import TierPlan
+from fleet.rules.roles import RoleSet
+
+LOGICAL, SHARED = "logical", "shared"
+NO_SEAT = -1
+
+
+@dataclass(frozen=True)
+class Seat:
+    index: int
+    name: str
+    #: the roles that may run on the seat's slots (whose CPU share the seat's CPUs are)
+    roles: tuple[str, ...]
+    cpus: tuple[int, ...]
+    binding: str  # pinned | shared | logical
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "name": self.name, "roles": list(self.roles), "cpus": list(self.cpus),
+                "binding": self.binding}
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    index: int
+    #: the role whose budget count laid the slot out (its home role); any role of its
+    #: seat may lease it while it is Idle
+    role: str
+    seat: int  # NO_SEAT for a role without a handler
+
+
+@dataclass(frozen=True)
+class SeatLayout:
+    seats: tuple[Seat, ...]
+    slots: tuple[SlotSpec, ...]
+    #: the reserve and ambient I/O CPUs: where the supervisor's own loop runs
+    supervisor_cpus: tuple[int, ...] = ()
+
+    def slots_of(self, role: str) -> tuple[int, ...]:
+        """The role's home slots (as many as its budget count)."""
+        return tuple(s.index for s in self.slots if s.role == role)
+
+    def seats_for(self, role: str) -> tuple[int, ...]:
+        """The seats whose slots `role` may lease (empty for a role without a handler)."""
+        return tuple(s.index for s in self.seats if role in s.roles)
+
+    def seat_of(self, slot: int) -> int:
+        return self.slots[slot].seat
+
+    def binding_of(self, slot: int) -> str:
+        seat = self.slots[slot].seat
+        return self.seats[seat].binding if seat != NO_SEAT else LOGICAL
+
+    def to_meta(self) -> dict:
+        counts: dict[str, int] = {}  # role -> its budget count (home slots)
+        on_seat = [0] * len(self.seats)
+        for slot in self.slots:
+            counts[slot.role] = counts.get(slot.role, 0) + 1
+            if slot.seat != NO_SEAT:
+                on_seat[slot.seat] += 1
+        seats = [s.to_dict() for s in self.seats]
+        for seat in seats:
+            # role -> the most of the seat's slots the role may hold at once (a worker
+            # sizes its I/O runner from it)
+            seat["role_slots"] = {r: min(counts.get(r, 0), on_seat[seat["index"]]) for r in seat["roles"]}
+        return {"seats": seats, "slot_seats": [s.seat for s in self.slots]}
+
+
+class _Cursor:
+    """Hands out CPUs in order, wrapping around when the plan asks for more than exist."""
+
+    def __init__(self, cpus: Sequence[int]):
+        if not cpus:
+            raise ValueError("no CPUs to lay seats on")
+        self.cpus, self.i = list(cpus), 0
+
+    def take(self, n: int) -> tuple[int, ...]:
+        out = tuple(self.cpus[(self.i + k) % len(self.cpus)] for k in range(n))
+        self.i += n
+        return out
+
+
+def _whole(cores) -> int:
+    return math.floor(cores + 1e-9)
+
+
+def layout(plan: TierPlan, roles: RoleSet, cpus: Sequence[int]) -> SeatLayout:
+    """The seats and slots for `plan` over the CPUs this process may use (sorted)."""
+    active = [r for r in roles if r.handler is not None]
+    if plan.binding == SERIAL:
+        return _serial(plan, roles, active, cpus)
+    if plan.binding == PINNED:
+        return _pinned(plan, roles, active, cpus)
+    raise ValueError(f"unknown binding {plan.binding!r}")
+
+
+def _shares(plan: TierPlan) -> dict:
+    return {share.name: share for share in plan.budget.consumers}
+
+
+def _serial(plan, roles, active, cpus) -> SeatLayout:
+    shares, cursor = _shares(plan), _Cursor(cpus)
+    own = cursor.take(_whole(shares["reserve"].cores)) + cursor.take(_whole(shares["ambient_io"].cores))
+    seat_cpus = cursor.take(max(1, _whole(shares["serial-0"].cores)))
+    seats = (Seat(0, "serial-0", tuple(r.name for r in active), seat_cpus, LOGICAL),) if active else ()
+    slots, index = [], 0
+    active_names = {r.name for r in active}
+    for role in roles:
+        for _ in range(role.slots):
+            slots.append(SlotSpec(index, role.name, 0 if role.name in active_names else NO_SEAT))
+            index += 1
+    return SeatLayout(seats, tuple(slots), tuple(dict.fromkeys(own)))
+
+
+def _pinned(plan, roles, active, cpus) -> SeatLayout:
+    cursor = _Cursor(cpus)
+    cores_of: dict[str, tuple[int, ...]] = {}
+    for share in plan.budget.consumers:  # budget order: reserve, ambient, then the roles
+        whole = _whole(share.cores)
+        cores_of[share.name] = cursor.take(whole) if whole else ()
+    shared_cpus = cores_of.get("ambient_io") or cores_of.get("reserve") or tuple(cpus)
+    # Every role without whole cores may run on every shared seat: they share those CPUs.
+    sharing = tuple(r.name for r in active if not cores_of.get(r.name))
+    seats: list[Seat] = []
+    seats_of: dict[str, list[int]] = {}
+    for role in active:
+        role_cpus = cores_of.get(role.name, ())
+        if role_cpus:
+            for k in range(max(1, min(len(role_cpus), role.slots))):
+                seats.append(Seat(len(seats), f"{role.name}-{k}", (role.name,), (role_cpus[k],), PINNED))
+                seats_of.setdefault(role.name, []).append(len(seats) - 1)
+        else:
+            seats.append(Seat(len(seats), f"{role.name}-0", sharing, tuple(shared_cpus), SHARED))
+            seats_of[role.name] = [len(seats) - 1]
+    slots, index = [], 0
+    for role in roles:
+        mine = seats_of.get(role.name)
+        for k in range(role.slots):
+            slots.append(SlotSpec(index, role.name, mine[k % len(mine)] if mine else NO_SEAT))
+            index += 1
+    own = cores_of.get("reserve", ()) + cores_of.get("ambient_io", ())
+    return SeatLayout(tuple(seats), tuple(slots), tuple(dict.fromkeys(own)))

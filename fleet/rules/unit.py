@@ -1,0 +1,167 @@
+"""A unit of work, what a handler may raise, and what a caller gets back.
+
+Handlers are plain functions named in config as ``module:function``; each takes one
+`Unit` and returns a picklable result, or raises `Suppress(reason)` to end the unit
+as suppressed (done, nothing to deliver). The future of a unit that did not solve
+raises `UnitFailed` or `UnitSuppressed`, both carrying the unit's `Outcome`.
+"""
+from __future__ import annotations
+
+import math
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Hashable, NamedTuple
+
+from fleet.rules.errors import FleetError
+from fleet.rules.outcomes import FAILED, SUPPRESSED
+
+
+class Unit(NamedTuple):
+    """What a handler receives (immutable; a NamedTuple because workers build one per item).
+
+    Attributes:
+        id: the fleet-wide unit id (unique for the life of the fleet).
+        role: the role it was submitted to.
+        payload: the submitted payload (unpickled in the worker).
+        key: the pin key (pinned roles), else None.
+        lane: the lane it was submitted under (a name; None for the default lane).
+        request_id: the caller's idempotency id, if any.
+        route: the provider pool to call (a `fleet.Route`), as the provider admission
+            chose it: the submitted route, or the alternative it moved the unit to.
+            None for a unit submitted without a route.
+    """
+
+    id: int
+    role: str
+    payload: Any = None
+    key: Hashable | None = None
+    lane: str | None = None
+    request_id: str | None = None
+    route: Any = None
+
+
+class _Running:
+    """The unit a handler runs and the cost it reported (the worker keeps one per unit)."""
+
+    __slots__ = ("unit", "cost")
+
+    def __init__(self):
+        self.unit: Unit | None = None
+        self.cost: float | None = None
+
+
+# Set by the worker around each handler call. A context variable, so concurrent units of
+# an I/O-bound role (asyncio tasks, pool threads) each see their own.
+RUNNING: ContextVar = ContextVar("fleet_running_unit", default=None)
+
+
+def current_unit() -> Unit:
+    """The `Unit` the calling handler is running (its ``route`` is what admission chose).
+
+    Works in the handler and in what it awaits; a thread the handler starts itself
+    does not inherit it (use ``contextvars.copy_context().run``). RuntimeError outside
+    a handler.
+    """
+    running = RUNNING.get()
+    if running is None or running.unit is None:
+        raise RuntimeError("fleet.current_unit() is only known inside a handler")
+    return running.unit
+
+
+def report_cost(usd: float) -> None:
+    """Report what the running unit's provider call cost, in USD (adds up when called again).
+
+    The provider admission keeps the mean cost per pool (shown, and used to discount
+    Thompson sampling among alternatives); a cost counts when the unit solves.
+    ValueError for a negative or non-finite amount; RuntimeError outside a handler.
+    """
+    if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd < 0:
+        raise ValueError(f"report_cost: usd must be a finite number >= 0, not {usd!r}")
+    running = RUNNING.get()
+    if running is None:
+        raise RuntimeError("fleet.report_cost() is only known inside a handler")
+    running.cost = (running.cost or 0.0) + float(usd)
+
+
+class Suppress(Exception):
+    """Raised by a handler: the unit is done and delivers nothing (outcome: suppressed)."""
+
+    def __init__(self, reason: str = ""):
+        self.reason = reason
+        super().__init__(reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a unit ended: kind is solved, suppressed or failed; reason and detail say why."""
+
+    kind: str
+    reason: str | None = None
+    detail: str | None = None
+
+
+class UnitError(FleetError):
+    """A unit that did not solve. `outcome` says how it ended, `unit_id` which unit."""
+
+    def __init__(self, unit_id: int, role: str, outcome: Outcome, original: BaseException | None = None):
+        self.unit_id, self.role, self.outcome, self.original = unit_id, role, outcome, original
+        text = f"unit {unit_id} ({role}) {outcome.kind}"
+        if outcome.reason:
+            text += f": {outcome.reason}"
+        if outcome.detail and outcome.kind != FAILED:
+            text += f": {outcome.detail}"
+        elif outcome.detail:
+            last = outcome.detail.strip().splitlines()[-1] if outcome.detail.strip() else ""
+            text += f": {last}"
+        super().__init__(text)
+
+    @property
+    def reason(self) -> str | None:
+        return self.outcome.reason
+
+
+class UnitFailed(UnitError):
+    """The unit failed: outcome.reason is one of fleet.rules.outcomes.FAILURE_REASONS.
+
+    For HandlerError, `outcome.detail` holds the handler's traceback as text and
+    `original` the exception itself when it could be pickled back and rebuilt here
+    (when not, the detail's first line says why and `original` is None).
+    """
+
+
+class UnitSuppressed(UnitError):
+    """The handler raised Suppress: outcome.detail holds its reason."""
+
+
+def error_for(unit_id: int, role: str, outcome: Outcome, original=None) -> UnitError:
+    cls = UnitSuppressed if outcome.kind == SUPPRESSED else UnitFailed
+    return cls(unit_id, role, outcome, original)
+
+
+# --- refusals at submit: typed, and nothing is queued -------------------------------
+class SubmitRefused(FleetError, ValueError):
+    """A submit that was refused before anything was queued."""
+
+
+class PayloadTooLarge(SubmitRefused):
+    """The pickled payload exceeds limits.max_payload_bytes."""
+
+
+class PayloadUnpicklable(SubmitRefused):
+    """The payload cannot be pickled, so it cannot reach a worker."""
+
+
+class QueueFull(SubmitRefused):
+    """The role's queue is at its bound: backpressure, never a silent drop."""
+
+
+class BadUnit(SubmitRefused):
+    """Arguments that do not fit the role (a key for a pooled role, no key for a pinned one, ...)."""
+
+
+class RoleStopped(SubmitRefused):
+    """The role exceeded its restart intensity and takes no more work."""
+
+
+class FleetClosed(FleetError, RuntimeError):
+    """submit after shutdown (concurrent.futures raises RuntimeError here too)."""

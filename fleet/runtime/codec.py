@@ -1,0 +1,264 @@
+"""The task and result codec: what travels in a message body (beside fleet.shm.messages,
+which frames the headers), and the one guard every pickle crossing a process goes through.
+
+A task body is `(payload, key, lane, request_id)`, pickled once in the submitting
+process (so an unpicklable or oversized payload is refused there, synchronously). A
+payload a service-mode client pickled at its end travels as `_Pickled`: the worker
+unpickles it, nobody else. A result body is decoded here into the unit's `Outcome`,
+its value, and the handler's original exception when there was one.
+
+The guard (`dumps`, `loads`). Pickling and unpickling run code a unit brought along
+(``__reduce__``, the callables it names, ``__setstate__``), and that code may raise
+anything: SystemExit, KeyboardInterrupt, RecursionError, MemoryError. Whatever it
+does becomes a `CodecError` naming what could not be (un)pickled and why, and that
+becomes the unit's own outcome (ResultError, or HandlerError for a payload); the
+process that hit it (the supervisor's loop, a worker, a client) carries on. A
+handler's exception travels pickled on its own, apart from its traceback text, so a
+result body always decodes to its outcome even when that exception cannot be rebuilt
+here (then the text says why, and the outcome has no original exception).
+"""
+from __future__ import annotations
+
+import pickle
+import struct
+import sys
+import threading
+
+from fleet.shm import messages as M
+from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED, Refused
+from fleet.rules.unit import Outcome, PayloadTooLarge, PayloadUnpicklable
+
+_SOLVED = Outcome(SOLVED)
+
+#: Traceback text kept per failed outcome (the head is cut; the last lines matter).
+MAX_DETAIL_CHARS = 64 * 1024
+#: A handler's exception travels pickled only below this size (its text always does).
+MAX_ERROR_BYTES = 128 * 1024
+#: Characters of an exception's own text kept when a failure names it.
+MAX_WHY_CHARS = 500
+#: The guard's recursion bound. Pickle recurses once or twice per level of nesting on
+#: the C stack, counted against the interpreter's recursion limit: at the default limit
+#: (1,000) a value nested too deep is a RecursionError, but a process that raised the
+#: limit (a handler may) lets pickle overflow the stack and die (a 50,000-deep list
+#: pickled under a limit of 10**7 segfaults). 10,000 levels fit a 2 MB thread stack.
+MAX_DEPTH = 10_000
+
+
+class CodecError(Exception):
+    """Something a unit brought could not be pickled, or unpickled here; the message
+    names what and why (``<what> cannot be unpickled here: SystemExit: 7``)."""
+
+
+def dumps(value, what: str) -> bytes:
+    """`value` pickled, under the guard. Raises CodecError naming `what`."""
+    return _guarded(_dumps, value, what, None)
+
+
+def loads(data, what: str, where: str = "here"):
+    """The object pickled in `data`, under the guard. Raises CodecError naming `what`
+    and `where` ("here", or the process it is unpickled in, e.g. "in the worker")."""
+    return _guarded(pickle.loads, data, what, where)
+
+
+def _dumps(value) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _guarded(action, arg, what: str, where: str | None):
+    """THE guard: `action(arg)` (pickling `arg` when `where` is None, else unpickling it
+    `where`) with recursion bounded; whatever it raises becomes a CodecError. The cause
+    is not chained: it is the unit's code and objects, and only its description leaves."""
+    try:
+        if _capped or sys.getrecursionlimit() > MAX_DEPTH:
+            return _under_cap(action, arg)
+        return action(arg)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and the like too: it is the unit's failure
+        why = describe(exc)
+    raise CodecError(f"{what} cannot be {'pickled' if where is None else 'unpickled ' + where}: {why}")
+
+
+_cap_lock = threading.Lock()
+_capped = 0  # guards running under the lowered limit
+_limit_before = 0  # the limit to give back when the last of them ends
+
+
+def _under_cap(action, arg):
+    """`action(arg)` with the recursion limit lowered to MAX_DEPTH. The limit is the
+    interpreter's, so a thread of this process recursing deeper meanwhile gets a
+    RecursionError: only a process that raised the limit past MAX_DEPTH pays that."""
+    global _capped, _limit_before
+    with _cap_lock:
+        if not _capped:
+            _limit_before = sys.getrecursionlimit()
+            sys.setrecursionlimit(min(_limit_before, MAX_DEPTH))
+        _capped += 1
+    try:
+        return action(arg)
+    finally:
+        with _cap_lock:
+            _capped -= 1
+            if not _capped:
+                sys.setrecursionlimit(_limit_before)
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: text`` of an exception, whatever its text does (raise, exit, recurse, run long)."""
+    text = safe_str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def safe_str(obj, limit: int = MAX_WHY_CHARS) -> str:
+    """str(obj), cut to `limit` characters; a placeholder when str() raises (anything)."""
+    try:
+        text = str.__str__(str(obj))  # a str subclass's own methods never run later
+    except BaseException:  # noqa: BLE001
+        return f"(the text of a {type(obj).__name__} cannot be read)"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def error_parts(traceback_text: str, exc: BaseException) -> tuple[str, bytes | None]:
+    """A handler's exception as it crosses back: (its traceback text, cut to
+    MAX_DETAIL_CHARS; the exception pickled, or None when it cannot be pickled or is
+    over MAX_ERROR_BYTES, and then the text says so first)."""
+    text = clip_detail(traceback_text)
+    try:
+        raw = dumps(exc, "the handler's exception")
+    except CodecError as err:
+        return f"{err}\n{text}", None
+    if len(raw) > MAX_ERROR_BYTES:
+        return f"the handler's exception is {len(raw)} bytes pickled, over {MAX_ERROR_BYTES}; its text:\n{text}", None
+    return text, raw
+
+
+def handler_error(text: str | None, raw: bytes | None, relay: bool = False) -> tuple[str | None, object]:
+    """(detail, original exception) of a handler error from its `error_parts`: the
+    exception rebuilt here, None (and the detail says why first) when it cannot be.
+    ``relay``: kept pickled (`_Pickled`), for fleetd to pass to its client."""
+    if raw is None:
+        return text, None
+    if relay:
+        return text, _Pickled(bytes(raw))
+    try:
+        return text, loads(raw, "the handler's exception")
+    except CodecError as err:
+        return (f"{err}\n{text}" if text else str(err)), None
+
+
+class _Pickled:
+    """Bytes pickled at one end for the other: a remote client's payload (the worker
+    unpickles it) or a worker's value relayed by fleetd (its client unpickles it).
+
+    (The worker recognises it by this class name.)"""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __reduce__(self):
+        return (_Pickled, (self.data,))
+
+    def load(self, what: str = "the value", where: str = "here"):
+        """The object, unpickled under the guard (CodecError if it cannot be)."""
+        return loads(self.data, what, where)
+
+
+def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int) -> bytes:
+    """The pickled body of one task.
+
+    Raises:
+        PayloadUnpicklable: the payload (or key) cannot be pickled.
+        PayloadTooLarge: the body is over `limit` bytes (limits.max_payload_bytes).
+    """
+    if pickled_payload is not None:
+        payload = _Pickled(pickled_payload)
+    try:
+        body = dumps((payload, key, lane, request_id), f"payload for role {role!r}")
+    except CodecError as exc:
+        raise PayloadUnpicklable(str(exc)) from None
+    if len(body) > limit:
+        raise PayloadTooLarge(f"payload for role {role!r} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
+    return body
+
+
+_ROUTE_LEN = struct.Struct("<I")
+
+
+def with_route(body: bytes, route) -> bytes:
+    """A task body carrying the provider route admission chose (sent with flag F_ROUTED).
+
+    The route goes in front (its pickled length, then it), so the payload's bytes,
+    pickled once at submit, are never pickled again when admission moves a unit.
+    """
+    raw = pickle.dumps(tuple(route), protocol=pickle.HIGHEST_PROTOCOL)
+    return _ROUTE_LEN.pack(len(raw)) + raw + body
+
+
+def split_route(body, where: str = "here"):
+    """(route, the rest of the body) of a body made by `with_route` (CodecError if it cannot be read)."""
+    from fleet.route import Route
+
+    (n,) = _ROUTE_LEN.unpack_from(body)
+    start = _ROUTE_LEN.size
+    return Route(*loads(body[start : start + n], "the route", where)), body[start + n :]
+
+
+def refused_body(exc: Refused) -> bytes:
+    """The result body of a handler that raised fleet.Refused (status ST_REFUSED)."""
+    return pickle.dumps((exc.status, exc.message, exc.retry_after), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def result_outcome(status: int, body, relay: bool = False):
+    """(Outcome, value, original exception) from a result message's status and body.
+    Never raises for what a unit brought: a body that cannot be decoded here is the
+    unit's ResultError, naming why.
+
+    ``relay``: a value (a chunk's too) and a handler's exception are kept as the
+    worker's pickled bytes (`_Pickled`) for fleetd to pass to its client, never
+    unpickled here."""
+    try:
+        return _outcome(status, body, relay)
+    except CodecError as exc:
+        return Outcome(FAILED, "ResultError", str(exc)), None, None
+
+
+#: What a chunk's status says of it (the worker sums up its items' outcomes).
+_CHUNK_OUTCOMES = {
+    M.ST_CHUNK: _SOLVED,
+    M.ST_CHUNK_SUPPRESSED: Outcome(SUPPRESSED, None, "an item of the chunk was suppressed"),
+    M.ST_CHUNK_FAILED: Outcome(FAILED, "HandlerError", "an item of the chunk failed"),
+}
+
+
+def _outcome(status: int, body, relay: bool):
+    if status == M.ST_SOLVED:
+        return _SOLVED, (_Pickled(bytes(body)) if relay else loads(body, "the result")), None
+    if status in _CHUNK_OUTCOMES:
+        chunk = _Pickled(bytes(body)) if relay else loads(body, "the chunk's results")
+        return _CHUNK_OUTCOMES[status], chunk, None
+    if status == M.ST_SUPPRESSED:
+        return Outcome(SUPPRESSED, None, _text(body)), None, None
+    if status == M.ST_HANDLER_ERROR:
+        text, original = handler_error(*loads(body, "the handler's error"), relay=relay)
+        return Outcome(FAILED, "HandlerError", text), None, original
+    if status == M.ST_RESULT_ERROR:
+        return Outcome(FAILED, "ResultError", _text(body)), None, None
+    if status == M.ST_REFUSED:
+        refusal = Refused(*loads(body, "the refusal"))
+        return Outcome(FAILED, "Refused", str(refusal)), None, refusal
+    if status == M.ST_HELD_AT_CLOSE:
+        return Outcome(FAILED, "Shutdown", _text(body)), None, None
+    if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
+        return Outcome(FAILED, "FsmRefused", _text(body)), None, None
+    return Outcome(FAILED, "LaneDeath", _text(body)), None, None
+
+
+def clip_detail(detail: str | None) -> str | None:
+    """A failure's text cut to its last `MAX_DETAIL_CHARS` characters (a traceback ends with what matters)."""
+    if detail is None or len(detail) <= MAX_DETAIL_CHARS:
+        return detail
+    return "[... cut ...]\n" + detail[-MAX_DETAIL_CHARS:]
+
+
+def _text(body) -> str:
+    return bytes(body).decode(errors="replace")

@@ -1,0 +1,1 @@
+"""I/O-bound seats: the event loop, its selector and thread pools."""

@@ -1,0 +1,407 @@
+"""Prometheus exposition of one fleet: its table as metrics, plus unit run times.
+
+What is exported (names as scraped):
+
+* ``fleet_info{fleet,version,mode,boot_id} 1``
+* ``fleet_profile{profile,binding,oversubscribed} 1`` — ops alert on ``binding="serial"``
+  (a production host on the small-host tier, 002 §14).
+* ``fleet_slots{role,state}`` — slots per (role, state); Idle slots hold no role (``role=""``).
+* ``fleet_posture_cordoned`` (0/1), ``fleet_posture_enter_total``, ``fleet_posture_exit_total``,
+  ``fleet_posture_cordoned_seconds_total`` (including the current stay),
+  ``fleet_intake_suppressed_total``.
+* ``fleet_units_submitted_total``, ``fleet_units_total{outcome}``, ``fleet_units_inflight``,
+  ``fleet_units_failed_total{reason}`` (every reason of `fleet.rules.outcomes`, zeros included).
+* ``fleet_queue_depth{role}``, ``fleet_queue_bound{role}``, ``fleet_role_slots_in_use{role}``.
+* ``fleet_table_torn_records`` and ``fleet_table_readable`` (0 when the provider failed:
+  the scrape still succeeds and says so, rather than erroring).
+* ``fleet_unit_run_seconds{role}`` — histogram fed by the supervisor.
+
+The table-backed families are computed at scrape time from a fresh snapshot
+(`FleetCollector`), so nothing is copied between scrapes and the figures are as
+consistent as the table's seqlock reads.
+
+Unit counters and run times, from one point. The supervisor hands the ledger's
+counters and the run times of the units that ended since its last call to
+`FleetMetrics.publish_units` together, under its own lock, before it resolves
+those units' futures; a scrape reads both under one lock. So when a caller's
+``map`` has returned, a scrape counts its units, and ``fleet_units_total`` never
+lags (or leads) the histogram. Until something is published (a `FleetMetrics`
+over a table another process writes), the counters come from the table. Each fleet has its own
+`CollectorRegistry`: several fleets (or tests) in one process never collide, and
+the process-global default registry is left alone.
+
+Use::
+
+    server = MetricsServer(port=9464, provider=table.snapshot).start()
+    server.publish_units(ledger.counts().to_dict(), [("solver", 0.012)])  # counters + run times
+    ...
+    server.close()
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from fleet.rules import fsm
+from fleet.rules.errors import FleetError
+from fleet.rules.outcomes import FAILURE_REASONS, OUTCOMES, reason_name
+
+log = logging.getLogger("fleet.runtime.metrics")
+
+#: Run-time histogram buckets (seconds): from sub-millisecond units to ten-minute solves.
+RUN_SECONDS_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)
+
+#: How often the server thread checks for close(), in seconds.
+POLL_S = 0.05
+
+#: A snapshot provider: called once per scrape, returns a `fleet.shm.table.snapshot.TableSnapshot`.
+SnapshotProvider = Callable[[], object]
+
+
+# ------------------------------------------------------------------ table -> families
+
+
+def _bool_label(value) -> str:
+    return "true" if value else "false"
+
+
+def table_families(snap, now_ns: int, ledger: dict | None = None) -> list:
+    """Every table-backed metric family for one snapshot (pure: no clock, no I/O).
+
+    ``now_ns`` is CLOCK_MONOTONIC, the clock the posture's ``since_ns`` is on.
+    ``ledger``: the unit counters (the table's ``ledger_view`` shape) when they come
+    from the publishing point rather than the table.
+    """
+    return [
+        *_identity(snap),
+        _slots(snap),
+        *_posture(snap.posture_view(), now_ns),
+        *_ledger(snap.ledger_view() if ledger is None else ledger),
+        *_queues(snap),
+        GaugeMetricFamily("fleet_table_torn_records", "Table records a writer left mid-write.", value=len(snap.torn)),
+    ]
+
+
+def _identity(snap) -> list:
+    meta = snap.meta or {}
+    info = GaugeMetricFamily(
+        "fleet_info", "The fleet this endpoint exports.", labels=("fleet", "version", "mode", "boot_id")
+    )
+    info.add_metric((snap.name, str(meta.get("version") or ""), str(meta.get("mode") or ""), snap.boot_id), 1)
+    out = [info]
+    plan = meta.get("plan")
+    if plan:
+        profile = GaugeMetricFamily(
+            "fleet_profile",
+            "The booted tier plan: profile asked for, binding it resolved to, oversubscribed.",
+            labels=("profile", "binding", "oversubscribed"),
+        )
+        profile.add_metric(
+            (str(plan.get("profile")), str(plan.get("binding")), _bool_label(plan.get("oversubscribed"))), 1
+        )
+        out.append(profile)
+    return out
+
+
+def _slots(snap) -> GaugeMetricFamily:
+    # Every (role, held state) pair and the Idle row are exported, zeros included,
+    # so a series never vanishes when its count drops to zero.
+    counts = {("", fsm.STATE_NAMES[fsm.IDLE]): 0}
+    for role in snap.role_names:
+        for state in sorted(fsm.HELD_STATES):
+            counts[(role, fsm.STATE_NAMES[state])] = 0
+    for i in range(snap.n_slots):
+        slot = snap.slot(i)
+        key = (slot["role"] or "", slot["state"])
+        counts[key] = counts.get(key, 0) + 1
+    family = GaugeMetricFamily("fleet_slots", "Slots by role and FSM state.", labels=("role", "state"))
+    for (role, state), n in counts.items():
+        family.add_metric((role, state), n)
+    return family
+
+
+def _posture(view: dict, now_ns: int) -> list:
+    cordoned = view["state"] == fsm.POSTURE_NAMES[fsm.CORDONED]
+    since = view["since_ns"]
+    current_ns = max(0, now_ns - since) if cordoned and since else 0
+    return [
+        GaugeMetricFamily("fleet_posture_cordoned", "1 while the fleet is Cordoned.", value=int(cordoned)),
+        CounterMetricFamily("fleet_posture_enter", "Times the fleet entered Cordoned.", value=view["enter_count"]),
+        CounterMetricFamily("fleet_posture_exit", "Times the fleet left Cordoned.", value=view["exit_count"]),
+        CounterMetricFamily(
+            "fleet_posture_cordoned_seconds",
+            "Time spent Cordoned, the current stay included.",
+            value=(view["cordoned_ns"] + current_ns) / 1e9,
+        ),
+        CounterMetricFamily(
+            "fleet_intake_suppressed", "Units whose intake the posture refused or deferred.", value=view["suppressed"]
+        ),
+    ]
+
+
+def _ledger(view: dict) -> list:
+    by_outcome = CounterMetricFamily("fleet_units", "Units that reached an outcome.", labels=("outcome",))
+    for outcome in OUTCOMES:
+        by_outcome.add_metric((outcome,), view[outcome])
+    by_reason = CounterMetricFamily("fleet_units_failed", "Failed units by reason.", labels=("reason",))
+    counts = view["failed_by_reason"]
+    for code in range(max(len(FAILURE_REASONS), len(counts))):
+        by_reason.add_metric((reason_name(code),), counts[code] if code < len(counts) else 0)
+    return [
+        CounterMetricFamily("fleet_units_submitted", "Units submitted.", value=view["submitted"]),
+        by_outcome,
+        GaugeMetricFamily("fleet_units_inflight", "Units submitted and not yet at an outcome.", value=view["inflight"]),
+        by_reason,
+    ]
+
+
+def _queues(snap) -> list:
+    depth = GaugeMetricFamily("fleet_queue_depth", "Units waiting in each role's queue.", labels=("role",))
+    bound = GaugeMetricFamily("fleet_queue_bound", "Each role's queue bound (a full queue refuses).", labels=("role",))
+    in_use = GaugeMetricFamily("fleet_role_slots_in_use", "Slots each role holds now.", labels=("role",))
+    for code in range(len(snap.role_names)):
+        role = snap.role_view(code)
+        depth.add_metric((role["name"],), role["queue_depth"])
+        bound.add_metric((role["name"],), role["queue_bound"])
+        in_use.add_metric((role["name"],), role["in_use"])
+    return [depth, bound, in_use]
+
+
+class FleetCollector(Collector):
+    """A prometheus_client collector over a snapshot provider: one snapshot per scrape.
+
+    A provider that raises a FleetError (the table went away, or is corrupt) yields
+    only ``fleet_table_readable 0`` (and the run times): the scrape succeeds and the
+    alert can fire. ``units``, when given, returns the published unit counters and
+    run-time histogram, read together (see `FleetMetrics.publish_units`).
+    """
+
+    def __init__(self, provider: SnapshotProvider, *, clock: Callable[[], int] = time.monotonic_ns,
+                 units: Callable[[], tuple] | None = None):
+        self._provider = provider
+        self._clock = clock
+        self._units = units
+
+    def collect(self) -> Iterable:
+        ledger, runs = self._units() if self._units is not None else (None, None)
+        if runs is not None:
+            yield runs
+        try:
+            snap = self._provider()
+        except FleetError as exc:
+            log.warning("metrics scrape: cannot read the fleet table: %s", exc)
+            yield GaugeMetricFamily("fleet_table_readable", "1 when the fleet table could be read.", value=0)
+            return
+        yield GaugeMetricFamily("fleet_table_readable", "1 when the fleet table could be read.", value=1)
+        yield from table_families(snap, self._clock(), ledger)
+
+
+# ------------------------------------------------------------------------- the fleet
+
+
+class FleetMetrics:
+    """One fleet's metrics on its own registry: the table collector, the unit counters
+    and the run-time histogram.
+
+    Args:
+        provider: returns a fresh TableSnapshot; called once per scrape, on the
+            scraping thread (a snapshot is a lock-free read, safe from any thread).
+        buckets: bucket bounds of ``fleet_unit_run_seconds``.
+        clock: CLOCK_MONOTONIC in ns (injected for tests).
+    """
+
+    def __init__(
+        self,
+        provider: SnapshotProvider,
+        *,
+        buckets: Iterable[float] = RUN_SECONDS_BUCKETS,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ):
+        self._bounds = tuple(sorted(float(b) for b in buckets))
+        self._lock = threading.Lock()
+        self._ledger: dict | None = None
+        self._runs: dict[str, tuple[list[int], float]] = {}  # role -> (count per bucket and +Inf, sum)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(FleetCollector(provider, clock=clock, units=self._units_view))
+
+    def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = ()) -> None:
+        """Publish the ledger's counters and the run times of units that ended since the
+        last call, as one step: a scrape sees both or neither. Thread-safe.
+
+        ``ledger`` is `fleet.rules.ledger.LedgerCounts.to_dict()` (failures by reason name).
+        Raises ValueError, publishing nothing, for a negative or non-finite run time.
+        """
+        runs = list(runs)
+        for _, seconds in runs:
+            _check_seconds(seconds)
+        by_reason = ledger.get("failed_by_reason", {})
+        view = {
+            "submitted": int(ledger["submitted"]),
+            **{outcome: int(ledger[outcome]) for outcome in OUTCOMES},
+            "inflight": int(ledger["inflight"]),
+            "failed_by_reason": [int(by_reason.get(reason, 0)) for reason in FAILURE_REASONS],
+        }
+        with self._lock:
+            self._ledger = view
+            for role, seconds in runs:
+                self._observe_locked(role, seconds)
+
+    def observe_run(self, role: str, seconds: float) -> None:
+        """Record one finished unit's run time alone (no counters). Thread-safe; cheap.
+
+        Raises ValueError for a negative or non-finite duration: a clock mix-up
+        upstream, which the histogram would otherwise hide in its sum.
+        """
+        _check_seconds(seconds)
+        with self._lock:
+            self._observe_locked(role, seconds)
+
+    def _observe_locked(self, role: str, seconds: float) -> None:
+        counts, total = self._runs.get(role) or ([0] * (len(self._bounds) + 1), 0.0)
+        i = next((i for i, bound in enumerate(self._bounds) if seconds <= bound), len(self._bounds))
+        counts[i] += 1
+        self._runs[role] = (counts, total + seconds)
+
+    def _units_view(self) -> tuple[dict | None, HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            "fleet_unit_run_seconds", "Run time of finished units (handler start to outcome), by role.",
+            labels=("role",),
+        )
+        with self._lock:
+            ledger = None if self._ledger is None else dict(self._ledger)
+            runs = {role: (list(counts), total) for role, (counts, total) in self._runs.items()}
+        for role in sorted(runs):
+            counts, total = runs[role]
+            cumulative, buckets = 0, []
+            for bound, n in zip((*self._bounds, float("inf")), counts):
+                cumulative += n
+                buckets.append((floatToGoString(bound), cumulative))
+            family.add_metric((role,), buckets, total)
+        return ledger, family
+
+    def exposition(self) -> bytes:
+        """The current text exposition (what a scrape returns)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+def _check_seconds(seconds: float) -> None:
+    if not (seconds >= 0 and seconds != float("inf")):
+        raise ValueError(f"run time must be a finite number of seconds >= 0, got {seconds!r}")
+
+
+# -------------------------------------------------------------------------- the server
+
+
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in progress never holds the process open
+
+
+class _IPv6ThreadingWSGIServer(_ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # one line per scrape would drown the journal
+        pass
+
+
+class MetricsServer:
+    """An HTTP endpoint serving one fleet's metrics from a background thread.
+
+    Construction binds nothing; `start` binds and serves, `close` stops the thread
+    and closes the socket. Use as a context manager, or ``start()`` / ``close()``.
+
+    Args:
+        host: address to bind; localhost by default (metrics are not for the network
+            unless the operator says so).
+        port: TCP port; 0 picks a free one (read `port` after `start`).
+        provider: snapshot provider (see `FleetMetrics`); ignored when ``metrics`` is given.
+        metrics: an existing `FleetMetrics` to serve.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 9464,
+        provider: SnapshotProvider | None = None,
+        *,
+        metrics: FleetMetrics | None = None,
+    ):
+        if metrics is None:
+            if provider is None:
+                raise TypeError("MetricsServer needs a snapshot provider or a FleetMetrics")
+            metrics = FleetMetrics(provider)
+        self.metrics = metrics
+        self.host = host
+        self._requested_port = port
+        self._bound_port: int | None = None
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the ephemeral one when asked for 0), kept after `close`; the requested one before `start`."""
+        return self._requested_port if self._bound_port is None else self._bound_port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def observe_run(self, role: str, seconds: float) -> None:
+        """Shortcut for ``self.metrics.observe_run``."""
+        self.metrics.observe_run(role, seconds)
+
+    def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = ()) -> None:
+        """Shortcut for ``self.metrics.publish_units``."""
+        self.metrics.publish_units(ledger, runs)
+
+    def start(self) -> MetricsServer:
+        """Bind and serve in a daemon thread; returns self. OSError if the port is taken."""
+        if self._server is not None:
+            return self
+        server_class = _IPv6ThreadingWSGIServer if ":" in self.host else _ThreadingWSGIServer
+        app = make_wsgi_app(self.metrics.registry)
+        self._server = make_server(
+            self.host, self._requested_port, app, server_class=server_class, handler_class=_QuietHandler
+        )
+        self._bound_port = self._server.server_address[1]
+        # serve_forever notices shutdown() only between polls: a short poll keeps close() prompt.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": POLL_S}, name=f"fleet-metrics-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("serving metrics on %s", self.url)
+        return self
+
+    def close(self) -> None:
+        """Stop serving, join the thread, close the socket. Idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()  # returns once serve_forever has left its loop
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> MetricsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,467 @@
+"""The worker: one process per seat, running the units granted to its slots in order.
+
+A worker is forked from the fleet's zygote (`fleet.runtime.zygote`), which has already
+imported numba, loaded the transition kernels, imported every handler module and
+attached the shared table and data segment; so a worker starts in milliseconds and
+compiles nothing. Construction is inert; `run()` does the work (STYLE item 7).
+
+For each task message: START (T2) or RESUME (T6) its slot, run the handler, end the
+slot with the completion its role's kind takes (PIN_KEYED T3, PIN_SINGLETON T4,
+RELEASE T5) — or DRAINED (T8) when the supervisor drained the slot meanwhile — and
+push the result. A unit of a deferrable role that cordon refuses to start is held
+back (not run, not lost) and retried once the posture is Nominal again, while the
+seat goes on with other roles' units. If the fleet closes while units are held, the
+posture may never clear on its own (a sticky cause): they are handed back unrun
+(ST_HELD_AT_CLOSE; the supervisor fails them Shutdown) so shutdown cannot wedge.
+
+Units of an I/O-bound role (``io_bound = true``) run concurrently, up to the seat's
+slots of that role at once. A seat that hosts one runs an asyncio loop on its main
+thread instead of the plain loop above, and that thread still owns the slot
+transitions and the result ring: it STARTs each unit on its own slot, runs it on
+`fleet.runtime.io.runner` (``async def`` handlers as tasks on the loop, plain ones on a
+thread pool, other roles' units one after another on a serial thread), and ends the
+slot and pushes the result when the unit is done — for a coroutine, in the task that
+ran it. The task ring's wake-ups reach the loop as a readable fd (`RingRelay`).
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import pickle
+import signal
+import time
+import traceback
+
+from fleet.rules import fsm
+from fleet.shm import messages as M
+from fleet.runtime.codec import MAX_DETAIL_CHARS, CodecError, describe, dumps, error_parts, loads, refused_body, safe_str, split_route
+from fleet._chunk import run_items
+from fleet.shm.dataplane import RingRelay
+from fleet.runtime.io.runner import IoRunner
+from fleet.runtime.io.selector import new_event_loop
+from fleet.rules.outcomes import Refused
+from fleet.shm.table.layout import FLAG_CLOSING
+from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
+
+log = logging.getLogger("fleet.runtime.worker")
+
+EXIT_OK = 0
+EXIT_BROKEN = 70  # EX_SOFTWARE: the worker hit a state it cannot continue from
+
+#: How long an idle worker sleeps between checks when units are held back by cordon.
+HELD_RETRY_S = 0.05
+#: After its work runs out, a worker looks for the next task this long before it
+#: sleeps (yielding its CPU between looks): a seat fed by a caller's back-to-back
+#: submits gets each within a round trip (~50 us), and a worker that is still looking
+#: takes it at once, where a sleeping one is woken tens of microseconds later. At most
+#: this much CPU after each stretch of work; an idle worker sleeps.
+IDLE_SPIN_S = 200e-6
+#: On a seat with I/O slots, the supervisor's bell rings at least every this many results.
+RESULT_RING_EVERY = 8
+#: The cost field of a result whose handler reported none.
+NO_COST = float("nan")
+#: The CPU field of a result whose handler's CPU time was not measured.
+NO_CPU = float("nan")
+
+
+
+class Worker:
+    """Runs one seat. `handlers[role code]` is the callable for that role (or None)."""
+
+    def __init__(self, seat: int, table, data, roles, handlers: list):
+        self.seat = seat
+        self.table = table
+        self.roles = roles
+        self.handlers = handlers
+        self.tasks = data.tasks(seat)
+        self.results = data.results(seat)
+        self.bell = data.bell
+        self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
+        self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
+        self._async = [inspect.iscoroutinefunction(h) for h in handlers]
+        self._io_bound = [r.io_bound for r in roles]
+        self._io_slots = self._count_io_slots()  # 0: no I/O-bound role has slots on this seat
+        self.io: IoRunner | None = None  # made by `run` on a seat with I/O slots
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._relay: RingRelay | None = None
+        self._bell_due = False  # an end-of-pass ring is scheduled (results were pushed this pass)
+        self._unrung = 0  # results pushed since the last ring
+        self._held_timer = None
+
+    def _count_io_slots(self) -> int:
+        seats = self.table.meta.get("seats", ())
+        mine = seats[self.seat].get("role_slots", {}) if self.seat < len(seats) else {}
+        return sum(n for role, n in mine.items() if role in self.roles and self.roles[role].io_bound)
+
+    # --- the loop ---------------------------------------------------------------------
+    def run(self) -> int:
+        if self._io_slots:
+            return self._run_io_seat()
+        while True:
+            self._look_at_held()
+            batch = self.tasks.pop_many()
+            if not batch:
+                self.tasks.wait(HELD_RETRY_S if self.held else None, spin_s=IDLE_SPIN_S)
+                continue
+            self._tasks(batch)
+
+    def _look_at_held(self) -> None:
+        if self.held and self.table.posture[0] == fsm.NOMINAL:
+            self._retry_held()
+        elif self.held and int(self.table.segment.header["flags"]) & FLAG_CLOSING:
+            self._hand_back_held()
+
+    def _tasks(self, batch) -> None:
+        for tag, view in batch:
+            if tag == M.TASK:
+                self._task(M.TASK_HEAD.unpack_from(view), view[M.TASK_HEAD.size :])
+
+    # --- a seat with I/O slots: everything on one event loop ----------------------------
+    def _run_io_seat(self) -> int:
+        self.loop = loop = new_event_loop()  # timers to the nanosecond (fleet.runtime.io.selector)
+        asyncio.set_event_loop(loop)
+        self.io = IoRunner(self._io_slots, loop, self._unit_done)
+        self._relay = RingRelay(self.tasks)
+        loop.add_reader(self._relay.fileno(), self._relayed)
+        loop.call_soon(self._pump)
+        loop.run_forever()  # until the process ends: the zygote or the supervisor ends it
+        return EXIT_OK
+
+    def _relayed(self) -> None:
+        self._relay.clear()
+        self._pump()
+
+    def _pump(self) -> None:
+        """Take the tasks there are; when none, arm the relay (it fires at the next)."""
+        self._look_at_held()
+        seen = self.tasks.seq()  # before looking: a task pushed after this fires the relay
+        batch = self.tasks.pop_many()
+        if batch:
+            self._tasks(batch)
+            self.loop.call_soon(self._pump)  # more may be there: look again once ready tasks ran
+            return
+        self._relay.arm(seen)
+        if self.held and self._held_timer is None:
+            self._held_timer = self.loop.call_later(HELD_RETRY_S, self._held_tick)
+
+    def _held_tick(self) -> None:
+        self._held_timer = None
+        self._pump()
+
+    def _unit_done(self, slot: int, tag, result) -> None:
+        """A unit run by the runner is done (on the loop thread): end its slot, push its
+        result, then start what waited for its slot or for the serial lane."""
+        unit_id, role = tag
+        if isinstance(result, BaseException):  # escaped _execute (a fleet bug): still its outcome
+            status, out, elapsed, cost, cpu = M.ST_HANDLER_ERROR, _error_body(result), 0.0, NO_COST, NO_CPU
+        else:
+            status, out, elapsed, cost, cpu = result
+        status, out, final = self._finish(unit_id, slot, role, status, out)
+        self._send(unit_id, slot, status, final, elapsed, out, ring=False, cost=cost, cpu=cpu)
+        self._result_pushed()
+        io = self.io
+        while not io.busy(slot) and (item := io.next_for(slot)) is not None:
+            self._task(*item)
+        while (item := io.next_serial()) is not None:
+            self._task(*item)
+
+    def _result_pushed(self) -> None:
+        """Units whose waits end together end in one pass of the loop: ring the bell for
+        the first result of a pass and for every RESULT_RING_EVERY-th (the supervisor
+        starts on them while the rest are pushed), and once after the pass for those left."""
+        first = not self._bell_due
+        if first:
+            self._bell_due = True
+            self.loop.call_soon(self._end_of_pass)
+        self._unrung += 1
+        if first or self._unrung >= RESULT_RING_EVERY:
+            self._unrung = 0
+            self.bell.ring()
+
+    def _end_of_pass(self) -> None:
+        self._bell_due = False
+        if self._unrung:
+            self._unrung = 0
+            self.bell.ring()
+
+    def _hand_back_held(self) -> None:
+        held, self.held = self.held, []
+        for (unit_id, slot, *_rest), _body in held:
+            text = b"the fleet closed while cordon held this unit back; it never ran"
+            self._send(unit_id, slot, M.ST_HELD_AT_CLOSE, self._state(slot), 0.0, text)
+
+    def _retry_held(self) -> None:
+        held, self.held = self.held, []
+        for head, body in held:
+            self._task(head, body)
+
+    # --- one unit ---------------------------------------------------------------------
+    def _task(self, head: tuple, body) -> None:
+        unit_id, slot, key_id, role, start_event, flags = head
+        if any(held[0][1] == slot for held in self.held):
+            # Behind a unit cordon held back on the same slot: keep their order (its
+            # RESUME could not apply before the held START anyway).
+            self.held.append((head, bytes(body)))
+            return
+        io = self.io
+        if io is not None:
+            if self._io_bound[role]:
+                if io.busy(slot):
+                    io.defer(slot, (head, body))  # its slot's unit still runs: it starts after it
+                    return
+            elif io.serial_busy:
+                io.defer_serial((head, body))  # the seat's other units run one after another
+                return
+        reason = self.table.start_unit(slot, start_event, role, key_id, unit_id)
+        if reason == fsm.R_CORDONED:
+            self.held.append((head, bytes(body)))
+            return
+        if reason != fsm.OK:
+            text = f"slot {slot} refused {fsm.EVENT_NAMES[start_event]}: {fsm.REASON_NAMES[reason]}"
+            # A RESUME on an Idle slot is expected once cordon drained its pin (the supervisor
+            # requeues the unit); any other refusal is a broken rule.
+            drained = start_event == fsm.RESUME and self._state(slot) == fsm.IDLE
+            log.log(logging.INFO if drained else logging.ERROR, "unit %d: %s", unit_id, text)
+            self._send(unit_id, slot, M.ST_START_REFUSED, self._state(slot), 0.0, text.encode())
+            return
+        if flags & M.F_TIMED:
+            self.results.send(M.STARTED, M.STARTED_HEAD.pack(unit_id, slot))
+            self.bell.ring()
+        if io is not None:
+            tag = (unit_id, role)
+            if not self._io_bound[role]:
+                io.serial(slot, tag, lambda: self._execute(unit_id, role, flags, body))
+            elif self._async[role]:
+                io.await_(slot, tag, lambda: self._execute_async(unit_id, role, flags, body))
+            else:
+                io.call(slot, tag, lambda: self._execute(unit_id, role, flags, body))
+            return
+        status, out, elapsed, cost, cpu = self._execute(unit_id, role, flags, body)
+        status, out, final = self._finish(unit_id, slot, role, status, out)
+        self._send(unit_id, slot, status, final, elapsed, out, cost=cost, cpu=cpu)
+
+    def _execute(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float, float]:
+        """Run a unit's handler: (status, result body, seconds, reported cost or NaN, CPU seconds of
+        this thread meanwhile: a handler that sleeps runs long on little CPU). Any thread may call it."""
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        if flags & M.F_CHUNK:
+            status, out, cost = self._run_chunk(unit_id, role, body)
+        else:
+            status, out, cost = self._run_one(unit_id, role, body, flags)
+        return status, out, time.perf_counter() - t0, cost, time.thread_time() - cpu0
+
+    def _unit(self, unit_id: int, role: int, payload, key, lane, request_id, route=None) -> Unit:
+        return Unit(unit_id, self.roles.by_code(role).name, payload, key, lane, request_id, route)
+
+    def _decode_one(self, unit_id: int, role: int, body, flags: int = 0) -> Unit:
+        route = None
+        if flags & M.F_ROUTED:
+            route, body = split_route(body, _HERE)
+        payload, key, lane, request_id = loads(body, "the payload", _HERE)
+        if type(payload).__name__ == "_Pickled":
+            payload = payload.load("the payload", _HERE)  # a service-mode client's payload, pickled at its end
+        return self._unit(unit_id, role, payload, key, lane, request_id, route)
+
+    def _decode_chunk(self, unit_id: int, role: int, body):
+        """A chunk's items (a list), and the Unit its every item shares but the payload."""
+        payloads, key, lane, request_id = loads(body, "the chunk's payloads", _HERE)
+        if type(payloads).__name__ == "_Pickled":
+            payloads = payloads.load("the chunk's payloads", _HERE)  # a service-mode client's chunk, pickled at its end
+        if type(payloads) is not list:
+            payloads = list(payloads)
+        return payloads, Unit(unit_id, self.roles.by_code(role).name, None, key, lane, request_id)
+
+    def _run_one(self, unit_id: int, role: int, body, flags: int) -> tuple[int, bytes, float]:
+        running = _Running()
+        token = RUNNING.set(running)  # fleet.current_unit() / fleet.report_cost() in the handler
+        try:
+            running.unit = self._decode_one(unit_id, role, body, flags)
+            value = self.handlers[role](running.unit)
+        except BaseException as exc:  # noqa: BLE001 - every handler failure is an outcome
+            return (*_failure_body(exc), NO_COST)
+        finally:
+            RUNNING.reset(token)
+        return (*_result_body(value), _cost(running))
+
+    def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes, float]:
+        """Run every item of a chunk, in order: (values, {index: (status, detail)} for items
+        that did not solve), and the cost its items reported, summed. A flat list of
+        values pickles far faster than per-item tuples. The items run in one C loop
+        (`fleet._chunk`: a Unit per item, built and passed without a Python frame of
+        ours, and set as `fleet.current_unit()` while it runs); it stops at an item that
+        raises, which is recorded here, and resumes at the item after it."""
+        try:
+            payloads, template = self._decode_chunk(unit_id, role, body)
+        except BaseException as exc:  # noqa: BLE001
+            return M.ST_HANDLER_ERROR, _error_body(exc), NO_COST
+        handler, values, failures = self.handlers[role], [], {}
+        running = _Running()
+        token = RUNNING.set(running)
+        try:
+            start = 0
+            while (failed := run_items(handler, template, _PAYLOAD_AT, payloads, values, start, running)) is not None:
+                index, exc = failed
+                failures[index] = _item_failure(exc)
+                values.append(None)
+                start = index + 1
+        finally:
+            RUNNING.reset(token)
+        return (*_chunk_body(values, failures), _cost(running))
+
+    # --- I/O-bound roles: the same unit, awaited ------------------------------------------
+    async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float, float]:
+        """As `_execute`; its CPU is not measured (the loop's thread runs other units between awaits)."""
+        t0 = time.perf_counter()
+        if flags & M.F_CHUNK:
+            status, out, cost = await self._run_chunk_async(unit_id, role, body)
+        else:
+            status, out, cost = await self._run_one_async(unit_id, role, body, flags)
+        return status, out, time.perf_counter() - t0, cost, NO_CPU
+
+    async def _run_one_async(self, unit_id: int, role: int, body, flags: int) -> tuple[int, bytes, float]:
+        running = _Running()
+        token = RUNNING.set(running)  # this task's own context: concurrent units do not mix
+        try:
+            running.unit = self._decode_one(unit_id, role, body, flags)
+            value = await self.handlers[role](running.unit)
+        except BaseException as exc:  # noqa: BLE001 - every handler failure is an outcome
+            return (*_failure_body(exc), NO_COST)
+        finally:
+            RUNNING.reset(token)
+        return (*_result_body(value), _cost(running))
+
+    async def _run_chunk_async(self, unit_id: int, role: int, body) -> tuple[int, bytes, float]:
+        """A chunk's items run one after another, as in `_run_chunk`: a chunk holds one slot."""
+        try:
+            payloads, template = self._decode_chunk(unit_id, role, body)
+        except BaseException as exc:  # noqa: BLE001
+            return M.ST_HANDLER_ERROR, _error_body(exc), NO_COST
+        handler, values, failures = self.handlers[role], [], {}
+        running = _Running()
+        token = RUNNING.set(running)  # this task's own context, as for a single unit
+        try:
+            for i, payload in enumerate(payloads):
+                running.unit = template._replace(payload=payload)
+                try:
+                    values.append(await handler(running.unit))
+                except BaseException as exc:  # noqa: BLE001
+                    values.append(None)
+                    failures[i] = _item_failure(exc)
+                running.unit = None
+        finally:
+            RUNNING.reset(token)
+        return (*_chunk_body(values, failures), _cost(running))
+
+    def _finish(self, unit_id: int, slot: int, role: int, status: int, out: bytes) -> tuple[int, bytes, int]:
+        """End the slot's unit: (status, body, the slot's state afterwards). A refused
+        completion is a broken FSM rule, not a result to trust: the unit fails FsmRefused."""
+        reason, final = self.table.finish_unit(slot, self._completion[role], role)
+        if reason != fsm.OK:
+            text = f"slot {slot} refused {fsm.EVENT_NAMES[self._completion[role]]}: {fsm.REASON_NAMES[reason]}"
+            log.error("unit %d: %s", unit_id, text)
+            return M.ST_COMPLETION_REFUSED, text.encode(), final
+        return status, out, final
+
+    def _state(self, slot: int) -> int:
+        return self.table.state(slot)[0]
+
+    def _send(self, unit_id, slot, status, final_state, elapsed, body, ring: bool = True, cost: float = NO_COST,
+              cpu: float = NO_CPU) -> None:
+        """Push a result; `ring=False` leaves waking the supervisor to the caller (a batch)."""
+        head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost, cpu)
+        if len(head) + len(body) > self.results.max_message:
+            status = M.ST_RESULT_ERROR
+            body = f"result is {len(body)} bytes; the result ring takes {self.results.max_message}".encode()
+            head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost, cpu)
+        while not self.results.push2(M.RESULT, head, body):
+            self.bell.ring()  # the supervisor may be asleep with a full ring to drain
+            self.results.wait_space(len(head) + len(body), 1.0)
+        if ring:
+            self.bell.ring()
+
+
+#: Where a chunk item's payload goes in its Unit (`run_items` fills the rest from a template).
+_PAYLOAD_AT = Unit._fields.index("payload")
+#: Where this process unpickles what the supervisor sent, as a failure names it.
+_HERE = "in the worker"
+
+
+def _traceback(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException as err:  # noqa: BLE001 - a handler's exception is its unit's, whatever it does
+        return f"{describe(exc)}\n(its traceback cannot be formatted: {describe(err)})"
+
+
+def _error_body(exc: BaseException) -> bytes:
+    # Plain data (text, bytes): pickling it cannot run a unit's code.
+    return pickle.dumps(error_parts(_traceback(exc), exc), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _item_failure(exc: BaseException) -> tuple[int, object]:
+    """What a handler's exception makes of a chunk item: (status, reason or codec.error_parts)."""
+    if isinstance(exc, Suppress):
+        return M.ST_SUPPRESSED, safe_str(exc.reason, MAX_DETAIL_CHARS)
+    return M.ST_HANDLER_ERROR, error_parts(_traceback(exc), exc)
+
+
+def _cost(running: _Running) -> float:
+    return NO_COST if running.cost is None else running.cost
+
+
+def _failure_body(exc: BaseException) -> tuple[int, bytes]:
+    """What a handler's exception makes of a unit (the same rule as for a chunk item);
+    a provider's refusal (fleet.Refused) is its own outcome, Failed(Refused)."""
+    if isinstance(exc, Refused):
+        return M.ST_REFUSED, refused_body(exc)
+    status, detail = _item_failure(exc)
+    if status == M.ST_SUPPRESSED:
+        return status, _utf8(detail)
+    return status, pickle.dumps(detail, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _chunk_body(values: list, failures: dict) -> tuple[int, bytes]:
+    """A chunk's result, its status summing up its items (so nobody has to unpickle its
+    values to learn its outcome): failed if an item failed, else suppressed if one was."""
+    status, out = _result_body((values, failures), "the chunk's results")
+    if status != M.ST_SOLVED:
+        return status, out
+    kinds = {st for st, _ in failures.values()}
+    if M.ST_HANDLER_ERROR in kinds:
+        return M.ST_CHUNK_FAILED, out
+    return (M.ST_CHUNK_SUPPRESSED if kinds else M.ST_CHUNK), out
+
+
+def _result_body(value, what: str = "the result") -> tuple[int, bytes]:
+    try:
+        return M.ST_SOLVED, dumps(value, what)
+    except CodecError as exc:  # an unpicklable result is the unit's outcome
+        return M.ST_RESULT_ERROR, _utf8(str(exc))
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode(errors="replace")  # a lone surrogate in a handler's text is no reason to die
+
+
+def child_setup(cpus, nice: int | None = None) -> None:
+    """Process-wide set-up of a fresh worker (after fork, before run): pinned to `cpus`,
+    at `nice` (fleet.host.priority: a worker below its supervisor's loop)."""
+    from fleet._native import lib
+
+    lib.fleet_set_pdeathsig(signal.SIGKILL)  # never outlive the zygote (and so fleetd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when work stops
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as exc:  # a CPU outside our cgroup's cpuset: run unpinned, say so
+            log.warning("cannot pin worker to cpus %s: %s", list(cpus), exc)
+    if nice is not None and nice != os.getpriority(os.PRIO_PROCESS, 0):
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except OSError as exc:  # a nice we may not take: run at the zygote's, say so
+            log.warning("cannot set worker nice to %d: %s", nice, exc)

@@ -1,0 +1,205 @@
+"""The zygote: a single-threaded process that forks the fleet's workers.
+
+Starting a Python worker from scratch costs the interpreter, numba, the compiled
+kernels and the handler modules: about a second. The supervisor cannot fork
+itself (it is multi-threaded, and embedded in somebody's program), so it starts
+this process once; the zygote pays the start-up cost, and every worker — at boot
+and at every restart after a death — is a fork of it, ready in milliseconds.
+
+Protocol: JSON lines over a socketpair with the supervisor.
+  supervisor -> zygote: {"op": "boot", ...} once, then {"op": "fork", "seat": i, "cpus": [...]}, {"op": "exit"}
+  zygote -> supervisor: {"op": "ready", "pid": p, "fleet": the directory fleet was imported from}
+                        | {"op": "error", "type": ..., "message": ...}
+                        {"op": "forked", "seat": i, "pid": p} | {"op": "exited", "pid": p, "status": s}
+The zygote reaps its children and reports each exit, then rings the supervisor's
+bell so its loop wakes. It dies with the supervisor (parent-death signal), and its
+workers die with it.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import sys
+
+log = logging.getLogger("fleet.runtime.zygote")
+
+
+def resolve_handler(spec: str, where: str):
+    """'module:function' -> the callable; ConfigError naming the role when it cannot be had."""
+    from fleet.rules.errors import ConfigError
+
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except BaseException as exc:  # noqa: BLE001 - any import failure is a config error to report
+        raise ConfigError(where, f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(where, f"{spec!r}: module {module_name!r} has no callable {attr!r}")
+    return fn
+
+
+def check_async_handler(role, handler) -> None:
+    """An `async def` handler needs an event loop: only I/O-bound roles run one."""
+    import inspect
+
+    from fleet.rules.errors import ConfigError
+
+    if handler is not None and inspect.iscoroutinefunction(handler) and not role.io_bound:
+        raise ConfigError(f"roles.{role.name}.handler",
+                          f"{role.handler!r} is an async def handler; declare the role io_bound = true to run it")
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = b""
+        self.children: dict[int, int] = {}  # pid -> seat
+        self.table = self.data = self.roles = None
+        self.handlers: list = []
+        self.worker_nice: int | None = None
+
+    def send(self, **msg) -> None:
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+
+    def read_messages(self) -> list | None:
+        """Every complete message received so far (None once the supervisor is gone).
+        Reads what the socket has; several messages may arrive in one read."""
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            return None
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(line) for line in lines if line]
+
+    def read_one(self) -> dict:
+        """Block for the next message (boot time only)."""
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return {}
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def boot(self, msg: dict) -> None:
+        from fleet.rules.roles import Role, RoleSet
+        from fleet.shm.table import SlotTable
+        from fleet.shm.dataplane import DataSegment
+
+        sys.path[:] = msg["sys_path"]
+        self.worker_nice = msg.get("worker_nice")
+        self.roles = RoleSet(tuple(Role(**r) for r in msg["roles"]))
+        self.handlers = [
+            resolve_handler(r.handler, f"roles.{r.name}.handler") if r.handler else None for r in self.roles
+        ]
+        for role, handler in zip(self.roles, self.handlers):
+            check_async_handler(role, handler)
+        self.table = SlotTable.attach(msg["name"])
+        self.table._kernels()  # compile or load once, here, for every fork to inherit
+        self.data = DataSegment.attach(msg["name"])
+        # Everything imported so far (numba, the handlers' modules) lives as long as the
+        # process: out of the collector's sight, a worker's full collections walk only
+        # what it made itself (and forked pages stay shared, untouched by the collector).
+        gc.collect()
+        gc.freeze()
+
+    def fork(self, seat: int, cpus) -> int:
+        zygote = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            code = 70
+            try:
+                from fleet.runtime.worker import Worker, child_setup
+
+                self.sock.close()
+                child_setup(cpus, self.worker_nice)
+                if os.getppid() != zygote:
+                    os._exit(1)  # the zygote died before our death signal was armed: never an orphan
+                code = Worker(seat, self.table, self.data, self.roles, self.handlers).run()
+            except BaseException:  # noqa: BLE001 - a crashing worker must still exit, never return here
+                logging.getLogger("fleet.runtime.worker").exception("worker for seat %d crashed", seat)
+            finally:
+                os._exit(code)
+        self.children[pid] = seat
+        return pid
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.pop(pid, None)
+            self.send(op="exited", pid=pid, status=os.waitstatus_to_exitcode(status))
+            self.tell()
+
+    def tell(self) -> None:
+        """Wake the supervisor's loop for an event just sent: news first, then the bell."""
+        self.data.zygote_news.bump()
+        self.data.bell.ring()
+
+    def serve(self) -> int:
+        rsig, wsig = os.pipe()
+        os.set_blocking(wsig, False)
+        os.set_blocking(rsig, False)
+        signal.set_wakeup_fd(wsig)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup fd
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ, "sock")
+        sel.register(rsig, selectors.EVENT_READ, "sig")
+        while True:
+            for key, _ in sel.select():
+                if key.data == "sig":
+                    os.read(rsig, 4096)
+                    self.reap()
+                    continue
+                msgs = self.read_messages()
+                if msgs is None:
+                    return 0  # the supervisor is gone
+                for msg in msgs:
+                    if msg["op"] == "fork":
+                        self.send(op="forked", seat=msg["seat"], pid=self.fork(msg["seat"], msg.get("cpus")))
+                        self.tell()
+                    elif msg["op"] == "exit":
+                        return 0
+            self.reap()  # a SIGCHLD may have raced the registration
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="fleet.runtime.zygote", description="Fork server for fleet workers (internal).")
+    parser.add_argument("--fd", type=int, required=True, help="the socketpair end inherited from the supervisor")
+    parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
+    args = parser.parse_args(argv)
+    from fleet._native import lib
+
+    lib.fleet_set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != args.parent:
+        return 1  # the supervisor died before the death signal was armed
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    zygote = Zygote(sock)
+    boot = zygote.read_one()
+    logging.basicConfig(level=boot.get("log_level", logging.WARNING), format="%(asctime)s %(name)s %(message)s")
+    try:
+        zygote.boot(boot)
+    except BaseException as exc:  # noqa: BLE001 - report any boot failure to the supervisor
+        zygote.send(op="error", type=type(exc).__name__, message=str(exc), path=getattr(exc, "path", None))
+        return 1
+    from fleet.runtime.zygote_link import FLEET_ROOT  # where this process's fleet came from
+
+    zygote.send(op="ready", pid=os.getpid(), fleet=FLEET_ROOT)  # the supervisor checks it runs the same copy
+    return zygote.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

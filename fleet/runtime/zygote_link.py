@@ -1,0 +1,227 @@
+"""The supervisor's end of the zygote: starting it, its protocol, fork requests, and
+noticing its death (the zygote's own end is fleet.runtime.zygote, which documents the
+protocol: JSON lines over a socketpair).
+
+`ZygoteLink.start` launches `python -m fleet.runtime.zygote`, sends the boot message and
+waits for `ready` (a handler that cannot be imported comes back as the ConfigError
+naming the role). After boot the socket is non-blocking: `fork(seat, cpus)` asks
+for a worker, `read()` returns the `Forked` and `Exited` events received so far
+(None once the zygote is gone), `exit()` asks it to stop and waits for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import site
+import socket
+import subprocess
+import sys
+import time
+
+from fleet.rules.errors import BootRefused, ConfigError
+
+log = logging.getLogger("fleet.runtime.supervisor")
+
+#: How long boot waits for the zygote to import handlers and load kernels.
+BOOT_TIMEOUT_S = 120.0
+
+#: The directory this fleet package was imported from. The zygote is started so that
+#: it imports fleet from here too: a supervisor and its workers must run one copy of
+#: fleet (its table layout, FSM and ring protocol), whatever else the zygote's working
+#: directory or environment would put first (a folder named fleet, another install).
+FLEET_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class WorkerStartError(BootRefused):
+    """The worker fork server could not start (it says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Forked:
+    """The zygote forked the worker of `seat`."""
+
+    seat: int
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited:
+    """A worker exited (status: exit code, or minus the signal that killed it)."""
+
+    pid: int
+    status: int
+
+
+class ZygoteLink:
+    """One running zygote, from the supervisor's side."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+        self._proc = proc
+        self._sock = sock
+        self._buf = b""
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    # --- start -------------------------------------------------------------------------
+    @classmethod
+    def start(cls, name: str, roles, spawner, worker_nice: int | None = None) -> "ZygoteLink":
+        """Start a zygote for fleet `name` and boot it with `roles`; its workers run at
+        `worker_nice` (None: the zygote's own; see fleet.host.priority).
+
+        `spawner` is a one-thread executor that lives as long as the fleet: the
+        zygote's parent-death signal fires when the *thread* that started it exits,
+        so it must not be whichever caller thread booted the fleet.
+
+        Raises:
+            ConfigError: a role's handler cannot be imported (named by its path).
+            WorkerStartError: the zygote failed, exited or did not answer in time.
+        """
+        ours, theirs = socket.socketpair()
+        proc = spawner.submit(
+            subprocess.Popen,
+            # -P: the working directory does not go first on the zygote's sys.path, the
+            # root of this fleet (zygote_env) does; the boot message then gives the
+            # zygote our whole sys.path, so handlers import as they do here.
+            [sys.executable, "-P", "-m", "fleet.runtime.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=zygote_env(os.environ),
+        ).result()
+        theirs.close()
+        link = cls(proc, ours)
+        try:
+            link._boot(name, roles, worker_nice)
+        except BaseException:
+            link.exit(timeout=0.5)
+            raise
+        return link
+
+    def _boot(self, name: str, roles, worker_nice: int | None) -> None:
+        boot = {
+            "op": "boot",
+            "name": name,
+            "worker_nice": worker_nice,
+            "roles": [dataclasses.asdict(r) for r in roles],
+            "sys_path": list(sys.path),
+            "log_level": logging.getLogger("fleet").getEffectiveLevel(),
+        }
+        self._sock.sendall(json.dumps(boot).encode() + b"\n")
+        reply = self._reply(time.monotonic() + BOOT_TIMEOUT_S)
+        if reply.get("op") == "error":
+            if reply.get("path"):
+                raise ConfigError(reply["path"], reply["message"].split(": ", 1)[-1])
+            raise WorkerStartError(f"worker fork server failed to boot: {reply.get('type')}: {reply.get('message')}")
+        if reply.get("op") != "ready":
+            raise WorkerStartError(f"worker fork server said {reply!r} at boot")
+        theirs = reply.get("fleet")
+        if theirs is None or os.path.realpath(theirs) != os.path.realpath(FLEET_ROOT):
+            raise WorkerStartError(f"worker fork server runs the fleet package of {theirs!r}, "
+                                   f"this process the one of {FLEET_ROOT!r}: they must be one copy")
+        self._sock.setblocking(False)
+
+    def _reply(self, deadline: float) -> dict:
+        self._sock.settimeout(max(0.0, deadline - time.monotonic()))
+        while b"\n" not in self._buf:
+            try:
+                chunk = self._sock.recv(65536)
+            except TimeoutError:
+                raise WorkerStartError("worker fork server did not answer in time") from None
+            except ConnectionError:  # it died with our boot message unread: a reset, not an end of file
+                chunk = b""
+            if not chunk:
+                raise WorkerStartError(f"worker fork server exited at boot (code {self._proc.wait()})")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    # --- running -----------------------------------------------------------------------
+    def fork(self, seat: int, cpus) -> None:
+        """Ask for a worker for `seat`, pinned to `cpus` (answered by a `Forked` event)."""
+        try:
+            self._send({"op": "fork", "seat": seat, "cpus": list(cpus)})
+        except OSError as exc:
+            # The zygote is gone (its end of the socket closed under us). The next read
+            # says so, and the supervisor forks every seat again, this one included.
+            log.warning("cannot ask the worker fork server for seat %d: %s", seat, exc)
+
+    def read(self, block_until: float | None = None) -> list | None:
+        """The events received so far; None when the zygote is gone.
+
+        With `block_until` (a time.monotonic deadline), waits for at least one event.
+
+        Raises:
+            WorkerStartError: nothing came before `block_until`.
+        """
+        while b"\n" not in self._buf:
+            try:
+                if block_until is not None:
+                    self._sock.settimeout(max(0.001, block_until - time.monotonic()))
+                chunk = self._sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return []
+            except TimeoutError:
+                raise WorkerStartError("worker fork server did not fork the workers in time") from None
+            except ConnectionError:
+                # A zygote killed with our fork requests unread resets the socket
+                # instead of closing it: it is gone all the same.
+                return None
+            finally:
+                if block_until is not None:
+                    self._sock.setblocking(False)
+            if not chunk:
+                return None
+            self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        return [e for e in map(_event, lines) if e is not None]
+
+    def wait(self) -> int:
+        """The zygote's exit code (it is gone or going)."""
+        return self._proc.wait()
+
+    def exit(self, timeout: float = 5.0) -> None:
+        """Ask the zygote to exit; kill it if it has not within `timeout`. Idempotent."""
+        try:
+            self._send({"op": "exit"})
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._sock.close()
+
+    def _send(self, msg: dict) -> None:
+        self._sock.setblocking(True)
+        try:
+            self._sock.sendall(json.dumps(msg).encode() + b"\n")
+        finally:
+            self._sock.setblocking(False)
+
+
+def _event(line: bytes):
+    msg = json.loads(line)
+    if msg["op"] == "forked":
+        return Forked(msg["seat"], msg["pid"])
+    if msg["op"] == "exited":
+        return Exited(msg["pid"], msg["status"])
+    return None
+
+
+def zygote_env(environ, root: str = FLEET_ROOT, site_dirs=None) -> dict:
+    """The zygote's environment: `environ`, with `root` first on PYTHONPATH, unless it is
+    one of the interpreter's own site directories: a zygote started with -P finds it
+    there as this process did (and site-packages put ahead of the standard library
+    could shadow a module of it with a stale backport of the same name)."""
+    env = dict(environ)
+    if site_dirs is None:
+        site_dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    if os.path.realpath(root) in {os.path.realpath(d) for d in site_dirs}:
+        return env
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = root + (os.pathsep + rest if rest else "")
+    return env

@@ -1,0 +1,666 @@
+"""`fleet.connect`: a service-mode client of a running fleetd, with the embedded API.
+
+    with fleet.connect("app") as f:
+        fut = f.submit("resolve", {"path": p})
+        for result in f.map("resolve", paths, chunksize=64):
+            ...
+
+`Client` offers what `fleet.Fleet` offers — ``submit``, ``map``, ``status``,
+``ledger``, ``shutdown`` (and ``posture_show`` / ``posture_set``) — over the fleet's
+control socket. Payloads are pickled here and unpickled only in a worker; values
+come back pickled. Service-mode keys are ``str`` or ``int`` (they travel as JSON).
+
+Delivery. Each submit carries this client's random token and a sequence number;
+fleetd holds the unit's outcome under the token. One background thread long-polls
+``collect`` whenever a future is pending and resolves futures as outcomes arrive
+(a large value arrives in parts and is joined here). A slow daemon is not a lost
+one: a poll it does not answer in time (stopped, swamped) or whose connection
+breaks is asked again on a new connection, and the daemon sends again whatever the
+client has not acknowledged, so the futures wait for the outcomes it still owes. If
+the daemon dies (the socket refuses us), restarts, or dropped this client's
+outcomes, every pending future fails with `FleetConnectionLost` (a FleetError) —
+none is left hanging.
+
+Reconnecting. The client is not spent by a lost daemon: the next call connects
+again, and once fleetd is back (restarted under the same name) calls and submits
+work as before. A restart is told by the daemon's pid on the socket (SO_PEERCRED):
+outcomes owed by the old daemon are gone with it, so the futures still waiting for
+them fail with `FleetConnectionLost`, and new submits use a fresh token.
+
+A submit that got no reply. A submit whose request went out and whose reply never
+came (none within ``timeout``, the connection broke, or fleetd's loop was still in
+it at its deadline) raises `SubmitUncertain`: the unit may have been admitted. With a
+``request_id`` the retry is safe: fleetd admits one unit per id (`fleet.service.replays`), and
+the retry's future gets that unit's outcome. A submit that raised anything else ran
+nothing.
+
+Cancelling. ``future.cancel()`` asks fleetd to cancel the unit (the ``cancel`` op):
+a unit that has not started is cancelled — it never runs, the ledger counts it
+failed ``Cancelled`` — and cancel() returns True; a unit already running runs to
+its outcome and cancel() returns False, as `concurrent.futures` promises. If the
+daemon cannot be reached, the future is cancelled here only (nobody waits for it).
+
+Connecting to a booting fleet. fleetd creates the fleet's table before it opens
+its control socket, so `fleetctl status` can see a fleet that does not take
+connections yet. `connect` waits (up to ``boot_wait``, `BOOT_WAIT_S` by default)
+for the socket of a fleet whose table says a live service-mode fleetd is booting.
+
+Only the daemon's uid and root may submit (the socket checks SO_PEERCRED); any
+uid that can reach the socket may read ``status`` and ``ledger``.
+
+Trust. The client believes only a fleetd of its own uid, root, or a uid in
+``trust_uids`` (`fleet.host.trust`): the daemon's uid on each connection (SO_PEERCRED),
+the owner of the table a booting fleet's socket path is read from, and the owners
+of the directories a socket is looked up in are checked before anything is sent
+or unpickled. Anything else is `fleet.UntrustedPeer` naming the uid.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from fleet.runtime import codec
+from fleet.service import control
+from fleet.service.control import (
+    ControlBusy,
+    ControlTimeout,
+    FleetConnectionLost,
+    NotRunning,
+    OutcomesDropped,
+    ProtocolError,
+    RemoteError,
+    ReplyLost,
+    SubmitUncertain,
+)
+from fleet.service.control import outcome_record
+from fleet.service.control.outcome_record import BadOutcomeRecord
+from fleet.rules.errors import FleetError
+from fleet.api.executor import MAP_WINDOW, map_units, map_window
+from fleet.service.replays import RequestIdReused
+from fleet.rules.roles import UnknownRoleError
+from fleet.route import Route
+from fleet.host.trust import UntrustedPeer, trusted_uids
+from fleet.rules.unit import (
+    BadUnit,
+    FleetClosed,
+    PayloadTooLarge,
+    PayloadUnpicklable,
+    QueueFull,
+    RoleStopped,
+    SubmitRefused,
+)
+
+__all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "SubmitUncertain", "connect"]
+
+log = logging.getLogger("fleet.service.client")
+
+#: How long `connect` waits, by default, for the control socket of a fleet that is
+#: booting (its table is up, its socket not yet): booting forks every worker first.
+BOOT_WAIT_S = 30.0
+#: How often `connect` looks for that socket meanwhile.
+_BOOT_POLL_S = 0.05
+#: How long one `collect` long poll waits on the daemon.
+COLLECT_WAIT_S = 10.0
+#: How much longer than its wait a poll's reply may take before the client asks again
+#: (on a new connection: the daemon holds what it sent until it is acknowledged).
+COLLECT_GRACE_S = 20.0
+#: Pause before polling again after a poll the daemon was too slow or too busy to answer.
+COLLECT_RETRY_S = 0.05
+#: Polls in a row whose connection broke after it was made, before the daemon counts
+#: as gone (a live one is reached again at the first of them).
+COLLECT_BREAKS = 3
+#: A connection idle this long is replaced before use: the server drops idle
+#: connections (ControlServer idle_timeout, 300 s) and a dropped one would read
+#: as a dead daemon.
+IDLE_REFRESH_S = 60.0
+#: Largest pickled payload a submit frame can carry: base64 (4/3) of it plus the
+#: other arguments must fit control.MAX_FRAME.
+MAX_WIRE_PAYLOAD = (control.MAX_FRAME - 64 * 1024) * 3 // 4
+
+# Error replies that are the embedded API's typed submit refusals, by wire type.
+_SUBMIT_ERRORS = {cls.__name__: cls for cls in (
+    BadUnit, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed,
+    RequestIdReused)}
+
+
+def connect(name: str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
+            boot_wait: float = BOOT_WAIT_S, trust_uids: Iterable[int] = ()) -> "Client":
+    """A client of the running fleet ``name`` (its fleetd's control socket).
+
+    Args:
+        name: the fleet's name (``[fleet] name`` or ``fleetd --name``).
+        timeout: seconds to wait for a reply to a request before ControlTimeout.
+        env: where to look for the socket (``RUNTIME_DIRECTORY``, ``XDG_RUNTIME_DIR``);
+            default os.environ.
+        boot_wait: seconds to wait for the socket of a fleet that is still booting
+            (its table exists, owned by a live service-mode fleetd, but its socket
+            is not open yet); 0 does not wait.
+        trust_uids: uids besides our own and root whose fleetd this client may use
+            (a service run as its own user, say); every other uid's is refused.
+    Raises:
+        NotRunning (exit 69): no fleetd of that name answers (or it did not finish
+            booting within ``boot_wait``).
+        UntrustedPeer (exit 85): the fleetd, its table, or the directory its socket
+            was found in belongs to an untrusted uid (named); nothing was sent or read.
+        InvalidTrust (exit 2): ``trust_uids`` holds something that is not a uid.
+        PermissionDenied (exit 77): this uid may not connect to the socket.
+        ControlBusy (exit 75): fleetd refused the connection, every one it allows is busy.
+    """
+    trust = trusted_uids(trust_uids)
+    client = Client(name, _socket_for(name, env, boot_wait, trust), timeout=timeout, trust_uids=trust)
+    try:
+        client.ping()
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def _socket_for(name: str, env: Mapping[str, str] | None, boot_wait: float, trust: frozenset[int]):
+    """The fleet's control socket; waits for it while the fleet's table says it is booting."""
+    deadline = time.monotonic() + boot_wait
+    while True:
+        try:
+            return control.find_socket(name, env, trust=trust)
+        except NotRunning as exc:
+            path = _booting_socket(name, trust)
+            if path is None:
+                raise
+            if os.path.exists(path):
+                return path
+            if time.monotonic() >= deadline:
+                raise NotRunning(f"fleet {name!r} is booting but its control socket {path} did not appear "
+                                 f"within {boot_wait:g}s") from exc
+            time.sleep(_BOOT_POLL_S)
+
+
+def _booting_socket(name: str, trust: frozenset[int]) -> str | None:
+    """The socket path a live service-mode fleetd of ``name`` will listen on, from its
+    table; None when there is no such table (no fleet, a dead one, an embedded one).
+    UntrustedPeer when the table belongs to an untrusted uid: its path is theirs."""
+    from fleet.shm.table import snapshot
+
+    try:
+        snap, alive = snapshot.read(name, trust=trust)
+    except UntrustedPeer:
+        raise
+    except (FleetError, OSError):
+        return None
+    meta = snap.meta or {}
+    if not alive or meta.get("mode") != "service" or not meta.get("socket"):
+        return None
+    return str(meta["socket"])
+
+
+class _Channel(control.ControlClient):
+    """One connection for one thread at a time: replaced when it sat idle long enough
+    for the server to have dropped it, and can be aborted from another thread."""
+
+    def __init__(self, path, *, timeout, trust_uids):
+        super().__init__(path, timeout=timeout, trust_uids=trust_uids)
+        self._used = 0.0
+        self.lock = threading.RLock()  # a future's callback may cancel (a call) mid-submit
+
+    def _connect(self):
+        if self._sock is not None and time.monotonic() - self._used > IDLE_REFRESH_S:
+            self.close()
+        sock = super()._connect()
+        self._used = time.monotonic()
+        return sock
+
+    def abort(self) -> None:
+        """Wake a call blocked in recv on another thread (it then fails)."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _RemoteUnitFuture(Future):
+    """A client future whose `cancel` cancels the unit in the fleet when it has not started."""
+
+    def __init__(self, client: "Client"):
+        super().__init__()
+        self._client = client
+        # Set while fleetd is asked to cancel: the Cancelled outcome may come back
+        # before the reply does, and must then cancel this future, not fail it.
+        self.cancelling = False
+
+    def cancel(self) -> bool:
+        """Cancel the unit if it has not started in the fleet (True); False if it is
+        running or done. If fleetd cannot be reached, only this future is cancelled."""
+        if self.done():
+            return self.cancelled()
+        self.cancelling = True
+        if not self._client._cancel_remote(self):
+            self.cancelling = False
+            return False
+        return super().cancel()
+
+
+class Client(Executor):
+    """A running fleetd, seen from another process. Build it with `fleet.connect`.
+
+    ``Client(name, path)`` talks to the socket at ``path`` with no lookup; the daemon
+    there must still run as our uid, root, or one of ``trust_uids`` (UntrustedPeer).
+    """
+
+    def __init__(self, name: str, path: str | os.PathLike, *, timeout: float = 30.0, trust_uids: Iterable[int] = ()):
+        self.name = name
+        self.path = path
+        self.timeout = timeout
+        trust = trusted_uids(trust_uids)
+        self._token = secrets.token_urlsafe(24)
+        self._token_pid: int | None = None  # the daemon holding outcomes for _token
+        self._seq = itertools.count(1)
+        self._requests = _Channel(path, timeout=timeout, trust_uids=trust)
+        self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + COLLECT_GRACE_S), trust_uids=trust)
+        self._cond = threading.Condition()
+        self._pending: dict[int, tuple[Future, str]] = {}
+        self._parts: dict[int, list[str]] = {}
+        self._received = 0  # outcomes of _token received: the next collect's ack
+        self._bounds: dict[str, tuple[int, int]] = {}  # role -> (queue bound, slots), from submit replies
+        self._collector: threading.Thread | None = None
+        self._closing = False
+
+    # --- Executor -----------------------------------------------------------------------
+    def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
+               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None,
+               age: float = 0.0) -> Future:
+        """Submit one unit to the fleet's `role`; returns its Future (see `fleet.Fleet.submit`,
+        also for the provider admission's `route`, `severity`, `pinned`, `parent`, `tag`, `age`).
+
+        ``request_id`` makes the submit idempotent: fleetd admits one unit per id
+        (`fleet.service.replays`: while the unit is owed and for 5 minutes after), so
+        submitting again with the same id and arguments returns a future of that
+        unit, never a second run; the same id with other arguments raises
+        RequestIdReused.
+
+        Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
+        PayloadUnpicklable, QueueFull, RoleStopped, RequestIdReused, FleetClosed
+        (this client is closed, or the fleet is stopping), PermissionDenied (this
+        uid may not submit), ControlBusy (fleetd refused the connection: busy),
+        FleetConnectionLost (the daemon is gone; a later submit tries again).
+        Raises SubmitUncertain when the request went out and no reply came (none
+        within the client's timeout, or the connection broke): the unit may have
+        been admitted; retry with the same request_id to run it at most once.
+        """
+        if route is not None and type(route) is not Route:
+            raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
+        admission = {} if route is None else {"route": str(route), "severity": severity, "pinned": pinned,
+                                              "parent": parent, "tag": tag}
+        if route is None and (severity is not None or pinned or parent is not None or tag is not None or age):
+            raise BadUnit("severity, pinned, parent, tag and age are provider admission arguments: give route= too")
+        if age:
+            admission["age"] = age  # checked by the fleet (a number of seconds >= 0)
+        return self._submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
+                            request_id=request_id, **admission)
+
+    def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
+            lane=None) -> Iterator:
+        """Results of `role`'s handler over `iterable`, in order (see `fleet.Fleet.map`)."""
+        return self._map(role, iterable, chunksize, timeout, lane, ordered=True)
+
+    def map_unordered(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
+                      lane=None) -> Iterator:
+        """Results as their units complete (see `fleet.Fleet.map_unordered`)."""
+        return self._map(role, iterable, chunksize, timeout, lane, ordered=False)
+
+    def _map(self, role, iterable, chunksize, timeout, lane, ordered) -> Iterator:
+        return map_units(
+            lambda payload, chunk: self._submit(role, payload, lane=lane, chunk=chunk),
+            role, iterable, chunksize=chunksize, timeout=timeout,
+            window=lambda: map_window(chunksize, *self._bounds.get(role, (MAP_WINDOW, 0))), ordered=ordered,
+        )
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Close this client (the fleet keeps running).
+
+        wait=True first waits for every pending future; cancel_futures cancels the
+        ones still pending here (their units still run in the fleet). Futures still
+        pending when the client closes fail with FleetClosed.
+        """
+        with self._cond:
+            self._closing = True
+            pending = [fut for fut, _ in self._pending.values()]
+            self._cond.notify_all()
+        if cancel_futures:
+            for fut in pending:
+                fut.cancel()
+        if wait:
+            for fut in pending:
+                try:
+                    fut.exception()
+                except BaseException:  # noqa: BLE001 - cancelled: it is done either way
+                    pass
+        self._polls.abort()
+        if self._collector is not None and self._collector is not threading.current_thread():
+            self._collector.join()
+        self._fail_pending(FleetClosed(f"client of fleet {self.name!r} closed before the outcome arrived"))
+        with self._requests.lock:
+            self._requests.close()
+        self._polls.close()
+
+    def close(self) -> None:
+        """Close now: pending futures fail with FleetClosed (the fleet keeps running)."""
+        self.shutdown(wait=False)
+
+    # --- views --------------------------------------------------------------------------
+    def status(self) -> dict:
+        """What `fleetctl status --json` shows, plus the daemon's own ``daemon`` section."""
+        return self._call("status")
+
+    def ledger(self) -> dict:
+        """submitted, solved, suppressed, failed (+ in flight and failures by reason)."""
+        return self._call("ledger")
+
+    def posture_show(self) -> dict:
+        return self._call("posture_show")
+
+    def posture_set(self, **patch) -> dict:
+        """Retune posture thresholds; RemoteError ``PostureRetuneError`` (exit 78) if refused."""
+        return self._call("posture_set", patch=patch)
+
+    def posture_release(self, cause: str) -> dict:
+        """Release a sticky posture cause (``lane-death``, ``operator``); the posture view
+        with ``released`` (was it held)."""
+        return self._call("posture_release", cause=cause)
+
+    def ping(self) -> dict:
+        return self._call("ping")
+
+    def admission_show(self) -> dict:
+        """The provider admission's read model (see `fleet.Fleet.status`'s ``admission``)."""
+        return self._call("admission_show")
+
+    def admission_close(self, pool: str, until: float, message: str = "") -> dict:
+        """Close a provider or ``provider/credential`` until `until` (UTC epoch seconds)."""
+        return self._call("admission_close", pool=pool, until=float(until), message=message)
+
+    def admission_reopen(self, pool: str) -> dict:
+        """Reopen a closed provider or key; ``reopened``: whether it was closed."""
+        return self._call("admission_reopen", pool=pool)
+
+    def report_budget(self, provider: str, spent: float, limit: float | None = None) -> dict:
+        """As `fleet.Fleet.report_budget`: the provider's daily budget reading (RemoteError ``BadBudget``)."""
+        return self._call("admission_budget", provider=provider, spent=spent, limit=limit)
+
+    # -- the provider admission's coordinator API: questions any connected peer may ask
+    def admission_allowance(self, lane: str | None) -> int | None:
+        """As `fleet.Fleet.admission_allowance`: None, or 0 while every route of the lane is held back."""
+        return self._call("admission_allowance", lane=lane)["allowance"]
+
+    def admission_plan(self, lane: str | None, route, wanted: int, pinned: bool = False) -> int:
+        """As `fleet.Fleet.admission_plan`: how many of `wanted` units on `route` would start now. A route
+        outside the catalog: RemoteError ``BadPlan``; a route that is not a `fleet.Route`: BadPlan
+        (nothing sent); other malformed arguments: ProtocolError ``InvalidArgs``."""
+        if type(route) is not Route:
+            from fleet.runtime.provider_gate import BadPlan
+
+            raise BadPlan(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
+        return self._call("admission_plan", lane=lane, route=str(route), wanted=wanted, pinned=pinned)["starts"]
+
+    def admission_starving(self) -> list[dict]:
+        """As `fleet.Fleet.admission_starving`."""
+        return self._call("admission_starving")["starving"]
+
+    def __repr__(self) -> str:
+        return f"<fleet.Client {self.name!r} at {self.path}>"
+
+    # --- requests -----------------------------------------------------------------------
+    def _call(self, op: str, **args: Any) -> Any:
+        with self._requests.lock:
+            return self._requests.call(op, **args)
+
+    def _submit(self, role, payload, *, key=None, lane=None, priority=0, timeout=None, request_id=None,
+                chunk=False, **admission) -> Future:
+        if self._closing:
+            raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
+        try:
+            raw = codec.dumps(payload, f"payload for role {role!r}")
+        except codec.CodecError as exc:  # whatever pickling raises, the unit cannot travel
+            raise PayloadUnpicklable(str(exc)) from None
+        if len(raw) > MAX_WIRE_PAYLOAD:
+            raise PayloadTooLarge(f"payload for role {role!r} is {len(raw)} bytes pickled; a service-mode submit "
+                                  f"carries at most {MAX_WIRE_PAYLOAD} (one control frame, base64)")
+        seq = next(self._seq)
+        fut = _RemoteUnitFuture(self)
+        with self._requests.lock:
+            try:
+                pid = self._requests.connect()
+                with self._cond:
+                    if self._closing:  # shutdown() began since the check above: it waits for none of ours
+                        raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
+                    token = self._token_for(pid)
+                    self._pending[seq] = (fut, role)
+                reply = self._requests.call("submit", role=role, pickled=raw, key=key, lane=lane, priority=priority,
+                                            timeout=timeout, request_id=request_id, token=token, seq=seq,
+                                            chunk=chunk, **admission)
+            except BaseException as exc:
+                with self._cond:
+                    self._pending.pop(seq, None)
+                raise self._translate(exc, role, request_id) from None
+        fut.unit_id = reply["unit"]
+        self._bounds[role] = (reply.get("queue_bound", MAP_WINDOW), reply.get("slots", 0))
+        self._start_collector()
+        with self._cond:
+            self._cond.notify_all()
+        return fut
+
+    def _token_for(self, pid: int) -> str:
+        """The token to submit under to the daemon ``pid`` (lock held). A new daemon (a
+        restart) owes nothing of the old one's: those futures fail, a new token starts."""
+        if self._token_pid is not None and self._token_pid != pid:
+            self._retire_locked_and_fail(FleetConnectionLost(
+                f"fleetd {self.name!r} at {self.path} restarted (pid {self._token_pid} -> {pid}); "
+                "outcomes owed by the old daemon are lost"))
+        self._token_pid = pid
+        return self._token
+
+    def _cancel_remote(self, fut: Future) -> bool:
+        """Ask fleetd to cancel ``fut``'s unit: True if it will not run (or fleetd cannot
+        be asked: then nobody waits for it here either), False if it started."""
+        unit = getattr(fut, "unit_id", None)
+        if unit is None:
+            return True  # never admitted: nothing runs
+        try:
+            with self._requests.lock:
+                reply = self._requests.call("cancel", unit=unit)
+        except (FleetError, OSError) as exc:
+            log.debug("fleet %s: cannot cancel unit %s in the fleet: %s", self.name, unit, exc)
+            return True
+        return bool(reply.get("cancelled"))
+
+    def _translate(self, exc: BaseException, role: str, request_id: str | None = None) -> BaseException:
+        """The embedded API's typed error for a refused submit; SubmitUncertain for one
+        whose reply never came (it may have been admitted)."""
+        if isinstance(exc, ReplyLost) or (isinstance(exc, ControlTimeout) and exc.sent) or (
+                isinstance(exc, RemoteError) and exc.type == control.E_OUTCOME_UNKNOWN):
+            retry = (f"submitting again with request_id={request_id!r} is safe: fleetd admits one unit per id"
+                     if request_id is not None else "give submit a request_id to make a retry safe")
+            return SubmitUncertain(f"submit to role {role!r} of fleet {self.name!r}: {exc}; the unit may have been "
+                                   f"admitted and then runs: {retry}", role=role, request_id=request_id)
+        if isinstance(exc, RemoteError):
+            cls = _SUBMIT_ERRORS.get(exc.type)
+            if cls is not None:
+                return cls(exc.message)
+            if exc.type == "UnknownRoleError":
+                err = UnknownRoleError(role, ())
+                err.args = (exc.message,)
+                return err
+            if exc.type == control.E_SHUTTING_DOWN:
+                return FleetClosed(f"fleet {self.name!r} is shutting down: {exc.message}")
+            if exc.type == "OutcomesDropped":
+                lost = OutcomesDropped(exc.message)
+                self._retire(lost)  # this token is refused from now on: a new one starts
+                return lost
+            return exc
+        if isinstance(exc, ProtocolError) and exc.code == control.E_INVALID_ARGS:
+            return BadUnit(exc.message)  # checked here before sending, as the daemon would
+        if isinstance(exc, (NotRunning, OSError)):
+            return FleetConnectionLost(f"lost fleetd {self.name!r} at {self.path}: {exc}")
+        return exc
+
+    # --- outcomes -----------------------------------------------------------------------
+    def _start_collector(self) -> None:
+        with self._cond:
+            if self._collector is not None:
+                return
+            self._collector = threading.Thread(target=self._collect_loop, name=f"fleet-client-{self.name}",
+                                               daemon=True)
+        self._collector.start()
+
+    def _collect_loop(self) -> None:
+        breaks = 0  # polls in a row whose connection broke after it was made
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._waiting() or self._closing)
+                if not self._waiting():
+                    return  # closing, nothing owed
+            token = connected = None
+            try:
+                with self._polls.lock:
+                    pid = self._polls.connect()
+                    connected = True
+                    with self._cond:
+                        if self._token_pid is not None and pid != self._token_pid:
+                            self._retire_locked_and_fail(FleetConnectionLost(
+                                f"fleetd {self.name!r} at {self.path} restarted (pid {self._token_pid} -> {pid}) "
+                                f"with unit(s) pending; their outcomes are lost"))
+                            continue
+                        token, ack = self._token, self._received
+                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S, ack=ack)
+            except (ControlTimeout, ControlBusy) as exc:
+                # A live daemon too slow or too busy to answer still owes the outcomes (it
+                # holds what it sent until acknowledged): the futures stay pending.
+                if self._closing:
+                    return
+                log.info("fleet %s: no outcomes from %s yet (%s); polling again", self.name, self.path, exc)
+                time.sleep(COLLECT_RETRY_S)
+                continue
+            except RemoteError as exc:
+                cls = OutcomesDropped if exc.type == "OutcomesDropped" else FleetConnectionLost
+                self._retire(cls(f"fleetd {self.name!r} at {self.path}: {exc}"), token)
+                continue
+            except (FleetError, OSError) as exc:
+                if self._closing:
+                    return  # shutdown() aborted the poll on purpose
+                if connected and breaks < COLLECT_BREAKS:
+                    # The connection broke under a poll: connect again and ask again. A dead
+                    # daemon refuses the connection, a restarted one shows another pid.
+                    breaks += 1
+                    continue
+                self._retire(FleetConnectionLost(
+                    f"lost fleetd {self.name!r} at {self.path} with {len(self._pending)} unit(s) pending: {exc}"),
+                    token)
+                continue
+            breaks = 0
+            self._deliver(reply.get("outcomes", []), reply.get("first", 0), token)
+
+    def _waiting(self) -> bool:
+        """Some pending future is not done (cancelled ones need no outcome)."""
+        return any(not fut.done() for fut, _ in self._pending.values())
+
+    def _deliver(self, records: list[dict], first: int, token: str) -> None:
+        if token != self._token:
+            return  # for a token retired meanwhile: its futures have failed already
+        for number, raw in enumerate(records, first):
+            with self._cond:
+                if token != self._token:
+                    return  # retired meanwhile (a restart noticed by a submit)
+                if number < self._received:
+                    continue  # sent again: the reply that carried it was late, not lost
+                self._received = number + 1
+            try:
+                record = outcome_record.parse(raw)
+            except BadOutcomeRecord as exc:
+                self._bad_record(raw, exc, token)
+                if token != self._token:
+                    return  # it retired the token: the rest of the reply is owed to nobody
+                continue
+            seq = record.seq
+            value = outcome_record.join_part(record, self._parts)
+            if value is outcome_record.INCOMPLETE:
+                continue
+            with self._cond:
+                entry = self._pending.pop(seq, None)
+            if entry is None:
+                continue  # not ours any more (a submit that raised), or delivered already
+            fut, role = entry
+            if record.reason == "Cancelled" and getattr(fut, "cancelling", False):
+                Future.cancel(fut)  # the outcome of our own cancel: the future ends cancelled
+                continue
+            if not fut.set_running_or_notify_cancel():
+                continue  # cancelled here: the unit ran anyway, nobody wants its outcome
+            try:
+                result = outcome_record.result_of(record, value, role)
+            except BaseException as exc:  # noqa: BLE001 - a UnitError, or a value we cannot unpickle
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+    def _bad_record(self, raw: Any, exc: BadOutcomeRecord, token: str) -> None:
+        """A record that breaks the format fails the future it names; one that names
+        none we wait for leaves no way to tell whose outcome it was, so every pending
+        future fails rather than wait for ever."""
+        seq = raw.get("seq") if isinstance(raw, dict) else None
+        with self._cond:
+            entry = self._pending.pop(seq, None) if isinstance(seq, int) else None
+        if entry is None:
+            self._retire(FleetConnectionLost(f"fleetd {self.name!r} at {self.path} sent an outcome record "
+                                             f"that names no pending unit: {exc}"), token)
+        elif entry[0].set_running_or_notify_cancel():
+            entry[0].set_exception(exc)
+
+    def _retire(self, exc: FleetError, token: str | None = None) -> None:
+        """The daemon holding outcomes for ``token`` (default: the current one) is gone, or
+        dropped them: fail every future waiting for them and start a new token. A loss
+        already handled (``token`` retired meanwhile) changes nothing."""
+        with self._cond:
+            if token is not None and token != self._token:
+                return
+            failed = self._retire_locked(exc)
+        _fail(failed, exc)
+
+    def _retire_locked_and_fail(self, exc: FleetError) -> None:
+        failed = self._retire_locked(exc)
+        # Futures resolve outside the lock only; a callback may call back into us.
+        self._cond.release()
+        try:
+            _fail(failed, exc)
+        finally:
+            self._cond.acquire()
+
+    def _retire_locked(self, exc: FleetError) -> list[Future]:
+        pending, self._pending = self._pending, {}
+        self._parts.clear()
+        self._token = secrets.token_urlsafe(24)
+        self._received = 0
+        self._token_pid = None
+        self._cond.notify_all()
+        if pending:
+            log.warning("fleet %s: %d pending unit(s) lost: %s", self.name, len(pending), exc)
+        return [fut for fut, _ in pending.values()]
+
+    def _fail_pending(self, exc: FleetError) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, {}
+            self._parts.clear()
+            self._cond.notify_all()
+        _fail([fut for fut, _ in pending.values()], exc)
+
+
+def _fail(futures: Iterable[Future], exc: FleetError) -> None:
+    for fut in futures:
+        if Future.set_running_or_notify_cancel(fut):
+            fut.set_exception(exc)

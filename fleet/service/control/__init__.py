@@ -1,0 +1,158 @@
+"""The control protocol: framed JSON requests and replies over a Unix stream socket.
+
+Wire format. One frame is one line: a UTF-8 JSON object followed by ``\\n``, at most
+`MAX_FRAME` bytes (the newline excluded). A request is
+``{"id": <int|string|null>, "op": <string>, "args": {...}}``; its reply is either
+``{"id": .., "ok": true, "result": ..}`` or
+``{"id": .., "ok": false, "error": {"type": .., "message": ..}}``. Replies come in
+request order on the connection that asked. A frame over the limit gets a
+``FrameTooLarge`` reply and the connection is closed (the stream cannot be resynced
+without reading the rest); any other bad frame gets an error reply and the
+connection goes on.
+
+Ops. Each op is one class holding both halves of the command: the client half
+(`Op.to_wire` builds the arguments, `Op.format` renders a result for people) and the
+daemon half (`Op.validate` checks the arguments against the op's schema,
+`Op.execute` calls the `ControlHandler`). `OPS` is the registry both sides look ops
+up in; nothing routes by if/elif.
+
+Who may do what. Anyone who can connect (the socket is mode 0660, group of the
+owner unless configured) may run read-only ops. Mutating ops (``mutating = True``)
+are refused with ``PermissionDenied`` unless the peer's uid, read with SO_PEERCRED,
+is the daemon's own uid or root.
+
+Threads. `ControlServer` reads, validates and answers on one thread that
+multiplexes every connection (selectors), then hands each validated `Call` to a
+dispatch callback that returns a Future. The daemon passes `CallQueue.submit` so
+every op runs on the main loop that owns the state (the loop calls
+`CallQueue.run_pending`); the server thread never waits for a Future: its
+completion wakes the server loop, which sends the reply (or a ``Timeout`` reply
+after ``reply_timeout``). Nothing here changes daemon state from the server
+thread. A *blocking* op (``Op.blocking``, i.e. ``collect``) is the one exception
+to "ops run on the main loop": it waits for something to happen, so the daemon's
+dispatch does not queue it to the loop; its ``execute`` returns at once with a
+Future that the daemon resolves later, and nothing waits on it meanwhile.
+
+Connections. The server admits connections by uid (a cap per uid, a reserve for
+the owner and root; an idle connection of a uid at its cap is closed to make room),
+gives each a deadline to complete a frame, and refuses with a ``Busy`` error reply
+(``"id": null``) when no room can be made; the client raises `ControlBusy`. See
+`ControlServer`.
+
+Result delivery (service mode). ``submit`` admits a unit and replies at once with
+its unit id. A client that wants outcomes passes a ``token`` (a random string it
+keeps for its life) and a ``seq`` (its own number for the unit); the daemon holds
+each outcome under the token until the client fetches it with ``collect``, a long
+poll that returns every outcome ready for the token (or an empty list after its
+``timeout``). A reply never exceeds `COLLECT_REPLY_BUDGET`: outcomes beyond it wait
+for the next ``collect`` (the reply says ``"more": true``), and one value too large
+for a reply travels in consecutive ``part``s that the client joins. A token's
+outcomes are numbered; each ``collect`` acknowledges (``ack``) how many the client
+has, and the daemon sends again those after it, so a reply lost to a client's
+timeout or a broken connection loses nothing. A ``submit`` with a ``request_id`` is
+admitted once per id (`fleet.service.replays`): a retry after a lost reply gets the same unit. Outcomes held
+for a token are bounded (bytes, and time since the token was last seen); past the
+bound the daemon drops them, logs it, and answers that token's next ``collect``
+with ``OutcomesDropped`` so the client fails its pending futures loudly.
+
+Rooms. `errors` (the error types and the ``E_*`` names replies carry), `paths`
+(where the socket lives), `wire` (frames, requests, replies, the argument schema),
+`ops` (the ops, `OPS`, the `ControlHandler` protocol), `calls` (validated calls
+and their queue to the owning thread), `server`, `client`, and `outcome_record`
+(the records `collect` carries, both halves). This package re-exports the names
+callers use, so ``from fleet.service.control import X`` keeps working.
+"""
+from __future__ import annotations
+
+from fleet.rules.errors import NotRunning
+
+# The fleet-name rule lives in fleet.rules.names (one rule for config, segments and
+# sockets); both names stay importable from here.
+from fleet.rules.names import InvalidFleetName, validate_fleet_name
+from fleet.service.control.calls import Call, CallQueue, Peer, inline_dispatch, with_blocking_ops
+from fleet.service.control.client import ControlClient
+from fleet.service.control.errors import (
+    E_BUSY,
+    E_INTERNAL,
+    E_INVALID,
+    E_INVALID_ARGS,
+    E_INVALID_REPLY,
+    E_MALFORMED,
+    E_OUTCOME_UNKNOWN,
+    E_PERMISSION,
+    E_SHUTTING_DOWN,
+    E_TIMEOUT,
+    E_TOO_LARGE,
+    E_UNKNOWN_OP,
+    ControlBusy,
+    ControlError,
+    ControlTimeout,
+    FleetConnectionLost,
+    OutcomesDropped,
+    PermissionDenied,
+    ProtocolError,
+    RemoteError,
+    ReplyLost,
+    ShuttingDown,
+    SubmitUncertain,
+)
+from fleet.service.control.ops import COLLECT_MAX_WAIT_S, COLLECT_REPLY_BUDGET, OPS, POSTURE_KEYS, ControlHandler, Op, OpRegistry
+from fleet.service.control.paths import find_socket, prepare_runtime_dir, runtime_dir, socket_candidates, socket_path
+from fleet.service.control.server import FRAME_TIMEOUT_S, WRITE_TIMEOUT_S, ControlServer, _PressureLog, log
+from fleet.service.control.wire import (
+    MAX_FRAME,
+    Arg,
+    Reply,
+    Request,
+    check_args,
+    decode_reply,
+    decode_request,
+    encode_error,
+    encode_reply,
+    encode_request,
+)
+
+__all__ = [
+    "MAX_FRAME",
+    "OPS",
+    "POSTURE_KEYS",
+    "Arg",
+    "Call",
+    "CallQueue",
+    "COLLECT_MAX_WAIT_S",
+    "COLLECT_REPLY_BUDGET",
+    "ControlBusy",
+    "ControlClient",
+    "ControlError",
+    "ControlHandler",
+    "ControlServer",
+    "ControlTimeout",
+    "FleetConnectionLost",
+    "InvalidFleetName",
+    "NotRunning",
+    "Op",
+    "OpRegistry",
+    "OutcomesDropped",
+    "Peer",
+    "PermissionDenied",
+    "ProtocolError",
+    "RemoteError",
+    "Reply",
+    "ReplyLost",
+    "Request",
+    "ShuttingDown",
+    "SubmitUncertain",
+    "decode_reply",
+    "decode_request",
+    "encode_error",
+    "encode_reply",
+    "encode_request",
+    "find_socket",
+    "inline_dispatch",
+    "prepare_runtime_dir",
+    "runtime_dir",
+    "socket_candidates",
+    "socket_path",
+    "validate_fleet_name",
+    "with_blocking_ops",
+]

@@ -1,0 +1,156 @@
+"""Validated calls and how they reach the thread that owns the state: `Peer`,
+`Call`, the dispatches (`inline_dispatch`, `with_blocking_ops`) and `CallQueue`."""
+from __future__ import annotations
+
+import collections
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.service.control.errors import ShuttingDown
+from fleet.service.control.ops import ControlHandler, Op
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The process at the other end of a connection, from SO_PEERCRED."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @classmethod
+    def of(cls, sock: socket.socket) -> Peer:
+        fmt = "3i"  # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(fmt))
+        return cls(*struct.unpack(fmt, raw))
+
+
+@dataclass(frozen=True)
+class Call:
+    """A validated request, ready to run against the handler on the owning thread."""
+
+    op: Op
+    args: dict[str, Any]
+    peer: Peer
+    request_id: int | str | None = None
+
+    def run(self, handler: ControlHandler) -> Any:
+        return self.op.execute(handler, self.args)
+
+
+def inline_dispatch(handler: ControlHandler) -> Callable[[Call], Future]:
+    """A dispatch that runs each call at once on the server's connection thread.
+
+    Only for handlers that are safe to call from any thread; a daemon whose loop
+    owns its state uses `CallQueue` instead.
+    """
+
+    def dispatch(call: Call) -> Future:
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()
+        try:
+            fut.set_result(call.run(handler))
+        except Exception as exc:  # delivered to the waiter as the reply
+            fut.set_exception(exc)
+        return fut
+
+    return dispatch
+
+
+def with_blocking_ops(handler: ControlHandler, dispatch: Callable[[Call], Future]) -> Callable[[Call], Future]:
+    """A dispatch that keeps blocking ops (``Op.blocking``, a long poll) off ``dispatch``.
+
+    A blocking op's `execute` returns a Future at once; it is handed straight back to
+    the server, whose connection thread waits on it, so a long poll never occupies
+    the loop that owns the state. Every other call goes to ``dispatch`` (normally
+    `CallQueue.submit`).
+    """
+
+    def route(call: Call) -> Future:
+        if not call.op.blocking:
+            return dispatch(call)
+        try:
+            fut = call.run(handler)
+        except Exception as exc:  # delivered to the waiter as the reply
+            fut = Future()
+            fut.set_exception(exc)
+        if not isinstance(fut, Future):
+            raise TypeError(f"blocking op {call.op.name} returned {type(fut).__name__}, not a Future")
+        return fut
+
+    return route
+
+
+class CallQueue:
+    """Hands calls from server threads to the thread that owns the state.
+
+    Give `submit` to `ControlServer` as its dispatch; the owning loop calls
+    `run_pending(handler)` whenever `wait` returns True or its ``wakeup`` fires
+    (e.g. a write to the loop's self-pipe, so a loop sleeping in select wakes).
+    A call whose Future was cancelled (its requester timed out) is skipped, so a
+    ``Timeout`` reply that says "not executed" stays true.
+    """
+
+    def __init__(self, wakeup: Callable[[], None] | None = None):
+        self._calls: collections.deque[tuple[Call, Future]] = collections.deque()
+        self._cond = threading.Condition()
+        self._wakeup = wakeup
+        self._closed: str | None = None
+
+    def submit(self, call: Call) -> Future:
+        """Queue ``call``; thread-safe. After `close` the Future fails with ShuttingDown."""
+        fut: Future = Future()
+        with self._cond:
+            if self._closed is not None:
+                fut.set_exception(ShuttingDown(self._closed))
+                return fut
+            self._calls.append((call, fut))
+            self._cond.notify_all()
+        if self._wakeup is not None:
+            self._wakeup()
+        return fut
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a call is pending (True), or the queue is closed or ``timeout``
+        seconds pass (False). ``while q.wait(): q.run_pending(h)`` serves until `close`."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._calls or self._closed is not None, timeout)
+            return bool(self._calls)
+
+    def run_pending(self, handler: ControlHandler, *, limit: int | None = None) -> int:
+        """Run queued calls (at most ``limit``) on this thread; returns how many ran."""
+        ran = 0
+        while limit is None or ran < limit:
+            with self._cond:
+                if not self._calls:
+                    break
+                call, fut = self._calls.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue  # the requester gave up before we got to it
+            ran += 1
+            try:
+                result = call.run(handler)
+            except Exception as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+        return ran
+
+    def close(self, reason: str = "the fleet daemon is shutting down") -> None:
+        """Refuse new calls and fail the pending ones with ShuttingDown."""
+        with self._cond:
+            self._closed = reason
+            pending, self._calls = list(self._calls), collections.deque()
+            self._cond.notify_all()
+        for _, fut in pending:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(ShuttingDown(reason))
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._calls)

@@ -1,0 +1,214 @@
+"""The outcome record: how one ended unit travels from fleetd to its client in a
+``collect`` reply. Both halves live here: `encode` (the daemon) and `parse` /
+`join_part` / `result_of` (the client), with the record's field names and version.
+
+A record is a JSON object::
+
+    {"v": 1, "seq": <client's number>, "unit": <unit id>, "role": <role>,
+     "kind": "solved" | "suppressed" | "failed", ...}
+
+A solved record carries ``value`` (base64 of the pickled value); a value longer
+than `PART_CHARS` in base64 travels in consecutive records with ``part`` (0-based)
+and ``parts`` (how many). A failed or suppressed record carries ``reason``,
+``detail`` (the traceback text, its head cut past `MAX_DETAIL_CHARS`) and, when
+the handler's exception pickles within `MAX_ERROR_BYTES`, ``error`` (base64 of it).
+A record without ``v`` is version 1 (the format before records carried it).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.runtime.codec import MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _Pickled, clip_detail, dumps, handler_error, loads
+from fleet.rules.outcomes import FAILED, KINDS, SOLVED
+from fleet.rules.unit import Outcome, UnitError, error_for
+from fleet.service.control.errors import E_INVALID_REPLY, ProtocolError
+
+#: The record format's version, sent as ``v``; a client refuses any other.
+VERSION = 1
+
+# Field names.
+V = "v"
+SEQ = "seq"
+UNIT = "unit"
+ROLE = "role"
+KIND = "kind"
+REASON = "reason"
+DETAIL = "detail"
+ERROR = "error"
+VALUE = "value"
+PART = "part"
+PARTS = "parts"
+
+#: Base64 characters of a value per outcome record; a larger value is split into
+#: consecutive parts, so no collect reply outgrows control.COLLECT_REPLY_BUDGET.
+PART_CHARS = 512 * 1024
+
+
+class BadOutcomeRecord(ProtocolError):
+    """An outcome record that breaks the format; ``field`` names the field at fault."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(E_INVALID_REPLY, f"outcome record field {field!r}: {message}")
+
+
+# ================================================================== daemon half
+def encode(seq: int | None, role: str, future: Future) -> list[dict]:
+    """The outcome records for one ended unit, as `collect` sends them.
+
+    One record, or several ``part``s when the pickled value is larger than
+    `PART_CHARS` in base64.
+
+    A solved value travels as the bytes its worker pickled: in service mode the
+    supervisor relays them without unpickling (`fleet.runtime.codec._Pickled`), so the
+    daemon never has to pickle a value again. That is what keeps the ledger honest:
+    a value that the worker could pickle but that would not survive a round trip
+    through the daemon (its unpickled form is not picklable) used to be counted
+    solved while its client was sent a ResultError. Relayed, the client gets
+    exactly what the handler returned, and the daemon runs no code from a result.
+    A value that is not relayed (a future built by hand) is pickled here; if that
+    fails the record is a failed ``ResultError`` that says so. A handler's exception
+    is relayed the same way, as its worker pickled it.
+    """
+    base = {V: VERSION, SEQ: seq, UNIT: getattr(future, "unit_id", None), ROLE: role}
+    if future.cancelled():
+        return [{**base, KIND: FAILED, REASON: "Cancelled", DETAIL: "cancelled in the daemon"}]
+    exc = future.exception()
+    if isinstance(exc, UnitError):
+        record = {**base, KIND: exc.outcome.kind, REASON: exc.outcome.reason,
+                  DETAIL: clip_detail(exc.outcome.detail)}
+        error = _pickled_error(exc.original)
+        if error is not None:
+            record[ERROR] = error
+        return [record]
+    if exc is not None:
+        return [{**base, KIND: FAILED, REASON: "ResultError",
+                 DETAIL: f"the daemon could not deliver the outcome: {type(exc).__name__}: {exc}"}]
+    value = future.result()
+    if isinstance(value, _Pickled):
+        raw = value.data
+    else:
+        try:
+            raw = dumps(value, "solved, but its value")
+        except CodecError as err:  # any pickling failure is this unit's outcome
+            return [{**base, KIND: FAILED, REASON: "ResultError", DETAIL: f"{err} for the client"}]
+    text = base64.b64encode(raw).decode("ascii")
+    if len(text) <= PART_CHARS:
+        return [{**base, KIND: SOLVED, VALUE: text}]
+    parts = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)]
+    return [{**base, KIND: SOLVED, VALUE: p, PART: i, PARTS: len(parts)} for i, p in enumerate(parts)]
+
+
+def _pickled_error(exc: BaseException | _Pickled | None) -> str | None:
+    if exc is None:
+        return None
+    if isinstance(exc, _Pickled):
+        raw = exc.data  # relayed: as its worker pickled it
+    else:
+        try:
+            raw = dumps(exc, "the handler's exception")
+        except CodecError:  # the text in `detail` still says what happened
+            return None
+    return base64.b64encode(raw).decode("ascii") if len(raw) <= MAX_ERROR_BYTES else None
+
+
+# ================================================================== client half
+@dataclass(frozen=True)
+class Record:
+    """One parsed outcome record (see the module docstring for the fields)."""
+
+    seq: int | None
+    unit: int | None
+    role: str | None
+    kind: str
+    reason: str | None = None
+    detail: str | None = None
+    error: str | None = None
+    value: str | None = None
+    part: int | None = None
+    parts: int | None = None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional(obj: dict, field: str, ok: Any, what: str) -> Any:
+    value = obj.get(field)
+    if value is not None and not ok(value):
+        raise BadOutcomeRecord(field, f"must be {what} or null, got {value!r:.80}")
+    return value
+
+
+def parse(obj: Any) -> Record:
+    """Check one record as `encode` builds it; BadOutcomeRecord naming the field if it is not.
+
+    Fields this version does not know are ignored.
+    """
+    if not isinstance(obj, dict):
+        raise BadOutcomeRecord("(record)", f"must be a JSON object, got {type(obj).__name__}")
+    if obj.get(V, VERSION) != VERSION:
+        raise BadOutcomeRecord(V, f"version {obj[V]!r} is not the version this client reads ({VERSION})")
+    kind = obj.get(KIND)
+    if kind not in KINDS:
+        raise BadOutcomeRecord(KIND, f"must be one of {', '.join(KINDS)}, got {kind!r:.80}")
+    seq = _optional(obj, SEQ, _is_int, "an integer")
+    unit = _optional(obj, UNIT, _is_int, "an integer")
+    role = _optional(obj, ROLE, lambda v: isinstance(v, str), "a string")
+    reason, detail, error, value = (_optional(obj, f, lambda v: isinstance(v, str), "a string")
+                                    for f in (REASON, DETAIL, ERROR, VALUE))
+    if kind == SOLVED and value is None:
+        raise BadOutcomeRecord(VALUE, "a solved record must carry its value (a base64 string)")
+    part = _optional(obj, PART, _is_int, "an integer")
+    parts = _optional(obj, PARTS, _is_int, "an integer")
+    if (part is None) != (parts is None):
+        raise BadOutcomeRecord(PART if part is None else PARTS, "part and parts come together")
+    if parts is not None:
+        if parts < 1:
+            raise BadOutcomeRecord(PARTS, f"must be at least 1, got {parts}")
+        if not 0 <= part < parts:
+            raise BadOutcomeRecord(PART, f"must be between 0 and {parts - 1}, got {part}")
+        if kind != SOLVED:
+            raise BadOutcomeRecord(PARTS, f"only a solved value travels in parts, not a {kind} record")
+    return Record(seq, unit, role, kind, reason, detail, error, value, part, parts)
+
+
+#: `join_part`'s answer while parts of a value are still to come.
+INCOMPLETE = object()
+
+
+def join_part(record: Record, held: dict) -> str | None | object:
+    """The record's value; for a value in parts, the parts held so far for its ``seq``
+    in ``held`` joined once the last one arrives, `INCOMPLETE` until then."""
+    if record.parts is None:
+        return record.value
+    parts = held.setdefault(record.seq, [])
+    parts.append(record.value)
+    if len(parts) < record.parts:
+        return INCOMPLETE
+    return "".join(held.pop(record.seq))
+
+
+def result_of(record: Record, value: str | None, role: str) -> Any:
+    """The value of a solved record; raises the unit's UnitFailed / UnitSuppressed otherwise."""
+    unit_id = record.unit or 0
+    if record.kind == SOLVED:
+        try:
+            return loads(_unbase64(value, VALUE), "the result")
+        except CodecError as exc:  # e.g. a class this process cannot import, or a __reduce__ that exits
+            raise error_for(unit_id, role, Outcome(FAILED, "ResultError", str(exc))) from None
+    detail, original = record.detail, None
+    if record.error:
+        detail, original = handler_error(record.detail, _unbase64(record.error, ERROR))
+    raise error_for(unit_id, role, Outcome(record.kind, record.reason, detail), original)
+
+
+def _unbase64(text: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadOutcomeRecord(field, f"is not base64: {exc}") from None

@@ -1,0 +1,181 @@
+"""The wire format: one frame is one JSON line; requests, replies and error replies
+are encoded and decoded here and nowhere else, with the frame limit and the op
+argument schema (`Arg`, `check_args`) they are checked against."""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.service.control.errors import E_INVALID, E_INVALID_ARGS, E_INVALID_REPLY, E_MALFORMED, E_TOO_LARGE, ProtocolError
+
+
+#: Largest frame (one JSON line, newline excluded) either side accepts: 1 MiB.
+MAX_FRAME = 1 << 20
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded request envelope. ``args`` is not yet checked against the op's schema."""
+
+    id: int | str | None
+    op: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A decoded reply: ``result`` when ``ok``, else ``error_type`` and ``error_message``."""
+
+    id: int | str | None
+    ok: bool
+    result: Any = None
+    error_type: str = ""
+    error_message: str = ""
+
+
+def _dumps(obj: Any) -> bytes:
+    # allow_nan=False: NaN/Infinity are not JSON and other clients would choke on them.
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _loads(frame: bytes, max_frame: int) -> Any:
+    """Parse one frame, raising ProtocolError for every way it can be bad."""
+    if frame.endswith(b"\r"):
+        frame = frame[:-1]
+    if len(frame) > max_frame:
+        raise ProtocolError(E_TOO_LARGE, f"frame of {len(frame)} bytes exceeds {max_frame}")
+    try:
+        text = frame.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(E_MALFORMED, f"frame is not UTF-8: {exc.reason} at byte {exc.start}")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ProtocolError(E_MALFORMED, "JSON nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and int digit limits
+        raise ProtocolError(E_MALFORMED, f"invalid JSON: {exc}") from None
+
+
+def _valid_id(value: Any) -> bool:
+    return value is None or isinstance(value, str) or (
+        isinstance(value, int) and not isinstance(value, bool)
+    )
+
+
+def encode_request(op: str, args: Mapping[str, Any] | None = None, id: int | str | None = None) -> bytes:
+    """One request frame, newline included."""
+    return _dumps({"id": id, "op": op, "args": dict(args or {})})
+
+
+def decode_request(frame: bytes, *, max_frame: int = MAX_FRAME) -> Request:
+    """Parse one request frame (trailing newline optional) into a `Request`.
+
+    Raises ProtocolError: FrameTooLarge, MalformedRequest (not UTF-8 / not JSON) or
+    InvalidRequest (not an object; unknown keys; bad id, op or args), naming what
+    was wrong. The op name and the args are checked later, by `OpRegistry`.
+    """
+    obj = _loads(frame.rstrip(b"\n"), max_frame)
+    if not isinstance(obj, dict):
+        raise ProtocolError(E_INVALID, f"request must be a JSON object, got {_json_type(obj)}")
+    rid = obj.get("id")
+    if not _valid_id(rid):
+        raise ProtocolError(E_INVALID, f"id must be an integer, string or null, got {_json_type(rid)}")
+    unknown = sorted(set(obj) - {"id", "op", "args"})
+    if unknown:
+        raise ProtocolError(E_INVALID, f"unknown request key(s): {', '.join(unknown)}", rid)
+    op = obj.get("op")
+    if not isinstance(op, str) or not op:
+        raise ProtocolError(E_INVALID, f"op must be a non-empty string, got {_json_type(op)}", rid)
+    args = obj.get("args", {})
+    if not isinstance(args, dict):
+        raise ProtocolError(E_INVALID, f"args must be an object, got {_json_type(args)}", rid)
+    return Request(rid, op, args)
+
+
+def encode_reply(id: int | str | None, result: Any) -> bytes:
+    """A success reply frame. Raises TypeError/ValueError if ``result`` is not JSON."""
+    return _dumps({"id": id, "ok": True, "result": result})
+
+
+def encode_error(id: int | str | None, type: str, message: str) -> bytes:
+    """An error reply frame: ``{"id":..,"ok":false,"error":{"type":..,"message":..}}``."""
+    return _dumps({"id": id, "ok": False, "error": {"type": type, "message": message}})
+
+
+def decode_reply(frame: bytes, *, max_frame: int = 64 * MAX_FRAME) -> Reply:
+    """Parse a reply frame; raises ProtocolError(InvalidReply) when it is not one."""
+    try:
+        obj = _loads(frame.rstrip(b"\n"), max_frame)
+    except ProtocolError as exc:
+        raise ProtocolError(E_INVALID_REPLY, exc.message) from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool) or not _valid_id(obj.get("id")):
+        raise ProtocolError(E_INVALID_REPLY, "reply must be an object with a boolean 'ok' and an id")
+    if obj["ok"]:
+        return Reply(obj["id"], True, obj.get("result"))
+    err = obj.get("error")
+    if not (isinstance(err, dict) and isinstance(err.get("type"), str) and isinstance(err.get("message"), str)):
+        raise ProtocolError(E_INVALID_REPLY, "error reply lacks error.type / error.message strings")
+    return Reply(obj["id"], False, None, err["type"], err["message"])
+
+
+# --------------------------------------------------------------------------- schema
+
+_JSON_NAMES = {
+    str: "string", int: "integer", float: "number", bool: "boolean",
+    dict: "object", list: "array", type(None): "null",
+}
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _is(value: Any, kinds: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # bool is an int subclass; JSON keeps them apart
+        return bool in kinds
+    if isinstance(value, int) and float in kinds:
+        return True
+    return isinstance(value, kinds)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of an op: accepted JSON types (None = any JSON value), required, default."""
+
+    kinds: tuple[type, ...] | None
+    required: bool = False
+    default: Any = None
+    doc: str = ""
+
+    def describe(self) -> str:
+        if self.kinds is None:
+            return "any JSON value"
+        return " or ".join(_JSON_NAMES[k] for k in self.kinds)
+
+
+def check_args(op: str, schema: Mapping[str, Arg], args: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``args`` against ``schema``; returns them with defaults filled in.
+
+    Raises ProtocolError(InvalidArgs) naming every unknown, missing or mistyped argument.
+    """
+    problems = []
+    unknown = sorted(set(args) - set(schema))
+    if unknown:
+        problems.append(
+            f"unknown argument(s) {', '.join(unknown)} (accepted: {', '.join(sorted(schema)) or 'none'})"
+        )
+    for name, spec in schema.items():
+        if name not in args:
+            if spec.required:
+                problems.append(f"missing required argument {name} ({spec.describe()})")
+        elif spec.kinds is not None and not _is(args[name], spec.kinds):
+            problems.append(f"argument {name} must be {spec.describe()}, got {_json_type(args[name])}")
+    if problems:
+        raise ProtocolError(E_INVALID_ARGS, f"{op}: " + "; ".join(problems))
+    return {name: args.get(name, spec.default) for name, spec in schema.items()}

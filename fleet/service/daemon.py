@@ -1,0 +1,655 @@
+"""fleetd: one fleet run as a service, in the foreground, under systemd or by hand.
+
+Theory of operation. The main thread owns the daemon: it boots the `Supervisor`
+(table, data plane, zygote, workers) in service mode, starts the `ControlServer`
+on ``<runtime dir>/<name>.sock``, tells the service manager ``READY=1``, then turns
+one loop until the fleet has stopped:
+
+1. sleep on a self-pipe until a signal, a control call or the next timer is due;
+2. dispatch queued signals, each to its ``handle_<name>`` method (a signal handler
+   only appends to a queue and writes the pipe: STYLE.md item 6);
+3. run the control calls queued by the control server's thread (`CallQueue`): every op
+   that reads or changes the fleet runs here, on this thread;
+4. expire outcome long-polls and outcomes nobody collected (`OutcomeStore`);
+5. ping the watchdog (``WATCHDOG=1`` at half ``WATCHDOG_USEC``) and refresh the
+   one-line ``STATUS=``;
+6. once the supervisor has stopped, linger until clients have collected what they
+   are owed (at most ``linger_s``), then leave.
+
+Signals. SIGTERM drains: intake closes, in-flight units finish, units still queued
+after ``grace_s`` fail with Shutdown; exit 0. SIGINT (or a second SIGTERM) stops
+fast: workers are killed and everything owed fails with Shutdown; exit 0. SIGHUP
+re-reads the config and applies what can change live (posture policy, queue bounds)
+through `Supervisor.reload`, logging what needs a restart; a file that boot would
+refuse (invalid, out of range, a budget that does not fit) is logged at WARNING with
+the reason and changes nothing: the running config stays.
+
+Result delivery (see fleet.service.control, "Result delivery"): a submit that carries a
+client token has its outcome encoded (`fleet.service.control.outcome_record`) when the
+unit ends and held in the `OutcomeStore` under that token until the client's
+``collect`` long poll takes it.
+The long poll is the one op that does not run on the loop: its Future is resolved
+by the store itself (when an outcome arrives) or by the loop's expiry pass.
+
+Exit codes: 0 after a requested stop; a boot refusal exits with its typed code
+(ConfigError 78, TableInUse 82, BootRefused 80/81/84, ...); 1 when the fleet stops
+on its own (its supervisor loop failed).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import selectors
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from fleet.service import control, replays, sdnotify
+from fleet.runtime.config import FleetConfig, load_config
+from fleet.service.control import outcome_record
+from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
+
+log = logging.getLogger("fleet.service.daemon")
+
+#: SIGTERM's default grace: queued units may still start for this long. Well below
+#: the unit files' TimeoutStopSec=90s, so in-flight units have time left to finish.
+DEFAULT_GRACE_S = 30.0
+#: After the fleet stops, how long fleetd waits for clients to collect their outcomes.
+DEFAULT_LINGER_S = 10.0
+#: How often the STATUS= line is refreshed.
+STATUS_EVERY_S = 5.0
+#: Longest the loop sleeps; expiry of long polls is checked at least this often.
+TICK_S = 0.25
+
+
+class ConfigReloadError(FleetError):
+    """A SIGHUP reload was refused (the new file is invalid, or renames the fleet)."""
+
+
+# ============================================================== outcomes for clients
+# The records themselves (format, encoding): fleet.service.control.outcome_record.
+def _size(record: dict) -> int:
+    # Close enough to the JSON size: the long strings dominate, the keys add ~150 bytes.
+    return 160 + sum(len(v) for v in record.values() if isinstance(v, str))
+
+
+@dataclasses.dataclass(eq=False)
+class _Box:
+    """What one client token is owed: records in order, not yet acknowledged, and a
+    waiting long poll. ``base`` numbers ``items[0]`` (the token's records are numbered
+    from 0 in the order they were held); the first ``sent`` items went out in a reply."""
+
+    seen: float
+    items: collections.deque = dataclasses.field(default_factory=collections.deque)
+    base: int = 0
+    sent: int = 0
+    bytes: int = 0
+    waiter: Future | None = None
+    deadline: float = 0.0
+
+
+class OutcomeStore:
+    """Outcomes held per client token until that client's `collect` takes them.
+
+    Thread-safe: outcomes arrive on the supervisor's threads, long polls on the
+    control server's thread, expiry on the daemon loop. Bounded, so a client that never
+    collects cannot grow the daemon forever: a token not seen (no submit, no
+    collect) for ``ttl_s`` seconds, or holding more than ``max_bytes``, has its
+    outcomes dropped with a log line; its next collect (or submit) then fails with
+    `control.OutcomesDropped`, so the client learns it lost them. The clock is
+    injected (``clock``), as are the bounds.
+
+    A reply can be lost (the client timed out on a stalled daemon, the connection
+    broke), so a record sent stays held until the client acknowledges it: each
+    ``collect`` says how many of the token's records it has (``ack``); the records
+    after those go out again. Once sent, a record counts as delivered: one nobody
+    acknowledges goes quietly at the ttl or to make room under the byte bound, and
+    fleetd's linger at a stop does not wait for acknowledgements.
+    """
+
+    def __init__(self, *, max_bytes: int = 64 << 20, ttl_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic, lost_memory: int = 4096):
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._boxes: dict[str, _Box] = {}
+        self._lost: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._lost_memory = lost_memory
+        self._closing = False
+
+    # -- from submits and outcomes
+    def hold(self, token: str) -> None:
+        """A submit under ``token``: keep a box for it. OutcomesDropped if it lost some."""
+        with self._lock:
+            self._refuse_lost(token)
+            self._box(token).seen = self._clock()
+
+    def put(self, token: str, records: list[dict]) -> None:
+        """Hold ``records`` for ``token``; wakes its long poll."""
+        with self._lock:
+            if token in self._lost:
+                log.debug("outcome for dropped token %s discarded", _short(token))
+                return
+            box = self._box(token)
+            for record in records:
+                box.items.append(record)
+                box.bytes += _size(record)
+            if box.bytes > self.max_bytes:
+                self._forget_sent(box)  # handed over already: room first, before anything is lost
+            if box.bytes > self.max_bytes:
+                self._drop(token, f"it held more than {self.max_bytes} bytes of uncollected outcomes")
+                wake = None
+            else:
+                wake = self._take_waiter(box)
+        _resolve(wake)
+
+    # -- from collect
+    def collect(self, token: str, timeout: float, ack: int | None = None) -> Future:
+        """A Future of ``{"outcomes", "first", "more", "closing"}`` for ``token``: resolved
+        now if anything is ready (or the daemon is closing), else when something arrives
+        or ``timeout`` seconds pass (then with no outcomes). ``first`` numbers the first
+        outcome of the reply. ``ack``: how many of the token's records the client has
+        (records before it are let go, those after it are sent, again if need be);
+        None acknowledges every record sent so far."""
+        fut: Future = Future()
+        now = self._clock()
+        with self._lock:
+            try:
+                self._refuse_lost(token)
+                box = self._box(token)
+                self._acknowledge(token, box, ack)
+            except (control.OutcomesDropped, control.ProtocolError) as exc:
+                fut.set_exception(exc)
+                return fut
+            box.seen = now
+            previous = box.waiter  # one poll per token: an older one is answered empty
+            box.waiter, box.deadline = fut, now + timeout
+            wake = [self._take_waiter(box)] if box.items or self._closing or timeout <= 0 else []
+            if previous is not None and previous.set_running_or_notify_cancel():
+                wake.append((previous, self._reply_empty(box)))
+        for item in wake:
+            _resolve(item)
+        return fut
+
+    # -- from the loop
+    def expire(self) -> None:
+        """Answer long polls whose timeout passed; drop tokens not seen for ``ttl_s``."""
+        now = self._clock()
+        wake = []
+        with self._lock:
+            for token, box in list(self._boxes.items()):
+                if box.waiter is not None:
+                    if now >= box.deadline:
+                        wake.append(self._take_waiter(box))
+                    continue
+                if now - box.seen > self.ttl_s:
+                    if len(box.items) > box.sent:
+                        self._drop(token, f"nobody collected them for {self.ttl_s:g}s")
+                    else:
+                        del self._boxes[token]
+        for item in wake:
+            _resolve(item)
+
+    def close(self) -> None:
+        """The daemon is stopping: answer every waiting poll now (``closing: true``)."""
+        with self._lock:
+            self._closing = True
+            wake = [self._take_waiter(box) for box in self._boxes.values() if box.waiter is not None]
+        for item in wake:
+            _resolve(item)
+
+    def undelivered(self) -> int:
+        """Records held and never sent, over every token."""
+        with self._lock:
+            return sum(len(box.items) - box.sent for box in self._boxes.values())
+
+    def tokens(self) -> int:
+        with self._lock:
+            return len(self._boxes)
+
+    # -- internals (lock held)
+    def _box(self, token: str) -> _Box:
+        box = self._boxes.get(token)
+        if box is None:
+            box = self._boxes[token] = _Box(seen=self._clock())
+        return box
+
+    def _acknowledge(self, token: str, box: _Box, ack: int | None) -> None:
+        """Let go of the records the client has (its ``ack``); ProtocolError for an ack
+        past what was sent, OutcomesDropped when it asks again for records let go."""
+        held_to = box.base + box.sent
+        ack = held_to if ack is None else ack
+        if ack > held_to:
+            raise control.ProtocolError(control.E_INVALID_ARGS, f"ack {ack} is past the {held_to} outcome(s) "
+                                                                "sent for this token")
+        if ack < box.base:
+            self._drop(token, f"the client asked again for outcome(s) {ack}..{box.base - 1}, let go "
+                              "after they were sent")
+            self._refuse_lost(token)
+        while box.base < ack:
+            box.bytes -= _size(box.items.popleft())
+            box.base += 1
+            box.sent -= 1
+
+    def _forget_sent(self, box: _Box) -> None:
+        """Let go of every record sent and not acknowledged (they were handed over)."""
+        while box.sent:
+            box.bytes -= _size(box.items.popleft())
+            box.base += 1
+            box.sent -= 1
+
+    def _refuse_lost(self, token: str) -> None:
+        reason = self._lost.get(token)
+        if reason is not None:
+            raise control.OutcomesDropped(f"outcomes held for this client were dropped: {reason}")
+
+    def _drop(self, token: str, why: str) -> None:
+        box = self._boxes.pop(token)
+        log.warning("dropped %d outcome(s) held for client token %s: %s", len(box.items), _short(token), why)
+        self._lost[token] = why
+        while len(self._lost) > self._lost_memory:
+            self._lost.popitem(last=False)
+        if box.waiter is not None and box.waiter.set_running_or_notify_cancel():
+            box.waiter.set_exception(control.OutcomesDropped(f"outcomes held for this client were dropped: {why}"))
+
+    def _take_waiter(self, box: _Box):
+        """(waiter, reply) with what fits one reply; None if no live poll waits.
+
+        The waiter is marked running first: a poll the server already cancelled
+        (it is closing) takes nothing, so no record is lost with it.
+        """
+        fut, box.waiter = box.waiter, None
+        if fut is None or not fut.set_running_or_notify_cancel():
+            return None
+        # From the first record the client lacks: records stay held until acknowledged.
+        out, used = [], 0
+        for record in box.items:
+            size = _size(record)
+            if out and used + size > control.COLLECT_REPLY_BUDGET:
+                break
+            used += size
+            out.append(record)
+        box.sent = max(box.sent, len(out))
+        return fut, {"outcomes": out, "first": box.base, "more": len(out) < len(box.items),
+                     "closing": self._closing}
+
+    def _reply_empty(self, box: _Box) -> dict:
+        return {"outcomes": [], "first": box.base, "more": False, "closing": self._closing}
+
+
+def _resolve(item) -> None:
+    """Answer a long poll taken under the lock (outside it: waking threads is not free)."""
+    if item is not None:
+        fut, reply = item
+        fut.set_result(reply)
+
+
+def _short(token: str) -> str:
+    return token[:8] + "..."
+
+
+# ================================================================== the daemon
+@dataclasses.dataclass
+class Options:
+    """What the command line chose (see fleet.cli.fleetd)."""
+
+    config_path: str
+    name: str | None = None
+    grace_s: float = DEFAULT_GRACE_S
+    linger_s: float = DEFAULT_LINGER_S
+    socket_group: str | int | None = None
+    socket_mode: int = 0o660
+
+
+class Daemon:
+    """fleetd's state and main loop. Construction is inert: `run` boots and serves.
+
+    The OS and the clock are injected: ``env`` (for config overrides, the runtime
+    dir and sd_notify), ``clock`` (monotonic seconds), ``notify`` (the sd_notify
+    module or a stand-in with ready/status/watchdog/stopping/reloading).
+    """
+
+    SIGNALS = {signal.SIGTERM: "term", signal.SIGINT: "int", signal.SIGHUP: "hup"}
+
+    def __init__(self, options: Options, *, env: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic, notify=sdnotify):
+        self.options = options
+        self.env = dict(os.environ if env is None else env)
+        if options.name is not None:
+            self.env["FLEET_NAME"] = options.name  # --name wins over the file, at boot and at reload
+        self.clock = clock
+        self.notify = notify
+        self.config: FleetConfig | None = None
+        self.sup = None
+        self.server: control.ControlServer | None = None
+        self.calls: control.CallQueue | None = None
+        self.store = OutcomeStore(clock=clock)
+        self.replays = replays.Replays(clock=clock)  # submits made at most once per request_id
+        self._units: dict[int, Future] = {}  # admitted and not ended, for `cancel`
+        self._signals: collections.deque[int] = collections.deque()
+        self._wake_r = self._wake_w = -1
+        self._stopping: str | None = None  # None, "drain" or "kill"
+        self._linger_until: float | None = None
+        self._draining = False
+        self._watchdog: sdnotify.WatchdogSchedule | None = None
+        self._next_status = 0.0
+        self._notify_failed = False
+        self._exit_code = EXIT_OK
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        """Boot, serve until stopped, clean up; returns the exit code.
+
+        Raises the typed boot errors (ConfigError, TableInUse, BootRefused,
+        ControlError, ...) before anything is served; nothing is left behind then.
+        """
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
+        try:
+            self.boot()
+            try:
+                self._loop()
+            finally:
+                self._shut()
+            return self._exit_code
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def boot(self) -> None:
+        """Config, runtime dir, supervisor (workers up), control socket, READY=1."""
+        from fleet.runtime.supervisor import Supervisor
+
+        self.config = load_config(self.options.config_path, env=self.env)
+        name = control.validate_fleet_name(self.config.name)
+        directory = control.prepare_runtime_dir(control.runtime_dir(self.env))
+        path = directory / f"{name}.sock"
+        # The socket group may read the table too (fleetctl status), never the data segment.
+        from fleet.runtime.provider_gate import default_closure_file
+
+        # Closures outlive a restart: a restarted fleetd must not re-spend a key it knows is spent.
+        self.sup = Supervisor(self.config, mode="service", socket_path=str(path),
+                              readers_group=self.options.socket_group,
+                              closure_file=default_closure_file(name, self.env)).start()
+        try:
+            self.calls = control.CallQueue(wakeup=self._wake)
+            self.server = control.ControlServer(
+                path, control.with_blocking_ops(self, self.calls.submit),
+                group=self.options.socket_group, mode=self.options.socket_mode,
+            ).start()
+        except BaseException:
+            self.sup.kill()
+            raise
+        interval = sdnotify.watchdog_interval(self.env)
+        if interval is not None:
+            self._watchdog = sdnotify.WatchdogSchedule(interval, self.clock())
+        log.info("fleet %s: serving on %s (%s); pid %d", name, path, self._summary(), os.getpid())
+        self._send("ready", self._summary())
+        self._next_status = self.clock() + STATUS_EVERY_S
+
+    def _loop(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                sel.select(self._sleep_for(self.clock()))
+                self._drain_pipe()
+                while self._signals:
+                    name = self.SIGNALS[self._signals.popleft()]
+                    getattr(self, f"handle_{name}")()
+                self.calls.run_pending(self)
+                self.store.expire()
+                now = self.clock()
+                self._heartbeat(now)
+                if self._finished(now):
+                    return
+
+    def _shut(self) -> None:
+        """After the loop: answer the long polls, close the socket, join the stopper."""
+        self.store.close()
+        if self.calls is not None:
+            self.calls.close()
+        if self.server is not None:
+            self.server.close()
+        if self.sup is not None and not self.sup.wait_stopped(0):
+            self.sup.kill()  # the loop left early (an exception): never leave workers behind
+        log.info("fleet %s: stopped; ledger %s", self.config.name if self.config else "?",
+                 self.sup.ledger_counts().to_dict() if self.sup else {})
+
+    # ------------------------------------------------------------------ loop parts
+    def _sleep_for(self, now: float) -> float:
+        wait = TICK_S
+        if self._watchdog is not None:
+            wait = min(wait, self._watchdog.remaining(now))
+        return max(0.0, min(wait, self._next_status - now))
+
+    def _heartbeat(self, now: float) -> None:
+        if self._watchdog is not None and self._watchdog.due(now):
+            self._send("watchdog")
+            self._watchdog.pinged(now)
+        if now >= self._next_status:
+            self._send("status", self._summary())
+            self._next_status = now + STATUS_EVERY_S
+
+    def _finished(self, now: float) -> bool:
+        if not self.sup.wait_stopped(0):
+            return False
+        if self._stopping is None:
+            log.error("fleet %s: the supervisor stopped on its own; exiting", self.config.name)
+            self._exit_code = EXIT_FAILURE
+            return True
+        if self._linger_until is None:
+            self.store.close()  # waiting polls learn at once that nothing new will come
+            self._linger_until = now + self.options.linger_s
+        return self.store.undelivered() == 0 or now >= self._linger_until
+
+    def _summary(self) -> str:
+        # The ledger itself (thread-safe), not a call on the supervisor's loop: the status
+        # line goes out with the watchdog ping, which must not wait on a busy loop.
+        counts = self.sup.ledger.counts().to_dict()
+        text = (f"{self.sup.plan.binding} binding, {len(self.sup.layout.seats)} seat(s); "
+                f"units: {counts['submitted']} submitted, {counts['solved']} solved, "
+                f"{counts['suppressed']} suppressed, {counts['failed']} failed, {counts['inflight']} in flight")
+        if self._stopping:
+            text += "; stopping"
+        elif self._draining:
+            text += "; draining"
+        return text
+
+    def _send(self, what: str, *args) -> None:
+        try:
+            getattr(self.notify, what)(*args, env=self.env)
+        except sdnotify.NotifyError as exc:
+            if not self._notify_failed:  # once: a missing manager must not flood the log
+                log.warning("sd_notify: %s", exc)
+                self._notify_failed = True
+
+    # ------------------------------------------------------------------ signals
+    def _on_signal(self, signum, frame) -> None:
+        # Only enqueue: the loop owns the state and dispatches to handle_<name>.
+        self._signals.append(signum)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is already due to wake
+
+    def _drain_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def handle_term(self) -> None:
+        """SIGTERM: drain (a second one stops fast)."""
+        if self._stopping is not None:
+            log.warning("fleet %s: SIGTERM again while stopping: stopping fast", self.config.name)
+            self.handle_int()
+            return
+        log.info("fleet %s: SIGTERM: draining; queued units fail with Shutdown after %gs",
+                 self.config.name, self.options.grace_s)
+        self._begin_stop("drain", lambda: self.sup.stop(self.options.grace_s, wait=False))
+
+    def handle_int(self) -> None:
+        """SIGINT: stop now; everything still owed fails with Shutdown."""
+        if self._stopping == "kill":
+            return
+        log.info("fleet %s: stopping fast: workers are killed, units owed fail with Shutdown", self.config.name)
+        self._begin_stop("kill", lambda: self.sup.kill(wait=False))
+
+    def _begin_stop(self, how: str, stop: Callable[[], None]) -> None:
+        self._stopping = how
+        self._send("stopping")
+        self._send("status", self._summary())
+        # Posted to the supervisor's loop, not waited for: this loop keeps answering long
+        # polls (clients collect outcomes meanwhile) and pinging the watchdog, and sees
+        # the supervisor stopped in `_finished`. A stop posted to a fleet that has
+        # stopped already is a no-op.
+        stop()
+
+    def handle_hup(self) -> None:
+        """SIGHUP: re-read the config; apply what can change live, log the rest."""
+        if self._stopping is not None:
+            log.info("fleet %s: SIGHUP ignored: stopping", self.config.name)
+            return
+        self._send("reloading")
+        try:
+            result = self.reload()
+        except FleetError as exc:
+            # A warning, not an error: the fleet runs on, as it was; the operator fixes the file.
+            log.warning("fleet %s: reload refused, nothing changed: %s: %s", self.config.name, type(exc).__name__, exc)
+            if str(getattr(exc, "path", "")).startswith("admission"):
+                self.sup.admission_reload_refused(str(exc))  # the last good catalog stays; status says why
+        except Exception:  # a fault in reading or checking the file must not stop a running fleet
+            log.exception("fleet %s: reload failed; the running config stays", self.config.name)
+        else:
+            log.info("fleet %s: reload from %s: applied %s; needs a restart to change: %s", self.config.name,
+                     self.options.config_path, ", ".join(result["applied"]) or "nothing",
+                     ", ".join(result["needs_restart"]) or "nothing")
+        self._send("ready", self._summary())
+
+    def reload(self) -> dict:
+        """Load the config file again and hand it to `Supervisor.reload`.
+
+        Raises ConfigError / PostureRetuneError, the boot refusal of a config that could
+        not boot here (BootRefused), or ConfigReloadError when the new file names another
+        fleet; nothing changed then.
+        """
+        new = load_config(self.options.config_path, env=self.env)
+        if new.name != self.config.name:
+            raise ConfigReloadError(f"the config now names fleet {new.name!r}, not {self.config.name!r}; "
+                                    "a fleet cannot be renamed live (start it under the new name)")
+        result = self.sup.reload(new)
+        if "roles" not in result["needs_restart"]:
+            # Keep what was applied (queue bounds for submit replies); roles that need
+            # a restart keep the running definition.
+            self.config = dataclasses.replace(self.config, posture=new.posture, roles=new.roles)
+        elif "posture" in result["applied"]:
+            self.config = dataclasses.replace(self.config, posture=new.posture)
+        return result
+
+    # ------------------------------------------------------------------ control ops (on the loop)
+    def status(self) -> dict:
+        from fleet.shm.status import gather
+
+        doc = gather(self.config.name)
+        doc["admission"] = self.sup.admission_census()
+        doc["daemon"] = {"pid": os.getpid(), "draining": self._draining, "stopping": self._stopping,
+                         "clients": self.store.tokens(), "outcomes_held": self.store.undelivered()}
+        return doc
+
+    def posture_show(self) -> dict:
+        return self.sup.posture_show()
+
+    def posture_set(self, patch: dict[str, Any]) -> dict:
+        return self.sup.posture_set(patch)
+
+    def posture_release(self, cause: str) -> dict:
+        return self.sup.release(cause)
+
+    def drain(self) -> dict:
+        self.sup.drain()
+        self._draining = True
+        return {"draining": True}
+
+    def resume(self) -> dict:
+        self.sup.resume()
+        self._draining = False
+        return {"draining": False}
+
+    def ledger(self) -> dict:
+        return self.sup.ledger_counts().to_dict()
+
+    def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
+               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False, route=None,
+               severity: str | None = None, pinned: bool = False, parent: int | None = None,
+               tag: str | None = None, age: float = 0.0) -> dict:
+        if token is not None:
+            self.store.hold(token)
+        same = replays.identity(role, payload, key, lane, chunk, route)
+        # A retry of a submit whose reply was lost: the unit admitted the first time
+        # answers it (its outcome goes to this token too); nothing runs twice.
+        fut = None if request_id is None else self.replays.find(request_id, same)
+        replayed = fut is not None
+        if not replayed:
+            body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
+            # block=False: this loop serves every client; a full queue is the client's QueueFull.
+            fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
+                                  request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
+                                  parent=parent, tag=tag, age=age, block=False, **body)
+            units = self._units
+            units[fut.unit_id] = fut
+            fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
+            if request_id is not None:
+                self.replays.admitted(request_id, same, fut)
+        if token is not None:
+            store = self.store
+            fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
+        spec = self.config.roles[role]
+        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
+
+    def cancel(self, unit: int) -> dict:
+        # The supervisor claims a unit's future as it grants it a slot: a future still
+        # pending is a unit that has not started, and cancelling it is final (the
+        # supervisor skips it and records Cancelled; its client gets that outcome).
+        fut = self._units.get(unit)
+        if fut is None:
+            return {"unit": unit, "cancelled": False, "state": "ended"}
+        if fut.cancel():
+            return {"unit": unit, "cancelled": True, "state": "cancelled"}
+        return {"unit": unit, "cancelled": False, "state": "ended" if fut.done() else "running"}
+
+    def admission_show(self) -> dict:
+        return self.sup.admission_census()
+
+    def admission_close(self, pool: str, until: float, message: str) -> dict:
+        return self.sup.admission_close(pool, until, message)
+
+    def admission_reopen(self, pool: str) -> dict:
+        return self.sup.admission_reopen(pool)
+
+    def admission_budget(self, provider: str, spent: float, limit: float | None) -> dict:
+        return self.sup.admission_report_budget(provider, spent, limit)
+
+    def admission_allowance(self, lane):
+        return self.sup.admission_ask(lambda gate: gate.allowance(lane))
+
+    def admission_plan(self, lane, route, wanted: int, pinned: bool) -> int:
+        return self.sup.admission_ask(lambda gate: gate.plan(lane, route, wanted, pinned))
+
+    def admission_starving(self) -> list:
+        return self.sup.admission_ask(lambda gate: gate.starving())
+
+    # ------------------------------------------------------------------ the blocking op (off the loop)
+    def collect(self, *, token: str, timeout: float, ack: int | None = None) -> Future:
+        return self.store.collect(token, timeout, ack)

@@ -1,0 +1,45 @@
+"""The data plane's message formats (pure).
+
+Every ring message carries a tag (its kind) and a fixed little-endian header,
+followed by a pickled body. Bodies are pickled once, where they are made: a
+payload at submit (so an unpicklable or oversized payload is refused there), a
+result in the worker.
+"""
+from __future__ import annotations
+
+import struct
+
+# --- tags ---------------------------------------------------------------------------
+TASK = 1  # supervisor -> worker: run a unit
+RESULT = 2  # worker -> supervisor: a unit's outcome
+STARTED = 3  # worker -> supervisor: a unit with a timeout began running
+
+# --- task flags ---------------------------------------------------------------------
+F_CHUNK = 1  # the body holds a list of payloads (Fleet.map with chunksize > 1)
+F_TIMED = 2  # report STARTED, so the supervisor can time the unit
+F_ROUTED = 4  # the body starts with the provider route admission chose (fleet.runtime.codec.with_route)
+
+#: unit id, slot, key id, role, start event, flags
+TASK_HEAD = struct.Struct("<QIIHBB")
+
+# --- result status ------------------------------------------------------------------
+ST_SOLVED = 0
+ST_SUPPRESSED = 1  # body: the reason, utf-8
+ST_HANDLER_ERROR = 2  # body: pickled (traceback text, the exception pickled or None): fleet.runtime.codec.error_parts
+ST_RESULT_ERROR = 3  # body: utf-8 text: why the result could not be sent
+ST_START_REFUSED = 4  # body: utf-8 text: the slot refused to start it (a fleet bug)
+ST_CHUNK = 5  # body: pickled (values, {index: (status, reason | error_parts)} for items that did not solve); all solved
+ST_COMPLETION_REFUSED = 6  # body: utf-8 text: the slot refused to end it (a fleet bug; its result is void)
+ST_HELD_AT_CLOSE = 7  # body: utf-8 text: cordon held it back and the fleet is closing: it never ran
+ST_REFUSED = 8  # body: pickled (status, message, retry_after): the handler raised fleet.Refused
+# A chunk's status sums up its items, so nobody unpickles its values to learn its outcome
+# (fleetd relays them unread). Body as ST_CHUNK.
+ST_CHUNK_SUPPRESSED = 9  # some item was suppressed, none failed
+ST_CHUNK_FAILED = 10  # some item failed (HandlerError)
+
+#: unit id, slot, status, slot state after the unit, run seconds, cost in USD the handler
+#: reported (fleet.report_cost; NaN when it reported none), CPU seconds of the thread that ran
+#: the handler (NaN: not measured, an awaited handler shares its thread with others)
+RESULT_HEAD = struct.Struct("<QIBBddd")
+#: unit id, slot
+STARTED_HEAD = struct.Struct("<QI")

@@ -1,0 +1,260 @@
+"""Byte layout of the shared-memory table, and the slot word's bit fields.
+
+The table is one POSIX shared-memory segment:
+
+    header      256 B   identity (magic, version, boot id, creator), sizes, region offsets, name
+    posture     128 B   posture word + its seqlocked record, then the six live thresholds
+    ledger      128 B   outcome counters (seqlocked), then failures by reason
+    roles       128 B each: kind, cordon class, bounds, queue depth, in-use count, name
+    slots       128 B each: the slot word, a seqlocked record (unit, pid, cpu set, binding),
+                          then the role census (the role it last served, its role switches)
+    bulkheads   192 B each: the provider admission's per-pool counters and the pool's name
+    meta         32 KiB   JSON written once before the table is published: the plan,
+                          the budget, the seats (what `fleetctl status` shows beside the live state)
+
+Every record starts on a 64-byte boundary so that two processes hammering different
+records never share a cache line. All fields are little-endian 64-bit words unless a
+name says otherwise; a region is viewed as a flat uint64 array and a field is
+``base + record * STRIDE + FIELD``.
+
+The slot word (64 bits) is the slot's whole FSM state, changed only by CAS:
+
+    bits  0..3   state      (fleet.rules.fsm: Idle, Leased, Running, Pinned, Draining)
+    bits  4..11  role       (index into the roles region)
+    bits 12..35  key        (pin key; 0 when the role takes none)
+    bits 36..63  generation (bumped by every accepted transition, wraps at 2**28)
+
+This module is pure: constants and arithmetic, no numba, no shared memory.
+"""
+from __future__ import annotations
+
+import struct
+
+MAGIC = int.from_bytes(b"FLEETTBL", "little")
+#: 2: bulkhead records grew to 3 lines; 3: the ledger record grew a line (more failure reasons,
+#: FSM refusals); 4: slot records grew a line (the role census: last role, switches) and role
+#: records count elastic re-pins.
+LAYOUT_VERSION = 4
+LINE = 64  # cache line: the unit of alignment for every record
+
+# --- slot word ------------------------------------------------------------------
+STATE_BITS, ROLE_BITS, KEY_BITS, GEN_BITS = 4, 8, 24, 28
+ROLE_SHIFT = STATE_BITS
+KEY_SHIFT = ROLE_SHIFT + ROLE_BITS
+GEN_SHIFT = KEY_SHIFT + KEY_BITS
+STATE_MASK = (1 << STATE_BITS) - 1
+ROLE_MASK = (1 << ROLE_BITS) - 1
+KEY_MASK = (1 << KEY_BITS) - 1
+GEN_MASK = (1 << GEN_BITS) - 1
+assert GEN_SHIFT + GEN_BITS == 64
+
+
+def pack_word(state: int, role: int, key: int, gen: int) -> int:
+    """The slot word for (state, role, key, generation); generation wraps."""
+    return (
+        (state & STATE_MASK)
+        | ((role & ROLE_MASK) << ROLE_SHIFT)
+        | ((key & KEY_MASK) << KEY_SHIFT)
+        | ((gen & GEN_MASK) << GEN_SHIFT)
+    )
+
+
+def unpack_word(word: int) -> tuple[int, int, int, int]:
+    """(state, role, key, generation) of a slot word."""
+    word = int(word)
+    return (
+        word & STATE_MASK,
+        (word >> ROLE_SHIFT) & ROLE_MASK,
+        (word >> KEY_SHIFT) & KEY_MASK,
+        (word >> GEN_SHIFT) & GEN_MASK,
+    )
+
+
+# --- header (256 bytes) ------------------------------------------------------------
+HEADER_SIZE = 256
+#: (name, struct code) in order; little-endian, no implicit padding.
+HEADER_FIELDS = (
+    ("magic", "Q"),  # written last by the creator: a set magic means "initialised"
+    ("version", "I"),
+    ("header_size", "I"),
+    ("total_size", "Q"),
+    ("boot_id", "16s"),
+    ("creator_pid", "q"),
+    ("creator_start", "Q"),  # /proc/<pid>/stat start time: tells pid reuse apart
+    ("created_ns", "Q"),  # CLOCK_REALTIME ns
+    ("n_slots", "I"),
+    ("n_roles", "I"),
+    ("n_bulkheads", "I"),
+    ("flags", "I"),
+    ("posture_off", "Q"),
+    ("ledger_off", "Q"),
+    ("roles_off", "Q"),
+    ("slots_off", "Q"),
+    ("bulkheads_off", "Q"),
+    ("name", "64s"),
+    ("meta_len", "I"),  # bytes of JSON in the meta region
+    ("_pad0", "4x"),
+    ("meta_off", "Q"),
+)
+
+
+def _field_structs():
+    out, off = {}, 0
+    for name, code in HEADER_FIELDS:
+        st = struct.Struct("<" + code)
+        if not name.startswith("_"):
+            out[name] = (off, st)
+        off += st.size
+    assert off <= HEADER_SIZE, off
+    return out
+
+
+_HEADER_AT = _field_structs()
+
+
+class HeaderView:
+    """The header fields of a mapped table, read and written in place (no numpy).
+
+    ``h["n_slots"]`` is an int (bytes for boot_id and name); ``h["flags"] = 1`` writes
+    through to the mapping.
+    """
+
+    __slots__ = ("_buf",)
+
+    def __init__(self, buf):
+        self._buf = buf
+
+    def __getitem__(self, name):
+        off, st = _HEADER_AT[name]
+        return st.unpack_from(self._buf, off)[0]
+
+    def __setitem__(self, name, value):
+        off, st = _HEADER_AT[name]
+        st.pack_into(self._buf, off, value)
+
+    @staticmethod
+    def fields() -> tuple[str, ...]:
+        return tuple(_HEADER_AT)
+
+
+FLAG_CLOSING = 1  # the owner is shutting down; take nothing new
+
+# --- posture record (2 lines, u64 fields) ------------------------------------------
+POSTURE_SIZE = 2 * LINE
+P_STATE = 0  # posture word (fleet.rules.fsm.NOMINAL / CORDONED), read by the kernels
+P_SEQ = 1  # seqlock over fields 2..15
+P_CAUSE = 2
+P_SINCE_NS = 3  # CLOCK_MONOTONIC ns of the last change
+P_ENTER_COUNT = 4
+P_EXIT_COUNT = 5
+P_CORDONED_NS = 6  # total time spent Cordoned before the current dwell
+P_SUPPRESSED = 7  # intake refused or deferred by posture
+# second line: the live thresholds (ints, except duty stored as duty * 1e6)
+P_ENTER_EVENTS = 8
+P_ENTER_WINDOW_MS = 9
+P_DUTY_PPM = 10  # cordon_duty_percent * 10_000 (parts per million of time)
+P_DUTY_WINDOW_MS = 11
+P_EXIT_CLEAN_MS = 12
+P_INTAKE_FLOOR = 13  # 0 = unset (half the slot cap)
+P_EPOCH = 14  # quota epoch: 0 at boot, +1 at every change of the quota the plan uses
+P_QUOTA_UCPU = 15  # the quota last detected, in millionths of a CPU (0: not detected yet)
+POSTURE_CAUSES = ("none", "throttle-events", "throttle-duty", "lane-death", "operator", "cpu-pressure")
+
+# --- ledger record (3 lines) ---------------------------------------------------------
+LEDGER_SIZE = 3 * LINE
+L_SEQ = 0
+L_SUBMITTED = 1
+L_SOLVED = 2
+L_SUPPRESSED = 3
+L_FAILED = 4
+L_INFLIGHT = 5
+L_FSM_REFUSED = 6  # transitions the slot FSM refused the runtime (grants, starts, completions, resets)
+L_FAILED_BY_REASON = 8  # second and third lines: counters by fleet failure reason code
+N_FAILURE_REASONS = 12  # fleet.rules.outcomes.FAILURE_REASONS; room for 16
+
+# --- role records (2 lines each) -------------------------------------------------------
+ROLE_SIZE = 2 * LINE
+R_KIND = 0
+R_CLASS = 1
+R_QUEUE_BOUND = 2
+R_QUEUE_DEPTH = 3
+R_SLOT_CAP = 4
+R_IN_USE = 5
+R_SEQ = 6
+R_REPINS = 7  # elastic re-pins (T9 then T1 on demand, `elastic_repin`); same writer and seqlock as the rest
+R_NAME_BYTE = LINE  # second line: the name, NUL-padded, 32 bytes
+ROLE_NAME_BYTES = 32
+
+#: Fields of one row of a batch of slot events (`SlotTable.apply_batch`/`apply_ops`):
+#: slot, event, role, key, chained (tried only if the row before it was applied).
+OP_FIELDS = 5
+
+# --- slot records (2 lines each) ---------------------------------------------------------
+
+SLOT_SIZE = 2 * LINE
+S_WORD = 0  # the FSM word; CAS only
+S_SEQ = 1  # seqlock over fields 3..6 (one writer: the supervisor)
+S_UNIT = 2  # unit id the slot runs or last ran (one atomic word; its writer: the worker)
+S_PID = 3  # worker pid serving the slot (0: none)
+S_CPUS_LO = 4  # cpu set bitmask, cpus 0..63
+S_CPUS_HI = 5  # cpus 64..127
+S_BINDING = 6  # 0 pinned, 1 shared, 2 logical
+S_DONE = 7  # units completed on this slot (atomic add)
+# second line: the role census, written by the LEASE (T1) kernel only, i.e. by the one
+# process that leases slots (the supervisor).
+S_LAST_ROLE = 8  # role code + 1 of the role the slot was last leased to (0: never leased)
+S_SWITCHES = 9  # leases for a role other than the one before (role switches)
+BINDINGS = ("pinned", "shared", "logical")
+
+# --- bulkhead records (3 lines each; packed by fleet.shm.table.bulkheads) -----------------------
+BULKHEAD_SIZE = 3 * LINE
+B_STATE = 0  # 0: record unused; else state code | daily-limit flag << 8
+B_SEQ = 1  # seqlock over the whole record (one writer: the supervisor)
+B_INFLIGHT = 2  # units running on the pool
+B_SUCCESSES = 3
+B_FAILURES = 4
+B_CLOSED_UNTIL_NS = 5  # CLOCK_REALTIME ns (0: not closed)
+B_BACKOFF_UNTIL_NS = 6  # CLOCK_REALTIME ns (0: not backing off)
+B_WAITING = 7
+B_DELEGATED = 8  # second line
+B_REFUSALS = 9  # consecutive
+B_CAUSE = 10  # closure cause code
+B_CARRYING = 11  # the load at the last refusal
+B_ESTIMATE = 12  # shown only
+B_MEAN_US = 13  # mean round time, µs
+B_MEAN_COST_NUSD = 14  # mean cost, nano-USD
+B_PROBES = 15
+B_NAME_BYTE = 2 * LINE  # third line: the pool name, 64 bytes
+BULKHEAD_NAME_BYTES = LINE
+
+U64 = 8  # bytes per field
+META_SIZE = 32 * 1024
+
+
+def _align(n: int) -> int:
+    return (n + LINE - 1) // LINE * LINE
+
+
+def region_offsets(n_slots: int, n_roles: int, n_bulkheads: int) -> dict[str, int]:
+    """Byte offsets of each region, and `total_size`; every region starts on a line."""
+    off = HEADER_SIZE
+    out = {"posture_off": off}
+    off += POSTURE_SIZE
+    out["ledger_off"] = off
+    off += LEDGER_SIZE
+    out["roles_off"] = off
+    off += _align(n_roles * ROLE_SIZE)
+    out["slots_off"] = off
+    off += _align(n_slots * SLOT_SIZE)
+    out["bulkheads_off"] = off
+    off += _align(n_bulkheads * BULKHEAD_SIZE)
+    out["meta_off"] = off
+    off += META_SIZE
+    out["total_size"] = off
+    return out
+
+
+#: Limits a header must satisfy to be believed (a corrupt header names the field).
+MAX_SLOTS = 4096
+MAX_ROLES = 64
+MAX_BULKHEADS = 4096

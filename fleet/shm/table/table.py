@@ -1,0 +1,328 @@
+"""SlotTable: the shared table as an object — create or attach, transition, snapshot.
+
+The owner (the supervisor) creates the table from the fleet's roles; workers and
+tools attach by name. Transitions go through the numba kernels (imported lazily,
+so an attach-and-snapshot reader such as `fleetctl status` never loads numba).
+"""
+from __future__ import annotations
+
+import operator
+import time
+from array import array
+from typing import Iterable
+
+import numpy as np
+
+from fleet.rules import fsm
+from fleet.rules.errors import FleetError
+from fleet.rules.roles import RoleSet
+from fleet.shm.table import layout as L
+from fleet.shm.table import segment as seg
+from fleet.shm.table import snapshot as snap
+
+SLOT_FIELDS = L.SLOT_SIZE // L.U64
+ROLE_FIELDS = L.ROLE_SIZE // L.U64
+DEFAULT_BULKHEADS = 64
+#: The ledger's fields in `set_ledger`'s order: the five counters, fsm_refused, then
+#: failures by reason.
+_LEDGER_FIELDS = np.array([L.L_SUBMITTED, L.L_SOLVED, L.L_SUPPRESSED, L.L_FAILED, L.L_INFLIGHT, L.L_FSM_REFUSED]
+                          + [L.L_FAILED_BY_REASON + i for i in range(L.N_FAILURE_REASONS)], dtype=np.int64)
+
+
+class TransitionRejected(FleetError):
+    """A slot transition the FSM (or its guards) refused; the word is unchanged."""
+
+    def __init__(self, reason: int, slot: int, event: int, word: int | None = None):
+        self.reason, self.slot, self.event = reason, slot, event
+        ev = fsm.EVENT_NAMES[event] if 0 <= event < fsm.N_EVENTS else f"event {event}"
+        where = ""
+        if word is not None:
+            state = L.unpack_word(word)[0]
+            where = f" in state {fsm.STATE_NAMES[state] if state < fsm.N_STATES else state}"
+        super().__init__(f"slot {slot}: {ev}{where} refused: {fsm.REASON_NAMES[reason]}")
+
+
+class UnknownEvent(FleetError, ValueError):
+    """An event name that the slot FSM does not define."""
+
+
+def event_code(event) -> int:
+    """Accept an event code or name ('LEASE', 'lease', 'T1'...)."""
+    if isinstance(event, (int, np.integer)) and not isinstance(event, bool):
+        if 0 <= event < fsm.N_EVENTS:
+            return int(event)
+        raise UnknownEvent(f"no such event code {event}; events are 0..{fsm.N_EVENTS - 1}")
+    if isinstance(event, str):
+        upper = event.upper()
+        if upper in fsm.EVENT_NAMES:
+            return fsm.EVENT_NAMES.index(upper)
+        for (_state, ev), (_to, tid, _k, _g) in fsm.TRANSITIONS.items():
+            if tid == upper:
+                return ev
+    raise UnknownEvent(f"no such event {event!r}; events are {', '.join(fsm.EVENT_NAMES)}")
+
+
+class SlotTable:
+    """The shared-memory table of one fleet. Use `create` or `attach`, then `close`."""
+
+    def __init__(self, segment: seg.Segment):
+        self.segment = segment
+        h = segment.header
+        self.name = segment.name
+        self.n_slots = int(h["n_slots"])
+        self.n_roles = int(h["n_roles"])
+        self.n_bulkheads = int(h["n_bulkheads"])
+        self.slots = segment.view_u64(int(h["slots_off"]), self.n_slots * SLOT_FIELDS)
+        self.roles = segment.view_u64(int(h["roles_off"]), self.n_roles * ROLE_FIELDS)
+        self.posture = segment.view_u64(int(h["posture_off"]), L.POSTURE_SIZE // L.U64)
+        self.ledger = segment.view_u64(int(h["ledger_off"]), L.LEDGER_SIZE // L.U64)
+        self.bulkheads = segment.view_u64(
+            int(h["bulkheads_off"]), self.n_bulkheads * (L.BULKHEAD_SIZE // L.U64)
+        )
+        self._k = None
+        self._ledger_values = None
+        self._reasons = np.empty(16, dtype=np.int64)  # apply_ops' reasons, reused
+
+    # --- life cycle -------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls, name: str, roles: RoleSet, n_slots: int, *, n_bulkheads: int = DEFAULT_BULKHEADS, meta: dict | None = None,
+        readers_group: int | str | None = None,
+    ) -> "SlotTable":
+        """Create and initialise the table (reclaiming a stale one); compile the kernels.
+
+        `meta` (JSON-able: plan, budget, seats) is stored once for readers such as
+        `fleetctl status`; see `SlotTable.meta`. `readers_group` (a gid or group
+        name, e.g. fleetd's ``--socket-group``) may read the table; without it only
+        its owner may open it.
+        """
+        segment = seg.create(name, n_slots, len(roles), n_bulkheads, readers_group=readers_group)
+        table = cls(segment)
+        try:
+            if meta:
+                seg.write_meta(segment, meta)
+            table._init_roles(roles)
+            table._kernels()  # compile (or load) before anybody depends on latency
+            seg.publish(segment)
+        except BaseException:
+            table.close()
+            seg.unlink(name)
+            raise
+        return table
+
+    @classmethod
+    def attach(cls, name: str, *, writable: bool = True) -> "SlotTable":
+        """Attach to a running fleet's table (read-only: O_RDONLY, PROT_READ). Never resizes it."""
+        return cls(seg.attach(name, writable=writable))
+
+    def close(self) -> None:
+        """Unmap (the segment stays until `unlink`)."""
+        self.slots = self.roles = self.posture = self.ledger = self.bulkheads = None
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+
+    def unlink(self) -> bool:
+        return seg.unlink(self.name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _init_roles(self, roles: RoleSet) -> None:
+        for code, role in enumerate(roles):
+            base = code * ROLE_FIELDS
+            self.roles[base + L.R_KIND] = role.kind_code
+            self.roles[base + L.R_CLASS] = role.class_code
+            self.roles[base + L.R_QUEUE_BOUND] = role.queue_bound
+            self.roles[base + L.R_SLOT_CAP] = role.slots
+            name = role.name.encode()[: L.ROLE_NAME_BYTES]
+            raw = self.roles[base : base + ROLE_FIELDS].view(np.uint8)
+            raw[L.R_NAME_BYTE : L.R_NAME_BYTE + len(name)] = np.frombuffer(name, dtype=np.uint8)
+
+    def _kernels(self):
+        if self._k is None:
+            from fleet.shm.table import kernels
+
+            kernels.warm_up(self.slots, self.roles, self.n_roles, self.posture)
+            self._k = kernels
+        return self._k
+
+    # --- transitions --------------------------------------------------------------------
+    def transition(self, slot: int, event, role: int = fsm.ANY_ROLE, key: int = 0, expected_gen: int = -1) -> int:
+        """Apply one event; returns fsm.OK or a reason code. Never raises for a refusal."""
+        k = self._k or self._kernels()
+        if type(event) is not int or not 0 <= event < fsm.N_EVENTS:
+            event = event_code(event)
+        if not (type(slot) is type(role) is type(key) is type(expected_gen) is int):
+            # Fast path above; here numpy ints are accepted and floats refused (TypeError),
+            # so that numba never compiles a float-indexed variant.
+            slot, role, key, expected_gen = map(operator.index, (slot, role, key, expected_gen))
+        return k.apply_transition(self.slots, self.roles, self.n_roles, self.posture, slot, event, role, key, expected_gen)
+
+    def apply(self, slot: int, event, role: int = fsm.ANY_ROLE, key: int = 0, expected_gen: int = -1) -> int:
+        """Apply one event or raise TransitionRejected naming why; returns the new word."""
+        ev = event_code(event)
+        reason = self.transition(slot, ev, role, key, expected_gen)
+        if reason != fsm.OK:
+            word = self.word(slot) if 0 <= slot < self.n_slots else None
+            raise TransitionRejected(reason, slot, ev, word)
+        return self.word(slot)
+
+    def apply_batch(self, slot_ids, events, role_ids, keys, chained=None) -> np.ndarray:
+        """Apply many events in order, in one kernel call; returns each one's reason.
+        `chained[i]` true: event i is tried only if event i-1 was applied (else its
+        reason is fsm.R_NOT_TRIED), for a grant of several events on one slot."""
+        n = len(slot_ids)
+        if chained is None:
+            chained = [0] * n
+        if not n == len(events) == len(role_ids) == len(keys) == len(chained):
+            raise ValueError("apply_batch: slot_ids, events, role_ids, keys and chained must have one length")
+        columns = [np.asarray(column) for column in (slot_ids, events, role_ids, keys, chained)]
+        for column in columns:
+            if column.size and column.dtype.kind not in "iub":
+                raise TypeError(f"apply_batch takes integers, not {column.dtype}")
+        ops = np.ascontiguousarray(np.column_stack(columns).reshape(-1), dtype=np.int64) if n else np.zeros(0, np.int64)
+        out = np.empty(n, dtype=np.int64)
+        self._kernels().apply_batch(self.slots, self.roles, self.n_roles, self.posture, ops, out)
+        return out
+
+    def apply_ops(self, ops: list) -> int:
+        """The loop's form of `apply_batch`: `ops` a flat list of int rows (slot, event,
+        role, key, chained), as `fleet.rules.dispatch.Grant.ops` joined; returns how many
+        events were applied. When that is fewer than the rows, `reasons(n)` tells each
+        row's reason."""
+        n = len(ops) // L.OP_FIELDS
+        if n == 1:  # one event (a lone grant): the one-event kernel, no array to build
+            reason = self._reasons[0] = self.transition(ops[0], ops[1], ops[2], ops[3])
+            return int(reason == fsm.OK)
+        if len(self._reasons) < n:
+            self._reasons = np.empty(max(n, 2 * len(self._reasons)), dtype=np.int64)
+        return (self._k or self._kernels()).apply_batch(self.slots, self.roles, self.n_roles, self.posture,
+                                                        array("q", ops), self._reasons)
+
+    def reasons(self, n: int) -> list[int]:
+        """The reasons of the last `apply_ops` call's first `n` rows."""
+        return self._reasons[:n].tolist()
+
+    def word(self, slot: int) -> int:
+        """The slot's current word (see layout.unpack_word)."""
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot {slot} out of range [0, {self.n_slots})")
+        return int(self.slots[slot * SLOT_FIELDS + L.S_WORD])
+
+    def unit(self, slot: int) -> int:
+        """The id of the unit a worker last started on `slot` (0: none yet)."""
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot {slot} out of range [0, {self.n_slots})")
+        return int(self.slots[slot * SLOT_FIELDS + L.S_UNIT])
+
+    def state(self, slot: int) -> tuple[int, int, int, int]:
+        """(state, role, key, generation) of a slot."""
+        return L.unpack_word(self.word(slot))
+
+    # --- single-writer records ----------------------------------------------------------
+    def _seq_write(self, arr: np.ndarray, seq_idx: int, fields: dict[int, int]) -> None:
+        idx = np.fromiter(fields.keys(), dtype=np.int64, count=len(fields))
+        vals = np.fromiter((int(v) & 0xFFFFFFFFFFFFFFFF for v in fields.values()), dtype=np.uint64, count=len(fields))
+        if not self._kernels().seq_write(arr, seq_idx, idx, vals):
+            raise IndexError(f"field index out of range: {fields}")
+
+    def set_slot_meta(self, slot: int, *, unit=None, pid=None, cpus: Iterable[int] | None = None, binding=None) -> None:
+        """Write a slot's record fields (the supervisor is their single writer)."""
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot {slot} out of range [0, {self.n_slots})")
+        base = slot * SLOT_FIELDS
+        fields = {}
+        if unit is not None:
+            fields[base + L.S_UNIT] = unit
+        if pid is not None:
+            fields[base + L.S_PID] = pid
+        if cpus is not None:
+            mask = 0
+            for c in cpus:
+                if not 0 <= c < 128:
+                    raise ValueError(f"cpu {c} out of range [0, 128)")
+                mask |= 1 << c
+            fields[base + L.S_CPUS_LO] = mask & 0xFFFFFFFFFFFFFFFF
+            fields[base + L.S_CPUS_HI] = mask >> 64
+        if binding is not None:
+            fields[base + L.S_BINDING] = L.BINDINGS.index(binding)
+        if fields:
+            self._seq_write(self.slots, base + L.S_SEQ, fields)
+
+    def start_unit(self, slot: int, event: int, role: int, key: int, unit_id: int) -> int:
+        """Worker: START/RESUME the slot and record its unit in one kernel call; returns the reason."""
+        return self._k.start_unit(self.slots, self.roles, self.n_roles, self.posture, slot, event, role, key, unit_id)
+
+    def finish_unit(self, slot: int, event: int, role: int) -> tuple[int, int]:
+        """Worker: end the slot's unit (DRAINED if it was drained meanwhile); (reason, state after)."""
+        packed = self._k.finish_unit(self.slots, self.roles, self.n_roles, self.posture, slot, event, role)
+        return packed >> 4, packed & 15
+
+    def count_done(self, slot: int) -> None:
+        self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_DONE, np.uint64(1))
+
+    def set_posture(self, state: int, *, cause: int = 0, since_ns: int | None = None, **counters) -> None:
+        """Publish the posture (state + record) in one seqlocked write."""
+        fields = {L.P_STATE: state, L.P_CAUSE: cause, L.P_SINCE_NS: since_ns if since_ns is not None else time.monotonic_ns()}
+        names = {
+            "enter_count": L.P_ENTER_COUNT,
+            "exit_count": L.P_EXIT_COUNT,
+            "cordoned_ns": L.P_CORDONED_NS,
+            "suppressed": L.P_SUPPRESSED,
+            "enter_events": L.P_ENTER_EVENTS,
+            "enter_window_ms": L.P_ENTER_WINDOW_MS,
+            "duty_ppm": L.P_DUTY_PPM,
+            "duty_window_ms": L.P_DUTY_WINDOW_MS,
+            "exit_clean_ms": L.P_EXIT_CLEAN_MS,
+            "intake_floor": L.P_INTAKE_FLOOR,
+        }
+        for key, value in counters.items():
+            if key not in names:
+                raise TypeError(f"set_posture: unknown field {key!r}")
+            fields[names[key]] = value
+        self._seq_write(self.posture, L.P_SEQ, fields)
+
+    def set_quota_epoch(self, epoch: int, detected_cpus: float) -> None:
+        """Publish the quota epoch and the detected quota (posture record, seqlocked)."""
+        self._seq_write(self.posture, L.P_SEQ, {L.P_EPOCH: epoch, L.P_QUOTA_UCPU: int(round(detected_cpus * 1e6))})
+
+    def set_ledger(self, *, submitted: int, solved: int, suppressed: int, failed: int, inflight: int = 0,
+                   failed_by_reason: Iterable[int] = (), fsm_refused: int = 0) -> None:
+        """Publish the ledger counters in one seqlocked write (single writer: the ledger)."""
+        # Published after every batch of outcomes: preallocated index and value arrays,
+        # not a dict turned into arrays each time.
+        values = [submitted, solved, suppressed, failed, inflight, fsm_refused, *failed_by_reason]
+        n = len(values)
+        if n > len(_LEDGER_FIELDS):
+            raise ValueError(f"at most {L.N_FAILURE_REASONS} failure reasons")
+        if self._ledger_values is None:
+            self._ledger_values = np.zeros(len(_LEDGER_FIELDS), dtype=np.uint64)
+        buf = self._ledger_values[:n]
+        buf[:] = values
+        if not self._kernels().seq_write(self.ledger, L.L_SEQ, _LEDGER_FIELDS[:n], buf):
+            raise IndexError("ledger field index out of range")
+
+    def set_queue_depth(self, role: int, depth: int, in_use: int | None = None, repins: int | None = None) -> None:
+        base = role * ROLE_FIELDS
+        fields = {base + L.R_QUEUE_DEPTH: depth}
+        if in_use is not None:
+            fields[base + L.R_IN_USE] = in_use
+        if repins is not None:
+            fields[base + L.R_REPINS] = repins
+        self._seq_write(self.roles, base + L.R_SEQ, fields)
+
+    def set_flags(self, flags: int) -> None:
+        self.segment.header["flags"] = flags
+
+    # --- reading ---------------------------------------------------------------------------
+    @property
+    def meta(self) -> dict:
+        """The boot metadata stored at creation ({} when none)."""
+        return seg.read_meta(self.segment)
+
+    def snapshot(self) -> snap.TableSnapshot:
+        return snap.take(self.segment)
