@@ -1,0 +1,170 @@
+"""The task/result codec (fleet.runtime.codec): every result status decodes to its outcome;
+a task body is refused, typed, when it cannot be pickled or is too large; whatever a
+unit's objects do when they are pickled or unpickled is a CodecError naming why."""
+from __future__ import annotations
+
+import pathlib
+import pickle
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from fleet.runtime import codec
+from fleet.shm import messages as M
+from tests import hostile as H
+from fleet.rules.unit import PayloadTooLarge, PayloadUnpicklable
+
+
+def _dumps(v) -> bytes:
+    return pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+_FAILED_ITEM = (M.ST_HANDLER_ERROR, ("tb", None))
+
+
+@pytest.mark.parametrize(
+    "status, body, kind, reason, value",
+    [
+        (M.ST_SOLVED, _dumps({"a": 1}), "solved", None, {"a": 1}),
+        (M.ST_SOLVED, b"not a pickle", "failed", "ResultError", None),
+        (M.ST_SUPPRESSED, b"duplicate", "suppressed", None, None),
+        (M.ST_RESULT_ERROR, b"too big", "failed", "ResultError", None),
+        (M.ST_START_REFUSED, b"refused", "failed", "FsmRefused", None),
+        (M.ST_COMPLETION_REFUSED, b"refused", "failed", "FsmRefused", None),
+        (M.ST_HELD_AT_CLOSE, b"closing", "failed", "Shutdown", None),
+        (250, b"who knows", "failed", "LaneDeath", None),
+        (M.ST_CHUNK, _dumps(([1, 2], {})), "solved", None, ([1, 2], {})),
+        (M.ST_CHUNK_SUPPRESSED, _dumps(([1, None], {1: (M.ST_SUPPRESSED, "dup")})), "suppressed", None,
+         ([1, None], {1: (M.ST_SUPPRESSED, "dup")})),
+        (M.ST_CHUNK_FAILED, _dumps(([None, 2], {0: _FAILED_ITEM})), "failed", "HandlerError",
+         ([None, 2], {0: _FAILED_ITEM})),
+        (M.ST_CHUNK, b"not a pickle", "failed", "ResultError", None),
+    ],
+)
+def test_each_result_status_decodes_to_its_outcome(status, body, kind, reason, value):
+    outcome, got, original = codec.result_outcome(status, memoryview(body))
+    assert (outcome.kind, outcome.reason, got, original) == (kind, reason, value, None)
+
+
+def test_a_handler_error_keeps_its_traceback_and_original_exception():
+    body = _dumps(codec.error_parts("Traceback...", KeyError("k")))
+    outcome, value, original = codec.result_outcome(M.ST_HANDLER_ERROR, body)
+    assert (outcome.kind, outcome.reason, outcome.detail, value) == ("failed", "HandlerError", "Traceback...", None)
+    assert isinstance(original, KeyError) and original.args == ("k",)
+
+
+def test_a_task_body_round_trips_and_a_client_pickled_payload_stays_pickled():
+    body = codec.task_body("r", [1, 2], "k", "lane", "req", pickled_payload=None, limit=1 << 20)
+    assert pickle.loads(body) == ([1, 2], "k", "lane", "req")
+    body = codec.task_body("r", None, None, None, None, pickled_payload=_dumps("remote"), limit=1 << 20)
+    payload, *_ = pickle.loads(body)
+    assert type(payload).__name__ == "_Pickled" and payload.load() == "remote"
+
+
+def test_a_task_body_is_refused_typed():
+    with pytest.raises(PayloadUnpicklable, match="role 'r'.*lock"):
+        codec.task_body("r", threading.Lock(), None, None, None, pickled_payload=None, limit=1 << 20)
+    with pytest.raises(PayloadUnpicklable, match="role 'r' cannot be pickled: SystemExit: 5"):
+        codec.task_body("r", H.ExitsOnDump(), None, None, None, pickled_payload=None, limit=1 << 20)
+    with pytest.raises(PayloadTooLarge, match="limits.max_payload_bytes is 100"):
+        codec.task_body("r", b"x" * 200, None, None, None, pickled_payload=None, limit=100)
+
+
+def test_a_relayed_value_stays_pickled_for_the_client():
+    body = _dumps({"a": 1})
+    outcome, value, _ = codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)
+    assert outcome.kind == "solved" and type(value).__name__ == "_Pickled" and value.data == body
+    assert value.load() == {"a": 1}
+
+
+def test_a_relayed_chunk_and_handler_exception_stay_pickled_for_the_client():
+    # fleetd runs no code of a unit's: a chunk whose values would exit when unpickled
+    # is relayed unread (its status says how it ended), and so is a handler's exception.
+    body = _dumps(([H.ExitsOnLoad()], {}))
+    outcome, value, _ = codec.result_outcome(M.ST_CHUNK, memoryview(body), relay=True)
+    assert outcome.kind == "solved" and type(value).__name__ == "_Pickled" and value.data == body
+    body = _dumps(codec.error_parts("tb", H.ExitsOnLoadError("x")))
+    outcome, _, original = codec.result_outcome(M.ST_HANDLER_ERROR, memoryview(body), relay=True)
+    assert (outcome.reason, outcome.detail, type(original).__name__) == ("HandlerError", "tb", "_Pickled")
+
+
+@pytest.mark.parametrize("hostile, why", [
+    (H.ExitsOnLoad(), "SystemExit: 7"),
+    (H.InterruptsOnLoad(), "KeyboardInterrupt"),
+    (H.RaisesOnLoad(), "ValueError: refuses to be rebuilt"),
+    (H.RunsOutOfMemoryOnLoad(), "MemoryError: pretend"),
+    (H.RecursesOnLoad(), "RecursionError: maximum recursion depth exceeded"),
+])
+def test_whatever_unpickling_raises_is_a_codec_error_naming_it(hostile, why):
+    with pytest.raises(codec.CodecError, match=f"^the thing cannot be unpickled in the test: {why}"):
+        codec.loads(_dumps(hostile), "the thing", "in the test")
+
+
+@pytest.mark.parametrize("hostile, why", [
+    (H.ExitsOnDump(), "SystemExit: 5"),
+    (H.InterruptsOnDump(), "KeyboardInterrupt"),
+    (H.RaisesOnDump(), "ValueError: refuses to be pickled"),
+    (H.nested(5000), "RecursionError: maximum recursion depth exceeded while pickling"),
+    (threading.Lock(), "TypeError: cannot pickle '_thread.lock' object"),
+])
+def test_whatever_pickling_raises_is_a_codec_error_naming_it(hostile, why):
+    with pytest.raises(codec.CodecError, match=f"^the thing cannot be pickled: {why}"):
+        codec.dumps(hostile, "the thing")
+
+
+@pytest.mark.parametrize("status", [M.ST_SOLVED, M.ST_CHUNK, M.ST_CHUNK_SUPPRESSED, M.ST_CHUNK_FAILED,
+                                    M.ST_HANDLER_ERROR, M.ST_REFUSED])
+def test_a_result_body_that_exits_when_unpickled_is_a_result_error(status):
+    outcome, value, original = codec.result_outcome(status, memoryview(_dumps(H.ExitsOnLoad())))
+    assert (outcome.kind, outcome.reason, value, original) == ("failed", "ResultError", None, None)
+    assert outcome.detail.endswith("cannot be unpickled here: SystemExit: 7")
+
+
+def test_an_exception_that_cannot_be_rebuilt_here_leaves_its_text_and_says_why():
+    body = _dumps(codec.error_parts("Traceback...\nUnrebuildable: one and two", H.Unrebuildable("one", "two")))
+    outcome, _, original = codec.result_outcome(M.ST_HANDLER_ERROR, body)
+    assert (outcome.reason, original) == ("HandlerError", None)
+    first, *rest = outcome.detail.splitlines()
+    assert first.startswith("the handler's exception cannot be unpickled here: TypeError: ")
+    assert rest == ["Traceback...", "Unrebuildable: one and two"]  # its last line is still the handler's
+
+
+@pytest.mark.parametrize("exc, why", [
+    (H.ExitsOnDumpError("x"), "the handler's exception cannot be pickled: SystemExit: 6"),
+    (ValueError(b"x" * codec.MAX_ERROR_BYTES), "the handler's exception is "),
+])
+def test_an_exception_that_cannot_travel_goes_as_its_text_saying_why(exc, why):
+    text, raw = codec.error_parts("tb", exc)
+    assert raw is None and text.startswith(why) and text.endswith("\ntb")
+
+
+def test_a_failure_is_named_even_when_its_text_cannot_be_read_or_runs_long():
+    assert codec.describe(H.UnprintableError()) == "UnprintableError: (the text of a UnprintableError cannot be read)"
+    long = codec.describe(ValueError("x" * 10_000))
+    assert long == "ValueError: " + "x" * codec.MAX_WHY_CHARS + "..."
+
+
+_DEEP_UNDER_A_RAISED_LIMIT = """
+import sys
+from fleet.runtime import codec
+from tests.hostile import nested
+sys.setrecursionlimit(10**7)
+deep = nested(200_000)
+try:
+    codec.dumps(deep, "the deep value")
+except codec.CodecError as exc:
+    print(exc)
+print(sys.getrecursionlimit())
+"""
+
+
+def test_the_guard_bounds_recursion_where_the_limit_was_raised():
+    # Pickled under a limit of 10**7, this value overflows the C stack: the process dies.
+    run = subprocess.run([sys.executable, "-c", _DEEP_UNDER_A_RAISED_LIMIT], capture_output=True, text=True,
+                         timeout=120, cwd=pathlib.Path(__file__).parent.parent.parent)
+    assert run.returncode == 0, run.stderr[-2000:]
+    failure, limit = run.stdout.splitlines()
+    assert failure.startswith("the deep value cannot be pickled: RecursionError")
+    assert limit == str(10**7)  # and the process's own limit is given back
