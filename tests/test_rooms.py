@@ -89,11 +89,11 @@ def test_the_wire_scan_finds_an_encoder_and_an_envelope_outside_the_package():
     assert wire_definitions("x = {'id': 1, 'name': 'a'}\n") == []
 
 
-def test_the_readme_names_what_every_module_of_fleet_owns():
-    """The README's room map lists every module and package of fleet/, and nothing that
-    is gone: a new room comes with its line."""
-    readme = (ROOT.parent / "README.md").read_text()
-    section = readme.split("### fleet/, room by room", 1)[1].split("\n## ", 1)[0]
+def test_the_internals_doc_names_what_every_module_of_fleet_owns():
+    """The room map of docs/internals.md lists every module and package of fleet/, and
+    nothing that is gone: a new room comes with its line."""
+    doc = (ROOT.parent / "docs" / "internals.md").read_text()
+    section = doc.split("## fleet/, room by room", 1)[1].split("\n## ", 1)[0]
     listed = {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
     folders = {"cli", "burst", "shm/table", "service/control"}  # listed whole
     present = {str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")

@@ -1,0 +1,147 @@
+"""The README and docs/ cannot drift from the code: every block marked runnable runs as
+written, every configuration block loads, the configuration reference lists every key the
+loader knows, and the slot-transition table is the state machine's.
+
+A block is marked by an HTML comment on the line before its fence (invisible when rendered):
+``<!-- run -->`` runs it (``python`` in a fresh interpreter, ``sh`` under ``bash -eu``), in a
+temporary folder that holds a link to the repository's ``examples/``; ``<!-- run: fleetd -->``
+runs it while a real fleetd of the demo config (``examples/fleet.toml``, name ``demo``) serves;
+``<!-- check: config -->`` loads a ``toml`` block with `fleet.load_config`.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+import fleet
+from fleet.rules import fsm
+
+from .daemons import Fleetd
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+MARK = re.compile(r"^<!-- (run|run: fleetd|check: config) -->\n```(\w+)\n(.*?)^```", re.M | re.S)
+
+
+def blocks(kind: str):
+    for path in DOCS:
+        text = path.read_text()
+        for m in MARK.finditer(text):
+            if m.group(1) == kind:
+                line = text.count("\n", 0, m.start()) + 1
+                yield pytest.param(m.group(2), m.group(3), id=f"{path.relative_to(REPO)}:{line}")
+
+
+def run_block(lang: str, code: str, tmp_path, env=None) -> None:
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    if lang == "python":
+        script = tmp_path / "snippet.py"
+        script.write_text(code)
+        argv = [sys.executable, str(script)]
+    elif lang == "sh":
+        argv = ["bash", "-euo", "pipefail", "-c", code]
+    else:
+        raise AssertionError(f"a runnable block must be python or sh, not {lang!r}")
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = str(REPO)
+    out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"exit {out.returncode}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}"
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("lang, code", list(blocks("run")))
+def test_a_runnable_block_runs_as_written(lang, code, tmp_path):
+    run_block(lang, code, tmp_path)
+
+
+def test_the_blocks_that_talk_to_fleetd_run_as_written(tmp_path):
+    """One demo fleetd serves them all, in order (one test: the name ``demo`` is global)."""
+    demo = tomllib.loads((REPO / "examples" / "fleet.toml").read_text())
+    with Fleetd("demo", demo["roles"], posture=demo.get("posture"), limits=demo.get("limits")) as d:
+        for n, param in enumerate(blocks("run: fleetd")):
+            lang, code = param.values
+            where = tmp_path / str(n)
+            where.mkdir()
+            run_block(lang, code, where, env=d.env)
+
+
+@pytest.mark.parametrize("lang, code", list(blocks("check: config")))
+def test_a_configuration_block_loads(lang, code):
+    assert lang == "toml"
+    fleet.load_config(tomllib.loads(code))
+
+
+def test_the_marks_find_blocks():
+    # the scan itself: a mark that stopped matching would make the tests above pass vacuously
+    assert len(list(blocks("run"))) >= 3
+    assert len(list(blocks("run: fleetd"))) >= 1
+    assert len(list(blocks("check: config"))) >= 1
+
+
+def _known(message: str, word: str) -> list[str]:
+    return [k.strip() for k in message.split(f"{word}: ", 1)[1].split(",")]
+
+
+def _refusal(config: dict) -> str:
+    with pytest.raises(ValueError) as info:
+        fleet.load_config(config)
+    return str(info.value)
+
+
+def test_the_configuration_reference_lists_every_key_the_loader_knows():
+    """The loader names what it knows when it refuses an unknown key; the reference block of
+    docs/configuration.md must list each of them under its section."""
+    text = (REPO / "docs" / "configuration.md").read_text()
+    reference = tomllib.loads(re.search(r"## Every key\n.*?```toml\n(.*?)```", text, re.S).group(1))
+    sections = _known(_refusal({"no_such_section": {}}), "sections")
+    missing = [s for s in sections if s not in reference]
+    role = {"kind": "pooled", "handler": "m:f"}
+    probes = {s: {s: {"no_such_key": 1}} for s in sections if s not in ("roles", "budget")}
+    probes["roles.*"] = {"roles": {"r": {**role, "no_such_key": 1}}}
+    probes["admission.lanes.*"] = {"admission": {"lanes": {"l": {"no_such_key": 1}}}}
+    documented = {
+        **{s: reference.get(s, {}) for s in sections},
+        "roles.*": next(iter(reference["roles"].values())),
+        "admission.lanes.*": next(iter(reference["admission"]["lanes"].values())),
+    }
+    for where, config in probes.items():
+        missing += [f"{where}.{k}" for k in _known(_refusal(config), "known") if k not in documented[where]]
+    store_role = next(iter(reference["store"]["roles"].values()))
+    store_role_keys = ("environment", "provider", "tier", "priority", "preemptible", "queue_timeout")
+    missing += [f"store.roles.*.{k}" for k in store_role_keys if k not in store_role]
+    assert missing == []
+
+
+def test_the_slot_transition_table_is_the_state_machine():
+    text = (REPO / "docs" / "internals.md").read_text()
+    rows = re.findall(r"^\| (T\d+) \| (\w+) \| `(\w+)` \| (\w+) \| ([\w, ]+) \| (yes|no) \|$", text, re.M)
+    documented = {(tid, frm, ev, to, kinds, gated) for tid, frm, ev, to, kinds, gated in rows}
+    actual = set()
+    for (state, event), (nxt, tid, kinds, gated) in fsm.TRANSITIONS.items():
+        names = "any" if kinds == fsm.ALL_KINDS else ", ".join(fsm.KIND_NAMES[k] for k in sorted(kinds))
+        actual.add((tid, fsm.STATE_NAMES[state], fsm.EVENT_NAMES[event], fsm.STATE_NAMES[nxt], names,
+                    "yes" if gated else "no"))
+    assert documented == actual
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+            if not (path.parent / target).exists():
+                broken.append(f"{path.relative_to(REPO)}: {target}")
+    assert broken == []
+
+
+def test_the_docs_cite_nothing_the_reader_does_not_have():
+    # design documents outside the repository, cited by number or section
+    cite = re.compile(r"reference 00\d|\b00\d §|§\s?\d")
+    found = [f"{p.relative_to(REPO)}:{n}" for p in DOCS for n, line in enumerate(p.read_text().splitlines(), 1)
+             if cite.search(line)]
+    assert found == []
