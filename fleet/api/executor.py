@@ -96,7 +96,7 @@ class Fleet(Executor):
         with ``block=False``. `timeout` is the unit's own run time limit, not this wait.
 
         A unit that calls a provider passes ``route=fleet.Route(model, provider,
-        credential=None)``: the provider admission (README, "Provider admission") starts
+        credential=None)``: the provider admission (docs/admission.md) starts
         it now, moves it to a declared alternative, or holds it while its pool backs off
         or is closed. Its handler calls ``unit.route``, the route admission chose.
         `severity` (a declared severity name: urgency inside the lane), `pinned` (never

@@ -110,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
                                     "NAME` reads it meanwhile) and a local provider simulator on 127.0.0.1, once per "
                                     "mode, same seed; print the comparison and write report.json, report.md and "
                                     "timeline.png.")
-    rp.add_argument("trace", help="a trace file (JSON lines; see the README, 'Burst traces')")
+    rp.add_argument("trace", help="a trace file (JSON lines; see docs/burst.md, 'Burst traces')")
     rp.add_argument("--modes", type=_modes, default=None,
                     help="comma list of none, cap, admission (the fleet's own provider admission: submit with route=); "
                          "default: the trace header's, else all three")

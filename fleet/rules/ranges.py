@@ -1,7 +1,7 @@
 """The range of every number fleet takes from outside, in one table: the config file and
 its environment overrides, a posture retune (`fleetctl posture set`, the control op,
 `Fleet.posture_set`), and the numbers of the control ops. The checks, their errors and
-the README's table quote the same figures from here (a test keeps the README in step).
+docs/configuration.md's table quote the same figures from here (a test keeps the doc in step).
 
 A range is closed, ``[lo, hi]``, unless it says ``(lo, hi]``: a positive quantity
 (seconds, cores) where 0 would mean nothing. A value outside is refused, never clamped,

@@ -66,7 +66,7 @@ a ConfigError naming their dotted path)::
     preemptible = false
     queue_timeout = 600.0     # omit to wait without limit
 
-    [admission]               # the provider admission (admission.policy; README "Provider admission")
+    [admission]               # the provider admission (admission.policy; docs/admission.md)
     probe_every = 10.0        # a closed pool lets one probe through this often (seconds)
     closed_for = 2100.0       # credit / rejected-key closures last this long
     daily_limit_probe_every = 10.0   # probes of a daily-limit closure (default: probe_every)
@@ -83,7 +83,7 @@ a ConfigError naming their dotted path)::
 Bounds. The file must be a regular file (a FIFO, a device or a directory is refused
 unread) of at most `fleet.rules.ranges.MAX_CONFIG_BYTES` (1 MiB), nesting tables and arrays at
 most `MAX_CONFIG_DEPTH` (16) deep; every number must fall in its range in
-`fleet.rules.ranges.CONFIG` (the README lists them). Each refusal is a ConfigError.
+`fleet.rules.ranges.CONFIG` (docs/configuration.md lists them). Each refusal is a ConfigError.
 
 Environment. ``FLEET_<SECTION>__<KEY>`` sets one key (``FLEET_POSTURE__CORDON_DUTY_PERCENT=5``,
 ``FLEET_ROLES__SOLVER__SLOTS=4``); ``FLEET_NAME``, ``FLEET_PROFILE`` and ``FLEET_CPUS``

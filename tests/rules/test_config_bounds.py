@@ -1,7 +1,7 @@
 """The config's bounds: every number of the schema (fleet.rules.ranges.CONFIG) inside its stated
 range or a ConfigError naming the key, the value and the range; a file that is not a
 regular file, too large or nested too deep refused before it costs anything; and the
-README's table of ranges in step with the schema."""
+table of ranges in docs/configuration.md in step with the schema."""
 from __future__ import annotations
 
 import copy
@@ -198,10 +198,10 @@ def test_a_symlink_to_a_regular_file_reads(tmp_path):
 # ------------------------------------------------------------------ the docs
 
 
-def test_the_readme_lists_every_range_of_the_schema():
-    readme = (pathlib.Path(REPO) / "README.md").read_text()
+def test_the_configuration_doc_lists_every_range_of_the_schema():
+    doc = (pathlib.Path(REPO) / "docs" / "configuration.md").read_text()
     for path, r in CONFIG.items():
-        assert f"| `{path}` | {r} |" in readme, f"README lacks the row of {path}: | `{path}` | {r} |"
+        assert f"| `{path}` | {r} |" in doc, f"docs/configuration.md lacks the row of {path}: | `{path}` | {r} |"
 
 
 # ------------------------------------------------------------------ a retune (the embedded API's path too)
