@@ -21,6 +21,8 @@ import pytest
 
 import fleet
 from fleet.rules import fsm
+from fleet.shm import dataplane
+from fleet.shm.table import segment
 
 from .daemons import Fleetd
 
@@ -63,12 +65,16 @@ def test_a_runnable_block_runs_as_written(lang, code, tmp_path):
 def test_the_blocks_that_talk_to_fleetd_run_as_written(tmp_path):
     """One demo fleetd serves them all, in order (one test: the name ``demo`` is global)."""
     demo = tomllib.loads((REPO / "examples" / "fleet.toml").read_text())
-    with Fleetd("demo", demo["roles"], posture=demo.get("posture"), limits=demo.get("limits")) as d:
-        for n, param in enumerate(blocks("run: fleetd")):
-            lang, code = param.values
-            where = tmp_path / str(n)
-            where.mkdir()
-            run_block(lang, code, where, env=d.env)
+    try:
+        with Fleetd("demo", demo["roles"], posture=demo.get("posture"), limits=demo.get("limits")) as d:
+            for n, param in enumerate(blocks("run: fleetd")):
+                lang, code = param.values
+                where = tmp_path / str(n)
+                where.mkdir()
+                run_block(lang, code, where, env=d.env)
+    finally:  # a killed fleetd leaves its segments: remove them, even when a block failed
+        segment.unlink("demo")
+        dataplane.unlink("demo")
 
 
 @pytest.mark.parametrize("lang, code", list(blocks("check: config")))
