@@ -228,6 +228,8 @@ def test_not_running_exits_69(fleet_name, capsys):
     rc, out, err = status(capsys, "--name", fleet_name)
     assert rc == EXIT_NOT_RUNNING and out == ""
     assert err.count("\n") == 1 and "NotRunning" in err and fleet_name in err
+    # a path one can look at (ls /dev/shm), not the shared-memory object's name
+    assert f"(no table /dev/shm/fleet.{fleet_name})" in err
 
 
 def test_bad_name_is_refused(capsys):
@@ -361,8 +363,8 @@ def test_status_with_a_config_before_boot_prints_the_projection(tmp_path, fleet_
     for needle in (f"fleet {fleet_name}  NOT RUNNING (not booted)  projection from {path}",
                    "booted no  profile serial -> serial binding  quota 2 CPUs (configured fleet.cpus; detected",
                    "serial-0", "seats     1 worker process(es); slots 3",
-                   "processes sq: 2 slots on 1 process: at most 1 unit at once",
-                   "idle: 1 slot, no process (no handler: declared, not run)"):
+                   "processes sq: 2 slots on 1 worker process: at most 1 unit at once",
+                   "idle: 1 slot, no worker process (no handler: declared, not run)"):
         assert needle in out, (needle, out)
 
 
