@@ -48,7 +48,8 @@ def describe(row: dict) -> str:
         return f"{row['role']}: {slots}, no worker process (no handler: declared, not run)"
     processes = f"{n} worker process{'es' if n != 1 else ''}"
     if row.get("shared_with"):
-        text = f"{row['role']}: {slots} on {'any of ' if n > 1 else ''}{processes} shared with {', '.join(row['shared_with'])}"
+        which = f"any of {processes}" if n > 1 else processes
+        text = f"{row['role']}: {slots} on {which} shared with {', '.join(row['shared_with'])}"
     else:
         text = f"{row['role']}: {slots} on {processes}"
     if row.get("io_bound"):
