@@ -15,7 +15,8 @@ import time
 from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError, NotRunning
 from fleet.rules.fsm import STATE_NAMES
 from fleet.cli._common import add_name_argument, fleet_name
-from fleet.cli.cmd_status import duration, utc
+from fleet.rules.when import utc
+from fleet.cli.cmd_status import duration
 
 NAME = "top"
 HELP = ("Watch the fleet live (q quits): roles with in-flight, queued and outcomes per second, slots by state, "
