@@ -4,6 +4,7 @@ traceback, and a member of fleetd's --socket-group (uid 65534) watches it too.""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shlex
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from fleet.cli import cmd_top, fleetctl
 from fleet.rules.errors import EXIT_NOT_RUNNING
 from tests.daemons import BOUND_S, REPO, Fleetd, wait_until
-from tests.uids import NOBODY, as_nobody_argv, unused_gid
+from tests.uids import as_nobody_argv, unused_gid
 
 ROLES = {"sq": {"kind": "pooled", "handler": "tests.handlers:nap_whoami", "slots": 2, "peak_cpus": 1,
                 "queue_bound": 100_000}}
@@ -63,7 +64,11 @@ class Tmux:
         return int(found.group(1)) if found else None
 
     def close(self) -> None:
+        """Kill the server and remove its socket file (tmux leaves it behind)."""
+        path = self.tmux("display-message", "-p", "#{socket_path}").strip()
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 @contextlib.contextmanager
