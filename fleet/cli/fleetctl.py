@@ -3,7 +3,7 @@
 A command that calls the running fleet's daemon is an op of the control protocol
 (`fleet.service.control.ops`): the op's class holds its arguments, wire request,
 rendering and exit code, and `fleet.cli.opcommands` makes the command of it. The
-commands that read the table, a config or the store (status, plan, leases, store)
+commands that read the table, a config or the store (status, top, plan, leases, store)
 each live in their own module exposing ``NAME``, ``HELP``, ``add_arguments(parser)``
 and ``run(args) -> int``. This file only routes. A typed fleet error becomes one
 line on stderr and its exit code.
@@ -34,9 +34,11 @@ from fleet.cli._common import (
 
 #: The commands that do not go through the daemon (they read the fleet's table, a config,
 #: the host-group store), each a module exposing ``NAME``, ``HELP``, ``add_arguments``
-#: and ``run``: command name -> its module, so that `fleetctl status` imports only what
-#: status needs (it must answer fast, even while the daemon is busy).
-MODULE_OF = {"status": "cmd_status", "plan": "cmd_plan", "leases": "cmd_leases", "store": "cmd_store"}
+#: and ``run``: command name -> its module, in the order `fleetctl --help` lists them, so
+#: that `fleetctl status` imports only what status needs (it must answer fast, even while
+#: the daemon is busy).
+MODULE_OF = {"status": "cmd_status", "top": "cmd_top", "plan": "cmd_plan", "leases": "cmd_leases",
+             "store": "cmd_store"}
 
 
 def build_parser(argv=None) -> argparse.ArgumentParser:

@@ -29,7 +29,8 @@ from fleet.rules.posture import POLICY_KEYS, STICKY_CAUSES
 from fleet.runtime import facade
 from fleet.runtime.facade import Operations
 from fleet.service.control.errors import E_INVALID_ARGS, E_UNKNOWN_OP, ProtocolError
-from fleet.service.control.terminal import UNTIL_FORMS, fields_text, parse_patch, parse_until, posture_text, utc
+from fleet.rules.when import utc
+from fleet.service.control.terminal import UNTIL_FORMS, fields_text, parse_patch, parse_until, posture_text
 from fleet.service.control.wire import Arg, _json_type, check_args
 
 

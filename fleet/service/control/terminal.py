@@ -124,11 +124,6 @@ def parse_until(text: str, now: float) -> float:
     raise AdmissionArgumentError(f"--until {text!r}: expected a {UNTIL_FORMS}")
 
 
-def utc(epoch) -> str:
-    """UTC epoch seconds as ``2026-10-05T00:00:00Z``; ``-`` for none."""
-    return "-" if not epoch else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-
-
 def fields_text(result) -> str:
     """Any reply as ``key: <json>`` lines (an object) or one JSON line."""
     if isinstance(result, dict):
