@@ -1492,6 +1492,17 @@ class Supervisor:
         code = self.roles.code(role)
         return self._call(lambda: self.dispatcher.queued(code), view=True)
 
+    def find_unit(self, unit_id: int) -> tuple[bool, Future | None]:
+        """(issued, future), read on the loop: whether this fleet ever handed out
+        `unit_id`, and the future of that unit while it is queued or running (None once
+        it ended). Every submit that returned before this call is seen."""
+        def look():
+            unit = self._units.get(unit_id)
+            # A look at the counter spends an id: ids are unique, not dense.
+            return 0 < unit_id < next(self._ids), None if unit is None else unit.future
+
+        return self._call(look, view=True)
+
     def inspect(self, fn, timeout: float | None = None):
         """Run ``fn(supervisor)`` on the loop and return what it returns (tests and tools
         that look inside: nothing else may read the loop's state from another thread).
