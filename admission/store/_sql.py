@@ -10,13 +10,17 @@ and host that shares the store, so the quotas hold.
 
 Two calls need no store lock, because they cannot make any quota overflow:
 
-- a release of the owner's current, unexpired lease (it only frees capacity; the
-  next request is admitted by the next reconciling call), and
+- a release of the owner's current, unexpired lease (it only frees capacity; when
+  requests are queued, the same call then reconciles under the lock, so the freed
+  capacity goes to the next of them at once), and
 - a submit that no level of the policy limits (it competes with nothing, so it is
   admitted at once), written only while the stored policy is still the one it was
   judged under (a policy change excludes it).
 
-Either falls back to the locked path when its precondition does not hold.
+Either falls back to the locked path when its precondition does not hold. A backend
+may also decide a limited submit in the database (`SqlStore._submit_at_once`) in the
+one case where `rules.plan` could only admit it and change nothing else: nothing is
+queued, no lease is past its expiry, and each of its limited quotas has room.
 """
 from __future__ import annotations
 
@@ -146,6 +150,9 @@ _INSERT_SQL = f"INSERT INTO requests ({_REQ_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, 
 # A lock-free release: only of the owner's current, unexpired lease at its revision.
 _RELEASE_SQL = ("UPDATE requests SET state = ?, decided_at = ?, reason = ? WHERE id = ? AND orchestrator = ? "
                 f"AND state = 'admitted' AND revision = ? AND lease_expires > ? RETURNING {_REQ_COLS}")
+# Asked after a lock-free release, as a statement of its own (so that it sees every request
+# queued before the release's row was free): must the freed capacity be handed on?
+_ANY_QUEUED_SQL = "SELECT EXISTS (SELECT 1 FROM requests WHERE state = 'queued')"
 _VERSION_POLICY_SQL = "SELECT v.version, p.body FROM schema_version v LEFT JOIN policy p ON p.id = 1 WHERE v.id = 1"
 _INSERT_NEW_SQL = _INSERT_SQL + f" ON CONFLICT (id) DO NOTHING RETURNING {_REQ_COLS}"
 # the heartbeats that bear on this transaction: those of orchestrators with queued requests
@@ -414,7 +421,11 @@ class SqlStore(AdmissionStore):
                 cur.execute(self._sql("INSERT INTO schema_version (id, version) VALUES (1, ?)"), (SCHEMA_VERSION,))
             elif found != SCHEMA_VERSION:
                 cur.execute(self._sql("UPDATE schema_version SET version = ? WHERE id = 1"), (SCHEMA_VERSION,))
+            self._install_functions(cur)
             self._commit(conn, cur)
+
+    def _install_functions(self, cur) -> None:
+        """Create the database functions this code calls, if missing (under the migration lock)."""
 
     # ------------------------------------------------------------- decisions inside a transaction
 
@@ -458,8 +469,10 @@ class SqlStore(AdmissionStore):
             # Admitted at once under the policy last seen, if it is still the stored one and
             # the id is new; anything else (a replay, a changed policy) takes the locked path.
             rec = self._submit_unconstrained(request, body)
-            if rec is not None:
-                return rec
+        else:
+            rec = self._submit_at_once(request, body, policy)
+        if rec is not None:
+            return rec
         with self._tx(request.id) as tx:
             stored = tx.records.get(request.id)
             if stored is not None:
@@ -499,13 +512,17 @@ class SqlStore(AdmissionStore):
     def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
         # A release only frees capacity, so the common case (the owner gives back its current,
         # unexpired lease) needs no store lock: one guarded update, audited in the same
-        # transaction. The freed capacity goes to the next request at the next reconciling
-        # call. Everything else (expired, stale, not ours, unknown) takes the locked path.
+        # transaction. When requests are queued, a locked reconcile follows in the same call,
+        # so the freed capacity goes to the next of them now, not at some later call.
+        # Everything else (expired, stale, not ours, unknown) takes the locked path.
         _text("request_id", request_id)
         _whole("revision", revision)
         _text("reason", reason)
-        rec = self._release_fast(request_id, revision, reason)
-        if rec is not None:
+        released = self._release_fast(request_id, revision, reason)
+        if released is not None:
+            rec, any_queued = released
+            if any_queued:
+                self._hand_on()
             return rec
         with self._tx(request_id) as tx:
             self._reconcile(tx)
@@ -516,6 +533,24 @@ class SqlStore(AdmissionStore):
                 tx.change(rec, RELEASED, reason, state=RELEASED)
                 self._reconcile(tx)
             return tx.records[request_id]
+
+    def _hand_on(self) -> None:
+        """Reconcile after a lock-free release, so that its capacity goes to the queue now.
+
+        The release is committed already: a store that does not answer in time here
+        leaves the hand-on to the next reconciling call (any orchestrator's), as a
+        release without a queue does, rather than report a release that happened as failed.
+        """
+        try:
+            with self._tx() as tx:
+                self._reconcile(tx)
+        except (StoreTimeout, StoreUnreachable):
+            pass
+
+    def _submit_at_once(self, request: Request, policy_body: str | None, policy: Policy) -> Record | None:
+        """Admit a limited `request` in one step where `rules.plan` could do nothing else; None to
+        take the locked path. This backend has no such step (its locked path is the one)."""
+        return None
 
     def _submit_unconstrained(self, request: Request, policy_body: str | None) -> Record | None:
         """Insert `request` admitted, without the store lock; None unless the id is new and
@@ -538,8 +573,9 @@ class SqlStore(AdmissionStore):
             self._commit(conn, cur)
             return _record(row)
 
-    def _release_fast(self, request_id: str, revision: int, reason: str) -> Record | None:
-        """Release a current lease of ours without the store lock; None when it is not one."""
+    def _release_fast(self, request_id: str, revision: int, reason: str) -> tuple[Record, bool] | None:
+        """Release a current lease of ours without the store lock: (its record, whether any
+        request is queued); None when it is not one."""
         with self._guard() as conn:
             cur = conn.cursor()
             now = self.clock()
@@ -550,8 +586,10 @@ class SqlStore(AdmissionStore):
                 conn.rollback()
                 return None
             cur.execute(self._event_sql, (now, "released", request_id, self.actor, reason))
+            cur.execute(_ANY_QUEUED_SQL)
+            any_queued = bool(cur.fetchone()[0])
             self._commit(conn, cur)
-            return _record(row)
+            return _record(row), any_queued
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
         _text("request_id", request_id)

@@ -433,9 +433,11 @@ class AdmissionStore(abc.ABC):
     def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
         """Give a lease back at the end of its work; its capacity goes to the next request.
 
-        The next request is admitted by the next reconciling call (any submit, get,
-        renew, cancel or reconcile of any orchestrator), not by the release itself.
-        Releasing a request that is no longer admitted is a no-op that returns its record.
+        When requests are queued, the release reconciles in the same call, so the next
+        of them is admitted into the freed capacity at once where the rules allow (if
+        the store does not answer that reconcile in time, the next reconciling call of
+        any orchestrator does it). Releasing a request that is no longer admitted is a
+        no-op that returns its record.
         """
 
     @abc.abstractmethod
