@@ -206,6 +206,11 @@ class AdmissionPool:
         self._lanes: dict[tuple, _LaneRow] = {}  # (lane, route) -> counters
         self._budget: dict[str, tuple] = {}  # provider -> (spent, limit, wall time of the reading)
         self.load_error: str | None = None
+        # When `wake` last decided the waiting units, under which policy, and whether a
+        # change no clock tells of (a closure lifted) has come since: what `next_wake` reads.
+        self._woke_at = -math.inf
+        self._woke_under = self.holder.current
+        self._lifted = False
         if store is not None:
             self._load()
 
@@ -253,6 +258,8 @@ class AdmissionPool:
         if decision.action != S.WAIT:
             self._seat(ask, decision, now)
         else:
+            if not self._waits:  # every waiting unit has been decided since now
+                self._woke_at, self._woke_under, self._lifted = now.mono, policy, False
             self._waits[ask.id] = ask
             self._why[ask.id] = decision
             self._put(T.waited(T.bulkhead_of(self.state, ask.route, now), 1))
@@ -323,6 +330,7 @@ class AdmissionPool:
         if reopens:
             before = self.state.closures
             self.state = T.reopen(self.state, route, now=now)
+            self._lifted = True
             lifted = [k for k, c in before.items() if c.until > now.wall and k not in self.state.closures]
         if closure is not None or reopens:
             self._save(lifted)
@@ -360,6 +368,7 @@ class AdmissionPool:
         now = self.now()
         self._prune(now)
         policy = self.policy
+        self._woke_at, self._woke_under, self._lifted = now.mono, policy, False
         lanes: dict = {}
         for ask in self._waits.values():
             lanes.setdefault(ask.lane, []).append(ask)
@@ -447,17 +456,21 @@ class AdmissionPool:
     def next_wake(self) -> float | None:
         """When `wake` may start something (a monotonic time of the clock), None if no unit waits.
 
-        Units that wait while nothing holds any pool back any more (a backoff ended, a
-        closure was lifted) may start now: then it is the clock's now, never None.
+        A hold that ended since the last wake (a backoff's end while another pool still
+        backs off), a closure lifted, or a new policy make it now: the waiting units have
+        not been decided since. Units that wait while nothing holds any pool back any more
+        may start now too: then it is the clock's now, never None.
         """
         if not self._waits:
             return None
         now = self.now()
-        at = T.next_change(self.state, now, self.policy)
+        if self._lifted or self._woke_under is not self.holder.current:
+            return now.mono
+        at = T.next_change(self.state, now, self.holder.current, since=self._woke_at)
         deadlines = [d for d in (self._deadline(a) for a in self._waits.values() if a.refused) if d is not None]
         if deadlines:
             at = min(deadlines) if at is None else min(at, *deadlines)
-        return now.mono if at is None else at
+        return now.mono if at is None else max(at, now.mono)
 
     def _deadline(self, ask: S.Ask) -> float | None:
         """When a refused unit's refusal deadline passes (mono), or None without one."""
@@ -497,6 +510,7 @@ class AdmissionPool:
         had = scope in self.state.closures
         before, now = self.state.closures, self.now()
         self.state = T.reopen(self.state, scope=scope, now=now)
+        self._lifted = True
         self._save([k for k, c in before.items() if c.until > now.wall and k not in self.state.closures] or [scope])
         return had
 

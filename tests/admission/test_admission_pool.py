@@ -311,6 +311,66 @@ def test_next_wake_says_when_a_waiting_unit_may_start():
     assert pool.next_wake() == pytest.approx(pool.now().mono + 10)  # the next probe
 
 
+def test_next_wake_hears_a_backoff_end_while_another_pool_still_backs_off():
+    # The burst's shape: GLM_OR backs off 10 s, its alternative GLM_AZ then 30 s. The unit
+    # waits for GLM_OR; once GLM_OR's backoff has ended it may start at once, not at GLM_AZ's end.
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": ["glm-5.3-review@azure-eu"]}))
+    pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=10), pool.now(), pool.policy)
+    pool.state = T.report(pool.state, GLM_AZ, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    assert pool.admit(1, GLM_OR).action == S.WAIT
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 10)
+    clock.advance(10.5)  # the loop looks a little after the instant it was told
+    assert pool.next_wake() == pytest.approx(pool.now().mono)
+    assert [(u, d.route) for u, d in pool.wake()] == [(1, GLM_OR)]
+
+
+def test_next_wake_after_a_wake_waits_for_the_next_change_not_now():
+    # control of the above: news heard once is not news again (no wake on every turn of the loop)
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}, pinned_tags=["fixer"]))
+    pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=10), pool.now(), pool.policy)
+    pool.state = T.report(pool.state, GLM_AZ, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    assert pool.admit(1, GLM_AZ, tag="fixer").action == S.WAIT  # pinned to the pool that holds longer
+    clock.advance(10.5)
+    assert pool.next_wake() == pytest.approx(pool.now().mono)  # GLM_OR's end: news, though not for unit 1
+    assert pool.wake() == []
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 19.5)  # GLM_AZ's end
+
+
+def test_next_wake_is_now_after_an_operator_lifts_a_closure_while_another_pool_backs_off():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    pool.close("openrouter-eu", until=pool.now().wall + 3600)
+    pool.state = T.report(pool.state, GLM_AZ, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    assert pool.admit(1, GLM_OR).action == S.WAIT
+    clock.advance(1)
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 9)  # its probe
+    pool.reopen("openrouter-eu")
+    assert pool.next_wake() == pytest.approx(pool.now().mono)
+    assert [u for u, _d in pool.wake()] == [1]
+
+
+def test_next_wake_is_now_after_a_clean_probe_reopens_a_key_while_another_pool_backs_off():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    pool.close("openrouter-eu", until=pool.now().wall + 3600)
+    pool.state = T.report(pool.state, GLM_AZ, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    assert pool.admit(1, GLM_OR).action == S.WAIT
+    clock.advance(10)
+    assert [(u, d.probe) for u, d in pool.wake()] == [(1, True)]
+    assert pool.admit(2, GLM_OR).action == S.WAIT
+    pool.report(1, T.Signal.clean())  # the key works again
+    assert pool.next_wake() == pytest.approx(pool.now().mono)
+    assert [u for u, _d in pool.wake()] == [2]
+
+
+def test_next_wake_is_now_after_a_reload_gives_a_waiting_unit_an_alternative():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    assert pool.admit(1, GLM_OR).action == S.WAIT
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 30)
+    assert pool.holder.reload(catalog(alternatives={"glm-5.3-review": ["glm-5.3-review@azure-eu"]}))[0]
+    assert pool.next_wake() == pytest.approx(pool.now().mono)
+    assert [(u, d.route) for u, d in pool.wake()] == [(1, GLM_AZ)]
+
+
 def test_next_wake_is_now_while_units_wait_and_nothing_holds_them():
     pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
     pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
