@@ -379,3 +379,27 @@ def test_next_wake_is_now_while_units_wait_and_nothing_holds_them():
     assert pool.next_wake() == pytest.approx(pool.now().mono)
     assert [u for u, _d in pool.wake()] == [1]
     assert pool.next_wake() is None  # control: no unit waits
+
+
+def test_the_census_keeps_every_closure_renewed_as_one_and_ended_where_it_was_lifted():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}, daily_limit_probe_every=10))
+    daily = signal_for(Refused(403, "Key limit exceeded (daily limit)"))
+    assert pool.admit(1, GLM_OR).action == S.ADMIT
+    pool.report(1, daily)  # closes the key until midnight
+    since = pool.now().wall
+    for unit in (2, 3):  # a refused probe renews the closure: the same one goes on
+        clock.advance(10)
+        assert pool.admit(unit, GLM_OR).probe
+        pool.report(unit, daily)
+    clock.advance(10)
+    assert pool.admit(4, GLM_OR).probe
+    pool.report(4, T.Signal.clean())  # the topped-up key passes: lifted
+    census = pool.census()
+    assert census["closures"] == []  # control: nothing live any more
+    (entry,) = census["closure_history"]
+    assert (entry["provider"], entry["cause"], entry["since"]) == ("openrouter-eu", "daily-limit", since)
+    assert entry["until"] == pool.now().wall and entry["lifted"] is True
+    pool.close("azure-eu", until=pool.now().wall + 60)  # one that ends by itself keeps its end
+    clock.advance(61)
+    assert [(e["provider"], e["until"] - e["since"], e["lifted"]) for e in pool.census()["closure_history"]] == [
+        ("openrouter-eu", 30.0, True), ("azure-eu", 60.0, False)]
