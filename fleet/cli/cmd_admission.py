@@ -7,7 +7,8 @@ starving list and the units waiting with their reason (``admission_show``).
 ``admission close POOL --until T`` takes a provider (``POOL`` = ``provider``) or one
 key (``provider/credential``) out until T; ``admission reopen POOL`` lifts a closure
 (an operator who topped up a key). Both are owner/root only (exit 77 otherwise) and
-kept across a fleetd restart. T is a UTC time (``2026-10-05T00:00:00Z``, ``2026-10-05
+kept across a fleetd restart. ``admission budget`` feeds the provider's daily budget
+reading (`fleet.cli.cmd_admission_budget`). T is a UTC time (``2026-10-05T00:00:00Z``, ``2026-10-05
 00:00``), epoch seconds, or ``+DURATION`` from now (``+35m``, ``+2h``, ``+90s``). An
 unknown pool or a time not in the future is refused (``BadPool``, exit 1) and changes
 nothing; a malformed POOL or T exits 2.
@@ -22,10 +23,12 @@ import sys
 import time
 
 from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError
+from fleet.cli import cmd_admission_budget
 from fleet.cli._common import add_name_argument, client
 
 NAME = "admission"
-HELP = "Show the provider admission's bulkheads, closures and starving list; close or reopen a provider or key."
+HELP = ("Show the provider admission's bulkheads, closures and starving list; close or reopen a provider or key; "
+        "report its budget reading.")
 
 _DURATION = re.compile(r"\+(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -56,6 +59,7 @@ def add_arguments(parser) -> None:
     add_name_argument(reopen)
     reopen.add_argument("pool", metavar="POOL", help="provider, or provider/credential")
     reopen.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
+    cmd_admission_budget.add_arguments(sub)
 
 
 def run(args) -> int:
@@ -64,6 +68,8 @@ def run(args) -> int:
         with client(args) as c:
             result = c.call("admission_close", pool=args.pool, until=until, message=args.message)
         text = f"{result['pool']}: closed until {utc(result['closed_until'])}\n"
+    elif args.admission_command == "budget":
+        result, text = cmd_admission_budget.run(args)
     elif args.admission_command == "reopen":
         with client(args) as c:
             result = c.call("admission_reopen", pool=args.pool)
