@@ -336,11 +336,17 @@ def test_next_wake_after_a_wake_waits_for_the_next_change_not_now():
     assert pool.next_wake() == pytest.approx(pool.now().mono + 19.5)  # GLM_AZ's end
 
 
-def test_next_wake_is_now_after_an_operator_lifts_a_closure_while_another_pool_backs_off():
+def _waiting_on_a_closed_key_while_azure_backs_off():
+    """Unit 1 waits for GLM_OR, whose key is closed for an hour, while GLM_AZ backs off 30 s."""
     pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
     pool.close("openrouter-eu", until=pool.now().wall + 3600)
     pool.state = T.report(pool.state, GLM_AZ, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
     assert pool.admit(1, GLM_OR).action == S.WAIT
+    return pool, clock
+
+
+def test_next_wake_is_now_after_an_operator_lifts_a_closure_while_another_pool_backs_off():
+    pool, clock = _waiting_on_a_closed_key_while_azure_backs_off()
     clock.advance(1)
     assert pool.next_wake() == pytest.approx(pool.now().mono + 9)  # its probe
     pool.reopen("openrouter-eu")
@@ -349,10 +355,7 @@ def test_next_wake_is_now_after_an_operator_lifts_a_closure_while_another_pool_b
 
 
 def test_next_wake_is_now_after_a_clean_probe_reopens_a_key_while_another_pool_backs_off():
-    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
-    pool.close("openrouter-eu", until=pool.now().wall + 3600)
-    pool.state = T.report(pool.state, GLM_AZ, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
-    assert pool.admit(1, GLM_OR).action == S.WAIT
+    pool, clock = _waiting_on_a_closed_key_while_azure_backs_off()
     clock.advance(10)
     assert [(u, d.probe) for u, d in pool.wake()] == [(1, True)]
     assert pool.admit(2, GLM_OR).action == S.WAIT
