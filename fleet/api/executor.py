@@ -26,6 +26,7 @@ from fleet.runtime.config import FleetConfig, load_config
 from fleet.rules.errors import ConfigError
 from fleet.rules.ledger import abort_process
 from fleet.rules.outcomes import FAILED, SUPPRESSED
+from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, error_for
 
 #: Most units `map` keeps submitted ahead of the caller (also bounded by the role's queue).
@@ -432,4 +433,4 @@ def _item(role: str, status: int, value):
     if status == M.ST_SUPPRESSED:
         raise error_for(0, role, Outcome(SUPPRESSED, None, value))
     text, original = handler_error(*value)  # rebuilt here, under the codec's guard
-    raise error_for(0, role, Outcome(FAILED, "HandlerError", text), original)
+    raise error_for(0, role, Outcome(FAILED, Reason.HANDLER_ERROR, text), original)

@@ -15,6 +15,7 @@ import json
 import sys
 
 from fleet.rules.errors import EXIT_OK
+from fleet.rules.vocab import lease_states
 from fleet.cli._store import add_store_argument, open_for_operator
 
 NAME = "leases"
@@ -50,7 +51,7 @@ def row_of(record, policy, now: float) -> dict:
     row = record.to_dict()
     row["effective_priority"] = effective_priority(record, now, policy.aging_interval)
     row["waited_s"] = round(now - record.submitted_at, 3)
-    row["lease_expires_in_s"] = None if record.lease_expires is None or record.state != "admitted" \
+    row["lease_expires_in_s"] = None if record.lease_expires is None or record.state != lease_states.ADMITTED \
         else round(record.lease_expires - now, 3)
     return row
 
@@ -82,7 +83,7 @@ def render(rows: list[dict]) -> str:
         return "no queued or admitted requests\n"
     table = [_COLUMNS]
     for r in rows:
-        if r["state"] == "admitted":
+        if r["state"] == lease_states.ADMITTED:
             left = r["lease_expires_in_s"]
             lease = f"rev {r['revision']}, " + (f"{left:.1f}s left" if left > 0 else "expired")
         else:

@@ -1,6 +1,6 @@
 """Kernels load from a read-only install: numba's cache goes to a writable folder.
 
-The package is copied into a folder that is bind-mounted read-only in a private
+The packages (fleet, and admission beside it) are copied into a folder that is bind-mounted read-only in a private
 mount namespace (so even root cannot write there), then imported from it."""
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from fleet.rules.fsm import R_ILLEGAL
 from fleet.shm.table import numba_env
 
 PACKAGE = Path(numba_env.__file__).resolve().parents[2]  # .../fleet
+ADMISSION = PACKAGE.parent / "admission"  # installed beside it (fleet's vocabulary re-exports its lease states)
 
 CHILD = textwrap.dedent(
     """
@@ -36,6 +37,7 @@ CHILD = textwrap.dedent(
 def _run_read_only(tmp_path, fleet_name, env_extra):
     root = tmp_path / "site"
     shutil.copytree(PACKAGE, root / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ADMISSION, root / "admission", ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(PYTHONPATH=str(root), **env_extra)
     script = (
@@ -111,6 +113,7 @@ def test_a_changed_fsm_table_recompiles_the_cached_kernels(tmp_path, fleet_name)
     complete to Idle), run again on the same cache: the kernel follows the new table."""
     root = tmp_path / "site"
     shutil.copytree(PACKAGE, root / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ADMISSION, root / "admission", ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
 
     def run():

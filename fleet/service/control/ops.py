@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, ClassVar, Protocol
 
-from fleet.rules import ranges
+from fleet.rules import ranges, vocab
 from fleet.service.control.errors import E_INVALID_ARGS, E_UNKNOWN_OP, ProtocolError
 from fleet.service.control.wire import Arg, _json_type, check_args
 
@@ -188,17 +188,8 @@ class OpRegistry:
 #: The registry of fleet's ops.
 OPS = OpRegistry()
 
-#: The six posture thresholds a `posture_set` patch may touch.
-POSTURE_KEYS = frozenset(
-    {
-        "cordon_enter_events",
-        "cordon_enter_window_ms",
-        "cordon_duty_percent",
-        "cordon_duty_window_ms",
-        "cordon_exit_clean_ms",
-        "cordon_sim_intake_floor",
-    }
-)
+#: The six posture thresholds a `posture_set` patch may touch (fleet.rules.vocab).
+POSTURE_KEYS = frozenset(vocab.POSTURE_KEYS)
 
 
 @OPS.register
