@@ -22,6 +22,7 @@ import sys
 import time
 
 from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError
+from fleet.rules.when import utc
 from fleet.cli._common import add_name_argument, client
 
 NAME = "admission"
@@ -102,8 +103,6 @@ def parse_until(text: str, now: float) -> float:
                                  "epoch seconds, or +DURATION (+35m, +2h)")
 
 
-def utc(epoch) -> str:
-    return "-" if not epoch else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def render(doc: dict) -> str:

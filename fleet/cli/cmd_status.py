@@ -13,6 +13,7 @@ import sys
 from fleet.rules.budget import json_number
 from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, NotRunning
 from fleet.rules.vocab import PostureKey as K
+from fleet.rules.when import utc
 from fleet.shm.status import DELAY_SOURCES, SCHEDSTAT, TASKSTATS, gather, gather_projection
 from fleet.cli._common import add_name_argument, fleet_name
 
@@ -137,7 +138,8 @@ def render_header(doc: dict) -> list[str]:
         state = "closing"
     return [
         f"fleet {doc['fleet']}  {state}  pid {doc['creator_pid']}  mode {_dash(doc['mode'])}  "
-        f"version {_dash(doc['version'])}  up {duration(doc['uptime_s'])}  boot {doc['boot_id'][:12]}"
+        f"version {_dash(doc['version'])}  up {duration(doc['uptime_s'])} (since {doc.get('created_utc', '-')})  "
+        f"boot {doc['boot_id'][:12]}"
     ]
 
 
@@ -248,8 +250,9 @@ def render_posture(p: dict) -> list[str]:
 def render_ledger(g: dict) -> list[str]:
     failed = ", ".join(f"{k} {n}" for k, n in g["failed_by_reason"].items() if n) or "none"
     return [
-        f"ledger    submitted {g['submitted']}  solved {g['solved']}  suppressed {g['suppressed']}  "
+        f"ledger    units submitted {g['submitted']}  solved {g['solved']}  suppressed {g['suppressed']}  "
         f"failed {g['failed']}  in flight {g['inflight']}",
+        "          (a unit is one submit, or one chunk of a map: up to chunksize items)",
         f"          failed by reason: {failed}",
         f"          slot FSM refusals: {g['fsm_refused']}",
     ]
@@ -262,15 +265,6 @@ def render_queues(queues: list[dict]) -> list[str]:
         for q in queues
     ]
     return ["queues"] + _table(("role", "kind", "cordon", "queued/bound", "slots in use/cap", "re-pins"), rows)
-
-
-def utc(epoch) -> str:
-    """UTC epoch seconds as ``2026-10-05T00:00:00Z``; ``"-"`` for none."""
-    if not epoch:
-        return "-"
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def render_bulkheads(rows: list[dict]) -> list[str]:

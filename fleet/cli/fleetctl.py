@@ -29,12 +29,13 @@ from fleet.cli._common import (
 )
 
 #: Subcommand modules, in the order `fleetctl --help` lists them.
-COMMANDS = ("cmd_status", "cmd_plan", "cmd_posture", "cmd_drain", "cmd_resume", "cmd_leases", "cmd_store",
-            "cmd_admission")
+COMMANDS = ("cmd_status", "cmd_top", "cmd_plan", "cmd_posture", "cmd_drain", "cmd_resume", "cmd_leases",
+            "cmd_store", "cmd_admission")
 #: command name -> its module, so that `fleetctl status` imports only what status needs
 #: (it must answer fast, even while the daemon is busy). A test keeps this in step.
-MODULE_OF = {"status": "cmd_status", "plan": "cmd_plan", "posture": "cmd_posture", "drain": "cmd_drain",
-             "resume": "cmd_resume", "leases": "cmd_leases", "store": "cmd_store", "admission": "cmd_admission"}
+MODULE_OF = {"status": "cmd_status", "top": "cmd_top", "plan": "cmd_plan", "posture": "cmd_posture",
+             "drain": "cmd_drain", "resume": "cmd_resume", "leases": "cmd_leases", "store": "cmd_store",
+             "admission": "cmd_admission"}
 
 
 def build_parser(argv=None) -> argparse.ArgumentParser:

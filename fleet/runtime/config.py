@@ -415,6 +415,17 @@ def _admission(data):
     return AdmissionConfig(section=data, policy=Policy.from_dict(data, path="admission"), closure_file=closure_file)
 
 
+#: Where a fleet's config is installed: fleetd@NAME reads CONFIG_DIR/NAME.toml (the shipped
+#: unit says so), and `fleetctl plan` plans it when no --config is given.
+CONFIG_DIR = "/etc/fleet"
+
+
+def installed_config(name: str, config_dir: str = CONFIG_DIR) -> str | None:
+    """``CONFIG_DIR/<name>.toml`` when that file exists, else None."""
+    path = os.path.join(config_dir, f"{name}.toml")
+    return path if os.path.exists(path) else None
+
+
 SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store", "record", "admission")
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from fleet.cli import cmd_leases, cmd_store, fleetctl
 from ..store_backends import FakeClock, backend, pg_dsn, store_url, stores  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+ISO_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
 def fleetctl_json(capsys, *argv):
@@ -61,6 +63,8 @@ def test_leases_row_ages_the_priority_and_marks_expiry():
     # a lease no longer waits: it keeps its base priority
     assert (row["effective_priority"], row["waited_s"], row["lease_expires_in_s"]) == (2, 25, -20)
     assert "expired" in cmd_leases.render([row])
+    expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock.now + 5))
+    assert row["lease_expires_utc"] == expiry and f"(until {expiry})" in cmd_leases.render([row])
 
 
 def test_leases_lists_live_and_lapsed_orchestrators(store_url, capsys):
@@ -117,6 +121,10 @@ def test_store_events_lists_the_audit_trail(store_url, capsys):
     rc, events = fleetctl_json(capsys, "store", "events", "--store", store_url, "--request", "held", "--json")
     assert rc == 0 and [e["kind"] for e in events] == ["queued", "admitted"]
     assert events[0]["actor"] == "orch-a"
+    # a person reads UTC ISO 8601; JSON keeps the number beside it
+    assert all(isinstance(e["at"], float) and ISO_MS.fullmatch(e["at_utc"]) for e in events), events
+    rc, text = fleetctl_json(capsys, "store", "events", "--store", store_url, "--request", "held")
+    assert rc == 0 and all(ISO_MS.fullmatch(line.split()[1]) for line in text.splitlines()), text
 
 
 def _run(*argv):

@@ -36,7 +36,9 @@ from array import array
 
 from fleet.shm.table.numba_env import ensure_cache_dir
 
-ensure_cache_dir()
+#: Whether the kernels go to numba's on-disk cache: False when no cache dir is writable
+#: (numba would refuse to compile a ``cache=CACHED`` function without one).
+CACHED = ensure_cache_dir() is not None
 
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
@@ -130,7 +132,7 @@ TABLES_DIGEST = tables_digest({
 # through a closure (a Dispatcher in a closure would be pickled into the key).
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@njit(cache=CACHED, inline="always", _nrt=False)
 def pack(state, role, key, gen):
     return (
         (np.uint64(state) & _STATE_MASK)
@@ -141,7 +143,7 @@ def pack(state, role, key, gen):
 
 
 def _make_decide(tables_digest):
-    @njit(cache=True, inline="always", _nrt=False)
+    @njit(cache=CACHED, inline="always", _nrt=False)
     def _decide(old, event, role, key, expected_gen, roles, n_roles, posture):
         """(reason, new word) for `event` on a slot whose word is `old`."""
         tables_digest  # noqa: B018 - in the closure, so in numba's cache key
@@ -186,7 +188,7 @@ def _make_decide(tables_digest):
 _decide = _make_decide(TABLES_DIGEST)
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@njit(cache=CACHED, inline="always", _nrt=False)
 def _count_lease(slots, idx, role):
     """The role census of a slot just leased (T1) for `role`: a lease for another role
     than the last one is a role switch. The runtime has one leaser (the supervisor's
@@ -201,7 +203,7 @@ def _count_lease(slots, idx, role):
 
 
 def _make_apply_transition(tables_digest):
-    @njit(cache=True, nogil=False, _nrt=False)
+    @njit(cache=CACHED, nogil=False, _nrt=False)
     def apply_transition(slots, roles, n_roles, posture, slot, event, role, key, expected_gen):
         """Apply one event to one slot; returns fsm.OK or the reason it was refused.
 
@@ -241,7 +243,7 @@ apply_transition = _make_apply_transition(TABLES_DIGEST)
 
 
 def _make_apply_batch(tables_digest):
-    @njit(cache=True, nogil=False, _nrt=False)
+    @njit(cache=CACHED, nogil=False, _nrt=False)
     def apply_batch(slots, roles, n_roles, posture, ops, out):
         """Apply a batch of events in order, in one call; returns how many were applied.
 
@@ -274,7 +276,7 @@ apply_batch = _make_apply_batch(TABLES_DIGEST)
 
 
 def _make_start_unit(tables_digest):
-    @njit(cache=True, nogil=False, _nrt=False)
+    @njit(cache=CACHED, nogil=False, _nrt=False)
     def start_unit(slots, roles, n_roles, posture, slot, event, role, key, unit_id):
         """A worker begins a unit: START or RESUME, then record the unit id. One call.
         LEASE: a unit sent ahead (fleet.rules.dispatch), which the worker leases the Idle slot
@@ -297,7 +299,7 @@ start_unit = _make_start_unit(TABLES_DIGEST)
 
 
 def _make_finish_unit(tables_digest):
-    @njit(cache=True, nogil=False, _nrt=False)
+    @njit(cache=CACHED, nogil=False, _nrt=False)
     def finish_unit(slots, roles, n_roles, posture, slot, event, role):
         """A worker ends a unit with its role's completion event — DRAINED instead when the
         supervisor drained the slot meanwhile — and counts it. Returns reason * 16 + the
@@ -319,7 +321,7 @@ def _make_finish_unit(tables_digest):
 finish_unit = _make_finish_unit(TABLES_DIGEST)
 
 
-@njit(cache=True, nogil=False, _nrt=False)
+@njit(cache=CACHED, nogil=False, _nrt=False)
 def seq_write(arr, seq_idx, field_idx, values):
     """Seqlocked write of arr[field_idx[i]] = values[i] by the record's single writer."""
     if seq_idx < 0 or seq_idx >= arr.size:
@@ -335,7 +337,7 @@ def seq_write(arr, seq_idx, field_idx, values):
     return True
 
 
-@njit(cache=True, nogil=False, _nrt=False)
+@njit(cache=CACHED, nogil=False, _nrt=False)
 def add_field(arr, idx, delta):
     """Atomic arr[idx] += delta; returns the old value (0 when idx is out of range)."""
     if idx < 0 or idx >= arr.size:
@@ -343,7 +345,7 @@ def add_field(arr, idx, delta):
     return fetch_add(arr, idx, delta)
 
 
-@njit(cache=True, nogil=False, _nrt=False)
+@njit(cache=CACHED, nogil=False, _nrt=False)
 def store_field(arr, idx, value):
     """Release-store arr[idx] = value (a single-word field with one writer)."""
     if idx < 0 or idx >= arr.size:
