@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, ClassVar, Protocol
 
-from fleet.rules import ranges
+from fleet.rules import ranges, vocab
 from fleet.rules.errors import EXIT_DATA, EXIT_FAILURE, EXIT_OK
-from fleet.rules.posture import POLICY_KEYS, STICKY_CAUSES
+from fleet.rules.posture import STICKY_CAUSES
 from fleet.runtime import facade
 from fleet.runtime.facade import Operations
 from fleet.service.control.errors import E_INVALID_ARGS, E_UNKNOWN_OP, ProtocolError
@@ -246,8 +246,8 @@ COMMAND_GROUPS = {
 #: The registry of fleet's ops.
 OPS = OpRegistry()
 
-#: The six posture thresholds a `posture_set` patch may touch.
-POSTURE_KEYS = frozenset(POLICY_KEYS)
+#: The six posture thresholds a `posture_set` patch may touch (fleet.rules.vocab).
+POSTURE_KEYS = frozenset(vocab.POSTURE_KEYS)
 
 
 @OPS.register
@@ -322,12 +322,12 @@ class PostureSetOp(Op):
     schema = {"patch": Arg((dict,), required=True, doc="threshold name -> new value")}
     command = ("posture", "set")
     help = "retune thresholds with a partial patch; echoes the effective policy"
-    description = (f"Retune posture thresholds on the live daemon. Keys: {', '.join(sorted(POLICY_KEYS))}. "
+    description = (f"Retune posture thresholds on the live daemon. Keys: {', '.join(sorted(POSTURE_KEYS))}. "
                    "Values: integers, decimals, or null (restores the default where one exists).")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
-                            help=f"one of: {', '.join(sorted(POLICY_KEYS))}")
+                            help=f"one of: {', '.join(sorted(POSTURE_KEYS))}")
 
     def from_cli(self, args) -> dict[str, Any]:
         return {"patch": parse_patch(args.assignments)}
