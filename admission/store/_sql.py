@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from admission.store import rules
+from admission.vocab import CLOSURE, POLICY, RENEWED, REOPENED, sql_list
 from admission.store.base import (
     ADMITTED,
     CANCELLED,
@@ -67,6 +68,8 @@ from admission.store.base import (
 
 #: The schema this code writes. Bump it and append to MIGRATIONS together.
 SCHEMA_VERSION = 3
+#: The live states as the SQL's literal list (a partial index and the reads use it).
+_LIVE = sql_list(LIVE_STATES)
 
 # {serial} and {float} are filled in per dialect; everything else is common SQL.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -87,7 +90,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             lease_expires {float},
             decided_at {float},
             reason TEXT NOT NULL)""",
-        "CREATE INDEX requests_live ON requests (state) WHERE state IN ('queued', 'admitted')",
+        f"CREATE INDEX requests_live ON requests (state) WHERE state IN ({_LIVE})",
         """CREATE TABLE events (
             seq {serial},
             at {float} NOT NULL,
@@ -142,22 +145,22 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 _REQ_COLS = ("id, orchestrator, environment, provider, tier, priority, queue_timeout, preemptible, lease_ttl, "
              "submitted_at, state, revision, lease_expires, decided_at, reason")
-_LIVE_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE state IN ('queued', 'admitted')"
+_LIVE_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE state IN ({_LIVE})"
 _GET_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE id = ?"
 # the live records and the one a call is about, in one statement
-_READ_SQL = f"{_LIVE_SQL} UNION ALL SELECT {_REQ_COLS} FROM requests WHERE id = ? AND state NOT IN ('queued', 'admitted')"
+_READ_SQL = f"{_LIVE_SQL} UNION ALL SELECT {_REQ_COLS} FROM requests WHERE id = ? AND state NOT IN ({_LIVE})"
 _INSERT_SQL = f"INSERT INTO requests ({_REQ_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 # A lock-free release: only of the owner's current, unexpired lease at its revision.
 _RELEASE_SQL = ("UPDATE requests SET state = ?, decided_at = ?, reason = ? WHERE id = ? AND orchestrator = ? "
-                f"AND state = 'admitted' AND revision = ? AND lease_expires > ? RETURNING {_REQ_COLS}")
+                f"AND state = '{ADMITTED}' AND revision = ? AND lease_expires > ? RETURNING {_REQ_COLS}")
 # Asked after a lock-free release, as a statement of its own (so that it sees every request
 # queued before the release's row was free): must the freed capacity be handed on?
-_ANY_QUEUED_SQL = "SELECT EXISTS (SELECT 1 FROM requests WHERE state = 'queued')"
+_ANY_QUEUED_SQL = f"SELECT EXISTS (SELECT 1 FROM requests WHERE state = '{QUEUED}')"
 _VERSION_POLICY_SQL = "SELECT v.version, p.body FROM schema_version v LEFT JOIN policy p ON p.id = 1 WHERE v.id = 1"
 _INSERT_NEW_SQL = _INSERT_SQL + f" ON CONFLICT (id) DO NOTHING RETURNING {_REQ_COLS}"
 # the heartbeats that bear on this transaction: those of orchestrators with queued requests
 _BEATS_SQL = ("SELECT id, lapses_at FROM orchestrators "
-              "WHERE id IN (SELECT orchestrator FROM requests WHERE state = 'queued')")
+              f"WHERE id IN (SELECT orchestrator FROM requests WHERE state = '{QUEUED}')")
 _ORCH_COLS = "id, beat_at, lapses_at, started_at"
 _HEARTBEAT_SQL = (f"INSERT INTO orchestrators ({_ORCH_COLS}) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
                   "SET beat_at = excluded.beat_at, lapses_at = excluded.lapses_at, started_at = CASE "
@@ -212,7 +215,7 @@ class _Tx:
     def insert(self, rec: Record, reason: str) -> None:
         self.records[rec.id] = rec
         self.inserted.append(rec.id)
-        self.event("queued", rec.id, reason)
+        self.event(QUEUED, rec.id, reason)
 
     def event(self, kind: str, request_id: str, reason: str) -> None:
         self.audit.append((kind, request_id, reason))
@@ -501,7 +504,7 @@ class SqlStore(AdmissionStore):
             rec = self._owned(tx, request_id, "renew")
             lease = None
             if rec.state == ADMITTED and rec.revision == revision:
-                rec = tx.change(rec, "renewed", f"revision {revision + 1}", revision=revision + 1,
+                rec = tx.change(rec, RENEWED, f"revision {revision + 1}", revision=revision + 1,
                                 lease_expires=tx.now + rec.request.lease_ttl)
                 lease = rec.lease
         if lease is None:
@@ -568,7 +571,7 @@ class SqlStore(AdmissionStore):
             if row is None:
                 conn.rollback()
                 return None
-            cur.executemany(self._event_sql, [(now, "queued", request.id, self.actor, _queued_reason(request)),
+            cur.executemany(self._event_sql, [(now, QUEUED, request.id, self.actor, _queued_reason(request)),
                                               (now, ADMITTED, request.id, self.actor, "capacity")])
             self._commit(conn, cur)
             return _record(row)
@@ -585,13 +588,13 @@ class SqlStore(AdmissionStore):
             if row is None:
                 conn.rollback()
                 return None
-            cur.execute(self._event_sql, (now, "released", request_id, self.actor, reason))
+            cur.execute(self._event_sql, (now, RELEASED, request_id, self.actor, reason))
             cur.execute(_ANY_QUEUED_SQL)
             any_queued = bool(cur.fetchone()[0])
             self._commit(conn, cur)
             return _record(row), any_queued
 
-    def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
+    def cancel(self, request_id: str, reason: str = CANCELLED) -> Record:
         _text("request_id", request_id)
         _text("reason", reason)
         with self._tx(request_id) as tx:
@@ -675,7 +678,7 @@ class SqlStore(AdmissionStore):
                     "INSERT INTO policy (id, body, updated_at, updated_by) VALUES (1, ?, ?, ?) "
                     "ON CONFLICT (id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at, "
                     "updated_by = excluded.updated_by"), (body, tx.now, self.actor))
-                tx.event("policy", "", body)
+                tx.event(POLICY, "", body)
                 tx.policy = checked
             self._reconcile(tx)
         return checked
@@ -698,7 +701,7 @@ class SqlStore(AdmissionStore):
                 if written is not None:
                     c = _closure(written)
                     reason = f"until {c.until:.3f}{' (daily limit)' if c.daily else ''}: {c.cause}"
-                    cur.execute(self._event_sql, (now, "closure", c.scope, self.actor,
+                    cur.execute(self._event_sql, (now, CLOSURE, c.scope, self.actor,
                                                   f"{reason}: {c.message}" if c.message else reason))
                 cur.execute(self._get_closure_sql, row[:2])
                 out.append(_closure(cur.fetchone()))
@@ -712,7 +715,7 @@ class SqlStore(AdmissionStore):
                         (now,))
             return [_closure(row) for row in cur.fetchall()]
 
-    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = "reopened") -> bool:
+    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = REOPENED) -> bool:
         provider, credential = _closure_scope(provider, credential)
         if not isinstance(reason, str) or "\x00" in reason:
             raise BadRequest("reason", f"must be a string without NUL, got {reason!r}")
@@ -726,7 +729,7 @@ class SqlStore(AdmissionStore):
             lifted = gone is not None and gone[0] > now
             if gone is not None:
                 scope = Closure(provider, credential or None, 0.0, "").scope
-                cur.execute(self._event_sql, (now, "reopened", scope, self.actor, reason))
+                cur.execute(self._event_sql, (now, REOPENED, scope, self.actor, reason))
             self._commit(conn, cur)
             return lifted
 

@@ -22,32 +22,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from admission.vocab import (  # noqa: F401 - the store's callers read the states here too
+    ADMITTED, CANCELLED, DENIED, EVENT_KINDS, LIVE_STATES, PREEMPTED, QUEUED, RELEASED, REOPENED, STATES,
+    TERMINAL_STATES, TIMED_OUT,
+)
 from fleet.rules.errors import EXIT_CONFIG, FleetError
 
 # ----------------------------------------------------------------------------- states
-
-QUEUED = "queued"
-ADMITTED = "admitted"
-DENIED = "denied"
-CANCELLED = "cancelled"
-TIMED_OUT = "timed-out"
-PREEMPTED = "preempted"
-#: An admitted request whose orchestrator gave the lease back when its work ended. The
-#: reference names no state for that; it is terminal like the others.
-RELEASED = "released"
-
-STATES = (QUEUED, ADMITTED, DENIED, CANCELLED, TIMED_OUT, PREEMPTED, RELEASED)
-LIVE_STATES = (QUEUED, ADMITTED)
-TERMINAL_STATES = (DENIED, CANCELLED, TIMED_OUT, PREEMPTED, RELEASED)
+# Request states and audit event kinds: admission.vocab (imported above, re-exported here).
 
 #: Runtime tiers, least isolated first. ``host`` admits one lease at a time unless
 #: the policy sets its quota.
 TIERS = ("host", "container", "vm", "microvm", "custom")
 HOST_TIER_DEFAULT_QUOTA = 1
-
-#: Audit event kinds: one row per decision.
-EVENT_KINDS = ("queued", "admitted", "renewed", "released", "cancelled", "timed-out", "denied",
-               "preempted", "policy", "closure", "reopened")
 
 # ----------------------------------------------------------------------------- exit codes
 
@@ -441,7 +428,7 @@ class AdmissionStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
+    def cancel(self, request_id: str, reason: str = CANCELLED) -> Record:
         """Cancel a queued or admitted request; a finished one is returned as it is."""
 
     @abc.abstractmethod
@@ -493,7 +480,7 @@ class AdmissionStore(abc.ABC):
         """The closures still in force at `now` (default: the store clock), by scope."""
 
     @abc.abstractmethod
-    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = "reopened") -> bool:
+    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = REOPENED) -> bool:
         """Lift the closure of one scope, whatever its `until`; audited (kind ``reopened``).
 
         Returns whether there was one in force.

@@ -29,6 +29,7 @@ from admission.store._sql import (
     _record,
 )
 from admission.store.base import SchemaMissing, StoreUnreachable
+from admission.vocab import ADMITTED, LIVE_STATES, QUEUED, RELEASED, sql_list
 
 PREFIXES = ("postgresql://", "postgres://")
 
@@ -57,14 +58,14 @@ _SUBMIT_UNCONSTRAINED = (
     f"FROM ok ON CONFLICT (id) DO NOTHING RETURNING {_REQ_COLS}), "
     "e AS (INSERT INTO events (at, kind, request_id, actor, reason) "
     "SELECT %s, ev.kind, i.id, %s, CASE ev.n WHEN 1 THEN %s ELSE 'capacity' END FROM i, "
-    "(VALUES (1, 'queued'), (2, 'admitted')) AS ev (n, kind) ORDER BY ev.n) "
+    f"(VALUES (1, '{QUEUED}'), (2, '{ADMITTED}')) AS ev (n, kind) ORDER BY ev.n) "
     f"SELECT {_REQ_COLS} FROM i")
-_ADMITTED_FOR_UPDATE = f"SELECT {_REQ_COLS} FROM requests WHERE state = 'admitted' FOR UPDATE"
-_QUEUED_AND_ONE = (f"SELECT {_REQ_COLS} FROM requests WHERE state = 'queued' UNION ALL "
-                   f"SELECT {_REQ_COLS} FROM requests WHERE id = %s AND state NOT IN ('queued', 'admitted')")
+_ADMITTED_FOR_UPDATE = f"SELECT {_REQ_COLS} FROM requests WHERE state = '{ADMITTED}' FOR UPDATE"
+_QUEUED_AND_ONE = (f"SELECT {_REQ_COLS} FROM requests WHERE state = '{QUEUED}' UNION ALL "
+                   f"SELECT {_REQ_COLS} FROM requests WHERE id = %s AND state NOT IN ({sql_list(LIVE_STATES)})")
 _RELEASE_FAST = (f"WITH u AS ({_RELEASE_SQL.replace('?', '%s')}), "
                  "e AS (INSERT INTO events (at, kind, request_id, actor, reason) "
-                 "SELECT %s, 'released', id, %s, %s FROM u) "
+                 f"SELECT %s, '{RELEASED}', id, %s, %s FROM u) "
                  f"SELECT {_REQ_COLS} FROM u")
 
 # `SqlStore._submit_at_once` on PostgreSQL: one call that takes the group lock, admits the
@@ -251,7 +252,7 @@ class PostgresStore(SqlStore):
             now = self.clock()
             cur = conn.cursor()
             cur.execute(f"{_BEGIN}; {_RELEASE_FAST}; {_ANY_QUEUED_SQL}; {_COMMIT_DURABLY}",
-                        ("released", now, reason, request_id, self.actor, revision, now, now, self.actor, reason))
+                        (RELEASED, now, reason, request_id, self.actor, revision, now, now, self.actor, reason))
             cur.nextset()  # past BEGIN
             cur.nextset()  # past SET
             row = cur.fetchone()

@@ -27,6 +27,7 @@ from fleet.runtime.facade import LoopOperations
 from fleet.rules.errors import ConfigError
 from fleet.rules.ledger import abort_process
 from fleet.rules.outcomes import FAILED, SUPPRESSED
+from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, error_for
 
 #: Most units `map` keeps submitted ahead of the caller (also bounded by the role's queue).
@@ -433,4 +434,4 @@ def _item(role: str, status: int, value):
     if status == M.ST_SUPPRESSED:
         raise error_for(0, role, Outcome(SUPPRESSED, None, value))
     text, original = handler_error(*value)  # rebuilt here, under the codec's guard
-    raise error_for(0, role, Outcome(FAILED, "HandlerError", text), original)
+    raise error_for(0, role, Outcome(FAILED, Reason.HANDLER_ERROR, text), original)

@@ -12,6 +12,7 @@ import sys
 
 from fleet.rules.budget import json_number
 from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, NotRunning
+from fleet.rules.vocab import PostureKey as K
 from fleet.rules.when import utc
 from fleet.shm.status import DELAY_SOURCES, SCHEDSTAT, TASKSTATS, gather, gather_projection
 from fleet.cli._common import add_name_argument, fleet_name
@@ -234,14 +235,14 @@ def render_census(doc: dict) -> list[str]:
 
 def render_posture(p: dict) -> list[str]:
     t = p["thresholds"]
-    floor = t["cordon_sim_intake_floor"]
+    floor = t[K.INTAKE_FLOOR]
     return [
         f"posture   {p['state']} (cause {p['cause']}) for {duration(p['dwell_s'])}; "
         f"entered {p['enter_count']}, exited {p['exit_count']}; cordoned {duration(p['cordoned_s'])} in all; "
         f"intake suppressed {p['suppressed']}",
-        f"          enter >= {t['cordon_enter_events']} events / {t['cordon_enter_window_ms']} ms "
-        f"or duty > {json_number(t['cordon_duty_percent'])}% / {t['cordon_duty_window_ms']} ms; "
-        f"exit after {t['cordon_exit_clean_ms']} ms clean; "
+        f"          enter >= {t[K.ENTER_EVENTS]} events / {t[K.ENTER_WINDOW_MS]} ms "
+        f"or duty > {json_number(t[K.DUTY_PERCENT])}% / {t[K.DUTY_WINDOW_MS]} ms; "
+        f"exit after {t[K.EXIT_CLEAN_MS]} ms clean; "
         f"intake floor {'half the slot cap' if floor is None else floor}",
     ]
 

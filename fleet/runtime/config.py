@@ -106,6 +106,7 @@ from fleet.host.files import FileTooLarge, NotRegularFile, read_regular
 from fleet.rules.names import InvalidFleetName, validate_fleet_name
 from fleet.rules.plan import PROFILES
 from fleet.rules.posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, PostureRetuneError
+from fleet.rules.vocab import PostureKey
 from fleet.rules.ranges import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, config_range
 from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
 
@@ -461,12 +462,12 @@ _TYPES = {
     ("budget", "reserve"): "int",
     ("budget", "ambient_io"): "int",
     ("budget", "pinned_min"): "int",
-    ("posture", "cordon_enter_events"): "int",
-    ("posture", "cordon_enter_window_ms"): "int",
-    ("posture", "cordon_duty_percent"): "float",
-    ("posture", "cordon_duty_window_ms"): "int",
-    ("posture", "cordon_exit_clean_ms"): "int",
-    ("posture", "cordon_sim_intake_floor"): "int?",
+    ("posture", PostureKey.ENTER_EVENTS): "int",
+    ("posture", PostureKey.ENTER_WINDOW_MS): "int",
+    ("posture", PostureKey.DUTY_PERCENT): "float",
+    ("posture", PostureKey.DUTY_WINDOW_MS): "int",
+    ("posture", PostureKey.EXIT_CLEAN_MS): "int",
+    ("posture", PostureKey.INTAKE_FLOOR): "int?",
     ("limits", "max_payload_bytes"): "int",
     ("restart", "max_restarts"): "int",
     ("restart", "within_seconds"): "float",

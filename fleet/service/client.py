@@ -83,6 +83,7 @@ from fleet.service.control import (
 from fleet.service.control import outcome_record
 from fleet.service.control.outcome_record import BadOutcomeRecord
 from fleet.rules.errors import FleetError
+from fleet.rules.vocab import Reason
 from fleet.api.executor import MAP_WINDOW, map_units, map_window
 from fleet.service.replays import RequestIdReused
 from fleet.rules.roles import UnknownRoleError
@@ -552,7 +553,7 @@ class Client(Executor):
             if entry is None:
                 continue  # not ours any more (a submit that raised), or delivered already
             fut, role = entry
-            if record.reason == "Cancelled" and getattr(fut, "cancelling", False):
+            if record.reason == Reason.CANCELLED and getattr(fut, "cancelling", False):
                 Future.cancel(fut)  # the outcome of our own cancel: the future ends cancelled
                 continue
             if not fut.set_running_or_notify_cancel():

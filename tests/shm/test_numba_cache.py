@@ -1,7 +1,8 @@
 """numba's kernel cache lives outside the package, keyed per build; without one the kernels run uncached.
 
-The read-only cases copy the package into a folder bind-mounted read-only in a private
-mount namespace (so even root cannot write there), then import it from there."""
+The read-only cases copy the packages (fleet, and admission beside it) into a folder
+bind-mounted read-only in a private mount namespace (so even root cannot write there),
+then import them from there."""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ from fleet.rules.fsm import R_ILLEGAL
 from fleet.shm.table import numba_env
 
 PACKAGE = Path(numba_env.__file__).resolve().parents[2]  # .../fleet
+ADMISSION = PACKAGE.parent / "admission"  # installed beside it (fleet's vocabulary re-exports its lease states)
 
 CHILD = textwrap.dedent(
     """
@@ -43,6 +45,7 @@ def _key():
 def _copy_package(tmp_path) -> Path:
     root = tmp_path / "site"
     shutil.copytree(PACKAGE, root / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ADMISSION, root / "admission", ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 
@@ -154,6 +157,7 @@ def test_a_changed_fsm_table_recompiles_the_cached_kernels(tmp_path, fleet_name)
     complete to Idle), run again on the same cache: the kernel follows the new table."""
     root = tmp_path / "site"
     shutil.copytree(PACKAGE, root / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ADMISSION, root / "admission", ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
 
     def run():

@@ -16,6 +16,7 @@ import base64
 import binascii
 import functools
 import inspect
+import math
 import os
 import re
 import time
@@ -23,9 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, ClassVar, Protocol
 
-from fleet.rules import ranges
+from fleet.rules import ranges, vocab
 from fleet.rules.errors import EXIT_DATA, EXIT_FAILURE, EXIT_OK
-from fleet.rules.posture import POLICY_KEYS, STICKY_CAUSES
+from fleet.rules.posture import STICKY_CAUSES
 from fleet.runtime import facade
 from fleet.runtime.facade import Operations
 from fleet.service.control.errors import E_INVALID_ARGS, E_UNKNOWN_OP, ProtocolError
@@ -245,8 +246,8 @@ COMMAND_GROUPS = {
 #: The registry of fleet's ops.
 OPS = OpRegistry()
 
-#: The six posture thresholds a `posture_set` patch may touch.
-POSTURE_KEYS = frozenset(POLICY_KEYS)
+#: The six posture thresholds a `posture_set` patch may touch (fleet.rules.vocab).
+POSTURE_KEYS = frozenset(vocab.POSTURE_KEYS)
 
 
 @OPS.register
@@ -321,12 +322,12 @@ class PostureSetOp(Op):
     schema = {"patch": Arg((dict,), required=True, doc="threshold name -> new value")}
     command = ("posture", "set")
     help = "retune thresholds with a partial patch; echoes the effective policy"
-    description = (f"Retune posture thresholds on the live daemon. Keys: {', '.join(sorted(POLICY_KEYS))}. "
+    description = (f"Retune posture thresholds on the live daemon. Keys: {', '.join(sorted(POSTURE_KEYS))}. "
                    "Values: integers, decimals, or null (restores the default where one exists).")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
-                            help=f"one of: {', '.join(sorted(POLICY_KEYS))}")
+                            help=f"one of: {', '.join(sorted(POSTURE_KEYS))}")
 
     def from_cli(self, args) -> dict[str, Any]:
         return {"patch": parse_patch(args.assignments)}
@@ -726,6 +727,19 @@ class AdmissionReopenOp(Op):
         return handler.admission_reopen(args["pool"])
 
 
+def _amount(text: str) -> float:
+    """fleetctl's reading of an amount: a finite number >= 0 (else a usage error, exit 2)."""
+    import argparse  # the command line's error type; the op's daemon half never needs it
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite amount >= 0")
+    return value
+
+
 @OPS.register
 class AdmissionBudgetOp(Op):
     """The provider's daily budget reading: ``spent`` today against ``limit`` (None: no limit),
@@ -740,8 +754,21 @@ class AdmissionBudgetOp(Op):
         "spent": Arg((float,), required=True, doc="spent today (the budget's unit, e.g. USD)"),
         "limit": Arg((float, type(None)), default=None, doc="the daily limit (None: none)"),
     }
-    no_command = "a budget reading comes from the program that pays the provider (fleet.connect(name).report_budget)"
+    command = ("admission", "budget")
+    help = "report a provider's daily budget reading (owner/root only)"
     method = "report_budget"
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("provider", metavar="PROVIDER", help="the provider whose budget was read")
+        parser.add_argument("--spent", required=True, type=_amount, metavar="X", help="spent today (e.g. USD)")
+        parser.add_argument("--limit", type=_amount, default=None, metavar="Y", help="the daily limit (omit: none)")
+
+    def from_cli(self, args) -> dict[str, Any]:
+        return {"provider": args.provider, "spent": args.spent, "limit": args.limit}
+
+    def render(self, result: Any, args) -> str:
+        limit = "no limit" if result["limit"] is None else f"limit {result['limit']:g}"
+        return f"{result['provider']}: spent {result['spent']:g} today, {limit}\n"
 
     def client(self, call: Callable[..., Any], provider: str, spent: float, limit: float | None = None) -> dict:
         """As `fleet.Fleet.report_budget`: the provider's daily budget reading (RemoteError ``BadBudget``)."""

@@ -5,7 +5,8 @@ new word with one compare-and-swap. On a lost race it re-reads and re-validates,
 a word the FSM forbids is never written. It returns a reason code (fleet.rules.fsm.OK or
 an R_* code) and never raises: bad indices are reason codes, not segfaults.
 
-The FSM's lookup arrays are generated from `fleet.rules.fsm.TRANSITIONS`; numba freezes
+The FSM's lookup arrays are generated from `fleet.rules.fsm.TRANSITIONS`, and the cordon's
+gate from `fleet.rules.cordon.HALTS`; numba freezes
 them (and every other module-level constant a kernel reads) into the compiled code,
 while its on-disk cache is keyed only on this file's timestamp and each kernel's
 bytecode and closure. So every kernel that embeds the FSM is made by a factory and
@@ -42,7 +43,7 @@ CACHED = ensure_cache_dir() is not None
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
-from fleet.rules import fsm  # noqa: E402
+from fleet.rules import cordon, fsm  # noqa: E402
 from fleet.shm.table import layout as L  # noqa: E402
 from fleet.shm.table import atomics as _atomics  # noqa: E402
 from fleet.shm.table.atomics import compare_and_swap, fetch_add, load_acquire, store_release  # noqa: E402
@@ -78,8 +79,11 @@ _ANY_ROLE = fsm.ANY_ROLE
 _LEASE, _RESUME = fsm.LEASE, fsm.RESUME
 _IDLE = fsm.IDLE
 _KIND_PINNED = fsm.KIND_PINNED
-_CLASS_DEFERRABLE = fsm.CLASS_DEFERRABLE
-_CORDONED = fsm.CORDONED
+# The cordon's rule (fleet.rules.cordon), compiled in: HALTS by (posture, class), and by class
+# whether any posture halts it (so a class no posture halts never loads the posture word).
+_HALTS = np.array(cordon.HALTS, dtype=np.int64)
+_MAY_HALT = _HALTS.max(axis=0)
+_N_POSTURES, _N_CLASSES = _HALTS.shape
 _MAX_KEY = fsm.MAX_KEY
 _OK, _R_ILLEGAL, _R_WRONG_ROLE, _R_WRONG_KIND = fsm.OK, fsm.R_ILLEGAL, fsm.R_WRONG_ROLE, fsm.R_WRONG_KIND
 _R_KEY_MISMATCH, _R_CORDONED, _R_BAD_SLOT = fsm.R_KEY_MISMATCH, fsm.R_CORDONED, fsm.R_BAD_SLOT
@@ -167,8 +171,9 @@ def _make_decide(tables_digest):
             return _R_BAD_KEY, old
         if event == _RESUME and key != slot_key:
             return _R_KEY_MISMATCH, old
-        if _GATED[state, event] != 0 and klass == _CLASS_DEFERRABLE:
-            if np.int64(load_acquire(posture, _P_STATE)) == _CORDONED:
+        if _GATED[state, event] != 0 and 0 <= klass < _N_CLASSES and _MAY_HALT[klass] != 0:
+            p = np.int64(load_acquire(posture, _P_STATE))
+            if 0 <= p < _N_POSTURES and _HALTS[p, klass] != 0:
                 return _R_CORDONED, old
         new_gen = gen + 1
         if event == _LEASE:
