@@ -58,9 +58,9 @@ NOT_APPLICABLE = {
     "test_max_tasks_per_child": "reads _processes (the pid checks it makes pass: tests/api/test_executor.py)",
     "test_max_tasks_per_child_defaults_to_spawn_context": "reads _mp_context's start method: mp_context is moot",
     "test_processes_terminate": "reads _processes",
-    "test_context_manager_shutdown": "builds a concurrent.futures.ProcessPoolExecutor itself",
-    "test_del_shutdown": "builds a concurrent.futures.ProcessPoolExecutor itself",
-    "test_shutdown_no_wait": "builds a concurrent.futures.ProcessPoolExecutor itself",
+    "test_context_manager_shutdown": "tests concurrent.futures.ProcessPoolExecutor itself (it builds one), not the executor type",
+    "test_del_shutdown": "tests concurrent.futures.ProcessPoolExecutor itself (it builds one), not the executor type",
+    "test_shutdown_no_wait": "tests concurrent.futures.ProcessPoolExecutor itself (it builds one), not the executor type",
     "test_shutdown_deadlock_pickle": "reads _executor_manager_thread; an unpicklable call is refused at submit",
     # fleet decides these outcomes differently, and says how (docs/executor.md).
     "test_error_at_task_pickle": "an unpicklable call raises PayloadUnpicklable at submit, nothing queued",
