@@ -88,7 +88,6 @@ from fleet.rules.unit import (
     BadUnit,
     FleetClosed,
     Outcome,
-    RoleStopped,
     error_for,
 )
 
@@ -252,6 +251,7 @@ class Supervisor:
             gc.freeze()
         self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
         self._thread.start()
+        self._owner_pid = os.getpid()  # a fork of this process (a multiprocessing child) inherits the exit hook
         self._atexit = weakref.WeakMethod(self._atexit_close)
         _at_interpreter_exit(functools.partial(_call_weak, self._atexit))
         return self
@@ -1432,7 +1432,11 @@ class Supervisor:
     def _atexit_close(self) -> None:
         """At interpreter exit, the work submitted finishes, as with ProcessPoolExecutor:
         a fleet nobody shut down (or shut down without waiting) shuts down now and waits
-        for every unit owed (units `shutdown(cancel_futures=True)` cancelled stay so)."""
+        for every unit owed (units `shutdown(cancel_futures=True)` cancelled stay so).
+        Only in the process that started the fleet: a fork of it (a multiprocessing
+        child, which runs these hooks as it ends) has no loop to wait for."""
+        if os.getpid() != self._owner_pid:
+            return
         if not self._stopped.is_set() and self._thread is not None:
             self.shutdown(wait=True)
 

@@ -223,3 +223,13 @@ def test_map_progress_draws_a_bar_on_stderr(ex, capsys):
     assert "40/40" in capsys.readouterr().err
     assert list(ex.map(C.square, range(5))) == [0, 1, 4, 9, 16]
     assert "5/5" not in capsys.readouterr().err  # off by default
+
+
+def test_a_forked_child_of_the_program_exits_without_waiting_for_the_fleet(ex):
+    # A multiprocessing child runs the interpreter's exit hooks as it ends; the fleet's
+    # belongs to the parent (the child has no loop to wait for).
+    child = multiprocessing.get_context("fork").Process(target=C.square, args=(3,))
+    child.start()
+    child.join(WAIT_S)
+    assert child.exitcode == 0
+    assert ex.submit(C.square, 4).result(WAIT_S) == 16
