@@ -409,6 +409,8 @@ def main(argv=None):
     ratios["idle_cpu_percent_fleet"] = natural["idle_cpu_percent"]
     ratios["io_fleet_of_ideal"] = round(res["io_fleet"]["ideal_s"] / res["io_fleet"]["median_s"], 3)
     ratios.update(executor_ratios(res["fleet_executor"], ppe, pool))
+    # what the machine gave bare processes meanwhile (a shared VM's stretch falls on both)
+    ratios["executor_spin50_of_ceiling"] = round(res["fleet_executor"]["spin50_map_units_per_s"] / ceiling, 3)
     res["ratios"] = ratios
     res["targets"] = {
         "executor_submit_over_ppe": ">= 5",
