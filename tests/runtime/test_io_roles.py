@@ -73,7 +73,11 @@ def eventually(predicate, what: str, timeout: float = WAIT_S) -> None:
 
 def outcome(fut) -> tuple:
     exc = fut.exception(WAIT_S)
-    return ("solved", fut.result()) if exc is None else (exc.outcome.kind, exc.outcome.reason)
+    if exc is None:
+        return ("solved", fut.result())
+    if not isinstance(exc, UnitError):  # the handler's own exception, raised as itself
+        return ("raised", type(exc).__name__, exc.args)
+    return (exc.outcome.kind, exc.outcome.reason)
 
 
 def max_overlap(intervals) -> int:
@@ -256,6 +260,7 @@ def test_parity_the_same_corpus_on_io_and_cpu_roles_gives_the_same_outcomes(flee
         outcomes = {name: [outcome(fut) for fut in futs] for name, futs in futures.items()}
         assert outcomes["cpu"] == outcomes["pool"] == outcomes["loop"]
         assert sum(o[0] == "suppressed" for o in outcomes["cpu"]) == 100
+        assert sum(o[0] == "raised" for o in outcomes["cpu"]) == 100
         ledger = f.ledger()
         assert (ledger["submitted"], ledger["solved"], ledger["suppressed"], ledger["failed"]) == (900, 300, 300, 300)
 
