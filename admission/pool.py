@@ -24,6 +24,7 @@ to that loop (DESIGN §8).
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
@@ -42,6 +43,8 @@ from admission import state as T
 from admission.policy import Policy, PolicyHolder
 
 log = logging.getLogger("admission")
+#: closures the census lists in its history, the last ones made, learned or loaded
+CLOSURE_HISTORY = 256
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
@@ -206,6 +209,14 @@ class AdmissionPool:
         self._lanes: dict[tuple, _LaneRow] = {}  # (lane, route) -> counters
         self._budget: dict[str, tuple] = {}  # provider -> (spent, limit, wall time of the reading)
         self.load_error: str | None = None
+        # When `wake` last decided the waiting units, under which policy, and whether a
+        # change no clock tells of (a closure lifted) has come since: what `next_wake` reads.
+        self._woke_at = -math.inf
+        self._woke_under = self.holder.current
+        self._lifted = False
+        # every closure made, learned or loaded, oldest first, its end moved to a lift (the census)
+        self._history: collections.deque = collections.deque(maxlen=CLOSURE_HISTORY)
+        self._history_of: dict[tuple, dict] = {}  # scope -> the history entry of its live closure
         if store is not None:
             self._load()
 
@@ -253,6 +264,8 @@ class AdmissionPool:
         if decision.action != S.WAIT:
             self._seat(ask, decision, now)
         else:
+            if not self._waits:  # every waiting unit has been decided since now
+                self._woke_at, self._woke_under, self._lifted = now.mono, policy, False
             self._waits[ask.id] = ask
             self._why[ask.id] = decision
             self._put(T.waited(T.bulkhead_of(self.state, ask.route, now), 1))
@@ -318,12 +331,8 @@ class AdmissionPool:
         if signal.cost:
             row.spend(signal.cost, now.wall)
         if closure is not None:
-            self.state = T.close(self.state, closure, now)
-        lifted = ()
-        if reopens:
-            before = self.state.closures
-            self.state = T.reopen(self.state, route, now=now)
-            lifted = [k for k, c in before.items() if c.until > now.wall and k not in self.state.closures]
+            self._close(closure, now)
+        lifted = self._reopen(now, route) if reopens else ()
         if closure is not None or reopens:
             self._save(lifted)
         if again and signal.kind == T.REFUSED:
@@ -360,6 +369,7 @@ class AdmissionPool:
         now = self.now()
         self._prune(now)
         policy = self.policy
+        self._woke_at, self._woke_under, self._lifted = now.mono, policy, False
         lanes: dict = {}
         for ask in self._waits.values():
             lanes.setdefault(ask.lane, []).append(ask)
@@ -447,17 +457,21 @@ class AdmissionPool:
     def next_wake(self) -> float | None:
         """When `wake` may start something (a monotonic time of the clock), None if no unit waits.
 
-        Units that wait while nothing holds any pool back any more (a backoff ended, a
-        closure was lifted) may start now: then it is the clock's now, never None.
+        A hold that ended since the last wake (a backoff's end while another pool still
+        backs off), a closure lifted, or a new policy make it now: the waiting units have
+        not been decided since. Units that wait while nothing holds any pool back any more
+        may start now too: then it is the clock's now, never None.
         """
         if not self._waits:
             return None
         now = self.now()
-        at = T.next_change(self.state, now, self.policy)
+        if self._lifted or self._woke_under is not self.holder.current:
+            return now.mono
+        at = T.next_change(self.state, now, self.holder.current, since=self._woke_at)
         deadlines = [d for d in (self._deadline(a) for a in self._waits.values() if a.refused) if d is not None]
         if deadlines:
             at = min(deadlines) if at is None else min(at, *deadlines)
-        return now.mono if at is None else at
+        return now.mono if at is None else max(at, now.mono)
 
     def _deadline(self, ask: S.Ask) -> float | None:
         """When a refused unit's refusal deadline passes (mono), or None without one."""
@@ -472,7 +486,7 @@ class AdmissionPool:
         closure = T.budget_closure(provider, spent, limit, now)
         if closure is not None and not any(c.cause == T.BUDGET and c.until >= closure.until
                                            for c in self.state.closures.values() if c.scope == closure.scope):
-            self.state = T.close(self.state, closure, now)
+            self._close(closure, now)
             self._save()
 
     # --- operator ------------------------------------------------------------------------------
@@ -488,16 +502,14 @@ class AdmissionPool:
         if cause not in T.CLOSING:
             raise ValueError(f"close: cause must be one of {', '.join(T.CLOSING)}, not {cause!r}")
         closure = T.Closure(provider, credential, float(until), cause, cause in T.DAILY_CAUSES, now.wall, message)
-        self.state = T.close(self.state, closure, now)
+        self._close(closure, now)
         self._save()
 
     def reopen(self, provider: str, credential: str | None = None) -> bool:
         """Lift the closure of a provider (credential None) or one key; True if there was one."""
         scope = (provider, credential)
         had = scope in self.state.closures
-        before, now = self.state.closures, self.now()
-        self.state = T.reopen(self.state, scope=scope, now=now)
-        self._save([k for k, c in before.items() if c.until > now.wall and k not in self.state.closures] or [scope])
+        self._save(self._reopen(self.now(), scope=scope) or [scope])
         return had
 
     def learn(self, closures: Sequence[T.Closure]) -> int:
@@ -512,7 +524,7 @@ class AdmissionPool:
             known = self.state.closures.get(closure.scope)
             if closure.until <= now.wall or (known is not None and known.until >= closure.until):
                 continue
-            self.state = T.close(self.state, closure, now)
+            self._close(closure, now)
             learned += 1
         return learned
 
@@ -545,6 +557,7 @@ class AdmissionPool:
         return {
             "bulkheads": bulkheads, "lanes": lanes,
             "closures": [c._asdict() for c in self.state.closures.values() if c.until > now.wall],
+            "closure_history": [dict(c) for c in self._history],
             "starving": self.starving(), "policy_error": self.holder.last_error,
             "closure_store_error": self.load_error,
         }
@@ -578,7 +591,33 @@ class AdmissionPool:
         now = self.now()
         for closure in closures:
             if closure.until > now.wall:
-                self.state = T.close(self.state, closure, now)
+                self._close(closure, now)
+
+    def _close(self, closure: T.Closure, now: T.Now) -> None:
+        """Apply `closure` and keep it in the history; one that renews a live closure of its
+        scope (a refused probe) goes on as that one's entry."""
+        before = self.state.closures.get(closure.scope)
+        self.state = T.close(self.state, closure, now)
+        kept = self.state.closures[closure.scope]
+        entry = self._history_of.get(kept.scope)
+        if entry is not None and before is not None and before.until > now.wall:
+            entry.update(until=kept.until, cause=kept.cause, daily=kept.daily, message=kept.message)
+            return
+        entry = self._history_of[kept.scope] = {**kept._asdict(), "lifted": False}
+        self._history.append(entry)
+
+    def _reopen(self, now: T.Now, route: Route | None = None, *, scope: tuple | None = None) -> list[tuple]:
+        """Lift the closures covering `route` (or the one of `scope`); the scopes lifted early,
+        whose history entries now end here."""
+        before = self.state.closures
+        self.state = T.reopen(self.state, route, scope=scope, now=now)
+        self._lifted = True
+        lifted = [k for k, c in before.items() if c.until > now.wall and k not in self.state.closures]
+        for k in lifted:
+            entry = self._history_of.pop(k, None)
+            if entry is not None:
+                entry.update(until=now.wall, lifted=True)
+        return lifted
 
     def _prune(self, now: T.Now) -> None:
         pruned = T.prune(self.state, now)

@@ -349,16 +349,23 @@ def budget_closure(provider: str, spent: float, limit: float | None, now: Now) -
                    f"daily budget reached: {spent:g} of {limit:g}")
 
 
-def next_change(state: AdmissionState, now: Now, policy) -> float | None:
-    """The earliest monotonic time after `now` at which some pool may admit again (a backoff
-    ends, a probe falls due, a closure ends), or None when nothing is held."""
+def next_change(state: AdmissionState, now: Now, policy, since: float = -math.inf) -> float | None:
+    """The earliest monotonic time after `since` at which some pool may admit again (a backoff
+    ends, a probe falls due, a closure ends), or None when there is none.
+
+    `since`: when the caller last decided its waiting units. A hold that ended after that
+    but at or before `now` is news they have not heard: its end (in the past) is returned,
+    so one pool reopening while another still holds is not missed until the other's end.
+    """
     times = []
     for b in state.bulkheads.values():
-        if b.backoff_until > now.mono:
+        if b.backoff_until > since:
             times.append(b.backoff_until)
-        if b.closed_until > now.wall:
-            times.append(now.mono + (b.closed_until - now.wall))
-            if b.running == 0:
+        if b.closed_until > 0.0:
+            ends = now.mono + (b.closed_until - now.wall)
+            if ends > since:
+                times.append(ends)
+            if b.closed_until > now.wall and b.running == 0:
                 times.append(max(now.mono, b.probe_at + policy.probe_interval(b.daily)))
     return min(times) if times else None
 

@@ -5,7 +5,8 @@ makes a unit on that route raise `fleet.Refused`; any other route answers cleanl
 route it called (``str(unit.route)``), after reporting ``payload["cost"]`` if given.
 ``"while": PATH``: the refusals hold only while that file exists (a provider's state the
 test changes: a storm passes, a key is topped up). ``"go": PATH``: answer only once that
-file exists (a burst whose answers all come after its last submit).
+file exists (a burst whose answers all come after its last submit). ``"sleep": SECONDS``:
+each run takes that long before it answers (refused or not).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def call(unit):
 
 
 async def call_async(unit):
-    await asyncio.sleep(0)
+    await asyncio.sleep((unit.payload or {}).get("sleep", 0))
     while (unit.payload or {}).get("go") and not os.path.exists(unit.payload["go"]):
         await asyncio.sleep(0.005)
     return _answer(unit)

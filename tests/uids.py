@@ -73,12 +73,14 @@ def _nobody_reaches_python() -> bool:
     return as_nobody(lambda: all(os.access(p, os.R_OK | os.X_OK) for p in where))
 
 
-def as_nobody_argv(argv: list[str]) -> list[str]:
-    """``argv`` run as uid 65534, gid 65534 and no supplementary groups, through setpriv.
+def as_nobody_argv(argv: list[str], *, groups=()) -> list[str]:
+    """``argv`` run as uid 65534, gid 65534 and supplementary ``groups`` (none by default),
+    through setpriv.
 
     Where that uid cannot reach the interpreter, the process keeps CAP_DAC_READ_SEARCH
     (ambient, so its children keep it too): it may then read files it could not, but
     its uid -- what SO_PEERCRED reports and what owns what it creates -- is 65534.
     """
     caps = [] if _nobody_reaches_python() else ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
-    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOGROUP}", "--clear-groups", *caps, "--", *argv]
+    grouping = [f"--groups={','.join(str(g) for g in groups)}"] if groups else ["--clear-groups"]
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOGROUP}", *grouping, *caps, "--", *argv]

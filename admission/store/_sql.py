@@ -10,13 +10,17 @@ and host that shares the store, so the quotas hold.
 
 Two calls need no store lock, because they cannot make any quota overflow:
 
-- a release of the owner's current, unexpired lease (it only frees capacity; the
-  next request is admitted by the next reconciling call), and
+- a release of the owner's current, unexpired lease (it only frees capacity; when
+  requests are queued, the same call then reconciles under the lock, so the freed
+  capacity goes to the next of them at once), and
 - a submit that no level of the policy limits (it competes with nothing, so it is
   admitted at once), written only while the stored policy is still the one it was
   judged under (a policy change excludes it).
 
-Either falls back to the locked path when its precondition does not hold.
+Either falls back to the locked path when its precondition does not hold. A backend
+may also decide a limited submit in the database (`SqlStore._submit_at_once`) in the
+one case where `rules.plan` could only admit it and change nothing else: nothing is
+queued, no lease is past its expiry, and each of its limited quotas has room.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from admission.store import rules
+from admission.vocab import CLOSURE, POLICY, RENEWED, REOPENED, sql_list
 from admission.store.base import (
     ADMITTED,
     CANCELLED,
@@ -63,6 +68,8 @@ from admission.store.base import (
 
 #: The schema this code writes. Bump it and append to MIGRATIONS together.
 SCHEMA_VERSION = 3
+#: The live states as the SQL's literal list (a partial index and the reads use it).
+_LIVE = sql_list(LIVE_STATES)
 
 # {serial} and {float} are filled in per dialect; everything else is common SQL.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -83,7 +90,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             lease_expires {float},
             decided_at {float},
             reason TEXT NOT NULL)""",
-        "CREATE INDEX requests_live ON requests (state) WHERE state IN ('queued', 'admitted')",
+        f"CREATE INDEX requests_live ON requests (state) WHERE state IN ({_LIVE})",
         """CREATE TABLE events (
             seq {serial},
             at {float} NOT NULL,
@@ -138,19 +145,22 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 _REQ_COLS = ("id, orchestrator, environment, provider, tier, priority, queue_timeout, preemptible, lease_ttl, "
              "submitted_at, state, revision, lease_expires, decided_at, reason")
-_LIVE_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE state IN ('queued', 'admitted')"
+_LIVE_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE state IN ({_LIVE})"
 _GET_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE id = ?"
 # the live records and the one a call is about, in one statement
-_READ_SQL = f"{_LIVE_SQL} UNION ALL SELECT {_REQ_COLS} FROM requests WHERE id = ? AND state NOT IN ('queued', 'admitted')"
+_READ_SQL = f"{_LIVE_SQL} UNION ALL SELECT {_REQ_COLS} FROM requests WHERE id = ? AND state NOT IN ({_LIVE})"
 _INSERT_SQL = f"INSERT INTO requests ({_REQ_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 # A lock-free release: only of the owner's current, unexpired lease at its revision.
 _RELEASE_SQL = ("UPDATE requests SET state = ?, decided_at = ?, reason = ? WHERE id = ? AND orchestrator = ? "
-                f"AND state = 'admitted' AND revision = ? AND lease_expires > ? RETURNING {_REQ_COLS}")
+                f"AND state = '{ADMITTED}' AND revision = ? AND lease_expires > ? RETURNING {_REQ_COLS}")
+# Asked after a lock-free release, as a statement of its own (so that it sees every request
+# queued before the release's row was free): must the freed capacity be handed on?
+_ANY_QUEUED_SQL = f"SELECT EXISTS (SELECT 1 FROM requests WHERE state = '{QUEUED}')"
 _VERSION_POLICY_SQL = "SELECT v.version, p.body FROM schema_version v LEFT JOIN policy p ON p.id = 1 WHERE v.id = 1"
 _INSERT_NEW_SQL = _INSERT_SQL + f" ON CONFLICT (id) DO NOTHING RETURNING {_REQ_COLS}"
 # the heartbeats that bear on this transaction: those of orchestrators with queued requests
 _BEATS_SQL = ("SELECT id, lapses_at FROM orchestrators "
-              "WHERE id IN (SELECT orchestrator FROM requests WHERE state = 'queued')")
+              f"WHERE id IN (SELECT orchestrator FROM requests WHERE state = '{QUEUED}')")
 _ORCH_COLS = "id, beat_at, lapses_at, started_at"
 _HEARTBEAT_SQL = (f"INSERT INTO orchestrators ({_ORCH_COLS}) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
                   "SET beat_at = excluded.beat_at, lapses_at = excluded.lapses_at, started_at = CASE "
@@ -205,7 +215,7 @@ class _Tx:
     def insert(self, rec: Record, reason: str) -> None:
         self.records[rec.id] = rec
         self.inserted.append(rec.id)
-        self.event("queued", rec.id, reason)
+        self.event(QUEUED, rec.id, reason)
 
     def event(self, kind: str, request_id: str, reason: str) -> None:
         self.audit.append((kind, request_id, reason))
@@ -414,7 +424,11 @@ class SqlStore(AdmissionStore):
                 cur.execute(self._sql("INSERT INTO schema_version (id, version) VALUES (1, ?)"), (SCHEMA_VERSION,))
             elif found != SCHEMA_VERSION:
                 cur.execute(self._sql("UPDATE schema_version SET version = ? WHERE id = 1"), (SCHEMA_VERSION,))
+            self._install_functions(cur)
             self._commit(conn, cur)
+
+    def _install_functions(self, cur) -> None:
+        """Create the database functions this code calls, if missing (under the migration lock)."""
 
     # ------------------------------------------------------------- decisions inside a transaction
 
@@ -458,8 +472,10 @@ class SqlStore(AdmissionStore):
             # Admitted at once under the policy last seen, if it is still the stored one and
             # the id is new; anything else (a replay, a changed policy) takes the locked path.
             rec = self._submit_unconstrained(request, body)
-            if rec is not None:
-                return rec
+        else:
+            rec = self._submit_at_once(request, body, policy)
+        if rec is not None:
+            return rec
         with self._tx(request.id) as tx:
             stored = tx.records.get(request.id)
             if stored is not None:
@@ -488,7 +504,7 @@ class SqlStore(AdmissionStore):
             rec = self._owned(tx, request_id, "renew")
             lease = None
             if rec.state == ADMITTED and rec.revision == revision:
-                rec = tx.change(rec, "renewed", f"revision {revision + 1}", revision=revision + 1,
+                rec = tx.change(rec, RENEWED, f"revision {revision + 1}", revision=revision + 1,
                                 lease_expires=tx.now + rec.request.lease_ttl)
                 lease = rec.lease
         if lease is None:
@@ -499,13 +515,17 @@ class SqlStore(AdmissionStore):
     def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
         # A release only frees capacity, so the common case (the owner gives back its current,
         # unexpired lease) needs no store lock: one guarded update, audited in the same
-        # transaction. The freed capacity goes to the next request at the next reconciling
-        # call. Everything else (expired, stale, not ours, unknown) takes the locked path.
+        # transaction. When requests are queued, a locked reconcile follows in the same call,
+        # so the freed capacity goes to the next of them now, not at some later call.
+        # Everything else (expired, stale, not ours, unknown) takes the locked path.
         _text("request_id", request_id)
         _whole("revision", revision)
         _text("reason", reason)
-        rec = self._release_fast(request_id, revision, reason)
-        if rec is not None:
+        released = self._release_fast(request_id, revision, reason)
+        if released is not None:
+            rec, any_queued = released
+            if any_queued:
+                self._hand_on()
             return rec
         with self._tx(request_id) as tx:
             self._reconcile(tx)
@@ -516,6 +536,24 @@ class SqlStore(AdmissionStore):
                 tx.change(rec, RELEASED, reason, state=RELEASED)
                 self._reconcile(tx)
             return tx.records[request_id]
+
+    def _hand_on(self) -> None:
+        """Reconcile after a lock-free release, so that its capacity goes to the queue now.
+
+        The release is committed already: a store that does not answer in time here
+        leaves the hand-on to the next reconciling call (any orchestrator's), as a
+        release without a queue does, rather than report a release that happened as failed.
+        """
+        try:
+            with self._tx() as tx:
+                self._reconcile(tx)
+        except (StoreTimeout, StoreUnreachable):
+            pass
+
+    def _submit_at_once(self, request: Request, policy_body: str | None, policy: Policy) -> Record | None:
+        """Admit a limited `request` in one step where `rules.plan` could do nothing else; None to
+        take the locked path. This backend has no such step (its locked path is the one)."""
+        return None
 
     def _submit_unconstrained(self, request: Request, policy_body: str | None) -> Record | None:
         """Insert `request` admitted, without the store lock; None unless the id is new and
@@ -533,13 +571,14 @@ class SqlStore(AdmissionStore):
             if row is None:
                 conn.rollback()
                 return None
-            cur.executemany(self._event_sql, [(now, "queued", request.id, self.actor, _queued_reason(request)),
+            cur.executemany(self._event_sql, [(now, QUEUED, request.id, self.actor, _queued_reason(request)),
                                               (now, ADMITTED, request.id, self.actor, "capacity")])
             self._commit(conn, cur)
             return _record(row)
 
-    def _release_fast(self, request_id: str, revision: int, reason: str) -> Record | None:
-        """Release a current lease of ours without the store lock; None when it is not one."""
+    def _release_fast(self, request_id: str, revision: int, reason: str) -> tuple[Record, bool] | None:
+        """Release a current lease of ours without the store lock: (its record, whether any
+        request is queued); None when it is not one."""
         with self._guard() as conn:
             cur = conn.cursor()
             now = self.clock()
@@ -549,11 +588,13 @@ class SqlStore(AdmissionStore):
             if row is None:
                 conn.rollback()
                 return None
-            cur.execute(self._event_sql, (now, "released", request_id, self.actor, reason))
+            cur.execute(self._event_sql, (now, RELEASED, request_id, self.actor, reason))
+            cur.execute(_ANY_QUEUED_SQL)
+            any_queued = bool(cur.fetchone()[0])
             self._commit(conn, cur)
-            return _record(row)
+            return _record(row), any_queued
 
-    def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
+    def cancel(self, request_id: str, reason: str = CANCELLED) -> Record:
         _text("request_id", request_id)
         _text("reason", reason)
         with self._tx(request_id) as tx:
@@ -637,7 +678,7 @@ class SqlStore(AdmissionStore):
                     "INSERT INTO policy (id, body, updated_at, updated_by) VALUES (1, ?, ?, ?) "
                     "ON CONFLICT (id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at, "
                     "updated_by = excluded.updated_by"), (body, tx.now, self.actor))
-                tx.event("policy", "", body)
+                tx.event(POLICY, "", body)
                 tx.policy = checked
             self._reconcile(tx)
         return checked
@@ -660,7 +701,7 @@ class SqlStore(AdmissionStore):
                 if written is not None:
                     c = _closure(written)
                     reason = f"until {c.until:.3f}{' (daily limit)' if c.daily else ''}: {c.cause}"
-                    cur.execute(self._event_sql, (now, "closure", c.scope, self.actor,
+                    cur.execute(self._event_sql, (now, CLOSURE, c.scope, self.actor,
                                                   f"{reason}: {c.message}" if c.message else reason))
                 cur.execute(self._get_closure_sql, row[:2])
                 out.append(_closure(cur.fetchone()))
@@ -674,7 +715,7 @@ class SqlStore(AdmissionStore):
                         (now,))
             return [_closure(row) for row in cur.fetchall()]
 
-    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = "reopened") -> bool:
+    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = REOPENED) -> bool:
         provider, credential = _closure_scope(provider, credential)
         if not isinstance(reason, str) or "\x00" in reason:
             raise BadRequest("reason", f"must be a string without NUL, got {reason!r}")
@@ -688,7 +729,7 @@ class SqlStore(AdmissionStore):
             lifted = gone is not None and gone[0] > now
             if gone is not None:
                 scope = Closure(provider, credential or None, 0.0, "").scope
-                cur.execute(self._event_sql, (now, "reopened", scope, self.actor, reason))
+                cur.execute(self._event_sql, (now, REOPENED, scope, self.actor, reason))
             self._commit(conn, cur)
             return lifted
 

@@ -22,32 +22,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from admission.vocab import (  # noqa: F401 - the store's callers read the states here too
+    ADMITTED, CANCELLED, DENIED, EVENT_KINDS, LIVE_STATES, PREEMPTED, QUEUED, RELEASED, REOPENED, STATES,
+    TERMINAL_STATES, TIMED_OUT,
+)
 from fleet.rules.errors import EXIT_CONFIG, FleetError
 
 # ----------------------------------------------------------------------------- states
-
-QUEUED = "queued"
-ADMITTED = "admitted"
-DENIED = "denied"
-CANCELLED = "cancelled"
-TIMED_OUT = "timed-out"
-PREEMPTED = "preempted"
-#: An admitted request whose orchestrator gave the lease back when its work ended. The
-#: reference names no state for that; it is terminal like the others.
-RELEASED = "released"
-
-STATES = (QUEUED, ADMITTED, DENIED, CANCELLED, TIMED_OUT, PREEMPTED, RELEASED)
-LIVE_STATES = (QUEUED, ADMITTED)
-TERMINAL_STATES = (DENIED, CANCELLED, TIMED_OUT, PREEMPTED, RELEASED)
+# Request states and audit event kinds: admission.vocab (imported above, re-exported here).
 
 #: Runtime tiers, least isolated first. ``host`` admits one lease at a time unless
 #: the policy sets its quota.
 TIERS = ("host", "container", "vm", "microvm", "custom")
 HOST_TIER_DEFAULT_QUOTA = 1
-
-#: Audit event kinds: one row per decision.
-EVENT_KINDS = ("queued", "admitted", "renewed", "released", "cancelled", "timed-out", "denied",
-               "preempted", "policy", "closure", "reopened")
 
 # ----------------------------------------------------------------------------- exit codes
 
@@ -433,13 +420,15 @@ class AdmissionStore(abc.ABC):
     def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
         """Give a lease back at the end of its work; its capacity goes to the next request.
 
-        The next request is admitted by the next reconciling call (any submit, get,
-        renew, cancel or reconcile of any orchestrator), not by the release itself.
-        Releasing a request that is no longer admitted is a no-op that returns its record.
+        When requests are queued, the release reconciles in the same call, so the next
+        of them is admitted into the freed capacity at once where the rules allow (if
+        the store does not answer that reconcile in time, the next reconciling call of
+        any orchestrator does it). Releasing a request that is no longer admitted is a
+        no-op that returns its record.
         """
 
     @abc.abstractmethod
-    def cancel(self, request_id: str, reason: str = "cancelled") -> Record:
+    def cancel(self, request_id: str, reason: str = CANCELLED) -> Record:
         """Cancel a queued or admitted request; a finished one is returned as it is."""
 
     @abc.abstractmethod
@@ -491,7 +480,7 @@ class AdmissionStore(abc.ABC):
         """The closures still in force at `now` (default: the store clock), by scope."""
 
     @abc.abstractmethod
-    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = "reopened") -> bool:
+    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = REOPENED) -> bool:
         """Lift the closure of one scope, whatever its `until`; audited (kind ``reopened``).
 
         Returns whether there was one in force.

@@ -22,6 +22,7 @@ from typing import Sequence
 from admission import state as T
 
 from admission.store.base import AdmissionStore, BadRequest, Closure, StoreUnreachable
+from admission.vocab import REOPENED
 
 
 class ClosureStoreUnreachable(StoreUnreachable, OSError):
@@ -63,7 +64,7 @@ class StoreClosures:
             if refused:
                 raise ClosuresRefused("closures", "the store refused " + "; ".join(refused)) from None
 
-    def reopen(self, provider: str, credential: str | None = None, reason: str = "reopened") -> bool:
+    def reopen(self, provider: str, credential: str | None = None, reason: str = REOPENED) -> bool:
         """End the closure of a provider (credential None) or one key for the whole host group."""
         return self.store.reopen_closure(provider, credential, reason)
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from admission.store import rules
 from admission.store._sql import (
+    _ANY_QUEUED_SQL,
     _BEATS_SQL,
     _RELEASE_SQL,
     _REQ_COLS,
@@ -27,6 +29,7 @@ from admission.store._sql import (
     _record,
 )
 from admission.store.base import SchemaMissing, StoreUnreachable
+from admission.vocab import ADMITTED, LIVE_STATES, QUEUED, RELEASED, sql_list
 
 PREFIXES = ("postgresql://", "postgres://")
 
@@ -55,15 +58,73 @@ _SUBMIT_UNCONSTRAINED = (
     f"FROM ok ON CONFLICT (id) DO NOTHING RETURNING {_REQ_COLS}), "
     "e AS (INSERT INTO events (at, kind, request_id, actor, reason) "
     "SELECT %s, ev.kind, i.id, %s, CASE ev.n WHEN 1 THEN %s ELSE 'capacity' END FROM i, "
-    "(VALUES (1, 'queued'), (2, 'admitted')) AS ev (n, kind) ORDER BY ev.n) "
+    f"(VALUES (1, '{QUEUED}'), (2, '{ADMITTED}')) AS ev (n, kind) ORDER BY ev.n) "
     f"SELECT {_REQ_COLS} FROM i")
-_ADMITTED_FOR_UPDATE = f"SELECT {_REQ_COLS} FROM requests WHERE state = 'admitted' FOR UPDATE"
-_QUEUED_AND_ONE = (f"SELECT {_REQ_COLS} FROM requests WHERE state = 'queued' UNION ALL "
-                   f"SELECT {_REQ_COLS} FROM requests WHERE id = %s AND state NOT IN ('queued', 'admitted')")
+_ADMITTED_FOR_UPDATE = f"SELECT {_REQ_COLS} FROM requests WHERE state = '{ADMITTED}' FOR UPDATE"
+_QUEUED_AND_ONE = (f"SELECT {_REQ_COLS} FROM requests WHERE state = '{QUEUED}' UNION ALL "
+                   f"SELECT {_REQ_COLS} FROM requests WHERE id = %s AND state NOT IN ({sql_list(LIVE_STATES)})")
 _RELEASE_FAST = (f"WITH u AS ({_RELEASE_SQL.replace('?', '%s')}), "
                  "e AS (INSERT INTO events (at, kind, request_id, actor, reason) "
-                 "SELECT %s, 'released', id, %s, %s FROM u) "
+                 f"SELECT %s, '{RELEASED}', id, %s, %s FROM u) "
                  f"SELECT {_REQ_COLS} FROM u")
+
+# `SqlStore._submit_at_once` on PostgreSQL: one call that takes the group lock, admits the
+# request if nothing else could happen in its place, and returns its row (no row: take the
+# locked path). The group lock is held only while the server runs it, never across a round
+# trip to the client, which is what lets limited submits of several orchestrators follow each
+# other closely. It answers one question of `rules.plan`, in the one case where the answer
+# is "admit it, change nothing else": the stored version and policy are those the caller
+# judged under, no request is queued (so none is ahead of it, nor held places, nor is due a
+# timeout, a denial or a cancellation), no admitted lease is past its expiry (so none is due
+# a timeout), and each quota the caller names as limited (`p_limits`, as `rules.limit_of`
+# gives them for `rules.quota_slots`: global, environment, provider, tier) has room for one
+# more. The lease is the caller's (its orchestrator is the caller, never judged by its own
+# heartbeat), so it lasts its ttl. Where the function's name changes, so does its body.
+ADMIT_AT_ONCE = "fleet_admit_at_once_v1"
+_ADMIT_AT_ONCE_DDL = f"""CREATE OR REPLACE FUNCTION {ADMIT_AT_ONCE}(
+    p_version integer, p_policy text, p_limits bigint[], p_actor text, p_queued_reason text,
+    p_id text, p_orchestrator text, p_environment text, p_provider text, p_tier text, p_priority bigint,
+    p_queue_timeout double precision, p_preemptible integer, p_lease_ttl double precision, p_now double precision)
+RETURNS SETOF requests LANGUAGE plpgsql AS $fn$
+DECLARE
+    n_queued bigint; n_expired bigint; n_global bigint; n_env bigint; n_provider bigint; n_tier bigint;
+    admitted requests%ROWTYPE;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('fleet.admission.store:' || current_schema()));
+    PERFORM 1 FROM schema_version v LEFT JOIN policy p ON p.id = 1
+        WHERE v.id = 1 AND v.version = p_version AND p.body IS NOT DISTINCT FROM p_policy;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT count(*) FILTER (WHERE state = 'queued'),
+           count(*) FILTER (WHERE state = 'admitted' AND coalesce(lease_expires <= p_now, true)),
+           count(*) FILTER (WHERE state = 'admitted'),
+           count(*) FILTER (WHERE state = 'admitted' AND environment = p_environment),
+           count(*) FILTER (WHERE state = 'admitted' AND provider = p_provider),
+           count(*) FILTER (WHERE state = 'admitted' AND tier = p_tier)
+      INTO n_queued, n_expired, n_global, n_env, n_provider, n_tier
+      FROM requests WHERE state IN ('queued', 'admitted');
+    IF n_queued > 0 OR n_expired > 0
+       OR (p_limits[1] IS NOT NULL AND n_global + 1 > p_limits[1])
+       OR (p_limits[2] IS NOT NULL AND n_env + 1 > p_limits[2])
+       OR (p_limits[3] IS NOT NULL AND n_provider + 1 > p_limits[3])
+       OR (p_limits[4] IS NOT NULL AND n_tier + 1 > p_limits[4]) THEN
+        RETURN;
+    END IF;
+    INSERT INTO requests ({_REQ_COLS})
+        VALUES (p_id, p_orchestrator, p_environment, p_provider, p_tier, p_priority, p_queue_timeout,
+                p_preemptible, p_lease_ttl, p_now, 'admitted', 1, p_now + p_lease_ttl, p_now, 'capacity')
+        ON CONFLICT (id) DO NOTHING RETURNING * INTO admitted;
+    IF NOT FOUND THEN
+        RETURN;  -- a replay, or an id in use: the locked path tells which
+    END IF;
+    INSERT INTO events (at, kind, request_id, actor, reason)
+        VALUES (p_now, 'queued', p_id, p_actor, p_queued_reason), (p_now, 'admitted', p_id, p_actor, 'capacity');
+    RETURN NEXT admitted;
+END
+$fn$"""
+_ADMIT_AT_ONCE_CALL = f"SELECT {_REQ_COLS} FROM {ADMIT_AT_ONCE}(%s, %s, %s::bigint[], %s, %s, " \
+                      "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 class PostgresStore(SqlStore):
@@ -86,6 +147,7 @@ class PostgresStore(SqlStore):
         self._psycopg = psycopg
         self.connect_timeout = connect_timeout
         self.call_timeout = call_timeout
+        self._has_admit_at_once = False  # until _migrate finds or creates the function
         super().__init__(url, actor, clock, create)
 
     def _connect(self):
@@ -148,19 +210,55 @@ class PostgresStore(SqlStore):
             row = cur.fetchone()
             return None if row is None else _record(row)
 
-    def _release_fast(self, request_id: str, revision: int, reason: str):
-        # One round trip: the guarded update and its audit row in one statement, committed
-        # without waiting for the WAL flush (so that a locked transaction waiting on this row
-        # does not wait through an fsync), then made durable like every store transaction.
+    def _submit_at_once(self, request, policy_body, policy):
+        # One round trip: the function decides and writes under the group lock, committed
+        # without waiting for the WAL flush (the lock is freed at once), then made durable.
+        if not self._has_admit_at_once:
+            return None
         with self._guard() as conn:
             now = self.clock()
             cur = conn.cursor()
-            cur.execute(f"{_BEGIN}; {_RELEASE_FAST}; {_COMMIT_DURABLY}",
-                        ("released", now, reason, request_id, self.actor, revision, now, now, self.actor, reason))
+            limits = [rules.limit_of(policy, level, key) for level, key in rules.quota_slots(request)]
+            cur.execute(f"{_BEGIN}; {_ADMIT_AT_ONCE_CALL}; {_COMMIT_DURABLY}",
+                        (SCHEMA_VERSION, policy_body, limits, self.actor, _queued_reason(request),
+                         *_admitted_row(request, now)[:10]))
             cur.nextset()  # past BEGIN
             cur.nextset()  # past SET
             row = cur.fetchone()
             return None if row is None else _record(row)
+
+    def _install_functions(self, cur) -> None:
+        cur.execute("SELECT 1 FROM pg_proc WHERE proname = %s AND pronamespace = current_schema()::regnamespace",
+                    (ADMIT_AT_ONCE,))
+        if cur.fetchone() is None:
+            try:
+                cur.execute("SAVEPOINT fleet_functions")
+                cur.execute(_ADMIT_AT_ONCE_DDL)
+                cur.execute("RELEASE SAVEPOINT fleet_functions")
+            except self._psycopg.errors.InsufficientPrivilege:
+                # a user who may use the store but not create in its schema: the locked path decides
+                cur.execute("ROLLBACK TO SAVEPOINT fleet_functions")
+                self._has_admit_at_once = False
+                return
+        self._has_admit_at_once = True
+
+    def _release_fast(self, request_id: str, revision: int, reason: str):
+        # One round trip: the guarded update and its audit row in one statement, committed
+        # without waiting for the WAL flush (so that a locked transaction waiting on this row
+        # does not wait through an fsync), then made durable like every store transaction.
+        # Whether anything is queued is asked in a statement of its own, after the update: it
+        # then sees every request queued by a transaction the update had to wait for.
+        with self._guard() as conn:
+            now = self.clock()
+            cur = conn.cursor()
+            cur.execute(f"{_BEGIN}; {_RELEASE_FAST}; {_ANY_QUEUED_SQL}; {_COMMIT_DURABLY}",
+                        (RELEASED, now, reason, request_id, self.actor, revision, now, now, self.actor, reason))
+            cur.nextset()  # past BEGIN
+            cur.nextset()  # past SET
+            row = cur.fetchone()
+            cur.nextset()
+            any_queued = bool(cur.fetchone()[0])
+            return None if row is None else (_record(row), any_queued)
 
     def _write_and_commit(self, conn, cur, writes) -> None:
         # One round trip, pipelined like the reads: every write, the commit, and the wait for

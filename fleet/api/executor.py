@@ -26,10 +26,12 @@ from typing import Callable, Iterable, Iterator
 from fleet.shm import messages as M
 from fleet.runtime.codec import handler_error
 from fleet.runtime.config import FleetConfig, load_config
+from fleet.runtime.facade import LoopOperations
 from fleet.rules.errors import ConfigError
 from fleet.rules.ledger import abort_process
 from fleet.rules.outcomes import FAILED, SUPPRESSED
 from fleet.rules.raised import unit_exception
+from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, error_for
 
 #: Most units `map` keeps submitted ahead of the caller (also bounded by the role's queue).
@@ -65,6 +67,10 @@ class Fleet(Executor):
         self.config = config
         self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus, admission_clock=admission_clock,
                                admission_rng=admission_rng, host=host).start()
+        #: The operator ops, each a command on the fleet's loop: the façade fleetd's control
+        #: ops run against (`fleet.runtime.facade.Operations`; ``drain``, ``cancel`` and the
+        #: rest). The methods below are the user's names for some of them.
+        self.operations = LoopOperations(self._sup)
 
     @classmethod
     def from_config(cls, source=None, *, env=None, **kwargs) -> "Fleet":
@@ -186,11 +192,7 @@ class Fleet(Executor):
         """What `fleetctl status --json` shows for this fleet, plus ``admission``: the provider
         admission's read model (per bulkhead and per lane x bulkhead rows, closures, the
         starving list, units waiting with their reason and until-when; reference 000 §10)."""
-        from fleet.shm.status import gather
-
-        doc = gather(self.name)
-        doc["admission"] = self._sup.admission_census()
-        return doc
+        return self.operations.status()
 
     def reload(self, source=None, *, env=None) -> dict:
         """Load the config again (a path, dict or FleetConfig) and apply what can change live:
@@ -208,58 +210,58 @@ class Fleet(Executor):
             if str(exc.path).startswith("admission"):
                 self._sup.admission_reload_refused(str(exc))
             raise
-        return self._sup.reload(config)
+        return self.operations.reload(config)
 
     def admission_close(self, pool: str, until: float, message: str = "") -> dict:
         """Close a provider (``"provider"``) or one key (``"provider/credential"``) until
         `until` (UTC epoch seconds). BadPool for an unknown pool or a time not in the future."""
-        return self._sup.admission_close(pool, until, message)
+        return self.operations.admission_close(pool, until, message)
 
     # -- the provider admission's coordinator API (reference 000 §9): questions, nothing is seated.
     # Named admission_* (as the control ops): `plan` is the fleet's placement plan.
     def admission_allowance(self, lane: str | None) -> int | None:
         """None (start everything) unless every route `lane`'s work asks for is held back by a
         live refusal with no admitting alternative: then 0 (hold the lane's fan-out)."""
-        return self._sup.admission_ask(lambda gate: gate.allowance(lane))
+        return self.operations.admission_allowance(lane)
 
     def admission_plan(self, lane: str | None, route, wanted: int, pinned: bool = False) -> int:
         """How many of `wanted` new units on `route` (a `fleet.Route`) in `lane` would start now,
         pins and alternatives honoured; nothing is submitted or seated. Raises BadPlan (a
         route outside the catalog, `wanted` not a whole number >= 0, bad types)."""
-        return self._sup.admission_ask(lambda gate: gate.plan(lane, route, wanted, pinned))
+        return self.operations.admission_plan(lane, route, wanted, pinned)
 
     def admission_starving(self) -> list[dict]:
         """Closed providers or keys with work waiting (``kind: provider-closed``) first, then
         hard-pinned units waiting past ``starved_after`` (``kind: pinned``)."""
-        return self._sup.admission_ask(lambda gate: gate.starving())
+        return self.operations.admission_starving()
 
     def admission_reopen(self, pool: str) -> dict:
         """Reopen a closed provider or key (a topped-up key); ``reopened``: was it closed."""
-        return self._sup.admission_reopen(pool)
+        return self.operations.admission_reopen(pool)
 
     def report_budget(self, provider: str, spent: float, limit: float | None = None) -> dict:
         """The provider's daily budget reading (000 §8: read and shown, never reserved): `spent`
         today against its daily `limit` (None: none), shown on every bulkhead of `provider`;
         at the limit the provider closes until the next UTC midnight. Raises BadBudget
         (nothing changed) for an unknown provider or an amount that is not finite and >= 0."""
-        return self._sup.admission_report_budget(provider, spent, limit)
+        return self.operations.admission_budget(provider, spent, limit)
 
     def ledger(self) -> dict:
         """submitted, solved, suppressed, failed (+ in flight and failures by reason)."""
-        return self._sup.ledger_counts().to_dict()
+        return self.operations.ledger()
 
     def posture_show(self) -> dict:
-        return self._sup.posture_show()
+        return self.operations.posture_show()
 
     def posture_set(self, **patch) -> dict:
-        return self._sup.posture_set(patch)
+        return self.operations.posture_set(patch)
 
     def posture_release(self, cause: str) -> dict:
         """Release a sticky posture cause: ``"lane-death"`` (held since a worker died) or
         ``"operator"``. Returns the posture view with ``released`` (was it held). The
         posture turns Nominal once its exit window is clean and no other cause holds it.
         An unknown cause raises PostureCauseError and changes nothing."""
-        return self._sup.release(cause)
+        return self.operations.posture_release(cause)
 
     def __repr__(self) -> str:
         return f"<Fleet {self.name!r} binding={self._sup.plan.binding} seats={len(self._sup.layout.seats)}>"
@@ -485,4 +487,4 @@ def _item(role: str, status: int, value):
     if status == M.ST_SUPPRESSED:
         raise error_for(0, role, Outcome(SUPPRESSED, None, value))
     text, original = handler_error(*value)  # rebuilt here, under the codec's guard
-    raise unit_exception(0, role, Outcome(FAILED, "HandlerError", text), original)
+    raise unit_exception(0, role, Outcome(FAILED, Reason.HANDLER_ERROR, text), original)

@@ -21,7 +21,8 @@ arrival at its scaled offset (after the arrivals it names in ``after`` have ende
   runs on the replay clock (``admission_clock``), so its backoffs, 35-minute closures,
   10 s probes and UTC midnight scale with ``--speed``. Waits, moves and probes are the
   fleet's: the driver reads them back from the simulator (which pool each round
-  reached) and from ``Fleet.status()["admission"]`` (probes, moves, closures).
+  reached) and from ``Fleet.status()["admission"]`` (probes, moves, and every closure
+  it made, from its ``closure_history``: those lifted before the end too).
 
 In the ``none`` and ``cap`` modes a round that meets a refusal ends there (it is the refusal
 the modes are compared on); in the ``admission`` mode the fleet's admission holds a refused
@@ -215,7 +216,6 @@ class Driver:
         self.done_q: queue.SimpleQueue = queue.SimpleQueue()
         self.in_flight = collections.Counter()  # pool -> rounds of this replay in flight (cap mode)
         self.cap_waits: dict[str, collections.deque] = collections.defaultdict(collections.deque)
-        self._closures: dict = {}  # (provider, credential, since) -> every admission closure seen
         self.open = len(self.rounds)
         self.submitted = 0
         self.lag_ms: list[float] = []
@@ -252,7 +252,7 @@ class Driver:
     def _read_admission(self, result: ModeResult) -> None:
         """What the fleet's admission did, read back: the pool each round reached (the simulator's
         own record: a move shows as another pool), probes and moves (the admission's bulkheads and
-        count), every closure it made (those still in force now, and those seen after a refusal)."""
+        count), every closure it made (its census keeps them, lifted and ended ones too)."""
         header = self.trace.header
         for r in self.rounds:
             asked = r.arrival.route
@@ -263,16 +263,10 @@ class Driver:
                 pool = header.pool(reached)
                 r.route, r.moved = Route(pool.model, pool.provider, None), True
         census = self.fleet.status()["admission"]
-        self._note_closures(census)
         result.probes = sum(b["probes"] for b in census["bulkheads"])
         result.admission_moved = census["moved"]
         result.delegated = sum(b["delegated_total"] for b in census["bulkheads"])
-        result.admission_closures = list(self._closures.values())
-
-    def _note_closures(self, census: dict | None = None) -> None:
-        census = census if census is not None else self.fleet.status()["admission"]
-        for c in census["closures"]:
-            self._closures.setdefault((c["provider"], c["credential"], c["since"]), c)
+        result.admission_closures = list(census["closure_history"])
 
     def _loop(self) -> None:
         clock = self.clock
@@ -403,8 +397,6 @@ class Driver:
                 # a refusal comes back at once: its start is its end, to within one HTTP round trip
                 r.started = r.ended
                 status, reason = str(original.status), original.message
-                if self.admission and original.status in (402, 403):
-                    self._note_closures()  # a closure begins at a refusal; it may be lifted before the end
             else:
                 status = FAILED
                 outcome = getattr(exc, "outcome", None)

@@ -5,10 +5,9 @@ protocol (fleet.service.control) is imported only by the commands that use the s
 """
 from __future__ import annotations
 
-import json
 import os
 
-from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError
+from fleet.rules.errors import EXIT_USAGE, FleetError
 
 
 class NameConflict(FleetError):
@@ -150,17 +149,3 @@ def client(args, timeout: float = 30.0):
     from fleet.service.control.client import ControlClient
 
     return ControlClient.for_fleet(fleet_name(args), timeout=timeout, trust_uids=getattr(args, "trust_uids", ()) or ())
-
-
-def call_and_print(args, op: str, **op_args) -> int:
-    """Run ``op`` on the chosen fleet's daemon and print its reply (JSON with ``--json``).
-
-    The op's client half (`fleet.service.control.Op.format`) renders the reply, so each
-    command's wording lives beside its wire format.
-    """
-    from fleet.service.control.ops import OPS
-
-    with client(args) as c:
-        result = c.call(op, **op_args)
-    print(json.dumps(result, indent=2) if getattr(args, "json", False) else OPS.get(op).format(result))
-    return EXIT_OK

@@ -15,6 +15,8 @@ import json
 import sys
 
 from fleet.rules.errors import EXIT_OK
+from fleet.rules.vocab import lease_states
+from fleet.rules.when import utc
 from fleet.cli._store import add_store_argument, open_for_operator
 
 NAME = "leases"
@@ -50,8 +52,9 @@ def row_of(record, policy, now: float) -> dict:
     row = record.to_dict()
     row["effective_priority"] = effective_priority(record, now, policy.aging_interval)
     row["waited_s"] = round(now - record.submitted_at, 3)
-    row["lease_expires_in_s"] = None if record.lease_expires is None or record.state != "admitted" \
+    row["lease_expires_in_s"] = None if record.lease_expires is None or record.state != lease_states.ADMITTED \
         else round(record.lease_expires - now, 3)
+    row["lease_expires_utc"] = utc(record.lease_expires) if row["lease_expires_in_s"] is not None else None
     return row
 
 
@@ -82,9 +85,10 @@ def render(rows: list[dict]) -> str:
         return "no queued or admitted requests\n"
     table = [_COLUMNS]
     for r in rows:
-        if r["state"] == "admitted":
+        if r["state"] == lease_states.ADMITTED:
             left = r["lease_expires_in_s"]
-            lease = f"rev {r['revision']}, " + (f"{left:.1f}s left" if left > 0 else "expired")
+            lease = f"rev {r['revision']}, " + (f"{left:.1f}s left" if left > 0 else "expired") \
+                + f" (until {r['lease_expires_utc']})"
         else:
             lease = "-"
         table.append((r["id"], r["state"], r["orchestrator"], r["environment"], r["provider"], r["tier"],

@@ -1,4 +1,9 @@
-"""fleetctl plan: the tier plan and CPU budget for a quota, without booting anything."""
+"""fleetctl plan: the tier plan and CPU budget for a quota, without booting anything.
+
+What it plans: ``--config PATH``, else the fleet's installed config
+(``/etc/fleet/<name>.toml``, the name from --name, $FLEET_NAME or the default) when it
+exists, else the built-in reference profile, and its first line says which.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +13,8 @@ import sys
 
 from fleet.host import cgroup
 from fleet.rules.budget import json_number
-from fleet.runtime.config import load_config
+from fleet.cli._common import NAME_PRECEDENCE, fleet_name
+from fleet.runtime.config import CONFIG_DIR, installed_config, load_config
 from fleet.rules.errors import EXIT_OK
 from fleet.rules.plan import PROFILES, resolve
 from fleet.rules.processes import describe, role_processes
@@ -23,7 +29,12 @@ HELP = ("Show the tier plan, the CPU budget and the worker processes each role w
 def add_arguments(parser) -> None:
     parser.add_argument("--cpus", type=float, metavar="Q", help="quota in CPUs (default: config, else detected)")
     parser.add_argument("--profile", choices=PROFILES, help="force a profile (default: config, else auto)")
-    parser.add_argument("--config", metavar="PATH", help="fleet TOML config (default: the reference profile)")
+    parser.add_argument("--config", metavar="PATH",
+                        help=f"fleet TOML config (default: {CONFIG_DIR}/<name>.toml if it exists, else the "
+                        "built-in reference profile)")
+    parser.add_argument("--name", default=None, metavar="NAME",
+                        help=f"the fleet whose {CONFIG_DIR}/<name>.toml to plan when --config is not given "
+                        f"(precedence: {NAME_PRECEDENCE})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -36,18 +47,35 @@ def _quota(args, config) -> tuple[float, str]:
     return limit.cpus, "detected"
 
 
+def config_path(args) -> str | None:
+    """The config to plan: --config, else the fleet's installed one, else None (reference profile)."""
+    return args.config or installed_config(fleet_name(args))
+
+
+def config_line(path: str | None, config, name: str) -> str:
+    """The first line: what is planned. The reference profile names its roles, so nobody
+    takes solver and simdriver for their own."""
+    if path is None:
+        roles = ", ".join(r.name for r in config.roles)
+        return (f"{'config':<16}none: the built-in reference profile (roles {roles}); "
+                f"give --config PATH or write {CONFIG_DIR}/{name}.toml")
+    return f"{'config':<16}{path} (fleet {config.name})"
+
+
 def run(args) -> int:
-    config = load_config(args.config)
+    path = config_path(args)
+    config = load_config(path)
     quota, origin = _quota(args, config)
     plan = resolve(quota, args.profile or config.profile, config.roles, config.budget)
     processes = plan_processes(plan, config.roles)
     if args.json:
         out = plan.to_dict()
         out["plan"]["quota_source"] = origin
+        out["config"] = path  # null: the built-in reference profile
         out["role_processes"] = processes
         print(json.dumps(out, indent=2))
     else:
-        sys.stdout.write(render(plan, origin, processes))
+        sys.stdout.write(config_line(path, config, fleet_name(args)) + "\n" + render(plan, origin, processes))
     return EXIT_OK
 
 

@@ -12,6 +12,8 @@ import sys
 
 from fleet.rules.budget import json_number
 from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, NotRunning
+from fleet.rules.vocab import PostureKey as K
+from fleet.rules.when import utc
 from fleet.shm.status import DELAY_SOURCES, SCHEDSTAT, TASKSTATS, gather, gather_projection
 from fleet.cli._common import add_name_argument, fleet_name
 
@@ -136,7 +138,8 @@ def render_header(doc: dict) -> list[str]:
         state = "closing"
     return [
         f"fleet {doc['fleet']}  {state}  pid {doc['creator_pid']}  mode {_dash(doc['mode'])}  "
-        f"version {_dash(doc['version'])}  up {duration(doc['uptime_s'])}  boot {doc['boot_id'][:12]}"
+        f"version {_dash(doc['version'])}  up {duration(doc['uptime_s'])} (since {doc.get('created_utc', '-')})  "
+        f"boot {doc['boot_id'][:12]}"
     ]
 
 
@@ -232,14 +235,14 @@ def render_census(doc: dict) -> list[str]:
 
 def render_posture(p: dict) -> list[str]:
     t = p["thresholds"]
-    floor = t["cordon_sim_intake_floor"]
+    floor = t[K.INTAKE_FLOOR]
     return [
         f"posture   {p['state']} (cause {p['cause']}) for {duration(p['dwell_s'])}; "
         f"entered {p['enter_count']}, exited {p['exit_count']}; cordoned {duration(p['cordoned_s'])} in all; "
         f"intake suppressed {p['suppressed']}",
-        f"          enter >= {t['cordon_enter_events']} events / {t['cordon_enter_window_ms']} ms "
-        f"or duty > {json_number(t['cordon_duty_percent'])}% / {t['cordon_duty_window_ms']} ms; "
-        f"exit after {t['cordon_exit_clean_ms']} ms clean; "
+        f"          enter >= {t[K.ENTER_EVENTS]} events / {t[K.ENTER_WINDOW_MS]} ms "
+        f"or duty > {json_number(t[K.DUTY_PERCENT])}% / {t[K.DUTY_WINDOW_MS]} ms; "
+        f"exit after {t[K.EXIT_CLEAN_MS]} ms clean; "
         f"intake floor {'half the slot cap' if floor is None else floor}",
     ]
 
@@ -247,8 +250,9 @@ def render_posture(p: dict) -> list[str]:
 def render_ledger(g: dict) -> list[str]:
     failed = ", ".join(f"{k} {n}" for k, n in g["failed_by_reason"].items() if n) or "none"
     return [
-        f"ledger    submitted {g['submitted']}  solved {g['solved']}  suppressed {g['suppressed']}  "
+        f"ledger    units submitted {g['submitted']}  solved {g['solved']}  suppressed {g['suppressed']}  "
         f"failed {g['failed']}  in flight {g['inflight']}",
+        "          (a unit is one submit, or one chunk of a map: up to chunksize items)",
         f"          failed by reason: {failed}",
         f"          slot FSM refusals: {g['fsm_refused']}",
     ]
@@ -261,15 +265,6 @@ def render_queues(queues: list[dict]) -> list[str]:
         for q in queues
     ]
     return ["queues"] + _table(("role", "kind", "cordon", "queued/bound", "slots in use/cap", "re-pins"), rows)
-
-
-def utc(epoch) -> str:
-    """UTC epoch seconds as ``2026-10-05T00:00:00Z``; ``"-"`` for none."""
-    if not epoch:
-        return "-"
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def render_bulkheads(rows: list[dict]) -> list[str]:

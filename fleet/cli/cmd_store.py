@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
+from fleet.rules.when import utc
 from fleet.rules.errors import EXIT_OK
 from fleet.cli._store import add_store_argument, open_for_operator
 
@@ -76,8 +77,9 @@ def _events(args) -> int:
     with open_for_operator(args) as store:
         events = store.events(request_id=args.request, since=args.since, limit=args.limit)
     if args.json:
-        sys.stdout.write(json.dumps([e.__dict__ for e in events], indent=2) + "\n")
+        sys.stdout.write(json.dumps([{**e.__dict__, "at_utc": utc(e.at, ms=True)} for e in events], indent=2) + "\n")
     else:
         for e in events:
-            sys.stdout.write(f"{e.seq:>6}  {e.at:.3f}  {e.kind:<9}  {e.request_id or '-':<20}  {e.actor}  {e.reason}\n")
+            sys.stdout.write(f"{e.seq:>6}  {utc(e.at, ms=True)}  {e.kind:<9}  {e.request_id or '-':<20}  {e.actor}  "
+                             f"{e.reason}\n")
     return EXIT_OK

@@ -1,8 +1,12 @@
 """fleetctl: look at and steer a fleet from the shell.
 
-Each subcommand lives in its own module exposing ``NAME``, ``HELP``,
-``add_arguments(parser)`` and ``run(args) -> int``; this file only routes. A typed
-fleet error becomes one line on stderr and its exit code.
+A command that calls the running fleet's daemon is an op of the control protocol
+(`fleet.service.control.ops`): the op's class holds its arguments, wire request,
+rendering and exit code, and `fleet.cli.opcommands` makes the command of it. The
+commands that read the table, a config or the store (status, top, plan, leases, store)
+each live in their own module exposing ``NAME``, ``HELP``, ``add_arguments(parser)``
+and ``run(args) -> int``. This file only routes. A typed fleet error becomes one
+line on stderr and its exit code.
 
 The fleet a command addresses: ``--name`` before or after the command (both given
 and different: refused, exit 2), else ``$FLEET_NAME``, else ``fleet``. The name is
@@ -28,17 +32,21 @@ from fleet.cli._common import (
     merge_trust,
 )
 
-#: Subcommand modules, in the order `fleetctl --help` lists them.
-COMMANDS = ("cmd_status", "cmd_plan", "cmd_posture", "cmd_drain", "cmd_resume", "cmd_leases", "cmd_store",
-            "cmd_admission")
-#: command name -> its module, so that `fleetctl status` imports only what status needs
-#: (it must answer fast, even while the daemon is busy). A test keeps this in step.
-MODULE_OF = {"status": "cmd_status", "plan": "cmd_plan", "posture": "cmd_posture", "drain": "cmd_drain",
-             "resume": "cmd_resume", "leases": "cmd_leases", "store": "cmd_store", "admission": "cmd_admission"}
+#: The commands that do not go through the daemon (they read the fleet's table, a config,
+#: the host-group store), each a module exposing ``NAME``, ``HELP``, ``add_arguments``
+#: and ``run``: command name -> its module, in the order `fleetctl --help` lists them, so
+#: that `fleetctl status` imports only what status needs (it must answer fast, even while
+#: the daemon is busy).
+MODULE_OF = {"status": "cmd_status", "top": "cmd_top", "plan": "cmd_plan", "leases": "cmd_leases",
+             "store": "cmd_store"}
 
 
 def build_parser(argv=None) -> argparse.ArgumentParser:
-    """The parser; given argv naming one command, only that command's module is loaded."""
+    """The parser; given argv naming one command, only what that command needs is loaded.
+
+    The commands that call the daemon are its ops' (`fleet.service.control.ops.OPS`):
+    each op with a ``command`` is one, in a group (``posture set``) when it has two words.
+    """
     parser = argparse.ArgumentParser(
         prog="fleetctl",
         description="Inspect and steer a fleet: its CPU plan, slots, posture and ledger.",
@@ -49,12 +57,17 @@ def build_parser(argv=None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     first = _command_word(argv or [])
-    modules = (MODULE_OF[first],) if first in MODULE_OF else COMMANDS
-    for module_name in modules:
+    for name, module_name in MODULE_OF.items():
+        if first in MODULE_OF and first != name:
+            continue
         module = importlib.import_module(f"{__package__}.{module_name}")
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
+    if first not in MODULE_OF:
+        from fleet.cli.opcommands import add_op_commands
+
+        add_op_commands(sub)
     return parser
 
 

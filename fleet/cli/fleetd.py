@@ -1,6 +1,10 @@
 """fleetd: run one fleet in the foreground (systemd's ``Type=notify`` service).
 
     fleetd --config /etc/fleet/app.toml [--name app] [--grace 30] [--log-level info]
+    fleetd --print-unit [fleetd@.service|fleetd.service]
+
+``--print-unit`` writes the systemd unit with this install's fleetd in ExecStart
+(fleet.service.units) and exits; redirect it to /etc/systemd/system/.
 
 See fleet.service.daemon for what it does and its signals. A boot refusal prints one line
 on stderr (``fleetd: <ErrorType>: <what was wrong>``) and exits with the error's
@@ -14,7 +18,7 @@ import argparse
 import logging
 import sys
 
-from fleet.rules.errors import EXIT_FAILURE, EXIT_USAGE, FleetError
+from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, FleetError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -27,7 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a fleet in the foreground: boot its workers, serve its control socket, "
         "speak sd_notify. SIGTERM drains and exits 0; SIGINT stops fast; SIGHUP reloads the config.",
     )
-    parser.add_argument("--config", required=True, metavar="PATH", help="the fleet's TOML config")
+    from fleet.service.units import UNIT_NAMES
+
+    parser.add_argument("--config", metavar="PATH", help="the fleet's TOML config (required to run)")
+    parser.add_argument("--print-unit", nargs="?", const=UNIT_NAMES[0], choices=UNIT_NAMES, metavar="UNIT",
+                        help=f"print the systemd unit ({' or '.join(UNIT_NAMES)}, default {UNIT_NAMES[0]}) with "
+                        "this install's fleetd in ExecStart, and exit")
     parser.add_argument("--name", metavar="NAME", help="the fleet's name (overrides [fleet] name in the config)")
     parser.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE_S, metavar="SECONDS",
                         help="on SIGTERM, how long queued units may still start before they fail with "
@@ -59,7 +68,15 @@ def _group(text: str | None):
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.print_unit:
+        from fleet.service import units
+
+        sys.stdout.write(units.render(units.shipped(args.print_unit), units.this_fleetd()))
+        return EXIT_OK
+    if args.config is None:
+        parser.error("--config is required (or --print-unit)")
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         stream=sys.stderr,

@@ -70,9 +70,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Hashable, NamedTuple
 
-from fleet.rules import fsm
+from fleet.rules import cordon, fsm
 from fleet.rules.roles import Role, RoleSet
 from fleet.rules.seats import NO_SEAT, SeatLayout
+from fleet.rules.vocab import CLASS_DEFERRABLE, CLASS_FLOOR
 from fleet.shm.table.layout import OP_FIELDS  # a grant's rows are the table's batch rows
 
 #: Units queued behind one pin (its seat runs them in order).
@@ -83,9 +84,9 @@ def precedence(role: Role) -> int:
     """Lower runs first; see the module docstring."""
     if role.kind in ("pinned", "singleton"):
         return 0
-    if role.cordon_class == "deferrable":
+    if role.class_code == CLASS_DEFERRABLE:
         return 3
-    if role.cordon_class == "floor" or role.io_bound:
+    if role.class_code == CLASS_FLOOR or role.io_bound:
         return 1
     return 2
 
@@ -350,6 +351,7 @@ class Dispatcher:
         self.suppressed = 0  # units held back by posture (counted once each)
         self.posture = fsm.NOMINAL
         self.floors = [0] * len(roles)  # intake floors per role under cordon
+        self._classes = roles.class_codes()  # cordon class code per role
         #: skip(unit id) -> True drops a unit as it is about to be granted (cancelled by
         #: its caller); dropped ids are collected by `take_skipped`.
         self.skip = None
@@ -454,10 +456,9 @@ class Dispatcher:
 
     def _posture_allows(self, code: int, item: Pending, grows: bool) -> bool:
         """May `item` be granted now? `grows`: the grant puts one more slot of the role in use."""
-        if self.posture != fsm.CORDONED:
+        if not cordon.restricts(self.posture):
             return True
-        klass = self.roles.by_code(code).cordon_class
-        allowed = klass == "never" or (klass == "floor" and (not grows or self._in_use[code] < self.floors[code]))
+        allowed = cordon.admits(self.posture, self._classes[code], grows, self._in_use[code], self.floors[code])
         if not allowed and not item.held_by_posture:
             item.held_by_posture = True
             self.suppressed += 1
@@ -474,7 +475,7 @@ class Dispatcher:
             out.append(self._take(slot, item, fsm.START, (slot.index, fsm.LEASE, code, 0, 0)))
         feedable, plain = self._feedable[code], queue.plain
         # Fixed for this loop (it leases nothing, and posture changes between grants only):
-        held, shallow, nominal = self._held[code], self._ahead[code] > 1, self.posture != fsm.CORDONED
+        held, shallow, nominal = self._held[code], self._ahead[code] > 1, not cordon.restricts(self.posture)
         while feedable:
             # The shallowest slot first, so the role's seats fill evenly; and only while
             # the queue holds at least as many units as every slot would then have ahead

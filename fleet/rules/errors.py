@@ -11,6 +11,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_DATA = 65  # EX_DATAERR: an argument names nothing there (fleetctl cancel of an unknown unit id)
 EXIT_CONFIG = 78  # EX_CONFIG: the configuration is invalid
 EXIT_NOT_RUNNING = 69  # EX_UNAVAILABLE: no fleet of that name is running
 EXIT_NO_PERMISSION = 77  # EX_NOPERM: a mutating op from a uid that may not

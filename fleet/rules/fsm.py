@@ -19,13 +19,24 @@ Rules this table keeps:
 * Guards beyond the table (applied in this order by `decide` and by the kernel):
   the event's role, when given, must be the slot's role; the role's kind must be
   one the transition allows; RESUME must name the pinned key; a role whose cordon
-  class is `deferrable` cannot be leased or start running while the fleet is
-  Cordoned (in-flight work is never touched: DRAIN and DRAINED stay legal).
+  class the posture halts (`fleet.rules.cordon`: `deferrable` while Cordoned) cannot
+  be leased or start running (in-flight work is never touched: DRAIN and DRAINED stay legal).
 
 The numba kernel's lookup arrays, the conformance tests' cases and the docs'
 transition list are all generated from TRANSITIONS, so they cannot drift apart.
-This module imports nothing: it is the vocabulary every other module shares.
+This module imports only the vocabulary and the cordon's rule: it is the slot vocabulary
+every other module shares.
 """
+from fleet.rules import cordon
+from fleet.rules.vocab import (  # noqa: F401 - re-exported: the slot FSM's callers read them here
+    CLASS_DEFERRABLE,
+    CLASS_FLOOR,
+    CLASS_NAMES,
+    CLASS_NEVER,
+    CORDONED,
+    NOMINAL,
+    POSTURE_NAMES,
+)
 
 # --- slot states ----------------------------------------------------------------
 IDLE = 0
@@ -68,26 +79,19 @@ EVENT_NAMES = (
 )
 N_EVENTS = len(EVENT_NAMES)
 
-# --- role kinds and cordon classes (shared with fleet.rules.roles) ---------------------
+# --- role kinds (shared with fleet.rules.roles) ------------------------------------------
 KIND_PINNED = 0  # keyed: one persistent pin per key (solver bins)
 KIND_POOLED = 1  # any free slot; back to the pool after each unit
 KIND_SINGLETON = 2  # exactly one, always pinned (merge)
 KIND_NAMES = ("pinned", "pooled", "singleton")
 ALL_KINDS = frozenset({KIND_PINNED, KIND_POOLED, KIND_SINGLETON})
 
-CLASS_NEVER = 0  # never shed
-CLASS_FLOOR = 1  # intake floored under cordon
-CLASS_DEFERRABLE = 2  # takes nothing new under cordon
-CLASS_NAMES = ("never", "floor", "deferrable")
-
-# --- fleet posture (the gate on T1/T2/T6 for deferrable roles) -------------------
-NOMINAL = 0
-CORDONED = 1
-POSTURE_NAMES = ("Nominal", "Cordoned")
+# Cordon classes and postures are fleet.rules.vocab's; what a posture does to a class is
+# fleet.rules.cordon's (the gate on T1/T2/T6 for the classes it halts).
 
 # --- the transition table ---------------------------------------------------------
 # (state, event) -> (next state, transition id, role kinds allowed, posture-gated)
-# posture-gated: rejected for a deferrable role while the fleet is Cordoned.
+# posture-gated: rejected for a role of a class the posture halts (fleet.rules.cordon.halts).
 TRANSITIONS = {
     (IDLE, LEASE): (LEASED, "T1", ALL_KINDS, True),
     (LEASED, START): (RUNNING, "T2", ALL_KINDS, True),
@@ -189,7 +193,7 @@ def decide(state, slot_role, slot_key, event, role, key, kind, cordon_class, pos
             return R_BAD_KEY, state, slot_role, slot_key
     if event == RESUME and key != slot_key:
         return R_KEY_MISMATCH, state, slot_role, slot_key
-    if gated and posture == CORDONED and cordon_class == CLASS_DEFERRABLE:
+    if gated and cordon.halts(posture, cordon_class):
         return R_CORDONED, state, slot_role, slot_key
     if event == LEASE:
         return OK, nxt, role, key

@@ -1,54 +1,39 @@
-"""Unit outcomes and failure reasons: the vocabulary the ledger, the table and the tools share.
+"""Unit outcomes and failure reasons: the ledger's, the table's and the tools' reading of them.
 
 Every unit ends with exactly one outcome: solved, suppressed, or failed with one
-reason. A reason's code is its index in `FAILURE_REASONS`; the table's ledger
-record keeps one counter per code (``failed_by_reason``), so the order here is the
-wire order and must only ever be appended to.
+reason. The words and their codes are `fleet.rules.vocab`'s (re-exported here); this
+module adds the lookups by code and by name, and `Refused`, the exception a handler
+raises to fail its unit Refused.
 
-This module imports nothing: `fleetctl status` and the metrics exporter read it
+It imports only the vocabulary: `fleetctl status` and the metrics exporter read it
 without pulling in the runtime.
 """
 
-# --- outcomes -------------------------------------------------------------------
-SOLVED = "solved"
-SUPPRESSED = "suppressed"
-FAILED = "failed"
-KINDS = (SOLVED, SUPPRESSED, FAILED)
-OUTCOMES = KINDS
-
-# --- failure reasons, by code ------------------------------------------------------
-HANDLER_ERROR = 0  # the handler raised, or the worker could not unpickle its payload (the traceback travels)
-TIMEOUT = 1  # the unit ran past its timeout
-LANE_DEATH = 2  # the worker serving the unit died mid-unit
-SHUTDOWN = 3  # the fleet stopped before the unit ran (queued past the drain grace)
-REFUSED = 4  # an admission refused it (a full queue, a closed provider: 429/402/403)
-ROLE_STOPPED = 5  # its role was stopped (restart intensity exceeded)
-RESULT_ERROR = 6  # the result could not be returned (not picklable, too large, not unpicklable here)
-CANCELLED = 7  # the caller cancelled it before it ran
-FSM_REFUSED = 8  # a slot refused its grant, start or completion: a broken FSM rule, never a death
-# Its host-group lease ended before its outcome (fleet.runtime.lease_gate): ran out unrenewed, timed out
-# in the queue, or was cancelled or released by another. Code 9 was named LeaseLost and
-# covered the two below as well; readers older than them show 10 and 11 as ?10 and ?11.
-LEASE_EXPIRED = 9
-LEASE_DENIED = 10  # the host group's policy refuses its request (not retryable)
-LEASE_PREEMPTED = 11  # a higher-priority request displaced its preemptible lease
-
-FAILURE_REASONS = (
-    "HandlerError",
-    "Timeout",
-    "LaneDeath",
-    "Shutdown",
-    "Refused",
-    "RoleStopped",
-    "ResultError",
-    "Cancelled",
-    "FsmRefused",
-    "LeaseExpired",
-    "LeaseDenied",
-    "LeasePreempted",
+from fleet.rules.vocab import (  # noqa: F401 - the vocabulary's home is fleet.rules.vocab; re-exported here
+    CANCELLED,
+    FAILED,
+    FAILURE_REASONS,
+    FSM_REFUSED,
+    HANDLER_ERROR,
+    LANE_DEATH,
+    LEASE_DENIED,
+    LEASE_EXPIRED,
+    LEASE_PREEMPTED,
+    N_FAILURE_REASONS,
+    OUTCOME_KINDS,
+    REASON_CODES,
+    REFUSED,
+    RESULT_ERROR,
+    ROLE_STOPPED,
+    SHUTDOWN,
+    SOLVED,
+    SUPPRESSED,
+    TIMEOUT,
+    Reason,
 )
-N_FAILURE_REASONS = len(FAILURE_REASONS)
-REASON_CODES = {name: code for code, name in enumerate(FAILURE_REASONS)}
+
+KINDS = OUTCOME_KINDS
+OUTCOMES = OUTCOME_KINDS
 
 
 def reason_name(code: int) -> str:

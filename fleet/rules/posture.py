@@ -14,7 +14,8 @@ Rules this module keeps (002 §6):
   operator releases them (``fleetctl posture release CAUSE``); a name outside the
   vocabulary is refused (PostureCauseError) and changes nothing; releasing a cause
   that is not held changes nothing.
-* Posture changes intake only; this module decides the posture, not its effects.
+* Posture changes intake only; this module decides the posture, `fleet.rules.cordon`
+  says what it does.
 
 What an "event" is. The kernel does not count throttle events: `nr_throttled`
 counts CFS *periods* (100 ms by default) in which the group ran out of quota,
@@ -47,9 +48,23 @@ import logging
 import threading
 from dataclasses import dataclass, fields, replace
 
+from fleet.rules import cordon
 from fleet.rules.errors import EXIT_CONFIG, EXIT_USAGE, FleetError
-from fleet.rules.fsm import CORDONED, NOMINAL, POSTURE_NAMES
 from fleet.rules.ranges import posture_range
+from fleet.rules.vocab import (
+    CAUSE_CODES,
+    CAUSE_NONE,
+    CAUSE_THROTTLE_DUTY,
+    CAUSE_THROTTLE_EVENTS,
+    CORDONED,
+    HELD_CAUSES,
+    NOMINAL,
+    POSTURE_KEYS,
+    POSTURE_NAMES,
+    Cause,
+    PostureKey,
+)
+from fleet.rules.vocab import STICKY_CAUSES as STICKY_CAUSES  # re-exported
 
 log = logging.getLogger("fleet.rules.posture")
 
@@ -61,15 +76,14 @@ HOLD = "hold"  # a sticky cause was raised
 RELEASE = "release"  # a sticky cause was cleared
 EVENTS = (TRIPPED, UNSETTLED, SETTLED, HOLD, RELEASE)
 
-# --- sticky causes: held until an operator releases them --------------------------
-LANE_DEATH = "lane-death"  # a worker (a lane) died; its owed units failed LaneDeath
-OPERATOR = "operator"  # an operator's manual cordon
-STICKY_CAUSES = (LANE_DEATH, OPERATOR)
+# --- causes (fleet.rules.vocab): sticky ones are held until an operator releases them ---
+LANE_DEATH = Cause.LANE_DEATH
+OPERATOR = Cause.OPERATOR
 # A held cause that its own input releases (never an operator): CPU pressure on the
 # fleet's own cgroup2 group (fleet.rules.pressure).
-CPU_PRESSURE = "cpu-pressure"
+CPU_PRESSURE = Cause.CPU_PRESSURE
 #: Every cause a posture may hold.
-CAUSES = STICKY_CAUSES + (CPU_PRESSURE,)
+CAUSES = HELD_CAUSES
 
 # --- the table: (posture, event) -> next posture ----------------------------------
 TRANSITIONS = {
@@ -140,13 +154,13 @@ class PosturePolicy:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def intake_floor(self, slot_cap: int) -> int:
-        """Most new leases a `floor` role may hold under cordon: the set floor, else half its cap (>= 1)."""
-        if self.cordon_sim_intake_floor is not None:
-            return self.cordon_sim_intake_floor
-        return max(1, slot_cap // 2)
+        """Most new leases a `floor` role may hold under cordon (fleet.rules.cordon.intake_floor)."""
+        return cordon.intake_floor(self.cordon_sim_intake_floor, slot_cap)
 
 
-POLICY_KEYS = tuple(f.name for f in fields(PosturePolicy))
+#: The policy's keys, in its fields' order (the vocabulary's; tests hold the fields to it).
+POLICY_KEYS = POSTURE_KEYS
+assert tuple(f.name for f in fields(PosturePolicy)) == POLICY_KEYS, "PosturePolicy's fields drifted from vocab"
 
 
 def _problem(key: str, value) -> str | None:
@@ -156,7 +170,7 @@ def _problem(key: str, value) -> str | None:
     duty in millionths, so a value past its range would be stored wrapped or as 0)."""
     if not isinstance(key, str) or key not in POLICY_KEYS:
         return "unknown key; keys: " + ", ".join(POLICY_KEYS)
-    if key == "cordon_sim_intake_floor" and value is None:
+    if key == PostureKey.INTAKE_FLOOR and value is None:
         return None  # half the slot cap
     return posture_range(key).problem(value)
 
@@ -212,12 +226,14 @@ class PostureState:
 
 @dataclass(frozen=True)
 class Transition:
-    """A posture change: from, to, when, and the rule that fired."""
+    """A posture change: from, to, when, the rule that fired (for people) and its cause
+    (a code of fleet.rules.vocab.POSTURE_CAUSES, for the table; none when it leaves Cordoned)."""
 
     old: int
     new: int
     at_ms: int
     reason: str
+    cause: int = CAUSE_NONE
 
     def __str__(self):
         return f"{POSTURE_NAMES[self.old]} -> {POSTURE_NAMES[self.new]} at {self.at_ms} ms: {self.reason}"
@@ -249,22 +265,23 @@ def window_figures(window, policy: PosturePolicy, now_ms: int) -> tuple[int, flo
     return events, 100.0 * throttled / (policy.cordon_duty_window_ms * 1_000_000)
 
 
-def classify(state: PostureState, policy: PosturePolicy, now_ms: int) -> tuple[str, str]:
-    """(event, reason) for the current window and clean clock."""
+def classify(state: PostureState, policy: PosturePolicy, now_ms: int) -> tuple[str, int, str]:
+    """(event, cause code, reason) for the current window and clean clock."""
     events, duty = window_figures(state.window, policy, now_ms)
     if events >= policy.cordon_enter_events:
         limit, span = policy.cordon_enter_events, policy.cordon_enter_window_ms
-        return TRIPPED, f"{events} throttled periods >= {limit} in {span} ms"
+        return TRIPPED, CAUSE_THROTTLE_EVENTS, f"{events} throttled periods >= {limit} in {span} ms"
     if duty > policy.cordon_duty_percent:
         limit, span = policy.cordon_duty_percent, policy.cordon_duty_window_ms
-        return TRIPPED, f"throttled duty {duty:.2f}% > {limit}% over {span} ms"
+        return TRIPPED, CAUSE_THROTTLE_DUTY, f"throttled duty {duty:.2f}% > {limit}% over {span} ms"
     clean_for = now_ms - state.clean_since_ms
     if state.causes or clean_for < policy.cordon_exit_clean_ms:
-        return UNSETTLED, "held by " + ",".join(sorted(state.causes)) if state.causes else "not clean long enough"
-    return SETTLED, f"clean for {clean_for} ms >= {policy.cordon_exit_clean_ms} ms"
+        why = "held by " + ",".join(sorted(state.causes)) if state.causes else "not clean long enough"
+        return UNSETTLED, CAUSE_NONE, why
+    return SETTLED, CAUSE_NONE, f"clean for {clean_for} ms >= {policy.cordon_exit_clean_ms} ms"
 
 
-def _apply(state: PostureState, event: str, reason: str, now_ms: int):
+def _apply(state: PostureState, event: str, reason: str, now_ms: int, cause: int = CAUSE_NONE):
     """Look (posture, event) up in the table and account for a change."""
     nxt = TRANSITIONS.get((state.posture, event))
     if nxt is None:
@@ -277,7 +294,7 @@ def _apply(state: PostureState, event: str, reason: str, now_ms: int):
     else:
         dwell = state.dwell_ms + (now_ms - state.since_ms)
         state = replace(state, posture=nxt, since_ms=now_ms, exit_count=state.exit_count + 1, dwell_ms=dwell)
-    return state, Transition(old, nxt, now_ms, reason)
+    return state, Transition(old, nxt, now_ms, reason, cause if nxt == CORDONED else CAUSE_NONE)
 
 
 def observe(state: PostureState, policy: PosturePolicy, now_ms: int, nr_throttled: int, throttled_ns: int):
@@ -288,14 +305,14 @@ def observe(state: PostureState, policy: PosturePolicy, now_ms: int, nr_throttle
     state = replace(
         state, window=_trim(window, policy, now_ms), last=(nr_throttled, throttled_ns), clean_since_ms=clean_since
     )
-    event, reason = classify(state, policy, now_ms)
-    return _apply(state, event, reason, now_ms)
+    event, cause, reason = classify(state, policy, now_ms)
+    return _apply(state, event, reason, now_ms, cause)
 
 
 def hold(state: PostureState, cause: str, now_ms: int):
     """Raise a sticky cause: cordon now and stay until it is released."""
     state = replace(state, causes=state.causes | {check_cause(cause, CAUSES)})
-    return _apply(state, HOLD, f"held by {cause}", now_ms)
+    return _apply(state, HOLD, f"held by {cause}", now_ms, CAUSE_CODES[cause])
 
 
 def release(state: PostureState, cause: str, now_ms: int):
@@ -305,6 +322,19 @@ def release(state: PostureState, cause: str, now_ms: int):
         return state, None
     state = replace(state, causes=state.causes - {cause}, clean_since_ms=now_ms)
     return _apply(state, RELEASE, f"released {cause}", now_ms)
+
+
+def cause_code(state: PostureState, change: Transition | None) -> int:
+    """The code (fleet.rules.vocab.POSTURE_CAUSES) of what holds the posture now: a held
+    cause, the earliest of HELD_CAUSES first; none when Nominal; otherwise (released,
+    or throttled, and still in the exit window) the cause of `change`, the transition
+    that cordoned it (throttle events if there was none)."""
+    for cause in HELD_CAUSES:
+        if cause in state.causes:
+            return CAUSE_CODES[cause]
+    if state.posture != CORDONED:
+        return CAUSE_NONE
+    return change.cause if change is not None else CAUSE_THROTTLE_EVENTS
 
 
 def cordoned_dwell_ms(state: PostureState, now_ms: int) -> int:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleet.rules.posture import CPU_PRESSURE
+from fleet.rules.vocab import Cause
 
 HOLD = "hold"
 RELEASE = "release"
 #: The posture cause a pressure hold is filed under.
-CAUSE = CPU_PRESSURE
+CAUSE = Cause.CPU_PRESSURE
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ Users read a role's `slots` as "how many of its units run at once"; what runs th
 at once is worker processes (seats). A CPU-bound role runs one unit at a time per
 seat, so ``slots = 4`` on one seat still runs its units one after another. The
 boot log, `fleetctl plan` and `fleetctl status` print one line per role from the
-seat layout, e.g. ``w: 4 slots on 1 process`` or ``w: 4 slots on 2 processes``,
-so the difference is never hidden.
+seat layout, e.g. ``w: 4 slots on 1 worker process: at most 1 unit at once``, so the
+difference is never hidden.
 
 Works on the layout as the table's boot metadata holds it (`SeatLayout.to_meta()`
 plus ``slot_roles``), so a booted fleet, a projection and a dry-run plan share it.
@@ -39,16 +39,21 @@ def role_processes(meta: dict, roles=None) -> list[dict]:
 
 
 def describe(row: dict) -> str:
-    """``"w: 4 slots on 2 processes"``; says when the seats are shared or missing."""
+    """``"w: 4 slots on 2 worker processes: at most 2 units at once"``; a role whose
+    processes also serve other roles reads ``on any of N worker processes shared with ...``
+    (so 4 slots on 5 processes is no riddle); a role without processes says why."""
     slots = f"{row['slots']} slot{'s' if row['slots'] != 1 else ''}"
     n = row["processes"]
     if n == 0:
-        return f"{row['role']}: {slots}, no process (no handler: declared, not run)"
-    text = f"{row['role']}: {slots} on {n} process{'es' if n != 1 else ''}"
+        return f"{row['role']}: {slots}, no worker process (no handler: declared, not run)"
+    processes = f"{n} worker process{'es' if n != 1 else ''}"
     if row.get("shared_with"):
-        text += f" (shared with {', '.join(row['shared_with'])})"
+        which = f"any of {processes}" if n > 1 else processes
+        text = f"{row['role']}: {slots} on {which} shared with {', '.join(row['shared_with'])}"
+    else:
+        text = f"{row['role']}: {slots} on {processes}"
     if row.get("io_bound"):
-        text += ", I/O-bound: each runs up to its slots at once"
+        text += f", I/O-bound: up to {row['slots']} unit{'s' if row['slots'] != 1 else ''} at once"
     elif n < row["slots"]:
-        text += f": at most {n} unit{'s' if n != 1 else ''} at once"
+        text += f": at most {n} unit{'s' if n != 1 else ''} at once (a CPU-bound process runs one at a time)"
     return text

@@ -111,7 +111,7 @@ class Projection:
         return meta
 
     def processes(self) -> list[str]:
-        """One line per role, ``"w: 4 slots on 2 processes"`` (the boot log prints them)."""
+        """One line per role, ``"w: 4 slots on 2 worker processes"`` (the boot log prints them)."""
         from fleet.rules.processes import describe
 
         return [describe(row) for row in self.meta(booted=False)["role_processes"]]

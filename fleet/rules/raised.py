@@ -32,12 +32,11 @@ from __future__ import annotations
 
 from concurrent.futures.process import BrokenProcessPool, _RemoteTraceback
 
-from fleet.rules.outcomes import FAILED, FAILURE_REASONS, HANDLER_ERROR, LANE_DEATH, ROLE_STOPPED
 from fleet.rules.unit import Outcome, RoleStopped, UnitFailed, error_for
+from fleet.rules.vocab import FAILED, Reason
 
 #: The reasons that say the unit's worker (or its role's workers) are gone.
-BROKEN_REASONS = frozenset((FAILURE_REASONS[LANE_DEATH], FAILURE_REASONS[ROLE_STOPPED]))
-_HANDLER_ERROR = FAILURE_REASONS[HANDLER_ERROR]
+BROKEN_REASONS = frozenset((Reason.LANE_DEATH, Reason.ROLE_STOPPED))
 
 
 class UnitBroken(UnitFailed, BrokenProcessPool):
@@ -57,7 +56,7 @@ def unit_exception(unit_id: int, role: str, outcome: Outcome, original=None) -> 
     `original`: the handler's exception rebuilt here (or anything else: a relayed
     pickle, a provider's refusal), None when there is none."""
     if outcome.kind == FAILED:
-        if outcome.reason == _HANDLER_ERROR and isinstance(original, BaseException):
+        if outcome.reason == Reason.HANDLER_ERROR and isinstance(original, BaseException):
             return own_exception(original, outcome.detail)
         if outcome.reason in BROKEN_REASONS:
             return UnitBroken(unit_id, role, outcome, original)

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 from fleet.rules import fsm, ranges
 from fleet.rules.errors import ConfigError, FleetError
+from fleet.rules.vocab import CLASS_CODES, CordonClass
 
 KINDS = {name: i for i, name in enumerate(fsm.KIND_NAMES)}
-CORDON_CLASSES = {name: i for i, name in enumerate(fsm.CLASS_NAMES)}
+CORDON_CLASSES = CLASS_CODES
 
 #: A role index must fit the slot word's 8-bit role field, below ANY_ROLE.
 MAX_ROLES = 64
@@ -50,7 +51,8 @@ class Role:
     Args:
         name: lower-case identifier, unique in the fleet.
         kind: ``pinned`` (keyed; one persistent pin per key), ``pooled`` or ``singleton``.
-        cordon_class: ``never``, ``floor`` (intake floored under cordon) or ``deferrable``.
+        cordon_class: ``never``, ``floor`` (intake floored under cordon) or ``deferrable``
+            (what each does: `fleet.rules.cordon`).
         handler: ``module:function`` run for each unit (None: declared, not active).
         queue_bound: most units waiting in this role's queue; a full queue refuses.
         peak_cpus: declared peak CPU share (cores) for the budget's sum check. None (not
@@ -78,7 +80,7 @@ class Role:
 
     name: str
     kind: str = "pooled"
-    cordon_class: str = "never"
+    cordon_class: str = CordonClass.NEVER
     handler: str | None = None
     queue_bound: int = 1024
     peak_cpus: float | None = None
@@ -210,13 +212,13 @@ def _ref(name, kind, cordon_class, *, peak, slots, io_bound=False):
 #: roles and four declared background ones with their cordon classes.
 REFERENCE_ROLES = RoleSet(
     (
-        _ref("solver", "pinned", "never", peak=3, slots=6),
-        _ref("simdriver", "pooled", "floor", peak=0, slots=4, io_bound=True),
-        _ref("resolve", "pooled", "never", peak=1, slots=1),
-        _ref("merge", "singleton", "never", peak=1, slots=1),
-        _ref("poolstateupdater", "pooled", "deferrable", peak=0, slots=1),
-        _ref("registrar", "pooled", "deferrable", peak=0, slots=1),
-        _ref("verifier", "pooled", "deferrable", peak=0, slots=1),
-        _ref("submitter", "pooled", "never", peak=0, slots=1),
+        _ref("solver", "pinned", CordonClass.NEVER, peak=3, slots=6),
+        _ref("simdriver", "pooled", CordonClass.FLOOR, peak=0, slots=4, io_bound=True),
+        _ref("resolve", "pooled", CordonClass.NEVER, peak=1, slots=1),
+        _ref("merge", "singleton", CordonClass.NEVER, peak=1, slots=1),
+        _ref("poolstateupdater", "pooled", CordonClass.DEFERRABLE, peak=0, slots=1),
+        _ref("registrar", "pooled", CordonClass.DEFERRABLE, peak=0, slots=1),
+        _ref("verifier", "pooled", CordonClass.DEFERRABLE, peak=0, slots=1),
+        _ref("submitter", "pooled", CordonClass.NEVER, peak=0, slots=1),
     )
 )

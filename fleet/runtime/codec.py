@@ -26,6 +26,7 @@ import threading
 
 from fleet.shm import messages as M
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED, Refused
+from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, PayloadTooLarge, PayloadUnpicklable
 
 _SOLVED = Outcome(SOLVED)
@@ -234,14 +235,14 @@ def result_outcome(status: int, body, relay: bool = False):
     try:
         return _outcome(status, body, relay)
     except CodecError as exc:
-        return Outcome(FAILED, "ResultError", str(exc)), None, None
+        return Outcome(FAILED, Reason.RESULT_ERROR, str(exc)), None, None
 
 
 #: What a chunk's status says of it (the worker sums up its items' outcomes).
 _CHUNK_OUTCOMES = {
     M.ST_CHUNK: _SOLVED,
     M.ST_CHUNK_SUPPRESSED: Outcome(SUPPRESSED, None, "an item of the chunk was suppressed"),
-    M.ST_CHUNK_FAILED: Outcome(FAILED, "HandlerError", "an item of the chunk failed"),
+    M.ST_CHUNK_FAILED: Outcome(FAILED, Reason.HANDLER_ERROR, "an item of the chunk failed"),
 }
 
 
@@ -255,17 +256,17 @@ def _outcome(status: int, body, relay: bool):
         return Outcome(SUPPRESSED, None, _text(body)), None, None
     if status == M.ST_HANDLER_ERROR:
         text, original = handler_error(*loads(body, "the handler's error"), relay=relay)
-        return Outcome(FAILED, "HandlerError", text), None, original
+        return Outcome(FAILED, Reason.HANDLER_ERROR, text), None, original
     if status == M.ST_RESULT_ERROR:
-        return Outcome(FAILED, "ResultError", _text(body)), None, None
+        return Outcome(FAILED, Reason.RESULT_ERROR, _text(body)), None, None
     if status == M.ST_REFUSED:
         refusal = Refused(*loads(body, "the refusal"))
-        return Outcome(FAILED, "Refused", str(refusal)), None, refusal
+        return Outcome(FAILED, Reason.REFUSED, str(refusal)), None, refusal
     if status == M.ST_HELD_AT_CLOSE:
-        return Outcome(FAILED, "Shutdown", _text(body)), None, None
+        return Outcome(FAILED, Reason.SHUTDOWN, _text(body)), None, None
     if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
-        return Outcome(FAILED, "FsmRefused", _text(body)), None, None
-    return Outcome(FAILED, "LaneDeath", _text(body)), None, None
+        return Outcome(FAILED, Reason.FSM_REFUSED, _text(body)), None, None
+    return Outcome(FAILED, Reason.LANE_DEATH, _text(body)), None, None
 
 
 def clip_detail(detail: str | None) -> str | None:

@@ -109,6 +109,7 @@ from fleet.host.files import FileTooLarge, NotRegularFile, read_regular
 from fleet.rules.names import InvalidFleetName, validate_fleet_name
 from fleet.rules.plan import PROFILES
 from fleet.rules.posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, PostureRetuneError
+from fleet.rules.vocab import PostureKey
 from fleet.rules.ranges import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, config_range
 from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
 
@@ -420,6 +421,17 @@ def _admission(data):
     return AdmissionConfig(section=data, policy=Policy.from_dict(data, path="admission"), closure_file=closure_file)
 
 
+#: Where a fleet's config is installed: fleetd@NAME reads CONFIG_DIR/NAME.toml (the shipped
+#: unit says so), and `fleetctl plan` plans it when no --config is given.
+CONFIG_DIR = "/etc/fleet"
+
+
+def installed_config(name: str, config_dir: str = CONFIG_DIR) -> str | None:
+    """``CONFIG_DIR/<name>.toml`` when that file exists, else None."""
+    path = os.path.join(config_dir, f"{name}.toml")
+    return path if os.path.exists(path) else None
+
+
 SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store", "record", "admission")
 
 
@@ -457,12 +469,12 @@ _TYPES = {
     ("budget", "ambient_io"): "int",
     ("budget", "pinned_min"): "int",
     ("budget", "loop"): "str",
-    ("posture", "cordon_enter_events"): "int",
-    ("posture", "cordon_enter_window_ms"): "int",
-    ("posture", "cordon_duty_percent"): "float",
-    ("posture", "cordon_duty_window_ms"): "int",
-    ("posture", "cordon_exit_clean_ms"): "int",
-    ("posture", "cordon_sim_intake_floor"): "int?",
+    ("posture", PostureKey.ENTER_EVENTS): "int",
+    ("posture", PostureKey.ENTER_WINDOW_MS): "int",
+    ("posture", PostureKey.DUTY_PERCENT): "float",
+    ("posture", PostureKey.DUTY_WINDOW_MS): "int",
+    ("posture", PostureKey.EXIT_CLEAN_MS): "int",
+    ("posture", PostureKey.INTAKE_FLOOR): "int?",
     ("limits", "max_payload_bytes"): "int",
     ("restart", "max_restarts"): "int",
     ("restart", "within_seconds"): "float",

@@ -40,17 +40,22 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
+from fleet.rules.vocab import LEASE_LOST_REASONS, Reason
+from fleet.rules.vocab import lease_states
+
 log = logging.getLogger("fleet.runtime.lease_gate")
 
-#: The failure reasons of a unit whose lease ended before its outcome (fleet.rules.outcomes).
-LEASE_DENIED = "LeaseDenied"
-LEASE_PREEMPTED = "LeasePreempted"
-LEASE_EXPIRED = "LeaseExpired"
+#: The failure reasons of a unit whose lease ended before its outcome (fleet.rules.vocab).
+LEASE_DENIED = Reason.LEASE_DENIED
+LEASE_PREEMPTED = Reason.LEASE_PREEMPTED
+LEASE_EXPIRED = Reason.LEASE_EXPIRED
+#: A held request the gate has not submitted yet (the gate's own state, before the store's).
+NEW = "new"
 
 
 def lost_reason(state: str) -> str:
     """The failure reason of a unit whose request ended in store state `state` before its outcome."""
-    return {"denied": LEASE_DENIED, "preempted": LEASE_PREEMPTED}.get(state, LEASE_EXPIRED)
+    return LEASE_LOST_REASONS.get(state, LEASE_EXPIRED)
 
 
 def expiry_margin(granted: float) -> float:
@@ -72,7 +77,7 @@ class _Held:
     unit_id: int
     request_id: str
     role: str
-    state: str = "new"  # new -> queued -> admitted; gone when done or lost
+    state: str = NEW  # NEW -> lease_states.QUEUED -> lease_states.ADMITTED; gone when done or lost
     revision: int = 0
     renew_at: float = 0.0  # monotonic: when to renew
     stop_at: float = 0.0  # monotonic: the unit is stopped here unless renewed
@@ -254,7 +259,7 @@ class LeaseGate:
             self._held[unit_id] = _Held(unit_id, f"{self._prefix}{unit_id}", role)
         elif op == "done":
             held = self._held.pop(unit_id, None)
-            if held is not None and held.state in ("queued", "admitted"):
+            if held is not None and held.state in lease_states.LIVE_STATES:
                 self._releases.append(held)
         elif op == "stop":
             return True
@@ -272,7 +277,7 @@ class LeaseGate:
             # A restarted orchestrator reconciles before it dispatches; the requests an earlier
             # run of it left queued have nobody to dispatch them.
             for rec in self._store.reconcile():
-                if (rec.state == "queued" and rec.request.orchestrator == self.orchestrator
+                if (rec.state == lease_states.QUEUED and rec.request.orchestrator == self.orchestrator
                         and not rec.id.startswith(self._prefix)):
                     self._store.cancel(rec.id, "its orchestrator restarted")
         return self._store
@@ -309,7 +314,7 @@ class LeaseGate:
     def _release_finished(self, store) -> None:
         while self._releases:
             held = self._releases[0]
-            if held.state == "admitted":
+            if held.state == lease_states.ADMITTED:
                 store.release(held.request_id, held.revision, "unit finished")
             else:
                 store.cancel(held.request_id, "unit ended before admission")
@@ -323,12 +328,12 @@ class LeaseGate:
                        spec.priority, spec.queue_timeout, spec.preemptible, self.config.lease_ttl)
 
     def _submit_new(self, store) -> None:
-        for held in [h for h in self._held.values() if h.state == "new"]:
+        for held in [h for h in self._held.values() if h.state == NEW]:
             sent = self._monotonic()
             self._apply(held, store.submit(self._request(held)), sent)
 
     def _poll_queued(self, store) -> None:
-        waiting = [h for h in self._held.values() if h.state == "queued"]
+        waiting = [h for h in self._held.values() if h.state == lease_states.QUEUED]
         if not waiting:
             return
         sent = self._monotonic()
@@ -341,7 +346,7 @@ class LeaseGate:
         """Hold a lease granted for `granted` seconds by a call sent at `sent`; False if the unit
         was taken meanwhile (ended, or stopped by the watchdog)."""
         stop_at = sent + granted - expiry_margin(granted)
-        held.state, held.revision = "admitted", revision
+        held.state, held.revision = lease_states.ADMITTED, revision
         held.renew_at = sent + min(self.renew_every, (stop_at - sent) / 2)
         held.stop_at = stop_at
         if stop_at > self._monotonic() and self._watchdog.arm(held.unit_id, stop_at, _lease_of(held)):
@@ -351,9 +356,9 @@ class LeaseGate:
         return False
 
     def _apply(self, held: _Held, rec, sent: float) -> None:
-        if rec.state == "queued":
-            held.state = "queued"
-        elif rec.state == "admitted":
+        if rec.state == lease_states.QUEUED:
+            held.state = lease_states.QUEUED
+        elif rec.state == lease_states.ADMITTED:
             # the store's own measure of the grant (its clock, one transaction): no skew in it
             if self._granted(held, rec.revision, sent, rec.lease_expires - rec.decided_at):
                 self._on_admitted(held.unit_id)
@@ -365,7 +370,7 @@ class LeaseGate:
     def _renew(self, store) -> None:
         from admission.store import LeaseLost
 
-        for held in [h for h in self._held.values() if h.state == "admitted"]:
+        for held in [h for h in self._held.values() if h.state == lease_states.ADMITTED]:
             sent = self._monotonic()
             if sent < held.renew_at:
                 continue
@@ -379,7 +384,7 @@ class LeaseGate:
 
     def _lose(self, held: _Held, reason: str, detail: str) -> None:
         self._held.pop(held.unit_id, None)
-        if held.state == "queued":
+        if held.state == lease_states.QUEUED:
             self._releases.append(held)  # withdraw the request when the store answers
         if not self._watchdog.claim(held.unit_id):
             return  # already reported (its stop time passed) or ended
@@ -389,7 +394,7 @@ class LeaseGate:
 
     def _shutdown(self) -> None:
         for held in list(self._held.values()):
-            if held.state in ("queued", "admitted"):
+            if held.state in lease_states.LIVE_STATES:
                 self._releases.append(held)
         self._held.clear()
         if self._store is not None:

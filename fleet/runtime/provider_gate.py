@@ -71,6 +71,7 @@ from admission.pool import (
 
 from fleet.rules.errors import FleetError
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED
+from fleet.rules.vocab import Reason
 from fleet.route import Route
 from fleet.rules.unit import BadUnit
 
@@ -82,8 +83,9 @@ PUBLISH_EVERY_S = 0.05
 CLOSURES_EVERY_S = 2.0
 #: Outcomes that say nothing about the provider: no bulkhead changes (000 §8: a stall,
 #: a timeout or a cap holds nothing back; a lane death is not a refusal).
-SILENT_REASONS = frozenset({"Timeout", "LaneDeath", "Shutdown", "Cancelled", "FsmRefused", "LeaseExpired",
-                            "LeaseDenied", "LeasePreempted", "RoleStopped", "ResultError"})
+SILENT_REASONS = frozenset({Reason.TIMEOUT, Reason.LANE_DEATH, Reason.SHUTDOWN, Reason.CANCELLED, Reason.FSM_REFUSED,
+                            Reason.LEASE_EXPIRED, Reason.LEASE_DENIED, Reason.LEASE_PREEMPTED, Reason.ROLE_STOPPED,
+                            Reason.RESULT_ERROR})
 
 
 def default_closure_file(name: str, env: Mapping[str, str] | None = None, *, euid: int | None = None) -> Path:
@@ -529,7 +531,7 @@ def signal_of(outcome, original=None, cost: float | None = None) -> T.Signal:
     """What a unit's outcome tells its pool (see the module doc)."""
     if outcome.kind in (SOLVED, SUPPRESSED):
         return T.Signal.clean(None, cost)
-    if outcome.kind == FAILED and outcome.reason == "Refused" and original is not None:
+    if outcome.kind == FAILED and outcome.reason == Reason.REFUSED and original is not None:
         return signal_for(original)
     if outcome.reason in SILENT_REASONS:
         return T.Signal(T.STALL)

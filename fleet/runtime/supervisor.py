@@ -79,6 +79,8 @@ from fleet.rules.intensity import Deaths
 from fleet.runtime.lease_gate import LeaseGate, orchestrator_id
 from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED, SOLVED
+from fleet.rules.vocab import Reason
+from fleet.rules import cordon
 from fleet.host.sampler import PressureInput, QuotaWatcher, Sampler
 from fleet.shm.table import SlotTable
 from fleet.shm.table import layout as L
@@ -93,7 +95,7 @@ from fleet.rules.unit import (
 
 log = logging.getLogger("fleet.runtime.supervisor")
 
-_CANCELLED = Outcome(FAILED, "Cancelled")
+_CANCELLED = Outcome(FAILED, Reason.CANCELLED)
 
 #: Longest the loop sleeps with nothing to do (timers are checked at least this often).
 IDLE_WAIT_S = 0.1
@@ -510,9 +512,9 @@ class Supervisor:
         """(reason, detail) for a unit of role `code` accepted after the fleet closed or
         the role stopped; None while it may be queued."""
         if self._closing:
-            return "Shutdown", "the fleet closed before the unit was queued"
+            return Reason.SHUTDOWN, "the fleet closed before the unit was queued"
         if code in self._stopped_roles:
-            return "RoleStopped", self._stop_reasons.get(
+            return Reason.ROLE_STOPPED, self._stop_reasons.get(
                 code, f"role {self.roles.by_code(code).name} exceeded its restart intensity")
         return None
 
@@ -522,10 +524,10 @@ class Supervisor:
         the future, so the unit is counted and fails Shutdown, as the units queued at the
         stop did. Only the ledger is touched (it is thread-safe; the rest is the loop's)."""
         self.ledger.submitted(unit.unit_id)
-        self.ledger.record(unit.unit_id, FAILED, "Shutdown")
+        self.ledger.record(unit.unit_id, FAILED, Reason.SHUTDOWN)
         role = self.roles.by_code(unit.role).name
         _fail_future(unit.future, error_for(unit.unit_id, role, Outcome(
-            FAILED, "Shutdown", f"{error}: the unit was never queued")))
+            FAILED, Reason.SHUTDOWN, f"{error}: the unit was never queued")))
 
     def _turned_away_many(self, error: BaseException, units: list, *_rest) -> None:
         """A `submit_many` run the loop never accepted: each unit as `_turned_away`."""
@@ -606,7 +608,7 @@ class Supervisor:
                     # A broken FSM rule, not a dead worker: its own reason, and counted (status shows it).
                     self._fsm_refused(why)
                     self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
-                    self._close(g.unit_id, Outcome(FAILED, "FsmRefused", why))
+                    self._close(g.unit_id, Outcome(FAILED, Reason.FSM_REFUSED, why))
                     continue
             task = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags) + unit.body
             batch = sends.get(g.seat)
@@ -647,13 +649,13 @@ class Supervisor:
         sticky cause (lane-death, operator) never clears without an operator: waiting
         could last forever. (Units a worker holds back come home the same way.)
         """
-        if not self._closing or self.posture.posture != fsm.CORDONED:
+        if not self._closing:
             return
         for code, spec in enumerate(self.roles):
-            if spec.cordon_class != "deferrable" or not self.dispatcher.queued(code):
+            if not cordon.sheds_at_close(self.posture.posture, spec.class_code) or not self.dispatcher.queued(code):
                 continue
             for item in self.dispatcher.drain_queue(code):
-                self._fail_unstarted(item.unit_id, "Shutdown",
+                self._fail_unstarted(item.unit_id, Reason.SHUTDOWN,
                                      f"the fleet closed while cordoned ({self._held_by()}); it never ran")
 
     def _held_by(self) -> str:
@@ -729,7 +731,7 @@ class Supervisor:
         unit = self._end(unit_id)
         if unit is not None and cancel_future:
             unit.future.cancel()
-        self.ledger.record(unit_id, FAILED, "Cancelled")
+        self.ledger.record(unit_id, FAILED, Reason.CANCELLED)
         if self._providers is not None:
             self._providers.ended(unit_id, _CANCELLED)
         if self._gate is not None:
@@ -793,7 +795,7 @@ class Supervisor:
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)
             self._close_intake()  # nothing would ever run a unit submitted from here on
-            self._fail_everything("LaneDeath", "the supervisor loop crashed")
+            self._fail_everything(Reason.LANE_DEATH, "the supervisor loop crashed")
         finally:
             self._teardown()
             why = f"fleet {self.name!r} has stopped"
@@ -818,7 +820,7 @@ class Supervisor:
             self._check_deadlines(now)
         if self._stop_at is not None and now >= self._stop_at:
             self._stop_at = None
-            self._fail_queued("Shutdown", "the fleet stopped before it ran")
+            self._fail_queued(Reason.SHUTDOWN, "the fleet stopped before it ran")
         return ran >= INTAKE_BATCH
 
     def _sleep_for(self, now: float) -> float:
@@ -836,7 +838,7 @@ class Supervisor:
         for unit_id in gate.take_cancelled():
             self._forget(unit_id)
         for unit_id, _pending, why, refusal in gate.spent():
-            self._close(unit_id, Outcome(FAILED, "Refused", why), original=refusal)
+            self._close(unit_id, Outcome(FAILED, Reason.REFUSED, why), original=refusal)
         if gate.due():
             for unit_id, pending, route in gate.wake():
                 self._routed(unit_id, route)
@@ -903,7 +905,7 @@ class Supervisor:
         if status == M.ST_HELD_AT_CLOSE and unit is not None:
             self._vacate(slot)  # its lease never started: walk the slot home (T10)
             final = self.table.state(slot)[0]
-        if outcome.reason == "FsmRefused":
+        if outcome.reason == Reason.FSM_REFUSED:
             self._fsm_refused(f"unit {unit_id}: {outcome.detail}")
         if unit is not None:
             self.dispatcher.complete(unit_id, final)
@@ -1051,7 +1053,7 @@ class Supervisor:
             log.error("fleet %s: role %s stopped: %s; its queued units fail", self.name, name, why)
         self._stop_reasons[code] = why
         for item in self.dispatcher.drain_queue(code):
-            self._fail_unstarted(item.unit_id, "RoleStopped", why)
+            self._fail_unstarted(item.unit_id, Reason.ROLE_STOPPED, why)
         self._after_posture_change(self.posture.hold(posture_mod.LANE_DEATH, self.host.now_ms()))
 
     def _zygote_died(self) -> None:
@@ -1199,7 +1201,7 @@ class Supervisor:
         self._publish_posture()
         if change is None:
             return
-        if self.posture.posture == fsm.CORDONED:
+        if cordon.halts_any(self.posture.posture):
             for slot in self._running_deferrable():
                 self.table.transition(slot, fsm.DRAIN)
         self._last_change = change
@@ -1210,7 +1212,7 @@ class Supervisor:
         out = []
         for slot in range(len(self.layout.slots)):
             state, code, _key, _gen = self.table.state(slot)
-            if state == fsm.RUNNING and self.roles.by_code(code).cordon_class == "deferrable":
+            if state == fsm.RUNNING and cordon.yields(self.roles.by_code(code).class_code):
                 out.append(slot)
         return out
 
@@ -1230,7 +1232,7 @@ class Supervisor:
         now = self.host.now_ms()
         self.table.set_posture(
             p.posture,
-            cause=_cause_code(state, self._last_change),
+            cause=posture_mod.cause_code(state, self._last_change),
             since_ns=state.since_ms * 1_000_000,
             enter_count=state.enter_count,
             exit_count=state.exit_count,
@@ -1350,7 +1352,7 @@ class Supervisor:
             self._drop_waiting("", "", cancel=True)
         # Shutdown waits for queued units, but not for a provider's reopening: a closed
         # key may wait until midnight. Units still waiting for admission fail Shutdown.
-        self._drop_waiting("Shutdown", "the fleet closed while the unit waited for provider admission")
+        self._drop_waiting(Reason.SHUTDOWN, "the fleet closed while the unit waited for provider admission")
         self._dispatch()
 
     def _cancel_queued(self) -> None:
@@ -1373,7 +1375,7 @@ class Supervisor:
     def _stop(self, grace_s: float) -> None:
         self._close_intake()
         self._stop_at = self.host.monotonic() + grace_s
-        self._drop_waiting("Shutdown", "the fleet stopped while the unit waited for provider admission")
+        self._drop_waiting(Reason.SHUTDOWN, "the fleet stopped while the unit waited for provider admission")
 
     def _fail_queued(self, reason: str, detail: str) -> None:
         """Every unit not yet granted a slot fails with `reason`."""
@@ -1387,7 +1389,7 @@ class Supervisor:
 
     def _kill(self) -> None:
         self._close_intake()
-        self._fail_everything("Shutdown", "the fleet was stopped")
+        self._fail_everything(Reason.SHUTDOWN, "the fleet was stopped")
 
     def _stop_with(self, fn, *args, wait: bool) -> None:
         """Post a stop to the loop (a fleet that has stopped already stays stopped)."""
@@ -1533,6 +1535,17 @@ class Supervisor:
         code = self.roles.code(role)
         return self._call(lambda: self.dispatcher.queued(code), view=True)
 
+    def find_unit(self, unit_id: int) -> tuple[bool, Future | None]:
+        """(issued, future), read on the loop: whether this fleet ever handed out
+        `unit_id`, and the future of that unit while it is queued or running (None once
+        it ended). Every submit that returned before this call is seen."""
+        def look():
+            unit = self._units.get(unit_id)
+            # A look at the counter spends an id: ids are unique, not dense.
+            return 0 < unit_id < next(self._ids), None if unit is None else unit.future
+
+        return self._call(look, view=True)
+
     def inspect(self, fn, timeout: float | None = None):
         """Run ``fn(supervisor)`` on the loop and return what it returns (tests and tools
         that look inside: nothing else may read the loop's state from another thread).
@@ -1586,25 +1599,6 @@ def _fail_future(future: UnitFuture, error: BaseException) -> None:
     """Fail a future nobody resolved yet (a caller may have cancelled it meanwhile)."""
     if future.claim():
         future.settle(None, error, True)
-
-
-def _cause_code(state, change) -> int:
-    """Index into table.layout.POSTURE_CAUSES for the posture's current cause."""
-    if posture_mod.LANE_DEATH in state.causes:
-        return 3
-    if posture_mod.OPERATOR in state.causes:
-        return 4
-    if pressure_mod.CAUSE in state.causes:
-        return 5
-    if state.posture != fsm.CORDONED:
-        return 0
-    # Released, but still in its clean exit window: the cause that cordoned it.
-    reason = change.reason if change is not None else ""
-    if posture_mod.LANE_DEATH in reason:
-        return 3
-    if posture_mod.OPERATOR in reason:
-        return 4
-    return 2 if "duty" in reason else 1
 
 
 def _version() -> str:

@@ -34,7 +34,7 @@ import signal
 import time
 import traceback
 
-from fleet.rules import fsm
+from fleet.rules import cordon, fsm
 from fleet.shm import messages as M
 from fleet.runtime.codec import (MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps, error_parts, loads,
                                  refused_body, safe_str, split_route)
@@ -125,7 +125,7 @@ class Worker:
             return EXIT_RETIRED
 
     def _look_at_held(self) -> None:
-        if self.held and self.table.posture[0] == fsm.NOMINAL:
+        if self.held and not cordon.halts_any(int(self.table.posture[0])):
             self._retry_held()
         elif self.held and int(self.table.segment.header["flags"]) & FLAG_CLOSING:
             self._hand_back_held()

@@ -6,8 +6,8 @@
             ...
 
 `Client` offers what `fleet.Fleet` offers — ``submit``, ``map``, ``status``,
-``ledger``, ``shutdown`` (and ``posture_show`` / ``posture_set``) — over the fleet's
-control socket. Payloads are pickled here and unpickled only in a worker; values
+``ledger``, ``shutdown`` (and ``posture_show`` / ``posture_set``, ...) — over the fleet's
+control socket; its operator methods are made from the control ops (one per op). Payloads are pickled here and unpickled only in a worker; values
 come back pickled. Service-mode keys are ``str`` or ``int`` (they travel as JSON).
 
 Delivery. Each submit carries this client's random token and a sequence number;
@@ -83,6 +83,7 @@ from fleet.service.control import (
 from fleet.service.control import outcome_record
 from fleet.service.control.outcome_record import BadOutcomeRecord
 from fleet.rules.errors import FleetError
+from fleet.rules.vocab import Reason
 from fleet.api.executor import MAP_WINDOW, map_units, map_window
 from fleet.service.replays import RequestIdReused
 from fleet.rules.roles import UnknownRoleError
@@ -248,6 +249,17 @@ class _RemoteUnitFuture(Future):
         return super().cancel()
 
 
+def _with_op_methods(cls):
+    """Give ``cls`` a method for every op with one (`OpRegistry.client_methods`)."""
+    for name, method in control.OPS.client_methods().items():
+        if name in cls.__dict__:
+            raise TypeError(f"{cls.__name__}.{name} is written by hand and made from op too")
+        method.__qualname__ = f"{cls.__name__}.{name}"
+        setattr(cls, name, method)
+    return cls
+
+
+@_with_op_methods
 class Client(Executor):
     """A running fleetd, seen from another process. Build it with `fleet.connect`.
 
@@ -355,64 +367,9 @@ class Client(Executor):
         """Close now: pending futures fail with FleetClosed (the fleet keeps running)."""
         self.shutdown(wait=False)
 
-    # --- views --------------------------------------------------------------------------
-    def status(self) -> dict:
-        """What `fleetctl status --json` shows, plus the daemon's own ``daemon`` section."""
-        return self._call("status")
-
-    def ledger(self) -> dict:
-        """submitted, solved, suppressed, failed (+ in flight and failures by reason)."""
-        return self._call("ledger")
-
-    def posture_show(self) -> dict:
-        return self._call("posture_show")
-
-    def posture_set(self, **patch) -> dict:
-        """Retune posture thresholds; RemoteError ``PostureRetuneError`` (exit 78) if refused."""
-        return self._call("posture_set", patch=patch)
-
-    def posture_release(self, cause: str) -> dict:
-        """Release a sticky posture cause (``lane-death``, ``operator``); the posture view
-        with ``released`` (was it held)."""
-        return self._call("posture_release", cause=cause)
-
-    def ping(self) -> dict:
-        return self._call("ping")
-
-    def admission_show(self) -> dict:
-        """The provider admission's read model (see `fleet.Fleet.status`'s ``admission``)."""
-        return self._call("admission_show")
-
-    def admission_close(self, pool: str, until: float, message: str = "") -> dict:
-        """Close a provider or ``provider/credential`` until `until` (UTC epoch seconds)."""
-        return self._call("admission_close", pool=pool, until=float(until), message=message)
-
-    def admission_reopen(self, pool: str) -> dict:
-        """Reopen a closed provider or key; ``reopened``: whether it was closed."""
-        return self._call("admission_reopen", pool=pool)
-
-    def report_budget(self, provider: str, spent: float, limit: float | None = None) -> dict:
-        """As `fleet.Fleet.report_budget`: the provider's daily budget reading (RemoteError ``BadBudget``)."""
-        return self._call("admission_budget", provider=provider, spent=spent, limit=limit)
-
-    # -- the provider admission's coordinator API: questions any connected peer may ask
-    def admission_allowance(self, lane: str | None) -> int | None:
-        """As `fleet.Fleet.admission_allowance`: None, or 0 while every route of the lane is held back."""
-        return self._call("admission_allowance", lane=lane)["allowance"]
-
-    def admission_plan(self, lane: str | None, route, wanted: int, pinned: bool = False) -> int:
-        """As `fleet.Fleet.admission_plan`: how many of `wanted` units on `route` would start now. A route
-        outside the catalog: RemoteError ``BadPlan``; a route that is not a `fleet.Route`: BadPlan
-        (nothing sent); other malformed arguments: ProtocolError ``InvalidArgs``."""
-        if type(route) is not Route:
-            from fleet.runtime.provider_gate import BadPlan
-
-            raise BadPlan(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
-        return self._call("admission_plan", lane=lane, route=str(route), wanted=wanted, pinned=pinned)["starts"]
-
-    def admission_starving(self) -> list[dict]:
-        """As `fleet.Fleet.admission_starving`."""
-        return self._call("admission_starving")["starving"]
+    # --- the operator ops: one method per op of the registry (`fleet.service.control.ops.OPS`),
+    # made by `_with_op_methods` below from each op's client half (status, ledger,
+    # posture_show, posture_set, drain, cancel, admission_close, report_budget, ...).
 
     def __repr__(self) -> str:
         return f"<fleet.Client {self.name!r} at {self.path}>"
@@ -474,8 +431,7 @@ class Client(Executor):
         if unit is None:
             return True  # never admitted: nothing runs
         try:
-            with self._requests.lock:
-                reply = self._requests.call("cancel", unit=unit)
+            reply = self.cancel(unit)
         except (FleetError, OSError) as exc:
             log.debug("fleet %s: cannot cancel unit %s in the fleet: %s", self.name, unit, exc)
             return True
@@ -597,7 +553,7 @@ class Client(Executor):
             if entry is None:
                 continue  # not ours any more (a submit that raised), or delivered already
             fut, role = entry
-            if record.reason == "Cancelled" and getattr(fut, "cancelling", False):
+            if record.reason == Reason.CANCELLED and getattr(fut, "cancelling", False):
                 Future.cancel(fut)  # the outcome of our own cancel: the future ends cancelled
                 continue
             if not fut.set_running_or_notify_cancel():

@@ -51,6 +51,7 @@ from typing import Any
 
 from fleet.service import control, replays, sdnotify
 from fleet.runtime.config import FleetConfig, load_config
+from fleet.runtime.facade import LoopOperations
 from fleet.service.control import outcome_record
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
 
@@ -329,9 +330,9 @@ class Daemon:
         self.sup = None
         self.server: control.ControlServer | None = None
         self.calls: control.CallQueue | None = None
+        self.handler: ServedOperations | None = None  # what the control ops run against
         self.store = OutcomeStore(clock=clock)
         self.replays = replays.Replays(clock=clock)  # submits made at most once per request_id
-        self._units: dict[int, Future] = {}  # admitted and not ended, for `cancel`
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = self._wake_w = -1
         self._stopping: str | None = None  # None, "drain" or "kill"
@@ -380,9 +381,10 @@ class Daemon:
                               readers_group=self.options.socket_group,
                               closure_file=default_closure_file(name, self.env)).start()
         try:
+            self.handler = ServedOperations(self)
             self.calls = control.CallQueue(wakeup=self._wake)
             self.server = control.ControlServer(
-                path, control.with_blocking_ops(self, self.calls.submit),
+                path, control.with_blocking_ops(self.handler, self.calls.submit),
                 group=self.options.socket_group, mode=self.options.socket_mode,
             ).start()
         except BaseException:
@@ -404,7 +406,7 @@ class Daemon:
                 while self._signals:
                     name = self.SIGNALS[self._signals.popleft()]
                     getattr(self, f"handle_{name}")()
-                self.calls.run_pending(self)
+                self.calls.run_pending(self.handler)
                 self.store.expire()
                 now = self.clock()
                 self._heartbeat(now)
@@ -549,7 +551,7 @@ class Daemon:
         if new.name != self.config.name:
             raise ConfigReloadError(f"the config now names fleet {new.name!r}, not {self.config.name!r}; "
                                     "a fleet cannot be renamed live (start it under the new name)")
-        result = self.sup.reload(new)
+        result = self.handler.reload(new)
         if "roles" not in result["needs_restart"]:
             # Keep what was applied (queue bounds for submit replies); roles that need
             # a restart keep the running definition.
@@ -558,98 +560,60 @@ class Daemon:
             self.config = dataclasses.replace(self.config, posture=new.posture)
         return result
 
-    # ------------------------------------------------------------------ control ops (on the loop)
-    def status(self) -> dict:
-        from fleet.shm.status import gather
 
-        doc = gather(self.config.name)
-        doc["admission"] = self.sup.admission_census()
-        doc["daemon"] = {"pid": os.getpid(), "draining": self._draining, "stopping": self._stopping,
-                         "clients": self.store.tokens(), "outcomes_held": self.store.undelivered()}
+class ServedOperations(LoopOperations):
+    """fleetd's control handler (`control.ControlHandler`): the fleet's operations, each a
+    command on the supervisor's loop (`LoopOperations`, as the embedded Fleet has them),
+    with what only fleetd adds: its own section of the status, its drain flag (for the
+    STATUS= line), and its clients' ``submit`` and ``collect``. Runs on the daemon's loop."""
+
+    def __init__(self, daemon: Daemon):
+        super().__init__(daemon.sup)
+        self._daemon = daemon
+
+    def status(self) -> dict:
+        doc = super().status()
+        daemon = self._daemon
+        doc["daemon"] = {"pid": os.getpid(), "draining": daemon._draining, "stopping": daemon._stopping,
+                         "clients": daemon.store.tokens(), "outcomes_held": daemon.store.undelivered()}
         return doc
 
-    def posture_show(self) -> dict:
-        return self.sup.posture_show()
-
-    def posture_set(self, patch: dict[str, Any]) -> dict:
-        return self.sup.posture_set(patch)
-
-    def posture_release(self, cause: str) -> dict:
-        return self.sup.release(cause)
-
     def drain(self) -> dict:
-        self.sup.drain()
-        self._draining = True
-        return {"draining": True}
+        result = super().drain()
+        self._daemon._draining = True
+        return result
 
     def resume(self) -> dict:
-        self.sup.resume()
-        self._draining = False
-        return {"draining": False}
-
-    def ledger(self) -> dict:
-        return self.sup.ledger_counts().to_dict()
+        result = super().resume()
+        self._daemon._draining = False
+        return result
 
     def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
                request_id, token: str | None = None, seq: int | None = None, chunk: bool = False, route=None,
                severity: str | None = None, pinned: bool = False, parent: int | None = None,
                tag: str | None = None, age: float = 0.0) -> dict:
+        daemon = self._daemon
         if token is not None:
-            self.store.hold(token)
+            daemon.store.hold(token)
         same = replays.identity(role, payload, key, lane, chunk, route)
         # A retry of a submit whose reply was lost: the unit admitted the first time
         # answers it (its outcome goes to this token too); nothing runs twice.
-        fut = None if request_id is None else self.replays.find(request_id, same)
+        fut = None if request_id is None else daemon.replays.find(request_id, same)
         replayed = fut is not None
         if not replayed:
             body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
             # block=False: this loop serves every client; a full queue is the client's QueueFull.
-            fut = self.sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
+            fut = self._sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
                                   request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
                                   parent=parent, tag=tag, age=age, block=False, **body)
-            units = self._units
-            units[fut.unit_id] = fut
-            fut.add_done_callback(lambda f: units.pop(f.unit_id, None))
             if request_id is not None:
-                self.replays.admitted(request_id, same, fut)
+                daemon.replays.admitted(request_id, same, fut)
         if token is not None:
-            store = self.store
+            store = daemon.store
             fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
-        spec = self.config.roles[role]
+        spec = daemon.config.roles[role]
         return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
-
-    def cancel(self, unit: int) -> dict:
-        # The supervisor claims a unit's future as it grants it a slot: a future still
-        # pending is a unit that has not started, and cancelling it is final (the
-        # supervisor skips it and records Cancelled; its client gets that outcome).
-        fut = self._units.get(unit)
-        if fut is None:
-            return {"unit": unit, "cancelled": False, "state": "ended"}
-        if fut.cancel():
-            return {"unit": unit, "cancelled": True, "state": "cancelled"}
-        return {"unit": unit, "cancelled": False, "state": "ended" if fut.done() else "running"}
-
-    def admission_show(self) -> dict:
-        return self.sup.admission_census()
-
-    def admission_close(self, pool: str, until: float, message: str) -> dict:
-        return self.sup.admission_close(pool, until, message)
-
-    def admission_reopen(self, pool: str) -> dict:
-        return self.sup.admission_reopen(pool)
-
-    def admission_budget(self, provider: str, spent: float, limit: float | None) -> dict:
-        return self.sup.admission_report_budget(provider, spent, limit)
-
-    def admission_allowance(self, lane):
-        return self.sup.admission_ask(lambda gate: gate.allowance(lane))
-
-    def admission_plan(self, lane, route, wanted: int, pinned: bool) -> int:
-        return self.sup.admission_ask(lambda gate: gate.plan(lane, route, wanted, pinned))
-
-    def admission_starving(self) -> list:
-        return self.sup.admission_ask(lambda gate: gate.starving())
 
     # ------------------------------------------------------------------ the blocking op (off the loop)
     def collect(self, *, token: str, timeout: float, ack: int | None = None) -> Future:
-        return self.store.collect(token, timeout, ack)
+        return self._daemon.store.collect(token, timeout, ack)

@@ -277,7 +277,7 @@ def attach(fleet: str, kind: Kind, *, writable: bool, trust: frozenset[int] | No
     try:
         shm = posix_ipc.SharedMemory(seg, read_only=not writable)  # flags=0: open only, no size
     except posix_ipc.ExistentialError:
-        raise kind.errors.not_found(f"fleet {fleet!r} is not running (no {kind.label} {seg})") from None
+        raise kind.errors.not_found(f"fleet {fleet!r} is not running (no {kind.label} {path(fleet, kind)})") from None
     except posix_ipc.PermissionsError:
         raise kind.errors.denied(_denied(fleet, kind, "read-write" if writable else "read-only")) from None
     try:

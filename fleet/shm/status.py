@@ -18,6 +18,7 @@ import time
 from fleet.rules.budget import json_number
 from fleet.rules.errors import NotRunning
 from fleet.rules.outcomes import reason_name
+from fleet.rules.when import utc
 from fleet.shm.table import TableNotFound, snapshot
 from fleet.shm.table import bulkheads as table_bulkheads
 from fleet.shm.table import layout as L
@@ -167,6 +168,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "mode": meta.get("mode"),
         "socket": meta.get("socket"),
         "created_ns": snap.created_ns,
+        "created_utc": utc(snap.created_ns / 1e9),
         "uptime_s": round(max(0, wall_ns - snap.created_ns) / 1e9, 3),
         "closing": bool(snap.flags & L.FLAG_CLOSING),
         "plan": meta.get("plan"),

@@ -311,6 +311,69 @@ def test_next_wake_says_when_a_waiting_unit_may_start():
     assert pool.next_wake() == pytest.approx(pool.now().mono + 10)  # the next probe
 
 
+def test_next_wake_hears_a_backoff_end_while_another_pool_still_backs_off():
+    # The burst's shape: GLM_OR backs off 10 s, its alternative GLM_AZ then 30 s. The unit
+    # waits for GLM_OR; once GLM_OR's backoff has ended it may start at once, not at GLM_AZ's end.
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": ["glm-5.3-review@azure-eu"]}))
+    pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=10), pool.now(), pool.policy)
+    pool.state = T.report(pool.state, GLM_AZ, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    assert pool.admit(1, GLM_OR).action == S.WAIT
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 10)
+    clock.advance(10.5)  # the loop looks a little after the instant it was told
+    assert pool.next_wake() == pytest.approx(pool.now().mono)
+    assert [(u, d.route) for u, d in pool.wake()] == [(1, GLM_OR)]
+
+
+def test_next_wake_after_a_wake_waits_for_the_next_change_not_now():
+    # control of the above: news heard once is not news again (no wake on every turn of the loop)
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}, pinned_tags=["fixer"]))
+    pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=10), pool.now(), pool.policy)
+    pool.state = T.report(pool.state, GLM_AZ, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    assert pool.admit(1, GLM_AZ, tag="fixer").action == S.WAIT  # pinned to the pool that holds longer
+    clock.advance(10.5)
+    assert pool.next_wake() == pytest.approx(pool.now().mono)  # GLM_OR's end: news, though not for unit 1
+    assert pool.wake() == []
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 19.5)  # GLM_AZ's end
+
+
+def _waiting_on_a_closed_key_while_azure_backs_off():
+    """Unit 1 waits for GLM_OR, whose key is closed for an hour, while GLM_AZ backs off 30 s."""
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    pool.close("openrouter-eu", until=pool.now().wall + 3600)
+    pool.state = T.report(pool.state, GLM_AZ, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    assert pool.admit(1, GLM_OR).action == S.WAIT
+    return pool, clock
+
+
+def test_next_wake_is_now_after_an_operator_lifts_a_closure_while_another_pool_backs_off():
+    pool, clock = _waiting_on_a_closed_key_while_azure_backs_off()
+    clock.advance(1)
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 9)  # its probe
+    pool.reopen("openrouter-eu")
+    assert pool.next_wake() == pytest.approx(pool.now().mono)
+    assert [u for u, _d in pool.wake()] == [1]
+
+
+def test_next_wake_is_now_after_a_clean_probe_reopens_a_key_while_another_pool_backs_off():
+    pool, clock = _waiting_on_a_closed_key_while_azure_backs_off()
+    clock.advance(10)
+    assert [(u, d.probe) for u, d in pool.wake()] == [(1, True)]
+    assert pool.admit(2, GLM_OR).action == S.WAIT
+    pool.report(1, T.Signal.clean())  # the key works again
+    assert pool.next_wake() == pytest.approx(pool.now().mono)
+    assert [u for u, _d in pool.wake()] == [2]
+
+
+def test_next_wake_is_now_after_a_reload_gives_a_waiting_unit_an_alternative():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
+    pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
+    assert pool.admit(1, GLM_OR).action == S.WAIT
+    assert pool.next_wake() == pytest.approx(pool.now().mono + 30)
+    assert pool.holder.reload(catalog(alternatives={"glm-5.3-review": ["glm-5.3-review@azure-eu"]}))[0]
+    assert pool.next_wake() == pytest.approx(pool.now().mono)
+    assert [(u, d.route) for u, d in pool.wake()] == [(1, GLM_AZ)]
+
+
 def test_next_wake_is_now_while_units_wait_and_nothing_holds_them():
     pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}))
     pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=30), pool.now(), pool.policy)
@@ -319,3 +382,27 @@ def test_next_wake_is_now_while_units_wait_and_nothing_holds_them():
     assert pool.next_wake() == pytest.approx(pool.now().mono)
     assert [u for u, _d in pool.wake()] == [1]
     assert pool.next_wake() is None  # control: no unit waits
+
+
+def test_the_census_keeps_every_closure_renewed_as_one_and_ended_where_it_was_lifted():
+    pool, clock = make_pool(policy(alternatives={"glm-5.3-review": []}, daily_limit_probe_every=10))
+    daily = signal_for(Refused(403, "Key limit exceeded (daily limit)"))
+    assert pool.admit(1, GLM_OR).action == S.ADMIT
+    pool.report(1, daily)  # closes the key until midnight
+    since = pool.now().wall
+    for unit in (2, 3):  # a refused probe renews the closure: the same one goes on
+        clock.advance(10)
+        assert pool.admit(unit, GLM_OR).probe
+        pool.report(unit, daily)
+    clock.advance(10)
+    assert pool.admit(4, GLM_OR).probe
+    pool.report(4, T.Signal.clean())  # the topped-up key passes: lifted
+    census = pool.census()
+    assert census["closures"] == []  # control: nothing live any more
+    (entry,) = census["closure_history"]
+    assert (entry["provider"], entry["cause"], entry["since"]) == ("openrouter-eu", "daily-limit", since)
+    assert entry["until"] == pool.now().wall and entry["lifted"] is True
+    pool.close("azure-eu", until=pool.now().wall + 60)  # one that ends by itself keeps its end
+    clock.advance(61)
+    assert [(e["provider"], e["until"] - e["since"], e["lifted"]) for e in pool.census()["closure_history"]] == [
+        ("openrouter-eu", 30.0, True), ("azure-eu", 60.0, False)]

@@ -589,17 +589,6 @@ def test_a_store_of_schema_1_is_migrated_with_its_closures(store_url, clock):
             ("openai", None, 2000000.0, "daily limit", True, "orch-x")]
 
 
-def test_a_store_of_schema_2_is_migrated_and_keeps_its_requests(store_url, clock):
-    with open_store(store_url, actor="orch-a", clock=clock) as s:
-        s.submit(req("kept"))
-    _exec(store_url, ["DROP TABLE orchestrators", "UPDATE schema_version SET version = 2"])
-    with open_store(store_url, actor="orch-a", clock=clock) as s:
-        assert s.check().schema_version == 3
-        assert s.get("kept").state == ADMITTED
-        assert s.heartbeat(5.0).lapses_at == clock.now + 5.0
-        assert [o.id for o in s.orchestrators()] == ["orch-a"]
-
-
 # ----------------------------------------------------------------------------- schema and reachability
 
 

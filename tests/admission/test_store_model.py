@@ -236,10 +236,12 @@ def machine_for(new_url):
                 return
             m = self.model.recs[rid]
             if not cancel and m["state"] == "admitted" and m["lease_expires"] > self.clock.now:
-                # the owner gives back its current lease: the store frees it without its lock
-                # and reconciles nothing (the next reconciling call hands the capacity on)
+                # the owner gives back its current lease: the store frees it without its lock,
+                # then, if anything waits, reconciles in the same call to hand the capacity on
                 owner.release(rid, m["revision"])
                 m["state"] = "released"
+                if any(r["state"] == "queued" for r in self.model.recs.values()):
+                    self.model.reconcile(self.clock.now, m["orchestrator"])
                 return
             self.model.reconcile(self.clock.now, m["orchestrator"])
             if cancel:

@@ -271,3 +271,34 @@ def test_admission_through_the_fleet_loses_no_round_of_burst_35(tmp_path):
     assert adm["moved"] >= 1 and adm["admission_moved"] >= adm["moved"]
     # a follow-up comes after its parent ended: it is no delegation (a parent must be running)
     assert adm["delegated"] == 0
+
+
+def test_a_closure_lifted_before_the_modes_end_is_in_the_report_and_its_timeline(tmp_path):
+    """A key meets its daily limit at 10 s and is topped up at 40 s: the round refused there waits,
+    is the probe every 10 s, and runs once a probe passes; the closure is over before the mode ends.
+    The report still lists it (admission_closures, from its refusal to its end) and the timeline
+    draws it, though no round ended on the 403 and no closure is live at the end."""
+    from fleet.burst.report import figure
+    from fleet.burst.runner import replay
+    from fleet.burst.trace import load
+
+    header = {"format": FORMAT, "version": VERSION, "name": "topup", "start": "2026-10-07T09:00:00Z", "seed": 1,
+              "horizon_s": 300, "admission": {"daily_limit_probe_every": 10},
+              "keys": [{"credential": "k", "provider": "p", "daily_limit_at": [10], "top_ups": [40]}],
+              "pools": [{"model": "m", "provider": "p", "k": 8, "latency": {"median_s": 2, "sigma": 0}}]}
+    route = {"model": "m", "provider": "p", "credential": "k"}
+    rows = [json.dumps(header)] + [json.dumps({"t": t, "id": f"r{i}", "role": "review", "lane": "review",
+                                               "route": route}) for i, t in enumerate((0.0, 12.0))]
+    path = tmp_path / "topup.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    rep = replay(load(str(path)), modes=("admission",), speed=20.0, progress=False, name=f"tu{os.getpid()}")
+    m = rep["modes"][0]
+    assert m["ok"] == 2 and m["refusals_met"]["403"] >= 1, m["round_log"]  # refused, waited, ran
+    (closure,) = m["admission_closures"]  # refused probes renew it: one closure
+    assert (closure["provider"], closure["credential"], closure["cause"]) == ("p", "k", "daily-limit")
+    assert 10.0 <= closure["from"] < 40.0  # from the round's refusal ...
+    # ... to the clean probe that lifted it (after the top-up), not to its midnight
+    assert 40.0 <= closure["until"] < header["horizon_s"]
+    fig = figure(rep)
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any(n.startswith("closed 09:00") for n in notes), notes  # drawn where it began (UTC)

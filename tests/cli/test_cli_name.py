@@ -111,7 +111,7 @@ def test_bad_environment_name_does_not_matter_under_an_explicit_name(table, flee
     assert json.loads(out)["fleet"] == fleet_name
 
 
-@pytest.mark.parametrize("command", [["plan", "--cpus", "2"], ["leases"], ["store", "check"]], ids=" ".join)
+@pytest.mark.parametrize("command", [["leases"], ["store", "check"]], ids=" ".join)
 def test_name_on_a_command_that_addresses_no_fleet_is_refused(capsys, no_env_name, command):
     rc, out, err = run(capsys, "--name", "demo", *command)
     assert rc == EXIT_USAGE and out == ""

@@ -2,8 +2,12 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from fleet.cli import fleetctl
+import pytest
+
+from fleet.cli import cmd_plan, fleetctl
+from fleet.runtime.config import CONFIG_DIR
 from fleet.rules.errors import EXIT_BELOW_HOST_FLOOR, EXIT_BUDGET_OVER_QUOTA, EXIT_CONFIG
 
 
@@ -114,3 +118,39 @@ def test_override_of_a_share_that_follows_slots_says_so(tmp_path, capsys):
     rc, out, _ = plan(capsys, "--cpus", "8", "--config", str(cfg))
     row = next(line for line in out.splitlines() if line.startswith("w "))
     assert rc == 0 and "override; its share would follow its slots" in row and "None" not in row
+
+
+# --- what is planned: --config, else /etc/fleet/<name>.toml, else the reference profile --------------
+
+
+def test_without_a_config_the_first_line_says_reference_profile(capsys, monkeypatch):
+    monkeypatch.delenv("FLEET_NAME", raising=False)
+    monkeypatch.setattr(cmd_plan, "installed_config", lambda name: None)
+    rc, out, _ = plan(capsys, "--cpus", "8")
+    first = out.splitlines()[0]
+    assert rc == 0 and "reference profile" in first and "solver" in first and "/etc/fleet/fleet.toml" in first
+    rc, out, _ = plan(capsys, "--cpus", "8", "--json")
+    assert json.loads(out)["config"] is None
+
+
+def test_the_config_given_is_named_on_the_first_line(tmp_path, capsys):
+    cfg = tmp_path / "mine.toml"
+    cfg.write_text('[fleet]\nname = "mine"\n[roles.w]\nhandler = "tests.handlers:square"\nslots = 2\n')
+    rc, out, _ = plan(capsys, "--cpus", "4", "--config", str(cfg))
+    assert rc == 0 and out.splitlines()[0].split()[1:] == [str(cfg), "(fleet", "mine)"]
+    assert "solver" not in out and "  w: 2 slots" in out
+
+
+@pytest.mark.root
+def test_the_fleets_installed_config_is_planned_when_no_config_is_given(fleet_name, capsys):
+    installed = Path(CONFIG_DIR) / f"{fleet_name}.toml"
+    installed.parent.mkdir(parents=True, exist_ok=True)
+    installed.write_text(f'[fleet]\nname = "{fleet_name}"\n[roles.w]\nhandler = "tests.handlers:square"\nslots = 3\n')
+    try:
+        rc, out, _ = plan(capsys, "--name", fleet_name, "--cpus", "4")
+        assert rc == 0 and out.splitlines()[0].split()[1] == str(installed)
+        assert "  w: 3 slots" in out and "reference profile" not in out
+        rc, out, _ = plan(capsys, "--cpus", "4", "--name", "other-than-" + fleet_name[:8])
+        assert "reference profile" in out.splitlines()[0]
+    finally:
+        installed.unlink()

@@ -9,7 +9,8 @@ import tempfile
 
 import pytest
 
-from fleet.cli import cmd_posture, fleetctl
+from fleet.cli import fleetctl
+from fleet.service.control import terminal
 from fleet.service.control import ControlClient, ControlServer, encode_request, inline_dispatch
 from fleet.rules.errors import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_USAGE
 from fleet.rules.posture import DEFAULT_POLICY, PostureOwner
@@ -184,7 +185,7 @@ def test_malformed_assignments_are_usage_errors(daemon, fleet_name, capsys, argv
                     ("abc", "abc"), ("inf", "inf"), ("nan", "nan")]
 )
 def test_parse_value(text, value):
-    assert cmd_posture.parse_value(text) == value and type(cmd_posture.parse_value(text)) is type(value)
+    assert terminal.parse_value(text) == value and type(terminal.parse_value(text)) is type(value)
 
 
 # --- posture release --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -179,10 +180,13 @@ def test_human_table_shows_every_section(table, fleet_name, capsys):
     for needle in (
         "profile auto -> pinned binding", "quota 8 CPUs", "oversubscribed no", "tier refused -",
         "consumer", "ambient_io", "run-queue delay from", "Cordoned (cause throttle-events)",
-        "entered 3, exited 2", "intake suppressed 17", "duty > 2.5%", "submitted 40",
+        "entered 3, exited 2", "intake suppressed 17", "duty > 2.5%", "units submitted 40",
+        "one chunk of a map: up to chunksize items",
         "LaneDeath 3", "slot FSM refusals: 4", "11/64",
     ):
         assert needle in out, needle
+    # when it started, in UTC ISO 8601 (the table's creation time)
+    assert re.search(r" up \S+ \(since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\)", out.splitlines()[0]), out.splitlines()[0]
     census = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ") and line.split()[0].isdigit()}
     assert census["1"][2:5] == ["solver", "Pinned", "9"] and census["1"][6:8] == ["1", "pinned"]
     assert census["2"][6:8] == ["0-1", "shared"] and census["3"][7] == "logical"
@@ -228,6 +232,8 @@ def test_not_running_exits_69(fleet_name, capsys):
     rc, out, err = status(capsys, "--name", fleet_name)
     assert rc == EXIT_NOT_RUNNING and out == ""
     assert err.count("\n") == 1 and "NotRunning" in err and fleet_name in err
+    # a path one can look at (ls /dev/shm), not the shared-memory object's name
+    assert f"(no table /dev/shm/fleet.{fleet_name})" in err
 
 
 def test_bad_name_is_refused(capsys):
@@ -307,7 +313,6 @@ def test_fleetctl_routes_each_command_to_its_module_and_knows_the_default_name()
     from fleet.runtime.config import FleetConfig
 
     assert _common.DEFAULT_NAME == FleetConfig.name
-    assert sorted(fleetctl.MODULE_OF.values()) == sorted(fleetctl.COMMANDS)
     for name, module in fleetctl.MODULE_OF.items():
         assert importlib.import_module(f"fleet.cli.{module}").NAME == name
 
@@ -361,8 +366,8 @@ def test_status_with_a_config_before_boot_prints_the_projection(tmp_path, fleet_
     for needle in (f"fleet {fleet_name}  NOT RUNNING (not booted)  projection from {path}",
                    "booted no  profile serial -> serial binding  quota 2 CPUs (configured fleet.cpus; detected",
                    "serial-0", "seats     1 worker process(es); slots 3",
-                   "processes sq: 2 slots on 1 process: at most 1 unit at once",
-                   "idle: 1 slot, no process (no handler: declared, not run)"):
+                   "processes sq: 2 slots on 1 worker process: at most 1 unit at once",
+                   "idle: 1 slot, no worker process (no handler: declared, not run)"):
         assert needle in out, (needle, out)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from fleet.cli import cmd_leases, cmd_store, fleetctl
 from ..store_backends import FakeClock, backend, pg_dsn, store_url, stores  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+ISO_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
 def fleetctl_json(capsys, *argv):
@@ -61,6 +63,8 @@ def test_leases_row_ages_the_priority_and_marks_expiry():
     # a lease no longer waits: it keeps its base priority
     assert (row["effective_priority"], row["waited_s"], row["lease_expires_in_s"]) == (2, 25, -20)
     assert "expired" in cmd_leases.render([row])
+    expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock.now + 5))
+    assert row["lease_expires_utc"] == expiry and f"(until {expiry})" in cmd_leases.render([row])
 
 
 def test_leases_lists_live_and_lapsed_orchestrators(store_url, capsys):
@@ -74,6 +78,61 @@ def test_leases_lists_live_and_lapsed_orchestrators(store_url, capsys):
     rc, text = fleetctl_json(capsys, "leases", "--store", store_url)
     assert any(line.split()[:2] == ["orch-gone", "lapsed"] for line in text.splitlines())
     assert any(line.split()[:2] == ["orch-live", "live"] for line in text.splitlines())
+
+
+_BEATER = """
+import sys, time
+from admission.store import Request, open_store
+url, actor, window, every = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+with open_store(url, actor=actor) as s:
+    s.heartbeat(window)
+    s.submit(Request(actor + "-job", actor, "prod", "openai", "host"))
+    print("beating", flush=True)
+    while True:
+        time.sleep(every)
+        s.heartbeat(window)
+"""
+
+
+def _beater(url, actor, window, every=0.1):
+    """An orchestrator process that heartbeats in `url` every `every` s for `window` s, with a request queued."""
+    p = subprocess.Popen([sys.executable, "-c", _BEATER, url, actor, str(window), str(every)], cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "beating"
+    return p
+
+
+def test_leases_shows_two_heartbeating_orchestrators_and_a_lapsed_one(store_url):
+    with open_store(store_url, actor="setup") as s:
+        s.set_policy(Policy.build(aging_interval=3600))
+    procs = [_beater(store_url, "orch-b", 60.0), _beater(store_url, "orch-c", 60.0),
+             _beater(store_url, "orch-a", 0.5, every=0.1)]
+    try:
+        procs[2].kill()  # orch-a dies: its last beat lapses 0.5 s later
+        procs[2].wait(30)
+        with open_store(store_url, actor="watch") as s:
+            lapses = next(o.lapses_at for o in s.orchestrators() if o.id == "orch-a")
+        time.sleep(max(0.0, lapses - time.time()) + 0.2)
+        p = _run("leases", "--store", store_url, "--json")
+        assert p.returncode == 0, p.stderr
+        beats = {o["id"]: o for o in json.loads(p.stdout)["orchestrators"]}
+        assert [(o, beats[o]["state"]) for o in sorted(beats)] == [
+            ("orch-a", "lapsed"), ("orch-b", "live"), ("orch-c", "live")]
+        assert beats["orch-a"]["lapses_in_s"] < 0 and beats["orch-a"]["up_s"] is None
+        for live in ("orch-b", "orch-c"):
+            assert 0 < beats[live]["lapses_in_s"] <= 60 and beats[live]["up_s"] >= beats[live]["beat_s_ago"] >= 0
+        p = _run("leases", "--store", store_url)
+        assert p.returncode == 0, p.stderr
+        table = p.stdout.split("\n\n", 1)[1].splitlines()
+        assert table[0].split() == ["ORCHESTRATOR", "STATE", "LAST", "BEAT", "LAPSE"]
+        rows = {line.split()[0]: line.split() for line in table[1:]}
+        assert sorted(rows) == ["orch-a", "orch-b", "orch-c"]
+        assert rows["orch-a"][1] == "lapsed" and rows["orch-a"][-1] == "ago"  # "lapsed ... 0.3s ago"
+        assert all(rows[o][1] == "live" and rows[o][-2] == "in" for o in ("orch-b", "orch-c"))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(30)
 
 
 def test_store_url_from_the_environment(store_url, capsys, monkeypatch):
@@ -117,6 +176,10 @@ def test_store_events_lists_the_audit_trail(store_url, capsys):
     rc, events = fleetctl_json(capsys, "store", "events", "--store", store_url, "--request", "held", "--json")
     assert rc == 0 and [e["kind"] for e in events] == ["queued", "admitted"]
     assert events[0]["actor"] == "orch-a"
+    # a person reads UTC ISO 8601; JSON keeps the number beside it
+    assert all(isinstance(e["at"], float) and ISO_MS.fullmatch(e["at_utc"]) for e in events), events
+    rc, text = fleetctl_json(capsys, "store", "events", "--store", store_url, "--request", "held")
+    assert rc == 0 and all(ISO_MS.fullmatch(line.split()[1]) for line in text.splitlines()), text
 
 
 def _run(*argv):

@@ -101,15 +101,18 @@ def test_processes_count_the_seats_that_run_a_role():
 
 
 @pytest.mark.parametrize("row, text", [
-    ({"role": "w", "slots": 4, "processes": 1}, "w: 4 slots on 1 process: at most 1 unit at once"),
-    ({"role": "w", "slots": 4, "processes": 2}, "w: 4 slots on 2 processes: at most 2 units at once"),
-    ({"role": "w", "slots": 2, "processes": 2}, "w: 2 slots on 2 processes"),
-    ({"role": "w", "slots": 1, "processes": 1}, "w: 1 slot on 1 process"),
+    ({"role": "w", "slots": 4, "processes": 1}, "w: 4 slots on 1 worker process: at most 1 unit at once (a CPU-bound process runs one at a time)"),
+    ({"role": "w", "slots": 4, "processes": 2}, "w: 4 slots on 2 worker processes: at most 2 units at once (a CPU-bound process runs one at a time)"),
+    ({"role": "w", "slots": 2, "processes": 2}, "w: 2 slots on 2 worker processes"),
+    ({"role": "w", "slots": 1, "processes": 1}, "w: 1 slot on 1 worker process"),
     ({"role": "w", "slots": 8, "processes": 1, "io_bound": True},
-     "w: 8 slots on 1 process, I/O-bound: each runs up to its slots at once"),
+     "w: 8 slots on 1 worker process, I/O-bound: up to 8 units at once"),
     ({"role": "w", "slots": 2, "processes": 1, "shared_with": ["v"]},
-     "w: 2 slots on 1 process (shared with v): at most 1 unit at once"),
-    ({"role": "w", "slots": 2, "processes": 0}, "w: 2 slots, no process (no handler: declared, not run)"),
+     "w: 2 slots on 1 worker process shared with v: at most 1 unit at once (a CPU-bound process runs one at a time)"),
+    ({"role": "w", "slots": 4, "processes": 5, "shared_with": ["u", "v"], "io_bound": True},
+     "w: 4 slots on any of 5 worker processes shared with u, v, I/O-bound: up to 4 units at once"),
+    ({"role": "w", "slots": 1, "processes": 5, "shared_with": ["v"]}, "w: 1 slot on any of 5 worker processes shared with v"),
+    ({"role": "w", "slots": 2, "processes": 0}, "w: 2 slots, no worker process (no handler: declared, not run)"),
 ])
 def test_describe(row, text):
     assert describe(row) == text
@@ -127,8 +130,8 @@ def test_serial_roles_share_their_one_process():
 W_TOML = '[fleet]\nname = "w"\n[roles.w]\nhandler = "tests.handlers:square"\nslots = 4\n'
 
 
-@pytest.mark.parametrize("q, text", [("2", "w: 4 slots on 1 process"), ("4", "w: 4 slots on 2 processes"),
-                                     ("8", "w: 4 slots on 4 processes")])
+@pytest.mark.parametrize("q, text", [("2", "w: 4 slots on 1 worker process"), ("4", "w: 4 slots on 2 worker processes"),
+                                     ("8", "w: 4 slots on 4 worker processes")])
 def test_plan_says_how_many_processes_a_role_gets(tmp_path, capsys, q, text):
     path = tmp_path / "w.toml"
     path.write_text(W_TOML)
@@ -160,8 +163,8 @@ def test_slots_4_runs_on_2_processes_where_the_budget_leaves_2_cores(fleet_name,
         assert ran_on == pids
         doc = gather(fleet_name)
         assert [(r["role"], r["slots"], r["processes"]) for r in doc["role_processes"]] == [("w", 4, 2)]
-        assert "processes w: 4 slots on 2 processes" in "\n".join(render_processes(doc["role_processes"]))
-    assert any("w: 4 slots on 2 processes" in r.getMessage() for r in caplog.records)
+        assert "processes w: 4 slots on 2 worker processes" in "\n".join(render_processes(doc["role_processes"]))
+    assert any("w: 4 slots on 2 worker processes" in r.getMessage() for r in caplog.records)
 
 
 def test_on_2_cpus_status_and_the_boot_log_say_1_process(fleet_name, caplog, capsys):
@@ -170,5 +173,5 @@ def test_on_2_cpus_status_and_the_boot_log_say_1_process(fleet_name, caplog, cap
         assert len(worker_pids(f)) == 1
         assert fleetctl.main(["status", "--name", fleet_name]) == 0
         out = capsys.readouterr().out
-        assert "w: 4 slots on 1 process: at most 1 unit at once" in out
-    assert any("w: 4 slots on 1 process" in r.getMessage() for r in caplog.records)
+        assert "w: 4 slots on 1 worker process: at most 1 unit at once" in out
+    assert any("w: 4 slots on 1 worker process" in r.getMessage() for r in caplog.records)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -34,6 +35,7 @@ def _day_catalog(**overrides):
     data["tiers"]["embed"] = ["embed-3"]
     data["lanes"]["embeddings"] = {"residency": "eu"}
     data["lanes"]["tight"] = {"max_refusals": 2, "pinned": True}
+    data["lanes"]["patient"] = {"refusal_deadline": 60, "pinned": True}
     return data
 
 
@@ -90,6 +92,44 @@ def test_a_refused_round_fails_refused_only_past_its_lanes_limit():
         assert _bulkhead(f, GLM_OR)["failures"] == 2  # both refusals fed the bulkhead
         counts = f.ledger()
         assert (counts["submitted"], counts["failed"], counts["failed_by_reason"]["Refused"]) == (1, 1, 1)
+        _one_outcome_each(f)
+
+
+def test_a_refused_round_waiting_past_its_lanes_refusal_deadline_fails_refused():
+    clock = ManualClock(wall=T_1447, mono=1000.0)
+    with _fleet("refdeadline", clock) as f:
+        # a backoff far longer than the lane's 60 s deadline; pinned, so nothing else admits it
+        script = {"openrouter-eu": [429, "slow down", 300]}
+        patient = f.submit("llm", script, route=GLM_OR, lane="patient")
+        _eventually(lambda: patient.unit_id in _waiting(f))
+        clock.advance(59)  # control: inside its deadline it still waits, and has its one refusal
+        time.sleep(0.3)  # the loop looks at least every 0.1 s
+        assert not patient.done() and _waiting(f)[patient.unit_id]["refusals"] == 1
+        clock.advance(2)
+        with pytest.raises(fleet.UnitFailed) as info:
+            patient.result(60)
+        assert info.value.reason == "Refused" and "deadline 60 s" in info.value.outcome.detail
+        assert info.value.original.status == 429  # the last refusal it met
+        assert patient.unit_id not in _waiting(f) and _bulkhead(f, GLM_OR)["failures"] == 1  # run once, not again
+        counts = f.ledger()
+        assert (counts["submitted"], counts["failed"], counts["failed_by_reason"]["Refused"]) == (1, 1, 1)
+        _one_outcome_each(f)
+
+
+def test_a_refused_round_run_again_has_its_whole_timeout_again(tmp_path):
+    # README: `timeout=` limits each run. The first run's deadline passes while the second
+    # runs; the second ends inside its own, so it is answered, not killed as Timeout.
+    clock = ManualClock(wall=T_1447, mono=1000.0)
+    spent = tmp_path / "spent"
+    spent.touch()
+    with _fleet("reftimeout", clock) as f:
+        script = {"openrouter-eu": [429, "slow down", 5], "while": str(spent), "sleep": 1.2}
+        again = f.submit("llm", script, route=GLM_OR, lane="tight", timeout=2.0)
+        _eventually(lambda: again.unit_id in _waiting(f))  # its first run: 1.2 s, then the 429
+        spent.unlink()
+        clock.advance(5)  # the backoff ends: it runs again for 1.2 s
+        assert again.result(60) == str(GLM_OR)  # 2.4 s after its first start: past the first deadline
+        assert f.ledger()["failed"] == 0 and _bulkhead(f, GLM_OR)["successes"] == 1
         _one_outcome_each(f)
 
 

@@ -120,3 +120,22 @@ def test_operator_close_and_its_typed_refusals(fleet_name):
                 client.submit("llm", {}, route=P2, age=-1).result(BOUND_S)
         row = next(b for b in d.ctl_json("admission", "show")["bulkheads"] if b["pool"] == str(P2))
         assert (row["budget_spent"], row["budget_limit"]) == (2.5, 10.0)
+
+
+def test_fleetctl_admission_budget_feeds_the_reading_and_its_typed_refusals(fleet_name):
+    # a bad amount or provider changes nothing; the reading is shown; the limit reached closes the provider
+    with _daemon(fleet_name) as d:
+        with d.connect() as client:  # a pool the admission knows: the reading shows on its row
+            assert client.submit("llm", {}, route=P2).result(BOUND_S) == str(P2)
+        for bad, code, says in (("-1", EXIT_USAGE, "finite amount"), ("nan", EXIT_USAGE, "finite amount")):
+            out = d.ctl("admission", "budget", "p2", "--spent", bad)
+            assert out.returncode == code and says in out.stderr, out.stderr
+        out = d.ctl("admission", "budget", "nope", "--spent", "1")
+        assert out.returncode == 1 and "BadBudget" in out.stderr
+        out = d.ctl("admission", "budget", "p2", "--spent", "3.5", "--limit", "10")
+        assert out.returncode == 0 and out.stdout == "p2: spent 3.5 today, limit 10\n", out
+        row = next(b for b in d.ctl_json("admission", "show")["bulkheads"] if b["pool"] == str(P2))
+        assert (row["budget_spent"], row["budget_limit"], row["state"]) == (3.5, 10.0, "open")
+        assert d.ctl("admission", "budget", "p2", "--spent", "10", "--limit", "10").returncode == 0
+        (spent,) = [c for c in d.ctl_json("admission", "show")["closures"] if c["provider"] == "p2"]
+        assert (spent["cause"], spent["daily"]) == ("budget", True)

@@ -1,5 +1,7 @@
 """The shipped systemd units: `systemd-analyze verify` accepts them, and they say what fleetd needs.
 
+`fleetd --print-unit` writes them with this install's fleetd in ExecStart.
+
 `systemd-analyze verify` works offline (no systemd as PID 1 needed). It exits 0 on
 unknown or misspelled directives and only warns on stderr, so the test also
 requires stderr to say nothing about our units. It fails when ExecStart names a
@@ -12,9 +14,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from fleet.service import units as shipped_units
 
 UNITS = Path(__file__).resolve().parent.parent.parent / "systemd"
 SHIPPED_FLEETD = "/usr/local/bin/fleetd"
@@ -102,7 +107,9 @@ def test_required_directives(unit_file):
     unit = parse_unit(unit_file.read_text())
     for (section, key), expected in REQUIRED.items():
         assert values(unit, section, key) == [expected], f"{unit_file.name}: [{section}] {key}"
-    assert "NUMBA_CACHE_DIR=%C/fleet/numba" in values(unit, "Service", "Environment")
+    # fleet keys numba's cache folder under $CACHE_DIRECTORY itself: a fixed NUMBA_CACHE_DIR
+    # would let two versions share one folder
+    assert not any(v.startswith("NUMBA_CACHE_DIR") for v in values(unit, "Service", "Environment"))
     assert "/sys/fs/cgroup" in " ".join(values(unit, "Service", "ReadWritePaths")).split()
     (timeout,) = values(unit, "Service", "TimeoutStopSec")
     assert timeout
@@ -118,3 +125,66 @@ def test_exec_start_per_unit():
     assert values(template, "Service", "ExecStart") == [
         f"{SHIPPED_FLEETD} --name %i --config /etc/fleet/%i.toml"
     ]
+
+
+# --- fleetd --print-unit ---------------------------------------------------------------------------
+
+
+def print_unit(argv, *unit):
+    out = subprocess.run([*argv, "--print-unit", *unit], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def verify(tmp_path, name: str, text: str) -> subprocess.CompletedProcess:
+    (tmp_path / name).write_text(text)
+    target = tmp_path / name.replace("@.", "@demo.")
+    return subprocess.run([SYSTEMD_ANALYZE, "verify", str(target)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+
+
+def test_the_repository_units_are_the_ones_fleetd_prints():
+    for name in ("fleetd.service", "fleetd@.service"):
+        assert (UNITS / name).read_text() == shipped_units.shipped(name)
+
+
+def test_print_unit_names_the_fleetd_script_that_runs(tmp_path):
+    fleetd = shutil.which("fleetd")
+    text = print_unit([fleetd])
+    unit = parse_unit(text)
+    assert values(unit, "Service", "ExecStart") == [f"{fleetd} --name %i --config /etc/fleet/%i.toml"]
+    # every other line as shipped
+    shipped = (UNITS / "fleetd@.service").read_text().splitlines()
+    printed = text.splitlines()
+    assert [a for a, b in zip(shipped, printed) if a != b] == [line for line in shipped if line.startswith("ExecStart=")]
+    proc = verify(tmp_path, "fleetd@.service", text)
+    assert proc.returncode == 0 and [line for line in proc.stderr.splitlines() if "fleetd" in line] == [], proc.stderr
+
+
+def test_print_unit_run_as_a_module_names_this_interpreter(tmp_path):
+    text = print_unit([sys.executable, "-m", "fleet.cli.fleetd"], "fleetd.service")
+    unit = parse_unit(text)
+    assert values(unit, "Service", "ExecStart") == [f"{sys.executable} -m fleet.cli.fleetd --config /etc/fleet/fleet.toml"]
+    proc = verify(tmp_path, "fleetd.service", text)
+    assert proc.returncode == 0 and [line for line in proc.stderr.splitlines() if "fleetd" in line] == [], proc.stderr
+
+
+def test_print_unit_refuses_a_unit_fleet_does_not_ship():
+    out = subprocess.run([sys.executable, "-m", "fleet.cli.fleetd", "--print-unit", "other.service"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == "" and "other.service" in out.stderr
+
+
+def test_an_install_path_with_a_space_or_percent_is_quoted_for_systemd(tmp_path):
+    odd = tmp_path / "my venv 100%" / "bin"
+    odd.mkdir(parents=True)
+    script = odd / "fleetd"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    command = shipped_units.this_fleetd(argv0=str(script))
+    assert command == [str(script)]
+    text = shipped_units.render(shipped_units.shipped("fleetd.service"), command)
+    quoted = '"' + str(script).replace("%", "%%") + '"'
+    assert values(parse_unit(text), "Service", "ExecStart") == [f"{quoted} --config /etc/fleet/fleet.toml"]
+    proc = verify(tmp_path, "fleetd.service", text)
+    assert proc.returncode == 0 and [line for line in proc.stderr.splitlines() if "fleetd" in line] == [], proc.stderr

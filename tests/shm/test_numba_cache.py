@@ -1,7 +1,8 @@
-"""Kernels load from a read-only install: numba's cache goes to a writable folder.
+"""numba's kernel cache lives outside the package, keyed per build; without one the kernels run uncached.
 
-The package is copied into a folder that is bind-mounted read-only in a private
-mount namespace (so even root cannot write there), then imported from it."""
+The read-only cases copy the packages (fleet, and admission beside it) into a folder
+bind-mounted read-only in a private mount namespace (so even root cannot write there),
+then import them from there."""
 from __future__ import annotations
 
 import os
@@ -13,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+import fleet
 from fleet.rules.fsm import R_ILLEGAL
 from fleet.shm.table import numba_env
 
 PACKAGE = Path(numba_env.__file__).resolve().parents[2]  # .../fleet
+ADMISSION = PACKAGE.parent / "admission"  # installed beside it (fleet's vocabulary re-exports its lease states)
 
 CHILD = textwrap.dedent(
     """
@@ -33,50 +36,93 @@ CHILD = textwrap.dedent(
 )
 
 
-def _run_read_only(tmp_path, fleet_name, env_extra):
+def _key():
+    import numba
+
+    return f"fleet-{fleet.__version__}-numba-{numba.__version__}-{sys.implementation.cache_tag}"
+
+
+def _copy_package(tmp_path) -> Path:
     root = tmp_path / "site"
     shutil.copytree(PACKAGE, root / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    env.update(PYTHONPATH=str(root), **env_extra)
-    script = (
-        f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && "
-        f"exec {sys.executable} -c '{CHILD}' {root} {fleet_name}"
-    )
-    out = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    shutil.copytree(ADMISSION, root / "admission", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def _env(root, **extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "CACHE_DIRECTORY")}
+    env.update(PYTHONPATH=str(root), **extra)
+    return env
+
+
+def _kernel_files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.suffix in (".nbi", ".nbc")]
+
+
+def _run(tmp_path, fleet_name, env_extra, read_only: bool):
+    root = _copy_package(tmp_path)
+    child = [sys.executable, "-c", CHILD, str(root), fleet_name]
+    if read_only:
+        script = (f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && "
+                  f"exec {sys.executable} -c '{CHILD}' {root} {fleet_name}")
+        child = ["unshare", "-m", "sh", "-c", script]
+    out = subprocess.run(child, env=_env(root, **env_extra), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
-    assert not (root / "fleet" / "shm" / "table" / "__pycache__").exists()
-    return out.stdout.strip().splitlines()[-1]
+    assert _kernel_files(root) == [], "a kernel was cached inside the package"
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "", out.stderr
 
 
 @pytest.mark.root
-def test_read_only_install_caches_under_xdg(tmp_path, fleet_name):
+def test_read_only_install_caches_under_xdg_in_a_folder_keyed_by_versions(tmp_path, fleet_name):
     xdg = tmp_path / "xdg"
-    chosen = _run_read_only(tmp_path, fleet_name, {"XDG_CACHE_HOME": str(xdg), "TMPDIR": str(tmp_path)})
-    assert chosen == str(xdg / "fleet" / "numba")
-    assert list((xdg / "fleet" / "numba").rglob("*.nbi")), "no kernel was cached"
+    chosen, _ = _run(tmp_path, fleet_name, {"XDG_CACHE_HOME": str(xdg)}, read_only=True)
+    assert chosen == str(xdg / "fleet" / "numba" / _key())
+    assert _kernel_files(xdg / "fleet" / "numba" / _key()), "no kernel was cached"
+
+
+def test_a_writable_package_is_never_written(tmp_path, fleet_name):
+    home = tmp_path / "home"
+    chosen, _ = _run(tmp_path, fleet_name, {"HOME": str(home), "XDG_CACHE_HOME": ""}, read_only=False)
+    assert chosen == str(home / ".cache" / "fleet" / "numba" / _key())
+    assert _kernel_files(Path(chosen))
+
+
+def test_under_systemd_the_cache_directory_wins(tmp_path, fleet_name):
+    service_cache = tmp_path / "var-cache-fleet"
+    service_cache.mkdir()
+    chosen, _ = _run(tmp_path, fleet_name, {"CACHE_DIRECTORY": str(service_cache),
+                                            "XDG_CACHE_HOME": str(tmp_path / "xdg")}, read_only=False)
+    assert chosen == str(service_cache / "numba" / _key())
+    assert _kernel_files(Path(chosen)) and not (tmp_path / "xdg").exists()
 
 
 @pytest.mark.root
-def test_read_only_install_with_unwritable_xdg_falls_back_to_tmp(tmp_path, fleet_name):
-    # XDG points into the read-only mount itself, so it cannot be created.
-    xdg = tmp_path / "site" / "fleet" / "cache"
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    chosen = _run_read_only(tmp_path, fleet_name, {"XDG_CACHE_HOME": str(xdg), "TMPDIR": str(tmp)})
-    assert chosen == str(tmp / f"fleet-numba-{os.getuid()}")
-    assert list(Path(chosen).rglob("*.nbi"))
+def test_no_writable_cache_dir_runs_uncached_with_one_warning(tmp_path, fleet_name):
+    # both candidates point into the read-only mount itself, so neither can be created
+    inside = tmp_path / "site" / "fleet"
+    chosen, stderr = _run(tmp_path, fleet_name, {"XDG_CACHE_HOME": str(inside / "xdg"),
+                                                 "CACHE_DIRECTORY": str(inside / "svc")}, read_only=True)
+    assert chosen == ""
+    warnings = [line for line in stderr.splitlines() if "compiling them uncached" in line]
+    assert len(warnings) == 1 and str(inside / "svc") in warnings[0], stderr
 
 
 def test_explicit_cache_dir_wins(tmp_path):
-    env = {"NUMBA_CACHE_DIR": str(tmp_path / "mine")}
-    assert numba_env.choose_cache_dir(env) == str(tmp_path / "mine")
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "mine"), "CACHE_DIRECTORY": str(tmp_path / "svc")}
+    assert numba_env.choose_cache_dir(env, key="k") == str(tmp_path / "mine")
 
 
-def test_writable_package_caches_beside_the_source(tmp_path):
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    assert numba_env.choose_cache_dir({}, package_dir=pkg) is None
-    assert (pkg / "__pycache__").is_dir()
+def test_each_version_and_python_gets_its_own_folder():
+    keys = {numba_env.cache_key("0.1.0", "0.60.0", "cpython-311"), numba_env.cache_key("0.2.0", "0.60.0", "cpython-311"),
+            numba_env.cache_key("0.1.0", "0.61.0", "cpython-311"), numba_env.cache_key("0.1.0", "0.60.0", "cpython-312")}
+    assert len(keys) == 4
+
+
+def test_without_a_home_no_relative_folder_is_chosen(tmp_path):
+    assert numba_env.candidate_dirs({}, "k", home="~") == []
+    assert numba_env.candidate_dirs({"CACHE_DIRECTORY": "/var/cache/fleet:/other"}, "k", home="~") == [
+        Path("/var/cache/fleet/numba/k")]
 
 
 # --- a changed FSM table is a cache miss, never a stale kernel -------------------------------------
@@ -111,6 +157,7 @@ def test_a_changed_fsm_table_recompiles_the_cached_kernels(tmp_path, fleet_name)
     complete to Idle), run again on the same cache: the kernel follows the new table."""
     root = tmp_path / "site"
     shutil.copytree(PACKAGE, root / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ADMISSION, root / "admission", ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
 
     def run():

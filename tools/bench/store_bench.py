@@ -11,8 +11,9 @@ Measures, in one run on one machine:
   policy without quotas, the case the store admits without its lock.
 - ``pg_1_per_s`` / ``pg_4_per_s``: the same on PostgreSQL.
 - ``pg_4_quota_per_s``: the same with 4 processes, but every request counts against an
-  environment quota (never full), so every submit takes the store lock, reads the live
-  requests and reconciles: the serialized path quotas need.
+  environment quota (never full), so every submit takes the store lock and counts the
+  live requests: the serialized path quotas need (on PostgreSQL one call of the store's
+  admission function, the lock held only inside the server).
 - ``pg_bare_skip_locked_per_s``: the peer. 4 processes on the same PostgreSQL run
   the classic job-queue claim — ``UPDATE ... WHERE id = (SELECT id ... FOR UPDATE SKIP
   LOCKED LIMIT 1)`` marking a pre-filled row claimed, one transaction — and then complete

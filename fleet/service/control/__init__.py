@@ -10,11 +10,13 @@ request order on the connection that asked. A frame over the limit gets a
 without reading the rest); any other bad frame gets an error reply and the
 connection goes on.
 
-Ops. Each op is one class holding both halves of the command: the client half
-(`Op.to_wire` builds the arguments, `Op.format` renders a result for people) and the
-daemon half (`Op.validate` checks the arguments against the op's schema,
-`Op.execute` calls the `ControlHandler`). `OPS` is the registry both sides look ops
-up in; nothing routes by if/elif.
+Ops. Each op is one class holding all of the command: fleetctl's half (its words,
+arguments, text and exit code), the client half (`Op.to_wire` builds the arguments,
+`Op.client` is the `fleet.Client` method's body), and the daemon half (`Op.validate`
+checks the arguments against the op's schema, `Op.execute` runs it against the
+`fleet.runtime.facade.Operations` façade the daemon's handler implements). `OPS` is the
+registry every side looks ops up in; nothing routes by if/elif, and fleetctl's
+commands and the client's methods are made from it.
 
 Who may do what. Anyone who can connect (the socket is mode 0660, group of the
 owner unless configured) may run read-only ops. Mutating ops (``mutating = True``)

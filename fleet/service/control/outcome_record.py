@@ -25,6 +25,7 @@ from typing import Any
 from fleet.runtime.codec import MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _Pickled, clip_detail, dumps, handler_error, loads
 from fleet.rules.outcomes import FAILED, KINDS, SOLVED
 from fleet.rules.raised import unit_exception
+from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, UnitError, error_for
 from fleet.service.control.errors import E_INVALID_REPLY, ProtocolError
 
@@ -77,7 +78,7 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
     """
     base = {V: VERSION, SEQ: seq, UNIT: getattr(future, "unit_id", None), ROLE: role}
     if future.cancelled():
-        return [{**base, KIND: FAILED, REASON: "Cancelled", DETAIL: "cancelled in the daemon"}]
+        return [{**base, KIND: FAILED, REASON: Reason.CANCELLED, DETAIL: "cancelled in the daemon"}]
     exc = future.exception()
     if isinstance(exc, UnitError):
         record = {**base, KIND: exc.outcome.kind, REASON: exc.outcome.reason,
@@ -87,7 +88,7 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
             record[ERROR] = error
         return [record]
     if exc is not None:
-        return [{**base, KIND: FAILED, REASON: "ResultError",
+        return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR,
                  DETAIL: f"the daemon could not deliver the outcome: {type(exc).__name__}: {exc}"}]
     value = future.result()
     if isinstance(value, _Pickled):
@@ -96,7 +97,7 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
         try:
             raw = dumps(value, "solved, but its value")
         except CodecError as err:  # any pickling failure is this unit's outcome
-            return [{**base, KIND: FAILED, REASON: "ResultError", DETAIL: f"{err} for the client"}]
+            return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR, DETAIL: f"{err} for the client"}]
     text = base64.b64encode(raw).decode("ascii")
     if len(text) <= PART_CHARS:
         return [{**base, KIND: SOLVED, VALUE: text}]
@@ -201,7 +202,7 @@ def result_of(record: Record, value: str | None, role: str) -> Any:
         try:
             return loads(_unbase64(value, VALUE), "the result")
         except CodecError as exc:  # e.g. a class this process cannot import, or a __reduce__ that exits
-            raise error_for(unit_id, role, Outcome(FAILED, "ResultError", str(exc))) from None
+            raise error_for(unit_id, role, Outcome(FAILED, Reason.RESULT_ERROR, str(exc))) from None
     detail, original = record.detail, None
     if record.error:
         detail, original = handler_error(record.detail, _unbase64(record.error, ERROR))

@@ -5,7 +5,8 @@ new word with one compare-and-swap. On a lost race it re-reads and re-validates,
 a word the FSM forbids is never written. It returns a reason code (fleet.rules.fsm.OK or
 an R_* code) and never raises: bad indices are reason codes, not segfaults.
 
-The FSM's lookup arrays are generated from `fleet.rules.fsm.TRANSITIONS`; numba freezes
+The FSM's lookup arrays are generated from `fleet.rules.fsm.TRANSITIONS`, and the cordon's
+gate from `fleet.rules.cordon.HALTS`; numba freezes
 them (and every other module-level constant a kernel reads) into the compiled code,
 while its on-disk cache is keyed only on this file's timestamp and each kernel's
 bytecode and closure. So every kernel that embeds the FSM is made by a factory and
@@ -35,12 +36,14 @@ from array import array
 
 from fleet.shm.table.numba_env import ensure_cache_dir
 
-ensure_cache_dir()
+#: Whether the kernels go to numba's on-disk cache: False when no cache dir is writable
+#: (numba would refuse to compile a ``cache=CACHED`` function without one).
+CACHED = ensure_cache_dir() is not None
 
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
-from fleet.rules import fsm  # noqa: E402
+from fleet.rules import cordon, fsm  # noqa: E402
 from fleet.shm.table import layout as L  # noqa: E402
 from fleet.shm.table import atomics as _atomics  # noqa: E402
 from fleet.shm.table.atomics import compare_and_swap, fetch_add, load_acquire, store_release  # noqa: E402
@@ -76,8 +79,11 @@ _ANY_ROLE = fsm.ANY_ROLE
 _LEASE, _RESUME = fsm.LEASE, fsm.RESUME
 _IDLE = fsm.IDLE
 _KIND_PINNED = fsm.KIND_PINNED
-_CLASS_DEFERRABLE = fsm.CLASS_DEFERRABLE
-_CORDONED = fsm.CORDONED
+# The cordon's rule (fleet.rules.cordon), compiled in: HALTS by (posture, class), and by class
+# whether any posture halts it (so a class no posture halts never loads the posture word).
+_HALTS = np.array(cordon.HALTS, dtype=np.int64)
+_MAY_HALT = _HALTS.max(axis=0)
+_N_POSTURES, _N_CLASSES = _HALTS.shape
 _MAX_KEY = fsm.MAX_KEY
 _OK, _R_ILLEGAL, _R_WRONG_ROLE, _R_WRONG_KIND = fsm.OK, fsm.R_ILLEGAL, fsm.R_WRONG_ROLE, fsm.R_WRONG_KIND
 _R_KEY_MISMATCH, _R_CORDONED, _R_BAD_SLOT = fsm.R_KEY_MISMATCH, fsm.R_CORDONED, fsm.R_BAD_SLOT
@@ -126,7 +132,7 @@ TABLES_DIGEST = tables_digest({
 # through a closure (a Dispatcher in a closure would be pickled into the key).
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@njit(cache=CACHED, inline="always", _nrt=False)
 def pack(state, role, key, gen):
     return (
         (np.uint64(state) & _STATE_MASK)
@@ -137,7 +143,7 @@ def pack(state, role, key, gen):
 
 
 def _make_decide(tables_digest):
-    @njit(cache=True, inline="always", _nrt=False)
+    @njit(cache=CACHED, inline="always", _nrt=False)
     def _decide(old, event, role, key, expected_gen, roles, n_roles, posture):
         """(reason, new word) for `event` on a slot whose word is `old`."""
         tables_digest  # noqa: B018 - in the closure, so in numba's cache key
@@ -165,8 +171,9 @@ def _make_decide(tables_digest):
             return _R_BAD_KEY, old
         if event == _RESUME and key != slot_key:
             return _R_KEY_MISMATCH, old
-        if _GATED[state, event] != 0 and klass == _CLASS_DEFERRABLE:
-            if np.int64(load_acquire(posture, _P_STATE)) == _CORDONED:
+        if _GATED[state, event] != 0 and 0 <= klass < _N_CLASSES and _MAY_HALT[klass] != 0:
+            p = np.int64(load_acquire(posture, _P_STATE))
+            if 0 <= p < _N_POSTURES and _HALTS[p, klass] != 0:
                 return _R_CORDONED, old
         new_gen = gen + 1
         if event == _LEASE:
@@ -181,7 +188,7 @@ def _make_decide(tables_digest):
 _decide = _make_decide(TABLES_DIGEST)
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@njit(cache=CACHED, inline="always", _nrt=False)
 def _count_lease(slots, idx, role):
     """The role census of a slot just leased (T1) for `role`: a lease for another role
     than the last one is a role switch. The runtime has one leaser (the supervisor's
@@ -196,7 +203,7 @@ def _count_lease(slots, idx, role):
 
 
 def _make_apply_transition(tables_digest):
-    @njit(cache=True, nogil=False, _nrt=False)
+    @njit(cache=CACHED, nogil=False, _nrt=False)
     def apply_transition(slots, roles, n_roles, posture, slot, event, role, key, expected_gen):
         """Apply one event to one slot; returns fsm.OK or the reason it was refused.
 
@@ -236,7 +243,7 @@ apply_transition = _make_apply_transition(TABLES_DIGEST)
 
 
 def _make_apply_batch(tables_digest):
-    @njit(cache=True, nogil=False, _nrt=False)
+    @njit(cache=CACHED, nogil=False, _nrt=False)
     def apply_batch(slots, roles, n_roles, posture, ops, out):
         """Apply a batch of events in order, in one call; returns how many were applied.
 
@@ -269,7 +276,7 @@ apply_batch = _make_apply_batch(TABLES_DIGEST)
 
 
 def _make_start_unit(tables_digest):
-    @njit(cache=True, nogil=False, _nrt=False)
+    @njit(cache=CACHED, nogil=False, _nrt=False)
     def start_unit(slots, roles, n_roles, posture, slot, event, role, key, unit_id):
         """A worker begins a unit: START or RESUME, then record the unit id. One call.
         LEASE: a unit sent ahead (fleet.rules.dispatch), which the worker leases the Idle slot
@@ -292,7 +299,7 @@ start_unit = _make_start_unit(TABLES_DIGEST)
 
 
 def _make_finish_unit(tables_digest):
-    @njit(cache=True, nogil=False, _nrt=False)
+    @njit(cache=CACHED, nogil=False, _nrt=False)
     def finish_unit(slots, roles, n_roles, posture, slot, event, role):
         """A worker ends a unit with its role's completion event — DRAINED instead when the
         supervisor drained the slot meanwhile — and counts it. Returns reason * 16 + the
@@ -314,7 +321,7 @@ def _make_finish_unit(tables_digest):
 finish_unit = _make_finish_unit(TABLES_DIGEST)
 
 
-@njit(cache=True, nogil=False, _nrt=False)
+@njit(cache=CACHED, nogil=False, _nrt=False)
 def seq_write(arr, seq_idx, field_idx, values):
     """Seqlocked write of arr[field_idx[i]] = values[i] by the record's single writer."""
     if seq_idx < 0 or seq_idx >= arr.size:
@@ -330,7 +337,7 @@ def seq_write(arr, seq_idx, field_idx, values):
     return True
 
 
-@njit(cache=True, nogil=False, _nrt=False)
+@njit(cache=CACHED, nogil=False, _nrt=False)
 def add_field(arr, idx, delta):
     """Atomic arr[idx] += delta; returns the old value (0 when idx is out of range)."""
     if idx < 0 or idx >= arr.size:
@@ -338,7 +345,7 @@ def add_field(arr, idx, delta):
     return fetch_add(arr, idx, delta)
 
 
-@njit(cache=True, nogil=False, _nrt=False)
+@njit(cache=CACHED, nogil=False, _nrt=False)
 def store_field(arr, idx, value):
     """Release-store arr[idx] = value (a single-word field with one writer)."""
     if idx < 0 or idx >= arr.size:

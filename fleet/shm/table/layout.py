@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import struct
 
+from fleet.rules import vocab
+
 MAGIC = int.from_bytes(b"FLEETTBL", "little")
 #: 2: bulkhead records grew to 3 lines; 3: the ledger record grew a line (more failure reasons,
 #: FSM refusals); 4: slot records grew a line (the role census: last role, switches) and role
@@ -158,7 +160,7 @@ P_EXIT_CLEAN_MS = 12
 P_INTAKE_FLOOR = 13  # 0 = unset (half the slot cap)
 P_EPOCH = 14  # quota epoch: 0 at boot, +1 at every change of the quota the plan uses
 P_QUOTA_UCPU = 15  # the quota last detected, in millionths of a CPU (0: not detected yet)
-POSTURE_CAUSES = ("none", "throttle-events", "throttle-duty", "lane-death", "operator", "cpu-pressure")
+POSTURE_CAUSES = vocab.POSTURE_CAUSES  # P_CAUSE holds an index into it
 
 # --- ledger record (3 lines) ---------------------------------------------------------
 LEDGER_SIZE = 3 * LINE
@@ -170,7 +172,8 @@ L_FAILED = 4
 L_INFLIGHT = 5
 L_FSM_REFUSED = 6  # transitions the slot FSM refused the runtime (grants, starts, completions, resets)
 L_FAILED_BY_REASON = 8  # second and third lines: counters by fleet failure reason code
-N_FAILURE_REASONS = 12  # fleet.rules.outcomes.FAILURE_REASONS; room for 16
+N_FAILURE_REASONS = vocab.N_FAILURE_REASONS  # one counter per fleet.rules.vocab.FAILURE_REASONS code
+assert L_FAILED_BY_REASON + N_FAILURE_REASONS <= LEDGER_SIZE // 8, "room for 16 reasons: grow the ledger record"
 
 # --- role records (2 lines each) -------------------------------------------------------
 ROLE_SIZE = 2 * LINE

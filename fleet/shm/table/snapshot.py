@@ -12,7 +12,8 @@ snapshot (`slots`, `roles`, ...) import numpy when first asked for.
 """
 from __future__ import annotations
 
-from fleet.rules import fsm
+from fleet.rules import fsm, vocab
+from fleet.rules.vocab import PostureKey as K
 from fleet._native import ffi as _ffi
 from fleet._native import lib as _lib
 from fleet.shm.table import layout as L
@@ -122,19 +123,19 @@ class TableSnapshot:
         cause = int(p[L.P_CAUSE])
         return {
             "state": fsm.POSTURE_NAMES[int(p[L.P_STATE]) & 1],
-            "cause": L.POSTURE_CAUSES[cause] if cause < len(L.POSTURE_CAUSES) else f"?{cause}",
+            "cause": vocab.cause_name(cause),
             "since_ns": int(p[L.P_SINCE_NS]),
             "enter_count": int(p[L.P_ENTER_COUNT]),
             "exit_count": int(p[L.P_EXIT_COUNT]),
             "cordoned_ns": int(p[L.P_CORDONED_NS]),
             "suppressed": int(p[L.P_SUPPRESSED]),
             "thresholds": {
-                "cordon_enter_events": int(p[L.P_ENTER_EVENTS]),
-                "cordon_enter_window_ms": int(p[L.P_ENTER_WINDOW_MS]),
-                "cordon_duty_percent": int(p[L.P_DUTY_PPM]) / 10_000,
-                "cordon_duty_window_ms": int(p[L.P_DUTY_WINDOW_MS]),
-                "cordon_exit_clean_ms": int(p[L.P_EXIT_CLEAN_MS]),
-                "cordon_sim_intake_floor": int(p[L.P_INTAKE_FLOOR]) or None,
+                K.ENTER_EVENTS: int(p[L.P_ENTER_EVENTS]),
+                K.ENTER_WINDOW_MS: int(p[L.P_ENTER_WINDOW_MS]),
+                K.DUTY_PERCENT: int(p[L.P_DUTY_PPM]) / 10_000,
+                K.DUTY_WINDOW_MS: int(p[L.P_DUTY_WINDOW_MS]),
+                K.EXIT_CLEAN_MS: int(p[L.P_EXIT_CLEAN_MS]),
+                K.INTAKE_FLOOR: int(p[L.P_INTAKE_FLOOR]) or None,
             },
             "epoch": int(p[L.P_EPOCH]),
             "detected_cpus": int(p[L.P_QUOTA_UCPU]) / 1e6 if int(p[L.P_QUOTA_UCPU]) else None,
