@@ -8,7 +8,10 @@
 It drops in where a ProcessPoolExecutor was, with roles instead of functions: the
 handler for each role is named in config (``module:function``) and receives a
 `fleet.Unit`. Every unit gets exactly one outcome; a unit that did not solve raises
-`UnitFailed` / `UnitSuppressed` (both carry the outcome) from its future.
+from its future by one rule (`fleet.rules.raised`): a handler's own exception as
+itself, with the worker's traceback as its cause; otherwise `UnitFailed` /
+`UnitSuppressed` (both carry the outcome). For ProcessPoolExecutor's own face (a
+function per call), see `fleet.Executor` (fleet.api.pool).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from fleet.runtime.facade import LoopOperations
 from fleet.rules.errors import ConfigError
 from fleet.rules.ledger import abort_process
 from fleet.rules.outcomes import FAILED, SUPPRESSED
+from fleet.rules.raised import unit_exception
 from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, error_for
 
@@ -131,21 +135,23 @@ class Fleet(Executor):
                                 tag=tag, age=age, block=block, block_timeout=block_timeout)
 
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
-            lane=None) -> Iterator:
+            lane=None, progress: bool = False) -> Iterator:
         """Results of `role`'s handler over `iterable`, in order.
 
         With chunksize > 1 each chunk of items is one unit (one outcome in the ledger).
-        A failed or suppressed item raises its UnitFailed / UnitSuppressed when the
-        iteration reaches it. `timeout` bounds the whole iteration (TimeoutError).
+        A failed or suppressed item raises its error (`fleet.rules.raised`: the
+        handler's own exception, or UnitFailed / UnitSuppressed) when the iteration
+        reaches it. `timeout` bounds the whole iteration (TimeoutError).
         The iterable is read lazily, at most a window of units (`map_window`:
         MAP_WINDOW, or fewer for a smaller queue bound or big chunks) ahead of the
         results taken: a generator of any length maps in bounded memory. For
-        results as they complete, see `map_unordered`.
+        results as they complete, see `map_unordered`. ``progress=True`` draws a tqdm
+        progress bar (`with_progress`; off by default).
         """
-        return self._map(role, iterable, chunksize, timeout, lane, ordered=True)
+        return self._map(role, iterable, chunksize, timeout, lane, ordered=True, progress=progress)
 
     def map_unordered(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
-                      lane=None) -> Iterator:
+                      lane=None, progress: bool = False) -> Iterator:
         """Results of `role`'s handler over `iterable` as their units complete, the way
         `multiprocessing.Pool.imap_unordered` hands them out: a slow item does not hold
         back the items behind it. The items of one chunk come out together, in order.
@@ -154,18 +160,22 @@ class Fleet(Executor):
         iterable is read lazily, so an endless generator is fine). A unit that did not
         solve raises its UnitFailed / UnitSuppressed when its result comes up, which
         ends the iteration (units not yet started are cancelled). `timeout` bounds the
-        whole iteration (TimeoutError).
+        whole iteration (TimeoutError). ``progress=True``: a progress bar, as for `map`.
         """
-        return self._map(role, iterable, chunksize, timeout, lane, ordered=False)
+        return self._map(role, iterable, chunksize, timeout, lane, ordered=False, progress=progress)
 
-    def _map(self, role, iterable, chunksize, timeout, lane, ordered: bool) -> Iterator:
+    def _map(self, role, iterable, chunksize, timeout, lane, ordered: bool, progress: bool = False,
+             total: int | None = None) -> Iterator:
         sup = self._sup
-        return map_units(
+        results = map_units(
             lambda payload, chunk: sup.submit(role, payload, lane=lane, chunk=chunk),
             role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role, chunksize),
             ordered=ordered,
             submit_many=lambda payloads, chunk: sup.submit_many(role, payloads, lane=lane, chunk=chunk),
         )
+        if not progress:
+            return results
+        return with_progress(results, length_of(iterable) if total is None else total, role)
 
     def _window(self, role, chunksize: int) -> int:
         spec = self._sup.roles[role]  # read at each look at the window: a reload may change the bound
@@ -413,20 +423,63 @@ def _results(role, future: Future, chunksize: int, left) -> Iterable:
     it and then raises that item's error: raised in the generator, it ends the
     iteration (and cancels what has not started), as the unit's own error does."""
     if chunksize == 1:
-        return ((future.result(left),),)
+        return (_handed_out([future.result(left)]),)
     exc = future.exception(left)
     if exc is not None:
         raise exc
     values, failures = future.result()
-    return _upto_failure(role, values, failures) if failures else (values,)
+    return _upto_failure(role, values, failures) if failures else (_handed_out(values),)
 
 
 def _upto_failure(role, values: list, failures: dict):
     """A chunk's values before its first failed item (as one list), then that item's error."""
     first = min(failures)
     if first:
-        yield values[:first]
+        yield _handed_out(values[:first])
     _item(role, *failures[first])
+
+
+_END = object()
+
+
+def _handed_out(values: list) -> Iterator:
+    """An iterator over `values` (in order) that lets go of each value as it hands it
+    out, as ProcessPoolExecutor's map does: a result the caller dropped is freed at
+    once, not held until the next ``next()`` (or, with chunks, the end of its chunk).
+    `values` is emptied on the way; every step runs in C (``list.pop``)."""
+    values.append(_END)
+    values.reverse()
+    return iter(values.pop, _END)
+
+
+def with_progress(results: Iterator, total: int | None, what: str) -> Iterator:
+    """`results` with a tqdm progress bar (one tick per item; `total` when the input
+    has a length), as mpire users expect from ``map(..., progress_bar=True)``."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        raise ImportError("map(progress=True) draws its bar with tqdm: pip install 'fleet[progress]'") from None
+    return _ticking(results, tqdm(total=total, desc=what, unit="item"))
+
+
+def _ticking(results, bar):
+    try:
+        for value in results:
+            bar.update()
+            yield value
+    finally:
+        bar.close()
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()  # leaving early cancels what has not started, as without a bar
+
+
+def length_of(iterable) -> int | None:
+    """len(iterable), or None for an iterable without one (a generator)."""
+    try:
+        return len(iterable)
+    except TypeError:
+        return None
 
 
 def _item(role: str, status: int, value):
@@ -434,4 +487,4 @@ def _item(role: str, status: int, value):
     if status == M.ST_SUPPRESSED:
         raise error_for(0, role, Outcome(SUPPRESSED, None, value))
     text, original = handler_error(*value)  # rebuilt here, under the codec's guard
-    raise error_for(0, role, Outcome(FAILED, Reason.HANDLER_ERROR, text), original)
+    raise unit_exception(0, role, Outcome(FAILED, Reason.HANDLER_ERROR, text), original)

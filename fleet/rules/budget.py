@@ -53,6 +53,14 @@ At Q = 2 the default ambient runtime folds into the reserve core (A = 0 cores,
 still 1 thread): a 2-CPU host runs fleetd plus one worker seat, which is the least
 that can run anything. Below 2 CPUs nothing fits: BelowHostFloor.
 
+Where the supervisor's loop runs (`[budget] loop`). ``reserved`` (the default, and
+the reference profile's, 002): the reserve core H and the ambient runtime above, so
+fleetd's own threads never starve. ``priority`` (what an embedded `fleet.Executor`
+boots with): H = A = 0 cores, every whole core of the quota goes to worker seats, and
+the loop keeps its place by scheduling priority instead (its workers run niced below
+it: `fleet.host.priority`), as a ProcessPoolExecutor's parent shares the CPUs with
+its workers. With nothing to reserve, one CPU is enough: the host floor is 1.
+
 Overrides (`[budget]` in config, `FLEET_BUDGET__*` in the environment) are terminal:
 the configured value wins, the share is marked `overridden` (with the value the rule
 would have given) so boot can log it, and it takes part in the same sum check. A
@@ -81,6 +89,13 @@ BINDINGS = (PINNED, SERIAL)
 
 #: No tier can host the fleet below this many CPUs (fleetd + one worker seat).
 HOST_FLOOR_CPUS = 2
+#: Where the supervisor's loop runs (`BudgetOverrides.loop`): on a reserved core (002's
+#: reserve and ambient runtime), or on the workers' cores, ahead of them by priority.
+LOOP_RESERVED = "reserved"
+LOOP_PRIORITY = "priority"
+LOOP_RULES = (LOOP_RESERVED, LOOP_PRIORITY)
+#: ... and the floor when nothing is reserved: one worker seat.
+PRIORITY_FLOOR_CPUS = 1
 #: Default least share of the elastic keyed role under the pinned binding.
 PINNED_MIN = 2
 #: The whole cores an I/O-dominant role that declares no share counts for.
@@ -93,16 +108,14 @@ _FLOOR_SEARCH_LIMIT = 4096
 
 
 class BelowHostFloor(BootRefused):
-    """Fewer than 2 CPUs: no tier can host the fleet."""
+    """Fewer CPUs than the host floor (2; 1 with ``loop = "priority"``): no tier can host the fleet."""
 
     exit_code = EXIT_BELOW_HOST_FLOOR
 
-    def __init__(self, quota: float):
+    def __init__(self, quota: float, floor: int = HOST_FLOOR_CPUS):
         self.quota = quota
-        super().__init__(
-            f"quota {_fmt(quota)} CPUs is below the host floor of {HOST_FLOOR_CPUS}: "
-            "no tier can host fleetd and a worker seat"
-        )
+        what = "fleetd and a worker seat" if floor == HOST_FLOOR_CPUS else "a worker seat"
+        super().__init__(f"quota {_fmt(quota)} CPUs is below the host floor of {floor}: no tier can host {what}")
 
 
 class QuotaTooSmallForPinnedRoles(BootRefused):
@@ -160,18 +173,27 @@ class BudgetOverrides:
         pinned_min: least share of the elastic keyed role in the pinned projection.
         roles: role name -> cores, replacing the role's declared peak (for the
             elastic role, replacing S).
+        loop: where the supervisor's loop runs, ``reserved`` or ``priority`` (the
+            module docstring); not a share, so it is no override of one.
     """
 
     reserve: int | None = None
     ambient_io: int | None = None
     pinned_min: int | None = None
     roles: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    loop: str = LOOP_RESERVED
+
+    def __post_init__(self):
+        if self.loop not in LOOP_RULES:
+            raise ConfigError("budget.loop", f"must be one of {', '.join(LOOP_RULES)}, got {self.loop!r}")
 
     @classmethod
     def from_mapping(cls, data, where: str = "budget") -> "BudgetOverrides":
         """Build from a ``[budget]`` table; a bad value raises ConfigError naming its key."""
         data = dict(data or {})
         kwargs = {}
+        if "loop" in data:
+            kwargs["loop"] = data.pop("loop")
         for key in ("reserve", "ambient_io", "pinned_min"):
             if key in data and data[key] is not None:
                 kwargs[key] = _in_range(where, key, data.pop(key))
@@ -186,12 +208,14 @@ class BudgetOverrides:
             if name not in roles:
                 raise ConfigError(
                     f"{where}.{name}",
-                    f"not a budget key or a declared role; keys: reserve, ambient_io, pinned_min, "
+                    f"not a budget key or a declared role; keys: reserve, ambient_io, pinned_min, loop, "
                     f"{', '.join(roles.names)}",
                 )
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("reserve", "ambient_io", "pinned_min") if getattr(self, k) is not None}
+        if self.loop != LOOP_RESERVED:
+            out["loop"] = self.loop
         out.update(self.roles)
         return out
 
@@ -319,8 +343,9 @@ class FleetBudget:
             raise ConfigError("fleet.cpus", f"quota must be a finite number of CPUs > 0, got {quota!r}")
         if binding not in BINDINGS:
             raise ConfigError("fleet.profile", f"unknown binding {binding!r}; one of {', '.join(BINDINGS)}")
-        if quota < HOST_FLOOR_CPUS:
-            raise BelowHostFloor(quota)
+        floor = host_floor(overrides)
+        if quota < floor:
+            raise BelowHostFloor(quota, floor)
         overrides.check_roles(roles)
         build = _derive_pinned if binding == PINNED else _derive_serial
         return build(float(quota), roles, overrides, oversubscribe)
@@ -329,14 +354,23 @@ class FleetBudget:
 # --- the two projections ------------------------------------------------------------------
 
 
+def host_floor(ov: BudgetOverrides) -> int:
+    """The least quota any tier hosts under `ov`'s loop rule."""
+    return PRIORITY_FLOOR_CPUS if ov.loop == LOOP_PRIORITY else HOST_FLOOR_CPUS
+
+
 def _reserve(ov: BudgetOverrides) -> Share:
     if ov.reserve is not None:
         return Share("reserve", ov.reserve, None, "reserve", "override", True, 1)
+    if ov.loop == LOOP_PRIORITY:
+        return Share("reserve", 0, None, "reserve", "0: loop = priority, the loop runs ahead of its workers by priority")
     return Share("reserve", 1, None, "reserve", "fixed: fleetd must never starve I/O")
 
 
 def _ambient(quota: float, ov: BudgetOverrides, cap: int | None = None) -> Share:
     rule_value = max(1, math.floor(quota / 4))
+    if ov.ambient_io is None and ov.loop == LOOP_PRIORITY:
+        return Share("ambient_io", 0, 1, "ambient", "0: loop = priority, its threads share the workers' cores")
     if ov.ambient_io is not None:
         return Share("ambient_io", ov.ambient_io, max(1, ov.ambient_io), "ambient", "override", True, rule_value)
     if cap is not None and rule_value > cap:
@@ -477,7 +511,7 @@ def _finish(quota, binding, rows, io_roles, ov, zero, oversubscribe):
 
 def pinned_floor(roles: RoleSet = REFERENCE_ROLES, overrides: BudgetOverrides = NO_OVERRIDES) -> int | None:
     """The least whole number of CPUs on which the pinned projection fits (None: none does)."""
-    for cpus in range(HOST_FLOOR_CPUS, _FLOOR_SEARCH_LIMIT + 1):
+    for cpus in range(host_floor(overrides), _FLOOR_SEARCH_LIMIT + 1):
         try:
             _derive_pinned(float(cpus), roles, overrides, False, find_floor=False)
             return cpus

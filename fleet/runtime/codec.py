@@ -164,6 +164,21 @@ class _Pickled:
         return loads(self.data, what, where)
 
 
+#: What multiprocessing says of an object only its children may inherit (a Queue, a Lock,
+#: a Pipe end: `multiprocessing.context.assert_spawning`) ...
+_INHERITED_ONLY = "through inheritance"
+#: ... and what reaches a fleet worker instead.
+NOT_CHILDREN = ("fleet's workers are not multiprocessing children, so they inherit nothing from this process: "
+                "pass a multiprocessing.Manager() proxy (manager.Queue(), manager.Lock(), ...) instead")
+
+
+def unpicklable(exc: CodecError) -> PayloadUnpicklable:
+    """The refusal of something a unit brought that cannot be pickled, saying what to pass
+    instead when it is an object only multiprocessing children inherit."""
+    text = str(exc)
+    return PayloadUnpicklable(f"{text}; {NOT_CHILDREN}" if _INHERITED_ONLY in text else text)
+
+
 def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int) -> bytes:
     """The pickled body of one task.
 
@@ -176,7 +191,7 @@ def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: byt
     try:
         body = dumps((payload, key, lane, request_id), f"payload for role {role!r}")
     except CodecError as exc:
-        raise PayloadUnpicklable(str(exc)) from None
+        raise unpicklable(exc) from None
     if len(body) > limit:
         raise PayloadTooLarge(f"payload for role {role!r} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
     return body

@@ -14,6 +14,8 @@ a ConfigError naming their dotted path)::
     reserve = 1
     ambient_io = 2
     pinned_min = 2
+    loop = "reserved"         # reserved | priority: the supervisor's loop on a reserved core, or
+                              # ahead of its workers by priority (every core a worker's: fleet.Executor)
     solver = 3                # any declared role name: its share in cores
 
     [posture]                 # the six cordon keys of fleet.rules.posture.PosturePolicy
@@ -101,6 +103,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from fleet.rules.budget import BudgetOverrides
+from fleet.runtime.worker_setup import WorkerSetup
 from fleet.rules.errors import ConfigError
 from fleet.host.files import FileTooLarge, NotRegularFile, read_regular
 from fleet.rules.names import InvalidFleetName, validate_fleet_name
@@ -217,6 +220,9 @@ class FleetConfig:
     store: StoreConfig = StoreConfig()
     record: RecordConfig = RecordConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    # What the workers do before their first unit beyond importing the handlers (the main
+    # module, an initializer, retirement): set by fleet.Executor, not by a config file.
+    workers: WorkerSetup = WorkerSetup()
     source: str | None = None
     env_overrides: tuple[str, ...] = ()
 
@@ -462,6 +468,7 @@ _TYPES = {
     ("budget", "reserve"): "int",
     ("budget", "ambient_io"): "int",
     ("budget", "pinned_min"): "int",
+    ("budget", "loop"): "str",
     ("posture", PostureKey.ENTER_EVENTS): "int",
     ("posture", PostureKey.ENTER_WINDOW_MS): "int",
     ("posture", PostureKey.DUTY_PERCENT): "float",

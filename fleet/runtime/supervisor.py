@@ -45,6 +45,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import functools
 import gc
 import heapq
 import itertools
@@ -67,6 +68,7 @@ from fleet.rules import quota as quota_mod
 from fleet.rules import ranges
 from fleet.rules import seats as seats_mod
 from fleet.runtime.config import FleetConfig
+from fleet.runtime.worker_setup import EXIT_INIT_FAILED, EXIT_RETIRED, WorkerSetup
 from fleet.shm.dataplane import DataSegment
 from fleet.rules.dispatch import Dispatcher, Pending
 from fleet.rules.errors import FleetError
@@ -83,11 +85,11 @@ from fleet.host.sampler import PressureInput, QuotaWatcher, Sampler
 from fleet.shm.table import SlotTable
 from fleet.shm.table import layout as L
 from fleet.runtime.zygote_link import BOOT_TIMEOUT_S, Exited, Forked, WorkerStartError, ZygoteLink
+from fleet.rules.raised import RoleBroken, unit_exception
 from fleet.rules.unit import (
     BadUnit,
     FleetClosed,
     Outcome,
-    RoleStopped,
     error_for,
 )
 
@@ -172,6 +174,7 @@ class Supervisor:
         self._stop_at: float | None = None  # stop(grace): when queued units fail Shutdown
         self._draining = False  # fleetd drain: take nothing new from the queues
         self._stopped_roles: set[int] = set()
+        self._stop_reasons: dict[int, str] = {}  # role code -> why it stopped (its submits and units say it)
         self._deaths = Deaths(config.restart.max_restarts, config.restart.within_seconds)
         self._timed_out: set[int] = set()
         self._deadlines: list = []  # heap of (deadline, unit id)
@@ -206,6 +209,10 @@ class Supervisor:
         for role in self.roles:
             log.debug("role %s: %s", role.name, role)
         log.info("fleet %s: %s", self.name, "; ".join(self.projection.processes()))
+        reserve = next((s for s in self.plan.budget.consumers if s.name == "reserve"), None)
+        if reserve is not None:
+            log.info("fleet %s: supervisor loop (budget.loop = %s): reserve %s cores, %s", self.name,
+                     cfg.budget.loop, reserve.cores, reserve.rule)
         self.priority = priority_mod.this_process(cfg.dispatch_priority)
         log.info("fleet %s: dispatch priority: %s", self.name, self.priority.describe())
         for share in self.plan.budget.consumers:
@@ -246,8 +253,9 @@ class Supervisor:
             gc.freeze()
         self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
         self._thread.start()
+        self._owner_pid = os.getpid()  # a fork of this process (a multiprocessing child) inherits the exit hook
         self._atexit = weakref.WeakMethod(self._atexit_close)
-        atexit.register(_call_weak, self._atexit)
+        _at_interpreter_exit(functools.partial(_call_weak, self._atexit))
         return self
 
     def _meta(self) -> dict:
@@ -291,7 +299,8 @@ class Supervisor:
             # The zygote's parent-death signal fires when the *thread* that started it
             # exits; start it from a thread that lives exactly as long as this fleet.
             self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{self.name}-spawner")
-        self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice)
+        self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice,
+                                       workers=_worker_setup(self.config))
 
     def _fork(self, seat: int) -> None:
         self._pending_forks.add(seat)
@@ -453,7 +462,8 @@ class Supervisor:
         if self._closing or self._thread is None or self._intake.closed:
             raise FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
         if code in self._stopped_view:
-            raise RoleStopped(f"role {role!r} was stopped after repeated worker deaths; it takes no more work")
+            why = self._stop_reasons.get(code, "repeated worker deaths")
+            raise RoleBroken(f"role {role!r} was stopped ({why}); it takes no more work")
 
     # ================================================================== submit (the loop)
     def _accept(self, unit: _Unit, route, admission: dict | None, arrival: tuple | None) -> None:
@@ -504,7 +514,8 @@ class Supervisor:
         if self._closing:
             return Reason.SHUTDOWN, "the fleet closed before the unit was queued"
         if code in self._stopped_roles:
-            return Reason.ROLE_STOPPED, f"role {self.roles.by_code(code).name} exceeded its restart intensity"
+            return Reason.ROLE_STOPPED, self._stop_reasons.get(
+                code, f"role {self.roles.by_code(code).name} exceeded its restart intensity")
         return None
 
     def _turned_away(self, error: BaseException, unit: _Unit, *_rest) -> None:
@@ -697,7 +708,7 @@ class Supervisor:
             self._done.append((unit.future, value, None))
         else:
             role = self.roles.by_code(unit.role).name
-            self._done.append((unit.future, None, error_for(unit_id, role, outcome, original)))
+            self._done.append((unit.future, None, unit_exception(unit_id, role, outcome, original)))
 
     def _refused_again(self, unit_id: int, decision) -> None:
         """A refused unit the provider admission decided again: no outcome yet (the ledger
@@ -937,10 +948,16 @@ class Supervisor:
         # Slots switch roles: the roles that died are those of the units it ran.
         dead_roles = {item.role for (item, _slot), unit in zip(lost, owed) if unit.started}
         self._reset_slots(seat)
-        # Count the death first: a role past its limit is stopped before anything could
-        # be granted to the seat again (a cordon change below dispatches).
-        keep = self._count_death(seat, how, dead_roles)
-        if pid not in self._killed:
+        planned = status in (EXIT_RETIRED, EXIT_INIT_FAILED) and pid not in self._killed
+        if planned:
+            # No death: it ran its max_tasks (replaced, as any seat is), or its initializer
+            # failed (every worker would: its roles stop; fleet.runtime.worker_setup).
+            keep = self._worker_exited(seat, pid, status)
+        else:
+            # Count the death first: a role past its limit is stopped before anything could
+            # be granted to the seat again (a cordon change below dispatches).
+            keep = self._count_death(seat, how, dead_roles)
+        if pid not in self._killed and not planned:
             # Every lane death cordons (sticky) until an operator releases it (002 §14).
             self._after_posture_change(self.posture.hold(posture_mod.LANE_DEATH, self.host.now_ms()))
         self._killed.discard(pid)
@@ -950,6 +967,17 @@ class Supervisor:
             self._fork(seat)
         self._dispatch()
         self._publish_units()
+
+    def _worker_exited(self, seat: int, pid: int, status: int) -> bool:
+        """A worker that left on purpose (`_seat_died`): True to fork its seat again."""
+        name = self.layout.seats[seat].name
+        if status == EXIT_RETIRED:
+            log.info("fleet %s: worker pid %d of seat %s ran its max_tasks; replaced", self.name, pid, name)
+            return True
+        why = f"the worker initializer failed in worker pid {pid} (its traceback is in the worker's log)"
+        for role in self.layout.seats[seat].roles:
+            self._stop_role(self.roles.code(role), why)
+        return not self._seat_stopped(seat)
 
     def _owed(self, unit_id: int, slot: int) -> deaths_mod.Owed:
         """What is known of a unit a dead seat owed on `slot`. Started: its worker records
@@ -1009,17 +1037,23 @@ class Supervisor:
         """Every role the seat serves was stopped: it is not restarted."""
         return all(self.roles.code(r) in self._stopped_roles for r in self.layout.seats[seat].roles)
 
-    def _stop_role(self, code: int) -> None:
+    def _stop_role(self, code: int, why: str | None = None) -> None:
+        """Stop role `code` for good: it exceeded its restart intensity (or `why`)."""
         if code in self._stopped_roles:
             return
         self._stopped_roles.add(code)
         self._stopped_view = frozenset(self._stopped_roles)  # callers refuse its submits from now on
         name = self.roles.by_code(code).name
         limit = self.config.restart
-        log.error("fleet %s: role %s died more than %d times in %ss: stopped; its queued units fail",
-                  self.name, name, limit.max_restarts, limit.within_seconds)
+        if why is None:
+            log.error("fleet %s: role %s died more than %d times in %ss: stopped; its queued units fail",
+                      self.name, name, limit.max_restarts, limit.within_seconds)
+            why = f"role {name} exceeded its restart intensity"
+        else:
+            log.error("fleet %s: role %s stopped: %s; its queued units fail", self.name, name, why)
+        self._stop_reasons[code] = why
         for item in self.dispatcher.drain_queue(code):
-            self._fail_unstarted(item.unit_id, Reason.ROLE_STOPPED, f"role {name} exceeded its restart intensity")
+            self._fail_unstarted(item.unit_id, Reason.ROLE_STOPPED, why)
         self._after_posture_change(self.posture.hold(posture_mod.LANE_DEATH, self.host.now_ms()))
 
     def _zygote_died(self) -> None:
@@ -1398,8 +1432,15 @@ class Supervisor:
         self._deliver()
 
     def _atexit_close(self) -> None:
+        """At interpreter exit, the work submitted finishes, as with ProcessPoolExecutor:
+        a fleet nobody shut down (or shut down without waiting) shuts down now and waits
+        for every unit owed (units `shutdown(cancel_futures=True)` cancelled stay so).
+        Only in the process that started the fleet: a fork of it (a multiprocessing
+        child, which runs these hooks as it ends) has no loop to wait for."""
+        if os.getpid() != self._owner_pid:
+            return
         if not self._stopped.is_set() and self._thread is not None:
-            self.kill()
+            self.shutdown(wait=True)
 
     def _teardown(self, kill: bool = False) -> None:
         """Stop the zygote and workers; remove the shared segments. Idempotent."""
@@ -1564,6 +1605,27 @@ def _version() -> str:
     from fleet import __version__
 
     return __version__
+
+
+def _worker_setup(config: FleetConfig) -> WorkerSetup:
+    """The config's worker setup; a handler named in ``__main__`` also brings the main
+    module in (fleet.runtime.worker_setup), so a script's own function can be one."""
+    setup = config.workers
+    if setup.main is None and any((r.handler or "").startswith("__main__:") for r in config.roles):
+        here = WorkerSetup.of_this_process()
+        setup = dataclasses.replace(setup, main=here.main, authkey=setup.authkey or here.authkey)
+    return setup
+
+
+def _at_interpreter_exit(fn) -> None:
+    """Call `fn` as the interpreter exits, before it joins its threads (where
+    concurrent.futures hooks its own executors' exits): the loop and the zygote's
+    spawner thread still run then, so the units still owed can finish. Inside an
+    exit already under way, an `atexit` hook is the only one left."""
+    try:
+        threading._register_atexit(fn)
+    except RuntimeError:  # "can't register atexit after shutdown"
+        atexit.register(fn)
 
 
 def _call_weak(ref) -> None:

@@ -36,7 +36,8 @@ import traceback
 
 from fleet.rules import cordon, fsm
 from fleet.shm import messages as M
-from fleet.runtime.codec import MAX_DETAIL_CHARS, CodecError, describe, dumps, error_parts, loads, refused_body, safe_str, split_route
+from fleet.runtime.codec import (MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps, error_parts, loads,
+                                 refused_body, safe_str, split_route)
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
 from fleet.runtime.io.runner import IoRunner
@@ -44,6 +45,7 @@ from fleet.runtime.io.selector import new_event_loop
 from fleet.rules.outcomes import Refused
 from fleet.shm.table.layout import FLAG_CLOSING
 from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
+from fleet.runtime.worker_setup import EXIT_INIT_FAILED, EXIT_RETIRED, run_initializer
 
 log = logging.getLogger("fleet.runtime.worker")
 
@@ -67,11 +69,19 @@ NO_CPU = float("nan")
 
 
 
-class Worker:
-    """Runs one seat. `handlers[role code]` is the callable for that role (or None)."""
+class _Retire(Exception):
+    """This worker has run its `max_tasks` units (fleet.runtime.worker_setup)."""
 
-    def __init__(self, seat: int, table, data, roles, handlers: list):
+
+class Worker:
+    """Runs one seat. `handlers[role code]` is the callable for that role (or None).
+    `init`: the initializer to call first, `(callable, args)`; `max_tasks`: units run
+    before the worker exits to be replaced (fleet.runtime.worker_setup; None: no limit)."""
+
+    def __init__(self, seat: int, table, data, roles, handlers: list, max_tasks: int | None = None, init=None):
         self.seat = seat
+        self.init = init
+        self.tasks_left = max_tasks
         self.table = table
         self.roles = roles
         self.handlers = handlers
@@ -97,15 +107,22 @@ class Worker:
 
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
+        if not run_initializer(self.init):
+            return EXIT_INIT_FAILED
         if self._io_slots:
             return self._run_io_seat()
-        while True:
-            self._look_at_held()
-            batch = self.tasks.pop_many()
-            if not batch:
-                self.tasks.wait(HELD_RETRY_S if self.held else None, spin_s=IDLE_SPIN_S)
-                continue
-            self._tasks(batch)
+        try:
+            while True:
+                self._look_at_held()
+                batch = self.tasks.pop_many()
+                if not batch:
+                    self.tasks.wait(HELD_RETRY_S if self.held else None, spin_s=IDLE_SPIN_S)
+                    continue
+                self._tasks(batch)
+        except _Retire:
+            # The tasks taken from the ring and not run go back to their queues, unrun: the
+            # supervisor finds them owed by this seat, never started (fleet.runtime.deaths).
+            return EXIT_RETIRED
 
     def _look_at_held(self) -> None:
         if self.held and not cordon.halts_any(int(self.table.posture[0])):
@@ -241,6 +258,10 @@ class Worker:
         status, out, elapsed, cost, cpu = self._execute(unit_id, role, flags, body)
         status, out, final = self._finish(unit_id, slot, role, status, out)
         self._send(unit_id, slot, status, final, elapsed, out, cost=cost, cpu=cpu)
+        if self.tasks_left is not None:
+            self.tasks_left -= 1
+            if self.tasks_left <= 0:
+                raise _Retire()
 
     def _execute(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float, float]:
         """Run a unit's handler: (status, result body, seconds, reported cost or NaN, CPU seconds of
@@ -397,14 +418,24 @@ def _traceback(exc: BaseException) -> str:
 
 def _error_body(exc: BaseException) -> bytes:
     # Plain data (text, bytes): pickling it cannot run a unit's code.
-    return pickle.dumps(error_parts(_traceback(exc), exc), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(_error_parts(exc), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _error_parts(exc: BaseException) -> tuple:
+    """codec.error_parts of a failure. A payload the worker could not unpickle (a
+    CodecError) travels as its text alone: it is fleet's word on the unit, not an
+    exception of the handler's, so the caller gets a UnitFailed naming it
+    (fleet.rules.raised), never the CodecError raised as if the handler had."""
+    if isinstance(exc, CodecError):
+        return clip_detail(_traceback(exc)), None
+    return error_parts(_traceback(exc), exc)
 
 
 def _item_failure(exc: BaseException) -> tuple[int, object]:
     """What a handler's exception makes of a chunk item: (status, reason or codec.error_parts)."""
     if isinstance(exc, Suppress):
         return M.ST_SUPPRESSED, safe_str(exc.reason, MAX_DETAIL_CHARS)
-    return M.ST_HANDLER_ERROR, error_parts(_traceback(exc), exc)
+    return M.ST_HANDLER_ERROR, _error_parts(exc)
 
 
 def _cost(running: _Running) -> float:

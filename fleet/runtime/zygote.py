@@ -42,7 +42,11 @@ def resolve_handler(spec: str, where: str):
         raise ConfigError(where, f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ConfigError(where, f"{spec!r}: module {module_name!r} has no callable {attr!r}")
+        hint = ""
+        if module_name == "__main__":
+            hint = (f"; define {attr!r} at the top level of the script (outside its "
+                    "`if __name__ == \"__main__\":` block), which the workers import as multiprocessing's spawn does")
+        raise ConfigError(where, f"{spec!r}: module {module_name!r} has no callable {attr!r}{hint}")
     return fn
 
 
@@ -65,6 +69,8 @@ class Zygote:
         self.table = self.data = self.roles = None
         self.handlers: list = []
         self.worker_nice: int | None = None
+        self.setup = None  # fleet.runtime.worker_setup.WorkerSetup
+        self.init = None  # the initializer each worker calls first, (callable, args)
 
     def send(self, **msg) -> None:
         self.sock.sendall(json.dumps(msg).encode() + b"\n")
@@ -94,8 +100,12 @@ class Zygote:
         from fleet.shm.table import SlotTable
         from fleet.shm.dataplane import DataSegment
 
+        from fleet.runtime.worker_setup import WorkerSetup, prepare_zygote
+
         sys.path[:] = msg["sys_path"]
         self.worker_nice = msg.get("worker_nice")
+        self.setup = WorkerSetup.from_boot(msg.get("workers"))
+        self.init = prepare_zygote(self.setup)  # the main module first: handlers and pickles may name it
         self.roles = RoleSet(tuple(Role(**r) for r in msg["roles"]))
         self.handlers = [
             resolve_handler(r.handler, f"roles.{r.name}.handler") if r.handler else None for r in self.roles
@@ -123,10 +133,12 @@ class Zygote:
                 child_setup(cpus, self.worker_nice)
                 if os.getppid() != zygote:
                     os._exit(1)  # the zygote died before our death signal was armed: never an orphan
-                code = Worker(seat, self.table, self.data, self.roles, self.handlers).run()
+                code = Worker(seat, self.table, self.data, self.roles, self.handlers,
+                              max_tasks=self.setup.max_tasks, init=self.init).run()
             except BaseException:  # noqa: BLE001 - a crashing worker must still exit, never return here
                 logging.getLogger("fleet.runtime.worker").exception("worker for seat %d crashed", seat)
             finally:
+                _flush_std()  # what its units printed is theirs: os._exit would drop it
                 os._exit(code)
         self.children[pid] = seat
         return pid
@@ -173,6 +185,14 @@ class Zygote:
                     elif msg["op"] == "exit":
                         return 0
             self.reap()  # a SIGCHLD may have raced the registration
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed or replaced stream: nothing to keep
+            pass
 
 
 def main(argv=None) -> int:

@@ -68,9 +68,10 @@ class ZygoteLink:
 
     # --- start -------------------------------------------------------------------------
     @classmethod
-    def start(cls, name: str, roles, spawner, worker_nice: int | None = None) -> "ZygoteLink":
+    def start(cls, name: str, roles, spawner, worker_nice: int | None = None, workers=None) -> "ZygoteLink":
         """Start a zygote for fleet `name` and boot it with `roles`; its workers run at
-        `worker_nice` (None: the zygote's own; see fleet.host.priority).
+        `worker_nice` (None: the zygote's own; see fleet.host.priority), set up as
+        `workers` says (a `fleet.runtime.worker_setup.WorkerSetup`; None: nothing more).
 
         `spawner` is a one-thread executor that lives as long as the fleet: the
         zygote's parent-death signal fires when the *thread* that started it exits,
@@ -94,13 +95,13 @@ class ZygoteLink:
         theirs.close()
         link = cls(proc, ours)
         try:
-            link._boot(name, roles, worker_nice)
+            link._boot(name, roles, worker_nice, workers)
         except BaseException:
             link.exit(timeout=0.5)
             raise
         return link
 
-    def _boot(self, name: str, roles, worker_nice: int | None) -> None:
+    def _boot(self, name: str, roles, worker_nice: int | None, workers=None) -> None:
         boot = {
             "op": "boot",
             "name": name,
@@ -108,6 +109,7 @@ class ZygoteLink:
             "roles": [dataclasses.asdict(r) for r in roles],
             "sys_path": list(sys.path),
             "log_level": logging.getLogger("fleet").getEffectiveLevel(),
+            "workers": None if workers is None else workers.to_boot(),
         }
         self._sock.sendall(json.dumps(boot).encode() + b"\n")
         reply = self._reply(time.monotonic() + BOOT_TIMEOUT_S)

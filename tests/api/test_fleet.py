@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from concurrent.futures import CancelledError
+from concurrent.futures.process import _RemoteTraceback
 
 import pytest
 
@@ -34,15 +35,15 @@ def test_submit_and_map_return_handler_results(fleet_name):
         assert (ledger["submitted"], ledger["solved"], ledger["failed"], ledger["inflight"]) == (59, 59, 0, 0)
 
 
-def test_handler_error_carries_its_traceback_and_exception(fleet_name):
+def test_a_handlers_exception_is_raised_as_itself_with_the_workers_traceback(fleet_name):
     with running(config(fleet_name, {"work": role("fail")})) as f:
-        with pytest.raises(UnitFailed) as info:
+        with pytest.raises(ValueError) as info:
             f.submit("work", "x").result(30)
-        outcome = info.value.outcome
-        assert (outcome.kind, outcome.reason) == ("failed", "HandlerError")
-        assert "ValueError: bad payload 'x'" in outcome.detail and "tests/handlers.py" in outcome.detail
-        assert isinstance(info.value.original, ValueError)
-        assert f.ledger()["failed_by_reason"] == {"HandlerError": 1}
+        assert info.value.args == ("bad payload 'x'",)
+        cause = info.value.__cause__
+        assert type(cause) is _RemoteTraceback  # the stdlib's remote-traceback convention
+        assert "ValueError: bad payload 'x'" in cause.tb and "tests/handlers.py" in cause.tb
+        assert f.ledger()["failed_by_reason"] == {"HandlerError": 1}  # the ledger keeps fleet's reason
 
 
 def test_an_exception_that_cannot_be_pickled_still_fails_with_its_text(fleet_name):
@@ -225,7 +226,12 @@ def test_parity_serial_and_pinned_give_identical_outcomes(fleet_name):
             out = []
             for fut in futures:
                 exc = fut.exception(60)
-                out.append(("solved", fut.result()) if exc is None else (exc.outcome.kind, exc.outcome.reason))
+                if exc is None:
+                    out.append(("solved", fut.result()))
+                elif isinstance(exc, fleet.UnitError):
+                    out.append((exc.outcome.kind, exc.outcome.reason))
+                else:  # the handler's own exception, raised as itself
+                    out.append((type(exc).__name__, exc.args))
             return out, f.ledger()
 
     serial, serial_ledger = corpus("serial")
@@ -267,9 +273,9 @@ def test_map_with_chunks_raises_at_the_item_that_did_not_solve(fleet_name):
             next(it)
         it = f.map("work", [0, 2], chunksize=2)
         assert next(it) == 0
-        with pytest.raises(UnitFailed) as info:
+        with pytest.raises(RuntimeError, match="two: 2") as info:
             next(it)
-        assert info.value.reason == "HandlerError" and "RuntimeError: two: 2" in info.value.outcome.detail
+        assert "RuntimeError: two: 2" in info.value.__cause__.tb
         ledger = f.ledger()
         # chunk units: [0,3] solved, [6,1] suppressed, [9] solved, [0,2] failed
         assert (ledger["solved"], ledger["suppressed"], ledger["failed"]) == (2, 1, 1)

@@ -240,3 +240,33 @@ def test_to_dict_prints_whole_numbers_as_ints():
     d = FleetBudget.derive(8).to_dict()
     assert d["sum"] == 8 and isinstance(d["sum"], int)
     assert [c["cores"] for c in d["consumers"]] == [1, 2, 1, 1, 3, 0]
+
+
+# --- where the supervisor's loop runs (budget.loop) --------------------------------------------
+CALL_ROLE = RoleSet((Role(name="call", handler="fleet.runtime.calls:call", slots=64),))
+
+
+@pytest.mark.parametrize("q, workers", [(1, 1), (1.5, 1), (2, 2), (4, 4), (7.5, 7), (64, 64)])
+def test_loop_priority_gives_every_whole_core_to_the_workers(q, workers):
+    b = FleetBudget.derive(q, CALL_ROLE, ov(loop="priority"))
+    assert rows(b)["reserve"][0] == 0 and rows(b)["ambient_io"][0] == 0
+    assert rows(b)["call"] == (workers, 64)
+    assert "priority" in {s.name: s for s in b.consumers}["reserve"].rule  # plan and boot log say which rule ran
+
+
+def test_loop_reserved_keeps_the_reference_reserve():
+    assert rows(FleetBudget.derive(8, CALL_ROLE))["reserve"] == (1, None)
+    assert rows(FleetBudget.derive(8, CALL_ROLE, ov(loop="reserved")))["call"][0] == 8 - 1 - 2
+    assert rows(FleetBudget.derive(8))["reserve"] == (1, None)  # the reference profile, 002
+
+
+def test_loop_priority_lowers_the_host_floor_to_one_cpu():
+    with pytest.raises(BelowHostFloor, match="below the host floor of 1"):
+        FleetBudget.derive(0.5, CALL_ROLE, ov(loop="priority"))
+    with pytest.raises(BelowHostFloor, match="below the host floor of 2"):
+        FleetBudget.derive(1, CALL_ROLE)
+
+
+def test_an_unknown_loop_rule_is_a_config_error():
+    with pytest.raises(ConfigError, match="budget.loop"):
+        ov(loop="spare")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from concurrent.futures.process import _RemoteTraceback
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -70,13 +71,13 @@ def _failure(future) -> UnitFailed:
     return exc
 
 
-def _mapped(f, recipes: list, chunksize: int) -> tuple[list, BaseException | None]:
+def _mapped(f, recipes: list, chunksize: int, raises=UnitError) -> tuple[list, BaseException | None]:
     """What a map hands out before it raises, and what it raises (None if it does not)."""
     got = []
     try:
         for value in f.map("h", recipes, chunksize=chunksize, timeout=BOUND_S):
             got.append(value)
-    except UnitError as exc:
+    except raises as exc:
         return got, exc
     return got, None
 
@@ -213,11 +214,21 @@ def _check_one(f, recipe) -> None:
     how, kind, size = recipe
     future = f.submit("h", recipe)
     if how == "raise":
-        assert _failure(future).reason == "HandlerError"
+        _assert_handler_error(future.exception(BOUND_S), kind, size)
     elif _value_fails(kind, size):
         assert _failure(future).reason == "ResultError"
     else:
         assert future.result(BOUND_S) == _expected_value(kind, size)
+
+
+def _assert_handler_error(exc: BaseException, kind: str, size: int) -> None:
+    """The rule (fleet.rules.raised) for a handler that raised: its own exception as
+    itself, the worker's traceback its cause; or, when it cannot be rebuilt here, a
+    UnitFailed with reason HandlerError and no original."""
+    if isinstance(exc, UnitError):
+        assert isinstance(exc, UnitFailed) and exc.reason == "HandlerError" and exc.original is None, exc
+    else:
+        assert type(exc) is type(H.make("raise", kind, size)) and type(exc.__cause__) is _RemoteTraceback, exc
 
 
 def _check_payload(f, recipe) -> None:
@@ -244,7 +255,7 @@ def _check_map(f, recipes: list, chunksize: int) -> None:
     """A map of the recipes in chunks: each chunk's values in order until the first chunk
     that did not solve, which raises: ResultError if a value of it cannot come back,
     else HandlerError after the values before its first raising item."""
-    want, error = [], None
+    want, error, raised_kind = [], None, None
     for start in range(0, len(recipes), chunksize):
         chunk = recipes[start : start + chunksize]
         if any(how == "return" and _value_fails(kind, size) for how, kind, size in chunk):
@@ -254,11 +265,14 @@ def _check_map(f, recipes: list, chunksize: int) -> None:
         upto = raised[0] if raised else len(chunk)
         want += [_expected_value(kind, size) for _, kind, size in chunk[:upto]]
         if raised:
-            error = "HandlerError"
+            error, raised_kind = "HandlerError", chunk[raised[0]][1:]
             break
-    got, exc = _mapped(f, recipes, chunksize)
+    got, exc = _mapped(f, recipes, chunksize, raises=BaseException)
     assert got == want
-    assert (exc.reason if exc is not None else None) == error
+    if error == "HandlerError":
+        _assert_handler_error(exc, *raised_kind)
+    else:
+        assert (exc.reason if exc is not None else None) == error
 
 
 _examples = st.one_of(
@@ -338,8 +352,9 @@ def test_through_fleetd_values_and_exceptions_are_relayed_unread(hostile_service
     # unpickled them (it runs no code of a unit's), one by one and in chunks.
     d, client = hostile_service
     assert client.submit("h", ("return", "outside_fleetd", 3)).result(BOUND_S) == H.OutsideFleetd(3)
-    exc = _failure(client.submit("h", ("raise", "outside_fleetd", 4)))
-    assert exc.reason == "HandlerError" and isinstance(exc.original, H.OutsideFleetdError)
-    got, exc = _mapped(client, [("return", "outside_fleetd", 1), ("raise", "outside_fleetd", 2)], chunksize=2)
-    assert got == [H.OutsideFleetd(1)] and isinstance(exc.original, H.OutsideFleetdError)
+    exc = client.submit("h", ("raise", "outside_fleetd", 4)).exception(BOUND_S)
+    assert isinstance(exc, H.OutsideFleetdError)  # rebuilt at the client, raised as itself
+    got, exc = _mapped(client, [("return", "outside_fleetd", 1), ("raise", "outside_fleetd", 2)], chunksize=2,
+                       raises=H.OutsideFleetdError)
+    assert got == [H.OutsideFleetd(1)] and isinstance(exc, H.OutsideFleetdError)
     _service_serves_on(d, client)

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import fleet
-from fleet import UnitFailed, UnitSuppressed
+from fleet import UnitError, UnitFailed, UnitSuppressed
 from fleet.runtime.io.runner import IoRunner
 from tests.fleets import config, running, worker_pids
 
@@ -73,7 +73,11 @@ def eventually(predicate, what: str, timeout: float = WAIT_S) -> None:
 
 def outcome(fut) -> tuple:
     exc = fut.exception(WAIT_S)
-    return ("solved", fut.result()) if exc is None else (exc.outcome.kind, exc.outcome.reason)
+    if exc is None:
+        return ("solved", fut.result())
+    if not isinstance(exc, UnitError):  # the handler's own exception, raised as itself
+        return ("raised", type(exc).__name__, exc.args)
+    return (exc.outcome.kind, exc.outcome.reason)
 
 
 def max_overlap(intervals) -> int:
@@ -215,6 +219,8 @@ def _summary(fut) -> tuple:
     exc = fut.exception(WAIT_S)
     if exc is None:
         return ("solved", fut.result())
+    if not isinstance(exc, UnitError):  # the handler's own exception, raised as itself
+        return ("own", type(exc).__name__, exc.args, exc.__cause__.tb.strip().splitlines()[-1])
     last = exc.outcome.detail.strip().splitlines()[-1] if exc.outcome.detail else ""
     kind = type(exc).__name__
     return (kind, exc.outcome.kind, exc.outcome.reason, last, type(exc.original).__name__ if exc.original else None)
@@ -241,7 +247,7 @@ def test_system_exit_in_an_io_handler_is_its_units_handler_error(fleet_name, han
     with running(config(fleet_name, {"io": io_role(handler, slots=2), "ok": io_role("sleep_async", slots=2)})) as f:
         pids = worker_pids(f)
         error = f.submit("io").exception(WAIT_S)
-        assert isinstance(error, UnitFailed) and error.reason == "HandlerError" and "SystemExit" in error.outcome.detail
+        assert isinstance(error, SystemExit) and "SystemExit" in error.__cause__.tb  # its own, as itself
         assert f.submit("ok", 0.01).result(WAIT_S) == 0.01
         assert worker_pids(f) == pids
 
@@ -254,6 +260,7 @@ def test_parity_the_same_corpus_on_io_and_cpu_roles_gives_the_same_outcomes(flee
         outcomes = {name: [outcome(fut) for fut in futs] for name, futs in futures.items()}
         assert outcomes["cpu"] == outcomes["pool"] == outcomes["loop"]
         assert sum(o[0] == "suppressed" for o in outcomes["cpu"]) == 100
+        assert sum(o[0] == "raised" for o in outcomes["cpu"]) == 100
         ledger = f.ledger()
         assert (ledger["submitted"], ledger["solved"], ledger["suppressed"], ledger["failed"]) == (900, 300, 300, 300)
 

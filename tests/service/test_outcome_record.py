@@ -14,7 +14,7 @@ from fleet.service import control
 from fleet.service.client import Client
 from fleet.service.control import outcome_record as rec
 from fleet.rules.outcomes import FAILED, FAILURE_REASONS, SUPPRESSED
-from fleet.rules.unit import Outcome, UnitError, UnitFailed, UnitSuppressed, error_for
+from fleet.rules.unit import Outcome, UnitFailed, UnitSuppressed, error_for
 from tests.daemons import BOUND_S
 
 
@@ -46,7 +46,7 @@ def received(fut: Future, role: str = "r"):
             continue
         try:
             outs.append(rec.result_of(record, value, role))
-        except UnitError as exc:
+        except Exception as exc:  # a UnitError, or a handler's own exception (fleet.rules.raised)
             outs.append(exc)
     assert len(outs) == 1 and held == {}  # one outcome, no part left over
     return outs[0]
@@ -82,10 +82,11 @@ def test_a_unit_cancelled_in_the_daemon_arrives_failed_cancelled():
     assert isinstance(out, UnitFailed) and out.outcome == Outcome(FAILED, "Cancelled", "cancelled in the daemon")
 
 
-def test_the_handlers_exception_travels_with_a_handler_error():
+def test_the_handlers_exception_travels_with_a_handler_error_and_is_raised_as_itself():
     original = KeyError("missing key")
     out = received(ended(exc=error_for(7, "r", Outcome(FAILED, "HandlerError", "Traceback ..."), original)))
-    assert isinstance(out.original, KeyError) and out.original.args == ("missing key",)
+    assert type(out) is KeyError and out.args == ("missing key",)  # fleet.rules.raised
+    assert "Traceback ..." in out.__cause__.tb
 
 
 def test_an_exception_that_is_not_a_unit_error_arrives_as_a_result_error():

@@ -14,6 +14,8 @@ and ~50 µs CPU handlers:
   idle_cpu_percent       fleet (supervisor thread + zygote + workers) over an idle period
   io_fleet               1,000 units that each `await asyncio.sleep(0.01)` on one I/O-bound
                          role with 100 slots; `io_fleet_of_ideal` = 0.1 s / the median run
+fleet.Executor runs with its defaults (no max_workers, no profile: every whole core of
+the detected quota, the loop by priority) beside them; its keys are executor_*.
 Fleet runs N worker processes (forced pinned, one role of N cores) in two configurations:
 `slots` = N (what users write) and 32 slots per worker (the tuned one). Each throughput
 ratio under "ratios" is the LOWER of the two; "ratios_by_config" keeps both figures.
@@ -131,6 +133,34 @@ def open_fleet(stack, workers, units, slots_per_worker):
     measures["latency_us"] = lambda: round_trips(lambda: f.submit("work", 0).result())
     facts = {"binding": f.plan.binding, "seats": len(f.layout.seats), "slots": slots_per_worker * workers}
     return f, measures, facts
+
+
+def open_executor(stack, units):
+    """fleet.Executor with its defaults (no max_workers: every whole core of the quota),
+    measured as ProcessPoolExecutor is: submit(fn, x) and map(fn, xs, chunksize=C)."""
+    ex = stack.enter_context(fleet.Executor())
+    list(ex.map(H.work, range(2000)))  # warm
+    n50 = spin50_units(units)
+    measures = {"submit_units_per_s": lambda: timed(units, lambda: [x.result() for x in [ex.submit(H.work, i) for i in range(units)]])}
+    for c in CHUNKS[:2]:
+        n = units * MAP_ITEMS[c]
+        measures[f"map_chunk{c}_units_per_s"] = lambda n=n, c=c: timed(n, lambda: list(ex.map(H.work, range(n), chunksize=c)))
+    measures["spin50_map_units_per_s"] = lambda: timed(n50, lambda: list(ex.map(H.work, ["spin"] * n50, chunksize=64)))
+    measures["latency_us"] = lambda: round_trips(lambda: ex.submit(H.work, 0).result())
+    facts = {"workers": ex._max_workers, "binding": ex.fleet.plan.binding, "seats": len(ex.fleet.layout.seats)}
+    return measures, facts
+
+
+def executor_ratios(ex, ppe, pool) -> dict:
+    """fleet.Executor (defaults) against ProcessPoolExecutor and Pool (issue 30's targets)."""
+    return {
+        "executor_submit_over_ppe": round(ex["submit_units_per_s"] / ppe["submit_units_per_s"], 2),
+        "executor_map_chunk1_over_pool": round(ex["map_chunk1_units_per_s"] / pool["imap_chunk1_units_per_s"], 2),
+        "executor_map_chunk64_over_pool": round(ex["map_chunk64_units_per_s"] / pool["imap_chunk64_units_per_s"], 2),
+        # of the quota's cores x 20,000/s: the limit for 50 us units on the cores it was given
+        "executor_spin50_of_limit": round(ex["spin50_map_units_per_s"] / (ex["workers"] * 20_000), 3),
+        "executor_p50_over_ppe": round(ex["latency_us"]["p50"] / ppe["latency_us"]["p50"], 3),
+    }
 
 
 def open_ppe(stack, workers, units):
@@ -340,6 +370,7 @@ def main(argv=None):
                            for name, per_worker in CONFIGS.items() if name not in opened})
             contenders = [Contender(f"fleet_{name}", measures, facts)
                           for name, (_f, measures, facts) in opened.items()]
+            contenders.append(Contender("fleet_executor", *open_executor(peers, n)))
             contenders.append(Contender("process_pool_executor", open_ppe(peers, w, n)))
             contenders.append(Contender("multiprocessing_pool", open_pool(peers, w, n)))
             contenders.append(Contender("bare_processes", open_bare(peers, w, n)))
@@ -377,8 +408,16 @@ def main(argv=None):
             round(res[f"fleet_{name}"]["submit_units_per_s"] / res["loky"]["submit_units_per_s"], 2) for name in CONFIGS)
     ratios["idle_cpu_percent_fleet"] = natural["idle_cpu_percent"]
     ratios["io_fleet_of_ideal"] = round(res["io_fleet"]["ideal_s"] / res["io_fleet"]["median_s"], 3)
+    ratios.update(executor_ratios(res["fleet_executor"], ppe, pool))
+    # what the machine gave bare processes meanwhile (a shared VM's stretch falls on both)
+    ratios["executor_spin50_of_ceiling"] = round(res["fleet_executor"]["spin50_map_units_per_s"] / ceiling, 3)
     res["ratios"] = ratios
     res["targets"] = {
+        "executor_submit_over_ppe": ">= 5",
+        "executor_map_chunk1_over_pool": ">= 1",
+        "executor_map_chunk64_over_pool": ">= 1",
+        "executor_spin50_of_limit": ">= 0.9",
+        "executor_p50_over_ppe": "<= 0.5",
         "submit_fleet_over_ppe": ">= 5 (aim 10)",
         "submit_fleet_over_mpire": "reported (aim >= 1)",
         "map_chunk1_fleet_over_pool": ">= 1",

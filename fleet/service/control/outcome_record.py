@@ -24,6 +24,7 @@ from typing import Any
 
 from fleet.runtime.codec import MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _Pickled, clip_detail, dumps, handler_error, loads
 from fleet.rules.outcomes import FAILED, KINDS, SOLVED
+from fleet.rules.raised import unit_exception
 from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, UnitError, error_for
 from fleet.service.control.errors import E_INVALID_REPLY, ProtocolError
@@ -205,7 +206,7 @@ def result_of(record: Record, value: str | None, role: str) -> Any:
     detail, original = record.detail, None
     if record.error:
         detail, original = handler_error(record.detail, _unbase64(record.error, ERROR))
-    raise error_for(unit_id, role, Outcome(record.kind, record.reason, detail), original)
+    raise unit_exception(unit_id, role, Outcome(record.kind, record.reason, detail), original)
 
 
 def _unbase64(text: str, field: str) -> bytes:

@@ -1,0 +1,205 @@
+"""`fleet.Executor`: ProcessPoolExecutor's face on a fleet. Change the import line:
+
+    from fleet import Executor as ProcessPoolExecutor
+
+    with ProcessPoolExecutor() as ex:
+        print(ex.submit(pow, 2, 8).result())
+        print(list(ex.map(pow, range(10), range(10), chunksize=4)))
+
+It is an embedded `fleet.Fleet` (the same loop, rings, slot FSM, ledger and budget)
+with one role, ``call``, whose handler (`fleet.runtime.calls.call`) runs the call a
+unit carries, ``(fn, args, kwargs)``, pickled by reference as ProcessPoolExecutor
+pickles it. The fleet is booted with ``[budget] loop = "priority"``
+(`fleet.rules.budget`): every whole core of the detected quota (cgroup, cpuset,
+affinity) is a worker's, and the supervisor's loop keeps its place by priority.
+docs/executor.md says what is the same as ProcessPoolExecutor, what fleet adds and
+what differs, and why.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import os
+from concurrent.futures import Executor as _StdExecutor
+from concurrent.futures import Future
+from multiprocessing.context import BaseContext
+from typing import Callable, Iterator
+
+from fleet.api.executor import Fleet, length_of
+from fleet.runtime.calls import NO_KWARGS
+from fleet.runtime.config import load_config
+from fleet.runtime.worker_setup import WorkerSetup
+from fleet.rules.unit import FleetClosed
+
+log = logging.getLogger("fleet.api.pool")
+
+#: The one role, and its handler.
+ROLE = "call"
+HANDLER = "fleet.runtime.calls:call"
+#: The role's queue bound: ProcessPoolExecutor's queue has none; fleet's is the most
+#: config allows, so submit waits for room only past ten million units waiting.
+QUEUE_BOUND = 10_000_000
+#: Calls sent ahead to each worker beyond the one it runs (the role's `lookahead`): a few,
+#: as ProcessPoolExecutor's call queue keeps a few ahead of its workers; a call sent
+#: ahead counts as started, so `shutdown(cancel_futures=True)` cannot cancel it.
+LOOKAHEAD = 4
+#: The message ProcessPoolExecutor's submit raises after shutdown (a plain RuntimeError there too).
+AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
+
+_names = itertools.count(1)
+
+
+def quota_cores() -> int:
+    """The whole cores of the quota this process may use (cgroup quota, cpuset,
+    affinity: `fleet.host.cgroup.effective_cpus`, never the host's CPU count on a
+    smaller container), at least 1."""
+    from fleet.host.system import Host
+
+    return max(1, math.floor(Host().effective_cpus().cpus))
+
+
+class Executor(_StdExecutor):
+    """A `concurrent.futures.Executor` with ProcessPoolExecutor's constructor and methods.
+
+    Args:
+        max_workers: worker processes (default: every whole core of the quota). More
+            than the quota has are capped to it, logged once (INFO, logger
+            ``fleet.api.pool``); ``oversubscribe=True`` runs them all anyway.
+        mp_context: accepted for ProcessPoolExecutor's signature and moot: fleet's
+            workers are forks of its own zygote whatever the start method (a function
+            of a script's ``__main__`` still works: the workers import it as spawn
+            does). Must be None or a multiprocessing context.
+        initializer, initargs: called in each worker process before its first call
+            (also in every worker started later). If it raises, the executor is
+            broken: pending and later calls raise BrokenProcessPool.
+        max_tasks_per_child: calls (a chunk of `map` counts once) a worker runs
+            before it is replaced by a fresh one (default: no limit).
+        oversubscribe: let `max_workers` exceed the quota's cores (fleet's own
+            opt-in; not a ProcessPoolExecutor argument).
+
+    Raises:
+        ValueError: max_workers < 1, max_tasks_per_child < 1.
+        TypeError: an initializer that is not callable, a max_tasks_per_child that is
+            not an int, an mp_context that is not a multiprocessing context.
+        PayloadUnpicklable: the initializer or its initargs cannot be pickled.
+        BootRefused: the host cannot run a worker (below 1 CPU).
+    """
+
+    def __init__(self, max_workers: int | None = None, mp_context: BaseContext | None = None,
+                 initializer: Callable | None = None, initargs: tuple = (), *,
+                 max_tasks_per_child: int | None = None, oversubscribe: bool = False):
+        from multiprocessing import spawn
+
+        spawn._check_not_importing_main()  # multiprocessing's own guard: no executor while the workers import __main__
+        _check_args(max_workers, mp_context, initializer, max_tasks_per_child)
+        cores = quota_cores()
+        workers = cores if max_workers is None else max_workers
+        over = workers > cores
+        if over and not oversubscribe:
+            # INFO, not a warning on stderr: a ProcessPoolExecutor program's output stays its own
+            # (the plan says it too: ex.fleet.plan, fleetctl plan).
+            log.info("fleet.Executor: max_workers=%d is more than the %d whole cores of this process's CPU "
+                        "quota; running %d worker processes (oversubscribe=True runs %d)", workers, cores, cores,
+                        workers)
+            workers, over = cores, False
+        role = {"handler": HANDLER, "slots": workers, "queue_bound": QUEUE_BOUND, "lookahead": LOOKAHEAD}
+        if over:
+            role["peak_cpus"] = workers  # forced pinned, oversubscribed: the plan says so (fleet.rules.plan)
+        config = load_config({
+            "fleet": {"name": f"executor-{os.getpid()}-{next(_names)}", "profile": "pinned" if over else "auto"},
+            "budget": {"loop": "priority"},
+            "roles": {ROLE: role},
+        }, env={})
+        setup = WorkerSetup.of_this_process(initializer=initializer, initargs=initargs, max_tasks=max_tasks_per_child)
+        self._max_workers = workers
+        self._mp_context = mp_context
+        self._shutdown = False
+        self._fleet = Fleet(dataclasses.replace(config, workers=setup))
+        self._sup = self._fleet._sup
+
+    # --- concurrent.futures.Executor ---------------------------------------------------------
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        """Run ``fn(*args, **kwargs)`` in a worker; returns its Future. `fn` and the
+        arguments are pickled here (by reference for functions, as ProcessPoolExecutor
+        does): one that cannot be pickled raises PayloadUnpicklable now, nothing queued.
+
+        Raises also RuntimeError after shutdown, and BrokenProcessPool (`RoleBroken`)
+        once the executor is broken (its initializer failed, or its workers kept dying)."""
+        if self._shutdown:
+            raise RuntimeError(AFTER_SHUTDOWN)
+        try:
+            return self._sup.submit(ROLE, (fn, args, kwargs))
+        except FleetClosed:
+            raise RuntimeError(AFTER_SHUTDOWN) from None
+
+    def map(self, fn, *iterables, timeout: float | None = None, chunksize: int = 1,
+            progress: bool = False) -> Iterator:
+        """``fn(*args)`` for the items of `iterables` taken together (as the builtin
+        map, shortest first), in order. With ``chunksize > 1`` that many calls travel
+        and run as one unit. A call's exception is raised when the iteration reaches
+        it; `timeout` bounds the whole iteration (TimeoutError). The iterables are read
+        lazily, a bounded window ahead of the results taken (`fleet.api.executor.map_units`),
+        so a generator of any length maps in bounded memory. ``progress=True`` draws a
+        tqdm progress bar."""
+        return self._map(fn, iterables, timeout, chunksize, progress, ordered=True)
+
+    def map_unordered(self, fn, *iterables, timeout: float | None = None, chunksize: int = 1,
+                      progress: bool = False) -> Iterator:
+        """As `map`, but results come as their calls complete (a chunk's in its order),
+        as ``multiprocessing.Pool.imap_unordered`` hands them out."""
+        return self._map(fn, iterables, timeout, chunksize, progress, ordered=False)
+
+    def _map(self, fn, iterables, timeout, chunksize, progress, ordered) -> Iterator:
+        if self._shutdown:
+            raise RuntimeError(AFTER_SHUTDOWN)
+        lengths = [length_of(i) for i in iterables] if progress else [None]
+        total = None if None in lengths else min(lengths, default=0)
+        calls = ((fn, args, NO_KWARGS) for args in zip(*iterables))
+        try:
+            return self._fleet._map(ROLE, calls, chunksize, timeout, None, ordered, progress, total)
+        except FleetClosed:
+            raise RuntimeError(AFTER_SHUTDOWN) from None
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Take no more calls. With `cancel_futures`, calls not yet started are cancelled;
+        the others finish (also with ``wait=False``, and at interpreter exit). `wait`:
+        return once every call has its outcome and the workers are gone."""
+        self._shutdown = True
+        self._fleet.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    # --- what ProcessPoolExecutor users read ------------------------------------------------------
+    @property
+    def fleet(self) -> Fleet:
+        """The embedded fleet: its plan, layout, ledger and status."""
+        return self._fleet
+
+    @property
+    def _broken(self):
+        """False, or why the executor is broken (ProcessPoolExecutor's attribute)."""
+        code = self._sup.roles.code(ROLE)
+        if code not in self._sup._stopped_view:
+            return False
+        return self._sup._stop_reasons.get(code, "its workers kept dying")
+
+    def __repr__(self) -> str:
+        return f"<fleet.Executor max_workers={self._max_workers} fleet={self._fleet.name!r}>"
+
+
+def _check_args(max_workers, mp_context, initializer, max_tasks_per_child) -> None:
+    """ProcessPoolExecutor's argument checks, with its messages."""
+    if max_workers is not None:
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int):
+            raise TypeError(f"max_workers must be an int, got {max_workers!r}")
+        if max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
+    if mp_context is not None and not isinstance(mp_context, BaseContext):
+        raise TypeError(f"mp_context must be a multiprocessing context or None, got {mp_context!r}")
+    if initializer is not None and not callable(initializer):
+        raise TypeError("initializer must be a callable")
+    if max_tasks_per_child is not None:
+        if isinstance(max_tasks_per_child, bool) or not isinstance(max_tasks_per_child, int):
+            raise TypeError("max_tasks_per_child must be an integer")
+        if max_tasks_per_child <= 0:
+            raise ValueError("max_tasks_per_child must be >= 1")

@@ -1,0 +1,235 @@
+"""fleet.Executor: ProcessPoolExecutor's face on a fleet (real zygote, workers, rings).
+
+CPython's own test_concurrent_futures runs against it in test_cpython_futures.py;
+these are the cases issue 30 names beyond it: a script's __main__ functions, Manager
+proxies and the initializer, interpreter exit, the exception rule, max_tasks_per_child
+and the budget an embedded executor boots with.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures.process import BrokenProcessPool
+
+import pytest
+
+import fleet
+from fleet.api.pool import quota_cores
+from tests import executor_calls as C
+from tests.fleets import descendants
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WAIT_S = 60
+
+
+@pytest.fixture(scope="module")
+def ex():
+    """One executor for the cases that leave it as they found it; nothing of it stays."""
+    before = descendants()
+    executor = fleet.Executor(max_workers=2)
+    yield executor
+    executor.shutdown(wait=True)
+    assert not (descendants() - before)
+
+
+def run_script(tmp_path, text: str, *args) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(text))
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp_path)
+
+
+# --- the drop-in ---------------------------------------------------------------------------
+def test_a_scripts_own_function_maps_in_the_workers_and_the_guard_holds(tmp_path):
+    out = run_script(tmp_path, """
+        import os
+        print("top level ran in", "parent" if os.environ.get("ROLE") == "parent" else "a worker", flush=True)
+
+        def triple(x):
+            return 3 * x
+
+        if __name__ == "__main__":
+            os.environ["ROLE"] = "parent"
+            from fleet import Executor as ProcessPoolExecutor
+            with ProcessPoolExecutor(max_workers=2) as ex:
+                print(list(ex.map(triple, range(6), chunksize=2)), ex.submit(triple, 7).result())
+    """)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "[0, 3, 6, 9, 12, 15] 21" in lines
+    # The workers imported the script under __mp_main__: its top level ran there (once, in
+    # the zygote they are forked from), its guarded block did not.
+    assert lines.count("[0, 3, 6, 9, 12, 15] 21") == 1 and "top level ran in a worker" in lines
+
+
+def test_submit_and_map_take_the_stdlib_signatures(ex):
+    assert ex.submit(C.add, 2, y=3).result(WAIT_S) == 5
+    assert list(ex.map(C.add, range(5), range(5))) == [0, 2, 4, 6, 8]
+    assert list(ex.map(C.add, range(50), range(40), chunksize=7)) == [2 * i for i in range(40)]
+    assert sorted(ex.map_unordered(C.square, range(20), chunksize=3)) == [i * i for i in range(20)]
+    with pytest.raises(ValueError):
+        list(ex.map(C.square, range(3), chunksize=0))
+
+
+def test_a_manager_proxy_passed_as_an_argument_reaches_its_manager(ex):
+    with multiprocessing.Manager() as manager:
+        shared = manager.list()
+        assert [ex.submit(C.put, shared, i).result(WAIT_S) for i in range(3)] == [1, 2, 3]
+        assert list(shared) == [0, 1, 2]
+
+
+def test_a_multiprocessing_queue_is_refused_at_submit_naming_what_works(ex):
+    queue = multiprocessing.get_context("fork").Queue()  # ("spawn" would start a resource tracker process)
+    with pytest.raises(fleet.PayloadUnpicklable, match=r"Manager\(\) proxy"):
+        ex.submit(C.put, queue, 1)
+    assert ex.submit(C.square, 3).result(WAIT_S) == 9  # nothing was queued, nothing broke
+
+
+def test_the_initializer_runs_in_every_worker_before_its_first_call():
+    with fleet.Executor(max_workers=2, initializer=C.init, initargs=("ready",)) as ex:
+        assert set(ex.map(C.state, range(8))) == {"ready"}
+
+
+def test_a_failing_initializer_breaks_the_executor():
+    with fleet.Executor(max_workers=1, initializer=C.init_fails) as ex:
+        future = ex.submit(C.square, 2)
+        with pytest.raises(BrokenProcessPool):
+            future.result(WAIT_S)
+        assert ex._broken
+        with pytest.raises(BrokenProcessPool, match="initializer failed"):
+            ex.submit(C.square, 2)
+
+
+def test_max_tasks_per_child_replaces_the_worker_after_that_many_calls():
+    with fleet.Executor(max_workers=1, max_tasks_per_child=3) as ex:
+        pids = [ex.submit(C.pid).result(WAIT_S) for _ in range(7)]
+        assert pids[0] == pids[1] == pids[2] != pids[3] == pids[4] == pids[5] != pids[6]
+        assert ex.fleet.ledger()["failed"] == 0  # a retirement is no death
+        assert list(ex.map(C.square, range(10))) == [i * i for i in range(10)]  # sent-ahead calls rerouted, unrun
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"max_workers": 0}, ValueError, "max_workers must be greater than 0"),
+    ({"max_workers": -1}, ValueError, "max_workers must be greater than 0"),
+    ({"initializer": 3}, TypeError, "initializer must be a callable"),
+    ({"max_tasks_per_child": 0}, ValueError, "max_tasks_per_child must be >= 1"),
+    ({"max_tasks_per_child": "3"}, TypeError, "max_tasks_per_child must be an integer"),
+    ({"mp_context": "spawn"}, TypeError, "mp_context must be a multiprocessing context"),
+])
+def test_bad_arguments_raise_as_process_pool_executor_does_and_start_nothing(kwargs, error, message):
+    before = descendants()
+    with pytest.raises(error, match=message):
+        fleet.Executor(**kwargs)
+    assert descendants() == before
+
+
+def test_max_workers_beyond_the_quota_is_capped_and_logged_once(caplog):
+    cores = quota_cores()
+    with caplog.at_level(logging.INFO, logger="fleet.api.pool"):
+        with fleet.Executor(max_workers=cores + 3) as ex:
+            assert ex._max_workers == cores and len(ex.fleet.layout.seats) == cores
+    warnings = [r for r in caplog.records if r.name == "fleet.api.pool"]
+    assert len(warnings) == 1 and f"max_workers={cores + 3}" in warnings[0].getMessage()
+
+
+def test_an_embedded_executor_gives_every_core_of_the_quota_to_workers():
+    with fleet.Executor() as ex:
+        budget = {s.name: s.cores for s in ex.fleet.plan.budget.consumers}
+        assert budget["reserve"] == 0 and budget["ambient_io"] == 0 and budget["call"] == quota_cores()
+        assert len(ex.fleet.layout.seats) == quota_cores()
+
+
+# --- the exception rule ----------------------------------------------------------------------
+def test_a_calls_exception_is_raised_as_itself_with_the_workers_traceback(ex):
+    with pytest.raises(ZeroDivisionError) as info:
+        ex.submit(C.divide, 1, 0).result(WAIT_S)
+    assert info.value.args == ("division by zero",)
+    assert "in divide" in info.value.__cause__.tb and "return x / y" in info.value.__cause__.tb
+    it = ex.map(C.divide, [1, 1, 1], [1, 0, 1], chunksize=2)
+    assert next(it) == 1.0
+    with pytest.raises(ZeroDivisionError):
+        next(it)
+
+
+def test_an_exception_that_cannot_come_back_is_a_unit_failed_naming_it(ex):
+    with pytest.raises(fleet.UnitFailed) as info:
+        ex.submit(C.raise_unpicklable).result(WAIT_S)
+    assert info.value.reason == "HandlerError" and "CarriesALock" in info.value.outcome.detail
+    with pytest.raises(fleet.UnitFailed) as info:
+        ex.submit(C.raise_unimportable).result(WAIT_S)
+    assert "no_such_module_anywhere" in info.value.outcome.detail
+
+
+def test_a_worker_death_is_a_broken_process_pool_for_its_call_only(ex):
+    with pytest.raises(BrokenProcessPool) as info:
+        ex.submit(C.die).result(WAIT_S)
+    assert isinstance(info.value, fleet.UnitFailed) and info.value.reason == "LaneDeath"
+    assert ex.submit(C.square, 5).result(WAIT_S) == 25  # the executor goes on
+
+
+def test_submit_after_shutdown_raises_the_stdlibs_runtime_error():
+    ex = fleet.Executor(max_workers=1)
+    ex.shutdown()
+    with pytest.raises(RuntimeError, match="^cannot schedule new futures after shutdown$"):
+        ex.submit(C.square, 1)
+    with pytest.raises(RuntimeError, match="cannot schedule new futures"):
+        ex.map(C.square, [1])
+
+
+# --- interpreter exit --------------------------------------------------------------------------
+@pytest.mark.parametrize("ending", ["", "ex.shutdown(wait=False)"])
+def test_work_submitted_finishes_at_interpreter_exit(tmp_path, ending):
+    out = run_script(tmp_path, f"""
+        import sys, time
+        from fleet import Executor
+
+        def slow_write(path, n):
+            time.sleep(0.2)
+            with open(path, "a") as f:
+                f.write(f"{{n}}\\n")
+
+        if __name__ == "__main__":
+            ex = Executor(max_workers=2)
+            for n in range(6):
+                ex.submit(slow_write, sys.argv[1], n)
+            {ending}
+    """, str(tmp_path / "done.txt"))
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    assert sorted((tmp_path / "done.txt").read_text().split()) == [str(n) for n in range(6)]
+
+
+def test_cancel_futures_at_shutdown_is_honoured_at_exit(tmp_path):
+    out = run_script(tmp_path, """
+        import time
+        from fleet import Executor
+        if __name__ == "__main__":
+            ex = Executor(max_workers=1)
+            futures = [ex.submit(time.sleep, 0.2) for _ in range(20)]
+            ex.shutdown(wait=False, cancel_futures=True)
+            print(sum(f.cancelled() for f in futures))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) >= 10  # the queued ones stayed cancelled; exit did not run them
+
+
+# --- progress ---------------------------------------------------------------------------------
+def test_map_progress_draws_a_bar_on_stderr(ex, capsys):
+    assert list(ex.map(C.square, range(40), chunksize=8, progress=True)) == [i * i for i in range(40)]
+    assert "40/40" in capsys.readouterr().err
+    assert list(ex.map(C.square, range(5))) == [0, 1, 4, 9, 16]
+    assert "5/5" not in capsys.readouterr().err  # off by default
+
+
+def test_a_forked_child_of_the_program_exits_without_waiting_for_the_fleet(ex):
+    # A multiprocessing child runs the interpreter's exit hooks as it ends; the fleet's
+    # belongs to the parent (the child has no loop to wait for).
+    child = multiprocessing.get_context("fork").Process(target=C.square, args=(3,))
+    child.start()
+    child.join(WAIT_S)
+    assert child.exitcode == 0
+    assert ex.submit(C.square, 4).result(WAIT_S) == 16
