@@ -7,6 +7,8 @@ kills its worker is in flight then.
 """
 from __future__ import annotations
 
+import fleet
+
 import time
 
 from tests.fleets import config, role, running
@@ -23,7 +25,11 @@ POSTURE = {"cordon_exit_clean_ms": 100}
 
 def _outcome(fut):
     exc = fut.exception(120)
-    return ("solved", fut.result()) if exc is None else (exc.outcome.kind, exc.outcome.reason)
+    if exc is None:
+        return ("solved", fut.result())
+    if isinstance(exc, fleet.UnitError):
+        return (exc.outcome.kind, exc.outcome.reason)
+    return ("raised", type(exc).__name__)  # the handler's own exception, as itself
 
 
 def _corpus(name: str, profile: str):
