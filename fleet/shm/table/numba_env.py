@@ -69,8 +69,11 @@ def _writable_dir(path: Path) -> bool:
 
 def choose_cache_dir(environ=os.environ, key: str | None = None) -> str | None:
     """The cache dir to use, or None when none is writable (kernels then compile uncached)."""
-    if environ.get("NUMBA_CACHE_DIR"):
-        return environ["NUMBA_CACHE_DIR"]
+    given = environ.get("NUMBA_CACHE_DIR")
+    # Used as given when this uid may write there; an inherited one it may not (a parent of
+    # another uid exported its own) falls through to this uid's own choices.
+    if given and _writable_dir(Path(given)):
+        return given
     key = installed_key() if key is None else key
     for candidate in candidate_dirs(environ, key):
         if _writable_dir(candidate):
