@@ -267,17 +267,20 @@ def test_batch_thompson_draws_keep_the_cost_discount_and_exploration():
         asks[:50], state, pol, now, random.Random(1))
 
 
-def test_a_scaled_clock_runs_a_day_in_minutes():
-    import time
+def test_a_scaled_clock_runs_a_day_in_minutes(monkeypatch):
+    import types
 
+    from admission import pool as pool_mod
     from admission.pool import ScaledClock
 
+    real = [500.0]  # the host's monotonic clock, faked
+    monkeypatch.setattr(pool_mod, "time", types.SimpleNamespace(monotonic=lambda: real[0], time=lambda: 0.0))
     clock = ScaledClock(1440, start_wall=T_1447)  # a day in a minute
-    m0 = clock.mono()
-    time.sleep(0.05)
-    m1 = clock.mono()
-    assert m1 - m0 >= 0.05 * 1440  # at least as far as the scaled sleep (a lower bound only)
-    assert clock.wall() - clock.mono() == pytest.approx(T_1447)
+    assert clock.mono() == 0.0 and clock.wall() == T_1447
+    real[0] += 0.05
+    assert clock.mono() == pytest.approx(72.0)  # 50 ms of the host's time: 72 s of the day
+    real[0] += 59.95
+    assert clock.mono() == pytest.approx(86_400.0) and clock.wall() == pytest.approx(T_1447 + 86_400.0)
     with pytest.raises(ValueError):
         ScaledClock(0)
     with pytest.raises(ValueError):

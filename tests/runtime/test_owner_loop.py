@@ -11,13 +11,14 @@ import os
 import signal
 import threading
 import time
+import types
 from concurrent.futures import Future
 
 import pytest
 
 from fleet import QueueFull, UnitFailed
-from fleet.runtime import supervisor
 from fleet.host.system import FakeClockHost
+from fleet.runtime import intake as intake_mod
 from fleet.runtime.intake import Intake, QueueRoom, TurnedAway
 from fleet.rules.unit import BadUnit, FleetClosed, PayloadUnpicklable
 
@@ -158,13 +159,33 @@ def test_queue_room_takes_as_much_of_a_batch_as_is_free_and_waits_only_for_none(
     assert got == [3] and room.waiting(0) == 5
 
 
-def test_queue_room_waits_for_room_and_times_out():
+def test_queue_room_waits_for_room_and_times_out(monkeypatch):
+    # The wait is timed by the room's clock, faked here: each wait on the condition moves
+    # it by what was asked, except the first, a wake-up 40 ms in that found no room.
+    now = [100.0]
+    asked = []
+
+    class Condition(threading.Condition):
+        def wait(self, timeout=None):
+            assert timeout is not None, "a wait with a timeout waited without limit"
+            assert len(asked) < 5, f"still waiting after {asked}"
+            asked.append(round(timeout, 9))
+            now[0] += min(timeout, 0.04) if len(asked) == 1 else timeout
+            return False
+
     room = QueueRoom([1])
     room.take(0, "a")
-    started = time.monotonic()
-    with pytest.raises(QueueFull, match="stayed full"):
+    room._cond = Condition(threading.Lock())
+    monkeypatch.setattr(intake_mod, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    with pytest.raises(QueueFull, match=r"stayed full \(1 units waiting\) for 0.1 s"):
         room.take(0, "a", timeout=0.1)
-    assert time.monotonic() - started >= 0.1
+    assert asked == [0.1, 0.06]  # the whole timeout, then what was left of it after the wake-up
+    assert room.waiting(0) == 1
+
+
+def test_queue_room_wakes_a_waiter_when_room_is_given():
+    room = QueueRoom([1])
+    room.take(0, "a")
     got = threading.Event()
 
     def waiter():
@@ -268,20 +289,33 @@ def test_the_loop_reads_the_zygote_socket_when_the_zygote_has_news_not_on_every_
     with running(config(fleet_name, {"w": role("whoami", slots=1)}, profile="serial")) as f:
         sup = f._sup
         _, first_pid = f.submit("w", 0).result(WAIT_S)
-        reads = []
+        in_turn, reads = [False], []
+
+        def turning(turn):
+            def counting():
+                in_turn[0] = True
+                try:
+                    return turn()
+                finally:
+                    in_turn[0] = False
+            return counting
 
         def counted(read):
             def counting(*args):
-                reads.append(time.monotonic())
+                reads.append(in_turn[0])
                 return read(*args)
             return counting
 
-        sup.inspect(lambda s: setattr(s, "_read_zygote", counted(s._read_zygote)))
-        began = time.monotonic()
+        def spy(s):
+            assert s.data.zygote_news.value == s._zygote_seen  # the zygote has nothing more to say
+            s._turn = turning(s._turn)
+            s._read_zygote = counted(s._read_zygote)
+
+        sup.inspect(spy)
         for i in range(300):
             assert f.submit("w", i).result(WAIT_S)[0] == i
-        samples = (time.monotonic() - began) / supervisor.SAMPLE_EVERY_S
-        assert len(reads) <= samples + 3, f"{len(reads)} reads for 300 round trips in {samples:.1f} samples"
+        # the zygote said nothing: no turn read it (the sample's and the quiet waits' reads remain)
+        assert reads.count(True) == 0, f"{reads.count(True)} reads by the turn for 300 round trips"
         news = sup.data.zygote_news.value
         os.kill(first_pid, signal.SIGKILL)  # the zygote reaps it and tells: a new worker runs
         deadline = time.monotonic() + WAIT_S
@@ -336,12 +370,10 @@ def test_block_false_refuses_a_full_queue_at_once(fleet_name):
         eventually(lambda: f._sup.queued("w") == 0, "the first unit is granted")
         f.submit("w", 30)
         f.submit("w", 30)
-        started = time.monotonic()
         with pytest.raises(QueueFull, match="queue is full"):
             f.submit("w", 30, block=False)
-        with pytest.raises(QueueFull, match="stayed full"):
+        with pytest.raises(QueueFull, match=r"stayed full \(2 units waiting\) for 0.2 s"):  # it waited, then gave up
             f.submit("w", 30, block_timeout=0.2)
-        assert time.monotonic() - started >= 0.2
         assert f.ledger()["submitted"] == 3  # the refused ones changed nothing
         f._sup.kill()  # rather than wait for the sleeping units
 

@@ -378,11 +378,28 @@ def test_a_value_that_cannot_be_pickled_twice_reaches_the_client_and_the_ledger_
     assert after["failed_by_reason"].get("ResultError", 0) == before["failed_by_reason"].get("ResultError", 0)
 
 
-def test_connect_waits_for_a_fleet_that_is_booting(fleet_name):
-    import os
-    import threading
-    import time
+class _BootPolls:
+    """`time` as `fleet.service.client` sees it, counting the boot wait's polls (its
+    sleeps); `on_first` runs at the first (then the poll sleeps as it would)."""
 
+    def __init__(self, on_first=None):
+        self.polls = 0
+        self._on_first = on_first
+
+    def sleep(self, seconds):
+        self.polls += 1
+        if self.polls == 1 and self._on_first is not None:
+            self._on_first()
+        time.sleep(seconds)
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_connect_waits_for_a_fleet_that_is_booting(fleet_name, monkeypatch):
+    import os
+
+    from fleet.service import client as client_mod
     from fleet.shm.table import SlotTable
     from tests import fleet_tables as ft
 
@@ -396,32 +413,32 @@ def test_connect_waits_for_a_fleet_that_is_booting(fleet_name):
         try:
             with pytest.raises(fleet.NotRunning, match="booting"):
                 fleet.connect(fleet_name, env=env, boot_wait=0.3)
-            opener = threading.Timer(1.0, server.start)
-            opener.start()
-            started = time.monotonic()
+            # the socket opens only once connect has found the fleet booting and waited
+            clock = _BootPolls(on_first=server.start)
+            monkeypatch.setattr(client_mod, "time", clock)
             client = fleet.connect(fleet_name, env=env, boot_wait=BOUND_S)
             try:
                 assert client.ping()["pong"] is True
-                assert time.monotonic() - started >= 0.5  # it did wait for the socket
+                assert clock.polls >= 1  # it did wait for the socket
             finally:
                 client.close()
-                opener.join()
         finally:
             server.close()
             table.close()
             table.unlink()
 
 
-def test_connect_does_not_wait_for_an_embedded_or_absent_fleet(fleet_name):
+def test_connect_does_not_wait_for_an_embedded_or_absent_fleet(fleet_name, monkeypatch):
     import os
-    import time
 
+    from fleet.service import client as client_mod
     from fleet.shm.table import SlotTable
     from tests import fleet_tables as ft
 
+    clock = _BootPolls()
+    monkeypatch.setattr(client_mod, "time", clock)
     with tempfile.TemporaryDirectory(dir="/tmp") as run:
         env = {"RUNTIME_DIRECTORY": run}
-        started = time.monotonic()
         with pytest.raises(fleet.NotRunning, match="not running"):
             fleet.connect(fleet_name, env=env, boot_wait=BOUND_S)
         meta = {**ft.boot_meta(fleet_name), "mode": "embedded", "socket": os.path.join(run, "x.sock")}
@@ -432,7 +449,7 @@ def test_connect_does_not_wait_for_an_embedded_or_absent_fleet(fleet_name):
         finally:
             table.close()
             table.unlink()
-        assert time.monotonic() - started < BOUND_S / 2  # neither waited out the bound
+    assert clock.polls == 0  # neither waited
 
 
 # ---------------------------------------------------------------- the daemon's outcome store

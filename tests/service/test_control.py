@@ -926,9 +926,22 @@ def test_a_busy_reply_is_read_even_when_sending_the_request_fails(sockdir):
 def test_running_out_of_descriptors_pauses_accepting_and_serving_resumes(sockdir):
     # The server runs in a forked child whose RLIMIT_NOFILE leaves room for a few
     # connections only: accept() fails with EMFILE. The server must not spin on the
-    # readable listener, and must serve again once descriptors are free.
+    # readable listener: it tries again once its clock (a fake one the test moves, in
+    # memory both processes share) says the pause is over, and serves again once
+    # descriptors are free. The child counts its failed accepts in the same memory.
+    import errno
+    import mmap
     import resource
-    import time
+    import struct
+
+    shared = mmap.mmap(-1, 16, mmap.MAP_SHARED)  # [clock seconds (double), EMFILE accepts (u64)]
+    struct.pack_into("dQ", shared, 0, 1000.0, 0)
+
+    def move_clock(by: float) -> None:
+        struct.pack_into("d", shared, 0, struct.unpack_from("d", shared, 0)[0] + by)
+
+    def emfiles() -> int:
+        return struct.unpack_from("Q", shared, 8)[0]
 
     path = os.path.join(sockdir, "t.sock")
     ready_r, ready_w = os.pipe()
@@ -939,16 +952,23 @@ def test_running_out_of_descriptors_pauses_accepting_and_serving_resumes(sockdir
         try:
             os.close(ready_r)
             os.close(go_w)
-            server = c.ControlServer(path, c.inline_dispatch(object())).start()
+            real_accept = socket.socket.accept
+
+            def accept(sock):
+                try:
+                    return real_accept(sock)
+                except OSError as exc:
+                    if exc.errno == errno.EMFILE:
+                        struct.pack_into("Q", shared, 8, emfiles() + 1)
+                    raise
+
+            socket.socket.accept = accept
+            server = c.ControlServer(path, c.inline_dispatch(object()),
+                                     clock=lambda: struct.unpack_from("d", shared, 0)[0]).start()
             used = len(os.listdir("/proc/self/fd"))
             _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             resource.setrlimit(resource.RLIMIT_NOFILE, (used + 3, hard))
-            before = resource.getrusage(resource.RUSAGE_SELF)
             os.write(ready_w, b"r")
-            os.read(go_r, 1)
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-            os.write(ready_w, json.dumps({"cpu": cpu}).encode())
             os.read(go_r, 1)
             server.close()
             code = 0
@@ -963,14 +983,31 @@ def test_running_out_of_descriptors_pauses_accepting_and_serving_resumes(sockdir
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(path)
             held.append(sock)
-        time.sleep(1.0)  # the child sits at EMFILE with connections waiting
+        wait_for(lambda: emfiles() >= 1)  # out of descriptors: it pauses accepting
+        time.sleep(0.5)  # the listener stays readable while the clock stands still
+        assert emfiles() == 1, "the server spun on its readable listener at EMFILE"
+        move_clock(0.5)  # past the pause: it tries again, still out of descriptors, and pauses again
+        wait_for(lambda: emfiles() >= 2)
+        time.sleep(0.5)
+        assert emfiles() == 2
         for sock in held:
             sock.close()
-        with c.ControlClient(path, timeout=30) as client:
-            assert client.call("ping")["pong"] is True  # serving again
-        os.write(go_w, b"g")
-        cpu = json.loads(os.read(ready_r, 4096))["cpu"]
-        assert cpu < 0.5, f"the server spun at EMFILE: {cpu:.2f}s of CPU in about a second"
+        # From here the clock runs (a pause that meets EMFILE once more, before the closed
+        # connections are dropped, ends too), and serving resumes.
+        ticking = threading.Event()
+
+        def tick():
+            while not ticking.wait(0.02):
+                move_clock(0.1)
+
+        ticker = threading.Thread(target=tick)
+        ticker.start()
+        try:
+            with c.ControlClient(path, timeout=30) as client:
+                assert client.call("ping")["pong"] is True  # serving again
+        finally:
+            ticking.set()
+            ticker.join()
         os.write(go_w, b"g")
     finally:
         os.close(go_w)
