@@ -20,6 +20,8 @@ import uuid
 
 import pytest
 
+from tests.quotas import breaches
+
 BACKENDS = ("sqlite", "postgresql")
 
 
@@ -164,14 +166,13 @@ class FakeClock:
         return self.now
 
 
-def quota_history_violations(store, policy) -> list:
-    """Replay the audit trail: after every event, does the admitted set exceed a quota?
+def quota_history_violations(store, limits: dict) -> list:
+    """Replay the audit trail: after every event, does the admitted set exceed one of
+    `limits` (`tests.quotas.breaches`, the rule written out apart from the store's)?
 
-    Returns the list of (event seq, violations) where one did; [] when every quota
-    held at every step.
+    Returns the list of (event seq, breaches) where one did; [] when every quota held at
+    every step.
     """
-    from admission.store import rules
-
     admitted: dict = {}
     bad = []
     records = {}
@@ -184,7 +185,7 @@ def quota_history_violations(store, policy) -> list:
             admitted[ev.request_id] = records[ev.request_id]
         elif ev.kind in ("released", "timed-out", "preempted", "cancelled"):
             admitted.pop(ev.request_id, None)
-        over = rules.over_quota(policy, admitted.values())
+        over = breaches(limits, admitted.values())
         if over:
             bad.append((ev.seq, over))
     return bad

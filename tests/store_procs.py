@@ -1,8 +1,9 @@
 """Orchestrator processes for the store tests: ``python -m tests.store_procs ROLE ...``.
 
-``scheduler URL ACTOR COUNT SEED``: submit COUNT requests one after another with
+``scheduler URL ACTOR COUNT SEED LIMITS``: submit COUNT requests one after another with
 random placements; wait for each to be admitted, check that the admitted set is
-within every quota, release it. Prints one JSON line: ids admitted, violations.
+within every quota of LIMITS (JSON, as `tests.quotas.breaches` takes them), release it.
+Prints one JSON line: ids admitted, violations.
 
 ``fleet URL ACTOR COUNT PAYLOAD_MS TTL``: an embedded fleet configured with the store;
 submit COUNT units of a host-tier role and print their outcomes as JSON.
@@ -18,14 +19,15 @@ import random
 import sys
 import time
 
-from admission.store import ADMITTED, QUEUED, Request, open_store, rules
+from admission.store import ADMITTED, QUEUED, Request, open_store
+from tests.quotas import breaches
 
 ENVIRONMENTS = ("prod", "dev", "ci")
 PROVIDERS = ("openai", "anthropic")
 TIERS = ("host", "container", "vm")
 
 
-def scheduler(url: str, actor: str, count: int, seed: int) -> dict:
+def scheduler(url: str, actor: str, count: int, seed: int, limits: dict) -> dict:
     rnd = random.Random(seed)
     store = open_store(url, actor=actor)
     admitted, violations = [], []
@@ -41,7 +43,7 @@ def scheduler(url: str, actor: str, count: int, seed: int) -> dict:
             violations.append(f"{r.id} ended {rec.state}")
             continue
         live = [x for x in store.active() if x.state == ADMITTED]
-        over = rules.over_quota(store.policy(), live)
+        over = breaches(limits, live)
         if over:
             violations.append(f"after admitting {r.id}: {over}")
         admitted.append(r.id)
@@ -82,7 +84,7 @@ def fleet_run(url: str, actor: str, count: int, payload_ms: int, ttl: float) -> 
 if __name__ == "__main__":
     role, args = sys.argv[1], sys.argv[2:]
     if role == "scheduler":
-        print(json.dumps(scheduler(args[0], args[1], int(args[2]), int(args[3]))), flush=True)
+        print(json.dumps(scheduler(args[0], args[1], int(args[2]), int(args[3]), json.loads(args[4]))), flush=True)
     elif role == "fleet":
         print(json.dumps(fleet_run(args[0], args[1], int(args[2]), int(args[3]), float(args[4]))), flush=True)
     elif role == "holder":

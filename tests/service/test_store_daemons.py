@@ -10,9 +10,10 @@ import signal
 import subprocess
 import uuid
 
-from admission.store import Policy, open_store
+from admission.store import open_store
 
 from ..daemons import BOUND_S, Fleetd, segments, wait_until
+from ..quotas import DEFAULT_LIMITS
 from ..store_backends import backend, pg_dsn, quota_history_violations, store_url, stores  # noqa: F401
 
 ROLES = {"w": {"kind": "pooled", "handler": "tests.handlers:interval", "slots": 1}}
@@ -70,7 +71,7 @@ def test_two_fleetd_share_a_host_tier_quota_of_one(store_url, tmp_path):
             admitted = [e for e in s.events() if e.kind == "admitted"]
             assert len(admitted) == 6 and {e.actor for e in admitted} <= {"fleetd-a", "fleetd-b"}
             assert {e.request_id.split("/")[0] for e in admitted} == {"fleetd-a", "fleetd-b"}
-            assert quota_history_violations(s, Policy()) == []
+            assert quota_history_violations(s, DEFAULT_LIMITS) == []
             wait_until(lambda: s.active() == [], "every lease to be given back")
     finally:
         stop(a, b)
@@ -98,7 +99,7 @@ def test_a_sigkilled_fleetds_lease_is_reclaimed_by_the_other_after_expiry(store_
             assert (rec.state, rec.reason) == ("timed-out", "lease expired")
             kinds = [(e.kind, e.request_id.split("/")[0]) for e in s.events() if e.kind in ("admitted", "timed-out")]
             assert kinds == [("admitted", "fleetd-dead"), ("timed-out", "fleetd-dead"), ("admitted", "fleetd-live")]
-            assert quota_history_violations(s, Policy()) == []
+            assert quota_history_violations(s, DEFAULT_LIMITS) == []
         assert len(intervals(log)) == 1  # only the live fleetd's unit finished; the killed one never did
     finally:
         stop(dead, live)
