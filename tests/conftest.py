@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 
 import pytest
 
 from fleet.shm import dataplane
 from fleet.shm.table import segment
+from tests.fleets import unique_name
 
 
 @pytest.fixture
 def fleet_name(request):
     """A fleet name unique to this test; its table and data segments are unlinked afterwards."""
-    name = f"t{os.getpid()}-{uuid.uuid4().hex[:10]}"
+    name = unique_name("t")
     yield name
     segment.unlink(name)
     dataplane.unlink(name)

@@ -15,7 +15,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 
 import psutil
@@ -24,6 +23,7 @@ import fleet
 from fleet.shm import dataplane
 from fleet.rules.errors import FleetError
 from fleet.shm.table import segment
+from tests.fleets import unique_name
 
 #: Generous bound for anything a test waits on (boot, a unit, a stop).
 BOUND_S = 60.0
@@ -357,7 +357,7 @@ def one_way(unit):
 def served_fleetd(prefix: str, roles: dict, **kwargs):
     """A real fleetd under a name unique to this process, for a module's tests to share;
     its table and data segments are unlinked afterwards, even when it never booted."""
-    name = f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:10]}"
+    name = unique_name(prefix)
     try:
         with Fleetd(name, roles, **kwargs) as d:
             yield d

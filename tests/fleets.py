@@ -4,10 +4,18 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import uuid
 
 import psutil
 
 import fleet
+
+
+def unique_name(prefix: str) -> str:
+    """A fleet name no other test, and no other test run on this host, uses: ``prefix``, this
+    process's pid and a random suffix. A fleet's name names its shared memory
+    (/dev/shm/fleet.<name>) and its socket, so two runs that shared one would collide."""
+    return f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:10]}"
 
 
 def role(handler: str, **fields) -> dict:

@@ -187,3 +187,51 @@ def test_the_scan_catches_each_shape_of_a_timed_assertion():
 def test_the_scan_lets_deadlines_and_fake_clocks_be():
     for what, source in ALLOWED.items():
         assert timed_assertions(source) == [], what
+
+
+# --- fleet names ------------------------------------------------------------------------
+# A fleet's name names its shared memory (/dev/shm/fleet.<name>) and its socket: two test
+# runs on one host that booted the same name would tear down each other's fleet. Tests
+# name their fleets with `tests.fleets.unique_name` (or the `fleet_name` fixture).
+
+#: Calls whose first argument names a fleet that boots.
+FLEET_MAKERS = frozenset({"config", "Fleetd", "_fleet", "_daemon"})  # served_fleetd takes a prefix
+#: The docs' own fleet: their blocks run as written, and they call it demo.
+SHARED_NAMES = {"tests/test_docs.py": {"demo"}}
+
+
+def fixed_fleet_names(source: str) -> list[tuple[int, str]]:
+    """(line, name) for each literal fleet name given to a call that boots a fleet
+    (`FLEET_MAKERS`, and ``name=`` of a replay)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+        args = []
+        if called in FLEET_MAKERS and node.args:
+            args.append(node.args[0])
+        if called == "replay":
+            args += [k.value for k in node.keywords if k.arg == "name"]
+        found += [(node.lineno, a.value) for a in args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return found
+
+
+def test_no_test_boots_a_fleet_under_a_fixed_name():
+    offenders = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        rel = str(path.relative_to(TESTS.parent))
+        found = [(line, name) for line, name in fixed_fleet_names(path.read_text())
+                 if name not in SHARED_NAMES.get(rel, set())]
+        if found:
+            offenders[rel] = found
+    assert offenders == {}
+
+
+def test_the_name_scan_catches_a_literal_name_and_lets_a_unique_one_be():
+    assert fixed_fleet_names('with _fleet("refbudget", clock) as f:\n    pass\n') == [(1, "refbudget")]
+    assert fixed_fleet_names('cfg = config("admkeep", roles)\nrep = replay(t, name="tu")\n') == [
+        (1, "admkeep"), (2, "tu")]
+    assert fixed_fleet_names('cfg = config(unique_name("admkeep"), roles)\nd = Fleetd(fleet_name, {})\n'
+                             'rep = replay(t, name=unique_name("tu"))\n') == []

@@ -15,6 +15,7 @@ from fleet.burst.runner import replay
 from fleet.burst.trace import load, parse_lines
 from fleet.runtime.config import ConfigError, load_config
 from tests.daemons import BOUND_S, Fleetd, segments, to_toml, wait_until
+from tests.fleets import unique_name
 
 ROLES = {"crunch": {"kind": "pooled", "handler": "fleet.burst.handlers:burn", "slots": 1},
          "binned": {"kind": "pinned", "handler": "fleet.burst.handlers:burn", "slots": 2}}
@@ -38,7 +39,7 @@ def test_record_without_a_running_fleet_is_exit_no_fleet(tmp_path):
 
 
 def test_record_then_replay_round_trip(tmp_path):
-    name = f"rec{os.getpid()}"
+    name = unique_name("rec")
     log = tmp_path / "arrivals.jsonl"
     out = tmp_path / "captured.jsonl"
     d = Fleetd(name, ROLES)
@@ -80,7 +81,7 @@ def test_record_then_replay_round_trip(tmp_path):
     # 200 ms), and the recording says which burned more without reading a payload
     crunch, binned = [a.cpu_ms for a in arrivals[:3]], [a.cpu_ms for a in arrivals[3:]]
     assert 0 < max(crunch) < min(binned), (crunch, binned)
-    rep = replay(trace, modes=("none",), speed=1.0, progress=False, name=f"rep{os.getpid()}")
+    rep = replay(trace, modes=("none",), speed=1.0, progress=False, name=unique_name("rep"))
     m = rep["modes"][0]
     assert m["ledger"]["exact"] and m["ok"] == 6 and m["ledger"]["ledger"]["submitted"] == 6
 
@@ -89,7 +90,7 @@ def test_an_embedded_fleet_records_the_work_shape(tmp_path):
     import fleet
 
     log = tmp_path / "a.jsonl"
-    cfg = {"fleet": {"name": f"emb{os.getpid()}"}, "roles": {"crunch": ROLES["crunch"]},
+    cfg = {"fleet": {"name": unique_name("emb")}, "roles": {"crunch": ROLES["crunch"]},
            "record": {"enabled": True, "path": str(log)}}
     with fleet.Fleet.from_config(cfg) as f:
         f.submit("crunch", {"id": "x", "cpu_ms": 2.5, "severity": "B"}, lane="l").result(BOUND_S)
@@ -155,7 +156,7 @@ def test_recording_measures_cpu_beside_run_time_and_the_replay_sleeps_the_rest(t
     from fleet.burst.record import to_trace
 
     log = tmp_path / "a.jsonl"
-    cfg = {"fleet": {"name": f"cpu{os.getpid()}"},
+    cfg = {"fleet": {"name": unique_name("cpu")},
            "roles": {"sleeper": {"kind": "pooled", "handler": "tests.handlers:hang", "slots": 1}},
            "record": {"enabled": True, "path": str(log)}}
     with fleet.Fleet.from_config(cfg) as f:  # the payload declares no shape: it is measured
@@ -177,7 +178,7 @@ def test_recording_measures_cpu_beside_run_time_and_the_replay_sleeps_the_rest(t
         return real_submit(self, role, payload, **kwargs)
 
     monkeypatch.setattr(fleet.Fleet, "submit", submit)
-    rep = replay(trace, modes=("none",), speed=1.0, progress=False, name=f"cpurep{os.getpid()}")
+    rep = replay(trace, modes=("none",), speed=1.0, progress=False, name=unique_name("cpurep"))
     (r,) = rep["modes"][0]["round_log"]
     assert r["status"] == "ok", r
     rounds = [(role, payload) for role, payload in sent if payload.get("id") == a["id"]]  # not the warm-up

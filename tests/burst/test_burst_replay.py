@@ -14,6 +14,8 @@ import pytest
 from fleet.burst import cli
 from fleet.burst.trace import FORMAT, VERSION
 
+from tests.fleets import unique_name
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": REPO}
 BOUND_S = 120
@@ -44,7 +46,7 @@ def replayed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("burst")
     trace = folder / "mini.jsonl"
     write_trace(trace)
-    name = f"bursttest{os.getpid()}"
+    name = unique_name("bursttest")
     report = folder / "report"
     proc = subprocess.Popen([sys.executable, "-m", "fleet.burst.cli", "replay", str(trace), "--modes",
                              "none,cap,admission", "--cap", "3", "--report", str(report), "--name", name],
@@ -184,7 +186,7 @@ def test_admission_rounds_held_by_a_backoff_start_when_it_ends(tmp_path):
         rows.append(json.dumps({"t": t, "id": f"r{i}", "role": "review", "lane": "review", "route": route}))
     path = tmp_path / "backoff.jsonl"
     path.write_text("\n".join(rows) + "\n")
-    rep = replay(load(str(path)), modes=("admission",), speed=20.0, progress=False, name=f"bo{os.getpid()}")
+    rep = replay(load(str(path)), modes=("admission",), speed=20.0, progress=False, name=unique_name("bo"))
     m = rep["modes"][0]
     assert m["refusals_met"]["429"] >= 1, "the first burst must meet the pool's K"
     assert m["cut"] == 0 and m["ok"] == 5, m["round_log"]  # every round ran: a refused one waits and runs
@@ -213,7 +215,7 @@ def test_cpu_quota_runs_inside_the_tools_own_group_and_removes_it(tmp_path):
     before = set(glob.glob("/sys/fs/cgroup/cpu/fleet-burst-*"))
     with open("/proc/self/cgroup") as f:
         home = f.read()
-    rep = replay(load(str(path)), speed=1.0, progress=False, name=f"quota{os.getpid()}", cpu_quota=2.0)
+    rep = replay(load(str(path)), speed=1.0, progress=False, name=unique_name("quota"), cpu_quota=2.0)
     m = rep["modes"][0]
     assert m["ledger"]["exact"] and m["ok"] == 20
     assert rep["cpu_quota"]["cpu_stat"]["nr_periods"] > 0  # the fleet ran under the group's CFS quota
@@ -257,7 +259,7 @@ def test_admission_through_the_fleet_loses_no_round_of_burst_35(tmp_path):
     from fleet.burst.trace import load
 
     rep = replay(load(os.path.join(REPO, "examples", "traces", "burst-35.jsonl")), modes=("none", "admission"),
-                 speed=60.0, seed=35, progress=False, name=f"b35{os.getpid()}")
+                 speed=60.0, seed=35, progress=False, name=unique_name("b35"))
     none, adm = rep["modes"]
     for m in (none, adm):
         assert m["ledger"]["exact"], m["ledger"]
@@ -291,7 +293,7 @@ def test_a_closure_lifted_before_the_modes_end_is_in_the_report_and_its_timeline
                                                "route": route}) for i, t in enumerate((0.0, 12.0))]
     path = tmp_path / "topup.jsonl"
     path.write_text("\n".join(rows) + "\n")
-    rep = replay(load(str(path)), modes=("admission",), speed=20.0, progress=False, name=f"tu{os.getpid()}")
+    rep = replay(load(str(path)), modes=("admission",), speed=20.0, progress=False, name=unique_name("tu"))
     m = rep["modes"][0]
     assert m["ok"] == 2 and m["refusals_met"]["403"] >= 1, m["round_log"]  # refused, waited, ran
     (closure,) = m["admission_closures"]  # refused probes renew it: one closure

@@ -17,6 +17,8 @@ from fleet.shm import dataplane
 from fleet.burst.trace import FORMAT, VERSION
 from fleet.shm.table import segment
 
+from tests.fleets import unique_name
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": REPO}
 BOUND_S = 120
@@ -48,7 +50,7 @@ def ignore_sigint():
 def test_a_signal_mid_replay_stops_it_and_leaves_nothing(tmp_path, signum, sigint_ignored):
     trace = tmp_path / "long.jsonl"
     long_trace(trace)
-    name = f"burstsig{os.getpid()}{signum}{int(sigint_ignored)}"
+    name = unique_name(f"burstsig{signum}{int(sigint_ignored)}-")
     proc = subprocess.Popen([sys.executable, "-m", "fleet.burst.cli", "replay", str(trace), "--no-progress",
                              "--report", str(tmp_path / "rep"), "--name", name],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,

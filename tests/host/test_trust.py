@@ -12,7 +12,6 @@ import contextlib
 import io
 import os
 import shutil
-import uuid
 
 import numpy  # noqa: F401 - imported here: a forked child of uid 65534 cannot import it from root's home
 import pytest
@@ -27,19 +26,16 @@ from fleet.shm.table import segment
 from fleet.shm.table.segment import KIND as TABLE
 from fleet.host.trust import InvalidTrust, UntrustedPeer
 from tests.daemons import BOUND_S, Fleetd, segments, wait_until
+from tests.fleets import unique_name
 from tests.uids import NOBODY, NOGROUP, as_nobody
 
 MARKING = {"mark": {"kind": "pooled", "handler": "tests.unpickle_marks:marking", "slots": 1, "peak_cpus": 1}}
 
 
-def _unique_name() -> str:
-    return f"t{os.getpid()}-{uuid.uuid4().hex[:10]}"
-
-
 @pytest.fixture(scope="module")
 def others_fleetd():
     """A fleetd of uid 65534, its socket in its own directory, its table under its name."""
-    name = _unique_name()
+    name = unique_name("t")
     try:
         with Fleetd(name, MARKING, as_nobody=True) as d:
             assert os.stat(shm.path(name, TABLE)).st_uid == NOBODY

@@ -7,8 +7,6 @@ One real fleet per seat kind for the module (`hostile_fleet`); the fuzz test thr
 hypothesis-drawn hostile units at it, submitted one by one and mapped in chunks."""
 from __future__ import annotations
 
-import os
-import uuid
 from concurrent.futures.process import _RemoteTraceback
 
 import pytest
@@ -21,7 +19,7 @@ from fleet.shm.table import segment
 from fleet.rules.unit import PayloadTooLarge, PayloadUnpicklable, UnitError, UnitFailed
 from tests import hostile as H
 from tests.daemons import BOUND_S, Fleetd, wait_until
-from tests.fleets import config, running
+from tests.fleets import config, running, unique_name
 
 
 def _roles(io: bool) -> dict:
@@ -33,15 +31,11 @@ def _roles(io: bool) -> dict:
     }
 
 
-def _unique_name(prefix: str) -> str:
-    return f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
 @pytest.fixture(scope="module", params=["plain", "io"])
 def hostile_fleet(request):
     """A fleet whose role "h" runs `tests.hostile:hostile` on a plain seat, or its async
     twin on an I/O seat; "echo" returns its payload. With the pids of its workers."""
-    name = _unique_name("h")
+    name = unique_name("h")
     try:
         with running(config(name, _roles(request.param == "io"))) as f:
             yield f, _workers(f)
@@ -298,7 +292,7 @@ def test_hostile_units_each_end_as_their_own_outcome_and_the_next_unit_is_served
 # --- through fleetd: the daemon relays, the client decodes ----------------------------------
 @pytest.fixture(scope="module")
 def hostile_service():
-    name = _unique_name("hd")
+    name = unique_name("hd")
     try:
         with Fleetd(name, _roles(False)) as d:
             client = d.connect()

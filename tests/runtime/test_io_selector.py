@@ -21,7 +21,7 @@ import pytest
 
 from fleet.runtime.io import selector as io_selector
 from fleet.runtime.io.selector import PreciseEpollSelector, new_event_loop, timeout_ns
-from tests.fleets import running
+from tests.fleets import running, unique_name
 from tests.runtime.test_io_roles import io_role
 
 WAIT_S = 30.0  # a deadline: what a test waits for comes long before it
@@ -251,6 +251,6 @@ def test_a_process_that_set_its_own_loop_policy_keeps_it():
 
 
 def test_an_io_seat_runs_its_units_on_the_precise_selector():
-    cfg = {"fleet": {"name": f"iosel-{os.getpid()}"}, "roles": {"io": io_role("loop_selector", slots=4)}}
+    cfg = {"fleet": {"name": unique_name("iosel")}, "roles": {"io": io_role("loop_selector", slots=4)}}
     with running(cfg) as f:
         assert f.submit("io").result(timeout=120) == "PreciseEpollSelector"

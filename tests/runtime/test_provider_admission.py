@@ -24,7 +24,7 @@ from ..admission_catalog import (
     T_1447,
     catalog,
 )
-from ..fleets import config, running
+from ..fleets import config, running, unique_name
 
 DAILY = [403, "Key limit exceeded (daily limit)", None]
 
@@ -84,7 +84,7 @@ def _one_outcome_each(f):
 
 def test_a_429_backs_off_its_pool_moves_the_next_unit_and_a_pinned_one_waits_out_the_backoff():
     clock = _clock()
-    with _fleet("adm429", clock) as f:
+    with _fleet(unique_name("adm429"), clock) as f:
         refusal = _refusal(f.submit("llm", {"openrouter-eu": [429, "slow down", 5]}, route=GLM_OR))
         assert (refusal.status, refusal.retry_after, refusal.message) == (429, 5.0, "slow down")
         row = _bulkhead(f, GLM_OR)
@@ -109,7 +109,7 @@ def test_a_429_backs_off_its_pool_moves_the_next_unit_and_a_pinned_one_waits_out
 
 def test_a_daily_limit_closes_the_provider_until_utc_midnight_and_a_probe_reopens_it():
     clock = _clock()
-    with _fleet("admday", clock, daily_limit_probe_every=60) as f:
+    with _fleet(unique_name("admday"), clock, daily_limit_probe_every=60) as f:
         _refusal(f.submit("llm", {"openrouter-eu": DAILY}, route=GLM_OR))
         (closure,) = f.status()["admission"]["closures"]
         assert (closure["provider"], closure["credential"], closure["until"], closure["daily"]) == (
@@ -140,7 +140,7 @@ def test_a_daily_limit_closes_the_provider_until_utc_midnight_and_a_probe_reopen
 def test_a_402_closes_only_the_known_key_for_closed_for():
     clock = _clock()
     key_a, key_b = Route(*GLM_OR[:2], "key-a"), Route(*GLM_OR[:2], "key-b")
-    with _fleet("adm402", clock, closed_for=600) as f:
+    with _fleet(unique_name("adm402"), clock, closed_for=600) as f:
         _refusal(f.submit("plain", {str(key_a): [402, "no credit", None]}, route=key_a))
         (closure,) = f.status()["admission"]["closures"]
         assert (closure["credential"], closure["until"], closure["daily"]) == ("key-a", T_1447 + 600, False)
@@ -151,7 +151,7 @@ def test_a_402_closes_only_the_known_key_for_closed_for():
 
 def test_a_stall_a_timeout_and_a_lane_death_change_no_bulkhead_but_a_handler_error_counts():
     clock = _clock()
-    with _fleet("admstall", clock) as f:
+    with _fleet(unique_name("admstall"), clock) as f:
         with pytest.raises(fleet.UnitFailed) as info:
             f.submit("slow", 3600, route=GLM_OR, timeout=0.3).result(60)
         assert info.value.reason == "Timeout"
@@ -169,13 +169,13 @@ def test_a_stall_a_timeout_and_a_lane_death_change_no_bulkhead_but_a_handler_err
 
 def test_a_reported_cost_reaches_the_bulkhead_and_the_table():
     clock = _clock()
-    with _fleet("admcost", clock) as f:
+    with _fleet(unique_name("admcost"), clock) as f:
         assert f.submit("llm", {"cost": 0.25}, route=GLM_AZ).result(60) == str(GLM_AZ)
         assert f.submit("plain", {"cost": 0.75}, route=GLM_AZ).result(60) == str(GLM_AZ)
         assert _bulkhead(f, GLM_AZ)["mean_cost"] == pytest.approx(0.5)
 
         def published():
-            snap, _alive = snapshot.read("admcost")
+            snap, _alive = snapshot.read(f.name)
             return {r["pool"]: r for r in table_bulkheads.read(snap)}.get(str(GLM_AZ))
 
         _eventually(lambda: published() is not None and published()["successes"] == 2)
@@ -184,7 +184,7 @@ def test_a_reported_cost_reaches_the_bulkhead_and_the_table():
 
 def test_bad_admission_arguments_are_refused_typed_and_queue_nothing():
     clock = _clock()
-    with _fleet("admbad", clock) as f:
+    with _fleet(unique_name("admbad"), clock) as f:
         for kwargs, match in [
             ({"route": ("glm", "x")}, "fleet.Route"),
             ({"route": Route("nope", "openrouter-eu")}, "not in the declared catalog"),
@@ -201,7 +201,7 @@ def test_bad_admission_arguments_are_refused_typed_and_queue_nothing():
 
 def test_waiting_units_end_once_when_cancelled_or_when_the_fleet_closes():
     clock = _clock()
-    with _fleet("admclose", clock) as f:
+    with _fleet(unique_name("admclose"), clock) as f:
         _refusal(f.submit("llm", {"openrouter-eu": DAILY}, route=GLM_OR))
         cancelled = f.submit("llm", {}, route=GLM_OR, pinned=True)
         left = f.submit("llm", {}, route=GLM_OR, pinned=True)
@@ -219,7 +219,7 @@ def test_waiting_units_end_once_when_cancelled_or_when_the_fleet_closes():
 
 def test_a_restarted_fleet_is_born_with_the_closures_it_knew(tmp_path):
     path = tmp_path / "state" / "closures.json"
-    cfg = config("admkeep", _roles())
+    cfg = config(unique_name("admkeep"), _roles())
     cfg["admission"] = catalog(closure_file=str(path), **ONE_REFUSAL)
     with running(cfg, admission_clock=_clock()) as f:
         _refusal(f.submit("llm", {"openrouter-eu": DAILY}, route=GLM_OR))
@@ -238,7 +238,7 @@ def test_a_restarted_fleet_is_born_with_the_closures_it_knew(tmp_path):
 
 def test_reload_swaps_the_catalog_and_a_bad_one_keeps_the_last_good_one():
     clock = _clock()
-    cfg = config("admreload", _roles())
+    cfg = config(unique_name("admreload"), _roles())
     cfg["admission"] = catalog(**ONE_REFUSAL)
     with running(cfg, admission_clock=clock) as f:
         new = dict(cfg, admission=catalog(alternatives={"glm-5.3-review": ["gpt-6-sol@azure-eu"]}, **ONE_REFUSAL))

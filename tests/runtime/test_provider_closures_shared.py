@@ -15,7 +15,7 @@ from admission.store import closure_store
 from admission.store.closures import SyncedClosures
 
 from ..admission_catalog import GLM_AZ, GLM_OR, MIDNIGHT_AFTER, ONE_REFUSAL, T_1447, catalog
-from ..fleets import config, running
+from ..fleets import config, running, unique_name
 from ..store_backends import backend, pg_dsn, store_url, stores  # noqa: F401
 from ..runtime.test_provider_admission import DAILY, _refusal, _roles
 
@@ -39,7 +39,7 @@ def _eventually(predicate, timeout=30.0):
 
 
 def test_a_key_one_fleet_found_spent_is_closed_for_the_other_and_a_reopen_reaches_the_store(store_url):
-    with _fleet("shclA", store_url) as a, _fleet("shclB", store_url) as b:
+    with _fleet(unique_name("shclA"), store_url) as a, _fleet(unique_name("shclB"), store_url) as b:
         assert _closures(b) == []
         _refusal(a.submit("llm", {"openrouter-eu": DAILY}, route=GLM_OR))
         spent = ("openrouter-eu", None, MIDNIGHT_AFTER)

@@ -16,7 +16,7 @@ from tests.daemons import BOUND_S, Fleetd, to_toml
 from tests.uids import as_nobody
 
 from ..admission_catalog import GLM_AZ, GLM_OR, ONE_REFUSAL, T_1447, catalog
-from ..fleets import config, running
+from ..fleets import config, running, unique_name
 from ..runtime.test_provider_admission import DAILY, _bulkhead, _eventually, _one_outcome_each, _refusal, _roles, _waiting
 
 
@@ -28,7 +28,7 @@ def _fleet(name, clock, **admission):
 
 def test_plan_counts_what_would_start_honouring_backoff_alternatives_and_pins_and_seats_nothing():
     clock = ManualClock(wall=T_1447, mono=1000.0)
-    with _fleet("coordplan", clock) as f:
+    with _fleet(unique_name("coordplan"), clock) as f:
         assert f.admission_plan("review", GLM_OR, 5) == 5  # nothing holds the pool back
         assert f.status()["admission"]["bulkheads"] == []  # a question seats nothing
         _refusal(f.submit("llm", {"openrouter-eu": [429, "slow down", 5]}, route=GLM_OR))
@@ -46,7 +46,7 @@ def test_plan_counts_what_would_start_honouring_backoff_alternatives_and_pins_an
 
 def test_allowance_is_zero_only_while_every_route_of_the_lanes_work_is_held_back():
     clock = ManualClock(wall=T_1447, mono=1000.0)
-    with _fleet("coordallow", clock) as f:
+    with _fleet(unique_name("coordallow"), clock) as f:
         assert f.admission_allowance("coordinator") is None  # no work: nothing to hold
         _refusal(f.submit("llm", {"openrouter-eu": [429, "slow down", 5]}, route=GLM_OR))
         waiting = f.submit("llm", {}, route=GLM_OR, lane="coordinator")  # the lane is pinned: it waits
@@ -61,7 +61,7 @@ def test_allowance_is_zero_only_while_every_route_of_the_lanes_work_is_held_back
 
 def test_starving_lists_a_closed_provider_with_work_waiting_then_pinned_waits_past_starved_after():
     clock = ManualClock(wall=T_1447, mono=1000.0)
-    with _fleet("coordstarve", clock, starved_after=900, daily_limit_probe_every=3600) as f:
+    with _fleet(unique_name("coordstarve"), clock, starved_after=900, daily_limit_probe_every=3600) as f:
         assert f.admission_starving() == []
         _refusal(f.submit("llm", {"openrouter-eu": DAILY}, route=GLM_OR))
         assert f.admission_starving() == []  # closed, but nothing waits for it
@@ -81,7 +81,7 @@ def test_starving_lists_a_closed_provider_with_work_waiting_then_pinned_waits_pa
 
 def test_bad_questions_are_refused_typed_and_change_nothing():
     clock = ManualClock(wall=T_1447, mono=1000.0)
-    with _fleet("coordbad", clock) as f:
+    with _fleet(unique_name("coordbad"), clock) as f:
         for args, match in [
             (("review", ("glm", "x"), 1), "fleet.Route"),
             (("review", Route("nope", "openrouter-eu"), 1), "not in the declared catalog"),

@@ -20,7 +20,7 @@ from admission.pool import ManualClock
 from fleet.route import Route
 
 from ..admission_catalog import GLM_AZ, GLM_OR, KIMI_OR, MIDNIGHT_AFTER, ONE_REFUSAL, catalog
-from ..fleets import config, running
+from ..fleets import config, running, unique_name
 
 EMBED_EU = Route("embed-3", "openrouter-eu")
 EMBED_US = Route("embed-3-us", "openrouter-us")
@@ -59,7 +59,7 @@ def _failed_refused(future):
 def test_a_scripted_provider_day_through_a_real_fleet(tmp_path):
     clock = ManualClock(wall=at(9, 0), mono=0.0)
     storm, spent, go = tmp_path / "storm", tmp_path / "spent", tmp_path / "go"
-    cfg = config("admdayfull", {"llm": {"kind": "pooled", "handler": "tests.provider_handlers:call_async",
+    cfg = config(unique_name("admday"), {"llm": {"kind": "pooled", "handler": "tests.provider_handlers:call_async",
                                         "slots": 32, "io_bound": True, "peak_cpus": 1, "queue_bound": 1000}})
     cfg["admission"] = day_catalog()
     with running(cfg, admission_clock=clock, admission_rng=random.Random(3)) as f:

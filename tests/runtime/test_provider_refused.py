@@ -21,7 +21,7 @@ from fleet.route import Route
 from tests.daemons import to_toml
 
 from ..admission_catalog import GLM_AZ, GLM_OR, GPT_AZ, MIDNIGHT_AFTER, T_1447, catalog
-from ..fleets import config, running
+from ..fleets import config, running, unique_name
 from ..runtime.test_provider_admission import DAILY, _bulkhead, _eventually, _one_outcome_each, _roles, _waiting
 
 EMBED_EU = Route("embed-3", "openrouter-eu")
@@ -51,7 +51,7 @@ def test_the_incident_day_a_refused_round_moves_or_waits_and_runs_when_the_key_i
     spent.touch()
     # the key answers 403 while `spent` exists; both rounds are on the wire before either is answered
     key = {"openrouter-eu": DAILY, "while": str(spent), "go": str(go)}
-    with _fleet("refday", clock) as f:
+    with _fleet(unique_name("refday"), clock) as f:
         review = f.submit("llm", key, route=GLM_OR, lane="review")
         embed = f.submit("llm", key, route=EMBED_EU, lane="embeddings")
         _eventually(lambda: all((_bulkhead(f, r) or {}).get("running") == 1 for r in (GLM_OR, EMBED_EU)))
@@ -80,7 +80,7 @@ def test_the_incident_day_a_refused_round_moves_or_waits_and_runs_when_the_key_i
 
 def test_a_refused_round_fails_refused_only_past_its_lanes_limit():
     clock = ManualClock(wall=T_1447, mono=1000.0)
-    with _fleet("reflimit", clock) as f:
+    with _fleet(unique_name("reflimit"), clock) as f:
         script = {"openrouter-eu": [429, "slow down", 5]}
         tight = f.submit("llm", script, route=GLM_OR, lane="tight")  # pinned, two refusals at most
         _eventually(lambda: tight.unit_id in _waiting(f))
@@ -97,7 +97,7 @@ def test_a_refused_round_fails_refused_only_past_its_lanes_limit():
 
 def test_a_refused_round_waiting_past_its_lanes_refusal_deadline_fails_refused():
     clock = ManualClock(wall=T_1447, mono=1000.0)
-    with _fleet("refdeadline", clock) as f:
+    with _fleet(unique_name("refdeadline"), clock) as f:
         # a backoff far longer than the lane's 60 s deadline; pinned, so nothing else admits it
         script = {"openrouter-eu": [429, "slow down", 300]}
         patient = f.submit("llm", script, route=GLM_OR, lane="patient")
@@ -122,7 +122,7 @@ def test_a_refused_round_run_again_has_its_whole_timeout_again(tmp_path):
     clock = ManualClock(wall=T_1447, mono=1000.0)
     spent = tmp_path / "spent"
     spent.touch()
-    with _fleet("reftimeout", clock) as f:
+    with _fleet(unique_name("reftimeout"), clock) as f:
         script = {"openrouter-eu": [429, "slow down", 5], "while": str(spent), "sleep": 1.2}
         again = f.submit("llm", script, route=GLM_OR, lane="tight", timeout=2.0)
         _eventually(lambda: again.unit_id in _waiting(f))  # its first run: 1.2 s, then the 429
@@ -136,7 +136,7 @@ def test_a_refused_round_run_again_has_its_whole_timeout_again(tmp_path):
 def test_parent_must_be_a_running_unit_and_delegation_passes_a_backoff_only(tmp_path):
     clock = ManualClock(wall=T_1447, mono=1000.0)
     go = tmp_path / "go"
-    with _fleet("refparent", clock, max_refusals=1) as f:
+    with _fleet(unique_name("refparent"), clock, max_refusals=1) as f:
         for bad in (424242, "424242", None.__class__):  # refused at submit: no future to fail later
             with pytest.raises(fleet.BadUnit, match="is no unit running"):
                 f.submit("llm", {}, route=GLM_OR, parent=bad)
@@ -161,7 +161,7 @@ def test_parent_must_be_a_running_unit_and_delegation_passes_a_backoff_only(tmp_
 
 def test_age_at_submit_is_a_typed_number_of_seconds():
     clock = ManualClock(wall=T_1447, mono=1000.0)
-    with _fleet("refage", clock) as f:
+    with _fleet(unique_name("refage"), clock) as f:
         for bad in (-1, float("inf"), "old", True):
             with pytest.raises(fleet.BadUnit, match="age"):
                 f.submit("llm", {}, route=GLM_OR, age=bad)
@@ -172,7 +172,7 @@ def test_age_at_submit_is_a_typed_number_of_seconds():
 
 def test_the_budget_reading_is_fed_shown_and_closes_the_provider_at_its_limit():
     clock = ManualClock(wall=T_1447, mono=1000.0)
-    with _fleet("refbudget", clock) as f:
+    with _fleet(unique_name("refbudget"), clock) as f:
         assert f.submit("llm", {}, route=GLM_OR).result(60) == str(GLM_OR)
         for args, match in [(("nowhere", 1.0, 10.0), "unknown provider"), (("openrouter-eu", -1.0, 10.0), "spent"),
                             (("openrouter-eu", 1.0, float("nan")), "limit")]:
@@ -190,7 +190,7 @@ def test_the_budget_reading_is_fed_shown_and_closes_the_provider_at_its_limit():
 
 def test_an_operator_closure_without_a_finite_end_is_refused():
     clock = ManualClock(wall=T_1447, mono=1000.0)
-    with _fleet("refinf", clock) as f:
+    with _fleet(unique_name("refinf"), clock) as f:
         for until in (float("inf"), float("nan")):
             with pytest.raises(BadPool, match="finite"):
                 f.admission_close("openrouter-eu", until)
@@ -202,7 +202,8 @@ def test_the_catalog_is_read_again_when_its_file_changes_and_a_bad_one_keeps_the
     folder = tempfile.mkdtemp(prefix="refcat-")
     path = os.path.join(folder, "fleet.toml")
     m1_p1, m1_p2, m2_p2 = Route("m1", "p1"), Route("m1", "p2"), Route("m2", "p2")
-    head = to_toml(config("refcat", _roles())) + (
+    name = unique_name("refcat")
+    head = to_toml(config(name, _roles())) + (
         '[admission]\nmax_refusals = 1\n[admission.providers.p1]\nmodels = ["m1"]\n'
         '[admission.providers.p2]\nmodels = ["m1", "m2"]\n')
 
@@ -227,4 +228,4 @@ def test_the_catalog_is_read_again_when_its_file_changes_and_a_bad_one_keeps_the
         for name in os.listdir(folder):
             os.unlink(os.path.join(folder, name))
         os.rmdir(folder)
-    assert not [p for p in os.listdir("/dev/shm") if p.startswith("fleet.refcat")]
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"fleet.{name}")]
