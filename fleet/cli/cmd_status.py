@@ -249,9 +249,12 @@ def render_posture(p: dict) -> list[str]:
 
 def render_ledger(g: dict) -> list[str]:
     failed = ", ".join(f"{k} {n}" for k, n in g["failed_by_reason"].items() if n) or "none"
+    i = g["items"]
     return [
-        f"ledger    units submitted {g['submitted']}  solved {g['solved']}  suppressed {g['suppressed']}  "
-        f"failed {g['failed']}  in flight {g['inflight']}",
+        f"ledger    units submitted {g['submitted']:,}  solved {g['solved']:,}  suppressed {g['suppressed']:,}  "
+        f"failed {g['failed']:,}  in flight {g['inflight']:,}",
+        f"          items submitted {i['submitted']:,}  solved {i['solved']:,}  suppressed {i['suppressed']:,}  "
+        f"failed {i['failed']:,}  in flight {i['inflight']:,}",
         "          (a unit is one submit, or one chunk of a map: up to chunksize items)",
         f"          failed by reason: {failed}",
         f"          slot FSM refusals: {g['fsm_refused']}",

@@ -117,12 +117,13 @@ def frame(doc: dict | None, before: dict | None, elapsed_s: float | None, gone: 
     state = "STALE (creator gone)" if doc["stale"] else "closing" if doc["closing"] else "running"
     g = doc["ledger"]
     outcomes = g["solved"] + g["failed"] + g["suppressed"]
+    items = g["items"]["solved"] + g["items"]["failed"] + g["items"]["suppressed"]
     total_rate = rate_of.get(None)
     lines = [
         f"fleet {doc['fleet']}  {state}  pid {doc['creator_pid']}  up {duration(doc['uptime_s'])}  {wall}  "
         f"(every {interval_s:g}s; q quits)",
-        f"outcomes  {outcomes} units: solved {g['solved']}  failed {g['failed']}  suppressed {g['suppressed']}  "
-        f"in flight {g['inflight']}  {_rate(total_rate)}",
+        f"outcomes  {outcomes:,} units ({items:,} items): solved {g['solved']:,}  failed {g['failed']:,}  "
+        f"suppressed {g['suppressed']:,}  in flight {g['inflight']:,}  {_rate(total_rate)}",
         _posture_line(doc["posture"]),
         _slots_line(doc["census"]),
         "",

@@ -10,6 +10,9 @@ Rules:
 * solved + suppressed + failed + in flight == submitted holds after every call; the
   ledger checks it, and `close()` at shutdown checks that nothing is still open (a
   missing outcome) — either way the fuse trips.
+* It counts units and items: a unit is one submit, or one chunk of a map, which carries
+  its items (a plain submit is one item). A unit's items go where its outcome goes, so
+  the same sum holds for items.
 
 A tripped fuse is loud, never silent: it is logged at error, then the fuse action
 runs. The default action aborts the process (the design's loud stop: a duplicate
@@ -40,6 +43,10 @@ def abort_process(error: FuseTripped) -> None:
     os.abort()
 
 
+#: The item counts, in the order the table stores them.
+ITEM_COUNTS = ("submitted", "solved", "suppressed", "failed", "inflight")
+
+
 @dataclass(frozen=True)
 class LedgerCounts:
     submitted: int
@@ -49,6 +56,8 @@ class LedgerCounts:
     inflight: int
     failed_by_reason: dict = field(default_factory=dict)
     fsm_refused: int = 0
+    #: The same five counts in items (`ITEM_COUNTS` keys): a chunk of a map is one unit of many.
+    items: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -59,6 +68,7 @@ class LedgerCounts:
             "inflight": self.inflight,
             "failed_by_reason": dict(self.failed_by_reason),
             "fsm_refused": self.fsm_refused,
+            "items": dict(self.items),
         }
 
 
@@ -68,9 +78,12 @@ class Ledger:
     def __init__(self, on_fuse=abort_process):
         self._on_fuse = on_fuse
         self._lock = threading.Lock()
-        self._open: set[int] = set()
+        self._open: dict[int, int] = {}  # unit id -> its items
         self._submitted = 0
         self._by_kind = dict.fromkeys(KINDS, 0)
+        self._items_submitted = 0
+        self._items_by_kind = dict.fromkeys(KINDS, 0)
+        self._items_open = 0
         self._by_reason = [0] * len(FAILURE_REASONS)
         self._fsm_refused = 0
         self.tripped: FuseTripped | None = None
@@ -81,22 +94,28 @@ class Ledger:
         log.error("%s", error)
         self._on_fuse(error)
 
-    def submitted(self, unit_id: int) -> None:
+    def submitted(self, unit_id: int, items: int = 1) -> None:
+        """Open a unit of `items` items (a chunk of a map: its length; else 1)."""
         with self._lock:
-            self._submitted_locked(unit_id)
+            self._submitted_locked(unit_id, items)
 
-    def submitted_many(self, unit_ids) -> None:
-        """`submitted` for each of `unit_ids`, under one lock (a batch of submits)."""
+    def submitted_many(self, unit_ids, items=None) -> None:
+        """`submitted` for each of `unit_ids`, under one lock (a batch of submits);
+        `items`: each one's item count, in the same order (None: one each)."""
+        if items is not None and len(items) != len(unit_ids):
+            raise ValueError(f"{len(items)} item counts for {len(unit_ids)} units")
         with self._lock:
-            for unit_id in unit_ids:
-                self._submitted_locked(unit_id)
+            for unit_id, n in zip(unit_ids, items if items is not None else [1] * len(unit_ids)):
+                self._submitted_locked(unit_id, n)
 
-    def _submitted_locked(self, unit_id: int) -> None:
+    def _submitted_locked(self, unit_id: int, items: int) -> None:
         if unit_id in self._open:
             self._trip(f"unit {unit_id} submitted twice")
             return
-        self._open.add(unit_id)
+        self._open[unit_id] = items
         self._submitted += 1
+        self._items_submitted += items
+        self._items_open += items
 
     def record(self, unit_id: int, kind: str, reason: str | None = None) -> bool:
         """Close a unit with its outcome. False (after tripping the fuse) when it was not open."""
@@ -121,11 +140,13 @@ class Ledger:
 
     def _close_locked(self, unit_id: int, kind: str, reason: str | None) -> bool:
         try:
-            self._open.remove(unit_id)
+            items = self._open.pop(unit_id)
         except KeyError:
             self._trip(f"outcome {kind}({reason}) for unit {unit_id}, which is not open (duplicate or unknown)")
             return False
         self._by_kind[kind] += 1
+        self._items_by_kind[kind] += items
+        self._items_open -= items
         if kind == FAILED:
             self._by_reason[FAILURE_REASONS.index(reason)] += 1
         return True
@@ -139,6 +160,10 @@ class Ledger:
         closed = self._by_kind[SOLVED] + self._by_kind[SUPPRESSED] + self._by_kind[FAILED]
         if closed + len(self._open) != self._submitted:
             self._trip(f"{closed} outcomes + {len(self._open)} in flight != {self._submitted} submitted")
+        items = self._items_by_kind[SOLVED] + self._items_by_kind[SUPPRESSED] + self._items_by_kind[FAILED]
+        if items + self._items_open != self._items_submitted:
+            self._trip(f"{items} items with outcomes + {self._items_open} in flight != {self._items_submitted} "
+                       "items submitted")
 
     def check(self) -> None:
         with self._lock:
@@ -165,7 +190,12 @@ class Ledger:
                 inflight=len(self._open),
                 failed_by_reason={r: n for r, n in zip(FAILURE_REASONS, self._by_reason) if n},
                 fsm_refused=self._fsm_refused,
+                items=dict(zip(ITEM_COUNTS, self._item_counts_locked())),
             )
+
+    def _item_counts_locked(self) -> tuple[int, ...]:
+        k = self._items_by_kind
+        return self._items_submitted, k[SOLVED], k[SUPPRESSED], k[FAILED], self._items_open
 
     def publish(self, table) -> None:
         """Write the counters into the shared table (the ledger is their single writer)."""
@@ -178,4 +208,5 @@ class Ledger:
                 inflight=len(self._open),
                 failed_by_reason=self._by_reason,
                 fsm_refused=self._fsm_refused,
+                items=self._item_counts_locked(),
             )

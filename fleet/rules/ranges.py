@@ -94,6 +94,8 @@ UNIT_TIMEOUT_S = Range(0, UNIT_WAIT_S, integer=False, open_lo=True, unit="s")
 #: A unit id (cancel, a submit's parent) and a client's sequence number: a 63-bit count.
 UNIT_ID = Range(1, (1 << 63) - 1)
 SEQ = Range(0, (1 << 63) - 1)
+#: The items of one chunk of a map (what the ledger counts beside the unit).
+CHUNK_ITEMS = Range(1, (1 << 63) - 1, unit="items")
 #: A submit's priority: a signed 32-bit level (higher first).
 PRIORITY = Range(-(1 << 31), (1 << 31) - 1)
 #: Units a coordinator asks `admission_plan` about at once.

@@ -136,6 +136,7 @@ class _Unit(Pending):
     timeout: float | None
     queued: bool = True  # holds room in its role's queue (fleet.runtime.intake.QueueRoom) until granted or ended
     due: float | None = None  # when its current run times out (a refused unit runs again: a new deadline)
+    items: int = 1  # what the ledger counts it as in items: a chunk of a map is one unit of many
 
 
 class Supervisor:
@@ -382,9 +383,11 @@ class Supervisor:
     def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
                request_id=None, chunk: bool = False, pickled_payload: bytes | None = None, route=None,
                severity=None, pinned: bool = False, parent=None, tag=None, age: float = 0.0, block: bool = True,
-               block_timeout: float | None = None) -> Future:
+               block_timeout: float | None = None, items: int | None = None) -> Future:
         """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
         by a service-mode client; it travels to the worker as it is, never unpickled here.
+        `items`: how many items a chunk holds, for the ledger (a pickled chunk's client
+        says; a chunk given as a list is counted here).
         A unit with a `route` asks the provider admission first (fleet.runtime.provider_gate).
 
         A full queue makes the caller wait for room (at most `block_timeout` seconds),
@@ -419,6 +422,8 @@ class Supervisor:
         self._refuse_if_closed(code, role)
         self._room.take(code, role, block=block and not self._on_loop(), timeout=block_timeout)
         unit = self._new_unit(code, key, priority, body, flags, timeout)
+        if chunk:
+            unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
         arrival = (unit.unit_id, role, payload, key, lane) if self.recorder is not None else None
         self._intake.post(self._accept, unit, route, admission, arrival, refused=self._turned_away,
                           pace=not self._on_loop())
@@ -444,6 +449,9 @@ class Supervisor:
         while start < len(bodies):
             took = self._room.take(code, role, block=not on_loop, n=min(len(bodies) - start, SUBMIT_RUN))
             units = [self._new_unit(code, None, 0, body, flags, timeout) for body in bodies[start:start + took]]
+            if chunk:
+                for unit, payload in zip(units, payloads[start:start + took]):
+                    unit.items = len(payload)
             arrivals = None
             if self.recorder is not None:
                 arrivals = [(u.unit_id, role, p, None, lane) for u, p in zip(units, payloads[start:start + took])]
@@ -477,7 +485,7 @@ class Supervisor:
             # holds the unit's future, so the unit is counted and fails as the units
             # queued at that moment did (Shutdown, RoleStopped); never an orphan future.
             self._units[unit_id] = unit
-            self.ledger.submitted(unit_id)
+            self.ledger.submitted(unit_id, unit.items)
             self._fail_unstarted(unit_id, *late)
             return
         refusal = decision = None
@@ -498,7 +506,7 @@ class Supervisor:
             return
         self._units[unit_id] = unit
         self._accepted = True
-        self.ledger.submitted(unit_id)
+        self.ledger.submitted(unit_id, unit.items)
         if self.recorder is not None:
             self.recorder.arrival(*arrival)
         if decision is not None and not decision.starts:
@@ -523,7 +531,7 @@ class Supervisor:
         on the poster's thread, or the loop's as it closes the intake). The caller holds
         the future, so the unit is counted and fails Shutdown, as the units queued at the
         stop did. Only the ledger is touched (it is thread-safe; the rest is the loop's)."""
-        self.ledger.submitted(unit.unit_id)
+        self.ledger.submitted(unit.unit_id, unit.items)
         self.ledger.record(unit.unit_id, FAILED, Reason.SHUTDOWN)
         role = self.roles.by_code(unit.role).name
         _fail_future(unit.future, error_for(unit.unit_id, role, Outcome(
@@ -547,7 +555,7 @@ class Supervisor:
         for unit in units:
             held[unit.unit_id] = unit
         self._accepted = True
-        self.ledger.submitted_many([unit.unit_id for unit in units])
+        self.ledger.submitted_many([unit.unit_id for unit in units], [unit.items for unit in units])
         if self.recorder is not None and arrivals is not None:
             for arrival in arrivals:
                 self.recorder.arrival(*arrival)

@@ -402,7 +402,7 @@ class Client(Executor):
                     self._pending[seq] = (fut, role)
                 reply = self._requests.call("submit", role=role, pickled=raw, key=key, lane=lane, priority=priority,
                                             timeout=timeout, request_id=request_id, token=token, seq=seq,
-                                            chunk=chunk, **admission)
+                                            chunk=chunk, items=len(payload) if chunk else None, **admission)
             except BaseException as exc:
                 with self._cond:
                     self._pending.pop(seq, None)

@@ -589,9 +589,9 @@ class ServedOperations(LoopOperations):
         return result
 
     def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
-               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False, route=None,
-               severity: str | None = None, pinned: bool = False, parent: int | None = None,
-               tag: str | None = None, age: float = 0.0) -> dict:
+               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False,
+               items: int | None = None, route=None, severity: str | None = None, pinned: bool = False,
+               parent: int | None = None, tag: str | None = None, age: float = 0.0) -> dict:
         daemon = self._daemon
         if token is not None:
             daemon.store.hold(token)
@@ -604,8 +604,8 @@ class ServedOperations(LoopOperations):
             body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
             # block=False: this loop serves every client; a full queue is the client's QueueFull.
             fut = self._sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
-                                  request_id=request_id, chunk=chunk, route=route, severity=severity, pinned=pinned,
-                                  parent=parent, tag=tag, age=age, block=False, **body)
+                                  request_id=request_id, chunk=chunk, items=items, route=route, severity=severity,
+                                  pinned=pinned, parent=parent, tag=tag, age=age, block=False, **body)
             if request_id is not None:
                 daemon.replays.admitted(request_id, same, fut)
         if token is not None:

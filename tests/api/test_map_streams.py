@@ -269,3 +269,34 @@ def test_all_ten_million_items_in_chunks_stream_through_in_bounded_memory(fleet_
         assert seen == MILLIONS and total == (MILLIONS - 1) * MILLIONS * (2 * MILLIONS - 1) // 6
         assert rss_peak - rss_before < 128 << 20
         assert f.ledger()["submitted"] == MILLIONS // chunk
+
+
+# --- the ledger counts units and items ------------------------------------------------------
+
+
+def test_the_ledger_counts_a_map_in_units_and_items(fleet_name, capsys):
+    import json
+
+    from fleet.cli import fleetctl
+
+    with running(config(fleet_name, {"sq": role("square", slots=2)}, profile="serial")) as f:
+        assert list(f.map("sq", range(1000), chunksize=64)) == [i * i for i in range(1000)]
+        ledger = settled(f, 16)  # 15 chunks of 64 and one of 40
+        assert (ledger["submitted"], ledger["solved"], ledger["inflight"]) == (16, 16, 0)
+        assert ledger["items"] == {"submitted": 1000, "solved": 1000, "suppressed": 0, "failed": 0, "inflight": 0}
+        f.submit("sq", 3).result(60)  # a plain submit: one unit of one item
+        assert (f.ledger()["submitted"], f.ledger()["items"]["submitted"]) == (17, 1001)
+        # what a person reads, from the table (published by the loop: wait for it)
+        deadline = time.monotonic() + 60
+        while True:
+            assert fleetctl.main(["status", "--name", fleet_name, "--json"]) == 0
+            doc = json.loads(capsys.readouterr().out)["ledger"]
+            if doc["solved"] == 17:
+                break
+            assert time.monotonic() < deadline, doc
+            time.sleep(0.05)
+        assert doc["items"] == {"submitted": 1001, "solved": 1001, "suppressed": 0, "failed": 0, "inflight": 0}
+        assert fleetctl.main(["status", "--name", fleet_name]) == 0
+        out = capsys.readouterr().out
+        assert "units submitted 17  solved 17  suppressed 0  failed 0  in flight 0" in out
+        assert "items submitted 1,001  solved 1,001  suppressed 0  failed 0  in flight 0" in out

@@ -160,6 +160,7 @@ def test_ledger_failures_by_reason_name(table, fleet_name, capsys):
     _, doc, _ = status_json(capsys, fleet_name)
     g = doc["ledger"]
     assert (g["submitted"], g["solved"], g["suppressed"], g["failed"], g["inflight"]) == (40, 28, 2, 7, 3)
+    assert g["items"] == {"submitted": 1_000, "solved": 700, "suppressed": 50, "failed": 175, "inflight": 75}
     assert g["failed_by_reason"] == {
         "HandlerError": 2, "Timeout": 1, "LaneDeath": 3, "Shutdown": 0,
         "Refused": 0, "RoleStopped": 0, "ResultError": 0, "Cancelled": 1, "FsmRefused": 0, "LeaseExpired": 0,
@@ -195,7 +196,9 @@ def test_human_table_shows_every_section(table, fleet_name, capsys):
     for needle in (
         "profile auto -> pinned binding", "quota 8 CPUs", "oversubscribed no", "tier refused -",
         "consumer", "ambient_io", "run-queue delay from", "Cordoned (cause throttle-events)",
-        "entered 3, exited 2", "intake suppressed 17", "duty > 2.5%", "units submitted 40",
+        "entered 3, exited 2", "intake suppressed 17", "duty > 2.5%",
+        "units submitted 40  solved 28  suppressed 2  failed 7  in flight 3",
+        "items submitted 1,000  solved 700  suppressed 50  failed 175  in flight 75",
         "one chunk of a map: up to chunksize items",
         "LaneDeath 3", "slot FSM refusals: 4", "11/64",
     ):

@@ -171,7 +171,9 @@ def _doc(done: int, solved: int, boot="b1", role="sq", state="Running"):
     census = [{"slot": 0, "state": state, "role": role, "last_role": "sq", "key": None, "unit": 7, "pid": 42,
                "done": done}]
     return {"fleet": "f", "stale": False, "closing": False, "creator_pid": 1, "uptime_s": 5.0, "boot_id": boot,
-            "ledger": {"solved": solved, "failed": 0, "suppressed": 0, "inflight": 1},
+            "ledger": {"solved": solved, "failed": 0, "suppressed": 0, "inflight": 1,
+                       "items": {"submitted": 64 * (solved + 1), "solved": 64 * solved, "suppressed": 0, "failed": 0,
+                                 "inflight": 64}},
             "posture": {"state": "Nominal", "cause": "none", "dwell_s": 5.0, "enter_count": 0, "cordoned_s": 0.0,
                         "suppressed": 0},
             "census": census, "queues": [{"name": "sq", "kind": "pooled", "in_use": 1, "slot_cap": 2,
@@ -187,6 +189,7 @@ def _role_rate(lines):
 def test_rates_are_outcomes_between_two_snapshots_per_second():
     lines = cmd_top.frame(_doc(30, 30), _doc(10, 10), 2.0, wall_s=0)
     assert _role_rate(lines) == "10.0" and "10.0 outcomes/s" in lines[1]
+    assert lines[1].startswith("outcomes  30 units (1,920 items): solved 30  failed 0  suppressed 0  in flight 1")
     # an idle slot's units count for the role it last served
     assert _role_rate(cmd_top.frame(_doc(30, 30, role=None, state="Idle"), _doc(10, 10), 2.0, wall_s=0)) == "10.0"
 

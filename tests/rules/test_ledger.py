@@ -31,6 +31,28 @@ def test_exact_counts():
     assert counts.failed_by_reason == {"LaneDeath": 1}
 
 
+def test_a_chunk_is_one_unit_of_its_items_and_its_items_go_where_its_outcome_goes():
+    ledger = Ledger(on_fuse=Fuse())
+    ledger.submitted(1, 64)  # a chunk of a map
+    ledger.submitted(2)  # a plain submit: one item
+    ledger.submitted_many([3, 4, 5], [64, 64, 40])
+    ledger.record(1, "solved")
+    ledger.record(3, "failed", "HandlerError")
+    ledger.solved_many([2, 5])
+    counts = ledger.counts()
+    assert (counts.submitted, counts.solved, counts.failed, counts.inflight) == (5, 3, 1, 1)
+    assert counts.items == {"submitted": 233, "solved": 105, "suppressed": 0, "failed": 64, "inflight": 64}
+    assert counts.to_dict()["items"] == counts.items
+    ledger.record(4, "suppressed")
+    assert ledger.counts().items == {"submitted": 233, "solved": 105, "suppressed": 64, "failed": 64, "inflight": 0}
+
+
+def test_a_batch_of_submits_with_items_needs_one_count_per_unit():
+    ledger = Ledger(on_fuse=Fuse())
+    with pytest.raises(ValueError):
+        ledger.submitted_many([1, 2], [64])
+
+
 def test_a_duplicate_outcome_trips_the_fuse():
     fuse = Fuse()
     ledger = Ledger(on_fuse=fuse)
@@ -121,15 +143,22 @@ class LedgerMachine(RuleBasedStateMachine):
         super().__init__()
         self.fuse = Fuse()
         self.ledger = Ledger(on_fuse=self.fuse)
-        self.open, self.closed = set(), {}
+        self.open, self.closed = {}, {}  # id -> items; id -> (kind, reason, items)
         self.next_id = 0
         self.trips = 0
 
-    @rule()
-    def submit(self):
-        self.ledger.submitted(self.next_id)
-        self.open.add(self.next_id)
+    @rule(items=st.integers(1, 1000))
+    def submit(self, items):
+        self.ledger.submitted(self.next_id, items)
+        self.open[self.next_id] = items
         self.next_id += 1
+
+    @rule(sizes=st.lists(st.integers(1, 64), min_size=1, max_size=5))
+    def submit_a_batch(self, sizes):
+        ids = list(range(self.next_id, self.next_id + len(sizes)))
+        self.ledger.submitted_many(ids, sizes)
+        self.open.update(zip(ids, sizes))
+        self.next_id += len(sizes)
 
     @rule(data=st.data(), kind=st.sampled_from(["solved", "suppressed", "failed"]),
           reason=st.sampled_from(FAILURE_REASONS))
@@ -138,8 +167,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         uid = data.draw(st.sampled_from(sorted(self.open)))
         self.ledger.record(uid, kind, reason if kind == "failed" else None)
-        self.open.remove(uid)
-        self.closed[uid] = (kind, reason if kind == "failed" else None)
+        self.closed[uid] = (kind, reason if kind == "failed" else None, self.open.pop(uid))
 
     @rule(data=st.data())
     def finish_a_slice(self, data):
@@ -148,8 +176,7 @@ class LedgerMachine(RuleBasedStateMachine):
         uids = data.draw(st.lists(st.sampled_from(sorted(self.open)), min_size=1, unique=True))
         assert self.ledger.solved_many(uids) == len(uids)
         for uid in uids:
-            self.open.remove(uid)
-            self.closed[uid] = ("solved", None)
+            self.closed[uid] = ("solved", None, self.open.pop(uid))
 
     @rule(data=st.data())
     def duplicate(self, data):
@@ -162,11 +189,14 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def counts_match(self):
         c = self.ledger.counts()
-        kinds = [k for k, _ in self.closed.values()]
+        kinds = [k for k, _, _ in self.closed.values()]
         assert c.submitted == self.next_id and c.inflight == len(self.open)
         assert (c.solved, c.suppressed, c.failed) == (kinds.count("solved"), kinds.count("suppressed"), kinds.count("failed"))
+        items = {k: sum(n for kind, _, n in self.closed.values() if kind == k) for k in ("solved", "suppressed", "failed")}
+        assert c.items == {"submitted": sum(self.open.values()) + sum(items.values()), **items,
+                           "inflight": sum(self.open.values())}
         reasons = {}
-        for k, r in self.closed.values():
+        for k, r, _ in self.closed.values():
             if k == "failed":
                 reasons[r] = reasons.get(r, 0) + 1
         assert c.failed_by_reason == reasons
@@ -182,6 +212,7 @@ def test_fsm_refusals_are_counted_apart_from_outcomes(fleet_name):
 
     ledger = Ledger(on_fuse=lambda e: None)
     ledger.submitted(1)
+    ledger.submitted(2, 64)
     ledger.record(1, "failed", "FsmRefused")
     ledger.fsm_refused()
     ledger.fsm_refused()  # e.g. a dead seat's reset refused: no unit behind it
@@ -193,6 +224,8 @@ def test_fsm_refusals_are_counted_apart_from_outcomes(fleet_name):
         ledger.publish(table)
         view = table.snapshot().ledger_view()
         assert view["fsm_refused"] == 2
+        assert (view["submitted"], view["inflight"]) == (2, 1)
+        assert view["items"] == {"submitted": 65, "solved": 0, "suppressed": 0, "failed": 1, "inflight": 64}
         assert view["failed_by_reason"][FAILURE_REASONS.index("FsmRefused")] == 1
     finally:
         table.close()

@@ -2,6 +2,7 @@
 daemon that dies; and the daemon's OutcomeStore (bounds, long polls) on a fake clock."""
 from __future__ import annotations
 
+import json
 import signal
 import tempfile
 import time
@@ -376,6 +377,18 @@ def test_a_value_that_cannot_be_pickled_twice_reaches_the_client_and_the_ledger_
     after = client.ledger()
     assert after["solved"] - before["solved"] == 1
     assert after["failed_by_reason"].get("ResultError", 0) == before["failed_by_reason"].get("ResultError", 0)
+
+
+def test_a_remote_map_reaches_the_ledger_in_units_and_items(served, client):
+    """The daemon never unpickles a chunk: the client says how many items it holds."""
+    before = client.ledger()
+    assert list(client.map("sq", range(1000), chunksize=64)) == [i * i for i in range(1000)]
+    after = client.ledger()
+    assert after["submitted"] - before["submitted"] == 16  # 15 chunks of 64 and one of 40
+    assert after["items"]["submitted"] - before["items"]["submitted"] == 1000
+    assert after["items"]["solved"] - before["items"]["solved"] == 1000
+    wait_until(lambda: json.loads(served.ctl("status", "--json").stdout)["ledger"]["items"]["submitted"]
+               == after["items"]["submitted"], "the table to publish the ledger")
 
 
 class _BootPolls:

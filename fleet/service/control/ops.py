@@ -60,6 +60,7 @@ class ControlHandler(Operations, Protocol):
         token: str | None = None,
         seq: int | None = None,
         chunk: bool = False,
+        items: int | None = None,
         route=None,
         severity: str | None = None,
         pinned: bool = False,
@@ -70,7 +71,8 @@ class ControlHandler(Operations, Protocol):
         """Admit one unit. ``payload`` is pickled bytes when ``encoding == "pickle"``,
         else the decoded JSON value. With a ``token`` the outcome is held for
         `collect` under that token, tagged with ``seq``. ``chunk``: the payload is a
-        list of items run as one unit (``Fleet.map`` with chunksize > 1). ``route``
+        list of items run as one unit (``Fleet.map`` with chunksize > 1), ``items`` of them
+        (the ledger counts them; the daemon never unpickles the chunk to count). ``route``
         (a `fleet.Route`, parsed), ``severity``, ``pinned``, ``parent``, ``tag``, ``age``: the
         provider admission's arguments (`fleet.Fleet.submit`). Returns e.g. the unit id."""
 
@@ -453,6 +455,7 @@ class SubmitOp(Op):
         "token": Arg((str, type(None)), doc="hold the outcome for `collect` under this client token"),
         "seq": Arg((int, type(None)), doc="the client's number for the unit, echoed in its outcome"),
         "chunk": Arg((bool,), default=False, doc="the payload is a list of items run as one unit"),
+        "items": Arg((int, type(None)), doc="how many items the chunk holds (the ledger counts them)"),
         "route": Arg((str, type(None)), doc="provider pool the unit calls: model@provider[/credential]"),
         "severity": Arg((str, type(None)), doc="a declared severity (urgency inside the lane)"),
         "pinned": Arg((bool,), default=False, doc="hard pin: wait for this route, never move"),
@@ -494,6 +497,9 @@ class SubmitOp(Op):
             raise self._bad("seq tags an outcome held for a token: give token too")
         if args["chunk"] and args["encoding"] != "pickle":
             raise self._bad("a chunk travels pickled: use encoding pickle")
+        if args["items"] is not None and not args["chunk"]:
+            raise self._bad("items counts the items of a chunk: give chunk too")
+        _in_range(self, "items", args["items"], ranges.CHUNK_ITEMS)
         if args["route"] is not None:
             from fleet.route import Route
 

@@ -4,7 +4,7 @@ The table is one POSIX shared-memory segment:
 
     header      256 B   identity (magic, version, boot id, creator), sizes, region offsets, name
     posture     128 B   posture word + its seqlocked record, then the six live thresholds
-    ledger      128 B   outcome counters (seqlocked), then failures by reason
+    ledger      256 B   outcome counters in units (seqlocked), failures by reason, the counters in items
     roles       128 B each: kind, cordon class, bounds, queue depth, in-use count, name
     slots       128 B each: the slot word, a seqlocked record (unit, pid, cpu set, binding),
                           then the role census (the role it last served, its role switches)
@@ -35,8 +35,8 @@ from fleet.rules import vocab
 MAGIC = int.from_bytes(b"FLEETTBL", "little")
 #: 2: bulkhead records grew to 3 lines; 3: the ledger record grew a line (more failure reasons,
 #: FSM refusals); 4: slot records grew a line (the role census: last role, switches) and role
-#: records count elastic re-pins.
-LAYOUT_VERSION = 4
+#: records count elastic re-pins; 5: the ledger record grew a line (the counters in items).
+LAYOUT_VERSION = 5
 LINE = 64  # cache line: the unit of alignment for every record
 
 # --- slot word ------------------------------------------------------------------
@@ -162,8 +162,8 @@ P_EPOCH = 14  # quota epoch: 0 at boot, +1 at every change of the quota the plan
 P_QUOTA_UCPU = 15  # the quota last detected, in millionths of a CPU (0: not detected yet)
 POSTURE_CAUSES = vocab.POSTURE_CAUSES  # P_CAUSE holds an index into it
 
-# --- ledger record (3 lines) ---------------------------------------------------------
-LEDGER_SIZE = 3 * LINE
+# --- ledger record (4 lines) ---------------------------------------------------------
+LEDGER_SIZE = 4 * LINE
 L_SEQ = 0
 L_SUBMITTED = 1
 L_SOLVED = 2
@@ -173,7 +173,12 @@ L_INFLIGHT = 5
 L_FSM_REFUSED = 6  # transitions the slot FSM refused the runtime (grants, starts, completions, resets)
 L_FAILED_BY_REASON = 8  # second and third lines: counters by fleet failure reason code
 N_FAILURE_REASONS = vocab.N_FAILURE_REASONS  # one counter per fleet.rules.vocab.FAILURE_REASONS code
-assert L_FAILED_BY_REASON + N_FAILURE_REASONS <= LEDGER_SIZE // 8, "room for 16 reasons: grow the ledger record"
+#: Fourth line: submitted, solved, suppressed, failed, in flight again, counted in items (a
+#: unit is one submit, or one chunk of a map of many items; fleet.rules.ledger.ITEM_COUNTS).
+L_ITEMS = 24
+N_ITEM_COUNTS = 5
+assert L_FAILED_BY_REASON + N_FAILURE_REASONS <= L_ITEMS, "room for 16 reasons: grow the ledger record"
+assert L_ITEMS + N_ITEM_COUNTS <= LEDGER_SIZE // 8
 
 # --- role records (2 lines each) -------------------------------------------------------
 ROLE_SIZE = 2 * LINE

@@ -13,6 +13,7 @@ snapshot (`slots`, `roles`, ...) import numpy when first asked for.
 from __future__ import annotations
 
 from fleet.rules import fsm, vocab
+from fleet.rules.ledger import ITEM_COUNTS
 from fleet.rules.vocab import PostureKey as K
 from fleet._native import ffi as _ffi
 from fleet._native import lib as _lib
@@ -151,6 +152,7 @@ class TableSnapshot:
             "inflight": int(g[L.L_INFLIGHT]),
             "fsm_refused": int(g[L.L_FSM_REFUSED]),
             "failed_by_reason": [g[L.L_FAILED_BY_REASON + i] for i in range(L.N_FAILURE_REASONS)],
+            "items": dict(zip(ITEM_COUNTS, (int(g[L.L_ITEMS + i]) for i in range(L.N_ITEM_COUNTS)))),
         }
 
     def role_view(self, code: int) -> dict:
