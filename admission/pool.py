@@ -36,7 +36,7 @@ from typing import NamedTuple, Protocol, Sequence
 
 from fleet.rules.errors import FleetError
 from fleet.rules.outcomes import Refused
-from fleet.route import Route
+from admission.route import Route
 
 from admission import scheduler as S
 from admission import state as T

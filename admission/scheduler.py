@@ -40,7 +40,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple, Sequence
 
-from fleet.route import Route
+from admission.route import Route
 
 from admission.policy import Policy
 from admission.state import AdmissionState, Now, bulkhead_of, probe_scope

@@ -41,7 +41,7 @@ import math
 import re
 from typing import NamedTuple
 
-from fleet.route import Route
+from admission.route import Route
 
 # --- refusal kinds and closure causes ---------------------------------------------------
 RATE_LIMIT = "rate-limit"

@@ -22,36 +22,36 @@ from fleet.rules.unit import (
 )
 
 # Heavier parts load on first use (PEP 562), so that `fleetctl status`, which imports
-# this package, starts fast: name -> module that defines it.
+# this package, starts fast: name -> the module that defines it.
 _LAZY = {
-    "BelowHostFloor": "rules.budget",
-    "BudgetOverQuota": "rules.budget",
-    "BudgetOverrides": "rules.budget",
-    "FleetBudget": "rules.budget",
-    "QuotaTooSmallForPinnedRoles": "rules.budget",
-    "FleetConfig": "runtime.config",
-    "load_config": "runtime.config",
-    "TierPlan": "rules.plan",
-    "PostureCauseError": "rules.posture",
-    "PostureOwner": "rules.posture",
-    "PosturePolicy": "rules.posture",
-    "PostureRetuneError": "rules.posture",
-    "REFERENCE_ROLES": "rules.roles",
-    "Role": "rules.roles",
-    "RoleSet": "rules.roles",
-    "UnknownRoleError": "rules.roles",
-    "Fleet": "api.executor",
-    "Executor": "api.pool",
-    "UnitBroken": "rules.raised",
-    "RoleBroken": "rules.raised",
-    "Client": "service.client",
-    "FleetConnectionLost": "service.client",
-    "SubmitUncertain": "service.client",
-    "RequestIdReused": "service.replays",
-    "connect": "service.client",
-    "Refused": "rules.outcomes",
-    "Route": "route",
-    "UntrustedPeer": "host.trust",
+    "BelowHostFloor": "fleet.rules.budget",
+    "BudgetOverQuota": "fleet.rules.budget",
+    "BudgetOverrides": "fleet.rules.budget",
+    "FleetBudget": "fleet.rules.budget",
+    "QuotaTooSmallForPinnedRoles": "fleet.rules.budget",
+    "FleetConfig": "fleet.runtime.config",
+    "load_config": "fleet.runtime.config",
+    "TierPlan": "fleet.rules.plan",
+    "PostureCauseError": "fleet.rules.posture",
+    "PostureOwner": "fleet.rules.posture",
+    "PosturePolicy": "fleet.rules.posture",
+    "PostureRetuneError": "fleet.rules.posture",
+    "REFERENCE_ROLES": "fleet.rules.roles",
+    "Role": "fleet.rules.roles",
+    "RoleSet": "fleet.rules.roles",
+    "UnknownRoleError": "fleet.rules.roles",
+    "Fleet": "fleet.api.executor",
+    "Executor": "fleet.api.pool",
+    "UnitBroken": "fleet.rules.raised",
+    "RoleBroken": "fleet.rules.raised",
+    "Client": "fleet.service.client",
+    "FleetConnectionLost": "fleet.service.client",
+    "SubmitUncertain": "fleet.service.client",
+    "RequestIdReused": "fleet.service.replays",
+    "connect": "fleet.service.client",
+    "Refused": "fleet.rules.outcomes",
+    "Route": "admission.route",
+    "UntrustedPeer": "fleet.host.trust",
 }
 
 
@@ -61,7 +61,7 @@ def __getattr__(name):
         raise AttributeError(f"module 'fleet' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

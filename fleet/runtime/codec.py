@@ -212,7 +212,7 @@ def with_route(body: bytes, route) -> bytes:
 
 def split_route(body, where: str = "here"):
     """(route, the rest of the body) of a body made by `with_route` (CodecError if it cannot be read)."""
-    from fleet.route import Route
+    from admission.route import Route
 
     (n,) = _ROUTE_LEN.unpack_from(body)
     start = _ROUTE_LEN.size

@@ -72,7 +72,7 @@ from admission.pool import (
 from fleet.rules.errors import FleetError
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED
 from fleet.rules.vocab import Reason
-from fleet.route import Route
+from admission.route import Route
 from fleet.rules.unit import BadUnit
 
 log = logging.getLogger("fleet.runtime.provider_gate")

@@ -11,7 +11,7 @@ from admission import state as T
 from admission.policy import Policy
 from admission.pool import AdmissionPool, ClosureFileError, FileClosureStore, ManualClock, signal_for
 from fleet.rules.outcomes import Refused
-from fleet.route import Route
+from admission.route import Route
 
 from ..admission_catalog import (
     DEEPSEEK_OR, GLM_AZ, GLM_OR, KIMI_OR, MIDNIGHT_AFTER, T_1447, catalog, make_pool, policy,

@@ -8,7 +8,7 @@ from admission import state as T
 from admission.policy import Policy
 from admission.pool import BadAsk, UnknownUnit, signal_for
 from fleet.rules.outcomes import Refused
-from fleet.route import Route
+from admission.route import Route
 
 from ..admission_catalog import (
     DEEPSEEK_OR, GLM_AZ, GLM_CODING_OR, GLM_OR, GLM_US, GPT_AZ, KIMI_OR, MIDNIGHT_AFTER, OPUS, SONNET, T_1447,

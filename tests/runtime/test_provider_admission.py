@@ -11,7 +11,7 @@ import pytest
 
 import fleet
 from admission.pool import ManualClock
-from fleet.route import Route
+from admission.route import Route
 from fleet.shm.table import bulkheads as table_bulkheads
 from fleet.shm.table import snapshot
 
