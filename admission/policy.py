@@ -41,7 +41,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fleet.rules.errors import ConfigError
+from admission.errors import ConfigError
 from admission.route import Route
 
 SECTION = "admission"

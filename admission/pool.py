@@ -34,13 +34,11 @@ import tempfile
 import time
 from typing import NamedTuple, Protocol, Sequence
 
-from fleet.rules.errors import FleetError
-from fleet.rules.outcomes import Refused
-from admission.route import Route
-
 from admission import scheduler as S
 from admission import state as T
+from admission.errors import FleetError, Refused
 from admission.policy import Policy, PolicyHolder
+from admission.route import Route
 
 log = logging.getLogger("admission")
 #: closures the census lists in its history, the last ones made, learned or loaded
