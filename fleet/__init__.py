@@ -2,6 +2,7 @@
 
 The public face is re-exported here; everything else may move.
 """
+from fleet._version import __version__
 from fleet.rules.errors import BootRefused, ConfigError, FleetError, NotRunning
 from fleet.rules.unit import (
     BadUnit,
@@ -69,8 +70,6 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BadUnit",

@@ -1602,7 +1602,7 @@ def _fail_future(future: UnitFuture, error: BaseException) -> None:
 
 
 def _version() -> str:
-    from fleet import __version__
+    from fleet._version import __version__
 
     return __version__
 
