@@ -156,7 +156,8 @@ class Executor(_StdExecutor):
             raise RuntimeError(AFTER_SHUTDOWN)
         lengths = [length_of(i) for i in iterables] if progress else [None]
         total = None if None in lengths else min(lengths, default=0)
-        calls = ((fn, args, NO_KWARGS) for args in zip(*iterables))
+        # zip and repeat in C: no Python frame per item on the caller's side of a map
+        calls = zip(itertools.repeat(fn), zip(*iterables), itertools.repeat(NO_KWARGS))
         try:
             return self._fleet._map(ROLE, calls, chunksize, timeout, None, ordered, progress, total)
         except FleetClosed:
