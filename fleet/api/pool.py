@@ -32,6 +32,10 @@ from fleet.runtime.calls import NO_KWARGS
 from fleet.runtime.config import load_config
 from fleet.runtime.worker_setup import WorkerSetup
 from fleet.shm.segments import reclaim_stale_of
+# The sweep judges a segment by its kind, which the module owning it registers on import:
+# the table's and the data plane's, loaded here before the first sweep.
+from fleet.shm import dataplane  # noqa: F401
+from fleet.shm.table import segment  # noqa: F401
 from fleet.rules.unit import FleetClosed
 
 log = logging.getLogger("fleet.api.pool")
