@@ -4,9 +4,11 @@ error, and `Refused`, the exception a handler raises when its provider refused t
 They live here, below fleet, so that `admission` stands alone (it imports nothing of
 fleet); fleet re-exports them (`fleet.FleetError`, `fleet.ConfigError`, `fleet.Refused`
 are these classes) and `fleet.rules.errors` holds the rest of the exit-code table.
-This module imports nothing.
+This module imports only the standard library.
 """
 from __future__ import annotations
+
+import math
 
 # The exit codes these errors carry (sysexits.h where one fits); the binaries exit with them.
 EXIT_FAILURE = 1
@@ -39,9 +41,14 @@ class Refused(Exception):
     429 backs off that one pool (honouring `retry_after`, seconds); 402 (credit), 401/403
     (a rejected key) close the key for a while; a 403 whose `message` names a daily limit
     closes the key until the next UTC midnight. Other statuses are plain failures.
+
+    `at`: the host's monotonic instant (``time.monotonic()``) the provider answered, when
+    the handler knows it; left None, the worker takes the instant the handler raised.
+    A backoff or closure runs from then (Retry-After counts from the provider's answer),
+    not from when the outcome reached the supervisor.
     """
 
-    def __init__(self, status: int, message: str = "", retry_after: float | None = None):
+    def __init__(self, status: int, message: str = "", retry_after: float | None = None, at: float | None = None):
         if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
             raise ValueError(f"Refused: status must be an HTTP status code (100..599), not {status!r}")
         if retry_after is not None:
@@ -50,10 +57,14 @@ class Refused(Exception):
             retry_after = float(retry_after)
         if not isinstance(message, str):
             raise ValueError(f"Refused: message must be a string, not {type(message).__name__}")
-        self.status, self.message, self.retry_after = status, message, retry_after
+        if at is not None:
+            if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+                raise ValueError(f"Refused: at must be a time.monotonic() instant or None, not {at!r}")
+            at = float(at)
+        self.status, self.message, self.retry_after, self.at = status, message, retry_after, at
         text = f"{status} {message}".strip()
         super().__init__(text if retry_after is None else f"{text} (retry after {retry_after:g} s)")
 
     def __reduce__(self):
         # Keyword fields do not survive Exception's default pickling (args only).
-        return (Refused, (self.status, self.message, self.retry_after))
+        return (Refused, (self.status, self.message, self.retry_after, self.at))

@@ -9,7 +9,6 @@ admission reads it too, and imports nothing of fleet).
 It imports only the vocabulary and `Refused`: `fleetctl status` and the metrics exporter
 read it without pulling in the runtime.
 """
-
 from admission.errors import Refused  # noqa: F401 - re-exported: a handler's refusal
 from fleet.rules.vocab import (  # noqa: F401 - the vocabulary's home is fleet.rules.vocab; re-exported here
     CANCELLED,

@@ -278,6 +278,10 @@ def test_a_scaled_clock_runs_a_day_in_minutes():
     m1 = clock.mono()
     assert m1 - m0 >= 0.05 * 1440  # at least as far as the scaled sleep (a lower bound only)
     assert clock.wall() - clock.mono() == pytest.approx(T_1447)
+    # a host instant read on it (a refusal a worker met): where its own reading stood then
+    before = clock.mono()
+    at = clock.mono_of(time.monotonic())
+    assert before <= at <= clock.mono()
     with pytest.raises(ValueError):
         ScaledClock(0)
     with pytest.raises(ValueError):

@@ -107,6 +107,19 @@ def test_a_429_backs_off_its_pool_moves_the_next_unit_and_a_pinned_one_waits_out
         _one_outcome_each(f)
 
 
+def test_a_refusal_reaches_the_supervisor_with_the_instant_the_handler_raised_it():
+    roles = {"plain": {"kind": "pooled", "handler": "tests.provider_handlers:refuse_now", "slots": 1, "peak_cpus": 1},
+             "llm": {"kind": "pooled", "handler": "tests.provider_handlers:refuse_now_async", "slots": 2,
+                     "io_bound": True, "peak_cpus": 1}}
+    with running(config("admat", roles)) as f:
+        for role in roles:
+            refusal = _refusal(f.submit(role, {}))
+            # the worker stamps it when the handler raised (its pool backs off from then), not later
+            assert float(refusal.message) <= refusal.at <= time.monotonic()
+        # control: an instant the handler gives (the provider's reply) is kept as it is
+        assert _refusal(f.submit("plain", {"at": 12.5})).at == 12.5
+
+
 def test_a_daily_limit_closes_the_provider_until_utc_midnight_and_a_probe_reopens_it():
     clock = _clock()
     with _fleet("admday", clock, daily_limit_probe_every=60) as f:
