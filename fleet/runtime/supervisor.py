@@ -1586,10 +1586,10 @@ def _check_unit(spec, key, lane, priority, timeout, request_id) -> None:
 
 
 def _arrival_log(config):
-    """The arrival log of `[record]` (fleet.burst.record), or None when recording is off."""
+    """The arrival log of `[record]` (fleet.runtime.arrivals), or None when recording is off."""
     if not config.record.enabled:
         return None
-    from fleet.burst.record import ArrivalLog
+    from fleet.runtime.arrivals import ArrivalLog
 
     return ArrivalLog.for_config(config)
 
@@ -1610,7 +1610,7 @@ def _fail_future(future: UnitFuture, error: BaseException) -> None:
 
 
 def _version() -> str:
-    from fleet import __version__
+    from fleet._version import __version__
 
     return __version__
 

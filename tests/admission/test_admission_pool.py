@@ -11,7 +11,7 @@ from admission import state as T
 from admission.policy import Policy
 from admission.pool import AdmissionPool, ClosureFileError, FileClosureStore, ManualClock, signal_for
 from fleet.rules.outcomes import Refused
-from fleet.route import Route
+from admission.route import Route
 
 from ..admission_catalog import (
     DEEPSEEK_OR, GLM_AZ, GLM_OR, KIMI_OR, MIDNIGHT_AFTER, T_1447, catalog, make_pool, policy,
@@ -281,6 +281,8 @@ def test_a_scaled_clock_runs_a_day_in_minutes(monkeypatch):
     assert clock.mono() == pytest.approx(72.0)  # 50 ms of the host's time: 72 s of the day
     real[0] += 59.95
     assert clock.mono() == pytest.approx(86_400.0) and clock.wall() == pytest.approx(T_1447 + 86_400.0)
+    # a host instant read on it (a refusal a worker met): where its own reading stood then
+    assert clock.mono_of(500.0 + 30.0) == pytest.approx(30.0 * 1440)
     with pytest.raises(ValueError):
         ScaledClock(0)
     with pytest.raises(ValueError):

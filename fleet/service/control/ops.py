@@ -501,7 +501,7 @@ class SubmitOp(Op):
             raise self._bad("items counts the items of a chunk: give chunk too")
         _in_range(self, "items", args["items"], ranges.CHUNK_ITEMS)
         if args["route"] is not None:
-            from fleet.route import Route
+            from admission.route import Route
 
             try:
                 args["route"] = Route.parse(args["route"])
@@ -829,7 +829,7 @@ class AdmissionPlanOp(Op):
         """As `fleet.Fleet.admission_plan`: how many of `wanted` units on `route` would start now. A route
         outside the catalog: RemoteError ``BadPlan``; a route that is not a `fleet.Route`: BadPlan
         (nothing sent); other malformed arguments: ProtocolError ``InvalidArgs``."""
-        from fleet.route import Route
+        from admission.route import Route
 
         if type(route) is not Route:
             from fleet.runtime.provider_gate import BadPlan
@@ -838,7 +838,7 @@ class AdmissionPlanOp(Op):
         return call(lane=lane, route=str(route), wanted=wanted, pinned=pinned)["starts"]
 
     def check(self, args: dict[str, Any]) -> None:
-        from fleet.route import Route
+        from admission.route import Route
 
         try:
             Route.parse(args["route"])
@@ -847,7 +847,7 @@ class AdmissionPlanOp(Op):
         _in_range(self, "wanted", args["wanted"], ranges.PLAN_WANTED)
 
     def execute(self, handler: Operations, args: dict[str, Any]) -> Any:
-        from fleet.route import Route
+        from admission.route import Route
 
         route = Route.parse(args["route"])
         starts = handler.admission_plan(args["lane"], route, args["wanted"], args["pinned"])
