@@ -14,13 +14,13 @@ request, print its record as JSON, then sleep until killed.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
 
 from admission.store import ADMITTED, QUEUED, Request, open_store
 from tests.quotas import breaches
-from tests.fleets import unique_name
 
 ENVIRONMENTS = ("prod", "dev", "ci")
 PROVIDERS = ("openai", "anthropic")
@@ -65,7 +65,8 @@ def fleet_run(url: str, actor: str, count: int, payload_ms: int, ttl: float) -> 
     import fleet
 
     config = {
-        "fleet": {"name": unique_name(f"st{actor}-")},
+        # its own pid names it: unique on the host, and the test that SIGKILLs it can find its segments
+        "fleet": {"name": f"st{actor}-{os.getpid()}"},
         "roles": {"w": {"kind": "pooled", "handler": "fleet.api.examples:slow_square", "slots": 1}},
         "store": {"url": url, "orchestrator": actor, "lease_ttl": ttl, "poll_every": 0.05,
                   "roles": {"w": {"environment": "prod", "tier": "host"}}},
