@@ -367,7 +367,7 @@ class Daemon:
 
     def boot(self) -> None:
         """Config, runtime dir, supervisor (workers up), control socket, READY=1."""
-        from fleet.runtime.supervisor import Supervisor
+        from fleet.runtime.loop import Supervisor
 
         self.config = load_config(self.options.config_path, env=self.env)
         name = control.validate_fleet_name(self.config.name)

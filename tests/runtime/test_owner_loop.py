@@ -16,7 +16,7 @@ from concurrent.futures import Future
 import pytest
 
 from fleet import QueueFull, UnitFailed
-from fleet.runtime import supervisor
+from fleet.runtime import loop
 from fleet.host.system import FakeClockHost
 from fleet.runtime.intake import Intake, QueueRoom, TurnedAway
 from fleet.rules.unit import BadUnit, FleetClosed, PayloadUnpicklable
@@ -280,7 +280,7 @@ def test_the_loop_reads_the_zygote_socket_when_the_zygote_has_news_not_on_every_
         began = time.monotonic()
         for i in range(300):
             assert f.submit("w", i).result(WAIT_S)[0] == i
-        samples = (time.monotonic() - began) / supervisor.SAMPLE_EVERY_S
+        samples = (time.monotonic() - began) / loop.SAMPLE_EVERY_S
         assert len(reads) <= samples + 3, f"{len(reads)} reads for 300 round trips in {samples:.1f} samples"
         news = sup.data.zygote_news.value
         os.kill(first_pid, signal.SIGKILL)  # the zygote reaps it and tells: a new worker runs
