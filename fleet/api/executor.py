@@ -208,7 +208,7 @@ class Fleet(Executor):
                 source, env=os.environ if env is None else env)
         except ConfigError as exc:
             if str(exc.path).startswith("admission"):
-                self._sup.admission_reload_refused(str(exc))
+                self.operations.admission_reload_refused(str(exc))
             raise
         return self.operations.reload(config)
 

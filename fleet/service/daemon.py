@@ -531,7 +531,7 @@ class Daemon:
             # A warning, not an error: the fleet runs on, as it was; the operator fixes the file.
             log.warning("fleet %s: reload refused, nothing changed: %s: %s", self.config.name, type(exc).__name__, exc)
             if str(getattr(exc, "path", "")).startswith("admission"):
-                self.sup.admission_reload_refused(str(exc))  # the last good catalog stays; status says why
+                self.handler.admission_reload_refused(str(exc))  # the last good catalog stays; status says why
         except Exception:  # a fault in reading or checking the file must not stop a running fleet
             log.exception("fleet %s: reload failed; the running config stays", self.config.name)
         else:
