@@ -20,7 +20,7 @@ from fleet.rules import seats as seats_mod
 from fleet.rules.dispatch import Dispatcher
 from fleet.rules.errors import FleetError
 from fleet.runtime import seat_deaths, shutdown
-from fleet.runtime.lease_gate import LeaseGate, orchestrator_id
+from fleet.runtime.lease_gate import HostGroupLease, gated_roles, orchestrator_id
 from fleet.runtime.publish import Publisher
 from fleet.runtime.workers import Workers
 from fleet.runtime.zygote_link import BOOT_TIMEOUT_S
@@ -40,8 +40,7 @@ def boot(sup) -> None:
     _log_plan(sup)
     # A unit sent ahead is dispatched: a role whose units need a host-group lease sends
     # none ahead, so a lease lost while a unit waits for a slot still stops it unrun.
-    gated = {c for c, r in enumerate(sup.roles) if cfg.store.url and cfg.store.role(r.name) is not None}
-    sup.dispatcher = Dispatcher(sup.roles, sup.layout, ahead_off=gated)
+    sup.dispatcher = Dispatcher(sup.roles, sup.layout, ahead_off=gated_roles(cfg.store, sup.roles))
     sup.posture = posture_mod.PostureOwner(cfg.posture, now_ms=sup.host.now_ms())
     sup.sampler = Sampler.for_self(sup.posture, clock=sup.host.now_ms)
     sup.table = SlotTable.create(sup.name, sup.roles, len(sup.layout.slots), meta=_meta(sup),
@@ -52,20 +51,21 @@ def boot(sup) -> None:
         from fleet.runtime.provider_gate import ProviderGate
 
         shared = (cfg.store.url, orchestrator_id(cfg.store.orchestrator, sup.name)) if cfg.store.url else None
-        sup._providers = ProviderGate(cfg.admission, table=sup.table, shared_store=shared,
-                                      catalog_file=cfg.source,
-                                      **sup._admission_args)
+        slot_of = sup.dispatcher.slot_of
+        sup._providers = ProviderGate(cfg.admission, table=sup.table, shared_store=shared, catalog_file=cfg.source,
+                                      holds_slot=lambda unit_id: slot_of(unit_id) is not None, **sup._admission_args)
         _boot_rest(sup)
     except BaseException:
         shutdown.teardown(sup, kill=True)
         raise
+    # The gates, in the order a unit passes them (a gate that may take a unit back first).
+    gates = [sup._providers]
     if cfg.store.url:
-        # The gate's thread only posts: a grant or a lost lease is the loop's to apply.
-        sup._gate = LeaseGate(cfg.store, sup.name,
-                              on_admitted=lambda unit_id: sup._intake.post(sup._lease_granted, unit_id),
-                              on_lost=lambda unit_id, reason, why: sup._intake.post(sup._lease_ended, unit_id,
-                                                                                    reason, why),
-                              ).start()
+        # The lease gate's threads only post: a grant or a lost lease is the loop's to apply.
+        gates.append(HostGroupLease(cfg.store, sup.name, sup.roles, wake=sup._ring).start())
+    sup.gates = gates
+    sup._open_roles = frozenset(code for code in range(len(sup.roles))
+                                if all(gate.lets_through(code) for gate in gates))
     if cfg.gc_freeze:
         # Boot loaded numba's compiler state (~100k objects) for the table's kernels: out
         # of the collector's sight, full collections stop stalling the loop 30-100 ms.

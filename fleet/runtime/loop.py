@@ -22,12 +22,11 @@ Clock and OS. Every clock read and OS call a rule depends on goes through
 `fleet.host.system.Host` (injected): tests drive restart intensity, deadlines and stop
 grace with a fake clock while the workers stay real processes.
 
-Provider admission. A unit submitted with a `route` is checked on the caller's
-thread (`ProviderGate.check`), then asks `fleet.runtime.provider_gate` on the loop before the
-dispatcher: it starts now on its route or an alternative (the chosen route travels
-with its task), or waits there until the loop finds its pool admits again; its
-outcome is the pool's signal (`_close`). A refusal within the unit's limit is no
-outcome: the gate hands the unit back (`_refused_again`), to run again now on an
+The gates. Between its accept and the dispatcher a unit passes the loop's gates
+(`fleet.runtime.gates`: the provider admission, then the host-group lease), which may
+keep it; each gate hears when it really starts (its grant, `_dispatch`) and, exactly
+once, when it ends (`_close`), and ticks every turn. A provider refusal within the
+unit's limit is no outcome: its gate takes the unit back, to run again now on an
 alternative or to wait in the gate, and the ledger sees the outcome it ends with.
 """
 from __future__ import annotations
@@ -47,10 +46,11 @@ from fleet.rules.outcomes import FAILED, SOLVED
 from fleet.rules.raised import unit_exception
 from fleet.rules.unit import FleetClosed, Outcome
 from fleet.rules.vocab import Reason
-from fleet.runtime import accept, boot, posture_effects, results, seat_deaths, shutdown
+from fleet.runtime import boot, posture_effects, results, seat_deaths, shutdown
 from fleet.runtime.config import FleetConfig
 from fleet.runtime.deadlines import Deadlines
 from fleet.runtime.future import SETTLED
+from fleet.runtime.gates import GO, HELD
 from fleet.runtime.intake import Intake, QueueRoom, TurnedAway
 from fleet.runtime.posture_effects import SAMPLE_EVERY_S
 from fleet.runtime.seat_deaths import RoleStops
@@ -118,9 +118,11 @@ class Supervisor:
         self._loop_ident = None  # the loop thread's ident (`_on_loop`, on every submit)
         self.started_ns = time.time_ns()
         self.run_observer = None  # callable(role name, seconds), e.g. the metrics histogram
-        self._gate = None  # the host-group lease gate (fleet.runtime.lease_gate) when [store] is configured
-        self._held: dict[int, LoopUnit] = {}  # units waiting for their lease, not queued yet
-        self._lease_lost: dict[int, tuple[str, str]] = {}  # unit id -> (reason, detail): its lease ended first
+        # The gates a unit passes before the dispatcher (fleet.runtime.gates), made at boot:
+        # the provider admission, then the host-group lease when [store] is configured.
+        self.gates: list = []
+        self._open_roles: frozenset = frozenset()  # roles whose units without a route pass every gate at once
+        self._stops: dict[int, tuple[str, str]] = {}  # unit id -> (reason, detail): a gate stopped it
 
     def start(self) -> "Supervisor":
         """Boot on the caller's thread; from the loop's start on, the loop owns the state."""
@@ -180,8 +182,8 @@ class Supervisor:
         self.dispatcher.skip = self._cancelled
         grants = self.dispatcher.grant()
         for unit_id in self.dispatcher.take_skipped():
-            if unit_id in self._lease_lost:
-                self._close(unit_id, Outcome(FAILED, *self._lease_lost[unit_id]))
+            if unit_id in self._stops:
+                self._close(unit_id, Outcome(FAILED, *self._stops[unit_id]))
             else:
                 self._forget(unit_id)  # its caller cancelled it
         ops: list = []  # every grant's slot events, applied in one kernel call
@@ -195,6 +197,7 @@ class Supervisor:
                 reasons = iter(self.table.reasons(rows))
         sends: dict[int, list] = {}  # seat -> its tasks of this pass, pushed in one call each
         freed: dict[int, int] = {}  # role -> units granted, whose queue room goes back at once below
+        gates = self.gates
         for g in grants:
             unit = self._units[g.unit_id]
             unit.queued = False
@@ -207,6 +210,8 @@ class Supervisor:
                     self.dispatcher.complete(g.unit_id, self.table.state(g.slot)[0])
                     self._close(g.unit_id, Outcome(FAILED, Reason.FSM_REFUSED, why))
                     continue
+            for gate in gates:
+                gate.started(unit)  # it runs from here (on its provider too)
             task = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags) + unit.body
             batch = sends.get(g.seat)
             if batch is None:
@@ -241,9 +246,9 @@ class Supervisor:
 
     def _cancelled(self, unit_id: int) -> bool:
         """Called as a unit comes up for a grant: True if its caller cancelled it; otherwise
-        its future is marked running (from here on it cannot be cancelled). A unit whose
-        host-group lease ended while it waited is skipped too: no dispatch without a lease."""
-        if self._lease_lost and unit_id in self._lease_lost:
+        its future is marked running (from here on it cannot be cancelled). A unit a gate
+        stopped while it waited (its host-group lease ended) is skipped too."""
+        if self._stops and unit_id in self._stops:
             return True
         return not self._units[unit_id].future.claim()
 
@@ -268,15 +273,9 @@ class Supervisor:
                solved: list | None = None) -> None:
         """Record an outcome; its future resolves at the end of this turn. `solved`: a
         slice's list of solved units, which its caller ledgers in one call."""
-        if self._providers is not None:
-            # its pool takes the signal; a refused unit within its limit is handed back (000 §8)
-            again = self._providers.ended(unit_id, outcome, original, cost, self._units.get(unit_id))
-            if again is not None:
-                self._refused_again(unit_id, again)
-                return
-        if self._gate is not None:
-            self._lease_lost.pop(unit_id, None)
-            self._gate.done(unit_id)  # give its lease back
+        unit = self._units.get(unit_id)
+        if unit is not None and self._gates_end(unit, outcome, original, cost):
+            return  # a gate took it back: no outcome yet (the ledger sees the one it ends with)
         unit = self._end(unit_id)
         if solved is not None and outcome.kind == SOLVED:
             solved.append(unit_id)
@@ -290,14 +289,19 @@ class Supervisor:
             role = self.roles.by_code(unit.role).name
             self._done.append((unit.future, None, unit_exception(unit_id, role, outcome, original)))
 
-    def _refused_again(self, unit_id: int, decision) -> None:
-        """A refused unit the provider admission decided again: no outcome yet (the ledger
-        sees one when it ends). It starts now on the decision's route, or waits in the
-        gate. It keeps its host-group lease meanwhile, and has no queue room to give back
-        (it was granted once): re-queued, it goes past the role's bound, never lost."""
-        if decision.starts:
-            accept.routed(self, unit_id, decision.route)
-            self.dispatcher.enqueue(self._units[unit_id])
+    def _gates_end(self, unit: LoopUnit, outcome: Outcome, original=None, cost=None) -> bool:
+        """Tell every gate of `unit`'s end (each hears of it once: the unit leaves the books
+        next); True if one took it back instead. A unit taken back starts again now, past
+        the gate that took it (it keeps what the gates after it gave it), or waits there."""
+        if self._stops:
+            self._stops.pop(unit.unit_id, None)
+        for i, gate in enumerate(self.gates):
+            again = gate.ended(unit, outcome, original, cost)
+            if again is not None:
+                if again == GO and self._through(unit, i + 1):
+                    self.dispatcher.enqueue(unit)  # past its bound: it was granted once, never lost
+                return True
+        return False
 
     def _fail_unstarted(self, unit_id: int, reason: str, detail: str) -> None:
         """A unit that never ran fails with `reason` (its future is claimed first: a
@@ -308,14 +312,13 @@ class Supervisor:
     def _forget(self, unit_id: int, cancel_future: bool = False) -> None:
         """A unit cancelled before it ran: recorded Cancelled (its future is cancelled
         already, or here when `cancel_future`)."""
+        unit = self._units.get(unit_id)
+        if unit is not None:
+            self._gates_end(unit, _CANCELLED)  # a cancel is never taken back
         unit = self._end(unit_id)
         if unit is not None and cancel_future:
             unit.future.cancel()
         self.ledger.record(unit_id, FAILED, Reason.CANCELLED)
-        if self._providers is not None:
-            self._providers.ended(unit_id, _CANCELLED)
-        if self._gate is not None:
-            self._gate.done(unit_id)
 
     def _deliver(self) -> bool:
         """Resolve the futures decided this turn (their callbacks run here, on the loop);
@@ -401,8 +404,10 @@ class Supervisor:
         if self.data.zygote_news.value != self.workers.news_seen:
             seat_deaths.hear(self)  # it sent an event (and rang)
         results.collect(self)
-        if self._providers.has_work():
-            self._provider_tick()
+        for i, gate in enumerate(self.gates):
+            moved = gate.tick()
+            if moved is not None:
+                self._moved(i, moved)
         now = self.host.monotonic()
         if self.deadlines:
             self.deadlines.check(self, now)
@@ -413,66 +418,44 @@ class Supervisor:
 
     def _sleep_for(self, now: float) -> float:
         wait = IDLE_WAIT_S
-        if self._providers.has_work():
-            wait = min(wait, self._providers.seconds_to_wake(IDLE_WAIT_S))
+        for gate in self.gates:
+            wait = min(wait, gate.wake_in(wait))
         if self._stop_at is not None:
             wait = min(wait, max(0.0, self._stop_at - now))
         return wait
 
-    # ================================================================== provider admission (the loop's side)
+    # ================================================================== the gates (fleet.runtime.gates)
+    def _through(self, unit: LoopUnit, first: int = 0) -> bool:
+        """Hand `unit` to the gates from `first` on: True once it passed them all (on to
+        the dispatcher), False if one keeps it. Raises BadUnit from a gate that refuses it
+        on its face (the first, at accept)."""
+        gates = self.gates
+        for i in range(first, len(gates)):
+            if gates[i].admit(unit) == HELD:
+                return False
+        return True
 
-    def _provider_tick(self) -> None:
-        """Units the provider admission held: cancelled ones end, due ones start; bulkheads
-        published."""
-        gate = self._providers
-        for unit_id in gate.take_cancelled():
+    def _moved(self, i: int, moved) -> None:
+        """What gate `i`'s tick reports: cancelled units forgotten, ended ones closed,
+        stopped ones stopped, and the ones it let go on through the gates after it."""
+        for unit_id in moved.forget:
             self._forget(unit_id)
-        for unit_id, _pending, why, refusal in gate.spent():
-            self._close(unit_id, Outcome(FAILED, Reason.REFUSED, why), original=refusal)
-        if gate.due():
-            for unit_id, pending, route in gate.wake():
-                accept.routed(self, unit_id, route)
-                accept.to_dispatch(self, pending)
+        for unit_id, outcome, original in moved.end:
+            self._close(unit_id, outcome, original=original)
+        for unit_id, reason, detail in moved.stop:
+            self._stop_unit(unit_id, reason, detail)
+        if moved.go:
+            for unit in moved.go:
+                if self._through(unit, i + 1):
+                    self.dispatcher.enqueue(unit)
             self._dispatch()
-        gate.publish()
 
-    def _drop_waiting(self, reason: str, detail: str, cancel: bool = False) -> None:
-        """End every unit waiting for provider admission: failed with `reason`, or cancelled."""
-        for unit_id, why in self._providers.drop_waiting():
-            if cancel:
-                self._forget(unit_id, cancel_future=True)
-            else:
-                self._fail_unstarted(unit_id, reason, f"{detail}: {why}" if why else detail)
-
-    # ================================================================== host-group leases (posted by the gate)
-
-    def _lease_granted(self, unit_id: int) -> None:
-        """The store admitted a held unit: queue it for dispatch."""
-        pending = self._held.pop(unit_id, None)
-        if pending is None or unit_id not in self._units:
-            return
-        self.dispatcher.enqueue(pending)
-        self._dispatch()
-
-    def _drop_held(self, reason: str = "", detail: str = "", cancel: bool = False) -> None:
-        """End every unit still waiting for its lease: failed with `reason`, or cancelled;
-        their requests are withdrawn from the store."""
-        for unit_id in list(self._held):
-            del self._held[unit_id]
-            if cancel:
-                self._forget(unit_id, cancel_future=True)
-            else:
-                self._fail_unstarted(unit_id, reason, detail)
-
-    def _lease_ended(self, unit_id: int, reason: str, detail: str) -> None:
-        """A unit's request or lease ended early; fail it with `reason` (LeaseDenied,
-        LeasePreempted, LeaseExpired). A running unit's worker is killed."""
+    def _stop_unit(self, unit_id: int, reason: str, detail: str) -> None:
+        """A gate says `unit_id` may not run any more (LeaseDenied, LeasePreempted,
+        LeaseExpired): queued, it fails at its grant; running, its worker is killed."""
         if unit_id not in self._units:
             return
-        if self._held.pop(unit_id, None) is not None:
-            self._close(unit_id, Outcome(FAILED, reason, detail))
-            return
-        self._lease_lost[unit_id] = (reason, detail)  # queued: skipped at its grant; running: killed
+        self._stops[unit_id] = (reason, detail)
         slot = self.dispatcher.slot_of(unit_id)
         pid = None if slot is None else self.workers.pids.get(self.layout.seat_of(slot))
         if pid is not None:

@@ -131,7 +131,7 @@ def _owed(sup, unit_id: int, slot: int) -> deaths_mod.Owed:
     the handler; a slot runs its units one after another, and the result of each that
     ended before was taken, so the id there is the one unit of the slot that may have run."""
     return deaths_mod.Owed(unit_id, sup.table.unit(slot) == unit_id, unit_id in sup.deadlines.timed_out,
-                           sup._lease_lost.get(unit_id))
+                           sup._stops.get(unit_id))
 
 
 def take_delivered(sup, seat: int) -> None:

@@ -76,12 +76,23 @@ def _shutdown_on_loop(sup, cancel_futures: bool) -> None:
     close_intake(sup)
     if cancel_futures:
         _cancel_queued(sup)
-        sup._drop_held(cancel=True)
-        sup._drop_waiting("", "", cancel=True)
+        for gate in sup.gates:
+            for unit_id, _detail in gate.drop(""):
+                sup._forget(unit_id, cancel_future=True)
     # Shutdown waits for queued units, but not for a provider's reopening: a closed
     # key may wait until midnight. Units still waiting for admission fail Shutdown.
-    sup._drop_waiting(Reason.SHUTDOWN, "the fleet closed while the unit waited for provider admission")
+    _drop_gates(sup, lambda gate: not gate.queue_like, Reason.SHUTDOWN,
+                "the fleet closed while the unit waited for {waits_for}")
     sup._dispatch()
+
+
+def _drop_gates(sup, which, reason: str, detail: str) -> None:
+    """Fail with `reason` every unit the gates `which` picks keep; ``{waits_for}`` in
+    `detail` says what the gate's units wait for."""
+    for gate in sup.gates:
+        if which(gate):
+            for unit_id, why in gate.drop(detail.replace("{waits_for}", gate.waits_for)):
+                sup._fail_unstarted(unit_id, reason, why)
 
 
 def _cancel_queued(sup) -> None:
@@ -100,7 +111,8 @@ def _cancel_queued(sup) -> None:
 def _stop_on_loop(sup, grace_s: float) -> None:
     close_intake(sup)
     sup._stop_at = sup.host.monotonic() + grace_s
-    sup._drop_waiting(Reason.SHUTDOWN, "the fleet stopped while the unit waited for provider admission")
+    _drop_gates(sup, lambda gate: not gate.queue_like, Reason.SHUTDOWN,
+                "the fleet stopped while the unit waited for {waits_for}")
 
 
 def _kill_on_loop(sup) -> None:
@@ -109,10 +121,11 @@ def _kill_on_loop(sup) -> None:
 
 
 def fail_queued(sup, reason: str, detail: str) -> None:
-    """Every unit not yet granted a slot fails with `reason`."""
+    """Every unit not yet granted a slot fails with `reason`: those queued, and those a
+    gate whose units wait in line with them keeps (the host-group lease)."""
     for item in sup.dispatcher.drain_queue():
         sup._fail_unstarted(item.unit_id, reason, detail)
-    sup._drop_held(reason, detail.replace("before it ran", "before the host-group store granted its lease"))
+    _drop_gates(sup, lambda gate: gate.queue_like, reason, detail)
 
 
 def close_intake(sup) -> None:
@@ -129,8 +142,7 @@ def close_intake(sup) -> None:
 def fail_everything(sup, reason: str, detail: str) -> None:
     """Kill the workers, keep what they delivered, fail everything else with `reason`."""
     fail_queued(sup, reason, detail)
-    if sup._providers is not None:
-        sup._drop_waiting(reason, detail)
+    _drop_gates(sup, lambda gate: not gate.queue_like, reason, detail)
     workers = sup.workers
     pids = dict(workers.pids)
     for pid in pids.values():
@@ -158,17 +170,18 @@ def shed_deferred_at_close(sup) -> None:
             continue
         held_by = ", ".join(sorted(sup.posture.state.causes)) or "throttling"
         for item in sup.dispatcher.drain_queue(code):
-            sup._fail_unstarted(item.unit_id, Reason.SHUTDOWN, f"the fleet closed while cordoned ({held_by}); it never ran")
+            sup._fail_unstarted(item.unit_id, Reason.SHUTDOWN,
+                                f"the fleet closed while cordoned ({held_by}); it never ran")
 
 
 # ---------------------------------------------------------------------- the end
 def teardown(sup, kill: bool = False) -> None:
     """Stop the zygote and workers; remove the shared segments. Idempotent."""
-    if sup._gate is not None:
-        sup._gate.stop()  # gives back the leases still held
-        sup._gate = None
-    if sup._providers is not None:
-        sup._providers.close_store()  # writes the closures still posted
+    gates, sup.gates = sup.gates, []
+    for gate in reversed(gates):
+        gate.stop()  # the lease gives back the leases still held; the provider writes its closures
+    if not gates and sup._providers is not None:
+        sup._providers.stop()  # a boot that failed before its gates were listed
     if sup.workers is not None:
         sup.workers.exit(timeout=5 if not kill else 0.5)
     publisher = sup.publisher

@@ -42,6 +42,8 @@ class LoopUnit(Pending):
     timeout: float | None
     queued: bool = True  # holds room in its role's queue (fleet.runtime.intake.QueueRoom) until granted or ended
     due: float | None = None  # when its current run times out (a refused unit runs again: a new deadline)
+    route: object = None  # a provider unit's fleet.Route, as submitted
+    ask: dict | None = None  # its admission arguments (lane, severity, ...), until the provider gate decides it
 
 
 def submit(sup, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
@@ -76,7 +78,8 @@ def submit(sup, role: str, payload=None, *, key=None, lane=None, priority: int =
             raise BadUnit(f"parent {parent!r} is no unit running in fleet {sup.name!r}: "
                           "only a running unit delegates")
         if sup._providers is not None:
-            sup._providers.check(route, **admission)
+            # The one check of its ask (the loop checks again only after a reload)
+            admission["checked"] = sup._providers.check(route, **admission)
     body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
                            limit=sup.config.limits.max_payload_bytes)
     timeout = timeout if timeout is not None else spec.timeout_s
@@ -84,8 +87,9 @@ def submit(sup, role: str, payload=None, *, key=None, lane=None, priority: int =
     _refuse_if_closed(sup, code, role)
     sup._room.take(code, role, block=block and not sup._on_loop(), timeout=block_timeout)
     unit = new_unit(sup, code, key, priority, body, flags, timeout)
+    unit.route, unit.ask = route, admission
     arrival = (unit.unit_id, role, payload, key, lane) if sup.recorder is not None else None
-    sup._intake.post(accept.accept, sup, unit, route, admission, arrival, refused=turned_away,
+    sup._intake.post(accept.accept, sup, unit, arrival, refused=turned_away,
                      pace=not sup._on_loop())
     return unit.future
 
