@@ -270,9 +270,11 @@ class Supervisor:
         return unit
 
     def _close(self, unit_id: int, outcome: Outcome, value=None, original=None, cost=None,
-               solved: list | None = None) -> None:
+               solved: list | None = None, items: bool = False) -> None:
         """Record an outcome; its future resolves at the end of this turn. `solved`: a
-        slice's list of solved units, which its caller ledgers in one call."""
+        slice's list of solved units, which its caller ledgers in one call. `items`: a
+        chunk's items, which travel with it whatever its outcome (map raises item by item).
+        Every unit's end comes here, so every gate hears of it."""
         unit = self._units.get(unit_id)
         if unit is not None and self._gates_end(unit, outcome, original, cost):
             return  # a gate took it back: no outcome yet (the ledger sees the one it ends with)
@@ -283,7 +285,7 @@ class Supervisor:
             self.ledger.record(unit_id, outcome.kind, outcome.reason)
         if unit is None:
             return
-        if outcome.kind == SOLVED:
+        if outcome.kind == SOLVED or (items and value is not None):
             self._done.append((unit.future, value, None))
         else:
             role = self.roles.by_code(unit.role).name

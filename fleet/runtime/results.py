@@ -10,7 +10,6 @@ One owner: the loop thread.
 from __future__ import annotations
 
 from fleet.rules import fsm
-from fleet.rules.outcomes import SOLVED
 from fleet.rules.vocab import Reason
 from fleet.runtime import codec
 from fleet.shm import messages as M
@@ -82,13 +81,9 @@ def _take_message(sup, tag: int, view, solved: list) -> None:
             sup.run_observer(sup.roles.by_code(unit.role).name, elapsed)
         if sup.recorder is not None:  # the measured work shape of a recorded arrival
             sup.recorder.completion(unit_id, elapsed, outcome.kind, cpu_s=cpu)
-    if unit is not None and (unit.flags & M.F_CHUNK) and outcome.kind != SOLVED and value is not None:
-        # A chunk's items travel with it whatever its outcome: map raises item by item.
-        sup.ledger.record(unit_id, outcome.kind, outcome.reason)
-        sup._end(unit_id)
-        sup._done.append((unit.future, value, None))
-        return
-    sup._close(unit_id, outcome, value, original, cost, solved)
+    # A chunk's items travel with it whatever its outcome (map raises item by item); its
+    # end takes the one close path all the same, so its gates hear of it (its lease goes back).
+    sup._close(unit_id, outcome, value, original, cost, solved, items=unit is not None and bool(unit.flags & M.F_CHUNK))
 
 
 def _vacate(sup, slot: int) -> None:
