@@ -1,5 +1,9 @@
 """Provider and host-group admission (bulkheads, lanes, the durable lease store).
 
+A package of its own: it imports nothing of fleet (fleet builds on it, and re-exports
+`Route` and `Refused` as `fleet.Route` and `fleet.Refused`). The names below are its
+public face; everything else may move.
+
 The provider admission core (reference 000): `policy` (the declared catalog and
 policy), `state` (bulkheads and their pure transitions), `scheduler` (pure
 decisions) and `pool` (the live pool). Names load on first use.
@@ -7,17 +11,12 @@ decisions) and `pool` (the live pool). Names load on first use.
 `store` is the host-group lease store (reference 001): ``admission.store.open_store(url)``.
 """
 _LAZY = {
-    "Policy": "policy",
-    "PolicyError": "policy",
-    "PolicyHolder": "policy",
-    "AdmissionPool": "pool",
-    "FileClosureStore": "pool",
-    "ManualClock": "pool",
-    "ScaledClock": "pool",
-    "SystemClock": "pool",
-    "signal_for": "pool",
-    "decide": "scheduler",
-    "decide_batch": "scheduler",
+    "AdmissionPool": "admission.pool",
+    "ManualClock": "admission.pool",
+    "ScaledClock": "admission.pool",
+    "Policy": "admission.policy",
+    "Refused": "admission.errors",
+    "Route": "admission.route",
 }
 
 
@@ -27,9 +26,13 @@ def __getattr__(name):
         raise AttributeError(f"module 'admission' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
-__all__: list[str] = sorted(_LAZY)
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = ["AdmissionPool", "ManualClock", "Policy", "Refused", "Route", "ScaledClock"]

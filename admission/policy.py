@@ -41,8 +41,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fleet.rules.errors import ConfigError
-from fleet.route import Route
+from admission.errors import ConfigError
+from admission.route import Route
 
 SECTION = "admission"
 DEFAULT_SEVERITY = {"red-main": 32, "B": 16, "H": 8, "M": 4, "L": 2, "none": 1}

@@ -17,7 +17,12 @@ It adds what needs memory of units:
 
 Time comes from a clock object with ``wall()`` (UTC epoch seconds: closures, midnight)
 and ``mono()`` (monotonic seconds: backoffs, probes, waits). `ManualClock` is stepped by
-hand (tests, replays); `ScaledClock` runs a day in minutes for a replay.
+hand (tests, replays); `ScaledClock` runs a day in minutes for a replay. A clock tied to
+the host's monotonic clock also has ``mono_of(t)``: its own reading at host instant `t`
+(``time.monotonic()``, the same in every process of the host), so a refusal a worker
+met at `t` backs its pool off from `t` (`signal_for`, `instant_on`), not from when the
+outcome reached the pool. A clock without it (a ManualClock) places every refusal at
+the moment it is reported.
 
 Not thread-safe by design: one owner (the supervisor's loop) calls it; others post
 to that loop (DESIGN §8).
@@ -34,13 +39,11 @@ import tempfile
 import time
 from typing import NamedTuple, Protocol, Sequence
 
-from fleet.rules.errors import FleetError
-from fleet.rules.outcomes import Refused
-from fleet.route import Route
-
 from admission import scheduler as S
 from admission import state as T
+from admission.errors import FleetError, Refused
 from admission.policy import Policy, PolicyHolder
+from admission.route import Route
 
 log = logging.getLogger("admission")
 #: closures the census lists in its history, the last ones made, learned or loaded
@@ -54,6 +57,11 @@ class SystemClock:
 
     wall = staticmethod(time.time)
     mono = staticmethod(time.monotonic)
+
+    @staticmethod
+    def mono_of(host_mono: float) -> float:
+        """Its mono reading at host monotonic instant `host_mono`: the same number."""
+        return host_mono
 
 
 class ManualClock:
@@ -87,6 +95,10 @@ class ScaledClock:
 
     def mono(self) -> float:
         return (time.monotonic() - self._t0) * self.scale
+
+    def mono_of(self, host_mono: float) -> float:
+        """Its mono reading at host monotonic instant `host_mono`."""
+        return (host_mono - self._t0) * self.scale
 
     def wall(self) -> float:
         return self._w0 + self.mono()
@@ -357,7 +369,7 @@ class AdmissionPool:
         lane = ask.lane
         now = self.now()
         if signal.kind == T.CLEAN and signal.seconds is None:
-            signal = _new(T.Signal, (T.CLEAN, None, None, "", now.mono - started, signal.cost))
+            signal = _new(T.Signal, (T.CLEAN, None, None, "", now.mono - started, signal.cost, None))
         b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
         b, closure, reopens = T.ended(b, signal, now, self.holder.current, probe, delegated, started)
         self._put(b)
@@ -703,20 +715,32 @@ def bulkhead_row(b: T.Bulkhead, now: T.Now, budget: tuple | None = None) -> dict
 
 
 def signal_for(error: BaseException | None = None, *, cost: float | None = None,
-               seconds: float | None = None) -> T.Signal:
-    """The signal of a unit's end: None -> clean; fleet.Refused -> its refusal; a timeout -> stall; else error."""
+               seconds: float | None = None, clock=None) -> T.Signal:
+    """The signal of a unit's end: None -> clean; fleet.Refused -> its refusal; a timeout -> stall; else error.
+
+    `clock`: the admission's clock, which places a refusal at the host instant it was met
+    (``Refused.at``, see `instant_on`); without it the refusal counts from its report."""
     if error is None:
         return T.Signal.clean(seconds, cost)
     if isinstance(error, Refused):
-        return T.Signal.refused(error.status, error.message, error.retry_after)
+        return T.Signal.refused(error.status, error.message, error.retry_after, instant_on(clock, error.at))
     if isinstance(error, TimeoutError):
         return T.Signal(T.STALL)
     return T.Signal(T.ERROR, message=type(error).__name__)
 
 
+def instant_on(clock, host_mono: float | None) -> float | None:
+    """Host monotonic instant `host_mono` read on the admission `clock` (its ``mono_of``), or None
+    when there is no instant or the clock is not tied to the host's (a ManualClock)."""
+    if host_mono is None:
+        return None
+    mono_of = getattr(clock, "mono_of", None)
+    return None if mono_of is None else mono_of(host_mono)
+
+
 __all__ = [
     "AdmissionPool", "BadAsk", "ClosureFileError", "ClosureStore", "FileClosureStore", "ManualClock",
-    "ScaledClock", "SystemClock", "UnknownUnit", "bulkhead_row", "signal_for",
+    "ScaledClock", "SystemClock", "UnknownUnit", "bulkhead_row", "instant_on", "signal_for",
 ]
 
 

@@ -40,9 +40,8 @@ from __future__ import annotations
 import time
 from typing import NamedTuple, Sequence
 
-from fleet.route import Route
-
 from admission.policy import Policy
+from admission.route import Route
 from admission.state import AdmissionState, Now, bulkhead_of, probe_scope
 
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)

@@ -15,15 +15,20 @@ Signals (what an outcome says about its pool):
   the mean seconds and cost; a clean *probe* on a closed pool reopens its closure;
 * 429 (`RATE_LIMIT`) backs off that one pool: ``backoff_base * 2**(n-1)`` seconds for
   the n-th backoff in a row, capped at ``backoff_max``, never shorter than the
-  provider's Retry-After; it closes nothing. A 429 heard while the pool already backs
-  off, for a round that started before that backoff began, is the same burst's news
-  (its refusals arrive together, some late): it neither lengthens the backoff nor
-  counts as the next one in a row. A round that started during the backoff (a
-  delegated one) and is refused starts the next one;
+  provider's Retry-After; it closes nothing. The backoff runs from the instant the
+  provider refused (`Signal.at`), not from when the refusal is heard: Retry-After
+  counts from the provider's answer, and the result's way home (the worker, its
+  ring, the loop) is no reason to keep the pool shut longer. A 429 the provider
+  gave while the pool already backs off, for a round seated before the pool heard
+  of that backoff, is the same burst's news (its refusals arrive together, some
+  late): it neither lengthens the backoff nor counts as the next one in a row. A
+  round seated after the pool heard of it (a delegated one) and refused starts the
+  next one;
 * a key's daily limit (a 403 that says so) closes until the next UTC midnight; no
   credit (402) or a rejected key (401/403) closes for ``closed_for``; the fleet's own
-  daily budget (`BUDGET`) closes until midnight too. With the credential known only
-  that credential's pools close; otherwise every pool of the provider;
+  daily budget (`BUDGET`) closes until midnight too, each from the refusal's instant.
+  With the credential known only that credential's pools close; otherwise every pool
+  of the provider;
 * a stall or timeout changes no bulkhead (the unit only stops counting as running);
   any other error counts a failure.
 
@@ -41,7 +46,7 @@ import math
 import re
 from typing import NamedTuple
 
-from fleet.route import Route
+from admission.route import Route
 
 # --- refusal kinds and closure causes ---------------------------------------------------
 RATE_LIMIT = "rate-limit"
@@ -98,18 +103,22 @@ class Signal(NamedTuple):
     message: str = ""
     seconds: float | None = None  # how long the round ran (clean rounds)
     cost: float | None = None  # what it cost, in USD (clean rounds)
+    #: the admission clock's mono instant the provider answered (refusals); None: when reported
+    at: float | None = None
 
     @classmethod
     def clean(cls, seconds: float | None = None, cost: float | None = None) -> "Signal":
         return cls(CLEAN, seconds=seconds, cost=cost)
 
     @classmethod
-    def refused(cls, status: int, message: str = "", retry_after: float | None = None) -> "Signal":
-        """A provider refusal by HTTP status; a status that is no refusal is a plain ERROR."""
+    def refused(cls, status: int, message: str = "", retry_after: float | None = None,
+                at: float | None = None) -> "Signal":
+        """A provider refusal by HTTP status, given at mono instant `at` (None: now, when it is
+        reported); a status that is no refusal is a plain ERROR."""
         kind = classify(status, message)
         if kind is None:
             return cls(ERROR, message=f"{status} {message}".strip())
-        return cls(REFUSED, kind, retry_after, message or str(status))
+        return cls(REFUSED, kind, retry_after, message or str(status), at=at)
 
 
 class Closure(NamedTuple):
@@ -158,7 +167,8 @@ class Bulkhead(NamedTuple):
     costed: int = 0  # clean rounds that reported a cost
     moved_in: int = 0  # units moved here from another pool
     strikes: int = 0  # backoffs in a row (a clean round resets): the backoff's exponent
-    backoff_at: float = -math.inf  # mono time the current backoff began
+    # mono time the pool heard of its current backoff: a round seated before then could not know of it
+    backoff_at: float = -math.inf
 
     def closed(self, now: Now) -> bool:
         return self.closed_until > now.wall
@@ -267,6 +277,8 @@ def ended(b: Bulkhead, signal: Signal, now: Now, policy, probe: bool = False,
     """A unit that ran on `b` ended with `signal`: (new bulkhead, closure it makes or None, reopen?).
 
     `started`: the mono time the unit started (None: unknown, taken as after any backoff).
+    A refusal takes effect from its own instant (`refusal_instant`): its backoff, or its
+    closure, runs from when the provider answered.
 
     `reopen` is True when a clean probe proved a closed pool's key works again; the
     closure (or reopening) is for the caller to apply to every pool it covers
@@ -296,18 +308,31 @@ def ended(b: Bulkhead, signal: Signal, now: Now, policy, probe: bool = False,
         return _new(Bulkhead, f), None, False
     if kind != REFUSED:
         return _new(Bulkhead, f), None, False  # a stall or a timeout holds nothing back
+    at = refusal_instant(signal, now, started)
     refusals = b.refusals + 1
     b = _new(Bulkhead, f)._replace(
-        failures=b.failures + 1, refusals=refusals, carrying=load, refused_at=now.wall,
+        failures=b.failures + 1, refusals=refusals, carrying=load, refused_at=at.wall,
         why=f"{signal.refusal}: {signal.message}".rstrip(": "), estimate=max(1, load // 2))
     if signal.refusal == RATE_LIMIT:
-        if b.backoff_until > now.mono and started is not None and started <= b.backoff_at:
+        if b.backoff_until > at.mono and started is not None and started <= b.backoff_at:
             return b, None, False  # the same burst: its backoff stands as it is
         strikes = b.strikes + 1
         delay = backoff_seconds(strikes, signal.retry_after, policy.backoff_base, policy.backoff_max)
-        return b._replace(backoff_until=max(b.backoff_until, now.mono + delay), strikes=strikes,
+        return b._replace(backoff_until=max(b.backoff_until, at.mono + delay), strikes=strikes,
                           backoff_at=now.mono), None, False
-    return b, closure_for(b.route, signal.refusal, now, policy.closed_for, signal.message), False
+    return b, closure_for(b.route, signal.refusal, at, policy.closed_for, signal.message), False
+
+
+def refusal_instant(signal: Signal, now: Now, started: float | None = None) -> Now:
+    """When the provider gave `signal`'s refusal, as a clock reading: its `at`, kept between the
+    unit's start and `now` (an answer comes neither before its request nor from the future);
+    `now` when the signal does not say."""
+    at = signal.at
+    if at is None or at >= now.mono:
+        return now
+    if started is not None and at < started:
+        at = started
+    return _new(Now, (now.wall - (now.mono - at), at))
 
 
 def seat(state: AdmissionState, route: Route, now: Now, *, probe: bool = False, delegated: bool = False,

@@ -1,7 +1,11 @@
 """fleet: a host-level worker runtime for Python.
 
-The public face is re-exported here; everything else may move.
+This module is the public face: the user's API, what README.md and docs/ show users
+writing (tests/test_exports.py pins it). Everything else lives in its wing and may move.
 """
+from admission.errors import Refused
+from admission.route import Route
+from fleet._version import __version__
 from fleet.rules.errors import BootRefused, ConfigError, FleetError, NotRunning
 from fleet.rules.unit import (
     BadUnit,
@@ -22,36 +26,24 @@ from fleet.rules.unit import (
 )
 
 # Heavier parts load on first use (PEP 562), so that `fleetctl status`, which imports
-# this package, starts fast: name -> module that defines it.
+# this package, starts fast: name -> the module that defines it.
 _LAZY = {
-    "BelowHostFloor": "rules.budget",
-    "BudgetOverQuota": "rules.budget",
-    "BudgetOverrides": "rules.budget",
-    "FleetBudget": "rules.budget",
-    "QuotaTooSmallForPinnedRoles": "rules.budget",
-    "FleetConfig": "runtime.config",
-    "load_config": "runtime.config",
-    "TierPlan": "rules.plan",
-    "PostureCauseError": "rules.posture",
-    "PostureOwner": "rules.posture",
-    "PosturePolicy": "rules.posture",
-    "PostureRetuneError": "rules.posture",
-    "REFERENCE_ROLES": "rules.roles",
-    "Role": "rules.roles",
-    "RoleSet": "rules.roles",
-    "UnknownRoleError": "rules.roles",
-    "Fleet": "api.executor",
-    "Executor": "api.pool",
-    "UnitBroken": "rules.raised",
-    "RoleBroken": "rules.raised",
-    "Client": "service.client",
-    "FleetConnectionLost": "service.client",
-    "SubmitUncertain": "service.client",
-    "RequestIdReused": "service.replays",
-    "connect": "service.client",
-    "Refused": "rules.outcomes",
-    "Route": "route",
-    "UntrustedPeer": "host.trust",
+    "Executor": "fleet.api.pool",
+    "Fleet": "fleet.api.executor",
+    "Client": "fleet.service.client",
+    "connect": "fleet.service.client",
+    "FleetConnectionLost": "fleet.service.client",
+    "SubmitUncertain": "fleet.service.client",
+    "RequestIdReused": "fleet.service.replays",
+    "UnitBroken": "fleet.rules.raised",
+    "RoleBroken": "fleet.rules.raised",
+    "UnknownRoleError": "fleet.rules.roles",
+    "BelowHostFloor": "fleet.rules.budget",
+    "BudgetOverQuota": "fleet.rules.budget",
+    "QuotaTooSmallForPinnedRoles": "fleet.rules.budget",
+    "PostureCauseError": "fleet.rules.posture",
+    "PostureRetuneError": "fleet.rules.posture",
+    "UntrustedPeer": "fleet.host.trust",
 }
 
 
@@ -61,7 +53,7 @@ def __getattr__(name):
         raise AttributeError(f"module 'fleet' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
@@ -70,55 +62,45 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-__version__ = "0.1.0"
-
 __all__ = [
-    "BadUnit",
-    "Client",
+    # the two faces of a fleet, and the client of a running fleetd
     "Executor",
     "Fleet",
-    "FleetConnectionLost",
-    "FleetClosed",
+    "connect",
+    "Client",
+    # what a handler receives, raises and reports; what a caller gets back
+    "Unit",
+    "Route",
+    "Refused",
+    "Suppress",
+    "current_unit",
+    "report_cost",
     "Outcome",
+    # the errors a user catches
+    "FleetError",
+    "ConfigError",
+    "BootRefused",
+    "BelowHostFloor",
+    "QuotaTooSmallForPinnedRoles",
+    "BudgetOverQuota",
+    "SubmitRefused",
+    "BadUnit",
+    "QueueFull",
     "PayloadTooLarge",
     "PayloadUnpicklable",
-    "QueueFull",
-    "Refused",
-    "RequestIdReused",
     "RoleStopped",
-    "Route",
-    "SubmitRefused",
-    "SubmitUncertain",
-    "Suppress",
-    "Unit",
+    "RoleBroken",
+    "UnknownRoleError",
+    "RequestIdReused",
+    "FleetClosed",
     "UnitError",
     "UnitFailed",
     "UnitSuppressed",
     "UnitBroken",
-    "RoleBroken",
-    "BelowHostFloor",
-    "BootRefused",
-    "BudgetOverQuota",
-    "BudgetOverrides",
-    "ConfigError",
-    "FleetBudget",
-    "FleetConfig",
-    "FleetError",
     "PostureCauseError",
-    "PostureOwner",
-    "PosturePolicy",
     "PostureRetuneError",
-    "QuotaTooSmallForPinnedRoles",
-    "REFERENCE_ROLES",
-    "Role",
-    "RoleSet",
-    "TierPlan",
-    "UnknownRoleError",
     "NotRunning",
     "UntrustedPeer",
-    "connect",
-    "current_unit",
-    "load_config",
-    "report_cost",
-    "__version__",
+    "FleetConnectionLost",
+    "SubmitUncertain",
 ]

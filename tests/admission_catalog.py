@@ -6,7 +6,7 @@ import copy
 
 from admission.policy import Policy
 from admission.pool import AdmissionPool, ManualClock
-from fleet.route import Route
+from admission.route import Route
 
 EU = {"residency": "eu", "retention": "zdr"}
 US = {"residency": "us"}

@@ -45,5 +45,15 @@ async def call_async(unit):
     return _answer(unit)
 
 
+def refuse_now(unit):
+    """Refused 429 whose message is this process's monotonic instant just before it raises
+    (and whose `at` is the payload's, if it gives one)."""
+    raise fleet.Refused(429, repr(time.monotonic()), at=(unit.payload or {}).get("at"))
+
+
+async def refuse_now_async(unit):
+    refuse_now(unit)
+
+
 def fail(unit):
     raise RuntimeError("the handler broke, not the provider")

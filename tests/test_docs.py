@@ -6,7 +6,7 @@ A block is marked by an HTML comment on the line before its fence (invisible whe
 ``<!-- run -->`` runs it (``python`` in a fresh interpreter, ``sh`` under ``bash -eu``), in a
 temporary folder that holds a link to the repository's ``examples/``; ``<!-- run: fleetd -->``
 runs it while a real fleetd of the demo config (``examples/fleet.toml``, name ``demo``) serves;
-``<!-- check: config -->`` loads a ``toml`` block with `fleet.load_config`.
+``<!-- check: config -->`` loads a ``toml`` block with the config loader (`load_config`).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import tomllib
 
 import pytest
 
-import fleet
 from fleet.rules import fsm
+from fleet.runtime.config import load_config
 from fleet.shm import dataplane
 from fleet.shm.table import segment
 
@@ -80,7 +80,7 @@ def test_the_blocks_that_talk_to_fleetd_run_as_written(tmp_path):
 @pytest.mark.parametrize("lang, code", list(blocks("check: config")))
 def test_a_configuration_block_loads(lang, code):
     assert lang == "toml"
-    fleet.load_config(tomllib.loads(code))
+    load_config(tomllib.loads(code))
 
 
 def test_the_marks_find_blocks():
@@ -96,7 +96,7 @@ def _known(message: str, word: str) -> list[str]:
 
 def _refusal(config: dict) -> str:
     with pytest.raises(ValueError) as info:
-        fleet.load_config(config)
+        load_config(config)
     return str(info.value)
 
 

@@ -1,13 +1,33 @@
-"""Which room depends on which: the runtime never imports its command line (the
-CLI formats what the runtime gathers, never the other way round)."""
+"""Which room depends on which.
+
+fleet/ is built in wings, each on the ones below it (docs/internals.md, "Layout"): a
+module imports only from its own wing or from a wing below, so no arrow points up and
+no two wings lean on each other. `admission/` stands under them all and alone: it
+imports nothing of fleet. And the runtime never imports its command line (the CLI
+formats what the runtime gathers, never the other way round).
+"""
 from __future__ import annotations
 
 import ast
+import collections
 import pathlib
+import subprocess
+import sys
 
 import fleet
 
 ROOT = pathlib.Path(fleet.__file__).parent
+TREE = ROOT.parent
+
+#: The wings of fleet/, lowest first.
+WINGS = ("rules", "host", "shm", "runtime", "api", "service", "cli", "burst")
+#: fleet/'s top-level modules and the room each stands in: the leaves every wing may
+#: import (the version; the C extensions built from native/ at install) and the public
+#: face (fleet/__init__.py), which re-exports the user's API from the wings up to service
+#: and which the tools above it use as a user does.
+TOP = {"_version": "leaves", "_native": "leaves", "_rings": "leaves", "_chunk": "leaves", "__init__": "face"}
+#: Every room, lowest first: a module may need its own room and the rooms before it.
+FLOORS = ("admission", "leaves", "rules", "host", "shm", "runtime", "api", "service", "face", "cli", "burst")
 
 
 def imports(source: str, package: str):
@@ -21,6 +41,186 @@ def imports(source: str, package: str):
             mod = ".".join(p for p in (base, node.module or "") if p)
             yield mod
             yield from (f"{mod}.{a.name}" for a in node.names)
+
+
+def lazy_imports(source: str):
+    """The modules a package's face loads on first use: the values of its ``_LAZY`` table
+    (name -> the module that defines it), which no import statement shows."""
+    for node in ast.parse(source).body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets)):
+            yield from (v.value for v in node.value.values if isinstance(v, ast.Constant))
+
+
+def modules() -> dict[str, pathlib.Path]:
+    """Every module and package of fleet/ and admission/ by dotted name, and fleet's C
+    extensions (built or not)."""
+    found = {}
+    for pkg in ("fleet", "admission"):
+        for path in (TREE / pkg).rglob("*.py"):
+            parts = path.relative_to(TREE).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found | {f"fleet.{m}": ROOT / m for m in TOP if m != "__init__"}
+
+
+KNOWN = modules()
+
+
+def room(module: str) -> str | None:
+    """The room a module of ours stands in; None for a top-level module of fleet/ TOP does not place."""
+    parts = module.split(".")
+    if parts[0] == "admission":
+        return "admission"
+    if len(parts) == 1:
+        return TOP["__init__"]
+    return parts[1] if parts[1] in WINGS else TOP.get(parts[1])
+
+
+def needs(module: str, source: str) -> set[str]:
+    """The modules of ours `module` (`source` is its text) needs, anywhere in it: an import
+    names the longest module of ours it reaches (``from fleet import _native`` needs
+    fleet._native; ``from fleet import Fleet`` and ``import fleet``, the face), and a
+    ``_LAZY`` table needs what it loads."""
+    is_package = KNOWN.get(module, pathlib.Path()).name == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
+    named = list(lazy_imports(source))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            named += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            mod = ".".join(p for p in (base, node.module or "") if p)
+            named += [f"{mod}.{a.name}" if f"{mod}.{a.name}" in KNOWN else mod for a in node.names]
+    found = set()
+    for name in named:
+        parts = name.split(".")
+        reached = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in KNOWN), None)
+        if reached is not None and reached != module:
+            found.add(reached)
+    return found
+
+
+def upward(module: str, source: str) -> list[str]:
+    """What `module` needs from a room above its own (or from a module with no room)."""
+    floor = FLOORS.index(room(module))
+    return sorted(m for m in needs(module, source) if room(m) is None or FLOORS.index(room(m)) > floor)
+
+
+def room_graph() -> collections.Counter:
+    """(room, room it needs) -> how many modules' needs point that way, between different rooms."""
+    edges = collections.Counter()
+    for module, path in KNOWN.items():
+        if path.suffix == ".py":
+            for need in needs(module, path.read_text()):
+                if room(need) != room(module):
+                    edges[room(module), room(need)] += 1
+    return edges
+
+
+def cycle(edges) -> list[str]:
+    """A cycle among the rooms `edges` ((from, to) pairs) join, as its rooms in order; [] when none."""
+    after = collections.defaultdict(set)
+    for a, b in edges:
+        after[a].add(b)
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(after[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = "done"
+        path.pop()
+        return []
+
+    for node in sorted(after):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return []
+
+
+def test_every_module_of_fleet_stands_in_a_room():
+    tops = {p.name.split(".")[0] for p in ROOT.iterdir()
+            if p.suffix in (".py", ".so") or (p / "__init__.py").is_file()}
+    assert sorted(t for t in tops if t not in WINGS and t not in TOP) == []
+    assert [w for w in WINGS if not (ROOT / w / "__init__.py").is_file()] == []
+    assert sorted(set(WINGS) | set(TOP.values()) | {"admission"}) == sorted(FLOORS)
+
+
+def test_no_module_imports_from_a_room_above_its_own():
+    offenders = {}
+    for module, path in KNOWN.items():
+        if path.suffix == ".py":
+            bad = upward(module, path.read_text())
+            if bad:
+                offenders[module] = bad
+    assert offenders == {}
+
+
+def test_no_two_rooms_lean_on_each_other():
+    assert cycle(room_graph()) == []
+
+
+def test_the_floor_scan_catches_an_arrow_up():
+    # A rule that once reached up into the client, from inside a function.
+    assert upward("fleet.rules.planted", "def plan(q):\n    from fleet.service.client import connect\n") == [
+        "fleet.service.client"]
+    assert upward("fleet.runtime.planted", "from ..burst import record\n") == ["fleet.burst.record"]
+    # The version read through the face is an arrow up; through its leaf, or a C extension, it is not.
+    assert upward("fleet.shm.planted", "from fleet import __version__\n") == ["fleet"]
+    assert upward("fleet.shm.planted", "from fleet._version import __version__\nfrom fleet import _native\n") == []
+    # What a lazy table loads counts as an import.
+    assert upward("fleet.host.planted", '_LAZY = {"Fleet": "fleet.api.executor"}\n') == ["fleet.api.executor"]
+    # A top-level module of fleet/ that TOP does not place has no room.
+    assert room("fleet.stray") is None and room("fleet._version") == "leaves"
+    # Down and sideways are allowed.
+    assert upward("fleet.cli.planted", "import fleet\nfrom fleet.service import client\nfrom . import views\n") == []
+
+
+def test_the_cycle_scan_finds_two_rooms_leaning_on_each_other():
+    assert cycle({("shm", "rules"), ("rules", "host"), ("host", "shm")}) == ["host", "shm", "rules", "host"]
+    assert cycle({("shm", "rules"), ("host", "rules"), ("shm", "host")}) == []
+
+
+def test_admission_imports_nothing_of_fleet():
+    offenders = {}
+    for module, path in KNOWN.items():
+        if room(module) == "admission":
+            bad = sorted(m for m in needs(module, path.read_text()) if room(m) != "admission")
+            if bad:
+                offenders[module] = bad
+    assert offenders == {}
+    assert upward("admission.planted", "from fleet.rules.errors import FleetError\n") == ["fleet.rules.errors"]
+
+
+def test_admission_runs_where_fleet_cannot_be_imported():
+    """Every module of admission/ imports, and a pool admits and reads a refusal, with
+    fleet made unimportable: the package stands alone."""
+    names = sorted(m for m in KNOWN if room(m) == "admission")
+    script = (
+        "import importlib, sys\n"
+        "sys.modules['fleet'] = None  # any import of fleet now raises ImportError\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "import admission\n"
+        "pool = admission.AdmissionPool(clock=admission.ManualClock())\n"
+        "route = admission.Route('m', 'p')\n"
+        "print(pool.admit(1, route).action)\n"
+        "from admission.pool import signal_for\n"
+        "pool.report(1, signal_for(admission.Refused(429, 'slow down', retry_after=5)))\n"
+        "print(pool.census()['bulkheads'][0]['state'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=TREE,
+                         env={"PYTHONPATH": str(TREE), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["admit", "backoff"]
 
 
 def cli_imports(source: str, package: str) -> list[str]:

@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from admission.errors import EXIT_CONFIG, FleetError
 from admission.vocab import (  # noqa: F401 - the store's callers read the states here too
     ADMITTED, CANCELLED, DENIED, EVENT_KINDS, LIVE_STATES, PREEMPTED, QUEUED, RELEASED, REOPENED, STATES,
     TERMINAL_STATES, TIMED_OUT,
 )
-from fleet.rules.errors import EXIT_CONFIG, FleetError
 
 # ----------------------------------------------------------------------------- states
 # Request states and audit event kinds: admission.vocab (imported above, re-exported here).

@@ -31,6 +31,11 @@ from fleet.api.executor import Fleet, length_of
 from fleet.runtime.calls import NO_KWARGS
 from fleet.runtime.config import load_config
 from fleet.runtime.worker_setup import WorkerSetup
+from fleet.shm.segments import reclaim_stale_of
+# The sweep judges a segment by its kind, which the module owning it registers on import:
+# the table's and the data plane's, loaded here before the first sweep.
+from fleet.shm import dataplane  # noqa: F401
+from fleet.shm.table import segment  # noqa: F401
 from fleet.rules.unit import FleetClosed
 
 log = logging.getLogger("fleet.api.pool")
@@ -49,6 +54,8 @@ LOOKAHEAD = 4
 AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
 
 _names = itertools.count(1)
+#: Every executor's fleet name starts so, and then says its process: ``executor-<pid>-<n>``.
+NAME_PREFIX = "executor-"
 
 
 def quota_cores() -> int:
@@ -108,10 +115,13 @@ class Executor(_StdExecutor):
         if over:
             role["peak_cpus"] = workers  # forced pinned, oversubscribed: the plan says so (fleet.rules.plan)
         config = load_config({
-            "fleet": {"name": f"executor-{os.getpid()}-{next(_names)}", "profile": "pinned" if over else "auto"},
+            "fleet": {"name": f"{NAME_PREFIX}{os.getpid()}-{next(_names)}", "profile": "pinned" if over else "auto"},
             "budget": {"loop": "priority"},
             "roles": {ROLE: role},
         }, env={})
+        # An executor's name is never taken again, so no later boot would reclaim the segments
+        # of one whose process was killed before its teardown: each boot sweeps them.
+        reclaim_stale_of(NAME_PREFIX)
         setup = WorkerSetup.of_this_process(initializer=initializer, initargs=initargs, max_tasks=max_tasks_per_child)
         self._max_workers = workers
         self._mp_context = mp_context
@@ -156,7 +166,8 @@ class Executor(_StdExecutor):
             raise RuntimeError(AFTER_SHUTDOWN)
         lengths = [length_of(i) for i in iterables] if progress else [None]
         total = None if None in lengths else min(lengths, default=0)
-        calls = ((fn, args, NO_KWARGS) for args in zip(*iterables))
+        # zip and repeat in C: no Python frame per item on the caller's side of a map
+        calls = zip(itertools.repeat(fn), zip(*iterables), itertools.repeat(NO_KWARGS))
         try:
             return self._fleet._map(ROLE, calls, chunksize, timeout, None, ordered, progress, total)
         except FleetClosed:

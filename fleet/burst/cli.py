@@ -23,7 +23,7 @@ EXIT_NO_CGROUP = 91  # --cpu-quota without root or a v1 cpu cgroup hierarchy
 
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}   done (replay: every mode ran and the ledger was exact)
-  {EXIT_FAILURE}   another failure
+  {EXIT_FAILURE}   another failure (replay and show: the burst extra is not installed, named on stderr)
   {EXIT_USAGE}  bad arguments
   {EXIT_BAD_TRACE}  bad trace (one line per bad line: FILE:LINE: what is wrong; nothing ran)
   {EXIT_BAD_REPORT}  show: the report cannot be read
@@ -151,10 +151,38 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+#: What a command needs beyond fleet's own dependencies: the ``burst`` extra (pyproject.toml).
+#: replay: the handlers call the simulator over HTTP, the report draws its timeline, and
+#: the progress bar (unless --no-progress); show: the timeline again; record: nothing.
+EXTRA = "burst"
+
+
+def needs_of(args) -> tuple[str, ...]:
+    """The modules of the extra that command `args` imports."""
+    if args.command == "replay":
+        return ("httpx", "matplotlib") + (() if args.no_progress else ("tqdm",))
+    return ("matplotlib",) if args.command == "show" else ()
+
+
+def missing_extra(args) -> str | None:
+    """One line naming the extra to install when a module `args`'s command needs is absent; else None."""
+    import importlib.util
+
+    absent = [m for m in needs_of(args) if importlib.util.find_spec(m) is None]
+    if not absent:
+        return None
+    return (f"fleet-burst: {args.command} needs {' and '.join(absent)}, not installed: install fleet's "
+            f"{EXTRA!r} extra (pip install 'fleet[{EXTRA}]', or pip install '.[{EXTRA}]' from a checkout)")
+
+
 def main(argv=None) -> int:
     from fleet.burst.stop import Stopped, on_signals
 
     args = parser().parse_args(argv)
+    missing = missing_extra(args)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return EXIT_FAILURE
     try:
         with on_signals():
             return {"replay": _replay, "record": _record, "show": _show}[args.command](args)

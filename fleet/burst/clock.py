@@ -48,6 +48,11 @@ class ReplayClock:
         """The trace second of host monotonic instant `real_mono`."""
         return (real_mono - self.t0) * self.speed
 
+    def mono_of(self, host_mono: float) -> float:
+        """The admission's clock protocol: its mono reading at a host monotonic instant (a
+        refusal a worker met then backs its pool off from then)."""
+        return self.trace_of(host_mono)
+
     def real(self, trace_s: float) -> float:
         """Real seconds a span of `trace_s` trace seconds lasts."""
         return trace_s / self.speed

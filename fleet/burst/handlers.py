@@ -5,9 +5,9 @@ over real HTTP with one `httpx.AsyncClient` per worker loop, exactly as a user's
 would call a provider. It calls the route the fleet's provider admission chose
 (``unit.route``: the asked route or the alternative admission moved the round to); a
 round submitted without a route (the ``none`` and ``cap`` modes) calls the route in its
-payload. A 4xx refusal is raised as ``fleet.Refused(status, message, retry_after=...)``:
-the unit fails ``Refused`` and, for a routed unit, the admission takes it as its pool's
-signal (429 backs off, 402/403 close). `burn` spends a unit's ``cpu_ms`` of busy CPU on
+payload. A 4xx refusal is raised as ``fleet.Refused(status, message, retry_after=..., at=...)``
+(`at`: the reply's instant): the unit fails ``Refused`` and, for a routed unit, the
+admission takes it as its pool's signal (429 backs off, 402/403 close, from that instant). `burn` spends a unit's ``cpu_ms`` of busy CPU on
 its worker thread, then sleeps its ``wait_ms`` (a recorded handler's time off the CPU). Both return the host monotonic instants the work started and ended
 (the same clock in every process), which the replay turns into waits and a timeline.
 """
@@ -65,7 +65,8 @@ async def chat(unit) -> dict:
         except Exception:
             message = response.text[:200]
         retry = response.headers.get("retry-after")
-        raise fleet.Refused(response.status_code, message, retry_after=float(retry) if retry else None)
+        # `at`: the reply's instant, from which the provider's Retry-After counts
+        raise fleet.Refused(response.status_code, message, retry_after=float(retry) if retry else None, at=ended)
     return {"status": 200, "started": started, "ended": ended}
 
 

@@ -19,13 +19,13 @@ in microseconds; `CpuStat.throttled_ns` holds either, normalised to nanoseconds.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import select
 from dataclasses import dataclass, field
 
 from fleet.rules.errors import FleetError
+from fleet.rules.quota import CpuLimit  # what `effective_cpus` returns: the plan's input, a pure value
 
 V1 = 1
 V2 = 2
@@ -272,27 +272,6 @@ def cpuset_count(cdir: ControllerDir, root: str = "/") -> int | None:
         if text and text.strip():
             return len(parse_cpu_list(text))
     return None
-
-
-@dataclass(frozen=True)
-class CpuLimit:
-    """The effective CPU budget and each input to it (None = no limit / unknown).
-
-    `cpus` keeps a fractional quota (e.g. 4.5): the budget floors integer shares and
-    gives the remainder to I/O-dominant consumers. `schedulable` is its ceiling: the
-    number of threads that can run at once.
-    """
-
-    cpus: float
-    affinity: int | None
-    cpuset: int | None
-    quota: float | None
-    quota_dir: str | None
-    reasons: tuple[str, ...] = ()
-
-    @property
-    def schedulable(self) -> int:
-        return max(1, math.ceil(self.cpus))
 
 
 def _affinity_count() -> int | None:

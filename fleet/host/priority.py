@@ -21,10 +21,10 @@ import resource
 import threading
 from typing import NamedTuple
 
+from fleet.rules.limits import NICE_MAX, NICE_MIN
+
 #: Linux capability number of CAP_SYS_NICE (bit in /proc/<pid>/status CapEff).
 CAP_SYS_NICE = 23
-NICE_MIN, NICE_MAX = -20, 19
-LEVELS_MAX = NICE_MAX - NICE_MIN
 
 
 class DispatchPriority(NamedTuple):

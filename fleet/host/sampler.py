@@ -167,7 +167,7 @@ class QuotaWatcher:
 
     Args:
         booted: the Quota the fleet booted with (epoch 0).
-        detect: returns a `fleet.host.cgroup.CpuLimit` (raises OSError/CgroupUnavailable).
+        detect: returns a `fleet.rules.quota.CpuLimit` (raises OSError/CgroupUnavailable).
         pressure_input: a `PressureInput`-like object (poll, cordon, stall_us,
             window_us, path), or None.
         arm_pressure: instead of `pressure_input`, a callable returning one (or None),

@@ -71,10 +71,10 @@ from dataclasses import dataclass, field
 from typing import Hashable, NamedTuple
 
 from fleet.rules import cordon, fsm
+from fleet.rules.limits import OP_FIELDS  # a grant's rows are the table's batch rows
 from fleet.rules.roles import Role, RoleSet
 from fleet.rules.seats import NO_SEAT, SeatLayout
 from fleet.rules.vocab import CLASS_DEFERRABLE, CLASS_FLOOR
-from fleet.shm.table.layout import OP_FIELDS  # a grant's rows are the table's batch rows
 
 #: Units queued behind one pin (its seat runs them in order).
 DEFAULT_PIN_DEPTH = 16

@@ -6,13 +6,16 @@ apart without parsing text; the library itself never exits, it raises.
 """
 from __future__ import annotations
 
+# The error base and the configuration error (with their codes, 1 and 78) are the
+# provider admission's too, so they live below fleet; here they are re-exported.
+from admission.errors import EXIT_CONFIG, EXIT_FAILURE, ConfigError, FleetError  # noqa: F401
+
 # Exit codes. 0/1/2 keep their usual meanings (ok, runtime failure, usage);
 # 64-78 follow sysexits.h where one fits; the boot-refusal family gets its own.
 EXIT_OK = 0
-EXIT_FAILURE = 1
+# EXIT_FAILURE = 1 and EXIT_CONFIG = 78: admission.errors, above
 EXIT_USAGE = 2
 EXIT_DATA = 65  # EX_DATAERR: an argument names nothing there (fleetctl cancel of an unknown unit id)
-EXIT_CONFIG = 78  # EX_CONFIG: the configuration is invalid
 EXIT_NOT_RUNNING = 69  # EX_UNAVAILABLE: no fleet of that name is running
 EXIT_NO_PERMISSION = 77  # EX_NOPERM: a mutating op from a uid that may not
 EXIT_BELOW_HOST_FLOOR = 80  # fewer than 2 CPUs: no tier can host the fleet
@@ -22,25 +25,6 @@ EXIT_FUSE_TRIPPED = 83  # the exactly-one-outcome ledger found a duplicate or a 
 EXIT_BUDGET_OVER_QUOTA = 84  # overrides or fixed shares add up to more than the quota
 EXIT_UNTRUSTED_PEER = 85  # a client refused a daemon, table or socket directory of a uid it does not trust
 EXIT_FOREIGN_SEGMENT = 86  # a segment under the fleet's name belongs to another uid: boot leaves it alone
-
-
-class FleetError(Exception):
-    """Base of every error fleet raises on purpose."""
-
-    exit_code: int = EXIT_FAILURE
-
-
-class ConfigError(FleetError, ValueError):
-    """Configuration (file, dict or environment) is invalid.
-
-    `path` is the dotted path of the offending key, e.g. ``roles.solver.kind``.
-    """
-
-    exit_code = EXIT_CONFIG
-
-    def __init__(self, path: str, message: str):
-        self.path = path
-        super().__init__(f"{path}: {message}" if path else message)
 
 
 class BootRefused(FleetError):

@@ -2,13 +2,14 @@
 
 Every unit ends with exactly one outcome: solved, suppressed, or failed with one
 reason. The words and their codes are `fleet.rules.vocab`'s (re-exported here); this
-module adds the lookups by code and by name, and `Refused`, the exception a handler
-raises to fail its unit Refused.
+module adds the lookups by code and by name, and re-exports `Refused`, the exception a
+handler raises to fail its unit Refused (its home is `admission.errors`: the provider
+admission reads it too, and imports nothing of fleet).
 
-It imports only the vocabulary: `fleetctl status` and the metrics exporter read it
-without pulling in the runtime.
+It imports only the vocabulary and `Refused`: `fleetctl status` and the metrics exporter
+read it without pulling in the runtime.
 """
-
+from admission.errors import Refused  # noqa: F401 - re-exported: a handler's refusal
 from fleet.rules.vocab import (  # noqa: F401 - the vocabulary's home is fleet.rules.vocab; re-exported here
     CANCELLED,
     FAILED,
@@ -47,30 +48,3 @@ def reason_code(name: str) -> int:
         return REASON_CODES[name]
     except KeyError:
         raise ValueError(f"unknown failure reason {name!r}; reasons: {', '.join(FAILURE_REASONS)}") from None
-
-
-class Refused(Exception):
-    """Raised by a handler: the provider refused the call (HTTP `status`), so the unit fails Refused.
-
-    The provider admission reads it as a signal about the unit's route (reference 000 §8):
-    429 backs off that one pool (honouring `retry_after`, seconds); 402 (credit), 401/403
-    (a rejected key) close the key for a while; a 403 whose `message` names a daily limit
-    closes the key until the next UTC midnight. Other statuses are plain failures.
-    """
-
-    def __init__(self, status: int, message: str = "", retry_after: float | None = None):
-        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-            raise ValueError(f"Refused: status must be an HTTP status code (100..599), not {status!r}")
-        if retry_after is not None:
-            if isinstance(retry_after, bool) or not isinstance(retry_after, (int, float)) or not retry_after >= 0:
-                raise ValueError(f"Refused: retry_after must be seconds >= 0 or None, not {retry_after!r}")
-            retry_after = float(retry_after)
-        if not isinstance(message, str):
-            raise ValueError(f"Refused: message must be a string, not {type(message).__name__}")
-        self.status, self.message, self.retry_after = status, message, retry_after
-        text = f"{status} {message}".strip()
-        super().__init__(text if retry_after is None else f"{text} (retry after {retry_after:g} s)")
-
-    def __reduce__(self):
-        # Keyword fields do not survive Exception's default pickling (args only).
-        return (Refused, (self.status, self.message, self.retry_after))

@@ -20,10 +20,10 @@ Everything here is a pure function of its inputs (readings, the clock in ms);
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fleet.rules.budget import json_number
-from fleet.host.cgroup import CpuLimit
 
 CONFIG = "config"
 DETECTED = "detected"
@@ -31,6 +31,27 @@ DETECTED = "detected"
 #: Quotas closer than this (in CPUs) are the same quota: cpu.max and cfs files hold
 #: integer microseconds, so two readings of one setting are exactly equal anyway.
 SAME_QUOTA = 1e-6
+
+
+@dataclass(frozen=True)
+class CpuLimit:
+    """The effective CPU budget and each input to it (None = no limit / unknown).
+
+    `cpus` keeps a fractional quota (e.g. 4.5): the budget floors integer shares and
+    gives the remainder to I/O-dominant consumers. `schedulable` is its ceiling: the
+    number of threads that can run at once.
+    """
+
+    cpus: float
+    affinity: int | None
+    cpuset: int | None
+    quota: float | None
+    quota_dir: str | None
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def schedulable(self) -> int:
+        return max(1, math.ceil(self.cpus))
 
 
 def detected_from(limit: CpuLimit) -> str:

@@ -24,8 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fleet.host.priority import LEVELS_MAX
-from fleet.shm.table.layout import MAX_SLOTS
+from fleet.rules.limits import LEVELS_MAX, MAX_SLOTS
 
 CPUS_MAX = 1024
 DAY_S = 86_400

@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 
 from fleet.rules import fsm, ranges
 from fleet.rules.errors import ConfigError, FleetError
+from fleet.rules.limits import MAX_ROLES
 from fleet.rules.vocab import CLASS_CODES, CordonClass
 
 KINDS = {name: i for i, name in enumerate(fsm.KIND_NAMES)}
 CORDON_CLASSES = CLASS_CODES
 
-#: A role index must fit the slot word's 8-bit role field, below ANY_ROLE.
-MAX_ROLES = 64
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
 _HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 

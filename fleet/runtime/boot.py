@@ -145,6 +145,6 @@ def _next_pow2(n: int) -> int:
 
 
 def _version() -> str:
-    from fleet import __version__
+    from fleet._version import __version__
 
     return __version__

@@ -14,4 +14,4 @@ NO_KWARGS: dict = {}
 def call(unit):
     """Run the call a unit carries and return its value (its exception is the unit's)."""
     fn, args, kwargs = unit.payload
-    return fn(*args, **kwargs)
+    return fn(*args, **kwargs) if kwargs else fn(*args)  # map's calls have none

@@ -212,16 +212,18 @@ def with_route(body: bytes, route) -> bytes:
 
 def split_route(body, where: str = "here"):
     """(route, the rest of the body) of a body made by `with_route` (CodecError if it cannot be read)."""
-    from fleet.route import Route
+    from admission.route import Route
 
     (n,) = _ROUTE_LEN.unpack_from(body)
     start = _ROUTE_LEN.size
     return Route(*loads(body[start : start + n], "the route", where)), body[start + n :]
 
 
-def refused_body(exc: Refused) -> bytes:
-    """The result body of a handler that raised fleet.Refused (status ST_REFUSED)."""
-    return pickle.dumps((exc.status, exc.message, exc.retry_after), protocol=pickle.HIGHEST_PROTOCOL)
+def refused_body(exc: Refused, raised_at: float | None = None) -> bytes:
+    """The result body of a handler that raised fleet.Refused (status ST_REFUSED); its instant is
+    the one the handler gave, else `raised_at` (when the worker caught it)."""
+    at = exc.at if exc.at is not None else raised_at
+    return pickle.dumps((exc.status, exc.message, exc.retry_after, at), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def result_outcome(status: int, body, relay: bool = False):

@@ -40,7 +40,7 @@ a ConfigError naming their dotted path)::
     max_restarts = 5
     within_seconds = 60
 
-    [record]                  # the arrival log fleet-burst records traces from (fleet.burst.record)
+    [record]                  # the arrival log fleet-burst records traces from (fleet.runtime.arrivals)
     enabled = false
     path = "..."              # default: <runtime dir>/<name>.arrivals.jsonl
 
@@ -175,7 +175,7 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class RecordConfig:
-    """The arrival log: one JSON line per accepted unit at `path` when `enabled` (fleet.burst.record)."""
+    """The arrival log: one JSON line per accepted unit at `path` when `enabled` (fleet.runtime.arrivals)."""
 
     enabled: bool = False
     path: str | None = None

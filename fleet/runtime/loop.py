@@ -502,9 +502,9 @@ class Supervisor:
 
 
 def _arrival_log(config):
-    """The arrival log of `[record]` (fleet.burst.record), or None when recording is off."""
+    """The arrival log of `[record]` (fleet.runtime.arrivals), or None when recording is off."""
     if not config.record.enabled:
         return None
-    from fleet.burst.record import ArrivalLog
+    from fleet.runtime.arrivals import ArrivalLog
 
     return ArrivalLog.for_config(config)

@@ -19,7 +19,8 @@ asks the gate's `admission.AdmissionPool` before it reaches the dispatcher:
 * at the unit's **outcome** (`ended`), the pool takes the signal it says: a clean
   round (with the cost the handler reported through ``fleet.report_cost``), a
   provider refusal (the handler raised ``fleet.Refused``: 429 backs the pool off,
-  402/403 close the key or provider), a handler error (a failure), or nothing at all
+  402/403 close the key or provider, each from the instant the worker met it,
+  ``Refused.at``, read on the admission's clock), a handler error (a failure), or nothing at all
   for a stall, a timeout, a lane death, a shutdown or a cancel — none of those is the
   provider's answer;
 * a **refused** unit is not lost (000 §8): within its lane's limit (``max_refusals``,
@@ -76,7 +77,7 @@ from admission.pool import (
 from fleet.rules.errors import FleetError
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED
 from fleet.rules.vocab import Reason
-from fleet.route import Route
+from admission.route import Route
 from fleet.rules.unit import BadUnit, Outcome
 from fleet.runtime import codec
 from fleet.runtime.gates import GO, HELD, Ticked
@@ -338,7 +339,7 @@ class ProviderGate:
         if unit_id in self._running:
             self._running.discard(unit_id)
             self._dirty = True
-            signal = signal_of(outcome, original, cost)
+            signal = signal_of(outcome, original, cost, self.clock)
             decision = self.pool.report(unit_id, signal, again=signal.kind == T.REFUSED)
             if decision is None:
                 return None
@@ -594,12 +595,13 @@ def parse_pool(text: str) -> tuple[str, str | None]:
     return provider, credential or None
 
 
-def signal_of(outcome, original=None, cost: float | None = None) -> T.Signal:
-    """What a unit's outcome tells its pool (see the module doc)."""
+def signal_of(outcome, original=None, cost: float | None = None, clock=None) -> T.Signal:
+    """What a unit's outcome tells its pool (see the module doc); a refusal is placed at the
+    instant the worker met it, read on the admission's `clock`."""
     if outcome.kind in (SOLVED, SUPPRESSED):
         return T.Signal.clean(None, cost)
     if outcome.kind == FAILED and outcome.reason == Reason.REFUSED and original is not None:
-        return signal_for(original)
+        return signal_for(original, clock=clock)
     if outcome.reason in SILENT_REASONS:
         return T.Signal(T.STALL)
     return T.Signal(T.ERROR, message=outcome.reason or "")

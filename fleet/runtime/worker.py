@@ -446,7 +446,8 @@ def _failure_body(exc: BaseException) -> tuple[int, bytes]:
     """What a handler's exception makes of a unit (the same rule as for a chunk item);
     a provider's refusal (fleet.Refused) is its own outcome, Failed(Refused)."""
     if isinstance(exc, Refused):
-        return M.ST_REFUSED, refused_body(exc)
+        # when the provider refused, as near as the worker knows it: its pool backs off from then
+        return M.ST_REFUSED, refused_body(exc, time.monotonic())
     status, detail = _item_failure(exc)
     if status == M.ST_SUPPRESSED:
         return status, _utf8(detail)

@@ -87,7 +87,7 @@ from fleet.rules.vocab import Reason
 from fleet.api.executor import MAP_WINDOW, map_units, map_window
 from fleet.service.replays import RequestIdReused
 from fleet.rules.roles import UnknownRoleError
-from fleet.route import Route
+from admission.route import Route
 from fleet.host.trust import UntrustedPeer, trusted_uids
 from fleet.rules.unit import (
     BadUnit,

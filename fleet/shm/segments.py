@@ -329,8 +329,8 @@ def close_quietly(mm: mmap.mmap) -> None:
 # --------------------------------------------------------------------- reclaim
 
 
-def reclaim_if_stale(fleet: str, kind: Kind) -> None:
-    """Unlink the segment if it is a stale segment of `kind` for `fleet` (and log why).
+def reclaim_if_stale(fleet: str, kind: Kind, *, level: int = logging.WARNING) -> None:
+    """Unlink the segment if it is a stale segment of `kind` for `fleet` (and log why, at `level`).
 
     Raises ForeignSegment when it belongs to another uid, the kind's InUse when its
     creator lives (or may be writing it now), its Corrupt when it is not this fleet's
@@ -358,7 +358,39 @@ def reclaim_if_stale(fleet: str, kind: Kind) -> None:
     except FileNotFoundError:
         return
     unlink(fleet, kind)
-    kind.logger.warning("reclaimed stale fleet %s %s: %s", kind.label, seg, reason)
+    kind.logger.log(level, "reclaimed stale fleet %s %s: %s", kind.label, seg, reason)
+
+
+def reclaim_stale_of(prefix: str) -> list[str]:
+    """Reclaim every stale segment (creator gone) of this uid whose fleet name starts with
+    `prefix`; returns the segments removed. For fleets whose names are made per process
+    (``fleet.Executor``: ``executor-<pid>-<n>``): no later boot takes such a name again, so
+    a process killed before its teardown (SIGKILL, SIGTERM's default action) would leave
+    its segments in /dev/shm forever. A segment that is live, of another uid, or not
+    plainly a fleet's is left alone, as `reclaim_if_stale` judges it."""
+    removed = []
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    kinds = sorted(_KINDS.values(), key=lambda k: -len(k.suffix))  # ".data" before ""
+    for entry in sorted(entries):
+        if not entry.startswith(f"fleet.{prefix}"):
+            continue
+        rest = entry[len("fleet."):]
+        kind = next(k for k in kinds if rest.endswith(k.suffix))
+        fleet = rest[: len(rest) - len(kind.suffix)] if kind.suffix else rest
+        try:
+            if os.stat(os.path.join(SHM_DIR, entry)).st_uid != os.geteuid():
+                continue
+            if exists(fleet, kind):
+                # INFO: the sweep runs inside a user's program, whose stderr stays its own
+                reclaim_if_stale(fleet, kind, level=logging.INFO)
+                if not exists(fleet, kind):
+                    removed.append(entry)
+        except (FleetError, OSError):
+            continue  # live, foreign, unreadable or not a fleet's: not ours to remove
+    return removed
 
 
 def _refuse_foreign(fleet: str, kind: Kind, owner: int | None) -> None:

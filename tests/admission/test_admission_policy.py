@@ -2,7 +2,7 @@
 import pytest
 
 from admission.policy import DEFAULT_SEVERITY, Policy, PolicyError, PolicyHolder
-from fleet.route import Route
+from admission.route import Route
 
 from ..admission_catalog import (
     DEEPSEEK_OR, DEEPSEEK_US, GLM_AZ, GLM_CODING_OR, GLM_OR, GLM_US, GPT_AZ, KIMI_OR, OPUS, SONNET, catalog, policy,

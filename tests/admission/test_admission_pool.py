@@ -11,7 +11,7 @@ from admission import state as T
 from admission.policy import Policy
 from admission.pool import AdmissionPool, ClosureFileError, FileClosureStore, ManualClock, signal_for
 from fleet.rules.outcomes import Refused
-from fleet.route import Route
+from admission.route import Route
 
 from ..admission_catalog import (
     DEEPSEEK_OR, GLM_AZ, GLM_OR, KIMI_OR, MIDNIGHT_AFTER, T_1447, catalog, make_pool, policy,
@@ -278,6 +278,10 @@ def test_a_scaled_clock_runs_a_day_in_minutes():
     m1 = clock.mono()
     assert m1 - m0 >= 0.05 * 1440  # at least as far as the scaled sleep (a lower bound only)
     assert clock.wall() - clock.mono() == pytest.approx(T_1447)
+    # a host instant read on it (a refusal a worker met): where its own reading stood then
+    before = clock.mono()
+    at = clock.mono_of(time.monotonic())
+    assert before <= at <= clock.mono()
     with pytest.raises(ValueError):
         ScaledClock(0)
     with pytest.raises(ValueError):

@@ -8,7 +8,7 @@ from admission import state as T
 from admission.policy import Policy
 from admission.pool import BadAsk, UnknownUnit, signal_for
 from fleet.rules.outcomes import Refused
-from fleet.route import Route
+from admission.route import Route
 
 from ..admission_catalog import (
     DEEPSEEK_OR, GLM_AZ, GLM_CODING_OR, GLM_OR, GLM_US, GPT_AZ, KIMI_OR, MIDNIGHT_AFTER, OPUS, SONNET, T_1447,
@@ -531,6 +531,79 @@ def test_a_bursts_429s_are_one_backoff_not_many_in_a_row():
     clock.advance(0.5)
     run(pool, GPT_AZ, R429)  # refused after the backoff ended: the next one in a row
     assert bulkhead(pool, GPT_AZ).backoff_until == pool.now().mono + 2.0
+
+
+def _refused_at(at, retry_after=10.0):
+    """A 429 the provider gave at mono instant `at` of the pool's clock (its outcome is reported later)."""
+    return T.Signal.refused(429, "rate limited", retry_after, at=at)
+
+
+def test_a_backoff_runs_from_the_refusals_instant_not_from_when_it_is_reported():
+    pool, clock = make_pool()
+    assert pool.admit(951, GPT_AZ, pinned=True).starts
+    clock.advance(1.0)
+    refused = pool.now()  # the provider answers 429, Retry-After 10 s ...
+    clock.advance(2.0)  # ... and the outcome reaches the pool 2 s later
+    again = pool.report(951, _refused_at(refused.mono), again=True)
+    b = bulkhead(pool, GPT_AZ)
+    assert b.backoff_until == refused.mono + 10.0  # Retry-After counts from the provider's answer
+    assert b.refused_at == refused.wall and b.backoff_at == pool.now().mono  # heard now, refused then
+    assert again.action == S.WAIT and again.until == refused.wall + 10.0
+    assert pool.next_wake() == refused.mono + 10.0
+    clock.advance(8.0)  # 10 s after the refusal, 8 s after its report: re-admitted
+    assert [unit for unit, _ in pool.wake()] == [951]
+    # control: a refusal that does not say when it was given counts from its report
+    pool.admit(952, SONNET, pinned=True)
+    pool.report(952, T.Signal.refused(429, "rate limited", 10.0))
+    assert bulkhead(pool, SONNET).backoff_until == pool.now().mono + 10.0
+
+
+def test_a_refusals_instant_is_kept_between_its_start_and_its_report():
+    pool, clock = make_pool()
+    pool.admit(953, GPT_AZ, pinned=True)
+    started = pool.now().mono
+    clock.advance(3.0)
+    pool.report(953, _refused_at(pool.now().mono + 60))  # from the future: taken as now
+    assert bulkhead(pool, GPT_AZ).backoff_until == pool.now().mono + 10.0
+    clock.advance(20.0)
+    pool.admit(954, SONNET, pinned=True)
+    start = pool.now().mono
+    clock.advance(3.0)
+    pool.report(954, _refused_at(started))  # before the unit started (a stale Refused): its start
+    assert bulkhead(pool, SONNET).backoff_until == start + 10.0
+
+
+def test_a_round_seated_before_the_pool_heard_of_a_backoff_is_the_same_burst():
+    pool, clock = make_pool(policy(backoff_max=300))
+    pool.admit(955, GPT_AZ, pinned=True)
+    clock.advance(1.0)
+    first = pool.now().mono  # 955 is refused here ...
+    clock.advance(0.25)
+    assert pool.admit(956, GPT_AZ, pinned=True).starts  # ... 956 is seated: the pool has not heard yet
+    clock.advance(0.25)
+    pool.report(955, _refused_at(first, retry_after=None))  # heard: backs off from `first`
+    assert bulkhead(pool, GPT_AZ).backoff_until == first + 1.0
+    clock.advance(0.25)
+    pool.report(956, _refused_at(pool.now().mono, retry_after=None))  # the same burst's news
+    b = bulkhead(pool, GPT_AZ)
+    assert (b.strikes, b.backoff_until) == (1, first + 1.0)
+    # control: a round seated after the backoff and refused starts the next one in a row
+    assert pool.admit(957, GPT_AZ, pinned=True).action == S.WAIT
+    clock.advance(0.25)
+    (_woken,) = pool.wake()
+    pool.report(957, _refused_at(pool.now().mono, retry_after=None))
+    b = bulkhead(pool, GPT_AZ)
+    assert (b.strikes, b.backoff_until) == (2, pool.now().mono + 2.0)
+
+
+def test_a_closure_runs_from_the_refusals_instant():
+    pool, clock = make_pool(wall=T_1447)
+    pool.admit(958, SONNET, pinned=True)
+    refused = pool.now()
+    clock.advance(4.0)
+    pool.report(958, T.Signal.refused(402, "Insufficient credits", at=refused.mono))
+    (closure,) = pool.state.closures.values()
+    assert (closure.since, closure.until) == (refused.wall, refused.wall + 35 * 60)
 
 
 def test_no_round_is_spent_as_a_probe_while_an_alternative_admits():

@@ -156,6 +156,17 @@ def _gone(pid: int, bound_s: float = 30.0) -> bool:
     return False
 
 
+def test_the_replay_clock_places_a_host_instant_on_trace_time():
+    # the admission's clock protocol: a refusal a worker met at a host instant backs its pool off
+    # from that trace second, not from the one its outcome was heard at
+    from fleet.burst.clock import ReplayClock
+
+    clock = ReplayClock(60.0, 0.0)
+    clock.start(1000.0)
+    assert clock.mono_of(1000.5) == 30.0  # half a real second after trace time 0, at 60 x
+    assert clock.mono_of(clock.real_at(12.0)) == pytest.approx(12.0)
+
+
 def test_the_simulator_process_serves_the_same_rules_on_the_drivers_clock():
     import time
 

@@ -97,7 +97,7 @@ def test_each_client_method_sends_its_op(op):
     samples = {"cause": "operator", "pool": "p", "until": 2e9, "provider": "p", "spent": 1.0, "lane": None,
                "wanted": 1, "unit": 7}
     if "route" in {p.name for p in required}:
-        from fleet.route import Route
+        from admission.route import Route
 
         samples["route"] = Route("m", "p")
     method(**{p.name: samples[p.name] for p in required})

@@ -4,7 +4,7 @@ import pytest
 from admission.policy import Policy
 from fleet.runtime.config import AdmissionConfig, load_config
 from fleet.rules.errors import ConfigError
-from fleet.route import Route
+from admission.route import Route
 
 from ..admission_catalog import CATALOG, catalog
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from fleet.rules import quota as Q
-from fleet.host.cgroup import CpuLimit
+from fleet.rules.quota import CpuLimit
 from fleet.cli import cmd_status
 from fleet.rules.plan import resolve
 from fleet.rules.roles import Role, RoleSet

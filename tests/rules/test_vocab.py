@@ -56,6 +56,7 @@ OTHER_VOCABULARIES = {
     ("fleet/burst/replay.py", "released"): "a replay's counter of released rounds",
     ("fleet/__init__.py", "Refused"): "a public name (the exception a handler raises)",
     ("fleet/__init__.py", "RoleStopped"): "a public name (the error of a unit whose role stopped)",
+    ("admission/__init__.py", "Refused"): "a public name (the exception a handler raises)",
 }
 
 

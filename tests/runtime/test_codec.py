@@ -55,6 +55,16 @@ def test_a_handler_error_keeps_its_traceback_and_original_exception():
     assert isinstance(original, KeyError) and original.args == ("k",)
 
 
+def test_a_refusal_travels_with_the_instant_it_was_met():
+    from fleet.rules.outcomes import Refused
+
+    # the worker's instant when the handler gave none; the handler's own when it did
+    for refusal, raised_at, at in ((Refused(429, "slow", 3), 7.5, 7.5), (Refused(429, "slow", 3, at=2.0), 7.5, 2.0)):
+        outcome, _value, original = codec.result_outcome(M.ST_REFUSED, codec.refused_body(refusal, raised_at))
+        assert (outcome.reason, original.status, original.retry_after, original.at) == ("Refused", 429, 3.0, at)
+        assert pickle.loads(pickle.dumps(original)).at == at  # and on to a service-mode client
+
+
 def test_a_task_body_round_trips_and_a_client_pickled_payload_stays_pickled():
     body = codec.task_body("r", [1, 2], "k", "lane", "req", pickled_payload=None, limit=1 << 20)
     assert pickle.loads(body) == ([1, 2], "k", "lane", "req")

@@ -11,7 +11,7 @@ import pytest
 
 import fleet
 from admission.pool import ManualClock
-from fleet.route import Route
+from admission.route import Route
 from fleet.shm.table import bulkheads as table_bulkheads
 from fleet.shm.table import snapshot
 
@@ -105,6 +105,19 @@ def test_a_429_backs_off_its_pool_moves_the_next_unit_and_a_pinned_one_waits_out
         row = _bulkhead(f, GLM_OR)
         assert (row["state"], row["refusals"], row["successes"]) == ("open", 0, 1)  # a clean round resets
         _one_outcome_each(f)
+
+
+def test_a_refusal_reaches_the_supervisor_with_the_instant_the_handler_raised_it():
+    roles = {"plain": {"kind": "pooled", "handler": "tests.provider_handlers:refuse_now", "slots": 1, "peak_cpus": 1},
+             "llm": {"kind": "pooled", "handler": "tests.provider_handlers:refuse_now_async", "slots": 2,
+                     "io_bound": True, "peak_cpus": 1}}
+    with running(config("admat", roles)) as f:
+        for role in roles:
+            refusal = _refusal(f.submit(role, {}))
+            # the worker stamps it when the handler raised (its pool backs off from then), not later
+            assert float(refusal.message) <= refusal.at <= time.monotonic()
+        # control: an instant the handler gives (the provider's reply) is kept as it is
+        assert _refusal(f.submit("plain", {"at": 12.5})).at == 12.5
 
 
 def test_a_daily_limit_closes_the_provider_until_utc_midnight_and_a_probe_reopens_it():

@@ -11,7 +11,7 @@ import pytest
 import fleet
 from admission.pool import ManualClock
 from fleet.runtime.provider_gate import BadPlan
-from fleet.route import Route
+from admission.route import Route
 from tests.daemons import BOUND_S, Fleetd, to_toml
 from tests.uids import as_nobody
 

@@ -17,7 +17,7 @@ import pytest
 
 import fleet
 from admission.pool import ManualClock
-from fleet.route import Route
+from admission.route import Route
 
 from ..admission_catalog import GLM_AZ, GLM_OR, KIMI_OR, MIDNIGHT_AFTER, ONE_REFUSAL, catalog
 from ..fleets import config, running

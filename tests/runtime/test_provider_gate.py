@@ -119,6 +119,39 @@ def test_a_unit_counts_as_running_on_its_pool_only_once_it_starts():
     assert running() == 0 and gate.census()["bulkheads"][0]["successes"] == 1
 
 
+class _HostTied(ManualClock):
+    """A fake clock that, like the host's, can place a host monotonic instant: host instant
+    `HOST_0` is its mono 0."""
+
+    HOST_0 = 50_000.0
+
+    def mono_of(self, host_mono):
+        return host_mono - self.HOST_0
+
+
+def test_a_refused_unit_waits_out_the_backoff_from_the_instant_the_worker_met_the_429():
+    clock = _HostTied(wall=T_1447, mono=0.0)
+    gate = _gate(clock)
+    first = _unit(1, GLM_OR, gate)
+    gate.admit(first)
+    gate.started(first)
+    clock.advance(8)  # the 429 came at mono 5 (host instant HOST_0 + 5); its outcome is heard at 8
+    assert gate.ended(first, Outcome("failed", "Refused"), Refused(429, retry_after=20, at=_HostTied.HOST_0 + 5)) == HELD
+    assert gate.waiting(1)["until"] == T_1447 + 25
+    assert gate.seconds_to_wake(100.0) == 17.0
+    clock.advance(17)
+    assert gate.due() and gate.wake() == [first]
+    # control: a clock that cannot place host instants counts the backoff from the report
+    clock = ManualClock(wall=T_1447, mono=0.0)
+    gate = _gate(clock)
+    first = _unit(1, GLM_OR, gate)
+    gate.admit(first)
+    gate.started(first)
+    clock.advance(8)
+    gate.ended(first, Outcome("failed", "Refused"), Refused(429, retry_after=20, at=_HostTied.HOST_0 + 5))
+    assert gate.waiting(1)["until"] == T_1447 + 28
+
+
 def test_an_operator_close_and_reopen_name_known_pools_only():
     clock = ManualClock(wall=T_1447, mono=0.0)
     gate = _gate(clock)

@@ -17,7 +17,7 @@ import pytest
 import fleet
 from admission.pool import ManualClock
 from fleet.runtime.provider_gate import BadBudget, BadPool
-from fleet.route import Route
+from admission.route import Route
 from tests.daemons import to_toml
 
 from ..admission_catalog import GLM_AZ, GLM_OR, GPT_AZ, MIDNIGHT_AFTER, T_1447, catalog

@@ -29,7 +29,7 @@ from admission import scheduler as S  # noqa: E402
 from admission import state as T  # noqa: E402
 from admission.policy import Policy  # noqa: E402
 from admission.pool import AdmissionPool, signal_for  # noqa: E402
-from fleet.route import Route  # noqa: E402
+from admission.route import Route  # noqa: E402
 
 N_PROVIDERS, N_MODELS, N_LANES = 10, 5, 10
 

@@ -495,7 +495,7 @@ class SubmitOp(Op):
         if args["chunk"] and args["encoding"] != "pickle":
             raise self._bad("a chunk travels pickled: use encoding pickle")
         if args["route"] is not None:
-            from fleet.route import Route
+            from admission.route import Route
 
             try:
                 args["route"] = Route.parse(args["route"])
@@ -823,7 +823,7 @@ class AdmissionPlanOp(Op):
         """As `fleet.Fleet.admission_plan`: how many of `wanted` units on `route` would start now. A route
         outside the catalog: RemoteError ``BadPlan``; a route that is not a `fleet.Route`: BadPlan
         (nothing sent); other malformed arguments: ProtocolError ``InvalidArgs``."""
-        from fleet.route import Route
+        from admission.route import Route
 
         if type(route) is not Route:
             from fleet.runtime.provider_gate import BadPlan
@@ -832,7 +832,7 @@ class AdmissionPlanOp(Op):
         return call(lane=lane, route=str(route), wanted=wanted, pinned=pinned)["starts"]
 
     def check(self, args: dict[str, Any]) -> None:
-        from fleet.route import Route
+        from admission.route import Route
 
         try:
             Route.parse(args["route"])
@@ -841,7 +841,7 @@ class AdmissionPlanOp(Op):
         _in_range(self, "wanted", args["wanted"], ranges.PLAN_WANTED)
 
     def execute(self, handler: Operations, args: dict[str, Any]) -> Any:
-        from fleet.route import Route
+        from admission.route import Route
 
         route = Route.parse(args["route"])
         starts = handler.admission_plan(args["lane"], route, args["wanted"], args["pinned"])

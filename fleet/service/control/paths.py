@@ -1,7 +1,7 @@
-"""Where a daemon's control socket lives: the runtime directory, the socket path,
-the places a client looks for it, and the one safety rule for the directories on
-the way to a socket, which the daemon checks before it binds and a client before
-it believes a socket it finds.
+"""Where a daemon's control socket lives: its path in the runtime directory
+(`fleet.host.rundir`), the places a client looks for it, and the one safety rule
+for the directories on the way to a socket, which the daemon checks before it binds
+and a client before it believes a socket it finds.
 
 The rule. A socket is only as trustworthy as whoever could have put it there. So
 every directory from ``/`` down to the socket's must be a real directory owned by
@@ -15,42 +15,15 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from fleet.rules.errors import NotRunning
 from fleet.rules.names import validate_fleet_name
+from fleet.host.rundir import SYSTEM_RUNTIME_DIR, runtime_dir
 from fleet.host.trust import UntrustedPeer, trusted_uids
 from fleet.service.control.errors import ControlError
-
-
-_SYSTEM_RUNTIME_DIR = Path("/run/fleet")
-
-
-def runtime_dir(
-    env: Mapping[str, str] | None = None,
-    *,
-    euid: int | None = None,
-    access: Callable[[str, int], bool] = os.access,
-) -> Path:
-    """The directory a daemon puts its control socket in.
-
-    In order: ``$RUNTIME_DIRECTORY`` (set by systemd's ``RuntimeDirectory=``; the
-    first entry when several), ``/run/fleet`` when root or when it is writable,
-    ``$XDG_RUNTIME_DIR/fleet``, else ``/tmp/fleet-<euid>``.
-    """
-    env = os.environ if env is None else env
-    systemd_dir = env.get("RUNTIME_DIRECTORY", "").split(":")[0]
-    if systemd_dir:
-        return Path(systemd_dir)
-    euid = os.geteuid() if euid is None else euid
-    if euid == 0 or access(str(_SYSTEM_RUNTIME_DIR), os.W_OK | os.X_OK):
-        return _SYSTEM_RUNTIME_DIR
-    xdg = env.get("XDG_RUNTIME_DIR")
-    if xdg:
-        return Path(xdg) / "fleet"
-    return Path("/tmp") / f"fleet-{euid}"
 
 
 def socket_path(name: str, env: Mapping[str, str] | None = None, **kwargs: Any) -> Path:
@@ -72,7 +45,7 @@ def socket_candidates(
     dirs = []
     if env.get("RUNTIME_DIRECTORY"):
         dirs.append(Path(env["RUNTIME_DIRECTORY"].split(":")[0]))
-    dirs.append(_SYSTEM_RUNTIME_DIR)
+    dirs.append(SYSTEM_RUNTIME_DIR)
     if env.get("XDG_RUNTIME_DIR"):
         dirs.append(Path(env["XDG_RUNTIME_DIR"]) / "fleet")
     dirs.append(Path("/tmp") / f"fleet-{euid}")

@@ -31,6 +31,8 @@ from __future__ import annotations
 import struct
 
 from fleet.rules import vocab
+# The table's capacity and a slot-event row's width are agreed with the rules above the table.
+from fleet.rules.limits import MAX_BULKHEADS, MAX_ROLES, MAX_SLOTS, OP_FIELDS  # noqa: F401
 
 MAGIC = int.from_bytes(b"FLEETTBL", "little")
 #: 2: bulkhead records grew to 3 lines; 3: the ledger record grew a line (more failure reasons,
@@ -188,10 +190,6 @@ R_REPINS = 7  # elastic re-pins (T9 then T1 on demand, `elastic_repin`); same wr
 R_NAME_BYTE = LINE  # second line: the name, NUL-padded, 32 bytes
 ROLE_NAME_BYTES = 32
 
-#: Fields of one row of a batch of slot events (`SlotTable.apply_batch`/`apply_ops`):
-#: slot, event, role, key, chained (tried only if the row before it was applied).
-OP_FIELDS = 5
-
 # --- slot records (2 lines each) ---------------------------------------------------------
 
 SLOT_SIZE = 2 * LINE
@@ -256,8 +254,3 @@ def region_offsets(n_slots: int, n_roles: int, n_bulkheads: int) -> dict[str, in
     out["total_size"] = off
     return out
 
-
-#: Limits a header must satisfy to be believed (a corrupt header names the field).
-MAX_SLOTS = 4096
-MAX_ROLES = 64
-MAX_BULKHEADS = 4096

@@ -36,7 +36,7 @@ def cache_key(fleet_version: str, numba_version: str, python_tag: str = sys.impl
 
 def installed_key() -> str:
     """`cache_key` for this process: this fleet, the numba it will import, this Python."""
-    from fleet import __version__
+    from fleet._version import __version__
 
     try:
         numba_version = metadata.version("numba")

@@ -1,8 +1,9 @@
 """`Route`: which provider pool a unit calls — the model, the upstream, and the key when known.
 
 A route is a plain value (a NamedTuple, so it hashes and pickles cheaply). The
-provider admission (the `admission` package) keys its bulkheads by it, and the
-route it chose is what the handler calls. This module imports nothing.
+provider admission keys its bulkheads by it, and the route it chose is what the
+handler calls. It lives here, below fleet, so that `admission` stands alone;
+users write it as `fleet.Route`, the same class. This module imports nothing.
 """
 from __future__ import annotations
 
