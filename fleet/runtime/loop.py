@@ -4,9 +4,9 @@ One owner. Every piece of the supervisor's state (dispatcher, ledger bookkeeping
 units, deadlines, deaths, posture, the gates, pids) belongs to its loop thread. Other
 threads never touch it: `submit` validates and pickles on the caller's thread, takes
 room in the role's queue and posts the unit to the loop (`fleet.runtime.submit`);
-operator ops (`fleet.runtime.operator`), stops (`fleet.runtime.shutdown`) and the lease
-gate's thread post commands the same way (`fleet.runtime.intake.Intake`) and wait for
-their reply. The loop drains every posted command each turn (one wake-up carries a
+operator ops (`fleet.runtime.operator`) and stops (`fleet.runtime.shutdown`) post
+commands the same way (`fleet.runtime.intake.Intake`) and wait for their reply; the
+lease gate's threads leave their news in the gate and ring the bell. The loop drains every posted command each turn (one wake-up carries a
 batch of submits), collects results (`fleet.runtime.results`), hears of deaths
 (`fleet.runtime.seat_deaths`), times units out (`fleet.runtime.deadlines`) and samples
 the posture (`fleet.runtime.posture_effects`); it sleeps on the data plane's bell (a

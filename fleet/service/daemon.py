@@ -20,7 +20,7 @@ Signals. SIGTERM drains: intake closes, in-flight units finish, units still queu
 after ``grace_s`` fail with Shutdown; exit 0. SIGINT (or a second SIGTERM) stops
 fast: workers are killed and everything owed fails with Shutdown; exit 0. SIGHUP
 re-reads the config and applies what can change live (posture policy, queue bounds)
-through `Supervisor.reload`, logging what needs a restart; a file that boot would
+through the reload op (`fleet.runtime.operator.reload`), logging what needs a restart; a file that boot would
 refuse (invalid, out of range, a budget that does not fit) is logged at WARNING with
 the reason and changes nothing: the running config stays.
 
@@ -541,7 +541,7 @@ class Daemon:
         self._send("ready", self._summary())
 
     def reload(self) -> dict:
-        """Load the config file again and hand it to `Supervisor.reload`.
+        """Load the config file again and hand it to the reload op (`fleet.runtime.operator.reload`, on the loop).
 
         Raises ConfigError / PostureRetuneError, the boot refusal of a config that could
         not boot here (BootRefused), or ConfigReloadError when the new file names another
