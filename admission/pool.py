@@ -187,7 +187,7 @@ class _Seat(NamedTuple):
     ask: S.Ask  # what was asked (a refused unit is decided again from it)
     probe: bool
     delegated: bool
-    started: float  # mono
+    started: float | None  # mono; None: admitted, not running yet (a pool whose caller says when it starts)
 
 
 class _LaneRow:
@@ -209,7 +209,11 @@ class AdmissionPool:
     """The live admission of one process. See the module docstring."""
 
     def __init__(self, policy: Policy | PolicyHolder | None = None, *, clock=None, rng=None,
-                 store: ClosureStore | None = None):
+                 store: ClosureStore | None = None, starts_on_admit: bool = True):
+        """`starts_on_admit`: a unit runs as soon as it is admitted. False for a caller whose
+        admitted units may still wait (for a slot, a lease): it says when each one runs
+        (`start`), and a unit counts as running on its pool only from then."""
+        self.starts_on_admit = starts_on_admit
         self.holder = policy if isinstance(policy, PolicyHolder) else PolicyHolder(policy)
         self.clock = clock if clock is not None else SystemClock()
         self.rng = rng if rng is not None else random.Random()
@@ -243,23 +247,27 @@ class AdmissionPool:
     # --- admission ---------------------------------------------------------------------------
     def admit(self, unit: int, route: Route, *, lane: str | None = None, severity: str | None = None,
               pinned: bool = False, parent: int | None = None, tag: str | None = None,
-              age: float = 0.0) -> S.Decision:
+              age: float = 0.0, checked: Policy | None = None) -> S.Decision:
         """Decide unit `unit` for `route`: it starts now (ADMIT / MOVE, seated) or waits (kept for `wake`).
 
         A delegated unit (`parent` given) counts on its parent's lane when the parent is seated.
         `age`: seconds the unit has waited already (elsewhere, or before a restart): its
-        urgency and starvation count from then.
+        urgency and starvation count from then. `checked`: the policy `check` returned for
+        this very ask; while it is still the current one (no reload since) and the lane
+        stands, the ask is not checked again.
         """
         seats = self._seats
         if unit in seats or unit in self._waits:
             raise BadAsk(f"unit {unit} is already admitted or waiting")
+        own_lane = lane
         if parent is not None and parent in seats:
             lane = seats[parent].ask.lane
         policy = self.holder.current
-        try:
-            check_ask(policy, route, lane, severity)
-        except BadAsk as exc:
-            raise BadAsk(f"unit {unit}: {exc}") from None
+        if checked is not policy or lane != own_lane:
+            try:
+                check_ask(policy, route, lane, severity)
+            except BadAsk as exc:
+                raise BadAsk(f"unit {unit}: {exc}") from None
         now = self.now()
         ask = _new(S.Ask, (unit, route, lane, severity, bool(pinned), parent, tag, now.mono - age, now.mono, 0))
         return self._decide(ask, now)
@@ -283,11 +291,15 @@ class AdmissionPool:
             self._put(T.waited(T.bulkhead_of(self.state, ask.route, now), 1))
         return decision
 
-    def check(self, route: Route, *, lane: str | None = None, severity: str | None = None) -> None:
+    def check(self, route: Route, *, lane: str | None = None, severity: str | None = None) -> Policy:
         """Raise BadAsk for what `admit` would refuse in this ask on its face (route type,
         catalog, the lane's required marks, severity), against the current policy;
-        it changes nothing. A delegated unit's lane is its parent's: `admit` checks that one."""
-        check_ask(self.holder.current, route, lane, severity)
+        it changes nothing. Returns that policy: `admit(..., checked=it)` checks the ask
+        again only if the policy changed since. A delegated unit's lane is its parent's:
+        `admit` checks that one."""
+        policy = self.holder.current
+        check_ask(policy, route, lane, severity)
+        return policy
 
     def _put(self, b: T.Bulkhead) -> None:
         # The pool owns its state's dicts: the pure transitions made `b`, the pool files it in place.
@@ -297,18 +309,44 @@ class AdmissionPool:
         route = decision.route
         moved = decision.action == S.MOVE
         b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
-        self._put(T.seated(b, now, decision.probe, decision.delegated, moved))
+        self._put(T.reserved(b, now, decision.probe, moved))
         if decision.probe:
             self.state = T.probed(self.state, route, now)
-        self._seats[ask.id] = _new(_Seat, (route, ask, decision.probe, decision.delegated, now.mono))
+        self._seats[ask.id] = _new(_Seat, (route, ask, decision.probe, decision.delegated, None))
         row = self._lanes.get((ask.lane, route)) or self._lane(ask.lane, route)
-        row.running += 1
-        row.started += 1
         if moved:
             row.moved_in += 1
-        if decision.delegated:
+        if self.starts_on_admit:
+            self._run(ask.id, now)
+
+    def start(self, unit: int) -> None:
+        """Admitted unit `unit` runs now: from here it counts as running on its pool (and its
+        round's time counts from now). A unit already running is left as it is."""
+        seat = self._seats.get(unit)
+        if seat is None:
+            raise UnknownUnit(f"unit {unit} is not admitted")
+        if seat.started is None:
+            self._run(unit, self.now())
+
+    def _run(self, unit: int, now: T.Now) -> None:
+        route, ask, probe, delegated, _started = self._seats[unit]
+        self._seats[unit] = _new(_Seat, (route, ask, probe, delegated, now.mono))
+        b = self.state.bulkheads.get(route) or T.bulkhead_of(self.state, route, now)
+        self._put(T.running(b, delegated))
+        row = self._lanes[(ask.lane, route)]
+        row.running += 1
+        row.started += 1
+        if delegated:
             row.delegated += 1
             row.delegated_total += 1
+
+    def withdraw(self, unit: int) -> None:
+        """Forget an admitted unit that never ran (cancelled, stopped before its slot): no
+        signal, as its pool never saw it."""
+        seat = self._seats.get(unit)
+        if seat is None or seat.started is not None:
+            raise UnknownUnit(f"unit {unit} is not admitted and waiting to run")
+        del self._seats[unit]
 
     def _lane(self, lane, route) -> _LaneRow:
         row = self._lanes.get((lane, route))
@@ -323,9 +361,10 @@ class AdmissionPool:
         it is decided again from what it asked, as a unit that waited since its submit:
         the decision is returned (seated, or kept waiting for `wake`); past the limit, or
         for any other signal, None (the unit ends here)."""
-        seat = self._seats.pop(unit, None)
-        if seat is None:
+        seat = self._seats.get(unit)
+        if seat is None or seat.started is None:
             raise UnknownUnit(f"unit {unit} is not running under the admission")
+        del self._seats[unit]
         route, ask, probe, delegated, started = seat
         lane = ask.lane
         now = self.now()

@@ -237,17 +237,31 @@ _new = tuple.__new__
 
 
 def seated(b: Bulkhead, now: Now, probe: bool = False, delegated: bool = False, moved: bool = False) -> Bulkhead:
-    """`b` after a unit starts on it (a probe, a delegated unit, a move from another pool...)."""
+    """`b` after a unit is admitted to it and starts at once (`reserved`, then `running`)."""
+    return running(reserved(b, now, probe, moved), delegated)
+
+
+def reserved(b: Bulkhead, now: Now, probe: bool = False, moved: bool = False) -> Bulkhead:
+    """`b` after a unit is admitted to it (a probe starts its pacing; a move from another
+    pool is counted), before the unit runs."""
+    if not (probe or moved):
+        return b
     f = list(b)
-    f[_RUNNING] += 1
-    if delegated:
-        f[_DELEGATED] += 1
-        f[_DELEGATED_TOTAL] += 1
     if probe:
         f[_PROBE_AT] = now.mono
         f[_PROBES] += 1
     if moved:
         f[_MOVED_IN] += 1
+    return _new(Bulkhead, f)
+
+
+def running(b: Bulkhead, delegated: bool = False) -> Bulkhead:
+    """`b` once an admitted unit runs on it (a delegated one counts apart too)."""
+    f = list(b)
+    f[_RUNNING] += 1
+    if delegated:
+        f[_DELEGATED] += 1
+        f[_DELEGATED_TOTAL] += 1
     return _new(Bulkhead, f)
 
 

@@ -74,3 +74,10 @@ def worker_pids(f, timeout: float = 30.0) -> set[int]:
     while len(f._sup.pids()) < len(f.layout.seats) and time.monotonic() < deadline:
         time.sleep(0.005)
     return set(f._sup.pids().values())
+
+
+def hold(f, cause: str = "operator") -> None:
+    """Hold `f`'s posture Cordoned for `cause` (the loop's half of an operator cordon)."""
+    from fleet.runtime import operator
+
+    f._sup.call(operator.hold, f._sup, cause)

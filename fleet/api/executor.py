@@ -62,7 +62,7 @@ class Fleet(Executor):
         is stepped by hand); `admission_rng`: its ``random.Random`` (Thompson sampling);
         `host`: the OS and clock the supervisor uses (`fleet.host.system.Host`; tests pass one
         with a fake clock)."""
-        from fleet.runtime.supervisor import Supervisor
+        from fleet.runtime.loop import Supervisor
 
         self.config = config
         self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus, admission_clock=admission_clock,
@@ -208,7 +208,7 @@ class Fleet(Executor):
                 source, env=os.environ if env is None else env)
         except ConfigError as exc:
             if str(exc.path).startswith("admission"):
-                self._sup.admission_reload_refused(str(exc))
+                self.operations.admission_reload_refused(str(exc))
             raise
         return self.operations.reload(config)
 

@@ -190,9 +190,9 @@ class Executor(_StdExecutor):
     def _broken(self):
         """False, or why the executor is broken (ProcessPoolExecutor's attribute)."""
         code = self._sup.roles.code(ROLE)
-        if code not in self._sup._stopped_view:
+        if code not in self._sup.role_stops.view:
             return False
-        return self._sup._stop_reasons.get(code, "its workers kept dying")
+        return self._sup.role_stops.reasons.get(code, "its workers kept dying")
 
     def __repr__(self) -> str:
         return f"<fleet.Executor max_workers={self._max_workers} fleet={self._fleet.name!r}>"

@@ -16,7 +16,7 @@ boot and stay as they are until a restart: `Epoch.replan` says what a restart wo
 change, so the log can say it loudly.
 
 Everything here is a pure function of its inputs (readings, the clock in ms);
-`fleet.runtime.supervisor` carries the decisions out.
+`fleet.runtime.loop` carries the decisions out.
 """
 from __future__ import annotations
 

@@ -4,9 +4,9 @@
 protocol (`fleet.service.control.ops`, each one class) call it, whether the fleet is
 embedded (`fleet.Fleet.operations`) or served by fleetd (the daemon's handler, which
 delegates to the same `LoopOperations` and adds what only the daemon knows).
-`LoopOperations` is its implementation over a `Supervisor`: each method is a command
-posted to the supervisor's loop (DESIGN §8: the loop is the one owner of the state),
-which runs it between turns and hands the answer back.
+`LoopOperations` is its implementation over a `Supervisor`: each method posts the op's
+loop half (`fleet.runtime.operator`) to the supervisor's loop (DESIGN §8: the loop is
+the one owner of the state), which runs it between turns and hands the answer back.
 
 Arguments reach these methods already checked on their face (the op's schema and
 `check`); the loop judges what only it can (a posture value, a pool, a budget) and
@@ -15,6 +15,8 @@ raises a typed FleetError that changes nothing.
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
+
+from fleet.runtime import operator
 
 #: What `Operations.cancel` says became of a unit (its reply's ``state``).
 CANCELLED = "cancelled"  # it had not started: it never runs, its outcome is failed Cancelled
@@ -80,36 +82,40 @@ class Operations(Protocol):
 
 
 class LoopOperations:
-    """`Operations` over a `Supervisor`: each op a command posted to its loop."""
+    """`Operations` over a `Supervisor`: each op's loop half (`fleet.runtime.operator`)
+    posted to its loop."""
 
     def __init__(self, supervisor):
         self._sup = supervisor
+
+    def _on_loop(self, op, *args, view: bool = False):
+        return self._sup.call(op, self._sup, *args, view=view)
 
     def status(self) -> dict:
         from fleet.shm.status import gather
 
         doc = gather(self._sup.name)
-        doc["admission"] = self._sup.admission_census()
+        doc["admission"] = self.admission_show()
         return doc
 
     def ledger(self) -> dict:
         return self._sup.ledger_counts().to_dict()
 
     def posture_show(self) -> dict:
-        return self._sup.posture_show()
+        return self._on_loop(operator.posture_show, view=True)
 
     def posture_set(self, patch: dict[str, Any]) -> dict:
-        return self._sup.posture_set(patch)
+        return self._on_loop(operator.posture_set, patch)
 
     def posture_release(self, cause: str) -> dict:
-        return self._sup.release(cause)
+        return self._on_loop(operator.release, cause)
 
     def drain(self) -> dict:
-        self._sup.drain()
+        self._on_loop(operator.set_draining, True)
         return {"draining": True}
 
     def resume(self) -> dict:
-        self._sup.resume()
+        self._on_loop(operator.set_draining, False)
         return {"draining": False}
 
     def cancel(self, unit: int) -> dict:
@@ -127,25 +133,30 @@ class LoopOperations:
         return {"unit": unit, "cancelled": state == CANCELLED, "state": state}
 
     def admission_show(self) -> dict:
-        return self._sup.admission_census()
+        return self._on_loop(operator.admission_census, view=True)
 
     def admission_close(self, pool: str, until: float, message: str) -> dict:
-        return self._sup.admission_close(pool, until, message)
+        return self._on_loop(operator.admission_close, pool, until, message)
 
     def admission_reopen(self, pool: str) -> dict:
-        return self._sup.admission_reopen(pool)
+        return self._on_loop(operator.admission_reopen, pool)
 
     def admission_budget(self, provider: str, spent: float, limit: float | None) -> dict:
-        return self._sup.admission_report_budget(provider, spent, limit)
+        return self._on_loop(operator.admission_budget, provider, spent, limit)
 
     def admission_allowance(self, lane: str | None) -> int | None:
-        return self._sup.admission_ask(lambda gate: gate.allowance(lane))
+        return self._on_loop(operator.admission_ask, lambda gate: gate.allowance(lane), view=True)
 
     def admission_plan(self, lane: str | None, route, wanted: int, pinned: bool) -> int:
-        return self._sup.admission_ask(lambda gate: gate.plan(lane, route, wanted, pinned))
+        return self._on_loop(operator.admission_ask, lambda gate: gate.plan(lane, route, wanted, pinned), view=True)
 
     def admission_starving(self) -> list:
-        return self._sup.admission_ask(lambda gate: gate.starving())
+        return self._on_loop(operator.admission_ask, lambda gate: gate.starving(), view=True)
+
+    def admission_reload_refused(self, why: str) -> None:
+        """A reload whose [admission] section did not load (no wire op: the reload itself
+        raised): the last good catalog stays, and the admission's ``policy_error`` says why."""
+        self._on_loop(operator.admission_reload_refused, why)
 
     def reload(self, config) -> dict:
-        return self._sup.reload(config)
+        return self._on_loop(operator.reload, config)

@@ -24,9 +24,14 @@ late - less a margin (`expiry_margin`) that covers killing the worker and the cl
 skew between hosts: the unit is stopped before the store can give its capacity to a
 peer. When the store answers again the gate carries on where it was.
 
-The gate's state belongs to its one thread: callers (the supervisor, under its
-lock) only post commands to its queue, and the callbacks run without any gate
-state held. The watchdog shares only its own table of stop times.
+The gate's state belongs to its one thread: callers (the supervisor's loop) only post
+commands to its queue, and the callbacks run without any gate state held. The watchdog
+shares only its own table of stop times.
+
+`HostGroupLease` is the loop's side: one of its gates (`fleet.runtime.gates`). It holds
+a unit of a gated role until its lease is granted, and hands the loop what the gate's
+threads said (a grant, a lease lost) at its tick; they only post it and ring the loop's
+bell.
 """
 from __future__ import annotations
 
@@ -40,8 +45,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
+from fleet.rules.outcomes import FAILED
+from fleet.rules.unit import Outcome
 from fleet.rules.vocab import LEASE_LOST_REASONS, Reason
 from fleet.rules.vocab import lease_states
+from fleet.runtime.gates import GO, HELD, Ticked
 
 log = logging.getLogger("fleet.runtime.lease_gate")
 
@@ -86,6 +94,13 @@ class _Held:
 def _lease_of(held: _Held) -> str:
     """Which request and lease revision a unit ran under: what its outcome records."""
     return f"request {held.request_id}" + (f" lease revision {held.revision}" if held.revision else "")
+
+
+def gated_roles(store_config, roles) -> set[int]:
+    """The codes of the roles whose units run only under a host-group lease."""
+    if not store_config.url:
+        return set()
+    return {code for code, role in enumerate(roles) if store_config.role(role.name) is not None}
 
 
 def orchestrator_id(config_orchestrator: str | None, fleet_name: str) -> str:
@@ -404,3 +419,101 @@ class LeaseGate:
                 log.warning("could not give back every lease at stop: %s", exc)
             self._store.close()
             self._store = None
+
+
+#: What the gate's threads tell the loop (`HostGroupLease`'s news).
+_GRANTED, _LOST = "granted", "lost"
+
+
+class HostGroupLease:
+    """The host-group lease as a gate of the loop (`fleet.runtime.gates`).
+
+    A unit of a gated role is held (`admit`: HELD) and asked a lease for; the grant lets
+    it go to the dispatcher at the next tick. A lease that ends early ends a held unit
+    with its reason, and stops one that is queued or runs (the loop kills its worker).
+    A unit keeps its lease until its end (`ended` gives it back): one that comes to the
+    gate again (a provider refusal runs it again) goes on at once. One owner: the loop
+    thread; the `LeaseGate`'s threads only post news here and ring the loop's bell.
+    """
+
+    #: Its units wait in line for the host group's capacity, as in the dispatcher's queue.
+    queue_like = True
+    waits_for = "its host-group lease"
+
+    def __init__(self, store_config, fleet_name: str, roles, wake, **gate_args):
+        self._gated = gated_roles(store_config, roles)
+        self._names = [role.name for role in roles]
+        self._wake = wake
+        self._news: queue.SimpleQueue = queue.SimpleQueue()
+        self._held: dict[int, object] = {}  # unit id -> the loop's unit, waiting for its lease
+        self._leased: set[int] = set()  # units asked a lease for, until their end
+        self._gate = LeaseGate(store_config, fleet_name, on_admitted=lambda unit_id: self._tell(_GRANTED, unit_id),
+                               on_lost=lambda unit_id, reason, why: self._tell(_LOST, unit_id, reason, why),
+                               **gate_args)
+
+    def _tell(self, *news) -> None:
+        # The gate's threads: post, then ring (the loop that finds the bell moved ticks again).
+        self._news.put(news)
+        self._wake()
+
+    def start(self) -> "HostGroupLease":
+        self._gate.start()
+        return self
+
+    def lets_through(self, role: int) -> bool:
+        return role not in self._gated
+
+    def admit(self, unit) -> str:
+        unit_id = unit.unit_id
+        if unit.role not in self._gated or unit_id in self._leased:
+            return GO
+        # queued for dispatch only once the host-group store grants it a lease
+        self._held[unit_id] = unit
+        self._leased.add(unit_id)
+        self._gate.hold(unit_id, self._names[unit.role])
+        return HELD
+
+    def started(self, unit) -> None:
+        pass  # it runs under the lease it was granted; the gate renews it meanwhile
+
+    def tick(self) -> Ticked | None:
+        if self._news.empty():
+            return None
+        go, end, stop = [], [], []
+        while True:
+            try:
+                what, unit_id, *lost = self._news.get_nowait()
+            except queue.Empty:
+                break
+            if unit_id not in self._leased:
+                continue  # it ended meanwhile
+            if what == _GRANTED:
+                unit = self._held.pop(unit_id, None)
+                if unit is not None:
+                    go.append(unit)
+            elif self._held.pop(unit_id, None) is not None:
+                end.append((unit_id, Outcome(FAILED, *lost), None))  # its request ended before a grant
+            else:
+                stop.append((unit_id, *lost))  # queued: skipped at its grant; running: killed
+        return Ticked(go=tuple(go), end=tuple(end), stop=tuple(stop))
+
+    def ended(self, unit, outcome, original=None, cost: float | None = None) -> None:
+        unit_id = unit.unit_id
+        if unit_id in self._leased:
+            self._leased.discard(unit_id)
+            self._held.pop(unit_id, None)
+            self._gate.done(unit_id)  # give its lease back (or withdraw its request)
+        return None
+
+    def drop(self, detail: str) -> list[tuple[int, str]]:
+        """Let go of every unit still waiting for its lease; their requests are withdrawn
+        at their end."""
+        held, self._held = self._held, {}
+        detail = detail.replace("before it ran", "before the host-group store granted its lease")
+        return [(unit_id, detail) for unit_id in held]
+
+    def wake_in(self, cap: float) -> float:
+        return cap  # its news rings the bell
+
+    def stop(self) -> None:
+        self._gate.stop()  # gives back the leases still held

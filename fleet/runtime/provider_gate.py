@@ -1,17 +1,21 @@
 """The provider gate: units with a route start only when the provider admission lets them.
 
 The supervisor's side of the provider admission (reference 000; the rules are in the
-`admission` package). A unit submitted with ``route=fleet.Route(model, provider,
-credential)`` asks the gate's `admission.AdmissionPool` before it reaches the
-dispatcher, like a gated unit asks the host-group lease gate (fleet.runtime.lease_gate):
+`admission` package), and the first of the loop's gates (`fleet.runtime.gates`: the
+host-group lease is the other). A unit submitted with ``route=fleet.Route(model,
+provider, credential)`` is checked on its face on the caller's thread (`check`, once:
+the loop's `admit` checks it again only if a reload changed the catalog since), then
+asks the gate's `admission.AdmissionPool` before it reaches the dispatcher:
 
-* **admit** -> the unit goes on to the dispatcher now, on its own route or on the
-  alternative admission moved it to; the chosen route travels with its task and the
-  handler sees it as ``unit.route`` (the worker builds the `fleet.Unit` with it);
-* **wait** -> the gate keeps the unit, with its reason and until-when (`waiting`);
-  the supervisor's loop calls `tick` and the gate re-decides its waiting units when
-  the pool may admit again (`due`: a backoff ends, a probe falls due, a closure ends —
-  or at once when nothing holds them any more);
+* **admit** -> the unit goes on now (GO), on its own route or on the alternative
+  admission moved it to; the chosen route travels with its task and the handler sees
+  it as ``unit.route`` (the worker builds the `fleet.Unit` with it). It counts as
+  running on its pool only once it runs (`started`: its slot granted), not while it
+  still waits for a lease or a slot;
+* **wait** -> the gate keeps the unit (HELD), with its reason and until-when
+  (`waiting`); the loop calls `tick` each turn and the gate re-decides its waiting
+  units when the pool may admit again (`due`: a backoff ends, a probe falls due, a
+  closure ends — or at once when nothing holds them any more);
 * at the unit's **outcome** (`ended`), the pool takes the signal it says: a clean
   round (with the cost the handler reported through ``fleet.report_cost``), a
   provider refusal (the handler raised ``fleet.Refused``: 429 backs the pool off,
@@ -29,10 +33,10 @@ Bulkheads are published into the shared table (fleet.shm.table.bulkheads) after 
 change, at most every `PUBLISH_EVERY_S`, and on every posture sample, so
 `fleetctl status` reads them with no round trip.
 
-One owner. The pool is not thread-safe: every method here is called by the supervisor
-with its lock held (its loop thread, or a submitting thread under the lock). The one
-exception is the cancel hook of a waiting unit's future, which only posts the unit id
-to a queue the loop drains (`take_cancelled`).
+One owner. The pool is not thread-safe: every method here is called on the supervisor's
+loop thread, but `check`, which a caller's thread asks and which reads only the current
+(immutable) policy. The cancel hook of a waiting unit's future only posts the unit id
+to a queue the loop's tick drains.
 
 The catalog is read again at each sample when its file changed (`refresh_catalog`:
 the config file the fleet booted from; 000 §7 reads it every sweep): a file that does
@@ -74,7 +78,10 @@ from fleet.rules.errors import FleetError
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED
 from fleet.rules.vocab import Reason
 from admission.route import Route
-from fleet.rules.unit import BadUnit
+from fleet.rules.unit import BadUnit, Outcome
+from fleet.runtime import codec
+from fleet.runtime.gates import GO, HELD, Ticked
+from fleet.shm import messages as M
 
 log = logging.getLogger("fleet.runtime.provider_gate")
 
@@ -109,7 +116,8 @@ def default_closure_file(name: str, env: Mapping[str, str] | None = None, *, eui
 
 
 class ProviderGate:
-    """Owns the fleet's `AdmissionPool` on the supervisor's side. See the module doc.
+    """Owns the fleet's `AdmissionPool` on the supervisor's side; a gate of its loop
+    (`fleet.runtime.gates`). See the module doc.
 
     Args:
         config: `fleet.runtime.config.AdmissionConfig` (the declared policy).
@@ -118,10 +126,16 @@ class ProviderGate:
         rng: a ``random.Random`` for Thompson sampling (seeded: reproducible).
         closure_file: where closures are kept across restarts (None: nowhere).
         table: the fleet's `SlotTable`, whose bulkhead records the gate writes.
+        holds_slot: ``f(unit_id)``: whether that unit holds a slot now (a delegating parent must).
     """
 
+    #: Its waits may outlast the fleet (a closure until midnight): a closing fleet drops them.
+    queue_like = False
+    waits_for = "provider admission"
+
     def __init__(self, config, *, clock=None, rng=None, closure_file: str | os.PathLike | None = None, table=None,
-                 shared_store: tuple[str, str] | None = None, catalog_file: str | None = None):
+                 shared_store: tuple[str, str] | None = None, catalog_file: str | None = None,
+                 holds_slot=lambda unit_id: True):
         clock = clock if clock is not None else SystemClock()
         store = None
         self._shared = None
@@ -140,7 +154,7 @@ class ProviderGate:
             store = FileClosureStore(os.fspath(closure_file))
         self.holder = PolicyHolder(config.policy if config.policy is not None else Policy())
         self.section = config.section
-        self.pool = AdmissionPool(self.holder, clock=clock, rng=rng, store=store)
+        self.pool = AdmissionPool(self.holder, clock=clock, rng=rng, store=store, starts_on_admit=False)
         self.clock = self.pool.clock
         self.closure_file = None if closure_file is None else os.fspath(closure_file)
         self.closure_store = "host-group store" if shared_store is not None else self.closure_file
@@ -149,8 +163,10 @@ class ProviderGate:
             from fleet.shm.table.bulkheads import BulkheadWriter
 
             self._writer = BulkheadWriter(table)
-        self._waiting: dict[int, object] = {}  # unit id -> what the supervisor handed in (a Pending)
-        self._seated: set[int] = set()  # units the pool counts as running, until their outcome
+        self._holds_slot = holds_slot
+        self._waiting: dict[int, object] = {}  # unit id -> the loop's unit, waiting here
+        self._admitted: set[int] = set()  # admitted, not running yet (waiting for a lease or a slot)
+        self._running: set[int] = set()  # units the pool counts as running, until their outcome
         self._refused: dict[int, object] = {}  # refused unit waiting again -> the last fleet.Refused it met
         self._cancelled: queue.SimpleQueue = queue.SimpleQueue()
         self._dirty = True
@@ -160,52 +176,96 @@ class ProviderGate:
         self.catalog_file = catalog_file if catalog_file and os.path.isfile(catalog_file) else None
         self._catalog_seen = _file_stamp(catalog_file)  # what the boot read
 
-    # ------------------------------------------------------------------ submit
-    def check(self, route, *, lane=None, severity=None, pinned=False, parent=None, tag=None, age=0.0) -> None:
+    # ------------------------------------------------------------------ the caller's thread
+    def check(self, route, *, lane=None, severity=None, pinned=False, parent=None, tag=None, age=0.0):
         """Raise BadUnit for a submit `admit` would refuse on its face; changes nothing.
 
         It reads only the current (immutable) policy, so a caller's thread may ask it
-        before the unit is posted to the loop."""
+        before the unit is posted to the loop. Returns that policy: the unit carries it
+        as ``ask["checked"]``, and `admit` checks it again only if a reload changed it."""
         _check_types(route, pinned, parent, tag, age)
         try:
-            self.pool.check(route, lane=lane, severity=severity)
+            return self.pool.check(route, lane=lane, severity=severity)
         except BadAsk as exc:
             raise BadUnit(str(exc)) from None
 
-    def admit(self, unit_id: int, item, route, *, lane=None, severity=None, pinned=False, parent=None,
-              tag=None, age=0.0) -> S.Decision:
-        """Decide a new unit: its decision; a WAIT keeps `item` until `tick` starts it.
+    # ------------------------------------------------------------------ the gate (the loop)
+    def lets_through(self, role: int) -> bool:
+        return True  # only a unit with a route asks: a role's units without one pass at once
 
-        Raises BadUnit (nothing kept) for a route outside the catalog, a route the lane's
-        required marks exclude, an unknown severity, or arguments of the wrong type.
+    def admit(self, unit) -> str:
+        """Decide a new unit (its ``route`` and ``ask``, as `submit` checked them): GO, on
+        its route or an alternative; HELD, waiting here until `tick` lets it go.
+
+        Raises BadUnit (nothing kept) when a reload since the caller's check took the
+        route out of the catalog (or the lane's required marks now exclude it).
         """
-        _check_types(route, pinned, parent, tag, age)
+        route = unit.route
+        if route is None:
+            return GO
+        ask, unit.ask = unit.ask, None
+        unit_id, parent = unit.unit_id, ask["parent"]
+        if parent is not None and not self._holds_slot(parent):
+            # 000 §9 licenses a delegated unit only for a parent holding a seat here. The
+            # caller's check found it owed; one still queued, or ended since, delegates
+            # nothing: its child is admitted as any unit is (never an orphan future).
+            parent = None
         try:
-            decision = self.pool.admit(unit_id, route, lane=lane, severity=severity, pinned=pinned, parent=parent,
-                                       tag=tag, age=float(age))
+            decision = self.pool.admit(unit_id, route, lane=ask["lane"], severity=ask["severity"],
+                                       pinned=ask["pinned"], parent=parent, tag=ask["tag"], age=float(ask["age"]),
+                                       checked=ask["checked"])
         except BadAsk as exc:
             raise BadUnit(str(exc).replace(f"unit {unit_id}: ", "", 1)) from None
         self._dirty = True
         if decision.starts:
-            self._started(unit_id, decision)
-        else:
-            self._waiting[unit_id] = item
-        return decision
+            self._admit(unit, decision)
+            return GO
+        self._waiting[unit_id] = unit
+        cancelled = self._cancelled  # hear of its cancel (from any thread: it only posts the id)
+        unit.future.add_done_callback(lambda f: cancelled.put(unit_id) if f.cancelled() else None)
+        return HELD
 
-    def watch(self, unit_id: int, future) -> None:
-        """Hear of a waiting unit's cancel (from any thread: it only posts the id)."""
-        cancelled = self._cancelled
-        future.add_done_callback(lambda f: cancelled.put(unit_id) if f.cancelled() else None)
-
-    def _started(self, unit_id: int, decision: S.Decision) -> None:
-        self._seated.add(unit_id)
+    def _admit(self, unit, decision: S.Decision) -> None:
+        """`unit` goes on, admitted on the decision's route: the route travels with its task."""
+        unit_id = unit.unit_id
+        self._admitted.add(unit_id)
+        body = codec.split_route(unit.body)[1] if unit.flags & M.F_ROUTED else unit.body  # a refused unit's last route
+        unit.body = codec.with_route(body, decision.route)
+        unit.flags |= M.F_ROUTED
         if decision.action == S.MOVE:
             self.moved += 1
             log.info("unit %d %s", unit_id, decision.reason.replace("moved from", f"moved to {decision.route} from", 1))
 
+    def started(self, unit) -> None:
+        """`unit` runs now: from here its pool counts it as running."""
+        unit_id = unit.unit_id
+        if unit_id in self._admitted:
+            self._admitted.discard(unit_id)
+            self._running.add(unit_id)
+            self.pool.start(unit_id)
+            self._dirty = True
+
+    def tick(self) -> Ticked | None:
+        """Units held here: cancelled ones are forgotten, spent ones end Refused, due ones
+        go on; bulkheads published."""
+        if not self.has_work():
+            return None
+        forget = self._take_cancelled()
+        end = tuple((unit_id, Outcome(FAILED, Reason.REFUSED, why), refusal) for unit_id, why, refusal in self._spent())
+        go = tuple(self.wake()) if self.due() else ()
+        self.publish()
+        return Ticked(go=go, end=end, forget=forget) if go or end or forget else None
+
+    def wake_in(self, cap: float) -> float:
+        return self.seconds_to_wake(cap) if self.has_work() else cap
+
+    def stop(self) -> None:
+        """At teardown: the shared closure store's thread writes what was posted, and ends."""
+        self.close_store()
+
     # ------------------------------------------------------------------ the loop
     def has_work(self) -> bool:
-        """Whether the loop's `tick` has anything to do (read without the lock: a miss waits one turn)."""
+        """Whether `tick` has anything to do."""
         return bool(self._waiting) or self._dirty or not self._cancelled.empty()
 
     def due(self) -> bool:
@@ -225,37 +285,39 @@ class ProviderGate:
         scale = getattr(self.clock, "scale", 1.0)
         return max(0.0, min(cap, (at - self.clock.mono()) / scale))
 
-    def wake(self) -> list[tuple[int, object, Route]]:
-        """Re-decide the waiting units; (unit id, item, chosen route) of those that start now."""
+    def wake(self) -> list:
+        """Re-decide the waiting units; the units that go on now, each stamped with its route."""
         started = []
         for unit_id, decision in self.pool.wake():
-            item = self._waiting.pop(unit_id)
+            unit = self._waiting.pop(unit_id)
             self._refused.pop(unit_id, None)
-            self._started(unit_id, decision)
-            started.append((unit_id, item, decision.route))
+            self._admit(unit, decision)
+            started.append(unit)
         if started:
             self._dirty = True
         return started
 
-    def take_cancelled(self) -> list[int]:
-        """Waiting units whose future was cancelled: forgotten here; the caller records them."""
+    def _take_cancelled(self) -> tuple:
+        """Waiting units whose future was cancelled: forgotten here; the loop records them."""
         out = []
         while True:
             try:
                 unit_id = self._cancelled.get_nowait()
             except queue.Empty:
-                return out
+                return tuple(out)
             if self._waiting.pop(unit_id, None) is not None:
                 self.pool.cancel(unit_id)
                 self._dirty = True
                 out.append(unit_id)
 
-    def drop_waiting(self) -> list[tuple[int, str]]:
-        """Forget every waiting unit (the fleet closes); (unit id, why it waited), for the caller to end."""
+    def drop(self, detail: str) -> list[tuple[int, str]]:
+        """Let go of every waiting unit (the fleet closes): (unit id, its detail: `detail`
+        and why it waited), for the loop to end."""
         out = []
         for unit_id in list(self._waiting):
             decision = self.pool.waiting(unit_id)
-            out.append((unit_id, decision.reason if decision is not None else ""))
+            why = decision.reason if decision is not None else ""
+            out.append((unit_id, f"{detail}: {why}" if why else detail))
             del self._waiting[unit_id]
             self._refused.pop(unit_id, None)
             self.pool.cancel(unit_id)
@@ -264,42 +326,47 @@ class ProviderGate:
         return out
 
     # ------------------------------------------------------------------ outcomes
-    def ended(self, unit_id: int, outcome, original=None, cost: float | None = None, item=None) -> S.Decision | None:
+    def ended(self, unit, outcome, original=None, cost: float | None = None) -> str | None:
         """A unit's outcome: the pool takes its signal (see the module doc). Any unit may be
-        passed: one the gate never saw is ignored.
+        passed: one the gate never saw is ignored, and one admitted that never ran is
+        withdrawn with no signal (its pool never saw it).
 
-        `item`: what the supervisor holds for the unit, when a refusal need not end it. A
-        refused unit within its limit is then handed back: the decision is returned (it
-        starts now on the decision's route, or waits here, keeping `item`) and the
-        outcome is not the unit's. None: the outcome stands."""
+        A refused unit within its limit is taken back: GO (it starts again now on the
+        new decision's route) or HELD (it waits here); its outcome is not the unit's.
+        None: the outcome stands."""
+        unit_id = unit.unit_id
         self._refused.pop(unit_id, None)
-        if unit_id in self._seated:
-            self._seated.discard(unit_id)
+        if unit_id in self._running:
+            self._running.discard(unit_id)
             self._dirty = True
             signal = signal_of(outcome, original, cost, self.clock)
-            again = item is not None and signal.kind == T.REFUSED
-            decision = self.pool.report(unit_id, signal, again=again)
+            decision = self.pool.report(unit_id, signal, again=signal.kind == T.REFUSED)
             if decision is None:
                 return None
-            if decision.starts:
-                self._started(unit_id, decision)
-            else:
-                self._waiting[unit_id] = item
-                self._refused[unit_id] = original
             log.info("unit %d refused (%s); %s", unit_id, signal.message,
                      f"again on {decision.route}" if decision.starts else decision.reason)
-            return decision
-        if self._waiting.pop(unit_id, None) is not None:
+            if decision.starts:
+                self._admit(unit, decision)
+                return GO
+            self._waiting[unit_id] = unit
+            self._refused[unit_id] = original
+            return HELD
+        if unit_id in self._admitted:
+            self._admitted.discard(unit_id)
+            self.pool.withdraw(unit_id)
+            self._dirty = True
+        elif self._waiting.pop(unit_id, None) is not None:
             self.pool.cancel(unit_id)
             self._dirty = True
         return None
 
-    def spent(self) -> list[tuple[int, object, str, object]]:
+    def _spent(self) -> list[tuple[int, str, object]]:
         """Refused units whose refusal deadline passed while they waited, forgotten here:
-        (unit id, item, why, the last fleet.Refused it met), for the caller to fail Refused."""
+        (unit id, why, the last fleet.Refused it met), for the loop to fail Refused."""
         out = []
         for unit_id, why in self.pool.spent():
-            out.append((unit_id, self._waiting.pop(unit_id), why, self._refused.pop(unit_id, None)))
+            del self._waiting[unit_id]
+            out.append((unit_id, why, self._refused.pop(unit_id, None)))
         if out:
             self._dirty = True
         return out

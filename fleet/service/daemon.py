@@ -20,7 +20,7 @@ Signals. SIGTERM drains: intake closes, in-flight units finish, units still queu
 after ``grace_s`` fail with Shutdown; exit 0. SIGINT (or a second SIGTERM) stops
 fast: workers are killed and everything owed fails with Shutdown; exit 0. SIGHUP
 re-reads the config and applies what can change live (posture policy, queue bounds)
-through `Supervisor.reload`, logging what needs a restart; a file that boot would
+through the reload op (`fleet.runtime.operator.reload`), logging what needs a restart; a file that boot would
 refuse (invalid, out of range, a budget that does not fit) is logged at WARNING with
 the reason and changes nothing: the running config stays.
 
@@ -367,7 +367,7 @@ class Daemon:
 
     def boot(self) -> None:
         """Config, runtime dir, supervisor (workers up), control socket, READY=1."""
-        from fleet.runtime.supervisor import Supervisor
+        from fleet.runtime.loop import Supervisor
 
         self.config = load_config(self.options.config_path, env=self.env)
         name = control.validate_fleet_name(self.config.name)
@@ -531,7 +531,7 @@ class Daemon:
             # A warning, not an error: the fleet runs on, as it was; the operator fixes the file.
             log.warning("fleet %s: reload refused, nothing changed: %s: %s", self.config.name, type(exc).__name__, exc)
             if str(getattr(exc, "path", "")).startswith("admission"):
-                self.sup.admission_reload_refused(str(exc))  # the last good catalog stays; status says why
+                self.handler.admission_reload_refused(str(exc))  # the last good catalog stays; status says why
         except Exception:  # a fault in reading or checking the file must not stop a running fleet
             log.exception("fleet %s: reload failed; the running config stays", self.config.name)
         else:
@@ -541,7 +541,7 @@ class Daemon:
         self._send("ready", self._summary())
 
     def reload(self) -> dict:
-        """Load the config file again and hand it to `Supervisor.reload`.
+        """Load the config file again and hand it to the reload op (`fleet.runtime.operator.reload`, on the loop).
 
         Raises ConfigError / PostureRetuneError, the boot refusal of a config that could
         not boot here (BootRefused), or ConfigReloadError when the new file names another

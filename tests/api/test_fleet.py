@@ -22,7 +22,7 @@ from fleet import (
     UnitSuppressed,
     UnknownRoleError,
 )
-from tests.fleets import config, role, running, worker_pids
+from tests.fleets import config, hold, role, running, worker_pids
 
 
 def test_submit_and_map_return_handler_results(fleet_name):
@@ -208,7 +208,7 @@ def test_restart_intensity_stops_the_role_and_cordons(fleet_name):
         for _ in range(3):
             assert f.submit("die").exception(60).reason == "LaneDeath"
         deadline = time.monotonic() + 30
-        while 0 not in f._sup.inspect(lambda s: set(s._stopped_roles)) and time.monotonic() < deadline:
+        while 0 not in f._sup.inspect(lambda s: set(s.role_stops.view)) and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(RoleStopped):
             f.submit("die")
@@ -337,7 +337,7 @@ def test_cordon_holds_new_deferrable_work_and_lets_in_flight_work_finish(fleet_n
         deadline = time.monotonic() + 30
         while sup.table.snapshot().slot(0)["state"] != "Running" and time.monotonic() < deadline:
             time.sleep(0.005)
-        sup.hold("operator")
+        hold(f)
         snap = sup.table.snapshot()
         assert snap.posture_view()["state"] == "Cordoned"
         assert snap.slot(0)["state"] == "Draining"  # T7: finishes, takes nothing new
@@ -349,7 +349,7 @@ def test_cordon_holds_new_deferrable_work_and_lets_in_flight_work_finish(fleet_n
             time.sleep(0.01)  # published with the next posture sample
         assert sup.table.snapshot().posture_view()["suppressed"] == 1
         assert not held.done()  # deferrable intake waits while cordoned
-        sup.release("operator")
+        f.posture_release("operator")
         assert held.result(30) == "woke"
         assert sup.table.snapshot().posture_view()["state"] == "Nominal"
 
@@ -380,7 +380,7 @@ def test_the_fleet_survives_the_death_of_its_fork_server(fleet_name):
         deadline = time.monotonic() + 30
         while f._sup.table.snapshot().slot(0)["state"] != "Running" and time.monotonic() < deadline:
             time.sleep(0.005)
-        os.kill(f._sup.zygote.pid, signal.SIGKILL)
+        os.kill(f._sup.workers.zygote.pid, signal.SIGKILL)
         error = stuck.exception(60)
         assert isinstance(error, UnitFailed) and error.reason == "LaneDeath"
         value, pid = f.submit("echo", "again").result(60)

@@ -228,7 +228,7 @@ def test_a_retune_out_of_range_names_key_value_and_range_and_changes_nothing(key
                                           ("timeout", ranges.UNIT_WAIT_S + 1)])
 def test_a_submit_number_out_of_range_is_a_bad_unit_naming_its_range(field, value):
     from fleet.rules.roles import Role
-    from fleet.runtime.supervisor import BadUnit, _check_unit
+    from fleet.runtime.submit import BadUnit, _check_unit
 
     spec = Role("sq", handler="tests.handlers:square")
     args = {"priority": 0, "timeout": None, field: value}

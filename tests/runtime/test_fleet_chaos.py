@@ -123,7 +123,7 @@ class KillStorm:
         serving_since: dict[int, float] = {}  # zygote pid -> when the storm first saw it serve
         while not self.stop.wait(STORM_KILL_EVERY_S):
             sup = self.f._sup
-            zygote, pids = sup.zygote, sorted(sup.pids().values())
+            zygote, pids = sup.workers.zygote, sorted(sup.pids().values())
             now = time.monotonic()
             if zygote is not None and pids:
                 serving_since.setdefault(zygote.pid, now)
@@ -164,10 +164,10 @@ def _wedge_report(f) -> str:
             return "<the loop did not answer>"
 
     slots = [(i, sup.table.state(i)) for i in range(len(sup.layout.slots))] if sup.table else None
-    return (f"ledger {sup.ledger.counts().to_dict()}; slots (state, role, key, gen) {slots}; pids {ask(lambda s: dict(s._pids))}; "
-            f"pending forks {ask(lambda s: set(s._pending_forks))}; stopped roles {ask(lambda s: set(s._stopped_roles))}; "
+    return (f"ledger {sup.ledger.counts().to_dict()}; slots (state, role, key, gen) {slots}; pids {ask(lambda s: dict(s.workers.pids))}; "
+            f"pending forks {ask(lambda s: set(s.workers.pending_forks))}; stopped roles {ask(lambda s: set(s.role_stops.view))}; "
             f"queued {ask(lambda s: [s.dispatcher.queued(c) for c in range(len(s.roles))])}; "
-            f"zygote {ask(lambda s: s.zygote and s.zygote.pid)}; "
+            f"zygote {ask(lambda s: s.workers.zygote and s.workers.zygote.pid)}; "
             f"posture {ask(lambda s: sorted(s.posture.state.causes))}")
 
 

@@ -19,7 +19,7 @@ from fleet.rules.posture import PostureCauseError
 from fleet.shm.table import layout as L
 from fleet.shm.table.kernels import SLOT_FIELDS
 from fleet.rules.unit import UnitFailed
-from tests.fleets import config, role, running
+from tests.fleets import config, hold, role, running
 
 EVENTUALLY_S = 60  # generous: these are "eventually" waits, never timing assertions
 #: A short exit window, so a released cordon turns Nominal soon (the default is 10 s).
@@ -59,7 +59,7 @@ def test_a_lease_lost_under_cordon_goes_back_to_idle_and_the_slot_serves_again(f
         wait_for(lambda: states(sup) == ["Running", "Idle"], "the first unit runs")
         second = f.submit("bg", 0.01)
         wait_for(lambda: states(sup) == ["Running", "Leased"], "the second is granted behind it")
-        sup.hold("operator")
+        hold(f)
         assert states(sup) == ["Draining", "Leased"]
         os.kill(sup.pids()[0], signal.SIGKILL)
         error = first.exception(EVENTUALLY_S)
@@ -88,12 +88,12 @@ def test_units_sent_behind_a_drained_pin_run_later_in_order(fleet_name):
         wait_for(lambda: states(sup) == ["Running"], "the head unit runs on its pin")
         behind = [f.submit("bins", (0.0, tag), key="k") for tag in ("second", "third")]
         wait_for(lambda: sup.inspect(lambda s: s.dispatcher.inflight_count()) == 3, "both are sent behind the pin")
-        sup.hold("operator")
+        hold(f)
         assert head.result(EVENTUALLY_S)[0] == "head"  # in-flight work completes (drained)
         wait_for(lambda: sup.inspect(lambda s: s.dispatcher.queued(0)) == 2, "the two come back to the queue")
         assert not any(fut.done() for fut in behind)
         assert states(sup) == ["Idle"]
-        sup.release("operator")
+        f.posture_release("operator")
         (tag2, n2), (tag3, n3) = [fut.result(EVENTUALLY_S) for fut in behind]
         assert (tag2, tag3) == ("second", "third") and n2 < n3  # submit order kept
         ledger = f.ledger()
@@ -209,7 +209,7 @@ def test_shutdown_under_a_sticky_cordon_fails_deferred_work_instead_of_waiting(f
         wait_for(lambda: states(sup) == ["Running", "Idle"], "the busy unit runs")
         leased = f.submit("bg", "leased")  # granted behind it on the one serial seat
         wait_for(lambda: states(sup) == ["Running", "Leased"], "the deferrable unit is granted")
-        sup.hold("operator")
+        hold(f)
         queued = f.submit("bg", "queued")
         closer = threading.Thread(target=f.shutdown, daemon=True)
         closer.start()
@@ -237,11 +237,11 @@ def test_a_zygote_killed_with_requests_unread_is_replaced(fleet_name, caplog):
     with running(cfg) as f:
         sup = f._sup
         old_pid = f.submit("work", 1).result(EVENTUALLY_S)[1]
-        zygote = sup.zygote.pid
+        zygote = sup.workers.zygote.pid
         os.kill(zygote, signal.SIGSTOP)  # so it cannot read what comes next
-        sup.inspect(lambda sup: sup.zygote._send({"op": "noop"}))
+        sup.inspect(lambda sup: sup.workers.zygote._send({"op": "noop"}))
         os.kill(zygote, signal.SIGKILL)
-        wait_for(lambda: sup.zygote is not None and sup.zygote.pid != zygote and sup.pids(), "a new zygote serves")
+        wait_for(lambda: sup.workers.zygote is not None and sup.workers.zygote.pid != zygote and sup.pids(), "a new zygote serves")
         value, pid = f.submit("work", 2).result(EVENTUALLY_S)
         assert value == 2 and pid != old_pid
         assert "supervisor loop crashed" not in caplog.text

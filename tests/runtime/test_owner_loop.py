@@ -234,9 +234,9 @@ def test_operator_calls_and_inspection_run_on_the_loop_thread(fleet_name):
         assert sup.inspect(lambda s: threading.current_thread() is s._thread)
         assert sup.inspect(lambda s: threading.current_thread().name) == f"fleet-{fleet_name}"
         seen = []
-        sup.posture_set({"cordon_enter_events": 3})  # through the loop, and applied there
-        assert sup.posture_show()["policy"]["cordon_enter_events"] == 3
-        sup._call(lambda: seen.append(threading.current_thread().name))
+        f.posture_set(cordon_enter_events=3)  # through the loop, and applied there
+        assert f.posture_show()["policy"]["cordon_enter_events"] == 3
+        sup.call(lambda: seen.append(threading.current_thread().name))
         assert seen == [f"fleet-{fleet_name}"]
 
 
@@ -307,9 +307,9 @@ def test_the_loop_reads_the_zygote_socket_when_the_zygote_has_news_not_on_every_
             return counting
 
         def spy(s):
-            assert s.data.zygote_news.value == s._zygote_seen  # the zygote has nothing more to say
+            assert s.data.zygote_news.value == s.workers.news_seen  # the zygote has nothing more to say
             s._turn = turning(s._turn)
-            s._read_zygote = counted(s._read_zygote)
+            s.workers.read = counted(s.workers.read)
 
         sup.inspect(spy)
         for i in range(300):
@@ -422,10 +422,10 @@ def test_restart_intensity_forgets_deaths_older_than_its_window(fleet_name):
         host.advance(11)  # the first death leaves the window
         _kill_a_worker(f)  # one death in the window: restarted, not stopped
         assert f.submit("w", 2).result(WAIT_S) == 2
-        assert f._sup.inspect(lambda s: set(s._stopped_roles)) == set()
+        assert f._sup.inspect(lambda s: set(s.role_stops.view)) == set()
         host.advance(9)  # still inside the second death's window
         os.kill(next(iter(worker_pids(f))), signal.SIGKILL)
-        eventually(lambda: f._sup.inspect(lambda s: set(s._stopped_roles)) == {0}, "the role is stopped")
+        eventually(lambda: f._sup.inspect(lambda s: set(s.role_stops.view)) == {0}, "the role is stopped")
 
 
 def test_a_deadline_kills_only_once_the_clock_passes_it(fleet_name):
@@ -447,7 +447,7 @@ def test_stop_grace_holds_queued_units_until_the_clock_says_so(fleet_name):
     host = FakeClockHost()
     cfg = config(fleet_name, {"w": role("echo", slots=1)}, profile="serial")
     with running(cfg, host=host) as f:
-        f._sup.drain()  # nothing is granted: every unit stays queued
+        f.operations.drain()  # nothing is granted: every unit stays queued
         futures = [f.submit("w", i) for i in range(3)]
         f._sup.stop(grace_s=30, wait=False)
         time.sleep(0.5)

@@ -1,6 +1,6 @@
 """The provider admission's coordinator API on a real fleet: `Fleet.admission_allowance`,
 `Fleet.admission_plan`, `Fleet.admission_starving` (and `Client`'s, through fleetd's control
-ops). Questions only: they read the admission under the supervisor's lock and seat nothing.
+ops). Questions only: they read the admission on the supervisor's loop and seat nothing.
 Only the admission's clock is fake."""
 from __future__ import annotations
 

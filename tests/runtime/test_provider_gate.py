@@ -16,6 +16,10 @@ from fleet.runtime.provider_gate import (
     signal_of,
 )
 from fleet.rules.unit import Outcome
+from fleet.runtime import codec
+from fleet.runtime.future import UnitFuture
+from fleet.runtime.gates import GO, HELD
+from fleet.runtime.submit import LoopUnit
 
 from ..admission_catalog import GLM_OR, T_1447, catalog
 
@@ -70,19 +74,49 @@ def _gate(clock):
                         clock=clock)
 
 
+def _unit(unit_id: int, route, gate, payload=b"payload") -> LoopUnit:
+    """A unit as the loop hands it to the gate: its route and ask as `submit` checked them."""
+    ask = {"lane": None, "severity": None, "pinned": False, "parent": None, "tag": None, "age": 0.0}
+    ask["checked"] = gate.check(route, **ask)
+    return LoopUnit(unit_id, 0, None, 0, future=UnitFuture(), body=payload, flags=0, timeout=None, route=route,
+                    ask=ask)
+
+
 def test_the_loop_wakes_when_a_hold_ends_in_real_seconds_of_a_scaled_clock():
     clock = _Scaled(wall=T_1447, mono=0.0)
     gate = _gate(clock)
     assert gate.seconds_to_wake(0.1) == 0.1 and not gate.due()  # nothing waits: the idle tick
-    gate.admit(1, "first", GLM_OR)
-    gate.ended(1, Outcome("failed", "Refused"), Refused(429, retry_after=20))
-    assert gate.admit(2, "second", GLM_OR).action == "wait"
+    first, second = _unit(1, GLM_OR, gate), _unit(2, GLM_OR, gate)
+    assert gate.admit(first) == GO
+    gate.started(first)
+    assert gate.ended(first, Outcome("failed", "Refused"), Refused(429, retry_after=20)) == HELD  # waits again
+    assert gate.admit(second) == HELD
     assert gate.seconds_to_wake(1.0) == pytest.approx(0.2)  # 20 s of a clock 100 x faster
     assert not gate.due()
     clock.advance(20)
     assert gate.due() and gate.seconds_to_wake(1.0) == 0.0
-    assert gate.wake() == [(2, "second", GLM_OR)]
-    assert not gate.due()
+    woken = gate.wake()
+    assert {u.unit_id for u in woken} == {1, 2} and not gate.due()
+    assert codec.split_route(second.body) == (GLM_OR, b"payload")  # the route travels with its task
+
+
+def test_a_unit_counts_as_running_on_its_pool_only_once_it_starts():
+    gate = _gate(ManualClock(wall=T_1447, mono=0.0))
+    unit = _unit(1, GLM_OR, gate)
+
+    def running():
+        return sum(row["running"] for row in gate.census()["bulkheads"])
+
+    assert gate.admit(unit) == GO  # admitted: it may still wait for its lease or a slot
+    assert running() == 0
+    gate.started(unit)
+    assert running() == 1
+    assert gate.ended(unit, Outcome("solved")) is None
+    assert running() == 0
+    never = _unit(2, GLM_OR, gate)
+    assert gate.admit(never) == GO
+    assert gate.ended(never, Outcome("failed", "Shutdown")) is None  # it never ran: withdrawn, no signal
+    assert running() == 0 and gate.census()["bulkheads"][0]["successes"] == 1
 
 
 class _HostTied(ManualClock):
@@ -98,20 +132,23 @@ class _HostTied(ManualClock):
 def test_a_refused_unit_waits_out_the_backoff_from_the_instant_the_worker_met_the_429():
     clock = _HostTied(wall=T_1447, mono=0.0)
     gate = _gate(clock)
-    gate.admit(1, "first", GLM_OR)
+    first = _unit(1, GLM_OR, gate)
+    gate.admit(first)
+    gate.started(first)
     clock.advance(8)  # the 429 came at mono 5 (host instant HOST_0 + 5); its outcome is heard at 8
-    again = gate.ended(1, Outcome("failed", "Refused"), Refused(429, retry_after=20, at=_HostTied.HOST_0 + 5),
-                       item="first")
-    assert again.action == "wait" and gate.waiting(1)["until"] == T_1447 + 25
+    assert gate.ended(first, Outcome("failed", "Refused"), Refused(429, retry_after=20, at=_HostTied.HOST_0 + 5)) == HELD
+    assert gate.waiting(1)["until"] == T_1447 + 25
     assert gate.seconds_to_wake(100.0) == 17.0
     clock.advance(17)
-    assert gate.due() and gate.wake() == [(1, "first", GLM_OR)]
+    assert gate.due() and gate.wake() == [first]
     # control: a clock that cannot place host instants counts the backoff from the report
     clock = ManualClock(wall=T_1447, mono=0.0)
     gate = _gate(clock)
-    gate.admit(1, "first", GLM_OR)
+    first = _unit(1, GLM_OR, gate)
+    gate.admit(first)
+    gate.started(first)
     clock.advance(8)
-    gate.ended(1, Outcome("failed", "Refused"), Refused(429, retry_after=20, at=_HostTied.HOST_0 + 5), item="first")
+    gate.ended(first, Outcome("failed", "Refused"), Refused(429, retry_after=20, at=_HostTied.HOST_0 + 5))
     assert gate.waiting(1)["until"] == T_1447 + 28
 
 

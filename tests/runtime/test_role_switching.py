@@ -124,7 +124,7 @@ def test_under_a_random_stress_no_role_exceeds_its_count_and_no_pin_switches(fle
         solver = f._sup.roles.code("solver")
         pins = f._sup.inspect(lambda s: s.dispatcher.pinned_keys(solver))
         assert late and waiting == len(late)  # bin3 waited: every pin stayed with its key
-        f._sup.reload(f._sup.config)  # an epoch boundary: pins are released (T9), bin3 gets one
+        f.operations.reload(f._sup.config)  # an epoch boundary: pins are released (T9), bin3 gets one
         assert [fut.result(120)[0] for fut in late] == ["bin3"] * len(late)
         assert "bin3" in f._sup.inspect(lambda s: s.dispatcher.pinned_keys(solver)) and f._sup.inspect(lambda s: s.dispatcher.repins[solver]) == 0
     assert report["max_held"]["solver"] == 3  # three keys took their pins, and kept them
@@ -159,7 +159,7 @@ def test_restart_intensity_stops_only_the_role_whose_units_died(fleet_name, prof
         for _ in range(3):
             assert f.submit("die").exception(60).reason == "LaneDeath"
         deadline = time.monotonic() + 30
-        while f._sup.roles.code("die") not in f._sup.inspect(lambda s: set(s._stopped_roles)) and time.monotonic() < deadline:
+        while f._sup.roles.code("die") not in f._sup.inspect(lambda s: set(s.role_stops.view)) and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(RoleStopped):
             f.submit("die")

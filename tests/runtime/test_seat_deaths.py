@@ -158,11 +158,11 @@ def test_shutdown_cancelling_futures_still_runs_a_unit_that_came_back_from_a_dea
         behind = f.submit("w", (d, 1, 0))
         eventually(lambda: in_flight(f) == 2, "the second slot is granted a unit")
         assert behind.running()
-        f._sup.drain()  # nothing is granted from here on: it stays queued once it is back
+        f.operations.drain()  # nothing is granted from here on: it stays queued once it is back
         kill_worker(f)
         eventually(lambda: f._sup.inspect(lambda sup: sup.dispatcher.queued(0)) == 1, "it is back in its queue")
         f._sup.shutdown(wait=False, cancel_futures=True)  # applied on the loop before it returns
-        f._sup.resume()
+        f.operations.resume()
         assert behind.result(WAIT_S) == 1 and runs(d, 1) == 1
         ledger = f.ledger()
         assert (ledger["submitted"], ledger["solved"], ledger["failed"]) == (2, 1, 1)

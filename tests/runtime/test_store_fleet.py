@@ -304,6 +304,18 @@ def test_every_unit_of_a_map_over_a_gated_role_takes_its_own_lease(store_url, fl
         wait_for(lambda: [r.state for r in _orch_a_requests(other)] == ["released"] * 4)
 
 
+def test_a_chunk_an_item_of_which_raised_still_gives_its_lease_back(store_url, fleet_name):
+    # A chunk of a map is one unit: its end reaches the lease gate whatever its outcome,
+    # including the one that carries its items back (here, one raised).
+    with open_store(store_url, actor="orch-b") as other, _gated_fleet(store_url, fleet_name) as f:
+        results = f.map("w", [2, "x"], chunksize=2)
+        assert next(results) == 4
+        with pytest.raises(TypeError):
+            next(results)
+        wait_for(lambda: [r.state for r in _orch_a_requests(other)] == ["released"])
+        assert f.ledger()["failed"] == 1
+
+
 def test_shutdown_waits_for_a_unit_waiting_for_its_lease(store_url, fleet_name):
     import threading
 

@@ -14,26 +14,28 @@ import threading
 import pytest
 
 from fleet import FleetClosed, UnitFailed
+from fleet.runtime import submit as submit_room
 
 from ..fleets import config, role, running
 
 WAIT_S = 30.0
 
 
-def hold_submits_until(sup, released: threading.Event, moment) -> None:
+def hold_submits_until(monkeypatch, sup, released: threading.Event, moment) -> None:
     """Every later submit of `sup` waits, past its open check and before its post to the
     loop, until `moment()` is true; `released` is set as each one goes on."""
-    real = sup._new_unit
+    real = submit_room.new_unit
 
-    def new_unit(*args):
-        for _ in range(int(WAIT_S / 0.01)):
-            if moment():
-                break
-            threading.Event().wait(0.01)
-        released.set()
-        return real(*args)
+    def new_unit(of, *args):
+        if of is sup:
+            for _ in range(int(WAIT_S / 0.01)):
+                if moment():
+                    break
+                threading.Event().wait(0.01)
+            released.set()
+        return real(of, *args)
 
-    sup._new_unit = new_unit  # the instance attribute shadows the method for this fleet only
+    monkeypatch.setattr(submit_room, "new_unit", new_unit)  # for this test only; other fleets pass through
 
 
 def submit_in_thread(submit) -> dict:
@@ -58,13 +60,13 @@ def assert_failed_shutdown(future) -> None:
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["submit", "submit_many"])
-def test_a_submit_the_loop_takes_after_shutdown_is_ledgered_and_fails_shutdown(fleet_name, batch):
+def test_a_submit_the_loop_takes_after_shutdown_is_ledgered_and_fails_shutdown(fleet_name, batch, monkeypatch):
     cfg = config(fleet_name, {"w": role("hang", slots=1, lookahead=0)}, profile="serial")
     with running(cfg) as f:
         sup = f._sup
         busy = f.submit("w", 3600)  # keeps the loop from stopping: shutdown waits for it
         released = threading.Event()
-        hold_submits_until(sup, released, lambda: sup._closing)
+        hold_submits_until(monkeypatch, sup, released, lambda: sup._closing)
         late = submit_in_thread(lambda: sup.submit_many("w", [1, 2])[0] if batch else f.submit("w", 1))
         try:
             f.shutdown(wait=False)  # returns once the loop has applied it
@@ -81,12 +83,12 @@ def test_a_submit_the_loop_takes_after_shutdown_is_ledgered_and_fails_shutdown(f
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["submit", "submit_many"])
-def test_a_submit_posted_after_the_loop_stopped_is_ledgered_and_fails_shutdown(fleet_name, batch):
+def test_a_submit_posted_after_the_loop_stopped_is_ledgered_and_fails_shutdown(fleet_name, batch, monkeypatch):
     cfg = config(fleet_name, {"w": role("echo", slots=1)}, profile="serial")
     with running(cfg) as f:
         sup = f._sup
         released = threading.Event()
-        hold_submits_until(sup, released, sup._stopped.is_set)
+        hold_submits_until(monkeypatch, sup, released, sup._stopped.is_set)
         late = submit_in_thread(lambda: sup.submit_many("w", [1, 2])[-1] if batch else f.submit("w", 1))
         f.shutdown(wait=True)  # nothing owed: the loop stops and closes its intake
         late["thread"].join(WAIT_S)

@@ -221,7 +221,7 @@ def test_counters_and_run_times_agree_as_soon_as_a_map_returns(fleet_name):
     cfg = config(fleet_name, {"sq": role("square", slots=2)})
     cfg["metrics"] = {"enabled": True, "host": "127.0.0.1", "port": 0}
     with running(cfg) as f:
-        url = f._sup.metrics.url
+        url = f._sup.publisher.metrics.url
         for n in range(1, 4):
             assert list(f.map("sq", range(5))) == [i * i for i in range(5)]
             m = scrape(url)  # at once: no sampling interval may pass first

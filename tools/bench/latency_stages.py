@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fleet  # noqa: E402
 from fleet.rules import dispatch
-from fleet.runtime import intake, supervisor  # noqa: E402
+from fleet.runtime import accept, intake, loop, results  # noqa: E402
 
 STAGES = (
     ("caller: submit -> post", None, "post"),
@@ -50,8 +50,8 @@ class Stamps:
     def clear(self) -> None:
         self.at.clear()
 
-    def wrap(self, cls, name: str, key: str, after: bool = False, once_after: str | None = None) -> None:
-        original, at, now = getattr(cls, name), self.at, time.perf_counter_ns
+    def wrap(self, owner, name: str, key: str, after: bool = False, once_after: str | None = None) -> None:
+        original, at, now = getattr(owner, name), self.at, time.perf_counter_ns
 
         def stamped(*args, **kwargs):
             if not after:
@@ -61,17 +61,17 @@ class Stamps:
                 at.setdefault(key, now())
             return out
 
-        setattr(cls, name, stamped)
+        setattr(owner, name, stamped)
 
 
 def measure(units: int, slots_per_worker: int) -> dict:
     stamps = Stamps()
     stamps.wrap(intake.Intake, "post", "post")
-    stamps.wrap(supervisor.Supervisor, "_accept", "accept")
+    stamps.wrap(accept, "accept", "accept")
     stamps.wrap(dispatch.Dispatcher, "grant", "granted", after=True)
-    stamps.wrap(supervisor.Supervisor, "_send", "pushed", after=True)
-    stamps.wrap(supervisor.Supervisor, "_handle_results", "collect")
-    stamps.wrap(supervisor.Supervisor, "_deliver", "delivered", after=True, once_after="collect")
+    stamps.wrap(loop.Supervisor, "_send", "pushed", after=True)
+    stamps.wrap(results, "handle_results", "collect")
+    stamps.wrap(loop.Supervisor, "_deliver", "delivered", after=True, once_after="collect")
     cfg = {
         "fleet": {"name": f"stages-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": "pinned"},
         "roles": {"work": {"kind": "pooled", "handler": "bench_handlers:unit_work",

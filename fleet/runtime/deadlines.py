@@ -1,0 +1,55 @@
+"""Run time limits: when each running unit times out, and the workers killed for it.
+
+A unit with a timeout is armed when its worker says it STARTED (`arm`); the loop looks
+at the earliest deadline each turn (`check`) and kills the worker of a unit past its
+limit. The death that follows fails that unit Timeout (fleet.runtime.deaths reads
+`timed_out`), and the other units of its seat die of it. A refused unit runs again
+under a new deadline: an entry of a run before the current one is skipped.
+
+One owner: the loop thread.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+
+log = logging.getLogger("fleet.runtime.supervisor")
+
+#: How soon a deadline is looked at again when its worker is being (re)started.
+RETRY_S = 0.01
+
+
+class Deadlines:
+    """A heap of (deadline, unit id), and the units whose worker was killed for theirs."""
+
+    def __init__(self):
+        self._heap: list = []
+        self.timed_out: set[int] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def arm(self, unit, now: float) -> None:
+        """`unit` started now: it times out `unit.timeout` seconds from here."""
+        unit.due = now + unit.timeout
+        heapq.heappush(self._heap, (unit.due, unit.unit_id))
+
+    def check(self, sup, now: float) -> None:
+        """Kill the worker of every unit past its deadline (the loop's `sup`: its units,
+        grants and workers)."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            due, unit_id = heapq.heappop(heap)
+            unit = sup._units.get(unit_id)
+            slot = sup.dispatcher.slot_of(unit_id)
+            if slot is None or unit is None or unit.due != due:
+                continue  # already ended, or the deadline of a run before this one (a refused unit's)
+            pid = sup.workers.pids.get(sup.layout.seat_of(slot))
+            if pid is None:
+                # Its worker is being (re)started: look again shortly.
+                unit.due = now + RETRY_S
+                heapq.heappush(heap, (unit.due, unit_id))
+                return
+            self.timed_out.add(unit_id)
+            log.warning("fleet %s: unit %d ran past its timeout; killing worker pid %d", sup.name, unit_id, pid)
+            sup.workers.kill(pid)

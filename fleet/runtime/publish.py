@@ -1,0 +1,63 @@
+"""What the loop publishes for readers outside it: the table's counters and posture
+record, and the metrics' counters and run-time histogram.
+
+`fleetctl status`, the metrics endpoint and any process that maps the table read these
+with no round trip to the loop. Unit counters and run times go out at one point
+(`units`), before the futures they count resolve; the posture record after every
+posture change and at each sample (dwell and suppressed intake move without one).
+
+One owner: the loop thread (and boot's, before the loop starts).
+"""
+from __future__ import annotations
+
+from fleet.rules import posture as posture_mod
+
+
+class Publisher:
+    """Publishes into the table (and the metrics server, when [metrics] is on). It keeps
+    the run times not yet published and the posture change behind the current posture
+    (whose cause the record names)."""
+
+    def __init__(self, table, ledger, posture, dispatcher, roles, now_ms):
+        self.table, self.ledger, self.posture, self.dispatcher, self.roles = table, ledger, posture, dispatcher, roles
+        self._now_ms = now_ms
+        self.metrics = None  # the MetricsServer, once boot started one
+        self._runs_ended: list = []  # (role name, seconds) not yet published
+        self.last_change = None  # the posture transition that set the current posture
+
+    def run_ended(self, role: str, seconds: float) -> None:
+        """A unit's run time, held until `units` hands it over with the ledger's counters."""
+        self._runs_ended.append((role, seconds))
+
+    def units(self) -> None:
+        """The one point unit counters and run times are published, before the futures
+        they count resolve: the table's ledger, then the metrics' counters and histogram
+        as one step (so neither lags the other)."""
+        self.ledger.publish(self.table)
+        if self.metrics is not None:
+            runs, self._runs_ended = self._runs_ended, []
+            self.metrics.publish_units(self.ledger.counts().to_dict(), runs)
+
+    def posture_record(self) -> None:
+        """The table's posture record, and the dispatcher's intake floors for the posture."""
+        p = self.posture
+        state = p.state
+        pol = p.policy
+        now = self._now_ms()
+        self.table.set_posture(
+            p.posture,
+            cause=posture_mod.cause_code(state, self.last_change),
+            since_ns=state.since_ms * 1_000_000,
+            enter_count=state.enter_count,
+            exit_count=state.exit_count,
+            cordoned_ns=int(posture_mod.cordoned_dwell_ms(state, now)) * 1_000_000,
+            suppressed=self.dispatcher.suppressed,
+            enter_events=pol.cordon_enter_events,
+            enter_window_ms=pol.cordon_enter_window_ms,
+            duty_ppm=int(round(pol.cordon_duty_percent * 10_000)),
+            duty_window_ms=pol.cordon_duty_window_ms,
+            exit_clean_ms=pol.cordon_exit_clean_ms,
+            intake_floor=pol.cordon_sim_intake_floor or 0,
+        )
+        floors = [pol.intake_floor(r.slots) for r in self.roles]
+        self.dispatcher.set_posture(p.posture, floors)

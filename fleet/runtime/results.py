@@ -1,0 +1,95 @@
+"""What the workers send back, taken in on the loop: a unit started, or a unit's result.
+
+Each turn the loop reads every seat's result ring in slices (`RESULT_SLICE`): a slice's
+outcomes are recorded (the solved ones in one ledger call) and the slots they freed are
+granted and sent at once, before the next slice is read. Counters are published once
+per pass, before the futures they count resolve (at the end of the turn).
+
+One owner: the loop thread.
+"""
+from __future__ import annotations
+
+from fleet.rules import fsm
+from fleet.rules.vocab import Reason
+from fleet.runtime import codec
+from fleet.shm import messages as M
+
+#: Results handled before the units they free are granted, sent and delivered. Units
+#: that end together (an I/O role's timers fire in batches) would otherwise wait for the
+#: whole batch: the last one's successor would start only after every other's had.
+RESULT_SLICE = 8
+
+
+def collect(sup) -> None:
+    busy = False
+    for seat in range(len(sup.layout.seats)):
+        ring = sup.data.results(seat)
+        while batch := ring.pop_many(max_msgs=RESULT_SLICE):
+            busy = True
+            handle_results(sup, batch)
+            if len(batch) < RESULT_SLICE:
+                break
+        if sup._outbox.get(seat):
+            sup._flush(seat)
+    if busy:
+        sup.publisher.units()
+
+
+def handle_results(sup, batch) -> None:
+    """A slice of results: outcomes recorded (the solved ones in one ledger call), and
+    the slots they freed granted and sent at once (counters are published once per
+    pass, before delivery)."""
+    take_messages(sup, batch)
+    sup._dispatch()
+
+
+def take_messages(sup, batch) -> None:
+    solved: list[int] = []
+    try:
+        for tag, view in batch:
+            _take_message(sup, tag, view, solved)
+    finally:  # even past an error: every unit taken off the books has its outcome
+        if solved:
+            sup.ledger.solved_many(solved)
+
+
+def _take_message(sup, tag: int, view, solved: list) -> None:
+    """One message from a worker: a unit started (its run time limit is armed), or a
+    unit's result (its outcome recorded, a solved one onto `solved`; the slot it
+    freed is granted by the caller)."""
+    if tag == M.STARTED:
+        unit_id, _slot = M.STARTED_HEAD.unpack_from(view)
+        unit = sup._units.get(unit_id)
+        if unit is not None and unit.timeout is not None:
+            sup.deadlines.arm(unit, sup.host.monotonic())
+        return
+    unit_id, slot, status, final, elapsed, cost, cpu = M.RESULT_HEAD.unpack_from(view)
+    outcome, value, original = codec.result_outcome(status, view[M.RESULT_HEAD.size :], relay=sup._relay)
+    if cost != cost:  # NaN: no cost reported
+        cost = None
+    unit = sup._units.get(unit_id)
+    if status == M.ST_START_REFUSED and unit is not None and sup.dispatcher.requeue(unit_id):
+        return  # sent behind a pin that cordon drained: it waits for a new grant
+    if status == M.ST_HELD_AT_CLOSE and unit is not None:
+        _vacate(sup, slot)  # its lease never started: walk the slot home (T10)
+        final = sup.table.state(slot)[0]
+    if outcome.reason == Reason.FSM_REFUSED:
+        sup._fsm_refused(f"unit {unit_id}: {outcome.detail}")
+    if unit is not None:
+        sup.dispatcher.complete(unit_id, final)
+        if sup.run_observer is not None:
+            sup.run_observer(sup.roles.by_code(unit.role).name, elapsed)
+        if sup.recorder is not None:  # the measured work shape of a recorded arrival
+            sup.recorder.completion(unit_id, elapsed, outcome.kind, cpu_s=cpu)
+    # A chunk's items travel with it whatever its outcome (map raises item by item); its
+    # end takes the one close path all the same, so its gates hear of it (its lease goes back).
+    sup._close(unit_id, outcome, value, original, cost, solved, items=unit is not None and bool(unit.flags & M.F_CHUNK))
+
+
+def _vacate(sup, slot: int) -> None:
+    """A lease handed back unstarted: Leased -> Idle (T10). A slot in another state
+    (e.g. Pinned, for a RESUME held back) keeps it."""
+    if sup.table.state(slot)[0] == fsm.LEASED:
+        reason = sup.table.transition(slot, fsm.VACATE)
+        if reason != fsm.OK:
+            sup._fsm_refused(f"slot {slot}: VACATE refused: {fsm.REASON_NAMES[reason]}")

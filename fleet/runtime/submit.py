@@ -1,0 +1,193 @@
+"""A submit, on the caller's thread: checked, pickled, given room in its role's queue,
+and posted to the loop.
+
+`submit` validates a unit on its face and pickles it here, on the caller's thread (a
+provider unit's route too: `ProviderGate.check`), takes room in the role's queue
+(`fleet.runtime.intake.QueueRoom`: it waits for room, or refuses with QueueFull), and
+posts the unit to the loop (`fleet.runtime.intake.Intake`), which accepts it
+(`fleet.runtime.accept`). Nothing here touches the loop's state: the ledger is
+thread-safe, the flags read are plain attributes the loop swaps whole. A submit the
+loop never accepts (it stopped meanwhile) is counted and fails Shutdown
+(`turned_away`): the caller holds its future, so it is never an orphan.
+"""
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import Future
+
+from fleet.rules import ranges
+from fleet.rules.dispatch import Pending
+from fleet.rules.outcomes import FAILED
+from fleet.rules.raised import RoleBroken
+from fleet.rules.unit import BadUnit, FleetClosed, Outcome, error_for
+from fleet.rules.vocab import Reason
+from fleet.runtime import accept, codec
+from fleet.runtime.future import UnitFuture
+from fleet.shm import messages as M
+
+#: Most units one `submit_many` command carries to the loop: the loop starts on a run
+#: while the caller still makes the next.
+SUBMIT_RUN = 256
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class LoopUnit(Pending):
+    """A unit the loop holds, from its accept to its outcome. It is also what the
+    dispatcher queues (a `Pending`): one object per unit on the hot path, not one per
+    stage, so a burst of submits leaves the garbage collector fewer objects to track."""
+
+    future: Future
+    body: bytes
+    flags: int
+    timeout: float | None
+    queued: bool = True  # holds room in its role's queue (fleet.runtime.intake.QueueRoom) until granted or ended
+    due: float | None = None  # when its current run times out (a refused unit runs again: a new deadline)
+    route: object = None  # a provider unit's fleet.Route, as submitted
+    ask: dict | None = None  # its admission arguments (lane, severity, ...), until the provider gate decides it
+    items: int = 1  # what the ledger counts it as in items: a chunk of a map is one unit of many
+
+
+def submit(sup, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
+           request_id=None, chunk: bool = False, pickled_payload: bytes | None = None, route=None,
+           severity=None, pinned: bool = False, parent=None, tag=None, age: float = 0.0, block: bool = True,
+           block_timeout: float | None = None, items: int | None = None) -> Future:
+    """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
+    by a service-mode client; it travels to the worker as it is, never unpickled here.
+    `items`: how many items a chunk holds, for the ledger (a pickled chunk's client
+    says; a chunk given as a list is counted here).
+    A unit with a `route` asks the provider admission first (fleet.runtime.provider_gate).
+
+    A full queue makes the caller wait for room (at most `block_timeout` seconds),
+    or refuses at once with QueueFull when `block` is False. (A future's callback,
+    which runs on the loop thread, never waits: it would wait for itself.)"""
+    code = sup.roles.code(role)
+    spec = sup.roles.by_code(code)
+    _check_unit(spec, key, lane, priority, timeout, request_id)
+    if block_timeout is not None and (isinstance(block_timeout, bool) or not isinstance(block_timeout, (int, float))
+                                      or block_timeout < 0):
+        raise BadUnit(f"block_timeout must be a number of seconds >= 0, got {block_timeout!r}")
+    if route is None:
+        if severity is not None or pinned or parent is not None or tag is not None or age:
+            raise BadUnit("severity, pinned, parent, tag and age are provider admission arguments: give route= too")
+        admission = None
+    else:
+        if chunk:
+            raise BadUnit("a chunk of items takes no route: submit provider calls one by one")
+        admission = {"lane": lane, "severity": severity, "pinned": pinned, "parent": parent, "tag": tag,
+                     "age": age}
+        if parent is not None and (type(parent) is not int or not sup.ledger.is_open(parent)):
+            # 000 §9: only a unit of this fleet that is still owed may delegate (the loop
+            # then grants the privilege only while the parent holds a seat)
+            raise BadUnit(f"parent {parent!r} is no unit running in fleet {sup.name!r}: "
+                          "only a running unit delegates")
+        if sup._providers is not None:
+            # The one check of its ask (the loop checks again only after a reload)
+            admission["checked"] = sup._providers.check(route, **admission)
+    body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
+                           limit=sup.config.limits.max_payload_bytes)
+    timeout = timeout if timeout is not None else spec.timeout_s
+    flags = _task_flags(chunk, timeout)
+    _refuse_if_closed(sup, code, role)
+    sup._room.take(code, role, block=block and not sup._on_loop(), timeout=block_timeout)
+    unit = new_unit(sup, code, key, priority, body, flags, timeout)
+    unit.route, unit.ask = route, admission
+    if chunk:
+        unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
+    arrival = (unit.unit_id, role, payload, key, lane) if sup.recorder is not None else None
+    sup._intake.post(accept.accept, sup, unit, arrival, refused=turned_away,
+                     pace=not sup._on_loop())
+    return unit.future
+
+
+def submit_many(sup, role: str, payloads: list, *, lane=None, chunk: bool = False) -> list[Future]:
+    """Queue one unit per payload, as `submit(role, payload, lane=lane, chunk=chunk)`
+    would each (map's batches): the checks made once, and one command to the loop per
+    run of queue room taken, not one per unit. Waits for room as long as it takes, as
+    `submit` does by default. Raises what `submit` raises; an unpicklable or too large
+    payload raises before any unit of the batch is queued."""
+    code = sup.roles.code(role)
+    spec = sup.roles.by_code(code)
+    _check_unit(spec, None, lane, 0, None, None)
+    limit = sup.config.limits.max_payload_bytes
+    bodies = [codec.task_body(role, payload, None, lane, None, pickled_payload=None, limit=limit)
+              for payload in payloads]
+    timeout = spec.timeout_s
+    flags = _task_flags(chunk, timeout)
+    _refuse_if_closed(sup, code, role)
+    on_loop = sup._on_loop()
+    futures, start = [], 0
+    while start < len(bodies):
+        took = sup._room.take(code, role, block=not on_loop, n=min(len(bodies) - start, SUBMIT_RUN))
+        units = [new_unit(sup, code, None, 0, body, flags, timeout) for body in bodies[start:start + took]]
+        if chunk:
+            for unit, payload in zip(units, payloads[start:start + took]):
+                unit.items = len(payload)
+        arrivals = None
+        if sup.recorder is not None:
+            arrivals = [(u.unit_id, role, p, None, lane) for u, p in zip(units, payloads[start:start + took])]
+        sup._intake.post(accept.accept_many, sup, units, arrivals, refused=turned_away_many, pace=not on_loop)
+        futures.extend(u.future for u in units)
+        start += took
+    return futures
+
+
+def new_unit(sup, code: int, key, priority: int, body: bytes, flags: int, timeout) -> LoopUnit:
+    future = UnitFuture()  # a Future without the cost of building a Condition nobody waits on
+    unit_id = next(sup._ids)
+    future.unit_id = unit_id  # fleetd replies to a remote submit with it
+    return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
+
+
+def _refuse_if_closed(sup, code: int, role: str) -> None:
+    if sup._closing or sup._thread is None or sup._intake.closed:
+        raise FleetClosed(f"fleet {sup.name!r} is shut down; cannot submit")
+    if code in sup.role_stops.view:
+        why = sup.role_stops.reasons.get(code, "repeated worker deaths")
+        raise RoleBroken(f"role {role!r} was stopped ({why}); it takes no more work")
+
+
+def turned_away(error: BaseException, sup, unit: LoopUnit, *_rest) -> None:
+    """A submit the loop never accepted: it had stopped as the caller posted (this runs
+    on the poster's thread, or the loop's as it closes the intake). The caller holds
+    the future, so the unit is counted and fails Shutdown, as the units queued at the
+    stop did. Only the ledger is touched (it is thread-safe; the rest is the loop's)."""
+    sup.ledger.submitted(unit.unit_id, unit.items)
+    sup.ledger.record(unit.unit_id, FAILED, Reason.SHUTDOWN)
+    role = sup.roles.by_code(unit.role).name
+    accept.fail_future(unit.future, error_for(unit.unit_id, role, Outcome(
+        FAILED, Reason.SHUTDOWN, f"{error}: the unit was never queued")))
+
+
+def turned_away_many(error: BaseException, sup, units: list, *_rest) -> None:
+    """A `submit_many` run the loop never accepted: each unit as `turned_away`."""
+    for unit in units:
+        turned_away(error, sup, unit)
+
+
+def _check_unit(spec, key, lane, priority, timeout, request_id) -> None:
+    """A submit's arguments, on their face (pure: the caller's thread)."""
+    if spec.handler is None:
+        raise BadUnit(f"role {spec.name!r} has no handler configured")
+    if spec.kind == "pinned" and key is None:
+        raise BadUnit(f"role {spec.name!r} is pinned by key: submit needs key=")
+    if spec.kind != "pinned" and key is not None:
+        raise BadUnit(f"role {spec.name!r} is {spec.kind}: it takes no key")
+    if key is not None:
+        try:
+            hash(key)
+        except TypeError:
+            raise BadUnit(f"key must be hashable, got {type(key).__name__}") from None
+    if lane is not None and not isinstance(lane, str):
+        raise BadUnit(f"lane must be a name (str), got {type(lane).__name__}")
+    if not ranges.PRIORITY.holds(priority):
+        raise BadUnit(f"priority {ranges.PRIORITY.problem(priority)}")
+    if timeout is not None and not ranges.UNIT_TIMEOUT_S.holds(timeout):
+        raise BadUnit(f"timeout {ranges.UNIT_TIMEOUT_S.problem(timeout)}")
+    if request_id is not None and not isinstance(request_id, str):
+        raise BadUnit(f"request_id must be a str, got {type(request_id).__name__}")
+
+
+def _task_flags(chunk: bool, timeout) -> int:
+    """A task's flags: a chunk of items, and a run time limit the loop must watch."""
+    return (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
+
