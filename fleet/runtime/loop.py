@@ -301,7 +301,9 @@ class Supervisor:
             again = gate.ended(unit, outcome, original, cost)
             if again is not None:
                 if again == GO and self._through(unit, i + 1):
-                    self.dispatcher.enqueue(unit)  # past its bound: it was granted once, never lost
+                    # At the head of its queue, past its bound: it was granted before the units
+                    # queued since (the oldest waits least), and a unit granted once is never lost
+                    self.dispatcher.enqueue(unit, front=True)
                 return True
         return False
 

@@ -229,3 +229,29 @@ def test_the_catalog_is_read_again_when_its_file_changes_and_a_bad_one_keeps_the
             os.unlink(os.path.join(folder, name))
         os.rmdir(folder)
     assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"fleet.{name}")]
+
+
+def test_a_refused_round_taken_back_at_once_runs_before_the_units_queued_after_it(tmp_path):
+    """A round its provider refused, moved at once to an alternative, was granted before the
+    units queued behind it: it goes back to the head of its role's queue, not behind them
+    (it has waited longest; reference 000's aging). One slot, so the runs are one at a time."""
+    clock = ManualClock(wall=T_1447, mono=1000.0)
+    go = tmp_path / "go"
+    one = {"kind": "pooled", "handler": "tests.provider_handlers:call_async", "slots": 1, "io_bound": True,
+           "peak_cpus": 1, "queue_bound": 100}
+    cfg = config(unique_name("reffront"), {"one": one})
+    cfg["admission"] = _day_catalog()
+    with running(cfg, admission_clock=clock) as f:
+        ended = []
+        refused = f.submit("one", {"openrouter-eu": DAILY, "go": str(go)}, route=GLM_OR, lane="review")
+        refused.add_done_callback(lambda _: ended.append("refused"))
+        _eventually(lambda: (_bulkhead(f, GLM_OR) or {}).get("running") == 1)
+        queued = [f.submit("one", {"go": str(go)}) for _ in range(3)]
+        for i, fut in enumerate(queued):
+            fut.add_done_callback(lambda _, i=i: ended.append(i))
+        go.touch()
+        assert refused.result(60) == str(GLM_AZ)  # moved to the same model at another provider
+        assert [fut.result(60) for fut in queued] == [None, None, None]
+        # unit 0 was already on the seat's ring behind it (sent ahead); 1 and 2 were queued
+        assert ended == [0, "refused", 1, 2]
+        _one_outcome_each(f)
