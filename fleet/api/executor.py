@@ -165,13 +165,14 @@ class Fleet(Executor):
         return self._map(role, iterable, chunksize, timeout, lane, ordered=False, progress=progress)
 
     def _map(self, role, iterable, chunksize, timeout, lane, ordered: bool, progress: bool = False,
-             total: int | None = None) -> Iterator:
+             total: int | None = None, chunk_of: Callable[[list], object] | None = None) -> Iterator:
         sup = self._sup
         results = map_units(
             lambda payload, chunk: sup.submit(role, payload, lane=lane, chunk=chunk),
             role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role, chunksize),
             ordered=ordered,
             submit_many=lambda payloads, chunk: sup.submit_many(role, payloads, lane=lane, chunk=chunk),
+            chunk_of=chunk_of,
         )
         if not progress:
             return results
@@ -269,7 +270,8 @@ class Fleet(Executor):
 
 def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Iterable, *, chunksize: int = 1,
               timeout: float | None = None, window: Callable[[], int] = lambda: MAP_WINDOW,
-              ordered: bool = True, submit_many: Callable[[list, bool], list] | None = None) -> Iterator:
+              ordered: bool = True, submit_many: Callable[[list, bool], list] | None = None,
+              chunk_of: Callable[[list], object] | None = None) -> Iterator:
     """`Executor.map` over units, shared by the embedded `Fleet` and the service-mode client.
 
     ``submit(payload, chunk)`` queues one unit (``chunk=True``: the payload is a list
@@ -288,11 +290,14 @@ def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Ite
     ``submit_many(payloads, chunk)``, when given, queues a list of units at once and
     returns their Futures: the window is then topped up in batches (once `MAP_REFILL`
     units, or a quarter of the window, are free), not one unit per result taken.
+
+    ``chunk_of(items)``, when given, makes a chunk's payload of its list of items (any
+    sized object its role's worker runs as a chunk: the Executor's `Calls`).
     """
     if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
         raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many)
+    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many, chunk_of)
     feeder.fill()
     results = _ordered if ordered else _unordered
     return MapIterator.over(results(role, feeder, chunksize, deadline))
@@ -327,9 +332,9 @@ class _Feeder:
     per result) and `pending` is the set still owed a result.
     """
 
-    def __init__(self, submit, items, chunksize, window, ordered, submit_many=None):
+    def __init__(self, submit, items, chunksize, window, ordered, submit_many=None, chunk_of=None):
         self.submit, self.items, self.chunksize, self.window = submit, items, chunksize, window
-        self.submit_many = submit_many
+        self.submit_many, self.chunk_of = submit_many, chunk_of
         self.more = True
         self.pending = collections.deque() if ordered else set()
         self.done = None if ordered else queue.SimpleQueue()
@@ -357,7 +362,7 @@ class _Feeder:
             payloads = list(itertools.islice(self.items, free))
         else:
             payloads = []
-            while len(payloads) < free and (chunk := list(itertools.islice(self.items, self.chunksize))):
+            while len(payloads) < free and (chunk := self._chunk()):
                 payloads.append(chunk)
         self.more = len(payloads) == free
         if payloads:
@@ -370,10 +375,15 @@ class _Feeder:
                 self._track(self.submit(payload, False))
                 return True
             return False
-        chunk = list(itertools.islice(self.items, self.chunksize))
+        chunk = self._chunk()
         if chunk:
             self._track(self.submit(chunk, True))
         return bool(chunk)
+
+    def _chunk(self):
+        """The next chunk's payload: up to `chunksize` items; empty (falsy) at the end."""
+        items = list(itertools.islice(self.items, self.chunksize))
+        return self.chunk_of(items) if items and self.chunk_of is not None else items
 
     def _track(self, future: Future) -> None:
         if self.done is None:

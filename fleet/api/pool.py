@@ -9,7 +9,8 @@
 It is an embedded `fleet.Fleet` (the same loop, rings, slot FSM, ledger and budget)
 with one role, ``call``, whose handler (`fleet.runtime.calls.call`) runs the call a
 unit carries, ``(fn, args, kwargs)``, pickled by reference as ProcessPoolExecutor
-pickles it. The fleet is booted with ``[budget] loop = "priority"``
+pickles it; a chunk of `map` travels as one `fleet.runtime.calls.Calls` (the
+function once, then each call's arguments). The fleet is booted with ``[budget] loop = "priority"``
 (`fleet.rules.budget`): every whole core of the detected quota (cgroup, cpuset,
 affinity) is a worker's, and the supervisor's loop keeps its place by priority.
 docs/executor.md says what is the same as ProcessPoolExecutor, what fleet adds and
@@ -18,6 +19,7 @@ what differs, and why.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -28,7 +30,7 @@ from multiprocessing.context import BaseContext
 from typing import Callable, Iterator
 
 from fleet.api.executor import Fleet, length_of
-from fleet.runtime.calls import NO_KWARGS
+from fleet.runtime.calls import NO_KWARGS, Calls
 from fleet.runtime.config import load_config
 from fleet.runtime.worker_setup import WorkerSetup
 from fleet.shm.segments import reclaim_stale_of
@@ -166,10 +168,19 @@ class Executor(_StdExecutor):
             raise RuntimeError(AFTER_SHUTDOWN)
         lengths = [length_of(i) for i in iterables] if progress else [None]
         total = None if None in lengths else min(lengths, default=0)
-        # zip and repeat in C: no Python frame per item on the caller's side of a map
-        calls = zip(itertools.repeat(fn), zip(*iterables), itertools.repeat(NO_KWARGS))
+        if chunksize == 1:
+            # one call per unit, as submit makes it; zip and repeat in C: no Python frame
+            # per item on the caller's side of a map
+            items = zip(itertools.repeat(fn), zip(*iterables), itertools.repeat(NO_KWARGS))
+            chunk_of = None
+        else:
+            # a chunk travels as one Calls: fn once, then the items' arguments (one
+            # iterable: each item is the argument; several: a tuple of one from each)
+            star = len(iterables) != 1
+            items = iterables[0] if not star else zip(*iterables)
+            chunk_of = functools.partial(Calls, fn, star=star)
         try:
-            return self._fleet._map(ROLE, calls, chunksize, timeout, None, ordered, progress, total)
+            return self._fleet._map(ROLE, items, chunksize, timeout, None, ordered, progress, total, chunk_of)
         except FleetClosed:
             raise RuntimeError(AFTER_SHUTDOWN) from None
 

@@ -45,6 +45,7 @@ from fleet.runtime.io.selector import new_event_loop
 from fleet.rules.outcomes import Refused
 from fleet.shm.table.layout import FLAG_CLOSING
 from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
+from fleet.runtime import calls
 from fleet.runtime.worker_setup import EXIT_INIT_FAILED, EXIT_RETIRED, run_initializer
 
 log = logging.getLogger("fleet.runtime.worker")
@@ -286,11 +287,17 @@ class Worker:
         return self._unit(unit_id, role, payload, key, lane, request_id, route)
 
     def _decode_chunk(self, unit_id: int, role: int, body):
-        """A chunk's items (a list), and the Unit its every item shares but the payload."""
+        """A chunk's items (a list, or an executor's `calls.Calls`), and the Unit its every
+        item shares but the payload."""
         payloads, key, lane, request_id = loads(body, "the chunk's payloads", _HERE)
         if type(payloads).__name__ == "_Pickled":
             payloads = payloads.load("the chunk's payloads", _HERE)  # a service-mode client's chunk, pickled at its end
-        if type(payloads) is not list:
+        if type(payloads) is calls.Calls:
+            if self.handlers[role] is not calls.call:
+                # a Calls runs its own function: only the role whose handler is the call does that
+                raise TypeError(f"role {self.roles.by_code(role).name!r} got a chunk of executor calls, "
+                                f"but its handler is not {calls.__name__}.call")
+        elif type(payloads) is not list:
             payloads = list(payloads)
         return payloads, Unit(unit_id, self.roles.by_code(role).name, None, key, lane, request_id)
 
@@ -322,7 +329,14 @@ class Worker:
         token = RUNNING.set(running)
         try:
             start = 0
-            while (failed := run_items(handler, template, _PAYLOAD_AT, payloads, values, start, running)) is not None:
+            if type(payloads) is calls.Calls:
+                # the executor's chunk: its calls run as the builtin map runs them; while
+                # they run, fleet.current_unit() is the chunk's unit (payload None)
+                running.unit = template
+                run = lambda at: calls.run_chunk(payloads, values, at)  # noqa: E731
+            else:
+                run = lambda at: run_items(handler, template, _PAYLOAD_AT, payloads, values, at, running)  # noqa: E731
+            while (failed := run(start)) is not None:
                 index, exc = failed
                 failures[index] = _item_failure(exc)
                 values.append(None)

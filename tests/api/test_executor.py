@@ -76,6 +76,33 @@ def test_submit_and_map_take_the_stdlib_signatures(ex):
         list(ex.map(C.square, range(3), chunksize=0))
 
 
+def test_a_chunk_calls_fn_as_the_builtin_map_does_and_counts_each_call(ex):
+    pairs = [(1, 2), (3, 4, 5), (), (6,), (7, 8)]
+    before = ex.fleet.ledger()
+    # one iterable: each item is fn's one argument, a tuple too, as the builtin map passes it
+    assert list(ex.map(len, pairs, chunksize=3)) == [2, 3, 0, 1, 2]
+    # several: fn takes one argument from each, the shortest iterable ends the map
+    assert list(ex.map(C.add, range(9), range(10, 17), chunksize=4)) == [i + i + 10 for i in range(7)]
+    after = ex.fleet.ledger()
+    # 2 + 2 chunks, one unit each; the ledger's items are the calls they carried
+    assert after["submitted"] - before["submitted"] == 4
+    assert after["items"]["submitted"] - before["items"]["submitted"] == 12
+    assert after["items"]["solved"] - before["items"]["solved"] == 12
+
+
+def test_a_chunk_with_failed_calls_hands_out_the_values_before_the_first(ex):
+    it = ex.map(C.divide, [4, 6, 1, 8], [2, 3, 0, 4], chunksize=4)
+    assert (next(it), next(it)) == (2.0, 2.0)
+    with pytest.raises(ZeroDivisionError) as info:
+        next(it)
+    assert "in divide" in info.value.__cause__.tb
+    got = []
+    with pytest.raises(TypeError, match="can't multiply sequence"):
+        for value in ex.map_unordered(C.square, [1, "x", 3], chunksize=3):
+            got.append(value)
+    assert got == [1]
+
+
 def test_a_manager_proxy_passed_as_an_argument_reaches_its_manager(ex):
     with multiprocessing.Manager() as manager:
         shared = manager.list()

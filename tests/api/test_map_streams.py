@@ -2,7 +2,9 @@
 them, a bounded window, and a 10-million-item generator mapped in bounded memory."""
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 import time
 
 import psutil
@@ -10,6 +12,7 @@ import pytest
 
 from fleet import UnitSuppressed
 from fleet.api.executor import MAP_REFILL, MAP_WINDOW, MAP_WINDOW_ITEMS, _Feeder, map_window
+from fleet.runtime.calls import Calls
 
 from ..fleets import config, role, running
 
@@ -300,3 +303,14 @@ def test_the_ledger_counts_a_map_in_units_and_items(fleet_name, capsys):
         out = capsys.readouterr().out
         assert "units submitted 17  solved 17  suppressed 0  failed 0  in flight 0" in out
         assert "items submitted 1,001  solved 1,001  suppressed 0  failed 0  in flight 0" in out
+
+
+def test_a_chunk_of_executor_calls_runs_only_on_the_call_role(fleet_name):
+    # A Calls chunk runs its own function: a role whose handler is not the call refuses it
+    # (a TypeError naming why) rather than running a function its handler never chose.
+    with running(config(fleet_name, {"work": role("sometimes")})) as f:
+        chunk_of = functools.partial(Calls, operator.neg)
+        with pytest.raises(TypeError, match="role 'work' got a chunk of executor calls"):
+            list(f._map("work", range(2), 2, 120, None, True, chunk_of=chunk_of))  # one chunk
+        assert f.ledger()["failed_by_reason"] == {"HandlerError": 1}
+        assert list(f.map("work", [0, 3], chunksize=2)) == [0, 6]  # the role goes on

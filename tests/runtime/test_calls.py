@@ -1,0 +1,80 @@
+"""fleet.runtime.calls: a call unit's handler and the chunk of map calls (pure: no fleet)."""
+from __future__ import annotations
+
+import operator
+import pickle
+
+import pytest
+
+from fleet.rules.unit import Unit
+from fleet.runtime import calls
+from tests import executor_calls as C
+
+
+def unit(payload) -> Unit:
+    return Unit(1, "call", payload, None, None, None)
+
+
+def test_a_call_passes_its_args_and_its_kwargs_only_when_there_are_some():
+    assert calls.call(unit((C.add, (2,), {"y": 5}))) == 7
+    assert calls.call(unit((C.add, (2, 3), calls.NO_KWARGS))) == 5
+
+
+def test_a_chunk_calls_its_function_once_per_item_and_star_spreads_each_item():
+    values = []
+    assert calls.run_chunk(calls.Calls(C.square, [1, 2, 3]), values) is None
+    assert values == [1, 4, 9]
+    values = []
+    assert calls.run_chunk(calls.Calls(C.add, [(1, 2), (3, 4)], star=True), values) is None
+    assert values == [3, 7]
+    # one iterable of tuples, not star: each tuple is the one argument (the builtin map's rule)
+    values = []
+    assert calls.run_chunk(calls.Calls(len, [(1, 2), (3, 4, 5)]), values) is None
+    assert values == [2, 3]
+
+
+def test_a_raising_call_stops_the_run_at_its_index_keeping_the_values_before_it():
+    chunk = calls.Calls(C.divide, [(1, 1), (2, 1), (1, 0), (3, 1), (1, 0), (4, 2)], star=True)
+    values = []
+    index, exc = calls.run_chunk(chunk, values)
+    assert (index, type(exc), values) == (2, ZeroDivisionError, [1.0, 2.0])
+    values.append(None)  # what the worker records for the failed call
+    index, exc = calls.run_chunk(chunk, values, index + 1)
+    assert (index, values) == (4, [1.0, 2.0, None, 3.0])
+    values.append(None)
+    assert calls.run_chunk(chunk, values, index + 1) is None
+    assert values == [1.0, 2.0, None, 3.0, None, 2.0]
+
+
+def test_a_chunk_counts_its_calls_and_pickles_its_function_once():
+    chunk = calls.Calls(C.add, zip(range(64), range(64)), star=True)
+    assert len(chunk) == 64 and "add" in repr(chunk) and "64" in repr(chunk)
+    back = pickle.loads(pickle.dumps(chunk))
+    assert (back.fn, back.items, back.star) == (C.add, chunk.items, True)
+    body = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+    assert body.count(b"executor_calls") == 1
+    as_tuples = pickle.dumps([(C.add, (i, i), calls.NO_KWARGS) for i in range(64)], protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(body) < len(as_tuples)
+
+
+def test_a_chunk_of_a_builtin_and_of_no_items_runs():
+    values = []
+    assert calls.run_chunk(calls.Calls(operator.neg, []), values) is None and values == []
+    assert calls.run_chunk(calls.Calls(operator.neg, range(3)), values) is None and values == [0, -1, -2]
+
+
+def test_a_base_exception_of_a_call_is_that_calls_outcome_too():
+    def leaves(x):
+        raise SystemExit(x)
+    values = []
+    index, exc = calls.run_chunk(calls.Calls(leaves, [7]), values)
+    assert index == 0 and isinstance(exc, SystemExit) and values == []
+
+
+@pytest.mark.parametrize("start", [1, 2])
+def test_a_run_resumed_past_the_start_calls_only_the_rest(start):
+    seen = []
+    chunk = calls.Calls(seen.append, ["a", "b", "c"])
+    values = [None] * start
+    assert calls.run_chunk(chunk, values, start) is None
+    assert seen == ["a", "b", "c"][start:] and len(values) == 3
