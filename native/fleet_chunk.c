@@ -1,10 +1,17 @@
-/* fleet._chunk: a chunk's items run through their handler in one C loop.
+/* fleet._chunk: a chunk's items run through their handler in one C loop, and its
+ * values are handed out to the caller of map one by one.
  *
  * A chunk of a map carries many small items; in Python, building each item's Unit (a
  * NamedTuple) cost more than a cheap handler itself. Here a Unit is allocated and
  * filled directly (the template's fields, the item's payload in its place), reused for
  * the next item when the handler kept no reference to it, and the handler is called
  * through vectorcall: no Python frame of ours per item.
+ *
+ * `hand_out(values)` is the caller's side: an iterator over a list that lets go of each
+ * value as it hands it out (the list's slot becomes None), as ProcessPoolExecutor's map
+ * frees a result the caller dropped. In Python that took list.pop per value, called by
+ * an iterator that compared each value with a sentinel: two to three times a plain
+ * list iterator's cost, a fifth of a big map's time in the caller.
  *
  * This is a CPython extension module, not a cffi one: it builds Python objects.
  */
@@ -169,8 +176,93 @@ static PyObject *run_items(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
+/* --- hand_out: values handed out one by one, each let go of on the way ------------- */
+typedef struct {
+    PyObject_HEAD
+    PyObject *values; /* the list; NULL once every value was handed out */
+    Py_ssize_t next;  /* index of the next value */
+} HandOut;
+
+static int hand_out_traverse(HandOut *it, visitproc visit, void *arg) {
+    Py_VISIT(it->values);
+    return 0;
+}
+
+static int hand_out_clear(HandOut *it) {
+    Py_CLEAR(it->values);
+    return 0;
+}
+
+static void hand_out_dealloc(HandOut *it) {
+    PyObject_GC_UnTrack(it);
+    Py_XDECREF(it->values);
+    PyObject_GC_Del(it);
+}
+
+static PyObject *hand_out_next(HandOut *it) {
+    PyObject *values = it->values;
+    if (values == NULL)
+        return NULL;
+    if (it->next < PyList_GET_SIZE(values)) {
+        /* the list's reference becomes the caller's; None holds the slot */
+        PyObject *value = PyList_GET_ITEM(values, it->next);
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(values, it->next, Py_None);
+        it->next++;
+        return value;
+    }
+    it->values = NULL;
+    Py_DECREF(values);
+    return NULL;
+}
+
+static PyObject *hand_out_length_hint(HandOut *it, PyObject *Py_UNUSED(ignored)) {
+    Py_ssize_t left = it->values == NULL ? 0 : PyList_GET_SIZE(it->values) - it->next;
+    return PyLong_FromSsize_t(left < 0 ? 0 : left);
+}
+
+static PyMethodDef hand_out_methods[] = {
+    {"__length_hint__", (PyCFunction)hand_out_length_hint, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject HandOutType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fleet._chunk.HandOut",
+    .tp_basicsize = sizeof(HandOut),
+    .tp_dealloc = (destructor)hand_out_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An iterator over a list that sets each slot to None as it hands its value out.",
+    .tp_traverse = (traverseproc)hand_out_traverse,
+    .tp_clear = (inquiry)hand_out_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)hand_out_next,
+    .tp_methods = hand_out_methods,
+};
+
+PyDoc_STRVAR(hand_out_doc,
+"hand_out(values: list) -> iterator\n\n"
+"The values of `values` in order; each slot of the list becomes None as its value is\n"
+"handed out, so a value the caller dropped is freed at once.");
+
+static PyObject *hand_out(PyObject *module, PyObject *values) {
+    if (!PyList_CheckExact(values)) {
+        PyErr_Format(PyExc_TypeError, "hand_out takes a list, not %.100s", Py_TYPE(values)->tp_name);
+        return NULL;
+    }
+    HandOut *it = PyObject_GC_New(HandOut, &HandOutType);
+    if (it == NULL)
+        return NULL;
+    Py_INCREF(values);
+    it->values = values;
+    it->next = 0;
+    PyObject_GC_Track(it);
+    return (PyObject *)it;
+}
+
 static PyMethodDef chunk_methods[] = {
     {"run_items", (PyCFunction)(void (*)(void))run_items, METH_FASTCALL, run_items_doc},
+    {"hand_out", (PyCFunction)hand_out, METH_O, hand_out_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -180,5 +272,7 @@ static struct PyModuleDef chunk_module = {
 };
 
 PyMODINIT_FUNC PyInit__chunk(void) {
+    if (PyType_Ready(&HandOutType) < 0)
+        return NULL;
     return PyModule_Create(&chunk_module);
 }

@@ -65,3 +65,14 @@ class NotHere(Exception):
 def raise_unimportable():
     cls = type("Ghost", (Exception,), {"__module__": "no_such_module_anywhere"})
     raise cls("boo")
+
+
+class Box:
+    """A result the parent can hold a weak reference to (as CPython's map tests do)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def box(x):
+    return Box(x)

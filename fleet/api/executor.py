@@ -23,6 +23,7 @@ import time
 from concurrent.futures import Executor, Future
 from typing import Callable, Iterable, Iterator
 
+from fleet._chunk import hand_out
 from fleet.shm import messages as M
 from fleet.runtime.codec import handler_error
 from fleet.runtime.config import FleetConfig, load_config
@@ -431,35 +432,25 @@ def _results(role, future: Future, chunksize: int, left) -> Iterable:
     of them (its value alone, or a chunk's list as it came back). A unit that did not
     solve raises its error here, and a chunk with a failed item yields the values before
     it and then raises that item's error: raised in the generator, it ends the
-    iteration (and cancels what has not started), as the unit's own error does."""
+    iteration (and cancels what has not started), as the unit's own error does.
+    Each value is let go of as it is handed out (`fleet._chunk.hand_out`), as
+    ProcessPoolExecutor's map does: a result the caller dropped is freed at once."""
     if chunksize == 1:
-        return (_handed_out([future.result(left)]),)
+        return (hand_out([future.result(left)]),)
     exc = future.exception(left)
     if exc is not None:
         raise exc
     values, failures = future.result()
-    return _upto_failure(role, values, failures) if failures else (_handed_out(values),)
+    return _upto_failure(role, values, failures) if failures else (hand_out(values),)
 
 
 def _upto_failure(role, values: list, failures: dict):
     """A chunk's values before its first failed item (as one list), then that item's error."""
     first = min(failures)
     if first:
-        yield _handed_out(values[:first])
+        yield hand_out(values[:first])
     _item(role, *failures[first])
 
-
-_END = object()
-
-
-def _handed_out(values: list) -> Iterator:
-    """An iterator over `values` (in order) that lets go of each value as it hands it
-    out, as ProcessPoolExecutor's map does: a result the caller dropped is freed at
-    once, not held until the next ``next()`` (or, with chunks, the end of its chunk).
-    `values` is emptied on the way; every step runs in C (``list.pop``)."""
-    values.append(_END)
-    values.reverse()
-    return iter(values.pop, _END)
 
 
 def with_progress(results: Iterator, total: int | None, what: str) -> Iterator:

@@ -7,12 +7,14 @@ and the budget an embedded executor boots with.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
 from concurrent.futures.process import BrokenProcessPool
 
 import pytest
@@ -88,6 +90,17 @@ def test_a_chunk_calls_fn_as_the_builtin_map_does_and_counts_each_call(ex):
     assert after["submitted"] - before["submitted"] == 4
     assert after["items"]["submitted"] - before["items"]["submitted"] == 12
     assert after["items"]["solved"] - before["items"]["solved"] == 12
+
+
+@pytest.mark.parametrize("chunksize", [1, 4])
+def test_map_lets_go_of_each_result_it_hands_out(ex, chunksize):
+    # CPython's test_free_reference, also for chunks: a result the caller dropped is freed
+    # at once, not held by the map until the next item or the end of its chunk
+    for obj in ex.map(C.box, range(10), chunksize=chunksize):
+        ref = weakref.ref(obj)
+        del obj
+        gc.collect()
+        assert ref() is None
 
 
 def test_a_chunk_with_failed_calls_hands_out_the_values_before_the_first(ex):

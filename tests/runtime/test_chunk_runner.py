@@ -6,13 +6,15 @@ that raises stops the loop at that item, with its exception and traceback, so th
 worker records it and resumes at the next one."""
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 import traceback
 
 import pytest
 
 import fleet
-from fleet._chunk import run_items
+from fleet._chunk import hand_out, run_items
 from fleet.rules.unit import RUNNING, Unit, _Running
 from fleet.runtime.worker import _PAYLOAD_AT
 
@@ -157,3 +159,37 @@ def test_bad_arguments_are_refused_and_run_nothing(args, error):
         run_items(*args)
     if len(args) > 4:
         assert len(args[4]) == 0  # no item ran
+
+
+# --- hand_out: the caller's side of a map -------------------------------------------------
+class _Value:
+    pass
+
+
+def test_hand_out_gives_the_values_in_order_and_lets_go_of_each_on_the_way():
+    values = [_Value(), _Value(), 3]
+    it = hand_out(values)
+    assert it.__length_hint__() == 3
+    first = next(it)
+    ref = weakref.ref(first)
+    del first
+    assert ref() is None  # the list no longer holds it: freed as the caller dropped it
+    assert values[0] is None and isinstance(values[1], _Value) and it.__length_hint__() == 2
+    rest = list(it)
+    assert isinstance(rest[0], _Value) and rest[1] == 3 and values == [None, None, None]
+    assert list(it) == [] and it.__length_hint__() == 0
+
+
+def test_hand_out_of_an_empty_list_ends_and_of_a_non_list_is_a_type_error():
+    assert list(hand_out([])) == []
+    with pytest.raises(TypeError, match="hand_out takes a list, not tuple"):
+        hand_out((1, 2))
+
+
+def test_a_hand_out_in_a_cycle_is_collected():
+    value = _Value()
+    value.it = hand_out([value])  # the iterator holds the list that holds what holds it
+    ref = weakref.ref(value)
+    del value
+    gc.collect()
+    assert ref() is None
