@@ -163,7 +163,7 @@ def test_bad_arguments_are_refused_and_run_nothing(args, error):
 
 # --- hand_out: the caller's side of a map -------------------------------------------------
 class _Value:
-    pass
+    """A value a test can hold a weak reference to (an int cannot be)."""
 
 
 def test_hand_out_gives_the_values_in_order_and_lets_go_of_each_on_the_way():
