@@ -452,7 +452,6 @@ def _upto_failure(role, values: list, failures: dict):
     _item(role, *failures[first])
 
 
-
 def with_progress(results: Iterator, total: int | None, what: str) -> Iterator:
     """`results` with a tqdm progress bar (one tick per item; `total` when the input
     has a length), as mpire users expect from ``map(..., progress_bar=True)``."""

@@ -177,7 +177,7 @@ class Executor(_StdExecutor):
             # a chunk travels as one Calls: fn once, then the items' arguments (one
             # iterable: each item is the argument; several: a tuple of one from each)
             star = len(iterables) != 1
-            items = iterables[0] if not star else zip(*iterables)
+            items = zip(*iterables) if star else iterables[0]
             chunk_of = functools.partial(Calls, fn, star=star)
         try:
             return self._fleet._map(ROLE, items, chunksize, timeout, None, ordered, progress, total, chunk_of)

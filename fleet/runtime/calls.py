@@ -33,7 +33,8 @@ class Calls:
     __slots__ = ("fn", "items", "star")
 
     def __init__(self, fn, items, star: bool = False):
-        self.fn, self.items, self.star = fn, list(items), bool(star)
+        # map's feeder hands over the list it just built: kept, not copied again
+        self.fn, self.items, self.star = fn, items if type(items) is list else list(items), bool(star)
 
     def __len__(self) -> int:
         return len(self.items)
