@@ -38,6 +38,7 @@ from fleet.shm.segments import reclaim_stale_of
 # the table's and the data plane's, loaded here before the first sweep.
 from fleet.shm import dataplane  # noqa: F401
 from fleet.shm.table import segment  # noqa: F401
+from fleet.rules.roles import Role
 from fleet.rules.unit import FleetClosed
 
 log = logging.getLogger("fleet.api.pool")
@@ -48,10 +49,25 @@ HANDLER = "fleet.runtime.calls:call"
 #: The role's queue bound: ProcessPoolExecutor's queue has none; fleet's is the most
 #: config allows, so submit waits for room only past ten million units waiting.
 QUEUE_BOUND = 10_000_000
-#: Calls sent ahead to each worker beyond the one it runs (the role's `lookahead`): a few,
-#: as ProcessPoolExecutor's call queue keeps a few ahead of its workers; a call sent
-#: ahead counts as started, so `shutdown(cancel_futures=True)` cannot cancel it.
-LOOKAHEAD = 4
+#: Calls an executor puts out of `cancel`'s reach in all: each worker's running call and
+#: the calls sent ahead to it (the role's `lookahead`). A call sent ahead counts as
+#: started, so `shutdown(cancel_futures=True)` cannot cancel it; ProcessPoolExecutor puts
+#: 2 x max_workers + 1 out of reach (its running calls and its call queue). Shared out
+#: among the workers (`lookahead_for`): a few workers are each fed deep, which is what
+#: keeps them busy with short calls (a worker that runs its queue dry waits a round
+#: trip through the parent's loop for the next), many workers need less each.
+OUT_OF_REACH = 24
+#: The deepest a worker is fed however few there are (the role default).
+MAX_LOOKAHEAD = Role.lookahead
+
+
+def lookahead_for(workers: int) -> int:
+    """Calls sent ahead to each of `workers` beyond the one it runs: OUT_OF_REACH shared
+    out (a running call and its lookahead each), at least 1, at most MAX_LOOKAHEAD. With
+    more than OUT_OF_REACH / 2 workers each still gets one ahead: 2 per worker are out of reach."""
+    return max(1, min(MAX_LOOKAHEAD, OUT_OF_REACH // workers - 1))
+
+
 #: The message ProcessPoolExecutor's submit raises after shutdown (a plain RuntimeError there too).
 AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
 
@@ -113,7 +129,8 @@ class Executor(_StdExecutor):
                         "quota; running %d worker processes (oversubscribe=True runs %d)", workers, cores, cores,
                         workers)
             workers, over = cores, False
-        role = {"handler": HANDLER, "slots": workers, "queue_bound": QUEUE_BOUND, "lookahead": LOOKAHEAD}
+        role = {"handler": HANDLER, "slots": workers, "queue_bound": QUEUE_BOUND,
+                "lookahead": lookahead_for(workers)}
         if over:
             role["peak_cpus"] = workers  # forced pinned, oversubscribed: the plan says so (fleet.rules.plan)
         config = load_config({
@@ -130,6 +147,7 @@ class Executor(_StdExecutor):
         self._shutdown = False
         self._fleet = Fleet(dataclasses.replace(config, workers=setup))
         self._sup = self._fleet._sup
+        self._role_code = self._sup.roles.code(ROLE)
 
     # --- concurrent.futures.Executor ---------------------------------------------------------
     def submit(self, fn, /, *args, **kwargs) -> Future:
@@ -142,7 +160,7 @@ class Executor(_StdExecutor):
         if self._shutdown:
             raise RuntimeError(AFTER_SHUTDOWN)
         try:
-            return self._sup.submit(ROLE, (fn, args, kwargs))
+            return self._sup.submit_call(self._role_code, ROLE, (fn, args, kwargs))
         except FleetClosed:
             raise RuntimeError(AFTER_SHUTDOWN) from None
 

@@ -69,7 +69,7 @@ class Role:
             key beyond the role's `slots` waits until then (002 §3.4).
         lookahead: a pooled role only. Most units sent to a slot beyond the one it runs,
             so its worker starts the next without waiting for a round trip through the
-            supervisor (default 8; 0 sends a slot's next unit only once it is Idle). A
+            supervisor (default 16; 0 sends a slot's next unit only once it is Idle). A
             unit sent ahead waits behind the one that runs: give 0 to a role whose units
             run long and unevenly, where waiting behind a long one costs more than the
             round trip. Sent ahead only while the role's queue holds at least as many

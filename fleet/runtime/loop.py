@@ -55,7 +55,7 @@ from fleet.runtime.intake import Intake, QueueRoom, TurnedAway
 from fleet.runtime.posture_effects import SAMPLE_EVERY_S
 from fleet.runtime.seat_deaths import RoleStops
 from fleet.runtime.shutdown import kill as _kill, shutdown as _shutdown, stop as _stop
-from fleet.runtime.submit import LoopUnit, submit as _submit, submit_many as _submit_many
+from fleet.runtime.submit import LoopUnit, submit as _submit, submit_call as _submit_call, submit_many as _submit_many
 from fleet.shm import messages as M
 from fleet.shm.table import layout as L
 
@@ -133,7 +133,7 @@ class Supervisor:
         return self
 
     # The caller's half of a submit and of a stop (fleet.runtime.submit, fleet.runtime.shutdown).
-    submit, submit_many = _submit, _submit_many
+    submit, submit_call, submit_many = _submit, _submit_call, _submit_many
     shutdown, stop, kill = _shutdown, _stop, _kill
 
     # ================================================================== posting to the loop

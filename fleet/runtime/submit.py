@@ -86,16 +86,43 @@ def submit(sup, role: str, payload=None, *, key=None, lane=None, priority: int =
     body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
                            limit=sup.config.limits.max_payload_bytes)
     timeout = timeout if timeout is not None else spec.timeout_s
-    flags = _task_flags(chunk, timeout)
-    _refuse_if_closed(sup, code, role)
-    sup._room.take(code, role, block=block and not sup._on_loop(), timeout=block_timeout)
-    unit = new_unit(sup, code, key, priority, body, flags, timeout)
+    flags = _task_flags(chunk, timeout, sup.recorder is not None)
+    unit, on_loop = _queued(sup, code, role, key, priority, body, flags, timeout, block, block_timeout)
     unit.route, unit.ask = route, admission
     if chunk:
         unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
+    return _post(sup, unit, on_loop, role, payload, key, lane)
+
+
+def submit_call(sup, code: int, role: str, payload) -> Future:
+    """Queue one plain unit of role `code`, as ``submit(role, payload)`` would: the
+    Executor's calls, whose role (pooled, with a handler) its executor made, so none
+    of the arguments `submit` checks is given (no key, lane, route or priority; the
+    role's own timeout; waits for room). A tenth of a submit's cost is those checks,
+    on a path that runs once per call."""
+    timeout = sup.roles.by_code(code).timeout_s  # read each time: a reload may change it
+    body = codec.task_body(role, payload, None, None, None, pickled_payload=None,
+                           limit=sup.config.limits.max_payload_bytes)
+    unit, on_loop = _queued(sup, code, role, None, 0, body, _task_flags(False, timeout, sup.recorder is not None),
+                            timeout, True, None)
+    return _post(sup, unit, on_loop, role, payload)
+
+
+def _queued(sup, code: int, role: str, key, priority: int, body: bytes, flags: int, timeout, block: bool,
+            block_timeout) -> tuple[LoopUnit, bool]:
+    """A checked unit's room in its role's queue, taken (waiting for it unless `block` is
+    False, and never on the loop's own thread: it would wait for itself), once the fleet
+    and the role are seen open; the unit made, and whether this is the loop's thread."""
+    _refuse_if_closed(sup, code, role)
+    on_loop = sup._on_loop()
+    sup._room.take(code, role, block=block and not on_loop, timeout=block_timeout)
+    return new_unit(sup, code, key, priority, body, flags, timeout), on_loop
+
+
+def _post(sup, unit: LoopUnit, on_loop: bool, role: str, payload, key=None, lane=None) -> Future:
+    """Hand a queued unit to the loop (paced, off the loop's thread); its future."""
     arrival = (unit.unit_id, role, payload, key, lane) if sup.recorder is not None else None
-    sup._intake.post(accept.accept, sup, unit, arrival, refused=turned_away,
-                     pace=not sup._on_loop())
+    sup._intake.post(accept.accept, sup, unit, arrival, refused=turned_away, pace=not on_loop)
     return unit.future
 
 
@@ -112,7 +139,7 @@ def submit_many(sup, role: str, payloads: list, *, lane=None, chunk: bool = Fals
     bodies = [codec.task_body(role, payload, None, lane, None, pickled_payload=None, limit=limit)
               for payload in payloads]
     timeout = spec.timeout_s
-    flags = _task_flags(chunk, timeout)
+    flags = _task_flags(chunk, timeout, sup.recorder is not None)
     _refuse_if_closed(sup, code, role)
     on_loop = sup._on_loop()
     futures, start = [], 0
@@ -187,7 +214,8 @@ def _check_unit(spec, key, lane, priority, timeout, request_id) -> None:
         raise BadUnit(f"request_id must be a str, got {type(request_id).__name__}")
 
 
-def _task_flags(chunk: bool, timeout) -> int:
-    """A task's flags: a chunk of items, and a run time limit the loop must watch."""
-    return (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0)
+def _task_flags(chunk: bool, timeout, recorded: bool) -> int:
+    """A task's flags: a chunk of items, a run time limit the loop must watch, and
+    whether the worker measures the handler's CPU (only the arrival log reads it)."""
+    return (M.F_CHUNK if chunk else 0) | (M.F_TIMED if timeout is not None else 0) | (M.F_CPU if recorded else 0)
 

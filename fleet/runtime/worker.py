@@ -266,13 +266,18 @@ class Worker:
 
     def _execute(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float, float]:
         """Run a unit's handler: (status, result body, seconds, reported cost or NaN, CPU seconds of
-        this thread meanwhile: a handler that sleeps runs long on little CPU). Any thread may call it."""
-        t0, cpu0 = time.perf_counter(), time.thread_time()
+        this thread meanwhile, or NaN: a handler that sleeps runs long on little CPU). Any thread
+        may call it. The CPU is read only when the task asks (F_CPU: the fleet records
+        arrivals): each read is a system call, as long as a small unit's whole run."""
+        measured = flags & M.F_CPU
+        cpu0 = time.thread_time() if measured else 0.0
+        t0 = time.perf_counter()
         if flags & M.F_CHUNK:
             status, out, cost = self._run_chunk(unit_id, role, body)
         else:
             status, out, cost = self._run_one(unit_id, role, body, flags)
-        return status, out, time.perf_counter() - t0, cost, time.thread_time() - cpu0
+        elapsed = time.perf_counter() - t0
+        return status, out, elapsed, cost, time.thread_time() - cpu0 if measured else NO_CPU
 
     def _unit(self, unit_id: int, role: int, payload, key, lane, request_id, route=None) -> Unit:
         return Unit(unit_id, self.roles.by_code(role).name, payload, key, lane, request_id, route)

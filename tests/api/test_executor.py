@@ -20,7 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 
 import fleet
-from fleet.api.pool import quota_cores
+from fleet.api.pool import OUT_OF_REACH, lookahead_for, quota_cores
 from tests import executor_calls as C
 from tests.fleets import descendants
 
@@ -184,6 +184,32 @@ def test_an_embedded_executor_gives_every_core_of_the_quota_to_workers():
         assert len(ex.fleet.layout.seats) == quota_cores()
 
 
+@pytest.mark.parametrize("workers, ahead", [(1, 16), (2, 11), (3, 7), (5, 3), (8, 2), (12, 1), (40, 1)])
+def test_each_worker_is_fed_its_share_of_the_calls_out_of_cancels_reach(workers, ahead):
+    """A few workers are fed deep (short calls keep them busy), many less each: a running
+    call and its lookahead each, OUT_OF_REACH in all, one ahead at least, 16 at most."""
+    assert lookahead_for(workers) == ahead
+    assert workers * (1 + ahead) <= max(OUT_OF_REACH, 2 * workers)
+
+
+def test_shutdown_cancels_every_call_past_those_sent_to_the_workers():
+    """The calls sent to the workers (running, or sent ahead: started) are OUT_OF_REACH at
+    most; cancel_futures=True cancels every other, and the sent ones finish."""
+    import time
+
+    with fleet.Executor(max_workers=2) as ex:
+        fs = [ex.submit(time.sleep, 0.05) for _ in range(3 * OUT_OF_REACH)]
+        deadline = time.monotonic() + WAIT_S
+        while sum(f.running() or f.done() for f in fs) < 2 * (1 + lookahead_for(2)):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        ex.shutdown(cancel_futures=True)
+    cancelled = [f for f in fs if f.cancelled()]
+    ran = [f for f in fs if not f.cancelled()]
+    assert len(ran) <= OUT_OF_REACH and len(cancelled) == len(fs) - len(ran)
+    assert all(f.done() and f.exception() is None for f in ran)
+
+
 # --- the exception rule ----------------------------------------------------------------------
 def test_a_calls_exception_is_raised_as_itself_with_the_workers_traceback(ex):
     with pytest.raises(ZeroDivisionError) as info:
@@ -249,12 +275,13 @@ def test_cancel_futures_at_shutdown_is_honoured_at_exit(tmp_path):
         from fleet import Executor
         if __name__ == "__main__":
             ex = Executor(max_workers=1)
-            futures = [ex.submit(time.sleep, 0.2) for _ in range(20)]
+            futures = [ex.submit(time.sleep, 0.05) for _ in range(60)]
             ex.shutdown(wait=False, cancel_futures=True)
             print(sum(f.cancelled() for f in futures))
     """)
     assert out.returncode == 0, out.stderr
-    assert int(out.stdout) >= 10  # the queued ones stayed cancelled; exit did not run them
+    # the queued ones stayed cancelled; exit ran only those sent to the worker
+    assert int(out.stdout) >= 60 - OUT_OF_REACH
 
 
 # --- progress ---------------------------------------------------------------------------------

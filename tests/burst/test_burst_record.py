@@ -149,6 +149,37 @@ def _peek(proc) -> str:
     return _seen[proc.pid]
 
 
+def test_only_a_recording_fleets_workers_measure_cpu(tmp_path, monkeypatch):
+    """A worker reads its thread's CPU time (a system call on each side of a unit, as long
+    as a small unit's whole run) only when the task asks (F_CPU), and only a fleet that
+    records arrivals asks: the CPU fields of the results its workers send say so."""
+    import math
+
+    import fleet
+    from fleet.runtime import results
+    from fleet.shm import messages as M
+
+    seen: list[float] = []
+    take = results._take_message
+
+    def watched(sup, tag, view, solved):
+        if tag == M.RESULT:
+            seen.append(M.RESULT_HEAD.unpack_from(view)[-1])
+        return take(sup, tag, view, solved)
+
+    monkeypatch.setattr(results, "_take_message", watched)
+    roles = {"work": {"kind": "pooled", "handler": "tests.handlers:echo", "slots": 1}}
+    for recorded in (False, True):
+        cfg = {"fleet": {"name": unique_name("cpu")}, "roles": roles}
+        if recorded:
+            cfg["record"] = {"enabled": True, "path": str(tmp_path / "a.jsonl")}
+        seen.clear()
+        with fleet.Fleet.from_config(cfg) as f:
+            assert [x.result(BOUND_S) for x in [f.submit("work", i) for i in range(20)]] == list(range(20))
+        assert len(seen) == 20
+        assert all(math.isnan(c) != recorded for c in seen), (recorded, seen)
+
+
 def test_recording_measures_cpu_beside_run_time_and_the_replay_sleeps_the_rest(tmp_path, monkeypatch):
     """A handler that sleeps 200 ms on a CPU role is recorded as a sliver of CPU and the rest
     of its run as wait (not as cpu_ms 200), and its replay asks to burn the one and sleep the other."""
