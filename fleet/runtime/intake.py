@@ -144,7 +144,10 @@ class QueueRoom:
     def __init__(self, bounds: list[int]):
         self._bounds = list(bounds)
         self._waiting = [0] * len(bounds)
-        self._cond = threading.Condition(threading.Lock())
+        # Held as `_lock` on the hot paths (take, give): a Condition's `with` is two Python
+        # calls around the lock's, on a path that runs once per unit on each side.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._sleepers = 0
         self._closed: str | None = None
 
@@ -153,7 +156,7 @@ class QueueRoom:
         as are free. When none is, waits for one (at most `timeout` seconds; None waits
         as long as it takes). Raises QueueFull when `block` is False and the queue is
         full, or when `timeout` passes first."""
-        with self._cond:
+        with self._lock:
             if self._closed is not None:
                 raise FleetClosed(self._closed)
             if self._waiting[code] >= self._bounds[code]:
@@ -181,7 +184,7 @@ class QueueRoom:
 
     def give(self, code: int, n: int = 1) -> None:
         """`n` units of role `code` left the queue (granted, or ended unstarted)."""
-        with self._cond:
+        with self._lock:
             self._waiting[code] -= n
             if self._sleepers:
                 self._cond.notify_all()
