@@ -13,6 +13,9 @@ them once, so that every worker, at boot and at every restart, inherits them:
   script pickles by reference and is found in the worker. While it is imported, the
   zygote counts as bootstrapping (as a spawned child does): a script that would make
   an Executor outside the guard gets multiprocessing's own RuntimeError saying so;
+* **the command line** (`argv`): the parent's ``sys.argv``, which the zygote takes on
+  before it imports the main module, as a spawned child does (spawn's ``sys_argv``):
+  a script whose top level reads its arguments imports in the workers as in the parent;
 * **the authentication key** (`authkey`): the parent's
   ``multiprocessing.current_process().authkey``, so a ``multiprocessing.Manager``
   proxy passed as an argument connects back to its manager from a worker;
@@ -54,10 +57,12 @@ class WorkerSetup:
     initializer: bytes | None = None
     #: units a worker runs before it is replaced (None: no limit)
     max_tasks: int | None = None
+    #: the parent's ``sys.argv`` (None: the zygote keeps its own)
+    argv: tuple[str, ...] | None = None
 
     @classmethod
     def of_this_process(cls, *, initializer=None, initargs=(), max_tasks=None) -> "WorkerSetup":
-        """The main module and authkey of this process, and the given initializer.
+        """The main module, command line and authkey of this process, and the given initializer.
 
         Raises PayloadUnpicklable when ``(initializer, initargs)`` cannot be pickled."""
         import multiprocessing
@@ -75,28 +80,34 @@ class WorkerSetup:
                 init = dumps((initializer, tuple(initargs)), "the initializer and its initargs")
             except CodecError as exc:
                 raise unpicklable(exc) from None
-        return cls(main or None, bytes(multiprocessing.current_process().authkey).hex(), init, max_tasks)
+        return cls(main or None, bytes(multiprocessing.current_process().authkey).hex(), init, max_tasks,
+                   tuple(prepared["sys_argv"]))
 
     def to_boot(self) -> dict:
         return {"main": self.main, "authkey": self.authkey, "max_tasks": self.max_tasks,
-                "initializer": None if self.initializer is None else base64.b64encode(self.initializer).decode()}
+                "initializer": None if self.initializer is None else base64.b64encode(self.initializer).decode(),
+                "argv": None if self.argv is None else list(self.argv)}
 
     @classmethod
     def from_boot(cls, doc: dict | None) -> "WorkerSetup":
         doc = doc or {}
         init = doc.get("initializer")
+        argv = doc.get("argv")
         return cls(doc.get("main"), doc.get("authkey"), None if init is None else base64.b64decode(init),
-                   doc.get("max_tasks"))
+                   doc.get("max_tasks"), None if argv is None else tuple(argv))
 
 
 def prepare_zygote(setup: WorkerSetup):
-    """In the zygote, before the handlers are imported: the authkey and the main module.
-    Returns the initializer to call in each worker, ``(callable, args)`` or None."""
+    """In the zygote, before the handlers are imported: the authkey, the command line and
+    the main module. Returns the initializer to call in each worker, ``(callable, args)`` or None."""
     import multiprocessing
+    import sys
     from multiprocessing import process, spawn
 
     from fleet.runtime.codec import loads
 
+    if setup.argv is not None:
+        sys.argv[:] = setup.argv  # the zygote parsed its own arguments already
     if setup.authkey is not None:
         process.current_process().authkey = process.AuthenticationString(bytes.fromhex(setup.authkey))
     if setup.main:

@@ -101,9 +101,11 @@ class Workers:
 
 def worker_setup(config) -> WorkerSetup:
     """The config's worker setup; a handler named in ``__main__`` also brings the main
-    module in (fleet.runtime.worker_setup), so a script's own function can be one."""
+    module in, with the command line its top level may read (fleet.runtime.worker_setup),
+    so a script's own function can be one."""
     setup = config.workers
     if setup.main is None and any((r.handler or "").startswith("__main__:") for r in config.roles):
         here = WorkerSetup.of_this_process()
-        setup = dataclasses.replace(setup, main=here.main, authkey=setup.authkey or here.authkey)
+        setup = dataclasses.replace(setup, main=here.main, argv=setup.argv or here.argv,
+                                    authkey=setup.authkey or here.authkey)
     return setup

@@ -69,6 +69,26 @@ def test_a_scripts_own_function_maps_in_the_workers_and_the_guard_holds(tmp_path
     assert lines.count("[0, 3, 6, 9, 12, 15] 21") == 1 and "top level ran in a worker" in lines
 
 
+def test_a_script_whose_top_level_reads_its_arguments_imports_in_the_workers(tmp_path):
+    """A spawned child takes on its parent's sys.argv before it imports the main module
+    (multiprocessing.spawn's ``sys_argv``): a script that reads its arguments outside
+    the guard imports in fleet's workers too, and sees the same ones."""
+    out = run_script(tmp_path, """
+        import sys
+        FACTOR = int(sys.argv[1])  # at the top level: the workers import it too
+
+        def scale(x):
+            return (FACTOR * x, sys.argv[1:])
+
+        if __name__ == "__main__":
+            from fleet import Executor as ProcessPoolExecutor
+            with ProcessPoolExecutor(max_workers=1) as ex:
+                print(list(ex.map(scale, range(3))), flush=True)
+    """, "5", "--flag")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [str([(0, ["5", "--flag"]), (5, ["5", "--flag"]), (10, ["5", "--flag"])])]
+
+
 def test_submit_and_map_take_the_stdlib_signatures(ex):
     assert ex.submit(C.add, 2, y=3).result(WAIT_S) == 5
     assert list(ex.map(C.add, range(5), range(5))) == [0, 2, 4, 6, 8]
@@ -137,9 +157,11 @@ def test_the_initializer_runs_in_every_worker_before_its_first_call():
 
 def test_a_failing_initializer_breaks_the_executor():
     with fleet.Executor(max_workers=1, initializer=C.init_fails) as ex:
-        future = ex.submit(C.square, 2)
+        # Its worker starts with the executor, so the executor may learn it is broken before
+        # this first submit (which then raises, as ProcessPoolExecutor's submit does once
+        # broken) or after it (the call fails): BrokenProcessPool either way.
         with pytest.raises(BrokenProcessPool):
-            future.result(WAIT_S)
+            ex.submit(C.square, 2).result(WAIT_S)
         assert ex._broken
         with pytest.raises(BrokenProcessPool, match="initializer failed"):
             ex.submit(C.square, 2)
