@@ -68,7 +68,8 @@ def test_sigkill_a_random_worker_every_50ms_under_load(fleet_name):
         ledger = f.ledger()
         assert ledger["submitted"] == len(futures) and ledger["inflight"] == 0
         assert ledger["solved"] == outcomes["solved"]
-        assert ledger["failed"] == outcomes["LaneDeath"] == ledger["failed_by_reason"]["LaneDeath"]
+        # failed_by_reason names only the reasons that occurred: a storm that failed none has no LaneDeath
+        assert ledger["failed"] == outcomes["LaneDeath"] == ledger["failed_by_reason"].get("LaneDeath", 0)
         # and the fleet still serves, once the last kill is seen: a worker killed while it
         # owed nothing may not be reaped yet, and a unit granted to it would rightly fail.
         deadline = time.monotonic() + 60
