@@ -6,6 +6,7 @@ before it starts, so that several processes hammer the table at the same time.
 """
 from __future__ import annotations
 
+import mmap
 import sys
 
 import numpy as np
@@ -13,7 +14,7 @@ from numba import njit
 
 from fleet.rules import fsm
 from fleet.shm.table import SlotTable
-from fleet.shm.table.atomics import load_acquire
+from fleet.shm.table.atomics import fetch_add, load_acquire
 from fleet.shm.table.kernels import SLOT_FIELDS, apply_transition, seq_write
 
 LEASE, START, RELEASE, ANY = fsm.LEASE, fsm.START, fsm.RELEASE, fsm.ANY_ROLE
@@ -45,6 +46,19 @@ def hammer(slots, roles, n_roles, posture, n_slots, role, target, counts):
         if s == n_slots:
             s = 0
     return attempts
+
+
+@njit(cache=True, _nrt=False)
+def arrive(gate, parties, spins):
+    """A start barrier: count this process in, then look until `parties` have (at most
+    `spins` looks: a party that died lets the rest go). Reading "go" on stdin does not
+    start the racers together: on a loaded host one may run its whole share before the
+    scheduler wakes the other."""
+    fetch_add(gate, 0, 1)
+    for _ in range(spins):
+        if load_acquire(gate, 0) >= parties:
+            return True
+    return False
 
 
 @njit(cache=True, _nrt=False)
@@ -81,8 +95,15 @@ def main(argv):
     counts = np.zeros((n_slots, 3), dtype=np.int64)
     # Compile before the start line, so the race starts together.
     hammer(table.slots, table.roles, table.n_roles, table.posture, n_slots, role, 0, counts)
+    gate = None
+    if len(argv) > 7:  # a start barrier: a file of uint64 words the racers share, and how many they are
+        with open(argv[6], "r+b") as f:
+            gate = np.frombuffer(mmap.mmap(f.fileno(), 0), dtype=np.uint64)
+        arrive(np.zeros(1, dtype=np.uint64), 0, 0)  # compiled before the start line too
     print("ready", flush=True)
     sys.stdin.readline()
+    if gate is not None:
+        arrive(gate, int(argv[7]), 2_000_000_000)
     if command == "hammer":
         attempts = hammer(table.slots, table.roles, table.n_roles, table.posture, n_slots, role, target, counts)
         np.save(out, counts)

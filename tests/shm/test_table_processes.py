@@ -129,12 +129,16 @@ def _check_tallies(table, n_slots, counts):
 
 def test_no_update_lost_under_multi_process_stress(table, reaper, tmp_path):
     """Two real processes race on the same slots; >= 1e6 applied transitions in all."""
-    n_slots, per_process = 4, 600_000
+    # Each share lasts tens of milliseconds, several scheduler slices: on a loaded host the
+    # two are still both at it when the scheduler switches between them.
+    n_slots, per_process = 4, 3_000_000
     pooled = ROLES.code("resolve")
     counts, raced = 0, False
     for run in range(3):
-        procs = [_spawn(reaper, "hammer", table.name, pooled, n_slots, per_process, tmp_path / f"r{run}c{i}.npy")
-                 for i in range(2)]
+        gate = tmp_path / f"r{run}.gate"  # the racers' start barrier (tests.table_procs.arrive)
+        gate.write_bytes(bytes(8))
+        procs = [_spawn(reaper, "hammer", table.name, pooled, n_slots, per_process, tmp_path / f"r{run}c{i}.npy",
+                        gate, 2) for i in range(2)]
         for proc in procs:
             _wait_ready(proc)
         _start(*procs)
@@ -147,8 +151,9 @@ def test_no_update_lost_under_multi_process_stress(table, reaper, tmp_path):
         assert (per[0] + per[1]).sum() >= 2 * per_process >= 1_000_000
         counts = counts + per[0] + per[1]  # the table's tallies run on across runs
         # There was a race: each process had attempts refused because the other won the
-        # slot. On a loaded host the scheduler may run one process's whole share before the
-        # other starts (no race to judge): then the pair runs again on the same slots.
+        # slot. They start together (a start barrier), but on a loaded host the scheduler
+        # may still run one's whole share while the other waits for a CPU (no race to
+        # judge): then the pair runs again on the same slots.
         raced = all(attempts[i] > per[i].sum() for i in range(2))
         if raced:
             break
