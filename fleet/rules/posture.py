@@ -66,7 +66,7 @@ from fleet.rules.vocab import (
 )
 from fleet.rules.vocab import STICKY_CAUSES as STICKY_CAUSES  # re-exported
 
-log = logging.getLogger("fleet.rules.posture")
+log = logging.getLogger(__name__)
 
 # --- events the classifier feeds the table --------------------------------------
 TRIPPED = "tripped"  # an enter condition holds

@@ -27,7 +27,7 @@ from fleet.runtime.zygote_link import BOOT_TIMEOUT_S
 from fleet.shm.dataplane import DataSegment
 from fleet.shm.table import SlotTable
 
-log = logging.getLogger("fleet.runtime.supervisor")
+log = logging.getLogger(__name__)
 
 
 def boot(sup) -> None:
@@ -122,11 +122,11 @@ def _boot_rest(sup) -> None:
     while workers.pending_forks:
         workers.read(lambda seat, pid, status: seat_deaths.seat_died(sup, seat, pid, status), block_until=deadline)
     if sup.config.metrics.enabled:
-        from fleet.runtime.metrics import MetricsServer
-
+        if sup.exporter is None:
+            raise FleetError(f"fleet {sup.name!r}: [metrics] is on and nothing was given to export them")
         m = sup.config.metrics
         publisher = sup.publisher
-        publisher.metrics = MetricsServer(host=m.host, port=m.port, provider=lambda: _snapshot_for_metrics(sup)).start()
+        publisher.metrics = sup.exporter(host=m.host, port=m.port, provider=lambda: _snapshot_for_metrics(sup))
         # Held until the publisher hands them over with the ledger's counters.
         sup.run_observer = publisher.run_ended
         log.info("fleet %s: metrics on %s", sup.name, publisher.metrics.url)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import logging
 
-log = logging.getLogger("fleet.runtime.supervisor")
+log = logging.getLogger(__name__)
 
 #: How soon a deadline is looked at again when its worker is being (re)started.
 RETRY_S = 0.01

@@ -59,7 +59,7 @@ from fleet.runtime.submit import LoopUnit, submit as _submit, submit_call as _su
 from fleet.shm import messages as M
 from fleet.shm.table import layout as L
 
-log = logging.getLogger("fleet.runtime.supervisor")
+log = logging.getLogger(__name__)
 
 _CANCELLED = Outcome(FAILED, Reason.CANCELLED)
 
@@ -82,8 +82,11 @@ class Supervisor:
 
     def __init__(self, config: FleetConfig, *, mode: str = "embedded", on_fuse=abort_process, cpus=None,
                  socket_path: str | None = None, readers_group: int | str | None = None, admission_clock=None,
-                 admission_rng=None, closure_file=None, host: Host | None = None):
+                 admission_rng=None, closure_file=None, host: Host | None = None, exporter=None):
         self.config = config
+        # ``exporter(host=, port=, provider=)``: the Prometheus exporter [metrics] starts,
+        # given by the face that runs the fleet (it lives with the service, above this room)
+        self.exporter = exporter
         self.host = host if host is not None else Host()
         # the provider admission (fleet.runtime.provider_gate), made at boot; its clock and RNG injectable
         self._providers = None

@@ -16,7 +16,7 @@ from fleet.rules import posture as posture_mod
 from fleet.rules import quota as quota_mod
 from fleet.runtime import posture_effects
 
-log = logging.getLogger("fleet.runtime.supervisor")
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------- posture

@@ -17,7 +17,7 @@ from fleet.rules import cordon, fsm
 from fleet.rules import pressure as pressure_mod
 from fleet.rules import quota as quota_mod
 
-log = logging.getLogger("fleet.runtime.supervisor")
+log = logging.getLogger(__name__)
 
 #: Posture sampling period.
 SAMPLE_EVERY_S = 0.25

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fleet.rules import fsm
 from fleet.rules.vocab import Reason
-from fleet.runtime import codec
+from fleet.worker import codec
 from fleet.shm import messages as M
 
 #: Results handled before the units they free are granted, sent and delivered. Units

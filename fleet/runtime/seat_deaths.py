@@ -27,9 +27,9 @@ from fleet.rules.intensity import Deaths
 from fleet.rules.vocab import Reason
 from fleet.runtime import deaths as deaths_mod
 from fleet.runtime import posture_effects, results
-from fleet.runtime.worker_setup import EXIT_INIT_FAILED, EXIT_RETIRED
+from fleet.worker.prepare import EXIT_INIT_FAILED, EXIT_RETIRED
 
-log = logging.getLogger("fleet.runtime.supervisor")
+log = logging.getLogger(__name__)
 
 
 class RoleStops:
@@ -95,7 +95,7 @@ def seat_died(sup, seat: int, pid: int, status: int, restart: bool = True) -> No
     planned = status in (EXIT_RETIRED, EXIT_INIT_FAILED) and pid not in workers.killed
     if planned:
         # No death: it ran its max_tasks (replaced, as any seat is), or its initializer
-        # failed (every worker would: its roles stop; fleet.runtime.worker_setup).
+        # failed (every worker would: its roles stop; fleet.worker.prepare).
         keep = _worker_exited(sup, seat, pid, status)
     else:
         # Count the death first: a role past its limit is stopped before anything could

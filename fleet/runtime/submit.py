@@ -21,7 +21,8 @@ from fleet.rules.outcomes import FAILED
 from fleet.rules.raised import RoleBroken
 from fleet.rules.unit import BadUnit, FleetClosed, Outcome, error_for
 from fleet.rules.vocab import Reason
-from fleet.runtime import accept, codec
+from fleet.runtime import accept
+from fleet.worker import codec
 from fleet.runtime.future import UnitFuture
 from fleet.shm import messages as M
 

@@ -13,10 +13,10 @@ import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from fleet.runtime.worker_setup import WorkerSetup
+from fleet.worker.prepare import WorkerSetup
 from fleet.runtime.zygote_link import Exited, Forked, WorkerStartError, ZygoteLink
 
-log = logging.getLogger("fleet.runtime.supervisor")
+log = logging.getLogger(__name__)
 
 
 class Workers:
@@ -101,7 +101,7 @@ class Workers:
 
 def worker_setup(config) -> WorkerSetup:
     """The config's worker setup; a handler named in ``__main__`` also brings the main
-    module in, with the command line its top level may read (fleet.runtime.worker_setup),
+    module in, with the command line its top level may read (fleet.worker.prepare),
     so a script's own function can be one."""
     setup = config.workers
     if setup.main is None and any((r.handler or "").startswith("__main__:") for r in config.roles):

@@ -49,13 +49,13 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from fleet.service import control, replays, sdnotify
+from fleet.service import control, replays, sdnotify, start_exporter
 from fleet.runtime.config import FleetConfig, load_config
 from fleet.runtime.facade import LoopOperations
 from fleet.service.control import outcome_record
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
 
-log = logging.getLogger("fleet.service.daemon")
+log = logging.getLogger(__name__)
 
 #: SIGTERM's default grace: queued units may still start for this long. Well below
 #: the unit files' TimeoutStopSec=90s, so in-flight units have time left to finish.
@@ -379,7 +379,7 @@ class Daemon:
         # Closures outlive a restart: a restarted fleetd must not re-spend a key it knows is spent.
         self.sup = Supervisor(self.config, mode="service", socket_path=str(path),
                               readers_group=self.options.socket_group,
-                              closure_file=default_closure_file(name, self.env)).start()
+                              closure_file=default_closure_file(name, self.env), exporter=start_exporter).start()
         try:
             self.handler = ServedOperations(self)
             self.calls = control.CallQueue(wakeup=self._wake)

@@ -43,7 +43,7 @@ from fleet.shm import segments as shm
 from fleet._native import ffi, lib
 from fleet.rules.errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 
-log = logging.getLogger("fleet.shm.dataplane")
+log = logging.getLogger(__name__)
 
 MAGIC = 0x32415441444C4621  # "!FLDATA2" little-endian
 LAYOUT_VERSION = 3

@@ -13,7 +13,7 @@ import io
 import pytest
 
 from fleet.cli import fleetctl, opcommands, views
-from fleet.service.client import Client
+from fleet.api.client import Client
 from fleet.service.control.ops import OPS, Op, OpRegistry
 
 #: Client's own API, not ops: the Executor's and the closing of the client itself.

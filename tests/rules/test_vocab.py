@@ -50,7 +50,7 @@ OTHER_VOCABULARIES = {
     ("fleet/service/control/errors.py", "Timeout"): "a control error code",
     ("fleet/runtime/future.py", "cancelled"): "a future's state, as concurrent.futures describes it",
     ("fleet/runtime/facade.py", "cancelled"): "the cancel op's reply: its field and the unit's state",
-    ("fleet/service/client.py", "cancelled"): "the cancel op's reply field",
+    ("fleet/api/client.py", "cancelled"): "the cancel op's reply field",
     ("fleet/runtime/operator.py", "released"): "the posture release reply's field",
     ("fleet/service/control/ops.py", "released"): "the posture release reply's field",
     ("fleet/burst/replay.py", "released"): "a replay's counter of released rounds",

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fleet.runtime import codec
+from fleet.worker import codec
 from fleet.rules import fsm
 from fleet.shm import messages as M
 from fleet.rules.posture import PostureCauseError

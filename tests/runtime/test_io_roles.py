@@ -20,7 +20,7 @@ import pytest
 
 import fleet
 from fleet import UnitError, UnitFailed, UnitSuppressed
-from fleet.runtime.io.runner import IoRunner
+from fleet.worker.io.runner import IoRunner
 from tests.fleets import config, running, worker_pids
 from tests.wakeups import switches_by_thread, woken
 

@@ -474,7 +474,7 @@ class SubmitOp(Op):
             args["payload"] = base64.b64encode(args.pop("pickled")).decode("ascii")
             args["encoding"] = "pickle"
         elif args.setdefault("encoding", "pickle") == "pickle" and "payload" in args:
-            from fleet.runtime.codec import CodecError, dumps  # the client half only: the daemon never pickles a payload
+            from fleet.worker.codec import CodecError, dumps  # the client half only: the daemon never pickles a payload
 
             try:
                 raw = dumps(args["payload"], "payload")

@@ -1,6 +1,6 @@
 """What a fleet's worker processes do before their first unit, beyond the handlers.
 
-fleet's workers are forks of its zygote (`fleet.runtime.zygote`), a fresh interpreter,
+fleet's workers are forks of its zygote (`fleet.worker.zygote`), a fresh interpreter,
 not children of the program that made the fleet. ProcessPoolExecutor's workers are
 multiprocessing children, and its users count on three things of them; a fleet asks
 for them in its config (`FleetConfig.workers`, a `WorkerSetup`), and the zygote does
@@ -68,7 +68,7 @@ class WorkerSetup:
         import multiprocessing
         from multiprocessing import spawn
 
-        from fleet.runtime.codec import CodecError, dumps, unpicklable
+        from fleet.worker.codec import CodecError, dumps, unpicklable
 
         prepared = spawn.get_preparation_data("fleet-worker")
         main = {k: prepared[k] for k in ("init_main_from_path", "init_main_from_name") if k in prepared}
@@ -104,7 +104,7 @@ def prepare_zygote(setup: WorkerSetup):
     import sys
     from multiprocessing import process, spawn
 
-    from fleet.runtime.codec import loads
+    from fleet.worker.codec import loads
 
     if setup.argv is not None:
         sys.argv[:] = setup.argv  # the zygote parsed its own arguments already

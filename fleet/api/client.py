@@ -67,7 +67,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
 from typing import Any
 
-from fleet.runtime import codec
+from fleet.worker import codec
 from fleet.service import control
 from fleet.service.control import (
     ControlBusy,
@@ -84,7 +84,7 @@ from fleet.service.control import outcome_record
 from fleet.service.control.outcome_record import BadOutcomeRecord
 from fleet.rules.errors import FleetError
 from fleet.rules.vocab import Reason
-from fleet.api.executor import MAP_WINDOW, map_units, map_window
+from fleet.api.mapping import MAP_WINDOW, map_units, map_window
 from fleet.service.replays import RequestIdReused
 from fleet.rules.roles import UnknownRoleError
 from admission.route import Route
@@ -101,7 +101,7 @@ from fleet.rules.unit import (
 
 __all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "SubmitUncertain", "connect"]
 
-log = logging.getLogger("fleet.service.client")
+log = logging.getLogger(__name__)
 
 #: How long `connect` waits, by default, for the control socket of a fleet that is
 #: booting (its table is up, its socket not yet): booting forks every worker first.
