@@ -212,13 +212,6 @@ class BudgetOverrides:
                     f"{', '.join(roles.names)}",
                 )
 
-    def as_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in ("reserve", "ambient_io", "pinned_min") if getattr(self, k) is not None}
-        if self.loop != LOOP_RESERVED:
-            out["loop"] = self.loop
-        out.update(self.roles)
-        return out
-
 
 NO_OVERRIDES = BudgetOverrides()
 

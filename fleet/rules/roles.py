@@ -188,9 +188,6 @@ class RoleSet:
             raise UnknownRoleError(code, self.names)
         return self.roles[code]
 
-    def kind_codes(self) -> list[int]:
-        return [r.kind_code for r in self.roles]
-
     def class_codes(self) -> list[int]:
         return [r.class_code for r in self.roles]
 

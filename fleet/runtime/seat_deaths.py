@@ -27,7 +27,7 @@ from fleet.rules.intensity import Deaths
 from fleet.rules.vocab import Reason
 from fleet.runtime import deaths as deaths_mod
 from fleet.runtime import posture_effects, results
-from fleet.worker.prepare import EXIT_INIT_FAILED, EXIT_RETIRED
+from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_RETIRED
 
 log = logging.getLogger(__name__)
 

@@ -147,10 +147,6 @@ def _timeout_ns(timeout_s: float | None) -> int:
     return max(0, int(timeout_s * 1e9))
 
 
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
-
-
 def _check_capacity(what: str, capacity: int) -> None:
     if not (MIN_CAPACITY <= capacity <= MAX_CAPACITY) or capacity & (capacity - 1):
         raise DataPlaneError(

@@ -23,7 +23,7 @@ them once, so that every worker, at boot and at every restart, inherits them:
   unpickled in the zygote once the main module is there, and called in each worker
   before its first unit. If it raises, the worker logs it (to the
   ``concurrent.futures`` logger, as ProcessPoolExecutor does) and exits with
-  EXIT_INIT_FAILED; the supervisor then stops the roles of its seat (their units
+  EXIT_INIT_FAILED (`fleet.rules.errors`); the supervisor then stops the roles of its seat (their units
   fail RoleStopped), since every worker would fail the same way;
 * **retirement** (`max_tasks`): a worker that has run this many units exits with
   EXIT_RETIRED once the last one's result is pushed; the supervisor forks its seat
@@ -37,11 +37,6 @@ import base64
 import logging
 import os
 from dataclasses import dataclass
-
-#: A worker whose initializer raised (the supervisor stops its seat's roles).
-EXIT_INIT_FAILED = 78  # EX_CONFIG
-#: A worker that ran its `max_tasks` units (the supervisor forks its seat again).
-EXIT_RETIRED = 79
 
 
 @dataclass(frozen=True)

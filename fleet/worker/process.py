@@ -46,12 +46,11 @@ from fleet.rules.outcomes import Refused
 from fleet.shm.table.layout import FLAG_CLOSING
 from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
 from fleet.worker import calls
-from fleet.worker.prepare import EXIT_INIT_FAILED, EXIT_RETIRED, run_initializer
+from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_OK, EXIT_RETIRED
+from fleet.worker.prepare import run_initializer
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_BROKEN = 70  # EX_SOFTWARE: the worker hit a state it cannot continue from
 
 #: How long an idle worker sleeps between checks when units are held back by cordon.
 HELD_RETRY_S = 0.05

@@ -132,7 +132,9 @@ class Zygote:
         zygote = os.getpid()
         pid = os.fork()
         if pid == 0:
-            code = 70
+            from fleet.rules.errors import EXIT_WORKER_BROKEN
+
+            code = EXIT_WORKER_BROKEN
             try:
                 from fleet.worker.process import Worker, child_setup
 
