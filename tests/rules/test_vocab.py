@@ -51,10 +51,9 @@ POSTURE_KEYS = {"cordon_enter_events", "cordon_enter_window_ms", "cordon_duty_pe
 OTHER_VOCABULARIES = {
     ("fleet/service/control/errors.py", "Timeout"): "a control error code",
     ("fleet/runtime/future.py", "cancelled"): "a future's state, as concurrent.futures describes it",
-    ("fleet/runtime/facade.py", "cancelled"): "the cancel op's reply: its field and the unit's state",
+    ("fleet/service/control/ops/units.py", "cancelled"): "the cancel op's reply: its field and the unit's state",
     ("fleet/api/client.py", "cancelled"): "the cancel op's reply field",
-    ("fleet/runtime/operator.py", "released"): "the posture release reply's field",
-    ("fleet/service/control/ops.py", "released"): "the posture release reply's field",
+    ("fleet/service/control/ops/posture.py", "released"): "the posture release reply's field",
     ("fleet/burst/replay.py", "released"): "a replay's counter of released rounds",
     ("fleet/__init__.py", "Refused"): "a public name (the exception a handler raises)",
     ("fleet/__init__.py", "RoleStopped"): "a public name (the error of a unit whose role stopped)",
