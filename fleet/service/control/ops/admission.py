@@ -22,6 +22,13 @@ def _pool(op: Op, args: dict[str, Any]) -> None:
         raise op.bad(str(exc)) from None
 
 
+def _published(sup, result):
+    """`result`, once the provider gate's bulkheads are in the table: an operator's change
+    shows in ``fleetctl status`` at once."""
+    sup.providers.publish(force=True)
+    return result
+
+
 @OPS.register
 class AdmissionShowOp(Op):
     """The provider admission as the fleet's own process sees it: per bulkhead and per
@@ -65,9 +72,7 @@ class AdmissionCloseOp(Op):
     def on_loop(self, sup, pool: str, until: float, message: str = "") -> dict:
         """Close a provider (``"provider"``) or one key (``"provider/credential"``) until
         `until` (UTC epoch seconds). BadPool for an unknown pool or a time not in the future."""
-        result = sup.providers.close(pool, until, message)
-        sup.providers.publish(force=True)
-        return result
+        return _published(sup, sup.providers.close(pool, until, message))
 
     def wire_args(self, args: dict[str, Any]) -> dict[str, Any]:
         return {**args, "until": float(args["until"])}
@@ -108,9 +113,7 @@ class AdmissionReopenOp(Op):
     def on_loop(self, sup, pool: str) -> dict:
         """Reopen a closed provider or key (a topped-up key); ``reopened``: was it closed.
         Its waiting units start at the loop's next turn."""
-        result = sup.providers.reopen(pool)
-        sup.providers.publish(force=True)
-        return result
+        return _published(sup, sup.providers.reopen(pool))
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("pool", metavar="POOL", help=_POOL_HELP)
@@ -162,9 +165,7 @@ class AdmissionBudgetOp(Op):
         today against its daily `limit` (None: none), shown on every bulkhead of `provider`;
         at the limit the provider closes until the next UTC midnight. Raises BadBudget
         (nothing changed) for an unknown provider or an amount that is not finite and >= 0."""
-        result = sup.providers.report_budget(provider, spent, limit)
-        sup.providers.publish(force=True)
-        return result
+        return _published(sup, sup.providers.report_budget(provider, spent, limit))
 
     def call_args(self, args: dict[str, Any]) -> dict[str, Any]:
         limit = args["limit"]

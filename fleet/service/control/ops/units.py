@@ -13,7 +13,7 @@ from fleet.runtime.submit import UNIT_ARGS
 from fleet.service import replays
 from fleet.service.control import outcome_record
 from fleet.service.control.ops.base import OPS, Op, in_range
-from fleet.service.control.wire import Arg, _json_type
+from fleet.service.control.wire import Arg, json_type
 
 #: Longest a `collect` may wait: below ControlServer's default reply_timeout (30 s),
 #: so a long poll always ends with an answer, never with the server's Timeout.
@@ -140,7 +140,7 @@ class SubmitOp(Op):
                 raise self.bad(str(exc)) from None
         if args["encoding"] == "pickle":
             if not isinstance(args["payload"], str):
-                raise self.bad(f"a pickle payload must be a base64 string, got {_json_type(args['payload'])}")
+                raise self.bad(f"a pickle payload must be a base64 string, got {json_type(args['payload'])}")
             try:
                 args["payload"] = base64.b64decode(args["payload"], validate=True)
             except (binascii.Error, ValueError) as exc:
