@@ -42,7 +42,7 @@ def test_plan_and_budget_come_from_the_boot_metadata(table, fleet_name, capsys):
     assert rc == 0 and doc["fleet"] == fleet_name and doc["alive"] and not doc["stale"]
     assert doc["plan"] == {
         "fleet_booted": True, "profile": "auto", "binding": "pinned", "quota_cpus": 8,
-        "oversubscribed": False, "tier_refused": None, "quota_source": "config fleet.cpus",
+        "oversubscribed": False, "tier_refused": None, "quota_source": "config fleet.cpus", "fractional": None,
     }
     assert [c["name"] for c in doc["budget"]["consumers"]] == ["reserve", "ambient_io", "merge", "solver", "sim"]
     assert (doc["mode"], doc["version"], doc["creator_pid"]) == ("service", "0.1.0", os.getpid())
