@@ -65,8 +65,10 @@ is left to the tier plan is the fleet's own structure (the reserve, the ambient
 runtime, the keyed role's minimum): when the declared peaks fit the quota but that
 structure does not, the host is small and ``auto`` runs serial. A role that declares
 no peak asks for nothing here (its share is derived). ``[budget] oversubscribe =
-true`` accepts declared peaks beyond the quota; the budget then marks itself
-``oversubscribed`` (``fleet.Executor(oversubscribe=True)`` sets it).
+true`` accepts declared peaks beyond the quota: they are then planned like the
+fleet's structure -- ``auto`` on a host they do not fit runs serial, a forced pinned
+profile runs them marked ``oversubscribed`` (``fleet.Executor(oversubscribe=True)``
+sets it, to run more workers than the quota has cores).
 
 Where the supervisor's loop runs (`[budget] loop`). ``reserved`` (the default, and
 the reference profile's, 002): the reserve core H and the ambient runtime above, so
@@ -199,7 +201,8 @@ class BudgetOverrides:
         loop: where the supervisor's loop runs, ``reserved`` or ``priority`` (the
             module docstring); not a share, so it is no override of one.
         oversubscribe: accept declared peaks that add up to more than the quota
-            (`check_declared`); the budget is then marked ``oversubscribed``.
+            (`check_declared`): the tier plan then treats them as a small host
+            (``auto`` runs serial; a forced pinned profile runs marked oversubscribed).
     """
 
     reserve: int | None = None
@@ -382,9 +385,9 @@ class FleetBudget:
         """
         if binding not in BINDINGS:
             raise ConfigError("fleet.profile", f"unknown binding {binding!r}; one of {', '.join(BINDINGS)}")
-        accepted = check_declared(quota, roles, overrides)  # peaks past the quota, accepted by the config
+        check_declared(quota, roles, overrides)
         build = _derive_pinned if binding == PINNED else _derive_serial
-        return build(float(quota), roles, overrides, oversubscribe or accepted)
+        return build(float(quota), roles, overrides, oversubscribe)
 
 
 # --- what every tier must fit -----------------------------------------------------------------
@@ -421,7 +424,7 @@ def check_declared(quota, roles: RoleSet = REFERENCE_ROLES, overrides: BudgetOve
     than the quota.
 
     Returns True when the peaks exceed the quota and ``overrides.oversubscribe`` accepts
-    it (the plan is then oversubscribed), False when they fit.
+    it, False when they fit.
     Raises:
         ConfigError, BelowHostFloor: from `check_quota`, or an override naming no role.
         BudgetOverQuota: the declared peaks exceed the quota (the message lists them).

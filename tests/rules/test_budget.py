@@ -210,11 +210,14 @@ def test_the_reference_profile_declares_only_what_every_tier_holds():
     assert check_declared(2) is False and declared_peaks(REFERENCE_ROLES)[0] == ("simdriver", 0)
 
 
-def test_budget_oversubscribe_accepts_peaks_over_the_quota_and_marks_them():
+def test_budget_oversubscribe_accepts_peaks_over_the_quota_as_a_small_host():
     accepting = ov(oversubscribe=True)
     assert check_declared(2, one(peak_cpus=8), accepting) is True
-    b = FleetBudget.derive(2, one(peak_cpus=8), accepting, binding=PINNED)
-    assert b.share("w").cores == 8 and b.oversubscribed
+    with pytest.raises(BudgetOverQuota):  # the pinned projection still does not fit ...
+        FleetBudget.derive(2, one(peak_cpus=8), accepting, binding=PINNED)
+    b = FleetBudget.derive(2, one(peak_cpus=8), accepting, binding=PINNED, oversubscribe=True)
+    assert b.share("w").cores == 8 and b.oversubscribed  # ... but a forced profile runs it, marked
+    assert FleetBudget.derive(2, one(peak_cpus=8), accepting, binding=SERIAL).share("serial-0").cores == 1
     assert accepting.as_dict() == {"oversubscribe": True}
 
 

@@ -128,8 +128,10 @@ def test_an_accepted_oversubscription_runs_as_declared():
     from fleet.rules.roles import Role, RoleSet
 
     roles = RoleSet((Role("w", handler="m:f", peak_cpus=8, slots=8),))
-    plan = resolve(2, "pinned", roles, BudgetOverrides.from_mapping({"loop": "priority", "oversubscribe": True}))
+    accepting = BudgetOverrides.from_mapping({"loop": "priority", "oversubscribe": True})
+    plan = resolve(2, "pinned", roles, accepting)  # fleet.Executor(max_workers=8, oversubscribe=True)
     assert plan.oversubscribed and plan.budget.share("w").cores == 8
+    assert resolve(2, "auto", roles, accepting).binding == "serial"  # auto: a small host
 
 
 # --- fractional quotas ------------------------------------------------------------------------------
