@@ -214,6 +214,40 @@ def test_a_reader_never_believes_a_squatters_table_under_any_of_the_names(fleet_
         _remove(alternate)
 
 
+def test_a_squatters_live_table_never_outranks_our_stopped_one(fleet_name):
+    """uid 65534 runs a live table under the plain name; our fleet ran beside it (on an
+    alternate name) and died. Status reads ours -- stale, and says so -- never theirs."""
+    r, w = os.pipe()
+    up_r, up_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the squatter: a live table of uid 65534, held until told
+        os.close(w)
+        try:
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+            theirs = segment.create(fleet_name, 2, 1, 0)
+            segment.publish(theirs)
+            os.write(up_w, b"u")
+            os.read(r, 1)
+            theirs.close()
+            segment.unlink(fleet_name)
+        finally:
+            os._exit(0)
+    os.close(r)
+    os.close(up_w)
+    try:
+        assert os.read(up_r, 1) == b"u"
+        _stale_table_of_ours(fleet_name)
+        assert [f.alternate for f in shm.names_of(fleet_name, TABLE)] == [False, True]  # theirs, ours
+        snap, alive = snapshot.read(fleet_name)
+        assert (snap.n_slots, alive, snap.creator_pid != pid) == (4, False, True)
+    finally:
+        os.close(up_r)
+        os.write(w, b"x")
+        os.close(w)
+        os.waitpid(pid, 0)
+
+
 def test_a_fifo_alone_under_the_name_is_no_fleet_and_never_blocks_a_reader(fleet_name, planted):
     planted(TABLE, "fifo")
     with pytest.raises(TableNotFound):
