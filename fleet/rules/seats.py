@@ -26,7 +26,8 @@ Which roles may run on a seat is which CPU share the role may use:
   serial-0 is the only seat, on one CPU.
 
 Pinned binding: CPUs are laid out in budget order — the reserve, the ambient I/O
-runtime, then each role's whole cores. A role with whole cores gets one seat per
+runtime, then each role's whole cores (an I/O-dominant role's share rounded up: the
+remainder's fraction needs a CPU to be spent on). A role with cores gets one seat per
 core (at most one per slot), each pinned to its own core (binding ``pinned``); its
 slots are dealt round-robin over its seats, so a keyed role's pins share its cores
 ("pins are threads, shares are cores"). Only that role runs on those seats: the cores
@@ -174,8 +175,10 @@ def _pinned(plan, roles, active, cpus) -> SeatLayout:
     cursor = _Cursor(cpus)
     cores_of: dict[str, tuple[int, ...]] = {}
     for share in plan.budget.consumers:  # budget order: reserve, ambient, then the roles
-        whole = _whole(share.cores)
-        cores_of[share.name] = cursor.take(whole) if whole else ()
+        # An I/O-dominant role's share holds the remainder's fraction: its seats take the
+        # CPU that fraction runs on too (its ceiling), or the fraction could not be spent.
+        n = math.ceil(share.cores - 1e-9) if share.kind == "io" else _whole(share.cores)
+        cores_of[share.name] = cursor.take(n) if n else ()
     shared_cpus = cores_of.get("ambient_io") or cores_of.get("reserve") or tuple(cpus)
     # Every role without whole cores may run on every shared seat: they share those CPUs.
     sharing = tuple(r.name for r in active if not cores_of.get(r.name))

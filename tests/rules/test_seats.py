@@ -113,3 +113,18 @@ def test_below_one_cpu_one_seat_on_one_cpu():
     out = layout(plan, roles, [0, 1])
     assert [(s.name, s.cpus, s.roles) for s in out.seats] == [("serial-0", (0,), ("call", "net"))]
     assert {s.seat for s in out.slots} == {0} and out.supervisor_cpus == ()
+
+
+def test_pinned_io_role_takes_the_cpu_its_fraction_runs_on():
+    # 8.5 CPUs, the reference profile: simdriver's 0.5 is the remainder, on the ninth CPU
+    out = layout(resolve(8.5, "auto", ACTIVE), ACTIVE, list(range(9)))
+    seats = {s.name: s for s in out.seats}
+    assert (seats["simdriver-0"].cpus, seats["simdriver-0"].binding) == ((8,), "pinned")
+    assert "simdriver" not in seats["verifier-0"].roles and seats["verifier-0"].cpus == (1, 2)
+    # a declared whole core and the fraction: two CPUs
+    roles = RoleSet((Role("w", handler="m:f", slots=2), Role("net", handler="m:g", io_bound=True, slots=4,
+                                                                peak_cpus=1)))
+    plan = resolve(4.5, "auto", roles)
+    assert plan.binding == "pinned" and plan.budget.share("net").cores == 1.5
+    net = [s for s in layout(plan, roles, list(range(5))).seats if "net" in s.roles]
+    assert [s.cpus for s in net] == [(3,), (4,)]
