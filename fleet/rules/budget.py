@@ -160,12 +160,10 @@ class BudgetOverQuota(BootRefused):
 
     def __init__(self, quota, total, shares, *, declared: bool = False):
         self.quota, self.total, self.shares = quota, total, tuple(shares)
+        text = f"declared shares sum to {_fmt(total)} cores over a quota of {_fmt(quota)}: {_list(shares)}"
         if declared:  # the rule of every tier (`check_declared`)
-            text = (f"the roles' declared peaks add up to {_fmt(total)} cores, more than the quota of "
-                    f"{_fmt(quota)} CPUs ({_list(shares)}); declare less, or set budget.oversubscribe = true "
-                    "to run them oversubscribed")
-        else:
-            text = f"declared shares sum to {_fmt(total)} cores over a quota of {_fmt(quota)}: {_list(shares)}"
+            text += (" (the roles' declared peaks, which no tier may exceed; declare less, or set "
+                     "budget.oversubscribe = true to accept them)")
         super().__init__(text)
 
 

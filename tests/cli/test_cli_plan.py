@@ -98,7 +98,7 @@ def test_declared_peaks_over_the_quota_exit_with_the_budget_code(tmp_path, capsy
     cfg.write_text('[roles.w]\nhandler = "tests.handlers:square"\npeak_cpus = 50\n')
     rc, out, err = plan(capsys, "--cpus", "2", "--profile", profile, "--config", str(cfg), "--json")
     assert rc == EXIT_BUDGET_OVER_QUOTA and out == ""
-    assert err.count("\n") == 1 and "BudgetOverQuota: the roles' declared peaks add up to 50 cores" in err
+    assert err.count("\n") == 1 and "BudgetOverQuota: declared shares sum to 50 cores over a quota of 2: w 50 (the roles' declared peaks" in err
 
 
 def test_human_table_marks_overrides(tmp_path, capsys):

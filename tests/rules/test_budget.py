@@ -181,13 +181,13 @@ def test_a_declared_peak_over_the_quota_is_refused_on_every_binding(binding, for
         FleetBudget.derive(2, one(peak_cpus=50), binding=binding, oversubscribe=forced)
     err = info.value
     assert err.exit_code == EXIT_BUDGET_OVER_QUOTA and (err.total, err.shares) == (50, (("w", 50),))
-    assert "declared peaks add up to 50 cores, more than the quota of 2 CPUs (w 50)" in str(err)
+    assert str(err).startswith("declared shares sum to 50 cores over a quota of 2: w 50 (the roles' declared peaks")
 
 
 def test_declared_peaks_add_up():
     roles = RoleSet((Role("a", peak_cpus=2), Role("b", peak_cpus=1), Role("c"), Role("d", peak_cpus=0)))
     assert check_declared(3, roles) is False  # 3 fits 3: c declares nothing, d nothing above 0
-    with pytest.raises(BudgetOverQuota, match=r"add up to 3 cores, more than the quota of 2\.5 CPUs \(a 2, b 1\)"):
+    with pytest.raises(BudgetOverQuota, match=r"sum to 3 cores over a quota of 2\.5: a 2, b 1 \(the roles' declared"):
         check_declared(2.5, roles)
     assert declared_peaks(roles) == (("a", 2), ("b", 1), ("d", 0))
 

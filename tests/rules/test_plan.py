@@ -109,7 +109,7 @@ def test_declared_peaks_over_the_quota_are_refused_whatever_the_profile(profile)
     roles = RoleSet((Role("w", handler="m:f", peak_cpus=50),))
     with pytest.raises(BudgetOverQuota) as info:
         resolve(2, profile, roles)
-    assert info.value.exit_code == errors.EXIT_BUDGET_OVER_QUOTA and "declared peaks add up to 50" in str(info.value)
+    assert info.value.exit_code == errors.EXIT_BUDGET_OVER_QUOTA and "sum to 50 cores over a quota of 2: w 50 (the roles' declared peaks" in str(info.value)
 
 
 def test_declared_peaks_that_fit_on_a_host_too_small_for_the_structure_run_serial():
