@@ -53,7 +53,8 @@ The serial projection is
 
 At Q = 2 the default ambient runtime folds into the reserve core (A = 0 cores,
 still 1 thread): a 2-CPU host runs fleetd plus one worker seat, which is the least
-that can run anything. Below 2 CPUs nothing fits: BelowHostFloor. At Q = 4.5 (002
+that can run anything with a core reserved. Below 2 CPUs that does not fit:
+BelowHostFloor (or, with ``loop = "auto"``, the loop runs by priority). At Q = 4.5 (002
 §5's own example) the remainder is 1.5: the 0.5 of the fraction and the whole core
 serial-0 leaves, spent by the I/O-dominant roles' seat.
 
@@ -70,9 +71,12 @@ fleet's structure -- ``auto`` on a host they do not fit runs serial, a forced pi
 profile runs them marked ``oversubscribed`` (``fleet.Executor(oversubscribe=True)``
 sets it, to run more workers than the quota has cores).
 
-Where the supervisor's loop runs (`[budget] loop`). ``reserved`` (the default, and
-the reference profile's, 002): the reserve core H and the ambient runtime above, so
-fleetd's own threads never starve. ``priority`` (what an embedded `fleet.Executor`
+Where the supervisor's loop runs (`[budget] loop`). ``reserved`` (the reference
+profile's, 002): the reserve core H and the ambient runtime above, so fleetd's own
+threads never starve. ``auto`` (the default): ``reserved`` wherever a reserved core
+leaves room for a worker seat (2 CPUs and up) and always for the reference profile,
+whose floor is 002's; ``priority`` below, so any fleet whose declared peaks fit runs
+on any quota above zero. ``priority`` (what an embedded `fleet.Executor`
 boots with): H = A = 0 cores, every whole core of the quota goes to worker seats, and
 the loop keeps its place by scheduling priority instead (its workers run niced below
 it: `fleet.host.priority`), as a ProcessPoolExecutor's parent shares the CPUs with
@@ -90,7 +94,7 @@ floors, the sum exceeds the quota, and the budget says so instead of refusing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from fleet.rules.errors import (
@@ -110,10 +114,12 @@ BINDINGS = (PINNED, SERIAL)
 #: No tier can host the fleet below this many CPUs (fleetd + one worker seat).
 HOST_FLOOR_CPUS = 2
 #: Where the supervisor's loop runs (`BudgetOverrides.loop`): on a reserved core (002's
-#: reserve and ambient runtime), or on the workers' cores, ahead of them by priority.
+#: reserve and ambient runtime), or on the workers' cores, ahead of them by priority;
+#: ``auto``: reserved where the quota has room for it (`loop_for`).
+LOOP_AUTO = "auto"
 LOOP_RESERVED = "reserved"
 LOOP_PRIORITY = "priority"
-LOOP_RULES = (LOOP_RESERVED, LOOP_PRIORITY)
+LOOP_RULES = (LOOP_AUTO, LOOP_RESERVED, LOOP_PRIORITY)
 #: ... and when nothing is reserved there is no floor: any quota above zero runs one seat.
 #: Default least share of the elastic keyed role under the pinned binding.
 PINNED_MIN = 2
@@ -134,7 +140,7 @@ class BelowHostFloor(BootRefused):
     def __init__(self, quota: float, floor: int = HOST_FLOOR_CPUS):
         self.quota = quota
         super().__init__(f"quota {_fmt(quota)} CPUs is below the host floor of {floor}: no tier can host fleetd "
-                         "and a worker seat (budget.loop = \"priority\" has no floor)")
+                         "and a worker seat beside a reserved core (budget.loop = \"priority\" has no floor)")
 
 
 class QuotaTooSmallForPinnedRoles(BootRefused):
@@ -196,8 +202,8 @@ class BudgetOverrides:
         pinned_min: least share of the elastic keyed role in the pinned projection.
         roles: role name -> cores, replacing the role's declared peak (for the
             elastic role, replacing S).
-        loop: where the supervisor's loop runs, ``reserved`` or ``priority`` (the
-            module docstring); not a share, so it is no override of one.
+        loop: where the supervisor's loop runs, ``auto``, ``reserved`` or ``priority``
+            (the module docstring); not a share, so it is no override of one.
         oversubscribe: accept declared peaks that add up to more than the quota
             (`check_declared`): the tier plan then treats them as a small host
             (``auto`` runs serial; a forced pinned profile runs marked oversubscribed).
@@ -207,8 +213,10 @@ class BudgetOverrides:
     ambient_io: int | None = None
     pinned_min: int | None = None
     roles: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-    loop: str = LOOP_RESERVED
+    loop: str = LOOP_AUTO
     oversubscribe: bool = False
+    #: set by `loop_for` when ``auto`` chose ``priority`` (the rows say why)
+    chosen_below_floor: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self):
         if self.loop not in LOOP_RULES:
@@ -244,7 +252,7 @@ class BudgetOverrides:
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("reserve", "ambient_io", "pinned_min") if getattr(self, k) is not None}
-        if self.loop != LOOP_RESERVED:
+        if self.loop != LOOP_AUTO:
             out["loop"] = self.loop
         if self.oversubscribe:
             out["oversubscribe"] = True
@@ -385,7 +393,7 @@ class FleetBudget:
             raise ConfigError("fleet.profile", f"unknown binding {binding!r}; one of {', '.join(BINDINGS)}")
         check_declared(quota, roles, overrides)
         build = _derive_pinned if binding == PINNED else _derive_serial
-        return build(float(quota), roles, overrides, oversubscribe)
+        return build(float(quota), roles, loop_for(quota, roles, overrides), oversubscribe)
 
 
 # --- what every tier must fit -----------------------------------------------------------------
@@ -415,6 +423,17 @@ def declared_peaks(roles: RoleSet, overrides: BudgetOverrides = NO_OVERRIDES) ->
     return tuple(out)
 
 
+def loop_for(quota, roles: RoleSet, overrides: BudgetOverrides) -> BudgetOverrides:
+    """`overrides` with its loop rule decided for `quota`: ``auto`` is ``reserved`` where a
+    reserved core leaves a worker seat room (the host floor and up) or for the reference
+    profile (002's floor is its own), else ``priority``. Others are as configured."""
+    if overrides.loop != LOOP_AUTO:
+        return overrides
+    if roles == REFERENCE_ROLES or not isinstance(quota, (int, float)) or quota >= HOST_FLOOR_CPUS:
+        return replace(overrides, loop=LOOP_RESERVED)
+    return replace(overrides, loop=LOOP_PRIORITY, chosen_below_floor=True)
+
+
 def check_declared(quota, roles: RoleSet = REFERENCE_ROLES, overrides: BudgetOverrides = NO_OVERRIDES) -> bool:
     """The rule every tier keeps (002 §5), pure, for boot, `fleetctl plan` and a reload alike:
     the quota is in range and above the host floor (`check_quota`), the overrides name
@@ -427,7 +446,7 @@ def check_declared(quota, roles: RoleSet = REFERENCE_ROLES, overrides: BudgetOve
         ConfigError, BelowHostFloor: from `check_quota`, or an override naming no role.
         BudgetOverQuota: the declared peaks exceed the quota (the message lists them).
     """
-    check_quota(quota, overrides)
+    check_quota(quota, loop_for(quota, roles, overrides))
     overrides.check_roles(roles)
     declared = declared_peaks(roles, overrides)
     total = round(sum(cores for _, cores in declared), 6)
@@ -442,7 +461,8 @@ def check_declared(quota, roles: RoleSet = REFERENCE_ROLES, overrides: BudgetOve
 
 
 def host_floor(ov: BudgetOverrides) -> int:
-    """The least quota any tier hosts under `ov`'s loop rule (0: any quota above zero)."""
+    """The least quota any tier hosts under `ov`'s loop rule, decided (`loop_for`): 0, any
+    quota above zero, with the loop ahead by priority."""
     return 0 if ov.loop == LOOP_PRIORITY else HOST_FLOOR_CPUS
 
 
@@ -450,7 +470,10 @@ def _reserve(ov: BudgetOverrides) -> Share:
     if ov.reserve is not None:
         return Share("reserve", ov.reserve, None, "reserve", "override", True, 1)
     if ov.loop == LOOP_PRIORITY:
-        return Share("reserve", 0, None, "reserve", "0: loop = priority, the loop runs ahead of its workers by priority")
+        why = " (budget.loop = auto: below 2 CPUs no core can be reserved beside a worker)" \
+            if ov.chosen_below_floor else ""
+        return Share("reserve", 0, None, "reserve", f"0: loop = priority, the loop runs ahead of its workers by "
+                     f"priority{why}")
     return Share("reserve", 1, None, "reserve", "fixed: fleetd must never starve I/O")
 
 
@@ -609,9 +632,12 @@ def _finish(quota, binding, rows, io_roles, ov, zero, oversubscribe):
 
 def pinned_floor(roles: RoleSet = REFERENCE_ROLES, overrides: BudgetOverrides = NO_OVERRIDES) -> int | None:
     """The least whole number of CPUs on which the pinned projection fits (None: none does)."""
-    for cpus in range(max(1, host_floor(overrides)), _FLOOR_SEARCH_LIMIT + 1):
+    for cpus in range(1, _FLOOR_SEARCH_LIMIT + 1):
+        ov = loop_for(cpus, roles, overrides)
+        if cpus < host_floor(ov):
+            continue
         try:
-            _derive_pinned(float(cpus), roles, overrides, False, find_floor=False)
+            _derive_pinned(float(cpus), roles, ov, False, find_floor=False)
             return cpus
         except (QuotaTooSmallForPinnedRoles, BudgetOverQuota):
             continue

@@ -359,9 +359,21 @@ def test_loop_priority_has_no_floor_one_seat_runs_within_a_fraction(q):
 
 def test_the_reference_floor_stays_at_two():
     with pytest.raises(BelowHostFloor, match="below the host floor of 2"):
-        FleetBudget.derive(1, CALL_ROLE)
+        FleetBudget.derive(1.5)  # the reference profile: 002's floor, whatever the loop rule says
     with pytest.raises(BelowHostFloor, match="below the host floor of 2"):
-        FleetBudget.derive(1.5)
+        FleetBudget.derive(1, CALL_ROLE, ov(loop="reserved"))  # asked for: a reserved core, or nothing
+
+
+@pytest.mark.parametrize("q", [0.5, 1, 1.5])
+def test_loop_auto_runs_a_fleet_below_two_cpus_with_the_loop_ahead_by_priority(q):
+    b = FleetBudget.derive(q, CALL_ROLE, binding=SERIAL)
+    assert rows(b)["reserve"] == (0, None) and "budget.loop = auto: below 2 CPUs" in b.share("reserve").rule
+    assert b.share("serial-0").cores == min(q, 1)
+
+
+def test_loop_auto_keeps_the_reserved_core_from_two_cpus():
+    assert rows(FleetBudget.derive(2, CALL_ROLE, binding=SERIAL))["reserve"] == (1, None)
+    assert BudgetOverrides().loop == "auto" and ov(loop="auto").as_dict() == {}
 
 
 def test_an_unknown_loop_rule_is_a_config_error():
