@@ -52,7 +52,8 @@ pool's drawn latency. ``cycle``: a cycle number (solve-cycle traces: the report 
 cycle tail, first arrival to last end).
 
 `parse` reads every line and raises `TraceError` listing every bad line with its number;
-nothing is replayed from a trace with a bad line, nor from one with a header and no arrival.
+nothing is replayed from a trace with a bad line. `load`, what a replay reads, also refuses a
+trace with a header and no arrival: nothing to replay is a data error too.
 Every number is bounded (trace offsets and durations by `MAX_TRACE_S`, counts by `MAX_COUNT`,
 the speed by `SPEEDS`, an arrival's work on a worker -- ``cpu_ms``, ``wait_ms`` and the two
 together, its wall time -- by `MAX_UNIT_MS`), a line nested
@@ -439,8 +440,6 @@ def parse_lines(lines, path: str = "<trace>") -> Trace:
                 break
     if header is None and not problems:
         problems.append((1, "empty trace: no header line"))
-    elif header is not None and not arrivals and not problems:
-        problems.append((0, "no arrivals: the trace has a header and nothing to replay"))
     ids = set(seen)
     for arrival in arrivals:
         for ref in ((arrival.parent,) if arrival.parent else ()) + arrival.after:
@@ -480,7 +479,10 @@ def load(path) -> Trace:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TraceError(str(path), [(0, f"not UTF-8 text: {exc.reason}")]) from None
-    return parse_lines(text.splitlines(), str(path))
+    trace = parse_lines(text.splitlines(), str(path))
+    if not trace.arrivals:  # a header alone parses (its pools serve a simulator), but replays nothing
+        raise TraceError(str(path), [(0, "no arrivals: the trace has a header and nothing to replay")])
+    return trace
 
 
 def dump(header: dict, arrivals, path) -> None:

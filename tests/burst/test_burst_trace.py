@@ -102,11 +102,17 @@ def test_bad_header_is_line_one(header, what):
 def test_empty_and_unreadable():
     with pytest.raises(TraceError, match="no header"):
         parse_lines([])
-    with pytest.raises(TraceError) as err:
-        parse_lines(lines("", "   "))  # a header and blank lines: nothing to replay
-    assert err.value.problems == [(0, "no arrivals: the trace has a header and nothing to replay")]
     with pytest.raises(TraceError, match="cannot read"):
         load("/nonexistent/trace.jsonl")
+
+
+def test_a_header_alone_parses_but_loads_as_nothing_to_replay(tmp_path):
+    assert parse_lines(lines("", "   ")).arrivals == ()  # a simulator may take its pools from it
+    path = tmp_path / "header-only.jsonl"
+    path.write_text("\n".join(lines("", "   ")) + "\n")
+    with pytest.raises(TraceError) as err:
+        load(str(path))
+    assert err.value.problems == [(0, "no arrivals: the trace has a header and nothing to replay")]
 
 
 def test_cli_bad_trace_exits_with_its_code_and_runs_nothing(tmp_path):
