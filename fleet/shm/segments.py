@@ -328,9 +328,13 @@ def create(fleet: str, kind: Kind, size: int, *, readers_group: int | str | None
                 "(its owner must belong to the group, or be root)"
             ) from None
         os.ftruncate(fd, size)
-        mm = _map(fd, size, writable=True)
     except BaseException:
-        _close_fd(fd)
+        os.close(fd)
+        _unlink_path(where)
+        raise
+    try:
+        mm = _map(fd, size, writable=True)  # closes fd, mapped or not
+    except BaseException:
         _unlink_path(where)
         raise
     try:
@@ -423,13 +427,6 @@ def _set_access(fd: int, gid: int | None) -> None:
 def _recorded_pid(found: Found, kind: Kind) -> int:
     head = _read_head(found, kind)
     return _I64.unpack_from(head, kind.pid_off)[0] if head and len(head) >= kind.pid_off + 8 else 0
-
-
-def _close_fd(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass  # _map closed it already
 
 
 def _unlink_path(where: str) -> None:
