@@ -43,7 +43,7 @@ def cpus_argument(text: str) -> float:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--cpus", type=cpus_argument, metavar="Q",
-                        help="quota in CPUs, in (0, 1024] (default: config, else detected)")
+                        help=f"quota: {config_range('fleet.cpus')} (default: config, else detected)")
     parser.add_argument("--profile", choices=PROFILES, help="force a profile (default: config, else auto)")
     parser.add_argument("--config", metavar="PATH",
                         help=f"fleet TOML config (default: {CONFIG_DIR}/<name>.toml if it exists, else the "
