@@ -45,14 +45,17 @@ def die_at(i, bad):
     return i
 
 
-def record(i, ran, gate, free=()):
+def record(i, ran, gate, free=(), fail=None):
     """Count this call in `ran` (a manager's list), then hold until `gate` (a manager's
-    Event) is set, unless `i` is one of `free`. Call 0 raises when `free` is None."""
+    Event) is set, unless `i` is one of `free`. With `fail` (another Event), call 0 holds
+    until that is set instead, and then raises."""
     ran.append(i)
-    if free is None and i == 0:
+    if i in free:
+        return i
+    if fail is not None and i == 0:
+        fail.wait(GATE_S)
         raise ZeroDivisionError("the first call fails")
-    if free is None or i not in free:
-        gate.wait(GATE_S)
+    gate.wait(GATE_S)
     return i
 
 

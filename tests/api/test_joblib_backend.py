@@ -128,13 +128,15 @@ def test_a_call_keeps_no_more_than_n_jobs_batches_on_a_bigger_fleet(manager):
     ran, gate, ended = manager.list(), manager.Event(), []
     with Executor(max_workers=3, oversubscribe=True) as ex:
         window = fb.Window(ex, 2)
-        futures = [window.submit(functools.partial(C.record, i, ran, gate), ended.append) for i in range(6)]
-        deadline = time.monotonic() + C.GATE_S
-        while len(ran) < 2:
-            assert time.monotonic() < deadline, "the first two batches never started"
-            time.sleep(0.01)
-        assert (len(window._running), len(window._waiting)) == (2, 4)
-        gate.set()
+        try:
+            futures = [window.submit(functools.partial(C.record, i, ran, gate), ended.append) for i in range(6)]
+            deadline = time.monotonic() + C.GATE_S
+            while len(ran) < 2:
+                assert time.monotonic() < deadline, "the first two batches never started"
+                time.sleep(0.01)
+            assert (len(window._running), len(window._waiting)) == (2, 4)
+        finally:
+            gate.set()
         assert [f.result(timeout=C.GATE_S) for f in futures] == list(range(6))
     assert sorted(ran) == list(range(6)) and len(ended) == 6
 
@@ -159,16 +161,37 @@ def test_a_worker_death_fails_its_call_as_a_broken_pool_and_the_fleet_goes_on():
 
 
 def test_what_no_pickler_can_carry_is_refused_by_name_and_the_next_call_runs():
+    # the sixth call is handed to the fleet once earlier ones end, on the fleet's loop thread:
+    # its refusal is still its outcome (joblib's timeout bounds a call that lost it)
+    items = [0, 1, 2, 3, 4, threading.Lock(), 6, 7]
     with on_fleet():
         with pytest.raises(fleet.PayloadUnpicklable, match="lock"):
-            joblib.Parallel()(joblib.delayed(C.identity)(threading.Lock()) for _ in range(3))
+            joblib.Parallel(batch_size=1, timeout=C.GATE_S)(joblib.delayed(C.identity)(x) for x in items)
         assert joblib.Parallel()(joblib.delayed(C.identity)(i) for i in range(3)) == [0, 1, 2]
 
 
-def test_what_plain_pickle_refuses_travels_by_value():
-    offset = 10
-    with on_fleet():
-        assert joblib.Parallel()(joblib.delayed(lambda x: x + offset)(i) for i in range(5)) == list(range(10, 15))
+def test_what_plain_pickle_refuses_travels_by_value(tmp_path):
+    # a script: its workers import its __main__, so its batches go by reference until plain pickle refuses one
+    out = run_script(tmp_path, """
+        import joblib
+        import fleet.api.joblib_backend as fb
+        from tests import joblib_calls as C
+
+        def made_inside(offset):
+            def add(x):
+                return x + offset
+            return add
+
+        if __name__ == "__main__":
+            offset = 10
+            with joblib.parallel_config(backend="fleet", n_jobs=2):
+                print(joblib.Parallel()(joblib.delayed(lambda x: x + offset)(i) for i in range(3)))
+                print(joblib.Parallel()(joblib.delayed(made_inside(20))(i) for i in range(3)))
+                print(joblib.Parallel()(joblib.delayed(C.square)(i) for i in range(3)))
+            fb.shutdown()
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[10, 11, 12]", "[20, 21, 22]", "[0, 1, 4]"]
 
 
 def test_an_interactive_sessions_own_functions_run_in_the_workers(tmp_path):
@@ -204,33 +227,48 @@ def test_an_array_argument_arrives_whole_or_is_refused_by_name():
 
 
 # --- early abort ---------------------------------------------------------------------------------
+def settled(window: fb.Window) -> None:
+    """Wait until none of the call's batches is on the fleet or waiting to go: every call
+    that was going to run has run (a call holds until its test opens the gate)."""
+    deadline = time.monotonic() + C.GATE_S
+    while window._running or window._waiting:
+        assert time.monotonic() < deadline, "the call's batches never settled"
+        time.sleep(0.01)
+
+
 def test_a_failing_call_cancels_the_calls_that_have_not_started(manager):
-    """Call 0 fails while the others hold: of N calls submitted at once, only those the
-    window had on the fleet ever run (n_jobs of them, and the one that took the failed
-    call's place)."""
-    ran, gate = manager.list(), manager.Event()
-    try:
-        with on_fleet(2), pytest.raises(ZeroDivisionError, match="first call fails"):
-            joblib.Parallel(pre_dispatch="all", batch_size=1)(
-                joblib.delayed(C.record)(i, ran, gate, None) for i in range(N))
-    finally:
-        gate.set()
-        fb.shutdown(wait=True)  # every call that was going to run has run
+    """All N calls handed to the backend at once (a generator's Parallel call dispatches
+    them before it returns), then call 0 fails while the others hold: only the calls the
+    window had on the fleet ever run (n_jobs of them, and one that took the failed call's
+    place)."""
+    ran, gate, fail = manager.list(), manager.Event(), manager.Event()
+    with on_fleet(2), joblib.Parallel(return_as="generator", pre_dispatch="all", batch_size=1) as parallel:
+        window = parallel._backend._window
+        try:
+            results = parallel(joblib.delayed(C.record)(i, ran, gate, (), fail) for i in range(N))
+            assert len(window._waiting) == N - 2  # every call reached the backend; the window holds them
+            fail.set()
+            with pytest.raises(ZeroDivisionError, match="first call fails"):
+                list(results)
+        finally:
+            fail.set()
+            gate.set()
+        settled(window)
     assert {0, 1} <= set(ran) <= {0, 1, 2}
 
 
 @pytest.mark.filterwarnings(r"ignore:\d+ tasks:UserWarning")  # joblib says what the early exit left
 def test_a_generator_left_early_cancels_the_calls_that_have_not_started(manager):
     ran, gate = manager.list(), manager.Event()
-    try:
-        with on_fleet(2):
-            results = joblib.Parallel(return_as="generator", pre_dispatch="all", batch_size=1)(
-                joblib.delayed(C.record)(i, ran, gate, (0, 1)) for i in range(N))
+    with on_fleet(2), joblib.Parallel(return_as="generator", pre_dispatch="all", batch_size=1) as parallel:
+        window = parallel._backend._window
+        try:
+            results = parallel(joblib.delayed(C.record)(i, ran, gate, (0, 1)) for i in range(N))
             assert [next(results), next(results)] == [0, 1]
             results.close()
-    finally:
-        gate.set()
-        fb.shutdown(wait=True)
+        finally:
+            gate.set()
+        settled(window)
     assert {0, 1} <= set(ran) <= {0, 1, 2, 3}
 
 
