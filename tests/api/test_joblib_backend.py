@@ -350,7 +350,7 @@ def test_calls_share_one_fleet_and_a_shut_down_one_is_booted_again():
 
 def test_a_forked_child_boots_a_fleet_of_its_own(tmp_path):
     out = run_script(tmp_path, """
-        import os, joblib
+        import os, signal, joblib
         import fleet.api.joblib_backend as fb
         from tests import joblib_calls as C
         if __name__ == "__main__":
@@ -358,6 +358,7 @@ def test_a_forked_child_boots_a_fleet_of_its_own(tmp_path):
                 parent = set(joblib.Parallel()(joblib.delayed(C.pid)(i) for i in range(20)))
                 child = os.fork()
                 if child == 0:
+                    signal.alarm(C.GATE_S)  # a child that hangs ends by itself
                     ok = False
                     try:
                         pids = set(joblib.Parallel()(joblib.delayed(C.pid)(i) for i in range(20)))
