@@ -45,6 +45,7 @@ import cloudpickle
 import joblib
 from joblib.parallel import AutoBatchingMixin, FallbackToBackend, ParallelBackendBase, SequentialBackend
 
+# the Executor from its own module, not from the face: api/ stands below fleet/__init__.py (tests/test_rooms.py)
 from fleet.api.pool import Executor, quota_cores
 from fleet.rules.unit import PayloadUnpicklable
 
@@ -254,7 +255,7 @@ class FleetBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def effective_n_jobs(self, n_jobs) -> int:
         """n_jobs within the whole cores of this process's CPU quota: -1 is all of them,
-        -2 one fewer, and so on; more than there are is capped (logged once)."""
+        -2 one fewer, and so on; more than there are is capped (a UserWarning, once)."""
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
         if n_jobs is None:
@@ -267,7 +268,8 @@ class FleetBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def configure(self, n_jobs=1, parallel=None, prefer=None, require=None, **memmap_kwargs) -> int:
         # memmap_kwargs: joblib's arguments for its memmapping pools (max_nbytes, mmap_mode,
-        # temp_folder, ...), passed to every backend; fleet's data plane moves arrays itself.
+        # temp_folder, ...), passed to every backend; no array is memory-mapped here: an
+        # array travels in its batch's payload, as an Executor call's arguments do.
         n = self.effective_n_jobs(n_jobs)
         if n == 1:
             raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
