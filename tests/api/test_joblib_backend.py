@@ -153,6 +153,13 @@ def test_a_calls_exception_is_raised_as_itself_with_the_workers_traceback():
         assert info.value.code == 429 and info.value.args == (429, "refused in the worker")
 
 
+def test_a_parallel_kept_open_runs_again_after_an_abort():
+    with on_fleet(), joblib.Parallel(batch_size=1) as parallel:
+        with pytest.raises(ZeroDivisionError):
+            parallel(joblib.delayed(C.fail_at)(i, 2) for i in range(10))
+        assert parallel(joblib.delayed(C.square)(i) for i in range(10)) == [i * i for i in range(10)]
+
+
 def test_a_worker_death_fails_its_call_as_a_broken_pool_and_the_fleet_goes_on():
     with on_fleet():
         with pytest.raises(BrokenProcessPool):
