@@ -141,6 +141,14 @@ def test_a_call_keeps_no_more_than_n_jobs_batches_on_a_bigger_fleet(manager):
     assert sorted(ran) == list(range(6)) and len(ended) == 6
 
 
+@pytest.mark.parametrize("return_as", ["list", "generator", "generator_unordered"])
+def test_every_return_as_gives_every_result(return_as):
+    with on_fleet():
+        out = list(joblib.Parallel(return_as=return_as)(joblib.delayed(C.square)(i) for i in range(500)))
+    expected = [i * i for i in range(500)]
+    assert (sorted(out) if return_as == "generator_unordered" else out) == expected
+
+
 # --- exceptions --------------------------------------------------------------------------------
 def test_a_calls_exception_is_raised_as_itself_with_the_workers_traceback():
     with on_fleet():
