@@ -225,8 +225,7 @@ def _replay(args) -> int:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_FLEET_FAILED
     paths = R.write(rep, args.report)
-    print(R.markdown(rep))
-    print(f"report: {paths['json']}  {paths['md']}  {paths['png']}")
+    print(R.console(rep, f"{paths['md']} (beside it: report.json, timeline.png)"))
     if not all(m["ledger"]["exact"] for m in rep["modes"]):
         print("fleet-burst: a unit did not get exactly one outcome (see ledger in the report)", file=sys.stderr)
         return EXIT_FLEET_FAILED
@@ -257,8 +256,7 @@ def _show(args) -> int:
         return EXIT_BAD_REPORT
     folder = args.report if os.path.isdir(args.report) else os.path.dirname(os.path.abspath(args.report))
     paths = R.render(rep, folder)
-    print(R.markdown(rep))
-    print(f"report: {paths['md']}  {paths['png']}")
+    print(R.console(rep, f"{paths['md']} (re-drawn, and timeline.png)"))
     return EXIT_OK
 
 
