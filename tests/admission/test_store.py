@@ -435,7 +435,7 @@ def test_ids_are_global_across_orchestrators(store_url, clock):
 # ----------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("field,value", [("id", ""), ("id", "a\x00b"), ("environment", ""), ("provider", 3), ("tier", "bare-metal"),
+@pytest.mark.parametrize("field,value", [("id", ""), ("id", "a\x00b"), ("environment", ""), ("provider", 3), ("tier", "bare"),
                                          ("priority", 1.5), ("priority", True), ("queue_timeout", 0),
                                          ("queue_timeout", float("nan")), ("preemptible", "yes"),
                                          ("lease_ttl", -1)])
@@ -594,11 +594,16 @@ def test_a_store_of_schema_1_is_migrated_with_its_closures(store_url, clock):
 
     with open_store(store_url, actor="orch-a", clock=clock) as s:
         pass  # the schema exists; rebuild it as version 1 had it
-    _exec(store_url, ["DROP TABLE orchestrators", "DROP TABLE closures", MIGRATIONS[1][-1].format(float="DOUBLE PRECISION"),
-                      "INSERT INTO closures VALUES ('openai', 2000000.0, 'daily limit', 1, 1000.0, 'orch-x')",
-                      "UPDATE schema_version SET version = 1"])
+    sqlite = store_url.startswith("sqlite://")
+    drop = [f"DROP TABLE {t}{'' if sqlite else ' CASCADE'}"  # CASCADE: the database function returns its rows
+            for t in ("orchestrators", "closures", "events", "policy", "requests")]
+    types = {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT" if sqlite else "BIGSERIAL PRIMARY KEY",
+             "float": "DOUBLE PRECISION"}
+    _exec(store_url, drop + [statement.format(**types) for statement in MIGRATIONS[1]] + [
+        "INSERT INTO closures VALUES ('openai', 2000000.0, 'daily limit', 1, 1000.0, 'orch-x')",
+        "UPDATE schema_version SET version = 1"])
     with open_store(store_url, actor="orch-a", clock=clock) as s:
-        assert s.check().schema_version == SCHEMA_VERSION == 3
+        assert s.check().schema_version == SCHEMA_VERSION == 4
         assert [(c.provider, c.credential, c.until, c.cause, c.daily, c.written_by) for c in s.closures()] == [
             ("openai", None, 2000000.0, "daily limit", True, "orch-x")]
 
