@@ -2,7 +2,14 @@
 
 `open_store(url)` opens ``sqlite:///path`` (one host, many processes) or
 ``postgresql://...`` (a host group across machines). The contract, records and
-errors are in `admission.store.base`; the decision rules in `admission.store.rules`.
+errors are in `admission.store.base`; the decision rules in `admission.store.rules`;
+runtime tiers and their aliases in `admission.store.tiers`.
+
+What keeps a request from dispatching reaches its caller typed (`Backpressure`:
+BlockedCapacity, BlockedApproval, BlockedPolicy, Preempted, TimedOut; see
+`backpressure_of`). A request may wait for an approval (``approval=True``;
+`AdmissionStore.approve` / `reject`). Every call of an orchestrator about its own
+requests is its heartbeat (``heartbeat_window``).
 
 Provider closures are shared through the same store: ``closure_store(url, actor)``
 builds the `ClosureStore` that `admission.pool.AdmissionPool(store=...)` takes
