@@ -19,6 +19,7 @@ def test_defaults_are_the_reference_figures():
     assert p.daily_limit_probe_every == p.probe_every
     assert dict(p.severity) == {"red-main": 32, "B": 16, "H": 8, "M": 4, "L": 2, "none": 1} == DEFAULT_SEVERITY
     assert p.weight(None) == 1 and p.weight("L") == 2
+    assert dict(Policy().tiers) == dict(p.tiers) != {}  # built by hand or from nothing: the default tiers
 
 
 def test_daily_limit_probe_interval_is_its_own_setting():
