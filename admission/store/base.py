@@ -22,6 +22,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from admission.bounds import (  # noqa: F401 - re-exported: the store's callers read them here
+    MAX_AGING_S, MAX_HEARTBEAT_S, MAX_LEASE_TTL_S, MAX_LEASES, MAX_QUEUE_TIMEOUT_S, PRIORITY_MAX, PRIORITY_MIN, shown,
+)
 from admission.errors import EXIT_CONFIG, FleetError
 from admission.store.tiers import HOST, TIERS, UnknownTier, tier_of  # noqa: F401 - re-exported
 from admission.vocab import (  # noqa: F401 - the store's callers read the states here too
@@ -36,31 +39,11 @@ from admission.vocab import (  # noqa: F401 - the store's callers read the state
 HOST_TIER_DEFAULT_QUOTA = 1
 
 # ----------------------------------------------------------------------------- bounds
-# Every number the store takes, with the range it must fall in: the same on every backend
-# (each fits a 64-bit column and a PostgreSQL ``bigint`` with room for the sums it is part of),
-# checked before anything is written. fleet's config quotes these figures for [store].
-DAY_S = 86_400
-#: A quota or limit: leases admitted at once (no host group holds a million).
-MAX_LEASES = 1_000_000
-#: A request's base priority: a signed 32-bit level (higher first).
-PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
-#: Seconds: a lease's ttl and a heartbeat's window at most a day, the aging interval a
-#: week, a queue timeout 30 days.
-MAX_LEASE_TTL_S = DAY_S
-MAX_HEARTBEAT_S = DAY_S
-MAX_AGING_S = 7 * DAY_S
-MAX_QUEUE_TIMEOUT_S = 30 * DAY_S
+# Every number the store takes has one range, the same on every backend (admission.bounds),
+# checked before anything is written.
 #: How long an orchestrator counts as alive after a call, unless it says otherwise
 #: (`AdmissionStore.heartbeat`).
 DEFAULT_HEARTBEAT_WINDOW = 30.0
-
-
-def shown(value) -> str:
-    """`value` for an error message: a huge int by its size, anything else by a bounded repr."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def checked_text(name: str, value, empty_ok: bool = False) -> str:
