@@ -41,7 +41,7 @@ from admission.store import (
     rules,
 )
 
-from ..store_backends import FakeClock, backend, pg_dsn, store_url, stores  # noqa: F401
+from ..store_backends import FakeClock, backend, pg_dsn, quota_history_violations, store_url, stores  # noqa: F401
 
 
 @pytest.fixture
@@ -113,6 +113,7 @@ def test_a_rejected_request_is_denied_and_its_capacity_goes_on_at_once(store, op
     assert operator.reject("held").state == DENIED
     with pytest.raises(BlockedPolicy):  # a lease denied is lost as a policy refusal
         store.renew("held", 1)
+    assert quota_history_violations(store, {"global": 1}) == []  # the reservation counted, never both at once
 
 
 def test_a_lapsed_renewal_releases_the_reservation(store, operator, clock):
@@ -133,6 +134,7 @@ def test_a_lapsed_renewal_releases_the_reservation(store, operator, clock):
         operator.approve("held")  # too late: nothing is approved, nothing changes
     assert err.value.state == TIMED_OUT
     assert store.get("held").reason == "lease expired while awaiting approval"
+    assert quota_history_violations(store, {"global": 1}) == []
 
 
 def test_approval_of_what_awaits_none_is_refused_and_changes_nothing(store, operator):
