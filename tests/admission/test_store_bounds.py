@@ -118,6 +118,21 @@ def test_the_aging_interval_is_seconds_up_to_a_week(store, value, ok):
     assert err.value.path == "aging_interval" and "(0, 604800]" in str(err.value)
 
 
+@pytest.mark.parametrize("data,path", [
+    (dict(global_limit=-1), "global_limit"), (dict(global_limit=1.5), "global_limit"),
+    (dict(tiers={"bare": 1}), "tiers.bare"), (dict(tiers={"vm": -2}), "tiers.vm"),
+    (dict(environments={"prod": "x"}), "environments.prod"), (dict(providers=[1]), "providers"),
+    (dict(aging_interval=0), "aging_interval"), (dict(preemption="on"), "preemption"),
+    (dict(quotas=1), "quotas"),
+])
+def test_invalid_quota_config_is_named(store, data, path):
+    before = store.policy()
+    with pytest.raises(QuotaConfigInvalid) as err:
+        store.set_policy(Policy(**{**before.to_dict(), **data}) if path != "quotas" else Policy.build(data))
+    assert err.value.path == path and err.value.exit_code == 78
+    assert store.policy() == before
+
+
 # ----------------------------------------------------------------------------- a request's numbers
 
 REQUEST_BOUNDS = [

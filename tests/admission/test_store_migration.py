@@ -146,3 +146,35 @@ def test_a_schema_3_orchestrator_with_only_a_queue_has_it_cancelled_at_its_lapse
         assert a.get("waiting").state == QUEUED  # control: inside the window it keeps its place
         clock.advance(1.0)
         assert a.get("waiting").state == CANCELLED
+
+
+def test_a_store_of_schema_1_is_migrated_with_its_closures(store_url, clock):
+    from admission.store._sql import MIGRATIONS
+
+    with open_store(store_url, actor="orch-a", clock=clock):
+        pass  # the schema exists; rebuild it as version 1 had it
+    sqlite = store_url.startswith("sqlite://")
+    drop = [f"DROP TABLE {t}{'' if sqlite else ' CASCADE'}"  # CASCADE: the database function returns its rows
+            for t in ("orchestrators", "closures", "events", "policy", "requests")]
+    types = {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT" if sqlite else "BIGSERIAL PRIMARY KEY",
+             "float": "DOUBLE PRECISION"}
+    _exec(store_url, drop + [statement.format(**types) for statement in MIGRATIONS[1]] + [
+        "INSERT INTO closures VALUES ('openai', 2000000.0, 'daily limit', 1, 1000.0, 'orch-x')",
+        "UPDATE schema_version SET version = 1"])
+    with open_store(store_url, actor="orch-a", clock=clock) as s:
+        assert s.check().schema_version == SCHEMA_VERSION == 4
+        assert [(c.provider, c.credential, c.until, c.cause, c.daily, c.written_by) for c in s.closures()] == [
+            ("openai", None, 2000000.0, "daily limit", True, "orch-x")]
+
+
+def _exec(url: str, statements) -> None:
+    if url.startswith("sqlite://"):
+        with sqlite3.connect(url[len("sqlite://"):]) as c:
+            for statement in statements:
+                c.execute(statement)
+    else:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as c:
+            for statement in statements:
+                c.execute(statement)
