@@ -39,7 +39,7 @@ CORDON_CLASS_CODES = {0: "never", 1: "floor", 2: "deferrable"}
 #: The posture word, P_STATE.
 POSTURE_CODES = {0: "Nominal", 1: "Cordoned"}
 #: Stored in the lease store's tables and read back by every orchestrator.
-LEASE_STATES = {"queued", "admitted", "denied", "cancelled", "timed-out", "preempted", "released"}
+LEASE_STATES = {"queued", "admitted", "denied", "cancelled", "timed-out", "preempted", "released", "awaiting-approval"}
 POSTURE_KEYS = {"cordon_enter_events", "cordon_enter_window_ms", "cordon_duty_percent", "cordon_duty_window_ms",
                 "cordon_exit_clean_ms", "cordon_sim_intake_floor"}
 
