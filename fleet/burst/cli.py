@@ -127,7 +127,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--name", type=_fleet_name, default=None, help="the replay fleet's name (default burst-<pid>)")
     rp.add_argument("--cpu-quota", type=_positive, default=None, metavar="CPUS",
                     help="run inside the tool's own v1 cpu cgroup with this CFS quota (root; made and removed "
-                         "by the tool). Below 2 CPUs the fleet refuses to boot (its host floor): exit 70")
+                         "by the tool). Below 2 CPUs the fleet reserves no core: its loop runs ahead of its "
+                         "workers by priority")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rp.add_argument("--no-realtime", action="store_true",
                     help="keep the replay's threads in the normal scheduling class (by default, as root, the "

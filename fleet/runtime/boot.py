@@ -80,6 +80,8 @@ def _log_plan(sup) -> None:
     for role in sup.roles:
         log.debug("role %s: %s", role.name, role)
     log.info("fleet %s: %s", sup.name, "; ".join(sup.projection.processes()))
+    for note in quota_mod.boot_notes(sup.plan):
+        log.info("fleet %s: %s", sup.name, note)
     reserve = next((s for s in sup.plan.budget.consumers if s.name == "reserve"), None)
     if reserve is not None:
         log.info("fleet %s: supervisor loop (budget.loop = %s): reserve %s cores, %s", sup.name,
