@@ -40,7 +40,7 @@ CORDON_CLASS_CODES = {0: "never", 1: "floor", 2: "deferrable"}
 #: The posture word, P_STATE.
 POSTURE_CODES = {0: "Nominal", 1: "Cordoned"}
 #: Stored in the lease store's tables and read back by every orchestrator.
-LEASE_STATES = {"queued", "admitted", "denied", "cancelled", "timed-out", "preempted", "released"}
+LEASE_STATES = {"queued", "admitted", "denied", "cancelled", "timed-out", "preempted", "released", "awaiting-approval"}
 #: A bulkhead record's state and its closure's cause, B_STATE and B_CAUSE (0: unused, none).
 BULKHEAD_STATE_CODES = {1: "open", 2: "backoff", 3: "closed"}
 CLOSURE_CAUSE_CODES = {1: "rate-limit", 2: "daily-limit", 3: "credit", 4: "rejected-key", 5: "budget", 6: "operator"}

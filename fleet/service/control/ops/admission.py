@@ -86,7 +86,13 @@ class AdmissionCloseOp(Op):
         parser.add_argument("--message", default="", help="why (shown with the closure)")
 
     def from_cli(self, args) -> dict[str, Any]:
-        return {"pool": args.pool, "until": parse_until(args.until, time.time()), "message": args.message}
+        from fleet.runtime.provider_gate import BadPool
+
+        now = time.time()
+        until = parse_until(args.until, now)
+        if not until > now:  # refused as the daemon would, naming the time as it was typed
+            raise BadPool(f"--until {args.until!r} ({utc(until)}) is not in the future: nothing closed")
+        return {"pool": args.pool, "until": until, "message": args.message}
 
     def render(self, result: Any, args) -> str:
         return f"{result['pool']}: closed until {utc(result['closed_until'])}\n"
