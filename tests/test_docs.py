@@ -5,7 +5,9 @@ loader knows, and the slot-transition table is the state machine's.
 A block is marked by an HTML comment on the line before its fence (invisible when rendered):
 ``<!-- run -->`` runs it (``python`` in a fresh interpreter, ``sh`` under ``bash -eu``), in a
 temporary folder that holds links to the repository's ``examples/`` and ``tools/``; ``<!-- run: fleetd -->``
-runs it while a real fleetd of the demo config (``examples/fleet.toml``, name ``demo``) serves;
+runs it while a real fleetd of the demo config (``examples/fleet.toml``) serves, under a name of
+the test's own that stands in for the docs' ``demo`` (a fixed name would meet another run's, or
+a user's own fleet ``demo`` on the same host);
 ``<!-- run: after install -->`` is ``pip install -e '.[EXTRAS]' && COMMAND``: the extras must be
 ones the suite's own install (the ``test`` extra) brings, and COMMAND runs as written;
 ``<!-- run: ci -->`` is the README's test command, which `.ci/run` runs;
@@ -26,10 +28,8 @@ import pytest
 
 from fleet.rules import fsm
 from fleet.runtime.config import load_config
-from fleet.shm import dataplane
-from fleet.shm.table import segment
 
-from .daemons import Fleetd
+from .daemons import served_fleetd
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -73,18 +73,16 @@ def test_a_runnable_block_runs_as_written(lang, code, tmp_path):
 
 
 def test_the_blocks_that_talk_to_fleetd_run_as_written(tmp_path):
-    """One demo fleetd serves them all, in order (one test: the name ``demo`` is global)."""
+    """One demo fleetd serves them all, in order, under a name of this test's own: each
+    block's ``demo`` is that name."""
     demo = tomllib.loads((REPO / "examples" / "fleet.toml").read_text())
-    try:
-        with Fleetd("demo", demo["roles"], posture=demo.get("posture"), limits=demo.get("limits")) as d:
-            for n, param in enumerate(blocks("run: fleetd")):
-                lang, code = param.values
-                where = tmp_path / str(n)
-                where.mkdir()
-                run_block(lang, code, where, env=d.env)
-    finally:  # a killed fleetd leaves its segments: remove them, even when a block failed
-        segment.unlink("demo")
-        dataplane.unlink("demo")
+    with served_fleetd("demo", demo["roles"], posture=demo.get("posture"), limits=demo.get("limits")) as d:
+        for n, param in enumerate(blocks("run: fleetd")):
+            lang, code = param.values
+            assert re.search(r"\bdemo\b", code), "a block that talks to fleetd names the demo fleet"
+            where = tmp_path / str(n)
+            where.mkdir()
+            run_block(lang, re.sub(r"\bdemo\b", d.name, code), where, env=d.env)
 
 
 @pytest.mark.parametrize("lang, code", list(blocks("check: config")))
