@@ -44,6 +44,7 @@ from admission import state as T
 from admission.errors import FleetError, Refused
 from admission.policy import Policy, PolicyHolder
 from admission.route import Route
+from admission.vocab import BulkheadState
 
 log = logging.getLogger("admission")
 #: closures the census lists in its history, the last ones made, learned or loaded
@@ -729,7 +730,7 @@ def bulkhead_row(b: T.Bulkhead, now: T.Now, budget: tuple | None = None) -> dict
     backoff = b.backoff_until > now.mono
     return {
         "pool": str(b.route), "model": b.route.model, "provider": b.route.provider, "credential": b.route.credential,
-        "state": "closed" if closed else "backoff" if backoff else "open",
+        "state": BulkheadState.CLOSED if closed else BulkheadState.BACKOFF if backoff else BulkheadState.OPEN,
         "estimate": b.estimate, "carrying_capacity": b.carrying, "exhausted": closed or backoff,
         # shown only, never consulted to admit: still growing from its seed (it never refused),
         # and the estimate's room left over what runs now

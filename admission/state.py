@@ -47,14 +47,15 @@ import re
 from typing import NamedTuple
 
 from admission.route import Route
+from admission.vocab import ClosureCause
 
-# --- refusal kinds and closure causes ---------------------------------------------------
-RATE_LIMIT = "rate-limit"
-DAILY_LIMIT = "daily-limit"
-CREDIT = "credit"
-REJECTED_KEY = "rejected-key"
-BUDGET = "budget"
-OPERATOR = "operator"
+# --- refusal kinds and closure causes (the words: admission.vocab) ----------------------
+RATE_LIMIT = ClosureCause.RATE_LIMIT
+DAILY_LIMIT = ClosureCause.DAILY_LIMIT
+CREDIT = ClosureCause.CREDIT
+REJECTED_KEY = ClosureCause.REJECTED_KEY
+BUDGET = ClosureCause.BUDGET
+OPERATOR = ClosureCause.OPERATOR
 CLOSING = (DAILY_LIMIT, CREDIT, REJECTED_KEY, BUDGET, OPERATOR)
 #: causes whose closure ends at the next UTC midnight and probes at its own interval
 DAILY_CAUSES = (DAILY_LIMIT, BUDGET)
@@ -172,9 +173,6 @@ class Bulkhead(NamedTuple):
 
     def closed(self, now: Now) -> bool:
         return self.closed_until > now.wall
-
-    def backing_off(self, now: Now) -> bool:
-        return self.backoff_until > now.mono
 
     def held(self, now: Now) -> bool:
         """Held back by a live refusal: closed, or backing off."""

@@ -1,9 +1,12 @@
-"""The host-group lease store's vocabulary: request states and audit event kinds.
+"""The admission's vocabularies: the host-group lease store's request states and audit
+event kinds, and the provider admission's bulkhead states and closure causes.
 
 A request's state and an audit row's kind are written to the store's tables and read
 back by every orchestrator of the host group, by ``fleetctl leases`` and by the SQL
-itself, so the words are a wire format: never rename one. This module imports
-nothing; `admission.store` and `fleet.rules.vocab` re-export it.
+itself; a bulkhead's state and its closure's cause are published in the shared table
+(by code: their order is the wire order) and shown by ``fleetctl status``. So the
+words are a wire format: never rename one. This module imports nothing;
+`admission.store`, `admission.state` and `fleet.rules.vocab` re-export it.
 """
 
 # --- request states --------------------------------------------------------------
@@ -44,6 +47,35 @@ BLOCKED_CAPACITY = "blocked/capacity"  # queued for capacity: ask again later
 BLOCKED_POLICY = "blocked/policy"  # denied by policy (or rejected): asking again cannot help
 BLOCKED_APPROVAL = "blocked/approval"  # held for an approval: keep renewing, ask again later
 BACKPRESSURE = (BLOCKED_CAPACITY, BLOCKED_POLICY, BLOCKED_APPROVAL, PREEMPTED, TIMED_OUT)
+
+
+# --- the provider admission: a bulkhead's state, and why a pool closed -----------------
+class BulkheadState:
+    """The state of a pool's bulkhead, as its census row and `fleetctl status` say it."""
+
+    OPEN = "open"  # admitting
+    BACKOFF = "backoff"  # a 429 holds it back for a while
+    CLOSED = "closed"  # closed until a time (a daily limit, no credit, a rejected key, a budget, an operator)
+
+
+#: A bulkhead record's state code is its index here (0: the record is unused).
+BULKHEAD_STATES = (None, BulkheadState.OPEN, BulkheadState.BACKOFF, BulkheadState.CLOSED)
+
+
+class ClosureCause:
+    """Why a pool refused, and so why it backs off or closes (`admission.state`)."""
+
+    RATE_LIMIT = "rate-limit"  # 429: backs off the one pool, never closes it
+    DAILY_LIMIT = "daily-limit"
+    CREDIT = "credit"
+    REJECTED_KEY = "rejected-key"
+    BUDGET = "budget"  # the provider's daily budget reading reached its limit
+    OPERATOR = "operator"  # an operator closed it
+
+
+#: A bulkhead record's cause code is its index here (0: none).
+CLOSURE_CAUSES = (None, ClosureCause.RATE_LIMIT, ClosureCause.DAILY_LIMIT, ClosureCause.CREDIT,
+                  ClosureCause.REJECTED_KEY, ClosureCause.BUDGET, ClosureCause.OPERATOR)
 
 
 def sql_list(states) -> str:

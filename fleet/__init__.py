@@ -28,12 +28,12 @@ from fleet.rules.unit import (
 # Heavier parts load on first use (PEP 562), so that `fleetctl status`, which imports
 # this package, starts fast: name -> the module that defines it.
 _LAZY = {
-    "Executor": "fleet.api.pool",
-    "Fleet": "fleet.api.executor",
-    "Client": "fleet.service.client",
-    "connect": "fleet.service.client",
-    "FleetConnectionLost": "fleet.service.client",
-    "SubmitUncertain": "fleet.service.client",
+    "Executor": "fleet.api.executor",
+    "Fleet": "fleet.api.fleet",
+    "Client": "fleet.api.client",
+    "connect": "fleet.api.client",
+    "FleetConnectionLost": "fleet.api.client",
+    "SubmitUncertain": "fleet.api.client",
     "RequestIdReused": "fleet.service.replays",
     "UnitBroken": "fleet.rules.raised",
     "RoleBroken": "fleet.rules.raised",

@@ -20,14 +20,17 @@ ROOT = pathlib.Path(fleet.__file__).parent
 TREE = ROOT.parent
 
 #: The wings of fleet/, lowest first.
-WINGS = ("rules", "host", "shm", "runtime", "api", "service", "cli", "burst")
+WINGS = ("rules", "host", "shm", "worker", "runtime", "service", "api", "cli", "burst")
 #: fleet/'s top-level modules and the room each stands in: the leaves every wing may
 #: import (the version; the C extensions built from native/ at install) and the public
-#: face (fleet/__init__.py), which re-exports the user's API from the wings up to service
+#: face (fleet/__init__.py), which re-exports the user's API from the wings up to api
 #: and which the tools above it use as a user does.
 TOP = {"_version": "leaves", "_native": "leaves", "_rings": "leaves", "_chunk": "leaves", "__init__": "face"}
 #: Every room, lowest first: a module may need its own room and the rooms before it.
-FLOORS = ("admission", "leaves", "rules", "host", "shm", "runtime", "api", "service", "face", "cli", "burst")
+FLOORS = ("admission", "leaves", "rules", "host", "shm", "worker", "runtime", "service", "api", "face", "cli", "burst")
+#: The rooms of the supervisor's process and above it: what a worker or the fork server
+#: (fleet/worker/) never imports, directly or through another module.
+SUPERVISOR_SIDE = FLOORS[FLOORS.index("runtime"):]
 
 
 def imports(source: str, package: str):
@@ -170,18 +173,18 @@ def test_no_two_rooms_lean_on_each_other():
 
 def test_the_floor_scan_catches_an_arrow_up():
     # A rule that once reached up into the client, from inside a function.
-    assert upward("fleet.rules.planted", "def plan(q):\n    from fleet.service.client import connect\n") == [
-        "fleet.service.client"]
+    assert upward("fleet.rules.planted", "def plan(q):\n    from fleet.api.client import connect\n") == [
+        "fleet.api.client"]
     assert upward("fleet.runtime.planted", "from ..burst import record\n") == ["fleet.burst.record"]
     # The version read through the face is an arrow up; through its leaf, or a C extension, it is not.
     assert upward("fleet.shm.planted", "from fleet import __version__\n") == ["fleet"]
     assert upward("fleet.shm.planted", "from fleet._version import __version__\nfrom fleet import _native\n") == []
     # What a lazy table loads counts as an import.
-    assert upward("fleet.host.planted", '_LAZY = {"Fleet": "fleet.api.executor"}\n') == ["fleet.api.executor"]
+    assert upward("fleet.host.planted", '_LAZY = {"Fleet": "fleet.api.fleet"}\n') == ["fleet.api.fleet"]
     # A top-level module of fleet/ that TOP does not place has no room.
     assert room("fleet.stray") is None and room("fleet._version") == "leaves"
     # Down and sideways are allowed.
-    assert upward("fleet.cli.planted", "import fleet\nfrom fleet.service import client\nfrom . import views\n") == []
+    assert upward("fleet.cli.planted", "import fleet\nfrom fleet.api import client\nfrom . import views\n") == []
 
 
 def test_the_cycle_scan_finds_two_rooms_leaning_on_each_other():
@@ -221,6 +224,35 @@ def test_admission_runs_where_fleet_cannot_be_imported():
                          env={"PYTHONPATH": str(TREE), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["admit", "backoff"]
+
+
+def test_worker_side_modules_import_nothing_of_the_supervisors():
+    """The process boundary: what runs in a worker or the fork server (fleet/worker/)
+    needs no module of the supervisor's rooms, directly (the floor scan) or through
+    the modules it imports: a fresh interpreter that imports every worker-side module
+    has loaded none of them."""
+    names = sorted(m for m in KNOWN if room(m) == "worker")
+    assert "fleet.worker.zygote" in names and "fleet.worker.process" in names
+    assert {m: bad for m in names if (bad := sorted(n for n in needs(m, KNOWN[m].read_text())
+                                                   if room(n) in SUPERVISOR_SIDE))} == {}
+    script = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=TREE)
+    assert out.returncode == 0, out.stderr
+    # The package itself loads with any of its modules: its eager imports are rules' and
+    # admission's, and what they load is in the list too.
+    loaded = [m for m in out.stdout.split() if m in KNOWN and room(m) in SUPERVISOR_SIDE and m != "fleet"]
+    assert loaded == []
+
+
+def test_the_boundary_scan_finds_a_worker_module_reaching_the_supervisor():
+    assert upward("fleet.worker.planted", "def run():\n    from fleet.runtime.loop import Supervisor\n") == [
+        "fleet.runtime.loop"]
+    assert room("fleet.worker.io.runner") == "worker" and "runtime" in SUPERVISOR_SIDE and "shm" not in SUPERVISOR_SIDE
 
 
 def cli_imports(source: str, package: str) -> list[str]:
@@ -300,3 +332,61 @@ def test_the_internals_doc_names_what_every_module_of_fleet_owns():
                if p.name != "__init__.py" and not any(str(p.relative_to(ROOT)).startswith(f + "/") for f in folders)}
     present |= {f + "/" for f in folders}
     assert listed == present
+
+
+# One owner per piece of state (docs/internals.md, "The supervisor's owners"): a module of
+# the supervisor's rooms works on another object through what it offers, never through its
+# private fields (an attribute spelled with a leading underscore on anything but self, cls,
+# super() or a module). The few that remain, each with its reason:
+PRIVATE_READS = {
+    ("fleet/runtime/zygote_link.py", "link._boot"): "ZygoteLink.start boots the link it just made (its own class)",
+    ("fleet/runtime/provider_gate.py", "pool._budget"): "the admission pool offers no reading of its budget table",
+}
+
+
+def private_reaches(source: str) -> list[str]:
+    """``obj._field`` in `source` where obj is not self, cls, super() or a module it imports."""
+    tree = ast.parse(source)
+    modules = {a.asname or a.name.split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and (owner.id in ("self", "cls") or owner.id in modules):
+            continue
+        if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+            continue
+        found.append(f"{ast.unparse(owner)}.{node.attr}")
+    return sorted(found)
+
+
+def test_no_supervisor_room_reaches_into_another_objects_private_fields():
+    # The supervisor's rooms, and the ops' halves that run on its loop.
+    offenders = {}
+    for path in sorted([*(ROOT / "runtime").rglob("*.py"), *(ROOT / "service" / "control" / "ops").rglob("*.py")]):
+        rel = str(path.relative_to(TREE))
+        found = [f for f in private_reaches(path.read_text()) if (rel, f) not in PRIVATE_READS]
+        if found:
+            offenders[rel] = found
+    assert offenders == {}
+
+
+def test_the_private_scan_finds_a_room_writing_the_supervisors_field():
+    # How the rooms of the supervisor once worked: a function of the supervisor's fields.
+    assert private_reaches("def close(sup, u):\n    sup._units.pop(u)\n    sup._dispatch()\n") == [
+        "sup._dispatch", "sup._units"]
+    assert private_reaches("import threading\nclass A:\n    def f(self):\n        self._x = super()._y\n"
+                           "        threading._register_atexit(f)\n") == []
+
+
+def test_every_package_is_one_the_install_ships():
+    """pyproject.toml lists fleet's packages by name (a wheel holds those and no others): a
+    new room's folder is in the list, or a non-editable install lacks it."""
+    import tomllib
+
+    listed = set(tomllib.loads((TREE / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(TREE).parts) for pkg in ("fleet", "admission")
+             for p in (TREE / pkg).rglob("__init__.py")}
+    assert sorted(found - listed) == [] and sorted(listed - found) == []

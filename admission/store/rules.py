@@ -223,12 +223,6 @@ def lease_end(request: Request, now: float, heartbeats: Mapping[str, float]) -> 
     return min(now + request.lease_ttl, heartbeats.get(request.orchestrator, math.inf))
 
 
-def over_quota(policy: Policy, admitted: Iterable[Record]) -> list[tuple[str, str, int, int]]:
-    """(level, key, used, limit) for every quota the admitted set exceeds; [] when all hold."""
-    return [(level, key, used, limit) for (level, key), used in usage_of(admitted).items()
-            if (limit := limit_of(policy, level, key)) is not None and used > limit]
-
-
 @dataclass
 class Plan:
     """What one transaction must write. Every list holds (record, reason) pairs."""

@@ -1,1 +1,2 @@
-"""The faces a Python program uses: the embedded fleet (roles) and the executor."""
+"""The faces a Python program uses: the embedded fleet (roles), the executor, and the
+service-mode client of a running fleetd; map feeding, which all three share."""

@@ -46,10 +46,10 @@ import joblib
 from joblib.parallel import AutoBatchingMixin, FallbackToBackend, ParallelBackendBase, SequentialBackend
 
 # the Executor from its own module, not from the face: api/ stands below fleet/__init__.py (tests/test_rooms.py)
-from fleet.api.pool import Executor, quota_cores
+from fleet.api.executor import Executor, quota_cores
 from fleet.rules.unit import PayloadUnpicklable
 
-log = logging.getLogger("fleet.api.joblib_backend")
+log = logging.getLogger(__name__)
 
 #: The name `joblib.parallel_config(backend=...)` takes.
 NAME = "fleet"

@@ -11,14 +11,10 @@ import argparse
 import os
 import sys
 
-EXIT_OK = 0
-EXIT_FAILURE = 1  # anything not named below
-EXIT_USAGE = 64  # bad arguments (EX_USAGE)
-EXIT_BAD_TRACE = 65  # the trace has bad lines (all listed with their line numbers); nothing ran (EX_DATAERR)
-EXIT_BAD_REPORT = 66  # show: the report cannot be read
-EXIT_NO_FLEET = 69  # record: no fleet of that name is running, or it does not record
-EXIT_FLEET_FAILED = 70  # the replay fleet or simulator did not start, or a unit did not get exactly one outcome
-EXIT_NO_CGROUP = 91  # --cpu-quota without root or a v1 cpu cgroup hierarchy
+# Its exit codes (the registry: fleet.rules.errors); EXIT_FAILURE is anything not named.
+from fleet.rules.errors import (EXIT_BAD_REPORT, EXIT_BAD_TRACE, EXIT_FAILURE, EXIT_FLEET_FAILED, EXIT_NO_CGROUP,
+                                EXIT_NO_FLEET, EXIT_OK)
+from fleet.rules.errors import EXIT_BURST_USAGE as EXIT_USAGE
 # stopped by SIGINT or SIGTERM: 128 + the signal (130, 143), once the fleet and the simulator are gone
 
 EXIT_CODES = f"""exit codes:

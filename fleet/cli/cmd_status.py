@@ -14,6 +14,7 @@ from fleet.rules.budget import json_number
 from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, NotRunning
 from fleet.rules.vocab import PostureKey as K
 from fleet.rules.when import utc
+from fleet.shm.table.bulkheads import held_until
 from fleet.shm.status import DELAY_SOURCES, SCHEDSTAT, TASKSTATS, gather, gather_projection
 from fleet.cli._common import add_name_argument, fleet_name
 
@@ -277,7 +278,7 @@ def render_bulkheads(rows: list[dict]) -> list[str]:
     table = []
     for b in rows:
         state = b["state"] + (" (daily limit)" if b.get("closed_by_daily_limit") else "")
-        until = b["closed_until"] if b["state"] == "closed" else b["backoff_until"] if b["state"] == "backoff" else None
+        until = held_until(b)
         table.append((b["pool"], state, _dash(b["cause"]), utc(until), str(b["running"]), str(b["waiting"]),
                       str(b["delegated"]), str(b["successes"]), str(b["failures"]), str(b["refusals"]),
                       str(b["probes"]), str(b["carrying_capacity"]), str(b["estimate"]),

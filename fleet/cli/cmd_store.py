@@ -16,14 +16,11 @@ import json
 import sys
 
 from fleet.rules.when import utc
-from fleet.rules.errors import EXIT_OK
+from fleet.rules.errors import EXIT_CLOCK_SKEW, EXIT_OK
 from fleet.cli._store import add_store_argument, open_for_operator
 
 NAME = "store"
 HELP = "Check the host-group store (reachable, schema version, clock skew) or print its audit events."
-
-#: |skew| above --max-skew: the host and the database disagree on the time.
-EXIT_CLOCK_SKEW = 95
 
 
 def add_arguments(parser) -> None:

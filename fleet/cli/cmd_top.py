@@ -15,7 +15,9 @@ import time
 from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError, NotRunning
 from fleet.rules.fsm import STATE_NAMES
 from fleet.cli._common import add_name_argument, fleet_name
+from fleet.rules.vocab import BulkheadState
 from fleet.rules.when import utc
+from fleet.shm.table.bulkheads import held_until
 from fleet.cli.cmd_status import duration
 
 NAME = "top"
@@ -180,11 +182,11 @@ def _bulkheads(rows: list[dict]) -> list[str]:
         return ["bulkheads none (no provider pools)", ""]
     table = []
     for b in rows:
-        until = b["closed_until"] if b["state"] == "closed" else b["backoff_until"] if b["state"] == "backoff" else None
+        until = held_until(b)
         table.append((b["pool"], b["state"] + (" (daily limit)" if b.get("closed_by_daily_limit") else ""),
                       b["cause"] or "-", utc(until), str(b["running"]), str(b["waiting"]),
                       str(b["successes"]), str(b["failures"])))
-    closed = sum(1 for b in rows if b["state"] == "closed")
+    closed = sum(1 for b in rows if b["state"] == BulkheadState.CLOSED)
     return [f"bulkheads {len(rows)} provider pool(s), {closed} closed",
             *_table(("pool", "state", "cause", "until (UTC)", "running", "waiting", "ok", "failed"), table), ""]
 

@@ -22,7 +22,7 @@ from fleet.rules import pressure, quota
 from fleet.host.cgroup import CgroupUnavailable, CpuStat
 from fleet.rules.posture import PostureOwner, Transition
 
-log = logging.getLogger("fleet.host.sampler")
+log = logging.getLogger(__name__)
 
 
 def monotonic_ms() -> int:

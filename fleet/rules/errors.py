@@ -10,13 +10,16 @@ from __future__ import annotations
 # provider admission's too, so they live below fleet; here they are re-exported.
 from admission.errors import EXIT_CONFIG, EXIT_FAILURE, ConfigError, FleetError  # noqa: F401
 
-# Exit codes. 0/1/2 keep their usual meanings (ok, runtime failure, usage);
-# 64-78 follow sysexits.h where one fits; the boot-refusal family gets its own.
+# Exit codes: every one a fleet process exits with is named here, and nowhere else (the
+# host-group store's own, 90-94, are admission.store's: admission stands below fleet).
+# 0/1/2 keep their usual meanings (ok, runtime failure, usage); 64-78 follow sysexits.h
+# where one fits; the boot-refusal family gets its own.
 EXIT_OK = 0
 # EXIT_FAILURE = 1 and EXIT_CONFIG = 78: admission.errors, above
 EXIT_USAGE = 2
 EXIT_DATA = 65  # EX_DATAERR: an argument names nothing there (fleetctl cancel of an unknown unit id)
 EXIT_NOT_RUNNING = 69  # EX_UNAVAILABLE: no fleet of that name is running
+EXIT_BUSY = 75  # EX_TEMPFAIL: the daemon refused the connection, every one it allows is busy; retry later
 EXIT_NO_PERMISSION = 77  # EX_NOPERM: a mutating op from a uid that may not
 EXIT_BELOW_HOST_FLOOR = 80  # fewer than 2 CPUs: no tier can host the fleet
 EXIT_QUOTA_TOO_SMALL = 81  # the declared peaks do not fit the quota
@@ -25,6 +28,20 @@ EXIT_FUSE_TRIPPED = 83  # the exactly-one-outcome ledger found a duplicate or a 
 EXIT_BUDGET_OVER_QUOTA = 84  # overrides or fixed shares add up to more than the quota
 EXIT_UNTRUSTED_PEER = 85  # a client refused a daemon, table or socket directory of a uid it does not trust
 # 86 was a segment of another uid under the fleet's name: boot now steps around it (fleet.shm.segments)
+EXIT_CLOCK_SKEW = 95  # fleetctl store check: the host and the store's database disagree on the time
+
+# A worker process's own (its supervisor reads them; fleet.worker.prepare).
+EXIT_WORKER_BROKEN = 70  # EX_SOFTWARE: the worker crashed out of its run loop
+EXIT_INIT_FAILED = 78  # EX_CONFIG: its initializer raised (the supervisor stops its seat's roles)
+EXIT_RETIRED = 79  # it ran its max_tasks units (the supervisor forks its seat again)
+
+# fleet-burst's own (a program of its own: usage is sysexits' 64 there).
+EXIT_BURST_USAGE = 64  # bad arguments (EX_USAGE)
+EXIT_BAD_TRACE = 65  # the trace has bad lines (all listed with their line numbers); nothing ran (EX_DATAERR)
+EXIT_BAD_REPORT = 66  # show: the report cannot be read
+EXIT_NO_FLEET = 69  # record: no fleet of that name is running, or it does not record
+EXIT_FLEET_FAILED = 70  # the replay fleet or simulator did not start, or a unit did not get exactly one outcome
+EXIT_NO_CGROUP = 91  # --cpu-quota without root or a v1 cpu cgroup hierarchy
 
 
 class BootRefused(FleetError):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from fleet.rules.errors import EXIT_FUSE_TRIPPED, FleetError
 from fleet.rules.outcomes import FAILED, FAILURE_REASONS, KINDS, SOLVED, SUPPRESSED
 
-log = logging.getLogger("fleet.rules.ledger")
+log = logging.getLogger(__name__)
 
 
 class FuseTripped(FleetError):

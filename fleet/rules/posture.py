@@ -40,12 +40,11 @@ trailing window, classifies the window as one of the EVENTS, and looks the
 (posture, event) pair up in TRANSITIONS; a missing pair is illegal and raises
 PostureError. Everything here is a pure function of (state, policy, input, now);
 `PostureOwner` is the thin mutable shell that holds the live state and policy,
-swaps the policy atomically on retune and logs.
+swaps the policy on retune and logs.
 """
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, fields, replace
 
 from fleet.rules import cordon
@@ -66,7 +65,7 @@ from fleet.rules.vocab import (
 )
 from fleet.rules.vocab import STICKY_CAUSES as STICKY_CAUSES  # re-exported
 
-log = logging.getLogger("fleet.rules.posture")
+log = logging.getLogger(__name__)
 
 # --- events the classifier feeds the table --------------------------------------
 TRIPPED = "tripped"  # an enter condition holds
@@ -364,15 +363,14 @@ def describe(state: PostureState, policy: PosturePolicy, now_ms: int) -> dict:
 class PostureOwner:
     """Holds the live posture and policy; the one place they change.
 
-    Readings come from the posture loop (`observe`), retunes from the control loop;
-    a lock makes the policy swap atomic against a reading in progress.
+    One thread owns it (a fleet's: the supervisor's loop, which takes the readings
+    (`observe`), the operator's holds, releases and retunes alike), so it takes no lock.
     """
 
     def __init__(self, policy: PosturePolicy = DEFAULT_POLICY, now_ms: int = 0, logger=log):
         self._policy = policy
         self._state = initial(now_ms)
         self._log = logger
-        self._lock = threading.Lock()
 
     @property
     def policy(self) -> PosturePolicy:
@@ -388,18 +386,15 @@ class PostureOwner:
 
     def observe(self, now_ms: int, nr_throttled: int, throttled_ns: int) -> Transition | None:
         """Feed one reading; log and return the transition, if any."""
-        with self._lock:
-            self._state, change = observe(self._state, self._policy, now_ms, nr_throttled, throttled_ns)
+        self._state, change = observe(self._state, self._policy, now_ms, nr_throttled, throttled_ns)
         return self._report(change)
 
     def hold(self, cause: str, now_ms: int) -> Transition | None:
-        with self._lock:
-            self._state, change = hold(self._state, cause, now_ms)
+        self._state, change = hold(self._state, cause, now_ms)
         return self._report(change)
 
     def release(self, cause: str, now_ms: int) -> Transition | None:
-        with self._lock:
-            self._state, change = release(self._state, cause, now_ms)
+        self._state, change = release(self._state, cause, now_ms)
         return self._report(change)
 
     def retune(self, patch, now_ms: int) -> dict:
@@ -408,10 +403,9 @@ class PostureOwner:
         Raises PostureRetuneError (nothing changes) for an empty patch, an unknown
         key or a bad value. Logs one warning line listing old -> new per changed key.
         """
-        with self._lock:
-            new = validate_patch(self._policy, patch)
-            old, self._policy = self._policy, new
-            view = describe(self._state, new, now_ms)
+        new = validate_patch(self._policy, patch)
+        old, self._policy = self._policy, new
+        view = describe(self._state, new, now_ms)
         changed = [
             f"{k} {getattr(old, k)!r} -> {getattr(new, k)!r}" for k in POLICY_KEYS if getattr(old, k) != getattr(new, k)
         ]
@@ -420,8 +414,7 @@ class PostureOwner:
         return view
 
     def show(self, now_ms: int) -> dict:
-        with self._lock:
-            return describe(self._state, self._policy, now_ms)
+        return describe(self._state, self._policy, now_ms)
 
     def _report(self, change: Transition | None) -> Transition | None:
         if change is not None:

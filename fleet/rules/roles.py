@@ -60,7 +60,7 @@ class Role:
             roomy host runs on up to 4 worker processes; an I/O-bound role counts 1.
         slots: how many slots this role may hold at once (pins for a pinned role).
         io_bound: an I/O-dominant role: it may spend the fractional remainder of a quota,
-            and its worker runs up to its slots of units at once (`fleet.runtime.io.runner`).
+            and its worker runs up to its slots of units at once (`fleet.worker.io.runner`).
         timeout_s: per-unit run-time limit (None: none).
         elastic_repin: a pinned role only. When every pin is taken and a unit of a new key
             arrives, re-key the least recently used pin that has nothing in flight (T9
@@ -187,9 +187,6 @@ class RoleSet:
         if not 0 <= code < len(self.roles):
             raise UnknownRoleError(code, self.names)
         return self.roles[code]
-
-    def kind_codes(self) -> list[int]:
-        return [r.kind_code for r in self.roles]
 
     def class_codes(self) -> list[int]:
         return [r.class_code for r in self.roles]

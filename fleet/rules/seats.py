@@ -96,10 +96,6 @@ class SeatLayout:
     def seat_of(self, slot: int) -> int:
         return self.slots[slot].seat
 
-    def binding_of(self, slot: int) -> str:
-        seat = self.slots[slot].seat
-        return self.seats[seat].binding if seat != NO_SEAT else LOGICAL
-
     def to_meta(self) -> dict:
         counts: dict[str, int] = {}  # role -> its budget count (home slots)
         on_seat = [0] * len(self.seats)

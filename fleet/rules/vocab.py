@@ -13,6 +13,8 @@ This module imports nothing of fleet: the table, the metrics exporter and ``flee
 status`` read it without pulling in the runtime.
 """
 from admission import vocab as lease_states  # noqa: F401 - the store's request states, re-exported
+# The provider admission's words, re-exported: a bulkhead's state and a closure's cause.
+from admission.vocab import BULKHEAD_STATES, CLOSURE_CAUSES, BulkheadState, ClosureCause  # noqa: F401, E402
 
 # --- outcomes: every unit ends with exactly one ------------------------------------
 SOLVED = "solved"
@@ -45,7 +47,9 @@ HANDLER_ERROR = 0  # the handler raised, or the worker could not unpickle its pa
 TIMEOUT = 1  # the unit ran past its timeout
 LANE_DEATH = 2  # the worker serving the unit died mid-unit
 SHUTDOWN = 3  # the fleet stopped before the unit ran (queued past the drain grace)
-REFUSED = 4  # an admission refused it (a full queue, a closed provider: 429/402/403)
+# its handler raised a provider's refusal (fleet.Refused: 429/402/403) with no waits left (past its
+# lane's limit, or no route to wait on); a full queue is never this outcome: submit raises QueueFull
+REFUSED = 4
 ROLE_STOPPED = 5  # its role was stopped (restart intensity exceeded)
 RESULT_ERROR = 6  # the result could not be returned (not picklable, too large, not unpicklable here)
 CANCELLED = 7  # the caller cancelled it before it ran

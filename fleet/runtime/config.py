@@ -44,7 +44,7 @@ a ConfigError naming their dotted path)::
     enabled = false
     path = "..."              # default: <runtime dir>/<name>.arrivals.jsonl
 
-    [metrics]                 # the Prometheus endpoint (fleet.runtime.metrics); off unless enabled
+    [metrics]                 # the Prometheus endpoint (fleet.service.metrics); off unless enabled
     enabled = false
     host = "127.0.0.1"        # localhost only unless the operator opens it
     port = 9464               # 0 picks a free port
@@ -103,7 +103,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from fleet.rules.budget import BudgetOverrides
-from fleet.runtime.worker_setup import WorkerSetup
+from fleet.worker.prepare import WorkerSetup
 from fleet.rules.errors import ConfigError
 from fleet.host.files import FileTooLarge, NotRegularFile, read_regular
 from fleet.rules.names import InvalidFleetName, validate_fleet_name

@@ -51,7 +51,7 @@ from fleet.rules.vocab import LEASE_LOST_REASONS, Reason
 from fleet.rules.vocab import lease_states
 from fleet.runtime.gates import GO, HELD, Ticked
 
-log = logging.getLogger("fleet.runtime.lease_gate")
+log = logging.getLogger(__name__)
 
 #: The failure reasons of a unit whose lease ended before its outcome (fleet.rules.vocab).
 LEASE_DENIED = Reason.LEASE_DENIED

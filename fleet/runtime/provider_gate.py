@@ -79,11 +79,11 @@ from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED
 from fleet.rules.vocab import Reason
 from admission.route import Route
 from fleet.rules.unit import BadUnit, Outcome
-from fleet.runtime import codec
+from fleet.worker import codec
 from fleet.runtime.gates import GO, HELD, Ticked
 from fleet.shm import messages as M
 
-log = logging.getLogger("fleet.runtime.provider_gate")
+log = logging.getLogger(__name__)
 
 #: Bulkheads that changed are written to the table at most this often (and at each sample).
 PUBLISH_EVERY_S = 0.05

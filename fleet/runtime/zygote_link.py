@@ -1,8 +1,8 @@
 """The supervisor's end of the zygote: starting it, its protocol, fork requests, and
-noticing its death (the zygote's own end is fleet.runtime.zygote, which documents the
+noticing its death (the zygote's own end is fleet.worker.zygote, which documents the
 protocol: JSON lines over a socketpair).
 
-`ZygoteLink.start` launches `python -m fleet.runtime.zygote`, sends the boot message and
+`ZygoteLink.start` launches `python -m fleet.worker.zygote`, sends the boot message and
 waits for `ready` (a handler that cannot be imported comes back as the ConfigError
 naming the role). After boot the socket is non-blocking: `fork(seat, cpus)` asks
 for a worker, `read()` returns the `Forked` and `Exited` events received so far
@@ -21,17 +21,13 @@ import sys
 import time
 
 from fleet.rules.errors import BootRefused, ConfigError
+from fleet.worker.zygote import FLEET_ROOT
 
-log = logging.getLogger("fleet.runtime.supervisor")
+log = logging.getLogger(__name__)
 
 #: How long boot waits for the zygote to import handlers and load kernels.
 BOOT_TIMEOUT_S = 120.0
 
-#: The directory this fleet package was imported from. The zygote is started so that
-#: it imports fleet from here too: a supervisor and its workers must run one copy of
-#: fleet (its table layout, FSM and ring protocol), whatever else the zygote's working
-#: directory or environment would put first (a folder named fleet, another install).
-FLEET_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class WorkerStartError(BootRefused):
@@ -71,7 +67,7 @@ class ZygoteLink:
     def start(cls, name: str, roles, spawner, worker_nice: int | None = None, workers=None) -> "ZygoteLink":
         """Start a zygote for fleet `name` and boot it with `roles`; its workers run at
         `worker_nice` (None: the zygote's own; see fleet.host.priority), set up as
-        `workers` says (a `fleet.runtime.worker_setup.WorkerSetup`; None: nothing more).
+        `workers` says (a `fleet.worker.prepare.WorkerSetup`; None: nothing more).
 
         `spawner` is a one-thread executor that lives as long as the fleet: the
         zygote's parent-death signal fires when the *thread* that started it exits,
@@ -87,7 +83,7 @@ class ZygoteLink:
             # -P: the working directory does not go first on the zygote's sys.path, the
             # root of this fleet (zygote_env) does; the boot message then gives the
             # zygote our whole sys.path, so handlers import as they do here.
-            [sys.executable, "-P", "-m", "fleet.runtime.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
+            [sys.executable, "-P", "-m", "fleet.worker.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=zygote_env(os.environ),

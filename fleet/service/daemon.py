@@ -20,7 +20,7 @@ Signals. SIGTERM drains: intake closes, in-flight units finish, units still queu
 after ``grace_s`` fail with Shutdown; exit 0. SIGINT (or a second SIGTERM) stops
 fast: workers are killed and everything owed fails with Shutdown; exit 0. SIGHUP
 re-reads the config and applies what can change live (posture policy, queue bounds)
-through the reload op (`fleet.runtime.operator.reload`), logging what needs a restart; a file that boot would
+through the reload op (`fleet.service.control.ops.intake.ReloadOp`), logging what needs a restart; a file that boot would
 refuse (invalid, out of range, a budget that does not fit) is logged at WARNING with
 the reason and changes nothing: the running config stays.
 
@@ -47,15 +47,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any
 
-from fleet.service import control, replays, sdnotify
+from fleet.service import control, replays, sdnotify, start_exporter
 from fleet.runtime.config import FleetConfig, load_config
-from fleet.runtime.facade import LoopOperations
-from fleet.service.control import outcome_record
+from fleet.service.control.ops import ServedOperations
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
 
-log = logging.getLogger("fleet.service.daemon")
+log = logging.getLogger(__name__)
 
 #: SIGTERM's default grace: queued units may still start for this long. Well below
 #: the unit files' TimeoutStopSec=90s, so in-flight units have time left to finish.
@@ -337,7 +335,6 @@ class Daemon:
         self._wake_r = self._wake_w = -1
         self._stopping: str | None = None  # None, "drain" or "kill"
         self._linger_until: float | None = None
-        self._draining = False
         self._watchdog: sdnotify.WatchdogSchedule | None = None
         self._next_status = 0.0
         self._notify_failed = False
@@ -379,7 +376,7 @@ class Daemon:
         # Closures outlive a restart: a restarted fleetd must not re-spend a key it knows is spent.
         self.sup = Supervisor(self.config, mode="service", socket_path=str(path),
                               readers_group=self.options.socket_group,
-                              closure_file=default_closure_file(name, self.env)).start()
+                              closure_file=default_closure_file(name, self.env), exporter=start_exporter).start()
         try:
             self.handler = ServedOperations(self)
             self.calls = control.CallQueue(wakeup=self._wake)
@@ -461,7 +458,7 @@ class Daemon:
                 f"{counts['suppressed']} suppressed, {counts['failed']} failed, {counts['inflight']} in flight")
         if self._stopping:
             text += "; stopping"
-        elif self._draining:
+        elif self.sup.draining:  # the supervisor's own flag (a plain attribute the loop swaps)
             text += "; draining"
         return text
 
@@ -509,6 +506,11 @@ class Daemon:
         log.info("fleet %s: stopping fast: workers are killed, units owed fail with Shutdown", self.config.name)
         self._begin_stop("kill", lambda: self.sup.kill(wait=False))
 
+    @property
+    def stopping(self) -> str | None:
+        """None, or how the daemon stops: "drain" (SIGTERM) or "kill" (SIGINT, a second SIGTERM)."""
+        return self._stopping
+
     def _begin_stop(self, how: str, stop: Callable[[], None]) -> None:
         self._stopping = how
         self._send("stopping")
@@ -541,7 +543,7 @@ class Daemon:
         self._send("ready", self._summary())
 
     def reload(self) -> dict:
-        """Load the config file again and hand it to the reload op (`fleet.runtime.operator.reload`, on the loop).
+        """Load the config file again and hand it to the reload op (`ReloadOp`, on the loop).
 
         Raises ConfigError / PostureRetuneError, the boot refusal of a config that could
         not boot here (BootRefused), or ConfigReloadError when the new file names another
@@ -559,61 +561,3 @@ class Daemon:
         elif "posture" in result["applied"]:
             self.config = dataclasses.replace(self.config, posture=new.posture)
         return result
-
-
-class ServedOperations(LoopOperations):
-    """fleetd's control handler (`control.ControlHandler`): the fleet's operations, each a
-    command on the supervisor's loop (`LoopOperations`, as the embedded Fleet has them),
-    with what only fleetd adds: its own section of the status, its drain flag (for the
-    STATUS= line), and its clients' ``submit`` and ``collect``. Runs on the daemon's loop."""
-
-    def __init__(self, daemon: Daemon):
-        super().__init__(daemon.sup)
-        self._daemon = daemon
-
-    def status(self) -> dict:
-        doc = super().status()
-        daemon = self._daemon
-        doc["daemon"] = {"pid": os.getpid(), "draining": daemon._draining, "stopping": daemon._stopping,
-                         "clients": daemon.store.tokens(), "outcomes_held": daemon.store.undelivered()}
-        return doc
-
-    def drain(self) -> dict:
-        result = super().drain()
-        self._daemon._draining = True
-        return result
-
-    def resume(self) -> dict:
-        result = super().resume()
-        self._daemon._draining = False
-        return result
-
-    def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
-               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False,
-               items: int | None = None, route=None, severity: str | None = None, pinned: bool = False,
-               parent: int | None = None, tag: str | None = None, age: float = 0.0) -> dict:
-        daemon = self._daemon
-        if token is not None:
-            daemon.store.hold(token)
-        same = replays.identity(role, payload, key, lane, chunk, route)
-        # A retry of a submit whose reply was lost: the unit admitted the first time
-        # answers it (its outcome goes to this token too); nothing runs twice.
-        fut = None if request_id is None else daemon.replays.find(request_id, same)
-        replayed = fut is not None
-        if not replayed:
-            body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
-            # block=False: this loop serves every client; a full queue is the client's QueueFull.
-            fut = self._sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
-                                  request_id=request_id, chunk=chunk, items=items, route=route, severity=severity,
-                                  pinned=pinned, parent=parent, tag=tag, age=age, block=False, **body)
-            if request_id is not None:
-                daemon.replays.admitted(request_id, same, fut)
-        if token is not None:
-            store = daemon.store
-            fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
-        spec = daemon.config.roles[role]
-        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
-
-    # ------------------------------------------------------------------ the blocking op (off the loop)
-    def collect(self, *, token: str, timeout: float, ack: int | None = None) -> Future:
-        return self._daemon.store.collect(token, timeout, ack)

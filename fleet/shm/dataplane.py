@@ -43,7 +43,7 @@ from fleet.shm import segments as shm
 from fleet._native import ffi, lib
 from fleet.rules.errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 
-log = logging.getLogger("fleet.shm.dataplane")
+log = logging.getLogger(__name__)
 
 MAGIC = 0x32415441444C4621  # "!FLDATA2" little-endian
 LAYOUT_VERSION = 3
@@ -145,10 +145,6 @@ def _timeout_ns(timeout_s: float | None) -> int:
     if timeout_s is None:
         return -1
     return max(0, int(timeout_s * 1e9))
-
-
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
 
 
 def _check_capacity(what: str, capacity: int) -> None:

@@ -17,7 +17,7 @@ STARTED = 3  # worker -> supervisor: a unit with a timeout began running
 # --- task flags ---------------------------------------------------------------------
 F_CHUNK = 1  # the body holds a list of payloads (Fleet.map with chunksize > 1)
 F_TIMED = 2  # report STARTED, so the supervisor can time the unit
-F_ROUTED = 4  # the body starts with the provider route admission chose (fleet.runtime.codec.with_route)
+F_ROUTED = 4  # the body starts with the provider route admission chose (fleet.worker.codec.with_route)
 F_CPU = 8  # measure the handler's CPU time: the arrival log records it ([record]); a read costs ~0.5 us
 
 #: unit id, slot, key id, role, start event, flags
@@ -26,7 +26,7 @@ TASK_HEAD = struct.Struct("<QIIHBB")
 # --- result status ------------------------------------------------------------------
 ST_SOLVED = 0
 ST_SUPPRESSED = 1  # body: the reason, utf-8
-ST_HANDLER_ERROR = 2  # body: pickled (traceback text, the exception pickled or None): fleet.runtime.codec.error_parts
+ST_HANDLER_ERROR = 2  # body: pickled (traceback text, the exception pickled or None): fleet.worker.codec.error_parts
 ST_RESULT_ERROR = 3  # body: utf-8 text: why the result could not be sent
 ST_START_REFUSED = 4  # body: utf-8 text: the slot refused to start it (a fleet bug)
 ST_CHUNK = 5  # body: pickled (values, {index: (status, reason | error_parts)} for items that did not solve); all solved

@@ -18,6 +18,7 @@ import time
 from fleet.rules.budget import json_number
 from fleet.rules.errors import NotRunning
 from fleet.rules.outcomes import reason_name
+from fleet.rules.vocab import CORDONED, POSTURE_NAMES
 from fleet.rules.when import utc
 from fleet.shm.table import TableNotFound, snapshot
 from fleet.shm.table import bulkheads as table_bulkheads
@@ -253,7 +254,7 @@ def posture(view: dict, now_ns: int) -> dict:
     # since_ns 0: the supervisor never published a posture; a dwell measured from
     # the clock's epoch would be a lie.
     dwell_ns = max(0, now_ns - since) if since else None
-    current = (dwell_ns or 0) if view["state"] == "Cordoned" else 0
+    current = (dwell_ns or 0) if view["state"] == POSTURE_NAMES[CORDONED] else 0
     cordoned_ns = view["cordoned_ns"] + current
     return {
         **view,

@@ -20,7 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 
 import fleet
-from fleet.api.pool import OUT_OF_REACH, lookahead_for, quota_cores
+from fleet.api.executor import OUT_OF_REACH, lookahead_for, quota_cores
 from tests import executor_calls as C
 from tests.fleets import descendants
 
@@ -192,10 +192,10 @@ def test_bad_arguments_raise_as_process_pool_executor_does_and_start_nothing(kwa
 
 def test_max_workers_beyond_the_quota_is_capped_and_logged_once(caplog):
     cores = quota_cores()
-    with caplog.at_level(logging.INFO, logger="fleet.api.pool"):
+    with caplog.at_level(logging.INFO, logger="fleet.api.executor"):
         with fleet.Executor(max_workers=cores + 3) as ex:
             assert ex._max_workers == cores and len(ex.fleet.layout.seats) == cores
-    warnings = [r for r in caplog.records if r.name == "fleet.api.pool"]
+    warnings = [r for r in caplog.records if r.name == "fleet.api.executor"]
     assert len(warnings) == 1 and f"max_workers={cores + 3}" in warnings[0].getMessage()
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import fleet
-from fleet.api.pool import quota_cores
+from fleet.api.executor import quota_cores
 from tests.cgroups import cpu_group
 from tests.daemons import BOUND_S
 from tests.fleets import config, role, running, worker_pids

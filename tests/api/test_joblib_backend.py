@@ -24,7 +24,7 @@ import pytest
 
 import fleet
 import fleet.api.joblib_backend as fb
-from fleet.api.pool import Executor, quota_cores
+from fleet.api.executor import Executor, quota_cores
 from tests import joblib_calls as C
 from tests.fleets import descendants
 

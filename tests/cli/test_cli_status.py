@@ -285,7 +285,7 @@ def test_installed_fleetctl_prints_the_census_without_importing_numba(table, fle
     assert "fleet.shm.table.snapshot" in imported  # the profile saw the table reader load
     assert not {m for m in imported if m == "numba" or m.startswith("numba.")}
     assert "pyroute2" not in imported  # only with --delay-source taskstats / delay accounting on
-    assert "fleet.service.control" not in imported and "fleet.runtime.metrics" not in imported  # socket and exporter: not here
+    assert "fleet.service.control" not in imported and "fleet.service.metrics" not in imported  # socket and exporter: not here
     assert "census    5 slots" in proc.stdout
     assert any(line.split()[:4] == ["0", f"work-{fleet_name[:6]}-0", "solver", "Running"] for line in proc.stdout.splitlines())
 

@@ -332,7 +332,7 @@ def test_to_dict_prints_whole_numbers_as_ints():
 
 
 # --- where the supervisor's loop runs (budget.loop) --------------------------------------------
-CALL_ROLE = RoleSet((Role(name="call", handler="fleet.runtime.calls:call", slots=64),))
+CALL_ROLE = RoleSet((Role(name="call", handler="fleet.worker.calls:call", slots=64),))
 
 
 @pytest.mark.parametrize("q, workers", [(1, 1), (1.5, 1), (2, 2), (4, 4), (7.5, 7), (64, 64)])

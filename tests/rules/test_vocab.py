@@ -4,8 +4,8 @@ The codes are wire and ABI (the table's posture record, the ledger's counters by
 the role records): the expected pairs below are written out here, not read from the module.
 
 The literal rule: outside the two vocabulary modules, no module of fleet/ or admission/ spells
-a vocabulary word (a failure reason, a posture cause, a cordon class, a posture key, a lease
-state) as a string constant used as a value. Not counted: docstrings, and the literal text of
+a vocabulary word (a failure reason, a posture, a posture cause, a cordon class, a posture key,
+a lease state, a bulkhead state, a closure cause) as a string constant used as a value. Not counted: docstrings, and the literal text of
 an f-string (a message for people); an expression inside an f-string's braces is code and
 counts. A few modules share a word with another vocabulary of their own; those pairs are
 listed in OTHER_VOCABULARIES, each with the vocabulary it belongs to.
@@ -18,9 +18,10 @@ import pathlib
 
 import admission
 import fleet
+from admission import state as admission_state
 from admission import vocab as lease_vocab
 from fleet.rules import outcomes, posture, roles, vocab
-from fleet.shm.table import layout
+from fleet.shm.table import bulkheads, layout
 
 PACKAGES = (pathlib.Path(fleet.__file__).parent, pathlib.Path(admission.__file__).parent)
 HOMES = {"fleet/rules/vocab.py", "admission/vocab.py"}
@@ -40,19 +41,19 @@ CORDON_CLASS_CODES = {0: "never", 1: "floor", 2: "deferrable"}
 POSTURE_CODES = {0: "Nominal", 1: "Cordoned"}
 #: Stored in the lease store's tables and read back by every orchestrator.
 LEASE_STATES = {"queued", "admitted", "denied", "cancelled", "timed-out", "preempted", "released", "awaiting-approval"}
+#: A bulkhead record's state and its closure's cause, B_STATE and B_CAUSE (0: unused, none).
+BULKHEAD_STATE_CODES = {1: "open", 2: "backoff", 3: "closed"}
+CLOSURE_CAUSE_CODES = {1: "rate-limit", 2: "daily-limit", 3: "credit", 4: "rejected-key", 5: "budget", 6: "operator"}
 POSTURE_KEYS = {"cordon_enter_events", "cordon_enter_window_ms", "cordon_duty_percent", "cordon_duty_window_ms",
                 "cordon_exit_clean_ms", "cordon_sim_intake_floor"}
 
 #: (module, word): the word belongs to another vocabulary of that module.
 OTHER_VOCABULARIES = {
-    ("fleet/shm/table/bulkheads.py", "operator"): "a provider closure's cause",
-    ("admission/state.py", "operator"): "a provider closure's cause",
     ("fleet/service/control/errors.py", "Timeout"): "a control error code",
     ("fleet/runtime/future.py", "cancelled"): "a future's state, as concurrent.futures describes it",
-    ("fleet/runtime/facade.py", "cancelled"): "the cancel op's reply: its field and the unit's state",
-    ("fleet/service/client.py", "cancelled"): "the cancel op's reply field",
-    ("fleet/runtime/operator.py", "released"): "the posture release reply's field",
-    ("fleet/service/control/ops.py", "released"): "the posture release reply's field",
+    ("fleet/service/control/ops/units.py", "cancelled"): "the cancel op's reply: its field and the unit's state",
+    ("fleet/api/client.py", "cancelled"): "the cancel op's reply field",
+    ("fleet/service/control/ops/posture.py", "released"): "the posture release reply's field",
     ("fleet/burst/replay.py", "released"): "a replay's counter of released rounds",
     ("fleet/__init__.py", "Refused"): "a public name (the exception a handler raises)",
     ("fleet/__init__.py", "RoleStopped"): "a public name (the error of a unit whose role stopped)",
@@ -98,10 +99,26 @@ def test_lease_states_and_posture_keys():
     assert tuple(f.name for f in dataclasses.fields(posture.PosturePolicy)) == vocab.POSTURE_KEYS
 
 
+def test_bulkhead_states_and_closure_causes_keep_their_codes():
+    assert dict(enumerate(vocab.BULKHEAD_STATES)) == {0: None, **BULKHEAD_STATE_CODES}
+    assert dict(enumerate(vocab.CLOSURE_CAUSES)) == {0: None, **CLOSURE_CAUSE_CODES}
+    assert bulkheads.STATES == vocab.BULKHEAD_STATES and bulkheads.CAUSES == vocab.CLOSURE_CAUSES
+    named = {getattr(vocab.BulkheadState, attr) for attr in vars(vocab.BulkheadState) if attr.isupper()}
+    assert named == set(BULKHEAD_STATE_CODES.values())
+    named = {getattr(vocab.ClosureCause, attr) for attr in vars(vocab.ClosureCause) if attr.isupper()}
+    assert named == set(CLOSURE_CAUSE_CODES.values())
+    # the provider admission's own names are these words
+    assert (admission_state.RATE_LIMIT, admission_state.OPERATOR) == ("rate-limit", "operator")
+    assert set(admission_state.CLOSING) < set(CLOSURE_CAUSE_CODES.values())
+
+
 # --- the literal rule --------------------------------------------------------------------
 
 WORDS = (set(FAILURE_REASON_CODES.values()) | (set(POSTURE_CAUSE_CODES.values()) - {"none"})
-         | set(CORDON_CLASS_CODES.values()) | LEASE_STATES | POSTURE_KEYS)
+         | set(CORDON_CLASS_CODES.values()) | LEASE_STATES | POSTURE_KEYS | set(POSTURE_CODES.values())
+         | set(BULKHEAD_STATE_CODES.values()) | (set(CLOSURE_CAUSE_CODES.values()) - {"budget"}))
+# ("none" and "budget" are left out: the one is every empty cell's word, the other the CPU
+# budget's, the [budget] section's and its status keys'.)
 
 
 def _docstrings(tree) -> set[int]:
@@ -160,3 +177,38 @@ def test_every_listed_exception_is_still_needed():
             rel = str(path.relative_to(package.parent))
             seen.update((rel, word) for _line, word in spelled_words(path.read_text()))
     assert set(OTHER_VOCABULARIES) - seen == set()
+
+
+# --- one exit-code registry ---------------------------------------------------------------
+
+#: Where exit codes are defined: fleet's registry, and admission's own (it stands below fleet).
+EXIT_HOMES = {"fleet/rules/errors.py", "admission/errors.py", "admission/store/base.py"}
+
+
+def exit_codes_defined(source: str) -> list[str]:
+    """The ``EXIT_*`` names `source` binds to a number of its own (module, class or function level)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant) \
+                and type(node.value.value) is int:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [t.id if isinstance(t, ast.Name) else t.attr for t in targets
+                      if isinstance(t, (ast.Name, ast.Attribute))
+                      and (t.id if isinstance(t, ast.Name) else t.attr).startswith("EXIT_")]
+    return found
+
+
+def test_every_exit_code_is_defined_in_the_registry():
+    offenders = {}
+    for package in PACKAGES:
+        for path in sorted(package.rglob("*.py")):
+            rel = str(path.relative_to(package.parent))
+            if rel not in EXIT_HOMES and (found := exit_codes_defined(path.read_text())):
+                offenders[rel] = found
+    assert offenders == {}
+
+
+def test_the_exit_code_scan_finds_a_code_of_its_own():
+    assert sorted(exit_codes_defined("EXIT_OK = 0\nclass Busy:\n    EXIT_BUSY = 75\nself.EXIT_X = 3\n")) == [
+        "EXIT_BUSY", "EXIT_OK", "EXIT_X"]
+    assert exit_codes_defined("from fleet.rules.errors import EXIT_OK\nEXIT_USAGE = EXIT_OK\ncode = 70\n") == []

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.runtime import codec
+from fleet.worker import codec
 from fleet.shm import dataplane
 from fleet.shm.table import segment
 from fleet.rules.unit import PayloadTooLarge, PayloadUnpicklable, UnitError, UnitFailed

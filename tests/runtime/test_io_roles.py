@@ -20,7 +20,7 @@ import pytest
 
 import fleet
 from fleet import UnitError, UnitFailed, UnitSuppressed
-from fleet.runtime.io.runner import IoRunner
+from fleet.worker.io.runner import IoRunner
 from tests.fleets import config, running, worker_pids
 from tests.wakeups import switches_by_thread, woken
 
@@ -51,7 +51,7 @@ def owing_fleet(cfg: dict):
         try:
             yield f
         except BaseException:
-            f._sup.inspect(lambda sup: sup._units.clear())  # the loop stops once nothing is owed
+            f._sup.inspect(lambda sup: sup.books._units.clear())  # the loop stops once nothing is owed
             raise
     assert not fuses, fuses
 

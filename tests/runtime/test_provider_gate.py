@@ -16,7 +16,7 @@ from fleet.runtime.provider_gate import (
     signal_of,
 )
 from fleet.rules.unit import Outcome
-from fleet.runtime import codec
+from fleet.worker import codec
 from fleet.runtime.future import UnitFuture
 from fleet.runtime.gates import GO, HELD
 from fleet.runtime.submit import LoopUnit

@@ -732,7 +732,7 @@ def test_stress_callbacks_race_resolves(fine_switching):
 
 # --- interop details ----------------------------------------------------------------------------
 def test_stdlib_methods_called_unbound_stay_coherent():
-    # fleet.service.client calls Future.set_running_or_notify_cancel(fut) on its futures.
+    # fleet.api.client calls Future.set_running_or_notify_cancel(fut) on its futures.
     f = UnitFuture()
     calls = []
     Future.add_done_callback(f, lambda g: calls.append("base"))

@@ -1,4 +1,4 @@
-"""fleet.runtime.metrics: scrape the real HTTP endpoint over a real table and parse the exposition."""
+"""fleet.service.metrics: scrape the real HTTP endpoint over a real table and parse the exposition."""
 from __future__ import annotations
 
 import socket
@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.rules import fsm
-from fleet.runtime.metrics import FleetMetrics, MetricsServer
+from fleet.service.metrics import FleetMetrics, MetricsServer
 from fleet.rules.outcomes import FAILURE_REASONS
 from fleet.shm.table import SlotTable, TableNotFound
 from tests import fleet_tables as ft

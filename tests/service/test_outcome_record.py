@@ -11,7 +11,7 @@ from concurrent.futures import Future
 import pytest
 
 from fleet.service import control
-from fleet.service.client import Client
+from fleet.api.client import Client
 from fleet.service.control import outcome_record as rec
 from fleet.rules.outcomes import FAILED, FAILURE_REASONS, SUPPRESSED
 from fleet.rules.unit import Outcome, UnitFailed, UnitSuppressed, error_for

@@ -94,7 +94,7 @@ def test_stale_table_of_a_dead_creator_is_reclaimed_and_logged(fleet_name, reape
         SlotTable.create(fleet_name, REFERENCE_ROLES, 4)
     child.send_signal(signal.SIGKILL)
     child.wait(10)
-    with caplog.at_level(logging.WARNING, logger="fleet.shm.table"):
+    with caplog.at_level(logging.WARNING, logger="fleet.shm.table.segment"):
         with SlotTable.create(fleet_name, REFERENCE_ROLES, 4) as t:
             assert t.state(0)[0] == 0  # a fresh table, not the dead one's
             assert int(t.segment.header["creator_pid"]) == os.getpid()

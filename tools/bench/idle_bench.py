@@ -36,7 +36,7 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from fleet.runtime.io.selector import PreciseEpollSelector  # noqa: E402
+from fleet.worker.io.selector import PreciseEpollSelector  # noqa: E402
 from fleet.shm.dataplane import DataSegment, unlink  # noqa: E402
 from tests.wakeups import switches_by_thread  # noqa: E402
 

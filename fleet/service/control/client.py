@@ -113,11 +113,6 @@ class ControlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def server_pid(self) -> int | None:
-        """The daemon's pid on the current connection (SO_PEERCRED); None when not connected."""
-        return self._server_pid
-
     def connect(self) -> int:
         """Connect now, or check that the open connection still stands (see `_connect`);
         returns the daemon's pid on it."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.rules.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, FleetError, NotRunning
+from fleet.rules.errors import EXIT_BUSY, EXIT_CONFIG, EXIT_FAILURE, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, FleetError, NotRunning
 
 
 # Error types carried in error replies. Handler errors that are FleetErrors travel
@@ -73,12 +73,9 @@ class ControlBusy(RemoteError):
     """The daemon refused the connection: every control connection it allows is busy
     (its own limits, see `ControlServer`). Try again shortly; nothing was run."""
 
-    #: EX_TEMPFAIL: a temporary condition, retrying later may work.
-    EXIT_BUSY = 75
-
     def __init__(self, message: str):
         super().__init__(E_BUSY, message)
-        self.exit_code = self.EXIT_BUSY
+        self.exit_code = EXIT_BUSY
 
 
 class ControlTimeout(ControlError):

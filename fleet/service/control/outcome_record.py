@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.runtime.codec import MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _Pickled, clip_detail, dumps, handler_error, loads
+from fleet.worker.codec import MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _Pickled, clip_detail, dumps, handler_error, loads
 from fleet.rules.outcomes import FAILED, KINDS, SOLVED
 from fleet.rules.raised import unit_exception
 from fleet.rules.vocab import Reason
@@ -66,7 +66,7 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
     `PART_CHARS` in base64.
 
     A solved value travels as the bytes its worker pickled: in service mode the
-    supervisor relays them without unpickling (`fleet.runtime.codec._Pickled`), so the
+    supervisor relays them without unpickling (`fleet.worker.codec._Pickled`), so the
     daemon never has to pickle a value again. That is what keeps the ledger honest:
     a value that the worker could pickle but that would not survive a round trip
     through the daemon (its unpickled form is not picklable) used to be counted

@@ -36,7 +36,7 @@ from fleet.service.control.ops import OPS, OpRegistry
 from fleet.service.control.wire import MAX_FRAME, decode_request, encode_error, encode_reply
 
 
-log = logging.getLogger("fleet.service.control")
+log = logging.getLogger(__name__)
 
 #: How long a connection may take to send a complete frame: from accept until its
 #: first frame ends, and from a frame's first byte until its newline. Every client

@@ -20,10 +20,11 @@ A record (fleet.shm.table.layout, ``B_*``) holds 16 words and the pool's name:
 """
 from __future__ import annotations
 
+from fleet.rules.vocab import BULKHEAD_STATES, CLOSURE_CAUSES, BulkheadState
 from fleet.shm.table import layout as L
 
-STATES = ("unused", "open", "backoff", "closed")
-CAUSES = (None, "rate-limit", "daily-limit", "credit", "rejected-key", "budget", "operator")
+STATES = BULKHEAD_STATES  # by code: 0 is an unused record
+CAUSES = CLOSURE_CAUSES  # by code: 0 is none
 DAILY_FLAG = 0x100
 FIELDS = L.BULKHEAD_SIZE // L.U64
 NAME_WORDS = L.BULKHEAD_NAME_BYTES // L.U64
@@ -149,3 +150,13 @@ class BulkheadWriter:
             self.table._seq_write(self.table.bulkheads, base + L.B_SEQ, fields)
             written += 1
         return written
+
+
+def held_until(row: dict) -> float | None:
+    """When a bulkhead row's hold ends (UTC epoch seconds): its closure's end when
+    closed, its backoff's when backing off; None when open."""
+    if row["state"] == BulkheadState.CLOSED:
+        return row["closed_until"]
+    if row["state"] == BulkheadState.BACKOFF:
+        return row["backoff_until"]
+    return None

@@ -35,7 +35,7 @@ from fleet.rules.names import InvalidFleetName
 from fleet.shm.segments import creator_alive, process_start_time  # noqa: F401 (re-exported for readers and tests)
 from fleet.shm.table import layout as L
 
-log = logging.getLogger("fleet.shm.table")
+log = logging.getLogger(__name__)
 
 
 class TableError(FleetError):

@@ -1,4 +1,4 @@
-"""The task/result codec (fleet.runtime.codec): every result status decodes to its outcome;
+"""The task/result codec (fleet.worker.codec): every result status decodes to its outcome;
 a task body is refused, typed, when it cannot be pickled or is too large; whatever a
 unit's objects do when they are pickled or unpickled is a CodecError naming why."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from fleet.runtime import codec
+from fleet.worker import codec
 from fleet.shm import messages as M
 from tests import hostile as H
 from fleet.rules.unit import PayloadTooLarge, PayloadUnpicklable
@@ -158,7 +158,7 @@ def test_a_failure_is_named_even_when_its_text_cannot_be_read_or_runs_long():
 
 _DEEP_UNDER_A_RAISED_LIMIT = """
 import sys
-from fleet.runtime import codec
+from fleet.worker import codec
 from tests.hostile import nested
 sys.setrecursionlimit(10**7)
 deep = nested(200_000)

@@ -16,7 +16,7 @@ import pytest
 import fleet
 from fleet._chunk import hand_out, run_items
 from fleet.rules.unit import RUNNING, Unit, _Running
-from fleet.runtime.worker import _PAYLOAD_AT
+from fleet.worker.process import _PAYLOAD_AT
 
 TEMPLATE = Unit(7, "resolve", None, "k", "batch", "req-1")
 

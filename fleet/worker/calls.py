@@ -3,7 +3,7 @@
 A unit's payload is ``(fn, args, kwargs)``, pickled in the caller's process: `fn` by
 reference (its module and name, as pickle does for any function), so the worker
 imports it; a function of the program's ``__main__`` is found because the zygote
-imported the main module first (`fleet.runtime.worker_setup`).
+imported the main module first (`fleet.worker.prepare`).
 
 A chunk of `map` travels as one `Calls`: the function once and the items' arguments
 as one list, so a chunk of 64 calls pickles one reference to `fn` rather than 64

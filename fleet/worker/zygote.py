@@ -28,7 +28,14 @@ import signal
 import socket
 import sys
 
-log = logging.getLogger("fleet.runtime.zygote")
+log = logging.getLogger(__name__)
+
+#: The directory this fleet package was imported from. The zygote is started so that
+#: it imports fleet from here too: a supervisor and its workers must run one copy of
+#: fleet (its table layout, FSM and ring protocol), whatever else the zygote's working
+#: directory or environment would put first (a folder named fleet, another install).
+#: The zygote says it back at boot (`fleet.runtime.zygote_link` checks it).
+FLEET_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def resolve_handler(spec: str, where: str):
@@ -69,7 +76,7 @@ class Zygote:
         self.table = self.data = self.roles = None
         self.handlers: list = []
         self.worker_nice: int | None = None
-        self.setup = None  # fleet.runtime.worker_setup.WorkerSetup
+        self.setup = None  # fleet.worker.prepare.WorkerSetup
         self.init = None  # the initializer each worker calls first, (callable, args)
 
     def send(self, **msg) -> None:
@@ -100,7 +107,7 @@ class Zygote:
         from fleet.shm.table import SlotTable
         from fleet.shm.dataplane import DataSegment
 
-        from fleet.runtime.worker_setup import WorkerSetup, prepare_zygote
+        from fleet.worker.prepare import WorkerSetup, prepare_zygote
 
         sys.path[:] = msg["sys_path"]
         self.worker_nice = msg.get("worker_nice")
@@ -113,7 +120,7 @@ class Zygote:
         for role, handler in zip(self.roles, self.handlers):
             check_async_handler(role, handler)
         self.table = SlotTable.attach(msg["name"])
-        self.table._kernels()  # compile or load once, here, for every fork to inherit
+        self.table.load_kernels()  # once, here, for every fork to inherit
         self.data = DataSegment.attach(msg["name"])
         # Everything imported so far (numba, the handlers' modules) lives as long as the
         # process: out of the collector's sight, a worker's full collections walk only
@@ -125,9 +132,11 @@ class Zygote:
         zygote = os.getpid()
         pid = os.fork()
         if pid == 0:
-            code = 70
+            from fleet.rules.errors import EXIT_WORKER_BROKEN
+
+            code = EXIT_WORKER_BROKEN
             try:
-                from fleet.runtime.worker import Worker, child_setup
+                from fleet.worker.process import Worker, child_setup
 
                 self.sock.close()
                 child_setup(cpus, self.worker_nice)
@@ -136,7 +145,7 @@ class Zygote:
                 code = Worker(seat, self.table, self.data, self.roles, self.handlers,
                               max_tasks=self.setup.max_tasks, init=self.init).run()
             except BaseException:  # noqa: BLE001 - a crashing worker must still exit, never return here
-                logging.getLogger("fleet.runtime.worker").exception("worker for seat %d crashed", seat)
+                logging.getLogger("fleet.worker.process").exception("worker for seat %d crashed", seat)
             finally:
                 _flush_std()  # what its units printed is theirs: os._exit would drop it
                 os._exit(code)
@@ -196,7 +205,7 @@ def _flush_std() -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="fleet.runtime.zygote", description="Fork server for fleet workers (internal).")
+    parser = argparse.ArgumentParser(prog="fleet.worker.zygote", description="Fork server for fleet workers (internal).")
     parser.add_argument("--fd", type=int, required=True, help="the socketpair end inherited from the supervisor")
     parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
     args = parser.parse_args(argv)
@@ -215,8 +224,6 @@ def main(argv=None) -> int:
     except BaseException as exc:  # noqa: BLE001 - report any boot failure to the supervisor
         zygote.send(op="error", type=type(exc).__name__, message=str(exc), path=getattr(exc, "path", None))
         return 1
-    from fleet.runtime.zygote_link import FLEET_ROOT  # where this process's fleet came from
-
     zygote.send(op="ready", pid=os.getpid(), fleet=FLEET_ROOT)  # the supervisor checks it runs the same copy
     return zygote.serve()
 

@@ -38,7 +38,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable
 
-log = logging.getLogger("fleet.runtime.io.runner")
+log = logging.getLogger(__name__)
 
 
 class IoRunner:

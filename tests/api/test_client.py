@@ -223,7 +223,7 @@ def test_a_daemon_stalled_past_the_poll_timeout_still_delivers_what_it_solves(fl
     # Polls give up after 0.5 s; the daemon is stopped for several of them while its
     # worker (another process) runs the unit, then goes on: the unit it solves reaches
     # the future, which waited (a slow daemon is not a lost one).
-    from fleet.service import client as client_mod
+    from fleet.api import client as client_mod
 
     monkeypatch.setattr(client_mod, "COLLECT_WAIT_S", 0.2)
     monkeypatch.setattr(client_mod, "COLLECT_GRACE_S", 0.3)
@@ -394,7 +394,7 @@ def test_a_remote_map_reaches_the_ledger_in_units_and_items(served, client):
 
 
 class _BootPolls:
-    """`time` as `fleet.service.client` sees it, counting the boot wait's polls (its
+    """`time` as `fleet.api.client` sees it, counting the boot wait's polls (its
     sleeps); `on_first` runs at the first (then the poll sleeps as it would)."""
 
     def __init__(self, on_first=None):
@@ -414,7 +414,7 @@ class _BootPolls:
 def test_connect_waits_for_a_fleet_that_is_booting(fleet_name, monkeypatch):
     import os
 
-    from fleet.service import client as client_mod
+    from fleet.api import client as client_mod
     from fleet.shm.table import SlotTable
     from tests import fleet_tables as ft
 
@@ -446,7 +446,7 @@ def test_connect_waits_for_a_fleet_that_is_booting(fleet_name, monkeypatch):
 def test_connect_does_not_wait_for_an_embedded_or_absent_fleet(fleet_name, monkeypatch):
     import os
 
-    from fleet.service import client as client_mod
+    from fleet.api import client as client_mod
     from fleet.shm.table import SlotTable
     from tests import fleet_tables as ft
 

@@ -1,5 +1,5 @@
 """The I/O seat's selector: epoll waits whose timeouts are nanoseconds, not whole
-milliseconds (fleet.runtime.io.selector), and otherwise what `selectors.EpollSelector` reports.
+milliseconds (fleet.worker.io.selector), and otherwise what `selectors.EpollSelector` reports.
 
 Real epoll instances, pipes, socket pairs and signals. The precision is checked on
 what the selector hands the kernel (with a fake clock where it reads one), never as a
@@ -19,8 +19,8 @@ import types
 
 import pytest
 
-from fleet.runtime.io import selector as io_selector
-from fleet.runtime.io.selector import PreciseEpollSelector, new_event_loop, timeout_ns
+from fleet.worker.io import selector as io_selector
+from fleet.worker.io.selector import PreciseEpollSelector, new_event_loop, timeout_ns
 from tests.fleets import running, unique_name
 from tests.runtime.test_io_roles import io_role
 
@@ -213,7 +213,7 @@ def test_a_kernel_without_epoll_pwait2_gets_whole_millisecond_waits_from_then_on
     try:
         selector.register(r, selectors.EVENT_READ, "pipe")
         os.write(w, b"x")
-        with caplog.at_level("INFO", logger="fleet.runtime.io.selector"):
+        with caplog.at_level("INFO", logger="fleet.worker.io.selector"):
             assert [(k.data, e) for k, e in selector.select(0.001)] == [("pipe", selectors.EVENT_READ)]
         assert not selector.precise and len(calls) == 1
         assert "not offered" in caplog.text

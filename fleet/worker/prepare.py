@@ -1,6 +1,6 @@
 """What a fleet's worker processes do before their first unit, beyond the handlers.
 
-fleet's workers are forks of its zygote (`fleet.runtime.zygote`), a fresh interpreter,
+fleet's workers are forks of its zygote (`fleet.worker.zygote`), a fresh interpreter,
 not children of the program that made the fleet. ProcessPoolExecutor's workers are
 multiprocessing children, and its users count on three things of them; a fleet asks
 for them in its config (`FleetConfig.workers`, a `WorkerSetup`), and the zygote does
@@ -23,7 +23,7 @@ them once, so that every worker, at boot and at every restart, inherits them:
   unpickled in the zygote once the main module is there, and called in each worker
   before its first unit. If it raises, the worker logs it (to the
   ``concurrent.futures`` logger, as ProcessPoolExecutor does) and exits with
-  EXIT_INIT_FAILED; the supervisor then stops the roles of its seat (their units
+  EXIT_INIT_FAILED (`fleet.rules.errors`); the supervisor then stops the roles of its seat (their units
   fail RoleStopped), since every worker would fail the same way;
 * **retirement** (`max_tasks`): a worker that has run this many units exits with
   EXIT_RETIRED once the last one's result is pushed; the supervisor forks its seat
@@ -37,11 +37,6 @@ import base64
 import logging
 import os
 from dataclasses import dataclass
-
-#: A worker whose initializer raised (the supervisor stops its seat's roles).
-EXIT_INIT_FAILED = 78  # EX_CONFIG
-#: A worker that ran its `max_tasks` units (the supervisor forks its seat again).
-EXIT_RETIRED = 79
 
 
 @dataclass(frozen=True)
@@ -68,7 +63,7 @@ class WorkerSetup:
         import multiprocessing
         from multiprocessing import spawn
 
-        from fleet.runtime.codec import CodecError, dumps, unpicklable
+        from fleet.worker.codec import CodecError, dumps, unpicklable
 
         prepared = spawn.get_preparation_data("fleet-worker")
         main = {k: prepared[k] for k in ("init_main_from_path", "init_main_from_name") if k in prepared}
@@ -104,7 +99,7 @@ def prepare_zygote(setup: WorkerSetup):
     import sys
     from multiprocessing import process, spawn
 
-    from fleet.runtime.codec import loads
+    from fleet.worker.codec import loads
 
     if setup.argv is not None:
         sys.argv[:] = setup.argv  # the zygote parsed its own arguments already

@@ -25,7 +25,7 @@ import time
 
 from fleet import _native
 
-log = logging.getLogger("fleet.runtime.io.selector")
+log = logging.getLogger(__name__)
 
 #: Events reported per wait at most (the C side's batch; level-triggered fds that are
 #: still ready come back at the next wait, as with epoll_wait).

@@ -1,6 +1,6 @@
 """The worker: one process per seat, running the units granted to its slots in order.
 
-A worker is forked from the fleet's zygote (`fleet.runtime.zygote`), which has already
+A worker is forked from the fleet's zygote (`fleet.worker.zygote`), which has already
 imported numba, loaded the transition kernels, imported every handler module and
 attached the shared table and data segment; so a worker starts in milliseconds and
 compiles nothing. Construction is inert; `run()` does the work (STYLE item 7).
@@ -18,7 +18,7 @@ Units of an I/O-bound role (``io_bound = true``) run concurrently, up to the sea
 slots of that role at once. A seat that hosts one runs an asyncio loop on its main
 thread instead of the plain loop above, and that thread still owns the slot
 transitions and the result ring: it STARTs each unit on its own slot, runs it on
-`fleet.runtime.io.runner` (``async def`` handlers as tasks on the loop, plain ones on a
+`fleet.worker.io.runner` (``async def`` handlers as tasks on the loop, plain ones on a
 thread pool, other roles' units one after another on a serial thread), and ends the
 slot and pushes the result when the unit is done — for a coroutine, in the task that
 ran it. The task ring's wake-ups reach the loop as a readable fd (`RingRelay`).
@@ -36,22 +36,21 @@ import traceback
 
 from fleet.rules import cordon, fsm
 from fleet.shm import messages as M
-from fleet.runtime.codec import (MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps, error_parts, loads,
+from fleet.worker.codec import (MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps, error_parts, loads,
                                  refused_body, safe_str, split_route)
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
-from fleet.runtime.io.runner import IoRunner
-from fleet.runtime.io.selector import new_event_loop
+from fleet.worker.io.runner import IoRunner
+from fleet.worker.io.selector import new_event_loop
 from fleet.rules.outcomes import Refused
 from fleet.shm.table.layout import FLAG_CLOSING
 from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
-from fleet.runtime import calls
-from fleet.runtime.worker_setup import EXIT_INIT_FAILED, EXIT_RETIRED, run_initializer
+from fleet.worker import calls
+from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_OK, EXIT_RETIRED
+from fleet.worker.prepare import run_initializer
 
-log = logging.getLogger("fleet.runtime.worker")
+log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_BROKEN = 70  # EX_SOFTWARE: the worker hit a state it cannot continue from
 
 #: How long an idle worker sleeps between checks when units are held back by cordon.
 HELD_RETRY_S = 0.05
@@ -71,13 +70,13 @@ NO_CPU = float("nan")
 
 
 class _Retire(Exception):
-    """This worker has run its `max_tasks` units (fleet.runtime.worker_setup)."""
+    """This worker has run its `max_tasks` units (fleet.worker.prepare)."""
 
 
 class Worker:
     """Runs one seat. `handlers[role code]` is the callable for that role (or None).
     `init`: the initializer to call first, `(callable, args)`; `max_tasks`: units run
-    before the worker exits to be replaced (fleet.runtime.worker_setup; None: no limit)."""
+    before the worker exits to be replaced (fleet.worker.prepare; None: no limit)."""
 
     def __init__(self, seat: int, table, data, roles, handlers: list, max_tasks: int | None = None, init=None):
         self.seat = seat
@@ -138,7 +137,7 @@ class Worker:
 
     # --- a seat with I/O slots: everything on one event loop ----------------------------
     def _run_io_seat(self) -> int:
-        self.loop = loop = new_event_loop()  # timers to the nanosecond (fleet.runtime.io.selector)
+        self.loop = loop = new_event_loop()  # timers to the nanosecond (fleet.worker.io.selector)
         asyncio.set_event_loop(loop)
         self.io = IoRunner(self._io_slots, loop, self._unit_done)
         self._relay = RingRelay(self.tasks)

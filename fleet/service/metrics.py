@@ -56,7 +56,7 @@ from fleet.rules import fsm
 from fleet.rules.errors import FleetError
 from fleet.rules.outcomes import FAILURE_REASONS, OUTCOMES, reason_name
 
-log = logging.getLogger("fleet.runtime.metrics")
+log = logging.getLogger(__name__)
 
 #: Run-time histogram buckets (seconds): from sub-millisecond units to ten-minute solves.
 RUN_SECONDS_BUCKETS = (

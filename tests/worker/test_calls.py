@@ -1,4 +1,4 @@
-"""fleet.runtime.calls: a call unit's handler and the chunk of map calls (pure: no fleet)."""
+"""fleet.worker.calls: a call unit's handler and the chunk of map calls (pure: no fleet)."""
 from __future__ import annotations
 
 import operator
@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from fleet.rules.unit import Unit
-from fleet.runtime import calls
+from fleet.worker import calls
 from tests import executor_calls as C
 
 
