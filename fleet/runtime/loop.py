@@ -99,7 +99,7 @@ class Supervisor:
         self.roles = config.roles
         self.mode = mode
         self._relay = mode == "service"  # results stay pickled for fleetd's clients (codec.result_outcome)
-        self.ledger = Ledger(on_fuse=on_fuse)  # thread-safe itself: any thread may read its counts
+        self.ledger = Ledger(on_fuse=on_fuse, name=config.name)  # thread-safe itself: any thread may read its counts
         self._cpus_override = cpus
         self._ids = itertools.count(1)  # next() is atomic: callers number their own units
         self._room = QueueRoom([r.queue_bound for r in self.roles])

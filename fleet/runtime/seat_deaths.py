@@ -139,7 +139,7 @@ def take_delivered(sup, seat: int) -> None:
     ring = sup.data.results(seat)
     batch = ring.pop_many()
     while batch:
-        results.take_messages(sup, batch)
+        results.take_messages(sup, batch, seat)
         batch = ring.pop_many()
 
 
