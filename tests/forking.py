@@ -122,3 +122,17 @@ def scribble(unit):
         worker.bell.ring()
         os._exit(0)
     return ("parent", _ended(pid))
+
+
+def fork_and_wait(unit):
+    """Fork a child that makes the file `unit.payload` + ".ready" (it runs: past fork and
+    its at-fork hooks), then waits until the file `unit.payload` exists (at most the
+    bound) and returns; the parent returns the child's pid at once."""
+    pid = os.fork()
+    if pid == 0:
+        open(unit.payload + ".ready", "w").close()
+        deadline = time.monotonic() + CHILD_BOUND_S
+        while not os.path.exists(unit.payload) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "child"
+    return pid

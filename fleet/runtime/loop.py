@@ -39,8 +39,9 @@ import time
 from concurrent.futures import Future
 
 from fleet.host import priority as priority_mod
+from fleet.host.proctitle import name_thread
 from fleet.host.system import Host
-from fleet.rules import fsm
+from fleet.rules import fsm, titles
 from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED, SOLVED
 from fleet.rules.raised import unit_exception
@@ -349,6 +350,7 @@ class Supervisor:
 
     def _loop(self) -> None:
         self._loop_ident = threading.get_ident()
+        name_thread(titles.LOOP_THREAD)  # top -H; the program that embeds the fleet keeps its own name
         bell = self.data.bell
         next_sample = 0.0
         seat_cpus = {c for seat in self.layout.seats for c in seat.cpus}

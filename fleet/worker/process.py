@@ -528,12 +528,17 @@ def _utf8(text: str) -> bytes:
     return text.encode(errors="replace")  # a lone surrogate in a handler's text is no reason to die
 
 
-def child_setup(cpus, nice: int | None = None) -> None:
+def child_setup(cpus, nice: int | None = None, title=None) -> None:
     """Process-wide set-up of a fresh worker (after fork, before run): pinned to `cpus`,
-    at `nice` (fleet.host.priority: a worker below its supervisor's loop)."""
+    at `nice` (fleet.host.priority: a worker below its supervisor's loop), named
+    `title` (a fleet.rules.titles.Title; None: the zygote's name kept)."""
     from fleet._native import lib
 
     lib.fleet_set_pdeathsig(signal.SIGKILL)  # never outlive the zygote (and so fleetd)
+    if title is not None:
+        from fleet.host.proctitle import name_process
+
+        name_process(title)  # ps, top and the journal tell this seat's worker from the rest
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when work stops
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

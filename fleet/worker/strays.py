@@ -26,6 +26,9 @@ The mark comes from Python's own at-fork hooks, which run for `os.fork` and what
 forks through it (multiprocessing's fork, `os.forkpty`). A fork(2) made from C that
 runs no hooks is caught where a unit's slot ends (`fleet.worker.process`), which also
 compares the pid (`is_stray`): the child then ends before it writes to the table.
+
+While it runs, such a child is named after its worker with ``-child`` appended
+(``fleet-<fleet>-<seat>-child`` in ``ps``), so it is never taken for a second worker.
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ import os
 import sys
 import traceback
 from typing import NoReturn
+
+from fleet.host.proctitle import mark_child
 
 log = logging.getLogger("fleet.worker.process")
 
@@ -59,6 +64,7 @@ def _forked() -> None:
     for items in list(_running.values()):
         items.clear()  # the C loop running them stops after the current item (in this child only)
     _running.clear()
+    mark_child()  # ps shows `fleet-<fleet>-<seat>-child`: no second worker of the seat by name
 
 
 def is_stray() -> bool:
