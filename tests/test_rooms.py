@@ -332,3 +332,49 @@ def test_the_internals_doc_names_what_every_module_of_fleet_owns():
                if p.name != "__init__.py" and not any(str(p.relative_to(ROOT)).startswith(f + "/") for f in folders)}
     present |= {f + "/" for f in folders}
     assert listed == present
+
+
+# One owner per piece of state (docs/internals.md, "The supervisor's owners"): a module of
+# the supervisor's rooms works on another object through what it offers, never through its
+# private fields (an attribute spelled with a leading underscore on anything but self, cls,
+# super() or a module). The few that remain, each with its reason:
+PRIVATE_READS = {
+    ("fleet/runtime/zygote_link.py", "link._boot"): "ZygoteLink.start boots the link it just made (its own class)",
+    ("fleet/runtime/provider_gate.py", "pool._budget"): "the admission pool offers no reading of its budget table",
+}
+
+
+def private_reaches(source: str) -> list[str]:
+    """``obj._field`` in `source` where obj is not self, cls, super() or a module it imports."""
+    tree = ast.parse(source)
+    modules = {a.asname or a.name.split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and (owner.id in ("self", "cls") or owner.id in modules):
+            continue
+        if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+            continue
+        found.append(f"{ast.unparse(owner)}.{node.attr}")
+    return sorted(found)
+
+
+def test_no_supervisor_room_reaches_into_another_objects_private_fields():
+    offenders = {}
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
+        rel = str(path.relative_to(TREE))
+        found = [f for f in private_reaches(path.read_text()) if (rel, f) not in PRIVATE_READS]
+        if found:
+            offenders[rel] = found
+    assert offenders == {}
+
+
+def test_the_private_scan_finds_a_room_writing_the_supervisors_field():
+    # How the rooms of the supervisor once worked: a function of the supervisor's fields.
+    assert private_reaches("def close(sup, u):\n    sup._units.pop(u)\n    sup._dispatch()\n") == [
+        "sup._dispatch", "sup._units"]
+    assert private_reaches("import threading\nclass A:\n    def f(self):\n        self._x = super()._y\n"
+                           "        threading._register_atexit(f)\n") == []

@@ -143,8 +143,8 @@ def storm(args) -> int:
             sup = f._sup
             pids = list(sup.pids().values())
             victim = krng.choice(pids) if pids else None
-            if args.kill_zygote and pids and sup.workers.zygote is not None and time.monotonic() >= next_zygote:
-                victim, next_zygote = sup.workers.zygote.pid, time.monotonic() + 3.0  # a reboot takes ~1-2 s
+            if args.kill_zygote and pids and sup.seats.workers.zygote is not None and time.monotonic() >= next_zygote:
+                victim, next_zygote = sup.seats.workers.zygote.pid, time.monotonic() + 3.0  # a reboot takes ~1-2 s
             if victim is not None:
                 try:
                     os.kill(victim, signal.SIGKILL)
@@ -171,7 +171,7 @@ def storm(args) -> int:
     if closer.is_alive():
         sup = f._sup
         try:  # a wedged loop may not answer
-            inside = sup.inspect(lambda s: {"pids": dict(s.workers.pids), "posture": sorted(s.posture.state.causes),
+            inside = sup.inspect(lambda s: {"pids": dict(s.seats.workers.pids), "posture": sorted(s.posture.causes),
                                             "queued": [s.dispatcher.queued(c) for c in range(len(s.roles))]},
                                  timeout=2)
         except TimeoutError:

@@ -3,9 +3,9 @@
 A posted submit (`fleet.runtime.submit`) is counted in the ledger here, on the loop
 thread, and goes through the loop's gates (`fleet.runtime.gates`: the provider
 admission for a unit with a route, the host-group lease for a unit of a gated role),
-then to the dispatcher's queue. A unit the loop takes
-after the fleet closed, or after its role stopped, is counted and fails as the units
-queued at that moment did: the caller holds its future, so it is never an orphan.
+then to the dispatcher's queue. A unit the loop takes after the fleet closed, or after
+its role stopped, is counted and fails as the units queued at that moment did: the
+caller holds its future, so it is never an orphan.
 
 One owner: the loop thread.
 """
@@ -21,63 +21,73 @@ if TYPE_CHECKING:
     from fleet.runtime.submit import LoopUnit
 
 
-def accept(sup, unit: LoopUnit, arrival: tuple | None) -> None:
-    """A posted submit: into the ledger and on its way (the gates, then the queue).
-    `arrival`: what the arrival log records, when [record] is on."""
-    code, unit_id = unit.role, unit.unit_id
-    late = _late_failure(sup, code)
-    if late is not None:
-        # The fleet closed, or the role stopped, after the caller's check: the caller
-        # holds the unit's future, so the unit is counted and fails as the units
-        # queued at that moment did (Shutdown, RoleStopped); never an orphan future.
-        sup._units[unit_id] = unit
-        sup.ledger.submitted(unit_id, unit.items)
-        sup._fail_unstarted(unit_id, *late)
-        return
-    try:
-        passed = (unit.route is None and code in sup._open_roles) or sup._through(unit)
-    except BadUnit as exc:  # the catalog changed since the caller's check (a reload)
-        fail_future(unit.future, exc)
-        sup._room.give(code)
-        return
-    sup._units[unit_id] = unit
-    sup._accepted = True
-    sup.ledger.submitted(unit_id, unit.items)
-    if sup.recorder is not None:
-        sup.recorder.arrival(*arrival)
-    if passed:
-        sup.dispatcher.enqueue(unit)
+class Acceptor:
+    """Takes posted submits into the books and on to the gates and the dispatcher; says
+    whether any came since the loop last dispatched (`take_news`)."""
 
+    def __init__(self, door, books, gates, dispatcher, roles, recorder=None):
+        self._door, self._books, self._gates, self._dispatcher = door, books, gates, dispatcher
+        self._roles, self._recorder = roles, recorder
+        self._accepted = False  # units accepted since the last dispatch
 
-def _late_failure(sup, code: int) -> tuple[str, str] | None:
-    """(reason, detail) for a unit of role `code` accepted after the fleet closed or
-    the role stopped; None while it may be queued."""
-    if sup._closing:
-        return Reason.SHUTDOWN, "the fleet closed before the unit was queued"
-    if code in sup.role_stops:
-        return Reason.ROLE_STOPPED, sup.role_stops.reasons.get(
-            code, f"role {sup.roles.by_code(code).name} exceeded its restart intensity")
-    return None
+    def take_news(self) -> bool:
+        """True if units were accepted since the last call (the loop dispatches them)."""
+        accepted, self._accepted = self._accepted, False
+        return accepted
 
+    def accept(self, unit: LoopUnit, arrival: tuple | None) -> None:
+        """A posted submit: into the ledger and on its way (the gates, then the queue).
+        `arrival`: what the arrival log records, when [record] is on."""
+        code = unit.role
+        late = self._late_failure(code)
+        if late is not None:
+            # The fleet closed, or the role stopped, after the caller's check: the caller
+            # holds the unit's future, so the unit is counted and fails as the units
+            # queued at that moment did (Shutdown, RoleStopped); never an orphan future.
+            self._books.enter(unit)
+            self._books.fail_unstarted(unit.unit_id, *late)
+            return
+        try:
+            passed = self._gates.open_to(unit) or self._gates.through(unit)
+        except BadUnit as exc:  # the catalog changed since the caller's check (a reload)
+            fail_future(unit.future, exc)
+            self._door.room.give(code)
+            return
+        self._books.enter(unit)
+        self._accepted = True
+        if self._recorder is not None:
+            self._recorder.arrival(*arrival)
+        if passed:
+            self._dispatcher.enqueue(unit)
 
-def accept_many(sup, units: list, arrivals: list | None) -> None:
-    """A posted `submit_many` run (units of one role, no route): each unit accepted
-    as a single submit is. While the fleet is open, the role runs and its units pass
-    every gate at once (what `accept` checks per unit), the run goes on in bulk: one
-    ledger lock, one queue push loop."""
-    if not units or sup._closing or units[0].role in sup.role_stops or units[0].role not in sup._open_roles:
-        for i, unit in enumerate(units):
-            accept(sup, unit, None if arrivals is None else arrivals[i])
-        return
-    held = sup._units
-    for unit in units:
-        held[unit.unit_id] = unit
-    sup._accepted = True
-    sup.ledger.submitted_many([unit.unit_id for unit in units], [unit.items for unit in units])
-    if sup.recorder is not None and arrivals is not None:
-        for arrival in arrivals:
-            sup.recorder.arrival(*arrival)
-    sup.dispatcher.enqueue_many(units)
+    def accept_many(self, units: list, arrivals: list | None) -> None:
+        """A posted `submit_many` run (units of one role, no route): each unit accepted
+        as a single submit is. While the fleet is open, the role runs and its units pass
+        every gate at once (what `accept` checks per unit), the run goes on in bulk: one
+        ledger lock, one queue push loop."""
+        door = self._door
+        if (not units or door.closing or units[0].role in door.role_stops
+                or not self._gates.lets_role_through(units[0].role)):
+            for i, unit in enumerate(units):
+                self.accept(unit, None if arrivals is None else arrivals[i])
+            return
+        self._books.enter_many(units)
+        self._accepted = True
+        if self._recorder is not None and arrivals is not None:
+            for arrival in arrivals:
+                self._recorder.arrival(*arrival)
+        self._dispatcher.enqueue_many(units)
+
+    def _late_failure(self, code: int) -> tuple[str, str] | None:
+        """(reason, detail) for a unit of role `code` accepted after the fleet closed or
+        the role stopped; None while it may be queued."""
+        door = self._door
+        if door.closing:
+            return Reason.SHUTDOWN, "the fleet closed before the unit was queued"
+        if code in door.role_stops:
+            return Reason.ROLE_STOPPED, door.role_stops.reasons.get(
+                code, f"role {self._roles.by_code(code).name} exceeded its restart intensity")
+        return None
 
 
 def fail_future(future: UnitFuture, error: BaseException) -> None:

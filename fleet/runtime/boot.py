@@ -1,12 +1,16 @@
 """Boot, on the caller's thread: config -> quota (cgroup) -> budget and tier plan -> seats
 and slots -> shared table -> data plane -> zygote -> one worker per seat, pinned to its CPUs.
 
-`boot` builds the loop's state (`fleet.runtime.loop.Supervisor`) before the loop thread
-starts; from the loop's start on, the loop owns it. A boot that fails part way tears
-down what it built (`fleet.runtime.shutdown.teardown`) and raises its typed refusal.
+`Rig` is what boot builds and teardown takes apart: the plan and the resources a fleet
+holds (the table, the data plane, the zygote and its workers, the provider gate, the
+posture's sampler and quota watch, the publisher and its exporter). The supervisor
+(`fleet.runtime.loop.Supervisor`) composes its components from it before the loop
+thread starts; from the loop's start on, the loop owns them. A boot that fails part
+way tears down what it built (`Rig.teardown`) and raises its typed refusal.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -19,7 +23,6 @@ from fleet.rules import quota as quota_mod
 from fleet.rules import seats as seats_mod
 from fleet.rules.dispatch import Dispatcher
 from fleet.rules.errors import FleetError
-from fleet.runtime import seat_deaths, shutdown
 from fleet.runtime.lease_gate import HostGroupLease, gated_roles, orchestrator_id
 from fleet.runtime.publish import Publisher
 from fleet.runtime.workers import Workers
@@ -30,114 +33,196 @@ from fleet.shm.table import SlotTable
 log = logging.getLogger(__name__)
 
 
-def boot(sup) -> None:
-    """Build the fleet `sup` runs: its plan, table, data plane, gates and workers."""
-    cfg = sup.config
-    cpus = sup._cpus_override or sup.host.affinity()
-    sup.projection = quota_mod.project(cfg, sup.host.effective_cpus(), cpus)
-    sup.quota, sup.plan, sup.layout = sup.projection.quota, sup.projection.plan, sup.projection.layout
-    sup.priority = priority_mod.this_process(cfg.dispatch_priority)
-    _log_plan(sup)
+@dataclasses.dataclass(eq=False)
+class Rig:
+    """What boot built for one fleet. The plan's parts stay; `teardown` lets the
+    resources go (and sets their fields to None)."""
+
+    name: str
+    projection: object
+    priority: object
+    dispatcher: Dispatcher
+    posture: posture_mod.PostureOwner
+    sampler: Sampler
+    table: SlotTable | None
+    quota_watcher: QuotaWatcher | None = None
+    providers: object = None  # the provider gate (fleet.runtime.provider_gate.ProviderGate)
+    publisher: Publisher | None = None
+    data: DataSegment | None = None
+    workers: Workers | None = None
+
+    @property
+    def quota(self):
+        return self.projection.quota
+
+    @property
+    def plan(self):
+        return self.projection.plan
+
+    @property
+    def layout(self):
+        return self.projection.layout
+
+    def snapshot(self):
+        """A snapshot of the table (the exporter's thread reads it, as any process may)."""
+        table = self.table
+        if table is None:
+            raise FleetError(f"fleet {self.name!r} has stopped")
+        return table.snapshot()
+
+    def teardown(self, gates, ledger, kill: bool = False) -> None:
+        """Stop the gates, the zygote and workers; remove the shared segments. Idempotent."""
+        if not gates.stop() and self.providers is not None:
+            self.providers.stop()  # a boot that failed before its gates were installed
+        if self.workers is not None:
+            self.workers.exit(timeout=5 if not kill else 0.5)
+        publisher = self.publisher
+        if publisher is not None and publisher.metrics is not None:
+            publisher.metrics.close()
+            publisher.metrics = None
+        if self.quota_watcher is not None:
+            self.quota_watcher.close()  # its PSI trigger's file descriptor
+            self.quota_watcher = None
+        if self.table is not None:
+            ledger.publish(self.table)
+            self.table.unlink()
+            self.table.close()
+            self.table = None
+        if self.data is not None:
+            self.data.unlink()
+            self.data.close()
+            self.data = None
+        if kill is False and ledger.tripped is None:
+            ledger.close()
+
+
+def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket_path=None, readers_group=None,
+         started_ns: int, admission_args: dict) -> Rig:
+    """The plan and the table, the posture, the provider gate, the publisher, the data
+    plane and the zygote; the first forks asked for (`fork_seats`, then `await_forks`).
+    On a failure past the table, what was built is torn down before the error goes up."""
+    cpus = cpus or host.affinity()
+    projection = quota_mod.project(config, host.effective_cpus(), cpus)
+    priority = priority_mod.this_process(config.dispatch_priority)
+    _log_plan(config, name, projection, priority)
     # A unit sent ahead is dispatched: a role whose units need a host-group lease sends
     # none ahead, so a lease lost while a unit waits for a slot still stops it unrun.
-    sup.dispatcher = Dispatcher(sup.roles, sup.layout, ahead_off=gated_roles(cfg.store, sup.roles))
-    sup.posture = posture_mod.PostureOwner(cfg.posture, now_ms=sup.host.now_ms())
-    sup.sampler = Sampler.for_self(sup.posture, clock=sup.host.now_ms)
-    sup.table = SlotTable.create(sup.name, sup.roles, len(sup.layout.slots), meta=_meta(sup),
-                                 readers_group=sup.readers_group)
-    sup.table.set_quota_epoch(0, sup.quota.detected)
-    sup.quota_watcher = QuotaWatcher(sup.quota, arm_pressure=PressureInput.for_self, clock=sup.host.now_ms)
+    dispatcher = Dispatcher(roles, projection.layout, ahead_off=gated_roles(config.store, roles))
+    owner = posture_mod.PostureOwner(config.posture, now_ms=host.now_ms())
+    meta = _meta(name, mode, started_ns, socket_path, projection, priority)
+    rig = Rig(name, projection, priority, dispatcher, owner, Sampler.for_self(owner, clock=host.now_ms),
+              SlotTable.create(name, roles, len(projection.layout.slots), meta=meta, readers_group=readers_group))
+    rig.table.set_quota_epoch(0, projection.quota.detected)
+    rig.quota_watcher = QuotaWatcher(projection.quota, arm_pressure=PressureInput.for_self, clock=host.now_ms)
     try:
         from fleet.runtime.provider_gate import ProviderGate
 
-        shared = (cfg.store.url, orchestrator_id(cfg.store.orchestrator, sup.name)) if cfg.store.url else None
-        slot_of = sup.dispatcher.slot_of
-        sup._providers = ProviderGate(cfg.admission, table=sup.table, shared_store=shared, catalog_file=cfg.source,
-                                      holds_slot=lambda unit_id: slot_of(unit_id) is not None, **sup._admission_args)
-        _boot_rest(sup)
+        shared = (config.store.url, orchestrator_id(config.store.orchestrator, name)) if config.store.url else None
+        slot_of = dispatcher.slot_of
+        rig.providers = ProviderGate(config.admission, table=rig.table, shared_store=shared, catalog_file=config.source,
+                                     holds_slot=lambda unit_id: slot_of(unit_id) is not None, **admission_args)
+        _rest(rig, config, roles, ledger, host)
     except BaseException:
-        shutdown.teardown(sup, kill=True)
+        rig.teardown(_NoGates(), ledger, kill=True)
         raise
-    # The gates, in the order a unit passes them (a gate that may take a unit back first).
-    gates = [sup._providers]
-    if cfg.store.url:
-        # The lease gate's threads only post: a grant or a lost lease is the loop's to apply.
-        gates.append(HostGroupLease(cfg.store, sup.name, sup.roles, wake=sup._ring).start())
-    sup.gates = gates
-    sup._open_roles = frozenset(code for code in range(len(sup.roles))
-                                if all(gate.lets_through(code) for gate in gates))
-    if cfg.gc_freeze:
-        # Boot loaded numba's compiler state (~100k objects) for the table's kernels: out
-        # of the collector's sight, full collections stop stalling the loop 30-100 ms.
+    return rig
+
+
+def _rest(rig: Rig, config, roles, ledger, host) -> None:
+    layout, table = rig.layout, rig.table
+    for spec in layout.slots:
+        if spec.seat != seats_mod.NO_SEAT:
+            seat = layout.seats[spec.seat]
+            table.set_slot_meta(spec.index, cpus=seat.cpus, binding=seat.binding)
+    rig.publisher = Publisher(table, ledger, rig.posture, rig.dispatcher, roles, host.now_ms)
+    rig.publisher.posture_record()
+    cap = _next_pow2(max(1 << 20, 4 * (config.limits.max_payload_bytes + 4096)))
+    rig.data = DataSegment.create(rig.name, len(layout.seats), cap, cap)
+    rig.workers = workers = Workers(rig.name, config, roles, layout, rig.priority, host, table,
+                                    rig.dispatcher.slots_of_seat)
+    workers.start_zygote()
+    for seat in layout.seats:
+        workers.fork(seat.index)
+
+
+def await_forks(rig: Rig, on_exit) -> None:
+    """Wait for the first workers: each fork reported, each exit meanwhile handed to
+    ``on_exit(seat, pid, status)`` (the loop's deaths shell)."""
+    deadline = time.monotonic() + BOOT_TIMEOUT_S  # the zygote link's own I/O clock
+    while rig.workers.forking:
+        rig.workers.read(on_exit, block_until=deadline)
+
+
+def start_exporter(rig: Rig, config, exporter) -> object | None:
+    """The Prometheus exporter `[metrics]` asks for, started (``exporter(host=, port=,
+    provider=)``, given by the face that runs the fleet) and handed to the publisher;
+    None when metrics are off."""
+    if not config.metrics.enabled:
+        return None
+    if exporter is None:
+        raise FleetError(f"fleet {rig.name!r}: [metrics] is on and nothing was given to export them")
+    m = config.metrics
+    rig.publisher.metrics = exporter(host=m.host, port=m.port, provider=rig.snapshot)
+    log.info("fleet %s: metrics on %s", rig.name, rig.publisher.metrics.url)
+    return rig.publisher.metrics
+
+
+def gates(rig: Rig, config, roles, wake) -> list:
+    """The gates, in the order a unit passes them (a gate that may take a unit back first):
+    the provider admission, then the host-group lease when [store] is configured (its
+    threads only post: a grant or a lost lease is the loop's to apply)."""
+    made = [rig.providers]
+    if config.store.url:
+        made.append(HostGroupLease(config.store, rig.name, roles, wake=wake).start())
+    return made
+
+
+def settle(config) -> None:
+    """The last step of a boot: with `gc_freeze`, numba's compiler state (~100k objects,
+    loaded for the table's kernels) goes out of the collector's sight, so full
+    collections stop stalling the loop 30-100 ms."""
+    if config.gc_freeze:
         gc.collect()
         gc.freeze()
 
 
-def _log_plan(sup) -> None:
-    cfg = sup.config
-    for warning in quota_mod.boot_warnings(sup.quota, sup.plan):
-        log.warning("fleet %s: %s", sup.name, warning)
-    for role in sup.roles:
+class _NoGates:
+    """Teardown's gates for a boot that failed before any were installed."""
+
+    @staticmethod
+    def stop() -> bool:
+        return False
+
+
+def _log_plan(cfg, name: str, projection, priority) -> None:
+    plan = projection.plan
+    for warning in quota_mod.boot_warnings(projection.quota, plan):
+        log.warning("fleet %s: %s", name, warning)
+    for role in cfg.roles:
         log.debug("role %s: %s", role.name, role)
-    log.info("fleet %s: %s", sup.name, "; ".join(sup.projection.processes()))
-    reserve = next((s for s in sup.plan.budget.consumers if s.name == "reserve"), None)
+    log.info("fleet %s: %s", name, "; ".join(projection.processes()))
+    reserve = next((s for s in plan.budget.consumers if s.name == "reserve"), None)
     if reserve is not None:
-        log.info("fleet %s: supervisor loop (budget.loop = %s): reserve %s cores, %s", sup.name,
+        log.info("fleet %s: supervisor loop (budget.loop = %s): reserve %s cores, %s", name,
                  cfg.budget.loop, reserve.cores, reserve.rule)
-    log.info("fleet %s: dispatch priority: %s", sup.name, sup.priority.describe())
-    for share in sup.plan.budget.consumers:
+    log.info("fleet %s: dispatch priority: %s", name, priority.describe())
+    for share in plan.budget.consumers:
         if share.overridden:
             log.warning("budget override: %s = %s cores (%s)", share.name, share.cores, share.rule_gives())
 
 
-def _meta(sup) -> dict:
+def _meta(name: str, mode: str, started_ns: int, socket_path, projection, priority) -> dict:
     meta = {
-        "fleet": sup.name,
+        "fleet": name,
         "version": _version(),
         "pid": os.getpid(),
-        "mode": sup.mode,
-        "started_ns": sup.started_ns,
-        "socket": sup.socket_path,
+        "mode": mode,
+        "started_ns": started_ns,
+        "socket": socket_path,
     }
-    meta.update(sup.projection.meta(booted=True))
-    meta["dispatch_priority"] = sup.priority.to_meta()
+    meta.update(projection.meta(booted=True))
+    meta["dispatch_priority"] = priority.to_meta()
     return meta
-
-
-def _boot_rest(sup) -> None:
-    for spec in sup.layout.slots:
-        if spec.seat != seats_mod.NO_SEAT:
-            seat = sup.layout.seats[spec.seat]
-            sup.table.set_slot_meta(spec.index, cpus=seat.cpus, binding=seat.binding)
-    sup.publisher = Publisher(sup.table, sup.ledger, sup.posture, sup.dispatcher, sup.roles, sup.host.now_ms)
-    sup.publisher.posture_record()
-    cap = _next_pow2(max(1 << 20, 4 * (sup.config.limits.max_payload_bytes + 4096)))
-    sup.data = DataSegment.create(sup.name, len(sup.layout.seats), cap, cap)
-    sup.workers = workers = Workers(sup.name, sup.config, sup.roles, sup.layout, sup.priority, sup.host, sup.table,
-                                    sup.dispatcher.slots_of_seat)
-    workers.start_zygote()
-    for seat in sup.layout.seats:
-        workers.fork(seat.index)
-    deadline = time.monotonic() + BOOT_TIMEOUT_S  # the zygote link's own I/O clock
-    while workers.pending_forks:
-        workers.read(lambda seat, pid, status: seat_deaths.seat_died(sup, seat, pid, status), block_until=deadline)
-    if sup.config.metrics.enabled:
-        if sup.exporter is None:
-            raise FleetError(f"fleet {sup.name!r}: [metrics] is on and nothing was given to export them")
-        m = sup.config.metrics
-        publisher = sup.publisher
-        publisher.metrics = sup.exporter(host=m.host, port=m.port, provider=lambda: _snapshot_for_metrics(sup))
-        # Held until the publisher hands them over with the ledger's counters.
-        sup.run_observer = publisher.run_ended
-        log.info("fleet %s: metrics on %s", sup.name, publisher.metrics.url)
-
-
-def _snapshot_for_metrics(sup):
-    # The metrics server's thread reads the shared table, as any process may.
-    table = sup.table
-    if table is None:
-        raise FleetError(f"fleet {sup.name!r} has stopped")
-    return table.snapshot()
 
 
 def _next_pow2(n: int) -> int:

@@ -20,11 +20,14 @@ RETRY_S = 0.01
 
 
 class Deadlines:
-    """A heap of (deadline, unit id), and the units whose worker was killed for theirs."""
+    """A heap of (deadline, unit id), and the units whose worker was killed for theirs.
+    It looks up units in the books, their slots in the dispatcher and their workers in
+    the seats."""
 
-    def __init__(self):
+    def __init__(self, name: str, books, dispatcher, seats):
+        self._name, self._books, self._dispatcher, self._seats = name, books, dispatcher, seats
         self._heap: list = []
-        self.timed_out: set[int] = set()
+        self._timed_out: set[int] = set()
 
     def __bool__(self) -> bool:
         return bool(self._heap)
@@ -34,22 +37,29 @@ class Deadlines:
         unit.due = now + unit.timeout
         heapq.heappush(self._heap, (unit.due, unit.unit_id))
 
-    def check(self, sup, now: float) -> None:
-        """Kill the worker of every unit past its deadline (the loop's `sup`: its units,
-        grants and workers)."""
+    def timed_out(self, unit_id: int) -> bool:
+        """Whether `unit_id`'s worker was killed because the unit ran past its deadline."""
+        return unit_id in self._timed_out
+
+    def forget(self, unit_id: int) -> None:
+        """`unit_id`'s death was judged (fleet.runtime.deaths): its timeout is told no more."""
+        self._timed_out.discard(unit_id)
+
+    def check(self, now: float) -> None:
+        """Kill the worker of every unit past its deadline."""
         heap = self._heap
         while heap and heap[0][0] <= now:
             due, unit_id = heapq.heappop(heap)
-            unit = sup._units.get(unit_id)
-            slot = sup.dispatcher.slot_of(unit_id)
+            unit = self._books.get(unit_id)
+            slot = self._dispatcher.slot_of(unit_id)
             if slot is None or unit is None or unit.due != due:
                 continue  # already ended, or the deadline of a run before this one (a refused unit's)
-            pid = sup.workers.pids.get(sup.layout.seat_of(slot))
+            pid = self._seats.pid_of_slot(slot)
             if pid is None:
                 # Its worker is being (re)started: look again shortly.
                 unit.due = now + RETRY_S
                 heapq.heappush(heap, (unit.due, unit_id))
                 return
-            self.timed_out.add(unit_id)
-            log.warning("fleet %s: unit %d ran past its timeout; killing worker pid %d", sup.name, unit_id, pid)
-            sup.workers.kill(pid)
+            self._timed_out.add(unit_id)
+            log.warning("fleet %s: unit %d ran past its timeout; killing worker pid %d", self._name, unit_id, pid)
+            self._seats.kill(pid)

@@ -1,4 +1,9 @@
-"""What other threads hand to the supervisor's loop, which alone owns its state.
+"""What other threads hand to the supervisor's loop, which alone owns its state, and the
+little of it they may read.
+
+`Door` is the supervisor's side that callers' threads touch: the command queue, the
+queue room, unit ids, whether the fleet is closing and which roles stopped (the loop
+writes those, callers only read), and the loop thread's identity and its end.
 
 `Intake` is the loop's command queue. Callers (submit, map, operator ops, stop, the
 lease gate's thread) post a command and ring the loop's bell; the loop drains the
@@ -18,10 +23,12 @@ bounds a producer: the loop never waits on it.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from concurrent.futures import Future
 
+from fleet.rules.raised import RoleBroken
 from fleet.rules.unit import FleetClosed, QueueFull
 
 
@@ -207,3 +214,71 @@ class QueueRoom:
 
     def waiting(self, code: int) -> int:
         return self._waiting[code]
+
+
+class Door:
+    """What callers' threads touch of a supervisor, each piece safe for them: the loop's
+    command queue (`intake`), the roles' queue room (`room`), unit ids, the closing flag
+    and the stopped roles (`role_stops`: the loop writes both, callers read), and the loop
+    thread's identity (`on_loop`) and end (`stopped`)."""
+
+    def __init__(self, name: str, queue_bounds: list[int], role_stops, wake):
+        self.name = name
+        self.intake = Intake(wake)
+        self.room = QueueRoom(queue_bounds)
+        self.role_stops = role_stops
+        self._ids = itertools.count(1)  # next() is atomic: callers number their own units
+        #: Intake closed: no new units (written by the loop only, a plain attribute swap).
+        self.closing = False
+        self.stopped = threading.Event()  # set once the loop has stopped (and torn down)
+        self._thread: threading.Thread | None = None
+        self._loop_ident: int | None = None  # the loop thread's ident (`on_loop`, on every submit)
+
+    # ------------------------------------------------------------------ the loop thread
+    def open(self, thread: threading.Thread) -> None:
+        """The loop thread about to start: from here on submits are posted to it."""
+        self._thread = thread
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def joined(self) -> None:
+        """Called on the loop thread as it starts: its identity, for `on_loop`."""
+        self._loop_ident = threading.get_ident()
+
+    def on_loop(self) -> bool:
+        """Whether this is the loop's thread (a future's callback runs there)."""
+        return threading.get_ident() == self._loop_ident
+
+    def is_loop_thread(self, thread: threading.Thread) -> bool:
+        return thread is self._thread
+
+    def close(self) -> None:
+        """Refuse new units from here on (the loop's, as it closes)."""
+        self.closing = True
+
+    def shut(self, why: str) -> None:
+        """The loop has stopped: turn late commands away, wake every caller waiting for
+        room, and let `stopped` waiters go."""
+        self.intake.close(why)
+        self.room.close(why)  # a caller waiting for room learns it at once
+        self.stopped.set()
+
+    # ------------------------------------------------------------------ callers
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def issued(self, unit_id: int) -> bool:
+        """Whether this fleet ever handed out `unit_id` (a look spends an id: ids are
+        unique, not dense)."""
+        return 0 < unit_id < next(self._ids)
+
+    def refuse_if_closed(self, code: int, role: str) -> None:
+        """FleetClosed once the fleet is shut down (or was never started); RoleBroken for
+        a role that was stopped."""
+        if self.closing or self._thread is None or self.intake.closed:
+            raise FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
+        if code in self.role_stops.view:
+            why = self.role_stops.reasons.get(code, "repeated worker deaths")
+            raise RoleBroken(f"role {role!r} was stopped ({why}); it takes no more work")

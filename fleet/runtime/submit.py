@@ -5,9 +5,10 @@ and posted to the loop.
 provider unit's route too: `ProviderGate.check`), takes room in the role's queue
 (`fleet.runtime.intake.QueueRoom`: it waits for room, or refuses with QueueFull), and
 posts the unit to the loop (`fleet.runtime.intake.Intake`), which accepts it
-(`fleet.runtime.accept`). Nothing here touches the loop's state: the ledger is
-thread-safe, the flags read are plain attributes the loop swaps whole. A submit the
-loop never accepts (it stopped meanwhile) is counted and fails Shutdown
+(`fleet.runtime.accept`). Nothing here touches the loop's state: it reads only the
+supervisor's door (`fleet.runtime.intake.Door`), whose flags are plain attributes the
+loop swaps whole, the ledger (thread-safe) and the provider gate's check of a route.
+A submit the loop never accepts (it stopped meanwhile) is counted and fails Shutdown
 (`turned_away`): the caller holds its future, so it is never an orphan.
 """
 from __future__ import annotations
@@ -18,10 +19,9 @@ from concurrent.futures import Future
 from fleet.rules import ranges
 from fleet.rules.dispatch import Pending
 from fleet.rules.outcomes import FAILED
-from fleet.rules.raised import RoleBroken
-from fleet.rules.unit import BadUnit, FleetClosed, Outcome, error_for
+from fleet.rules.unit import BadUnit, Outcome, error_for
 from fleet.rules.vocab import Reason
-from fleet.runtime import accept
+from fleet.runtime.accept import fail_future
 from fleet.worker import codec
 from fleet.runtime.future import UnitFuture
 from fleet.shm import messages as M
@@ -48,148 +48,150 @@ class LoopUnit(Pending):
     items: int = 1  # what the ledger counts it as in items: a chunk of a map is one unit of many
 
 
-def submit(sup, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
-           request_id=None, chunk: bool = False, pickled_payload: bytes | None = None, route=None,
-           severity=None, pinned: bool = False, parent=None, tag=None, age: float = 0.0, block: bool = True,
-           block_timeout: float | None = None, items: int | None = None) -> Future:
-    """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
-    by a service-mode client; it travels to the worker as it is, never unpickled here.
-    `items`: how many items a chunk holds, for the ledger (a pickled chunk's client
-    says; a chunk given as a list is counted here).
-    A unit with a `route` asks the provider admission first (fleet.runtime.provider_gate).
+class Submitter:
+    """The caller's half of a submit, for one fleet: checks, pickles, takes queue room
+    and posts to the loop's `accept` (or `accept_many`). Any thread may call it."""
 
-    A full queue makes the caller wait for room (at most `block_timeout` seconds),
-    or refuses at once with QueueFull when `block` is False. (A future's callback,
-    which runs on the loop thread, never waits: it would wait for itself.)"""
-    code = sup.roles.code(role)
-    spec = sup.roles.by_code(code)
-    _check_unit(spec, key, lane, priority, timeout, request_id)
-    if block_timeout is not None and (isinstance(block_timeout, bool) or not isinstance(block_timeout, (int, float))
-                                      or block_timeout < 0):
-        raise BadUnit(f"block_timeout must be a number of seconds >= 0, got {block_timeout!r}")
-    if route is None:
-        if severity is not None or pinned or parent is not None or tag is not None or age:
-            raise BadUnit("severity, pinned, parent, tag and age are provider admission arguments: give route= too")
-        admission = None
-    else:
+    def __init__(self, door, roles, ledger, limits, recorder=None):
+        self._door, self._roles, self._ledger, self._recorder = door, roles, ledger, recorder
+        self._room, self._intake = door.room, door.intake
+        self._max_payload = limits.max_payload_bytes
+        self._providers = None  # the provider gate (its `check` of a route), once boot made it
+        self._accept = self._accept_many = None  # the loop's half, once composed
+
+    def connect(self, accept, accept_many, providers) -> None:
+        """Where submits go: the loop's `accept` and `accept_many`; `providers`: the
+        provider gate whose `check` judges a route here, on the caller's thread."""
+        self._accept, self._accept_many, self._providers = accept, accept_many, providers
+
+    def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
+               request_id=None, chunk: bool = False, pickled_payload: bytes | None = None, route=None,
+               severity=None, pinned: bool = False, parent=None, tag=None, age: float = 0.0, block: bool = True,
+               block_timeout: float | None = None, items: int | None = None) -> Future:
+        """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
+        by a service-mode client; it travels to the worker as it is, never unpickled here.
+        `items`: how many items a chunk holds, for the ledger (a pickled chunk's client
+        says; a chunk given as a list is counted here).
+        A unit with a `route` asks the provider admission first (fleet.runtime.provider_gate).
+
+        A full queue makes the caller wait for room (at most `block_timeout` seconds),
+        or refuses at once with QueueFull when `block` is False. (A future's callback,
+        which runs on the loop thread, never waits: it would wait for itself.)"""
+        code = self._roles.code(role)
+        spec = self._roles.by_code(code)
+        _check_unit(spec, key, lane, priority, timeout, request_id)
+        if block_timeout is not None and (isinstance(block_timeout, bool) or not isinstance(block_timeout, (int, float))
+                                          or block_timeout < 0):
+            raise BadUnit(f"block_timeout must be a number of seconds >= 0, got {block_timeout!r}")
+        if route is None:
+            if severity is not None or pinned or parent is not None or tag is not None or age:
+                raise BadUnit("severity, pinned, parent, tag and age are provider admission arguments: give route= too")
+            admission = None
+        else:
+            if chunk:
+                raise BadUnit("a chunk of items takes no route: submit provider calls one by one")
+            admission = {"lane": lane, "severity": severity, "pinned": pinned, "parent": parent, "tag": tag,
+                         "age": age}
+            if parent is not None and (type(parent) is not int or not self._ledger.is_open(parent)):
+                # 000 §9: only a unit of this fleet that is still owed may delegate (the loop
+                # then grants the privilege only while the parent holds a seat)
+                raise BadUnit(f"parent {parent!r} is no unit running in fleet {self._door.name!r}: "
+                              "only a running unit delegates")
+            if self._providers is not None:
+                # The one check of its ask (the loop checks again only after a reload)
+                admission["checked"] = self._providers.check(route, **admission)
+        body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
+                               limit=self._max_payload)
+        timeout = timeout if timeout is not None else spec.timeout_s
+        flags = _task_flags(chunk, timeout, self._recorder is not None)
+        unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout)
+        unit.route, unit.ask = route, admission
         if chunk:
-            raise BadUnit("a chunk of items takes no route: submit provider calls one by one")
-        admission = {"lane": lane, "severity": severity, "pinned": pinned, "parent": parent, "tag": tag,
-                     "age": age}
-        if parent is not None and (type(parent) is not int or not sup.ledger.is_open(parent)):
-            # 000 §9: only a unit of this fleet that is still owed may delegate (the loop
-            # then grants the privilege only while the parent holds a seat)
-            raise BadUnit(f"parent {parent!r} is no unit running in fleet {sup.name!r}: "
-                          "only a running unit delegates")
-        if sup._providers is not None:
-            # The one check of its ask (the loop checks again only after a reload)
-            admission["checked"] = sup._providers.check(route, **admission)
-    body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
-                           limit=sup.config.limits.max_payload_bytes)
-    timeout = timeout if timeout is not None else spec.timeout_s
-    flags = _task_flags(chunk, timeout, sup.recorder is not None)
-    unit, on_loop = _queued(sup, code, role, key, priority, body, flags, timeout, block, block_timeout)
-    unit.route, unit.ask = route, admission
-    if chunk:
-        unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
-    return _post(sup, unit, on_loop, role, payload, key, lane)
+            unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
+        return self._post(unit, on_loop, role, payload, key, lane)
 
+    def submit_call(self, code: int, role: str, payload) -> Future:
+        """Queue one plain unit of role `code`, as ``submit(role, payload)`` would: the
+        Executor's calls, whose role (pooled, with a handler) its executor made, so none
+        of the arguments `submit` checks is given (no key, lane, route or priority; the
+        role's own timeout; waits for room). A tenth of a submit's cost is those checks,
+        on a path that runs once per call."""
+        timeout = self._roles.by_code(code).timeout_s  # read each time: a reload may change it
+        body = codec.task_body(role, payload, None, None, None, pickled_payload=None, limit=self._max_payload)
+        unit, on_loop = self._queued(code, role, None, 0, body, _task_flags(False, timeout, self._recorder is not None),
+                                     timeout, True, None)
+        return self._post(unit, on_loop, role, payload)
 
-def submit_call(sup, code: int, role: str, payload) -> Future:
-    """Queue one plain unit of role `code`, as ``submit(role, payload)`` would: the
-    Executor's calls, whose role (pooled, with a handler) its executor made, so none
-    of the arguments `submit` checks is given (no key, lane, route or priority; the
-    role's own timeout; waits for room). A tenth of a submit's cost is those checks,
-    on a path that runs once per call."""
-    timeout = sup.roles.by_code(code).timeout_s  # read each time: a reload may change it
-    body = codec.task_body(role, payload, None, None, None, pickled_payload=None,
-                           limit=sup.config.limits.max_payload_bytes)
-    unit, on_loop = _queued(sup, code, role, None, 0, body, _task_flags(False, timeout, sup.recorder is not None),
-                            timeout, True, None)
-    return _post(sup, unit, on_loop, role, payload)
+    def submit_many(self, role: str, payloads: list, *, lane=None, chunk: bool = False) -> list[Future]:
+        """Queue one unit per payload, as `submit(role, payload, lane=lane, chunk=chunk)`
+        would each (map's batches): the checks made once, and one command to the loop per
+        run of queue room taken, not one per unit. Waits for room as long as it takes, as
+        `submit` does by default. Raises what `submit` raises; an unpicklable or too large
+        payload raises before any unit of the batch is queued."""
+        code = self._roles.code(role)
+        spec = self._roles.by_code(code)
+        _check_unit(spec, None, lane, 0, None, None)
+        limit = self._max_payload
+        bodies = [codec.task_body(role, payload, None, lane, None, pickled_payload=None, limit=limit)
+                  for payload in payloads]
+        timeout = spec.timeout_s
+        flags = _task_flags(chunk, timeout, self._recorder is not None)
+        door = self._door
+        door.refuse_if_closed(code, role)
+        on_loop = door.on_loop()
+        futures, start = [], 0
+        while start < len(bodies):
+            took = self._room.take(code, role, block=not on_loop, n=min(len(bodies) - start, SUBMIT_RUN))
+            units = [self._new_unit(code, None, 0, body, flags, timeout) for body in bodies[start:start + took]]
+            if chunk:
+                for unit, payload in zip(units, payloads[start:start + took]):
+                    unit.items = len(payload)
+            arrivals = None
+            if self._recorder is not None:
+                arrivals = [(u.unit_id, role, p, None, lane) for u, p in zip(units, payloads[start:start + took])]
+            self._intake.post(self._accept_many, units, arrivals, refused=self._turned_away_many, pace=not on_loop)
+            futures.extend(u.future for u in units)
+            start += took
+        return futures
 
+    def _queued(self, code: int, role: str, key, priority: int, body: bytes, flags: int, timeout, block: bool,
+                block_timeout) -> tuple[LoopUnit, bool]:
+        """A checked unit's room in its role's queue, taken (waiting for it unless `block` is
+        False, and never on the loop's own thread: it would wait for itself), once the fleet
+        and the role are seen open; the unit made, and whether this is the loop's thread."""
+        door = self._door
+        door.refuse_if_closed(code, role)
+        on_loop = door.on_loop()
+        self._room.take(code, role, block=block and not on_loop, timeout=block_timeout)
+        return self._new_unit(code, key, priority, body, flags, timeout), on_loop
 
-def _queued(sup, code: int, role: str, key, priority: int, body: bytes, flags: int, timeout, block: bool,
-            block_timeout) -> tuple[LoopUnit, bool]:
-    """A checked unit's room in its role's queue, taken (waiting for it unless `block` is
-    False, and never on the loop's own thread: it would wait for itself), once the fleet
-    and the role are seen open; the unit made, and whether this is the loop's thread."""
-    _refuse_if_closed(sup, code, role)
-    on_loop = sup._on_loop()
-    sup._room.take(code, role, block=block and not on_loop, timeout=block_timeout)
-    return new_unit(sup, code, key, priority, body, flags, timeout), on_loop
+    def _post(self, unit: LoopUnit, on_loop: bool, role: str, payload, key=None, lane=None) -> Future:
+        """Hand a queued unit to the loop (paced, off the loop's thread); its future."""
+        arrival = (unit.unit_id, role, payload, key, lane) if self._recorder is not None else None
+        self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop)
+        return unit.future
 
+    def _new_unit(self, code: int, key, priority: int, body: bytes, flags: int, timeout) -> LoopUnit:
+        future = UnitFuture()  # a Future without the cost of building a Condition nobody waits on
+        unit_id = self._door.new_id()
+        future.unit_id = unit_id  # fleetd replies to a remote submit with it
+        return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
 
-def _post(sup, unit: LoopUnit, on_loop: bool, role: str, payload, key=None, lane=None) -> Future:
-    """Hand a queued unit to the loop (paced, off the loop's thread); its future."""
-    arrival = (unit.unit_id, role, payload, key, lane) if sup.recorder is not None else None
-    sup._intake.post(accept.accept, sup, unit, arrival, refused=turned_away, pace=not on_loop)
-    return unit.future
+    def _turned_away(self, error: BaseException, unit: LoopUnit, *_rest) -> None:
+        """A submit the loop never accepted: it had stopped as the caller posted (this runs
+        on the poster's thread, or the loop's as it closes the intake). The caller holds
+        the future, so the unit is counted and fails Shutdown, as the units queued at the
+        stop did. Only the ledger is touched (it is thread-safe; the rest is the loop's)."""
+        self._ledger.submitted(unit.unit_id, unit.items)
+        self._ledger.record(unit.unit_id, FAILED, Reason.SHUTDOWN)
+        role = self._roles.by_code(unit.role).name
+        fail_future(unit.future, error_for(unit.unit_id, role, Outcome(
+            FAILED, Reason.SHUTDOWN, f"{error}: the unit was never queued")))
 
-
-def submit_many(sup, role: str, payloads: list, *, lane=None, chunk: bool = False) -> list[Future]:
-    """Queue one unit per payload, as `submit(role, payload, lane=lane, chunk=chunk)`
-    would each (map's batches): the checks made once, and one command to the loop per
-    run of queue room taken, not one per unit. Waits for room as long as it takes, as
-    `submit` does by default. Raises what `submit` raises; an unpicklable or too large
-    payload raises before any unit of the batch is queued."""
-    code = sup.roles.code(role)
-    spec = sup.roles.by_code(code)
-    _check_unit(spec, None, lane, 0, None, None)
-    limit = sup.config.limits.max_payload_bytes
-    bodies = [codec.task_body(role, payload, None, lane, None, pickled_payload=None, limit=limit)
-              for payload in payloads]
-    timeout = spec.timeout_s
-    flags = _task_flags(chunk, timeout, sup.recorder is not None)
-    _refuse_if_closed(sup, code, role)
-    on_loop = sup._on_loop()
-    futures, start = [], 0
-    while start < len(bodies):
-        took = sup._room.take(code, role, block=not on_loop, n=min(len(bodies) - start, SUBMIT_RUN))
-        units = [new_unit(sup, code, None, 0, body, flags, timeout) for body in bodies[start:start + took]]
-        if chunk:
-            for unit, payload in zip(units, payloads[start:start + took]):
-                unit.items = len(payload)
-        arrivals = None
-        if sup.recorder is not None:
-            arrivals = [(u.unit_id, role, p, None, lane) for u, p in zip(units, payloads[start:start + took])]
-        sup._intake.post(accept.accept_many, sup, units, arrivals, refused=turned_away_many, pace=not on_loop)
-        futures.extend(u.future for u in units)
-        start += took
-    return futures
-
-
-def new_unit(sup, code: int, key, priority: int, body: bytes, flags: int, timeout) -> LoopUnit:
-    future = UnitFuture()  # a Future without the cost of building a Condition nobody waits on
-    unit_id = next(sup._ids)
-    future.unit_id = unit_id  # fleetd replies to a remote submit with it
-    return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
-
-
-def _refuse_if_closed(sup, code: int, role: str) -> None:
-    if sup._closing or sup._thread is None or sup._intake.closed:
-        raise FleetClosed(f"fleet {sup.name!r} is shut down; cannot submit")
-    if code in sup.role_stops.view:
-        why = sup.role_stops.reasons.get(code, "repeated worker deaths")
-        raise RoleBroken(f"role {role!r} was stopped ({why}); it takes no more work")
-
-
-def turned_away(error: BaseException, sup, unit: LoopUnit, *_rest) -> None:
-    """A submit the loop never accepted: it had stopped as the caller posted (this runs
-    on the poster's thread, or the loop's as it closes the intake). The caller holds
-    the future, so the unit is counted and fails Shutdown, as the units queued at the
-    stop did. Only the ledger is touched (it is thread-safe; the rest is the loop's)."""
-    sup.ledger.submitted(unit.unit_id, unit.items)
-    sup.ledger.record(unit.unit_id, FAILED, Reason.SHUTDOWN)
-    role = sup.roles.by_code(unit.role).name
-    accept.fail_future(unit.future, error_for(unit.unit_id, role, Outcome(
-        FAILED, Reason.SHUTDOWN, f"{error}: the unit was never queued")))
-
-
-def turned_away_many(error: BaseException, sup, units: list, *_rest) -> None:
-    """A `submit_many` run the loop never accepted: each unit as `turned_away`."""
-    for unit in units:
-        turned_away(error, sup, unit)
+    def _turned_away_many(self, error: BaseException, units: list, *_rest) -> None:
+        """A `submit_many` run the loop never accepted: each unit as `_turned_away`."""
+        for unit in units:
+            self._turned_away(error, unit)
 
 
 def _check_unit(spec, key, lane, priority, timeout, request_id) -> None:

@@ -27,12 +27,12 @@ class Workers:
         self.priority, self.host, self.table, self._slots_of_seat = priority, host, table, slots_of_seat
         self.zygote: ZygoteLink | None = None
         self._spawner = None
-        self.pids: dict[int, int] = {}  # seat -> pid
-        self.seat_of_pid: dict[int, int] = {}
-        self.pending_forks: set[int] = set()
-        self.killed: set[int] = set()  # worker pids the supervisor killed itself (not lane deaths)
-        self.news_seen = 0  # the zygote's news count when its socket was last read
-        self.zygote_gone = False  # its death has been handled (no new one yet)
+        self.pids: dict[int, int] = {}  # seat -> pid (read by the loop's views; written here only)
+        self._seat_of_pid: dict[int, int] = {}
+        self._pending_forks: set[int] = set()
+        self._killed: set[int] = set()  # worker pids the supervisor killed itself (not lane deaths)
+        self._news_seen = 0  # the zygote's news count when its socket was last read
+        self._zygote_gone = False  # its death has been handled (no new one yet)
 
     def start_zygote(self) -> None:
         if self._spawner is None:
@@ -57,8 +57,23 @@ class Workers:
                 # (ZygoteLink.start has reaped the zygote that failed.)
 
     def fork(self, seat: int) -> None:
-        self.pending_forks.add(seat)
+        self._pending_forks.add(seat)
         self.zygote.fork(seat, self.layout.seats[seat].cpus)
+
+    @property
+    def forking(self) -> bool:
+        """Forks asked for and not yet reported."""
+        return bool(self._pending_forks)
+
+    def has_news(self, news: int) -> bool:
+        """Whether the zygote's news count moved since its socket was last read."""
+        return news != self._news_seen
+
+    def hear(self, news: int, on_exit) -> bool:
+        """Read what the zygote said (`read`), its news count `news` taken first: news
+        after this read is read next time. False when the zygote is gone."""
+        self._news_seen = news
+        return self.read(on_exit)
 
     def read(self, on_exit, block_until: float | None = None) -> bool:
         """Apply what the zygote said, in order: a fork here (the pid books, the slots'
@@ -70,28 +85,63 @@ class Workers:
         for event in events:
             if isinstance(event, Forked):
                 seat, pid = event.seat, event.pid
-                self.pending_forks.discard(seat)
+                self._pending_forks.discard(seat)
                 self.pids[seat] = pid
-                self.seat_of_pid[pid] = seat
+                self._seat_of_pid[pid] = seat
                 for slot in self._slots_of_seat(seat):
                     self.table.set_slot_meta(slot, pid=pid)
                 log.debug("seat %d: worker pid %d", seat, pid)
             elif isinstance(event, Exited):
-                seat = self.seat_of_pid.pop(event.pid, None)
+                seat = self._seat_of_pid.pop(event.pid, None)
                 if seat is not None:
                     on_exit(seat, event.pid, event.status)
         return True
 
     def kill(self, pid: int) -> None:
         """Kill a worker for a reason of the supervisor's own: its death is no lane death."""
-        self.killed.add(pid)
+        self._killed.add(pid)
         self.host.kill(pid)
+
+    def killed_by_us(self, pid: int) -> bool:
+        """Whether the supervisor killed worker `pid` itself (a timeout, a lost lease, a stop)."""
+        return pid in self._killed
+
+    def gone(self, seat: int, pid: int) -> None:
+        """Worker `pid` of `seat` is gone (its death is being handled): its seat has no pid."""
+        self.pids.pop(seat, None)
+
+    def death_handled(self, pid: int) -> None:
+        """The death of worker `pid` was handled: a kill of ours is forgotten."""
+        self._killed.discard(pid)
+
+    # ------------------------------------------------------------------ the zygote's death
+    def zygote_lost(self) -> int | None:
+        """The zygote is gone: its exit code (it is reaped here), or None when its death
+        was handled already (or none runs)."""
+        if self.zygote is None or self._zygote_gone:
+            return None
+        self._zygote_gone = True
+        return self.zygote.wait()
+
+    def orphaned(self) -> dict[int, int]:
+        """pid -> seat of the workers of a zygote that died (they die with it), each
+        forgotten here: the caller handles its death."""
+        orphans, self._seat_of_pid = dict(self._seat_of_pid), {}
+        return orphans
+
+    def replace_zygote(self) -> None:
+        """Start a new fork server in place of the one that died (`restart_zygote`); the
+        forks asked of the old one are forgotten."""
+        self._pending_forks.clear()
+        self.zygote.exit(timeout=0.5)
+        self.restart_zygote()
+        self._zygote_gone = False
 
     def exit(self, timeout: float) -> None:
         """Stop the zygote (its workers die with it) and the thread that started it."""
         if self.zygote is not None:
             self.zygote.exit(timeout=timeout)
-            for pid in list(self.seat_of_pid):
+            for pid in list(self._seat_of_pid):
                 self.host.wait_gone(pid)
             self.zygote = None
         if self._spawner is not None:

@@ -342,7 +342,6 @@ class Daemon:
         self._wake_r = self._wake_w = -1
         self._stopping: str | None = None  # None, "drain" or "kill"
         self._linger_until: float | None = None
-        self._draining = False
         self._watchdog: sdnotify.WatchdogSchedule | None = None
         self._next_status = 0.0
         self._notify_failed = False
@@ -468,7 +467,7 @@ class Daemon:
                 f"{counts['suppressed']} suppressed, {counts['failed']} failed, {counts['inflight']} in flight")
         if self._stopping:
             text += "; stopping"
-        elif self._draining:
+        elif self.sup.draining:  # the supervisor's own flag (a plain attribute the loop swaps)
             text += "; draining"
         return text
 
@@ -515,6 +514,11 @@ class Daemon:
             return
         log.info("fleet %s: stopping fast: workers are killed, units owed fail with Shutdown", self.config.name)
         self._begin_stop("kill", lambda: self.sup.kill(wait=False))
+
+    @property
+    def stopping(self) -> str | None:
+        """None, or how the daemon stops: "drain" (SIGTERM) or "kill" (SIGINT, a second SIGTERM)."""
+        return self._stopping
 
     def _begin_stop(self, how: str, stop: Callable[[], None]) -> None:
         self._stopping = how
@@ -571,8 +575,8 @@ class Daemon:
 class ServedOperations(LoopOperations):
     """fleetd's control handler (`control.ControlHandler`): the fleet's operations, each a
     command on the supervisor's loop (`LoopOperations`, as the embedded Fleet has them),
-    with what only fleetd adds: its own section of the status, its drain flag (for the
-    STATUS= line), and its clients' ``submit`` and ``collect``. Runs on the daemon's loop."""
+    with what only fleetd adds: its own section of the status, and its clients' ``submit``
+    and ``collect``. Runs on the daemon's loop."""
 
     def __init__(self, daemon: Daemon):
         super().__init__(daemon.sup)
@@ -581,19 +585,9 @@ class ServedOperations(LoopOperations):
     def status(self) -> dict:
         doc = super().status()
         daemon = self._daemon
-        doc["daemon"] = {"pid": os.getpid(), "draining": daemon._draining, "stopping": daemon._stopping,
+        doc["daemon"] = {"pid": os.getpid(), "draining": daemon.sup.draining, "stopping": daemon.stopping,
                          "clients": daemon.store.tokens(), "outcomes_held": daemon.store.undelivered()}
         return doc
-
-    def drain(self) -> dict:
-        result = super().drain()
-        self._daemon._draining = True
-        return result
-
-    def resume(self) -> dict:
-        result = super().resume()
-        self._daemon._draining = False
-        return result
 
     def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
                request_id, token: str | None = None, seq: int | None = None, chunk: bool = False,

@@ -127,7 +127,7 @@ class Zygote:
             check_async_handler(role, handler)
         self.table = SlotTable.attach(msg["name"])
         self.seat_names = [seat["name"] for seat in self.table.meta.get("seats", ())]
-        self.table._kernels()  # compile or load once, here, for every fork to inherit
+        self.table.load_kernels()  # once, here, for every fork to inherit
         self.data = DataSegment.attach(msg["name"])
         # Everything imported so far (numba, the handlers' modules) lives as long as the
         # process: out of the collector's sight, a worker's full collections walk only

@@ -380,7 +380,7 @@ def test_the_fleet_survives_the_death_of_its_fork_server(fleet_name):
         deadline = time.monotonic() + 30
         while f._sup.table.snapshot().slot(0)["state"] != "Running" and time.monotonic() < deadline:
             time.sleep(0.005)
-        os.kill(f._sup.workers.zygote.pid, signal.SIGKILL)
+        os.kill(f._sup.seats.workers.zygote.pid, signal.SIGKILL)
         error = stuck.exception(60)
         assert isinstance(error, UnitFailed) and error.reason == "LaneDeath"
         value, pid = f.submit("echo", "again").result(60)

@@ -160,14 +160,14 @@ def test_only_a_recording_fleets_workers_measure_cpu(tmp_path, monkeypatch):
     from fleet.shm import messages as M
 
     seen: list[float] = []
-    take = results._take_message
+    take = results.Results._take_message
 
-    def watched(sup, tag, view, solved):
+    def watched(self, tag, view, solved, seat):
         if tag == M.RESULT:
             seen.append(M.RESULT_HEAD.unpack_from(view)[-1])
-        return take(sup, tag, view, solved)
+        return take(self, tag, view, solved, seat)
 
-    monkeypatch.setattr(results, "_take_message", watched)
+    monkeypatch.setattr(results.Results, "_take_message", watched)
     roles = {"work": {"kind": "pooled", "handler": "tests.handlers:echo", "slots": 1}}
     for recorded in (False, True):
         cfg = {"fleet": {"name": unique_name("cpu")}, "roles": roles}

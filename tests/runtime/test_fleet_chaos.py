@@ -124,7 +124,7 @@ class KillStorm:
         serving_since: dict[int, float] = {}  # zygote pid -> when the storm first saw it serve
         while not self.stop.wait(STORM_KILL_EVERY_S):
             sup = self.f._sup
-            zygote, pids = sup.workers.zygote, sorted(sup.pids().values())
+            zygote, pids = sup.seats.workers.zygote, sorted(sup.pids().values())
             now = time.monotonic()
             if zygote is not None and pids:
                 serving_since.setdefault(zygote.pid, now)
@@ -165,11 +165,11 @@ def _wedge_report(f) -> str:
             return "<the loop did not answer>"
 
     slots = [(i, sup.table.state(i)) for i in range(len(sup.layout.slots))] if sup.table else None
-    return (f"ledger {sup.ledger.counts().to_dict()}; slots (state, role, key, gen) {slots}; pids {ask(lambda s: dict(s.workers.pids))}; "
-            f"pending forks {ask(lambda s: set(s.workers.pending_forks))}; stopped roles {ask(lambda s: set(s.role_stops.view))}; "
+    return (f"ledger {sup.ledger.counts().to_dict()}; slots (state, role, key, gen) {slots}; pids {ask(lambda s: dict(s.seats.workers.pids))}; "
+            f"pending forks {ask(lambda s: s.seats.workers.forking)}; stopped roles {ask(lambda s: set(s.role_stops.view))}; "
             f"queued {ask(lambda s: [s.dispatcher.queued(c) for c in range(len(s.roles))])}; "
-            f"zygote {ask(lambda s: s.workers.zygote and s.workers.zygote.pid)}; "
-            f"posture {ask(lambda s: sorted(s.posture.state.causes))}")
+            f"zygote {ask(lambda s: s.seats.workers.zygote and s.seats.workers.zygote.pid)}; "
+            f"posture {ask(lambda s: sorted(s.posture.causes))}")
 
 
 def _storm_config(name: str, restart: str, b_class: str) -> dict:

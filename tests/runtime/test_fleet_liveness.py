@@ -237,11 +237,11 @@ def test_a_zygote_killed_with_requests_unread_is_replaced(fleet_name, caplog):
     with running(cfg) as f:
         sup = f._sup
         old_pid = f.submit("work", 1).result(EVENTUALLY_S)[1]
-        zygote = sup.workers.zygote.pid
+        zygote = sup.seats.workers.zygote.pid
         os.kill(zygote, signal.SIGSTOP)  # so it cannot read what comes next
-        sup.inspect(lambda sup: sup.workers.zygote._send({"op": "noop"}))
+        sup.inspect(lambda sup: sup.seats.workers.zygote._send({"op": "noop"}))
         os.kill(zygote, signal.SIGKILL)
-        wait_for(lambda: sup.workers.zygote is not None and sup.workers.zygote.pid != zygote and sup.pids(), "a new zygote serves")
+        wait_for(lambda: sup.seats.workers.zygote is not None and sup.seats.workers.zygote.pid != zygote and sup.pids(), "a new zygote serves")
         value, pid = f.submit("work", 2).result(EVENTUALLY_S)
         assert value == 2 and pid != old_pid
         assert "supervisor loop crashed" not in caplog.text

@@ -51,7 +51,7 @@ def owing_fleet(cfg: dict):
         try:
             yield f
         except BaseException:
-            f._sup.inspect(lambda sup: sup._units.clear())  # the loop stops once nothing is owed
+            f._sup.inspect(lambda sup: sup.books._units.clear())  # the loop stops once nothing is owed
             raise
     assert not fuses, fuses
 

@@ -231,7 +231,7 @@ def test_queue_room_bounds_change_live_and_close_wakes_waiters():
 def test_operator_calls_and_inspection_run_on_the_loop_thread(fleet_name):
     with running(config(fleet_name, {"w": role("echo", slots=1)}, profile="serial")) as f:
         sup = f._sup
-        assert sup.inspect(lambda s: threading.current_thread() is s._thread)
+        assert sup.inspect(lambda s: s.door.is_loop_thread(threading.current_thread()))
         assert sup.inspect(lambda s: threading.current_thread().name) == f"fleet-{fleet_name}"
         seen = []
         f.posture_set(cordon_enter_events=3)  # through the loop, and applied there
@@ -307,16 +307,16 @@ def test_the_loop_reads_the_zygote_socket_when_the_zygote_has_news_not_on_every_
             return counting
 
         def spy(s):
-            assert s.data.zygote_news.value == s.workers.news_seen  # the zygote has nothing more to say
+            assert not s.seats.workers.has_news(s.seats.zygote_news.value)  # the zygote has nothing more to say
             s._turn = turning(s._turn)
-            s.workers.read = counted(s.workers.read)
+            s.seats.workers.read = counted(s.seats.workers.read)
 
         sup.inspect(spy)
         for i in range(300):
             assert f.submit("w", i).result(WAIT_S)[0] == i
         # the zygote said nothing: no turn read it (the sample's and the quiet waits' reads remain)
         assert reads.count(True) == 0, f"{reads.count(True)} reads by the turn for 300 round trips"
-        news = sup.data.zygote_news.value
+        news = sup.seats.zygote_news.value
         os.kill(first_pid, signal.SIGKILL)  # the zygote reaps it and tells: a new worker runs
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
@@ -327,7 +327,7 @@ def test_the_loop_reads_the_zygote_socket_when_the_zygote_has_news_not_on_every_
             if pid != first_pid:
                 break
         assert value == "after" and pid != first_pid
-        assert sup.data.zygote_news.value - news >= 2  # told of the exit, then of the fork
+        assert sup.seats.zygote_news.value - news >= 2  # told of the exit, then of the fork
 
 
 # ----------------------------------------------------------------------------- backpressure
@@ -470,7 +470,7 @@ def test_a_death_during_shutdown_fails_its_unit_and_the_queue_still_runs(fleet_n
         eventually(lambda: f._sup.table.snapshot().slot(0)["state"] == "Running", "the first unit runs")
         closer = threading.Thread(target=f.shutdown)
         closer.start()
-        eventually(lambda: f._sup._closing, "shutdown began")
+        eventually(lambda: f._sup.door.closing, "shutdown began")
         os.kill(next(iter(worker_pids(f))), signal.SIGKILL)
         with pytest.raises(UnitFailed) as info:
             running_unit.result(WAIT_S)

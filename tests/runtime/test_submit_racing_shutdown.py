@@ -24,10 +24,10 @@ WAIT_S = 30.0
 def hold_submits_until(monkeypatch, sup, released: threading.Event, moment) -> None:
     """Every later submit of `sup` waits, past its open check and before its post to the
     loop, until `moment()` is true; `released` is set as each one goes on."""
-    real = submit_room.new_unit
+    real = submit_room.Submitter._new_unit
 
     def new_unit(of, *args):
-        if of is sup:
+        if of is sup._submitter:
             for _ in range(int(WAIT_S / 0.01)):
                 if moment():
                     break
@@ -35,7 +35,7 @@ def hold_submits_until(monkeypatch, sup, released: threading.Event, moment) -> N
             released.set()
         return real(of, *args)
 
-    monkeypatch.setattr(submit_room, "new_unit", new_unit)  # for this test only; other fleets pass through
+    monkeypatch.setattr(submit_room.Submitter, "_new_unit", new_unit)  # for this test only; other fleets pass through
 
 
 def submit_in_thread(submit) -> dict:
@@ -66,7 +66,7 @@ def test_a_submit_the_loop_takes_after_shutdown_is_ledgered_and_fails_shutdown(f
         sup = f._sup
         busy = f.submit("w", 3600)  # keeps the loop from stopping: shutdown waits for it
         released = threading.Event()
-        hold_submits_until(monkeypatch, sup, released, lambda: sup._closing)
+        hold_submits_until(monkeypatch, sup, released, lambda: sup.door.closing)
         late = submit_in_thread(lambda: sup.submit_many("w", [1, 2])[0] if batch else f.submit("w", 1))
         try:
             f.shutdown(wait=False)  # returns once the loop has applied it
@@ -88,7 +88,7 @@ def test_a_submit_posted_after_the_loop_stopped_is_ledgered_and_fails_shutdown(f
     with running(cfg) as f:
         sup = f._sup
         released = threading.Event()
-        hold_submits_until(monkeypatch, sup, released, sup._stopped.is_set)
+        hold_submits_until(monkeypatch, sup, released, sup.door.stopped.is_set)
         late = submit_in_thread(lambda: sup.submit_many("w", [1, 2])[-1] if batch else f.submit("w", 1))
         f.shutdown(wait=True)  # nothing owed: the loop stops and closes its intake
         late["thread"].join(WAIT_S)

@@ -4,6 +4,7 @@ a real fork server and a real fleetd."""
 from __future__ import annotations
 
 import os
+import threading
 
 from fleet.rules import titles
 from tests import forking
@@ -43,11 +44,12 @@ def test_each_worker_is_named_for_its_fleet_role_and_seat_and_the_fork_server_fo
             "solver-0": ("fleet-solver-0", f"fleet-{name}-solver-0"),
             "pool_state_updater-0": ("fleet-pool_st-0", f"fleet-{name}-pool_state_updater-0"),
         }
-        zygote = f._sup.inspect(lambda sup: sup.workers.zygote.pid)
+        zygote = f._sup.inspect(lambda sup: sup.seats.workers.zygote.pid)
         assert (comm(zygote), cmdline(zygote)) == ("fleet-forksrv", f"fleet-{name}-forkserver")
         # the program that embeds the fleet keeps its name; its loop thread is named
         assert comm(os.getpid()) != "fleet-loop"
-        assert comm(os.getpid(), f._sup._thread.native_id) == titles.LOOP_THREAD
+        (loop,) = [t for t in threading.enumerate() if t.name == f"fleet-{name}"]
+        assert comm(os.getpid(), loop.native_id) == titles.LOOP_THREAD
 
 
 def test_the_serial_seat_that_runs_every_role_is_named_serial():

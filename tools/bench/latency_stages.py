@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fleet  # noqa: E402
 from fleet.rules import dispatch
-from fleet.runtime import accept, intake, loop, results  # noqa: E402
+from fleet.runtime import accept, books, intake, results, seats  # noqa: E402
 
 STAGES = (
     ("caller: submit -> post", None, "post"),
@@ -67,11 +67,11 @@ class Stamps:
 def measure(units: int, slots_per_worker: int) -> dict:
     stamps = Stamps()
     stamps.wrap(intake.Intake, "post", "post")
-    stamps.wrap(accept, "accept", "accept")
+    stamps.wrap(accept.Acceptor, "accept", "accept")
     stamps.wrap(dispatch.Dispatcher, "grant", "granted", after=True)
-    stamps.wrap(loop.Supervisor, "_send", "pushed", after=True)
-    stamps.wrap(results, "handle_results", "collect")
-    stamps.wrap(loop.Supervisor, "_deliver", "delivered", after=True, once_after="collect")
+    stamps.wrap(seats.Seats, "send", "pushed", after=True)
+    stamps.wrap(results.Results, "handle", "collect")
+    stamps.wrap(books.Books, "deliver", "delivered", after=True, once_after="collect")
     cfg = {
         "fleet": {"name": f"stages-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": "pinned"},
         "roles": {"work": {"kind": "pooled", "handler": "bench_handlers:unit_work",

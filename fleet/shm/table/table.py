@@ -144,6 +144,11 @@ class SlotTable:
             raw = self.roles[base : base + ROLE_FIELDS].view(np.uint8)
             raw[L.R_NAME_BYTE : L.R_NAME_BYTE + len(name)] = np.frombuffer(name, dtype=np.uint8)
 
+    def load_kernels(self) -> None:
+        """Compile (or load from numba's cache) the transition kernels now, before anybody
+        depends on latency (a fork server does it once, for every fork to inherit)."""
+        self._kernels()
+
     def _kernels(self):
         if self._k is None:
             from fleet.shm.table import kernels

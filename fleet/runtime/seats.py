@@ -1,0 +1,95 @@
+"""The seats: each seat's rings to and from its worker, the tasks waiting to go out, and
+the worker processes (`fleet.runtime.workers.Workers`).
+
+A dispatch pass sends each seat its tasks in one call (`send`): pushed, and its worker
+woken once; what does not fit the ring waits in the seat's outbox, behind any already
+waiting, so the order holds, and goes out as the worker makes room (`flush`). A seat
+whose worker died has its unsent tasks dropped (`drop_unsent`): its successor must
+not run them again.
+
+One owner: boot's thread builds it, then the loop thread alone uses it.
+"""
+from __future__ import annotations
+
+import collections
+
+from fleet.shm import messages as M
+
+
+class Seats:
+    """The data plane's rings, the seats' outboxes and their worker processes."""
+
+    def __init__(self, data, workers, layout):
+        self.workers = workers
+        self._data, self._layout = data, layout
+        self._outbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+
+    @property
+    def count(self) -> int:
+        return len(self._layout.seats)
+
+    @property
+    def bell(self):
+        """The loop's bell: everything that comes in for the loop rings it."""
+        return self._data.bell
+
+    @property
+    def zygote_news(self):
+        """The zygote's news count (it bumps it and rings as it sends an event)."""
+        return self._data.zygote_news
+
+    # ------------------------------------------------------------------ out
+    def send(self, seat: int, tasks: list) -> None:
+        """A seat's tasks of one pass: pushed and its worker woken in one call; what does
+        not fit waits in its outbox (behind any already waiting, so the order holds)."""
+        outbox = self._outbox[seat]
+        if outbox:
+            outbox.extend(tasks)
+            self.flush(seat)
+            return
+        pushed = self._data.tasks(seat).push_many(M.TASK, tasks)
+        if pushed < len(tasks):
+            outbox.extend(tasks[pushed:])
+            self.flush(seat)
+
+    def flush(self, seat: int) -> None:
+        """Push what waits in the seat's outbox, as far as its ring has room; wake its worker."""
+        ring, outbox = self._data.tasks(seat), self._outbox[seat]
+        while outbox and ring.push(M.TASK, outbox[0]):
+            outbox.popleft()
+        ring.notify()
+
+    def flush_waiting(self, seat: int) -> None:
+        """`flush`, when something waits in the seat's outbox."""
+        if self._outbox.get(seat):
+            self.flush(seat)
+
+    def drop_unsent(self, seat: int) -> None:
+        """A seat whose worker died: the tasks it never took would run again on its
+        successor, so they go (from its ring and its outbox)."""
+        tasks = self._data.tasks(seat)
+        while tasks.pop_many():
+            pass
+        self._outbox.pop(seat, None)
+
+    # ------------------------------------------------------------------ in
+    def results(self, seat: int):
+        """The seat's result ring (what its worker sends back)."""
+        return self._data.results(seat)
+
+    # ------------------------------------------------------------------ workers
+    def seat_of(self, slot: int) -> int:
+        """The seat a slot is on."""
+        return self._layout.seat_of(slot)
+
+    def name(self, seat: int) -> str:
+        """A seat's name, as status shows it."""
+        return self._layout.seats[seat].name
+
+    def pid_of_slot(self, slot: int) -> int | None:
+        """The pid of the worker running `slot`'s seat; None while it is being (re)started."""
+        return self.workers.pids.get(self._layout.seat_of(slot))
+
+    def kill(self, pid: int) -> None:
+        """Kill a worker for a reason of the supervisor's own: its death is no lane death."""
+        self.workers.kill(pid)
