@@ -10,6 +10,9 @@ and validated once, into immutable data the pure scheduler reads on every decisi
   with a token its id contains; the token is its *family* (``glm-5.3-review`` and
   ``glm-5.3-coding`` are both family ``glm-5.3``). A model in no tier has no tier
   defaults; a new model joins a tier only through its id or an explicit entry.
+  Fallback is on by default: a section that declares no ``tiers`` gets `DEFAULT_TIERS`,
+  so with nothing but a catalog declared a model of a default tier falls back to the
+  other models of its tier that the catalog has. ``tiers = {}`` turns them off.
 * **Default alternatives** of a route, in three groups (reference 000 §7): the same
   model on another provider; then the tier's other families (own provider first, then
   token order); then the same family's variants on the same provider (they share the
@@ -48,6 +51,15 @@ SECTION = "admission"
 DEFAULT_SEVERITY = {"red-main": 32, "B": 16, "H": 8, "M": 4, "L": 2, "none": 1}
 MARKS = ("residency", "retention")
 DEFAULT_MAX_REFUSALS = 10
+#: The tiers a section that declares none gets (reference 000 §7: fallback is on by
+#: default). Tokens name model families as their ids carry them; a model whose id
+#: carries none (a dispatch-only model such as ``kimi-k2.7-code``) is in no tier and is
+#: never a stand-in, nor stood in for, unless an explicit ``alternatives`` entry says so.
+DEFAULT_TIERS = {
+    "frontier": ("claude-opus", "claude-sonnet"),
+    "standard": ("glm-5.3", "deepseek-v4", "gpt-6-sol"),
+    "fast": ("claude-haiku", "gpt-6-mini"),
+}
 _CACHE_BOUND = 65_536  # (route, lane) pairs of alternatives kept per policy
 
 
@@ -86,7 +98,7 @@ class Policy:
     """The validated, immutable admission policy. Build with `from_dict`."""
 
     nodes: Mapping[tuple[str, str], ModelNode] = field(default_factory=dict)
-    tiers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    tiers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_TIERS))
     explicit: Mapping[str, tuple[tuple[str, str | None], ...]] = field(default_factory=dict)
     lanes: Mapping[str, LanePolicy] = field(default_factory=dict)
     pinned_tags: frozenset = frozenset()
@@ -231,7 +243,7 @@ class Policy:
                 raise PolicyError(f"{path}.severity.{name}", f"weight must be an integer >= 0, not {weight!r}")
             severity[str(name)] = weight
 
-        tiers = _tiers(data.get("tiers", {}), f"{path}.tiers")
+        tiers = _tiers(data.get("tiers", {t: list(tokens) for t, tokens in DEFAULT_TIERS.items()}), f"{path}.tiers")
         nodes = _catalog(data.get("providers", {}), f"{path}.providers", tiers)
         explicit = _explicit(data.get("alternatives", {}), f"{path}.alternatives", nodes)
         lanes = _lanes(data.get("lanes", {}), f"{path}.lanes")

@@ -251,7 +251,9 @@ class AdmissionPool:
               age: float = 0.0, checked: Policy | None = None) -> S.Decision:
         """Decide unit `unit` for `route`: it starts now (ADMIT / MOVE, seated) or waits (kept for `wake`).
 
-        A delegated unit (`parent` given) counts on its parent's lane when the parent is seated.
+        A delegated unit (`parent` given) counts on its parent's lane. The parent must be a
+        unit this admission holds a seat for (`holds`): any other is BadAsk, and nothing
+        is kept or counted.
         `age`: seconds the unit has waited already (elsewhere, or before a restart): its
         urgency and starvation count from then. `checked`: the policy `check` returned for
         this very ask; while it is still the current one (no reload since) and the lane
@@ -261,8 +263,12 @@ class AdmissionPool:
         if unit in seats or unit in self._waits:
             raise BadAsk(f"unit {unit} is already admitted or waiting")
         own_lane = lane
-        if parent is not None and parent in seats:
-            lane = seats[parent].ask.lane
+        if parent is not None:
+            seat = seats.get(parent) if type(parent) is int else None
+            if seat is None:
+                raise BadAsk(f"unit {unit}: parent {parent!r} holds no seat in this admission: "
+                             "only an admitted unit delegates")
+            lane = seat.ask.lane
         policy = self.holder.current
         if checked is not policy or lane != own_lane:
             try:
@@ -291,6 +297,10 @@ class AdmissionPool:
             self._why[ask.id] = decision
             self._put(T.waited(T.bulkhead_of(self.state, ask.route, now), 1))
         return decision
+
+    def holds(self, unit: int) -> bool:
+        """Whether `unit` holds a seat here (admitted, running or about to): a parent that may delegate."""
+        return unit in self._seats
 
     def check(self, route: Route, *, lane: str | None = None, severity: str | None = None) -> Policy:
         """Raise BadAsk for what `admit` would refuse in this ask on its face (route type,
@@ -581,8 +591,23 @@ class AdmissionPool:
         return learned
 
     # --- read model ------------------------------------------------------------------------------
+    def read_model(self) -> dict:
+        """What a coordinator reads (reference 000 §10): rows per bulkhead and per lane x bulkhead,
+        the closures and the starving list.
+
+        Per bulkhead (`bulkhead_row`): state, estimate and carrying capacity, `slow_start`
+        and `free` (shown only, never consulted to admit), exhausted and why, running,
+        waiting, delegated, successes, failures, means, closure and budget. Per lane x
+        bulkhead: running, waiting, delegated, moved in, refused, spent today, the oldest
+        waiting unit's wait (`oldest_waiting_since`, UTC epoch seconds, and its age
+        `oldest_waiting_s`), and `guaranteed` 0, `borrowed` 0 and `bound` None: there is no
+        share, the columns stay so that a reader written for a share model still reads.
+        """
+        return self.census()
+
     def census(self) -> dict:
-        """Rows per bulkhead and per lane x bulkhead, the closures and the starving list (000 §10)."""
+        """The read model (`read_model`): rows per bulkhead and per lane x bulkhead, the
+        closures and the starving list (000 §10)."""
         now = self.now()
         oldest: dict = {}
         waiting_by_lane: dict = {}
@@ -605,6 +630,9 @@ class AdmissionPool:
                 "started": row.started, "refused": row.refused,
                 "spent_today": row.spent if row.spent_day == int(now.wall // T.DAY) else 0.0,
                 "oldest_waiting_s": None if since is None else now.mono - since,
+                "oldest_waiting_since": None if since is None else now.wall - (now.mono - since),
+                # no share: nothing is guaranteed, lent or bounded (the columns stay for readers)
+                "guaranteed": 0, "borrowed": 0, "bound": None,
             })
         return {
             "bulkheads": bulkheads, "lanes": lanes,
@@ -704,6 +732,9 @@ def bulkhead_row(b: T.Bulkhead, now: T.Now, budget: tuple | None = None) -> dict
         "pool": str(b.route), "model": b.route.model, "provider": b.route.provider, "credential": b.route.credential,
         "state": BulkheadState.CLOSED if closed else BulkheadState.BACKOFF if backoff else BulkheadState.OPEN,
         "estimate": b.estimate, "carrying_capacity": b.carrying, "exhausted": closed or backoff,
+        # shown only, never consulted to admit: still growing from its seed (it never refused),
+        # and the estimate's room left over what runs now
+        "slow_start": b.carrying == 0, "free": max(0, b.estimate - b.running),
         "exhausted_at": b.refused_at or None, "why": b.why,
         "running": b.running, "waiting": b.waiting, "delegated": b.delegated, "delegated_total": b.delegated_total,
         "successes": b.successes, "failures": b.failures, "refusals": b.refusals,

@@ -5,11 +5,12 @@ its route unless a live refusal holds that pool back (a 429 backoff, or a closur
 Then, in this order:
 
 1. a *hard-pinned* unit waits for its route — or, on a closed pool, is its probe when
-   one is due;
+   one is due. A pin is never passed, not even by delegation: a hard pin waits;
 2. a *delegated* unit (its parent is a unit running in this fleet) is admitted at once
    through a backoff on its own route: refusing it could only stall its parent, which
    holds a seat (a nested-resource deadlock). It is counted, and marked delegated.
-   Delegation passes a backoff only: on a closed pool it is decided as any other unit;
+   Delegation passes a backoff only: on a closed pool, or pinned, it is decided as any
+   other unit;
 3. otherwise the unit moves to an alternative that admits it now. The policy gives the
    alternatives in groups (same model on another provider; the tier's other models;
    same-provider variants), already filtered for marks and lane exclusions. The first
@@ -140,7 +141,7 @@ def decide(ask: Ask, state: AdmissionState, policy: Policy, now: Now, rng, *, pr
     if not closed:
         if b.backoff_until <= now.mono:
             return _new(Decision, (ADMIT, route, "", 0.0, False, delegated))
-        if delegated:
+        if delegated and not policy.is_pinned(ask.lane, ask.tag, ask.pinned):
             return _new(Decision, (ADMIT, route, "delegated", 0.0, False, True))
     if memo is None:
         memo = {}

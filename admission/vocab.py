@@ -19,10 +19,16 @@ PREEMPTED = "preempted"
 #: An admitted request whose orchestrator gave the lease back when its work ended. The
 #: reference names no state for that; it is terminal like the others.
 RELEASED = "released"
+#: Admitted, but held for an approval before it may dispatch: it keeps its admission and
+#: its capacity while its lease is renewed, until someone approves (-> admitted) or
+#: rejects (-> denied) it.
+AWAITING_APPROVAL = "awaiting-approval"
 
-STATES = (QUEUED, ADMITTED, DENIED, CANCELLED, TIMED_OUT, PREEMPTED, RELEASED)
-LIVE_STATES = (QUEUED, ADMITTED)
+STATES = (QUEUED, ADMITTED, DENIED, CANCELLED, TIMED_OUT, PREEMPTED, RELEASED, AWAITING_APPROVAL)
+LIVE_STATES = (QUEUED, ADMITTED, AWAITING_APPROVAL)
 TERMINAL_STATES = (DENIED, CANCELLED, TIMED_OUT, PREEMPTED, RELEASED)
+#: The states that hold capacity under a renewable lease (count against every quota).
+HOLDING_STATES = (ADMITTED, AWAITING_APPROVAL)
 
 # --- audit event kinds: one row per decision ----------------------------------------
 # A request's state change is logged under the name of the state it enters; the others:
@@ -30,9 +36,17 @@ RENEWED = "renewed"  # an admitted lease's expiry moved on (its revision bumped)
 POLICY = "policy"  # the quota policy was replaced
 CLOSURE = "closure"  # a provider closure was filed
 REOPENED = "reopened"  # a provider closure was lifted early
+APPROVED = "approved"  # a request awaiting approval was approved: it is admitted now
+REJECTED = "rejected"  # a request awaiting approval was rejected: it is denied now
 
 EVENT_KINDS = (QUEUED, ADMITTED, RENEWED, RELEASED, CANCELLED, TIMED_OUT, DENIED, PREEMPTED, POLICY, CLOSURE,
-               REOPENED)
+               REOPENED, AWAITING_APPROVAL, APPROVED, REJECTED)
+
+# --- backpressure: what a request that may not dispatch tells its caller (reference 001) ----
+BLOCKED_CAPACITY = "blocked/capacity"  # queued for capacity: ask again later
+BLOCKED_POLICY = "blocked/policy"  # denied by policy (or rejected): asking again cannot help
+BLOCKED_APPROVAL = "blocked/approval"  # held for an approval: keep renewing, ask again later
+BACKPRESSURE = (BLOCKED_CAPACITY, BLOCKED_POLICY, BLOCKED_APPROVAL, PREEMPTED, TIMED_OUT)
 
 
 # --- the provider admission: a bulkhead's state, and why a pool closed -----------------

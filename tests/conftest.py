@@ -9,16 +9,19 @@ import pytest
 
 from fleet.shm import dataplane
 from fleet.shm.table import segment
+from tests.daemons import remove_segments
 from tests.fleets import unique_name
 
 
 @pytest.fixture
 def fleet_name(request):
-    """A fleet name unique to this test; its table and data segments are unlinked afterwards."""
+    """A fleet name unique to this test; its table and data segments are unlinked afterwards,
+    and anything else under its names in /dev/shm (another uid's too: a test's plants)."""
     name = unique_name("t")
     yield name
     segment.unlink(name)
     dataplane.unlink(name)
+    remove_segments(name)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ sd_notify socket; driven only through its socket, fleetctl and signals; and noth
 it (fleetd, zygote, workers) left running when the test ends, even when it failed."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import resource
 import json
@@ -245,6 +246,24 @@ def segments(name: str) -> list[str]:
     return [p for p in os.listdir("/dev/shm") if p.startswith(f"fleet.{name}")]
 
 
+def remove_segments(name: str) -> None:
+    """Remove everything under fleet `name`'s names in /dev/shm -- each kind's plain name and
+    its alternates -- whoever made it (a test's leftovers, the plants of a test's other uid):
+    `fleet.shm.segments.unlink` removes only what is this uid's and not in use."""
+    from fleet.shm.segments import ALTERNATE, SHM_DIR
+
+    plain = f"fleet.{name}"
+    for entry in os.listdir(SHM_DIR):
+        base = entry.split(ALTERNATE, 1)[0]
+        if base == plain or base.startswith(plain + "."):
+            where = os.path.join(SHM_DIR, entry)
+            if os.path.isdir(where) and not os.path.islink(where):
+                shutil.rmtree(where, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(where)
+
+
 def alive(pids) -> set[int]:
     out = set()
     for pid in pids:
@@ -364,3 +383,4 @@ def served_fleetd(prefix: str, roles: dict, **kwargs):
     finally:
         segment.unlink(name)
         dataplane.unlink(name)
+        remove_segments(name)  # what unlink leaves: a creator killed before it wrote who it is

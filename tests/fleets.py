@@ -77,7 +77,5 @@ def worker_pids(f, timeout: float = 30.0) -> set[int]:
 
 
 def hold(f, cause: str = "operator") -> None:
-    """Hold `f`'s posture Cordoned for `cause` (the loop's half of an operator cordon)."""
-    from fleet.runtime import operator
-
-    f._sup.call(operator.hold, f._sup, cause)
+    """Hold `f`'s posture Cordoned for `cause` (an operator cordon, on the fleet's loop)."""
+    f._sup.call(f._sup.posture.hold, cause)

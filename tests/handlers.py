@@ -185,11 +185,13 @@ def knows_itself(unit):
 def note_run(directory: str, tag) -> None:
     """Say that unit `tag` ran: a line (this pid) in ``directory/<tag>``, one file per unit,
     so a unit that ran twice has two lines; and its tag on a line of ``directory/order``,
-    so the order units ran in is known (appends of one short line each do not interleave)."""
-    with open(os.path.join(directory, str(tag)), "a") as f:
-        f.write(f"{os.getpid()}\n")
+    so the order units ran in is known (appends of one short line each do not interleave).
+    The order line comes first: a test that saw ``directory/<tag>`` (`runs`) and then kills
+    the worker finds the tag in the order too, however late the thread was scheduled."""
     with open(os.path.join(directory, "order"), "a") as f:
         f.write(f"{tag}\n")
+    with open(os.path.join(directory, str(tag)), "a") as f:
+        f.write(f"{os.getpid()}\n")
 
 
 def marked(unit):

@@ -179,11 +179,11 @@ def quota_history_violations(store, limits: dict) -> list:
     for ev in store.events():
         if not ev.request_id or ev.kind in ("policy", "closure", "reopened"):
             continue
-        if ev.kind == "admitted":
+        if ev.kind in ("admitted", "awaiting-approval"):  # a reservation awaiting approval holds capacity too
             if ev.request_id not in records:
                 records[ev.request_id] = store.get(ev.request_id)
             admitted[ev.request_id] = records[ev.request_id]
-        elif ev.kind in ("released", "timed-out", "preempted", "cancelled"):
+        elif ev.kind in ("released", "timed-out", "preempted", "cancelled", "rejected"):
             admitted.pop(ev.request_id, None)
         over = breaches(limits, admitted.values())
         if over:

@@ -38,6 +38,10 @@ import uuid
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench"))
 
 import fleet  # noqa: E402
+from fleet.rules.ranges import CONFIG  # noqa: E402
+
+#: Restarts without end, as far as the config allows: the most restarts it takes in a window.
+NO_INTENSITY = {"max_restarts": CONFIG["restart.max_restarts"].hi, "within_seconds": 1}
 
 
 def main(argv=None) -> int:
@@ -64,7 +68,7 @@ def main(argv=None) -> int:
         "fleet": {"name": f"chaos-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": args.profile},
         "roles": {"work": {"kind": "pooled", "handler": "bench_handlers:noted_unit_work", "slots": 16 * args.workers,
                            "peak_cpus": args.workers, "queue_bound": args.units}},
-        "restart": {"max_restarts": 10**9, "within_seconds": 1},
+        "restart": NO_INTENSITY,
     }
     stop, kills = threading.Event(), []
     run_log = tempfile.NamedTemporaryFile(prefix="fleet-chaos-ran-", delete=False)  # a line per handler run
@@ -133,7 +137,7 @@ def storm(args) -> int:
     cfg = {"fleet": {"name": f"storm-{os.getpid()}-{uuid.uuid4().hex[:6]}", "profile": "pinned", "cpus": 2},
            "roles": {"a": role, "b": role}}
     if args.lenient:
-        cfg["restart"] = {"max_restarts": 10**9, "within_seconds": 1}
+        cfg["restart"] = NO_INTENSITY
     rng, kills, stop = random.Random(args.seed), [], threading.Event()
     f = fleet.Fleet.from_config(cfg, env={})
 

@@ -2,7 +2,14 @@
 
 `open_store(url)` opens ``sqlite:///path`` (one host, many processes) or
 ``postgresql://...`` (a host group across machines). The contract, records and
-errors are in `admission.store.base`; the decision rules in `admission.store.rules`.
+errors are in `admission.store.base`; the decision rules in `admission.store.rules`;
+runtime tiers and their aliases in `admission.store.tiers`.
+
+What keeps a request from dispatching reaches its caller typed (`Backpressure`:
+BlockedCapacity, BlockedApproval, BlockedPolicy, Preempted, TimedOut; see
+`backpressure_of`). A request may wait for an approval (``approval=True``;
+`AdmissionStore.approve` / `reject`). Every call of an orchestrator about its own
+requests is its heartbeat (``heartbeat_window``).
 
 Provider closures are shared through the same store: ``closure_store(url, actor)``
 builds the `ClosureStore` that `admission.pool.AdmissionPool(store=...)` takes
@@ -17,8 +24,13 @@ from typing import Callable
 
 from admission.store.base import (
     ADMITTED,
+    AWAITING_APPROVAL,
     CANCELLED,
+    DEFAULT_HEARTBEAT_WINDOW,
     DENIED,
+    HOLDING_STATES,
+    LIVE_STATES,
+    MAX_HEARTBEAT_S,
     PREEMPTED,
     QUEUED,
     RELEASED,
@@ -27,16 +39,22 @@ from admission.store.base import (
     TIERS,
     TIMED_OUT,
     AdmissionStore,
+    Backpressure,
     BadRequest,
+    BlockedApproval,
+    BlockedCapacity,
+    BlockedPolicy,
     Closure,
     Event,
     Health,
     IdentityConflict,
     Lease,
     LeaseLost,
+    NotAwaitingApproval,
     NotOwner,
     Orchestrator,
     Policy,
+    Preempted,
     QuotaConfigInvalid,
     Record,
     Request,
@@ -45,13 +63,19 @@ from admission.store.base import (
     StoreError,
     StoreTimeout,
     StoreUnreachable,
+    TimedOut,
     UnknownRequest,
+    UnknownTier,
+    backpressure_of,
+    seconds_problem,
+    tier_of,
 )
 from admission.store.closures import ClosureStoreUnreachable, StoreClosures
 
 
 def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
-               create: bool = True, call_timeout: float = 30.0) -> AdmissionStore:
+               create: bool = True, call_timeout: float = 30.0,
+               heartbeat_window: float = DEFAULT_HEARTBEAT_WINDOW) -> AdmissionStore:
     """Open (creating or migrating its schema) the store at `url`.
 
     `actor` names this orchestrator in requests and audit rows; `clock` gives the
@@ -59,7 +83,9 @@ def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time
     instead of being created (for operator commands). `call_timeout` (seconds) bounds how
     long any one call may wait on the database (a lock another session holds, a statement
     that does not end): past it the call raises StoreTimeout and decides nothing.
-    Raises BadRequest for an unknown url scheme or a bad `call_timeout`,
+    `heartbeat_window` (seconds, at most a day): how long `actor` counts as alive after
+    one of its calls (each call about its own requests beats; see `AdmissionStore`).
+    Raises BadRequest for an unknown url scheme or a bad `call_timeout` or window,
     StoreUnreachable when the database cannot be reached, SchemaTooNew when newer
     code owns the store.
     """
@@ -67,6 +93,9 @@ def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time
         raise BadRequest("url", f"must be a string, got {url!r}")
     if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)) or not 0 < call_timeout < 86400:
         raise BadRequest("call_timeout", f"must be seconds > 0 (less than a day), got {call_timeout!r}")
+    problem = seconds_problem(heartbeat_window, MAX_HEARTBEAT_S)
+    if problem:
+        raise BadRequest("heartbeat_window", problem)
     if url.startswith("sqlite://"):
         from admission.store.sqlite import SqliteStore, path_of
 
@@ -74,11 +103,13 @@ def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time
             path_of(url)
         except ValueError as exc:
             raise BadRequest("url", str(exc)) from None
-        return SqliteStore(url, actor, clock, busy_timeout=call_timeout, create=create)
+        return SqliteStore(url, actor, clock, busy_timeout=call_timeout, create=create,
+                           heartbeat_window=heartbeat_window)
     if url.startswith(("postgresql://", "postgres://")):
         from admission.store.postgres import PostgresStore
 
-        return PostgresStore(url, actor, clock, call_timeout=call_timeout, create=create)
+        return PostgresStore(url, actor, clock, call_timeout=call_timeout, create=create,
+                             heartbeat_window=heartbeat_window)
     raise BadRequest("url", f"unknown store url {url!r}: want sqlite:///path or postgresql://...")
 
 
@@ -96,6 +127,8 @@ __all__ = [
     "closure_store", "StoreClosures", "ClosureStoreUnreachable",
     "open_store", "AdmissionStore", "Request", "Record", "Lease", "Event", "Closure", "Health", "Policy", "Orchestrator",
     "StoreError", "StoreUnreachable", "StoreTimeout", "SchemaTooNew", "SchemaMissing", "QuotaConfigInvalid", "BadRequest", "UnknownRequest",
-    "NotOwner", "IdentityConflict", "LeaseLost", "STATES", "TERMINAL_STATES", "TIERS",
-    "QUEUED", "ADMITTED", "DENIED", "CANCELLED", "TIMED_OUT", "PREEMPTED", "RELEASED",
+    "NotOwner", "IdentityConflict", "LeaseLost", "NotAwaitingApproval", "STATES", "TERMINAL_STATES", "LIVE_STATES",
+    "HOLDING_STATES", "TIERS", "UnknownTier", "tier_of", "DEFAULT_HEARTBEAT_WINDOW",
+    "Backpressure", "BlockedCapacity", "BlockedApproval", "BlockedPolicy", "Preempted", "TimedOut", "backpressure_of",
+    "QUEUED", "ADMITTED", "AWAITING_APPROVAL", "DENIED", "CANCELLED", "TIMED_OUT", "PREEMPTED", "RELEASED",
 ]

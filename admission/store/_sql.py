@@ -35,11 +35,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from admission.store import rules
-from admission.vocab import CLOSURE, POLICY, RENEWED, REOPENED, sql_list
+from admission.vocab import APPROVED, POLICY, REJECTED, RENEWED, sql_list
 from admission.store.base import (
     ADMITTED,
+    AWAITING_APPROVAL,
     CANCELLED,
+    DEFAULT_HEARTBEAT_WINDOW,
     DENIED,
+    HOLDING_STATES,
+    MAX_HEARTBEAT_S,
     PREEMPTED,
     RELEASED,
     TIMED_OUT,
@@ -47,16 +51,17 @@ from admission.store.base import (
     QUEUED,
     AdmissionStore,
     BadRequest,
-    Closure,
     DEFAULT_POLICY,
     Event,
     Health,
     IdentityConflict,
     Lease,
     LeaseLost,
+    NotAwaitingApproval,
     NotOwner,
     Orchestrator,
     Policy,
+    QuotaConfigInvalid,
     Record,
     Request,
     SchemaTooNew,
@@ -64,92 +69,21 @@ from admission.store.base import (
     StoreTimeout,
     StoreUnreachable,
     UnknownRequest,
+    lease_lost,
+    seconds_problem,
 )
+from admission.store.base import checked_text as _text
 
-#: The schema this code writes. Bump it and append to MIGRATIONS together.
-SCHEMA_VERSION = 3
-#: The live states as the SQL's literal list (a partial index and the reads use it).
-_LIVE = sql_list(LIVE_STATES)
-
-# {serial} and {float} are filled in per dialect; everything else is common SQL.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        """CREATE TABLE requests (
-            id TEXT PRIMARY KEY,
-            orchestrator TEXT NOT NULL,
-            environment TEXT NOT NULL,
-            provider TEXT NOT NULL,
-            tier TEXT NOT NULL,
-            priority BIGINT NOT NULL,
-            queue_timeout {float},
-            preemptible INTEGER NOT NULL,
-            lease_ttl {float} NOT NULL,
-            submitted_at {float} NOT NULL,
-            state TEXT NOT NULL,
-            revision BIGINT NOT NULL,
-            lease_expires {float},
-            decided_at {float},
-            reason TEXT NOT NULL)""",
-        f"CREATE INDEX requests_live ON requests (state) WHERE state IN ({_LIVE})",
-        """CREATE TABLE events (
-            seq {serial},
-            at {float} NOT NULL,
-            kind TEXT NOT NULL,
-            request_id TEXT NOT NULL,
-            actor TEXT NOT NULL,
-            reason TEXT NOT NULL)""",
-        "CREATE INDEX events_request ON events (request_id)",
-        """CREATE TABLE policy (
-            id INTEGER PRIMARY KEY CHECK (id = 1),
-            body TEXT NOT NULL,
-            updated_at {float} NOT NULL,
-            updated_by TEXT NOT NULL)""",
-        """CREATE TABLE closures (
-            key TEXT PRIMARY KEY,
-            until {float} NOT NULL,
-            reason TEXT NOT NULL,
-            daily INTEGER NOT NULL,
-            recorded_at {float} NOT NULL,
-            recorded_by TEXT NOT NULL)""",
-    ),
-    # Provider closures by scope (provider, credential; '' = the whole provider), in the
-    # provider admission's own terms. A version-1 closure keyed by one string becomes the
-    # closure of the provider of that name.
-    2: (
-        """CREATE TABLE closures_v2 (
-            provider TEXT NOT NULL,
-            credential TEXT NOT NULL,
-            until {float} NOT NULL,
-            cause TEXT NOT NULL,
-            daily INTEGER NOT NULL,
-            since {float} NOT NULL,
-            message TEXT NOT NULL,
-            written_at {float} NOT NULL,
-            written_by TEXT NOT NULL,
-            PRIMARY KEY (provider, credential))""",
-        """INSERT INTO closures_v2 (provider, credential, until, cause, daily, since, message, written_at, written_by)
-            SELECT key, '', until, reason, daily, recorded_at, reason, recorded_at, recorded_by FROM closures""",
-        "DROP TABLE closures",
-        "ALTER TABLE closures_v2 RENAME TO closures",
-    ),
-    # Orchestrator heartbeats. A store of version 2 had none: its orchestrators are judged
-    # by heartbeat from their first beat on.
-    3: (
-        """CREATE TABLE orchestrators (
-            id TEXT PRIMARY KEY,
-            beat_at {float} NOT NULL,
-            lapses_at {float} NOT NULL,
-            started_at {float} NOT NULL)""",
-    ),
-}
+from admission.store._closure_rows import ClosureRows
+from admission.store._schema import MIGRATIONS, SCHEMA_VERSION  # noqa: F401 - read by the backends and tests
 
 _REQ_COLS = ("id, orchestrator, environment, provider, tier, priority, queue_timeout, preemptible, lease_ttl, "
-             "submitted_at, state, revision, lease_expires, decided_at, reason")
+             "submitted_at, state, revision, lease_expires, decided_at, reason, runtime, approval")
+_LIVE = sql_list(LIVE_STATES)
 _LIVE_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE state IN ({_LIVE})"
-_GET_SQL = f"SELECT {_REQ_COLS} FROM requests WHERE id = ?"
 # the live records and the one a call is about, in one statement
 _READ_SQL = f"{_LIVE_SQL} UNION ALL SELECT {_REQ_COLS} FROM requests WHERE id = ? AND state NOT IN ({_LIVE})"
-_INSERT_SQL = f"INSERT INTO requests ({_REQ_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT_SQL = f"INSERT INTO requests ({_REQ_COLS}) VALUES ({', '.join('?' * len(_REQ_COLS.split(',')))})"
 # A lock-free release: only of the owner's current, unexpired lease at its revision.
 _RELEASE_SQL = ("UPDATE requests SET state = ?, decided_at = ?, reason = ? WHERE id = ? AND orchestrator = ? "
                 f"AND state = '{ADMITTED}' AND revision = ? AND lease_expires > ? RETURNING {_REQ_COLS}")
@@ -162,10 +96,13 @@ _INSERT_NEW_SQL = _INSERT_SQL + f" ON CONFLICT (id) DO NOTHING RETURNING {_REQ_C
 _BEATS_SQL = ("SELECT id, lapses_at FROM orchestrators "
               f"WHERE id IN (SELECT orchestrator FROM requests WHERE state = '{QUEUED}')")
 _ORCH_COLS = "id, beat_at, lapses_at, started_at"
-_HEARTBEAT_SQL = (f"INSERT INTO orchestrators ({_ORCH_COLS}) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
-                  "SET beat_at = excluded.beat_at, lapses_at = excluded.lapses_at, started_at = CASE "
-                  "WHEN orchestrators.lapses_at <= excluded.beat_at THEN excluded.started_at "
-                  f"ELSE orchestrators.started_at END RETURNING {_ORCH_COLS}")
+# A beat: (id, beat_at, lapses_at, started_at). `started_at` moves only for an orchestrator
+# back from a lapse (it came up again).
+_BEAT_SQL = (f"INSERT INTO orchestrators ({_ORCH_COLS}) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+             "SET beat_at = excluded.beat_at, lapses_at = excluded.lapses_at, started_at = CASE "
+             "WHEN orchestrators.lapses_at <= excluded.beat_at THEN excluded.started_at "
+             "ELSE orchestrators.started_at END")
+_HEARTBEAT_SQL = f"{_BEAT_SQL} RETURNING {_ORCH_COLS}"
 _UPDATE_SQL = "UPDATE requests SET state = ?, revision = ?, lease_expires = ?, decided_at = ?, reason = ? WHERE id = ?"
 
 
@@ -173,16 +110,25 @@ def _queued_reason(r: Request) -> str:
     return f"{r.environment}/{r.provider}/{r.tier} priority {r.priority}"
 
 
-def _admitted_row(q: Request, now: float) -> tuple:
-    """The requests row of `q` admitted at once at `now` (what the locked path would write)."""
+def _row(r: Record) -> tuple:
+    """The requests row of record `r`, in `_REQ_COLS` order."""
+    q = r.request
     return (q.id, q.orchestrator, q.environment, q.provider, q.tier, q.priority, q.queue_timeout, int(q.preemptible),
-            q.lease_ttl, now, ADMITTED, 1, now + q.lease_ttl, now, "capacity")
+            q.lease_ttl, r.submitted_at, r.state, r.revision, r.lease_expires, r.decided_at, r.reason, q.runtime,
+            int(q.approval))
+
+
+def _admitted_row(q: Request, now: float) -> tuple:
+    """The requests row of `q` (no approval wait) admitted at once at `now` (what the locked path would write)."""
+    return _row(Record(q, submitted_at=now, state=ADMITTED, revision=1, lease_expires=now + q.lease_ttl,
+                       decided_at=now, reason="capacity"))
 
 
 def _record(row) -> Record:
-    (rid, orch, env, prov, tier, prio, qt, pre, ttl, sub, state, rev, exp, dec, reason) = row
+    (rid, orch, env, prov, tier, prio, qt, pre, ttl, sub, state, rev, exp, dec, reason, runtime, approval) = row
     req = Request(id=rid, orchestrator=orch, environment=env, provider=prov, tier=tier, priority=int(prio),
-                  queue_timeout=qt, preemptible=bool(pre), lease_ttl=ttl)
+                  queue_timeout=qt, preemptible=bool(pre), lease_ttl=ttl, approval=bool(approval),
+                  runtime=runtime or tier)  # a row from before runtimes were kept: its tier
     return Record(request=req, submitted_at=sub, state=state, revision=int(rev), lease_expires=exp,
                   decided_at=dec, reason=reason)
 
@@ -198,6 +144,8 @@ class _Tx:
     cur: object
     now: float
     policy: Policy
+    body: str | None = None  # the policy as stored (None: the default)
+    beat: tuple | None = None  # this handle's heartbeat row, written with the transaction (None: not due)
     heartbeats: dict = field(default_factory=dict)  # orchestrator -> when its heartbeat lapses
     records: dict = field(default_factory=dict)
     changed: dict = field(default_factory=dict)
@@ -224,7 +172,7 @@ class _Tx:
         return [r for r in self.records.values() if r.state in LIVE_STATES]
 
 
-class SqlStore(AdmissionStore):
+class SqlStore(ClosureRows, AdmissionStore):
     """The store over a DB-API connection; subclasses give the dialect and the driver errors."""
 
     #: Dialect pieces for the DDL.
@@ -232,9 +180,14 @@ class SqlStore(AdmissionStore):
     db_time_sql = ""
     paramstyle = "?"
 
-    def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time, create: bool = True):
+    def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time, create: bool = True,
+                 heartbeat_window: float = DEFAULT_HEARTBEAT_WINDOW):
         self.url, self.actor, self.clock = url, actor, clock
         self.create = create
+        self.heartbeat_window = heartbeat_window
+        # This handle's heartbeat: when its last beat lapses (store clock) and the window its
+        # calls renew (see `_due_beat`).
+        self._beat_until, self._beat_window = -math.inf, heartbeat_window
         self._conn = None
         self._mutex = threading.Lock()  # one connection, one transaction at a time per store object
         self._policy_cache: tuple[str | None, Policy] = (None, DEFAULT_POLICY)
@@ -244,9 +197,8 @@ class SqlStore(AdmissionStore):
         self._insert_sql = self._sql(_INSERT_SQL)
         self._update_sql = self._sql(_UPDATE_SQL)
         self._release_sql = self._sql(_RELEASE_SQL)
-        self._put_closure_sql = self._sql(_PUT_CLOSURE_SQL)
-        self._get_closure_sql = self._sql(f"SELECT {_CLOSURE_COLS} FROM closures WHERE provider = ? AND credential = ?")
         self._heartbeat_sql = self._sql(_HEARTBEAT_SQL)
+        self._beat_sql = self._sql(_BEAT_SQL)
         self._event_sql = self._sql("INSERT INTO events (at, kind, request_id, actor, reason) VALUES (?, ?, ?, ?, ?)")
         self._migrate()
 
@@ -330,11 +282,14 @@ class SqlStore(AdmissionStore):
                 raise
 
     @contextmanager
-    def _tx(self, request_id: str = "", policy_write: bool = False):
+    def _tx(self, request_id: str = "", policy_write: bool = False, beat: bool = True):
         """One serialized write transaction at the store clock's now, under the stored policy.
 
         Reads the live records and `request_id`'s record into memory; what the body
-        changes there is written back in one batch, then committed.
+        changes there is written back in one batch, then committed. `beat`: the call is
+        this orchestrator's own, so it heartbeats with it when a beat is due; an operator's
+        call (a policy, an approval) does not. `policy_write`: a stored policy that no
+        longer passes the checks does not stop the transaction (it is about to be replaced).
         """
         with self._guard() as conn:
             cur = conn.cursor()
@@ -345,11 +300,31 @@ class SqlStore(AdmissionStore):
             if version != SCHEMA_VERSION:
                 # newer code migrated it meanwhile (or it was rolled back under us): refuse to write
                 raise SchemaTooNew(version, SCHEMA_VERSION)
-            tx = _Tx(cur, self.clock(), self._parse_policy(body))
+            now = self.clock()
+            try:
+                policy = self._parse_policy(body)
+            except QuotaConfigInvalid:
+                if not policy_write:
+                    raise
+                policy = DEFAULT_POLICY
+            tx = _Tx(cur, now, policy, body, self._due_beat(now) if beat else None)
             tx.records = {r.id: r for r in map(_record, rows)}
             tx.heartbeats = dict(beats)
             yield tx
             self._write_and_commit(conn, cur, self._writes(tx))
+            self._beaten(tx.beat)
+
+    def _due_beat(self, now: float) -> tuple | None:
+        """The heartbeat row a call of this handle writes at `now`: when less than half of its
+        window is left (so an orchestrator that calls is never taken for gone), else None."""
+        if now < self._beat_until - self._beat_window / 2:
+            return None
+        return (self.actor, now, now + self._beat_window, now)
+
+    def _beaten(self, beat: tuple | None) -> None:
+        """A transaction that carried `beat` committed: the handle's beat now lapses then."""
+        if beat is not None:
+            self._beat_until = max(self._beat_until, beat[2])
 
     def _lock_and_read(self, cur, request_id: str, policy_write: bool = False):
         """Begin, take the store lock, then read: (schema_version row, request rows, heartbeat rows).
@@ -368,19 +343,14 @@ class SqlStore(AdmissionStore):
         """The transaction's writes: (statement, [parameter rows])."""
         out = []
         if tx.inserted:
-            rows = []
-            for rid in tx.inserted:
-                r = tx.records[rid]
-                q = r.request
-                rows.append((q.id, q.orchestrator, q.environment, q.provider, q.tier, q.priority, q.queue_timeout,
-                             int(q.preemptible), q.lease_ttl, r.submitted_at, r.state, r.revision, r.lease_expires,
-                             r.decided_at, r.reason))
-            out.append((self._insert_sql, rows))
+            out.append((self._insert_sql, [_row(tx.records[rid]) for rid in tx.inserted]))
         if tx.changed:
             out.append((self._update_sql, [(r.state, r.revision, r.lease_expires, r.decided_at, r.reason, r.id)
                                            for r in tx.changed.values()]))
         if tx.audit:
             out.append((self._event_sql, [(tx.now, kind, rid, self.actor, reason) for kind, rid, reason in tx.audit]))
+        if tx.beat is not None:
+            out.append((self._beat_sql, [tx.beat]))
         return out
 
     def _write_and_commit(self, conn, cur, writes) -> None:
@@ -396,9 +366,17 @@ class SqlStore(AdmissionStore):
             conn.commit()
 
     def _parse_policy(self, body: str | None) -> Policy:
+        """The stored policy `body` as a Policy (cached). One that no longer passes the checks
+        (written by other code, or by hand) is QuotaConfigInvalid naming it: every decision
+        waits until a valid one is set (`set_policy` replaces it)."""
         if body == self._policy_cache[0]:
             return self._policy_cache[1]
-        policy = DEFAULT_POLICY if body is None else Policy.build(json.loads(body))
+        try:
+            policy = DEFAULT_POLICY if body is None else Policy.build(json.loads(body))
+        except ValueError as exc:  # QuotaConfigInvalid, or no JSON at all
+            path = getattr(exc, "path", "")
+            raise QuotaConfigInvalid(f"stored policy{'.' + path if path else ''}",
+                                     f"{exc}; set a valid policy to go on") from None
         self._policy_cache = (body, policy)
         return policy
 
@@ -417,9 +395,11 @@ class SqlStore(AdmissionStore):
             found = 0 if row is None else row[0]
             if found > SCHEMA_VERSION:
                 raise SchemaTooNew(found, SCHEMA_VERSION)
+            now = self.clock()
             for version in range(found + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[version]:
-                    cur.execute(statement.format(**self.ddl_types))
+                    cur.execute(statement.format(now=repr(float(now)), lapses=repr(float(now + self.heartbeat_window)),
+                                                 **self.ddl_types))
             if row is None:
                 cur.execute(self._sql("INSERT INTO schema_version (id, version) VALUES (1, ?)"), (SCHEMA_VERSION,))
             elif found != SCHEMA_VERSION:
@@ -446,7 +426,8 @@ class SqlStore(AdmissionStore):
                 tx.change(tx.records[r.id], state, reason, state=state)
         for r, reason in p.admissions:
             rec = tx.records[r.id]
-            tx.change(rec, ADMITTED, reason, state=ADMITTED, revision=rec.revision + 1,
+            state = rules.granted_state(rec.request)
+            tx.change(rec, state, reason, state=state, revision=rec.revision + 1,
                       lease_expires=rules.lease_end(rec.request, tx.now, beats))
 
     def _must_get(self, tx: _Tx, request_id: str) -> Record:
@@ -467,8 +448,12 @@ class SqlStore(AdmissionStore):
         rules.validate_request(request)
         if request.orchestrator != self.actor:
             raise BadRequest("orchestrator", f"this store speaks for {self.actor!r}, not {request.orchestrator!r}")
+        request = rules.normalized(request)
         body, policy = self._policy_cache
-        if rules.unconstrained(policy, request):
+        rec = None
+        if request.approval:
+            pass  # it waits for an approval once granted: only the locked path grants that
+        elif rules.unconstrained(policy, request):
             # Admitted at once under the policy last seen, if it is still the stored one and
             # the id is new; anything else (a replay, a changed policy) takes the locked path.
             rec = self._submit_unconstrained(request, body)
@@ -503,13 +488,13 @@ class SqlStore(AdmissionStore):
             self._reconcile(tx)
             rec = self._owned(tx, request_id, "renew")
             lease = None
-            if rec.state == ADMITTED and rec.revision == revision:
+            if rec.state in HOLDING_STATES and rec.revision == revision:
                 rec = tx.change(rec, RENEWED, f"revision {revision + 1}", revision=revision + 1,
                                 lease_expires=tx.now + rec.request.lease_ttl)
                 lease = rec.lease
         if lease is None:
-            raise LeaseLost(request_id, rec.state, rec.reason if rec.state != ADMITTED
-                            else f"revision {revision} is stale (current {rec.revision})")
+            raise lease_lost(request_id, rec.state, rec.reason if rec.state not in HOLDING_STATES
+                             else f"revision {revision} is stale (current {rec.revision})")
         return lease
 
     def release(self, request_id: str, revision: int, reason: str = "done") -> Record:
@@ -530,12 +515,37 @@ class SqlStore(AdmissionStore):
         with self._tx(request_id) as tx:
             self._reconcile(tx)
             rec = self._owned(tx, request_id, "release")
-            if rec.state == ADMITTED:
+            if rec.state in HOLDING_STATES:
                 if rec.revision != revision:
                     raise LeaseLost(request_id, rec.state, f"revision {revision} is stale (current {rec.revision})")
                 tx.change(rec, RELEASED, reason, state=RELEASED)
                 self._reconcile(tx)
             return tx.records[request_id]
+
+    def approve(self, request_id: str, reason: str = "approved") -> Record:
+        return self._decide_approval(request_id, reason, APPROVED)
+
+    def reject(self, request_id: str, reason: str = "rejected") -> Record:
+        return self._decide_approval(request_id, reason, REJECTED)
+
+    def _decide_approval(self, request_id: str, reason: str, kind: str) -> Record:
+        """Approve (kind APPROVED) or reject (REJECTED) a request awaiting approval, as anyone."""
+        _text("request_id", request_id)
+        _text("reason", reason)
+        verb, state = ("approve", ADMITTED) if kind == APPROVED else ("reject", DENIED)
+        with self._tx(request_id, beat=False) as tx:
+            self._reconcile(tx)
+            rec = self._must_get(tx, request_id)
+            if rec.state == AWAITING_APPROVAL:
+                # approved: the lease it holds goes on as it is (its owner renews it at its revision)
+                tx.change(rec, kind, f"{kind} by {self.actor}: {reason}", state=state)
+                if state == DENIED:
+                    self._reconcile(tx)  # its capacity goes to the next request
+                return tx.records[request_id]
+            decided = rec.request.approval and rec.state == state and rec.revision > 0
+        if decided:
+            return rec  # decided so already: a replay of the same decision
+        raise NotAwaitingApproval(request_id, rec.state, verb)
 
     def _hand_on(self) -> None:
         """Reconcile after a lock-free release, so that its capacity goes to the queue now.
@@ -573,7 +583,11 @@ class SqlStore(AdmissionStore):
                 return None
             cur.executemany(self._event_sql, [(now, QUEUED, request.id, self.actor, _queued_reason(request)),
                                               (now, ADMITTED, request.id, self.actor, "capacity")])
+            beat = self._due_beat(now)
+            if beat is not None:
+                cur.execute(self._beat_sql, beat)
             self._commit(conn, cur)
+            self._beaten(beat)
             return _record(row)
 
     def _release_fast(self, request_id: str, revision: int, reason: str) -> tuple[Record, bool] | None:
@@ -589,9 +603,13 @@ class SqlStore(AdmissionStore):
                 conn.rollback()
                 return None
             cur.execute(self._event_sql, (now, RELEASED, request_id, self.actor, reason))
+            beat = self._due_beat(now)
+            if beat is not None:
+                cur.execute(self._beat_sql, beat)
             cur.execute(_ANY_QUEUED_SQL)
             any_queued = bool(cur.fetchone()[0])
             self._commit(conn, cur)
+            self._beaten(beat)
             return _record(row), any_queued
 
     def cancel(self, request_id: str, reason: str = CANCELLED) -> Record:
@@ -647,8 +665,7 @@ class SqlStore(AdmissionStore):
             return [Event(*row) for row in cur.fetchall()]
 
     def heartbeat(self, window: float) -> Orchestrator:
-        if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 < window < 86400:
-            raise BadRequest("window", f"must be seconds > 0 (less than a day), got {window!r}")
+        _check_window(window)
         with self._guard() as conn:
             cur = conn.cursor()
             now = self.clock()
@@ -656,6 +673,8 @@ class SqlStore(AdmissionStore):
             cur.execute(self._heartbeat_sql, (self.actor, now, now + window, now))
             beat = Orchestrator(*cur.fetchone())
             self._commit(conn, cur)
+            # this handle's calls renew this window from now on (and beat again past half of it)
+            self._beat_until, self._beat_window = beat.lapses_at, float(window)
             return beat
 
     def orchestrators(self) -> list[Orchestrator]:
@@ -670,10 +689,12 @@ class SqlStore(AdmissionStore):
         return self._parse_policy(None if row is None else row[0])
 
     def set_policy(self, policy: Policy) -> Policy:
-        checked = policy.checked()
+        if not isinstance(policy, Policy):
+            raise QuotaConfigInvalid("policy", f"must be an admission.store.Policy, got {type(policy).__name__}")
+        checked = policy.checked()  # every value in range, or QuotaConfigInvalid: nothing written
         body = json.dumps(checked.to_dict(), sort_keys=True)
-        with self._tx(policy_write=True) as tx:
-            if json.dumps(tx.policy.to_dict(), sort_keys=True) != body:
+        with self._tx(policy_write=True, beat=False) as tx:
+            if tx.body != body:
                 tx.cur.execute(self._sql(
                     "INSERT INTO policy (id, body, updated_at, updated_by) VALUES (1, ?, ?, ?) "
                     "ON CONFLICT (id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at, "
@@ -681,57 +702,10 @@ class SqlStore(AdmissionStore):
                 tx.event(POLICY, "", body)
                 tx.policy = checked
             self._reconcile(tx)
+        # This handle's next calls judge under it at once (its lock-free paths read the cache).
+        self._policy_cache = (body, checked)
         return checked
 
-
-    def put_closures(self, closures) -> list[Closure]:
-        try:
-            given = list(closures)
-        except TypeError:
-            raise BadRequest("closures", f"must be an iterable of closures, got {closures!r}") from None
-        rows = [_closure_row(c) for c in given]  # every one checked before anything is written
-        with self._guard() as conn:
-            cur = conn.cursor()
-            now = self.clock()
-            self._begin(cur)
-            out = []
-            for row in rows:
-                cur.execute(self._put_closure_sql, (*row, now, self.actor))
-                written = cur.fetchone()
-                if written is not None:
-                    c = _closure(written)
-                    reason = f"until {c.until:.3f}{' (daily limit)' if c.daily else ''}: {c.cause}"
-                    cur.execute(self._event_sql, (now, CLOSURE, c.scope, self.actor,
-                                                  f"{reason}: {c.message}" if c.message else reason))
-                cur.execute(self._get_closure_sql, row[:2])
-                out.append(_closure(cur.fetchone()))
-            self._commit(conn, cur)
-            return out
-
-    def closures(self, now: float | None = None) -> list[Closure]:
-        now = self.clock() if now is None else now
-        with self._read() as cur:
-            cur.execute(self._sql(f"SELECT {_CLOSURE_COLS} FROM closures WHERE until > ? ORDER BY provider, credential"),
-                        (now,))
-            return [_closure(row) for row in cur.fetchall()]
-
-    def reopen_closure(self, provider: str, credential: str | None = None, reason: str = REOPENED) -> bool:
-        provider, credential = _closure_scope(provider, credential)
-        if not isinstance(reason, str) or "\x00" in reason:
-            raise BadRequest("reason", f"must be a string without NUL, got {reason!r}")
-        with self._guard() as conn:
-            cur = conn.cursor()
-            now = self.clock()
-            self._begin(cur)
-            cur.execute(self._sql("DELETE FROM closures WHERE provider = ? AND credential = ? RETURNING until"),
-                        (provider, credential))
-            gone = cur.fetchone()
-            lifted = gone is not None and gone[0] > now
-            if gone is not None:
-                scope = Closure(provider, credential or None, 0.0, "").scope
-                cur.execute(self._event_sql, (now, REOPENED, scope, self.actor, reason))
-            self._commit(conn, cur)
-            return lifted
 
     def check(self) -> Health:
         with self._read() as cur:
@@ -759,25 +733,12 @@ def redact(url: str) -> str:
     return url
 
 
-_CLOSURE_COLS = "provider, credential, until, cause, daily, since, message, written_at, written_by"
-# A later `until` wins; an earlier one leaves the stored closure as it is (and returns no row).
-_PUT_CLOSURE_SQL = (
-    f"INSERT INTO closures ({_CLOSURE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (provider, credential) DO UPDATE SET until = excluded.until, cause = excluded.cause, "
-    "daily = excluded.daily, since = excluded.since, message = excluded.message, "
-    "written_at = excluded.written_at, written_by = excluded.written_by "
-    f"WHERE excluded.until > closures.until RETURNING {_CLOSURE_COLS}")
-
-
-def _closure(row) -> Closure:
-    provider, credential, until, cause, daily, since, message, at, by = row
-    return Closure(provider, credential or None, until, cause, bool(daily), since, message, at, by)
-
-
-def _text(name: str, value, empty_ok: bool = False) -> str:
-    if not isinstance(value, str) or (not value and not empty_ok) or "\x00" in value:
-        raise BadRequest(name, f"must be a{'' if empty_ok else ' non-empty'} string without NUL, got {value!r}")
-    return value
+def _check_window(window) -> float:
+    """A heartbeat window: seconds in (0, a day]."""
+    problem = seconds_problem(window, MAX_HEARTBEAT_S)
+    if problem:
+        raise BadRequest("window", problem)
+    return float(window)
 
 
 def _whole(name: str, value) -> int:
@@ -787,33 +748,8 @@ def _whole(name: str, value) -> int:
     return value
 
 
-def _epoch(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRequest(name, f"must be a finite time in UTC epoch seconds, got {value!r}")
-    return float(value)
-
-
-def _closure_scope(provider, credential) -> tuple[str, str]:
-    """(provider, credential) as stored: the whole provider is credential ''."""
-    _text("provider", provider)
-    if credential is not None:
-        _text("credential", credential)
-    return provider, credential or ""
-
-
-def _closure_row(c) -> tuple:
-    """The stored fields of closure `c` (anything with the `Closure` fields), checked."""
-    provider, credential = _closure_scope(getattr(c, "provider", None), getattr(c, "credential", None))
-    daily = getattr(c, "daily", None)
-    if not isinstance(daily, bool):
-        raise BadRequest("daily", f"must be true or false, got {daily!r}")
-    return (provider, credential, _epoch("until", getattr(c, "until", None)), _text("cause", getattr(c, "cause", None)),
-            int(daily), _epoch("since", getattr(c, "since", None)),
-            _text("message", getattr(c, "message", None), empty_ok=True))
-
-
 def _ordered(live: list[Record], policy: Policy, now: float) -> list[Record]:
-    """Admitted first (by lease expiry), then the queue in queue order."""
-    admitted = sorted((r for r in live if r.state == ADMITTED), key=lambda r: (r.lease_expires, r.id))
+    """Those holding capacity first (admitted or awaiting approval, by lease expiry), then the queue in queue order."""
+    admitted = sorted((r for r in live if r.state in HOLDING_STATES), key=lambda r: (r.lease_expires, r.id))
     queued = sorted((r for r in live if r.state == QUEUED), key=lambda r: rules.queue_key(r, now, policy.aging_interval))
     return admitted + queued

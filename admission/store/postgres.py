@@ -18,7 +18,9 @@ from typing import Callable
 from admission.store import rules
 from admission.store._sql import (
     _ANY_QUEUED_SQL,
+    _BEAT_SQL,
     _BEATS_SQL,
+    _ORCH_COLS,
     _RELEASE_SQL,
     _REQ_COLS,
     _VERSION_POLICY_SQL,
@@ -28,8 +30,8 @@ from admission.store._sql import (
     _queued_reason,
     _record,
 )
-from admission.store.base import SchemaMissing, StoreUnreachable
-from admission.vocab import ADMITTED, LIVE_STATES, QUEUED, RELEASED, sql_list
+from admission.store.base import DEFAULT_HEARTBEAT_WINDOW, SchemaMissing, StoreUnreachable
+from admission.vocab import ADMITTED, HOLDING_STATES, LIVE_STATES, QUEUED, RELEASED, sql_list
 
 PREFIXES = ("postgresql://", "postgres://")
 
@@ -52,21 +54,36 @@ _GROUP_LOCK = "SELECT pg_advisory_xact_lock(hashtext('fleet.admission.store:' ||
 # relies on it (see `SqlStore._submit_unconstrained`).
 _POLICY_LOCK = "SELECT pg_advisory_xact_lock(hashtext('fleet.admission.policy:' || current_schema()))"
 _POLICY_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(hashtext('fleet.admission.policy:' || current_schema()))"
+# The heartbeat a lock-free write carries, as a CTE over the rows it wrote (`{rows}`): written
+# only when the write happened and the handle's beat is due (the last parameter).
+_BEAT_CTE = ("b AS ({insert} SELECT %s, %s, %s, %s FROM {rows} WHERE %s {upsert})".format(
+    insert=f"INSERT INTO orchestrators ({_ORCH_COLS})", rows="{rows}",
+    upsert=_BEAT_SQL[_BEAT_SQL.index("ON CONFLICT"):]))
+_ROW_PARAMS = ", ".join(["%s"] * len(_REQ_COLS.split(",")))
 _SUBMIT_UNCONSTRAINED = (
     f"WITH ok AS ({_VERSION_POLICY_SQL} AND v.version = %s AND p.body IS NOT DISTINCT FROM %s), "
-    f"i AS (INSERT INTO requests ({_REQ_COLS}) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+    f"i AS (INSERT INTO requests ({_REQ_COLS}) SELECT {_ROW_PARAMS} "
     f"FROM ok ON CONFLICT (id) DO NOTHING RETURNING {_REQ_COLS}), "
     "e AS (INSERT INTO events (at, kind, request_id, actor, reason) "
     "SELECT %s, ev.kind, i.id, %s, CASE ev.n WHEN 1 THEN %s ELSE 'capacity' END FROM i, "
-    f"(VALUES (1, '{QUEUED}'), (2, '{ADMITTED}')) AS ev (n, kind) ORDER BY ev.n) "
+    f"(VALUES (1, '{QUEUED}'), (2, '{ADMITTED}')) AS ev (n, kind) ORDER BY ev.n), "
+    f"{_BEAT_CTE.format(rows='i')} "
     f"SELECT {_REQ_COLS} FROM i")
-_ADMITTED_FOR_UPDATE = f"SELECT {_REQ_COLS} FROM requests WHERE state = '{ADMITTED}' FOR UPDATE"
+# The rows that hold capacity (admitted, awaiting approval), which a locked transaction may time out.
+_HOLDING_FOR_UPDATE = f"SELECT {_REQ_COLS} FROM requests WHERE state IN ({sql_list(HOLDING_STATES)}) FOR UPDATE"
 _QUEUED_AND_ONE = (f"SELECT {_REQ_COLS} FROM requests WHERE state = '{QUEUED}' UNION ALL "
                    f"SELECT {_REQ_COLS} FROM requests WHERE id = %s AND state NOT IN ({sql_list(LIVE_STATES)})")
 _RELEASE_FAST = (f"WITH u AS ({_RELEASE_SQL.replace('?', '%s')}), "
                  "e AS (INSERT INTO events (at, kind, request_id, actor, reason) "
-                 f"SELECT %s, '{RELEASED}', id, %s, %s FROM u) "
+                 f"SELECT %s, '{RELEASED}', id, %s, %s FROM u), "
+                 f"{_BEAT_CTE.format(rows='u')} "
                  f"SELECT {_REQ_COLS} FROM u")
+
+
+def _beat_params(beat: tuple | None) -> tuple:
+    """The parameters of `_BEAT_CTE`: the beat's row and whether to write it."""
+    return (*beat, True) if beat is not None else (None, None, None, None, False)
+
 
 # `SqlStore._submit_at_once` on PostgreSQL: one call that takes the group lock, admits the
 # request if nothing else could happen in its place, and returns its row (no row: take the
@@ -80,11 +97,13 @@ _RELEASE_FAST = (f"WITH u AS ({_RELEASE_SQL.replace('?', '%s')}), "
 # gives them for `rules.quota_slots`: global, environment, provider, tier) has room for one
 # more. The lease is the caller's (its orchestrator is the caller, never judged by its own
 # heartbeat), so it lasts its ttl. Where the function's name changes, so does its body.
-ADMIT_AT_ONCE = "fleet_admit_at_once_v1"
+ADMIT_AT_ONCE = "fleet_admit_at_once_v2"
+_HOLDING = sql_list(HOLDING_STATES)
 _ADMIT_AT_ONCE_DDL = f"""CREATE OR REPLACE FUNCTION {ADMIT_AT_ONCE}(
     p_version integer, p_policy text, p_limits bigint[], p_actor text, p_queued_reason text,
     p_id text, p_orchestrator text, p_environment text, p_provider text, p_tier text, p_priority bigint,
-    p_queue_timeout double precision, p_preemptible integer, p_lease_ttl double precision, p_now double precision)
+    p_queue_timeout double precision, p_preemptible integer, p_lease_ttl double precision, p_now double precision,
+    p_runtime text, p_beat_lapses double precision)
 RETURNS SETOF requests LANGUAGE plpgsql AS $fn$
 DECLARE
     n_queued bigint; n_expired bigint; n_global bigint; n_env bigint; n_provider bigint; n_tier bigint;
@@ -96,14 +115,14 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT count(*) FILTER (WHERE state = 'queued'),
-           count(*) FILTER (WHERE state = 'admitted' AND coalesce(lease_expires <= p_now, true)),
-           count(*) FILTER (WHERE state = 'admitted'),
-           count(*) FILTER (WHERE state = 'admitted' AND environment = p_environment),
-           count(*) FILTER (WHERE state = 'admitted' AND provider = p_provider),
-           count(*) FILTER (WHERE state = 'admitted' AND tier = p_tier)
+    SELECT count(*) FILTER (WHERE state = '{QUEUED}'),
+           count(*) FILTER (WHERE state IN ({_HOLDING}) AND coalesce(lease_expires <= p_now, true)),
+           count(*) FILTER (WHERE state IN ({_HOLDING})),
+           count(*) FILTER (WHERE state IN ({_HOLDING}) AND environment = p_environment),
+           count(*) FILTER (WHERE state IN ({_HOLDING}) AND provider = p_provider),
+           count(*) FILTER (WHERE state IN ({_HOLDING}) AND tier = p_tier)
       INTO n_queued, n_expired, n_global, n_env, n_provider, n_tier
-      FROM requests WHERE state IN ('queued', 'admitted');
+      FROM requests WHERE state IN ({sql_list(LIVE_STATES)});
     IF n_queued > 0 OR n_expired > 0
        OR (p_limits[1] IS NOT NULL AND n_global + 1 > p_limits[1])
        OR (p_limits[2] IS NOT NULL AND n_env + 1 > p_limits[2])
@@ -113,18 +132,23 @@ BEGIN
     END IF;
     INSERT INTO requests ({_REQ_COLS})
         VALUES (p_id, p_orchestrator, p_environment, p_provider, p_tier, p_priority, p_queue_timeout,
-                p_preemptible, p_lease_ttl, p_now, 'admitted', 1, p_now + p_lease_ttl, p_now, 'capacity')
+                p_preemptible, p_lease_ttl, p_now, '{ADMITTED}', 1, p_now + p_lease_ttl, p_now, 'capacity',
+                p_runtime, 0)
         ON CONFLICT (id) DO NOTHING RETURNING * INTO admitted;
     IF NOT FOUND THEN
         RETURN;  -- a replay, or an id in use: the locked path tells which
     END IF;
     INSERT INTO events (at, kind, request_id, actor, reason)
-        VALUES (p_now, 'queued', p_id, p_actor, p_queued_reason), (p_now, 'admitted', p_id, p_actor, 'capacity');
+        VALUES (p_now, '{QUEUED}', p_id, p_actor, p_queued_reason), (p_now, '{ADMITTED}', p_id, p_actor, 'capacity');
+    IF p_beat_lapses IS NOT NULL THEN  -- the caller's heartbeat, when its handle has one due
+        INSERT INTO orchestrators ({_ORCH_COLS}) VALUES (p_actor, p_now, p_beat_lapses, p_now)
+            {_BEAT_SQL[_BEAT_SQL.index("ON CONFLICT"):]};
+    END IF;
     RETURN NEXT admitted;
 END
 $fn$"""
 _ADMIT_AT_ONCE_CALL = f"SELECT {_REQ_COLS} FROM {ADMIT_AT_ONCE}(%s, %s, %s::bigint[], %s, %s, " \
-                      "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                      "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 class PostgresStore(SqlStore):
@@ -135,7 +159,8 @@ class PostgresStore(SqlStore):
     paramstyle = "%s"
 
     def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
-                 connect_timeout: int = 10, create: bool = True, call_timeout: float = 30.0):
+                 connect_timeout: int = 10, create: bool = True, call_timeout: float = 30.0,
+                 heartbeat_window: float = DEFAULT_HEARTBEAT_WINDOW):
         try:
             import psycopg  # imported here so that SQLite users need not have it
         except ImportError as exc:
@@ -148,7 +173,7 @@ class PostgresStore(SqlStore):
         self.connect_timeout = connect_timeout
         self.call_timeout = call_timeout
         self._has_admit_at_once = False  # until _migrate finds or creates the function
-        super().__init__(url, actor, clock, create)
+        super().__init__(url, actor, clock, create, heartbeat_window)
 
     def _connect(self):
         kwargs = {} if "connect_timeout" in self.url else {"connect_timeout": self.connect_timeout}
@@ -173,8 +198,8 @@ class PostgresStore(SqlStore):
 
     def _lock_and_read(self, cur, request_id: str, policy_write: bool = False):
         # One round trip, pipelined: begin, take the lock (the reads, later statements, then see
-        # every commit before the lock was granted), read. The admitted rows are read FOR UPDATE:
-        # a lock-free release (see `_release_fast`) of one of them then waits for this
+        # every commit before the lock was granted), read. The rows holding capacity are read FOR
+        # UPDATE: a lock-free release (see `_release_fast`) of one of them then waits for this
         # transaction and re-checks its row, so what this transaction decided about an
         # admitted lease (timed out, preempted, renewed) cannot be overtaken by a release.
         # Pipelined statements are prepared once per connection and then only executed: the
@@ -187,7 +212,7 @@ class PostgresStore(SqlStore):
             for lock in ((_GROUP_LOCK, _POLICY_LOCK) if policy_write else (_GROUP_LOCK,)):
                 cur.execute(lock)
             run[0].execute(_VERSION_POLICY_SQL)
-            run[1].execute(_ADMITTED_FOR_UPDATE)
+            run[1].execute(_HOLDING_FOR_UPDATE)
             run[2].execute(_QUEUED_AND_ONE, (request_id,))
             run[3].execute(_BEATS_SQL)
         row = run[0].fetchone()
@@ -201,14 +226,18 @@ class PostgresStore(SqlStore):
         # lock to hand on before the flush.
         with self._guard() as conn:
             now = self.clock()
+            beat = self._due_beat(now)
             cur = conn.cursor()
             cur.execute(f"BEGIN; {_POLICY_LOCK_SHARED}; {_SUBMIT_UNCONSTRAINED}; COMMIT",
                         (SCHEMA_VERSION, policy_body, *_admitted_row(request, now),
-                         now, self.actor, _queued_reason(request)))
+                         now, self.actor, _queued_reason(request), *_beat_params(beat)))
             for _ in range(2):
                 cur.nextset()  # past BEGIN and the lock
             row = cur.fetchone()
-            return None if row is None else _record(row)
+            if row is None:
+                return None
+            self._beaten(beat)
+            return _record(row)
 
     def _submit_at_once(self, request, policy_body, policy):
         # One round trip: the function decides and writes under the group lock, committed
@@ -217,15 +246,19 @@ class PostgresStore(SqlStore):
             return None
         with self._guard() as conn:
             now = self.clock()
+            beat = self._due_beat(now)
             cur = conn.cursor()
             limits = [rules.limit_of(policy, level, key) for level, key in rules.quota_slots(request)]
             cur.execute(f"{_BEGIN}; {_ADMIT_AT_ONCE_CALL}; {_COMMIT_DURABLY}",
                         (SCHEMA_VERSION, policy_body, limits, self.actor, _queued_reason(request),
-                         *_admitted_row(request, now)[:10]))
+                         *_admitted_row(request, now)[:10], request.runtime, None if beat is None else beat[2]))
             cur.nextset()  # past BEGIN
             cur.nextset()  # past SET
             row = cur.fetchone()
-            return None if row is None else _record(row)
+            if row is None:
+                return None
+            self._beaten(beat)
+            return _record(row)
 
     def _install_functions(self, cur) -> None:
         cur.execute("SELECT 1 FROM pg_proc WHERE proname = %s AND pronamespace = current_schema()::regnamespace",
@@ -250,15 +283,20 @@ class PostgresStore(SqlStore):
         # then sees every request queued by a transaction the update had to wait for.
         with self._guard() as conn:
             now = self.clock()
+            beat = self._due_beat(now)
             cur = conn.cursor()
             cur.execute(f"{_BEGIN}; {_RELEASE_FAST}; {_ANY_QUEUED_SQL}; {_COMMIT_DURABLY}",
-                        (RELEASED, now, reason, request_id, self.actor, revision, now, now, self.actor, reason))
+                        (RELEASED, now, reason, request_id, self.actor, revision, now, now, self.actor, reason,
+                         *_beat_params(beat)))
             cur.nextset()  # past BEGIN
             cur.nextset()  # past SET
             row = cur.fetchone()
             cur.nextset()
             any_queued = bool(cur.fetchone()[0])
-            return None if row is None else (_record(row), any_queued)
+            if row is None:
+                return None
+            self._beaten(beat)
+            return _record(row), any_queued
 
     def _write_and_commit(self, conn, cur, writes) -> None:
         # One round trip, pipelined like the reads: every write, the commit, and the wait for

@@ -5,7 +5,8 @@ policy, the orchestrators' heartbeats and the clock, and asks `plan` what must
 change; it then writes exactly that. `plan` works in this order, so that freed
 capacity is reused at once:
 
-1. an admitted request whose lease expired is timed out; a queued request past its
+1. a request holding capacity (admitted, or awaiting approval) whose lease expired is
+   timed out; a queued request past its
    queue deadline is timed out; a queued request of an orchestrator whose heartbeat
    lapsed is cancelled (nobody is there to dispatch it); a queued request the policy
    forbids (a limit of 0 at some level) is denied;
@@ -22,14 +23,20 @@ capacity is reused at once:
    leases whose release makes it fit (then the lowest total priority, then the
    newest), and none at all when no set of them would.
 
+A request that asks for an approval is granted like any other, but into
+``awaiting-approval``: it holds its capacity (and its place against every quota) under
+a renewable lease, and may not dispatch until someone approves it. It is "admitted" for
+every rule here - counted, timed out when its lease lapses, preemptible when it says so.
+
 Aging lifts waiting requests only: an admitted lease keeps its base priority, so a
 lease that has run long is no harder to displace than a fresh one.
 
 An admission is granted until its ttl has passed, or until its orchestrator's
 heartbeat lapses, whichever comes first: a request admitted to an orchestrator that
 has died holds its capacity no longer than one heartbeat window after its last beat.
-Orchestrators that never heartbeat are not judged by it, nor is the one making the
-call (it is alive: the store passes only the others' heartbeats).
+The one making the call is not judged by its heartbeat (it is alive: the store passes
+only the others'). Every call of an orchestrator beats (admission.store.base), so every
+orchestrator with a request in the store has a heartbeat to be judged by.
 
 No I/O and no clock here: `now` is an argument.
 """
@@ -40,15 +47,27 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+import dataclasses
+
 from admission.store.base import (
     ADMITTED,
+    AWAITING_APPROVAL,
+    HOLDING_STATES,
     IDENTITY_FIELDS,
+    MAX_LEASE_TTL_S,
+    MAX_QUEUE_TIMEOUT_S,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     QUEUED,
-    TIERS,
     BadRequest,
     Policy,
     Record,
     Request,
+    UnknownTier,
+    seconds_problem,
+    shown,
+    tier_of,
+    whole_problem,
 )
 
 #: Quota levels, in the order the reference lists them. The global level has one key.
@@ -58,26 +77,62 @@ _MAX_TEXT = 200
 
 
 def validate_request(request: Request) -> None:
-    """Raise BadRequest naming the first invalid field of `request`."""
+    """Raise BadRequest naming the first invalid field of `request` (and the range it must fall in)."""
     for name in ("id", "orchestrator", "environment", "provider"):
-        value = getattr(request, name)
-        if not isinstance(value, str) or not value or len(value) > _MAX_TEXT or "\x00" in value:
-            raise BadRequest(name, f"must be a non-empty string of at most {_MAX_TEXT} characters (no NUL), "
-                                   f"got {value!r}")
-    if request.tier not in TIERS:
-        raise BadRequest("tier", f"unknown runtime tier {request.tier!r}; tiers: {', '.join(TIERS)}")
-    if isinstance(request.priority, bool) or not isinstance(request.priority, int) or abs(request.priority) > 2**31:
-        raise BadRequest("priority", f"must be a whole number, got {request.priority!r}")
-    if request.queue_timeout is not None and not _positive(request.queue_timeout):
-        raise BadRequest("queue_timeout", f"must be seconds > 0 or None, got {request.queue_timeout!r}")
+        _text(name, getattr(request, name))
+    if request.runtime != "":
+        _text("runtime", request.runtime)
+    try:
+        tier_of(request.tier)
+    except UnknownTier as exc:
+        raise BadRequest("tier", str(exc)) from None
+    problem = whole_problem(request.priority, PRIORITY_MIN, PRIORITY_MAX)
+    if problem:
+        raise BadRequest("priority", problem)
+    if request.queue_timeout is not None:
+        problem = seconds_problem(request.queue_timeout, MAX_QUEUE_TIMEOUT_S)
+        if problem:
+            raise BadRequest("queue_timeout", f"{problem} (or None: no timeout)")
     if not isinstance(request.preemptible, bool):
-        raise BadRequest("preemptible", f"must be true or false, got {request.preemptible!r}")
-    if not _positive(request.lease_ttl):
-        raise BadRequest("lease_ttl", f"must be seconds > 0, got {request.lease_ttl!r}")
+        raise BadRequest("preemptible", f"must be true or false, got {shown(request.preemptible)}")
+    problem = seconds_problem(request.lease_ttl, MAX_LEASE_TTL_S)
+    if problem:
+        raise BadRequest("lease_ttl", problem)
+    if not isinstance(request.approval, bool):
+        raise BadRequest("approval", f"must be true or false, got {shown(request.approval)}")
 
 
-def _positive(x) -> bool:
-    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+def _text(name: str, value) -> None:
+    if not isinstance(value, str) or not value or len(value) > _MAX_TEXT or "\x00" in value:
+        raise BadRequest(name, f"must be a non-empty string of at most {_MAX_TEXT} characters (no NUL), "
+                               f"got {shown(value)}")
+
+
+def normalized(request: Request) -> Request:
+    """`request` (valid) as the store keeps it: its tier normalized, the name as given in `runtime`."""
+    tier = tier_of(request.tier)
+    if tier == request.tier and request.runtime:
+        return request
+    return dataclasses.replace(request, tier=tier, runtime=request.runtime or request.tier)
+
+
+def granted_state(request: Request) -> str:
+    """The state a grant puts `request` in: admitted, or awaiting approval when it asks for one."""
+    return AWAITING_APPROVAL if request.approval else ADMITTED
+
+
+def retry_of(request: Request, attempt: int) -> Request:
+    """The request to submit for the `attempt`-th retry (1, 2, ...) of `request` after it timed out.
+
+    A retry is a request of its own (the timed-out one is final): the same identity under
+    the id ``<id>~<attempt>``, made from the original id, so that a replayed retry is the
+    same request and a retry budget counts attempts by their id.
+    """
+    problem = whole_problem(attempt, 1, PRIORITY_MAX)
+    if problem:
+        raise BadRequest("attempt", problem)
+    base = request.id.rsplit("~", 1)[0] if request.id.rsplit("~", 1)[-1].isdigit() else request.id
+    return dataclasses.replace(request, id=f"{base}~{attempt}")
 
 
 def identity_mismatch(stored: Request, replay: Request) -> tuple[str, ...]:
@@ -88,7 +143,7 @@ def identity_mismatch(stored: Request, replay: Request) -> tuple[str, ...]:
 def effective_priority(record: Record, now: float, aging_interval: float) -> int:
     """Base priority plus one point per whole aging interval the request has waited.
 
-    Only a queued request is waiting: an admitted one counts its base priority.
+    Only a queued request is waiting: one that holds capacity counts its base priority.
     """
     if record.state != QUEUED:
         return record.request.priority
@@ -188,15 +243,17 @@ def plan(policy: Policy, live: Iterable[Record], now: float, heartbeats: Mapping
     """Decide expiries, cancellations, denials, preemptions and admissions for the live records at `now`.
 
     `heartbeats`: orchestrator -> when its heartbeat lapses, for the orchestrators that beat.
+    An admission grants `granted_state` of its request.
     """
     out = Plan()
     gone = lapsed(heartbeats or {}, now)
     admitted: list[Record] = []
     queued: list[Record] = []
     for r in live:
-        if r.state == ADMITTED:
+        if r.state in HOLDING_STATES:
             if r.lease_expires is None or r.lease_expires <= now:
-                out.lease_timeouts.append((r, "lease expired"))
+                out.lease_timeouts.append((r, "lease expired" if r.state == ADMITTED
+                                           else "lease expired while awaiting approval"))
             else:
                 admitted.append(r)
         elif r.state == QUEUED:
@@ -236,9 +293,9 @@ def plan(policy: Policy, live: Iterable[Record], now: float, heartbeats: Mapping
 
 
 def preemptible_by(victim: Record, cand: Record, now: float, aging_interval: float) -> bool:
-    """Only a preemptible admitted request, and only by strictly higher effective priority
-    (the victim's is its base priority: it no longer waits)."""
-    return (victim.state == ADMITTED and victim.request.preemptible
+    """Only a preemptible request holding capacity, and only by strictly higher effective
+    priority (the victim's is its base priority: it no longer waits)."""
+    return (victim.state in HOLDING_STATES and victim.request.preemptible
             and effective_priority(victim, now, aging_interval) < effective_priority(cand, now, aging_interval))
 
 

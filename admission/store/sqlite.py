@@ -14,7 +14,7 @@ import time
 from typing import Callable
 
 from admission.store._sql import SqlStore
-from admission.store.base import StoreUnreachable
+from admission.store.base import DEFAULT_HEARTBEAT_WINDOW, StoreUnreachable
 
 PREFIX = "sqlite://"
 _NOT_A_STORE = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
@@ -34,12 +34,12 @@ class SqliteStore(SqlStore):
     db_time_sql = "SELECT (julianday('now') - 2440587.5) * 86400.0"
 
     def __init__(self, url: str, actor: str = "fleet", clock: Callable[[], float] = time.time,
-                 busy_timeout: float = 30.0, create: bool = True):
+                 busy_timeout: float = 30.0, create: bool = True, heartbeat_window: float = DEFAULT_HEARTBEAT_WINDOW):
         self.path = path_of(url)
         self.busy_timeout = busy_timeout
         if not create and not os.path.exists(self.path):
             raise StoreUnreachable(f"{url}: no store at {self.path}")
-        super().__init__(url, actor, clock, create)
+        super().__init__(url, actor, clock, create, heartbeat_window)
 
     def _connect(self):
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)

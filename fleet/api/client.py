@@ -85,6 +85,7 @@ from fleet.service.control.outcome_record import BadOutcomeRecord
 from fleet.rules.errors import FleetError
 from fleet.rules.vocab import Reason
 from fleet.api.mapping import MAP_WINDOW, map_units, map_window
+from fleet.runtime.submit import UNIT_ARGS, check_unit_args, submit_signature
 from fleet.service.replays import RequestIdReused
 from fleet.rules.roles import UnknownRoleError
 from admission.route import Route
@@ -249,17 +250,7 @@ class _RemoteUnitFuture(Future):
         return super().cancel()
 
 
-def _with_op_methods(cls):
-    """Give ``cls`` a method for every op with one (`OpRegistry.client_methods`)."""
-    for name, method in control.OPS.client_methods().items():
-        if name in cls.__dict__:
-            raise TypeError(f"{cls.__name__}.{name} is written by hand and made from op too")
-        method.__qualname__ = f"{cls.__name__}.{name}"
-        setattr(cls, name, method)
-    return cls
-
-
-@_with_op_methods
+@control.OPS.client_class
 class Client(Executor):
     """A running fleetd, seen from another process. Build it with `fleet.connect`.
 
@@ -286,9 +277,7 @@ class Client(Executor):
         self._closing = False
 
     # --- Executor -----------------------------------------------------------------------
-    def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
-               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None,
-               age: float = 0.0) -> Future:
+    def submit(self, role: str, payload=None, /, **unit) -> Future:
         """Submit one unit to the fleet's `role`; returns its Future (see `fleet.Fleet.submit`,
         also for the provider admission's `route`, `severity`, `pinned`, `parent`, `tag`, `age`).
 
@@ -307,16 +296,23 @@ class Client(Executor):
         within the client's timeout, or the connection broke): the unit may have
         been admitted; retry with the same request_id to run it at most once.
         """
+        if unit:
+            check_unit_args(unit, UNIT_ARGS.keys())
+        ask = {**UNIT_ARGS, **unit}
+        route = ask["route"]
         if route is not None and type(route) is not Route:
             raise BadUnit(f"route must be a fleet.Route(model, provider, credential=None), not {type(route).__name__}")
-        admission = {} if route is None else {"route": str(route), "severity": severity, "pinned": pinned,
-                                              "parent": parent, "tag": tag}
-        if route is None and (severity is not None or pinned or parent is not None or tag is not None or age):
+        admission = {} if route is None else {"route": str(route), "severity": ask["severity"], "pinned": ask["pinned"],
+                                              "parent": ask["parent"], "tag": ask["tag"]}
+        if route is None and (ask["severity"] is not None or ask["pinned"] or ask["parent"] is not None
+                              or ask["tag"] is not None or ask["age"]):
             raise BadUnit("severity, pinned, parent, tag and age are provider admission arguments: give route= too")
-        if age:
-            admission["age"] = age  # checked by the fleet (a number of seconds >= 0)
-        return self._submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
-                            request_id=request_id, **admission)
+        if ask["age"]:
+            admission["age"] = ask["age"]  # checked by the fleet (a number of seconds >= 0)
+        return self._submit(role, payload, key=ask["key"], lane=ask["lane"], priority=ask["priority"],
+                            timeout=ask["timeout"], request_id=ask["request_id"], **admission)
+
+    submit.__signature__ = submit_signature()
 
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
             lane=None) -> Iterator:
@@ -368,7 +364,7 @@ class Client(Executor):
         self.shutdown(wait=False)
 
     # --- the operator ops: one method per op of the registry (`fleet.service.control.ops.OPS`),
-    # made by `_with_op_methods` below from each op's client half (status, ledger,
+    # made by `OPS.client_class` from each op's client half (status, ledger,
     # posture_show, posture_set, drain, cancel, admission_close, report_budget, ...).
 
     def __repr__(self) -> str:

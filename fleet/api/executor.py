@@ -142,7 +142,7 @@ class Executor(_StdExecutor):
             role["peak_cpus"] = workers  # forced pinned, oversubscribed: the plan says so (fleet.rules.plan)
         config = load_config({
             "fleet": {"name": f"{NAME_PREFIX}{os.getpid()}-{next(_names)}", "profile": "pinned" if over else "auto"},
-            "budget": {"loop": "priority"},
+            "budget": {"loop": "priority", "oversubscribe": over},  # over: the caller's own opt-in
             "roles": {ROLE: role},
         }, env={})
         # An executor's name is never taken again, so no later boot would reclaim the segments

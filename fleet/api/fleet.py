@@ -21,13 +21,15 @@ from typing import Callable, Iterable, Iterator
 
 from fleet.api.mapping import length_of, map_units, map_window, with_progress
 from fleet.runtime.config import FleetConfig, load_config
-from fleet.runtime.facade import LoopOperations
+from fleet.runtime.submit import WAIT_ARGS, UNIT_ARGS, check_unit_args, submit_signature
 from fleet.service import start_exporter
+from fleet.service.control.ops import OPS, Operations
 from fleet.rules.errors import ConfigError
 from fleet.rules.ledger import abort_process
 from fleet.worker.prepare import check_not_importing_main
 
 
+@OPS.fleet_methods
 class Fleet(Executor):
     """A running fleet embedded in this process. Build it with `from_config`."""
 
@@ -45,9 +47,10 @@ class Fleet(Executor):
         self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus, admission_clock=admission_clock,
                                admission_rng=admission_rng, host=host, exporter=start_exporter).start()
         #: The operator ops, each a command on the fleet's loop: the façade fleetd's control
-        #: ops run against (`fleet.runtime.facade.Operations`; ``drain``, ``cancel`` and the
-        #: rest). The methods below are the user's names for some of them.
-        self.operations = LoopOperations(self._sup)
+        #: ops run against (`fleet.service.control.ops.Operations`; ``drain``, ``cancel`` and
+        #: the rest). Some are this class's own methods too (made from their ops: ``status``,
+        #: ``ledger``, ``posture_*``, ``admission_*``, ``report_budget``).
+        self.operations = Operations(self._sup)
 
     @classmethod
     def from_config(cls, source=None, *, env=None, **kwargs) -> "Fleet":
@@ -72,9 +75,7 @@ class Fleet(Executor):
         return self._sup.layout
 
     # --- Executor ---------------------------------------------------------------------
-    def submit(self, role: str, payload=None, /, *, key=None, lane=None, priority: int = 0, timeout=None,
-               request_id=None, route=None, severity=None, pinned: bool = False, parent=None, tag=None,
-               age: float = 0.0, block: bool = True, block_timeout: float | None = None) -> Future:
+    def submit(self, role: str, payload=None, /, **unit) -> Future:
         """Queue one unit for `role`; returns its Future.
 
         When the role's queue is at its bound (`queue_bound`, units waiting for admission
@@ -107,9 +108,11 @@ class Fleet(Executor):
         any other: its unit is in the ledger and ends with its own outcome (solved, or
         UnitFailed with reason ``Shutdown`` when the fleet closed before it was queued).
         """
-        return self._sup.submit(role, payload, key=key, lane=lane, priority=priority, timeout=timeout,
-                                request_id=request_id, route=route, severity=severity, pinned=pinned, parent=parent,
-                                tag=tag, age=age, block=block, block_timeout=block_timeout)
+        if unit:
+            check_unit_args(unit, _SUBMIT_ARGS)
+        return self._sup.submit(role, payload, **unit)
+
+    submit.__signature__ = submit_signature(WAIT_ARGS)
 
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
             lane=None, progress: bool = False) -> Iterator:
@@ -165,12 +168,9 @@ class Fleet(Executor):
         outcome and the workers and shared segments are gone."""
         self._sup.shutdown(wait=wait, cancel_futures=cancel_futures)
 
-    # --- views ----------------------------------------------------------------------------
-    def status(self) -> dict:
-        """What `fleetctl status --json` shows for this fleet, plus ``admission``: the provider
-        admission's read model (per bulkhead and per lane x bulkhead rows, closures, the
-        starving list, units waiting with their reason and until-when; reference 000 §10)."""
-        return self.operations.status()
+    # --- the operator's methods: one per op with ``fleet = True`` (status, ledger, posture_show,
+    # posture_set, posture_release, admission_*, report_budget), made from the op registry
+    # (`fleet.service.control.ops.OPS`) by `OPS.fleet_methods` below, each a call on `operations`.
 
     def reload(self, source=None, *, env=None) -> dict:
         """Load the config again (a path, dict or FleetConfig) and apply what can change live:
@@ -190,56 +190,9 @@ class Fleet(Executor):
             raise
         return self.operations.reload(config)
 
-    def admission_close(self, pool: str, until: float, message: str = "") -> dict:
-        """Close a provider (``"provider"``) or one key (``"provider/credential"``) until
-        `until` (UTC epoch seconds). BadPool for an unknown pool or a time not in the future."""
-        return self.operations.admission_close(pool, until, message)
-
-    # -- the provider admission's coordinator API (reference 000 §9): questions, nothing is seated.
-    # Named admission_* (as the control ops): `plan` is the fleet's placement plan.
-    def admission_allowance(self, lane: str | None) -> int | None:
-        """None (start everything) unless every route `lane`'s work asks for is held back by a
-        live refusal with no admitting alternative: then 0 (hold the lane's fan-out)."""
-        return self.operations.admission_allowance(lane)
-
-    def admission_plan(self, lane: str | None, route, wanted: int, pinned: bool = False) -> int:
-        """How many of `wanted` new units on `route` (a `fleet.Route`) in `lane` would start now,
-        pins and alternatives honoured; nothing is submitted or seated. Raises BadPlan (a
-        route outside the catalog, `wanted` not a whole number >= 0, bad types)."""
-        return self.operations.admission_plan(lane, route, wanted, pinned)
-
-    def admission_starving(self) -> list[dict]:
-        """Closed providers or keys with work waiting (``kind: provider-closed``) first, then
-        hard-pinned units waiting past ``starved_after`` (``kind: pinned``)."""
-        return self.operations.admission_starving()
-
-    def admission_reopen(self, pool: str) -> dict:
-        """Reopen a closed provider or key (a topped-up key); ``reopened``: was it closed."""
-        return self.operations.admission_reopen(pool)
-
-    def report_budget(self, provider: str, spent: float, limit: float | None = None) -> dict:
-        """The provider's daily budget reading (000 §8: read and shown, never reserved): `spent`
-        today against its daily `limit` (None: none), shown on every bulkhead of `provider`;
-        at the limit the provider closes until the next UTC midnight. Raises BadBudget
-        (nothing changed) for an unknown provider or an amount that is not finite and >= 0."""
-        return self.operations.admission_budget(provider, spent, limit)
-
-    def ledger(self) -> dict:
-        """submitted, solved, suppressed, failed (+ in flight and failures by reason)."""
-        return self.operations.ledger()
-
-    def posture_show(self) -> dict:
-        return self.operations.posture_show()
-
-    def posture_set(self, **patch) -> dict:
-        return self.operations.posture_set(patch)
-
-    def posture_release(self, cause: str) -> dict:
-        """Release a sticky posture cause: ``"lane-death"`` (held since a worker died) or
-        ``"operator"``. Returns the posture view with ``released`` (was it held). The
-        posture turns Nominal once its exit window is clean and no other cause holds it.
-        An unknown cause raises PostureCauseError and changes nothing."""
-        return self.operations.posture_release(cause)
-
     def __repr__(self) -> str:
         return f"<Fleet {self.name!r} binding={self._sup.plan.binding} seats={len(self._sup.layout.seats)}>"
+
+
+#: What `Fleet.submit` takes by keyword (its signature: `fleet.runtime.submit.submit_signature`).
+_SUBMIT_ARGS = frozenset(UNIT_ARGS) | frozenset(WAIT_ARGS)

@@ -123,7 +123,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--name", type=_fleet_name, default=None, help="the replay fleet's name (default burst-<pid>)")
     rp.add_argument("--cpu-quota", type=_positive, default=None, metavar="CPUS",
                     help="run inside the tool's own v1 cpu cgroup with this CFS quota (root; made and removed "
-                         "by the tool). Below 2 CPUs the fleet refuses to boot (its host floor): exit 70")
+                         "by the tool). Below 2 CPUs the fleet reserves no core: its loop runs ahead of its "
+                         "workers by priority")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rp.add_argument("--no-realtime", action="store_true",
                     help="keep the replay's threads in the normal scheduling class (by default, as root, the "
@@ -220,8 +221,7 @@ def _replay(args) -> int:
         print(f"fleet-burst: {exc}", file=sys.stderr)
         return EXIT_FLEET_FAILED
     paths = R.write(rep, args.report)
-    print(R.markdown(rep))
-    print(f"report: {paths['json']}  {paths['md']}  {paths['png']}")
+    print(R.console(rep, f"{paths['md']} (beside it: report.json, timeline.png)"))
     if not all(m["ledger"]["exact"] for m in rep["modes"]):
         print("fleet-burst: a unit did not get exactly one outcome (see ledger in the report)", file=sys.stderr)
         return EXIT_FLEET_FAILED
@@ -252,8 +252,7 @@ def _show(args) -> int:
         return EXIT_BAD_REPORT
     folder = args.report if os.path.isdir(args.report) else os.path.dirname(os.path.abspath(args.report))
     paths = R.render(rep, folder)
-    print(R.markdown(rep))
-    print(f"report: {paths['md']}  {paths['png']}")
+    print(R.console(rep, f"{paths['md']} (re-drawn, and timeline.png)"))
     return EXIT_OK
 
 

@@ -169,7 +169,9 @@ def fleet_config(trace: Trace, name: str, profile: str) -> dict:
         else:
             roles[role] = {"kind": "pooled", "handler": "fleet.burst.handlers:burn", "slots": 2,
                            "queue_bound": ROLE_QUEUE_BOUND, "peak_cpus": 1}
-    config = {"fleet": {"name": name, "profile": profile}, "roles": roles}
+    # One declared core per CPU role is the tool's own choice, not the trace's: a host
+    # with fewer runs them as a small host does (serial), not refused.
+    config = {"fleet": {"name": name, "profile": profile}, "roles": roles, "budget": {"oversubscribe": True}}
     if io_roles:
         config["admission"] = policy_dict(trace.header)
     return config

@@ -28,6 +28,7 @@ import json
 import math
 import os
 
+from fleet.burst.timeline import timeline
 from fleet.host.files import read_regular
 
 REPORT_VERSION = 1
@@ -208,28 +209,66 @@ def verdict(m: dict, base: dict | None) -> str:
     return line + "."
 
 
+def _tail(m) -> str:
+    tail = m["cycle_tail_ms"]
+    return "-" if not tail else f"{tail['avg']:.0f} / {tail['p95']:.0f} / {tail['max']:.0f}"
+
+
+#: The comparison table's columns: (header, its entry in COLUMNS, its cell for a section, whether
+#: it is left out when empty -- 0 or "-" -- in every row of the report).
+TABLE = (
+    ("ok", "ok", lambda m: str(m["ok"]), False),
+    ("429", "429 / 402 / 403", lambda m: str(m["refused"]["429"]), True),
+    ("402", "429 / 402 / 403", lambda m: str(m["refused"]["402"]), True),
+    ("403", "429 / 402 / 403", lambda m: str(m["refused"]["403"]), True),
+    ("failed", "failed", lambda m: str(m["failed"]), True),
+    ("cut", "cut", lambda m: str(m["cut"]), True),
+    ("429s met", "429s met", lambda m: str(_met(m)["429"]), True),
+    ("moved", "moved", lambda m: str(m["moved"]), True),
+    ("probes", "probes", lambda m: str(m["probes"]), True),
+    ("makespan s", "makespan s", lambda m: _fmt(m["makespan_s"]), False),
+    ("wait p95 s", "wait p95 s", lambda m: _fmt(_wait_p95(m)), False),
+    ("lag p99 ms", "lag p99 ms", lambda m: _fmt(m["lag_ms"]["p99"], 2), False),
+    ("cycle tail avg/p95/max ms", "cycle tail", _tail, True),
+    ("ledger exact", "ledger exact", lambda m: "yes" if m["ledger"]["exact"] else "NO", False),
+    ("counts = simulator", "counts = simulator", lambda m: "yes" if m["counts_match"] else "NO", False),
+)
+EMPTY = ("0", "-")
+
+
+def table(report: dict) -> tuple[list, list[str]]:
+    """(the columns of TABLE this report shows, the headers left out as empty in every row)."""
+    shown, left_out = [], []
+    for column in TABLE:
+        header, _entry, cell, optional = column
+        if optional and all(cell(m) in EMPTY for m in report["modes"]):
+            left_out.append(header)
+        else:
+            shown.append(column)
+    return shown, left_out
+
+
 def markdown(report: dict) -> str:
-    """The comparison table (one row per profile x mode), the per-lane waits, what each column
-    means, what a rerun gives again, and one line per mode of what it cost and bought."""
+    """The comparison table (one row per profile x mode; a column empty in every row is left out,
+    and a line under the table names it), the per-lane waits, what each column shown means,
+    what a rerun gives again, and one line per mode of what it cost and bought."""
+    shown, left_out = table(report)
     out = [f"# fleet-burst: {report['trace']} ({report['arrivals']} arrivals, speed {report['speed']:g}, "
            f"seed {report['seed']})", "",
-           "| profile | mode | ok | 429 | 402 | 403 | failed | cut | 429s met | moved | probes | makespan s | "
-           "wait p95 s | lag p99 ms | cycle tail avg/p95/max ms | ledger exact | counts = simulator |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| profile | mode | " + " | ".join(c[0] for c in shown) + " |",
+           "|---|---|" + "---|" * len(shown)]
     for m in report["modes"]:
-        tail = m["cycle_tail_ms"]
-        tail_text = "-" if not tail else f"{tail['avg']:.0f} / {tail['p95']:.0f} / {tail['max']:.0f}"
-        out.append(f"| {m['profile']} | {m['mode']} | {m['ok']} | {m['refused']['429']} | {m['refused']['402']} | "
-                   f"{m['refused']['403']} | {m['failed']} | {m['cut']} | {_met(m)['429']} | {m['moved']} | "
-                   f"{m['probes']} | {_fmt(m['makespan_s'])} | {_fmt(_wait_p95(m))} | {_fmt(m['lag_ms']['p99'], 2)} | "
-                   f"{tail_text} | {'yes' if m['ledger']['exact'] else 'NO'} | {'yes' if m['counts_match'] else 'NO'} |")
+        out.append(f"| {m['profile']} | {m['mode']} | " + " | ".join(c[2](m) for c in shown) + " |")
+    if left_out:
+        out += ["", f"Left out, 0 (or -) in every row: {', '.join(left_out)}."]
     out += ["", "| profile | mode | lane | wait p50 s | wait p95 s | wait max s | starving s |",
             "|---|---|---|---|---|---|---|"]
     for m in report["modes"]:
         for lane, w in sorted(m["wait_s"].items()):
             out.append(f"| {m['profile']} | {m['mode']} | {lane} | {_fmt(w['p50'])} | {_fmt(w['p95'])} | "
                        f"{_fmt(w['max'])} | {_fmt(m['starving_s'].get(lane, 0.0))} |")
-    out += ["", "## Columns", ""] + [f"- **{name}**: {text}." for name, text in COLUMNS]
+    entries = {c[1] for c in shown} | {"starving s"}
+    out += ["", "## Columns", ""] + [f"- **{name}**: {text}." for name, text in COLUMNS if name in entries]
     out += ["", "## Same trace, same seed", "",
             f"- Deterministic: {DETERMINISTIC}.", f"- Depends on timing: {TIMING}.",
             "", "## What each mode cost and bought", ""]
@@ -240,193 +279,78 @@ def markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _in_flight_by_role(round_log) -> dict:
-    """{role: (times, units in flight)} from the rounds' start and end instants."""
-    steps = collections.defaultdict(list)
-    for r in round_log:
-        if r["started"] is not None and r["ended"] is not None:
-            steps[r["role"]] += [(r["started"], 1), (r["ended"], -1)]
-    out = {}
-    for role, ev in steps.items():
-        xs, ys, n = [0.0], [0], 0
-        for t, d in sorted(ev):
-            n += d
-            xs.append(t)
-            ys.append(n)
-        out[role] = (xs, ys)
-    return out
+def duration(seconds: float | None, scale: float | None = None) -> str:
+    """Trace seconds as a person reads them (42.8 s, 23.4 min, 5.2 h), in the unit that suits
+    `scale` (the largest figure they are read beside; default: `seconds` itself)."""
+    if seconds is None:
+        return "-"
+    scale = seconds if scale is None else scale
+    if scale < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if scale < 7200 else f"{seconds / 3600:.1f} h"
 
 
-REFUSAL_MARKS = {429: ("x", "tab:red", "429 (too many in flight)"), 402: ("s", "tab:purple", "402 (out of credit)"),
-                 403: ("v", "black", "403 (key limit)")}
-POOL_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+def bought(report: dict, profile: str) -> str | None:
+    """One sentence of what the admission bought in `profile`, against the other modes run
+    (more rounds ok than none, a makespan and a p95 wait against the cap); None without an
+    admission mode."""
+    by_mode = {m["mode"]: m for m in report["modes"] if m["profile"] == profile}
+    adm = by_mode.get("admission")
+    if adm is None:
+        return None
+    parts = []
+    none = by_mode.get("none")
+    if none is not None:
+        more = adm["ok"] - none["ok"]
+        parts.append(f"{more} more round(s) ok than none ({adm['not_ok']} lost against {none['not_ok']})" if more > 0
+                     else f"{-more} fewer round(s) ok than none" if more < 0 else f"as many rounds ok as none ({adm['ok']})")
+    cap = by_mode.get("cap")
+    if cap is not None:
+        sooner = cap["makespan_s"] - adm["makespan_s"]
+        parts.append(f"a makespan {duration(abs(sooner))} {'shorter' if sooner >= 0 else 'longer'} than the cap's "
+                     f"with a p95 wait of {duration(_wait_p95(adm))} against {duration(_wait_p95(cap))}")
+    if not parts:
+        return f"The admission ({profile}) ran alone: {adm['ok']} of {adm['rounds']} rounds ok."
+    head = "The admission bought " if len(profile_names(report)) == 1 else f"The admission ({profile}) bought "
+    return head + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]) + "."
 
 
-def _series(m) -> tuple[dict, dict]:
-    """({pool or role: (times, in flight)}, {status: [(t, in flight)]}) of one section."""
-    series = collections.defaultdict(lambda: ([0.0], [0]))
-    refusals = collections.defaultdict(list)
-    for t, pool, status, in_flight in m["events"]:
-        if status in (0, 200):
-            xs, ys = series[pool]
-            xs.append(t)
-            ys.append(in_flight)
-        else:
-            refusals[status].append((t, in_flight))
-    if not series:  # a CPU trace: units in flight per role, from the round log
-        series.update(_in_flight_by_role(m["round_log"]))
-    return dict(series), dict(refusals)
+def profile_names(report: dict) -> list[str]:
+    return list(dict.fromkeys(m["profile"] for m in report["modes"]))
 
 
-def _utc(report, t: float) -> str:
-    from datetime import datetime, timezone
+def _wrap(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width`, never parting a figure from its unit (42.8 s)."""
+    import re
+    import textwrap
 
-    return datetime.fromtimestamp(report["start"] + t, timezone.utc).strftime("%H:%MZ")
-
-
-def timeline(report: dict, path: str) -> None:
-    """Draw `figure(report)` into the PNG at `path`."""
-    import matplotlib.pyplot as plt
-
-    fig = figure(report)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    kept = re.sub(r"(\d) (s|min|h)\b", "\\1\0\\2", text)
+    return [line.replace("\0", " ") for line in textwrap.wrap(kept, width)]
 
 
-def figure(report: dict):
-    """The timeline's matplotlib figure: one panel per profile x mode on one time axis and one y scale; in flight per pool
-    (one colour per pool in every panel, from the simulator; per role for a CPU trace), each
-    pool's limit k dashed in its colour and the cap mode's cap dotted, refusals as marks, closures
-    as hatched spans with their start written on them (at the provider: orange; by the fleet's
-    admission: blue). Time is UTC when the report knows the trace's start (its header's), else
-    trace seconds. Legends sit below the panels, off the data."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-    from matplotlib.ticker import MaxNLocator
-
-    modes = report["modes"]
-    horizon = report["horizon_s"]
-    utc = report.get("start") is not None
-    if utc:
-        from datetime import datetime, timezone
-
-        def x(t):
-            return mdates.date2num(datetime.fromtimestamp(report["start"] + t, timezone.utc))
-    else:
-        def x(t):
-            return t
-    drawn = [_series(m) for m in modes]
-    names = sorted({name for series, _ in drawn for name in series} | set(report.get("pools_k", {})))
-    colour = {name: POOL_COLOURS[i % len(POOL_COLOURS)] for i, name in enumerate(names)}
-    fig, axes = plt.subplots(len(modes), 1, figsize=(12, 2.6 * max(1, len(modes)) + 1.4), squeeze=False,
-                             sharex=True, sharey=True)
-    used_marks, used_spans, cap_drawn = set(), set(), False
-    top = _y_top(report, drawn)
-    provider = any(m["events"] for m in modes) or bool(report.get("pools_k"))  # else a CPU trace: roles
-    for ax, m, (series, refusals) in zip(axes[:, 0], modes, drawn):
-        spans = [(a, b, "provider") for a, b in merged([tuple(x) for v in m["key_closures"].values() for x in v],
-                                                       horizon / 200)]
-        spans += [(a, b, "admission") for a, b in merged([(c["from"], c["until"]) for c in m["admission_closures"]],
-                                                         horizon / 200)]
-        for a, b, who in spans:
-            style = {"provider": ("tab:orange", "///"), "admission": ("tab:blue", "\\\\\\")}[who]
-            ax.axvspan(x(a), x(min(b, horizon)), facecolor=style[0], alpha=0.12, hatch=style[1],
-                       edgecolor=style[0], lw=0)
-            ax.annotate(f"closed {_utc(report, a) if utc else f'{a:.0f} s'}", (x(a), 1.0),
-                        xycoords=("data", "axes fraction"), xytext=(2, -10), textcoords="offset points",
-                        fontsize=7, color=style[0])
-            used_spans.add(who)
-        for name, (xs, ys) in sorted(series.items()):
-            ax.step([x(t) for t in xs], ys, where="post", lw=1.0, color=colour[name])
-            k = report.get("pools_k", {}).get(name)
-            if k is not None and k <= top:  # a limit far above every count would flatten them: the legend gives it
-                ax.axhline(k, color=colour[name], ls="--", lw=0.8, alpha=0.8)
-        if m["mode"] == "cap" and series and report.get("pools_k"):
-            caps = {report["cap"]} if report.get("cap") else set(report["pools_k"].values())
-            for cap in caps:
-                ax.axhline(cap, color="black", ls=":", lw=1.2)
-            cap_drawn = True
-        for status, pts in sorted(refusals.items()):
-            shape, mark_colour, _label = REFUSAL_MARKS.get(status, ("o", "gray", str(status)))
-            ax.scatter([x(p[0]) for p in pts], [p[1] for p in pts], marker=shape, color=mark_colour, s=14, zorder=3,
-                       alpha=0.7, lw=0.8)
-            used_marks.add(status)
-        refused = (f"ended 429 {m['refused']['429']}, 402 {m['refused']['402']}, 403 {m['refused']['403']}, "
-                   if provider else "")
-        ax.set_title(f"{m['profile']} / {m['mode']}: ok {m['ok']} of {m['rounds']}; {refused}failed {m['failed']}, "
-                     f"cut {m['cut']}" + (f"; moved {m['moved']}" if provider else ""), fontsize=9, loc="left")
-        ax.set_ylabel("in flight")
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(0, top)
-        ax.grid(axis="x", color="0.9", lw=0.5)
-    bottom = axes[-1, 0]
-    if utc:
-        locator = mdates.AutoDateLocator(minticks=6, maxticks=14, tz=mdates.UTC)
-        bottom.xaxis.set_major_locator(locator)
-        span = max([t for series, _ in drawn for xs, _ys in series.values() for t in xs] or [horizon])
-        bottom.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%SZ" if span < 3 * 3600 else "%H:%MZ",
-                                                              tz=mdates.UTC))
-        if span >= 6 * 3600:
-            bottom.xaxis.set_minor_locator(mdates.HourLocator(tz=mdates.UTC))
-        day = _utc_day(report)
-        bottom.set_xlabel(f"time, UTC ({day})")
-    else:
-        bottom.set_xlabel("trace seconds")
-    ks = report.get("pools_k", {})
-    handles = [Line2D([], [], color=colour[n], lw=1.5, label=f"{n} (k {ks[n]})" if n in ks else n) for n in names]
-    if report.get("pools_k"):
-        handles.append(Line2D([], [], color="gray", ls="--", lw=0.8, label="pool limit k (its colour)"))
-    if cap_drawn:
-        handles.append(Line2D([], [], color="black", ls=":", lw=1.2, label="cap"))
-    handles += [Line2D([], [], ls="", marker=REFUSAL_MARKS.get(s, ("o", "gray", str(s)))[0],
-                       color=REFUSAL_MARKS.get(s, ("o", "gray", str(s)))[1], label=REFUSAL_MARKS.get(s, ("", "", str(s)))[2])
-                for s in sorted(used_marks)]
-    handles += [Patch(facecolor={"provider": "tab:orange", "admission": "tab:blue"}[w], alpha=0.25,
-                      hatch={"provider": "///", "admission": "\\\\\\"}[w],
-                      label={"provider": "key closed at the provider", "admission": "closed by the admission"}[w])
-                for w in sorted(used_spans)]
-    what = "rounds in flight per pool" if provider else "units in flight per role"
-    fig.suptitle(f"fleet-burst {report['trace']}: {what}", fontsize=11)
-    fig.legend(handles=handles, loc="lower center", ncol=min(4, max(1, len(handles))), fontsize=8, frameon=False)
-    rows = -(-len(handles) // 4)
-    fig.tight_layout(rect=(0, 0.03 + 0.035 * rows * 4.2 / (2.6 * max(1, len(modes)) + 1.4), 1, 1))
-    return fig
-
-
-def merged(spans, gap: float) -> list[tuple[float, float]]:
-    """`spans` (from, until) as their union, spans less than `gap` apart joined: a closure the
-    admission renewed after each probe is one closure to the eye."""
-    out: list[list[float]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1] + gap:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _y_top(report, drawn) -> float:
-    """The one y scale: the highest count drawn, or the cap or a pool limit when they are not far
-    above it (at most twice), with room for the closure notes."""
-    counts = [y for series, refusals in drawn for _xs, ys in series.values() for y in ys]
-    counts += [p[1] for _series_, refusals in drawn for pts in refusals.values() for p in pts]
-    high = max(counts or [1])
-    limits = [v for v in list(report.get("pools_k", {}).values()) + [report.get("cap") or 0] if v and v <= 2 * high]
-    return max([high] + limits) * 1.15 + 0.5
-
-
-def _utc_day(report) -> str:
-    from datetime import datetime, timezone
-
-    first = datetime.fromtimestamp(report["start"], timezone.utc)
-    last = datetime.fromtimestamp(report["start"] + report["horizon_s"], timezone.utc)
-    day = first.strftime("%Y-%m-%d")
-    return day if first.date() == last.date() else f"{day} to {last.strftime('%Y-%m-%d')}"
+def console(report: dict, report_path: str, width: int = 80) -> str:
+    """The few lines fleet-burst ends with: per mode ok, lost, makespan and p95 wait; one sentence
+    per profile of what the admission bought; what went wrong, if anything; the report's path.
+    Every line but the path fits `width` columns."""
+    single = len(profile_names(report)) == 1
+    label = {id(m): m["mode"] if single else f"{m['profile']}/{m['mode']}" for m in report["modes"]}
+    pad = max(len(v) for v in label.values()) if label else 0
+    longest = max([m["makespan_s"] for m in report["modes"]] or [0.0])
+    slowest = max([w for w in map(_wait_p95, report["modes"]) if w is not None] or [0.0])
+    out = [f"{report['trace']}: {report['arrivals']} arrivals, speed {report['speed']:g}, seed {report['seed']}"]
+    for m in report["modes"]:
+        out.append(f"  {label[id(m)]:<{pad}}  ok {m['ok']:>4}  lost {m['not_ok']:>4}  "
+                   f"makespan {duration(m['makespan_s'], longest):>9}  p95 wait {duration(_wait_p95(m), slowest):>9}")
+    for profile in profile_names(report):
+        sentence = bought(report, profile)
+        if sentence:
+            out += _wrap(sentence, width)
+    wrong = [label[id(m)] for m in report["modes"] if not (m["ledger"]["exact"] and m["counts_match"])]
+    if wrong:
+        out += _wrap(f"NOT EXACT in {', '.join(wrong)}: a unit did not get exactly one outcome, or the "
+                     "counts differ from the simulator's (see the report)", width)
+    out.append(f"report: {report_path}")
+    return "\n".join(out)
 
 
 def write(report: dict, folder: str) -> dict:

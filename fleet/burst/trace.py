@@ -52,8 +52,11 @@ pool's drawn latency. ``cycle``: a cycle number (solve-cycle traces: the report 
 cycle tail, first arrival to last end).
 
 `parse` reads every line and raises `TraceError` listing every bad line with its number;
-nothing is replayed from a trace with a bad line. Every number is bounded (trace offsets and
-durations by `MAX_TRACE_S`, counts by `MAX_COUNT`, the speed by `SPEEDS`), a line nested
+nothing is replayed from a trace with a bad line. `load`, what a replay reads, also refuses a
+trace with a header and no arrival: nothing to replay is a data error too.
+Every number is bounded (trace offsets and durations by `MAX_TRACE_S`, counts by `MAX_COUNT`,
+the speed by `SPEEDS`, an arrival's work on a worker -- ``cpu_ms``, ``wait_ms`` and the two
+together, its wall time -- by `MAX_UNIT_MS`), a line nested
 deeper than the JSON reader goes or an integer longer than Python reads is a bad line like
 any other, and `load` reads only a regular file of at most `MAX_TRACE_BYTES` (a FIFO or a
 device is refused, not waited on).
@@ -79,6 +82,10 @@ MAX_SEED = 2**63 - 1
 MAX_SIGMA = 3.0  # a lognormal sigma of 3 already spreads round times over e^+-6 of the median
 SPEEDS = (1e-3, 1e6)  # trace seconds per real second: the replay's waits stay within what a timer takes
 MAX_TRACE_BYTES = 512 << 20
+#: Most milliseconds one arrival may keep a worker (cpu_ms, wait_ms, and both together): the
+#: replay's own default tail past the last arrival. Neither is scaled by the speed, so a larger
+#: one would hold its worker past the end of any replay with the default horizon.
+MAX_UNIT_MS = DEFAULT_HORIZON_TAIL_S * 1000.0
 _SHOWN = 60  # characters of a bad value quoted in a message
 
 _ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,30}$")  # fleet.rules.roles' role-name rule, checked at parse time
@@ -387,13 +394,17 @@ def parse_arrival(obj, header: Header) -> Arrival:
     after = obj.get("after") or []
     if not isinstance(after, list) or not all(isinstance(x, str) for x in after):
         raise _Bad(f"after must be a list of arrival ids, got {shown(after)}")
-    cpu_ms = _num(obj, "cpu_ms", maximum=MAX_TRACE_S * 1000.0) if obj.get("cpu_ms") is not None else 0.0
+    cpu_ms = _num(obj, "cpu_ms", maximum=MAX_UNIT_MS) if obj.get("cpu_ms") is not None else 0.0
     if route is None and key is None and cpu_ms == 0 and "cpu_ms" not in obj:
         raise _Bad("an arrival needs a route (a provider round) or cpu_ms (CPU work)")
+    wait_ms = _num(obj, "wait_ms", maximum=MAX_UNIT_MS) if obj.get("wait_ms") is not None else 0.0
+    if cpu_ms + wait_ms > MAX_UNIT_MS:
+        raise _Bad(f"cpu_ms + wait_ms (the arrival's wall time on a worker) must be at most {MAX_UNIT_MS:g} ms, "
+                   f"got {cpu_ms + wait_ms:g}")
     return Arrival(_num(obj, "t"), _str(obj, "id"), role, _str(obj, "lane", optional=True), route, severity,
                    _str(obj, "parent", optional=True), key, tuple(after), cpu_ms,
                    _num(obj, "latency_s", optional=True), _num(obj, "cycle", maximum=MAX_COUNT, optional=True, integer=True),
-                   _num(obj, "wait_ms", maximum=MAX_TRACE_S * 1000.0) if obj.get("wait_ms") is not None else 0.0)
+                   wait_ms)
 
 
 def parse_lines(lines, path: str = "<trace>") -> Trace:
@@ -468,7 +479,10 @@ def load(path) -> Trace:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TraceError(str(path), [(0, f"not UTF-8 text: {exc.reason}")]) from None
-    return parse_lines(text.splitlines(), str(path))
+    trace = parse_lines(text.splitlines(), str(path))
+    if not trace.arrivals:  # a header alone parses (its pools serve a simulator), but replays nothing
+        raise TraceError(str(path), [(0, "no arrivals: the trace has a header and nothing to replay")])
+    return trace
 
 
 def dump(header: dict, arrivals, path) -> None:

@@ -6,6 +6,7 @@ exists, else the built-in reference profile, and its first line says which.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -16,7 +17,8 @@ from fleet.rules.budget import json_number
 from fleet.cli._common import NAME_PRECEDENCE, fleet_name
 from fleet.runtime.config import CONFIG_DIR, installed_config, load_config
 from fleet.rules.errors import EXIT_OK
-from fleet.rules.plan import PROFILES, resolve
+from fleet.rules.plan import PROFILES, fractional_note, resolve
+from fleet.rules.ranges import config_range
 from fleet.rules.processes import describe, role_processes
 from fleet.rules.roles import RoleSet
 from fleet.rules import seats
@@ -26,8 +28,22 @@ HELP = ("Show the tier plan, the CPU budget and the worker processes each role w
         "(dry run; boots nothing).")
 
 
+def cpus_argument(text: str) -> float:
+    """``--cpus``: a number in the range ``fleet.cpus`` has in a config (`fleet.rules.ranges`),
+    so a dry run plans nothing a boot would refuse to read (and lays out no billion CPUs)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of CPUs, got {text!r}") from None
+    why = config_range("fleet.cpus").problem(value)
+    if why:
+        raise argparse.ArgumentTypeError(f"{why} (the range of fleet.cpus)")
+    return value
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--cpus", type=float, metavar="Q", help="quota in CPUs (default: config, else detected)")
+    parser.add_argument("--cpus", type=cpus_argument, metavar="Q",
+                        help=f"quota: {config_range('fleet.cpus')} (default: config, else detected)")
     parser.add_argument("--profile", choices=PROFILES, help="force a profile (default: config, else auto)")
     parser.add_argument("--config", metavar="PATH",
                         help=f"fleet TOML config (default: {CONFIG_DIR}/<name>.toml if it exists, else the "
@@ -102,6 +118,7 @@ def render(plan, origin: str = "--cpus", processes=()) -> str:
         f"{'profile':<16}{plan.profile} -> {plan.binding} binding",
         f"{'oversubscribed':<16}{'YES' if plan.oversubscribed else 'no'}",
         f"{'tier refused':<16}{'-' if refused is None else f'{refused.tier}: {refused.message}'}",
+        f"{'fractional':<16}{fractional_note(plan) or 'no'}",
         "",
         f"{'consumer':<18}{'cores':>7}{'threads':>9}  rule",
     ]

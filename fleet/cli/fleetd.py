@@ -9,8 +9,7 @@
 See fleet.service.daemon for what it does and its signals. A boot refusal prints one line
 on stderr (``fleetd: <ErrorType>: <what was wrong>``) and exits with the error's
 code: 78 invalid config, 82 the fleet is already running (the line names its pid),
-86 a segment under the fleet's name belongs to another uid (the line names it and
-the uid), 80/81/84 the CPU quota cannot host the plan, 2 bad usage.
+80/81/84 the CPU quota cannot host the plan (84: the declared peaks exceed it), 2 bad usage.
 """
 from __future__ import annotations
 

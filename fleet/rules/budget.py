@@ -46,20 +46,44 @@ The serial projection is
 
     reserve H        1
     ambient I/O A    max(1, floor(Q/4)), but at most floor(Q) - H - 1
-    serial-0         1 core, 1 thread, every role's lane (I/O-dominant ones too)
-    remainder        unallocated headroom: no other thread runs fleet units
+    serial-0         1 core, 1 thread, every CPU-bound role's lane
+    I/O-dominant     Q - the rows above: the remainder, on a seat of their own
+                     (with no I/O-dominant role, or only I/O-dominant roles, they
+                     are lanes of serial-0 and the remainder is unallocated)
 
 At Q = 2 the default ambient runtime folds into the reserve core (A = 0 cores,
 still 1 thread): a 2-CPU host runs fleetd plus one worker seat, which is the least
-that can run anything. Below 2 CPUs nothing fits: BelowHostFloor.
+that can run anything with a core reserved. Below 2 CPUs that does not fit:
+BelowHostFloor (or, with ``loop = "auto"``, the loop runs by priority). At Q = 4.5 (002
+§5's own example) the remainder is 1.5: the 0.5 of the fraction and the whole core
+serial-0 leaves, spent by the I/O-dominant roles' seat.
 
-Where the supervisor's loop runs (`[budget] loop`). ``reserved`` (the default, and
-the reference profile's, 002): the reserve core H and the ambient runtime above, so
-fleetd's own threads never starve. ``priority`` (what an embedded `fleet.Executor`
+Declared peaks (002 §5: "startup fails loudly if the declared peak shares exceed the
+quota"). Every share a config declares for a role -- its ``peak_cpus``, or its
+``[budget]`` override -- adds up against the quota on every tier (`check_declared`):
+more is a configuration bug, refused with BudgetOverQuota whatever the profile. What
+is left to the tier plan is the fleet's own structure (the reserve, the ambient
+runtime, the keyed role's minimum): when the declared peaks fit the quota but that
+structure does not, the host is small and ``auto`` runs serial. A role that declares
+no peak asks for nothing here (its share is derived). ``[budget] oversubscribe =
+true`` accepts declared peaks beyond the quota: they are then planned like the
+fleet's structure -- ``auto`` on a host they do not fit runs serial, a forced pinned
+profile runs them marked ``oversubscribed`` (``fleet.Executor(oversubscribe=True)``
+sets it, to run more workers than the quota has cores).
+
+Where the supervisor's loop runs (`[budget] loop`). ``reserved`` (the reference
+profile's, 002): the reserve core H and the ambient runtime above, so fleetd's own
+threads never starve. ``auto`` (the default): ``reserved`` wherever a reserved core
+leaves room for a worker seat (2 CPUs and up) and always for the reference profile,
+whose floor is 002's; ``priority`` below, so any fleet whose declared peaks fit runs
+on any quota above zero. ``priority`` (what an embedded `fleet.Executor`
 boots with): H = A = 0 cores, every whole core of the quota goes to worker seats, and
 the loop keeps its place by scheduling priority instead (its workers run niced below
 it: `fleet.host.priority`), as a ProcessPoolExecutor's parent shares the CPUs with
-its workers. With nothing to reserve, one CPU is enough: the host floor is 1.
+its workers. With nothing to reserve there is no host floor: any quota above zero
+runs. Below one CPU the serial seat's share is the fractional quota itself (one
+worker, pinned to one CPU, within the quota): "detection keeps the ceiling of a
+fractional quota precisely so that one worker stays schedulable" (002 §5).
 
 Overrides (`[budget]` in config, `FLEET_BUDGET__*` in the environment) are terminal:
 the configured value wins, the share is marked `overridden` (with the value the rule
@@ -70,7 +94,7 @@ floors, the sum exceeds the quota, and the budget says so instead of refusing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from fleet.rules.errors import (
@@ -80,7 +104,7 @@ from fleet.rules.errors import (
     BootRefused,
     ConfigError,
 )
-from fleet.rules.ranges import config_range
+from fleet.rules.ranges import CPUS_MAX, config_range
 from fleet.rules.roles import REFERENCE_ROLES, RoleSet
 
 PINNED = "pinned"
@@ -90,32 +114,33 @@ BINDINGS = (PINNED, SERIAL)
 #: No tier can host the fleet below this many CPUs (fleetd + one worker seat).
 HOST_FLOOR_CPUS = 2
 #: Where the supervisor's loop runs (`BudgetOverrides.loop`): on a reserved core (002's
-#: reserve and ambient runtime), or on the workers' cores, ahead of them by priority.
+#: reserve and ambient runtime), or on the workers' cores, ahead of them by priority;
+#: ``auto``: reserved where the quota has room for it (`loop_for`).
+LOOP_AUTO = "auto"
 LOOP_RESERVED = "reserved"
 LOOP_PRIORITY = "priority"
-LOOP_RULES = (LOOP_RESERVED, LOOP_PRIORITY)
-#: ... and the floor when nothing is reserved: one worker seat.
-PRIORITY_FLOOR_CPUS = 1
+LOOP_RULES = (LOOP_AUTO, LOOP_RESERVED, LOOP_PRIORITY)
+#: ... and when nothing is reserved there is no floor: any quota above zero runs one seat.
 #: Default least share of the elastic keyed role under the pinned binding.
 PINNED_MIN = 2
 #: The whole cores an I/O-dominant role that declares no share counts for.
 IO_DEFAULT_PEAK = 1.0
-#: Largest quota the floor search tries; far beyond any real host.
-_FLOOR_SEARCH_LIMIT = 4096
+#: Largest quota the floor search tries: the largest quota there is (`fleet.rules.ranges`).
+_FLOOR_SEARCH_LIMIT = CPUS_MAX
 
 
 # --- typed refusals ---------------------------------------------------------------
 
 
 class BelowHostFloor(BootRefused):
-    """Fewer CPUs than the host floor (2; 1 with ``loop = "priority"``): no tier can host the fleet."""
+    """Fewer CPUs than the host floor (2, with the supervisor on a reserved core): no tier can host the fleet."""
 
     exit_code = EXIT_BELOW_HOST_FLOOR
 
     def __init__(self, quota: float, floor: int = HOST_FLOOR_CPUS):
         self.quota = quota
-        what = "fleetd and a worker seat" if floor == HOST_FLOOR_CPUS else "a worker seat"
-        super().__init__(f"quota {_fmt(quota)} CPUs is below the host floor of {floor}: no tier can host {what}")
+        super().__init__(f"quota {_fmt(quota)} CPUs is below the host floor of {floor}: no tier can host fleetd "
+                         "and a worker seat beside a reserved core (budget.loop = \"priority\" has no floor)")
 
 
 class QuotaTooSmallForPinnedRoles(BootRefused):
@@ -139,9 +164,13 @@ class BudgetOverQuota(BootRefused):
 
     exit_code = EXIT_BUDGET_OVER_QUOTA
 
-    def __init__(self, quota, total, shares):
+    def __init__(self, quota, total, shares, *, declared: bool = False):
         self.quota, self.total, self.shares = quota, total, tuple(shares)
-        super().__init__(f"declared shares sum to {_fmt(total)} cores over a quota of {_fmt(quota)}: {_list(shares)}")
+        text = f"declared shares sum to {_fmt(total)} cores over a quota of {_fmt(quota)}: {_list(shares)}"
+        if declared:  # the rule of every tier (`check_declared`)
+            text += (" (the roles' declared peaks, which no tier may exceed; declare less, or set "
+                     "budget.oversubscribe = true to accept them)")
+        super().__init__(text)
 
 
 def _fmt(x) -> str:
@@ -173,27 +202,36 @@ class BudgetOverrides:
         pinned_min: least share of the elastic keyed role in the pinned projection.
         roles: role name -> cores, replacing the role's declared peak (for the
             elastic role, replacing S).
-        loop: where the supervisor's loop runs, ``reserved`` or ``priority`` (the
-            module docstring); not a share, so it is no override of one.
+        loop: where the supervisor's loop runs, ``auto``, ``reserved`` or ``priority``
+            (the module docstring); not a share, so it is no override of one.
+        oversubscribe: accept declared peaks that add up to more than the quota
+            (`check_declared`): the tier plan then treats them as a small host
+            (``auto`` runs serial; a forced pinned profile runs marked oversubscribed).
     """
 
     reserve: int | None = None
     ambient_io: int | None = None
     pinned_min: int | None = None
     roles: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-    loop: str = LOOP_RESERVED
+    loop: str = LOOP_AUTO
+    oversubscribe: bool = False
+    #: set by `loop_for` when ``auto`` chose ``priority`` (the rows say why)
+    chosen_below_floor: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self):
         if self.loop not in LOOP_RULES:
             raise ConfigError("budget.loop", f"must be one of {', '.join(LOOP_RULES)}, got {self.loop!r}")
+        if not isinstance(self.oversubscribe, bool):
+            raise ConfigError("budget.oversubscribe", f"must be true or false, got {self.oversubscribe!r}")
 
     @classmethod
     def from_mapping(cls, data, where: str = "budget") -> "BudgetOverrides":
         """Build from a ``[budget]`` table; a bad value raises ConfigError naming its key."""
         data = dict(data or {})
         kwargs = {}
-        if "loop" in data:
-            kwargs["loop"] = data.pop("loop")
+        for key in ("loop", "oversubscribe"):  # rules, not shares
+            if key in data:
+                kwargs[key] = data.pop(key)
         for key in ("reserve", "ambient_io", "pinned_min"):
             if key in data and data[key] is not None:
                 kwargs[key] = _in_range(where, key, data.pop(key))
@@ -208,9 +246,18 @@ class BudgetOverrides:
             if name not in roles:
                 raise ConfigError(
                     f"{where}.{name}",
-                    f"not a budget key or a declared role; keys: reserve, ambient_io, pinned_min, loop, "
+                    f"not a budget key or a declared role; keys: reserve, ambient_io, pinned_min, loop, oversubscribe, "
                     f"{', '.join(roles.names)}",
                 )
+
+    def as_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in ("reserve", "ambient_io", "pinned_min") if getattr(self, k) is not None}
+        if self.loop != LOOP_AUTO:
+            out["loop"] = self.loop
+        if self.oversubscribe:
+            out["oversubscribe"] = True
+        out.update(self.roles)
+        return out
 
 
 NO_OVERRIDES = BudgetOverrides()
@@ -286,6 +333,15 @@ class FleetBudget:
         """Sum of every consumer's cores (equals the quota unless unallocated or oversubscribed)."""
         return round(sum(s.cores for s in self.consumers), 6)
 
+    @property
+    def fraction(self) -> float:
+        """The quota's fractional part (the 0.5 of 4.5; 0 for a whole quota)."""
+        return round(self.quota_cpus - math.floor(self.quota_cpus), 6)
+
+    def io_shares(self) -> tuple[Share, ...]:
+        """The I/O-dominant roles' rows: the ones that spend the remainder."""
+        return tuple(s for s in self.consumers if s.kind == "io")
+
     def share(self, name: str) -> Share:
         """The row named `name`; KeyError if there is none."""
         for s in self.consumers:
@@ -327,36 +383,97 @@ class FleetBudget:
             oversubscribe: a forced profile: keep floors and mark the excess
                 instead of refusing.
         Raises:
-            BelowHostFloor: quota < 2.
+            BelowHostFloor: quota < 2, with the loop on a reserved core.
             QuotaTooSmallForPinnedRoles: pinned, and the elastic role gets < its minimum.
-            BudgetOverQuota: integer shares sum beyond floor(quota).
+            BudgetOverQuota: the declared peaks add up past the quota (`check_declared`),
+                or integer shares sum beyond floor(quota).
             ConfigError: a bad quota, binding, or an override naming no declared role.
         """
-        if isinstance(quota, bool) or not isinstance(quota, (int, float)) or not math.isfinite(quota) or quota <= 0:
-            raise ConfigError("fleet.cpus", f"quota must be a finite number of CPUs > 0, got {quota!r}")
         if binding not in BINDINGS:
             raise ConfigError("fleet.profile", f"unknown binding {binding!r}; one of {', '.join(BINDINGS)}")
-        floor = host_floor(overrides)
-        if quota < floor:
-            raise BelowHostFloor(quota, floor)
-        overrides.check_roles(roles)
+        check_declared(quota, roles, overrides)
         build = _derive_pinned if binding == PINNED else _derive_serial
-        return build(float(quota), roles, overrides, oversubscribe)
+        return build(float(quota), roles, loop_for(quota, roles, overrides), oversubscribe)
+
+
+# --- what every tier must fit -----------------------------------------------------------------
+
+
+def check_quota(quota, overrides: BudgetOverrides = NO_OVERRIDES) -> None:
+    """Raise ConfigError for a quota outside ``fleet.cpus``'s range (a number in (0, 1024]
+    CPUs: `fleet.rules.ranges`), BelowHostFloor for one no tier hosts under `overrides`' loop."""
+    why = config_range("fleet.cpus").problem(quota)
+    if why:
+        raise ConfigError("fleet.cpus", f"the quota {why}")
+    floor = host_floor(overrides)
+    if quota < floor:
+        raise BelowHostFloor(quota, floor)
+
+
+def declared_peaks(roles: RoleSet, overrides: BudgetOverrides = NO_OVERRIDES) -> tuple[tuple[str, float], ...]:
+    """(role, cores) for every role whose share the config declares: its ``[budget]``
+    override, else its ``peak_cpus``. A role that declares neither is not listed: its
+    share is derived (from its slots, or what the quota leaves the keyed role)."""
+    out = []
+    for role in roles:
+        if role.name in overrides.roles:
+            out.append((role.name, overrides.roles[role.name]))
+        elif role.peak_cpus is not None:
+            out.append((role.name, role.peak_cpus))
+    return tuple(out)
+
+
+def loop_for(quota, roles: RoleSet, overrides: BudgetOverrides) -> BudgetOverrides:
+    """`overrides` with its loop rule decided for `quota`: ``auto`` is ``reserved`` where a
+    reserved core leaves a worker seat room (the host floor and up) or for the reference
+    profile (002's floor is its own), else ``priority``. Others are as configured."""
+    if overrides.loop != LOOP_AUTO:
+        return overrides
+    if roles == REFERENCE_ROLES or not isinstance(quota, (int, float)) or quota >= HOST_FLOOR_CPUS:
+        return replace(overrides, loop=LOOP_RESERVED)
+    return replace(overrides, loop=LOOP_PRIORITY, chosen_below_floor=True)
+
+
+def check_declared(quota, roles: RoleSet = REFERENCE_ROLES, overrides: BudgetOverrides = NO_OVERRIDES) -> bool:
+    """The rule every tier keeps (002 §5), pure, for boot, `fleetctl plan` and a reload alike:
+    the quota is in range and above the host floor (`check_quota`), the overrides name
+    declared roles, and the roles' declared peaks (`declared_peaks`) add up to no more
+    than the quota.
+
+    Returns True when the peaks exceed the quota and ``overrides.oversubscribe`` accepts
+    it, False when they fit.
+    Raises:
+        ConfigError, BelowHostFloor: from `check_quota`, or an override naming no role.
+        BudgetOverQuota: the declared peaks exceed the quota (the message lists them).
+    """
+    check_quota(quota, loop_for(quota, roles, overrides))
+    overrides.check_roles(roles)
+    declared = declared_peaks(roles, overrides)
+    total = round(sum(cores for _, cores in declared), 6)
+    if total <= quota + 1e-9:
+        return False
+    if overrides.oversubscribe:
+        return True
+    raise BudgetOverQuota(quota, total, [(name, cores) for name, cores in declared if cores], declared=True)
 
 
 # --- the two projections ------------------------------------------------------------------
 
 
 def host_floor(ov: BudgetOverrides) -> int:
-    """The least quota any tier hosts under `ov`'s loop rule."""
-    return PRIORITY_FLOOR_CPUS if ov.loop == LOOP_PRIORITY else HOST_FLOOR_CPUS
+    """The least quota any tier hosts under `ov`'s loop rule, decided (`loop_for`): 0, any
+    quota above zero, with the loop ahead by priority."""
+    return 0 if ov.loop == LOOP_PRIORITY else HOST_FLOOR_CPUS
 
 
 def _reserve(ov: BudgetOverrides) -> Share:
     if ov.reserve is not None:
         return Share("reserve", ov.reserve, None, "reserve", "override", True, 1)
     if ov.loop == LOOP_PRIORITY:
-        return Share("reserve", 0, None, "reserve", "0: loop = priority, the loop runs ahead of its workers by priority")
+        why = " (budget.loop = auto: below 2 CPUs no core can be reserved beside a worker)" \
+            if ov.chosen_below_floor else ""
+        return Share("reserve", 0, None, "reserve", f"0: loop = priority, the loop runs ahead of its workers by "
+                     f"priority{why}")
     return Share("reserve", 1, None, "reserve", "fixed: fleetd must never starve I/O")
 
 
@@ -476,11 +593,20 @@ def _derive_serial(quota, roles, ov, oversubscribe):
     whole = math.floor(quota)
     reserve = _reserve(ov)
     rows = [reserve, _ambient(quota, ov, cap=whole - reserve.cores - 1)]
-    lanes = tuple(r.name for r in roles)
-    rows.append(Share("serial-0", 1, 1, "seat", "one seat runs every granted unit in grant order", lanes=lanes))
-    # I/O-dominant roles are lanes of serial-0 too: nothing else runs their units,
-    # so the remainder stays unallocated headroom rather than a share nobody uses.
-    return _finish(quota, SERIAL, rows, (), ov, (), oversubscribe)
+    # I/O-dominant roles spend the remainder on a seat of their own (002 §5), so their
+    # waits never queue behind serial-0's CPU-bound unit -- unless every role is
+    # I/O-dominant: then serial-0 is theirs, and no seat would be left for the rest.
+    cpu_bound = tuple(r.name for r in roles if not r.io_bound)
+    everyone = tuple(r.name for r in roles)
+    if quota < 1:  # one worker: the fraction is serial-0's, every role a lane of it
+        rows.append(Share("serial-0", quota, 1, "seat", "below one CPU: one seat runs every granted unit within "
+                          "the fractional quota", lanes=everyone))
+        return _finish(quota, SERIAL, rows, [], ov, (), oversubscribe)
+    remainder = quota - sum(s.cores for s in rows) - 1
+    io_roles = [r for r in roles if r.io_bound] if cpu_bound and remainder > 1e-9 else []
+    rows.append(Share("serial-0", 1, 1, "seat", "one seat runs every granted unit in grant order",
+                      lanes=cpu_bound if io_roles else everyone))
+    return _finish(quota, SERIAL, rows, io_roles, ov, (), oversubscribe)
 
 
 def _finish(quota, binding, rows, io_roles, ov, zero, oversubscribe):
@@ -488,25 +614,30 @@ def _finish(quota, binding, rows, io_roles, ov, zero, oversubscribe):
     whole = math.floor(quota)
     io_fixed = {r.name: _io_whole(r, ov) for r in io_roles} if binding == PINNED else {}
     integer_sum = sum(s.cores for s in rows) + sum(w for w, _ in io_fixed.values())
-    over = integer_sum > whole
+    # Below one CPU the one seat's share is the fraction itself; above, shares are whole cores.
+    over = integer_sum > (whole if whole >= 1 else quota) + 1e-9
     if over and not oversubscribe:
         listed = [(s.name, s.cores) for s in rows] + [(n, w) for n, (w, _) in io_fixed.items()]
         raise BudgetOverQuota(quota, integer_sum, listed)
     remainder = max(0.0, round(quota - integer_sum, 6))
     unallocated = remainder if not io_roles else 0.0
+    rule = "remainder only; I/O-dominant" + (", on a seat of its own beside serial-0" if binding == SERIAL else "")
     for role in io_roles:
         base, overridden = io_fixed.get(role.name, (0, False))
         cores = round(base + remainder / len(io_roles), 6)
-        rows.append(Share(role.name, cores, role.slots, "io", "remainder only; I/O-dominant", overridden,
+        rows.append(Share(role.name, cores, role.slots, "io", rule, overridden,
                           role.peak_cpus if overridden else None))
     return FleetBudget(quota, binding, tuple(rows), tuple(zero), unallocated, over)
 
 
 def pinned_floor(roles: RoleSet = REFERENCE_ROLES, overrides: BudgetOverrides = NO_OVERRIDES) -> int | None:
     """The least whole number of CPUs on which the pinned projection fits (None: none does)."""
-    for cpus in range(host_floor(overrides), _FLOOR_SEARCH_LIMIT + 1):
+    for cpus in range(1, _FLOOR_SEARCH_LIMIT + 1):
+        ov = loop_for(cpus, roles, overrides)
+        if cpus < host_floor(ov):
+            continue
         try:
-            _derive_pinned(float(cpus), roles, overrides, False, find_floor=False)
+            _derive_pinned(float(cpus), roles, ov, False, find_floor=False)
             return cpus
         except (QuotaTooSmallForPinnedRoles, BudgetOverQuota):
             continue

@@ -27,7 +27,7 @@ EXIT_TABLE_IN_USE = 82  # a live fleet of that name owns the shared table
 EXIT_FUSE_TRIPPED = 83  # the exactly-one-outcome ledger found a duplicate or a gap
 EXIT_BUDGET_OVER_QUOTA = 84  # overrides or fixed shares add up to more than the quota
 EXIT_UNTRUSTED_PEER = 85  # a client refused a daemon, table or socket directory of a uid it does not trust
-EXIT_FOREIGN_SEGMENT = 86  # a segment under the fleet's name belongs to another uid: boot leaves it alone
+# 86 was a segment of another uid under the fleet's name: boot now steps around it (fleet.shm.segments)
 EXIT_CLOCK_SKEW = 95  # fleetctl store check: the host and the store's database disagree on the time
 
 # A worker process's own (its supervisor reads them; fleet.worker.prepare).

@@ -15,6 +15,17 @@ Forced profiles (`pinned` or `serial`) are honoured on any host of 2 CPUs or mor
 A forced pinned profile below the pinned floor runs the pinned seats anyway, marked
 `oversubscribed`, with `tier_refused` naming the floor it overrode: never a silent
 narrowing. Forced serial always fits a 2-CPU host.
+
+What no profile overrides: the roles' declared peaks must fit the quota
+(`fleet.rules.budget.check_declared`, checked first, on every tier); a config that
+declares more is refused with BudgetOverQuota (exit 84), not narrowed to serial. Only
+the fleet's own structure not fitting (reserve, ambient runtime, the keyed role's
+minimum) makes a host small.
+
+A fractional quota says so (`fractional_note`): below one CPU one seat runs within the
+fraction (with the loop ahead by priority, `budget.loop = "priority"`: the
+Executor's); above it, the fraction (and any whole core no share takes) is the
+I/O-dominant roles' remainder.
 """
 from __future__ import annotations
 
@@ -29,6 +40,7 @@ from fleet.rules.budget import (
     BudgetOverrides,
     FleetBudget,
     QuotaTooSmallForPinnedRoles,
+    check_declared,
     json_number,
 )
 from fleet.rules.errors import ConfigError
@@ -70,6 +82,7 @@ class TierPlan:
             "quota_cpus": json_number(self.quota_cpus),
             "oversubscribed": self.oversubscribed,
             "tier_refused": None if self.tier_refused is None else self.tier_refused.to_dict(),
+            "fractional": fractional_note(self),
         }
         return {"plan": plan, "budget": self.budget.to_dict()}
 
@@ -93,12 +106,14 @@ def resolve(
         profile: ``auto``, ``serial`` or ``pinned``.
         roles, overrides: as for `FleetBudget.derive`.
     Raises:
-        BelowHostFloor: quota < 2, whatever the profile.
-        BudgetOverQuota: the chosen projection does not fit (overrides too large).
+        BelowHostFloor: quota < 2 (with the loop on a reserved core), whatever the profile.
+        BudgetOverQuota: the roles' declared peaks exceed the quota, whatever the
+            profile; or the chosen projection does not fit (overrides too large).
         ConfigError: unknown profile or a bad quota.
     """
     if profile not in PROFILES:
         raise ConfigError("fleet.profile", f"unknown profile {profile!r}; one of {', '.join(PROFILES)}")
+    check_declared(quota, roles, overrides)  # before any tier: no profile runs a declaration past the quota
     if profile == SERIAL:
         return _serial(quota, profile, roles, overrides, None)
     try:
@@ -124,3 +139,25 @@ def _has_overrides(ov: BudgetOverrides) -> bool:
 def _serial(quota, profile, roles, overrides, refused):
     budget = FleetBudget.derive(quota, roles, overrides, SERIAL)
     return TierPlan(profile, SERIAL, float(quota), budget.oversubscribed, refused, budget)
+
+
+def fractional_note(plan: TierPlan) -> str | None:
+    """What a fractional quota means for `plan`, in one line (None: a whole quota).
+    `fleetctl plan` prints it and boot logs it."""
+    budget, q = plan.budget, plan.quota_cpus
+    fraction = budget.fraction
+    if not fraction:
+        return None
+    cpus = f"quota {json_number(q)} CPUs is fractional"
+    if q < 1:
+        seat = next((s for s in budget.consumers if s.kind == "seat"), None)
+        where = "one worker seat (serial-0) runs every unit within it" if seat is not None else \
+            "the roles' seats share it"
+        return f"{cpus}, below one CPU: {where}, pinned to one CPU"
+    spenders = budget.io_shares()
+    if spenders:
+        spent = ", ".join(f"{s.name} {json_number(s.cores)}" for s in spenders)
+        return (f"{cpus}: the {json_number(fraction)} beyond {int(q - fraction)} whole CPUs is spendable by "
+                f"I/O-dominant roles only, and they have it: {spent} cores")
+    return (f"{cpus}: the {json_number(fraction)} beyond {int(q - fraction)} whole CPUs is spendable by "
+            "I/O-dominant roles only; none is declared, so it stays unallocated")

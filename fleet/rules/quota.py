@@ -108,6 +108,16 @@ def boot_warnings(quota: Quota, plan) -> list[str]:
     return out
 
 
+def boot_notes(plan) -> list[str]:
+    """What a boot says at INFO beside the processes: a fractional quota and where its
+    fraction goes (`fleet.rules.plan.fractional_note`; INFO, not a warning: an embedded
+    Executor's stderr stays its program's)."""
+    from fleet.rules.plan import fractional_note
+
+    note = fractional_note(plan)
+    return [note] if note else []
+
+
 @dataclass(frozen=True)
 class Projection:
     """What a config boots on this host: the quota, the tier plan, the seats and slots.

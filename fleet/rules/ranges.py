@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from admission.bounds import MAX_AGING_S, MAX_LEASE_TTL_S, MAX_LEASES, shown  # noqa: F401 - shown: re-exported
 from fleet.rules.limits import LEVELS_MAX, MAX_SLOTS
 
 CPUS_MAX = 1024
@@ -76,15 +77,6 @@ def _figure(x) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def shown(value) -> str:
-    """`value` for an error message: a huge int by its size (its digits could fill a
-    screen, and past 4300 digits `repr` refuses), anything else by a bounded repr."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 _SLOTS = Range(1, MAX_SLOTS, unit="slots")
 _MS = Range(1, DAY_MS, unit="ms")
 _CORES = Range(0, CPUS_MAX, integer=False, unit="cores")
@@ -100,7 +92,7 @@ PRIORITY = Range(-(1 << 31), (1 << 31) - 1)
 #: Units a coordinator asks `admission_plan` about at once.
 PLAN_WANTED = Range(0, 1_000_000, unit="units")
 
-_LEASES = Range(0, 1_000_000, unit="leases")
+_LEASES = Range(0, MAX_LEASES, unit="leases")
 _ADMISSION_S = Range(0, UNIT_WAIT_S, integer=False, open_lo=True, unit="s")
 
 #: The config schema's numbers: dotted key -> range; ``*`` stands for one name (a role's,
@@ -128,16 +120,16 @@ CONFIG = {
     "restart.max_restarts": Range(0, 1_000_000),
     "restart.within_seconds": Range(0, WEEK_S, integer=False, open_lo=True, unit="s"),
     "metrics.port": Range(0, 65535),
-    "store.lease_ttl": Range(0, DAY_S, integer=False, open_lo=True, unit="s"),
+    "store.lease_ttl": Range(0, MAX_LEASE_TTL_S, integer=False, open_lo=True, unit="s"),
     "store.renew_every": Range(0, DAY_S, integer=False, open_lo=True, unit="s"),
     "store.poll_every": Range(0, 3600, integer=False, open_lo=True, unit="s"),
-    # The host group's quotas (admission.store checks what they mean; no host group holds
-    # a million leases at once).
+    # The host group's quotas and timing: the store's own ranges (admission.bounds), which
+    # admission.store checks again with what they mean.
     "store.global_limit": _LEASES,
     "store.environments.*": _LEASES,
     "store.providers.*": _LEASES,
     "store.tiers.*": _LEASES,
-    "store.aging_interval": Range(0, WEEK_S, integer=False, open_lo=True, unit="s"),
+    "store.aging_interval": Range(0, MAX_AGING_S, integer=False, open_lo=True, unit="s"),
     # The provider admission's timing and weights (admission.policy checks what they mean).
     "admission.probe_every": _ADMISSION_S,
     "admission.closed_for": _ADMISSION_S,

@@ -205,10 +205,12 @@ def _ref(name, kind, cordon_class, *, peak, slots, io_bound=False):
 
 
 #: The reference profile (worker-fleet design, §3.1 and §5 at Q=8): four active
-#: roles and four declared background ones with their cordon classes.
+#: roles and four declared background ones with their cordon classes. The solver
+#: declares no peak: its share is the rule's, S = what the quota leaves (3 at Q = 8),
+#: not a declaration the quota must hold on every tier.
 REFERENCE_ROLES = RoleSet(
     (
-        _ref("solver", "pinned", CordonClass.NEVER, peak=3, slots=6),
+        _ref("solver", "pinned", CordonClass.NEVER, peak=None, slots=6),
         _ref("simdriver", "pooled", CordonClass.FLOOR, peak=0, slots=4, io_bound=True),
         _ref("resolve", "pooled", CordonClass.NEVER, peak=1, slots=1),
         _ref("merge", "singleton", CordonClass.NEVER, peak=1, slots=1),

@@ -18,9 +18,16 @@ Which roles may run on a seat is which CPU share the role may use:
 
 * Serial binding (2-5 CPUs): one seat, ``serial-0``, holds every slot, and every active
   role may run on it; the roles are logical lanes on it (census binding ``logical``).
+  When the budget gives the I/O-dominant roles the remainder (the 0.5 of a 4.5-CPU
+  quota, and the whole cores serial-0 leaves: 002 §5), each of them gets a seat of
+  its own on the remainder's CPUs -- the next ones after serial-0's, as many as the
+  remainder needs to be schedulable (its ceiling) -- and holds its slots there
+  (binding ``shared``: the I/O roles may run on each other's). Below one CPU,
+  serial-0 is the only seat, on one CPU.
 
 Pinned binding: CPUs are laid out in budget order — the reserve, the ambient I/O
-runtime, then each role's whole cores. A role with whole cores gets one seat per
+runtime, then each role's whole cores (an I/O-dominant role's share rounded up: the
+remainder's fraction needs a CPU to be spent on). A role with cores gets one seat per
 core (at most one per slot), each pinned to its own core (binding ``pinned``); its
 slots are dealt round-robin over its seats, so a keyed role's pins share its cores
 ("pins are threads, shares are cores"). Only that role runs on those seats: the cores
@@ -140,22 +147,34 @@ def _serial(plan, roles, active, cpus) -> SeatLayout:
     shares, cursor = _shares(plan), _Cursor(cpus)
     own = cursor.take(_whole(shares["reserve"].cores)) + cursor.take(_whole(shares["ambient_io"].cores))
     seat_cpus = cursor.take(max(1, _whole(shares["serial-0"].cores)))
-    seats = (Seat(0, "serial-0", tuple(r.name for r in active), seat_cpus, LOGICAL),) if active else ()
+    remainder = {s.name for s in plan.budget.io_shares() if s.cores > 0}
+    lanes = tuple(r.name for r in active if r.name not in remainder)
+    spenders = tuple(r.name for r in active if r.name in remainder)
+    seats, seat_of = [], {}
+    if lanes:
+        seats.append(Seat(0, "serial-0", lanes, seat_cpus, LOGICAL))
+        seat_of.update((name, 0) for name in lanes)
+    if spenders:
+        io_cpus = cursor.take(max(1, math.ceil(sum(shares[n].cores for n in spenders) - 1e-9)))
+        for name in spenders:
+            seat_of[name] = len(seats)
+            seats.append(Seat(len(seats), f"{name}-0", spenders, io_cpus, SHARED))
     slots, index = [], 0
-    active_names = {r.name for r in active}
     for role in roles:
         for _ in range(role.slots):
-            slots.append(SlotSpec(index, role.name, 0 if role.name in active_names else NO_SEAT))
+            slots.append(SlotSpec(index, role.name, seat_of.get(role.name, NO_SEAT)))
             index += 1
-    return SeatLayout(seats, tuple(slots), tuple(dict.fromkeys(own)))
+    return SeatLayout(tuple(seats), tuple(slots), tuple(dict.fromkeys(own)))
 
 
 def _pinned(plan, roles, active, cpus) -> SeatLayout:
     cursor = _Cursor(cpus)
     cores_of: dict[str, tuple[int, ...]] = {}
     for share in plan.budget.consumers:  # budget order: reserve, ambient, then the roles
-        whole = _whole(share.cores)
-        cores_of[share.name] = cursor.take(whole) if whole else ()
+        # An I/O-dominant role's share holds the remainder's fraction: its seats take the
+        # CPU that fraction runs on too (its ceiling), or the fraction could not be spent.
+        n = math.ceil(share.cores - 1e-9) if share.kind == "io" else _whole(share.cores)
+        cores_of[share.name] = cursor.take(n) if n else ()
     shared_cpus = cores_of.get("ambient_io") or cores_of.get("reserve") or tuple(cpus)
     # Every role without whole cores may run on every shared seat: they share those CPUs.
     sharing = tuple(r.name for r in active if not cores_of.get(r.name))

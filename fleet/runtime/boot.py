@@ -201,6 +201,8 @@ def _log_plan(cfg, name: str, projection, priority) -> None:
     for role in cfg.roles:
         log.debug("role %s: %s", role.name, role)
     log.info("fleet %s: %s", name, "; ".join(projection.processes()))
+    for note in quota_mod.boot_notes(plan):
+        log.info("fleet %s: %s", name, note)
     reserve = next((s for s in plan.budget.consumers if s.name == "reserve"), None)
     if reserve is not None:
         log.info("fleet %s: supervisor loop (budget.loop = %s): reserve %s cores, %s", name,

@@ -469,6 +469,7 @@ _TYPES = {
     ("budget", "ambient_io"): "int",
     ("budget", "pinned_min"): "int",
     ("budget", "loop"): "str",
+    ("budget", "oversubscribe"): "bool",
     ("posture", PostureKey.ENTER_EVENTS): "int",
     ("posture", PostureKey.ENTER_WINDOW_MS): "int",
     ("posture", PostureKey.DUTY_PERCENT): "float",

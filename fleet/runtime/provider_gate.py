@@ -205,10 +205,11 @@ class ProviderGate:
             return GO
         ask, unit.ask = unit.ask, None
         unit_id, parent = unit.unit_id, ask["parent"]
-        if parent is not None and not self._holds_slot(parent):
-            # 000 §9 licenses a delegated unit only for a parent holding a seat here. The
-            # caller's check found it owed; one still queued, or ended since, delegates
-            # nothing: its child is admitted as any unit is (never an orphan future).
+        if parent is not None and not (self._holds_slot(parent) and self.pool.holds(parent)):
+            # 000 §9 licenses a delegated unit only for a parent holding a seat here (a slot,
+            # and a seat of the admission). The caller's check found it owed; one still
+            # queued, ended since, or calling no provider delegates nothing: its child is
+            # admitted as any unit is (never an orphan future).
             parent = None
         try:
             decision = self.pool.admit(unit_id, route, lane=ask["lane"], severity=ask["severity"],

@@ -14,6 +14,7 @@ A submit the loop never accepts (it stopped meanwhile) is counted and fails Shut
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from concurrent.futures import Future
 
 from fleet.rules import ranges
@@ -29,6 +30,31 @@ from fleet.shm import messages as M
 #: Most units one `submit_many` command carries to the loop: the loop starts on a run
 #: while the caller still makes the next.
 SUBMIT_RUN = 256
+
+#: A unit's arguments besides its role and payload, with their defaults: the one signature
+#: of a submit. `Submitter.submit` takes them by these names (a test holds it to them), and
+#: the faces are made with them: `fleet.Fleet.submit` (`submit_signature`), `fleet.Client.submit`
+#: and the submit op, which carries each with its wire type.
+UNIT_ARGS = {"key": None, "lane": None, "priority": 0, "timeout": None, "request_id": None, "route": None,
+             "severity": None, "pinned": False, "parent": None, "tag": None, "age": 0.0}
+#: What a caller in the fleet's own process may add: how long it waits for queue room (a
+#: served submit never waits: fleetd's loop serves every client).
+WAIT_ARGS = {"block": True, "block_timeout": None}
+
+
+def submit_signature(*extra: dict) -> inspect.Signature:
+    """``(self, role, payload=None, /, *, <UNIT_ARGS>, <extra>)``: a face's submit."""
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_ONLY), P("role", P.POSITIONAL_ONLY), P("payload", P.POSITIONAL_ONLY, default=None)]
+    for table in (UNIT_ARGS, *extra):
+        params += [P(name, P.KEYWORD_ONLY, default=default) for name, default in table.items()]
+    return inspect.Signature(params, return_annotation=Future)
+
+
+def check_unit_args(given: dict, allowed) -> None:
+    """TypeError naming a keyword a face's submit does not take (its signature says which)."""
+    if not given.keys() <= allowed:
+        raise TypeError(f"submit() got an unexpected keyword argument {sorted(given.keys() - allowed)[0]!r}")
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)

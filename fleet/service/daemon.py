@@ -20,7 +20,7 @@ Signals. SIGTERM drains: intake closes, in-flight units finish, units still queu
 after ``grace_s`` fail with Shutdown; exit 0. SIGINT (or a second SIGTERM) stops
 fast: workers are killed and everything owed fails with Shutdown; exit 0. SIGHUP
 re-reads the config and applies what can change live (posture policy, queue bounds)
-through the reload op (`fleet.runtime.operator.reload`), logging what needs a restart; a file that boot would
+through the reload op (`fleet.service.control.ops.intake.ReloadOp`), logging what needs a restart; a file that boot would
 refuse (invalid, out of range, a budget that does not fit) is logged at WARNING with
 the reason and changes nothing: the running config stays.
 
@@ -47,12 +47,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any
 
 from fleet.service import control, replays, sdnotify, start_exporter
 from fleet.runtime.config import FleetConfig, load_config
-from fleet.runtime.facade import LoopOperations
-from fleet.service.control import outcome_record
+from fleet.service.control.ops import ServedOperations
 from fleet.host.proctitle import name_process
 from fleet.rules import titles
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
@@ -552,7 +550,7 @@ class Daemon:
         self._send("ready", self._summary())
 
     def reload(self) -> dict:
-        """Load the config file again and hand it to the reload op (`fleet.runtime.operator.reload`, on the loop).
+        """Load the config file again and hand it to the reload op (`ReloadOp`, on the loop).
 
         Raises ConfigError / PostureRetuneError, the boot refusal of a config that could
         not boot here (BootRefused), or ConfigReloadError when the new file names another
@@ -570,51 +568,3 @@ class Daemon:
         elif "posture" in result["applied"]:
             self.config = dataclasses.replace(self.config, posture=new.posture)
         return result
-
-
-class ServedOperations(LoopOperations):
-    """fleetd's control handler (`control.ControlHandler`): the fleet's operations, each a
-    command on the supervisor's loop (`LoopOperations`, as the embedded Fleet has them),
-    with what only fleetd adds: its own section of the status, and its clients' ``submit``
-    and ``collect``. Runs on the daemon's loop."""
-
-    def __init__(self, daemon: Daemon):
-        super().__init__(daemon.sup)
-        self._daemon = daemon
-
-    def status(self) -> dict:
-        doc = super().status()
-        daemon = self._daemon
-        doc["daemon"] = {"pid": os.getpid(), "draining": daemon.sup.draining, "stopping": daemon.stopping,
-                         "clients": daemon.store.tokens(), "outcomes_held": daemon.store.undelivered()}
-        return doc
-
-    def submit(self, *, role: str, payload: Any, encoding: str, key, lane, priority: int, timeout,
-               request_id, token: str | None = None, seq: int | None = None, chunk: bool = False,
-               items: int | None = None, route=None, severity: str | None = None, pinned: bool = False,
-               parent: int | None = None, tag: str | None = None, age: float = 0.0) -> dict:
-        daemon = self._daemon
-        if token is not None:
-            daemon.store.hold(token)
-        same = replays.identity(role, payload, key, lane, chunk, route)
-        # A retry of a submit whose reply was lost: the unit admitted the first time
-        # answers it (its outcome goes to this token too); nothing runs twice.
-        fut = None if request_id is None else daemon.replays.find(request_id, same)
-        replayed = fut is not None
-        if not replayed:
-            body = {"pickled_payload": payload} if encoding == "pickle" else {"payload": payload}
-            # block=False: this loop serves every client; a full queue is the client's QueueFull.
-            fut = self._sup.submit(role, key=key, lane=lane, priority=priority, timeout=timeout,
-                                  request_id=request_id, chunk=chunk, items=items, route=route, severity=severity,
-                                  pinned=pinned, parent=parent, tag=tag, age=age, block=False, **body)
-            if request_id is not None:
-                daemon.replays.admitted(request_id, same, fut)
-        if token is not None:
-            store = daemon.store
-            fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
-        spec = daemon.config.roles[role]
-        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
-
-    # ------------------------------------------------------------------ the blocking op (off the loop)
-    def collect(self, *, token: str, timeout: float, ack: int | None = None) -> Future:
-        return self._daemon.store.collect(token, timeout, ack)

@@ -1,11 +1,15 @@
 """The declared admission policy: defaults, validation with dotted paths, alternatives, reload."""
 import pytest
 
+from admission import scheduler as S
+from admission.errors import Refused
 from admission.policy import DEFAULT_SEVERITY, Policy, PolicyError, PolicyHolder
+from admission.pool import AdmissionPool, ManualClock, signal_for
 from admission.route import Route
 
 from ..admission_catalog import (
-    DEEPSEEK_OR, DEEPSEEK_US, GLM_AZ, GLM_CODING_OR, GLM_OR, GLM_US, GPT_AZ, KIMI_OR, OPUS, SONNET, catalog, policy,
+    CATALOG, DEEPSEEK_OR, DEEPSEEK_US, GLM_AZ, GLM_CODING_OR, GLM_OR, GLM_US, GPT_AZ, KIMI_OR, OPUS, SONNET, T_1447,
+    catalog, policy,
 )
 
 
@@ -15,6 +19,7 @@ def test_defaults_are_the_reference_figures():
     assert p.daily_limit_probe_every == p.probe_every
     assert dict(p.severity) == {"red-main": 32, "B": 16, "H": 8, "M": 4, "L": 2, "none": 1} == DEFAULT_SEVERITY
     assert p.weight(None) == 1 and p.weight("L") == 2
+    assert dict(Policy().tiers) == dict(p.tiers) != {}  # built by hand or from nothing: the default tiers
 
 
 def test_daily_limit_probe_interval_is_its_own_setting():
@@ -132,3 +137,63 @@ def test_the_documented_catalog_example_loads():
     p = admission.policy
     assert p.lane("review").exclude == ("kimi",) and p.pinned_tags == {"fixer"}
     assert p.alternatives(Route("deepseek-v4-flash", "openrouter-eu"), None) == ((), (GLM_AZ,), ())
+
+
+# --- fallback is on by default (000 §7) ------------------------------------------------------------
+#: The default tiers as docs/admission.md states them, written out here.
+DOCUMENTED_TIERS = {"frontier": ("claude-opus", "claude-sonnet"), "standard": ("glm-5.3", "deepseek-v4", "gpt-6-sol"),
+                    "fast": ("claude-haiku", "gpt-6-mini")}
+
+
+def _catalog_only(**extra):
+    """The catalog and nothing else: no tiers, no alternatives, no lanes."""
+    import copy
+
+    return Policy.from_dict({"providers": copy.deepcopy(CATALOG["providers"]), **extra})
+
+
+def _backed_off_pool(pol, route):
+    pool = AdmissionPool(pol, clock=ManualClock(wall=T_1447, mono=1000.0))
+    pool.admit(1, route)
+    pool.report(1, signal_for(Refused(429, "slow down", retry_after=600)))
+    return pool
+
+
+def test_with_nothing_configured_a_model_of_a_default_tier_falls_back_within_it():
+    p = _catalog_only()
+    assert {t: tuple(tokens) for t, tokens in p.tiers.items()} == DOCUMENTED_TIERS
+    assert (p.node("glm-5.3-review", "openrouter-eu").tier, p.node("claude-opus-5", "anthropic").tier) == (
+        "standard", "frontier")
+    # the reference order, from the catalog alone: the same model elsewhere, the tier's other
+    # models the catalog has, then the same family's variants on the same provider
+    assert p.alternatives(GLM_OR, None) == ((GLM_AZ,), (DEEPSEEK_OR, GPT_AZ), (GLM_CODING_OR,))
+    assert p.alternatives(OPUS, None) == ((), (SONNET,), ())
+    pool = _backed_off_pool(p, GLM_OR)
+    moved = pool.admit(2, GLM_OR)
+    assert moved.action == S.MOVE and moved.route == GLM_AZ  # fallback, with nothing configured
+
+
+def test_a_model_in_no_tier_has_no_defaults_and_waits():
+    p = _catalog_only()
+    assert p.node("kimi-k2.7-code", "openrouter-eu").tier is None
+    assert p.alternatives(KIMI_OR, None) == ((), (), ())
+    assert KIMI_OR not in sum(p.alternatives(GLM_OR, None), ())  # nor is it anyone's stand-in
+    pool = _backed_off_pool(p, KIMI_OR)
+    assert pool.admit(2, KIMI_OR).action == S.WAIT
+
+
+def test_a_model_joins_a_default_tier_by_a_token_in_its_id_or_an_explicit_entry():
+    providers = {"openrouter-eu": {"models": {"glm-5.3-review": {}, "deepseek-v4-pro": {}, "kimi-k2.7-code": {}}}}
+    p = Policy.from_dict({"providers": providers})
+    newcomer, glm = Route("deepseek-v4-pro", "openrouter-eu"), Route("glm-5.3-review", "openrouter-eu")
+    assert p.node("deepseek-v4-pro", "openrouter-eu").tier == "standard"  # its id carries "deepseek-v4"
+    assert p.alternatives(glm, None) == ((), (newcomer,), ())
+    explicit = Policy.from_dict({"providers": providers, "alternatives": {"kimi-k2.7-code": ["glm-5.3-review"]}})
+    assert explicit.alternatives(Route("kimi-k2.7-code", "openrouter-eu"), None) == ((), (glm,), ())
+
+
+def test_declared_tiers_replace_the_defaults_and_an_empty_table_turns_them_off():
+    assert _catalog_only(tiers={"mine": ["glm-5.3"]}).alternatives(GLM_OR, None) == ((GLM_AZ,), (), (GLM_CODING_OR,))
+    off = _catalog_only(tiers={})
+    assert dict(off.tiers) == {} and off.alternatives(GLM_OR, None) == ((), (), ())
+    assert _backed_off_pool(off, GLM_OR).admit(2, GLM_OR).action == S.WAIT

@@ -411,3 +411,31 @@ def test_the_census_keeps_every_closure_renewed_as_one_and_ended_where_it_was_li
     clock.advance(61)
     assert [(e["provider"], e["until"] - e["since"], e["lifted"]) for e in pool.census()["closure_history"]] == [
         ("openrouter-eu", 30.0, True), ("azure-eu", 60.0, False)]
+
+
+def test_the_read_model_carries_the_coordinators_columns():
+    # 000 §10: per bulkhead slow start and free (shown only); per lane x bulkhead the oldest
+    # wait as a time, and guaranteed 0, borrowed 0, bound None (no share: the columns stay)
+    pool, clock = make_pool(policy(lanes={"coordinator": {"pinned": True}}))
+    fresh = pool.admit(1, GLM_AZ, lane="review")
+    assert fresh.starts
+    started_wall = clock.wall()
+    pool.admit(2, GLM_OR, lane="coordinator")  # runs: GLM_OR has one running
+    pool.report(2, signal_for(Refused(429, "slow down", retry_after=600)))  # GLM_OR refused at a load of 1
+    waiting = pool.admit(3, GLM_OR, lane="coordinator")  # hard-pinned: it waits out the backoff
+    assert waiting.action == S.WAIT
+    clock.advance(100)
+    model = pool.read_model()
+    assert model == pool.census()  # one read model, whichever name a reader calls
+    rows = {r["pool"]: r for r in model["bulkheads"]}
+    az, glm = rows[str(GLM_AZ)], rows[str(GLM_OR)]
+    assert (az["slow_start"], az["estimate"], az["running"], az["free"]) == (True, 1, 1, 0)
+    assert (glm["slow_start"], glm["carrying_capacity"], glm["estimate"], glm["free"]) == (False, 1, 1, 1)
+    lanes = {(r["lane"], r["pool"]): r for r in model["lanes"]}
+    wait = lanes[("coordinator", str(GLM_OR))]
+    assert wait["waiting"] == 1 and wait["oldest_waiting_since"] == started_wall  # a time, not an age ...
+    assert wait["oldest_waiting_s"] == 100  # ... the age is there too
+    assert lanes[("review", str(GLM_AZ))]["oldest_waiting_since"] is None  # nothing waits there
+    for row in model["lanes"]:
+        assert (row["guaranteed"], row["borrowed"], row["bound"]) == (0, 0, None)
+    json.dumps(model)  # what `fleetctl admission show --json` prints

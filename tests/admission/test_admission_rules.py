@@ -20,7 +20,8 @@ DAILY = Refused(403, "Key limit exceeded (daily limit)")
 CREDIT = Refused(402, "Insufficient credits")
 REJECTED = Refused(401, "invalid key")
 
-_ids = iter(range(1, 10**9))
+# Far above the ids tests name by hand (1, 2, ...), whichever test of a worker runs first.
+_ids = iter(range(1_000_000, 10**9))
 
 
 def run(pool, route, outcome=None, **kw):
@@ -328,15 +329,51 @@ def test_a_delegated_unit_is_admitted_at_once_while_its_pool_backs_off_and_count
     parent = pool.admit(701, SONNET, lane="review")
     assert parent.action == S.ADMIT
     pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=600), pool.now(), pool.policy)
-    child = pool.admit(702, GLM_OR, lane="triage", parent=701, pinned=True)
-    assert child.action == S.ADMIT and child.delegated
+    child = pool.admit(702, GLM_OR, lane="triage", parent=701)
+    assert child.action == S.ADMIT and child.delegated and child.route == GLM_OR  # through the backoff, not moved
     rows = {(r["lane"], r["pool"]): r for r in pool.census()["lanes"]}
     assert rows[("review", str(GLM_OR))]["delegated"] == 1 and rows[("review", str(GLM_OR))]["running"] == 1
     assert bulkhead(pool, GLM_OR).delegated == 1
-    # control: the same unit without a parent waits (pinned) on the backing-off pool
-    assert pool.admit(703, GLM_OR, lane="triage", pinned=True).action == S.WAIT
+    # control: the same unit without a parent moves off the backing-off pool
+    assert pool.admit(703, GLM_OR, lane="triage").action == S.MOVE
     pool.report(702, signal_for(None))
     assert bulkhead(pool, GLM_OR).delegated == 0 and bulkhead(pool, GLM_OR).delegated_total == 1
+
+
+@pytest.mark.parametrize("pin", ["asked", "lane", "tag"])
+def test_delegation_never_passes_a_hard_pin(pin):
+    # 000: a hard pin waits for its route; delegation passes a backoff only. Pinned by the
+    # ask, by the parent's lane (the child's lane is its parent's), or by the unit's tag.
+    pool, clock = make_pool()
+    parent_lane = "coordinator" if pin == "lane" else "review"
+    pool.admit(711, SONNET, lane=parent_lane)
+    pool.state = T.report(pool.state, GLM_OR, T.Signal.refused(429, retry_after=60), pool.now(), pool.policy)
+    kw = {"asked": {"pinned": True}, "lane": {}, "tag": {"tag": "fixer"}}[pin]
+    child = pool.admit(712, GLM_OR, parent=711, **kw)
+    assert child.action == S.WAIT and child.reason.startswith("hard-pinned to") and not child.delegated
+    assert bulkhead(pool, GLM_OR).delegated_total == 0
+    # control: unpinned (a parent of an unpinned lane, no pin, no pinned tag), a child passes the backoff
+    pool.admit(714, SONNET, lane="review")
+    assert pool.admit(713, GLM_OR, parent=714).delegated
+    clock.advance(60)  # the backoff ends: the pinned child starts on its own route
+    assert [(unit, d.route) for unit, d in pool.wake()] == [(712, GLM_OR)]
+
+
+@pytest.mark.parametrize("parent", [424242, 720, 721, True, "720", 7.0])
+def test_a_parent_the_admission_holds_no_seat_for_is_refused_and_nothing_is_counted(parent):
+    pool, _ = make_pool()
+    seated = pool.admit(1, SONNET, lane="review")  # unit 1 holds a seat: True == 1 must not pass for it
+    assert seated.starts
+    pool.admit(720, GPT_AZ)
+    pool.report(720, signal_for(None))  # 720 ran and ended: it delegates nothing now
+    pool.close("anthropic", until=pool.now().wall + 600)
+    assert pool.admit(721, OPUS, pinned=True).action == S.WAIT  # 721 waits: it holds no seat
+    before = (pool.census()["lanes"], dict(pool.state.bulkheads))
+    with pytest.raises(BadAsk, match=f"parent {parent!r} holds no seat"):
+        pool.admit(722, GLM_OR, parent=parent)
+    assert (pool.census()["lanes"], dict(pool.state.bulkheads)) == before and not pool.holds(722)
+    assert pool.admit(722, GLM_OR, parent=1).delegated  # control: a seated parent delegates
+    assert pool.holds(1) and not pool.holds(720) and not pool.holds(721)
 
 
 # --- urgency inside a lane ------------------------------------------------------------------------------

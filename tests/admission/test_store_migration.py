@@ -1,7 +1,7 @@
-"""A store that schema-2 code made, opened by this code: migrated to schema 3 with everything it held.
+"""Stores that older code made, opened by this code: migrated to the current schema with everything they held.
 
-The schema-2 tables are written out here as that code left them (not taken from the
-migrations under test), on both backends; the store then holds a lease, a queued
+The schema-2 and schema-3 tables are written out here as that code left them (not taken
+from the migrations under test), on both backends; the store then holds a lease, a queued
 request, audit rows, a policy and a provider closure, as a running host group would.
 """
 from __future__ import annotations
@@ -10,7 +10,8 @@ import sqlite3
 
 import pytest
 
-from admission.store import ADMITTED, QUEUED, LeaseLost, Policy, Request, open_store
+from admission.store import ADMITTED, CANCELLED, QUEUED, LeaseLost, Policy, Request, open_store
+from admission.store._sql import SCHEMA_VERSION
 
 from ..store_backends import FakeClock, backend, pg_dsn, store_url, stores  # noqa: F401
 
@@ -57,17 +58,31 @@ _ROWS = [
 ]
 
 
-def _make_schema_2_store(url: str) -> None:
+def _schema_3(serial: str) -> list[str]:
+    """Schema 2 and the heartbeats schema-3 code added."""
+    return _schema_2(serial) + [
+        """CREATE TABLE orchestrators (id TEXT PRIMARY KEY, beat_at DOUBLE PRECISION NOT NULL,
+            lapses_at DOUBLE PRECISION NOT NULL, started_at DOUBLE PRECISION NOT NULL)""",
+        "UPDATE schema_version SET version = 3",
+    ]
+
+
+def _make_store(url: str, schema, extra=()) -> None:
+    statements = lambda serial: schema(serial) + _ROWS + list(extra)  # noqa: E731
     if url.startswith("sqlite://"):
         with sqlite3.connect(url[len("sqlite://"):]) as c:
-            for statement in _schema_2("INTEGER PRIMARY KEY AUTOINCREMENT") + _ROWS:
+            for statement in statements("INTEGER PRIMARY KEY AUTOINCREMENT"):
                 c.execute(statement)
     else:
         import psycopg
 
         with psycopg.connect(url, autocommit=True) as c:
-            for statement in _schema_2("BIGSERIAL PRIMARY KEY") + _ROWS:
+            for statement in statements("BIGSERIAL PRIMARY KEY"):
                 c.execute(statement)
+
+
+def _make_schema_2_store(url: str) -> None:
+    _make_store(url, _schema_2)
 
 
 @pytest.fixture
@@ -79,7 +94,7 @@ def test_a_schema_2_store_is_migrated_and_keeps_its_leases(store_url, clock):
     _make_schema_2_store(store_url)
     with open_store(store_url, actor="orch-a", clock=clock) as a, \
             open_store(store_url, actor="orch-b", clock=clock) as b:
-        assert a.check().schema_version == 3
+        assert a.check().schema_version == SCHEMA_VERSION == 4
         records, policy, _ = a.snapshot()  # as stored, before any transaction of this code
         assert [(r.id, r.state, r.revision, r.lease_expires) for r in records] == [
             ("lease", ADMITTED, 3, NOW + 100), ("waiting", QUEUED, 0, None)]
@@ -95,11 +110,71 @@ def test_a_schema_2_store_is_migrated_and_keeps_its_leases(store_url, clock):
         assert [(e.kind, e.request_id) for e in a.events(since=2)] == [("renewed", "lease")]
         assert [(c.provider, c.credential, c.until, c.written_by) for c in a.closures()] == [
             ("anthropic", None, NOW + 3600, "orch-b")]
+        # the rows keep their tier, and name their runtime by it
+        assert (a.get("lease").request.tier, a.get("lease").request.runtime) == ("container", "container")
         # schema 3's heartbeats work on it: orch-b beats, and is judged by its beat from then on
+        # (orch-a, the caller, beat with its calls; both had a heartbeat from the migration on)
         b.heartbeat(5.0)
-        assert [(o.id, o.lapses_at) for o in a.orchestrators()] == [("orch-b", NOW + 5.0)]
+        assert [(o.id, o.lapses_at) for o in a.orchestrators()] == [("orch-a", NOW + 30.0), ("orch-b", NOW + 5.0)]
         clock.advance(6.0)
         assert a.get("waiting").state == "cancelled"
         # the freed quota admits a new limited request (on PostgreSQL through the database function)
         a.release("lease", 4)
         assert a.submit(Request("new", "orch-a", "prod", "openai", "container")).state == ADMITTED
+
+
+def test_a_schema_3_orchestrator_that_never_beat_holds_its_queue_one_window_at_most(store_url, clock):
+    # Under schema 3 an orchestrator that never heartbeat was never judged: its queued
+    # requests would each be admitted to nobody for a whole lease. The migration gives it a
+    # heartbeat from then on, so if it never calls again its queue is cancelled one window later.
+    _make_store(store_url, _schema_3)
+    with open_store(store_url, actor="orch-a", clock=clock, heartbeat_window=10.0) as a:
+        assert a.check().schema_version == SCHEMA_VERSION
+        assert {o.id: o.lapses_at for o in a.orchestrators()} == {"orch-a": NOW + 10.0, "orch-b": NOW + 10.0}
+        clock.advance(9.0)
+        a.release("lease", 3)  # the capacity frees while orch-b still counts as alive: it is admitted ...
+        rec = a.get("waiting")
+        assert rec.state == ADMITTED and rec.lease_expires == NOW + 10.0  # ... only until orch-b's lapse
+        clock.advance(1.0)
+        assert a.get("waiting").state == "timed-out"
+
+
+def test_a_schema_3_orchestrator_with_only_a_queue_has_it_cancelled_at_its_lapse(store_url, clock):
+    _make_store(store_url, _schema_3)
+    with open_store(store_url, actor="orch-a", clock=clock, heartbeat_window=10.0) as a:
+        clock.advance(9.0)
+        assert a.get("waiting").state == QUEUED  # control: inside the window it keeps its place
+        clock.advance(1.0)
+        assert a.get("waiting").state == CANCELLED
+
+
+def test_a_store_of_schema_1_is_migrated_with_its_closures(store_url, clock):
+    from admission.store._sql import MIGRATIONS
+
+    with open_store(store_url, actor="orch-a", clock=clock):
+        pass  # the schema exists; rebuild it as version 1 had it
+    sqlite = store_url.startswith("sqlite://")
+    drop = [f"DROP TABLE {t}{'' if sqlite else ' CASCADE'}"  # CASCADE: the database function returns its rows
+            for t in ("orchestrators", "closures", "events", "policy", "requests")]
+    types = {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT" if sqlite else "BIGSERIAL PRIMARY KEY",
+             "float": "DOUBLE PRECISION"}
+    _exec(store_url, drop + [statement.format(**types) for statement in MIGRATIONS[1]] + [
+        "INSERT INTO closures VALUES ('openai', 2000000.0, 'daily limit', 1, 1000.0, 'orch-x')",
+        "UPDATE schema_version SET version = 1"])
+    with open_store(store_url, actor="orch-a", clock=clock) as s:
+        assert s.check().schema_version == SCHEMA_VERSION == 4
+        assert [(c.provider, c.credential, c.until, c.cause, c.daily, c.written_by) for c in s.closures()] == [
+            ("openai", None, 2000000.0, "daily limit", True, "orch-x")]
+
+
+def _exec(url: str, statements) -> None:
+    if url.startswith("sqlite://"):
+        with sqlite3.connect(url[len("sqlite://"):]) as c:
+            for statement in statements:
+                c.execute(statement)
+    else:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as c:
+            for statement in statements:
+                c.execute(statement)

@@ -5,9 +5,14 @@ the store's code: after every step every record in the store must equal the
 model's, and the invariants (no quota exceeded, preemption only of preemptible
 leases by strictly higher effective priority, terminal states never change) must hold.
 
-Two orchestrators share the store; each may heartbeat or die (stop beating), and the
+Two orchestrators share the store; each may heartbeat or die (stop calling), and the
 store may stall (another session holds the group lock), which a call must meet with
-StoreTimeout, changing nothing.
+StoreTimeout, changing nothing. Every call an orchestrator makes about its requests is
+its heartbeat too, renewed when less than half its window is left; an orchestrator that
+dies without ever beating explicitly lapses one window after its last call. A request may
+ask for an approval: granted, it holds its capacity awaiting approval (renewed like a
+lease) until an operator approves or rejects it. Tiers may be named by an alias in any
+case; the store counts them by their tier.
 """
 from __future__ import annotations
 
@@ -18,16 +23,20 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from admission.store import LeaseLost, Policy, Request, StoreTimeout, open_store
+from admission.store import LeaseLost, NotAwaitingApproval, Policy, Request, StoreTimeout, open_store
 
 from ..store_backends import FakeClock, GroupLockHeld, backend, pg_dsn, stores  # noqa: F401
 
 IDS = [f"r{i}" for i in range(8)]
 ORCHS = ["orch", "orch2"]
+WATCH = "watch"  # an operator's handle: reads, approves, rejects; submits nothing
 ENVS = ["prod", "dev"]
 PROVS = ["p1", "p2"]
-TIERS = ["host", "container"]
+#: runtime names as callers give them -> their tier (written out here, not read from the store)
+TIERS = {"host": "host", "container": "container", "Docker": "container", "HOST": "host", "podman": "container"}
 TERMINAL = {"denied", "cancelled", "timed-out", "preempted", "released"}
+HOLDING = ("admitted", "awaiting-approval")
+WINDOW = 15.0  # the heartbeat window the orchestrators' handles renew with their calls
 
 
 class Model:
@@ -38,6 +47,19 @@ class Model:
         self.recs: dict[str, dict] = {}
         self.preemptions: list[tuple[dict, dict, int, int]] = []
         self.beats: dict[str, float] = {}  # orchestrator -> when its heartbeat lapses
+        self.handles: dict[str, list] = {}  # orchestrator -> [when its handle's beat lapses, its window]
+
+    def called(self, orch, now):
+        """A call of `orch`'s handle went through: it beats when less than half its window is left."""
+        until, window = self.handles.setdefault(orch, [-math.inf, WINDOW])
+        if now >= until - window / 2:
+            self.beats[orch] = now + window
+            self.handles[orch][0] = max(until, now + window)
+
+    def beat(self, orch, now, window):
+        """`orch` heartbeat explicitly for `window`: its handle renews that window from now on."""
+        self.beats[orch] = now + window
+        self.handles[orch] = [now + window, window]
 
     def limit(self, level, key):
         if level == "global":
@@ -68,7 +90,7 @@ class Model:
         """As a call of orchestrator `caller` reconciles: it is alive, only the others are judged by heartbeat."""
         beats = {o: t for o, t in self.beats.items() if o != caller}
         for r in self.recs.values():
-            if r["state"] == "admitted" and r["lease_expires"] <= now:
+            if r["state"] in HOLDING and r["lease_expires"] <= now:
                 r["state"] = "timed-out"
             elif r["state"] == "queued":
                 if r["queue_timeout"] is not None and now >= r["submitted_at"] + r["queue_timeout"]:
@@ -83,7 +105,7 @@ class Model:
         # behind it can take what it waits for
         passed = []
         for c in queue:
-            admitted = [r for r in self.recs.values() if r["state"] == "admitted"]
+            admitted = [r for r in self.recs.values() if r["state"] in HOLDING]
             if self.fits(c, admitted + passed):
                 self.admit(c, now, beats)
             elif not (self.p.preemption and self.try_preempt(c, admitted, passed, now, beats)):
@@ -115,8 +137,9 @@ class Model:
         return lim is None or sum(1 for a in admitted if k in self.keys(a)) + 1 <= lim
 
     def admit(self, r, now, beats):
-        # granted for its ttl, never past the moment its orchestrator stops being known alive
-        r.update(state="admitted", revision=r["revision"] + 1,
+        # granted for its ttl, never past the moment its orchestrator stops being known alive;
+        # one that asked for an approval holds its capacity awaiting it
+        r.update(state="awaiting-approval" if r["approval"] else "admitted", revision=r["revision"] + 1,
                  lease_expires=min(now + r["lease_ttl"], beats.get(r["orchestrator"], math.inf)))
 
 
@@ -127,7 +150,7 @@ policies = st.builds(
     st.dictionaries(st.sampled_from(ENVS), st.integers(0, 2), max_size=2),
     st.dictionaries(st.sampled_from(PROVS), st.integers(1, 2), max_size=2),
     # ``host`` keeps its default of 1 in most examples: contention is where the rules show
-    st.dictionaries(st.sampled_from(["container"]), st.integers(1, 2), max_size=1),
+    st.dictionaries(st.sampled_from(["container", "Docker"]), st.integers(1, 2), max_size=1),
     st.sampled_from([4.0, 30.0]),
     st.booleans(),
 )
@@ -139,10 +162,12 @@ def machine_for(new_url):
         def setup(self, policy):
             self.clock = FakeClock()
             self.url = new_url()
-            self.stores = {o: open_store(self.url, actor=o, clock=self.clock) for o in ORCHS}
-            self.store = self.stores["orch"]
+            self.stores = {o: open_store(self.url, actor=o, clock=self.clock, heartbeat_window=WINDOW)
+                           for o in ORCHS + [WATCH]}
+            self.store = self.stores[WATCH]
             # the same orchestrator with a short deadline, for the calls a stall meets
-            self.hasty = open_store(self.url, actor="orch", clock=self.clock, call_timeout=0.05)
+            self.hasty = open_store(self.url, actor="orch", clock=self.clock, call_timeout=0.05,
+                                    heartbeat_window=WINDOW)
             self.store.set_policy(policy)
             self.model = Model(policy)
             self.frozen: dict[str, str] = {}
@@ -155,36 +180,39 @@ def machine_for(new_url):
                 self.hasty.close()
 
         @rule(rid=st.sampled_from(IDS), orch=st.sampled_from(ORCHS), env=st.sampled_from(ENVS),
-              prov=st.sampled_from(PROVS), tier=st.sampled_from(TIERS), prio=st.integers(0, 2), pre=st.booleans(),
-              qt=st.sampled_from([None, None, 20.0]))
-        def submit(self, rid, orch, env, prov, tier, prio, pre, qt):
+              prov=st.sampled_from(PROVS), tier=st.sampled_from(sorted(TIERS)), prio=st.integers(0, 2),
+              pre=st.booleans(), qt=st.sampled_from([None, None, 20.0]), approval=st.sampled_from([False, False, True]))
+        def submit(self, rid, orch, env, prov, tier, prio, pre, qt, approval):
             if orch in self.dead:
                 return
-            r = Request(rid, orch, env, prov, tier, prio, qt, pre, lease_ttl=10.0)
+            r = Request(rid, orch, env, prov, tier, prio, qt, pre, lease_ttl=10.0, approval=approval)
             known = self.model.recs.get(rid)
+            wanted = dict(orchestrator=orch, environment=env, provider=prov, tier=TIERS[tier], priority=prio,
+                          preemptible=pre, queue_timeout=qt, approval=approval)
             if known is not None:
-                same = all(known[f] == getattr(r, f) for f in ("orchestrator", "environment", "provider", "tier",
-                                                               "priority", "preemptible", "queue_timeout"))
+                same = all(known[f] == v for f, v in wanted.items())
                 try:
-                    self.stores[orch].submit(r)
+                    got = self.stores[orch].submit(r)
                     assert same, "a changed identity was accepted"
+                    assert got.request.runtime == known["runtime"]  # the name the first submission gave
                 except Exception as exc:
                     assert not same and type(exc).__name__ == "IdentityConflict", exc
-                    return  # a refused request changes nothing, not even by reconciling
+                    return  # a refused request changes nothing, not even by reconciling (nor beats)
             else:
-                self.stores[orch].submit(r)
-                self.model.recs[rid] = dict(id=rid, orchestrator=orch, environment=env, provider=prov, tier=tier,
-                                            priority=prio, preemptible=pre, queue_timeout=qt, lease_ttl=10.0,
+                got = self.stores[orch].submit(r)
+                assert (got.request.tier, got.request.runtime) == (TIERS[tier], tier)
+                self.model.recs[rid] = dict(id=rid, **wanted, runtime=tier, lease_ttl=10.0,
                                             submitted_at=self.clock.now, state="queued", revision=0,
                                             lease_expires=None)
+            self.model.called(orch, self.clock.now)
             self.model.reconcile(self.clock.now, orch)
 
-        @rule(orch=st.sampled_from(ORCHS), window=st.sampled_from([5.0, 15.0]))
+        @rule(orch=st.sampled_from(ORCHS), window=st.sampled_from([5.0, 15.0, 40.0]))
         def heartbeat(self, orch, window):
             if orch in self.dead:
                 return
             self.stores[orch].heartbeat(window)
-            self.model.beats[orch] = self.clock.now + window
+            self.model.beat(orch, self.clock.now, window)
 
         @rule(orch=st.sampled_from(ORCHS))
         def die(self, orch):
@@ -217,15 +245,38 @@ def machine_for(new_url):
             owner = self._owner(rid)
             if owner is None:
                 return
-            self.model.reconcile(self.clock.now, self.model.recs[rid]["orchestrator"])
+            orch = self.model.recs[rid]["orchestrator"]
+            self.model.called(orch, self.clock.now)  # the renew's transaction commits, lease lost or not
+            self.model.reconcile(self.clock.now, orch)
             m = self.model.recs[rid]
             try:
                 lease = owner.renew(rid, m["revision"])
-                assert m["state"] == "admitted"
+                assert m["state"] in HOLDING  # a reservation awaiting approval is renewed like a lease
                 m.update(revision=m["revision"] + 1, lease_expires=self.clock.now + m["lease_ttl"])
-                assert (lease.revision, lease.expires) == (m["revision"], m["lease_expires"])
-            except LeaseLost:
-                assert m["state"] != "admitted"
+                assert (lease.revision, lease.expires, lease.state) == (m["revision"], m["lease_expires"], m["state"])
+            except LeaseLost as exc:
+                assert m["state"] not in HOLDING and exc.state == m["state"]
+
+        @precondition(lambda self: self.model.recs)
+        @rule(data=st.data(), approve=st.booleans())
+        def decide_approval(self, data, approve):
+            # an operator (WATCH) approves or rejects; only a request awaiting approval changes
+            rid = data.draw(st.sampled_from(sorted(self.model.recs)))
+            self.model.reconcile(self.clock.now, WATCH)
+            m = self.model.recs[rid]
+            before = (m["state"], m["revision"])
+            decided = m["approval"] and m["revision"] > 0 and m["state"] == ("admitted" if approve else "denied")
+            try:
+                got = (self.store.approve if approve else self.store.reject)(rid, "by the model")
+            except NotAwaitingApproval as exc:
+                assert m["state"] != "awaiting-approval" and not decided and exc.state == m["state"]
+                return
+            if m["state"] == "awaiting-approval":
+                m["state"] = "admitted" if approve else "denied"  # the lease it holds goes on as it is
+                self.model.reconcile(self.clock.now, WATCH)
+            else:
+                assert decided, (rid, m)
+            assert (got.state, got.revision) == (m["state"], before[1])
 
         @precondition(lambda self: self.model.recs)
         @rule(data=st.data(), cancel=st.booleans())
@@ -235,6 +286,7 @@ def machine_for(new_url):
             if owner is None:
                 return
             m = self.model.recs[rid]
+            self.model.called(m["orchestrator"], self.clock.now)
             if not cancel and m["state"] == "admitted" and m["lease_expires"] > self.clock.now:
                 # the owner gives back its current lease: the store frees it without its lock,
                 # then, if anything waits, reconciles in the same call to hand the capacity on
@@ -246,11 +298,11 @@ def machine_for(new_url):
             self.model.reconcile(self.clock.now, m["orchestrator"])
             if cancel:
                 owner.cancel(rid)
-                if m["state"] in ("queued", "admitted"):
+                if m["state"] in ("queued",) + HOLDING:
                     m["state"] = "cancelled"
             else:
                 owner.release(rid, m["revision"])
-                if m["state"] == "admitted":
+                if m["state"] in HOLDING:  # a reservation awaiting approval is given back too
                     m["state"] = "released"
             self.model.reconcile(self.clock.now, m["orchestrator"])
 
@@ -262,19 +314,22 @@ def machine_for(new_url):
         def store_matches_model(self):
             if not hasattr(self, "store"):
                 return
-            self.store.reconcile()
-            self.model.reconcile(self.clock.now, "orch")
+            live = self.store.reconcile()
+            self.model.reconcile(self.clock.now, WATCH)
+            # the live records are every request that holds capacity or waits, and no other
+            assert sorted(r.id for r in live) == sorted(
+                rid for rid, m in self.model.recs.items() if m["state"] in ("queued",) + HOLDING)
             for rid, m in self.model.recs.items():
                 got = self.store.get(rid)
                 assert (got.state, got.revision) == (m["state"], m["revision"]), (rid, got, m)
-                if got.state == "admitted":
+                if got.state in HOLDING:
                     assert got.lease_expires == m["lease_expires"]
 
         @invariant()
         def quotas_hold_and_preemption_is_safe(self):
             if not hasattr(self, "model"):
                 return
-            admitted = [r for r in self.model.recs.values() if r["state"] == "admitted"]
+            admitted = [r for r in self.model.recs.values() if r["state"] in HOLDING]
             for r in admitted:
                 rest = [a for a in admitted if a is not r]
                 assert self.model.fits(r, rest), f"quota exceeded with {r['id']}"

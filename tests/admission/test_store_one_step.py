@@ -17,7 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from admission.store import ADMITTED, QUEUED, RELEASED, Policy, Record, Request, open_store, rules
+import math
+
+from admission.store import ADMITTED, AWAITING_APPROVAL, QUEUED, RELEASED, Policy, Record, Request, open_store, rules
 
 from ..store_backends import FakeClock, GroupLockHeld, Stores, backend, pg_dsn, store_url, stores  # noqa: F401
 
@@ -40,8 +42,8 @@ live_rows = st.lists(st.fixed_dictionaries({
     "provider": st.sampled_from(PROVS),
     "tier": st.sampled_from(TIERS),
     "priority": st.integers(0, 3),
-    # queued, or admitted with a lease that ends before, at or after now
-    "state": st.sampled_from([QUEUED, ADMITTED, ADMITTED, ADMITTED]),
+    # queued, or holding capacity (admitted, awaiting approval) with a lease that ends before, at or after now
+    "state": st.sampled_from([QUEUED, ADMITTED, ADMITTED, ADMITTED, AWAITING_APPROVAL]),
     "lease_left": st.sampled_from([-5.0, 0.0, 5.0, 60.0, 60.0]),
     "waited": st.sampled_from([0.0, 10.0, 100.0]),
     "queue_timeout": st.sampled_from([None, None, 5.0]),
@@ -50,18 +52,19 @@ live_rows = st.lists(st.fixed_dictionaries({
 new_requests = st.builds(
     lambda env, prov, tier, prio, ttl: Request(f"new-{uuid.uuid4().hex[:8]}", ME, env, prov, tier, prio,
                                                lease_ttl=ttl),
-    st.sampled_from(ENVS), st.sampled_from(PROVS), st.sampled_from(TIERS), st.integers(0, 3),
+    st.sampled_from(ENVS), st.sampled_from(PROVS), st.sampled_from(TIERS + ("Docker",)), st.integers(0, 3),
     st.sampled_from([1.0, 30.0]))
 
 
 def _record_of(i: int, row: dict) -> Record:
     req = Request(f"live-{i}", row["orchestrator"], row["environment"], row["provider"], row["tier"],
-                  row["priority"], row["queue_timeout"], lease_ttl=30.0)
+                  row["priority"], row["queue_timeout"], lease_ttl=30.0, approval=row["state"] == AWAITING_APPROVAL,
+                  runtime=row["tier"])
     submitted = NOW - row["waited"]
     if row["state"] == QUEUED:
         return Record(req, submitted_at=submitted, state=QUEUED, decided_at=submitted, reason="submitted")
-    return Record(req, submitted_at=submitted, state=ADMITTED, revision=1, lease_expires=NOW + row["lease_left"],
-                  decided_at=submitted, reason="capacity")
+    return Record(req, submitted_at=submitted, state=row["state"], revision=1,
+                  lease_expires=NOW + row["lease_left"], decided_at=submitted, reason="capacity")
 
 
 @pytest.fixture
@@ -91,11 +94,11 @@ def _load(conn, policy: Policy, records: list[Record]) -> str:
     for r in records:
         q = r.request
         conn.execute("INSERT INTO requests (id, orchestrator, environment, provider, tier, priority, queue_timeout, "
-                     "preemptible, lease_ttl, submitted_at, state, revision, lease_expires, decided_at, reason) "
-                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                     "preemptible, lease_ttl, submitted_at, state, revision, lease_expires, decided_at, reason, "
+                     "runtime, approval) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                      (q.id, q.orchestrator, q.environment, q.provider, q.tier, q.priority, q.queue_timeout,
                       int(q.preemptible), q.lease_ttl, r.submitted_at, r.state, r.revision, r.lease_expires,
-                      r.decided_at, r.reason))
+                      r.decided_at, r.reason, q.runtime, int(q.approval)))
     return body
 
 
@@ -109,6 +112,8 @@ def test_the_database_decision_is_the_rules(pg, policy, rows, new, other_lapses,
     conn.execute("DELETE FROM orchestrators")
     conn.execute("INSERT INTO orchestrators VALUES (%s, %s, %s, %s)", (OTHER, NOW - 10, other_lapses, NOW - 10))
     judged_under = body + " " if stale_policy else body
+    new = rules.normalized(new)  # as `submit` hands it on
+    store._beat_until = -math.inf  # this handle's beat is due (each example starts afresh)
 
     got = store._submit_at_once(new, judged_under, policy)
 
@@ -126,9 +131,13 @@ def test_the_database_decision_is_the_rules(pg, policy, rows, new, other_lapses,
     else:
         assert events == [] and conn.execute("SELECT count(*) FROM requests").fetchone()[0] == len(live)
         waiting = any(r.state == QUEUED for r in live)
-        overdue = any(r.state == ADMITTED and r.lease_expires <= NOW for r in live)
+        overdue = any(r.state != QUEUED and r.lease_expires <= NOW for r in live)
         assert stale_policy or waiting or overdue or not only_admits_it, (
             f"declined {new} where the rule only admits it ({policy}, {live})")
+    # the caller's heartbeat is written with its admission, and only then
+    beats = dict(conn.execute("SELECT id, lapses_at FROM orchestrators").fetchall())
+    assert beats == ({OTHER: other_lapses, ME: NOW + store.heartbeat_window} if got is not None
+                     else {OTHER: other_lapses})
 
 
 def test_a_replayed_id_is_left_to_the_locked_path(pg):

@@ -19,7 +19,9 @@ from tests.fleets import role
 
 
 def roles():
-    return {
+    # No declared peaks but the I/O role's 0: declared peaks add up against the quota on
+    # every tier, and these nine would ask more than a small host has.
+    return {name: {k: v for k, v in spec.items() if k != "peak_cpus" or v == 0} for name, spec in {
         "sq": role("square", slots=2),
         "fail": role("fail", slots=1),
         "suppress": role("suppress", slots=1),
@@ -29,7 +31,7 @@ def roles():
         "blob": {**role("square", slots=1), "handler": "fleet.api.examples:blob"},
         "oneway": {**role("square", slots=1), "handler": "tests.daemons:one_way"},
         "held": role("wait_for_file", slots=4, io_bound=True, peak_cpus=0, queue_bound=6),
-    }
+    }.items()}
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,13 @@
 """CPython's own test_concurrent_futures, run against `fleet.Executor`.
 
-The file is not in the repo: it comes from the distribution's package for this
-interpreter's minor version (Debian's ``libpython3.11-testsuite``, which `.ci/run`
-installs), and is copied at collection into a directory of its own, put on
-``sys.path`` as the module ``cpython_test_concurrent_futures``, so that fleet's
-workers import the functions its tests submit by reference, as ProcessPoolExecutor's
-children do. The test classes are built as the file builds its own
+The file is not in the repo: `tests.cpython_suite` obtains it for this interpreter's
+minor version (from the stdlib or the distribution when installed there, otherwise
+Debian's ``libpython3.X-testsuite`` downloaded and unpacked into a cache, never
+installed) as the module ``cpython_test_concurrent_futures`` in a directory put on
+``sys.path``, so that fleet's workers import the functions its tests submit by
+reference, as ProcessPoolExecutor's children do. Where it cannot be had the module
+skips with one line saying why; with ``FLEET_REQUIRE_CPYTHON_TESTS=1`` (CI sets it)
+it fails instead. The test classes are built as the file builds its own
 (``create_executor_tests``), with `fleet.Executor` as the executor type:
 
 * the generic Executor tests (ExecutorTest, WaitTests, AsCompletedTests,
@@ -31,22 +33,14 @@ import importlib.util
 import logging
 import os
 import re
-import shutil
 import sys
-import sysconfig
-import tempfile
 
 import pytest
 
 import fleet
+from tests import cpython_suite
+from tests.cpython_suite import MODULE
 
-MODULE = "cpython_test_concurrent_futures"
-_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
-#: Where the distribution's test suite puts the file (Debian: libpython3.X-testsuite).
-CANDIDATES = (
-    os.path.join(sysconfig.get_paths()["stdlib"], "test", "test_concurrent_futures.py"),
-    f"/usr/lib/python{_VERSION}/test/test_concurrent_futures.py",
-)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: ProcessPoolExecutor tests that do not apply to fleet.Executor, with the reason
@@ -87,17 +81,15 @@ FAILING_INITIALIZER_NOT_APPLICABLE = {
 _CHILD_RUN = ("test_interpreter_shutdown", "test_submit_after_interpreter_shutdown", "test_hang_gh83386")
 
 
-def _find_suite() -> str | None:
-    return next((path for path in CANDIDATES if os.path.isfile(path)), None)
-
-
 def _load():
-    source = _find_suite()
-    if source is None:
-        pytest.fail(f"CPython's test_concurrent_futures for {_VERSION} is not installed (looked in "
-                    f"{', '.join(CANDIDATES)}): apt-get install libpython{_VERSION}-testsuite (.ci/run does)")
-    home = tempfile.mkdtemp(prefix="fleet-cpython-futures-")
-    shutil.copy(source, os.path.join(home, MODULE + ".py"))
+    try:
+        home = str(cpython_suite.obtain())
+    except cpython_suite.Unavailable as exc:
+        home, why = None, f"CPython's test_concurrent_futures for {cpython_suite.VERSION} cannot be had: {exc}"
+    if home is None:
+        if os.environ.get(cpython_suite.REQUIRE) == "1":
+            pytest.fail(f"{why} ({cpython_suite.REQUIRE}=1)", pytrace=False)
+        pytest.skip(why, allow_module_level=True)
     sys.path.insert(0, home)  # the workers get this process's sys.path: they import the module by name
     spec = importlib.util.spec_from_file_location(MODULE, os.path.join(home, MODULE + ".py"))
     module = importlib.util.module_from_spec(spec)

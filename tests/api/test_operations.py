@@ -7,8 +7,7 @@ import tempfile
 
 import pytest
 
-from fleet.runtime.facade import CANCEL_STATES, Operations
-from fleet.service.control.ops import OPS
+from fleet.service.control.ops import CANCEL_STATES, OPS, Operations
 from tests.daemons import wait_until
 from tests.fleets import config, role, running
 
@@ -73,3 +72,36 @@ def test_posture_ops_are_the_fleets_own(fleet):
     changed = op(fleet, "posture_set", patch={"cordon_enter_events": 5})
     assert changed["policy"]["cordon_enter_events"] == 5 == fleet.posture_show()["policy"]["cordon_enter_events"]
     assert op(fleet, "posture_release", cause="operator")["released"] is False
+
+
+def test_a_submit_has_one_signature_that_every_face_takes():
+    """The unit's arguments are written once (`UNIT_ARGS`, with their defaults): the runtime's
+    submit takes them by name, and the embedded fleet's, the client's and the wire's submit
+    are made of them."""
+    import inspect
+
+    from fleet import Client, Fleet
+    from fleet.runtime.submit import UNIT_ARGS, WAIT_ARGS, Submitter
+
+    runtime = inspect.signature(Submitter.submit).parameters
+    assert {name: runtime[name].default for name in UNIT_ARGS} == UNIT_ARGS
+    assert {name: runtime[name].default for name in WAIT_ARGS} == WAIT_ARGS
+    assert all(runtime[name].kind is inspect.Parameter.KEYWORD_ONLY for name in [*UNIT_ARGS, *WAIT_ARGS])
+    embedded = inspect.signature(Fleet.submit).parameters
+    assert list(embedded) == ["self", "role", "payload", *UNIT_ARGS, *WAIT_ARGS]
+    assert {name: embedded[name].default for name in UNIT_ARGS} == UNIT_ARGS
+    assert list(inspect.signature(Client.submit).parameters) == ["self", "role", "payload", *UNIT_ARGS]
+    schema = OPS.get("submit").schema
+    assert {name: schema[name].default for name in UNIT_ARGS} == UNIT_ARGS
+
+
+@pytest.mark.parametrize("face", ["Fleet", "Client"])
+def test_a_face_refuses_a_keyword_its_submit_does_not_take(face):
+    import fleet
+
+    # `chunk` is the runtime's own (map's chunks), never a caller's: refused before anything is touched.
+    with pytest.raises(TypeError, match="'chunk'"):
+        getattr(fleet, face).submit(object(), "role", 1, chunk=True)
+    if face == "Client":
+        with pytest.raises(TypeError, match="'block'"):  # a served submit never waits for room
+            fleet.Client.submit(object(), "role", 1, block=False)

@@ -106,6 +106,15 @@ def test_empty_and_unreadable():
         load("/nonexistent/trace.jsonl")
 
 
+def test_a_header_alone_parses_but_loads_as_nothing_to_replay(tmp_path):
+    assert parse_lines(lines("", "   ")).arrivals == ()  # a simulator may take its pools from it
+    path = tmp_path / "header-only.jsonl"
+    path.write_text("\n".join(lines("", "   ")) + "\n")
+    with pytest.raises(TraceError) as err:
+        load(str(path))
+    assert err.value.problems == [(0, "no arrivals: the trace has a header and nothing to replay")]
+
+
 def test_cli_bad_trace_exits_with_its_code_and_runs_nothing(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines(good(1), "[1, 2", good(3, t="soon"))) + "\n")
@@ -147,7 +156,12 @@ def _replay_cli(path, tmp_path, timeout=60):
     ('{"t": ' + "7" * 400 + ', "id": "a", "role": "r", "cpu_ms": 1}', "2: t must be a number from 0 to"),
     ('{"t": Infinity, "id": "a", "role": "r", "cpu_ms": 1}', "2: t must be a number"),
     ('{"t": 0, "id": "a", "role": "r", "cpu_ms": 1e308}', "2: cpu_ms must be a number"),
-], ids=["deep", "5000-digits", "400-digits", "infinity", "cpu-1e308"])
+    # an arrival's work on a worker is capped (it used to run for ever)
+    ('{"t": 0, "id": "a", "role": "r", "cpu_ms": 1e9}', "2: cpu_ms must be a number from 0 to 600000, got 1000000000.0"),
+    ('{"t": 0, "id": "a", "role": "r", "cpu_ms": 1, "wait_ms": 1e9}', "2: wait_ms must be a number from 0 to 600000"),
+    ('{"t": 0, "id": "a", "role": "r", "cpu_ms": 400000, "wait_ms": 200001}',
+     "2: cpu_ms + wait_ms (the arrival's wall time on a worker) must be at most 600000 ms, got 600001"),
+], ids=["deep", "5000-digits", "400-digits", "infinity", "cpu-1e308", "cpu-1e9", "wait-1e9", "wall-over"])
 def test_a_hostile_arrival_is_one_line_and_exit_65(tmp_path, line, what):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(HEADER) + "\n" + line + "\n")
@@ -197,3 +211,19 @@ def test_bad_arguments_exit_ex_usage(tmp_path):
                              timeout=60, env={**os.environ, "PYTHONPATH": REPO})
         assert out.returncode == cli.EXIT_USAGE == 64, (argv, out.stderr)
         assert "error:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_header_without_arrivals_is_a_data_error_not_a_fleet_failure(tmp_path):
+    path = tmp_path / "header-only.jsonl"
+    path.write_text(json.dumps(HEADER) + "\n")
+    out = _replay_cli(path, tmp_path)
+    assert out.returncode == cli.EXIT_BAD_TRACE == 65, out.stderr[-2000:]
+    assert out.stderr == f"fleet-burst: {path}: no arrivals: the trace has a header and nothing to replay\n"
+    assert not (tmp_path / "rep").exists()
+
+
+def test_an_arrival_may_use_the_whole_cap():
+    from fleet.burst.trace import MAX_UNIT_MS
+
+    trace = parse_lines(lines({"t": 0, "id": "a", "role": "r", "cpu_ms": MAX_UNIT_MS / 2, "wait_ms": MAX_UNIT_MS / 2}))
+    assert trace.arrivals[0].cpu_ms + trace.arrivals[0].wait_ms == MAX_UNIT_MS == 600_000

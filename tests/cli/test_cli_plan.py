@@ -65,7 +65,40 @@ def test_human_table(capsys):
     assert rc == 0
     assert "auto -> serial binding" in out and "pinned floor is 6 CPUs" in out
     lines = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line[:1].isalpha()}
-    assert lines["serial-0"] == ["1", "1"] and lines["unallocated"][0] == "1.5" and lines["sum"] == ["3"]
+    # 002 §5's example: the remainder (its 0.5, and the core serial-0 leaves) is the I/O role's
+    assert lines["serial-0"] == ["1", "1"] and lines["simdriver"] == ["1.5", "4"] and lines["sum"] == ["4.5"]
+    assert "unallocated" not in lines
+    fractional = next(line for line in out.splitlines() if line.startswith("fractional"))
+    assert "the 0.5 beyond 4 whole CPUs" in fractional and "simdriver 1.5" in fractional
+    assert "  simdriver: 4 slots on 1 worker process, I/O-bound" in out  # its own seat, not serial-0's
+
+
+def test_json_says_whether_the_quota_is_fractional(capsys):
+    assert json.loads(plan(capsys, "--cpus", "8", "--json")[1])["plan"]["fractional"] is None
+    assert "fractional" in json.loads(plan(capsys, "--cpus", "6.5", "--json")[1])["plan"]["fractional"]
+
+
+@pytest.mark.parametrize("cpus", ["1e9", "1025", "0", "-1", "nan", "inf", "-inf", "abc", "", "1e400"])
+def test_cpus_out_of_range_is_a_usage_error_naming_the_range(cpus):
+    # in a child: 1e9 used to lay out a billion CPUs until the kernel killed the process
+    proc = subprocess.run([sys.executable, "-m", "fleet.cli.fleetctl", "plan", f"--cpus={cpus}", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert "argument --cpus: must be a number" in proc.stderr
+
+
+def test_the_largest_quota_plans(capsys):
+    rc, out, _ = plan(capsys, "--cpus", "1024", "--json")
+    assert rc == 0 and json.loads(out)["plan"]["quota_cpus"] == 1024
+
+
+@pytest.mark.parametrize("profile", ["auto", "serial", "pinned"])
+def test_declared_peaks_over_the_quota_exit_with_the_budget_code(tmp_path, capsys, profile):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text('[roles.w]\nhandler = "tests.handlers:square"\npeak_cpus = 50\n')
+    rc, out, err = plan(capsys, "--cpus", "2", "--profile", profile, "--config", str(cfg), "--json")
+    assert rc == EXIT_BUDGET_OVER_QUOTA and out == ""
+    assert err.count("\n") == 1 and "BudgetOverQuota: declared shares sum to 50 cores over a quota of 2: w 50 (the roles' declared peaks" in err
 
 
 def test_human_table_marks_overrides(tmp_path, capsys):

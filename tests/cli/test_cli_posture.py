@@ -29,7 +29,7 @@ class PostureDaemon:
         self.calls.append("posture_show")
         return self.owner.show(self.now_ms)
 
-    def posture_set(self, patch):
+    def posture_set(self, **patch):
         self.calls.append("posture_set")
         return self.owner.retune(patch, self.now_ms)
 

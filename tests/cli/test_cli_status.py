@@ -42,7 +42,7 @@ def test_plan_and_budget_come_from_the_boot_metadata(table, fleet_name, capsys):
     assert rc == 0 and doc["fleet"] == fleet_name and doc["alive"] and not doc["stale"]
     assert doc["plan"] == {
         "fleet_booted": True, "profile": "auto", "binding": "pinned", "quota_cpus": 8,
-        "oversubscribed": False, "tier_refused": None, "quota_source": "config fleet.cpus",
+        "oversubscribed": False, "tier_refused": None, "quota_source": "config fleet.cpus", "fractional": None,
     }
     assert [c["name"] for c in doc["budget"]["consumers"]] == ["reserve", "ambient_io", "merge", "solver", "sim"]
     assert (doc["mode"], doc["version"], doc["creator_pid"]) == ("service", "0.1.0", os.getpid())
@@ -391,6 +391,7 @@ def test_status_with_a_config_before_boot_prints_the_projection(tmp_path, fleet_
 
 def test_the_projection_of_a_config_that_cannot_boot_says_why(tmp_path, fleet_name, capsys, monkeypatch):
     monkeypatch.setenv("FLEET_CPUS", "1.5")
+    monkeypatch.setenv("FLEET_BUDGET__LOOP", "reserved")  # a reserved core asked for: 1.5 CPUs cannot hold one
     rc, out, _ = status(capsys, "--config", _config(tmp_path, fleet_name), "--json")
     doc = json.loads(out)
     assert rc == EXIT_NOT_RUNNING and doc["fleet_booted"] is False and doc["plan"] is None

@@ -15,6 +15,7 @@ import pytest
 from fleet.cli import fleetctl, opcommands, views
 from fleet.api.client import Client
 from fleet.service.control.ops import OPS, Op, OpRegistry
+from fleet.service.control.wire import Arg
 
 #: Client's own API, not ops: the Executor's and the closing of the client itself.
 CLIENT_OWN = {"submit", "map", "map_unordered", "shutdown", "close"}
@@ -75,7 +76,7 @@ def test_every_op_with_a_method_is_that_client_method_and_every_other_public_met
     assert public - inherited - CLIENT_OWN == set(made)
     for method, op in made.items():
         params = list(inspect.signature(getattr(Client, method)).parameters)
-        assert params == ["self", *list(inspect.signature(op.client).parameters)[1:]], method
+        assert params == ["self", *op.signature.parameters], method
 
 
 @pytest.mark.parametrize("op", [OPS.get(n) for n in OPS.names() if OPS.get(n).method is not None],
@@ -131,15 +132,50 @@ def test_views_draw_only_ops_that_have_a_command():
     assert set(views.RENDER) <= {op.name for op in OPS.commands()}
 
 
-def test_a_new_op_in_a_registry_becomes_a_command(monkeypatch, capsys):
-    # What adding an op takes: its class, registered. fleetctl's list and help follow.
+def test_a_new_op_in_a_registry_becomes_a_command_and_a_method_of_every_face(monkeypatch, capsys):
+    # What adding an op takes: its class, registered. fleetctl's list and help, the
+    # client's method, the embedded Fleet's, the façade's and the wire's follow.
     class Wave(Op):
         name = "wave"
         summary = "Wave at the daemon."
         command = ("wave",)
+        schema = {"times": Arg((int,), default=1)}
+        fleet = True
+
+        def on_loop(self, sup, times: int = 1) -> dict:
+            """Wave `times` times, on the fleet's loop."""
+            return {"waves": times, "on_loop": sup.on_loop}
 
     registry = OpRegistry([Wave])
     monkeypatch.setattr(opcommands, "OPS", registry)
     with contextlib.redirect_stdout(io.StringIO()) as out, pytest.raises(SystemExit):
         fleetctl.main(["--help"])
     assert "wave" in out.getvalue() and "Wave at the daemon." in out.getvalue()
+
+    class Loop:
+        """A supervisor's `call`: what it is handed runs on its loop."""
+
+        on_loop = False
+
+        def call(self, fn, *args, view=False):
+            self.on_loop = True
+            try:
+                return fn(*args)
+            finally:
+                self.on_loop = False
+
+    facade = registry.facade()(Loop())
+    assert facade.wave(times=3) == {"waves": 3, "on_loop": True}
+    assert registry.get("wave").execute(facade, registry.get("wave").validate({})) == {"waves": 1, "on_loop": True}
+    sent = []
+    client = registry.client_class(type("Caller", (), {"_call": lambda self, name, **args: sent.append((name, args))}))
+    client().wave(2)
+    assert sent == [("wave", {"times": 2})]
+    fleet_face = registry.fleet_methods(type("Embedded", (), {}))
+    embedded = fleet_face()
+    embedded.operations = facade
+    assert embedded.wave() == {"waves": 1, "on_loop": True}
+    for face in (type(facade), client, fleet_face):
+        method = getattr(face, "wave")
+        assert list(inspect.signature(method).parameters) == ["self", "times"]
+        assert inspect.getdoc(method) == "Wave `times` times, on the fleet's loop."

@@ -229,3 +229,36 @@ def test_bad_max_skew_is_refused():
 def test_help_names_the_command(command):
     p = _run(command, "--help")
     assert p.returncode == 0 and "store" in p.stdout
+
+
+def test_leases_approve_and_reject_decide_a_request_held_for_approval(store_url, capsys):
+    with open_store(store_url, actor="orch-a") as s:
+        s.set_policy(Policy.build(global_limit=2))
+        s.submit(Request("ok", "orch-a", "prod", "openai", "container", approval=True, lease_ttl=300))
+        s.submit(Request("no", "orch-a", "prod", "openai", "VM", approval=True, lease_ttl=300))
+    rc, listing = fleetctl_json(capsys, "leases", "--store", store_url, "--json")
+    rows = {r["id"]: r for r in listing["requests"]}
+    assert {rid: r["state"] for rid, r in rows.items()} == {"ok": "awaiting-approval", "no": "awaiting-approval"}
+    assert 0 < rows["ok"]["lease_expires_in_s"] <= 300  # the reservation's lease, listed as a lease
+    assert (rows["no"]["tier"], rows["no"]["runtime"]) == ("vm", "VM")
+    rc, row = fleetctl_json(capsys, "leases", "approve", "ok", "--store", store_url, "--json", "--reason", "go")
+    assert rc == 0 and (row["state"], row["reason"]) == ("admitted", "approved by fleetctl@" + os.uname().nodename
+                                                         + ": go")
+    rc, text = fleetctl_json(capsys, "leases", "--store", store_url, "reject", "no")
+    assert rc == 0 and text.splitlines()[1].split()[:2] == ["no", "denied"]
+    with open_store(store_url, actor="watch") as s:
+        assert [(e.kind, e.request_id) for e in s.events() if e.kind in ("approved", "rejected")] == [
+            ("approved", "ok"), ("rejected", "no")]
+        assert s.get("ok").state == "admitted" and s.get("no").state == "denied"
+
+
+def test_leases_approve_of_what_awaits_no_approval_exits_94_and_changes_nothing(store_url):
+    _fill(store_url)
+    for argv in (("approve", "held"), ("reject", "waiting"), ("approve", "nobody")):
+        p = _run("leases", *argv, "--store", store_url)
+        assert p.returncode == 94 and "Traceback" not in p.stderr, p.stderr
+        assert ("NotAwaitingApproval" if argv[1] != "nobody" else "UnknownRequest") in p.stderr
+    with open_store(store_url, actor="watch") as s:
+        assert [(r.id, r.state) for r in s.active()] == [("held", "admitted"), ("waiting", "queued")]
+    p = _run("leases", "approve", "--store", store_url)  # no id: a usage error
+    assert p.returncode == 2

@@ -9,6 +9,8 @@ from fleet.rules.budget import (
     BudgetOverrides,
     FleetBudget,
     QuotaTooSmallForPinnedRoles,
+    check_declared,
+    declared_peaks,
     pinned_floor,
 )
 from fleet.rules.errors import EXIT_BELOW_HOST_FLOOR, EXIT_BUDGET_OVER_QUOTA, EXIT_QUOTA_TOO_SMALL, ConfigError
@@ -99,26 +101,47 @@ def test_without_a_keyed_role_whole_cores_are_headroom_for_io():
 
 # --- the serial projection ---------------------------------------------------------------
 
-SERIAL_TABLE = {  # Q: reserve, ambient cores, ambient threads, unallocated
-    2: (1, 0, 1, 0),  # ambient folds into the reserve core: fleetd + one seat
-    3: (1, 1, 1, 0),
-    4: (1, 1, 1, 1),
-    4.5: (1, 1, 1, 1.5),
+SERIAL_TABLE = {  # Q: reserve, ambient cores, ambient threads, the I/O role's remainder (None: no row)
+    2: (1, 0, 1, None),  # ambient folds into the reserve core: fleetd + one seat, nothing left
+    3: (1, 1, 1, None),
+    4: (1, 1, 1, 1),  # the whole core serial-0 leaves
+    4.5: (1, 1, 1, 1.5),  # 002 §5's example: its 0.5, and that core
     5: (1, 1, 1, 2),
 }
 
 
 @pytest.mark.parametrize("q", sorted(SERIAL_TABLE))
 def test_serial_table(q):
-    h, a, at, free = SERIAL_TABLE[q]
+    h, a, at, io = SERIAL_TABLE[q]
     b = FleetBudget.derive(q, binding=SERIAL)
-    assert rows(b) == {"reserve": (h, None), "ambient_io": (a, at), "serial-0": (1, 1)}
-    assert b.unallocated == free and b.total + b.unallocated == q
-    assert b.share("serial-0").lanes == REFERENCE_ROLES.names
+    expected = {"reserve": (h, None), "ambient_io": (a, at), "serial-0": (1, 1)}
+    if io is not None:
+        expected["simdriver"] = (io, 4)  # the reference's I/O-dominant role spends the remainder
+    assert rows(b) == expected
+    assert b.unallocated == 0 and b.total == q
+    lanes = tuple(n for n in REFERENCE_ROLES.names if io is None or n != "simdriver")
+    assert b.share("serial-0").lanes == lanes
 
 
-def test_serial_ignores_role_shares_so_solver_minimum_does_not_apply():
-    b = FleetBudget.derive(2, binding=SERIAL, overrides=ov(solver=5))
+def test_serial_remainder_is_unallocated_without_an_io_role():
+    b = FleetBudget.derive(4.5, RoleSet((Role("w", slots=2),)), binding=SERIAL)
+    assert rows(b) == {"reserve": (1, None), "ambient_io": (1, 1), "serial-0": (1, 1)} and b.unallocated == 1.5
+
+
+def test_serial_remainder_is_unallocated_when_every_role_is_io_dominant():
+    # serial-0 is theirs then: a seat of their own would leave serial-0 nobody to run
+    b = FleetBudget.derive(4.5, RoleSet((Role("net", slots=8, io_bound=True),)), binding=SERIAL)
+    assert b.share("serial-0").lanes == ("net",) and b.unallocated == 1.5 and not b.io_shares()
+
+
+def test_serial_splits_the_remainder_evenly_between_io_roles():
+    roles = RoleSet((Role("w"), Role("a", io_bound=True, slots=4), Role("b", io_bound=True, slots=4)))
+    b = FleetBudget.derive(4.5, roles, binding=SERIAL)
+    assert (b.share("a").cores, b.share("b").cores) == (0.75, 0.75) and b.share("serial-0").lanes == ("w",)
+
+
+def test_serial_ignores_role_shares_that_fit_so_solver_minimum_does_not_apply():
+    b = FleetBudget.derive(4, binding=SERIAL, overrides=ov(solver=2))  # solver 2 + resolve 1 + merge 1 = 4
     assert b.share("serial-0").cores == 1 and not b.oversubscribed
 
 
@@ -133,10 +156,76 @@ def test_below_host_floor(q, binding):
     assert info.value.exit_code == EXIT_BELOW_HOST_FLOOR
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "8", True, None])
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "8", True, None, 1025, 1e9, 10**30])
 def test_bad_quota_is_a_config_error(bad):
-    with pytest.raises(ConfigError, match="fleet.cpus"):
+    with pytest.raises(ConfigError, match="fleet.cpus") as info:
         FleetBudget.derive(bad)
+    assert "(0, 1024]" in str(info.value)
+
+
+def test_the_largest_quota_plans():
+    assert FleetBudget.derive(1024).total == 1024
+
+
+# --- declared peaks: every tier ------------------------------------------------------------------
+
+
+def one(**kw):
+    return RoleSet((Role("w", handler="m:f", **kw),))
+
+
+@pytest.mark.parametrize("binding", [PINNED, SERIAL])
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_declared_peak_over_the_quota_is_refused_on_every_binding(binding, forced):
+    with pytest.raises(BudgetOverQuota) as info:
+        FleetBudget.derive(2, one(peak_cpus=50), binding=binding, oversubscribe=forced)
+    err = info.value
+    assert err.exit_code == EXIT_BUDGET_OVER_QUOTA and (err.total, err.shares) == (50, (("w", 50),))
+    assert str(err).startswith("declared shares sum to 50 cores over a quota of 2: w 50 (the roles' declared peaks")
+
+
+def test_declared_peaks_add_up():
+    roles = RoleSet((Role("a", peak_cpus=2), Role("b", peak_cpus=1), Role("c"), Role("d", peak_cpus=0)))
+    assert check_declared(3, roles) is False  # 3 fits 3: c declares nothing, d nothing above 0
+    with pytest.raises(BudgetOverQuota, match=r"sum to 3 cores over a quota of 2\.5: a 2, b 1 \(the roles' declared"):
+        check_declared(2.5, roles)
+    assert declared_peaks(roles) == (("a", 2), ("b", 1), ("d", 0))
+
+
+def test_an_override_is_the_declaration_and_counts():
+    roles = RoleSet((Role("a", peak_cpus=1), Role("b")))
+    with pytest.raises(BudgetOverQuota):
+        check_declared(2, roles, ov(a=1, b=2))
+    assert check_declared(3, roles, ov(a=1, b=2)) is False
+
+
+def test_the_keyed_roles_declared_peak_counts_too():
+    roles = RoleSet((Role("k", kind="pinned", slots=2, peak_cpus=3),))
+    with pytest.raises(BudgetOverQuota):
+        FleetBudget.derive(2, roles, binding=SERIAL)
+
+
+def test_the_reference_profile_declares_only_what_every_tier_holds():
+    # the solver's share is the rule's (S), so 2 CPUs hold its declarations: resolve 1 + merge 1
+    assert check_declared(2) is False and declared_peaks(REFERENCE_ROLES)[0] == ("simdriver", 0)
+
+
+def test_budget_oversubscribe_accepts_peaks_over_the_quota_as_a_small_host():
+    accepting = ov(oversubscribe=True)
+    assert check_declared(2, one(peak_cpus=8), accepting) is True
+    with pytest.raises(BudgetOverQuota):  # the pinned projection still does not fit ...
+        FleetBudget.derive(2, one(peak_cpus=8), accepting, binding=PINNED)
+    b = FleetBudget.derive(2, one(peak_cpus=8), accepting, binding=PINNED, oversubscribe=True)
+    assert b.share("w").cores == 8 and b.oversubscribed  # ... but a forced profile runs it, marked
+    assert FleetBudget.derive(2, one(peak_cpus=8), accepting, binding=SERIAL).share("serial-0").cores == 1
+    assert accepting.as_dict() == {"oversubscribe": True}
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_budget_oversubscribe_is_a_bool(bad):
+    with pytest.raises(ConfigError) as info:
+        ov(oversubscribe=bad)
+    assert info.value.path == "budget.oversubscribe"
 
 
 def test_unknown_binding():
@@ -260,11 +349,31 @@ def test_loop_reserved_keeps_the_reference_reserve():
     assert rows(FleetBudget.derive(8))["reserve"] == (1, None)  # the reference profile, 002
 
 
-def test_loop_priority_lowers_the_host_floor_to_one_cpu():
-    with pytest.raises(BelowHostFloor, match="below the host floor of 1"):
-        FleetBudget.derive(0.5, CALL_ROLE, ov(loop="priority"))
+@pytest.mark.parametrize("q", [0.05, 0.5, 0.99])
+def test_loop_priority_has_no_floor_one_seat_runs_within_a_fraction(q):
+    b = FleetBudget.derive(q, CALL_ROLE, ov(loop="priority"), binding=SERIAL)
+    seat = b.share("serial-0")
+    assert (seat.cores, seat.threads, seat.lanes) == (q, 1, ("call",)) and "below one CPU" in seat.rule
+    assert b.total == q and not b.oversubscribed and b.unallocated == 0
+
+
+def test_the_reference_floor_stays_at_two():
     with pytest.raises(BelowHostFloor, match="below the host floor of 2"):
-        FleetBudget.derive(1, CALL_ROLE)
+        FleetBudget.derive(1.5)  # the reference profile: 002's floor, whatever the loop rule says
+    with pytest.raises(BelowHostFloor, match="below the host floor of 2"):
+        FleetBudget.derive(1, CALL_ROLE, ov(loop="reserved"))  # asked for: a reserved core, or nothing
+
+
+@pytest.mark.parametrize("q", [0.5, 1, 1.5])
+def test_loop_auto_runs_a_fleet_below_two_cpus_with_the_loop_ahead_by_priority(q):
+    b = FleetBudget.derive(q, CALL_ROLE, binding=SERIAL)
+    assert rows(b)["reserve"] == (0, None) and "budget.loop = auto: below 2 CPUs" in b.share("reserve").rule
+    assert b.share("serial-0").cores == min(q, 1)
+
+
+def test_loop_auto_keeps_the_reserved_core_from_two_cpus():
+    assert rows(FleetBudget.derive(2, CALL_ROLE, binding=SERIAL))["reserve"] == (1, None)
+    assert BudgetOverrides().loop == "auto" and ov(loop="auto").as_dict() == {}
 
 
 def test_an_unknown_loop_rule_is_a_config_error():

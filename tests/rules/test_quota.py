@@ -114,8 +114,10 @@ def test_replan_says_what_a_restart_would_change():
     smaller = Q.replan(2, booted, cfg)
     assert smaller.plan.binding == "serial" and "binding pinned -> serial" in smaller.needs_restart
     assert "the running seats stay as booted until a restart" in smaller.describe(booted)
-    refused = Q.replan(1, booted, cfg)
-    assert refused.plan is None and refused.refused.startswith("BelowHostFloor")
+    below = Q.replan(1, booted, cfg)  # budget.loop = auto: the loop ahead by priority, no reserved core
+    assert below.plan.budget.share("reserve").cores == 0 and "reserve 1 cores -> 0 cores" in below.needs_restart
+    refused = Q.replan(0.5, booted, cfg)  # sq declares a whole core
+    assert refused.plan is None and refused.refused.startswith("BudgetOverQuota")
     assert "keeps its pinned seats as booted" in refused.describe(booted)
 
 

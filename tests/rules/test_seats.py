@@ -85,3 +85,46 @@ def test_meta_role_slots_are_the_most_a_role_may_hold_on_a_seat():
     assert meta["simdriver-0"]["role_slots"]["simdriver"] == 4
     assert meta["verifier-0"]["role_slots"] == {r: 1 for r in meta["verifier-0"]["roles"]}
     assert meta["solver-0"]["role_slots"] == {"solver": 2}
+
+
+def test_serial_remainder_gives_the_io_roles_a_seat_of_their_own_on_the_cpus_serial_0_leaves():
+    # 002 §5's example: Q = 4.5 on 5 CPUs. reserve cpu 0, ambient 1, serial-0 2; the
+    # remainder (1.5) is the I/O roles': a seat on cpus 3 and 4, its ceiling.
+    plan = resolve(4.5, "auto", ACTIVE)
+    out = layout(plan, ACTIVE, list(range(5)))
+    seats = {s.name: s for s in out.seats}
+    assert seats["serial-0"].cpus == (2,) and "simdriver" not in seats["serial-0"].roles
+    io = seats["simdriver-0"]
+    assert (io.cpus, io.binding, io.roles) == ((3, 4), "shared", ("simdriver",))
+    assert {out.seat_of(s) for s in out.slots_of("simdriver")} == {io.index}
+    assert {out.seat_of(s) for s in out.slots_of("solver")} == {seats["serial-0"].index}
+
+
+def test_serial_without_a_remainder_keeps_io_roles_on_serial_0():
+    out = layout(resolve(3, "auto", ACTIVE), ACTIVE, list(range(3)))
+    assert [s.name for s in out.seats] == ["serial-0"] and "simdriver" in out.seats[0].roles
+
+
+def test_below_one_cpu_one_seat_on_one_cpu():
+    from fleet.rules.budget import BudgetOverrides
+
+    roles = RoleSet((Role("call", handler="m:f", slots=1), Role("net", handler="m:g", io_bound=True, slots=4)))
+    plan = resolve(0.5, "auto", roles, BudgetOverrides.from_mapping({"loop": "priority"}))
+    out = layout(plan, roles, [0, 1])
+    assert [(s.name, s.cpus, s.roles) for s in out.seats] == [("serial-0", (0,), ("call", "net"))]
+    assert {s.seat for s in out.slots} == {0} and out.supervisor_cpus == ()
+
+
+def test_pinned_io_role_takes_the_cpu_its_fraction_runs_on():
+    # 8.5 CPUs, the reference profile: simdriver's 0.5 is the remainder, on the ninth CPU
+    out = layout(resolve(8.5, "auto", ACTIVE), ACTIVE, list(range(9)))
+    seats = {s.name: s for s in out.seats}
+    assert (seats["simdriver-0"].cpus, seats["simdriver-0"].binding) == ((8,), "pinned")
+    assert "simdriver" not in seats["verifier-0"].roles and seats["verifier-0"].cpus == (1, 2)
+    # a declared whole core and the fraction: two CPUs
+    roles = RoleSet((Role("w", handler="m:f", slots=2), Role("net", handler="m:g", io_bound=True, slots=4,
+                                                                peak_cpus=1)))
+    plan = resolve(4.5, "auto", roles)
+    assert plan.binding == "pinned" and plan.budget.share("net").cores == 1.5
+    net = [s for s in layout(plan, roles, list(range(5))).seats if "net" in s.roles]
+    assert [s.cpus for s in net] == [(3,), (4,)]

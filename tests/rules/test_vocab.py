@@ -40,7 +40,7 @@ CORDON_CLASS_CODES = {0: "never", 1: "floor", 2: "deferrable"}
 #: The posture word, P_STATE.
 POSTURE_CODES = {0: "Nominal", 1: "Cordoned"}
 #: Stored in the lease store's tables and read back by every orchestrator.
-LEASE_STATES = {"queued", "admitted", "denied", "cancelled", "timed-out", "preempted", "released"}
+LEASE_STATES = {"queued", "admitted", "denied", "cancelled", "timed-out", "preempted", "released", "awaiting-approval"}
 #: A bulkhead record's state and its closure's cause, B_STATE and B_CAUSE (0: unused, none).
 BULKHEAD_STATE_CODES = {1: "open", 2: "backoff", 3: "closed"}
 CLOSURE_CAUSE_CODES = {1: "rate-limit", 2: "daily-limit", 3: "credit", 4: "rejected-key", 5: "budget", 6: "operator"}
@@ -51,10 +51,9 @@ POSTURE_KEYS = {"cordon_enter_events", "cordon_enter_window_ms", "cordon_duty_pe
 OTHER_VOCABULARIES = {
     ("fleet/service/control/errors.py", "Timeout"): "a control error code",
     ("fleet/runtime/future.py", "cancelled"): "a future's state, as concurrent.futures describes it",
-    ("fleet/runtime/facade.py", "cancelled"): "the cancel op's reply: its field and the unit's state",
+    ("fleet/service/control/ops/units.py", "cancelled"): "the cancel op's reply: its field and the unit's state",
     ("fleet/api/client.py", "cancelled"): "the cancel op's reply field",
-    ("fleet/runtime/operator.py", "released"): "the posture release reply's field",
-    ("fleet/service/control/ops.py", "released"): "the posture release reply's field",
+    ("fleet/service/control/ops/posture.py", "released"): "the posture release reply's field",
     ("fleet/burst/replay.py", "released"): "a replay's counter of released rounds",
     ("fleet/__init__.py", "Refused"): "a public name (the exception a handler raises)",
     ("fleet/__init__.py", "RoleStopped"): "a public name (the error of a unit whose role stopped)",

@@ -35,9 +35,10 @@ def _roles():
                 "peak_cpus": 1, "queue_bound": 1000},
         "plain": {"kind": "pooled", "handler": "tests.provider_handlers:call", "slots": 2, "peak_cpus": 1,
                   "queue_bound": 1000},
-        "broken": {"kind": "pooled", "handler": "tests.provider_handlers:fail", "slots": 1, "peak_cpus": 1},
-        "slow": {"kind": "pooled", "handler": "tests.handlers:hang", "slots": 1, "peak_cpus": 1},
-        "dies": {"kind": "pooled", "handler": "tests.handlers:die", "slots": 1, "peak_cpus": 1},
+        # no declared peak: the roles' declared peaks add up against the quota on every tier
+        "broken": {"kind": "pooled", "handler": "tests.provider_handlers:fail", "slots": 1},
+        "slow": {"kind": "pooled", "handler": "tests.handlers:hang", "slots": 1},
+        "dies": {"kind": "pooled", "handler": "tests.handlers:die", "slots": 1},
     }
 
 

@@ -145,17 +145,19 @@ def test_parent_must_be_a_running_unit_and_delegation_passes_a_backoff_only(tmp_
         _eventually(lambda: _bulkhead(f, GPT_AZ) is not None and _bulkhead(f, GPT_AZ)["running"] == 1)
         with pytest.raises(fleet.UnitFailed):
             f.submit("llm", {"openrouter-eu": [429, "", 30]}, route=GLM_OR).result(60)
-        child = f.submit("llm", {}, route=GLM_OR, parent=parent.unit_id, pinned=True)
-        assert child.result(60) == str(GLM_OR)  # through the backoff, at once
+        child = f.submit("llm", {}, route=GLM_OR, parent=parent.unit_id)
+        assert child.result(60) == str(GLM_OR)  # through the backoff on its own route, at once
         assert _bulkhead(f, GLM_OR)["delegated_total"] == 1
-        held = f.submit("llm", {}, route=GLM_OR, pinned=True)  # control: no parent, it waits
-        _eventually(lambda: held.unit_id in _waiting(f))
+        held = f.submit("llm", {}, route=GLM_OR, pinned=True)  # control: no parent, pinned, it waits
+        pinned_child = f.submit("llm", {}, route=GLM_OR, parent=parent.unit_id, pinned=True)  # a pin is never passed
+        _eventually(lambda: {held.unit_id, pinned_child.unit_id} <= set(_waiting(f)))
         go.touch()
         assert parent.result(60) == str(GPT_AZ)
         with pytest.raises(fleet.BadUnit, match=f"parent {parent.unit_id} is no unit running"):
             f.submit("llm", {}, route=GLM_OR, parent=parent.unit_id)  # it ended: it delegates nothing
         clock.advance(30)
-        assert held.result(60) == str(GLM_OR)
+        assert held.result(60) == str(GLM_OR) == pinned_child.result(60)
+        assert _bulkhead(f, GLM_OR)["delegated_total"] == 2  # it ran as a delegated round, after the backoff
         _one_outcome_each(f)
 
 

@@ -53,7 +53,7 @@ class Handler:
         self._record("posture_show")
         return {"state": "Nominal", "policy": self.policy}
 
-    def posture_set(self, patch):
+    def posture_set(self, **patch):
         # Value validation is the handler's: all-or-nothing, typed error.
         for key, value in patch.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

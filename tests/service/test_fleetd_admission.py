@@ -74,7 +74,10 @@ def test_operator_close_and_its_typed_refusals(fleet_name):
         out = d.ctl("admission", "close", "nope", "--until", "+1h")
         assert out.returncode == 1 and "BadPool" in out.stderr and "unknown pool 'nope'" in out.stderr
         out = d.ctl("admission", "close", "p1", "--until", "2001-01-01")
-        assert out.returncode == 1 and "BadPool" in out.stderr and "not in the future" in out.stderr
+        assert out.returncode == 1 and "BadPool" in out.stderr
+        # named as typed (and in UTC), not as the epoch seconds it was parsed to
+        assert "--until '2001-01-01' (2001-01-01T00:00:00Z) is not in the future" in out.stderr, out.stderr
+        assert "978307200" not in out.stderr
         out = d.ctl("admission", "close", "p1", "--until", "tomorrow")
         assert out.returncode == EXIT_USAGE and "--until 'tomorrow'" in out.stderr
         out = d.ctl("admission", "close", "p1@x", "--until", "+1h")
@@ -139,3 +142,25 @@ def test_fleetctl_admission_budget_feeds_the_reading_and_its_typed_refusals(flee
         assert d.ctl("admission", "budget", "p2", "--spent", "10", "--limit", "10").returncode == 0
         (spent,) = [c for c in d.ctl_json("admission", "show")["closures"] if c["provider"] == "p2"]
         assert (spent["cause"], spent["daily"]) == ("budget", True)
+
+
+def test_fleetctl_admission_show_json_carries_the_coordinators_read_model(fleet_name):
+    import time
+
+    with _daemon(fleet_name) as d:
+        assert d.ctl("admission", "close", "p1", "--until", "+1h").returncode == 0
+        with d.connect() as client:
+            before = time.time()
+            waiting = client.submit("llm", {}, route=P1, lane="stay")  # pinned lane, closed pool: it waits
+            for _ in range(200):  # the loop admits it on its next turn
+                model = d.ctl_json("admission", "show")
+                if any(r["waiting"] for r in model["lanes"]):
+                    break
+                time.sleep(0.05)
+            after = time.time()
+            (row,) = [r for r in model["lanes"] if (r["lane"], r["pool"]) == ("stay", str(P1))]
+            assert row["waiting"] == 1 and before <= row["oldest_waiting_since"] <= after  # a time (UTC epoch)
+            assert (row["guaranteed"], row["borrowed"], row["bound"]) == (0, 0, None)
+            (pool,) = [b for b in model["bulkheads"] if b["pool"] == str(P1)]
+            assert (pool["slow_start"], pool["free"], pool["state"]) == (True, 1, "closed")
+            assert not waiting.done() and waiting.cancel()  # (a client waits for its units at its end)

@@ -153,10 +153,16 @@ def test_print_unit_names_the_fleetd_script_that_runs(tmp_path):
     text = print_unit([fleetd])
     unit = parse_unit(text)
     assert values(unit, "Service", "ExecStart") == [f"{fleetd} --name %i --config /etc/fleet/%i.toml"]
+    # the header says which fleetd it names, and says nothing of the shipped path
+    assert "/usr/local/bin" not in text
+    assert f"# Written by `fleetd --print-unit` for the install it ran from: ExecStart names\n# {fleetd}\n" in text
     # every other line as shipped
-    shipped = (UNITS / "fleetd@.service").read_text().splitlines()
-    printed = text.splitlines()
-    assert [a for a, b in zip(shipped, printed) if a != b] == [line for line in shipped if line.startswith("ExecStart=")]
+    shipped = [line for line in (UNITS / "fleetd@.service").read_text().splitlines()
+               if not line.startswith("ExecStart=")]
+    printed = [line for line in text.splitlines() if not line.startswith("ExecStart=")]
+    note = range(shipped.index(shipped_units.SHIPPED_NOTE + ", where `pip install` puts it for the system"),
+                 shipped.index("#", shipped.index("#") + 1))
+    assert printed == shipped[:note.start] + printed[note.start:note.start + 2] + shipped[note.stop:]
     proc = verify(tmp_path, "fleetd@.service", text)
     assert proc.returncode == 0 and [line for line in proc.stderr.splitlines() if "fleetd" in line] == [], proc.stderr
 

@@ -4,13 +4,16 @@ A non-editable install into a fresh venv runs a small fleet (its kernels compile
 are cached), then the same tree is reinstalled editable. Had the run written numba's
 cache into site-packages/fleet, pip would leave that folder behind on uninstall and
 it would shadow the editable install as an empty namespace package (no
-``fleet.Fleet``, a broken ``fleetctl``). The venv sees the system's packages (numba,
-numpy, ...) so nothing is downloaded; the C extensions build from ``native/``.
+``fleet.Fleet``, a broken ``fleetctl``). The venv sees the packages of the environment
+running the tests (numba, numpy, setuptools, wheel, cffi, pip, ... which the ``test``
+extra brings), so nothing is downloaded and the build, without isolation, has what
+``[build-system]`` asks; the C extensions build from ``native/``.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import textwrap
@@ -19,9 +22,15 @@ from pathlib import Path
 import pytest
 
 TREE = Path(__file__).resolve().parents[2]
-#: What a fresh clone holds: no build output, no compiled extensions, no caches.
-NOT_IN_A_CLONE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.o",
-                                        ".pytest_cache", ".hypothesis", "burst-report", "_native.c")
+_BUILD_OUTPUT = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.o",
+                                      ".pytest_cache", ".hypothesis", "burst-report", "_native.c")
+
+
+def NOT_IN_A_CLONE(folder, names):
+    """What a fresh clone does not hold: build output, compiled extensions, caches, and
+    a venv made in the checkout (the brief's `.venv`, or any folder with a pyvenv.cfg)."""
+    venvs = {n for n in names if os.path.isfile(os.path.join(folder, n, "pyvenv.cfg"))}
+    return set(_BUILD_OUTPUT(folder, names)) | venvs
 
 RUN_A_FLEET = textwrap.dedent(
     """
@@ -47,11 +56,27 @@ def _kernel_files(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.suffix in (".nbi", ".nbc")]
 
 
+def _running_site_packages() -> list[str]:
+    """The site-packages folders of the interpreter running the tests: a venv's own (not
+    its base interpreter's, which ``--system-site-packages`` would give), or the base's."""
+    folders = site.getsitepackages()
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        folders.append(site.getusersitepackages())
+    return folders
+
+
 @pytest.fixture
 def venv(tmp_path):
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp_path / "venv")], check=True,
-                   timeout=120)
-    return tmp_path / "venv"
+    """A venv of its own, without pip, that sees the running environment's packages
+    after its own: listed as plain folders in a .pth file, whose own .pth files (this
+    checkout's editable fleet among them) are not run, so only the venv's fleet imports."""
+    root = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    python = root / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    (Path(purelib) / "zz-running-environment.pth").write_text("\n".join(_running_site_packages()) + "\n")
+    return root
 
 
 def test_install_run_reinstall_editable_then_import_from_outside(tmp_path, venv, fleet_name):

@@ -12,11 +12,12 @@ connection goes on.
 
 Ops. Each op is one class holding all of the command: fleetctl's half (its words,
 arguments, text and exit code), the client half (`Op.to_wire` builds the arguments,
-`Op.client` is the `fleet.Client` method's body), and the daemon half (`Op.validate`
+`Op.client` is the `fleet.Client` method's body), the daemon half (`Op.validate`
 checks the arguments against the op's schema, `Op.execute` runs it against the
-`fleet.runtime.facade.Operations` façade the daemon's handler implements). `OPS` is the
-registry every side looks ops up in; nothing routes by if/elif, and fleetctl's
-commands and the client's methods are made from it.
+daemon's handler, `ServedOperations`) and the loop's half (what it does on the
+supervisor's loop). `OPS` is the registry every side looks ops up in; nothing routes
+by if/elif, and fleetctl's commands, the client's and the embedded Fleet's methods and
+the handlers are made from it.
 
 Who may do what. Anyone who can connect (the socket is mode 0660, group of the
 owner unless configured) may run read-only ops. Mutating ops (``mutating = True``)
@@ -59,7 +60,7 @@ with ``OutcomesDropped`` so the client fails its pending futures loudly.
 
 Rooms. `errors` (the error types and the ``E_*`` names replies carry), `paths`
 (where the socket lives), `wire` (frames, requests, replies, the argument schema),
-`ops` (the ops, `OPS`, the `ControlHandler` protocol), `calls` (validated calls
+`ops` (the ops, one class each, and `OPS`), `calls` (validated calls
 and their queue to the owning thread), `server`, `client`, and `outcome_record`
 (the records `collect` carries, both halves). This package re-exports the names
 callers use, so ``from fleet.service.control import X`` keeps working.
@@ -98,7 +99,7 @@ from fleet.service.control.errors import (
     ShuttingDown,
     SubmitUncertain,
 )
-from fleet.service.control.ops import COLLECT_MAX_WAIT_S, COLLECT_REPLY_BUDGET, OPS, POSTURE_KEYS, ControlHandler, Op, OpRegistry
+from fleet.service.control.ops import COLLECT_MAX_WAIT_S, COLLECT_REPLY_BUDGET, OPS, POSTURE_KEYS, Op, OpRegistry
 from fleet.service.control.paths import find_socket, prepare_runtime_dir, runtime_dir, socket_candidates, socket_path
 from fleet.service.control.server import FRAME_TIMEOUT_S, WRITE_TIMEOUT_S, ControlServer, _PressureLog, log
 from fleet.service.control.wire import (
@@ -126,7 +127,6 @@ __all__ = [
     "ControlBusy",
     "ControlClient",
     "ControlError",
-    "ControlHandler",
     "ControlServer",
     "ControlTimeout",
     "FleetConnectionLost",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.service.control.errors import ShuttingDown
-from fleet.service.control.ops import ControlHandler, Op
+from fleet.service.control.ops import Op
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,11 @@ class Call:
     peer: Peer
     request_id: int | str | None = None
 
-    def run(self, handler: ControlHandler) -> Any:
+    def run(self, handler) -> Any:
         return self.op.execute(handler, self.args)
 
 
-def inline_dispatch(handler: ControlHandler) -> Callable[[Call], Future]:
+def inline_dispatch(handler) -> Callable[[Call], Future]:
     """A dispatch that runs each call at once on the server's connection thread.
 
     Only for handlers that are safe to call from any thread; a daemon whose loop
@@ -62,7 +62,7 @@ def inline_dispatch(handler: ControlHandler) -> Callable[[Call], Future]:
     return dispatch
 
 
-def with_blocking_ops(handler: ControlHandler, dispatch: Callable[[Call], Future]) -> Callable[[Call], Future]:
+def with_blocking_ops(handler, dispatch: Callable[[Call], Future]) -> Callable[[Call], Future]:
     """A dispatch that keeps blocking ops (``Op.blocking``, a long poll) off ``dispatch``.
 
     A blocking op's `execute` returns a Future at once; it is handed straight back to
@@ -122,7 +122,7 @@ class CallQueue:
             self._cond.wait_for(lambda: self._calls or self._closed is not None, timeout)
             return bool(self._calls)
 
-    def run_pending(self, handler: ControlHandler, *, limit: int | None = None) -> int:
+    def run_pending(self, handler, *, limit: int | None = None) -> int:
         """Run queued calls (at most ``limit``) on this thread; returns how many ran."""
         ran = 0
         while limit is None or ran < limit:

@@ -82,19 +82,19 @@ def decode_request(frame: bytes, *, max_frame: int = MAX_FRAME) -> Request:
     """
     obj = _loads(frame.rstrip(b"\n"), max_frame)
     if not isinstance(obj, dict):
-        raise ProtocolError(E_INVALID, f"request must be a JSON object, got {_json_type(obj)}")
+        raise ProtocolError(E_INVALID, f"request must be a JSON object, got {json_type(obj)}")
     rid = obj.get("id")
     if not _valid_id(rid):
-        raise ProtocolError(E_INVALID, f"id must be an integer, string or null, got {_json_type(rid)}")
+        raise ProtocolError(E_INVALID, f"id must be an integer, string or null, got {json_type(rid)}")
     unknown = sorted(set(obj) - {"id", "op", "args"})
     if unknown:
         raise ProtocolError(E_INVALID, f"unknown request key(s): {', '.join(unknown)}", rid)
     op = obj.get("op")
     if not isinstance(op, str) or not op:
-        raise ProtocolError(E_INVALID, f"op must be a non-empty string, got {_json_type(op)}", rid)
+        raise ProtocolError(E_INVALID, f"op must be a non-empty string, got {json_type(op)}", rid)
     args = obj.get("args", {})
     if not isinstance(args, dict):
-        raise ProtocolError(E_INVALID, f"args must be an object, got {_json_type(args)}", rid)
+        raise ProtocolError(E_INVALID, f"args must be an object, got {json_type(args)}", rid)
     return Request(rid, op, args)
 
 
@@ -132,7 +132,8 @@ _JSON_NAMES = {
 }
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON name of `value`'s type, as an error names it."""
     return _JSON_NAMES.get(type(value), type(value).__name__)
 
 
@@ -175,7 +176,7 @@ def check_args(op: str, schema: Mapping[str, Arg], args: Mapping[str, Any]) -> d
             if spec.required:
                 problems.append(f"missing required argument {name} ({spec.describe()})")
         elif spec.kinds is not None and not _is(args[name], spec.kinds):
-            problems.append(f"argument {name} must be {spec.describe()}, got {_json_type(args[name])}")
+            problems.append(f"argument {name} must be {spec.describe()}, got {json_type(args[name])}")
     if problems:
         raise ProtocolError(E_INVALID_ARGS, f"{op}: " + "; ".join(problems))
     return {name: args.get(name, spec.default) for name, spec in schema.items()}

@@ -51,11 +51,28 @@ def exec_word(word: str) -> str:
     return word
 
 
+#: The first line of the shipped units' header paragraph on where ExecStart points; `render`
+#: replaces the paragraph (up to the next bare ``#`` line) with one about the command it wrote.
+SHIPPED_NOTE = "# ExecStart names " + SHIPPED_FLEETD
+
+
 def render(text: str, command: list[str]) -> str:
-    """Unit ``text`` with each ExecStart's shipped fleetd replaced by ``command``."""
+    """Unit ``text`` with each ExecStart's shipped fleetd replaced by ``command``, and the
+    header's note on the shipped path replaced by one naming ``command``."""
     prefix = "ExecStart=" + SHIPPED_FLEETD + " "
-    replacement = "ExecStart=" + " ".join(exec_word(w) for w in command) + " "
+    written = " ".join(exec_word(w) for w in command)
     lines = text.splitlines(keepends=True)
     if not any(line.startswith(prefix) for line in lines):
         raise ValueError(f"the unit has no ExecStart naming {SHIPPED_FLEETD}")
-    return "".join(replacement + line[len(prefix):] if line.startswith(prefix) else line for line in lines)
+    out, in_note = [], False
+    for line in lines:
+        if line.startswith(SHIPPED_NOTE):
+            in_note = True
+            out.append(f"# Written by `fleetd --print-unit` for the install it ran from: ExecStart names\n"
+                       f"# {written}\n")
+        elif in_note and line.rstrip("\n") != "#":
+            continue  # the rest of the shipped note
+        else:
+            in_note = False
+            out.append("ExecStart=" + written + " " + line[len(prefix):] if line.startswith(prefix) else line)
+    return "".join(out)

@@ -1,21 +1,23 @@
 """Create, attach and remove the fleet's shared-memory table segment.
 
-One table per fleet, named ``/fleet.<name>`` (``/dev/shm/fleet.<name>``). Its
-lifecycle -- exclusive create, access mode, creator identity, stale reclaim,
-attach, unlink -- is `fleet.shm.segments`'s, shared with the data plane; this module adds
-the table's header and its checks:
+One table per fleet and user, named ``/fleet.<name>`` (``/dev/shm/fleet.<name>``), or
+``/fleet.<name>~<random>`` when another uid holds that name (readers find it by its
+owner). Its lifecycle -- exclusive create, access mode, creator identity, stale reclaim,
+locate, attach, unlink -- is `fleet.shm.segments`'s, shared with the data plane; this
+module adds the table's header and its checks:
 
 * The creator writes the header's magic LAST: an attacher that sees the magic sees
   a fully initialised table.
 * The table is mode 0600, or 0640 with the readers' group (fleetd's
   ``--socket-group``): status readers attach it read-only.
-* A stale table (its creator is gone) is reclaimed by the next `create`, which
-  logs it; one whose creator lives is refused, naming the pid; a segment under the
-  table's name that is not this fleet's table is refused and left alone.
+* A stale table of this uid (its creator is gone) is reclaimed by the next `create`,
+  which logs it; one whose creator lives is refused, naming the pid; something else of
+  this uid under the table's names is refused and left alone; anything of another uid
+  is left alone unopened, and the table made beside it.
 * Attaching validates magic, layout version and every size and offset against the
   mapped size; a corrupt or foreign header is a typed error and nothing is written.
 
-This module imports posix_ipc only (no numpy, no numba), so read-only tools stay fast.
+This module imports no numpy and no numba, so read-only tools stay fast.
 """
 from __future__ import annotations
 

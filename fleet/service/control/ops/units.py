@@ -1,0 +1,262 @@
+"""The ops on units: submit one, collect the outcomes held for a client, cancel one."""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from concurrent.futures import Future
+from typing import Any
+
+from fleet.rules import ranges
+from fleet.rules.errors import EXIT_DATA, EXIT_FAILURE, EXIT_OK
+from fleet.runtime.submit import UNIT_ARGS
+from fleet.service import replays
+from fleet.service.control import outcome_record
+from fleet.service.control.ops.base import OPS, Op, in_range
+from fleet.service.control.wire import Arg, json_type
+
+#: Longest a `collect` may wait: below ControlServer's default reply_timeout (30 s),
+#: so a long poll always ends with an answer, never with the server's Timeout.
+COLLECT_MAX_WAIT_S = 20.0
+#: Most bytes of outcomes one `collect` reply carries (well under MAX_FRAME).
+COLLECT_REPLY_BUDGET = 768 * 1024
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{8,128}")
+
+#: The wire's type and doc of each of a unit's arguments (`fleet.runtime.submit.UNIT_ARGS`
+#: names them and their defaults).
+_UNIT_WIRE = {
+    "key": ((str, int, type(None)), "bin key for pinned roles"),
+    "lane": ((str, type(None)), ""),
+    "priority": ((int,), ""),
+    "timeout": ((float, type(None)), "seconds"),
+    "request_id": ((str, type(None)), "idempotency id: a submit repeated with it is admitted once "
+                                      "(fleet.service.replays); the reply says replayed"),
+    "route": ((str, type(None)), "provider pool the unit calls: model@provider[/credential]"),
+    "severity": ((str, type(None)), "a declared severity (urgency inside the lane)"),
+    "pinned": ((bool,), "hard pin: wait for this route, never move"),
+    "parent": ((int, type(None)), "the unit that delegated this one (admitted at once)"),
+    "tag": ((str, type(None)), "the agent or unit tag (pins may name it)"),
+    "age": ((float,), "seconds the unit waited already (its urgency counts from then)"),
+}
+assert list(_UNIT_WIRE) == list(UNIT_ARGS), "every unit argument travels, with its wire type"
+
+
+@OPS.register
+class SubmitOp(Op):
+    """Submit one unit. On the wire the payload is JSON (``encoding: "json"``) or a
+    base64 string of pickled bytes (``encoding: "pickle"``). Only the daemon's uid and
+    root may submit, which is what makes accepting pickles acceptable."""
+
+    name = "submit"
+    mutating = True
+    summary = "Submit one unit of work to a role."
+    no_command = "a unit's payload is a Python object: submit from Python (fleet.connect(name).submit)"
+    method = None
+    no_method = "fleet.Client.submit (the Executor's) sends it, with the future of the unit's outcome"
+    ENCODINGS = ("json", "pickle")
+    schema = {
+        "role": Arg((str,), required=True),
+        "payload": Arg(None, required=True),
+        "encoding": Arg((str,), default="json", doc="json | pickle (base64 of pickled bytes)"),
+        **{name: Arg(kinds, default=UNIT_ARGS[name], doc=doc) for name, (kinds, doc) in _UNIT_WIRE.items()},
+        "token": Arg((str, type(None)), doc="hold the outcome for `collect` under this client token"),
+        "seq": Arg((int, type(None)), doc="the client's number for the unit, echoed in its outcome"),
+        "chunk": Arg((bool,), default=False, doc="the payload is a list of items run as one unit"),
+        "items": Arg((int, type(None)), doc="how many items the chunk holds (the ledger counts them)"),
+    }
+
+    def on_daemon(self, daemon, **args: Any) -> dict:
+        """Admit one unit (the checked arguments of the wire). ``payload`` is pickled bytes when
+        ``encoding == "pickle"``, else the decoded JSON value. With a ``token`` the outcome is
+        held for `collect` under that token, tagged with ``seq``. ``chunk``: the payload is a
+        list of items run as one unit, ``items`` of them (the ledger counts them; the daemon
+        never unpickles the chunk to count). Replies with the unit id, the role's queue bound
+        and slots, and whether it was a replay (a retry with the same ``request_id``)."""
+        role, payload, token, chunk = args["role"], args["payload"], args["token"], args["chunk"]
+        unit = {name: args[name] for name in UNIT_ARGS}
+        if token is not None:
+            daemon.store.hold(token)
+        same = replays.identity(role, payload, unit["key"], unit["lane"], chunk, unit["route"])
+        request_id = unit["request_id"]
+        # A retry of a submit whose reply was lost: the unit admitted the first time
+        # answers it (its outcome goes to this token too); nothing runs twice.
+        fut = None if request_id is None else daemon.replays.find(request_id, same)
+        replayed = fut is not None
+        if not replayed:
+            body = {"pickled_payload": payload} if args["encoding"] == "pickle" else {"payload": payload}
+            # block=False: this loop serves every client; a full queue is the client's QueueFull.
+            fut = daemon.sup.submit(role, chunk=chunk, items=args["items"], block=False, **unit, **body)
+            if request_id is not None:
+                daemon.replays.admitted(request_id, same, fut)
+        if token is not None:
+            store, seq = daemon.store, args["seq"]
+            fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
+        spec = daemon.config.roles[role]
+        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
+
+    def to_wire(self, **args: Any) -> dict[str, Any]:
+        """Callers pass any Python ``payload``; it is pickled unless ``encoding="json"``.
+
+        ``pickled=<bytes>`` in place of ``payload`` sends bytes the caller pickled
+        already (a client that measures a payload before sending it).
+        """
+        if "pickled" in args:
+            args["payload"] = base64.b64encode(args.pop("pickled")).decode("ascii")
+            args["encoding"] = "pickle"
+        elif args.setdefault("encoding", "pickle") == "pickle" and "payload" in args:
+            from fleet.worker.codec import CodecError, dumps  # the client half only: the daemon never pickles a payload
+
+            try:
+                raw = dumps(args["payload"], "payload")
+            except CodecError as exc:
+                raise self.bad(str(exc)) from None
+            args["payload"] = base64.b64encode(raw).decode("ascii")
+        return super().to_wire(**args)
+
+    def check(self, args: dict[str, Any]) -> None:
+        if not args["role"]:
+            raise self.bad("role must be a non-empty string")
+        if args["encoding"] not in self.ENCODINGS:
+            raise self.bad(f"encoding must be one of {', '.join(self.ENCODINGS)}, got {args['encoding']!r}")
+        for name, within in (("priority", ranges.PRIORITY), ("timeout", ranges.UNIT_TIMEOUT_S),
+                             ("seq", ranges.SEQ), ("parent", ranges.UNIT_ID)):
+            in_range(self, name, args[name], within)
+        if args["token"] is not None and not _TOKEN.fullmatch(args["token"]):
+            raise self.bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
+        if args["seq"] is not None and args["token"] is None:
+            raise self.bad("seq tags an outcome held for a token: give token too")
+        if args["chunk"] and args["encoding"] != "pickle":
+            raise self.bad("a chunk travels pickled: use encoding pickle")
+        if args["items"] is not None and not args["chunk"]:
+            raise self.bad("items counts the items of a chunk: give chunk too")
+        in_range(self, "items", args["items"], ranges.CHUNK_ITEMS)
+        if args["route"] is not None:
+            from admission.route import Route
+
+            try:
+                args["route"] = Route.parse(args["route"])
+            except ValueError as exc:
+                raise self.bad(str(exc)) from None
+        if args["encoding"] == "pickle":
+            if not isinstance(args["payload"], str):
+                raise self.bad(f"a pickle payload must be a base64 string, got {json_type(args['payload'])}")
+            try:
+                args["payload"] = base64.b64decode(args["payload"], validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise self.bad(f"payload is not valid base64: {exc}") from None
+
+
+@OPS.register
+class CollectOp(Op):
+    """Long-poll the outcomes held for a client token (see "Result delivery" in
+    `fleet.service.control`).
+
+    Reply: ``{"outcomes": [...], "first": int, "more": bool, "closing": bool}``.
+    A token's outcomes are numbered from 0 in the order they were held; ``first`` is
+    the number of the reply's first outcome. ``ack`` (the count of the token's outcomes
+    the client has) lets go of those; the ones after it are sent, again when a reply
+    was lost on the way (a timeout, a broken connection). Without ``ack``, every
+    outcome sent before counts as received. Each outcome is
+    ``{"seq", "unit", "role", "kind", ...}``: a solved one carries ``value`` (base64
+    of the pickled value; with ``part``/``parts`` when split across replies), a
+    failed or suppressed one ``reason``, ``detail`` and, when it could be pickled,
+    ``error`` (base64 of the handler's exception). ``more``: outcomes are still
+    waiting beyond this reply's budget. ``closing``: the daemon is stopping and
+    takes no more units. Mutating: collecting consumes the held outcomes, and only
+    a uid that may submit has any.
+    """
+
+    name = "collect"
+    mutating = True
+    blocking = True
+    summary = "Fetch the outcomes held for a client token, waiting up to timeout seconds."
+    no_command = "outcomes are held for the client that submitted the units, under its own token"
+    method = None
+    no_method = "the client's collector thread long-polls it to resolve its futures"
+    schema = {
+        "token": Arg((str,), required=True, doc="the client token given at submit"),
+        "timeout": Arg((float,), default=10.0, doc=f"seconds to wait, 0-{COLLECT_MAX_WAIT_S:g}"),
+        "ack": Arg((int, type(None)), doc="how many of the token's outcomes the client has received"),
+    }
+
+    def on_daemon(self, daemon, token: str, timeout: float, ack: int | None = None) -> Future:
+        """The outcomes held for ``token``: a Future resolved, without blocking the caller, as
+        soon as one is ready or after ``timeout`` seconds (then empty). ``ack``: how many of
+        the token's outcomes the client has."""
+        return daemon.store.collect(token, timeout, ack)
+
+    def check(self, args: dict[str, Any]) -> None:
+        if not _TOKEN.fullmatch(args["token"]):
+            raise self.bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
+        if not 0 <= args["timeout"] <= COLLECT_MAX_WAIT_S:
+            raise self.bad(f"timeout must be between 0 and {COLLECT_MAX_WAIT_S:g} seconds, got {args['timeout']!r}")
+        if args["ack"] is not None and args["ack"] < 0:
+            raise self.bad(f"ack must be >= 0, got {args['ack']!r}")
+
+    def call_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {"token": args["token"], "timeout": float(args["timeout"]), "ack": args["ack"]}
+
+
+#: What `cancel` says became of a unit (its reply's ``state``).
+CANCELLED = "cancelled"  # it had not started: it never runs, its outcome is failed Cancelled
+RUNNING = "running"  # it started: it runs to its own outcome
+ENDED = "ended"  # it had its outcome already
+UNKNOWN = "unknown"  # this fleet never handed out that unit id
+CANCEL_STATES = (CANCELLED, RUNNING, ENDED, UNKNOWN)
+
+
+@OPS.register
+class CancelOp(Op):
+    """Cancel a unit that has not started: it never runs, and its outcome is failed
+    ``Cancelled`` (counted in the ledger, delivered to its client). A unit already
+    running, or ended, is left alone. Reply: ``{"unit", "cancelled": bool, "state"}``
+    with ``state`` one of ``cancelled``, ``running``, ``ended``, ``unknown`` (an id the
+    fleet never handed out). fleetctl exits 0 when it cancelled the unit, 1 when the
+    unit is running or ended (nothing changed), 65 for an unknown id."""
+
+    name = "cancel"
+    mutating = True
+    summary = "Cancel a unit that has not started yet."
+    schema = {"unit": Arg((int,), required=True, doc="the unit id submit replied with")}
+    command = ("cancel",)
+    help = "Cancel a queued unit by id: it never runs and fails Cancelled; a running or ended one is left alone."
+    description = (help + " Exit 0: cancelled; 1: running or already ended (nothing changed); 65: no unit of "
+                   "this fleet has that id.")
+    #: What fleetctl says and exits with, per state.
+    TEXT = {CANCELLED: ("cancelled: it will not run; its outcome is failed Cancelled", EXIT_OK),
+            RUNNING: ("not cancelled: it is running and ends with its own outcome", EXIT_FAILURE),
+            ENDED: ("not cancelled: it has ended already", EXIT_FAILURE),
+            UNKNOWN: ("unknown: no unit of this fleet has that id", EXIT_DATA)}
+
+    def run(self, sup, unit: int) -> dict:
+        """Cancel unit ``unit`` (its id, ``future.unit_id``) if it has not started:
+        ``{"unit", "cancelled", "state"}``, ``state`` one of `CANCEL_STATES`.
+        ``future.cancel()`` does the same for a future of the fleet's own caller."""
+        issued, future = sup.find_unit(unit)
+        # The future is cancelled here, not on the loop: its callbacks are its caller's
+        # and run on the thread that resolves it. A unit that has not started has a
+        # pending future the loop has not claimed; cancelling it is final (the loop
+        # skips it at its grant and records Cancelled).
+        if future is None:
+            state = ENDED if issued else UNKNOWN
+        elif future.cancel():
+            state = CANCELLED
+        else:
+            state = ENDED if future.done() else RUNNING
+        return {"unit": unit, "cancelled": state == CANCELLED, "state": state}
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("unit", metavar="UNIT", type=int, help="the unit id (submit's reply, Future.unit_id)")
+
+    def from_cli(self, args) -> dict[str, Any]:
+        return {"unit": args.unit}
+
+    def render(self, result: Any, args) -> str:
+        return f"unit {result['unit']}: {self.TEXT[result['state']][0]}\n"
+
+    def exit_code(self, result: Any) -> int:
+        return self.TEXT[result["state"]][1]
+
+    def check(self, args: dict[str, Any]) -> None:
+        in_range(self, "unit", args["unit"], ranges.UNIT_ID)
