@@ -131,10 +131,9 @@ class Executor(_StdExecutor):
         if over and not oversubscribe:
             # A warning: the program asked for more processes than it gets, and a user who
             # asked should not have to turn on INFO to learn why (ProcessPoolExecutor runs them all).
-            log.warning("fleet.Executor: max_workers=%d is more than the %d whole CPU%s of this process's "
-                        "quota (%g CPUs, from the %s): running %d worker process%s; pass oversubscribe=True "
-                        "to run %d", workers, cores, "" if cores == 1 else "s", limit.cpus, detected_from(limit),
-                        cores, "" if cores == 1 else "es", workers)
+            log.warning("fleet.Executor: max_workers=%d is more than this process's CPU quota runs: %g CPUs, "
+                        "from the %s; running %d worker process%s (pass oversubscribe=True to run %d)", workers,
+                        limit.cpus, detected_from(limit), cores, "" if cores == 1 else "es", workers)
             workers, over = cores, False
         role = {"handler": HANDLER, "slots": workers, "queue_bound": QUEUE_BOUND,
                 "lookahead": lookahead_for(workers)}

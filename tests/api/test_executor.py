@@ -202,8 +202,8 @@ def test_max_workers_beyond_the_quota_is_capped_with_one_warning_naming_the_quot
     said = [r for r in caplog.records if r.name == "fleet.api.executor"]
     assert len(said) == 1 and said[0].levelno == logging.WARNING, said
     text = said[0].getMessage()
-    for needle in (f"max_workers={cores + 3}", f"({limit.cpus:g} CPUs, from the {detected_from(limit)})",
-                   f"running {cores} worker process", f"pass oversubscribe=True to run {cores + 3}"):
+    for needle in (f"max_workers={cores + 3}", f"CPU quota runs: {limit.cpus:g} CPUs, from the {detected_from(limit)};",
+                   f"running {cores} worker process", f"(pass oversubscribe=True to run {cores + 3})"):
         assert needle in text, (needle, text)
 
 
