@@ -363,8 +363,9 @@ def private_reaches(source: str) -> list[str]:
 
 
 def test_no_supervisor_room_reaches_into_another_objects_private_fields():
+    # The supervisor's rooms, and the ops' halves that run on its loop.
     offenders = {}
-    for path in sorted((ROOT / "runtime").rglob("*.py")):
+    for path in sorted([*(ROOT / "runtime").rglob("*.py"), *(ROOT / "service" / "control" / "ops").rglob("*.py")]):
         rel = str(path.relative_to(TREE))
         found = [f for f in private_reaches(path.read_text()) if (rel, f) not in PRIVATE_READS]
         if found:
@@ -378,3 +379,14 @@ def test_the_private_scan_finds_a_room_writing_the_supervisors_field():
         "sup._dispatch", "sup._units"]
     assert private_reaches("import threading\nclass A:\n    def f(self):\n        self._x = super()._y\n"
                            "        threading._register_atexit(f)\n") == []
+
+
+def test_every_package_is_one_the_install_ships():
+    """pyproject.toml lists fleet's packages by name (a wheel holds those and no others): a
+    new room's folder is in the list, or a non-editable install lacks it."""
+    import tomllib
+
+    listed = set(tomllib.loads((TREE / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(TREE).parts) for pkg in ("fleet", "admission")
+             for p in (TREE / pkg).rglob("__init__.py")}
+    assert sorted(found - listed) == [] and sorted(listed - found) == []
