@@ -30,6 +30,7 @@ SINCE_NS = 1_000_000_000_000
 CORDONED_BEFORE_NS = 5_000_000_000
 FAILED_BY_REASON = [2, 1, 3, 0, 0, 0, 0, 1, 0, 0, 0, 0]  # HandlerError 2, Timeout 1, LaneDeath 3, Cancelled 1
 FSM_REFUSED = 4  # transitions the slot FSM refused (a dead seat's reset refusals need not cost a unit)
+STRAY_RESULTS = 5  # messages from workers that were no owed unit's outcome
 #: The 40 units in items (submitted, solved, suppressed, failed, in flight): some were chunks of a map.
 ITEMS = (1_000, 700, 50, 175, 75)
 
@@ -85,7 +86,7 @@ def populate(table: SlotTable, worker_pid: int | None = None) -> None:
         exit_clean_ms=10000, intake_floor=0,
     )
     table.set_ledger(submitted=40, solved=28, suppressed=2, failed=7, inflight=3, failed_by_reason=FAILED_BY_REASON,
-                     fsm_refused=FSM_REFUSED, items=ITEMS)
+                     fsm_refused=FSM_REFUSED, stray_results=STRAY_RESULTS, items=ITEMS)
     table.set_queue_depth(solver, 5, in_use=2, repins=3)
     table.set_queue_depth(sim, 11, in_use=1)
 

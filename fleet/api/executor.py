@@ -33,12 +33,13 @@ from fleet.api.fleet import Fleet
 from fleet.api.mapping import length_of
 from fleet.worker.calls import NO_KWARGS, Calls
 from fleet.runtime.config import load_config
-from fleet.worker.prepare import WorkerSetup
+from fleet.worker.prepare import WorkerSetup, check_not_importing_main
 from fleet.shm.segments import reclaim_stale_of
 # The sweep judges a segment by its kind, which the module owning it registers on import:
 # the table's and the data plane's, loaded here before the first sweep.
 from fleet.shm import dataplane  # noqa: F401
 from fleet.shm.table import segment  # noqa: F401
+from fleet.rules.quota import detected_from
 from fleet.rules.roles import Role
 from fleet.rules.unit import FleetClosed
 
@@ -77,13 +78,15 @@ _names = itertools.count(1)
 NAME_PREFIX = "executor-"
 
 
-def quota_cores() -> int:
+def quota_cores(limit=None) -> int:
     """The whole cores of the quota this process may use (cgroup quota, cpuset,
     affinity: `fleet.host.cgroup.effective_cpus`, never the host's CPU count on a
-    smaller container), at least 1."""
-    from fleet.host.system import Host
+    smaller container), at least 1. `limit`: that detection's result, when it was made."""
+    if limit is None:
+        from fleet.host.system import Host
 
-    return max(1, math.floor(Host().effective_cpus().cpus))
+        limit = Host().effective_cpus()
+    return max(1, math.floor(limit.cpus))
 
 
 class Executor(_StdExecutor):
@@ -91,8 +94,9 @@ class Executor(_StdExecutor):
 
     Args:
         max_workers: worker processes (default: every whole core of the quota). More
-            than the quota has are capped to it, logged once (INFO, logger
-            ``fleet.api.executor``); ``oversubscribe=True`` runs them all anyway.
+            than the quota has are capped to it, with one WARNING (logger
+            ``fleet.api.executor``) naming the quota and where it was read;
+            ``oversubscribe=True`` runs them all anyway.
         mp_context: accepted for ProcessPoolExecutor's signature and moot: fleet's
             workers are forks of its own zygote whatever the start method (a function
             of a script's ``__main__`` still works: the workers import it as spawn
@@ -116,19 +120,20 @@ class Executor(_StdExecutor):
     def __init__(self, max_workers: int | None = None, mp_context: BaseContext | None = None,
                  initializer: Callable | None = None, initargs: tuple = (), *,
                  max_tasks_per_child: int | None = None, oversubscribe: bool = False):
-        from multiprocessing import spawn
-
-        spawn._check_not_importing_main()  # multiprocessing's own guard: no executor while the workers import __main__
+        check_not_importing_main("fleet.Executor")  # the workers import __main__: no executor made there
         _check_args(max_workers, mp_context, initializer, max_tasks_per_child)
-        cores = quota_cores()
+        from fleet.host.system import Host
+
+        limit = Host().effective_cpus()
+        cores = quota_cores(limit)
         workers = cores if max_workers is None else max_workers
         over = workers > cores
         if over and not oversubscribe:
-            # INFO, not a warning on stderr: a ProcessPoolExecutor program's output stays its own
-            # (the plan says it too: ex.fleet.plan, fleetctl plan).
-            log.info("fleet.Executor: max_workers=%d is more than the %d whole cores of this process's CPU "
-                        "quota; running %d worker processes (oversubscribe=True runs %d)", workers, cores, cores,
-                        workers)
+            # A warning: the program asked for more processes than it gets, and a user who
+            # asked should not have to turn on INFO to learn why (ProcessPoolExecutor runs them all).
+            log.warning("fleet.Executor: max_workers=%d is more than this process's CPU quota runs: %g CPUs, "
+                        "from the %s; running %d worker process%s (pass oversubscribe=True to run %d)", workers,
+                        limit.cpus, detected_from(limit), cores, "" if cores == 1 else "es", workers)
             workers, over = cores, False
         role = {"handler": HANDLER, "slots": workers, "queue_bound": QUEUE_BOUND,
                 "lookahead": lookahead_for(workers)}

@@ -26,6 +26,7 @@ from fleet.service import start_exporter
 from fleet.service.control.ops import OPS, Operations
 from fleet.rules.errors import ConfigError
 from fleet.rules.ledger import abort_process
+from fleet.worker.prepare import check_not_importing_main
 
 
 @OPS.fleet_methods
@@ -41,6 +42,7 @@ class Fleet(Executor):
         with a fake clock)."""
         from fleet.runtime.loop import Supervisor
 
+        check_not_importing_main("fleet.Fleet")  # the workers import __main__: no fleet made there
         self.config = config
         self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus, admission_clock=admission_clock,
                                admission_rng=admission_rng, host=host, exporter=start_exporter).start()

@@ -258,7 +258,7 @@ def render_ledger(g: dict) -> list[str]:
         f"failed {i['failed']:,}  in flight {i['inflight']:,}",
         "          (a unit is one submit, or one chunk of a map: up to chunksize items)",
         f"          failed by reason: {failed}",
-        f"          slot FSM refusals: {g['fsm_refused']}",
+        f"          slot FSM refusals: {g['fsm_refused']}  stray results dropped: {g['stray_results']}",
     ]
 
 

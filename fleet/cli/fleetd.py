@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     from fleet.service.daemon import Daemon, Options
 
     options = Options(config_path=args.config, name=args.name, grace_s=args.grace, linger_s=args.linger,
-                      socket_group=_group(args.socket_group))
+                      socket_group=_group(args.socket_group), title_args=tuple(sys.argv[1:] if argv is None else argv))
     try:
         return Daemon(options).run()
     except FleetError as exc:

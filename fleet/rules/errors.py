@@ -50,6 +50,15 @@ class BootRefused(FleetError):
     exit_code = EXIT_QUOTA_TOO_SMALL
 
 
+class UnguardedMain(BootRefused, RuntimeError):
+    """A fleet was made while fleet's workers imported the program's main module: the
+    module makes it at its top level, outside the ``if __name__ == "__main__":`` guard
+    (fleet.worker.prepare says why the workers import it). A RuntimeError, as
+    multiprocessing's own error for the same mistake is."""
+
+    exit_code = EXIT_CONFIG
+
+
 class NotRunning(FleetError):
     """No fleet daemon answers under that name: its socket is missing or refuses connections."""
 

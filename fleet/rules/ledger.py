@@ -7,6 +7,10 @@ Rules:
 * `fsm_refused()` counts a transition the slot FSM refused the runtime (a grant, a
   start, a completion, a dead seat's reset): a broken rule, kept apart from worker
   deaths so it is seen (status shows it; the unit it cost fails `FsmRefused`).
+* `stray_result()` counts a message from a worker that was no owed unit's outcome (a
+  duplicate, another seat's unit: `fleet.runtime.results`). Only a unit's own code
+  makes one, and a unit may not stop the fleet: it is dropped before it gets here, and
+  counted here so that status shows it.
 * solved + suppressed + failed + in flight == submitted holds after every call; the
   ledger checks it, and `close()` at shutdown checks that nothing is still open (a
   missing outcome) — either way the fuse trips.
@@ -14,15 +18,18 @@ Rules:
   its items (a plain submit is one item). A unit's items go where its outcome goes, so
   the same sum holds for items.
 
-A tripped fuse is loud, never silent: it is logged at error, then the fuse action
-runs. The default action aborts the process (the design's loud stop: a duplicate
-or lost outcome is a bug no retry may paper over); tests inject their own.
+A tripped fuse is loud, never silent: it is logged at error, naming the fleet, the
+unit and the contradiction, and the code that recorded it; then the fuse action runs.
+The default action aborts the process (the design's loud stop: a duplicate or lost
+outcome the supervisor recorded itself is a bug no retry may paper over); tests
+inject their own.
 """
 from __future__ import annotations
 
 import itertools
 import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -57,6 +64,8 @@ class LedgerCounts:
     inflight: int
     failed_by_reason: dict = field(default_factory=dict)
     fsm_refused: int = 0
+    #: Messages from workers that were no owed unit's outcome, dropped (`stray_result`).
+    stray_results: int = 0
     #: The same five counts in items (`ITEM_COUNTS` keys): a chunk of a map is one unit of many.
     items: dict = field(default_factory=dict)
 
@@ -69,15 +78,18 @@ class LedgerCounts:
             "inflight": self.inflight,
             "failed_by_reason": dict(self.failed_by_reason),
             "fsm_refused": self.fsm_refused,
+            "stray_results": self.stray_results,
             "items": dict(self.items),
         }
 
 
 class Ledger:
-    """Counts outcomes and guards exactly-once. Thread-safe."""
+    """Counts outcomes and guards exactly-once. Thread-safe. `name`: the fleet's, for the
+    fuse's report."""
 
-    def __init__(self, on_fuse=abort_process):
+    def __init__(self, on_fuse=abort_process, name: str | None = None):
         self._on_fuse = on_fuse
+        self._name = name
         self._lock = threading.Lock()
         self._open: dict[int, int] = {}  # unit id -> its items
         self._submitted = 0
@@ -87,10 +99,12 @@ class Ledger:
         self._items_open = 0
         self._by_reason = [0] * len(FAILURE_REASONS)
         self._fsm_refused = 0
+        self._stray_results = 0
         self.tripped: FuseTripped | None = None
 
     def _trip(self, message: str) -> None:
-        error = FuseTripped(f"ledger fuse tripped: {message}")
+        fleet = "" if self._name is None else f"fleet {self._name}: "
+        error = FuseTripped(f"{fleet}ledger fuse tripped: {message} (recorded by {_recorder()})")
         self.tripped = error
         log.error("%s", error)
         self._on_fuse(error)
@@ -180,6 +194,12 @@ class Ledger:
         with self._lock:
             self._fsm_refused += 1
 
+    def stray_result(self) -> int:
+        """Count one message from a worker that was no owed unit's outcome; returns the count."""
+        with self._lock:
+            self._stray_results += 1
+            return self._stray_results
+
     def _check_locked(self) -> None:
         closed = self._by_kind[SOLVED] + self._by_kind[SUPPRESSED] + self._by_kind[FAILED]
         if closed + len(self._open) != self._submitted:
@@ -214,6 +234,7 @@ class Ledger:
                 inflight=len(self._open),
                 failed_by_reason={r: n for r, n in zip(FAILURE_REASONS, self._by_reason) if n},
                 fsm_refused=self._fsm_refused,
+                stray_results=self._stray_results,
                 items=dict(zip(ITEM_COUNTS, self._item_counts_locked())),
             )
 
@@ -232,5 +253,17 @@ class Ledger:
                 inflight=len(self._open),
                 failed_by_reason=self._by_reason,
                 fsm_refused=self._fsm_refused,
+                stray_results=self._stray_results,
                 items=self._item_counts_locked(),
             )
+
+
+def _recorder() -> str:
+    """Where the call that tripped the fuse came from: the first frame outside this module."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    if frame is None:
+        return "an unknown caller"
+    module = frame.f_globals.get("__name__", "?")
+    return f"{module}.{frame.f_code.co_name}, line {frame.f_lineno}"

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Stray messages logged one by one; past this many a fleet counts them only.
+STRAYS_LOGGED = 10
+
 _CANCELLED = Outcome(FAILED, Reason.CANCELLED)
 
 
@@ -151,6 +154,15 @@ class Books:
         apart from worker deaths (status shows the count)."""
         log.error("fleet %s: slot FSM refused a transition: %s", self._name, what)
         self.ledger.fsm_refused()
+
+    def stray(self, seat: str, what: str) -> None:
+        """Seat `seat` sent `what`, which is no owed unit's outcome (`fleet.runtime.results`):
+        counted, logged (the first STRAYS_LOGGED), never recorded."""
+        n = self.ledger.stray_result()
+        if n <= STRAYS_LOGGED:
+            more = "; further ones are counted, not logged" if n == STRAYS_LOGGED else ""
+            log.warning("fleet %s: seat %s sent %s: dropped (stray message %d, a unit's own doing%s)",
+                        self._name, seat, what, n, more)
 
     def deliver(self) -> bool:
         """Resolve the futures decided this turn (their callbacks run here, on the loop);

@@ -45,8 +45,9 @@ import time
 from concurrent.futures import Future
 
 from fleet.host import priority as priority_mod
+from fleet.host.proctitle import name_thread
 from fleet.host.system import Host
-from fleet.rules import fsm
+from fleet.rules import fsm, titles
 from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import FleetClosed, Outcome
@@ -95,7 +96,7 @@ class Supervisor:
         self.roles = config.roles
         self.mode = mode
         self.started_ns = time.time_ns()
-        self.ledger = Ledger(on_fuse=on_fuse)  # thread-safe itself: any thread may read its counts
+        self.ledger = Ledger(on_fuse=on_fuse, name=config.name)  # thread-safe itself: any thread may read its counts
         self.recorder = _arrival_log(config)  # None unless [record] enabled
         self.role_stops = RoleStops(config.restart)  # its `view` and reasons are read by callers
         self.door = Door(self.name, [r.queue_bound for r in self.roles], self.role_stops, self._ring)
@@ -333,6 +334,7 @@ class Supervisor:
     # ================================================================== the loop
     def _loop(self) -> None:
         self.door.joined()
+        name_thread(titles.LOOP_THREAD)  # top -H; the program that embeds the fleet keeps its own name
         bell = self.seats.bell
         next_sample = 0.0
         self._raise_loop_thread()

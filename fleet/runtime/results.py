@@ -5,6 +5,14 @@ outcomes are recorded (the solved ones in one ledger call) and the slots they fr
 granted and sent at once, before the next slice is read. Counters are published once
 per pass, before the futures they count resolve (at the end of the turn).
 
+A result is taken only from the seat its unit was sent to, for the slot it was granted,
+while the unit is owed: anything else (a duplicate, a unit already ended or never
+submitted, another seat's or slot's unit, bytes that are no message) is stray. Only a
+unit's own code makes one (a process it forked that wrote to the ring, a worker's
+memory it scribbled on), and a unit may not stop the fleet: a stray is logged, counted
+(the ledger's `stray_results`, shown by status) and dropped (`Books.stray`); it never
+reaches the ledger's outcomes, whose fuse is for the supervisor's own contradictions.
+
 One owner: the loop thread.
 """
 from __future__ import annotations
@@ -48,26 +56,26 @@ class Results:
             ring = seats.results(seat)
             while batch := ring.pop_many(max_msgs=RESULT_SLICE):
                 busy = True
-                self.handle(batch)
+                self.handle(batch, seat)
                 if len(batch) < RESULT_SLICE:
                     break
             seats.flush_waiting(seat)
         if busy:
             self._publisher.units()
 
-    def handle(self, batch) -> None:
-        """A slice of results: outcomes recorded (the solved ones in one ledger call), and
-        the slots they freed granted and sent at once (counters are published once per
-        pass, before delivery)."""
-        self.take(batch)
+    def handle(self, batch, seat: int) -> None:
+        """A slice of `seat`'s results: outcomes recorded (the solved ones in one ledger
+        call), and the slots they freed granted and sent at once (counters are published
+        once per pass, before delivery)."""
+        self.take(batch, seat)
         self._dispatch()
 
-    def take(self, batch) -> None:
-        """A batch of messages into the books (the slots they free are not granted here)."""
+    def take(self, batch, seat: int) -> None:
+        """A batch of messages from `seat` into the books (the slots they free are not granted here)."""
         solved: list[int] = []
         try:
             for tag, view in batch:
-                self._take_message(tag, view, solved)
+                self._take_message(tag, view, solved, seat)
         finally:  # even past an error: every unit taken off the books has its outcome
             if solved:
                 self._books.solved_many(solved)
@@ -77,42 +85,54 @@ class Results:
         ring = self._seats.results(seat)
         batch = ring.pop_many()
         while batch:
-            self.take(batch)
+            self.take(batch, seat)
             batch = ring.pop_many()
 
-    def _take_message(self, tag: int, view, solved: list) -> None:
-        """One message from a worker: a unit started (its run time limit is armed), or a
-        unit's result (its outcome recorded, a solved one onto `solved`; the slot it
-        freed is granted by the caller)."""
+    def _take_message(self, tag: int, view, solved: list, seat: int) -> None:
+        """One message from `seat`'s worker: a unit started (its run time limit is armed),
+        or a unit's result (its outcome recorded, a solved one onto `solved`; the slot it
+        freed is granted by the caller). A stray one is dropped (see the module doc)."""
         books = self._books
-        if tag == M.STARTED:
-            unit_id, _slot = M.STARTED_HEAD.unpack_from(view)
+        if tag == M.STARTED and len(view) >= M.STARTED_HEAD.size:
+            unit_id, slot = M.STARTED_HEAD.unpack_from(view)
             unit = books.get(unit_id)
-            if unit is not None and unit.timeout is not None:
+            if unit is not None and unit.timeout is not None and self._sent_to(unit_id, slot, seat):
                 self._deadlines.arm(unit, self._host.monotonic())
             return
+        if tag != M.RESULT or len(view) < M.RESULT_HEAD.size:
+            books.stray(self._seats.name(seat), f"a message that is no result ({len(view)} bytes, tag {tag})")
+            return
         unit_id, slot, status, final, elapsed, cost, cpu = M.RESULT_HEAD.unpack_from(view)
+        unit = books.get(unit_id)
+        if unit is None:
+            books.stray(self._seats.name(seat), f"a result for unit {unit_id}, which is not owed "
+                        "(it ended already, or was never submitted)")
+            return
+        if not self._sent_to(unit_id, slot, seat):
+            books.stray(self._seats.name(seat), f"a result for unit {unit_id} on slot {slot}, where it was not sent")
+            return
         outcome, value, original = codec.result_outcome(status, view[M.RESULT_HEAD.size :], relay=self._relay)
         if cost != cost:  # NaN: no cost reported
             cost = None
-        unit = books.get(unit_id)
-        if status == M.ST_START_REFUSED and unit is not None and self._dispatcher.requeue(unit_id):
+        if status == M.ST_START_REFUSED and self._dispatcher.requeue(unit_id):
             return  # sent behind a pin that cordon drained: it waits for a new grant
-        if status == M.ST_HELD_AT_CLOSE and unit is not None:
+        if status == M.ST_HELD_AT_CLOSE:
             self._vacate(slot)  # its lease never started: walk the slot home (T10)
             final = self._table.state(slot)[0]
         if outcome.reason == Reason.FSM_REFUSED:
             books.fsm_refused(f"unit {unit_id}: {outcome.detail}")
-        if unit is not None:
-            self._dispatcher.complete(unit_id, final)
-            if self._run_observer is not None:
-                self._run_observer(self._roles.by_code(unit.role).name, elapsed)
-            if self._recorder is not None:  # the measured work shape of a recorded arrival
-                self._recorder.completion(unit_id, elapsed, outcome.kind, cpu_s=cpu)
+        self._dispatcher.complete(unit_id, final)
+        if self._run_observer is not None:
+            self._run_observer(self._roles.by_code(unit.role).name, elapsed)
+        if self._recorder is not None:  # the measured work shape of a recorded arrival
+            self._recorder.completion(unit_id, elapsed, outcome.kind, cpu_s=cpu)
         # A chunk's items travel with it whatever its outcome (map raises item by item); its
         # end takes the one close path all the same, so its gates hear of it (its lease goes back).
-        books.close(unit_id, outcome, value, original, cost, solved,
-                    items=unit is not None and bool(unit.flags & M.F_CHUNK))
+        books.close(unit_id, outcome, value, original, cost, solved, items=bool(unit.flags & M.F_CHUNK))
+
+    def _sent_to(self, unit_id: int, slot: int, seat: int) -> bool:
+        """`unit_id` was granted `slot`, a slot of `seat`: a message about it from there is its worker's."""
+        return self._dispatcher.slot_of(unit_id) == slot and self._seats.seat_of(slot) == seat
 
     def _vacate(self, slot: int) -> None:
         """A lease handed back unstarted: Leased -> Idle (T10). A slot in another state

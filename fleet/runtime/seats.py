@@ -78,6 +78,14 @@ class Seats:
         return self._data.results(seat)
 
     # ------------------------------------------------------------------ workers
+    def seat_of(self, slot: int) -> int:
+        """The seat a slot is on."""
+        return self._layout.seat_of(slot)
+
+    def name(self, seat: int) -> str:
+        """A seat's name, as status shows it."""
+        return self._layout.seats[seat].name
+
     def pid_of_slot(self, slot: int) -> int | None:
         """The pid of the worker running `slot`'s seat; None while it is being (re)started."""
         return self.workers.pids.get(self._layout.seat_of(slot))

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from fleet.rules.errors import BootRefused, ConfigError
+from fleet.rules.errors import BootRefused, ConfigError, UnguardedMain
 from fleet.worker.zygote import FLEET_ROOT
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,8 @@ class ZygoteLink:
         if reply.get("op") == "error":
             if reply.get("path"):
                 raise ConfigError(reply["path"], reply["message"].split(": ", 1)[-1])
+            if reply.get("type") == UnguardedMain.__name__:  # the main module makes a fleet at its top level
+                raise UnguardedMain(reply.get("message"))
             raise WorkerStartError(f"worker fork server failed to boot: {reply.get('type')}: {reply.get('message')}")
         if reply.get("op") != "ready":
             raise WorkerStartError(f"worker fork server said {reply!r} at boot")

@@ -51,6 +51,8 @@ from concurrent.futures import Future
 from fleet.service import control, replays, sdnotify, start_exporter
 from fleet.runtime.config import FleetConfig, load_config
 from fleet.service.control.ops import ServedOperations
+from fleet.host.proctitle import name_process
+from fleet.rules import titles
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
 
 log = logging.getLogger(__name__)
@@ -304,6 +306,9 @@ class Options:
     linger_s: float = DEFAULT_LINGER_S
     socket_group: str | int | None = None
     socket_mode: int = 0o660
+    #: fleetd's command-line arguments, shown after its name in ps (fleet.rules.titles);
+    #: None: the process keeps its name (a Daemon run inside another program)
+    title_args: tuple | None = None
 
 
 class Daemon:
@@ -368,6 +373,8 @@ class Daemon:
 
         self.config = load_config(self.options.config_path, env=self.env)
         name = control.validate_fleet_name(self.config.name)
+        if self.options.title_args is not None:
+            name_process(titles.daemon(name, self.options.title_args))
         directory = control.prepare_runtime_dir(control.runtime_dir(self.env))
         path = directory / f"{name}.sock"
         # The socket group may read the table too (fleetctl status), never the data segment.

@@ -45,7 +45,7 @@ from fleet.worker.io.selector import new_event_loop
 from fleet.rules.outcomes import Refused
 from fleet.shm.table.layout import FLAG_CLOSING
 from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
-from fleet.worker import calls
+from fleet.worker import calls, strays
 from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_OK, EXIT_RETIRED
 from fleet.worker.prepare import run_initializer
 
@@ -107,7 +107,11 @@ class Worker:
 
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
-        if not run_initializer(self.init):
+        strays.arm()  # this process is the seat's worker; a child forked off it is not (fleet.worker.strays)
+        initialized = run_initializer(self.init)
+        if strays.stray:  # the initializer forked, and this is its child
+            strays.leave(None if initialized else SystemExit(1))
+        if not initialized:
             return EXIT_INIT_FAILED
         if self._io_slots:
             return self._run_io_seat()
@@ -152,6 +156,8 @@ class Worker:
 
     def _pump(self) -> None:
         """Take the tasks there are; when none, arm the relay (it fires at the next)."""
+        if strays.stray:  # a coroutine forked and its child's copy of this loop turned
+            strays.leave()
         self._look_at_held()
         seen = self.tasks.seq()  # before looking: a task pushed after this fires the relay
         batch = self.tasks.pop_many()
@@ -276,6 +282,8 @@ class Worker:
         else:
             status, out, cost = self._run_one(unit_id, role, body, flags)
         elapsed = time.perf_counter() - t0
+        if strays.stray:  # forked while its payload was unpickled or its result pickled
+            strays.leave()
         return status, out, elapsed, cost, time.thread_time() - cpu0 if measured else NO_CPU
 
     def _unit(self, unit_id: int, role: int, payload, key, lane, request_id, route=None) -> Unit:
@@ -312,9 +320,13 @@ class Worker:
             running.unit = self._decode_one(unit_id, role, body, flags)
             value = self.handlers[role](running.unit)
         except BaseException as exc:  # noqa: BLE001 - every handler failure is an outcome
+            if strays.stray:  # a child the handler forked raised: it ends so, its parent goes on
+                strays.leave(exc)
             return (*_failure_body(exc), NO_COST)
         finally:
             RUNNING.reset(token)
+        if strays.stray:  # a child the handler forked returned
+            strays.leave()
         return (*_result_body(value), _cost(running))
 
     def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes, float]:
@@ -331,6 +343,8 @@ class Worker:
         handler, values, failures = self.handlers[role], [], {}
         running = _Running()
         token = RUNNING.set(running)
+        items = payloads.items if type(payloads) is calls.Calls else payloads
+        strays.watch(items)  # a child an item forks runs none of the items after it
         try:
             start = 0
             if type(payloads) is calls.Calls:
@@ -342,10 +356,15 @@ class Worker:
                 run = lambda at: run_items(handler, template, _PAYLOAD_AT, payloads, values, at, running)  # noqa: E731
             while (failed := run(start)) is not None:
                 index, exc = failed
+                if strays.stray:
+                    strays.leave(exc)
                 failures[index] = _item_failure(exc)
                 values.append(None)
                 start = index + 1
+            if strays.stray:
+                strays.leave()
         finally:
+            strays.unwatch(items)
             RUNNING.reset(token)
         return (*_chunk_body(values, failures), _cost(running))
 
@@ -366,9 +385,13 @@ class Worker:
             running.unit = self._decode_one(unit_id, role, body, flags)
             value = await self.handlers[role](running.unit)
         except BaseException as exc:  # noqa: BLE001 - every handler failure is an outcome
+            if strays.stray:
+                strays.leave(exc)
             return (*_failure_body(exc), NO_COST)
         finally:
             RUNNING.reset(token)
+        if strays.stray:
+            strays.leave()
         return (*_result_body(value), _cost(running))
 
     async def _run_chunk_async(self, unit_id: int, role: int, body) -> tuple[int, bytes, float]:
@@ -386,8 +409,12 @@ class Worker:
                 try:
                     values.append(await handler(running.unit))
                 except BaseException as exc:  # noqa: BLE001
+                    if strays.stray:
+                        strays.leave(exc)
                     values.append(None)
                     failures[i] = _item_failure(exc)
+                if strays.stray:
+                    strays.leave()
                 running.unit = None
         finally:
             RUNNING.reset(token)
@@ -395,7 +422,11 @@ class Worker:
 
     def _finish(self, unit_id: int, slot: int, role: int, status: int, out: bytes) -> tuple[int, bytes, int]:
         """End the slot's unit: (status, body, the slot's state afterwards). A refused
-        completion is a broken FSM rule, not a result to trust: the unit fails FsmRefused."""
+        completion is a broken FSM rule, not a result to trust: the unit fails FsmRefused.
+        A process that is not the worker never gets past here (the pid is compared too:
+        a fork that ran no at-fork hook ends here, before the table)."""
+        if strays.is_stray():
+            strays.leave()
         reason, final = self.table.finish_unit(slot, self._completion[role], role)
         if reason != fsm.OK:
             text = f"slot {slot} refused {fsm.EVENT_NAMES[self._completion[role]]}: {fsm.REASON_NAMES[reason]}"
@@ -409,6 +440,8 @@ class Worker:
     def _send(self, unit_id, slot, status, final_state, elapsed, body, ring: bool = True, cost: float = NO_COST,
               cpu: float = NO_CPU) -> None:
         """Push a result; `ring=False` leaves waking the supervisor to the caller (a batch)."""
+        if strays.stray:  # only the worker writes its seat's result ring
+            strays.leave()
         head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost, cpu)
         if len(head) + len(body) > self.results.max_message:
             status = M.ST_RESULT_ERROR
@@ -495,12 +528,17 @@ def _utf8(text: str) -> bytes:
     return text.encode(errors="replace")  # a lone surrogate in a handler's text is no reason to die
 
 
-def child_setup(cpus, nice: int | None = None) -> None:
+def child_setup(cpus, nice: int | None = None, title=None) -> None:
     """Process-wide set-up of a fresh worker (after fork, before run): pinned to `cpus`,
-    at `nice` (fleet.host.priority: a worker below its supervisor's loop)."""
+    at `nice` (fleet.host.priority: a worker below its supervisor's loop), named
+    `title` (a fleet.rules.titles.Title; None: the zygote's name kept)."""
     from fleet._native import lib
 
     lib.fleet_set_pdeathsig(signal.SIGKILL)  # never outlive the zygote (and so fleetd)
+    if title is not None:
+        from fleet.host.proctitle import name_process
+
+        name_process(title)  # ps, top and the journal tell this seat's worker from the rest
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when work stops
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -77,6 +77,8 @@ class Zygote:
         self.handlers: list = []
         self.worker_nice: int | None = None
         self.setup = None  # fleet.worker.prepare.WorkerSetup
+        self.name = ""  # the fleet's
+        self.seat_names: list[str] = []  # each seat's, as status shows it (fleet.rules.titles)
         self.init = None  # the initializer each worker calls first, (callable, args)
 
     def send(self, **msg) -> None:
@@ -107,8 +109,12 @@ class Zygote:
         from fleet.shm.table import SlotTable
         from fleet.shm.dataplane import DataSegment
 
+        from fleet.host.proctitle import name_process
+        from fleet.rules import titles
         from fleet.worker.prepare import WorkerSetup, prepare_zygote
 
+        self.name = msg["name"]
+        name_process(titles.fork_server(self.name))
         sys.path[:] = msg["sys_path"]
         self.worker_nice = msg.get("worker_nice")
         self.setup = WorkerSetup.from_boot(msg.get("workers"))
@@ -120,6 +126,7 @@ class Zygote:
         for role, handler in zip(self.roles, self.handlers):
             check_async_handler(role, handler)
         self.table = SlotTable.attach(msg["name"])
+        self.seat_names = [seat["name"] for seat in self.table.meta.get("seats", ())]
         self.table.load_kernels()  # once, here, for every fork to inherit
         self.data = DataSegment.attach(msg["name"])
         # Everything imported so far (numba, the handlers' modules) lives as long as the
@@ -139,7 +146,7 @@ class Zygote:
                 from fleet.worker.process import Worker, child_setup
 
                 self.sock.close()
-                child_setup(cpus, self.worker_nice)
+                child_setup(cpus, self.worker_nice, self._title(seat))
                 if os.getppid() != zygote:
                     os._exit(1)  # the zygote died before our death signal was armed: never an orphan
                 code = Worker(seat, self.table, self.data, self.roles, self.handlers,
@@ -151,6 +158,12 @@ class Zygote:
                 os._exit(code)
         self.children[pid] = seat
         return pid
+
+    def _title(self, seat: int):
+        from fleet.rules import titles
+
+        name = self.seat_names[seat] if seat < len(self.seat_names) else f"seat-{seat}"
+        return titles.worker(self.name, name)
 
     def reap(self) -> None:
         while self.children:

@@ -190,13 +190,30 @@ def test_bad_arguments_raise_as_process_pool_executor_does_and_start_nothing(kwa
     assert descendants() == before
 
 
-def test_max_workers_beyond_the_quota_is_capped_and_logged_once(caplog):
-    cores = quota_cores()
+def test_max_workers_beyond_the_quota_is_capped_with_one_warning_naming_the_quota(caplog):
+    from fleet.host.system import Host
+    from fleet.rules.quota import detected_from
+
+    limit = Host().effective_cpus()
+    cores = quota_cores(limit)
     with caplog.at_level(logging.INFO, logger="fleet.api.executor"):
         with fleet.Executor(max_workers=cores + 3) as ex:
             assert ex._max_workers == cores and len(ex.fleet.layout.seats) == cores
-    warnings = [r for r in caplog.records if r.name == "fleet.api.executor"]
-    assert len(warnings) == 1 and f"max_workers={cores + 3}" in warnings[0].getMessage()
+    said = [r for r in caplog.records if r.name == "fleet.api.executor"]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, said
+    text = said[0].getMessage()
+    for needle in (f"max_workers={cores + 3}", f"CPU quota runs: {limit.cpus:g} CPUs, from the {detected_from(limit)};",
+                   f"running {cores} worker process", f"(pass oversubscribe=True to run {cores + 3})"):
+        assert needle in text, (needle, text)
+
+
+def test_oversubscribe_runs_every_worker_asked_for_and_warns_of_nothing(caplog):
+    cores = quota_cores()
+    with caplog.at_level(logging.INFO, logger="fleet.api.executor"):
+        with fleet.Executor(max_workers=cores + 1, oversubscribe=True) as ex:
+            assert ex._max_workers == cores + 1 and len(ex.fleet.layout.seats) == cores + 1
+            assert ex.submit(pow, 2, 3).result(60) == 8
+    assert not [r for r in caplog.records if r.name == "fleet.api.executor" and r.levelno >= logging.WARNING]
 
 
 def test_an_embedded_executor_gives_every_core_of_the_quota_to_workers():

@@ -162,10 +162,10 @@ def test_only_a_recording_fleets_workers_measure_cpu(tmp_path, monkeypatch):
     seen: list[float] = []
     take = results.Results._take_message
 
-    def watched(self, tag, view, solved):
+    def watched(self, tag, view, solved, seat):
         if tag == M.RESULT:
             seen.append(M.RESULT_HEAD.unpack_from(view)[-1])
-        return take(self, tag, view, solved)
+        return take(self, tag, view, solved, seat)
 
     monkeypatch.setattr(results.Results, "_take_message", watched)
     roles = {"work": {"kind": "pooled", "handler": "tests.handlers:echo", "slots": 1}}

@@ -166,7 +166,7 @@ def test_ledger_failures_by_reason_name(table, fleet_name, capsys):
         "Refused": 0, "RoleStopped": 0, "ResultError": 0, "Cancelled": 1, "FsmRefused": 0, "LeaseExpired": 0,
         "LeaseDenied": 0, "LeasePreempted": 0,
     }
-    assert g["fsm_refused"] == 4
+    assert (g["fsm_refused"], g["stray_results"]) == (4, 5)
 
 
 def test_queue_depths_per_role(table, fleet_name, capsys):
@@ -200,7 +200,7 @@ def test_human_table_shows_every_section(table, fleet_name, capsys):
         "units submitted 40  solved 28  suppressed 2  failed 7  in flight 3",
         "items submitted 1,000  solved 700  suppressed 50  failed 175  in flight 75",
         "one chunk of a map: up to chunksize items",
-        "LaneDeath 3", "slot FSM refusals: 4", "11/64",
+        "LaneDeath 3", "slot FSM refusals: 4  stray results dropped: 5", "11/64",
     ):
         assert needle in out, needle
     # when it started, in UTC ISO 8601 (the table's creation time)

@@ -63,6 +63,31 @@ def test_a_duplicate_outcome_trips_the_fuse():
     assert "not open" in str(fuse.trips[0]) and fuse.trips[0].exit_code == 83
 
 
+def test_the_fuses_report_names_the_fleet_the_unit_the_contradiction_and_who_recorded_it():
+    fuse = Fuse()
+    ledger = Ledger(on_fuse=fuse, name="prod")
+    ledger.submitted(7)
+    ledger.record(7, "solved")
+    ledger.record(7, "failed", "Timeout")
+    ledger.solved_many([7])
+    report = [str(trip) for trip in fuse.trips]
+    assert len(report) == 2
+    for text in report:
+        assert text.startswith("fleet prod: ledger fuse tripped: outcome ")
+        assert "for unit 7, which is not open" in text
+        where = "recorded by tests.rules.test_ledger.test_the_fuses_report_names_the_fleet_the_unit_the_contradiction"
+        assert where in text, text
+
+
+def test_stray_results_are_counted_apart_from_outcomes():
+    ledger = Ledger(on_fuse=Fuse())
+    ledger.submitted(1)
+    assert ledger.stray_result() == 1 and ledger.stray_result() == 2
+    counts = ledger.counts()
+    assert (counts.stray_results, counts.inflight, counts.solved, counts.failed) == (2, 1, 0, 0)
+    assert counts.to_dict()["stray_results"] == 2
+
+
 def test_an_unknown_unit_trips_the_fuse():
     fuse = Fuse()
     Ledger(on_fuse=fuse).record(99, "solved")

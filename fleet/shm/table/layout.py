@@ -173,6 +173,7 @@ L_SUPPRESSED = 3
 L_FAILED = 4
 L_INFLIGHT = 5
 L_FSM_REFUSED = 6  # transitions the slot FSM refused the runtime (grants, starts, completions, resets)
+L_STRAY_RESULTS = 7  # messages from workers that were no owed unit's outcome, dropped (fleet.runtime.results)
 L_FAILED_BY_REASON = 8  # second and third lines: counters by fleet failure reason code
 N_FAILURE_REASONS = vocab.N_FAILURE_REASONS  # one counter per fleet.rules.vocab.FAILURE_REASONS code
 #: Fourth line: submitted, solved, suppressed, failed, in flight again, counted in items (a

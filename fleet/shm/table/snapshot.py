@@ -151,6 +151,7 @@ class TableSnapshot:
             "failed": int(g[L.L_FAILED]),
             "inflight": int(g[L.L_INFLIGHT]),
             "fsm_refused": int(g[L.L_FSM_REFUSED]),
+            "stray_results": int(g[L.L_STRAY_RESULTS]),
             "failed_by_reason": [g[L.L_FAILED_BY_REASON + i] for i in range(L.N_FAILURE_REASONS)],
             "items": dict(zip(ITEM_COUNTS, (int(g[L.L_ITEMS + i]) for i in range(L.N_ITEM_COUNTS)))),
         }

@@ -23,9 +23,10 @@ from fleet.shm.table import snapshot as snap
 SLOT_FIELDS = L.SLOT_SIZE // L.U64
 ROLE_FIELDS = L.ROLE_SIZE // L.U64
 DEFAULT_BULKHEADS = 64
-#: The ledger's fields in `set_ledger`'s order: the five counters, fsm_refused, the five
-#: counters in items, then failures by reason.
-_LEDGER_FIELDS = np.array([L.L_SUBMITTED, L.L_SOLVED, L.L_SUPPRESSED, L.L_FAILED, L.L_INFLIGHT, L.L_FSM_REFUSED]
+#: The ledger's fields in `set_ledger`'s order: the five counters, fsm_refused,
+#: stray_results, the five counters in items, then failures by reason.
+_LEDGER_FIELDS = np.array([L.L_SUBMITTED, L.L_SOLVED, L.L_SUPPRESSED, L.L_FAILED, L.L_INFLIGHT, L.L_FSM_REFUSED,
+                           L.L_STRAY_RESULTS]
                           + [L.L_ITEMS + i for i in range(L.N_ITEM_COUNTS)]
                           + [L.L_FAILED_BY_REASON + i for i in range(L.N_FAILURE_REASONS)], dtype=np.int64)
 
@@ -297,7 +298,8 @@ class SlotTable:
         self._seq_write(self.posture, L.P_SEQ, {L.P_EPOCH: epoch, L.P_QUOTA_UCPU: int(round(detected_cpus * 1e6))})
 
     def set_ledger(self, *, submitted: int, solved: int, suppressed: int, failed: int, inflight: int = 0,
-                   failed_by_reason: Iterable[int] = (), fsm_refused: int = 0, items: Iterable[int] = ()) -> None:
+                   failed_by_reason: Iterable[int] = (), fsm_refused: int = 0, stray_results: int = 0,
+                   items: Iterable[int] = ()) -> None:
         """Publish the ledger counters in one seqlocked write (single writer: the ledger).
         ``items``: submitted, solved, suppressed, failed and in flight counted in items
         (fleet.rules.ledger.ITEM_COUNTS); missing ones are 0."""
@@ -307,7 +309,8 @@ class SlotTable:
         if len(items) > L.N_ITEM_COUNTS:
             raise ValueError(f"at most {L.N_ITEM_COUNTS} item counts")
         items += (0,) * (L.N_ITEM_COUNTS - len(items))
-        values = [submitted, solved, suppressed, failed, inflight, fsm_refused, *items, *failed_by_reason]
+        values = [submitted, solved, suppressed, failed, inflight, fsm_refused, stray_results, *items,
+                  *failed_by_reason]
         n = len(values)
         if n > len(_LEDGER_FIELDS):
             raise ValueError(f"at most {L.N_FAILURE_REASONS} failure reasons")

@@ -38,6 +38,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable
 
+from fleet.worker import strays
+
 log = logging.getLogger(__name__)
 
 
@@ -122,6 +124,8 @@ class IoRunner:
                 result = await make()
             except BaseException as exc:  # noqa: BLE001 - whatever escapes, the unit must end
                 result = exc
+            if strays.stray:  # the unit forked and this is the child (fleet.worker.strays)
+                strays.leave(result if isinstance(result, BaseException) else None)
             self._ending = slot
             try:
                 self._end(slot, tag, result)
@@ -138,6 +142,10 @@ class IoRunner:
             result = fn()
         except BaseException as exc:  # noqa: BLE001 - whatever escapes, the unit must end
             result = exc
+        if strays.stray:
+            # The unit forked on this thread and this is the child: alone in it (no loop
+            # runs here to take the result), it would wait for the pool's next call for ever.
+            strays.leave(result if isinstance(result, BaseException) else None)
         self.loop.call_soon_threadsafe(end, slot, tag, result)
 
     # --- the serial lane --------------------------------------------------------------------
