@@ -257,7 +257,8 @@ def await_check(sock: socket.socket, bound_s: float | None = None) -> None:
                 break
     if answer is None:
         if at is None:
-            raise WorkerStartError(f"the worker fork server did not check the handlers within {bound_s:g} s")
+            raise WorkerStartError(f"the worker fork server gave no answer to the handler check (it is gone, "
+                                   f"or did not answer within {bound_s:g} s)")
         raise ConfigError(at["at"], f"importing {at['handler']!r} in the worker fork server did not finish: "
                                     f"it ended the process or ran past {checker_s:g} s")
     if not answer["ok"]:

@@ -539,6 +539,9 @@ class Daemon:
             log.info("fleet %s: SIGHUP ignored: stopping", self.config.name)
             return
         self._send("reloading")
+        if self._watchdog is not None:  # the check waits on the fork server (bounded): start with a fresh ping
+            self._send("watchdog")
+            self._watchdog.pinged(self.clock())
         try:
             result = self.reload()
         except FleetError as exc:

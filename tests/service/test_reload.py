@@ -130,3 +130,22 @@ def test_sighup_refuses_a_handler_the_fork_server_cannot_resolve_in_one_line(fle
             assert client.submit("sq", 5).result(BOUND_S) == 25
         d.signal(signal.SIGTERM)
         assert d.wait() == 0
+
+
+def test_a_reload_while_the_fork_server_is_stopped_is_refused_within_its_bound(fleet_name, monkeypatch):
+    import os
+
+    from fleet.runtime.zygote_link import WorkerStartError
+
+    monkeypatch.setattr("fleet.worker.zygote.CHECK_BOUND_S", 1)  # the answer is awaited 1 + 5 s
+    with running(_cfg(fleet_name)) as f:
+        zygote = f._sup.seats.workers.zygote.pid
+        os.kill(zygote, signal.SIGSTOP)
+        try:
+            with pytest.raises(WorkerStartError, match="gave no answer to the handler check"):
+                f.reload(_cfg(fleet_name, events=9), env={})
+        finally:
+            os.kill(zygote, signal.SIGCONT)
+        assert f.posture_show()["policy"]["cordon_enter_events"] == 4  # nothing applied
+        assert f.reload(_cfg(fleet_name, events=9), env={})["applied"] == ["posture"]  # answered again
+        assert f.submit("sq", 3).result(BOUND_S) == 9
