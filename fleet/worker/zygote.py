@@ -209,9 +209,13 @@ class Zygote:
         pid = os.fork()
         if pid == 0:
             try:
+                from fleet.host.proctitle import name_process
+                from fleet.rules import titles
+
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 self.sock.close()
+                name_process(titles.fork_server_check(self.name))
                 # SIGALRM's default ends a check that runs past its bound (whole seconds, at least 1)
                 signal.alarm(max(1, math.ceil(msg.get("bound_s") or CHECK_BOUND_S)))
                 from fleet.rules.roles import Role, RoleSet

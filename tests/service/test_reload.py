@@ -149,3 +149,29 @@ def test_a_reload_while_the_fork_server_is_stopped_is_refused_within_its_bound(f
         assert f.posture_show()["policy"]["cordon_enter_events"] == 4  # nothing applied
         assert f.reload(_cfg(fleet_name, events=9), env={})["applied"] == ["posture"]  # answered again
         assert f.submit("sq", 3).result(BOUND_S) == 9
+
+
+def test_a_checker_is_named_for_what_it_is_and_ended_past_its_bound(fleet_name, modules):
+    import threading
+
+    with running(_cfg(fleet_name)) as f:
+        workers = _zygote_children(f)
+        refused = []
+
+        def reload_hanging():
+            try:
+                f.reload(_cfg(fleet_name, "reload_hangs:f"), env={})
+            except ConfigError as exc:
+                refused.append(exc)
+
+        asker = threading.Thread(target=reload_hanging)
+        asker.start()
+        try:
+            zygote = psutil.Process(f._sup.seats.workers.zygote.pid)
+            checker = wait_until(lambda: [p for p in zygote.children() if p.pid not in workers], "the checker")[0]
+            assert checker.cmdline()[0] == f"fleet-{fleet_name}-forkserver-check"  # never a second fork server
+            assert checker.name() == "fleet-fscheck"
+        finally:
+            asker.join(BOUND_S)
+        assert refused and "did not finish" in str(refused[0]), refused  # its bound (1 s here) ended it
+        wait_until(lambda: _zygote_children(f) == workers, "the checker reaped")
