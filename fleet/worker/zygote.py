@@ -184,6 +184,7 @@ class Zygote:
                 from fleet.worker.process import Worker, child_setup
 
                 self.sock.close()
+                self._close_passed()
                 child_setup(cpus, self.worker_nice, self._title(seat))
                 if os.getppid() != zygote:
                     os._exit(1)  # the zygote died before our death signal was armed: never an orphan
@@ -215,6 +216,7 @@ class Zygote:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 self.sock.close()
+                self._close_passed()
                 name_process(titles.fork_server_check(self.name))
                 # SIGALRM's default ends a check that runs past its bound (whole seconds, at least 1)
                 signal.alarm(max(1, math.ceil(msg.get("bound_s") or CHECK_BOUND_S)))
@@ -228,6 +230,13 @@ class Zygote:
                 os._exit(0)
         os.close(fd)
         self.checkers.add(pid)
+
+    def _close_passed(self) -> None:
+        """In a child: close the answer channels of checks not yet made, so that a check's
+        asker sees its channel end when its own checker does, not when some worker exits."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
 
     def _title(self, seat: int):
         from fleet.rules import titles
