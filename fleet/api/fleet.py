@@ -177,8 +177,9 @@ class Fleet(Executor):
         posture policy, queue bounds, the provider catalog. Returns ``applied`` and
         ``needs_restart``. A config that fails to load raises ConfigError and changes nothing;
         when it is the ``[admission]`` section, the last good catalog stays and the
-        admission's ``policy_error`` says why. A config this host could not boot (a budget
-        over the quota, ...) raises its boot refusal (BootRefused) and changes nothing."""
+        admission's ``policy_error`` says why. A config this host could not boot raises its
+        boot refusal and changes nothing: a budget over the quota (BudgetOverQuota, ...), a
+        handler the worker fork server cannot import or call (ConfigError naming the role)."""
         if source is None:
             source = self.config.source if self.config.source not in (None, "<dict>") else None
         try:

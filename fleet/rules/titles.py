@@ -11,6 +11,7 @@ process        command line                      command name (15 bytes)
 =============  ================================  ================================
 a worker       ``fleet-<fleet>-<seat>``           ``fleet-<seat>``
 fork server    ``fleet-<fleet>-forkserver``       ``fleet-forksrv``
+its checker    ``fleet-<fleet>-forkserver-check`` ``fleet-fscheck``
 fleetd         ``fleetd-<fleet> <its arguments>``  ``fleetd-<fleet>``
 =============  ================================  ================================
 
@@ -53,6 +54,12 @@ def worker(fleet: str, seat: str) -> Title:
 
 def fork_server(fleet: str) -> Title:
     return Title(f"{PREFIX}{fleet}-forkserver", f"{PREFIX}forksrv")
+
+
+def fork_server_check(fleet: str) -> Title:
+    """The process a fork server forks to check a reload's handlers (fleet.worker.zygote):
+    never taken for a second fork server while an import runs in it."""
+    return Title(f"{PREFIX}{fleet}-forkserver-check", f"{PREFIX}fscheck")
 
 
 def daemon(fleet: str, args=()) -> Title:

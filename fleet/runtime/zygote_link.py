@@ -7,6 +7,8 @@ waits for `ready` (a handler that cannot be imported comes back as the ConfigErr
 naming the role). After boot the socket is non-blocking: `fork(seat, cpus)` asks
 for a worker, `read()` returns the `Forked` and `Exited` events received so far
 (None once the zygote is gone), `exit()` asks it to stop and waits for it.
+`check(roles)` asks it to check a reload's handlers as its boot resolved them, answered
+on a channel of its own that `await_check` reads on any thread.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import sys
 import time
 
 from fleet.rules.errors import BootRefused, ConfigError, UnguardedMain
+from fleet.worker import zygote as _zygote
 from fleet.worker.zygote import FLEET_ROOT
 
 log = logging.getLogger(__name__)
@@ -178,6 +181,29 @@ class ZygoteLink:
         *lines, self._buf = self._buf.split(b"\n")
         return [e for e in map(_event, lines) if e is not None]
 
+    def check(self, roles) -> socket.socket:
+        """Ask the zygote to check `roles`' handlers as its boot resolved them (importable,
+        callable, an async one only on an I/O-bound role: `fleet.worker.zygote.check_handlers`);
+        returns the end of the channel its answer comes on, for `await_check`, which may run
+        on another thread: only the request goes over the link. The link's owner calls it.
+
+        Raises WorkerStartError when the zygote cannot be asked (it is gone)."""
+        ours, theirs = socket.socketpair()
+        msg = {"op": "check", "roles": [dataclasses.asdict(r) for r in roles], "sys_path": list(sys.path),
+               "bound_s": _zygote.CHECK_BOUND_S}
+        try:
+            self._sock.setblocking(True)
+            try:
+                socket.send_fds(self._sock, [json.dumps(msg).encode() + b"\n"], [theirs.fileno()])
+            finally:
+                self._sock.setblocking(False)
+        except OSError as exc:
+            ours.close()
+            raise WorkerStartError(f"the worker fork server cannot check the handlers: {exc}") from None
+        finally:
+            theirs.close()
+        return ours
+
     def wait(self) -> int:
         """The zygote's exit code (it is gone or going)."""
         return self._proc.wait()
@@ -201,6 +227,44 @@ class ZygoteLink:
             self._sock.sendall(json.dumps(msg).encode() + b"\n")
         finally:
             self._sock.setblocking(False)
+
+
+def await_check(sock: socket.socket, bound_s: float | None = None) -> None:
+    """Read the zygote's answer to `ZygoteLink.check` (closing `sock`): None when every
+    handler resolves; else the ConfigError naming the role, as boot would raise it. An
+    answer that never comes (an import that hangs past the checker's bound or ends its
+    process, a fork server that does not answer within `bound_s`, by default a little past
+    the checker's) is a ConfigError naming the role being imported then, or
+    WorkerStartError when none was."""
+    checker_s = _zygote.CHECK_BOUND_S
+    bound_s = checker_s + 5.0 if bound_s is None else bound_s
+    deadline = time.monotonic() + bound_s
+    buf, at, answer = b"", None, None
+    with sock:
+        while answer is None:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, ConnectionError):
+                chunk = b""
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in map(json.loads, filter(None, lines)):
+                if "ok" in line:
+                    answer = line
+                else:
+                    at = line
+            if not chunk and answer is None:
+                break
+    if answer is None:
+        if at is None:
+            raise WorkerStartError(f"the worker fork server gave no answer to the handler check (it is gone, "
+                                   f"or did not answer within {bound_s:g} s)")
+        raise ConfigError(at["at"], f"importing {at['handler']!r} in the worker fork server did not finish: "
+                                    f"it ended the process or ran past {checker_s:g} s")
+    if not answer["ok"]:
+        if answer.get("path"):
+            raise ConfigError(answer["path"], answer["message"].split(": ", 1)[-1])
+        raise ConfigError(at["at"] if at else "roles", f"{answer['type']}: {answer['message']}")
 
 
 def _event(line: bytes):

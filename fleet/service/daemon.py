@@ -20,9 +20,11 @@ Signals. SIGTERM drains: intake closes, in-flight units finish, units still queu
 after ``grace_s`` fail with Shutdown; exit 0. SIGINT (or a second SIGTERM) stops
 fast: workers are killed and everything owed fails with Shutdown; exit 0. SIGHUP
 re-reads the config and applies what can change live (posture policy, queue bounds)
-through the reload op (`fleet.service.control.ops.intake.ReloadOp`), logging what needs a restart; a file that boot would
-refuse (invalid, out of range, a budget that does not fit) is logged at WARNING with
-the reason and changes nothing: the running config stays.
+through the reload op (`fleet.service.control.ops.intake.ReloadOp`), logging what needs a
+restart. The file is checked as boot checks it first; one boot would refuse (invalid, out
+of range, a budget that does not fit, a handler the worker fork server cannot import or
+call) is refused: one WARNING line names why, the running config stays, and the
+``STATUS=`` line says so (``systemctl status``) until a reload is applied.
 
 Result delivery (see fleet.service.control, "Result delivery"): a submit that carries a
 client token has its outcome encoded (`fleet.service.control.outcome_record`) when the
@@ -344,6 +346,7 @@ class Daemon:
         self._next_status = 0.0
         self._notify_failed = False
         self._exit_code = EXIT_OK
+        self._reload_refused: str | None = None  # why the last reload was refused (STATUS= says it)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -463,6 +466,8 @@ class Daemon:
         text = (f"{self.sup.plan.binding} binding, {len(self.sup.layout.seats)} seat(s); "
                 f"units: {counts['submitted']} submitted, {counts['solved']} solved, "
                 f"{counts['suppressed']} suppressed, {counts['failed']} failed, {counts['inflight']} in flight")
+        if self._reload_refused:
+            text += f"; last reload refused: {self._reload_refused}"
         if self._stopping:
             text += "; stopping"
         elif self.sup.draining:  # the supervisor's own flag (a plain attribute the loop swaps)
@@ -534,16 +539,22 @@ class Daemon:
             log.info("fleet %s: SIGHUP ignored: stopping", self.config.name)
             return
         self._send("reloading")
+        if self._watchdog is not None:  # the check waits on the fork server (bounded): start with a fresh ping
+            self._send("watchdog")
+            self._watchdog.pinged(self.clock())
         try:
             result = self.reload()
         except FleetError as exc:
             # A warning, not an error: the fleet runs on, as it was; the operator fixes the file.
-            log.warning("fleet %s: reload refused, nothing changed: %s: %s", self.config.name, type(exc).__name__, exc)
+            self._reload_refused = f"{type(exc).__name__}: {exc}"
+            log.warning("fleet %s: reload refused, nothing changed: %s", self.config.name, self._reload_refused)
             if str(getattr(exc, "path", "")).startswith("admission"):
                 self.handler.admission_reload_refused(str(exc))  # the last good catalog stays; status says why
         except Exception:  # a fault in reading or checking the file must not stop a running fleet
+            self._reload_refused = "an internal error (logged)"
             log.exception("fleet %s: reload failed; the running config stays", self.config.name)
         else:
+            self._reload_refused = None
             log.info("fleet %s: reload from %s: applied %s; needs a restart to change: %s", self.config.name,
                      self.options.config_path, ", ".join(result["applied"]) or "nothing",
                      ", ".join(result["needs_restart"]) or "nothing")

@@ -7,7 +7,9 @@ this process once; the zygote pays the start-up cost, and every worker — at bo
 and at every restart after a death — is a fork of it, ready in milliseconds.
 
 Protocol: JSON lines over a socketpair with the supervisor.
-  supervisor -> zygote: {"op": "boot", ...} once, then {"op": "fork", "seat": i, "cpus": [...]}, {"op": "exit"}
+  supervisor -> zygote: {"op": "boot", ...} once, then {"op": "fork", "seat": i, "cpus": [...]}, {"op": "exit"},
+                        {"op": "check", "roles": [...], "sys_path": [...]} with a file descriptor passed
+                        alongside (SCM_RIGHTS), where the answer goes (`check_handlers`)
   zygote -> supervisor: {"op": "ready", "pid": p, "fleet": the directory fleet was imported from}
                         | {"op": "error", "type": ..., "message": ...}
                         {"op": "forked", "seat": i, "pid": p} | {"op": "exited", "pid": p, "status": s}
@@ -22,6 +24,7 @@ import gc
 import importlib
 import json
 import logging
+import math
 import os
 import selectors
 import signal
@@ -57,6 +60,42 @@ def resolve_handler(spec: str, where: str):
     return fn
 
 
+#: How long a reload's check of the handlers may take in the fork server (`Zygote.check`):
+#: past it the checking process is ended by SIGALRM and the reload is refused. Short: the
+#: daemon waits for it before it pings the watchdog again (WatchdogSec=30s pings each 15 s).
+#: The supervisor sends it with each check (`fleet.runtime.zygote_link.ZygoteLink.check`).
+CHECK_BOUND_S = 10
+
+
+def resolve_handlers(roles) -> list:
+    """Each role's handler (None for a role without one), as boot resolves them: imported,
+    callable, an async one only for an I/O-bound role; else the ConfigError naming the role."""
+    handlers = [resolve_handler(r.handler, f"roles.{r.name}.handler") if r.handler else None for r in roles]
+    for role, handler in zip(roles, handlers):
+        check_async_handler(role, handler)
+    return handlers
+
+
+def check_handlers(roles, out) -> None:
+    """A reload's check, in a process forked off the fork server: `resolve_handlers` as boot
+    does, saying on `out` (a binary stream) which role it is at before each import, then
+    the outcome: ``{"ok": true}`` or ``{"ok": false, "type", "message", "path"}``. A line
+    per step, so an import that never returns (or ends the process) is named by the last."""
+    def say(**msg):
+        out.write(json.dumps(msg).encode() + b"\n")
+        out.flush()
+
+    try:
+        for role in roles:
+            if role.handler:
+                say(at=f"roles.{role.name}.handler", handler=role.handler)
+                resolve_handlers([role])
+    except BaseException as exc:  # noqa: BLE001 - any failure is the answer, never this process's end
+        say(ok=False, type=type(exc).__name__, message=str(exc), path=getattr(exc, "path", None))
+        return
+    say(ok=True)
+
+
 def check_async_handler(role, handler) -> None:
     """An `async def` handler needs an event loop: only I/O-bound roles run one."""
     import inspect
@@ -73,6 +112,8 @@ class Zygote:
         self.sock = sock
         self.buf = b""
         self.children: dict[int, int] = {}  # pid -> seat
+        self.checkers: set[int] = set()  # processes checking a reload's handlers (`check`): no worker's
+        self.fds: list[int] = []  # descriptors passed with messages not yet read (a check's answer)
         self.table = self.data = self.roles = None
         self.handlers: list = []
         self.worker_nice: int | None = None
@@ -87,7 +128,8 @@ class Zygote:
     def read_messages(self) -> list | None:
         """Every complete message received so far (None once the supervisor is gone).
         Reads what the socket has; several messages may arrive in one read."""
-        chunk = self.sock.recv(65536)
+        chunk, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, 16)
+        self.fds.extend(fds)
         if not chunk:
             return None
         self.buf += chunk
@@ -120,11 +162,7 @@ class Zygote:
         self.setup = WorkerSetup.from_boot(msg.get("workers"))
         self.init = prepare_zygote(self.setup)  # the main module first: handlers and pickles may name it
         self.roles = RoleSet(tuple(Role(**r) for r in msg["roles"]))
-        self.handlers = [
-            resolve_handler(r.handler, f"roles.{r.name}.handler") if r.handler else None for r in self.roles
-        ]
-        for role, handler in zip(self.roles, self.handlers):
-            check_async_handler(role, handler)
+        self.handlers = resolve_handlers(self.roles)
         self.table = SlotTable.attach(msg["name"])
         self.seat_names = [seat["name"] for seat in self.table.meta.get("seats", ())]
         self.table.load_kernels()  # once, here, for every fork to inherit
@@ -146,6 +184,7 @@ class Zygote:
                 from fleet.worker.process import Worker, child_setup
 
                 self.sock.close()
+                self._close_passed()
                 child_setup(cpus, self.worker_nice, self._title(seat))
                 if os.getppid() != zygote:
                     os._exit(1)  # the zygote died before our death signal was armed: never an orphan
@@ -159,6 +198,46 @@ class Zygote:
         self.children[pid] = seat
         return pid
 
+    def check(self, msg: dict, fd: int | None) -> None:
+        """A reload's check of its roles' handlers, answered on `fd` (`check_handlers`), in a
+        process forked off this one: what a worker would inherit is here (the main module,
+        sys.path, the modules imported), while an import's top-level code (which may hang,
+        exit or leave state behind) runs where nothing a worker inherits can see it, bounded
+        by `CHECK_BOUND_S`. The checker is reaped here and reported to nobody."""
+        if fd is None:
+            log.warning("fork server: a handler check came without its answer channel")
+            return
+        pid = os.fork()
+        if pid == 0:
+            try:
+                from fleet.host.proctitle import name_process
+                from fleet.rules import titles
+
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                self.sock.close()
+                self._close_passed()
+                name_process(titles.fork_server_check(self.name))
+                # SIGALRM's default ends a check that runs past its bound (whole seconds, at least 1)
+                signal.alarm(max(1, math.ceil(msg.get("bound_s") or CHECK_BOUND_S)))
+                from fleet.rules.roles import Role, RoleSet
+
+                sys.path[:] = msg.get("sys_path") or sys.path
+                with os.fdopen(fd, "wb") as out:
+                    check_handlers(RoleSet(tuple(Role(**r) for r in msg["roles"])), out)
+            finally:
+                _flush_std()
+                os._exit(0)
+        os.close(fd)
+        self.checkers.add(pid)
+
+    def _close_passed(self) -> None:
+        """In a child: close the answer channels of checks not yet made, so that a check's
+        asker sees its channel end when its own checker does, not when some worker exits."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+
     def _title(self, seat: int):
         from fleet.rules import titles
 
@@ -166,13 +245,16 @@ class Zygote:
         return titles.worker(self.name, name)
 
     def reap(self) -> None:
-        while self.children:
+        while self.children or self.checkers:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            if pid in self.checkers:
+                self.checkers.discard(pid)
+                continue
             self.children.pop(pid, None)
             self.send(op="exited", pid=pid, status=os.waitstatus_to_exitcode(status))
             self.tell()
@@ -204,6 +286,8 @@ class Zygote:
                     if msg["op"] == "fork":
                         self.send(op="forked", seat=msg["seat"], pid=self.fork(msg["seat"], msg.get("cpus")))
                         self.tell()
+                    elif msg["op"] == "check":
+                        self.check(msg, self.fds.pop(0) if self.fds else None)
                     elif msg["op"] == "exit":
                         return 0
             self.reap()  # a SIGCHLD may have raced the registration

@@ -37,3 +37,9 @@ def test_the_fork_server_and_fleetd_have_names_of_their_own():
     d = titles.daemon("prod", ("--config", "/etc/fleet/prod.toml"))
     assert (d.cmdline, d.comm) == ("fleetd-prod --config /etc/fleet/prod.toml", "fleetd-prod")
     assert titles.daemon("a-very-long-fleet-name").comm == "fleetd-a-very-l"
+
+
+def test_the_fork_servers_reload_checker_is_told_from_the_fork_server():
+    check = titles.fork_server_check("prod")
+    assert check == titles.Title("fleet-prod-forkserver-check", "fleet-fscheck")
+    assert len(check.comm.encode()) <= titles.COMM_BYTES and check != titles.fork_server("prod")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from fleet.service.control.ops.base import OPS, Op
 
@@ -43,14 +44,38 @@ class ReloadOp(Op):
     method = None
     no_method = "fleetd reloads on SIGHUP; an embedded fleet has Fleet.reload"
 
+    def run(self, sup, config) -> dict:
+        """Check `config` as a boot would, then apply it (`on_loop`). A config a restart
+        would refuse is refused whole, with that refusal, and changes nothing: accepting
+        its live parts would leave a fleet that cannot start again. Boot's checks: the
+        budget this host would plan now (BudgetOverQuota, BelowHostFloor, ...), and every
+        role's handler resolved in the worker fork server, where the workers get theirs
+        (ConfigError naming the role: a module or function missing, not callable, an async
+        one on a CPU-bound role, an import that hangs or ends its process).
+
+        The check's request goes out on the loop (the link's owner); its answer is awaited
+        here, so the loop dispatches meanwhile."""
+        from fleet.runtime.zygote_link import await_check
+
+        await_check(sup.call(functools.partial(self._ask_check, sup, config)))
+        return sup.call(functools.partial(self.on_loop, sup, config))
+
+    @staticmethod
+    def _ask_check(sup, config):
+        sup.project(config)  # the pure budget rule first: a refusal here asks the fork server nothing
+        zygote = sup.seats.workers.zygote
+        if zygote is None:
+            from fleet.runtime.zygote_link import WorkerStartError
+
+            raise WorkerStartError("the worker fork server is not running (it is being replaced): "
+                                   "the handlers cannot be checked; reload again")
+        return zygote.check(config.roles)
+
     def on_loop(self, sup, config) -> dict:
         """Apply what can change on a live fleet of `config` (a FleetConfig: posture policy,
         queue bounds, the provider catalog); report what needs a restart: ``applied``,
-        ``needs_restart``. Nothing is applied if the posture policy is invalid, or if the
-        config could not boot on this host now (its typed boot refusal is raised)."""
-        # A config a restart would refuse (a budget over the quota, no handler) is refused
-        # whole: accepting its live parts would leave a fleet that cannot start again.
-        sup.project(config)
+        ``needs_restart``. Nothing is applied if the posture policy is invalid. `run` has
+        checked `config` as a boot would first."""
         applied, restart = [], []
         old = sup.config
         for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store"):
