@@ -92,6 +92,7 @@ from admission.route import Route
 from fleet.host.trust import UntrustedPeer, trusted_uids
 from fleet.rules.unit import (
     BadUnit,
+    Draining,
     FleetClosed,
     PayloadTooLarge,
     PayloadUnpicklable,
@@ -129,7 +130,7 @@ MAX_WIRE_PAYLOAD = (control.MAX_FRAME - 64 * 1024) * 3 // 4
 
 # Error replies that are the embedded API's typed submit refusals, by wire type.
 _SUBMIT_ERRORS = {cls.__name__: cls for cls in (
-    BadUnit, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed,
+    BadUnit, Draining, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed,
     RequestIdReused)}
 
 
@@ -288,7 +289,8 @@ class Client(Executor):
         RequestIdReused.
 
         Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
-        PayloadUnpicklable, QueueFull, RoleStopped, RequestIdReused, FleetClosed
+        PayloadUnpicklable, QueueFull, Draining (the fleet drains: retry after
+        its resume), RoleStopped, RequestIdReused, FleetClosed
         (this client is closed, or the fleet is stopping), PermissionDenied (this
         uid may not submit), ControlBusy (fleetd refused the connection: busy),
         FleetConnectionLost (the daemon is gone; a later submit tries again).
