@@ -380,7 +380,7 @@ class Client(Executor):
 
     # --- the operator ops: one method per op of the registry (`fleet.service.control.ops.OPS`),
     # made by `OPS.client_class` from each op's client half (status, ledger,
-    # posture_show, posture_set, drain, cancel, admission_close, report_budget, ...).
+    # posture_show, posture_set, drain, resume, drain_state, cancel, admission_close, report_budget, ...).
 
     def __repr__(self) -> str:
         return f"<fleet.Client {self.name!r} at {self.path}>"

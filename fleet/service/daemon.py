@@ -465,7 +465,7 @@ class Daemon:
                 f"{counts['suppressed']} suppressed, {counts['failed']} failed, {counts['inflight']} in flight")
         if self._stopping:
             text += "; stopping"
-        elif self.sup.draining:  # the supervisor's own flag (a plain attribute the loop swaps)
+        elif self.sup.draining:  # the door's flag, the fleet's one copy (a plain attribute the loop swaps)
             text += "; draining"
         return text
 
