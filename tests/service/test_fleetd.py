@@ -297,17 +297,22 @@ def test_sighup_applies_a_new_posture_and_an_invalid_file_changes_nothing(fleet_
 
 
 def test_sighup_applies_new_queue_bounds_live(fleet_name):
-    with Fleetd(fleet_name, roles()) as d, d.connect() as client:
-        d.write_config({**roles(), "hang": role("hang", slots=2, queue_bound=1)})
+    with Fleetd(fleet_name, gated_roles()) as d, d.connect() as client:
+        gate = os.path.join(d.dir, "go")
+        d.write_config({**gated_roles(), "gate": role("wait_for_file", slots=1, io_bound=True, peak_cpus=0,
+                                                      lookahead=0, queue_bound=1)})
         d.signal(signal.SIGHUP)
         d.wait_ready(count=2)
         assert "applied roles.*.queue_bound" in d.stderr()
-        assert d.ctl("drain").returncode == 0  # nothing leaves the queue now
-        first = client.submit("hang", 0)
-        with pytest.raises(fleet.QueueFull, match="1 units waiting"):
-            client.submit("hang", 0)
-        assert d.ctl("resume").returncode == 0
-        assert first.result(BOUND_S) == "woke"
+        try:
+            blocker = client.submit("gate", (gate, 1))  # holds the one slot: nothing leaves the queue now
+            wait_until(lambda: queue_of(d, "gate")["in_use"] == 1, "the blocker to run")
+            first = client.submit("gate", (None, 2))
+            with pytest.raises(fleet.QueueFull, match="1 units waiting"):
+                client.submit("gate", (None, 3))
+        finally:
+            open(gate, "a").close()
+        assert blocker.result(BOUND_S) == 1 and first.result(BOUND_S) == 4
 
 
 # ---------------------------------------------------------------- sd_notify
