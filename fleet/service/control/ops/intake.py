@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, EXIT_TIMED_OUT
 from fleet.service.control.ops.base import OPS, Op
@@ -47,6 +46,8 @@ class DrainOp(Op):
         state = call(self.name)
         if not args.wait:
             return state
+        import time  # fleetctl's half only
+
         start = time.monotonic()
         while True:
             if not state["draining"]:
