@@ -9,6 +9,7 @@ from fleet._version import __version__
 from fleet.rules.errors import BootRefused, ConfigError, FleetError, NotRunning
 from fleet.rules.unit import (
     BadUnit,
+    Draining,
     FleetClosed,
     Outcome,
     PayloadTooLarge,
@@ -86,6 +87,7 @@ __all__ = [
     "SubmitRefused",
     "BadUnit",
     "QueueFull",
+    "Draining",
     "PayloadTooLarge",
     "PayloadUnpicklable",
     "RoleStopped",

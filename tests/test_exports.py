@@ -23,7 +23,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 USER_DOCS = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "internals.md")]
 
 FLEET_API = [
-    "BadUnit", "BelowHostFloor", "BootRefused", "BudgetOverQuota", "Client", "ConfigError", "Executor", "Fleet",
+    "BadUnit", "BelowHostFloor", "BootRefused", "BudgetOverQuota", "Client", "ConfigError", "Draining", "Executor",
+    "Fleet",
     "FleetClosed", "FleetConnectionLost", "FleetError", "NotRunning", "Outcome", "PayloadTooLarge",
     "PayloadUnpicklable", "PostureCauseError", "PostureRetuneError", "QueueFull", "QuotaTooSmallForPinnedRoles",
     "Refused", "RequestIdReused", "RoleBroken", "RoleStopped", "Route", "SubmitRefused", "SubmitUncertain",

@@ -65,6 +65,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
+from concurrent.futures import wait as wait_for
 from typing import Any
 
 from fleet.worker import codec
@@ -92,6 +93,7 @@ from admission.route import Route
 from fleet.host.trust import UntrustedPeer, trusted_uids
 from fleet.rules.unit import (
     BadUnit,
+    Draining,
     FleetClosed,
     PayloadTooLarge,
     PayloadUnpicklable,
@@ -114,6 +116,10 @@ COLLECT_WAIT_S = 10.0
 #: How much longer than its wait a poll's reply may take before the client asks again
 #: (on a new connection: the daemon holds what it sent until it is acknowledged).
 COLLECT_GRACE_S = 20.0
+#: How long `shutdown(wait=True)` (leaving a ``with`` block) waits quietly for pending
+#: futures before it logs what it waits for: a block whose last outcomes are a moment
+#: away says nothing, one that waits on long or held units says so.
+WAIT_NOTICE_S = 1.0
 #: Pause before polling again after a poll the daemon was too slow or too busy to answer.
 COLLECT_RETRY_S = 0.05
 #: Polls in a row whose connection broke after it was made, before the daemon counts
@@ -129,7 +135,7 @@ MAX_WIRE_PAYLOAD = (control.MAX_FRAME - 64 * 1024) * 3 // 4
 
 # Error replies that are the embedded API's typed submit refusals, by wire type.
 _SUBMIT_ERRORS = {cls.__name__: cls for cls in (
-    BadUnit, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed,
+    BadUnit, Draining, PayloadTooLarge, PayloadUnpicklable, QueueFull, RoleStopped, SubmitRefused, FleetClosed,
     RequestIdReused)}
 
 
@@ -288,7 +294,8 @@ class Client(Executor):
         RequestIdReused.
 
         Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
-        PayloadUnpicklable, QueueFull, RoleStopped, RequestIdReused, FleetClosed
+        PayloadUnpicklable, QueueFull, Draining (the fleet drains: retry after
+        its resume), RoleStopped, RequestIdReused, FleetClosed
         (this client is closed, or the fleet is stopping), PermissionDenied (this
         uid may not submit), ControlBusy (fleetd refused the connection: busy),
         FleetConnectionLost (the daemon is gone; a later submit tries again).
@@ -334,7 +341,9 @@ class Client(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Close this client (the fleet keeps running).
 
-        wait=True first waits for every pending future; cancel_futures cancels the
+        wait=True first waits for every pending future (leaving a ``with`` block does):
+        when some are still pending after `WAIT_NOTICE_S`, a WARNING (logger
+        ``fleet.api.client``) says how many it waits for. cancel_futures cancels the
         ones still pending here (their units still run in the fleet). Futures still
         pending when the client closes fail with FleetClosed.
         """
@@ -346,6 +355,12 @@ class Client(Executor):
             for fut in pending:
                 fut.cancel()
         if wait:
+            left = wait_for(pending, WAIT_NOTICE_S).not_done if pending else ()
+            if left:
+                # Never block without a word: the caller learns what it waits for.
+                log.warning("client of fleet %r closing: waiting for %d unit(s) still owed to this client "
+                            "(queued or in flight in the fleet) to reach their outcomes; shutdown(wait=False) "
+                            "or cancel_futures=True leaves at once", self.name, len(left))
             for fut in pending:
                 try:
                     fut.exception()
@@ -365,7 +380,7 @@ class Client(Executor):
 
     # --- the operator ops: one method per op of the registry (`fleet.service.control.ops.OPS`),
     # made by `OPS.client_class` from each op's client half (status, ledger,
-    # posture_show, posture_set, drain, cancel, admission_close, report_budget, ...).
+    # posture_show, posture_set, drain, resume, drain_state, cancel, admission_close, report_budget, ...).
 
     def __repr__(self) -> str:
         return f"<fleet.Client {self.name!r} at {self.path}>"

@@ -169,8 +169,9 @@ class Fleet(Executor):
         self._sup.shutdown(wait=wait, cancel_futures=cancel_futures)
 
     # --- the operator's methods: one per op with ``fleet = True`` (status, ledger, posture_show,
-    # posture_set, posture_release, admission_*, report_budget), made from the op registry
-    # (`fleet.service.control.ops.OPS`) by `OPS.fleet_methods` below, each a call on `operations`.
+    # posture_set, posture_release, drain, resume, drain_state, admission_*, report_budget),
+    # made from the op registry (`fleet.service.control.ops.OPS`) by `OPS.fleet_methods` below,
+    # each a call on `operations`.
 
     def reload(self, source=None, *, env=None) -> dict:
         """Load the config again (a path, dict or FleetConfig) and apply what can change live:

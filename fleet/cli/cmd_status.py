@@ -133,10 +133,20 @@ def _table(headers, rows, indent="  ") -> list[str]:
     return [fmt.format(*headers).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
 
 
+def run_state(doc: dict) -> str:
+    """The fleet's state word for a person: stale, closing, draining (since when) or running."""
+    if doc["stale"]:
+        return "STALE (creator gone)"
+    if doc["closing"]:
+        return "closing"
+    drain = doc.get("draining")  # absent from a document of an older fleetctl
+    if drain:
+        return f"DRAINING since {drain['since_utc']} (new submits refused; fleetctl resume)"
+    return "running"
+
+
 def render_header(doc: dict) -> list[str]:
-    state = "STALE (creator gone)" if doc["stale"] else "running"
-    if doc["closing"] and not doc["stale"]:
-        state = "closing"
+    state = run_state(doc)
     return [
         f"fleet {doc['fleet']}  {state}  pid {doc['creator_pid']}  mode {_dash(doc['mode'])}  "
         f"version {_dash(doc['version'])}  up {duration(doc['uptime_s'])} (since {doc.get('created_utc', '-')})  "

@@ -18,7 +18,7 @@ from fleet.cli._common import add_name_argument, fleet_name
 from fleet.rules.vocab import BulkheadState
 from fleet.rules.when import utc
 from fleet.shm.table.bulkheads import held_until
-from fleet.cli.cmd_status import duration
+from fleet.cli.cmd_status import duration, run_state
 
 NAME = "top"
 HELP = ("Watch the fleet live (q quits): roles with in-flight, queued and outcomes per second, slots by state, "
@@ -116,7 +116,7 @@ def frame(doc: dict | None, before: dict | None, elapsed_s: float | None, gone: 
     if doc is None:
         return [f"fleetctl top  {wall}  (q quits)", f"NOT RUNNING: {gone}"]
     rate_of = _rates(doc, before, elapsed_s)
-    state = "STALE (creator gone)" if doc["stale"] else "closing" if doc["closing"] else "running"
+    state = run_state(doc)
     g = doc["ledger"]
     outcomes = g["solved"] + g["failed"] + g["suppressed"]
     items = g["items"]["solved"] + g["items"]["failed"] + g["items"]["suppressed"]

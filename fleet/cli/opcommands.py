@@ -46,9 +46,8 @@ def add_op_commands(sub) -> None:
 def run_op(op: Op, args) -> int:
     """Send ``op`` with the arguments of the command line to the chosen fleet's daemon, print
     its reply (JSON with ``--json``) and return the op's exit code for it."""
-    wire = op.from_cli(args)
     with client(args) as c:
-        result = c.call(op.name, **wire)
+        result = op.cli_call(c.call, args)
     render = views.RENDER.get(op.name, op.render)
     sys.stdout.write(json.dumps(result, indent=2) + "\n" if args.json else render(result, args))
     return op.exit_code(result)

@@ -28,6 +28,7 @@ EXIT_FUSE_TRIPPED = 83  # the exactly-one-outcome ledger found a duplicate or a 
 EXIT_BUDGET_OVER_QUOTA = 84  # overrides or fixed shares add up to more than the quota
 EXIT_UNTRUSTED_PEER = 85  # a client refused a daemon, table or socket directory of a uid it does not trust
 # 86 was a segment of another uid under the fleet's name: boot now steps around it (fleet.shm.segments)
+EXIT_TIMED_OUT = 124  # fleetctl drain --wait: its --timeout passed with units still owed (timeout(1)'s code)
 EXIT_CLOCK_SKEW = 95  # fleetctl store check: the host and the store's database disagree on the time
 
 # A worker process's own (its supervisor reads them; fleet.worker.prepare).

@@ -140,7 +140,11 @@ def error_for(unit_id: int, role: str, outcome: Outcome, original=None) -> UnitE
 
 # --- refusals at submit: typed, and nothing is queued -------------------------------
 class SubmitRefused(FleetError, ValueError):
-    """A submit that was refused before anything was queued."""
+    """A submit that was refused before anything was queued. ``retryable``: the same
+    submit may be accepted later unchanged (the refusal is the fleet's state, not the
+    unit's: a full queue, a drain)."""
+
+    retryable: bool = False
 
 
 class PayloadTooLarge(SubmitRefused):
@@ -153,6 +157,23 @@ class PayloadUnpicklable(SubmitRefused):
 
 class QueueFull(SubmitRefused):
     """The role's queue is at its bound: backpressure, never a silent drop."""
+
+    retryable = True
+
+
+class Draining(SubmitRefused):
+    """The fleet is draining (``fleetctl drain``, `Fleet.drain`): it takes no new units
+    while its in-flight and queued ones finish; submit again after ``resume``.
+    ``since``: when the drain began (epoch seconds; None when the reply did not say)."""
+
+    retryable = True
+
+    def __init__(self, message: str, since: float | None = None):
+        super().__init__(message)
+        self.since = since
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.since))
 
 
 class BadUnit(SubmitRefused):

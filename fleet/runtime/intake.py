@@ -29,7 +29,8 @@ import time
 from concurrent.futures import Future
 
 from fleet.rules.raised import RoleBroken
-from fleet.rules.unit import FleetClosed, QueueFull
+from fleet.rules.when import utc
+from fleet.rules.unit import Draining, FleetClosed, QueueFull
 
 
 class TurnedAway(FleetClosed):
@@ -230,6 +231,10 @@ class Door:
         self._ids = itertools.count(1)  # next() is atomic: callers number their own units
         #: Intake closed: no new units (written by the loop only, a plain attribute swap).
         self.closing = False
+        #: Draining since (epoch seconds), or None: submits are refused with Draining
+        #: while queued and in-flight units finish. The fleet's one copy of the drain:
+        #: written by the loop only (`Supervisor.set_draining`), read by any thread.
+        self.draining_since: float | None = None
         self.stopped = threading.Event()  # set once the loop has stopped (and torn down)
         self._thread: threading.Thread | None = None
         self._loop_ident: int | None = None  # the loop thread's ident (`on_loop`, on every submit)
@@ -276,9 +281,14 @@ class Door:
 
     def refuse_if_closed(self, code: int, role: str) -> None:
         """FleetClosed once the fleet is shut down (or was never started); RoleBroken for
-        a role that was stopped."""
+        a role that was stopped; Draining while a drain holds the door."""
         if self.closing or self._thread is None or self.intake.closed:
             raise FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
         if code in self.role_stops.view:
             why = self.role_stops.reasons.get(code, "repeated worker deaths")
             raise RoleBroken(f"role {role!r} was stopped ({why}); it takes no more work")
+        since = self.draining_since
+        if since is not None:
+            raise Draining(f"fleet {self.name!r} is draining since {utc(since)}: it takes no new units "
+                           "until resumed (fleetctl resume); submit again then", since)
+

@@ -52,6 +52,7 @@ from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import FleetClosed, Outcome
 from fleet.rules.vocab import Reason
+from fleet.rules.when import utc
 from fleet.runtime import boot
 from fleet.runtime.accept import Acceptor
 from fleet.runtime.books import Books
@@ -112,7 +113,6 @@ class Supervisor:
         # given by the face that runs the fleet (it lives with the service, above this room)
         self._exporter = exporter
         self._rig: boot.Rig | None = None
-        self._draining = False  # fleetd drain: take nothing new from the queues (the loop writes; any thread reads)
         # The components, composed at `start` (before the loop thread starts).
         self.dispatcher = self.gates = self.books = self.seats = self.posture = self.providers = None
         self.publisher = None
@@ -189,8 +189,9 @@ class Supervisor:
 
     @property
     def draining(self) -> bool:
-        """Whether a drain holds the queues (fleetd's STATUS= line reads it)."""
-        return self._draining
+        """Whether a drain refuses new units (fleetd's STATUS= line reads it): the door's
+        flag, the fleet's one copy of it."""
+        return self.door.draining_since is not None
 
     # ================================================================== posting to the loop
     def _ring(self) -> None:
@@ -272,8 +273,6 @@ class Supervisor:
         that free a slot or let a unit through call it, as do the operator's ops)."""
         if self.door.closing:
             self._stops.shed_deferred_at_close()
-        if self._draining:
-            return
         dispatcher, books, table = self.dispatcher, self.books, self._rig.table
         dispatcher.skip = books.skip_at_grant
         grants = dispatcher.grant()
@@ -326,10 +325,30 @@ class Supervisor:
                 return f"slot {g.slot} refused the grant's {fsm.EVENT_NAMES[event]}: {fsm.REASON_NAMES[reason]}"
         return None
 
-    def set_draining(self, draining: bool) -> None:
-        """Drain: take nothing new from the queues (in-flight units complete); or take again."""
-        self._draining = draining
-        self.dispatch()
+    def set_draining(self, draining: bool) -> dict:
+        """Drain: refuse new submits with Draining while queued and in-flight units run to
+        their outcomes; or take new units again. On the loop (the door's flag is written
+        here only); the table carries it for `fleetctl status` and `top`. Draining again
+        keeps the first drain's start. Returns `drain_state`."""
+        door = self.door
+        if draining and door.draining_since is None:
+            door.draining_since = time.time()
+            log.info("fleet %s: draining: new submits are refused; %d unit(s) queued or in flight finish",
+                     self.name, len(self.books))
+        elif not draining and door.draining_since is not None:
+            log.info("fleet %s: resumed after draining since %s: taking new units", self.name,
+                     utc(door.draining_since))
+            door.draining_since = None
+        if self._rig is not None and self._rig.table is not None:
+            self._rig.table.set_draining_since(door.draining_since)
+        return self.drain_state()
+
+    def drain_state(self) -> dict:
+        """``draining``, ``since`` (epoch seconds or None), ``since_utc`` and ``owed``:
+        units queued or in flight (the ledger's count, which any thread may read)."""
+        since = self.door.draining_since
+        return {"draining": since is not None, "since": since, "since_utc": utc(since) if since else None,
+                "owed": self.ledger.counts().inflight}
 
     # ================================================================== the loop
     def _loop(self) -> None:

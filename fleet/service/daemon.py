@@ -470,7 +470,7 @@ class Daemon:
             text += f"; last reload refused: {self._reload_refused}"
         if self._stopping:
             text += "; stopping"
-        elif self.sup.draining:  # the supervisor's own flag (a plain attribute the loop swaps)
+        elif self.sup.draining:  # the door's flag, the fleet's one copy (a plain attribute the loop swaps)
             text += "; draining"
         return text
 

@@ -11,7 +11,11 @@ What is exported (names as scraped):
   ``fleet_intake_suppressed_total``.
 * ``fleet_units_submitted_total``, ``fleet_units_total{outcome}``, ``fleet_units_inflight``,
   ``fleet_units_failed_total{reason}`` (every reason of `fleet.rules.outcomes`, zeros included).
-* ``fleet_queue_depth{role}``, ``fleet_queue_bound{role}``, ``fleet_role_slots_in_use{role}``.
+* the same counts in items (a chunk of a map is one unit of many items, as the ledger
+  counts them): ``fleet_items_submitted_total``, ``fleet_items_total{outcome}``,
+  ``fleet_items_inflight``; and ``fleet_fsm_refused_total``, ``fleet_stray_results_total``.
+* ``fleet_queue_depth{role}``, ``fleet_queue_bound{role}``, ``fleet_role_slots_in_use{role}``,
+  ``fleet_role_repins_total{role}``.
 * ``fleet_table_torn_records`` and ``fleet_table_readable`` (0 when the provider failed:
   the scrape still succeeds and says so, rather than erroring).
 * ``fleet_unit_run_seconds{role}`` — histogram fed by the supervisor.
@@ -159,11 +163,26 @@ def _ledger(view: dict) -> list:
     counts = view["failed_by_reason"]
     for code in range(max(len(FAILURE_REASONS), len(counts))):
         by_reason.add_metric((reason_name(code),), counts[code] if code < len(counts) else 0)
+    # Items: a chunk of a map is one unit of many items (the ledger's `items`, as status shows).
+    items = view.get("items") or {}
+    items_by_outcome = CounterMetricFamily("fleet_items", "Items (a chunk's calls count one each) that reached an "
+                                           "outcome.", labels=("outcome",))
+    for outcome in OUTCOMES:
+        items_by_outcome.add_metric((outcome,), items.get(outcome, 0))
     return [
         CounterMetricFamily("fleet_units_submitted", "Units submitted.", value=view["submitted"]),
         by_outcome,
         GaugeMetricFamily("fleet_units_inflight", "Units submitted and not yet at an outcome.", value=view["inflight"]),
         by_reason,
+        CounterMetricFamily("fleet_items_submitted", "Items submitted (a chunk's calls count one each).",
+                            value=items.get("submitted", 0)),
+        items_by_outcome,
+        GaugeMetricFamily("fleet_items_inflight", "Items submitted and not yet at an outcome.",
+                          value=items.get("inflight", 0)),
+        CounterMetricFamily("fleet_fsm_refused", "Grants the slot table refused (a broken FSM rule; the unit "
+                            "failed FsmRefused).", value=view.get("fsm_refused", 0)),
+        CounterMetricFamily("fleet_stray_results", "Worker messages that were no owed unit's outcome, dropped.",
+                            value=view.get("stray_results", 0)),
     ]
 
 
@@ -171,12 +190,14 @@ def _queues(snap) -> list:
     depth = GaugeMetricFamily("fleet_queue_depth", "Units waiting in each role's queue.", labels=("role",))
     bound = GaugeMetricFamily("fleet_queue_bound", "Each role's queue bound (a full queue refuses).", labels=("role",))
     in_use = GaugeMetricFamily("fleet_role_slots_in_use", "Slots each role holds now.", labels=("role",))
+    repins = CounterMetricFamily("fleet_role_repins", "Elastic re-pins of each role's slots.", labels=("role",))
     for code in range(len(snap.role_names)):
         role = snap.role_view(code)
         depth.add_metric((role["name"],), role["queue_depth"])
         bound.add_metric((role["name"],), role["queue_bound"])
         in_use.add_metric((role["name"],), role["in_use"])
-    return [depth, bound, in_use]
+        repins.add_metric((role["name"],), role["repins"])
+    return [depth, bound, in_use, repins]
 
 
 class FleetCollector(Collector):
@@ -252,6 +273,9 @@ class FleetMetrics:
             **{outcome: int(ledger[outcome]) for outcome in OUTCOMES},
             "inflight": int(ledger["inflight"]),
             "failed_by_reason": [int(by_reason.get(reason, 0)) for reason in FAILURE_REASONS],
+            "fsm_refused": int(ledger.get("fsm_refused", 0)),
+            "stray_results": int(ledger.get("stray_results", 0)),
+            "items": {name: int(n) for name, n in (ledger.get("items") or {}).items()},
         }
         with self._lock:
             self._ledger = view

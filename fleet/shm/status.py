@@ -172,6 +172,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "created_utc": utc(snap.created_ns / 1e9),
         "uptime_s": round(max(0, wall_ns - snap.created_ns) / 1e9, 3),
         "closing": bool(snap.flags & L.FLAG_CLOSING),
+        "draining": draining(snap.draining_since_ns),
         "plan": meta.get("plan"),
         "quota": quota_now(meta.get("plan"), snap.posture_view()),
         "budget": meta.get("budget"),
@@ -213,6 +214,13 @@ def build_projection(name: str, config, meta: dict | None, refused: Exception | 
     doc.update(plan=meta["plan"], budget=meta["budget"], seats=seats, role_processes=meta.get("role_processes", []),
                slots=slots, queues=queues, refused=None)
     return doc
+
+
+def draining(since_ns: int) -> dict | None:
+    """None, or the drain that refuses new submits: ``since`` (epoch seconds), ``since_utc``."""
+    if not since_ns:
+        return None
+    return {"since": since_ns / 1e9, "since_utc": utc(since_ns / 1e9)}
 
 
 def quota_now(plan: dict | None, posture_view: dict) -> dict:

@@ -3,6 +3,7 @@ daemon that dies; and the daemon's OutcomeStore (bounds, long polls) on a fake c
 from __future__ import annotations
 
 import json
+import os
 import signal
 import tempfile
 import time
@@ -31,6 +32,8 @@ def roles():
         "blob": {**role("square", slots=1), "handler": "fleet.api.examples:blob"},
         "oneway": {**role("square", slots=1), "handler": "tests.daemons:one_way"},
         "held": role("wait_for_file", slots=4, io_bound=True, peak_cpus=0, queue_bound=6),
+        # one slot, nothing sent ahead: a unit held on its gate file keeps the next one queued
+        "gate": role("wait_for_file", slots=1, io_bound=True, peak_cpus=0, lookahead=0),
     }.items()}
 
 
@@ -334,23 +337,32 @@ def test_submits_racing_the_clients_shutdown_each_raise_or_get_their_outcome(ser
     assert [fut.result(0) for fut in futures] == [9] * len(futures)
 
 
+def _queue(client, name: str) -> dict:
+    return {q["name"]: q for q in client.status()["queues"]}[name]
+
+
 def test_cancelling_a_queued_unit_cancels_it_in_the_fleet(served, client):
     before = client.ledger()
-    client._call("drain")  # units are admitted and held in the queue: none starts
+    gate = os.path.join(tempfile.mkdtemp(prefix="cq-", dir="/tmp"), "go")
     try:
-        queued = client.submit("sq", 4)
+        blocker = client.submit("gate", (gate, 1))
+        wait_until(lambda: _queue(client, "gate")["in_use"] == 1, "the blocker to hold the one slot")
+        queued = client.submit("gate", (None, 4))
+        wait_until(lambda: _queue(client, "gate")["queue_depth"] == 1, "the unit to wait in the queue")
         assert queued.cancel() is True and queued.cancelled()
-        kept = client.submit("sq", 5)
+        kept = client.submit("gate", (None, 5))
     finally:
-        client._call("resume")
-    assert kept.result(BOUND_S) == 25
+        open(gate, "a").close()
+    assert blocker.result(BOUND_S) == 1 and kept.result(BOUND_S) == 25
+    os.unlink(gate)
+    os.rmdir(os.path.dirname(gate))
 
     def settled():
         now = client.ledger()
         return now["inflight"] == before["inflight"] and now
 
     after = wait_until(settled, "the cancelled unit to be counted")
-    assert after["solved"] - before["solved"] == 1  # the cancelled unit never ran
+    assert after["solved"] - before["solved"] == 2  # the cancelled unit never ran
     cancelled = after["failed_by_reason"].get("Cancelled", 0) - before["failed_by_reason"].get("Cancelled", 0)
     assert cancelled == 1
 

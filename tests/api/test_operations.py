@@ -2,10 +2,14 @@
 same classes, against `Fleet.operations`, each a command on the fleet's loop."""
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import time
 
 import pytest
+
+import fleet as fleet_mod
 
 from fleet.service.control.ops import CANCEL_STATES, OPS, Operations
 from tests.daemons import wait_until
@@ -56,14 +60,62 @@ def test_cancel_through_the_op_a_queued_a_running_an_ended_and_an_unknown_unit(f
     assert set(CANCEL_STATES) == {"cancelled", "running", "ended", "unknown"}
 
 
+def test_a_drain_refuses_new_submits_while_the_running_and_queued_units_finish(fleet, caplog, tmp_path):
+    gate = str(tmp_path / "go")
+    try:
+        running_unit = fleet.submit("one", (gate, 2))
+        wait_until(lambda: fleet.status()["census"][0]["state"] == "Running", "the first unit to run")
+        queued = fleet.submit("one", (None, 3))
+        with caplog.at_level(logging.INFO, logger="fleet.runtime.loop"):
+            state = fleet.drain()  # the embedded face's method, made from the op
+        assert state["draining"] is True and state["owed"] == 2
+        assert abs(state["since"] - time.time()) < 60 and state["since_utc"].endswith("Z")
+        assert any("draining" in r.getMessage() for r in caplog.records)
+        # the status document (what fleetctl status --json prints) shows it, read from the table
+        assert fleet.status()["draining"] == {"since": pytest.approx(state["since"], abs=1e-6),
+                                              "since_utc": state["since_utc"]}
+        with pytest.raises(fleet_mod.Draining) as refused:
+            fleet.submit("one", (None, 4))
+        assert isinstance(refused.value, fleet_mod.SubmitRefused) and refused.value.retryable
+        assert refused.value.since == state["since"] and "draining" in str(refused.value)
+        with pytest.raises(fleet_mod.Draining):
+            list(fleet.map("one", [(None, 5)]))
+        assert fleet.drain()["since"] == state["since"]  # draining again keeps the first start
+        assert fleet.ledger()["submitted"] == 2  # nothing of the refused submits was queued
+        open(gate, "w").close()
+        assert running_unit.result(30) == 4 and queued.result(30) == 9  # queued units still run
+        wait_until(lambda: fleet.drain_state()["owed"] == 0, "nothing owed")
+        with caplog.at_level(logging.INFO, logger="fleet.runtime.loop"):
+            assert fleet.resume() == {"draining": False, "since": None, "since_utc": None, "owed": 0}
+        assert any("resumed" in r.getMessage() for r in caplog.records)
+        assert fleet.status()["draining"] is None
+        assert fleet.submit("one", (None, 6)).result(30) == 36
+    finally:
+        open(gate, "a").close()  # a failed check never leaves the fleet's shutdown waiting on the held unit
+
+
 def test_drain_and_resume_through_the_ops(fleet):
-    assert op(fleet, "drain") == {"draining": True}
-    held = fleet.submit("one", (None, 6))
-    wait_until(lambda: fleet._sup.queued("one") == 1, "the unit to wait in the drained queue")
-    assert not held.done()
-    assert op(fleet, "resume") == {"draining": False}
-    assert held.result(30) == 36
+    drained = op(fleet, "drain")
+    assert drained["draining"] is True and drained["owed"] == 0
+    assert op(fleet, "drain_state") == drained
+    with pytest.raises(fleet_mod.Draining):
+        fleet.submit("one", (None, 6))
+    assert op(fleet, "resume")["draining"] is False
+    assert fleet.submit("one", (None, 6)).result(30) == 36
     assert op(fleet, "ledger")["solved"] == 1 == fleet.ledger()["solved"]
+
+
+def test_an_executors_fleet_drain_refuses_its_submits_too():
+    """fleet.Executor has no drain of its own; its fleet's drain refuses submit and map with
+    Draining (a SubmitRefused, not the RuntimeError of a shut executor: it is retryable)."""
+    with fleet_mod.Executor(max_workers=1) as ex:
+        ex.fleet.drain()
+        with pytest.raises(fleet_mod.Draining):
+            ex.submit(abs, -1)
+        with pytest.raises(fleet_mod.Draining):
+            list(ex.map(abs, [-1]))
+        ex.fleet.resume()
+        assert ex.submit(abs, -1).result(30) == 1
 
 
 def test_posture_ops_are_the_fleets_own(fleet):

@@ -41,13 +41,18 @@ class PostureDaemon:
 
     def drain(self):
         self.calls.append("drain")
-        was, self.draining = self.draining, True
-        return {"draining": True, "was_draining": was}
+        self.draining = True
+        return self.drain_state()
 
     def resume(self):
         self.calls.append("resume")
-        was, self.draining = self.draining, False
-        return {"draining": False, "was_draining": was}
+        self.draining = False
+        return self.drain_state()
+
+    def drain_state(self):
+        since = 1_796_000_000.0 if self.draining else None
+        return {"draining": self.draining, "since": since,
+                "since_utc": "2026-11-28T23:33:20Z" if since else None, "owed": 0}
 
 
 @pytest.fixture
@@ -236,11 +241,11 @@ def test_the_daemon_refuses_a_bad_release_and_changes_nothing(daemon, fleet_name
 
 def test_drain_then_resume(daemon, fleet_name, capsys):
     rc, out, _ = cli(capsys, "drain", "--name", fleet_name)
-    assert rc == 0 and daemon.draining and "draining: true" in out
+    assert rc == 0 and daemon.draining and out.startswith("draining since 2026-11-28T23:33:20Z")
     rc, out, _ = cli(capsys, "drain", "--name", fleet_name, "--json")
-    assert rc == 0 and json.loads(out) == {"draining": True, "was_draining": True}
+    assert rc == 0 and json.loads(out) == daemon.drain_state()
     rc, out, _ = cli(capsys, "resume", "--name", fleet_name, "--json")
-    assert rc == 0 and not daemon.draining and json.loads(out) == {"draining": False, "was_draining": True}
+    assert rc == 0 and not daemon.draining and json.loads(out)["draining"] is False
     assert daemon.calls == ["drain", "drain", "resume"]
 
 

@@ -445,20 +445,25 @@ def test_a_deadline_kills_only_once_the_clock_passes_it(fleet_name):
 
 def test_stop_grace_holds_queued_units_until_the_clock_says_so(fleet_name):
     host = FakeClockHost()
-    cfg = config(fleet_name, {"w": role("echo", slots=1)}, profile="serial")
+    cfg = config(fleet_name, {"w": role("hang", slots=1, lookahead=0)}, profile="serial")
     with running(cfg, host=host) as f:
-        f.operations.drain()  # nothing is granted: every unit stays queued
-        futures = [f.submit("w", i) for i in range(3)]
+        # The one slot is held by a unit the fake clock times out: every other unit stays queued.
+        blocker = f.submit("w", 30, timeout=5)
+        eventually(lambda: f._sup.table.snapshot().slot(0)["state"] == "Running", "the blocker runs")
+        futures = [f.submit("w", 0) for i in range(3)]
         f._sup.stop(grace_s=30, wait=False)
         time.sleep(0.5)
-        assert not any(fut.done() for fut in futures)
+        assert not any(fut.done() for fut in futures + [blocker])
         host.advance(31)
         for fut in futures:
             with pytest.raises(UnitFailed) as info:
                 fut.result(WAIT_S)
             assert info.value.outcome.reason == "Shutdown"
+        with pytest.raises(UnitFailed) as info:
+            blocker.result(WAIT_S)
+        assert info.value.outcome.reason == "Timeout"
         assert f._sup.wait_stopped(WAIT_S)
-        assert f.ledger()["failed"] == 3
+        assert f.ledger()["failed"] == 4
 
 
 def test_a_death_during_shutdown_fails_its_unit_and_the_queue_still_runs(fleet_name):

@@ -53,6 +53,20 @@ def kill_worker(f) -> int:
     return pid
 
 
+def hold_grants(f) -> None:
+    """The loop's dispatcher grants nothing until `release_grants`: every unit stays queued
+    (a drain no longer holds the queues; on the loop, as every touch of its state)."""
+    f._sup.inspect(lambda sup: setattr(sup.dispatcher, "grant", list))  # list(): no grant
+
+
+def release_grants(f) -> None:
+    def release(sup):
+        del sup.dispatcher.grant
+        sup.dispatch()
+
+    f._sup.inspect(release)
+
+
 def _one_seat(name: str, profile: str, roles: dict) -> dict:
     cfg = config(name, roles, profile=profile, restart={"max_restarts": 100, "within_seconds": 10})
     cfg["fleet"]["cpus"] = 2  # one seat for the role on either binding, whatever the host
@@ -158,11 +172,11 @@ def test_shutdown_cancelling_futures_still_runs_a_unit_that_came_back_from_a_dea
         behind = f.submit("w", (d, 1, 0))
         eventually(lambda: in_flight(f) == 2, "the second slot is granted a unit")
         assert behind.running()
-        f.operations.drain()  # nothing is granted from here on: it stays queued once it is back
+        hold_grants(f)  # nothing is granted from here on: it stays queued once it is back
         kill_worker(f)
         eventually(lambda: f._sup.inspect(lambda sup: sup.dispatcher.queued(0)) == 1, "it is back in its queue")
         f._sup.shutdown(wait=False, cancel_futures=True)  # applied on the loop before it returns
-        f.operations.resume()
+        release_grants(f)
         assert behind.result(WAIT_S) == 1 and runs(d, 1) == 1
         ledger = f.ledger()
         assert (ledger["submitted"], ledger["solved"], ledger["failed"]) == (2, 1, 1)

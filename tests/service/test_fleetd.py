@@ -8,17 +8,21 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 import fleet
 from fleet.cli import fleetctl
 from fleet.service.control import ControlClient, PermissionDenied
-from fleet.rules.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_TABLE_IN_USE, EXIT_USAGE
+from fleet.rules.errors import (EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_TABLE_IN_USE, EXIT_TIMED_OUT,
+                                EXIT_USAGE)
 from tests.daemons import BOUND_S, Fleetd, alive, idle_connections, outcome_of, running_slot, segments, wait_until
 from tests.fleets import role
 from tests.uids import as_nobody
@@ -90,17 +94,97 @@ def test_a_worker_death_cordons_until_fleetctl_posture_release(fleet_name):
             assert client.submit("sq", 4).result(BOUND_S) == 16
 
 
-def test_drain_holds_queued_units_and_resume_runs_them(fleetd):
-    with fleetd.connect() as client:
-        assert fleetd.ctl("drain").returncode == 0
-        fut = client.submit("sq", 12)
-        wait_until(lambda: {q["name"]: q for q in client.status()["queues"]}["sq"]["queue_depth"] == 1,
-                   "the unit to wait in the drained queue")
-        assert not fut.done()
-        assert client.status()["daemon"]["draining"] is True
-        assert fleetd.ctl("resume").returncode == 0
-        assert fut.result(BOUND_S) == 144
-        assert client.ledger()["solved"] == 1
+def gated_roles():
+    # One slot, nothing sent ahead: a unit held running on its gate file keeps the next one queued.
+    return roles(gate=role("wait_for_file", slots=1, io_bound=True, peak_cpus=0, lookahead=0))
+
+
+def queue_of(d, name: str) -> dict:
+    return {q["name"]: q for q in d.ctl_json("status")["queues"]}[name]
+
+
+def test_fleetctl_drain_shows_refuses_lets_queued_units_finish_waits_and_resumes(fleet_name):
+    with Fleetd(fleet_name, gated_roles()) as d, d.connect() as client:
+        gate = os.path.join(d.dir, "go")
+        try:
+            _drain_through_fleetctl(d, client, gate)
+        finally:
+            open(gate, "a").close()  # never leave the with block waiting on a held unit
+
+
+def _drain_through_fleetctl(d, client, gate):
+    fleet_name = d.name
+    first = client.submit("gate", (gate, 2))
+    wait_until(lambda: queue_of(d, "gate")["in_use"] == 1, "the first unit to run")
+    queued = client.submit("gate", (None, 3))
+    wait_until(lambda: queue_of(d, "gate")["queue_depth"] == 1, "the second unit to wait in the queue")
+
+    drained = d.ctl("drain")
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stdout.startswith("draining since ") and "2 unit(s) queued or in flight" in drained.stdout
+    # status (JSON and text), top and fleetd's log show the drain and since when
+    doc = d.ctl_json("status")
+    since = doc["draining"]["since_utc"]
+    assert since.endswith("Z") and client.status()["daemon"]["draining"] is True
+    assert f"DRAINING since {since}" in d.ctl("status").stdout
+    top = d.ctl("top", "--once")
+    assert top.returncode == 0 and f"DRAINING since {since}" in top.stdout.splitlines()[0]
+    wait_until(lambda: "INFO fleet.runtime.loop: fleet %s: draining" % fleet_name in d.stderr(), "the drain logged")
+
+    # a new submit is refused, typed and retryable, through fleetd
+    with pytest.raises(fleet.Draining) as refused:
+        client.submit("sq", 2)
+    assert isinstance(refused.value, fleet.SubmitRefused) and refused.value.retryable
+    assert "draining since" in str(refused.value)
+    # --wait gives up at its --timeout while a unit still runs, with its own exit code
+    timed = d.ctl("drain", "--wait", "--timeout", "0.3")
+    assert timed.returncode == EXIT_TIMED_OUT and "--timeout passed" in timed.stdout, timed
+    # --wait returns once the running and the queued unit have finished
+    waiter = subprocess.Popen([sys.executable, "-m", "fleet.cli.fleetctl", "drain", "--wait", "--name", d.name],
+                              env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert waiter.poll() is None  # a unit still holds its gate: nothing can have drained
+        open(gate, "w").close()
+        out, err = waiter.communicate(timeout=BOUND_S)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    assert waiter.returncode == 0 and "drained: nothing queued or in flight" in out, (out, err)
+    assert first.result(BOUND_S) == 4 and queued.result(BOUND_S) == 9
+    assert client.drain_state()["owed"] == 0
+
+    resumed = d.ctl("resume")
+    assert resumed.returncode == 0 and resumed.stdout.startswith("resumed"), resumed.stderr
+    assert d.ctl_json("status")["draining"] is None and "DRAINING" not in d.ctl("status").stdout
+    wait_until(lambda: "INFO fleet.runtime.loop: fleet %s: resumed" % fleet_name in d.stderr(), "the resume logged")
+    assert client.submit("sq", 3).result(BOUND_S) == 9
+    ledger = client.ledger()
+    assert (ledger["submitted"], ledger["solved"]) == (3, 3)  # the refused submit was never queued
+
+
+def test_leaving_a_clients_with_block_says_what_it_waits_for(fleet_name, caplog):
+    with Fleetd(fleet_name, gated_roles()) as d:
+        gate = os.path.join(d.dir, "go")
+
+        def open_gate_once_told():
+            # Lets the unit finish once the client has said it waits (or after a bound: the
+            # test then fails on the missing line instead of hanging).
+            deadline = time.monotonic() + BOUND_S
+            while time.monotonic() < deadline and not any("waiting for 1 unit(s)" in r.getMessage()
+                                                          for r in caplog.records):
+                time.sleep(0.02)
+            open(gate, "w").close()
+
+        helper = threading.Thread(target=open_gate_once_told)
+        with caplog.at_level(logging.WARNING, logger="fleet.api.client"):
+            with d.connect() as client:
+                fut = client.submit("gate", (gate, 7))
+                helper.start()
+            helper.join(BOUND_S)
+        assert fut.result(0) == 49
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "fleet.api.client"]
+        assert f"client of fleet {fleet_name!r} closing: waiting for 1 unit(s) still owed" in line
 
 
 def test_commands_exit_not_running_for_an_unknown_fleet(fleetd):
@@ -213,17 +297,22 @@ def test_sighup_applies_a_new_posture_and_an_invalid_file_changes_nothing(fleet_
 
 
 def test_sighup_applies_new_queue_bounds_live(fleet_name):
-    with Fleetd(fleet_name, roles()) as d, d.connect() as client:
-        d.write_config({**roles(), "hang": role("hang", slots=2, queue_bound=1)})
+    with Fleetd(fleet_name, gated_roles()) as d, d.connect() as client:
+        gate = os.path.join(d.dir, "go")
+        d.write_config({**gated_roles(), "gate": role("wait_for_file", slots=1, io_bound=True, peak_cpus=0,
+                                                      lookahead=0, queue_bound=1)})
         d.signal(signal.SIGHUP)
         d.wait_ready(count=2)
         assert "applied roles.*.queue_bound" in d.stderr()
-        assert d.ctl("drain").returncode == 0  # nothing leaves the queue now
-        first = client.submit("hang", 0)
-        with pytest.raises(fleet.QueueFull, match="1 units waiting"):
-            client.submit("hang", 0)
-        assert d.ctl("resume").returncode == 0
-        assert first.result(BOUND_S) == "woke"
+        try:
+            blocker = client.submit("gate", (gate, 1))  # holds the one slot: nothing leaves the queue now
+            wait_until(lambda: queue_of(d, "gate")["in_use"] == 1, "the blocker to run")
+            first = client.submit("gate", (None, 2))
+            with pytest.raises(fleet.QueueFull, match="1 units waiting"):
+                client.submit("gate", (None, 3))
+        finally:
+            open(gate, "a").close()
+        assert blocker.result(BOUND_S) == 1 and first.result(BOUND_S) == 4
 
 
 # ---------------------------------------------------------------- sd_notify

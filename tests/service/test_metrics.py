@@ -251,3 +251,38 @@ def test_published_counters_and_run_times_are_read_together(table):
         m = scrape(s.url)
     assert value(m, "fleet_units_total", outcome="solved") == 4
     assert value(m, "fleet_unit_run_seconds_count", role="solver") == 4
+
+
+def test_item_counts_are_exported_beside_the_unit_counts_after_a_known_workload(fleet_name):
+    """A chunk of a map is one unit of many items: the export counts both, as the ledger does."""
+    from tests.fleets import config, role, running
+
+    cfg = config(fleet_name, {"sq": role("square", slots=2), "mixed": role("sometimes", slots=1)})
+    cfg["metrics"] = {"enabled": True, "host": "127.0.0.1", "port": 0}
+    with running(cfg) as f:
+        url = f._sup.publisher.metrics.url
+        assert list(f.map("sq", range(10), chunksize=5)) == [i * i for i in range(10)]  # 2 units, 10 items
+        outcomes = [f.submit("mixed", n) for n in range(3)]  # solved, suppressed, failed: 1 item each
+        for fut in outcomes:
+            fut.exception(60)
+        m = scrape(url)
+        ledger = f.ledger()
+    assert value(m, "fleet_units_submitted_total") == 5
+    assert value(m, "fleet_items_submitted_total") == 13 == ledger["items"]["submitted"]
+    assert value(m, "fleet_items_total", outcome="solved") == 11 == ledger["items"]["solved"]
+    assert value(m, "fleet_items_total", outcome="suppressed") == 1
+    assert value(m, "fleet_items_total", outcome="failed") == 1
+    assert value(m, "fleet_items_inflight") == 0
+    assert value(m, "fleet_units_total", outcome="solved") == 3
+    assert value(m, "fleet_fsm_refused_total") == 0 and value(m, "fleet_stray_results_total") == 0
+    assert value(m, "fleet_role_repins_total", role="sq") == 0
+
+
+def test_item_counts_come_from_the_table_before_anything_is_published(server, table):
+    """A FleetMetrics over a table another process writes reads the table's item counters."""
+    m = scrape(server.url)
+    items = table.snapshot().ledger_view()["items"]
+    assert value(m, "fleet_items_submitted_total") == items["submitted"]
+    for outcome in ("solved", "suppressed", "failed"):
+        assert value(m, "fleet_items_total", outcome=outcome) == items[outcome]
+    assert value(m, "fleet_items_inflight") == items["inflight"]

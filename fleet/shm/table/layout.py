@@ -99,6 +99,9 @@ HEADER_FIELDS = (
     ("meta_len", "I"),  # bytes of JSON in the meta region
     ("_pad0", "4x"),
     ("meta_off", "Q"),
+    # CLOCK_REALTIME ns a drain began, 0: not draining (the loop's door holds the drain;
+    # this is its copy for readers). Once header padding, 0 in every older table: same version.
+    ("draining_since_ns", "Q"),
 )
 
 

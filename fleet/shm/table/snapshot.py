@@ -35,10 +35,12 @@ class TableSnapshot:
     that copy, made on first use. Holding a snapshot keeps nothing of the mapping.
     """
 
-    __slots__ = ("_reader", "_data", "_w", "flags", "torn")
+    __slots__ = ("_reader", "_data", "_w", "flags", "torn", "draining_since_ns")
 
-    def __init__(self, reader: "Reader", data: bytearray, flags: int, torn: tuple[str, ...] = ()):
+    def __init__(self, reader: "Reader", data: bytearray, flags: int, torn: tuple[str, ...] = (),
+                 draining_since_ns: int = 0):
         self._reader, self._data, self.flags = reader, data, flags
+        self.draining_since_ns = draining_since_ns
         self._w = memoryview(data).cast("Q")  # the copy as 64-bit words
         #: records (e.g. "slots[3]") whose writer never finished a write while we read:
         #: their values are the last copy, possibly mixed. Empty in a healthy fleet.
@@ -247,7 +249,7 @@ class Reader:
 
     def take(self) -> TableSnapshot:
         data, torn = self._copy()
-        return TableSnapshot(self, data, int(self.header["flags"]), torn)
+        return TableSnapshot(self, data, int(self.header["flags"]), torn, int(self.header["draining_since_ns"]))
 
 
 def read(name: str, *, trust: frozenset[int] | None = None) -> tuple[TableSnapshot, bool]:

@@ -333,6 +333,11 @@ class SlotTable:
     def set_flags(self, flags: int) -> None:
         self.segment.header["flags"] = flags
 
+    def set_draining_since(self, since_s: float | None) -> None:
+        """Publish a drain's start (epoch seconds), or None once resumed (one aligned
+        8-byte field: a reader sees the old value or the new one)."""
+        self.segment.header["draining_since_ns"] = 0 if since_s is None else max(1, int(since_s * 1e9))
+
     # --- reading ---------------------------------------------------------------------------
     @property
     def meta(self) -> dict:

@@ -12,7 +12,7 @@ one reply drawn with the status screen's tables (``admission show``) is drawn by
 `fleet.cli.views`, keyed by op name.
 
 The modules register in fleetctl's order: status (ping, status, ledger), posture,
-intake (drain, resume, reload), units (submit, collect, cancel), admission.
+intake (drain, resume, drain_state, reload), units (submit, collect, cancel), admission.
 """
 from __future__ import annotations
 

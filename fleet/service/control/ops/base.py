@@ -15,8 +15,8 @@ An op's halves, in its class:
 * **the client's half**: `wire_args` and `result` (the caller's arguments into the
   request's, the reply into what the method returns), under ``method`` (or None, with
   ``no_method``);
-* **fleetctl's half**: ``command``, `add_arguments`, `from_cli`, `render`, `exit_code`
-  (or None, with ``no_command``).
+* **fleetctl's half**: ``command``, `add_arguments`, `from_cli`, `cli_call`, `render`,
+  `exit_code` (or None, with ``no_command``).
 
 `OpRegistry` holds them (`OPS`, `fleet.service.control.ops`): the server and the client
 look ops up by name, fleetctl makes its commands of them, and `Operations` (the façade
@@ -117,6 +117,12 @@ class Op:
     def from_cli(self, args) -> dict[str, Any]:
         """The wire arguments from the parsed command line."""
         return {}
+
+    def cli_call(self, call: Callable[..., Any], args) -> Any:
+        """What fleetctl's command does with the daemon: ``call(op_name, **wire)`` sends an op
+        and returns its reply. By default this op once, with `from_cli`'s arguments; a
+        command that waits on the daemon (``drain --wait``) calls more."""
+        return call(self.name, **self.from_cli(args))
 
     def render(self, result: Any, args) -> str:
         """The reply as text for a terminal."""

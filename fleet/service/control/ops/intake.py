@@ -1,39 +1,124 @@
-"""The ops that change what a fleet takes in: drain, resume, and a reload of its config."""
+"""The ops that change what a fleet takes in: drain, resume (and the drain's state), and a
+reload of its config."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 
+from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, EXIT_TIMED_OUT
 from fleet.service.control.ops.base import OPS, Op
+
+
+#: How often ``fleetctl drain --wait`` asks whether anything is still owed.
+DRAIN_POLL_S = 0.2
 
 
 @OPS.register
 class DrainOp(Op):
     name = "drain"
     mutating = True
-    summary = "Stop taking new units; in-flight units finish."
+    fleet = True
+    summary = "Refuse new units (Draining) while queued and in-flight units finish."
     command = ("drain",)
-    help = "Stop taking new units; in-flight units finish (undo with `fleetctl resume`)."
+    help = ("Refuse new submits (clients get fleet.Draining, a retryable refusal) while queued and in-flight "
+            "units finish; status, top and the log show since when. --wait returns once nothing is queued "
+            "or in flight. Undo with `fleetctl resume`.")
 
     def run(self, sup) -> dict:
-        """Take nothing new from the queues; in-flight units finish (undo with `resume`).
-        ``{"draining": True}``."""
-        sup.call(sup.set_draining, True)
-        return {"draining": True}
+        """Refuse new submits with `fleet.Draining` (retryable: submit again after `resume`)
+        while queued and in-flight units run to their outcomes. Draining again keeps the
+        first drain's start. ``{"draining": True, "since", "since_utc", "owed"}``: ``owed``
+        units are queued or in flight; `drain_state` tells when it reaches 0."""
+        return sup.call(sup.set_draining, True)
+
+    # -- fleetctl: --wait polls drain_state until nothing is owed (the daemon never blocks on it)
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--wait", action="store_true",
+                            help="return once nothing is queued or in flight (exit 0), or once --timeout passes "
+                                 f"with units still owed (exit {EXIT_TIMED_OUT}); the drain stays either way")
+        parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                            help="with --wait: give up waiting after this many seconds (default: wait as long as "
+                                 "it takes)")
+
+    def cli_call(self, call, args) -> dict:
+        if args.timeout is not None and not args.wait:
+            raise SystemExit("fleetctl drain: --timeout is for --wait")
+        state = call(self.name)
+        if not args.wait:
+            return state
+        import time  # fleetctl's half only
+
+        start = time.monotonic()
+        while True:
+            if not state["draining"]:
+                state["wait"] = "resumed"  # someone resumed meanwhile: nothing to wait for
+                break
+            if state["owed"] == 0:
+                state["wait"] = "drained"
+                break
+            if args.timeout is not None and time.monotonic() - start >= args.timeout:
+                state["wait"] = "timed out"
+                break
+            time.sleep(DRAIN_POLL_S)
+            state = call("drain_state")
+        state["waited_s"] = round(time.monotonic() - start, 3)
+        return state
+
+    def render(self, result: dict, args) -> str:
+        text = f"draining since {result['since_utc']}: new submits are refused (fleet.Draining)"
+        wait = result.get("wait")
+        if wait == "drained":
+            return f"{text}; drained: nothing queued or in flight (waited {result['waited_s']:g} s)\n"
+        if wait == "resumed":
+            return f"resumed while waiting: not draining, {result['owed']} unit(s) queued or in flight\n"
+        tail = f"; {result['owed']} unit(s) queued or in flight still finish"
+        if wait == "timed out":
+            return f"{text}{tail}: --timeout passed after {result['waited_s']:g} s\n"
+        return f"{text}{tail}; fleetctl resume lifts it\n"
+
+    def exit_code(self, result: dict) -> int:
+        return {"timed out": EXIT_TIMED_OUT, "resumed": EXIT_FAILURE}.get(result.get("wait"), EXIT_OK)
 
 
 @OPS.register
 class ResumeOp(Op):
     name = "resume"
     mutating = True
+    fleet = True
     summary = "Take new units again after a drain."
     command = ("resume",)
     help = "Take new units again after `fleetctl drain`."
 
     def run(self, sup) -> dict:
-        """Take units from the queues again after `drain`. ``{"draining": False}``."""
-        sup.call(sup.set_draining, False)
-        return {"draining": False}
+        """Take new units again after `drain`. ``{"draining": False, "since": None, "owed"}``."""
+        return sup.call(sup.set_draining, False)
+
+    def render(self, result: dict, args) -> str:
+        return f"resumed: taking new units ({result['owed']} unit(s) queued or in flight)\n"
+
+
+@OPS.register
+class DrainStateOp(Op):
+    name = "drain_state"
+    fleet = True
+    summary = "Whether the fleet drains, since when, and how many units it still owes."
+    no_command = "fleetctl status shows the drain; fleetctl drain --wait polls this op"
+
+    def run(self, sup) -> dict:
+        """``draining``, ``since`` (epoch seconds or None), ``since_utc``, ``owed`` (units
+        queued or in flight). Read on the caller's thread: the door's flag and the ledger."""
+        return sup.drain_state()
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
 
 
 @OPS.register
