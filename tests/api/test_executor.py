@@ -312,8 +312,20 @@ def test_a_second_ctrl_c_stops_at_once_every_future_resolved_nothing_left(tmp_pa
 
     script, marks = tmp_path / "twice.py", tmp_path / "marks"
     script.write_text(textwrap.dedent("""
-        import sys, time
+        import sys, threading, time
         from fleet import Executor
+
+        def say_when_the_shutdown_waits(main):
+            # the second Ctrl-C is for the shutdown's wait: say so once the main thread is in it
+            while True:
+                frame, names = sys._current_frames()[main], []
+                while frame is not None:
+                    names.append(frame.f_code.co_name)
+                    frame = frame.f_back
+                if "_stop_with" in names and names[0] == "wait":
+                    print("waiting", flush=True)
+                    return
+                time.sleep(0.01)
 
         def long_call(path):
             with open(path, "a") as f:
@@ -329,7 +341,8 @@ def test_a_second_ctrl_c_stops_at_once_every_future_resolved_nothing_left(tmp_pa
             try:
                 futures[0].result()
             except KeyboardInterrupt:
-                print("first", flush=True)
+                threading.Thread(target=say_when_the_shutdown_waits, args=(threading.get_ident(),),
+                                 daemon=True).start()
                 try:
                     ex.shutdown(wait=True)
                 except KeyboardInterrupt:
@@ -346,7 +359,7 @@ def test_a_second_ctrl_c_stops_at_once_every_future_resolved_nothing_left(tmp_pa
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
-        assert proc.stdout.readline() == "first\n"
+        assert proc.stdout.readline() == "waiting\n"
         proc.send_signal(signal.SIGINT)  # the shutdown waits for 30 s calls: stop now
         second = proc.stdout.readline().split()
         proc.communicate(timeout=WAIT_S)
