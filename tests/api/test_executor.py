@@ -223,7 +223,7 @@ def test_an_embedded_executor_gives_every_core_of_the_quota_to_workers():
         assert len(ex.fleet.layout.seats) == quota_cores()
 
 
-def test_shutdown_cancels_every_call_but_the_running_ones_and_one_ahead_of_each():
+def test_shutdown_cancels_every_call_but_the_running_ones():
     """Calls far longer than a round trip are never sent ahead (fleet.rules.pace): when
     shutdown(cancel_futures=True) returns, what it could not cancel is the running calls,
     fewer than ProcessPoolExecutor's running calls and call queue (up to 2 x max_workers + 1)."""
