@@ -51,23 +51,15 @@ HANDLER = "fleet.worker.calls:call"
 #: The role's queue bound: ProcessPoolExecutor's queue has none; fleet's is the most
 #: config allows, so submit waits for room only past ten million units waiting.
 QUEUE_BOUND = 10_000_000
-#: Calls an executor puts out of `cancel`'s reach in all: each worker's running call and
-#: the calls sent ahead to it (the role's `lookahead`). A call sent ahead counts as
-#: started, so `shutdown(cancel_futures=True)` cannot cancel it; ProcessPoolExecutor puts
-#: 2 x max_workers + 1 out of reach (its running calls and its call queue). Shared out
-#: among the workers (`lookahead_for`): a few workers are each fed deep, which is what
-#: keeps them busy with short calls (a worker that runs its queue dry waits a round
-#: trip through the parent's loop for the next), many workers need less each.
-OUT_OF_REACH = 24
-#: The deepest a worker is fed however few there are (the role default).
+#: The most calls sent ahead to a busy worker (the role default). How many are sent
+#: follows the calls' measured run time (`fleet.rules.pace`): microsecond calls are fed
+#: this deep, which keeps a worker busy without a round trip through the parent's loop
+#: per call; calls longer than a round trip one ahead; long calls none. A call sent
+#: ahead counts as started (cancel, `shutdown(cancel_futures=True)`, Ctrl-C and leaving
+#: a `map` early wait for it), so what waits beyond the running calls is about a round
+#: trip, or a call per worker: never more than ProcessPoolExecutor's call queue
+#: (max_workers + 1 calls) holds.
 MAX_LOOKAHEAD = Role.lookahead
-
-
-def lookahead_for(workers: int) -> int:
-    """Calls sent ahead to each of `workers` beyond the one it runs: OUT_OF_REACH shared
-    out (a running call and its lookahead each), at least 1, at most MAX_LOOKAHEAD. With
-    more than OUT_OF_REACH / 2 workers each still gets one ahead: 2 per worker are out of reach."""
-    return max(1, min(MAX_LOOKAHEAD, OUT_OF_REACH // workers - 1))
 
 
 #: The message ProcessPoolExecutor's submit raises after shutdown (a plain RuntimeError there too).
@@ -135,8 +127,7 @@ class Executor(_StdExecutor):
                         "from the %s; running %d worker process%s (pass oversubscribe=True to run %d)", workers,
                         limit.cpus, detected_from(limit), cores, "" if cores == 1 else "es", workers)
             workers, over = cores, False
-        role = {"handler": HANDLER, "slots": workers, "queue_bound": QUEUE_BOUND,
-                "lookahead": lookahead_for(workers)}
+        role = {"handler": HANDLER, "slots": workers, "queue_bound": QUEUE_BOUND, "lookahead": MAX_LOOKAHEAD}
         if over:
             role["peak_cpus"] = workers  # forced pinned, oversubscribed: the plan says so (fleet.rules.plan)
         config = load_config({
@@ -151,7 +142,7 @@ class Executor(_StdExecutor):
         self._max_workers = workers
         self._mp_context = mp_context
         self._shutdown = False
-        self._fleet = Fleet(dataclasses.replace(config, workers=setup))
+        self._fleet = Fleet(dataclasses.replace(config, workers=setup, paced=True))
         self._sup = self._fleet._sup
         self._role_code = self._sup.roles.code(ROLE)
 

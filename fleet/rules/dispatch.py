@@ -328,10 +328,13 @@ class Dispatcher:
         #: a seat that runs its units one after another is fed by a role's other slots when
         #: it has two or more there (their units wait on the ring), so only a role with one
         #: slot per seat sends ahead on such seats, up to its lookahead
-        #: (`ahead_off`: roles that send nothing ahead, e.g. those gated by a host-group lease)
-        self._ahead = [0 if c in ahead_off else min(r.ahead, 1) if r.io_bound
-                       else r.ahead if r.slots <= len(self._seats_for[c]) else 0
-                       for c, r in enumerate(roles)]
+        #: (`ahead_off`: roles that send nothing ahead, e.g. those gated by a host-group lease).
+        #: That is the most; the loop paces it down to what the units' run time calls for
+        #: (`pace`, `fleet.rules.pace`).
+        self._ahead_cap = [0 if c in ahead_off else min(r.ahead, 1) if r.io_bound
+                           else r.ahead if r.slots <= len(self._seats_for[c]) else 0
+                           for c, r in enumerate(roles)]
+        self._ahead = list(self._ahead_cap)
         #: per role: indices of the slots it holds that may take a unit ahead
         #: (1 <= in flight <= ahead), as an insertion-ordered set
         self._feedable: list[dict] = [{} for _ in roles]
@@ -628,6 +631,21 @@ class Dispatcher:
         if self._pooled[slot.role]:
             self._update_feedable(slot)
         return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, ops, ahead)
+
+    def ahead_caps(self) -> list[int]:
+        """Per role: the most units sent ahead to one of its slots (0: none ever)."""
+        return list(self._ahead_cap)
+
+    def pace(self, code: int, depth: int) -> None:
+        """Send role `code` at most `depth` units ahead per slot from here on (never more
+        than its cap: `ahead_caps`). Units already sent stay where they are."""
+        depth = max(0, min(depth, self._ahead_cap[code]))
+        if depth == self._ahead[code]:
+            return
+        self._ahead[code] = depth
+        for slot in self._slots:
+            if slot.role == code:
+                self._update_feedable(slot)
 
     def _update_feedable(self, slot: _Slot) -> None:
         """A pooled slot may take a unit ahead while 1 <= its units in flight <= the role's lookahead."""

@@ -223,6 +223,10 @@ class FleetConfig:
     # What the workers do before their first unit beyond importing the handlers (the main
     # module, an initializer, retirement): set by fleet.Executor, not by a config file.
     workers: WorkerSetup = WorkerSetup()
+    # Send ahead to a busy slot what its units' measured run time calls for, up to the
+    # role's lookahead, and nothing before it is known (fleet.rules.pace): ProcessPool-
+    # Executor's cancel, set by fleet.Executor; a role of a config file is fed its lookahead.
+    paced: bool = False
     source: str | None = None
     env_overrides: tuple[str, ...] = ()
 

@@ -154,7 +154,8 @@ class Supervisor:
                                       host=host, dispatch=dispatch)
         self._deadlines = Deadlines(name, self.books, rig.dispatcher, self.seats)
         self._results = Results(self.seats, self.books, rig.dispatcher, self._deadlines, rig.table, roles, host,
-                                rig.publisher, dispatch, relay=self.mode == "service", recorder=self.recorder)
+                                rig.publisher, dispatch, relay=self.mode == "service", recorder=self.recorder,
+                                paced=self.config.paced)
         self._deaths = SeatDeaths(name=name, roles=roles, layout=rig.layout, restart=self.config.restart,
                                   seats=self.seats, results=self._results, books=self.books,
                                   dispatcher=rig.dispatcher, table=rig.table, deadlines=self._deadlines,
@@ -258,8 +259,19 @@ class Supervisor:
             fn(*args)  # from a future's callback: the loop finishes the stop after this turn
             return
         door.intake.post(self._op, fn, *args, refused=_ignore_refusal)
-        if wait:
+        if not wait:
+            return
+        try:
             door.stopped.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C while a stop waits for the units it lets finish (the first Ctrl-C's
+            # `with` exit, or the interpreter's): stop at once. The workers are killed,
+            # every unit still owed fails Shutdown and the rig is torn down (no segment
+            # stays) before the interrupt goes on.
+            if how != "kill":
+                door.intake.post(self._op, self._stops.kill, refused=_ignore_refusal)
+                door.stopped.wait()
+            raise
 
     def close_at_exit(self) -> None:
         """The interpreter exits: a fleet nobody shut down shuts down now and waits for

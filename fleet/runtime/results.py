@@ -18,10 +18,13 @@ One owner: the loop thread.
 from __future__ import annotations
 
 from fleet.rules import fsm
+from fleet.rules.pace import Pace
 from fleet.rules.vocab import Reason
 from fleet.shm import messages as M
 from fleet.worker import codec
 
+#: Statuses of units that never ran: their elapsed time says nothing of the role's run time.
+_UNRUN = frozenset((M.ST_START_REFUSED, M.ST_HELD_AT_CLOSE, M.ST_COMPLETION_REFUSED))
 #: Results handled before the units they free are granted, sent and delivered. Units
 #: that end together (an I/O role's timers fire in batches) would otherwise wait for the
 #: whole batch: the last one's successor would start only after every other's had.
@@ -34,14 +37,20 @@ class Results:
 
     `dispatch` grants and sends what the freed slots can take (the loop's); `relay`:
     results stay pickled for fleetd's clients (`codec.result_outcome`); `recorder`: the
-    arrival log, which records each run's measured shape."""
+    arrival log, which records each run's measured shape; `paced`: send ahead what the
+    units' run time calls for (`fleet.rules.pace`), not the roles' whole lookahead."""
 
     def __init__(self, seats, books, dispatcher, deadlines, table, roles, host, publisher, dispatch, *,
-                 relay: bool = False, recorder=None):
+                 relay: bool = False, recorder=None, paced: bool = False):
         self._seats, self._books, self._dispatcher, self._deadlines = seats, books, dispatcher, deadlines
         self._table, self._roles, self._host, self._publisher = table, roles, host, publisher
         self._dispatch, self._relay, self._recorder = dispatch, relay, recorder
         self._run_observer = None
+        # `paced`: what each role sends ahead to a busy slot follows its units' run time
+        # (fleet.rules.pace), enough to keep a worker busy and no more out of cancel's reach.
+        self._pace = Pace(dispatcher.ahead_caps()) if paced else None
+        for code, depth in enumerate(self._pace.depths if paced else ()):
+            dispatcher.pace(code, depth)
 
     def observe_runs(self, observer) -> None:
         """From here on, ``observer(role name, seconds)`` hears of each run (the metrics'
@@ -122,6 +131,10 @@ class Results:
         if outcome.reason == Reason.FSM_REFUSED:
             books.fsm_refused(f"unit {unit_id}: {outcome.detail}")
         self._dispatcher.complete(unit_id, final)
+        if self._pace is not None and status not in _UNRUN:
+            depth = self._pace.ran(unit.role, elapsed)
+            if depth is not None:
+                self._dispatcher.pace(unit.role, depth)
         if self._run_observer is not None:
             self._run_observer(self._roles.by_code(unit.role).name, elapsed)
         if self._recorder is not None:  # the measured work shape of a recorded arrival

@@ -19,6 +19,36 @@ from fleet.runtime.zygote_link import Exited, Forked, WorkerStartError, ZygoteLi
 log = logging.getLogger(__name__)
 
 
+def spawner_for(name: str) -> ThreadPoolExecutor:
+    """The thread that starts a fleet's zygotes. The zygote's parent-death signal fires
+    when the *thread* that started it exits: it lives exactly as long as the fleet."""
+    return ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{name}-spawner")
+
+
+@dataclasses.dataclass
+class Launched:
+    """A zygote launched at the start of a boot (`launch`), and the thread that started it."""
+
+    spawner: ThreadPoolExecutor
+    link: ZygoteLink
+
+    def stop(self) -> None:
+        """The boot failed before the zygote was booted: stop it and its thread."""
+        self.link.exit(timeout=0.5)
+        self.spawner.shutdown(wait=False)
+
+
+def launch(name: str) -> Launched:
+    """Start fleet `name`'s zygote now, to boot later (`Workers.adopt`): it loads numba and
+    the kernels while this process does the same for its table."""
+    spawner = spawner_for(name)
+    try:
+        return Launched(spawner, ZygoteLink.launch(spawner))
+    except BaseException:
+        spawner.shutdown(wait=False)
+        raise
+
+
 class Workers:
     """The zygote link and the pid of each seat's worker."""
 
@@ -33,12 +63,20 @@ class Workers:
         self._killed: set[int] = set()  # worker pids the supervisor killed itself (not lane deaths)
         self._news_seen = 0  # the zygote's news count when its socket was last read
         self._zygote_gone = False  # its death has been handled (no new one yet)
+        self._launched: ZygoteLink | None = None  # a zygote launched by boot, not yet booted
+
+    def adopt(self, launched: "Launched") -> None:
+        """Boot's zygote, launched before this object existed (`launch`): `start_zygote` boots it."""
+        self._spawner, self._launched = launched.spawner, launched.link
 
     def start_zygote(self) -> None:
         if self._spawner is None:
-            # The zygote's parent-death signal fires when the *thread* that started it
-            # exits; start it from a thread that lives exactly as long as this fleet.
-            self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{self.name}-spawner")
+            self._spawner = spawner_for(self.name)
+        launched, self._launched = self._launched, None
+        if launched is not None:
+            launched.boot(self.name, self.roles, worker_nice=self.priority.worker_nice, workers=worker_setup(self.config))
+            self.zygote = launched
+            return
         self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice,
                                        workers=worker_setup(self.config))
 
@@ -139,6 +177,9 @@ class Workers:
 
     def exit(self, timeout: float) -> None:
         """Stop the zygote (its workers die with it) and the thread that started it."""
+        if self._launched is not None:  # launched, never booted
+            self._launched.exit(timeout=timeout)
+            self._launched = None
         if self.zygote is not None:
             self.zygote.exit(timeout=timeout)
             for pid in list(self._seat_of_pid):

@@ -80,6 +80,15 @@ class ZygoteLink:
             ConfigError: a role's handler cannot be imported (named by its path).
             WorkerStartError: the zygote failed, exited or did not answer in time.
         """
+        link = cls.launch(spawner)
+        link.boot(name, roles, worker_nice, workers)
+        return link
+
+    @classmethod
+    def launch(cls, spawner) -> "ZygoteLink":
+        """Start the zygote process, not yet booted (`boot`). It imports numba and loads the
+        transition kernels while it waits for its boot message, so a boot that launches it
+        first loads them here and there at once, not one after the other."""
         ours, theirs = socket.socketpair()
         proc = spawner.submit(
             subprocess.Popen,
@@ -92,13 +101,15 @@ class ZygoteLink:
             env=zygote_env(os.environ),
         ).result()
         theirs.close()
-        link = cls(proc, ours)
+        return cls(proc, ours)
+
+    def boot(self, name: str, roles, worker_nice: int | None = None, workers=None) -> None:
+        """Boot a launched zygote with `roles` (see `start`); on any failure it is stopped."""
         try:
-            link._boot(name, roles, worker_nice, workers)
+            self._boot(name, roles, worker_nice, workers)
         except BaseException:
-            link.exit(timeout=0.5)
+            self.exit(timeout=0.5)
             raise
-        return link
 
     def _boot(self, name: str, roles, worker_nice: int | None, workers=None) -> None:
         boot = {

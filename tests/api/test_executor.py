@@ -20,7 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 
 import fleet
-from fleet.api.executor import OUT_OF_REACH, lookahead_for, quota_cores
+from fleet.api.executor import quota_cores
 from tests import executor_calls as C
 from tests.fleets import descendants
 
@@ -223,30 +223,156 @@ def test_an_embedded_executor_gives_every_core_of_the_quota_to_workers():
         assert len(ex.fleet.layout.seats) == quota_cores()
 
 
-@pytest.mark.parametrize("workers, ahead", [(1, 16), (2, 11), (3, 7), (5, 3), (8, 2), (12, 1), (40, 1)])
-def test_each_worker_is_fed_its_share_of_the_calls_out_of_cancels_reach(workers, ahead):
-    """A few workers are fed deep (short calls keep them busy), many less each: a running
-    call and its lookahead each, OUT_OF_REACH in all, one ahead at least, 16 at most."""
-    assert lookahead_for(workers) == ahead
-    assert workers * (1 + ahead) <= max(OUT_OF_REACH, 2 * workers)
-
-
-def test_shutdown_cancels_every_call_past_those_sent_to_the_workers():
-    """The calls sent to the workers (running, or sent ahead: started) are OUT_OF_REACH at
-    most; cancel_futures=True cancels every other, and the sent ones finish."""
+def test_shutdown_cancels_every_call_but_the_running_ones():
+    """Calls far longer than a round trip are never sent ahead (fleet.rules.pace): when
+    shutdown(cancel_futures=True) returns, what it could not cancel is the running calls,
+    fewer than ProcessPoolExecutor's running calls and call queue (up to 2 x max_workers + 1)."""
     import time
 
     with fleet.Executor(max_workers=2) as ex:
-        fs = [ex.submit(time.sleep, 0.05) for _ in range(3 * OUT_OF_REACH)]
+        fs = [ex.submit(time.sleep, 0.05) for _ in range(60)]
         deadline = time.monotonic() + WAIT_S
-        while sum(f.running() or f.done() for f in fs) < 2 * (1 + lookahead_for(2)):
+        while sum(f.done() for f in fs) < 4:  # their run time is measured by now
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        ex.shutdown(cancel_futures=True)
-    cancelled = [f for f in fs if f.cancelled()]
+        ex.shutdown(wait=False, cancel_futures=True)
+        # Applied on the loop, which had resolved every call that ended before it: the
+        # calls neither done nor cancelled now are those the workers held.
+        held = [f for f in fs if not f.done()]
+        assert 1 <= len(held) <= 2
+        ex.shutdown(wait=True)
     ran = [f for f in fs if not f.cancelled()]
-    assert len(ran) <= OUT_OF_REACH and len(cancelled) == len(fs) - len(ran)
     assert all(f.done() and f.exception() is None for f in ran)
+    assert sum(f.cancelled() for f in fs) == len(fs) - len(ran) >= 60 - 20
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------------
+CTRL_C_SCRIPT = """
+    import os, signal, sys, time
+
+    def half_second(n):
+        with open(sys.argv[2], "a") as f:
+            f.write(f"{n}\\n")
+        time.sleep(0.5)
+        return n
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "fleet":
+            from fleet import Executor as ProcessPoolExecutor
+        else:
+            from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=2) as ex:
+            for _ in ex.map(half_second, range(40)):
+                pass
+"""
+
+
+def _calls_started_after_ctrl_c(tmp_path, face: str) -> int:
+    """Run CTRL_C_SCRIPT with `face`; SIGINT once two calls have started; the calls that
+    started in all, as the calls themselves counted them."""
+    import signal
+    import time
+
+    script, started = tmp_path / f"ctrl_c_{face}.py", tmp_path / f"{face}.started"
+    script.write_text(textwrap.dedent(CTRL_C_SCRIPT))
+    proc = subprocess.Popen([sys.executable, str(script), face, str(started)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not started.exists() or len(started.read_text().split()) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr and proc.stderr.read()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)  # to the script only: its workers never see it
+        _out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    return len(started.read_text().split())
+
+
+def test_ctrl_c_in_a_map_starts_no_more_calls_than_process_pool_executor(tmp_path):
+    """0.5 s calls on 2 workers: after Ctrl-C, ProcessPoolExecutor runs its running calls and its
+    call queue (max_workers + 1); fleet its running calls only (nothing is sent ahead before the
+    calls' run time is known, nor after for calls this long). Counted by the calls, not timed."""
+    before = descendants()
+    ppe = _calls_started_after_ctrl_c(tmp_path, "ppe")
+    ours = _calls_started_after_ctrl_c(tmp_path, "fleet")
+    assert 2 <= ours <= ppe < 40, (ours, ppe)
+    assert not (descendants() - before)
+
+
+def test_a_second_ctrl_c_stops_at_once_every_future_resolved_nothing_left(tmp_path):
+    """The first Ctrl-C's shutdown waits for the running calls (30 s each here); a second one
+    kills the workers, fails every call still owed and tears the fleet down before the
+    interrupt goes on."""
+    import signal
+    import time
+
+    script, marks = tmp_path / "twice.py", tmp_path / "marks"
+    script.write_text(textwrap.dedent("""
+        import sys, threading, time
+        from fleet import Executor
+
+        def say_when_the_shutdown_waits(main):
+            # the second Ctrl-C is for the shutdown's wait: say so once the main thread is in it
+            while True:
+                frame, names = sys._current_frames()[main], []
+                while frame is not None:
+                    names.append(frame.f_code.co_name)
+                    frame = frame.f_back
+                if "_stop_with" in names and names[0] == "wait":
+                    print("waiting", flush=True)
+                    return
+                time.sleep(0.01)
+
+        def long_call(path):
+            with open(path, "a") as f:
+                f.write("start\\n")
+            time.sleep(30)
+            with open(path, "a") as f:
+                f.write("end\\n")
+
+        if __name__ == "__main__":
+            ex = Executor(max_workers=2)
+            print(ex.fleet.name, flush=True)
+            futures = [ex.submit(long_call, sys.argv[1]) for _ in range(10)]
+            try:
+                futures[0].result()
+            except KeyboardInterrupt:
+                threading.Thread(target=say_when_the_shutdown_waits, args=(threading.get_ident(),),
+                                 daemon=True).start()
+                try:
+                    ex.shutdown(wait=True)
+                except KeyboardInterrupt:
+                    print("second", all(f.done() for f in futures), sum(f.cancelled() for f in futures),
+                          flush=True)
+    """))
+    before = descendants()
+    proc = subprocess.Popen([sys.executable, str(script), str(marks)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=tmp_path)
+    try:
+        name = proc.stdout.readline().strip()
+        deadline = time.monotonic() + WAIT_S
+        while not marks.exists() or marks.read_text().count("start") < 2:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline() == "waiting\n"
+        proc.send_signal(signal.SIGINT)  # the shutdown waits for 30 s calls: stop now
+        second = proc.stdout.readline().split()
+        proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # every future resolved, none cancelled: shutdown(wait=True) let them all run, the second
+    # Ctrl-C failed them; no call ran to its end; nothing of the fleet stays
+    assert second == ["second", "True", "0"], second
+    assert "end" not in marks.read_text()
+    assert not (descendants() - before)
+    assert not [n for n in os.listdir("/dev/shm") if name in n]
 
 
 # --- the exception rule ----------------------------------------------------------------------
@@ -319,8 +445,9 @@ def test_cancel_futures_at_shutdown_is_honoured_at_exit(tmp_path):
             print(sum(f.cancelled() for f in futures))
     """)
     assert out.returncode == 0, out.stderr
-    # the queued ones stayed cancelled; exit ran only those sent to the worker
-    assert int(out.stdout) >= 60 - OUT_OF_REACH
+    # the queued ones stayed cancelled; exit ran only the one the worker held: nothing is
+    # sent ahead before the calls' run time is known
+    assert int(out.stdout) >= 60 - 1
 
 
 # --- progress ---------------------------------------------------------------------------------

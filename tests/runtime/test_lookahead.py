@@ -107,6 +107,21 @@ def test_a_dead_seats_units_sent_ahead_are_owed_in_grant_order_and_go_back_first
     assert order[0] == behind and set(order) <= {behind, 5, 6}
 
 
+def test_pacing_a_role_down_stops_sending_ahead_and_up_resumes_within_its_lookahead():
+    d = _dispatcher(lookahead=3)
+    assert d.ahead_caps() == [3]
+    d.pace(0, 0)  # long units: nothing ahead
+    _fill(d, 20)
+    assert [g.ahead for g in d.grant()] == [False, False] and d.queued(0) == 18
+    d.pace(0, 1)  # the slots that run one take one more each, now
+    assert [g.ahead for g in d.grant()] == [True, True]
+    d.pace(0, 99)  # never past the role's lookahead
+    assert len(d.grant()) == 4 and d.queued(0) == 12
+    d.pace(0, 0)  # what was sent stays; nothing more goes
+    d.complete(1, fsm.IDLE)
+    assert d.grant() == []
+
+
 # ------------------------------------------------------------------------------ real workers
 def _one_seat(name, handler, **fields):
     spec = {"kind": "pooled", "handler": f"tests.handlers:{handler}", "slots": 1, "peak_cpus": 1,

@@ -97,3 +97,53 @@ def test_a_zygote_running_another_copy_of_fleet_is_refused_at_boot(reply, says):
         ours.close()
         peer.join(10)
 
+
+
+# --- the zygote launched first (it loads the kernels while the supervisor loads its own) ----
+def test_a_boot_that_fails_after_launching_the_zygote_leaves_no_process_and_no_segment(fleet_name):
+    """Boot launches the zygote before it creates the table: a table that cannot be made
+    (here: a readers group that does not exist) stops the launched zygote before the error goes up."""
+    import psutil
+
+    from fleet.runtime.config import load_config
+    from fleet.runtime.loop import Supervisor
+    from fleet.shm.table.segment import TableError
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    cfg = load_config({"fleet": {"name": fleet_name, "profile": "serial"},
+                       "roles": {"w": {"kind": "pooled", "handler": "fleet.api.examples:square", "slots": 1}}}, env={})
+    with pytest.raises(TableError, match="no-such-group-49"):
+        Supervisor(cfg, readers_group="no-such-group-49").start()
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not [n for n in os.listdir("/dev/shm") if fleet_name in n]
+    assert not [t for t in threading.enumerate() if fleet_name in t.name]  # nor its spawner thread
+
+
+def test_the_kernels_a_zygote_preloads_are_the_ones_its_table_calls(fleet_name):
+    """The zygote loads the kernels before its boot message, on arrays of the table's types:
+    attaching the table then loads nothing more (a type that differed would load, or
+    compile, every kernel a second time, after the boot message: on the critical path)."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import json
+        from fleet.worker.zygote import preload_kernels
+        from fleet.shm.table import kernels
+        from fleet.rules.roles import Role, RoleSet
+        from fleet.shm.table import SlotTable
+
+        names = ("apply_transition", "apply_batch", "start_unit", "finish_unit", "seq_write", "add_field",
+                 "store_field")
+        def loaded():
+            return {{n: len(getattr(kernels, n).signatures) for n in names}}
+        preload_kernels()
+        first = loaded()
+        table = SlotTable.create({fleet_name!r}, RoleSet((Role("w", kind="pooled", handler="m:f", slots=1),)), 1)
+        try:
+            table.load_kernels()
+            print(json.dumps([first, loaded()]))
+        finally:
+            table.unlink()
+            table.close()
+    """)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, after = json.loads(out.stdout)
+    assert all(n >= 1 for n in first.values()) and after == first

@@ -14,6 +14,11 @@ and ~50 µs CPU handlers:
   idle_cpu_percent       fleet (supervisor thread + zygote + workers) over an idle period
   io_fleet               1,000 units that each `await asyncio.sleep(0.01)` on one I/O-bound
                          role with 100 slots; `io_fleet_of_ideal` = 0.1 s / the median run
+  start                  a fresh interpreter each, fleet.Executor() against ProcessPoolExecutor()
+                         (defaults): `first_result_s` from the import to the first result;
+                         `script_100_s` a script mapping 100 items, end to end (the interpreter's
+                         start and exit included); `idle_pss_mib` the PSS of the process tree
+                         (parent, fork server, 2 workers) idle after a map. --only-start: these alone
 fleet.Executor runs with its defaults (no max_workers, no profile: every whole core of
 the detected quota, the loop by priority) beside them; its keys are executor_*.
 Fleet runs N worker processes (forced pinned, one role of N cores) in two configurations:
@@ -333,6 +338,124 @@ def idle_cpu(f, seconds=10.0):
     return round((total() - c0) / (time.monotonic() - t0) * 100, 3)
 
 
+#: The start scripts (`bench_start`): {face} is the import line of the executor.
+FACES = {"fleet": "from fleet import Executor", "ppe": "from concurrent.futures import ProcessPoolExecutor as Executor"}
+FIRST_RESULT = """
+import time
+t0 = time.perf_counter()
+{face}
+
+if __name__ == "__main__":
+    ex = Executor()
+    ex.submit(abs, -1).result()
+    print(time.perf_counter() - t0, flush=True)
+    ex.shutdown()
+"""
+SCRIPT_100 = """
+{face}
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    with Executor() as ex:
+        assert sum(ex.map(square, range(100))) == 328350
+"""
+IDLE = """
+import sys
+{face}
+
+if __name__ == "__main__":
+    with Executor(max_workers=2) as ex:
+        list(ex.map(abs, range(100)))
+        print("idle", flush=True)
+        sys.stdin.readline()  # measured meanwhile
+"""
+
+
+_SCRIPTS = None  # the folder of the start scripts, while bench_start runs
+
+
+def _python(text: str) -> list:
+    """The command that runs `text` as a script file (a main module the workers can import)."""
+    path = os.path.join(_SCRIPTS, f"start_{abs(hash(text))}.py")
+    with open(path, "w") as f:
+        f.write(text)
+    return [sys.executable, path]
+
+
+def tree_pss_mib(pid: int) -> float:
+    """PSS of process `pid` and its descendants, in MiB (shared pages split among their users)."""
+    root = psutil.Process(pid)
+    total = 0
+    for p in [root] + root.children(recursive=True):
+        try:
+            total += p.memory_full_info().pss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
+def _idle_pss(face: str, settle_s: float = 1.0) -> float:
+    import subprocess
+
+    proc = subprocess.Popen(_python(IDLE.format(face=FACES[face])), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "idle\n"
+        time.sleep(settle_s)  # the workers' first pages settle; nothing runs
+        return tree_pss_mib(proc.pid)
+    finally:
+        proc.communicate("\n", timeout=120)
+
+
+def bench_start(rounds: int) -> dict:
+    """First result, a 100-item script end to end and the idle footprint, fleet.Executor
+    and ProcessPoolExecutor in turn in each round (fresh interpreters: nothing is warm
+    but the OS's file cache, which the first round warms for both)."""
+    import subprocess
+    import tempfile
+
+    global _SCRIPTS
+    runs = {face: {"first_result_s": [], "script_100_s": [], "idle_pss_mib": []} for face in FACES}
+    with tempfile.TemporaryDirectory(prefix="dispatch-bench-") as _SCRIPTS:
+        _start_rounds(rounds, runs)
+    res = {face: {k: round(statistics.median(v), 3) for k, v in r.items()} for face, r in runs.items()}
+    for face in FACES:
+        res[face]["runs"] = {k: [round(x, 3) for x in v] for k, v in runs[face].items()}
+    return res
+
+
+def _start_rounds(rounds: int, runs: dict) -> None:
+    import subprocess
+
+    for _ in range(rounds):
+        for face, line in FACES.items():
+            out = subprocess.run(_python(FIRST_RESULT.format(face=line)), capture_output=True, text=True, timeout=300,
+                                 check=True)
+            runs[face]["first_result_s"].append(float(out.stdout))
+            t0 = time.perf_counter()
+            subprocess.run(_python(SCRIPT_100.format(face=line)), capture_output=True, timeout=300, check=True)
+            runs[face]["script_100_s"].append(time.perf_counter() - t0)
+            runs[face]["idle_pss_mib"].append(_idle_pss(face))
+
+
+def start_ratios(start: dict) -> dict:
+    fl, ppe = start["fleet"], start["ppe"]
+    return {
+        "executor_first_result_over_ppe": round(fl["first_result_s"] / ppe["first_result_s"], 2),
+        "executor_script_100_over_ppe": round(fl["script_100_s"] / ppe["script_100_s"], 2),
+        "executor_idle_pss_over_ppe_mib": round(fl["idle_pss_mib"] - ppe["idle_pss_mib"], 1),
+    }
+
+
+START_TARGETS = {
+    "executor_first_result_over_ppe": "<= 3",
+    "executor_script_100_over_ppe": "<= 3",
+    "executor_idle_pss_over_ppe_mib": "<= 120",
+}
+
+
 def fleet_ratios(fl, ppe, pool, mpire, workers) -> dict:
     """Throughput ratios of one fleet configuration against the peers."""
     out = {
@@ -356,10 +479,17 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=REPEAT,
                         help="rounds: every measure runs once per round on each contender; a throughput is "
                              "the median of its rounds (default %(default)s)")
+    parser.add_argument("--only-start", action="store_true",
+                        help="only the start rows: first result, a 100-item script, the idle footprint")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     REPEAT = args.repeat
+    if args.only_start:
+        start = bench_start(REPEAT)
+        res = {"rounds": REPEAT, "start": start, "ratios": start_ratios(start), "targets": START_TARGETS}
+        print(json.dumps(res, indent=2) if args.json else res)
+        return 0
     w, n = args.workers, args.units
     res = {"workers": w, "rounds": REPEAT}
     with contextlib.ExitStack() as natural:
@@ -386,6 +516,7 @@ def main(argv=None):
         # every peer closed: the fleet's idle CPU is its own (workers, zygote, loop thread)
         res["fleet_slots_eq_workers"]["idle_cpu_percent"] = idle_cpu(opened["slots_eq_workers"][0])
     res["io_fleet"] = bench_io_fleet()
+    res["start"] = bench_start(REPEAT)
     ppe, pool, mpire = res["process_pool_executor"], res["multiprocessing_pool"], res["mpire"]
     by_config = {name: fleet_ratios(res[f"fleet_{name}"], ppe, pool, mpire, w) for name in CONFIGS}
     res["ratios_by_config"] = by_config
@@ -411,8 +542,10 @@ def main(argv=None):
     ratios.update(executor_ratios(res["fleet_executor"], ppe, pool))
     # what the machine gave bare processes meanwhile (a shared VM's stretch falls on both)
     ratios["executor_spin50_of_ceiling"] = round(res["fleet_executor"]["spin50_map_units_per_s"] / ceiling, 3)
+    ratios.update(start_ratios(res["start"]))
     res["ratios"] = ratios
     res["targets"] = {
+        **START_TARGETS,
         "executor_submit_over_ppe": ">= 5",
         "executor_map_chunk1_over_pool": ">= 1",
         "executor_map_chunk64_over_pool": ">= 1",
