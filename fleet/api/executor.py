@@ -34,6 +34,7 @@ from fleet.api.mapping import length_of
 from fleet.worker.calls import NO_KWARGS, Calls
 from fleet.runtime.config import load_config
 from fleet.worker.prepare import WorkerSetup, check_not_importing_main
+from fleet.shm import parcels
 from fleet.shm.segments import reclaim_stale_of
 # The sweep judges a segment by its kind, which the module owning it registers on import:
 # the table's and the data plane's, loaded here before the first sweep.
@@ -147,6 +148,7 @@ class Executor(_StdExecutor):
         # An executor's name is never taken again, so no later boot would reclaim the segments
         # of one whose process was killed before its teardown: each boot sweeps them.
         reclaim_stale_of(NAME_PREFIX)
+        parcels.sweep_orphans(NAME_PREFIX)  # and the parcels of those whose tables are gone
         setup = WorkerSetup.of_this_process(initializer=initializer, initargs=initargs, max_tasks=max_tasks_per_child)
         self._max_workers = workers
         self._mp_context = mp_context

@@ -118,9 +118,10 @@ _ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name
 
 @dataclass(frozen=True)
 class Limits:
-    """Input limits. `max_payload_bytes`: largest unit payload accepted (default 1 MiB)."""
+    """Input limits. `max_payload_bytes`: largest unit payload accepted, pickled (default:
+    none below memory; a payload too large for its ring travels beside it, fleet.shm.parcels)."""
 
-    max_payload_bytes: int = 1 << 20
+    max_payload_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,8 @@ def _roles(data):
 def _limits(data):
     data = _table("limits", data)
     _reject_unknown("limits", data, ("max_payload_bytes",))
-    return Limits(_number("limits.max_payload_bytes", data.get("max_payload_bytes", Limits.max_payload_bytes)))
+    cap = data.get("max_payload_bytes", Limits.max_payload_bytes)
+    return Limits(None if cap is None else _number("limits.max_payload_bytes", cap))
 
 
 def _restart(data):
@@ -476,7 +478,7 @@ _TYPES = {
     ("posture", PostureKey.DUTY_WINDOW_MS): "int",
     ("posture", PostureKey.EXIT_CLEAN_MS): "int",
     ("posture", PostureKey.INTAKE_FLOOR): "int?",
-    ("limits", "max_payload_bytes"): "int",
+    ("limits", "max_payload_bytes"): "int?",
     ("restart", "max_restarts"): "int",
     ("restart", "within_seconds"): "float",
     ("metrics", "enabled"): "bool",

@@ -26,6 +26,7 @@ from fleet.runtime.accept import fail_future
 from fleet.worker import codec
 from fleet.runtime.future import UnitFuture
 from fleet.shm import messages as M
+from fleet.shm import parcels
 
 #: Most units one `submit_many` command carries to the loop: the loop starts on a run
 #: while the caller still makes the next.
@@ -126,11 +127,11 @@ class Submitter:
             if self._providers is not None:
                 # The one check of its ask (the loop checks again only after a reload)
                 admission["checked"] = self._providers.check(route, **admission)
-        body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
-                               limit=self._max_payload)
+        body, parcel = codec.pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
+                                       limit=self._max_payload, fleet=self._door.name)
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = _task_flags(chunk, timeout, self._recorder is not None)
-        unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout)
+        unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout, parcel)
         unit.route, unit.ask = route, admission
         if chunk:
             unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
@@ -143,9 +144,10 @@ class Submitter:
         role's own timeout; waits for room). A tenth of a submit's cost is those checks,
         on a path that runs once per call."""
         timeout = self._roles.by_code(code).timeout_s  # read each time: a reload may change it
-        body = codec.task_body(role, payload, None, None, None, pickled_payload=None, limit=self._max_payload)
+        body, parcel = codec.pack_task(role, payload, None, None, None, pickled_payload=None, limit=self._max_payload,
+                                       fleet=self._door.name)
         unit, on_loop = self._queued(code, role, None, 0, body, _task_flags(False, timeout, self._recorder is not None),
-                                     timeout, True, None)
+                                     timeout, True, None, parcel)
         return self._post(unit, on_loop, role, payload)
 
     def submit_many(self, role: str, payloads: list, *, lane=None, chunk: bool = False) -> list[Future]:
@@ -157,18 +159,33 @@ class Submitter:
         code = self._roles.code(role)
         spec = self._roles.by_code(code)
         _check_unit(spec, None, lane, 0, None, None)
-        limit = self._max_payload
-        bodies = [codec.task_body(role, payload, None, lane, None, pickled_payload=None, limit=limit)
-                  for payload in payloads]
+        limit, fleet, packed = self._max_payload, self._door.name, []
+        try:
+            for payload in payloads:
+                packed.append(codec.pack_task(role, payload, None, lane, None, pickled_payload=None, limit=limit,
+                                              fleet=fleet))
+        except BaseException:
+            _remove_parcels(p for _b, p in packed)
+            raise
+        bodies = [body for body, _parcel in packed]
         timeout = spec.timeout_s
         flags = _task_flags(chunk, timeout, self._recorder is not None)
         door = self._door
-        door.refuse_if_closed(code, role)
-        on_loop = door.on_loop()
         futures, start = [], 0
+        try:
+            door.refuse_if_closed(code, role)
+            on_loop = door.on_loop()
+        except BaseException:
+            _remove_parcels(p for _b, p in packed)
+            raise
         while start < len(bodies):
-            took = self._room.take(code, role, block=not on_loop, n=min(len(bodies) - start, SUBMIT_RUN))
-            units = [self._new_unit(code, None, 0, body, flags, timeout) for body in bodies[start:start + took]]
+            try:
+                took = self._room.take(code, role, block=not on_loop, n=min(len(bodies) - start, SUBMIT_RUN))
+            except BaseException:
+                _remove_parcels(p for _b, p in packed[start:])
+                raise
+            units = [self._new_unit(code, None, 0, body, flags, timeout, parcel)
+                     for body, parcel in packed[start:start + took]]
             if chunk:
                 for unit, payload in zip(units, payloads[start:start + took]):
                     unit.items = len(payload)
@@ -181,15 +198,21 @@ class Submitter:
         return futures
 
     def _queued(self, code: int, role: str, key, priority: int, body: bytes, flags: int, timeout, block: bool,
-                block_timeout) -> tuple[LoopUnit, bool]:
+                block_timeout, parcel: str | None = None) -> tuple[LoopUnit, bool]:
         """A checked unit's room in its role's queue, taken (waiting for it unless `block` is
         False, and never on the loop's own thread: it would wait for itself), once the fleet
-        and the role are seen open; the unit made, and whether this is the loop's thread."""
+        and the role are seen open; the unit made, and whether this is the loop's thread.
+        A refusal removes the unit's parcel (it never became a unit)."""
         door = self._door
-        door.refuse_if_closed(code, role)
-        on_loop = door.on_loop()
-        self._room.take(code, role, block=block and not on_loop, timeout=block_timeout)
-        return self._new_unit(code, key, priority, body, flags, timeout), on_loop
+        try:
+            door.refuse_if_closed(code, role)
+            on_loop = door.on_loop()
+            self._room.take(code, role, block=block and not on_loop, timeout=block_timeout)
+        except BaseException:
+            if parcel is not None:
+                parcels.remove(parcel)
+            raise
+        return self._new_unit(code, key, priority, body, flags, timeout, parcel), on_loop
 
     def _post(self, unit: LoopUnit, on_loop: bool, role: str, payload, key=None, lane=None) -> Future:
         """Hand a queued unit to the loop (paced, off the loop's thread); its future."""
@@ -197,10 +220,16 @@ class Submitter:
         self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop)
         return unit.future
 
-    def _new_unit(self, code: int, key, priority: int, body: bytes, flags: int, timeout) -> LoopUnit:
+    def _new_unit(self, code: int, key, priority: int, body: bytes, flags: int, timeout,
+                  parcel: str | None = None) -> LoopUnit:
         future = UnitFuture()  # a Future without the cost of building a Condition nobody waits on
         unit_id = self._door.new_id()
         future.unit_id = unit_id  # fleetd replies to a remote submit with it
+        if parcel is not None:
+            # The unit owns the parcel its payload travels in: every outcome resolves the
+            # future (solved, failed, cancelled, timed out, its worker dead, shut down),
+            # and the parcel goes with it. A worker that mapped it keeps its own mapping.
+            future.add_done_callback(lambda _f, name=parcel: parcels.remove(name))
         return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
 
     def _turned_away(self, error: BaseException, unit: LoopUnit, *_rest) -> None:
@@ -218,6 +247,13 @@ class Submitter:
         """A `submit_many` run the loop never accepted: each unit as `_turned_away`."""
         for unit in units:
             self._turned_away(error, unit)
+
+
+def _remove_parcels(names) -> None:
+    """Remove the parcels of bodies that never became units (a refused submit_many)."""
+    for name in names:
+        if name is not None:
+            parcels.remove(name)
 
 
 def _check_unit(spec, key, lane, priority, timeout, request_id) -> None:

@@ -25,6 +25,7 @@ import sys
 import threading
 
 from fleet.shm import messages as M
+from fleet.shm import parcels
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED, Refused
 from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, PayloadTooLarge, PayloadUnpicklable
@@ -45,6 +46,18 @@ MAX_WHY_CHARS = 500
 MAX_DEPTH = 10_000
 
 
+#: A buffer pickle protocol 5 hands out (an array's memory, a bytearray: anything exposing a
+#: PickleBuffer) at least this large travels beside the ring, out of band: copied once, into
+#: a parcel (`fleet.shm.parcels`), and the receiver's object is built over the mapping.
+OOB_MIN = 256 * 1024
+#: A pickle larger than this travels beside its ring whole (a ring message stays small).
+INLINE_MAX = 1 << 20
+#: The first byte of a body that names a parcel ("P"); a pickle's first byte is PROTO (0x80).
+PARCEL = 0x50
+#: After it: whether the receiver takes the parcel (a result) or its sender keeps it (a task).
+_TAKE, _KEEP = ord("T"), ord("K")
+
+
 class CodecError(Exception):
     """Something a unit brought could not be pickled, or unpickled here; the message
     names what and why (``<what> cannot be unpickled here: SystemExit: 7``)."""
@@ -58,11 +71,67 @@ def dumps(value, what: str) -> bytes:
 def loads(data, what: str, where: str = "here"):
     """The object pickled in `data`, under the guard. Raises CodecError naming `what`
     and `where` ("here", or the process it is unpickled in, e.g. "in the worker")."""
-    return _guarded(pickle.loads, data, what, where)
+    return _guarded(_load, data, what, where)
 
 
 def _dumps(value) -> bytes:
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = INLINE_MAX) -> tuple[bytes, str | None]:
+    """`value` as a ring message's body, under the guard: (body, the parcel's name or None).
+
+    Pickled with protocol 5: each buffer of OOB_MIN bytes or more is set aside out of band;
+    if there is one, or the pickle is over `inline_max` bytes, the pickle and the buffers are
+    written once into a parcel of `fleet` and the body only names it. ``take``: the receiver
+    owns the parcel (a result); else the sender does (a task: removed at the unit's outcome).
+    ``fleet`` None: no parcel (the body is the pickle, whatever its size).
+
+    Raises CodecError (it cannot be pickled), parcels.ParcelError (no room in /dev/shm)."""
+    if fleet is None:
+        return dumps(value, what), None
+    aside: list = []
+
+    def inline(buf) -> bool:  # pickle's buffer_callback: True keeps `buf` in the pickle
+        view = memoryview(buf)
+        if view.nbytes < OOB_MIN or not view.contiguous:
+            return True
+        aside.append(view)
+        return False
+
+    data = _guarded(lambda v: pickle.dumps(v, protocol=5, buffer_callback=inline), value, what, None)
+    if not aside and len(data) <= inline_max:
+        return data, None
+    parts = [data, *aside]
+    name, offsets = parcels.write(fleet, parts)
+    sizes = [memoryview(p).nbytes for p in parts]
+    ref = bytes((PARCEL, _TAKE if take else _KEEP)) + pickle.dumps((name, offsets, sizes), protocol=5)
+    return ref, name
+
+
+def parcel_of(body) -> tuple[str, int] | None:
+    """(name, bytes) of the parcel a body names; None for an inline body."""
+    if not (len(body) and body[0] == PARCEL):
+        return None
+    name, _offsets, sizes = pickle.loads(body[2:])
+    return name, sum(sizes)
+
+
+def _load(data):
+    """pickle.loads, and a body naming a parcel rebuilt over the parcel's mapping."""
+    if len(data) and data[0] == PARCEL:
+        return _unparcel(data)
+    return pickle.loads(data)
+
+
+def _unparcel(data):
+    """The object a parcel holds. Its out-of-band buffers are views of the mapping, which
+    lives as long as the objects built over them (an array's base is the mapping): no copy
+    and no view into memory reused later. The mapping is writable, and the receiver's own."""
+    name, offsets, sizes = pickle.loads(data[2:])
+    view = memoryview(parcels.open_(name, take=data[1] == _TAKE))
+    stream = view[offsets[0] : offsets[0] + sizes[0]]
+    return pickle.loads(stream, buffers=[view[o : o + n] for o, n in zip(offsets[1:], sizes[1:])])
 
 
 def _guarded(action, arg, what: str, where: str | None):
@@ -179,22 +248,37 @@ def unpicklable(exc: CodecError) -> PayloadUnpicklable:
     return PayloadUnpicklable(f"{text}; {NOT_CHILDREN}" if _INHERITED_ONLY in text else text)
 
 
-def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int) -> bytes:
-    """The pickled body of one task.
+def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int | None) -> bytes:
+    """The pickled body of one task, inline whatever its size (`pack_task` without a parcel)."""
+    return pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload, limit=limit, fleet=None)[0]
+
+
+def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int | None,
+              fleet: str | None, inline_max: int = INLINE_MAX) -> tuple[bytes, str | None]:
+    """The body of one task, and the name of the parcel it travels in beside the ring (None:
+    inline); the parcel is the caller's to remove at the unit's outcome (`parcels.remove`).
 
     Raises:
         PayloadUnpicklable: the payload (or key) cannot be pickled.
-        PayloadTooLarge: the body is over `limit` bytes (limits.max_payload_bytes).
+        PayloadTooLarge: the body is over `limit` bytes (limits.max_payload_bytes, when
+            configured), or /dev/shm has no room for it.
     """
     if pickled_payload is not None:
         payload = _Pickled(pickled_payload)
+    what = f"payload for role {role!r}"
     try:
-        body = dumps((payload, key, lane, request_id), f"payload for role {role!r}")
+        body, parcel = pack((payload, key, lane, request_id), what, fleet, take=False, inline_max=inline_max)
     except CodecError as exc:
         raise unpicklable(exc) from None
-    if len(body) > limit:
-        raise PayloadTooLarge(f"payload for role {role!r} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
-    return body
+    except parcels.ParcelError as exc:
+        raise PayloadTooLarge(f"{what}: {exc}") from None
+    if limit is not None:
+        size = len(body) if parcel is None else parcel_of(body)[1]
+        if size > limit:
+            if parcel is not None:
+                parcels.remove(parcel)
+            raise PayloadTooLarge(f"{what} is {size} bytes pickled; limits.max_payload_bytes is {limit}")
+    return body, parcel
 
 
 _ROUTE_LEN = struct.Struct("<I")
@@ -250,9 +334,9 @@ _CHUNK_OUTCOMES = {
 
 def _outcome(status: int, body, relay: bool):
     if status == M.ST_SOLVED:
-        return _SOLVED, (_Pickled(bytes(body)) if relay else loads(body, "the result")), None
+        return _SOLVED, (_relayed(body, "the result") if relay else loads(body, "the result")), None
     if status in _CHUNK_OUTCOMES:
-        chunk = _Pickled(bytes(body)) if relay else loads(body, "the chunk's results")
+        chunk = _relayed(body, "the chunk's results") if relay else loads(body, "the chunk's results")
         return _CHUNK_OUTCOMES[status], chunk, None
     if status == M.ST_SUPPRESSED:
         return Outcome(SUPPRESSED, None, _text(body)), None, None
@@ -269,6 +353,19 @@ def _outcome(status: int, body, relay: bool):
     if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
         return Outcome(FAILED, Reason.FSM_REFUSED, _text(body)), None, None
     return Outcome(FAILED, Reason.LANE_DEATH, _text(body)), None, None
+
+
+def _relayed(body, what: str) -> _Pickled:
+    """A value kept pickled for fleetd's client. One that came beside the ring (a parcel) is
+    removed, and is the unit's ResultError: fleetd's socket carries a value in one control
+    frame, so only what its ring carries inline."""
+    found = parcel_of(body)
+    if found is None:
+        return _Pickled(bytes(body))
+    name, size = found
+    parcels.remove(name)
+    raise CodecError(f"{what} is {size} bytes pickled: through fleetd's socket a value travels inline, "
+                     f"at most {INLINE_MAX} bytes (codec.INLINE_MAX); run the fleet embedded for larger values")
 
 
 def clip_detail(detail: str | None) -> str | None:
