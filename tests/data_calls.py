@@ -61,21 +61,11 @@ def parcel_then_die(fleet: str, n: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-# --- the same as handlers of a fleet.Fleet role: the payload is the unit's --------------------
-def h_digest(unit):
-    return digest(unit.payload)
-
-
-def h_make_bytes(unit):
-    return make_bytes(unit.payload)
-
-
-def h_make_array(unit):
-    return make_array(unit.payload)
-
-
-def h_poke(unit):
-    return poke(unit.payload)
+# --- the same as handlers of a fleet.Fleet role ------------------------------------------------
+def h_call(unit):
+    """Payload (name of a call above, its argument): the call's value."""
+    call, arg = unit.payload
+    return globals()[call](arg)
 
 
 def h_wait_for(unit):
