@@ -83,3 +83,38 @@ def h_fail(unit):
 
 def h_parcel_then_die(unit):
     parcel_then_die(*unit.payload)
+
+
+def h_wait_for(unit):
+    """Payload (path, data): once `path` exists, len(data)."""
+    path, data = unit.payload
+    return wait_for(path, data)
+
+
+def h_fail(unit):
+    fail_with(unit.payload)
+
+
+def h_hang(unit):
+    time.sleep(600)
+
+
+def h_parcel_then_die(unit):
+    """Payload (fleet name, bytes): a worker killed between writing its result's parcel and sending it."""
+    parcel_then_die(*unit.payload)
+
+
+def h_parcel_then_wait(unit):
+    """Payload (fleet name, bytes, path, ballast...): a result's parcel written, then the unit
+    holds until `path` exists."""
+    fleet, n, path, *_ballast = unit.payload
+    parcels.write(fleet, [b"\0" * n])
+    return wait_for(path)
+
+
+def h_mark_then_wait(unit):
+    """Payload (marker path, gate path, data): `marker` made once the handler runs (the
+    payload unpickled), then len(data) once `gate` exists."""
+    marker, gate, data = unit.payload
+    open(marker, "w").close()
+    return wait_for(gate, data)
