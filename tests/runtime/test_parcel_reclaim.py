@@ -57,12 +57,14 @@ def test_a_cancelled_units_payload_parcel_is_removed_at_the_cancel(tmp_path):
     name, gate = unique_name("pc"), str(tmp_path / "go")
     with running(_cfg(name, "h_wait_for", lookahead=0)) as f:
         running_one = f.submit("r", (gate, b"small"))
-        wait_until(lambda: f.ledger()["inflight"] == 1 and f._sup.queued("r") == 0, "the first unit running")
-        waiting = f.submit("r", (gate, BIG))  # queued behind it: its payload's parcel is made
-        assert parcels.count(name) == 1
-        assert waiting.cancel()
-        assert parcels.count(name) == 0  # gone with the cancel, while the first unit still runs
-        open(gate, "w").close()
+        try:
+            wait_until(lambda: f.ledger()["inflight"] == 1 and f._sup.queued("r") == 0, "the first unit running")
+            waiting = f.submit("r", (gate, BIG))  # queued behind it: its payload's parcel is made
+            assert parcels.count(name) == 1
+            assert waiting.cancel()
+            assert parcels.count(name) == 0  # gone with the cancel, while the first unit still runs
+        finally:
+            open(gate, "w").close()
         assert running_one.result(BOUND_S) == 5
 
 
