@@ -117,6 +117,7 @@ CONFIG = {
     "roles.*.timeout_s": UNIT_TIMEOUT_S,
     "roles.*.lookahead": Range(0, 64, unit="units"),
     "limits.max_payload_bytes": Range(1, 1 << 48, unit="bytes"),
+    "limits.max_parcel_bytes": Range(1, 1 << 48, unit="bytes"),
     "restart.max_restarts": Range(0, 1_000_000),
     "restart.within_seconds": Range(0, WEEK_S, integer=False, open_lo=True, unit="s"),
     "metrics.port": Range(0, 65535),

@@ -78,14 +78,16 @@ def _dumps(value) -> bytes:
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = INLINE_MAX) -> tuple[bytes, str | None]:
+def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = INLINE_MAX,
+         reserve=None) -> tuple[bytes, str | None]:
     """`value` as a ring message's body, under the guard: (body, the parcel's name or None).
 
     Pickled with protocol 5: each buffer of OOB_MIN bytes or more is set aside out of band;
     if there is one, or the pickle is over `inline_max` bytes, the pickle and the buffers are
     written once into a parcel of `fleet` and the body only names it. ``take``: the receiver
     owns the parcel (a result); else the sender does (a task: removed at the unit's outcome).
-    ``fleet`` None: no parcel (the body is the pickle, whatever its size).
+    ``fleet`` None: no parcel (the body is the pickle, whatever its size). ``reserve(n)``:
+    called with the parcel's size before it is written (it may wait, or raise).
 
     Raises CodecError (it cannot be pickled), parcels.ParcelError (no room in /dev/shm)."""
     if fleet is None:
@@ -103,8 +105,10 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     if not aside and len(data) <= inline_max:
         return data, None
     parts = [data, *aside]
-    name, offsets = parcels.write(fleet, parts)
     sizes = [memoryview(p).nbytes for p in parts]
+    if reserve is not None:
+        reserve(parcels.layout(sizes)[1])
+    name, offsets = parcels.write(fleet, parts)
     ref = bytes((PARCEL, _TAKE if take else _KEEP)) + pickle.dumps((name, offsets, sizes), protocol=5)
     return ref, name
 
@@ -114,7 +118,7 @@ def parcel_of(body) -> tuple[str, int] | None:
     if not (len(body) and body[0] == PARCEL):
         return None
     name, _offsets, sizes = pickle.loads(body[2:])
-    return name, sum(sizes)
+    return name, parcels.layout(sizes)[1]
 
 
 def _load(data):
@@ -254,31 +258,47 @@ def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: byt
 
 
 def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int | None,
-              fleet: str | None, inline_max: int = INLINE_MAX) -> tuple[bytes, str | None]:
-    """The body of one task, and the name of the parcel it travels in beside the ring (None:
-    inline); the parcel is the caller's to remove at the unit's outcome (`parcels.remove`).
+              fleet: str | None, inline_max: int = INLINE_MAX, room=None, block: bool = True,
+              block_timeout: float | None = None) -> tuple[bytes, str | None, int]:
+    """The body of one task, the name of the parcel it travels in beside the ring (None:
+    inline) and the parcel's size in bytes (0: none). The parcel is the caller's to remove
+    at the unit's outcome (`parcels.remove`), and its room to give back to `room`.
+
+    ``room``: where a parcel of `n` bytes takes room before it is written (``room.take(n, what,
+    block=, timeout=)`` may wait, or refuse: fleet.runtime.beside); given back here
+    (``room.give(n)``) when the parcel is not made.
 
     Raises:
         PayloadUnpicklable: the payload (or key) cannot be pickled.
         PayloadTooLarge: the body is over `limit` bytes (limits.max_payload_bytes, when
-            configured), or /dev/shm has no room for it.
+            configured), over what `room` can ever hold, or /dev/shm has no room for it.
+        QueueFull: `room` refused to wait for room.
     """
     if pickled_payload is not None:
         payload = _Pickled(pickled_payload)
     what = f"payload for role {role!r}"
+    taken = []
+
+    def reserve(n: int) -> None:
+        if limit is not None and n > limit:
+            raise PayloadTooLarge(f"{what} is {n} bytes pickled; limits.max_payload_bytes is {limit}")
+        if room is not None:
+            room.take(n, what, block=block, timeout=block_timeout)
+            taken.append(room)
+        taken.append(n)
+
     try:
-        body, parcel = pack((payload, key, lane, request_id), what, fleet, take=False, inline_max=inline_max)
+        body, parcel = pack((payload, key, lane, request_id), what, fleet, take=False, inline_max=inline_max,
+                            reserve=reserve)
     except CodecError as exc:
         raise unpicklable(exc) from None
     except parcels.ParcelError as exc:
+        if len(taken) == 2:
+            taken[0].give(taken[1])
         raise PayloadTooLarge(f"{what}: {exc}") from None
-    if limit is not None:
-        size = len(body) if parcel is None else parcel_of(body)[1]
-        if size > limit:
-            if parcel is not None:
-                parcels.remove(parcel)
-            raise PayloadTooLarge(f"{what} is {size} bytes pickled; limits.max_payload_bytes is {limit}")
-    return body, parcel
+    if parcel is None and limit is not None and len(body) > limit:
+        raise PayloadTooLarge(f"{what} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
+    return body, parcel, (taken[-1] if parcel is not None else 0)
 
 
 _ROUTE_LEN = struct.Struct("<I")

@@ -224,7 +224,9 @@ def test_a_task_body_beside_the_ring_stays_for_its_sender_to_remove(fleet_name):
     from fleet.shm import parcels
 
     arg = np.ones(1 << 18)
-    body, parcel = codec.pack_task("r", arg, None, None, None, pickled_payload=None, limit=None, fleet=fleet_name)
+    body, parcel, size = codec.pack_task("r", arg, None, None, None, pickled_payload=None, limit=None,
+                                         fleet=fleet_name)
+    assert size == codec.parcel_of(body)[1] > arg.nbytes
     for _ in range(2):  # a unit run again (a provider's refusal) reads the payload as it was sent
         payload, *_rest = codec.loads(body, "the payload", "in the worker")
         assert payload.flags.writeable and payload.sum() == arg.size
