@@ -376,16 +376,40 @@ def _outcome(status: int, body, relay: bool):
 
 
 def _relayed(body, what: str) -> _Pickled:
-    """A value kept pickled for fleetd's client. One that came beside the ring (a parcel) is
-    removed, and is the unit's ResultError: fleetd's socket carries a value in one control
-    frame, so only what its ring carries inline."""
-    found = parcel_of(body)
-    if found is None:
+    """A value kept pickled for fleetd's client, never unpickled here. One that came beside
+    the ring (a parcel) is taken and read out: its pickle alone, or, with out-of-band
+    buffers, a pickle of `_parts` that rebuilds it from them at the client's end (fleetd
+    sends it in parts whatever its size)."""
+    if not (len(body) and body[0] == PARCEL):
         return _Pickled(bytes(body))
-    name, size = found
-    parcels.remove(name)
-    raise CodecError(f"{what} is {size} bytes pickled: through fleetd's socket a value travels inline, "
-                     f"at most {INLINE_MAX} bytes (codec.INLINE_MAX); run the fleet embedded for larger values")
+    name, offsets, sizes = pickle.loads(body[2:])
+    try:
+        mm = parcels.open_(name, take=True)
+    except parcels.ParcelError as exc:
+        raise CodecError(f"{what} cannot be read: {exc}") from None
+    with memoryview(mm) as view:
+        parts = [bytes(view[o : o + n]) for o, n in zip(offsets, sizes)]
+    mm.close()
+    if len(parts) == 1:
+        return _Pickled(parts[0])
+    return _Pickled(pickle.dumps(_Parts(parts[0], parts[1:]), protocol=5))
+
+
+class _Parts:
+    """A pickle and its out-of-band buffers, as one in-band pickle (for a client of fleetd)."""
+
+    __slots__ = ("stream", "buffers")
+
+    def __init__(self, stream: bytes, buffers: list):
+        self.stream, self.buffers = stream, buffers
+
+    def __reduce__(self):
+        return _from_parts, (self.stream, self.buffers)
+
+
+def _from_parts(stream: bytes, buffers: list):
+    """The object `_Parts` carries (the buffers as bytearrays: an array over one is writable)."""
+    return pickle.loads(stream, buffers=[bytearray(b) for b in buffers])
 
 
 def clip_detail(detail: str | None) -> str | None:

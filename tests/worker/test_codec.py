@@ -245,11 +245,15 @@ def test_a_configured_payload_cap_refuses_a_parcel_by_size_and_key_and_leaves_no
     assert parcels.count(fleet_name) == 0
 
 
-def test_a_relayed_value_beside_the_ring_is_a_result_error_naming_its_size(fleet_name):
+def test_a_relayed_value_beside_the_ring_is_read_out_for_the_client_whole(fleet_name):
+    import numpy as np
     from fleet.shm import parcels
 
-    body, _ = codec.pack(bytearray(2 << 20), "the result", fleet_name, take=True)
-    outcome, value, _ = codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)
-    assert outcome.reason == "ResultError" and value is None
-    assert f"the result is {codec.parcel_of(body)[1]} bytes pickled: through fleetd's socket" in outcome.detail
-    assert parcels.count(fleet_name) == 0
+    value = {"array": np.arange(codec.OOB_MIN, dtype=np.int32), "bytes": b"z" * (codec.INLINE_MAX + 1)}
+    body, _ = codec.pack(value, "the result", fleet_name, take=True)
+    outcome, relayed, _ = codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)
+    assert outcome.kind == "solved" and type(relayed).__name__ == "_Pickled"
+    assert parcels.count(fleet_name) == 0  # taken by the supervisor as it read it out
+    back = pickle.loads(pickle.dumps(relayed)).load()  # as a client of fleetd gets it
+    assert back["bytes"] == value["bytes"] and np.array_equal(back["array"], value["array"])
+    assert back["array"].flags.writeable
