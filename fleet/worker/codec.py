@@ -2,7 +2,10 @@
 which frames the headers), and the one guard every pickle crossing a process goes through.
 
 A task body is `(payload, key, lane, request_id)`, pickled once in the submitting
-process (so an unpicklable or oversized payload is refused there, synchronously). A
+process (so an unpicklable payload is refused there, synchronously). A body too large
+for its ring, or holding large out-of-band buffers, travels beside it (`pack`: a parcel,
+fleet.shm.parcels) and the ring message names it; `loads` rebuilds the object over the
+parcel's mapping wherever it is received. A
 payload a service-mode client pickled at its end travels as `_Pickled`: the worker
 unpickles it, nobody else. A result body is decoded here into the unit's `Outcome`,
 its value, and the handler's original exception when there was one.
