@@ -49,7 +49,7 @@ ALIGN = 64
 #: Most bytes one write(2) moves on Linux.
 _WRITE_MAX = 0x7FFFF000
 _NAME_RE = re.compile(r"fleet\.([^./~]+)\.p([0-9]+)\.[0-9a-f]{16}")
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map its pages at once: no fault per page afterwards
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 class ParcelError(FleetError):
@@ -129,8 +129,10 @@ def open_(name: str, *, take: bool) -> mmap.mmap:
             remove(name)
         if st.st_size == 0:
             raise ParcelError(f"the parcel {path} is empty")
-        share = mmap.MAP_SHARED if take else mmap.MAP_PRIVATE
-        return mmap.mmap(fd, st.st_size, share | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        # Shared: its pages mapped at once (no fault per page later). Private: left to fault
+        # in as read, since populating a private writable mapping copies every page (COW).
+        flags = mmap.MAP_SHARED | _POPULATE if take else mmap.MAP_PRIVATE
+        return mmap.mmap(fd, st.st_size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
 
