@@ -124,6 +124,19 @@ def parcel_of(body) -> tuple[str, int] | None:
     return name, parcels.layout(sizes)[1]
 
 
+def drop_parcel(status: int, body) -> None:
+    """Remove the parcel a result body names, if it names one (a stray result: nobody takes it)."""
+    if status not in (M.ST_SOLVED, *_CHUNK_STATUSES) or not (len(body) and body[0] == PARCEL):
+        return
+    try:
+        parcels.remove(parcel_of(body)[0])
+    except Exception:  # noqa: BLE001 - bytes that only look like a parcel's name: nothing of ours to remove
+        pass
+
+
+_CHUNK_STATUSES = (M.ST_CHUNK, M.ST_CHUNK_SUPPRESSED, M.ST_CHUNK_FAILED)
+
+
 def _load(data):
     """pickle.loads, and a body naming a parcel rebuilt over the parcel's mapping."""
     if len(data) and data[0] == PARCEL:

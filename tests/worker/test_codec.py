@@ -257,3 +257,14 @@ def test_a_relayed_value_beside_the_ring_is_read_out_for_the_client_whole(fleet_
     back = pickle.loads(pickle.dumps(relayed)).load()  # as a client of fleetd gets it
     assert back["bytes"] == value["bytes"] and np.array_equal(back["array"], value["array"])
     assert back["array"].flags.writeable
+
+
+def test_a_stray_results_parcel_is_dropped_and_text_bodies_are_left_alone(fleet_name):
+    from fleet.shm import parcels
+
+    body, _ = codec.pack(bytearray(2 << 20), "the result", fleet_name, take=True)
+    codec.drop_parcel(M.ST_SUPPRESSED, body)  # not a value's status: never read as a parcel's name
+    assert parcels.count(fleet_name) == 1
+    codec.drop_parcel(M.ST_SOLVED, b"Plain words")  # looks like one, is not: nothing happens
+    codec.drop_parcel(M.ST_SOLVED, body)
+    assert parcels.count(fleet_name) == 0
