@@ -34,6 +34,7 @@ from fleet.api.mapping import length_of
 from fleet.worker.calls import NO_KWARGS, Calls
 from fleet.runtime.config import load_config
 from fleet.worker.prepare import WorkerSetup, check_not_importing_main
+from fleet.shm import parcels
 from fleet.shm.segments import reclaim_stale_of
 # The sweep judges a segment by its kind, which the module owning it registers on import:
 # the table's and the data plane's, loaded here before the first sweep.
@@ -100,6 +101,11 @@ class Executor(_StdExecutor):
             before it is replaced by a fresh one (default: no limit).
         oversubscribe: let `max_workers` exceed the quota's cores (fleet's own
             opt-in; not a ProcessPoolExecutor argument).
+        max_parcel_bytes: most bytes of arguments held beside the rings at once (those
+            too large for a ring travel in shared memory until their call ends); a
+            submit waits for room when they would pass it, and one argument larger than
+            it is PayloadTooLarge. Default: a quarter of physical memory (fleet's own;
+            `limits.max_parcel_bytes` of a fleet's config).
 
     Raises:
         ValueError: max_workers < 1, max_tasks_per_child < 1.
@@ -111,7 +117,8 @@ class Executor(_StdExecutor):
 
     def __init__(self, max_workers: int | None = None, mp_context: BaseContext | None = None,
                  initializer: Callable | None = None, initargs: tuple = (), *,
-                 max_tasks_per_child: int | None = None, oversubscribe: bool = False):
+                 max_tasks_per_child: int | None = None, oversubscribe: bool = False,
+                 max_parcel_bytes: int | None = None):
         check_not_importing_main("fleet.Executor")  # the workers import __main__: no executor made there
         _check_args(max_workers, mp_context, initializer, max_tasks_per_child)
         from fleet.host.system import Host
@@ -134,10 +141,12 @@ class Executor(_StdExecutor):
             "fleet": {"name": f"{NAME_PREFIX}{os.getpid()}-{next(_names)}", "profile": "pinned" if over else "auto"},
             "budget": {"loop": "priority", "oversubscribe": over},  # over: the caller's own opt-in
             "roles": {ROLE: role},
+            "limits": {} if max_parcel_bytes is None else {"max_parcel_bytes": max_parcel_bytes},
         }, env={})
         # An executor's name is never taken again, so no later boot would reclaim the segments
         # of one whose process was killed before its teardown: each boot sweeps them.
         reclaim_stale_of(NAME_PREFIX)
+        parcels.sweep_orphans(NAME_PREFIX)  # and the parcels of those whose tables are gone
         setup = WorkerSetup.of_this_process(initializer=initializer, initargs=initargs, max_tasks=max_tasks_per_child)
         self._max_workers = workers
         self._mp_context = mp_context

@@ -148,7 +148,9 @@ class SubmitRefused(FleetError, ValueError):
 
 
 class PayloadTooLarge(SubmitRefused):
-    """The pickled payload exceeds limits.max_payload_bytes."""
+    """The pickled payload exceeds a limit that stays: limits.max_payload_bytes when configured,
+    fleetd's control frame for a service-mode submit, or the room in /dev/shm; the text names
+    the size and the limit."""
 
 
 class PayloadUnpicklable(SubmitRefused):

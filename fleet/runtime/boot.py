@@ -16,6 +16,8 @@ import logging
 import os
 import time
 
+from fleet.shm import parcels
+from fleet.worker.codec import INLINE_MAX
 from fleet.host import priority as priority_mod
 from fleet.host.sampler import PressureInput, QuotaWatcher, Sampler
 from fleet.rules import posture as posture_mod
@@ -93,6 +95,8 @@ class Rig:
             self.data.unlink()
             self.data.close()
             self.data = None
+            # Its workers are gone: a parcel left (a unit's that no outcome reached) is no one's
+            parcels.sweep(self.name)
         if kill is False and ledger.tripped is None:
             ledger.close()
 
@@ -121,6 +125,8 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
         raise
     rig = Rig(name, projection, priority, dispatcher, owner, Sampler.for_self(owner, clock=host.now_ms), table)
     rig.table.set_quota_epoch(0, projection.quota.detected)
+    # The name is ours now: parcels a killed supervisor of it left (and its workers) go
+    parcels.sweep(name)
     rig.quota_watcher = QuotaWatcher(projection.quota, arm_pressure=PressureInput.for_self, clock=host.now_ms)
     try:
         from fleet.runtime.provider_gate import ProviderGate
@@ -146,7 +152,8 @@ def _rest(rig: Rig, config, roles, ledger, host, launched) -> None:
             table.set_slot_meta(spec.index, cpus=seat.cpus, binding=seat.binding)
     rig.publisher = Publisher(table, ledger, rig.posture, rig.dispatcher, roles, host.now_ms)
     rig.publisher.posture_record()
-    cap = _next_pow2(max(1 << 20, 4 * (config.limits.max_payload_bytes + 4096)))
+    # A ring carries a message up to half its capacity; larger ones travel beside it (parcels)
+    cap = _next_pow2(4 * (INLINE_MAX + 4096))
     rig.data = DataSegment.create(rig.name, len(layout.seats), cap, cap)
     rig.workers = workers = Workers(rig.name, config, roles, layout, rig.priority, host, table,
                                     rig.dispatcher.slots_of_seat)

@@ -118,9 +118,15 @@ _ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name
 
 @dataclass(frozen=True)
 class Limits:
-    """Input limits. `max_payload_bytes`: largest unit payload accepted (default 1 MiB)."""
+    """Input limits. `max_payload_bytes`: largest unit payload accepted, pickled (default:
+    none below memory; a payload too large for its ring travels beside it, fleet.shm.parcels).
+    `max_parcel_bytes`: the cap on payload bytes beside the rings at once."""
 
-    max_payload_bytes: int = 1 << 20
+    max_payload_bytes: int | None = None
+    #: Most bytes of payloads held beside the rings at once (parcels made at submit and not
+    #: yet removed by their unit's outcome); a submit waits for room (fleet.runtime.beside).
+    #: None: a quarter of physical memory.
+    max_parcel_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -311,8 +317,9 @@ def _roles(data):
 
 def _limits(data):
     data = _table("limits", data)
-    _reject_unknown("limits", data, ("max_payload_bytes",))
-    return Limits(_number("limits.max_payload_bytes", data.get("max_payload_bytes", Limits.max_payload_bytes)))
+    _reject_unknown("limits", data, ("max_payload_bytes", "max_parcel_bytes"))
+    caps = {key: data.get(key) for key in ("max_payload_bytes", "max_parcel_bytes")}
+    return Limits(**{key: None if cap is None else _number(f"limits.{key}", cap) for key, cap in caps.items()})
 
 
 def _restart(data):
@@ -480,7 +487,8 @@ _TYPES = {
     ("posture", PostureKey.DUTY_WINDOW_MS): "int",
     ("posture", PostureKey.EXIT_CLEAN_MS): "int",
     ("posture", PostureKey.INTAKE_FLOOR): "int?",
-    ("limits", "max_payload_bytes"): "int",
+    ("limits", "max_payload_bytes"): "int?",
+    ("limits", "max_parcel_bytes"): "int?",
     ("restart", "max_restarts"): "int",
     ("restart", "within_seconds"): "float",
     ("metrics", "enabled"): "bool",

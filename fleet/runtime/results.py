@@ -116,9 +116,11 @@ class Results:
         if unit is None:
             books.stray(self._seats.name(seat), f"a result for unit {unit_id}, which is not owed "
                         "(it ended already, or was never submitted)")
+            codec.drop_parcel(status, view[M.RESULT_HEAD.size :])
             return
         if not self._sent_to(unit_id, slot, seat):
             books.stray(self._seats.name(seat), f"a result for unit {unit_id} on slot {slot}, where it was not sent")
+            codec.drop_parcel(status, view[M.RESULT_HEAD.size :])
             return
         outcome, value, original = codec.result_outcome(status, view[M.RESULT_HEAD.size :], relay=self._relay)
         if cost != cost:  # NaN: no cost reported

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import signal
 
+from fleet.shm import parcels
 from fleet.rules import fsm
 from fleet.rules import posture as posture_mod
 from fleet.rules.intensity import Deaths
@@ -81,6 +82,8 @@ class SeatDeaths:
         workers, books, dispatcher = self._seats.workers, self._books, self._dispatcher
         workers.gone(seat, pid)
         self._results.take_delivered(seat)
+        # What it sent is read: a parcel it made and never sent (killed mid-transfer) is no one's
+        parcels.sweep(self._name, pid)
         # Tasks it never took would run again on its successor: drop them.
         self._seats.drop_unsent(seat)
         lost = dispatcher.seat_lost(seat)

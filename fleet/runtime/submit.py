@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 from concurrent.futures import Future
 
 from fleet.rules import ranges
 from fleet.rules.dispatch import Pending
 from fleet.rules.outcomes import FAILED
-from fleet.rules.unit import BadUnit, Outcome, error_for
+from fleet.rules.unit import BadUnit, Outcome, QueueFull, error_for
 from fleet.rules.vocab import Reason
 from fleet.runtime.accept import fail_future
+from fleet.runtime.beside import Beside
 from fleet.worker import codec
 from fleet.runtime.future import UnitFuture
 from fleet.shm import messages as M
+from fleet.shm import parcels
 
 #: Most units one `submit_many` command carries to the loop: the loop starts on a run
 #: while the caller still makes the next.
@@ -82,6 +85,7 @@ class Submitter:
         self._door, self._roles, self._ledger, self._recorder = door, roles, ledger, recorder
         self._room, self._intake = door.room, door.intake
         self._max_payload = limits.max_payload_bytes
+        self.beside = Beside(limits.max_parcel_bytes)  # payload bytes in parcels, capped (backpressure)
         self._providers = None  # the provider gate (its `check` of a route), once boot made it
         self._accept = self._accept_many = None  # the loop's half, once composed
 
@@ -126,11 +130,13 @@ class Submitter:
             if self._providers is not None:
                 # The one check of its ask (the loop checks again only after a reload)
                 admission["checked"] = self._providers.check(route, **admission)
-        body = codec.task_body(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
-                               limit=self._max_payload)
+        parcel = codec.pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
+                                 limit=self._max_payload, fleet=self._door.name, room=self.beside,
+                                 block=block and not self._door.on_loop(), block_timeout=block_timeout)
+        body = parcel[0]
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = _task_flags(chunk, timeout, self._recorder is not None)
-        unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout)
+        unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout, parcel)
         unit.route, unit.ask = route, admission
         if chunk:
             unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
@@ -143,9 +149,10 @@ class Submitter:
         role's own timeout; waits for room). A tenth of a submit's cost is those checks,
         on a path that runs once per call."""
         timeout = self._roles.by_code(code).timeout_s  # read each time: a reload may change it
-        body = codec.task_body(role, payload, None, None, None, pickled_payload=None, limit=self._max_payload)
-        unit, on_loop = self._queued(code, role, None, 0, body, _task_flags(False, timeout, self._recorder is not None),
-                                     timeout, True, None)
+        parcel = codec.pack_task(role, payload, None, None, None, pickled_payload=None, limit=self._max_payload,
+                                 fleet=self._door.name, room=self.beside, block=not self._door.on_loop())
+        unit, on_loop = self._queued(code, role, None, 0, parcel[0],
+                                     _task_flags(False, timeout, self._recorder is not None), timeout, True, None, parcel)
         return self._post(unit, on_loop, role, payload)
 
     def submit_many(self, role: str, payloads: list, *, lane=None, chunk: bool = False) -> list[Future]:
@@ -157,18 +164,53 @@ class Submitter:
         code = self._roles.code(role)
         spec = self._roles.by_code(code)
         _check_unit(spec, None, lane, 0, None, None)
-        limit = self._max_payload
-        bodies = [codec.task_body(role, payload, None, lane, None, pickled_payload=None, limit=limit)
-                  for payload in payloads]
         timeout = spec.timeout_s
         flags = _task_flags(chunk, timeout, self._recorder is not None)
         door = self._door
         door.refuse_if_closed(code, role)
         on_loop = door.on_loop()
-        futures, start = [], 0
-        while start < len(bodies):
-            took = self._room.take(code, role, block=not on_loop, n=min(len(bodies) - start, SUBMIT_RUN))
-            units = [self._new_unit(code, None, 0, body, flags, timeout) for body in bodies[start:start + took]]
+        futures, at = [], 0
+        while at < len(payloads):
+            packed = self._pack_run(role, payloads, at, lane, on_loop)
+            self._post_run(code, role, packed, payloads[at:at + len(packed)], lane, chunk, flags, timeout, on_loop,
+                           futures)
+            at += len(packed)
+        return futures
+
+    def _pack_run(self, role: str, payloads: list, at: int, lane, on_loop: bool) -> list:
+        """The task bodies of `payloads` from `at` on (see `codec.pack_task`), as many as
+        there is room for beside the rings: every one, unless the cap on payload bytes in
+        parcels is reached, when the run stops before the payload that would pass it (it
+        waits for room only as the run's first, so the units packed before it are posted and
+        can give room back). At least one. A refusal removes the run's parcels."""
+        limit, fleet, beside, packed = self._max_payload, self._door.name, self.beside, []
+        try:
+            for payload in itertools.islice(payloads, at, None):
+                first = not packed
+                try:
+                    packed.append(codec.pack_task(role, payload, None, lane, None, pickled_payload=None, limit=limit,
+                                                  fleet=fleet, room=beside, block=first and not on_loop))
+                except QueueFull:
+                    if first:
+                        raise
+                    break
+        except BaseException:
+            self._unpack(packed)
+            raise
+        return packed
+
+    def _post_run(self, code: int, role: str, packed: list, payloads: list, lane, chunk: bool, flags: int, timeout,
+                  on_loop: bool, futures: list) -> None:
+        """Queue the units of a packed run (room taken in its role's queue, SUBMIT_RUN units
+        at a time), their futures onto `futures`. A refusal removes the parcels not queued."""
+        start = 0
+        while start < len(packed):
+            try:
+                took = self._room.take(code, role, block=not on_loop, n=min(len(packed) - start, SUBMIT_RUN))
+            except BaseException:
+                self._unpack(packed[start:])
+                raise
+            units = [self._new_unit(code, None, 0, p[0], flags, timeout, p) for p in packed[start:start + took]]
             if chunk:
                 for unit, payload in zip(units, payloads[start:start + took]):
                     unit.items = len(payload)
@@ -178,18 +220,29 @@ class Submitter:
             self._intake.post(self._accept_many, units, arrivals, refused=self._turned_away_many, pace=not on_loop)
             futures.extend(u.future for u in units)
             start += took
-        return futures
+
+    def _unpack(self, packed: list) -> None:
+        """Remove the parcels of task bodies that never became units, their room given back."""
+        for _body, name, size in packed:
+            if name is not None:
+                parcels.remove(name)
+                self.beside.give(size)
 
     def _queued(self, code: int, role: str, key, priority: int, body: bytes, flags: int, timeout, block: bool,
-                block_timeout) -> tuple[LoopUnit, bool]:
+                block_timeout, parcel: tuple = (None, None, 0)) -> tuple[LoopUnit, bool]:
         """A checked unit's room in its role's queue, taken (waiting for it unless `block` is
         False, and never on the loop's own thread: it would wait for itself), once the fleet
-        and the role are seen open; the unit made, and whether this is the loop's thread."""
+        and the role are seen open; the unit made, and whether this is the loop's thread.
+        A refusal removes the unit's parcel (it never became a unit)."""
         door = self._door
-        door.refuse_if_closed(code, role)
-        on_loop = door.on_loop()
-        self._room.take(code, role, block=block and not on_loop, timeout=block_timeout)
-        return self._new_unit(code, key, priority, body, flags, timeout), on_loop
+        try:
+            door.refuse_if_closed(code, role)
+            on_loop = door.on_loop()
+            self._room.take(code, role, block=block and not on_loop, timeout=block_timeout)
+        except BaseException:
+            self._unpack([parcel])
+            raise
+        return self._new_unit(code, key, priority, body, flags, timeout, parcel), on_loop
 
     def _post(self, unit: LoopUnit, on_loop: bool, role: str, payload, key=None, lane=None) -> Future:
         """Hand a queued unit to the loop (paced, off the loop's thread); its future."""
@@ -197,10 +250,17 @@ class Submitter:
         self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop)
         return unit.future
 
-    def _new_unit(self, code: int, key, priority: int, body: bytes, flags: int, timeout) -> LoopUnit:
+    def _new_unit(self, code: int, key, priority: int, body: bytes, flags: int, timeout,
+                  parcel: tuple = (None, None, 0)) -> LoopUnit:
         future = UnitFuture()  # a Future without the cost of building a Condition nobody waits on
         unit_id = self._door.new_id()
         future.unit_id = unit_id  # fleetd replies to a remote submit with it
+        if parcel[1] is not None:
+            # The unit owns the parcel its payload travels in: every outcome resolves the
+            # future (solved, failed, cancelled, timed out, its worker dead, shut down),
+            # and the parcel goes with it, its room given back. A worker that mapped it
+            # keeps its own mapping.
+            future.add_done_callback(lambda _f, p=parcel: self._unpack([p]))
         return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
 
     def _turned_away(self, error: BaseException, unit: LoopUnit, *_rest) -> None:

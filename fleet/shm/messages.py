@@ -2,8 +2,9 @@
 
 Every ring message carries a tag (its kind) and a fixed little-endian header,
 followed by a pickled body. Bodies are pickled once, where they are made: a
-payload at submit (so an unpicklable or oversized payload is refused there), a
-result in the worker.
+payload at submit (so an unpicklable payload is refused there), a result in the
+worker. A body too large for its ring names the parcel it travels in beside the ring
+instead (fleet.worker.codec.pack, fleet.shm.parcels).
 """
 from __future__ import annotations
 

@@ -2,7 +2,10 @@
 which frames the headers), and the one guard every pickle crossing a process goes through.
 
 A task body is `(payload, key, lane, request_id)`, pickled once in the submitting
-process (so an unpicklable or oversized payload is refused there, synchronously). A
+process (so an unpicklable payload is refused there, synchronously). A body too large
+for its ring, or holding large out-of-band buffers, travels beside it (`pack`: a parcel,
+fleet.shm.parcels) and the ring message names it; `loads` rebuilds the object over the
+parcel's mapping wherever it is received. A
 payload a service-mode client pickled at its end travels as `_Pickled`: the worker
 unpickles it, nobody else. A result body is decoded here into the unit's `Outcome`,
 its value, and the handler's original exception when there was one.
@@ -25,6 +28,7 @@ import sys
 import threading
 
 from fleet.shm import messages as M
+from fleet.shm import parcels
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED, Refused
 from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, PayloadTooLarge, PayloadUnpicklable
@@ -45,6 +49,18 @@ MAX_WHY_CHARS = 500
 MAX_DEPTH = 10_000
 
 
+#: A buffer pickle protocol 5 hands out (an array's memory, a bytearray: anything exposing a
+#: PickleBuffer) at least this large travels beside the ring, out of band: copied once, into
+#: a parcel (`fleet.shm.parcels`), and the receiver's object is built over the mapping.
+OOB_MIN = 256 * 1024
+#: A pickle larger than this travels beside its ring whole (a ring message stays small).
+INLINE_MAX = 1 << 20
+#: The first byte of a body that names a parcel ("P"); a pickle's first byte is PROTO (0x80).
+PARCEL = 0x50
+#: After it: whether the receiver takes the parcel (a result) or its sender keeps it (a task).
+_TAKE, _KEEP = ord("T"), ord("K")
+
+
 class CodecError(Exception):
     """Something a unit brought could not be pickled, or unpickled here; the message
     names what and why (``<what> cannot be unpickled here: SystemExit: 7``)."""
@@ -58,11 +74,84 @@ def dumps(value, what: str) -> bytes:
 def loads(data, what: str, where: str = "here"):
     """The object pickled in `data`, under the guard. Raises CodecError naming `what`
     and `where` ("here", or the process it is unpickled in, e.g. "in the worker")."""
-    return _guarded(pickle.loads, data, what, where)
+    return _guarded(_load, data, what, where)
 
 
 def _dumps(value) -> bytes:
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = INLINE_MAX,
+         reserve=None) -> tuple[bytes, str | None]:
+    """`value` as a ring message's body, under the guard: (body, the parcel's name or None).
+
+    Pickled with protocol 5: each buffer of OOB_MIN bytes or more is set aside out of band;
+    if there is one, or the pickle is over `inline_max` bytes, the pickle and the buffers are
+    written once into a parcel of `fleet` and the body only names it. ``take``: the receiver
+    owns the parcel (a result); else the sender does (a task: removed at the unit's outcome).
+    ``fleet`` None: no parcel (the body is the pickle, whatever its size). ``reserve(n)``:
+    called with the parcel's size before it is written (it may wait, or raise).
+
+    Raises CodecError (it cannot be pickled), parcels.ParcelError (no room in /dev/shm)."""
+    if fleet is None:
+        return dumps(value, what), None
+    aside: list = []
+
+    def inline(buf) -> bool:  # pickle's buffer_callback: True keeps `buf` in the pickle
+        view = memoryview(buf)
+        if view.nbytes < OOB_MIN or not view.contiguous:
+            return True
+        aside.append(view)
+        return False
+
+    data = _guarded(lambda v: pickle.dumps(v, protocol=5, buffer_callback=inline), value, what, None)
+    if not aside and len(data) <= inline_max:
+        return data, None
+    parts = [data, *aside]
+    sizes = [memoryview(p).nbytes for p in parts]
+    if reserve is not None:
+        reserve(parcels.layout(sizes)[1])
+    name, offsets = parcels.write(fleet, parts)
+    ref = bytes((PARCEL, _TAKE if take else _KEEP)) + pickle.dumps((name, offsets, sizes), protocol=5)
+    return ref, name
+
+
+def parcel_of(body) -> tuple[str, int] | None:
+    """(name, bytes) of the parcel a body names; None for an inline body."""
+    if not (len(body) and body[0] == PARCEL):
+        return None
+    name, _offsets, sizes = pickle.loads(body[2:])
+    return name, parcels.layout(sizes)[1]
+
+
+def drop_parcel(status: int, body) -> None:
+    """Remove the parcel a result body names, if it names one (a stray result: nobody takes it)."""
+    if status not in (M.ST_SOLVED, *_CHUNK_STATUSES) or not (len(body) and body[0] == PARCEL):
+        return
+    try:
+        parcels.remove(parcel_of(body)[0])
+    except Exception:  # noqa: BLE001 - bytes that only look like a parcel's name: nothing of ours to remove
+        pass
+
+
+_CHUNK_STATUSES = (M.ST_CHUNK, M.ST_CHUNK_SUPPRESSED, M.ST_CHUNK_FAILED)
+
+
+def _load(data):
+    """pickle.loads, and a body naming a parcel rebuilt over the parcel's mapping."""
+    if len(data) and data[0] == PARCEL:
+        return _unparcel(data)
+    return pickle.loads(data)
+
+
+def _unparcel(data):
+    """The object a parcel holds. Its out-of-band buffers are views of the mapping, which
+    lives as long as the objects built over them (an array's base is the mapping): no copy
+    and no view into memory reused later. The mapping is writable, and the receiver's own."""
+    name, offsets, sizes = pickle.loads(data[2:])
+    view = memoryview(parcels.open_(name, take=data[1] == _TAKE))
+    stream = view[offsets[0] : offsets[0] + sizes[0]]
+    return pickle.loads(stream, buffers=[view[o : o + n] for o, n in zip(offsets[1:], sizes[1:])])
 
 
 def _guarded(action, arg, what: str, where: str | None):
@@ -179,22 +268,53 @@ def unpicklable(exc: CodecError) -> PayloadUnpicklable:
     return PayloadUnpicklable(f"{text}; {NOT_CHILDREN}" if _INHERITED_ONLY in text else text)
 
 
-def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int) -> bytes:
-    """The pickled body of one task.
+def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int | None) -> bytes:
+    """The pickled body of one task, inline whatever its size (`pack_task` without a parcel)."""
+    return pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload, limit=limit, fleet=None)[0]
+
+
+def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int | None,
+              fleet: str | None, inline_max: int = INLINE_MAX, room=None, block: bool = True,
+              block_timeout: float | None = None) -> tuple[bytes, str | None, int]:
+    """The body of one task, the name of the parcel it travels in beside the ring (None:
+    inline) and the parcel's size in bytes (0: none). The parcel is the caller's to remove
+    at the unit's outcome (`parcels.remove`), and its room to give back to `room`.
+
+    ``room``: where a parcel of `n` bytes takes room before it is written (``room.take(n, what,
+    block=, timeout=)`` may wait, or refuse: fleet.runtime.beside); given back here
+    (``room.give(n)``) when the parcel is not made.
 
     Raises:
         PayloadUnpicklable: the payload (or key) cannot be pickled.
-        PayloadTooLarge: the body is over `limit` bytes (limits.max_payload_bytes).
+        PayloadTooLarge: the body is over `limit` bytes (limits.max_payload_bytes, when
+            configured), over what `room` can ever hold, or /dev/shm has no room for it.
+        QueueFull: `room` refused to wait for room.
     """
     if pickled_payload is not None:
         payload = _Pickled(pickled_payload)
+    what = f"payload for role {role!r}"
+    taken = []
+
+    def reserve(n: int) -> None:
+        if limit is not None and n > limit:
+            raise PayloadTooLarge(f"{what} is {n} bytes pickled; limits.max_payload_bytes is {limit}")
+        if room is not None:
+            room.take(n, what, block=block, timeout=block_timeout)
+            taken.append(room)
+        taken.append(n)
+
     try:
-        body = dumps((payload, key, lane, request_id), f"payload for role {role!r}")
+        body, parcel = pack((payload, key, lane, request_id), what, fleet, take=False, inline_max=inline_max,
+                            reserve=reserve)
     except CodecError as exc:
         raise unpicklable(exc) from None
-    if len(body) > limit:
-        raise PayloadTooLarge(f"payload for role {role!r} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
-    return body
+    except parcels.ParcelError as exc:
+        if len(taken) == 2:
+            taken[0].give(taken[1])
+        raise PayloadTooLarge(f"{what}: {exc}") from None
+    if parcel is None and limit is not None and len(body) > limit:
+        raise PayloadTooLarge(f"{what} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
+    return body, parcel, (taken[-1] if parcel is not None else 0)
 
 
 _ROUTE_LEN = struct.Struct("<I")
@@ -250,9 +370,9 @@ _CHUNK_OUTCOMES = {
 
 def _outcome(status: int, body, relay: bool):
     if status == M.ST_SOLVED:
-        return _SOLVED, (_Pickled(bytes(body)) if relay else loads(body, "the result")), None
+        return _SOLVED, (_relayed(body, "the result") if relay else loads(body, "the result")), None
     if status in _CHUNK_OUTCOMES:
-        chunk = _Pickled(bytes(body)) if relay else loads(body, "the chunk's results")
+        chunk = _relayed(body, "the chunk's results") if relay else loads(body, "the chunk's results")
         return _CHUNK_OUTCOMES[status], chunk, None
     if status == M.ST_SUPPRESSED:
         return Outcome(SUPPRESSED, None, _text(body)), None, None
@@ -269,6 +389,43 @@ def _outcome(status: int, body, relay: bool):
     if status in (M.ST_START_REFUSED, M.ST_COMPLETION_REFUSED):
         return Outcome(FAILED, Reason.FSM_REFUSED, _text(body)), None, None
     return Outcome(FAILED, Reason.LANE_DEATH, _text(body)), None, None
+
+
+def _relayed(body, what: str) -> _Pickled:
+    """A value kept pickled for fleetd's client, never unpickled here. One that came beside
+    the ring (a parcel) is taken and read out: its pickle alone, or, with out-of-band
+    buffers, a pickle of `_parts` that rebuilds it from them at the client's end (fleetd
+    sends it in parts whatever its size)."""
+    if not (len(body) and body[0] == PARCEL):
+        return _Pickled(bytes(body))
+    name, offsets, sizes = pickle.loads(body[2:])
+    try:
+        mm = parcels.open_(name, take=True)
+    except parcels.ParcelError as exc:
+        raise CodecError(f"{what} cannot be read: {exc}") from None
+    with memoryview(mm) as view:
+        parts = [bytes(view[o : o + n]) for o, n in zip(offsets, sizes)]
+    mm.close()
+    if len(parts) == 1:
+        return _Pickled(parts[0])
+    return _Pickled(pickle.dumps(_Parts(parts[0], parts[1:]), protocol=5))
+
+
+class _Parts:
+    """A pickle and its out-of-band buffers, as one in-band pickle (for a client of fleetd)."""
+
+    __slots__ = ("stream", "buffers")
+
+    def __init__(self, stream: bytes, buffers: list):
+        self.stream, self.buffers = stream, buffers
+
+    def __reduce__(self):
+        return _from_parts, (self.stream, self.buffers)
+
+
+def _from_parts(stream: bytes, buffers: list):
+    """The object `_Parts` carries (the buffers as bytearrays: an array over one is writable)."""
+    return pickle.loads(stream, buffers=[bytearray(b) for b in buffers])
 
 
 def clip_detail(detail: str | None) -> str | None:

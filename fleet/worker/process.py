@@ -36,8 +36,9 @@ import traceback
 
 from fleet.rules import cordon, fsm
 from fleet.shm import messages as M
-from fleet.worker.codec import (MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps, error_parts, loads,
-                                 refused_body, safe_str, split_route)
+from fleet.worker.codec import (INLINE_MAX, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, error_parts, loads,
+                                 pack, parcel_of, refused_body, safe_str, split_route)
+from fleet.shm.parcels import ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
 from fleet.worker.io.runner import IoRunner
@@ -88,6 +89,8 @@ class Worker:
         self.tasks = data.tasks(seat)
         self.results = data.results(seat)
         self.bell = data.bell
+        #: Where a result too large for the ring goes: a parcel of this fleet, beside it
+        self._beside = (data.name, min(INLINE_MAX, self.results.max_message - M.RESULT_HEAD.size))
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
         self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
         self._async = [inspect.iscoroutinefunction(h) for h in handlers]
@@ -327,7 +330,7 @@ class Worker:
             RUNNING.reset(token)
         if strays.stray:  # a child the handler forked returned
             strays.leave()
-        return (*_result_body(value), _cost(running))
+        return (*_result_body(value, self._beside), _cost(running))
 
     def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes, float]:
         """Run every item of a chunk, in order: (values, {index: (status, detail)} for items
@@ -366,7 +369,7 @@ class Worker:
         finally:
             strays.unwatch(items)
             RUNNING.reset(token)
-        return (*_chunk_body(values, failures), _cost(running))
+        return (*_chunk_body(values, failures, self._beside), _cost(running))
 
     # --- I/O-bound roles: the same unit, awaited ------------------------------------------
     async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float, float]:
@@ -392,7 +395,7 @@ class Worker:
             RUNNING.reset(token)
         if strays.stray:
             strays.leave()
-        return (*_result_body(value), _cost(running))
+        return (*_result_body(value, self._beside), _cost(running))
 
     async def _run_chunk_async(self, unit_id: int, role: int, body) -> tuple[int, bytes, float]:
         """A chunk's items run one after another, as in `_run_chunk`: a chunk holds one slot."""
@@ -418,7 +421,7 @@ class Worker:
                 running.unit = None
         finally:
             RUNNING.reset(token)
-        return (*_chunk_body(values, failures), _cost(running))
+        return (*_chunk_body(values, failures, self._beside), _cost(running))
 
     def _finish(self, unit_id: int, slot: int, role: int, status: int, out: bytes) -> tuple[int, bytes, int]:
         """End the slot's unit: (status, body, the slot's state afterwards). A refused
@@ -431,6 +434,7 @@ class Worker:
         if reason != fsm.OK:
             text = f"slot {slot} refused {fsm.EVENT_NAMES[self._completion[role]]}: {fsm.REASON_NAMES[reason]}"
             log.error("unit %d: %s", unit_id, text)
+            _drop_parcel(out)  # its value goes nowhere: nor does the parcel it travelled in
             return M.ST_COMPLETION_REFUSED, text.encode(), final
         return status, out, final
 
@@ -505,10 +509,10 @@ def _failure_body(exc: BaseException) -> tuple[int, bytes]:
     return status, pickle.dumps(detail, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _chunk_body(values: list, failures: dict) -> tuple[int, bytes]:
+def _chunk_body(values: list, failures: dict, beside) -> tuple[int, bytes]:
     """A chunk's result, its status summing up its items (so nobody has to unpickle its
     values to learn its outcome): failed if an item failed, else suppressed if one was."""
-    status, out = _result_body((values, failures), "the chunk's results")
+    status, out = _result_body((values, failures), beside, "the chunk's results")
     if status != M.ST_SOLVED:
         return status, out
     kinds = {st for st, _ in failures.values()}
@@ -517,11 +521,26 @@ def _chunk_body(values: list, failures: dict) -> tuple[int, bytes]:
     return (M.ST_CHUNK_SUPPRESSED if kinds else M.ST_CHUNK), out
 
 
-def _result_body(value, what: str = "the result") -> tuple[int, bytes]:
+def _result_body(value, beside: tuple[str, int], what: str = "the result") -> tuple[int, bytes]:
+    """A value's result body: inline in the ring, or naming the parcel it travels in beside
+    it (`beside`: the fleet's name, the most bytes carried inline), which the supervisor takes."""
+    fleet, inline_max = beside
     try:
-        return M.ST_SOLVED, dumps(value, what)
+        return M.ST_SOLVED, pack(value, what, fleet, take=True, inline_max=inline_max)[0]
     except CodecError as exc:  # an unpicklable result is the unit's outcome
         return M.ST_RESULT_ERROR, _utf8(str(exc))
+    except ParcelError as exc:  # no room in /dev/shm for it: the unit's outcome too
+        return M.ST_RESULT_ERROR, _utf8(f"{what}: {exc}")
+
+
+def _drop_parcel(body) -> None:
+    """Remove the parcel a result body names (a result that will not be sent)."""
+    try:
+        found = parcel_of(body)
+    except Exception:  # noqa: BLE001 - a text body, not a parcel's name
+        return
+    if found is not None:
+        remove_parcel(found[0])
 
 
 def _utf8(text: str) -> bytes:

@@ -49,7 +49,7 @@ def test_defaults():
     assert c == FleetConfig()
     assert (c.name, c.profile, c.cpus) == ("fleet", "auto", None)
     assert c.roles is REFERENCE_ROLES and c.posture == DEFAULT_POLICY
-    assert c.limits == Limits(1 << 20) and c.restart == RestartIntensity(5, 60.0)
+    assert c.limits == Limits(None) and c.restart == RestartIntensity(5, 60.0)
 
 
 def test_toml_file(tmp_path):

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.worker import codec
-from fleet.shm import dataplane
+from fleet.shm import dataplane, parcels
 from fleet.shm.table import segment
-from fleet.rules.unit import PayloadTooLarge, PayloadUnpicklable, UnitError, UnitFailed
+from fleet.rules.unit import PayloadUnpicklable, UnitError, UnitFailed
 from tests import hostile as H
 from tests.daemons import BOUND_S, Fleetd, wait_until
 from tests.fleets import config, running, unique_name
@@ -137,10 +137,10 @@ def test_a_result_that_fails_to_pickle_fails_result_error_and_the_worker_serves_
     _serves_on(f, pids)
 
 
-def test_a_result_larger_than_the_ring_fails_result_error(hostile_fleet):
+def test_a_result_larger_than_the_ring_arrives_whole_beside_it(hostile_fleet):
     f, pids = hostile_fleet
-    exc = _failure(f.submit("h", ("return", "huge", 8 << 20)))
-    assert exc.reason == "ResultError" and "the result ring takes" in exc.outcome.detail
+    assert f.submit("h", ("return", "huge", 8 << 20)).result(BOUND_S) == b"x" * (8 << 20)
+    assert parcels.count(f.name) == 0  # the supervisor took the result's parcel
     _serves_on(f, pids)
 
 
@@ -175,7 +175,7 @@ def test_a_payload_that_cannot_be_pickled_is_refused_at_submit_and_nothing_is_qu
 
 # --- the fuzz -------------------------------------------------------------------------------
 #: Sizes a recipe takes: the depth of a nesting or the bytes of a blob. SMALL and MID travel;
-#: BIG nests past the recursion limit and outgrows the result ring and the payload limit.
+#: BIG nests past the recursion limit and outgrows the rings (it travels beside them).
 SMALL, MID, BIG = 3, 300, 6 << 20
 _sizes = st.sampled_from([SMALL, MID, BIG])
 _values = st.tuples(st.just("return"), st.sampled_from(sorted(H.VALUES)), _sizes)
@@ -193,7 +193,7 @@ def _size_for(kind: str, size: int) -> int:
 
 def _value_fails(kind: str, size: int) -> bool:
     """A returned value that cannot come back: it fails to pickle or unpickle, or is too big."""
-    return kind not in ("plain", "nested", "huge", "outside_fleetd") or _too_deep(kind, size) or (kind == "huge" and size >= BIG)
+    return kind not in ("plain", "nested", "huge", "outside_fleetd") or _too_deep(kind, size)
 
 
 def _too_deep(kind: str, size: int) -> bool:
@@ -227,15 +227,12 @@ def _assert_handler_error(exc: BaseException, kind: str, size: int) -> None:
 
 def _check_payload(f, recipe) -> None:
     """The recipe's value (or exception object) as a payload, echoed back: refused at
-    submit when it cannot be pickled or is too large, HandlerError when it cannot be
+    submit when it cannot be pickled (whatever its size, it travels), HandlerError when it cannot be
     unpickled in the worker (the handler never saw it)."""
     how, kind, size = recipe
     payload = H.make(how, kind, size)
     if kind.endswith("_on_dump") or _too_deep(kind, size):
         with pytest.raises(PayloadUnpicklable):
-            f.submit("echo", payload)
-    elif kind == "huge" and size >= BIG:
-        with pytest.raises(PayloadTooLarge):
             f.submit("echo", payload)
     elif kind.endswith("_on_load") or kind in ("unrebuildable", "carries_hostile"):
         assert _failure(f.submit("echo", payload)).reason == "HandlerError"

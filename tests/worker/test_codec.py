@@ -178,3 +178,93 @@ def test_the_guard_bounds_recursion_where_the_limit_was_raised():
     failure, limit = run.stdout.splitlines()
     assert failure.startswith("the deep value cannot be pickled: RecursionError")
     assert limit == str(10**7)  # and the process's own limit is given back
+
+
+# --- beside the ring: parcels ------------------------------------------------------------------
+@pytest.fixture
+def fleet_name():
+    from fleet.shm import parcels
+    from tests.fleets import unique_name
+
+    name = unique_name("cd")
+    yield name
+    parcels.sweep(name)
+
+
+def test_a_small_value_travels_inline_and_a_large_buffer_beside_the_ring(fleet_name):
+    import numpy as np
+    from fleet.shm import parcels
+
+    body, parcel = codec.pack({"a": np.arange(10.0)}, "the result", fleet_name, take=True)
+    assert parcel is None and body[0] == 0x80 and parcels.count(fleet_name) == 0
+    big = np.arange(codec.OOB_MIN // 8, dtype=np.float64)
+    body, parcel = codec.pack({"a": big, "b": b"x"}, "the result", fleet_name, take=True)
+    assert parcel is not None and len(body) < 200 and parcels.count(fleet_name) == 1
+    name, size = codec.parcel_of(body)
+    assert name == parcel and size > big.nbytes
+    value = codec.loads(body, "the result")
+    assert parcels.count(fleet_name) == 0  # a result's parcel is taken by its receiver
+    assert value["b"] == b"x" and np.array_equal(value["a"], big)
+    assert value["a"].flags.writeable  # the receiver's own, over its mapping
+    value["a"][0] = -1.0
+    assert value["a"][0] == -1.0 and big[0] == 0.0
+
+
+def test_a_pickle_too_large_for_the_ring_travels_whole_beside_it(fleet_name):
+    from fleet.shm import parcels
+
+    data = b"y" * (codec.INLINE_MAX + 1)  # bytes pickle in band: the pickle itself is large
+    body, parcel = codec.pack(data, "the result", fleet_name, take=True, inline_max=codec.INLINE_MAX)
+    assert parcel is not None and codec.parcel_of(body)[1] > codec.INLINE_MAX
+    assert codec.loads(body, "the result") == data and parcels.count(fleet_name) == 0
+
+
+def test_a_task_body_beside_the_ring_stays_for_its_sender_to_remove(fleet_name):
+    import numpy as np
+    from fleet.shm import parcels
+
+    arg = np.ones(1 << 18)
+    body, parcel, size = codec.pack_task("r", arg, None, None, None, pickled_payload=None, limit=None,
+                                         fleet=fleet_name)
+    assert size == codec.parcel_of(body)[1] > arg.nbytes
+    for _ in range(2):  # a unit run again (a provider's refusal) reads the payload as it was sent
+        payload, *_rest = codec.loads(body, "the payload", "in the worker")
+        assert payload.flags.writeable and payload.sum() == arg.size
+        payload[:] = 0  # the worker's own copy-on-write mapping
+    assert parcels.count(fleet_name) == 1 and parcels.remove(parcel)
+    with pytest.raises(codec.CodecError, match="the payload cannot be unpickled in the worker: ParcelError"):
+        codec.loads(body, "the payload", "in the worker")
+
+
+def test_a_configured_payload_cap_refuses_a_parcel_by_size_and_key_and_leaves_nothing(fleet_name):
+    from fleet.shm import parcels
+
+    with pytest.raises(PayloadTooLarge, match=r"is \d+ bytes pickled; limits.max_payload_bytes is 1048576"):
+        codec.pack_task("r", bytearray(2 << 20), None, None, None, pickled_payload=None, limit=1 << 20,
+                        fleet=fleet_name)
+    assert parcels.count(fleet_name) == 0
+
+
+def test_a_relayed_value_beside_the_ring_is_read_out_for_the_client_whole(fleet_name):
+    import numpy as np
+    from fleet.shm import parcels
+
+    value = {"array": np.arange(codec.OOB_MIN, dtype=np.int32), "bytes": b"z" * (codec.INLINE_MAX + 1)}
+    body, _ = codec.pack(value, "the result", fleet_name, take=True)
+    outcome, relayed, _ = codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)
+    assert outcome.kind == "solved" and type(relayed).__name__ == "_Pickled"
+    assert parcels.count(fleet_name) == 0  # taken by the supervisor as it read it out
+    back = pickle.loads(pickle.dumps(relayed)).load()  # as a client of fleetd gets it
+    assert back["bytes"] == value["bytes"] and np.array_equal(back["array"], value["array"])
+    assert back["array"].flags.writeable
+
+
+def test_a_stray_results_parcel_is_dropped_and_text_bodies_are_left_alone(fleet_name):
+    from fleet.shm import parcels
+
+    body, _ = codec.pack(bytearray(2 << 20), "the result", fleet_name, take=True)
+    codec.drop_parcel(M.ST_SUPPRESSED, body)  # not a value's status: never read as a parcel's name
+    assert parcels.count(fleet_name) == 1
+    codec.drop_parcel(M.ST_SOLVED, b"Plain words")  # looks like one, is not: nothing happens
+    codec.drop_parcel(M.ST_SOLVED, body)
+    assert parcels.count(fleet_name) == 0

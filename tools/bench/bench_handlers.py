@@ -50,3 +50,19 @@ def echo_unit(unit):
 async def unit_sleep_async(unit):
     """An I/O-bound unit: waits `payload` seconds and uses no CPU meanwhile."""
     await asyncio.sleep(unit.payload)
+
+
+# data_bench.py: what crosses is the measure (a distinct object in, a fresh one out)
+def nbytes(x):
+    """The size of what arrived (bytes or an array): a reply of a few bytes."""
+    return x.nbytes if hasattr(x, "nbytes") else len(x)
+
+
+def make_bytes(n):
+    return b"\1" * n
+
+
+def make_array(n):
+    import numpy as np
+
+    return np.full(n // 8, 1.0)

@@ -1,0 +1,94 @@
+"""Real data through both faces (fleet.Executor, fleet.Fleet): no size limit below memory.
+
+Each size class goes in (an argument) and out (a result) whole; what does not fit a ring
+travels beside it (fleet.shm.parcels) and is gone from /dev/shm once the unit ends. An
+array arrives writable, its memory its own: it survives the next thousand units' traffic."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fleet
+from fleet.shm import parcels
+from tests import data_calls as D
+from tests.daemons import BOUND_S, wait_until
+from tests.fleets import config, descendants, running, unique_name
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+class Face:
+    """One face, called the same way: ``face(call name, argument)`` -> its future."""
+
+    def __init__(self, kind: str, target):
+        self.kind, self.target = kind, target
+        self.name = target.fleet.name if kind == "executor" else target.name
+
+    def __call__(self, call: str, arg):
+        if self.kind == "executor":
+            return self.target.submit(getattr(D, call), arg)
+        return self.target.submit("data", (call, arg))
+
+    def map(self, call: str, args):
+        if self.kind == "executor":
+            return self.target.map(getattr(D, call), args, chunksize=4)
+        return self.target.map("data", [(call, arg) for arg in args], chunksize=4)
+
+    def no_parcels_left(self) -> None:
+        # a task's parcel goes as its future's callbacks run, just after its waiter wakes
+        wait_until(lambda: parcels.count(self.name) == 0, f"fleet {self.name}'s parcels removed")
+
+
+@pytest.fixture(scope="module", params=["executor", "fleet"])
+def face(request):
+    if request.param == "executor":
+        before = descendants()
+        ex = fleet.Executor(max_workers=2)
+        try:
+            yield Face("executor", ex)
+        finally:
+            ex.shutdown(wait=True)
+            assert not (descendants() - before)
+            assert parcels.count(ex.fleet.name) == 0
+    else:
+        roles = {"data": {"kind": "pooled", "handler": "tests.data_calls:h_call", "slots": 2, "peak_cpus": 1,
+                          "queue_bound": 10_000}}
+        with running(config(unique_name("dt"), roles)) as f:  # which checks no segment is left
+            yield Face("fleet", f)
+
+
+@pytest.mark.parametrize("size", [KIB, MIB, 64 * MIB], ids=["1KiB", "1MiB", "64MiB"])
+def test_each_size_goes_in_and_comes_out_whole(face, size):
+    data = D.pattern(size)
+    assert face("digest", data).result(BOUND_S) == D.digest(data)  # in: an argument
+    assert face("make_bytes", size).result(BOUND_S) == data  # out: a result
+    face.no_parcels_left()
+
+
+def test_a_512_mib_result_comes_out_whole(face):
+    out = face("make_array", 512 * MIB).result(BOUND_S)
+    assert out.nbytes == 512 * MIB and out[0] == out[-1] == 1.0 and float(out.sum()) == out.size
+    face.no_parcels_left()
+    del out
+
+
+def test_an_array_arrives_writable_both_ways_and_survives_the_next_thousand_units(face):
+    sent = np.arange(MIB, dtype=np.float64)  # 8 MiB
+    assert face("poke", sent).result(BOUND_S) == (True, float(sent.sum()) + 1.0)
+    assert sent[0] == 0.0  # the worker wrote into its own copy
+    got = face("make_array", 8 * MIB).result(BOUND_S)
+    assert got.flags.writeable
+    got[0] = 7.0
+    # a thousand units' results, each beside the ring (each over codec.OOB_MIN): none may
+    # land in the memory `got` is built over
+    sizes = [320 * KIB] * 1000
+    for i, value in enumerate(face.map("make_array", sizes)):
+        assert value.nbytes == 320 * KIB and value[0] == 1.0, i
+    assert got[0] == 7.0 and float(got[1:].sum()) == got.size - 1
+    face.no_parcels_left()
+
+
+def test_a_map_of_arrays_each_arrives_whole(face):
+    arrays = [np.full(MIB // 8 * (i + 1), float(i)) for i in range(8)]  # 1..8 MiB, distinct
+    assert list(face.map("digest", arrays)) == [D.digest(a) for a in arrays]
+    face.no_parcels_left()

@@ -1,0 +1,98 @@
+"""Parcels (fleet.shm.parcels): a message written once beside the ring, mapped by its
+receiver, removed by its one owner; names only of their own shape, files only of this uid."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from fleet.shm import parcels
+from fleet.shm.segments import SHM_DIR
+from tests.fleets import unique_name
+
+
+@pytest.fixture
+def fleet_name():
+    name = unique_name("pc")
+    yield name
+    parcels.sweep(name)
+    for entry in os.listdir(SHM_DIR):
+        if entry.startswith(f"fleet.{name}"):
+            os.unlink(os.path.join(SHM_DIR, entry))
+
+
+def test_a_parcel_holds_its_parts_aligned_owner_only(fleet_name):
+    parts = [b"head", bytes(range(256)) * 5, b"z" * 3]
+    name, offsets = parcels.write(fleet_name, parts)
+    assert offsets == [0, 64, 64 + 1280] and all(off % parcels.ALIGN == 0 for off in offsets)
+    st = os.lstat(os.path.join(SHM_DIR, name))
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+    assert name.startswith(f"fleet.{fleet_name}.p{os.getpid()}.")
+    mm = parcels.open_(name, take=False)
+    assert [bytes(mm[o:o + len(p)]) for o, p in zip(offsets, parts)] == parts
+    assert parcels.count(fleet_name) == 1  # kept: its sender owns it
+    mm.close()
+    assert parcels.remove(name) and not parcels.remove(name)
+    assert parcels.count(fleet_name) == 0
+
+
+def test_a_kept_parcel_maps_private_and_a_taken_one_is_gone_at_once(fleet_name):
+    name, _ = parcels.write(fleet_name, [b"a" * 100])
+    private = parcels.open_(name, take=False)
+    private[0:1] = b"b"  # copy-on-write: the parcel itself is as it was sent
+    taken = parcels.open_(name, take=True)
+    assert bytes(taken[0:2]) == b"aa" and parcels.count(fleet_name) == 0
+    taken[0:1] = b"c"
+    assert bytes(taken[0:1]) == b"c"
+    private.close(), taken.close()
+    with pytest.raises(parcels.ParcelError, match="cannot open the parcel"):
+        parcels.open_(name, take=True)
+
+
+@pytest.mark.parametrize("name", ["../etc/passwd", "fleet.x.data", "fleet.x.p1.zz", "fleet.a/b.p1.0123456789abcdef"])
+def test_only_a_parcel_shaped_name_is_opened_or_removed(name):
+    with pytest.raises(parcels.ParcelError, match="is not a parcel's name"):
+        parcels.open_(name, take=True)
+    with pytest.raises(parcels.ParcelError):
+        parcels.remove(name)
+
+
+def test_a_link_under_a_parcels_name_is_not_followed(fleet_name, tmp_path):
+    target = tmp_path / "target"
+    target.write_bytes(b"secret" * 100)
+    name = f"fleet.{fleet_name}.p1.0123456789abcdef"
+    os.symlink(target, os.path.join(SHM_DIR, name))
+    with pytest.raises(parcels.ParcelError):
+        parcels.open_(name, take=True)
+    assert target.read_bytes() == b"secret" * 100
+
+
+def test_sweep_takes_a_creators_parcels_or_all_of_a_fleets(fleet_name):
+    other = unique_name("pd")
+    try:
+        mine, _ = parcels.write(fleet_name, [b"x"])
+        dead = f"fleet.{fleet_name}.p999999.0123456789abcdef"
+        open(os.path.join(SHM_DIR, dead), "wb").close()
+        theirs, _ = parcels.write(other, [b"y"])
+        assert parcels.sweep(fleet_name, 999999) == [dead]
+        assert parcels.count(fleet_name) == 1
+        assert parcels.sweep(fleet_name) == [mine]
+        assert parcels.count(other) == 1  # another fleet's: untouched
+    finally:
+        parcels.sweep(other)
+
+
+def test_sweep_orphans_takes_only_parcels_of_fleets_without_a_table(fleet_name):
+    live, gone = f"{fleet_name}a", f"{fleet_name}b"
+    table = os.path.join(SHM_DIR, f"fleet.{live}")
+    open(table, "wb").close()
+    try:
+        kept, _ = parcels.write(live, [b"x"])
+        orphan, _ = parcels.write(gone, [b"y"])
+        assert parcels.sweep_orphans(fleet_name) == [orphan]
+        assert parcels.count(live) == 1
+    finally:
+        os.unlink(table)
+        parcels.sweep(live)
+        parcels.sweep(gone)
