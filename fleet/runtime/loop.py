@@ -52,7 +52,7 @@ from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import FleetClosed, Outcome
 from fleet.rules.vocab import Reason
-from fleet.runtime import boot
+from fleet.runtime import boot, spans
 from fleet.runtime.accept import Acceptor
 from fleet.runtime.books import Books
 from fleet.runtime.config import FleetConfig
@@ -127,9 +127,11 @@ class Supervisor:
         try:
             self._compose(rig)
             boot.await_forks(rig, self._deaths.seat_died)
-            if boot.start_exporter(rig, self.config, self._exporter) is not None:
+            exporting = boot.start_exporter(rig, self.config, self._exporter) is not None
+            if exporting:
                 # Held until the publisher hands them over with the ledger's counters.
                 self._results.observe_runs(rig.publisher.run_ended)
+            self.books.watch = spans.watch_for(self.config, rig, self.seats, exporting)
         except BaseException:
             rig.teardown(self.gates, self.ledger, kill=True)
             raise
@@ -279,6 +281,8 @@ class Supervisor:
         grants = dispatcher.grant()
         for unit_id in dispatcher.take_skipped():
             books.skipped(unit_id)  # a gate stopped it, or its caller cancelled it
+        if grants and books.watch is not None:
+            books.watch.granted(grants)  # their grant times (makespans and spans, when on)
         ops: list = []  # every grant's slot events, applied in one kernel call
         for g in grants:
             if g.ops:
