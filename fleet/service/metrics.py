@@ -250,6 +250,7 @@ class FleetMetrics:
         self._makespans: dict[tuple, tuple[list[int], float]] = {}
         self._keys: dict[str, set] = {}
         self._folded: dict[str, int] = {}  # role -> units whose key shares OTHER_KEY
+        self._epochs: set[int] = set()  # the epochs whose makespan series are kept
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(FleetCollector(provider, clock=clock, units=self._units_view))
 
@@ -313,11 +314,14 @@ class FleetMetrics:
         i = next((i for i, bound in enumerate(self._bounds) if seconds <= bound), len(self._bounds))
         counts[i] += 1
         series[(role, label, epoch)] = (counts, total + seconds)
-        epochs = sorted({e for _, _, e in series})
-        if len(epochs) > MAKESPAN_EPOCHS:  # a new epoch: the oldest one's series go
-            keep = set(epochs[-MAKESPAN_EPOCHS:])
-            for name in [name for name in series if name[2] not in keep]:
-                del series[name]
+        epochs = self._epochs
+        if epoch not in epochs:
+            epochs.add(epoch)
+            if len(epochs) > MAKESPAN_EPOCHS:  # a new epoch: the oldest one's series go
+                oldest = min(epochs)
+                epochs.discard(oldest)
+                for name in [name for name in series if name[2] == oldest]:
+                    del series[name]
 
     def _units_view(self) -> tuple[dict | None, list]:
         runs = HistogramMetricFamily(
