@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 
 from fleet.host import priority as priority_mod
@@ -81,7 +82,16 @@ IN_FLIGHT_SPIN_S = 150e-6
 #: keep the loop draining while no unit starts).
 INTAKE_BATCH = 64
 
-__all__ = ["Supervisor", "SAMPLE_EVERY_S"]
+__all__ = ["Supervisor", "SAMPLE_EVERY_S", "running_here"]
+
+#: The fleets this process started (held weakly): `fleet.runtime_status()` reads them.
+_STARTED: weakref.WeakSet = weakref.WeakSet()
+
+
+def running_here() -> list:
+    """The supervisors this process started whose loop still runs, oldest first."""
+    live = [sup for sup in list(_STARTED) if sup.door.started and not sup.door.stopped.is_set()]
+    return sorted(live, key=lambda sup: sup.started_ns)
 
 
 class Supervisor:
@@ -141,6 +151,7 @@ class Supervisor:
         self.door.open(thread)
         thread.start()
         close_at_exit(self)
+        _STARTED.add(self)
         return self
 
     def _compose(self, rig: boot.Rig) -> None:
