@@ -13,6 +13,9 @@ Measures, each the median of --repeat rounds, every contender once per round, on
 right after another (a slow stretch of a shared machine falls on all alike):
   submit_units_per_s   --units single submits, then every result
   round_trip_us_p50    one unit in flight at a time
+  loop_cpu_us_per_unit the supervisor loop thread's CPU time (schedstat, ns) over the
+                       submit runs, per unit: the loop's own cost, which a busy shared
+                       machine's waits do not inflate as they do throughput
   check_ns             the off path's own cost: one ``watch is not None`` check, timed
                        alone (the loop makes four per unit)
 Ratios are contender / off. ``--only off`` runs just the off fleet, so the same command
@@ -49,12 +52,24 @@ def config(kind: str) -> dict:
     return cfg
 
 
-def submit_rate(f, n: int) -> float:
+def loop_cpu_ns(f) -> int:
+    """CPU ns the fleet's supervisor loop thread has run (/proc/self/task/TID/schedstat)."""
+    import threading
+
+    (tid,) = [t.native_id for t in threading.enumerate() if t.name == f"fleet-{f.name}"]
+    with open(f"/proc/self/task/{tid}/schedstat") as fh:
+        return int(fh.read().split()[0])
+
+
+def submit_rate(f, n: int) -> tuple[float, float]:
+    """(units per second, the loop's CPU us per unit) of n submits and their results."""
+    c0 = loop_cpu_ns(f)
     t0 = time.perf_counter()
     futures = [f.submit("w") for _ in range(n)]
     for fut in futures:
         fut.result()
-    return n / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    return n / elapsed, (loop_cpu_ns(f) - c0) / n / 1e3
 
 
 def round_trip_us(f, n: int = ROUND_TRIPS) -> list:
@@ -92,6 +107,7 @@ def main(argv=None) -> int:
 
         trace.set_tracer_provider(TracerProvider())  # spans made and ended, exported nowhere
     rates = {k: [] for k in kinds}
+    cpu = {k: [] for k in kinds}
     trips = {k: [] for k in kinds}
     with contextlib.ExitStack() as stack:
         fleets = {k: stack.enter_context(fleet.Fleet.from_config(config(k), env={})) for k in kinds}
@@ -99,18 +115,23 @@ def main(argv=None) -> int:
             submit_rate(f, 200)  # warm: workers forked, first imports done
         for _ in range(args.repeat):
             for k, f in fleets.items():
-                rates[k].append(submit_rate(f, args.units))
+                rate, per_unit = submit_rate(f, args.units)
+                rates[k].append(rate)
+                cpu[k].append(per_unit)
                 trips[k].extend(round_trip_us(f))
     out = {
         "units": args.units, "repeat": args.repeat, "check_ns": round(check_ns(), 2),
         "submit_units_per_s": {k: round(statistics.median(v)) for k, v in rates.items()},
         "round_trip_us_p50": {k: round(statistics.median(v), 1) for k, v in trips.items()},
+        "loop_cpu_us_per_unit": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
         "runs": {k: [round(r) for r in v] for k, v in rates.items()},
+        "loop_cpu_runs": {k: [round(c, 2) for c in v] for k, v in cpu.items()},
     }
     if "off" in kinds:
         out["ratios_vs_off"] = {
             k: {"submit": round(out["submit_units_per_s"][k] / out["submit_units_per_s"]["off"], 3),
-                "round_trip_p50": round(out["round_trip_us_p50"][k] / out["round_trip_us_p50"]["off"], 3)}
+                "round_trip_p50": round(out["round_trip_us_p50"][k] / out["round_trip_us_p50"]["off"], 3),
+                "loop_cpu": round(out["loop_cpu_us_per_unit"][k] / out["loop_cpu_us_per_unit"]["off"], 3)}
             for k in kinds if k != "off"}
     if args.json:
         print(json.dumps(out))
