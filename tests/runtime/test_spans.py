@@ -105,3 +105,17 @@ def test_spans_must_be_a_bool():
     with pytest.raises(ConfigError, match="metrics.spans"):
         fleet.Fleet.from_config({"fleet": {"name": "never"}, "metrics": {"spans": "yes"},
                                  "roles": {"sq": role("square")}}, env={})
+
+
+def test_spans_without_opentelemetry_refuse_the_boot_and_leave_nothing(fleet_name, monkeypatch):
+    import sys
+
+    from fleet.runtime.spans import OtelMissing
+    from tests.fleets import descendants
+
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # as if fleet[otel] were not installed
+    before = descendants()
+    with pytest.raises(OtelMissing, match=r"fleet\[otel\]"):
+        fleet.Fleet.from_config(_cfg(fleet_name, True), env={})
+    eventually(lambda: not (descendants() - before), "no worker or fork server left")
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"fleet.{fleet_name}")]
