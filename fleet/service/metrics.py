@@ -46,6 +46,7 @@ Use::
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import socket
 import socketserver
@@ -294,7 +295,7 @@ class FleetMetrics:
 
     def _observe_locked(self, role: str, seconds: float) -> None:
         counts, total = self._runs.get(role) or ([0] * (len(self._bounds) + 1), 0.0)
-        i = next((i for i, bound in enumerate(self._bounds) if seconds <= bound), len(self._bounds))
+        i = bisect.bisect_left(self._bounds, seconds)  # the first bound >= seconds; len: +Inf
         counts[i] += 1
         self._runs[role] = (counts, total + seconds)
 
@@ -311,7 +312,7 @@ class FleetMetrics:
                     self._folded[role] = self._folded.get(role, 0) + 1
         series = self._makespans
         counts, total = series.get((role, label, epoch)) or ([0] * (len(self._bounds) + 1), 0.0)
-        i = next((i for i, bound in enumerate(self._bounds) if seconds <= bound), len(self._bounds))
+        i = bisect.bisect_left(self._bounds, seconds)  # the first bound >= seconds; len: +Inf
         counts[i] += 1
         series[(role, label, epoch)] = (counts, total + seconds)
         epochs = self._epochs

@@ -303,3 +303,16 @@ def test_makespan_series_are_bounded_by_epoch_and_refuse_bad_times(table):
     assert epochs == {str(e) for e in range(2, MAKESPAN_EPOCHS + 2)}  # the oldest two dropped; 99 never published
     assert value(m, "fleet_unit_makespan_seconds_bucket", role="sim", key="", epoch="2", le="0.0025") == 1
     assert value(m, "fleet_unit_makespan_seconds_bucket", role="sim", key="", epoch="2", le="0.001") == 0
+
+
+def test_a_time_on_a_bucket_bound_counts_in_that_bucket(table):
+    metrics = FleetMetrics(table.snapshot, clock=lambda: NOW_NS)
+    counts = {"submitted": 0, "solved": 0, "suppressed": 0, "failed": 0, "inflight": 0}
+    metrics.publish_units(counts, [("sim", 0.0025), ("sim", 700.0)], [("sim", None, 0, 0.0025)])
+    with MetricsServer(port=0, metrics=metrics) as s:
+        m = scrape(s.url)
+    assert value(m, "fleet_unit_run_seconds_bucket", role="sim", le="0.0025") == 1  # le: at most the bound
+    assert value(m, "fleet_unit_run_seconds_bucket", role="sim", le="0.001") == 0
+    assert value(m, "fleet_unit_run_seconds_bucket", role="sim", le="600.0") == 1  # 700 s only under +Inf
+    assert value(m, "fleet_unit_run_seconds_bucket", role="sim", le="+Inf") == 2
+    assert value(m, "fleet_unit_makespan_seconds_bucket", role="sim", key="", epoch="0", le="0.0025") == 1
