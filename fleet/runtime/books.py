@@ -178,15 +178,18 @@ class Books:
 
     def deliver(self) -> bool:
         """Resolve the futures decided this turn (their callbacks run here, on the loop);
-        True if there were any."""
-        if not self._done:
-            return False
+        True if there were any. Then the spans of the units that ended (when on): after
+        the futures, so no caller waits for its unit's span."""
+        delivered = bool(self._done)
         while self._done:
             done, self._done = self._done, []
             for future, value, error in done:
                 future.settle(value, error, error is not None)  # refused (no-op) when cancelled meanwhile
-        SETTLED.bump()  # callers watching for their result take it now (fleet.runtime.future)
-        return True
+        if delivered:
+            SETTLED.bump()  # callers watching for their result take it now (fleet.runtime.future)
+        if self.watch is not None:
+            self.watch.flush()
+        return delivered
 
     # ------------------------------------------------------------------ inside
     def _end(self, unit_id: int) -> LoopUnit | None:

@@ -16,7 +16,8 @@ The times are the loop's: "submit" is the unit's accept on the loop (a submit re
 it within a wake-up), "grant" its last grant (a unit taken back by a gate, or sent
 back from a dead seat before it started, is granted again), "start" its handler's
 start as the worker measured it (the result's run time before the result's arrival),
-"end" its outcome. A unit that never ran has no start event; a unit whose worker died
+"end" its outcome. The spans of a turn are made once its futures are resolved (`flush`,
+from `Books.deliver`), so no caller waits for a span. A unit that never ran has no start event; a unit whose worker died
 mid-run (LaneDeath) has its grant and no start (its worker never said).
 
 One owner: the loop thread.
@@ -73,6 +74,7 @@ class UnitWatch:
         self._makespans, self._tracer, self._clock = makespans, tracer, clock
         self._keyed = [r.kind == "pinned" for r in roles]
         self._units: dict[int, list] = {}
+        self._due: list = []  # the spans of units ended this turn, made at `flush`
         # Spans take wall-clock ns: the monotonic stamps plus this offset, read once
         # (a wall-clock step during a span cannot make it end before it starts).
         self._wall_offset = time.time_ns() - clock()
@@ -116,13 +118,20 @@ class UnitWatch:
         if self._makespans is not None:
             self._makespans(spec.name, key, epoch, (end - times[_SUBMIT]) / 1e9)
         if self._tracer is not None:
-            self._span(unit, spec.name, key, epoch, outcome, times, end)
+            self._due.append((unit.unit_id, spec.name, key, epoch, outcome, times, end))
 
-    def _span(self, unit, role: str, key, epoch: int, outcome, times: list, end: int) -> None:
+    def flush(self) -> None:
+        """Make the spans of the units that ended since the last call (the books call it
+        once a turn's futures are resolved: a caller's result never waits for its span)."""
+        due, self._due = self._due, []
+        for span in due:
+            self._span(*span)
+
+    def _span(self, unit_id: int, role: str, key, epoch: int, outcome, times: list, end: int) -> None:
         from opentelemetry.trace import Status, StatusCode
 
         off = self._wall_offset
-        attributes = {"fleet.name": self._fleet, "fleet.unit_id": unit.unit_id, "fleet.role": role,
+        attributes = {"fleet.name": self._fleet, "fleet.unit_id": unit_id, "fleet.role": role,
                       "fleet.epoch": epoch, "fleet.outcome": outcome.kind}
         if key is not None:
             attributes["fleet.key"] = str(key)
