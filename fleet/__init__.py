@@ -33,6 +33,7 @@ _LAZY = {
     "Fleet": "fleet.api.fleet",
     "Client": "fleet.api.client",
     "connect": "fleet.api.client",
+    "runtime_status": "fleet.api.runtime_status",
     "FleetConnectionLost": "fleet.api.client",
     "SubmitUncertain": "fleet.api.client",
     "RequestIdReused": "fleet.service.replays",
@@ -69,6 +70,8 @@ __all__ = [
     "Fleet",
     "connect",
     "Client",
+    # the live view of a fleet (the plan, the budget, the census), or the default projection
+    "runtime_status",
     # what a handler receives, raises and reports; what a caller gets back
     "Unit",
     "Route",

@@ -29,7 +29,7 @@ FLEET_API = [
     "PayloadUnpicklable", "PostureCauseError", "PostureRetuneError", "QueueFull", "QuotaTooSmallForPinnedRoles",
     "Refused", "RequestIdReused", "RoleBroken", "RoleStopped", "Route", "SubmitRefused", "SubmitUncertain",
     "Suppress", "Unit", "UnitBroken", "UnitError", "UnitFailed", "UnitSuppressed", "UnknownRoleError",
-    "UntrustedPeer", "connect", "current_unit", "report_cost",
+    "UntrustedPeer", "connect", "current_unit", "report_cost", "runtime_status",
 ]
 ADMISSION_API = ["AdmissionPool", "ManualClock", "Policy", "Refused", "Route", "ScaledClock"]
 

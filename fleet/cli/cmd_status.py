@@ -15,7 +15,7 @@ from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, NotRunning
 from fleet.rules.vocab import PostureKey as K
 from fleet.rules.when import utc
 from fleet.shm.table.bulkheads import held_until
-from fleet.shm.status import DELAY_SOURCES, SCHEDSTAT, TASKSTATS, gather, gather_projection
+from fleet.shm.status import DELAY_SOURCES, SCHEDSTAT, TASKSTATS, gather, gather_projection, runtime_view
 from fleet.cli._common import add_name_argument, fleet_name
 
 NAME = "status"
@@ -57,7 +57,7 @@ def run(args) -> int:
         if config is None:
             raise
         return _print_projection(args, config)
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render(doc))
+    sys.stdout.write(_json(doc) if args.json else render(doc))
     if doc["stale"]:
         # Its state is still worth showing (what was running when it died), but
         # nothing serves this fleet: callers and scripts must not read success.
@@ -70,6 +70,12 @@ def run(args) -> int:
     return EXIT_OK
 
 
+def _json(doc: dict) -> str:
+    """The document as --json prints it: its keys, and the runtime view (`fleet.runtime_status()`'s
+    shape) under ``runtime_status``."""
+    return json.dumps({**doc, "runtime_status": runtime_view(doc)}, indent=2) + "\n"
+
+
 def _load_config(path):
     from fleet.runtime.config import load_config  # only here: plain status must start fast
 
@@ -78,7 +84,7 @@ def _load_config(path):
 
 def _print_projection(args, config) -> int:
     doc = gather_projection(config, args.name or config.name)
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render_projection(doc))
+    sys.stdout.write(_json(doc) if args.json else render_projection(doc))
     print(f"fleetctl status: fleet {doc['fleet']!r} is not running; shown: the projection of {args.config} "
           "on this host", file=sys.stderr)
     return EXIT_NOT_RUNNING

@@ -8,6 +8,8 @@ a refused unit back instead: then it has no outcome yet, and the ledger sees the
 ends with. The futures of the outcomes decided during a turn resolve at its end
 (`deliver`), on the loop thread. A unit a gate stopped (its host-group lease ended) is
 marked here (`stop`): it fails with the gate's reason at its grant, or at its seat's death.
+Each unit's times are told to the watch (`fleet.runtime.spans`) when [metrics] asks for
+makespans or spans: at its entry and at its outcome, here, where every unit enters and ends.
 
 One owner: the loop thread. Other threads read only the ledger (thread-safe itself).
 """
@@ -42,6 +44,7 @@ class Books:
         self._units: dict[int, LoopUnit] = {}
         self._done: list = []  # (future, value, error) decided this turn, delivered at its end
         self._stops: dict[int, tuple[str, str]] = {}  # unit id -> (reason, detail): a gate stopped it
+        self.watch = None  # the UnitWatch (fleet.runtime.spans) when makespans or spans are on
 
     def __len__(self) -> int:
         """Units owed an outcome."""
@@ -58,13 +61,18 @@ class Books:
         """A unit accepted: on the books, counted submitted."""
         self._units[unit.unit_id] = unit
         self.ledger.submitted(unit.unit_id, unit.items)
+        if self.watch is not None:
+            self.watch.entered(unit.unit_id)
 
     def enter_many(self, units: list) -> None:
         """A run of accepted units: on the books, counted under one ledger lock."""
         held = self._units
         for unit in units:
             held[unit.unit_id] = unit
-        self.ledger.submitted_many([unit.unit_id for unit in units], [unit.items for unit in units])
+        ids = [unit.unit_id for unit in units]
+        self.ledger.submitted_many(ids, [unit.items for unit in units])
+        if self.watch is not None:
+            self.watch.entered_many(ids)
 
     # ------------------------------------------------------------------ at a grant
     def skip_at_grant(self, unit_id: int) -> bool:
@@ -114,6 +122,8 @@ class Books:
             self.ledger.record(unit_id, outcome.kind, outcome.reason)
         if unit is None:
             return
+        if self.watch is not None:
+            self.watch.ended(unit, outcome)
         if outcome.kind == SOLVED or (items and value is not None):
             self._done.append((unit.future, value, None))
         else:
@@ -137,6 +147,8 @@ class Books:
         if unit is not None:
             self._told_gates(unit, _CANCELLED)  # a cancel is never taken back
         unit = self._end(unit_id)
+        if unit is not None and self.watch is not None:
+            self.watch.ended(unit, _CANCELLED)
         if unit is not None and cancel_future:
             unit.future.cancel()
         self.ledger.record(unit_id, FAILED, Reason.CANCELLED)
@@ -166,15 +178,18 @@ class Books:
 
     def deliver(self) -> bool:
         """Resolve the futures decided this turn (their callbacks run here, on the loop);
-        True if there were any."""
-        if not self._done:
-            return False
+        True if there were any. Then the spans of the units that ended (when on): after
+        the futures, so no caller waits for its unit's span."""
+        delivered = bool(self._done)
         while self._done:
             done, self._done = self._done, []
             for future, value, error in done:
                 future.settle(value, error, error is not None)  # refused (no-op) when cancelled meanwhile
-        SETTLED.bump()  # callers watching for their result take it now (fleet.runtime.future)
-        return True
+        if delivered:
+            SETTLED.bump()  # callers watching for their result take it now (fleet.runtime.future)
+        if self.watch is not None:
+            self.watch.flush()
+        return delivered
 
     # ------------------------------------------------------------------ inside
     def _end(self, unit_id: int) -> LoopUnit | None:

@@ -48,6 +48,7 @@ a ConfigError naming their dotted path)::
     enabled = false
     host = "127.0.0.1"        # localhost only unless the operator opens it
     port = 9464               # 0 picks a free port
+    spans = false             # a span per unit through OpenTelemetry (pip install 'fleet[otel]')
 
     [store]                   # the host-group admission store (admission.store); off without url
     url = "sqlite:///var/lib/fleet/store.db"   # or postgresql://user@db/fleet
@@ -139,11 +140,13 @@ class RestartIntensity:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """The Prometheus endpoint: served on `host`:`port` when `enabled` (port 0: any free port)."""
+    """The Prometheus endpoint: served on `host`:`port` when `enabled` (port 0: any free port);
+    `spans`: a span per unit through OpenTelemetry (fleet.runtime.spans; the fleet[otel] extra)."""
 
     enabled: bool = False
     host: str = "127.0.0.1"
     port: int = 9464
+    spans: bool = False
 
 
 @dataclass(frozen=True)
@@ -333,16 +336,19 @@ def _restart(data):
 
 def _metrics(data):
     data = _table("metrics", data)
-    _reject_unknown("metrics", data, ("enabled", "host", "port"))
+    _reject_unknown("metrics", data, ("enabled", "host", "port", "spans"))
     enabled = data.get("enabled", MetricsConfig.enabled)
     if not isinstance(enabled, bool):
         raise ConfigError("metrics.enabled", f"must be true or false, got {enabled!r}")
+    spans = data.get("spans", MetricsConfig.spans)
+    if not isinstance(spans, bool):
+        raise ConfigError("metrics.spans", f"must be true or false, got {spans!r}")
     host = data.get("host", MetricsConfig.host)
     # An address or a host name, never empty: an empty host would bind every interface.
     if not isinstance(host, str) or not host.strip() or any(c.isspace() for c in host):
         raise ConfigError("metrics.host", f"must be a non-empty address or host name, got {host!r}")
     port = _number("metrics.port", data.get("port", MetricsConfig.port))
-    return MetricsConfig(enabled, host, port)
+    return MetricsConfig(enabled, host, port, spans)
 
 
 _STORE_KEYS = ("url", "orchestrator", "lease_ttl", "renew_every", "poll_every", "global_limit", "aging_interval",
@@ -493,6 +499,7 @@ _TYPES = {
     ("restart", "within_seconds"): "float",
     ("metrics", "enabled"): "bool",
     ("metrics", "port"): "int",
+    ("metrics", "spans"): "bool",
     ("store", "lease_ttl"): "float",
     ("store", "renew_every"): "float?",
     ("store", "poll_every"): "float",

@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 
 from fleet.host import priority as priority_mod
@@ -53,7 +54,7 @@ from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import FleetClosed, Outcome
 from fleet.rules.vocab import Reason
 from fleet.rules.when import utc
-from fleet.runtime import boot
+from fleet.runtime import boot, spans
 from fleet.runtime.accept import Acceptor
 from fleet.runtime.books import Books
 from fleet.runtime.config import FleetConfig
@@ -82,7 +83,16 @@ IN_FLIGHT_SPIN_S = 150e-6
 #: keep the loop draining while no unit starts).
 INTAKE_BATCH = 64
 
-__all__ = ["Supervisor", "SAMPLE_EVERY_S"]
+__all__ = ["Supervisor", "SAMPLE_EVERY_S", "running_here"]
+
+#: The fleets this process started (held weakly): `fleet.runtime_status()` reads them.
+_STARTED: weakref.WeakSet = weakref.WeakSet()
+
+
+def running_here() -> list:
+    """The supervisors this process started whose loop still runs, oldest first."""
+    live = [sup for sup in list(_STARTED) if sup.door.started and not sup.door.stopped.is_set()]
+    return sorted(live, key=lambda sup: sup.started_ns)
 
 
 class Supervisor:
@@ -127,9 +137,11 @@ class Supervisor:
         try:
             self._compose(rig)
             boot.await_forks(rig, self._deaths.seat_died)
-            if boot.start_exporter(rig, self.config, self._exporter) is not None:
+            exporting = boot.start_exporter(rig, self.config, self._exporter) is not None
+            if exporting:
                 # Held until the publisher hands them over with the ledger's counters.
                 self._results.observe_runs(rig.publisher.run_ended)
+            self.books.watch = spans.watch_for(self.config, rig, self.seats, exporting)
         except BaseException:
             rig.teardown(self.gates, self.ledger, kill=True)
             raise
@@ -139,6 +151,7 @@ class Supervisor:
         self.door.open(thread)
         thread.start()
         close_at_exit(self)
+        _STARTED.add(self)
         return self
 
     def _compose(self, rig: boot.Rig) -> None:
@@ -290,6 +303,8 @@ class Supervisor:
         grants = dispatcher.grant()
         for unit_id in dispatcher.take_skipped():
             books.skipped(unit_id)  # a gate stopped it, or its caller cancelled it
+        if grants and books.watch is not None:
+            books.watch.granted(grants)  # their grant times (makespans and spans, when on)
         ops: list = []  # every grant's slot events, applied in one kernel call
         for g in grants:
             if g.ops:

@@ -23,11 +23,16 @@ class Publisher:
         self._now_ms = now_ms
         self.metrics = None  # the MetricsServer, once boot started one
         self._runs_ended: list = []  # (role name, seconds) not yet published
+        self._makespans: list = []  # (role name, key, epoch, seconds) not yet published
         self.last_change = None  # the posture transition that set the current posture
 
     def run_ended(self, role: str, seconds: float) -> None:
         """A unit's run time, held until `units` hands it over with the ledger's counters."""
         self._runs_ended.append((role, seconds))
+
+    def makespan_ended(self, role: str, key, epoch: int, seconds: float) -> None:
+        """A unit's makespan (accept to outcome, fleet.runtime.spans), held as run times are."""
+        self._makespans.append((role, key, epoch, seconds))
 
     def units(self) -> None:
         """The one point unit counters and run times are published, before the futures
@@ -36,7 +41,8 @@ class Publisher:
         self.ledger.publish(self.table)
         if self.metrics is not None:
             runs, self._runs_ended = self._runs_ended, []
-            self.metrics.publish_units(self.ledger.counts().to_dict(), runs)
+            makespans, self._makespans = self._makespans, []
+            self.metrics.publish_units(self.ledger.counts().to_dict(), runs, makespans)
 
     def posture_record(self) -> None:
         """The table's posture record, and the dispatcher's intake floors for the posture."""

@@ -139,6 +139,8 @@ class Results:
                 self._dispatcher.pace(unit.role, depth)
         if self._run_observer is not None:
             self._run_observer(self._roles.by_code(unit.role).name, elapsed)
+        if self._books.watch is not None:  # its start, for its span
+            self._books.watch.ran(unit_id, elapsed)
         if self._recorder is not None:  # the measured work shape of a recorded arrival
             self._recorder.completion(unit_id, elapsed, outcome.kind, cpu_s=cpu)
         # A chunk's items travel with it whatever its outcome (map raises item by item); its

@@ -19,6 +19,13 @@ What is exported (names as scraped):
 * ``fleet_table_torn_records`` and ``fleet_table_readable`` (0 when the provider failed:
   the scrape still succeeds and says so, rather than erroring).
 * ``fleet_unit_run_seconds{role}`` — histogram fed by the supervisor.
+* ``fleet_unit_makespan_seconds{role,key,epoch}`` — histogram of each unit's makespan, from its
+  accept to its outcome (002 §7), whatever the outcome. ``key`` is the pinned key of a keyed
+  role (``""`` for the others); the first `MAKESPAN_KEYS` keys of a role have their own series,
+  later ones share ``key="_other"`` (and ``fleet_unit_makespan_keys_folded_total{role}`` counts
+  the units so folded). ``epoch`` is the quota epoch the unit was granted in; the series of
+  the newest `MAKESPAN_EPOCHS` epochs are exported, older ones are dropped. So the family
+  holds at most roles x (MAKESPAN_KEYS + 1) x MAKESPAN_EPOCHS series.
 
 The table-backed families are computed at scrape time from a fresh snapshot
 (`FleetCollector`), so nothing is copied between scrapes and the figures are as
@@ -43,6 +50,7 @@ Use::
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import socket
 import socketserver
@@ -66,6 +74,13 @@ log = logging.getLogger(__name__)
 RUN_SECONDS_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )
+
+#: Keys of one keyed role whose makespans have series of their own; later keys share OTHER_KEY.
+MAKESPAN_KEYS = 32
+#: The key label of a keyed role's makespans past its first MAKESPAN_KEYS keys.
+OTHER_KEY = "_other"
+#: Quota epochs whose makespan series are exported (the newest); an older one's are dropped.
+MAKESPAN_EPOCHS = 4
 
 #: How often the server thread checks for close(), in seconds.
 POLL_S = 0.05
@@ -216,9 +231,8 @@ class FleetCollector(Collector):
         self._units = units
 
     def collect(self) -> Iterable:
-        ledger, runs = self._units() if self._units is not None else (None, None)
-        if runs is not None:
-            yield runs
+        ledger, histograms = self._units() if self._units is not None else (None, ())
+        yield from histograms
         try:
             snap = self._provider()
         except FleetError as exc:
@@ -254,18 +268,27 @@ class FleetMetrics:
         self._lock = threading.Lock()
         self._ledger: dict | None = None
         self._runs: dict[str, tuple[list[int], float]] = {}  # role -> (count per bucket and +Inf, sum)
+        # (role, key label, epoch) -> (count per bucket and +Inf, sum); a role's keys with series
+        self._makespans: dict[tuple, tuple[list[int], float]] = {}
+        self._keys: dict[str, set] = {}
+        self._folded: dict[str, int] = {}  # role -> units whose key shares OTHER_KEY
+        self._epochs: set[int] = set()  # the epochs whose makespan series are kept
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(FleetCollector(provider, clock=clock, units=self._units_view))
 
-    def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = ()) -> None:
-        """Publish the ledger's counters and the run times of units that ended since the
-        last call, as one step: a scrape sees both or neither. Thread-safe.
+    def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = (),
+                      makespans: Iterable[tuple] = ()) -> None:
+        """Publish the ledger's counters, and the run times and makespans of units that
+        ended since the last call, as one step: a scrape sees all or none. Thread-safe.
 
-        ``ledger`` is `fleet.rules.ledger.LedgerCounts.to_dict()` (failures by reason name).
-        Raises ValueError, publishing nothing, for a negative or non-finite run time.
+        ``ledger`` is `fleet.rules.ledger.LedgerCounts.to_dict()` (failures by reason name);
+        ``makespans``: ``(role, key, epoch, seconds)``, key None for a role that is not keyed.
+        Raises ValueError, publishing nothing, for a negative or non-finite time.
         """
-        runs = list(runs)
+        runs, makespans = list(runs), list(makespans)
         for _, seconds in runs:
+            _check_seconds(seconds)
+        for *_, seconds in makespans:
             _check_seconds(seconds)
         by_reason = ledger.get("failed_by_reason", {})
         view = {
@@ -281,6 +304,8 @@ class FleetMetrics:
             self._ledger = view
             for role, seconds in runs:
                 self._observe_locked(role, seconds)
+            for role, key, epoch, seconds in makespans:
+                self._makespan_locked(role, key, int(epoch), seconds)
 
     def observe_run(self, role: str, seconds: float) -> None:
         """Record one finished unit's run time alone (no counters). Thread-safe; cheap.
@@ -294,26 +319,69 @@ class FleetMetrics:
 
     def _observe_locked(self, role: str, seconds: float) -> None:
         counts, total = self._runs.get(role) or ([0] * (len(self._bounds) + 1), 0.0)
-        i = next((i for i, bound in enumerate(self._bounds) if seconds <= bound), len(self._bounds))
+        i = bisect.bisect_left(self._bounds, seconds)  # the first bound >= seconds; len: +Inf
         counts[i] += 1
         self._runs[role] = (counts, total + seconds)
 
-    def _units_view(self) -> tuple[dict | None, HistogramMetricFamily]:
-        family = HistogramMetricFamily(
+    def _makespan_locked(self, role: str, key, epoch: int, seconds: float) -> None:
+        if key is None:
+            label = ""
+        else:
+            label, keys = str(key), self._keys.setdefault(role, set())
+            if label not in keys:
+                if len(keys) < MAKESPAN_KEYS:
+                    keys.add(label)
+                else:  # the bound: the series count stays fixed whatever the keys
+                    label = OTHER_KEY
+                    self._folded[role] = self._folded.get(role, 0) + 1
+        series = self._makespans
+        counts, total = series.get((role, label, epoch)) or ([0] * (len(self._bounds) + 1), 0.0)
+        i = bisect.bisect_left(self._bounds, seconds)  # the first bound >= seconds; len: +Inf
+        counts[i] += 1
+        series[(role, label, epoch)] = (counts, total + seconds)
+        epochs = self._epochs
+        if epoch not in epochs:
+            epochs.add(epoch)
+            if len(epochs) > MAKESPAN_EPOCHS:  # a new epoch: the oldest one's series go
+                oldest = min(epochs)
+                epochs.discard(oldest)
+                for name in [name for name in series if name[2] == oldest]:
+                    del series[name]
+
+    def _units_view(self) -> tuple[dict | None, list]:
+        runs = HistogramMetricFamily(
             "fleet_unit_run_seconds", "Run time of finished units (handler start to outcome), by role.",
+            labels=("role",),
+        )
+        makespan = HistogramMetricFamily(
+            "fleet_unit_makespan_seconds",
+            "Makespan of units (accept to outcome), by role, pinned key and the quota epoch of their grant.",
+            labels=("role", "key", "epoch"),
+        )
+        folded = CounterMetricFamily(
+            "fleet_unit_makespan_keys_folded",
+            f"Units of a keyed role whose key, past the role's first {MAKESPAN_KEYS}, shares key={OTHER_KEY!r}.",
             labels=("role",),
         )
         with self._lock:
             ledger = None if self._ledger is None else dict(self._ledger)
-            runs = {role: (list(counts), total) for role, (counts, total) in self._runs.items()}
-        for role in sorted(runs):
-            counts, total = runs[role]
+            run_series = {(role,): (list(counts), total) for role, (counts, total) in self._runs.items()}
+            makespan_series = {(r, k, str(e)): (list(c), t) for (r, k, e), (c, t) in self._makespans.items()}
+            folds = dict(self._folded)
+        self._add_series(runs, run_series)
+        self._add_series(makespan, makespan_series)
+        for role in sorted(folds):
+            folded.add_metric((role,), folds[role])
+        return ledger, [runs, makespan, folded]
+
+    def _add_series(self, family: HistogramMetricFamily, series: dict) -> None:
+        for labels in sorted(series):
+            counts, total = series[labels]
             cumulative, buckets = 0, []
             for bound, n in zip((*self._bounds, float("inf")), counts):
                 cumulative += n
                 buckets.append((floatToGoString(bound), cumulative))
-            family.add_metric((role,), buckets, total)
-        return ledger, family
+            family.add_metric(labels, buckets, total)
 
     def exposition(self) -> bytes:
         """The current text exposition (what a scrape returns)."""
@@ -390,9 +458,10 @@ class MetricsServer:
         """Shortcut for ``self.metrics.observe_run``."""
         self.metrics.observe_run(role, seconds)
 
-    def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = ()) -> None:
+    def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = (),
+                      makespans: Iterable[tuple] = ()) -> None:
         """Shortcut for ``self.metrics.publish_units``."""
-        self.metrics.publish_units(ledger, runs)
+        self.metrics.publish_units(ledger, runs, makespans)
 
     def start(self) -> MetricsServer:
         """Bind and serve in a daemon thread; returns self. OSError if the port is taken."""

@@ -275,3 +275,44 @@ def ledger(view: dict) -> dict:
     """Ledger counters, failures keyed by reason name (`fleet.rules.outcomes`)."""
     by_reason = {reason_name(code): n for code, n in enumerate(view["failed_by_reason"])}
     return {**view, "failed_by_reason": by_reason}
+
+
+# ------------------------------------------------------------------ the runtime view (002 §14)
+
+#: The plan's fields the runtime view carries (002 §14: fleet_booted, profile, quota_cpus,
+#: binding, oversubscribed, tier_refused).
+RUNTIME_PLAN_KEYS = ("profile", "quota_cpus", "binding", "oversubscribed", "tier_refused")
+
+
+def runtime_view(doc: dict) -> dict:
+    """`fleet.runtime_status()`'s document from a status document (`build`, a live fleet's)
+    or a projection (`build_projection`, a fleet not built): the plan, the budget table
+    (the seat/share rows) and the census, each entry with its lane-to-thread binding
+    (pinned: a seat of its own; shared: a seat the I/O roles share; logical: a lane on
+    another's seat). Pure."""
+    booted = bool(doc.get("fleet_booted"))
+    plan = doc.get("plan") or {}
+    seats = {s.get("index", i): s for i, s in enumerate(doc.get("seats") or [])}
+    view = {
+        "fleet": doc.get("fleet"),
+        "fleet_booted": booted,
+        "plan": {"fleet_booted": booted, **{k: plan.get(k) for k in RUNTIME_PLAN_KEYS}},
+        "budget": doc.get("budget"),
+        "census": [],
+    }
+    if doc.get("refused"):
+        view["refused"] = doc["refused"]
+    if booted:
+        view["quota"] = doc.get("quota")
+        for row in doc.get("census") or []:
+            seat = seats.get(row.get("seat"))
+            view["census"].append({
+                "slot": row.get("slot"), "role": row.get("role"), "state": row.get("state"),
+                "seat": row.get("seat"), "seat_name": row.get("seat_name"), "pid": row.get("pid"),
+                "binding": seat.get("binding") if seat else "logical",
+            })
+    else:
+        for row in doc.get("slots") or []:
+            view["census"].append({"slot": row["slot"], "role": row["role"], "state": None, "seat": row["seat"],
+                                   "seat_name": row["seat_name"], "pid": None, "binding": row["binding"]})
+    return view

@@ -286,3 +286,68 @@ def test_item_counts_come_from_the_table_before_anything_is_published(server, ta
     for outcome in ("solved", "suppressed", "failed"):
         assert value(m, "fleet_items_total", outcome=outcome) == items[outcome]
     assert value(m, "fleet_items_inflight") == items["inflight"]
+
+
+# ------------------------------------------------- makespans (002 §7)
+
+
+def test_makespan_buckets_after_a_known_workload(fleet_name, monkeypatch):
+    """A scrape of the real exporter after a known workload: every unit in its role's (and
+    its key's) series, in the buckets its makespan allows; a keyed role's keys past the
+    bound share one series."""
+    from fleet.service import metrics as metrics_mod
+    from tests.fleets import config, role, running
+
+    monkeypatch.setattr(metrics_mod, "MAKESPAN_KEYS", 2)
+    cfg = config(fleet_name, {"nap": role("hang", slots=2), "bins": role("keyed", kind="pinned", slots=2,
+                                                                         elastic_repin=True)})
+    cfg["metrics"] = {"enabled": True, "host": "127.0.0.1", "port": 0}
+    with running(cfg) as f:
+        url = f._sup.publisher.metrics.url
+        for fut in [f.submit("nap", 0.3) for _ in range(3)]:
+            assert fut.result(timeout=60) == "woke"
+        for k in ("a", "b", "a", "c", "d"):
+            f.submit("bins", key=k).result(timeout=60)
+        m = scrape(url)
+    nap = dict(role="nap", key="", epoch="0")
+    # each nap slept 0.3 s: none fits under 0.25 s, all under a generous 60 s
+    assert value(m, "fleet_unit_makespan_seconds_bucket", le="0.25", **nap) == 0
+    assert value(m, "fleet_unit_makespan_seconds_bucket", le="60.0", **nap) == 3
+    assert value(m, "fleet_unit_makespan_seconds_bucket", le="+Inf", **nap) == 3
+    assert value(m, "fleet_unit_makespan_seconds_count", **nap) == 3
+    assert value(m, "fleet_unit_makespan_seconds_sum", **nap) >= 0.9
+    # keys a and b have series of their own; c and d, past the bound of 2, share "_other"
+    for key, n in (("a", 2), ("b", 1), ("_other", 2)):
+        assert value(m, "fleet_unit_makespan_seconds_count", role="bins", key=key, epoch="0") == n
+    assert value(m, "fleet_unit_makespan_keys_folded_total", role="bins") == 2
+    assert ("fleet_unit_makespan_seconds_count", (("epoch", "0"), ("key", "c"), ("role", "bins"))) not in m
+
+
+def test_makespan_series_are_bounded_by_epoch_and_refuse_bad_times(table):
+    from fleet.service.metrics import MAKESPAN_EPOCHS
+
+    metrics = FleetMetrics(table.snapshot, clock=lambda: NOW_NS)
+    counts = {"submitted": 0, "solved": 0, "suppressed": 0, "failed": 0, "inflight": 0}
+    for epoch in range(MAKESPAN_EPOCHS + 2):
+        metrics.publish_units(counts, makespans=[("sim", None, epoch, 0.002)])
+    with pytest.raises(ValueError):
+        metrics.publish_units(counts, makespans=[("sim", None, 99, float("nan"))])
+    with MetricsServer(port=0, metrics=metrics) as s:
+        m = scrape(s.url)
+    epochs = {dict(labels)["epoch"] for name, labels in m if name == "fleet_unit_makespan_seconds_count"}
+    assert epochs == {str(e) for e in range(2, MAKESPAN_EPOCHS + 2)}  # the oldest two dropped; 99 never published
+    assert value(m, "fleet_unit_makespan_seconds_bucket", role="sim", key="", epoch="2", le="0.0025") == 1
+    assert value(m, "fleet_unit_makespan_seconds_bucket", role="sim", key="", epoch="2", le="0.001") == 0
+
+
+def test_a_time_on_a_bucket_bound_counts_in_that_bucket(table):
+    metrics = FleetMetrics(table.snapshot, clock=lambda: NOW_NS)
+    counts = {"submitted": 0, "solved": 0, "suppressed": 0, "failed": 0, "inflight": 0}
+    metrics.publish_units(counts, [("sim", 0.0025), ("sim", 700.0)], [("sim", None, 0, 0.0025)])
+    with MetricsServer(port=0, metrics=metrics) as s:
+        m = scrape(s.url)
+    assert value(m, "fleet_unit_run_seconds_bucket", role="sim", le="0.0025") == 1  # le: at most the bound
+    assert value(m, "fleet_unit_run_seconds_bucket", role="sim", le="0.001") == 0
+    assert value(m, "fleet_unit_run_seconds_bucket", role="sim", le="600.0") == 1  # 700 s only under +Inf
+    assert value(m, "fleet_unit_run_seconds_bucket", role="sim", le="+Inf") == 2
+    assert value(m, "fleet_unit_makespan_seconds_bucket", role="sim", key="", epoch="0", le="0.0025") == 1
