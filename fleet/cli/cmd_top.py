@@ -18,7 +18,7 @@ from fleet.cli._common import add_name_argument, fleet_name
 from fleet.rules.vocab import BulkheadState
 from fleet.rules.when import utc
 from fleet.shm.table.bulkheads import held_until
-from fleet.cli.cmd_status import duration
+from fleet.cli.cmd_status import duration, saturation_lines
 
 NAME = "top"
 HELP = ("Watch the fleet live (q quits): roles with in-flight, queued and outcomes per second, slots by state, "
@@ -128,6 +128,7 @@ def frame(doc: dict | None, before: dict | None, elapsed_s: float | None, gone: 
         f"suppressed {g['suppressed']:,}  in flight {g['inflight']:,}  {_rate(total_rate)}",
         _posture_line(doc["posture"]),
         _slots_line(doc["census"]),
+        *saturation_lines(doc.get("saturated")),
         "",
         *_table(("role", "kind", "in flight/slots", "queued/bound", "outcomes/s"),
                 [(q["name"], q["kind"], f"{q['in_use']}/{q['slot_cap']}", f"{q['queue_depth']}/{q['queue_bound']}",

@@ -12,6 +12,9 @@ What is exported (names as scraped):
 * ``fleet_units_submitted_total``, ``fleet_units_total{outcome}``, ``fleet_units_inflight``,
   ``fleet_units_failed_total{reason}`` (every reason of `fleet.rules.outcomes`, zeros included).
 * ``fleet_queue_depth{role}``, ``fleet_queue_bound{role}``, ``fleet_role_slots_in_use{role}``.
+* ``fleet_role_saturated{role}`` (0/1), ``fleet_role_saturation_episodes_total{role}``,
+  ``fleet_role_arrival_rate{role}`` and ``fleet_role_service_rate{role}`` (units/s over the
+  saturation window; fleet.rules.saturation).
 * ``fleet_table_torn_records`` and ``fleet_table_readable`` (0 when the provider failed:
   the scrape still succeeds and says so, rather than erroring).
 * ``fleet_unit_run_seconds{role}`` — histogram fed by the supervisor.
@@ -176,7 +179,27 @@ def _queues(snap) -> list:
         depth.add_metric((role["name"],), role["queue_depth"])
         bound.add_metric((role["name"],), role["queue_bound"])
         in_use.add_metric((role["name"],), role["in_use"])
-    return [depth, bound, in_use]
+    return [depth, bound, in_use, *_saturation(snap)]
+
+
+def _saturation(snap) -> list:
+    """Each role's saturation reading (fleet.rules.saturation), as the loop published it."""
+    saturated = GaugeMetricFamily("fleet_role_saturated", "1 while the role's backlog outruns its service.",
+                                  labels=("role",))
+    episodes = CounterMetricFamily("fleet_role_saturation_episodes", "Saturation episodes raised per role.",
+                                   labels=("role",))
+    arrival = GaugeMetricFamily("fleet_role_arrival_rate", "Units/s arriving over the saturation window.",
+                                labels=("role",))
+    service = GaugeMetricFamily("fleet_role_service_rate", "Units/s granted a slot over the saturation window.",
+                                labels=("role",))
+    for code in range(len(snap.role_names)):
+        role = snap.role_view(code)
+        sat, name = role["saturation"], (role["name"],)
+        saturated.add_metric(name, int(sat["saturated"]))
+        episodes.add_metric(name, sat["episodes"])
+        arrival.add_metric(name, sat["arrival_rate"])
+        service.add_metric(name, sat["service_rate"])
+    return [saturated, episodes, arrival, service]
 
 
 class FleetCollector(Collector):
