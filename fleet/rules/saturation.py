@@ -12,8 +12,8 @@ served or is being served, so over the window
     arrival rate = (grants + depth growth) / span      (what came in: served + what piled up)
 
 A role is *raised* saturated once the window is full, its backlog is at least
-`raise_depth`, it grew over the window and arrivals beat service by more than
-`margin`. It stays saturated while the backlog holds (arrivals == service keeps it),
+`raise_depth`, it grew over the window and over the window's latter half (a burst
+already draining is no episode), and arrivals beat service by more than `margin`. It stays saturated while the backlog holds (arrivals == service keeps it),
 and *clears* only when the backlog has drained to `clear_depth` or below: the two
 thresholds are the hysteresis, so a backlog hovering around one of them does not flap.
 Each raise and each clear is one event (the caller logs one line per episode edge,
@@ -124,7 +124,10 @@ class RoleSaturation:
         p = self.policy
         if not self._saturated:
             full = span >= window
-            if (full and depth >= p.raise_depth and depth > depth0
+            # Growing over the whole window and over its latter half too: a burst that is
+            # already draining (arrivals beat service early in the window only) is no episode.
+            mid = next(d for ts, d, _g in reversed(samples) if ts <= t - window / 2) if full else depth
+            if (full and depth >= p.raise_depth and depth > depth0 and depth > mid
                     and arrival > service * (1.0 + p.margin)):
                 self._saturated, self._since = True, t
                 self._episodes += 1
