@@ -66,8 +66,8 @@ class SaturationPolicy:
             raise ValueError(f"raise_depth must be >= 1, got {self.raise_depth!r}")
         if self.clear_depth >= self.raise_depth:
             raise ValueError(f"clear_depth ({self.clear_depth}) must be below raise_depth ({self.raise_depth})")
-        if not (isinstance(self.margin, (int, float)) and not isinstance(self.margin, bool) and 0 <= self.margin < 10):
-            raise ValueError(f"margin must be a number in [0, 10), got {self.margin!r}")
+        if not (isinstance(self.margin, (int, float)) and not isinstance(self.margin, bool) and 0 <= self.margin <= 10):
+            raise ValueError(f"margin must be a number in [0, 10], got {self.margin!r}")
 
 
 DEFAULT_SATURATION = SaturationPolicy()

@@ -401,14 +401,14 @@ def _store(data, roles: RoleSet):
 def _saturation(data):
     data = _table("saturation", data)
     _reject_unknown("saturation", data, SATURATION_KEYS)
-    for key in ("raise_depth", "clear_depth"):
-        if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool)):
-            raise ConfigError(f"saturation.{key}", f"must be a whole number, got {data[key]!r}")
-    try:
-        return dataclasses.replace(DEFAULT_SATURATION, **data)
-    except ValueError as exc:
-        key = next((k for k in SATURATION_KEYS if str(exc).startswith(k) or f"({k}" in str(exc)), None)
-        raise ConfigError(f"saturation.{key or 'window_s'}", str(exc)) from None
+    for key, value in data.items():
+        _number(f"saturation.{key}", value)
+    raise_depth = data.get("raise_depth", DEFAULT_SATURATION.raise_depth)
+    clear_depth = data.get("clear_depth", DEFAULT_SATURATION.clear_depth)
+    if clear_depth >= raise_depth:
+        raise ConfigError("saturation.clear_depth", f"must be below saturation.raise_depth ({raise_depth}), "
+                                                    f"got {clear_depth!r}")
+    return dataclasses.replace(DEFAULT_SATURATION, **data)
 
 
 def _record(data):
