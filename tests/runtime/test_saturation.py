@@ -3,10 +3,11 @@ the serial seat serves them read as saturated in status (JSON and text), `top`, 
 metrics scrape and the log (once), and clear once the backlog drains."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 
-from fleet.cli import cmd_status, cmd_top
+from fleet.cli import cmd_status, cmd_top, fleetctl
 from tests.fleets import config, role, running
 from tests.service.test_metrics import scrape, value
 
@@ -17,7 +18,7 @@ def _saturated(f) -> list[str]:
     return [s["role"] for s in f.status()["saturated"]]
 
 
-def test_a_fleet_fed_past_its_rate_says_so_then_clears(fleet_name, caplog):
+def test_a_fleet_fed_past_its_rate_says_so_then_clears(fleet_name, caplog, capsys):
     cfg = config(fleet_name, {"work": role("spin", slots=2), "idle": role("noop", slots=1)}, profile="serial")
     cfg["saturation"] = {"window_s": 1.0, "raise_depth": 8}
     cfg["metrics"] = {"enabled": True, "host": "127.0.0.1", "port": 0}
@@ -33,6 +34,9 @@ def test_a_fleet_fed_past_its_rate_says_so_then_clears(fleet_name, caplog):
             assert time.monotonic() < deadline, "never read as saturated"
             futures += [f.submit("work", UNIT_US) for _ in range(8)]
             time.sleep(0.05)
+        # Two more seconds of backlog at the most one seat serves: the readings below are
+        # taken well before it can drain, however fast the machine.
+        futures += [f.submit("work", UNIT_US) for _ in range(100)]
         doc = f.status()
         (sat,) = doc["saturated"]
         assert sat["role"] == "work" and sat["episodes"] == 1
@@ -41,6 +45,11 @@ def test_a_fleet_fed_past_its_rate_says_so_then_clears(fleet_name, caplog):
         text = cmd_status.render(doc)
         assert "SATURATED role work:" in text and "estimate: " in text
         assert any(line.startswith("SATURATED role work") for line in cmd_top.frame(doc, None, None))
+        capsys.readouterr()
+        assert fleetctl.main(["status", "--name", fleet_name, "--json"]) == 0
+        assert [s["role"] for s in json.loads(capsys.readouterr().out)["saturated"]] == ["work"]
+        assert fleetctl.main(["status", "--name", fleet_name]) == 0
+        assert "SATURATED role work:" in capsys.readouterr().out
         m = scrape(url)
         assert value(m, "fleet_role_saturated", role="work") == 1
         assert value(m, "fleet_role_saturated", role="idle") == 0
@@ -57,6 +66,8 @@ def test_a_fleet_fed_past_its_rate_says_so_then_clears(fleet_name, caplog):
         work = next(q for q in doc["queues"] if q["name"] == "work")
         assert work["saturation"]["saturated"] is False and work["saturation"]["episodes"] == 1
         assert "saturation none" in cmd_status.render(doc)
+        assert fleetctl.main(["status", "--name", fleet_name, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["saturated"] == []
         assert value(scrape(url), "fleet_role_saturated", role="work") == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "fleet.runtime.saturation"]
     assert [("no longer" in line) for line in lines] == [False, True], lines  # one line per edge
