@@ -15,10 +15,11 @@ import time
 from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError, NotRunning
 from fleet.rules.fsm import STATE_NAMES
 from fleet.cli._common import add_name_argument, fleet_name
+from fleet.cli.cmd_status import saturation_lines
 from fleet.rules.vocab import BulkheadState
 from fleet.rules.when import utc
 from fleet.shm.table.bulkheads import held_until
-from fleet.cli.cmd_status import duration, saturation_lines
+from fleet.cli.cmd_status import duration
 
 NAME = "top"
 HELP = ("Watch the fleet live (q quits): roles with in-flight, queued and outcomes per second, slots by state, "

@@ -12,12 +12,12 @@ What is exported (names as scraped):
 * ``fleet_units_submitted_total``, ``fleet_units_total{outcome}``, ``fleet_units_inflight``,
   ``fleet_units_failed_total{reason}`` (every reason of `fleet.rules.outcomes`, zeros included).
 * ``fleet_queue_depth{role}``, ``fleet_queue_bound{role}``, ``fleet_role_slots_in_use{role}``.
-* ``fleet_role_saturated{role}`` (0/1), ``fleet_role_saturation_episodes_total{role}``,
-  ``fleet_role_arrival_rate{role}`` and ``fleet_role_service_rate{role}`` (units/s over the
-  saturation window; fleet.rules.saturation).
 * ``fleet_table_torn_records`` and ``fleet_table_readable`` (0 when the provider failed:
   the scrape still succeeds and says so, rather than erroring).
 * ``fleet_unit_run_seconds{role}`` — histogram fed by the supervisor.
+* ``fleet_role_saturated{role}`` (0/1), ``fleet_role_saturation_episodes_total{role}``,
+  ``fleet_role_arrival_rate{role}`` and ``fleet_role_service_rate{role}`` (units/s over the
+  saturation window; fleet.rules.saturation).
 
 The table-backed families are computed at scrape time from a fresh snapshot
 (`FleetCollector`), so nothing is copied between scrapes and the figures are as
@@ -93,6 +93,7 @@ def table_families(snap, now_ns: int, ledger: dict | None = None) -> list:
         *_posture(snap.posture_view(), now_ns),
         *_ledger(snap.ledger_view() if ledger is None else ledger),
         *_queues(snap),
+        *_saturation(snap),
         GaugeMetricFamily("fleet_table_torn_records", "Table records a writer left mid-write.", value=len(snap.torn)),
     ]
 
@@ -179,7 +180,7 @@ def _queues(snap) -> list:
         depth.add_metric((role["name"],), role["queue_depth"])
         bound.add_metric((role["name"],), role["queue_bound"])
         in_use.add_metric((role["name"],), role["in_use"])
-    return [depth, bound, in_use, *_saturation(snap)]
+    return [depth, bound, in_use]
 
 
 def _saturation(snap) -> list:
