@@ -2,6 +2,8 @@
 hysteresis, one event per episode edge, and the estimate."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fleet.rules import saturation as S
@@ -116,3 +118,17 @@ def test_the_estimate_scales_the_per_core_rate():
     assert S.estimate(10.0, 0.0, 1, binding="serial") is None
     assert "no rate" in S.describe(None, 10.0)
     assert "at this quota" in S.describe(S.estimate(9.0, 3.0, 2, binding="pinned", pinned_cores=2), 9.0)
+
+
+def test_the_config_section_sets_the_thresholds_and_refuses_a_bad_one_by_name():
+    from fleet.rules.errors import ConfigError
+    from fleet.runtime.config import load_config
+
+    base = {"roles": {"sq": {"kind": "pooled", "handler": "tests.handlers:square"}}}
+    cfg = load_config({**base, "saturation": {"window_s": 5, "raise_depth": 20, "clear_depth": 4}}, env={})
+    assert cfg.saturation == S.SaturationPolicy(window_s=5, raise_depth=20, clear_depth=4)
+    assert load_config(base, env={}).saturation == S.DEFAULT_SATURATION
+    for bad, key in [({"clear_depth": 8}, "saturation.clear_depth"), ({"window": 1}, "saturation.window"),
+                     ({"raise_depth": 0}, "saturation.raise_depth")]:
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            load_config({**base, "saturation": bad}, env={})
