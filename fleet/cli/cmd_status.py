@@ -287,6 +287,21 @@ def render_queues(queues: list[dict]) -> list[str]:
     return ["queues"] + _table(("role", "kind", "cordon", "queued/bound", "slots in use/cap", "re-pins"), rows)
 
 
+def saturation_lines(saturated: list[dict] | None) -> list[str]:
+    """One line per saturated role (fleet.rules.saturation): how far arrivals outrun service,
+    the backlog and its growth, and what more cores would give. `top` shows the same lines."""
+    if not saturated:
+        return ["saturation none: every role's backlog keeps up with its service"]
+    lines = []
+    for s in saturated:
+        drain = "-" if s.get("drain_s") is None else duration(s["drain_s"])
+        lines.append(f"SATURATED role {s['role']}: {s['arrival_rate']:.1f}/s arriving vs {s['service_rate']:.1f}/s "
+                     f"served; backlog {s['backlog']:,} growing {s['growth']:.1f}/s ({drain} to drain); "
+                     f"episode {s['episodes']}")
+        lines.append(f"          estimate: {s['estimate_line']}")
+    return lines
+
+
 def render_bulkheads(rows: list[dict]) -> list[str]:
     """The provider admission's bulkheads, one per pool (model@provider[/key]), as the table holds them."""
     if not rows:
@@ -358,6 +373,7 @@ def render(doc: dict) -> str:
         render_posture(doc["posture"]),
         render_ledger(doc["ledger"]),
         render_queues(doc["queues"]),
+        saturation_lines(doc.get("saturated")),
         render_bulkheads(doc.get("bulkheads", [])),
         render_admission(doc.get("admission")),
     ]

@@ -15,6 +15,7 @@ import time
 from fleet.rules.errors import EXIT_OK, EXIT_USAGE, FleetError, NotRunning
 from fleet.rules.fsm import STATE_NAMES
 from fleet.cli._common import add_name_argument, fleet_name
+from fleet.cli.cmd_status import saturation_lines
 from fleet.rules.vocab import BulkheadState
 from fleet.rules.when import utc
 from fleet.shm.table.bulkheads import held_until
@@ -128,6 +129,7 @@ def frame(doc: dict | None, before: dict | None, elapsed_s: float | None, gone: 
         f"suppressed {g['suppressed']:,}  in flight {g['inflight']:,}  {_rate(total_rate)}",
         _posture_line(doc["posture"]),
         _slots_line(doc["census"]),
+        *saturation_lines(doc.get("saturated")),
         "",
         *_table(("role", "kind", "in flight/slots", "queued/bound", "outcomes/s"),
                 [(q["name"], q["kind"], f"{q['in_use']}/{q['slot_cap']}", f"{q['queue_depth']}/{q['queue_bound']}",

@@ -121,6 +121,10 @@ CONFIG = {
     "restart.max_restarts": Range(0, 1_000_000),
     "restart.within_seconds": Range(0, WEEK_S, integer=False, open_lo=True, unit="s"),
     "metrics.port": Range(0, 65535),
+    "saturation.window_s": Range(0, 3600, integer=False, open_lo=True, unit="s"),
+    "saturation.raise_depth": Range(1, 10_000_000, unit="units"),
+    "saturation.clear_depth": Range(0, 10_000_000, unit="units"),  # and below raise_depth
+    "saturation.margin": Range(0, 10, integer=False, unit="fraction of the service rate"),
     "store.lease_ttl": Range(0, MAX_LEASE_TTL_S, integer=False, open_lo=True, unit="s"),
     "store.renew_every": Range(0, DAY_S, integer=False, open_lo=True, unit="s"),
     "store.poll_every": Range(0, 3600, integer=False, open_lo=True, unit="s"),

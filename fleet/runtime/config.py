@@ -36,6 +36,12 @@ a ConfigError naming their dotted path)::
     [limits]
     max_payload_bytes = 1048576
 
+    [saturation]              # when a role's backlog outruns its service (fleet.rules.saturation)
+    window_s = 2.0            # seconds of samples a raise looks back over
+    raise_depth = 8           # smallest backlog that can be saturated
+    clear_depth = 0           # an episode clears once the backlog is at or below this
+    margin = 0.05             # arrivals must beat service by this fraction to raise
+
     [restart]                 # restart intensity: more than R restarts within T s stops the fleet
     max_restarts = 5
     within_seconds = 60
@@ -113,6 +119,7 @@ from fleet.rules.posture import DEFAULT_POLICY, POLICY_KEYS, PosturePolicy, Post
 from fleet.rules.vocab import PostureKey
 from fleet.rules.ranges import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, config_range
 from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
+from fleet.rules.saturation import DEFAULT_SATURATION, SATURATION_KEYS, SaturationPolicy
 
 _ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name")
 
@@ -228,6 +235,7 @@ class FleetConfig:
     metrics: MetricsConfig = MetricsConfig()
     store: StoreConfig = StoreConfig()
     record: RecordConfig = RecordConfig()
+    saturation: SaturationPolicy = DEFAULT_SATURATION
     admission: AdmissionConfig = AdmissionConfig()
     # What the workers do before their first unit beyond importing the handlers (the main
     # module, an initializer, retirement): set by fleet.Executor, not by a config file.
@@ -407,6 +415,19 @@ def _store(data, roles: RoleSet):
                        policy=policy, roles=tuple(gated))
 
 
+def _saturation(data):
+    data = _table("saturation", data)
+    _reject_unknown("saturation", data, SATURATION_KEYS)
+    for key, value in data.items():
+        _number(f"saturation.{key}", value)
+    raise_depth = data.get("raise_depth", DEFAULT_SATURATION.raise_depth)
+    clear_depth = data.get("clear_depth", DEFAULT_SATURATION.clear_depth)
+    if clear_depth >= raise_depth:
+        raise ConfigError("saturation.clear_depth", f"must be below saturation.raise_depth ({raise_depth}), "
+                                                    f"got {clear_depth!r}")
+    return dataclasses.replace(DEFAULT_SATURATION, **data)
+
+
 def _record(data):
     data = _table("record", data)
     _reject_unknown("record", data, ("enabled", "path"))
@@ -449,7 +470,8 @@ def installed_config(name: str, config_dir: str = CONFIG_DIR) -> str | None:
     return path if os.path.exists(path) else None
 
 
-SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store", "record", "admission")
+SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store", "record", "admission",
+            "saturation")
 
 
 def _build(raw: dict, source, env_paths) -> FleetConfig:
@@ -469,6 +491,7 @@ def _build(raw: dict, source, env_paths) -> FleetConfig:
         metrics=_metrics(raw.get("metrics", {})),
         store=_store(raw.get("store", {}), roles),
         record=_record(raw.get("record", {})),
+        saturation=_saturation(raw.get("saturation", {})),
         admission=_admission(raw.get("admission", {})),
         source=source,
         env_overrides=tuple(env_paths),
@@ -506,6 +529,10 @@ _TYPES = {
     ("store", "global_limit"): "int?",
     ("store", "aging_interval"): "float",
     ("store", "preemption"): "bool",
+    ("saturation", "window_s"): "float",
+    ("saturation", "raise_depth"): "int",
+    ("saturation", "clear_depth"): "int",
+    ("saturation", "margin"): "float",
     ("record", "enabled"): "bool",
     ("record", "path"): "str?",
     ("admission", "probe_every"): "float",

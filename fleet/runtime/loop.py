@@ -63,6 +63,7 @@ from fleet.runtime.gates import Gates
 from fleet.runtime.intake import Door, TurnedAway
 from fleet.runtime.posture_effects import SAMPLE_EVERY_S, PostureEffects
 from fleet.runtime.results import Results
+from fleet.runtime.saturation import SaturationWatch
 from fleet.runtime.seat_deaths import RoleStops, SeatDeaths
 from fleet.runtime.seats import Seats
 from fleet.runtime.shutdown import Stops, close_at_exit
@@ -125,7 +126,7 @@ class Supervisor:
         self._rig: boot.Rig | None = None
         # The components, composed at `start` (before the loop thread starts).
         self.dispatcher = self.gates = self.books = self.seats = self.posture = self.providers = None
-        self.publisher = None
+        self.publisher = self.saturation = None
         self._accept = self._results = self._deadlines = self._deaths = self._stops = None
 
     # ================================================================== start: boot and compose
@@ -165,6 +166,7 @@ class Supervisor:
                                       plan=rig.plan, roles=roles, layout=rig.layout, table=rig.table,
                                       dispatcher=rig.dispatcher, publisher=rig.publisher, providers=rig.providers,
                                       host=host, dispatch=dispatch)
+        self.saturation = SaturationWatch(name, roles, self.config.saturation, rig.table, rig.plan, rig.layout.seats)
         self._deadlines = Deadlines(name, self.books, rig.dispatcher, self.seats)
         self._results = Results(self.seats, self.books, rig.dispatcher, self._deadlines, rig.table, roles, host,
                                 rig.publisher, dispatch, relay=self.mode == "service", recorder=self.recorder,
@@ -337,9 +339,10 @@ class Supervisor:
                 sends[g.seat] = [task]
             else:
                 batch.append(task)
-        room = self.door.room
+        room, granted = self.door.room, self.saturation.granted
         for code, n in freed.items():
             room.give(code, n)
+            granted[code] += n  # the saturation watch's service count
         send = self.seats.send
         for seat, batch in sends.items():
             send(seat, batch)
@@ -393,6 +396,7 @@ class Supervisor:
                 if now >= next_sample:
                     deaths.hear()  # a zygote that died said nothing: its socket tells
                     self.posture.sample()
+                    self.saturation.sample(now, self.dispatcher.queued)
                     next_sample = now + SAMPLE_EVERY_S
                 delivered = books.deliver()
                 if self.door.closing and not len(books):

@@ -26,6 +26,9 @@ What is exported (names as scraped):
   the units so folded). ``epoch`` is the quota epoch the unit was granted in; the series of
   the newest `MAKESPAN_EPOCHS` epochs are exported, older ones are dropped. So the family
   holds at most roles x (MAKESPAN_KEYS + 1) x MAKESPAN_EPOCHS series.
+* ``fleet_role_saturated{role}`` (0/1), ``fleet_role_saturation_episodes_total{role}``,
+  ``fleet_role_arrival_rate{role}`` and ``fleet_role_service_rate{role}`` (units/s over the
+  saturation window; fleet.rules.saturation).
 
 The table-backed families are computed at scrape time from a fresh snapshot
 (`FleetCollector`), so nothing is copied between scrapes and the figures are as
@@ -109,6 +112,7 @@ def table_families(snap, now_ns: int, ledger: dict | None = None) -> list:
         *_posture(snap.posture_view(), now_ns),
         *_ledger(snap.ledger_view() if ledger is None else ledger),
         *_queues(snap),
+        *_saturation(snap),
         GaugeMetricFamily("fleet_table_torn_records", "Table records a writer left mid-write.", value=len(snap.torn)),
     ]
 
@@ -213,6 +217,26 @@ def _queues(snap) -> list:
         in_use.add_metric((role["name"],), role["in_use"])
         repins.add_metric((role["name"],), role["repins"])
     return [depth, bound, in_use, repins]
+
+
+def _saturation(snap) -> list:
+    """Each role's saturation reading (fleet.rules.saturation), as the loop published it."""
+    saturated = GaugeMetricFamily("fleet_role_saturated", "1 while the role's backlog outruns its service.",
+                                  labels=("role",))
+    episodes = CounterMetricFamily("fleet_role_saturation_episodes", "Saturation episodes raised per role.",
+                                   labels=("role",))
+    arrival = GaugeMetricFamily("fleet_role_arrival_rate", "Units/s arriving over the saturation window.",
+                                labels=("role",))
+    service = GaugeMetricFamily("fleet_role_service_rate", "Units/s granted a slot over the saturation window.",
+                                labels=("role",))
+    for code in range(len(snap.role_names)):
+        role = snap.role_view(code)
+        sat, name = role["saturation"], (role["name"],)
+        saturated.add_metric(name, int(sat["saturated"]))
+        episodes.add_metric(name, sat["episodes"])
+        arrival.add_metric(name, sat["arrival_rate"])
+        service.add_metric(name, sat["service_rate"])
+    return [saturated, episodes, arrival, service]
 
 
 class FleetCollector(Collector):

@@ -18,6 +18,7 @@ import time
 from fleet.rules.budget import json_number
 from fleet.rules.errors import NotRunning
 from fleet.rules.outcomes import reason_name
+from fleet.rules import saturation as saturation_rule
 from fleet.rules.vocab import CORDONED, POSTURE_NAMES
 from fleet.rules.when import utc
 from fleet.shm.table import TableNotFound, snapshot
@@ -158,6 +159,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         wall_ns: CLOCK_REALTIME now (the table's creation time is on it).
     """
     meta = snap.meta or {}
+    queues = [snap.role_view(code) for code in range(len(snap.role_names))]
     return {
         "fleet": snap.name,
         "fleet_booted": True,
@@ -183,10 +185,34 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "census": census(snap, meta, delays, delay_source),
         "posture": posture(snap.posture_view(), now_ns),
         "ledger": ledger(snap.ledger_view()),
-        "queues": [snap.role_view(code) for code in range(len(snap.role_names))],
+        "queues": queues,
+        "saturated": saturated(queues, meta),
         "bulkheads": table_bulkheads.read(snap),
         "torn": list(snap.torn),
     }
+
+
+def saturated(queues: list[dict], meta: dict) -> list[dict]:
+    """The roles saturated now (fleet.rules.saturation), each with how far behind it is and
+    what more cores would give; each queue's ``saturation`` gains the same derived fields."""
+    plan, seats = meta.get("plan") or {}, meta.get("seats") or []
+    refused = plan.get("tier_refused") or {}
+    pinned_quota = refused.get("floor_cpus") if refused.get("tier") == "pinned" else None
+    out = []
+    for q in queues:
+        sat = q.get("saturation")
+        if sat is None:
+            continue
+        arrival, service = sat["arrival_rate"], sat["service_rate"]
+        cores = len({c for seat in seats if q["name"] in seat.get("roles", ()) for c in seat.get("cpus", ())})
+        est = saturation_rule.estimate(arrival, service, cores, binding=plan.get("binding", "?"),
+                                       pinned_cores=sat["pinned_cores"], pinned_quota=pinned_quota)
+        sat.update(backlog=q["queue_depth"], growth=round(arrival - service, 3),
+                   drain_s=round(q["queue_depth"] / service, 3) if service > 0 else None,
+                   estimate=est, estimate_line=saturation_rule.describe(est, arrival))
+        if sat["saturated"]:
+            out.append({"role": q["name"], **sat})
+    return out
 
 
 def build_projection(name: str, config, meta: dict | None, refused: Exception | None) -> dict:

@@ -27,6 +27,7 @@ INSIDE = {
     "store.renew_every": [1e-9, ranges.DAY_S - 1],  # below lease_ttl
     "admission.backoff_base": [1e-9, 300],  # at most backoff_max (300)
     "admission.backoff_max": [1.0, ranges.UNIT_WAIT_S],  # at least backoff_base (1)
+    "saturation.clear_depth": [0, 7],  # below raise_depth (8)
 }
 
 

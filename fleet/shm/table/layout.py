@@ -5,7 +5,7 @@ The table is one POSIX shared-memory segment:
     header      256 B   identity (magic, version, boot id, creator), sizes, region offsets, name
     posture     128 B   posture word + its seqlocked record, then the six live thresholds
     ledger      256 B   outcome counters in units (seqlocked), failures by reason, the counters in items
-    roles       128 B each: kind, cordon class, bounds, queue depth, in-use count, name
+    roles       128 B each: kind, cordon class, bounds, queue depth, in-use count, name, saturation
     slots       128 B each: the slot word, a seqlocked record (unit, pid, cpu set, binding),
                           then the role census (the role it last served, its role switches)
     bulkheads   192 B each: the provider admission's per-pool counters and the pool's name
@@ -198,6 +198,13 @@ R_SEQ = 6
 R_REPINS = 7  # elastic re-pins (T9 then T1 on demand, `elastic_repin`); same writer and seqlock as the rest
 R_NAME_BYTE = LINE  # second line: the name, NUL-padded, 32 bytes
 ROLE_NAME_BYTES = 32
+# Second line, after the name: the role's saturation reading (fleet.rules.saturation; 002 §13
+# "named and metered through the census's logical rows"), same writer and seqlock.
+R_SATURATION = 12  # bit 0: saturated now; bits 1..: episodes raised so far
+R_ARRIVAL_MRATE = 13  # arrival rate over the window, in thousandths of a unit per second
+R_SERVICE_MRATE = 14  # service rate (grants) over the window, thousandths of a unit per second
+R_PINNED_MCORES = 15  # cores the pinned tier's budget gives the role (declared peak), thousandths; 0: none
+assert R_PINNED_MCORES < ROLE_SIZE // 8 and R_SATURATION * 8 >= R_NAME_BYTE + ROLE_NAME_BYTES
 
 # --- slot records (2 lines each) ---------------------------------------------------------
 

@@ -169,7 +169,18 @@ class TableSnapshot:
             "slot_cap": int(r[L.R_SLOT_CAP]),
             "in_use": int(r[L.R_IN_USE]),
             "repins": int(r[L.R_REPINS]),
+            "saturation": _saturation(r),
         }
+
+
+def _saturation(r) -> dict:
+    """A role's saturation fields as published (fleet.rules.saturation); the status document
+    adds what follows from them (fleet.shm.status.saturation)."""
+    word = int(r[L.R_SATURATION])
+    pinned = int(r[L.R_PINNED_MCORES])
+    return {"saturated": bool(word & 1), "episodes": word >> 1,
+            "arrival_rate": int(r[L.R_ARRIVAL_MRATE]) / 1000, "service_rate": int(r[L.R_SERVICE_MRATE]) / 1000,
+            "pinned_cores": pinned / 1000 if pinned else None}
 
 
 class _Record:

@@ -330,6 +330,16 @@ class SlotTable:
             fields[base + L.R_REPINS] = repins
         self._seq_write(self.roles, base + L.R_SEQ, fields)
 
+    def set_saturation(self, role: int, *, saturated: bool, episodes: int, arrival_rate: float,
+                       service_rate: float, pinned_cores: float | None) -> None:
+        """Publish a role's saturation reading (fleet.rules.saturation; one writer: the loop)."""
+        base = role * ROLE_FIELDS
+        self._seq_write(self.roles, base + L.R_SEQ, {
+            base + L.R_SATURATION: (int(episodes) << 1) | int(bool(saturated)),
+            base + L.R_ARRIVAL_MRATE: round(max(0.0, arrival_rate) * 1000),
+            base + L.R_SERVICE_MRATE: round(max(0.0, service_rate) * 1000),
+            base + L.R_PINNED_MCORES: round((pinned_cores or 0) * 1000)})
+
     def set_flags(self, flags: int) -> None:
         self.segment.header["flags"] = flags
 

@@ -163,7 +163,8 @@ class ReloadOp(Op):
         checked `config` as a boot would first."""
         applied, restart = [], []
         old = sup.config
-        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store"):
+        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store",
+                      "saturation"):
             if getattr(config, field) != getattr(old, field):
                 restart.append(field)
         # Compare roles with the one live field masked (1: a Role refuses a bound below 1).
