@@ -759,6 +759,10 @@ class Dispatcher:
     def _idle_seat_any(self, role: int) -> bool:
         return any(self._idle[seat].n for seat in self._seats_for[role])
 
+    def running(self, role: int) -> list[int]:
+        """The unit each slot `role` holds runs (the first sent to it), by slot."""
+        return [s.inflight[0] for s in self._slots if s.role == role and s.inflight]
+
     def pin(self, role: int, key) -> dict | None:
         """The pin of `key` in a keyed role: its slot, the units sent to it (the first runs),
         whether it is of a past epoch or drained; None when the key has none."""
