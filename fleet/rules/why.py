@@ -50,9 +50,14 @@ class UnknownUnit(FleetError, LookupError):
 
     exit_code = EXIT_DATA
 
-    def __init__(self, unit_id: int, fleet: str):
+    def __init__(self, unit_id: int, fleet: str | None = None, message: str | None = None):
         self.unit_id = unit_id
-        super().__init__(f"unit {unit_id}: no unit of fleet {fleet!r} has that id")
+        whose = "this fleet" if fleet is None else f"fleet {fleet!r}"
+        super().__init__(message or f"unit {unit_id}: no unit of {whose} has that id")
+
+
+class BadWhy(FleetError, ValueError):
+    """A why asked with an argument that is none (a unit id below 1, a count out of range)."""
 
 
 def explain(facts: dict) -> dict:
@@ -77,8 +82,20 @@ def explain(facts: dict) -> dict:
     return _queued(facts)
 
 
+#: The keys of every answer, whatever its state (`--json`'s stable shape): the unit, its
+#: role (None once ended), the state and its sentence; ``position`` in its queue and what
+#: holds the queue's head (``held_by``) for a queued unit, the units its seat runs first
+#: (``behind``) for one granted behind others; and the facts it was told from, one of
+#: ``queued``, ``granted``, ``gate``, ``ended`` (the others None).
+KEYS = ("unit", "role", "state", "text", "position", "held_by", "behind", "queued", "granted", "gate", "ended")
+
+
 def _answer(facts: dict, state: str, text: str, **more) -> dict:
-    return {**facts, **more, "state": state, "text": text}
+    answer = dict.fromkeys(KEYS)
+    answer.update(facts)
+    answer.update(more)
+    answer["state"], answer["text"] = state, text
+    return answer
 
 
 def _ended_text(unit: int, outcome: dict | None) -> str:
@@ -99,7 +116,7 @@ def _granted(facts: dict) -> dict:
     before = sent[:sent.index(unit)] if unit in sent else sent
     first = f"unit {before[0]}" if before else "its seat's unit"
     others = f" and {len(before) - 1} more sent before it" if len(before) > 1 else ""
-    if g.get("key") is not None:
+    if g.get("keyed"):
         return _answer(facts, KEY, f"unit {unit} waits for key {g['key']!r}: its pin on {where} runs {first} "
                                    f"first{others}", behind=before)
     return _answer(facts, BEHIND, f"unit {unit} was sent ahead to {where}: it starts once {first} ends{others}",
@@ -182,7 +199,7 @@ def _head(facts: dict) -> tuple[str, str]:
         running = q.get("running") or []
         named = ", ".join(str(u) for u in running[:NAMED])
         return SLOT, (f"waits for a slot: role {role} holds {room['held']} of its {room['count']} slots"
-                      + (f" (units {named} run)" if named else ""))
+                      + (f" (running: unit {named})" if named else ""))
     if not room["idle"]:
         return SLOT, f"waits for a slot: no Idle slot on the seats role {role} may use (other roles hold them)"
     return NEXT, "is granted at the next dispatch (nothing holds it)"

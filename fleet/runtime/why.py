@@ -46,17 +46,18 @@ class Why:
         """The facts of a unit on the books: granted, kept by a gate, or queued."""
         unit_id, dispatcher = unit.unit_id, self._dispatcher
         base = {"unit": unit_id, "role": self._roles.by_code(unit.role).name}
+        keyed = self._roles.by_code(unit.role).kind in ("pinned", "singleton")
         slot = dispatcher.slot_of(unit_id)
         if slot is not None:
             seats = self._seats
             return {**base, "granted": {"slot": slot, "seat": seats.name(seats.seat_of(slot)),
                                         "pid": seats.pid_of_slot(slot), "since": unit.since,
-                                        "key": _shown(unit.key), "inflight": dispatcher.in_flight(slot)}}
+                                        "keyed": keyed, "key": _shown(unit.key),
+                                        "inflight": dispatcher.in_flight(slot)}}
         gate = self._gates.standing(unit_id)
         if gate is not None:
             return {**base, "gate": gate}
         ahead = dispatcher.place(unit_id, unit.role, unit.key)
-        keyed = self._roles.by_code(unit.role).kind in ("pinned", "singleton")
         return {**base, "queued": {
             "key": _shown(unit.key) if keyed else None,
             "ahead": ahead if ahead is not None else [],
