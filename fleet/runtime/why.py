@@ -9,7 +9,8 @@ says what they mean. One owner: the loop thread calls it (an op's loop half).
 from __future__ import annotations
 
 from fleet.rules import why
-from fleet.rules.outcomes import SOLVED
+from fleet.rules.outcomes import FAILED, SOLVED
+from fleet.rules.vocab import Reason
 
 
 class Why:
@@ -40,6 +41,11 @@ class Why:
             if ended is not None and outcome.kind == SOLVED:
                 ended = {"kind": SOLVED, "reason": None, "detail": None}
             return {"unit": unit_id, "ended": ended}
+        if unit.future.cancelled():
+            # Its caller cancelled it before it ran: that is its outcome, though the loop
+            # records it only as the unit comes up for its grant (or a gate lets go of it).
+            return {"unit": unit_id, "role": self._roles.by_code(unit.role).name,
+                    "ended": {"kind": FAILED, "reason": Reason.CANCELLED, "detail": "cancelled before it ran"}}
         return self._owed(unit)
 
     def _owed(self, unit) -> dict:
