@@ -42,7 +42,7 @@ def gate_file():
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        os.rmdir(directory)
+        os.rmdir(directory)  # a unit still held ends now (tests.why_handlers)
 
 
 def state_of(f, unit_id):
@@ -50,7 +50,7 @@ def state_of(f, unit_id):
 
 
 def test_a_queued_unit_names_its_position_and_the_units_ahead_and_the_head_waits_for_a_slot():
-    with gate_file() as (path, release), running(config(unique_name("whyq"), {"one": held_role()})) as f:
+    with running(config(unique_name("whyq"), {"one": held_role()})) as f, gate_file() as (path, release):
         before = time.time()
         first = f.submit("one", (path, 1))
         wait_until(lambda: state_of(f, first.unit_id) == rule.RUNNING, "the first unit to run")
@@ -88,7 +88,7 @@ def test_a_queued_unit_names_its_position_and_the_units_ahead_and_the_head_waits
 
 def test_an_ended_unit_names_its_outcome_solved_failed_or_cancelled():
     roles = {"one": held_role(), "bad": {**role("noop", slots=1), "handler": "tests.why_handlers:broken"}}
-    with gate_file() as (path, release), running(config(unique_name("whye"), roles)) as f:
+    with running(config(unique_name("whye"), roles)) as f, gate_file() as (path, release):
         solved = f.submit("one", (None, 3))
         assert solved.result(BOUND_S)[0] == 3
         assert f.why(solved.unit_id)["ended"] == {"kind": "solved", "reason": None, "detail": None}
@@ -133,9 +133,10 @@ def test_an_unknown_id_is_a_typed_error_naming_it_and_a_bad_one_is_refused():
 
 
 def test_a_keyed_unit_names_its_key_and_the_unit_its_pin_runs_and_a_key_without_a_pin_the_pins_taken():
+    # one pin; elastic: a key without one takes the pin of a key with nothing in flight
     keyed = {"kind": "pinned", "handler": "tests.why_handlers:held_pid", "slots": 1, "peak_cpus": 1,
-             "queue_bound": 100}
-    with gate_file() as (path, release), running(config(unique_name("whyk"), {"solver": keyed})) as f:
+             "queue_bound": 100, "elastic_repin": True}
+    with running(config(unique_name("whyk"), {"solver": keyed})) as f, gate_file() as (path, release):
         first = f.submit("solver", (path, 1), key="k1")
         wait_until(lambda: state_of(f, first.unit_id) == rule.RUNNING, "k1's first unit to run")
         same_key = f.submit("solver", (None, 2), key="k1")
