@@ -40,6 +40,12 @@ def add_arguments(parser) -> None:
         "seats and slots; fleet_booted false) and still exits 69",
     )
     parser.add_argument(
+        "--no-waiting",
+        action="store_true",
+        help="leave out the oldest waiting units (which status asks fleetd for, waiting at most "
+        f"{2.0:g} s): read the table alone, which answers while the daemon is busy",
+    )
+    parser.add_argument(
         "--delay-source",
         choices=DELAY_SOURCES,
         default="auto",
@@ -57,7 +63,7 @@ def run(args) -> int:
         if config is None:
             raise
         return _print_projection(args, config)
-    if not doc["stale"]:
+    if not doc["stale"] and not getattr(args, "no_waiting", False):
         doc["waiting"] = waiting_units(args, doc)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render(doc))
     if doc["stale"]:
