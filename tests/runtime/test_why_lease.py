@@ -2,7 +2,6 @@
 queue and the quota that holds it, checked against the store the test filled."""
 from __future__ import annotations
 
-
 import fleet
 from admission.store import Request, open_store
 from fleet.rules import why as rule
