@@ -337,3 +337,28 @@ def choose_victims(policy: Policy, usage: Counter, admitted: list[Record], cand:
         best = nxt
     done = best.get(tuple(0 for _ in blocked))
     return list(done[3]) if done and done[3] else None
+
+
+def standing(policy: Policy, live: Iterable[Record], now: float, request_id: str) -> dict | None:
+    """Where a queued request stands, by the order `plan` admits in: its place in the queue
+    (1: next), the ids of the requests ahead of it, and the limited quotas that have no room
+    for it (``level``, ``key``, ``limit``, ``used``: admitted leases, and ``held``: places
+    kept by requests ahead that do not fit either). None when it is not queued.
+
+    The same walk as `plan` (so what it says holds the request is what holds it there), read
+    only: `fleetctl why` asks it of a unit waiting for its lease."""
+    live = list(live)
+    queued = sorted((r for r in live if r.state == QUEUED), key=lambda r: queue_key(r, now, policy.aging_interval))
+    usage = usage_of(r for r in live if r.state in HOLDING_STATES)
+    held: Counter = Counter()
+    for place, rec in enumerate(queued):
+        if rec.id == request_id:
+            taken = usage + held
+            quotas = [{"level": level, "key": key, "limit": limit_of(policy, level, key), "used": usage[(level, key)],
+                       "held": held[(level, key)]} for level, key in blocking(policy, taken, rec.request)]
+            return {"position": place + 1, "ahead": [r.id for r in queued[:place]], "quotas": quotas}
+        if blocking(policy, usage + held, rec.request):
+            held.update(limited_slots(policy, rec.request))
+        else:
+            usage.update(quota_slots(rec.request))
+    return None

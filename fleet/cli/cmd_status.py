@@ -11,7 +11,7 @@ import json
 import sys
 
 from fleet.rules.budget import json_number
-from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, NotRunning
+from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, FleetError, NotRunning
 from fleet.rules.vocab import PostureKey as K
 from fleet.rules.when import utc
 from fleet.shm.table.bulkheads import held_until
@@ -40,6 +40,12 @@ def add_arguments(parser) -> None:
         "seats and slots; fleet_booted false) and still exits 69",
     )
     parser.add_argument(
+        "--no-waiting",
+        action="store_true",
+        help="leave out the oldest waiting units (which status asks fleetd for, waiting at most "
+        f"{2.0:g} s): read the table alone, which answers while the daemon is busy",
+    )
+    parser.add_argument(
         "--delay-source",
         choices=DELAY_SOURCES,
         default="auto",
@@ -57,6 +63,8 @@ def run(args) -> int:
         if config is None:
             raise
         return _print_projection(args, config)
+    if not doc["stale"] and not getattr(args, "no_waiting", False):
+        doc["waiting"] = waiting_units(args, doc)
     sys.stdout.write(_json(doc) if args.json else render(doc))
     if doc["stale"]:
         # Its state is still worth showing (what was running when it died), but
@@ -74,6 +82,39 @@ def _json(doc: dict) -> str:
     """The document as --json prints it: its keys, and the runtime view (`fleet.runtime_status()`'s
     shape) under ``runtime_status``."""
     return json.dumps({**doc, "runtime_status": runtime_view(doc)}, indent=2) + "\n"
+
+
+#: How long status waits for the daemon's list of waiting units (the table's part never waits).
+WAITING_TIMEOUT_S = 2.0
+
+
+def waiting_units(args, doc: dict) -> dict:
+    """The oldest units that wait, each with its reason (the `why` op: the one rule of
+    `fleet.rules.why`), from the fleet's daemon: ``{"units": [...], "owed"}``; or
+    ``{"units": None, "unavailable": why}`` when no daemon answers (an embedded fleet has
+    none: ``Fleet.why()`` lists them in its process)."""
+    if doc.get("mode") != "service":
+        return {"units": None, "unavailable": "an embedded fleet serves no control socket: Fleet.why() lists them"}
+    from fleet.rules.why import OLDEST
+    from fleet.cli._common import client
+
+    try:
+        with client(args, timeout=WAITING_TIMEOUT_S) as c:
+            reply = c.call("why", oldest=OLDEST)
+    except (FleetError, OSError) as exc:
+        return {"units": None, "unavailable": f"the daemon did not answer: {type(exc).__name__}: {exc}"}
+    return {"units": reply["waiting"], "owed": reply["owed"]}
+
+
+def render_waiting(waiting: dict | None) -> list[str]:
+    if not waiting:
+        return []
+    units = waiting["units"]
+    if units is None:
+        return [f"waiting   ({waiting['unavailable']})"]
+    if not units:
+        return [f"waiting   none ({waiting['owed']} owed an outcome, all running)"]
+    return [f"waiting   the oldest {len(units)} (fleetctl why UNIT for one)"] + [f"  {w['text']}" for w in units]
 
 
 def _load_config(path):
@@ -376,6 +417,7 @@ def render(doc: dict) -> str:
         saturation_lines(doc.get("saturated")),
         render_bulkheads(doc.get("bulkheads", [])),
         render_admission(doc.get("admission")),
+        render_waiting(doc.get("waiting")),
     ]
     if doc["torn"]:
         sections.append([f"TORN      records a writer never finished: {', '.join(doc['torn'])}"])

@@ -745,3 +745,51 @@ class Dispatcher:
 
     def inflight_count(self) -> int:
         return len(self._where)
+
+    # --- views for `fleet.rules.why` (read on the owner's thread; nothing changes) -------
+    def place(self, unit_id: int, role: int, key=None) -> list[int] | None:
+        """The units granted before `unit_id` in its queue, in the order they come up (for a
+        keyed role, its key's queue: other keys wait on pins of their own), or None when it
+        is not queued here. An operator's look: a scan of the queue."""
+        queue = self._queues[role]
+        q = queue.by_key.get(key) if queue.keyed else queue.plain
+        if q is None:
+            return None
+        ahead = []
+        for neg in q.order:
+            for item in q.levels[-neg]:
+                if item.unit_id == unit_id:
+                    return ahead
+                ahead.append(item.unit_id)
+        return None
+
+    def in_flight(self, slot: int) -> list[int]:
+        """The units granted to `slot`, in the order its seat runs them (the first runs)."""
+        return list(self._slots[slot].inflight)
+
+    def room(self, role: int) -> dict:
+        """What stands between `role`'s next unit and a slot: the slots it holds against its
+        count, whether one of its seats has an Idle slot, and what posture lets it grow."""
+        return {"held": self._held[role], "count": self._count[role], "idle": self._idle_seat_any(role),
+                "in_use": self._in_use[role], "class": self._classes[role], "floor": self.floors[role],
+                "posture": self.posture}
+
+    def _idle_seat_any(self, role: int) -> bool:
+        return any(self._idle[seat].n for seat in self._seats_for[role])
+
+    def running(self, role: int) -> list[int]:
+        """The unit each slot `role` holds runs (the first sent to it), by slot."""
+        return [s.inflight[0] for s in self._slots if s.role == role and s.inflight]
+
+    def pin(self, role: int, key) -> dict | None:
+        """The pin of `key` in a keyed role: its slot, the units sent to it (the first runs),
+        whether it is of a past epoch or drained; None when the key has none."""
+        slot = self._pins[role].get(key)
+        if slot is None:
+            return None
+        return {"slot": slot.index, "inflight": list(slot.inflight), "stale": slot.stale, "drained": slot.drained,
+                "depth": self.pin_depth}
+
+    def pins(self, role: int) -> dict:
+        """{key: (slot, the unit it runs or None)} of a keyed role's pins."""
+        return {key: (s.index, s.inflight[0] if s.inflight else None) for key, s in self._pins[role].items()}

@@ -15,6 +15,7 @@ One owner: the loop thread. Other threads read only the ledger (thread-safe itse
 """
 from __future__ import annotations
 
+import collections
 import logging
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 STRAYS_LOGGED = 10
 
 _CANCELLED = Outcome(FAILED, Reason.CANCELLED)
+_SOLVED = Outcome(SOLVED)
+#: Outcomes other than solved kept for `fleetctl why` (`ended`); a solved unit is told by
+#: not being among them (see `ended`), so the solved path stores nothing.
+ENDS_KEPT = 4096
 
 
 class Books:
@@ -45,6 +50,10 @@ class Books:
         self._done: list = []  # (future, value, error) decided this turn, delivered at its end
         self._stops: dict[int, tuple[str, str]] = {}  # unit id -> (reason, detail): a gate stopped it
         self.watch = None  # the UnitWatch (fleet.runtime.spans) when makespans or spans are on
+        #: the last ENDS_KEPT outcomes that were not solved, and the highest unit id let go of
+        #: (an ended unit above it that is not kept here was solved)
+        self._ends: collections.OrderedDict = collections.OrderedDict()
+        self._ends_dropped = 0
 
     def __len__(self) -> int:
         """Units owed an outcome."""
@@ -55,6 +64,26 @@ class Books:
 
     def get(self, unit_id: int) -> LoopUnit | None:
         return self._units.get(unit_id)
+
+    def owed(self):
+        """The units owed an outcome, in the order they were accepted (an operator's look)."""
+        return iter(self._units.values())
+
+    def ended(self, unit_id: int) -> Outcome | None:
+        """The outcome of a unit that left the books: kept when it was not solved; a solved
+        one (not kept) is told apart from one let go of by the ids (None: not known any more).
+        Ask only of a unit this fleet issued and that is not on the books."""
+        outcome = self._ends.get(unit_id)
+        if outcome is not None:
+            return outcome
+        return _SOLVED if unit_id > self._ends_dropped else None
+
+    def _keep_end(self, unit_id: int, outcome: Outcome) -> None:
+        ends = self._ends
+        ends[unit_id] = outcome
+        if len(ends) > ENDS_KEPT:
+            dropped, _ = ends.popitem(last=False)
+            self._ends_dropped = max(self._ends_dropped, dropped)
 
     # ------------------------------------------------------------------ in
     def enter(self, unit: LoopUnit) -> None:
@@ -120,6 +149,8 @@ class Books:
             solved.append(unit_id)
         else:
             self.ledger.record(unit_id, outcome.kind, outcome.reason)
+            if outcome.kind != SOLVED:
+                self._keep_end(unit_id, outcome)
         if unit is None:
             return
         if self.watch is not None:
@@ -152,6 +183,7 @@ class Books:
         if unit is not None and cancel_future:
             unit.future.cancel()
         self.ledger.record(unit_id, FAILED, Reason.CANCELLED)
+        self._keep_end(unit_id, _CANCELLED)
 
     def cancel(self, unit_id: int) -> bool:
         """Cancel a queued unit's future (shutdown's cancel_futures): recorded Cancelled.

@@ -150,6 +150,17 @@ class Gates:
                 for unit_id, why in gate.drop(detail.replace("{waits_for}", gate.waits_for)):
                     end(unit_id, why)
 
+    def standing(self, unit_id: int) -> dict | None:
+        """What the gate keeping `unit_id` says of its wait (``kind`` names the gate:
+        `fleet.rules.why`), or None when no gate keeps it. A gate tells it by its
+        ``standing(unit_id)``."""
+        for gate in self._gates:
+            look = getattr(gate, "standing", None)
+            found = None if look is None else look(unit_id)
+            if found is not None:
+                return found
+        return None
+
     def wake_in(self, cap: float) -> float:
         """The real seconds, at most `cap`, before a gate's tick may have news nothing rings for."""
         wait = cap

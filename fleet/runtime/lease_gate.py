@@ -205,6 +205,8 @@ class LeaseGate:
         self._next_beat = 0.0  # monotonic
         self._unreachable_since: float | None = None
         self._last_refusal = ""
+        #: unit id -> where its queued request stands (`_stand`); the gate's thread replaces it whole
+        self.standing: dict[int, dict] = {}
 
     # ------------------------------------------------------------------ callers' side
 
@@ -350,12 +352,32 @@ class LeaseGate:
     def _poll_queued(self, store) -> None:
         waiting = [h for h in self._held.values() if h.state == lease_states.QUEUED]
         if not waiting:
+            if self.standing:
+                self.standing = {}
             return
         sent = self._monotonic()
         live = {r.id: r for r in store.reconcile()}
         for held in waiting:
             rec = live.get(held.request_id) or store.get(held.request_id)
             self._apply(held, rec, sent)
+        self._stand(store)
+
+    def _stand(self, store) -> None:
+        """Where each request still queued stands in the store's queue (`rules.standing`),
+        published whole for the loop's `fleetctl why` (one read, no write)."""
+        from admission.store.rules import standing
+
+        queued = [h for h in self._held.values() if h.state == lease_states.QUEUED]
+        if not queued:
+            self.standing = {}
+            return
+        records, policy, now = store.snapshot()
+        out = {}
+        for held in queued:
+            found = standing(policy, records, now, held.request_id)
+            if found is not None:
+                out[held.unit_id] = {"request": held.request_id, **found}
+        self.standing = out  # replaced whole: the loop's thread reads it
 
     def _granted(self, held: _Held, revision: int, sent: float, granted: float) -> bool:
         """Hold a lease granted for `granted` seconds by a call sent at `sent`; False if the unit
@@ -462,6 +484,15 @@ class HostGroupLease:
 
     def lets_through(self, role: int) -> bool:
         return role not in self._gated
+
+    def standing(self, unit_id: int) -> dict | None:
+        """Where a unit waiting for its lease stands (`fleet.rules.why`): its request's place
+        in the host group's queue and the quotas that hold it, as the gate's thread last read
+        them; None for a unit not waiting here."""
+        if unit_id not in self._held:
+            return None
+        found = self._gate.standing.get(unit_id)
+        return {"kind": "lease", "state": "queued" if found is not None else "asking", **(found or {})}
 
     def admit(self, unit) -> str:
         unit_id = unit.unit_id

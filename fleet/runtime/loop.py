@@ -320,9 +320,11 @@ class Supervisor:
         freed: dict[int, int] = {}  # role -> units granted, whose queue room goes back at once below
         started = self.gates.started
         get = books.get
+        now = time.time() if grants else 0.0  # one clock read per pass: when its units run since
         for g in grants:
             unit = get(g.unit_id)
             unit.queued = False
+            unit.since = now
             freed[unit.role] = freed.get(unit.role, 0) + 1
             if reasons is not None and g.ops:
                 why = self._grant_refused(g, [next(reasons) for _ in range(len(g.ops) // L.OP_FIELDS)])

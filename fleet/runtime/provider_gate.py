@@ -420,6 +420,23 @@ class ProviderGate:
                 "refusals": self.pool.refusals(unit_id),
                 "refused": None if refused is None else f"{refused.status} {refused.message}".strip()}
 
+    def standing(self, unit_id: int) -> dict | None:
+        """`waiting`, with the gate's kind (`fleet.rules.why`), for a unit kept here; None otherwise."""
+        if unit_id not in self._waiting:
+            return None
+        found = self.waiting(unit_id)
+        if found is None:
+            return None
+        decision, hold, cause = self.pool.waiting(unit_id), "waiting", None
+        b = self.pool.state.bulkheads.get(decision.route)
+        if b is not None:
+            t = self.pool.now()
+            if b.closed_until > t.wall:
+                hold, cause = "closed", b.cause
+            elif b.backoff_until > t.mono:
+                hold = "backoff"
+        return {"kind": "provider", "hold": hold, "cause": cause, **found}
+
     def census(self) -> dict:
         """Bulkheads, lane x bulkhead rows, closures, starving (000 §10), plus the waiting units."""
         doc = self.pool.census()

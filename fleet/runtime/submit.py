@@ -75,6 +75,7 @@ class LoopUnit(Pending):
     route: object = None  # a provider unit's fleet.Route, as submitted
     ask: dict | None = None  # its admission arguments (lane, severity, ...), until the provider gate decides it
     items: int = 1  # what the ledger counts it as in items: a chunk of a map is one unit of many
+    since: float = 0.0  # UTC epoch seconds of its (latest) grant: what `fleetctl why` says it runs since
 
 
 class Submitter:

@@ -661,7 +661,7 @@ def test_exactly_the_changing_ops_are_mutating():
     assert set(c.OPS.names()) == {"ping", "status", "posture_show", "posture_set", "posture_release", "drain",
                                   "drain_state", "resume", "submit", "ledger", "collect", "cancel", "admission_show",
                                   "admission_close", "admission_reopen", "admission_allowance", "admission_plan",
-                                  "admission_starving", "admission_budget"}
+                                  "admission_starving", "admission_budget", "why"}
     assert {name for name in c.OPS.names() if c.OPS.get(name).blocking} == {"collect"}
 
 

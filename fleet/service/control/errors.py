@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.rules.errors import EXIT_BUSY, EXIT_CONFIG, EXIT_FAILURE, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, FleetError, NotRunning
+from fleet.rules.errors import EXIT_BUSY, EXIT_CONFIG, EXIT_DATA, EXIT_FAILURE, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, FleetError, NotRunning
 
 
 # Error types carried in error replies. Handler errors that are FleetErrors travel
@@ -53,6 +53,7 @@ class RemoteError(ControlError):
         "ConfigError": EXIT_CONFIG,
         "PostureRetuneError": EXIT_CONFIG,
         E_PERMISSION: EXIT_NO_PERMISSION,
+        "UnknownUnit": EXIT_DATA,  # fleetctl why of an id the fleet never handed out
     }
 
     def __init__(self, type: str, message: str):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from fleet.service.control.ops.base import COMMAND_GROUPS, OPS, Op, OpRegistry
 from fleet.service.control.ops import status, posture, intake, units, admission  # noqa: F401, E402 - register
+from fleet.service.control.ops import why  # noqa: F401, E402 - register (after admission: fleetctl's order)
 from fleet.service.control.ops.posture import POSTURE_KEYS
 from fleet.service.control.ops.units import (CANCEL_STATES, CANCELLED, COLLECT_MAX_WAIT_S, COLLECT_REPLY_BUDGET,
                                               ENDED, RUNNING, UNKNOWN)
