@@ -18,7 +18,6 @@ What holds a unit, in the order it is asked (the first that holds is its ``state
   ``backoff`` (until when, the refusal it met), or it waits for a seat there;
 * ``lease``: it waits for its host-group lease: its request's place in the store's
   queue and the quotas with no room for it;
-* ``drain``: the fleet is draining: nothing new starts until resume;
 * ``queued``: units are ahead of it in its queue (how many, which) — the rule then
   says what holds the head of the queue too (``held_by``);
 * ``cordon``: the posture keeps its role from growing (posture, causes, the role's class);
@@ -34,9 +33,9 @@ from fleet.rules.vocab import CLASS_DEFERRABLE, CLASS_FLOOR, CLASS_NAMES, POSTUR
 from fleet.rules.when import utc
 
 ENDED, RUNNING, KEY, BEHIND, PROVIDER, LEASE = "ended", "running", "key", "behind", "provider", "lease"
-DRAIN, QUEUED, CORDON, SLOT, NEXT = "drain", "queued", "cordon", "slot", "next"
+QUEUED, CORDON, SLOT, NEXT = "queued", "cordon", "slot", "next"
 #: Every state `explain` answers with, in the order they are asked.
-STATES = (ENDED, RUNNING, KEY, BEHIND, PROVIDER, LEASE, DRAIN, QUEUED, CORDON, SLOT, NEXT)
+STATES = (ENDED, RUNNING, KEY, BEHIND, PROVIDER, LEASE, QUEUED, CORDON, SLOT, NEXT)
 #: The states of a unit that waits (what `fleetctl status` lists).
 WAITING = frozenset(STATES) - {ENDED, RUNNING}
 #: Unit ids a reply names at most in a list (what is ahead, what a pin runs).
@@ -68,7 +67,7 @@ def explain(facts: dict) -> dict:
     (slot, seat, pid, since, key, the units sent to its slot in run order), ``gate``
     (what the gate keeping it says: ``kind`` provider or lease) or ``queued`` (key,
     the units ahead, the role's room, its key's pin, the pins of its role, the posture
-    and its causes, whether the fleet drains)."""
+    and its causes)."""
     unit = facts["unit"]
     if "ended" in facts:
         return _answer(facts, ENDED, _ended_text(unit, facts["ended"]))
@@ -155,9 +154,6 @@ def _queued(facts: dict) -> dict:
     unit, q = facts["unit"], facts["queued"]
     held_by, text = _head(facts)
     ahead = q["ahead"]
-    if q.get("draining"):
-        return _answer(facts, DRAIN, f"unit {unit} is queued and the fleet is draining: nothing new starts until "
-                                     "resume", position=len(ahead) + 1, held_by=held_by)
     if ahead:
         named = ", ".join(str(u) for u in ahead[:NAMED]) + (", ..." if len(ahead) > NAMED else "")
         return _answer(facts, QUEUED, f"unit {unit} is queued in role {facts['role']} at position {len(ahead) + 1}: "

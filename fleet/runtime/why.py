@@ -16,10 +16,9 @@ from fleet.rules.vocab import Reason
 class Why:
     """Answers `fleetctl why` from the loop's components (handed in, never the supervisor)."""
 
-    def __init__(self, *, name, roles, door, books, gates, dispatcher, seats, posture, draining):
+    def __init__(self, *, name, roles, door, books, gates, dispatcher, seats, posture):
         self._name, self._roles, self._door, self._books = name, roles, door, books
         self._gates, self._dispatcher, self._seats, self._posture = gates, dispatcher, seats, posture
-        self._draining = draining  # () -> bool: whether a drain holds the queues
 
     def unit(self, unit_id: int) -> dict:
         """The answer for `unit_id`; UnknownUnit for an id this fleet never handed out."""
@@ -72,7 +71,6 @@ class Why:
             "pins": {_shown(k): v for k, v in dispatcher.pins(unit.role).items()} if keyed else {},
             "running": dispatcher.running(unit.role),
             "causes": sorted(str(c) for c in self._posture.causes),
-            "draining": bool(self._draining()),
         }}
 
 

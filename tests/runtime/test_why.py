@@ -172,14 +172,19 @@ def test_a_unit_of_a_deferrable_role_names_the_cordon_its_posture_and_cause():
         assert state_of(f, held.unit_id) == rule.ENDED
 
 
-def test_a_drained_fleet_says_so_for_its_queued_units():
-    with running(config(unique_name("whyd"), {"one": held_role()})) as f:
+def test_a_drain_holds_no_queued_unit_so_why_names_its_real_wait():
+    """A drain refuses new submits only: a unit queued before it still waits for what holds
+    it (here its role's one slot) and runs without a resume."""
+    with running(config(unique_name("whyd"), {"one": held_role()})) as f, gate_file() as (path, release):
+        first = f.submit("one", (path, 1))
+        wait_until(lambda: state_of(f, first.unit_id) == rule.RUNNING, "the first unit to run")
+        queued = f.submit("one", (None, 2))
         f.operations.drain()
-        held = f.submit("one", (None, 1))
-        answer = f.why(held.unit_id)
-        assert answer["state"] == rule.DRAIN and "draining" in answer["text"]
+        answer = f.why(queued.unit_id)
+        assert answer["state"] == rule.SLOT and "drain" not in answer["text"]
+        release()
+        assert queued.result(BOUND_S)[0] == 2  # no resume: the drain held nothing queued
         f.operations.resume()
-        assert held.result(BOUND_S)[0] == 1
 
 
 def _admission_fleet(clock):

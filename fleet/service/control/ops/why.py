@@ -23,7 +23,7 @@ def answerer(sup):
     from fleet.runtime.why import Why
 
     return Why(name=sup.name, roles=sup.roles, door=sup.door, books=sup.books, gates=sup.gates,
-               dispatcher=sup.dispatcher, seats=sup.seats, posture=sup.posture, draining=lambda: sup.draining)
+               dispatcher=sup.dispatcher, seats=sup.seats, posture=sup.posture)
 
 
 @OPS.register
