@@ -119,6 +119,7 @@ CONFIG = {
     "limits.max_payload_bytes": Range(1, 1 << 30, unit="bytes"),
     "restart.max_restarts": Range(0, 1_000_000),
     "restart.within_seconds": Range(0, WEEK_S, integer=False, open_lo=True, unit="s"),
+    "restart.fork_server_timeout_s": Range(0.1, 3600, integer=False, unit="s"),
     "metrics.port": Range(0, 65535),
     "store.lease_ttl": Range(0, MAX_LEASE_TTL_S, integer=False, open_lo=True, unit="s"),
     "store.renew_every": Range(0, DAY_S, integer=False, open_lo=True, unit="s"),

@@ -139,7 +139,7 @@ def _rest(rig: Rig, config, roles, ledger, host) -> None:
     cap = _next_pow2(max(1 << 20, 4 * (config.limits.max_payload_bytes + 4096)))
     rig.data = DataSegment.create(rig.name, len(layout.seats), cap, cap)
     rig.workers = workers = Workers(rig.name, config, roles, layout, rig.priority, host, table,
-                                    rig.dispatcher.slots_of_seat)
+                                    rig.dispatcher.slots_of_seat, rig.data.bell.ring)
     workers.start_zygote()
     for seat in layout.seats:
         workers.fork(seat.index)

@@ -6,7 +6,9 @@ protocol: JSON lines over a socketpair).
 waits for `ready` (a handler that cannot be imported comes back as the ConfigError
 naming the role). After boot the socket is non-blocking: `fork(seat, cpus)` asks
 for a worker, `read()` returns the `Forked` and `Exited` events received so far
-(None once the zygote is gone), `exit()` asks it to stop and waits for it.
+(None once the zygote is gone), `exit()` asks it to stop and waits for it, `kill()`
+ends one that stopped answering. No send waits longer than `answer_s`: a stopped
+zygote that reads nothing never blocks the supervisor's loop.
 """
 from __future__ import annotations
 
@@ -53,10 +55,11 @@ class Exited:
 class ZygoteLink:
     """One running zygote, from the supervisor's side."""
 
-    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket, answer_s: float = 5.0):
         self._proc = proc
         self._sock = sock
         self._buf = b""
+        self.answer_s = answer_s  # longest a send may wait (a zygote that reads nothing)
 
     @property
     def pid(self) -> int:
@@ -64,7 +67,8 @@ class ZygoteLink:
 
     # --- start -------------------------------------------------------------------------
     @classmethod
-    def start(cls, name: str, roles, spawner, worker_nice: int | None = None, workers=None) -> "ZygoteLink":
+    def start(cls, name: str, roles, spawner, worker_nice: int | None = None, workers=None,
+              answer_s: float = 5.0) -> "ZygoteLink":
         """Start a zygote for fleet `name` and boot it with `roles`; its workers run at
         `worker_nice` (None: the zygote's own; see fleet.host.priority), set up as
         `workers` says (a `fleet.worker.prepare.WorkerSetup`; None: nothing more).
@@ -89,7 +93,7 @@ class ZygoteLink:
             env=zygote_env(os.environ),
         ).result()
         theirs.close()
-        link = cls(proc, ours)
+        link = cls(proc, ours, answer_s)
         try:
             link._boot(name, roles, worker_nice, workers)
         except BaseException:
@@ -191,12 +195,18 @@ class ZygoteLink:
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+            self.kill()
         self._sock.close()
 
+    def kill(self) -> None:
+        """SIGKILL the zygote (stopped or not) and reap it; its workers die with it."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+
     def _send(self, msg: dict) -> None:
-        self._sock.setblocking(True)
+        """Send `msg`, waiting at most `answer_s` for room (OSError past that)."""
+        self._sock.settimeout(self.answer_s)
         try:
             self._sock.sendall(json.dumps(msg).encode() + b"\n")
         finally:
