@@ -96,9 +96,10 @@ class SeatDeaths:
         workers.kill_zygote()
         self.zygote_died()
 
-    def seat_died(self, seat: int, pid: int, status: int, restart: bool = True) -> None:
-        """A worker is gone. `restart=False` when its zygote died too (all seats are
-        forked again once a new zygote runs)."""
+    def seat_died(self, seat: int, pid: int | None, status: int, restart: bool = True) -> None:
+        """A worker is gone (pid None: one a dead zygote may have forked and never told
+        of). `restart=False` when its zygote died too (all seats are forked again once a
+        new zygote runs)."""
         workers, books, dispatcher = self._seats.workers, self._books, self._dispatcher
         workers.gone(seat, pid)
         self._results.take_delivered(seat)
@@ -107,7 +108,8 @@ class SeatDeaths:
         lost = dispatcher.seat_lost(seat)
         owed = [self._owed(item.unit_id, slot) for item, slot in lost]
         how = deaths_mod.cause(status, [unit.unit_id for unit in owed if unit.timed_out])
-        worker = f"worker pid {pid} of seat {self._layout.seats[seat].name} died ({how})"
+        who = "the worker being forked" if pid is None else f"worker pid {pid}"
+        worker = f"{who} of seat {self._layout.seats[seat].name} died ({how})"
         back = []  # never started: back to the head of their queues, unrun
         for (item, _slot), unit in zip(lost, owed):
             self._deadlines.forget(unit.unit_id)
@@ -214,8 +216,16 @@ class SeatDeaths:
             return
         log.error("fleet %s: worker fork server exited (code %s)", self._name, code)
         orphans = workers.orphaned()  # killed and gone
+        # A fork it never answered may have happened all the same: the worker, unknown
+        # here, may have taken the tasks sent to its seat (even started one) before it
+        # died with the zygote (reaped above: nothing of its runs any more). Its seat
+        # owes them as any dead seat does; left as they were, they waited for ever.
+        unanswered = workers.unanswered() - set(orphans.values())
         for pid, seat in orphans.items():
             self.seat_died(seat, pid, -signal.SIGKILL, restart=False)
+        for seat in sorted(unanswered):
+            if any(self._dispatcher.units_in_flight(slot) for slot in self._dispatcher.slots_of_seat(seat)):
+                self.seat_died(seat, None, -signal.SIGKILL, restart=False)
         # Start a new one even while shutting down: queued units still need seats, and
         # shutdown waits for them (the loop exits, and tears it down, once none is owed).
         if self._closing() and not len(self._books):

@@ -181,7 +181,7 @@ class Workers:
     def gone(self, seat: int, pid: int) -> None:
         """Worker `pid` of `seat` is gone (its death is being handled): its seat has no pid."""
         if self.pids.get(seat) == pid:
-            self.pids.pop(seat)
+            self.pids.pop(seat, None)
 
     def death_handled(self, pid: int) -> None:
         """The death of worker `pid` was handled: a kill of ours is forgotten, and its pidfd."""
@@ -212,6 +212,11 @@ class Workers:
         self._awaiting.clear()
         self._kill_and_wait(orphans)
         return orphans
+
+    def unanswered(self) -> set[int]:
+        """The seats whose fork a zygote that died never answered, forgotten here."""
+        seats, self._pending_forks = set(self._pending_forks), {}
+        return seats
 
     def _kill_and_wait(self, pids) -> None:
         """SIGKILL each pid through its pidfd; wait (up to KILL_WAIT_S) until each exited."""
