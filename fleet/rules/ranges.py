@@ -120,6 +120,7 @@ CONFIG = {
     "limits.max_parcel_bytes": Range(1, 1 << 48, unit="bytes"),
     "restart.max_restarts": Range(0, 1_000_000),
     "restart.within_seconds": Range(0, WEEK_S, integer=False, open_lo=True, unit="s"),
+    "restart.fork_server_timeout_s": Range(0.1, 3600, integer=False, unit="s"),
     "metrics.port": Range(0, 65535),
     "saturation.window_s": Range(0, 3600, integer=False, open_lo=True, unit="s"),
     "saturation.raise_depth": Range(1, 10_000_000, unit="units"),

@@ -156,7 +156,7 @@ def _rest(rig: Rig, config, roles, ledger, host, launched) -> None:
     cap = _next_pow2(4 * (INLINE_MAX + 4096))
     rig.data = DataSegment.create(rig.name, len(layout.seats), cap, cap)
     rig.workers = workers = Workers(rig.name, config, roles, layout, rig.priority, host, table,
-                                    rig.dispatcher.slots_of_seat)
+                                    rig.dispatcher.slots_of_seat, rig.data.bell.ring)
     workers.adopt(launched)
     workers.start_zygote()
     for seat in layout.seats:

@@ -45,6 +45,7 @@ a ConfigError naming their dotted path)::
     [restart]                 # restart intensity: more than R restarts within T s stops the fleet
     max_restarts = 5
     within_seconds = 60
+    fork_server_timeout_s = 5 # a fork server that leaves a fork unanswered this long is replaced
 
     [record]                  # the arrival log fleet-burst records traces from (fleet.runtime.arrivals)
     enabled = false
@@ -143,6 +144,9 @@ class RestartIntensity:
 
     max_restarts: int = 5
     within_seconds: float = 60.0
+    #: A fork server that leaves a fork unanswered this long (stopped, wedged) is killed and
+    #: replaced; the grace of a worker stopped while the fleet closes; the zygote's grace at teardown.
+    fork_server_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -335,10 +339,12 @@ def _limits(data):
 
 def _restart(data):
     data = _table("restart", data)
-    _reject_unknown("restart", data, ("max_restarts", "within_seconds"))
+    _reject_unknown("restart", data, ("max_restarts", "within_seconds", "fork_server_timeout_s"))
     return RestartIntensity(
         _number("restart.max_restarts", data.get("max_restarts", RestartIntensity.max_restarts)),
         _number("restart.within_seconds", data.get("within_seconds", RestartIntensity.within_seconds)),
+        _number("restart.fork_server_timeout_s",
+                data.get("fork_server_timeout_s", RestartIntensity.fork_server_timeout_s)),
     )
 
 
@@ -520,6 +526,7 @@ _TYPES = {
     ("limits", "max_parcel_bytes"): "int?",
     ("restart", "max_restarts"): "int",
     ("restart", "within_seconds"): "float",
+    ("restart", "fork_server_timeout_s"): "float",
     ("metrics", "enabled"): "bool",
     ("metrics", "port"): "int",
     ("metrics", "spans"): "bool",

@@ -1,6 +1,7 @@
 """The deaths shell: what the loop does when a seat's worker, or the zygote, is gone.
 
-The zygote reports every worker exit (`fleet.runtime.workers`). The loop then collects
+The supervisor learns of every worker exit itself, from the worker's pidfd (the zygote's
+report of it may come first: `fleet.runtime.workers`). The loop then collects
 what the dead worker already delivered, discards the tasks it never took, and asks
 `fleet.runtime.deaths` (the pure decision) what the death means for each unit it still
 owed: one it had started fails LaneDeath (Timeout for the unit it was killed for), one
@@ -13,6 +14,12 @@ Every death the supervisor did not cause itself (a lane death, 002 §14) holds t
 posture Cordoned with the sticky `lane-death` cause until an operator releases it
 (`fleetctl posture release lane-death`, `Fleet.posture_release`). Seats are re-forked
 during shutdown too: shutdown waits for every queued unit.
+
+A zygote that leaves a fork unanswered for `[restart] fork_server_timeout_s` (stopped,
+wedged) is killed and replaced, as one that died: its workers go with it, their units
+are owed as at any death, every seat is forked again. While the fleet closes, a worker
+found stopped (SIGSTOP) for that long is killed as the supervisor's own kill: stopped,
+it would hold its unit, and shutdown, for ever.
 
 One owner: the loop thread (and boot's, while the first workers start).
 """
@@ -70,15 +77,30 @@ class SeatDeaths:
         self._publisher, self._host, self._dispatch, self._closing = publisher, host, dispatch, closing
 
     def hear(self) -> None:
-        """Read what the zygote sent (its news count first: news after this read is
-        read next time); restart it when it is gone. Also after each wait that timed
-        out, and once a sample: a zygote that died said nothing."""
-        if not self._seats.workers.hear(self._seats.zygote_news.value, self.seat_died):
+        """Read what the zygote sent and which workers died (the news counts first: news
+        after this read is read next time); restart the zygote when it is gone or has
+        stopped answering. Also after each wait that timed out, and once a sample: a
+        zygote that died said nothing, and one stopped says nothing."""
+        workers = self._seats.workers
+        if not workers.hear(self._seats.zygote_news.value, self.seat_died):
             self.zygote_died()
+        elif workers.stalled():
+            self.zygote_stalled()
+        if self._closing():
+            workers.kill_stopped(workers.answer_s)
 
-    def seat_died(self, seat: int, pid: int, status: int, restart: bool = True) -> None:
-        """A worker is gone. `restart=False` when its zygote died too (all seats are
-        forked again once a new zygote runs)."""
+    def zygote_stalled(self) -> None:
+        """The fork server left a fork unanswered past its bound: kill it and start anew."""
+        workers = self._seats.workers
+        log.error("fleet %s: worker fork server pid %d did not answer within %gs: replaced", self._name,
+                  workers.zygote.pid, workers.answer_s)
+        workers.kill_zygote()
+        self.zygote_died()
+
+    def seat_died(self, seat: int, pid: int | None, status: int, restart: bool = True) -> None:
+        """A worker is gone (pid None: one a dead zygote may have forked and never told
+        of). `restart=False` when its zygote died too (all seats are forked again once a
+        new zygote runs)."""
         workers, books, dispatcher = self._seats.workers, self._books, self._dispatcher
         workers.gone(seat, pid)
         self._results.take_delivered(seat)
@@ -89,7 +111,8 @@ class SeatDeaths:
         lost = dispatcher.seat_lost(seat)
         owed = [self._owed(item.unit_id, slot) for item, slot in lost]
         how = deaths_mod.cause(status, [unit.unit_id for unit in owed if unit.timed_out])
-        worker = f"worker pid {pid} of seat {self._layout.seats[seat].name} died ({how})"
+        who = "the worker being forked" if pid is None else f"worker pid {pid}"
+        worker = f"{who} of seat {self._layout.seats[seat].name} died ({how})"
         back = []  # never started: back to the head of their queues, unrun
         for (item, _slot), unit in zip(lost, owed):
             self._deadlines.forget(unit.unit_id)
@@ -195,11 +218,17 @@ class SeatDeaths:
         if code is None:
             return
         log.error("fleet %s: worker fork server exited (code %s)", self._name, code)
-        orphans = workers.orphaned()
-        for pid in orphans:
-            self._host.wait_gone(pid)  # they die with it (parent-death signal)
+        orphans = workers.orphaned()  # killed and gone
+        # A fork it never answered may have happened all the same: the worker, unknown
+        # here, may have taken the tasks sent to its seat (even started one) before it
+        # died with the zygote (reaped above: nothing of its runs any more). Its seat
+        # owes them as any dead seat does; left as they were, they waited for ever.
+        unanswered = workers.unanswered() - set(orphans.values())
         for pid, seat in orphans.items():
             self.seat_died(seat, pid, -signal.SIGKILL, restart=False)
+        for seat in sorted(unanswered):
+            if any(self._dispatcher.units_in_flight(slot) for slot in self._dispatcher.slots_of_seat(seat)):
+                self.seat_died(seat, None, -signal.SIGKILL, restart=False)
         # Start a new one even while shutting down: queued units still need seats, and
         # shutdown waits for them (the loop exits, and tears it down, once none is owed).
         if self._closing() and not len(self._books):

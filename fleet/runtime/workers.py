@@ -1,22 +1,36 @@
 """The seats' worker processes: the zygote that forks them, and which pid runs which seat.
 
 One owner: boot's thread builds it, then the loop thread alone uses it. The zygote
-(`fleet.runtime.zygote_link`) forks one worker per seat and reports every exit; `read`
-applies what it said about forks here (the pid books, the slots' pid in the table) and
-hands each exit to the loop's deaths shell (`fleet.runtime.seat_deaths`), which decides
-what it means. A worker the supervisor kills itself (a unit's timeout, a lost lease,
-a stop) is marked `killed`, so its death is not taken for a lane death.
+(`fleet.runtime.zygote_link`) forks one worker per seat; `read` applies what it said
+about forks here (the pid books, the slots' pid in the table, a pidfd of the worker)
+and hands each exit to the loop's deaths shell (`fleet.runtime.seat_deaths`), which
+decides what it means. The supervisor learns of each death itself, from the worker's
+pidfd (`fleet.runtime.deathwatch`), whatever the zygote does (a stopped zygote
+reports nothing); the zygote's own report of an exit only comes sooner, or brings the
+status of a worker it reaped before the pidfd was read. A worker the supervisor kills
+itself (a unit's timeout, a lost lease, a stop, a worker stopped at shutdown) is
+marked `killed`, so its death is not taken for a lane death.
+
+A zygote that leaves a fork unanswered for `fork_server_timeout_s` (`[restart]`) has
+stopped answering (stopped, wedged): `stalled` says so and the deaths shell replaces it.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+from fleet.runtime.deathwatch import DeathWatch, stopped, zombie_status
 from fleet.worker.prepare import WorkerSetup
 from fleet.runtime.zygote_link import Exited, Forked, WorkerStartError, ZygoteLink
 
 log = logging.getLogger(__name__)
+
+#: How long teardown waits for the workers it SIGKILLed to be gone (the kernel's
+#: time to tear a process down: a bound for a wedged host, never reached otherwise).
+KILL_WAIT_S = 5.0
 
 
 def spawner_for(name: str) -> ThreadPoolExecutor:
@@ -52,14 +66,19 @@ def launch(name: str) -> Launched:
 class Workers:
     """The zygote link and the pid of each seat's worker."""
 
-    def __init__(self, name: str, config, roles, layout, priority, host, table, slots_of_seat):
+    def __init__(self, name: str, config, roles, layout, priority, host, table, slots_of_seat, ring):
         self.name, self.config, self.roles, self.layout = name, config, roles, layout
         self.priority, self.host, self.table, self._slots_of_seat = priority, host, table, slots_of_seat
         self.zygote: ZygoteLink | None = None
         self._spawner = None
+        self.answer_s = config.restart.fork_server_timeout_s  # the zygote's bound to answer
+        self.watch = DeathWatch(name, ring)  # a pidfd per worker: rings `ring` at each death
+        self._watch_seen = 0  # the watch's news count when it was last read
         self.pids: dict[int, int] = {}  # seat -> pid (read by the loop's views; written here only)
         self._seat_of_pid: dict[int, int] = {}
-        self._pending_forks: set[int] = set()
+        self._pending_forks: dict[int, float] = {}  # seat -> when its fork was asked (time.monotonic)
+        self._awaiting: dict[int, float] = {}  # pid -> until when: exited and reaped, status not yet told
+        self._stopped_since: dict[int, float] = {}  # pid -> when it was first seen stopped (closing only)
         self._killed: set[int] = set()  # worker pids the supervisor killed itself (not lane deaths)
         self._news_seen = 0  # the zygote's news count when its socket was last read
         self._zygote_gone = False  # its death has been handled (no new one yet)
@@ -74,11 +93,12 @@ class Workers:
             self._spawner = spawner_for(self.name)
         launched, self._launched = self._launched, None
         if launched is not None:
+            launched.answer_s = self.answer_s
             launched.boot(self.name, self.roles, worker_nice=self.priority.worker_nice, workers=worker_setup(self.config))
             self.zygote = launched
             return
         self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice,
-                                       workers=worker_setup(self.config))
+                                       workers=worker_setup(self.config), answer_s=self.answer_s)
 
     def restart_zygote(self, attempts: int = 3) -> None:
         """Start a new fork server. A start can fail when the new zygote is itself killed
@@ -95,7 +115,7 @@ class Workers:
                 # (ZygoteLink.start has reaped the zygote that failed.)
 
     def fork(self, seat: int) -> None:
-        self._pending_forks.add(seat)
+        self._pending_forks.setdefault(seat, time.monotonic())
         self.zygote.fork(seat, self.layout.seats[seat].cpus)
 
     @property
@@ -103,42 +123,95 @@ class Workers:
         """Forks asked for and not yet reported."""
         return bool(self._pending_forks)
 
+    def stalled(self) -> bool:
+        """Whether the zygote left a fork unanswered for `answer_s`: it has stopped
+        answering (stopped, wedged), and must be replaced."""
+        oldest = min(self._pending_forks.values(), default=None)
+        return oldest is not None and time.monotonic() - oldest >= self.answer_s
+
     def has_news(self, news: int) -> bool:
-        """Whether the zygote's news count moved since its socket was last read."""
-        return news != self._news_seen
+        """Whether the zygote's news count moved since its socket was last read, or a
+        worker's pidfd fired since the watch was last read."""
+        return news != self._news_seen or self.watch.news != self._watch_seen
 
     def hear(self, news: int, on_exit) -> bool:
-        """Read what the zygote said (`read`), its news count `news` taken first: news
-        after this read is read next time. False when the zygote is gone."""
-        self._news_seen = news
+        """Read what the zygote said and which workers died (`read`), the news counts
+        taken first: news after this read is read next time. False when the zygote is gone."""
+        self._news_seen, self._watch_seen = news, self.watch.news
         return self.read(on_exit)
 
     def read(self, on_exit, block_until: float | None = None) -> bool:
         """Apply what the zygote said, in order: a fork here (the pid books, the slots'
-        pid in the table), an exit through ``on_exit(seat, pid, status)`` (the loop's
-        deaths shell). False when the zygote is gone."""
+        pid in the table, the worker's pidfd), an exit through ``on_exit(seat, pid,
+        status)`` (the loop's deaths shell); then each death the workers' pidfds tell.
+        False when the zygote is gone."""
         events = self.zygote.read(block_until)
-        if events is None:
-            return False
-        for event in events:
+        for event in events or ():
             if isinstance(event, Forked):
                 seat, pid = event.seat, event.pid
-                self._pending_forks.discard(seat)
+                self._pending_forks.pop(seat, None)
                 self.pids[seat] = pid
                 self._seat_of_pid[pid] = seat
                 for slot in self._slots_of_seat(seat):
                     self.table.set_slot_meta(slot, pid=pid)
+                if not self.watch.watch(pid):
+                    # Exited and reaped already: the zygote's exit report follows this one.
+                    self._awaiting.setdefault(pid, time.monotonic() + self.answer_s)
                 log.debug("seat %d: worker pid %d", seat, pid)
             elif isinstance(event, Exited):
-                seat = self._seat_of_pid.pop(event.pid, None)
-                if seat is not None:
-                    on_exit(seat, event.pid, event.status)
-        return True
+                self._died(event.pid, event.status, on_exit)
+        self._pidfd_deaths(on_exit)
+        return events is not None
+
+    def _pidfd_deaths(self, on_exit) -> None:
+        """The deaths the workers' pidfds tell. A zombie's status is read from /proc; a
+        worker the zygote reaped already has its status in the zygote's report, on its
+        way (`_awaiting`): once `answer_s` passed without it, it died of an unknown
+        cause (taken for a SIGKILL)."""
+        now = time.monotonic()
+        for pid in self.watch.fired():
+            if pid not in self._seat_of_pid:
+                self.watch.forget(pid)  # handled already
+                continue
+            status = zombie_status(pid)
+            if status is None:
+                self._awaiting.setdefault(pid, now + self.answer_s)
+            else:
+                self._died(pid, status, on_exit)
+        for pid, until in list(self._awaiting.items()):
+            if now >= until:
+                log.warning("fleet %s: worker pid %d exited and the fork server never said how", self.name, pid)
+                self._died(pid, -signal.SIGKILL, on_exit)
+
+    def _died(self, pid: int, status: int, on_exit) -> None:
+        """Worker `pid` is gone: its death goes to ``on_exit`` once, whoever told it first."""
+        self._awaiting.pop(pid, None)
+        seat = self._seat_of_pid.pop(pid, None)
+        if seat is not None:
+            on_exit(seat, pid, status)
+        self.watch.forget(pid)
 
     def kill(self, pid: int) -> None:
         """Kill a worker for a reason of the supervisor's own: its death is no lane death."""
         self._killed.add(pid)
         self.host.kill(pid)
+
+    def kill_stopped(self, grace_s: float) -> list[int]:
+        """Kill (as `kill`) every worker found stopped (SIGSTOP, a tracer) for `grace_s`:
+        while the fleet closes, a stopped worker would hold its unit, and so shutdown,
+        for ever. The pids killed."""
+        now, killed = time.monotonic(), []
+        for pid in list(self._seat_of_pid):
+            if not stopped(pid):
+                self._stopped_since.pop(pid, None)
+                continue
+            since = self._stopped_since.setdefault(pid, now)
+            if now - since >= grace_s and pid not in self._killed:
+                log.error("fleet %s: worker pid %d has been stopped %.1fs while the fleet closes: killed",
+                          self.name, pid, now - since)
+                self.kill(pid)
+                killed.append(pid)
+        return killed
 
     def killed_by_us(self, pid: int) -> bool:
         """Whether the supervisor killed worker `pid` itself (a timeout, a lost lease, a stop)."""
@@ -146,13 +219,22 @@ class Workers:
 
     def gone(self, seat: int, pid: int) -> None:
         """Worker `pid` of `seat` is gone (its death is being handled): its seat has no pid."""
-        self.pids.pop(seat, None)
+        if self.pids.get(seat) == pid:
+            self.pids.pop(seat, None)
 
     def death_handled(self, pid: int) -> None:
-        """The death of worker `pid` was handled: a kill of ours is forgotten."""
+        """The death of worker `pid` was handled: a kill of ours is forgotten, and its pidfd."""
         self._killed.discard(pid)
+        self._stopped_since.pop(pid, None)
+        self._awaiting.pop(pid, None)
+        self.watch.forget(pid)
 
     # ------------------------------------------------------------------ the zygote's death
+    def kill_zygote(self) -> None:
+        """SIGKILL the zygote (it stopped answering): its death is then handled as any."""
+        if self.zygote is not None and not self._zygote_gone:
+            self.zygote.kill()
+
     def zygote_lost(self) -> int | None:
         """The zygote is gone: its exit code (it is reaped here), or None when its death
         was handled already (or none runs)."""
@@ -162,10 +244,27 @@ class Workers:
         return self.zygote.wait()
 
     def orphaned(self) -> dict[int, int]:
-        """pid -> seat of the workers of a zygote that died (they die with it), each
-        forgotten here: the caller handles its death."""
+        """pid -> seat of the workers of a zygote that died, each killed (they die with
+        it, by their parent-death signal, unless a unit took it from them) and gone by
+        the time this returns, and forgotten here: the caller handles its death."""
         orphans, self._seat_of_pid = dict(self._seat_of_pid), {}
+        self._awaiting.clear()
+        self._kill_and_wait(orphans)
         return orphans
+
+    def unanswered(self) -> set[int]:
+        """The seats whose fork a zygote that died never answered, forgotten here."""
+        seats, self._pending_forks = set(self._pending_forks), {}
+        return seats
+
+    def _kill_and_wait(self, pids) -> None:
+        """SIGKILL each pid through its pidfd; wait (up to KILL_WAIT_S) until each exited."""
+        for pid in pids:
+            self.watch.kill(pid)
+        deadline = time.monotonic() + KILL_WAIT_S
+        for pid in pids:
+            while not self.watch.exited(pid) and time.monotonic() < deadline:
+                time.sleep(0.002)
 
     def replace_zygote(self) -> None:
         """Start a new fork server in place of the one that died (`restart_zygote`); the
@@ -176,15 +275,19 @@ class Workers:
         self._zygote_gone = False
 
     def exit(self, timeout: float) -> None:
-        """Stop the zygote (its workers die with it) and the thread that started it."""
+        """Stop the zygote and the thread that started it; kill every worker. Bounded,
+        whatever they do: the zygote is asked to exit and SIGKILLed after `timeout`
+        (at most `answer_s`); each worker is SIGKILLed through its pidfd (it dies with
+        the zygote, unless it dropped its parent-death signal, ignores SIGTERM or is
+        stopped: SIGKILL ends it all the same), and waited for up to KILL_WAIT_S."""
         if self._launched is not None:  # launched, never booted
             self._launched.exit(timeout=timeout)
             self._launched = None
         if self.zygote is not None:
-            self.zygote.exit(timeout=timeout)
-            for pid in list(self._seat_of_pid):
-                self.host.wait_gone(pid)
+            self.zygote.exit(timeout=min(timeout, self.answer_s))
             self.zygote = None
+        self._kill_and_wait(self.watch.watching())
+        self.watch.close()
         if self._spawner is not None:
             self._spawner.shutdown(wait=False)
             self._spawner = None

@@ -6,7 +6,9 @@ protocol: JSON lines over a socketpair).
 waits for `ready` (a handler that cannot be imported comes back as the ConfigError
 naming the role). After boot the socket is non-blocking: `fork(seat, cpus)` asks
 for a worker, `read()` returns the `Forked` and `Exited` events received so far
-(None once the zygote is gone), `exit()` asks it to stop and waits for it.
+(None once the zygote is gone), `exit()` asks it to stop and waits for it, `kill()`
+ends one that stopped answering. No send waits longer than `answer_s`: a stopped
+zygote that reads nothing never blocks the supervisor's loop.
 `check(roles)` asks it to check a reload's handlers as its boot resolved them, answered
 on a channel of its own that `await_check` reads on any thread.
 """
@@ -56,10 +58,11 @@ class Exited:
 class ZygoteLink:
     """One running zygote, from the supervisor's side."""
 
-    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket, answer_s: float = 5.0):
         self._proc = proc
         self._sock = sock
         self._buf = b""
+        self.answer_s = answer_s  # longest a send may wait (a zygote that reads nothing)
 
     @property
     def pid(self) -> int:
@@ -67,7 +70,8 @@ class ZygoteLink:
 
     # --- start -------------------------------------------------------------------------
     @classmethod
-    def start(cls, name: str, roles, spawner, worker_nice: int | None = None, workers=None) -> "ZygoteLink":
+    def start(cls, name: str, roles, spawner, worker_nice: int | None = None, workers=None,
+              answer_s: float = 5.0) -> "ZygoteLink":
         """Start a zygote for fleet `name` and boot it with `roles`; its workers run at
         `worker_nice` (None: the zygote's own; see fleet.host.priority), set up as
         `workers` says (a `fleet.worker.prepare.WorkerSetup`; None: nothing more).
@@ -80,12 +84,12 @@ class ZygoteLink:
             ConfigError: a role's handler cannot be imported (named by its path).
             WorkerStartError: the zygote failed, exited or did not answer in time.
         """
-        link = cls.launch(spawner)
+        link = cls.launch(spawner, answer_s)
         link.boot(name, roles, worker_nice, workers)
         return link
 
     @classmethod
-    def launch(cls, spawner) -> "ZygoteLink":
+    def launch(cls, spawner, answer_s: float = 5.0) -> "ZygoteLink":
         """Start the zygote process, not yet booted (`boot`). It imports numba and loads the
         transition kernels while it waits for its boot message, so a boot that launches it
         first loads them here and there at once, not one after the other."""
@@ -101,7 +105,7 @@ class ZygoteLink:
             env=zygote_env(os.environ),
         ).result()
         theirs.close()
-        return cls(proc, ours)
+        return cls(proc, ours, answer_s)
 
     def boot(self, name: str, roles, worker_nice: int | None = None, workers=None) -> None:
         """Boot a launched zygote with `roles` (see `start`); on any failure it is stopped."""
@@ -228,12 +232,18 @@ class ZygoteLink:
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+            self.kill()
         self._sock.close()
 
+    def kill(self) -> None:
+        """SIGKILL the zygote (stopped or not) and reap it; its workers die with it."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+
     def _send(self, msg: dict) -> None:
-        self._sock.setblocking(True)
+        """Send `msg`, waiting at most `answer_s` for room (OSError past that)."""
+        self._sock.settimeout(self.answer_s)
         try:
             self._sock.sendall(json.dumps(msg).encode() + b"\n")
         finally:

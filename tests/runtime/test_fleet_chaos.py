@@ -117,6 +117,7 @@ class KillStorm:
         self.f, self.rng = f, random.Random(seed)
         self.stop = threading.Event()
         self.kills = self.zygote_kills = 0
+        self._first_done: dict[int, int] = {}  # worker pid -> units its slots had done when first seen
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
@@ -137,6 +138,7 @@ class KillStorm:
                 victim = zygote.pid
                 self.zygote_kills += 1
             else:
+                pids = self._served(sup, pids)
                 if not pids:
                     continue
                 victim = self.rng.choice(pids)
@@ -145,6 +147,23 @@ class KillStorm:
                 os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def _served(self, sup, pids: list) -> list:
+        """The workers among `pids` that ran a unit since the storm first saw them. Only
+        those are killed: on a loaded host a worker can take longer to start than the
+        storm takes to kill it, and a storm that kills every worker before its first unit
+        starves the fleet (shutdown waits for ever, as it should), which says nothing of
+        the runtime. Each worker serves at least one unit, every death still lands
+        anywhere after that."""
+        table = sup.table
+        if table is None:
+            return []
+        snap = table.snapshot()
+        done: dict[int, int] = collections.Counter()
+        for i in range(len(sup.layout.slots)):
+            row = snap.slot(i)
+            done[row["pid"]] += row["done"]
+        return [pid for pid in pids if done[pid] > self._first_done.setdefault(pid, done[pid])]
 
     def __enter__(self):
         self.thread.start()
