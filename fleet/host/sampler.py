@@ -71,7 +71,8 @@ class Sampler:
 
     @classmethod
     def for_self(cls, owner: PostureOwner, root: str = "/", **kwargs) -> "Sampler":
-        """A sampler over this process's own cpu cgroup, as `fleet.host.cgroup.locate` finds it."""
+        """A sampler over this process's own cpu cgroup, as `fleet.host.cgroup.locate` finds it,
+        and the groups above it."""
         paths = cgroup.locate(root)
         if paths.cpu is None:
             reason = "; ".join(paths.reasons) or "no cpu cgroup"
@@ -80,7 +81,10 @@ class Sampler:
                 raise CgroupUnavailable(reason)
 
             return cls(owner, unavailable, **kwargs)
-        return cls.for_cgroup(owner, paths.cpu.path, paths.cpu.version, root, **kwargs)
+        cdir = paths.cpu
+        # Its own group and every group above it: a quota set higher up throttles this
+        # fleet without its own group counting a period (`fleet.host.cgroup.read_throttle`).
+        return cls(owner, lambda: cgroup.read_throttle(cdir, root), **kwargs)
 
     def tick(self) -> Tick:
         """Read once and feed the posture. Never raises for a missing or partial cpu.stat."""
