@@ -11,11 +11,11 @@ What goes in: ``debootstrap --variant=minbase`` plus systemd, dbus, udev, python
 cloud kernel (installed in the chroot, so its initramfs carries virtio_blk); a venv at
 ``/opt/fleet-venv`` made in the chroot (under emulation it would take 40 s) with the
 dependencies' wheels installed; users for the socket-group scenario; the guest runner unit
-(``guest/fleet-vmtest.service``), which runs the scenarios from the second disk and powers
-off. Out of it come ``vmlinuz``, ``initrd.img`` and ``root.ext4`` (made with ``mkfs.ext4 -d``
-from the folder: no loop mount). The project itself is not in the image: each run brings a
-wheel built from the tree on its second disk (`fleet_wheel`), so a cached image serves every
-commit.
+(``guest/fleet-vmtest.service``), which runs the run's scenarios (``/opt/fleet-vm``) and powers
+off. Out of it come ``vmlinuz``, ``initrd.img`` and the root folder ``rootfs``. The project
+itself is not in the image: each run copies the folder, installs a wheel built from the tree
+(`fleet_wheel`) and makes the run's disk from it (`tests.vm.machine.prepare`), so a cached
+image serves every commit.
 
 Every step runs as root (debootstrap, chroot); the tests skip or fail before calling this
 when the machine cannot (`tests/vm/conftest.py`).
@@ -42,7 +42,6 @@ MIRROR = os.environ.get("FLEET_VM_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "udev", "python3", "python3-venv", "procps", "kmod")
 KERNEL = "linux-image-cloud-amd64"
 VENV = "/opt/fleet-venv"
-ROOT_SIZE = "1200M"
 #: the socket-group scenario's users: one in fleetd's socket group, one outside it
 SOCKET_GROUP, MEMBER, OUTSIDER = "fleetsock", "member", "outsider"
 
@@ -92,7 +91,7 @@ def fetch_wheels(dest: pathlib.Path, log) -> None:
 
 
 def build(target: pathlib.Path, log) -> None:
-    """Build the image's files into `target` (vmlinuz, initrd.img, root.ext4)."""
+    """Build the image's files into `target` (vmlinuz, initrd.img, rootfs/)."""
     rootdir = target / "rootfs"
     if rootdir.exists():
         shutil.rmtree(rootdir)
@@ -114,8 +113,6 @@ def build(target: pathlib.Path, log) -> None:
     boot = sorted((rootdir / "boot").glob("vmlinuz-*"))[-1]
     shutil.copy(boot, target / "vmlinuz")
     shutil.copy(rootdir / "boot" / boot.name.replace("vmlinuz", "initrd.img"), target / "initrd.img")
-    _run(["mkfs.ext4", "-q", "-F", "-L", "fleetroot", "-d", str(rootdir), str(target / "root.ext4"), ROOT_SIZE], log)
-    shutil.rmtree(rootdir)
     shutil.rmtree(wheels)
 
 

@@ -1,7 +1,7 @@
 """One boot of the VM: qemu under software emulation (TCG: nested KVM cannot run a guest on
-these machines), the cached image's kernel and root (``snapshot=on``: the cached disk never
-changes), a second disk made from a folder of this run's files (the project's wheel, the
-scenarios), and the results out on the second serial port as ``FLEETVM ...`` lines.
+these machines), the cached image's kernel, a root disk made for this run from the cached
+root folder (`prepare`: the project's wheel installed, the scenarios beside it), and the
+results out on the second serial port as ``FLEETVM ...`` lines.
 
 `boot` always leaves no qemu behind: it waits with a bound and kills the process group
 when the bound passes or anything goes wrong.
@@ -64,22 +64,67 @@ def parse(text: str) -> tuple[dict, list]:
     return results, lines
 
 
-def input_disk(work: pathlib.Path, wheel: pathlib.Path, only=()) -> pathlib.Path:
-    """The second disk: the wheel, the scenarios and their handlers, from a folder."""
-    folder = work / "in"
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+#: The run's disk: room for the root (about 700 MB with the project and its kernels).
+ROOT_SIZE = "1600M"
+GUEST_DIR = "opt/fleet-vm"
+SITE = "opt/fleet-venv/lib/python3.11/site-packages"
+
+
+def _step(cmd, log, timeout=600):
+    with open(log, "ab") as out:
+        out.write(f"+ {' '.join(map(str, cmd))}\n".encode())
+        out.flush()
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            timeout=timeout).returncode
+    if rc != 0:
+        tail = "\n".join(pathlib.Path(log).read_text(errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"VM run step failed (exit {rc}): {' '.join(map(str, cmd))}\n{tail}")
+
+
+def prepare(image: pathlib.Path, wheel: pathlib.Path, work: pathlib.Path, only=()) -> pathlib.Path:
+    """The run's root disk: a copy of the cached root folder with the project's wheel
+    installed, the scenarios in /opt/fleet-vm and numba's cache filled (scenarios/warm.py,
+    run natively in a chroot); then ``mkfs.ext4 -d``. The copy goes away, the disk stays
+    until `boot` is done with it."""
+    root = work / "rootfs"
+    log = work / "prepare.log"
+    if root.exists():
+        shutil.rmtree(root)
+    _step(["cp", "-a", "--reflink=auto", str(image / "rootfs"), str(root)], log)
+    guest = root / GUEST_DIR
+    guest.mkdir(parents=True)
     for path in SCENARIOS.iterdir():
         if path.is_file():
-            shutil.copy(path, folder / path.name)
-    shutil.copy(wheel, folder / wheel.name)
+            shutil.copy(path, guest / path.name)
+    shutil.copy(SCENARIOS / "fleet_vm_handlers.py", root / SITE / "fleet_vm_handlers.py")
+    shutil.copy(wheel, guest / wheel.name)
     if only:
-        (folder / "only").write_text(" ".join(only) + "\n")
-    disk = work / "in.ext4"
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "fleetin", "-d", str(folder), str(disk), "64M"],
-                   check=True, capture_output=True, timeout=120)
-    shutil.rmtree(folder)
+        (guest / "only").write_text(" ".join(only) + "\n")
+    # What a fleet needs in the chroot; nothing of the host's is bound in (the folder is
+    # removed below: a bind mount left behind would take the host's files with it).
+    # debootstrap made the device nodes /dev needs.
+    mounts = [("proc", ["-t", "proc", "proc"]), ("sys", ["-t", "sysfs", "sysfs"]), ("dev/shm", ["-t", "tmpfs", "tmpfs"])]
+    mounted = []
+    try:
+        for rel, how in mounts:
+            (root / rel).mkdir(parents=True, exist_ok=True)
+            _step(["mount", *how, str(root / rel)], log)
+            mounted.append(root / rel)
+        env = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LC_ALL=C", "PIP_CONFIG_FILE=/dev/null"]
+        _step(["chroot", str(root), *env, "/opt/fleet-venv/bin/pip", "install", "-q", "--no-index", "--no-deps",
+               f"/{GUEST_DIR}/{wheel.name}"], log)
+        _step(["chroot", str(root), *env, "/opt/fleet-venv/bin/python", f"/{GUEST_DIR}/warm.py"], log, timeout=600)
+    finally:
+        for path in reversed(mounted):
+            subprocess.run(["umount", str(path)], capture_output=True, timeout=60)
+    still = [line.split()[1] for line in pathlib.Path("/proc/self/mounts").read_text().splitlines()
+             if line.split()[1].startswith(str(root) + "/")]
+    if still:
+        raise RuntimeError(f"still mounted in the run's root, left in place: {still}")
+    (guest / wheel.name).unlink()
+    disk = work / "root.ext4"
+    _step(["mkfs.ext4", "-q", "-F", "-L", "fleetroot", "-d", str(root), str(disk), ROOT_SIZE], log)
+    shutil.rmtree(root)
     return disk
 
 
@@ -87,13 +132,12 @@ def boot(image: pathlib.Path, wheel: pathlib.Path, work: pathlib.Path, timeout_s
     """Boot the image once, run the scenarios (all, or those named in `only`), return what
     came out. The VM powers itself off when the scenarios end; after `timeout_s` it is killed."""
     work.mkdir(parents=True, exist_ok=True)
-    disk = input_disk(work, wheel, only)
+    disk = prepare(image, wheel, work, only)
     results_file, console_file = work / "results.txt", work / "console.log"
     for f in (results_file, console_file):
         f.unlink(missing_ok=True)
     cmd = [*QEMU, "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"), "-append", APPEND,
-           "-drive", f"file={image / 'root.ext4'},format=raw,if=virtio,snapshot=on",
-           "-drive", f"file={disk},format=raw,if=virtio,readonly=on",
+           "-drive", f"file={disk},format=raw,if=virtio",
            "-serial", f"file:{console_file}", "-serial", f"file:{results_file}"]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)

@@ -28,6 +28,10 @@ VENV = "/opt/fleet-venv"
 CONFIG = pathlib.Path(f"/etc/fleet/{FLEET}.toml")
 SOCKET_GROUP, MEMBER, OUTSIDER = "fleetsock", "member", "outsider"
 OUT = "/dev/ttyS1"
+#: numba's kernels were compiled on the host for a generic x86-64 (scenarios/warm.py): the
+#: guest's processes ask for the same, so the cache is taken instead of compiling for
+#: minutes under emulation. The unit gets it in a drop-in, fleetctl from this environment.
+os.environ["NUMBA_CPU_NAME"] = "generic"
 
 CONFIG_TEXT = """\
 [fleet]
@@ -202,6 +206,7 @@ def s_install_and_start() -> dict:
     dropin = pathlib.Path("/etc/systemd/system/fleetd@.service.d")
     dropin.mkdir(exist_ok=True)
     (dropin / "socket-group.conf").write_text(f"[Service]\nExecStart=\n{exec_start} --socket-group {SOCKET_GROUP}\n")
+    (dropin / "numba-cpu.conf").write_text("[Service]\nEnvironment=NUMBA_CPU_NAME=generic\n")
     sh("systemctl", "daemon-reload", check=True)
 
     seen, stop = [], threading.Event()
