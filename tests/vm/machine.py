@@ -128,6 +128,15 @@ def prepare(image: pathlib.Path, wheel: pathlib.Path, work: pathlib.Path, only=(
     return disk
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the thread that started it ends, so no qemu
+    outlives a test process killed without teardown (pytest-timeout's os._exit, SIGKILL)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def boot(image: pathlib.Path, wheel: pathlib.Path, work: pathlib.Path, timeout_s: float, only=()) -> Run:
     """Boot the image once, run the scenarios (all, or those named in `only`), return what
     came out. The VM powers itself off when the scenarios end; after `timeout_s` it is killed."""
@@ -140,7 +149,7 @@ def boot(image: pathlib.Path, wheel: pathlib.Path, work: pathlib.Path, timeout_s
            "-drive", f"file={disk},format=raw,if=virtio",
            "-serial", f"file:{console_file}", "-serial", f"file:{results_file}"]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_die_with_parent)
     timed_out = False
     try:
         try:

@@ -306,7 +306,7 @@ def _throttle(where: str) -> dict:
     cpu_max = pathlib.Path(quota_group, "cpu.max").read_text().strip()
     stat0 = {"unit": read_kv(f"{group}/cpu.stat"), "quota_group": read_kv(f"{quota_group}/cpu.stat")}
     result: dict = {}
-    loader = threading.Thread(target=lambda: result.update(zip(("values", "errors"), submit("spin", [1.5] * 4, 900))))
+    loader = threading.Thread(target=lambda: result.update(zip(("values", "errors"), submit("spin", [1.0] * 4, 900))))
     loader.start()
     try:
         cordoned = wait_for("cordon", lambda: (lambda p: p if p["posture"] == "Cordoned" else None)(posture()), 300, 0.25)
