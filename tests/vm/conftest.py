@@ -20,7 +20,7 @@ import pytest
 from tests.vm import image, machine
 
 #: The bound on one boot with every scenario (scenarios time out on their own well before).
-BOOT_TIMEOUT_S = 900
+BOOT_TIMEOUT_S = 1500
 #: Commands the harness runs, and the Debian package each comes from.
 TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "debootstrap": "debootstrap", "mkfs.ext4": "e2fsprogs",
          "chroot": "coreutils"}

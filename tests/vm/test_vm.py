@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.root, pytest.mark.timeout(2400)]
 
 
 def result(run, name: str) -> dict:
