@@ -109,8 +109,11 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     # none ahead, so a lease lost while a unit waits for a slot still stops it unrun.
     dispatcher = Dispatcher(roles, projection.layout, ahead_off=gated_roles(config.store, roles))
     owner = posture_mod.PostureOwner(config.posture, now_ms=host.now_ms())
+    sampler = Sampler.for_self(owner, clock=host.now_ms)
     meta = _meta(name, mode, started_ns, socket_path, projection, priority)
-    rig = Rig(name, projection, priority, dispatcher, owner, Sampler.for_self(owner, clock=host.now_ms),
+    meta["throttle_reads"] = sampler.reads  # status says which groups the posture reads
+    log.info("fleet %s: %s", name, sampler.describe())
+    rig = Rig(name, projection, priority, dispatcher, owner, sampler,
               SlotTable.create(name, roles, len(projection.layout.slots), meta=meta, readers_group=readers_group))
     rig.table.set_quota_epoch(0, projection.quota.detected)
     rig.quota_watcher = QuotaWatcher(projection.quota, arm_pressure=PressureInput.for_self, clock=host.now_ms)

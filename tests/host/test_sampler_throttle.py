@@ -290,3 +290,14 @@ def test_a_leaf_without_counters_is_read_through_the_group_above(tmp_path):
     _write_stat(root, SLICE, 2, 10)
     got = cgroup.read_throttle(cgroup.locate(str(root)).cpu, str(root))
     assert got.has_throttle and got.nr_throttled == 2
+
+
+def test_the_sampler_says_which_groups_it_reads(tmp_path):
+    root = _v2_tree(tmp_path)
+    sampler = Sampler.for_self(PostureOwner(now_ms=0), root=str(root), clock=FakeClock())
+    assert sampler.reads == {"group": "/sys/fs/cgroup/fleet.slice/fleet.service", "version": V2,
+                             "above": ["/sys/fs/cgroup/fleet.slice", "/sys/fs/cgroup"], "reason": None}
+    assert sampler.describe() == ("throttling read from /sys/fs/cgroup/fleet.slice/fleet.service/cpu.stat "
+                                  "(cgroup v2) and the 2 group(s) above it")
+    nothing = Sampler.for_self(PostureOwner(now_ms=0), root=str(tmp_path / "no-such-root"), clock=FakeClock())
+    assert nothing.reads["group"] is None and nothing.describe().startswith("no throttle counters: ")

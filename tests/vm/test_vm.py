@@ -46,6 +46,10 @@ def test_enable_now_returns_once_fleetd_is_ready_with_its_workers_up(vm_run):
     assert doc["creator_pid"] == doc["main_pid"]
     assert doc["worker_pids_at_ready"] and all(doc["worker_pids_at_ready"]), doc["worker_pids_at_ready"]
     assert doc["serves"] is True
+    # status names the group the posture reads: the unit's own, and the groups above it
+    reads = doc["throttle_reads"]
+    assert reads["group"] == doc["unit_cgroup"] and reads["version"] == 2, reads
+    assert "/sys/fs/cgroup/system.slice/system-fleetd.slice" in reads["above"], reads
 
 
 def test_the_status_line_shows_in_systemctl(vm_run):

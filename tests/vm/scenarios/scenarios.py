@@ -239,6 +239,8 @@ def s_install_and_start() -> dict:
         "numba_cache": {"fleetctl_loaded": debug.count("data loaded"), "fleetctl_saved": debug.count("data saved"),
                         "fleetd_loaded": fleetd_log.count("data loaded"), "fleetd_saved": fleetd_log.count("data saved")},
         "cpu_at_ready_ns": show("CPUUsageNSec"),
+        "throttle_reads": st.get("throttle_reads"),
+        "unit_cgroup": unit_cgroup(),
         "exec_start": exec_start,
         "enable_rc": proc.returncode,
         "enable_out": (proc.stdout + proc.stderr)[-2000:],
