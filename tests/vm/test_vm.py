@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(2400)]
+#: one worker for them all under pytest-xdist (pyproject's --dist loadgroup): they share one boot
+pytestmark = [pytest.mark.root, pytest.mark.timeout(2400), pytest.mark.xdist_group("vm")]
 
 
 def result(run, name: str) -> dict:
