@@ -347,7 +347,7 @@ def s_watchdog() -> dict:
     old_workers = fleet_pids()
     cursor = journal_cursor()
     os.kill(old, 19)  # SIGSTOP
-    new = wait_for("a new main process", active_and_serving(old), 300)
+    new = wait_for("a new main process", active_and_serving(old), 600)
     orphans = wait_for("the old workers gone", lambda: not alive(old_workers) or None, 60) and alive(old_workers)
     st = status_json()
     text = journal(cursor)
@@ -364,7 +364,7 @@ def s_kill9() -> dict:
     old_workers = fleet_pids()
     restarts = int(show("NRestarts") or 0)
     os.kill(old, 9)
-    new = wait_for("a new main process", active_and_serving(old), 300)
+    new = wait_for("a new main process", active_and_serving(old), 600)
     wait_for("the old workers gone", lambda: not alive(old_workers) or None, 60)
     return {"old_pid": old, "new_pid": new, "restarts": int(show("NRestarts") or 0) - restarts,
             "orphans": alive(old_workers), "serves": serves(), "creator_pid": status_json().get("creator_pid")}
