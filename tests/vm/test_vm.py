@@ -110,6 +110,7 @@ def test_a_wedged_fleetd_is_killed_by_the_watchdog_and_restarted_without_orphans
     assert any("watchdog" in line.lower() for line in doc["watchdog_logged"]), doc
     assert doc["old_workers"] and doc["orphans"] == [], doc
     assert doc["creator_pid"] == doc["new_pid"]  # the new fleetd owns the table of the same name
+    assert any("reclaimed stale fleet table" in line for line in doc["reclaim_logged"]), doc["reclaim_logged"]
     assert doc["fleet_procs_outside_unit"] == []
     assert doc["serves"] is True
 
