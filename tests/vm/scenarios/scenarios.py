@@ -326,7 +326,11 @@ def _throttle(where: str) -> dict:
     loader = threading.Thread(target=lambda: result.update(zip(("values", "errors"), submit("spin", [1.0] * 4, 900))))
     loader.start()
     try:
-        cordoned = wait_for("cordon", lambda: (lambda p: p if p["posture"] == "Cordoned" else None)(posture()), 300, 0.25)
+        # Cordoned with the throttling in the posture's window: the first cause may be CPU
+        # pressure (throttled time stalls the group's tasks, so cpu.pressure rises with it)
+        cordoned = wait_for("cordon under throttling", lambda: (lambda p: p if p["posture"] == "Cordoned" and (
+            p["window_events"] >= p["policy"]["cordon_enter_events"]
+            or p["window_duty_percent"] > p["policy"]["cordon_duty_percent"]) else None)(posture()), 300, 0.25)
     finally:
         loader.join(900)
     stat1 = {"unit": read_kv(f"{group}/cpu.stat"), "quota_group": read_kv(f"{quota_group}/cpu.stat")}
@@ -378,8 +382,8 @@ def s_stop() -> dict:
     pids = fleet_pids() | {main_pid()}
     outcome: dict = {}
     client = fleet.connect(FLEET, timeout=60)
-    futures = [client.submit("slow", 3000)]
-    wait_for("the slow unit running", lambda: any(r.get("state") == "Running" for r in status_json()["census"]), 120)
+    futures = [client.submit("slow", 15000)]  # 15 s: long enough to be seen in flight under emulation
+    wait_for("the slow unit in flight", lambda: status_json()["ledger"]["inflight"] >= 1, 120)
     stop = sh("systemctl", "stop", UNIT, timeout=300)
     try:
         outcome["values"] = [f.result(timeout=120) for f in futures]
