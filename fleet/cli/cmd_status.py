@@ -305,6 +305,15 @@ def render_posture(p: dict) -> list[str]:
     ]
 
 
+def render_reads(reads: dict | None) -> list[str]:
+    """Which cgroup the posture's throttle counters come from (absent from an older fleetd's table)."""
+    if reads is None:
+        return []
+    from fleet.host.sampler import describe_reads
+
+    return [f"          {describe_reads(reads)}"]
+
+
 def render_ledger(g: dict) -> list[str]:
     failed = ", ".join(f"{k} {n}" for k, n in g["failed_by_reason"].items() if n) or "none"
     i = g["items"]
@@ -411,7 +420,7 @@ def render(doc: dict) -> str:
         render_budget(doc["budget"]),
         render_processes(doc.get("role_processes")) + render_priority(doc.get("dispatch_priority")),
         render_census(doc),
-        render_posture(doc["posture"]),
+        render_posture(doc["posture"]) + render_reads(doc.get("throttle_reads")),
         render_ledger(doc["ledger"]),
         render_queues(doc["queues"]),
         saturation_lines(doc.get("saturated")),

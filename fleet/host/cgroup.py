@@ -353,6 +353,32 @@ def read_cpu_stat(path: str, version: int, root: str = "/") -> CpuStat:
     return parse_cpu_stat(text, version)
 
 
+def read_throttle(cdir: ControllerDir, root: str = "/") -> CpuStat:
+    """The throttling that slows the group `cdir`: its own ``cpu.stat`` with the throttle
+    counters of every ancestor up to the mount added in.
+
+    A group counts only the periods in which its *own* quota ran out (v1 and v2 alike). A
+    quota set above it — a slice's ``CPUQuota=``, a container's limit, the unit's group
+    when fleetd sits in a delegated leaf below it — throttles every process beneath while
+    the leaf's ``nr_throttled`` stays 0, so reading the leaf alone never sees it. An
+    ancestor without a quota counts nothing and adds nothing; one whose file cannot be
+    read (above a container's view) is passed over. When quotas on two levels run out in
+    the same period, both count it: the posture only errs towards cordoning sooner.
+
+    Raises CgroupUnavailable when the group's own ``cpu.stat`` cannot be read.
+    """
+    own = read_cpu_stat(cdir.path, cdir.version, root)
+    nr, ns = own.nr_throttled, own.throttled_ns
+    for path in list(_ancestors(cdir))[1:]:
+        try:
+            above = read_cpu_stat(path, cdir.version, root)
+        except CgroupUnavailable:
+            continue
+        if above.has_throttle:
+            nr, ns = (nr or 0) + above.nr_throttled, (ns or 0) + above.throttled_ns
+    return CpuStat(own.nr_periods, nr, ns, own.usage_ns)
+
+
 # --- PSI --------------------------------------------------------------------------
 
 

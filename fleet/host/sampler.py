@@ -63,6 +63,8 @@ class Sampler:
         self._clock = clock
         self.interval_s = interval_s
         self.unavailable: str | None = None
+        #: where the throttle counters come from, for status (`reads_from`); None: injected
+        self.reads: dict | None = None
 
     @classmethod
     def for_cgroup(cls, owner: PostureOwner, path: str, version: int, root: str = "/", **kwargs) -> "Sampler":
@@ -71,7 +73,8 @@ class Sampler:
 
     @classmethod
     def for_self(cls, owner: PostureOwner, root: str = "/", **kwargs) -> "Sampler":
-        """A sampler over this process's own cpu cgroup, as `fleet.host.cgroup.locate` finds it."""
+        """A sampler over this process's own cpu cgroup, as `fleet.host.cgroup.locate` finds it,
+        and the groups above it."""
         paths = cgroup.locate(root)
         if paths.cpu is None:
             reason = "; ".join(paths.reasons) or "no cpu cgroup"
@@ -79,8 +82,19 @@ class Sampler:
             def unavailable():
                 raise CgroupUnavailable(reason)
 
-            return cls(owner, unavailable, **kwargs)
-        return cls.for_cgroup(owner, paths.cpu.path, paths.cpu.version, root, **kwargs)
+            sampler = cls(owner, unavailable, **kwargs)
+            sampler.reads = {"group": None, "version": None, "above": [], "reason": reason}
+            return sampler
+        cdir = paths.cpu
+        # Its own group and every group above it: a quota set higher up throttles this
+        # fleet without its own group counting a period (`fleet.host.cgroup.read_throttle`).
+        sampler = cls(owner, lambda: cgroup.read_throttle(cdir, root), **kwargs)
+        sampler.reads = reads_from(cdir)
+        return sampler
+
+    def describe(self) -> str:
+        """Where the throttle counters come from, in one line (boot log, `fleetctl status`)."""
+        return describe_reads(self.reads)
 
     def tick(self) -> Tick:
         """Read once and feed the posture. Never raises for a missing or partial cpu.stat."""
@@ -103,6 +117,22 @@ class Sampler:
             if on_tick is not None:
                 on_tick(result)
             stop.wait(self.interval_s)
+
+
+def reads_from(cdir) -> dict:
+    """Which groups a sampler over `cdir` (a `fleet.host.cgroup.ControllerDir`) reads: its own
+    and those above it up to the mount, as status shows them."""
+    chain = list(cgroup._ancestors(cdir))
+    return {"group": cdir.path, "version": cdir.version, "above": chain[1:], "reason": None}
+
+
+def describe_reads(reads: dict | None) -> str:
+    if reads is None:
+        return "throttle counters from an injected reader"
+    if reads["group"] is None:
+        return f"no throttle counters: {reads['reason']}"
+    above = f" and the {len(reads['above'])} group(s) above it" if reads["above"] else ""
+    return f"throttling read from {reads['group']}/cpu.stat (cgroup v{reads['version']}){above}"
 
 
 # --------------------------------------------------------------------------- quota and pressure

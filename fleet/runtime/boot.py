@@ -114,7 +114,10 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     # none ahead, so a lease lost while a unit waits for a slot still stops it unrun.
     dispatcher = Dispatcher(roles, projection.layout, ahead_off=gated_roles(config.store, roles))
     owner = posture_mod.PostureOwner(config.posture, now_ms=host.now_ms())
+    sampler = Sampler.for_self(owner, clock=host.now_ms)
     meta = _meta(name, mode, started_ns, socket_path, projection, priority)
+    meta["throttle_reads"] = sampler.reads  # status says which groups the posture reads
+    log.info("fleet %s: %s", name, sampler.describe())
     # The zygote first: it imports numba and loads the transition kernels while this
     # process does the same for the table (each ~0.3-0.5 s), at once rather than in turn.
     launched = workers_mod.launch(name)
@@ -123,7 +126,7 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     except BaseException:
         launched.stop()
         raise
-    rig = Rig(name, projection, priority, dispatcher, owner, Sampler.for_self(owner, clock=host.now_ms), table)
+    rig = Rig(name, projection, priority, dispatcher, owner, sampler, table)
     rig.table.set_quota_epoch(0, projection.quota.detected)
     # The name is ours now: parcels a killed supervisor of it left (and its workers) go
     parcels.sweep(name)

@@ -421,3 +421,31 @@ def test_status_help_names_the_projection(capsys):
         fleetctl.main(["status", "--help"])
     out = capsys.readouterr().out
     assert "--config PATH" in out and "projection" in out
+
+
+def test_status_says_which_cgroup_groups_the_posture_reads(fleet_name, capsys):
+    reads = {"group": "/sys/fs/cgroup/system.slice/fleetd@x.service", "version": 2,
+             "above": ["/sys/fs/cgroup/system.slice", "/sys/fs/cgroup"], "reason": None}
+    meta = {**ft.boot_meta(fleet_name), "throttle_reads": reads}
+    t = SlotTable.create(fleet_name, ft.ROLES, ft.N_SLOTS, meta=meta)
+    try:
+        rc, out, _ = status(capsys, "--name", fleet_name)
+        assert rc == 0
+        assert ("throttling read from /sys/fs/cgroup/system.slice/fleetd@x.service/cpu.stat (cgroup v2) "
+                "and the 2 group(s) above it") in out
+        _, doc, _ = status_json(capsys, fleet_name)
+        assert doc["throttle_reads"] == reads
+    finally:
+        t.close()
+        t.unlink()
+
+
+def test_a_fleet_without_a_cpu_cgroup_says_why_in_status(fleet_name, capsys):
+    reads = {"group": None, "version": None, "above": [], "reason": "no cgroup v1 cpu hierarchy mounted"}
+    t = SlotTable.create(fleet_name, ft.ROLES, ft.N_SLOTS, meta={**ft.boot_meta(fleet_name), "throttle_reads": reads})
+    try:
+        rc, out, _ = status(capsys, "--name", fleet_name)
+        assert rc == 0 and "no throttle counters: no cgroup v1 cpu hierarchy mounted" in out
+    finally:
+        t.close()
+        t.unlink()

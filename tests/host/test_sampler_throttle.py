@@ -229,3 +229,75 @@ def test_the_real_group_reports_throttle_counters(throttled_group):
     assert s.has_throttle and (s.nr_throttled, s.throttled_ns) == (0, 0)
     cdir = cgroup.ControllerDir("cpu", throttled_group.version, throttled_group.path, throttled_group.parent)
     assert cgroup.lowest_quota(cdir) == (0.1, throttled_group.path)
+
+
+# --- a quota above the fleet's own group (a slice's CPUQuota=, a delegated leaf) -----------
+
+V2_NESTED = os.path.join(os.path.dirname(__file__), "..", "fixtures", "cgroup", "v2_nested")
+SLICE = "sys/fs/cgroup/fleet.slice"
+LEAF = SLICE + "/fleet.service"
+
+
+def _v2_tree(tmp_path):
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(V2_NESTED, root)
+    return root
+
+
+def _write_stat(root, rel, nr_throttled, throttled_usec):
+    (root / rel / "cpu.stat").write_text(
+        f"usage_usec 5000\nuser_usec 4000\nsystem_usec 1000\nnr_periods {nr_throttled * 2}\n"
+        f"nr_throttled {nr_throttled}\nthrottled_usec {throttled_usec}\nnr_bursts 0\nburst_usec 0\n")
+
+
+def test_throttling_counted_only_by_the_slice_above_cordons_the_fleet(tmp_path):
+    # cgroup v2: the quota is the slice's; the fleet's own group never counts a period.
+    root = _v2_tree(tmp_path)
+    _write_stat(root, LEAF, 0, 0)
+    clock = FakeClock()
+    sampler = Sampler.for_self(PostureOwner(now_ms=0), root=str(root), clock=clock)
+    seen = []
+    for t, nr in ((0, 0), (100, 1), (200, 2)):
+        clock.now = t
+        _write_stat(root, SLICE, nr, nr * 20_000)
+        seen.append(sampler.tick())
+    assert sampler.unavailable is None
+    assert seen[-1].transition is not None and seen[-1].transition.new == CORDONED
+    assert seen[-1].stat.nr_throttled == 2 and seen[-1].stat.throttled_ns == 2 * 20_000_000
+
+
+def test_read_throttle_adds_every_ancestors_counters_and_passes_over_an_unreadable_one(tmp_path):
+    root = _v2_tree(tmp_path)
+    _write_stat(root, LEAF, 3, 1000)
+    _write_stat(root, SLICE, 4, 500)
+    cdir = cgroup.locate(str(root)).cpu
+    got = cgroup.read_throttle(cdir, str(root))
+    assert (got.nr_throttled, got.throttled_ns, got.usage_ns) == (7, 1_500_000, 5_000_000)
+    os.unlink(root / SLICE / "cpu.stat")  # a group above the view, or gone
+    assert cgroup.read_throttle(cdir, str(root)).nr_throttled == 3
+    os.unlink(root / LEAF / "cpu.stat")
+    with pytest.raises(CgroupUnavailable):
+        cgroup.read_throttle(cdir, str(root))
+
+
+def test_a_leaf_without_counters_is_read_through_the_group_above(tmp_path):
+    # A delegated leaf of its own (the cpu controller not enabled below the unit's group):
+    # the leaf reports usage only, the unit's group above it the throttling.
+    root = _v2_tree(tmp_path)
+    (root / LEAF / "cpu.stat").write_text("usage_usec 5000\nuser_usec 4000\nsystem_usec 1000\n")
+    _write_stat(root, SLICE, 2, 10)
+    got = cgroup.read_throttle(cgroup.locate(str(root)).cpu, str(root))
+    assert got.has_throttle and got.nr_throttled == 2
+
+
+def test_the_sampler_says_which_groups_it_reads(tmp_path):
+    root = _v2_tree(tmp_path)
+    sampler = Sampler.for_self(PostureOwner(now_ms=0), root=str(root), clock=FakeClock())
+    assert sampler.reads == {"group": "/sys/fs/cgroup/fleet.slice/fleet.service", "version": V2,
+                             "above": ["/sys/fs/cgroup/fleet.slice", "/sys/fs/cgroup"], "reason": None}
+    assert sampler.describe() == ("throttling read from /sys/fs/cgroup/fleet.slice/fleet.service/cpu.stat "
+                                  "(cgroup v2) and the 2 group(s) above it")
+    nothing = Sampler.for_self(PostureOwner(now_ms=0), root=str(tmp_path / "no-such-root"), clock=FakeClock())
+    assert nothing.reads["group"] is None and nothing.describe().startswith("no throttle counters: ")

@@ -1,0 +1,440 @@
+"""The scenarios, run inside the VM as root by the guest's runner, as an operator would:
+the unit from `fleetd --print-unit`, systemctl, fleetctl, kill. One boot runs them all, in
+order (each starts from the state the one before left); each reports one result line on the
+second serial port, ``FLEETVM RESULT <name> <json>``, which the host's tests read
+(`tests/vm/test_vm.py`). A scenario reports facts, the host judges them; an exception in a
+scenario is reported as its ``error`` and the next one runs.
+
+Every wait is bounded (`wait_for`); wall-clock under emulation is approximate, so nothing
+here judges by time, only by counters, states and outcomes.
+
+Standard library and the installed fleet only: this file runs in the guest's venv.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+FLEET = "demo"
+UNIT = f"fleetd@{FLEET}.service"
+VENV = "/opt/fleet-venv"
+CONFIG = pathlib.Path(f"/etc/fleet/{FLEET}.toml")
+SOCKET_GROUP, MEMBER, OUTSIDER = "fleetsock", "member", "outsider"
+OUT = "/dev/ttyS1"
+#: numba's kernels were compiled on the host for a generic x86-64 (scenarios/warm.py): the
+#: guest's processes ask for the same, so the cache is taken instead of compiling for
+#: minutes under emulation. The unit gets it in a drop-in, fleetctl from this environment.
+os.environ["NUMBA_CPU_NAME"] = "generic"
+
+CONFIG_TEXT = """\
+[fleet]
+name = "demo"
+
+[posture]
+cordon_enter_events = 2
+cordon_enter_window_ms = 1000
+cordon_duty_percent = 2.0
+cordon_duty_window_ms = 5000
+cordon_exit_clean_ms = {exit_ms}
+
+[roles.square]
+kind = "pooled"
+handler = "fleet.api.examples:square"
+slots = 1
+
+[roles.slow]
+kind = "pooled"
+handler = "fleet.api.examples:slow_square"
+slots = 1
+
+[roles.spin]
+kind = "pooled"
+handler = "fleet_vm_handlers:spin"
+slots = 1
+cordon_class = "never"
+timeout_s = 600
+"""
+EXIT_CLEAN_MS = 4000
+
+
+def report(name: str, doc: dict) -> None:
+    line = f"FLEETVM RESULT {name} {json.dumps(doc, sort_keys=True, default=str)}\n"
+    with open(OUT, "w") as out:
+        out.write(line)
+    print(line, end="", flush=True)
+
+
+def sh(*cmd, user: str | None = None, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+    """Run a command (as `user` via runuser); its output is text."""
+    if user is not None:
+        cmd = ("runuser", "-u", user, "--", *cmd)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return proc
+
+
+def wait_for(what: str, probe, timeout: float, every: float = 0.5):
+    """Call `probe` until it returns something true; its value. Raises naming `what` when
+    `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    last, said = None, time.monotonic()
+    while time.monotonic() < deadline:
+        if time.monotonic() - said > 20:  # progress on the console (the host keeps its log)
+            print(f"waiting for {what}: {str(last)[:300]}", flush=True)
+            said = time.monotonic()
+        try:
+            last = probe()
+        except Exception as exc:  # a probe that cannot answer yet (socket not there, ...)
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(every)
+    raise TimeoutError(f"waited {timeout:g} s for {what}; last: {last!r}")
+
+
+def show(prop: str, unit: str = UNIT) -> str:
+    return sh("systemctl", "show", "-p", prop, "--value", unit).stdout.strip()
+
+
+def main_pid() -> int:
+    return int(show("MainPID") or 0)
+
+
+def fleetctl(*args, user=None, timeout=120):
+    return sh(f"{VENV}/bin/fleetctl", *args, "--name", FLEET, user=user, timeout=timeout)
+
+
+def status_json() -> dict:
+    proc = fleetctl("status", "--json")
+    if proc.returncode != 0:
+        raise RuntimeError(f"fleetctl status exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout)
+
+
+def posture() -> dict:
+    proc = fleetctl("posture", "show", "--json")
+    if proc.returncode != 0:
+        raise RuntimeError(f"fleetctl posture show exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout)
+
+
+def fleet_pids() -> set[int]:
+    """Every process of this fleet by its name: workers and fork server (`fleet-demo-...`)."""
+    out = sh("pgrep", "-f", f"^fleet-{FLEET}-").stdout.split()
+    return {int(p) for p in out}
+
+
+def alive(pids) -> list[int]:
+    return [p for p in pids if pathlib.Path(f"/proc/{p}").exists()]
+
+
+def unit_cgroup() -> str:
+    return "/sys/fs/cgroup" + show("ControlGroup")
+
+
+def cgroup_procs(path: str) -> list[int]:
+    out = []
+    for root, _dirs, files in os.walk(path):
+        if "cgroup.procs" in files:
+            out += [int(p) for p in pathlib.Path(root, "cgroup.procs").read_text().split()]
+    return out
+
+
+def read_kv(path: str) -> dict:
+    return {k: int(v) for k, v in (line.split() for line in pathlib.Path(path).read_text().splitlines())}
+
+
+def journal(since_cursor: str | None = None) -> str:
+    args = ["journalctl", "-u", UNIT, "-o", "cat", "--no-pager"]
+    if since_cursor:
+        args += ["--after-cursor", since_cursor]
+    return sh(*args).stdout
+
+
+def journal_cursor() -> str:
+    out = sh("journalctl", "-u", UNIT, "-n", "1", "--show-cursor", "-o", "cat", "--no-pager").stdout
+    m = re.search(r"-- cursor: (\S+)", out)
+    return m.group(1) if m else ""
+
+
+def submit(role, payloads, timeout=300):
+    """Submit and collect through the control socket, as a client: (values, error names)."""
+    import fleet
+
+    values, errors = [], []
+    with fleet.connect(FLEET, timeout=60) as f:
+        futures = [f.submit(role, p) for p in payloads]
+        for fut in futures:
+            try:
+                values.append(fut.result(timeout=timeout))
+            except Exception as exc:  # every outcome is reported, failures by their type
+                errors.append(type(exc).__name__)
+    return values, errors
+
+
+def serves() -> bool:
+    values, errors = submit("square", [7], timeout=120)
+    return values == [49] and not errors
+
+
+def active_and_serving(old_pid: int | None = None):
+    def probe():
+        pid = main_pid()
+        if show("ActiveState") != "active" or pid == 0 or pid == old_pid:
+            return None
+        return pid
+    return probe
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def s_install_and_start() -> dict:
+    """`fleetd --print-unit` into /etc/systemd/system, the socket group given in a drop-in,
+    `systemctl enable --now`; a watcher records the states the unit went through."""
+    CONFIG.parent.mkdir(exist_ok=True)
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS))
+    unit_text = sh(f"{VENV}/bin/fleetd", "--print-unit", check=True).stdout
+    pathlib.Path("/etc/systemd/system/fleetd@.service").write_text(unit_text)
+    exec_start = next(line for line in unit_text.splitlines() if line.startswith("ExecStart="))
+    dropin = pathlib.Path("/etc/systemd/system/fleetd@.service.d")
+    dropin.mkdir(exist_ok=True)
+    (dropin / "socket-group.conf").write_text(f"[Service]\nExecStart=\n{exec_start} --socket-group {SOCKET_GROUP}\n")
+    # Under software emulation a boot takes far longer than on hardware: room beyond the
+    # default 90 s, still bounded.
+    (dropin / "emulated.conf").write_text("[Service]\nEnvironment=NUMBA_CPU_NAME=generic NUMBA_DEBUG_CACHE=1\n"
+                                        "TimeoutStartSec=600\n")
+    sh("systemctl", "daemon-reload", check=True)
+
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            state = show("ActiveState")
+            pid = main_pid()
+            table = pathlib.Path(f"/dev/shm/fleet.{FLEET}").exists()
+            if not seen or seen[-1][:2] != [state, table]:
+                seen.append([state, table, pid])
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    proc = sh("systemctl", "enable", "--now", f"fleetd@{FLEET}", timeout=600)
+    state_at_return = show("ActiveState")
+    stop.set()
+    watcher.join(10)
+    st = status_json()
+    census = st.get("census", [])
+    # numba's cache, filled on the host (warm.py): what a status reader loads and compiles
+    debug = subprocess.run([f"{VENV}/bin/fleetctl", "status", "--name", FLEET], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "NUMBA_DEBUG_CACHE": "1"}).stdout
+    fleetd_log = journal()
+    return {
+        "numba_cache": {"fleetctl_loaded": debug.count("data loaded"), "fleetctl_saved": debug.count("data saved"),
+                        "fleetd_loaded": fleetd_log.count("data loaded"), "fleetd_saved": fleetd_log.count("data saved")},
+        "cpu_at_ready_ns": show("CPUUsageNSec"),
+        "throttle_reads": st.get("throttle_reads"),
+        "unit_cgroup": unit_cgroup(),
+        "exec_start": exec_start,
+        "enable_rc": proc.returncode,
+        "enable_out": (proc.stdout + proc.stderr)[-2000:],
+        "state_at_return": state_at_return,
+        "states_seen": seen,
+        "unit_file_state": show("UnitFileState"),
+        "type": show("Type"),
+        "main_pid": main_pid(),
+        "creator_pid": st.get("creator_pid"),
+        "worker_pids_at_ready": [r.get("pid") for r in census],
+        "serves": serves(),
+    }
+
+
+def s_status_text() -> dict:
+    text = show("StatusText")
+    status = sh("systemctl", "status", "--no-pager", UNIT).stdout
+    return {"status_text": text, "systemctl_status": status[-3000:]}
+
+
+def s_fleetctl_access() -> dict:
+    out = {}
+    for who in ("root", MEMBER, OUTSIDER):
+        proc = fleetctl("status", user=None if who == "root" else who)
+        out[who] = {"rc": proc.returncode, "stdout": proc.stdout[-1500:], "stderr": proc.stderr[-1500:]}
+    table = pathlib.Path(f"/dev/shm/fleet.{FLEET}").stat()
+    data = pathlib.Path(f"/dev/shm/fleet.{FLEET}.data").stat()
+    import grp
+    out["table_mode"] = oct(table.st_mode & 0o777)
+    out["table_group"] = grp.getgrgid(table.st_gid).gr_name
+    out["data_mode"] = oct(data.st_mode & 0o777)
+    return out
+
+
+def s_reload() -> dict:
+    before = posture()["policy"]["cordon_enter_events"]
+    good = before + 3
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS).replace(
+        "cordon_enter_events = 2", f"cordon_enter_events = {good}"))
+    good_rc = sh("systemctl", "reload", UNIT).returncode
+    applied = wait_for("the good config applied", lambda: posture()["policy"]["cordon_enter_events"] == good, 120)
+    cursor = journal_cursor()
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS).replace(
+        "cordon_enter_events = 2", "cordon_enter_events = -4"))
+    bad_rc = sh("systemctl", "reload", UNIT).returncode
+    refusal = wait_for("the bad config refused", lambda: re.search(r".*reload refused.*", journal(cursor)), 120)
+    after_bad = posture()["policy"]["cordon_enter_events"]
+    state = show("ActiveState")
+    pid = main_pid()
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS))  # back to the original
+    sh("systemctl", "reload", UNIT, check=True)
+    wait_for("the original config back", lambda: posture()["policy"]["cordon_enter_events"] == 2, 120)
+    return {"before": before, "good": good, "good_rc": good_rc, "applied": bool(applied), "bad_rc": bad_rc,
+            "refusal": refusal.group(0), "after_bad": after_bad, "state_after_bad": state,
+            "serves_after_bad": serves(), "pid_same": pid == main_pid()}
+
+
+def s_throttle() -> dict:
+    """A low CPUQuota= on the unit, CPU load from the fleet's own worker: cordoned for
+    throttling, then Nominal again once the load is gone and the exit window is clean."""
+    return _throttle(UNIT)
+
+
+def s_throttle_slice() -> dict:
+    """The same, with the quota on the slice above the unit (system-fleetd.slice): the
+    unit's own cpu.stat never counts a throttled period; the slice's does."""
+    return _throttle("system-fleetd.slice")
+
+
+def _throttle(where: str) -> dict:
+    group = unit_cgroup()
+    quota_group = group if where == UNIT else os.path.dirname(group)
+    # Nominal first: under emulation the fleet's own group may show CPU pressure for a while
+    p0 = wait_for("Nominal before the quota", lambda: (lambda p: p if p["posture"] == "Nominal" else None)(posture()),
+                  300, 0.5)
+    sh("systemctl", "set-property", "--runtime", where, "CPUQuota=30%", check=True)
+    cpu_max = pathlib.Path(quota_group, "cpu.max").read_text().strip()
+    stat0 = {"unit": read_kv(f"{group}/cpu.stat"), "quota_group": read_kv(f"{quota_group}/cpu.stat")}
+    result: dict = {}
+    loader = threading.Thread(target=lambda: result.update(zip(("values", "errors"), submit("spin", [1.0] * 4, 900))))
+    loader.start()
+    try:
+        # Cordoned with the throttling in the posture's window: the first cause may be CPU
+        # pressure (throttled time stalls the group's tasks, so cpu.pressure rises with it)
+        cordoned = wait_for("cordon under throttling", lambda: (lambda p: p if p["posture"] == "Cordoned" and (
+            p["window_events"] >= p["policy"]["cordon_enter_events"]
+            or p["window_duty_percent"] > p["policy"]["cordon_duty_percent"]) else None)(posture()), 300, 0.25)
+    finally:
+        loader.join(900)
+    stat1 = {"unit": read_kv(f"{group}/cpu.stat"), "quota_group": read_kv(f"{quota_group}/cpu.stat")}
+    # The load is done; the quota goes too: under emulation fleetd's own idle loop alone
+    # can use most of 30% of a CPU and keep the group throttled.
+    sh("systemctl", "set-property", "--runtime", where, "CPUQuota=", check=True)
+    nominal = wait_for("Nominal again", lambda: (lambda p: p if p["posture"] == "Nominal" else None)(posture()), 240, 0.25)
+    return {"where": where, "cpu_max": cpu_max, "posture_before": p0["posture"], "cordoned": cordoned,
+            "load": result, "nominal": nominal, "stat_before": stat0, "stat_after": stat1,
+            "status_reads": status_json().get("plan", {}).get("detected_from")}
+
+
+def s_watchdog() -> dict:
+    """SIGSTOP of fleetd's main process: systemd's watchdog kills it, Restart= starts it
+    again; the old workers are gone and the new fleetd took the stale table."""
+    old = main_pid()
+    restarts = int(show("NRestarts") or 0)
+    old_workers = fleet_pids()
+    cursor = journal_cursor()
+    os.kill(old, 19)  # SIGSTOP
+    new = wait_for("a new main process", active_and_serving(old), 600)
+    orphans = wait_for("the old workers gone", lambda: not alive(old_workers) or None, 60) and alive(old_workers)
+    st = status_json()
+    text = journal(cursor)
+    return {"old_pid": old, "new_pid": new, "restarts": int(show("NRestarts") or 0) - restarts,
+            "old_workers": sorted(old_workers), "orphans": orphans, "old_pid_alive": bool(alive([old])),
+            "creator_pid": st.get("creator_pid"), "serves": serves(),
+            "watchdog_logged": [l for l in text.splitlines() if "watchdog" in l.lower()][:5],
+            "reclaim_logged": [l for l in text.splitlines() if "stale" in l.lower() or "reclaim" in l.lower()][:5],
+            "fleet_procs_outside_unit": sorted(fleet_pids() - set(cgroup_procs(unit_cgroup())))}
+
+
+def s_kill9() -> dict:
+    old = main_pid()
+    old_workers = fleet_pids()
+    restarts = int(show("NRestarts") or 0)
+    os.kill(old, 9)
+    new = wait_for("a new main process", active_and_serving(old), 600)
+    wait_for("the old workers gone", lambda: not alive(old_workers) or None, 60)
+    return {"old_pid": old, "new_pid": new, "restarts": int(show("NRestarts") or 0) - restarts,
+            "orphans": alive(old_workers), "serves": serves(), "creator_pid": status_json().get("creator_pid")}
+
+
+def s_stop() -> dict:
+    """`systemctl stop` while units are in flight: they finish, the unit stops cleanly,
+    /dev/shm holds nothing of the fleet and no fleet process is left."""
+    import fleet
+
+    pids = fleet_pids() | {main_pid()}
+    outcome: dict = {}
+    client = fleet.connect(FLEET, timeout=60)
+    futures = [client.submit("slow", 15000)]  # 15 s: long enough to be seen in flight under emulation
+    wait_for("the slow unit in flight", lambda: status_json()["ledger"]["inflight"] >= 1, 120)
+    stop = sh("systemctl", "stop", UNIT, timeout=300)
+    try:
+        outcome["values"] = [f.result(timeout=120) for f in futures]
+    except Exception as exc:
+        outcome["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        client.close()
+    shm = sorted(p.name for p in pathlib.Path("/dev/shm").iterdir() if p.name.startswith(f"fleet.{FLEET}"))
+    return {"stop_rc": stop.returncode, "state": show("ActiveState"), "result": show("Result"),
+            "exit_status": show("ExecMainStatus"), "outcome": outcome, "shm_left": shm,
+            "procs_left": alive(pids)}
+
+
+SCENARIOS = [
+    ("start", s_install_and_start),
+    ("status_text", s_status_text),
+    ("fleetctl_access", s_fleetctl_access),
+    ("reload", s_reload),
+    ("watchdog", s_watchdog),
+    ("kill9", s_kill9),
+    ("throttle", s_throttle),
+    ("throttle_slice", s_throttle_slice),
+    ("stop", s_stop),
+]
+
+
+def main(argv) -> int:
+    only = set(argv[1:])
+    environment = {"kernel": os.uname().release, "python": sys.version.split()[0],
+                   "systemd": sh("systemctl", "--version").stdout.splitlines()[0],
+                   "cgroup_fs": sh("stat", "-fc", "%T", "/sys/fs/cgroup").stdout.strip(),
+                   "controllers": pathlib.Path("/sys/fs/cgroup/cgroup.controllers").read_text().split(),
+                   "nproc": os.cpu_count()}
+    report("environment", environment)
+    started = bool(only) and "start" not in only  # by hand, a subset on a fleet started otherwise
+    for name, scenario in SCENARIOS:
+        if only and name not in only:
+            continue
+        if name != "start" and not started:
+            report(name, {"error": "not run: fleetd@demo never started (see the start scenario)"})
+            continue
+        t0 = time.monotonic()
+        try:
+            doc = scenario()
+        except Exception:
+            doc = {"error": traceback.format_exc()[-3000:], "journal": journal()[-3000:]}
+        doc["elapsed_s"] = round(time.monotonic() - t0, 1)
+        started = started or (name == "start" and "error" not in doc)
+        report(name, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,137 @@
+"""fleetd under a real systemd on a pure cgroup v2 kernel (issue 45): one VM boot runs every
+scenario (tests/vm/scenarios/scenarios.py, in order); each test judges one scenario's result.
+
+The scenarios report facts (states, pids, counters, outcomes); nothing here judges by time.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+#: one worker for them all under pytest-xdist (pyproject's --dist loadgroup): they share one boot
+pytestmark = [pytest.mark.root, pytest.mark.timeout(2400), pytest.mark.xdist_group("vm")]
+
+
+def result(run, name: str) -> dict:
+    """The scenario's result; a scenario that did not report, or raised, fails its test with
+    what the VM said."""
+    doc = run.results.get(name)
+    if doc is None:
+        tail = "\n".join(run.console.splitlines()[-40:])
+        pytest.fail(f"scenario {name!r} reported nothing (timed out: {run.timed_out}, qemu exit {run.returncode}); "
+                    f"lines: {run.lines[-5:]}\nconsole tail:\n{tail}")
+    assert "error" not in doc, f"scenario {name!r} raised:\n{doc['error']}\njournal:\n{doc.get('journal', '')}"
+    return doc
+
+
+def test_the_guest_is_systemd_on_a_pure_cgroup2_hierarchy(vm_run):
+    env = result(vm_run, "environment")
+    assert env["cgroup_fs"] == "cgroup2fs"
+    assert "cpu" in env["controllers"] and "memory" in env["controllers"]
+    assert env["systemd"].startswith("systemd ")
+    assert env["python"].startswith("3.11.")
+    assert vm_run.done, vm_run.lines[-3:]
+
+
+def test_enable_now_returns_once_fleetd_is_ready_with_its_workers_up(vm_run):
+    doc = result(vm_run, "start")
+    assert doc["enable_rc"] == 0, doc["enable_out"]
+    assert doc["type"] == "notify" and doc["unit_file_state"] == "enabled"
+    assert "/opt/fleet-venv/bin/fleetd" in doc["exec_start"]
+    assert doc["state_at_return"] == "active"
+    # activating while it booted, its table already up (the watcher's samples), and active
+    # when `enable --now` returned: only READY=1, sent once the workers are up, does that
+    seen = doc["states_seen"]
+    assert any(s == "activating" and table for s, table, _pid in seen), seen
+    assert "active" not in [s for s, table, _pid in seen if not table], seen
+    assert doc["creator_pid"] == doc["main_pid"]
+    assert doc["worker_pids_at_ready"] and all(doc["worker_pids_at_ready"]), doc["worker_pids_at_ready"]
+    assert doc["serves"] is True
+    # status names the group the posture reads: the unit's own, and the groups above it
+    reads = doc["throttle_reads"]
+    assert reads["group"] == doc["unit_cgroup"] and reads["version"] == 2, reads
+    assert "/sys/fs/cgroup/system.slice/system-fleetd.slice" in reads["above"], reads
+
+
+def test_the_status_line_shows_in_systemctl(vm_run):
+    doc = result(vm_run, "status_text")
+    assert "seat(s); units:" in doc["status_text"], doc["systemctl_status"]  # fleetd's summary
+    # the same line in `systemctl status` (its counts may have moved between the two reads)
+    assert f"Status: \"{doc['status_text'].split('units:')[0]}units:" in doc["systemctl_status"]
+
+
+def test_fleetctl_status_answers_root_and_the_socket_group_and_refuses_others(vm_run):
+    doc = result(vm_run, "fleetctl_access")
+    assert doc["root"]["rc"] == 0, doc["root"]
+    assert doc["member"]["rc"] == 0, doc["member"]
+    # refused by name, with the exit code of a permission refusal, not a crash
+    assert doc["outsider"]["rc"] == 77 and "TableAccessDenied" in doc["outsider"]["stderr"], doc["outsider"]
+    assert "Traceback" not in doc["outsider"]["stderr"], doc["outsider"]["stderr"]
+    assert (doc["table_mode"], doc["table_group"], doc["data_mode"]) == ("0o640", "fleetsock", "0o600")
+
+
+def test_reload_applies_a_good_config_and_refuses_a_bad_one_staying_active(vm_run):
+    doc = result(vm_run, "reload")
+    assert doc["good_rc"] == 0 and doc["applied"] is True
+    assert doc["bad_rc"] == 0  # systemctl only signals; fleetd refuses, and says so in the journal
+    assert "reload refused" in doc["refusal"] and "cordon_enter_events" in doc["refusal"], doc["refusal"]
+    assert doc["after_bad"] == doc["good"]
+    assert doc["state_after_bad"] == "active" and doc["pid_same"] is True and doc["serves_after_bad"] is True
+
+
+def _assert_cordoned_by_throttling_then_nominal(doc):
+    assert doc["cpu_max"] == "30000 100000", doc["cpu_max"]
+    assert doc["posture_before"] == "Nominal"
+    cordoned = doc["cordoned"]
+    assert cordoned["posture"] == "Cordoned"
+    # the throttle counters the posture read are over its enter thresholds; the cause that
+    # got there first may be CPU pressure, which throttling raises in the same group
+    policy = cordoned["policy"]
+    assert (cordoned["window_events"] >= policy["cordon_enter_events"]
+            or cordoned["window_duty_percent"] > policy["cordon_duty_percent"]), cordoned
+    assert set(cordoned["causes"]) and set(cordoned["causes"]) <= {"throttle-events", "throttle-duty", "cpu-pressure"}, cordoned
+    before, after = doc["stat_before"]["quota_group"], doc["stat_after"]["quota_group"]
+    assert after["nr_throttled"] > before["nr_throttled"], (before, after)
+    assert doc["load"].get("errors") == [] and len(doc["load"].get("values", [])) == 4, doc["load"]
+    nominal = doc["nominal"]
+    assert nominal["posture"] == "Nominal" and nominal["exit_count"] >= cordoned["enter_count"] >= 1, nominal
+
+
+def test_a_low_cpu_quota_on_the_unit_cordons_under_load_and_returns_to_nominal(vm_run):
+    _assert_cordoned_by_throttling_then_nominal(result(vm_run, "throttle"))
+
+
+def test_a_low_cpu_quota_on_the_slice_above_cordons_too(vm_run):
+    doc = result(vm_run, "throttle_slice")
+    # the unit's own group never counts a period: the quota is its parent's
+    before, after = doc["stat_before"]["unit"], doc["stat_after"]["unit"]
+    assert after.get("nr_throttled", 0) == before.get("nr_throttled", 0), (before, after)
+    _assert_cordoned_by_throttling_then_nominal(doc)
+
+
+def test_a_wedged_fleetd_is_killed_by_the_watchdog_and_restarted_without_orphans(vm_run):
+    doc = result(vm_run, "watchdog")
+    assert doc["new_pid"] != doc["old_pid"] and not doc["old_pid_alive"]
+    assert doc["restarts"] == 1
+    assert any("watchdog" in line.lower() for line in doc["watchdog_logged"]), doc
+    assert doc["old_workers"] and doc["orphans"] == [], doc
+    assert doc["creator_pid"] == doc["new_pid"]  # the new fleetd owns the table of the same name
+    assert any("reclaimed stale fleet table" in line for line in doc["reclaim_logged"]), doc["reclaim_logged"]
+    assert doc["fleet_procs_outside_unit"] == []
+    assert doc["serves"] is True
+
+
+def test_after_kill_9_systemd_restarts_it_and_it_serves(vm_run):
+    doc = result(vm_run, "kill9")
+    assert doc["new_pid"] != doc["old_pid"] and doc["restarts"] == 1
+    assert doc["orphans"] == [] and doc["creator_pid"] == doc["new_pid"]
+    assert doc["serves"] is True
+
+
+def test_stop_drains_in_flight_units_and_leaves_dev_shm_clean(vm_run):
+    doc = result(vm_run, "stop")
+    assert doc["stop_rc"] == 0
+    assert doc["outcome"] == {"values": [225_000_000]}, json.dumps(doc["outcome"])  # in flight: it finished
+    assert doc["state"] == "inactive" and doc["result"] == "success" and doc["exit_status"] == "0"
+    assert doc["shm_left"] == [] and doc["procs_left"] == []
