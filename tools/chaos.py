@@ -130,6 +130,10 @@ def main(argv=None) -> int:
     return 0 if exact else 1
 
 
+#: How long a zygote serves (has workers) before the storm may kill it.
+ZYGOTE_SERVES_S = 3.0
+
+
 def storm(args) -> int:
     from fleet.rules.unit import RoleStopped
 
@@ -142,13 +146,20 @@ def storm(args) -> int:
     f = fleet.Fleet.from_config(cfg, env={})
 
     def chaos():
-        krng, next_zygote = random.Random(args.seed), time.monotonic() + 3.0
+        krng = random.Random(args.seed)
+        serving_since: dict[int, float] = {}  # zygote pid -> when it was first seen with workers
         while not stop.wait(args.kill_every):
             sup = f._sup
             pids = list(sup.pids().values())
             victim = krng.choice(pids) if pids else None
-            if args.kill_zygote and pids and sup.seats.workers.zygote is not None and time.monotonic() >= next_zygote:
-                victim, next_zygote = sup.seats.workers.zygote.pid, time.monotonic() + 3.0  # a reboot takes ~1-2 s
+            zygote, now = sup.seats.workers.zygote, time.monotonic()
+            if args.kill_zygote and pids and zygote is not None:
+                # Only a zygote that has served for a while: a reboot takes ~1-2 s on a quiet
+                # host and longer on a busy one, and a storm that kills each new zygote
+                # before it forks tests nothing but the restart's patience.
+                if now - serving_since.setdefault(zygote.pid, now) >= ZYGOTE_SERVES_S:
+                    victim = zygote.pid
+                    serving_since[zygote.pid] = float("inf")  # one kill per zygote
             if victim is not None:
                 try:
                     os.kill(victim, signal.SIGKILL)
