@@ -73,8 +73,12 @@ def test_service_reports_submit_ratio_and_p50_and_cleans_up():
 
 def test_a_killed_bench_leaves_no_busy_process():
     """The noise process dies with the bench, however it dies (PR_SET_PDEATHSIG)."""
-    code = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); import dispatch_bench as d; "
-            "n = d.Noise(); n.set(True); print(n.proc.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    # killed only once the noise is past its start (pinned: busy looping), not while it
+    # could still see its parent gone on its own
+    code = ("import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import dispatch_bench as d; "
+            "n = d.Noise(); n.set(True); t = time.monotonic() + 60\n"
+            "while os.sched_getaffinity(n.proc.pid) != {n.core} and time.monotonic() < t: time.sleep(0.01)\n"
+            "time.sleep(0.2); print(n.proc.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
     proc = subprocess.Popen([sys.executable, "-c", code, os.path.dirname(BENCH)], stdout=subprocess.PIPE, text=True,
                             cwd=REPO)
     pid = int(proc.stdout.readline())
