@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Dispatch benchmark: fleet against ProcessPoolExecutor, multiprocessing.Pool, mpire and loky.
 
-    python tools/bench/dispatch_bench.py [--json] [--workers N] [--units N]
+    python tools/bench/dispatch_bench.py [--json] [--workers N] [--units N] [--noisy | --service]
 
 Peers mpire and loky come with `pip install '.[bench]'`; an absent peer is reported as
 such and its ratios are left out. Same worker count, same machine, same run, same no-op
@@ -19,6 +19,13 @@ and ~50 µs CPU handlers:
                          `script_100_s` a script mapping 100 items, end to end (the interpreter's
                          start and exit included); `idle_pss_mib` the PSS of the process tree
                          (parent, fork server, 2 workers) idle after a map. --only-start: these alone
+  --noisy               the contenders and ratios above (not io_fleet, start, idle) twice in one
+                         run, quiet and with a noise process (a Python busy loop pinned to one
+                         core) running, interleaved measure by measure; "noisy" holds the noisy
+                         rows, its "ratios" and "quotients" (noisy ratio / quiet ratio; for the
+                         latency ratios quiet / noisy, so >= 0.8 means "held up" for every key)
+  --service              per-unit submit through a real fleetd (fleet.connect(name).submit) against
+                         a one-worker ProcessPoolExecutor, interleaved: units/s, round trip p50/p99
 fleet.Executor runs with its defaults (no max_workers, no profile: every whole core of
 the detected quota, the loop by priority) beside them; its keys are executor_*.
 Fleet runs N worker processes (forced pinned, one role of N cores) in two configurations:
@@ -39,6 +46,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import sys
 import time
@@ -279,17 +287,74 @@ def open_loky(stack, workers, units):
     }
 
 
-def run_rounds(contenders, rounds):
+def run_rounds(contenders, rounds, noise=None, noisy=None):
     """Every measure, round after round; within a round, each measure on every contender
-    that has it, one after another."""
+    that has it, one after another. With `noise` (a Noise) and `noisy` (twins of
+    `contenders`: same measures, runs of their own), each measure runs quiet on
+    `contenders` and then with the noise on `noisy` (noisy first on odd rounds), so the
+    two halves share the machine's state and neither always goes first."""
     keys = []
     for c in contenders:
         keys.extend(k for k in c.measures if k not in keys)
-    for _ in range(rounds):
+    phases = [(contenders, False)] + ([(noisy, True)] if noise is not None else [])
+    for r in range(rounds):
         for key in keys:
-            for c in contenders:
-                if key in c.measures:
-                    c.runs[key].append(c.measures[key]())
+            for group, on in (phases if r % 2 == 0 else phases[::-1]):
+                if noise is not None:
+                    noise.set(on)
+                for c in group:
+                    if key in c.measures:
+                        c.runs[key].append(c.measures[key]())
+    if noise is not None:
+        noise.set(False)
+
+
+#: The noise process: a plain Python busy loop, pinned to one core. It asks the kernel to
+#: SIGKILL it when its parent dies (PR_SET_PDEATHSIG), and exits at once if the parent
+#: died before it asked, so a bench killed by any signal leaves no busy loop behind.
+NOISE = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != {parent}:
+    sys.exit(0)
+os.sched_setaffinity(0, {{{core}}})
+while True:
+    pass
+"""
+
+
+class Noise:
+    """An unrelated busy process pinned to one core (the last this process may use), alive
+    for the whole measurement; `set(False)` stops it (SIGSTOP) for the quiet half,
+    `set(True)` lets it run again (SIGCONT). A context manager: killed and reaped on
+    every way out of the block."""
+
+    def __init__(self):
+        import subprocess
+
+        self.core = max(os.sched_getaffinity(0))
+        self.proc = subprocess.Popen([sys.executable, "-c", NOISE.format(parent=os.getpid(), core=self.core)],
+                                     stdin=subprocess.DEVNULL)
+        self.on = True
+        self.set(False)
+
+    def set(self, on: bool) -> None:
+        if on != self.on:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the noise process exited ({self.proc.returncode})")
+            self.proc.send_signal(signal.SIGCONT if on else signal.SIGSTOP)
+            self.on = on
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # SIGKILL ends a stopped process too
+        self.proc.wait(30)
+
+    def __enter__(self) -> "Noise":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def bench_io_fleet():
@@ -456,6 +521,160 @@ START_TARGETS = {
 }
 
 
+#: fleetd under the bench: started through this launcher, which asks the kernel to send it
+#: SIGINT (fleetd's fast stop) when the bench dies, and exits if the bench died before it
+#: asked; then it runs fleetd's own main.
+FLEETD = """
+import ctypes, os, runpy, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+if os.getppid() != {parent}:
+    sys.exit(0)
+sys.argv = ["fleetd", "--config", {config!r}, "--name", {name!r}]
+runpy.run_module("fleet.cli.fleetd", run_name="__main__")
+"""
+SERVICE_BOUND_S = 60.0  # fleetd's boot and stop: a generous bound on a loaded machine
+
+
+class Fleetd:
+    """A real fleetd of one role (bench_handlers:unit_work, one core, one worker) under a
+    name of its own, with its runtime and state dirs in a temporary folder. A context
+    manager: on every way out it is stopped (SIGTERM, then SIGKILL after the bound), its
+    zygote and workers are reaped, and its /dev/shm segments are removed."""
+
+    def __init__(self, units: int):
+        import subprocess
+        import tempfile
+
+        self.name = f"bench-svc-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.dir = tempfile.mkdtemp(prefix="fd-", dir="/tmp")  # short: AF_UNIX paths <= 107 bytes
+        config = os.path.join(self.dir, "fleet.toml")
+        with open(config, "w") as f:
+            f.write(f'[fleet]\nname = "{self.name}"\n\n[roles.work]\nkind = "pooled"\n'
+                    f'handler = "bench_handlers:unit_work"\nslots = 1\npeak_cpus = 1\nqueue_bound = {10 * units}\n')
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.env = {**os.environ, "RUNTIME_DIRECTORY": os.path.join(self.dir, "run"),
+                    "STATE_DIRECTORY": os.path.join(self.dir, "state"),
+                    "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+        for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "FLEET_NAME"):
+            self.env.pop(key, None)
+        self.stderr = open(os.path.join(self.dir, "fleetd.stderr"), "wb")
+        self.children: set = set()
+        self.proc = subprocess.Popen([sys.executable, "-c", FLEETD.format(parent=os.getpid(), config=config,
+                                                                          name=self.name)],
+                                     env=self.env, cwd=self.dir, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=self.stderr)
+
+    def connect(self):
+        """A client, once fleetd answers (polled; it boots its zygote and worker first)."""
+        deadline = time.monotonic() + SERVICE_BOUND_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"fleetd exited {self.proc.returncode}: {self._stderr_text()}")
+            try:
+                client = fleet.connect(self.name, env=self.env)
+                self.children |= self._descendants()
+                return client
+            except fleet.FleetError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _stderr_text(self) -> str:
+        with open(self.stderr.name, "rb") as f:
+            return f.read().decode(errors="replace")[-2000:]
+
+    def _descendants(self) -> set:
+        try:
+            return {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def close(self) -> None:
+        import shutil
+        import subprocess
+
+        from fleet.shm import dataplane
+        from fleet.shm.table import segment
+
+        try:
+            self.children |= self._descendants()
+            if self.proc.poll() is None:
+                self.proc.terminate()  # drains: nothing is queued by now
+            try:
+                self.proc.wait(SERVICE_BOUND_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(SERVICE_BOUND_S)
+            deadline = time.monotonic() + 10
+            while (left := [p for p in self.children if psutil.pid_exists(p)]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for pid in left:  # a zygote or worker that outlived a killed fleetd
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            self.stderr.close()
+            segment.unlink(self.name)
+            dataplane.unlink(self.name)
+            for entry in os.listdir("/dev/shm"):  # whatever a killed fleetd left under its names
+                if entry == f"fleet.{self.name}" or entry.startswith(f"fleet.{self.name}."):
+                    where = os.path.join("/dev/shm", entry)
+                    if os.path.isdir(where):
+                        shutil.rmtree(where, ignore_errors=True)
+                    else:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(where)
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "Fleetd":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def bench_service(units: int, rounds: int) -> dict:
+    """Per-unit submit through fleetd (fleet.connect(name).submit: client, socket, fleetd's
+    loops, its worker) against a one-worker ProcessPoolExecutor in this process, round by
+    round: `units` futures then their results (units/s), and single-submit round trips."""
+    samples = min(LATENCY_SAMPLES, max(50, units))
+    with contextlib.ExitStack() as stack:
+        daemon = stack.enter_context(Fleetd(units))
+        client = stack.enter_context(daemon.connect())
+        [x.result() for x in [client.submit("work", i) for i in range(200)]]  # warm
+        ex = stack.enter_context(cf.ProcessPoolExecutor(1))
+        list(ex.map(H.work, range(200)))
+        fleetd = Contender("fleetd", {
+            "submit_units_per_s": lambda: timed(units, lambda: [x.result() for x in
+                                                                [client.submit("work", i) for i in range(units)]]),
+            "latency_us": lambda: round_trips(lambda: client.submit("work", 0).result(), samples),
+        }, {"workers": 1, "name": daemon.name})
+        ppe = Contender("process_pool_executor", {
+            "submit_units_per_s": lambda: timed(units, lambda: [x.result() for x in
+                                                                [ex.submit(H.work, i) for i in range(units)]]),
+            "latency_us": lambda: round_trips(lambda: ex.submit(H.work, 0).result(), samples),
+        }, {"workers": 1})
+        run_rounds([fleetd, ppe], rounds)
+        out = {"units": units, "latency_samples_per_round": samples, "fleetd": fleetd.result(),
+               "process_pool_executor": ppe.result()}
+    return out
+
+
+def service_ratios(svc: dict) -> dict:
+    fd, ppe = svc["fleetd"], svc["process_pool_executor"]
+    return {
+        "service_submit_over_ppe": round(fd["submit_units_per_s"] / ppe["submit_units_per_s"], 3),
+        "service_p50_over_ppe": round(fd["latency_us"]["p50"] / ppe["latency_us"]["p50"], 3),
+        "service_submit_units_per_s": fd["submit_units_per_s"],
+        "service_p50_us": fd["latency_us"]["p50"],
+    }
+
+
+SERVICE_TARGETS = {
+    "service_submit_over_ppe": ">= 1",
+    "service_p50_us": "<= 200",
+}
+
+
 def fleet_ratios(fl, ppe, pool, mpire, workers) -> dict:
     """Throughput ratios of one fleet configuration against the peers."""
     out = {
@@ -470,6 +689,59 @@ def fleet_ratios(fl, ppe, pool, mpire, workers) -> dict:
     return out
 
 
+def contender_ratios(res, w) -> dict:
+    """The ratios of the interleaved contenders' rows in `res` (the quiet ones, or --noisy's)."""
+    ppe, pool, mpire = res["process_pool_executor"], res["multiprocessing_pool"], res["mpire"]
+    by_config = {name: fleet_ratios(res[f"fleet_{name}"], ppe, pool, mpire, w) for name in CONFIGS}
+    res["ratios_by_config"] = by_config
+    ratios = {}
+    for key in by_config["slots_eq_workers"]:
+        values = [by_config[name][key] for name in CONFIGS]
+        # the headline is the worse configuration: lower throughput, higher latency
+        ratios[key] = max(values) if key.startswith("latency") else min(values)
+    ratios["spin50_pool_of_limit"] = round(pool["spin50_imap_units_per_s"] / (w * 20_000), 3)
+    ceiling = res["bare_processes"]["spin50_units_per_s"]
+    ratios["spin50_ceiling_of_limit"] = round(ceiling / (w * 20_000), 3)
+    ratios["spin50_fleet_of_ceiling"] = min(
+        round(res[f"fleet_{name}"]["spin50_map_units_per_s"] / ceiling, 3) for name in CONFIGS)
+    if "spin50_map_units_per_s" in mpire:
+        ratios["spin50_mpire_of_limit"] = round(mpire["spin50_map_units_per_s"] / (w * 20_000), 3)
+        ratios["mpire_map_over_ppe_submit"] = round(mpire["map_default_units_per_s"] / ppe["submit_units_per_s"], 2)
+    if "submit_units_per_s" in res["loky"]:
+        ratios["submit_fleet_over_loky"] = min(
+            round(res[f"fleet_{name}"]["submit_units_per_s"] / res["loky"]["submit_units_per_s"], 2) for name in CONFIGS)
+    ratios.update(executor_ratios(res["fleet_executor"], ppe, pool))
+    # what the machine gave bare processes meanwhile (a shared VM's stretch falls on both)
+    ratios["executor_spin50_of_ceiling"] = round(res["fleet_executor"]["spin50_map_units_per_s"] / ceiling, 3)
+    return ratios
+
+
+def lower_is_better(key: str) -> bool:
+    """A ratio where fleet wins by being lower: a latency over a peer's."""
+    return "p50" in key or key.startswith("latency")
+
+
+def quotients(quiet: dict, noisy: dict) -> dict:
+    """How much of each quiet ratio holds with the noise on: noisy / quiet, or quiet / noisy
+    for a latency ratio (lower is better there), so 1 is "unchanged" and < 1 "lost"
+    for every key alike. A ratio of peers alone (pool, mpire, the ceiling) is kept too:
+    it says how hard the noise hit the machine."""
+    out = {}
+    for key, q in quiet.items():
+        nz = noisy.get(key)
+        if nz is None or not q or not nz:
+            continue
+        out[key] = round(q / nz if lower_is_better(key) else nz / q, 3)
+    return out
+
+
+def _round_rates(res) -> None:
+    for section in [k for k in res if isinstance(res[k], dict) and k not in ("ratios", "ratios_by_config", "targets")]:
+        for k, v in list(res[section].items()):
+            if isinstance(v, float) and k.endswith("_per_s"):
+                res[section][k] = round(v)
+
+
 def main(argv=None):
     global REPEAT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -481,6 +753,12 @@ def main(argv=None):
                              "the median of its rounds (default %(default)s)")
     parser.add_argument("--only-start", action="store_true",
                         help="only the start rows: first result, a 100-item script, the idle footprint")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--noisy", action="store_true",
+                      help="the contenders and ratios, quiet and with a busy process pinned to one core, "
+                           "interleaved; reports each ratio's noisy / quiet quotient")
+    mode.add_argument("--service", action="store_true",
+                      help="per-unit submit through a real fleetd against a one-worker ProcessPoolExecutor")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -491,8 +769,15 @@ def main(argv=None):
         print(json.dumps(res, indent=2) if args.json else res)
         return 0
     w, n = args.workers, args.units
+    if args.service:
+        res = {"rounds": REPEAT, "service": bench_service(n, REPEAT)}
+        res["ratios"] = service_ratios(res["service"])
+        res["targets"] = SERVICE_TARGETS
+        print(json.dumps(res, indent=2) if args.json else res)
+        return 0
     res = {"workers": w, "rounds": REPEAT}
     with contextlib.ExitStack() as natural:
+        noise = natural.enter_context(Noise()) if args.noisy else None
         # the tuned configuration closes with the peers: the idle figure is the natural one's alone
         opened = {"slots_eq_workers": open_fleet(natural, w, n, CONFIGS["slots_eq_workers"])}
         with contextlib.ExitStack() as peers:
@@ -510,38 +795,32 @@ def main(argv=None):
                     res[name] = {"absent": "pip install '.[bench]'"}
                 else:
                     contenders.append(Contender(name, measures))
-            run_rounds(contenders, REPEAT)
+            twins = [Contender(c.name, c.measures, c.facts) for c in contenders] if noise else None
+            run_rounds(contenders, REPEAT, noise, twins)
             for c in contenders:
                 res[c.name] = c.result()
-        # every peer closed: the fleet's idle CPU is its own (workers, zygote, loop thread)
-        res["fleet_slots_eq_workers"]["idle_cpu_percent"] = idle_cpu(opened["slots_eq_workers"][0])
+            if noise:
+                res["noisy"] = {"noise_core": noise.core, **{c.name: c.result() for c in twins}}
+                for name in ("mpire", "loky"):
+                    res["noisy"].setdefault(name, res[name])
+        if not noise:
+            # every peer closed: the fleet's idle CPU is its own (workers, zygote, loop thread)
+            res["fleet_slots_eq_workers"]["idle_cpu_percent"] = idle_cpu(opened["slots_eq_workers"][0])
+    if noise:
+        # the interleaved contenders only: io_fleet, start and idle are not measured twice
+        res["ratios"] = contender_ratios(res, w)
+        res["noisy"]["ratios"] = contender_ratios(res["noisy"], w)
+        res["noisy"]["quotients"] = quotients(res["ratios"], res["noisy"]["ratios"])
+        res["targets"] = {"quotients": ">= 0.8 each (noisy ratio / quiet ratio; latency: quiet / noisy)"}
+        _round_rates(res)
+        _round_rates(res["noisy"])
+        print(json.dumps(res, indent=2) if args.json else res)
+        return 0
     res["io_fleet"] = bench_io_fleet()
     res["start"] = bench_start(REPEAT)
-    ppe, pool, mpire = res["process_pool_executor"], res["multiprocessing_pool"], res["mpire"]
-    by_config = {name: fleet_ratios(res[f"fleet_{name}"], ppe, pool, mpire, w) for name in CONFIGS}
-    res["ratios_by_config"] = by_config
-    ratios = {}
-    for key in by_config["slots_eq_workers"]:
-        values = [by_config[name][key] for name in CONFIGS]
-        # the headline is the worse configuration: lower throughput, higher latency
-        ratios[key] = max(values) if key.startswith("latency") else min(values)
-    natural = res["fleet_slots_eq_workers"]
-    ratios["spin50_pool_of_limit"] = round(pool["spin50_imap_units_per_s"] / (w * 20_000), 3)
-    ceiling = res["bare_processes"]["spin50_units_per_s"]
-    ratios["spin50_ceiling_of_limit"] = round(ceiling / (w * 20_000), 3)
-    ratios["spin50_fleet_of_ceiling"] = min(
-        round(res[f"fleet_{name}"]["spin50_map_units_per_s"] / ceiling, 3) for name in CONFIGS)
-    if "spin50_map_units_per_s" in mpire:
-        ratios["spin50_mpire_of_limit"] = round(mpire["spin50_map_units_per_s"] / (w * 20_000), 3)
-        ratios["mpire_map_over_ppe_submit"] = round(mpire["map_default_units_per_s"] / ppe["submit_units_per_s"], 2)
-    if "submit_units_per_s" in res["loky"]:
-        ratios["submit_fleet_over_loky"] = min(
-            round(res[f"fleet_{name}"]["submit_units_per_s"] / res["loky"]["submit_units_per_s"], 2) for name in CONFIGS)
-    ratios["idle_cpu_percent_fleet"] = natural["idle_cpu_percent"]
+    ratios = contender_ratios(res, w)
+    ratios["idle_cpu_percent_fleet"] = res["fleet_slots_eq_workers"]["idle_cpu_percent"]
     ratios["io_fleet_of_ideal"] = round(res["io_fleet"]["ideal_s"] / res["io_fleet"]["median_s"], 3)
-    ratios.update(executor_ratios(res["fleet_executor"], ppe, pool))
-    # what the machine gave bare processes meanwhile (a shared VM's stretch falls on both)
-    ratios["executor_spin50_of_ceiling"] = round(res["fleet_executor"]["spin50_map_units_per_s"] / ceiling, 3)
     ratios.update(start_ratios(res["start"]))
     res["ratios"] = ratios
     res["targets"] = {
@@ -562,10 +841,7 @@ def main(argv=None):
         "io_fleet_of_ideal": ">= 0.8",
         "idle_cpu_percent_fleet": "< 1",
     }
-    for section in [k for k in res if isinstance(res[k], dict) and k not in ("ratios", "ratios_by_config", "targets")]:
-        for k, v in list(res[section].items()):
-            if isinstance(v, float) and k.endswith("_per_s"):
-                res[section][k] = round(v)
+    _round_rates(res)
     if args.json:
         print(json.dumps(res, indent=2))
     else:

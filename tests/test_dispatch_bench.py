@@ -1,0 +1,91 @@
+"""tools/bench/dispatch_bench.py's --noisy and --service modes at a tiny size: each prints
+the rows it promises (every quiet ratio has its noisy twin and its quotient; the service's
+ratios), and leaves nothing behind -- no noise process, no fleetd, no /dev/shm segment --
+even when the bench itself is killed."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from tests.daemons import BOUND_S, wait_until
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO, "tools", "bench", "dispatch_bench.py")
+TINY = ["--units", "200", "--repeat", "1", "--json"]
+
+
+def run_bench(*argv: str) -> dict:
+    out = subprocess.run([sys.executable, BENCH, *argv, *TINY], capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_noisy_reports_every_ratio_quiet_noisy_and_its_quotient():
+    res = run_bench("--noisy")
+    noisy = res["noisy"]
+    assert isinstance(noisy["noise_core"], int)
+    for row in ("fleet_slots_eq_workers", "fleet_slots_32_per_worker", "fleet_executor", "process_pool_executor",
+                "multiprocessing_pool", "bare_processes"):
+        assert row in res and row in noisy, row
+        assert set(noisy[row]) >= set(res[row]) - {"runs"}, row  # the same measures, noisy
+    quiet, loud, quot = res["ratios"], noisy["ratios"], noisy["quotients"]
+    for key in ("submit_fleet_over_ppe", "map_chunk1_fleet_over_pool", "map_chunk64_fleet_over_pool",
+                "latency_p50_fleet_over_ppe", "spin50_fleet_of_limit", "executor_submit_over_ppe",
+                "executor_p50_over_ppe"):
+        assert key in quiet and key in loud, key
+    assert set(loud) == set(quiet)
+    assert set(quot) == {k for k in quiet if quiet[k] and loud[k]}
+    # the quotient is noisy / quiet, turned over for a latency (lower is better there)
+    k = "submit_fleet_over_ppe"
+    assert quot[k] == pytest.approx(loud[k] / quiet[k], abs=2e-3)
+    k = "latency_p50_fleet_over_ppe"
+    assert quot[k] == pytest.approx(quiet[k] / loud[k], abs=2e-3)
+    assert "quotients" in res["targets"]
+
+
+def test_service_reports_submit_ratio_and_p50_and_cleans_up():
+    res = run_bench("--service")
+    svc = res["service"]
+    name = svc["fleetd"]["name"]
+    assert svc["fleetd"]["workers"] == svc["process_pool_executor"]["workers"] == 1
+    for row in ("fleetd", "process_pool_executor"):
+        assert svc[row]["submit_units_per_s"] > 0
+        assert 0 < svc[row]["latency_us"]["p50"] <= svc[row]["latency_us"]["p99"]
+    r = res["ratios"]
+    assert set(r) == {"service_submit_over_ppe", "service_p50_over_ppe", "service_submit_units_per_s", "service_p50_us"}
+    assert r["service_p50_us"] == svc["fleetd"]["latency_us"]["p50"]
+    assert not [e for e in os.listdir("/dev/shm") if name in e]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_killed_bench_leaves_no_busy_process():
+    """The noise process dies with the bench, however it dies (PR_SET_PDEATHSIG)."""
+    # killed only once the noise is past its start (pinned: busy looping), not while it
+    # could still see its parent gone on its own
+    code = ("import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import dispatch_bench as d; "
+            "n = d.Noise(); n.set(True); t = time.monotonic() + 60\n"
+            "while os.sched_getaffinity(n.proc.pid) != {n.core} and time.monotonic() < t: time.sleep(0.01)\n"
+            "time.sleep(0.2); print(n.proc.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    proc = subprocess.Popen([sys.executable, "-c", code, os.path.dirname(BENCH)], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    pid = int(proc.stdout.readline())
+    try:
+        assert proc.wait(BOUND_S) == -signal.SIGKILL
+        wait_until(lambda: gone(pid), "the noise process to die with the bench")
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.stdout.close()
