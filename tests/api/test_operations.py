@@ -67,9 +67,11 @@ def test_a_drain_refuses_new_submits_while_the_running_and_queued_units_finish(f
         wait_until(lambda: fleet.status()["census"][0]["state"] == "Running", "the first unit to run")
         queued = fleet.submit("one", (None, 3))
         with caplog.at_level(logging.INFO, logger="fleet.runtime.loop"):
+            before = time.time()
             state = fleet.drain()  # the embedded face's method, made from the op
+            after = time.time()
         assert state["draining"] is True and state["owed"] == 2
-        assert abs(state["since"] - time.time()) < 60 and state["since_utc"].endswith("Z")
+        assert before <= state["since"] <= after and state["since_utc"].endswith("Z")
         assert any("draining" in r.getMessage() for r in caplog.records)
         # the status document (what fleetctl status --json prints) shows it, read from the table
         assert fleet.status()["draining"] == {"since": pytest.approx(state["since"], abs=1e-6),
