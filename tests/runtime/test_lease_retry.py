@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import queue
+import time
 
 import pytest
 
@@ -25,7 +26,7 @@ def _gate(url, clock, retries):
     return gate.start(), seen
 
 
-def _blocker(url, clock):
+def _blocker(url, clock=time.time):
     """orch-b holds the host tier (a quota of one) with a long lease: orch-a's requests queue."""
     other = open_store(url, actor="orch-b", clock=clock)
     rec = other.submit(Request("blocker", "orch-b", "prod", "x", "host", lease_ttl=86_400.0))
@@ -127,3 +128,35 @@ def test_a_bad_retry_budget_is_named(bad):
     with pytest.raises(ConfigError) as err:
         load_config(_config(bad), env={})
     assert "store.roles.w.retries" in str(err.value)
+
+
+def test_a_fleet_unit_whose_request_timed_out_is_solved_under_its_retry(store_url, fleet_name):
+    """End to end: the unit gets one outcome (solved) and the ledger balances; the store
+    keeps the lineage. Real clocks here: a short queue timeout and the widest budget, so
+    that the retry is certain to be still waiting when the blocker lets go."""
+    import fleet
+
+    config = {
+        "fleet": {"name": fleet_name},
+        "roles": {"w": {"kind": "pooled", "handler": "fleet.api.examples:slow_square", "slots": 1}},
+        "store": {"url": store_url, "orchestrator": "orch-a", "lease_ttl": 30.0, "poll_every": 0.05,
+                  "roles": {"w": {"environment": "prod", "tier": "host", "queue_timeout": 1.0, "retries": 100}}},
+    }
+    other, blocker = _blocker(store_url)
+    try:
+        with fleet.Fleet.from_config(config, env={}) as f:
+            fut = f.submit("w", 10)
+            recs = wait_for(lambda: (lambda r: len(r) >= 2 and r)(_orch_a(other)))
+            first = next(iter(recs))
+            assert recs[first].state == "timed-out" and f"{first}~1" in recs
+            assert not fut.done()
+            other.release("blocker", blocker.revision)
+            assert fut.result(timeout=BOUND_S) == 100
+            counts = f.ledger()
+        assert (counts["submitted"], counts["solved"], counts["failed"]) == (1, 1, 0)
+        recs = _orch_a(other)
+        *timed_out, last = recs.values()
+        assert [r.state for r in timed_out] == ["timed-out"] * len(timed_out)
+        assert last.state == "released" and last.id == f"{first}~{len(timed_out)}"
+    finally:
+        other.close()
