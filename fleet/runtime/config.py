@@ -75,6 +75,7 @@ a ConfigError naming their dotted path)::
     priority = 0
     preemptible = false
     queue_timeout = 600.0     # omit to wait without limit
+    retries = 2               # a request timed out before the unit ran is asked again this often
 
     [admission]               # the provider admission (admission.policy; docs/admission.md)
     probe_every = 10.0        # a closed pool lets one probe through this often (seconds)
@@ -170,6 +171,13 @@ class StoreRole:
     priority: int = 0
     preemptible: bool = False
     queue_timeout: float | None = None
+    # How many times a unit's request is asked again after it timed out before the unit ran
+    # (its queue timeout passed, or its lease ran out before the grant reached the fleet).
+    retries: int = 2
+
+
+#: The bound of ``[store.roles.<role>] retries``: each retry is a request of its own in the store.
+MAX_LEASE_RETRIES = 100
 
 
 @dataclass(frozen=True)
@@ -411,6 +419,9 @@ def _store(data, roles: RoleSet):
         if "environment" not in spec:
             raise ConfigError(f"{path}.environment", "is required")
         role = StoreRole(**spec)
+        retries = role.retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_LEASE_RETRIES:
+            raise ConfigError(f"{path}.retries", f"must be a whole number in [0, {MAX_LEASE_RETRIES}], got {retries!r}")
         try:  # the store's own request check, on a sample request of this role
             validate_request(Request("check", "check", role.environment, role.provider, role.tier, role.priority,
                                      role.queue_timeout, role.preemptible, ttl))

@@ -15,6 +15,14 @@ the request), ``LeasePreempted`` (a higher-priority request displaced it) or
 ``LeaseExpired`` (it ran out unrenewed, timed out in the queue, or was cancelled
 or released by someone else).
 
+Retries. A request that times out before its unit ran - its queue timeout passed, or
+its lease ran out before the grant reached this fleet - is worth asking again (the
+store's `TimedOut` is retryable within the caller's budget): the gate submits the
+store's retry of it (`admission.store.rules.retry_of`, id ``<id>~<n>``) and the unit
+keeps waiting, up to ``[store.roles.<role>] retries`` times; then the unit fails
+``LeaseExpired`` naming the budget it spent. A lease that runs out while its unit runs
+is not retried: the unit was stopped mid-run, and running it again is the caller's call.
+
 Fails closed, in time. Every store call has a deadline (``call_timeout``, below the
 renewal interval), and a watchdog thread of its own stops a unit whose lease reaches
 its stop time unrenewed, whatever the gate's thread is doing meanwhile (waiting on a
@@ -89,6 +97,7 @@ class _Held:
     revision: int = 0
     renew_at: float = 0.0  # monotonic: when to renew
     stop_at: float = 0.0  # monotonic: the unit is stopped here unless renewed
+    attempt: int = 0  # 0: its first request; n: the store's n-th retry of it (id <id>~n)
 
 
 def _lease_of(held: _Held) -> str:
@@ -141,6 +150,11 @@ class _Watchdog:
             self._lease[unit_id] = lease
             self._cond.notify()
             return True
+
+    def tracks(self, unit_id: int) -> bool:
+        """Whether nobody has taken the unit yet."""
+        with self._cond:
+            return unit_id in self._stop_at
 
     def claim(self, unit_id: int) -> bool:
         """Take the unit: True for the one caller that gets it."""
@@ -400,9 +414,33 @@ class LeaseGate:
             if self._granted(held, rec.revision, sent, rec.lease_expires - rec.decided_at):
                 self._on_admitted(held.unit_id)
             else:
-                self._lose(held, LEASE_EXPIRED, "its lease ran out before the grant reached this fleet")
+                self._retry_or_lose(held, "its lease ran out before the grant reached this fleet")
+        elif rec.state == lease_states.TIMED_OUT:
+            self._retry_or_lose(held, f"request {rec.state} ({rec.reason})")
         else:
             self._lose(held, lost_reason(rec.state), f"request {rec.state} ({rec.reason})")
+
+    def _retry_or_lose(self, held: _Held, detail: str) -> None:
+        """`held`'s request timed out before its unit ran: ask the store again under the
+        request's retry id while the role's budget lasts, else the unit fails LeaseExpired."""
+        from admission.store.rules import retry_of
+
+        budget = self.config.role(held.role).retries
+        if held.attempt >= budget:
+            if budget:
+                detail = f"{detail}; retry budget of {budget} spent"
+            self._lose(held, LEASE_EXPIRED, detail)
+            return
+        if not self._watchdog.tracks(held.unit_id):
+            self._held.pop(held.unit_id, None)
+            return  # taken meanwhile (it ended): nothing to ask for
+        # The timed-out record is final; a lease granted too late is already on its way back
+        # (`_granted`). The retry is a request of its own, the same identity under its retry id.
+        again = _Held(held.unit_id, retry_of(self._request(held), held.attempt + 1).id, held.role,
+                      attempt=held.attempt + 1)
+        log.info("unit %d: %s; asking again as %s (retry %d of %d)", held.unit_id, detail, again.request_id,
+                 again.attempt, budget)
+        self._held[held.unit_id] = again  # submitted at this tick's next _submit_new, or the next tick
 
     def _renew(self, store) -> None:
         from admission.store import LeaseLost
