@@ -82,7 +82,7 @@ def test_sigkill_a_random_worker_every_50ms_under_load(fleet_name):
 #
 # Two pooled roles of two slots each on a forced pinned profile; a thread SIGKILLs a
 # random worker every 30 ms (and now and then the zygote) from the first submit until
-# shutdown has returned, so deaths land mid-unit, between units, while a seat is being
+# shutdown has waited a few seconds, so deaths land mid-unit, between units, while a seat is being
 # re-forked, after a role was stopped and while shutdown waits for the queues. With the
 # default restart intensity the roles are soon stopped (RoleStopped); with a lenient one
 # they live, and shutdown must drain their queues through the storm. The first death
@@ -97,6 +97,7 @@ STORM_UNITS = 800
 STORM_BURST = 1000
 STORM_KILL_EVERY_S = 0.03
 STORM_ZYGOTE_EVERY_S = 1.0  # at most one zygote kill a second
+STORM_DURING_SHUTDOWN_S = 5.0  # how long the storm goes on once shutdown has started
 SHUTDOWN_DEADLINE_S = 120  # generous: an "eventually", never a timing assertion
 
 
@@ -219,9 +220,15 @@ def test_a_kill_storm_never_wedges_the_fleet(fleet_name, seed, restart, b_class,
                 live.remove(name)  # restart intensity stopped it: correct, and final
             if i < STORM_UNITS and rng.random() < 0.05:
                 time.sleep(rng.random() * 0.02)
-        # Shut down with units still queued, the storm still raging.
+        # Shut down with units still queued, the storm still raging for a while: deaths
+        # land while shutdown waits for the queues. Then the storm ends, and shutdown must
+        # return: a storm that never ends outpaces any fleet on a host slow enough to fork
+        # (each worker serves a unit or two before it dies), which would measure the
+        # host's fork rate against the deadline, not whether the runtime wedges.
         closer = threading.Thread(target=f.shutdown, daemon=True)
         closer.start()
+        closer.join(STORM_DURING_SHUTDOWN_S)
+        storm.stop.set()
         closer.join(SHUTDOWN_DEADLINE_S)
         if closer.is_alive():
             report = _wedge_report(f)
