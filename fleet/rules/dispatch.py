@@ -43,6 +43,9 @@ Rules:
   role opted in to `elastic_repin`: then the least recently used pin that has
   nothing in flight is re-keyed (UNPIN T9 then LEASE T1, release before re-lease),
   and counted (`repins`). A singleton is a keyed role with one slot and one key.
+  A key's head is taken up (`skip`, which marks its future running) only once a grant
+  is sure, so a key waiting for a pin stays cancellable; a closing fleet fails the units
+  of keys no pin can come to without an epoch boundary (`drain_unpinnable`).
 * Epochs (002 §3.4): at a quota change or a config reload `begin_epoch` marks every
   pin held; a held pin takes no new unit, and is released (T9) once it has nothing
   in flight: by the next unit of its key (UNPIN then LEASE on the same slot: release
