@@ -43,6 +43,9 @@ Rules:
   role opted in to `elastic_repin`: then the least recently used pin that has
   nothing in flight is re-keyed (UNPIN T9 then LEASE T1, release before re-lease),
   and counted (`repins`). A singleton is a keyed role with one slot and one key.
+  A key's head is taken up (`skip`, which marks its future running) only once a grant
+  is sure, so a key waiting for a pin stays cancellable; a closing fleet fails the units
+  of keys no pin can come to without an epoch boundary (`drain_unpinnable`).
 * Epochs (002 §3.4): at a quota change or a config reload `begin_epoch` marks every
   pin held; a held pin takes no new unit, and is released (T9) once it has nothing
   in flight: by the next unit of its key (UNPIN then LEASE on the same slot: release
@@ -514,13 +517,19 @@ class Dispatcher:
                 continue
             q = queue.by_key[key]
             while q.n:
+                # Whether the key may be granted anything is settled before its head is
+                # taken up: `_next_live` marks the head's future running, and from then on
+                # no cancel (shutdown's cancel_futures included) can take it back.
+                slot = pins.get(key)
+                if slot is None:
+                    if not self._claimable(code):
+                        break  # every pin is another key's: it waits for one (T9)
+                elif slot.inflight if slot.stale else len(slot.inflight) >= self.pin_depth:
+                    break  # the old epoch's pin finishes what it has first; or the pin is full
                 item = self._next_live(q, queue)
                 if item is None:
                     break
-                slot = pins.get(key)
                 if slot is not None and slot.stale:
-                    if slot.inflight:
-                        break  # the old epoch's pin finishes what it has first
                     if not self._posture_allows(code, item, True):
                         return
                     q.pop()
@@ -528,8 +537,6 @@ class Dispatcher:
                     out.append(self._take(slot, item, fsm.START, _ops(slot.index, self._repin(code, slot, key))))
                     continue
                 if slot is not None:
-                    if len(slot.inflight) >= self.pin_depth:
-                        break
                     # RESUME (T6) is posture-gated like a new lease (for deferrable roles).
                     if not self._posture_allows(code, item, not slot.inflight):
                         return
@@ -540,8 +547,6 @@ class Dispatcher:
                 if not self._posture_allows(code, item, True):
                     return
                 slot, transitions = self._claim(code, key)
-                if slot is None:
-                    break
                 q.pop()
                 queue.n -= 1
                 out.append(self._take(slot, item, fsm.START, _ops(slot.index, transitions)))
@@ -560,6 +565,32 @@ class Dispatcher:
 
     def take_skipped(self) -> list[int]:
         out, self._skipped = self._skipped, []
+        return out
+
+    def _claimable(self, code: int) -> bool:
+        """Would `_claim` find a pin for a key of `code` that has none (changing nothing)?"""
+        if self._idle_seat(code) >= 0:
+            return True
+        return self.roles.by_code(code).elastic_repin and any(
+            not s.inflight and not s.drained for s in self._pins[code].values())
+
+    def drain_unpinnable(self) -> list[Pending]:
+        """Remove and return the queued units of keys no pin can come to without an epoch
+        boundary: the key has no pin, its role holds every pin it may (its count), none of
+        them is to be released (stale) or drained, and the role does not re-key idle pins
+        (`elastic_repin`). A pin is re-keyed only at an epoch boundary (002 §3.4, T9), and a
+        closing fleet waits for none, so these would wait for ever (the caller fails them)."""
+        out = []
+        for code, queue in enumerate(self._queues):
+            if not queue.keyed or not queue.n or self.roles.by_code(code).elastic_repin:
+                continue
+            pins = self._pins[code]
+            if self._under_count(code) or any(s.stale or s.drained for s in pins.values()):
+                continue
+            for key in [k for k in queue.by_key if k not in pins]:
+                items = queue.by_key.pop(key).drain()
+                queue.n -= len(items)
+                out.extend(items)
         return out
 
     def _claim(self, code: int, key) -> tuple[_Slot | None, tuple]:

@@ -300,6 +300,7 @@ class Supervisor:
         that free a slot or let a unit through call it, as do the operator's ops)."""
         if self.door.closing:
             self._stops.shed_deferred_at_close()
+            self._stops.fail_unpinnable()
         dispatcher, books, table = self.dispatcher, self.books, self._rig.table
         dispatcher.skip = books.skip_at_grant
         grants = dispatcher.grant()

@@ -3,7 +3,8 @@
 * `shutdown` takes no more units and waits for every unit owed (with `cancel_futures`,
   the queued ones are cancelled). It does not wait for a provider's reopening: a closed
   key may wait until midnight, so units still waiting for provider admission fail
-  Shutdown;
+  Shutdown; nor for an epoch boundary: units of a key whose role's every pin is another
+  key's (no `elastic_repin`) fail Shutdown (`Stops.fail_unpinnable`);
 * `stop(grace_s)`: queued units fail Shutdown once nothing runs or the grace has
   passed, whichever is first; in-flight ones finish;
 * `kill`: workers are killed; every unit still owed fails Shutdown.
@@ -125,6 +126,21 @@ class Stops:
             for item in self._dispatcher.drain_queue(code):
                 self._books.fail_unstarted(item.unit_id, Reason.SHUTDOWN,
                                            f"the fleet closed while cordoned ({held_by}); it never ran")
+
+    def fail_unpinnable(self) -> None:
+        """Closing: units of a key no pin can come to fail Shutdown, naming why.
+
+        A key whose role's every pin is another key's waits for an epoch boundary to
+        re-key one (002 §3.4, T9; `elastic_repin` off), and a closing fleet reaches
+        none: shutdown would wait for ever (`Dispatcher.drain_unpinnable`).
+        """
+        for item in self._dispatcher.drain_unpinnable():
+            role = self._roles.by_code(item.role)
+            self._books.fail_unstarted(
+                item.unit_id, Reason.SHUTDOWN,
+                f"the fleet closed while the unit waited for a pin for key {item.key!r}: every pin role "
+                f"{role.name} may hold ({role.slots}) is another key's, and without elastic_repin a pin "
+                f"is re-keyed only at an epoch boundary; it never ran")
 
     def _drop_gates(self, queue_like: bool, reason: str, detail: str) -> None:
         """Fail with `reason` every unit the gates of that kind keep (`Gate.queue_like`);

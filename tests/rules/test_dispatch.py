@@ -218,6 +218,56 @@ def test_a_unit_put_back_goes_before_the_units_queued_at_its_level_and_its_key_b
     assert d.queued(ROLES.code("resolve")) == 1  # 4 waits for a slot
 
 
+def test_a_key_no_pin_can_come_to_is_not_taken_up_so_a_cancel_still_takes_it(d):
+    """`skip` marks a unit's future running: it is asked only of a unit about to be granted,
+    never of a key's head while every pin is another key's (else cancel_futures could not
+    cancel it, and shutdown waited for it for ever)."""
+    for uid, key in [(1, "a"), (2, "b")]:
+        d.enqueue(_unit(uid, "solver", key))
+    d.grant()
+    d.complete(1, fsm.PINNED)  # a's pin is idle: still a's until an epoch boundary
+    asked = []
+    d.skip = lambda uid: asked.append(uid) or False
+    d.enqueue(_unit(3, "solver", "c"))
+    d.enqueue(_unit(4, "solver", "a"))
+    d.enqueue(_unit(5, "solver", "b"))
+    d.enqueue(_unit(6, "solver", "b"))
+    d.enqueue(_unit(7, "solver", "b"))
+    assert [g.unit_id for g in d.grant()] == [4, 5]  # b's pin is full at depth 2 (2 and 5)
+    assert asked == [4, 5]  # c's head, and b's beyond the pin's depth, were not asked
+
+
+def test_units_of_a_key_no_pin_can_come_to_are_the_unpinnable_ones(d):
+    solver = ROLES.code("solver")
+    for uid, key in [(1, "a"), (2, "b")]:
+        d.enqueue(_unit(uid, "solver", key))
+    d.grant()
+    d.complete(1, fsm.PINNED)
+    for uid, key in [(3, "c"), (4, "a"), (5, "c"), (6, "d")]:
+        d.enqueue(_unit(uid, "solver", key))
+    assert sorted(p.unit_id for p in d.drain_unpinnable()) == [3, 5, 6]
+    assert d.queued(solver) == 1 and [g.unit_id for g in d.grant()] == [4]
+    assert d.drain_unpinnable() == []
+
+
+def test_no_unit_is_unpinnable_while_a_pin_may_still_come_free(d):
+    solver = ROLES.code("solver")
+    d.enqueue(_unit(1, "solver", "a"))
+    d.grant()
+    d.enqueue(_unit(2, "solver", "c"))
+    assert d.drain_unpinnable() == []  # the role holds one pin of its two: c gets the other
+    d.enqueue(_unit(3, "solver", "b"))
+    d.grant()  # c takes the second pin; b waits without one
+    d.enqueue(_unit(4, "solver", "d"))
+    d.begin_epoch()  # every pin is to be released once empty: d gets one then
+    assert d.drain_unpinnable() == [] and d.queued(solver) == 2
+    e = _elastic()
+    for uid, key in [(1, "a"), (2, "b"), (3, "c")]:
+        e.enqueue(_unit(uid, "solver", key))
+    e.grant()
+    assert e.drain_unpinnable() == []  # elastic: c re-keys a pin once one is idle
+
+
 def test_skip_drops_cancelled_units(d):
     d.skip = lambda uid: uid == 2
     for uid in (1, 2, 3):
