@@ -79,10 +79,9 @@ def test_a_leaking_worker_is_recycled_between_units_and_no_unit_fails(fleet_name
 
 def test_units_sent_ahead_to_a_recycled_worker_run_on_its_successor(fleet_name, fresh_mib):
     """Submitted at once, so units wait sent ahead behind the one that recycles its worker:
-    each still solves exactly once, on the successor (mutation: the worker keeps running
-    the batch it took after deciding to recycle, i.e. `_Retire` raised only once the batch
-    is done, is still green: the death path puts back what was never started; the
-    mutation that goes red is the planned set without EXIT_RECYCLED)."""
+    each still solves exactly once, on the successor (mutations that turn it red: the
+    worker's check removed; the planned set without EXIT_RECYCLED; the RECYCLING note
+    not kept)."""
     bound = int(fresh_mib) + LEAKS_PER_LIFE * LEAK_MIB
     with running(_one_seat(fleet_name, max_rss_mib=bound, lookahead=8)) as f:
         futures = [f.submit("leaky") for _ in range(UNITS)]
