@@ -158,6 +158,7 @@ class SeatDeaths:
         if status == EXIT_RECYCLED:
             role = "?" if recycled is None else self._roles.by_code(recycled[0]).name
             self.recycles[role] = self.recycles.get(role, 0) + 1
+            self._publisher.recycled(role)
             rss, bound = ("?", "?") if recycled is None else (f"{recycled[1] / MIB:.1f}", f"{recycled[2] / MIB:.0f}")
             log.info("fleet %s: worker pid %d of seat %s recycled: RSS %s MiB over role %s's max_rss_mib %s MiB; replaced",
                      self._name, pid, name, rss, role, bound)

@@ -16,6 +16,7 @@ import fleet
 from fleet.rules import posture as posture_mod
 from tests.fleets import config, role, running, worker_pids
 from tests.handlers import LEAK_MIB
+from tests.service.test_metrics import scrape, value
 
 WAIT_S = 120.0
 UNITS = 40
@@ -23,11 +24,13 @@ UNITS = 40
 LEAKS_PER_LIFE = 4
 
 
-def _one_seat(name: str, **fields) -> dict:
+def _one_seat(name: str, metrics: bool = False, **fields) -> dict:
     # One slot, no look-ahead across seats: one seat, every unit on it, in turn; restart
     # intensity 0 deaths: a recycle counted as a death would stop the role at once.
     cfg = config(name, {"leaky": role("leak", slots=1, **fields)}, restart={"max_restarts": 0, "within_seconds": 60})
     cfg["fleet"]["cpus"] = 2
+    if metrics:
+        cfg["metrics"] = {"enabled": True, "port": 0}
     return cfg
 
 
@@ -53,10 +56,11 @@ def _causes(f) -> set:
 def test_a_leaking_worker_is_recycled_between_units_and_no_unit_fails(fleet_name, fresh_mib, caplog):
     """Mutations that turn it red: the worker's check removed (pid never changes); the
     supervisor's planned set without EXIT_RECYCLED (a LaneDeath cordon; the role stops at
-    once with max_restarts 0, units fail); the RECYCLING note not counted (recycles {})."""
+    once with max_restarts 0, units fail); the RECYCLING note not kept (recycles counted
+    under "?"); the publisher's `recycled` not called (no fleet_worker_recycles_total)."""
     bound = int(fresh_mib) + LEAKS_PER_LIFE * LEAK_MIB
     caplog.set_level(logging.INFO, logger="fleet.runtime.seat_deaths")
-    with running(_one_seat(fleet_name, max_rss_mib=bound)) as f:
+    with running(_one_seat(fleet_name, metrics=True, max_rss_mib=bound)) as f:
         first = worker_pids(f)
         results = [f.submit("leaky").result(WAIT_S) for _ in range(UNITS)]
         pids = [pid for pid, _ in results]
@@ -75,6 +79,8 @@ def test_a_leaking_worker_is_recycled_between_units_and_no_unit_fails(fleet_name
         lines = [r.getMessage() for r in caplog.records if "recycled" in r.getMessage()]
         assert len(lines) == changes
         assert f"max_rss_mib {bound} MiB" in lines[0] and "RSS " in lines[0]
+        samples = scrape(f._sup._rig.publisher.metrics.url)
+        assert value(samples, "fleet_worker_recycles_total", role="leaky") == changes
 
 
 def test_units_sent_ahead_to_a_recycled_worker_run_on_its_successor(fleet_name, fresh_mib):
