@@ -218,3 +218,19 @@ def marked_or_die(unit):
     if die:
         os.kill(os.getpid(), signal.SIGKILL)
     return data
+
+
+_LEAKED: list = []  # what `leak` kept: it grows by LEAK_MIB per call for the worker's life
+LEAK_MIB = 4
+
+
+def rss_mib() -> float:
+    """This process's resident MiB (/proc/self/statm, as fleet.worker.process reads it)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def leak(unit):
+    """Keep LEAK_MIB more, written (resident); (pid, resident MiB after the call)."""
+    _LEAKED.append(b"x" * (LEAK_MIB << 20))
+    return os.getpid(), rss_mib()

@@ -41,6 +41,7 @@ from fleet.shm.segments import reclaim_stale_of
 from fleet.shm import dataplane  # noqa: F401
 from fleet.shm.table import segment  # noqa: F401
 from fleet.rules.quota import detected_from
+from fleet.rules.ranges import config_range
 from fleet.rules.roles import Role
 from fleet.rules.unit import FleetClosed
 
@@ -99,6 +100,9 @@ class Executor(_StdExecutor):
             broken: pending and later calls raise BrokenProcessPool.
         max_tasks_per_child: calls (a chunk of `map` counts once) a worker runs
             before it is replaced by a fresh one (default: no limit).
+        max_rss_mib: a worker whose resident memory is above this many MiB after a
+            call is replaced by a fresh one, its call's result delivered first
+            (default: never; fleet's own, a role's `max_rss_mib`; docs/executor.md).
         oversubscribe: let `max_workers` exceed the quota's cores (fleet's own
             opt-in; not a ProcessPoolExecutor argument).
         max_parcel_bytes: most bytes of arguments held beside the rings at once (those
@@ -108,9 +112,9 @@ class Executor(_StdExecutor):
             `limits.max_parcel_bytes` of a fleet's config).
 
     Raises:
-        ValueError: max_workers < 1, max_tasks_per_child < 1.
-        TypeError: an initializer that is not callable, a max_tasks_per_child that is
-            not an int, an mp_context that is not a multiprocessing context.
+        ValueError: max_workers < 1, max_tasks_per_child < 1, max_rss_mib out of range.
+        TypeError: an initializer that is not callable, a max_tasks_per_child or
+            max_rss_mib that is not an int, an mp_context that is not a multiprocessing context.
         PayloadUnpicklable: the initializer or its initargs cannot be pickled.
         BootRefused: the host cannot run a worker (below 1 CPU).
     """
@@ -118,9 +122,10 @@ class Executor(_StdExecutor):
     def __init__(self, max_workers: int | None = None, mp_context: BaseContext | None = None,
                  initializer: Callable | None = None, initargs: tuple = (), *,
                  max_tasks_per_child: int | None = None, oversubscribe: bool = False,
-                 max_parcel_bytes: int | None = None):
+                 max_parcel_bytes: int | None = None, max_rss_mib: int | None = None):
         check_not_importing_main("fleet.Executor")  # the workers import __main__: no executor made there
         _check_args(max_workers, mp_context, initializer, max_tasks_per_child)
+        _check_rss(max_rss_mib)
         from fleet.host.system import Host
 
         limit = Host().effective_cpus()
@@ -135,6 +140,8 @@ class Executor(_StdExecutor):
                         limit.cpus, detected_from(limit), cores, "" if cores == 1 else "es", workers)
             workers, over = cores, False
         role = {"handler": HANDLER, "slots": workers, "queue_bound": QUEUE_BOUND, "lookahead": MAX_LOOKAHEAD}
+        if max_rss_mib is not None:
+            role["max_rss_mib"] = max_rss_mib
         if over:
             role["peak_cpus"] = workers  # forced pinned, oversubscribed: the plan says so (fleet.rules.plan)
         config = load_config({
@@ -249,3 +256,14 @@ def _check_args(max_workers, mp_context, initializer, max_tasks_per_child) -> No
             raise TypeError("max_tasks_per_child must be an integer")
         if max_tasks_per_child <= 0:
             raise ValueError("max_tasks_per_child must be >= 1")
+
+
+def _check_rss(max_rss_mib) -> None:
+    """fleet's own keyword: an int in the range of a role's max_rss_mib (fleet.rules.ranges)."""
+    if max_rss_mib is None:
+        return
+    if isinstance(max_rss_mib, bool) or not isinstance(max_rss_mib, int):
+        raise TypeError(f"max_rss_mib must be an int (MiB) or None, got {max_rss_mib!r}")
+    why = config_range("roles.*.max_rss_mib").problem(max_rss_mib)
+    if why:
+        raise ValueError(f"max_rss_mib {why}")

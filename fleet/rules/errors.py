@@ -35,6 +35,7 @@ EXIT_CLOCK_SKEW = 95  # fleetctl store check: the host and the store's database 
 EXIT_WORKER_BROKEN = 70  # EX_SOFTWARE: the worker crashed out of its run loop
 EXIT_INIT_FAILED = 78  # EX_CONFIG: its initializer raised (the supervisor stops its seat's roles)
 EXIT_RETIRED = 79  # it ran its max_tasks units (the supervisor forks its seat again)
+EXIT_RECYCLED = 76  # its RSS passed its role's max_rss_mib after a unit (the supervisor forks its seat again)
 
 # fleet-burst's own (a program of its own: usage is sysexits' 64 there).
 EXIT_BURST_USAGE = 64  # bad arguments (EX_USAGE)

@@ -116,6 +116,8 @@ CONFIG = {
     "roles.*.peak_cpus": _CORES,
     "roles.*.timeout_s": UNIT_TIMEOUT_S,
     "roles.*.lookahead": Range(0, 64, unit="units"),
+    # A worker at least this big recycles after every unit: 1 MiB..1 TiB
+    "roles.*.max_rss_mib": Range(1, 1 << 20, unit="MiB"),
     "limits.max_payload_bytes": Range(1, 1 << 48, unit="bytes"),
     "limits.max_parcel_bytes": Range(1, 1 << 48, unit="bytes"),
     "restart.max_restarts": Range(0, 1_000_000),

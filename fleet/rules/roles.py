@@ -33,8 +33,8 @@ class UnknownRoleError(FleetError, KeyError):
         return self.args[0]
 
 
-_NUMBERS = ("queue_bound", "slots", "lookahead", "peak_cpus", "timeout_s")
-_MAY_BE_NONE = ("peak_cpus", "timeout_s")
+_NUMBERS = ("queue_bound", "slots", "lookahead", "peak_cpus", "timeout_s", "max_rss_mib")
+_MAY_BE_NONE = ("peak_cpus", "timeout_s", "max_rss_mib")
 
 
 def _in_range(path: str, value) -> None:
@@ -75,6 +75,10 @@ class Role:
             round trip. Sent ahead only while the role's queue holds at least as many
             units as each of its slots would then have waiting on it. An I/O-bound role
             sends at most one ahead per slot (its units wait far longer than the trip).
+        max_rss_mib: recycle a worker whose resident memory is above this many MiB after
+            it ran a unit of this role: it reports the unit, then exits and its seat is
+            forked again (no unit fails, no death is counted; None: never). Not for an
+            I/O-bound role, whose worker runs several units at once.
     """
 
     name: str
@@ -88,6 +92,7 @@ class Role:
     timeout_s: float | None = None
     elastic_repin: bool = False
     lookahead: int = 16
+    max_rss_mib: int | None = None
 
     def __post_init__(self):
         where = f"roles.{self.name}"
@@ -106,6 +111,9 @@ class Role:
             value = getattr(self, name)
             if value is not None or name not in _MAY_BE_NONE:
                 _in_range(f"{where}.{name}", value)
+        if self.max_rss_mib is not None and self.io_bound:
+            raise ConfigError(f"{where}.max_rss_mib", "an I/O-bound role's worker runs several units at once: "
+                              "it has no point between units to be recycled at")
         if self.kind == "singleton" and self.slots != 1:
             raise ConfigError(f"{where}.slots", "a singleton role holds exactly one slot")
         if not isinstance(self.elastic_repin, bool):

@@ -571,6 +571,7 @@ _ROLE_TYPES = {
     "timeout_s": "float?",
     "elastic_repin": "bool",
     "lookahead": "int",
+    "max_rss_mib": "int?",
 }
 
 

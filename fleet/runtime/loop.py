@@ -502,6 +502,10 @@ class Supervisor:
         """Worker pid per seat (a copy, taken on the loop)."""
         return self.call(lambda: dict(self.seats.workers.pids), view=True)
 
+    def recycles(self) -> dict:
+        """Workers recycled per role name after passing its `max_rss_mib` (a copy, taken on the loop)."""
+        return self.call(lambda: dict(self._deaths.recycles), view=True)
+
     def queued(self, role: str) -> int:
         """Units of `role` waiting for a slot (taken on the loop)."""
         code = self.roles.code(role)

@@ -34,6 +34,11 @@ class Publisher:
         """A unit's makespan (accept to outcome, fleet.runtime.spans), held as run times are."""
         self._makespans.append((role, key, epoch, seconds))
 
+    def recycled(self, role: str) -> None:
+        """A worker was recycled after a unit of `role` (max_rss_mib): counted in the metrics."""
+        if self.metrics is not None:
+            self.metrics.count_recycle(role)
+
     def units(self) -> None:
         """The one point unit counters and run times are published, before the futures
         they count resolve: the table's ledger, then the metrics' counters and histogram

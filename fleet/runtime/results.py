@@ -46,6 +46,9 @@ class Results:
         self._table, self._roles, self._host, self._publisher = table, roles, host, publisher
         self._dispatch, self._relay, self._recorder = dispatch, relay, recorder
         self._run_observer = None
+        #: seat -> (role code, RSS bytes, bound bytes) its worker sent as it left to be
+        #: recycled (max_rss_mib); the seat's death handling takes it (fleet.runtime.seat_deaths)
+        self.recycling: dict[int, tuple[int, int, int]] = {}
         # `paced`: what each role sends ahead to a busy slot follows its units' run time
         # (fleet.rules.pace), enough to keep a worker busy and no more out of cancel's reach.
         self._pace = Pace(dispatcher.ahead_caps()) if paced else None
@@ -107,6 +110,9 @@ class Results:
             unit = books.get(unit_id)
             if unit is not None and unit.timeout is not None and self._sent_to(unit_id, slot, seat):
                 self._deadlines.arm(unit, self._host.monotonic())
+            return
+        if tag == M.RECYCLING and len(view) >= M.RECYCLING_HEAD.size:
+            self.recycling[seat] = M.RECYCLING_HEAD.unpack_from(view)
             return
         if tag != M.RESULT or len(view) < M.RESULT_HEAD.size:
             books.stray(self._seats.name(seat), f"a message that is no result ({len(view)} bytes, tag {tag})")

@@ -34,9 +34,10 @@ from fleet.rules import posture as posture_mod
 from fleet.rules.intensity import Deaths
 from fleet.rules.vocab import Reason
 from fleet.runtime import deaths as deaths_mod
-from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_RETIRED
+from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_RECYCLED, EXIT_RETIRED
 
 log = logging.getLogger(__name__)
+MIB = 1 << 20
 
 
 class RoleStops:
@@ -75,6 +76,8 @@ class SeatDeaths:
         self._seats, self._results, self._books, self._dispatcher = seats, results, books, dispatcher
         self._table, self._deadlines, self._role_stops, self._posture = table, deadlines, role_stops, posture
         self._publisher, self._host, self._dispatch, self._closing = publisher, host, dispatch, closing
+        #: role name -> workers recycled after one of its units passed its max_rss_mib (the loop writes)
+        self.recycles: dict[str, int] = {}
 
     def hear(self) -> None:
         """Read what the zygote sent and which workers died (the news counts first: news
@@ -104,6 +107,7 @@ class SeatDeaths:
         workers, books, dispatcher = self._seats.workers, self._books, self._dispatcher
         workers.gone(seat, pid)
         self._results.take_delivered(seat)
+        recycled = self._results.recycling.pop(seat, None)  # what it said as it left, if it was recycled
         # What it sent is read: a parcel it made and never sent (killed mid-transfer) is no one's
         parcels.sweep(self._name, pid)
         # Tasks it never took would run again on its successor: drop them.
@@ -126,11 +130,12 @@ class SeatDeaths:
         dead_roles = {item.role for (item, _slot), unit in zip(lost, owed) if unit.started}
         self._reset_slots(seat)
         ours = workers.killed_by_us(pid)
-        planned = status in (EXIT_RETIRED, EXIT_INIT_FAILED) and not ours
+        planned = status in (EXIT_RETIRED, EXIT_RECYCLED, EXIT_INIT_FAILED) and not ours
         if planned:
-            # No death: it ran its max_tasks (replaced, as any seat is), or its initializer
-            # failed (every worker would: its roles stop; fleet.worker.prepare).
-            keep = self._worker_exited(seat, pid, status)
+            # No death: it ran its max_tasks or passed its role's max_rss_mib (replaced, as
+            # any seat is; what was sent ahead to it went back to the queue above, unrun), or
+            # its initializer failed (every worker would: its roles stop; fleet.worker.prepare).
+            keep = self._worker_exited(seat, pid, status, recycled)
         else:
             # Count the death first: a role past its limit is stopped before anything could
             # be granted to the seat again (a cordon change below dispatches).
@@ -146,9 +151,18 @@ class SeatDeaths:
         self._dispatch()
         self._publisher.units()
 
-    def _worker_exited(self, seat: int, pid: int, status: int) -> bool:
-        """A worker that left on purpose (`seat_died`): True to fork its seat again."""
+    def _worker_exited(self, seat: int, pid: int, status: int, recycled: tuple | None = None) -> bool:
+        """A worker that left on purpose (`seat_died`): True to fork its seat again.
+        `recycled`: (role code, RSS bytes, bound bytes) a recycled worker sent as it left."""
         name = self._layout.seats[seat].name
+        if status == EXIT_RECYCLED:
+            role = "?" if recycled is None else self._roles.by_code(recycled[0]).name
+            self.recycles[role] = self.recycles.get(role, 0) + 1
+            self._publisher.recycled(role)
+            rss, bound = ("?", "?") if recycled is None else (f"{recycled[1] / MIB:.1f}", f"{recycled[2] / MIB:.0f}")
+            log.info("fleet %s: worker pid %d of seat %s recycled: RSS %s MiB over role %s's max_rss_mib %s MiB; replaced",
+                     self._name, pid, name, rss, role, bound)
+            return True
         if status == EXIT_RETIRED:
             log.info("fleet %s: worker pid %d of seat %s ran its max_tasks; replaced", self._name, pid, name)
             return True

@@ -19,6 +19,8 @@ What is exported (names as scraped):
 * ``fleet_table_torn_records`` and ``fleet_table_readable`` (0 when the provider failed:
   the scrape still succeeds and says so, rather than erroring).
 * ``fleet_unit_run_seconds{role}`` — histogram fed by the supervisor.
+* ``fleet_worker_recycles_total{role}`` — workers replaced after a unit of the role left
+  them above its ``max_rss_mib`` (fed by the supervisor; a role appears at its first).
 * ``fleet_unit_makespan_seconds{role,key,epoch}`` — histogram of each unit's makespan, from its
   accept to its outcome (002 §7), whatever the outcome. ``key`` is the pinned key of a keyed
   role (``""`` for the others); the first `MAKESPAN_KEYS` keys of a role have their own series,
@@ -296,6 +298,7 @@ class FleetMetrics:
         self._makespans: dict[tuple, tuple[list[int], float]] = {}
         self._keys: dict[str, set] = {}
         self._folded: dict[str, int] = {}  # role -> units whose key shares OTHER_KEY
+        self._recycles: dict[str, int] = {}  # role -> workers recycled (max_rss_mib)
         self._epochs: set[int] = set()  # the epochs whose makespan series are kept
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(FleetCollector(provider, clock=clock, units=self._units_view))
@@ -340,6 +343,11 @@ class FleetMetrics:
         _check_seconds(seconds)
         with self._lock:
             self._observe_locked(role, seconds)
+
+    def count_recycle(self, role: str) -> None:
+        """One worker recycled after a unit of `role` (max_rss_mib). Thread-safe."""
+        with self._lock:
+            self._recycles[role] = self._recycles.get(role, 0) + 1
 
     def _observe_locked(self, role: str, seconds: float) -> None:
         counts, total = self._runs.get(role) or ([0] * (len(self._bounds) + 1), 0.0)
@@ -392,11 +400,18 @@ class FleetMetrics:
             run_series = {(role,): (list(counts), total) for role, (counts, total) in self._runs.items()}
             makespan_series = {(r, k, str(e)): (list(c), t) for (r, k, e), (c, t) in self._makespans.items()}
             folds = dict(self._folded)
+            recycled = dict(self._recycles)
         self._add_series(runs, run_series)
         self._add_series(makespan, makespan_series)
         for role in sorted(folds):
             folded.add_metric((role,), folds[role])
-        return ledger, [runs, makespan, folded]
+        recycles = CounterMetricFamily(
+            "fleet_worker_recycles", "Workers replaced after a unit of the role left them above its max_rss_mib.",
+            labels=("role",),
+        )
+        for role in sorted(recycled):
+            recycles.add_metric((role,), recycled[role])
+        return ledger, [runs, makespan, folded, recycles]
 
     def _add_series(self, family: HistogramMetricFamily, series: dict) -> None:
         for labels in sorted(series):
@@ -481,6 +496,10 @@ class MetricsServer:
     def observe_run(self, role: str, seconds: float) -> None:
         """Shortcut for ``self.metrics.observe_run``."""
         self.metrics.observe_run(role, seconds)
+
+    def count_recycle(self, role: str) -> None:
+        """Shortcut for ``self.metrics.count_recycle``."""
+        self.metrics.count_recycle(role)
 
     def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = (),
                       makespans: Iterable[tuple] = ()) -> None:

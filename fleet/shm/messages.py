@@ -14,6 +14,7 @@ import struct
 TASK = 1  # supervisor -> worker: run a unit
 RESULT = 2  # worker -> supervisor: a unit's outcome
 STARTED = 3  # worker -> supervisor: a unit with a timeout began running
+RECYCLING = 4  # worker -> supervisor: after its last result, it exits to be replaced (max_rss_mib)
 
 # --- task flags ---------------------------------------------------------------------
 F_CHUNK = 1  # the body holds a list of payloads (Fleet.map with chunksize > 1)
@@ -45,3 +46,5 @@ ST_CHUNK_FAILED = 10  # some item failed (HandlerError)
 RESULT_HEAD = struct.Struct("<QIBBddd")
 #: unit id, slot
 STARTED_HEAD = struct.Struct("<QI")
+#: role code of the unit after which it looked, its resident bytes, the role's bound in bytes
+RECYCLING_HEAD = struct.Struct("<HQQ")

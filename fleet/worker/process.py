@@ -47,7 +47,7 @@ from fleet.rules.outcomes import Refused
 from fleet.shm.table.layout import FLAG_CLOSING
 from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
 from fleet.worker import calls, strays
-from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_OK, EXIT_RETIRED
+from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_OK, EXIT_RECYCLED, EXIT_RETIRED
 from fleet.worker.prepare import run_initializer
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,22 @@ NO_CPU = float("nan")
 
 
 class _Retire(Exception):
-    """This worker has run its `max_tasks` units (fleet.worker.prepare)."""
+    """This worker has run its `max_tasks` units (fleet.worker.prepare), or (`status`
+    EXIT_RECYCLED) its RSS passed its role's `max_rss_mib` after a unit."""
+
+    def __init__(self, status: int = EXIT_RETIRED):
+        super().__init__(status)
+        self.status = status
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    """This process's resident set, from /proc/self/statm (one small read, ~11 us on the dev host;
+    the resident pages are its second field)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
 
 
 class Worker:
@@ -95,6 +110,8 @@ class Worker:
         self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
         self._async = [inspect.iscoroutinefunction(h) for h in handlers]
         self._io_bound = [r.io_bound for r in roles]
+        #: bytes of RSS above which a unit of the role recycles this worker (None: never looked at)
+        self._rss_bound = [None if r.max_rss_mib is None else r.max_rss_mib << 20 for r in roles]
         self._io_slots = self._count_io_slots()  # 0: no I/O-bound role has slots on this seat
         self.io: IoRunner | None = None  # made by `run` on a seat with I/O slots
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -126,10 +143,10 @@ class Worker:
                     self.tasks.wait(HELD_RETRY_S if self.held else None, spin_s=IDLE_SPIN_S)
                     continue
                 self._tasks(batch)
-        except _Retire:
+        except _Retire as retire:
             # The tasks taken from the ring and not run go back to their queues, unrun: the
             # supervisor finds them owed by this seat, never started (fleet.runtime.deaths).
-            return EXIT_RETIRED
+            return retire.status
 
     def _look_at_held(self) -> None:
         if self.held and not cordon.halts_any(int(self.table.posture[0])):
@@ -267,6 +284,16 @@ class Worker:
         status, out, elapsed, cost, cpu = self._execute(unit_id, role, flags, body)
         status, out, final = self._finish(unit_id, slot, role, status, out)
         self._send(unit_id, slot, status, final, elapsed, out, cost=cost, cpu=cpu)
+        bound = self._rss_bound[role]
+        if bound is not None:  # read only when the role asks: its result is out, nothing of it is lost
+            rss = rss_bytes()
+            if rss > bound:
+                note = M.RECYCLING_HEAD.pack(role, rss, bound)
+                while not self.results.push(M.RECYCLING, note):
+                    self.bell.ring()  # as _send: the supervisor may be asleep with a full ring
+                    self.results.wait_space(len(note), 1.0)
+                self.bell.ring()
+                raise _Retire(EXIT_RECYCLED)
         if self.tasks_left is not None:
             self.tasks_left -= 1
             if self.tasks_left <= 0:
