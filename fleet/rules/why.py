@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from fleet.rules import cordon
 from fleet.rules.errors import EXIT_DATA, FleetError
-from fleet.rules.vocab import CLASS_DEFERRABLE, CLASS_FLOOR, CLASS_NAMES, POSTURE_NAMES
+from fleet.rules.vocab import CLASS_DEFERRABLE, CLASS_FLOOR, CLASS_NAMES, POSTURE_NAMES, BulkheadState, lease_states
 from fleet.rules.when import utc
 
 ENDED, RUNNING, KEY, BEHIND, PROVIDER, LEASE = "ended", "running", "key", "behind", "provider", "lease"
@@ -123,7 +123,7 @@ def _granted(facts: dict) -> dict:
 
 
 def _provider_text(unit: int, gate: dict) -> str:
-    hold = {"closed": "its provider pool is closed", "backoff": "its provider pool backs off"}.get(
+    hold = {BulkheadState.CLOSED: "its provider pool is closed", BulkheadState.BACKOFF: "its provider pool backs off"}.get(
         gate.get("hold"), "its provider admission has no seat for it yet")
     until = f" until {utc(gate['until'])}" if gate.get("until") else ""
     text = f"unit {unit} waits for its provider ({gate['route']}): {hold}{until} ({gate['why']})"
@@ -133,7 +133,7 @@ def _provider_text(unit: int, gate: dict) -> str:
 
 
 def _lease_text(unit: int, gate: dict) -> str:
-    if gate.get("state") != "queued":
+    if gate.get("state") != lease_states.QUEUED:
         return f"unit {unit} waits for its host-group lease: its request is on its way to the store"
     ahead = gate["ahead"]
     text = (f"unit {unit} waits for its host-group lease: request {gate['request']} is number {gate['position']} "

@@ -530,7 +530,7 @@ class HostGroupLease:
         if unit_id not in self._held:
             return None
         found = self._gate.standing.get(unit_id)
-        return {"kind": "lease", "state": "queued" if found is not None else "asking", **(found or {})}
+        return {"kind": "lease", "state": lease_states.QUEUED if found is not None else "asking", **(found or {})}
 
     def admit(self, unit) -> str:
         unit_id = unit.unit_id

@@ -76,7 +76,7 @@ from admission.pool import (
 
 from fleet.rules.errors import FleetError
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED
-from fleet.rules.vocab import Reason
+from fleet.rules.vocab import BulkheadState, Reason
 from admission.route import Route
 from fleet.rules.unit import BadUnit, Outcome
 from fleet.worker import codec
@@ -432,9 +432,9 @@ class ProviderGate:
         if b is not None:
             t = self.pool.now()
             if b.closed_until > t.wall:
-                hold, cause = "closed", b.cause
+                hold, cause = BulkheadState.CLOSED, b.cause
             elif b.backoff_until > t.mono:
-                hold = "backoff"
+                hold = BulkheadState.BACKOFF
         return {"kind": "provider", "hold": hold, "cause": cause, **found}
 
     def census(self) -> dict:

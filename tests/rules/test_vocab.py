@@ -58,6 +58,10 @@ OTHER_VOCABULARIES = {
     ("fleet/__init__.py", "Refused"): "a public name (the exception a handler raises)",
     ("fleet/__init__.py", "RoleStopped"): "a public name (the error of a unit whose role stopped)",
     ("admission/__init__.py", "Refused"): "a public name (the exception a handler raises)",
+    ("fleet/rules/why.py", "queued"): "a why state, and the field of a queued unit's facts",
+    ("fleet/runtime/why.py", "queued"): "the field of a queued unit's facts (fleet.rules.why)",
+    ("fleet/rules/why.py", "floor"): "a role's room: its intake floor, a count of slots",
+    ("fleet/rules/dispatch.py", "floor"): "a role's room: its intake floor, a count of slots",
 }
 
 
