@@ -20,6 +20,7 @@ import uuid
 
 import pytest
 
+from admission.store import Request, open_store
 from tests.quotas import breaches
 
 BACKENDS = ("sqlite", "postgresql")
@@ -150,6 +151,26 @@ def stores(backend, tmp_path, request):
 def store_url(stores):
     """One fresh store url for this test, on the parametrized backend."""
     return stores.new_url()
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def store(store_url, clock):
+    """Orchestrator orch-a's handle on this test's store, on the fake clock."""
+    s = open_store(store_url, actor="orch-a", clock=clock)
+    yield s
+    s.close()
+
+
+def req(rid, **kw) -> Request:
+    """A request of orch-a's (prod, openai, container) unless `kw` says otherwise."""
+    fields = dict(orchestrator="orch-a", environment="prod", provider="openai", tier="container")
+    fields.update(kw)
+    return Request(rid, **fields)
 
 
 class FakeClock:

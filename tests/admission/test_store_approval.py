@@ -41,19 +41,7 @@ from admission.store import (
     rules,
 )
 
-from ..store_backends import FakeClock, backend, pg_dsn, quota_history_violations, store_url, stores  # noqa: F401
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def store(store_url, clock):
-    s = open_store(store_url, actor="orch-a", clock=clock)
-    yield s
-    s.close()
+from ..store_backends import FakeClock, backend, pg_dsn, quota_history_violations, clock, req, store, store_url, stores  # noqa: F401
 
 
 @pytest.fixture
@@ -62,12 +50,6 @@ def operator(store_url, clock):
     s = open_store(store_url, actor="fleetctl@host", clock=clock, create=False)
     yield s
     s.close()
-
-
-def req(rid, **kw) -> Request:
-    fields = dict(orchestrator="orch-a", environment="prod", provider="openai", tier="container")
-    fields.update(kw)
-    return Request(rid, **fields)
 
 
 # ----------------------------------------------------------------------------- approval waits

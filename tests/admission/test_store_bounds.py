@@ -15,30 +15,12 @@ import pytest
 
 from admission.store import ADMITTED, BadRequest, Policy, QuotaConfigInvalid, Request, open_store
 
-from ..store_backends import FakeClock, backend, pg_dsn, store_url, stores  # noqa: F401
+from ..store_backends import FakeClock, backend, pg_dsn, clock, req, store, store_url, stores  # noqa: F401
 
 MILLION = 1_000_000
 INT32 = (-(2**31), 2**31 - 1)
 DAY, WEEK = 86_400, 7 * 86_400
 NOT_NUMBERS = [True, "1", None, float("nan"), float("inf")]
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def store(store_url, clock):
-    s = open_store(store_url, actor="orch-a", clock=clock)
-    yield s
-    s.close()
-
-
-def req(rid, **kw) -> Request:
-    fields = dict(orchestrator="orch-a", environment="prod", provider="openai", tier="container")
-    fields.update(kw)
-    return Request(rid, **fields)
 
 
 def _still_usable(store, rid="after"):
