@@ -56,3 +56,17 @@ def reaper():
                 os.waitpid(pid, 0)
         except (ChildProcessError, OSError):
             pass
+
+
+def _holds_one_worker_long(item) -> bool:
+    """The VM suite's tests: one boot, shared, that keeps one xdist worker for minutes."""
+    mark = item.get_closest_marker("xdist_group")
+    return mark is not None and mark.args[:1] == ("vm",)
+
+
+def pytest_collection_modifyitems(config, items):
+    # The VM group is the longest piece of the suite and runs on one worker: collected first,
+    # it is handed out first and runs beside the rest, instead of starting when the rest
+    # ends and adding its whole length to the run. (A stable sort: every other test keeps
+    # its order.)
+    items.sort(key=lambda item: 0 if _holds_one_worker_long(item) else 1)
