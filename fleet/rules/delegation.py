@@ -156,7 +156,9 @@ def decide(facts: Facts) -> Arrangement:
     kind = hierarchy(facts)
     root, in_leaf = ours(facts)
     if root is not None and kind == PURE_V2:
-        if not facts.arrange:
+        # In a leaf of a delegated group the fleet arranged itself already: any reader of
+        # it (fleetd's own, long after boot) gets the same answer, asked to arrange or not.
+        if not (facts.arrange or in_leaf):
             return _embedded(facts, kind, root, ("the group is delegated, but this fleet is embedded in a program: "
                                                  "its group is the program's and is not rearranged",))
         return _delegated(facts, root, in_leaf)
@@ -203,12 +205,17 @@ def _embedded(facts: Facts, kind: str, own: Group | None, notes: tuple) -> Arran
 
 def _in_group(group: Group | None, name: str) -> Read | None:
     """`name` in `group` when the group has it; cpu.stat counts throttling only where the
-    cpu controller is on (without it the file has usage alone: no reading for the posture)."""
+    cpu controller is on (without it the file has usage alone: no reading for the posture),
+    memory.events only where the memory controller is (a hybrid host's cgroup2 has neither)."""
     if group is None or name not in group.files:
         return None
-    if name == CPU_STAT and "cpu" not in group.controllers:
+    if _NEEDS.get(name, "") and _NEEDS[name] not in group.controllers:
         return None
     return Read(posixpath.join(group.path, name), 2, True)
+
+
+#: The controller a reading needs in its group (PSI files need none).
+_NEEDS = {CPU_STAT: "cpu", MEMORY_EVENTS: "memory"}
 
 
 def _host(facts: Facts, name: str) -> Read | None:
