@@ -424,23 +424,13 @@ def read_psi(path: str = "/proc/pressure/cpu", root: str = "/") -> Pressure:
 def pressure_file(root: str = "/", pid: str = "self") -> tuple[str | None, bool]:
     """The CPU pressure file to watch for process `pid`: (path, own group).
 
-    Its own cgroup2 group's ``cpu.pressure`` when it sits in one below the root (a
-    delegated service group: pressure there is this fleet's own), else the host-wide
-    ``/proc/pressure/cpu`` (own group False: other tenants' load shows there too), else
-    (None, False) when the kernel has no PSI.
+    The ``cpu.pressure`` of the group `own_group` names (a delegated service group, or its
+    own cgroup2 group below the root: pressure there is this fleet's own), else the
+    host-wide ``/proc/pressure/cpu`` (own group False: other tenants' load shows there
+    too), else (None, False) when the kernel has no PSI.
     """
-    cg_text = _read_text(root, f"/proc/{pid}/cgroup")
-    mi_text = _read_text(root, f"/proc/{pid}/mountinfo")
-    if cg_text is not None and mi_text is not None:
-        membership = parse_proc_cgroup(cg_text)
-        v2 = next((m for m in parse_mountinfo(mi_text) if m.fstype == "cgroup2"), None)
-        if v2 is not None and membership.v2 not in (None, "/"):
-            path = _dir_under(v2, membership.v2)
-            if path is not None and os.path.exists(_join(root, path + "/cpu.pressure")):
-                return path + "/cpu.pressure", True
-    if os.path.exists(_join(root, "/proc/pressure/cpu")):
-        return "/proc/pressure/cpu", False
-    return None, False
+    read = own_group(root, pid).reads.get(delegation.CPU_PRESSURE)
+    return (None, False) if read is None else (read.path, read.own)
 
 
 class PsiTrigger:

@@ -107,6 +107,7 @@ class Arrangement:
     group: str | None
     delegated: bool
     arranged: bool = False
+    mount: str | None = None  # the cgroup2 mount point (a delegated group's ancestors stop there)
     leaves: dict = field(default_factory=dict)
     move_self: bool = False
     enable: tuple = ()
@@ -184,7 +185,7 @@ def _delegated(facts: Facts, root: Group, in_leaf: bool) -> Arrangement:
             reads[name] = _host(facts, name)
             notes.append(_missing(name, root, reads[name]))
     move_self = not (in_leaf and facts.own.path == leaves[SUPERVISOR])
-    return Arrangement(PURE_V2, root.path, True, True, leaves, move_self, enable, reads, tuple(notes))
+    return Arrangement(PURE_V2, root.path, True, True, facts.v2_mount, leaves, move_self, enable, reads, tuple(notes))
 
 
 def _embedded(facts: Facts, kind: str, own: Group | None, notes: tuple) -> Arrangement:
@@ -200,7 +201,8 @@ def _embedded(facts: Facts, kind: str, own: Group | None, notes: tuple) -> Arran
             notes.append(_missing(name, group, read, facts))
         reads[name] = read
     group_path = group.path if group is not None else (reads[CPU_STAT].path.rsplit("/", 1)[0] if reads[CPU_STAT] else None)
-    return Arrangement(kind, group_path, own is not None and own.marked, reads=reads, notes=tuple(notes))
+    return Arrangement(kind, group_path, own is not None and own.marked, mount=facts.v2_mount, reads=reads,
+                       notes=tuple(notes))
 
 
 def _in_group(group: Group | None, name: str) -> Read | None:
@@ -249,7 +251,8 @@ def describe(meta: dict | None) -> list[str]:
         head += "; leaves " + ", ".join(f"{name}/" for name in meta["leaves"])
     lines = [head]
     parts = []
-    for name, r in meta["reads"].items():
+    for name in READINGS:  # in this order: the table's JSON sorts its keys
+        r = meta["reads"].get(name)
         if r is None:
             parts.append(f"{name} -")
         elif meta["group"] and r["path"].startswith(meta["group"] + "/"):
