@@ -43,6 +43,10 @@ PURE_V2, HYBRID, V1_ONLY, NO_CGROUPS = "v2", "hybrid", "v1", "none"
 #: The readings, by the file each comes from.
 CPU_STAT, CPU_PRESSURE, MEMORY_EVENTS, MEMORY_PRESSURE = "cpu.stat", "cpu.pressure", "memory.events", "memory.pressure"
 READINGS = (CPU_STAT, CPU_PRESSURE, MEMORY_EVENTS, MEMORY_PRESSURE)
+#: On a v1 (or hybrid) host, the controller and the file that stand in for a reading: the
+#: v1 cpu group's cpu.stat (throttle counters in ns), and memory.oom_control, whose
+#: ``oom_kill`` line (kernel >= 4.13) counts what memory.events' does.
+V1_FILES = {CPU_STAT: ("cpu", "cpu.stat"), MEMORY_EVENTS: ("memory", "memory.oom_control")}
 #: Host-wide PSI files, by the cgroup file they stand in for.
 HOST_PSI = {CPU_PRESSURE: "/proc/pressure/cpu", MEMORY_PRESSURE: "/proc/pressure/memory"}
 
@@ -194,8 +198,11 @@ def _embedded(facts: Facts, kind: str, own: Group | None, notes: tuple) -> Arran
     reads, notes = {}, list(notes)
     for name in READINGS:
         read = _in_group(group, name) if group is not None else None
-        if read is None and name == CPU_STAT and "cpu" in facts.v1:
-            read = Read(posixpath.join(facts.v1["cpu"], CPU_STAT), 1, facts.v1["cpu"] not in facts.v1_tops)
+        if read is None and name in V1_FILES and V1_FILES[name][0] in facts.v1:
+            controller, file = V1_FILES[name]
+            read = Read(posixpath.join(facts.v1[controller], file), 1, facts.v1[controller] not in facts.v1_tops)
+            if name != CPU_STAT:
+                notes.append(f"{name}: cgroup v1 {file} (its oom_kill line) in its stead")
         if read is None:
             read = _host(facts, name)
             notes.append(_missing(name, group, read, facts))
@@ -228,8 +235,6 @@ def _host(facts: Facts, name: str) -> Read | None:
 def _missing(name: str, group: Group | None, read: Read | None, facts: Facts | None = None) -> str:
     if read is not None:
         return f"{name}: host-wide {read.path} (other tenants' load shows there too)"
-    if name == MEMORY_EVENTS and facts is not None and "memory" in facts.v1:
-        return f"{name}: none (cgroup v1 memory has no memory.events)"
     where = f"in {group.path}" if group is not None else "without a group of its own"
     return f"{name}: none {where}"
 

@@ -126,8 +126,9 @@ def test_every_hierarchy_place_and_permission(tmp_path, kind, where, arrange):
         assert a.reads[D.CPU_PRESSURE] == D.Read("/proc/pressure/cpu", None, False)
     elif kind in (D.HYBRID, D.V1_ONLY):
         assert a.reads[D.CPU_STAT] == D.Read(f"/sys/fs/cgroup/cpu,cpuacct{UNIT}/cpu.stat", 1, True)
-        assert a.reads[D.MEMORY_EVENTS] is None
-        assert any("cgroup v1 memory has no memory.events" in n for n in a.notes), a.notes
+        # v1 memory has no memory.events: memory.oom_control's oom_kill line stands in
+        assert a.reads[D.MEMORY_EVENTS] == D.Read(f"/sys/fs/cgroup/memory{UNIT}/memory.oom_control", 1, True)
+        assert "memory.events: cgroup v1 memory.oom_control (its oom_kill line) in its stead" in a.notes, a.notes
         if kind == D.HYBRID and where != "mount-root":
             # per-group PSI lives in the cgroup2 tree even on a hybrid host; a leaf of a
             # delegated group reads the group
@@ -294,6 +295,17 @@ def test_place_moves_a_real_process_into_a_real_v1_cpu_group_and_the_answer_foll
             a = cgroup.own_group(pid=str(child.pid), arrange=True)
             # this hybrid host: embedded, the v1 cpu group's cpu.stat is its throttle reading
             assert a.mode == "embedded" and a.reads[D.CPU_STAT] == D.Read(g.path + "/cpu.stat", 1, True)
+            assert a.reads[D.MEMORY_EVENTS].path.endswith("/memory.oom_control")
         finally:
             child.kill()
             child.wait()
+
+
+def test_a_reading_needs_its_controller_on_the_group_not_only_the_file():
+    """cpu.stat without the cpu controller has usage alone; memory.events is read only where
+    the memory controller is on (a fixture copied from a host with it off keeps no such file)."""
+    own = D.Group("/g/x", frozenset(V2_FILES), frozenset({"pids"}), False)
+    a = D.decide(D.Facts("/g", own, D.Group("/g"), arrange=True))
+    assert a.reads[D.CPU_STAT] is None and a.reads[D.MEMORY_EVENTS] is None
+    both = D.decide(D.Facts("/g", dataclasses.replace(own, controllers=frozenset({"cpu", "memory"})), D.Group("/g")))
+    assert both.reads[D.CPU_STAT].path == "/g/x/cpu.stat" and both.reads[D.MEMORY_EVENTS].path == "/g/x/memory.events"
