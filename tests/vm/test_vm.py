@@ -164,7 +164,7 @@ def test_delegated_fleetd_puts_supervisor_and_workers_in_leaves_and_reads_its_un
     assert doc["serves"] == [True, True]
 
 
-def test_a_restart_makes_the_leaves_again_and_a_stop_lets_systemd_remove_the_group(vm_run):
+def test_a_delegated_fleetd_restarted_makes_its_leaves_again_and_stopped_lets_systemd_remove_the_group(vm_run):
     doc = result(vm_run, "delegation")
     assert doc["restart_rc"] == 0 and doc["old_pids_alive"] == [], doc
     second = doc["second"]
