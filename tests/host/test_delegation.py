@@ -309,3 +309,22 @@ def test_a_reading_needs_its_controller_on_the_group_not_only_the_file():
     assert a.reads[D.CPU_STAT] is None and a.reads[D.MEMORY_EVENTS] is None
     both = D.decide(D.Facts("/g", dataclasses.replace(own, controllers=frozenset({"cpu", "memory"})), D.Group("/g")))
     assert both.reads[D.CPU_STAT].path == "/g/x/cpu.stat" and both.reads[D.MEMORY_EVENTS].path == "/g/x/memory.events"
+
+
+def test_a_delegated_fleets_posture_reads_the_unit_group_and_above_never_its_leaf(tmp_path):
+    from fleet.host.sampler import Sampler
+    from fleet.rules.posture import PostureOwner, PosturePolicy
+
+    make_tree(tmp_path, D.PURE_V2, "supervisor-leaf")
+    top = tmp_path / "sys/fs/cgroup"
+    stat = "usage_usec 1\nuser_usec 1\nsystem_usec 0\nnr_periods {p}\nnr_throttled {t}\nthrottled_usec {u}\n"
+    (top / UNIT.lstrip("/") / "cpu.stat").write_text(stat.format(p=10, t=4, u=100))
+    (top / UNIT.lstrip("/") / "supervisor" / "cpu.stat").write_text(stat.format(p=10, t=1000, u=1000))
+    (top / "system.slice").mkdir(exist_ok=True)
+    (top / "system.slice" / "cpu.stat").write_text(stat.format(p=10, t=3, u=50))
+    a = cgroup.own_group(str(tmp_path))
+    sampler = Sampler.for_arrangement(PostureOwner(PosturePolicy(), now_ms=0), a, str(tmp_path), clock=lambda: 0)
+    assert sampler.reads["group"] == "/sys/fs/cgroup" + UNIT and sampler.reads["version"] == 2
+    tick = sampler.tick()
+    # the unit's 4 and the slice's 3; the leaf's own counters are not read
+    assert tick.stat.nr_throttled == 7 and tick.stat.throttled_ns == 150_000
