@@ -207,7 +207,9 @@ def _embedded(facts: Facts, kind: str, own: Group | None, notes: tuple) -> Arran
             read = _host(facts, name)
             notes.append(_missing(name, group, read, facts))
         reads[name] = read
-    group_path = group.path if group is not None else (reads[CPU_STAT].path.rsplit("/", 1)[0] if reads[CPU_STAT] else None)
+    # No cgroup2 group of its own: the v1 cpu group names it, unless that is the hierarchy's root
+    cpu = reads[CPU_STAT]
+    group_path = group.path if group is not None else (cpu.path.rsplit("/", 1)[0] if cpu and cpu.own else None)
     return Arrangement(kind, group_path, own is not None and own.marked, mount=facts.v2_mount, reads=reads,
                        notes=tuple(notes))
 

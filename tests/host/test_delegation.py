@@ -328,3 +328,11 @@ def test_a_delegated_fleets_posture_reads_the_unit_group_and_above_never_its_lea
     tick = sampler.tick()
     # the unit's 4 and the slice's 3; the leaf's own counters are not read
     assert tick.stat.nr_throttled == 7 and tick.stat.throttled_ns == 150_000
+
+
+def test_a_v1_group_that_is_its_hierarchys_root_is_the_hosts_not_the_fleets():
+    a = D.decide(D.Facts(None, None, v1={"cpu": "/sys/fs/cgroup/cpu", "memory": "/sys/fs/cgroup/memory/m"},
+                         v1_tops=frozenset({"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/memory"})))
+    assert a.group is None and a.reads[D.CPU_STAT] == D.Read("/sys/fs/cgroup/cpu/cpu.stat", 1, False)
+    assert a.reads[D.MEMORY_EVENTS] == D.Read("/sys/fs/cgroup/memory/m/memory.oom_control", 1, True)
+    assert D.describe(a.to_meta())[0] == "embedded: group (none) (cgroup v1)"
