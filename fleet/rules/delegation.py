@@ -205,7 +205,7 @@ def _embedded(facts: Facts, kind: str, own: Group | None, notes: tuple) -> Arran
                 notes.append(f"{name}: cgroup v1 {file} (its oom_kill line) in its stead")
         if read is None:
             read = _host(facts, name)
-            notes.append(_missing(name, group, read, facts))
+            notes.append(_missing(name, group, read))
         reads[name] = read
     # No cgroup2 group of its own: the v1 cpu group names it, unless that is the hierarchy's root
     cpu = reads[CPU_STAT]
@@ -234,7 +234,7 @@ def _host(facts: Facts, name: str) -> Read | None:
     return Read(path, None, False) if path is not None and path in facts.host_psi else None
 
 
-def _missing(name: str, group: Group | None, read: Read | None, facts: Facts | None = None) -> str:
+def _missing(name: str, group: Group | None, read: Read | None) -> str:
     if read is not None:
         return f"{name}: host-wide {read.path} (other tenants' load shows there too)"
     where = f"in {group.path}" if group is not None else "without a group of its own"
