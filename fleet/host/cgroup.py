@@ -158,11 +158,24 @@ def _v2_dir(mounts, membership, root, controller, reasons):
     if path is None:
         reasons.append(f"v2 path {membership.v2} is outside the cgroup2 mount root {v2.root}")
         return None
+    path = _delegated_group(root, v2.mount_point, path)
     enabled = (_read_text(root, path + "/cgroup.controllers") or "").split()
     if controller not in enabled:
         reasons.append(f"cgroup2 at {path} has no {controller} controller")
         return None
     return ControllerDir(controller, V2, path, v2.mount_point)
+
+
+def _delegated_group(root: str, mount_point: str, path: str) -> str:
+    """`path`, or the delegated group above it when `path` is one of the leaves a delegated
+    fleet made there (`fleet.rules.delegation.ours`): what fleetd finds from its leaf is the
+    group it reads, as every reader of "our group" must."""
+    if path == mount_point:
+        return path
+    own = delegation.Group(path, marked=delegate_mark(_join(root, path)))
+    parent = delegation.Group(os.path.dirname(path), marked=delegate_mark(_join(root, os.path.dirname(path))))
+    group, _ = delegation.ours(delegation.Facts(mount_point, own, parent))
+    return path if group is None else group.path
 
 
 def _v1_dir(mounts, membership, controller, reasons):

@@ -336,3 +336,23 @@ def test_a_v1_group_that_is_its_hierarchys_root_is_the_hosts_not_the_fleets():
     assert a.group is None and a.reads[D.CPU_STAT] == D.Read("/sys/fs/cgroup/cpu/cpu.stat", 1, False)
     assert a.reads[D.MEMORY_EVENTS] == D.Read("/sys/fs/cgroup/memory/m/memory.oom_control", 1, True)
     assert D.describe(a.to_meta())[0] == "embedded: group (none) (cgroup v1)"
+
+
+@pytest.mark.parametrize("where", ["supervisor-leaf", "workers-leaf", "marked-own"])
+def test_locating_a_controller_from_a_leaf_finds_the_delegated_group(tmp_path, where):
+    """Every membership-based lookup (the quota's `locate`, any controller's directory)
+    answers the unit's group from a leaf fleetd made, as `own_group` does."""
+    make_tree(tmp_path, D.PURE_V2, where)
+    paths = cgroup.locate(str(tmp_path))
+    assert paths.cpu.path == paths.cpuset.path == "/sys/fs/cgroup" + UNIT
+    assert cgroup._v2_dir(*_membership(tmp_path), str(tmp_path), "memory", []).path == "/sys/fs/cgroup" + UNIT
+
+
+def test_locating_from_a_child_that_is_no_leaf_of_ours_stays_there(tmp_path):
+    make_tree(tmp_path, D.PURE_V2, "other-child")
+    assert cgroup.locate(str(tmp_path)).cpu.path == "/sys/fs/cgroup" + UNIT + "/elsewhere"
+
+
+def _membership(tmp_path):
+    mounts = cgroup.parse_mountinfo((tmp_path / "proc/self/mountinfo").read_text())
+    return mounts, cgroup.parse_proc_cgroup((tmp_path / "proc/self/cgroup").read_text())
