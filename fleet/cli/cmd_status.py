@@ -11,6 +11,7 @@ import json
 import sys
 
 from fleet.rules.budget import json_number
+from fleet.rules.delegation import describe as describe_cgroup
 from fleet.rules.errors import EXIT_NOT_RUNNING, EXIT_OK, FleetError, NotRunning
 from fleet.rules.vocab import PostureKey as K
 from fleet.rules.when import utc
@@ -314,6 +315,13 @@ def render_reads(reads: dict | None) -> list[str]:
     return [f"          {describe_reads(reads)}"]
 
 
+def render_cgroup(meta: dict | None) -> list[str]:
+    """Which group is the fleet's, delegated or embedded, and what it reads there (absent
+    from an older fleetd's table)."""
+    lines = describe_cgroup(meta)
+    return [("cgroup    " if i == 0 else "          ") + line for i, line in enumerate(lines)]
+
+
 def render_ledger(g: dict) -> list[str]:
     failed = ", ".join(f"{k} {n}" for k, n in g["failed_by_reason"].items() if n) or "none"
     i = g["items"]
@@ -421,6 +429,7 @@ def render(doc: dict) -> str:
         render_processes(doc.get("role_processes")) + render_priority(doc.get("dispatch_priority")),
         render_census(doc),
         render_posture(doc["posture"]) + render_reads(doc.get("throttle_reads")),
+        render_cgroup(doc.get("cgroup")),
         render_ledger(doc["ledger"]),
         render_queues(doc["queues"]),
         saturation_lines(doc.get("saturated")),

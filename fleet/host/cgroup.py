@@ -24,6 +24,7 @@ import re
 import select
 from dataclasses import dataclass, field
 
+from fleet.rules import delegation
 from fleet.rules.errors import FleetError
 from fleet.rules.quota import CpuLimit  # what `effective_cpus` returns: the plan's input, a pure value
 
@@ -157,11 +158,24 @@ def _v2_dir(mounts, membership, root, controller, reasons):
     if path is None:
         reasons.append(f"v2 path {membership.v2} is outside the cgroup2 mount root {v2.root}")
         return None
+    path = _delegated_group(root, v2.mount_point, path)
     enabled = (_read_text(root, path + "/cgroup.controllers") or "").split()
     if controller not in enabled:
         reasons.append(f"cgroup2 at {path} has no {controller} controller")
         return None
     return ControllerDir(controller, V2, path, v2.mount_point)
+
+
+def _delegated_group(root: str, mount_point: str, path: str) -> str:
+    """`path`, or the delegated group above it when `path` is one of the leaves a delegated
+    fleet made there (`fleet.rules.delegation.ours`): what fleetd finds from its leaf is the
+    group it reads, as every reader of "our group" must."""
+    if path == mount_point:
+        return path
+    own = delegation.Group(path, marked=delegate_mark(_join(root, path)))
+    parent = delegation.Group(os.path.dirname(path), marked=delegate_mark(_join(root, os.path.dirname(path))))
+    group, _ = delegation.ours(delegation.Facts(mount_point, own, parent))
+    return path if group is None else group.path
 
 
 def _v1_dir(mounts, membership, controller, reasons):
@@ -423,23 +437,13 @@ def read_psi(path: str = "/proc/pressure/cpu", root: str = "/") -> Pressure:
 def pressure_file(root: str = "/", pid: str = "self") -> tuple[str | None, bool]:
     """The CPU pressure file to watch for process `pid`: (path, own group).
 
-    Its own cgroup2 group's ``cpu.pressure`` when it sits in one below the root (a
-    delegated service group: pressure there is this fleet's own), else the host-wide
-    ``/proc/pressure/cpu`` (own group False: other tenants' load shows there too), else
-    (None, False) when the kernel has no PSI.
+    The ``cpu.pressure`` of the group `own_group` names (a delegated service group, or its
+    own cgroup2 group below the root: pressure there is this fleet's own), else the
+    host-wide ``/proc/pressure/cpu`` (own group False: other tenants' load shows there
+    too), else (None, False) when the kernel has no PSI.
     """
-    cg_text = _read_text(root, f"/proc/{pid}/cgroup")
-    mi_text = _read_text(root, f"/proc/{pid}/mountinfo")
-    if cg_text is not None and mi_text is not None:
-        membership = parse_proc_cgroup(cg_text)
-        v2 = next((m for m in parse_mountinfo(mi_text) if m.fstype == "cgroup2"), None)
-        if v2 is not None and membership.v2 not in (None, "/"):
-            path = _dir_under(v2, membership.v2)
-            if path is not None and os.path.exists(_join(root, path + "/cpu.pressure")):
-                return path + "/cpu.pressure", True
-    if os.path.exists(_join(root, "/proc/pressure/cpu")):
-        return "/proc/pressure/cpu", False
-    return None, False
+    read = own_group(root, pid).reads.get(delegation.CPU_PRESSURE)
+    return (None, False) if read is None else (read.path, read.own)
 
 
 class PsiTrigger:
@@ -481,3 +485,118 @@ class PsiTrigger:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# --- which group is ours: delegation (the rule is fleet.rules.delegation) ------------
+
+#: The extended attributes systemd sets on a group it delegates: ``trusted.delegate`` from
+#: the system manager, ``user.delegate`` from a user manager (systemd >= 251).
+DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")
+
+
+def delegate_mark(path: str) -> bool:
+    """Whether systemd marked the group at `path` delegated."""
+    for name in DELEGATE_XATTRS:
+        try:
+            if os.getxattr(path, name).strip(b"\0 \n") in (b"1", b"yes", b"true"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _group_at(root: str, path: str, mark) -> "delegation.Group":
+    real = _join(root, path)
+    try:
+        files = frozenset(os.listdir(real))
+    except OSError:
+        files = frozenset()
+    controllers = frozenset((_read_text(root, path + "/cgroup.controllers") or "").split())
+    return delegation.Group(path, files, controllers, bool(mark(real)))
+
+
+def facts(root: str = "/", pid: str = "self", *, arrange: bool = False, mark=delegate_mark) -> "delegation.Facts":
+    """The facts `fleet.rules.delegation.decide` needs, read for process `pid`.
+
+    Args:
+        root: file-system root to read under (tests pass a fake tree).
+        arrange: whether the fleet may rearrange its group (fleetd: True).
+        mark: path -> whether systemd marked that group delegated (`delegate_mark`).
+    """
+    cg_text = _read_text(root, f"/proc/{pid}/cgroup") or ""
+    mi_text = _read_text(root, f"/proc/{pid}/mountinfo") or ""
+    membership, mounts = parse_proc_cgroup(cg_text), parse_mountinfo(mi_text)
+    v2 = next((m for m in mounts if m.fstype == "cgroup2"), None)
+    own = parent = None
+    if v2 is not None and membership.v2 is not None:
+        path = _dir_under(v2, membership.v2)
+        if path is not None:
+            own = _group_at(root, path, mark)
+            if path != v2.mount_point:
+                parent = _group_at(root, os.path.dirname(path), mark)
+    v1, tops = {}, set()
+    for controller in ("cpu", "memory"):
+        found = _v1_dir(mounts, membership, controller, [])
+        if found is not None:
+            v1[controller] = found.path
+            tops.add(found.top)
+    host_psi = frozenset(p for p in delegation.HOST_PSI.values() if os.path.exists(_join(root, p)))
+    return delegation.Facts(v2.mount_point if v2 else None, own, parent, v1, host_psi, arrange, frozenset(tops))
+
+
+def own_group(root: str = "/", pid: str = "self", *, arrange: bool = False, mark=delegate_mark) -> "delegation.Arrangement":
+    """Which group is this fleet's, and what it reads there: the one answer every reader
+    asks (throttling, CPU and memory pressure, OOM kills). See `fleet.rules.delegation`."""
+    return delegation.decide(facts(root, pid, arrange=arrange, mark=mark))
+
+
+def _write(root: str, path: str, text: str) -> None:
+    with open(_join(root, path), "w") as f:
+        f.write(text)
+
+
+def place(pid: int, leaf: str, root: str = "/") -> None:
+    """Move process `pid` (all its threads) into the group `leaf`. Raises OSError."""
+    _write(root, leaf + "/cgroup.procs", str(pid))
+
+
+def arrange(arrangement: "delegation.Arrangement", root: str = "/", pid: int | None = None) -> "delegation.Arrangement":
+    """Carry out a delegated arrangement for the supervisor `pid` (this process): make the
+    leaves, move into the supervisor leaf every process of the group (this one first;
+    the group must hold none for its controllers to reach the leaves), enable the
+    controllers. On any failure the moves are undone, the leaves made here removed, and
+    the arrangement returned says why (`fleet.rules.delegation.failed`): the group is
+    still read, nothing is left half done. An arrangement not to arrange comes back as is."""
+    if not arrangement.arranged:
+        return arrangement
+    pid = os.getpid() if pid is None else pid
+    group, sup = arrangement.group, arrangement.leaves[delegation.SUPERVISOR]
+    made, moved = [], []
+    try:
+        for leaf in arrangement.leaves.values():
+            if not os.path.isdir(_join(root, leaf)):
+                os.mkdir(_join(root, leaf))
+                made.append(leaf)
+        if arrangement.move_self:
+            place(pid, sup, root)
+            moved.append(pid)
+            # Whatever else sits in the group is the unit's (started before this point)
+            for other in (_read_text(root, group + "/cgroup.procs") or "").split():
+                if int(other) != pid:
+                    place(int(other), sup, root)
+                    moved.append(int(other))
+        if arrangement.enable:
+            _write(root, group + "/cgroup.subtree_control", " ".join("+" + c for c in arrangement.enable))
+    except OSError as exc:
+        for p in moved:
+            try:
+                place(p, group, root)
+            except OSError:
+                pass
+        for leaf in made:
+            try:
+                os.rmdir(_join(root, leaf))
+            except OSError:
+                pass
+        return delegation.failed(arrangement, f"{exc.filename or group}: {exc.strerror or exc}")
+    return arrangement

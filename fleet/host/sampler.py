@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fleet.host import cgroup
-from fleet.rules import pressure, quota
+from fleet.rules import delegation, pressure, quota
 from fleet.host.cgroup import CgroupUnavailable, CpuStat
 from fleet.rules.posture import PostureOwner, Transition
 
@@ -85,12 +85,27 @@ class Sampler:
             sampler = cls(owner, unavailable, **kwargs)
             sampler.reads = {"group": None, "version": None, "above": [], "reason": reason}
             return sampler
-        cdir = paths.cpu
+        return cls.for_dir(owner, paths.cpu, root, **kwargs)
+
+    @classmethod
+    def for_dir(cls, owner: PostureOwner, cdir, root: str = "/", **kwargs) -> "Sampler":
+        """A sampler over the cpu group `cdir` (a `fleet.host.cgroup.ControllerDir`: a delegated
+        fleet's unit group, or where `for_self` found this process) and the groups above it."""
         # Its own group and every group above it: a quota set higher up throttles this
         # fleet without its own group counting a period (`fleet.host.cgroup.read_throttle`).
         sampler = cls(owner, lambda: cgroup.read_throttle(cdir, root), **kwargs)
         sampler.reads = reads_from(cdir)
         return sampler
+
+    @classmethod
+    def for_arrangement(cls, owner: PostureOwner, arrangement, root: str = "/", **kwargs) -> "Sampler":
+        """The sampler of a fleet whose group `arrangement` names (`fleet.host.cgroup.own_group`):
+        a delegated fleet reads its unit group, never the leaf it sits in; an embedded one
+        reads where `for_self` finds it."""
+        if arrangement.arranged:
+            group = arrangement.group
+            return cls.for_dir(owner, cgroup.ControllerDir("cpu", cgroup.V2, group, arrangement.mount), root, **kwargs)
+        return cls.for_self(owner, root, **kwargs)
 
     def describe(self) -> str:
         """Where the throttle counters come from, in one line (boot log, `fleetctl status`)."""
@@ -162,10 +177,17 @@ class PressureInput:
         """The pressure input of this process (see `fleet.host.cgroup.pressure_file`); None
         when the kernel has no PSI or refuses the trigger."""
         path, own = cgroup.pressure_file(root)
-        if path is None:
+        return cls.for_read(None if path is None else delegation.Read(path, None, own))
+
+    @classmethod
+    def for_read(cls, read) -> "PressureInput | None":
+        """A pressure input on the `fleet.rules.delegation.Read` of a cpu.pressure file (the
+        fleet's own group's cordons; the host's only wakes re-detection); None when there is
+        none or the kernel refuses the trigger."""
+        if read is None:
             return None
         try:
-            return cls(path, own)
+            return cls(read.path, read.own)
         except CgroupUnavailable:
             return None
 

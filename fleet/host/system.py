@@ -56,6 +56,16 @@ class Host:
         """The cgroup quota detection (fleet.host.cgroup.effective_cpus)."""
         return cgroup.effective_cpus()
 
+    def own_group(self, arrange: bool):
+        """Which cgroup is this fleet's (`fleet.host.cgroup.own_group`), its delegated group's
+        leaves made and this process moved into its own when `arrange` (fleetd) and the
+        group is delegated (`fleet.host.cgroup.arrange`)."""
+        return cgroup.arrange(cgroup.own_group(arrange=arrange))
+
+    def place(self, pid: int, leaf: str) -> None:
+        """Move process `pid` into the cgroup `leaf` (raises OSError)."""
+        cgroup.place(pid, leaf)
+
     def pin_this_thread(self, cpus) -> None:
         """Run the calling thread on `cpus` only (Linux applies affinity per thread)."""
         os.sched_setaffinity(0, cpus)

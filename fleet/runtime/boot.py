@@ -20,6 +20,7 @@ from fleet.shm import parcels
 from fleet.worker.codec import INLINE_MAX
 from fleet.host import priority as priority_mod
 from fleet.host.sampler import PressureInput, QuotaWatcher, Sampler
+from fleet.rules import delegation
 from fleet.rules import posture as posture_mod
 from fleet.rules import quota as quota_mod
 from fleet.rules import seats as seats_mod
@@ -114,13 +115,20 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     # none ahead, so a lease lost while a unit waits for a slot still stops it unrun.
     dispatcher = Dispatcher(roles, projection.layout, ahead_off=gated_roles(config.store, roles))
     owner = posture_mod.PostureOwner(config.posture, now_ms=host.now_ms())
-    sampler = Sampler.for_self(owner, clock=host.now_ms)
+    # Which group is ours, before any process of ours starts: fleetd in a delegated group
+    # moves into its supervisor leaf here, and the zygote goes to the workers leaf
+    arrangement = host.own_group(arrange=mode == "service")
+    sampler = Sampler.for_arrangement(owner, arrangement, clock=host.now_ms)
     meta = _meta(name, mode, started_ns, socket_path, projection, priority)
     meta["throttle_reads"] = sampler.reads  # status says which groups the posture reads
+    meta["cgroup"] = arrangement.to_meta()  # and which group is the fleet's, delegated or not
+    for line in delegation.describe(meta["cgroup"]):
+        log.info("fleet %s: cgroup %s", name, line)
     log.info("fleet %s: %s", name, sampler.describe())
+    place = _placer(arrangement, host, name)
     # The zygote first: it imports numba and loads the transition kernels while this
     # process does the same for the table (each ~0.3-0.5 s), at once rather than in turn.
-    launched = workers_mod.launch(name)
+    launched = workers_mod.launch(name, place=place)
     try:
         table = SlotTable.create(name, roles, len(projection.layout.slots), meta=meta, readers_group=readers_group)
     except BaseException:
@@ -130,7 +138,9 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     rig.table.set_quota_epoch(0, projection.quota.detected)
     # The name is ours now: parcels a killed supervisor of it left (and its workers) go
     parcels.sweep(name)
-    rig.quota_watcher = QuotaWatcher(projection.quota, arm_pressure=PressureInput.for_self, clock=host.now_ms)
+    cpu_pressure = arrangement.reads.get(delegation.CPU_PRESSURE)
+    rig.quota_watcher = QuotaWatcher(projection.quota, arm_pressure=lambda: PressureInput.for_read(cpu_pressure),
+                                     clock=host.now_ms)
     try:
         from fleet.runtime.provider_gate import ProviderGate
 
@@ -138,7 +148,7 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
         slot_of = dispatcher.slot_of
         rig.providers = ProviderGate(config.admission, table=rig.table, shared_store=shared, catalog_file=config.source,
                                      holds_slot=lambda unit_id: slot_of(unit_id) is not None, **admission_args)
-        _rest(rig, config, roles, ledger, host, launched)
+        _rest(rig, config, roles, ledger, host, launched, place)
     except BaseException:
         if rig.workers is None:
             launched.stop()  # never handed to the workers
@@ -147,7 +157,7 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     return rig
 
 
-def _rest(rig: Rig, config, roles, ledger, host, launched) -> None:
+def _rest(rig: Rig, config, roles, ledger, host, launched, place) -> None:
     layout, table = rig.layout, rig.table
     for spec in layout.slots:
         if spec.seat != seats_mod.NO_SEAT:
@@ -159,11 +169,29 @@ def _rest(rig: Rig, config, roles, ledger, host, launched) -> None:
     cap = _next_pow2(4 * (INLINE_MAX + 4096))
     rig.data = DataSegment.create(rig.name, len(layout.seats), cap, cap)
     rig.workers = workers = Workers(rig.name, config, roles, layout, rig.priority, host, table,
-                                    rig.dispatcher.slots_of_seat, rig.data.bell.ring)
+                                    rig.dispatcher.slots_of_seat, rig.data.bell.ring, place=place)
     workers.adopt(launched)
     workers.start_zygote()
     for seat in layout.seats:
         workers.fork(seat.index)
+
+
+def _placer(arrangement, host, name: str):
+    """What puts each new fork server in the workers leaf of a delegated group (None when
+    the fleet is embedded). The fork server moves, not each worker: one write per fork
+    server's life rather than one per fork on the loop's thread, and every worker is born
+    in its leaf, never counted in the supervisor's for the moment a move would take."""
+    if not arrangement.arranged:
+        return None
+    leaf = arrangement.leaves[delegation.WORKERS]
+
+    def place(pid: int) -> None:
+        try:
+            host.place(pid, leaf)
+        except OSError as exc:  # its workers then run in the supervisor's leaf: said, not fatal
+            log.warning("fleet %s: the worker fork server (pid %d) could not move into %s: %s", name, pid, leaf,
+                        exc.strerror or exc)
+    return place
 
 
 def await_forks(rig: Rig, on_exit) -> None:

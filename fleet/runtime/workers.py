@@ -52,12 +52,13 @@ class Launched:
         self.spawner.shutdown(wait=False)
 
 
-def launch(name: str) -> Launched:
+def launch(name: str, place=None) -> Launched:
     """Start fleet `name`'s zygote now, to boot later (`Workers.adopt`): it loads numba and
-    the kernels while this process does the same for its table."""
+    the kernels while this process does the same for its table. `place(pid)` puts it in
+    its cgroup (`ZygoteLink.launch`)."""
     spawner = spawner_for(name)
     try:
-        return Launched(spawner, ZygoteLink.launch(spawner))
+        return Launched(spawner, ZygoteLink.launch(spawner, place=place))
     except BaseException:
         spawner.shutdown(wait=False)
         raise
@@ -66,8 +67,9 @@ def launch(name: str) -> Launched:
 class Workers:
     """The zygote link and the pid of each seat's worker."""
 
-    def __init__(self, name: str, config, roles, layout, priority, host, table, slots_of_seat, ring):
+    def __init__(self, name: str, config, roles, layout, priority, host, table, slots_of_seat, ring, place=None):
         self.name, self.config, self.roles, self.layout = name, config, roles, layout
+        self.place = place  # puts a new zygote in the workers' cgroup leaf (None: where it starts)
         self.priority, self.host, self.table, self._slots_of_seat = priority, host, table, slots_of_seat
         self.zygote: ZygoteLink | None = None
         self._spawner = None
@@ -98,7 +100,8 @@ class Workers:
             self.zygote = launched
             return
         self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice,
-                                       workers=worker_setup(self.config), answer_s=self.answer_s)
+                                       workers=worker_setup(self.config), answer_s=self.answer_s,
+                                       place=self.place)
 
     def restart_zygote(self, attempts: int = 3) -> None:
         """Start a new fork server. A start can fail when the new zygote is itself killed

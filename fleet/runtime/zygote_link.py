@@ -71,7 +71,7 @@ class ZygoteLink:
     # --- start -------------------------------------------------------------------------
     @classmethod
     def start(cls, name: str, roles, spawner, worker_nice: int | None = None, workers=None,
-              answer_s: float = 5.0) -> "ZygoteLink":
+              answer_s: float = 5.0, place=None) -> "ZygoteLink":
         """Start a zygote for fleet `name` and boot it with `roles`; its workers run at
         `worker_nice` (None: the zygote's own; see fleet.host.priority), set up as
         `workers` says (a `fleet.worker.prepare.WorkerSetup`; None: nothing more).
@@ -84,15 +84,18 @@ class ZygoteLink:
             ConfigError: a role's handler cannot be imported (named by its path).
             WorkerStartError: the zygote failed, exited or did not answer in time.
         """
-        link = cls.launch(spawner, answer_s)
+        link = cls.launch(spawner, answer_s, place)
         link.boot(name, roles, worker_nice, workers)
         return link
 
     @classmethod
-    def launch(cls, spawner, answer_s: float = 5.0) -> "ZygoteLink":
+    def launch(cls, spawner, answer_s: float = 5.0, place=None) -> "ZygoteLink":
         """Start the zygote process, not yet booted (`boot`). It imports numba and loads the
         transition kernels while it waits for its boot message, so a boot that launches it
-        first loads them here and there at once, not one after the other."""
+        first loads them here and there at once, not one after the other.
+
+        `place(pid)`, when given, puts the new zygote in its cgroup (a delegated fleet's
+        workers leaf) before anything is asked of it: every worker it forks is born there."""
         ours, theirs = socket.socketpair()
         proc = spawner.submit(
             subprocess.Popen,
@@ -105,6 +108,8 @@ class ZygoteLink:
             env=zygote_env(os.environ),
         ).result()
         theirs.close()
+        if place is not None:
+            place(proc.pid)
         return cls(proc, ours, answer_s)
 
     def boot(self, name: str, roles, worker_nice: int | None = None, workers=None) -> None:

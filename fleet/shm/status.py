@@ -185,6 +185,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "census": census(snap, meta, delays, delay_source),
         "posture": posture(snap.posture_view(), now_ns),
         "throttle_reads": meta.get("throttle_reads"),
+        "cgroup": meta.get("cgroup"),
         "ledger": ledger(snap.ledger_view()),
         "queues": queues,
         "saturated": saturated(queues, meta),

@@ -449,3 +449,45 @@ def test_a_fleet_without_a_cpu_cgroup_says_why_in_status(fleet_name, capsys):
     finally:
         t.close()
         t.unlink()
+
+
+def _cgroup_meta(arranged: bool) -> dict:
+    from fleet.rules import delegation as D
+
+    files = frozenset(D.READINGS + ("cgroup.procs",))
+    unit = D.Group("/sys/fs/cgroup/system.slice/fleetd@x.service", files, frozenset({"cpu", "memory"}), True)
+    parent = D.Group("/sys/fs/cgroup/system.slice", files)
+    return D.decide(D.Facts("/sys/fs/cgroup", unit, parent, arrange=arranged)).to_meta()
+
+
+def test_status_names_the_group_the_fleet_reads_and_whether_it_is_delegated(fleet_name, capsys):
+    meta = _cgroup_meta(True)
+    t = SlotTable.create(fleet_name, ft.ROLES, ft.N_SLOTS, meta={**ft.boot_meta(fleet_name), "cgroup": meta})
+    try:
+        rc, out, _ = status(capsys, "--name", fleet_name)
+        assert rc == 0
+        assert ("cgroup    delegated: group /sys/fs/cgroup/system.slice/fleetd@x.service (cgroup v2); "
+                "leaves supervisor/, workers/") in out
+        assert "          reads cpu.stat, cpu.pressure, memory.events, memory.pressure\n" in out
+        _, doc, _ = status_json(capsys, fleet_name)
+        assert doc["cgroup"]["mode"] == "delegated" and doc["cgroup"]["delegated"] is True
+        assert doc["cgroup"]["group"] == "/sys/fs/cgroup/system.slice/fleetd@x.service"
+        assert doc["cgroup"]["reads"]["memory.events"] == {
+            "path": "/sys/fs/cgroup/system.slice/fleetd@x.service/memory.events", "version": 2, "own": True}
+    finally:
+        t.close()
+        t.unlink()
+
+
+def test_status_of_an_embedded_fleet_says_so_and_why(fleet_name, capsys):
+    t = SlotTable.create(fleet_name, ft.ROLES, ft.N_SLOTS, meta={**ft.boot_meta(fleet_name), "cgroup": _cgroup_meta(False)})
+    try:
+        rc, out, _ = status(capsys, "--name", fleet_name)
+        assert rc == 0
+        assert "cgroup    embedded: group /sys/fs/cgroup/system.slice/fleetd@x.service (cgroup v2)\n" in out
+        assert "embedded in a program" in out
+        _, doc, _ = status_json(capsys, fleet_name)
+        assert doc["cgroup"]["mode"] == "embedded" and doc["cgroup"]["leaves"] == {}
+    finally:
+        t.close()
+        t.unlink()

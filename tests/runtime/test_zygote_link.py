@@ -147,3 +147,47 @@ def test_the_kernels_a_zygote_preloads_are_the_ones_its_table_calls(fleet_name):
     assert out.returncode == 0, out.stderr
     first, after = json.loads(out.stdout)
     assert all(n >= 1 for n in first.values()) and after == first
+
+
+def test_a_launched_zygote_is_placed_in_its_cgroup_before_anything_is_asked_of_it(fleet_name):
+    """A delegated fleet moves the fork server into its workers leaf (every worker it forks
+    is born there): `place` runs on the new zygote's pid before `launch` returns. Here the
+    leaf is a real v1 cpu group of this host; on cgroup v2 it is `<unit>/workers`."""
+    from fleet.host import cgroup
+    from fleet.runtime import workers as workers_mod
+    from tests.cgroups import cpu_group
+
+    with cpu_group(1.0) as g:
+        placed = []
+
+        def place(pid):
+            placed.append(pid)
+            cgroup.place(pid, g.path)
+
+        launched = workers_mod.launch(fleet_name, place=place)
+        try:
+            assert placed == [launched.link.pid]
+            assert launched.link.pid in g.pids()
+        finally:
+            launched.stop()
+
+
+def test_a_fork_server_that_cannot_be_placed_is_said_and_boot_goes_on(caplog):
+    """The placement boot gives the zygote: a move that fails is logged with the leaf and
+    why, never raised (the workers then run in the supervisor's leaf)."""
+    import logging
+
+    from fleet.rules import delegation as D
+    from fleet.runtime import boot
+
+    unit = D.Group("/sys/fs/cgroup/u", frozenset(D.READINGS), frozenset({"cpu"}), True)
+    arranged = D.decide(D.Facts("/sys/fs/cgroup", unit, D.Group("/sys/fs/cgroup"), arrange=True))
+
+    class Host:
+        def place(self, pid, leaf):
+            raise FileNotFoundError(2, "No such file or directory")
+
+    assert boot._placer(D.failed(arranged, "x"), Host(), "f") is None  # embedded: nothing moves
+    with caplog.at_level(logging.WARNING, logger="fleet.runtime.boot"):
+        boot._placer(arranged, Host(), "f")(4242)
+    assert "the worker fork server (pid 4242) could not move into /sys/fs/cgroup/u/workers" in caplog.text

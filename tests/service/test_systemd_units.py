@@ -87,7 +87,8 @@ REQUIRED = {
     ("Service", "NotifyAccess"): "main",
     ("Service", "WatchdogSec"): "30s",
     ("Service", "Restart"): "on-failure",
-    ("Service", "Delegate"): "cpu cpuset",
+    # every controller: fleetd arranges its group's leaves and reads memory.events there
+    ("Service", "Delegate"): "yes",
     ("Service", "RuntimeDirectory"): "fleet",
     ("Service", "CacheDirectory"): "fleet",
     ("Service", "ExecReload"): "/bin/kill -HUP $MAINPID",

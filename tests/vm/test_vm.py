@@ -135,3 +135,40 @@ def test_stop_drains_in_flight_units_and_leaves_dev_shm_clean(vm_run):
     assert doc["outcome"] == {"values": [225_000_000]}, json.dumps(doc["outcome"])  # in flight: it finished
     assert doc["state"] == "inactive" and doc["result"] == "success" and doc["exit_status"] == "0"
     assert doc["shm_left"] == [] and doc["procs_left"] == []
+
+
+def _assert_placed(p: dict) -> None:
+    group = p["group"]
+    # the leaves and nothing else; the unit's group holds no process (no-internal-process rule)
+    assert p["leaves"] == ["supervisor", "workers"], p
+    assert p["group_procs"] == [], p
+    assert p["procs"]["supervisor"] == [p["main_pid"]], p
+    # the fork server and every worker it forked, in the workers leaf
+    assert p["worker_pids"] and p["forkserver_pids"], p
+    assert set(p["procs"]["workers"]) == set(p["worker_pids"]) | set(p["forkserver_pids"]), p
+    assert {"cpu", "memory"} <= set(p["subtree_control"]), p
+    cg = p["cgroup_status"]
+    assert cg["mode"] == "delegated" and cg["delegated"] is True and cg["group"] == group, cg
+    assert cg["leaves"] == {"supervisor": group + "/supervisor", "workers": group + "/workers"}, cg
+    for name in ("cpu.stat", "cpu.pressure", "memory.events", "memory.pressure"):
+        assert cg["reads"][name] == {"path": f"{group}/{name}", "version": 2, "own": True}, cg
+    # the posture reads the unit's group, not the leaf fleetd sits in
+    assert p["throttle_reads"]["group"] == group, p["throttle_reads"]
+    assert p["status_lines"][0].startswith(f"cgroup    delegated: group {group} (cgroup v2)"), p["status_lines"]
+
+
+def test_delegated_fleetd_puts_supervisor_and_workers_in_leaves_and_reads_its_unit_group(vm_run):
+    doc = result(vm_run, "delegation")
+    _assert_placed(doc["first"])
+    assert doc["first"]["delegate_mark"] == "1"
+    assert doc["serves"] == [True, True]
+
+
+def test_a_delegated_fleetd_restarted_makes_its_leaves_again_and_stopped_lets_systemd_remove_the_group(vm_run):
+    doc = result(vm_run, "delegation")
+    assert doc["restart_rc"] == 0 and doc["old_pids_alive"] == [], doc
+    second = doc["second"]
+    _assert_placed(second)
+    assert second["main_pid"] != doc["first"]["main_pid"]
+    assert doc["stop_rc"] == 0 and doc["state"] == "inactive" and doc["result"] == "success", doc
+    assert doc["group_left"] is False, doc

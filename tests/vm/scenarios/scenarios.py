@@ -397,6 +397,54 @@ def s_stop() -> dict:
             "procs_left": alive(pids)}
 
 
+def _placement() -> dict:
+    """Where fleetd put its processes in the unit's group, and what status says of it."""
+    group = unit_cgroup()
+    leaves = sorted(e.name for e in os.scandir(group) if e.is_dir())
+    procs = {name: sorted(int(p) for p in pathlib.Path(group, name, "cgroup.procs").read_text().split())
+             for name in leaves}
+    st = status_json()
+    forkserver = sorted(int(p) for p in sh("pgrep", "-f", f"^fleet-{FLEET}-forkserver$").stdout.split())
+    text = fleetctl("status").stdout
+    try:
+        mark = os.getxattr(group, "trusted.delegate").decode()
+    except OSError as exc:
+        mark = f"none ({exc.strerror})"
+    return {"group": group, "leaves": leaves, "procs": procs,
+            "group_procs": sorted(int(p) for p in pathlib.Path(group, "cgroup.procs").read_text().split()),
+            "subtree_control": pathlib.Path(group, "cgroup.subtree_control").read_text().split(),
+            "leaf_inodes": {name: os.stat(os.path.join(group, name)).st_ino for name in leaves},
+            "main_pid": main_pid(), "worker_pids": sorted(r["pid"] for r in st.get("census", []) if r.get("pid")),
+            "forkserver_pids": forkserver, "cgroup_status": st.get("cgroup"),
+            "throttle_reads": st.get("throttle_reads"), "delegate_mark": mark,
+            "status_lines": [line for line in text.splitlines() if line.startswith("cgroup") or "reads cpu.stat" in line]}
+
+
+def s_delegation() -> dict:
+    """Delegate=yes: fleetd in <unit>/supervisor, the fork server and the workers in
+    <unit>/workers, the unit's group named in status as delegated; `systemctl restart`
+    makes the leaves again with nothing left over; `systemctl stop` leaves systemd able to
+    remove the group. (Starts the unit when the scenario before stopped it; leaves it
+    stopped.)"""
+    if show("ActiveState") != "active":
+        sh("systemctl", "start", UNIT, timeout=600, check=True)
+    wait_for("fleetd active", active_and_serving(), 600)
+    first = _placement()
+    serves_first = serves()
+    old_pids = [first["main_pid"], *first["worker_pids"], *first["forkserver_pids"]]
+    restart = sh("systemctl", "restart", UNIT, timeout=600)
+    wait_for("fleetd active again", active_and_serving(first["main_pid"]), 600)
+    wait_for("the workers up", lambda: all(r.get("pid") for r in status_json().get("census", [])), 300)
+    second = _placement()
+    serves_second = serves()
+    group = second["group"]
+    stop = sh("systemctl", "stop", UNIT, timeout=300)
+    return {"first": first, "second": second, "serves": [serves_first, serves_second],
+            "restart_rc": restart.returncode, "old_pids_alive": alive(old_pids),
+            "stop_rc": stop.returncode, "state": show("ActiveState"), "result": show("Result"),
+            "group_left": os.path.exists(group)}
+
+
 SCENARIOS = [
     ("start", s_install_and_start),
     ("status_text", s_status_text),
@@ -407,6 +455,7 @@ SCENARIOS = [
     ("throttle", s_throttle),
     ("throttle_slice", s_throttle_slice),
     ("stop", s_stop),
+    ("delegation", s_delegation),
 ]
 
 
