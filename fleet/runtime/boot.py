@@ -19,7 +19,7 @@ import time
 from fleet.shm import parcels
 from fleet.worker.codec import INLINE_MAX
 from fleet.host import priority as priority_mod
-from fleet.host.sampler import PressureInput, QuotaWatcher, Sampler
+from fleet.host.sampler import OomCounter, PressureInput, QuotaWatcher, Sampler
 from fleet.rules import posture as posture_mod
 from fleet.rules import quota as quota_mod
 from fleet.rules import seats as seats_mod
@@ -53,6 +53,7 @@ class Rig:
     publisher: Publisher | None = None
     data: DataSegment | None = None
     workers: Workers | None = None
+    oom: OomCounter | None = None  # the memory group's OOM-kill counter (fleet.runtime.seat_deaths reads it)
 
     @property
     def quota(self):
@@ -118,6 +119,12 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     meta = _meta(name, mode, started_ns, socket_path, projection, priority)
     meta["throttle_reads"] = sampler.reads  # status says which groups the posture reads
     log.info("fleet %s: %s", name, sampler.describe())
+    oom = OomCounter.for_self()
+    memory = config.memory
+    meta["memory_reads"] = {"oom_kills": oom.path, "version": oom.cdir.version if oom.cdir else None,
+                            "reason": oom.unavailable,
+                            "pressure": PressureInput.memory_file() if memory.pressure_cordon else None}
+    log.info("fleet %s: %s", name, oom.describe())
     # The zygote first: it imports numba and loads the transition kernels while this
     # process does the same for the table (each ~0.3-0.5 s), at once rather than in turn.
     launched = workers_mod.launch(name)
@@ -126,11 +133,14 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     except BaseException:
         launched.stop()
         raise
-    rig = Rig(name, projection, priority, dispatcher, owner, sampler, table)
+    rig = Rig(name, projection, priority, dispatcher, owner, sampler, table, oom=oom)
     rig.table.set_quota_epoch(0, projection.quota.detected)
     # The name is ours now: parcels a killed supervisor of it left (and its workers) go
     parcels.sweep(name)
-    rig.quota_watcher = QuotaWatcher(projection.quota, arm_pressure=PressureInput.for_self, clock=host.now_ms)
+    arm_memory = (lambda: PressureInput.for_memory(memory.pressure_stall_ms * 1000, memory.pressure_window_ms * 1000)) \
+        if memory.pressure_cordon else None
+    rig.quota_watcher = QuotaWatcher(projection.quota, arm_pressure=PressureInput.for_self, arm_memory=arm_memory,
+                                     clock=host.now_ms)
     try:
         from fleet.runtime.provider_gate import ProviderGate
 

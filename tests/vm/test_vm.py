@@ -135,3 +135,35 @@ def test_stop_drains_in_flight_units_and_leaves_dev_shm_clean(vm_run):
     assert doc["outcome"] == {"values": [225_000_000]}, json.dumps(doc["outcome"])  # in flight: it finished
     assert doc["state"] == "inactive" and doc["result"] == "success" and doc["exit_status"] == "0"
     assert doc["shm_left"] == [] and doc["procs_left"] == []
+
+
+def test_a_leaking_handler_is_recycled_under_max_rss_mib_with_no_unit_failed(vm_run):
+    doc = result(vm_run, "leak")
+    assert doc["errors"] == [] and len(doc["values"]) == 16, doc
+    assert doc["pid_changes"] >= 1, doc  # a new worker after a unit that left it over the bound
+    assert doc["recycles_after"] - doc["recycles_before"] == doc["pid_changes"], doc
+    assert doc["failed_after"] == doc["failed_before"]
+    assert "lane-death" not in doc["causes"], doc
+
+
+def test_a_unit_past_memory_max_fails_lane_death_naming_oom_and_the_fleet_serves_on(vm_run):
+    doc = result(vm_run, "oom")
+    outcome = doc["outcome"]
+    assert outcome.get("error") == "LaneDeath", outcome
+    assert "oom: killed by the kernel's OOM killer" in outcome["text"] and "memory.events" in outcome["text"], outcome
+    assert doc["events_after"]["oom_kill"] == doc["events_before"].get("oom_kill", 0) + 1, doc
+    before, after = doc["status_before"], doc["status_after"]
+    assert after["oom_kills"] == before.get("oom_kills", 0) + 1, (before, after)
+    assert after["oom_kills_from"].endswith("/memory.events"), after
+    assert doc["served_after"] is True and doc["active"] == "active", doc
+
+
+def test_a_memory_hog_beside_the_fleet_cordons_it_for_memory_pressure_then_it_is_released(vm_run):
+    doc = result(vm_run, "memory_pressure")
+    assert doc["posture_before"] == "Nominal"
+    cordoned = doc["cordoned"]
+    assert cordoned["posture"] == "Cordoned" and "memory-pressure" in cordoned["causes"], cordoned
+    assert doc["pressure_from"].endswith("/memory.pressure"), doc["pressure_from"]
+    nominal = doc["nominal"]
+    assert nominal["posture"] == "Nominal" and "memory-pressure" not in nominal["causes"], nominal
+    assert doc["serves"] is True

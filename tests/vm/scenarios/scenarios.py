@@ -60,8 +60,19 @@ handler = "fleet_vm_handlers:spin"
 slots = 1
 cordon_class = "never"
 timeout_s = 600
+
+[roles.mem]
+kind = "pooled"
+handler = "fleet_vm_handlers:memory"
+slots = 1
+max_rss_mib = {max_rss_mib}
+timeout_s = 600
 """
 EXIT_CLEAN_MS = 4000
+#: The mem role's bound: a fresh worker (Python, numba, fleet) is well below it; LEAK_MIB a
+#: unit, a worker passes it within a few units.
+MAX_RSS_MIB = 256
+LEAK_MIB = 32
 
 
 def report(name: str, doc: dict) -> None:
@@ -202,7 +213,7 @@ def s_install_and_start() -> dict:
     """`fleetd --print-unit` into /etc/systemd/system, the socket group given in a drop-in,
     `systemctl enable --now`; a watcher records the states the unit went through."""
     CONFIG.parent.mkdir(exist_ok=True)
-    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS))
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS, max_rss_mib=MAX_RSS_MIB))
     unit_text = sh(f"{VENV}/bin/fleetd", "--print-unit", check=True).stdout
     pathlib.Path("/etc/systemd/system/fleetd@.service").write_text(unit_text)
     exec_start = next(line for line in unit_text.splitlines() if line.startswith("ExecStart="))
@@ -281,19 +292,19 @@ def s_fleetctl_access() -> dict:
 def s_reload() -> dict:
     before = posture()["policy"]["cordon_enter_events"]
     good = before + 3
-    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS).replace(
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS, max_rss_mib=MAX_RSS_MIB).replace(
         "cordon_enter_events = 2", f"cordon_enter_events = {good}"))
     good_rc = sh("systemctl", "reload", UNIT).returncode
     applied = wait_for("the good config applied", lambda: posture()["policy"]["cordon_enter_events"] == good, 120)
     cursor = journal_cursor()
-    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS).replace(
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS, max_rss_mib=MAX_RSS_MIB).replace(
         "cordon_enter_events = 2", "cordon_enter_events = -4"))
     bad_rc = sh("systemctl", "reload", UNIT).returncode
     refusal = wait_for("the bad config refused", lambda: re.search(r".*reload refused.*", journal(cursor)), 120)
     after_bad = posture()["policy"]["cordon_enter_events"]
     state = show("ActiveState")
     pid = main_pid()
-    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS))  # back to the original
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS, max_rss_mib=MAX_RSS_MIB))  # back to the original
     sh("systemctl", "reload", UNIT, check=True)
     wait_for("the original config back", lambda: posture()["policy"]["cordon_enter_events"] == 2, 120)
     return {"before": before, "good": good, "good_rc": good_rc, "applied": bool(applied), "bad_rc": bad_rc,
@@ -374,6 +385,105 @@ def s_kill9() -> dict:
             "orphans": alive(old_workers), "serves": serves(), "creator_pid": status_json().get("creator_pid")}
 
 
+def _memory_group() -> str:
+    return unit_cgroup()
+
+
+def _set(prop: str) -> None:
+    sh("systemctl", "set-property", "--runtime", UNIT, prop, check=True)
+
+
+def _current_mib(group: str) -> int:
+    return int(pathlib.Path(group, "memory.current").read_text()) >> 20
+
+
+def s_oom() -> dict:
+    """`MemoryMax=` on the unit, a unit that allocates past it: the kernel's OOM killer
+    kills its worker, the unit fails LaneDeath naming oom, the fleet serves on, and status
+    and metrics count the kill."""
+    import fleet
+
+    group = _memory_group()
+    events0 = read_kv(f"{group}/memory.events")
+    status0 = status_json().get("memory", {})
+    base = _current_mib(group)
+    _set(f"MemoryMax={base + 48}M")
+    cursor = journal_cursor()
+    outcome: dict = {}
+    try:
+        with fleet.connect(FLEET, timeout=60) as client:
+            try:
+                outcome["value"] = client.submit("mem", ["alloc", 160]).result(timeout=600)
+            except Exception as exc:  # the outcome, by type and text
+                outcome["error"] = type(exc).__name__
+                outcome["text"] = str(exc)[-600:]
+    finally:
+        _set("MemoryMax=infinity")
+    events1 = read_kv(f"{group}/memory.events")
+    served = serves()
+    st = status_json()
+    lines = [l for l in journal(cursor).splitlines() if "oom" in l.lower()][:6]
+    # the lane death's sticky cordon is an operator's to release: later scenarios want Nominal
+    fleetctl("posture", "release", "lane-death")
+    return {"memory_max_mib": base + 48, "outcome": outcome, "events_before": events0, "events_after": events1,
+            "status_before": status0, "status_after": st.get("memory"), "served_after": served,
+            "active": show("ActiveState"), "journal": lines, "posture_causes": posture().get("causes")}
+
+
+#: A memory hog: says it started, then writes 96 MiB in 8 MiB blocks and keeps them.
+HOG = ("import time\nprint('ready', flush=True)\nkept = []\n"
+       "for _ in range(12):\n    kept.append(b'x' * (8 << 20))\ntime.sleep(3600)\n")
+
+
+def s_memory_pressure() -> dict:
+    """`MemoryHigh=` on the unit and a hog beside the fleet in the unit's group allocating past
+    it: the kernel throttles and reclaims, the group's memory.pressure rises, the fleet cordons
+    (cause memory-pressure); the hog gone and the limit lifted, it is released and Nominal."""
+    group = _memory_group()
+    p0 = wait_for("Nominal first", lambda: (lambda p: p if p["posture"] == "Nominal" else None)(posture()), 300, 0.5)
+    base = _current_mib(group)
+    _set(f"MemoryHigh={base + 24}M")
+    # The hog's own leaf when the unit's group holds leaves (no process may sit beside them)
+    subtree = pathlib.Path(group, "cgroup.subtree_control").read_text().split()
+    where = group
+    if subtree:
+        where = f"{group}/memory-hog"
+        os.makedirs(where, exist_ok=True)
+    hog = subprocess.Popen([sys.executable, "-c", HOG], stdout=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: pathlib.Path(where, "cgroup.procs").write_text(str(os.getpid())))
+    try:
+        hog.stdout.readline()
+        cordoned = wait_for("the memory-pressure cordon", lambda: (lambda p: p if "memory-pressure" in p["causes"]
+                                                                    else None)(posture()), 300, 0.25)
+        pressure_held = pathlib.Path(group, "memory.pressure").read_text()
+    finally:
+        hog.kill()
+        hog.wait(60)
+        _set("MemoryHigh=infinity")
+        if where != group:
+            wait_for("the hog's leaf empty", lambda: not pathlib.Path(where, "cgroup.procs").read_text().strip(), 60)
+            os.rmdir(where)
+    nominal = wait_for("Nominal again", lambda: (lambda p: p if p["posture"] == "Nominal" else None)(posture()), 300,
+                       0.25)
+    return {"memory_high_mib": base + 24, "posture_before": p0["posture"], "cordoned": cordoned,
+            "pressure_held": pressure_held, "nominal": nominal, "hog_leaf": where != group,
+            "pressure_from": status_json().get("memory", {}).get("pressure_from"), "serves": serves()}
+
+
+def s_leak() -> dict:
+    """A leaking handler under the role's max_rss_mib: its worker is recycled between units,
+    no unit fails, status counts the recycles."""
+    before = status_json()
+    values, errors = submit("mem", [["leak", LEAK_MIB]] * 16, timeout=600)
+    after = status_json()
+    pids = [v[0] for v in values]
+    return {"values": values, "errors": errors, "pid_changes": sum(a != b for a, b in zip(pids, pids[1:])),
+            "recycles_before": before.get("memory", {}).get("worker_recycles"),
+            "recycles_after": after.get("memory", {}).get("worker_recycles"),
+            "failed_before": before["ledger"]["failed"], "failed_after": after["ledger"]["failed"],
+            "causes": posture().get("causes"), "max_rss_mib": MAX_RSS_MIB}
+
+
 def s_stop() -> dict:
     """`systemctl stop` while units are in flight: they finish, the unit stops cleanly,
     /dev/shm holds nothing of the fleet and no fleet process is left."""
@@ -406,6 +516,9 @@ SCENARIOS = [
     ("kill9", s_kill9),
     ("throttle", s_throttle),
     ("throttle_slice", s_throttle_slice),
+    ("leak", s_leak),
+    ("oom", s_oom),
+    ("memory_pressure", s_memory_pressure),
     ("stop", s_stop),
 ]
 
