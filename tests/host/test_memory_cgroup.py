@@ -42,6 +42,11 @@ SPARSE_MIB = 256
 pytestmark = pytest.mark.root
 
 
+def _oom_score_adj(pid: int) -> int:
+    with open(f"/proc/{pid}/oom_score_adj") as f:
+        return int(f.read())
+
+
 def _v1_dir(group) -> ControllerDir:
     return ControllerDir("memory", V1, group.path, V1_MEMORY)
 
@@ -79,7 +84,9 @@ def test_a_worker_the_oom_killer_kills_fails_its_unit_lane_death_naming_oom_and_
             assert status["oom_kills"] == 0 and status["oom_kills_from"] == f"{group.path}/memory.oom_control", status
             url = re.search(r"metrics on (http://\S+)", d.stderr()).group(1)
             with d.connect() as client:
-                assert client.submit("mem", 1).result(BOUND_S) > 0  # a worker up, its imports charged
+                pid = client.submit("mem", 1).result(BOUND_S)  # a worker up, its imports charged
+                # the worker is the OOM killer's first choice in the group: its supervisor's + 500
+                assert _oom_score_adj(pid) == min(1000, _oom_score_adj(d.proc.pid) + 500)
                 group.set_limit(group.usage() + ROOM_MIB * MIB)
                 with pytest.raises(fleet.UnitFailed) as info:
                     client.submit("mem", ALLOC_MIB).result(BOUND_S)
