@@ -478,7 +478,12 @@ def read_oom_kills(cdir: ControllerDir, root: str = "/") -> int:
     worker is reaped its kill is in the count. Raises CgroupUnavailable when the file
     cannot be read or has no ``oom_kill`` line (a v1 kernel older than 4.13).
     """
-    path = oom_kills_file(cdir)
+    return read_oom_kills_at(oom_kills_file(cdir), root)
+
+
+def read_oom_kills_at(path: str, root: str = "/") -> int:
+    """The ``oom_kill`` count of a v2 ``memory.events`` or a v1 ``memory.oom_control`` file
+    (`read_oom_kills`); raises CgroupUnavailable when unreadable or without the counter."""
     text = _read_text(root, path)
     if text is None:
         raise CgroupUnavailable(f"cannot read {path}")

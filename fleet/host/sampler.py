@@ -177,10 +177,11 @@ class PressureInput:
         return cgroup.own_pressure_file("memory", root)
 
     @classmethod
-    def for_memory(cls, stall_us: int, window_us: int, root: str = "/") -> "PressureInput | None":
-        """A trigger on this process's own group's memory.pressure (`[memory]` thresholds);
-        None when it has none or the kernel refuses the trigger (logged)."""
-        path = cls.memory_file(root)
+    def for_memory(cls, stall_us: int, window_us: int, root: str = "/", read=None) -> "PressureInput | None":
+        """A trigger on this process's own group's memory.pressure (`[memory]` thresholds), or
+        on the file `read` names (``path``, ``own``: a delegated unit's group) when it is the
+        fleet's own; None when there is none or the kernel refuses the trigger (logged)."""
+        path = cls.memory_file(root) if read is None else (read.path if read.own else None)
         if path is None:
             return None
         try:
@@ -310,28 +311,35 @@ class QuotaWatcher:
 
 
 class OomCounter:
-    """The OOM-kill counter of one memory group (`fleet.host.cgroup.read_oom_kills`):
-    `read` returns the count, or None when it cannot be read (why in `unavailable`)."""
+    """The OOM-kill counter of one memory group: `path` is its v2 ``memory.events`` or v1
+    ``memory.oom_control`` (`fleet.host.cgroup.read_oom_kills_at`), `version` its cgroup
+    version. `read` returns the count, or None when it cannot be read (why in `unavailable`)."""
 
-    def __init__(self, cdir, root: str = "/", reason: str | None = None):
-        self.cdir, self._root = cdir, root
+    def __init__(self, path: str | None, version: int | None, root: str = "/", reason: str | None = None):
+        self.path, self.version, self._root = path, version, root
         self.unavailable: str | None = reason
 
     @classmethod
     def for_self(cls, root: str = "/") -> "OomCounter":
         """The counter of this process's own memory group (its workers inherit it)."""
         cdir, reasons = cgroup.memory_dir(root)
-        return cls(cdir, root, None if cdir is not None else ("; ".join(reasons) or "no memory cgroup"))
+        if cdir is None:
+            return cls(None, None, root, "; ".join(reasons) or "no memory cgroup")
+        return cls(cgroup.oom_kills_file(cdir), cdir.version, root)
 
-    @property
-    def path(self) -> str | None:
-        return None if self.cdir is None else cgroup.oom_kills_file(self.cdir)
+    @classmethod
+    def for_read(cls, read, root: str = "/") -> "OomCounter":
+        """The counter in the file a reading names (``path``, ``version``: a fleet whose group
+        is not the one it sits in, a delegated unit's); None reads as no memory group."""
+        if read is None:
+            return cls(None, None, root, "no memory.events or memory.oom_control of the fleet's group")
+        return cls(read.path, read.version, root)
 
     def read(self) -> int | None:
-        if self.cdir is None:
+        if self.path is None:
             return None
         try:
-            count = cgroup.read_oom_kills(self.cdir, self._root)
+            count = cgroup.read_oom_kills_at(self.path, self._root)
         except (CgroupUnavailable, ValueError) as exc:
             self.unavailable = str(exc)
             return None
@@ -340,6 +348,6 @@ class OomCounter:
 
     def describe(self) -> str:
         """Where OOM kills are counted from, in one line (boot log, status)."""
-        if self.cdir is None or self.unavailable:
+        if self.path is None or self.unavailable:
             return f"OOM kills not counted: {self.unavailable}"
-        return f"OOM kills read from {self.path} (cgroup v{self.cdir.version})"
+        return f"OOM kills read from {self.path}" + (f" (cgroup v{self.version})" if self.version else "")

@@ -121,7 +121,7 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     log.info("fleet %s: %s", name, sampler.describe())
     oom = OomCounter.for_self()
     memory = config.memory
-    meta["memory_reads"] = {"oom_kills": oom.path, "version": oom.cdir.version if oom.cdir else None,
+    meta["memory_reads"] = {"oom_kills": oom.path, "version": oom.version,
                             "reason": oom.unavailable,
                             "pressure": PressureInput.memory_file() if memory.pressure_cordon else None}
     log.info("fleet %s: %s", name, oom.describe())

@@ -109,8 +109,14 @@ class PostureEffects:
         on the fleet's own group holds the posture Cordoned (cpu-pressure, memory-pressure); a quota change is logged and,
         when the plan's quota changed, starts a new epoch."""
         seen = self._quota_watcher.poll()
-        for action, cause in ((seen.pressure, pressure_mod.CAUSE), (seen.memory, pressure_mod.MEMORY_CAUSE)):
+        watcher = self._quota_watcher
+        for action, cause, source in ((seen.pressure, pressure_mod.CAUSE, watcher.pressure_input),
+                                      (seen.memory, pressure_mod.MEMORY_CAUSE, watcher.memory_input)):
             if action is not None:
+                # One line per hold and release, whatever the posture was: a hold beside
+                # another cause changes no posture, and would leave no trace otherwise.
+                log.warning("[fleet-posture] fleet %s: %s %s (PSI on %s)", self._name, cause,
+                            "held" if action == pressure_mod.HOLD else "released", getattr(source, "path", "?"))
                 act = self._owner.hold if action == pressure_mod.HOLD else self._owner.release
                 self.after_change(act(cause, self._host.now_ms()))
         if seen.change is not None:

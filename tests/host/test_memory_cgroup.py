@@ -47,6 +47,13 @@ def _oom_score_adj(pid: int) -> int:
         return int(f.read())
 
 
+class _Read:
+    """A reading's file as a fleet whose group is not its own names it (path, version, own)."""
+
+    def __init__(self, path, version, own=True):
+        self.path, self.version, self.own = path, version, own
+
+
 def _v1_dir(group) -> ControllerDir:
     return ControllerDir("memory", V1, group.path, V1_MEMORY)
 
@@ -61,8 +68,9 @@ def test_a_real_oom_kill_in_a_v1_group_is_counted_in_its_oom_control():
         proc = subprocess.Popen([sys.executable, "-c", "b = b'x' * (128 << 20)"], preexec_fn=group.enter_self)
         assert proc.wait(BOUND_S) == -signal.SIGKILL
         assert cgroup.read_oom_kills(cdir) == group.oom_kills() == 1
-        counter = OomCounter(cdir)
-        assert counter.read() == 1 and counter.path == f"{group.path}/memory.oom_control"
+        counter = OomCounter.for_read(_Read(f"{group.path}/memory.oom_control", V1))
+        assert counter.read() == 1 and "OOM kills read from " + counter.path in counter.describe()
+        assert OomCounter.for_read(None).read() is None
 
 
 def test_a_worker_the_oom_killer_kills_fails_its_unit_lane_death_naming_oom_and_the_fleet_serves_on(fleet_name):
@@ -133,8 +141,9 @@ def test_a_real_psi_trigger_on_a_groups_memory_pressure_holds_then_releases(tmp_
     HOLD (as memory, not CPU); once it is gone, RELEASE after a calm window."""
     with v2_group() as v2:
         path = os.path.join(v2.path, "memory.pressure")
+        assert PressureInput.for_memory(100_000, 2_000_000, read=_Read(path, 2, own=False)) is None  # not ours
         watcher = QuotaWatcher(quota.choose(None, 2, "test"), detect=lambda: cgroup.effective_cpus(),
-                               memory_input=PressureInput(path, cordon=True, stall_us=100_000, window_us=2_000_000))
+                               memory_input=PressureInput.for_memory(100_000, 2_000_000, read=_Read(path, 2)))
         assert "memory pressure on " + path in watcher.describe()
         with thrashing_reader(v2, tmp_path):
             seen = wait_until(lambda: (s := watcher.poll()).memory == pressure.HOLD and s, "a memory HOLD", every=0.1)

@@ -416,6 +416,7 @@ def s_oom() -> dict:
                 outcome["value"] = client.submit("mem", ["alloc", 160]).result(timeout=600)
             except Exception as exc:  # the outcome, by type and text
                 outcome["error"] = type(exc).__name__
+                outcome["reason"] = getattr(getattr(exc, "outcome", None), "reason", None)
                 outcome["text"] = str(exc)[-600:]
     finally:
         _set("MemoryMax=infinity")
@@ -430,43 +431,66 @@ def s_oom() -> dict:
             "active": show("ActiveState"), "journal": lines, "posture_causes": posture().get("causes")}
 
 
-#: A memory hog: says it started, then writes 96 MiB in 8 MiB blocks and keeps them.
-HOG = ("import time\nprint('ready', flush=True)\nkept = []\n"
-       "for _ in range(12):\n    kept.append(b'x' * (8 << 20))\ntime.sleep(3600)\n")
+#: A memory hog: says it started, then writes MiB (argv[1]) in 4 MiB blocks and keeps them,
+#: for argv[2] seconds after (or until killed).
+HOG = ("import sys, time\nprint('ready', flush=True)\n"
+       "kept = [b'x' * (4 << 20) for _ in range(int(sys.argv[1]) // 4)]\ntime.sleep(float(sys.argv[2]))\n")
+
+
+def _hog(where: str, mib: int, hold_s: float) -> subprocess.Popen:
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(mib), str(hold_s)], stdout=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: pathlib.Path(where, "cgroup.procs").write_text(str(os.getpid())))
+    hog.stdout.readline()
+    return hog
 
 
 def s_memory_pressure() -> dict:
-    """`MemoryHigh=` on the unit and a hog beside the fleet in the unit's group allocating past
-    it: the kernel throttles and reclaims, the group's memory.pressure rises, the fleet cordons
-    (cause memory-pressure); the hog gone and the limit lifted, it is released and Nominal."""
-    group = _memory_group()
+    """A memory hog beside the fleet, in the unit's group, stalled on memory: the group's
+    memory.pressure rises and the fleet cordons (cause memory-pressure); the hog gone, the
+    cause is released and the posture Nominal again.
+
+    Where the unit's group holds leaves (no process beside them, the memory controller on
+    below it) the hog gets a leaf of its own with a low memory.high: it alone is throttled,
+    and its stalls count in the unit's group above. Where the fleet's processes sit in the
+    unit's group itself, `MemoryHigh=` on the unit a little above what the fleet uses, and
+    a hog that passes it a little and leaves after a few seconds: the whole group is
+    throttled while it runs (the fleet too), so the hold and the release are judged from the
+    journal's lines and the posture's counters afterwards."""
+    group = unit_cgroup()
     p0 = wait_for("Nominal first", lambda: (lambda p: p if p["posture"] == "Nominal" else None)(posture()), 300, 0.5)
-    base = _current_mib(group)
-    _set(f"MemoryHigh={base + 24}M")
-    # The hog's own leaf when the unit's group holds leaves (no process may sit beside them)
-    subtree = pathlib.Path(group, "cgroup.subtree_control").read_text().split()
-    where = group
-    if subtree:
+    cursor, restarts = journal_cursor(), show("NRestarts")
+    leaf = "memory" in pathlib.Path(group, "cgroup.subtree_control").read_text().split()
+    cordoned = None
+    if leaf:
         where = f"{group}/memory-hog"
         os.makedirs(where, exist_ok=True)
-    hog = subprocess.Popen([sys.executable, "-c", HOG], stdout=subprocess.PIPE, text=True,
-                           preexec_fn=lambda: pathlib.Path(where, "cgroup.procs").write_text(str(os.getpid())))
-    try:
-        hog.stdout.readline()
-        cordoned = wait_for("the memory-pressure cordon", lambda: (lambda p: p if "memory-pressure" in p["causes"]
-                                                                    else None)(posture()), 300, 0.25)
-        pressure_held = pathlib.Path(group, "memory.pressure").read_text()
-    finally:
-        hog.kill()
-        hog.wait(60)
-        _set("MemoryHigh=infinity")
-        if where != group:
+        pathlib.Path(where, "memory.high").write_text(str(8 << 20))
+        hog = _hog(where, 96, 3600)
+        try:
+            cordoned = wait_for("the memory-pressure cordon", lambda: (lambda p: p if "memory-pressure" in p["causes"]
+                                                                        else None)(posture()), 300, 0.25)
+        finally:
+            hog.kill()
+            hog.wait(60)
             wait_for("the hog's leaf empty", lambda: not pathlib.Path(where, "cgroup.procs").read_text().strip(), 60)
             os.rmdir(where)
+        high = "8M on the hog's leaf"
+    else:
+        base = _current_mib(group)
+        high = f"{base + 8}M on the unit"
+        _set(f"MemoryHigh={base + 8}M")
+        try:
+            hog = _hog(group, 24, 3)
+            hog.wait(600)
+        finally:
+            _set("MemoryHigh=infinity")
+    held = wait_for("the hold in the journal", lambda: [l for l in journal(cursor).splitlines()
+                                                        if "memory-pressure held" in l], 120)
     nominal = wait_for("Nominal again", lambda: (lambda p: p if p["posture"] == "Nominal" else None)(posture()), 300,
                        0.25)
-    return {"memory_high_mib": base + 24, "posture_before": p0["posture"], "cordoned": cordoned,
-            "pressure_held": pressure_held, "nominal": nominal, "hog_leaf": where != group,
+    lines = [l for l in journal(cursor).splitlines() if "memory-pressure" in l or "fleet-posture" in l][:12]
+    return {"high": high, "hog_leaf": leaf, "posture_before": p0, "cordoned": cordoned, "held": held,
+            "journal": lines, "nominal": nominal, "active": show("ActiveState"), "restarts": [restarts, show("NRestarts")],
             "pressure_from": status_json().get("memory", {}).get("pressure_from"), "serves": serves()}
 
 
