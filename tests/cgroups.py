@@ -15,6 +15,7 @@ import pytest
 from tests.daemons import Fleetd, to_toml
 
 V1_CPU = "/sys/fs/cgroup/cpu"
+V1_MEMORY = "/sys/fs/cgroup/memory"
 PERIOD_US = 100_000
 
 
@@ -89,6 +90,53 @@ def v2_group():
         _remove(group)
 
 
+class MemoryGroup(CpuGroup):
+    """One v1 memory cgroup this test made."""
+
+    def set_limit(self, nbytes: int) -> None:
+        with open(os.path.join(self.path, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(nbytes))
+
+    def usage(self) -> int:
+        with open(os.path.join(self.path, "memory.usage_in_bytes")) as f:
+            return int(f.read())
+
+    def oom_kills(self) -> int:
+        """The group's own oom_kill count, read here (not through fleet's reader)."""
+        with open(os.path.join(self.path, "memory.oom_control")) as f:
+            return int(dict(line.split() for line in f.read().splitlines())["oom_kill"])
+
+
+@contextlib.contextmanager
+def memory_group():
+    """A fresh v1 memory cgroup (no limit until the test sets one); removed on exit, its
+    processes killed first. Fails under CI (root, a v1 memory hierarchy), skips elsewhere."""
+    if os.geteuid() != 0 or not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and a cgroup v1 memory hierarchy")
+    path = os.path.join(V1_MEMORY, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    group = MemoryGroup(path)
+    try:
+        yield group
+    finally:
+        _remove(group)
+
+
+class Both:
+    """Several groups (of different hierarchies) as one: a process enters each."""
+
+    def __init__(self, *groups):
+        self.groups = groups
+        self.path = groups[0].path
+
+    def enter_self(self) -> None:
+        for group in self.groups:
+            group.enter_self()
+
+    def pids(self) -> list[int]:
+        return self.groups[0].pids()
+
+
 def busy(group: CpuGroup, n: int) -> list[subprocess.Popen]:
     """`n` busy-looping processes inside `group` (the caller kills them; _remove does too)."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=group.enter_self) for _ in range(n)]
@@ -126,6 +174,7 @@ class FleetdInGroup(Fleetd):
                 cfg["posture"] = posture
             if limits:
                 cfg["limits"] = limits
+            cfg.update(self.extra)
             text = to_toml(cfg)
         super().write_config(roles, text=text)
 

@@ -234,3 +234,11 @@ def leak(unit):
     """Keep LEAK_MIB more, written (resident); (pid, resident MiB after the call)."""
     _LEAKED.append(b"x" * (LEAK_MIB << 20))
     return os.getpid(), rss_mib()
+
+
+def allocate(unit):
+    """Write `unit.payload` MiB (resident, charged to the memory group) and let it go; the
+    worker's pid. Past its group's limit the kernel's OOM killer takes the worker."""
+    block = b"x" * (int(unit.payload) << 20)
+    del block
+    return os.getpid()

@@ -322,6 +322,17 @@ def render_cgroup(meta: dict | None) -> list[str]:
     return [("cgroup    " if i == 0 else "          ") + line for i, line in enumerate(lines)]
 
 
+def render_memory(m: dict | None) -> list[str]:
+    """Workers the OOM killer killed and workers recycled, and where OOM kills and memory
+    pressure are read from (absent from an older fleetd's table)."""
+    if m is None:
+        return []
+    where = m["oom_kills_from"] or f"not read: {m['oom_kills_unread'] or 'no memory cgroup'}"
+    pressure = m["pressure_from"] or "none (no own cgroup2 group, or off)"
+    return [f"workers   OOM-killed {m['oom_kills']:,}  recycled over max_rss_mib {m['worker_recycles']:,}",
+            f"          OOM kills from {where}; memory pressure cordons from {pressure}"]
+
+
 def render_ledger(g: dict) -> list[str]:
     failed = ", ".join(f"{k} {n}" for k, n in g["failed_by_reason"].items() if n) or "none"
     i = g["items"]
@@ -431,6 +442,7 @@ def render(doc: dict) -> str:
         render_posture(doc["posture"]) + render_reads(doc.get("throttle_reads")),
         render_cgroup(doc.get("cgroup")),
         render_ledger(doc["ledger"]),
+        render_memory(doc.get("memory")),
         render_queues(doc["queues"]),
         saturation_lines(doc.get("saturated")),
         render_bulkheads(doc.get("bulkheads", [])),

@@ -415,7 +415,7 @@ class Pressure:
 
 
 def parse_psi(text: str) -> Pressure:
-    """Parse /proc/pressure/cpu or a cgroup's cpu.pressure."""
+    """Parse a PSI file: /proc/pressure/{cpu,memory} or a cgroup's cpu.pressure or memory.pressure."""
     lines = {}
     for line in text.splitlines():
         kind, *pairs = line.split()
@@ -444,6 +444,80 @@ def pressure_file(root: str = "/", pid: str = "self") -> tuple[str | None, bool]
     """
     read = own_group(root, pid).reads.get(delegation.CPU_PRESSURE)
     return (None, False) if read is None else (read.path, read.own)
+
+
+# --- memory: OOM kills and memory pressure --------------------------------------------
+
+
+def memory_dir(root: str = "/", pid: str = "self") -> tuple[ControllerDir | None, tuple[str, ...]]:
+    """The memory cgroup directory of process `pid` (v2 first, then v1), and why not when None.
+
+    The group whose ``memory.events`` (v2) or ``memory.oom_control`` (v1) counts the OOM
+    kills of this fleet's processes: the one this process sits in, which its workers inherit.
+    """
+    reasons: list[str] = []
+    cg_text = _read_text(root, f"/proc/{pid}/cgroup")
+    mi_text = _read_text(root, f"/proc/{pid}/mountinfo")
+    if cg_text is None or mi_text is None:
+        return None, (f"cannot read /proc/{pid}/cgroup or mountinfo",)
+    membership, mounts = parse_proc_cgroup(cg_text), parse_mountinfo(mi_text)
+    found = _v2_dir(mounts, membership, root, "memory", reasons) or _v1_dir(mounts, membership, "memory", reasons)
+    return found, tuple(reasons)
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """A cgroup "flat keyed" file (``key value`` lines: memory.events, memory.oom_control)."""
+    values = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if value.strip().isdigit():
+            values[key] = int(value)
+    return values
+
+
+def oom_kills_file(cdir: ControllerDir) -> str:
+    """Where the group's OOM-kill counter is: v2 ``memory.events`` (hierarchical: kills in the
+    groups below count too), v1 ``memory.oom_control`` (its ``oom_kill`` line, kernel >= 4.13)."""
+    return cdir.path.rstrip("/") + ("/memory.events" if cdir.version == V2 else "/memory.oom_control")
+
+
+def read_oom_kills(cdir: ControllerDir, root: str = "/") -> int:
+    """The group's cumulative count of processes the kernel's OOM killer killed in it.
+
+    The kernel counts the kill before it sends SIGKILL (mm/oom_kill.c), so once a dead
+    worker is reaped its kill is in the count. Raises CgroupUnavailable when the file
+    cannot be read or has no ``oom_kill`` line (a v1 kernel older than 4.13).
+    """
+    return read_oom_kills_at(oom_kills_file(cdir), root)
+
+
+def read_oom_kills_at(path: str, root: str = "/") -> int:
+    """The ``oom_kill`` count of a v2 ``memory.events`` or a v1 ``memory.oom_control`` file
+    (`read_oom_kills`); raises CgroupUnavailable when unreadable or without the counter."""
+    text = _read_text(root, path)
+    if text is None:
+        raise CgroupUnavailable(f"cannot read {path}")
+    count = parse_flat_keyed(text).get("oom_kill")
+    if count is None:
+        raise CgroupUnavailable(f"{path} has no oom_kill counter")
+    return count
+
+
+def own_pressure_file(resource: str, root: str = "/", pid: str = "self") -> str | None:
+    """The ``<resource>.pressure`` file of process `pid`'s own cgroup2 group, when it sits in
+    one below the root; None otherwise (the host-wide file is not the fleet's own)."""
+    cg_text = _read_text(root, f"/proc/{pid}/cgroup")
+    mi_text = _read_text(root, f"/proc/{pid}/mountinfo")
+    if cg_text is None or mi_text is None:
+        return None
+    membership = parse_proc_cgroup(cg_text)
+    v2 = next((m for m in parse_mountinfo(mi_text) if m.fstype == "cgroup2"), None)
+    if v2 is None or membership.v2 in (None, "/"):
+        return None
+    path = _dir_under(v2, membership.v2)
+    if path is None or not os.path.exists(_join(root, f"{path}/{resource}.pressure")):
+        return None
+    return f"{path}/{resource}.pressure"
 
 
 class PsiTrigger:

@@ -13,15 +13,22 @@ RLIMIT_NICE that allows it) the loop thread alone goes `levels` below the proces
 nice and the workers keep it. Elsewhere the workers go `levels` above it instead
 (raising a nice needs no privilege): the same order inside the fleet, but against
 processes outside it the workers then weigh less. `levels = 0` changes nothing.
+
+The OOM killer's order, by the same token: a worker raises its own oom_score_adj
+(`raise_oom_score`), so in a group at its memory limit a worker is killed, not the
+supervisor or the fork server whose deaths would take every worker with them.
 """
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import threading
 from typing import NamedTuple
 
 from fleet.rules.limits import NICE_MAX, NICE_MIN
+
+log = logging.getLogger(__name__)
 
 #: Linux capability number of CAP_SYS_NICE (bit in /proc/<pid>/status CapEff).
 CAP_SYS_NICE = 23
@@ -91,3 +98,30 @@ def _cap_eff() -> int:
     except OSError:  # no /proc: no capability we could show
         return 0
     return 0
+
+
+#: How far a worker raises its own oom_score_adj: in a memory group at its limit the kernel's
+#: OOM killer takes a worker before the supervisor or the fork server (whose deaths take every
+#: worker with them), even when the worker's RSS is the smaller.
+WORKER_OOM_SCORE_ADJ = 500
+OOM_SCORE_ADJ_MAX = 1000
+
+
+def oom_score_adj_after(current: int, by: int = WORKER_OOM_SCORE_ADJ) -> int:
+    """The oom_score_adj a worker takes from `current`: `by` higher, at most the kernel's
+    maximum (raising needs no privilege; lowering would)."""
+    return min(OOM_SCORE_ADJ_MAX, current + by)
+
+
+def raise_oom_score(path: str = "/proc/self/oom_score_adj", by: int = WORKER_OOM_SCORE_ADJ) -> int | None:
+    """Raise this process's oom_score_adj by `by`; the new value, or None when it cannot be
+    read or written (logged; the worker runs on at the old one)."""
+    try:
+        with open(path) as f:
+            value = oom_score_adj_after(int(f.read().strip()), by)
+        with open(path, "w") as f:
+            f.write(str(value))
+        return value
+    except (OSError, ValueError) as exc:
+        log.warning("cannot raise oom_score_adj: %s", exc)
+        return None

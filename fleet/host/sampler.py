@@ -161,7 +161,8 @@ PSI_WINDOW_US = 2_000_000
 
 
 class PressureInput:
-    """A PSI trigger on a cpu.pressure file, and the file's cumulative ``some`` total.
+    """A PSI trigger on a cpu.pressure (or memory.pressure) file, and the file's cumulative
+    ``some`` total.
 
     `cordon` says whether the file is the fleet's own group's (a cordon input) or the
     host's (a wake-up for quota re-detection only). `poll` never blocks.
@@ -191,6 +192,26 @@ class PressureInput:
         except CgroupUnavailable:
             return None
 
+    @staticmethod
+    def memory_file(root: str = "/") -> str | None:
+        """The memory.pressure file of this process's own cgroup2 group; None when it sits in
+        none (host-wide memory pressure is other tenants' too: never a cordon input)."""
+        return cgroup.own_pressure_file("memory", root)
+
+    @classmethod
+    def for_memory(cls, stall_us: int, window_us: int, root: str = "/", read=None) -> "PressureInput | None":
+        """A trigger on this process's own group's memory.pressure (`[memory]` thresholds), or
+        on the file `read` names (``path``, ``own``: a delegated unit's group) when it is the
+        fleet's own; None when there is none or the kernel refuses the trigger (logged)."""
+        path = cls.memory_file(root) if read is None else (read.path if read.own else None)
+        if path is None:
+            return None
+        try:
+            return cls(path, True, stall_us, window_us)
+        except CgroupUnavailable as exc:
+            log.warning("memory pressure is no cordon input: %s", exc)
+            return None
+
     def poll(self) -> tuple[bool, int | None]:
         """(fired since the last poll, total µs stalled or None when unreadable)."""
         try:
@@ -210,6 +231,7 @@ class Seen:
 
     change: quota.Change | None = None
     pressure: str | None = None
+    memory: str | None = None  # a memory pressure HOLD/RELEASE
 
 
 class QuotaWatcher:
@@ -225,15 +247,21 @@ class QuotaWatcher:
         arm_pressure: instead of `pressure_input`, a callable returning one (or None),
             called at the first poll: a fleet arms its trigger once it has booted, so
             the stalls of its own boot (imports, forks) do not cordon it.
+        memory_input, arm_memory: the same for the group's memory.pressure (a cordon
+            input under the cause ``memory-pressure``; never a quota wake-up).
     """
 
     def __init__(self, booted: quota.Quota, *, detect=cgroup.effective_cpus, clock=monotonic_ms,
-                 every_ms: int = QUOTA_EVERY_MS, pressure_input=None, arm_pressure=None):
+                 every_ms: int = QUOTA_EVERY_MS, pressure_input=None, arm_pressure=None, memory_input=None,
+                 arm_memory=None):
         self._detect, self._clock, self.every_ms = detect, clock, every_ms
         self.state = quota.watch_initial(booted, clock(), every_ms)
         self.pressure_input = pressure_input
         self._arm = arm_pressure
         self.pressure_state = pressure.PressureState()
+        self.memory_input, self._arm_memory = memory_input, arm_memory
+        self._memory_asked = memory_input is not None or arm_memory is not None
+        self.memory_state = pressure.PressureState()
         self.unavailable: str | None = None
 
     def describe(self) -> str:
@@ -241,10 +269,18 @@ class QuotaWatcher:
         text = f"quota re-detected every {self.every_ms / 1000:g} s"
         p = self.pressure_input
         if p is None:
-            return text + "; no CPU pressure input (no PSI, or the trigger was refused)"
-        if p.cordon:
-            return text + f"; CPU pressure on {p.path} cordons the fleet"
-        return text + f"; host-wide CPU pressure ({p.path}) wakes re-detection (no cordon input: not the fleet's own group)"
+            text += "; no CPU pressure input (no PSI, or the trigger was refused)"
+        elif p.cordon:
+            text += f"; CPU pressure on {p.path} cordons the fleet"
+        else:
+            text += f"; host-wide CPU pressure ({p.path}) wakes re-detection (no cordon input: not the fleet's own group)"
+        m = self.memory_input
+        if m is None:
+            if not self._memory_asked:
+                return text
+            return text + "; no memory pressure input (no own cgroup2 group, no PSI, or the trigger was refused)"
+        return text + (f"; memory pressure on {m.path} ({m.stall_us // 1000} ms stalled in {m.window_us // 1000} ms) "
+                       "cordons the fleet")
 
     @property
     def epoch(self) -> int:
@@ -255,10 +291,19 @@ class QuotaWatcher:
         return self.state.quota
 
     def poll(self) -> Seen:
-        if self._arm is not None:
-            self.pressure_input, self._arm = self._arm(), None
+        if self._arm is not None or self._arm_memory is not None:
+            if self._arm is not None:
+                self.pressure_input, self._arm = self._arm(), None
+            if self._arm_memory is not None:
+                self.memory_input, self._arm_memory = self._arm_memory(), None
             log.info("%s", self.describe())
         now = self._clock()
+        memory = None
+        if self.memory_input is not None:
+            m = self.memory_input
+            m_fired, m_total = m.poll()
+            self.memory_state, memory = pressure.observe(self.memory_state, now, m_fired, m_total, m.stall_us,
+                                                         m.window_us)
         action, fired = None, False
         if self.pressure_input is not None:
             fired, total = self.pressure_input.poll()
@@ -267,7 +312,7 @@ class QuotaWatcher:
                 self.pressure_state, action = pressure.observe(self.pressure_state, now, fired, total,
                                                                p.stall_us, p.window_us)
         if not quota.due(self.state, now, fired):
-            return Seen(None, action)
+            return Seen(None, action, memory)
         try:
             limit = self._detect()
             detected, source = limit.cpus, quota.detected_from(limit)
@@ -276,8 +321,55 @@ class QuotaWatcher:
             detected, source = None, ""
             self.unavailable = f"quota re-detection failed: {exc}"
         self.state, change = quota.observe(self.state, now, self.every_ms, detected, source)
-        return Seen(change, action)
+        return Seen(change, action, memory)
 
     def close(self) -> None:
-        if self.pressure_input is not None:
-            self.pressure_input.close()
+        for p in (self.pressure_input, self.memory_input):
+            if p is not None:
+                p.close()
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class OomCounter:
+    """The OOM-kill counter of one memory group: `path` is its v2 ``memory.events`` or v1
+    ``memory.oom_control`` (`fleet.host.cgroup.read_oom_kills_at`), `version` its cgroup
+    version. `read` returns the count, or None when it cannot be read (why in `unavailable`)."""
+
+    def __init__(self, path: str | None, version: int | None, root: str = "/", reason: str | None = None):
+        self.path, self.version, self._root = path, version, root
+        self.unavailable: str | None = reason
+
+    @classmethod
+    def for_self(cls, root: str = "/") -> "OomCounter":
+        """The counter of this process's own memory group (its workers inherit it)."""
+        cdir, reasons = cgroup.memory_dir(root)
+        if cdir is None:
+            return cls(None, None, root, "; ".join(reasons) or "no memory cgroup")
+        return cls(cgroup.oom_kills_file(cdir), cdir.version, root)
+
+    @classmethod
+    def for_read(cls, read, root: str = "/") -> "OomCounter":
+        """The counter in the file a reading names (``path``, ``version``: a fleet whose group
+        is not the one it sits in, a delegated unit's); None reads as no memory group."""
+        if read is None:
+            return cls(None, None, root, "no memory.events or memory.oom_control of the fleet's group")
+        return cls(read.path, read.version, root)
+
+    def read(self) -> int | None:
+        if self.path is None:
+            return None
+        try:
+            count = cgroup.read_oom_kills_at(self.path, self._root)
+        except (CgroupUnavailable, ValueError) as exc:
+            self.unavailable = str(exc)
+            return None
+        self.unavailable = None
+        return count
+
+    def describe(self) -> str:
+        """Where OOM kills are counted from, in one line (boot log, status)."""
+        if self.path is None or self.unavailable:
+            return f"OOM kills not counted: {self.unavailable}"
+        return f"OOM kills read from {self.path}" + (f" (cgroup v{self.version})" if self.version else "")

@@ -78,9 +78,10 @@ EVENTS = (TRIPPED, UNSETTLED, SETTLED, HOLD, RELEASE)
 # --- causes (fleet.rules.vocab): sticky ones are held until an operator releases them ---
 LANE_DEATH = Cause.LANE_DEATH
 OPERATOR = Cause.OPERATOR
-# A held cause that its own input releases (never an operator): CPU pressure on the
-# fleet's own cgroup2 group (fleet.rules.pressure).
+# Held causes that their own input releases (never an operator): CPU and memory pressure
+# on the fleet's own cgroup2 group (fleet.rules.pressure).
 CPU_PRESSURE = Cause.CPU_PRESSURE
+MEMORY_PRESSURE = Cause.MEMORY_PRESSURE
 #: Every cause a posture may hold.
 CAUSES = HELD_CAUSES
 

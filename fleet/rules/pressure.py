@@ -1,4 +1,8 @@
-"""CPU pressure (PSI) as a cordon input: when to hold the posture, when to let go (pure).
+"""CPU and memory pressure (PSI) as cordon inputs: when to hold the posture, when to let go (pure).
+
+Memory pressure goes the same way on the group's ``memory.pressure``: tasks stalled
+reclaiming memory (the group at its ``memory.high`` or limit, or the host short of
+memory) hold the posture under ``memory-pressure``; the rules below are the same.
 
 A PSI trigger (`fleet.host.cgroup.PsiTrigger`) on the fleet's own cgroup's ``cpu.pressure``
 wakes when its tasks stalled for `stall_us` within `window_us` waiting for a CPU: the
@@ -23,8 +27,11 @@ from fleet.rules.vocab import Cause
 
 HOLD = "hold"
 RELEASE = "release"
-#: The posture cause a pressure hold is filed under.
+#: The posture cause a CPU pressure hold is filed under.
 CAUSE = Cause.CPU_PRESSURE
+#: The cause of a hold on the group's memory.pressure: the same rules, its own trigger and
+#: thresholds (``[memory]``), so the two are held and released apart.
+MEMORY_CAUSE = Cause.MEMORY_PRESSURE
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,7 @@ class Cause:
     LANE_DEATH = "lane-death"  # a worker (a lane) died; its owed units failed LaneDeath
     OPERATOR = "operator"  # an operator's manual cordon
     CPU_PRESSURE = "cpu-pressure"  # CPU pressure (PSI) on the fleet's own cgroup2 group
+    MEMORY_PRESSURE = "memory-pressure"  # memory pressure (PSI) on the fleet's own cgroup2 group
 
 
 # A cause's code is its index in POSTURE_CAUSES: the table's posture record stores it
@@ -108,6 +109,7 @@ CAUSE_THROTTLE_DUTY = 2
 CAUSE_LANE_DEATH = 3
 CAUSE_OPERATOR = 4
 CAUSE_CPU_PRESSURE = 5
+CAUSE_MEMORY_PRESSURE = 6
 POSTURE_CAUSES = (
     Cause.NONE,
     Cause.THROTTLE_EVENTS,
@@ -115,13 +117,15 @@ POSTURE_CAUSES = (
     Cause.LANE_DEATH,
     Cause.OPERATOR,
     Cause.CPU_PRESSURE,
+    Cause.MEMORY_PRESSURE,
 )
 CAUSE_CODES = {name: code for code, name in enumerate(POSTURE_CAUSES)}
 
 #: Held until an operator releases them (``fleetctl posture release CAUSE``).
 STICKY_CAUSES = (Cause.LANE_DEATH, Cause.OPERATOR)
-#: Every cause a posture may hold; CPU pressure is released by its own input, never an operator.
-HELD_CAUSES = STICKY_CAUSES + (Cause.CPU_PRESSURE,)
+#: Every cause a posture may hold; CPU and memory pressure are released by their own input,
+#: never an operator.
+HELD_CAUSES = STICKY_CAUSES + (Cause.CPU_PRESSURE, Cause.MEMORY_PRESSURE)
 
 
 def cause_name(code: int) -> str:

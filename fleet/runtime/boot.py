@@ -19,7 +19,7 @@ import time
 from fleet.shm import parcels
 from fleet.worker.codec import INLINE_MAX
 from fleet.host import priority as priority_mod
-from fleet.host.sampler import PressureInput, QuotaWatcher, Sampler
+from fleet.host.sampler import OomCounter, PressureInput, QuotaWatcher, Sampler
 from fleet.rules import delegation
 from fleet.rules import posture as posture_mod
 from fleet.rules import quota as quota_mod
@@ -54,6 +54,7 @@ class Rig:
     publisher: Publisher | None = None
     data: DataSegment | None = None
     workers: Workers | None = None
+    oom: OomCounter | None = None  # the memory group's OOM-kill counter (fleet.runtime.seat_deaths reads it)
 
     @property
     def quota(self):
@@ -126,6 +127,16 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
         log.info("fleet %s: cgroup %s", name, line)
     log.info("fleet %s: %s", name, sampler.describe())
     place = _placer(arrangement, host, name)
+    # OOM kills and memory pressure are read where the arrangement says (the unit group of a
+    # delegated fleetd, never the supervisor's leaf, which holds no worker)
+    oom = OomCounter.for_read(arrangement.reads.get(delegation.MEMORY_EVENTS))
+    memory = config.memory
+    memory_pressure = arrangement.reads.get(delegation.MEMORY_PRESSURE)
+    meta["memory_reads"] = {"oom_kills": oom.path, "version": oom.version,
+                            "reason": oom.unavailable,
+                            "pressure": memory_pressure.path if memory.pressure_cordon and memory_pressure is not None
+                            and memory_pressure.own else None}
+    log.info("fleet %s: %s", name, oom.describe())
     # The zygote first: it imports numba and loads the transition kernels while this
     # process does the same for the table (each ~0.3-0.5 s), at once rather than in turn.
     launched = workers_mod.launch(name, place=place)
@@ -134,12 +145,15 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     except BaseException:
         launched.stop()
         raise
-    rig = Rig(name, projection, priority, dispatcher, owner, sampler, table)
+    rig = Rig(name, projection, priority, dispatcher, owner, sampler, table, oom=oom)
     rig.table.set_quota_epoch(0, projection.quota.detected)
     # The name is ours now: parcels a killed supervisor of it left (and its workers) go
     parcels.sweep(name)
     cpu_pressure = arrangement.reads.get(delegation.CPU_PRESSURE)
+    arm_memory = (lambda: PressureInput.for_memory(memory.pressure_stall_ms * 1000, memory.pressure_window_ms * 1000,
+                                                   read=memory_pressure)) if memory.pressure_cordon else None
     rig.quota_watcher = QuotaWatcher(projection.quota, arm_pressure=lambda: PressureInput.for_read(cpu_pressure),
+                                     arm_memory=arm_memory,
                                      clock=host.now_ms)
     try:
         from fleet.runtime.provider_gate import ProviderGate

@@ -42,6 +42,11 @@ a ConfigError naming their dotted path)::
     clear_depth = 0           # an episode clears once the backlog is at or below this
     margin = 0.05             # arrivals must beat service by this fraction to raise
 
+    [memory]                  # the fleet's own cgroup2 group's memory.pressure as a cordon input
+    pressure_cordon = true    # hold the posture Cordoned (cause memory-pressure) while it is high
+    pressure_stall_ms = 100   # the PSI trigger: this much stall of some task ...
+    pressure_window_ms = 2000 # ... within this window (0.5..10 s; a multiple of 2 s unless root)
+
     [restart]                 # restart intensity: more than R restarts within T s stops the fleet
     max_restarts = 5
     within_seconds = 60
@@ -151,6 +156,18 @@ class RestartIntensity:
 
 
 @dataclass(frozen=True)
+class MemoryConfig:
+    """Memory pressure as a cordon input (fleet.rules.pressure): a PSI trigger on the fleet's
+    own cgroup2 group's memory.pressure fires at `pressure_stall_ms` of stall within
+    `pressure_window_ms` and holds the posture Cordoned under ``memory-pressure`` until the
+    stall rate stays below that for a whole window. Off with `pressure_cordon` false."""
+
+    pressure_cordon: bool = True
+    pressure_stall_ms: int = 100
+    pressure_window_ms: int = 2000
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     """The Prometheus endpoint: served on `host`:`port` when `enabled` (port 0: any free port);
     `spans`: a span per unit through OpenTelemetry (fleet.runtime.spans; the fleet[otel] extra)."""
@@ -244,6 +261,7 @@ class FleetConfig:
     roles: RoleSet = REFERENCE_ROLES
     limits: Limits = Limits()
     restart: RestartIntensity = RestartIntensity()
+    memory: MemoryConfig = MemoryConfig()
     metrics: MetricsConfig = MetricsConfig()
     store: StoreConfig = StoreConfig()
     record: RecordConfig = RecordConfig()
@@ -354,6 +372,20 @@ def _restart(data):
         _number("restart.fork_server_timeout_s",
                 data.get("fork_server_timeout_s", RestartIntensity.fork_server_timeout_s)),
     )
+
+
+def _memory(data):
+    data = _table("memory", data)
+    _reject_unknown("memory", data, tuple(f.name for f in dataclasses.fields(MemoryConfig)))
+    cordon = data.get("pressure_cordon", MemoryConfig.pressure_cordon)
+    if not isinstance(cordon, bool):
+        raise ConfigError("memory.pressure_cordon", f"must be true or false, got {cordon!r}")
+    window = _number("memory.pressure_window_ms", data.get("pressure_window_ms", MemoryConfig.pressure_window_ms))
+    stall = _number("memory.pressure_stall_ms", data.get("pressure_stall_ms", MemoryConfig.pressure_stall_ms))
+    if stall > window:
+        raise ConfigError("memory.pressure_stall_ms", f"must be at most memory.pressure_window_ms ({window}), "
+                                                     f"got {stall!r}")
+    return MemoryConfig(cordon, stall, window)
 
 
 def _metrics(data):
@@ -487,8 +519,8 @@ def installed_config(name: str, config_dir: str = CONFIG_DIR) -> str | None:
     return path if os.path.exists(path) else None
 
 
-SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "metrics", "store", "record", "admission",
-            "saturation")
+SECTIONS = ("fleet", "budget", "posture", "roles", "limits", "restart", "memory", "metrics", "store", "record",
+            "admission", "saturation")
 
 
 def _build(raw: dict, source, env_paths) -> FleetConfig:
@@ -505,6 +537,7 @@ def _build(raw: dict, source, env_paths) -> FleetConfig:
         roles=roles,
         limits=_limits(raw.get("limits", {})),
         restart=_restart(raw.get("restart", {})),
+        memory=_memory(raw.get("memory", {})),
         metrics=_metrics(raw.get("metrics", {})),
         store=_store(raw.get("store", {}), roles),
         record=_record(raw.get("record", {})),
@@ -538,6 +571,9 @@ _TYPES = {
     ("restart", "max_restarts"): "int",
     ("restart", "within_seconds"): "float",
     ("restart", "fork_server_timeout_s"): "float",
+    ("memory", "pressure_cordon"): "bool",
+    ("memory", "pressure_stall_ms"): "int",
+    ("memory", "pressure_window_ms"): "int",
     ("metrics", "enabled"): "bool",
     ("metrics", "port"): "int",
     ("metrics", "spans"): "bool",

@@ -48,10 +48,17 @@ class Owed:
     lease_lost: tuple[str, str] | None = None
 
 
-def cause(status: int, timed_out: Sequence[int] = ()) -> str:
+#: How a LaneDeath's detail begins when the kernel's OOM killer killed the worker.
+OOM = "oom"
+
+
+def cause(status: int, timed_out: Sequence[int] = (), oom_where: str | None = None) -> str:
     """How the worker died, from its wait status (negative: the signal), naming the unit
-    whose timeout killed it when there is one."""
+    whose timeout killed it when there is one, and the kernel's OOM killer when it was
+    that (`oom_where`: the file that counted the kill, fleet.rules.oom)."""
     how = f"signal {-status}" if status < 0 else f"exit code {status}"
+    if oom_where is not None:
+        how = f"{OOM}: killed by the kernel's OOM killer ({how}; counted in {oom_where})"
     if timed_out:  # the others on the seat die of that unit's timeout: say so
         how += f", killed because unit {timed_out[0]} ran past its timeout"
     return how

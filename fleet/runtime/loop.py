@@ -175,7 +175,7 @@ class Supervisor:
                                   seats=self.seats, results=self._results, books=self.books,
                                   dispatcher=rig.dispatcher, table=rig.table, deadlines=self._deadlines,
                                   role_stops=self.role_stops, posture=self.posture, publisher=rig.publisher, host=host,
-                                  dispatch=dispatch, closing=lambda: self.door.closing)
+                                  dispatch=dispatch, closing=lambda: self.door.closing, oom=rig.oom)
         self._stops = Stops(door=self.door, books=self.books, gates=self.gates, dispatcher=rig.dispatcher,
                             seats=self.seats, results=self._results, posture=self.posture, roles=roles,
                             table=rig.table, host=host, dispatch=dispatch, recorder=self.recorder)
@@ -398,6 +398,7 @@ class Supervisor:
                 now = self.host.monotonic()
                 if now >= next_sample:
                     deaths.hear()  # a zygote that died said nothing: its socket tells
+                    deaths.read_oom()  # kills of the group's OOM killer, claimed by the deaths that follow
                     self.posture.sample()
                     self.saturation.sample(now, self.dispatcher.queued)
                     next_sample = now + SAMPLE_EVERY_S

@@ -105,13 +105,20 @@ class PostureEffects:
 
     # ------------------------------------------------------------------ quota
     def _watch_quota(self) -> None:
-        """Quota re-detection and CPU pressure (fleet.host.sampler.QuotaWatcher): pressure on
-        the fleet's own group holds the posture Cordoned; a quota change is logged and,
+        """Quota re-detection, CPU and memory pressure (fleet.host.sampler.QuotaWatcher): pressure
+        on the fleet's own group holds the posture Cordoned (cpu-pressure, memory-pressure); a quota change is logged and,
         when the plan's quota changed, starts a new epoch."""
         seen = self._quota_watcher.poll()
-        if seen.pressure is not None:
-            act = self._owner.hold if seen.pressure == pressure_mod.HOLD else self._owner.release
-            self.after_change(act(pressure_mod.CAUSE, self._host.now_ms()))
+        watcher = self._quota_watcher
+        for action, cause, source in ((seen.pressure, pressure_mod.CAUSE, watcher.pressure_input),
+                                      (seen.memory, pressure_mod.MEMORY_CAUSE, watcher.memory_input)):
+            if action is not None:
+                # One line per hold and release, whatever the posture was: a hold beside
+                # another cause changes no posture, and would leave no trace otherwise.
+                log.warning("[fleet-posture] fleet %s: %s %s (PSI on %s)", self._name, cause,
+                            "held" if action == pressure_mod.HOLD else "released", getattr(source, "path", "?"))
+                act = self._owner.hold if action == pressure_mod.HOLD else self._owner.release
+                self.after_change(act(cause, self._host.now_ms()))
         if seen.change is not None:
             self._quota_changed(seen.change)
         table = self._table
@@ -119,7 +126,7 @@ class PostureEffects:
         for slot in released:
             if table.transition(slot, fsm.UNPIN) != fsm.OK:
                 log.error("slot %d: epoch UNPIN refused in state %s", slot, fsm.STATE_NAMES[table.state(slot)[0]])
-        if released or seen.pressure is not None or seen.change is not None:
+        if released or seen.pressure is not None or seen.memory is not None or seen.change is not None:
             self._dispatch()
 
     def _quota_changed(self, change) -> None:

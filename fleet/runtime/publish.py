@@ -25,6 +25,7 @@ class Publisher:
         self._runs_ended: list = []  # (role name, seconds) not yet published
         self._makespans: list = []  # (role name, key, epoch, seconds) not yet published
         self.last_change = None  # the posture transition that set the current posture
+        self._exits = {"oom_kills": 0, "recycles": 0}  # workers gone outside an outcome, as the table shows them
 
     def run_ended(self, role: str, seconds: float) -> None:
         """A unit's run time, held until `units` hands it over with the ledger's counters."""
@@ -35,9 +36,20 @@ class Publisher:
         self._makespans.append((role, key, epoch, seconds))
 
     def recycled(self, role: str) -> None:
-        """A worker was recycled after a unit of `role` (max_rss_mib): counted in the metrics."""
+        """A worker was recycled after a unit of `role` (max_rss_mib): counted in the table
+        and the metrics."""
+        self._exits["recycles"] += 1
+        self.table.set_worker_exits(**self._exits)
         if self.metrics is not None:
             self.metrics.count_recycle(role)
+
+    def oom_killed(self, role: str) -> None:
+        """The kernel's OOM killer killed a worker running a unit of `role` ("?": none):
+        counted in the table and the metrics."""
+        self._exits["oom_kills"] += 1
+        self.table.set_worker_exits(**self._exits)
+        if self.metrics is not None:
+            self.metrics.count_oom_kill(role)
 
     def units(self) -> None:
         """The one point unit counters and run times are published, before the futures

@@ -30,6 +30,7 @@ import signal
 
 from fleet.shm import parcels
 from fleet.rules import fsm
+from fleet.rules import oom as oom_mod
 from fleet.rules import posture as posture_mod
 from fleet.rules.intensity import Deaths
 from fleet.rules.vocab import Reason
@@ -71,13 +72,33 @@ class SeatDeaths:
     nothing is owed)."""
 
     def __init__(self, *, name: str, roles, layout, restart, seats, results, books, dispatcher, table, deadlines,
-                 role_stops, posture, publisher, host, dispatch, closing):
+                 role_stops, posture, publisher, host, dispatch, closing, oom=None):
         self._name, self._roles, self._layout, self._restart = name, roles, layout, restart
         self._seats, self._results, self._books, self._dispatcher = seats, results, books, dispatcher
         self._table, self._deadlines, self._role_stops, self._posture = table, deadlines, role_stops, posture
         self._publisher, self._host, self._dispatch, self._closing = publisher, host, dispatch, closing
         #: role name -> workers recycled after one of its units passed its max_rss_mib (the loop writes)
         self.recycles: dict[str, int] = {}
+        #: role name -> workers the kernel's OOM killer killed while they ran a unit of it ("?": none)
+        self.oom_kills: dict[str, int] = {}
+        # The memory group's OOM-kill counter (fleet.host.sampler.OomCounter; None: not read)
+        # and what fleet.rules.oom made of its readings; the first reading is the baseline.
+        self._oom, self._oom_books = oom, oom_mod.OomBooks()
+        self.read_oom()
+
+    def read_oom(self) -> None:
+        """Read the group's OOM-kill counter (at boot, once a sample, at a death): kills seen
+        stay claimable a while (fleet.rules.oom)."""
+        if self._oom is not None:
+            self._oom_books = oom_mod.observe(self._oom_books, self._host.now_ms(), self._oom.read())
+
+    def _oom_killed(self, status: int, ours: bool) -> str | None:
+        """Where the OOM kill of a worker that died with `status` was counted; None: it was not one."""
+        if self._oom is None or ours or status != -signal.SIGKILL:
+            return None
+        self.read_oom()
+        self._oom_books, killed = oom_mod.claim(self._oom_books, self._host.now_ms(), status, ours)
+        return self._oom.path if killed else None
 
     def hear(self) -> None:
         """Read what the zygote sent and which workers died (the news counts first: news
@@ -114,7 +135,9 @@ class SeatDeaths:
         self._seats.drop_unsent(seat)
         lost = dispatcher.seat_lost(seat)
         owed = [self._owed(item.unit_id, slot) for item, slot in lost]
-        how = deaths_mod.cause(status, [unit.unit_id for unit in owed if unit.timed_out])
+        ours = workers.killed_by_us(pid)
+        oom_where = self._oom_killed(status, ours)
+        how = deaths_mod.cause(status, [unit.unit_id for unit in owed if unit.timed_out], oom_where)
         who = "the worker being forked" if pid is None else f"worker pid {pid}"
         worker = f"{who} of seat {self._layout.seats[seat].name} died ({how})"
         back = []  # never started: back to the head of their queues, unrun
@@ -129,7 +152,8 @@ class SeatDeaths:
         # Slots switch roles: the roles that died are those of the units it ran.
         dead_roles = {item.role for (item, _slot), unit in zip(lost, owed) if unit.started}
         self._reset_slots(seat)
-        ours = workers.killed_by_us(pid)
+        if oom_where is not None:
+            self._count_oom(dead_roles)
         planned = status in (EXIT_RETIRED, EXIT_RECYCLED, EXIT_INIT_FAILED) and not ours
         if planned:
             # No death: it ran its max_tasks or passed its role's max_rss_mib (replaced, as
@@ -150,6 +174,12 @@ class SeatDeaths:
             workers.fork(seat)
         self._dispatch()
         self._publisher.units()
+
+    def _count_oom(self, codes) -> None:
+        """Count an OOM kill for the roles of the units its worker ran ("?" when it ran none)."""
+        for role in sorted(self._roles.by_code(code).name for code in codes) or ["?"]:
+            self.oom_kills[role] = self.oom_kills.get(role, 0) + 1
+            self._publisher.oom_killed(role)
 
     def _worker_exited(self, seat: int, pid: int, status: int, recycled: tuple | None = None) -> bool:
         """A worker that left on purpose (`seat_died`): True to fork its seat again.

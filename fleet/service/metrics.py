@@ -21,6 +21,9 @@ What is exported (names as scraped):
 * ``fleet_unit_run_seconds{role}`` — histogram fed by the supervisor.
 * ``fleet_worker_recycles_total{role}`` — workers replaced after a unit of the role left
   them above its ``max_rss_mib`` (fed by the supervisor; a role appears at its first).
+* ``fleet_worker_oom_kills_total{role}`` — workers the kernel's OOM killer killed while they
+  ran a unit of the role (``role="?"``: between units), as their group's ``memory.events``
+  counted them (fleet.rules.oom; fed by the supervisor; a role appears at its first).
 * ``fleet_unit_makespan_seconds{role,key,epoch}`` — histogram of each unit's makespan, from its
   accept to its outcome (002 §7), whatever the outcome. ``key`` is the pinned key of a keyed
   role (``""`` for the others); the first `MAKESPAN_KEYS` keys of a role have their own series,
@@ -299,6 +302,7 @@ class FleetMetrics:
         self._keys: dict[str, set] = {}
         self._folded: dict[str, int] = {}  # role -> units whose key shares OTHER_KEY
         self._recycles: dict[str, int] = {}  # role -> workers recycled (max_rss_mib)
+        self._oom_kills: dict[str, int] = {}  # role -> workers the kernel's OOM killer killed
         self._epochs: set[int] = set()  # the epochs whose makespan series are kept
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(FleetCollector(provider, clock=clock, units=self._units_view))
@@ -348,6 +352,11 @@ class FleetMetrics:
         """One worker recycled after a unit of `role` (max_rss_mib). Thread-safe."""
         with self._lock:
             self._recycles[role] = self._recycles.get(role, 0) + 1
+
+    def count_oom_kill(self, role: str) -> None:
+        """One worker killed by the kernel's OOM killer while it ran a unit of `role`. Thread-safe."""
+        with self._lock:
+            self._oom_kills[role] = self._oom_kills.get(role, 0) + 1
 
     def _observe_locked(self, role: str, seconds: float) -> None:
         counts, total = self._runs.get(role) or ([0] * (len(self._bounds) + 1), 0.0)
@@ -401,6 +410,7 @@ class FleetMetrics:
             makespan_series = {(r, k, str(e)): (list(c), t) for (r, k, e), (c, t) in self._makespans.items()}
             folds = dict(self._folded)
             recycled = dict(self._recycles)
+            oom_killed = dict(self._oom_kills)
         self._add_series(runs, run_series)
         self._add_series(makespan, makespan_series)
         for role in sorted(folds):
@@ -411,7 +421,13 @@ class FleetMetrics:
         )
         for role in sorted(recycled):
             recycles.add_metric((role,), recycled[role])
-        return ledger, [runs, makespan, folded, recycles]
+        oom_kills = CounterMetricFamily(
+            "fleet_worker_oom_kills", "Workers the kernel's OOM killer killed while they ran a unit of the role.",
+            labels=("role",),
+        )
+        for role in sorted(oom_killed):
+            oom_kills.add_metric((role,), oom_killed[role])
+        return ledger, [runs, makespan, folded, recycles, oom_kills]
 
     def _add_series(self, family: HistogramMetricFamily, series: dict) -> None:
         for labels in sorted(series):
@@ -500,6 +516,10 @@ class MetricsServer:
     def count_recycle(self, role: str) -> None:
         """Shortcut for ``self.metrics.count_recycle``."""
         self.metrics.count_recycle(role)
+
+    def count_oom_kill(self, role: str) -> None:
+        """Shortcut for ``self.metrics.count_oom_kill``."""
+        self.metrics.count_oom_kill(role)
 
     def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = (),
                       makespans: Iterable[tuple] = ()) -> None:

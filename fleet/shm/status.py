@@ -186,6 +186,7 @@ def build(snap, *, alive: bool, delays: dict, delay_source: str, now_ns: int, wa
         "posture": posture(snap.posture_view(), now_ns),
         "throttle_reads": meta.get("throttle_reads"),
         "cgroup": meta.get("cgroup"),
+        "memory": memory(snap.ledger_view(), meta),
         "ledger": ledger(snap.ledger_view()),
         "queues": queues,
         "saturated": saturated(queues, meta),
@@ -297,6 +298,16 @@ def posture(view: dict, now_ns: int) -> dict:
         "dwell_s": None if dwell_ns is None else round(dwell_ns / 1e9, 3),
         "cordoned_s": round(cordoned_ns / 1e9, 3),
     }
+
+
+def memory(ledger_view: dict, meta: dict) -> dict:
+    """Workers gone outside an outcome: killed by the kernel's OOM killer (their units
+    failed LaneDeath, its detail beginning ``oom``) and recycled over max_rss_mib; and
+    which files the counts and the memory pressure are read from (None: not read)."""
+    reads = meta.get("memory_reads") or {}
+    return {"oom_kills": ledger_view.get("oom_kills", 0), "worker_recycles": ledger_view.get("worker_recycles", 0),
+            "oom_kills_from": reads.get("oom_kills"), "oom_kills_unread": reads.get("reason"),
+            "pressure_from": reads.get("pressure")}
 
 
 def ledger(view: dict) -> dict:

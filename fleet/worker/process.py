@@ -577,7 +577,8 @@ def _utf8(text: str) -> bytes:
 def child_setup(cpus, nice: int | None = None, title=None) -> None:
     """Process-wide set-up of a fresh worker (after fork, before run): pinned to `cpus`,
     at `nice` (fleet.host.priority: a worker below its supervisor's loop), named
-    `title` (a fleet.rules.titles.Title; None: the zygote's name kept)."""
+    `title` (a fleet.rules.titles.Title; None: the zygote's name kept), its oom_score_adj
+    raised (fleet.host.priority.raise_oom_score)."""
     from fleet._native import lib
 
     lib.fleet_set_pdeathsig(signal.SIGKILL)  # never outlive the zygote (and so fleetd)
@@ -599,3 +600,6 @@ def child_setup(cpus, nice: int | None = None, title=None) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
         except OSError as exc:  # a nice we may not take: run at the zygote's, say so
             log.warning("cannot set worker nice to %d: %s", nice, exc)
+    from fleet.host.priority import raise_oom_score
+
+    raise_oom_score()  # the OOM killer's first choice in the group: a worker, not its supervisor

@@ -491,3 +491,20 @@ def test_status_of_an_embedded_fleet_says_so_and_why(fleet_name, capsys):
     finally:
         t.close()
         t.unlink()
+
+
+def test_status_counts_workers_oom_killed_and_recycled_from_the_table(table, fleet_name, capsys):
+    """The two counters live in the ledger record (same writer, same seqlock): a fleet that
+    never wrote them (or is older) shows 0, and a write shows in --json and the table.
+    Mutations that turn it red: the snapshot reading the wrong words, `set_worker_exits`
+    writing outside the seqlock's fields."""
+    _, doc, _ = status_json(capsys, fleet_name)
+    assert doc["memory"] == {"oom_kills": 0, "worker_recycles": 0, "oom_kills_from": None, "oom_kills_unread": None,
+                             "pressure_from": None}
+    table.set_worker_exits(oom_kills=3, recycles=7)
+    _, doc, _ = status_json(capsys, fleet_name)
+    assert (doc["memory"]["oom_kills"], doc["memory"]["worker_recycles"]) == (3, 7)
+    assert doc["ledger"]["submitted"] == 40  # the ledger's own words untouched
+    _, out, _ = status(capsys, "--name", fleet_name)
+    assert "workers   OOM-killed 3  recycled over max_rss_mib 7" in out
+    assert "OOM kills from not read: no memory cgroup; memory pressure cordons from none" in out

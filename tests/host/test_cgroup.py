@@ -237,3 +237,57 @@ def test_affinity_is_the_process_not_a_pinned_thread():
     t.start()
     t.join()
     assert seen == [whole]
+
+
+# --- memory: the OOM-kill counter and the group's memory.pressure ---------------------------------
+
+
+def _copy(name: str, tmp_path) -> Path:
+    import shutil
+
+    dest = tmp_path / name
+    shutil.copytree(FIXTURES / name, dest)
+    return dest
+
+
+def test_the_memory_group_is_the_v2_group_with_the_memory_controller(tmp_path):
+    root = _copy("v2_nested", tmp_path)
+    group = root / "sys/fs/cgroup/fleet.slice/fleet.service"
+    (group / "memory.events").write_text("low 0\nhigh 12\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")
+    cdir, reasons = cgroup.memory_dir(str(root))
+    assert (cdir.version, cdir.path) == (V2, "/sys/fs/cgroup/fleet.slice/fleet.service"), reasons
+    assert cgroup.oom_kills_file(cdir) == "/sys/fs/cgroup/fleet.slice/fleet.service/memory.events"
+    assert cgroup.read_oom_kills(cdir, str(root)) == 2
+
+
+def test_on_a_hybrid_host_the_memory_group_is_v1_and_its_count_is_in_oom_control(tmp_path):
+    root = _copy("v1_hybrid", tmp_path)
+    group = root / "sys/fs/cgroup/memory/fleet.slice/app"
+    group.mkdir(parents=True)
+    cdir, reasons = cgroup.memory_dir(str(root))
+    assert (cdir.version, cdir.path) == (V1, "/sys/fs/cgroup/memory/fleet.slice/app")
+    assert "cgroup2 at /sys/fs/cgroup/unified/fleet.slice/app has no memory controller" in reasons
+    with pytest.raises(CgroupUnavailable, match="cannot read .*memory.oom_control"):
+        cgroup.read_oom_kills(cdir, str(root))
+    (group / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\n")  # a kernel before 4.13
+    with pytest.raises(CgroupUnavailable, match="has no oom_kill counter"):
+        cgroup.read_oom_kills(cdir, str(root))
+    (group / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert cgroup.read_oom_kills(cdir, str(root)) == 5
+
+
+def test_no_memory_group_says_why():
+    assert cgroup.memory_dir(tree("empty")) == (None, ("cannot read /proc/self/cgroup or mountinfo",))
+
+
+def test_the_memory_pressure_file_is_the_own_v2_groups_or_none(tmp_path):
+    root = _copy("v2_nested", tmp_path)
+    assert cgroup.own_pressure_file("memory", str(root)) is None  # the group has no memory.pressure
+    (root / "sys/fs/cgroup/fleet.slice/fleet.service/memory.pressure").write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert cgroup.own_pressure_file("memory", str(root)) == "/sys/fs/cgroup/fleet.slice/fleet.service/memory.pressure"
+    # host-wide memory pressure is never the fleet's own
+    host = tmp_path / "proc" / "pressure"
+    host.mkdir(parents=True)
+    (host / "memory").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert cgroup.own_pressure_file("memory", str(tmp_path)) is None

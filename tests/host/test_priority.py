@@ -111,3 +111,14 @@ def test_this_process_reads_the_callers_nice_and_privilege():
     p = priority.this_process(4)
     assert p.base == _nice_of(0) and p.levels == 4
     assert p.raises_loop == (os.geteuid() == 0)  # CI runs as root: CAP_SYS_NICE
+
+
+def test_a_worker_raises_its_oom_score_adj_by_500_up_to_the_kernels_maximum(tmp_path):
+    """Raising needs no privilege; lowering would. Mutation that turns it red: subtracting."""
+    from fleet.host.priority import oom_score_adj_after, raise_oom_score
+
+    assert [oom_score_adj_after(v) for v in (0, 200, 600, -1000)] == [500, 700, 1000, -500]
+    path = tmp_path / "oom_score_adj"
+    path.write_text("100\n")
+    assert raise_oom_score(str(path)) == 600 and path.read_text() == "600"
+    assert raise_oom_score(str(tmp_path / "absent")) is None  # logged, never raised

@@ -308,3 +308,26 @@ def test_metrics_port_bounds_are_inclusive():
 def test_bad_metrics_env_value_names_the_variable():
     with pytest.raises(ConfigError, match="FLEET_METRICS__PORT"):
         load_config(env={"FLEET_METRICS__PORT": "70000"})
+
+
+def test_the_memory_section_defaults_reads_and_overrides():
+    from fleet.runtime.config import MemoryConfig
+
+    assert load_config(env={}).memory == MemoryConfig(True, 100, 2000)
+    cfg = load_config({"memory": {"pressure_stall_ms": 300, "pressure_window_ms": 4000}},
+                      env={"FLEET_MEMORY__PRESSURE_CORDON": "false"})
+    assert cfg.memory == MemoryConfig(False, 300, 4000)
+
+
+@pytest.mark.parametrize("section, path, text", [
+    ({"pressure_stall_ms": 3000}, "memory.pressure_stall_ms",
+     "memory.pressure_stall_ms: must be at most memory.pressure_window_ms (2000), got 3000"),
+    ({"pressure_window_ms": 100}, "memory.pressure_window_ms",
+     "memory.pressure_window_ms: must be an integer in [500, 10000] ms, got 100"),
+    ({"pressure_cordon": "yes"}, "memory.pressure_cordon", "must be true or false, got 'yes'"),
+    ({"pressure": 1}, "memory.pressure", "unknown key; known: pressure_cordon, pressure_stall_ms, pressure_window_ms"),
+])
+def test_a_bad_memory_key_is_named_with_what_was_wrong(section, path, text):
+    with pytest.raises(ConfigError) as info:
+        load_config({"memory": section}, env={})
+    assert info.value.path == path and text in str(info.value), str(info.value)

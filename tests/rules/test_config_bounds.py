@@ -28,6 +28,7 @@ INSIDE = {
     "admission.backoff_base": [1e-9, 300],  # at most backoff_max (300)
     "admission.backoff_max": [1.0, ranges.UNIT_WAIT_S],  # at least backoff_base (1)
     "saturation.clear_depth": [0, 7],  # below raise_depth (8)
+    "memory.pressure_stall_ms": [1, 2000],  # at most pressure_window_ms (2000)
 }
 
 

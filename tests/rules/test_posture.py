@@ -6,6 +6,7 @@ import pytest
 
 from fleet.rules import posture as P
 from fleet.rules.fsm import CORDONED, NOMINAL
+from fleet.rules.vocab import CAUSE_CODES
 
 POLICY = P.DEFAULT_POLICY
 MS = 1_000_000  # ns per ms
@@ -332,3 +333,18 @@ def test_cpu_pressure_is_a_held_cause_its_input_releases_but_not_an_operator_cau
         P.check_cause("cpu-pressure")
     state, change = P.release(state, "cpu-pressure", 10)
     assert state.causes == frozenset()  # released; the clean window then brings Nominal back
+
+
+def test_memory_pressure_is_held_and_released_apart_from_cpu_pressure():
+    """Both pressures may hold at once; each is released by its own input, and the cause the
+    table shows is the held one's. Mutations that turn it red: MEMORY_PRESSURE left out of
+    HELD_CAUSES (hold raises), or made sticky (check_cause takes it)."""
+    state, change = P.hold(P.initial(0), "memory-pressure", 0)
+    assert state.posture == CORDONED and change.cause == CAUSE_CODES["memory-pressure"]
+    assert P.cause_code(state, change) == CAUSE_CODES["memory-pressure"]
+    with pytest.raises(P.PostureCauseError):
+        P.check_cause("memory-pressure")  # not an operator's
+    state, _ = P.hold(state, "cpu-pressure", 5)
+    state, _ = P.release(state, "memory-pressure", 10)
+    assert state.causes == {"cpu-pressure"} and state.posture == CORDONED
+    assert P.cause_code(state, change) == CAUSE_CODES["cpu-pressure"]

@@ -218,3 +218,41 @@ def test_the_pressure_trigger_is_armed_at_the_first_poll_not_at_boot():
     assert armed == [] and w.pressure_input is None
     assert w.poll().pressure == PR.HOLD and armed == [True]
     assert w.describe().endswith("; CPU pressure on /g/cpu.pressure cordons the fleet")
+
+
+def test_memory_pressure_is_a_hold_of_its_own_and_never_wakes_re_detection():
+    """The memory input feeds `Seen.memory` (the cause memory-pressure), not `Seen.pressure`,
+    and a fired memory trigger does not re-detect the quota. Mutations that turn it red: the
+    memory reading fed to the CPU state (Seen.pressure set), its `fired` passed to `quota.due`."""
+    clock, calls = Clock(0), []
+
+    def detect():
+        calls.append(clock.now)
+        return _limit(2)
+
+    memory = FakePressure(True, [(True, 100_000), (False, 100_000), (False, 100_000)])
+    memory.path = "/g/memory.pressure"
+    w = QuotaWatcher(Q.choose(None, 2, "x"), detect=detect, clock=clock, every_ms=2000, memory_input=memory)
+    clock.now = 100
+    seen = w.poll()
+    assert (seen.memory, seen.pressure, calls) == (PR.HOLD, None, [])
+    assert w.memory_state.held and not w.pressure_state.held
+    clock.now = 1100
+    assert w.poll().memory is None
+    clock.now = 2100
+    seen = w.poll()
+    assert seen.memory == PR.RELEASE and calls == [2100]  # its period, not the trigger
+    assert "; memory pressure on /g/memory.pressure (150 ms stalled in 2000 ms) cordons the fleet" in w.describe()
+
+
+def test_the_memory_trigger_is_armed_at_the_first_poll_and_its_absence_is_said():
+    armed = []
+
+    def arm():
+        armed.append(True)
+        return None  # no own cgroup2 group: nothing to arm
+
+    w = QuotaWatcher(Q.choose(None, 2, "x"), detect=lambda: _limit(2), clock=Clock(0), arm_memory=arm)
+    assert armed == []
+    assert w.poll().memory is None and armed == [True] and w.memory_input is None
+    assert w.describe().endswith("; no memory pressure input (no own cgroup2 group, no PSI, or the trigger was refused)")

@@ -34,6 +34,7 @@ FAILURE_REASON_CODES = {
 #: The table's posture record, P_CAUSE.
 POSTURE_CAUSE_CODES = {
     0: "none", 1: "throttle-events", 2: "throttle-duty", 3: "lane-death", 4: "operator", 5: "cpu-pressure",
+    6: "memory-pressure",
 }
 #: The table's role records, R_CLASS.
 CORDON_CLASS_CODES = {0: "never", 1: "floor", 2: "deferrable"}
@@ -81,7 +82,7 @@ def test_posture_causes_keep_their_codes():
     named = {getattr(vocab, "CAUSE_" + attr): getattr(vocab.Cause, attr)
              for attr in vars(vocab.Cause) if attr.isupper()}
     assert named == POSTURE_CAUSE_CODES
-    assert vocab.cause_name(6) == "?6"
+    assert vocab.cause_name(7) == "?7"
 
 
 def test_cordon_classes_and_postures_keep_their_codes():

@@ -57,7 +57,7 @@ def test_a_leaking_worker_is_recycled_between_units_and_no_unit_fails(fleet_name
     """Mutations that turn it red: the worker's check removed (pid never changes); the
     supervisor's planned set without EXIT_RECYCLED (a LaneDeath cordon; the role stops at
     once with max_restarts 0, units fail); the RECYCLING note not kept (recycles counted
-    under "?"); the publisher's `recycled` not called (no fleet_worker_recycles_total)."""
+    under "?"); the publisher's `recycled` not called (no fleet_worker_recycles_total, and status counts 0)."""
     bound = int(fresh_mib) + LEAKS_PER_LIFE * LEAK_MIB
     caplog.set_level(logging.INFO, logger="fleet.runtime.seat_deaths")
     with running(_one_seat(fleet_name, metrics=True, max_rss_mib=bound)) as f:
@@ -75,6 +75,8 @@ def test_a_leaking_worker_is_recycled_between_units_and_no_unit_fails(fleet_name
                 assert mib > bound, (mib, bound)
         recycles = f._sup.recycles()
         assert recycles == {"leaky": changes}
+        memory = f.status()["memory"]
+        assert (memory["worker_recycles"], memory["oom_kills"]) == (changes, 0)  # status counts them too
         assert posture_mod.LANE_DEATH not in _causes(f)
         lines = [r.getMessage() for r in caplog.records if "recycled" in r.getMessage()]
         assert len(lines) == changes

@@ -172,3 +172,39 @@ def test_a_delegated_fleetd_restarted_makes_its_leaves_again_and_stopped_lets_sy
     assert second["main_pid"] != doc["first"]["main_pid"]
     assert doc["stop_rc"] == 0 and doc["state"] == "inactive" and doc["result"] == "success", doc
     assert doc["group_left"] is False, doc
+
+
+def test_a_leaking_handler_is_recycled_under_max_rss_mib_with_no_unit_failed(vm_run):
+    doc = result(vm_run, "leak")
+    assert doc["errors"] == [] and len(doc["values"]) == 16, doc
+    assert doc["pid_changes"] >= 1, doc  # a new worker after a unit that left it over the bound
+    assert doc["recycles_after"] - doc["recycles_before"] == doc["pid_changes"], doc
+    assert doc["failed_after"] == doc["failed_before"]
+    assert "lane-death" not in doc["causes"], doc
+
+
+def test_a_unit_past_memory_max_fails_lane_death_naming_oom_and_the_fleet_serves_on(vm_run):
+    doc = result(vm_run, "oom")
+    outcome = doc["outcome"]
+    assert outcome.get("error") == "UnitBroken" and outcome["reason"] == "LaneDeath", outcome
+    assert "oom: killed by the kernel's OOM killer" in outcome["text"] and "memory.events" in outcome["text"], outcome
+    assert doc["events_after"]["oom_kill"] == doc["events_before"].get("oom_kill", 0) + 1, doc
+    before, after = doc["status_before"], doc["status_after"]
+    assert after["oom_kills"] == before.get("oom_kills", 0) + 1, (before, after)
+    assert after["oom_kills_from"].endswith("/memory.events"), after
+    assert doc["served_after"] is True and doc["active"] == "active", doc
+
+
+def test_a_memory_hog_beside_the_fleet_cordons_it_for_memory_pressure_then_it_is_released(vm_run):
+    doc = result(vm_run, "memory_pressure")
+    before, after = doc["posture_before"], doc["after"]
+    assert "memory-pressure" not in before["causes"]
+    # held, then released: one line each, naming the group's memory.pressure (the whole group
+    # may be throttled while the hog runs beside the fleet: judged from the journal)
+    assert doc["held"] and "(PSI on " in doc["held"][0] and "/memory.pressure)" in doc["held"][0], doc["held"]
+    assert doc["released"], doc["journal"]
+    if doc["hog_leaf"]:  # the fleet answered all along: seen Cordoned for it
+        assert doc["cordoned"]["posture"] == "Cordoned" and "memory-pressure" in doc["cordoned"]["causes"], doc
+    assert doc["pressure_from"].endswith("/memory.pressure"), doc["pressure_from"]
+    assert after["enter_count"] >= before["enter_count"] and "memory-pressure" not in after["causes"], after
+    assert doc["serves"] is True and doc["active"] == "active" and doc["restarts"][0] == doc["restarts"][1], doc

@@ -183,8 +183,13 @@ N_FAILURE_REASONS = vocab.N_FAILURE_REASONS  # one counter per fleet.rules.vocab
 #: unit is one submit, or one chunk of a map of many items; fleet.rules.ledger.ITEM_COUNTS).
 L_ITEMS = 24
 N_ITEM_COUNTS = 5
+#: Then the workers that left outside a unit's outcome: killed by the kernel's OOM killer
+#: (fleet.rules.oom), recycled over their role's max_rss_mib. Same writer and seqlock; 0 in
+#: a table of a fleet that never counted them (the words were padding): same version.
+L_OOM_KILLS = 29
+L_RECYCLES = 30
 assert L_FAILED_BY_REASON + N_FAILURE_REASONS <= L_ITEMS, "room for 16 reasons: grow the ledger record"
-assert L_ITEMS + N_ITEM_COUNTS <= LEDGER_SIZE // 8
+assert L_ITEMS + N_ITEM_COUNTS <= L_OOM_KILLS and L_RECYCLES < LEDGER_SIZE // 8
 
 # --- role records (2 lines each) -------------------------------------------------------
 ROLE_SIZE = 2 * LINE

@@ -156,6 +156,8 @@ class TableSnapshot:
             "stray_results": int(g[L.L_STRAY_RESULTS]),
             "failed_by_reason": [g[L.L_FAILED_BY_REASON + i] for i in range(L.N_FAILURE_REASONS)],
             "items": dict(zip(ITEM_COUNTS, (int(g[L.L_ITEMS + i]) for i in range(L.N_ITEM_COUNTS)))),
+            "oom_kills": int(g[L.L_OOM_KILLS]),
+            "worker_recycles": int(g[L.L_RECYCLES]),
         }
 
     def role_view(self, code: int) -> dict:

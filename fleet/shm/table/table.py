@@ -321,6 +321,11 @@ class SlotTable:
         if not self._kernels().seq_write(self.ledger, L.L_SEQ, _LEDGER_FIELDS[:n], buf):
             raise IndexError("ledger field index out of range")
 
+    def set_worker_exits(self, *, oom_kills: int, recycles: int) -> None:
+        """Publish the workers the OOM killer killed and those recycled (ledger record,
+        seqlocked; its one writer: the loop thread, as for `set_ledger`)."""
+        self._seq_write(self.ledger, L.L_SEQ, {L.L_OOM_KILLS: oom_kills, L.L_RECYCLES: recycles})
+
     def set_queue_depth(self, role: int, depth: int, in_use: int | None = None, repins: int | None = None) -> None:
         base = role * ROLE_FIELDS
         fields = {base + L.R_QUEUE_DEPTH: depth}

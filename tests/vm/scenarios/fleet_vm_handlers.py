@@ -9,3 +9,25 @@ def spin(unit):
     while time.process_time() < end:
         n += 1
     return n
+
+
+_KEPT: list = []  # what `memory` keeps for the worker's life (a leak)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * 4096 / (1 << 20)
+
+
+def memory(unit):
+    """``("alloc", MiB)``: write MiB of memory and let it go (past the group's MemoryMax= the
+    kernel's OOM killer takes this worker); ``("leak", MiB)``: keep MiB written for the
+    worker's life. Returns (pid, resident MiB after)."""
+    import os
+
+    what, mib = unit.payload
+    block = b"x" * (int(mib) << 20)  # written: resident, charged to the group
+    if what == "leak":
+        _KEPT.append(block)
+    del block
+    return os.getpid(), _rss_mib()

@@ -60,8 +60,19 @@ handler = "fleet_vm_handlers:spin"
 slots = 1
 cordon_class = "never"
 timeout_s = 600
+
+[roles.mem]
+kind = "pooled"
+handler = "fleet_vm_handlers:memory"
+slots = 1
+max_rss_mib = {max_rss_mib}
+timeout_s = 600
 """
 EXIT_CLEAN_MS = 4000
+#: The mem role's bound: a fresh worker (Python, numba, fleet) is well below it; LEAK_MIB a
+#: unit, a worker passes it within a few units.
+MAX_RSS_MIB = 256
+LEAK_MIB = 32
 
 
 def report(name: str, doc: dict) -> None:
@@ -202,7 +213,7 @@ def s_install_and_start() -> dict:
     """`fleetd --print-unit` into /etc/systemd/system, the socket group given in a drop-in,
     `systemctl enable --now`; a watcher records the states the unit went through."""
     CONFIG.parent.mkdir(exist_ok=True)
-    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS))
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS, max_rss_mib=MAX_RSS_MIB))
     unit_text = sh(f"{VENV}/bin/fleetd", "--print-unit", check=True).stdout
     pathlib.Path("/etc/systemd/system/fleetd@.service").write_text(unit_text)
     exec_start = next(line for line in unit_text.splitlines() if line.startswith("ExecStart="))
@@ -281,19 +292,19 @@ def s_fleetctl_access() -> dict:
 def s_reload() -> dict:
     before = posture()["policy"]["cordon_enter_events"]
     good = before + 3
-    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS).replace(
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS, max_rss_mib=MAX_RSS_MIB).replace(
         "cordon_enter_events = 2", f"cordon_enter_events = {good}"))
     good_rc = sh("systemctl", "reload", UNIT).returncode
     applied = wait_for("the good config applied", lambda: posture()["policy"]["cordon_enter_events"] == good, 120)
     cursor = journal_cursor()
-    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS).replace(
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS, max_rss_mib=MAX_RSS_MIB).replace(
         "cordon_enter_events = 2", "cordon_enter_events = -4"))
     bad_rc = sh("systemctl", "reload", UNIT).returncode
     refusal = wait_for("the bad config refused", lambda: re.search(r".*reload refused.*", journal(cursor)), 120)
     after_bad = posture()["policy"]["cordon_enter_events"]
     state = show("ActiveState")
     pid = main_pid()
-    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS))  # back to the original
+    CONFIG.write_text(CONFIG_TEXT.format(exit_ms=EXIT_CLEAN_MS, max_rss_mib=MAX_RSS_MIB))  # back to the original
     sh("systemctl", "reload", UNIT, check=True)
     wait_for("the original config back", lambda: posture()["policy"]["cordon_enter_events"] == 2, 120)
     return {"before": before, "good": good, "good_rc": good_rc, "applied": bool(applied), "bad_rc": bad_rc,
@@ -372,6 +383,133 @@ def s_kill9() -> dict:
     wait_for("the old workers gone", lambda: not alive(old_workers) or None, 60)
     return {"old_pid": old, "new_pid": new, "restarts": int(show("NRestarts") or 0) - restarts,
             "orphans": alive(old_workers), "serves": serves(), "creator_pid": status_json().get("creator_pid")}
+
+
+def _memory_group() -> str:
+    return unit_cgroup()
+
+
+def _set(prop: str) -> None:
+    sh("systemctl", "set-property", "--runtime", UNIT, prop, check=True)
+
+
+def _current_mib(group: str) -> int:
+    return int(pathlib.Path(group, "memory.current").read_text()) >> 20
+
+
+def s_oom() -> dict:
+    """`MemoryMax=` on the unit, a unit that allocates past it: the kernel's OOM killer
+    kills its worker, the unit fails LaneDeath naming oom, the fleet serves on, and status
+    and metrics count the kill."""
+    import fleet
+
+    group = _memory_group()
+    events0 = read_kv(f"{group}/memory.events")
+    status0 = status_json().get("memory", {})
+    base = _current_mib(group)
+    _set(f"MemoryMax={base + 48}M")
+    cursor = journal_cursor()
+    outcome: dict = {}
+    try:
+        with fleet.connect(FLEET, timeout=60) as client:
+            try:
+                outcome["value"] = client.submit("mem", ["alloc", 160]).result(timeout=600)
+            except Exception as exc:  # the outcome, by type and text
+                outcome["error"] = type(exc).__name__
+                outcome["reason"] = getattr(getattr(exc, "outcome", None), "reason", None)
+                outcome["text"] = str(exc)[-600:]
+    finally:
+        _set("MemoryMax=infinity")
+    events1 = read_kv(f"{group}/memory.events")
+    served = serves()
+    st = status_json()
+    lines = [l for l in journal(cursor).splitlines() if "oom" in l.lower()][:6]
+    # the lane death's sticky cordon is an operator's to release: later scenarios want Nominal
+    fleetctl("posture", "release", "lane-death")
+    return {"memory_max_mib": base + 48, "outcome": outcome, "events_before": events0, "events_after": events1,
+            "status_before": status0, "status_after": st.get("memory"), "served_after": served,
+            "active": show("ActiveState"), "journal": lines, "posture_causes": posture().get("causes")}
+
+
+#: A memory hog: says it started, then writes MiB (argv[1]) in 4 MiB blocks and keeps them,
+#: for argv[2] seconds after (or until killed).
+HOG = ("import sys, time\nprint('ready', flush=True)\n"
+       "kept = [b'x' * (4 << 20) for _ in range(int(sys.argv[1]) // 4)]\ntime.sleep(float(sys.argv[2]))\n")
+
+
+def _hog(where: str, mib: int, hold_s: float) -> subprocess.Popen:
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(mib), str(hold_s)], stdout=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: pathlib.Path(where, "cgroup.procs").write_text(str(os.getpid())))
+    hog.stdout.readline()
+    return hog
+
+
+def s_memory_pressure() -> dict:
+    """A memory hog beside the fleet, in the unit's group, stalled on memory: the group's
+    memory.pressure rises and the fleet cordons (cause memory-pressure); the hog gone, the
+    cause is released (the posture turns Nominal by its own rule once nothing else holds it).
+
+    Where the unit's group holds leaves (no process beside them, the memory controller on
+    below it) the hog gets a leaf of its own with a low memory.high: it alone is throttled,
+    and its stalls count in the unit's group above. Where the fleet's processes sit in the
+    unit's group itself, `MemoryHigh=` on the unit a little above what the fleet uses, and
+    a hog that passes it a little and leaves after a few seconds: the whole group is
+    throttled while it runs (the fleet too), so the hold and the release are judged from the
+    journal's lines and the posture's counters afterwards."""
+    group = unit_cgroup()
+    # Not Nominal, perhaps: under emulation the group's own CPU pressure may hold it
+    p0 = wait_for("no memory-pressure held", lambda: (lambda p: p if "memory-pressure" not in p["causes"] else None)(
+        posture()), 300, 0.5)
+    cursor, restarts = journal_cursor(), show("NRestarts")
+    leaf = "memory" in pathlib.Path(group, "cgroup.subtree_control").read_text().split()
+    cordoned = None
+    if leaf:
+        where = f"{group}/memory-hog"
+        os.makedirs(where, exist_ok=True)
+        pathlib.Path(where, "memory.high").write_text(str(8 << 20))
+        hog = _hog(where, 96, 3600)
+        try:
+            cordoned = wait_for("the memory-pressure cordon", lambda: (lambda p: p if "memory-pressure" in p["causes"]
+                                                                        else None)(posture()), 300, 0.25)
+        finally:
+            hog.kill()
+            hog.wait(60)
+            wait_for("the hog's leaf empty", lambda: not pathlib.Path(where, "cgroup.procs").read_text().strip(), 60)
+            os.rmdir(where)
+        high = "8M on the hog's leaf"
+    else:
+        base = _current_mib(group)
+        high = f"{base + 8}M on the unit"
+        _set(f"MemoryHigh={base + 8}M")
+        try:
+            hog = _hog(group, 24, 3)
+            hog.wait(600)
+        finally:
+            _set("MemoryHigh=infinity")
+    held = wait_for("the hold in the journal", lambda: [l for l in journal(cursor).splitlines()
+                                                        if "memory-pressure held" in l], 120)
+    released = wait_for("the release in the journal", lambda: [l for l in journal(cursor).splitlines()
+                                                               if "memory-pressure released" in l], 300)
+    after = wait_for("memory-pressure let go", lambda: (lambda p: p if "memory-pressure" not in p["causes"] else None)(
+        posture()), 300, 0.25)
+    lines = [l for l in journal(cursor).splitlines() if "memory-pressure" in l or "fleet-posture" in l][:12]
+    return {"high": high, "hog_leaf": leaf, "posture_before": p0, "cordoned": cordoned, "held": held,
+            "released": released, "journal": lines, "after": after, "active": show("ActiveState"), "restarts": [restarts, show("NRestarts")],
+            "pressure_from": status_json().get("memory", {}).get("pressure_from"), "serves": serves()}
+
+
+def s_leak() -> dict:
+    """A leaking handler under the role's max_rss_mib: its worker is recycled between units,
+    no unit fails, status counts the recycles."""
+    before = status_json()
+    values, errors = submit("mem", [["leak", LEAK_MIB]] * 16, timeout=600)
+    after = status_json()
+    pids = [v[0] for v in values]
+    return {"values": values, "errors": errors, "pid_changes": sum(a != b for a, b in zip(pids, pids[1:])),
+            "recycles_before": before.get("memory", {}).get("worker_recycles"),
+            "recycles_after": after.get("memory", {}).get("worker_recycles"),
+            "failed_before": before["ledger"]["failed"], "failed_after": after["ledger"]["failed"],
+            "causes": posture().get("causes"), "max_rss_mib": MAX_RSS_MIB}
 
 
 def s_stop() -> dict:
@@ -454,6 +592,9 @@ SCENARIOS = [
     ("kill9", s_kill9),
     ("throttle", s_throttle),
     ("throttle_slice", s_throttle_slice),
+    ("leak", s_leak),
+    ("oom", s_oom),
+    ("memory_pressure", s_memory_pressure),
     ("stop", s_stop),
     ("delegation", s_delegation),
 ]

@@ -163,7 +163,7 @@ class ReloadOp(Op):
         checked `config` as a boot would first."""
         applied, restart = [], []
         old = sup.config
-        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "metrics", "store",
+        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "memory", "metrics", "store",
                       "saturation"):
             if getattr(config, field) != getattr(old, field):
                 restart.append(field)
