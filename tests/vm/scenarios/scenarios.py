@@ -488,9 +488,9 @@ def s_memory_pressure() -> dict:
         finally:
             _set("MemoryHigh=infinity")
     held = wait_for("the hold in the journal", lambda: [l for l in journal(cursor).splitlines()
-                                                        if "memory-pressure held" in l], 120)
+                                                        if "memory-pressure: hold" in l], 120)
     released = wait_for("the release in the journal", lambda: [l for l in journal(cursor).splitlines()
-                                                               if "memory-pressure released" in l], 300)
+                                                               if "memory-pressure: release" in l], 300)
     after = wait_for("memory-pressure let go", lambda: (lambda p: p if "memory-pressure" not in p["causes"] else None)(
         posture()), 300, 0.25)
     lines = [l for l in journal(cursor).splitlines() if "memory-pressure" in l or "fleet-posture" in l][:12]
