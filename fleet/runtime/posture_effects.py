@@ -115,8 +115,8 @@ class PostureEffects:
             if action is not None:
                 # One line per hold and release, whatever the posture was: a hold beside
                 # another cause changes no posture, and would leave no trace otherwise.
-                log.warning("[fleet-posture] fleet %s: %s %s (PSI on %s)", self._name, cause,
-                            "held" if action == pressure_mod.HOLD else "released", getattr(source, "path", "?"))
+                log.warning("[fleet-posture] fleet %s: %s: %s (PSI on %s)", self._name, cause, action,
+                            getattr(source, "path", "?"))
                 act = self._owner.hold if action == pressure_mod.HOLD else self._owner.release
                 self.after_change(act(cause, self._host.now_ms()))
         if seen.change is not None:
