@@ -73,7 +73,7 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 WARM_MAX = 1 << 30
 #: A warm parcel free this long is let go at the next write or outcome (an idle fleet
 #: does not hold the pages of a burst long past it).
-WARM_IDLE_S = 30.0
+WARM_IDLE_S = 60.0
 
 
 class ParcelError(FleetError):
@@ -307,7 +307,8 @@ class Warm:
             size = _warm_size(total)
             name, offsets, fd = write(self._fleet, views, keep_fd=True, size=size)
             try:
-                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                # its pages mapped now (~2 ms per 64 MiB), not faulted one by one at its next write
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
             except OSError:
                 mm = None  # no room for a mapping: the parcel serves once, as a plain one
             finally:
