@@ -131,22 +131,24 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
 def _has_blob(obj, depth: int) -> bool:
     """Whether `obj` holds a `bytes` of OOB_MIN bytes or more: itself, or in the tuples,
     lists and dicts (values) of its first `depth` levels of at most SCAN_LEN items (a call's
-    arguments, a task body, a result). Deeper, or in longer containers, one stays in band."""
+    arguments, a task body, a result). Deeper, or in longer containers, one stays in band.
+    (It runs on every submit: loops, not generators; a container's atoms looked at in place.)"""
     kind = type(obj)
     if kind is bytes:
         return len(obj) >= OOB_MIN
     if kind is _Pickled:
         return len(obj.data) >= OOB_MIN
-    if not depth:
-        return False
-    if kind is tuple or kind is list:
-        if len(obj) > SCAN_LEN:
-            return False
-        return any(_has_blob(item, depth - 1) for item in obj)
     if kind is dict:
-        if len(obj) > SCAN_LEN:
-            return False
-        return any(_has_blob(item, depth - 1) for item in obj.values())
+        obj, kind = obj.values(), list
+    if not depth or (kind is not tuple and kind is not list) or len(obj) > SCAN_LEN:
+        return False
+    for item in obj:
+        kind = type(item)
+        if kind is bytes:
+            if len(item) >= OOB_MIN:
+                return True
+        elif (kind is tuple or kind is list or kind is dict or kind is _Pickled) and _has_blob(item, depth - 1):
+            return True
     return False
 
 
