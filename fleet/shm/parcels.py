@@ -344,23 +344,32 @@ class Warm:
 
     def end(self, name: str, reuse: bool) -> None:
         """The unit lent `name` has ended: with `reuse` (its worker gave its mapping back
-        before it answered) the parcel goes back free, warm, if there is room for it;
-        else, or when there is not, it is removed."""
+        before it answered) the parcel goes back free, warm (the longest free let go when
+        the keep would be passed); else it is removed."""
+        gone, kept = [], False
         with self._lock:
             size, mm = self._lent.pop(name, (0, None))
             self._trim()
-            if reuse and mm is not None and not self._closed and size + self._free_bytes() <= self._keep:
+            if reuse and mm is not None and not self._closed and size <= self._keep:
                 warm = _warm_name(name)
                 try:
                     os.rename(os.path.join(SHM_DIR, name), os.path.join(SHM_DIR, warm))
                 except OSError:
                     pass  # swept meanwhile: let it go
                 else:
+                    # room made by letting the longest free go: the next payloads are likelier
+                    # the size of the last ones
+                    while self._free and size + self._free_bytes() > self._keep:
+                        gone.append(self._free.pop(0))
                     self._free.append((size, warm, mm, self._clock()))
-                    return
-        remove(name)
-        if mm is not None:
-            mm.close()
+                    kept = True
+        for _size, old, old_mm, _at in gone:
+            _unlink(old)
+            old_mm.close()
+        if not kept:
+            remove(name)
+            if mm is not None:
+                mm.close()
 
     def _free_bytes(self) -> int:
         return sum(size for size, *_ in self._free)
