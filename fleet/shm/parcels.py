@@ -303,30 +303,30 @@ class Warm:
         views = _bytes_views(parts)
         offsets, total = layout(v.nbytes for v in views)
         warm = self._take(total)
-        if warm is None:
-            size = _warm_size(total)
-            name, offsets, fd = write(self._fleet, views, keep_fd=True, size=size)
+        if warm is not None:
+            size, warm_name, mm = warm
+            name = name_for(self._fleet)
             try:
-                # its pages mapped now (~2 ms per 64 MiB), not faulted one by one at its next write
-                mm = mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
-            except OSError:
-                mm = None  # no room for a mapping: the parcel serves once, as a plain one
-            finally:
-                os.close(fd)
-            with self._lock:
-                self._lent[name] = (size, mm)
-            return name, offsets
-        size, warm_name, mm = warm
-        name = name_for(self._fleet)
+                os.rename(os.path.join(SHM_DIR, warm_name), os.path.join(SHM_DIR, name))
+            except OSError:  # swept meanwhile (a teardown): a new one instead
+                mm.close()
+            else:
+                with self._lock:
+                    self._lent[name] = (size, mm)
+                for view, off in zip(views, offsets):
+                    _copy_into(mm, off, view)
+                return name, offsets
+        size = _warm_size(total)
+        name, offsets, fd = write(self._fleet, views, keep_fd=True, size=size)
         try:
-            os.rename(os.path.join(SHM_DIR, warm_name), os.path.join(SHM_DIR, name))
-        except OSError as exc:  # swept meanwhile (a teardown): nothing of it to reuse
-            mm.close()
-            raise ParcelError(f"cannot reuse a warm parcel in {SHM_DIR}: {exc.strerror}") from None
+            # its pages mapped now (~2 ms per 64 MiB), not faulted one by one at its next write
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            mm = None  # no room for a mapping: the parcel serves once, as a plain one
+        finally:
+            os.close(fd)
         with self._lock:
             self._lent[name] = (size, mm)
-        for view, off in zip(views, offsets):
-            _copy_into(mm, off, view)
         return name, offsets
 
     def _take(self, total: int):
