@@ -40,6 +40,22 @@ def poke(a: np.ndarray) -> tuple[bool, float]:
     return writable, float(a.sum())
 
 
+#: Arrays a worker kept past their units (`keep`): a handler may hold what it was given.
+KEPT: list = []
+
+
+def keep(a: np.ndarray) -> tuple[float, float]:
+    """Keep the array in this worker (a module global) and write into it: (its first two values)."""
+    KEPT.append(a)
+    a[1] = -1.0
+    return float(a[0]), float(a[1])
+
+
+def kept(_=None) -> list[tuple[float, float, float]]:
+    """(first, second, sum) of each array this worker kept."""
+    return [(float(a[0]), float(a[1]), float(a.sum())) for a in KEPT]
+
+
 def wait_for(path: str, payload=None) -> int:
     """Once `path` exists, the size of `payload` (holds a unit running without timing)."""
     deadline = time.monotonic() + 120

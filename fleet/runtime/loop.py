@@ -145,6 +145,7 @@ class Supervisor:
             self.books.watch = spans.watch_for(self.config, rig, self.seats, exporting)
         except BaseException:
             rig.teardown(self.gates, self.ledger, kill=True)
+            self._submitter.warm.close()
             raise
         self.gates.install(boot.gates(rig, self.config, self.roles, self._ring))
         boot.settle(self.config)
@@ -423,6 +424,7 @@ class Supervisor:
             self._stops.fail_everything(Reason.LANE_DEATH, "the supervisor loop crashed")
         finally:
             self._rig.teardown(self.gates, self.ledger)
+            self._submitter.warm.close()  # its units are over: the warm parcels' pages go
             self.door.shut(f"fleet {self.name!r} has stopped")
 
     def _raise_loop_thread(self) -> None:

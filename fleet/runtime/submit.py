@@ -87,6 +87,8 @@ class Submitter:
         self._room, self._intake = door.room, door.intake
         self._max_payload = limits.max_payload_bytes
         self.beside = Beside(limits.max_parcel_bytes)  # payload bytes in parcels, capped (backpressure)
+        # the parcels payloads travel in, kept warm between units (fleet.shm.parcels.Warm)
+        self.warm = parcels.Warm(door.name, keep=min(parcels.WARM_MAX, self.beside.cap // 4))
         self._providers = None  # the provider gate (its `check` of a route), once boot made it
         self._accept = self._accept_many = None  # the loop's half, once composed
 
@@ -133,7 +135,8 @@ class Submitter:
                 admission["checked"] = self._providers.check(route, **admission)
         parcel = codec.pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
                                  limit=self._max_payload, fleet=self._door.name, room=self.beside,
-                                 block=block and not self._door.on_loop(), block_timeout=block_timeout)
+                                 block=block and not self._door.on_loop(), block_timeout=block_timeout,
+                                 writer=self.warm.write)
         body = parcel[0]
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = _task_flags(chunk, timeout, self._recorder is not None)
@@ -151,7 +154,8 @@ class Submitter:
         on a path that runs once per call."""
         timeout = self._roles.by_code(code).timeout_s  # read each time: a reload may change it
         parcel = codec.pack_task(role, payload, None, None, None, pickled_payload=None, limit=self._max_payload,
-                                 fleet=self._door.name, room=self.beside, block=not self._door.on_loop())
+                                 fleet=self._door.name, room=self.beside, block=not self._door.on_loop(),
+                                 writer=self.warm.write)
         unit, on_loop = self._queued(code, role, None, 0, parcel[0],
                                      _task_flags(False, timeout, self._recorder is not None), timeout, True, None, parcel)
         return self._post(unit, on_loop, role, payload)
@@ -190,7 +194,8 @@ class Submitter:
                 first = not packed
                 try:
                     packed.append(codec.pack_task(role, payload, None, lane, None, pickled_payload=None, limit=limit,
-                                                  fleet=fleet, room=beside, block=first and not on_loop))
+                                                  fleet=fleet, room=beside, block=first and not on_loop,
+                                                  writer=self.warm.write))
                 except QueueFull:
                     if first:
                         raise
@@ -222,11 +227,13 @@ class Submitter:
             futures.extend(u.future for u in units)
             start += took
 
-    def _unpack(self, packed: list) -> None:
-        """Remove the parcels of task bodies that never became units, their room given back."""
+    def _unpack(self, packed: list, reuse: bool = True) -> None:
+        """End the parcels of task bodies, their room given back: of units never queued (no
+        worker saw them), or at a unit's outcome, kept warm for the next payload only when
+        `reuse` (fleet.shm.parcels.Warm), else removed."""
         for _body, name, size in packed:
             if name is not None:
-                parcels.remove(name)
+                self.warm.end(name, reuse)
                 self.beside.give(size)
 
     def _queued(self, code: int, role: str, key, priority: int, body: bytes, flags: int, timeout, block: bool,
@@ -260,8 +267,9 @@ class Submitter:
             # The unit owns the parcel its payload travels in: every outcome resolves the
             # future (solved, failed, cancelled, timed out, its worker dead, shut down),
             # and the parcel goes with it, its room given back. A worker that mapped it
-            # keeps its own mapping.
-            future.add_done_callback(lambda _f, p=parcel: self._unpack([p]))
+            # keeps its own mapping. Solved, its worker gave the mapping back before it
+            # answered (fleet.worker.codec.lending): the parcel may be written again.
+            future.add_done_callback(lambda f, p=parcel: self._unpack([p], _solved(f)))
         return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
 
     def _turned_away(self, error: BaseException, unit: LoopUnit, *_rest) -> None:
@@ -279,6 +287,11 @@ class Submitter:
         """A `submit_many` run the loop never accepted: each unit as `_turned_away`."""
         for unit in units:
             self._turned_away(error, unit)
+
+
+def _solved(future: Future) -> bool:
+    """Whether a done unit's future holds a value: its worker ran it to its end and answered."""
+    return not future.cancelled() and future.exception() is None
 
 
 def _check_unit(spec, key, lane, priority, timeout, request_id) -> None:

@@ -29,6 +29,18 @@ Ownership, one owner per parcel, so every path reclaims it:
   made per process, never booted again) removes those of fleets that have no table any more
   (`sweep_orphans`).
 
+Warm parcels (`Warm`). A fresh segment's every page is allocated by the kernel as it is
+written (a fault per 4 KiB page, and the page freed again at the outcome): on this kind of
+host that costs more than the copy itself (a write into a fresh segment moves ~3 GB/s, into
+mapped pages ~8 GB/s). So the supervisor keeps its task parcels mapped and, once a unit
+is solved, renames its parcel ``/fleet.<fleet>.w<pid>.<hex>`` (warm: free, never opened by
+a receiver) and writes the next payload into its pages under a fresh parcel name. That is
+safe because the worker gives its mapping back before it sends the result
+(`fleet.worker.codec.lending`): it unmaps it, or, when the unit's code kept an object built
+over it, first makes every page of its private mapping its own (copy-on-write), so nothing
+the worker holds ever sees the next payload. Any other outcome (failed, cancelled, timed
+out, a worker killed) removes the parcel as before. Warm parcels are swept with the rest.
+
 This module imports no numpy.
 """
 from __future__ import annotations
@@ -38,6 +50,9 @@ import os
 import re
 import secrets
 import stat
+import sys
+import threading
+import time
 
 from fleet.rules.errors import FleetError
 from fleet.shm.segments import OWNER_ONLY, SHM_DIR
@@ -48,8 +63,17 @@ MARK = ".p"
 ALIGN = 64
 #: Most bytes one write(2) moves on Linux.
 _WRITE_MAX = 0x7FFFF000
+#: Between a fleet's name and the creator's pid in a warm (free) parcel's name.
+WARM_MARK = ".w"
 _NAME_RE = re.compile(r"fleet\.([^./~]+)\.p([0-9]+)\.[0-9a-f]{16}")
+#: A parcel's name or a warm one's: what the sweeps remove.
+_OURS_RE = re.compile(r"fleet\.([^./~]+)\.([pw])[0-9]+\.[0-9a-f]{16}")
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+#: Most bytes of warm parcels a fleet keeps free (and a cap's quarter when that is less).
+WARM_MAX = 1 << 30
+#: A warm parcel free this long is let go at the next write or outcome (an idle fleet
+#: does not hold the pages of a burst long past it).
+WARM_IDLE_S = 60.0
 
 
 class ParcelError(FleetError):
@@ -76,12 +100,20 @@ def layout(sizes) -> tuple[list[int], int]:
     return offsets, end
 
 
-def write(fleet: str, parts: list) -> tuple[str, list[int]]:
+def _bytes_views(parts) -> list[memoryview]:
+    return [p if isinstance(p, memoryview) and p.format == "B" and p.ndim == 1 else memoryview(p).cast("B")
+            for p in parts]
+
+
+def write(fleet: str, parts: list, *, keep_fd: bool = False, size: int | None = None):
     """A new parcel of `fleet` holding `parts` (buffers) at `layout`'s offsets: (its name,
     the offsets). Each byte is copied once, by the kernel, into the segment. Raises
-    ParcelError (nothing left behind) when it cannot be made: /dev/shm full, no fds."""
-    views = [memoryview(p).cast("B") for p in parts]
+    ParcelError (nothing left behind) when it cannot be made: /dev/shm full, no fds.
+    ``size``: the segment's size when larger than the parts need (a warm parcel's);
+    ``keep_fd``: the open descriptor is returned third, the caller's to close."""
+    views = _bytes_views(parts)
     offsets, total = layout(v.nbytes for v in views)
+    total = max(total, size or 0)
     for _ in range(8):
         name = name_for(fleet)
         try:
@@ -102,12 +134,12 @@ def write(fleet: str, parts: list) -> tuple[str, list[int]]:
             while done < view.nbytes:
                 done += os.pwrite(fd, view[done : done + _WRITE_MAX], off + done)
     except OSError as exc:
+        os.close(fd)
         remove(name)
         raise ParcelError(f"cannot write a parcel of {total} bytes in {SHM_DIR}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-        for view in views:
-            view.release()
+    if keep_fd:
+        return name, offsets, fd
+    os.close(fd)
     return name, offsets
 
 
@@ -116,6 +148,16 @@ def open_(name: str, *, take: bool) -> mmap.mmap:
     (a result): its name is removed now, and the mapping is shared (nobody else maps it).
     Else (a task, which its supervisor owns) the mapping is private, copy-on-write.
     Raises ParcelError when it is gone, not a regular file, or not this uid's."""
+    fd, size = open_fd(name, take=take)
+    try:
+        return map_(fd, size, take=take)
+    finally:
+        os.close(fd)
+
+
+def open_fd(name: str, *, take: bool) -> tuple[int, int]:
+    """(an open descriptor, the size) of the parcel `name`, checked as `open_` says; with
+    ``take`` its name is removed now. The descriptor is the caller's to close."""
     path = _path(name)
     try:
         fd = os.open(path, (os.O_RDWR if take else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -129,12 +171,39 @@ def open_(name: str, *, take: bool) -> mmap.mmap:
             remove(name)
         if st.st_size == 0:
             raise ParcelError(f"the parcel {path} is empty")
-        # Shared: its pages mapped at once (no fault per page later). Private: left to fault
-        # in as read, since populating a private writable mapping copies every page (COW).
-        flags = mmap.MAP_SHARED | _POPULATE if take else mmap.MAP_PRIVATE
-        return mmap.mmap(fd, st.st_size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def map_(fd: int, size: int, *, take: bool) -> mmap.mmap:
+    """A writable mapping of an open parcel (`open_fd`): shared when taken, else private."""
+    # Shared: its pages mapped at once (no fault per page later). Private: left to fault
+    # in as read, since populating a private writable mapping copies every page (COW).
+    flags = mmap.MAP_SHARED | _POPULATE if take else mmap.MAP_PRIVATE
+    return mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def read(fd: int, offset: int, n: int) -> bytes:
+    """`n` bytes of an open parcel from `offset`, as a new bytes object: one copy, by the
+    kernel, with no mapping to fault in (what an immutable bytes needs: its own memory)."""
+    chunks, done = [], 0
+    while done < n:
+        got = os.pread(fd, min(n - done, _WRITE_MAX), offset + done)
+        if not got:
+            raise ParcelError(f"a parcel ends {n - done} bytes short of its part")
+        chunks.append(got)
+        done += len(got)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def privatize(mm: mmap.mmap) -> None:
+    """Make every page of a private mapping this process's own (a write to each copies it,
+    copy-on-write): what the mapping shows no longer follows the file."""
+    step = mmap.PAGESIZE
+    with memoryview(mm) as view:
+        view[::step] = bytes(view[::step])
 
 
 def remove(name: str) -> bool:
@@ -157,10 +226,12 @@ def _remove_ours(entries) -> list[str]:
     removed = []
     uid = os.geteuid()
     for entry in entries:
+        path = os.path.join(SHM_DIR, entry)
         try:
-            if os.lstat(os.path.join(SHM_DIR, entry)).st_uid == uid and remove(entry):
+            if os.lstat(path).st_uid == uid:
+                os.unlink(path)
                 removed.append(entry)
-        except (FileNotFoundError, ParcelError):
+        except FileNotFoundError:
             continue
     return removed
 
@@ -168,8 +239,9 @@ def _remove_ours(entries) -> list[str]:
 def sweep(fleet: str, pid: int | None = None) -> list[str]:
     """Remove this uid's parcels of `fleet` (only those `pid` made, when given): the fleet's
     boot and teardown, and a dead worker's. Returns the names removed."""
-    prefix = f"fleet.{fleet}{MARK}" + ("" if pid is None else f"{pid}.")
-    return _remove_ours(e for e in _entries() if e.startswith(prefix) and _NAME_RE.fullmatch(e))
+    tail = "" if pid is None else f"{pid}."
+    prefixes = (f"fleet.{fleet}{MARK}{tail}", f"fleet.{fleet}{WARM_MARK}{tail}")
+    return _remove_ours(e for e in _entries() if e.startswith(prefixes) and _OURS_RE.fullmatch(e))
 
 
 def sweep_orphans(prefix: str) -> list[str]:
@@ -177,15 +249,173 @@ def sweep_orphans(prefix: str) -> list[str]:
     more (``/fleet.<name>``, or an alternate of it): their supervisor is gone, and no boot
     takes a per-process name again. A live fleet's table exists before its first parcel."""
     entries = _entries()
-    tables = {e.partition("~")[0] for e in entries if not _NAME_RE.fullmatch(e)}
+    tables = {e.partition("~")[0] for e in entries if not _OURS_RE.fullmatch(e)}
     orphans = []
     for entry in entries:
-        match = _NAME_RE.fullmatch(entry)
+        match = _OURS_RE.fullmatch(entry)
         if match and match.group(1).startswith(prefix) and f"fleet.{match.group(1)}" not in tables:
             orphans.append(entry)
     return _remove_ours(orphans)
 
 
-def count(fleet: str | None = None) -> int:
-    """Parcels in /dev/shm (of `fleet`, when given): for tests and status."""
-    return sum(1 for e in _entries() if _NAME_RE.fullmatch(e) and (fleet is None or e.startswith(f"fleet.{fleet}.p")))
+def count(fleet: str | None = None, *, warm: bool = False) -> int:
+    """Parcels in /dev/shm (of `fleet`, when given): for tests and status. ``warm``: the
+    warm (free) ones instead of those in use."""
+    kind = "w" if warm else "p"
+    matches = (_OURS_RE.fullmatch(e) for e in _entries())
+    return sum(1 for m in matches if m and m.group(2) == kind and (fleet is None or m.group(1) == fleet))
+
+
+def _warm_size(total: int) -> int:
+    """A warm parcel's size for `total` bytes: rounded up to an eighth of its power of two
+    (at most an eighth more), so payloads of about one size take each other's parcels."""
+    granule = max(mmap.PAGESIZE, 1 << max(0, total.bit_length() - 4))
+    return -(-total // granule) * granule
+
+
+def _copy_into(mm: mmap.mmap, offset: int, view: memoryview) -> None:
+    """`view`'s bytes into `mm` at `offset`: numpy's copy when numpy is loaded (it lets
+    other threads run meanwhile: the supervisor's loop may share this process), else a
+    memoryview's."""
+    np = sys.modules.get("numpy")
+    if np is not None and view.nbytes >= 1 << 20:
+        np.copyto(np.frombuffer(mm, np.uint8, view.nbytes, offset), np.frombuffer(view, np.uint8))
+    else:
+        with memoryview(mm) as whole:
+            whole[offset : offset + view.nbytes] = view
+
+
+class Warm:
+    """The warm parcels of one fleet's tasks (see the module's text): each kept mapped here,
+    free under a warm name or lent to one unit under a parcel's; at most `keep` bytes free.
+    Any thread writes; the loop's thread ends them. One lock; the copies run outside it."""
+
+    def __init__(self, fleet: str, keep: int = WARM_MAX, clock=time.monotonic):
+        self._fleet, self._keep, self._clock = fleet, keep, clock
+        self._free: list[tuple[int, str, mmap.mmap, float]] = []  # (size, warm name, mapping, freed at)
+        self._lent: dict[str, tuple[int, mmap.mmap | None]] = {}  # parcel name -> (size, mapping or None)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def write(self, parts: list) -> tuple[str, list[int]]:
+        """A parcel holding `parts`, as `write` makes one: into a free warm parcel's pages
+        when one fits, else a new one (then kept mapped for the next). Raises ParcelError."""
+        views = _bytes_views(parts)
+        offsets, total = layout(v.nbytes for v in views)
+        warm = self._take(total)
+        if warm is not None:
+            size, warm_name, mm = warm
+            name = name_for(self._fleet)
+            try:
+                os.rename(os.path.join(SHM_DIR, warm_name), os.path.join(SHM_DIR, name))
+            except OSError:  # swept meanwhile (a teardown): a new one instead
+                mm.close()
+            else:
+                with self._lock:
+                    self._lent[name] = (size, mm)
+                for view, off in zip(views, offsets):
+                    _copy_into(mm, off, view)
+                return name, offsets
+        size = _warm_size(total)
+        name, offsets, fd = write(self._fleet, views, keep_fd=True, size=size)
+        try:
+            # its pages mapped now (~2 ms per 64 MiB), not faulted one by one at its next write
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            mm = None  # no room for a mapping: the parcel serves once, as a plain one
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._lent[name] = (size, mm)
+        return name, offsets
+
+    def _take(self, total: int):
+        """The smallest free warm parcel of at least `total` bytes and at most twice that."""
+        with self._lock:
+            self._trim()
+            best = None
+            for i, (size, _name, _mm, _at) in enumerate(self._free):
+                if total <= size <= 2 * total + mmap.PAGESIZE and (best is None or size < self._free[best][0]):
+                    best = i
+            if best is None:
+                return None
+            size, name, mm, _at = self._free.pop(best)
+            return size, name, mm
+
+    def end(self, name: str, reuse: bool) -> None:
+        """The unit lent `name` has ended: with `reuse` (its worker gave its mapping back
+        before it answered) the parcel goes back free, warm (the longest free let go when
+        the keep would be passed); else it is removed."""
+        gone, kept = [], False
+        with self._lock:
+            size, mm = self._lent.pop(name, (0, None))
+            self._trim()
+            if reuse and mm is not None and not self._closed and size <= self._keep:
+                warm = _warm_name(name)
+                try:
+                    os.rename(os.path.join(SHM_DIR, name), os.path.join(SHM_DIR, warm))
+                except OSError:
+                    pass  # swept meanwhile: let it go
+                else:
+                    # room made by letting the longest free go: the next payloads are likelier
+                    # the size of the last ones
+                    while self._free and size + self._free_bytes() > self._keep:
+                        gone.append(self._free.pop(0))
+                    self._free.append((size, warm, mm, self._clock()))
+                    kept = True
+        for _size, old, old_mm, _at in gone:
+            _unlink(old)
+            old_mm.close()
+        if not kept:
+            remove(name)
+            if mm is not None:
+                mm.close()
+
+    def _free_bytes(self) -> int:
+        return sum(size for size, *_ in self._free)
+
+    def _trim(self) -> None:
+        """Let go the warm parcels free for WARM_IDLE_S or more (under the lock)."""
+        if not self._free:
+            return
+        now = self._clock()
+        old = [w for w in self._free if now - w[3] >= WARM_IDLE_S]
+        if old:
+            self._free = [w for w in self._free if now - w[3] < WARM_IDLE_S]
+            for _size, warm, mm, _at in old:
+                _unlink(warm)
+                mm.close()
+
+    def free_bytes(self) -> int:
+        """Bytes of warm parcels held free now."""
+        with self._lock:
+            return self._free_bytes()
+
+    def close(self) -> None:
+        """Let every warm parcel go, free or lent (the fleet's teardown: its units are over)."""
+        with self._lock:
+            self._closed = True
+            free, self._free = self._free, []
+            lent, self._lent = self._lent, {}
+        for _size, warm, mm, _at in free:
+            _unlink(warm)
+            mm.close()
+        for name, (_size, mm) in lent.items():
+            remove(name)
+            if mm is not None:
+                mm.close()
+
+
+def _warm_name(name: str) -> str:
+    """The warm name of the parcel `name` (its random part kept)."""
+    match = _NAME_RE.fullmatch(name)
+    if not match:
+        raise ParcelError(f"{name!r} is not a parcel's name")
+    return f"fleet.{match.group(1)}{WARM_MARK}{match.group(2)}.{name.rsplit('.', 1)[1]}"
+
+
+def _unlink(warm: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM_DIR, warm))
+    except FileNotFoundError:
+        pass

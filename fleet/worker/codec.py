@@ -22,6 +22,9 @@ here (then the text says why, and the outcome has no original exception).
 """
 from __future__ import annotations
 
+import contextvars
+import io
+import os
 import pickle
 import struct
 import sys
@@ -55,6 +58,8 @@ MAX_DEPTH = 10_000
 OOB_MIN = 256 * 1024
 #: A pickle larger than this travels beside its ring whole (a ring message stays small).
 INLINE_MAX = 1 << 20
+#: Containers looked into for large `bytes` (`_has_blob`): this deep, this long at most.
+SCAN_DEPTH, SCAN_LEN = 4, 64
 #: The first byte of a body that names a parcel ("P"); a pickle's first byte is PROTO (0x80).
 PARCEL = 0x50
 #: After it: whether the receiver takes the parcel (a result) or its sender keeps it (a task).
@@ -82,45 +87,148 @@ def _dumps(value) -> bytes:
 
 
 def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = INLINE_MAX,
-         reserve=None) -> tuple[bytes, str | None]:
+         reserve=None, writer=None) -> tuple[bytes, str | None]:
     """`value` as a ring message's body, under the guard: (body, the parcel's name or None).
 
-    Pickled with protocol 5: each buffer of OOB_MIN bytes or more is set aside out of band;
-    if there is one, or the pickle is over `inline_max` bytes, the pickle and the buffers are
-    written once into a parcel of `fleet` and the body only names it. ``take``: the receiver
-    owns the parcel (a result); else the sender does (a task: removed at the unit's outcome).
+    Pickled with protocol 5: each buffer of OOB_MIN bytes or more is set aside out of band,
+    and so is each `bytes` object that large found in the value's first levels (`_has_blob`:
+    pickle keeps bytes in band, which would copy it into the pickle first); if there is one,
+    or the pickle is over `inline_max` bytes, the pickle and what was set aside are written
+    once into a parcel of `fleet` and the body only names it. ``take``: the receiver owns the
+    parcel (a result); else the sender does (a task: removed at the unit's outcome).
     ``fleet`` None: no parcel (the body is the pickle, whatever its size). ``reserve(n)``:
-    called with the parcel's size before it is written (it may wait, or raise).
+    called with the parcel's size before it is written (it may wait, or raise). ``writer``:
+    what writes the parts (`parcels.Warm.write`); a new parcel of `fleet` by default.
 
     Raises CodecError (it cannot be pickled), parcels.ParcelError (no room in /dev/shm)."""
     if fleet is None:
         return dumps(value, what), None
     aside: list = []
+    blobs: list = []
 
     def inline(buf) -> bool:  # pickle's buffer_callback: True keeps `buf` in the pickle
         view = memoryview(buf)
         if view.nbytes < OOB_MIN or not view.contiguous:
             return True
-        aside.append(view)
+        aside.append(buf.raw())  # bytes, in C or Fortran order alike
         return False
 
-    data = _guarded(lambda v: pickle.dumps(v, protocol=5, buffer_callback=inline), value, what, None)
-    if not aside and len(data) <= inline_max:
+    if _has_blob(value, SCAN_DEPTH):
+        data = _guarded(lambda v: _dump_with_blobs(v, inline, blobs), value, what, None)
+    else:
+        data = _guarded(lambda v: pickle.dumps(v, protocol=5, buffer_callback=inline), value, what, None)
+    if not aside and not blobs and len(data) <= inline_max:
         return data, None
-    parts = [data, *aside]
+    parts = [data, *aside, *blobs]
     sizes = [memoryview(p).nbytes for p in parts]
     if reserve is not None:
         reserve(parcels.layout(sizes)[1])
-    name, offsets = parcels.write(fleet, parts)
-    ref = bytes((PARCEL, _TAKE if take else _KEEP)) + pickle.dumps((name, offsets, sizes), protocol=5)
+    name, offsets = parcels.write(fleet, parts) if writer is None else writer(parts)
+    ref = bytes((PARCEL, _TAKE if take else _KEEP)) + pickle.dumps((name, offsets, sizes, len(aside)), protocol=5)
     return ref, name
+
+
+def _has_blob(obj, depth: int) -> bool:
+    """Whether `obj` holds a `bytes` of OOB_MIN bytes or more: itself, or in the tuples,
+    lists and dicts (values) of its first `depth` levels of at most SCAN_LEN items (a call's
+    arguments, a task body, a result). Deeper, or in longer containers, one stays in band.
+    (It runs on every submit: loops, not generators; a container's atoms looked at in place.)"""
+    kind = type(obj)
+    if kind is bytes:
+        return len(obj) >= OOB_MIN
+    if kind is _Pickled:
+        return len(obj.data) >= OOB_MIN
+    if kind is dict:
+        obj, kind = obj.values(), list
+    if not depth or (kind is not tuple and kind is not list) or len(obj) > SCAN_LEN:
+        return False
+    for item in obj:
+        kind = type(item)
+        if kind is bytes:
+            if len(item) >= OOB_MIN:
+                return True
+        elif (kind is tuple or kind is list or kind is dict or kind is _Pickled) and _has_blob(item, depth - 1):
+            return True
+    return False
+
+
+class _BlobPickler(pickle.Pickler):
+    """Protocol 5, with each large `bytes` set aside as a blob (its index in the pickle)."""
+
+    def __init__(self, file, inline, blobs: list):
+        super().__init__(file, protocol=5, buffer_callback=inline)
+        self._blobs, self._seen = blobs, {}
+
+    def persistent_id(self, obj):
+        if type(obj) is not bytes or len(obj) < OOB_MIN:
+            return None
+        at = self._seen.get(id(obj))
+        if at is None:
+            at = self._seen[id(obj)] = len(self._blobs)
+            self._blobs.append(obj)
+        return at
+
+
+def _dump_with_blobs(value, inline, blobs: list) -> bytes:
+    out = io.BytesIO()
+    _BlobPickler(out, inline, blobs).dump(value)
+    return out.getvalue()
+
+
+class _BlobUnpickler(pickle.Unpickler):
+    """The unpickler of `_BlobPickler`'s pickles: a blob's index gives it back."""
+
+    def __init__(self, file, buffers, blobs: list):
+        super().__init__(file, buffers=buffers)
+        self._blobs = blobs
+
+    def persistent_load(self, pid):
+        return self._blobs[pid]
+
+
+def _load_parts(stream, buffers, blobs: list):
+    """The object of a pickle and what was set aside from it (`pack`)."""
+    if not blobs:
+        return pickle.loads(stream, buffers=buffers)
+    return _BlobUnpickler(io.BytesIO(stream), buffers, blobs).load()
+
+
+#: The mappings of task parcels the running unit was lent (`lending`), in this context.
+_LENT: contextvars.ContextVar = contextvars.ContextVar("fleet_lent", default=None)
+
+
+class lending:
+    """Around a unit's run in the worker: the task parcels mapped meanwhile are given back
+    at its end, before its result is sent, so that its supervisor may write the next
+    payload into them (`parcels.Warm`). Each mapping is unmapped; one an object the unit's
+    code kept still uses is first made this process's own (`parcels.privatize`: its pages
+    copied as written), so that object never sees the next payload."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self):
+        self._token = _LENT.set([])
+
+    def __exit__(self, *exc):
+        lent = _LENT.get()
+        _LENT.reset(self._token)
+        give_back(lent)
+
+
+def give_back(lent: list) -> None:
+    """Unmap each of `lent`'s mappings, or make it private when an object still uses it."""
+    for mm in lent:
+        try:
+            mm.close()
+        except BufferError:  # an object the unit's code kept is built over it
+            parcels.privatize(mm)
 
 
 def parcel_of(body) -> tuple[str, int] | None:
     """(name, bytes) of the parcel a body names; None for an inline body."""
     if not (len(body) and body[0] == PARCEL):
         return None
-    name, _offsets, sizes = pickle.loads(body[2:])
+    name, _offsets, sizes, _n = pickle.loads(body[2:])
     return name, parcels.layout(sizes)[1]
 
 
@@ -147,11 +255,29 @@ def _load(data):
 def _unparcel(data):
     """The object a parcel holds. Its out-of-band buffers are views of the mapping, which
     lives as long as the objects built over them (an array's base is the mapping): no copy
-    and no view into memory reused later. The mapping is writable, and the receiver's own."""
-    name, offsets, sizes = pickle.loads(data[2:])
-    view = memoryview(parcels.open_(name, take=data[1] == _TAKE))
+    and no view into memory reused later. The mapping is writable, and the receiver's own:
+    a result's is taken; a task's is private and given back at the unit's end (`lending`).
+    Its blobs (large `bytes`) are read into bytes of their own: one copy, no mapping."""
+    name, offsets, sizes, n_oob = pickle.loads(data[2:])
+    take = data[1] == _TAKE
+    fd, size = parcels.open_fd(name, take=take)
+    try:
+        blobs = [parcels.read(fd, o, n) for o, n in zip(offsets[1 + n_oob:], sizes[1 + n_oob:])]
+        if not n_oob:
+            return _load_parts(parcels.read(fd, offsets[0], sizes[0]), (), blobs)
+        mm = parcels.map_(fd, size, take=take)
+    finally:
+        os.close(fd)
+    if not take:
+        lent = _LENT.get()
+        if lent is None:
+            parcels.privatize(mm)  # no unit's run to give it back at: its own pages from now
+        else:
+            lent.append(mm)
+    view = memoryview(mm)
     stream = view[offsets[0] : offsets[0] + sizes[0]]
-    return pickle.loads(stream, buffers=[view[o : o + n] for o, n in zip(offsets[1:], sizes[1:])])
+    buffers = [view[o : o + n] for o, n in zip(offsets[1 : 1 + n_oob], sizes[1 : 1 + n_oob])]
+    return _load_parts(stream, buffers, blobs)
 
 
 def _guarded(action, arg, what: str, where: str | None):
@@ -275,11 +401,12 @@ def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: byt
 
 def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int | None,
               fleet: str | None, inline_max: int = INLINE_MAX, room=None, block: bool = True,
-              block_timeout: float | None = None) -> tuple[bytes, str | None, int]:
+              block_timeout: float | None = None, writer=None) -> tuple[bytes, str | None, int]:
     """The body of one task, the name of the parcel it travels in beside the ring (None:
     inline) and the parcel's size in bytes (0: none). The parcel is the caller's to remove
     at the unit's outcome (`parcels.remove`), and its room to give back to `room`.
 
+    ``writer``: what writes a parcel (`pack`'s).
     ``room``: where a parcel of `n` bytes takes room before it is written (``room.take(n, what,
     block=, timeout=)`` may wait, or refuse: fleet.runtime.beside); given back here
     (``room.give(n)``) when the parcel is not made.
@@ -305,7 +432,7 @@ def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: byt
 
     try:
         body, parcel = pack((payload, key, lane, request_id), what, fleet, take=False, inline_max=inline_max,
-                            reserve=reserve)
+                            reserve=reserve, writer=writer)
     except CodecError as exc:
         raise unpicklable(exc) from None
     except parcels.ParcelError as exc:
@@ -394,38 +521,39 @@ def _outcome(status: int, body, relay: bool):
 def _relayed(body, what: str) -> _Pickled:
     """A value kept pickled for fleetd's client, never unpickled here. One that came beside
     the ring (a parcel) is taken and read out: its pickle alone, or, with out-of-band
-    buffers, a pickle of `_parts` that rebuilds it from them at the client's end (fleetd
-    sends it in parts whatever its size)."""
+    buffers or blobs, a pickle of `_parts` that rebuilds it from them at the client's end
+    (fleetd sends it in parts whatever its size)."""
     if not (len(body) and body[0] == PARCEL):
         return _Pickled(bytes(body))
-    name, offsets, sizes = pickle.loads(body[2:])
+    name, offsets, sizes, n_oob = pickle.loads(body[2:])
     try:
-        mm = parcels.open_(name, take=True)
+        fd, _size = parcels.open_fd(name, take=True)
+        try:
+            parts = [parcels.read(fd, o, n) for o, n in zip(offsets, sizes)]
+        finally:
+            os.close(fd)
     except parcels.ParcelError as exc:
         raise CodecError(f"{what} cannot be read: {exc}") from None
-    with memoryview(mm) as view:
-        parts = [bytes(view[o : o + n]) for o, n in zip(offsets, sizes)]
-    mm.close()
     if len(parts) == 1:
         return _Pickled(parts[0])
-    return _Pickled(pickle.dumps(_Parts(parts[0], parts[1:]), protocol=5))
+    return _Pickled(pickle.dumps(_Parts(parts[0], parts[1 : 1 + n_oob], parts[1 + n_oob:]), protocol=5))
 
 
 class _Parts:
-    """A pickle and its out-of-band buffers, as one in-band pickle (for a client of fleetd)."""
+    """A pickle, its out-of-band buffers and its blobs, as one in-band pickle (for a client of fleetd)."""
 
-    __slots__ = ("stream", "buffers")
+    __slots__ = ("stream", "buffers", "blobs")
 
-    def __init__(self, stream: bytes, buffers: list):
-        self.stream, self.buffers = stream, buffers
+    def __init__(self, stream: bytes, buffers: list, blobs: list = ()):
+        self.stream, self.buffers, self.blobs = stream, buffers, list(blobs)
 
     def __reduce__(self):
-        return _from_parts, (self.stream, self.buffers)
+        return _from_parts, (self.stream, self.buffers, self.blobs)
 
 
-def _from_parts(stream: bytes, buffers: list):
+def _from_parts(stream: bytes, buffers: list, blobs: list = ()):
     """The object `_Parts` carries (the buffers as bytearrays: an array over one is writable)."""
-    return pickle.loads(stream, buffers=[bytearray(b) for b in buffers])
+    return _load_parts(stream, [bytearray(b) for b in buffers], list(blobs))
 
 
 def clip_detail(detail: str | None) -> str | None:

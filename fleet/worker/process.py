@@ -36,7 +36,7 @@ import traceback
 
 from fleet.rules import cordon, fsm
 from fleet.shm import messages as M
-from fleet.worker.codec import (INLINE_MAX, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, error_parts, loads,
+from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, error_parts, loads,
                                  pack, parcel_of, refused_body, safe_str, split_route)
 from fleet.shm.parcels import ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
@@ -307,10 +307,11 @@ class Worker:
         measured = flags & M.F_CPU
         cpu0 = time.thread_time() if measured else 0.0
         t0 = time.perf_counter()
-        if flags & M.F_CHUNK:
-            status, out, cost = self._run_chunk(unit_id, role, body)
-        else:
-            status, out, cost = self._run_one(unit_id, role, body, flags)
+        with lending():  # the task parcel's mapping given back before the result goes
+            if flags & M.F_CHUNK:
+                status, out, cost = self._run_chunk(unit_id, role, body)
+            else:
+                status, out, cost = self._run_one(unit_id, role, body, flags)
         elapsed = time.perf_counter() - t0
         if strays.stray:  # forked while its payload was unpickled or its result pickled
             strays.leave()
@@ -402,10 +403,11 @@ class Worker:
     async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float, float]:
         """As `_execute`; its CPU is not measured (the loop's thread runs other units between awaits)."""
         t0 = time.perf_counter()
-        if flags & M.F_CHUNK:
-            status, out, cost = await self._run_chunk_async(unit_id, role, body)
-        else:
-            status, out, cost = await self._run_one_async(unit_id, role, body, flags)
+        with lending():  # as in _execute
+            if flags & M.F_CHUNK:
+                status, out, cost = await self._run_chunk_async(unit_id, role, body)
+            else:
+                status, out, cost = await self._run_one_async(unit_id, role, body, flags)
         return status, out, time.perf_counter() - t0, cost, NO_CPU
 
     async def _run_one_async(self, unit_id: int, role: int, body, flags: int) -> tuple[int, bytes, float]:

@@ -92,3 +92,20 @@ def test_a_map_of_arrays_each_arrives_whole(face):
     arrays = [np.full(MIB // 8 * (i + 1), float(i)) for i in range(8)]  # 1..8 MiB, distinct
     assert list(face.map("digest", arrays)) == [D.digest(a) for a in arrays]
     face.no_parcels_left()
+
+
+def test_an_array_a_worker_keeps_is_its_own_while_its_parcel_carries_the_next_payloads():
+    # One worker: the kept array and the payloads after it meet in one process, and each
+    # payload of the same size is written into the same warm parcel once its unit solved.
+    size = MIB  # over codec.OOB_MIN: each travels beside the ring
+    with fleet.Executor(max_workers=1) as ex:
+        first = np.full(size // 8, 5.0)
+        assert ex.submit(D.keep, first).result(BOUND_S) == (5.0, -1.0)
+        for i in range(20):
+            assert ex.submit(D.digest, np.full(size // 8, float(i))).result(BOUND_S)[0] == size
+        assert parcels.count(ex.fleet.name, warm=True) >= 1  # the parcels were kept warm between units
+        (a0, a1, total), = ex.submit(D.kept).result(BOUND_S)
+        # what the worker kept is what it was sent (and its own write), not a later payload
+        assert (a0, a1, total) == (5.0, -1.0, 5.0 * (size // 8 - 1) - 1.0)
+        name = ex.fleet.name
+    assert parcels.count(name) == 0 and parcels.count(name, warm=True) == 0

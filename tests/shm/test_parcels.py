@@ -96,3 +96,67 @@ def test_sweep_orphans_takes_only_parcels_of_fleets_without_a_table(fleet_name):
         os.unlink(table)
         parcels.sweep(live)
         parcels.sweep(gone)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _ino(name: str) -> int:
+    return os.stat(os.path.join(SHM_DIR, name)).st_ino
+
+
+def test_a_warm_parcel_is_written_again_once_its_unit_solved_and_removed_otherwise(fleet_name):
+    warm = parcels.Warm(fleet_name)
+    try:
+        first = b"a" * (1 << 20)
+        name, offsets = warm.write([b"head", first])
+        ino = _ino(name)
+        warm.end(name, reuse=True)
+        assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1
+        again, offsets = warm.write([b"head", b"b" * (1 << 20)])  # same size: the same pages
+        assert again != name and _ino(again) == ino and parcels.count(fleet_name, warm=True) == 0
+        mm = parcels.open_(again, take=False)
+        assert bytes(mm[offsets[1]:offsets[1] + 4]) == b"bbbb" and bytes(mm[0:4]) == b"head"
+        mm.close()
+        big, _ = warm.write([b"c" * (3 << 20)])  # over twice its size: a parcel of its own
+        assert _ino(big) != ino
+        warm.end(again, reuse=False)  # not solved: removed, never written again
+        warm.end(big, reuse=True)
+        assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1
+    finally:
+        warm.close()
+    assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 0
+
+
+def test_warm_parcels_are_held_up_to_their_keep_and_let_go_when_idle(fleet_name):
+    clock = Clock()
+    warm = parcels.Warm(fleet_name, keep=(3 << 20) - 1, clock=clock)
+    try:
+        names = [warm.write([b"x" * (1 << 20)])[0] for _ in range(3)]
+        for name in names:
+            warm.end(name, reuse=True)
+        assert parcels.count(fleet_name, warm=True) == 2  # a third passes the keep: the first goes
+        assert not os.path.exists(os.path.join(SHM_DIR, parcels._warm_name(names[0])))
+        clock.now = parcels.WARM_IDLE_S
+        name, _ = warm.write([b"y" * 100])  # too small for them; they are let go meanwhile
+        assert parcels.count(fleet_name, warm=True) == 0 and warm.free_bytes() == 0
+        warm.end(name, reuse=True)
+        assert parcels.count(fleet_name, warm=True) == 1
+    finally:
+        warm.close()
+    assert parcels.count(fleet_name, warm=True) == 0
+
+
+def test_sweep_takes_warm_parcels_too(fleet_name):
+    warm = parcels.Warm(fleet_name)
+    name, _ = warm.write([b"x" * 100])
+    warm.end(name, reuse=True)
+    assert parcels.count(fleet_name, warm=True) == 1
+    assert len(parcels.sweep(fleet_name, os.getpid())) == 1
+    assert parcels.count(fleet_name, warm=True) == 0
+    warm.close()

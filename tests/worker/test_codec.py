@@ -268,3 +268,42 @@ def test_a_stray_results_parcel_is_dropped_and_text_bodies_are_left_alone(fleet_
     codec.drop_parcel(M.ST_SOLVED, b"Plain words")  # looks like one, is not: nothing happens
     codec.drop_parcel(M.ST_SOLVED, body)
     assert parcels.count(fleet_name) == 0
+
+
+def test_a_large_bytes_is_set_aside_from_the_pickle_and_read_back_as_bytes(fleet_name):
+    from fleet.shm import parcels
+
+    blob = bytes(range(256)) * (codec.OOB_MIN // 256)
+    value = ((blob, [b"small", blob]), {"k": blob + b"!"})
+    body, parcel = codec.pack(value, "the result", fleet_name, take=True)
+    _name, _offsets, sizes, n_oob = pickle.loads(body[2:])
+    # the pickle holds none of them (no copy into it); the same object twice is set aside once
+    assert n_oob == 0 and sizes[0] < 1000 and sizes[1:] == [len(blob), len(blob) + 1]
+    back = codec.loads(body, "the result")
+    assert back == value and type(back[0][0]) is bytes and back[0][0] is back[0][1][1]
+    assert parcels.count(fleet_name) == 0
+
+
+def test_lending_unmaps_a_task_parcel_at_the_end_and_makes_one_still_used_its_own(fleet_name):
+    import numpy as np
+    from fleet.shm import parcels
+
+    warm = parcels.Warm(fleet_name)
+    try:
+        sent = np.full(1 << 17, 3.0)  # 1 MiB
+        body, name, _size = codec.pack_task("r", sent, None, None, None, pickled_payload=None, limit=None,
+                                            fleet=fleet_name, writer=warm.write)
+        with codec.lending():
+            kept = codec.loads(body, "the payload", "in the worker")[0]
+            dropped = codec.loads(body, "the payload", "in the worker")[0]
+            del dropped  # its mapping is unmapped at the end; `kept`'s is still used
+        assert kept.flags.writeable and kept.sum() == 3.0 * kept.size
+        warm.end(name, reuse=True)
+        body, again, _size = codec.pack_task("r", np.full(1 << 17, 4.0), None, None, None, pickled_payload=None,
+                                             limit=None, fleet=fleet_name, writer=warm.write)
+        assert parcels.count(fleet_name, warm=True) == 0  # the same warm parcel, written again
+        assert kept.sum() == 3.0 * kept.size  # what was kept is its own: not the next payload
+        assert codec.loads(body, "the payload", "in the worker")[0].sum() == 4.0 * kept.size
+        warm.end(again, reuse=False)
+    finally:
+        warm.close()
