@@ -141,7 +141,7 @@ def open_fleet(stack, name: str) -> Contender:
         return f.submit(roles[part], payload) if key is None else f.submit(roles[part], payload, key=key)
     seats = [{"name": s.name, "roles": list(s.roles), "cpus": list(s.cpus)} for s in f.layout.seats]
     return Contender(name, inside, submit, {"binding": f.plan.binding, "oversubscribed": f.plan.oversubscribed,
-                                            "seats": seats, "ledger": f.ledger})
+                                            "seats": seats, "status": f.status})
 
 
 def open_ppe(stack, name: str) -> Contender:
@@ -310,10 +310,11 @@ def main(argv=None) -> int:
                     print(f"run {r + 1} load {load:g}: done", file=sys.stderr, flush=True)
         for c in contenders:
             facts = dict(c.facts)
-            ledger = facts.pop("ledger", None)
-            if ledger is not None:
-                facts["ledger"] = {k: v for k, v in ledger().items() if k in ("submitted", "solved", "failed",
-                                                                               "suppressed")}
+            status = facts.pop("status", None)
+            if status is not None:  # a fleet: its ledger, and the saturation episodes it read per role
+                doc = status()
+                facts["ledger"] = {k: doc["ledger"][k] for k in ("submitted", "solved", "failed", "suppressed")}
+                facts["saturation_episodes"] = {q["name"]: q["saturation"]["episodes"] for q in doc["queues"]}
             res["contenders"][c.name] = {**facts, "loads": {
                 load: {"summary": summary(runs), "runs": runs, "sims": tallies[c.name][load]}
                 for load, runs in rows[c.name].items()}}
@@ -356,6 +357,12 @@ def print_table(res: dict, loads: list) -> None:
             per_run = " ".join(f"{r['p95_ms']:.0f}" for r in row["loads"][key]["runs"])
             print(f"  {name:<22} {s['p50_ms']:>8.1f} {s['p95_ms']:>8.1f} {s['max_ms']:>8.1f} "
                   f"{s['missed']:>4}/{s['cycles']:<4}   {per_run}")
+    print()
+    for name, row in res["contenders"].items():
+        if "binding" in row:
+            seats = ", ".join(f"{s['name']}@{','.join(map(str, s['cpus']))}" for s in row["seats"])
+            print(f"{name}: {row['binding']}{' (oversubscribed)' if row['oversubscribed'] else ''}: {seats}; "
+                  f"saturation episodes {row['saturation_episodes']}")
     for name, why in res["absent"].items():
         print(f"absent: {name}: {why}")
     print("\ntarget:", json.dumps(res["target"]))
