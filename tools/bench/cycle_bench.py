@@ -36,8 +36,10 @@ each run, so a slow stretch of a shared machine falls on all of them):
   process_pool_executor ProcessPoolExecutor(CPUS) walked from outside the same way
 One driver thread walks every cycle (futures' callbacks hand it their completions); a
 contender whose face is missing (no fleet.current_fleet) is reported absent.
-Figures per load: p50/p95/max cycle latency (ms) and missed cycles, per run; the summary
-takes the median p50 and p95 of the runs, the max of their max, and sums the missed.
+Figures per load: p50/p95/max cycle latency (ms), missed cycles, and the drift (ms each
+cycle ends later than the one before: the least-squares slope of the latencies; ~0 for a
+contender that keeps up), per run; the summary takes the median p50, p95 and drift of the
+runs, the max of their max, and sums the missed.
 Target: fleet_inside_pinned's p95 at or below process_pool_executor's at every load.
 --note-dir DIR makes every sim append its id to DIR/<contender>-<load>-<run>.log (the
 smoke test counts them: each ran exactly once).
@@ -244,17 +246,22 @@ def run_cycles(c: Contender, plan: list, cost: dict, period_s: float, note: str 
 
 
 def figures(latencies: list, period_s: float) -> dict:
+    """p50/p95/max, missed cycles, and the drift: how much later each cycle ended than the
+    one before, on the least-squares line through the latencies (~0 when the contender
+    keeps up; the backlog's growth per cycle when it falls behind)."""
     s = sorted(latencies)
+    drift = statistics.linear_regression(range(len(latencies)), latencies).slope if len(latencies) > 1 else 0.0
     return {"p50_ms": round(percentile(s, 0.5) * 1000, 1), "p95_ms": round(percentile(s, 0.95) * 1000, 1),
             "max_ms": round(s[-1] * 1000, 1), "missed": sum(1 for x in latencies if x > period_s),
-            "cycles": len(latencies)}
+            "cycles": len(latencies), "drift_ms_per_cycle": round(drift * 1000, 1)}
 
 
 def summary(runs: list) -> dict:
     return {"p50_ms": round(statistics.median(r["p50_ms"] for r in runs), 1),
             "p95_ms": round(statistics.median(r["p95_ms"] for r in runs), 1),
             "max_ms": max(r["max_ms"] for r in runs), "missed": sum(r["missed"] for r in runs),
-            "cycles": sum(r["cycles"] for r in runs)}
+            "cycles": sum(r["cycles"] for r in runs),
+            "drift_ms_per_cycle": round(statistics.median(r["drift_ms_per_cycle"] for r in runs), 1)}
 
 
 def main(argv=None) -> int:
@@ -351,12 +358,13 @@ def print_table(res: dict, loads: list) -> None:
         parts = res["scaling"][key]
         print(f"\nload {key}: segment {parts['segment']:.2f} ms, sim {parts['sim']:.3f} ms, "
               f"resolve {parts['resolve']:.2f} ms, merge {parts['merge']:.2f} ms (CPU)")
-        print(f"  {'contender':<22} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'missed':>9}   per run p95")
+        print(f"  {'contender':<22} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'missed':>9} {'drift ms':>9}   "
+              "per run p95")
         for name, row in res["contenders"].items():
             s = row["loads"][key]["summary"]
             per_run = " ".join(f"{r['p95_ms']:.0f}" for r in row["loads"][key]["runs"])
             print(f"  {name:<22} {s['p50_ms']:>8.1f} {s['p95_ms']:>8.1f} {s['max_ms']:>8.1f} "
-                  f"{s['missed']:>4}/{s['cycles']:<4}   {per_run}")
+                  f"{s['missed']:>4}/{s['cycles']:<4} {s['drift_ms_per_cycle']:>9.1f}   {per_run}")
     print()
     for name, row in res["contenders"].items():
         if "binding" in row:
