@@ -176,8 +176,9 @@ class SeatDeaths:
         the id in the slot's row as it STARTs the slot, before it decodes the unit or runs
         the handler; a slot runs its units one after another, and the result of each that
         ended before was taken, so the id there is the one unit of the slot that may have run."""
-        return deaths_mod.Owed(unit_id, self._table.unit(slot) == unit_id, self._deadlines.timed_out(unit_id),
-                               self._books.stopped(unit_id))
+        # A rider (a child on its parent's slot, fleet.rules.dispatch) said so as it started.
+        started = self._dispatcher.took_ride(unit_id) or self._table.unit(slot) == unit_id
+        return deaths_mod.Owed(unit_id, started, self._deadlines.timed_out(unit_id), self._books.stopped(unit_id))
 
     def _reset_slots(self, seat: int) -> None:
         """Walk a dead seat's slots back to Idle (fsm.RESET_PATHS), in any posture."""

@@ -98,12 +98,15 @@ class Submitter:
     def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
                request_id=None, chunk: bool = False, pickled_payload: bytes | None = None, route=None,
                severity=None, pinned: bool = False, parent=None, tag=None, age: float = 0.0, block: bool = True,
-               block_timeout: float | None = None, items: int | None = None) -> Future:
+               block_timeout: float | None = None, items: int | None = None, packed: tuple | None = None,
+               child_of: int = 0) -> Future:
         """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
         by a service-mode client; it travels to the worker as it is, never unpickled here.
         `items`: how many items a chunk holds, for the ledger (a pickled chunk's client
         says; a chunk given as a list is counted here).
         A unit with a `route` asks the provider admission first (fleet.runtime.provider_gate).
+        `packed`: the task body already made (`codec.pack_task`'s triple) by the running unit
+        `child_of` that submits it from inside (fleet.runtime.inside).
 
         A full queue makes the caller wait for room (at most `block_timeout` seconds),
         or refuses at once with QueueFull when `block` is False. (A future's callback,
@@ -131,14 +134,17 @@ class Submitter:
             if self._providers is not None:
                 # The one check of its ask (the loop checks again only after a reload)
                 admission["checked"] = self._providers.check(route, **admission)
-        parcel = codec.pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
-                                 limit=self._max_payload, fleet=self._door.name, room=self.beside,
-                                 block=block and not self._door.on_loop(), block_timeout=block_timeout)
+        if packed is not None:
+            parcel = packed
+        else:
+            parcel = codec.pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
+                                     limit=self._max_payload, fleet=self._door.name, room=self.beside,
+                                     block=block and not self._door.on_loop(), block_timeout=block_timeout)
         body = parcel[0]
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = _task_flags(chunk, timeout, self._recorder is not None)
         unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout, parcel)
-        unit.route, unit.ask = route, admission
+        unit.route, unit.ask, unit.parent = route, admission, child_of
         if chunk:
             unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
         return self._post(unit, on_loop, role, payload, key, lane)
