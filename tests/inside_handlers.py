@@ -85,12 +85,14 @@ def watch_child(unit):
 
 
 def delegate(unit):
-    """Submit `payload` = (n, route fields) provider children delegated by this unit; their outcomes."""
-    n, pool = unit.payload
+    """`payload` = (n, route fields, pinned): submit n provider calls on that route, delegated
+    by this unit (their parent), note their unit ids, and wait: each one's answer."""
+    n, pool, pinned, directory = unit.payload
     here = fleet.current_fleet()
-    futures = [here.submit("call", i, route=fleet.Route(*pool)) for i in range(n)]
+    futures = [here.submit("call", {}, route=fleet.Route(*pool), pinned=pinned) for _ in range(n)]
+    note(directory, "parent", "waiting")
     out = []
     for f in futures:
         exc = f.exception(timeout=RELEASE_S)
-        out.append("solved" if exc is None else f"{type(exc).__name__}:{getattr(exc, 'reason', '')}")
+        out.append(f.result() if exc is None else f"{type(exc).__name__}:{getattr(exc, 'reason', '')}")
     return out

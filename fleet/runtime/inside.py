@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 
-from fleet.rules.outcomes import SOLVED
-from fleet.rules.unit import UnitError
+from fleet.rules.outcomes import FAILED, SOLVED
+from fleet.rules.unit import Outcome, UnitError
+from fleet.rules.vocab import Reason
 from fleet.shm import messages as M
 from fleet.shm import parcels
 from fleet.worker import codec
@@ -100,6 +101,20 @@ class Inside:
             unit = self._books.get(kid)
             if unit is not None:
                 unit.future.cancel()  # refused (no-op) once it runs: it finishes
+
+    def unorphaned(self, items: list) -> list:
+        """Of the units a dead seat owed that never started (going back to their queues), those
+        whose parent ended without solving end Cancelled here (their futures run already: they
+        had been granted); the others, returned, go back."""
+        back = []
+        for item in items:
+            ended = self._books.ended(item.parent) if item.parent and item.parent not in self._books else None
+            if ended is not None and ended.kind != SOLVED:
+                self._books.close(item.unit_id, Outcome(FAILED, Reason.CANCELLED,
+                                                        f"its parent, unit {item.parent}, ended {ended.reason}"))
+            else:
+                back.append(item)
+        return back
 
     def _done(self, kid: int, future) -> None:
         """A child's future resolved (on the loop, at delivery): its outcome to its parent's worker."""
