@@ -71,3 +71,18 @@ def pid_around_wait(n):
     before = os.getpid()
     fan_out(n)
     return before, os.getpid()
+
+
+def make_bytes(n):
+    return b"x" * n
+
+
+def length(data):
+    return len(data)
+
+
+def big(n):
+    """A child's payload and a child's value larger than a ring message: they travel beside it."""
+    here = fleet.current_fleet()
+    made = here.submit(make_bytes, n).result(timeout=60)
+    return len(made), here.submit(length, made).result(timeout=60)

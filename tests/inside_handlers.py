@@ -96,3 +96,13 @@ def delegate(unit):
         exc = f.exception(timeout=RELEASE_S)
         out.append(f.result() if exc is None else f"{type(exc).__name__}:{getattr(exc, 'reason', '')}")
     return out
+
+
+def boom(unit):
+    raise ValueError(f"boom {unit.payload}")
+
+
+def child_fails(unit):
+    """A child that raises: what its future gives back in the parent."""
+    exc = fleet.current_fleet().submit("boom", unit.payload).exception(timeout=RELEASE_S)
+    return type(exc).__name__, str(exc), type(exc.__cause__).__name__

@@ -70,6 +70,7 @@ class Inside:
                 parcels.remove(parcel)
             self._books.stray(self._seats.name(seat), f"a child's submit from unit {parent}, which does not run there")
             return
+        self._dispatcher.park(parent)  # first: the child is accepted within the submit, into its parent's queue
         try:
             role = self._roles.by_code(code).name
             route = args.get("route")
@@ -88,7 +89,6 @@ class Inside:
         self.submitted += 1
         self._kids[kid] = (parent, seat, local, role)
         self._of.setdefault(parent, set()).add(kid)
-        self._dispatcher.park(parent)
         future.add_done_callback(lambda f, kid=kid: self._done(kid, f))
 
     def ended(self, unit_id: int, outcome) -> None:

@@ -24,7 +24,8 @@ def role(handler: str, **fields) -> dict:
 
 def roles(**extra) -> dict:
     return {"bin": role("keyed_walk", kind="pinned", slots=2), "walk": role("walk"), "walk_map": role("walk_map"),
-            "sim": role("square"), "tree": role("tree"), **extra}
+            "sim": role("square"), "tree": role("tree"), "boom": role("boom"), "child_fails": role("child_fails"),
+            **extra}
 
 
 def balanced(ledger: dict) -> bool:
@@ -79,3 +80,13 @@ def test_a_handler_fans_out_and_joins_under_fleetd(fleet_name):
         assert client.submit("walk", 15).result(WAIT_S) == sum(i * i for i in range(15))
         assert client.submit("tree", (2, 3)).result(WAIT_S) == 9
         assert client.submit("walk_map", (7, 3)).result(WAIT_S) == [i * i for i in range(7)]
+        # a child's own exception reaches its parent as itself, relayed pickled by fleetd
+        assert client.submit("child_fails", 3).result(WAIT_S) == ("ValueError", "boom 3", "_RemoteTraceback")
+
+
+def test_a_childs_own_exception_reaches_its_parent_as_itself(fleet_name):
+    with running(config(fleet_name, roles())) as f:
+        assert f.submit("child_fails", 4).result(WAIT_S) == ("ValueError", "boom 4", "_RemoteTraceback")
+        walk = f.submit("walk", 40)
+        f.shutdown(wait=True)  # it closes while the walk submits: its sims are still taken
+        assert walk.result(0) == sum(i * i for i in range(40))
