@@ -86,3 +86,16 @@ def big(n):
     here = fleet.current_fleet()
     made = here.submit(make_bytes, n).result(timeout=60)
     return len(made), here.submit(length, made).result(timeout=60)
+
+
+def from_thread(n):
+    """The handle passed to a thread the task starts, which submits while the task waits on it."""
+    import threading
+
+    here = fleet.current_fleet()
+    out = []
+    thread = threading.Thread(target=lambda: out.append(sum(f.result(timeout=60)
+                                                            for f in [here.submit(square, i) for i in range(n)])))
+    thread.start()
+    thread.join(90)
+    return out

@@ -83,3 +83,8 @@ def test_shutdown_waits_for_a_parent_whose_children_come_after_it_began():
         parent = executor.submit(C.fan_out, 30)
     # the executor closed while the parent ran: its children were still taken, and ran
     assert parent.result(0) == sum(i * i for i in range(30))
+
+
+def test_the_handle_passed_to_a_thread_the_task_started_submits_for_the_task(ex):
+    # the task's own thread waits in join(): it seceded all the same, so its children ran
+    assert ex.submit(C.from_thread, 10).result(WAIT_S) == [285]
