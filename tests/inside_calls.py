@@ -71,3 +71,31 @@ def pid_around_wait(n):
     before = os.getpid()
     fan_out(n)
     return before, os.getpid()
+
+
+def make_bytes(n):
+    return b"x" * n
+
+
+def length(data):
+    return len(data)
+
+
+def big(n):
+    """A child's payload and a child's value larger than a ring message: they travel beside it."""
+    here = fleet.current_fleet()
+    made = here.submit(make_bytes, n).result(timeout=60)
+    return len(made), here.submit(length, made).result(timeout=60)
+
+
+def from_thread(n):
+    """The handle passed to a thread the task starts, which submits while the task waits on it."""
+    import threading
+
+    here = fleet.current_fleet()
+    out = []
+    thread = threading.Thread(target=lambda: out.append(sum(f.result(timeout=60)
+                                                            for f in [here.submit(square, i) for i in range(n)])))
+    thread.start()
+    thread.join(90)
+    return out

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 
-from fleet.rules.outcomes import SOLVED
-from fleet.rules.unit import UnitError
+from fleet.rules.outcomes import FAILED, SOLVED
+from fleet.rules.unit import Outcome, UnitError
+from fleet.rules.vocab import Reason
 from fleet.shm import messages as M
 from fleet.shm import parcels
 from fleet.worker import codec
@@ -69,6 +70,7 @@ class Inside:
                 parcels.remove(parcel)
             self._books.stray(self._seats.name(seat), f"a child's submit from unit {parent}, which does not run there")
             return
+        self._dispatcher.park(parent)  # first: the child is accepted within the submit, into its parent's queue
         try:
             role = self._roles.by_code(code).name
             route = args.get("route")
@@ -87,7 +89,6 @@ class Inside:
         self.submitted += 1
         self._kids[kid] = (parent, seat, local, role)
         self._of.setdefault(parent, set()).add(kid)
-        self._dispatcher.park(parent)
         future.add_done_callback(lambda f, kid=kid: self._done(kid, f))
 
     def ended(self, unit_id: int, outcome) -> None:
@@ -100,6 +101,20 @@ class Inside:
             unit = self._books.get(kid)
             if unit is not None:
                 unit.future.cancel()  # refused (no-op) once it runs: it finishes
+
+    def unorphaned(self, items: list) -> list:
+        """Of the units a dead seat owed that never started (going back to their queues), those
+        whose parent ended without solving end Cancelled here (their futures run already: they
+        had been granted); the others, returned, go back."""
+        back = []
+        for item in items:
+            ended = self._books.ended(item.parent) if item.parent and item.parent not in self._books else None
+            if ended is not None and ended.kind != SOLVED:
+                self._books.close(item.unit_id, Outcome(FAILED, Reason.CANCELLED,
+                                                        f"its parent, unit {item.parent}, ended {ended.reason}"))
+            else:
+                back.append(item)
+        return back
 
     def _done(self, kid: int, future) -> None:
         """A child's future resolved (on the loop, at delivery): its outcome to its parent's worker."""

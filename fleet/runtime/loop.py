@@ -183,7 +183,7 @@ class Supervisor:
         self._accept = Acceptor(self.door, self.books, self.gates, rig.dispatcher, roles, self.recorder)
         self._submitter.connect(self._accept.accept, self._accept.accept_many, rig.providers)
         self.inside = Inside(name, roles, self._submitter, self.books, rig.dispatcher, self.seats, self._results.sent_to)
-        self._results.inside = self.inside
+        self._results.inside = self._deaths.inside = self.inside
         self.books.on_end = self.inside.ended
 
     # ================================================================== what boot planned

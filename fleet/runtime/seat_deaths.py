@@ -74,6 +74,7 @@ class SeatDeaths:
                  role_stops, posture, publisher, host, dispatch, closing):
         self._name, self._roles, self._layout, self._restart = name, roles, layout, restart
         self._seats, self._results, self._books, self._dispatcher = seats, results, books, dispatcher
+        self.inside = None  # the children submitted from inside (fleet.runtime.inside), once composed
         self._table, self._deadlines, self._role_stops, self._posture = table, deadlines, role_stops, posture
         self._publisher, self._host, self._dispatch, self._closing = publisher, host, dispatch, closing
         #: role name -> workers recycled after one of its units passed its max_rss_mib (the loop writes)
@@ -125,6 +126,8 @@ class SeatDeaths:
                 back.append(item)
             else:
                 books.close(unit.unit_id, outcome)
+        if self.inside is not None:
+            back = self.inside.unorphaned(back)  # a child whose parent died with it ends Cancelled
         dispatcher.put_back_first(back)
         # Slots switch roles: the roles that died are those of the units it ran.
         dead_roles = {item.role for (item, _slot), unit in zip(lost, owed) if unit.started}

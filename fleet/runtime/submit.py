@@ -143,7 +143,8 @@ class Submitter:
         body = parcel[0]
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = _task_flags(chunk, timeout, self._recorder is not None)
-        unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout, parcel)
+        unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout, parcel,
+                                     child=bool(child_of))
         unit.route, unit.ask, unit.parent = route, admission, child_of
         if chunk:
             unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
@@ -236,14 +237,19 @@ class Submitter:
                 self.beside.give(size)
 
     def _queued(self, code: int, role: str, key, priority: int, body: bytes, flags: int, timeout, block: bool,
-                block_timeout, parcel: tuple = (None, None, 0)) -> tuple[LoopUnit, bool]:
+                block_timeout, parcel: tuple = (None, None, 0), child: bool = False) -> tuple[LoopUnit, bool]:
         """A checked unit's room in its role's queue, taken (waiting for it unless `block` is
         False, and never on the loop's own thread: it would wait for itself), once the fleet
         and the role are seen open; the unit made, and whether this is the loop's thread.
-        A refusal removes the unit's parcel (it never became a unit)."""
+        A refusal removes the unit's parcel (it never became a unit). A running unit's `child`
+        is refused only by its role's stop (fleet.runtime.inside).
+        """
         door = self._door
         try:
-            door.refuse_if_closed(code, role)
+            if child:
+                door.refuse_if_role_stopped(code, role)
+            else:
+                door.refuse_if_closed(code, role)
             on_loop = door.on_loop()
             self._room.take(code, role, block=block and not on_loop, timeout=block_timeout)
         except BaseException:
@@ -254,6 +260,11 @@ class Submitter:
     def _post(self, unit: LoopUnit, on_loop: bool, role: str, payload, key=None, lane=None) -> Future:
         """Hand a queued unit to the loop (paced, off the loop's thread); its future."""
         arrival = (unit.unit_id, role, payload, key, lane) if self._recorder is not None else None
+        if unit.parent and on_loop:
+            # a running unit's child, on the loop (fleet.runtime.inside): accepted now, also
+            # while the fleet closes and its intake takes no more posts
+            self._accept(unit, arrival)
+            return unit.future
         self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop)
         return unit.future
 

@@ -88,8 +88,10 @@ class Children:
     def executor_role(self, role: str) -> bool:
         return self._handlers[self._roles.code(role)] is calls.call
 
-    def submit(self, parent: int, role: str, payload, *, chunk: bool = False, items: int = 1, **args) -> Future:
+    def submit(self, parent: int, owner: int, role: str, payload, *, chunk: bool = False, items: int = 1,
+               **args) -> Future:
         """Send a child's submit; its future (running: it cannot be cancelled from here).
+        `owner`: the thread that runs the parent (it secedes, whichever thread submits).
         A payload that cannot be pickled raises here, as a caller's submit does."""
         code = self._roles.code(role)  # UnknownRoleError for a role this fleet has not
         body, parcel, _size = codec.pack_task(role, payload, args.get("key"), args.get("lane"),
@@ -100,7 +102,7 @@ class Children:
         local = next(self._ids)
         with self._lock:
             self._futures[local] = future
-        self._secede()  # from here on the parent may wait: the ring is served elsewhere
+        self._secede(owner)  # from here on the parent may wait: the ring is served elsewhere
         submit = codec.dumps((args, body, parcel, items), "a child's submit")
         self._send(M.CHILD, M.CHILD_HEAD.pack(parent, local, code, M.F_CHUNK if chunk else 0), submit)
         return future
@@ -148,6 +150,9 @@ class _Face:
 
     def __init__(self, children: Children, unit):
         self._children, self._unit = children, unit
+        # the thread that runs the unit: it secedes at the first child, even when a thread
+        # the handler started submits it (with this handle)
+        self._owner = threading.get_ident()
 
     @property
     def parent(self) -> int:
@@ -167,7 +172,7 @@ class RoleFleet(_Face):
         supervisor: a refused submit (BadUnit, QueueFull, ...) is the future's exception."""
         args = {"key": key, "lane": lane, "priority": priority, "timeout": timeout, "request_id": request_id,
                 "route": route, "severity": severity, "pinned": pinned, "tag": tag, "age": age}
-        return self._children.submit(self._unit.id, role, payload, **args)
+        return self._children.submit(self._unit.id, self._owner, role, payload, **args)
 
     def map(self, role: str, iterable, *, chunksize: int = 1, timeout: float | None = None, lane=None):
         """As `fleet.Fleet.map`: results in order, each item a child of this unit."""
@@ -180,11 +185,11 @@ class RoleFleet(_Face):
     def _map(self, role, iterable, chunksize, timeout, lane, ordered, chunk_of=None):
         from fleet.worker.mapping import map_units  # noqa: PLC0415 - loaded when a unit first maps
 
-        children, parent = self._children, self._unit.id
+        children, parent, owner = self._children, self._unit.id, self._owner
 
         def submit(payload, chunk):
             items = len(payload) if chunk else 1
-            return children.submit(parent, role, payload, chunk=chunk, items=items, lane=lane)
+            return children.submit(parent, owner, role, payload, chunk=chunk, items=items, lane=lane)
 
         return map_units(submit, role, iterable, chunksize=chunksize, timeout=timeout, ordered=ordered,
                          chunk_of=chunk_of)
@@ -195,7 +200,7 @@ class ExecutorFleet(RoleFleet):
     ``map(fn, *iterables)``, as the Executor itself."""
 
     def submit(self, fn, /, *args, **kwargs) -> Future:  # noqa: D102 - the Executor's
-        return self._children.submit(self._unit.id, self._unit.role, (fn, args, kwargs))
+        return self._children.submit(self._unit.id, self._owner, self._unit.role, (fn, args, kwargs))
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int = 1):  # noqa: D102
         return self._calls(fn, iterables, timeout, chunksize, True)

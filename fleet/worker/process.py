@@ -198,10 +198,9 @@ class Worker:
         elif tag == M.CHILD_DONE:
             self.children.done(view)
 
-    def _secede(self) -> None:
-        """The running unit on this thread submits a child: if this thread serves the ring,
+    def _secede(self, me: int) -> None:
+        """The unit running on thread `me` submits a child: if that thread serves the ring,
         another takes it over (an idle one, else a new one) while the unit runs and waits."""
-        me = threading.get_ident()
         if self._server != me:
             return  # seceded already, or a seat whose loop thread serves the ring (I/O slots)
         with self._turn:

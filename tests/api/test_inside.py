@@ -71,3 +71,20 @@ def test_current_fleet_outside_a_unit_says_why():
 
 def test_current_fleet_in_a_thread_the_task_started_says_why(ex):
     assert ex.submit(C.outside).result(WAIT_S) == ["NotInsideUnit"]
+
+
+def test_a_childs_payload_and_value_too_large_for_a_ring_travel_beside_it(ex):
+    n = 3 << 20  # past INLINE_MAX (1 MiB): parcels in /dev/shm, each removed at its outcome
+    assert ex.submit(C.big, n).result(WAIT_S) == (n, n)
+
+
+def test_shutdown_waits_for_a_parent_whose_children_come_after_it_began():
+    with fleet.Executor(max_workers=2) as executor:
+        parent = executor.submit(C.fan_out, 30)
+    # the executor closed while the parent ran: its children were still taken, and ran
+    assert parent.result(0) == sum(i * i for i in range(30))
+
+
+def test_the_handle_passed_to_a_thread_the_task_started_submits_for_the_task(ex):
+    # the task's own thread waits in join(): it seceded all the same, so its children ran
+    assert ex.submit(C.from_thread, 10).result(WAIT_S) == [285]
