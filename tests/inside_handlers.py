@@ -106,3 +106,14 @@ def child_fails(unit):
     """A child that raises: what its future gives back in the parent."""
     exc = fleet.current_fleet().submit("boom", unit.payload).exception(timeout=RELEASE_S)
     return type(exc).__name__, str(exc), type(exc.__cause__).__name__
+
+
+def length(unit):
+    return len(unit.payload)
+
+
+def send_bytes(unit):
+    """A child of role `length` with a payload of `payload` bytes: its length, or what refused it."""
+    future = fleet.current_fleet().submit("length", b"x" * unit.payload)
+    exc = future.exception(timeout=RELEASE_S)
+    return future.result() if exc is None else type(exc).__name__

@@ -61,7 +61,7 @@ class Inside:
             return
         parent, local, code, flags = M.CHILD_HEAD.unpack_from(view)
         try:
-            args, body, parcel, items = codec.loads(view[M.CHILD_HEAD.size:], "a child's submit")
+            args, body, parcel, items, size = codec.loads(view[M.CHILD_HEAD.size:], "a child's submit")
         except codec.CodecError as exc:
             self._answer(seat, local, DONE_RAISED, (RuntimeError(str(exc)), None))
             return
@@ -73,16 +73,23 @@ class Inside:
         self._dispatcher.park(parent)  # first: the child is accepted within the submit, into its parent's queue
         try:
             role = self._roles.by_code(code).name
+            # the caller's limits hold for a child's payload too: its size, and its parcel's room
+            self._submitter.room_for_child(role, body, parcel, size)
+        except BaseException as exc:  # noqa: BLE001 - refused: the child's outcome in the worker
+            if parcel is not None:
+                parcels.remove(parcel)
+            self._answer(seat, local, DONE_RAISED, (exc, None))
+            return
+        try:  # from here on a refusal removes the parcel and gives its room back (Submitter)
             route = args.get("route")
             future = self._submitter.submit(
                 role, key=args.get("key"), lane=args.get("lane"), priority=args.get("priority", 0),
                 timeout=args.get("timeout"), request_id=args.get("request_id"), route=route,
                 severity=args.get("severity"), pinned=args.get("pinned", False),
                 parent=parent if route is not None else None, tag=args.get("tag"), age=args.get("age", 0.0),
-                block=False, chunk=bool(flags & M.F_CHUNK), items=items, packed=(body, parcel, 0), child_of=parent)
+                block=False, chunk=bool(flags & M.F_CHUNK), items=items, packed=(body, parcel, size if parcel else 0),
+                child_of=parent)
         except BaseException as exc:  # noqa: BLE001 - a refused submit is the child's outcome in the worker
-            if parcel is not None:
-                parcels.remove(parcel)
             self._answer(seat, local, DONE_RAISED, (exc, None))
             return
         kid = future.unit_id

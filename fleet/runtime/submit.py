@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from fleet.rules import ranges
 from fleet.rules.dispatch import Pending
 from fleet.rules.outcomes import FAILED
-from fleet.rules.unit import BadUnit, Outcome, QueueFull, error_for
+from fleet.rules.unit import BadUnit, Outcome, PayloadTooLarge, QueueFull, error_for
 from fleet.rules.vocab import Reason
 from fleet.runtime.accept import fail_future
 from fleet.runtime.beside import Beside
@@ -149,6 +149,17 @@ class Submitter:
         if chunk:
             unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
         return self._post(unit, on_loop, role, payload, key, lane)
+
+    def room_for_child(self, role: str, body: bytes, parcel: str | None, size: int) -> None:
+        """A running unit's child, packed in its worker (`codec.pack_task`): held to
+        limits.max_payload_bytes as a caller's payload is, and its parcel's bytes take room
+        beside the rings without waiting (on the loop). Raises PayloadTooLarge or QueueFull."""
+        n = size if parcel is not None else len(body)
+        if self._max_payload is not None and n > self._max_payload:
+            raise PayloadTooLarge(f"payload for role {role!r} is {n} bytes pickled; limits.max_payload_bytes is "
+                                  f"{self._max_payload}")
+        if parcel is not None:
+            self.beside.take(size, f"payload for role {role!r}", block=False)
 
     def submit_call(self, code: int, role: str, payload) -> Future:
         """Queue one plain unit of role `code`, as ``submit(role, payload)`` would: the

@@ -94,7 +94,7 @@ class Children:
         `owner`: the thread that runs the parent (it secedes, whichever thread submits).
         A payload that cannot be pickled raises here, as a caller's submit does."""
         code = self._roles.code(role)  # UnknownRoleError for a role this fleet has not
-        body, parcel, _size = codec.pack_task(role, payload, args.get("key"), args.get("lane"),
+        body, parcel, size = codec.pack_task(role, payload, args.get("key"), args.get("lane"),
                                               args.get("request_id"), pickled_payload=None, limit=None,
                                               fleet=self._fleet, inline_max=self._inline_max)
         future = Future()
@@ -103,7 +103,7 @@ class Children:
         with self._lock:
             self._futures[local] = future
         self._secede(owner)  # from here on the parent may wait: the ring is served elsewhere
-        submit = codec.dumps((args, body, parcel, items), "a child's submit")
+        submit = codec.dumps((args, body, parcel, items, size), "a child's submit")
         self._send(M.CHILD, M.CHILD_HEAD.pack(parent, local, code, M.F_CHUNK if chunk else 0), submit)
         return future
 

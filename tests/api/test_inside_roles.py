@@ -90,3 +90,13 @@ def test_a_childs_own_exception_reaches_its_parent_as_itself(fleet_name):
         walk = f.submit("walk", 40)
         f.shutdown(wait=True)  # it closes while the walk submits: its sims are still taken
         assert walk.result(0) == sum(i * i for i in range(40))
+
+
+def test_a_childs_payload_is_held_to_the_fleets_payload_limit(fleet_name):
+    cfg = config(fleet_name, roles(length=role("length"), send_bytes=role("send_bytes")),
+                 limits={"max_payload_bytes": 2 << 20})
+    with running(cfg) as f:
+        assert f.submit("send_bytes", 1 << 20).result(WAIT_S) == 1 << 20  # beside the ring, under the limit
+        assert f.submit("send_bytes", 3 << 20).result(WAIT_S) == "PayloadTooLarge"
+        ledger = f.ledger()
+        assert ledger["submitted"] == 3 and balanced(ledger)  # the refused child never became a unit
