@@ -25,11 +25,11 @@ USER_DOCS = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md")
 FLEET_API = [
     "BadUnit", "BelowHostFloor", "BootRefused", "BudgetOverQuota", "Client", "ConfigError", "Draining", "Executor",
     "Fleet",
-    "FleetClosed", "FleetConnectionLost", "FleetError", "NotRunning", "Outcome", "PayloadTooLarge",
+    "FleetClosed", "FleetConnectionLost", "FleetError", "NotInsideUnit", "NotRunning", "Outcome", "PayloadTooLarge",
     "PayloadUnpicklable", "PostureCauseError", "PostureRetuneError", "QueueFull", "QuotaTooSmallForPinnedRoles",
     "Refused", "RequestIdReused", "RoleBroken", "RoleStopped", "Route", "SubmitRefused", "SubmitUncertain",
     "Suppress", "Unit", "UnitBroken", "UnitError", "UnitFailed", "UnitSuppressed", "UnknownRoleError",
-    "UntrustedPeer", "connect", "current_unit", "report_cost", "runtime_status",
+    "UntrustedPeer", "connect", "current_fleet", "current_unit", "report_cost", "runtime_status",
 ]
 ADMISSION_API = ["AdmissionPool", "ManualClock", "Policy", "Refused", "Route", "ScaledClock"]
 

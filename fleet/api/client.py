@@ -85,7 +85,7 @@ from fleet.service.control import outcome_record
 from fleet.service.control.outcome_record import BadOutcomeRecord
 from fleet.rules.errors import FleetError
 from fleet.rules.vocab import Reason
-from fleet.api.mapping import MAP_WINDOW, map_units, map_window
+from fleet.worker.mapping import MAP_WINDOW, map_units, map_window
 from fleet.runtime.submit import UNIT_ARGS, check_unit_args, submit_signature
 from fleet.service.replays import RequestIdReused
 from fleet.rules.roles import UnknownRoleError

@@ -30,7 +30,7 @@ from multiprocessing.context import BaseContext
 from typing import Callable, Iterator
 
 from fleet.api.fleet import Fleet
-from fleet.api.mapping import length_of
+from fleet.worker.mapping import length_of
 from fleet.worker.calls import NO_KWARGS, Calls
 from fleet.runtime.config import load_config
 from fleet.worker.prepare import WorkerSetup, check_not_importing_main
@@ -183,7 +183,7 @@ class Executor(_StdExecutor):
         map, shortest first), in order. With ``chunksize > 1`` that many calls travel
         and run as one unit. A call's exception is raised when the iteration reaches
         it; `timeout` bounds the whole iteration (TimeoutError). The iterables are read
-        lazily, a bounded window ahead of the results taken (`fleet.api.mapping.map_units`),
+        lazily, a bounded window ahead of the results taken (`fleet.worker.mapping.map_units`),
         so a generator of any length maps in bounded memory. ``progress=True`` draws a
         tqdm progress bar."""
         return self._map(fn, iterables, timeout, chunksize, progress, ordered=True)

@@ -19,7 +19,7 @@ import os
 from concurrent.futures import Executor, Future
 from typing import Callable, Iterable, Iterator
 
-from fleet.api.mapping import length_of, map_units, map_window, with_progress
+from fleet.worker.mapping import length_of, map_units, map_window, with_progress
 from fleet.runtime.config import FleetConfig, load_config
 from fleet.runtime.submit import WAIT_ARGS, UNIT_ARGS, check_unit_args, submit_signature
 from fleet.service import start_exporter

@@ -60,6 +60,20 @@ Rules:
   the death means for each (`fleet.runtime.deaths`) and hands those that never started back
   (`put_back_first`): to the head of their queue (of their key's), in grant order, which
   is the order they had in it.
+* Children (`fleet.current_fleet()`, issue 47). A unit that submits children is
+  *parked* from its first (`park`): its worker serves its seat's ring on another
+  thread while it runs and waits (fleet.worker.inside). A parked parent's pooled
+  children wait in its own queue, apart from their role's, and are granted before any
+  role's units (they are what a waiting parent waits for): an Idle slot within their
+  role's count when there is one (as any pooled unit), else they *ride* the parent's
+  own slot, at most `RIDERS` at a time — start event RIDE, no slot transition, no
+  count taken: the slot's capacity, which the waiting parent does not use, is theirs
+  (counted in `rides`). So a fan-out of any depth completes even when every slot holds
+  a waiting parent. A keyed child goes to its key's pin as any keyed unit (a pin is
+  never another key's); a child of an I/O-bound role, or of an I/O-bound parent, never
+  rides (those seats run units at once already). When the parent ends its children
+  still queued go to their roles' queues (a failed parent's are cancelled by the
+  loop, fleet.runtime.inside), and its riders finish where they are.
 * Posture gates intake only: under cordon a deferrable role is granted nothing new,
   a floor role at most its intake floor of slots in use; every grant held back by
   posture is counted once per unit as suppressed intake. In-flight units always
@@ -81,6 +95,12 @@ from fleet.rules.vocab import CLASS_DEFERRABLE, CLASS_FLOOR
 
 #: Units queued behind one pin (its seat runs them in order).
 DEFAULT_PIN_DEPTH = 16
+#: The start event of a child that rides its parked parent's slot (no slot transition;
+#: outside the FSM's events).
+RIDE = 0xFF
+#: Children in flight on one parked parent's slot at once: one runs, one waits on the
+#: seat's ring behind it (no round trip through the supervisor between them).
+RIDERS = 2
 
 
 def precedence(role: Role) -> int:
@@ -103,6 +123,7 @@ class Pending:
     key: Hashable | None = None
     priority: int = 0
     held_by_posture: bool = False
+    parent: int = 0  # the unit that submitted it from inside (0: none)
 
 
 class Grant(NamedTuple):
@@ -162,6 +183,7 @@ class _Slot:
     last_used: int = 0
     stale: bool = False  # a pin from before the current epoch: released once it is empty
     drained: bool = False  # the pin was drained to Idle with units still sent to it (they come back)
+    parked: int = 0  # parked parents on it: nothing is sent ahead to it (it would wait behind them)
 
 
 class _IdlePool:
@@ -362,6 +384,15 @@ class Dispatcher:
         #: its caller); dropped ids are collected by `take_skipped`.
         self.skip = None
         self._skipped: list[int] = []
+        # Children (see the module doc): parked parents and their slots, their children
+        # queued apart, the children riding a parent's slot and how many per parent.
+        self._parked: dict[int, _Slot] = {}
+        self._kids: dict[int, deque] = {}
+        self._kids_n = [0] * len(roles)
+        self._riding: dict[int, int] = {}  # child -> parent
+        self._riders: dict[int, int] = {}  # parent -> its riders in flight
+        self._rode: set[int] = set()  # riders whose worker said they started (a seat death reads it)
+        self.rides = [0] * len(roles)  # children granted on their parent's slot, per role
 
     # --- holding slots: the budget count ---------------------------------------------
     def _park(self, slot: _Slot) -> None:
@@ -419,13 +450,17 @@ class Dispatcher:
 
     # --- intake -------------------------------------------------------------------
     def queued(self, role: int) -> int:
-        return len(self._queues[role])
+        return len(self._queues[role]) + self._kids_n[role]
 
     def in_use(self, role: int) -> int:
         """Slots of `role` with something in flight."""
         return self._in_use[role]
 
     def enqueue(self, item: Pending, front: bool = False) -> None:
+        if item.parent and item.parent in self._parked and not self._queues[item.role].keyed:
+            self._kids.setdefault(item.parent, deque()).append(item)
+            self._kids_n[item.role] += 1
+            return
         self._queues[item.role].push(item, front)
 
     def enqueue_many(self, items: list) -> None:
@@ -441,7 +476,86 @@ class Dispatcher:
         out = []
         for code in codes:
             out.extend(self._queues[code].drain())
+        for parent, kids in list(self._kids.items()):
+            keep = deque(item for item in kids if item.role not in codes)
+            out.extend(item for item in kids if item.role in codes)
+            for item in kids:
+                if item.role in codes:
+                    self._kids_n[item.role] -= 1
+            if keep:
+                self._kids[parent] = keep
+            else:
+                del self._kids[parent]
         return out
+
+    # --- children ---------------------------------------------------------------------
+    def park(self, parent: int) -> bool:
+        """`parent` submitted a child: its children are granted first, and may ride its
+        slot (see the module doc). False when it is not in flight here."""
+        slot = self._where.get(parent)  # a rider's is the slot it rides: its children ride it too
+        if slot is None:
+            return False
+        if parent not in self._parked:
+            self._parked[parent] = slot
+            slot.parked += 1
+            if slot.role >= 0 and self._pooled[slot.role]:
+                self._update_feedable(slot)
+        return True
+
+    def rode(self, unit_id: int) -> None:
+        """A rider's worker said it started."""
+        if unit_id in self._riding:
+            self._rode.add(unit_id)
+
+    def took_ride(self, unit_id: int) -> bool:
+        """Whether `unit_id` rode a slot and started there (asked once, at its seat's death)."""
+        if unit_id in self._rode:
+            self._rode.discard(unit_id)
+            return True
+        return False
+
+    def _unpark(self, parent: int) -> None:
+        """`parent` ended (or its seat died): its children still queued go to their roles' queues."""
+        slot = self._parked.pop(parent, None)
+        if slot is None:
+            return
+        slot.parked -= 1
+        for item in self._kids.pop(parent, ()):
+            self._kids_n[item.role] -= 1
+            self._queues[item.role].push(item)
+
+    def _grant_kids(self, out: list) -> None:
+        """The parked parents' children: an Idle slot within their role's count, else a
+        ride on the parent's slot (at most RIDERS at once)."""
+        for parent, kids in list(self._kids.items()):
+            slot = self._parked.get(parent)
+            rides = slot is not None and slot.role >= 0 and not self.roles.by_code(slot.role).io_bound
+            while kids:
+                item = kids[0]
+                code = item.role
+                seat = self._idle_seat(code)
+                lease = seat >= 0 and self._posture_allows(code, item, True)
+                ride = (not lease and rides and self._riders.get(parent, 0) < RIDERS
+                        and not self.roles.by_code(code).io_bound)
+                if not (lease or ride):
+                    break
+                kids.popleft()
+                self._kids_n[code] -= 1
+                if self.skip is not None and self.skip(item.unit_id):
+                    self._skipped.append(item.unit_id)
+                    continue
+                if lease:
+                    leased = self._lease_on(seat, code)
+                    out.append(self._take(leased, item, fsm.START, (leased.index, fsm.LEASE, code, 0, 0)))
+                    continue
+                self._where[item.unit_id] = slot
+                self._granted[item.unit_id] = item
+                self._riding[item.unit_id] = parent
+                self._riders[parent] = self._riders.get(parent, 0) + 1
+                self.rides[code] += 1
+                out.append(Grant(item.unit_id, code, slot.index, slot.seat, RIDE, 0, ()))
+            if not kids:
+                self._kids.pop(parent, None)
 
     def set_posture(self, posture: int, floors: list[int]) -> None:
         self.posture, self.floors = posture, list(floors)
@@ -450,6 +564,8 @@ class Dispatcher:
     def grant(self) -> list[Grant]:
         """Every grant possible now, in precedence order."""
         out: list[Grant] = []
+        if self._kids:
+            self._grant_kids(out)
         for code in self._order:
             queue = self._queues[code]
             if not queue.n:
@@ -681,7 +797,7 @@ class Dispatcher:
     def _update_feedable(self, slot: _Slot) -> None:
         """A pooled slot may take a unit ahead while 1 <= its units in flight <= the role's lookahead."""
         feedable = self._feedable[slot.role]
-        if 1 <= len(slot.inflight) <= self._ahead[slot.role]:
+        if 1 <= len(slot.inflight) <= self._ahead[slot.role] and not slot.parked:
             feedable[slot.index] = None
         else:
             feedable.pop(slot.index, None)
@@ -689,6 +805,16 @@ class Dispatcher:
     # --- completions and deaths ------------------------------------------------------
     def complete(self, unit_id: int, final_state: int) -> int:
         """A unit's outcome arrived; `final_state` is its slot's state after it. Returns the slot."""
+        if self._parked:
+            self._unpark(unit_id)
+        parent = self._riding.pop(unit_id, None)
+        if parent is not None:  # a rider: its parent's slot is as it was
+            self._rode.discard(unit_id)
+            del self._granted[unit_id]
+            left = self._riders.pop(parent) - 1
+            if left:
+                self._riders[parent] = left
+            return self._where.pop(unit_id).index
         slot = self._where.pop(unit_id)
         del self._granted[unit_id]
         self._sent_ahead.discard(unit_id)
@@ -732,6 +858,15 @@ class Dispatcher:
         units it owed, in grant order; its owner decides what the death means for each
         (`fleet.runtime.deaths`) and gives back those that never started (`put_back_first`)."""
         slot_of: dict[int, int] = {}  # unit id -> slot, for the seat's units in flight
+        for child, parent in list(self._riding.items()):
+            if self._where[child].seat == seat:
+                slot_of[child] = self._where.pop(child).index
+                del self._riding[child]
+                left = self._riders.pop(parent) - 1
+                if left:
+                    self._riders[parent] = left
+        for parent in [p for p, s in self._parked.items() if s.seat == seat]:
+            self._unpark(parent)
         for index in self._seat_slots[seat] if 0 <= seat < len(self._seat_slots) else ():
             slot = self._slots[index]
             for unit_id in slot.inflight:

@@ -68,6 +68,12 @@ def current_unit() -> Unit:
     return running.unit
 
 
+class NotInsideUnit(FleetError, RuntimeError):
+    """`fleet.current_fleet()` was called where no unit runs: outside a handler or an
+    Executor task (the caller's own process, a thread the handler started itself), or in
+    a worker of another pool. The message says which."""
+
+
 def report_cost(usd: float) -> None:
     """Report what the running unit's provider call cost, in USD (adds up when called again).
 

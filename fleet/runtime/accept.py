@@ -39,7 +39,7 @@ class Acceptor:
         """A posted submit: into the ledger and on its way (the gates, then the queue).
         `arrival`: what the arrival log records, when [record] is on."""
         code = unit.role
-        late = self._late_failure(code)
+        late = self._late_failure(code, child=bool(unit.parent))
         if late is not None:
             # The fleet closed, or the role stopped, after the caller's check: the caller
             # holds the unit's future, so the unit is counted and fails as the units
@@ -78,11 +78,12 @@ class Acceptor:
                 self._recorder.arrival(*arrival)
         self._dispatcher.enqueue_many(units)
 
-    def _late_failure(self, code: int) -> tuple[str, str] | None:
+    def _late_failure(self, code: int, child: bool = False) -> tuple[str, str] | None:
         """(reason, detail) for a unit of role `code` accepted after the fleet closed or
-        the role stopped; None while it may be queued."""
+        the role stopped; None while it may be queued. A `child` of a running unit is
+        part of work the fleet owes already: a closing fleet (shutdown waits for it) takes it."""
         door = self._door
-        if door.closing:
+        if door.closing and not child:
             return Reason.SHUTDOWN, "the fleet closed before the unit was queued"
         if code in door.role_stops:
             return Reason.ROLE_STOPPED, door.role_stops.reasons.get(

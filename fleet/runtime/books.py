@@ -54,6 +54,8 @@ class Books:
         #: (an ended unit above it that is not kept here was solved)
         self._ends: collections.OrderedDict = collections.OrderedDict()
         self._ends_dropped = 0
+        #: ``on_end(unit_id, outcome)``: told of every end (fleet.runtime.inside: a parent's children)
+        self.on_end = None
 
     def __len__(self) -> int:
         """Units owed an outcome."""
@@ -145,6 +147,8 @@ class Books:
         if unit is not None and self._told_gates(unit, outcome, original, cost):
             return  # a gate took it back: no outcome yet (the ledger sees the one it ends with)
         unit = self._end(unit_id)
+        if self.on_end is not None:
+            self.on_end(unit_id, outcome)
         if solved is not None and outcome.kind == SOLVED:
             solved.append(unit_id)
         else:
@@ -178,6 +182,8 @@ class Books:
         if unit is not None:
             self._told_gates(unit, _CANCELLED)  # a cancel is never taken back
         unit = self._end(unit_id)
+        if self.on_end is not None:
+            self.on_end(unit_id, _CANCELLED)
         if unit is not None and self.watch is not None:
             self.watch.ended(unit, _CANCELLED)
         if unit is not None and cancel_future:

@@ -279,6 +279,13 @@ class Door:
         unique, not dense)."""
         return 0 < unit_id < next(self._ids)
 
+    def refuse_if_role_stopped(self, code: int, role: str) -> None:
+        """RoleBroken for a role that was stopped (all a running unit's child is refused for:
+        a closing or draining fleet still owes its parent, and so takes it)."""
+        if code in self.role_stops.view:
+            why = self.role_stops.reasons.get(code, "repeated worker deaths")
+            raise RoleBroken(f"role {role!r} was stopped ({why}); it takes no more work")
+
     def refuse_if_closed(self, code: int, role: str) -> None:
         """FleetClosed once the fleet is shut down (or was never started); RoleBroken for
         a role that was stopped; Draining while a drain holds the door."""

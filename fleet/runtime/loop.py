@@ -60,6 +60,7 @@ from fleet.runtime.books import Books
 from fleet.runtime.config import FleetConfig
 from fleet.runtime.deadlines import Deadlines
 from fleet.runtime.gates import Gates
+from fleet.runtime.inside import Inside
 from fleet.runtime.intake import Door, TurnedAway
 from fleet.runtime.posture_effects import SAMPLE_EVERY_S, PostureEffects
 from fleet.runtime.results import Results
@@ -126,7 +127,7 @@ class Supervisor:
         self._rig: boot.Rig | None = None
         # The components, composed at `start` (before the loop thread starts).
         self.dispatcher = self.gates = self.books = self.seats = self.posture = self.providers = None
-        self.publisher = self.saturation = None
+        self.publisher = self.saturation = self.inside = None
         self._accept = self._results = self._deadlines = self._deaths = self._stops = None
 
     # ================================================================== start: boot and compose
@@ -182,6 +183,9 @@ class Supervisor:
                             table=rig.table, host=host, dispatch=dispatch, recorder=self.recorder)
         self._accept = Acceptor(self.door, self.books, self.gates, rig.dispatcher, roles, self.recorder)
         self._submitter.connect(self._accept.accept, self._accept.accept_many, rig.providers)
+        self.inside = Inside(name, roles, self._submitter, self.books, rig.dispatcher, self.seats, self._results.sent_to)
+        self._results.inside = self._deaths.inside = self.inside
+        self.books.on_end = self.inside.ended
 
     # ================================================================== what boot planned
     @property

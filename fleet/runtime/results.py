@@ -46,6 +46,7 @@ class Results:
         self._table, self._roles, self._host, self._publisher = table, roles, host, publisher
         self._dispatch, self._relay, self._recorder = dispatch, relay, recorder
         self._run_observer = None
+        self.inside = None  # the children submitted from inside (fleet.runtime.inside), once composed
         #: seat -> (role code, RSS bytes, bound bytes) its worker sent as it left to be
         #: recycled (max_rss_mib); the seat's death handling takes it (fleet.runtime.seat_deaths)
         self.recycling: dict[int, tuple[int, int, int]] = {}
@@ -108,8 +109,13 @@ class Results:
         if tag == M.STARTED and len(view) >= M.STARTED_HEAD.size:
             unit_id, slot = M.STARTED_HEAD.unpack_from(view)
             unit = books.get(unit_id)
-            if unit is not None and unit.timeout is not None and self._sent_to(unit_id, slot, seat):
-                self._deadlines.arm(unit, self._host.monotonic())
+            if unit is not None and self._sent_to(unit_id, slot, seat):
+                self._dispatcher.rode(unit_id)  # a rider's evidence that it started (seat deaths read it)
+                if unit.timeout is not None:
+                    self._deadlines.arm(unit, self._host.monotonic())
+            return
+        if tag == M.CHILD:
+            self.inside.child(seat, view)
             return
         if tag == M.RECYCLING and len(view) >= M.RECYCLING_HEAD.size:
             self.recycling[seat] = M.RECYCLING_HEAD.unpack_from(view)
@@ -152,6 +158,11 @@ class Results:
         # A chunk's items travel with it whatever its outcome (map raises item by item); its
         # end takes the one close path all the same, so its gates hear of it (its lease goes back).
         books.close(unit_id, outcome, value, original, cost, solved, items=bool(unit.flags & M.F_CHUNK))
+
+    def sent_to(self, unit_id: int, seat: int) -> bool:
+        """`unit_id` is in flight on a slot of `seat`."""
+        slot = self._dispatcher.slot_of(unit_id)
+        return slot is not None and self._seats.seat_of(slot) == seat
 
     def _sent_to(self, unit_id: int, slot: int, seat: int) -> bool:
         """`unit_id` was granted `slot`, a slot of `seat`: a message about it from there is its worker's."""

@@ -75,6 +75,7 @@ class SeatDeaths:
                  role_stops, posture, publisher, host, dispatch, closing, oom=None):
         self._name, self._roles, self._layout, self._restart = name, roles, layout, restart
         self._seats, self._results, self._books, self._dispatcher = seats, results, books, dispatcher
+        self.inside = None  # the children submitted from inside (fleet.runtime.inside), once composed
         self._table, self._deadlines, self._role_stops, self._posture = table, deadlines, role_stops, posture
         self._publisher, self._host, self._dispatch, self._closing = publisher, host, dispatch, closing
         #: role name -> workers recycled after one of its units passed its max_rss_mib (the loop writes)
@@ -148,6 +149,8 @@ class SeatDeaths:
                 back.append(item)
             else:
                 books.close(unit.unit_id, outcome)
+        if self.inside is not None:
+            back = self.inside.unorphaned(back)  # a child whose parent died with it ends Cancelled
         dispatcher.put_back_first(back)
         # Slots switch roles: the roles that died are those of the units it ran.
         dead_roles = {item.role for (item, _slot), unit in zip(lost, owed) if unit.started}
@@ -206,8 +209,9 @@ class SeatDeaths:
         the id in the slot's row as it STARTs the slot, before it decodes the unit or runs
         the handler; a slot runs its units one after another, and the result of each that
         ended before was taken, so the id there is the one unit of the slot that may have run."""
-        return deaths_mod.Owed(unit_id, self._table.unit(slot) == unit_id, self._deadlines.timed_out(unit_id),
-                               self._books.stopped(unit_id))
+        # A rider (a child on its parent's slot, fleet.rules.dispatch) said so as it started.
+        started = self._dispatcher.took_ride(unit_id) or self._table.unit(slot) == unit_id
+        return deaths_mod.Owed(unit_id, started, self._deadlines.timed_out(unit_id), self._books.stopped(unit_id))
 
     def _reset_slots(self, seat: int) -> None:
         """Walk a dead seat's slots back to Idle (fsm.RESET_PATHS), in any posture."""

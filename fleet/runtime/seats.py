@@ -47,15 +47,32 @@ class Seats:
             outbox.extend(tasks)
             self.flush(seat)
             return
+        if type(tasks[0]) is tuple:  # another kind of message (send_message)
+            outbox.extend(tasks)
+            self.flush(seat)
+            return
         pushed = self._data.tasks(seat).push_many(M.TASK, tasks)
         if pushed < len(tasks):
             outbox.extend(tasks[pushed:])
             self.flush(seat)
 
+    def send_message(self, seat: int, tag: int, message: bytes) -> None:
+        """One message of another kind than a task (a child's outcome, M.CHILD_DONE), in
+        the same order as the tasks: it waits in the outbox behind them when they wait."""
+        self.send(seat, [(tag, message)])
+
+    def task_max(self, seat: int) -> int:
+        """The longest message the seat's tasks ring takes."""
+        return self._data.tasks(seat).max_message
+
     def flush(self, seat: int) -> None:
-        """Push what waits in the seat's outbox, as far as its ring has room; wake its worker."""
+        """Push what waits in the seat's outbox, as far as its ring has room; wake its worker.
+        An entry is a task's bytes, or (tag, bytes) of another kind of message."""
         ring, outbox = self._data.tasks(seat), self._outbox[seat]
-        while outbox and ring.push(M.TASK, outbox[0]):
+        while outbox:
+            entry = outbox[0]
+            if not (ring.push(*entry) if type(entry) is tuple else ring.push(M.TASK, entry)):
+                break
             outbox.popleft()
         ring.notify()
 

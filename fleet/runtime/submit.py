@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from fleet.rules import ranges
 from fleet.rules.dispatch import Pending
 from fleet.rules.outcomes import FAILED
-from fleet.rules.unit import BadUnit, Outcome, QueueFull, error_for
+from fleet.rules.unit import BadUnit, Outcome, PayloadTooLarge, QueueFull, error_for
 from fleet.rules.vocab import Reason
 from fleet.runtime.accept import fail_future
 from fleet.runtime.beside import Beside
@@ -100,12 +100,15 @@ class Submitter:
     def submit(self, role: str, payload=None, *, key=None, lane=None, priority: int = 0, timeout=None,
                request_id=None, chunk: bool = False, pickled_payload: bytes | None = None, route=None,
                severity=None, pinned: bool = False, parent=None, tag=None, age: float = 0.0, block: bool = True,
-               block_timeout: float | None = None, items: int | None = None) -> Future:
+               block_timeout: float | None = None, items: int | None = None, packed: tuple | None = None,
+               child_of: int = 0) -> Future:
         """Queue a unit (see Fleet.submit). `pickled_payload`: the payload already pickled
         by a service-mode client; it travels to the worker as it is, never unpickled here.
         `items`: how many items a chunk holds, for the ledger (a pickled chunk's client
         says; a chunk given as a list is counted here).
         A unit with a `route` asks the provider admission first (fleet.runtime.provider_gate).
+        `packed`: the task body already made (`codec.pack_task`'s triple) by the running unit
+        `child_of` that submits it from inside (fleet.runtime.inside).
 
         A full queue makes the caller wait for room (at most `block_timeout` seconds),
         or refuses at once with QueueFull when `block` is False. (A future's callback,
@@ -133,18 +136,33 @@ class Submitter:
             if self._providers is not None:
                 # The one check of its ask (the loop checks again only after a reload)
                 admission["checked"] = self._providers.check(route, **admission)
-        parcel = codec.pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
-                                 limit=self._max_payload, fleet=self._door.name, room=self.beside,
-                                 block=block and not self._door.on_loop(), block_timeout=block_timeout,
-                                 writer=self.warm.write)
+        if packed is not None:
+            parcel = packed
+        else:
+            parcel = codec.pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
+                                     limit=self._max_payload, fleet=self._door.name, room=self.beside,
+                                     block=block and not self._door.on_loop(), block_timeout=block_timeout,
+                                     writer=self.warm.write)
         body = parcel[0]
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = _task_flags(chunk, timeout, self._recorder is not None)
-        unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout, parcel)
-        unit.route, unit.ask = route, admission
+        unit, on_loop = self._queued(code, role, key, priority, body, flags, timeout, block, block_timeout, parcel,
+                                     child=bool(child_of))
+        unit.route, unit.ask, unit.parent = route, admission, child_of
         if chunk:
             unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
         return self._post(unit, on_loop, role, payload, key, lane)
+
+    def room_for_child(self, role: str, body: bytes, parcel: str | None, size: int) -> None:
+        """A running unit's child, packed in its worker (`codec.pack_task`): held to
+        limits.max_payload_bytes as a caller's payload is, and its parcel's bytes take room
+        beside the rings without waiting (on the loop). Raises PayloadTooLarge or QueueFull."""
+        n = size if parcel is not None else len(body)
+        if self._max_payload is not None and n > self._max_payload:
+            raise PayloadTooLarge(f"payload for role {role!r} is {n} bytes pickled; limits.max_payload_bytes is "
+                                  f"{self._max_payload}")
+        if parcel is not None:
+            self.beside.take(size, f"payload for role {role!r}", block=False)
 
     def submit_call(self, code: int, role: str, payload) -> Future:
         """Queue one plain unit of role `code`, as ``submit(role, payload)`` would: the
@@ -237,14 +255,19 @@ class Submitter:
                 self.beside.give(size)
 
     def _queued(self, code: int, role: str, key, priority: int, body: bytes, flags: int, timeout, block: bool,
-                block_timeout, parcel: tuple = (None, None, 0)) -> tuple[LoopUnit, bool]:
+                block_timeout, parcel: tuple = (None, None, 0), child: bool = False) -> tuple[LoopUnit, bool]:
         """A checked unit's room in its role's queue, taken (waiting for it unless `block` is
         False, and never on the loop's own thread: it would wait for itself), once the fleet
         and the role are seen open; the unit made, and whether this is the loop's thread.
-        A refusal removes the unit's parcel (it never became a unit)."""
+        A refusal removes the unit's parcel (it never became a unit). A running unit's `child`
+        is refused only by its role's stop (fleet.runtime.inside).
+        """
         door = self._door
         try:
-            door.refuse_if_closed(code, role)
+            if child:
+                door.refuse_if_role_stopped(code, role)
+            else:
+                door.refuse_if_closed(code, role)
             on_loop = door.on_loop()
             self._room.take(code, role, block=block and not on_loop, timeout=block_timeout)
         except BaseException:
@@ -255,6 +278,11 @@ class Submitter:
     def _post(self, unit: LoopUnit, on_loop: bool, role: str, payload, key=None, lane=None) -> Future:
         """Hand a queued unit to the loop (paced, off the loop's thread); its future."""
         arrival = (unit.unit_id, role, payload, key, lane) if self._recorder is not None else None
+        if unit.parent and on_loop:
+            # a running unit's child, on the loop (fleet.runtime.inside): accepted now, also
+            # while the fleet closes and its intake takes no more posts
+            self._accept(unit, arrival)
+            return unit.future
         self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop)
         return unit.future
 

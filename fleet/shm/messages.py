@@ -15,6 +15,8 @@ TASK = 1  # supervisor -> worker: run a unit
 RESULT = 2  # worker -> supervisor: a unit's outcome
 STARTED = 3  # worker -> supervisor: a unit with a timeout began running
 RECYCLING = 4  # worker -> supervisor: after its last result, it exits to be replaced (max_rss_mib)
+CHILD = 5  # worker -> supervisor: a running unit submits a child unit (fleet.current_fleet())
+CHILD_DONE = 6  # supervisor -> worker: a child's outcome, for the future its parent holds
 
 # --- task flags ---------------------------------------------------------------------
 F_CHUNK = 1  # the body holds a list of payloads (Fleet.map with chunksize > 1)
@@ -44,6 +46,11 @@ ST_CHUNK_FAILED = 10  # some item failed (HandlerError)
 #: reported (fleet.report_cost; NaN when it reported none), CPU seconds of the thread that ran
 #: the handler (NaN: not measured, an awaited handler shares its thread with others)
 RESULT_HEAD = struct.Struct("<QIBBddd")
+#: the parent's unit id, the child's id in its parent's worker, the child's role code, its flags
+#: (F_CHUNK); then the pickled submit (fleet.worker.inside)
+CHILD_HEAD = struct.Struct("<QQHB")
+#: the child's id in its parent's worker, what its outcome is (fleet.worker.inside: DONE_*); then its body
+CHILD_DONE_HEAD = struct.Struct("<QB")
 #: unit id, slot
 STARTED_HEAD = struct.Struct("<QI")
 #: role code of the unit after which it looked, its resident bytes, the role's bound in bytes

@@ -22,19 +22,31 @@ transitions and the result ring: it STARTs each unit on its own slot, runs it on
 thread pool, other roles' units one after another on a serial thread), and ends the
 slot and pushes the result when the unit is done — for a coroutine, in the task that
 ran it. The task ring's wake-ups reach the loop as a readable fd (`RingRelay`).
+
+A unit that submits children (`fleet.current_fleet()`, fleet.worker.inside) secedes
+from the tasks ring at its first: another thread of this worker serves the ring (runs
+the units that come, its children among them, and takes their outcomes in) while the
+unit runs on and waits for them; when it is done, its thread ends its unit and waits,
+idle, to serve the ring again. One thread serves the ring at a time; the result ring
+has one lock for every thread that pushes. A unit that rides its parent's slot
+(start event RIDE, fleet.rules.dispatch) walks no slot transition: its slot is its
+parent's, Running; it reports STARTED first, the evidence a seat death reads.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import os
 import pickle
 import signal
+import threading
 import time
 import traceback
 
 from fleet.rules import cordon, fsm
+from fleet.rules.dispatch import RIDE
 from fleet.shm import messages as M
 from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, error_parts, loads,
                                  pack, parcel_of, refused_body, safe_str, split_route)
@@ -46,7 +58,7 @@ from fleet.worker.io.selector import new_event_loop
 from fleet.rules.outcomes import Refused
 from fleet.shm.table.layout import FLAG_CLOSING
 from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
-from fleet.worker import calls, strays
+from fleet.worker import calls, inside, strays
 from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_OK, EXIT_RECYCLED, EXIT_RETIRED
 from fleet.worker.prepare import run_initializer
 
@@ -119,6 +131,20 @@ class Worker:
         self._bell_due = False  # an end-of-pass ring is scheduled (results were pushed this pass)
         self._unrung = 0  # results pushed since the last ring
         self._held_timer = None
+        # Submit from inside (fleet.worker.inside): the ring's one server thread at a time, the
+        # threads idle for it, the units seceded and still running, the result ring's lock.
+        self._ring_lock = threading.Lock()
+        self._turn = threading.Condition()
+        self._server: int | None = None
+        self._idle_servers = 0
+        self._seceded: dict[int, int | None] = {}  # thread running a unit that seceded -> its slot (None: a rider)
+        self._slot_on: dict[int, int | None] = {}  # thread -> the slot of the unit it runs (None: a rider)
+        #: slot of a seceded unit -> the tasks sent to it meanwhile (sent ahead, a RESUME of its
+        #: pin): they start once it ends, in order
+        self._busy: dict[int, list] = {}
+        self._retired: int | None = None  # a thread other than the main one retired the worker
+        self._backlog: collections.deque = collections.deque()  # messages taken from the ring, not yet handled
+        self.children = inside.Children(roles, handlers, data.name, self._beside[1], self._push, self._secede)
 
     def _count_io_slots(self) -> int:
         seats = self.table.meta.get("seats", ())
@@ -133,20 +159,108 @@ class Worker:
             strays.leave(None if initialized else SystemExit(1))
         if not initialized:
             return EXIT_INIT_FAILED
+        inside._CHILDREN = self.children
         if self._io_slots:
             return self._run_io_seat()
-        try:
-            while True:
-                self._look_at_held()
-                batch = self.tasks.pop_many()
-                if not batch:
-                    self.tasks.wait(HELD_RETRY_S if self.held else None, spin_s=IDLE_SPIN_S)
-                    continue
-                self._tasks(batch)
-        except _Retire as retire:
-            # The tasks taken from the ring and not run go back to their queues, unrun: the
-            # supervisor finds them owed by this seat, never started (fleet.runtime.deaths).
-            return retire.status
+        self._server = threading.get_ident()
+        while True:
+            try:
+                self._serve()
+            except _Retire as retire:
+                # The tasks taken from the ring and not run go back to their queues, unrun: the
+                # supervisor finds them owed by this seat, never started (fleet.runtime.deaths).
+                return retire.status
+            status = self._await_ring()  # its unit seceded, and ended: it waits to serve again
+            if status is not None:
+                return status
+
+    def _serve(self) -> None:
+        """Serve the tasks ring while this thread is its server (until a unit it runs secedes)."""
+        me, backlog, tasks = threading.get_ident(), self._backlog, self.tasks
+        while self._server == me:
+            seen = tasks.seq()  # before looking: a seceded unit's end notifies (its slot's tasks)
+            if backlog:
+                self._message(*backlog.popleft())
+                continue
+            self._look_at_held()
+            batch = tasks.pop_many()
+            if not batch:
+                if self._seceded:
+                    tasks.wait_since(seen, HELD_RETRY_S if self.held else None)
+                else:
+                    tasks.wait(HELD_RETRY_S if self.held else None, spin_s=IDLE_SPIN_S)
+                continue
+            backlog.extend(batch)
+
+    def _message(self, tag: int, view) -> None:
+        if tag == M.TASK:
+            self._task(M.TASK_HEAD.unpack_from(view), view[M.TASK_HEAD.size :])
+        elif tag == M.CHILD_DONE:
+            self.children.done(view)
+
+    def _secede(self, me: int) -> None:
+        """The unit running on thread `me` submits a child: if that thread serves the ring,
+        another takes it over (an idle one, else a new one) while the unit runs and waits."""
+        if self._server != me:
+            return  # seceded already, or a seat whose loop thread serves the ring (I/O slots)
+        with self._turn:
+            slot = self._seceded[me] = self._slot_on.get(me)
+            if slot is not None:
+                self._busy[slot] = []
+            self._server = None
+            if self._idle_servers:
+                self._turn.notify()
+                return
+        threading.Thread(target=self._standby, name="fleet-ring", daemon=True).start()
+
+    def _rejoin(self) -> None:
+        """A seceded unit ended on this thread: the seat counts it no more."""
+        me = threading.get_ident()
+        if me in self._seceded:
+            with self._turn:
+                slot = self._seceded.pop(me)
+                deferred = self._busy.pop(slot, ()) if slot is not None else ()
+                # before what the ring holds: they were sent before it
+                self._backlog.extendleft((M.TASK, M.TASK_HEAD.pack(*head) + body) for head, body in reversed(deferred))
+            self.tasks.notify()  # the server may sleep on an empty ring
+
+    def _await_ring(self) -> int | None:
+        """Wait to serve the ring again; the status to exit with when another thread retired the worker."""
+        with self._turn:
+            self._idle_servers += 1
+            while self._server is not None and self._retired is None:
+                self._turn.wait()
+            self._idle_servers -= 1
+            if self._retired is not None:
+                return self._retired
+            self._server = threading.get_ident()
+        return None
+
+    def _standby(self) -> None:
+        """A thread that serves the ring while units it ran, or others, wait."""
+        with self._turn:
+            if self._server is None:
+                self._server = threading.get_ident()
+        while True:
+            if self._server == threading.get_ident():
+                try:
+                    self._serve()
+                except _Retire as retire:  # the main thread exits with it
+                    with self._turn:
+                        self._retired = retire.status
+                        self._server = None
+                        self._turn.notify_all()
+                    return
+            if self._await_ring() is not None:
+                return
+
+    def _push(self, tag: int, head, body=b"") -> None:
+        """Push one message to the result ring and ring the supervisor's bell (any thread)."""
+        with self._ring_lock:
+            while not self.results.push2(tag, head, body):
+                self.bell.ring()
+                self.results.wait_space(len(head) + len(body), 1.0)
+        self.bell.ring()
 
     def _look_at_held(self) -> None:
         if self.held and not cordon.halts_any(int(self.table.posture[0])):
@@ -156,8 +270,7 @@ class Worker:
 
     def _tasks(self, batch) -> None:
         for tag, view in batch:
-            if tag == M.TASK:
-                self._task(M.TASK_HEAD.unpack_from(view), view[M.TASK_HEAD.size :])
+            self._message(tag, view)
 
     # --- a seat with I/O slots: everything on one event loop ----------------------------
     def _run_io_seat(self) -> int:
@@ -196,12 +309,12 @@ class Worker:
     def _unit_done(self, slot: int, tag, result) -> None:
         """A unit run by the runner is done (on the loop thread): end its slot, push its
         result, then start what waited for its slot or for the serial lane."""
-        unit_id, role = tag
+        unit_id, role, ride = tag
         if isinstance(result, BaseException):  # escaped _execute (a fleet bug): still its outcome
             status, out, elapsed, cost, cpu = M.ST_HANDLER_ERROR, _error_body(result), 0.0, NO_COST, NO_CPU
         else:
             status, out, elapsed, cost, cpu = result
-        status, out, final = self._finish(unit_id, slot, role, status, out)
+        status, out, final = self._finish(unit_id, slot, role, status, out, ride)
         self._send(unit_id, slot, status, final, elapsed, out, ring=False, cost=cost, cpu=cpu)
         self._result_pushed()
         io = self.io
@@ -257,7 +370,14 @@ class Worker:
             elif io.serial_busy:
                 io.defer_serial((head, body))  # the seat's other units run one after another
                 return
-        reason = self.table.start_unit(slot, start_event, role, key_id, unit_id)
+        ride = start_event == RIDE
+        if self._busy and not ride:
+            with self._turn:
+                if slot in self._busy:  # its slot's unit seceded and runs on: this starts after it
+                    self._busy[slot].append((head, bytes(body)))
+                    return
+        # A rider walks no transition: its slot is its parent's, which runs (or has just ended).
+        reason = fsm.OK if ride else self.table.start_unit(slot, start_event, role, key_id, unit_id)
         if reason == fsm.R_CORDONED:
             self.held.append((head, bytes(body)))
             return
@@ -269,11 +389,11 @@ class Worker:
             log.log(logging.INFO if drained else logging.ERROR, "unit %d: %s", unit_id, text)
             self._send(unit_id, slot, M.ST_START_REFUSED, self._state(slot), 0.0, text.encode())
             return
-        if flags & M.F_TIMED:
-            self.results.send(M.STARTED, M.STARTED_HEAD.pack(unit_id, slot))
-            self.bell.ring()
+        if ride or flags & M.F_TIMED:
+            # (a rider's evidence that it started: its slot's row names its parent)
+            self._push(M.STARTED, M.STARTED_HEAD.pack(unit_id, slot))
         if io is not None:
-            tag = (unit_id, role)
+            tag = (unit_id, role, ride)
             if not self._io_bound[role]:
                 io.serial(slot, tag, lambda: self._execute(unit_id, role, flags, body))
             elif self._async[role]:
@@ -281,18 +401,19 @@ class Worker:
             else:
                 io.call(slot, tag, lambda: self._execute(unit_id, role, flags, body))
             return
+        me = threading.get_ident()
+        self._slot_on[me] = None if ride else slot
         status, out, elapsed, cost, cpu = self._execute(unit_id, role, flags, body)
-        status, out, final = self._finish(unit_id, slot, role, status, out)
+        status, out, final = self._finish(unit_id, slot, role, status, out, ride)
         self._send(unit_id, slot, status, final, elapsed, out, cost=cost, cpu=cpu)
+        self._rejoin()
+        if self._server != me or self._seceded:
+            return  # not while units wait on other threads: retiring would take them down too
         bound = self._rss_bound[role]
         if bound is not None:  # read only when the role asks: its result is out, nothing of it is lost
             rss = rss_bytes()
             if rss > bound:
-                note = M.RECYCLING_HEAD.pack(role, rss, bound)
-                while not self.results.push(M.RECYCLING, note):
-                    self.bell.ring()  # as _send: the supervisor may be asleep with a full ring
-                    self.results.wait_space(len(note), 1.0)
-                self.bell.ring()
+                self._push(M.RECYCLING, M.RECYCLING_HEAD.pack(role, rss, bound))
                 raise _Retire(EXIT_RECYCLED)
         if self.tasks_left is not None:
             self.tasks_left -= 1
@@ -452,13 +573,17 @@ class Worker:
             RUNNING.reset(token)
         return (*_chunk_body(values, failures, self._beside), _cost(running))
 
-    def _finish(self, unit_id: int, slot: int, role: int, status: int, out: bytes) -> tuple[int, bytes, int]:
-        """End the slot's unit: (status, body, the slot's state afterwards). A refused
+    def _finish(self, unit_id: int, slot: int, role: int, status: int, out: bytes,
+                ride: bool = False) -> tuple[int, bytes, int]:
+        """End the slot's unit: (status, body, the slot's state afterwards); a rider's slot
+        is its parent's, left as it is. A refused
         completion is a broken FSM rule, not a result to trust: the unit fails FsmRefused.
         A process that is not the worker never gets past here (the pid is compared too:
         a fork that ran no at-fork hook ends here, before the table)."""
         if strays.is_stray():
             strays.leave()
+        if ride:
+            return status, out, self._state(slot)
         reason, final = self.table.finish_unit(slot, self._completion[role], role)
         if reason != fsm.OK:
             text = f"slot {slot} refused {fsm.EVENT_NAMES[self._completion[role]]}: {fsm.REASON_NAMES[reason]}"
@@ -480,9 +605,10 @@ class Worker:
             status = M.ST_RESULT_ERROR
             body = f"result is {len(body)} bytes; the result ring takes {self.results.max_message}".encode()
             head = M.RESULT_HEAD.pack(unit_id, slot, status, final_state, elapsed, cost, cpu)
-        while not self.results.push2(M.RESULT, head, body):
-            self.bell.ring()  # the supervisor may be asleep with a full ring to drain
-            self.results.wait_space(len(head) + len(body), 1.0)
+        with self._ring_lock:  # a seceded unit's thread pushes too (fleet.worker.inside)
+            while not self.results.push2(M.RESULT, head, body):
+                self.bell.ring()  # the supervisor may be asleep with a full ring to drain
+                self.results.wait_space(len(head) + len(body), 1.0)
         if ring:
             self.bell.ring()
 

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from fleet import UnitSuppressed
-from fleet.api.mapping import MAP_REFILL, MAP_WINDOW, MAP_WINDOW_ITEMS, _Feeder, map_window
+from fleet.worker.mapping import MAP_REFILL, MAP_WINDOW, MAP_WINDOW_ITEMS, _Feeder, map_window
 from fleet.worker.calls import Calls
 
 from ..fleets import config, role, running

@@ -66,3 +66,62 @@ def make_array(n):
     import numpy as np
 
     return np.full(n // 8, 1.0)
+
+
+# cycle_bench.py: the solve cycle's parts, as plain functions (ProcessPoolExecutor) and as
+# handlers (fleet roles). Each burns CPU time, not wall time: a part preempted by its
+# neighbours still costs what the plan says, so the offered load is the plan's.
+def burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def _note(path, line: str) -> None:
+    """Append `line` to the file `path` (one short O_APPEND write: lines of several
+    workers never interleave), so a run can count how many times each sim ran."""
+    if path is None:
+        return
+    fd = _RUN_LOGS.get(path)
+    if fd is None:
+        fd = _RUN_LOGS[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(fd, line.encode() + b"\n")
+
+
+def cycle_sim(payload):
+    """One sim: payload (sim id, CPU seconds, note path or None); returns its id."""
+    sim_id, seconds, note = payload
+    burn(seconds)
+    _note(note, sim_id)
+    return sim_id
+
+
+def cycle_burn(seconds):
+    """A walk segment, a resolve or a merge: `seconds` of CPU."""
+    burn(seconds)
+    return None
+
+
+def cycle_sim_unit(unit):
+    return cycle_sim(unit.payload)
+
+
+def cycle_burn_unit(unit):
+    return cycle_burn(unit.payload)
+
+
+def cycle_bin_unit(unit):
+    """A whole bin from inside the fleet: payload (walk seconds per segment, [sims of the
+    first gap, sims of the second]: each a sim's payload); three walk segments, and
+    between them the gap's sims submitted to this fleet and joined. Returns the sim ids."""
+    import fleet
+
+    walk_s, gaps = unit.payload
+    here = fleet.current_fleet()
+    done = []
+    for sims in gaps:
+        burn(walk_s)
+        futures = [here.submit("sim", sim) for sim in sims]
+        done += [f.result() for f in futures]
+    burn(walk_s)
+    return done
