@@ -155,9 +155,8 @@ def test_a_real_psi_trigger_on_a_groups_memory_pressure_holds_then_releases(tmp_
 def test_fleetd_in_a_group_under_memory_pressure_cordons_with_the_memory_pressure_cause(fleet_name, tmp_path):
     """A real fleetd in its own cgroup2 group: memory pressure in that group (a reader beside
     it thrashing its page cache) cordons the fleet (cause memory-pressure); once the reader
-    is gone the cause is released and the posture returns. Mutations that turn it red: the
-    memory input never armed (no cordon), its HOLD filed under cpu-pressure (the cause), the
-    release never applied (Nominal never comes)."""
+    is gone the cause is released. Mutations that turn it red: the memory input never armed
+    (no cordon), its HOLD filed under cpu-pressure (the cause), the release never applied."""
     roles = {"sq": role("square", slots=2)}
     with v2_group() as v2:
         d = FleetdInGroup(fleet_name, roles, v2, posture={"cordon_exit_clean_ms": 1000},
@@ -167,7 +166,8 @@ def test_fleetd_in_a_group_under_memory_pressure_cordons_with_the_memory_pressur
             wait_until(lambda: f"memory pressure on {v2.path}/memory.pressure (100 ms stalled in 2000 ms) cordons"
                        in d.stderr(), "the memory pressure input armed")
             assert d.ctl_json("status")["memory"]["pressure_from"] == f"{v2.path}/memory.pressure"
-            wait_until(lambda: d.ctl_json("status")["posture"]["state"] == "Nominal", "Nominal before the reader")
+            # (a loaded host may stall the group's own processes on CPU: cpu-pressure comes and goes)
+            wait_until(lambda: "memory-pressure" not in d.ctl_json("posture", "show")["causes"], "no memory hold first")
             with thrashing_reader(v2, tmp_path):
                 # the reader stalls on its CPU too: cpu-pressure may hold beside it
                 doc = wait_until(lambda: (p := d.ctl_json("posture", "show"))["posture"] == "Cordoned"
@@ -176,8 +176,8 @@ def test_fleetd_in_a_group_under_memory_pressure_cordons_with_the_memory_pressur
                 # not an operator's to release: only its own input lets it go
                 refused = d.ctl("posture", "release", "memory-pressure")
                 assert refused.returncode == 2 and "invalid choice: 'memory-pressure'" in refused.stderr, refused.stderr
-            wait_until(lambda: (p := d.ctl_json("posture", "show"))["posture"] == "Nominal" and not p["causes"],
-                       "Nominal again")
+            wait_until(lambda: "memory-pressure" not in d.ctl_json("posture", "show")["causes"], "the memory hold let go")
+            assert "memory-pressure: release (PSI on " in d.stderr()
             with d.connect() as client:
                 assert client.submit("sq", 6).result(BOUND_S) == 36
             d.signal(signal.SIGTERM)
