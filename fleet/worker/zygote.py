@@ -294,18 +294,20 @@ class Zygote:
 
 
 def preload_kernels() -> None:
-    """Import numba and load the transition kernels (numba's cache) for the table's
-    argument types, on arrays of those types: this is most of a zygote's start (~0.3-0.5 s),
-    and it needs nothing of the boot message, so it runs while the supervisor loads its
-    own copy. The table attached at boot then finds them loaded. A failure here is left
-    to boot, which loads them again and reports it."""
+    """Load the transition kernels (fleet.shm.table.kernel_load): the ones built at
+    install, a ~1 ms import; without them numba's, from its cache, for the table's
+    argument types (~0.3-0.5 s). It needs nothing of the boot message, so it runs while
+    the supervisor loads its own copy, and the table attached at boot finds them loaded.
+    A failure here is left to boot, which loads them again and reports it."""
     try:
         import numpy as np
 
-        from fleet.shm.table import kernels
+        from fleet.shm.table import kernel_load
 
-        dummy = np.zeros(1, dtype="<u8")
-        kernels.warm_up(dummy, dummy, 0, dummy)
+        kernels = kernel_load.load()
+        if not kernel_load.is_built(kernels):
+            dummy = np.zeros(1, dtype="<u8")
+            kernels.warm_up(dummy, dummy, 0, dummy)
     except Exception:  # noqa: BLE001 - boot's own load says what is wrong
         pass
 
