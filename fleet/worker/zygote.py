@@ -312,6 +312,13 @@ def preload_kernels() -> None:
         pass
 
 
+def preload_worker() -> None:
+    """Import what a worker runs (fleet.worker.process: its loop, asyncio and ssl for
+    I/O-bound roles) here, once, before any fork: imported after the fork, each worker
+    would hold its own copy of those modules' objects (~7 MiB of USS a worker)."""
+    import fleet.worker.process  # noqa: F401 - imported for every fork to inherit
+
+
 def _flush_std() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -334,6 +341,7 @@ def main(argv=None) -> int:
     sock = socket.socket(fileno=args.fd)
     zygote = Zygote(sock)
     preload_kernels()  # while the supervisor loads its own: its boot message comes after
+    preload_worker()
     boot = zygote.read_one()
     if boot.get("op") != "boot":
         return 0  # launched, then stopped before its boot (the supervisor's boot failed)
