@@ -53,8 +53,8 @@ class Launched:
 
 
 def launch(name: str) -> Launched:
-    """Start fleet `name`'s zygote now, to boot later (`Workers.adopt`): it loads numba and
-    the kernels while this process does the same for its table."""
+    """Start fleet `name`'s zygote now, to boot later (`Workers.adopt`): it starts and
+    loads the kernels while this process makes its table."""
     spawner = spawner_for(name)
     try:
         return Launched(spawner, ZygoteLink.launch(spawner))

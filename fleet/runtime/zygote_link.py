@@ -90,9 +90,9 @@ class ZygoteLink:
 
     @classmethod
     def launch(cls, spawner, answer_s: float = 5.0) -> "ZygoteLink":
-        """Start the zygote process, not yet booted (`boot`). It imports numba and loads the
-        transition kernels while it waits for its boot message, so a boot that launches it
-        first loads them here and there at once, not one after the other."""
+        """Start the zygote process, not yet booted (`boot`). It loads the transition kernels
+        and the worker's modules while it waits for its boot message, so a boot that launches
+        it first makes its table meanwhile, not one after the other."""
         ours, theirs = socket.socketpair()
         proc = spawner.submit(
             subprocess.Popen,

@@ -1,8 +1,8 @@
 """The zygote: a single-threaded process that forks the fleet's workers.
 
-Starting a Python worker from scratch costs the interpreter, numba, the compiled
-kernels and the handler modules: about a second. The supervisor cannot fork
-itself (it is multi-threaded, and embedded in somebody's program), so it starts
+Starting a Python worker from scratch costs the interpreter, numpy, fleet's own
+modules, the transition kernels and the handler modules: a few tenths of a second.
+The supervisor cannot fork itself (it is multi-threaded, and embedded in somebody's program), so it starts
 this process once; the zygote pays the start-up cost, and every worker — at boot
 and at every restart after a death — is a fork of it, ready in milliseconds.
 

@@ -30,8 +30,8 @@ def built_module():
     """The ahead-built kernels when they are current; else (None, why)."""
     try:
         module = importlib.import_module(BUILT)
-    except ImportError as exc:
-        return None, f"{BUILT} cannot be imported ({exc})"
+    except Exception as exc:  # noqa: BLE001 - missing, or its init failed (numpy's C API refused it): numba's then
+        return None, f"{BUILT} cannot be imported ({type(exc).__name__}: {exc})"
     want = kernel_tables.build_digest()
     if module.build_digest() != want:
         return None, f"{BUILT} was built from other kernel sources or tables than these (a stale build)"

@@ -1,8 +1,9 @@
 """SlotTable: the shared table as an object — create or attach, transition, snapshot.
 
 The owner (the supervisor) creates the table from the fleet's roles; workers and
-tools attach by name. Transitions go through the numba kernels (imported lazily,
-so an attach-and-snapshot reader such as `fleetctl status` never loads numba).
+tools attach by name. Transitions go through the transition kernels (loaded lazily by
+`kernel_load`: the ones built at install, else numba's), so an attach-and-snapshot
+reader such as `fleetctl status` loads neither.
 """
 from __future__ import annotations
 
