@@ -1,5 +1,11 @@
 """numba transition kernels over the shared table.
 
+These functions are the one source of the kernels, compiled two ways: ahead at install,
+by numba's AOT compiler with the signatures of `kernel_build` (the module a fleet runs,
+without numba), and here by numba at run time, the fallback when that module is missing
+or stale (`kernel_load` chooses). Write them for both: an argument is never reassigned
+(built ahead, its type is fixed by the signature: assign a local instead).
+
 `apply_transition` validates (old word, event) against the slot FSM and installs the
 new word with one compare-and-swap. On a lost race it re-reads and re-validates, so
 a word the FSM forbids is never written. It returns a reason code (fleet.rules.fsm.OK or
