@@ -1,4 +1,4 @@
-"""tools/bench/dispatch_bench.py's --noisy and --service modes at a tiny size: each prints
+"""tools/bench/dispatch_bench.py's --noisy, --service and --only-start modes at a tiny size: each prints
 the rows it promises (every quiet ratio has its noisy twin and its quotient; the service's
 ratios), and leaves nothing behind -- no noise process, no fleetd, no /dev/shm segment --
 even when the bench itself is killed."""
@@ -89,3 +89,27 @@ def test_a_killed_bench_leaves_no_busy_process():
         if not gone(pid):
             os.kill(pid, signal.SIGKILL)
         proc.stdout.close()
+
+
+def test_only_start_reports_each_face_and_the_start_ratios():
+    """--only-start: first result, the 100-item script, the idle tree's PSS and a worker's
+    USS, for fleet.Executor and ProcessPoolExecutor, and the four ratios with their targets."""
+    out = subprocess.run([sys.executable, BENCH, "--only-start", "--repeat", "1", "--json"], capture_output=True,
+                         text=True, timeout=240, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout)
+    measures = {"first_result_s", "script_100_s", "idle_pss_mib", "idle_worker_uss_mib"}
+    for face in ("fleet", "ppe"):
+        row = res["start"][face]
+        assert set(row) == measures | {"runs", "idle_by_process_mib"}, face
+        assert all(row[m] > 0 and row["runs"][m] == [row[m]] for m in measures), row
+    # where the idle tree's memory is: fleet has a fork server, ProcessPoolExecutor none
+    assert set(res["start"]["fleet"]["idle_by_process_mib"]) == {"parent", "fork_server", "workers"}
+    assert set(res["start"]["ppe"]["idle_by_process_mib"]) == {"parent", "workers"}
+    fl, ppe, r = res["start"]["fleet"], res["start"]["ppe"], res["ratios"]
+    assert set(r) == set(res["targets"]) == {"executor_first_result_over_ppe", "executor_script_100_over_ppe",
+                                             "executor_idle_pss_over_ppe_mib", "executor_worker_uss_over_ppe"}
+    assert r["executor_first_result_over_ppe"] == pytest.approx(fl["first_result_s"] / ppe["first_result_s"], abs=6e-3)
+    assert r["executor_idle_pss_over_ppe_mib"] == pytest.approx(fl["idle_pss_mib"] - ppe["idle_pss_mib"], abs=0.06)
+    assert r["executor_worker_uss_over_ppe"] == pytest.approx(fl["idle_worker_uss_mib"] / ppe["idle_worker_uss_mib"],
+                                                              abs=6e-3)

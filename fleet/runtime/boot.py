@@ -137,8 +137,8 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
                             "pressure": memory_pressure.path if memory.pressure_cordon and memory_pressure is not None
                             and memory_pressure.own else None}
     log.info("fleet %s: %s", name, oom.describe())
-    # The zygote first: it imports numba and loads the transition kernels while this
-    # process does the same for the table (each ~0.3-0.5 s), at once rather than in turn.
+    # The zygote first: it starts (its interpreter, numpy, fleet's modules, the kernels)
+    # while this process makes the table, at once rather than in turn.
     launched = workers_mod.launch(name, place=place)
     try:
         table = SlotTable.create(name, roles, len(projection.layout.slots), meta=meta, readers_group=readers_group)
@@ -241,9 +241,9 @@ def gates(rig: Rig, config, roles, wake) -> list:
 
 
 def settle(config) -> None:
-    """The last step of a boot: with `gc_freeze`, numba's compiler state (~100k objects,
-    loaded for the table's kernels) goes out of the collector's sight, so full
-    collections stop stalling the loop 30-100 ms."""
+    """The last step of a boot: with `gc_freeze`, the objects alive then (the modules
+    imported, and numba's compiler state, ~100k objects, when the kernels were not built
+    at install) go out of the collector's sight, so full collections stop stalling the loop."""
     if config.gc_freeze:
         gc.collect()
         gc.freeze()

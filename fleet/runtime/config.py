@@ -248,7 +248,8 @@ class FleetConfig:
     name: str = "fleet"
     profile: str = "auto"
     cpus: float | None = None
-    # After boot, gc.freeze(): the objects alive then (numba's compiler state, some 100k)
+    # After boot, gc.freeze(): the objects alive then (the modules; numba's compiler state,
+    # some 100k, when the kernels run on numba's run-time path)
     # leave the collector's sight, so a full collection no longer walks them all, a stall
     # of every thread in the process (the dispatch loop's included) of 30-100 ms. Process-
     # wide: objects alive at boot are never collected as cyclic garbage afterwards.

@@ -53,9 +53,9 @@ class Launched:
 
 
 def launch(name: str, place=None) -> Launched:
-    """Start fleet `name`'s zygote now, to boot later (`Workers.adopt`): it loads numba and
-    the kernels while this process does the same for its table. `place(pid)` puts it in
-    its cgroup (`ZygoteLink.launch`)."""
+    """Start fleet `name`'s zygote now, to boot later (`Workers.adopt`): it starts and
+    loads the kernels while this process makes its table. `place(pid)` puts it in its
+    cgroup (`ZygoteLink.launch`)."""
     spawner = spawner_for(name)
     try:
         return Launched(spawner, ZygoteLink.launch(spawner, place=place))

@@ -90,9 +90,9 @@ class ZygoteLink:
 
     @classmethod
     def launch(cls, spawner, answer_s: float = 5.0, place=None) -> "ZygoteLink":
-        """Start the zygote process, not yet booted (`boot`). It imports numba and loads the
-        transition kernels while it waits for its boot message, so a boot that launches it
-        first loads them here and there at once, not one after the other.
+        """Start the zygote process, not yet booted (`boot`). It loads the transition kernels
+        and the worker's modules while it waits for its boot message, so a boot that launches
+        it first makes its table meanwhile, not one after the other.
 
         `place(pid)`, when given, puts the new zygote in its cgroup (a delegated fleet's
         workers leaf) before anything is asked of it: every worker it forks is born there."""

@@ -1,7 +1,8 @@
 """The worker: one process per seat, running the units granted to its slots in order.
 
 A worker is forked from the fleet's zygote (`fleet.worker.zygote`), which has already
-imported numba, loaded the transition kernels, imported every handler module and
+loaded the transition kernels (fleet.shm.table.kernel_load), imported this module and
+every handler module and
 attached the shared table and data segment; so a worker starts in milliseconds and
 compiles nothing. Construction is inert; `run()` does the work (STYLE item 7).
 

@@ -1,8 +1,8 @@
 """The zygote: a single-threaded process that forks the fleet's workers.
 
-Starting a Python worker from scratch costs the interpreter, numba, the compiled
-kernels and the handler modules: about a second. The supervisor cannot fork
-itself (it is multi-threaded, and embedded in somebody's program), so it starts
+Starting a Python worker from scratch costs the interpreter, numpy, fleet's own
+modules, the transition kernels and the handler modules: a few tenths of a second.
+The supervisor cannot fork itself (it is multi-threaded, and embedded in somebody's program), so it starts
 this process once; the zygote pays the start-up cost, and every worker — at boot
 and at every restart after a death — is a fork of it, ready in milliseconds.
 
@@ -294,20 +294,29 @@ class Zygote:
 
 
 def preload_kernels() -> None:
-    """Import numba and load the transition kernels (numba's cache) for the table's
-    argument types, on arrays of those types: this is most of a zygote's start (~0.3-0.5 s),
-    and it needs nothing of the boot message, so it runs while the supervisor loads its
-    own copy. The table attached at boot then finds them loaded. A failure here is left
-    to boot, which loads them again and reports it."""
+    """Load the transition kernels (fleet.shm.table.kernel_load): the ones built at
+    install, a ~1 ms import; without them numba's, from its cache, for the table's
+    argument types (~0.3-0.5 s). It needs nothing of the boot message, so it runs while
+    the supervisor loads its own copy, and the table attached at boot finds them loaded.
+    A failure here is left to boot, which loads them again and reports it."""
     try:
         import numpy as np
 
-        from fleet.shm.table import kernels
+        from fleet.shm.table import kernel_load
 
-        dummy = np.zeros(1, dtype="<u8")
-        kernels.warm_up(dummy, dummy, 0, dummy)
+        kernels = kernel_load.load()
+        if not kernel_load.is_built(kernels):
+            dummy = np.zeros(1, dtype="<u8")
+            kernels.warm_up(dummy, dummy, 0, dummy)
     except Exception:  # noqa: BLE001 - boot's own load says what is wrong
         pass
+
+
+def preload_worker() -> None:
+    """Import what a worker runs (fleet.worker.process: its loop, asyncio and ssl for
+    I/O-bound roles) here, once, before any fork: imported after the fork, each worker
+    would hold its own copy of those modules' objects (~7 MiB of USS a worker)."""
+    import fleet.worker.process  # noqa: F401 - imported for every fork to inherit
 
 
 def _flush_std() -> None:
@@ -332,6 +341,7 @@ def main(argv=None) -> int:
     sock = socket.socket(fileno=args.fd)
     zygote = Zygote(sock)
     preload_kernels()  # while the supervisor loads its own: its boot message comes after
+    preload_worker()
     boot = zygote.read_one()
     if boot.get("op") != "boot":
         return 0  # launched, then stopped before its boot (the supervisor's boot failed)

@@ -120,7 +120,8 @@ def test_a_boot_that_fails_after_launching_the_zygote_leaves_no_process_and_no_s
 
 
 def test_the_kernels_a_zygote_preloads_are_the_ones_its_table_calls(fleet_name):
-    """The zygote loads the kernels before its boot message, on arrays of the table's types:
+    """On numba's run-time path (FLEET_KERNELS=jit: the kernels not built at install), the
+    zygote loads the kernels before its boot message, on arrays of the table's types:
     attaching the table then loads nothing more (a type that differed would load, or
     compile, every kernel a second time, after the boot message: on the critical path)."""
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
@@ -143,7 +144,7 @@ def test_the_kernels_a_zygote_preloads_are_the_ones_its_table_calls(fleet_name):
         finally:
             table.unlink()
             table.close()
-    """)], capture_output=True, text=True, timeout=300)
+    """)], capture_output=True, text=True, timeout=300, env={**os.environ, "FLEET_KERNELS": "jit"})
     assert out.returncode == 0, out.stderr
     first, after = json.loads(out.stdout)
     assert all(n >= 1 for n in first.values()) and after == first
@@ -191,3 +192,30 @@ def test_a_fork_server_that_cannot_be_placed_is_said_and_boot_goes_on(caplog):
     with caplog.at_level(logging.WARNING, logger="fleet.runtime.boot"):
         boot._placer(arranged, Host(), "f")(4242)
     assert "the worker fork server (pid 4242) could not move into /sys/fs/cgroup/u/workers" in caplog.text
+
+
+def test_a_zygote_preloads_the_built_kernels_and_the_worker_without_numba(fleet_name):
+    """With the kernels built at install, the zygote's preload is their module and the
+    worker's own (fleet.worker.process, asyncio), so a fork imports none of them; the
+    table attached at boot takes that same module, and numba is never imported."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import json, sys
+        from fleet.worker.zygote import preload_kernels, preload_worker
+        from fleet.shm.table import kernel_load
+        from fleet.rules.roles import Role, RoleSet
+        from fleet.shm.table import SlotTable
+
+        preload_kernels()
+        preload_worker()
+        preloaded = [m for m in ("fleet.shm.table._kernels", "fleet.worker.process", "asyncio") if m in sys.modules]
+        table = SlotTable.create({fleet_name!r}, RoleSet((Role("w", kind="pooled", handler="m:f", slots=1),)), 1)
+        try:
+            table.load_kernels()
+            print(json.dumps([preloaded, table._k is kernel_load.load(), "numba" in sys.modules]))
+        finally:
+            table.unlink()
+            table.close()
+    """)], capture_output=True, text=True, timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "FLEET_KERNELS"})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [["fleet.shm.table._kernels", "fleet.worker.process", "asyncio"], True, False]

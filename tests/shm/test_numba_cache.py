@@ -1,5 +1,8 @@
 """numba's kernel cache lives outside the package, keyed per build; without one the kernels run uncached.
 
+These are numba's run-time kernels, which run when the ones built at install are missing
+or stale: the children here ask for them (FLEET_KERNELS=jit).
+
 The read-only cases copy the packages (fleet, and admission beside it) into a folder
 bind-mounted read-only in a private mount namespace (so even root cannot write there),
 then import them from there."""
@@ -51,7 +54,7 @@ def _copy_package(tmp_path) -> Path:
 
 def _env(root, **extra):
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "CACHE_DIRECTORY")}
-    env.update(PYTHONPATH=str(root), **extra)
+    env.update(PYTHONPATH=str(root), FLEET_KERNELS="jit", **extra)
     return env
 
 
@@ -158,7 +161,7 @@ def test_a_changed_fsm_table_recompiles_the_cached_kernels(tmp_path, fleet_name)
     root = tmp_path / "site"
     shutil.copytree(PACKAGE, root / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ADMISSION, root / "admission", ignore=shutil.ignore_patterns("__pycache__"))
-    env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "FLEET_KERNELS": "jit"}
 
     def run():
         out = subprocess.run([sys.executable, "-c", FOLLOWS, str(root), fleet_name], env=env, cwd=tmp_path,

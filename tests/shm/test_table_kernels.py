@@ -1,6 +1,8 @@
 """The numba transition kernels against the pure rule, over the full product of
 state x event x role kind x cordon class x posture x role/key arguments, on a real
-shared-memory table; plus bad input (indices, events, roles) that must change nothing."""
+shared-memory table; plus bad input (indices, events, roles) that must change nothing.
+Every test runs on both builds of the kernels: the one built at install
+(fleet.shm.table._kernels) and numba's run-time one (fleet.shm.table.kernels)."""
 from __future__ import annotations
 
 import itertools
@@ -11,8 +13,9 @@ import pytest
 from fleet.rules import fsm
 from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
 from fleet.shm.table import SlotTable, TransitionRejected, UnknownEvent
+from fleet.shm.table import kernel_load
 from fleet.shm.table import layout as L
-from fleet.shm.table.kernels import SLOT_FIELDS
+from fleet.shm.table.kernel_tables import SLOT_FIELDS
 
 KINDS = ("pinned", "pooled", "singleton")
 CLASSES = ("never", "floor", "deferrable")
@@ -20,12 +23,26 @@ CLASSES = ("never", "floor", "deferrable")
 MATRIX = RoleSet(tuple(Role(name=f"{k}_{c}", kind=k, cordon_class=c) for k in KINDS for c in CLASSES))
 
 
-@pytest.fixture
-def table(fleet_name):
+@pytest.fixture(params=["built", "jit"])
+def table(fleet_name, request):
     t = SlotTable.create(fleet_name, MATRIX, 4)
+    t._k = kernels_of(request.param, t)
     yield t
     t.close()
     t.unlink()
+
+
+def kernels_of(build: str, table):
+    """The kernels `build` names, loaded for `table`: the ones built at install (which
+    must be there and current: tests/shm/test_kernel_build.py says why when not) or numba's."""
+    if build == "built":
+        module, why = kernel_load.built_module()
+        assert module is not None, why
+        return module
+    from fleet.shm.table import kernels
+
+    kernels.warm_up(table.slots, table.roles, table.n_roles, table.posture)
+    return kernels
 
 
 def _force_word(table, slot, word):
@@ -150,9 +167,7 @@ def test_unknown_event_is_a_typed_error(table, event):
 
 
 def test_bad_event_code_inside_the_kernel(table):
-    from fleet.shm.table import kernels
-
-    assert kernels.apply_transition(table.slots, table.roles, table.n_roles, table.posture, 0, 42, 0, 0, -1) == fsm.R_BAD_EVENT
+    assert table._k.apply_transition(table.slots, table.roles, table.n_roles, table.posture, 0, 42, 0, 0, -1) == fsm.R_BAD_EVENT
 
 
 def test_events_by_transition_id_and_name(table):

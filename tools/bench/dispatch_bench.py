@@ -18,7 +18,11 @@ and ~50 µs CPU handlers:
                          (defaults): `first_result_s` from the import to the first result;
                          `script_100_s` a script mapping 100 items, end to end (the interpreter's
                          start and exit included); `idle_pss_mib` the PSS of the process tree
-                         (parent, fork server, 2 workers) idle after a map. --only-start: these alone
+                         (parent, fork server, 2 workers) idle after a map, `idle_worker_uss_mib`
+                         a worker's own memory (USS, the median of the tree's leaves), and
+                         `idle_by_process_mib` the last round's PSS and USS of the parent, the
+                         fork server and the workers together. Bytecode is
+                         cached (PYTHONDONTWRITEBYTECODE is dropped). --only-start: these alone
   --noisy               the contenders and ratios above (not io_fleet, start, idle) twice in one
                          run, quiet and with a noise process (a Python busy loop pinned to one
                          core) running, interleaved measure by measure; "noisy" holds the noisy
@@ -449,27 +453,45 @@ def _python(text: str) -> list:
     return [sys.executable, path]
 
 
-def tree_pss_mib(pid: int) -> float:
-    """PSS of process `pid` and its descendants, in MiB (shared pages split among their users)."""
+def tree_memory_mib(pid: int) -> tuple[float, float, dict]:
+    """(PSS of process `pid` and its descendants, median USS of the tree's leaves, where:
+    {"parent" | "fork_server" | "workers": {"pss", "uss"}}), in MiB. PSS splits shared pages
+    among their users; the leaves are the workers (fleet's are the fork server's children,
+    ProcessPoolExecutor's the parent's), and a worker's USS is the memory that is its own alone."""
     root = psutil.Process(pid)
-    total = 0
+    pss, leaves = 0, []
+    where = {}
     for p in [root] + root.children(recursive=True):
         try:
-            total += p.memory_full_info().pss
+            info = p.memory_full_info()
+            leaf = p != root and not p.children()
         except psutil.NoSuchProcess:
-            pass
-    return total / 2**20
+            continue
+        pss += info.pss
+        if leaf:
+            leaves.append(info.uss)
+        part = where.setdefault("parent" if p == root else "workers" if leaf else "fork_server", {"pss": 0, "uss": 0})
+        part["pss"] += info.pss / 2**20
+        part["uss"] += info.uss / 2**20
+    where = {k: {m: round(v, 1) for m, v in part.items()} for k, part in where.items()}
+    return pss / 2**20, (statistics.median(leaves) / 2**20 if leaves else 0.0), where
 
 
-def _idle_pss(face: str, settle_s: float = 1.0) -> float:
+#: The start scripts' environment: bytecode is cached as in any installed environment
+#: (a PYTHONDONTWRITEBYTECODE=1 inherited here would make every interpreter recompile
+#: each module it imports, which weighs on fleet's ~300 modules more than on the peer's).
+START_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def _idle_memory(face: str, settle_s: float = 1.0) -> tuple[float, float, dict]:
     import subprocess
 
     proc = subprocess.Popen(_python(IDLE.format(face=FACES[face])), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+                            text=True, env=START_ENV)
     try:
         assert proc.stdout.readline() == "idle\n"
         time.sleep(settle_s)  # the workers' first pages settle; nothing runs
-        return tree_pss_mib(proc.pid)
+        return tree_memory_mib(proc.pid)
     finally:
         proc.communicate("\n", timeout=120)
 
@@ -482,27 +504,33 @@ def bench_start(rounds: int) -> dict:
     import tempfile
 
     global _SCRIPTS
-    runs = {face: {"first_result_s": [], "script_100_s": [], "idle_pss_mib": []} for face in FACES}
+    runs = {face: {"first_result_s": [], "script_100_s": [], "idle_pss_mib": [], "idle_worker_uss_mib": []}
+            for face in FACES}
+    where = {}  # the last round's idle tree, process by process
     with tempfile.TemporaryDirectory(prefix="dispatch-bench-") as _SCRIPTS:
-        _start_rounds(rounds, runs)
+        _start_rounds(rounds, runs, where)
     res = {face: {k: round(statistics.median(v), 3) for k, v in r.items()} for face, r in runs.items()}
     for face in FACES:
         res[face]["runs"] = {k: [round(x, 3) for x in v] for k, v in runs[face].items()}
+        res[face]["idle_by_process_mib"] = where[face]
     return res
 
 
-def _start_rounds(rounds: int, runs: dict) -> None:
+def _start_rounds(rounds: int, runs: dict, where: dict) -> None:
     import subprocess
 
     for _ in range(rounds):
         for face, line in FACES.items():
             out = subprocess.run(_python(FIRST_RESULT.format(face=line)), capture_output=True, text=True, timeout=300,
-                                 check=True)
+                                 check=True, env=START_ENV)
             runs[face]["first_result_s"].append(float(out.stdout))
             t0 = time.perf_counter()
-            subprocess.run(_python(SCRIPT_100.format(face=line)), capture_output=True, timeout=300, check=True)
+            subprocess.run(_python(SCRIPT_100.format(face=line)), capture_output=True, timeout=300, check=True,
+                           env=START_ENV)
             runs[face]["script_100_s"].append(time.perf_counter() - t0)
-            runs[face]["idle_pss_mib"].append(_idle_pss(face))
+            pss, worker_uss, where[face] = _idle_memory(face)
+            runs[face]["idle_pss_mib"].append(pss)
+            runs[face]["idle_worker_uss_mib"].append(worker_uss)
 
 
 def start_ratios(start: dict) -> dict:
@@ -511,6 +539,7 @@ def start_ratios(start: dict) -> dict:
         "executor_first_result_over_ppe": round(fl["first_result_s"] / ppe["first_result_s"], 2),
         "executor_script_100_over_ppe": round(fl["script_100_s"] / ppe["script_100_s"], 2),
         "executor_idle_pss_over_ppe_mib": round(fl["idle_pss_mib"] - ppe["idle_pss_mib"], 1),
+        "executor_worker_uss_over_ppe": round(fl["idle_worker_uss_mib"] / ppe["idle_worker_uss_mib"], 2),
     }
 
 
@@ -518,6 +547,7 @@ START_TARGETS = {
     "executor_first_result_over_ppe": "<= 3",
     "executor_script_100_over_ppe": "<= 3",
     "executor_idle_pss_over_ppe_mib": "<= 120",
+    "executor_worker_uss_over_ppe": "<= 1",
 }
 
 

@@ -1,7 +1,7 @@
 """The shared-memory table: slot words, posture, ledger counters, bulkheads.
 
-`SlotTable` is the owner's and workers' handle (transitions through numba kernels,
-loaded lazily); `snapshot.take` / `SlotTable.snapshot` is the lock-free reader.
+`SlotTable` is the owner's and workers' handle (transitions through the kernels
+built at install by numba's AOT compiler, loaded lazily; see kernel_load); `snapshot.take` / `SlotTable.snapshot` is the lock-free reader.
 """
 from fleet.shm.table.segment import (
     BadFleetName,
@@ -15,7 +15,7 @@ from fleet.shm.table.segment import (
 
 
 def __getattr__(name):
-    # The owner's handle (numpy, numba on first transition) loads on first use, so a
+    # The owner's handle (numpy, the kernels on first transition) loads on first use, so a
     # reader that only needs `snapshot.read` imports neither.
     if name in ("SlotTable", "TransitionRejected", "UnknownEvent", "event_code"):
         from fleet.shm.table import table

@@ -1,5 +1,11 @@
 """numba transition kernels over the shared table.
 
+These functions are the one source of the kernels, compiled two ways: ahead at install,
+by numba's AOT compiler with the signatures of `kernel_build` (the module a fleet runs,
+without numba), and here by numba at run time, the fallback when that module is missing
+or stale (`kernel_load` chooses). Write them for both: an argument is never reassigned
+(built ahead, its type is fixed by the signature: assign a local instead).
+
 `apply_transition` validates (old word, event) against the slot FSM and installs the
 new word with one compare-and-swap. On a lost race it re-reads and re-validates, so
 a word the FSM forbids is never written. It returns a reason code (fleet.rules.fsm.OK or
@@ -31,9 +37,6 @@ all with release stores, so a lock-free reader can detect and retry a torn read.
 """
 from __future__ import annotations
 
-import hashlib
-from array import array
-
 from fleet.shm.table.numba_env import ensure_cache_dir
 
 #: Whether the kernels go to numba's on-disk cache: False when no cache dir is writable
@@ -43,81 +46,16 @@ CACHED = ensure_cache_dir() is not None
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
-from fleet.rules import cordon, fsm  # noqa: E402
-from fleet.shm.table import layout as L  # noqa: E402
 from fleet.shm.table import atomics as _atomics  # noqa: E402
 from fleet.shm.table.atomics import compare_and_swap, fetch_add, load_acquire, store_release  # noqa: E402
+# The constants and tables the kernels embed, defined where a process that loads the
+# ahead-built kernels (fleet.shm.table.kernel_load) can digest them without numba.
+from fleet.shm.table.kernel_tables import *  # noqa: E402,F403
+from fleet.shm.table.kernel_tables import _source_digest, tables_digest  # noqa: E402,F401
 
 
-def _tables():
-    nxt = np.full((fsm.N_STATES, fsm.N_EVENTS), -1, dtype=np.int64)
-    kinds = np.zeros((fsm.N_STATES, fsm.N_EVENTS), dtype=np.int64)
-    gated = np.zeros((fsm.N_STATES, fsm.N_EVENTS), dtype=np.int64)
-    for (state, event), (to, _tid, allowed, is_gated) in fsm.TRANSITIONS.items():
-        nxt[state, event] = to
-        kinds[state, event] = sum(1 << k for k in allowed)
-        gated[state, event] = int(is_gated)
-    return nxt, kinds, gated
-
-
-_NEXT, _KIND_MASK, _GATED = _tables()
-
-SLOT_FIELDS = L.SLOT_SIZE // L.U64
-ROLE_FIELDS = L.ROLE_SIZE // L.U64
-
-_STATE_MASK = np.uint64(L.STATE_MASK)
-_ROLE_MASK = np.uint64(L.ROLE_MASK)
-_KEY_MASK = np.uint64(L.KEY_MASK)
-_GEN_MASK = np.uint64(L.GEN_MASK)
-_ROLE_SHIFT = np.uint64(L.ROLE_SHIFT)
-_KEY_SHIFT = np.uint64(L.KEY_SHIFT)
-_GEN_SHIFT = np.uint64(L.GEN_SHIFT)
-
-_N_STATES = fsm.N_STATES
-_N_EVENTS = fsm.N_EVENTS
-_ANY_ROLE = fsm.ANY_ROLE
-_LEASE, _RESUME = fsm.LEASE, fsm.RESUME
-_IDLE = fsm.IDLE
-_KIND_PINNED = fsm.KIND_PINNED
-# The cordon's rule (fleet.rules.cordon), compiled in: HALTS by (posture, class), and by class
-# whether any posture halts it (so a class no posture halts never loads the posture word).
-_HALTS = np.array(cordon.HALTS, dtype=np.int64)
-_MAY_HALT = _HALTS.max(axis=0)
-_N_POSTURES, _N_CLASSES = _HALTS.shape
-_MAX_KEY = fsm.MAX_KEY
-_OK, _R_ILLEGAL, _R_WRONG_ROLE, _R_WRONG_KIND = fsm.OK, fsm.R_ILLEGAL, fsm.R_WRONG_ROLE, fsm.R_WRONG_KIND
-_R_KEY_MISMATCH, _R_CORDONED, _R_BAD_SLOT = fsm.R_KEY_MISMATCH, fsm.R_CORDONED, fsm.R_BAD_SLOT
-_R_BAD_EVENT, _R_BAD_ROLE, _R_BAD_KEY, _R_STALE = fsm.R_BAD_EVENT, fsm.R_BAD_ROLE, fsm.R_BAD_KEY, fsm.R_STALE
-_R_NOT_TRIED = fsm.R_NOT_TRIED
-OP_FIELDS = L.OP_FIELDS
-_P_STATE = L.P_STATE
-_S_UNIT, _S_DONE = L.S_UNIT, L.S_DONE
-_LEASE, _START = fsm.LEASE, fsm.START
-_S_LAST_ROLE, _S_SWITCHES = L.S_LAST_ROLE, L.S_SWITCHES
-_DRAINING, _DRAINED = fsm.DRAINING, fsm.DRAINED
-_R_KIND, _R_CLASS = L.R_KIND, L.R_CLASS
-
-
-def tables_digest(embedded: dict) -> int:
-    """A 60-bit digest of named constants and arrays (name -> int or ndarray)."""
-    h = hashlib.sha256()
-    for name in sorted(embedded):
-        value = embedded[name]
-        if isinstance(value, np.ndarray):
-            raw = repr((value.dtype.str, value.shape)).encode() + value.tobytes()
-        else:
-            raw = repr(int(value)).encode()
-        h.update(name.encode() + b"=" + raw + b";")
-    return int(h.hexdigest()[:15], 16)
-
-
-def _source_digest(module) -> int:
-    with open(module.__file__, "rb") as f:
-        return int(hashlib.sha256(f.read()).hexdigest()[:15], 16)
-
-
-#: Digest of every module-level constant and table defined above: the FSM arrays, the
-#: fsm codes and the layout's fields, all frozen into the kernels that read them; and
+#: Digest of every module-level constant and table here (fleet.shm.table.kernel_tables'): the
+#: FSM arrays, the fsm codes and the layout's fields, all frozen into the kernels that read them; and
 #: of the atomics' source, whose intrinsics are compiled into the kernels too (numba
 #: does not notice a change in a callee's module either).
 TABLES_DIGEST = tables_digest({
@@ -282,12 +220,13 @@ def _make_start_unit(tables_digest):
         LEASE: a unit sent ahead (fleet.rules.dispatch), which the worker leases the Idle slot
         for itself (T1) and then STARTs (T2); a refused LEASE leaves the slot Idle."""
         tables_digest  # noqa: B018 - in the closure, so in numba's cache key
+        then = event  # never the argument reassigned: its type is the signature's when built ahead
         if event == _LEASE:
             reason = apply_transition(slots, roles, n_roles, posture, slot, _LEASE, role, key, -1)
             if reason != _OK:
                 return reason
-            event = _START
-        reason = apply_transition(slots, roles, n_roles, posture, slot, event, role, key, -1)
+            then = np.int64(_START)
+        reason = apply_transition(slots, roles, n_roles, posture, slot, then, role, key, -1)
         if reason == _OK:
             store_release(slots, slot * SLOT_FIELDS + _S_UNIT, np.uint64(unit_id))
         return reason
@@ -359,7 +298,6 @@ def warm_up(slots, roles, n_roles, posture) -> None:
     apply_transition(slots, roles, n_roles, posture, -1, 0, 0, 0, -1)
     ids = np.zeros(0, dtype=np.int64)
     apply_batch(slots, roles, n_roles, posture, ids, ids)
-    apply_batch(slots, roles, n_roles, posture, array("q"), ids)  # the loop's grants come as an array.array
     start_unit(slots, roles, n_roles, posture, -1, 0, 0, 0, 0)
     finish_unit(slots, roles, n_roles, posture, -1, 0, 0)
     seq_write(slots, -1, ids, np.zeros(0, dtype=np.uint64))

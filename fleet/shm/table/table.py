@@ -1,14 +1,14 @@
 """SlotTable: the shared table as an object — create or attach, transition, snapshot.
 
 The owner (the supervisor) creates the table from the fleet's roles; workers and
-tools attach by name. Transitions go through the numba kernels (imported lazily,
-so an attach-and-snapshot reader such as `fleetctl status` never loads numba).
+tools attach by name. Transitions go through the transition kernels (loaded lazily by
+`kernel_load`: the ones built at install, else numba's), so an attach-and-snapshot
+reader such as `fleetctl status` loads neither.
 """
 from __future__ import annotations
 
 import operator
 import time
-from array import array
 from typing import Iterable
 
 import numpy as np
@@ -145,15 +145,18 @@ class SlotTable:
             raw[L.R_NAME_BYTE : L.R_NAME_BYTE + len(name)] = np.frombuffer(name, dtype=np.uint8)
 
     def load_kernels(self) -> None:
-        """Compile (or load from numba's cache) the transition kernels now, before anybody
-        depends on latency (a fork server does it once, for every fork to inherit)."""
+        """Load the transition kernels now, before anybody depends on latency (a fork
+        server does it once, for every fork to inherit): the ones built at install, or
+        numba's, compiled or loaded from its cache (fleet.shm.table.kernel_load)."""
         self._kernels()
 
     def _kernels(self):
         if self._k is None:
-            from fleet.shm.table import kernels
+            from fleet.shm.table import kernel_load
 
-            kernels.warm_up(self.slots, self.roles, self.n_roles, self.posture)
+            kernels = kernel_load.load()
+            if not kernel_load.is_built(kernels):
+                kernels.warm_up(self.slots, self.roles, self.n_roles, self.posture)
             self._k = kernels
         return self._k
 
@@ -207,8 +210,9 @@ class SlotTable:
             return int(reason == fsm.OK)
         if len(self._reasons) < n:
             self._reasons = np.empty(max(n, 2 * len(self._reasons)), dtype=np.int64)
+        # an int64 ndarray: the ahead-built kernels take no other sequence (kernel_build)
         return (self._k or self._kernels()).apply_batch(self.slots, self.roles, self.n_roles, self.posture,
-                                                        array("q", ops), self._reasons)
+                                                        np.array(ops, dtype=np.int64), self._reasons)
 
     def reasons(self, n: int) -> list[int]:
         """The reasons of the last `apply_ops` call's first `n` rows."""

@@ -1,0 +1,112 @@
+"""The constants and tables the transition kernels embed, and the digests that key them.
+
+numba freezes every module-level constant a kernel reads into its compiled code, so
+these values are part of each kernel. They live here, apart from `kernels` (which
+imports numba), so that a process running the ahead-built kernels
+(fleet.shm.table.kernel_load) can tell whether they were built from these very tables
+and sources without importing numba: numpy and the pure rules only.
+
+The kernels read the names below as their own globals (`kernels` imports them all).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from fleet.rules import cordon, fsm
+from fleet.shm.table import layout as L
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _tables():
+    nxt = np.full((fsm.N_STATES, fsm.N_EVENTS), -1, dtype=np.int64)
+    kinds = np.zeros((fsm.N_STATES, fsm.N_EVENTS), dtype=np.int64)
+    gated = np.zeros((fsm.N_STATES, fsm.N_EVENTS), dtype=np.int64)
+    for (state, event), (to, _tid, allowed, is_gated) in fsm.TRANSITIONS.items():
+        nxt[state, event] = to
+        kinds[state, event] = sum(1 << k for k in allowed)
+        gated[state, event] = int(is_gated)
+    return nxt, kinds, gated
+
+
+_NEXT, _KIND_MASK, _GATED = _tables()
+
+SLOT_FIELDS = L.SLOT_SIZE // L.U64
+ROLE_FIELDS = L.ROLE_SIZE // L.U64
+
+_STATE_MASK = np.uint64(L.STATE_MASK)
+_ROLE_MASK = np.uint64(L.ROLE_MASK)
+_KEY_MASK = np.uint64(L.KEY_MASK)
+_GEN_MASK = np.uint64(L.GEN_MASK)
+_ROLE_SHIFT = np.uint64(L.ROLE_SHIFT)
+_KEY_SHIFT = np.uint64(L.KEY_SHIFT)
+_GEN_SHIFT = np.uint64(L.GEN_SHIFT)
+
+_N_STATES = fsm.N_STATES
+_N_EVENTS = fsm.N_EVENTS
+_ANY_ROLE = fsm.ANY_ROLE
+_LEASE, _RESUME = fsm.LEASE, fsm.RESUME
+_IDLE = fsm.IDLE
+_KIND_PINNED = fsm.KIND_PINNED
+# The cordon's rule (fleet.rules.cordon), compiled in: HALTS by (posture, class), and by class
+# whether any posture halts it (so a class no posture halts never loads the posture word).
+_HALTS = np.array(cordon.HALTS, dtype=np.int64)
+_MAY_HALT = _HALTS.max(axis=0)
+_N_POSTURES, _N_CLASSES = _HALTS.shape
+_MAX_KEY = fsm.MAX_KEY
+_OK, _R_ILLEGAL, _R_WRONG_ROLE, _R_WRONG_KIND = fsm.OK, fsm.R_ILLEGAL, fsm.R_WRONG_ROLE, fsm.R_WRONG_KIND
+_R_KEY_MISMATCH, _R_CORDONED, _R_BAD_SLOT = fsm.R_KEY_MISMATCH, fsm.R_CORDONED, fsm.R_BAD_SLOT
+_R_BAD_EVENT, _R_BAD_ROLE, _R_BAD_KEY, _R_STALE = fsm.R_BAD_EVENT, fsm.R_BAD_ROLE, fsm.R_BAD_KEY, fsm.R_STALE
+_R_NOT_TRIED = fsm.R_NOT_TRIED
+OP_FIELDS = L.OP_FIELDS
+_P_STATE = L.P_STATE
+_S_UNIT, _S_DONE = L.S_UNIT, L.S_DONE
+_LEASE, _START = fsm.LEASE, fsm.START
+_S_LAST_ROLE, _S_SWITCHES = L.S_LAST_ROLE, L.S_SWITCHES
+_DRAINING, _DRAINED = fsm.DRAINING, fsm.DRAINED
+_R_KIND, _R_CLASS = L.R_KIND, L.R_CLASS
+
+
+def tables_digest(embedded: dict) -> int:
+    """A 60-bit digest of named constants and arrays (name -> int or ndarray)."""
+    h = hashlib.sha256()
+    for name in sorted(embedded):
+        value = embedded[name]
+        if isinstance(value, np.ndarray):
+            raw = repr((value.dtype.str, value.shape)).encode() + value.tobytes()
+        else:
+            raw = repr(int(value)).encode()
+        h.update(name.encode() + b"=" + raw + b";")
+    return int(h.hexdigest()[:15], 16)
+
+
+def _source_digest(module) -> int:
+    return file_digest(Path(module.__file__))
+
+
+def file_digest(path: Path) -> int:
+    """A 60-bit digest of a file's bytes."""
+    return int(hashlib.sha256(path.read_bytes()).hexdigest()[:15], 16)
+
+
+def _embedded() -> dict:
+    return {name: value for name, value in globals().items()
+            if not name.startswith("__") and isinstance(value, (int, np.integer, np.ndarray))
+            and not isinstance(value, bool)}
+
+
+def build_digest() -> int:
+    """What ahead-built kernels must have been built from to be these kernels: every
+    constant and table above, and the sources of the kernels (kernels.py), of the atomics
+    compiled into them (atomics.py) and of their exported signatures (kernel_build.py).
+    An edit of any of them, or of a rule whose value lands in a table (fsm.py, cordon.py),
+    changes it; `kernel_load` then refuses the stale build and compiles instead."""
+    sources = {name: file_digest(_HERE / name) for name in ("kernels.py", "atomics.py", "kernel_build.py")}
+    return tables_digest({**_embedded(), **sources})
+
+
+#: The embedded names, for `kernels` to import as its own globals.
+__all__ = sorted(_embedded())

@@ -1,0 +1,196 @@
+"""The transition kernels built at install (fleet.shm.table._kernels, numba's AOT compiler):
+present and current after an install, the same results as numba's run-time kernels on
+every FSM vector, refused with one WARNING when stale or missing (numba's kernels then
+run), and a fleet that runs them never imports numba.
+
+Mutations that turn these red: deleting the built module or editing kernels.py without
+reinstalling (the first test); a changed comparison in kernels.py's `_decide` against
+the built one (the agreement test); `kernel_load.built_module` skipping its digest check
+(the stale test: the old T5 applies); FLEET_KERNELS=jit in the fleet's environment (the
+no-numba test)."""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleet.rules import fsm
+from fleet.rules.roles import Role, RoleSet
+from fleet.shm.table import SlotTable, kernel_load
+from fleet.shm.table import layout as L
+from fleet.shm.table.kernel_tables import SLOT_FIELDS
+
+PACKAGE = Path(kernel_load.__file__).resolve().parents[2]  # .../fleet
+ADMISSION = PACKAGE.parent / "admission"
+KINDS, CLASSES = ("pinned", "pooled", "singleton"), ("never", "floor", "deferrable")
+MATRIX = RoleSet(tuple(Role(name=f"{k}_{c}", kind=k, cordon_class=c) for k in KINDS for c in CLASSES))
+
+
+def test_the_install_built_current_kernels():
+    module, why = kernel_load.built_module()
+    assert module is not None, f"{why}: reinstall (pip install -e .) to build them"
+    assert kernel_load.is_built(module)
+
+
+@pytest.fixture
+def tables(fleet_name):
+    """Two tables of one fleet's shape, one per build: (built kernels, table), (numba's, table)."""
+    import importlib
+
+    from fleet.shm.table import kernels
+
+    made = [SlotTable.create(f"{fleet_name}{i}", MATRIX, 4) for i in range(2)]
+    built = importlib.import_module(kernel_load.BUILT)  # whatever is built: compared, stale or not
+    kernels.warm_up(made[1].slots, made[1].roles, made[1].n_roles, made[1].posture)
+    yield [(built, made[0]), (kernels, made[1])]
+    for t in made:
+        t.close()
+        t.unlink()
+
+
+def _outcomes(k, t, word, event, role, key, gen, posture):
+    """Every kernel's answer to one vector, from the same starting word, with the word after each."""
+    t.set_posture(posture)
+    base = (t.slots, t.roles, t.n_roles, t.posture)
+    out = []
+    t.slots[L.S_WORD] = word
+    out += [k.apply_transition(*base, 0, event, role, key, gen), int(t.slots[L.S_WORD])]
+    t.slots[L.S_WORD] = word
+    ops, reasons = np.array([0, event, role, key, 0, 0, fsm.START, fsm.ANY_ROLE, key, 1], dtype=np.int64), np.zeros(2, np.int64)
+    out += [k.apply_batch(*base, ops, reasons), *reasons.tolist(), int(t.slots[L.S_WORD])]
+    t.slots[L.S_WORD] = word
+    out += [k.start_unit(*base, 0, event, role, key, 77), int(t.slots[L.S_WORD]), int(t.slots[L.S_UNIT])]
+    t.slots[L.S_WORD] = word
+    out += [k.finish_unit(*base, 0, event, role), int(t.slots[L.S_WORD]), int(t.slots[L.S_DONE])]
+    return out
+
+
+def test_built_and_run_time_kernels_agree_on_every_fsm_vector(tables):
+    (built, tb), (jit, tj) = tables
+    cases = 0
+    for state, event, slot_role, posture in itertools.product(
+        range(fsm.N_STATES + 1), range(-1, fsm.N_EVENTS + 1), range(len(MATRIX)), (fsm.NOMINAL, fsm.CORDONED)
+    ):
+        pinned = MATRIX.by_code(slot_role).kind_code == fsm.KIND_PINNED
+        word = L.pack_word(state, slot_role if state != fsm.IDLE else 0, 5 if pinned and state != fsm.IDLE else 0, 41)
+        for role, key, gen in itertools.product((fsm.ANY_ROLE, -1, slot_role, (slot_role + 1) % len(MATRIX), 99),
+                                                (0, 5, 6, -1), (-1, 41, 40)):
+            got = _outcomes(built, tb, word, event, role, key, gen, posture)
+            want = _outcomes(jit, tj, word, event, role, key, gen, posture)
+            assert got == want, (state, event, slot_role, posture, role, key, gen)
+            cases += 1
+    assert cases == (fsm.N_STATES + 1) * (fsm.N_EVENTS + 2) * len(MATRIX) * 2 * 5 * 4 * 3
+
+
+def test_built_and_run_time_field_writers_agree(tables):
+    for k, t in tables:
+        fields = np.array([L.L_SUBMITTED, L.L_SOLVED], dtype=np.int64)
+        assert k.seq_write(t.ledger, L.L_SEQ, fields, np.array([3, 2**64 - 1], dtype=np.uint64))
+        assert not k.seq_write(t.ledger, L.L_SEQ, np.array([t.ledger.size], dtype=np.int64), np.zeros(1, np.uint64))
+        assert not k.seq_write(t.ledger, -1, fields, np.zeros(2, np.uint64))
+        assert k.add_field(t.slots, L.S_DONE, np.uint64(5)) == 0 and k.add_field(t.slots, L.S_DONE, np.uint64(1)) == 5
+        assert k.add_field(t.slots, t.slots.size, np.uint64(1)) == 0
+        assert k.store_field(t.slots, SLOT_FIELDS + L.S_UNIT, np.uint64(9)) and not k.store_field(t.slots, -1, np.uint64(9))
+    (_, tb), (_, tj) = tables
+    assert tb.ledger.tolist() == tj.ledger.tolist() and tb.slots.tolist() == tj.slots.tolist()
+
+
+# --- a stale or missing build is refused, in one WARNING; numba's kernels run -------------------
+
+FOLLOWS = textwrap.dedent(
+    """
+    import logging, sys
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    import fleet
+    from fleet.rules import fsm
+    from fleet.rules.roles import RoleSet, Role
+    from fleet.shm.table import SlotTable
+    assert fleet.__file__.startswith(sys.argv[1]), fleet.__file__
+    t = SlotTable.create(sys.argv[2], RoleSet((Role("pool", kind="pooled"),)), 1)
+    t2 = SlotTable.create(sys.argv[2] + "b", RoleSet((Role("pool", kind="pooled"),)), 1)  # chosen once per process
+    try:
+        got = [t.transition(0, e, 0 if e == fsm.LEASE else fsm.ANY_ROLE, 0) for e in (fsm.LEASE, fsm.START, fsm.RELEASE)]
+        print(got[-1], t._k.__name__, "numba" in sys.modules)
+    finally:
+        for x in (t, t2):
+            x.close(); x.unlink()
+    """
+)
+
+
+def _run_copy(tmp_path, fleet_name, edit) -> tuple[list[str], list[str]]:
+    root = tmp_path / "site"
+    shutil.copytree(PACKAGE, root / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ADMISSION, root / "admission", ignore=shutil.ignore_patterns("__pycache__"))
+    edit(root / "fleet")
+    env = {k: v for k, v in os.environ.items() if k != "FLEET_KERNELS"}
+    env.update(PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", FOLLOWS, str(root), fleet_name], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split(), [line for line in out.stderr.splitlines() if "transition kernels" in line]
+
+
+def _without_t5(package: Path) -> None:
+    fsm_py = package / "rules" / "fsm.py"
+    t5 = '    (RUNNING, RELEASE): (IDLE, "T5", frozenset({KIND_POOLED}), False),\n'
+    text = fsm_py.read_text()
+    assert t5 in text
+    fsm_py.write_text(text.replace(t5, ""))
+
+
+def test_a_build_from_another_fsm_table_is_refused_and_numba_follows_the_new_one(tmp_path, fleet_name):
+    out, warnings = _run_copy(tmp_path, fleet_name, _without_t5)
+    assert out == [str(fsm.R_ILLEGAL), "fleet.shm.table.kernels", "True"]  # T5 is gone: the new rules, not the build's
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING") and "stale build" in warnings[0], warnings
+
+
+def test_a_missing_build_runs_numba_kernels_with_one_warning(tmp_path, fleet_name):
+    def remove_build(package):
+        for so in (package / "shm" / "table").glob("_kernels*.so"):
+            so.unlink()
+
+    out, warnings = _run_copy(tmp_path, fleet_name, remove_build)
+    assert out == [str(fsm.OK), "fleet.shm.table.kernels", "True"]
+    assert len(warnings) == 1 and "cannot be imported" in warnings[0], warnings
+
+
+def test_an_untouched_copy_runs_the_build_silently(tmp_path, fleet_name):
+    out, warnings = _run_copy(tmp_path, fleet_name, lambda package: None)
+    assert out == [str(fsm.OK), kernel_load.BUILT, "False"]
+    assert warnings == []
+
+
+# --- a fleet on the built kernels never imports numba ----------------------------------------------
+
+NO_NUMBA = textwrap.dedent(
+    """
+    import sys
+    from fleet import Executor
+
+    def numba_here(_):
+        return "numba" in sys.modules
+
+    if __name__ == "__main__":
+        with Executor(max_workers=2) as ex:
+            workers = set(ex.map(numba_here, range(20)))
+        print(sorted(workers), "numba" in sys.modules)
+    """
+)
+
+
+def test_an_executor_and_its_workers_never_import_numba(tmp_path):
+    script = tmp_path / "no_numba.py"
+    script.write_text(NO_NUMBA)
+    env = {k: v for k, v in os.environ.items() if k != "FLEET_KERNELS"}
+    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[False]", "False"], out.stdout
