@@ -65,6 +65,7 @@ from fleet.runtime.posture_effects import SAMPLE_EVERY_S, PostureEffects
 from fleet.runtime.results import Results
 from fleet.runtime.saturation import SaturationWatch
 from fleet.runtime.seat_deaths import RoleStops, SeatDeaths
+from fleet.runtime.reseat import SeatFollow
 from fleet.runtime.seats import Seats
 from fleet.runtime.shutdown import Stops, close_at_exit
 from fleet.runtime.submit import Submitter
@@ -125,7 +126,7 @@ class Supervisor:
         self._exporter = exporter
         self._rig: boot.Rig | None = None
         # The components, composed at `start` (before the loop thread starts).
-        self.dispatcher = self.gates = self.books = self.seats = self.posture = self.providers = None
+        self.dispatcher = self.gates = self.books = self.seats = self.posture = self.providers = self.follow = None
         self.publisher = self.saturation = None
         self._accept = self._results = self._deadlines = self._deaths = self._stops = None
 
@@ -162,10 +163,12 @@ class Supervisor:
         self.gates = Gates(rig.dispatcher, len(roles))
         self.books = Books(name, roles, self.ledger, self.door.room, self.gates)
         self.seats = Seats(rig.data, rig.workers, rig.layout)
+        self.follow = SeatFollow(name, rig.layout, rig.projection.live_placement, rig.cpus, roles, rig.dispatcher,
+                                 self.seats, rig.table)
         self.posture = PostureEffects(rig.posture, rig.sampler, rig.quota_watcher, name=name, config=self.config,
                                       plan=rig.plan, roles=roles, layout=rig.layout, table=rig.table,
                                       dispatcher=rig.dispatcher, publisher=rig.publisher, providers=rig.providers,
-                                      host=host, dispatch=dispatch)
+                                      host=host, dispatch=dispatch, follow=self.follow)
         self.saturation = SaturationWatch(name, roles, self.config.saturation, rig.table, rig.plan, rig.layout.seats)
         self._deadlines = Deadlines(name, self.books, rig.dispatcher, self.seats)
         self._results = Results(self.seats, self.books, rig.dispatcher, self._deadlines, rig.table, roles, host,
