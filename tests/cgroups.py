@@ -126,6 +126,7 @@ class FleetdInGroup(Fleetd):
                 cfg["posture"] = posture
             if limits:
                 cfg["limits"] = limits
+            cfg.update(self.extra)
             text = to_toml(cfg)
         super().write_config(roles, text=text)
 
