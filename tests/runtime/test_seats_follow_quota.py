@@ -29,6 +29,12 @@ def _workers(doc) -> dict[int, list[int]]:
     return {r["pid"]: sorted(r["cpus"]) for r in doc["census"] if r["pid"]}
 
 
+def _retired_rows(doc, live_pids) -> dict:
+    """slot -> (state, units done) of the slots of seats no live worker runs."""
+    live = {r["seat"] for r in doc["census"] if r["pid"] in live_pids}
+    return {r["slot"]: (r["state"], r["done"]) for r in doc["census"] if r["seat"] not in live}
+
+
 def _affinity(pid: int) -> set[tuple[int, ...]]:
     """The affinity of every thread of `pid` (one entry when they all agree)."""
     return {tuple(sorted(os.sched_getaffinity(int(tid)))) for tid in os.listdir(f"/proc/{pid}/task")}
@@ -103,8 +109,12 @@ def test_the_seats_follow_a_live_quota_change_under_load(fleet_name, loop, at_tw
                 assert len(gone) == len(at_two) - len(at_one)
                 wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                                            for p in gone), "the retired worker gone")
+                retired = _retired_rows(d.ctl_json("status"), pids[1])
                 done = len(load.futures)
                 wait_until(lambda: len(load.futures) > done + 2 * WINDOW, "the load served on one worker")
+                # a retired seat is granted nothing: its slots stay Idle, their run counts still
+                assert _retired_rows(d.ctl_json("status"), pids[1]) == retired
+                assert all(state == "Idle" for state, _done in retired.values()), retired
 
                 group.set_quota(2.0)
                 doc = _settled(d, 2, at_two)
