@@ -132,6 +132,8 @@ class Projection:
     roles: object = None  # fleet.rules.roles.RoleSet (marks I/O-bound roles in role_processes)
     #: which of `layout`'s seats run on this quota, and on which CPUs (None: all, as laid out)
     placement: object = None  # fleet.rules.seats.Placement
+    #: the seats this quota lays out itself (None: `layout`): where the supervisor's loop runs
+    seated: object = None  # fleet.rules.seats.SeatLayout
 
     @property
     def live_placement(self):
@@ -185,7 +187,7 @@ def project(config, limit: CpuLimit, cpus) -> Projection:
                                   config.roles, cpus)
     except FleetError:
         return Projection(quota, plan, layout, config.roles)
-    return Projection(quota, plan, widest, config.roles, seats_mod.place(widest, layout))
+    return Projection(quota, plan, widest, config.roles, seats_mod.place(widest, layout), layout)
 
 
 def capacity(quota: Quota, limit: CpuLimit, cpus) -> int | None:

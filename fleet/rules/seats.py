@@ -199,6 +199,16 @@ def _pinned(plan, roles, active, cpus) -> SeatLayout:
     return SeatLayout(tuple(seats), tuple(slots), tuple(dict.fromkeys(own)))
 
 
+def loop_cpus(seats: SeatLayout) -> tuple[int, ...] | None:
+    """The CPUs the supervisor's loop is pinned to under `seats` (None: not pinned): the
+    reserve and ambient CPUs the budget set aside for it, when no seat runs there (an
+    oversubscribed layout has seats on them too: then the scheduler places the loop
+    better than a pin would)."""
+    own = seats.supervisor_cpus
+    on_seats = {c for seat in seats.seats for c in seat.cpus}
+    return tuple(own) if own and not on_seats & set(own) else None
+
+
 # --------------------------------------------------------------------------- epochs
 
 

@@ -30,12 +30,15 @@ log = logging.getLogger(__name__)
 class SeatFollow:
     """The placement in force and the seats waiting to retire; applies each epoch's change."""
 
-    def __init__(self, name: str, layout, placement, cpus, roles, dispatcher, seats, table):
+    def __init__(self, name: str, layout, placement, cpus, roles, dispatcher, seats, table, pin_loop=None):
         self._name, self._layout, self._cpus, self._roles = name, layout, tuple(cpus), roles
         self._dispatcher, self._seats, self._table = dispatcher, seats, table
         self.placement = placement
         self._retiring: set[int] = set()  # retired seats whose worker has not been told to leave
         self.last: seats_mod.SeatChange | None = None  # the last epoch's change (status, tests)
+        #: pins the calling thread (the loop's: epochs run on it) to CPUs; None in tests of the rule alone
+        self._pin_loop = pin_loop
+        self.loop_cpus: tuple[int, ...] | None = None  # where the loop is pinned (None: not pinned)
 
     @property
     def live(self) -> tuple[int, ...]:
@@ -46,8 +49,10 @@ class SeatFollow:
         start the change; what it does, for the log."""
         if plan is None:
             return "the seats stay as they run"
-        new = seats_mod.place(self._layout, seats_mod.layout(plan, self._roles, self._cpus))
+        epoch_seats = seats_mod.layout(plan, self._roles, self._cpus)
+        new = seats_mod.place(self._layout, epoch_seats)
         change = seats_mod.changes(self.placement, new)
+        self._move_loop(seats_mod.loop_cpus(epoch_seats))
         self.placement, self.last = new, change
         dispatcher, workers = self._dispatcher, self._seats.workers
         for seat in change.retire:
@@ -69,6 +74,18 @@ class SeatFollow:
                 workers.repin(seat)  # its worker had not left yet: it stays, on the new CPUs
         self.retire_empty()
         return self.describe(change, new)
+
+    def _move_loop(self, cpus) -> None:
+        """The loop follows too: onto the CPUs the epoch's budget reserves for it, or
+        anywhere the fleet may run when it reserves none (the seats may run there now)."""
+        if cpus == self.loop_cpus or self._pin_loop is None:
+            return
+        try:
+            self._pin_loop(cpus if cpus is not None else self._cpus)
+        except OSError as exc:
+            log.warning("fleet %s: cannot pin the supervisor loop to %s: %s", self._name, cpus, exc)
+            return
+        self.loop_cpus = cpus
 
     def retire_empty(self) -> None:
         """A retired seat with nothing held on it any more (units done, pins released,

@@ -298,6 +298,7 @@ class Workers:
         """Start a new fork server in place of the one that died (`restart_zygote`); the
         forks asked of the old one are forgotten."""
         self._pending_forks.clear()
+        self._asked.clear()
         self.zygote.exit(timeout=0.5)
         self.restart_zygote()
         self._zygote_gone = False

@@ -227,3 +227,12 @@ def test_a_pin_on_a_retired_seat_is_released_before_its_key_is_leased_elsewhere(
     d.take_idle_stale_pins()
     (g,) = d.grant()
     assert g.unit_id == 3 and g.seat == 0 and g.transitions[-1][0] == fsm.LEASE
+
+
+def test_the_loop_is_pinned_to_its_reserve_only_where_no_seat_runs():
+    roles, cpus = ROLE_SETS["one pooled"], [0, 1]
+    assert seats.loop_cpus(_layout(roles, 2.0, cpus, "auto")) == (0,)  # the reserve: serial-0 on CPU 1
+    assert seats.loop_cpus(_layout(roles, 1.0, cpus, "auto")) is None  # no reserve at 1 CPU
+    assert seats.loop_cpus(_layout(roles, 2.0, cpus, "priority")) is None  # ahead by priority, not by a core
+    crowded = seats.SeatLayout((seats.Seat(0, "w-0", ("w",), (0,), "pinned"),), (), supervisor_cpus=(0,))
+    assert seats.loop_cpus(crowded) is None  # oversubscribed: a seat runs on its reserve

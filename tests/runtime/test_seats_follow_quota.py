@@ -12,6 +12,7 @@ import threading
 import psutil
 import pytest
 
+from fleet.rules import titles
 from tests.cgroups import FleetdInGroup, cpu_group
 from tests.daemons import BOUND_S, segments, wait_until
 
@@ -81,14 +82,24 @@ def _settled(d, epoch: int, want: list[list[int]]):
     return wait_until(probe, f"epoch {epoch} on workers {want}")
 
 
+def _loop_affinity(d) -> list[int]:
+    """The supervisor loop thread's affinity (its thread is named `titles.LOOP_THREAD`)."""
+    for tid in os.listdir(f"/proc/{d.proc.pid}/task"):
+        with open(f"/proc/{d.proc.pid}/task/{tid}/comm") as f:
+            if f.read().strip() == titles.LOOP_THREAD[:15]:
+                return sorted(os.sched_getaffinity(int(tid)))
+    raise AssertionError("no loop thread")
+
+
 @pytest.mark.root
-@pytest.mark.parametrize("loop, at_two, at_one", [
-    # the loop ahead of its workers by priority: a worker per CPU, then one
-    ("priority", [[0], [1]], [[0]]),
-    # a core reserved for the loop at 2 CPUs (serial-0 on CPU 1); none at 1: the worker moves to CPU 0
-    ("auto", [[1]], [[0]]),
+@pytest.mark.parametrize("loop, at_two, at_one, loop_at_two", [
+    # the loop ahead of its workers by priority: a worker per CPU, then one; the loop not pinned
+    ("priority", [[0], [1]], [[0]], [0, 1]),
+    # a core reserved for the loop at 2 CPUs (serial-0 on CPU 1); none at 1: the worker moves
+    # to CPU 0 and the loop may run anywhere
+    ("auto", [[1]], [[0]], [0]),
 ])
-def test_the_seats_follow_a_live_quota_change_under_load(fleet_name, loop, at_two, at_one):
+def test_the_seats_follow_a_live_quota_change_under_load(fleet_name, loop, at_two, at_one, loop_at_two):
     if _cpus() != [0, 1]:
         pytest.skip("laid out for a 2-CPU host")  # the expected CPUs below are this host's
     roles = {"w": {"kind": "pooled", "handler": "tests.handlers:spin", "slots": 4, "queue_bound": 100_000}}
@@ -97,6 +108,7 @@ def test_the_seats_follow_a_live_quota_change_under_load(fleet_name, loop, at_tw
         try:
             d.start()
             booted = _settled(d, 0, at_two)
+            assert _loop_affinity(d) == loop_at_two
             pids = {0: set(_workers(booted))}
             with d.connect() as client:
                 load = Load(client)
@@ -105,6 +117,7 @@ def test_the_seats_follow_a_live_quota_change_under_load(fleet_name, loop, at_tw
                 group.set_quota(1.0)
                 doc = _settled(d, 1, at_one)
                 pids[1] = set(_workers(doc))
+                assert _loop_affinity(d) == [0, 1]  # no core reserved for it at 1 CPU
                 gone = pids[0] - pids[1]
                 assert len(gone) == len(at_two) - len(at_one)
                 wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
@@ -118,6 +131,7 @@ def test_the_seats_follow_a_live_quota_change_under_load(fleet_name, loop, at_tw
 
                 group.set_quota(2.0)
                 doc = _settled(d, 2, at_two)
+                assert _loop_affinity(d) == loop_at_two
                 done = len(load.futures)
                 wait_until(lambda: len(load.futures) > done + 2 * WINDOW, "the load served on the grown seats")
                 futures = load.end()
