@@ -44,7 +44,7 @@ shows them) but no seat.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from fleet.rules.budget import PINNED, SERIAL
@@ -235,6 +235,10 @@ class Placement:
     def live(self) -> tuple[int, ...]:
         """The booted seats that run in the epoch."""
         return tuple(i for i, c in enumerate(self.cpus) if c is not None)
+
+    def running(self, seats: SeatLayout) -> tuple[Seat, ...]:
+        """The booted `seats` that run in the epoch, each on its CPUs in the epoch."""
+        return tuple(replace(s, cpus=self.cpus[s.index]) for s in seats.seats if self.cpus[s.index] is not None)
 
 
 @dataclass(frozen=True)

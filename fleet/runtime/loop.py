@@ -170,7 +170,8 @@ class Supervisor:
                                       plan=rig.plan, roles=roles, layout=rig.layout, table=rig.table,
                                       dispatcher=rig.dispatcher, publisher=rig.publisher, providers=rig.providers,
                                       host=host, dispatch=dispatch, follow=self.follow)
-        self.saturation = SaturationWatch(name, roles, self.config.saturation, rig.table, rig.plan, rig.layout.seats)
+        self.saturation = SaturationWatch(name, roles, self.config.saturation, rig.table, rig.plan,
+                                          rig.projection.live_placement.running(rig.layout))
         self._deadlines = Deadlines(name, self.books, rig.dispatcher, self.seats)
         self._results = Results(self.seats, self.books, rig.dispatcher, self._deadlines, rig.table, roles, host,
                                 rig.publisher, dispatch, relay=self.mode == "service", recorder=self.recorder,

@@ -236,3 +236,13 @@ def test_the_loop_is_pinned_to_its_reserve_only_where_no_seat_runs():
     assert seats.loop_cpus(_layout(roles, 2.0, cpus, "priority")) is None  # ahead by priority, not by a core
     crowded = seats.SeatLayout((seats.Seat(0, "w-0", ("w",), (0,), "pinned"),), (), supervisor_cpus=(0,))
     assert seats.loop_cpus(crowded) is None  # oversubscribed: a seat runs on its reserve
+
+
+def test_the_running_seats_are_the_live_ones_on_their_epoch_cpus():
+    roles, cpus = ROLE_SETS["one pooled"], [0, 1]
+    widest = _layout(roles, 2.0, cpus, "auto")
+    one = seats.place(widest, _layout(roles, 1.0, cpus, "auto"))
+    assert [(s.name, s.cpus) for s in one.running(widest)] == [("serial-0", (0,))]
+    retired = seats.Placement(((0,), None))
+    two = _layout(roles, 2.0, cpus, "priority")
+    assert [s.name for s in retired.running(two)] == ["w-0"]
