@@ -484,6 +484,12 @@ class _SteadyLoad:
         return {"submitted": len(self.futures), "solved": values, "errors": errors}
 
 
+def _throttled(before: dict, after: dict) -> dict:
+    """Periods and throttled periods of a cgroup's cpu.stat between two reads."""
+    return {"periods": after["nr_periods"] - before["nr_periods"],
+            "throttled": after["nr_throttled"] - before["nr_throttled"]}
+
+
 def s_seats_follow_quota() -> dict:
     """A second fleet, `fleetd@seats` (the loop ahead by priority: a worker per CPU), under
     a steady load while its unit's CPUQuota= goes 200% -> 100% -> 200%: after each change
@@ -508,20 +514,25 @@ def s_seats_follow_quota() -> dict:
         out["phases"]["shrunk"] = shrunk
         gone = [int(p) for p in out["phases"]["boot"]["workers"] if p not in shrunk["workers"]]
         out["retired_alive"] = wait_for("the retired worker gone", lambda: not alive(gone) or None, 120) and alive(gone)
+        stat0 = read_kv(f"{group}/cpu.stat")
         load.wait_more(8, "the load served on one worker")
+        out["steady_on_one"] = _throttled(stat0, read_kv(f"{group}/cpu.stat"))  # for the record: one worker busy
 
-        # A load that fits one CPU: a short unit, then a pause as long, one at a time
+        # A load that fits one CPU: a short unit, then a longer pause, one at a time. The
+        # fleet's own idle use of the quota first, for the record: under emulation it is
+        # far from nothing.
         load.paused.set()
         wait_for("the steady load quiet", lambda: _seats_status()["ledger"]["inflight"] == 0, 300, 0.2)
         stat0 = read_kv(f"{group}/cpu.stat")
-        fits = []
-        for _ in range(40):
-            fits.append(client.submit("spin", 0.02).result(timeout=300))
-            time.sleep(0.05)
+        time.sleep(3)
         stat1 = read_kv(f"{group}/cpu.stat")
-        out["fitting"] = {"units": len(fits), "all_solved": all(isinstance(n, int) for n in fits),
-                          "periods": stat1["nr_periods"] - stat0["nr_periods"],
-                          "throttled": stat1["nr_throttled"] - stat0["nr_throttled"]}
+        out["idle"] = _throttled(stat0, stat1)
+        fits = []
+        for _ in range(30):
+            fits.append(client.submit("spin", 0.005).result(timeout=300))
+            time.sleep(0.15)
+        stat2 = read_kv(f"{group}/cpu.stat")
+        out["fitting"] = dict(_throttled(stat1, stat2), units=len(fits), all_solved=all(isinstance(n, int) for n in fits))
         load.paused.clear()
 
         sh("systemctl", "set-property", "--runtime", SEATS_UNIT, "CPUQuota=200%", check=True)
