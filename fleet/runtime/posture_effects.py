@@ -5,7 +5,8 @@ the posture (Nominal ⇄ Cordoned, fleet.rules.posture), the quota watch re-dete
 quota and CPU pressure (fleet.host.sampler.QuotaWatcher), and the table's records are
 published again. A posture change is published and, on cordon, drains the slots that
 run a deferrable unit (T7); a quota change that moves the plan's quota starts a new
-epoch (the budget derived again, deferrable units drained, pins released once empty).
+epoch (the budget derived again, deferrable units drained, pins released once empty,
+the seats placed for the new quota: `fleet.runtime.reseat`).
 Holds, releases and retunes (a lane death, an operator) take the same path.
 
 One owner: the loop thread (and boot's, before the loop starts).
