@@ -69,9 +69,10 @@ def _alive() -> set[int]:
 
 
 def worker_pids(f, timeout: float = 30.0) -> set[int]:
-    """The pids of the fleet's workers, once every seat has one (restarts take a moment)."""
+    """The pids of the fleet's workers, once every seat its quota runs has one (restarts
+    take a moment)."""
     deadline = time.monotonic() + timeout
-    while len(f._sup.pids()) < len(f.layout.seats) and time.monotonic() < deadline:
+    while len(f._sup.pids()) < len(f._sup.follow.live) and time.monotonic() < deadline:
         time.sleep(0.005)
     return set(f._sup.pids().values())
 

@@ -235,7 +235,7 @@ def render_quota(q: dict | None) -> list[str]:
     if q["source"] == "config":
         text += f"; detected now {_dash(q['detected_cpus'])} CPUs"
     if q["epoch"]:
-        text += f"; booted with {_dash(q['booted_cpus'])} CPUs (seats and budget as booted until a restart)"
+        text += f"; booted with {_dash(q['booted_cpus'])} CPUs (the seats follow the quota; the budget rows stay as booted until a restart)"
     return [text]
 
 

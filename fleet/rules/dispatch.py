@@ -342,6 +342,8 @@ class Dispatcher:
         #: Idle slots per seat (see _IdlePool): O(1) grants, and a role gets back a slot it
         #: served before when there is one (no switch).
         self._idle = [_IdlePool(len(slots)) for slots in self._seat_slots]
+        #: the seats that run in this epoch (`set_live`): a retired seat's Idle slots wait outside every pool
+        self._live = [True] * n_seats
         for slot in reversed(self._slots):  # so that the lowest slots are leased first
             if slot.seat != NO_SEAT:
                 self._park(slot)
@@ -396,9 +398,11 @@ class Dispatcher:
 
     # --- holding slots: the budget count ---------------------------------------------
     def _park(self, slot: _Slot) -> None:
-        """`slot` is Idle: it waits in its seat's pool for any role that may run there."""
+        """`slot` is Idle: it waits in its seat's pool for any role that may run there
+        (none, while its seat is retired: `set_live`)."""
         slot.role = -1
-        self._idle[slot.seat].put(slot)
+        if self._live[slot.seat]:
+            self._idle[slot.seat].put(slot)
 
     def _under_count(self, code: int) -> bool:
         """May `code` hold one more slot? Its budget count bounds the slots it holds at once."""
@@ -642,6 +646,8 @@ class Dispatcher:
                         break  # every pin is another key's: it waits for one (T9)
                 elif slot.inflight if slot.stale else len(slot.inflight) >= self.pin_depth:
                     break  # the old epoch's pin finishes what it has first; or the pin is full
+                elif slot.stale and not self._live[slot.seat]:
+                    break  # a retired seat's: released (`take_idle_stale_pins`), then claimed elsewhere
                 item = self._next_live(q, queue)
                 if item is None:
                     break
@@ -756,6 +762,30 @@ class Dispatcher:
                 self._unhold(slot)
                 out.append(slot.index)
         return sorted(out)
+
+    def set_live(self, seat: int, live: bool) -> None:
+        """Whether `seat` runs in this epoch (`fleet.rules.seats.Placement`). A retired seat
+        is granted nothing new: its Idle slots leave the pool, and each slot that ends
+        Idle stays out of it (units in flight there complete; its pins are released as
+        any stale pin). A seat that runs again has its Idle slots back in the pool."""
+        if self._live[seat] == live:
+            return
+        self._live[seat] = live
+        if not live:
+            self._idle[seat] = _IdlePool(len(self._seat_slots[seat]))
+            return
+        for index in reversed(self._seat_slots[seat]):
+            slot = self._slots[index]
+            if slot.role < 0:
+                self._idle[seat].put(slot)
+
+    def live(self, seat: int) -> bool:
+        return self._live[seat]
+
+    def seat_empty(self, seat: int) -> bool:
+        """Nothing is held on `seat`'s slots: no unit in flight, no pin (a retired seat's
+        worker may leave)."""
+        return all(self._slots[i].role < 0 and not self._slots[i].inflight for i in self._seat_slots[seat])
 
     def units_in_flight(self, slot: int) -> int:
         """Units granted to `slot` and not yet ended."""

@@ -10,10 +10,11 @@ Runtime changes (002 §3.4, §5, §12). The quota is re-detected while the fleet
 (`QuotaWatch`: every `every_ms`, or at once when a pressure trigger fires). A change
 of the *detected* quota is always logged. A change of the quota the plan uses (the
 detected one, when no `cpus` is configured) starts a new epoch: the budget is derived
-again for the new quota, pins are released (T9) and in-flight deferrable work drains
-(T7). The seats (worker processes and the CPUs they are pinned to) were laid out at
-boot and stay as they are until a restart: `Epoch.replan` says what a restart would
-change, so the log can say it loudly.
+again for the new quota (`replan`, logged with what differs from the boot's), pins are
+released (T9) and in-flight deferrable work drains (T7), and the seats follow: the
+seats were laid out at boot for the most CPUs the fleet may get (`capacity`), and each
+epoch runs those its quota places (`fleet.rules.seats.place`, carried out by
+`fleet.runtime.reseat`).
 
 Everything here is a pure function of its inputs (readings, the clock in ms);
 `fleet.runtime.loop` carries the decisions out.
@@ -127,8 +128,18 @@ class Projection:
 
     quota: Quota
     plan: object  # fleet.rules.plan.TierPlan
-    layout: object  # fleet.rules.seats.SeatLayout
+    layout: object  # fleet.rules.seats.SeatLayout: every seat the fleet can run (`capacity`)
     roles: object = None  # fleet.rules.roles.RoleSet (marks I/O-bound roles in role_processes)
+    #: which of `layout`'s seats run on this quota, and on which CPUs (None: all, as laid out)
+    placement: object = None  # fleet.rules.seats.Placement
+    #: the seats this quota lays out itself (None: `layout`): where the supervisor's loop runs
+    seated: object = None  # fleet.rules.seats.SeatLayout
+
+    @property
+    def live_placement(self):
+        from fleet.rules import seats as seats_mod
+
+        return self.placement if self.placement is not None else seats_mod.booted(self.layout)
 
     def meta(self, booted: bool) -> dict:
         """The plan, budget and seats as the table's boot metadata holds them."""
@@ -138,7 +149,10 @@ class Projection:
 
         slot_roles = [spec.role for spec in self.layout.slots]
         meta = {"plan": doc["plan"], "budget": doc["budget"], **self.layout.to_meta(), "slot_roles": slot_roles}
-        meta["role_processes"] = role_processes(meta, self.roles)
+        # The processes the boot runs: the seats its quota places (the rest wait for a larger one)
+        live = set(self.live_placement.live)
+        running = {"seats": [s for s in meta["seats"] if s["index"] in live], "slot_roles": slot_roles}
+        meta["role_processes"] = role_processes(running, self.roles)
         return meta
 
     def processes(self) -> list[str]:
@@ -158,14 +172,37 @@ def project(config, limit: CpuLimit, cpus) -> Projection:
     from fleet.rules import plan as plan_mod
     from fleet.rules import seats as seats_mod
 
-    from fleet.rules.errors import ConfigError
+    from fleet.rules.errors import ConfigError, FleetError
 
     quota = choose(config.cpus, limit.cpus, detected_from(limit))
     plan = plan_mod.resolve(quota.cpus, config.profile, config.roles, config.budget)
     layout = seats_mod.layout(plan, config.roles, cpus)
     if not layout.seats:
         raise ConfigError("roles", "no role has a handler: nothing could run")
-    return Projection(quota, plan, layout, config.roles)
+    most = capacity(quota, limit, cpus)
+    if most is None:
+        return Projection(quota, plan, layout, config.roles)
+    try:
+        widest = seats_mod.layout(plan_mod.resolve(most, config.profile, config.roles, config.budget),
+                                  config.roles, cpus)
+    except FleetError:
+        return Projection(quota, plan, layout, config.roles)
+    return Projection(quota, plan, widest, config.roles, seats_mod.place(widest, layout), layout)
+
+
+def capacity(quota: Quota, limit: CpuLimit, cpus) -> int | None:
+    """The most CPUs a quota change could give this fleet, when that is more than the
+    quota it boots with (else None): its CPUs (affinity and cpuset), which no quota
+    raises. The seats are laid out for it at boot (the table, the rings), and each
+    epoch runs those of them its quota lays out (`fleet.rules.seats.place`). A
+    configured ``cpus`` is terminal: no quota change moves its plan, so it is the capacity."""
+    if quota.source == CONFIG:
+        return None
+    most = len(cpus)
+    for bound in (limit.affinity, limit.cpuset):
+        if bound is not None:
+            most = min(most, bound)
+    return most if most > quota.cpus + SAME_QUOTA else None
 
 
 def _cpus(v: float) -> str:
@@ -244,8 +281,9 @@ class Replan:
 
     `plan` is None when the new quota cannot host any plan (`refused` says why): the
     fleet keeps running its booted seats, and a restart would refuse to boot.
-    `needs_restart` lists what differs from the booted layout (binding, slot counts
-    per role); the running seats do not change until a restart.
+    `needs_restart` lists what differs from the booted plan (binding, shares per
+    consumer); the seats follow the new plan (`fleet.runtime.reseat`), the rest (the
+    budget rows status shows) stays as booted until a restart.
     """
 
     plan: object | None
@@ -260,9 +298,9 @@ class Replan:
         text = f"budget re-derived: {self.plan.binding} binding, " + ", ".join(
             f"{c.name} {c.cores:g}" for c in b.consumers if c.cores) + f" (sum {b.total:g})"
         if self.needs_restart:
-            text += "; the running seats stay as booted until a restart, which would change: " + ", ".join(self.needs_restart)
+            text += "; differs from the boot's: " + ", ".join(self.needs_restart)
         else:
-            text += "; the booted seats already match it"
+            text += "; the same as the boot's"
         return text
 
 

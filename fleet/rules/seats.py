@@ -44,7 +44,7 @@ shows them) but no seat.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from fleet.rules.budget import PINNED, SERIAL
@@ -197,3 +197,106 @@ def _pinned(plan, roles, active, cpus) -> SeatLayout:
             index += 1
     own = cores_of.get("reserve", ()) + cores_of.get("ambient_io", ())
     return SeatLayout(tuple(seats), tuple(slots), tuple(dict.fromkeys(own)))
+
+
+def loop_cpus(seats: SeatLayout) -> tuple[int, ...] | None:
+    """The CPUs the supervisor's loop is pinned to under `seats` (None: not pinned): the
+    reserve and ambient CPUs the budget set aside for it, when no seat runs there (an
+    oversubscribed layout has seats on them too: then the scheduler places the loop
+    better than a pin would)."""
+    own = seats.supervisor_cpus
+    on_seats = {c for seat in seats.seats for c in seat.cpus}
+    return tuple(own) if own and not on_seats & set(own) else None
+
+
+# --------------------------------------------------------------------------- epochs
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which of the booted seats run in an epoch, and on which CPUs (002 §3.4, T9).
+
+    The seats a fleet can ever run are laid out once, at boot, for the most CPUs it may
+    be given (its affinity and cpuset: what no quota change can raise); their rings
+    and slots exist for the fleet's life. An epoch's quota lays out its own seats
+    (`layout`), and each is *placed* on a booted seat that runs the same roles: that
+    booted seat runs in the epoch, on the epoch seat's CPUs. A booted seat no epoch
+    seat takes is retired for the epoch (its worker leaves once its units are done).
+
+    `cpus[i]` is booted seat i's CPUs in the epoch, or None when it is retired;
+    `unplaced` names the epoch seats no booted seat runs the same roles as (a
+    restart would lay them out).
+    """
+
+    cpus: tuple[tuple[int, ...] | None, ...]
+    unplaced: tuple[str, ...] = ()
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        """The booted seats that run in the epoch."""
+        return tuple(i for i, c in enumerate(self.cpus) if c is not None)
+
+    def running(self, seats: SeatLayout) -> tuple[Seat, ...]:
+        """The booted `seats` that run in the epoch, each on its CPUs in the epoch."""
+        return tuple(replace(s, cpus=self.cpus[s.index]) for s in seats.seats if self.cpus[s.index] is not None)
+
+
+@dataclass(frozen=True)
+class SeatChange:
+    """What an epoch boundary does to the seats: `retire` (their workers leave once
+    nothing is in flight on them), `add` (a worker is forked, on its CPUs), `repin`
+    (the running worker's affinity moves to its new CPUs); seat indices, ascending."""
+
+    retire: tuple[int, ...] = ()
+    add: tuple[int, ...] = ()
+    repin: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.retire or self.add or self.repin)
+
+
+def booted(seats: SeatLayout) -> Placement:
+    """Every booted seat on its own CPUs: the placement of the quota the seats were laid out for."""
+    return Placement(tuple(s.cpus for s in seats.seats))
+
+
+def place(seats: SeatLayout, epoch: SeatLayout) -> Placement:
+    """The placement of `epoch`'s seats (laid out for an epoch's quota) on the booted `seats`.
+
+    Each epoch seat, in order, takes the first booted seat not yet taken that runs the
+    same roles. A role with a handler must run somewhere (its units would wait for
+    ever): a role no placed seat runs gets the first booted seat that runs it, on the
+    CPUs of the epoch seats that run it (all of the epoch's seat CPUs when none does).
+    """
+    cpus: list[tuple[int, ...] | None] = [None] * len(seats.seats)
+    unplaced = []
+    for seat in epoch.seats:
+        want = frozenset(seat.roles)
+        match = next((b.index for b in seats.seats if cpus[b.index] is None and frozenset(b.roles) == want), None)
+        if match is None:
+            unplaced.append(seat.name)
+        else:
+            cpus[match] = tuple(seat.cpus)
+    every = tuple(sorted({c for s in epoch.seats for c in s.cpus}))
+    for b in seats.seats:
+        for role in b.roles:
+            if any(c is not None and role in seats.seats[i].roles for i, c in enumerate(cpus)):
+                continue
+            first = next(s for s in seats.seats if role in s.roles)
+            if cpus[first.index] is None:
+                theirs = tuple(sorted({c for s in epoch.seats if role in s.roles for c in s.cpus}))
+                cpus[first.index] = theirs or every or first.cpus
+    return Placement(tuple(cpus), tuple(unplaced))
+
+
+def changes(old: Placement, new: Placement) -> SeatChange:
+    """From one epoch's placement to the next's: which seats retire, which are added,
+    which move to other CPUs (a seat that stays on the same CPUs is left alone)."""
+    if len(old.cpus) != len(new.cpus):
+        raise ValueError(f"placements of {len(old.cpus)} and {len(new.cpus)} seats: not the same booted seats")
+    pairs = list(enumerate(zip(old.cpus, new.cpus)))
+    return SeatChange(
+        retire=tuple(i for i, (a, b) in pairs if a is not None and b is None),
+        add=tuple(i for i, (a, b) in pairs if a is None and b is not None),
+        repin=tuple(i for i, (a, b) in pairs if a is not None and b is not None and set(a) != set(b)),
+    )

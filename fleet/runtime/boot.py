@@ -49,6 +49,7 @@ class Rig:
     posture: posture_mod.PostureOwner
     sampler: Sampler
     table: SlotTable | None
+    cpus: tuple = ()  # the CPUs the seats were laid out over (an epoch places them again)
     quota_watcher: QuotaWatcher | None = None
     providers: object = None  # the provider gate (fleet.runtime.provider_gate.ProviderGate)
     publisher: Publisher | None = None
@@ -145,7 +146,7 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
     except BaseException:
         launched.stop()
         raise
-    rig = Rig(name, projection, priority, dispatcher, owner, sampler, table, oom=oom)
+    rig = Rig(name, projection, priority, dispatcher, owner, sampler, table, tuple(cpus), oom=oom)
     rig.table.set_quota_epoch(0, projection.quota.detected)
     # The name is ours now: parcels a killed supervisor of it left (and its workers) go
     parcels.sweep(name)
@@ -173,10 +174,16 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
 
 def _rest(rig: Rig, config, roles, ledger, host, launched, place) -> None:
     layout, table = rig.layout, rig.table
+    # The seats are laid out for the most CPUs the fleet may get; its quota places those
+    # that run now (fleet.rules.seats.place), the others wait for an epoch that adds them.
+    placement = rig.projection.live_placement
     for spec in layout.slots:
         if spec.seat != seats_mod.NO_SEAT:
             seat = layout.seats[spec.seat]
-            table.set_slot_meta(spec.index, cpus=seat.cpus, binding=seat.binding)
+            table.set_slot_meta(spec.index, cpus=placement.cpus[spec.seat] or seat.cpus, binding=seat.binding)
+    for seat in layout.seats:
+        if placement.cpus[seat.index] is None:
+            rig.dispatcher.set_live(seat.index, False)
     rig.publisher = Publisher(table, ledger, rig.posture, rig.dispatcher, roles, host.now_ms)
     rig.publisher.posture_record()
     # A ring carries a message up to half its capacity; larger ones travel beside it (parcels)
@@ -186,8 +193,9 @@ def _rest(rig: Rig, config, roles, ledger, host, launched, place) -> None:
                                     rig.dispatcher.slots_of_seat, rig.data.bell.ring, place=place)
     workers.adopt(launched)
     workers.start_zygote()
-    for seat in layout.seats:
-        workers.fork(seat.index)
+    for seat in placement.live:
+        workers.set_cpus(seat, placement.cpus[seat])
+        workers.fork(seat)
 
 
 def _placer(arrangement, host, name: str):

@@ -49,6 +49,7 @@ from fleet.host import priority as priority_mod
 from fleet.host.proctitle import name_thread
 from fleet.host.system import Host
 from fleet.rules import fsm, titles
+from fleet.rules import seats as seats_mod
 from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import FleetClosed, Outcome
@@ -66,6 +67,7 @@ from fleet.runtime.posture_effects import SAMPLE_EVERY_S, PostureEffects
 from fleet.runtime.results import Results
 from fleet.runtime.saturation import SaturationWatch
 from fleet.runtime.seat_deaths import RoleStops, SeatDeaths
+from fleet.runtime.reseat import SeatFollow
 from fleet.runtime.seats import Seats
 from fleet.runtime.shutdown import Stops, close_at_exit
 from fleet.runtime.submit import Submitter
@@ -126,7 +128,7 @@ class Supervisor:
         self._exporter = exporter
         self._rig: boot.Rig | None = None
         # The components, composed at `start` (before the loop thread starts).
-        self.dispatcher = self.gates = self.books = self.seats = self.posture = self.providers = None
+        self.dispatcher = self.gates = self.books = self.seats = self.posture = self.providers = self.follow = None
         self.publisher = self.saturation = self.inside = None
         self._accept = self._results = self._deadlines = self._deaths = self._stops = None
 
@@ -164,11 +166,14 @@ class Supervisor:
         self.gates = Gates(rig.dispatcher, len(roles))
         self.books = Books(name, roles, self.ledger, self.door.room, self.gates)
         self.seats = Seats(rig.data, rig.workers, rig.layout)
+        self.follow = SeatFollow(name, rig.layout, rig.projection.live_placement, rig.cpus, roles, rig.dispatcher,
+                                 self.seats, rig.table, pin_loop=host.pin_this_thread)
         self.posture = PostureEffects(rig.posture, rig.sampler, rig.quota_watcher, name=name, config=self.config,
                                       plan=rig.plan, roles=roles, layout=rig.layout, table=rig.table,
                                       dispatcher=rig.dispatcher, publisher=rig.publisher, providers=rig.providers,
-                                      host=host, dispatch=dispatch)
-        self.saturation = SaturationWatch(name, roles, self.config.saturation, rig.table, rig.plan, rig.layout.seats)
+                                      host=host, dispatch=dispatch, follow=self.follow)
+        self.saturation = SaturationWatch(name, roles, self.config.saturation, rig.table, rig.plan,
+                                          rig.projection.live_placement.running(rig.layout))
         self._deadlines = Deadlines(name, self.books, rig.dispatcher, self.seats)
         self._results = Results(self.seats, self.books, rig.dispatcher, self._deadlines, rig.table, roles, host,
                                 rig.publisher, dispatch, relay=self.mode == "service", recorder=self.recorder,
@@ -434,15 +439,14 @@ class Supervisor:
     def _raise_loop_thread(self) -> None:
         """This thread only: the loop runs on the reserve cores the budget set aside for
         it, off the worker seats, and above the workers by `dispatch_priority`."""
-        layout, priority = self._rig.layout, self._rig.priority
-        seat_cpus = {c for seat in layout.seats for c in seat.cpus}
-        if layout.supervisor_cpus and not seat_cpus & set(layout.supervisor_cpus):
-            # An oversubscribed layout has seats on those cores too: then the scheduler
-            # places the loop better than a pin would.
+        projection, priority = self._rig.projection, self._rig.priority
+        cpus = seats_mod.loop_cpus(projection.seated or projection.layout)  # the quota's own seats
+        if cpus is not None:
             try:
-                self.host.pin_this_thread(layout.supervisor_cpus)
+                self.host.pin_this_thread(cpus)
             except OSError as exc:
-                log.warning("cannot pin the supervisor loop to %s: %s", layout.supervisor_cpus, exc)
+                log.warning("cannot pin the supervisor loop to %s: %s", list(cpus), exc)
+        self.follow.loop_cpus = cpus  # an epoch moves it (fleet.runtime.reseat)
         if priority.raises_loop:
             try:
                 priority_mod.set_this_thread(priority.loop_nice)

@@ -5,7 +5,8 @@ the posture (Nominal ⇄ Cordoned, fleet.rules.posture), the quota watch re-dete
 quota and CPU pressure (fleet.host.sampler.QuotaWatcher), and the table's records are
 published again. A posture change is published and, on cordon, drains the slots that
 run a deferrable unit (T7); a quota change that moves the plan's quota starts a new
-epoch (the budget derived again, deferrable units drained, pins released once empty).
+epoch (the budget derived again, deferrable units drained, pins released once empty,
+the seats placed for the new quota: `fleet.runtime.reseat`).
 Holds, releases and retunes (a lane death, an operator) take the same path.
 
 One owner: the loop thread (and boot's, before the loop starts).
@@ -33,11 +34,12 @@ class PostureEffects:
     `dispatch` grants what a change lets through (the loop's)."""
 
     def __init__(self, owner, sampler, quota_watcher, *, name: str, config, plan, roles, layout, table, dispatcher,
-                 publisher, providers, host, dispatch):
+                 publisher, providers, host, dispatch, follow=None):
         self._owner, self._sampler, self._quota_watcher = owner, sampler, quota_watcher
         self._name, self._config, self._plan, self._roles, self._layout = name, config, plan, roles, layout
         self._table, self._dispatcher, self._publisher, self._providers = table, dispatcher, publisher, providers
         self._host, self._dispatch = host, dispatch
+        self._follow = follow  # the seats following the quota (fleet.runtime.reseat.SeatFollow)
 
     # ------------------------------------------------------------------ reads
     @property
@@ -126,24 +128,29 @@ class PostureEffects:
         for slot in released:
             if table.transition(slot, fsm.UNPIN) != fsm.OK:
                 log.error("slot %d: epoch UNPIN refused in state %s", slot, fsm.STATE_NAMES[table.state(slot)[0]])
+        if self._follow is not None:
+            self._follow.retire_empty()  # a retired seat's worker leaves once nothing is held on it
         if released or seen.pressure is not None or seen.memory is not None or seen.change is not None:
             self._dispatch()
 
     def _quota_changed(self, change) -> None:
-        """Log the change; a new epoch re-derives the budget (logged: the seats stay as
-        booted until a restart), drains in-flight deferrable units (T7) and marks every
-        pin for release (T9 once it is empty)."""
+        """Log the change; a new epoch re-derives the budget (logged), drains in-flight
+        deferrable units (T7), marks every pin for release (T9 once it is empty) and
+        places the seats for the new quota (`fleet.runtime.reseat`): pins are marked
+        before any seat retires, so a retired seat's pins are released, never re-leased there."""
         log.warning("[fleet-posture] fleet %s: %s", self._name, change.describe())
         self._table.set_quota_epoch(self._quota_watcher.epoch, change.new.detected)
         if change.epoch is None:
             return
-        log.warning("fleet %s: epoch %d: %s", self._name, change.epoch,
-                    quota_mod.replan(change.new.cpus, self._plan, self._config).describe(self._plan))
+        replan = quota_mod.replan(change.new.cpus, self._plan, self._config)
+        log.warning("fleet %s: epoch %d: %s", self._name, change.epoch, replan.describe(self._plan))
         for slot in self._running_deferrable():
             # One unit in flight only: units queued behind a keyed slot would find it Idle.
             if self._dispatcher.units_in_flight(slot) == 1:
                 self._table.transition(slot, fsm.DRAIN)
         self._dispatcher.begin_epoch()
+        if self._follow is not None:
+            log.warning("fleet %s: epoch %d: %s", self._name, change.epoch, self._follow.epoch(replan.plan))
 
     def _running_deferrable(self) -> list[int]:
         """Slots Running a unit of a deferrable role now (slots switch roles: the word says which)."""

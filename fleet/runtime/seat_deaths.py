@@ -158,7 +158,12 @@ class SeatDeaths:
         if oom_where is not None:
             self._count_oom(dead_roles)
         planned = status in (EXIT_RETIRED, EXIT_RECYCLED, EXIT_INIT_FAILED) and not ours
-        if planned:
+        if ours and not dispatcher.live(seat):
+            # Its epoch retired the seat and its worker was told to leave (fleet.runtime.reseat):
+            # no death, nothing to count against restart intensity.
+            log.info("fleet %s: worker pid %d of retired seat %s left", self._name, pid, self._layout.seats[seat].name)
+            keep = False
+        elif planned:
             # No death: it ran its max_tasks or passed its role's max_rss_mib (replaced, as
             # any seat is; what was sent ahead to it went back to the queue above, unrun), or
             # its initializer failed (every worker would: its roles stop; fleet.worker.prepare).
@@ -173,7 +178,8 @@ class SeatDeaths:
         workers.death_handled(pid)
         # Re-fork even while shutting down: shutdown waits for every queued unit, and
         # only a live seat can run them (not re-forking here wedged shutdown for good).
-        if keep and restart:
+        # A seat its epoch retired is not (fleet.runtime.reseat): its worker left on purpose.
+        if keep and restart and dispatcher.live(seat):
             workers.fork(seat)
         self._dispatch()
         self._publisher.units()
@@ -283,5 +289,5 @@ class SeatDeaths:
             return
         workers.replace_zygote()
         for seat in range(len(self._layout.seats)):
-            if not self._seat_stopped(seat):
+            if not self._seat_stopped(seat) and self._dispatcher.live(seat):
                 workers.fork(seat)

@@ -81,6 +81,10 @@ class Seats:
         if self._outbox.get(seat):
             self.flush(seat)
 
+    def waiting(self, seat: int) -> bool:
+        """Whether tasks wait in the seat's outbox (not yet on its ring)."""
+        return bool(self._outbox.get(seat))
+
     def drop_unsent(self, seat: int) -> None:
         """A seat whose worker died: the tasks it never took would run again on its
         successor, so they go (from its ring and its outbox)."""

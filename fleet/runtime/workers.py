@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -79,6 +80,9 @@ class Workers:
         self.pids: dict[int, int] = {}  # seat -> pid (read by the loop's views; written here only)
         self._seat_of_pid: dict[int, int] = {}
         self._pending_forks: dict[int, float] = {}  # seat -> when its fork was asked (time.monotonic)
+        #: seat -> the CPUs it runs on in this epoch, where they are not the layout's (`set_cpus`)
+        self._cpus: dict[int, tuple[int, ...]] = {}
+        self._asked: dict[int, tuple[int, ...]] = {}  # seat -> the CPUs its pending fork was asked with
         self._awaiting: dict[int, float] = {}  # pid -> until when: exited and reaped, status not yet told
         self._stopped_since: dict[int, float] = {}  # pid -> when it was first seen stopped (closing only)
         self._killed: set[int] = set()  # worker pids the supervisor killed itself (not lane deaths)
@@ -117,9 +121,30 @@ class Workers:
                     raise
                 # (ZygoteLink.start has reaped the zygote that failed.)
 
+    def cpus_of(self, seat: int) -> tuple[int, ...]:
+        """The CPUs `seat`'s worker runs on in this epoch."""
+        return self._cpus.get(seat, self.layout.seats[seat].cpus)
+
+    def set_cpus(self, seat: int, cpus) -> None:
+        """`seat` runs on `cpus` from now on: its next fork is pinned there (`repin` moves a running worker)."""
+        self._cpus[seat] = tuple(cpus)
+
     def fork(self, seat: int) -> None:
         self._pending_forks.setdefault(seat, time.monotonic())
-        self.zygote.fork(seat, self.layout.seats[seat].cpus)
+        self._asked[seat] = cpus = self.cpus_of(seat)
+        self.zygote.fork(seat, cpus)
+
+    def fork_pending(self, seat: int) -> bool:
+        """A fork was asked for `seat` and not yet reported."""
+        return seat in self._pending_forks
+
+    def repin(self, seat: int) -> None:
+        """Move `seat`'s running worker to its CPUs (`cpus_of`): every thread of it, since
+        affinity is a thread's. A worker that is gone, or a thread that ended, is left be
+        (its death is handled apart); a CPU refused (outside a cpuset) is logged."""
+        pid = self.pids.get(seat)
+        if pid is not None:
+            _set_affinity(pid, self.cpus_of(seat), self.name)
 
     @property
     def forking(self) -> bool:
@@ -153,6 +178,9 @@ class Workers:
             if isinstance(event, Forked):
                 seat, pid = event.seat, event.pid
                 self._pending_forks.pop(seat, None)
+                asked = self._asked.pop(seat, None)
+                if asked is not None and set(asked) != set(self.cpus_of(seat)):
+                    _set_affinity(pid, self.cpus_of(seat), self.name)  # the seat moved while it was forked
                 self.pids[seat] = pid
                 self._seat_of_pid[pid] = seat
                 for slot in self._slots_of_seat(seat):
@@ -273,6 +301,7 @@ class Workers:
         """Start a new fork server in place of the one that died (`restart_zygote`); the
         forks asked of the old one are forgotten."""
         self._pending_forks.clear()
+        self._asked.clear()
         self.zygote.exit(timeout=0.5)
         self.restart_zygote()
         self._zygote_gone = False
@@ -294,6 +323,22 @@ class Workers:
         if self._spawner is not None:
             self._spawner.shutdown(wait=False)
             self._spawner = None
+
+
+def _set_affinity(pid: int, cpus, name: str) -> None:
+    """Pin every thread of process `pid` to `cpus`."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return  # gone: its death is being told
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:
+            continue  # that thread ended
+        except OSError as exc:
+            log.warning("fleet %s: cannot pin worker pid %d (thread %d) to cpus %s: %s", name, pid, tid, list(cpus), exc)
+            return
 
 
 def worker_setup(config) -> WorkerSetup:

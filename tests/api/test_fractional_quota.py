@@ -33,7 +33,10 @@ if __name__ == "__main__":
     with fleet.Executor() as ex:
         results = list(ex.map(where, range(200)))
         plan = ex.fleet.plan.to_dict()
-        seats = [s.to_dict() for s in ex.fleet.layout.seats]
+        # the seats this quota runs (laid out for the CPUs a larger quota could give)
+        placement = ex.fleet._sup.follow.placement
+        seats = [dict(s.to_dict(), cpus=list(placement.cpus[s.index])) for s in ex.fleet.layout.seats
+                 if s.index in placement.live]
     print(json.dumps({"results": results, "plan": plan, "seats": seats}))
 """
 

@@ -110,10 +110,10 @@ def test_replan_says_what_a_restart_would_change():
     booted = resolve(8, "auto", cfg.roles)
     same = Q.replan(8, booted, cfg)
     assert same.plan is not None and same.needs_restart == ()
-    assert "the booted seats already match it" in same.describe(booted)
+    assert "the same as the boot's" in same.describe(booted)
     smaller = Q.replan(2, booted, cfg)
     assert smaller.plan.binding == "serial" and "binding pinned -> serial" in smaller.needs_restart
-    assert "the running seats stay as booted until a restart" in smaller.describe(booted)
+    assert "differs from the boot's: binding pinned -> serial" in smaller.describe(booted)
     below = Q.replan(1, booted, cfg)  # budget.loop = auto: the loop ahead by priority, no reserved core
     assert below.plan.budget.share("reserve").cores == 0 and "reserve 1 cores -> 0 cores" in below.needs_restart
     refused = Q.replan(0.5, booted, cfg)  # sq declares a whole core

@@ -208,3 +208,39 @@ def test_a_memory_hog_beside_the_fleet_cordons_it_for_memory_pressure_then_it_is
         assert doc["cordoned"]["posture"] == "Cordoned" and "memory-pressure" in doc["cordoned"]["causes"], doc
     assert after["enter_count"] >= before["enter_count"] and "memory-pressure" not in after["causes"], after
     assert doc["serves"] is True and doc["active"] == "active" and doc["restarts"][0] == doc["restarts"][1], doc
+
+
+def test_the_seats_follow_cpuquota_200_100_200_under_load(vm_run):
+    """`systemctl set-property fleetd@seats CPUQuota=` 200% -> 100% -> 200% under a steady
+    load: two workers on CPUs 0 and 1, then one on CPU 0 (the other gone), then two again;
+    every thread of each worker where status says; after the shrink a load that fits one
+    CPU is not throttled; every unit solved, the ledger balanced, the stop clean."""
+    doc = result(vm_run, "seats_quota")
+    phases = doc["phases"]
+
+    def cpus(phase):
+        return sorted(w["census"] for w in phases[phase]["workers"].values())
+
+    assert cpus("boot") == [[0], [1]] and phases["boot"]["epoch"] == 0, phases["boot"]
+    assert doc["cpu_max_shrunk"] == "100000 100000"
+    assert cpus("shrunk") == [[0]] and phases["shrunk"]["quota"]["cpus"] == 1, phases["shrunk"]
+    assert doc["retired_alive"] == []
+    assert cpus("grown") == [[0], [1]] and phases["grown"]["quota"]["cpus"] == 2, phases["grown"]
+    for phase in phases.values():  # every thread of every worker pinned where status says
+        assert all(w["threads"] == [w["census"]] for w in phase["workers"].values()), phase
+    # one worker for one CPU: a load that fits it (half a CPU, in one unit) is not throttled
+    # (a stray period at most in ten: under emulation the supervisor's own loop is a good
+    # part of the quota)
+    fit = doc["fitting"]
+    assert fit["solved"] and fit["periods"] > 0, fit
+    assert fit["throttled"] <= max(2, fit["periods"] // 10), (fit, doc["idle"], doc["steady_on_one"],
+                                                              doc["one_at_a_time"])
+    load = doc["load"]
+    assert load["errors"] == [] and load["solved"] == load["submitted"] > 0, load
+    ledger = doc["ledger"]
+    assert ledger["submitted"] == ledger["solved"] == load["submitted"] + 1 + doc["one_at_a_time"]["units"], ledger
+    assert ledger["failed"] == ledger["inflight"] == 0, ledger
+    assert any("retiring spin-1" in line for line in doc["seat_lines"]), doc["seat_lines"]
+    assert any("adding spin-1 on CPUs [1]" in line for line in doc["seat_lines"]), doc["seat_lines"]
+    assert doc["stop_rc"] == 0 and doc["result"] == "success", doc
+    assert doc["shm_left"] == [] and doc["procs_left"] == [], doc

@@ -584,6 +584,166 @@ def s_delegation() -> dict:
             "group_left": os.path.exists(group)}
 
 
+SEATS_FLEET = "seats"
+SEATS_UNIT = f"fleetd@{SEATS_FLEET}.service"
+#: The loop ahead of its workers by priority: a worker per CPU of the quota (2 at 200%, 1 at 100%)
+SEATS_CONFIG = """\
+[fleet]
+name = "seats"
+
+[budget]
+loop = "priority"
+
+[roles.spin]
+kind = "pooled"
+handler = "fleet_vm_handlers:spin_or_duty"
+slots = 4
+cordon_class = "never"
+timeout_s = 600
+"""
+
+
+def _seats_status() -> dict:
+    proc = sh(f"{VENV}/bin/fleetctl", "status", "--json", "--name", SEATS_FLEET)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fleetctl status exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout)
+
+
+def _seat_workers(doc: dict) -> dict:
+    """pid -> {"census": the CPUs status gives its slots, "threads": each thread's affinity}."""
+    out = {}
+    for pid in sorted({r["pid"] for r in doc["census"] if r["pid"]}):
+        cpus = sorted({c for r in doc["census"] if r["pid"] == pid for c in r["cpus"]})
+        try:
+            threads = sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir(f"/proc/{pid}/task")})
+        except (FileNotFoundError, ProcessLookupError):
+            threads = None  # gone between the status and the read: the probe asks again
+        out[pid] = {"census": cpus, "threads": [list(t) for t in threads] if threads is not None else None}
+    return out
+
+
+def _seats_settled(epoch: int, n_workers: int):
+    def probe():
+        doc = _seats_status()
+        workers = _seat_workers(doc)
+        if doc["quota"]["epoch"] != epoch or len(workers) != n_workers:
+            return None
+        if any(w["threads"] != [w["census"]] for w in workers.values()):
+            return None  # a worker not (yet) where status says
+        return {"epoch": epoch, "quota": doc["quota"], "workers": {str(k): v for k, v in workers.items()}}
+    return probe
+
+
+class _SteadyLoad:
+    """Units submitted without pause, a few in flight, until ended; every outcome kept."""
+
+    def __init__(self, client, seconds: float, window: int = 4):
+        self.client, self.seconds, self.window = client, seconds, window
+        self.futures, self.stop, self.paused = [], threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        gate = threading.Semaphore(self.window)
+        while not self.stop.is_set():
+            if self.paused.is_set() or not gate.acquire(timeout=0.1):
+                time.sleep(0.05)
+                continue
+            fut = self.client.submit("spin", self.seconds)
+            fut.add_done_callback(lambda _f: gate.release())
+            self.futures.append(fut)
+
+    def wait_more(self, n: int, what: str) -> None:
+        start = len(self.futures)
+        wait_for(what, lambda: len(self.futures) >= start + n, 600, 0.2)
+
+    def end(self) -> dict:
+        self.stop.set()
+        self.thread.join(60)
+        values, errors = 0, []
+        for fut in self.futures:
+            try:
+                fut.result(timeout=600)
+                values += 1
+            except Exception as exc:
+                errors.append(type(exc).__name__)
+        return {"submitted": len(self.futures), "solved": values, "errors": errors}
+
+
+def _throttled(before: dict, after: dict) -> dict:
+    """Periods and throttled periods of a cgroup's cpu.stat between two reads."""
+    return {"periods": after["nr_periods"] - before["nr_periods"],
+            "throttled": after["nr_throttled"] - before["nr_throttled"]}
+
+
+def s_seats_follow_quota() -> dict:
+    """A second fleet, `fleetd@seats` (the loop ahead by priority: a worker per CPU), under
+    a steady load while its unit's CPUQuota= goes 200% -> 100% -> 200%: after each change
+    the worker count and every worker thread's affinity; after the shrink, the unit's
+    nr_throttled under a load that fits one CPU; every unit's outcome; the ledger."""
+    import fleet
+
+    pathlib.Path(f"/etc/fleet/{SEATS_FLEET}.toml").write_text(SEATS_CONFIG)
+    sh("systemctl", "set-property", "--runtime", SEATS_UNIT, "CPUQuota=200%", check=True)
+    sh("systemctl", "start", SEATS_UNIT, timeout=600, check=True)
+    out: dict = {"phases": {}}
+    group = "/sys/fs/cgroup" + show("ControlGroup", SEATS_UNIT)
+    out["phases"]["boot"] = wait_for("2 workers at boot", _seats_settled(0, 2), 300)
+    client = fleet.connect(SEATS_FLEET, timeout=60)
+    try:
+        load = _SteadyLoad(client, 0.02)
+        load.wait_more(8, "the steady load running")
+
+        sh("systemctl", "set-property", "--runtime", SEATS_UNIT, "CPUQuota=100%", check=True)
+        out["cpu_max_shrunk"] = pathlib.Path(group, "cpu.max").read_text().strip()
+        shrunk = wait_for("1 worker at 100%", _seats_settled(1, 1), 300)
+        out["phases"]["shrunk"] = shrunk
+        gone = [int(p) for p in out["phases"]["boot"]["workers"] if p not in shrunk["workers"]]
+        out["retired_alive"] = wait_for("the retired worker gone", lambda: not alive(gone) or None, 120) and alive(gone)
+        stat0 = read_kv(f"{group}/cpu.stat")
+        load.wait_more(8, "the load served on one worker")
+        out["steady_on_one"] = _throttled(stat0, read_kv(f"{group}/cpu.stat"))  # for the record: one worker busy
+
+        # A load that fits one CPU: one unit busy half of every 20 ms for 8 s, on the one
+        # worker. (Units submitted one at a time would measure the supervisor's own cost per
+        # unit, which under emulation is a good part of a CPU: `one_at_a_time`, for the record.)
+        # The fleet's own idle use of the quota first, for the record too.
+        load.paused.set()
+        wait_for("the steady load quiet", lambda: _seats_status()["ledger"]["inflight"] == 0, 300, 0.2)
+        stat0 = read_kv(f"{group}/cpu.stat")
+        time.sleep(3)
+        stat1 = read_kv(f"{group}/cpu.stat")
+        out["idle"] = _throttled(stat0, stat1)
+        stat1 = read_kv(f"{group}/cpu.stat")  # its 8 s dwarf the submit's own cost
+        periods = client.submit("spin", (8.0, 0.5)).result(timeout=600)
+        stat2 = read_kv(f"{group}/cpu.stat")
+        out["fitting"] = dict(_throttled(stat1, stat2), solved=isinstance(periods, int))
+        ones = []
+        for _ in range(10):
+            ones.append(client.submit("spin", 0.005).result(timeout=300))
+            time.sleep(0.15)
+        out["one_at_a_time"] = dict(_throttled(stat2, read_kv(f"{group}/cpu.stat")), units=len(ones))
+        load.paused.clear()
+
+        sh("systemctl", "set-property", "--runtime", SEATS_UNIT, "CPUQuota=200%", check=True)
+        out["phases"]["grown"] = wait_for("2 workers at 200% again", _seats_settled(2, 2), 300)
+        load.wait_more(8, "the load served on the grown seats")
+        out["load"] = load.end()
+    finally:
+        client.close()
+    out["ledger"] = _seats_status()["ledger"]
+    text = sh("journalctl", "-u", SEATS_UNIT, "-o", "cat", "--no-pager").stdout
+    out["seat_lines"] = [l for l in text.splitlines() if "seats:" in l or "retired" in l][:10]
+    pids = {int(p) for p in out["phases"]["grown"]["workers"]} | {int(show("MainPID", SEATS_UNIT) or 0)}
+    stop = sh("systemctl", "stop", SEATS_UNIT, timeout=300)
+    sh("systemctl", "set-property", "--runtime", SEATS_UNIT, "CPUQuota=")
+    out.update(stop_rc=stop.returncode, result=show("Result", SEATS_UNIT), procs_left=alive(pids),
+               shm_left=sorted(p.name for p in pathlib.Path("/dev/shm").iterdir()
+                               if p.name.startswith(f"fleet.{SEATS_FLEET}")))
+    return out
+
+
 SCENARIOS = [
     ("start", s_install_and_start),
     ("status_text", s_status_text),
@@ -598,6 +758,7 @@ SCENARIOS = [
     ("memory_pressure", s_memory_pressure),
     ("stop", s_stop),
     ("delegation", s_delegation),
+    ("seats_quota", s_seats_follow_quota),
 ]
 
 
