@@ -40,6 +40,16 @@ def descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
+def executor_left_clean(max_workers: int = 2):
+    """A module's shared `fleet.Executor`, for the cases that leave it as they found it:
+    yielded, then shut down, and no process of it may stay (a fixture's body)."""
+    before = descendants()
+    executor = fleet.Executor(max_workers=max_workers)
+    yield executor
+    executor.shutdown(wait=True)
+    assert not (descendants() - before)
+
+
 @contextlib.contextmanager
 def running(cfg: dict, **kwargs):
     """A booted Fleet; on exit it is shut down and nothing of it may remain: no worker,

@@ -22,7 +22,7 @@ import pytest
 import fleet
 from fleet.api.executor import quota_cores
 from tests import executor_calls as C
-from tests.fleets import descendants
+from tests.fleets import descendants, executor_left_clean
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WAIT_S = 60
@@ -31,11 +31,7 @@ WAIT_S = 60
 @pytest.fixture(scope="module")
 def ex():
     """One executor for the cases that leave it as they found it; nothing of it stays."""
-    before = descendants()
-    executor = fleet.Executor(max_workers=2)
-    yield executor
-    executor.shutdown(wait=True)
-    assert not (descendants() - before)
+    yield from executor_left_clean()
 
 
 def run_script(tmp_path, text: str, *args) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import pytest
 
 import fleet
 from tests import inside_calls as C
-from tests.fleets import descendants
+from tests.fleets import executor_left_clean
 
 WAIT_S = 120
 
@@ -18,11 +18,7 @@ WAIT_S = 120
 @pytest.fixture(scope="module")
 def ex():
     """One executor of two workers for the cases that leave it as they found it."""
-    before = descendants()
-    executor = fleet.Executor(max_workers=2)
-    yield executor
-    executor.shutdown(wait=True)
-    assert not (descendants() - before)
+    yield from executor_left_clean()
 
 
 def balanced(ledger: dict) -> bool:
