@@ -56,6 +56,7 @@ or unpickled. Anything else is `fleet.UntrustedPeer` naming the uid.
 """
 from __future__ import annotations
 
+import base64
 import itertools
 import logging
 import os
@@ -86,6 +87,7 @@ from fleet.service.control.outcome_record import BadOutcomeRecord
 from fleet.rules.errors import FleetError
 from fleet.rules.vocab import Reason
 from fleet.api.mapping import MAP_WINDOW, map_units, map_window
+from fleet.api.submit_pipe import _UNANSWERED, SubmitPipe
 from fleet.runtime.submit import UNIT_ARGS, check_unit_args, submit_signature
 from fleet.service.replays import RequestIdReused
 from fleet.rules.roles import UnknownRoleError
@@ -101,6 +103,9 @@ from fleet.rules.unit import (
     RoleStopped,
     SubmitRefused,
 )
+
+#: The submit op, whose schema a unit is checked against here before it is queued.
+_SUBMIT = control.OPS.get("submit")
 
 __all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "SubmitUncertain", "connect"]
 
@@ -235,7 +240,8 @@ class _Channel(control.ControlClient):
 
 
 class _RemoteUnitFuture(Future):
-    """A client future whose `cancel` cancels the unit in the fleet when it has not started."""
+    """A client future whose `cancel` cancels the unit in the fleet when it has not started,
+    and whose `unit_id` is the unit's id in the fleet once its submit's reply came."""
 
     def __init__(self, client: "Client"):
         super().__init__()
@@ -243,6 +249,17 @@ class _RemoteUnitFuture(Future):
         # Set while fleetd is asked to cancel: the Cancelled outcome may come back
         # before the reply does, and must then cancel this future, not fail it.
         self.cancelling = False
+        self._unit_id = _UNANSWERED  # the submit's reply sets it (fleet.api.submit_pipe)
+
+    @property
+    def unit_id(self) -> int | None:
+        """The unit's id in the fleet (`fleetctl cancel`, `why`); waits for the submit's
+        reply (at most the client's timeout). None when the submit was refused, or no reply
+        came."""
+        if self._unit_id is _UNANSWERED:
+            self._client._pipe.wait_answer(self, self._client.timeout)
+        unit_id = self._unit_id
+        return None if unit_id is _UNANSWERED else unit_id
 
     def cancel(self) -> bool:
         """Cancel the unit if it has not started in the fleet (True); False if it is
@@ -273,6 +290,7 @@ class Client(Executor):
         self._token_pid: int | None = None  # the daemon holding outcomes for _token
         self._seq = itertools.count(1)
         self._requests = _Channel(path, timeout=timeout, trust_uids=trust)
+        self._pipe = SubmitPipe(self, path, timeout=timeout, trust_uids=trust)
         self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + COLLECT_GRACE_S), trust_uids=trust)
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[Future, str]] = {}
@@ -372,6 +390,7 @@ class Client(Executor):
         self._fail_pending(FleetClosed(f"client of fleet {self.name!r} closed before the outcome arrived"))
         with self._requests.lock:
             self._requests.close()
+        self._pipe.close()
         self._polls.close()
 
     def close(self) -> None:
@@ -402,28 +421,46 @@ class Client(Executor):
             raise PayloadTooLarge(f"payload for role {role!r} is {len(raw)} bytes pickled; a service-mode submit "
                                   f"carries at most {MAX_WIRE_PAYLOAD} (one control frame, base64)")
         seq = next(self._seq)
+        args = {"role": role, "payload": base64.b64encode(raw).decode("ascii"), "encoding": "pickle", "seq": seq}
+        for name, value, default in (("key", key, None), ("lane", lane, None), ("priority", priority, 0),
+                                     ("timeout", timeout, None), ("request_id", request_id, None),
+                                     ("chunk", chunk, False)):
+            if value is not default and value != default:
+                args[name] = value
+        if chunk:
+            args["items"] = len(payload)
+        args.update(admission)
+        try:
+            # Checked here as the daemon checks it (its payload aside): a bad argument is
+            # BadUnit now, before anything is queued.
+            _SUBMIT.validate({**args, "payload": "", "token": "checked-here"})
+        except ProtocolError as exc:
+            raise self._translate(exc, role, request_id) from None
         fut = _RemoteUnitFuture(self)
-        with self._requests.lock:
-            try:
-                pid = self._requests.connect()
-                with self._cond:
-                    if self._closing:  # shutdown() began since the check above: it waits for none of ours
-                        raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
-                    token = self._token_for(pid)
-                    self._pending[seq] = (fut, role)
-                reply = self._requests.call("submit", role=role, pickled=raw, key=key, lane=lane, priority=priority,
-                                            timeout=timeout, request_id=request_id, token=token, seq=seq,
-                                            chunk=chunk, items=len(payload) if chunk else None, **admission)
-            except BaseException as exc:
-                with self._cond:
-                    self._pending.pop(seq, None)
-                raise self._translate(exc, role, request_id) from None
-        fut.unit_id = reply["unit"]
-        self._bounds[role] = (reply.get("queue_bound", MAP_WINDOW), reply.get("slots", 0))
-        self._start_collector()
         with self._cond:
+            if self._closing:  # shutdown() began since the check above: it waits for none of ours
+                raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
+            self._pending[seq] = (fut, role)
+            if self._collector is None:
+                self._start_collector_locked()
             self._cond.notify_all()
+        # Sent now, or with the next frame if one is being written (fleet.api.submit_pipe);
+        # its reply answers `unit_id`, or fails the future with the fleet's refusal.
+        self._pipe.put(seq, fut, role, args)
         return fut
+
+    def _token_for_pid(self, pid: int) -> str:
+        with self._cond:
+            return self._token_for(pid)
+
+    def _refused(self, seq: int, fut: Future, exc: BaseException) -> None:
+        """The submit of ``fut`` was refused, or its reply lost: it gets no outcome here."""
+        with self._cond:
+            entry = self._pending.get(seq)
+            if entry is not None and entry[0] is fut:
+                del self._pending[seq]
+        if Future.set_running_or_notify_cancel(fut):
+            fut.set_exception(exc)
 
     def _token_for(self, pid: int) -> str:
         """The token to submit under to the daemon ``pid`` (lock held). A new daemon (a
@@ -438,9 +475,9 @@ class Client(Executor):
     def _cancel_remote(self, fut: Future) -> bool:
         """Ask fleetd to cancel ``fut``'s unit: True if it will not run (or fleetd cannot
         be asked: then nobody waits for it here either), False if it started."""
-        unit = getattr(fut, "unit_id", None)
+        unit = fut.unit_id if isinstance(fut, _RemoteUnitFuture) else getattr(fut, "unit_id", None)
         if unit is None:
-            return True  # never admitted: nothing runs
+            return True  # never admitted (refused, or never sent): nothing runs
         try:
             reply = self.cancel(unit)
         except (FleetError, OSError) as exc:
@@ -479,12 +516,8 @@ class Client(Executor):
         return exc
 
     # --- outcomes -----------------------------------------------------------------------
-    def _start_collector(self) -> None:
-        with self._cond:
-            if self._collector is not None:
-                return
-            self._collector = threading.Thread(target=self._collect_loop, name=f"fleet-client-{self.name}",
-                                               daemon=True)
+    def _start_collector_locked(self) -> None:
+        self._collector = threading.Thread(target=self._collect_loop, name=f"fleet-client-{self.name}", daemon=True)
         self._collector.start()
 
     def _collect_loop(self) -> None:

@@ -391,7 +391,7 @@ class Daemon:
             self.handler = ServedOperations(self)
             self.calls = control.CallQueue(wakeup=self._wake)
             self.server = control.ControlServer(
-                path, control.with_blocking_ops(self.handler, self.calls.submit),
+                path, control.with_blocking_ops(self.handler, self.calls.submit, self.calls.refusal),
                 group=self.options.socket_group, mode=self.options.socket_mode,
             ).start()
         except BaseException:

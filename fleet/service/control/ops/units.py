@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
 from concurrent.futures import Future
 from typing import Any
 
 from fleet.rules import ranges
-from fleet.rules.errors import EXIT_DATA, EXIT_FAILURE, EXIT_OK
+from fleet.rules.errors import EXIT_DATA, EXIT_FAILURE, EXIT_OK, FleetError
+from fleet.service.control.errors import E_INTERNAL, ProtocolError
 from fleet.runtime.submit import UNIT_ARGS
 from fleet.service import replays
 from fleet.service.control import outcome_record
@@ -20,6 +22,8 @@ from fleet.service.control.wire import Arg, json_type
 COLLECT_MAX_WAIT_S = 20.0
 #: Most bytes of outcomes one `collect` reply carries (well under MAX_FRAME).
 COLLECT_REPLY_BUDGET = 768 * 1024
+
+log = logging.getLogger(__name__)
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{8,128}")
 
@@ -66,6 +70,8 @@ class SubmitOp(Op):
         "items": Arg((int, type(None)), doc="how many items the chunk holds (the ledger counts them)"),
     }
 
+    direct = True  # the submitter, the outcome store and the replays take any thread
+
     def on_daemon(self, daemon, **args: Any) -> dict:
         """Admit one unit (the checked arguments of the wire). ``payload`` is pickled bytes when
         ``encoding == "pickle"``, else the decoded JSON value. With a ``token`` the outcome is
@@ -73,10 +79,18 @@ class SubmitOp(Op):
         list of items run as one unit, ``items`` of them (the ledger counts them; the daemon
         never unpickles the chunk to count). Replies with the unit id, the role's queue bound
         and slots, and whether it was a replay (a retry with the same ``request_id``)."""
+        if args["token"] is not None:
+            daemon.store.hold(args["token"])
+        fut, replayed = self.admit(daemon, args)
+        spec = daemon.config.roles[args["role"]]
+        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
+
+    @staticmethod
+    def admit(daemon, args: dict[str, Any]) -> tuple[Any, bool]:
+        """One checked unit into the fleet (its token held already): its future, and whether
+        it was a replay. Raises the fleet's typed refusal, having queued nothing."""
         role, payload, token, chunk = args["role"], args["payload"], args["token"], args["chunk"]
         unit = {name: args[name] for name in UNIT_ARGS}
-        if token is not None:
-            daemon.store.hold(token)
         same = replays.identity(role, payload, unit["key"], unit["lane"], chunk, unit["route"])
         request_id = unit["request_id"]
         # A retry of a submit whose reply was lost: the unit admitted the first time
@@ -92,8 +106,7 @@ class SubmitOp(Op):
         if token is not None:
             store, seq = daemon.store, args["seq"]
             fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
-        spec = daemon.config.roles[role]
-        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
+        return fut, replayed
 
     def to_wire(self, **args: Any) -> dict[str, Any]:
         """Callers pass any Python ``payload``; it is pickled unless ``encoding="json"``.
@@ -145,6 +158,101 @@ class SubmitOp(Op):
                 args["payload"] = base64.b64decode(args["payload"], validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise self.bad(f"payload is not valid base64: {exc}") from None
+
+
+#: The batch frame's format (`SubmitBatchOp`, its ``v``): a client sends the version it
+#: speaks, and a daemon refuses one it does not know with InvalidArgs, admitting nothing.
+BATCH_VERSION = 1
+#: Most units one batch frame carries (each is also bounded by the frame's size).
+MAX_BATCH_UNITS = 4096
+#: What a unit of a batch may say: a submit's arguments but the token (the batch's own).
+_BATCH_UNIT_KEYS = frozenset(SubmitOp.schema) - {"token"}
+
+
+@OPS.register
+class SubmitBatchOp(Op):
+    """Submit the units a client had in flight together, in one frame (`fleet.Client`'s
+    submits, coalesced while its previous frame was being written).
+
+    ``units`` is a list of objects, each a `submit`'s arguments but ``token`` (the batch's
+    ``token`` holds every outcome) and with ``seq`` required, unique in the batch. The frame
+    is checked whole first: a malformed one (a unit that is not an object, an unknown or
+    mistyped argument, a repeated seq, an unknown ``v``) is refused with InvalidArgs naming
+    the unit and what was wrong, and nothing is admitted. Then each unit is admitted in
+    order as a `submit` would be; a unit the fleet refuses (QueueFull, UnknownRoleError,
+    Draining, ...) is refused alone. Reply: ``{"units": [unit id or null, ...],
+    "errors": {"<index>": {"type", "message"}}, "replayed": [index, ...],
+    "roles": {role: [queue_bound, slots]}}``; every unit of the batch has either its id
+    (its outcome follows under the token) or its error, never both."""
+
+    name = "submit_batch"
+    mutating = True
+    direct = True
+    summary = "Submit several units in one frame (a client's submits in flight, coalesced)."
+    no_command = "a unit's payload is a Python object: submit from Python (fleet.connect(name).submit)"
+    method = None
+    no_method = "fleet.Client.submit sends its submits in flight as one batch"
+    schema = {
+        "v": Arg((int,), required=True, doc=f"the batch format's version ({BATCH_VERSION})"),
+        "token": Arg((str,), required=True, doc="hold every outcome for `collect` under this client token"),
+        "units": Arg((list,), required=True, doc=f"1-{MAX_BATCH_UNITS} objects: a submit's arguments each, "
+                                                  "seq required"),
+    }
+
+    def check(self, args: dict[str, Any]) -> None:
+        if args["v"] != BATCH_VERSION:
+            raise self.bad(f"batch version {args['v']} is not spoken here (this daemon speaks {BATCH_VERSION})")
+        if not _TOKEN.fullmatch(args["token"]):
+            raise self.bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
+        units = args["units"]
+        if not 1 <= len(units) <= MAX_BATCH_UNITS:
+            raise self.bad(f"units must hold 1-{MAX_BATCH_UNITS} units, got {len(units)}")
+        submit, checked, seqs = OPS.get(SubmitOp.name), [], set()
+        for i, unit in enumerate(units):
+            if not isinstance(unit, dict):
+                raise self.bad(f"units[{i}] must be an object, got {json_type(unit)}")
+            extra = sorted(set(unit) - _BATCH_UNIT_KEYS)
+            if extra:
+                raise self.bad(f"units[{i}]: unknown argument(s) {', '.join(extra)} (the batch's token holds "
+                               "every outcome)" if extra == ["token"] else
+                               f"units[{i}]: unknown argument(s) {', '.join(extra)}")
+            if unit.get("seq") is None:
+                raise self.bad(f"units[{i}]: seq is required (the outcome's tag)")
+            try:
+                one = submit.validate({**unit, "token": args["token"]})
+            except ProtocolError as exc:
+                raise self.bad(f"units[{i}]: {exc.message}") from None
+            if one["seq"] in seqs:
+                raise self.bad(f"units[{i}]: seq {one['seq']} is given twice in this batch")
+            seqs.add(one["seq"])
+            checked.append(one)
+        args["units"] = checked
+
+    def on_daemon(self, daemon, v: int, token: str, units: list) -> dict:
+        """Admit every unit of a checked batch in order; a refusal is that unit's alone."""
+        daemon.store.hold(token)  # OutcomesDropped before anything is admitted
+        ids, errors, replayed, roles = [], {}, [], {}
+        specs = daemon.config.roles
+        for i, args in enumerate(units):
+            try:
+                fut, again = SubmitOp.admit(daemon, args)
+            except FleetError as exc:
+                ids.append(None)
+                errors[str(i)] = {"type": type(exc).__name__, "message": str(exc)}
+                continue
+            except Exception as exc:  # noqa: BLE001 - one unit's bug must not cost the others their answer
+                log.error("submit_batch: unit %d failed", i, exc_info=exc)
+                ids.append(None)
+                errors[str(i)] = {"type": E_INTERNAL, "message": f"submit failed: {type(exc).__name__}: {exc}"}
+                continue
+            ids.append(fut.unit_id)
+            if again:
+                replayed.append(i)
+            role = args["role"]
+            if role not in roles:
+                spec = specs[role]
+                roles[role] = [spec.queue_bound, spec.slots]
+        return {"units": ids, "errors": errors, "replayed": replayed, "roles": roles}
 
 
 @OPS.register
