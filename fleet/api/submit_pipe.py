@@ -66,7 +66,7 @@ class SubmitPipe:
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)  # unit ids waited for (`unit_id`)
         self._queue: list = []
-        self._writing = False
+        self._writer = False  # a thread is writing frames (one at a time: the stream must not interleave)
         self._flight: collections.deque[_Frame] = collections.deque()
         self._sock = None
         self._pid: int | None = None
@@ -76,27 +76,43 @@ class SubmitPipe:
 
     # -- the caller's side
     def put(self, seq: int, future, role: str, args: dict[str, Any]) -> None:
-        """Queue one unit and, unless a frame is being written now (its writer takes this
-        one next), write every queued unit at once on this thread."""
+        """Queue one unit. With no frame in flight it goes out at once, on this thread;
+        else it waits for that frame's reply, and goes out with every unit queued
+        meanwhile, in the next frame (written by the reader as the reply comes)."""
         with self._lock:
             self._queue.append((seq, future, role, args))
-            if self._writing:
+            if self._writer or self._flight:
                 return
-            self._writing = True
+            self._writer = True
+        self._pump()
+
+    def _pump(self) -> None:
+        """Write what is queued, as the one writer (``_writer``, set by the caller under the
+        lock), until nothing is queued or frames are in flight (their reader goes on)."""
         try:
             while True:
                 with self._lock:
                     units, self._queue = self._queue, []
-                    if not units:
-                        self._writing = False
+                    if not units or self._flight:
+                        self._queue[:0] = units
+                        self._writer = False
                         return
                 self._write(units)
         except BaseException:
             with self._lock:
-                units, self._queue = self._queue, []
-                self._writing = False
-            self._fail(units, FleetConnectionLost(f"submit to fleetd at {self._path} interrupted before it was sent"))
+                left, self._queue = self._queue, []
+                self._writer = False
+            self._fail(left, FleetConnectionLost(f"submit to fleetd at {self._path} interrupted before it was sent"))
             raise
+
+    def _next_frame(self) -> None:
+        """A reply came (or the connection broke): with every frame answered and no writer,
+        the units queued meanwhile go out now, as one frame, on this thread."""
+        with self._lock:
+            if self._writer or self._flight or not self._queue:
+                return
+            self._writer = True
+        self._pump()
 
     def _write(self, units: list) -> None:
         units = [u for u in units if not u[1].done()]  # cancelled (or failed) while queued: never sent
@@ -192,6 +208,7 @@ class SubmitPipe:
                     line = bytes(buf[:nl])
                     del buf[:nl + 1]
                     self._reply(line)
+                    self._next_frame()
         except (OSError, ValueError, ProtocolError) as exc:
             why = f"{type(exc).__name__}: {exc}"
         except Exception:  # noqa: BLE001 - a bug here must not leave futures hanging
@@ -256,6 +273,9 @@ class SubmitPipe:
             self._answer(frame.units, [None] * len(frame.units))
             self._fail(frame.units, None, ReplyLost(f"fleetd at {self._path}: {why} after the submit went out, "
                                                     "before its reply; it may have run it"))
+        # The units queued behind those frames never went out: a new connection takes them
+        # (unless this is the writer's own failure: it goes on itself).
+        self._next_frame()
 
     def _fail(self, units: list, exc: BaseException | None, error: BaseException | None = None) -> None:
         """Fail each unit's future with `exc`, or with `error` translated for its role."""
