@@ -430,12 +430,13 @@ class Client(Executor):
         if chunk:
             args["items"] = len(payload)
         args.update(admission)
-        try:
-            # Checked here as the daemon checks it (its payload aside): a bad argument is
-            # BadUnit now, before anything is queued.
-            _SUBMIT.validate({**args, "payload": "", "token": "checked-here"})
-        except ProtocolError as exc:
-            raise self._translate(exc, role, request_id) from None
+        if len(args) > 4 or type(role) is not str or not role:  # a plain unit has nothing else to check
+            try:
+                # Checked here as the daemon checks it (its payload aside): a bad argument is
+                # BadUnit now, before anything is queued.
+                _SUBMIT.validate({**args, "payload": "", "token": "checked-here"})
+            except ProtocolError as exc:
+                raise self._translate(exc, role, request_id) from None
         fut = _RemoteUnitFuture(self)
         with self._cond:
             if self._closing:  # shutdown() began since the check above: it waits for none of ours

@@ -91,11 +91,13 @@ class SubmitOp(Op):
         it was a replay. Raises the fleet's typed refusal, having queued nothing."""
         role, payload, token, chunk = args["role"], args["payload"], args["token"], args["chunk"]
         unit = {name: args[name] for name in UNIT_ARGS}
-        same = replays.identity(role, payload, unit["key"], unit["lane"], chunk, unit["route"])
         request_id = unit["request_id"]
         # A retry of a submit whose reply was lost: the unit admitted the first time
         # answers it (its outcome goes to this token too); nothing runs twice.
-        fut = None if request_id is None else daemon.replays.find(request_id, same)
+        same = fut = None
+        if request_id is not None:
+            same = replays.identity(role, payload, unit["key"], unit["lane"], chunk, unit["route"])
+            fut = daemon.replays.find(request_id, same)
         replayed = fut is not None
         if not replayed:
             body = {"pickled_payload": payload} if args["encoding"] == "pickle" else {"payload": payload}
@@ -207,8 +209,13 @@ class SubmitBatchOp(Op):
         units = args["units"]
         if not 1 <= len(units) <= MAX_BATCH_UNITS:
             raise self.bad(f"units must hold 1-{MAX_BATCH_UNITS} units, got {len(units)}")
-        submit, checked, seqs = OPS.get(SubmitOp.name), [], set()
+        submit, checked, seqs, token = OPS.get(SubmitOp.name), [], set(), args["token"]
         for i, unit in enumerate(units):
+            one = _plain_unit(unit, token)
+            if one is not None and one["seq"] not in seqs:
+                seqs.add(one["seq"])
+                checked.append(one)
+                continue
             if not isinstance(unit, dict):
                 raise self.bad(f"units[{i}] must be an object, got {json_type(unit)}")
             extra = sorted(set(unit) - _BATCH_UNIT_KEYS)
@@ -253,6 +260,29 @@ class SubmitBatchOp(Op):
                 spec = specs[role]
                 roles[role] = [spec.queue_bound, spec.slots]
         return {"units": ids, "errors": errors, "replayed": replayed, "roles": roles}
+
+
+#: The arguments of a plain unit (role, pickled payload, seq: `fleet.Client.submit`'s
+#: common case) and the defaults `_plain_unit` fills in for the rest.
+_PLAIN_KEYS = frozenset({"role", "payload", "encoding", "seq"})
+_PLAIN_DEFAULTS = {name: spec.default for name, spec in SubmitOp.schema.items()}
+
+
+def _plain_unit(unit: Any, token: str) -> dict[str, Any] | None:
+    """The checked arguments of a plain unit, as `SubmitOp.validate` makes them; None when
+    the unit is anything else (or anything about it is wrong): the full check then says
+    what. The same rules, on the path every plain unit of a batch takes."""
+    if type(unit) is not dict or not unit.keys() <= _PLAIN_KEYS or unit.get("encoding") != "pickle":
+        return None
+    role, payload, seq = unit.get("role"), unit.get("payload"), unit.get("seq")
+    if type(role) is not str or not role or type(payload) is not str or type(seq) is not int \
+            or not ranges.SEQ.holds(seq):
+        return None
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return {**_PLAIN_DEFAULTS, "role": role, "payload": raw, "encoding": "pickle", "seq": seq, "token": token}
 
 
 @OPS.register
