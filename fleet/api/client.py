@@ -118,6 +118,10 @@ BOOT_WAIT_S = 30.0
 _BOOT_POLL_S = 0.05
 #: How long one `collect` long poll waits on the daemon.
 COLLECT_WAIT_S = 10.0
+#: How long the collector keeps a poll waiting on the daemon after its last unit was
+#: owed: the outcome of a submit that follows is then sent the moment it is held, with
+#: no poll to ask for it first.
+COLLECT_LINGER_S = 30.0
 #: How much longer than its wait a poll's reply may take before the client asks again
 #: (on a new connection: the daemon holds what it sent until it is acknowledged).
 COLLECT_GRACE_S = 20.0
@@ -444,10 +448,11 @@ class Client(Executor):
             self._pending[seq] = (fut, role)
             if self._collector is None:
                 self._start_collector_locked()
-            self._cond.notify_all()
-        # Sent now, or with the next frame if one is being written (fleet.api.submit_pipe);
+        # Sent now, or with the next frame if one is in flight (fleet.api.submit_pipe);
         # its reply answers `unit_id`, or fails the future with the fleet's refusal.
         self._pipe.put(seq, fut, role, args)
+        with self._cond:
+            self._cond.notify_all()  # after the write: the collector's wake-up must not delay it
         return fut
 
     def _token_for_pid(self, pid: int) -> str:
@@ -523,10 +528,14 @@ class Client(Executor):
 
     def _collect_loop(self) -> None:
         breaks = 0  # polls in a row whose connection broke after it was made
+        linger_until = 0.0  # polls go on with nothing owed until then, after a poll that worked
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._waiting() or self._closing)
-                if not self._waiting():
+                if self._waiting():
+                    linger_until = time.monotonic() + COLLECT_LINGER_S
+                elif breaks or time.monotonic() >= linger_until:
+                    self._cond.wait_for(lambda: self._waiting() or self._closing)
+                if self._closing and not self._waiting():
                     return  # closing, nothing owed
             token = connected = None
             try:
@@ -546,16 +555,19 @@ class Client(Executor):
                 # holds what it sent until acknowledged): the futures stay pending.
                 if self._closing:
                     return
+                linger_until = 0.0
                 log.info("fleet %s: no outcomes from %s yet (%s); polling again", self.name, self.path, exc)
                 time.sleep(COLLECT_RETRY_S)
                 continue
             except RemoteError as exc:
+                linger_until = 0.0
                 cls = OutcomesDropped if exc.type == "OutcomesDropped" else FleetConnectionLost
                 self._retire(cls(f"fleetd {self.name!r} at {self.path}: {exc}"), token)
                 continue
             except (FleetError, OSError) as exc:
                 if self._closing:
                     return  # shutdown() aborted the poll on purpose
+                linger_until = 0.0
                 if connected and breaks < COLLECT_BREAKS:
                     # The connection broke under a poll: connect again and ask again. A dead
                     # daemon refuses the connection, a restarted one shows another pid.
