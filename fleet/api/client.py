@@ -455,9 +455,15 @@ class Client(Executor):
             self._cond.notify_all()  # after the write: the collector's wake-up must not delay it
         return fut
 
-    def _token_for_pid(self, pid: int) -> str:
+    def _token_for_pid(self, pid: int, unsent) -> str:
+        """`_token_for` a frame of the submit pipe: the units in ``unsent`` (seqs) never went
+        to the old daemon, so a restart fails the others and these go to the new one."""
         with self._cond:
-            return self._token_for(pid)
+            keep = {seq: self._pending.pop(seq) for seq in unsent if seq in self._pending}
+            try:
+                return self._token_for(pid)
+            finally:
+                self._pending.update(keep)
 
     def _refused(self, seq: int, fut: Future, exc: BaseException) -> None:
         """The submit of ``fut`` was refused, or its reply lost: it gets no outcome here."""

@@ -123,10 +123,11 @@ class SubmitPipe:
                 if take and size > FRAME_BUDGET:
                     break
                 take += 1
-            self._write_frame(units[:take])
-            units = units[take:]
+            self._write_frame(units[:take], units[take:])
+            units = [u for u in units[take:] if not u[1].done()]
 
-    def _write_frame(self, units: list) -> None:
+    def _write_frame(self, units: list, later: list) -> None:
+        """One frame of `units` (`later`: the units of the frames after it)."""
         try:
             sock, pid = self._connection()
         except BaseException as exc:
@@ -134,7 +135,10 @@ class SubmitPipe:
             if isinstance(exc, Exception):
                 return
             raise
-        token = self._client._token_for_pid(pid)  # a restarted daemon: the futures owed by the old one fail
+        with self._lock:
+            unsent = [u[0] for u in units] + [u[0] for u in later] + [u[0] for u in self._queue]
+        # A restarted daemon: the futures owed by the old one fail; these were never sent to it.
+        token = self._client._token_for_pid(pid, unsent)
         units = [u for u in units if not u[1].done()]
         if not units:
             return
