@@ -73,6 +73,12 @@ class SubmitPipe:
         self._used = 0.0
         self._ids = itertools.count(1)
         self._closed = False
+        self.frames = 0  # frames written: how many submits travelled together is units / frames
+
+    def in_flight(self) -> int:
+        """Frames written whose replies have not come."""
+        with self._lock:
+            return len(self._flight)
 
     # -- the caller's side
     def put(self, seq: int, future, role: str, args: dict[str, Any]) -> None:
@@ -162,6 +168,7 @@ class SubmitPipe:
             return
         with self._lock:
             frame.sent = True
+            self.frames += 1
             self._used = time.monotonic()
 
     def _connection(self):
