@@ -236,29 +236,46 @@ class SubmitBatchOp(Op):
         args["units"] = checked
 
     def on_daemon(self, daemon, v: int, token: str, units: list) -> dict:
-        """Admit every unit of a checked batch in order; a refusal is that unit's alone."""
+        """Admit every unit of a checked batch in order; a refusal is that unit's alone. A
+        run of plain units of one role (nothing but a pickled payload: the common case) is
+        admitted a run at a time (`Submitter.submit_pickled`); a unit such a run stopped
+        at, and any other unit, one by one (`SubmitOp.admit`), each with its own refusal."""
         daemon.store.hold(token)  # OutcomesDropped before anything is admitted
-        ids, errors, replayed, roles = [], {}, [], {}
-        specs = daemon.config.roles
-        for i, args in enumerate(units):
+        ids, errors, replayed, roles = [None] * len(units), {}, [], {}
+        specs, store, i = daemon.config.roles, daemon.store, 0
+        while i < len(units):
+            args = units[i]
+            role = args["role"]
+            if _plain(args):
+                end = i + 1
+                while end < len(units) and units[end]["role"] == role and _plain(units[end]):
+                    end += 1
+                futures = daemon.sup.submit_pickled(role, [u["payload"] for u in units[i:end]])
+                for k, fut in enumerate(futures, i):
+                    seq = units[k]["seq"]
+                    fut.add_done_callback(lambda f, seq=seq, role=role: store.put(
+                        token, outcome_record.encode(seq, role, f)))
+                    ids[k] = fut.unit_id
+                i += len(futures)
+                if futures and role not in roles:
+                    roles[role] = [specs[role].queue_bound, specs[role].slots]
+                if i == end:
+                    continue
+                args = units[i]  # the run stopped here: this one alone says why
             try:
                 fut, again = SubmitOp.admit(daemon, args)
             except FleetError as exc:
-                ids.append(None)
                 errors[str(i)] = {"type": type(exc).__name__, "message": str(exc)}
-                continue
             except Exception as exc:  # noqa: BLE001 - one unit's bug must not cost the others their answer
                 log.error("submit_batch: unit %d failed", i, exc_info=exc)
-                ids.append(None)
                 errors[str(i)] = {"type": E_INTERNAL, "message": f"submit failed: {type(exc).__name__}: {exc}"}
-                continue
-            ids.append(fut.unit_id)
-            if again:
-                replayed.append(i)
-            role = args["role"]
-            if role not in roles:
-                spec = specs[role]
-                roles[role] = [spec.queue_bound, spec.slots]
+            else:
+                ids[i] = fut.unit_id
+                if again:
+                    replayed.append(i)
+                if role not in roles:
+                    roles[role] = [specs[role].queue_bound, specs[role].slots]
+            i += 1
         return {"units": ids, "errors": errors, "replayed": replayed, "roles": roles}
 
 
@@ -266,6 +283,14 @@ class SubmitBatchOp(Op):
 #: common case) and the defaults `_plain_unit` fills in for the rest.
 _PLAIN_KEYS = frozenset({"role", "payload", "encoding", "seq"})
 _PLAIN_DEFAULTS = {name: spec.default for name, spec in SubmitOp.schema.items()}
+
+
+def _plain(args: dict[str, Any]) -> bool:
+    """Whether checked unit arguments ask nothing but the role's defaults (a pickled
+    payload; no key, lane, priority, timeout, request id, route or chunk)."""
+    return (args["encoding"] == "pickle" and args["key"] is None and args["lane"] is None and args["priority"] == 0
+            and args["timeout"] is None and args["request_id"] is None and args["route"] is None
+            and not args["chunk"])
 
 
 def _plain_unit(unit: Any, token: str) -> dict[str, Any] | None:
