@@ -446,8 +446,6 @@ class Client(Executor):
             if self._closing:  # shutdown() began since the check above: it waits for none of ours
                 raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
             self._pending[seq] = (fut, role)
-            if self._collector is None:
-                self._start_collector_locked()
         # Sent now, or with the next frame if one is in flight (fleet.api.submit_pipe);
         # its reply answers `unit_id`, or fails the future with the fleet's refusal.
         self._pipe.put(seq, fut, role, args)
@@ -528,6 +526,15 @@ class Client(Executor):
         return exc
 
     # --- outcomes -----------------------------------------------------------------------
+    def _admitted(self) -> None:
+        """A submit's reply admitted a unit: its outcome will be held for us, so the
+        collector polls from now on (started at the first; a uid that may not submit has
+        nothing to collect, and never polls)."""
+        with self._cond:
+            if self._collector is None and not self._closing:
+                self._start_collector_locked()
+            self._cond.notify_all()
+
     def _start_collector_locked(self) -> None:
         self._collector = threading.Thread(target=self._collect_loop, name=f"fleet-client-{self.name}", daemon=True)
         self._collector.start()

@@ -264,6 +264,8 @@ class SubmitPipe:
             unit[1]._unit_id = unit_id
         with self._lock:
             self._answered.notify_all()
+        if any(unit_id is not None for unit_id in ids):
+            self._client._admitted()
 
     def wait_answer(self, future, timeout: float | None) -> None:
         """Wait (at most `timeout`) until `future`'s submit has its reply (`unit_id`)."""
