@@ -10,6 +10,10 @@
 control socket; its operator methods are made from the control ops (one per op). Payloads are pickled here and unpickled only in a worker; values
 come back pickled. Service-mode keys are ``str`` or ``int`` (they travel as JSON).
 
+Submitting. A submit returns its future without waiting for fleetd: the units a
+client has in flight travel coalesced, one ``submit_batch`` frame per round trip
+(`fleet.api.submit_pipe`), and fleetd's refusals arrive on the futures.
+
 Delivery. Each submit carries this client's random token and a sequence number;
 fleetd holds the unit's outcome under the token. One background thread long-polls
 ``collect`` whenever a future is pending and resolves futures as outcomes arrive
@@ -312,18 +316,22 @@ class Client(Executor):
         ``request_id`` makes the submit idempotent: fleetd admits one unit per id
         (`fleet.service.replays`: while the unit is owed and for 5 minutes after), so
         submitting again with the same id and arguments returns a future of that
-        unit, never a second run; the same id with other arguments raises
-        RequestIdReused.
+        unit, never a second run; the same id with other arguments fails the
+        future with RequestIdReused.
 
-        Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
-        PayloadUnpicklable, QueueFull, Draining (the fleet drains: retry after
-        its resume), RoleStopped, RequestIdReused, FleetClosed
-        (this client is closed, or the fleet is stopping), PermissionDenied (this
-        uid may not submit), ControlBusy (fleetd refused the connection: busy),
-        FleetConnectionLost (the daemon is gone; a later submit tries again).
-        Raises SubmitUncertain when the request went out and no reply came (none
-        within the client's timeout, or the connection broke): the unit may have
-        been admitted; retry with the same request_id to run it at most once.
+        The submit does not wait for fleetd: a lone one is written at once on this
+        thread, and those made while a frame is in flight go out together in the next
+        (`fleet.api.submit_pipe`). Raises at once, nothing sent: BadUnit (an argument
+        this client can check), PayloadTooLarge, PayloadUnpicklable, FleetClosed (this
+        client is closed). What only the fleet can judge fails the returned future,
+        that unit having no outcome and ``unit_id`` None: UnknownRoleError, BadUnit (a
+        key on an unpinned role), QueueFull, Draining (retry after its resume),
+        RoleStopped, RequestIdReused, FleetClosed (the fleet is stopping),
+        PermissionDenied (this uid may not submit), ControlBusy, FleetConnectionLost
+        (no fleetd to send it to; a later submit tries again). SubmitUncertain fails it
+        when its frame went out and no reply came (none within the client's timeout, or
+        the connection broke): the unit may have been admitted; retry with the same
+        request_id to run it at most once.
         """
         if unit:
             check_unit_args(unit, UNIT_ARGS.keys())
