@@ -120,8 +120,22 @@ class SubmitPipe:
             self._writer = True
         self._pump()
 
+    def _unsent(self, units: list) -> list:
+        """`units` but those whose futures ended while they were queued (cancelled here, or
+        failed by a restart): those are never sent, and have no unit id."""
+        keep = []
+        for unit in units:
+            if unit[1].done():
+                unit[1]._unit_id = None
+            else:
+                keep.append(unit)
+        if len(keep) < len(units):
+            with self._lock:
+                self._answered.notify_all()
+        return keep
+
     def _write(self, units: list) -> None:
-        units = [u for u in units if not u[1].done()]  # cancelled (or failed) while queued: never sent
+        units = self._unsent(units)
         while units:
             take, size = 0, 0
             for _seq, _fut, _role, args in units[:MAX_BATCH_UNITS]:
@@ -130,7 +144,7 @@ class SubmitPipe:
                     break
                 take += 1
             self._write_frame(units[:take], units[take:])
-            units = [u for u in units[take:] if not u[1].done()]
+            units = self._unsent(units[take:])
 
     def _write_frame(self, units: list, later: list) -> None:
         """One frame of `units` (`later`: the units of the frames after it)."""
@@ -145,7 +159,7 @@ class SubmitPipe:
             unsent = [u[0] for u in units] + [u[0] for u in later] + [u[0] for u in self._queue]
         # A restarted daemon: the futures owed by the old one fail; these were never sent to it.
         token = self._client._token_for_pid(pid, unsent)
-        units = [u for u in units if not u[1].done()]
+        units = self._unsent(units)
         if not units:
             return
         frame = _Frame(next(self._ids), units)
@@ -270,7 +284,7 @@ class SubmitPipe:
     def wait_answer(self, future, timeout: float | None) -> None:
         """Wait (at most `timeout`) until `future`'s submit has its reply (`unit_id`)."""
         with self._lock:
-            self._answered.wait_for(lambda: future._unit_id is not _UNANSWERED or future.done(), timeout)
+            self._answered.wait_for(lambda: future._unit_id is not _UNANSWERED, timeout)
 
     def _broken(self, sock, why: str) -> None:
         """`sock` is done: the frames in flight on it fail SubmitUncertain (they went out,
