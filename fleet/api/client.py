@@ -539,7 +539,9 @@ class Client(Executor):
         collector polls from now on (started at the first; a uid that may not submit has
         nothing to collect, and never polls)."""
         with self._cond:
-            if self._collector is None and not self._closing:
+            # Even while closing: shutdown(wait=True) waits for this unit's outcome (a
+            # collector with nothing owed ends at once).
+            if self._collector is None:
                 self._start_collector_locked()
             self._cond.notify_all()
 
