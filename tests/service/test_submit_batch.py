@@ -207,3 +207,17 @@ def test_many_threads_submitting_at_once_each_get_one_outcome_per_unit(served, c
         t.join(BOUND_S)
     assert {k: v for k, v in results.items()} == {
         k: [("solved", (k * 100 + i) ** 2) for i in range(40)] for k in range(4)}
+
+
+def test_a_unit_admitted_while_its_client_closes_still_gets_its_outcome(served, stopped):
+    import threading
+
+    client = served.connect()
+    stopped()
+    fut = client.submit("sq", 3)  # its first unit: admitted only after the client began to close
+    closer = threading.Thread(target=client.shutdown)
+    closer.start()
+    wait_until(lambda: client._closing, "the client to begin closing")
+    served.signal(signal.SIGCONT)
+    closer.join(BOUND_S)
+    assert not closer.is_alive() and fut.result(0) == 9
