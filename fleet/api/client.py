@@ -10,6 +10,10 @@
 control socket; its operator methods are made from the control ops (one per op). Payloads are pickled here and unpickled only in a worker; values
 come back pickled. Service-mode keys are ``str`` or ``int`` (they travel as JSON).
 
+Submitting. A submit returns its future without waiting for fleetd: the units a
+client has in flight travel coalesced, one ``submit_batch`` frame per round trip
+(`fleet.api.submit_pipe`), and fleetd's refusals arrive on the futures.
+
 Delivery. Each submit carries this client's random token and a sequence number;
 fleetd holds the unit's outcome under the token. One background thread long-polls
 ``collect`` whenever a future is pending and resolves futures as outcomes arrive
@@ -56,6 +60,7 @@ or unpickled. Anything else is `fleet.UntrustedPeer` naming the uid.
 """
 from __future__ import annotations
 
+import base64
 import itertools
 import logging
 import os
@@ -86,6 +91,7 @@ from fleet.service.control.outcome_record import BadOutcomeRecord
 from fleet.rules.errors import FleetError
 from fleet.rules.vocab import Reason
 from fleet.worker.mapping import MAP_WINDOW, map_units, map_window
+from fleet.api.submit_pipe import _UNANSWERED, SubmitPipe
 from fleet.runtime.submit import UNIT_ARGS, check_unit_args, submit_signature
 from fleet.service.replays import RequestIdReused
 from fleet.rules.roles import UnknownRoleError
@@ -102,6 +108,9 @@ from fleet.rules.unit import (
     SubmitRefused,
 )
 
+#: The submit op, whose schema a unit is checked against here before it is queued.
+_SUBMIT = control.OPS.get("submit")
+
 __all__ = ["BOOT_WAIT_S", "Client", "FleetConnectionLost", "SubmitUncertain", "connect"]
 
 log = logging.getLogger(__name__)
@@ -113,6 +122,10 @@ BOOT_WAIT_S = 30.0
 _BOOT_POLL_S = 0.05
 #: How long one `collect` long poll waits on the daemon.
 COLLECT_WAIT_S = 10.0
+#: How long the collector keeps a poll waiting on the daemon after its last unit was
+#: owed: the outcome of a submit that follows is then sent the moment it is held, with
+#: no poll to ask for it first.
+COLLECT_LINGER_S = 30.0
 #: How much longer than its wait a poll's reply may take before the client asks again
 #: (on a new connection: the daemon holds what it sent until it is acknowledged).
 COLLECT_GRACE_S = 20.0
@@ -235,7 +248,8 @@ class _Channel(control.ControlClient):
 
 
 class _RemoteUnitFuture(Future):
-    """A client future whose `cancel` cancels the unit in the fleet when it has not started."""
+    """A client future whose `cancel` cancels the unit in the fleet when it has not started,
+    and whose `unit_id` is the unit's id in the fleet once its submit's reply came."""
 
     def __init__(self, client: "Client"):
         super().__init__()
@@ -243,6 +257,17 @@ class _RemoteUnitFuture(Future):
         # Set while fleetd is asked to cancel: the Cancelled outcome may come back
         # before the reply does, and must then cancel this future, not fail it.
         self.cancelling = False
+        self._unit_id = _UNANSWERED  # the submit's reply sets it (fleet.api.submit_pipe)
+
+    @property
+    def unit_id(self) -> int | None:
+        """The unit's id in the fleet (`fleetctl cancel`, `why`); waits for the submit's
+        reply (at most the client's timeout). None when the submit was refused, or no reply
+        came."""
+        if self._unit_id is _UNANSWERED:
+            self._client._pipe.wait_answer(self, self._client.timeout)
+        unit_id = self._unit_id
+        return None if unit_id is _UNANSWERED else unit_id
 
     def cancel(self) -> bool:
         """Cancel the unit if it has not started in the fleet (True); False if it is
@@ -273,6 +298,7 @@ class Client(Executor):
         self._token_pid: int | None = None  # the daemon holding outcomes for _token
         self._seq = itertools.count(1)
         self._requests = _Channel(path, timeout=timeout, trust_uids=trust)
+        self._pipe = SubmitPipe(self, path, timeout=timeout, trust_uids=trust)
         self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + COLLECT_GRACE_S), trust_uids=trust)
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[Future, str]] = {}
@@ -290,18 +316,22 @@ class Client(Executor):
         ``request_id`` makes the submit idempotent: fleetd admits one unit per id
         (`fleet.service.replays`: while the unit is owed and for 5 minutes after), so
         submitting again with the same id and arguments returns a future of that
-        unit, never a second run; the same id with other arguments raises
-        RequestIdReused.
+        unit, never a second run; the same id with other arguments fails the
+        future with RequestIdReused.
 
-        Raises (nothing queued): UnknownRoleError, BadUnit, PayloadTooLarge,
-        PayloadUnpicklable, QueueFull, Draining (the fleet drains: retry after
-        its resume), RoleStopped, RequestIdReused, FleetClosed
-        (this client is closed, or the fleet is stopping), PermissionDenied (this
-        uid may not submit), ControlBusy (fleetd refused the connection: busy),
-        FleetConnectionLost (the daemon is gone; a later submit tries again).
-        Raises SubmitUncertain when the request went out and no reply came (none
-        within the client's timeout, or the connection broke): the unit may have
-        been admitted; retry with the same request_id to run it at most once.
+        The submit does not wait for fleetd: a lone one is written at once on this
+        thread, and those made while a frame is in flight go out together in the next
+        (`fleet.api.submit_pipe`). Raises at once, nothing sent: BadUnit (an argument
+        this client can check), PayloadTooLarge, PayloadUnpicklable, FleetClosed (this
+        client is closed). What only the fleet can judge fails the returned future,
+        that unit having no outcome and ``unit_id`` None: UnknownRoleError, BadUnit (a
+        key on an unpinned role), QueueFull, Draining (retry after its resume),
+        RoleStopped, RequestIdReused, FleetClosed (the fleet is stopping),
+        PermissionDenied (this uid may not submit), ControlBusy, FleetConnectionLost
+        (no fleetd to send it to; a later submit tries again). SubmitUncertain fails it
+        when its frame went out and no reply came (none within the client's timeout, or
+        the connection broke): the unit may have been admitted; retry with the same
+        request_id to run it at most once.
         """
         if unit:
             check_unit_args(unit, UNIT_ARGS.keys())
@@ -372,6 +402,7 @@ class Client(Executor):
         self._fail_pending(FleetClosed(f"client of fleet {self.name!r} closed before the outcome arrived"))
         with self._requests.lock:
             self._requests.close()
+        self._pipe.close()
         self._polls.close()
 
     def close(self) -> None:
@@ -402,28 +433,52 @@ class Client(Executor):
             raise PayloadTooLarge(f"payload for role {role!r} is {len(raw)} bytes pickled; a service-mode submit "
                                   f"carries at most {MAX_WIRE_PAYLOAD} (one control frame, base64)")
         seq = next(self._seq)
-        fut = _RemoteUnitFuture(self)
-        with self._requests.lock:
+        args = {"role": role, "payload": base64.b64encode(raw).decode("ascii"), "encoding": "pickle", "seq": seq}
+        for name, value, default in (("key", key, None), ("lane", lane, None), ("priority", priority, 0),
+                                     ("timeout", timeout, None), ("request_id", request_id, None),
+                                     ("chunk", chunk, False)):
+            if value is not default and value != default:
+                args[name] = value
+        if chunk:
+            args["items"] = len(payload)
+        args.update(admission)
+        if len(args) > 4 or type(role) is not str or not role:  # a plain unit has nothing else to check
             try:
-                pid = self._requests.connect()
-                with self._cond:
-                    if self._closing:  # shutdown() began since the check above: it waits for none of ours
-                        raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
-                    token = self._token_for(pid)
-                    self._pending[seq] = (fut, role)
-                reply = self._requests.call("submit", role=role, pickled=raw, key=key, lane=lane, priority=priority,
-                                            timeout=timeout, request_id=request_id, token=token, seq=seq,
-                                            chunk=chunk, items=len(payload) if chunk else None, **admission)
-            except BaseException as exc:
-                with self._cond:
-                    self._pending.pop(seq, None)
+                # Checked here as the daemon checks it (its payload aside): a bad argument is
+                # BadUnit now, before anything is queued.
+                _SUBMIT.validate({**args, "payload": "", "token": "checked-here"})
+            except ProtocolError as exc:
                 raise self._translate(exc, role, request_id) from None
-        fut.unit_id = reply["unit"]
-        self._bounds[role] = (reply.get("queue_bound", MAP_WINDOW), reply.get("slots", 0))
-        self._start_collector()
+        fut = _RemoteUnitFuture(self)
         with self._cond:
-            self._cond.notify_all()
+            if self._closing:  # shutdown() began since the check above: it waits for none of ours
+                raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
+            self._pending[seq] = (fut, role)
+        # Sent now, or with the next frame if one is in flight (fleet.api.submit_pipe);
+        # its reply answers `unit_id`, or fails the future with the fleet's refusal.
+        self._pipe.put(seq, fut, role, args)
+        with self._cond:
+            self._cond.notify_all()  # after the write: the collector's wake-up must not delay it
         return fut
+
+    def _token_for_pid(self, pid: int, unsent) -> str:
+        """`_token_for` a frame of the submit pipe: the units in ``unsent`` (seqs) never went
+        to the old daemon, so a restart fails the others and these go to the new one."""
+        with self._cond:
+            keep = {seq: self._pending.pop(seq) for seq in unsent if seq in self._pending}
+            try:
+                return self._token_for(pid)
+            finally:
+                self._pending.update(keep)
+
+    def _refused(self, seq: int, fut: Future, exc: BaseException) -> None:
+        """The submit of ``fut`` was refused, or its reply lost: it gets no outcome here."""
+        with self._cond:
+            entry = self._pending.get(seq)
+            if entry is not None and entry[0] is fut:
+                del self._pending[seq]
+        if Future.set_running_or_notify_cancel(fut):
+            fut.set_exception(exc)
 
     def _token_for(self, pid: int) -> str:
         """The token to submit under to the daemon ``pid`` (lock held). A new daemon (a
@@ -438,9 +493,9 @@ class Client(Executor):
     def _cancel_remote(self, fut: Future) -> bool:
         """Ask fleetd to cancel ``fut``'s unit: True if it will not run (or fleetd cannot
         be asked: then nobody waits for it here either), False if it started."""
-        unit = getattr(fut, "unit_id", None)
+        unit = fut.unit_id if isinstance(fut, _RemoteUnitFuture) else getattr(fut, "unit_id", None)
         if unit is None:
-            return True  # never admitted: nothing runs
+            return True  # never admitted (refused, or never sent): nothing runs
         try:
             reply = self.cancel(unit)
         except (FleetError, OSError) as exc:
@@ -479,20 +534,31 @@ class Client(Executor):
         return exc
 
     # --- outcomes -----------------------------------------------------------------------
-    def _start_collector(self) -> None:
+    def _admitted(self) -> None:
+        """A submit's reply admitted a unit: its outcome will be held for us, so the
+        collector polls from now on (started at the first; a uid that may not submit has
+        nothing to collect, and never polls)."""
         with self._cond:
-            if self._collector is not None:
-                return
-            self._collector = threading.Thread(target=self._collect_loop, name=f"fleet-client-{self.name}",
-                                               daemon=True)
+            # Even while closing: shutdown(wait=True) waits for this unit's outcome (a
+            # collector with nothing owed ends at once).
+            if self._collector is None:
+                self._start_collector_locked()
+            self._cond.notify_all()
+
+    def _start_collector_locked(self) -> None:
+        self._collector = threading.Thread(target=self._collect_loop, name=f"fleet-client-{self.name}", daemon=True)
         self._collector.start()
 
     def _collect_loop(self) -> None:
         breaks = 0  # polls in a row whose connection broke after it was made
+        linger_until = 0.0  # polls go on with nothing owed until then, after a poll that worked
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._waiting() or self._closing)
-                if not self._waiting():
+                if self._waiting():
+                    linger_until = time.monotonic() + COLLECT_LINGER_S
+                elif breaks or time.monotonic() >= linger_until:
+                    self._cond.wait_for(lambda: self._waiting() or self._closing)
+                if self._closing and not self._waiting():
                     return  # closing, nothing owed
             token = connected = None
             try:
@@ -512,16 +578,19 @@ class Client(Executor):
                 # holds what it sent until acknowledged): the futures stay pending.
                 if self._closing:
                     return
+                linger_until = 0.0
                 log.info("fleet %s: no outcomes from %s yet (%s); polling again", self.name, self.path, exc)
                 time.sleep(COLLECT_RETRY_S)
                 continue
             except RemoteError as exc:
+                linger_until = 0.0
                 cls = OutcomesDropped if exc.type == "OutcomesDropped" else FleetConnectionLost
                 self._retire(cls(f"fleetd {self.name!r} at {self.path}: {exc}"), token)
                 continue
             except (FleetError, OSError) as exc:
                 if self._closing:
                     return  # shutdown() aborted the poll on purpose
+                linger_until = 0.0
                 if connected and breaks < COLLECT_BREAKS:
                     # The connection broke under a poll: connect again and ask again. A dead
                     # daemon refuses the connection, a restarted one shows another pid.

@@ -117,8 +117,9 @@ class Supervisor:
         self.door = Door(self.name, [r.queue_bound for r in self.roles], self.role_stops, self._ring)
         self._submitter = Submitter(self.door, self.roles, self.ledger, config.limits, self.recorder)
         # The caller's half of a submit (fleet.runtime.submit), bound here: no call between.
-        self.submit, self.submit_call, self.submit_many = (
-            self._submitter.submit, self._submitter.submit_call, self._submitter.submit_many)
+        self.submit, self.submit_call, self.submit_many, self.submit_pickled = (
+            self._submitter.submit, self._submitter.submit_call, self._submitter.submit_many,
+            self._submitter.submit_pickled)
         self._cpus = cpus  # the quota to plan with, when given (fleet.Fleet's cpus=)
         self._boot_args = {"cpus": cpus, "socket_path": socket_path, "readers_group": readers_group,
                            "admission_args": {"clock": admission_clock, "rng": admission_rng,

@@ -200,7 +200,37 @@ class Submitter:
             at += len(packed)
         return futures
 
-    def _pack_run(self, role: str, payloads: list, at: int, lane, on_loop: bool) -> list:
+    def submit_pickled(self, role: str, pickled: list[bytes]) -> list[Future]:
+        """Queue plain units of `role` whose payloads a service-mode client pickled (relayed
+        as they are; no key, lane, route or priority; the role's timeout), as
+        ``submit(role, pickled_payload=p, block=False)`` would each, `submit_many`'s way:
+        one room take and one command to the loop per run. Never waits (fleetd's control
+        thread calls it): it returns the futures of the units it queued, the first of
+        `pickled` in order, and stops at the first that is not queued at once (a full
+        queue, a payload over a bound, a closed fleet, an unknown role: any refusal).
+        The caller submits the rest one by one, so each gets its own refusal."""
+        futures: list[Future] = []
+        if self._recorder is not None:
+            return futures  # the arrival log records each submit as `submit` does
+        try:
+            code = self._roles.code(role)
+            spec = self._roles.by_code(code)
+            _check_unit(spec, None, None, 0, None, None)
+            timeout = spec.timeout_s
+            flags = _task_flags(False, timeout, False)
+            self._door.refuse_if_closed(code, role)
+            at = 0
+            while at < len(pickled):
+                # on_loop=True: nothing waits; queue room and parcel room are taken only if free now
+                packed = self._pack_run(role, pickled, at, None, True, pickled=True)
+                self._post_run(code, role, packed, pickled[at:at + len(packed)], None, False, flags, timeout, True,
+                               futures)
+                at += len(packed)
+        except Exception:  # noqa: BLE001 - refused: the caller's one-by-one submits say why, unit by unit
+            pass
+        return futures
+
+    def _pack_run(self, role: str, payloads: list, at: int, lane, on_loop: bool, pickled: bool = False) -> list:
         """The task bodies of `payloads` from `at` on (see `codec.pack_task`), as many as
         there is room for beside the rings: every one, unless the cap on payload bytes in
         parcels is reached, when the run stops before the payload that would pass it (it
@@ -211,7 +241,11 @@ class Submitter:
             for payload in itertools.islice(payloads, at, None):
                 first = not packed
                 try:
-                    packed.append(codec.pack_task(role, payload, None, lane, None, pickled_payload=None, limit=limit,
+                    if pickled:
+                        payload, raw = None, payload
+                    else:
+                        raw = None
+                    packed.append(codec.pack_task(role, payload, None, lane, None, pickled_payload=raw, limit=limit,
                                                   fleet=fleet, room=beside, block=first and not on_loop,
                                                   writer=self.warm.write))
                 except QueueFull:

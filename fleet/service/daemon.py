@@ -78,7 +78,11 @@ class ConfigReloadError(FleetError):
 # The records themselves (format, encoding): fleet.service.control.outcome_record.
 def _size(record: dict) -> int:
     # Close enough to the JSON size: the long strings dominate, the keys add ~150 bytes.
-    return 160 + sum(len(v) for v in record.values() if isinstance(v, str))
+    size = 160
+    for v in record.values():
+        if type(v) is str:
+            size += len(v)
+    return size
 
 
 @dataclasses.dataclass(eq=False)
@@ -391,7 +395,7 @@ class Daemon:
             self.handler = ServedOperations(self)
             self.calls = control.CallQueue(wakeup=self._wake)
             self.server = control.ControlServer(
-                path, control.with_blocking_ops(self.handler, self.calls.submit),
+                path, control.with_blocking_ops(self.handler, self.calls.submit, self.calls.refusal),
                 group=self.options.socket_group, mode=self.options.socket_mode,
             ).start()
         except BaseException:

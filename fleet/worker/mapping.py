@@ -51,7 +51,9 @@ def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Ite
     caller, so the iterable is read at most ``window() * chunksize`` items ahead of
     the results handed out: a generator of any length maps in bounded memory. The
     first window is submitted before this returns, so a refusal (e.g. QueueFull, an
-    unknown role) raises here rather than at the first ``next()``. Leaving the
+    unknown role) raises here rather than at the first ``next()`` (a service-mode
+    client's submit does not wait for fleetd: its refusals come on the futures, at
+    the first ``next()``). Leaving the
     iteration early (``close()``, ``break``, an error) cancels the units not yet
     started; each still gets its one outcome.
 

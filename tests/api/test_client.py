@@ -79,10 +79,15 @@ def test_failures_arrive_typed_with_their_reasons(client):
 
 
 def test_refused_submits_raise_the_embedded_apis_errors(client):
+    # What only the fleet can judge comes back on the unit's future (the submit did not
+    # wait for it); that unit has no id and no outcome
+    unknown = client.submit("nope", 1)
     with pytest.raises(fleet.UnknownRoleError, match="unknown role 'nope'"):
-        client.submit("nope", 1)
+        unknown.result(BOUND_S)
+    assert unknown.unit_id is None
     with pytest.raises(fleet.BadUnit, match="takes no key"):
-        client.submit("sq", 1, key="k")
+        client.submit("sq", 1, key="k").result(BOUND_S)
+    # what the client checks itself raises at once, nothing sent
     with pytest.raises(fleet.BadUnit, match="timeout"):
         client.submit("sq", 1, timeout=0)
     with pytest.raises(fleet.PayloadTooLarge):
@@ -164,7 +169,7 @@ def test_pending_futures_fail_typed_when_fleetd_is_killed(fleet_name):
             with pytest.raises(fleet.FleetConnectionLost):
                 fut.result(BOUND_S)
         with pytest.raises(fleet.FleetConnectionLost):
-            client.submit("sq", 1)  # nobody serves the name now
+            client.submit("sq", 1).result(BOUND_S)  # nobody serves the name now: its future says so
         client.close()
 
 
@@ -277,7 +282,7 @@ def test_a_submit_repeated_with_its_request_id_runs_once_and_every_future_gets_i
             assert later.unit_id == first["unit"] and later.result(BOUND_S) == "marked"
             assert runs(marks) == 1
             with pytest.raises(fleet.RequestIdReused, match="job-1"):
-                client.submit("mark", marking(marks, "other"), request_id="job-1")
+                client.submit("mark", marking(marks, "other"), request_id="job-1").result(BOUND_S)
             assert client.submit("mark", marking(marks), request_id="job-2").result(BOUND_S) == "marked"
             assert runs(marks) == 2
             ledger = client.ledger()
@@ -294,10 +299,10 @@ def test_a_submit_without_a_reply_says_it_may_have_run_and_its_retry_runs_it_onc
             d.signal(signal.SIGSTOP)  # the request goes out; no reply comes within the timeout
             try:
                 with pytest.raises(fleet.SubmitUncertain, match="may have been admitted") as err:
-                    client.submit("mark", marking(marks), request_id="job-1")
+                    client.submit("mark", marking(marks), request_id="job-1").result(BOUND_S)
                 assert err.value.request_id == "job-1" and "is safe" in str(err.value)
                 with pytest.raises(fleet.SubmitUncertain, match="give submit a request_id"):
-                    client.submit("sq", 2)
+                    client.submit("sq", 2).result(BOUND_S)
             finally:
                 d.signal(signal.SIGCONT)
             retry = client.submit("mark", marking(marks), request_id="job-1")

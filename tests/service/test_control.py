@@ -77,6 +77,10 @@ class Handler:
         self.units.append(unit)
         return {"unit": len(self.units)}
 
+    def submit_batch(self, v, token, units):
+        ids = [self.submit(**unit)["unit"] for unit in units]  # each checked, the token in it
+        return {"units": ids, "errors": {}, "replayed": [], "roles": {}}
+
     def ledger(self):
         self._record("ledger")
         return {"submitted": len(self.units), "solved": 0, "suppressed": 0, "failed": {}}
@@ -367,11 +371,34 @@ def test_a_submit_still_running_at_its_deadline_is_uncertain_not_a_timeout(sockd
         remote = fleet.Client("t", s.path, timeout=5)
         try:
             with pytest.raises(fleet.SubmitUncertain, match="may have been admitted") as err:
-                remote.submit("r", 2, request_id="job-7")
+                remote.submit("r", 2, request_id="job-7").result(30)  # its future says it
             assert err.value.request_id == "job-7" and err.value.role == "r"
         finally:
             remote.close()
         wait_for(lambda: len(s.handler.units) == 2)
+
+
+def test_a_direct_op_is_served_on_the_server_thread_while_the_owner_loop_is_stalled(sockdir):
+    """A submit crosses no loop it does not need: with the owner's loop taking nothing, a
+    batch is still served (on the control thread), while an op of the loop times out; once
+    the queue refuses calls (the daemon shuts down) the batch is refused too."""
+    handler, queue = Handler(), c.CallQueue()
+    path = os.path.join(sockdir, "t.sock")
+    batch = {"v": 1, "token": "token-0123456789",
+             "units": [{"role": "r", "payload": "gAVLAy4=", "encoding": "pickle", "seq": 1}]}
+    with c.ControlServer(path, c.with_blocking_ops(handler, queue.submit, queue.refusal), reply_timeout=0.3), \
+            c.ControlClient(path) as client:
+        assert client.call("submit_batch", **batch)["units"] == [1]
+        assert handler.calls[0][0] == "submit" and handler.units[0]["payload"] == b"\x80\x05K\x03."
+        assert [t.name for t in threading.enumerate() if t.ident in handler.threads] == ["fleet-control"]
+        with pytest.raises(c.RemoteError) as err:
+            client.call("drain")  # the owner's loop takes nothing: its ops wait, and time out
+        assert err.value.type == "Timeout"
+        queue.close("the test is closing")
+        with pytest.raises(c.RemoteError) as err:
+            client.call("submit_batch", **batch)
+        assert err.value.type == c.E_SHUTTING_DOWN and "the test is closing" in err.value.message
+    assert len(handler.units) == 1
 
 
 def test_closed_queue_answers_shutting_down(sockdir):
@@ -550,13 +577,15 @@ def test_other_uid_may_read_but_not_mutate(open_sockdir):
                 "drain": attempt(s.path, "drain"),
                 "resume": attempt(s.path, "resume"),
                 "submit": attempt(s.path, "submit", role="solver", payload=1),
+                "submit_batch": attempt(s.path, "submit_batch", v=1, token="token-0123456789", units=[
+                    {"role": "solver", "payload": "gAVLAS4=", "encoding": "pickle", "seq": 1}]),
                 "cancel": attempt(s.path, "cancel", unit=1),
             }
 
         seen = as_uid(NOBODY, NOGROUP, child)
         assert seen["ping"]["ok"]["pong"] is True
         assert seen["status"] == {"ok": {"draining": False, "units": 0}}
-        for op in ("posture_set", "drain", "resume", "submit", "cancel"):
+        for op in ("posture_set", "drain", "resume", "submit", "submit_batch", "cancel"):
             assert seen[op]["error"] == "PermissionDenied", op
             assert seen[op]["class"] == "PermissionDenied"
             assert seen[op]["exit"] == EXIT_NO_PERMISSION
@@ -656,10 +685,10 @@ def test_decode_request_enforces_the_frame_limit():
 def test_exactly_the_changing_ops_are_mutating():
     mutating = {name for name in c.OPS.names() if c.OPS.get(name).mutating}
     # collect consumes the outcomes held for a token, and only a uid that may submit has any
-    assert mutating == {"posture_set", "posture_release", "drain", "resume", "submit", "collect", "cancel",
+    assert mutating == {"posture_set", "posture_release", "drain", "resume", "submit", "submit_batch", "collect", "cancel",
                         "admission_close", "admission_reopen", "admission_budget"}
     assert set(c.OPS.names()) == {"ping", "status", "posture_show", "posture_set", "posture_release", "drain",
-                                  "drain_state", "resume", "submit", "ledger", "collect", "cancel", "admission_show",
+                                  "drain_state", "resume", "submit", "submit_batch", "ledger", "collect", "cancel", "admission_show",
                                   "admission_close", "admission_reopen", "admission_allowance", "admission_plan",
                                   "admission_starving", "admission_budget", "why"}
     assert {name for name in c.OPS.names() if c.OPS.get(name).blocking} == {"collect"}

@@ -133,7 +133,7 @@ def _drain_through_fleetctl(d, client, gate):
 
     # a new submit is refused, typed and retryable, through fleetd
     with pytest.raises(fleet.Draining) as refused:
-        client.submit("sq", 2)
+        client.submit("sq", 2).result(BOUND_S)  # the refusal comes on the unit's future
     assert isinstance(refused.value, fleet.SubmitRefused) and refused.value.retryable
     assert "draining since" in str(refused.value)
     # --wait gives up at its --timeout while a unit still runs, with its own exit code
@@ -309,7 +309,7 @@ def test_sighup_applies_new_queue_bounds_live(fleet_name):
             wait_until(lambda: queue_of(d, "gate")["in_use"] == 1, "the blocker to run")
             first = client.submit("gate", (None, 2))
             with pytest.raises(fleet.QueueFull, match="1 units waiting"):
-                client.submit("gate", (None, 3))
+                client.submit("gate", (None, 3)).result(BOUND_S)
         finally:
             open(gate, "a").close()
         assert blocker.result(BOUND_S) == 1 and first.result(BOUND_S) == 4
@@ -342,7 +342,7 @@ def test_an_unprivileged_uid_reads_but_may_not_mutate(fleet_name):
             client = d.connect()
             seen["status_pid"] = client.status()["creator_pid"]
             seen["ledger"] = client.ledger()["submitted"]
-            for op, call in (("submit", lambda: client.submit("sq", 2)),
+            for op, call in (("submit", lambda: client.submit("sq", 2).result(BOUND_S)),
                              ("posture_set", lambda: client.posture_set(cordon_enter_events=9)),
                              ("drain", lambda: client._call("drain"))):
                 try:

@@ -31,10 +31,26 @@ every op runs on the main loop that owns the state (the loop calls
 `CallQueue.run_pending`); the server thread never waits for a Future: its
 completion wakes the server loop, which sends the reply (or a ``Timeout`` reply
 after ``reply_timeout``). Nothing here changes daemon state from the server
-thread. A *blocking* op (``Op.blocking``, i.e. ``collect``) is the one exception
-to "ops run on the main loop": it waits for something to happen, so the daemon's
-dispatch does not queue it to the loop; its ``execute`` returns at once with a
-Future that the daemon resolves later, and nothing waits on it meanwhile.
+thread. Two kinds of op are the exceptions to "ops run on the main loop". A
+*blocking* op (``Op.blocking``, i.e. ``collect``) waits for something to happen, so
+the daemon's dispatch does not queue it to the loop; its ``execute`` returns at once
+with a Future that the daemon resolves later, and nothing waits on it meanwhile. A
+*direct* op (``Op.direct``: ``submit``, ``submit_batch``) touches only state whose
+owners take any thread (the supervisor's submitter, the outcome store, the replays),
+so it runs on the server thread as its frame is read: a submit crosses no loop it does
+not need, and the replies to every frame of one read go out in one write.
+
+Batches. ``submit_batch`` (``v``, ``token``, ``units``) carries the submits a client
+had in flight together (`fleet.Client` sends a lone submit at once and coalesces those
+made while a frame is in flight into the next one). The frame is checked whole before
+anything is admitted: a malformed one is refused with ``InvalidArgs`` naming the unit
+(``units[i]``) and what was wrong, and admits nothing; a batch version the daemon does
+not speak is refused the same way. Then each unit is admitted in order, and a unit the
+fleet refuses (``QueueFull``, ``UnknownRoleError``, ...) is refused alone, in the
+reply's ``errors``; every other unit has its id, and its outcome follows under the
+token. A batch whose sender leaves after the frame went out whole is admitted whole
+(its outcomes are held under its token, as a submit's are); a frame cut off is
+admitted in no part.
 
 Connections. The server admits connections by uid (a cap per uid, a reserve for
 the owner and root; an idle connection of a uid at its cap is closed to make room),
@@ -42,8 +58,8 @@ gives each a deadline to complete a frame, and refuses with a ``Busy`` error rep
 (``"id": null``) when no room can be made; the client raises `ControlBusy`. See
 `ControlServer`.
 
-Result delivery (service mode). ``submit`` admits a unit and replies at once with
-its unit id. A client that wants outcomes passes a ``token`` (a random string it
+Result delivery (service mode). ``submit`` (or ``submit_batch``) admits a unit and
+replies at once with its unit id. A client that wants outcomes passes a ``token`` (a random string it
 keeps for its life) and a ``seq`` (its own number for the unit); the daemon holds
 each outcome under the token until the client fetches it with ``collect``, a long
 poll that returns every outcome ready for the token (or an empty list after its

@@ -62,16 +62,34 @@ def inline_dispatch(handler) -> Callable[[Call], Future]:
     return dispatch
 
 
-def with_blocking_ops(handler, dispatch: Callable[[Call], Future]) -> Callable[[Call], Future]:
-    """A dispatch that keeps blocking ops (``Op.blocking``, a long poll) off ``dispatch``.
+def with_blocking_ops(handler, dispatch: Callable[[Call], Future],
+                      refusal: Callable[[], str | None] = lambda: None) -> Callable[[Call], Future]:
+    """A dispatch that keeps blocking ops (``Op.blocking``, a long poll) and direct ones
+    (``Op.direct``, a submit) off ``dispatch``.
 
     A blocking op's `execute` returns a Future at once; it is handed straight back to
     the server, whose connection thread waits on it, so a long poll never occupies
-    the loop that owns the state. Every other call goes to ``dispatch`` (normally
-    `CallQueue.submit`).
+    the loop that owns the state. A direct op touches only state with an owner of its
+    own that any thread may call (the supervisor's submitter, the outcome store, the
+    replays): it runs here, on the server's thread, and its Future is done on return,
+    so it crosses no loop it does not need. ``refusal()``: why calls are refused now
+    (`CallQueue.refusal`: the daemon is shutting down), or None; a direct op then fails
+    ShuttingDown as a queued one would. Every other call goes to ``dispatch``
+    (normally `CallQueue.submit`).
     """
 
     def route(call: Call) -> Future:
+        if call.op.direct:
+            fut = Future()
+            fut.set_running_or_notify_cancel()
+            why = refusal()
+            try:
+                if why is not None:
+                    raise ShuttingDown(why)
+                fut.set_result(call.run(handler))
+            except Exception as exc:  # delivered to the peer as the reply
+                fut.set_exception(exc)
+            return fut
         if not call.op.blocking:
             return dispatch(call)
         try:
@@ -140,6 +158,10 @@ class CallQueue:
             else:
                 fut.set_result(result)
         return ran
+
+    def refusal(self) -> str | None:
+        """Why calls are refused now (`close`'s reason), or None while they are taken."""
+        return self._closed
 
     def close(self, reason: str = "the fleet daemon is shutting down") -> None:
         """Refuse new calls and fail the pending ones with ShuttingDown."""

@@ -500,7 +500,11 @@ class ControlServer:
         """Answer the frames ``conn`` sent, one at a time, while nothing is in flight
         and the peer keeps up with its replies."""
         now = self._clock()
-        while conn.inflight is None and not conn.closing and len(conn.wbuf) < _WRITE_HIGH:
+        while conn.inflight is None and not conn.closing:
+            if len(conn.wbuf) >= _WRITE_HIGH:
+                self._send_some(conn)
+                if len(conn.wbuf) >= _WRITE_HIGH:
+                    break  # the peer does not read: nothing more of it is read until it does
             nl = conn.rbuf.find(b"\n", conn.scanned)
             if nl < 0:
                 conn.scanned = len(conn.rbuf)
@@ -528,16 +532,18 @@ class ControlServer:
                 conn.frame_deadline = now + self.frame_timeout
         elif conn.spoke:
             conn.frame_deadline = None
+        if conn.wbuf:
+            self._send_some(conn)  # one write for the replies of every frame just read
         if conn.closing and not conn.wbuf:
             self._drop(conn)
             return
         self._watch(conn)
 
     def _reply(self, conn: _Conn, data: bytes) -> None:
-        """Queue a reply and send what the socket takes now (the caller updates the selector)."""
+        """Queue a reply; `_advance` sends it, with every other reply to the frames of the
+        same read, in one write (the caller updates the selector)."""
         conn.wbuf += data
         conn.last_active = self._clock()
-        self._send_some(conn)
 
     def _send_some(self, conn: _Conn) -> None:
         try:
@@ -627,7 +633,13 @@ class ControlServer:
             self._reply(conn, encode_error(checked.request_id, E_INTERNAL, f"{checked.op.name} failed: "
                                            f"{type(exc).__name__}: {exc}"))
             return
-        conn.call, conn.inflight = checked, fut
+        conn.call = checked
+        if fut.done():
+            # Answered on this thread already (an op that runs here, `Op.direct`): its reply
+            # joins the others of this read, with no trip through the wake-up pipe.
+            self._reply(conn, self._reply_for(checked, fut))
+            return
+        conn.inflight = fut
         conn.call_deadline = self._clock() + self.reply_timeout
         # Runs on whichever thread completes the Future (at once if it is done):
         # it only queues the completion and wakes the loop.

@@ -54,6 +54,10 @@ class Op:
     #: A blocking op waits for an event (a long poll). Its `execute` must return a
     #: Future at once instead of a value; the daemon dispatches it off the main loop.
     blocking: ClassVar[bool] = False
+    #: A direct op's served half touches only state that any thread may call (the
+    #: supervisor's submitter, the outcome store, the replays): fleetd runs it on the
+    #: control server's thread, not through its loop (`with_blocking_ops`).
+    direct: ClassVar[bool] = False
     summary: ClassVar[str] = ""
     schema: ClassVar[Mapping[str, Arg]] = {}
     #: Why the control protocol does not carry it ("": it does).

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
 from concurrent.futures import Future
 from typing import Any
 
 from fleet.rules import ranges
-from fleet.rules.errors import EXIT_DATA, EXIT_FAILURE, EXIT_OK
+from fleet.rules.errors import EXIT_DATA, EXIT_FAILURE, EXIT_OK, FleetError
+from fleet.service.control.errors import E_INTERNAL, ProtocolError
 from fleet.runtime.submit import UNIT_ARGS
 from fleet.service import replays
 from fleet.service.control import outcome_record
@@ -20,6 +22,8 @@ from fleet.service.control.wire import Arg, json_type
 COLLECT_MAX_WAIT_S = 20.0
 #: Most bytes of outcomes one `collect` reply carries (well under MAX_FRAME).
 COLLECT_REPLY_BUDGET = 768 * 1024
+
+log = logging.getLogger(__name__)
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{8,128}")
 
@@ -66,6 +70,8 @@ class SubmitOp(Op):
         "items": Arg((int, type(None)), doc="how many items the chunk holds (the ledger counts them)"),
     }
 
+    direct = True  # the submitter, the outcome store and the replays take any thread
+
     def on_daemon(self, daemon, **args: Any) -> dict:
         """Admit one unit (the checked arguments of the wire). ``payload`` is pickled bytes when
         ``encoding == "pickle"``, else the decoded JSON value. With a ``token`` the outcome is
@@ -73,15 +79,25 @@ class SubmitOp(Op):
         list of items run as one unit, ``items`` of them (the ledger counts them; the daemon
         never unpickles the chunk to count). Replies with the unit id, the role's queue bound
         and slots, and whether it was a replay (a retry with the same ``request_id``)."""
+        if args["token"] is not None:
+            daemon.store.hold(args["token"])
+        fut, replayed = self.admit(daemon, args)
+        spec = daemon.config.roles[args["role"]]
+        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
+
+    @staticmethod
+    def admit(daemon, args: dict[str, Any]) -> tuple[Any, bool]:
+        """One checked unit into the fleet (its token held already): its future, and whether
+        it was a replay. Raises the fleet's typed refusal, having queued nothing."""
         role, payload, token, chunk = args["role"], args["payload"], args["token"], args["chunk"]
         unit = {name: args[name] for name in UNIT_ARGS}
-        if token is not None:
-            daemon.store.hold(token)
-        same = replays.identity(role, payload, unit["key"], unit["lane"], chunk, unit["route"])
         request_id = unit["request_id"]
         # A retry of a submit whose reply was lost: the unit admitted the first time
         # answers it (its outcome goes to this token too); nothing runs twice.
-        fut = None if request_id is None else daemon.replays.find(request_id, same)
+        same = fut = None
+        if request_id is not None:
+            same = replays.identity(role, payload, unit["key"], unit["lane"], chunk, unit["route"])
+            fut = daemon.replays.find(request_id, same)
         replayed = fut is not None
         if not replayed:
             body = {"pickled_payload": payload} if args["encoding"] == "pickle" else {"payload": payload}
@@ -92,8 +108,7 @@ class SubmitOp(Op):
         if token is not None:
             store, seq = daemon.store, args["seq"]
             fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
-        spec = daemon.config.roles[role]
-        return {"unit": fut.unit_id, "queue_bound": spec.queue_bound, "slots": spec.slots, "replayed": replayed}
+        return fut, replayed
 
     def to_wire(self, **args: Any) -> dict[str, Any]:
         """Callers pass any Python ``payload``; it is pickled unless ``encoding="json"``.
@@ -145,6 +160,154 @@ class SubmitOp(Op):
                 args["payload"] = base64.b64decode(args["payload"], validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise self.bad(f"payload is not valid base64: {exc}") from None
+
+
+#: The batch frame's format (`SubmitBatchOp`, its ``v``): a client sends the version it
+#: speaks, and a daemon refuses one it does not know with InvalidArgs, admitting nothing.
+BATCH_VERSION = 1
+#: Most units one batch frame carries (each is also bounded by the frame's size).
+MAX_BATCH_UNITS = 4096
+#: What a unit of a batch may say: a submit's arguments but the token (the batch's own).
+_BATCH_UNIT_KEYS = frozenset(SubmitOp.schema) - {"token"}
+
+
+@OPS.register
+class SubmitBatchOp(Op):
+    """Submit the units a client had in flight together, in one frame (`fleet.Client`'s
+    submits, coalesced while its previous frame was being written).
+
+    ``units`` is a list of objects, each a `submit`'s arguments but ``token`` (the batch's
+    ``token`` holds every outcome) and with ``seq`` required, unique in the batch. The frame
+    is checked whole first: a malformed one (a unit that is not an object, an unknown or
+    mistyped argument, a repeated seq, an unknown ``v``) is refused with InvalidArgs naming
+    the unit and what was wrong, and nothing is admitted. Then each unit is admitted in
+    order as a `submit` would be; a unit the fleet refuses (QueueFull, UnknownRoleError,
+    Draining, ...) is refused alone. Reply: ``{"units": [unit id or null, ...],
+    "errors": {"<index>": {"type", "message"}}, "replayed": [index, ...],
+    "roles": {role: [queue_bound, slots]}}``; every unit of the batch has either its id
+    (its outcome follows under the token) or its error, never both."""
+
+    name = "submit_batch"
+    mutating = True
+    direct = True
+    summary = "Submit several units in one frame (a client's submits in flight, coalesced)."
+    no_command = "a unit's payload is a Python object: submit from Python (fleet.connect(name).submit)"
+    method = None
+    no_method = "fleet.Client.submit sends its submits in flight as one batch"
+    schema = {
+        "v": Arg((int,), required=True, doc=f"the batch format's version ({BATCH_VERSION})"),
+        "token": Arg((str,), required=True, doc="hold every outcome for `collect` under this client token"),
+        "units": Arg((list,), required=True, doc=f"1-{MAX_BATCH_UNITS} objects: a submit's arguments each, "
+                                                  "seq required"),
+    }
+
+    def check(self, args: dict[str, Any]) -> None:
+        if args["v"] != BATCH_VERSION:
+            raise self.bad(f"batch version {args['v']} is not spoken here (this daemon speaks {BATCH_VERSION})")
+        if not _TOKEN.fullmatch(args["token"]):
+            raise self.bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
+        units = args["units"]
+        if not 1 <= len(units) <= MAX_BATCH_UNITS:
+            raise self.bad(f"units must hold 1-{MAX_BATCH_UNITS} units, got {len(units)}")
+        submit, checked, seqs, token = OPS.get(SubmitOp.name), [], set(), args["token"]
+        for i, unit in enumerate(units):
+            one = _plain_unit(unit, token)
+            if one is not None and one["seq"] not in seqs:
+                seqs.add(one["seq"])
+                checked.append(one)
+                continue
+            if not isinstance(unit, dict):
+                raise self.bad(f"units[{i}] must be an object, got {json_type(unit)}")
+            extra = sorted(set(unit) - _BATCH_UNIT_KEYS)
+            if extra:
+                raise self.bad(f"units[{i}]: unknown argument(s) {', '.join(extra)} (the batch's token holds "
+                               "every outcome)" if extra == ["token"] else
+                               f"units[{i}]: unknown argument(s) {', '.join(extra)}")
+            if unit.get("seq") is None:
+                raise self.bad(f"units[{i}]: seq is required (the outcome's tag)")
+            try:
+                one = submit.validate({**unit, "token": args["token"]})
+            except ProtocolError as exc:
+                raise self.bad(f"units[{i}]: {exc.message}") from None
+            if one["seq"] in seqs:
+                raise self.bad(f"units[{i}]: seq {one['seq']} is given twice in this batch")
+            seqs.add(one["seq"])
+            checked.append(one)
+        args["units"] = checked
+
+    def on_daemon(self, daemon, v: int, token: str, units: list) -> dict:
+        """Admit every unit of a checked batch in order; a refusal is that unit's alone. A
+        run of plain units of one role (nothing but a pickled payload: the common case) is
+        admitted a run at a time (`Submitter.submit_pickled`); a unit such a run stopped
+        at, and any other unit, one by one (`SubmitOp.admit`), each with its own refusal."""
+        daemon.store.hold(token)  # OutcomesDropped before anything is admitted
+        ids, errors, replayed, roles = [None] * len(units), {}, [], {}
+        specs, store, i = daemon.config.roles, daemon.store, 0
+        while i < len(units):
+            args = units[i]
+            role = args["role"]
+            if _plain(args):
+                end = i + 1
+                while end < len(units) and units[end]["role"] == role and _plain(units[end]):
+                    end += 1
+                futures = daemon.sup.submit_pickled(role, [u["payload"] for u in units[i:end]])
+                for k, fut in enumerate(futures, i):
+                    seq = units[k]["seq"]
+                    fut.add_done_callback(lambda f, seq=seq, role=role: store.put(
+                        token, outcome_record.encode(seq, role, f)))
+                    ids[k] = fut.unit_id
+                i += len(futures)
+                if futures and role not in roles:
+                    roles[role] = [specs[role].queue_bound, specs[role].slots]
+                if i == end:
+                    continue
+                args = units[i]  # the run stopped here: this one alone says why
+            try:
+                fut, again = SubmitOp.admit(daemon, args)
+            except FleetError as exc:
+                errors[str(i)] = {"type": type(exc).__name__, "message": str(exc)}
+            except Exception as exc:  # noqa: BLE001 - one unit's bug must not cost the others their answer
+                log.error("submit_batch: unit %d failed", i, exc_info=exc)
+                errors[str(i)] = {"type": E_INTERNAL, "message": f"submit failed: {type(exc).__name__}: {exc}"}
+            else:
+                ids[i] = fut.unit_id
+                if again:
+                    replayed.append(i)
+                if role not in roles:
+                    roles[role] = [specs[role].queue_bound, specs[role].slots]
+            i += 1
+        return {"units": ids, "errors": errors, "replayed": replayed, "roles": roles}
+
+
+#: The arguments of a plain unit (role, pickled payload, seq: `fleet.Client.submit`'s
+#: common case) and the defaults `_plain_unit` fills in for the rest.
+_PLAIN_KEYS = frozenset({"role", "payload", "encoding", "seq"})
+_PLAIN_DEFAULTS = {name: spec.default for name, spec in SubmitOp.schema.items()}
+
+
+def _plain(args: dict[str, Any]) -> bool:
+    """Whether checked unit arguments ask nothing but the role's defaults (a pickled
+    payload; no key, lane, priority, timeout, request id, route or chunk)."""
+    return (args["encoding"] == "pickle" and args["key"] is None and args["lane"] is None and args["priority"] == 0
+            and args["timeout"] is None and args["request_id"] is None and args["route"] is None
+            and not args["chunk"])
+
+
+def _plain_unit(unit: Any, token: str) -> dict[str, Any] | None:
+    """The checked arguments of a plain unit, as `SubmitOp.validate` makes them; None when
+    the unit is anything else (or anything about it is wrong): the full check then says
+    what. The same rules, on the path every plain unit of a batch takes."""
+    if type(unit) is not dict or not unit.keys() <= _PLAIN_KEYS or unit.get("encoding") != "pickle":
+        return None
+    role, payload, seq = unit.get("role"), unit.get("payload"), unit.get("seq")
+    if type(role) is not str or not role or type(payload) is not str or type(seq) is not int \
+            or not ranges.SEQ.holds(seq):
+        return None
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return {**_PLAIN_DEFAULTS, "role": role, "payload": raw, "encoding": "pickle", "seq": seq, "token": token}
 
 
 @OPS.register

@@ -1,0 +1,353 @@
+"""`SubmitPipe`: a service-mode client's submits, pipelined on a connection of their own.
+
+A submit does not wait for its reply. Its unit is queued here; when no frame is being
+written the caller writes one at once itself (a lone submit waits for nothing: no timer,
+no other thread), and that frame carries every unit queued while the previous frame was
+being written (other threads' submits, or units queued while a frame was being written
+for them), as one ``submit_batch``. So the socket, the daemon's read and its reply are
+paid once per batch, not once per unit.
+
+One reader thread per connection takes the replies (one per frame, in order) and
+answers each unit of the frame: its unit id (`_RemoteUnitFuture.unit_id`; the outcome
+comes by ``collect``), or its refusal, set on its future (QueueFull, UnknownRoleError,
+Draining, ...). A frame whose reply never comes (the connection broke after it went out,
+or no reply within the client's timeout) fails its units with `SubmitUncertain`: they may
+have been admitted. A frame that never went out whole fails its units with
+`FleetConnectionLost`: the daemon admits nothing of a frame it did not read to its end.
+
+Locks: ``_lock`` guards the queue, the frames in flight and the connection; futures are
+resolved outside it (their callbacks may submit again).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from typing import Any
+
+from fleet.service import control
+from fleet.service.control import FleetConnectionLost, ProtocolError, RemoteError, ReplyLost
+from fleet.service.control.client import _remote_error
+from fleet.service.control.ops.units import BATCH_VERSION, MAX_BATCH_UNITS
+from fleet.service.control.wire import decode_reply, encode_request
+
+log = logging.getLogger(__name__)
+
+#: Bytes of units one frame carries at most (estimated: payload plus the other arguments),
+#: below `control.MAX_FRAME` with room for the envelope.
+FRAME_BUDGET = control.MAX_FRAME - 64 * 1024
+#: Estimated bytes of a unit's arguments besides its payload, for the frame budget.
+_UNIT_OVERHEAD = 256
+#: A connection unused this long is replaced before the next frame (fleetd closes idle
+#: ones after 300 s; a frame written into one it just closed would be lost).
+IDLE_REFRESH_S = 60.0
+
+
+class _Frame:
+    """One ``submit_batch`` request: its id, its units ``(seq, future, role, args)``, and
+    whether it went out whole."""
+
+    __slots__ = ("rid", "units", "sent", "at")
+
+    def __init__(self, rid: int, units: list):
+        self.rid, self.units, self.sent, self.at = rid, units, False, time.monotonic()
+
+
+class SubmitPipe:
+    """The submits of one `fleet.Client`: `put` queues a unit and writes the frames;
+    the reader thread answers them. ``client`` is the owner (its pending futures, token,
+    error translation, role bounds)."""
+
+    def __init__(self, client, path, *, timeout: float | None, trust_uids):
+        self._client = client
+        self._path, self._timeout, self._trust = path, timeout, trust_uids
+        self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)  # unit ids waited for (`unit_id`)
+        self._queue: list = []
+        self._writer = False  # a thread is writing frames (one at a time: the stream must not interleave)
+        self._flight: collections.deque[_Frame] = collections.deque()
+        self._sock = None
+        self._pid: int | None = None
+        self._used = 0.0
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.frames = 0  # frames written: how many submits travelled together is units / frames
+
+    def in_flight(self) -> int:
+        """Frames written whose replies have not come."""
+        with self._lock:
+            return len(self._flight)
+
+    # -- the caller's side
+    def put(self, seq: int, future, role: str, args: dict[str, Any]) -> None:
+        """Queue one unit. With no frame in flight it goes out at once, on this thread;
+        else it waits for that frame's reply, and goes out with every unit queued
+        meanwhile, in the next frame (written by the reader as the reply comes)."""
+        with self._lock:
+            self._queue.append((seq, future, role, args))
+            if self._writer or self._flight:
+                return
+            self._writer = True
+        self._pump()
+
+    def _pump(self) -> None:
+        """Write what is queued, as the one writer (``_writer``, set by the caller under the
+        lock), until nothing is queued or frames are in flight (their reader goes on)."""
+        try:
+            while True:
+                with self._lock:
+                    units, self._queue = self._queue, []
+                    if not units or self._flight:
+                        self._queue[:0] = units
+                        self._writer = False
+                        return
+                self._write(units)
+        except BaseException:
+            with self._lock:
+                left, self._queue = self._queue, []
+                self._writer = False
+            self._fail(left, FleetConnectionLost(f"submit to fleetd at {self._path} interrupted before it was sent"))
+            raise
+
+    def _next_frame(self) -> None:
+        """A reply came (or the connection broke): with every frame answered and no writer,
+        the units queued meanwhile go out now, as one frame, on this thread."""
+        with self._lock:
+            if self._writer or self._flight or not self._queue:
+                return
+            self._writer = True
+        self._pump()
+
+    def _unsent(self, units: list) -> list:
+        """`units` but those whose futures ended while they were queued (cancelled here, or
+        failed by a restart): those are never sent, and have no unit id."""
+        keep = []
+        for unit in units:
+            if unit[1].done():
+                unit[1]._unit_id = None
+            else:
+                keep.append(unit)
+        if len(keep) < len(units):
+            with self._lock:
+                self._answered.notify_all()
+        return keep
+
+    def _write(self, units: list) -> None:
+        units = self._unsent(units)
+        while units:
+            take, size = 0, 0
+            for _seq, _fut, _role, args in units[:MAX_BATCH_UNITS]:
+                size += len(args["payload"]) + _UNIT_OVERHEAD
+                if take and size > FRAME_BUDGET:
+                    break
+                take += 1
+            self._write_frame(units[:take], units[take:])
+            units = self._unsent(units[take:])
+
+    def _write_frame(self, units: list, later: list) -> None:
+        """One frame of `units` (`later`: the units of the frames after it)."""
+        try:
+            sock, pid = self._connection()
+        except BaseException as exc:
+            self._fail(units, self._client._translate(exc, units[0][2]))
+            if isinstance(exc, Exception):
+                return
+            raise
+        with self._lock:
+            unsent = [u[0] for u in units] + [u[0] for u in later] + [u[0] for u in self._queue]
+        # A restarted daemon: the futures owed by the old one fail; these were never sent to it.
+        token = self._client._token_for_pid(pid, unsent)
+        units = self._unsent(units)
+        if not units:
+            return
+        frame = _Frame(next(self._ids), units)
+        data = encode_request("submit_batch", {"v": BATCH_VERSION, "token": token,
+                                               "units": [u[3] for u in units]}, frame.rid)
+        with self._lock:
+            self._flight.append(frame)  # before the bytes go: its reply may come at once
+        try:
+            sock.sendall(data)
+        except (OSError, TimeoutError) as exc:
+            # The frame did not go out whole: the daemon admits nothing of it.
+            with self._lock:
+                mine = frame in self._flight
+                if mine:
+                    self._flight.remove(frame)
+            if mine:
+                self._fail(units, FleetConnectionLost(f"lost fleetd at {self._path} before the submit went out: "
+                                                      f"{exc}"))
+            self._broken(sock, f"the connection broke: {exc}")
+            return
+        with self._lock:
+            frame.sent = True
+            self.frames += 1
+            self._used = time.monotonic()
+
+    def _connection(self):
+        """The open connection and the daemon's pid on it; connects (and starts its reader)
+        when there is none, or when it sat unused long enough to have been closed."""
+        with self._lock:
+            if self._closed:
+                raise control.NotRunning(f"the client of {self._path} is closed")
+            sock = self._sock
+            stale = sock is not None and not self._flight and time.monotonic() - self._used > IDLE_REFRESH_S
+            if sock is not None and not stale:
+                return sock, self._pid
+            if stale:
+                self._sock = None
+        if stale:
+            _close(sock)
+        opener = control.ControlClient(self._path, timeout=self._timeout, trust_uids=self._trust)
+        sock = opener._connect()  # SO_PEERCRED checked against the trusted uids
+        pid = opener._server_pid
+        with self._lock:
+            if self._closed:
+                _close(sock)
+                raise control.NotRunning(f"the client of {self._path} is closed")
+            self._sock, self._pid, self._used = sock, pid, time.monotonic()
+        threading.Thread(target=self._read, args=(sock,), name="fleet-client-submits", daemon=True).start()
+        return sock, pid
+
+    # -- the reader's side
+    def _read(self, sock) -> None:
+        buf = bytearray()
+        why = "fleetd closed the connection"
+        try:
+            while True:
+                try:
+                    data = sock.recv(1 << 16)
+                except TimeoutError:
+                    with self._lock:
+                        late = self._flight and self._flight[0].sent and \
+                            time.monotonic() - self._flight[0].at >= (self._timeout or 0)
+                    if late:
+                        why = f"no reply within {self._timeout}s"
+                        break
+                    continue
+                if not data:
+                    break
+                buf += data
+                while (nl := buf.find(b"\n")) >= 0:
+                    line = bytes(buf[:nl])
+                    del buf[:nl + 1]
+                    self._reply(line)
+                    self._next_frame()
+        except (OSError, ValueError, ProtocolError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        except Exception:  # noqa: BLE001 - a bug here must not leave futures hanging
+            log.exception("fleet client: reading submit replies from %s failed", self._path)
+            why = "the client's reader failed (logged)"
+        self._broken(sock, why)
+
+    def _reply(self, line: bytes) -> None:
+        reply = decode_reply(line)
+        with self._lock:
+            if not self._flight:
+                raise ProtocolError(control.E_INVALID_REPLY, "a reply to no submit in flight")
+            frame = self._flight.popleft()
+        units = frame.units
+        if not reply.ok:
+            # The whole frame refused (or the connection refused: Busy, id null): nothing admitted.
+            error = _remote_error(reply)
+            self._answer(units, [None] * len(units))
+            self._fail(units, None, error)
+            if reply.id != frame.rid:
+                raise ProtocolError(control.E_INVALID_REPLY, f"{reply.error_type}: {reply.error_message}")
+            return
+        result = reply.result
+        if reply.id != frame.rid or not _batch_reply(result, len(units)):
+            self._answer(units, [None] * len(units))
+            self._fail(units, None, ReplyLost(f"fleetd at {self._path} sent a reply that does not fit the submits "
+                                              f"(id {reply.id!r}, expected {frame.rid})"))
+            raise ProtocolError(control.E_INVALID_REPLY, "submit_batch reply out of step")
+        bounds = self._client._bounds
+        for role, (bound, slots) in result["roles"].items():
+            bounds[role] = (bound, slots)
+        errors = result["errors"]
+        self._answer(units, result["units"])
+        refused = [(u, RemoteError(errors[str(i)]["type"], errors[str(i)]["message"]))
+                   for i, u in enumerate(units) if str(i) in errors]
+        for unit, error in refused:
+            self._fail([unit], None, error)
+
+    def _answer(self, units: list, ids: list) -> None:
+        """Each unit's id (None: refused), for `unit_id`; wakes whoever waits for one."""
+        for unit, unit_id in zip(units, ids):
+            unit[1]._unit_id = unit_id
+        with self._lock:
+            self._answered.notify_all()
+        if any(unit_id is not None for unit_id in ids):
+            self._client._admitted()
+
+    def wait_answer(self, future, timeout: float | None) -> None:
+        """Wait (at most `timeout`) until `future`'s submit has its reply (`unit_id`)."""
+        with self._lock:
+            self._answered.wait_for(lambda: future._unit_id is not _UNANSWERED, timeout)
+
+    def _broken(self, sock, why: str) -> None:
+        """`sock` is done: the frames in flight on it fail SubmitUncertain (they went out,
+        no reply came); the next submit connects again."""
+        with self._lock:
+            if self._sock is sock:
+                self._sock = None
+                lost, self._flight = list(self._flight), collections.deque()
+            else:
+                lost = []  # replaced already (closed, idle): its frames were answered
+        _close(sock)
+        for frame in lost:
+            self._answer(frame.units, [None] * len(frame.units))
+            self._fail(frame.units, None, ReplyLost(f"fleetd at {self._path}: {why} after the submit went out, "
+                                                    "before its reply; it may have run it"))
+        # The units queued behind those frames never went out: a new connection takes them
+        # (unless this is the writer's own failure: it goes on itself).
+        self._next_frame()
+
+    def _fail(self, units: list, exc: BaseException | None, error: BaseException | None = None) -> None:
+        """Fail each unit's future with `exc`, or with `error` translated for its role."""
+        client = self._client
+        for seq, future, role, args in units:
+            if future._unit_id is _UNANSWERED:
+                future._unit_id = None
+            one = exc if exc is not None else client._translate(error, role, args.get("request_id"))
+            client._refused(seq, future, one)
+        with self._lock:
+            self._answered.notify_all()
+
+    def close(self) -> None:
+        """No more submits; the connection closes (the client fails what is still owed)."""
+        with self._lock:
+            self._closed = True
+            sock, self._sock = self._sock, None
+            lost, self._flight = list(self._flight), collections.deque()
+        if sock is not None:
+            _close(sock)
+        for frame in lost:
+            self._answer(frame.units, [None] * len(frame.units))
+
+
+#: `_RemoteUnitFuture._unit_id` before its submit's reply.
+_UNANSWERED = object()
+
+
+def _batch_reply(result: Any, n: int) -> bool:
+    """Whether `result` is a submit_batch reply for `n` units."""
+    if not isinstance(result, dict):
+        return False
+    units, errors, roles = result.get("units"), result.get("errors"), result.get("roles")
+    return (isinstance(units, list) and len(units) == n and isinstance(errors, dict) and isinstance(roles, dict)
+            and all(isinstance(e, dict) and isinstance(e.get("type"), str) and isinstance(e.get("message"), str)
+                    for e in errors.values())
+            and all(isinstance(u, int) or (u is None and str(i) in errors) for i, u in enumerate(units))
+            and all(isinstance(b, list) and len(b) == 2 for b in roles.values()))
+
+
+def _close(sock) -> None:
+    import socket
+
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
