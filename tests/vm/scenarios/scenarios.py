@@ -734,7 +734,8 @@ def s_seats_follow_quota() -> dict:
         client.close()
     out["ledger"] = _seats_status()["ledger"]
     text = sh("journalctl", "-u", SEATS_UNIT, "-o", "cat", "--no-pager").stdout
-    out["seat_lines"] = [l for l in text.splitlines() if "seats:" in l or "retired" in l][:10]
+    # the epochs' seat changes (the fleet is named "seats": every line of it says "seats:")
+    out["seat_lines"] = [l for l in text.splitlines() if any(w in l for w in ("retiring ", "adding ", "moving ", " retired"))]
     pids = {int(p) for p in out["phases"]["grown"]["workers"]} | {int(show("MainPID", SEATS_UNIT) or 0)}
     stop = sh("systemctl", "stop", SEATS_UNIT, timeout=300)
     sh("systemctl", "set-property", "--runtime", SEATS_UNIT, "CPUQuota=")
