@@ -328,7 +328,8 @@ class Client(Executor):
         key on an unpinned role), QueueFull, Draining (retry after its resume),
         RoleStopped, RequestIdReused, FleetClosed (the fleet is stopping),
         PermissionDenied (this uid may not submit), ControlBusy, FleetConnectionLost
-        (no fleetd to send it to; a later submit tries again). SubmitUncertain fails it
+        (no fleetd to send it to; a later submit tries again), UntrustedPeer (the daemon
+        on the socket runs as a uid this client does not trust: nothing was sent to it). SubmitUncertain fails it
         when its frame went out and no reply came (none within the client's timeout, or
         the connection broke): the unit may have been admitted; retry with the same
         request_id to run it at most once.

@@ -17,6 +17,7 @@ from fleet.service.daemon import OutcomeStore
 from fleet.rules.errors import EXIT_NOT_RUNNING
 from tests.daemons import BOUND_S, Fleetd, running_slot, served_fleetd, wait_until
 from tests.fleets import role
+from tests.stalls import wait_state
 
 
 def roles():
@@ -297,6 +298,10 @@ def test_a_submit_without_a_reply_says_it_may_have_run_and_its_retry_runs_it_onc
         client = d.connect(timeout=0.5)
         try:
             d.signal(signal.SIGSTOP)  # the request goes out; no reply comes within the timeout
+            # ... once every thread of it has stopped: a control thread still running would
+            # admit the unit, whose outcome then waits for the daemon (no uncertainty)
+            for tid in os.listdir(f"/proc/{d.proc.pid}/task"):
+                wait_state(int(tid), "Tt")
             try:
                 with pytest.raises(fleet.SubmitUncertain, match="may have been admitted") as err:
                     client.submit("mark", marking(marks), request_id="job-1").result(BOUND_S)

@@ -103,11 +103,12 @@ def test_a_malformed_unit_id_exits_2_before_anything_is_sent(served, word):
 
 def test_another_uid_is_refused_77_and_the_unit_stays_queued(served, held):
     client, running, queued, release = held
+    unit_id = queued.unit_id  # here: the forked child has no thread of this client to wait for it
 
     def child():
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as out:
-            code = fleetctl.main(["cancel", str(queued.unit_id), "--name", served.name])
+            code = fleetctl.main(["cancel", str(unit_id), "--name", served.name])
         return [code, out.getvalue(), err.getvalue()]
 
     os.environ["RUNTIME_DIRECTORY"] = served.runtime_dir  # for the forked child's fleetctl

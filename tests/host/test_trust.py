@@ -56,8 +56,8 @@ def test_a_fleetd_of_another_uid_is_refused_before_anything_is_unpickled(others_
     d, mark = others_fleetd, str(tmp_path / "unpickled")
     client = fleet.Client(d.name, _socket(d))
     try:
-        with pytest.raises(fleet.UntrustedPeer) as err:
-            client.submit("mark", mark)
+        with pytest.raises(fleet.UntrustedPeer) as err:  # the submit is not sent: its future fails
+            client.submit("mark", mark).result(BOUND_S)
     finally:
         client.close()
     assert err.value.uid == NOBODY and "uid 65534" in str(err.value)

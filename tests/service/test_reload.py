@@ -168,7 +168,19 @@ def test_a_checker_is_named_for_what_it_is_and_ended_past_its_bound(fleet_name, 
         asker.start()
         try:
             zygote = psutil.Process(f._sup.seats.workers.zygote.pid)
-            checker = wait_until(lambda: [p for p in zygote.children() if p.pid not in workers], "the checker")[0]
+            forked = f"fleet-{fleet_name}-forkserver"  # what a fork carries until it names itself
+
+            def named():
+                out = []
+                for p in zygote.children():
+                    try:
+                        if p.pid not in workers and p.cmdline()[:1] != [forked]:
+                            out.append(p)
+                    except psutil.Error:
+                        pass  # gone meanwhile
+                return out
+
+            checker = wait_until(named, "the checker, named")[0]
             assert checker.cmdline()[0] == f"fleet-{fleet_name}-forkserver-check"  # never a second fork server
             assert checker.name() == "fleet-fscheck"
         finally:
