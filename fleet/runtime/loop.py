@@ -533,6 +533,11 @@ class Supervisor:
 
         return self.call(look, view=True)
 
+    def cancel_children(self, unit_id: int) -> int:
+        """Cancel the children of running unit `unit_id` that have not started (on the
+        loop, `fleet.runtime.inside`): how many were cancelled."""
+        return self.call(self.inside.cancel_children, unit_id)
+
     def inspect(self, fn, timeout: float | None = None):
         """Run ``fn(supervisor)`` on the loop and return what it returns (tests and tools
         that look inside: nothing else may read the loop's state from another thread).
