@@ -339,6 +339,7 @@ def render_ledger(g: dict) -> list[str]:
     return [
         f"ledger    units submitted {g['submitted']:,}  solved {g['solved']:,}  suppressed {g['suppressed']:,}  "
         f"failed {g['failed']:,}  in flight {g['inflight']:,}",
+        f"          of them submitted from inside running units (children) {g.get('children', 0):,}",
         f"          items submitted {i['submitted']:,}  solved {i['solved']:,}  suppressed {i['suppressed']:,}  "
         f"failed {i['failed']:,}  in flight {i['inflight']:,}",
         "          (a unit is one submit, or one chunk of a map: up to chunksize items)",

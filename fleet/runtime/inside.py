@@ -49,6 +49,7 @@ class Inside:
         self._kids: dict[int, tuple] = {}  # child -> (parent, seat, its id in the parent's worker, role name)
         self._of: dict[int, set] = {}  # parent -> its children owed
         self.submitted = 0  # children submitted from inside, all told
+        self.publisher = None  # fleet.runtime.publish: the count in the table
 
     def __len__(self) -> int:
         """Children owed an outcome."""
@@ -94,6 +95,8 @@ class Inside:
             return
         kid = future.unit_id
         self.submitted += 1
+        if self.publisher is not None:
+            self.publisher.child_submitted(self.submitted)
         self._kids[kid] = (parent, seat, local, role)
         self._of.setdefault(parent, set()).add(kid)
         future.add_done_callback(lambda f, kid=kid: self._done(kid, f))

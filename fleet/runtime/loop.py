@@ -192,6 +192,7 @@ class Supervisor:
         self.inside = Inside(name, roles, self._submitter, self.books, rig.dispatcher, self.seats, self._results.sent_to)
         self._results.inside = self._deaths.inside = self.inside
         self.books.on_end = self.inside.ended
+        self.inside.publisher = rig.publisher
 
     # ================================================================== what boot planned
     @property

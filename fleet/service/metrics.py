@@ -13,7 +13,8 @@ What is exported (names as scraped):
   ``fleet_units_failed_total{reason}`` (every reason of `fleet.rules.outcomes`, zeros included).
 * the same counts in items (a chunk of a map is one unit of many items, as the ledger
   counts them): ``fleet_items_submitted_total``, ``fleet_items_total{outcome}``,
-  ``fleet_items_inflight``; and ``fleet_fsm_refused_total``, ``fleet_stray_results_total``.
+  ``fleet_items_inflight``; ``fleet_units_children_total`` (units submitted from inside running
+  units); and ``fleet_fsm_refused_total``, ``fleet_stray_results_total``.
 * ``fleet_queue_depth{role}``, ``fleet_queue_bound{role}``, ``fleet_role_slots_in_use{role}``,
   ``fleet_role_repins_total{role}``.
 * ``fleet_table_torn_records`` and ``fleet_table_readable`` (0 when the provider failed:
@@ -195,6 +196,8 @@ def _ledger(view: dict) -> list:
         items_by_outcome.add_metric((outcome,), items.get(outcome, 0))
     return [
         CounterMetricFamily("fleet_units_submitted", "Units submitted.", value=view["submitted"]),
+        CounterMetricFamily("fleet_units_children", "Units submitted from inside running units (children; "
+                            "counted in fleet_units_submitted too).", value=view.get("children", 0)),
         by_outcome,
         GaugeMetricFamily("fleet_units_inflight", "Units submitted and not yet at an outcome.", value=view["inflight"]),
         by_reason,
@@ -330,6 +333,7 @@ class FleetMetrics:
             "fsm_refused": int(ledger.get("fsm_refused", 0)),
             "stray_results": int(ledger.get("stray_results", 0)),
             "items": {name: int(n) for name, n in (ledger.get("items") or {}).items()},
+            "children": int(ledger.get("children", 0)),
         }
         with self._lock:
             self._ledger = view

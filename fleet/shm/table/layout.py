@@ -188,8 +188,11 @@ N_ITEM_COUNTS = 5
 #: a table of a fleet that never counted them (the words were padding): same version.
 L_OOM_KILLS = 29
 L_RECYCLES = 30
+#: The last word: units submitted from inside running units (children, fleet.runtime.inside);
+#: padding before, so 0 in an older fleet's table: same version.
+L_CHILDREN = 31
 assert L_FAILED_BY_REASON + N_FAILURE_REASONS <= L_ITEMS, "room for 16 reasons: grow the ledger record"
-assert L_ITEMS + N_ITEM_COUNTS <= L_OOM_KILLS and L_RECYCLES < LEDGER_SIZE // 8
+assert L_ITEMS + N_ITEM_COUNTS <= L_OOM_KILLS and L_CHILDREN < LEDGER_SIZE // 8
 
 # --- role records (2 lines each) -------------------------------------------------------
 ROLE_SIZE = 2 * LINE

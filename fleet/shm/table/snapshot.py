@@ -158,6 +158,7 @@ class TableSnapshot:
             "items": dict(zip(ITEM_COUNTS, (int(g[L.L_ITEMS + i]) for i in range(L.N_ITEM_COUNTS)))),
             "oom_kills": int(g[L.L_OOM_KILLS]),
             "worker_recycles": int(g[L.L_RECYCLES]),
+            "children": int(g[L.L_CHILDREN]),
         }
 
     def role_view(self, code: int) -> dict:

@@ -330,6 +330,11 @@ class SlotTable:
         seqlocked; its one writer: the loop thread, as for `set_ledger`)."""
         self._seq_write(self.ledger, L.L_SEQ, {L.L_OOM_KILLS: oom_kills, L.L_RECYCLES: recycles})
 
+    def set_children(self, children: int) -> None:
+        """Publish the units submitted from inside running units (ledger record, seqlocked;
+        its one writer: the loop thread)."""
+        self._seq_write(self.ledger, L.L_SEQ, {L.L_CHILDREN: children})
+
     def set_queue_depth(self, role: int, depth: int, in_use: int | None = None, repins: int | None = None) -> None:
         base = role * ROLE_FIELDS
         fields = {base + L.R_QUEUE_DEPTH: depth}
