@@ -68,6 +68,9 @@ class Publisher:
             makespans, self._makespans = self._makespans, []
             counts = {**self.ledger.counts().to_dict(), "children": self._children}
             self.metrics.publish_units(counts, runs, makespans)
+            rides = self.dispatcher.rides
+            if any(rides):
+                self.metrics.set_rides({self.roles.by_code(code).name: n for code, n in enumerate(rides) if n})
 
     def posture_record(self) -> None:
         """The table's posture record, and the dispatcher's intake floors for the posture."""

@@ -65,12 +65,19 @@ def test_children_are_counted_in_status_and_metrics(fleet_name):
 def test_every_slot_holding_a_waiting_parent_with_children_queued_completes(fleet_name):
     # The walk role's two slots both hold a walk waiting on its sims, and the sims queue
     # past the sim role's slots: they ride their parents' slots.
-    with running(config(fleet_name, roles(walk=role("walk", slots=2), sim=role("square", slots=1)))) as f:
+    from tests.service.test_metrics import scrape, value
+
+    cfg = config(fleet_name, roles(walk=role("walk", slots=2), sim=role("square", slots=1)))
+    cfg["metrics"] = {"enabled": True, "port": 0}
+    with running(cfg) as f:
         futures = [f.submit("walk", 10) for _ in range(6)]
         assert [x.result(WAIT_S) for x in futures] == [285] * 6
         rides = f._sup.inspect(lambda sup: sum(sup.dispatcher.rides))
         assert rides > 0  # some children rode a parent's slot: none was free
         assert balanced(f.ledger())
+        # the metrics count them where operators look (published with the last outcome)
+        samples = scrape(f._sup._rig.publisher.metrics.url)
+        assert value(samples, "fleet_child_rides_total", role="sim") == rides
 
 
 def test_a_tree_three_deep_of_one_role_completes_with_every_slot_waiting(fleet_name):
