@@ -282,13 +282,14 @@ def render_census(doc: dict) -> list[str]:
             str(r["done"]),
             _dash(r.get("last_role")),
             str(r.get("switches", 0)),
+            str(r.get("rides", 0)),
             delay(r["runq_delay_ns"]),
         )
         for r in doc["census"]
     ]
     head = f"census    {len(rows)} slots; run-queue delay from {DELAY_SOURCE_TEXT.get(doc['delay_source'], doc['delay_source'])}"
     cols = ("slot", "seat", "role", "state", "key", "pid", "cpus", "binding", "unit", "done", "last-role", "switches",
-            "runq-delay")
+            "rides", "runq-delay")
     return [head] + _table(cols, rows)
 
 

@@ -49,6 +49,7 @@ from fleet.host import priority as priority_mod
 from fleet.host.proctitle import name_thread
 from fleet.host.system import Host
 from fleet.rules import fsm, titles
+from fleet.rules.dispatch import RIDE
 from fleet.rules import seats as seats_mod
 from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED
@@ -335,6 +336,8 @@ class Supervisor:
         get = books.get
         now = time.time() if grants else 0.0  # one clock read per pass: when its units run since
         for g in grants:
+            if g.start_event == RIDE:
+                table.count_ride(g.slot)  # the census shows it (status "rides")
             unit = get(g.unit_id)
             unit.queued = False
             unit.since = now

@@ -78,6 +78,8 @@ def test_every_slot_holding_a_waiting_parent_with_children_queued_completes(flee
         # the metrics count them where operators look (published with the last outcome)
         samples = scrape(f._sup._rig.publisher.metrics.url)
         assert value(samples, "fleet_child_rides_total", role="sim") == rides
+        # and status's census, slot by slot ("rides": children run on the slot's waiting parent)
+        assert sum(r["rides"] for r in f.status()["census"]) == rides
 
 
 def test_a_tree_three_deep_of_one_role_completes_with_every_slot_waiting(fleet_name):

@@ -229,6 +229,9 @@ S_DONE = 7  # units completed on this slot (atomic add)
 # process that leases slots (the supervisor).
 S_LAST_ROLE = 8  # role code + 1 of the role the slot was last leased to (0: never leased)
 S_SWITCHES = 9  # leases for a role other than the one before (role switches)
+#: Children that rode this slot while its parent waited (fleet.rules.dispatch "Children"):
+#: atomic add by the supervisor's loop; padding before, so 0 in an older table: same version.
+S_RIDES = 10
 BINDINGS = ("pinned", "shared", "logical")
 
 # --- bulkhead records (3 lines each; packed by fleet.shm.table.bulkheads) -----------------------

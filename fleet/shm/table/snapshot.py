@@ -105,6 +105,7 @@ class TableSnapshot:
             "done": w[base + L.S_DONE],
             "last_role": self._role_name(w[base + L.S_LAST_ROLE] - 1) if w[base + L.S_LAST_ROLE] else None,
             "switches": w[base + L.S_SWITCHES],
+            "rides": w[base + L.S_RIDES],
         }
 
     def _role_name(self, code: int) -> str:

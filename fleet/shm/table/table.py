@@ -273,6 +273,10 @@ class SlotTable:
         packed = self._k.finish_unit(self.slots, self.roles, self.n_roles, self.posture, slot, event, role)
         return packed >> 4, packed & 15
 
+    def count_ride(self, slot: int) -> None:
+        """A child was granted on `slot`, riding its waiting parent's slot (supervisor)."""
+        self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_RIDES, np.uint64(1))
+
     def count_done(self, slot: int) -> None:
         self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_DONE, np.uint64(1))
 
