@@ -75,6 +75,20 @@ def held_parent(unit):
     return [f.result(timeout=RELEASE_S) for f in futures]
 
 
+def held_parent_outcomes(unit):
+    """As `held_parent`, but it solves with what became of each child: its value, or its
+    error's reason (a cancelled child: ``Cancelled``)."""
+    directory, n, child = unit.payload
+    here = fleet.current_fleet()
+    futures = [here.submit(child, (directory, i)) for i in range(n)]
+    note(directory, "parent", "waiting")
+    out = []
+    for f in futures:
+        exc = f.exception(timeout=RELEASE_S)
+        out.append(f.result() if exc is None else getattr(exc, "reason", type(exc).__name__))
+    return out
+
+
 def watch_child(unit):
     """Submit one held child and wait: what its future raised (the test kills its worker)."""
     directory = unit.payload

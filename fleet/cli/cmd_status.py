@@ -282,13 +282,14 @@ def render_census(doc: dict) -> list[str]:
             str(r["done"]),
             _dash(r.get("last_role")),
             str(r.get("switches", 0)),
+            str(r.get("rides", 0)),
             delay(r["runq_delay_ns"]),
         )
         for r in doc["census"]
     ]
     head = f"census    {len(rows)} slots; run-queue delay from {DELAY_SOURCE_TEXT.get(doc['delay_source'], doc['delay_source'])}"
     cols = ("slot", "seat", "role", "state", "key", "pid", "cpus", "binding", "unit", "done", "last-role", "switches",
-            "runq-delay")
+            "rides", "runq-delay")
     return [head] + _table(cols, rows)
 
 
@@ -339,6 +340,7 @@ def render_ledger(g: dict) -> list[str]:
     return [
         f"ledger    units submitted {g['submitted']:,}  solved {g['solved']:,}  suppressed {g['suppressed']:,}  "
         f"failed {g['failed']:,}  in flight {g['inflight']:,}",
+        f"          of them submitted from inside running units (children) {g.get('children', 0):,}",
         f"          items submitted {i['submitted']:,}  solved {i['solved']:,}  suppressed {i['suppressed']:,}  "
         f"failed {i['failed']:,}  in flight {i['inflight']:,}",
         "          (a unit is one submit, or one chunk of a map: up to chunksize items)",

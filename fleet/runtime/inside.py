@@ -49,6 +49,7 @@ class Inside:
         self._kids: dict[int, tuple] = {}  # child -> (parent, seat, its id in the parent's worker, role name)
         self._of: dict[int, set] = {}  # parent -> its children owed
         self.submitted = 0  # children submitted from inside, all told
+        self.publisher = None  # fleet.runtime.publish: the count in the table
 
     def __len__(self) -> int:
         """Children owed an outcome."""
@@ -94,6 +95,8 @@ class Inside:
             return
         kid = future.unit_id
         self.submitted += 1
+        if self.publisher is not None:
+            self.publisher.child_submitted(self.submitted)
         self._kids[kid] = (parent, seat, local, role)
         self._of.setdefault(parent, set()).add(kid)
         future.add_done_callback(lambda f, kid=kid: self._done(kid, f))
@@ -102,12 +105,24 @@ class Inside:
         """A unit ended (the books' one end): a parent that did not solve takes its children
         that have not started with it (their futures cancelled: Cancelled at their grant)."""
         kids = self._of.pop(unit_id, None)
-        if not kids or outcome.kind == SOLVED:
-            return
-        for kid in kids:
+        if kids and outcome.kind != SOLVED:
+            self._cancel(kids)
+
+    def cancel_children(self, unit_id: int) -> int:
+        """The operator cancelled running unit `unit_id` (the cancel op): its children that
+        have not started are cancelled, by the rule of a parent that ends without solving;
+        those that run finish. The parent itself runs on and hears Cancelled as their
+        outcomes. How many were cancelled."""
+        return self._cancel(self._of.get(unit_id, ()))
+
+    def _cancel(self, kids) -> int:
+        cancelled = 0
+        for kid in list(kids):
             unit = self._books.get(kid)
-            if unit is not None:
-                unit.future.cancel()  # refused (no-op) once it runs: it finishes
+            # refused (False) once it runs: it finishes
+            if unit is not None and unit.future.cancel():
+                cancelled += 1
+        return cancelled
 
     def unorphaned(self, items: list) -> list:
         """Of the units a dead seat owed that never started (going back to their queues), those

@@ -49,6 +49,7 @@ from fleet.host import priority as priority_mod
 from fleet.host.proctitle import name_thread
 from fleet.host.system import Host
 from fleet.rules import fsm, titles
+from fleet.rules.dispatch import RIDE
 from fleet.rules import seats as seats_mod
 from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED
@@ -192,6 +193,7 @@ class Supervisor:
         self.inside = Inside(name, roles, self._submitter, self.books, rig.dispatcher, self.seats, self._results.sent_to)
         self._results.inside = self._deaths.inside = self.inside
         self.books.on_end = self.inside.ended
+        self.inside.publisher = rig.publisher
 
     # ================================================================== what boot planned
     @property
@@ -334,6 +336,8 @@ class Supervisor:
         get = books.get
         now = time.time() if grants else 0.0  # one clock read per pass: when its units run since
         for g in grants:
+            if g.start_event == RIDE:
+                table.count_ride(g.slot)  # the census shows it (status "rides")
             unit = get(g.unit_id)
             unit.queued = False
             unit.since = now
@@ -532,6 +536,11 @@ class Supervisor:
             return self.door.issued(unit_id), None if unit is None else unit.future
 
         return self.call(look, view=True)
+
+    def cancel_children(self, unit_id: int) -> int:
+        """Cancel the children of running unit `unit_id` that have not started (on the
+        loop, `fleet.runtime.inside`): how many were cancelled."""
+        return self.call(self.inside.cancel_children, unit_id)
 
     def inspect(self, fn, timeout: float | None = None):
         """Run ``fn(supervisor)`` on the loop and return what it returns (tests and tools

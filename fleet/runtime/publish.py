@@ -26,6 +26,7 @@ class Publisher:
         self._makespans: list = []  # (role name, key, epoch, seconds) not yet published
         self.last_change = None  # the posture transition that set the current posture
         self._exits = {"oom_kills": 0, "recycles": 0}  # workers gone outside an outcome, as the table shows them
+        self._children = 0  # units submitted from inside running units, as the table shows them
 
     def run_ended(self, role: str, seconds: float) -> None:
         """A unit's run time, held until `units` hands it over with the ledger's counters."""
@@ -43,6 +44,12 @@ class Publisher:
         if self.metrics is not None:
             self.metrics.count_recycle(role)
 
+    def child_submitted(self, total: int) -> None:
+        """A running unit submitted a unit (fleet.runtime.inside): `total` so far, in the table
+        (the metrics read it from the ledger view)."""
+        self._children = total
+        self.table.set_children(total)
+
     def oom_killed(self, role: str) -> None:
         """The kernel's OOM killer killed a worker running a unit of `role` ("?": none):
         counted in the table and the metrics."""
@@ -59,7 +66,11 @@ class Publisher:
         if self.metrics is not None:
             runs, self._runs_ended = self._runs_ended, []
             makespans, self._makespans = self._makespans, []
-            self.metrics.publish_units(self.ledger.counts().to_dict(), runs, makespans)
+            counts = {**self.ledger.counts().to_dict(), "children": self._children}
+            self.metrics.publish_units(counts, runs, makespans)
+            rides = self.dispatcher.rides
+            if any(rides):
+                self.metrics.set_rides({self.roles.by_code(code).name: n for code, n in enumerate(rides) if n})
 
     def posture_record(self) -> None:
         """The table's posture record, and the dispatcher's intake floors for the posture."""

@@ -13,7 +13,8 @@ What is exported (names as scraped):
   ``fleet_units_failed_total{reason}`` (every reason of `fleet.rules.outcomes`, zeros included).
 * the same counts in items (a chunk of a map is one unit of many items, as the ledger
   counts them): ``fleet_items_submitted_total``, ``fleet_items_total{outcome}``,
-  ``fleet_items_inflight``; and ``fleet_fsm_refused_total``, ``fleet_stray_results_total``.
+  ``fleet_items_inflight``; ``fleet_units_children_total`` (units submitted from inside running
+  units); and ``fleet_fsm_refused_total``, ``fleet_stray_results_total``.
 * ``fleet_queue_depth{role}``, ``fleet_queue_bound{role}``, ``fleet_role_slots_in_use{role}``,
   ``fleet_role_repins_total{role}``.
 * ``fleet_table_torn_records`` and ``fleet_table_readable`` (0 when the provider failed:
@@ -24,6 +25,8 @@ What is exported (names as scraped):
 * ``fleet_worker_oom_kills_total{role}`` — workers the kernel's OOM killer killed while they
   ran a unit of the role (``role="?"``: between units), as their group's ``memory.events``
   counted them (fleet.rules.oom; fed by the supervisor; a role appears at its first).
+* ``fleet_child_rides_total{role}`` — children of the role run on their waiting parent's slot
+  (fleet.rules.dispatch "Children"; fed by the supervisor; a role appears at its first).
 * ``fleet_unit_makespan_seconds{role,key,epoch}`` — histogram of each unit's makespan, from its
   accept to its outcome (002 §7), whatever the outcome. ``key`` is the pinned key of a keyed
   role (``""`` for the others); the first `MAKESPAN_KEYS` keys of a role have their own series,
@@ -195,6 +198,8 @@ def _ledger(view: dict) -> list:
         items_by_outcome.add_metric((outcome,), items.get(outcome, 0))
     return [
         CounterMetricFamily("fleet_units_submitted", "Units submitted.", value=view["submitted"]),
+        CounterMetricFamily("fleet_units_children", "Units submitted from inside running units (children; "
+                            "counted in fleet_units_submitted too).", value=view.get("children", 0)),
         by_outcome,
         GaugeMetricFamily("fleet_units_inflight", "Units submitted and not yet at an outcome.", value=view["inflight"]),
         by_reason,
@@ -303,6 +308,7 @@ class FleetMetrics:
         self._folded: dict[str, int] = {}  # role -> units whose key shares OTHER_KEY
         self._recycles: dict[str, int] = {}  # role -> workers recycled (max_rss_mib)
         self._oom_kills: dict[str, int] = {}  # role -> workers the kernel's OOM killer killed
+        self._rides: dict[str, int] = {}  # role -> children that rode their waiting parent's slot
         self._epochs: set[int] = set()  # the epochs whose makespan series are kept
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(FleetCollector(provider, clock=clock, units=self._units_view))
@@ -330,6 +336,7 @@ class FleetMetrics:
             "fsm_refused": int(ledger.get("fsm_refused", 0)),
             "stray_results": int(ledger.get("stray_results", 0)),
             "items": {name: int(n) for name, n in (ledger.get("items") or {}).items()},
+            "children": int(ledger.get("children", 0)),
         }
         with self._lock:
             self._ledger = view
@@ -352,6 +359,12 @@ class FleetMetrics:
         """One worker recycled after a unit of `role` (max_rss_mib). Thread-safe."""
         with self._lock:
             self._recycles[role] = self._recycles.get(role, 0) + 1
+
+    def set_rides(self, rides: dict[str, int]) -> None:
+        """Children of each role granted on their waiting parent's slot so far (the
+        dispatcher's ``rides``; fleet.rules.dispatch "Children"). Thread-safe."""
+        with self._lock:
+            self._rides = dict(rides)
 
     def count_oom_kill(self, role: str) -> None:
         """One worker killed by the kernel's OOM killer while it ran a unit of `role`. Thread-safe."""
@@ -411,6 +424,7 @@ class FleetMetrics:
             folds = dict(self._folded)
             recycled = dict(self._recycles)
             oom_killed = dict(self._oom_kills)
+            rode = dict(self._rides)
         self._add_series(runs, run_series)
         self._add_series(makespan, makespan_series)
         for role in sorted(folds):
@@ -427,7 +441,13 @@ class FleetMetrics:
         )
         for role in sorted(oom_killed):
             oom_kills.add_metric((role,), oom_killed[role])
-        return ledger, [runs, makespan, folded, recycles, oom_kills]
+        rides = CounterMetricFamily(
+            "fleet_child_rides", "Children of the role run on their waiting parent's slot (units submitted from "
+            "inside that rode it).", labels=("role",),
+        )
+        for role in sorted(rode):
+            rides.add_metric((role,), rode[role])
+        return ledger, [runs, makespan, folded, recycles, oom_kills, rides]
 
     def _add_series(self, family: HistogramMetricFamily, series: dict) -> None:
         for labels in sorted(series):
@@ -520,6 +540,10 @@ class MetricsServer:
     def count_oom_kill(self, role: str) -> None:
         """Shortcut for ``self.metrics.count_oom_kill``."""
         self.metrics.count_oom_kill(role)
+
+    def set_rides(self, rides: dict[str, int]) -> None:
+        """Shortcut for ``self.metrics.set_rides``."""
+        self.metrics.set_rides(rides)
 
     def publish_units(self, ledger: Mapping, runs: Iterable[tuple[str, float]] = (),
                       makespans: Iterable[tuple] = ()) -> None:

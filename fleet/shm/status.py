@@ -311,7 +311,8 @@ def memory(ledger_view: dict, meta: dict) -> dict:
 
 
 def ledger(view: dict) -> dict:
-    """Ledger counters, failures keyed by reason name (`fleet.rules.outcomes`)."""
+    """Ledger counters, failures keyed by reason name (`fleet.rules.outcomes`); ``children``:
+    the units submitted from inside running units (counted in ``submitted`` too)."""
     by_reason = {reason_name(code): n for code, n in enumerate(view["failed_by_reason"])}
     return {**view, "failed_by_reason": by_reason}
 

@@ -389,7 +389,7 @@ def test_cancel_op_is_validated(client):
         with pytest.raises((control.ProtocolError, control.RemoteError)) as err:
             client._call("cancel", unit=bad)
         assert "unit" in str(err.value)
-    assert client._call("cancel", unit=10**9) == {"unit": 10**9, "cancelled": False, "state": "unknown"}  # never handed out
+    assert client._call("cancel", unit=10**9) == {"unit": 10**9, "cancelled": False, "state": "unknown", "children": 0}  # never handed out
 
 
 def test_a_value_that_cannot_be_pickled_twice_reaches_the_client_and_the_ledger_says_solved(client):

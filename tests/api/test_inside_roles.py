@@ -42,15 +42,44 @@ def test_a_handler_fans_out_and_joins(fleet_name):
         assert balanced(ledger)
 
 
+def test_children_are_counted_in_status_and_metrics(fleet_name):
+    # Where operators look: status (its JSON and the human text) and the metrics count the
+    # units submitted from inside running units, as the ledger counts them in `submitted`.
+    from fleet.cli.cmd_status import render_ledger
+    from tests.service.test_metrics import scrape, value
+
+    cfg = config(fleet_name, roles())
+    cfg["metrics"] = {"enabled": True, "port": 0}
+    with running(cfg) as f:
+        assert f.status()["ledger"]["children"] == 0
+        assert f.submit("walk", 7).result(WAIT_S) == sum(i * i for i in range(7))
+        assert f.submit("sim", 3).result(WAIT_S) == 9  # from outside: not a child
+        ledger = f.status()["ledger"]
+        assert (ledger["children"], ledger["submitted"]) == (7, 9)
+        assert "(children) 7" in "\n".join(render_ledger(ledger))
+        samples = scrape(f._sup._rig.publisher.metrics.url)
+        assert value(samples, "fleet_units_children_total") == 7
+        assert value(samples, "fleet_units_submitted_total") == 9
+
+
 def test_every_slot_holding_a_waiting_parent_with_children_queued_completes(fleet_name):
     # The walk role's two slots both hold a walk waiting on its sims, and the sims queue
     # past the sim role's slots: they ride their parents' slots.
-    with running(config(fleet_name, roles(walk=role("walk", slots=2), sim=role("square", slots=1)))) as f:
+    from tests.service.test_metrics import scrape, value
+
+    cfg = config(fleet_name, roles(walk=role("walk", slots=2), sim=role("square", slots=1)))
+    cfg["metrics"] = {"enabled": True, "port": 0}
+    with running(cfg) as f:
         futures = [f.submit("walk", 10) for _ in range(6)]
         assert [x.result(WAIT_S) for x in futures] == [285] * 6
         rides = f._sup.inspect(lambda sup: sum(sup.dispatcher.rides))
         assert rides > 0  # some children rode a parent's slot: none was free
         assert balanced(f.ledger())
+        # the metrics count them where operators look (published with the last outcome)
+        samples = scrape(f._sup._rig.publisher.metrics.url)
+        assert value(samples, "fleet_child_rides_total", role="sim") == rides
+        # and status's census, slot by slot ("rides": children run on the slot's waiting parent)
+        assert sum(r["rides"] for r in f.status()["census"]) == rides
 
 
 def test_a_tree_three_deep_of_one_role_completes_with_every_slot_waiting(fleet_name):

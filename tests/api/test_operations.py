@@ -44,7 +44,7 @@ def test_cancel_through_the_op_a_queued_a_running_an_ended_and_an_unknown_unit(f
                    "the first unit to run")
         second = fleet.submit("one", (None, 3))
         assert op(fleet, "cancel", unit=second.unit_id) == {"unit": second.unit_id, "cancelled": True,
-                                                             "state": "cancelled"}
+                                                             "state": "cancelled", "children": 0}
         assert second.cancelled()
         assert op(fleet, "cancel", unit=first.unit_id)["state"] == "running"
         open(gate, "w").close()

@@ -66,7 +66,8 @@ def test_cancel_a_queued_unit_then_a_running_one_then_an_ended_one(served, held)
 
     out = served.ctl("cancel", str(running.unit_id), "--json")
     assert out.returncode == EXIT_NOT_CANCELLED, out.stderr
-    assert json.loads(out.stdout) == {"unit": running.unit_id, "cancelled": False, "state": "running"}
+    assert json.loads(out.stdout) == {"unit": running.unit_id, "cancelled": False, "state": "running",
+                                      "children": 0}
     release()
     assert running.result(BOUND_S) == 4  # left alone: it ran to its own outcome
     # the loop records the cancelled unit as it comes up for the slot: once, never run
@@ -91,7 +92,7 @@ def test_an_unknown_unit_id_says_so_and_exits_65(served):
                                                                "has that id\n"), out.stderr
     as_json = served.ctl("cancel", str(never), "--json")
     assert as_json.returncode == EXIT_UNKNOWN_UNIT
-    assert json.loads(as_json.stdout) == {"unit": never, "cancelled": False, "state": "unknown"}
+    assert json.loads(as_json.stdout) == {"unit": never, "cancelled": False, "state": "unknown", "children": 0}
 
 
 @pytest.mark.parametrize("word", ["0", "-4", "seven", "1.5", str(1 << 63)])
@@ -126,5 +127,6 @@ def test_another_uid_is_refused_77_and_the_unit_stays_queued(served, held):
 def test_a_client_future_cancel_is_the_same_op(served, held):
     client, running, queued, release = held
     assert queued.cancel() is True and queued.cancelled()
-    assert client.cancel(running.unit_id) == {"unit": running.unit_id, "cancelled": False, "state": "running"}
+    assert client.cancel(running.unit_id) == {"unit": running.unit_id, "cancelled": False, "state": "running",
+                                      "children": 0}
     assert isinstance(client, fleet.Client)

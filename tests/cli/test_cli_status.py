@@ -209,8 +209,9 @@ def test_human_table_shows_every_section(table, fleet_name, capsys):
     assert census["1"][2:5] == ["solver", "Pinned", "9"] and census["1"][6:8] == ["1", "pinned"]
     assert census["2"][6:8] == ["0-1", "shared"] and census["3"][7] == "logical"
     assert census["4"][2:4] == ["-", "Idle"]
-    # the role census: the role each slot last served and its role switches
-    assert census["4"][-3:-1] == ["merge", "1"] and census["1"][-3:-1] == ["solver", "0"]
+    # the role census: the role each slot last served, its role switches, and the children that
+    # rode it (none here)
+    assert census["4"][-4:-1] == ["merge", "1", "0"] and census["1"][-4:-1] == ["solver", "0", "0"]
     queues = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  solver ")}
     assert queues["solver"][-1] == "3"  # elastic re-pins
 

@@ -103,6 +103,34 @@ def test_a_parent_stopped_by_its_timeout_cancels_its_queued_children(fleet_name,
         assert all(not lines(tmp_path, f"child-{i}") for i in (2, 3, 4))
 
 
+def test_the_operators_cancel_of_a_running_parent_cancels_its_queued_children(fleet_name, tmp_path):
+    # The cancel op (fleetctl cancel, Client.cancel, the embedded fleet's operations) on a
+    # running parent: it runs on; its children that have not started are cancelled (they
+    # never run), those that run finish; the parent hears Cancelled as their outcomes.
+    n = 8
+    with running(two_seats(fleet_name, "held_parent_outcomes")) as f:
+        parent = f.submit("parent", (str(tmp_path), n, "sim"))
+        eventually(lambda: lines(tmp_path, "parent") and lines(tmp_path, "child-0") and lines(tmp_path, "child-1"),
+                   "child 0 runs on the sim seat and child 1 on its parent's slot")
+        try:
+            reply = f.operations.cancel(parent.unit_id)
+        finally:
+            (tmp_path / "release").touch()  # the children that run end, whatever the reply
+        assert (reply["state"], reply["cancelled"]) == ("running", False)
+        cancelled = reply["children"]
+        # 0 and 1 run, and at most two more wait behind them on the seats: the rest were queued
+        assert n - 4 <= cancelled <= n - 2
+        seen = parent.result(WAIT_S)
+        ran = [i for i in range(n) if lines(tmp_path, f"child-{i}")]
+        assert len(ran) == n - cancelled and {0, 1} <= set(ran)
+        assert all([w for w, _pid in lines(tmp_path, f"child-{i}")] == ["start", "end"] for i in ran)
+        assert seen == [i if i in ran else "Cancelled" for i in range(n)]
+        ledger = settled(f)
+        assert (ledger["submitted"], ledger["solved"]) == (1 + n, 1 + len(ran))
+        assert ledger["failed_by_reason"] == {"Cancelled": cancelled}
+        assert f.operations.cancel(parent.unit_id)["children"] == 0  # ended: nothing left to cancel
+
+
 def test_a_child_sigkilled_fails_alone_and_its_parent_sees_lane_death(fleet_name, tmp_path):
     with running(two_seats(fleet_name, "watch_child")) as f:
         parent = f.submit("parent", str(tmp_path))

@@ -188,8 +188,11 @@ N_ITEM_COUNTS = 5
 #: a table of a fleet that never counted them (the words were padding): same version.
 L_OOM_KILLS = 29
 L_RECYCLES = 30
+#: The last word: units submitted from inside running units (children, fleet.runtime.inside);
+#: padding before, so 0 in an older fleet's table: same version.
+L_CHILDREN = 31
 assert L_FAILED_BY_REASON + N_FAILURE_REASONS <= L_ITEMS, "room for 16 reasons: grow the ledger record"
-assert L_ITEMS + N_ITEM_COUNTS <= L_OOM_KILLS and L_RECYCLES < LEDGER_SIZE // 8
+assert L_ITEMS + N_ITEM_COUNTS <= L_OOM_KILLS and L_CHILDREN < LEDGER_SIZE // 8
 
 # --- role records (2 lines each) -------------------------------------------------------
 ROLE_SIZE = 2 * LINE
@@ -226,6 +229,9 @@ S_DONE = 7  # units completed on this slot (atomic add)
 # process that leases slots (the supervisor).
 S_LAST_ROLE = 8  # role code + 1 of the role the slot was last leased to (0: never leased)
 S_SWITCHES = 9  # leases for a role other than the one before (role switches)
+#: Children that rode this slot while its parent waited (fleet.rules.dispatch "Children"):
+#: atomic add by the supervisor's loop; padding before, so 0 in an older table: same version.
+S_RIDES = 10
 BINDINGS = ("pinned", "shared", "logical")
 
 # --- bulkhead records (3 lines each; packed by fleet.shm.table.bulkheads) -----------------------

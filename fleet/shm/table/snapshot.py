@@ -105,6 +105,7 @@ class TableSnapshot:
             "done": w[base + L.S_DONE],
             "last_role": self._role_name(w[base + L.S_LAST_ROLE] - 1) if w[base + L.S_LAST_ROLE] else None,
             "switches": w[base + L.S_SWITCHES],
+            "rides": w[base + L.S_RIDES],
         }
 
     def _role_name(self, code: int) -> str:
@@ -158,6 +159,7 @@ class TableSnapshot:
             "items": dict(zip(ITEM_COUNTS, (int(g[L.L_ITEMS + i]) for i in range(L.N_ITEM_COUNTS)))),
             "oom_kills": int(g[L.L_OOM_KILLS]),
             "worker_recycles": int(g[L.L_RECYCLES]),
+            "children": int(g[L.L_CHILDREN]),
         }
 
     def role_view(self, code: int) -> dict:

@@ -273,6 +273,10 @@ class SlotTable:
         packed = self._k.finish_unit(self.slots, self.roles, self.n_roles, self.posture, slot, event, role)
         return packed >> 4, packed & 15
 
+    def count_ride(self, slot: int) -> None:
+        """A child was granted on `slot`, riding its waiting parent's slot (supervisor)."""
+        self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_RIDES, np.uint64(1))
+
     def count_done(self, slot: int) -> None:
         self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_DONE, np.uint64(1))
 
@@ -329,6 +333,11 @@ class SlotTable:
         """Publish the workers the OOM killer killed and those recycled (ledger record,
         seqlocked; its one writer: the loop thread, as for `set_ledger`)."""
         self._seq_write(self.ledger, L.L_SEQ, {L.L_OOM_KILLS: oom_kills, L.L_RECYCLES: recycles})
+
+    def set_children(self, children: int) -> None:
+        """Publish the units submitted from inside running units (ledger record, seqlocked;
+        its one writer: the loop thread)."""
+        self._seq_write(self.ledger, L.L_SEQ, {L.L_CHILDREN: children})
 
     def set_queue_depth(self, role: int, depth: int, in_use: int | None = None, repins: int | None = None) -> None:
         base = role * ROLE_FIELDS

@@ -373,9 +373,11 @@ CANCEL_STATES = (CANCELLED, RUNNING, ENDED, UNKNOWN)
 class CancelOp(Op):
     """Cancel a unit that has not started: it never runs, and its outcome is failed
     ``Cancelled`` (counted in the ledger, delivered to its client). A unit already
-    running, or ended, is left alone. Reply: ``{"unit", "cancelled": bool, "state"}``
-    with ``state`` one of ``cancelled``, ``running``, ``ended``, ``unknown`` (an id the
-    fleet never handed out). fleetctl exits 0 when it cancelled the unit, 1 when the
+    running runs on to its own outcome, but its children (units it submitted from
+    inside, `fleet.current_fleet`) that have not started are cancelled, and those that
+    run finish; an ended unit is left alone. Reply: ``{"unit", "cancelled": bool, "state",
+    "children"}`` with ``state`` one of ``cancelled``, ``running``, ``ended``, ``unknown``
+    (an id the fleet never handed out) and ``children`` how many children were cancelled. fleetctl exits 0 when it cancelled the unit, 1 when the
     unit is running or ended (nothing changed), 65 for an unknown id."""
 
     name = "cancel"
@@ -383,7 +385,8 @@ class CancelOp(Op):
     summary = "Cancel a unit that has not started yet."
     schema = {"unit": Arg((int,), required=True, doc="the unit id submit replied with")}
     command = ("cancel",)
-    help = "Cancel a queued unit by id: it never runs and fails Cancelled; a running or ended one is left alone."
+    help = ("Cancel a queued unit by id: it never runs and fails Cancelled; a running one runs on, its queued "
+            "children cancelled; an ended one is left alone.")
     description = (help + " Exit 0: cancelled; 1: running or already ended (nothing changed); 65: no unit of "
                    "this fleet has that id.")
     #: What fleetctl says and exits with, per state.
@@ -394,7 +397,8 @@ class CancelOp(Op):
 
     def run(self, sup, unit: int) -> dict:
         """Cancel unit ``unit`` (its id, ``future.unit_id``) if it has not started:
-        ``{"unit", "cancelled", "state"}``, ``state`` one of `CANCEL_STATES`.
+        ``{"unit", "cancelled", "state", "children"}``, ``state`` one of `CANCEL_STATES`;
+        a running unit's children that have not started are cancelled (``children``: how many).
         ``future.cancel()`` does the same for a future of the fleet's own caller."""
         issued, future = sup.find_unit(unit)
         # The future is cancelled here, not on the loop: its callbacks are its caller's
@@ -407,7 +411,8 @@ class CancelOp(Op):
             state = CANCELLED
         else:
             state = ENDED if future.done() else RUNNING
-        return {"unit": unit, "cancelled": state == CANCELLED, "state": state}
+        children = sup.cancel_children(unit) if state == RUNNING else 0
+        return {"unit": unit, "cancelled": state == CANCELLED, "state": state, "children": children}
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("unit", metavar="UNIT", type=int, help="the unit id (submit's reply, Future.unit_id)")
@@ -416,7 +421,9 @@ class CancelOp(Op):
         return {"unit": args.unit}
 
     def render(self, result: Any, args) -> str:
-        return f"unit {result['unit']}: {self.TEXT[result['state']][0]}\n"
+        children = result.get("children", 0)
+        also = f"; {children} of its children that had not started cancelled" if children else ""
+        return f"unit {result['unit']}: {self.TEXT[result['state']][0]}{also}\n"
 
     def exit_code(self, result: Any) -> int:
         return self.TEXT[result["state"]][1]
