@@ -103,7 +103,9 @@ def test_an_array_a_worker_keeps_is_its_own_while_its_parcel_carries_the_next_pa
         assert ex.submit(D.keep, first).result(BOUND_S) == (5.0, -1.0)
         for i in range(20):
             assert ex.submit(D.digest, np.full(size // 8, float(i))).result(BOUND_S)[0] == size
-        assert parcels.count(ex.fleet.name, warm=True) >= 1  # the parcels were kept warm between units
+        # the parcels were kept warm between units (the last one once its future's callbacks
+        # ran: they run after result() may return)
+        wait_until(lambda: parcels.count(ex.fleet.name, warm=True) >= 1, "a warm parcel")
         (a0, a1, total), = ex.submit(D.kept).result(BOUND_S)
         # what the worker kept is what it was sent (and its own write), not a later payload
         assert (a0, a1, total) == (5.0, -1.0, 5.0 * (size // 8 - 1) - 1.0)
