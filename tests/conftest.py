@@ -65,8 +65,8 @@ def _holds_one_worker_long(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    # The VM group is the longest piece of the suite and runs on one worker: collected first,
-    # it is handed out first and runs beside the rest, instead of starting when the rest
-    # ends and adding its whole length to the run. (A stable sort: every other test keeps
-    # its order.)
+    # The VM group is the longest piece of the suite and runs on one worker (`--dist
+    # loadgroup`; see the pytest pin in pyproject.toml): collected first, it is handed out
+    # first and runs beside the rest, instead of starting when the rest ends and adding its
+    # whole length to the run. (A stable sort: every other test keeps its order.)
     items.sort(key=lambda item: 0 if _holds_one_worker_long(item) else 1)
