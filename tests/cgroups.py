@@ -19,6 +19,20 @@ V1_MEMORY = "/sys/fs/cgroup/memory"
 PERIOD_US = 100_000
 
 
+def remove_group(path: str) -> None:
+    """rmdir a cgroup this test made, once its killed processes have left it (a killed and
+    reaped process takes a moment to leave its group); gone already is fine."""
+    for _ in range(200):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+    os.rmdir(path)
+
+
 def require_v1_cpu() -> None:
     """Fail under CI (root, cgroups v1 cpu: a missing one is a broken machine), skip elsewhere."""
     if os.geteuid() != 0 or not os.path.exists(os.path.join(V1_CPU, "cgroup.procs")):

@@ -15,7 +15,7 @@ import pytest
 
 from fleet.host import cgroup
 from fleet.rules import delegation as D
-from tests.cgroups import cpu_group
+from tests.cgroups import cpu_group, remove_group
 
 UNIT = "/system.slice/fleetd@demo.service"
 V2_FILES = ("cgroup.procs", "cgroup.controllers", "cgroup.subtree_control", "cpu.stat", "cpu.pressure",
@@ -268,22 +268,8 @@ def test_real_cgroup2_group_marked_by_hand_is_found_arranged_and_left_clean():
             child.kill()
             child.wait()
         for leaf in ("supervisor", "workers"):
-            _rmdir(os.path.join(group, leaf))
-        _rmdir(group)
-
-
-def _rmdir(path: str) -> None:
-    import time
-
-    for _ in range(200):  # a killed process takes a moment to leave its group
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
-    os.rmdir(path)
+            remove_group(os.path.join(group, leaf))
+        remove_group(group)
 
 
 def test_place_moves_a_real_process_into_a_real_v1_cpu_group_and_the_answer_follows():

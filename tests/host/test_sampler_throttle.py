@@ -14,6 +14,7 @@ from fleet.host.cgroup import V1, V2, CgroupUnavailable, CpuStat
 from fleet.rules.fsm import CORDONED, NOMINAL
 from fleet.rules.posture import PostureOwner
 from fleet.host.sampler import Sampler
+from tests.cgroups import remove_group
 
 
 class FakeClock:
@@ -136,18 +137,6 @@ def _limit(path, version, quota_us, period_us=100_000):
         f.write(str(quota_us))
 
 
-def _rmdir(path):
-    # A killed and reaped process may take a moment to leave the group.
-    for _ in range(200):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.01)
-    os.rmdir(path)
-
 
 class Group:
     """A cgroup this test created, with a busy child that it can start and stop."""
@@ -183,7 +172,7 @@ def throttled_group():
         yield group
     finally:
         group.stop_load()
-        _rmdir(path)
+        remove_group(path)
 
 
 def _drive(sampler, want, deadline_s=20.0):
