@@ -137,7 +137,6 @@ def _limit(path, version, quota_us, period_us=100_000):
         f.write(str(quota_us))
 
 
-
 class Group:
     """A cgroup this test created, with a busy child that it can start and stop."""
 
