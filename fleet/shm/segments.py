@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib
 import logging
 import mmap
 import os
@@ -137,6 +138,9 @@ class Kind:
 
 #: Every kind by magic, so that a refusal can say what a segment really is.
 _KINDS: dict[int, Kind] = {}
+#: The modules that define the kinds (each registers its own on import); a sweep imports
+#: them, so it knows every kind whichever of them its caller imported.
+KIND_MODULES = ("fleet.shm.table.segment", "fleet.shm.dataplane")
 
 
 # ------------------------------------------------------------------------ names
@@ -578,13 +582,17 @@ def reclaim_stale_of(prefix: str) -> list[str]:
         entries = os.listdir(SHM_DIR)
     except OSError:
         return removed
+    for module in KIND_MODULES:  # a segment is judged by its kind: every kind known, whatever the caller imported
+        importlib.import_module(module)
     kinds = sorted(_KINDS.values(), key=lambda k: -len(k.suffix))  # ".data" before ""
     for entry in sorted(entries):
         plain, token = _split(entry)
         if not plain.startswith(f"fleet.{prefix}") or (token is not None and not _TOKEN_RE.fullmatch(token)):
             continue
         rest = plain[len("fleet."):]
-        kind = next(k for k in kinds if rest.endswith(k.suffix))
+        kind = next((k for k in kinds if rest.endswith(k.suffix)), None)
+        if kind is None:
+            continue  # no kind of fleet's ends so: not plainly a fleet's
         fleet = rest[: len(rest) - len(kind.suffix)] if kind.suffix else rest
         try:
             found = Found(entry, os.lstat(os.path.join(SHM_DIR, entry)))

@@ -327,6 +327,23 @@ def test_the_sweep_of_per_process_names_takes_stale_alternates_too(fleet_name, p
     assert segments(fleet_name) == [f"fleet.{fleet_name}"]  # the plant alone
 
 
+def test_the_sweep_knows_every_kind_whatever_its_caller_imported(fleet_name):
+    """A process that imported only the segments module (no table, no data plane) sweeps
+    a stale table and a stale data segment of a dead process of ours."""
+    code = ("from fleet.rules.roles import REFERENCE_ROLES; from fleet.shm.table import SlotTable;"
+            "from fleet.shm.dataplane import DataSegment;"
+            f"t = SlotTable.create({fleet_name!r}, REFERENCE_ROLES, 4); t.close();"
+            f"d = DataSegment.create({fleet_name!r}, 1, 4096, 4096); d.close()")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=BOUND_S)
+    assert sorted(segments(fleet_name)) == [f"fleet.{fleet_name}", f"fleet.{fleet_name}.data"]
+    sweep = ("import json, sys; from fleet.shm import segments;"
+             f"print(json.dumps(sorted(segments.reclaim_stale_of({fleet_name!r}))));"
+             "assert 'fleet.shm.dataplane' in sys.modules")
+    out = subprocess.run([sys.executable, "-c", sweep], check=True, timeout=BOUND_S, capture_output=True, text=True)
+    assert json.loads(out.stdout) == [f"fleet.{fleet_name}", f"fleet.{fleet_name}.data"]
+    assert segments(fleet_name) == []
+
+
 # --- a real fleetd, with both names taken -----------------------------------------------------------
 
 
