@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from tests.daemons import Fleetd, to_toml
+from tests import require
 
 V1_CPU = "/sys/fs/cgroup/cpu"
 V1_MEMORY = "/sys/fs/cgroup/memory"
@@ -36,7 +37,7 @@ def remove_group(path: str) -> None:
 def require_v1_cpu() -> None:
     """Fail under CI (root, cgroups v1 cpu: a missing one is a broken machine), skip elsewhere."""
     if os.geteuid() != 0 or not os.path.exists(os.path.join(V1_CPU, "cgroup.procs")):
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and a cgroup v1 cpu hierarchy")
+        require.lacking("needs root and a cgroup v1 cpu hierarchy")
 
 
 class CpuGroup:
@@ -94,7 +95,7 @@ def v2_group():
     tasks); removed on exit. Fails under CI (root, cgroup2 with PSI there), skips elsewhere."""
     mount = _cgroup2_mount()
     if os.geteuid() != 0 or mount is None or not os.path.exists(os.path.join(mount, "cpu.pressure")):
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and a cgroup2 mount with PSI")
+        require.lacking("needs root and a cgroup2 mount with PSI")
     path = os.path.join(mount, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.mkdir(path)
     group = CpuGroup(path)
@@ -126,7 +127,7 @@ def memory_group():
     """A fresh v1 memory cgroup (no limit until the test sets one); removed on exit, its
     processes killed first. Fails under CI (root, a v1 memory hierarchy), skips elsewhere."""
     if os.geteuid() != 0 or not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and a cgroup v1 memory hierarchy")
+        require.lacking("needs root and a cgroup v1 memory hierarchy")
     path = os.path.join(V1_MEMORY, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.mkdir(path)
     group = MemoryGroup(path)

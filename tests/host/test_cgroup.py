@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+from tests import require
 
 from fleet.host import cgroup
 from fleet.host.cgroup import V1, V2, CgroupUnavailable
@@ -191,7 +192,7 @@ def test_psi_trigger_on_a_missing_file_is_typed():
         cgroup.PsiTrigger(str(FIXTURES / "empty" / "nope"), 100000, 2000000)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/pressure/cpu") and not os.environ.get("CI"), reason="kernel without PSI")
+@pytest.mark.skipif(not os.path.exists("/proc/pressure/cpu") and not require.required(), reason="kernel without PSI")
 def test_psi_trigger_arms_and_polls_on_this_kernel():
     try:
         trig = cgroup.PsiTrigger("/proc/pressure/cpu", 150000, 2000000)
@@ -226,7 +227,7 @@ def test_affinity_is_the_process_not_a_pinned_thread():
 
     whole = len(os.sched_getaffinity(0))
     if whole < 2:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs 2 CPUs to pin a thread to fewer")
+        require.lacking("needs 2 CPUs to pin a thread to fewer")
     seen = []
 
     def pinned():

@@ -16,6 +16,7 @@ import pytest
 from fleet.host import cgroup
 from fleet.rules import delegation as D
 from tests.cgroups import cpu_group, remove_group
+from tests import require
 
 UNIT = "/system.slice/fleetd@demo.service"
 V2_FILES = ("cgroup.procs", "cgroup.controllers", "cgroup.subtree_control", "cpu.stat", "cpu.pressure",
@@ -236,7 +237,7 @@ def _cgroup2() -> str:
     with open("/proc/self/mountinfo") as f:
         mount = next((m.mount_point for m in cgroup.parse_mountinfo(f.read()) if m.fstype == "cgroup2"), None)
     if os.geteuid() != 0 or mount is None:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and a cgroup2 mount")
+        require.lacking("needs root and a cgroup2 mount")
     return mount
 
 

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from fleet.rules import titles
+from tests import require
 from tests.cgroups import FleetdInGroup, cpu_group
 from tests.daemons import BOUND_S, segments, wait_until
 
@@ -101,7 +102,7 @@ def _loop_affinity(d) -> list[int]:
 ])
 def test_the_seats_follow_a_live_quota_change_under_load(fleet_name, loop, at_two, at_one, loop_at_two):
     if _cpus() != [0, 1]:
-        pytest.skip("laid out for a 2-CPU host")  # the expected CPUs below are this host's
+        require.lacking("laid out for a 2-CPU host")  # the expected CPUs below are this host's
     roles = {"w": {"kind": "pooled", "handler": "tests.handlers:spin", "slots": 4, "queue_bound": 100_000}}
     with cpu_group(2.0) as group:
         d = FleetdInGroup(fleet_name, roles, group, extra={"budget": {"loop": loop}})

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from fleet.service import control as c
 from fleet.rules.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, ConfigError
 from tests.daemons import idle_connections
+from tests import require
 
 NOBODY = 65534
 NOGROUP = 65534
@@ -522,7 +523,7 @@ def test_live_socket_and_non_socket_are_never_taken_over(sockdir):
 
 # Switching uid needs root. CI runs as root, so it never skips there (CI=true makes
 # a non-root run fail loudly rather than pass on skips).
-needs_root = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"), reason="switching uid needs root")
+needs_root = pytest.mark.skipif(os.geteuid() != 0 and not require.required(), reason="switching uid needs root")
 
 
 def as_uid(uid, gid, fn):

@@ -30,6 +30,7 @@ from fleet.shm.table.segment import KIND as TABLE
 from fleet.host.trust import UntrustedPeer
 from tests.daemons import BOUND_S, Fleetd, segments
 from tests.uids import NOBODY, as_nobody
+from tests import require
 
 pytestmark = pytest.mark.root
 
@@ -40,7 +41,7 @@ MARKING = {"mark": {"kind": "pooled", "handler": "tests.unpickle_marks:marking",
 @pytest.fixture(autouse=True)
 def _root():
     if os.geteuid() != 0:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root to plant files as uid 65534")
+        require.lacking("needs root to plant files as uid 65534")
 
 
 # --- what uid 65534 plants -------------------------------------------------------------------------
