@@ -10,7 +10,6 @@ import sys
 import time
 import uuid
 
-import pytest
 
 from tests.daemons import Fleetd, to_toml
 from tests import require
