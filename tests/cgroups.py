@@ -10,9 +10,8 @@ import sys
 import time
 import uuid
 
-
-from tests.daemons import Fleetd, to_toml
 from tests import require
+from tests.daemons import Fleetd, to_toml
 
 V1_CPU = "/sys/fs/cgroup/cpu"
 V1_MEMORY = "/sys/fs/cgroup/memory"
