@@ -69,11 +69,18 @@ def cpu_group(cpus: float):
     """A fresh v1 cpu cgroup limited to `cpus` CPUs; removed on exit (processes still in
     it are the test's own: they are killed first, so rmdir can succeed)."""
     require_v1_cpu()
-    path = os.path.join(V1_CPU, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.mkdir(path)
-    group = CpuGroup(path)
-    try:
+    with _fresh(V1_CPU, CpuGroup) as group:
         group.set_quota(cpus)
+        yield group
+
+
+@contextlib.contextmanager
+def _fresh(root: str, kind):
+    """A new group of `kind` under `root`, named for this test process; removed on exit,
+    its processes (the test's own) killed first."""
+    group = kind(os.path.join(root, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"))
+    os.mkdir(group.path)
+    try:
         yield group
     finally:
         _remove(group)
@@ -94,13 +101,8 @@ def v2_group():
     mount = _cgroup2_mount()
     if os.geteuid() != 0 or mount is None or not os.path.exists(os.path.join(mount, "cpu.pressure")):
         require.lacking("needs root and a cgroup2 mount with PSI")
-    path = os.path.join(mount, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.mkdir(path)
-    group = CpuGroup(path)
-    try:
+    with _fresh(mount, CpuGroup) as group:
         yield group
-    finally:
-        _remove(group)
 
 
 class MemoryGroup(CpuGroup):
@@ -126,13 +128,8 @@ def memory_group():
     processes killed first. Fails under CI (root, a v1 memory hierarchy), skips elsewhere."""
     if os.geteuid() != 0 or not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
         require.lacking("needs root and a cgroup v1 memory hierarchy")
-    path = os.path.join(V1_MEMORY, f"fleet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.mkdir(path)
-    group = MemoryGroup(path)
-    try:
+    with _fresh(V1_MEMORY, MemoryGroup) as group:
         yield group
-    finally:
-        _remove(group)
 
 
 class Both:
