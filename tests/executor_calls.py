@@ -11,6 +11,13 @@ def square(x):
     return x * x
 
 
+def nap(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
 def add(x, y=0):
     return x + y
 

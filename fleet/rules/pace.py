@@ -22,10 +22,17 @@ The run time is the workers' own measure (a result's ``elapsed``), smoothed over
 last few units (`SMOOTHING`) so that one odd unit does not swing the depth. Pure: the
 loop feeds it (`fleet.runtime.results`) and hands the depth to the dispatcher
 (`Dispatcher.pace`).
+
+A map without a chunksize batches its calls the same way (`Batches`, `batch_for`): as
+many calls per unit as run about BATCH_S, measured from the map's own completions, so
+that microsecond calls do not each pay a unit's trip, and a batch sent ahead stays
+within cancel's bound above.
 """
 from __future__ import annotations
 
+import collections
 import math
+import threading
 
 #: A unit's trip through the supervisor: its result read from the ring, the loop's turn,
 #: the next unit granted and pushed, the worker woken. ~50-200 us on a quiet host, about
@@ -83,3 +90,88 @@ class Pace:
     def run_s(self, code: int) -> float | None:
         """The role's smoothed run time (None before any of its units ended)."""
         return self._run_s[code]
+
+
+# --- map's batches ---------------------------------------------------------------------------
+#: A batch of map's calls (one unit) runs about this long at most, once their length is
+#: measured: long enough that a unit's trip through the supervisor is a small share of it,
+#: short enough that one sent ahead keeps cancel (Ctrl-C, leaving a map) waiting no longer
+#: than a round trip or two (`ROUND_TRIP_S`).
+BATCH_S = 2e-3
+#: Most calls in one batch, however short they are.
+BATCH_MAX = 1024
+#: A batch grows at most this many times over the last one: one quick measure (a loaded
+#: host's lucky stretch) does not make a batch that runs far past BATCH_S.
+BATCH_GROWTH = 4
+#: Units a batching map keeps submitted ahead of its results, per slot: about
+#: BATCH_AHEAD * BATCH_S of work each, so a batch size measured anew reaches the queue soon.
+BATCH_AHEAD = 16
+#: A map's measure of its calls spans at least this long: the futures of a burst of
+#: completions resolve at one instant, and over a shorter span would measure no time.
+MEASURE_S = 10 * BATCH_S
+
+
+def batch_for(item_s: float | None, last: int, target_s: float = BATCH_S, most: int = BATCH_MAX) -> int:
+    """Calls per batch for calls that cost `item_s` seconds each (None: not measured
+    yet: one), when the last batch held `last`: as many as run `target_s`, at least one,
+    at most `most` and BATCH_GROWTH times `last`."""
+    if item_s is None or item_s != item_s:  # not measured, or NaN
+        return 1
+    fit = int(target_s / item_s) if item_s > 0 else most
+    return max(1, min(fit, most, BATCH_GROWTH * max(1, last)))
+
+
+class Batches:
+    """A map's batch size, from the pace its own calls complete at.
+
+    A call's cost is measured as the map sees it, end to end: `slots` workers complete
+    ``items`` calls in ``seconds``, so each costs ``slots * seconds / items`` of a
+    worker's time, its trip through the supervisor included (so a batch never runs
+    longer on its worker than BATCH_S). Futures resolve in bursts (the loop settles a
+    turn's at once; a caller busy pickling the next batches holds the loop back), so
+    the measure spans at least MEASURE_S and `span` completions, from the map's first
+    submit until it can (a cold start measures long, which errs towards small batches).
+    A map whose caller takes its results slowly measures long too: it needs no batches.
+    `started(now)` once, at the first submit; `done(now, items)` at each completion
+    (any thread: the loop resolves the futures); `size()` the next unit's calls."""
+
+    def __init__(self, slots: int, span: int | None = None, target_s: float | None = None,
+                 most: int = BATCH_MAX, measure_s: float | None = None):
+        self.slots = max(1, slots)
+        self._target_s = BATCH_S if target_s is None else target_s
+        self._measure_s = MEASURE_S if measure_s is None else measure_s
+        self._span = span or 2 * self.slots
+        self._most = most
+        self._marks: collections.deque = collections.deque()  # (completed at, items), oldest first
+        self._items = 0  # items of the marks after the first (the first is the span's origin)
+        self._lock = threading.Lock()
+        self._last = 1
+
+    def started(self, now: float) -> None:
+        with self._lock:
+            if not self._marks:
+                self._marks.append((now, 0))
+
+    def done(self, now: float, items: int) -> None:
+        with self._lock:
+            marks = self._marks
+            if not marks:
+                marks.append((now, 0))
+                return
+            marks.append((now, items))
+            self._items += items
+            # the oldest go while what stays still spans MEASURE_S and `span` completions
+            while len(marks) > self._span + 1 and now - marks[1][0] >= self._measure_s:
+                marks.popleft()
+                self._items -= marks[0][1]
+
+    def item_s(self) -> float | None:
+        """A call's measured cost in seconds of a worker; None before a completion."""
+        with self._lock:
+            if len(self._marks) < 2 or not self._items:
+                return None
+            return self.slots * max(0.0, self._marks[-1][0] - self._marks[0][0]) / self._items
+
+    def size(self) -> int:
+        self._last = batch_for(self.item_s(), self._last, self._target_s, self._most)
+        return self._last

@@ -32,6 +32,7 @@ import threading
 
 from fleet.shm import messages as M
 from fleet.shm import parcels
+from fleet.worker.calls import Calls
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED, Refused
 from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, PayloadTooLarge, PayloadUnpicklable
@@ -130,8 +131,9 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
 
 def _has_blob(obj, depth: int) -> bool:
     """Whether `obj` holds a `bytes` of OOB_MIN bytes or more: itself, or in the tuples,
-    lists and dicts (values) of its first `depth` levels of at most SCAN_LEN items (a call's
-    arguments, a task body, a result). Deeper, or in longer containers, one stays in band.
+    lists, dicts (values) and map chunks (`Calls`: its calls' arguments) of its first
+    `depth` levels of at most SCAN_LEN items (a call's arguments, a task body, a chunk, a
+    result). Deeper, or in longer containers, one stays in band.
     (It runs on every submit: loops, not generators; a container's atoms looked at in place.)"""
     kind = type(obj)
     if kind is bytes:
@@ -140,6 +142,8 @@ def _has_blob(obj, depth: int) -> bool:
         return len(obj.data) >= OOB_MIN
     if kind is dict:
         obj, kind = obj.values(), list
+    elif kind is Calls:
+        obj, kind = obj.items, list
     if not depth or (kind is not tuple and kind is not list) or len(obj) > SCAN_LEN:
         return False
     for item in obj:
@@ -147,7 +151,8 @@ def _has_blob(obj, depth: int) -> bool:
         if kind is bytes:
             if len(item) >= OOB_MIN:
                 return True
-        elif (kind is tuple or kind is list or kind is dict or kind is _Pickled) and _has_blob(item, depth - 1):
+        elif (kind is tuple or kind is list or kind is dict or kind is _Pickled or kind is Calls) and _has_blob(
+                item, depth - 1):
             return True
     return False
 

@@ -6,6 +6,7 @@ or as their units complete (a chunk's items one by one, in C).
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import queue
 import time
@@ -13,6 +14,7 @@ from concurrent.futures import Future
 from typing import Callable, Iterable, Iterator
 
 from fleet._chunk import hand_out
+from fleet.rules.pace import BATCH_AHEAD, Batches
 from fleet.rules.outcomes import FAILED, SUPPRESSED
 from fleet.rules.raised import unit_exception
 from fleet.rules.unit import Outcome, error_for
@@ -42,7 +44,8 @@ def map_window(chunksize: int, queue_bound: int, slots: int = 0) -> int:
 def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Iterable, *, chunksize: int = 1,
               timeout: float | None = None, window: Callable[[], int] = lambda: MAP_WINDOW,
               ordered: bool = True, submit_many: Callable[[list, bool], list] | None = None,
-              chunk_of: Callable[[list], object] | None = None) -> Iterator:
+              chunk_of: Callable[[list], object] | None = None, batches: Batches | None = None,
+              single_of: Callable[[object], object] | None = None) -> Iterator:
     """`Executor.map` over units, shared by the embedded `Fleet` and the service-mode client.
 
     ``submit(payload, chunk)`` queues one unit (``chunk=True``: the payload is a list
@@ -66,11 +69,17 @@ def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Ite
 
     ``chunk_of(items)``, when given, makes a chunk's payload of its list of items (any
     sized object its role's worker runs as a chunk: the Executor's `Calls`).
+
+    ``batches`` (a `fleet.rules.pace.Batches`), when given, sizes the chunks itself, as the
+    map's calls turn out to run (`chunksize` is then not used): one call per unit (its
+    payload ``single_of(item)``) until they are measured, then each unit as many as run
+    about `fleet.rules.pace.BATCH_S` (a chunk, ``chunk_of(items)``). The window is then
+    BATCH_AHEAD units per slot, so that a new measure reaches the units soon.
     """
     if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
         raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many, chunk_of)
+    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many, chunk_of, batches, single_of)
     feeder.fill()
     results = _ordered if ordered else _unordered
     return MapIterator.over(results(role, feeder, chunksize, deadline))
@@ -105,9 +114,13 @@ class _Feeder:
     per result) and `pending` is the set still owed a result.
     """
 
-    def __init__(self, submit, items, chunksize, window, ordered, submit_many=None, chunk_of=None):
+    def __init__(self, submit, items, chunksize, window, ordered, submit_many=None, chunk_of=None, batches=None,
+                 single_of=None):
         self.submit, self.items, self.chunksize, self.window = submit, items, chunksize, window
         self.submit_many, self.chunk_of = submit_many, chunk_of
+        self.batches, self.single_of = batches, single_of
+        #: with `batches`: the pending futures that are chunks (the others are single calls)
+        self.chunked = None if batches is None else set()
         self.more = True
         self.pending = collections.deque() if ordered else set()
         self.done = None if ordered else queue.SimpleQueue()
@@ -116,6 +129,9 @@ class _Feeder:
         self.low = 0
 
     def fill(self) -> None:
+        if self.batches is not None:
+            self._fill_batches()
+            return
         if self.submit_many is not None:
             if self.more and len(self.pending) <= self.low:
                 self._fill_batch()
@@ -142,6 +158,47 @@ class _Feeder:
             for future in self.submit_many(payloads, self.chunksize > 1):
                 self._track(future)
 
+    def _fill_batches(self) -> None:
+        """Top the window up with units of the size the map's measure calls for now."""
+        batches = self.batches
+        n = batches.size()
+        slots = batches.slots
+        window = max(1, min(self.window(), BATCH_AHEAD * slots, max(2 * slots, MAP_WINDOW_ITEMS // n)))
+        low = window - min(MAP_REFILL, max(1, window // 4))
+        free = window - len(self.pending)
+        if not self.more or free <= 0 or (self.pending and len(self.pending) > low):
+            return
+        if n == 1:
+            payloads = [self.single_of(item) for item in itertools.islice(self.items, free)]
+        else:
+            payloads = []
+            while len(payloads) < free and (chunk := self._chunk(n)):
+                payloads.append(chunk)
+        self.more = len(payloads) == free
+        if not payloads:
+            return
+        batches.started(time.monotonic())
+        if self.submit_many is not None:
+            futures = self.submit_many(payloads, n > 1)
+        else:
+            futures = [self.submit(payload, n > 1) for payload in payloads]
+        done = functools.partial(_completed, batches, n)
+        for future in futures:
+            if n > 1:
+                self.chunked.add(future)
+            self._track(future)
+            future.add_done_callback(done)
+
+    def is_chunk(self, future: Future) -> bool:
+        """Whether `future` (taken off the pending ones) is a chunk's."""
+        chunked = self.chunked
+        if chunked is None:
+            return self.chunksize > 1
+        if future in chunked:
+            chunked.discard(future)
+            return True
+        return False
+
     def _feed(self) -> bool:
         if self.chunksize == 1:
             for payload in self.items:
@@ -153,9 +210,9 @@ class _Feeder:
             self._track(self.submit(chunk, True))
         return bool(chunk)
 
-    def _chunk(self):
-        """The next chunk's payload: up to `chunksize` items; empty (falsy) at the end."""
-        items = list(itertools.islice(self.items, self.chunksize))
+    def _chunk(self, n: int | None = None):
+        """The next chunk's payload: up to `n` (default `chunksize`) items; empty (falsy) at the end."""
+        items = list(itertools.islice(self.items, n or self.chunksize))
         return self.chunk_of(items) if items and self.chunk_of is not None else items
 
     def _track(self, future: Future) -> None:
@@ -170,6 +227,10 @@ class _Feeder:
             future.cancel()
 
 
+def _completed(batches: Batches, items: int, _future) -> None:
+    batches.done(time.monotonic(), items)
+
+
 def _left(deadline):
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -178,7 +239,7 @@ def _ordered(role, feeder, chunksize, deadline):
     pending = feeder.pending
     try:
         while pending:
-            yield from _results(role, pending.popleft(), chunksize, _left(deadline))
+            yield from _results(role, pending.popleft(), feeder, _left(deadline))
             feeder.fill()
     finally:
         feeder.cancel_rest()
@@ -193,13 +254,13 @@ def _unordered(role, feeder, chunksize, deadline):
             except queue.Empty:
                 raise TimeoutError(f"map_unordered over {role!r}: timed out with {len(pending)} unit(s) owed") from None
             pending.discard(future)
-            yield from _results(role, future, chunksize, 0)
+            yield from _results(role, future, feeder, 0)
             feeder.fill()
     finally:
         feeder.cancel_rest()
 
 
-def _results(role, future: Future, chunksize: int, left) -> Iterable:
+def _results(role, future: Future, feeder: _Feeder, left) -> Iterable:
     """The values of one unit of a map, for its generator to `yield from`: one iterable
     of them (its value alone, or a chunk's list as it came back). A unit that did not
     solve raises its error here, and a chunk with a failed item yields the values before
@@ -207,7 +268,7 @@ def _results(role, future: Future, chunksize: int, left) -> Iterable:
     iteration (and cancels what has not started), as the unit's own error does.
     Each value is let go of as it is handed out (`fleet._chunk.hand_out`), as
     ProcessPoolExecutor's map does: a result the caller dropped is freed at once."""
-    if chunksize == 1:
+    if not feeder.is_chunk(future):
         return (hand_out([future.result(left)]),)
     exc = future.exception(left)
     if exc is not None:

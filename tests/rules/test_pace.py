@@ -1,10 +1,12 @@
 """What is sent ahead to a busy slot follows the units' measured run time (fleet.rules.pace):
-enough to keep a worker busy, never more out of cancel's reach than needed."""
+enough to keep a worker busy, never more out of cancel's reach than needed. A map's
+batches follow its calls' measured cost: as many calls as run about BATCH_S, no more."""
 from __future__ import annotations
 
 import pytest
 
-from fleet.rules.pace import FIRST_AHEAD, IDLE_SHARE, ROUND_TRIP_S, Pace, depth_for
+from fleet.rules.pace import (BATCH_GROWTH, BATCH_MAX, BATCH_S, FIRST_AHEAD, IDLE_SHARE, MEASURE_S, ROUND_TRIP_S,
+                              Batches, Pace, batch_for, depth_for)
 
 
 @pytest.mark.parametrize("run_s, depth", [
@@ -45,3 +47,57 @@ def test_pace_reports_a_roles_depth_only_when_it_changes_and_smooths_one_odd_uni
         pace.ran(0, 0.5)
     assert pace.depths[0] == 0
     assert pace.ran(0, float("nan")) is None and pace.depths[0] == 0  # no measure: no change
+
+
+# --- map's batches ------------------------------------------------------------------------
+@pytest.mark.parametrize("item_s, last, size", [
+    (None, 1, 1), (float("nan"), 50, 1),  # not measured: one call per unit
+    (BATCH_S, 1, 1), (0.5, 64, 1), (10.0, 1, 1),  # a call as long as a batch, or longer: alone
+    (BATCH_S / 10, 100, 10), (BATCH_S / 10.5, 100, 10),  # as many as run BATCH_S, rounded down
+    (BATCH_S / 1000, 1, BATCH_GROWTH), (BATCH_S / 1000, 100, 400),  # growth bounded by the last batch
+    (0.0, BATCH_MAX, BATCH_MAX), (1e-9, 10**6, BATCH_MAX),  # never more than BATCH_MAX
+])
+def test_a_batch_holds_the_calls_that_run_its_time(item_s, last, size):
+    assert batch_for(item_s, last) == size
+
+
+def test_a_batch_never_runs_past_its_time_once_measured():
+    for item_s in (1e-7, 1e-6, 3e-5, 2e-4, 9e-4, 1e-3, 0.004, 0.5):
+        for last in (1, 4, 100, BATCH_MAX):
+            n = batch_for(item_s, last)
+            assert n == 1 or n * item_s <= BATCH_S
+
+
+def test_batches_measure_a_calls_cost_from_the_maps_own_completions():
+    b = Batches(slots=2, measure_s=0.0)
+    assert b.item_s() is None and b.size() == 1  # nothing measured: one call per unit
+    b.started(10.0)
+    b.done(10.001, 1)  # 2 workers, 1 call in 1 ms: 2 ms of a worker each
+    assert b.item_s() == pytest.approx(2e-3) and b.size() == 1
+    for i in range(2, 40):
+        b.done(10.0 + i * 1e-4, 1)  # then a call every 0.1 ms: 0.2 ms of a worker each
+    assert b.item_s() == pytest.approx(2e-4) and b.size() == min(BATCH_GROWTH, int(BATCH_S / 2e-4))
+    assert [b.size() for _ in range(3)] == [int(BATCH_S / 2e-4)] * 3  # grown, then steady
+
+
+def test_a_burst_of_completions_measures_over_the_span_not_as_no_time():
+    """Futures settle in bursts (a loop turn's at once): a burst must not read as calls
+    that cost nothing, which would grow the batches without end."""
+    b = Batches(slots=2)
+    b.started(0.0)
+    t = 0.0
+    for _ in range(50):  # 50 bursts of 8 calls each 4 ms apart: 1 ms of a worker per call
+        t += 4e-3
+        for _ in range(8):
+            b.done(t, 1)
+    assert b.item_s() == pytest.approx(1e-3, rel=0.1)
+    assert max(b.size() for _ in range(10)) <= int(BATCH_S / 1e-3)
+    assert t - MEASURE_S >= 0  # the span above was long enough to slide
+
+
+def test_slow_calls_never_batch():
+    b = Batches(slots=2)
+    b.started(0.0)
+    for i in range(1, 30):
+        b.done(i * 0.05, 1)
+    assert [b.size() for _ in range(5)] == [1] * 5
