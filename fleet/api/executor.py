@@ -207,12 +207,10 @@ class Executor(_StdExecutor):
         star = len(iterables) != 1
         if chunksize is None:
             if self._max_tasks is None:
-                # batches sized as the calls turn out to run (fleet.rules.pace.Batches): a call
-                # travels alone, its arguments a tuple, or in a chunk among others (`Calls`)
-                single_of = functools.partial(_single if star else _single_arg, fn)
+                # chunks sized as the calls turn out to run (fleet.rules.pace.Batches)
                 items = zip(*iterables) if star else iterables[0]
                 return self._fleet_map(items, 1, timeout, ordered, progress, total,
-                                       functools.partial(Calls, fn, star=star), Batches(self._max_workers), single_of)
+                                       functools.partial(Calls, fn, star=star), Batches(self._max_workers))
             chunksize = 1  # a worker's count of units is of calls: one call per unit
         if chunksize == 1:
             # one call per unit, as submit makes it; zip and repeat in C: no Python frame
@@ -226,11 +224,10 @@ class Executor(_StdExecutor):
             chunk_of = functools.partial(Calls, fn, star=star)
         return self._fleet_map(items, chunksize, timeout, ordered, progress, total, chunk_of)
 
-    def _fleet_map(self, items, chunksize, timeout, ordered, progress, total, chunk_of, batches=None,
-                   single_of=None) -> Iterator:
+    def _fleet_map(self, items, chunksize, timeout, ordered, progress, total, chunk_of, batches=None) -> Iterator:
         try:
             return self._fleet._map(ROLE, items, chunksize, timeout, None, ordered, progress, total, chunk_of,
-                                    batches, single_of)
+                                    batches)
         except FleetClosed:
             raise RuntimeError(AFTER_SHUTDOWN) from None
 
@@ -257,16 +254,6 @@ class Executor(_StdExecutor):
 
     def __repr__(self) -> str:
         return f"<fleet.Executor max_workers={self._max_workers} fleet={self._fleet.name!r}>"
-
-
-def _single(fn, args: tuple) -> tuple:
-    """A batching map's call that travels alone, as submit makes it (several iterables)."""
-    return fn, args, NO_KWARGS
-
-
-def _single_arg(fn, arg) -> tuple:
-    """A batching map's call that travels alone (one iterable: the item is the argument)."""
-    return fn, (arg,), NO_KWARGS
 
 
 def _check_args(max_workers, mp_context, initializer, max_tasks_per_child) -> None:

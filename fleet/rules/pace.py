@@ -24,15 +24,13 @@ loop feeds it (`fleet.runtime.results`) and hands the depth to the dispatcher
 (`Dispatcher.pace`).
 
 A map without a chunksize batches its calls the same way (`Batches`, `batch_for`): as
-many calls per unit as run about BATCH_S, measured from the map's own completions, so
-that microsecond calls do not each pay a unit's trip, and a batch sent ahead stays
-within cancel's bound above.
+many calls per unit as run about BATCH_S in the worker, measured from the map's own
+chunks, so that microsecond calls do not each pay a unit's trip, and a batch sent ahead
+stays within cancel's bound above.
 """
 from __future__ import annotations
 
-import collections
 import math
-import threading
 
 #: A unit's trip through the supervisor: its result read from the ring, the loop's turn,
 #: the next unit granted and pushed, the worker woken. ~50-200 us on a quiet host, about
@@ -106,9 +104,6 @@ BATCH_GROWTH = 4
 #: Units a batching map keeps submitted ahead of its results, per slot: about
 #: BATCH_AHEAD * BATCH_S of work each, so a batch size measured anew reaches the queue soon.
 BATCH_AHEAD = 16
-#: A map's measure of its calls spans at least this long: the futures of a burst of
-#: completions resolve at one instant, and over a shorter span would measure no time.
-MEASURE_S = 10 * BATCH_S
 
 
 def batch_for(item_s: float | None, last: int, target_s: float = BATCH_S, most: int = BATCH_MAX) -> int:
@@ -122,56 +117,33 @@ def batch_for(item_s: float | None, last: int, target_s: float = BATCH_S, most: 
 
 
 class Batches:
-    """A map's batch size, from the pace its own calls complete at.
+    """A map's batch size, from its own calls' run in the workers.
 
-    A call's cost is measured as the map sees it, end to end: `slots` workers complete
-    ``items`` calls in ``seconds``, so each costs ``slots * seconds / items`` of a
-    worker's time, its trip through the supervisor included (so a batch never runs
-    longer on its worker than BATCH_S). Futures resolve in bursts (the loop settles a
-    turn's at once; a caller busy pickling the next batches holds the loop back), so
-    the measure spans at least MEASURE_S and `span` completions, from the map's first
-    submit until it can (a cold start measures long, which errs towards small batches).
-    A map whose caller takes its results slowly measures long too: it needs no batches.
-    `started(now)` once, at the first submit; `done(now, items)` at each completion
-    (any thread: the loop resolves the futures); `size()` the next unit's calls."""
+    Each chunk comes back saying how long its calls ran in the worker, from its
+    payload's arrival to its last call's end (`ran(seconds, calls)`): a call's cost is
+    that over its calls, smoothed over the map's chunks (`SMOOTHING`). Only the map's
+    own chunks count: another map's calls of the same executor may be far shorter or
+    longer. `size()`: the next chunk's calls, one until a chunk has come back. One map
+    feeds and asks it, from the thread that takes its results."""
 
-    def __init__(self, slots: int, span: int | None = None, target_s: float | None = None,
-                 most: int = BATCH_MAX, measure_s: float | None = None):
+    def __init__(self, slots: int, target_s: float | None = None, most: int = BATCH_MAX):
         self.slots = max(1, slots)
         self._target_s = BATCH_S if target_s is None else target_s
-        self._measure_s = MEASURE_S if measure_s is None else measure_s
-        self._span = span or 2 * self.slots
         self._most = most
-        self._marks: collections.deque = collections.deque()  # (completed at, items), oldest first
-        self._items = 0  # items of the marks after the first (the first is the span's origin)
-        self._lock = threading.Lock()
+        self._item_s: float | None = None
         self._last = 1
 
-    def started(self, now: float) -> None:
-        with self._lock:
-            if not self._marks:
-                self._marks.append((now, 0))
-
-    def done(self, now: float, items: int) -> None:
-        with self._lock:
-            marks = self._marks
-            if not marks:
-                marks.append((now, 0))
-                return
-            marks.append((now, items))
-            self._items += items
-            # the oldest go while what stays still spans MEASURE_S and `span` completions
-            while len(marks) > self._span + 1 and now - marks[1][0] >= self._measure_s:
-                marks.popleft()
-                self._items -= marks[0][1]
+    def ran(self, seconds: float, calls: int) -> None:
+        if not calls or not seconds >= 0:  # NaN or a negative: no measure
+            return
+        x = seconds / calls
+        last = self._item_s
+        self._item_s = x if last is None else last + SMOOTHING * (x - last)
 
     def item_s(self) -> float | None:
-        """A call's measured cost in seconds of a worker; None before a completion."""
-        with self._lock:
-            if len(self._marks) < 2 or not self._items:
-                return None
-            return self.slots * max(0.0, self._marks[-1][0] - self._marks[0][0]) / self._items
+        """A call's measured run in seconds; None before a chunk came back."""
+        return self._item_s
 
     def size(self) -> int:
-        self._last = batch_for(self.item_s(), self._last, self._target_s, self._most)
+        self._last = batch_for(self._item_s, self._last, self._target_s, self._most)
         return self._last

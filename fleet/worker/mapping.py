@@ -6,7 +6,6 @@ or as their units complete (a chunk's items one by one, in C).
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import queue
 import time
@@ -44,8 +43,7 @@ def map_window(chunksize: int, queue_bound: int, slots: int = 0) -> int:
 def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Iterable, *, chunksize: int = 1,
               timeout: float | None = None, window: Callable[[], int] = lambda: MAP_WINDOW,
               ordered: bool = True, submit_many: Callable[[list, bool], list] | None = None,
-              chunk_of: Callable[[list], object] | None = None, batches: Batches | None = None,
-              single_of: Callable[[object], object] | None = None) -> Iterator:
+              chunk_of: Callable[[list], object] | None = None, batches: Batches | None = None) -> Iterator:
     """`Executor.map` over units, shared by the embedded `Fleet` and the service-mode client.
 
     ``submit(payload, chunk)`` queues one unit (``chunk=True``: the payload is a list
@@ -71,15 +69,15 @@ def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Ite
     sized object its role's worker runs as a chunk: the Executor's `Calls`).
 
     ``batches`` (a `fleet.rules.pace.Batches`), when given, sizes the chunks itself, as the
-    map's calls turn out to run (`chunksize` is then not used): one call per unit (its
-    payload ``single_of(item)``) until they are measured, then each unit as many as run
-    about `fleet.rules.pace.BATCH_S` (a chunk, ``chunk_of(items)``). The window is then
-    BATCH_AHEAD units per slot, so that a new measure reaches the units soon.
+    map's calls turn out to run (`chunksize` is then not used): chunks of one call until
+    a chunk has come back (each says how long its calls ran in the worker), then as many
+    as run about `fleet.rules.pace.BATCH_S`. The window is then BATCH_AHEAD units per
+    slot, so that a new measure reaches the units soon.
     """
     if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
         raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many, chunk_of, batches, single_of)
+    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many, chunk_of, batches)
     feeder.fill()
     results = _ordered if ordered else _unordered
     return MapIterator.over(results(role, feeder, chunksize, deadline))
@@ -114,13 +112,11 @@ class _Feeder:
     per result) and `pending` is the set still owed a result.
     """
 
-    def __init__(self, submit, items, chunksize, window, ordered, submit_many=None, chunk_of=None, batches=None,
-                 single_of=None):
+    def __init__(self, submit, items, chunksize, window, ordered, submit_many=None, chunk_of=None, batches=None):
         self.submit, self.items, self.chunksize, self.window = submit, items, chunksize, window
-        self.submit_many, self.chunk_of = submit_many, chunk_of
-        self.batches, self.single_of = batches, single_of
-        #: with `batches`: the pending futures that are chunks (the others are single calls)
-        self.chunked = None if batches is None else set()
+        self.submit_many, self.chunk_of, self.batches = submit_many, chunk_of, batches
+        #: whether its units are chunks (a chunk's value is a list of values, not one)
+        self.chunks = chunksize > 1 or batches is not None
         self.more = True
         self.pending = collections.deque() if ordered else set()
         self.done = None if ordered else queue.SimpleQueue()
@@ -168,36 +164,18 @@ class _Feeder:
         free = window - len(self.pending)
         if not self.more or free <= 0 or (self.pending and len(self.pending) > low):
             return
-        if n == 1:
-            payloads = [self.single_of(item) for item in itertools.islice(self.items, free)]
-        else:
-            payloads = []
-            while len(payloads) < free and (chunk := self._chunk(n)):
-                payloads.append(chunk)
+        payloads = []
+        while len(payloads) < free and (chunk := self._chunk(n)):
+            payloads.append(chunk)
         self.more = len(payloads) == free
         if not payloads:
             return
-        batches.started(time.monotonic())
         if self.submit_many is not None:
-            futures = self.submit_many(payloads, n > 1)
+            futures = self.submit_many(payloads, True)
         else:
-            futures = [self.submit(payload, n > 1) for payload in payloads]
-        done = functools.partial(_completed, batches, n)
+            futures = [self.submit(payload, True) for payload in payloads]
         for future in futures:
-            if n > 1:
-                self.chunked.add(future)
             self._track(future)
-            future.add_done_callback(done)
-
-    def is_chunk(self, future: Future) -> bool:
-        """Whether `future` (taken off the pending ones) is a chunk's."""
-        chunked = self.chunked
-        if chunked is None:
-            return self.chunksize > 1
-        if future in chunked:
-            chunked.discard(future)
-            return True
-        return False
 
     def _feed(self) -> bool:
         if self.chunksize == 1:
@@ -227,10 +205,6 @@ class _Feeder:
             future.cancel()
 
 
-def _completed(batches: Batches, items: int, _future) -> None:
-    batches.done(time.monotonic(), items)
-
-
 def _left(deadline):
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -239,7 +213,7 @@ def _ordered(role, feeder, chunksize, deadline):
     pending = feeder.pending
     try:
         while pending:
-            yield from _results(role, pending.popleft(), feeder, _left(deadline))
+            yield from _results(role, pending.popleft(), feeder.chunks, _left(deadline), feeder.batches)
             feeder.fill()
     finally:
         feeder.cancel_rest()
@@ -254,26 +228,32 @@ def _unordered(role, feeder, chunksize, deadline):
             except queue.Empty:
                 raise TimeoutError(f"map_unordered over {role!r}: timed out with {len(pending)} unit(s) owed") from None
             pending.discard(future)
-            yield from _results(role, future, feeder, 0)
+            yield from _results(role, future, feeder.chunks, 0, feeder.batches)
             feeder.fill()
     finally:
         feeder.cancel_rest()
 
 
-def _results(role, future: Future, feeder: _Feeder, left) -> Iterable:
+def _results(role, future: Future, chunks: bool, left, batches: Batches | None = None) -> Iterable:
     """The values of one unit of a map, for its generator to `yield from`: one iterable
     of them (its value alone, or a chunk's list as it came back). A unit that did not
     solve raises its error here, and a chunk with a failed item yields the values before
     it and then raises that item's error: raised in the generator, it ends the
     iteration (and cancels what has not started), as the unit's own error does.
     Each value is let go of as it is handed out (`fleet._chunk.hand_out`), as
-    ProcessPoolExecutor's map does: a result the caller dropped is freed at once."""
-    if not feeder.is_chunk(future):
+    ProcessPoolExecutor's map does: a result the caller dropped is freed at once.
+    A chunk's value is ``(values, failures, seconds)``: its calls' run in the worker is
+    told to `batches`, when the map sizes its own."""
+    if not chunks:
         return (hand_out([future.result(left)]),)
     exc = future.exception(left)
     if exc is not None:
         raise exc
-    values, failures = future.result()
+    chunk = future.result()
+    values, failures = chunk[0], chunk[1]
+    if batches is not None and len(chunk) > 2:
+        batches.ran(chunk[2], len(values))
+    del chunk
     return _upto_failure(role, values, failures) if failures else (hand_out(values),)
 
 
@@ -319,5 +299,7 @@ def _item(role: str, status: int, value):
     """Raise the error of a chunk item that did not solve."""
     if status == M.ST_SUPPRESSED:
         raise error_for(0, role, Outcome(SUPPRESSED, None, value))
+    if status == M.ST_RESULT_ERROR:  # its value could not be pickled in the worker
+        raise error_for(0, role, Outcome(FAILED, Reason.RESULT_ERROR, value))
     text, original = handler_error(*value)  # rebuilt here, under the codec's guard
     raise unit_exception(0, role, Outcome(FAILED, Reason.HANDLER_ERROR, text), original)

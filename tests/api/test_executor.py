@@ -206,6 +206,17 @@ def test_a_batching_maps_failed_call_raises_at_its_place(ex, monkeypatch):
     assert got == [float(i) for i in range(1500)]  # every value before it, in order, and none after
 
 
+def test_a_batching_maps_unpicklable_result_fails_its_own_call_only(ex, monkeypatch):
+    monkeypatch.setattr(pace, "BATCH_S", 3600.0)
+    units, items = _units_and_items(ex)
+    got = []
+    with pytest.raises(fleet.UnitFailed, match="cannot be pickled") as info:
+        for value in ex.map(C.lock_at, range(1000), [700] * 1000):
+            got.append(value)
+    assert got == list(range(700)) and info.value.outcome.reason == "ResultError"
+    assert _units_and_items(ex)[0] - units < 700 / 4  # it was in a batch
+
+
 def test_a_map_without_chunksize_sends_calls_one_by_one_when_batches_are_off(ex, monkeypatch):
     monkeypatch.setattr(pace, "BATCH_S", 0.0)  # no call is short enough to share a unit
     units, items = _units_and_items(ex)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.rules.pace import (BATCH_GROWTH, BATCH_MAX, BATCH_S, FIRST_AHEAD, IDLE_SHARE, MEASURE_S, ROUND_TRIP_S,
+from fleet.rules.pace import (BATCH_GROWTH, BATCH_MAX, BATCH_S, FIRST_AHEAD, IDLE_SHARE, ROUND_TRIP_S,
                               Batches, Pace, batch_for, depth_for)
 
 
@@ -68,36 +68,37 @@ def test_a_batch_never_runs_past_its_time_once_measured():
             assert n == 1 or n * item_s <= BATCH_S
 
 
-def test_batches_measure_a_calls_cost_from_the_maps_own_completions():
-    b = Batches(slots=2, measure_s=0.0)
-    assert b.item_s() is None and b.size() == 1  # nothing measured: one call per unit
-    b.started(10.0)
-    b.done(10.001, 1)  # 2 workers, 1 call in 1 ms: 2 ms of a worker each
-    assert b.item_s() == pytest.approx(2e-3) and b.size() == 1
-    for i in range(2, 40):
-        b.done(10.0 + i * 1e-4, 1)  # then a call every 0.1 ms: 0.2 ms of a worker each
-    assert b.item_s() == pytest.approx(2e-4) and b.size() == min(BATCH_GROWTH, int(BATCH_S / 2e-4))
-    assert [b.size() for _ in range(3)] == [int(BATCH_S / 2e-4)] * 3  # grown, then steady
-
-
-def test_a_burst_of_completions_measures_over_the_span_not_as_no_time():
-    """Futures settle in bursts (a loop turn's at once): a burst must not read as calls
-    that cost nothing, which would grow the batches without end."""
+def test_batches_follow_the_maps_own_chunks_run_in_the_worker():
     b = Batches(slots=2)
-    b.started(0.0)
-    t = 0.0
-    for _ in range(50):  # 50 bursts of 8 calls each 4 ms apart: 1 ms of a worker per call
-        t += 4e-3
-        for _ in range(8):
-            b.done(t, 1)
-    assert b.item_s() == pytest.approx(1e-3, rel=0.1)
-    assert max(b.size() for _ in range(10)) <= int(BATCH_S / 1e-3)
-    assert t - MEASURE_S >= 0  # the span above was long enough to slide
+    assert b.item_s() is None and b.size() == 1  # nothing measured: one call per chunk
+    b.ran(2e-3, 1)  # one call of 2 ms: still alone
+    assert b.item_s() == pytest.approx(2e-3) and b.size() == 1
+    for _ in range(40):
+        b.ran(2e-4 * 10, 10)  # then calls of 0.2 ms: ten to a batch, reached by growth
+    assert b.item_s() == pytest.approx(2e-4, rel=1e-3)
+    n = int(BATCH_S / b.item_s())
+    assert n in (9, 10) and [b.size() for _ in range(3)] == [BATCH_GROWTH, n, n]  # grown, then steady
+    b.ran(float("nan"), 5)
+    b.ran(1.0, 0)  # no measure: nothing moves
+    assert b.item_s() == pytest.approx(2e-4, rel=1e-3)
+
+
+def test_one_slow_chunk_among_fast_ones_moves_the_measure_not_all_the_way():
+    b = Batches(slots=2)
+    b.ran(1e-6 * 100, 100)
+    b.ran(0.1, 1)  # an odd call of 100 ms
+    assert 1e-6 < b.item_s() < 0.1 and b.size() == 1  # small batches until the calls are short again
+
+
+def test_batches_grow_by_at_most_their_growth_per_chunk():
+    b = Batches(slots=2)
+    b.ran(1e-7, 1)
+    sizes = [b.size() for _ in range(6)]
+    assert sizes == [min(BATCH_MAX, BATCH_GROWTH ** k) for k in range(1, 7)]
 
 
 def test_slow_calls_never_batch():
     b = Batches(slots=2)
-    b.started(0.0)
-    for i in range(1, 30):
-        b.done(i * 0.05, 1)
+    for _ in range(30):
+        b.ran(0.05, 1)
     assert [b.size() for _ in range(5)] == [1] * 5
