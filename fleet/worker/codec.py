@@ -63,8 +63,9 @@ INLINE_MAX = 1 << 20
 SCAN_DEPTH, SCAN_LEN = 4, 64
 #: The first byte of a body that names a parcel ("P"); a pickle's first byte is PROTO (0x80).
 PARCEL = 0x50
-#: After it: whether the receiver takes the parcel (a result) or its sender keeps it (a task).
-_TAKE, _KEEP = ord("T"), ord("K")
+#: After it: whether the receiver takes the parcel (a result) or its sender keeps it (a task),
+#: or the receiver copies out of it and gives it back to its writer (a worker's result).
+_TAKE, _KEEP, _LEND = ord("T"), ord("K"), ord("L")
 
 
 class CodecError(Exception):
@@ -88,7 +89,7 @@ def _dumps(value) -> bytes:
 
 
 def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = INLINE_MAX,
-         reserve=None, writer=None) -> tuple[bytes, str | None]:
+         reserve=None, writer=None, lend: bool = False) -> tuple[bytes, str | None]:
     """`value` as a ring message's body, under the guard: (body, the parcel's name or None).
 
     Pickled with protocol 5: each buffer of OOB_MIN bytes or more is set aside out of band,
@@ -100,6 +101,9 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     ``fleet`` None: no parcel (the body is the pickle, whatever its size). ``reserve(n)``:
     called with the parcel's size before it is written (it may wait, or raise). ``writer``:
     what writes the parts (`parcels.Warm.write`); a new parcel of `fleet` by default.
+    ``lend`` (with a `parcels.Lender`'s writer): the receiver copies the value out of the
+    parcel and gives it back to be written into again (`_unparcel`), when the writer lent
+    it (else the receiver takes it).
 
     Raises CodecError (it cannot be pickled), parcels.ParcelError (no room in /dev/shm)."""
     if fleet is None:
@@ -124,8 +128,11 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     sizes = [memoryview(p).nbytes for p in parts]
     if reserve is not None:
         reserve(parcels.layout(sizes)[1])
-    name, offsets = parcels.write(fleet, parts) if writer is None else writer(parts)
-    ref = bytes((PARCEL, _TAKE if take else _KEEP)) + pickle.dumps((name, offsets, sizes, len(aside)), protocol=5)
+    written = parcels.write(fleet, parts) if writer is None else writer(parts)
+    name, offsets = written[0], written[1]
+    lent = lend and written[2]  # a lender's writer says whether it lends this one
+    mode = _LEND if lent else _TAKE if take else _KEEP
+    ref = bytes((PARCEL, mode)) + pickle.dumps((name, offsets, sizes, len(aside)), protocol=5)
     return ref, name
 
 
@@ -264,6 +271,8 @@ def _unparcel(data):
     a result's is taken; a task's is private and given back at the unit's end (`lending`).
     Its blobs (large `bytes`) are read into bytes of their own: one copy, no mapping."""
     name, offsets, sizes, n_oob = pickle.loads(data[2:])
+    if data[1] == _LEND:
+        return _copied_out(name, offsets, sizes, n_oob)
     take = data[1] == _TAKE
     fd, size = parcels.open_fd(name, take=take)
     try:
@@ -282,6 +291,22 @@ def _unparcel(data):
     view = memoryview(mm)
     stream = view[offsets[0] : offsets[0] + sizes[0]]
     buffers = [view[o : o + n] for o, n in zip(offsets[1 : 1 + n_oob], sizes[1 : 1 + n_oob])]
+    return _load_parts(stream, buffers, blobs)
+
+
+def _copied_out(name: str, offsets, sizes, n_oob: int):
+    """The object a lent parcel holds, built over memory of its own: its pickle, buffers and
+    blobs copied out (one copy each, as a pipe's read would make), and the parcel given
+    back to its writer before the object is built, whatever building it does. (Its
+    writer's pages are kept warm: a fresh segment's cost more than the copy.)"""
+    fd, size = parcels.open_fd(name, take=False)
+    try:
+        stream = parcels.read(fd, offsets[0], sizes[0])
+        buffers = parcels.copy_out(fd, size, list(zip(offsets[1 : 1 + n_oob], sizes[1 : 1 + n_oob])))
+        blobs = [parcels.read(fd, o, n) for o, n in zip(offsets[1 + n_oob:], sizes[1 + n_oob:])]
+    finally:
+        os.close(fd)
+        parcels.give_back(name)
     return _load_parts(stream, buffers, blobs)
 
 
@@ -531,12 +556,15 @@ def _relayed(body, what: str) -> _Pickled:
     if not (len(body) and body[0] == PARCEL):
         return _Pickled(bytes(body))
     name, offsets, sizes, n_oob = pickle.loads(body[2:])
+    lent = body[1] == _LEND
     try:
-        fd, _size = parcels.open_fd(name, take=True)
+        fd, _size = parcels.open_fd(name, take=not lent)
         try:
             parts = [parcels.read(fd, o, n) for o, n in zip(offsets, sizes)]
         finally:
             os.close(fd)
+            if lent:
+                parcels.give_back(name)
     except parcels.ParcelError as exc:
         raise CodecError(f"{what} cannot be read: {exc}") from None
     if len(parts) == 1:

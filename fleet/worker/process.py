@@ -51,7 +51,7 @@ from fleet.rules.dispatch import RIDE
 from fleet.shm import messages as M
 from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps, error_parts, loads,
                                  pack, parcel_of, refused_body, safe_str, split_route)
-from fleet.shm.parcels import ParcelError, remove as remove_parcel
+from fleet.shm.parcels import Lender, ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
 from fleet.worker.io.runner import IoRunner
@@ -117,8 +117,11 @@ class Worker:
         self.tasks = data.tasks(seat)
         self.results = data.results(seat)
         self.bell = data.bell
-        #: Where a result too large for the ring goes: a parcel of this fleet, beside it
-        self._beside = (data.name, min(INLINE_MAX, self.results.max_message - M.RESULT_HEAD.size))
+        #: Where a result too large for the ring goes: a parcel of this fleet, beside it, lent
+        #: to the supervisor, which copies the result out and gives the parcel back (its pages
+        #: stay warm for the next: `parcels.Lender`)
+        self._lender = Lender(data.name)
+        self._beside = (data.name, min(INLINE_MAX, self.results.max_message - M.RESULT_HEAD.size), self._lender.write)
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
         self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
         self._async = [inspect.iscoroutinefunction(h) for h in handlers]
@@ -698,12 +701,13 @@ def _unpicklable_items(values: list, failures: dict) -> bool:
     return found
 
 
-def _result_body(value, beside: tuple[str, int], what: str = "the result") -> tuple[int, bytes]:
+def _result_body(value, beside: tuple, what: str = "the result") -> tuple[int, bytes]:
     """A value's result body: inline in the ring, or naming the parcel it travels in beside
-    it (`beside`: the fleet's name, the most bytes carried inline), which the supervisor takes."""
-    fleet, inline_max = beside
+    it (`beside`: the fleet's name, the most bytes carried inline, and the writer of the
+    parcels the supervisor copies results out of and gives back)."""
+    fleet, inline_max, writer = beside
     try:
-        return M.ST_SOLVED, pack(value, what, fleet, take=True, inline_max=inline_max)[0]
+        return M.ST_SOLVED, pack(value, what, fleet, take=True, inline_max=inline_max, writer=writer, lend=True)[0]
     except CodecError as exc:  # an unpicklable result is the unit's outcome
         return M.ST_RESULT_ERROR, _utf8(str(exc))
     except ParcelError as exc:  # no room in /dev/shm for it: the unit's outcome too
