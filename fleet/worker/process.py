@@ -49,8 +49,8 @@ import traceback
 from fleet.rules import cordon, fsm
 from fleet.rules.dispatch import RIDE
 from fleet.shm import messages as M
-from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps, error_parts, loads,
-                                 pack, parcel_of, refused_body, safe_str, split_route)
+from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps,
+                                 error_parts, loads, pack, parcel_of, refused_body, safe_str, split_route)
 from fleet.shm.parcels import Lender, ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
