@@ -11,6 +11,18 @@ def square(x):
     return x * x
 
 
+def nap(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def lock_at(x, at):
+    """x, or at x == at a value that cannot be pickled (a lock)."""
+    return threading.Lock() if x == at else x
+
+
 def add(x, y=0):
     return x + y
 

@@ -40,6 +40,7 @@ from fleet.shm.segments import reclaim_stale_of
 # the table's and the data plane's, loaded here before the first sweep.
 from fleet.shm import dataplane  # noqa: F401
 from fleet.shm.table import segment  # noqa: F401
+from fleet.rules.pace import Batches
 from fleet.rules.quota import detected_from
 from fleet.rules.ranges import config_range
 from fleet.rules.roles import Role
@@ -156,6 +157,7 @@ class Executor(_StdExecutor):
         parcels.sweep_orphans(NAME_PREFIX)  # and the parcels of those whose tables are gone
         setup = WorkerSetup.of_this_process(initializer=initializer, initargs=initargs, max_tasks=max_tasks_per_child)
         self._max_workers = workers
+        self._max_tasks = max_tasks_per_child
         self._mp_context = mp_context
         self._shutdown = False
         self._fleet = Fleet(dataclasses.replace(config, workers=setup, paced=True))
@@ -177,18 +179,21 @@ class Executor(_StdExecutor):
         except FleetClosed:
             raise RuntimeError(AFTER_SHUTDOWN) from None
 
-    def map(self, fn, *iterables, timeout: float | None = None, chunksize: int = 1,
+    def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
             progress: bool = False) -> Iterator:
         """``fn(*args)`` for the items of `iterables` taken together (as the builtin
-        map, shortest first), in order. With ``chunksize > 1`` that many calls travel
-        and run as one unit. A call's exception is raised when the iteration reaches
+        map, shortest first), in order. With ``chunksize=n`` that many calls travel
+        and run as one unit (1: each call its own, as ProcessPoolExecutor's default);
+        without it, calls travel one by one until their length is measured, then in
+        batches that run about 2 ms each (`fleet.rules.pace.Batches`; not with
+        `max_tasks_per_child`, whose count is of units). A call's exception is raised when the iteration reaches
         it; `timeout` bounds the whole iteration (TimeoutError). The iterables are read
         lazily, a bounded window ahead of the results taken (`fleet.worker.mapping.map_units`),
         so a generator of any length maps in bounded memory. ``progress=True`` draws a
         tqdm progress bar."""
         return self._map(fn, iterables, timeout, chunksize, progress, ordered=True)
 
-    def map_unordered(self, fn, *iterables, timeout: float | None = None, chunksize: int = 1,
+    def map_unordered(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
                       progress: bool = False) -> Iterator:
         """As `map`, but results come as their calls complete (a chunk's in its order),
         as ``multiprocessing.Pool.imap_unordered`` hands them out."""
@@ -199,6 +204,14 @@ class Executor(_StdExecutor):
             raise RuntimeError(AFTER_SHUTDOWN)
         lengths = [length_of(i) for i in iterables] if progress else [None]
         total = None if None in lengths else min(lengths, default=0)
+        star = len(iterables) != 1
+        if chunksize is None:
+            if self._max_tasks is None:
+                # chunks sized as the calls turn out to run (fleet.rules.pace.Batches)
+                items = zip(*iterables) if star else iterables[0]
+                return self._fleet_map(items, 1, timeout, ordered, progress, total,
+                                       functools.partial(Calls, fn, star=star), Batches(self._max_workers))
+            chunksize = 1  # a worker's count of units is of calls: one call per unit
         if chunksize == 1:
             # one call per unit, as submit makes it; zip and repeat in C: no Python frame
             # per item on the caller's side of a map
@@ -207,11 +220,14 @@ class Executor(_StdExecutor):
         else:
             # a chunk travels as one Calls: fn once, then the items' arguments (one
             # iterable: each item is the argument; several: a tuple of one from each)
-            star = len(iterables) != 1
             items = zip(*iterables) if star else iterables[0]
             chunk_of = functools.partial(Calls, fn, star=star)
+        return self._fleet_map(items, chunksize, timeout, ordered, progress, total, chunk_of)
+
+    def _fleet_map(self, items, chunksize, timeout, ordered, progress, total, chunk_of, batches=None) -> Iterator:
         try:
-            return self._fleet._map(ROLE, items, chunksize, timeout, None, ordered, progress, total, chunk_of)
+            return self._fleet._map(ROLE, items, chunksize, timeout, None, ordered, progress, total, chunk_of,
+                                    batches)
         except FleetClosed:
             raise RuntimeError(AFTER_SHUTDOWN) from None
 

@@ -145,14 +145,14 @@ class Fleet(Executor):
         return self._map(role, iterable, chunksize, timeout, lane, ordered=False, progress=progress)
 
     def _map(self, role, iterable, chunksize, timeout, lane, ordered: bool, progress: bool = False,
-             total: int | None = None, chunk_of: Callable[[list], object] | None = None) -> Iterator:
+             total: int | None = None, chunk_of: Callable[[list], object] | None = None, batches=None) -> Iterator:
         sup = self._sup
         results = map_units(
             lambda payload, chunk: sup.submit(role, payload, lane=lane, chunk=chunk),
             role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role, chunksize),
             ordered=ordered,
             submit_many=lambda payloads, chunk: sup.submit_many(role, payloads, lane=lane, chunk=chunk),
-            chunk_of=chunk_of,
+            chunk_of=chunk_of, batches=batches,
         )
         if not progress:
             return results

@@ -22,6 +22,11 @@ The run time is the workers' own measure (a result's ``elapsed``), smoothed over
 last few units (`SMOOTHING`) so that one odd unit does not swing the depth. Pure: the
 loop feeds it (`fleet.runtime.results`) and hands the depth to the dispatcher
 (`Dispatcher.pace`).
+
+A map without a chunksize batches its calls the same way (`Batches`, `batch_for`): as
+many calls per unit as run about BATCH_S in the worker, measured from the map's own
+chunks, so that microsecond calls do not each pay a unit's trip, and a batch sent ahead
+stays within cancel's bound above.
 """
 from __future__ import annotations
 
@@ -83,3 +88,62 @@ class Pace:
     def run_s(self, code: int) -> float | None:
         """The role's smoothed run time (None before any of its units ended)."""
         return self._run_s[code]
+
+
+# --- map's batches ---------------------------------------------------------------------------
+#: A batch of map's calls (one unit) runs about this long at most, once their length is
+#: measured: long enough that a unit's trip through the supervisor is a small share of it,
+#: short enough that one sent ahead keeps cancel (Ctrl-C, leaving a map) waiting no longer
+#: than a round trip or two (`ROUND_TRIP_S`).
+BATCH_S = 2e-3
+#: Most calls in one batch, however short they are.
+BATCH_MAX = 1024
+#: A batch grows at most this many times over the last one: one quick measure (a loaded
+#: host's lucky stretch) does not make a batch that runs far past BATCH_S.
+BATCH_GROWTH = 4
+#: Units a batching map keeps submitted ahead of its results, per slot: about
+#: BATCH_AHEAD * BATCH_S of work each, so a batch size measured anew reaches the queue soon.
+BATCH_AHEAD = 16
+
+
+def batch_for(item_s: float | None, last: int, target_s: float = BATCH_S, most: int = BATCH_MAX) -> int:
+    """Calls per batch for calls that cost `item_s` seconds each (None: not measured
+    yet: one), when the last batch held `last`: as many as run `target_s`, at least one,
+    at most `most` and BATCH_GROWTH times `last`."""
+    if item_s is None or item_s != item_s:  # not measured, or NaN
+        return 1
+    fit = int(target_s / item_s) if item_s > 0 else most
+    return max(1, min(fit, most, BATCH_GROWTH * max(1, last)))
+
+
+class Batches:
+    """A map's batch size, from its own calls' run in the workers.
+
+    Each chunk comes back saying how long its calls ran in the worker, from its
+    payload's arrival to its last call's end (`ran(seconds, calls)`): a call's cost is
+    that over its calls, smoothed over the map's chunks (`SMOOTHING`). Only the map's
+    own chunks count: another map's calls of the same executor may be far shorter or
+    longer. `size()`: the next chunk's calls, one until a chunk has come back. One map
+    feeds and asks it, from the thread that takes its results."""
+
+    def __init__(self, slots: int, target_s: float | None = None, most: int = BATCH_MAX):
+        self.slots = max(1, slots)
+        self._target_s = BATCH_S if target_s is None else target_s
+        self._most = most
+        self._item_s: float | None = None
+        self._last = 1
+
+    def ran(self, seconds: float, calls: int) -> None:
+        if not calls or not seconds >= 0:  # NaN or a negative: no measure
+            return
+        x = seconds / calls
+        last = self._item_s
+        self._item_s = x if last is None else last + SMOOTHING * (x - last)
+
+    def item_s(self) -> float | None:
+        """A call's measured run in seconds; None before a chunk came back."""
+        return self._item_s
+
+    def size(self) -> int:
+        self._last = batch_for(self._item_s, self._last, self._target_s, self._most)
+        return self._last

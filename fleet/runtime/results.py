@@ -62,7 +62,8 @@ class Results:
         self._run_observer = observer
 
     def collect(self) -> None:
-        """Every seat's results, slice by slice; counters published once, if any came."""
+        """Every seat's results, slice by slice, until its ring is empty; counters
+        published once, if any came."""
         busy = False
         seats = self._seats
         for seat in range(seats.count):
@@ -70,7 +71,10 @@ class Results:
             while batch := ring.pop_many(max_msgs=RESULT_SLICE):
                 busy = True
                 self.handle(batch, seat)
-                if len(batch) < RESULT_SLICE:
+                # A short slice may be short for bytes (pop_many's budget), not for want of
+                # messages: stop only at an empty ring. A result left in it would wait for
+                # the loop's idle timeout, as its worker rang the bell already.
+                if len(batch) < RESULT_SLICE and not ring.used:
                     break
             seats.flush_waiting(seat)
         if busy:

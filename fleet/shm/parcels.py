@@ -419,3 +419,129 @@ def _unlink(warm: str) -> None:
         os.unlink(os.path.join(SHM_DIR, warm))
     except FileNotFoundError:
         pass
+
+
+def give_back(name: str) -> bool:
+    """The receiver of a lent parcel (`Lender`) is done with it: it goes back to its
+    writer, free, under its warm name. False when it was gone (its writer let it go)."""
+    try:
+        os.rename(_path(name), os.path.join(SHM_DIR, _warm_name(name)))
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def copy_out(fd: int, size: int, parts) -> list:
+    """The `parts` ((offset, length) each) of an open parcel, each copied into memory of
+    its own (an array of bytes when numpy is loaded: its large blocks are huge pages; else
+    a bytearray), through one read-only mapping unmapped before this returns."""
+    np = sys.modules.get("numpy")
+    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    try:
+        out = []
+        for off, n in parts:
+            if np is not None:
+                own = np.empty(n, np.uint8)
+                np.copyto(own, np.frombuffer(mm, np.uint8, n, off))  # lets other threads run meanwhile
+            else:
+                own = bytearray(mm[off : off + n])
+            out.append(own)
+        return out
+    finally:
+        mm.close()
+
+
+#: Most parcels a writer keeps of those it lends (`Lender`), and most bytes of them.
+LEND_KEEP = 4
+LEND_MAX = 128 << 20
+
+
+class Lender:
+    """The parcels of a process that sends large values to a receiver which copies them
+    out (a worker's results, `fleet.worker.codec.pack` with ``lend``): each kept mapped
+    here, lent under a parcel's name and given back by its receiver under its warm name
+    (`give_back`), then written into again. Fresh shared-memory pages cost more here than
+    the copy itself (each is allocated as it is first written, and freed with the parcel);
+    a parcel given back has its pages already. At most `keep` parcels and `keep_bytes`
+    bytes are kept, until the process ends (its parcels are swept with its pid): past
+    them, one given back is let go to make room, and when all are still out a value
+    travels in a parcel the receiver takes, as without a lender. A parcel lent is never
+    removed before its receiver gave it back. Any thread writes (one lock; the copies run
+    outside it)."""
+
+    def __init__(self, fleet: str, keep: int = LEND_KEEP, keep_bytes: int = LEND_MAX):
+        self._fleet, self._keep, self._keep_bytes = fleet, keep, keep_bytes
+        self._held: list[list] = []  # [name, size, mapping], oldest lent first
+        self._lock = threading.Lock()
+
+    def write(self, parts: list) -> tuple[str, list[int], bool]:
+        """A parcel holding `parts`, as `write` makes one: (its name, the offsets, whether it
+        is lent: else its receiver takes it). Into a parcel given back whose size fits,
+        else a new one. Raises ParcelError."""
+        views = _bytes_views(parts)
+        offsets, total = layout(v.nbytes for v in views)
+        entry = self._reclaim(total)
+        if entry is not None:
+            for view, off in zip(views, offsets):
+                _copy_into(entry[2], off, view)
+            return entry[0], offsets, True
+        size = _warm_size(total)
+        lend = self._room(size)
+        name, offsets, fd = write(self._fleet, views, keep_fd=True, size=size if lend else None)
+        try:
+            if not lend:
+                return name, offsets, False
+            try:
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
+            except OSError:
+                return name, offsets, False
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._held.append([name, size, mm])
+        return name, offsets, True
+
+    def _reclaim(self, total: int):
+        """A parcel given back whose size fits `total` (at most twice it), lent again under a
+        fresh name: [name, size, mapping]; None when there is none."""
+        with self._lock:
+            for entry in self._held:
+                name, size, _mm = entry
+                if not total <= size <= 2 * total + mmap.PAGESIZE:
+                    continue
+                fresh = name_for(self._fleet)
+                try:  # succeeds only once its receiver gave it back
+                    os.rename(os.path.join(SHM_DIR, _warm_name(name)), os.path.join(SHM_DIR, fresh))
+                except OSError:
+                    continue
+                entry[0] = fresh
+                self._held.remove(entry)
+                self._held.append(entry)
+                return entry
+            return None
+
+    def _room(self, size: int) -> bool:
+        """Whether a new parcel of `size` may be kept: room under the keep, made by letting
+        go parcels given back (oldest first) when needed; never one still lent."""
+        if size > self._keep_bytes:
+            return False
+        with self._lock:
+            gone = []
+            for entry in list(self._held):
+                if len(self._held) < self._keep and sum(e[1] for e in self._held) + size <= self._keep_bytes:
+                    break
+                try:  # succeeds only for one given back: a lent one stays its receiver's
+                    os.unlink(os.path.join(SHM_DIR, _warm_name(entry[0])))
+                except OSError:
+                    continue
+                self._held.remove(entry)
+                gone.append(entry)
+            room = len(self._held) < self._keep and sum(e[1] for e in self._held) + size <= self._keep_bytes
+        for _name, _size, mm in gone:
+            mm.close()
+        return room
+
+    def held(self) -> int:
+        """Parcels kept now (lent or given back)."""
+        with self._lock:
+            return len(self._held)

@@ -32,6 +32,7 @@ import threading
 
 from fleet.shm import messages as M
 from fleet.shm import parcels
+from fleet.worker.calls import Calls
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED, Refused
 from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, PayloadTooLarge, PayloadUnpicklable
@@ -62,8 +63,9 @@ INLINE_MAX = 1 << 20
 SCAN_DEPTH, SCAN_LEN = 4, 64
 #: The first byte of a body that names a parcel ("P"); a pickle's first byte is PROTO (0x80).
 PARCEL = 0x50
-#: After it: whether the receiver takes the parcel (a result) or its sender keeps it (a task).
-_TAKE, _KEEP = ord("T"), ord("K")
+#: After it: whether the receiver takes the parcel (a result) or its sender keeps it (a task),
+#: or the receiver copies out of it and gives it back to its writer (a worker's result).
+_TAKE, _KEEP, _LEND = ord("T"), ord("K"), ord("L")
 
 
 class CodecError(Exception):
@@ -87,7 +89,7 @@ def _dumps(value) -> bytes:
 
 
 def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = INLINE_MAX,
-         reserve=None, writer=None) -> tuple[bytes, str | None]:
+         reserve=None, writer=None, lend: bool = False) -> tuple[bytes, str | None]:
     """`value` as a ring message's body, under the guard: (body, the parcel's name or None).
 
     Pickled with protocol 5: each buffer of OOB_MIN bytes or more is set aside out of band,
@@ -99,6 +101,9 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     ``fleet`` None: no parcel (the body is the pickle, whatever its size). ``reserve(n)``:
     called with the parcel's size before it is written (it may wait, or raise). ``writer``:
     what writes the parts (`parcels.Warm.write`); a new parcel of `fleet` by default.
+    ``lend`` (with a `parcels.Lender`'s writer): the receiver copies the value out of the
+    parcel and gives it back to be written into again (`_unparcel`), when the writer lent
+    it (else the receiver takes it).
 
     Raises CodecError (it cannot be pickled), parcels.ParcelError (no room in /dev/shm)."""
     if fleet is None:
@@ -123,15 +128,19 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     sizes = [memoryview(p).nbytes for p in parts]
     if reserve is not None:
         reserve(parcels.layout(sizes)[1])
-    name, offsets = parcels.write(fleet, parts) if writer is None else writer(parts)
-    ref = bytes((PARCEL, _TAKE if take else _KEEP)) + pickle.dumps((name, offsets, sizes, len(aside)), protocol=5)
+    written = parcels.write(fleet, parts) if writer is None else writer(parts)
+    name, offsets = written[0], written[1]
+    lent = lend and written[2]  # a lender's writer says whether it lends this one
+    mode = _LEND if lent else _TAKE if take else _KEEP
+    ref = bytes((PARCEL, mode)) + pickle.dumps((name, offsets, sizes, len(aside)), protocol=5)
     return ref, name
 
 
 def _has_blob(obj, depth: int) -> bool:
     """Whether `obj` holds a `bytes` of OOB_MIN bytes or more: itself, or in the tuples,
-    lists and dicts (values) of its first `depth` levels of at most SCAN_LEN items (a call's
-    arguments, a task body, a result). Deeper, or in longer containers, one stays in band.
+    lists, dicts (values) and map chunks (`Calls`: its calls' arguments) of its first
+    `depth` levels of at most SCAN_LEN items (a call's arguments, a task body, a chunk, a
+    result). Deeper, or in longer containers, one stays in band.
     (It runs on every submit: loops, not generators; a container's atoms looked at in place.)"""
     kind = type(obj)
     if kind is bytes:
@@ -140,6 +149,8 @@ def _has_blob(obj, depth: int) -> bool:
         return len(obj.data) >= OOB_MIN
     if kind is dict:
         obj, kind = obj.values(), list
+    elif kind is Calls:
+        obj, kind = obj.items, list
     if not depth or (kind is not tuple and kind is not list) or len(obj) > SCAN_LEN:
         return False
     for item in obj:
@@ -147,7 +158,8 @@ def _has_blob(obj, depth: int) -> bool:
         if kind is bytes:
             if len(item) >= OOB_MIN:
                 return True
-        elif (kind is tuple or kind is list or kind is dict or kind is _Pickled) and _has_blob(item, depth - 1):
+        elif (kind is tuple or kind is list or kind is dict or kind is _Pickled or kind is Calls) and _has_blob(
+                item, depth - 1):
             return True
     return False
 
@@ -259,6 +271,8 @@ def _unparcel(data):
     a result's is taken; a task's is private and given back at the unit's end (`lending`).
     Its blobs (large `bytes`) are read into bytes of their own: one copy, no mapping."""
     name, offsets, sizes, n_oob = pickle.loads(data[2:])
+    if data[1] == _LEND:
+        return _copied_out(name, offsets, sizes, n_oob)
     take = data[1] == _TAKE
     fd, size = parcels.open_fd(name, take=take)
     try:
@@ -277,6 +291,22 @@ def _unparcel(data):
     view = memoryview(mm)
     stream = view[offsets[0] : offsets[0] + sizes[0]]
     buffers = [view[o : o + n] for o, n in zip(offsets[1 : 1 + n_oob], sizes[1 : 1 + n_oob])]
+    return _load_parts(stream, buffers, blobs)
+
+
+def _copied_out(name: str, offsets, sizes, n_oob: int):
+    """The object a lent parcel holds, built over memory of its own: its pickle, buffers and
+    blobs copied out (one copy each, as a pipe's read would make), and the parcel given
+    back to its writer before the object is built, whatever building it does. (Its
+    writer's pages are kept warm: a fresh segment's cost more than the copy.)"""
+    fd, size = parcels.open_fd(name, take=False)
+    try:
+        stream = parcels.read(fd, offsets[0], sizes[0])
+        buffers = parcels.copy_out(fd, size, list(zip(offsets[1 : 1 + n_oob], sizes[1 : 1 + n_oob])))
+        blobs = [parcels.read(fd, o, n) for o, n in zip(offsets[1 + n_oob:], sizes[1 + n_oob:])]
+    finally:
+        os.close(fd)
+        parcels.give_back(name)
     return _load_parts(stream, buffers, blobs)
 
 
@@ -526,12 +556,15 @@ def _relayed(body, what: str) -> _Pickled:
     if not (len(body) and body[0] == PARCEL):
         return _Pickled(bytes(body))
     name, offsets, sizes, n_oob = pickle.loads(body[2:])
+    lent = body[1] == _LEND
     try:
-        fd, _size = parcels.open_fd(name, take=True)
+        fd, _size = parcels.open_fd(name, take=not lent)
         try:
             parts = [parcels.read(fd, o, n) for o, n in zip(offsets, sizes)]
         finally:
             os.close(fd)
+            if lent:
+                parcels.give_back(name)
     except parcels.ParcelError as exc:
         raise CodecError(f"{what} cannot be read: {exc}") from None
     if len(parts) == 1:

@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from typing import Callable, Iterable, Iterator
 
 from fleet._chunk import hand_out
+from fleet.rules.pace import BATCH_AHEAD, Batches
 from fleet.rules.outcomes import FAILED, SUPPRESSED
 from fleet.rules.raised import unit_exception
 from fleet.rules.unit import Outcome, error_for
@@ -42,7 +43,7 @@ def map_window(chunksize: int, queue_bound: int, slots: int = 0) -> int:
 def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Iterable, *, chunksize: int = 1,
               timeout: float | None = None, window: Callable[[], int] = lambda: MAP_WINDOW,
               ordered: bool = True, submit_many: Callable[[list, bool], list] | None = None,
-              chunk_of: Callable[[list], object] | None = None) -> Iterator:
+              chunk_of: Callable[[list], object] | None = None, batches: Batches | None = None) -> Iterator:
     """`Executor.map` over units, shared by the embedded `Fleet` and the service-mode client.
 
     ``submit(payload, chunk)`` queues one unit (``chunk=True``: the payload is a list
@@ -66,11 +67,17 @@ def map_units(submit: Callable[[object, bool], Future], role: str, iterable: Ite
 
     ``chunk_of(items)``, when given, makes a chunk's payload of its list of items (any
     sized object its role's worker runs as a chunk: the Executor's `Calls`).
+
+    ``batches`` (a `fleet.rules.pace.Batches`), when given, sizes the chunks itself, as the
+    map's calls turn out to run (`chunksize` is then not used): chunks of one call until
+    a chunk has come back (each says how long its calls ran in the worker), then as many
+    as run about `fleet.rules.pace.BATCH_S`. The window is then BATCH_AHEAD units per
+    slot, so that a new measure reaches the units soon.
     """
     if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
         raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many, chunk_of)
+    feeder = _Feeder(submit, iter(iterable), chunksize, window, ordered, submit_many, chunk_of, batches)
     feeder.fill()
     results = _ordered if ordered else _unordered
     return MapIterator.over(results(role, feeder, chunksize, deadline))
@@ -105,9 +112,11 @@ class _Feeder:
     per result) and `pending` is the set still owed a result.
     """
 
-    def __init__(self, submit, items, chunksize, window, ordered, submit_many=None, chunk_of=None):
+    def __init__(self, submit, items, chunksize, window, ordered, submit_many=None, chunk_of=None, batches=None):
         self.submit, self.items, self.chunksize, self.window = submit, items, chunksize, window
-        self.submit_many, self.chunk_of = submit_many, chunk_of
+        self.submit_many, self.chunk_of, self.batches = submit_many, chunk_of, batches
+        #: whether its units are chunks (a chunk's value is a list of values, not one)
+        self.chunks = chunksize > 1 or batches is not None
         self.more = True
         self.pending = collections.deque() if ordered else set()
         self.done = None if ordered else queue.SimpleQueue()
@@ -116,6 +125,9 @@ class _Feeder:
         self.low = 0
 
     def fill(self) -> None:
+        if self.batches is not None:
+            self._fill_batches()
+            return
         if self.submit_many is not None:
             if self.more and len(self.pending) <= self.low:
                 self._fill_batch()
@@ -142,6 +154,29 @@ class _Feeder:
             for future in self.submit_many(payloads, self.chunksize > 1):
                 self._track(future)
 
+    def _fill_batches(self) -> None:
+        """Top the window up with units of the size the map's measure calls for now."""
+        batches = self.batches
+        n = batches.size()
+        slots = batches.slots
+        window = max(1, min(self.window(), BATCH_AHEAD * slots, max(2 * slots, MAP_WINDOW_ITEMS // n)))
+        low = window - min(MAP_REFILL, max(1, window // 4))
+        free = window - len(self.pending)
+        if not self.more or free <= 0 or (self.pending and len(self.pending) > low):
+            return
+        payloads = []
+        while len(payloads) < free and (chunk := self._chunk(n)):
+            payloads.append(chunk)
+        self.more = len(payloads) == free
+        if not payloads:
+            return
+        if self.submit_many is not None:
+            futures = self.submit_many(payloads, True)
+        else:
+            futures = [self.submit(payload, True) for payload in payloads]
+        for future in futures:
+            self._track(future)
+
     def _feed(self) -> bool:
         if self.chunksize == 1:
             for payload in self.items:
@@ -153,9 +188,9 @@ class _Feeder:
             self._track(self.submit(chunk, True))
         return bool(chunk)
 
-    def _chunk(self):
-        """The next chunk's payload: up to `chunksize` items; empty (falsy) at the end."""
-        items = list(itertools.islice(self.items, self.chunksize))
+    def _chunk(self, n: int | None = None):
+        """The next chunk's payload: up to `n` (default `chunksize`) items; empty (falsy) at the end."""
+        items = list(itertools.islice(self.items, n or self.chunksize))
         return self.chunk_of(items) if items and self.chunk_of is not None else items
 
     def _track(self, future: Future) -> None:
@@ -178,7 +213,7 @@ def _ordered(role, feeder, chunksize, deadline):
     pending = feeder.pending
     try:
         while pending:
-            yield from _results(role, pending.popleft(), chunksize, _left(deadline))
+            yield from _results(role, pending.popleft(), feeder.chunks, _left(deadline), feeder.batches)
             feeder.fill()
     finally:
         feeder.cancel_rest()
@@ -193,26 +228,32 @@ def _unordered(role, feeder, chunksize, deadline):
             except queue.Empty:
                 raise TimeoutError(f"map_unordered over {role!r}: timed out with {len(pending)} unit(s) owed") from None
             pending.discard(future)
-            yield from _results(role, future, chunksize, 0)
+            yield from _results(role, future, feeder.chunks, 0, feeder.batches)
             feeder.fill()
     finally:
         feeder.cancel_rest()
 
 
-def _results(role, future: Future, chunksize: int, left) -> Iterable:
+def _results(role, future: Future, chunks: bool, left, batches: Batches | None = None) -> Iterable:
     """The values of one unit of a map, for its generator to `yield from`: one iterable
     of them (its value alone, or a chunk's list as it came back). A unit that did not
     solve raises its error here, and a chunk with a failed item yields the values before
     it and then raises that item's error: raised in the generator, it ends the
     iteration (and cancels what has not started), as the unit's own error does.
     Each value is let go of as it is handed out (`fleet._chunk.hand_out`), as
-    ProcessPoolExecutor's map does: a result the caller dropped is freed at once."""
-    if chunksize == 1:
+    ProcessPoolExecutor's map does: a result the caller dropped is freed at once.
+    A chunk's value is ``(values, failures, seconds)``: its calls' run in the worker is
+    told to `batches`, when the map sizes its own."""
+    if not chunks:
         return (hand_out([future.result(left)]),)
     exc = future.exception(left)
     if exc is not None:
         raise exc
-    values, failures = future.result()
+    chunk = future.result()
+    values, failures = chunk[0], chunk[1]
+    if batches is not None and len(chunk) > 2:
+        batches.ran(chunk[2], len(values))
+    del chunk
     return _upto_failure(role, values, failures) if failures else (hand_out(values),)
 
 
@@ -258,5 +299,7 @@ def _item(role: str, status: int, value):
     """Raise the error of a chunk item that did not solve."""
     if status == M.ST_SUPPRESSED:
         raise error_for(0, role, Outcome(SUPPRESSED, None, value))
+    if status == M.ST_RESULT_ERROR:  # its value could not be pickled in the worker
+        raise error_for(0, role, Outcome(FAILED, Reason.RESULT_ERROR, value))
     text, original = handler_error(*value)  # rebuilt here, under the codec's guard
     raise unit_exception(0, role, Outcome(FAILED, Reason.HANDLER_ERROR, text), original)

@@ -49,9 +49,9 @@ import traceback
 from fleet.rules import cordon, fsm
 from fleet.rules.dispatch import RIDE
 from fleet.shm import messages as M
-from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, error_parts, loads,
-                                 pack, parcel_of, refused_body, safe_str, split_route)
-from fleet.shm.parcels import ParcelError, remove as remove_parcel
+from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps,
+                                 error_parts, loads, pack, parcel_of, refused_body, safe_str, split_route)
+from fleet.shm.parcels import Lender, ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
 from fleet.worker.io.runner import IoRunner
@@ -117,8 +117,11 @@ class Worker:
         self.tasks = data.tasks(seat)
         self.results = data.results(seat)
         self.bell = data.bell
-        #: Where a result too large for the ring goes: a parcel of this fleet, beside it
-        self._beside = (data.name, min(INLINE_MAX, self.results.max_message - M.RESULT_HEAD.size))
+        #: Where a result too large for the ring goes: a parcel of this fleet, beside it, lent
+        #: to the supervisor, which copies the result out and gives the parcel back (its pages
+        #: stay warm for the next: `parcels.Lender`)
+        self._lender = Lender(data.name)
+        self._beside = (data.name, min(INLINE_MAX, self.results.max_message - M.RESULT_HEAD.size), self._lender.write)
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
         self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
         self._async = [inspect.iscoroutinefunction(h) for h in handlers]
@@ -488,7 +491,10 @@ class Worker:
         values pickles far faster than per-item tuples. The items run in one C loop
         (`fleet._chunk`: a Unit per item, built and passed without a Python frame of
         ours, and set as `fleet.current_unit()` while it runs); it stops at an item that
-        raises, which is recorded here, and resumes at the item after it."""
+        raises, which is recorded here, and resumes at the item after it. The chunk's
+        seconds from its payload's arrival to its last item's end travel with its values
+        (what a batching map sizes its next chunks by: `fleet.rules.pace.Batches`)."""
+        t0 = time.perf_counter()
         try:
             payloads, template = self._decode_chunk(unit_id, role, body)
         except BaseException as exc:  # noqa: BLE001
@@ -519,7 +525,7 @@ class Worker:
         finally:
             strays.unwatch(items)
             RUNNING.reset(token)
-        return (*_chunk_body(values, failures, self._beside), _cost(running))
+        return (*_chunk_body(values, failures, self._beside, time.perf_counter() - t0), _cost(running))
 
     # --- I/O-bound roles: the same unit, awaited ------------------------------------------
     async def _execute_async(self, unit_id: int, role: int, flags: int, body) -> tuple[int, bytes, float, float, float]:
@@ -665,24 +671,43 @@ def _failure_body(exc: BaseException) -> tuple[int, bytes]:
     return status, pickle.dumps(detail, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _chunk_body(values: list, failures: dict, beside) -> tuple[int, bytes]:
-    """A chunk's result, its status summing up its items (so nobody has to unpickle its
-    values to learn its outcome): failed if an item failed, else suppressed if one was."""
-    status, out = _result_body((values, failures), beside, "the chunk's results")
+def _chunk_body(values: list, failures: dict, beside, seconds: float = NO_COST) -> tuple[int, bytes]:
+    """A chunk's result, ``(values, failures, seconds)`` (`seconds`: its run, NaN when not
+    measured), its status summing up its items (so nobody has to unpickle its values to
+    learn its outcome): failed if an item failed, else suppressed if one was. A value that
+    cannot be pickled is its own item's ResultError, the chunk's other values still go."""
+    status, out = _result_body((values, failures, seconds), beside, "the chunk's results")
+    if status == M.ST_RESULT_ERROR and _unpicklable_items(values, failures):
+        status, out = _result_body((values, failures, seconds), beside, "the chunk's results")
     if status != M.ST_SOLVED:
         return status, out
     kinds = {st for st, _ in failures.values()}
-    if M.ST_HANDLER_ERROR in kinds:
+    if M.ST_HANDLER_ERROR in kinds or M.ST_RESULT_ERROR in kinds:
         return M.ST_CHUNK_FAILED, out
     return (M.ST_CHUNK_SUPPRESSED if kinds else M.ST_CHUNK), out
 
 
-def _result_body(value, beside: tuple[str, int], what: str = "the result") -> tuple[int, bytes]:
+def _unpicklable_items(values: list, failures: dict) -> bool:
+    """Each value of `values` that cannot be pickled made its item's ResultError (in
+    `failures`, its value None): whether there was one."""
+    found = False
+    for i, value in enumerate(values):
+        if i in failures:
+            continue
+        try:
+            dumps(value, f"the result of item {i}")
+        except CodecError as exc:
+            values[i], failures[i], found = None, (M.ST_RESULT_ERROR, str(exc)), True
+    return found
+
+
+def _result_body(value, beside: tuple, what: str = "the result") -> tuple[int, bytes]:
     """A value's result body: inline in the ring, or naming the parcel it travels in beside
-    it (`beside`: the fleet's name, the most bytes carried inline), which the supervisor takes."""
-    fleet, inline_max = beside
+    it (`beside`: the fleet's name, the most bytes carried inline, and the writer of the
+    parcels the supervisor copies results out of and gives back)."""
+    fleet, inline_max, writer = beside
     try:
-        return M.ST_SOLVED, pack(value, what, fleet, take=True, inline_max=inline_max)[0]
+        return M.ST_SOLVED, pack(value, what, fleet, take=True, inline_max=inline_max, writer=writer, lend=True)[0]
     except CodecError as exc:  # an unpicklable result is the unit's outcome
         return M.ST_RESULT_ERROR, _utf8(str(exc))
     except ParcelError as exc:  # no room in /dev/shm for it: the unit's outcome too

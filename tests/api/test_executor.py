@@ -8,6 +8,7 @@ and the budget an embedded executor boots with.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import multiprocessing
 import os
@@ -21,6 +22,7 @@ import pytest
 
 import fleet
 from fleet.api.executor import quota_cores
+from fleet.rules import pace
 from tests import executor_calls as C
 from tests.fleets import descendants, executor_left_clean
 
@@ -108,8 +110,9 @@ def test_a_chunk_calls_fn_as_the_builtin_map_does_and_counts_each_call(ex):
     assert after["items"]["solved"] - before["items"]["solved"] == 12
 
 
-@pytest.mark.parametrize("chunksize", [1, 4])
-def test_map_lets_go_of_each_result_it_hands_out(ex, chunksize):
+@pytest.mark.parametrize("chunksize", [1, 4, None])
+def test_map_lets_go_of_each_result_it_hands_out(ex, chunksize, monkeypatch):
+    monkeypatch.setattr(pace, "BATCH_S", 3600.0)  # None: batches from the second refill on
     # CPython's test_free_reference, also for chunks: a result the caller dropped is freed
     # at once, not held by the map until the next item or the end of its chunk
     for obj in ex.map(C.box, range(10), chunksize=chunksize):
@@ -163,12 +166,77 @@ def test_a_failing_initializer_breaks_the_executor():
             ex.submit(C.square, 2)
 
 
-def test_max_tasks_per_child_replaces_the_worker_after_that_many_calls():
+def test_max_tasks_per_child_replaces_the_worker_after_that_many_calls(monkeypatch):
+    monkeypatch.setattr(pace, "BATCH_S", 3600.0)  # a batching map would batch at once
     with fleet.Executor(max_workers=1, max_tasks_per_child=3) as ex:
         pids = [ex.submit(C.pid).result(WAIT_S) for _ in range(7)]
         assert pids[0] == pids[1] == pids[2] != pids[3] == pids[4] == pids[5] != pids[6]
         assert ex.fleet.ledger()["failed"] == 0  # a retirement is no death
         assert list(ex.map(C.square, range(10))) == [i * i for i in range(10)]  # sent-ahead calls rerouted, unrun
+        # a map's calls are counted one by one too: its default does not batch them here
+        pids = list(ex.map(C.pid, range(30)))
+        runs = [len(list(run)) for _pid, run in itertools.groupby(pids)]
+        assert max(runs) <= 3 and len(runs) >= 10, pids
+
+
+# --- map's batches -------------------------------------------------------------------------------
+def _units_and_items(ex) -> tuple[int, int]:
+    ledger = ex.fleet.ledger()
+    return ledger["submitted"], ledger["items"]["submitted"]
+
+
+def test_a_map_without_chunksize_batches_short_calls_and_keeps_their_order(ex, monkeypatch):
+    monkeypatch.setattr(pace, "BATCH_S", 3600.0)  # every measure calls for batches: as large as growth allows
+    units, items = _units_and_items(ex)
+    assert list(ex.map(C.square, range(3000))) == [i * i for i in range(3000)]
+    assert sorted(ex.map_unordered(C.add, range(500), range(500))) == [2 * i for i in range(500)]
+    after_units, after_items = _units_and_items(ex)
+    assert after_items - items == 3500
+    assert after_units - units < 3500 / 4  # batched: a unit carried many calls
+
+
+def test_a_batching_maps_failed_call_raises_at_its_place(ex, monkeypatch):
+    monkeypatch.setattr(pace, "BATCH_S", 3600.0)
+    divisors = [1] * 2000
+    divisors[1500] = 0
+    got = []
+    with pytest.raises(ZeroDivisionError):
+        for value in ex.map(C.divide, range(2000), divisors):
+            got.append(value)
+    assert got == [float(i) for i in range(1500)]  # every value before it, in order, and none after
+
+
+def test_a_batching_maps_unpicklable_result_fails_its_own_call_only(ex, monkeypatch):
+    monkeypatch.setattr(pace, "BATCH_S", 3600.0)
+    units, items = _units_and_items(ex)
+    got = []
+    with pytest.raises(fleet.UnitFailed, match="cannot be pickled") as info:
+        for value in ex.map(C.lock_at, range(1000), [700] * 1000):
+            got.append(value)
+    assert got == list(range(700)) and info.value.outcome.reason == "ResultError"
+    assert _units_and_items(ex)[0] - units < 700 / 4  # it was in a batch
+
+
+def test_a_map_without_chunksize_sends_calls_one_by_one_when_batches_are_off(ex, monkeypatch):
+    monkeypatch.setattr(pace, "BATCH_S", 0.0)  # no call is short enough to share a unit
+    units, items = _units_and_items(ex)
+    assert list(ex.map(C.square, range(300))) == [i * i for i in range(300)]
+    after_units, after_items = _units_and_items(ex)
+    assert after_units - units == after_items - items == 300
+
+
+def test_calls_longer_than_a_batch_travel_one_by_one(ex):
+    # measured as they run: each call is longer than BATCH_S, so none shares a unit (cancel
+    # and Ctrl-C reach every call but the running ones, as without batches)
+    units, items = _units_and_items(ex)
+    assert list(ex.map(C.nap, [0.02] * 24)) == [0.02] * 24
+    after_units, after_items = _units_and_items(ex)
+    assert after_units - units == after_items - items == 24
+
+
+def test_map_refuses_a_chunksize_below_one(ex):
+    with pytest.raises(ValueError, match="chunksize"):
+        ex.map(C.square, range(3), chunksize=0)
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

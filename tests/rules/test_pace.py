@@ -1,10 +1,12 @@
 """What is sent ahead to a busy slot follows the units' measured run time (fleet.rules.pace):
-enough to keep a worker busy, never more out of cancel's reach than needed."""
+enough to keep a worker busy, never more out of cancel's reach than needed. A map's
+batches follow its calls' measured cost: as many calls as run about BATCH_S, no more."""
 from __future__ import annotations
 
 import pytest
 
-from fleet.rules.pace import FIRST_AHEAD, IDLE_SHARE, ROUND_TRIP_S, Pace, depth_for
+from fleet.rules.pace import (BATCH_GROWTH, BATCH_MAX, BATCH_S, FIRST_AHEAD, IDLE_SHARE, ROUND_TRIP_S,
+                              Batches, Pace, batch_for, depth_for)
 
 
 @pytest.mark.parametrize("run_s, depth", [
@@ -45,3 +47,58 @@ def test_pace_reports_a_roles_depth_only_when_it_changes_and_smooths_one_odd_uni
         pace.ran(0, 0.5)
     assert pace.depths[0] == 0
     assert pace.ran(0, float("nan")) is None and pace.depths[0] == 0  # no measure: no change
+
+
+# --- map's batches ------------------------------------------------------------------------
+@pytest.mark.parametrize("item_s, last, size", [
+    (None, 1, 1), (float("nan"), 50, 1),  # not measured: one call per unit
+    (BATCH_S, 1, 1), (0.5, 64, 1), (10.0, 1, 1),  # a call as long as a batch, or longer: alone
+    (BATCH_S / 10, 100, 10), (BATCH_S / 10.5, 100, 10),  # as many as run BATCH_S, rounded down
+    (BATCH_S / 1000, 1, BATCH_GROWTH), (BATCH_S / 1000, 100, 400),  # growth bounded by the last batch
+    (0.0, BATCH_MAX, BATCH_MAX), (1e-9, 10**6, BATCH_MAX),  # never more than BATCH_MAX
+])
+def test_a_batch_holds_the_calls_that_run_its_time(item_s, last, size):
+    assert batch_for(item_s, last) == size
+
+
+def test_a_batch_never_runs_past_its_time_once_measured():
+    for item_s in (1e-7, 1e-6, 3e-5, 2e-4, 9e-4, 1e-3, 0.004, 0.5):
+        for last in (1, 4, 100, BATCH_MAX):
+            n = batch_for(item_s, last)
+            assert n == 1 or n * item_s <= BATCH_S
+
+
+def test_batches_follow_the_maps_own_chunks_run_in_the_worker():
+    b = Batches(slots=2)
+    assert b.item_s() is None and b.size() == 1  # nothing measured: one call per chunk
+    b.ran(2e-3, 1)  # one call of 2 ms: still alone
+    assert b.item_s() == pytest.approx(2e-3) and b.size() == 1
+    for _ in range(40):
+        b.ran(2e-4 * 10, 10)  # then calls of 0.2 ms: ten to a batch, reached by growth
+    assert b.item_s() == pytest.approx(2e-4, rel=1e-3)
+    n = int(BATCH_S / b.item_s())
+    assert n in (9, 10) and [b.size() for _ in range(3)] == [BATCH_GROWTH, n, n]  # grown, then steady
+    b.ran(float("nan"), 5)
+    b.ran(1.0, 0)  # no measure: nothing moves
+    assert b.item_s() == pytest.approx(2e-4, rel=1e-3)
+
+
+def test_one_slow_chunk_among_fast_ones_moves_the_measure_not_all_the_way():
+    b = Batches(slots=2)
+    b.ran(1e-6 * 100, 100)
+    b.ran(0.1, 1)  # an odd call of 100 ms
+    assert 1e-6 < b.item_s() < 0.1 and b.size() == 1  # small batches until the calls are short again
+
+
+def test_batches_grow_by_at_most_their_growth_per_chunk():
+    b = Batches(slots=2)
+    b.ran(1e-7, 1)
+    sizes = [b.size() for _ in range(6)]
+    assert sizes == [min(BATCH_MAX, BATCH_GROWTH ** k) for k in range(1, 7)]
+
+
+def test_slow_calls_never_batch():
+    b = Batches(slots=2)
+    for _ in range(30):
+        b.ran(0.05, 1)
+    assert [b.size() for _ in range(5)] == [1] * 5

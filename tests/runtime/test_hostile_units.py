@@ -243,20 +243,26 @@ def _check_payload(f, recipe) -> None:
 
 
 def _check_map(f, recipes: list, chunksize: int) -> None:
-    """A map of the recipes in chunks: each chunk's values in order until the first chunk
-    that did not solve, which raises: ResultError if a value of it cannot come back,
-    else HandlerError after the values before its first raising item."""
+    """A map of the recipes in chunks: each chunk's values in order until the first item
+    that did not solve, which raises: HandlerError for a raising item, ResultError for a
+    value that cannot be pickled in the worker (its own item's, after the values before
+    it). A chunk holding a value that cannot be rebuilt here raises ResultError whole:
+    its values come unpickled together."""
     want, error, raised_kind = [], None, None
     for start in range(0, len(recipes), chunksize):
         chunk = recipes[start : start + chunksize]
-        if any(how == "return" and _value_fails(kind, size) for how, kind, size in chunk):
+        if any(how == "return" and kind.endswith("_on_load") for how, kind, _ in chunk):
             error = "ResultError"
             break
-        raised = [i for i, (how, _, _) in enumerate(chunk) if how == "raise"]
-        upto = raised[0] if raised else len(chunk)
+        stops = [i for i, (how, kind, size) in enumerate(chunk) if how == "raise" or _value_fails(kind, size)]
+        upto = stops[0] if stops else len(chunk)
         want += [_expected_value(kind, size) for _, kind, size in chunk[:upto]]
-        if raised:
-            error, raised_kind = "HandlerError", chunk[raised[0]][1:]
+        if stops:
+            how, kind, size = chunk[stops[0]]
+            if how == "raise":
+                error, raised_kind = "HandlerError", (kind, size)
+            else:
+                error = "ResultError"
             break
     got, exc = _mapped(f, recipes, chunksize, raises=BaseException)
     assert got == want

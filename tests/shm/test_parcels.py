@@ -160,3 +160,56 @@ def test_sweep_takes_warm_parcels_too(fleet_name):
     assert len(parcels.sweep(fleet_name, os.getpid())) == 1
     assert parcels.count(fleet_name, warm=True) == 0
     warm.close()
+
+
+# --- lent parcels: a worker's results, copied out by the supervisor and given back ----------
+def _inode(name):
+    return os.stat(os.path.join(SHM_DIR, name)).st_ino
+
+
+def test_a_lent_parcel_given_back_is_written_into_again(fleet_name):
+    lender = parcels.Lender(fleet_name)
+    name, offsets, lent = lender.write([b"head", bytes(300_000)])
+    assert lent and parcels.count(fleet_name) == 1
+    inode = _inode(name)
+    assert parcels.give_back(name)  # its receiver is done: back under its warm name
+    assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1
+    again, _offsets, lent = lender.write([b"next", b"y" * 290_000])
+    assert lent and again != name and _inode(again) == inode  # the same pages, a fresh name
+    fd, size = parcels.open_fd(again, take=False)
+    try:
+        assert parcels.read(fd, 64, 290_000) == b"y" * 290_000
+    finally:
+        os.close(fd)
+    assert lender.held() == 1
+    parcels.sweep(fleet_name)
+
+
+def test_a_lent_parcel_is_never_removed_before_it_is_given_back(fleet_name):
+    lender = parcels.Lender(fleet_name, keep=2)
+    names = [lender.write([bytes(100_000)]) for _ in range(5)]
+    # two kept and lent; the rest, with none given back, go as parcels their receiver takes
+    assert [lent for _n, _o, lent in names] == [True, True, False, False, False]
+    assert all(os.path.exists(os.path.join(SHM_DIR, n)) for n, _o, _l in names)
+    assert lender.held() == 2
+    parcels.give_back(names[0][0])
+    bigger, _offsets, lent = lender.write([bytes(900_000)])  # no fit: the one given back makes room
+    assert lent and lender.held() == 2 and parcels.count(fleet_name, warm=True) == 0
+    assert os.path.exists(os.path.join(SHM_DIR, names[1][0]))  # still lent: left alone
+    parcels.sweep(fleet_name)
+
+
+def test_a_value_from_a_lent_parcel_is_its_own_and_the_parcel_goes_back(fleet_name):
+    import numpy as np
+
+    from fleet.worker import codec
+
+    lender = parcels.Lender(fleet_name)
+    body, name = codec.pack(np.arange(100_000, dtype=np.float64), "the result", fleet_name, take=True,
+                            writer=lender.write, lend=True)
+    got = codec.loads(body, "the result")
+    assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1  # given back
+    got[0] = -1.0  # writable, and its memory is its own: the next value written there leaves it be
+    codec.pack(np.zeros(100_000), "the result", fleet_name, take=True, writer=lender.write, lend=True)
+    assert got[0] == -1.0 and got[1:].tolist() == list(range(1, 100_000))
+    parcels.sweep(fleet_name)

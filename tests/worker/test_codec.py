@@ -284,6 +284,21 @@ def test_a_large_bytes_is_set_aside_from_the_pickle_and_read_back_as_bytes(fleet
     assert parcels.count(fleet_name) == 0
 
 
+def test_a_map_chunks_large_bytes_are_set_aside_too(fleet_name):
+    from fleet.shm import parcels
+    from fleet.worker.calls import Calls
+
+    blob = bytes(range(256)) * (codec.OOB_MIN // 256)
+    chunk = Calls(len, [blob, b"small", blob + b"!"])  # a batching map's unit of calls
+    body, parcel = codec.pack((chunk, None, None, 0), "the payload", fleet_name, take=False)
+    _name, _offsets, sizes, n_oob = pickle.loads(body[2:])
+    assert n_oob == 0 and sizes[0] < 1000 and sizes[1:] == [len(blob), len(blob) + 1]
+    back = codec.loads(body, "the payload")[0]
+    assert back.items == chunk.items and type(back.items[0]) is bytes
+    parcels.remove(parcel)
+    assert parcels.count(fleet_name) == 0
+
+
 def test_lending_unmaps_a_task_parcel_at_the_end_and_makes_one_still_used_its_own(fleet_name):
     import numpy as np
     from fleet.shm import parcels

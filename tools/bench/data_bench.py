@@ -12,11 +12,12 @@ a figure is the median of its rounds.
   in   `calls` distinct objects (made before the clock starts) mapped through `nbytes`:
        each crosses to a worker once, a few bytes come back
   out  `calls` results made in the workers (`make_bytes`, `make_array`) come back
-  MiB/s          bytes moved / seconds, all calls in flight at once (map, chunksize 1)
+  MiB/s          bytes moved / seconds, all calls in flight at once (each contender's map)
   peak_rss_mib   the parent's peak RSS during the measure over its RSS before (VmHWM, reset
                  by /proc/self/clear_refs; the inputs are made before the reset)
   calls          enough to move ~256 MiB (2..1000)
-Each contender runs with its defaults and --workers processes: fleet.Executor(max_workers=N),
+Each contender runs with its defaults and --workers processes: fleet.Executor(max_workers=N)
+(map without chunksize: it batches short calls itself, fleet.rules.pace.Batches),
 ProcessPoolExecutor(N), Pool(N) (map, chunksize 1), loky's reusable executor(N),
 joblib.Parallel(n_jobs=N) (its loky backend, which memory-maps arrays over 1 MB). Peers
 loky and joblib come with `pip install '.[bench]'`; an absent one is reported so.
