@@ -165,6 +165,29 @@ class Books:
             role = self._roles.by_code(unit.role).name
             self._done.append((unit.future, None, unit_exception(unit_id, role, outcome, original)))
 
+    def close_solved(self, ended: list, solved: list) -> None:
+        """Plain units that solved (`LoopUnit.plain`: no gate saw them), ``[(unit, value),
+        ...]``: the outcome `close` records for each, in one call; their ids onto `solved`,
+        which the caller ledgers in one call. The caller checked that no watch is on and no
+        gate stopped any unit (`plain_ends`)."""
+        held, done, on_end, room = self._units, self._done, self.on_end, self._room
+        for unit, value in ended:
+            unit_id = unit.unit_id
+            del held[unit_id]
+            if unit.queued:  # never, for a unit that ran; `_end`'s rule all the same
+                unit.queued = False
+                room.give(unit.role)
+            if on_end is not None:
+                on_end(unit_id, _SOLVED)
+            solved.append(unit_id)
+            done.append((unit.future, value, None))
+
+    @property
+    def plain_ends(self) -> bool:
+        """Whether a plain unit's solved end may take `close_solved`: no watch to tell and
+        no gate's stop pending (a stop of a unit makes it end through `close`)."""
+        return self.watch is None and not self._stops
+
     def solved_many(self, unit_ids: list) -> None:
         """The ledger's entries of a slice's solved units (`close` with `solved`), in one call."""
         self.ledger.solved_many(unit_ids)

@@ -56,6 +56,13 @@ class Intake:
         self.high, self.low, self.pace_timeout = high, low, pace_timeout
         self._paced = threading.Condition(threading.Lock())
         self._pacing = 0  # posters waiting for the queue to go below `low`
+        self._runs: dict = {}  # fn -> many: consecutive posts of fn, drained in one call (`take_runs`)
+
+    def take_runs(self, fn, many) -> None:
+        """From here on, consecutive queued posts of `fn` (no reply) are drained in one
+        ``many([args, ...])`` call, in their order: a burst of submits is one call on the
+        loop, not one per unit. `many` must do what `fn` would for each, in order."""
+        self._runs[fn] = many
 
     def post(self, fn, *args, reply: Future | None = None, refused=None, pace: bool = False) -> None:
         """Queue ``fn(*args)`` for the loop and wake it. After `close` it is turned away at
@@ -103,6 +110,7 @@ class Intake:
         producer is still posting, instead of draining for as long as it posts."""
         ran = 0
         queue = self._queue
+        runs = self._runs
         woken = False  # paced posters told, once a drain takes the queue below `low`
         while queue and (limit is None or ran < limit):
             try:
@@ -110,10 +118,27 @@ class Intake:
             except IndexError:  # a late poster's `_turn_away` took it
                 break
             ran += 1
+            many = runs.get(fn) if reply is None and runs else None
+            if many is not None and queue and queue[0][0] is fn and queue[0][2] is None:
+                run = [args]
+                while queue and (limit is None or ran < limit):
+                    head = queue[0]
+                    if head[0] is not fn or head[2] is not None:
+                        break
+                    try:
+                        run.append(queue.popleft()[1])
+                    except IndexError:  # a late poster's `_turn_away` took it
+                        break
+                    ran += 1
+            else:
+                run = None
             if not woken and self._pacing and len(queue) < self.low:
                 woken = True
                 with self._paced:
                     self._paced.notify_all()
+            if run is not None:
+                many(run)
+                continue
             if reply is None:
                 fn(*args)
                 continue

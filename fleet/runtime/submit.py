@@ -76,6 +76,10 @@ class LoopUnit(Pending):
     ask: dict | None = None  # its admission arguments (lane, severity, ...), until the provider gate decides it
     items: int = 1  # what the ledger counts it as in items: a chunk of a map is one unit of many
     since: float = 0.0  # UTC epoch seconds of its (latest) grant: what `fleetctl why` says it runs since
+    #: Passed every gate at once at its accept (no route, a role no gate holds, no parent):
+    #: no gate ever hears of it, so its start and its solved end take the batch paths
+    #: (fleet.runtime.accept `accept_run`, fleet.runtime.results `take`).
+    plain: bool = False
 
 
 class Submitter:

@@ -1,0 +1,160 @@
+"""Two paths, one outcome: a plain unit (no route, a role no gate holds) is accepted in
+bulk and its solved result taken in bulk; a unit with a gate, and every end but a solved
+one, keeps the one-unit path (fleet.runtime.accept, fleet.runtime.results). The counters
+`Acceptor.batched` and `Results.batched` say which path each unit took; the ledger says
+every unit got exactly one outcome on either.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import pytest
+
+import fleet
+from fleet.rules.pace import Pace
+from fleet.runtime.intake import Intake
+
+from ..admission_catalog import GLM_AZ, ONE_REFUSAL, catalog
+from ..fleets import config, role, running, unique_name
+
+WAIT_S = 60.0
+
+
+def _paths(f) -> tuple[int, int]:
+    """(units accepted in bulk, solved results taken in bulk), read on the loop."""
+    return f._sup.inspect(lambda sup: (sup._accept.batched, sup._results.batched), timeout=WAIT_S)
+
+
+def _one_outcome_each(f, n: int) -> dict:
+    counts = f.ledger()
+    assert counts["submitted"] == n
+    assert counts["submitted"] == counts["solved"] + counts["suppressed"] + counts["failed"]
+    assert counts["inflight"] == 0
+    return counts
+
+
+def _held_loop(f):
+    """Hold the loop on a command until the returned event is set: what is posted meanwhile
+    waits in its intake, and the loop drains it as one run."""
+    go, holding = threading.Event(), threading.Event()
+
+    def hold():
+        holding.set()
+        go.wait(WAIT_S)
+
+    f._sup.door.intake.post(hold)
+    assert holding.wait(WAIT_S)
+    return go
+
+
+def test_a_run_of_plain_submits_is_accepted_and_taken_in_bulk():
+    with running(config(unique_name("plain"), {"work": role("echo", slots=2)})) as f:
+        go = _held_loop(f)
+        futures = [f.submit("work", i) for i in range(50)]
+        go.set()
+        assert [x.result(WAIT_S) for x in futures] == list(range(50))
+        accepted, taken = _paths(f)
+        assert accepted == 50  # the run the held loop found queued
+        assert taken == 50  # every solved plain result
+        assert _one_outcome_each(f, 50)["solved"] == 50
+
+
+def test_a_lone_plain_submit_still_ends_in_bulk():
+    with running(config(unique_name("plain"), {"work": role("echo", slots=2)})) as f:
+        assert f.submit("work", 7).result(WAIT_S) == 7
+        assert _paths(f)[1] == 1
+        _one_outcome_each(f, 1)
+
+
+def test_ends_other_than_solved_take_the_one_unit_path_and_each_unit_ends_once():
+    roles = {"work": role("echo", slots=2), "fails": role("fail", slots=1), "bad": role("unreadable", slots=1)}
+    for name in ("fails", "bad"):
+        del roles[name]["peak_cpus"]  # the declared peaks add up against the quota
+    with running(config(unique_name("plain"), roles)) as f:
+        go = _held_loop(f)
+        ok = [f.submit("work", i) for i in range(10)]
+        failed = [f.submit("fails", i) for i in range(3)]
+        unreadable = f.submit("bad", None)
+        go.set()
+        assert [x.result(WAIT_S) for x in ok] == list(range(10))
+        for x in failed:
+            with pytest.raises(ValueError, match="bad payload"):  # the handler's own exception
+                x.result(WAIT_S)
+        with pytest.raises(fleet.UnitFailed) as info:
+            unreadable.result(WAIT_S)
+        assert info.value.reason == "ResultError"  # read in the bulk pass, ended on the one-unit path
+        accepted, taken = _paths(f)
+        assert accepted == 14
+        assert taken == 10
+        counts = _one_outcome_each(f, 14)
+        assert (counts["solved"], counts["failed"]) == (10, 4)
+
+
+def test_a_unit_with_a_route_keeps_the_gated_path():
+    cfg = config(unique_name("plain"), {"plain": {"kind": "pooled", "handler": "tests.provider_handlers:call",
+                                                  "slots": 2, "peak_cpus": 1, "queue_bound": 1000}})
+    cfg["admission"] = catalog(**ONE_REFUSAL)
+    with running(cfg) as f:
+        go = _held_loop(f)
+        before = [f.submit("plain", {}) for _ in range(5)]
+        routed = f.submit("plain", {"cost": 0.5}, route=GLM_AZ)
+        after = [f.submit("plain", {}) for _ in range(5)]
+        go.set()
+        assert routed.result(WAIT_S) == str(GLM_AZ)
+        assert [x.result(WAIT_S) for x in before + after] == [None] * 10
+        accepted, taken = _paths(f)
+        assert (accepted, taken) == (10, 10)  # all but the routed unit
+        # the provider gate heard of the routed unit's end (its pool took the reported cost)
+        pools = {b["pool"]: b for b in f.status()["admission"]["bulkheads"]}
+        assert pools[str(GLM_AZ)]["mean_cost"] == pytest.approx(0.5)
+        _one_outcome_each(f, 11)
+
+
+def test_a_run_in_the_intake_is_drained_in_one_call_in_order_between_other_commands():
+    intake = Intake(lambda: None)
+    seen = []
+
+    def one(x):
+        seen.append(("one", x))
+
+    intake.take_runs(one, lambda run: seen.append(("run", [args[0] for args in run])))
+    for x in (1, 2, 3):
+        intake.post(one, x)
+    intake.post(seen.append, "other")
+    intake.post(one, 4)
+    for x in (5, 6):
+        intake.post(one, x)
+    assert intake.drain(limit=7) == 7
+    assert seen == [("run", [1, 2, 3]), "other", ("run", [4, 5, 6])]
+
+
+def test_a_run_stops_at_the_drain_limit_and_at_a_command_awaiting_its_reply():
+    intake = Intake(lambda: None)
+    seen = []
+
+    def one(x):
+        seen.append(x)
+        return x
+
+    intake.take_runs(one, lambda run: seen.append([args[0] for args in run]))
+    for x in (1, 2, 3):
+        intake.post(one, x)
+    assert intake.drain(limit=2) == 2
+    assert seen == [[1, 2]]
+    reply = Future()
+    intake.post(one, 4, reply=reply)
+    intake.post(one, 5)
+    assert intake.drain() == 3
+    assert seen == [[1, 2], 3, 4, 5] and reply.result(0) == 4
+
+
+@pytest.mark.parametrize("runs", [[1e-6] * 5, [0.5, 1e-6, 1e-6], [1e-6, float("nan"), -1.0, 0.2], [0.3]])
+def test_pacing_a_slice_at_once_leaves_what_pacing_it_unit_by_unit_leaves(runs):
+    one, many = Pace([16]), Pace([16])
+    for s in runs:
+        one.ran(0, s)
+    before = many.depths[0]
+    depth = many.ran_many(0, runs)
+    assert (one.run_s(0), one.depths) == (many.run_s(0), many.depths)
+    assert depth == (None if many.depths[0] == before else many.depths[0])  # told only of a change
