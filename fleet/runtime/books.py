@@ -47,6 +47,9 @@ class Books:
         self.ledger = ledger  # thread-safe itself: any thread may read its counts
         self._name, self._roles, self._room, self._gates = name, roles, room, gates
         self._units: dict[int, LoopUnit] = {}
+        #: get(unit_id) -> the unit owed, or None: the dict's own get (called several times
+        #: per unit on the loop; `_units` is never replaced)
+        self.get = self._units.get
         self._done: list = []  # (future, value, error) decided this turn, delivered at its end
         self._stops: dict[int, tuple[str, str]] = {}  # unit id -> (reason, detail): a gate stopped it
         self.watch = None  # the UnitWatch (fleet.runtime.spans) when makespans or spans are on
@@ -63,9 +66,6 @@ class Books:
 
     def __contains__(self, unit_id: int) -> bool:
         return unit_id in self._units
-
-    def get(self, unit_id: int) -> LoopUnit | None:
-        return self._units.get(unit_id)
 
     def owed(self):
         """The units owed an outcome, in the order they were accepted (an operator's look)."""

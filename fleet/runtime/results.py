@@ -111,7 +111,7 @@ class Results:
         recorded and their run times paced once the slice is read. Anything else goes
         through `_take_message`, in its place."""
         get, slot_of, complete = self._books.get, self._dispatcher.slot_of, self._dispatcher.complete
-        seat_of, outcome_of, relay = self._seats.seat_of, codec.result_outcome, self._relay
+        seat_of, outcome_of, relay = self._seats.slot_seats, codec.result_outcome, self._relay
         unpack, head = M.RESULT_HEAD.unpack_from, M.RESULT_HEAD.size
         ended: list = []  # (unit, value)
         runs: dict[int, list] = {}  # role -> run times, in order
@@ -121,7 +121,7 @@ class Results:
                     unit_id, slot, status, final, elapsed, cost, cpu = unpack(view)
                     if status == M.ST_SOLVED:
                         unit = get(unit_id)
-                        if unit is not None and unit.plain and slot_of(unit_id) == slot and seat_of(slot) == seat:
+                        if unit is not None and unit.plain and slot_of(unit_id) == slot and seat_of[slot] == seat:
                             outcome, value, original = outcome_of(status, view[head:], relay=relay)
                             complete(unit_id, final)
                             if outcome.kind == SOLVED:
