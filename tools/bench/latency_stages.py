@@ -12,10 +12,11 @@ taking), of the supervisor's loop thread and of the workers (each thread's on-CP
 from /proc/<pid>/task/<tid>/schedstat, which counts a spinning wait as CPU: the loop
 and a caller watch for what comes next before they sleep); then one more round under
 cProfile on the loop thread, its time split by stage (each function's own time, by the
-module it is in) and the Python calls per unit. cProfile slows the loop several times
-over: read its split as shares, not as microseconds.
+module it is in) and the Python calls per unit, and one under cProfile on the caller's
+submits, split the same way. cProfile slows a thread several times over: read its split
+as shares, not as microseconds.
 
-A diagnostic, not a ratio: it times `f.submit(role, 0).result()` one unit at a time (the
+Without --burst (the latency view), a diagnostic, not a ratio: it times `f.submit(role, 0).result()` one unit at a time (the
 shape of dispatch_bench's latency key) on 2 pinned workers, and stamps the supervisor's
 own steps by wrapping them (each wrapper adds well under a microsecond):
 
@@ -131,6 +132,18 @@ LOOP_STAGES = (
 )
 
 
+#: The caller's stages of a submit, as LOOP_STAGES.
+CALLER_STAGES = (
+    ("pickling (codec)", ("codec.py:", "_pickle", "parcels.py:")),
+    ("checks and queue room", ("intake.py:on_loop", "intake.py:refuse", "intake.py:take", "intake.py:closed",
+                               "roles.py:", "get_ident", "lock' objects>")),
+    ("unit and future", ("_new_unit", "future.py:", "<string>:", "intake.py:new_id", "builtins.next")),
+    ("post to the loop", ("intake.py:post", "intake.py:_wait", "bell_ring", "submit.py:_ring", "loop.py:_ring")),
+    ("submit (its own frames)", ("submit.py:", "executor.py:")),
+    ("other", ("",)),
+)
+
+
 def _on_cpu_ns(pid: int, tid: int | None = None) -> int:
     """Nanoseconds on CPU of a thread (`tid`) or a whole process (its schedstat)."""
     path = f"/proc/{pid}/task/{tid}/schedstat" if tid is not None else f"/proc/{pid}/schedstat"
@@ -149,17 +162,31 @@ def _workers_cpu_ns(pids) -> int:
     return total
 
 
-def _loop_split(stats, units: int) -> dict:
-    """cProfile's own time per loop stage (share of the loop's profiled time) and calls per unit."""
-    totals = {label: 0.0 for label, _ in LOOP_STAGES}
+def _split(stats, stages) -> tuple[dict, int]:
+    """cProfile's own time per stage of `stages`, and the Python calls it saw."""
+    totals = {label: 0.0 for label, _ in stages}
     calls = 0
     for (path, _line, func), (cc, _nc, tt, _ct, _callers) in stats.stats.items():
         calls += cc
         where = f"{path}:{func}"
-        for label, patterns in LOOP_STAGES:
+        for label, patterns in stages:
             if any(part in where for part in patterns):
                 totals[label] += tt
                 break
+    return totals, calls
+
+
+def _caller_split(stats, units: int) -> dict:
+    """The caller's submits under cProfile: each stage's share, and calls per unit."""
+    totals, calls = _split(stats, CALLER_STAGES)
+    whole = sum(totals.values()) or 1.0
+    return {"share": {k: round(v / whole, 3) for k, v in totals.items()},
+            "profiled_us_per_unit": round(whole / units * 1e6, 2), "python_calls_per_unit": round(calls / units, 1)}
+
+
+def _loop_split(stats, units: int) -> dict:
+    """cProfile's own time per loop stage (share of the loop's profiled time) and calls per unit."""
+    totals, calls = _split(stats, LOOP_STAGES)
     waited = totals.pop(LOOP_STAGES[0][0])
     whole = sum(totals.values()) or 1.0
     return {"share_of_work": {k: round(v / whole, 3) for k, v in totals.items()},
@@ -184,10 +211,14 @@ def burst(units: int, rounds: int) -> dict:
         me = os.getpid()
         pids = list(sup.pids().values())
 
-        def one_round():
+        def one_round(caller=None):
             c0, l0, w0 = time.thread_time_ns(), _on_cpu_ns(me, loop_tid), _workers_cpu_ns(pids)
             t0 = time.perf_counter_ns()
+            if caller is not None:
+                caller.enable()
             futures = [ex.submit(H.work, i) for i in range(units)]
+            if caller is not None:
+                caller.disable()
             c1 = time.thread_time_ns()
             for fut in futures:
                 fut.result()
@@ -203,9 +234,13 @@ def burst(units: int, rounds: int) -> dict:
         one_round()
         sup.inspect(lambda _sup: prof.disable())
         split = _loop_split(pstats.Stats(prof), units)
+        caller = cProfile.Profile()
+        one_round(caller)
+        caller_split = _caller_split(pstats.Stats(caller), units)
     per_unit = {k: round(statistics.median(r[k] for r in rows) / 1e3, 2) for k in rows[0]}
     return {"units": units, "rounds": rounds, "workers": len(pids), "us_per_unit": per_unit,
-            "units_per_s": round(1e9 / statistics.median(r["wall"] for r in rows)), "loop_profile": split}
+            "units_per_s": round(1e9 / statistics.median(r["wall"] for r in rows)), "loop_profile": split,
+            "caller_profile": caller_split}
 
 
 def main(argv=None) -> int:
@@ -229,6 +264,11 @@ def main(argv=None) -> int:
                   f"{prof['profiled_work_us_per_unit']} us of work (profiled) by stage, besides "
                   f"{prof['profiled_wait_us_per_unit']} us waiting:")
             for label, share in prof["share_of_work"].items():
+                print(f"  {label:28} {share:8.1%}")
+            prof = res["caller_profile"]
+            print(f"caller's submits under cProfile: {prof['python_calls_per_unit']} Python calls per unit; "
+                  f"{prof['profiled_us_per_unit']} us (profiled) by stage:")
+            for label, share in prof["share"].items():
                 print(f"  {label:28} {share:8.1%}")
         return 0
     res = measure(args.units, args.slots_per_worker)
