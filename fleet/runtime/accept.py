@@ -81,7 +81,7 @@ class Acceptor:
             return
         plain: list = []
         for unit, arrival in posted:
-            if unit.role not in stops and open_to(unit):
+            if not unit.parent and unit.role not in stops and open_to(unit):
                 plain.append(unit)
                 continue
             if plain:
@@ -92,16 +92,20 @@ class Acceptor:
             self._enter_plain(plain)
 
     def _enter_plain(self, units: list) -> None:
-        """Plain units (checked by the caller) into the books, counted in one ledger call,
-        and onto their queues in order."""
+        """Plain units of callers (checked by the caller: no parent, whose children queue
+        apart) into the books, counted in one ledger call, and onto their queues in order,
+        each run of one role in one call."""
         for unit in units:
             unit.plain = True
         self._books.enter_many(units)
         self._accepted = True
         self.batched += len(units)
-        enqueue = self._dispatcher.enqueue
-        for unit in units:
-            enqueue(unit)
+        enqueue_many, start, code = self._dispatcher.enqueue_many, 0, units[0].role
+        for i, unit in enumerate(units):
+            if unit.role != code:
+                enqueue_many(units[start:i])
+                start, code = i, unit.role
+        enqueue_many(units[start:] if start else units)
 
     def accept_many(self, units: list, arrivals: list | None) -> None:
         """A posted `submit_many` run (units of one role, no route): each unit accepted
