@@ -166,12 +166,12 @@ class Books:
             self._done.append((unit.future, None, unit_exception(unit_id, role, outcome, original)))
 
     def close_solved(self, ended: list, solved: list) -> None:
-        """Plain units that solved (`LoopUnit.plain`: no gate saw them), ``[(unit, value),
-        ...]``: the outcome `close` records for each, in one call; their ids onto `solved`,
-        which the caller ledgers in one call. The caller checked that no watch is on and no
-        gate stopped any unit (`plain_ends`)."""
+        """Plain units that solved (`LoopUnit.plain`: no gate saw them), ``[(unit, value,
+        ...), ...]``: the outcome `close` records for each, in one call; their ids onto
+        `solved`, which the caller ledgers in one call. The caller checked that no watch is
+        on and no gate stopped any unit (`plain_ends`)."""
         held, done, on_end, room = self._units, self._done, self.on_end, self._room
-        for unit, value in ended:
+        for unit, value, _run_s in ended:
             unit_id = unit.unit_id
             del held[unit_id]
             if unit.queued:  # never, for a unit that ran; `_end`'s rule all the same

@@ -108,13 +108,13 @@ class Results:
     def _take_plain(self, batch, seat: int, solved: list) -> None:
         """`batch` with its plain units' solved results in bulk (see the module doc): each
         checked as `_take_message` checks it, its slot completed at once; their outcomes
-        recorded and their run times paced once the slice is read. Anything else goes
-        through `_take_message`, in its place."""
+        recorded and their run times paced together, before any other message's outcome
+        and at the slice's end (so outcomes resolve in the order their results came).
+        Anything else goes through `_take_message`, in its place."""
         get, slot_of, complete = self._books.get, self._dispatcher.slot_of, self._dispatcher.complete
         seat_of, outcome_of, relay = self._seats.slot_seats, codec.result_outcome, self._relay
         unpack, head = M.RESULT_HEAD.unpack_from, M.RESULT_HEAD.size
-        ended: list = []  # (unit, value)
-        runs: dict[int, list] = {}  # role -> run times, in order
+        ended: list = []  # (unit, value, run time), in the order their results came
         try:
             for tag, view in batch:
                 if tag == M.RESULT and len(view) >= head:
@@ -125,26 +125,42 @@ class Results:
                             outcome, value, original = outcome_of(status, view[head:], relay=relay)
                             complete(unit_id, final)
                             if outcome.kind == SOLVED:
-                                ended.append((unit, value))
-                                run = runs.get(unit.role)
-                                if run is None:
-                                    runs[unit.role] = [elapsed]
-                                else:
-                                    run.append(elapsed)
-                            else:  # its value could not be read: the one path's end (ResultError)
-                                self._ended(unit, unit_id, status, elapsed, cpu, outcome, value, original,
-                                            None if cost != cost else cost, solved)
+                                ended.append((unit, value, elapsed))
+                                continue
+                            # its value could not be read (ResultError): the one path's end
+                            if ended:
+                                self._close_plain(ended, solved)
+                                ended = []
+                            self._ended(unit, unit_id, status, elapsed, cpu, outcome, value, original,
+                                        None if cost != cost else cost, solved)
                             continue
+                if ended:
+                    self._close_plain(ended, solved)
+                    ended = []
                 self._take_message(tag, view, solved, seat)
         finally:  # even past an error: the units completed so far get their outcome
             if ended:
-                self.batched += len(ended)
-                self._books.close_solved(ended, solved)
-            if runs and self._pace is not None:
-                for code, seconds in runs.items():
-                    depth = self._pace.ran_many(code, seconds)
-                    if depth is not None:
-                        self._dispatcher.pace(code, depth)
+                self._close_plain(ended, solved)
+
+    def _close_plain(self, ended: list, solved: list) -> None:
+        """Plain units' solved ends, ``[(unit, value, run seconds), ...]``: recorded in one
+        books call (their ids onto `solved`), their run times paced in one call per role."""
+        self.batched += len(ended)
+        self._books.close_solved(ended, solved)
+        pace = self._pace
+        if pace is None:
+            return
+        runs: dict[int, list] = {}  # role -> run times, in order
+        for unit, _value, elapsed in ended:
+            run = runs.get(unit.role)
+            if run is None:
+                runs[unit.role] = [elapsed]
+            else:
+                run.append(elapsed)
+        for code, seconds in runs.items():
+            depth = pace.ran_many(code, seconds)
+            if depth is not None:
+                self._dispatcher.pace(code, depth)
 
     def take_delivered(self, seat: int) -> None:
         """Apply every result a (dead or stopped) worker pushed before it went."""

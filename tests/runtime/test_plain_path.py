@@ -6,14 +6,23 @@ every unit got exactly one outcome on either.
 """
 from __future__ import annotations
 
+import pickle
 import threading
 from concurrent.futures import Future
 
 import pytest
 
 import fleet
+from fleet.rules.ledger import Ledger
 from fleet.rules.pace import Pace
-from fleet.runtime.intake import Intake
+from fleet.runtime.books import Books
+from fleet.runtime.config import load_config
+from fleet.runtime.future import UnitFuture
+from fleet.runtime.gates import Gates
+from fleet.runtime.intake import Intake, QueueRoom
+from fleet.runtime.results import Results
+from fleet.runtime.submit import LoopUnit
+from fleet.shm import messages as M
 
 from ..admission_catalog import GLM_AZ, ONE_REFUSAL, catalog
 from ..fleets import config, role, running, unique_name
@@ -109,6 +118,56 @@ def test_a_unit_with_a_route_keeps_the_gated_path():
         pools = {b["pool"]: b for b in f.status()["admission"]["bulkheads"]}
         assert pools[str(GLM_AZ)]["mean_cost"] == pytest.approx(0.5)
         _one_outcome_each(f, 11)
+
+
+class _Dispatcher:
+    """The dispatcher's side of a result slice: where each unit was sent, what completed."""
+
+    def __init__(self, where: dict):
+        self.where, self.completed = dict(where), []
+
+    def slot_of(self, unit_id):
+        return self.where.get(unit_id)
+
+    def complete(self, unit_id, final):
+        self.completed.append(unit_id)
+        return self.where.pop(unit_id)
+
+
+class _Seats:
+    slot_seats = (0, 0, 0)
+
+    def seat_of(self, slot):
+        return self.slot_seats[slot]
+
+    def name(self, seat):
+        return f"seat-{seat}"
+
+
+def _result(unit_id: int, slot: int, status: int, body: bytes) -> tuple:
+    return M.RESULT, memoryview(M.RESULT_HEAD.pack(unit_id, slot, status, 0, 1e-6, float("nan"), float("nan")) + body)
+
+
+def test_outcomes_in_a_slice_resolve_in_the_order_their_results_came_on_both_paths():
+    roles = load_config({"roles": {"work": role("echo")}}, env={}).roles
+    books = Books("t", roles, Ledger(name="t"), QueueRoom([100]), Gates(None, 1))
+    units = [LoopUnit(unit_id=i, role=0, future=UnitFuture(), body=b"", flags=0, timeout=None, plain=True,
+                      queued=False) for i in (1, 2, 3)]
+    for unit in units:
+        books.enter(unit)
+    order = []
+    for unit in units:
+        unit.future.add_done_callback(lambda f, i=unit.unit_id: order.append(i))
+    results = Results(_Seats(), books, _Dispatcher({1: 0, 2: 1, 3: 2}), None, None, roles, None, None, None)
+    # plain solved, then a suppressed one (the one-unit path), then plain solved again
+    results.take([_result(1, 0, M.ST_SOLVED, pickle.dumps("a")), _result(2, 1, M.ST_SUPPRESSED, b"no"),
+                  _result(3, 2, M.ST_SOLVED, pickle.dumps("c"))], 0)
+    books.deliver()
+    assert order == [1, 2, 3]
+    assert results.batched == 2
+    assert (units[0].future.result(0), units[2].future.result(0)) == ("a", "c")
+    counts = books.ledger.counts()
+    assert (counts.submitted, counts.solved, counts.suppressed, counts.inflight) == (3, 2, 1, 0)
 
 
 def test_a_run_in_the_intake_is_drained_in_one_call_in_order_between_other_commands():
