@@ -80,16 +80,23 @@ class Acceptor:
                 self.accept(unit, arrival)
             return
         plain: list = []
-        for unit, arrival in posted:
-            if not unit.parent and unit.role not in stops and open_to(unit):
-                plain.append(unit)
-                continue
+        handed = 0  # posted[:handed] went to the books (or to `accept`)
+        try:
+            for i, (unit, arrival) in enumerate(posted):
+                if not unit.parent and unit.role not in stops and open_to(unit):
+                    plain.append(unit)
+                    continue
+                handed = i + 1  # the plain ones before it, and it: an error in `accept` loses no other
+                if plain:
+                    self._enter_plain(plain)
+                    plain = []
+                self.accept(unit, arrival)
+            handed = len(posted)
             if plain:
                 self._enter_plain(plain)
-                plain = []
-            self.accept(unit, arrival)
-        if plain:
-            self._enter_plain(plain)
+        except BaseException:
+            del posted[:handed]  # the rest go back to the intake (Intake.take_runs)
+            raise
 
     def _enter_plain(self, units: list) -> None:
         """Plain units of callers (checked by the caller: no parent, whose children queue

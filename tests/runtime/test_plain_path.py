@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import types
 from concurrent.futures import Future
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 import fleet
 from fleet.rules.ledger import Ledger
 from fleet.rules.pace import Pace
+from fleet.runtime.accept import Acceptor
 from fleet.runtime.books import Books
 from fleet.runtime.config import load_config
 from fleet.runtime.future import UnitFuture
@@ -206,6 +208,53 @@ def test_a_run_stops_at_the_drain_limit_and_at_a_command_awaiting_its_reply():
     intake.post(one, 5)
     assert intake.drain() == 3
     assert seen == [[1, 2], 3, 4, 5] and reply.result(0) == 4
+
+
+def test_what_a_failed_run_did_not_take_goes_back_to_the_head_of_the_intake():
+    intake = Intake(lambda: None)
+    took, turned_away = [], []
+
+    def one(x):
+        took.append(x)
+
+    def many(run):
+        took.extend(args[0] for args in run[:2])
+        del run[:2]  # took the first two, then failed
+        raise RuntimeError("a bug")
+
+    intake.take_runs(one, many)
+    for x in (1, 2, 3, 4):
+        intake.post(one, x, refused=lambda error, x: turned_away.append(x))
+    with pytest.raises(RuntimeError):
+        intake.drain()
+    assert took == [1, 2]
+    intake.close("stopped")
+    assert turned_away == [3, 4]  # back in order, with their own refusal: not lost
+
+
+class _Door:
+    closing = False
+    role_stops = types.SimpleNamespace(view=frozenset())
+
+
+def test_a_run_that_fails_at_one_unit_hands_back_only_the_units_after_it():
+    entered = []
+    books = types.SimpleNamespace(enter_many=lambda units: entered.extend(u.unit_id for u in units))
+    gates = types.SimpleNamespace(open_to=lambda unit: unit.route is None)
+    dispatcher = types.SimpleNamespace(enqueue_many=lambda units: None)
+    acceptor = Acceptor(_Door(), books, gates, dispatcher, None)
+
+    def broken(unit, arrival):
+        raise RuntimeError("a bug")
+
+    acceptor.accept = broken
+    units = [LoopUnit(unit_id=i, role=0, future=UnitFuture(), body=b"", flags=0, timeout=None) for i in range(1, 6)]
+    units[2].route = "routed"  # takes `accept`, which fails
+    posted = [(unit, None) for unit in units]
+    with pytest.raises(RuntimeError):
+        acceptor.accept_run(posted)
+    assert entered == [1, 2]
+    assert [unit.unit_id for unit, _ in posted] == [4, 5]  # what goes back to the intake
 
 
 @pytest.mark.parametrize("runs", [[1e-6] * 5, [0.5, 1e-6, 1e-6], [1e-6, float("nan"), -1.0, 0.2], [0.3]])
