@@ -93,6 +93,21 @@ def unpicklable(unit):
     return threading.Lock()
 
 
+class _Unreadable:
+    """A value that pickles, and cannot be unpickled: its loading raises (in the supervisor)."""
+
+    def __reduce__(self):
+        return (_refuse_to_load, ())
+
+
+def _refuse_to_load():
+    raise ValueError("this value cannot be loaded")
+
+
+def unreadable(unit):
+    return _Unreadable()
+
+
 def spin(unit):
     """Burn about `payload` microseconds of CPU."""
     end = time.perf_counter() + (unit.payload or 50) / 1e6

@@ -85,6 +85,25 @@ class Pace:
         self.depths[code] = depth
         return depth
 
+    def ran_many(self, code: int, seconds: list) -> int | None:
+        """`ran` for each of `seconds` in order (a slice of the role's results), the depth
+        judged once, after the last: what `ran` one by one leaves behind (a depth between
+        is no longer in force by then), in one call."""
+        if self._caps[code] <= 0:
+            return None
+        run_s = self._run_s[code]
+        for s in seconds:
+            if s >= 0:  # NaN or a negative: no measure
+                run_s = s if run_s is None else run_s + SMOOTHING * (s - run_s)
+        if run_s is None:
+            return None
+        self._run_s[code] = run_s
+        depth = depth_for(run_s, self._caps[code], self._round_trip_s)
+        if depth == self.depths[code]:
+            return None
+        self.depths[code] = depth
+        return depth
+
     def run_s(self, code: int) -> float | None:
         """The role's smoothed run time (None before any of its units ended)."""
         return self._run_s[code]

@@ -23,12 +23,20 @@ if TYPE_CHECKING:
 
 class Acceptor:
     """Takes posted submits into the books and on to the gates and the dispatcher; says
-    whether any came since the loop last dispatched (`take_news`)."""
+    whether any came since the loop last dispatched (`take_news`).
+
+    Two paths, one outcome. A unit that passes every gate at once (`Gates.open_to`: no
+    route, a role no gate holds) is *plain* (`LoopUnit.plain`): no gate ever sees it, so
+    its start and its solved end skip the gates (fleet.runtime.loop, .results). A run of
+    posted plain submits, while their role runs and the fleet is open, is taken in bulk
+    (`accept_run`: one ledger call, its queue pushes in one loop); every other unit takes
+    `accept`, one by one. `batched` counts the units the bulk path took."""
 
     def __init__(self, door, books, gates, dispatcher, roles, recorder=None):
         self._door, self._books, self._gates, self._dispatcher = door, books, gates, dispatcher
         self._roles, self._recorder = roles, recorder
         self._accepted = False  # units accepted since the last dispatch
+        self.batched = 0  # units accepted through the bulk path (plain ones)
 
     def take_news(self) -> bool:
         """True if units were accepted since the last call (the loop dispatches them)."""
@@ -48,7 +56,8 @@ class Acceptor:
             self._books.fail_unstarted(unit.unit_id, *late)
             return
         try:
-            passed = self._gates.open_to(unit) or self._gates.through(unit)
+            unit.plain = self._gates.open_to(unit)
+            passed = unit.plain or self._gates.through(unit)
         except BadUnit as exc:  # the catalog changed since the caller's check (a reload)
             fail_future(unit.future, exc)
             self._door.room.give(code)
@@ -59,6 +68,51 @@ class Acceptor:
             self._recorder.arrival(*arrival)
         if passed:
             self._dispatcher.enqueue(unit)
+
+    def accept_run(self, posted: list) -> None:
+        """A run of posted single submits, ``[(unit, arrival), ...]`` in post order (the
+        intake's `take_runs`): each accepted as `accept` would, in order; the plain ones
+        (see the class doc) in bulk, between the others."""
+        door, open_to = self._door, self._gates.open_to
+        stops = door.role_stops.view
+        if door.closing or self._recorder is not None:
+            for unit, arrival in posted:
+                self.accept(unit, arrival)
+            return
+        plain: list = []
+        handed = 0  # posted[:handed] went to the books (or to `accept`)
+        try:
+            for i, (unit, arrival) in enumerate(posted):
+                if not unit.parent and unit.role not in stops and open_to(unit):
+                    plain.append(unit)
+                    continue
+                handed = i + 1  # the plain ones before it, and it: an error in `accept` loses no other
+                if plain:
+                    self._enter_plain(plain)
+                    plain = []
+                self.accept(unit, arrival)
+            handed = len(posted)
+            if plain:
+                self._enter_plain(plain)
+        except BaseException:
+            del posted[:handed]  # the rest go back to the intake (Intake.take_runs)
+            raise
+
+    def _enter_plain(self, units: list) -> None:
+        """Plain units of callers (checked by the caller: no parent, whose children queue
+        apart) into the books, counted in one ledger call, and onto their queues in order,
+        each run of one role in one call."""
+        for unit in units:
+            unit.plain = True
+        self._books.enter_many(units)
+        self._accepted = True
+        self.batched += len(units)
+        enqueue_many, start, code = self._dispatcher.enqueue_many, 0, units[0].role
+        for i, unit in enumerate(units):
+            if unit.role != code:
+                enqueue_many(units[start:i])
+                start, code = i, unit.role
+        enqueue_many(units[start:] if start else units)
 
     def accept_many(self, units: list, arrivals: list | None) -> None:
         """A posted `submit_many` run (units of one role, no route): each unit accepted
@@ -71,8 +125,11 @@ class Acceptor:
             for i, unit in enumerate(units):
                 self.accept(unit, None if arrivals is None else arrivals[i])
             return
+        for unit in units:
+            unit.plain = not unit.route  # every gate let the role through: one without a route is plain
         self._books.enter_many(units)
         self._accepted = True
+        self.batched += len(units)
         if self._recorder is not None and arrivals is not None:
             for arrival in arrivals:
                 self._recorder.arrival(*arrival)

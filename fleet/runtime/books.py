@@ -47,6 +47,9 @@ class Books:
         self.ledger = ledger  # thread-safe itself: any thread may read its counts
         self._name, self._roles, self._room, self._gates = name, roles, room, gates
         self._units: dict[int, LoopUnit] = {}
+        #: get(unit_id) -> the unit owed, or None: the dict's own get (called several times
+        #: per unit on the loop; `_units` is never replaced)
+        self.get = self._units.get
         self._done: list = []  # (future, value, error) decided this turn, delivered at its end
         self._stops: dict[int, tuple[str, str]] = {}  # unit id -> (reason, detail): a gate stopped it
         self.watch = None  # the UnitWatch (fleet.runtime.spans) when makespans or spans are on
@@ -63,9 +66,6 @@ class Books:
 
     def __contains__(self, unit_id: int) -> bool:
         return unit_id in self._units
-
-    def get(self, unit_id: int) -> LoopUnit | None:
-        return self._units.get(unit_id)
 
     def owed(self):
         """The units owed an outcome, in the order they were accepted (an operator's look)."""
@@ -164,6 +164,29 @@ class Books:
         else:
             role = self._roles.by_code(unit.role).name
             self._done.append((unit.future, None, unit_exception(unit_id, role, outcome, original)))
+
+    def close_solved(self, ended: list, solved: list) -> None:
+        """Plain units that solved (`LoopUnit.plain`: no gate saw them), ``[(unit, value,
+        ...), ...]``: the outcome `close` records for each, in one call; their ids onto
+        `solved`, which the caller ledgers in one call. The caller checked that no watch is
+        on and no gate stopped any unit (`plain_ends`)."""
+        held, done, on_end, room = self._units, self._done, self.on_end, self._room
+        for unit, value, _run_s in ended:
+            unit_id = unit.unit_id
+            del held[unit_id]
+            if unit.queued:  # never, for a unit that ran; `_end`'s rule all the same
+                unit.queued = False
+                room.give(unit.role)
+            if on_end is not None:
+                on_end(unit_id, _SOLVED)
+            solved.append(unit_id)
+            done.append((unit.future, value, None))
+
+    @property
+    def plain_ends(self) -> bool:
+        """Whether a plain unit's solved end may take `close_solved`: no watch to tell and
+        no gate's stop pending (a stop of a unit makes it end through `close`)."""
+        return self.watch is None and not self._stops
 
     def solved_many(self, unit_ids: list) -> None:
         """The ledger's entries of a slice's solved units (`close` with `solved`), in one call."""

@@ -56,6 +56,16 @@ class Intake:
         self.high, self.low, self.pace_timeout = high, low, pace_timeout
         self._paced = threading.Condition(threading.Lock())
         self._pacing = 0  # posters waiting for the queue to go below `low`
+        self._runs: dict = {}  # fn -> many: consecutive posts of fn, drained in one call (`take_runs`)
+
+    def take_runs(self, fn, many) -> None:
+        """From here on, consecutive queued posts of `fn` (no reply) are drained in one
+        ``many([args, ...])`` call, in their order: a burst of submits is one call on the
+        loop, not one per unit. `many` must do what `fn` would for each, in order. Should it
+        raise, it first removes from the front of the list the commands it took: the ones
+        left go back to the head of the queue (a stop's drain takes them, or they are
+        turned away), so none is lost with the error."""
+        self._runs[fn] = many
 
     def post(self, fn, *args, reply: Future | None = None, refused=None, pace: bool = False) -> None:
         """Queue ``fn(*args)`` for the loop and wake it. After `close` it is turned away at
@@ -103,6 +113,7 @@ class Intake:
         producer is still posting, instead of draining for as long as it posts."""
         ran = 0
         queue = self._queue
+        runs = self._runs
         woken = False  # paced posters told, once a drain takes the queue below `low`
         while queue and (limit is None or ran < limit):
             try:
@@ -110,10 +121,34 @@ class Intake:
             except IndexError:  # a late poster's `_turn_away` took it
                 break
             ran += 1
+            many = runs.get(fn) if reply is None and runs else None
+            if many is not None and queue and queue[0][0] is fn and queue[0][2] is None:
+                run, commands = [args], [(fn, args, reply, _refused)]
+                while queue and (limit is None or ran < limit):
+                    head = queue[0]
+                    if head[0] is not fn or head[2] is not None:
+                        break
+                    try:
+                        command = queue.popleft()
+                    except IndexError:  # a late poster's `_turn_away` took it
+                        break
+                    commands.append(command)
+                    run.append(command[1])
+                    ran += 1
+            else:
+                run = None
             if not woken and self._pacing and len(queue) < self.low:
                 woken = True
                 with self._paced:
                     self._paced.notify_all()
+            if run is not None:
+                try:
+                    many(run)
+                except BaseException:
+                    if run:  # the commands `many` did not take go back first (see `take_runs`)
+                        queue.extendleft(reversed(commands[len(commands) - len(run):]))
+                    raise
+                continue
             if reply is None:
                 fn(*args)
                 continue

@@ -189,7 +189,9 @@ class Supervisor:
                             seats=self.seats, results=self._results, posture=self.posture, roles=roles,
                             table=rig.table, host=host, dispatch=dispatch, recorder=self.recorder)
         self._accept = Acceptor(self.door, self.books, self.gates, rig.dispatcher, roles, self.recorder)
-        self._submitter.connect(self._accept.accept, self._accept.accept_many, rig.providers)
+        accept = self._accept.accept  # one bound method: the intake knows a run of its posts by it
+        self._submitter.connect(accept, self._accept.accept_many, rig.providers)
+        self.door.intake.take_runs(accept, self._accept.accept_run)
         self.inside = Inside(name, roles, self._submitter, self.books, rig.dispatcher, self.seats, self._results.sent_to)
         self._results.inside = self._deaths.inside = self.inside
         self.books.on_end = self.inside.ended
@@ -350,7 +352,8 @@ class Supervisor:
                     dispatcher.complete(g.unit_id, table.state(g.slot)[0])
                     books.close(g.unit_id, Outcome(FAILED, Reason.FSM_REFUSED, why))
                     continue
-            started(unit)  # it runs from here (on its provider too)
+            if not unit.plain:
+                started(unit)  # it runs from here (on its provider too); no gate ever saw a plain one
             task = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags) + unit.body
             batch = sends.get(g.seat)
             if batch is None:

@@ -5,6 +5,13 @@ outcomes are recorded (the solved ones in one ledger call) and the slots they fr
 granted and sent at once, before the next slice is read. Counters are published once
 per pass, before the futures they count resolve (at the end of the turn).
 
+A plain unit's solved result (`LoopUnit.plain`: no gate ever saw it) takes the batch
+path when no watch, arrival log or run observer listens (`take`): a slice's plain solved
+units are checked and their slots completed in one pass, their outcomes recorded in one
+books call (`Books.close_solved`) and their run times paced in one call per role; any
+other message of the slice, and every message of another unit, takes the path of one
+message (`_take_message`). Both keep the same checks; `batched` counts the batch path's.
+
 A result is taken only from the seat its unit was sent to, for the slot it was granted,
 while the unit is owed: anything else (a duplicate, a unit already ended or never
 submitted, another seat's or slot's unit, bytes that are no message) is stray. Only a
@@ -18,6 +25,7 @@ One owner: the loop thread.
 from __future__ import annotations
 
 from fleet.rules import fsm
+from fleet.rules.outcomes import SOLVED
 from fleet.rules.pace import Pace
 from fleet.rules.vocab import Reason
 from fleet.shm import messages as M
@@ -46,6 +54,7 @@ class Results:
         self._table, self._roles, self._host, self._publisher = table, roles, host, publisher
         self._dispatch, self._relay, self._recorder = dispatch, relay, recorder
         self._run_observer = None
+        self.batched = 0  # solved results of plain units taken through the batch path
         self.inside = None  # the children submitted from inside (fleet.runtime.inside), once composed
         #: seat -> (role code, RSS bytes, bound bytes) its worker sent as it left to be
         #: recycled (max_rss_mib); the seat's death handling takes it (fleet.runtime.seat_deaths)
@@ -91,11 +100,71 @@ class Results:
         """A batch of messages from `seat` into the books (the slots they free are not granted here)."""
         solved: list[int] = []
         try:
-            for tag, view in batch:
-                self._take_message(tag, view, solved, seat)
+            if self._books.plain_ends and self._recorder is None and self._run_observer is None:
+                self._take_plain(batch, seat, solved)
+            else:
+                for tag, view in batch:
+                    self._take_message(tag, view, solved, seat)
         finally:  # even past an error: every unit taken off the books has its outcome
             if solved:
                 self._books.solved_many(solved)
+
+    def _take_plain(self, batch, seat: int, solved: list) -> None:
+        """`batch` with its plain units' solved results in bulk (see the module doc): each
+        checked as `_take_message` checks it, its slot completed at once; their outcomes
+        recorded and their run times paced together, before any other message's outcome
+        and at the slice's end (so outcomes resolve in the order their results came).
+        Anything else goes through `_take_message`, in its place."""
+        get, slot_of, complete = self._books.get, self._dispatcher.slot_of, self._dispatcher.complete
+        seat_of, outcome_of, relay = self._seats.slot_seats, codec.result_outcome, self._relay
+        unpack, head = M.RESULT_HEAD.unpack_from, M.RESULT_HEAD.size
+        ended: list = []  # (unit, value, run time), in the order their results came
+        try:
+            for tag, view in batch:
+                if tag == M.RESULT and len(view) >= head:
+                    unit_id, slot, status, final, elapsed, cost, cpu = unpack(view)
+                    if status == M.ST_SOLVED:
+                        unit = get(unit_id)
+                        if unit is not None and unit.plain and slot_of(unit_id) == slot and seat_of[slot] == seat:
+                            outcome, value, original = outcome_of(status, view[head:], relay=relay)
+                            complete(unit_id, final)
+                            if outcome.kind == SOLVED:
+                                ended.append((unit, value, elapsed))
+                                continue
+                            # its value could not be read (ResultError): the one path's end
+                            if ended:
+                                self._close_plain(ended, solved)
+                                ended = []
+                            self._ended(unit, unit_id, status, elapsed, cpu, outcome, value, original,
+                                        None if cost != cost else cost, solved)
+                            continue
+                if ended:
+                    self._close_plain(ended, solved)
+                    ended = []
+                self._take_message(tag, view, solved, seat)
+        finally:  # even past an error: the units completed so far get their outcome
+            if ended:
+                self._close_plain(ended, solved)
+
+    def _close_plain(self, ended: list, solved: list) -> None:
+        """Plain units' solved ends, ``[(unit, value, run seconds), ...]``: recorded in one
+        books call (their ids onto `solved`), their run times paced in one call per role."""
+        self.batched += len(ended)
+        self._books.close_solved(ended, solved)
+        pace = self._pace
+        if pace is None:
+            return
+        runs: dict[int, list] = {}  # role -> run times, in order
+        for unit, _value, elapsed in ended:
+            run = runs.get(unit.role)
+            if run is None:
+                runs[unit.role] = [elapsed]
+            else:
+                run.append(elapsed)
+        for code, seconds in runs.items():
+            depth = pace.ran_many(code, seconds)
+            if depth is not None:
+                self._dispatcher.pace(code, depth)
 
     def take_delivered(self, seat: int) -> None:
         """Apply every result a (dead or stopped) worker pushed before it went."""
@@ -149,6 +218,12 @@ class Results:
         if outcome.reason == Reason.FSM_REFUSED:
             books.fsm_refused(f"unit {unit_id}: {outcome.detail}")
         self._dispatcher.complete(unit_id, final)
+        self._ended(unit, unit_id, status, elapsed, cpu, outcome, value, original, cost, solved)
+
+    def _ended(self, unit, unit_id: int, status: int, elapsed: float, cpu: float, outcome, value, original, cost,
+               solved: list) -> None:
+        """A result's outcome, its slot completed: paced, observed, recorded, and the unit closed."""
+        books = self._books
         if self._pace is not None and status not in _UNRUN:
             depth = self._pace.ran(unit.role, elapsed)
             if depth is not None:

@@ -22,6 +22,8 @@ class Seats:
     def __init__(self, data, workers, layout):
         self.workers = workers
         self._data, self._layout = data, layout
+        #: slot -> its seat (`seat_of`, as a tuple the result pass indexes: the layout is fixed)
+        self.slot_seats = tuple(s.seat for s in layout.slots)
         self._outbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
 
     @property

@@ -76,6 +76,10 @@ class LoopUnit(Pending):
     ask: dict | None = None  # its admission arguments (lane, severity, ...), until the provider gate decides it
     items: int = 1  # what the ledger counts it as in items: a chunk of a map is one unit of many
     since: float = 0.0  # UTC epoch seconds of its (latest) grant: what `fleetctl why` says it runs since
+    #: Passed every gate at once at its accept (no route, a role no gate holds, no parent):
+    #: no gate ever hears of it, so its start and its solved end take the batch paths
+    #: (fleet.runtime.accept `accept_run`, fleet.runtime.results `take`).
+    plain: bool = False
 
 
 class Submitter:
@@ -171,12 +175,22 @@ class Submitter:
         role's own timeout; waits for room). A tenth of a submit's cost is those checks,
         on a path that runs once per call."""
         timeout = self._roles.by_code(code).timeout_s  # read each time: a reload may change it
+        door = self._door
+        on_loop = door.on_loop()
         parcel = codec.pack_task(role, payload, None, None, None, pickled_payload=None, limit=self._max_payload,
-                                 fleet=self._door.name, room=self.beside, block=not self._door.on_loop(),
-                                 writer=self.warm.write)
-        unit, on_loop = self._queued(code, role, None, 0, parcel[0],
-                                     _task_flags(False, timeout, self._recorder is not None), timeout, True, None, parcel)
-        return self._post(unit, on_loop, role, payload)
+                                 fleet=door.name, room=self.beside, block=not on_loop, writer=self.warm.write)
+        # `_queued` and `_post`, written out: this path runs once per call
+        try:
+            door.refuse_if_closed(code, role)
+            self._room.take(code, role, block=not on_loop)
+        except BaseException:
+            self._unpack([parcel])
+            raise
+        unit = self._new_unit(code, None, 0, parcel[0], _task_flags(False, timeout, self._recorder is not None),
+                              timeout, parcel)
+        arrival = (unit.unit_id, role, payload, None, None) if self._recorder is not None else None
+        self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop)
+        return unit.future
 
     def submit_many(self, role: str, payloads: list, *, lane=None, chunk: bool = False) -> list[Future]:
         """Queue one unit per payload, as `submit(role, payload, lane=lane, chunk=chunk)`

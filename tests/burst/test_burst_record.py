@@ -160,14 +160,15 @@ def test_only_a_recording_fleets_workers_measure_cpu(tmp_path, monkeypatch):
     from fleet.shm import messages as M
 
     seen: list[float] = []
-    take = results.Results._take_message
+    take = results.Results.take  # every slice of results, whichever path takes it
 
-    def watched(self, tag, view, solved, seat):
-        if tag == M.RESULT:
-            seen.append(M.RESULT_HEAD.unpack_from(view)[-1])
-        return take(self, tag, view, solved, seat)
+    def watched(self, batch, seat):
+        for tag, view in batch:
+            if tag == M.RESULT:
+                seen.append(M.RESULT_HEAD.unpack_from(view)[-1])
+        return take(self, batch, seat)
 
-    monkeypatch.setattr(results.Results, "_take_message", watched)
+    monkeypatch.setattr(results.Results, "take", watched)
     roles = {"work": {"kind": "pooled", "handler": "tests.handlers:echo", "slots": 1}}
     for recorded in (False, True):
         cfg = {"fleet": {"name": unique_name("cpu")}, "roles": roles}

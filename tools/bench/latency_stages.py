@@ -1,9 +1,22 @@
 #!/usr/bin/env python3
-"""Where a single-submit round trip's time goes: p50 of each stage, in microseconds.
+"""Where a unit's microseconds go: a single submit's round trip stage by stage, and the
+CPU each thread spends per unit over a burst.
 
     python tools/bench/latency_stages.py [--json] [--units N] [--slots-per-worker K]
+    python tools/bench/latency_stages.py --burst [--json] [--units N] [--rounds R]
 
-A diagnostic, not a ratio: it times `f.submit(role, 0).result()` one unit at a time (the
+`--burst` (the throughput view): fleet.Executor with its defaults takes N no-op
+`submit`s, then the caller takes every result (dispatch_bench's submit key). Reported per
+unit, the median of R rounds: the CPU of the caller thread (its submits, then its result
+taking), of the supervisor's loop thread and of the workers (each thread's on-CPU time
+from /proc/<pid>/task/<tid>/schedstat, which counts a spinning wait as CPU: the loop
+and a caller watch for what comes next before they sleep); then one more round under
+cProfile on the loop thread, its time split by stage (each function's own time, by the
+module it is in) and the Python calls per unit, and one under cProfile on the caller's
+submits, split the same way. cProfile slows a thread several times over: read its split
+as shares, not as microseconds.
+
+Without --burst (the latency view), a diagnostic, not a ratio: it times `f.submit(role, 0).result()` one unit at a time (the
 shape of dispatch_bench's latency key) on 2 pinned workers, and stamps the supervisor's
 own steps by wrapping them (each wrapper adds well under a microsecond):
 
@@ -100,12 +113,164 @@ def p50(ns: list) -> float:
     return round(ns[len(ns) // 2] / 1e3, 1) if ns else float("nan")
 
 
+#: The loop's stages in the cProfile split: a function's own time goes to the first stage
+#: with a pattern found in its "path:function" (a built-in's path is "~").
+LOOP_STAGES = (
+    ("wait (bell spin and sleep)", ("bell_wait", "word_watch", "dataplane.py:wait")),
+    ("intake drain", ("intake.py:drain", "intake.py:post")),
+    ("accept", ("accept.py:", "books.py:enter", "ledger.py:submitted", "ledger.py:_submitted")),
+    ("grant (dispatcher)", ("rules/dispatch.py:", "books.py:skip_at_grant", "future.py:claim")),
+    ("FSM transitions (table)", ("shm/table/", "_kernels")),
+    ("send (task pack, push)", ("seats.py:", "push_many", "loop.py:dispatch", "gates.py:started",
+                                "provider_gate.py:started", "method 'pack'")),
+    ("result taking", ("results.py:", "pop_many", "codec.py:", "books.py:close", "books.py:solved", "books.py:_end",
+                       "books.py:get", "books.py:_told", "ledger.py:solved", "ledger.py:record", "inside.py:ended",
+                       "gates.py:ended", "provider_gate.py:ended", "pace.py:", "intake.py:give", "unpack_from")),
+    ("settle / future", ("books.py:deliver", "future.py:", "submit.py:", "parcels.py:", "bump")),
+    ("builtins (dict, len, locks)", ("~:",)),
+    ("publish / other", ("",)),
+)
+
+
+#: The caller's stages of a submit, as LOOP_STAGES.
+CALLER_STAGES = (
+    ("pickling (codec)", ("codec.py:", "_pickle", "parcels.py:")),
+    ("checks and queue room", ("intake.py:on_loop", "intake.py:refuse", "intake.py:take", "intake.py:closed",
+                               "roles.py:", "get_ident", "lock' objects>")),
+    ("unit and future", ("_new_unit", "future.py:", "<string>:", "intake.py:new_id", "builtins.next")),
+    ("post to the loop", ("intake.py:post", "intake.py:_wait", "bell_ring", "submit.py:_ring", "loop.py:_ring")),
+    ("submit (its own frames)", ("submit.py:", "executor.py:")),
+    ("other", ("",)),
+)
+
+
+def _on_cpu_ns(pid: int, tid: int | None = None) -> int:
+    """Nanoseconds on CPU of a thread (`tid`) or a whole process (its schedstat)."""
+    path = f"/proc/{pid}/task/{tid}/schedstat" if tid is not None else f"/proc/{pid}/schedstat"
+    with open(path) as f:
+        return int(f.read().split()[0])
+
+
+def _workers_cpu_ns(pids) -> int:
+    total = 0
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                total += _on_cpu_ns(pid, int(tid))
+            except OSError:
+                pass
+    return total
+
+
+def _split(stats, stages) -> tuple[dict, int]:
+    """cProfile's own time per stage of `stages`, and the Python calls it saw."""
+    totals = {label: 0.0 for label, _ in stages}
+    calls = 0
+    for (path, _line, func), (cc, _nc, tt, _ct, _callers) in stats.stats.items():
+        calls += cc
+        where = f"{path}:{func}"
+        for label, patterns in stages:
+            if any(part in where for part in patterns):
+                totals[label] += tt
+                break
+    return totals, calls
+
+
+def _caller_split(stats, units: int) -> dict:
+    """The caller's submits under cProfile: each stage's share, and calls per unit."""
+    totals, calls = _split(stats, CALLER_STAGES)
+    whole = sum(totals.values()) or 1.0
+    return {"share": {k: round(v / whole, 3) for k, v in totals.items()},
+            "profiled_us_per_unit": round(whole / units * 1e6, 2), "python_calls_per_unit": round(calls / units, 1)}
+
+
+def _loop_split(stats, units: int) -> dict:
+    """cProfile's own time per loop stage (share of the loop's profiled time) and calls per unit."""
+    totals, calls = _split(stats, LOOP_STAGES)
+    waited = totals.pop(LOOP_STAGES[0][0])
+    whole = sum(totals.values()) or 1.0
+    return {"share_of_work": {k: round(v / whole, 3) for k, v in totals.items()},
+            "profiled_work_us_per_unit": round(whole / units * 1e6, 2),
+            "profiled_wait_us_per_unit": round(waited / units * 1e6, 2),
+            "python_calls_per_unit": round(calls / units, 1)}
+
+
+def burst(units: int, rounds: int) -> dict:
+    """The throughput view (see the module doc): CPU per unit of each thread over bursts."""
+    import cProfile
+    import pstats
+    import statistics
+
+    import bench_handlers as H
+
+    rows = []
+    with fleet.Executor() as ex:
+        sup = ex._sup
+        list(ex.map(H.work, range(2000)))  # warm
+        loop_tid = sup.door._thread.native_id
+        me = os.getpid()
+        pids = list(sup.pids().values())
+
+        def one_round(caller=None):
+            c0, l0, w0 = time.thread_time_ns(), _on_cpu_ns(me, loop_tid), _workers_cpu_ns(pids)
+            t0 = time.perf_counter_ns()
+            if caller is not None:
+                caller.enable()
+            futures = [ex.submit(H.work, i) for i in range(units)]
+            if caller is not None:
+                caller.disable()
+            c1 = time.thread_time_ns()
+            for fut in futures:
+                fut.result()
+            t1 = time.perf_counter_ns()
+            c2, l1, w1 = time.thread_time_ns(), _on_cpu_ns(me, loop_tid), _workers_cpu_ns(pids)
+            return {"wall": (t1 - t0) / units, "caller_submit": (c1 - c0) / units, "caller_results": (c2 - c1) / units,
+                    "loop": (l1 - l0) / units, "workers (all)": (w1 - w0) / units}
+
+        for _ in range(rounds):
+            rows.append(one_round())
+        prof = cProfile.Profile()
+        sup.inspect(lambda _sup: prof.enable())  # on the loop thread: cProfile profiles the thread that enables it
+        one_round()
+        sup.inspect(lambda _sup: prof.disable())
+        split = _loop_split(pstats.Stats(prof), units)
+        caller = cProfile.Profile()
+        one_round(caller)
+        caller_split = _caller_split(pstats.Stats(caller), units)
+    per_unit = {k: round(statistics.median(r[k] for r in rows) / 1e3, 2) for k in rows[0]}
+    return {"units": units, "rounds": rounds, "workers": len(pids), "us_per_unit": per_unit,
+            "units_per_s": round(1e9 / statistics.median(r["wall"] for r in rows)), "loop_profile": split,
+            "caller_profile": caller_split}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--units", type=int, default=3000)
     parser.add_argument("--slots-per-worker", type=int, default=1)
+    parser.add_argument("--burst", action="store_true", help="CPU per unit of each thread over bursts of submits")
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.burst:
+        res = burst(args.units, args.rounds)
+        if args.json:
+            print(json.dumps(res, indent=2))
+        else:
+            print(f"{res['units_per_s']} units/s; CPU per unit, us (median of {res['rounds']} rounds):")
+            for label, value in res["us_per_unit"].items():
+                print(f"  {label:28} {value:8.2f}")
+            prof = res["loop_profile"]
+            print(f"loop under cProfile: {prof['python_calls_per_unit']} Python calls per unit; "
+                  f"{prof['profiled_work_us_per_unit']} us of work (profiled) by stage, besides "
+                  f"{prof['profiled_wait_us_per_unit']} us waiting:")
+            for label, share in prof["share_of_work"].items():
+                print(f"  {label:28} {share:8.1%}")
+            prof = res["caller_profile"]
+            print(f"caller's submits under cProfile: {prof['python_calls_per_unit']} Python calls per unit; "
+                  f"{prof['profiled_us_per_unit']} us (profiled) by stage:")
+            for label, share in prof["share"].items():
+                print(f"  {label:28} {share:8.1%}")
+        return 0
     res = measure(args.units, args.slots_per_worker)
     if args.json:
         print(json.dumps(res, indent=2))
