@@ -303,6 +303,7 @@ class Client(Executor):
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[Future, str]] = {}
         self._parts: dict[int, list[str]] = {}
+        self._delivery = threading.Lock()  # one thread takes records at a time (_deliver)
         self._received = 0  # outcomes of _token received: the next collect's ack
         self._bounds: dict[str, tuple[int, int]] = {}  # role -> (queue bound, slots), from submit replies
         self._collector: threading.Thread | None = None
@@ -609,31 +610,41 @@ class Client(Executor):
         return any(not fut.done() for fut, _ in self._pending.values())
 
     def _deliver(self, records: list[dict], first: int, token: str) -> None:
-        if token != self._token:
-            return  # for a token retired meanwhile: its futures have failed already
-        for number, raw in enumerate(records, first):
-            with self._cond:
-                if token != self._token:
-                    return  # retired meanwhile (a restart noticed by a submit)
-                if number < self._received:
-                    continue  # sent again: the reply that carried it was late, not lost
-                self._received = number + 1
-            try:
-                record = outcome_record.parse(raw)
-            except BadOutcomeRecord as exc:
-                self._bad_record(raw, exc, token)
-                if token != self._token:
-                    return  # it retired the token: the rest of the reply is owed to nobody
+        """Outcome records numbered from ``first`` for ``token``, from a ``collect`` reply or
+        a push (`fleet.api.submit_pipe`), on whichever thread read them. Each number is
+        taken once, in order (one sent again is skipped), under ``_delivery``, so two
+        threads delivering overlapping runs take every record once and join a value's
+        parts in order. Futures are resolved after, outside every lock: their callbacks
+        may call back into this client."""
+        out: list = []  # ((future, role), record, value or the exception that fails it)
+        failed: tuple = ()
+        with self._delivery:
+            for number, raw in enumerate(records, first):
+                with self._cond:
+                    if token != self._token:
+                        break  # retired (a restart, a bad record): its futures have failed already
+                    if number < self._received:
+                        continue  # sent again: the reply that carried it was late, not lost
+                    self._received = number + 1
+                try:
+                    record = outcome_record.parse(raw)
+                except BadOutcomeRecord as exc:
+                    failed = self._bad_record(raw, exc, token, out) or failed
+                    continue
+                value = outcome_record.join_part(record, self._parts)
+                if value is outcome_record.INCOMPLETE:
+                    continue
+                with self._cond:
+                    entry = self._pending.pop(record.seq, None)
+                if entry is not None:  # else not ours any more (a submit that raised), or delivered
+                    out.append((entry, record, value))
+        if failed:
+            _fail(*failed)
+        for (fut, role), record, value in out:
+            if record is None:
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(value)
                 continue
-            seq = record.seq
-            value = outcome_record.join_part(record, self._parts)
-            if value is outcome_record.INCOMPLETE:
-                continue
-            with self._cond:
-                entry = self._pending.pop(seq, None)
-            if entry is None:
-                continue  # not ours any more (a submit that raised), or delivered already
-            fut, role = entry
             if record.reason == Reason.CANCELLED and getattr(fut, "cancelling", False):
                 Future.cancel(fut)  # the outcome of our own cancel: the future ends cancelled
                 continue
@@ -646,18 +657,21 @@ class Client(Executor):
             else:
                 fut.set_result(result)
 
-    def _bad_record(self, raw: Any, exc: BadOutcomeRecord, token: str) -> None:
-        """A record that breaks the format fails the future it names; one that names
-        none we wait for leaves no way to tell whose outcome it was, so every pending
-        future fails rather than wait for ever."""
+    def _bad_record(self, raw: Any, exc: BadOutcomeRecord, token: str, out: list) -> tuple:
+        """A record that breaks the format fails the future it names (queued on ``out``);
+        one that names none we wait for leaves no way to tell whose outcome it was, so
+        every pending future fails rather than wait for ever: returns those and why."""
         seq = raw.get("seq") if isinstance(raw, dict) else None
         with self._cond:
             entry = self._pending.pop(seq, None) if isinstance(seq, int) else None
-        if entry is None:
-            self._retire(FleetConnectionLost(f"fleetd {self.name!r} at {self.path} sent an outcome record "
-                                             f"that names no pending unit: {exc}"), token)
-        elif entry[0].set_running_or_notify_cancel():
-            entry[0].set_exception(exc)
+            if entry is not None:
+                out.append((entry, None, exc))
+                return ()
+            if token != self._token:
+                return ()
+            lost = FleetConnectionLost(f"fleetd {self.name!r} at {self.path} sent an outcome record "
+                                       f"that names no pending unit: {exc}")
+            return self._retire_locked(lost), lost
 
     def _retire(self, exc: FleetError, token: str | None = None) -> None:
         """The daemon holding outcomes for ``token`` (default: the current one) is gone, or

@@ -114,7 +114,10 @@ def test_a_unit_the_fleet_refuses_is_refused_alone_and_its_batch_runs(served, cl
 GOOD = unit(1)
 
 MALFORMED = [
-    ({"v": 2}, "batch version 2 is not spoken here"),
+    ({"v": 3}, "batch version 3 is not spoken here (this daemon speaks 1, 2)"),
+    ({"v": 1, "ack": 0}, "ack must be an integer >= 0, with v 2 or later; got ack 0 with v 1"),
+    ({"v": 2, "ack": -1}, "ack must be an integer >= 0"),
+    ({"v": 2, "ack": "3"}, "argument ack must be integer or null, got string"),
     ({"token": "not a token!"}, "token must be 8-128 letters"),
     ({"units": "x"}, "argument units must be array, got string"),
     ({"units": []}, f"units must hold 1-{MAX_BATCH_UNITS} units, got 0"),

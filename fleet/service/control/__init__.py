@@ -117,16 +117,19 @@ from fleet.service.control.errors import (
 )
 from fleet.service.control.ops import COLLECT_MAX_WAIT_S, COLLECT_REPLY_BUDGET, OPS, POSTURE_KEYS, Op, OpRegistry
 from fleet.service.control.paths import find_socket, prepare_runtime_dir, runtime_dir, socket_candidates, socket_path
-from fleet.service.control.server import FRAME_TIMEOUT_S, WRITE_TIMEOUT_S, ControlServer, _PressureLog, log
+from fleet.service.control.server import FRAME_TIMEOUT_S, WRITE_TIMEOUT_S, ControlServer, Stream, _PressureLog, log
 from fleet.service.control.wire import (
     MAX_FRAME,
     Arg,
+    Push,
     Reply,
     Request,
     check_args,
     decode_reply,
     decode_request,
+    decode_stream,
     encode_error,
+    encode_push,
     encode_reply,
     encode_request,
 )
@@ -154,15 +157,19 @@ __all__ = [
     "Peer",
     "PermissionDenied",
     "ProtocolError",
+    "Push",
     "RemoteError",
     "Reply",
     "ReplyLost",
     "Request",
     "ShuttingDown",
+    "Stream",
     "SubmitUncertain",
     "decode_reply",
     "decode_request",
+    "decode_stream",
     "encode_error",
+    "encode_push",
     "encode_reply",
     "encode_request",
     "find_socket",

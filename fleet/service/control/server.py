@@ -76,11 +76,41 @@ class _Conn:
     eof: bool = False
     closing: bool = False  # close once wbuf is sent
     events: int = 0  # what the selector watches for it
+    stream: "Stream | None" = None  # its push side, made for the first op that streams
+    pulls: collections.deque = field(default_factory=collections.deque)  # pushes asked, not yet written
+    closers: list = field(default_factory=list)  # told when it closes (Stream.on_close)
 
     @property
     def idle(self) -> bool:
         """Nothing asked, nothing owed: closing it loses no request and no reply."""
         return self.inflight is None and not self.wbuf and not self.rbuf
+
+
+class Stream:
+    """The push side of one connection: frames written to it unasked, between its
+    replies (the outcomes of a token a ``submit_batch`` v2 attached here,
+    `fleet.service.daemon.OutcomeStore.attach`). Any thread may ask for a push
+    (`ready`); the control thread, which owns the connection, makes the frame then
+    (``pull()``) and writes it, so every record held until that moment rides one frame
+    and one wake-up. A peer that does not read its pushes holds at most `_WRITE_HIGH`
+    bytes of them here; the rest wait with their owner (``pull`` is called again once
+    the peer reads)."""
+
+    __slots__ = ("_server", "_conn")
+
+    def __init__(self, server: "ControlServer", conn: _Conn):
+        self._server, self._conn = server, conn
+
+    def ready(self, pull: Callable[[], bytes | None]) -> None:
+        """Ask for a push: the control thread calls ``pull`` soon and writes the frame it
+        returns (None: nothing). Never called when the connection has closed."""
+        self._server._pushes.append((self._conn, pull))
+        self._server._wake()
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (on the control thread) when the connection closes. Call it on the
+        control thread (from a direct op of this connection)."""
+        self._conn.closers.append(fn)
 
 
 class _PressureLog:
@@ -215,6 +245,7 @@ class ControlServer:
         self._thread: threading.Thread | None = None
         self._conns: set[_Conn] = set()
         self._done: collections.deque[tuple[_Conn, Future]] = collections.deque()
+        self._pushes: collections.deque[tuple[_Conn, Callable]] = collections.deque()  # Stream.ready
         self._stopping = threading.Event()
         self._accept_paused_until: float | None = None
         self._emfile_logged = float("-inf")
@@ -339,6 +370,7 @@ class ControlServer:
                     else:
                         self._guarded(key.data, self._on_ready, events)
                 self._finish_calls()
+                self._run_pushes()
                 self._expire()
                 self._pressure.flush()
         except Exception:  # noqa: BLE001 - logged loudly; close() still cleans up
@@ -557,12 +589,33 @@ class ControlServer:
             conn.write_stalled_since = self._clock()
 
     def _flush(self, conn: _Conn) -> None:
-        """EVENT_WRITE: send more; once all is sent, read the requests held back meanwhile."""
+        """EVENT_WRITE: send more; once all is sent, the pushes held back, then the requests."""
         self._send_some(conn)
+        if not conn.wbuf and conn.pulls:
+            self._push_some(conn)
         if conn.wbuf:
             self._watch(conn)
         else:
             self._advance(conn)
+
+    def _run_pushes(self) -> None:
+        """Write the pushes asked since the last pass (`Stream.ready`)."""
+        while self._pushes:
+            conn, pull = self._pushes.popleft()
+            if conn in self._conns:
+                conn.pulls.append(pull)
+                self._guarded(conn, self._push_some)
+
+    def _push_some(self, conn: _Conn) -> None:
+        """Make and write ``conn``'s pushes while the peer keeps up with them."""
+        while conn.pulls and len(conn.wbuf) < _WRITE_HIGH and not conn.closing:
+            data = conn.pulls.popleft()()
+            if data:
+                conn.wbuf += data
+                conn.last_active = self._clock()
+        if conn.wbuf:
+            self._send_some(conn)
+        self._watch(conn)
 
     def _send_now(self, conn: _Conn, data: bytes) -> None:
         """Best effort, never blocking: a notice sent just before closing."""
@@ -585,6 +638,13 @@ class ControlServer:
             conn.inflight.cancel()  # not started: it never runs; started: its reply has no reader
             conn.inflight = None
         conn.sock.close()
+        conn.pulls.clear()
+        closers, conn.closers = conn.closers, []
+        for fn in closers:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one owner's fault must not keep the others untold
+                log.exception("control connection from pid %d: a close callback failed", conn.peer.pid)
 
     # -- deadlines
     def _expire(self) -> None:
@@ -664,7 +724,9 @@ class ControlServer:
             args = op.validate(request.args)
         except ProtocolError as exc:
             return encode_error(exc.request_id if rid is None else rid, exc.code, exc.message)
-        return Call(op, args, conn.peer, rid)
+        if op.streams and conn.stream is None:
+            conn.stream = Stream(self, conn)
+        return Call(op, args, conn.peer, rid, conn.stream if op.streams else None)
 
     def _finish_calls(self) -> None:
         while self._done:
