@@ -150,6 +150,8 @@ class OutcomeStore:
         self._lost: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._lost_memory = lost_memory
         self._closing = False
+        self._flusher: int | None = None  # the supervisor loop's thread, once it called `flush`
+        self._due: list[str] = []  # attached tokens held for on that thread: `flush` writes them
 
     # -- from submits and outcomes
     def hold(self, token: str) -> None:
@@ -174,7 +176,15 @@ class OutcomeStore:
                 self._drop(token, f"it held more than {self.max_bytes} bytes of uncollected outcomes")
                 wake = push = None
             elif box.stream is not None:
-                wake, push = None, self._push_due(token, box)
+                wake, push = None, None
+                if threading.get_ident() == self._flusher:
+                    # On the supervisor's loop, in its delivery: `flush` follows at its end
+                    # and writes every record held meanwhile, on this thread.
+                    if not box.push_due:
+                        box.push_due = True
+                        self._due.append(token)
+                else:
+                    push = self._push_due(token, box)
             else:
                 wake, push = self._take_waiter(box), None
         _resolve(wake)
@@ -196,6 +206,23 @@ class OutcomeStore:
         stream.on_close(lambda: self.detach(token, stream))
         if push is not None:
             push()
+
+    def flush(self) -> None:
+        """Write the records held for attached tokens during the supervisor's delivery,
+        from its loop thread (`Books.on_delivered`, called at the end of each delivery): one
+        push frame per token, straight onto its connection (`control.Stream.send`), so an
+        outcome crosses no thread between the loop and the socket."""
+        self._flusher = threading.get_ident()
+        if not self._due:
+            return
+        with self._lock:
+            due, self._due = self._due, []
+            streams = [(token, box.stream) for token in due
+                       if (box := self._boxes.get(token)) is not None and box.stream is not None]
+        for token, stream in streams:
+            frame = self._pull(token, stream)
+            if frame is not None:
+                stream.send(frame)
 
     def detach(self, token: str, stream) -> None:
         """``stream`` closed: ``token``'s records not acknowledged go to its next poll
@@ -491,6 +518,8 @@ class Daemon:
         self.sup = Supervisor(self.config, mode="service", socket_path=str(path),
                               readers_group=self.options.socket_group,
                               closure_file=default_closure_file(name, self.env), exporter=start_exporter).start()
+        # The outcomes held for clients during a delivery go out at its end, on the loop.
+        self.sup.books.on_delivered = self.store.flush
         try:
             self.handler = ServedOperations(self)
             self.calls = control.CallQueue(wakeup=self._wake)

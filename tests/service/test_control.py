@@ -77,7 +77,7 @@ class Handler:
         self.units.append(unit)
         return {"unit": len(self.units)}
 
-    def submit_batch(self, v, token, units):
+    def submit_batch(self, v, token, units, ack=None, stream=None):
         ids = [self.submit(**unit)["unit"] for unit in units]  # each checked, the token in it
         return {"units": ids, "errors": {}, "replayed": [], "roles": {}}
 

@@ -77,13 +77,18 @@ class _Conn:
     closing: bool = False  # close once wbuf is sent
     events: int = 0  # what the selector watches for it
     stream: "Stream | None" = None  # its push side, made for the first op that streams
+    #: Held by every write to the socket and by its close: a push may be written from
+    #: another thread (`Stream.send`), when nothing else waits to go out.
+    wlock: threading.Lock = field(default_factory=threading.Lock)
+    outbox: bytearray = field(default_factory=bytearray)  # the rest of a push written in part
+    closed: bool = False
     pulls: collections.deque = field(default_factory=collections.deque)  # pushes asked, not yet written
     closers: list = field(default_factory=list)  # told when it closes (Stream.on_close)
 
     @property
     def idle(self) -> bool:
         """Nothing asked, nothing owed: closing it loses no request and no reply."""
-        return self.inflight is None and not self.wbuf and not self.rbuf
+        return self.inflight is None and not self.wbuf and not self.rbuf and not self.outbox
 
 
 class Stream:
@@ -107,10 +112,37 @@ class Stream:
         self._server._pushes.append((self._conn, pull))
         self._server._wake()
 
+    def send(self, data: bytes) -> None:
+        """Write a whole push frame now, from any thread, when nothing else waits to go out
+        on the connection (else, and for what the socket does not take at once, the control
+        thread writes it after what went before). Nothing when the connection has closed."""
+        conn = self._conn
+        with conn.wlock:
+            if conn.closed:
+                return
+            if not conn.wbuf and not conn.outbox:
+                try:
+                    sent = conn.sock.send(data)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError:
+                    return  # the peer went away: the control thread sees it and closes
+                conn.last_active = self._server._clock()
+                if sent == len(data):
+                    return
+                data = data[sent:]
+            conn.outbox += data
+        self.ready(_NOTHING)  # the control thread writes the rest when the socket takes it
+
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` (on the control thread) when the connection closes. Call it on the
         control thread (from a direct op of this connection)."""
         self._conn.closers.append(fn)
+
+
+def _NOTHING() -> None:
+    """A pull with no frame of its own: the control thread only writes what waits."""
+    return None
 
 
 class _PressureLog:
@@ -499,7 +531,7 @@ class ControlServer:
         events = 0
         if not conn.eof and not conn.closing and len(conn.rbuf) <= self.max_frame:
             events |= selectors.EVENT_READ
-        if conn.wbuf:
+        if conn.wbuf or conn.outbox:
             events |= selectors.EVENT_WRITE
         if events == conn.events:
             return
@@ -578,11 +610,18 @@ class ControlServer:
         conn.last_active = self._clock()
 
     def _send_some(self, conn: _Conn) -> None:
-        try:
-            sent = conn.sock.send(conn.wbuf)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        del conn.wbuf[:sent]
+        with conn.wlock:
+            if conn.outbox:
+                # A push cut short by the socket went out in part: its rest goes first. (A
+                # push is written from another thread only when wbuf is empty, so nothing
+                # of wbuf has gone out before it.)
+                conn.wbuf[:0] = conn.outbox
+                conn.outbox.clear()
+            try:
+                sent = conn.sock.send(conn.wbuf)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            del conn.wbuf[:sent]
         if sent or not conn.wbuf:
             conn.write_stalled_since = None
         if conn.wbuf and conn.write_stalled_since is None:
@@ -613,16 +652,17 @@ class ControlServer:
             if data:
                 conn.wbuf += data
                 conn.last_active = self._clock()
-        if conn.wbuf:
+        if conn.wbuf or conn.outbox:
             self._send_some(conn)
         self._watch(conn)
 
     def _send_now(self, conn: _Conn, data: bytes) -> None:
         """Best effort, never blocking: a notice sent just before closing."""
-        try:
-            conn.sock.send(bytes(conn.wbuf) + data)
-        except OSError:
-            pass
+        with conn.wlock:
+            try:
+                conn.sock.send(bytes(conn.outbox) + bytes(conn.wbuf) + data)
+            except OSError:
+                pass
 
     def _drop(self, conn: _Conn) -> None:
         if conn not in self._conns:
@@ -637,7 +677,9 @@ class ControlServer:
         if conn.inflight is not None:
             conn.inflight.cancel()  # not started: it never runs; started: its reply has no reader
             conn.inflight = None
-        conn.sock.close()
+        with conn.wlock:
+            conn.closed = True
+            conn.sock.close()
         conn.pulls.clear()
         closers, conn.closers = conn.closers, []
         for fn in closers:

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Where a service-mode round trip's time goes: p50 of each stage, in microseconds.
+
+    python tools/bench/service_stages.py [--json] [--units N]
+
+A diagnostic, not a ratio: it times ``client.submit("work", 0).result()`` one unit at a
+time through a real fleetd (dispatch_bench's `Fleetd`: one role, one worker) and stamps
+the steps on both sides of the socket by wrapping them (CLOCK_MONOTONIC is one clock for
+every process of the machine, so the stamps line up). fleetd's stamps are written to a
+file when it stops; each round trip takes the first stamp of each step inside its window.
+
+  client: submit -> sent          the caller's checks, pickling, the batch frame, its write
+  sent -> fleetd reads            waking fleetd's control thread
+  reads -> decoded                the frame decoded and checked (submit_batch)
+  decoded -> admitted             the unit queued to the supervisor (its reply's unit id)
+  admitted -> outcome held        the supervisor's loop and the worker: accept to result
+  outcome held -> push written    waking the control thread, the push frame made and sent
+  push written -> client reads    waking the client's reader thread
+  client reads -> future set      the record parsed, the value unpickled, the future set
+  future set -> caller back       waking the caller
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import dispatch_bench  # noqa: E402
+
+#: What fleetd runs first: its own steps wrapped to stamp the first call after each
+#: other, the stamps written to $STAGES_OUT when it exits.
+PRELUDE = """
+import atexit, json, os, time
+from fleet.service.control import server as _server
+from fleet.service.control import outcome_record as _record
+from fleet.service.control.ops import units as _units
+from fleet.service import daemon as _daemon
+_now, _stamps = time.perf_counter_ns, []
+
+def _wrap(owner, name, key, after=False):
+    original = getattr(owner, name)
+    def stamped(*args, **kwargs):
+        if not after:
+            _stamps.append((key, _now()))
+        out = original(*args, **kwargs)
+        if after:
+            _stamps.append((key, _now()))
+        return out
+    setattr(owner, name, stamped)
+
+_wrap(_server.ControlServer, "_read", "d_read")
+_wrap(_units.SubmitBatchOp, "on_daemon", "d_decoded")
+_wrap(_units.SubmitBatchOp, "on_daemon", "d_admitted", after=True)
+_wrap(_record, "encode", "d_held")
+_wrap(_server.ControlServer, "_push_some", "d_pushed", after=True)
+_wrap(_server.Stream, "send", "d_pushed", after=True)
+atexit.register(lambda: json.dump(_stamps, open(os.environ["STAGES_OUT"], "w")))
+"""
+
+STAGES = (
+    ("client: submit -> sent", "c_submit", "c_sent"),
+    ("sent -> fleetd reads", "c_sent", "d_read"),
+    ("reads -> decoded", "d_read", "d_decoded"),
+    ("decoded -> admitted", "d_decoded", "d_admitted"),
+    ("admitted -> outcome held", "d_admitted", "d_held"),
+    ("outcome held -> push written", "d_held", "d_pushed"),
+    ("push written -> client reads", "d_pushed", "c_read"),
+    ("client reads -> future set", "c_read", "c_set"),
+    ("future set -> caller back", "c_set", "c_back"),
+)
+
+
+def measure(units: int) -> dict:
+    from fleet.api import client as client_mod
+    from fleet.api import submit_pipe
+
+    now, stamps = time.perf_counter_ns, []
+
+    def wrap(owner, name, key, after=False):
+        original = getattr(owner, name)
+
+        def stamped(*args, **kwargs):
+            if not after:
+                stamps.append((key, now()))
+            out = original(*args, **kwargs)
+            if after:
+                stamps.append((key, now()))
+            return out
+
+        setattr(owner, name, stamped)
+
+    wrap(submit_pipe.SubmitPipe, "_write_frame", "c_sent", after=True)
+    wrap(client_mod.Client, "_deliver", "c_read")
+    wrap(client_mod.Client, "_deliver", "c_set", after=True)
+    out = tempfile.mktemp(prefix="stages-", suffix=".json", dir="/tmp")
+    os.environ["STAGES_OUT"] = out
+    dispatch_bench.FLEETD = PRELUDE + dispatch_bench.FLEETD
+    windows = []
+    try:
+        with dispatch_bench.Fleetd(units) as daemon:
+            with daemon.connect() as client:
+                [client.submit("work", i).result() for i in range(200)]  # warm
+                for _ in range(units):
+                    t0 = now()
+                    stamps.append(("c_submit", t0))
+                    client.submit("work", 0).result()
+                    t1 = now()
+                    stamps.append(("c_back", t1))
+                    windows.append((t0, t1))
+        with open(out) as f:
+            stamps.extend((k, t) for k, t in json.load(f))
+    finally:
+        if os.path.exists(out):
+            os.unlink(out)
+    return stages(windows, stamps)
+
+
+def stages(windows: list, stamps: list) -> dict:
+    """The p50 of each stage over the round trips whose every step was stamped in order."""
+    stamps.sort(key=lambda s: s[1])
+    times = [t for _, t in stamps]
+    import bisect
+
+    rows: dict[str, list] = {name: [] for name, _, _ in STAGES}
+    totals = []
+    for t0, t1 in windows:
+        first: dict[str, int] = {}
+        for i in range(bisect.bisect_left(times, t0), bisect.bisect_right(times, t1)):
+            first.setdefault(stamps[i][0], stamps[i][1])
+        if any(k not in first for _, a, b in STAGES for k in (a, b)):
+            continue
+        totals.append(t1 - t0)
+        for name, a, b in STAGES:
+            rows[name].append(first[b] - first[a])
+    p50 = {name: round(statistics.median(v) / 1000, 1) for name, v in rows.items() if v}
+    return {"round_trips": len(totals), "round_trip_p50_us": round(statistics.median(totals) / 1000, 1),
+            "stages_p50_us": p50, "stages_sum_us": round(sum(p50.values()), 1)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--units", type=int, default=2000)
+    args = parser.parse_args(argv)
+    res = measure(args.units)
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print(f"{res['round_trips']} round trips, p50 {res['round_trip_p50_us']} us")
+        for name, us in res["stages_p50_us"].items():
+            print(f"  {name:32s} {us:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
