@@ -220,6 +220,9 @@ class OutcomeStore:
             streams = [(token, box.stream) for token in due
                        if (box := self._boxes.get(token)) is not None and box.stream is not None]
         for token, stream in streams:
+            if not stream.room():  # the client is behind: the control thread pushes once it reads
+                stream.ready(lambda token=token, stream=stream: self._pull(token, stream))
+                continue
             frame = self._pull(token, stream)
             if frame is not None:
                 stream.send(frame)

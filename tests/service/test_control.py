@@ -918,6 +918,27 @@ def test_a_trickled_line_that_never_ends_meets_the_frame_deadline(sockdir):
         assert read_reply(trickle)["error"]["type"] == "Timeout"
 
 
+def test_frames_that_each_end_in_time_meet_no_deadline_though_every_read_ends_mid_frame(sockdir):
+    # Each write ends one frame and starts the next, for three times the frame deadline: the
+    # deadline runs from each frame's start, not from the first partial frame the server saw.
+    with serving(sockdir, frame_timeout=0.5) as s, s.raw() as streaming:
+        import time
+
+        frame = c.encode_request("ping", {}, 1)
+        half = len(frame) // 2
+        streaming.sendall(frame[:half])
+        buf = bytearray()
+        end = time.monotonic() + 1.5
+        n = 0
+        while time.monotonic() < end:
+            streaming.sendall(frame[half:] + frame[:half])
+            assert read_reply(streaming, buf)["result"]["pong"] is True
+            n += 1
+            time.sleep(0.01)
+        streaming.sendall(frame[half:])
+        assert read_reply(streaming, buf)["result"]["pong"] is True and n > 10
+
+
 def test_a_peer_that_never_reads_its_replies_does_not_stop_the_others(sockdir):
     with serving(sockdir, write_timeout=5.0) as s, s.raw() as deaf:
         deaf.settimeout(2.0)

@@ -10,6 +10,7 @@ import base64
 import pickle
 import signal
 import socket
+import threading
 
 import pytest
 
@@ -24,7 +25,8 @@ TOKEN = "batch-token-0123456789"
 
 
 def roles():
-    return {"sq": {k: v for k, v in role("square", slots=1).items() if k != "peak_cpus"}}
+    return {name: {k: v for k, v in role(handler, slots=1).items() if k != "peak_cpus"}
+            for name, handler in (("sq", "square"), ("held", "wait_for_file"), ("echo", "echo"))}
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +226,50 @@ def test_a_unit_admitted_while_its_client_closes_still_gets_its_outcome(served, 
     served.signal(signal.SIGCONT)
     closer.join(BOUND_S)
     assert not closer.is_alive() and fut.result(0) == 9
+
+
+def delivering_threads(client) -> list:
+    """The names of the threads that hand ``client`` outcome records, in order (recorded
+    from now on)."""
+    names, original = [], client._deliver
+
+    def deliver(records, first, token):
+        if records:
+            names.append(threading.current_thread().name)
+        return original(records, first, token)
+
+    client._deliver = deliver
+    return names
+
+
+def test_outcomes_come_back_on_the_submit_connection_with_no_poll_carrying_them(served, client):
+    threads = delivering_threads(client)
+    futs = [client.submit("sq", i) for i in range(30)]
+    assert [f.result(BOUND_S) for f in futs] == [i * i for i in range(30)]
+    # pushed on the connection the submits went out on, read by its reader: no collect
+    # asked for them, no collector thread between the socket and the caller
+    assert threads and set(threads) == {"fleet-client-submits"}
+
+
+def test_outcomes_owed_when_the_submit_connection_breaks_come_by_the_poll(served, client, tmp_path):
+    gate = tmp_path / "go"
+    assert client.submit("sq", 2).result(BOUND_S) == 4  # outcomes pushed on the submit connection now
+    fut = client.submit("held", (str(gate), 5))
+    assert fut.unit_id is not None  # admitted: its reply came; the unit waits for the gate
+    threads = delivering_threads(client)
+    client._pipe._sock.shutdown(socket.SHUT_RDWR)  # that connection breaks before the outcome
+    wait_until(lambda: client._pipe._sock is None, "the client to see its connection closed")
+    gate.touch()
+    assert fut.result(BOUND_S) == 25  # held for the client's poll once the stream was gone
+    assert threads == [f"fleet-client-{served.name}"]
+    wait_until(lambda: settled(served) == 0, "the units to end")
+
+
+def test_large_outcomes_pushed_while_replies_go_out_arrive_whole_and_in_full(served, client):
+    # Values of 48 KiB: the pushes outrun the socket (written in part, held back past the
+    # high-water mark, finished by the control thread) while batch replies join them.
+    blob = bytes(range(256)) * 192
+    threads = delivering_threads(client)
+    futs = [client.submit("echo", (i, blob)) for i in range(120)]
+    assert all(f.result(BOUND_S) == (i, blob) for i, f in enumerate(futs))
+    assert set(threads) == {"fleet-client-submits"}

@@ -58,6 +58,12 @@ _wrap(_server.ControlServer, "_read", "d_read")
 _wrap(_units.SubmitBatchOp, "on_daemon", "d_decoded")
 _wrap(_units.SubmitBatchOp, "on_daemon", "d_admitted", after=True)
 _wrap(_record, "encode", "d_held")
+import os as _os
+if _os.environ.get("STAGES_FINE"):
+    from fleet.runtime import submit as _submit
+    _wrap(_server.ControlServer, "_check", "d_checked", after=True)
+    _wrap(_daemon.OutcomeStore, "attach", "d_attached", after=True)
+    _wrap(_submit.Submitter, "submit_pickled", "d_posted", after=True)
 _wrap(_server.ControlServer, "_push_some", "d_pushed", after=True)
 _wrap(_server.Stream, "send", "d_pushed", after=True)
 atexit.register(lambda: json.dump(_stamps, open(os.environ["STAGES_OUT"], "w")))

@@ -32,7 +32,7 @@ from fleet.service.control.errors import (
     ProtocolError,
     ShuttingDown,
 )
-from fleet.service.control.ops import OPS, OpRegistry
+from fleet.service.control.ops import COLLECT_REPLY_BUDGET, OPS, OpRegistry
 from fleet.service.control.wire import MAX_FRAME, decode_request, encode_error, encode_reply
 
 
@@ -47,6 +47,12 @@ WRITE_TIMEOUT_S = 30.0
 #: Reply bytes waiting for the peer beyond which no further request of that
 #: connection is read: a peer that never reads its replies holds one reply, no more.
 _WRITE_HIGH = 64 * 1024
+#: Room beyond `_WRITE_HIGH` that pushes may take before a streaming connection's requests
+#: are held back: a push is made only below the mark, but one may pass it by up to its
+#: size (`COLLECT_REPLY_BUDGET` and its envelope), and one more written from another
+#: thread meanwhile. Holding requests back for pushes would deadlock a client whose one
+#: reader writes its next frame: it reads no push while that write waits on us.
+_PUSH_ROOM = 2 * (COLLECT_REPLY_BUDGET + 64 * 1024)
 #: At most this many connections are accepted per wake-up, so a connect flood
 #: cannot starve the connections already being served.
 _ACCEPT_BURST = 64
@@ -77,10 +83,10 @@ class _Conn:
     closing: bool = False  # close once wbuf is sent
     events: int = 0  # what the selector watches for it
     stream: "Stream | None" = None  # its push side, made for the first op that streams
-    #: Held by every write to the socket and by its close: a push may be written from
-    #: another thread (`Stream.send`), when nothing else waits to go out.
+    #: Held by every change of wbuf, every write to the socket and its close: a push may
+    #: be written from another thread (`Stream.send`). Every frame joins wbuf whole, at
+    #: its end, so frames never interleave whichever thread adds them.
     wlock: threading.Lock = field(default_factory=threading.Lock)
-    outbox: bytearray = field(default_factory=bytearray)  # the rest of a push written in part
     closed: bool = False
     pulls: collections.deque = field(default_factory=collections.deque)  # pushes asked, not yet written
     closers: list = field(default_factory=list)  # told when it closes (Stream.on_close)
@@ -88,7 +94,7 @@ class _Conn:
     @property
     def idle(self) -> bool:
         """Nothing asked, nothing owed: closing it loses no request and no reply."""
-        return self.inflight is None and not self.wbuf and not self.rbuf and not self.outbox
+        return self.inflight is None and not self.wbuf and not self.rbuf
 
 
 class Stream:
@@ -120,19 +126,26 @@ class Stream:
         with conn.wlock:
             if conn.closed:
                 return
-            if not conn.wbuf and not conn.outbox:
+            conn.last_active = self._server._clock()
+            if not conn.wbuf:
                 try:
                     sent = conn.sock.send(data)
                 except (BlockingIOError, InterruptedError):
                     sent = 0
                 except OSError:
                     return  # the peer went away: the control thread sees it and closes
-                conn.last_active = self._server._clock()
                 if sent == len(data):
                     return
                 data = data[sent:]
-            conn.outbox += data
+            conn.wbuf += data
         self.ready(_NOTHING)  # the control thread writes the rest when the socket takes it
+
+    def room(self) -> bool:
+        """Whether a push written now would not pass the connection's high-water mark
+        (the peer keeps up); else ask with `ready`, and the control thread makes it when
+        the peer has read."""
+        conn = self._conn
+        return not conn.closed and len(conn.wbuf) < _WRITE_HIGH
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` (on the control thread) when the connection closes. Call it on the
@@ -531,7 +544,9 @@ class ControlServer:
         events = 0
         if not conn.eof and not conn.closing and len(conn.rbuf) <= self.max_frame:
             events |= selectors.EVENT_READ
-        if conn.wbuf or conn.outbox:
+        if conn.wbuf or (conn.pulls and not conn.closing):
+            # Pushes held back while the peer was behind are made once it reads: writable
+            # with wbuf empty, `_flush` makes them (whichever path emptied wbuf).
             events |= selectors.EVENT_WRITE
         if events == conn.events:
             return
@@ -564,10 +579,13 @@ class ControlServer:
         """Answer the frames ``conn`` sent, one at a time, while nothing is in flight
         and the peer keeps up with its replies."""
         now = self._clock()
+        high = _WRITE_HIGH + (_PUSH_ROOM if conn.stream is not None else 0)
+        held = consumed = False
         while conn.inflight is None and not conn.closing:
-            if len(conn.wbuf) >= _WRITE_HIGH:
+            if len(conn.wbuf) >= high:
                 self._send_some(conn)
-                if len(conn.wbuf) >= _WRITE_HIGH:
+                if len(conn.wbuf) >= high:
+                    held = True
                     break  # the peer does not read: nothing more of it is read until it does
             nl = conn.rbuf.find(b"\n", conn.scanned)
             if nl < 0:
@@ -584,15 +602,20 @@ class ControlServer:
             del conn.rbuf[: nl + 1]
             conn.scanned = 0
             conn.spoke = True
+            consumed = True
             conn.last_active = now
             self._start(conn, frame)
             if len(frame) > self.max_frame:
                 conn.closing = True  # the reply said FrameTooLarge; that connection is done
         # The deadline for a complete frame: from accept until the first one, and
-        # from the first byte of any later one.
+        # from the first byte of any later one (counted from the end of the frame
+        # before it, at the latest). None while its frames wait on us: a peer that does
+        # not read its replies meets the write timeout instead.
         tail = len(conn.rbuf) - (conn.rbuf.rfind(b"\n") + 1)
-        if tail:
-            if conn.frame_deadline is None:
+        if held:
+            conn.frame_deadline = None
+        elif tail:
+            if conn.frame_deadline is None or consumed:
                 conn.frame_deadline = now + self.frame_timeout
         elif conn.spoke:
             conn.frame_deadline = None
@@ -606,17 +629,12 @@ class ControlServer:
     def _reply(self, conn: _Conn, data: bytes) -> None:
         """Queue a reply; `_advance` sends it, with every other reply to the frames of the
         same read, in one write (the caller updates the selector)."""
-        conn.wbuf += data
+        with conn.wlock:
+            conn.wbuf += data
         conn.last_active = self._clock()
 
     def _send_some(self, conn: _Conn) -> None:
         with conn.wlock:
-            if conn.outbox:
-                # A push cut short by the socket went out in part: its rest goes first. (A
-                # push is written from another thread only when wbuf is empty, so nothing
-                # of wbuf has gone out before it.)
-                conn.wbuf[:0] = conn.outbox
-                conn.outbox.clear()
             try:
                 sent = conn.sock.send(conn.wbuf)
             except (BlockingIOError, InterruptedError):
@@ -650,9 +668,10 @@ class ControlServer:
         while conn.pulls and len(conn.wbuf) < _WRITE_HIGH and not conn.closing:
             data = conn.pulls.popleft()()
             if data:
-                conn.wbuf += data
+                with conn.wlock:
+                    conn.wbuf += data
                 conn.last_active = self._clock()
-        if conn.wbuf or conn.outbox:
+        if conn.wbuf:
             self._send_some(conn)
         self._watch(conn)
 
@@ -660,7 +679,7 @@ class ControlServer:
         """Best effort, never blocking: a notice sent just before closing."""
         with conn.wlock:
             try:
-                conn.sock.send(bytes(conn.outbox) + bytes(conn.wbuf) + data)
+                conn.sock.send(bytes(conn.wbuf) + data)
             except OSError:
                 pass
 
