@@ -129,6 +129,8 @@ def test_a_poll_waits_while_attached_and_takes_every_unacknowledged_record_when_
     assert not poll.done()  # the stream carries them
     [frame] = stream.run()  # pushed; then the connection breaks before the client read it
     assert pushed(frame).first == 0
+    poll = store.collect(TOKEN, 10, ack=0)  # a poll that comes with records held waits too
+    assert not poll.done()
     stream.close()
     reply = poll.result(0)
     assert reply["first"] == 0 and [r["seq"] for r in reply["outcomes"]] == [1, 2]
