@@ -15,9 +15,12 @@ client has in flight travel coalesced, one ``submit_batch`` frame per round trip
 (`fleet.api.submit_pipe`), and fleetd's refusals arrive on the futures.
 
 Delivery. Each submit carries this client's random token and a sequence number;
-fleetd holds the unit's outcome under the token. One background thread long-polls
-``collect`` whenever a future is pending and resolves futures as outcomes arrive
-(a large value arrives in parts and is joined here). A slow daemon is not a lost
+fleetd holds the unit's outcome under the token and pushes it, as it is held, onto the
+connection the submits went out on (``submit_batch`` v2), where the submits' reader
+resolves its future (a large value arrives in parts and is joined here). A background
+thread long-polls ``collect`` whenever a future is pending: it waits while the outcomes
+are pushed, and takes them over (every one not acknowledged) when that connection
+closes; each numbered outcome is taken once, whichever brought it. A slow daemon is not a lost
 one: a poll it does not answer in time (stopped, swamped) or whose connection
 breaks is asked again on a new connection, and the daemon sends again whatever the
 client has not acknowledged, so the futures wait for the outcomes it still owes. If

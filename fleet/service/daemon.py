@@ -29,7 +29,9 @@ call) is refused: one WARNING line names why, the running config stays, and the
 Result delivery (see fleet.service.control, "Result delivery"): a submit that carries a
 client token has its outcome encoded (`fleet.service.control.outcome_record`) when the
 unit ends and held in the `OutcomeStore` under that token until the client's
-``collect`` long poll takes it.
+``collect`` long poll takes it, or, for a token a ``submit_batch`` v2 attached to its
+connection, pushed on that connection: the supervisor's loop writes what each of its
+deliveries held at the delivery's end (`OutcomeStore.flush`, its ``Books.on_delivered``).
 The long poll is the one op that does not run on the loop: its Future is resolved
 by the store itself (when an outcome arrives) or by the loop's expiry pass.
 
@@ -252,6 +254,9 @@ class OutcomeStore:
         if box.push_due:
             return None
         box.push_due = True
+        return self._ask_push(token, box)
+
+    def _ask_push(self, token: str, box: _Box):
         stream = box.stream
         return lambda: stream.ready(lambda: self._pull(token, stream))
 
@@ -314,10 +319,15 @@ class OutcomeStore:
 
     # -- from the loop
     def expire(self) -> None:
-        """Answer long polls whose timeout passed; drop tokens not seen for ``ttl_s``."""
+        """Answer long polls whose timeout passed; drop tokens not seen for ``ttl_s``. Records
+        held on the loop's thread and not flushed (held outside a delivery) are pushed by
+        the control thread."""
         now = self._clock()
         wake = []
         with self._lock:
+            left, self._due = self._due, []
+            pushes = [push for token in left if (box := self._boxes.get(token)) is not None
+                      and box.stream is not None and (push := self._ask_push(token, box)) is not None]
             for token, box in list(self._boxes.items()):
                 if box.waiter is not None:
                     if now >= box.deadline:
@@ -330,6 +340,8 @@ class OutcomeStore:
                         del self._boxes[token]
         for item in wake:
             _resolve(item)
+        for push in pushes:
+            push()
 
     def close(self) -> None:
         """The daemon is stopping: answer every waiting poll now (``closing: true``)."""

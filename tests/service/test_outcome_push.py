@@ -108,6 +108,19 @@ def test_the_loops_delivery_writes_its_records_at_its_end_waking_no_thread():
     assert len(stream.pulls) == 1  # held on another thread: the control thread is asked
 
 
+def test_records_held_on_the_loops_thread_outside_a_delivery_go_out_at_the_next_expiry():
+    store, stream = OutcomeStore(clock=Clock()), FakeStream()
+    store.attach(TOKEN, stream)
+    store.flush()
+    store.put(TOKEN, solved(1))  # on the loop's thread, but no delivery's end follows
+    assert stream.pulls == [] and stream.sent == []
+    store.expire()
+    [frame] = stream.run()
+    assert [r["seq"] for r in pushed(frame).outcomes] == [1]
+    store.flush()
+    assert stream.sent == []  # taken once
+
+
 def test_a_client_behind_on_its_pushes_gets_the_next_from_the_control_thread_once_it_reads():
     store, stream = OutcomeStore(clock=Clock()), FakeStream()
     store.attach(TOKEN, stream)

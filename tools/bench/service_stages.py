@@ -104,7 +104,8 @@ def measure(units: int) -> dict:
     wrap(submit_pipe.SubmitPipe, "_write_frame", "c_sent", after=True)
     wrap(client_mod.Client, "_deliver", "c_read")
     wrap(client_mod.Client, "_deliver", "c_set", after=True)
-    out = tempfile.mktemp(prefix="stages-", suffix=".json", dir="/tmp")
+    with tempfile.NamedTemporaryFile(prefix="stages-", suffix=".json", dir="/tmp", delete=False) as f:
+        out = f.name  # fleetd writes its stamps here when it stops
     os.environ["STAGES_OUT"] = out
     dispatch_bench.FLEETD = PRELUDE + dispatch_bench.FLEETD
     windows = []
@@ -119,12 +120,13 @@ def measure(units: int) -> dict:
                     t1 = now()
                     stamps.append(("c_back", t1))
                     windows.append((t0, t1))
+        name = daemon.name
         with open(out) as f:
-            stamps.extend((k, t) for k, t in json.load(f))
+            stamps.extend((k, t) for k, t in json.load(f))  # written at fleetd's exit, once it stopped
     finally:
         if os.path.exists(out):
             os.unlink(out)
-    return stages(windows, stamps)
+    return {"name": name, **stages(windows, stamps)}
 
 
 def stages(windows: list, stamps: list) -> dict:

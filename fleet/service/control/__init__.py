@@ -68,7 +68,12 @@ for the next ``collect`` (the reply says ``"more": true``), and one value too la
 for a reply travels in consecutive ``part``s that the client joins. A token's
 outcomes are numbered; each ``collect`` acknowledges (``ack``) how many the client
 has, and the daemon sends again those after it, so a reply lost to a client's
-timeout or a broken connection loses nothing. A ``submit`` with a ``request_id`` is
+timeout or a broken connection loses nothing. A ``submit_batch`` of version 2 attaches
+the token to its connection instead: the daemon pushes the token's outcomes on it as they
+are held (``{"push": {"token", "first", "outcomes"}}`` frames between the replies, written
+from the supervisor's loop at the end of the delivery that made them, `Stream`), each
+batch's ``ack`` lets go of those the client has, and a ``collect`` of the token waits
+until the connection closes, then takes every outcome not acknowledged. A ``submit`` with a ``request_id`` is
 admitted once per id (`fleet.service.replays`): a retry after a lost reply gets the same unit. Outcomes held
 for a token are bounded (bytes, and time since the token was last seen); past the
 bound the daemon drops them, logs it, and answers that token's next ``collect``
