@@ -467,10 +467,14 @@ class Client(Executor):
         return fut
 
     def _token_for_pid(self, pid: int, unsent) -> str:
-        """`_token_for` a frame of the submit pipe: the units in ``unsent`` (seqs) never went
+        """`_token_for` a frame of the submit pipe: the units in ``unsent()`` (seqs) never went
         to the old daemon, so a restart fails the others and these go to the new one."""
         with self._cond:
-            keep = {seq: self._pending.pop(seq) for seq in unsent if seq in self._pending}
+            if self._token_pid == pid:
+                return self._token  # the same daemon: nothing to set apart (every frame but a restart's)
+        seqs = unsent()  # the pipe's lock, never taken inside ours
+        with self._cond:
+            keep = {seq: self._pending.pop(seq) for seq in seqs if seq in self._pending}
             try:
                 return self._token_for(pid)
             finally:

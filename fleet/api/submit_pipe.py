@@ -159,8 +159,10 @@ class SubmitPipe:
             if isinstance(exc, Exception):
                 return
             raise
-        with self._lock:
-            unsent = [u[0] for u in units] + [u[0] for u in later] + [u[0] for u in self._queue]
+        def unsent() -> list:
+            with self._lock:
+                return [u[0] for u in units] + [u[0] for u in later] + [u[0] for u in self._queue]
+
         # A restarted daemon: the futures owed by the old one fail; these were never sent to it.
         token = self._client._token_for_pid(pid, unsent)
         units = self._unsent(units)
