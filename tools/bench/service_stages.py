@@ -7,15 +7,16 @@ A diagnostic, not a ratio: it times ``client.submit("work", 0).result()`` one un
 time through a real fleetd (dispatch_bench's `Fleetd`: one role, one worker) and stamps
 the steps on both sides of the socket by wrapping them (CLOCK_MONOTONIC is one clock for
 every process of the machine, so the stamps line up). fleetd's stamps are written to a
-file when it stops; each round trip takes the first stamp of each step inside its window.
+file when it stops; each round trip takes, step by step, the first stamp of each step inside
+its window after the step before it.
 
   client: submit -> sent          the caller's checks, pickling, the batch frame, its write
   sent -> fleetd reads            waking fleetd's control thread
   reads -> decoded                the frame decoded and checked (submit_batch)
   decoded -> admitted             the unit queued to the supervisor (its reply's unit id)
   admitted -> outcome held        the supervisor's loop and the worker: accept to result
-  outcome held -> push written    waking the control thread, the push frame made and sent
-  push written -> client reads    waking the client's reader thread
+  outcome held -> push made       the rest of the delivery, the push frame made (on the loop)
+  push made -> client reads       the write, waking the client's reader, the frame decoded
   client reads -> future set      the record parsed, the value unpickled, the future set
   future set -> caller back       waking the caller
 """
@@ -64,8 +65,11 @@ if _os.environ.get("STAGES_FINE"):
     _wrap(_server.ControlServer, "_check", "d_checked", after=True)
     _wrap(_daemon.OutcomeStore, "attach", "d_attached", after=True)
     _wrap(_submit.Submitter, "submit_pickled", "d_posted", after=True)
-_wrap(_server.ControlServer, "_push_some", "d_pushed", after=True)
-_wrap(_server.Stream, "send", "d_pushed", after=True)
+if hasattr(_server, "Stream"):  # outcomes pushed on the submit connection
+    _wrap(_server.ControlServer, "_push_some", "d_pushed")
+    _wrap(_server.Stream, "send", "d_pushed")
+else:  # a fleet from before the push: the collect reply carries them (its answer, on the control thread)
+    _wrap(_server.ControlServer, "_answer", "d_pushed")
 atexit.register(lambda: json.dump(_stamps, open(os.environ["STAGES_OUT"], "w")))
 """
 
@@ -75,8 +79,8 @@ STAGES = (
     ("reads -> decoded", "d_read", "d_decoded"),
     ("decoded -> admitted", "d_decoded", "d_admitted"),
     ("admitted -> outcome held", "d_admitted", "d_held"),
-    ("outcome held -> push written", "d_held", "d_pushed"),
-    ("push written -> client reads", "d_pushed", "c_read"),
+    ("outcome held -> push made", "d_held", "d_pushed"),
+    ("push made -> client reads", "d_pushed", "c_read"),
     ("client reads -> future set", "c_read", "c_set"),
     ("future set -> caller back", "c_set", "c_back"),
 )
@@ -129,23 +133,36 @@ def measure(units: int) -> dict:
     return {"name": name, **stages(windows, stamps)}
 
 
+#: A step looked for after an earlier one than the step before it: fleetd may read the
+#: frame before the client's write returns (its stamp, after the write).
+_AFTER = {"d_read": "c_submit"}
+
+
 def stages(windows: list, stamps: list) -> dict:
-    """The p50 of each stage over the round trips whose every step was stamped in order."""
-    stamps.sort(key=lambda s: s[1])
-    times = [t for _, t in stamps]
+    """The p50 of each stage over the round trips whose every step was stamped: each step's
+    time is its first stamp in the round trip's window at or after the step before it."""
     import bisect
 
+    stamps.sort(key=lambda s: s[1])
+    times = [t for _, t in stamps]
+    keys = [STAGES[0][1]] + [b for _, _, b in STAGES]
     rows: dict[str, list] = {name: [] for name, _, _ in STAGES}
     totals = []
     for t0, t1 in windows:
-        first: dict[str, int] = {}
-        for i in range(bisect.bisect_left(times, t0), bisect.bisect_right(times, t1)):
-            first.setdefault(stamps[i][0], stamps[i][1])
-        if any(k not in first for _, a, b in STAGES for k in (a, b)):
+        at, where, end = {}, {}, bisect.bisect_right(times, t1)
+        i = bisect.bisect_left(times, t0)
+        for key in keys:
+            i = where.get(_AFTER.get(key), i)
+            while i < end and stamps[i][0] != key:
+                i += 1
+            if i == end:
+                break
+            at[key], where[key] = stamps[i][1], i
+        if len(at) < len(keys):
             continue
         totals.append(t1 - t0)
         for name, a, b in STAGES:
-            rows[name].append(first[b] - first[a])
+            rows[name].append(at[b] - at[a])
     p50 = {name: round(statistics.median(v) / 1000, 1) for name, v in rows.items() if v}
     return {"round_trips": len(totals), "round_trip_p50_us": round(statistics.median(totals) / 1000, 1),
             "stages_p50_us": p50, "stages_sum_us": round(sum(p50.values()), 1)}
