@@ -616,15 +616,18 @@ class Client(Executor):
         """Some pending future is not done (cancelled ones need no outcome)."""
         return any(not fut.done() for fut, _ in self._pending.values())
 
-    def _deliver(self, records: list[dict], first: int, token: str) -> None:
+    def _deliver(self, records: list[dict], first: int, token: str) -> bool:
         """Outcome records numbered from ``first`` for ``token``, from a ``collect`` reply or
         a push (`fleet.api.submit_pipe`), on whichever thread read them. Each number is
         taken once, in order (one sent again is skipped), under ``_delivery``, so two
         threads delivering overlapping runs take every record once and join a value's
         parts in order. Futures are resolved after, outside every lock: their callbacks
-        may call back into this client."""
+        may call back into this client. False when the run skips a number this client has not
+        had (fleetd sends every run from one it has had at most): nothing from there on is
+        taken, and the caller asks again."""
         out: list = []  # ((future, role), record, value or the exception that fails it)
         failed: tuple = ()
+        skipped = False
         with self._delivery:
             for number, raw in enumerate(records, first):
                 with self._cond:
@@ -632,6 +635,9 @@ class Client(Executor):
                         break  # retired (a restart, a bad record): its futures have failed already
                     if number < self._received:
                         continue  # sent again: the reply that carried it was late, not lost
+                    if number > self._received:
+                        skipped = True  # taking it would lose the ones between for good
+                        break
                     self._received = number + 1
                 try:
                     record = outcome_record.parse(raw)
@@ -663,6 +669,7 @@ class Client(Executor):
                 fut.set_exception(exc)
             else:
                 fut.set_result(result)
+        return not skipped
 
     def _bad_record(self, raw: Any, exc: BadOutcomeRecord, token: str, out: list) -> tuple:
         """A record that breaks the format fails the future it names (queued on ``out``);

@@ -243,7 +243,11 @@ class SubmitPipe:
                     if type(frame) is Push:
                         # Outcomes, delivered on this thread: no other thread stands between
                         # the socket and the caller.
-                        self._client._deliver(frame.outcomes, frame.first, frame.token)
+                        if not self._client._deliver(frame.outcomes, frame.first, frame.token):
+                            # Closing the connection detaches the token: fleetd's poll answer
+                            # then carries every outcome not acknowledged, the skipped ones too.
+                            raise ProtocolError(control.E_INVALID_REPLY, f"fleetd pushed outcome {frame.first} on "
+                                                                         "while earlier ones had not come")
                         continue
                     self._reply(frame)
                     self._next_frame()

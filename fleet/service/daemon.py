@@ -212,7 +212,7 @@ class OutcomeStore:
     def flush(self) -> None:
         """Write the records held for attached tokens during the supervisor's delivery,
         from its loop thread (`Books.on_delivered`, called at the end of each delivery): one
-        push frame per token, straight onto its connection (`control.Stream.send`), so an
+        push frame per token, straight onto its connection (`control.Stream.write`), so an
         outcome crosses no thread between the loop and the socket."""
         self._flusher = threading.get_ident()
         if not self._due:
@@ -225,9 +225,7 @@ class OutcomeStore:
             if not stream.room():  # the client is behind: the control thread pushes once it reads
                 stream.ready(lambda token=token, stream=stream: self._pull(token, stream))
                 continue
-            frame = self._pull(token, stream)
-            if frame is not None:
-                stream.send(frame)
+            stream.write(lambda token=token, stream=stream: self._pull(token, stream))
 
     def detach(self, token: str, stream) -> None:
         """``stream`` closed: ``token``'s records not acknowledged go to its next poll
@@ -331,7 +329,7 @@ class OutcomeStore:
             for token, box in list(self._boxes.items()):
                 if box.waiter is not None:
                     if now >= box.deadline:
-                        wake.append(self._take_waiter(box))
+                        wake.append(self._take_waiter(box) if box.stream is None else self._expire_empty(box))
                     continue
                 if now - box.seen > self.ttl_s:
                     if len(box.items) > box.sent:
@@ -427,6 +425,14 @@ class OutcomeStore:
         box.issued = max(box.issued, box.base + box.sent)
         return fut, {"outcomes": out, "first": box.base, "more": len(out) < len(box.items),
                      "closing": self._closing}
+
+    def _expire_empty(self, box: _Box):
+        """(waiter, an empty reply) for a poll whose token's records are pushed: the stream
+        carries them, none goes again by the poll."""
+        fut, box.waiter = box.waiter, None
+        if fut is None or not fut.set_running_or_notify_cancel():
+            return None
+        return fut, self._reply_empty(box)
 
     def _reply_empty(self, box: _Box) -> dict:
         return {"outcomes": [], "first": box.base, "more": False, "closing": self._closing}

@@ -939,6 +939,52 @@ def test_frames_that_each_end_in_time_meet_no_deadline_though_every_read_ends_mi
         assert read_reply(streaming, buf)["result"]["pong"] is True and n > 10
 
 
+class StreamKeeper(Handler):
+    """Keeps the push side of the connection a ``submit_batch`` came on."""
+
+    def __init__(self):
+        super().__init__()
+        self.stream = None
+
+    def submit_batch(self, v, token, units, ack=None, stream=None):
+        self.stream = stream
+        return super().submit_batch(v, token, units, ack, stream)
+
+
+def test_pushes_made_on_two_threads_go_out_in_the_order_they_were_made(sockdir):
+    import sys
+
+    keeper = StreamKeeper()
+    unit = {"role": "r", "payload": base64.b64encode(pickle.dumps(1)).decode(), "encoding": "pickle", "seq": 1}
+    with serving(sockdir, keeper) as s, s.raw() as peer:
+        peer.sendall(c.encode_request("submit_batch", {"v": 2, "token": "order-token-01", "units": [unit]}, 1))
+        buf = bytearray()
+        assert read_reply(peer, buf)["ok"] is True
+        stream, made, lock = keeper.stream, [0], threading.Lock()
+
+        def pull():  # numbers the frames in the order they are made
+            with lock:
+                made[0] += 1
+                return c.encode_push("order-token-01", made[0], [])
+
+        def writer():
+            for _ in range(400):
+                stream.write(pull)
+
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # the two writers interleave as finely as they can
+        try:
+            threads = [threading.Thread(target=writer) for _ in range(2)]
+            for t in threads:
+                t.start()
+            got = [read_reply(peer, buf)["push"]["first"] for _ in range(800)]
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(switch)
+        assert got == list(range(1, 801))
+
+
 def test_a_peer_that_never_reads_its_replies_does_not_stop_the_others(sockdir):
     with serving(sockdir, write_timeout=5.0) as s, s.raw() as deaf:
         deaf.settimeout(2.0)

@@ -31,7 +31,7 @@ class Clock:
 
 class FakeStream:
     """The push side of a connection: `ready` queues a pull, as the control thread would
-    run it; `send` is a write from the caller's thread."""
+    run it; `write` makes and writes one from the caller's thread."""
 
     def __init__(self):
         self.pulls, self.sent, self.closers = [], [], []
@@ -43,8 +43,10 @@ class FakeStream:
     def ready(self, pull):
         self.pulls.append(pull)
 
-    def send(self, data):
-        self.sent.append(data)
+    def write(self, pull):
+        data = pull()
+        if data is not None:
+            self.sent.append(data)
 
     def on_close(self, fn):
         self.closers.append(fn)
@@ -149,6 +151,18 @@ def test_a_poll_waits_while_attached_and_takes_every_unacknowledged_record_when_
     assert reply["first"] == 0 and [r["seq"] for r in reply["outcomes"]] == [1, 2]
 
 
+def test_a_poll_that_expires_while_its_records_are_pushed_is_answered_empty():
+    clock = Clock()
+    store, stream = OutcomeStore(clock=clock), FakeStream()
+    store.attach(TOKEN, stream)
+    poll = store.collect(TOKEN, 5, ack=0)
+    store.put(TOKEN, solved(1))
+    stream.run()  # pushed, not yet acknowledged
+    clock.now += 6
+    store.expire()
+    assert poll.result(0)["outcomes"] == []  # the stream carried it: it does not go again
+
+
 def test_an_attach_pushes_again_from_the_first_record_not_acknowledged():
     store, first, second = OutcomeStore(clock=Clock()), FakeStream(), FakeStream()
     store.attach(TOKEN, first)
@@ -194,6 +208,24 @@ def test_a_client_takes_each_numbered_record_once_whatever_path_brings_it():
             t.join()
         assert client._received == 40 and not client._pending
         assert {seq: fut.result(0) for seq, fut in futures.items()} == {seq: seq * seq for seq in range(1, 41)}
+    finally:
+        client.close()
+
+
+def test_a_client_takes_nothing_from_a_run_that_skips_an_outcome_it_has_not_had():
+    from fleet.api.client import Client, _RemoteUnitFuture
+
+    client = Client("push", "/nonexistent.sock")
+    try:
+        futures = {}
+        for seq in (1, 2, 3):
+            fut = futures[seq] = _RemoteUnitFuture(client)
+            client._pending[seq] = (fut, "r")
+        records = [solved(seq)[0] for seq in (1, 2, 3)]
+        assert client._deliver(records[1:], 1, client._token) is False  # outcome 0 never came
+        assert client._received == 0 and not any(f.done() for f in futures.values())
+        assert client._deliver(records, 0, client._token) is True  # sent again from the first
+        assert [futures[seq].result(0) for seq in (1, 2, 3)] == [1, 4, 9]
     finally:
         client.close()
 

@@ -63,19 +63,41 @@ def settled(d) -> int:
     return counts["inflight"]
 
 
+def all_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (SIGSTOP takes effect after kill() returns)."""
+    import os
+
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+    return bool(states) and all(state == "T" for state in states)
+
+
 @pytest.fixture
 def stopped(served):
-    """Stops fleetd (SIGSTOP) for the test's block; always goes on (SIGCONT)."""
+    """Stops fleetd (SIGSTOP) for the test's block, every thread of it; always goes on (SIGCONT)."""
     def stop():
         served.signal(signal.SIGSTOP)
+        wait_until(lambda: all_stopped(served.proc.pid), "every thread of fleetd to stop")
     try:
         yield stop
     finally:
         served.signal(signal.SIGCONT)
 
 
+def answered(client) -> None:
+    """Wait until every frame of ``client``'s has its reply (an outcome may come first: it is
+    pushed from the supervisor's loop, the reply from the control thread)."""
+    wait_until(lambda: client._pipe.in_flight() == 0, "the submit replies")
+
+
 def test_a_lone_submit_goes_out_at_once_and_those_made_meanwhile_go_out_as_one_frame(served, client, stopped):
     assert client.submit("sq", 1).result(BOUND_S) == 1
+    answered(client)
     before = client._pipe.frames
     stopped()  # fleetd reads nothing now: the frame stays in flight
     lone = client.submit("sq", 2)
@@ -93,6 +115,7 @@ def test_a_lone_submit_goes_out_at_once_and_those_made_meanwhile_go_out_as_one_f
 
 def test_a_unit_the_fleet_refuses_is_refused_alone_and_its_batch_runs(served, client, stopped):
     client.submit("sq", 1).result(BOUND_S)
+    answered(client)
     base = submitted(served)
     stopped()
     first = client.submit("sq", 2)
@@ -228,22 +251,24 @@ def test_a_unit_admitted_while_its_client_closes_still_gets_its_outcome(served, 
     assert not closer.is_alive() and fut.result(0) == 9
 
 
-def delivering_threads(client) -> list:
-    """The names of the threads that hand ``client`` outcome records, in order (recorded
-    from now on)."""
-    names, original = [], client._deliver
+def resolving_threads(monkeypatch) -> list:
+    """The names of the threads that set a service-mode future's result from now on, filled in
+    as they do (the test's client is the only one submitting meanwhile)."""
+    from fleet.api.client import _RemoteUnitFuture
 
-    def deliver(records, first, token):
-        if records:
-            names.append(threading.current_thread().name)
-        return original(records, first, token)
+    names: list = []
+    original = _RemoteUnitFuture.set_result
 
-    client._deliver = deliver
+    def set_result(self, result):
+        names.append(threading.current_thread().name)
+        return original(self, result)
+
+    monkeypatch.setattr(_RemoteUnitFuture, "set_result", set_result)
     return names
 
 
-def test_outcomes_come_back_on_the_submit_connection_with_no_poll_carrying_them(served, client):
-    threads = delivering_threads(client)
+def test_outcomes_come_back_on_the_submit_connection_with_no_poll_carrying_them(served, client, monkeypatch):
+    threads = resolving_threads(monkeypatch)
     futs = [client.submit("sq", i) for i in range(30)]
     assert [f.result(BOUND_S) for f in futs] == [i * i for i in range(30)]
     # pushed on the connection the submits went out on, read by its reader: no collect
@@ -251,12 +276,12 @@ def test_outcomes_come_back_on_the_submit_connection_with_no_poll_carrying_them(
     assert threads and set(threads) == {"fleet-client-submits"}
 
 
-def test_outcomes_owed_when_the_submit_connection_breaks_come_by_the_poll(served, client, tmp_path):
+def test_outcomes_owed_when_the_submit_connection_breaks_come_by_the_poll(served, client, tmp_path, monkeypatch):
     gate = tmp_path / "go"
     assert client.submit("sq", 2).result(BOUND_S) == 4  # outcomes pushed on the submit connection now
     fut = client.submit("held", (str(gate), 5))
     assert fut.unit_id is not None  # admitted: its reply came; the unit waits for the gate
-    threads = delivering_threads(client)
+    threads = resolving_threads(monkeypatch)
     client._pipe._sock.shutdown(socket.SHUT_RDWR)  # that connection breaks before the outcome
     wait_until(lambda: client._pipe._sock is None, "the client to see its connection closed")
     gate.touch()
@@ -265,11 +290,11 @@ def test_outcomes_owed_when_the_submit_connection_breaks_come_by_the_poll(served
     wait_until(lambda: settled(served) == 0, "the units to end")
 
 
-def test_large_outcomes_pushed_while_replies_go_out_arrive_whole_and_in_full(served, client):
+def test_large_outcomes_pushed_while_replies_go_out_arrive_whole_and_in_full(served, client, monkeypatch):
     # Values of 48 KiB: the pushes outrun the socket (written in part, held back past the
     # high-water mark, finished by the control thread) while batch replies join them.
     blob = bytes(range(256)) * 192
-    threads = delivering_threads(client)
+    threads = resolving_threads(monkeypatch)
     futs = [client.submit("echo", (i, blob)) for i in range(120)]
     assert all(f.result(BOUND_S) == (i, blob) for i, f in enumerate(futs))
     assert set(threads) == {"fleet-client-submits"}

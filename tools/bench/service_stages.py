@@ -67,7 +67,7 @@ if _os.environ.get("STAGES_FINE"):
     _wrap(_submit.Submitter, "submit_pickled", "d_posted", after=True)
 if hasattr(_server, "Stream"):  # outcomes pushed on the submit connection
     _wrap(_server.ControlServer, "_push_some", "d_pushed")
-    _wrap(_server.Stream, "send", "d_pushed")
+    _wrap(_server.Stream, "write", "d_pushed")
 else:  # a fleet from before the push: the collect reply carries them (its answer, on the control thread)
     _wrap(_server.ControlServer, "_answer", "d_pushed")
 atexit.register(lambda: json.dump(_stamps, open(os.environ["STAGES_OUT"], "w")))

@@ -84,7 +84,7 @@ class _Conn:
     events: int = 0  # what the selector watches for it
     stream: "Stream | None" = None  # its push side, made for the first op that streams
     #: Held by every change of wbuf, every write to the socket and its close: a push may
-    #: be written from another thread (`Stream.send`). Every frame joins wbuf whole, at
+    #: be written from another thread (`Stream.write`). Every frame joins wbuf whole, at
     #: its end, so frames never interleave whichever thread adds them.
     wlock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
@@ -118,13 +118,18 @@ class Stream:
         self._server._pushes.append((self._conn, pull))
         self._server._wake()
 
-    def send(self, data: bytes) -> None:
-        """Write a whole push frame now, from any thread, when nothing else waits to go out
-        on the connection (else, and for what the socket does not take at once, the control
-        thread writes it after what went before). Nothing when the connection has closed."""
+    def write(self, pull: Callable[[], bytes | None]) -> None:
+        """Make a push frame (``pull()``) and write it now, from any thread: straight onto the
+        socket when nothing else waits to go out on the connection, else after what went
+        before (the control thread writes what the socket does not take at once). The frame
+        is made and queued under the connection's write lock, so pushes go out in the order
+        they were made, whichever thread made them. Nothing when the connection has closed."""
         conn = self._conn
         with conn.wlock:
             if conn.closed:
+                return
+            data = pull()
+            if not data:
                 return
             conn.last_active = self._server._clock()
             if not conn.wbuf:
@@ -666,11 +671,12 @@ class ControlServer:
     def _push_some(self, conn: _Conn) -> None:
         """Make and write ``conn``'s pushes while the peer keeps up with them."""
         while conn.pulls and len(conn.wbuf) < _WRITE_HIGH and not conn.closing:
-            data = conn.pulls.popleft()()
-            if data:
-                with conn.wlock:
+            pull = conn.pulls.popleft()
+            with conn.wlock:  # made and queued in one hold: pushes keep the order they were made in
+                data = pull()
+                if data:
                     conn.wbuf += data
-                conn.last_active = self._clock()
+                    conn.last_active = self._clock()
         if conn.wbuf:
             self._send_some(conn)
         self._watch(conn)
