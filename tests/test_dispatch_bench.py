@@ -71,6 +71,23 @@ def test_service_reports_submit_ratio_and_p50_and_cleans_up():
     assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
 
 
+def test_service_stages_reports_every_stage_and_cleans_up():
+    stages = os.path.join(REPO, "tools", "bench", "service_stages.py")
+    out = subprocess.run([sys.executable, stages, "--units", "60", "--json"], capture_output=True, text=True,
+                         timeout=240, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout)
+    sys.path.insert(0, os.path.dirname(stages))
+    try:
+        import service_stages
+    finally:
+        sys.path.pop(0)
+    assert res["round_trips"] > 0 and set(res["stages_p50_us"]) == {name for name, _, _ in service_stages.STAGES}
+    name = res["name"]
+    assert not [e for e in os.listdir("/dev/shm") if name in e]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
+
+
 def test_a_killed_bench_leaves_no_busy_process():
     """The noise process dies with the bench, however it dies (PR_SET_PDEATHSIG)."""
     # killed only once the noise is past its start (pinned: busy looping), not while it

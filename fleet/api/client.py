@@ -15,9 +15,12 @@ client has in flight travel coalesced, one ``submit_batch`` frame per round trip
 (`fleet.api.submit_pipe`), and fleetd's refusals arrive on the futures.
 
 Delivery. Each submit carries this client's random token and a sequence number;
-fleetd holds the unit's outcome under the token. One background thread long-polls
-``collect`` whenever a future is pending and resolves futures as outcomes arrive
-(a large value arrives in parts and is joined here). A slow daemon is not a lost
+fleetd holds the unit's outcome under the token and pushes it, as it is held, onto the
+connection the submits went out on (``submit_batch`` v2), where the submits' reader
+resolves its future (a large value arrives in parts and is joined here). A background
+thread long-polls ``collect`` whenever a future is pending: it waits while the outcomes
+are pushed, and takes them over (every one not acknowledged) when that connection
+closes; each numbered outcome is taken once, whichever brought it. A slow daemon is not a lost
 one: a poll it does not answer in time (stopped, swamped) or whose connection
 breaks is asked again on a new connection, and the daemon sends again whatever the
 client has not acknowledged, so the futures wait for the outcomes it still owes. If
@@ -303,6 +306,7 @@ class Client(Executor):
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[Future, str]] = {}
         self._parts: dict[int, list[str]] = {}
+        self._delivery = threading.Lock()  # one thread takes records at a time (_deliver)
         self._received = 0  # outcomes of _token received: the next collect's ack
         self._bounds: dict[str, tuple[int, int]] = {}  # role -> (queue bound, slots), from submit replies
         self._collector: threading.Thread | None = None
@@ -463,10 +467,14 @@ class Client(Executor):
         return fut
 
     def _token_for_pid(self, pid: int, unsent) -> str:
-        """`_token_for` a frame of the submit pipe: the units in ``unsent`` (seqs) never went
+        """`_token_for` a frame of the submit pipe: the units in ``unsent()`` (seqs) never went
         to the old daemon, so a restart fails the others and these go to the new one."""
         with self._cond:
-            keep = {seq: self._pending.pop(seq) for seq in unsent if seq in self._pending}
+            if self._token_pid == pid:
+                return self._token  # the same daemon: nothing to set apart (every frame but a restart's)
+        seqs = unsent()  # the pipe's lock, never taken inside ours
+        with self._cond:
+            keep = {seq: self._pending.pop(seq) for seq in seqs if seq in self._pending}
             try:
                 return self._token_for(pid)
             finally:
@@ -608,32 +616,48 @@ class Client(Executor):
         """Some pending future is not done (cancelled ones need no outcome)."""
         return any(not fut.done() for fut, _ in self._pending.values())
 
-    def _deliver(self, records: list[dict], first: int, token: str) -> None:
-        if token != self._token:
-            return  # for a token retired meanwhile: its futures have failed already
-        for number, raw in enumerate(records, first):
-            with self._cond:
-                if token != self._token:
-                    return  # retired meanwhile (a restart noticed by a submit)
-                if number < self._received:
-                    continue  # sent again: the reply that carried it was late, not lost
-                self._received = number + 1
-            try:
-                record = outcome_record.parse(raw)
-            except BadOutcomeRecord as exc:
-                self._bad_record(raw, exc, token)
-                if token != self._token:
-                    return  # it retired the token: the rest of the reply is owed to nobody
+    def _deliver(self, records: list[dict], first: int, token: str) -> bool:
+        """Outcome records numbered from ``first`` for ``token``, from a ``collect`` reply or
+        a push (`fleet.api.submit_pipe`), on whichever thread read them. Each number is
+        taken once, in order (one sent again is skipped), under ``_delivery``, so two
+        threads delivering overlapping runs take every record once and join a value's
+        parts in order. Futures are resolved after, outside every lock: their callbacks
+        may call back into this client. False when the run skips a number this client has not
+        had (fleetd sends every run from one it has had at most): nothing from there on is
+        taken, and the caller asks again."""
+        out: list = []  # ((future, role), record, value or the exception that fails it)
+        failed: tuple = ()
+        skipped = False
+        with self._delivery:
+            for number, raw in enumerate(records, first):
+                with self._cond:
+                    if token != self._token:
+                        break  # retired (a restart, a bad record): its futures have failed already
+                    if number < self._received:
+                        continue  # sent again: the reply that carried it was late, not lost
+                    if number > self._received:
+                        skipped = True  # taking it would lose the ones between for good
+                        break
+                    self._received = number + 1
+                try:
+                    record = outcome_record.parse(raw)
+                except BadOutcomeRecord as exc:
+                    failed = self._bad_record(raw, exc, token, out) or failed
+                    continue
+                value = outcome_record.join_part(record, self._parts)
+                if value is outcome_record.INCOMPLETE:
+                    continue
+                with self._cond:
+                    entry = self._pending.pop(record.seq, None)
+                if entry is not None:  # else not ours any more (a submit that raised), or delivered
+                    out.append((entry, record, value))
+        if failed:
+            _fail(*failed)
+        for (fut, role), record, value in out:
+            if record is None:
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(value)
                 continue
-            seq = record.seq
-            value = outcome_record.join_part(record, self._parts)
-            if value is outcome_record.INCOMPLETE:
-                continue
-            with self._cond:
-                entry = self._pending.pop(seq, None)
-            if entry is None:
-                continue  # not ours any more (a submit that raised), or delivered already
-            fut, role = entry
             if record.reason == Reason.CANCELLED and getattr(fut, "cancelling", False):
                 Future.cancel(fut)  # the outcome of our own cancel: the future ends cancelled
                 continue
@@ -645,19 +669,23 @@ class Client(Executor):
                 fut.set_exception(exc)
             else:
                 fut.set_result(result)
+        return not skipped
 
-    def _bad_record(self, raw: Any, exc: BadOutcomeRecord, token: str) -> None:
-        """A record that breaks the format fails the future it names; one that names
-        none we wait for leaves no way to tell whose outcome it was, so every pending
-        future fails rather than wait for ever."""
+    def _bad_record(self, raw: Any, exc: BadOutcomeRecord, token: str, out: list) -> tuple:
+        """A record that breaks the format fails the future it names (queued on ``out``);
+        one that names none we wait for leaves no way to tell whose outcome it was, so
+        every pending future fails rather than wait for ever: returns those and why."""
         seq = raw.get("seq") if isinstance(raw, dict) else None
         with self._cond:
             entry = self._pending.pop(seq, None) if isinstance(seq, int) else None
-        if entry is None:
-            self._retire(FleetConnectionLost(f"fleetd {self.name!r} at {self.path} sent an outcome record "
-                                             f"that names no pending unit: {exc}"), token)
-        elif entry[0].set_running_or_notify_cancel():
-            entry[0].set_exception(exc)
+            if entry is not None:
+                out.append((entry, None, exc))
+                return ()
+            if token != self._token:
+                return ()
+            lost = FleetConnectionLost(f"fleetd {self.name!r} at {self.path} sent an outcome record "
+                                       f"that names no pending unit: {exc}")
+            return self._retire_locked(lost), lost
 
     def _retire(self, exc: FleetError, token: str | None = None) -> None:
         """The daemon holding outcomes for ``token`` (default: the current one) is gone, or

@@ -8,9 +8,13 @@ for them), as one ``submit_batch``. So the socket, the daemon's read and its rep
 paid once per batch, not once per unit.
 
 One reader thread per connection takes the replies (one per frame, in order) and
-answers each unit of the frame: its unit id (`_RemoteUnitFuture.unit_id`; the outcome
-comes by ``collect``), or its refusal, set on its future (QueueFull, UnknownRoleError,
-Draining, ...). A frame whose reply never comes (the connection broke after it went out,
+answers each unit of the frame: its unit id (`_RemoteUnitFuture.unit_id`), or its
+refusal, set on its future (QueueFull, UnknownRoleError, Draining, ...). The frames are
+``submit_batch`` v2: fleetd pushes the token's outcomes on the same connection as they
+are held (push frames between the replies), and this reader resolves their futures
+itself, so an outcome crosses no thread between the socket and its caller; each frame
+acknowledges the outcomes taken so far. The client's ``collect`` poll waits meanwhile,
+and takes over the outcomes not acknowledged when this connection closes. A frame whose reply never comes (the connection broke after it went out,
 or no reply within the client's timeout) fails its units with `SubmitUncertain`: they may
 have been admitted. A frame that never went out whole fails its units with
 `FleetConnectionLost`: the daemon admits nothing of a frame it did not read to its end.
@@ -31,7 +35,7 @@ from fleet.service import control
 from fleet.service.control import FleetConnectionLost, ProtocolError, RemoteError, ReplyLost
 from fleet.service.control.client import _remote_error
 from fleet.service.control.ops.units import BATCH_VERSION, MAX_BATCH_UNITS
-from fleet.service.control.wire import decode_reply, encode_request
+from fleet.service.control.wire import Push, decode_stream, encode_request
 
 log = logging.getLogger(__name__)
 
@@ -155,15 +159,19 @@ class SubmitPipe:
             if isinstance(exc, Exception):
                 return
             raise
-        with self._lock:
-            unsent = [u[0] for u in units] + [u[0] for u in later] + [u[0] for u in self._queue]
+        def unsent() -> list:
+            with self._lock:
+                return [u[0] for u in units] + [u[0] for u in later] + [u[0] for u in self._queue]
+
         # A restarted daemon: the futures owed by the old one fail; these were never sent to it.
         token = self._client._token_for_pid(pid, unsent)
         units = self._unsent(units)
         if not units:
             return
         frame = _Frame(next(self._ids), units)
-        data = encode_request("submit_batch", {"v": BATCH_VERSION, "token": token,
+        # v2: this connection carries the token's outcomes back (pushed), and the batch
+        # acknowledges the ones taken so far (fleetd lets go of them).
+        data = encode_request("submit_batch", {"v": BATCH_VERSION, "token": token, "ack": self._client._received,
                                                "units": [u[3] for u in units]}, frame.rid)
         with self._lock:
             self._flight.append(frame)  # before the bytes go: its reply may come at once
@@ -230,9 +238,18 @@ class SubmitPipe:
                     break
                 buf += data
                 while (nl := buf.find(b"\n")) >= 0:
-                    line = bytes(buf[:nl])
+                    frame = decode_stream(bytes(buf[:nl]))
                     del buf[:nl + 1]
-                    self._reply(line)
+                    if type(frame) is Push:
+                        # Outcomes, delivered on this thread: no other thread stands between
+                        # the socket and the caller.
+                        if not self._client._deliver(frame.outcomes, frame.first, frame.token):
+                            # Closing the connection detaches the token: fleetd's poll answer
+                            # then carries every outcome not acknowledged, the skipped ones too.
+                            raise ProtocolError(control.E_INVALID_REPLY, f"fleetd pushed outcome {frame.first} on "
+                                                                         "while earlier ones had not come")
+                        continue
+                    self._reply(frame)
                     self._next_frame()
         except (OSError, ValueError, ProtocolError) as exc:
             why = f"{type(exc).__name__}: {exc}"
@@ -241,8 +258,7 @@ class SubmitPipe:
             why = "the client's reader failed (logged)"
         self._broken(sock, why)
 
-    def _reply(self, line: bytes) -> None:
-        reply = decode_reply(line)
+    def _reply(self, reply) -> None:
         with self._lock:
             if not self._flight:
                 raise ProtocolError(control.E_INVALID_REPLY, "a reply to no submit in flight")

@@ -59,6 +59,10 @@ class Books:
         self._ends_dropped = 0
         #: ``on_end(unit_id, outcome)``: told of every end (fleet.runtime.inside: a parent's children)
         self.on_end = None
+        #: ``on_delivered()``: called at the end of every `deliver`, on the loop, after the
+        #: futures' callbacks (fleetd: the outcomes they held for clients go out in one write
+        #: per client from here, with no other thread woken for it)
+        self.on_delivered = None
 
     def __len__(self) -> int:
         """Units owed an outcome."""
@@ -250,6 +254,8 @@ class Books:
             SETTLED.bump()  # callers watching for their result take it now (fleet.runtime.future)
         if self.watch is not None:
             self.watch.flush()
+        if self.on_delivered is not None:
+            self.on_delivered()
         return delivered
 
     # ------------------------------------------------------------------ inside

@@ -29,7 +29,9 @@ call) is refused: one WARNING line names why, the running config stays, and the
 Result delivery (see fleet.service.control, "Result delivery"): a submit that carries a
 client token has its outcome encoded (`fleet.service.control.outcome_record`) when the
 unit ends and held in the `OutcomeStore` under that token until the client's
-``collect`` long poll takes it.
+``collect`` long poll takes it, or, for a token a ``submit_batch`` v2 attached to its
+connection, pushed on that connection: the supervisor's loop writes what each of its
+deliveries held at the delivery's end (`OutcomeStore.flush`, its ``Books.on_delivered``).
 The long poll is the one op that does not run on the loop: its Future is resolved
 by the store itself (when an outcome arrives) or by the loop's expiry pass.
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import os
 import selectors
@@ -98,6 +101,16 @@ class _Box:
     bytes: int = 0
     waiter: Future | None = None
     deadline: float = 0.0
+    #: The highest ``ack`` heard on any path: an older one (a poll sent before a batch
+    #: that acknowledged more) says nothing new, and drops nothing.
+    acked: int = 0
+    #: Records ever sent (their count, numbered as ``base``): an ack may reach this far,
+    #: though an attach or a detach sends again from ``base`` (``sent`` back to 0).
+    issued: int = 0
+    #: The connection the token's records are pushed on (`attach`), and whether a push
+    #: is asked of it already (one wake-up carries every record held meanwhile).
+    stream: object = None
+    push_due: bool = False
 
 
 class OutcomeStore:
@@ -113,8 +126,18 @@ class OutcomeStore:
 
     A reply can be lost (the client timed out on a stalled daemon, the connection
     broke), so a record sent stays held until the client acknowledges it: each
-    ``collect`` says how many of the token's records it has (``ack``); the records
-    after those go out again. Once sent, a record counts as delivered: one nobody
+    ``collect`` (and each ``submit_batch`` v2) says how many of the token's records it
+    has (``ack``); the records after those go out again. An ack older than one heard
+    before (the two travel on different connections) changes nothing.
+
+    Pushed outcomes. A token may be attached to a connection (`attach`, by a
+    ``submit_batch`` v2 on it): its records then go out on that connection as they are
+    held, in push frames the control thread writes (`control.Stream`), with no
+    ``collect`` asked for each, and a long poll of the token waits meanwhile. Every push
+    from an attach on starts at the first record not acknowledged, so the client, which
+    takes each numbered record once, misses none whatever path brought the one before.
+    When the connection closes the token is detached and a waiting poll is answered with
+    every record not acknowledged. Once sent, a record counts as delivered: one nobody
     acknowledges goes quietly at the ttl or to make room under the byte bound, and
     fleetd's linger at a stop does not wait for acknowledgements.
     """
@@ -129,6 +152,8 @@ class OutcomeStore:
         self._lost: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._lost_memory = lost_memory
         self._closing = False
+        self._flusher: int | None = None  # the supervisor loop's thread, once it called `flush`
+        self._due: list[str] = []  # attached tokens held for on that thread: `flush` writes them
 
     # -- from submits and outcomes
     def hold(self, token: str) -> None:
@@ -151,10 +176,113 @@ class OutcomeStore:
                 self._forget_sent(box)  # handed over already: room first, before anything is lost
             if box.bytes > self.max_bytes:
                 self._drop(token, f"it held more than {self.max_bytes} bytes of uncollected outcomes")
-                wake = None
+                wake = push = None
+            elif box.stream is not None:
+                wake, push = None, None
+                if threading.get_ident() == self._flusher:
+                    # On the supervisor's loop, in its delivery: `flush` follows at its end
+                    # and writes every record held meanwhile, on this thread.
+                    if not box.push_due:
+                        box.push_due = True
+                        self._due.append(token)
+                else:
+                    push = self._push_due(token, box)
             else:
-                wake = self._take_waiter(box)
+                wake, push = self._take_waiter(box), None
         _resolve(wake)
+        if push is not None:
+            push()
+
+    # -- pushed outcomes (submit_batch v2)
+    def attach(self, token: str, stream) -> None:
+        """Push ``token``'s records on ``stream`` (a `control.Stream`) from now on, from the
+        first one not acknowledged; detached when the stream closes."""
+        with self._lock:
+            self._refuse_lost(token)
+            box = self._box(token)
+            box.seen = self._clock()
+            if box.stream is stream:
+                return
+            box.stream, box.sent, box.push_due = stream, 0, False
+            push = self._push_due(token, box) if box.items else None
+        stream.on_close(lambda: self.detach(token, stream))
+        if push is not None:
+            push()
+
+    def flush(self) -> None:
+        """Write the records held for attached tokens during the supervisor's delivery,
+        from its loop thread (`Books.on_delivered`, called at the end of each delivery): one
+        push frame per token, straight onto its connection (`control.Stream.write`), so an
+        outcome crosses no thread between the loop and the socket."""
+        self._flusher = threading.get_ident()
+        if not self._due:
+            return
+        with self._lock:
+            due, self._due = self._due, []
+            streams = [(token, box.stream) for token in due
+                       if (box := self._boxes.get(token)) is not None and box.stream is not None]
+        for token, stream in streams:
+            if not stream.room():  # the client is behind: the control thread pushes once it reads
+                stream.ready(lambda token=token, stream=stream: self._pull(token, stream))
+                continue
+            stream.write(lambda token=token, stream=stream: self._pull(token, stream))
+
+    def detach(self, token: str, stream) -> None:
+        """``stream`` closed: ``token``'s records not acknowledged go to its next poll
+        (a waiting one at once)."""
+        with self._lock:
+            box = self._boxes.get(token)
+            if box is None or box.stream is not stream:
+                return
+            box.stream, box.sent, box.push_due = None, 0, False
+            wake = self._take_waiter(box) if box.items else None
+        _resolve(wake)
+
+    def acknowledge(self, token: str, ack: int) -> None:
+        """The client has ``ack`` of ``token``'s records (a ``submit_batch``'s): let go of
+        them. An ack past what was sent is ignored here (a batch's ack is advisory: the
+        batch goes on); OutcomesDropped when it asks again for records let go."""
+        with self._lock:
+            box = self._boxes.get(token)
+            if box is not None and ack <= box.issued:
+                self._acknowledge(token, box, ack)
+
+    def _push_due(self, token: str, box: _Box):
+        """The call that asks ``box``'s stream for a push, unless one is asked already (lock held)."""
+        if box.push_due:
+            return None
+        box.push_due = True
+        return self._ask_push(token, box)
+
+    def _ask_push(self, token: str, box: _Box):
+        stream = box.stream
+        return lambda: stream.ready(lambda: self._pull(token, stream))
+
+    def _pull(self, token: str, stream) -> bytes | None:
+        """The push frame of ``token``'s records not sent yet, at most a reply's budget
+        (called on the control thread when it writes to ``stream``); another push is
+        asked when more are left. None when there is nothing to push."""
+        with self._lock:
+            box = self._boxes.get(token)
+            if box is None or box.stream is not stream:
+                return None
+            box.push_due = False
+            out, used = [], 0
+            for record in itertools.islice(box.items, box.sent, None):
+                size = _size(record)
+                if out and used + size > control.COLLECT_REPLY_BUDGET:
+                    break
+                used += size
+                out.append(record)
+            if not out:
+                return None
+            first = box.base + box.sent
+            box.sent += len(out)
+            box.issued = max(box.issued, box.base + box.sent)
+            more = self._push_due(token, box) if box.sent < len(box.items) else None
+        if more is not None:
+            more()
+        return control.encode_push(token, first, out)
 
     # -- from collect
     def collect(self, token: str, timeout: float, ack: int | None = None) -> Future:
@@ -177,7 +305,10 @@ class OutcomeStore:
             box.seen = now
             previous = box.waiter  # one poll per token: an older one is answered empty
             box.waiter, box.deadline = fut, now + timeout
-            wake = [self._take_waiter(box)] if box.items or self._closing or timeout <= 0 else []
+            # A token whose records are pushed (attached) has its poll wait: it is answered
+            # when the stream closes, or empty at its timeout.
+            ready = box.items and box.stream is None
+            wake = [self._take_waiter(box)] if ready or self._closing or timeout <= 0 else []
             if previous is not None and previous.set_running_or_notify_cancel():
                 wake.append((previous, self._reply_empty(box)))
         for item in wake:
@@ -186,14 +317,19 @@ class OutcomeStore:
 
     # -- from the loop
     def expire(self) -> None:
-        """Answer long polls whose timeout passed; drop tokens not seen for ``ttl_s``."""
+        """Answer long polls whose timeout passed; drop tokens not seen for ``ttl_s``. Records
+        held on the loop's thread and not flushed (held outside a delivery) are pushed by
+        the control thread."""
         now = self._clock()
         wake = []
         with self._lock:
+            left, self._due = self._due, []
+            pushes = [push for token in left if (box := self._boxes.get(token)) is not None
+                      and box.stream is not None and (push := self._ask_push(token, box)) is not None]
             for token, box in list(self._boxes.items()):
                 if box.waiter is not None:
                     if now >= box.deadline:
-                        wake.append(self._take_waiter(box))
+                        wake.append(self._take_waiter(box) if box.stream is None else self._expire_empty(box))
                     continue
                 if now - box.seen > self.ttl_s:
                     if len(box.items) > box.sent:
@@ -202,6 +338,8 @@ class OutcomeStore:
                         del self._boxes[token]
         for item in wake:
             _resolve(item)
+        for push in pushes:
+            push()
 
     def close(self) -> None:
         """The daemon is stopping: answer every waiting poll now (``closing: true``)."""
@@ -230,8 +368,8 @@ class OutcomeStore:
     def _acknowledge(self, token: str, box: _Box, ack: int | None) -> None:
         """Let go of the records the client has (its ``ack``); ProtocolError for an ack
         past what was sent, OutcomesDropped when it asks again for records let go."""
-        held_to = box.base + box.sent
-        ack = held_to if ack is None else ack
+        held_to = box.issued
+        ack = held_to if ack is None else max(ack, box.acked)
         if ack > held_to:
             raise control.ProtocolError(control.E_INVALID_ARGS, f"ack {ack} is past the {held_to} outcome(s) "
                                                                 "sent for this token")
@@ -239,10 +377,11 @@ class OutcomeStore:
             self._drop(token, f"the client asked again for outcome(s) {ack}..{box.base - 1}, let go "
                               "after they were sent")
             self._refuse_lost(token)
+        box.acked = ack
         while box.base < ack:
             box.bytes -= _size(box.items.popleft())
             box.base += 1
-            box.sent -= 1
+            box.sent = max(0, box.sent - 1)
 
     def _forget_sent(self, box: _Box) -> None:
         """Let go of every record sent and not acknowledged (they were handed over)."""
@@ -283,8 +422,17 @@ class OutcomeStore:
             used += size
             out.append(record)
         box.sent = max(box.sent, len(out))
+        box.issued = max(box.issued, box.base + box.sent)
         return fut, {"outcomes": out, "first": box.base, "more": len(out) < len(box.items),
                      "closing": self._closing}
+
+    def _expire_empty(self, box: _Box):
+        """(waiter, an empty reply) for a poll whose token's records are pushed: the stream
+        carries them, none goes again by the poll."""
+        fut, box.waiter = box.waiter, None
+        if fut is None or not fut.set_running_or_notify_cancel():
+            return None
+        return fut, self._reply_empty(box)
 
     def _reply_empty(self, box: _Box) -> dict:
         return {"outcomes": [], "first": box.base, "more": False, "closing": self._closing}
@@ -391,6 +539,8 @@ class Daemon:
         self.sup = Supervisor(self.config, mode="service", socket_path=str(path),
                               readers_group=self.options.socket_group,
                               closure_file=default_closure_file(name, self.env), exporter=start_exporter).start()
+        # The outcomes held for clients during a delivery go out at its end, on the loop.
+        self.sup.books.on_delivered = self.store.flush
         try:
             self.handler = ServedOperations(self)
             self.calls = control.CallQueue(wakeup=self._wake)

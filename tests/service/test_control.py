@@ -78,7 +78,7 @@ class Handler:
         self.units.append(unit)
         return {"unit": len(self.units)}
 
-    def submit_batch(self, v, token, units):
+    def submit_batch(self, v, token, units, ack=None, stream=None):
         ids = [self.submit(**unit)["unit"] for unit in units]  # each checked, the token in it
         return {"units": ids, "errors": {}, "replayed": [], "roles": {}}
 
@@ -917,6 +917,73 @@ def test_a_trickled_line_that_never_ends_meets_the_frame_deadline(sockdir):
         except (BrokenPipeError, ConnectionResetError):
             pass
         assert read_reply(trickle)["error"]["type"] == "Timeout"
+
+
+def test_frames_that_each_end_in_time_meet_no_deadline_though_every_read_ends_mid_frame(sockdir):
+    # Each write ends one frame and starts the next, for 2.5 times the frame deadline: the
+    # deadline runs from each frame's start, not from the first partial frame the server saw.
+    with serving(sockdir, frame_timeout=1.0) as s, s.raw() as streaming:
+        import time
+
+        frame = c.encode_request("ping", {}, 1)
+        half = len(frame) // 2
+        streaming.sendall(frame[:half])
+        buf = bytearray()
+        end = time.monotonic() + 2.5
+        n = 0
+        while time.monotonic() < end:
+            streaming.sendall(frame[half:] + frame[:half])
+            assert read_reply(streaming, buf)["result"]["pong"] is True
+            n += 1
+            time.sleep(0.01)
+        streaming.sendall(frame[half:])
+        assert read_reply(streaming, buf)["result"]["pong"] is True and n > 10
+
+
+class StreamKeeper(Handler):
+    """Keeps the push side of the connection a ``submit_batch`` came on."""
+
+    def __init__(self):
+        super().__init__()
+        self.stream = None
+
+    def submit_batch(self, v, token, units, ack=None, stream=None):
+        self.stream = stream
+        return super().submit_batch(v, token, units, ack, stream)
+
+
+def test_pushes_made_on_two_threads_go_out_in_the_order_they_were_made(sockdir):
+    import sys
+
+    keeper = StreamKeeper()
+    unit = {"role": "r", "payload": base64.b64encode(pickle.dumps(1)).decode(), "encoding": "pickle", "seq": 1}
+    with serving(sockdir, keeper) as s, s.raw() as peer:
+        peer.sendall(c.encode_request("submit_batch", {"v": 2, "token": "order-token-01", "units": [unit]}, 1))
+        buf = bytearray()
+        assert read_reply(peer, buf)["ok"] is True
+        stream, made, lock = keeper.stream, [0], threading.Lock()
+
+        def pull():  # numbers the frames in the order they are made
+            with lock:
+                made[0] += 1
+                return c.encode_push("order-token-01", made[0], [])
+
+        def writer():
+            for _ in range(400):
+                stream.write(pull)
+
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # the two writers interleave as finely as they can
+        try:
+            threads = [threading.Thread(target=writer) for _ in range(2)]
+            for t in threads:
+                t.start()
+            got = [read_reply(peer, buf)["push"]["first"] for _ in range(800)]
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(switch)
+        assert got == list(range(1, 801))
 
 
 def test_a_peer_that_never_reads_its_replies_does_not_stop_the_others(sockdir):

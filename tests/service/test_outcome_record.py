@@ -168,7 +168,7 @@ class OneRecord:
     def submit(self, **kwargs):
         return {"unit": 7}
 
-    def submit_batch(self, v, token, units):
+    def submit_batch(self, v, token, units, ack=None, stream=None):
         return {"units": [7] * len(units), "errors": {}, "replayed": [], "roles": {}}
 
     def collect(self, *, token, timeout, ack=None):

@@ -10,6 +10,7 @@ import base64
 import pickle
 import signal
 import socket
+import threading
 
 import pytest
 
@@ -24,7 +25,8 @@ TOKEN = "batch-token-0123456789"
 
 
 def roles():
-    return {"sq": {k: v for k, v in role("square", slots=1).items() if k != "peak_cpus"}}
+    return {name: {k: v for k, v in role(handler, slots=1).items() if k != "peak_cpus"}
+            for name, handler in (("sq", "square"), ("held", "wait_for_file"), ("echo", "echo"))}
 
 
 @pytest.fixture(scope="module")
@@ -61,19 +63,41 @@ def settled(d) -> int:
     return counts["inflight"]
 
 
+def all_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (SIGSTOP takes effect after kill() returns)."""
+    import os
+
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+    return bool(states) and all(state == "T" for state in states)
+
+
 @pytest.fixture
 def stopped(served):
-    """Stops fleetd (SIGSTOP) for the test's block; always goes on (SIGCONT)."""
+    """Stops fleetd (SIGSTOP) for the test's block, every thread of it; always goes on (SIGCONT)."""
     def stop():
         served.signal(signal.SIGSTOP)
+        wait_until(lambda: all_stopped(served.proc.pid), "every thread of fleetd to stop")
     try:
         yield stop
     finally:
         served.signal(signal.SIGCONT)
 
 
+def answered(client) -> None:
+    """Wait until every frame of ``client``'s has its reply (an outcome may come first: it is
+    pushed from the supervisor's loop, the reply from the control thread)."""
+    wait_until(lambda: client._pipe.in_flight() == 0, "the submit replies")
+
+
 def test_a_lone_submit_goes_out_at_once_and_those_made_meanwhile_go_out_as_one_frame(served, client, stopped):
     assert client.submit("sq", 1).result(BOUND_S) == 1
+    answered(client)
     before = client._pipe.frames
     stopped()  # fleetd reads nothing now: the frame stays in flight
     lone = client.submit("sq", 2)
@@ -91,6 +115,7 @@ def test_a_lone_submit_goes_out_at_once_and_those_made_meanwhile_go_out_as_one_f
 
 def test_a_unit_the_fleet_refuses_is_refused_alone_and_its_batch_runs(served, client, stopped):
     client.submit("sq", 1).result(BOUND_S)
+    answered(client)
     base = submitted(served)
     stopped()
     first = client.submit("sq", 2)
@@ -114,7 +139,10 @@ def test_a_unit_the_fleet_refuses_is_refused_alone_and_its_batch_runs(served, cl
 GOOD = unit(1)
 
 MALFORMED = [
-    ({"v": 2}, "batch version 2 is not spoken here"),
+    ({"v": 3}, "batch version 3 is not spoken here (this daemon speaks 1, 2)"),
+    ({"v": 1, "ack": 0}, "ack must be an integer >= 0, with v 2 or later; got ack 0 with v 1"),
+    ({"v": 2, "ack": -1}, "ack must be an integer >= 0"),
+    ({"v": 2, "ack": "3"}, "argument ack must be integer or null, got string"),
     ({"token": "not a token!"}, "token must be 8-128 letters"),
     ({"units": "x"}, "argument units must be array, got string"),
     ({"units": []}, f"units must hold 1-{MAX_BATCH_UNITS} units, got 0"),
@@ -221,3 +249,52 @@ def test_a_unit_admitted_while_its_client_closes_still_gets_its_outcome(served, 
     served.signal(signal.SIGCONT)
     closer.join(BOUND_S)
     assert not closer.is_alive() and fut.result(0) == 9
+
+
+def resolving_threads(monkeypatch) -> list:
+    """The names of the threads that set a service-mode future's result from now on, filled in
+    as they do (the test's client is the only one submitting meanwhile)."""
+    from fleet.api.client import _RemoteUnitFuture
+
+    names: list = []
+    original = _RemoteUnitFuture.set_result
+
+    def set_result(self, result):
+        names.append(threading.current_thread().name)
+        return original(self, result)
+
+    monkeypatch.setattr(_RemoteUnitFuture, "set_result", set_result)
+    return names
+
+
+def test_outcomes_come_back_on_the_submit_connection_with_no_poll_carrying_them(served, client, monkeypatch):
+    threads = resolving_threads(monkeypatch)
+    futs = [client.submit("sq", i) for i in range(30)]
+    assert [f.result(BOUND_S) for f in futs] == [i * i for i in range(30)]
+    # pushed on the connection the submits went out on, read by its reader: no collect
+    # asked for them, no collector thread between the socket and the caller
+    assert threads and set(threads) == {"fleet-client-submits"}
+
+
+def test_outcomes_owed_when_the_submit_connection_breaks_come_by_the_poll(served, client, tmp_path, monkeypatch):
+    gate = tmp_path / "go"
+    assert client.submit("sq", 2).result(BOUND_S) == 4  # outcomes pushed on the submit connection now
+    fut = client.submit("held", (str(gate), 5))
+    assert fut.unit_id is not None  # admitted: its reply came; the unit waits for the gate
+    threads = resolving_threads(monkeypatch)
+    client._pipe._sock.shutdown(socket.SHUT_RDWR)  # that connection breaks before the outcome
+    wait_until(lambda: client._pipe._sock is None, "the client to see its connection closed")
+    gate.touch()
+    assert fut.result(BOUND_S) == 25  # held for the client's poll once the stream was gone
+    assert threads == [f"fleet-client-{served.name}"]
+    wait_until(lambda: settled(served) == 0, "the units to end")
+
+
+def test_large_outcomes_pushed_while_replies_go_out_arrive_whole_and_in_full(served, client, monkeypatch):
+    # Values of 48 KiB: the pushes outrun the socket (written in part, held back past the
+    # high-water mark, finished by the control thread) while batch replies join them.
+    blob = bytes(range(256)) * 192
+    threads = resolving_threads(monkeypatch)
+    futs = [client.submit("echo", (i, blob)) for i in range(120)]
+    assert all(f.result(BOUND_S) == (i, blob) for i, f in enumerate(futs))
+    assert set(threads) == {"fleet-client-submits"}

@@ -68,7 +68,12 @@ for the next ``collect`` (the reply says ``"more": true``), and one value too la
 for a reply travels in consecutive ``part``s that the client joins. A token's
 outcomes are numbered; each ``collect`` acknowledges (``ack``) how many the client
 has, and the daemon sends again those after it, so a reply lost to a client's
-timeout or a broken connection loses nothing. A ``submit`` with a ``request_id`` is
+timeout or a broken connection loses nothing. A ``submit_batch`` of version 2 attaches
+the token to its connection instead: the daemon pushes the token's outcomes on it as they
+are held (``{"push": {"token", "first", "outcomes"}}`` frames between the replies, written
+from the supervisor's loop at the end of the delivery that made them, `Stream`), each
+batch's ``ack`` lets go of those the client has, and a ``collect`` of the token waits
+until the connection closes, then takes every outcome not acknowledged. A ``submit`` with a ``request_id`` is
 admitted once per id (`fleet.service.replays`): a retry after a lost reply gets the same unit. Outcomes held
 for a token are bounded (bytes, and time since the token was last seen); past the
 bound the daemon drops them, logs it, and answers that token's next ``collect``
@@ -117,16 +122,19 @@ from fleet.service.control.errors import (
 )
 from fleet.service.control.ops import COLLECT_MAX_WAIT_S, COLLECT_REPLY_BUDGET, OPS, POSTURE_KEYS, Op, OpRegistry
 from fleet.service.control.paths import find_socket, prepare_runtime_dir, runtime_dir, socket_candidates, socket_path
-from fleet.service.control.server import FRAME_TIMEOUT_S, WRITE_TIMEOUT_S, ControlServer, _PressureLog, log
+from fleet.service.control.server import FRAME_TIMEOUT_S, WRITE_TIMEOUT_S, ControlServer, Stream, _PressureLog, log
 from fleet.service.control.wire import (
     MAX_FRAME,
     Arg,
+    Push,
     Reply,
     Request,
     check_args,
     decode_reply,
     decode_request,
+    decode_stream,
     encode_error,
+    encode_push,
     encode_reply,
     encode_request,
 )
@@ -154,15 +162,19 @@ __all__ = [
     "Peer",
     "PermissionDenied",
     "ProtocolError",
+    "Push",
     "RemoteError",
     "Reply",
     "ReplyLost",
     "Request",
     "ShuttingDown",
+    "Stream",
     "SubmitUncertain",
     "decode_reply",
     "decode_request",
+    "decode_stream",
     "encode_error",
+    "encode_push",
     "encode_reply",
     "encode_request",
     "find_socket",

@@ -38,8 +38,12 @@ class Call:
     args: dict[str, Any]
     peer: Peer
     request_id: int | str | None = None
+    #: The connection's push side (`server.Stream`) for an op that streams (``Op.streams``).
+    stream: Any = None
 
     def run(self, handler) -> Any:
+        if self.op.streams:
+            return self.op.execute(handler, {**self.args, "stream": self.stream})
         return self.op.execute(handler, self.args)
 
 

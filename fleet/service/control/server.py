@@ -32,7 +32,7 @@ from fleet.service.control.errors import (
     ProtocolError,
     ShuttingDown,
 )
-from fleet.service.control.ops import OPS, OpRegistry
+from fleet.service.control.ops import COLLECT_REPLY_BUDGET, OPS, OpRegistry
 from fleet.service.control.wire import MAX_FRAME, decode_request, encode_error, encode_reply
 
 
@@ -47,6 +47,12 @@ WRITE_TIMEOUT_S = 30.0
 #: Reply bytes waiting for the peer beyond which no further request of that
 #: connection is read: a peer that never reads its replies holds one reply, no more.
 _WRITE_HIGH = 64 * 1024
+#: Room beyond `_WRITE_HIGH` that pushes may take before a streaming connection's requests
+#: are held back: a push is made only below the mark, but one may pass it by up to its
+#: size (`COLLECT_REPLY_BUDGET` and its envelope), and one more written from another
+#: thread meanwhile. Holding requests back for pushes would deadlock a client whose one
+#: reader writes its next frame: it reads no push while that write waits on us.
+_PUSH_ROOM = 2 * (COLLECT_REPLY_BUDGET + 64 * 1024)
 #: At most this many connections are accepted per wake-up, so a connect flood
 #: cannot starve the connections already being served.
 _ACCEPT_BURST = 64
@@ -76,11 +82,85 @@ class _Conn:
     eof: bool = False
     closing: bool = False  # close once wbuf is sent
     events: int = 0  # what the selector watches for it
+    stream: "Stream | None" = None  # its push side, made for the first op that streams
+    #: Held by every change of wbuf, every write to the socket and its close: a push may
+    #: be written from another thread (`Stream.write`). Every frame joins wbuf whole, at
+    #: its end, so frames never interleave whichever thread adds them.
+    wlock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+    pulls: collections.deque = field(default_factory=collections.deque)  # pushes asked, not yet written
+    closers: list = field(default_factory=list)  # told when it closes (Stream.on_close)
 
     @property
     def idle(self) -> bool:
         """Nothing asked, nothing owed: closing it loses no request and no reply."""
         return self.inflight is None and not self.wbuf and not self.rbuf
+
+
+class Stream:
+    """The push side of one connection: frames written to it unasked, between its
+    replies (the outcomes of a token a ``submit_batch`` v2 attached here,
+    `fleet.service.daemon.OutcomeStore.attach`). Any thread may ask for a push
+    (`ready`); the control thread, which owns the connection, makes the frame then
+    (``pull()``) and writes it, so every record held until that moment rides one frame
+    and one wake-up. A peer that does not read its pushes holds at most `_WRITE_HIGH`
+    bytes of them here; the rest wait with their owner (``pull`` is called again once
+    the peer reads)."""
+
+    __slots__ = ("_server", "_conn")
+
+    def __init__(self, server: "ControlServer", conn: _Conn):
+        self._server, self._conn = server, conn
+
+    def ready(self, pull: Callable[[], bytes | None]) -> None:
+        """Ask for a push: the control thread calls ``pull`` soon and writes the frame it
+        returns (None: nothing). Never called when the connection has closed."""
+        self._server._pushes.append((self._conn, pull))
+        self._server._wake()
+
+    def write(self, pull: Callable[[], bytes | None]) -> None:
+        """Make a push frame (``pull()``) and write it now, from any thread: straight onto the
+        socket when nothing else waits to go out on the connection, else after what went
+        before (the control thread writes what the socket does not take at once). The frame
+        is made and queued under the connection's write lock, so pushes go out in the order
+        they were made, whichever thread made them. Nothing when the connection has closed."""
+        conn = self._conn
+        with conn.wlock:
+            if conn.closed:
+                return
+            data = pull()
+            if not data:
+                return
+            conn.last_active = self._server._clock()
+            if not conn.wbuf:
+                try:
+                    sent = conn.sock.send(data)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError:
+                    return  # the peer went away: the control thread sees it and closes
+                if sent == len(data):
+                    return
+                data = data[sent:]
+            conn.wbuf += data
+        self.ready(_NOTHING)  # the control thread writes the rest when the socket takes it
+
+    def room(self) -> bool:
+        """Whether a push written now would not pass the connection's high-water mark
+        (the peer keeps up); else ask with `ready`, and the control thread makes it when
+        the peer has read."""
+        conn = self._conn
+        return not conn.closed and len(conn.wbuf) < _WRITE_HIGH
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (on the control thread) when the connection closes. Call it on the
+        control thread (from a direct op of this connection)."""
+        self._conn.closers.append(fn)
+
+
+def _NOTHING() -> None:
+    """A pull with no frame of its own: the control thread only writes what waits."""
+    return None
 
 
 class _PressureLog:
@@ -215,6 +295,7 @@ class ControlServer:
         self._thread: threading.Thread | None = None
         self._conns: set[_Conn] = set()
         self._done: collections.deque[tuple[_Conn, Future]] = collections.deque()
+        self._pushes: collections.deque[tuple[_Conn, Callable]] = collections.deque()  # Stream.ready
         self._stopping = threading.Event()
         self._accept_paused_until: float | None = None
         self._emfile_logged = float("-inf")
@@ -339,6 +420,7 @@ class ControlServer:
                     else:
                         self._guarded(key.data, self._on_ready, events)
                 self._finish_calls()
+                self._run_pushes()
                 self._expire()
                 self._pressure.flush()
         except Exception:  # noqa: BLE001 - logged loudly; close() still cleans up
@@ -467,7 +549,9 @@ class ControlServer:
         events = 0
         if not conn.eof and not conn.closing and len(conn.rbuf) <= self.max_frame:
             events |= selectors.EVENT_READ
-        if conn.wbuf:
+        if conn.wbuf or (conn.pulls and not conn.closing):
+            # Pushes held back while the peer was behind are made once it reads: writable
+            # with wbuf empty, `_flush` makes them (whichever path emptied wbuf).
             events |= selectors.EVENT_WRITE
         if events == conn.events:
             return
@@ -500,10 +584,13 @@ class ControlServer:
         """Answer the frames ``conn`` sent, one at a time, while nothing is in flight
         and the peer keeps up with its replies."""
         now = self._clock()
+        high = _WRITE_HIGH + (_PUSH_ROOM if conn.stream is not None else 0)
+        held = consumed = False
         while conn.inflight is None and not conn.closing:
-            if len(conn.wbuf) >= _WRITE_HIGH:
+            if len(conn.wbuf) >= high:
                 self._send_some(conn)
-                if len(conn.wbuf) >= _WRITE_HIGH:
+                if len(conn.wbuf) >= high:
+                    held = True
                     break  # the peer does not read: nothing more of it is read until it does
             nl = conn.rbuf.find(b"\n", conn.scanned)
             if nl < 0:
@@ -520,15 +607,20 @@ class ControlServer:
             del conn.rbuf[: nl + 1]
             conn.scanned = 0
             conn.spoke = True
+            consumed = True
             conn.last_active = now
             self._start(conn, frame)
             if len(frame) > self.max_frame:
                 conn.closing = True  # the reply said FrameTooLarge; that connection is done
         # The deadline for a complete frame: from accept until the first one, and
-        # from the first byte of any later one.
+        # from the first byte of any later one (counted from the end of the frame
+        # before it, at the latest). None while its frames wait on us: a peer that does
+        # not read its replies meets the write timeout instead.
         tail = len(conn.rbuf) - (conn.rbuf.rfind(b"\n") + 1)
-        if tail:
-            if conn.frame_deadline is None:
+        if held:
+            conn.frame_deadline = None
+        elif tail:
+            if conn.frame_deadline is None or consumed:
                 conn.frame_deadline = now + self.frame_timeout
         elif conn.spoke:
             conn.frame_deadline = None
@@ -542,34 +634,60 @@ class ControlServer:
     def _reply(self, conn: _Conn, data: bytes) -> None:
         """Queue a reply; `_advance` sends it, with every other reply to the frames of the
         same read, in one write (the caller updates the selector)."""
-        conn.wbuf += data
+        with conn.wlock:
+            conn.wbuf += data
         conn.last_active = self._clock()
 
     def _send_some(self, conn: _Conn) -> None:
-        try:
-            sent = conn.sock.send(conn.wbuf)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        del conn.wbuf[:sent]
+        with conn.wlock:
+            try:
+                sent = conn.sock.send(conn.wbuf)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            del conn.wbuf[:sent]
         if sent or not conn.wbuf:
             conn.write_stalled_since = None
         if conn.wbuf and conn.write_stalled_since is None:
             conn.write_stalled_since = self._clock()
 
     def _flush(self, conn: _Conn) -> None:
-        """EVENT_WRITE: send more; once all is sent, read the requests held back meanwhile."""
+        """EVENT_WRITE: send more; once all is sent, the pushes held back, then the requests."""
         self._send_some(conn)
+        if not conn.wbuf and conn.pulls:
+            self._push_some(conn)
         if conn.wbuf:
             self._watch(conn)
         else:
             self._advance(conn)
 
+    def _run_pushes(self) -> None:
+        """Write the pushes asked since the last pass (`Stream.ready`)."""
+        while self._pushes:
+            conn, pull = self._pushes.popleft()
+            if conn in self._conns:
+                conn.pulls.append(pull)
+                self._guarded(conn, self._push_some)
+
+    def _push_some(self, conn: _Conn) -> None:
+        """Make and write ``conn``'s pushes while the peer keeps up with them."""
+        while conn.pulls and len(conn.wbuf) < _WRITE_HIGH and not conn.closing:
+            pull = conn.pulls.popleft()
+            with conn.wlock:  # made and queued in one hold: pushes keep the order they were made in
+                data = pull()
+                if data:
+                    conn.wbuf += data
+                    conn.last_active = self._clock()
+        if conn.wbuf:
+            self._send_some(conn)
+        self._watch(conn)
+
     def _send_now(self, conn: _Conn, data: bytes) -> None:
         """Best effort, never blocking: a notice sent just before closing."""
-        try:
-            conn.sock.send(bytes(conn.wbuf) + data)
-        except OSError:
-            pass
+        with conn.wlock:
+            try:
+                conn.sock.send(bytes(conn.wbuf) + data)
+            except OSError:
+                pass
 
     def _drop(self, conn: _Conn) -> None:
         if conn not in self._conns:
@@ -584,7 +702,16 @@ class ControlServer:
         if conn.inflight is not None:
             conn.inflight.cancel()  # not started: it never runs; started: its reply has no reader
             conn.inflight = None
-        conn.sock.close()
+        with conn.wlock:
+            conn.closed = True
+            conn.sock.close()
+        conn.pulls.clear()
+        closers, conn.closers = conn.closers, []
+        for fn in closers:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one owner's fault must not keep the others untold
+                log.exception("control connection from pid %d: a close callback failed", conn.peer.pid)
 
     # -- deadlines
     def _expire(self) -> None:
@@ -664,7 +791,9 @@ class ControlServer:
             args = op.validate(request.args)
         except ProtocolError as exc:
             return encode_error(exc.request_id if rid is None else rid, exc.code, exc.message)
-        return Call(op, args, conn.peer, rid)
+        if op.streams and conn.stream is None:
+            conn.stream = Stream(self, conn)
+        return Call(op, args, conn.peer, rid, conn.stream if op.streams else None)
 
     def _finish_calls(self) -> None:
         while self._done:

@@ -108,12 +108,50 @@ def encode_error(id: int | str | None, type: str, message: str) -> bytes:
     return _dumps({"id": id, "ok": False, "error": {"type": type, "message": message}})
 
 
+@dataclass(frozen=True)
+class Push:
+    """A decoded push frame: outcome records a connection carries unasked (see `encode_push`)."""
+
+    token: str
+    first: int
+    outcomes: list
+
+
+def encode_push(token: str, first: int, outcomes: list) -> bytes:
+    """A push frame: ``{"push": {"token", "first", "outcomes"}}``, the records held for
+    ``token`` numbered from ``first``, sent on the connection its ``submit_batch`` v2
+    attached (`fleet.service.control.Stream`), between that connection's replies."""
+    return _dumps({"push": {"token": token, "first": first, "outcomes": outcomes}})
+
+
+def decode_stream(frame: bytes, *, max_frame: int = 64 * MAX_FRAME) -> Reply | Push:
+    """A frame of a connection that may carry pushes: a `Push`, or the `Reply` that
+    `decode_reply` makes. ProtocolError(InvalidReply) when it is neither."""
+    try:
+        obj = _loads(frame.rstrip(b"\n"), max_frame)
+    except ProtocolError as exc:
+        raise ProtocolError(E_INVALID_REPLY, exc.message) from None
+    if isinstance(obj, dict) and "push" in obj:
+        push = obj["push"]
+        if not (len(obj) == 1 and isinstance(push, dict) and isinstance(push.get("token"), str)
+                and isinstance(push.get("first"), int) and not isinstance(push.get("first"), bool)
+                and push["first"] >= 0 and isinstance(push.get("outcomes"), list)):
+            raise ProtocolError(E_INVALID_REPLY, "a push frame must be {\"push\": {\"token\": string, "
+                                                 "\"first\": integer >= 0, \"outcomes\": array}}")
+        return Push(push["token"], push["first"], push["outcomes"])
+    return _reply_of(obj)
+
+
 def decode_reply(frame: bytes, *, max_frame: int = 64 * MAX_FRAME) -> Reply:
     """Parse a reply frame; raises ProtocolError(InvalidReply) when it is not one."""
     try:
         obj = _loads(frame.rstrip(b"\n"), max_frame)
     except ProtocolError as exc:
         raise ProtocolError(E_INVALID_REPLY, exc.message) from None
+    return _reply_of(obj)
+
+
+def _reply_of(obj: Any) -> Reply:
     if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool) or not _valid_id(obj.get("id")):
         raise ProtocolError(E_INVALID_REPLY, "reply must be an object with a boolean 'ok' and an id")
     if obj["ok"]:

@@ -58,6 +58,9 @@ class Op:
     #: supervisor's submitter, the outcome store, the replays): fleetd runs it on the
     #: control server's thread, not through its loop (`with_blocking_ops`).
     direct: ClassVar[bool] = False
+    #: A streaming op's served half is given its connection's push side (``stream``,
+    #: a `fleet.service.control.Stream`, or None off a connection) to write to unasked.
+    streams: ClassVar[bool] = False
     summary: ClassVar[str] = ""
     schema: ClassVar[Mapping[str, Arg]] = {}
     #: Why the control protocol does not carry it ("": it does).

@@ -164,7 +164,10 @@ class SubmitOp(Op):
 
 #: The batch frame's format (`SubmitBatchOp`, its ``v``): a client sends the version it
 #: speaks, and a daemon refuses one it does not know with InvalidArgs, admitting nothing.
-BATCH_VERSION = 1
+#: 2: the batch's connection carries the token's outcomes (pushed), and ``ack`` rides along.
+BATCH_VERSION = 2
+#: Every version this daemon speaks: a v1 client (outcomes by ``collect`` alone) keeps working.
+BATCH_VERSIONS = (1, 2)
 #: Most units one batch frame carries (each is also bounded by the frame's size).
 MAX_BATCH_UNITS = 4096
 #: What a unit of a batch may say: a submit's arguments but the token (the batch's own).
@@ -185,25 +188,40 @@ class SubmitBatchOp(Op):
     Draining, ...) is refused alone. Reply: ``{"units": [unit id or null, ...],
     "errors": {"<index>": {"type", "message"}}, "replayed": [index, ...],
     "roles": {role: [queue_bound, slots]}}``; every unit of the batch has either its id
-    (its outcome follows under the token) or its error, never both."""
+    (its outcome follows under the token) or its error, never both.
+
+    Version 2 (``v: 2``) also attaches the token to the batch's connection: its outcomes
+    are pushed on it as they are held (`fleet.service.control.wire.encode_push` frames,
+    between the replies), from the first one not acknowledged, with no ``collect`` asked
+    for each; ``ack`` (optional) says how many of the token's outcomes the client has,
+    as a ``collect``'s does (an ack past what was sent is ignored). A ``collect`` of the
+    token waits meanwhile, and is answered when the connection closes. Version 1 gets
+    outcomes by ``collect`` alone."""
 
     name = "submit_batch"
     mutating = True
     direct = True
+    streams = True
     summary = "Submit several units in one frame (a client's submits in flight, coalesced)."
     no_command = "a unit's payload is a Python object: submit from Python (fleet.connect(name).submit)"
     method = None
     no_method = "fleet.Client.submit sends its submits in flight as one batch"
     schema = {
-        "v": Arg((int,), required=True, doc=f"the batch format's version ({BATCH_VERSION})"),
+        "v": Arg((int,), required=True, doc="the batch format's version (" + ", ".join(map(str, BATCH_VERSIONS))
+                                            + "; 2 pushes outcomes on the connection)"),
         "token": Arg((str,), required=True, doc="hold every outcome for `collect` under this client token"),
         "units": Arg((list,), required=True, doc=f"1-{MAX_BATCH_UNITS} objects: a submit's arguments each, "
                                                   "seq required"),
+        "ack": Arg((int, type(None)), doc="v2: how many of the token's outcomes the client has received"),
     }
 
     def check(self, args: dict[str, Any]) -> None:
-        if args["v"] != BATCH_VERSION:
-            raise self.bad(f"batch version {args['v']} is not spoken here (this daemon speaks {BATCH_VERSION})")
+        if args["v"] not in BATCH_VERSIONS:
+            raise self.bad(f"batch version {args['v']} is not spoken here (this daemon speaks "
+                           f"{', '.join(map(str, BATCH_VERSIONS))})")
+        if args["ack"] is not None and (args["v"] < 2 or args["ack"] < 0):
+            raise self.bad(f"ack must be an integer >= 0, with v 2 or later; got ack {args['ack']!r} with "
+                           f"v {args['v']}")
         if not _TOKEN.fullmatch(args["token"]):
             raise self.bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
         units = args["units"]
@@ -235,12 +253,19 @@ class SubmitBatchOp(Op):
             checked.append(one)
         args["units"] = checked
 
-    def on_daemon(self, daemon, v: int, token: str, units: list) -> dict:
+    def on_daemon(self, daemon, v: int, token: str, units: list, ack: int | None = None, stream=None) -> dict:
         """Admit every unit of a checked batch in order; a refusal is that unit's alone. A
         run of plain units of one role (nothing but a pickled payload: the common case) is
         admitted a run at a time (`Submitter.submit_pickled`); a unit such a run stopped
-        at, and any other unit, one by one (`SubmitOp.admit`), each with its own refusal."""
+        at, and any other unit, one by one (`SubmitOp.admit`), each with its own refusal.
+        v2: the token's outcomes are pushed on ``stream`` (the batch's connection) from
+        now on, and ``ack`` lets go of those the client has."""
         daemon.store.hold(token)  # OutcomesDropped before anything is admitted
+        if v >= 2:
+            if ack is not None:
+                daemon.store.acknowledge(token, ack)
+            if stream is not None:
+                daemon.store.attach(token, stream)
         ids, errors, replayed, roles = [None] * len(units), {}, [], {}
         specs, store, i = daemon.config.roles, daemon.store, 0
         while i < len(units):

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Where a service-mode round trip's time goes: p50 of each stage, in microseconds.
+
+    python tools/bench/service_stages.py [--json] [--units N]
+
+A diagnostic, not a ratio: it times ``client.submit("work", 0).result()`` one unit at a
+time through a real fleetd (dispatch_bench's `Fleetd`: one role, one worker) and stamps
+the steps on both sides of the socket by wrapping them (CLOCK_MONOTONIC is one clock for
+every process of the machine, so the stamps line up). fleetd's stamps are written to a
+file when it stops; each round trip takes, step by step, the first stamp of each step inside
+its window after the step before it.
+
+  client: submit -> sent          the caller's checks, pickling, the batch frame, its write
+  sent -> fleetd reads            waking fleetd's control thread
+  reads -> decoded                the frame decoded and checked (submit_batch)
+  decoded -> admitted             the unit queued to the supervisor (its reply's unit id)
+  admitted -> outcome held        the supervisor's loop and the worker: accept to result
+  outcome held -> push made       the rest of the delivery, the push frame made (on the loop)
+  push made -> client reads       the write, waking the client's reader, the frame decoded
+  client reads -> future set      the record parsed, the value unpickled, the future set
+  future set -> caller back       waking the caller
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import dispatch_bench  # noqa: E402
+
+#: What fleetd runs first: its own steps wrapped to stamp the first call after each
+#: other, the stamps written to $STAGES_OUT when it exits.
+PRELUDE = """
+import atexit, json, os, time
+from fleet.service.control import server as _server
+from fleet.service.control import outcome_record as _record
+from fleet.service.control.ops import units as _units
+from fleet.service import daemon as _daemon
+_now, _stamps = time.perf_counter_ns, []
+
+def _wrap(owner, name, key, after=False):
+    original = getattr(owner, name)
+    def stamped(*args, **kwargs):
+        if not after:
+            _stamps.append((key, _now()))
+        out = original(*args, **kwargs)
+        if after:
+            _stamps.append((key, _now()))
+        return out
+    setattr(owner, name, stamped)
+
+_wrap(_server.ControlServer, "_read", "d_read")
+_wrap(_units.SubmitBatchOp, "on_daemon", "d_decoded")
+_wrap(_units.SubmitBatchOp, "on_daemon", "d_admitted", after=True)
+_wrap(_record, "encode", "d_held")
+import os as _os
+if _os.environ.get("STAGES_FINE"):
+    from fleet.runtime import submit as _submit
+    _wrap(_server.ControlServer, "_check", "d_checked", after=True)
+    _wrap(_daemon.OutcomeStore, "attach", "d_attached", after=True)
+    _wrap(_submit.Submitter, "submit_pickled", "d_posted", after=True)
+if hasattr(_server, "Stream"):  # outcomes pushed on the submit connection
+    _wrap(_server.ControlServer, "_push_some", "d_pushed")
+    _wrap(_server.Stream, "write", "d_pushed")
+else:  # a fleet from before the push: the collect reply carries them (its answer, on the control thread)
+    _wrap(_server.ControlServer, "_answer", "d_pushed")
+atexit.register(lambda: json.dump(_stamps, open(os.environ["STAGES_OUT"], "w")))
+"""
+
+STAGES = (
+    ("client: submit -> sent", "c_submit", "c_sent"),
+    ("sent -> fleetd reads", "c_sent", "d_read"),
+    ("reads -> decoded", "d_read", "d_decoded"),
+    ("decoded -> admitted", "d_decoded", "d_admitted"),
+    ("admitted -> outcome held", "d_admitted", "d_held"),
+    ("outcome held -> push made", "d_held", "d_pushed"),
+    ("push made -> client reads", "d_pushed", "c_read"),
+    ("client reads -> future set", "c_read", "c_set"),
+    ("future set -> caller back", "c_set", "c_back"),
+)
+
+
+def measure(units: int) -> dict:
+    from fleet.api import client as client_mod
+    from fleet.api import submit_pipe
+
+    now, stamps = time.perf_counter_ns, []
+
+    def wrap(owner, name, key, after=False):
+        original = getattr(owner, name)
+
+        def stamped(*args, **kwargs):
+            if not after:
+                stamps.append((key, now()))
+            out = original(*args, **kwargs)
+            if after:
+                stamps.append((key, now()))
+            return out
+
+        setattr(owner, name, stamped)
+
+    wrap(submit_pipe.SubmitPipe, "_write_frame", "c_sent", after=True)
+    wrap(client_mod.Client, "_deliver", "c_read")
+    wrap(client_mod.Client, "_deliver", "c_set", after=True)
+    with tempfile.NamedTemporaryFile(prefix="stages-", suffix=".json", dir="/tmp", delete=False) as f:
+        out = f.name  # fleetd writes its stamps here when it stops
+    os.environ["STAGES_OUT"] = out
+    dispatch_bench.FLEETD = PRELUDE + dispatch_bench.FLEETD
+    windows = []
+    try:
+        with dispatch_bench.Fleetd(units) as daemon:
+            with daemon.connect() as client:
+                [client.submit("work", i).result() for i in range(200)]  # warm
+                for _ in range(units):
+                    t0 = now()
+                    stamps.append(("c_submit", t0))
+                    client.submit("work", 0).result()
+                    t1 = now()
+                    stamps.append(("c_back", t1))
+                    windows.append((t0, t1))
+        name = daemon.name
+        with open(out) as f:
+            stamps.extend((k, t) for k, t in json.load(f))  # written at fleetd's exit, once it stopped
+    finally:
+        if os.path.exists(out):
+            os.unlink(out)
+    return {"name": name, **stages(windows, stamps)}
+
+
+#: A step looked for after an earlier one than the step before it: fleetd may read the
+#: frame before the client's write returns (its stamp, after the write).
+_AFTER = {"d_read": "c_submit"}
+
+
+def stages(windows: list, stamps: list) -> dict:
+    """The p50 of each stage over the round trips whose every step was stamped: each step's
+    time is its first stamp in the round trip's window at or after the step before it."""
+    import bisect
+
+    stamps.sort(key=lambda s: s[1])
+    times = [t for _, t in stamps]
+    keys = [STAGES[0][1]] + [b for _, _, b in STAGES]
+    rows: dict[str, list] = {name: [] for name, _, _ in STAGES}
+    totals = []
+    for t0, t1 in windows:
+        at, where, end = {}, {}, bisect.bisect_right(times, t1)
+        i = bisect.bisect_left(times, t0)
+        for key in keys:
+            i = where.get(_AFTER.get(key), i)
+            while i < end and stamps[i][0] != key:
+                i += 1
+            if i == end:
+                break
+            at[key], where[key] = stamps[i][1], i
+        if len(at) < len(keys):
+            continue
+        totals.append(t1 - t0)
+        for name, a, b in STAGES:
+            rows[name].append(at[b] - at[a])
+    p50 = {name: round(statistics.median(v) / 1000, 1) for name, v in rows.items() if v}
+    return {"round_trips": len(totals), "round_trip_p50_us": round(statistics.median(totals) / 1000, 1),
+            "stages_p50_us": p50, "stages_sum_us": round(sum(p50.values()), 1)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--units", type=int, default=2000)
+    args = parser.parse_args(argv)
+    res = measure(args.units)
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print(f"{res['round_trips']} round trips, p50 {res['round_trip_p50_us']} us")
+        for name, us in res["stages_p50_us"].items():
+            print(f"  {name:32s} {us:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
