@@ -30,6 +30,8 @@ class ContentionWatch:
 
     def __init__(self, name: str, layout, follow, workers, table, slots_of_seat, host,
                  policy: rule.ContentionPolicy = rule.POLICY, widen: bool = True):
+        #: a seat on the CPUs the loop runs on is contended: the loop's spin backs off (`rule.spin_for`)
+        self.loop_contended = False
         self._widen = widen  # False (`[fleet] contention = "pin"`): read and shown, never moved
         self._name, self._layout, self._follow, self._workers = name, layout, follow, workers
         self._table, self._slots_of_seat, self._host, self._policy = table, slots_of_seat, host, policy
@@ -52,6 +54,15 @@ class ContentionWatch:
                     self._new_worker(seat)
                 continue
             self._read(seat, now, placement)
+        self.loop_contended = self._loop_shares_contended(placement)
+
+    def _loop_shares_contended(self, placement) -> bool:
+        """Whether a contended seat runs on CPUs the loop runs on (anywhere, when not pinned:
+        ``loop = "priority"``; its reserve only, when pinned there)."""
+        loop = self._follow.loop_cpus
+        return any(state.contended and placement[seat] is not None
+                   and (loop is None or set(placement[seat]) & set(loop))
+                   for seat, state in enumerate(self.states))
 
     def _read(self, seat: int, now: float, placement) -> None:
         pid = self._workers.pids.get(seat)

@@ -131,3 +131,8 @@ def test_a_bad_policy_is_refused_naming_its_key(kwargs, path):
     with pytest.raises(ConfigError) as err:
         C.ContentionPolicy(**kwargs)
     assert err.value.path == path
+
+
+@pytest.mark.parametrize("contended, spin", [(False, 2e-4), (True, 0.0)])
+def test_a_thread_spins_for_its_next_message_only_on_calm_cpus(contended, spin):
+    assert C.spin_for(2e-4, contended) == spin

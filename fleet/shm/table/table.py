@@ -285,6 +285,10 @@ class SlotTable:
         base = slot * SLOT_FIELDS
         self._seq_write(self.slots, base + L.S_SEQ, {base + L.S_CONTENTION: int(bool(contended)) | episodes << 1})
 
+    def contended(self, slot: int) -> bool:
+        """Whether `slot`'s seat is contended now (fleet.rules.contention; a worker reads its own)."""
+        return bool(self.slots[slot * SLOT_FIELDS + L.S_CONTENTION] & 1)
+
     def count_done(self, slot: int) -> None:
         self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_DONE, np.uint64(1))
 
