@@ -30,16 +30,17 @@ The decision, per seat, with hysteresis:
   `hold_max`), so a neighbour that stays costs one window per hold, ever rarer;
   contention after a longer calm starts again from `calm_windows`.
 
-Spinning backs off (`spin_for`). A worker that ran out of work, and the loop with units
-out, look for what comes next for a while (yielding the CPU between looks) before they
-sleep: on a quiet host that catches the next message without a wake-up. On contended
-CPUs the spin takes time from the threads that would send that message (the caller, the
-loop) and from the neighbour; measured on 2 cores with a busy loop on one (fleet.Executor
-against ProcessPoolExecutor in the same run, quiet and noisy interleaved): with the spins
-kept, noisy / quiet of per-unit submit 0.94, map chunk 1 1.00, one-at-a-time round trips
-0.43; without them under contention 1.36, 1.28 and 1.20 -- while on the quiet host the
-spins are worth 20-60 %. So a worker spins only while its seat is not contended, and the
-loop only while no seat on its CPUs is.
+A worker's spin backs off (`spin_for`). A worker that ran out of work looks for its next
+task for a while (yielding the CPU between looks) before it sleeps: on a quiet host that
+catches the next task without a wake-up. On contended CPUs that spin takes the CPU the
+worker shares from the threads that would send the task (the caller, the loop). Measured
+on 2 cores with a busy loop on one, fleet.Executor against ProcessPoolExecutor in the
+same run, quiet and noisy halves interleaved, 6 rounds at load 7-11: with the workers'
+spin off while contended, noisy / quiet of per-unit submit 1.29 (0.78 with it kept), map
+chunk 1 1.19 (0.98), one-at-a-time round trips 0.59 (0.32). The supervisor's loop keeps
+its own spin: turning that off too cost the round trip (0.40 against 0.77 without any
+back-off), since the loop, ahead of the workers by priority, waits there for the caller's
+next submit. So a worker spins only while its seat is not contended.
 
 What it never does: widen past the seat's share. A role's share is its cores
 (002 §5); the widened worker runs on its own role's cores only, so the budget's bound

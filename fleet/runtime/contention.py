@@ -6,7 +6,8 @@ Each sample reads every running seat's worker (`Host.schedstat`: ns run, ns wait
 hands the window's wait share to the rule, and carries out its word: the worker's
 affinity (every thread, `Host.pin_process`) set to its share's CPUs (WIDEN) or back to
 its seat's (REPIN); the seat's slots' CPUs and contention published in the table
-(`fleetctl status --json`: each slot's ``cpus``, ``contended`` and ``contentions``).
+(`fleetctl status --json`: each slot's ``cpus``, ``contended`` and ``contentions``), where
+the seat's worker also reads it before it spins for its next task (`rule.spin_for`).
 
 The seat's own CPUs stay the seat's (`Workers.cpus_of`): a worker forked for it (a
 restart, a recycle) starts on them, pinned, and is read afresh; an epoch that moves
@@ -30,8 +31,6 @@ class ContentionWatch:
 
     def __init__(self, name: str, layout, follow, workers, table, slots_of_seat, host,
                  policy: rule.ContentionPolicy = rule.POLICY, widen: bool = True):
-        #: a seat on the CPUs the loop runs on is contended: the loop's spin backs off (`rule.spin_for`)
-        self.loop_contended = False
         self._widen = widen  # False (`[fleet] contention = "pin"`): read and shown, never moved
         self._name, self._layout, self._follow, self._workers = name, layout, follow, workers
         self._table, self._slots_of_seat, self._host, self._policy = table, slots_of_seat, host, policy
@@ -54,15 +53,6 @@ class ContentionWatch:
                     self._new_worker(seat)
                 continue
             self._read(seat, now, placement)
-        self.loop_contended = self._loop_shares_contended(placement)
-
-    def _loop_shares_contended(self, placement) -> bool:
-        """Whether a contended seat runs on CPUs the loop runs on (anywhere, when not pinned:
-        ``loop = "priority"``; its reserve only, when pinned there)."""
-        loop = self._follow.loop_cpus
-        return any(state.contended and placement[seat] is not None
-                   and (loop is None or set(placement[seat]) & set(loop))
-                   for seat, state in enumerate(self.states))
 
     def _read(self, seat: int, now: float, placement) -> None:
         pid = self._workers.pids.get(seat)

@@ -51,7 +51,7 @@ from fleet.host.system import Host
 from fleet.rules import fsm, titles
 from fleet.rules.dispatch import RIDE
 from fleet.rules import seats as seats_mod
-from fleet.rules.contention import CONTENTION_WIDEN, spin_for
+from fleet.rules.contention import CONTENTION_WIDEN
 from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import FleetClosed, Outcome
@@ -436,9 +436,7 @@ class Supervisor:
                     # Keep looking a while with units out, or just after results went
                     # out: a caller's next submit tends to follow its result at once.
                     busy = delivered or len(books)
-                    # (not on contended CPUs: the spin would take them from the caller: fleet.rules.contention)
-                    spin = spin_for(IN_FLIGHT_SPIN_S, self.contention.loop_contended) if busy else 0.0
-                    if not bell.wait(seen, self._sleep_for(now), spin_s=spin):
+                    if not bell.wait(seen, self._sleep_for(now), spin_s=IN_FLIGHT_SPIN_S if busy else 0.0):
                         deaths.hear()  # a quiet spell: a zygote that died said nothing
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)

@@ -132,6 +132,8 @@ def test_with_contention_pin_a_contended_worker_is_shown_and_stays_on_its_cpu(fl
         with busy_on(cpu), load(f):
             wait_until(lambda: all(r["contended"] for r in seat_rows(f, seat)), f"seat {seat} contended", BOUND_S)
             assert affinity(pid) == {(cpu,)}
+            # what the seat's worker reads before it spins for its next task (it does not, now)
+            assert all(f._sup.table.contended(r["slot"]) for r in seat_rows(f, seat))
             assert all(r["cpus"] == [cpu] for r in seat_rows(f, seat))
         assert f._sup.contention.widened == 0
 
@@ -172,7 +174,7 @@ class FakeTable:
 def fake_watch(widen=True, roles=("work", "work", "other")):
     seats = tuple(Seat(i, f"s{i}", (r,), (i,), "pinned") for i, r in enumerate(roles))
     layout = SimpleNamespace(seats=seats)
-    follow = SimpleNamespace(placement=SimpleNamespace(cpus=[(i,) for i in range(len(roles))]), loop_cpus=None)
+    follow = SimpleNamespace(placement=SimpleNamespace(cpus=[(i,) for i in range(len(roles))]))
     workers = SimpleNamespace(pids={i: 100 + i for i in range(len(roles))},
                               cpus_of=lambda seat: follow.placement.cpus[seat])
     host, table = FakeHost(), FakeTable()
@@ -249,17 +251,3 @@ def test_a_retired_seat_is_forgotten_and_a_refused_move_is_logged_not_raised(cap
     window(watch, host, 1.0, {100: 100, 101: 0, 102: 0})
     assert "cannot move seat s0's worker" in caplog.text and watch.widened == 1
 
-
-def test_the_loop_spins_only_while_no_seat_on_its_cpus_is_contended():
-    watch, host, _table, follow, _workers = fake_watch()
-    window(watch, host, 0.0, {100: 0, 101: 0, 102: 0})
-    window(watch, host, 0.25, {100: 0, 101: 0, 102: 0})
-    assert not watch.loop_contended
-    window(watch, host, 0.5, {100: 0, 101: 0, 102: 100})  # seat 2 (CPU 2) contended
-    assert watch.loop_contended  # the loop not pinned (loop = "priority"): it runs on every seat's CPUs
-    follow.loop_cpus = (5,)  # pinned on a reserve core no seat runs on
-    window(watch, host, 0.75, {100: 0, 101: 0, 102: 100})
-    assert watch.states[2].contended and not watch.loop_contended
-    follow.loop_cpus = (2, 5)
-    window(watch, host, 1.0, {100: 0, 101: 0, 102: 100})
-    assert watch.loop_contended
