@@ -122,6 +122,7 @@ def test_a_worker_whose_cpu_a_busy_process_takes_runs_on_its_roles_cpus_then_goe
                    f"seat {seat}'s worker back on CPU {cpu}", BOUND_S)
         rows = seat_rows(f, seat)
         assert all(r["contentions"] >= 1 and r["cpus"] == [cpu] for r in rows), rows
+        assert not any(f._sup.table.contended(r["slot"]) for r in rows)  # its worker spins again
         assert f._sup.contention.repinned >= 1
         assert f._sup.seats.workers.pids[seat] == pid  # the same worker: moved, never replaced
 
