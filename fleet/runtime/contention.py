@@ -40,6 +40,7 @@ class ContentionWatch:
         self._last: list[tuple[int, int, int, float] | None] = [None] * n
         #: (its seat's CPUs, the CPUs its worker was set to) while widened; None: on its seat's
         self._applied: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = [None] * n
+        self._refused: set[int] = set()  # seats whose last move was refused (warned once until one succeeds)
         self.widened = 0  # widenings carried out (tests, status)
         self.repinned = 0  # re-pins carried out
 
@@ -77,7 +78,11 @@ class ContentionWatch:
         """A seat's worker changed (or is gone): the new one starts on its seat's CPUs, calm."""
         old = self.states[seat]
         self.states[seat] = rule.SeatContention(hold=self._policy.calm_windows, episodes=old.episodes)
-        self._applied[seat] = None
+        if self._applied[seat] is not None:  # status showed the widened CPUs: the seat's own again
+            self._applied[seat] = None
+            home = self._workers.cpus_of(seat)
+            for slot in self._slots_of_seat(seat) if home else ():  # (a retired seat's are its last epoch's)
+                self._table.set_slot_meta(slot, cpus=home)
         if old.contended:
             self._publish(seat)
 
@@ -97,9 +102,12 @@ class ContentionWatch:
         try:
             self._host.pin_process(pid, want)
         except OSError as exc:  # a CPU the cpuset took away meanwhile: the epoch that follows re-places it
-            log.warning("fleet %s: cannot move seat %s's worker to CPUs %s: %s", self._name,
-                        self._layout.seats[seat].name, list(want), exc)
+            if seat not in self._refused:
+                self._refused.add(seat)
+                log.warning("fleet %s: cannot move seat %s's worker to CPUs %s: %s", self._name,
+                            self._layout.seats[seat].name, list(want), exc)
             return
+        self._refused.discard(seat)
         if want == home:
             self.repinned += 1
         else:

@@ -223,6 +223,7 @@ def test_a_new_worker_starts_calm_on_its_seats_cpus():
     workers.pids[1] = 201  # the worker died and was replaced: forked on its seat's CPUs
     window(watch, host, 0.5, {100: 0, 201: 100})
     assert not watch.states[1].contended and table.contention[2] == (False, 1)  # read afresh from here
+    assert table.cpus[2] == table.cpus[3] == (1,)  # status shows it on its seat's CPU again
     assert host.pins == [(101, (0, 1))]  # nothing moved: the new worker is where it was forked
     window(watch, host, 0.75, {100: 0, 201: 100})
     assert host.pins[-1] == (201, (0, 1)) and watch.states[1].episodes == 2
@@ -251,4 +252,9 @@ def test_a_retired_seat_is_forgotten_and_a_refused_move_is_logged_not_raised(cap
     follow.placement.cpus = [(0,), (1,), (2,)]
     window(watch, host, 1.0, {100: 100, 101: 0, 102: 0})
     assert "cannot move seat s0's worker" in caplog.text and watch.widened == 1
+    window(watch, host, 1.25, {100: 100, 101: 0, 102: 0})
+    assert caplog.text.count("cannot move seat s0's worker") == 1  # once, until a move succeeds
+    host.refuse = False
+    window(watch, host, 1.5, {100: 100, 101: 0, 102: 0})
+    assert host.pins[-1] == (100, (0, 1)) and watch.widened == 2
 
