@@ -60,8 +60,8 @@ def create_table(name: str, **meta_kwargs) -> SlotTable:
 
 
 def populate(table: SlotTable, worker_pid: int | None = None) -> None:
-    """Slots: 0 Running solver key 7, 1 Pinned solver key 9, 2 Running sim, 3 Leased merge, 4 Idle
-    after serving sim, then merge (one role switch)."""
+    """Slots: 0 Running solver key 7, 1 Pinned solver key 9 (its seat contended), 2 Running sim,
+    3 Leased merge, 4 Idle after serving sim, then merge (one role switch)."""
     pid = os.getpid() if worker_pid is None else worker_pid
     solver, sim, merge = (ROLES.code(r) for r in ("solver", "sim", "merge"))
     table.set_slot_meta(0, pid=pid, cpus=[0, 1], binding="pinned", unit=101)
@@ -72,6 +72,7 @@ def populate(table: SlotTable, worker_pid: int | None = None) -> None:
     table.apply(1, "START")
     table.apply(1, "PIN_KEYED")
     table.count_done(1)
+    table.set_contention(1, True, 2)  # its seat's worker waits for its CPU now, the second time
     table.set_slot_meta(2, pid=pid, cpus=[0, 1], binding="shared", unit=103)
     table.apply(2, "LEASE", sim)
     table.apply(2, "START")

@@ -54,6 +54,10 @@ def test_noisy_reports_every_ratio_quiet_noisy_and_its_quotient():
     k = "latency_p50_fleet_over_ppe"
     assert quot[k] == pytest.approx(quiet[k] / loud[k], abs=2e-3)
     assert "quotients" in res["targets"]
+    # what each fleet's contention watch did over the run (widened, re-pinned, episodes per seat)
+    assert set(noisy["contention"]) == {"fleet_slots_eq_workers", "fleet_slots_32_per_worker", "fleet_executor"}
+    for counts in noisy["contention"].values():
+        assert counts["widened"] >= counts["repinned"] >= 0 and all(e >= 0 for e in counts["episodes"]), counts
 
 
 def test_service_reports_submit_ratio_and_p50_and_cleans_up():

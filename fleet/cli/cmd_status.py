@@ -283,13 +283,15 @@ def render_census(doc: dict) -> list[str]:
             _dash(r.get("last_role")),
             str(r.get("switches", 0)),
             str(r.get("rides", 0)),
+            # its seat's worker waits for its CPUs now (fleet.rules.contention), and times found so: "yes/2"
+            f"{'yes' if r.get('contended') else 'no'}/{r.get('contentions', 0)}",
             delay(r["runq_delay_ns"]),
         )
         for r in doc["census"]
     ]
     head = f"census    {len(rows)} slots; run-queue delay from {DELAY_SOURCE_TEXT.get(doc['delay_source'], doc['delay_source'])}"
     cols = ("slot", "seat", "role", "state", "key", "pid", "cpus", "binding", "unit", "done", "last-role", "switches",
-            "rides", "runq-delay")
+            "rides", "contended", "runq-delay")
     return [head] + _table(cols, rows)
 
 

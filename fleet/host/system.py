@@ -13,7 +13,7 @@ import os
 import signal
 import time
 
-from fleet.host import cgroup
+from fleet.host import affinity, cgroup
 
 
 class Host:
@@ -69,6 +69,14 @@ class Host:
     def pin_this_thread(self, cpus) -> None:
         """Run the calling thread on `cpus` only (Linux applies affinity per thread)."""
         os.sched_setaffinity(0, cpus)
+
+    def pin_process(self, pid: int, cpus) -> bool:
+        """Run every thread of process `pid` on `cpus` only (`fleet.host.affinity.pin_process`)."""
+        return affinity.pin_process(pid, cpus)
+
+    def schedstat(self, pid: int) -> tuple[int, int] | None:
+        """(ns run, ns waited on a run queue) of process `pid` (`fleet.host.affinity.schedstat`)."""
+        return affinity.schedstat(pid)
 
 
 class FakeClockHost(Host):

@@ -9,6 +9,7 @@ a ConfigError naming their dotted path)::
     cpus = 4.5                # use this quota instead of the detected one
     gc_freeze = true          # after boot, keep what boot loaded out of full GC collections (see FleetConfig)
     dispatch_priority = 10    # nice levels the supervisor's loop runs above its workers (fleet.host.priority)
+    contention = "widen"      # widen | pin: a worker that waits for its CPUs runs on its share's (fleet.rules.contention)
 
     [budget]                  # terminal overrides of fleet.rules.budget's rules
     reserve = 1
@@ -117,6 +118,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from fleet.rules.budget import BudgetOverrides
+from fleet.rules.contention import CONTENTION_MODES, CONTENTION_WIDEN
 from fleet.worker.prepare import WorkerSetup
 from fleet.rules.errors import ConfigError
 from fleet.host.files import FileTooLarge, NotRegularFile, read_regular
@@ -257,6 +259,10 @@ class FleetConfig:
     # Nice levels between the supervisor's loop and its workers, so a woken worker does not
     # preempt the loop that feeds every seat (fleet.host.priority: how, and what 0 keeps).
     dispatch_priority: int = 10
+    # A seat's worker found waiting for its own CPUs (a noisy neighbour) runs on its role's
+    # other CPUs while that lasts ("widen"), or stays on its pin whatever the host does ("pin");
+    # either way status shows it contended (fleet.rules.contention).
+    contention: str = CONTENTION_WIDEN
     budget: BudgetOverrides = field(default_factory=BudgetOverrides)
     posture: PosturePolicy = DEFAULT_POLICY
     roles: RoleSet = REFERENCE_ROLES
@@ -319,7 +325,7 @@ def _reject_unknown(path, data, known):
 
 def _fleet(data):
     data = _table("fleet", data)
-    _reject_unknown("fleet", data, ("name", "profile", "cpus", "gc_freeze", "dispatch_priority"))
+    _reject_unknown("fleet", data, ("name", "profile", "cpus", "gc_freeze", "dispatch_priority", "contention"))
     name = data.get("name", "fleet")
     try:
         validate_fleet_name(name)
@@ -333,8 +339,11 @@ def _fleet(data):
     if not isinstance(gc_freeze, bool):
         raise ConfigError("fleet.gc_freeze", f"must be true or false, got {gc_freeze!r}")
     levels = _number("fleet.dispatch_priority", data.get("dispatch_priority", FleetConfig.dispatch_priority))
+    contention = data.get("contention", FleetConfig.contention)
+    if contention not in CONTENTION_MODES:
+        raise ConfigError("fleet.contention", f"must be one of {', '.join(CONTENTION_MODES)}, got {contention!r}")
     return {"name": name, "profile": profile, "cpus": None if cpus is None else _number("fleet.cpus", cpus),
-            "gc_freeze": gc_freeze, "dispatch_priority": levels}
+            "gc_freeze": gc_freeze, "dispatch_priority": levels, "contention": contention}
 
 
 def _posture(data):
@@ -556,6 +565,7 @@ _TYPES = {
     ("fleet", "cpus"): "float?",
     ("fleet", "gc_freeze"): "bool",
     ("fleet", "dispatch_priority"): "int",
+    ("fleet", "contention"): "str",
     ("budget", "reserve"): "int",
     ("budget", "ambient_io"): "int",
     ("budget", "pinned_min"): "int",

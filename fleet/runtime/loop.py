@@ -51,6 +51,7 @@ from fleet.host.system import Host
 from fleet.rules import fsm, titles
 from fleet.rules.dispatch import RIDE
 from fleet.rules import seats as seats_mod
+from fleet.rules.contention import CONTENTION_WIDEN
 from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import FleetClosed, Outcome
@@ -60,6 +61,7 @@ from fleet.runtime import boot, spans
 from fleet.runtime.accept import Acceptor
 from fleet.runtime.books import Books
 from fleet.runtime.config import FleetConfig
+from fleet.runtime.contention import ContentionWatch
 from fleet.runtime.deadlines import Deadlines
 from fleet.runtime.gates import Gates
 from fleet.runtime.inside import Inside
@@ -131,7 +133,7 @@ class Supervisor:
         self._rig: boot.Rig | None = None
         # The components, composed at `start` (before the loop thread starts).
         self.dispatcher = self.gates = self.books = self.seats = self.posture = self.providers = self.follow = None
-        self.publisher = self.saturation = self.inside = None
+        self.publisher = self.saturation = self.inside = self.contention = None
         self._accept = self._results = self._deadlines = self._deaths = self._stops = None
 
     # ================================================================== start: boot and compose
@@ -176,6 +178,9 @@ class Supervisor:
                                       host=host, dispatch=dispatch, follow=self.follow)
         self.saturation = SaturationWatch(name, roles, self.config.saturation, rig.table, rig.plan,
                                           rig.projection.live_placement.running(rig.layout))
+        self.contention = ContentionWatch(name, rig.layout, self.follow, rig.workers, rig.table,
+                                          rig.dispatcher.slots_of_seat, host,
+                                          widen=self.config.contention == CONTENTION_WIDEN)
         self._deadlines = Deadlines(name, self.books, rig.dispatcher, self.seats)
         self._results = Results(self.seats, self.books, rig.dispatcher, self._deadlines, rig.table, roles, host,
                                 rig.publisher, dispatch, relay=self.mode == "service", recorder=self.recorder,
@@ -419,6 +424,7 @@ class Supervisor:
                     deaths.read_oom()  # kills of the group's OOM killer, claimed by the deaths that follow
                     self.posture.sample()
                     self.saturation.sample(now, self.dispatcher.queued)
+                    self.contention.sample(now)
                     next_sample = now + SAMPLE_EVERY_S
                 delivered = books.deliver()
                 if self.door.closing and not len(books):

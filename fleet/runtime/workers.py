@@ -23,6 +23,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from fleet.host import affinity
 from fleet.runtime.deathwatch import DeathWatch, stopped, zombie_status
 from fleet.worker.prepare import WorkerSetup
 from fleet.runtime.zygote_link import Exited, Forked, WorkerStartError, ZygoteLink
@@ -326,19 +327,11 @@ class Workers:
 
 
 def _set_affinity(pid: int, cpus, name: str) -> None:
-    """Pin every thread of process `pid` to `cpus`."""
+    """Pin every thread of process `pid` to `cpus` (a refusal is logged)."""
     try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except FileNotFoundError:
-        return  # gone: its death is being told
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cpus)
-        except ProcessLookupError:
-            continue  # that thread ended
-        except OSError as exc:
-            log.warning("fleet %s: cannot pin worker pid %d (thread %d) to cpus %s: %s", name, pid, tid, list(cpus), exc)
-            return
+        affinity.pin_process(pid, cpus)
+    except OSError as exc:
+        log.warning("fleet %s: cannot pin worker pid %d to cpus %s: %s", name, pid, list(cpus), exc)
 
 
 def worker_setup(config) -> WorkerSetup:

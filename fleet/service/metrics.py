@@ -34,6 +34,8 @@ What is exported (names as scraped):
   the units so folded). ``epoch`` is the quota epoch the unit was granted in; the series of
   the newest `MAKESPAN_EPOCHS` epochs are exported, older ones are dropped. So the family
   holds at most roles x (MAKESPAN_KEYS + 1) x MAKESPAN_EPOCHS series.
+* ``fleet_seat_contended{seat}`` (0/1) and ``fleet_seat_contentions_total{seat}``: the seat's
+  worker waits for its own CPUs now, and times found so (fleet.rules.contention).
 * ``fleet_role_saturated{role}`` (0/1), ``fleet_role_saturation_episodes_total{role}``,
   ``fleet_role_arrival_rate{role}`` and ``fleet_role_service_rate{role}`` (units/s over the
   saturation window; fleet.rules.saturation).
@@ -121,6 +123,7 @@ def table_families(snap, now_ns: int, ledger: dict | None = None) -> list:
         *_ledger(snap.ledger_view() if ledger is None else ledger),
         *_queues(snap),
         *_saturation(snap),
+        *_contention(snap),
         GaugeMetricFamily("fleet_table_torn_records", "Table records a writer left mid-write.", value=len(snap.torn)),
     ]
 
@@ -247,6 +250,27 @@ def _saturation(snap) -> list:
         arrival.add_metric(name, sat["arrival_rate"])
         service.add_metric(name, sat["service_rate"])
     return [saturated, episodes, arrival, service]
+
+
+def _contention(snap) -> list:
+    """Each seat's contention (fleet.rules.contention), read on its first slot: its worker
+    waits for its CPUs now, and the times it was found so."""
+    meta = snap.meta or {}
+    names = {s.get("index"): s.get("name") for s in meta.get("seats") or []}
+    contended = GaugeMetricFamily("fleet_seat_contended", "1 while the seat's worker waits for its own CPUs "
+                                  "(a noisy neighbour; widened to its role's CPUs unless contention = pin).",
+                                  labels=("seat",))
+    episodes = CounterMetricFamily("fleet_seat_contentions", "Times the seat's worker was found waiting for its CPUs.",
+                                   labels=("seat",))
+    first: dict[int, int] = {}
+    for slot, seat in enumerate(meta.get("slot_seats") or []):
+        if seat is not None and seat >= 0 and seat in names and slot < snap.n_slots:
+            first.setdefault(seat, slot)
+    for seat, slot in sorted(first.items()):
+        row = snap.slot(slot)
+        contended.add_metric((names[seat],), int(row["contended"]))
+        episodes.add_metric((names[seat],), row["contentions"])
+    return [contended, episodes]
 
 
 class FleetCollector(Collector):

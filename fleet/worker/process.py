@@ -46,7 +46,7 @@ import threading
 import time
 import traceback
 
-from fleet.rules import cordon, fsm
+from fleet.rules import contention, cordon, fsm
 from fleet.rules.dispatch import RIDE
 from fleet.shm import messages as M
 from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps,
@@ -129,6 +129,8 @@ class Worker:
         #: bytes of RSS above which a unit of the role recycles this worker (None: never looked at)
         self._rss_bound = [None if r.max_rss_mib is None else r.max_rss_mib << 20 for r in roles]
         self._io_slots = self._count_io_slots()  # 0: no I/O-bound role has slots on this seat
+        #: a slot of this seat: its seat's contention is read there (None: the seat has none)
+        self._a_slot = next((i for i, s in enumerate(table.meta.get("slot_seats", ())) if s == seat), None)
         self.io: IoRunner | None = None  # made by `run` on a seat with I/O slots
         self.loop: asyncio.AbstractEventLoop | None = None
         self._relay: RingRelay | None = None
@@ -192,7 +194,9 @@ class Worker:
                 if self._seceded:
                     tasks.wait_since(seen, HELD_RETRY_S if self.held else None)
                 else:
-                    tasks.wait(HELD_RETRY_S if self.held else None, spin_s=IDLE_SPIN_S)
+                    # no spin on contended CPUs: it would take them from whoever sends the next task
+                    contended = self._a_slot is not None and self.table.contended(self._a_slot)
+                    tasks.wait(HELD_RETRY_S if self.held else None, spin_s=contention.spin_for(IDLE_SPIN_S, contended))
                 continue
             backlog.extend(batch)
 

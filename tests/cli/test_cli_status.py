@@ -210,8 +210,9 @@ def test_human_table_shows_every_section(table, fleet_name, capsys):
     assert census["2"][6:8] == ["0-1", "shared"] and census["3"][7] == "logical"
     assert census["4"][2:4] == ["-", "Idle"]
     # the role census: the role each slot last served, its role switches, and the children that
-    # rode it (none here)
-    assert census["4"][-4:-1] == ["merge", "1", "0"] and census["1"][-4:-1] == ["solver", "0", "0"]
+    # rode it (none here); then its seat's contention: now, and times found so
+    assert census["4"][-5:-2] == ["merge", "1", "0"] and census["1"][-5:-2] == ["solver", "0", "0"]
+    assert census["1"][-2] == "yes/2" and census["4"][-2] == "no/0"
     queues = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  solver ")}
     assert queues["solver"][-1] == "3"  # elastic re-pins
 
@@ -222,6 +223,8 @@ def test_json_census_has_the_last_role_and_switches(table, fleet_name, capsys):
     assert (rows[4]["role"], rows[4]["last_role"], rows[4]["switches"]) == (None, "merge", 1)
     assert (rows[2]["last_role"], rows[2]["switches"]) == ("sim", 0)
     assert [q["repins"] for q in doc["queues"]] == [3, 0, 0]
+    # each slot's seat contention (fleet.rules.contention): contended now, and times found so
+    assert [(rows[i]["contended"], rows[i]["contentions"]) for i in (0, 1)] == [(False, 0), (True, 2)]
 
 
 def test_oversubscribed_plan_is_marked(fleet_name, capsys):

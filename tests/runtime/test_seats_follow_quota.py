@@ -105,7 +105,9 @@ def test_the_seats_follow_a_live_quota_change_under_load(fleet_name, loop, at_tw
         require.lacking("laid out for a 2-CPU host")  # the expected CPUs below are this host's
     roles = {"w": {"kind": "pooled", "handler": "tests.handlers:spin", "slots": 4, "queue_bound": 100_000}}
     with cpu_group(2.0) as group:
-        d = FleetdInGroup(fleet_name, roles, group, extra={"budget": {"loop": loop}})
+        # the epoch's pins exactly, under load: no worker widened by contention meanwhile
+        # (fleet.rules.contention; tests/runtime/test_contention.py has that)
+        d = FleetdInGroup(fleet_name, roles, group, fleet={"contention": "pin"}, extra={"budget": {"loop": loop}})
         try:
             d.start()
             booted = _settled(d, 0, at_two)

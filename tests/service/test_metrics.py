@@ -82,6 +82,17 @@ def test_slot_gauges_follow_the_table(server, table):
     assert value(m, "fleet_slots", role="sim", state="Running") == 0
 
 
+def test_each_seats_contention(server):
+    """fleet_seat_contended{seat} and fleet_seat_contentions_total{seat}, read on each seat's
+    slot (tests.fleet_tables marks slot 1's seat contended, the second time)."""
+    m = scrape(server.url)
+    contended = {dict(k[1])["seat"]: v for k, v in m.items() if k[0] == "fleet_seat_contended"}
+    episodes = {dict(k[1])["seat"]: v for k, v in m.items() if k[0] == "fleet_seat_contentions_total"}
+    assert len(contended) == len(episodes) == ft.N_SLOTS  # one seat per slot in that table
+    (seat,) = [name for name, v in contended.items() if v == 1]
+    assert seat.endswith("-1") and episodes == {name: 2 if name == seat else 0 for name in contended}
+
+
 def test_posture_counters_and_cordoned_seconds(server):
     m = scrape(server.url)
     assert value(m, "fleet_posture_cordoned") == 1

@@ -165,7 +165,7 @@ def open_executor(stack, units):
     measures["spin50_map_units_per_s"] = lambda: timed(n50, lambda: list(ex.map(H.work, ["spin"] * n50, chunksize=64)))
     measures["latency_us"] = lambda: round_trips(lambda: ex.submit(H.work, 0).result())
     facts = {"workers": ex._max_workers, "binding": ex.fleet.plan.binding, "seats": len(ex.fleet.layout.seats)}
-    return measures, facts
+    return ex.fleet, measures, facts
 
 
 def executor_ratios(ex, ppe, pool) -> dict:
@@ -746,6 +746,14 @@ def contender_ratios(res, w) -> dict:
     return ratios
 
 
+def contention_counts(f) -> dict:
+    """A fleet's contention watch over the run: workers widened and re-pinned, and each
+    seat's contended episodes."""
+    watch = f._sup.contention
+    return {"widened": watch.widened, "repinned": watch.repinned,
+            "episodes": [state.episodes for state in watch.states]}
+
+
 def lower_is_better(key: str) -> bool:
     """A ratio where fleet wins by being lower: a latency over a peer's."""
     return "p50" in key or key.startswith("latency")
@@ -815,7 +823,9 @@ def main(argv=None):
                            for name, per_worker in CONFIGS.items() if name not in opened})
             contenders = [Contender(f"fleet_{name}", measures, facts)
                           for name, (_f, measures, facts) in opened.items()]
-            contenders.append(Contender("fleet_executor", *open_executor(peers, n)))
+            ex_fleet, *executor = open_executor(peers, n)
+            opened["executor"] = (ex_fleet, None, None)
+            contenders.append(Contender("fleet_executor", *executor))
             contenders.append(Contender("process_pool_executor", open_ppe(peers, w, n)))
             contenders.append(Contender("multiprocessing_pool", open_pool(peers, w, n)))
             contenders.append(Contender("bare_processes", open_bare(peers, w, n)))
@@ -831,6 +841,8 @@ def main(argv=None):
                 res[c.name] = c.result()
             if noise:
                 res["noisy"] = {"noise_core": noise.core, **{c.name: c.result() for c in twins}}
+                # what each fleet's contention watch did over the run (fleet.rules.contention)
+                res["noisy"]["contention"] = {f"fleet_{name}": contention_counts(f) for name, (f, _m, _x) in opened.items()}
                 for name in ("mpire", "loky"):
                     res["noisy"].setdefault(name, res[name])
         if not noise:

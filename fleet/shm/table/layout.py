@@ -232,6 +232,11 @@ S_SWITCHES = 9  # leases for a role other than the one before (role switches)
 #: Children that rode this slot while its parent waited (fleet.rules.dispatch "Children"):
 #: atomic add by the supervisor's loop; padding before, so 0 in an older table: same version.
 S_RIDES = 10
+#: The seat's contention (fleet.rules.contention), on each of its slots: bit 0 set while
+#: its worker is found waiting for its CPUs (and widened to its share's CPUs where it has
+#: others); bits 1..: times it was found so. Written under S_SEQ by the loop; padding
+#: before, so 0 in an older table: same version.
+S_CONTENTION = 11
 BINDINGS = ("pinned", "shared", "logical")
 
 # --- bulkhead records (3 lines each; packed by fleet.shm.table.bulkheads) -----------------------

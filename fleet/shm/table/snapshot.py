@@ -106,6 +106,9 @@ class TableSnapshot:
             "last_role": self._role_name(w[base + L.S_LAST_ROLE] - 1) if w[base + L.S_LAST_ROLE] else None,
             "switches": w[base + L.S_SWITCHES],
             "rides": w[base + L.S_RIDES],
+            # its seat's worker waits for its CPUs now (fleet.rules.contention), and how often it was found so
+            "contended": bool(w[base + L.S_CONTENTION] & 1),
+            "contentions": w[base + L.S_CONTENTION] >> 1,
         }
 
     def _role_name(self, code: int) -> str:

@@ -277,6 +277,18 @@ class SlotTable:
         """A child was granted on `slot`, riding its waiting parent's slot (supervisor)."""
         self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_RIDES, np.uint64(1))
 
+    def set_contention(self, slot: int, contended: bool, episodes: int) -> None:
+        """Publish the contention of `slot`'s seat (fleet.rules.contention): contended now,
+        and times found so (seqlocked; its one writer: the loop thread)."""
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot {slot} out of range [0, {self.n_slots})")
+        base = slot * SLOT_FIELDS
+        self._seq_write(self.slots, base + L.S_SEQ, {base + L.S_CONTENTION: int(bool(contended)) | episodes << 1})
+
+    def contended(self, slot: int) -> bool:
+        """Whether `slot`'s seat is contended now (fleet.rules.contention; a worker reads its own)."""
+        return bool(self.slots[slot * SLOT_FIELDS + L.S_CONTENTION] & 1)
+
     def count_done(self, slot: int) -> None:
         self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_DONE, np.uint64(1))
 

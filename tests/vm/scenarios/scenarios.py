@@ -586,10 +586,12 @@ def s_delegation() -> dict:
 
 SEATS_FLEET = "seats"
 SEATS_UNIT = f"fleetd@{SEATS_FLEET}.service"
-#: The loop ahead of its workers by priority: a worker per CPU of the quota (2 at 200%, 1 at 100%)
+#: The loop ahead of its workers by priority: a worker per CPU of the quota (2 at 200%, 1 at 100%),
+#: each on its pin under load (`contention = "pin"`: none widened by a slow emulated CPU meanwhile)
 SEATS_CONFIG = """\
 [fleet]
 name = "seats"
+contention = "pin"
 
 [budget]
 loop = "priority"

@@ -1,0 +1,162 @@
+"""Contention: a seat whose worker waits for its own CPU runs on its share's other CPUs
+while that lasts, and goes back to its pin after a calm spell (pure).
+
+Why. A seat's worker is pinned to its core(s) (`fleet.rules.seats`): no migrations, warm
+caches, and a role never spends more than its share. That is right on a quiet host and
+wrong when an unrelated busy process takes one of those cores: the pinned worker gets
+what the scheduler leaves it there (half a core beside one busy loop) and waits on that
+core's run queue at every wake-up, while a peer's unpinned workers move to the core that
+is free. Measured on 2 cores with one busy loop pinned to one of them (tools/bench,
+``--noisy``): one-at-a-time round trips 170/s pinned against 1,800/s with the worker
+free to move; half the single submits went to the seat on the busy core.
+
+The reading. Each posture sample (`fleet.runtime.contention`) reads the worker's
+``/proc/PID/schedstat``: ns run, ns waited on a run queue. Over the window the share of
+its demand (run + wait) it spent waiting says how contended its CPUs are for it. A
+worker that asked for the CPU for less than `ContentionPolicy.min_demand` of the window
+gives no evidence (an idle seat waits for nothing): such a window counts as calm.
+
+The decision, per seat, with hysteresis:
+
+* calm -> contended: one window whose wait share is at least `enter_share`. The seat's
+  worker is then *widened*: its affinity becomes its share's CPUs (`share_cpus`: the
+  CPUs of every running seat that runs the same roles), so the scheduler places it on
+  whichever of them is free, as it does a peer's workers.
+* contended -> calm: `hold` windows in a row below `exit_share` (or without evidence).
+  The worker is *re-pinned* to its seat's own CPUs.
+* A widened worker's wait is read where it runs now, not on its home core: a neighbour
+  that stays may look like calm, the worker is re-pinned and waits again. Contention
+  that comes back within `hold` windows of a re-pin doubles the hold (at most
+  `hold_max`), so a neighbour that stays costs one window per hold, ever rarer;
+  contention after a longer calm starts again from `calm_windows`.
+
+A worker's spin backs off (`spin_for`). A worker that ran out of work looks for its next
+task for a while (yielding the CPU between looks) before it sleeps: on a quiet host that
+catches the next task without a wake-up. On contended CPUs that spin takes the CPU the
+worker shares from the threads that would send the task (the caller, the loop). Measured
+on 2 cores with a busy loop on one, fleet.Executor against ProcessPoolExecutor in the
+same run, quiet and noisy halves interleaved, 6 rounds at load 7-11: with the workers'
+spin off while contended, noisy / quiet of per-unit submit 1.29 (0.78 with it kept), map
+chunk 1 1.19 (0.98), one-at-a-time round trips 0.59 (0.32). The supervisor's loop keeps
+its own spin: turning that off too cost the round trip (0.40 against 0.77 without any
+back-off), since the loop, ahead of the workers by priority, waits there for the caller's
+next submit. So a worker spins only while its seat is not contended.
+
+What it never does: widen past the seat's share. A role's share is its cores
+(002 §5); the widened worker runs on its own role's cores only, so the budget's bound
+on each role holds. A seat that is its share's only one (a singleton, a role of one
+core, the serial seat) has nowhere to go: it is read and shown contended, and stays on
+its pin. Keyed pins (Pinned slots, T6) are slots of a worker process, not CPUs: a key's
+units go to the same process, widened or not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from fleet.rules.errors import ConfigError
+
+#: Actions `step` returns: widen the seat's worker to its share's CPUs, or pin it back.
+WIDEN = "widen"
+REPIN = "repin"
+#: `[fleet] contention`: act on the rule (widen, re-pin), or keep every worker on its pin
+#: whatever the host does (the reading and status only).
+CONTENTION_WIDEN = "widen"
+CONTENTION_PIN = "pin"
+CONTENTION_MODES = (CONTENTION_WIDEN, CONTENTION_PIN)
+
+
+@dataclass(frozen=True)
+class ContentionPolicy:
+    """The thresholds, each a share of one reading's window (a posture sample: 0.25 s)."""
+
+    #: a window whose wait share reaches this makes the seat contended (one busy loop on
+    #: its core: ~0.5; a quiet host with the fleet's own loop beside it: ~0-0.1)
+    enter_share: float = 0.25
+    #: a window below this counts toward calm
+    exit_share: float = 0.10
+    #: demand (run + wait) below this share of the window: no evidence, counts as calm
+    min_demand: float = 0.05
+    #: calm windows before a re-pin (2 s at the posture's 0.25 s)
+    calm_windows: int = 8
+    #: the most calm windows a re-pin ever waits for (16 s)
+    hold_max: int = 64
+
+    def __post_init__(self):
+        for name in ("enter_share", "exit_share", "min_demand"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"contention.{name}", f"must be a share in [0, 1], got {value!r}")
+        if self.exit_share > self.enter_share:
+            raise ConfigError("contention.exit_share",
+                              f"must not exceed enter_share ({self.enter_share}), got {self.exit_share}")
+        if not 1 <= self.calm_windows <= self.hold_max:
+            raise ConfigError("contention.calm_windows",
+                              f"must be in [1, hold_max={self.hold_max}], got {self.calm_windows!r}")
+
+
+POLICY = ContentionPolicy()
+
+
+@dataclass(frozen=True)
+class SeatContention:
+    """One seat's contention state (each worker of the seat starts calm)."""
+
+    contended: bool = False
+    #: calm windows in a row (contended only)
+    calm: int = 0
+    #: calm windows the next re-pin waits for
+    hold: int = POLICY.calm_windows
+    #: windows since the last re-pin, while that may still double the hold (None: longer, or never)
+    since_repin: int | None = None
+    #: times the seat was found contended, over the fleet's life
+    episodes: int = 0
+
+
+def wait_share(run_ns: int, wait_ns: int, window_ns: int, policy: ContentionPolicy = POLICY) -> float | None:
+    """The share of a worker's demand over a window spent waiting for a CPU; None when it
+    asked for too little of the window (or the window or readings make no sense) to tell."""
+    if window_ns <= 0 or run_ns < 0 or wait_ns < 0:
+        return None
+    demand = run_ns + wait_ns
+    if demand <= 0 or demand < policy.min_demand * window_ns:
+        return None
+    return wait_ns / demand
+
+
+def step(state: SeatContention, share: float | None, policy: ContentionPolicy = POLICY
+         ) -> tuple[SeatContention, str | None]:
+    """One window's reading (`wait_share`) applied to a seat: its new state, and WIDEN,
+    REPIN or None for what its worker's affinity should do."""
+    if not state.contended:
+        since = None if state.since_repin is None or state.since_repin >= state.hold else state.since_repin + 1
+        if share is None or share < policy.enter_share:
+            return replace(state, since_repin=since), None
+        # back within a hold of the last re-pin: the neighbour stayed, wait twice as long next time
+        hold = min(policy.hold_max, state.hold * 2) if since is not None else policy.calm_windows
+        return SeatContention(True, 0, hold, None, state.episodes + 1), WIDEN
+    if share is not None and share >= policy.exit_share:
+        return replace(state, calm=0), None
+    calm = state.calm + 1
+    if calm < state.hold:
+        return replace(state, calm=calm), None
+    return SeatContention(False, 0, state.hold, 0, state.episodes), REPIN
+
+
+def spin_for(spin_s: float, contended: bool) -> float:
+    """How long a thread looks for its next message before it sleeps: `spin_s` on calm
+    CPUs, none on contended ones (the module doc says why)."""
+    return 0.0 if contended else spin_s
+
+
+def share_cpus(seat_roles: Sequence[frozenset], placement: Sequence[tuple[int, ...] | None], seat: int
+               ) -> tuple[int, ...]:
+    """The CPUs a contended `seat`'s worker may run on: those of every running seat
+    (`placement[i]` not None) that runs the same roles (`seat_roles[i]`) as it: its
+    role's share, never beyond. Its own CPUs alone when no other seat shares them."""
+    mine = seat_roles[seat]
+    cpus = set(placement[seat] or ())
+    for i, where in enumerate(placement):
+        if where is not None and seat_roles[i] == mine:
+            cpus.update(where)
+    return tuple(sorted(cpus))
