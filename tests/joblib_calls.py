@@ -80,6 +80,11 @@ def fleet_inside(_=None):
     return type(parallel._backend).__name__, sorted(set(pids)), os.getpid()
 
 
+def fleet_inside_spread(_=None):
+    """`fleet_inside`, with how many CPUs this worker may run on now."""
+    return (*fleet_inside(), len(os.sched_getaffinity(0)))
+
+
 def thread_pools(_=None):
     """This worker's cores, the thread variables it sees, and its loaded pools' threads by library."""
     import numpy  # noqa: F401  (its BLAS, loaded)

@@ -71,7 +71,9 @@ def limit_inner_threads() -> None:
     Never raises: an initializer that raises stops the fleet."""
     if any(var in os.environ for var in THREAD_VARS):
         return
-    cores = str(len(os.sched_getaffinity(0)))
+    from fleet.host import seat_cpus
+
+    cores = str(len(seat_cpus.budget_cpus()))  # the seat's cores, also while a contended worker is spread wider
     os.environ.update(dict.fromkeys(THREAD_VARS, cores))
     try:
         from threadpoolctl import threadpool_limits

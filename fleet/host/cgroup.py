@@ -24,6 +24,7 @@ import re
 import select
 from dataclasses import dataclass, field
 
+from fleet.host import seat_cpus
 from fleet.rules import delegation
 from fleet.rules.errors import FleetError
 from fleet.rules.quota import CpuLimit  # what `effective_cpus` returns: the plan's input, a pure value
@@ -291,8 +292,9 @@ def cpuset_count(cdir: ControllerDir, root: str = "/") -> int | None:
 def _affinity_count() -> int | None:
     # The process's mask (its main thread's), not the calling thread's: the supervisor
     # pins its own loop thread to the reserve cores, and re-detects the quota from it.
+    # A worker counts its seat's CPUs (fleet.host.seat_cpus).
     try:
-        return len(os.sched_getaffinity(os.getpid()))
+        return len(seat_cpus.budget_cpus())
     except (AttributeError, OSError):
         return None
 

@@ -46,6 +46,7 @@ import threading
 import time
 import traceback
 
+from fleet.host import seat_cpus
 from fleet.rules import contention, cordon, fsm
 from fleet.rules.dispatch import RIDE
 from fleet.shm import messages as M
@@ -753,6 +754,8 @@ def child_setup(cpus, nice: int | None = None, title=None) -> None:
             os.sched_setaffinity(0, cpus)
         except OSError as exc:  # a CPU outside our cgroup's cpuset: run unpinned, say so
             log.warning("cannot pin worker to cpus %s: %s", list(cpus), exc)
+        else:
+            seat_cpus.seat_pinned(cpus)  # the seat's budget, also while the worker is spread wider
     if nice is not None and nice != os.getpriority(os.PRIO_PROCESS, 0):
         try:
             os.setpriority(os.PRIO_PROCESS, 0, nice)

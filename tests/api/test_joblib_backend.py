@@ -25,7 +25,9 @@ import pytest
 import fleet
 import fleet.api.joblib_backend as fb
 from fleet.api.executor import Executor, quota_cores
+from fleet.host import affinity
 from tests import joblib_calls as C
+from tests import require
 from tests.fleets import descendants
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -297,6 +299,21 @@ def test_the_fleet_backend_asked_for_inside_a_worker_runs_there_within_its_one_c
         out = joblib.Parallel()(joblib.delayed(C.fleet_inside)() for _ in range(2))
     for backend, pids, worker in out:
         assert (backend, pids) == ("SequentialBackend", [worker])
+
+
+def test_a_worker_spread_wider_for_a_while_still_counts_its_seats_one_core():
+    """A contended seat's worker is spread over its role's CPUs for a while
+    (fleet.rules.contention): nested code in it still counts the core its seat was given."""
+    if len(os.sched_getaffinity(0)) < 2:
+        require.lacking("needs 2 CPUs to spread a worker over")
+    with on_fleet():
+        workers = set(joblib.Parallel()(joblib.delayed(C.pid)() for _ in range(8)))
+        for worker in workers:
+            affinity.pin_process(worker, os.sched_getaffinity(0))  # as the contention watch spreads one
+        out = joblib.Parallel()(joblib.delayed(C.fleet_inside_spread)() for _ in range(2))
+    for backend, pids, worker, spread in out:
+        assert spread > 1  # it ran spread wider ...
+        assert (backend, pids) == ("SequentialBackend", [worker])  # ... and counted its one core
 
 
 THREAD_SCRIPT = """
