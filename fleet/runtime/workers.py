@@ -48,8 +48,11 @@ class Launched:
     link: ZygoteLink
 
     def stop(self) -> None:
-        """The boot failed before the zygote was booted: stop it and its thread."""
-        self.link.exit(timeout=0.5)
+        """The boot failed: stop the zygote and its thread. Idempotent. One not yet booted
+        holds nothing (no segment, no child): SIGKILL is all its teardown, and it does not
+        wait for the zygote to finish its imports before it reads an exit."""
+        self.link.kill()
+        self.link.close()
         self.spawner.shutdown(wait=False)
 
 

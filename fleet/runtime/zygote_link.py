@@ -240,6 +240,10 @@ class ZygoteLink:
             self.kill()
         self._sock.close()
 
+    def close(self) -> None:
+        """Close this end of the link (the zygote is gone: `exit`, `kill`)."""
+        self._sock.close()
+
     def kill(self) -> None:
         """SIGKILL the zygote (stopped or not) and reap it; its workers die with it."""
         if self._proc.poll() is None:
