@@ -35,7 +35,6 @@ parent's, Running; it reports STARTED first, the evidence a seat death reads.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import inspect
 import logging
@@ -45,6 +44,7 @@ import signal
 import threading
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from fleet.rules import cordon, fsm
 from fleet.rules.dispatch import RIDE
@@ -54,14 +54,22 @@ from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecErro
 from fleet.shm.parcels import ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
-from fleet.worker.io.runner import IoRunner
-from fleet.worker.io.selector import new_event_loop
 from fleet.rules.outcomes import Refused
 from fleet.shm.table.layout import FLAG_CLOSING
 from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
 from fleet.worker import calls, inside, strays
 from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_OK, EXIT_RECYCLED, EXIT_RETIRED
 from fleet.worker.prepare import run_initializer
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from fleet.worker.io.runner import IoRunner
+
+#: What a seat with I/O slots runs (asyncio, its loop, the runner): imported by the zygote
+#: before its forks only when a role is I/O-bound (`fleet.worker.zygote.preload_io`), so a
+#: fleet of CPU-bound roles (the Executor's) starts without asyncio.
+IO_MODULES = ("asyncio", "fleet.worker.io.runner", "fleet.worker.io.selector")
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +283,11 @@ class Worker:
 
     # --- a seat with I/O slots: everything on one event loop ----------------------------
     def _run_io_seat(self) -> int:
+        import asyncio
+
+        from fleet.worker.io.runner import IoRunner
+        from fleet.worker.io.selector import new_event_loop
+
         self.loop = loop = new_event_loop()  # timers to the nanosecond (fleet.worker.io.selector)
         asyncio.set_event_loop(loop)
         self.io = IoRunner(self._io_slots, loop, self._unit_done)

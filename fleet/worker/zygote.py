@@ -163,6 +163,7 @@ class Zygote:
         self.init = prepare_zygote(self.setup)  # the main module first: handlers and pickles may name it
         self.roles = RoleSet(tuple(Role(**r) for r in msg["roles"]))
         self.handlers = resolve_handlers(self.roles)
+        preload_io(self.roles)
         self.table = SlotTable.attach(msg["name"])
         self.seat_names = [seat["name"] for seat in self.table.meta.get("seats", ())]
         self.table.load_kernels()  # once, here, for every fork to inherit
@@ -170,8 +171,9 @@ class Zygote:
         # Everything imported so far (numba, the handlers' modules) lives as long as the
         # process: out of the collector's sight, a worker's full collections walk only
         # what it made itself (and forked pages stay shared, untouched by the collector).
-        gc.collect()
-        gc.freeze()
+        # `settle` did it once for the preloads, before the boot message: this one walks
+        # only what boot made since.
+        settle()
 
     def fork(self, seat: int, cpus) -> int:
         zygote = os.getpid()
@@ -313,10 +315,34 @@ def preload_kernels() -> None:
 
 
 def preload_worker() -> None:
-    """Import what a worker runs (fleet.worker.process: its loop, asyncio and ssl for
-    I/O-bound roles) here, once, before any fork: imported after the fork, each worker
-    would hold its own copy of those modules' objects (~7 MiB of USS a worker)."""
+    """Import what a worker runs (fleet.worker.process: its loop; what its set-up after
+    the fork calls: fleet.host.priority; `preload_io` adds asyncio for I/O-bound roles) here,
+    once, before any fork: imported after the fork, each worker would hold its own copy
+    of those modules' objects (~7 MiB of USS a worker), and even one small module
+    imported there costs ~1 MiB (the import machinery's own objects and caches it
+    writes, pages shared with the zygote until then)."""
+    import fleet.host.priority  # noqa: F401 - child_setup's; imported for every fork to inherit
     import fleet.worker.process  # noqa: F401 - imported for every fork to inherit
+
+
+def preload_io(roles) -> None:
+    """What a seat with I/O slots runs (asyncio, its event loop, the I/O runner:
+    `fleet.worker.process.IO_MODULES`), imported before any fork when a role is I/O-bound,
+    for the reason `preload_worker` gives. Not for the others: asyncio is ~25 ms of
+    the zygote's start, and the Executor's roles are CPU-bound."""
+    if any(role.io_bound for role in roles):
+        from fleet.worker.process import IO_MODULES
+
+        for name in IO_MODULES:
+            importlib.import_module(name)
+
+
+def settle() -> None:
+    """Collect, then put what is alive out of the collector's sight (`gc.freeze`): at the
+    preloads' end, while the zygote waits for its boot message, and again at boot's end,
+    where the collection then walks only what boot made (a few ms, not ~20)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _flush_std() -> None:
@@ -342,6 +368,7 @@ def main(argv=None) -> int:
     zygote = Zygote(sock)
     preload_kernels()  # while the supervisor loads its own: its boot message comes after
     preload_worker()
+    settle()
     boot = zygote.read_one()
     if boot.get("op") != "boot":
         return 0  # launched, then stopped before its boot (the supervisor's boot failed)

@@ -196,26 +196,36 @@ def test_a_fork_server_that_cannot_be_placed_is_said_and_boot_goes_on(caplog):
 
 def test_a_zygote_preloads_the_built_kernels_and_the_worker_without_numba(fleet_name):
     """With the kernels built at install, the zygote's preload is their module and the
-    worker's own (fleet.worker.process, asyncio), so a fork imports none of them; the
-    table attached at boot takes that same module, and numba is never imported."""
+    worker's own (fleet.worker.process, and fleet.host.priority, which its set-up after
+    the fork calls), so a fork imports none of them; the table attached at boot takes
+    that same module, and numba is never imported. asyncio comes only with an I/O-bound
+    role (`preload_io`): the Executor's zygote starts without it."""
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import json, sys
-        from fleet.worker.zygote import preload_kernels, preload_worker
+        from fleet.worker.zygote import preload_io, preload_kernels, preload_worker
         from fleet.shm.table import kernel_load
         from fleet.rules.roles import Role, RoleSet
         from fleet.shm.table import SlotTable
 
         preload_kernels()
         preload_worker()
-        preloaded = [m for m in ("fleet.shm.table._kernels", "fleet.worker.process", "asyncio") if m in sys.modules]
-        table = SlotTable.create({fleet_name!r}, RoleSet((Role("w", kind="pooled", handler="m:f", slots=1),)), 1)
+        preloaded = [m for m in ("fleet.shm.table._kernels", "fleet.worker.process", "fleet.host.priority",
+                                 "asyncio") if m in sys.modules]
+        roles = RoleSet((Role("w", kind="pooled", handler="m:f", slots=1),))
+        preload_io(roles)
+        io = ["asyncio" in sys.modules]
+        preload_io(RoleSet((Role("w", kind="pooled", handler="m:f", slots=1),
+                            Role("i", kind="pooled", handler="m:f", slots=1, io_bound=True))))
+        io.append(all(m in sys.modules for m in ("asyncio", "fleet.worker.io.runner", "fleet.worker.io.selector")))
+        table = SlotTable.create({fleet_name!r}, roles, 1)
         try:
             table.load_kernels()
-            print(json.dumps([preloaded, table._k is kernel_load.load(), "numba" in sys.modules]))
+            print(json.dumps([preloaded, io, table._k is kernel_load.load(), "numba" in sys.modules]))
         finally:
             table.unlink()
             table.close()
     """)], capture_output=True, text=True, timeout=300,
         env={k: v for k, v in os.environ.items() if k != "FLEET_KERNELS"})
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [["fleet.shm.table._kernels", "fleet.worker.process", "asyncio"], True, False]
+    assert json.loads(out.stdout) == [["fleet.shm.table._kernels", "fleet.worker.process", "fleet.host.priority"],
+                                      [False, True], True, False]
