@@ -97,13 +97,16 @@ class Workers:
         """Boot's zygote, launched before this object existed (`launch`): `start_zygote` boots it."""
         self._spawner, self._launched = launched.spawner, launched.link
 
-    def start_zygote(self) -> None:
+    def start_zygote(self, meanwhile=None) -> None:
+        """Boot the zygote boot launched (`adopt`), or start a new one. `meanwhile()`: work
+        of this process's to do while the launched one boots (`ZygoteLink.boot`)."""
         if self._spawner is None:
             self._spawner = spawner_for(self.name)
         launched, self._launched = self._launched, None
         if launched is not None:
             launched.answer_s = self.answer_s
-            launched.boot(self.name, self.roles, worker_nice=self.priority.worker_nice, workers=worker_setup(self.config))
+            launched.boot(self.name, self.roles, worker_nice=self.priority.worker_nice, workers=worker_setup(self.config),
+                          meanwhile=meanwhile)
             self.zygote = launched
             return
         self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice,

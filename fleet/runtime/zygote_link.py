@@ -112,15 +112,16 @@ class ZygoteLink:
             place(proc.pid)
         return cls(proc, ours, answer_s)
 
-    def boot(self, name: str, roles, worker_nice: int | None = None, workers=None) -> None:
-        """Boot a launched zygote with `roles` (see `start`); on any failure it is stopped."""
+    def boot(self, name: str, roles, worker_nice: int | None = None, workers=None, meanwhile=None) -> None:
+        """Boot a launched zygote with `roles` (see `start`); on any failure it is stopped.
+        `meanwhile()`, when given, runs once the boot message is sent, while the zygote boots."""
         try:
-            self._boot(name, roles, worker_nice, workers)
+            self._boot(name, roles, worker_nice, workers, meanwhile)
         except BaseException:
             self.exit(timeout=0.5)
             raise
 
-    def _boot(self, name: str, roles, worker_nice: int | None, workers=None) -> None:
+    def _boot(self, name: str, roles, worker_nice: int | None, workers=None, meanwhile=None) -> None:
         boot = {
             "op": "boot",
             "name": name,
@@ -131,6 +132,8 @@ class ZygoteLink:
             "workers": None if workers is None else workers.to_boot(),
         }
         self._sock.sendall(json.dumps(boot).encode() + b"\n")
+        if meanwhile is not None:
+            meanwhile()
         reply = self._reply(time.monotonic() + BOOT_TIMEOUT_S)
         if reply.get("op") == "error":
             if reply.get("path"):

@@ -99,6 +99,31 @@ def test_a_zygote_running_another_copy_of_fleet_is_refused_at_boot(reply, says):
 
 
 
+def test_what_boot_does_meanwhile_runs_once_the_boot_message_is_sent_and_before_the_reply_is_read():
+    """The supervisor's full collection runs while the zygote boots (`boot._rest`), not
+    after: `meanwhile` comes after the send (the zygote has its message) and before the
+    reply is awaited (here the zygote waits for it before it answers)."""
+    ours, theirs = socket.socketpair()
+    ran = threading.Event()
+    seen = {}
+
+    def zygote_side():
+        with theirs, theirs.makefile("rb") as lines:
+            seen["boot"] = json.loads(lines.readline())["op"]
+            seen["meanwhile_ran"] = ran.wait(10)  # before the reply: the link waits for it only after
+            theirs.sendall(json.dumps({"op": "ready", "pid": 1, "fleet": FLEET_ROOT}).encode() + b"\n")
+
+    peer = threading.Thread(target=zygote_side)
+    peer.start()
+    link = ZygoteLink(None, ours)
+    try:
+        link._boot("x", [], None, meanwhile=ran.set)
+    finally:
+        ours.close()
+        peer.join(10)
+    assert seen == {"boot": "boot", "meanwhile_ran": True}
+
+
 # --- the zygote launched first (it loads the kernels while the supervisor loads its own) ----
 def test_a_boot_that_fails_after_launching_the_zygote_leaves_no_process_and_no_segment(fleet_name):
     """Boot launches the zygote before it creates the table: a table that cannot be made
