@@ -35,6 +35,7 @@ parent's, Running; it reports STARTED first, the evidence a seat death reads.
 """
 from __future__ import annotations
 
+import _signal
 import collections
 import inspect
 import logging
@@ -728,10 +729,13 @@ def child_setup(cpus, nice: int | None = None, title=None) -> None:
         from fleet.host.proctitle import name_process
 
         name_process(title)  # ps, top and the journal tell this seat's worker from the rest
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when work stops
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.set_wakeup_fd(-1)
+    # _signal's own calls, not signal.signal: its wrapper makes an enum of the handler it
+    # returns, and the enum machinery's objects would write to ~0.1 MiB of pages still
+    # shared with the fork server (each copied into this worker's own memory)
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # the supervisor decides when work stops
+    _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+    _signal.set_wakeup_fd(-1)
     if cpus:
         try:
             os.sched_setaffinity(0, cpus)

@@ -121,6 +121,7 @@ class Zygote:
         self.name = ""  # the fleet's
         self.seat_names: list[str] = []  # each seat's, as status shows it (fleet.rules.titles)
         self.init = None  # the initializer each worker calls first, (callable, args)
+        self.seat_workers: list = []  # each seat's fleet.worker.process.Worker, made at boot, run by its forks
 
     def send(self, **msg) -> None:
         self.sock.sendall(json.dumps(msg).encode() + b"\n")
@@ -168,6 +169,16 @@ class Zygote:
         self.seat_names = [seat["name"] for seat in self.table.meta.get("seats", ())]
         self.table.load_kernels()  # once, here, for every fork to inherit
         self.data = DataSegment.attach(msg["name"])
+        # Each seat's Worker, made here before any fork rather than in each worker after
+        # its own: what it allocates (its rings, locks, books) would land in free blocks
+        # spread over pages still shared with this process, each write copying a page
+        # (~0.5 MiB of a worker's own memory). The zygote never runs them; each fork runs
+        # its copy, as pristine at a seat's re-fork as at its first.
+        from fleet.worker.process import Worker
+
+        self.seat_workers = [Worker(seat, self.table, self.data, self.roles, self.handlers,
+                                    max_tasks=self.setup.max_tasks, init=self.init)
+                             for seat in range(self.data.n_seats)]
         # Everything imported so far (numba, the handlers' modules) lives as long as the
         # process: out of the collector's sight, a worker's full collections walk only
         # what it made itself (and forked pages stay shared, untouched by the collector).
@@ -190,8 +201,10 @@ class Zygote:
                 child_setup(cpus, self.worker_nice, self._title(seat))
                 if os.getppid() != zygote:
                     os._exit(1)  # the zygote died before our death signal was armed: never an orphan
-                code = Worker(seat, self.table, self.data, self.roles, self.handlers,
-                              max_tasks=self.setup.max_tasks, init=self.init).run()
+                worker = self.seat_workers[seat] if seat < len(self.seat_workers) else Worker(
+                    seat, self.table, self.data, self.roles, self.handlers, max_tasks=self.setup.max_tasks,
+                    init=self.init)
+                code = worker.run()
             except BaseException:  # noqa: BLE001 - a crashing worker must still exit, never return here
                 logging.getLogger("fleet.worker.process").exception("worker for seat %d crashed", seat)
             finally:

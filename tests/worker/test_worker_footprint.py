@@ -1,0 +1,56 @@
+"""A worker's own memory (issue 49, item 3: a worker's USS no more than a
+ProcessPoolExecutor worker's). A worker is a fork of the zygote; a page becomes its own
+when it writes to it. So what a worker needs is made in the zygote before the fork:
+every module it imports (an import after the fork costs ~1 MiB: the import machinery's
+caches and objects written all over shared pages) and its seat's `Worker` itself
+(`fleet.worker.zygote.Zygote.boot`). Checked in real workers of a real Executor, from
+inside: an audit hook the main module installs (the zygote imports it before forking,
+so every worker inherits it) records each import with the pid that made it; and the
+Worker a fork runs is one the zygote froze out of the collector's sight at boot
+(`gc.freeze`), which an object made after the fork is not."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.daemons import REPO
+
+SCRIPT = """
+    import gc, json, os, sys
+    sys.path.insert(0, {repo!r})
+
+    IMPORTS = []  # (pid, module) of each import: the zygote's, then each worker's own copy
+
+    def _hook(event, args):
+        if event == "import":
+            IMPORTS.append((os.getpid(), args[0]))
+
+    sys.addaudithook(_hook)
+
+    def report(_=None):
+        from fleet.worker import inside
+
+        worker_made_before_freeze = not any(o is inside._CHILDREN for o in gc.get_objects())
+        return {{"imported_after_fork": sorted({{m for pid, m in IMPORTS if pid == os.getpid()}}),
+                 "worker_made_in_zygote": worker_made_before_freeze}}
+
+    if __name__ == "__main__":
+        import fleet
+
+        with fleet.Executor(max_workers=1) as ex:
+            list(ex.map(abs, range(50)))
+            list(ex.map(abs, range(50), chunksize=5))
+            ex.submit(pow, 2, 8).result()
+            print(json.dumps(ex.submit(report).result()))
+"""
+
+
+def test_a_workers_fork_imports_nothing_and_runs_the_worker_the_zygote_made(tmp_path):
+    script = tmp_path / "footprint.py"
+    script.write_text(textwrap.dedent(SCRIPT).format(repo=REPO))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"imported_after_fork": [],
+                                                               "worker_made_in_zygote": True}
