@@ -16,8 +16,9 @@ from tests.daemons import REPO
 from tests.fleets import unique_name
 
 #: What `import fleet.api.executor` may not load: numpy and numba, the runtime (the supervisor,
-#: boot, the config), shared memory (the table, the data plane), the role face and the service.
-HEAVY = ("numpy", "numba", "llvmlite", "fleet.runtime.", "fleet.shm.", "fleet.api.fleet", "fleet.service.")
+#: boot, the config), shared memory (the table, the data plane), the role face and the service;
+#: nor the email package (admission.errors parses an HTTP date with it, only when it must).
+HEAVY = ("numpy", "numba", "llvmlite", "fleet.runtime.", "fleet.shm.", "fleet.api.fleet", "fleet.service.", "email.")
 
 
 def run(script: str, cwd) -> dict:
