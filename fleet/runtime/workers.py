@@ -53,7 +53,9 @@ class Launched:
         wait for the zygote to finish its imports before it reads an exit."""
         self.link.kill()
         self.link.close()
-        self.spawner.shutdown(wait=False)
+        # Its thread is idle (the launch waited for the Popen): joined, it is gone when the
+        # boot's error goes up, not some moments later
+        self.spawner.shutdown(wait=True)
 
 
 def launch(name: str, place=None) -> Launched:
