@@ -279,6 +279,32 @@ class Zygote:
         self.data.zygote_news.bump()
         self.data.bell.ring()
 
+    def handle(self, msgs: list) -> int | None:
+        """Act on a batch of messages, in order; 0 once one asks this process to exit.
+        The forks of a batch are made first and reported after (`_tell_forked`)."""
+        forked = []
+        for msg in msgs:
+            if msg["op"] == "fork":
+                forked.append((msg["seat"], self.fork(msg["seat"], msg.get("cpus"))))
+                continue
+            self._tell_forked(forked)
+            if msg["op"] == "check":
+                self.check(msg, self.fds.pop(0) if self.fds else None)
+            elif msg["op"] == "exit":
+                return 0
+        self._tell_forked(forked)
+        return None
+
+    def _tell_forked(self, forked: list) -> None:
+        """Report the forks made (and empty `forked`), then ring once. A batch's forks come
+        first, their reports after: a page this process writes between two forks is copied
+        for it, and the original is left to the earlier worker alone, its own memory."""
+        if forked:
+            for seat, pid in forked:
+                self.send(op="forked", seat=seat, pid=pid)
+            forked.clear()
+            self.tell()
+
     def serve(self) -> int:
         rsig, wsig = os.pipe()
         os.set_blocking(wsig, False)
@@ -297,14 +323,8 @@ class Zygote:
                 msgs = self.read_messages()
                 if msgs is None:
                     return 0  # the supervisor is gone
-                for msg in msgs:
-                    if msg["op"] == "fork":
-                        self.send(op="forked", seat=msg["seat"], pid=self.fork(msg["seat"], msg.get("cpus")))
-                        self.tell()
-                    elif msg["op"] == "check":
-                        self.check(msg, self.fds.pop(0) if self.fds else None)
-                    elif msg["op"] == "exit":
-                        return 0
+                if self.handle(msgs) is not None:
+                    return 0
             self.reap()  # a SIGCHLD may have raced the registration
 
 

@@ -54,3 +54,24 @@ def test_a_workers_fork_imports_nothing_and_runs_the_worker_the_zygote_made(tmp_
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"imported_after_fork": [],
                                                                "worker_made_in_zygote": True}
+
+
+def test_the_zygote_makes_a_batchs_forks_first_and_reports_them_after():
+    """What the zygote writes between two forks (its reports, the bell) would be the earlier
+    worker's own memory: a batch's forks come first, in order, then their reports and one
+    ring; a message of another kind reports the forks before it first, and an exit ends."""
+    from fleet.worker.zygote import Zygote
+
+    events = []
+    z = Zygote(sock=None)
+    z.fork = lambda seat, cpus: events.append(("fork", seat)) or 100 + seat
+    z.send = lambda **msg: events.append((msg["op"], msg["seat"], msg["pid"]))
+    z.tell = lambda: events.append(("tell",))
+    z.check = lambda msg, fd: events.append(("check",))
+    fork = [{"op": "fork", "seat": seat, "cpus": [0]} for seat in range(3)]
+    assert z.handle([fork[0], fork[1], {"op": "check", "roles": []}, fork[2]]) is None
+    assert events == [("fork", 0), ("fork", 1), ("forked", 0, 100), ("forked", 1, 101), ("tell",), ("check",),
+                      ("fork", 2), ("forked", 2, 102), ("tell",)]
+    events.clear()
+    assert z.handle([fork[0], {"op": "exit"}, fork[1]]) == 0
+    assert events == [("fork", 0), ("forked", 0, 100), ("tell",)]
