@@ -210,7 +210,7 @@ def _rest(rig: Rig, config, roles, ledger, host, launched, place) -> None:
     workers.start_zygote(meanwhile=gc.collect if config.gc_freeze else None)
     for seat in placement.live:
         workers.set_cpus(seat, placement.cpus[seat])
-        workers.fork(seat)
+    workers.fork_many(placement.live)  # one batch: the zygote makes every fork before it reports
 
 
 def _placer(arrangement, host, name: str):

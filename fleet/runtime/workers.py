@@ -138,9 +138,18 @@ class Workers:
         self._cpus[seat] = tuple(cpus)
 
     def fork(self, seat: int) -> None:
-        self._pending_forks.setdefault(seat, time.monotonic())
-        self._asked[seat] = cpus = self.cpus_of(seat)
-        self.zygote.fork(seat, cpus)
+        self.fork_many((seat,))
+
+    def fork_many(self, seats) -> None:
+        """Ask for a worker for each of `seats`, in one message to the zygote (a batch it
+        forks before it reports: `ZygoteLink.fork_many`)."""
+        forks = []
+        for seat in seats:
+            self._pending_forks.setdefault(seat, time.monotonic())
+            self._asked[seat] = cpus = self.cpus_of(seat)
+            forks.append((seat, cpus))
+        if forks:
+            self.zygote.fork_many(forks)
 
     def fork_pending(self, seat: int) -> bool:
         """A fork was asked for `seat` and not yet reported."""

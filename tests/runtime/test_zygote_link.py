@@ -124,6 +124,30 @@ def test_what_boot_does_meanwhile_runs_once_the_boot_message_is_sent_and_before_
     assert seen == {"boot": "boot", "meanwhile_ran": True}
 
 
+def test_the_first_forks_go_to_the_zygote_in_one_write():
+    """Boot asks for its seats' workers in one write (`fork_many`), so the zygote reads them
+    as one batch and makes every fork before it reports any (fleet.worker.zygote.Zygote.handle)."""
+    class Writes:  # the link's socket, each write recorded
+        def __init__(self):
+            self.sent = []
+
+        def sendall(self, data):
+            self.sent.append(data)
+
+        def settimeout(self, _):
+            pass
+
+        def setblocking(self, _):
+            pass
+
+    writes = Writes()
+    ZygoteLink(None, writes).fork_many([(0, (0,)), (1, (1,)), (2, ())])
+    assert len(writes.sent) == 1
+    assert [json.loads(line) for line in writes.sent[0].splitlines()] == [
+        {"op": "fork", "seat": 0, "cpus": [0]}, {"op": "fork", "seat": 1, "cpus": [1]},
+        {"op": "fork", "seat": 2, "cpus": []}]
+
+
 # --- the zygote launched first (it loads the kernels while the supervisor loads its own) ----
 def test_a_boot_that_fails_after_launching_the_zygote_leaves_no_process_and_no_segment(fleet_name):
     """Boot launches the zygote before it creates the table: a table that cannot be made
