@@ -11,7 +11,6 @@ httpx2, requests) only when their modules are already imported, never importing 
 from __future__ import annotations
 
 import calendar
-import email.utils
 import json
 import math
 import re
@@ -234,6 +233,10 @@ def _duration(value) -> float | None:
 
 
 def _http_date(value) -> float | None:
+    # imported here: this module loads with `import fleet` (in every process of a fleet,
+    # the fork server's too), and email's package costs ~9 ms of each one's start
+    import email.utils
+
     try:
         parsed = email.utils.parsedate_tz(value) if value else None
         return None if parsed is None else float(email.utils.mktime_tz(parsed))

@@ -18,7 +18,6 @@ what differs, and why.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import logging
@@ -27,24 +26,20 @@ import os
 from concurrent.futures import Executor as _StdExecutor
 from concurrent.futures import Future
 from multiprocessing.context import BaseContext
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from fleet.api.fleet import Fleet
-from fleet.worker.mapping import length_of
-from fleet.worker.calls import NO_KWARGS, Calls
-from fleet.runtime.config import load_config
-from fleet.worker.prepare import WorkerSetup, check_not_importing_main
-from fleet.shm import parcels
-from fleet.shm.segments import reclaim_stale_of
-# The sweep judges a segment by its kind, which the module owning it registers on import:
-# the table's and the data plane's, loaded here before the first sweep.
-from fleet.shm import dataplane  # noqa: F401
-from fleet.shm.table import segment  # noqa: F401
-from fleet.rules.pace import Batches
-from fleet.rules.quota import detected_from
 from fleet.rules.ranges import config_range
 from fleet.rules.roles import Role
 from fleet.rules.unit import FleetClosed
+from fleet.worker.prepare import check_not_importing_main
+
+if TYPE_CHECKING:
+    from fleet.api.fleet import Fleet
+
+# This module stays light (no numpy, no runtime, no numba: tests/api/test_executor_start.py
+# pins it): `Executor()` launches the fork server first, and imports the runtime only then,
+# so that the fork server's start (its interpreter, numpy, the kernels) runs on the other
+# core while this process imports. Imported here, they would come one after the other.
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +122,28 @@ class Executor(_StdExecutor):
         check_not_importing_main("fleet.Executor")  # the workers import __main__: no executor made there
         _check_args(max_workers, mp_context, initializer, max_tasks_per_child)
         _check_rss(max_rss_mib)
+        from fleet.runtime import workers as workers_mod
+
+        name = f"{NAME_PREFIX}{os.getpid()}-{next(_names)}"
+        launched = workers_mod.launch(name)  # first: see the note at the top of this module
+        try:
+            self._boot(name, launched, max_workers, mp_context, initializer, initargs, max_tasks_per_child,
+                       oversubscribe, max_parcel_bytes, max_rss_mib)
+        except BaseException:
+            launched.stop()  # idempotent: one its boot already stopped stays stopped
+            raise
+
+    def _boot(self, name, launched, max_workers, mp_context, initializer, initargs, max_tasks_per_child,
+              oversubscribe, max_parcel_bytes, max_rss_mib) -> None:
+        import dataclasses
+
+        from fleet.api.fleet import Fleet
         from fleet.host.system import Host
+        from fleet.rules.quota import detected_from
+        from fleet.runtime.config import load_config
+        from fleet.shm import parcels
+        from fleet.shm.segments import reclaim_stale_of
+        from fleet.worker.prepare import WorkerSetup
 
         limit = Host().effective_cpus()
         cores = quota_cores(limit)
@@ -146,7 +162,7 @@ class Executor(_StdExecutor):
         if over:
             role["peak_cpus"] = workers  # forced pinned, oversubscribed: the plan says so (fleet.rules.plan)
         config = load_config({
-            "fleet": {"name": f"{NAME_PREFIX}{os.getpid()}-{next(_names)}", "profile": "pinned" if over else "auto"},
+            "fleet": {"name": name, "profile": "pinned" if over else "auto"},
             "budget": {"loop": "priority", "oversubscribe": over},  # over: the caller's own opt-in
             "roles": {ROLE: role},
             "limits": {} if max_parcel_bytes is None else {"max_parcel_bytes": max_parcel_bytes},
@@ -160,7 +176,7 @@ class Executor(_StdExecutor):
         self._max_tasks = max_tasks_per_child
         self._mp_context = mp_context
         self._shutdown = False
-        self._fleet = Fleet(dataclasses.replace(config, workers=setup, paced=True))
+        self._fleet = Fleet(dataclasses.replace(config, workers=setup, paced=True), _launched=launched)
         self._sup = self._fleet._sup
         self._role_code = self._sup.roles.code(ROLE)
 
@@ -202,6 +218,10 @@ class Executor(_StdExecutor):
     def _map(self, fn, iterables, timeout, chunksize, progress, ordered) -> Iterator:
         if self._shutdown:
             raise RuntimeError(AFTER_SHUTDOWN)
+        from fleet.rules.pace import Batches
+        from fleet.worker.calls import NO_KWARGS, Calls
+        from fleet.worker.mapping import length_of
+
         lengths = [length_of(i) for i in iterables] if progress else [None]
         total = None if None in lengths else min(lengths, default=0)
         star = len(iterables) != 1

@@ -34,18 +34,29 @@ class Fleet(Executor):
     """A running fleet embedded in this process. Build it with `from_config`."""
 
     def __init__(self, config: FleetConfig, *, on_fuse=abort_process, cpus=None, admission_clock=None,
-                 admission_rng=None, host=None):
+                 admission_rng=None, host=None, _launched=None):
         """`admission_clock`: the provider admission's clock (``wall()``, ``mono()``; e.g.
         ``admission.ScaledClock(600)`` replays a day in minutes, ``admission.ManualClock``
         is stepped by hand); `admission_rng`: its ``random.Random`` (Thompson sampling);
         `host`: the OS and clock the supervisor uses (`fleet.host.system.Host`; tests pass one
-        with a fake clock)."""
-        from fleet.runtime.loop import Supervisor
-
+        with a fake clock). `_launched`: the zygote `fleet.Executor` launched first thing."""
         check_not_importing_main("fleet.Fleet")  # the workers import __main__: no fleet made there
-        self.config = config
-        self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus, admission_clock=admission_clock,
-                               admission_rng=admission_rng, host=host, exporter=start_exporter).start()
+        if _launched is None:
+            from fleet.runtime import workers
+
+            # The zygote first: its interpreter and imports start now, on the other core,
+            # while this process imports the supervisor's runtime (docs/executor.md)
+            _launched = workers.launch(config.name)
+        try:
+            from fleet.runtime.loop import Supervisor
+
+            self.config = config
+            self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus,
+                                   admission_clock=admission_clock, admission_rng=admission_rng, host=host,
+                                   exporter=start_exporter, launched=_launched).start()
+        except BaseException:
+            _launched.stop()  # idempotent: one the boot already stopped stays stopped
+            raise
         #: The operator ops, each a command on the fleet's loop: the façade fleetd's control
         #: ops run against (`fleet.service.control.ops.Operations`; ``drain``, ``cancel`` and
         #: the rest). Some are this class's own methods too (made from their ops: ``status``,

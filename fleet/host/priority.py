@@ -116,11 +116,20 @@ def oom_score_adj_after(current: int, by: int = WORKER_OOM_SCORE_ADJ) -> int:
 def raise_oom_score(path: str = "/proc/self/oom_score_adj", by: int = WORKER_OOM_SCORE_ADJ) -> int | None:
     """Raise this process's oom_score_adj by `by`; the new value, or None when it cannot be
     read or written (logged; the worker runs on at the old one)."""
+    # os.open/read/write, not open(): it runs in each worker just after its fork, and the
+    # io stack's objects (a buffered text file, its decoder) would write to ~0.2 MiB of
+    # pages still shared with the fork server, each copied into the worker's own memory
     try:
-        with open(path) as f:
-            value = oom_score_adj_after(int(f.read().strip()), by)
-        with open(path, "w") as f:
-            f.write(str(value))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            value = oom_score_adj_after(int(os.read(fd, 32).strip()), by)
+        finally:
+            os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # as open(path, "w") does
+        try:
+            os.write(fd, str(value).encode())
+        finally:
+            os.close(fd)
         return value
     except (OSError, ValueError) as exc:
         log.warning("cannot raise oom_score_adj: %s", exc)

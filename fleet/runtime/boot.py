@@ -105,10 +105,25 @@ class Rig:
 
 
 def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket_path=None, readers_group=None,
-         started_ns: int, admission_args: dict) -> Rig:
+         started_ns: int, admission_args: dict, launched: workers_mod.Launched | None = None) -> Rig:
     """The plan and the table, the posture, the provider gate, the publisher, the data
     plane and the zygote; the first forks asked for (`fork_seats`, then `await_forks`).
-    On a failure past the table, what was built is torn down before the error goes up."""
+    `launched`: the zygote the face launched first thing (`workers.launch`), before it
+    imported this runtime, so that its start overlapped those imports; None: launched
+    here. On any failure here, it and what was built are stopped before the error goes up."""
+    zygote = [launched]  # the one to stop on a failure, once there is one
+    try:
+        return _plan(config, host, name=name, mode=mode, roles=roles, ledger=ledger, cpus=cpus,
+                     socket_path=socket_path, readers_group=readers_group, started_ns=started_ns,
+                     admission_args=admission_args, zygote=zygote)
+    except BaseException:
+        if zygote[0] is not None:
+            zygote[0].stop()  # idempotent: a zygote the rig already stopped stays stopped
+        raise
+
+
+def _plan(config, host, *, name: str, mode: str, roles, ledger, cpus, socket_path, readers_group,
+          started_ns: int, admission_args: dict, zygote: list) -> Rig:
     cpus = cpus or host.affinity()
     projection = quota_mod.project(config, host.effective_cpus(), cpus)
     priority = priority_mod.this_process(config.dispatch_priority)
@@ -139,13 +154,14 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
                             and memory_pressure.own else None}
     log.info("fleet %s: %s", name, oom.describe())
     # The zygote first: it starts (its interpreter, numpy, fleet's modules, the kernels)
-    # while this process makes the table, at once rather than in turn.
-    launched = workers_mod.launch(name, place=place)
-    try:
-        table = SlotTable.create(name, roles, len(projection.layout.slots), meta=meta, readers_group=readers_group)
-    except BaseException:
-        launched.stop()
-        raise
+    # while this process makes the table, at once rather than in turn. One launched by
+    # the face before it imported the runtime is placed now, before it forks anything.
+    launched = zygote[0]
+    if launched is None:
+        launched = zygote[0] = workers_mod.launch(name, place=place)
+    elif place is not None:
+        place(launched.link.pid)
+    table = SlotTable.create(name, roles, len(projection.layout.slots), meta=meta, readers_group=readers_group)
     rig = Rig(name, projection, priority, dispatcher, owner, sampler, table, tuple(cpus), oom=oom)
     rig.table.set_quota_epoch(0, projection.quota.detected)
     # The name is ours now: parcels a killed supervisor of it left (and its workers) go
@@ -165,9 +181,7 @@ def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket
                                      holds_slot=lambda unit_id: slot_of(unit_id) is not None, **admission_args)
         _rest(rig, config, roles, ledger, host, launched, place)
     except BaseException:
-        if rig.workers is None:
-            launched.stop()  # never handed to the workers
-        rig.teardown(_NoGates(), ledger, kill=True)
+        rig.teardown(_NoGates(), ledger, kill=True)  # the zygote too, once handed to the workers
         raise
     return rig
 
@@ -192,10 +206,11 @@ def _rest(rig: Rig, config, roles, ledger, host, launched, place) -> None:
     rig.workers = workers = Workers(rig.name, config, roles, layout, rig.priority, host, table,
                                     rig.dispatcher.slots_of_seat, rig.data.bell.ring, place=place)
     workers.adopt(launched)
-    workers.start_zygote()
+    # This process's full collection (`settle`) runs while the zygote boots, not after
+    workers.start_zygote(meanwhile=gc.collect if config.gc_freeze else None)
     for seat in placement.live:
         workers.set_cpus(seat, placement.cpus[seat])
-        workers.fork(seat)
+    workers.fork_many(placement.live)  # one batch: the zygote makes every fork before it reports
 
 
 def _placer(arrangement, host, name: str):
@@ -251,9 +266,12 @@ def gates(rig: Rig, config, roles, wake) -> list:
 def settle(config) -> None:
     """The last step of a boot: with `gc_freeze`, the objects alive then (the modules
     imported, and numba's compiler state, ~100k objects, when the kernels were not built
-    at install) go out of the collector's sight, so full collections stop stalling the loop."""
+    at install) go out of the collector's sight, so full collections stop stalling the loop.
+    The full collection before it ran while the zygote booted (`_rest`: 10-40 ms off the
+    way to the first result); what boot made since is young, and a collection of the
+    young generations takes it."""
     if config.gc_freeze:
-        gc.collect()
+        gc.collect(1)
         gc.freeze()
 
 

@@ -114,7 +114,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, field
 
 from fleet.rules.budget import BudgetOverrides
@@ -693,6 +692,8 @@ def _read_source(source):
     if isinstance(source, dict):
         _check_depth(source, "<dict>")  # before the copy: a dict that holds itself nests forever
         return _deep_copy(source), "<dict>"
+    import tomllib  # a file's only: a dict's config (fleet.Executor's) starts without its parser
+
     path = os.fspath(source)
     text = _read_text(path)
     try:

@@ -107,7 +107,9 @@ class Supervisor:
 
     def __init__(self, config: FleetConfig, *, mode: str = "embedded", on_fuse=abort_process, cpus=None,
                  socket_path: str | None = None, readers_group: int | str | None = None, admission_clock=None,
-                 admission_rng=None, closure_file=None, host: Host | None = None, exporter=None):
+                 admission_rng=None, closure_file=None, host: Host | None = None, exporter=None, launched=None):
+        """`launched`: the fleet's zygote, launched by the face before it imported the
+        runtime (`fleet.runtime.workers.launch`); None: boot launches it."""
         self.config = config
         self.host = host if host is not None else Host()
         self.name = config.name
@@ -125,6 +127,7 @@ class Supervisor:
             self._submitter.submit_pickled)
         self._cpus = cpus  # the quota to plan with, when given (fleet.Fleet's cpus=)
         self._boot_args = {"cpus": cpus, "socket_path": socket_path, "readers_group": readers_group,
+                           "launched": launched,
                            "admission_args": {"clock": admission_clock, "rng": admission_rng,
                                               "closure_file": config.admission.closure_file or closure_file}}
         # ``exporter(host=, port=, provider=)``: the Prometheus exporter [metrics] starts,

@@ -49,9 +49,14 @@ class Launched:
     link: ZygoteLink
 
     def stop(self) -> None:
-        """The boot failed before the zygote was booted: stop it and its thread."""
-        self.link.exit(timeout=0.5)
-        self.spawner.shutdown(wait=False)
+        """The boot failed: stop the zygote and its thread. Idempotent. One not yet booted
+        holds nothing (no segment, no child): SIGKILL is all its teardown, and it does not
+        wait for the zygote to finish its imports before it reads an exit."""
+        self.link.kill()
+        self.link.close()
+        # Its thread is idle (the launch waited for the Popen): joined, it is gone when the
+        # boot's error goes up, not some moments later
+        self.spawner.shutdown(wait=True)
 
 
 def launch(name: str, place=None) -> Launched:
@@ -95,13 +100,16 @@ class Workers:
         """Boot's zygote, launched before this object existed (`launch`): `start_zygote` boots it."""
         self._spawner, self._launched = launched.spawner, launched.link
 
-    def start_zygote(self) -> None:
+    def start_zygote(self, meanwhile=None) -> None:
+        """Boot the zygote boot launched (`adopt`), or start a new one. `meanwhile()`: work
+        of this process's to do while the launched one boots (`ZygoteLink.boot`)."""
         if self._spawner is None:
             self._spawner = spawner_for(self.name)
         launched, self._launched = self._launched, None
         if launched is not None:
             launched.answer_s = self.answer_s
-            launched.boot(self.name, self.roles, worker_nice=self.priority.worker_nice, workers=worker_setup(self.config))
+            launched.boot(self.name, self.roles, worker_nice=self.priority.worker_nice, workers=worker_setup(self.config),
+                          meanwhile=meanwhile)
             self.zygote = launched
             return
         self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice,
@@ -131,9 +139,18 @@ class Workers:
         self._cpus[seat] = tuple(cpus)
 
     def fork(self, seat: int) -> None:
-        self._pending_forks.setdefault(seat, time.monotonic())
-        self._asked[seat] = cpus = self.cpus_of(seat)
-        self.zygote.fork(seat, cpus)
+        self.fork_many((seat,))
+
+    def fork_many(self, seats) -> None:
+        """Ask for a worker for each of `seats`, in one message to the zygote (a batch it
+        forks before it reports: `ZygoteLink.fork_many`)."""
+        forks = []
+        for seat in seats:
+            self._pending_forks.setdefault(seat, time.monotonic())
+            self._asked[seat] = cpus = self.cpus_of(seat)
+            forks.append((seat, cpus))
+        if forks:
+            self.zygote.fork_many(forks)
 
     def fork_pending(self, seat: int) -> bool:
         """A fork was asked for `seat` and not yet reported."""

@@ -112,15 +112,16 @@ class ZygoteLink:
             place(proc.pid)
         return cls(proc, ours, answer_s)
 
-    def boot(self, name: str, roles, worker_nice: int | None = None, workers=None) -> None:
-        """Boot a launched zygote with `roles` (see `start`); on any failure it is stopped."""
+    def boot(self, name: str, roles, worker_nice: int | None = None, workers=None, meanwhile=None) -> None:
+        """Boot a launched zygote with `roles` (see `start`); on any failure it is stopped.
+        `meanwhile()`, when given, runs once the boot message is sent, while the zygote boots."""
         try:
-            self._boot(name, roles, worker_nice, workers)
+            self._boot(name, roles, worker_nice, workers, meanwhile)
         except BaseException:
             self.exit(timeout=0.5)
             raise
 
-    def _boot(self, name: str, roles, worker_nice: int | None, workers=None) -> None:
+    def _boot(self, name: str, roles, worker_nice: int | None, workers=None, meanwhile=None) -> None:
         boot = {
             "op": "boot",
             "name": name,
@@ -131,6 +132,8 @@ class ZygoteLink:
             "workers": None if workers is None else workers.to_boot(),
         }
         self._sock.sendall(json.dumps(boot).encode() + b"\n")
+        if meanwhile is not None:
+            meanwhile()
         reply = self._reply(time.monotonic() + BOOT_TIMEOUT_S)
         if reply.get("op") == "error":
             if reply.get("path"):
@@ -164,12 +167,19 @@ class ZygoteLink:
     # --- running -----------------------------------------------------------------------
     def fork(self, seat: int, cpus) -> None:
         """Ask for a worker for `seat`, pinned to `cpus` (answered by a `Forked` event)."""
+        self.fork_many([(seat, cpus)])
+
+    def fork_many(self, forks) -> None:
+        """Ask for a worker for each ``(seat, cpus)`` of `forks`, in one write: the zygote
+        reads them as one batch, and makes a batch's forks before it reports any
+        (`fleet.worker.zygote.Zygote.handle`: its own writes between two forks would be
+        the earlier worker's own memory)."""
         try:
-            self._send({"op": "fork", "seat": seat, "cpus": list(cpus)})
+            self._send(*({"op": "fork", "seat": seat, "cpus": list(cpus)} for seat, cpus in forks))
         except OSError as exc:
             # The zygote is gone (its end of the socket closed under us). The next read
-            # says so, and the supervisor forks every seat again, this one included.
-            log.warning("cannot ask the worker fork server for seat %d: %s", seat, exc)
+            # says so, and the supervisor forks every seat again, these ones included.
+            log.warning("cannot ask the worker fork server for seat(s) %s: %s", [seat for seat, _ in forks], exc)
 
     def read(self, block_until: float | None = None) -> list | None:
         """The events received so far; None when the zygote is gone.
@@ -240,17 +250,21 @@ class ZygoteLink:
             self.kill()
         self._sock.close()
 
+    def close(self) -> None:
+        """Close this end of the link (the zygote is gone: `exit`, `kill`)."""
+        self._sock.close()
+
     def kill(self) -> None:
         """SIGKILL the zygote (stopped or not) and reap it; its workers die with it."""
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
 
-    def _send(self, msg: dict) -> None:
-        """Send `msg`, waiting at most `answer_s` for room (OSError past that)."""
+    def _send(self, *msgs: dict) -> None:
+        """Send `msgs` in one write, waiting at most `answer_s` for room (OSError past that)."""
         self._sock.settimeout(self.answer_s)
         try:
-            self._sock.sendall(json.dumps(msg).encode() + b"\n")
+            self._sock.sendall(b"".join(json.dumps(msg).encode() + b"\n" for msg in msgs))
         finally:
             self._sock.setblocking(False)
 

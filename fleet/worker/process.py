@@ -35,7 +35,7 @@ parent's, Running; it reports STARTED first, the evidence a seat death reads.
 """
 from __future__ import annotations
 
-import asyncio
+import _signal
 import collections
 import inspect
 import logging
@@ -45,6 +45,7 @@ import signal
 import threading
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from fleet.host import seat_cpus
 from fleet.rules import contention, cordon, fsm
@@ -55,14 +56,22 @@ from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecErro
 from fleet.shm.parcels import Lender, ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
-from fleet.worker.io.runner import IoRunner
-from fleet.worker.io.selector import new_event_loop
 from fleet.rules.outcomes import Refused
 from fleet.shm.table.layout import FLAG_CLOSING
 from fleet.rules.unit import RUNNING, Suppress, Unit, _Running
 from fleet.worker import calls, inside, strays
 from fleet.rules.errors import EXIT_INIT_FAILED, EXIT_OK, EXIT_RECYCLED, EXIT_RETIRED
 from fleet.worker.prepare import run_initializer
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from fleet.worker.io.runner import IoRunner
+
+#: What a seat with I/O slots runs (asyncio, its loop, the runner): imported by the zygote
+#: before its forks only when a role is I/O-bound (`fleet.worker.zygote.preload_io`), so a
+#: fleet of CPU-bound roles (the Executor's) starts without asyncio.
+IO_MODULES = ("asyncio", "fleet.worker.io.runner", "fleet.worker.io.selector")
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +292,11 @@ class Worker:
 
     # --- a seat with I/O slots: everything on one event loop ----------------------------
     def _run_io_seat(self) -> int:
+        import asyncio
+
+        from fleet.worker.io.runner import IoRunner
+        from fleet.worker.io.selector import new_event_loop
+
         self.loop = loop = new_event_loop()  # timers to the nanosecond (fleet.worker.io.selector)
         asyncio.set_event_loop(loop)
         self.io = IoRunner(self._io_slots, loop, self._unit_done)
@@ -745,10 +759,13 @@ def child_setup(cpus, nice: int | None = None, title=None) -> None:
         from fleet.host.proctitle import name_process
 
         name_process(title)  # ps, top and the journal tell this seat's worker from the rest
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when work stops
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.set_wakeup_fd(-1)
+    # _signal's own calls, not signal.signal: its wrapper makes an enum of the handler it
+    # returns, and the enum machinery's objects would write to ~0.1 MiB of pages still
+    # shared with the fork server (each copied into this worker's own memory)
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # the supervisor decides when work stops
+    _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+    _signal.set_wakeup_fd(-1)
     if cpus:
         try:
             os.sched_setaffinity(0, cpus)

@@ -121,6 +121,7 @@ class Zygote:
         self.name = ""  # the fleet's
         self.seat_names: list[str] = []  # each seat's, as status shows it (fleet.rules.titles)
         self.init = None  # the initializer each worker calls first, (callable, args)
+        self.seat_workers: list = []  # each seat's fleet.worker.process.Worker, made at boot, run by its forks
 
     def send(self, **msg) -> None:
         self.sock.sendall(json.dumps(msg).encode() + b"\n")
@@ -163,15 +164,27 @@ class Zygote:
         self.init = prepare_zygote(self.setup)  # the main module first: handlers and pickles may name it
         self.roles = RoleSet(tuple(Role(**r) for r in msg["roles"]))
         self.handlers = resolve_handlers(self.roles)
+        preload_io(self.roles)
         self.table = SlotTable.attach(msg["name"])
         self.seat_names = [seat["name"] for seat in self.table.meta.get("seats", ())]
         self.table.load_kernels()  # once, here, for every fork to inherit
         self.data = DataSegment.attach(msg["name"])
+        # Each seat's Worker, made here before any fork rather than in each worker after
+        # its own: what it allocates (its rings, locks, books) would land in free blocks
+        # spread over pages still shared with this process, each write copying a page
+        # (~0.5 MiB of a worker's own memory). The zygote never runs them; each fork runs
+        # its copy, as pristine at a seat's re-fork as at its first.
+        from fleet.worker.process import Worker
+
+        self.seat_workers = [Worker(seat, self.table, self.data, self.roles, self.handlers,
+                                    max_tasks=self.setup.max_tasks, init=self.init)
+                             for seat in range(self.data.n_seats)]
         # Everything imported so far (numba, the handlers' modules) lives as long as the
         # process: out of the collector's sight, a worker's full collections walk only
         # what it made itself (and forked pages stay shared, untouched by the collector).
-        gc.collect()
-        gc.freeze()
+        # `settle` did it once for the preloads, before the boot message: this one walks
+        # only what boot made since.
+        settle()
 
     def fork(self, seat: int, cpus) -> int:
         zygote = os.getpid()
@@ -188,8 +201,10 @@ class Zygote:
                 child_setup(cpus, self.worker_nice, self._title(seat))
                 if os.getppid() != zygote:
                     os._exit(1)  # the zygote died before our death signal was armed: never an orphan
-                code = Worker(seat, self.table, self.data, self.roles, self.handlers,
-                              max_tasks=self.setup.max_tasks, init=self.init).run()
+                worker = self.seat_workers[seat] if seat < len(self.seat_workers) else Worker(
+                    seat, self.table, self.data, self.roles, self.handlers, max_tasks=self.setup.max_tasks,
+                    init=self.init)
+                code = worker.run()
             except BaseException:  # noqa: BLE001 - a crashing worker must still exit, never return here
                 logging.getLogger("fleet.worker.process").exception("worker for seat %d crashed", seat)
             finally:
@@ -264,6 +279,32 @@ class Zygote:
         self.data.zygote_news.bump()
         self.data.bell.ring()
 
+    def handle(self, msgs: list) -> int | None:
+        """Act on a batch of messages, in order; 0 once one asks this process to exit.
+        The forks of a batch are made first and reported after (`_tell_forked`)."""
+        forked = []
+        for msg in msgs:
+            if msg["op"] == "fork":
+                forked.append((msg["seat"], self.fork(msg["seat"], msg.get("cpus"))))
+                continue
+            self._tell_forked(forked)
+            if msg["op"] == "check":
+                self.check(msg, self.fds.pop(0) if self.fds else None)
+            elif msg["op"] == "exit":
+                return 0
+        self._tell_forked(forked)
+        return None
+
+    def _tell_forked(self, forked: list) -> None:
+        """Report the forks made (and empty `forked`), then ring once. A batch's forks come
+        first, their reports after: a page this process writes between two forks is copied
+        for it, and the original is left to the earlier worker alone, its own memory."""
+        if forked:
+            for seat, pid in forked:
+                self.send(op="forked", seat=seat, pid=pid)
+            forked.clear()
+            self.tell()
+
     def serve(self) -> int:
         rsig, wsig = os.pipe()
         os.set_blocking(wsig, False)
@@ -282,14 +323,8 @@ class Zygote:
                 msgs = self.read_messages()
                 if msgs is None:
                     return 0  # the supervisor is gone
-                for msg in msgs:
-                    if msg["op"] == "fork":
-                        self.send(op="forked", seat=msg["seat"], pid=self.fork(msg["seat"], msg.get("cpus")))
-                        self.tell()
-                    elif msg["op"] == "check":
-                        self.check(msg, self.fds.pop(0) if self.fds else None)
-                    elif msg["op"] == "exit":
-                        return 0
+                if self.handle(msgs) is not None:
+                    return 0
             self.reap()  # a SIGCHLD may have raced the registration
 
 
@@ -313,10 +348,34 @@ def preload_kernels() -> None:
 
 
 def preload_worker() -> None:
-    """Import what a worker runs (fleet.worker.process: its loop, asyncio and ssl for
-    I/O-bound roles) here, once, before any fork: imported after the fork, each worker
-    would hold its own copy of those modules' objects (~7 MiB of USS a worker)."""
+    """Import what a worker runs (fleet.worker.process: its loop; what its set-up after
+    the fork calls: fleet.host.priority; `preload_io` adds asyncio for I/O-bound roles) here,
+    once, before any fork: imported after the fork, each worker would hold its own copy
+    of those modules' objects (~7 MiB of USS a worker), and even one small module
+    imported there costs ~1 MiB (the import machinery's own objects and caches it
+    writes, pages shared with the zygote until then)."""
+    import fleet.host.priority  # noqa: F401 - child_setup's; imported for every fork to inherit
     import fleet.worker.process  # noqa: F401 - imported for every fork to inherit
+
+
+def preload_io(roles) -> None:
+    """What a seat with I/O slots runs (asyncio, its event loop, the I/O runner:
+    `fleet.worker.process.IO_MODULES`), imported before any fork when a role is I/O-bound,
+    for the reason `preload_worker` gives. Not for the others: asyncio is ~25 ms of
+    the zygote's start, and the Executor's roles are CPU-bound."""
+    if any(role.io_bound for role in roles):
+        from fleet.worker.process import IO_MODULES
+
+        for name in IO_MODULES:
+            importlib.import_module(name)
+
+
+def settle() -> None:
+    """Collect, then put what is alive out of the collector's sight (`gc.freeze`): at the
+    preloads' end, while the zygote waits for its boot message, and again at boot's end,
+    where the collection then walks only what boot made (a few ms, not ~20)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _flush_std() -> None:
@@ -342,6 +401,7 @@ def main(argv=None) -> int:
     zygote = Zygote(sock)
     preload_kernels()  # while the supervisor loads its own: its boot message comes after
     preload_worker()
+    settle()
     boot = zygote.read_one()
     if boot.get("op") != "boot":
         return 0  # launched, then stopped before its boot (the supervisor's boot failed)

@@ -99,6 +99,55 @@ def test_a_zygote_running_another_copy_of_fleet_is_refused_at_boot(reply, says):
 
 
 
+def test_what_boot_does_meanwhile_runs_once_the_boot_message_is_sent_and_before_the_reply_is_read():
+    """The supervisor's full collection runs while the zygote boots (`boot._rest`), not
+    after: `meanwhile` comes after the send (the zygote has its message) and before the
+    reply is awaited (here the zygote waits for it before it answers)."""
+    ours, theirs = socket.socketpair()
+    ran = threading.Event()
+    seen = {}
+
+    def zygote_side():
+        with theirs, theirs.makefile("rb") as lines:
+            seen["boot"] = json.loads(lines.readline())["op"]
+            seen["meanwhile_ran"] = ran.wait(10)  # before the reply: the link waits for it only after
+            theirs.sendall(json.dumps({"op": "ready", "pid": 1, "fleet": FLEET_ROOT}).encode() + b"\n")
+
+    peer = threading.Thread(target=zygote_side)
+    peer.start()
+    link = ZygoteLink(None, ours)
+    try:
+        link._boot("x", [], None, meanwhile=ran.set)
+    finally:
+        ours.close()
+        peer.join(10)
+    assert seen == {"boot": "boot", "meanwhile_ran": True}
+
+
+def test_the_first_forks_go_to_the_zygote_in_one_write():
+    """Boot asks for its seats' workers in one write (`fork_many`), so the zygote reads them
+    as one batch and makes every fork before it reports any (fleet.worker.zygote.Zygote.handle)."""
+    class Writes:  # the link's socket, each write recorded
+        def __init__(self):
+            self.sent = []
+
+        def sendall(self, data):
+            self.sent.append(data)
+
+        def settimeout(self, _):
+            pass
+
+        def setblocking(self, _):
+            pass
+
+    writes = Writes()
+    ZygoteLink(None, writes).fork_many([(0, (0,)), (1, (1,)), (2, ())])
+    assert len(writes.sent) == 1
+    assert [json.loads(line) for line in writes.sent[0].splitlines()] == [
+        {"op": "fork", "seat": 0, "cpus": [0]}, {"op": "fork", "seat": 1, "cpus": [1]},
+        {"op": "fork", "seat": 2, "cpus": []}]
+
+
 # --- the zygote launched first (it loads the kernels while the supervisor loads its own) ----
 def test_a_boot_that_fails_after_launching_the_zygote_leaves_no_process_and_no_segment(fleet_name):
     """Boot launches the zygote before it creates the table: a table that cannot be made
@@ -196,26 +245,36 @@ def test_a_fork_server_that_cannot_be_placed_is_said_and_boot_goes_on(caplog):
 
 def test_a_zygote_preloads_the_built_kernels_and_the_worker_without_numba(fleet_name):
     """With the kernels built at install, the zygote's preload is their module and the
-    worker's own (fleet.worker.process, asyncio), so a fork imports none of them; the
-    table attached at boot takes that same module, and numba is never imported."""
+    worker's own (fleet.worker.process, and fleet.host.priority, which its set-up after
+    the fork calls), so a fork imports none of them; the table attached at boot takes
+    that same module, and numba is never imported. asyncio comes only with an I/O-bound
+    role (`preload_io`): the Executor's zygote starts without it."""
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import json, sys
-        from fleet.worker.zygote import preload_kernels, preload_worker
+        from fleet.worker.zygote import preload_io, preload_kernels, preload_worker
         from fleet.shm.table import kernel_load
         from fleet.rules.roles import Role, RoleSet
         from fleet.shm.table import SlotTable
 
         preload_kernels()
         preload_worker()
-        preloaded = [m for m in ("fleet.shm.table._kernels", "fleet.worker.process", "asyncio") if m in sys.modules]
-        table = SlotTable.create({fleet_name!r}, RoleSet((Role("w", kind="pooled", handler="m:f", slots=1),)), 1)
+        preloaded = [m for m in ("fleet.shm.table._kernels", "fleet.worker.process", "fleet.host.priority",
+                                 "asyncio") if m in sys.modules]
+        roles = RoleSet((Role("w", kind="pooled", handler="m:f", slots=1),))
+        preload_io(roles)
+        io = ["asyncio" in sys.modules]
+        preload_io(RoleSet((Role("w", kind="pooled", handler="m:f", slots=1),
+                            Role("i", kind="pooled", handler="m:f", slots=1, io_bound=True))))
+        io.append(all(m in sys.modules for m in ("asyncio", "fleet.worker.io.runner", "fleet.worker.io.selector")))
+        table = SlotTable.create({fleet_name!r}, roles, 1)
         try:
             table.load_kernels()
-            print(json.dumps([preloaded, table._k is kernel_load.load(), "numba" in sys.modules]))
+            print(json.dumps([preloaded, io, table._k is kernel_load.load(), "numba" in sys.modules]))
         finally:
             table.unlink()
             table.close()
     """)], capture_output=True, text=True, timeout=300,
         env={k: v for k, v in os.environ.items() if k != "FLEET_KERNELS"})
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [["fleet.shm.table._kernels", "fleet.worker.process", "asyncio"], True, False]
+    assert json.loads(out.stdout) == [["fleet.shm.table._kernels", "fleet.worker.process", "fleet.host.priority"],
+                                      [False, True], True, False]

@@ -1,0 +1,77 @@
+"""A worker's own memory (issue 49, item 3: a worker's USS no more than a
+ProcessPoolExecutor worker's). A worker is a fork of the zygote; a page becomes its own
+when it writes to it. So what a worker needs is made in the zygote before the fork:
+every module it imports (an import after the fork costs ~1 MiB: the import machinery's
+caches and objects written all over shared pages) and its seat's `Worker` itself
+(`fleet.worker.zygote.Zygote.boot`). Checked in real workers of a real Executor, from
+inside: an audit hook the main module installs (the zygote imports it before forking,
+so every worker inherits it) records each import with the pid that made it; and the
+Worker a fork runs is one the zygote froze out of the collector's sight at boot
+(`gc.freeze`), which an object made after the fork is not."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.daemons import REPO
+
+SCRIPT = """
+    import gc, json, os, sys
+    sys.path.insert(0, {repo!r})
+
+    IMPORTS = []  # (pid, module) of each import: the zygote's, then each worker's own copy
+
+    def _hook(event, args):
+        if event == "import":
+            IMPORTS.append((os.getpid(), args[0]))
+
+    sys.addaudithook(_hook)
+
+    def report(_=None):
+        from fleet.worker import inside
+
+        worker_made_before_freeze = not any(o is inside._CHILDREN for o in gc.get_objects())
+        return {{"imported_after_fork": sorted({{m for pid, m in IMPORTS if pid == os.getpid()}}),
+                 "worker_made_in_zygote": worker_made_before_freeze}}
+
+    if __name__ == "__main__":
+        import fleet
+
+        with fleet.Executor(max_workers=1) as ex:
+            list(ex.map(abs, range(50)))
+            list(ex.map(abs, range(50), chunksize=5))
+            ex.submit(pow, 2, 8).result()
+            print(json.dumps(ex.submit(report).result()))
+"""
+
+
+def test_a_workers_fork_imports_nothing_and_runs_the_worker_the_zygote_made(tmp_path):
+    script = tmp_path / "footprint.py"
+    script.write_text(textwrap.dedent(SCRIPT).format(repo=REPO))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"imported_after_fork": [],
+                                                               "worker_made_in_zygote": True}
+
+
+def test_the_zygote_makes_a_batchs_forks_first_and_reports_them_after():
+    """What the zygote writes between two forks (its reports, the bell) would be the earlier
+    worker's own memory: a batch's forks come first, in order, then their reports and one
+    ring; a message of another kind reports the forks before it first, and an exit ends."""
+    from fleet.worker.zygote import Zygote
+
+    events = []
+    z = Zygote(sock=None)
+    z.fork = lambda seat, cpus: events.append(("fork", seat)) or 100 + seat
+    z.send = lambda **msg: events.append((msg["op"], msg["seat"], msg["pid"]))
+    z.tell = lambda: events.append(("tell",))
+    z.check = lambda msg, fd: events.append(("check",))
+    fork = [{"op": "fork", "seat": seat, "cpus": [0]} for seat in range(3)]
+    assert z.handle([fork[0], fork[1], {"op": "check", "roles": []}, fork[2]]) is None
+    assert events == [("fork", 0), ("fork", 1), ("forked", 0, 100), ("forked", 1, 101), ("tell",), ("check",),
+                      ("fork", 2), ("forked", 2, 102), ("tell",)]
+    events.clear()
+    assert z.handle([fork[0], {"op": "exit"}, fork[1]]) == 0
+    assert events == [("fork", 0), ("forked", 0, 100), ("tell",)]
