@@ -76,8 +76,7 @@ class Pace:
     def ran(self, code: int, seconds: float) -> int | None:
         if self._caps[code] <= 0 or not seconds >= 0:  # nothing to pace; NaN or a negative: no measure
             return None
-        last = self._run_s[code]
-        run_s = seconds if last is None else last + SMOOTHING * (seconds - last)
+        run_s = _smoothed(self._run_s[code], seconds)
         self._run_s[code] = run_s
         depth = depth_for(run_s, self._caps[code], self._round_trip_s)
         if depth == self.depths[code]:
@@ -94,7 +93,7 @@ class Pace:
         run_s = self._run_s[code]
         for s in seconds:
             if s >= 0:  # NaN or a negative: no measure
-                run_s = s if run_s is None else run_s + SMOOTHING * (s - run_s)
+                run_s = _smoothed(run_s, s)
         if run_s is None:
             return None
         self._run_s[code] = run_s
@@ -166,3 +165,9 @@ class Batches:
     def size(self) -> int:
         self._last = batch_for(self._item_s, self._last, self._target_s, self._most)
         return self._last
+
+
+def _smoothed(last: float | None, seconds: float) -> float:
+    """A role's run time after one more measure (`seconds`): the first measure as it is,
+    then an exponential moving average (SMOOTHING)."""
+    return seconds if last is None else last + SMOOTHING * (seconds - last)

@@ -16,11 +16,10 @@ import sys
 import threading
 from types import SimpleNamespace
 
-import pytest
-
 from fleet.rules import contention as rule
 from fleet.rules.seats import Seat
 from fleet.runtime.contention import ContentionWatch
+from tests import require
 from tests.daemons import BOUND_S, wait_until
 from tests.fleets import running
 
@@ -99,7 +98,7 @@ def _cpus() -> list[int]:
 def _the_busy_seat(f):
     """(seat, its pid, its CPU) of the seat on the last CPU this process may use."""
     if len(_cpus()) < 2:
-        pytest.skip("two CPUs needed: one taken by the busy processes, one free")
+        require.lacking("two CPUs needed: one taken by the busy processes, one free")
     seats = f.layout.seats
     assert [s.cpus for s in seats] == [(c,) for c in _cpus()][: len(seats)] and len(seats) >= 2
     cpu = seats[-1].cpus[0]
