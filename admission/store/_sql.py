@@ -420,8 +420,13 @@ class SqlStore(ClosureRows, AdmissionStore):
         p = rules.plan(tx.policy, tx.live(), tx.now, beats)
         if p.empty():
             return
+        admitted_now = {r.id for r, _ in p.admissions}
+        # a victim that held before this pass gives its place up before the admissions; one
+        # admitted in this pass and preempted later in it is preempted after its admission
+        earlier = [(r, reason) for r, reason in p.preemptions if r.id not in admitted_now]
+        later = [(r, reason) for r, reason in p.preemptions if r.id in admitted_now]
         for pairs, state in ((p.lease_timeouts, TIMED_OUT), (p.queue_timeouts, TIMED_OUT), (p.denials, DENIED),
-                             (p.cancellations, CANCELLED), (p.preemptions, PREEMPTED)):
+                             (p.cancellations, CANCELLED), (earlier, PREEMPTED)):
             for r, reason in pairs:
                 tx.change(tx.records[r.id], state, reason, state=state)
         for r, reason in p.admissions:
@@ -429,6 +434,8 @@ class SqlStore(ClosureRows, AdmissionStore):
             state = rules.granted_state(rec.request)
             tx.change(rec, state, reason, state=state, revision=rec.revision + 1,
                       lease_expires=rules.lease_end(rec.request, tx.now, beats))
+        for r, reason in later:
+            tx.change(tx.records[r.id], PREEMPTED, reason, state=PREEMPTED)
 
     def _must_get(self, tx: _Tx, request_id: str) -> Record:
         rec = tx.records.get(request_id)

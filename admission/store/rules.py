@@ -42,12 +42,11 @@ No I/O and no clock here: `now` is an argument.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
-
-import dataclasses
 
 from admission.store.base import (
     ADMITTED,
@@ -274,7 +273,7 @@ def plan(policy: Policy, live: Iterable[Record], now: float, heartbeats: Mapping
         taken = usage + held
         if not blocking(policy, taken, cand.request):
             usage.update(quota_slots(cand.request))
-            admitted.append(cand)
+            admitted.append(_holding(cand))
             out.admissions.append((cand, "capacity"))
             continue
         victims = choose_victims(policy, taken, admitted, cand, now) if policy.preemption else None
@@ -285,11 +284,18 @@ def plan(policy: Policy, live: Iterable[Record], now: float, heartbeats: Mapping
                 admitted.remove(v)
                 out.preemptions.append((v, f"preempted by {cand.id} (effective priority {prio})"))
             usage.update(quota_slots(cand.request))
-            admitted.append(cand)
+            admitted.append(_holding(cand))
             out.admissions.append((cand, "preemption"))
             continue
         held.update(limited_slots(policy, cand.request))
     return out
+
+
+def _holding(cand: Record) -> Record:
+    """A request admitted in this pass, as later candidates of the same pass see it: holding
+    capacity at its base priority, so one of higher effective priority may preempt it at
+    once, as the next pass would (a plan is the fixed point of its instant)."""
+    return dataclasses.replace(cand, state=granted_state(cand.request))
 
 
 def preemptible_by(victim: Record, cand: Record, now: float, aging_interval: float) -> bool:

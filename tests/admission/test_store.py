@@ -329,6 +329,23 @@ def test_preemption_never_by_equal_priority(store, clock):
     assert store.get("low").state == PREEMPTED
 
 
+def test_one_reconcile_is_the_fixed_point_of_its_instant(store, clock):
+    """A request admitted in a pass holds capacity at its base priority for the rest of that
+    pass: a waiting request of higher effective priority behind it preempts it in the same
+    pass, as the next pass would. The live records a reconcile returns are final."""
+    store.set_policy(Policy.build(tiers={"container": 1}, aging_interval=4.0, preemption=True))
+    store.submit(req("r0", tier="container", lease_ttl=10.0))
+    store.submit(req("r2", tier="container"))
+    store.submit(req("r1", tier="container", preemptible=True))
+    clock.advance(12.0)  # r0's lease ends; r1 and r2 have aged to 3, r1 is ahead by its id
+    assert [r.id for r in store.reconcile()] == ["r2"]
+    r1, r2 = store.get("r1"), store.get("r2")
+    assert (r1.state, r1.revision, r2.state, r2.revision) == (PREEMPTED, 1, ADMITTED, 1)
+    assert [r.id for r in store.reconcile()] == ["r2"]  # and the next pass changes nothing
+    kinds = [(e.kind, e.request_id) for e in store.events() if e.kind in (ADMITTED, PREEMPTED)]
+    assert kinds[-3:] == [(ADMITTED, "r1"), (ADMITTED, "r2"), (PREEMPTED, "r1")]
+
+
 def test_a_running_lease_does_not_age_into_protection(store, clock):
     store.set_policy(Policy.build(preemption=True, aging_interval=10))
     low = store.submit(req("low", tier="host", priority=0, preemptible=True, lease_ttl=1000))
