@@ -76,13 +76,7 @@ class Pace:
     def ran(self, code: int, seconds: float) -> int | None:
         if self._caps[code] <= 0 or not seconds >= 0:  # nothing to pace; NaN or a negative: no measure
             return None
-        run_s = _smoothed(self._run_s[code], seconds)
-        self._run_s[code] = run_s
-        depth = depth_for(run_s, self._caps[code], self._round_trip_s)
-        if depth == self.depths[code]:
-            return None
-        self.depths[code] = depth
-        return depth
+        return self._settle(code, _smoothed(self._run_s[code], seconds))
 
     def ran_many(self, code: int, seconds: list) -> int | None:
         """`ran` for each of `seconds` in order (a slice of the role's results), the depth
@@ -94,8 +88,10 @@ class Pace:
         for s in seconds:
             if s >= 0:  # NaN or a negative: no measure
                 run_s = _smoothed(run_s, s)
-        if run_s is None:
-            return None
+        return None if run_s is None else self._settle(code, run_s)
+
+    def _settle(self, code: int, run_s: float) -> int | None:
+        """The role's run time is now `run_s`: its new depth, or None when it is unchanged."""
         self._run_s[code] = run_s
         depth = depth_for(run_s, self._caps[code], self._round_trip_s)
         if depth == self.depths[code]:
