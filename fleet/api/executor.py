@@ -166,6 +166,9 @@ class Executor(_StdExecutor):
             "budget": {"loop": "priority", "oversubscribe": over},  # over: the caller's own opt-in
             "roles": {ROLE: role},
             "limits": {} if max_parcel_bytes is None else {"max_parcel_bytes": max_parcel_bytes},
+            # A map queues every call at once: the backlog is the caller's own doing, and a
+            # script's stderr is no place for it (status and metrics still show it).
+            "saturation": {"warn": False},
         }, env={})
         # An executor's name is never taken again, so no later boot would reclaim the segments
         # of one whose process was killed before its teardown: each boot sweeps them.

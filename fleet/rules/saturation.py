@@ -35,7 +35,7 @@ CLEARED = "cleared"
 __all__ = ["SaturationPolicy", "DEFAULT_SATURATION", "RoleSaturation", "Reading", "estimate", "describe", "RAISED", "CLEARED",
            "SATURATION_KEYS"]
 
-SATURATION_KEYS = ("window_s", "raise_depth", "clear_depth", "margin")
+SATURATION_KEYS = ("window_s", "raise_depth", "clear_depth", "margin", "warn")
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,17 @@ class SaturationPolicy:
     raise_depth: the smallest backlog (units queued) that can be saturated.
     clear_depth: the backlog at or below which an episode clears (below `raise_depth`).
     margin: how much faster than service arrivals must come to raise (0.05: 5 %).
+    warn: log each episode's edges at WARNING (True) or at INFO (False). The reading is
+        published in the table either way. An Executor passes False: its caller makes the
+        backlog itself (a map queues every call at once), so an episode there is news to
+        nobody.
     """
 
     window_s: float = 2.0
     raise_depth: int = 8
     clear_depth: int = 0
     margin: float = 0.05
+    warn: bool = True
 
     def __post_init__(self):
         if not (isinstance(self.window_s, (int, float)) and not isinstance(self.window_s, bool)
@@ -68,6 +73,8 @@ class SaturationPolicy:
             raise ValueError(f"clear_depth ({self.clear_depth}) must be below raise_depth ({self.raise_depth})")
         if not (isinstance(self.margin, (int, float)) and not isinstance(self.margin, bool) and 0 <= self.margin <= 10):
             raise ValueError(f"margin must be a number in [0, 10], got {self.margin!r}")
+        if not isinstance(self.warn, bool):
+            raise ValueError(f"warn must be true or false, got {self.warn!r}")
 
 
 DEFAULT_SATURATION = SaturationPolicy()

@@ -42,6 +42,7 @@ a ConfigError naming their dotted path)::
     raise_depth = 8           # smallest backlog that can be saturated
     clear_depth = 0           # an episode clears once the backlog is at or below this
     margin = 0.05             # arrivals must beat service by this fraction to raise
+    warn = true               # each episode's edges logged at WARNING (false: at INFO)
 
     [memory]                  # the fleet's own cgroup2 group's memory.pressure as a cordon input
     pressure_cordon = true    # hold the posture Cordoned (cause memory-pressure) while it is high
@@ -477,7 +478,11 @@ def _saturation(data):
     data = _table("saturation", data)
     _reject_unknown("saturation", data, SATURATION_KEYS)
     for key, value in data.items():
-        _number(f"saturation.{key}", value)
+        if key == "warn":
+            if not isinstance(value, bool):
+                raise ConfigError("saturation.warn", f"must be true or false, got {value!r}")
+        else:
+            _number(f"saturation.{key}", value)
     raise_depth = data.get("raise_depth", DEFAULT_SATURATION.raise_depth)
     clear_depth = data.get("clear_depth", DEFAULT_SATURATION.clear_depth)
     if clear_depth >= raise_depth:
@@ -597,6 +602,7 @@ _TYPES = {
     ("saturation", "raise_depth"): "int",
     ("saturation", "clear_depth"): "int",
     ("saturation", "margin"): "float",
+    ("saturation", "warn"): "bool",
     ("record", "enabled"): "bool",
     ("record", "path"): "str?",
     ("admission", "probe_every"): "float",

@@ -23,6 +23,7 @@ class SaturationWatch:
         self._name, self._roles, self._table = name, roles, table
         self.granted = [0] * len(roles)  # units granted a slot so far, per role code (the loop adds)
         self._rules = [rule.RoleSaturation(policy) for _ in range(len(roles))]
+        self._warn = policy.warn
         self._binding = plan.binding
         refused = plan.tier_refused
         self._pinned_quota = refused.floor_cpus if refused is not None and refused.tier == "pinned" else None
@@ -48,12 +49,13 @@ class SaturationWatch:
 
     def _log(self, code: int, event: str, r: rule.Reading) -> None:
         role = self._roles.by_code(code).name
+        level = logging.WARNING if self._warn else logging.INFO
         if event == rule.RAISED:
             est = rule.estimate(r.arrival_rate, r.service_rate, self._cores[code], binding=self._binding,
                                 pinned_cores=self._pinned[code], pinned_quota=self._pinned_quota)
-            log.warning("[fleet-saturation] fleet %s: role %s saturated (episode %d): %.1f/s arriving vs %.1f/s "
+            log.log(level, "[fleet-saturation] fleet %s: role %s saturated (episode %d): %.1f/s arriving vs %.1f/s "
                         "served, backlog %d growing %.1f/s; %s", self._name, role, r.episodes, r.arrival_rate,
                         r.service_rate, r.backlog, r.growth, rule.describe(est, r.arrival_rate))
         else:
-            log.warning("[fleet-saturation] fleet %s: role %s no longer saturated (episode %d): backlog drained "
+            log.log(level, "[fleet-saturation] fleet %s: role %s no longer saturated (episode %d): backlog drained "
                         "to %d", self._name, role, r.episodes, r.backlog)

@@ -72,3 +72,38 @@ def test_a_fleet_fed_past_its_rate_says_so_then_clears(fleet_name, caplog, capsy
     lines = [r.getMessage() for r in caplog.records if r.name == "fleet.runtime.saturation"]
     assert [("no longer" in line) for line in lines] == [False, True], lines  # one line per edge
     assert "role work saturated (episode 1)" in lines[0] and "arriving vs" in lines[0]
+
+
+def _episode_levels(warn: bool, caplog) -> list[int]:
+    """The levels of the watch's log records over one episode raised then cleared."""
+    from types import SimpleNamespace
+
+    from fleet.rules.roles import Role, RoleSet
+    from fleet.rules.saturation import SaturationPolicy
+    from fleet.runtime.saturation import SaturationWatch
+
+    roles = RoleSet((Role(name="work", kind="pooled", cordon_class="never", handler=None, slots=1),))
+    plan = SimpleNamespace(binding="pinned", tier_refused=None)
+    watch = SaturationWatch("sat-log", roles, SaturationPolicy(window_s=1.0, raise_depth=8, warn=warn), None, plan, [])
+    caplog.set_level(logging.DEBUG, logger="fleet.runtime.saturation")
+    caplog.clear()
+    t, depth = 0.0, 0
+    for _ in range(12):  # 3 s of a backlog growing 40/s: raised once the 1 s window is full
+        watch.sample(t, lambda code: depth)
+        t, depth = t + 0.25, depth + 10
+        watch.granted[0] += 1
+    watch.sample(t, lambda code: 0)  # drained: cleared
+    return [r.levelno for r in caplog.records if r.name == "fleet.runtime.saturation"]
+
+
+def test_an_episode_is_a_warning_by_default_and_info_with_warn_off(caplog):
+    # An Executor's map queues every call at once: its episodes go to INFO, not a script's stderr.
+    assert _episode_levels(True, caplog) == [logging.WARNING, logging.WARNING]
+    assert _episode_levels(False, caplog) == [logging.INFO, logging.INFO]
+
+
+def test_an_executor_turns_its_episodes_warnings_off():
+    import fleet
+
+    with fleet.Executor(max_workers=1) as ex:
+        assert ex._sup.config.saturation.warn is False
