@@ -33,6 +33,7 @@ from typing import Any
 
 from fleet.service import control
 from fleet.service.control import FleetConnectionLost, ProtocolError, RemoteError, ReplyLost
+from fleet.service.control import fds as fdpass
 from fleet.service.control.client import _remote_error
 from fleet.service.control.ops.units import BATCH_VERSION, MAX_BATCH_UNITS
 from fleet.service.control.wire import Push, decode_stream, encode_request
@@ -141,10 +142,12 @@ class SubmitPipe:
     def _write(self, units: list) -> None:
         units = self._unsent(units)
         while units:
-            take, size = 0, 0
+            take, size, fds = 0, 0, 0
             for _seq, _fut, _role, args in units[:MAX_BATCH_UNITS]:
-                size += len(args["payload"]) + _UNIT_OVERHEAD
-                if take and size > FRAME_BUDGET:
+                payload = args["payload"]
+                size += (0 if payload is None else len(payload)) + _UNIT_OVERHEAD
+                fds += "payload_fd" in args
+                if take and (size > FRAME_BUDGET or fds > fdpass.MAX_FRAME_FDS):
                     break
                 take += 1
             self._write_frame(units[:take], units[take:])
@@ -169,14 +172,15 @@ class SubmitPipe:
         if not units:
             return
         frame = _Frame(next(self._ids), units)
+        wire, sealed = _with_fd_indices([u[3] for u in units])
         # v2: this connection carries the token's outcomes back (pushed), and the batch
         # acknowledges the ones taken so far (fleetd lets go of them).
         data = encode_request("submit_batch", {"v": BATCH_VERSION, "token": token, "ack": self._client._received,
-                                               "units": [u[3] for u in units]}, frame.rid)
+                                               "units": wire}, frame.rid)
         with self._lock:
             self._flight.append(frame)  # before the bytes go: its reply may come at once
         try:
-            sock.sendall(data)
+            fdpass.send_with_fds(sock, data, [one.fd for one in sealed])
         except (OSError, TimeoutError) as exc:
             # The frame did not go out whole: the daemon admits nothing of it.
             with self._lock:
@@ -188,6 +192,9 @@ class SubmitPipe:
                                                       f"{exc}"))
             self._broken(sock, f"the connection broke: {exc}")
             return
+        finally:
+            for one in sealed:
+                one.close()  # sent (the daemon holds its own descriptor now) or never: ours goes
         with self._lock:
             frame.sent = True
             self.frames += 1
@@ -345,6 +352,20 @@ class SubmitPipe:
 
 #: `_RemoteUnitFuture._unit_id` before its submit's reply.
 _UNANSWERED = object()
+
+
+def _with_fd_indices(units: list) -> tuple[list, list]:
+    """The units' wire arguments, each memfd payload (`fdpass.Sealed`) named by its index
+    among the frame's descriptors; and those memfds, in that order."""
+    sealed = []
+    wire = []
+    for args in units:
+        one = args.get("payload_fd")
+        if one is not None:
+            args = {**args, "payload_fd": len(sealed)}
+            sealed.append(one)
+        wire.append(args)
+    return wire, sealed
 
 
 def _batch_reply(result: Any, n: int) -> bool:

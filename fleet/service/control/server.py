@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from fleet.rules.errors import FleetError
+from fleet.service.control import fds as fdpass
 from fleet.service.control.calls import Call, Peer
 from fleet.service.control.errors import (
     E_BUSY,
     E_INTERNAL,
+    E_INVALID_ARGS,
     E_MALFORMED,
     E_OUTCOME_UNKNOWN,
     E_PERMISSION,
@@ -90,6 +92,8 @@ class _Conn:
     closed: bool = False
     pulls: collections.deque = field(default_factory=collections.deque)  # pushes asked, not yet written
     closers: list = field(default_factory=list)  # told when it closes (Stream.on_close)
+    #: Descriptors received (SCM_RIGHTS) and not yet claimed by a frame, by stream position.
+    arrivals: fdpass.Arrivals = field(default_factory=fdpass.Arrivals)
 
     @property
     def idle(self) -> bool:
@@ -571,9 +575,18 @@ class ControlServer:
 
     def _read(self, conn: _Conn) -> None:
         try:
-            data = conn.sock.recv(65536)
+            data, ancdata, flags, _ = conn.sock.recvmsg(65536, fdpass.ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
         except (BlockingIOError, InterruptedError):
             return
+        if ancdata or flags & socket.MSG_CTRUNC:
+            # Descriptors came with these bytes: the frame holding them claims them (`_advance`).
+            arrivals = conn.arrivals
+            arrivals.add(arrivals.position + len(conn.rbuf), fdpass.received(ancdata), bool(flags & socket.MSG_CTRUNC))
+            if len(arrivals) > fdpass.MAX_HELD_FDS:
+                self._reply(conn, encode_error(None, E_INVALID_ARGS, f"the connection holds {len(arrivals)} file "
+                                               f"descriptors no frame has claimed (at most {fdpass.MAX_HELD_FDS})"))
+                conn.closing = True
+                arrivals.close()
         if data:
             conn.rbuf += data
         else:
@@ -605,11 +618,12 @@ class ControlServer:
                 break
             frame = bytes(conn.rbuf[:nl])
             del conn.rbuf[: nl + 1]
+            fds = conn.arrivals.take(conn.arrivals.position + nl + 1)
             conn.scanned = 0
             conn.spoke = True
             consumed = True
             conn.last_active = now
-            self._start(conn, frame)
+            self._start(conn, frame, *fds)
             if len(frame) > self.max_frame:
                 conn.closing = True  # the reply said FrameTooLarge; that connection is done
         # The deadline for a complete frame: from accept until the first one, and
@@ -705,6 +719,7 @@ class ControlServer:
         with conn.wlock:
             conn.closed = True
             conn.sock.close()
+        conn.arrivals.close()
         conn.pulls.clear()
         closers, conn.closers = conn.closers, []
         for fn in closers:
@@ -747,19 +762,26 @@ class ControlServer:
             self._advance(conn)
 
     # -- requests
-    def _start(self, conn: _Conn, frame: bytes) -> None:
-        """Check one request frame and dispatch it; errors are answered at once."""
-        checked = self._check(conn, frame)
+    def _start(self, conn: _Conn, frame: bytes, fds: list[int] = (), cut: bool = False) -> None:
+        """Check one request frame and dispatch it; errors are answered at once. ``fds``:
+        the descriptors that came with it (this call owns them: each is claimed by the
+        call, or closed); ``cut``: some were cut on the way (MSG_CTRUNC)."""
+        checked = self._check(conn, frame, list(fds), cut)
         if isinstance(checked, bytes):
             self._reply(conn, checked)
             return
         try:
             fut = self.dispatch(checked)
         except Exception as exc:  # noqa: BLE001 - a dispatch bug is this request's InternalError
+            _release(checked)
             log.error("dispatching op %s failed", checked.op.name, exc_info=exc)
             self._reply(conn, encode_error(checked.request_id, E_INTERNAL, f"{checked.op.name} failed: "
                                            f"{type(exc).__name__}: {exc}"))
             return
+        if checked.held:
+            # What the frame's descriptors hold is the op's until its call ends (a direct op's
+            # has ended here already: what it admitted was copied beside the rings).
+            fut.add_done_callback(lambda _f, call=checked: _release(call))
         conn.call = checked
         if fut.done():
             # Answered on this thread already (an op that runs here, `Op.direct`): its reply
@@ -772,9 +794,11 @@ class ControlServer:
         # it only queues the completion and wakes the loop.
         fut.add_done_callback(lambda f, conn=conn: (self._done.append((conn, f)), self._wake()))
 
-    def _check(self, conn: _Conn, frame: bytes) -> Call | bytes:
-        """The validated `Call` for one request frame, or the error reply. Never raises for bad input."""
+    def _check(self, conn: _Conn, frame: bytes, fds: list[int], cut: bool) -> Call | bytes:
+        """The validated `Call` for one request frame, or the error reply (every one of
+        ``fds`` closed then). Never raises for bad input."""
         rid = None
+        held: list = []
         try:
             request = decode_request(frame, max_frame=self.max_frame)
             rid = request.id
@@ -789,11 +813,18 @@ class ControlServer:
                     f"(you are uid {conn.peer.uid})",
                 )
             args = op.validate(request.args)
+            if cut or len(fds) > fdpass.MAX_FRAME_FDS:
+                raise fdpass.refused(f"{op.name}: a frame carries at most {fdpass.MAX_FRAME_FDS} file "
+                                     f"descriptors; this one brought {len(fds)}{' and more, cut' if cut else ''}")
+            claimed, fds = fds, []  # the op's now: each is mapped (in held) or closed by it
+            held = op.take_fds(args, claimed)
         except ProtocolError as exc:
             return encode_error(exc.request_id if rid is None else rid, exc.code, exc.message)
+        finally:
+            fdpass.close_all(fds)
         if op.streams and conn.stream is None:
             conn.stream = Stream(self, conn)
-        return Call(op, args, conn.peer, rid, conn.stream if op.streams else None)
+        return Call(op, args, conn.peer, rid, conn.stream if op.streams else None, tuple(held))
 
     def _finish_calls(self) -> None:
         while self._done:
@@ -827,6 +858,12 @@ class ControlServer:
         except (TypeError, ValueError) as exc:
             log.error("op %s returned a result that is not JSON: %s", call.op.name, exc)
             return encode_error(rid, E_INTERNAL, f"{call.op.name} returned a result that is not JSON: {exc}")
+
+
+def _release(call: Call) -> None:
+    """Unmap what a call's descriptors held (its op is done with it)."""
+    for mapped in call.held:
+        mapped.close()
 
 
 def _drain(fd: int) -> None:

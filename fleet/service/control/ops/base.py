@@ -149,6 +149,17 @@ class Op:
     def check(self, args: dict[str, Any]) -> None:
         """Op-specific checks beyond types; may normalize ``args`` in place."""
 
+    def take_fds(self, args: dict[str, Any], fds: list[int]) -> list:
+        """Claim the file descriptors that came with the request (checked ``args``): the
+        `fleet.service.control.fds.Mapped` the call holds until it ends. This op claims none:
+        InvalidArgs. Owns ``fds``: on any refusal every one of them is closed."""
+        if not fds:
+            return []
+        from fleet.service.control.fds import close_all
+
+        close_all(fds)
+        raise self.bad(f"it carries no file descriptors; the frame brought {len(fds)}")
+
     def call_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """The façade method's keyword arguments from the request's (checked) arguments."""
         return args

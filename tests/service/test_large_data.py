@@ -1,0 +1,271 @@
+"""Large payloads through fleetd: what a client pickles at `fds.MEMFD_MIN` bytes or more
+crosses the control socket as a sealed memfd passed with its frame (SCM_RIGHTS), so a
+service-mode payload has no size limit below memory. Against a real fleetd and real
+sockets: each size class arrives whole; a hostile client's descriptors (unsealed, not a
+memory file, of another length, too many, claimed by no unit, left with a frame cut off)
+are refused by name, admit nothing, and leave no descriptor open in fleetd; a client of
+another uid than fleetd's sends one as well; nothing is left in /dev/shm."""
+from __future__ import annotations
+
+import array
+import base64
+import fcntl
+import hashlib
+import os
+import pickle
+import socket
+
+import pytest
+
+import fleet
+
+from fleet.service import control
+from fleet.shm import parcels
+from fleet.service.control import fds as fdpass
+from fleet.service.control.wire import decode_reply, encode_request
+from tests.daemons import BOUND_S, served_fleetd, wait_until
+from tests.fleets import role
+from tests.uids import NOBODY
+
+TOKEN = "large-token-0123456789"
+
+
+def roles():
+    return {name: {k: v for k, v in role(handler, slots=1).items() if k != "peak_cpus"}
+            for name, handler in (("dig", "digest"), ("sq", "square"))}
+
+
+@pytest.fixture(scope="module")
+def served():
+    with served_fleetd("ld", roles()) as d:
+        yield d
+
+
+def sock_path(d) -> str:
+    return f"{d.runtime_dir}/{d.name}.sock"
+
+
+def open_fds(pid: int) -> int:
+    """fleetd's open descriptors but its warm parcels' (`parcels.Warm`: mapped for the next
+    payload, bounded by parcels.WARM_MAX bytes); none of them may be a memfd."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue  # closed meanwhile
+        if not target.startswith("/dev/shm/fleet.") or parcels.WARM_MARK not in target:
+            count += 1
+    return count
+
+
+def memfds(pid: int) -> list[str]:
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("/memfd:"):
+            found.append(target)
+    return found
+
+
+def shm_of(name: str) -> set[str]:
+    """The fleet's entries in /dev/shm but its warm parcels (kept for the next payload)."""
+    return {entry for entry in os.listdir("/dev/shm") if name in entry and f"{name}{parcels.WARM_MARK}" not in entry}
+
+
+def submitted(d) -> int:
+    with control.ControlClient(sock_path(d)) as c:
+        return c.call("ledger")["submitted"]
+
+
+def settled(d) -> bool:
+    with control.ControlClient(sock_path(d)) as c:
+        return c.call("ledger")["inflight"] == 0
+
+
+@pytest.fixture
+def quiet(served):
+    """The daemon's open descriptors and /dev/shm entries before the test; after it, both
+    are back where they were (waited for: a descriptor closes on fleetd's control thread)."""
+    wait_until(lambda: settled(served), "units of earlier tests to end")
+    pid, shm = served.proc.pid, shm_of(served.name)
+    base = open_fds(pid)
+    yield base
+    wait_until(lambda: settled(served), "the test's units to end")
+    wait_until(lambda: open_fds(pid) <= base, f"fleetd's descriptors back to {base}")
+    assert memfds(pid) == []
+    wait_until(lambda: shm_of(served.name) <= shm, "fleetd's /dev/shm entries back to where they were")
+
+
+SIZES = {"1KiB": 1 << 10, "1MiB": 1 << 20, "64MiB": 64 << 20}
+
+
+@pytest.mark.parametrize("size", list(SIZES.values()), ids=list(SIZES))
+def test_a_payload_of_each_size_class_arrives_whole_through_fleetd(served, quiet, size):
+    data = os.urandom(size)
+    with served.connect() as client:
+        assert client.submit("dig", data).result(BOUND_S) == (size, hashlib.sha256(data).hexdigest())
+
+
+def test_many_large_payloads_in_flight_together_each_arrive_whole(served, quiet):
+    blobs = [os.urandom((1 << 20) + i) for i in range(fdpass.MAX_FRAME_FDS + 6)]  # more than one frame's fds
+    with served.connect() as client:
+        futures = [client.submit("dig", b) for b in blobs]
+        assert [f.result(BOUND_S) for f in futures] == [(len(b), hashlib.sha256(b).hexdigest()) for b in blobs]
+
+
+# --------------------------------------------------------------------------- hostile clients
+
+def memfd(data: bytes, seals: int) -> int:
+    fd = os.memfd_create("hostile", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+PAYLOAD = pickle.dumps(b"x" * 1000)
+SEALED = fdpass.REQUIRED_SEALS | fcntl.F_SEAL_SEAL
+
+
+def fd_unit(seq: int, index: int = 0, length: int = len(PAYLOAD)) -> dict:
+    return {"role": "dig", "payload": None, "payload_fd": index, "payload_len": length, "encoding": "pickle",
+            "seq": seq}
+
+
+def b64_unit(seq: int) -> dict:
+    return {"role": "sq", "payload": base64.b64encode(pickle.dumps(3)).decode(), "encoding": "pickle", "seq": seq}
+
+
+def raw_call(d, frame: bytes, fds: list[int], *, close_after: bool = False):
+    """Send ``frame`` with ``fds`` (one sendmsg) on a new connection; its reply."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(BOUND_S)
+        sock.connect(sock_path(d))
+        sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+        if close_after:
+            return None
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            assert chunk, "fleetd closed the connection without a reply"
+            buf += chunk
+        return decode_reply(buf)
+
+
+def batch(*units) -> bytes:
+    return encode_request("submit_batch", {"v": 1, "token": TOKEN, "units": list(units)}, 7)
+
+
+def pipe_fd() -> list[int]:
+    r, w = os.pipe()
+    os.close(w)
+    return [r]
+
+
+HOSTILE = {
+    "unsealed": (lambda: [memfd(PAYLOAD, 0)], batch(fd_unit(1)),
+                 "units[0]: payload_fd 0: the memfd is not sealed against shrinking, growing, writing"),
+    "not sealed against writing": (lambda: [memfd(PAYLOAD, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)],
+                                   batch(fd_unit(1)), "the memfd is not sealed against writing"),
+    "a pipe": (pipe_fd, batch(fd_unit(1)), "units[0]: payload_fd 0: the descriptor is not a regular file"),
+    "a wrong length": (lambda: [memfd(PAYLOAD, SEALED)], batch(fd_unit(1, length=len(PAYLOAD) + 1)),
+                       f"the memfd holds {len(PAYLOAD)} bytes, the frame says {len(PAYLOAD) + 1}"),
+    "more than a frame may carry": (lambda: [memfd(PAYLOAD, SEALED) for _ in range(fdpass.MAX_FRAME_FDS + 1)],
+                                    batch(fd_unit(1)), f"a frame carries at most {fdpass.MAX_FRAME_FDS} file "
+                                                       "descriptors; this one brought 65"),
+    "more than a recvmsg takes": (lambda: [memfd(PAYLOAD, SEALED) for _ in range(100)], batch(fd_unit(1)),
+                                  f"a frame carries at most {fdpass.MAX_FRAME_FDS} file descriptors"),
+    "claimed by no unit": (lambda: [memfd(PAYLOAD, SEALED), memfd(PAYLOAD, SEALED)], batch(fd_unit(1), b64_unit(2)),
+                           "the frame brought 2 file descriptor(s); no unit names 1"),
+    "named twice": (lambda: [memfd(PAYLOAD, SEALED)], batch(fd_unit(1), fd_unit(2)),
+                    "units[1]: payload_fd 0 is named by units[0] too"),
+    "named but not sent": (lambda: [], batch(b64_unit(1), fd_unit(2)),
+                           "units[1]: payload_fd 0 names no descriptor: the frame brought 0"),
+    "sent to an op that takes none": (lambda: [memfd(PAYLOAD, SEALED)], encode_request("ledger", {}, 7),
+                                      "ledger: it carries no file descriptors; the frame brought 1"),
+    "with a payload besides": (lambda: [memfd(PAYLOAD, SEALED)],
+                               batch({**fd_unit(1), "payload": "eA=="}), "payload null"),
+}
+
+
+@pytest.mark.parametrize("make, frame, needle", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_a_hostile_descriptor_is_refused_by_name_admits_nothing_and_leaves_nothing_open(served, quiet, make,
+                                                                                       frame, needle):
+    base = submitted(served)
+    fds = make()
+    try:
+        reply = raw_call(served, frame, fds)
+    finally:
+        fdpass.close_all(fds)
+    assert not reply.ok and reply.error_type == control.E_INVALID_ARGS, reply
+    assert needle in reply.error_message, reply.error_message
+    assert submitted(served) == base  # not even the frame's good units
+
+
+def test_descriptors_with_a_frame_cut_off_by_a_disconnect_are_closed_and_admit_nothing(served, quiet):
+    base = submitted(served)
+    fds = [memfd(PAYLOAD, SEALED) for _ in range(3)]
+    frame = batch(fd_unit(1, 0), fd_unit(2, 1), fd_unit(3, 2))
+    try:
+        raw_call(served, frame[:-10], fds, close_after=True)
+    finally:
+        fdpass.close_all(fds)
+    wait_until(lambda: open_fds(served.proc.pid) <= quiet, "fleetd to close the descriptors of the cut frame")
+    assert submitted(served) == base
+
+
+def test_a_connection_holding_too_many_unclaimed_descriptors_is_refused_and_closed(served, quiet):
+    base = submitted(served)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(BOUND_S)
+        sock.connect(sock_path(served))
+        frame = batch(fd_unit(1))
+        fds = [memfd(PAYLOAD, SEALED) for _ in range(fdpass.MAX_FRAME_FDS)]
+        try:
+            for k in range(3):  # no newline yet: the descriptors pile up, unclaimed
+                sock.sendmsg([frame[k:k + 1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        finally:
+            fdpass.close_all(fds)
+        buf = b""
+        while chunk := sock.recv(65536):
+            buf += chunk
+    reply = decode_reply(buf.split(b"\n")[0])
+    assert reply.error_type == control.E_INVALID_ARGS and reply.id is None
+    assert f"no frame has claimed (at most {fdpass.MAX_HELD_FDS})" in reply.error_message
+    assert submitted(served) == base
+
+
+def test_a_large_payload_of_a_client_of_another_uid_than_fleetds_arrives(tmp_path):
+    """fleetd runs as uid 65534; this client (root, which may submit to it) trusts that uid:
+    the memfd crosses whatever the uids."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run fleetd as uid 65534")
+    data = os.urandom(3 << 20)
+    with served_fleetd("ldn", roles(), as_nobody=True) as d:
+        name = d.name
+        shm = shm_of(name)
+        with d.connect(trust_uids=(NOBODY,)) as client:
+            assert client.submit("dig", data).result(BOUND_S) == (len(data), hashlib.sha256(data).hexdigest())
+        wait_until(lambda: shm_of(name) <= shm, "no parcel left in /dev/shm")
+
+
+def test_a_limit_that_stays_is_a_typed_error_naming_the_size_and_its_key():
+    """What fleetd is configured to refuse: a payload over limits.max_payload_bytes, or one
+    alone over limits.max_parcel_bytes (the payload bytes held beside the rings at once)."""
+    with served_fleetd("ldl", roles(), limits={"max_payload_bytes": 6 << 20, "max_parcel_bytes": 4 << 20}) as d:
+        shm = shm_of(d.name)
+        with d.connect() as client:
+            with pytest.raises(fleet.PayloadTooLarge, match=r"is \d+ bytes pickled; limits.max_payload_bytes is "
+                                                            f"{6 << 20}"):
+                client.submit("dig", bytes(7 << 20)).result(BOUND_S)
+            with pytest.raises(fleet.PayloadTooLarge, match=r"is \d+ bytes pickled, beside the ring; "
+                                                            f"limits.max_parcel_bytes is {4 << 20}"):
+                client.submit("dig", bytes(5 << 20)).result(BOUND_S)
+            data = bytes(3 << 20)
+            assert client.submit("dig", data).result(BOUND_S) == (len(data), hashlib.sha256(data).hexdigest())
+        wait_until(lambda: settled(d), "the units to end")
+        wait_until(lambda: shm_of(d.name) <= shm, "no parcel left in /dev/shm")
