@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 from fleet.service import control
 from fleet.service.control import FleetConnectionLost, ProtocolError, RemoteError, ReplyLost
 from fleet.service.control import fds as fdpass
+from fleet.service.control import outcome_record
 from fleet.service.control.client import _remote_error
 from fleet.service.control.ops.units import BATCH_VERSION, MAX_BATCH_UNITS
 from fleet.service.control.wire import Push, decode_stream, encode_request
@@ -176,7 +178,7 @@ class SubmitPipe:
         # v2: this connection carries the token's outcomes back (pushed), and the batch
         # acknowledges the ones taken so far (fleetd lets go of them).
         data = encode_request("submit_batch", {"v": BATCH_VERSION, "token": token, "ack": self._client._received,
-                                               "units": wire}, frame.rid)
+                                               "fds": True, "units": wire}, frame.rid)
         with self._lock:
             self._flight.append(frame)  # before the bytes go: its reply may come at once
         try:
@@ -228,11 +230,15 @@ class SubmitPipe:
     # -- the reader's side
     def _read(self, sock) -> None:
         buf = bytearray()
+        arrivals = fdpass.Arrivals()  # the memfds of large values, by the frame that names them
         why = "fleetd closed the connection"
         try:
             while True:
                 try:
-                    data = sock.recv(1 << 16)
+                    data, ancdata, flags, _ = sock.recvmsg(1 << 16, fdpass.ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
+                    if ancdata or flags & socket.MSG_CTRUNC:
+                        arrivals.add(arrivals.position + len(buf) + max(len(data), 1) - 1, fdpass.received(ancdata),
+                                     bool(flags & socket.MSG_CTRUNC))
                 except TimeoutError:
                     with self._lock:
                         late = self._flight and self._flight[0].sent and \
@@ -245,7 +251,18 @@ class SubmitPipe:
                     break
                 buf += data
                 while (nl := buf.find(b"\n")) >= 0:
-                    frame = decode_stream(bytes(buf[:nl]))
+                    fds, cut = arrivals.take(arrivals.position + nl + 1)
+                    try:
+                        frame = decode_stream(bytes(buf[:nl]))
+                        if cut:
+                            raise ProtocolError(control.E_INVALID_REPLY, "fleetd's frame brought more descriptors "
+                                                                        "than a frame may carry")
+                        if fds or type(frame) is Push:
+                            # each value in a memfd mapped in its record's place (none: a reply names none)
+                            outcome_record.claim_values(frame.outcomes if type(frame) is Push else [], fds)
+                            fds = []
+                    finally:
+                        fdpass.close_all(fds)
                     del buf[:nl + 1]
                     if type(frame) is Push:
                         # Outcomes, delivered on this thread: no other thread stands between
@@ -263,6 +280,8 @@ class SubmitPipe:
         except Exception:  # noqa: BLE001 - a bug here must not leave futures hanging
             log.exception("fleet client: reading submit replies from %s failed", self._path)
             why = "the client's reader failed (logged)"
+        finally:
+            arrivals.close()
         self._broken(sock, why)
 
     def _reply(self, reply) -> None:
@@ -381,8 +400,6 @@ def _batch_reply(result: Any, n: int) -> bool:
 
 
 def _close(sock) -> None:
-    import socket
-
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:

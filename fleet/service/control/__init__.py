@@ -10,6 +10,21 @@ request order on the connection that asked. A frame over the limit gets a
 without reading the rest); any other bad frame gets an error reply and the
 connection goes on.
 
+Descriptors beside frames. A request may bring file descriptors (SCM_RIGHTS; `fds`): a
+``submit`` / ``submit_batch`` unit whose pickled payload is in a sealed memfd says
+``"payload": null, "payload_fd": <index among the frame's descriptors>, "payload_len":
+<bytes>`` (a client sends one from `fds.MEMFD_MIN` bytes). The sender passes a frame's
+descriptors with the first bytes of that frame (one sendmsg); the server attributes each
+descriptor to the frame whose bytes it came with, and the frame must name each exactly once.
+Every descriptor is checked as hostile (a regular file, sealed against shrinking, growing
+and writing, of the stated length) and a frame breaking any rule (an unnamed, missing,
+unsealed or mis-sized descriptor, more than `fds.MAX_FRAME_FDS`, or an op that takes none)
+is refused with ``InvalidArgs`` naming what was wrong, admits nothing, and has every
+descriptor closed; so are those of a frame cut off, and of a connection that closes. A
+connection holding more than `fds.MAX_HELD_FDS` descriptors no frame has claimed gets an
+``InvalidArgs`` error (``"id": null``) and is closed. A daemon older than this refuses a
+unit naming ``payload_fd`` with ``InvalidArgs`` (an unknown argument), admitting nothing.
+
 Ops. Each op is one class holding all of the command: fleetctl's half (its words,
 arguments, text and exit code), the client half (`Op.to_wire` builds the arguments,
 `Op.client` is the `fleet.Client` method's body), the daemon half (`Op.validate`
@@ -81,7 +96,7 @@ with ``OutcomesDropped`` so the client fails its pending futures loudly.
 
 Rooms. `errors` (the error types and the ``E_*`` names replies carry), `paths`
 (where the socket lives), `wire` (frames, requests, replies, the argument schema),
-`ops` (the ops, one class each, and `OPS`), `calls` (validated calls
+`ops` (the ops, one class each, and `OPS`), `fds` (descriptors beside frames), `calls` (validated calls
 and their queue to the owning thread), `server`, `client`, and `outcome_record`
 (the records `collect` carries, both halves). This package re-exports the names
 callers use, so ``from fleet.service.control import X`` keeps working.

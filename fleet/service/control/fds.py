@@ -151,7 +151,8 @@ def close_all(fds) -> None:
 
 
 def send_with_fds(sock: socket.socket, data: bytes, fds: list[int]) -> None:
-    """Send all of `data`, the descriptors with its first bytes (one sendmsg), the rest after."""
+    """Send all of `data` (one frame), the descriptors with its first bytes (one sendmsg of
+    that frame's bytes alone: see `Arrivals`), the rest after."""
     if not fds:
         sock.sendall(data)
         return
@@ -161,9 +162,15 @@ def send_with_fds(sock: socket.socket, data: bytes, fds: list[int]) -> None:
 
 
 class Arrivals:
-    """The descriptors a stream brought, each at the stream position of the first byte it
-    came with, until the frame holding that byte claims them (`take`). A recvmsg whose
-    descriptors were cut (MSG_CTRUNC) marks its position: the frame there is refused."""
+    """The descriptors a stream brought, each at the stream position of the last byte of the
+    recvmsg it came with, until the frame holding that byte claims them (`take`).
+
+    Why the last byte: Linux hands a message's descriptors to the read that takes its first
+    byte, and that read may also hold bytes written before it (a read glues earlier plain
+    data in front), never bytes written after it (it stops at a message with descriptors).
+    A sender passes a frame's descriptors with a message of that frame's bytes alone (its
+    first ones: `send_with_fds`), so the last byte of the read is that frame's. A recvmsg
+    whose descriptors were cut (MSG_CTRUNC) marks its position: the frame there is refused."""
 
     __slots__ = ("_fds", "_cut", "position")
 

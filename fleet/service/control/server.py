@@ -2,6 +2,7 @@
 thread (admission of connections by uid, frame deadlines, replies in order)."""
 from __future__ import annotations
 
+import array
 import collections
 import errno
 import logging
@@ -74,6 +75,11 @@ class _Conn:
     rbuf: bytearray = field(default_factory=bytearray)
     scanned: int = 0  # bytes of rbuf known to hold no newline
     wbuf: bytearray = field(default_factory=bytearray)
+    #: Bytes of the connection written to the socket so far (the stream position of wbuf[0]).
+    wpos: int = 0
+    #: The descriptors of the frames in wbuf that name memfds: (start, end, fds), stream
+    #: positions; each goes out with its frame's first bytes, in a message of that frame alone.
+    wfds: collections.deque = field(default_factory=collections.deque)
     call: Call | None = None  # the request being answered
     inflight: Future | None = None
     call_deadline: float = 0.0
@@ -136,17 +142,17 @@ class Stream:
             if not data:
                 return
             conn.last_active = self._server._clock()
-            if not conn.wbuf:
+            first = not conn.wbuf
+            _queue(conn, data)
+            if first:
                 try:
-                    sent = conn.sock.send(data)
+                    _send_queued(conn)
                 except (BlockingIOError, InterruptedError):
-                    sent = 0
+                    pass
                 except OSError:
                     return  # the peer went away: the control thread sees it and closes
-                if sent == len(data):
+                if not conn.wbuf:
                     return
-                data = data[sent:]
-            conn.wbuf += data
         self.ready(_NOTHING)  # the control thread writes the rest when the socket takes it
 
     def room(self) -> bool:
@@ -579,9 +585,11 @@ class ControlServer:
         except (BlockingIOError, InterruptedError):
             return
         if ancdata or flags & socket.MSG_CTRUNC:
-            # Descriptors came with these bytes: the frame holding them claims them (`_advance`).
+            # Descriptors came with these bytes: the frame holding the last of them claims them
+            # (`fds.Arrivals`, `_advance`).
             arrivals = conn.arrivals
-            arrivals.add(arrivals.position + len(conn.rbuf), fdpass.received(ancdata), bool(flags & socket.MSG_CTRUNC))
+            arrivals.add(arrivals.position + len(conn.rbuf) + max(len(data), 1) - 1, fdpass.received(ancdata),
+                         bool(flags & socket.MSG_CTRUNC))
             if len(arrivals) > fdpass.MAX_HELD_FDS:
                 self._reply(conn, encode_error(None, E_INVALID_ARGS, f"the connection holds {len(arrivals)} file "
                                                f"descriptors no frame has claimed (at most {fdpass.MAX_HELD_FDS})"))
@@ -649,16 +657,15 @@ class ControlServer:
         """Queue a reply; `_advance` sends it, with every other reply to the frames of the
         same read, in one write (the caller updates the selector)."""
         with conn.wlock:
-            conn.wbuf += data
+            _queue(conn, data)
         conn.last_active = self._clock()
 
     def _send_some(self, conn: _Conn) -> None:
         with conn.wlock:
             try:
-                sent = conn.sock.send(conn.wbuf)
+                sent = _send_queued(conn)
             except (BlockingIOError, InterruptedError):
                 sent = 0
-            del conn.wbuf[:sent]
         if sent or not conn.wbuf:
             conn.write_stalled_since = None
         if conn.wbuf and conn.write_stalled_since is None:
@@ -689,7 +696,7 @@ class ControlServer:
             with conn.wlock:  # made and queued in one hold: pushes keep the order they were made in
                 data = pull()
                 if data:
-                    conn.wbuf += data
+                    _queue(conn, data)
                     conn.last_active = self._clock()
         if conn.wbuf:
             self._send_some(conn)
@@ -719,6 +726,8 @@ class ControlServer:
         with conn.wlock:
             conn.closed = True
             conn.sock.close()
+            while conn.wfds:
+                fdpass.close_all(conn.wfds.popleft()[2])
         conn.arrivals.close()
         conn.pulls.clear()
         closers, conn.closers = conn.closers, []
@@ -858,6 +867,42 @@ class ControlServer:
         except (TypeError, ValueError) as exc:
             log.error("op %s returned a result that is not JSON: %s", call.op.name, exc)
             return encode_error(rid, E_INTERNAL, f"{call.op.name} returned a result that is not JSON: {exc}")
+
+
+def _queue(conn: _Conn, data: bytes) -> None:
+    """Add one frame to ``conn``'s wbuf, its descriptors (`wire.WithFds`) to go with its first
+    bytes (wlock held). A closed connection's are closed."""
+    fds = getattr(data, "fds", None)
+    if fds:
+        if conn.closed:
+            fdpass.close_all(fds)
+            return
+        start = conn.wpos + len(conn.wbuf)
+        conn.wfds.append((start, start + len(data), fds))
+    conn.wbuf += data
+
+
+def _send_queued(conn: _Conn) -> int:
+    """Write what the socket takes of wbuf now, without blocking (wlock held): a frame's
+    descriptors in one sendmsg with its first bytes, that frame's bytes alone, so the peer
+    reads them with that frame (`fds.Arrivals`); plain bytes up to the next such frame.
+    Returns the bytes sent; BlockingIOError when none."""
+    wfds = conn.wfds
+    with memoryview(conn.wbuf) as view:
+        if not wfds:
+            sent = conn.sock.send(view)
+        else:
+            start, end, fds = wfds[0]
+            if start == conn.wpos:
+                sent = conn.sock.sendmsg([view[:end - start]],
+                                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                wfds.popleft()
+                fdpass.close_all(fds)  # the peer holds its own now
+            else:
+                sent = conn.sock.send(view[:start - conn.wpos])
+    del conn.wbuf[:sent]
+    conn.wpos += sent
+    return sent
 
 
 def _release(call: Call) -> None:

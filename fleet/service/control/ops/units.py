@@ -111,7 +111,7 @@ class SubmitOp(Op):
                 daemon.replays.admitted(request_id, same, fut)
         if token is not None:
             store, seq = daemon.store, args["seq"]
-            fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
+            fut.add_done_callback(lambda f: store.put(token, store.record(token, seq, role, f)))
         return fut, replayed
 
     def take_fds(self, args: dict[str, Any], fds: list[int]) -> list:
@@ -230,6 +230,7 @@ class SubmitBatchOp(Op):
         "units": Arg((list,), required=True, doc=f"1-{MAX_BATCH_UNITS} objects: a submit's arguments each, "
                                                   "seq required"),
         "ack": Arg((int, type(None)), doc="v2: how many of the token's outcomes the client has received"),
+        "fds": Arg((bool,), default=False, doc="the client takes large values in sealed memfds (value_fd)"),
     }
 
     def check(self, args: dict[str, Any]) -> None:
@@ -274,14 +275,15 @@ class SubmitBatchOp(Op):
         """The memfds the units' ``payload_fd`` name, each mapped in place of its payload."""
         return claim_payloads(self, [(f"units[{i}]: ", unit) for i, unit in enumerate(args["units"])], fds)
 
-    def on_daemon(self, daemon, v: int, token: str, units: list, ack: int | None = None, stream=None) -> dict:
+    def on_daemon(self, daemon, v: int, token: str, units: list, ack: int | None = None, fds: bool = False,
+                  stream=None) -> dict:
         """Admit every unit of a checked batch in order; a refusal is that unit's alone. A
         run of plain units of one role (nothing but a pickled payload: the common case) is
         admitted a run at a time (`Submitter.submit_pickled`); a unit such a run stopped
         at, and any other unit, one by one (`SubmitOp.admit`), each with its own refusal.
         v2: the token's outcomes are pushed on ``stream`` (the batch's connection) from
         now on, and ``ack`` lets go of those the client has."""
-        daemon.store.hold(token)  # OutcomesDropped before anything is admitted
+        daemon.store.hold(token, fds)  # OutcomesDropped before anything is admitted
         if v >= 2:
             if ack is not None:
                 daemon.store.acknowledge(token, ack)
@@ -300,7 +302,7 @@ class SubmitBatchOp(Op):
                 for k, fut in enumerate(futures, i):
                     seq = units[k]["seq"]
                     fut.add_done_callback(lambda f, seq=seq, role=role: store.put(
-                        token, outcome_record.encode(seq, role, f)))
+                        token, store.record(token, seq, role, f)))
                     ids[k] = fut.unit_id
                 i += len(futures)
                 if futures and role not in roles:
@@ -424,13 +426,19 @@ class CollectOp(Op):
         "token": Arg((str,), required=True, doc="the client token given at submit"),
         "timeout": Arg((float,), default=10.0, doc=f"seconds to wait, 0-{COLLECT_MAX_WAIT_S:g}"),
         "ack": Arg((int, type(None)), doc="how many of the token's outcomes the client has received"),
+        "fds": Arg((bool,), default=False, doc="the client takes large values in sealed memfds (value_fd)"),
     }
 
-    def on_daemon(self, daemon, token: str, timeout: float, ack: int | None = None) -> Future:
+    def on_daemon(self, daemon, token: str, timeout: float, ack: int | None = None, fds: bool = False) -> Future:
         """The outcomes held for ``token``: a Future resolved, without blocking the caller, as
         soon as one is ready or after ``timeout`` seconds (then empty). ``ack``: how many of
-        the token's outcomes the client has."""
-        return daemon.store.collect(token, timeout, ack)
+        the token's outcomes the client has; ``fds``: it takes large values in memfds."""
+        return daemon.store.collect(token, timeout, ack, fds)
+
+    def claim_reply_fds(self, result: Any, fds: list[int]) -> None:
+        """The memfds of the reply's values, each mapped in its record's place."""
+        outcomes = result.get("outcomes") if isinstance(result, dict) else None
+        outcome_record.claim_values(outcomes if isinstance(outcomes, list) else [], fds)
 
     def check(self, args: dict[str, Any]) -> None:
         if not _TOKEN.fullmatch(args["token"]):
@@ -441,7 +449,7 @@ class CollectOp(Op):
             raise self.bad(f"ack must be >= 0, got {args['ack']!r}")
 
     def call_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {"token": args["token"], "timeout": float(args["timeout"]), "ack": args["ack"]}
+        return {"token": args["token"], "timeout": float(args["timeout"]), "ack": args["ack"], "fds": args["fds"]}
 
 
 #: What `cancel` says became of a unit (its reply's ``state``).
