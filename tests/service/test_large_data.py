@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import os
 import pickle
+import signal
 import socket
 
 import pytest
@@ -22,9 +23,11 @@ import fleet
 from fleet.service import control
 from fleet.shm import parcels
 from fleet.service.control import fds as fdpass
+from fleet.service.control import outcome_record
 from fleet.service.control.wire import decode_reply, encode_request
 from tests.daemons import BOUND_S, served_fleetd, wait_until
 from tests.fleets import role
+from tests.service.test_submit_batch import all_stopped
 from tests.uids import NOBODY
 
 TOKEN = "large-token-0123456789"
@@ -32,7 +35,7 @@ TOKEN = "large-token-0123456789"
 
 def roles():
     return {name: {k: v for k, v in role(handler, slots=1).items() if k != "peak_cpus"}
-            for name, handler in (("dig", "digest"), ("sq", "square"))}
+            for name, handler in (("dig", "digest"), ("sq", "square"), ("mk", "make_bytes"))}
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +118,99 @@ def test_many_large_payloads_in_flight_together_each_arrive_whole(served, quiet)
     with served.connect() as client:
         futures = [client.submit("dig", b) for b in blobs]
         assert [f.result(BOUND_S) for f in futures] == [(len(b), hashlib.sha256(b).hexdigest()) for b in blobs]
+
+
+def pattern(n: int) -> bytes:
+    """What `tests.handlers.make_bytes` returns for ``n``."""
+    return (bytes(range(251)) * (n // 251 + 1))[:n]
+
+
+@pytest.mark.parametrize("size", list(SIZES.values()), ids=list(SIZES))
+def test_a_result_of_each_size_class_comes_back_whole_through_fleetd(served, quiet, size):
+    with served.connect() as client:
+        assert client.submit("mk", size).result(BOUND_S) == pattern(size)
+        # the next submit acknowledges that outcome: fleetd lets go of it (and of its memfd)
+        assert client.submit("sq", 3).result(BOUND_S) == 9
+        wait_until(lambda: memfds(served.proc.pid) == [], "fleetd to close the acknowledged value's memfd")
+
+
+def test_a_512_mib_result_comes_back_whole_through_fleetd(served, quiet):
+    size = 512 << 20
+    with served.connect() as client:
+        value = client.submit("mk", size).result(BOUND_S)
+        assert len(value) == size and value == pattern(size)
+        del value
+        assert client.submit("sq", 3).result(BOUND_S) == 9
+        wait_until(lambda: memfds(served.proc.pid) == [], "fleetd to close the acknowledged value's memfd")
+
+
+def test_many_large_results_in_flight_together_each_come_back_whole(served, quiet):
+    sizes = [(300 << 10) + i if i % 3 else 7 for i in range(fdpass.MAX_FRAME_FDS + 12)]  # large and small, mixed
+    with served.connect() as client:
+        futures = [client.submit("mk", n) for n in sizes]
+        assert [f.result(BOUND_S) for f in futures] == [pattern(n) for n in sizes]
+        assert client.submit("sq", 3).result(BOUND_S) == 9
+        wait_until(lambda: memfds(served.proc.pid) == [], "fleetd to close the acknowledged values' memfds")
+
+
+def collect_all(c, token: str, n: int, **args) -> list:
+    records, ack = [], 0
+    while len(records) < n:
+        reply = c.call("collect", token=token, timeout=5.0, ack=ack, **args)
+        records += reply["outcomes"]
+        ack = reply["first"] + len(reply["outcomes"])
+    c.call("collect", token=token, timeout=0.0, ack=ack, **args)  # lets go of them
+    return records
+
+
+def submit_v1(c, token: str, *sizes) -> None:
+    units = [{"role": "mk", "payload": base64.b64encode(pickle.dumps(n)).decode(), "encoding": "pickle",
+              "seq": i} for i, n in enumerate(sizes)]
+    reply = c.call("submit_batch", v=1, token=token, units=units, fds=True)
+    assert all(isinstance(u, int) for u in reply["units"]), reply
+
+
+def test_a_large_result_comes_by_collect_in_a_memfd_and_base64_to_a_client_that_did_not_ask(served, quiet):
+    size = 3 << 20
+    with control.ControlClient(sock_path(served)) as c:
+        submit_v1(c, TOKEN, size)
+        (record,) = collect_all(c, TOKEN, 1, fds=True)
+        assert isinstance(record[outcome_record.VALUE_FD], fdpass.Mapped)
+        assert outcome_record.result_of(outcome_record.parse(record), record[outcome_record.VALUE_FD], "mk") == \
+            pattern(size)
+        # a client of the last release asks no fds: the value comes base64, in parts
+        token = "old-client-0123456789"
+        c.call("submit_batch", v=1, token=token, units=[{"role": "mk", "payload": base64.b64encode(
+            pickle.dumps(size)).decode(), "encoding": "pickle", "seq": 0}])
+        records = collect_all(c, token, 1)
+        records += collect_all(c, token, records[0]["parts"] - 1) if records[0].get("parts", 1) > 1 else []
+        assert all(outcome_record.VALUE_FD not in r for r in records)
+        assert base64.b64decode("".join(r["value"] for r in records)) == pickle.dumps(pattern(size), protocol=5) or \
+            pickle.loads(base64.b64decode("".join(r["value"] for r in records))) == pattern(size)
+    wait_until(lambda: memfds(served.proc.pid) == [], "fleetd to close the collected value's memfd")
+
+
+def test_outcomes_past_the_held_bound_are_a_named_failure_or_dropped_and_their_memfds_closed():
+    """limits.max_held_outcome_bytes: one value over it fails its unit ResultError naming the
+    key; values held past it (nobody collects) are dropped, OutcomesDropped, memfds closed."""
+    bound = 8 << 20
+    with served_fleetd("ldh", roles(), limits={"max_held_outcome_bytes": bound}) as d:
+        with d.connect() as client:
+            with pytest.raises(fleet.UnitFailed, match=f"more than fleetd holds for one client: "
+                                                       f"limits.max_held_outcome_bytes is {bound}"):
+                client.submit("mk", 9 << 20).result(BOUND_S)
+            assert client.submit("mk", 5 << 20).result(BOUND_S) == pattern(5 << 20)
+            assert client.submit("sq", 3).result(BOUND_S) == 9  # acknowledges the value: its memfd goes
+            wait_until(lambda: memfds(d.proc.pid) == [], "fleetd to close the acknowledged value's memfd")
+        with control.ControlClient(sock_path(d)) as c:
+            token = "never-collects-0123456789"
+            submit_v1(c, token, 5 << 20)
+            wait_until(lambda: memfds(d.proc.pid), "the first value held in a memfd")
+            submit_v1(c, token, 5 << 20)  # together past the bound: the token's outcomes go
+            wait_until(lambda: memfds(d.proc.pid) == [], "fleetd to close the dropped values' memfds")
+            with pytest.raises(control.RemoteError, match=f"more than {bound} bytes of uncollected") as raised:
+                c.call("collect", token=token, timeout=0.0, fds=True)
+            assert raised.value.type == "OutcomesDropped"
 
 
 # --------------------------------------------------------------------------- hostile clients
@@ -204,6 +300,38 @@ def test_a_hostile_descriptor_is_refused_by_name_admits_nothing_and_leaves_nothi
     assert not reply.ok and reply.error_type == control.E_INVALID_ARGS, reply
     assert needle in reply.error_message, reply.error_message
     assert submitted(served) == base  # not even the frame's good units
+
+
+def test_descriptors_belong_to_their_own_frame_when_frames_before_it_arrive_in_the_same_read(served, quiet):
+    """fleetd stopped while a plain frame and then one with a memfd are written: its first read
+    takes both (Linux glues plain bytes in front of a message with descriptors), and the
+    descriptor still belongs to the second frame."""
+    base = submitted(served)
+    fd = memfd(PAYLOAD, SEALED)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(BOUND_S)
+        sock.connect(sock_path(served))
+        served.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: all_stopped(served.proc.pid), "every thread of fleetd to stop")
+            sock.sendall(encode_request("submit_batch", {"v": 1, "token": TOKEN, "units": [b64_unit(1)]}, 1))
+            sock.sendmsg([encode_request("submit_batch", {"v": 1, "token": TOKEN, "units": [fd_unit(2)]}, 2)],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        finally:
+            os.close(fd)
+            served.signal(signal.SIGCONT)
+        buf = b""
+        while buf.count(b"\n") < 2:
+            chunk = sock.recv(65536)
+            assert chunk, "fleetd closed the connection"
+            buf += chunk
+    replies = [decode_reply(line) for line in buf.splitlines()]
+    assert [r.ok for r in replies] == [True, True], replies
+    assert submitted(served) == base + 2
+    with control.ControlClient(sock_path(served)) as c:
+        outcomes = collect_all(c, TOKEN, 2)
+    assert sorted((r["seq"], pickle.loads(base64.b64decode(r["value"]))) for r in outcomes) == [
+        (1, 9), (2, (1000, hashlib.sha256(b"x" * 1000).hexdigest()))]
 
 
 def test_descriptors_with_a_frame_cut_off_by_a_disconnect_are_closed_and_admit_nothing(served, quiet):
