@@ -24,6 +24,13 @@ descriptor closed; so are those of a frame cut off, and of a connection that clo
 connection holding more than `fds.MAX_HELD_FDS` descriptors no frame has claimed gets an
 ``InvalidArgs`` error (``"id": null``) and is closed. A daemon older than this refuses a
 unit naming ``payload_fd`` with ``InvalidArgs`` (an unknown argument), admitting nothing.
+The other way, a client that says ``"fds": true`` (``submit_batch``, ``collect``) gets a
+value of `fds.MEMFD_MIN` bytes or more in a sealed memfd (``value_fd``, ``value_len`` in
+its outcome record, `outcome_record`), the descriptor passed with the first bytes of the push
+or reply that carries the record, in a message of that frame alone; one that does not
+(an older client) gets base64 parts as before, and an older daemon refuses ``fds`` with
+``InvalidArgs``. A reader attributes the descriptors of one read to the frame holding its
+last byte (`fds.Arrivals` says why).
 
 Ops. Each op is one class holding all of the command: fleetctl's half (its words,
 arguments, text and exit code), the client half (`Op.to_wire` builds the arguments,
@@ -78,9 +85,10 @@ replies at once with its unit id. A client that wants outcomes passes a ``token`
 keeps for its life) and a ``seq`` (its own number for the unit); the daemon holds
 each outcome under the token until the client fetches it with ``collect``, a long
 poll that returns every outcome ready for the token (or an empty list after its
-``timeout``). A reply never exceeds `COLLECT_REPLY_BUDGET`: outcomes beyond it wait
-for the next ``collect`` (the reply says ``"more": true``), and one value too large
-for a reply travels in consecutive ``part``s that the client joins. A token's
+``timeout``). A reply never exceeds `COLLECT_REPLY_BUDGET` (a value in a memfd counts its
+bytes): outcomes beyond it wait for the next ``collect`` (the reply says ``"more": true``),
+and one value too large for a reply travels in a memfd (see "Descriptors beside frames"),
+or, to a client that takes none, in consecutive ``part``s that the client joins. A token's
 outcomes are numbered; each ``collect`` acknowledges (``ack``) how many the client
 has, and the daemon sends again those after it, so a reply lost to a client's
 timeout or a broken connection loses nothing. A ``submit_batch`` of version 2 attaches
@@ -90,9 +98,11 @@ from the supervisor's loop at the end of the delivery that made them, `Stream`),
 batch's ``ack`` lets go of those the client has, and a ``collect`` of the token waits
 until the connection closes, then takes every outcome not acknowledged. A ``submit`` with a ``request_id`` is
 admitted once per id (`fleet.service.replays`): a retry after a lost reply gets the same unit. Outcomes held
-for a token are bounded (bytes, and time since the token was last seen); past the
-bound the daemon drops them, logs it, and answers that token's next ``collect``
-with ``OutcomesDropped`` so the client fails its pending futures loudly.
+for a token are bounded (bytes, ``limits.max_held_outcome_bytes``, and time since the token
+was last seen); past the bound the daemon drops them, logs it, and answers that token's next
+``collect`` with ``OutcomesDropped`` so the client fails its pending futures loudly. One
+value over the bound alone is never held: its unit's outcome is a failed ``ResultError``
+naming its size and the key.
 
 Rooms. `errors` (the error types and the ``E_*`` names replies carry), `paths`
 (where the socket lives), `wire` (frames, requests, replies, the argument schema),
