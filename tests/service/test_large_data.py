@@ -397,3 +397,39 @@ def test_a_limit_that_stays_is_a_typed_error_naming_the_size_and_its_key():
             assert client.submit("dig", data).result(BOUND_S) == (len(data), hashlib.sha256(data).hexdigest())
         wait_until(lambda: settled(d), "the units to end")
         wait_until(lambda: shm_of(d.name) <= shm, "no parcel left in /dev/shm")
+
+
+def own_memfds() -> int:
+    return len(memfds(os.getpid()))
+
+
+def test_a_memfd_outcome_let_go_at_the_ttl_or_past_the_bound_closes_its_descriptor():
+    """The outcome store alone, its clock faked: a value held in a memfd for a client that
+    never takes it is closed when the token expires, and when the token's outcomes pass the
+    byte bound (its memfd's bytes counted)."""
+    from concurrent.futures import Future
+
+    from fleet.service.daemon import OutcomeStore
+    from fleet.worker.codec import _Pickled
+
+    def solved(n: int) -> Future:
+        fut: Future = Future()
+        fut.set_result(_Pickled(b"x" * n))
+        return fut
+
+    now = [0.0]
+    store = OutcomeStore(max_bytes=3 << 20, ttl_s=10.0, clock=lambda: now[0])
+    base = own_memfds()
+    store.hold("expires-0123456789", fds=True)
+    store.put("expires-0123456789", store.record("expires-0123456789", 1, "r", solved(1 << 20)))
+    assert own_memfds() == base + 1
+    now[0] = 11.0
+    store.expire()
+    assert own_memfds() == base
+    store.hold("overflows-0123456789", fds=True)
+    store.put("overflows-0123456789", store.record("overflows-0123456789", 1, "r", solved(2 << 20)))
+    assert own_memfds() == base + 1
+    store.put("overflows-0123456789", store.record("overflows-0123456789", 2, "r", solved(2 << 20)))
+    assert own_memfds() == base
+    with pytest.raises(control.OutcomesDropped, match="more than 3145728 bytes"):
+        store.hold("overflows-0123456789")
