@@ -705,8 +705,9 @@ class ControlServer:
     def _send_now(self, conn: _Conn, data: bytes) -> None:
         """Best effort, never blocking: a notice sent just before closing."""
         with conn.wlock:
+            _queue(conn, data)
             try:
-                conn.sock.send(bytes(conn.wbuf) + data)
+                _send_queued(conn, until_blocked=True)
             except OSError:
                 pass
 
@@ -882,27 +883,41 @@ def _queue(conn: _Conn, data: bytes) -> None:
     conn.wbuf += data
 
 
-def _send_queued(conn: _Conn) -> int:
+def _send_queued(conn: _Conn, until_blocked: bool = False) -> int:
     """Write what the socket takes of wbuf now, without blocking (wlock held): a frame's
     descriptors in one sendmsg with its first bytes, that frame's bytes alone, so the peer
-    reads them with that frame (`fds.Arrivals`); plain bytes up to the next such frame.
-    Returns the bytes sent; BlockingIOError when none."""
-    wfds = conn.wfds
-    with memoryview(conn.wbuf) as view:
-        if not wfds:
-            sent = conn.sock.send(view)
-        else:
-            start, end, fds = wfds[0]
-            if start == conn.wpos:
-                sent = conn.sock.sendmsg([view[:end - start]],
-                                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-                wfds.popleft()
-                fdpass.close_all(fds)  # the peer holds its own now
-            else:
-                sent = conn.sock.send(view[:start - conn.wpos])
-    del conn.wbuf[:sent]
-    conn.wpos += sent
-    return sent
+    reads them with that frame (`fds.Arrivals`); plain bytes up to the next such frame, then
+    the next message while the socket takes them all (or, ``until_blocked``, any). Returns the
+    bytes sent; BlockingIOError when none."""
+    total = 0
+    while conn.wbuf:
+        wfds = conn.wfds
+        try:
+            with memoryview(conn.wbuf) as view:
+                if not wfds:
+                    want = len(view)
+                    sent = conn.sock.send(view)
+                else:
+                    start, end, fds = wfds[0]
+                    if start == conn.wpos:
+                        want = end - start
+                        sent = conn.sock.sendmsg([view[:want]],
+                                                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                        wfds.popleft()
+                        fdpass.close_all(fds)  # the peer holds its own now
+                    else:
+                        want = start - conn.wpos
+                        sent = conn.sock.send(view[:want])
+        except (BlockingIOError, InterruptedError):
+            if total:
+                break
+            raise
+        del conn.wbuf[:sent]
+        conn.wpos += sent
+        total += sent
+        if sent < want and not until_blocked:
+            break  # the socket is full: the rest when it is writable
+    return total
 
 
 def _release(call: Call) -> None:
