@@ -34,8 +34,15 @@ TOKEN = "large-token-0123456789"
 
 
 def roles():
-    return {name: {k: v for k, v in role(handler, slots=1).items() if k != "peak_cpus"}
-            for name, handler in (("dig", "digest"), ("sq", "square"), ("mk", "make_bytes"))}
+    plain = {name: {k: v for k, v in role(handler, slots=1).items() if k != "peak_cpus"}
+             for name, handler in (("dig", "digest"), ("sq", "square"), ("mk", "make_bytes"), ("fail", "fail"),
+                                   ("die", "die"))}
+    # one slot, nothing sent ahead: a unit held on its gate file keeps the next one queued
+    return {**plain, "gate": role("wait_for_file", slots=1, io_bound=True, peak_cpus=0, lookahead=0)}
+
+
+def queue_depth(client, name: str) -> int:
+    return {q["name"]: q for q in client.status()["queues"]}[name]["queue_depth"]
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +118,27 @@ def test_a_payload_of_each_size_class_arrives_whole_through_fleetd(served, quiet
     data = os.urandom(size)
     with served.connect() as client:
         assert client.submit("dig", data).result(BOUND_S) == (size, hashlib.sha256(data).hexdigest())
+
+
+def test_a_large_payload_is_reclaimed_whatever_its_unit_ends_by(served, quiet, tmp_path):
+    """Failed, its worker killed, cancelled: no memfd stays open in fleetd, nothing stays in
+    /dev/shm (the `quiet` fixture checks both)."""
+    big = os.urandom(2 << 20)
+    with served.connect() as client:
+        with pytest.raises(fleet.UnitFailed, match="HandlerError"):
+            client.submit("fail", big).result(BOUND_S)
+        with pytest.raises(fleet.UnitFailed):
+            client.submit("die", big).result(BOUND_S)
+        gate = tmp_path / "go"
+        try:
+            running = client.submit("gate", (str(gate), 3))
+            queued = client.submit("gate", (None, big))  # behind it: the role has one slot
+            wait_until(lambda: queue_depth(client, "gate") == 1, "the large unit to wait in the queue")
+            assert queued.cancel()
+        finally:
+            gate.touch()
+        assert running.result(BOUND_S) == 9
+        assert client.submit("sq", 3).result(BOUND_S) == 9
 
 
 def test_many_large_payloads_in_flight_together_each_arrive_whole(served, quiet):

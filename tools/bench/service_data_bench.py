@@ -35,12 +35,13 @@ import bench_handlers as H  # noqa: E402
 import fleet  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
-SIZES = {"512K": 512 * KIB, "1M": MIB, "64M": 64 * MIB}
+SIZES = {"512K": 512 * KIB, "1M": MIB, "64M": 64 * MIB, "512M": 512 * MIB}
+DEFAULT_SIZES = "512K,1M,64M"
 BOOT_S = 60.0
 
 
 class Fleetd:
-    """A fleetd of two roles (bench_handlers nbytes and make_bytes, one worker each) in a
+    """A fleetd of two roles (bench_handlers unit_nbytes and unit_make_bytes, one worker each) in a
     temporary folder; stopped (SIGTERM, then SIGKILL) and its folder removed on the way out."""
 
     def __init__(self):
@@ -50,7 +51,7 @@ class Fleetd:
         with open(config, "w") as f:
             f.write(f'[fleet]\nname = "{self.name}"\n')
             for role in ("nbytes", "make_bytes"):
-                f.write(f'\n[roles.{role}]\nkind = "pooled"\nhandler = "bench_handlers:{role}"\nslots = 1\n'
+                f.write(f'\n[roles.{role}]\nkind = "pooled"\nhandler = "bench_handlers:unit_{role}"\nslots = 1\n'
                         'peak_cpus = 1\n')
         path = [HERE, *filter(None, [os.environ.get("PYTHONPATH")])]
         self.env = {**os.environ, "RUNTIME_DIRECTORY": os.path.join(self.dir, "run"),
@@ -106,7 +107,7 @@ def timed(submit, direction: str, size: int, calls: int):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default=",".join(SIZES))
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"of {','.join(SIZES)}")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--calls", type=int, default=0, help="calls per measure (default: ~256 MiB moved, 2..64)")
     ap.add_argument("--json", action="store_true")
