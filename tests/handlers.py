@@ -257,3 +257,17 @@ def allocate(unit):
     block = b"x" * (int(unit.payload) << 20)
     del block
     return os.getpid()
+
+
+def digest(unit):
+    """(length, sha256 hex) of a bytes payload: a large payload's arrival, checked whole."""
+    import hashlib
+
+    data = unit.payload
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def make_bytes(unit):
+    """A bytes result of `unit.payload` bytes (a pattern: each byte its offset mod 251)."""
+    n = int(unit.payload)
+    return (bytes(range(251)) * (n // 251 + 1))[:n]

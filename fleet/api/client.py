@@ -89,6 +89,7 @@ from fleet.service.control import (
     ReplyLost,
     SubmitUncertain,
 )
+from fleet.service.control import fds as fdpass
 from fleet.service.control import outcome_record
 from fleet.service.control.outcome_record import BadOutcomeRecord
 from fleet.rules.errors import FleetError
@@ -145,9 +146,6 @@ COLLECT_BREAKS = 3
 #: connections (ControlServer idle_timeout, 300 s) and a dropped one would read
 #: as a dead daemon.
 IDLE_REFRESH_S = 60.0
-#: Largest pickled payload a submit frame can carry: base64 (4/3) of it plus the
-#: other arguments must fit control.MAX_FRAME.
-MAX_WIRE_PAYLOAD = (control.MAX_FRAME - 64 * 1024) * 3 // 4
 
 # Error replies that are the embedded API's typed submit refusals, by wire type.
 _SUBMIT_ERRORS = {cls.__name__: cls for cls in (
@@ -326,10 +324,13 @@ class Client(Executor):
         The submit does not wait for fleetd: a lone one is written at once on this
         thread, and those made while a frame is in flight go out together in the next
         (`fleet.api.submit_pipe`). Raises at once, nothing sent: BadUnit (an argument
-        this client can check), PayloadTooLarge, PayloadUnpicklable, FleetClosed (this
-        client is closed). What only the fleet can judge fails the returned future,
+        this client can check), PayloadUnpicklable, FleetClosed (this client is closed).
+        A payload of any size travels (from `fds.MEMFD_MIN` bytes pickled, in a sealed
+        memfd beside its frame). What only the fleet can judge fails the returned future,
         that unit having no outcome and ``unit_id`` None: UnknownRoleError, BadUnit (a
-        key on an unpinned role), QueueFull, Draining (retry after its resume),
+        key on an unpinned role), PayloadTooLarge (over the fleet's limits.max_payload_bytes,
+        or alone over limits.max_parcel_bytes), QueueFull (the role's queue, or the payload
+        bytes held beside the rings, is full: retry later, ``.retryable``), Draining (retry after its resume),
         RoleStopped, RequestIdReused, FleetClosed (the fleet is stopping),
         PermissionDenied (this uid may not submit), ControlBusy, FleetConnectionLost
         (no fleetd to send it to; a later submit tries again), UntrustedPeer (the daemon
@@ -434,11 +435,14 @@ class Client(Executor):
             raw = codec.dumps(payload, f"payload for role {role!r}")
         except codec.CodecError as exc:  # whatever pickling raises, the unit cannot travel
             raise PayloadUnpicklable(str(exc)) from None
-        if len(raw) > MAX_WIRE_PAYLOAD:
-            raise PayloadTooLarge(f"payload for role {role!r} is {len(raw)} bytes pickled; a service-mode submit "
-                                  f"carries at most {MAX_WIRE_PAYLOAD} (one control frame, base64)")
         seq = next(self._seq)
-        args = {"role": role, "payload": base64.b64encode(raw).decode("ascii"), "encoding": "pickle", "seq": seq}
+        if len(raw) >= fdpass.MEMFD_MIN:
+            # Beside the frame, in a sealed memfd its descriptor goes with (the pipe numbers it)
+            args = {"role": role, "payload": None, "payload_fd": fdpass.Sealed(raw), "payload_len": len(raw),
+                    "encoding": "pickle", "seq": seq}
+        else:
+            args = {"role": role, "payload": base64.b64encode(raw).decode("ascii"), "encoding": "pickle", "seq": seq}
+        del raw
         for name, value, default in (("key", key, None), ("lane", lane, None), ("priority", priority, 0),
                                      ("timeout", timeout, None), ("request_id", request_id, None),
                                      ("chunk", chunk, False)):
@@ -451,7 +455,8 @@ class Client(Executor):
             try:
                 # Checked here as the daemon checks it (its payload aside): a bad argument is
                 # BadUnit now, before anything is queued.
-                _SUBMIT.validate({**args, "payload": "", "token": "checked-here"})
+                _SUBMIT.validate({**args, "payload": "", "payload_fd": None, "payload_len": None,
+                                  "token": "checked-here"})
             except ProtocolError as exc:
                 raise self._translate(exc, role, request_id) from None
         fut = _RemoteUnitFuture(self)
@@ -581,7 +586,7 @@ class Client(Executor):
                                 f"with unit(s) pending; their outcomes are lost"))
                             continue
                         token, ack = self._token, self._received
-                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S, ack=ack)
+                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S, ack=ack, fds=True)
             except (ControlTimeout, ControlBusy) as exc:
                 # A live daemon too slow or too busy to answer still owes the outcomes (it
                 # holds what it sent until acknowledged): the futures stay pending.

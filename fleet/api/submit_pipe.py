@@ -27,12 +27,15 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import socket
 import threading
 import time
 from typing import Any
 
 from fleet.service import control
 from fleet.service.control import FleetConnectionLost, ProtocolError, RemoteError, ReplyLost
+from fleet.service.control import fds as fdpass
+from fleet.service.control import outcome_record
 from fleet.service.control.client import _remote_error
 from fleet.service.control.ops.units import BATCH_VERSION, MAX_BATCH_UNITS
 from fleet.service.control.wire import Push, decode_stream, encode_request
@@ -141,10 +144,12 @@ class SubmitPipe:
     def _write(self, units: list) -> None:
         units = self._unsent(units)
         while units:
-            take, size = 0, 0
+            take, size, fds = 0, 0, 0
             for _seq, _fut, _role, args in units[:MAX_BATCH_UNITS]:
-                size += len(args["payload"]) + _UNIT_OVERHEAD
-                if take and size > FRAME_BUDGET:
+                payload = args["payload"]
+                size += (0 if payload is None else len(payload)) + _UNIT_OVERHEAD
+                fds += "payload_fd" in args
+                if take and (size > FRAME_BUDGET or fds > fdpass.MAX_FRAME_FDS):
                     break
                 take += 1
             self._write_frame(units[:take], units[take:])
@@ -169,14 +174,15 @@ class SubmitPipe:
         if not units:
             return
         frame = _Frame(next(self._ids), units)
+        wire, sealed = _with_fd_indices([u[3] for u in units])
         # v2: this connection carries the token's outcomes back (pushed), and the batch
         # acknowledges the ones taken so far (fleetd lets go of them).
         data = encode_request("submit_batch", {"v": BATCH_VERSION, "token": token, "ack": self._client._received,
-                                               "units": [u[3] for u in units]}, frame.rid)
+                                               "fds": True, "units": wire}, frame.rid)
         with self._lock:
             self._flight.append(frame)  # before the bytes go: its reply may come at once
         try:
-            sock.sendall(data)
+            fdpass.send_with_fds(sock, data, [one.fd for one in sealed])
         except (OSError, TimeoutError) as exc:
             # The frame did not go out whole: the daemon admits nothing of it.
             with self._lock:
@@ -188,6 +194,9 @@ class SubmitPipe:
                                                       f"{exc}"))
             self._broken(sock, f"the connection broke: {exc}")
             return
+        finally:
+            for one in sealed:
+                one.close()  # sent (the daemon holds its own descriptor now) or never: ours goes
         with self._lock:
             frame.sent = True
             self.frames += 1
@@ -221,11 +230,15 @@ class SubmitPipe:
     # -- the reader's side
     def _read(self, sock) -> None:
         buf = bytearray()
+        arrivals = fdpass.Arrivals()  # the memfds of large values, by the frame that names them
         why = "fleetd closed the connection"
         try:
             while True:
                 try:
-                    data = sock.recv(1 << 16)
+                    data, ancdata, flags, _ = sock.recvmsg(1 << 16, fdpass.ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
+                    if ancdata or flags & socket.MSG_CTRUNC:
+                        arrivals.add(arrivals.position + len(buf) + max(len(data), 1) - 1, fdpass.received(ancdata),
+                                     bool(flags & socket.MSG_CTRUNC))
                 except TimeoutError:
                     with self._lock:
                         late = self._flight and self._flight[0].sent and \
@@ -238,7 +251,18 @@ class SubmitPipe:
                     break
                 buf += data
                 while (nl := buf.find(b"\n")) >= 0:
-                    frame = decode_stream(bytes(buf[:nl]))
+                    fds, cut = arrivals.take(arrivals.position + nl + 1)
+                    try:
+                        frame = decode_stream(bytes(buf[:nl]))
+                        if cut:
+                            raise ProtocolError(control.E_INVALID_REPLY, "fleetd's frame brought more descriptors "
+                                                                        "than a frame may carry")
+                        if fds or type(frame) is Push:
+                            # each value in a memfd mapped in its record's place (none: a reply names none)
+                            outcome_record.claim_values(frame.outcomes if type(frame) is Push else [], fds)
+                            fds = []
+                    finally:
+                        fdpass.close_all(fds)
                     del buf[:nl + 1]
                     if type(frame) is Push:
                         # Outcomes, delivered on this thread: no other thread stands between
@@ -256,6 +280,8 @@ class SubmitPipe:
         except Exception:  # noqa: BLE001 - a bug here must not leave futures hanging
             log.exception("fleet client: reading submit replies from %s failed", self._path)
             why = "the client's reader failed (logged)"
+        finally:
+            arrivals.close()
         self._broken(sock, why)
 
     def _reply(self, reply) -> None:
@@ -347,6 +373,20 @@ class SubmitPipe:
 _UNANSWERED = object()
 
 
+def _with_fd_indices(units: list) -> tuple[list, list]:
+    """The units' wire arguments, each memfd payload (`fdpass.Sealed`) named by its index
+    among the frame's descriptors; and those memfds, in that order."""
+    sealed = []
+    wire = []
+    for args in units:
+        one = args.get("payload_fd")
+        if one is not None:
+            args = {**args, "payload_fd": len(sealed)}
+            sealed.append(one)
+        wire.append(args)
+    return wire, sealed
+
+
 def _batch_reply(result: Any, n: int) -> bool:
     """Whether `result` is a submit_batch reply for `n` units."""
     if not isinstance(result, dict):
@@ -360,8 +400,6 @@ def _batch_reply(result: Any, n: int) -> bool:
 
 
 def _close(sock) -> None:
-    import socket
-
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:

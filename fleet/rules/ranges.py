@@ -120,6 +120,7 @@ CONFIG = {
     "roles.*.max_rss_mib": Range(1, 1 << 20, unit="MiB"),
     "limits.max_payload_bytes": Range(1, 1 << 48, unit="bytes"),
     "limits.max_parcel_bytes": Range(1, 1 << 48, unit="bytes"),
+    "limits.max_held_outcome_bytes": Range(1, 1 << 48, unit="bytes"),
     # The kernel takes PSI trigger windows of 0.5..10 s, and a stall no longer than its window
     "memory.pressure_stall_ms": Range(1, 10_000, unit="ms"),
     "memory.pressure_window_ms": Range(500, 10_000, unit="ms"),

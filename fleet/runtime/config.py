@@ -144,6 +144,11 @@ class Limits:
     #: yet removed by their unit's outcome); a submit waits for room (fleet.runtime.beside).
     #: None: a quarter of physical memory.
     max_parcel_bytes: int | None = None
+    #: fleetd: most bytes of outcomes held for one client and not yet acknowledged (a value
+    #: in a memfd counts its size); a single value over it fails its unit's future
+    #: ResultError naming it, more of them held at once drop the client's outcomes
+    #: (OutcomesDropped). None: a quarter of physical memory.
+    max_held_outcome_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -368,8 +373,9 @@ def _roles(data):
 
 def _limits(data):
     data = _table("limits", data)
-    _reject_unknown("limits", data, ("max_payload_bytes", "max_parcel_bytes"))
-    caps = {key: data.get(key) for key in ("max_payload_bytes", "max_parcel_bytes")}
+    keys = ("max_payload_bytes", "max_parcel_bytes", "max_held_outcome_bytes")
+    _reject_unknown("limits", data, keys)
+    caps = {key: data.get(key) for key in keys}
     return Limits(**{key: None if cap is None else _number(f"limits.{key}", cap) for key, cap in caps.items()})
 
 
@@ -583,6 +589,7 @@ _TYPES = {
     ("posture", PostureKey.INTAKE_FLOOR): "int?",
     ("limits", "max_payload_bytes"): "int?",
     ("limits", "max_parcel_bytes"): "int?",
+    ("limits", "max_held_outcome_bytes"): "int?",
     ("restart", "max_restarts"): "int",
     ("restart", "within_seconds"): "float",
     ("restart", "fork_server_timeout_s"): "float",

@@ -54,7 +54,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 from fleet.service import control, replays, sdnotify, start_exporter
+from fleet.runtime.beside import default_cap
 from fleet.runtime.config import FleetConfig, load_config
+from fleet.service.control import outcome_record
 from fleet.service.control.ops import ServedOperations
 from fleet.host.proctitle import name_process
 from fleet.rules import titles
@@ -73,6 +75,11 @@ STATUS_EVERY_S = 5.0
 TICK_S = 0.25
 
 
+#: How a client's held outcomes are bounded (`OutcomeStore.max_bytes`), and the default.
+HELD_BYTES_KEY = "limits.max_held_outcome_bytes"
+DEFAULT_HELD_BYTES = 64 << 20
+
+
 class ConfigReloadError(FleetError):
     """A SIGHUP reload was refused (the new file is invalid, or renames the fleet)."""
 
@@ -80,11 +87,15 @@ class ConfigReloadError(FleetError):
 # ============================================================== outcomes for clients
 # The records themselves (format, encoding): fleet.service.control.outcome_record.
 def _size(record: dict) -> int:
-    # Close enough to the JSON size: the long strings dominate, the keys add ~150 bytes.
+    # Close enough to the JSON size: the long strings dominate, the keys add ~150 bytes;
+    # a value in a memfd counts its bytes (they are held in memory as much as a string's).
     size = 160
     for v in record.values():
         if type(v) is str:
             size += len(v)
+    held = record.get(outcome_record.VALUE_LEN)
+    if type(held) is int:
+        size += held
     return size
 
 
@@ -111,6 +122,8 @@ class _Box:
     #: is asked of it already (one wake-up carries every record held meanwhile).
     stream: object = None
     push_due: bool = False
+    #: The client takes large values in memfds (said by its submit_batch or collect).
+    fds: bool = False
 
 
 class OutcomeStore:
@@ -142,7 +155,7 @@ class OutcomeStore:
     fleetd's linger at a stop does not wait for acknowledgements.
     """
 
-    def __init__(self, *, max_bytes: int = 64 << 20, ttl_s: float = 300.0,
+    def __init__(self, *, max_bytes: int = DEFAULT_HELD_BYTES, ttl_s: float = 300.0,
                  clock: Callable[[], float] = time.monotonic, lost_memory: int = 4096):
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
@@ -156,11 +169,28 @@ class OutcomeStore:
         self._due: list[str] = []  # attached tokens held for on that thread: `flush` writes them
 
     # -- from submits and outcomes
-    def hold(self, token: str) -> None:
-        """A submit under ``token``: keep a box for it. OutcomesDropped if it lost some."""
+    def hold(self, token: str, fds: bool = False) -> None:
+        """A submit under ``token``: keep a box for it. OutcomesDropped if it lost some.
+        ``fds``: the client takes large values in memfds (`takes_fds`)."""
         with self._lock:
             self._refuse_lost(token)
-            self._box(token).seen = self._clock()
+            box = self._box(token)
+            box.seen = self._clock()
+            box.fds = box.fds or fds
+
+    def takes_fds(self, token: str) -> bool:
+        """Whether ``token``'s client said it takes large values in memfds (its records may
+        carry one; a client that did not say so gets them base64, in parts)."""
+        with self._lock:
+            box = self._boxes.get(token)
+            return box is not None and box.fds
+
+    def record(self, token: str, seq: int | None, role: str, future) -> list[dict]:
+        """The outcome records of ``future`` for ``token``'s client (`outcome_record.encode`);
+        a value alone larger than ``max_bytes`` is its unit's failed ResultError naming both
+        sizes and the key, never held."""
+        return outcome_record.encode(seq, role, future, fds=self.takes_fds(token), max_bytes=self.max_bytes,
+                                     key=HELD_BYTES_KEY)
 
     def put(self, token: str, records: list[dict]) -> None:
         """Hold ``records`` for ``token``; wakes its long poll."""
@@ -285,7 +315,7 @@ class OutcomeStore:
         return control.encode_push(token, first, out)
 
     # -- from collect
-    def collect(self, token: str, timeout: float, ack: int | None = None) -> Future:
+    def collect(self, token: str, timeout: float, ack: int | None = None, fds: bool = False) -> Future:
         """A Future of ``{"outcomes", "first", "more", "closing"}`` for ``token``: resolved
         now if anything is ready (or the daemon is closing), else when something arrives
         or ``timeout`` seconds pass (then with no outcomes). ``first`` numbers the first
@@ -299,6 +329,7 @@ class OutcomeStore:
                 self._refuse_lost(token)
                 box = self._box(token)
                 self._acknowledge(token, box, ack)
+                box.fds = box.fds or fds
             except (control.OutcomesDropped, control.ProtocolError) as exc:
                 fut.set_exception(exc)
                 return fut
@@ -527,6 +558,8 @@ class Daemon:
         from fleet.runtime.loop import Supervisor
 
         self.config = load_config(self.options.config_path, env=self.env)
+        held = self.config.limits.max_held_outcome_bytes
+        self.store.max_bytes = default_cap() if held is None else held
         name = control.validate_fleet_name(self.config.name)
         if self.options.title_args is not None:
             name_process(titles.daemon(name, self.options.title_args))

@@ -37,7 +37,7 @@ class RequestIdReused(SubmitRefused):
 def identity(role: str, payload, key, lane, chunk: bool, route) -> tuple:
     """What makes two submits the same unit: role, payload (its bytes, or its JSON), key,
     lane, chunk flag and route."""
-    raw = payload if isinstance(payload, bytes) else repr(payload).encode()
+    raw = payload if isinstance(payload, (bytes, memoryview)) else repr(payload).encode()
     return role, hashlib.sha256(raw).hexdigest(), key, lane, chunk, None if route is None else str(route)
 
 

@@ -402,7 +402,12 @@ class _Pickled:
         self.data = data
 
     def __reduce__(self):
-        return (_Pickled, (self.data,))
+        data = self.data
+        if type(data) is not bytes:
+            # A mapping fleetd received (a client's memfd): out of band when large, so its
+            # bytes are copied once, into the parcel, never into the pickle first.
+            data = pickle.PickleBuffer(data)
+        return (_Pickled, (data,))
 
     def load(self, what: str = "the value", where: str = "here"):
         """The object, unpickled under the guard (CodecError if it cannot be)."""

@@ -78,7 +78,7 @@ class Handler:
         self.units.append(unit)
         return {"unit": len(self.units)}
 
-    def submit_batch(self, v, token, units, ack=None, stream=None):
+    def submit_batch(self, v, token, units, ack=None, fds=False, stream=None):
         ids = [self.submit(**unit)["unit"] for unit in units]  # each checked, the token in it
         return {"units": ids, "errors": {}, "replayed": [], "roles": {}}
 
@@ -947,7 +947,7 @@ class StreamKeeper(Handler):
         super().__init__()
         self.stream = None
 
-    def submit_batch(self, v, token, units, ack=None, stream=None):
+    def submit_batch(self, v, token, units, ack=None, fds=False, stream=None):
         self.stream = stream
         return super().submit_batch(v, token, units, ack, stream)
 

@@ -168,10 +168,10 @@ class OneRecord:
     def submit(self, **kwargs):
         return {"unit": 7}
 
-    def submit_batch(self, v, token, units, ack=None, stream=None):
+    def submit_batch(self, v, token, units, ack=None, fds=False, stream=None):
         return {"units": [7] * len(units), "errors": {}, "replayed": [], "roles": {}}
 
-    def collect(self, *, token, timeout, ack=None):
+    def collect(self, *, token, timeout, ack=None, fds=False):
         fut: Future = Future()
         records, self.sent = ([] if self.sent else self.records), True
         fut.set_result({"outcomes": records, "more": False, "closing": False})

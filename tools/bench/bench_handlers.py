@@ -125,3 +125,13 @@ def cycle_bin_unit(unit):
         done += [f.result() for f in futures]
     burn(walk_s)
     return done
+
+
+def unit_nbytes(unit):
+    """`nbytes` as a fleet role's handler (service mode): the size of the unit's payload."""
+    return nbytes(unit.payload)
+
+
+def unit_make_bytes(unit):
+    """`make_bytes` as a fleet role's handler: a result of `unit.payload` bytes."""
+    return make_bytes(unit.payload)

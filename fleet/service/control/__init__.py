@@ -10,6 +10,28 @@ request order on the connection that asked. A frame over the limit gets a
 without reading the rest); any other bad frame gets an error reply and the
 connection goes on.
 
+Descriptors beside frames. A request may bring file descriptors (SCM_RIGHTS; `fds`): a
+``submit`` / ``submit_batch`` unit whose pickled payload is in a sealed memfd says
+``"payload": null, "payload_fd": <index among the frame's descriptors>, "payload_len":
+<bytes>`` (a client sends one from `fds.MEMFD_MIN` bytes). The sender passes a frame's
+descriptors with the first bytes of that frame (one sendmsg); the server attributes each
+descriptor to the frame whose bytes it came with, and the frame must name each exactly once.
+Every descriptor is checked as hostile (a regular file, sealed against shrinking, growing
+and writing, of the stated length) and a frame breaking any rule (an unnamed, missing,
+unsealed or mis-sized descriptor, more than `fds.MAX_FRAME_FDS`, or an op that takes none)
+is refused with ``InvalidArgs`` naming what was wrong, admits nothing, and has every
+descriptor closed; so are those of a frame cut off, and of a connection that closes. A
+connection holding more than `fds.MAX_HELD_FDS` descriptors no frame has claimed gets an
+``InvalidArgs`` error (``"id": null``) and is closed. A daemon older than this refuses a
+unit naming ``payload_fd`` with ``InvalidArgs`` (an unknown argument), admitting nothing.
+The other way, a client that says ``"fds": true`` (``submit_batch``, ``collect``) gets a
+value of `fds.MEMFD_MIN` bytes or more in a sealed memfd (``value_fd``, ``value_len`` in
+its outcome record, `outcome_record`), the descriptor passed with the first bytes of the push
+or reply that carries the record, in a message of that frame alone; one that does not
+(an older client) gets base64 parts as before, and an older daemon refuses ``fds`` with
+``InvalidArgs``. A reader attributes the descriptors of one read to the frame holding its
+last byte (`fds.Arrivals` says why).
+
 Ops. Each op is one class holding all of the command: fleetctl's half (its words,
 arguments, text and exit code), the client half (`Op.to_wire` builds the arguments,
 `Op.client` is the `fleet.Client` method's body), the daemon half (`Op.validate`
@@ -63,9 +85,10 @@ replies at once with its unit id. A client that wants outcomes passes a ``token`
 keeps for its life) and a ``seq`` (its own number for the unit); the daemon holds
 each outcome under the token until the client fetches it with ``collect``, a long
 poll that returns every outcome ready for the token (or an empty list after its
-``timeout``). A reply never exceeds `COLLECT_REPLY_BUDGET`: outcomes beyond it wait
-for the next ``collect`` (the reply says ``"more": true``), and one value too large
-for a reply travels in consecutive ``part``s that the client joins. A token's
+``timeout``). A reply never exceeds `COLLECT_REPLY_BUDGET` (a value in a memfd counts its
+bytes): outcomes beyond it wait for the next ``collect`` (the reply says ``"more": true``),
+and one value too large for a reply travels in a memfd (see "Descriptors beside frames"),
+or, to a client that takes none, in consecutive ``part``s that the client joins. A token's
 outcomes are numbered; each ``collect`` acknowledges (``ack``) how many the client
 has, and the daemon sends again those after it, so a reply lost to a client's
 timeout or a broken connection loses nothing. A ``submit_batch`` of version 2 attaches
@@ -75,13 +98,15 @@ from the supervisor's loop at the end of the delivery that made them, `Stream`),
 batch's ``ack`` lets go of those the client has, and a ``collect`` of the token waits
 until the connection closes, then takes every outcome not acknowledged. A ``submit`` with a ``request_id`` is
 admitted once per id (`fleet.service.replays`): a retry after a lost reply gets the same unit. Outcomes held
-for a token are bounded (bytes, and time since the token was last seen); past the
-bound the daemon drops them, logs it, and answers that token's next ``collect``
-with ``OutcomesDropped`` so the client fails its pending futures loudly.
+for a token are bounded (bytes, ``limits.max_held_outcome_bytes``, and time since the token
+was last seen); past the bound the daemon drops them, logs it, and answers that token's next
+``collect`` with ``OutcomesDropped`` so the client fails its pending futures loudly. One
+value over the bound alone is never held: its unit's outcome is a failed ``ResultError``
+naming its size and the key.
 
 Rooms. `errors` (the error types and the ``E_*`` names replies carry), `paths`
 (where the socket lives), `wire` (frames, requests, replies, the argument schema),
-`ops` (the ops, one class each, and `OPS`), `calls` (validated calls
+`ops` (the ops, one class each, and `OPS`), `fds` (descriptors beside frames), `calls` (validated calls
 and their queue to the owning thread), `server`, `client`, and `outcome_record`
 (the records `collect` carries, both halves). This package re-exports the names
 callers use, so ``from fleet.service.control import X`` keeps working.

@@ -40,6 +40,8 @@ class Call:
     request_id: int | str | None = None
     #: The connection's push side (`server.Stream`) for an op that streams (``Op.streams``).
     stream: Any = None
+    #: What the frame's descriptors hold (`fds.Mapped`), released when the call ends.
+    held: tuple = ()
 
     def run(self, handler) -> Any:
         if self.op.streams:

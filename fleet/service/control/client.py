@@ -13,6 +13,7 @@ from typing import Any
 
 from fleet.rules.errors import NotRunning
 from fleet.host.trust import check_owner, trusted_uids
+from fleet.service.control import fds as fdpass
 from fleet.service.control.calls import Peer
 from fleet.service.control.errors import (
     E_BUSY,
@@ -57,6 +58,7 @@ class ControlClient:
         self._sock: socket.socket | None = None
         self._server_pid: int | None = None
         self._buf = bytearray()
+        self._arrivals = fdpass.Arrivals()  # descriptors received, by the frame that claims them
         self._ids = itertools.count(1)
 
     @classmethod
@@ -84,7 +86,20 @@ class ControlClient:
         spec = self.registry.get(op)
         rid = next(self._ids)
         frame = encode_request(op, spec.to_wire(**args), rid)
-        reply = decode_reply(self._roundtrip(frame))
+        line = self._roundtrip(frame)
+        fds, cut = self._arrivals.take(self._arrivals.position + len(line) + 1)
+        try:
+            reply = decode_reply(line)
+            if cut:
+                raise ProtocolError(E_INVALID_REPLY, f"{op}: the reply brought more descriptors than a frame may carry")
+            if reply.ok:
+                claimed, fds = fds, []
+                spec.claim_reply_fds(reply.result, claimed)
+        except BaseException:
+            self.close()  # the stream is out of step now; never reuse it
+            raise
+        finally:
+            fdpass.close_all(fds)
         if reply.id != rid:
             if reply.id is None and not reply.ok:
                 # An error about the connection, not the request (Busy at accept, a
@@ -98,14 +113,19 @@ class ControlClient:
         return reply.result
 
     def send_raw(self, data: bytes) -> Reply:
-        """Send ``data`` as-is and decode one reply: for tests and diagnostics."""
-        return decode_reply(self._roundtrip(data))
+        """Send ``data`` as-is and decode one reply: for tests and diagnostics (descriptors that
+        came with it are closed)."""
+        line = self._roundtrip(data)
+        fdpass.close_all(self._arrivals.take(self._arrivals.position + len(line) + 1)[0])
+        return decode_reply(line)
 
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
         self._buf.clear()
+        self._arrivals.close()
+        self._arrivals = fdpass.Arrivals()
 
     def __enter__(self) -> ControlClient:
         return self
@@ -219,7 +239,11 @@ class ControlClient:
                 line = bytes(self._buf[:nl])
                 del self._buf[: nl + 1]
                 return line
-            data = sock.recv(65536)
+            data, ancdata, flags, _ = sock.recvmsg(65536, fdpass.ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
+            if ancdata or flags & socket.MSG_CTRUNC:
+                arrivals = self._arrivals
+                arrivals.add(arrivals.position + len(self._buf) + max(len(data), 1) - 1, fdpass.received(ancdata),
+                             bool(flags & socket.MSG_CTRUNC))
             if not data:
                 raise NotRunning(f"fleet daemon at {self.path} closed the connection before replying")
             self._buf += data

@@ -9,7 +9,12 @@ A record is a JSON object::
 
 A solved record carries ``value`` (base64 of the pickled value); a value longer
 than `PART_CHARS` in base64 travels in consecutive records with ``part`` (0-based)
-and ``parts`` (how many). A failed or suppressed record carries ``reason``,
+and ``parts`` (how many). For a client that takes them (it said ``fds`` at its
+``submit_batch`` or ``collect``), a pickled value of `fds.MEMFD_MIN` bytes or more
+travels in a sealed memfd instead: the record carries ``value_fd`` (the index of its
+descriptor among those of the frame that carries the record) and ``value_len`` (its
+bytes), no ``value``; the descriptor goes with that frame, and again with every frame
+that sends the record again. A failed or suppressed record carries ``reason``,
 ``detail`` (the traceback text, its head cut past `MAX_DETAIL_CHARS`) and, when
 the handler's exception pickles within `MAX_ERROR_BYTES`, ``error`` (base64 of it).
 A record without ``v`` is version 1 (the format before records carried it).
@@ -27,6 +32,7 @@ from fleet.rules.outcomes import FAILED, KINDS, SOLVED
 from fleet.rules.raised import unit_exception
 from fleet.rules.vocab import Reason
 from fleet.rules.unit import Outcome, UnitError, error_for
+from fleet.service.control import fds as fdpass
 from fleet.service.control.errors import E_INVALID_REPLY, ProtocolError
 
 #: The record format's version, sent as ``v``; a client refuses any other.
@@ -42,6 +48,8 @@ REASON = "reason"
 DETAIL = "detail"
 ERROR = "error"
 VALUE = "value"
+VALUE_FD = "value_fd"
+VALUE_LEN = "value_len"
 PART = "part"
 PARTS = "parts"
 
@@ -59,11 +67,15 @@ class BadOutcomeRecord(ProtocolError):
 
 
 # ================================================================== daemon half
-def encode(seq: int | None, role: str, future: Future) -> list[dict]:
+def encode(seq: int | None, role: str, future: Future, *, fds: bool = False, max_bytes: int | None = None,
+           key: str = "") -> list[dict]:
     """The outcome records for one ended unit, as `collect` sends them.
 
     One record, or several ``part``s when the pickled value is larger than
-    `PART_CHARS` in base64.
+    `PART_CHARS` in base64; with ``fds`` (the client takes memfds) one record whose
+    value is in a sealed memfd (`fds.Sealed`, held in the record until it is let go) when
+    it is `fds.MEMFD_MIN` bytes or more. A value over ``max_bytes`` (what may be held for
+    a client, the config's ``key``) is a failed ``ResultError`` record naming both.
 
     A solved value travels as the bytes its worker pickled: in service mode the
     supervisor relays them without unpickling (`fleet.worker.codec._Pickled`), so the
@@ -98,6 +110,13 @@ def encode(seq: int | None, role: str, future: Future) -> list[dict]:
             raw = dumps(value, "solved, but its value")
         except CodecError as err:  # any pickling failure is this unit's outcome
             return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR, DETAIL: f"{err} for the client"}]
+    held = len(raw) if fds else (len(raw) + 2) // 3 * 4
+    if max_bytes is not None and held > max_bytes:
+        return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR,
+                 DETAIL: f"solved, but its value is {len(raw)} bytes pickled ({held} held for the client), "
+                         f"more than fleetd holds for one client: {key} is {max_bytes}"}]
+    if fds and len(raw) >= fdpass.MEMFD_MIN:
+        return [{**base, KIND: SOLVED, VALUE_FD: fdpass.Sealed(raw), VALUE_LEN: len(raw)}]
     text = base64.b64encode(raw).decode("ascii")
     if len(text) <= PART_CHARS:
         return [{**base, KIND: SOLVED, VALUE: text}]
@@ -133,6 +152,8 @@ class Record:
     value: str | None = None
     part: int | None = None
     parts: int | None = None
+    #: The value's memfd, mapped (`claim_values`), when it came in one.
+    mapped: Any = None
 
 
 def _is_int(value: Any) -> bool:
@@ -163,8 +184,13 @@ def parse(obj: Any) -> Record:
     role = _optional(obj, ROLE, lambda v: isinstance(v, str), "a string")
     reason, detail, error, value = (_optional(obj, f, lambda v: isinstance(v, str), "a string")
                                     for f in (REASON, DETAIL, ERROR, VALUE))
-    if kind == SOLVED and value is None:
-        raise BadOutcomeRecord(VALUE, "a solved record must carry its value (a base64 string)")
+    mapped = obj.get(VALUE_FD)
+    if mapped is not None and type(mapped) is not fdpass.Mapped:
+        raise BadOutcomeRecord(VALUE_FD, f"names no descriptor the frame brought, got {mapped!r:.80}")
+    if mapped is not None and (kind != SOLVED or value is not None or PARTS in obj):
+        raise BadOutcomeRecord(VALUE_FD, "a value in a memfd is a solved record's whole value, alone")
+    if kind == SOLVED and value is None and mapped is None:
+        raise BadOutcomeRecord(VALUE, "a solved record must carry its value (a base64 string, or a memfd)")
     part = _optional(obj, PART, _is_int, "an integer")
     parts = _optional(obj, PARTS, _is_int, "an integer")
     if (part is None) != (parts is None):
@@ -176,7 +202,44 @@ def parse(obj: Any) -> Record:
             raise BadOutcomeRecord(PART, f"must be between 0 and {parts - 1}, got {part}")
         if kind != SOLVED:
             raise BadOutcomeRecord(PARTS, f"only a solved value travels in parts, not a {kind} record")
-    return Record(seq, unit, role, kind, reason, detail, error, value, part, parts)
+    return Record(seq, unit, role, kind, reason, detail, error, value, part, parts, mapped)
+
+
+def claim_values(records: Any, fds: list[int]) -> None:
+    """Map the memfd each record's ``value_fd`` names (checked as `fds.open_sealed` checks a
+    payload's) in its place, from the descriptors its frame brought: every one named by
+    exactly one record. Owns ``fds``: BadOutcomeRecord naming what was wrong, every
+    descriptor closed and every mapping released, when they do not fit."""
+    fds, mapped = list(fds), []
+    try:
+        named = []
+        for record in records if isinstance(records, list) else ():
+            if isinstance(record, dict) and VALUE_FD in record:
+                i, n = record[VALUE_FD], record.get(VALUE_LEN)
+                if not (_is_int(i) and 0 <= i < len(fds)) or i in named:
+                    raise BadOutcomeRecord(VALUE_FD, f"{i!r:.40} names no descriptor of the {len(fds)} the frame "
+                                                     "brought, or one another record named")
+                if not (_is_int(n) and n >= 1):
+                    raise BadOutcomeRecord(VALUE_LEN, f"must be an integer >= 1, got {n!r:.40}")
+                named.append(i)
+        if len(named) != len(fds):
+            raise BadOutcomeRecord(VALUE_FD, f"the frame brought {len(fds)} descriptor(s), its records name "
+                                             f"{len(named)}")
+        for record in records if named else ():
+            if isinstance(record, dict) and VALUE_FD in record:
+                i = record[VALUE_FD]
+                fd, fds[i] = fds[i], -1
+                try:
+                    one = fdpass.open_sealed(fd, record[VALUE_LEN], f"outcome of seq {record.get(SEQ)}")
+                except ProtocolError as exc:
+                    raise BadOutcomeRecord(VALUE_FD, exc.message) from None
+                mapped.append(one)
+                record[VALUE_FD] = one
+    except BaseException:
+        fdpass.close_all(fd for fd in fds if fd >= 0)
+        for one in mapped:
+            one.close()
+        raise
 
 
 #: `join_part`'s answer while parts of a value are still to come.
@@ -186,6 +249,8 @@ INCOMPLETE = object()
 def join_part(record: Record, held: dict) -> str | None | object:
     """The record's value; for a value in parts, the parts held so far for its ``seq``
     in ``held`` joined once the last one arrives, `INCOMPLETE` until then."""
+    if record.mapped is not None:
+        return record.mapped
     if record.parts is None:
         return record.value
     parts = held.setdefault(record.seq, [])
@@ -200,6 +265,11 @@ def result_of(record: Record, value: str | None, role: str) -> Any:
     unit_id = record.unit or 0
     if record.kind == SOLVED:
         try:
+            if type(value) is fdpass.Mapped:
+                try:
+                    return loads(value.view, "the result")
+                finally:
+                    value.close()
             return loads(_unbase64(value, VALUE), "the result")
         except CodecError as exc:  # e.g. a class this process cannot import, or a __reduce__ that exits
             raise error_for(unit_id, role, Outcome(FAILED, Reason.RESULT_ERROR, str(exc))) from None

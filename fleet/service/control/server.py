@@ -2,6 +2,7 @@
 thread (admission of connections by uid, frame deadlines, replies in order)."""
 from __future__ import annotations
 
+import array
 import collections
 import errno
 import logging
@@ -18,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from fleet.rules.errors import FleetError
+from fleet.service.control import fds as fdpass
 from fleet.service.control.calls import Call, Peer
 from fleet.service.control.errors import (
     E_BUSY,
     E_INTERNAL,
+    E_INVALID_ARGS,
     E_MALFORMED,
     E_OUTCOME_UNKNOWN,
     E_PERMISSION,
@@ -72,6 +75,11 @@ class _Conn:
     rbuf: bytearray = field(default_factory=bytearray)
     scanned: int = 0  # bytes of rbuf known to hold no newline
     wbuf: bytearray = field(default_factory=bytearray)
+    #: Bytes of the connection written to the socket so far (the stream position of wbuf[0]).
+    wpos: int = 0
+    #: The descriptors of the frames in wbuf that name memfds: (start, end, fds), stream
+    #: positions; each goes out with its frame's first bytes, in a message of that frame alone.
+    wfds: collections.deque = field(default_factory=collections.deque)
     call: Call | None = None  # the request being answered
     inflight: Future | None = None
     call_deadline: float = 0.0
@@ -90,6 +98,8 @@ class _Conn:
     closed: bool = False
     pulls: collections.deque = field(default_factory=collections.deque)  # pushes asked, not yet written
     closers: list = field(default_factory=list)  # told when it closes (Stream.on_close)
+    #: Descriptors received (SCM_RIGHTS) and not yet claimed by a frame, by stream position.
+    arrivals: fdpass.Arrivals = field(default_factory=fdpass.Arrivals)
 
     @property
     def idle(self) -> bool:
@@ -132,17 +142,17 @@ class Stream:
             if not data:
                 return
             conn.last_active = self._server._clock()
-            if not conn.wbuf:
+            first = not conn.wbuf
+            _queue(conn, data)
+            if first:
                 try:
-                    sent = conn.sock.send(data)
+                    _send_queued(conn)
                 except (BlockingIOError, InterruptedError):
-                    sent = 0
+                    pass
                 except OSError:
                     return  # the peer went away: the control thread sees it and closes
-                if sent == len(data):
+                if not conn.wbuf:
                     return
-                data = data[sent:]
-            conn.wbuf += data
         self.ready(_NOTHING)  # the control thread writes the rest when the socket takes it
 
     def room(self) -> bool:
@@ -571,9 +581,20 @@ class ControlServer:
 
     def _read(self, conn: _Conn) -> None:
         try:
-            data = conn.sock.recv(65536)
+            data, ancdata, flags, _ = conn.sock.recvmsg(65536, fdpass.ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
         except (BlockingIOError, InterruptedError):
             return
+        if ancdata or flags & socket.MSG_CTRUNC:
+            # Descriptors came with these bytes: the frame holding the last of them claims them
+            # (`fds.Arrivals`, `_advance`).
+            arrivals = conn.arrivals
+            arrivals.add(arrivals.position + len(conn.rbuf) + max(len(data), 1) - 1, fdpass.received(ancdata),
+                         bool(flags & socket.MSG_CTRUNC))
+            if len(arrivals) > fdpass.MAX_HELD_FDS:
+                self._reply(conn, encode_error(None, E_INVALID_ARGS, f"the connection holds {len(arrivals)} file "
+                                               f"descriptors no frame has claimed (at most {fdpass.MAX_HELD_FDS})"))
+                conn.closing = True
+                arrivals.close()
         if data:
             conn.rbuf += data
         else:
@@ -605,11 +626,12 @@ class ControlServer:
                 break
             frame = bytes(conn.rbuf[:nl])
             del conn.rbuf[: nl + 1]
+            fds = conn.arrivals.take(conn.arrivals.position + nl + 1)
             conn.scanned = 0
             conn.spoke = True
             consumed = True
             conn.last_active = now
-            self._start(conn, frame)
+            self._start(conn, frame, *fds)
             if len(frame) > self.max_frame:
                 conn.closing = True  # the reply said FrameTooLarge; that connection is done
         # The deadline for a complete frame: from accept until the first one, and
@@ -635,16 +657,15 @@ class ControlServer:
         """Queue a reply; `_advance` sends it, with every other reply to the frames of the
         same read, in one write (the caller updates the selector)."""
         with conn.wlock:
-            conn.wbuf += data
+            _queue(conn, data)
         conn.last_active = self._clock()
 
     def _send_some(self, conn: _Conn) -> None:
         with conn.wlock:
             try:
-                sent = conn.sock.send(conn.wbuf)
+                sent = _send_queued(conn)
             except (BlockingIOError, InterruptedError):
                 sent = 0
-            del conn.wbuf[:sent]
         if sent or not conn.wbuf:
             conn.write_stalled_since = None
         if conn.wbuf and conn.write_stalled_since is None:
@@ -675,7 +696,7 @@ class ControlServer:
             with conn.wlock:  # made and queued in one hold: pushes keep the order they were made in
                 data = pull()
                 if data:
-                    conn.wbuf += data
+                    _queue(conn, data)
                     conn.last_active = self._clock()
         if conn.wbuf:
             self._send_some(conn)
@@ -684,8 +705,9 @@ class ControlServer:
     def _send_now(self, conn: _Conn, data: bytes) -> None:
         """Best effort, never blocking: a notice sent just before closing."""
         with conn.wlock:
+            _queue(conn, data)
             try:
-                conn.sock.send(bytes(conn.wbuf) + data)
+                _send_queued(conn, until_blocked=True)
             except OSError:
                 pass
 
@@ -705,6 +727,9 @@ class ControlServer:
         with conn.wlock:
             conn.closed = True
             conn.sock.close()
+            while conn.wfds:
+                fdpass.close_all(conn.wfds.popleft()[2])
+        conn.arrivals.close()
         conn.pulls.clear()
         closers, conn.closers = conn.closers, []
         for fn in closers:
@@ -747,19 +772,26 @@ class ControlServer:
             self._advance(conn)
 
     # -- requests
-    def _start(self, conn: _Conn, frame: bytes) -> None:
-        """Check one request frame and dispatch it; errors are answered at once."""
-        checked = self._check(conn, frame)
+    def _start(self, conn: _Conn, frame: bytes, fds: list[int] = (), cut: bool = False) -> None:
+        """Check one request frame and dispatch it; errors are answered at once. ``fds``:
+        the descriptors that came with it (this call owns them: each is claimed by the
+        call, or closed); ``cut``: some were cut on the way (MSG_CTRUNC)."""
+        checked = self._check(conn, frame, list(fds), cut)
         if isinstance(checked, bytes):
             self._reply(conn, checked)
             return
         try:
             fut = self.dispatch(checked)
         except Exception as exc:  # noqa: BLE001 - a dispatch bug is this request's InternalError
+            _release(checked)
             log.error("dispatching op %s failed", checked.op.name, exc_info=exc)
             self._reply(conn, encode_error(checked.request_id, E_INTERNAL, f"{checked.op.name} failed: "
                                            f"{type(exc).__name__}: {exc}"))
             return
+        if checked.held:
+            # What the frame's descriptors hold is the op's until its call ends (a direct op's
+            # has ended here already: what it admitted was copied beside the rings).
+            fut.add_done_callback(lambda _f, call=checked: _release(call))
         conn.call = checked
         if fut.done():
             # Answered on this thread already (an op that runs here, `Op.direct`): its reply
@@ -772,9 +804,11 @@ class ControlServer:
         # it only queues the completion and wakes the loop.
         fut.add_done_callback(lambda f, conn=conn: (self._done.append((conn, f)), self._wake()))
 
-    def _check(self, conn: _Conn, frame: bytes) -> Call | bytes:
-        """The validated `Call` for one request frame, or the error reply. Never raises for bad input."""
+    def _check(self, conn: _Conn, frame: bytes, fds: list[int], cut: bool) -> Call | bytes:
+        """The validated `Call` for one request frame, or the error reply (every one of
+        ``fds`` closed then). Never raises for bad input."""
         rid = None
+        held: list = []
         try:
             request = decode_request(frame, max_frame=self.max_frame)
             rid = request.id
@@ -789,11 +823,18 @@ class ControlServer:
                     f"(you are uid {conn.peer.uid})",
                 )
             args = op.validate(request.args)
+            if cut or len(fds) > fdpass.MAX_FRAME_FDS:
+                raise fdpass.refused(f"{op.name}: a frame carries at most {fdpass.MAX_FRAME_FDS} file "
+                                     f"descriptors; this one brought {len(fds)}{' and more, cut' if cut else ''}")
+            claimed, fds = fds, []  # the op's now: each is mapped (in held) or closed by it
+            held = op.take_fds(args, claimed)
         except ProtocolError as exc:
             return encode_error(exc.request_id if rid is None else rid, exc.code, exc.message)
+        finally:
+            fdpass.close_all(fds)
         if op.streams and conn.stream is None:
             conn.stream = Stream(self, conn)
-        return Call(op, args, conn.peer, rid, conn.stream if op.streams else None)
+        return Call(op, args, conn.peer, rid, conn.stream if op.streams else None, tuple(held))
 
     def _finish_calls(self) -> None:
         while self._done:
@@ -827,6 +868,62 @@ class ControlServer:
         except (TypeError, ValueError) as exc:
             log.error("op %s returned a result that is not JSON: %s", call.op.name, exc)
             return encode_error(rid, E_INTERNAL, f"{call.op.name} returned a result that is not JSON: {exc}")
+
+
+def _queue(conn: _Conn, data: bytes) -> None:
+    """Add one frame to ``conn``'s wbuf, its descriptors (`wire.WithFds`) to go with its first
+    bytes (wlock held). A closed connection's are closed."""
+    fds = getattr(data, "fds", None)
+    if fds:
+        if conn.closed:
+            fdpass.close_all(fds)
+            return
+        start = conn.wpos + len(conn.wbuf)
+        conn.wfds.append((start, start + len(data), fds))
+    conn.wbuf += data
+
+
+def _send_queued(conn: _Conn, until_blocked: bool = False) -> int:
+    """Write what the socket takes of wbuf now, without blocking (wlock held): a frame's
+    descriptors in one sendmsg with its first bytes, that frame's bytes alone, so the peer
+    reads them with that frame (`fds.Arrivals`); plain bytes up to the next such frame, then
+    the next message while the socket takes them all (or, ``until_blocked``, any). Returns the
+    bytes sent; BlockingIOError when none."""
+    total = 0
+    while conn.wbuf:
+        wfds = conn.wfds
+        try:
+            with memoryview(conn.wbuf) as view:
+                if not wfds:
+                    want = len(view)
+                    sent = conn.sock.send(view)
+                else:
+                    start, end, fds = wfds[0]
+                    if start == conn.wpos:
+                        want = end - start
+                        sent = conn.sock.sendmsg([view[:want]],
+                                                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                        wfds.popleft()
+                        fdpass.close_all(fds)  # the peer holds its own now
+                    else:
+                        want = start - conn.wpos
+                        sent = conn.sock.send(view[:want])
+        except (BlockingIOError, InterruptedError):
+            if total:
+                break
+            raise
+        del conn.wbuf[:sent]
+        conn.wpos += sent
+        total += sent
+        if sent < want and not until_blocked:
+            break  # the socket is full: the rest when it is writable
+    return total
+
+
+def _release(call: Call) -> None:
+    """Unmap what a call's descriptors held (its op is done with it)."""
+    for mapped in call.held:
+        mapped.close()
 
 
 def _drain(fd: int) -> None:

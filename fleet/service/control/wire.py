@@ -4,11 +4,13 @@ argument schema (`Arg`, `check_args`) they are checked against."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fleet.service.control.errors import E_INVALID, E_INVALID_ARGS, E_INVALID_REPLY, E_MALFORMED, E_TOO_LARGE, ProtocolError
+from fleet.service.control.fds import Sealed
 
 
 #: Largest frame (one JSON line, newline excluded) either side accepts: 1 MiB.
@@ -35,9 +37,31 @@ class Reply:
     error_message: str = ""
 
 
+class WithFds(bytes):
+    """A frame that names memfds (by their index among its descriptors): ``fds`` holds a
+    duplicate of each, in that order, for the writer to send with the frame's first bytes
+    and then close (`fleet.service.control.fds`)."""
+
+    fds: list[int]
+
+
 def _dumps(obj: Any) -> bytes:
+    sealed: list[Sealed] = []
+
+    def fd_index(value: Any) -> int:
+        # A value in a memfd (an outcome record's): named by its index, the descriptor beside.
+        if type(value) is Sealed:
+            sealed.append(value)
+            return len(sealed) - 1
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
     # allow_nan=False: NaN/Infinity are not JSON and other clients would choke on them.
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
+    data = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=fd_index).encode("utf-8") + b"\n"
+    if not sealed:
+        return data
+    framed = WithFds(data)
+    framed.fds = [os.dup(one.fd) for one in sealed]  # the frame's own: the record may be let go before it is sent
+    return framed
 
 
 def _reject_constant(name: str) -> Any:

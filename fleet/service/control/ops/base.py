@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from fleet.rules.errors import EXIT_OK
-from fleet.service.control.errors import E_INVALID_ARGS, E_UNKNOWN_OP, ProtocolError
+from fleet.service.control.errors import E_INVALID_ARGS, E_INVALID_REPLY, E_UNKNOWN_OP, ProtocolError
 from fleet.service.control.terminal import fields_text
 from fleet.service.control.wire import Arg, check_args
 
@@ -148,6 +148,29 @@ class Op:
 
     def check(self, args: dict[str, Any]) -> None:
         """Op-specific checks beyond types; may normalize ``args`` in place."""
+
+    def take_fds(self, args: dict[str, Any], fds: list[int]) -> list:
+        """Claim the file descriptors that came with the request (checked ``args``): the
+        `fleet.service.control.fds.Mapped` the call holds until it ends. This op claims none:
+        InvalidArgs. Owns ``fds``: on any refusal every one of them is closed."""
+        if not fds:
+            return []
+        from fleet.service.control.fds import close_all
+
+        close_all(fds)
+        raise self.bad(f"it carries no file descriptors; the frame brought {len(fds)}")
+
+    def claim_reply_fds(self, result: Any, fds: list[int]) -> None:
+        """The client half's: claim the file descriptors that came with this op's reply
+        (mapped into ``result`` in place). This op's replies carry none: ProtocolError
+        (InvalidReply). Owns ``fds``: every one is closed on a refusal."""
+        if not fds:
+            return
+        from fleet.service.control.fds import close_all
+
+        close_all(fds)
+        raise ProtocolError(E_INVALID_REPLY, f"{self.name}: its reply carries no file descriptors; the frame "
+                                             f"brought {len(fds)}")
 
     def call_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """The façade method's keyword arguments from the request's (checked) arguments."""

@@ -13,6 +13,7 @@ from fleet.rules.errors import EXIT_DATA, EXIT_FAILURE, EXIT_OK, FleetError
 from fleet.service.control.errors import E_INTERNAL, ProtocolError
 from fleet.runtime.submit import UNIT_ARGS
 from fleet.service import replays
+from fleet.service.control import fds as fdpass
 from fleet.service.control import outcome_record
 from fleet.service.control.ops.base import OPS, Op, in_range
 from fleet.service.control.wire import Arg, json_type
@@ -68,6 +69,9 @@ class SubmitOp(Op):
         "seq": Arg((int, type(None)), doc="the client's number for the unit, echoed in its outcome"),
         "chunk": Arg((bool,), default=False, doc="the payload is a list of items run as one unit"),
         "items": Arg((int, type(None)), doc="how many items the chunk holds (the ledger counts them)"),
+        "payload_fd": Arg((int, type(None)), doc="the pickled payload is in a sealed memfd: the index of its "
+                                                 "descriptor among those the frame brought (payload null)"),
+        "payload_len": Arg((int, type(None)), doc="with payload_fd: the memfd's length in bytes"),
     }
 
     direct = True  # the submitter, the outcome store and the replays take any thread
@@ -107,8 +111,12 @@ class SubmitOp(Op):
                 daemon.replays.admitted(request_id, same, fut)
         if token is not None:
             store, seq = daemon.store, args["seq"]
-            fut.add_done_callback(lambda f: store.put(token, outcome_record.encode(seq, role, f)))
+            fut.add_done_callback(lambda f: store.put(token, store.record(token, seq, role, f)))
         return fut, replayed
+
+    def take_fds(self, args: dict[str, Any], fds: list[int]) -> list:
+        """The memfd a submit's ``payload_fd`` names, mapped in place of its payload."""
+        return claim_payloads(self, [("", args)], fds)
 
     def to_wire(self, **args: Any) -> dict[str, Any]:
         """Callers pass any Python ``payload``; it is pickled unless ``encoding="json"``.
@@ -153,7 +161,16 @@ class SubmitOp(Op):
                 args["route"] = Route.parse(args["route"])
             except ValueError as exc:
                 raise self.bad(str(exc)) from None
-        if args["encoding"] == "pickle":
+        if args["payload_fd"] is not None or args["payload_len"] is not None:
+            if args["payload_fd"] is None or args["payload_len"] is None:
+                raise self.bad("payload_fd and payload_len go together (a memfd and its length)")
+            if args["encoding"] != "pickle" or args["payload"] is not None:
+                raise self.bad("a payload in a memfd (payload_fd) is pickled: encoding pickle, payload null")
+            if not 0 <= args["payload_fd"] < fdpass.MAX_FRAME_FDS:
+                raise self.bad(f"payload_fd must be 0-{fdpass.MAX_FRAME_FDS - 1}, got {args['payload_fd']}")
+            if args["payload_len"] < 1:
+                raise self.bad(f"payload_len must be >= 1, got {args['payload_len']}")
+        elif args["encoding"] == "pickle":
             if not isinstance(args["payload"], str):
                 raise self.bad(f"a pickle payload must be a base64 string, got {json_type(args['payload'])}")
             try:
@@ -213,6 +230,7 @@ class SubmitBatchOp(Op):
         "units": Arg((list,), required=True, doc=f"1-{MAX_BATCH_UNITS} objects: a submit's arguments each, "
                                                   "seq required"),
         "ack": Arg((int, type(None)), doc="v2: how many of the token's outcomes the client has received"),
+        "fds": Arg((bool,), default=False, doc="the client takes large values in sealed memfds (value_fd)"),
     }
 
     def check(self, args: dict[str, Any]) -> None:
@@ -253,14 +271,19 @@ class SubmitBatchOp(Op):
             checked.append(one)
         args["units"] = checked
 
-    def on_daemon(self, daemon, v: int, token: str, units: list, ack: int | None = None, stream=None) -> dict:
+    def take_fds(self, args: dict[str, Any], fds: list[int]) -> list:
+        """The memfds the units' ``payload_fd`` name, each mapped in place of its payload."""
+        return claim_payloads(self, [(f"units[{i}]: ", unit) for i, unit in enumerate(args["units"])], fds)
+
+    def on_daemon(self, daemon, v: int, token: str, units: list, ack: int | None = None, fds: bool = False,
+                  stream=None) -> dict:
         """Admit every unit of a checked batch in order; a refusal is that unit's alone. A
         run of plain units of one role (nothing but a pickled payload: the common case) is
         admitted a run at a time (`Submitter.submit_pickled`); a unit such a run stopped
         at, and any other unit, one by one (`SubmitOp.admit`), each with its own refusal.
         v2: the token's outcomes are pushed on ``stream`` (the batch's connection) from
         now on, and ``ack`` lets go of those the client has."""
-        daemon.store.hold(token)  # OutcomesDropped before anything is admitted
+        daemon.store.hold(token, fds)  # OutcomesDropped before anything is admitted
         if v >= 2:
             if ack is not None:
                 daemon.store.acknowledge(token, ack)
@@ -279,7 +302,7 @@ class SubmitBatchOp(Op):
                 for k, fut in enumerate(futures, i):
                     seq = units[k]["seq"]
                     fut.add_done_callback(lambda f, seq=seq, role=role: store.put(
-                        token, outcome_record.encode(seq, role, f)))
+                        token, store.record(token, seq, role, f)))
                     ids[k] = fut.unit_id
                 i += len(futures)
                 if futures and role not in roles:
@@ -302,6 +325,43 @@ class SubmitBatchOp(Op):
                     roles[role] = [specs[role].queue_bound, specs[role].slots]
             i += 1
         return {"units": ids, "errors": errors, "replayed": replayed, "roles": roles}
+
+
+def claim_payloads(op: Op, units: list[tuple[str, dict[str, Any]]], fds: list[int]) -> list:
+    """Map the memfd each unit's ``payload_fd`` names (checked: `fds.open_sealed`) as its
+    payload; the mappings, for the call to release. Every descriptor of the frame must be
+    named by exactly one unit. Owns ``fds``: on a refusal (InvalidArgs naming the unit and
+    what was wrong) every descriptor is closed and every mapping released."""
+    held, fds = [], list(fds)
+    try:
+        named: dict[int, str] = {}
+        for where, unit in units:
+            i = unit["payload_fd"]
+            if i is None:
+                continue
+            if i >= len(fds):
+                raise op.bad(f"{where}payload_fd {i} names no descriptor: the frame brought {len(fds)}")
+            if i in named:
+                raise op.bad(f"{where}payload_fd {i} is named by {named[i] or 'the submit'} too")
+            named[i] = where.rstrip(": ")
+        if len(named) < len(fds):
+            unnamed = sorted(set(range(len(fds))) - set(named))
+            raise op.bad(f"the frame brought {len(fds)} file descriptor(s); no unit names "
+                         f"{', '.join(map(str, unnamed))}")
+        for where, unit in units:
+            i = unit["payload_fd"]
+            if i is None:
+                continue
+            fd, fds[i] = fds[i], -1
+            mapped = fdpass.open_sealed(fd, unit["payload_len"], f"{op.name}: {where}payload_fd {i}")
+            held.append(mapped)
+            unit["payload"] = mapped.view
+    except BaseException:
+        fdpass.close_all(fd for fd in fds if fd >= 0)
+        for mapped in held:
+            mapped.close()
+        raise
+    return held
 
 
 #: The arguments of a plain unit (role, pickled payload, seq: `fleet.Client.submit`'s
@@ -366,13 +426,19 @@ class CollectOp(Op):
         "token": Arg((str,), required=True, doc="the client token given at submit"),
         "timeout": Arg((float,), default=10.0, doc=f"seconds to wait, 0-{COLLECT_MAX_WAIT_S:g}"),
         "ack": Arg((int, type(None)), doc="how many of the token's outcomes the client has received"),
+        "fds": Arg((bool,), default=False, doc="the client takes large values in sealed memfds (value_fd)"),
     }
 
-    def on_daemon(self, daemon, token: str, timeout: float, ack: int | None = None) -> Future:
+    def on_daemon(self, daemon, token: str, timeout: float, ack: int | None = None, fds: bool = False) -> Future:
         """The outcomes held for ``token``: a Future resolved, without blocking the caller, as
         soon as one is ready or after ``timeout`` seconds (then empty). ``ack``: how many of
-        the token's outcomes the client has."""
-        return daemon.store.collect(token, timeout, ack)
+        the token's outcomes the client has; ``fds``: it takes large values in memfds."""
+        return daemon.store.collect(token, timeout, ack, fds)
+
+    def claim_reply_fds(self, result: Any, fds: list[int]) -> None:
+        """The memfds of the reply's values, each mapped in its record's place."""
+        outcomes = result.get("outcomes") if isinstance(result, dict) else None
+        outcome_record.claim_values(outcomes if isinstance(outcomes, list) else [], fds)
 
     def check(self, args: dict[str, Any]) -> None:
         if not _TOKEN.fullmatch(args["token"]):
@@ -383,7 +449,7 @@ class CollectOp(Op):
             raise self.bad(f"ack must be >= 0, got {args['ack']!r}")
 
     def call_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {"token": args["token"], "timeout": float(args["timeout"]), "ack": args["ack"]}
+        return {"token": args["token"], "timeout": float(args["timeout"]), "ack": args["ack"], "fds": args["fds"]}
 
 
 #: What `cancel` says became of a unit (its reply's ``state``).

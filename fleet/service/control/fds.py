@@ -1,0 +1,207 @@
+"""Large data beside the control frames: sealed memfds passed with SCM_RIGHTS.
+
+A pickled payload (or a relayed result) of `MEMFD_MIN` bytes or more does not travel
+base64 inside its JSON frame: it is written into an anonymous memory file
+(``memfd_create``), sealed so that nobody can change its size or its bytes any more
+(F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_WRITE, then F_SEAL_SEAL), and its descriptor goes
+with the frame that names it (``"payload_fd": <index among the frame's fds>``). Nothing
+is named in /dev/shm: the kernel frees the bytes with the last descriptor, whichever
+side dies first, and the peer's uid does not matter.
+
+The receiver treats every descriptor as hostile (`open_sealed`): it must be a regular
+file, sealed at least against shrinking, growing and writing (else the sender could cut
+it under the receiver's mapping: SIGBUS), and exactly as long as the frame says. A frame
+carries at most `MAX_FRAME_FDS`; every descriptor a frame brought and did not claim is
+closed, as are those of a frame refused, cut short, or of a connection that closes.
+`Arrivals` keeps which descriptors came with which bytes of a stream.
+"""
+from __future__ import annotations
+
+import array
+import collections
+import fcntl
+import mmap
+import os
+import socket
+import stat
+
+from fleet.service.control.errors import E_INVALID_ARGS, ProtocolError
+
+#: Pickled bytes from which a payload or a result travels in a memfd rather than base64
+#: in its frame (base64 in JSON costs a third more bytes and a pass to encode and decode).
+MEMFD_MIN = 256 * 1024
+#: Most descriptors one frame may carry.
+MAX_FRAME_FDS = 64
+#: Most descriptors a connection may hold received and not yet claimed by a frame.
+MAX_HELD_FDS = 2 * MAX_FRAME_FDS
+#: The seals a receiver requires: no shrinking, growing or writing after it looked.
+REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+#: Ancillary room of one recvmsg: one descriptor more than a frame may carry, so that a
+#: sender passing more in one message is seen (the excess is cut: MSG_CTRUNC).
+ANCILLARY_SPACE = socket.CMSG_SPACE((MAX_FRAME_FDS + 1) * array.array("i").itemsize)
+
+
+def refused(message: str) -> ProtocolError:
+    """The InvalidArgs error of a descriptor (or of the descriptors of a frame)."""
+    return ProtocolError(E_INVALID_ARGS, message)
+
+
+def sealed(data, name: str = "fleet-data") -> int:
+    """A sealed memfd holding `data` (a buffer of at least one byte); the caller's to close."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data).cast("B")
+        os.ftruncate(fd, view.nbytes)
+        done = 0
+        while done < view.nbytes:
+            done += os.pwrite(fd, view[done:done + (1 << 30)], done)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class Sealed:
+    """A sealed memfd a sender holds until its frame went out (`close`, idempotent; also
+    when dropped, so a unit that never went out leaks nothing)."""
+
+    __slots__ = ("fd", "size")
+
+    def __init__(self, data):
+        self.size = memoryview(data).nbytes
+        self.fd = sealed(data)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self):
+        self.close()
+
+
+class Mapped:
+    """The bytes of a received memfd, mapped read-only: ``view`` (a memoryview) until `close`."""
+
+    __slots__ = ("_mm", "view")
+
+    def __init__(self, mm: mmap.mmap):
+        self._mm, self.view = mm, memoryview(mm)
+
+    def close(self) -> None:
+        if self._mm is None:
+            return
+        self.view.release()
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a view of it outlives this call: the mapping (and its descriptor) goes with it
+        self._mm = None
+
+
+def open_sealed(fd: int, length: int, what: str) -> Mapped:
+    """Map a descriptor a peer sent as `length` bytes of `what`, after checking it is a
+    sealed memory file of exactly that size. Closes `fd` either way (the mapping keeps
+    what it needs). Raises InvalidArgs naming what was wrong."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refused(f"{what}: the descriptor is not a regular file (a sealed memfd is required)")
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            seals = 0
+        missing = REQUIRED_SEALS & ~seals
+        if missing:
+            raise refused(f"{what}: the memfd is not sealed against {_seal_names(missing)} "
+                          "(F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_WRITE are required)")
+        if st.st_size != length:
+            raise refused(f"{what}: the memfd holds {st.st_size} bytes, the frame says {length}")
+        if length < 1:
+            raise refused(f"{what}: an empty memfd carries nothing (send the bytes in the frame)")
+        return Mapped(mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ))
+    finally:
+        os.close(fd)
+
+
+def _seal_names(seals: int) -> str:
+    names = [n for n, bit in (("shrinking", fcntl.F_SEAL_SHRINK), ("growing", fcntl.F_SEAL_GROW),
+                              ("writing", fcntl.F_SEAL_WRITE)) if seals & bit]
+    return ", ".join(names)
+
+
+def received(ancdata: list) -> list[int]:
+    """The descriptors of one recvmsg's ancillary data (SCM_RIGHTS), in order."""
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            ints = array.array("i")
+            ints.frombytes(data[:len(data) - len(data) % ints.itemsize])
+            fds.extend(ints)
+    return fds
+
+
+def close_all(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def send_with_fds(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+    """Send all of `data` (one frame), the descriptors with its first bytes (one sendmsg of
+    that frame's bytes alone: see `Arrivals`), the rest after."""
+    if not fds:
+        sock.sendall(data)
+        return
+    sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    if sent < len(data):
+        sock.sendall(memoryview(data)[sent:])
+
+
+class Arrivals:
+    """The descriptors a stream brought, each at the stream position of the last byte of the
+    recvmsg it came with, until the frame holding that byte claims them (`take`).
+
+    Why the last byte: Linux hands a message's descriptors to the read that takes its first
+    byte, and that read may also hold bytes written before it (a read glues earlier plain
+    data in front), never bytes written after it (it stops at a message with descriptors).
+    A sender passes a frame's descriptors with a message of that frame's bytes alone (its
+    first ones: `send_with_fds`), so the last byte of the read is that frame's. A recvmsg
+    whose descriptors were cut (MSG_CTRUNC) marks its position: the frame there is refused."""
+
+    __slots__ = ("_fds", "_cut", "position")
+
+    def __init__(self):
+        self._fds: collections.deque[tuple[int, int]] = collections.deque()
+        self._cut: collections.deque[int] = collections.deque()
+        self.position = 0  # stream position of the first byte not yet taken by a frame
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def add(self, at: int, fds: list[int], cut: bool) -> None:
+        for fd in fds:
+            self._fds.append((at, fd))
+        if cut:
+            self._cut.append(at)
+
+    def take(self, end: int) -> tuple[list[int], bool]:
+        """The descriptors that came with the bytes before stream position `end` (a frame's
+        end, its newline included), and whether some were cut on the way."""
+        fds = []
+        while self._fds and self._fds[0][0] < end:
+            fds.append(self._fds.popleft()[1])
+        cut = False
+        while self._cut and self._cut[0] < end:
+            self._cut.popleft()
+            cut = True
+        self.position = end
+        return fds, cut
+
+    def close(self) -> None:
+        close_all(fd for _, fd in self._fds)
+        self._fds.clear()
+        self._cut.clear()
