@@ -167,8 +167,14 @@ class Fleetd:
         self._stderr = open(self.stderr_path, "ab")
         argv = [sys.executable, "-m", "fleet.cli.fleetd", "--config", self.config_path, "--name", self.name,
                 *self.args]
+        argv = as_nobody_argv(argv) if self.as_nobody else ["setpriv", "--", *argv]
+        # A test process that dies without its teardown (pytest-timeout's thread method ends
+        # it with os._exit) takes its fleetd along: SIGTERM, so the daemon still drains,
+        # reaps its workers and unlinks its segments. setpriv sets it after any change of uid
+        # (which would clear it) and execs: the pid stays fleetd's.
+        argv.insert(1, "--pdeathsig=TERM")
         self.proc = subprocess.Popen(
-            as_nobody_argv(argv) if self.as_nobody else argv,
+            argv,
             env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr, cwd=self.dir,
         )
         if wait_ready:

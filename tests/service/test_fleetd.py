@@ -10,9 +10,11 @@ import io
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -23,7 +25,8 @@ from fleet.cli import fleetctl
 from fleet.service.control import ControlClient, PermissionDenied
 from fleet.rules.errors import (EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_TABLE_IN_USE, EXIT_TIMED_OUT,
                                 EXIT_USAGE)
-from tests.daemons import BOUND_S, Fleetd, alive, idle_connections, outcome_of, running_slot, segments, wait_until
+from tests.daemons import (REPO, BOUND_S, Fleetd, _reap, alive, idle_connections, outcome_of, remove_segments, running_slot,
+                           segments, wait_until)
 from tests.fleets import role
 from tests.uids import as_nobody
 
@@ -397,3 +400,33 @@ def test_the_owner_is_served_with_1000_idle_connections_open(fleet_name):
         lines = [line for line in d.stderr().splitlines() if "under pressure" in line]
         assert 1 <= len(lines) <= 20, lines
         assert "uid 65534" in "\n".join(lines)
+
+
+_DIES_WITHOUT_TEARDOWN = """
+import json, os, sys
+from tests.daemons import Fleetd
+from tests.fleets import role
+d = Fleetd(sys.argv[1], {"hang": role("hang", slots=1)}, base_dir=sys.argv[2]).start()
+d.connect().submit("hang", 3600)
+print(json.dumps([d.proc.pid, sorted(d.descendants())]), flush=True)
+os._exit(1)  # as pytest-timeout's thread method ends a test process: no teardown runs
+"""
+
+
+def test_a_test_process_that_dies_without_teardown_takes_its_fleetd_along(fleet_name):
+    base = tempfile.mkdtemp(prefix="fd-", dir="/tmp")  # short: AF_UNIX paths <= 107 bytes
+    daemon = children = None
+    try:
+        proc = subprocess.run([sys.executable, "-c", _DIES_WITHOUT_TEARDOWN, fleet_name, base],
+                              capture_output=True, text=True, timeout=BOUND_S, cwd=REPO)
+        assert proc.stdout, proc.stderr
+        daemon, children = json.loads(proc.stdout.splitlines()[-1])
+        # fleetd got SIGTERM (its parent-death signal): it drains, reaps its workers and
+        # unlinks its segments, so a killed test run leaves nothing behind.
+        wait_until(lambda: not alive([daemon, *children]), "fleetd and its workers to exit")
+        assert not segments(fleet_name)
+    finally:
+        if daemon is not None:
+            _reap([daemon, *children])
+        remove_segments(fleet_name)
+        shutil.rmtree(base, ignore_errors=True)
