@@ -54,6 +54,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 from fleet.service import control, replays, sdnotify, start_exporter
+from fleet.runtime import collector
 from fleet.runtime.config import FleetConfig, load_config
 from fleet.service.control.ops import ServedOperations
 from fleet.host.proctitle import name_process
@@ -510,7 +511,8 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
         try:
-            self.boot()
+            with collector.paused():  # the boot's imports and objects, without collections (fleet.runtime.collector)
+                self.boot()
             try:
                 self._loop()
             finally:
