@@ -54,12 +54,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 from fleet.service import control, replays, sdnotify, start_exporter
-from fleet.runtime import collector
 from fleet.runtime.config import FleetConfig, load_config
 from fleet.service.control.ops import ServedOperations
 from fleet.host.proctitle import name_process
 from fleet.rules import titles
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
+from fleet.runtime import collector
 
 log = logging.getLogger(__name__)
 
