@@ -119,19 +119,22 @@ class Executor(_StdExecutor):
                  initializer: Callable | None = None, initargs: tuple = (), *,
                  max_tasks_per_child: int | None = None, oversubscribe: bool = False,
                  max_parcel_bytes: int | None = None, max_rss_mib: int | None = None):
-        check_not_importing_main("fleet.Executor")  # the workers import __main__: no executor made there
-        _check_args(max_workers, mp_context, initializer, max_tasks_per_child)
-        _check_rss(max_rss_mib)
-        from fleet.runtime import workers as workers_mod
+        from fleet.runtime import collector
 
-        name = f"{NAME_PREFIX}{os.getpid()}-{next(_names)}"
-        launched = workers_mod.launch(name)  # first: see the note at the top of this module
-        try:
-            self._boot(name, launched, max_workers, mp_context, initializer, initargs, max_tasks_per_child,
-                       oversubscribe, max_parcel_bytes, max_rss_mib)
-        except BaseException:
-            launched.stop()  # idempotent: one its boot already stopped stays stopped
-            raise
+        with collector.paused():  # the boot's imports and objects, without collections (fleet.runtime.collector)
+            check_not_importing_main("fleet.Executor")  # the workers import __main__: no executor made there
+            _check_args(max_workers, mp_context, initializer, max_tasks_per_child)
+            _check_rss(max_rss_mib)
+            from fleet.runtime import workers as workers_mod
+
+            name = f"{NAME_PREFIX}{os.getpid()}-{next(_names)}"
+            launched = workers_mod.launch(name)  # first: see the note at the top of this module
+            try:
+                self._boot(name, launched, max_workers, mp_context, initializer, initargs, max_tasks_per_child,
+                           oversubscribe, max_parcel_bytes, max_rss_mib)
+            except BaseException:
+                launched.stop()  # idempotent: one its boot already stopped stays stopped
+                raise
 
     def _boot(self, name, launched, max_workers, mp_context, initializer, initargs, max_tasks_per_child,
               oversubscribe, max_parcel_bytes, max_rss_mib) -> None:

@@ -20,6 +20,7 @@ from concurrent.futures import Executor, Future
 from typing import Callable, Iterable, Iterator
 
 from fleet.worker.mapping import length_of, map_units, map_window, with_progress
+from fleet.runtime import collector
 from fleet.runtime.config import FleetConfig, load_config
 from fleet.runtime.submit import WAIT_ARGS, UNIT_ARGS, check_unit_args, submit_signature
 from fleet.service import start_exporter
@@ -40,23 +41,24 @@ class Fleet(Executor):
         is stepped by hand); `admission_rng`: its ``random.Random`` (Thompson sampling);
         `host`: the OS and clock the supervisor uses (`fleet.host.system.Host`; tests pass one
         with a fake clock). `_launched`: the zygote `fleet.Executor` launched first thing."""
-        check_not_importing_main("fleet.Fleet")  # the workers import __main__: no fleet made there
-        if _launched is None:
-            from fleet.runtime import workers
+        with collector.paused():  # the boot's imports and objects, without collections (fleet.runtime.collector)
+            check_not_importing_main("fleet.Fleet")  # the workers import __main__: no fleet made there
+            if _launched is None:
+                from fleet.runtime import workers
 
-            # The zygote first: its interpreter and imports start now, on the other core,
-            # while this process imports the supervisor's runtime (docs/executor.md)
-            _launched = workers.launch(config.name)
-        try:
-            from fleet.runtime.loop import Supervisor
+                # The zygote first: its interpreter and imports start now, on the other core,
+                # while this process imports the supervisor's runtime (docs/executor.md)
+                _launched = workers.launch(config.name)
+            try:
+                from fleet.runtime.loop import Supervisor
 
-            self.config = config
-            self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus,
-                                   admission_clock=admission_clock, admission_rng=admission_rng, host=host,
-                                   exporter=start_exporter, launched=_launched).start()
-        except BaseException:
-            _launched.stop()  # idempotent: one the boot already stopped stays stopped
-            raise
+                self.config = config
+                self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus,
+                                       admission_clock=admission_clock, admission_rng=admission_rng, host=host,
+                                       exporter=start_exporter, launched=_launched).start()
+            except BaseException:
+                _launched.stop()  # idempotent: one the boot already stopped stays stopped
+                raise
         #: The operator ops, each a command on the fleet's loop: the façade fleetd's control
         #: ops run against (`fleet.service.control.ops.Operations`; ``drain``, ``cancel`` and
         #: the rest). Some are this class's own methods too (made from their ops: ``status``,
@@ -70,8 +72,9 @@ class Fleet(Executor):
         Raises ConfigError (bad config), BootRefused (the quota cannot host it: see
         its exit_code), TableInUse (a live fleet of that name runs already).
         """
-        config = source if isinstance(source, FleetConfig) else load_config(source, env=os.environ if env is None else env)
-        return cls(config, **kwargs)
+        with collector.paused():  # and its config's making (fleet.runtime.collector)
+            config = source if isinstance(source, FleetConfig) else load_config(source, env=os.environ if env is None else env)
+            return cls(config, **kwargs)
 
     @property
     def name(self) -> str:

@@ -61,6 +61,7 @@ from fleet.service.control.ops import ServedOperations
 from fleet.host.proctitle import name_process
 from fleet.rules import titles
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
+from fleet.runtime import collector
 
 log = logging.getLogger(__name__)
 
@@ -541,7 +542,8 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
         try:
-            self.boot()
+            with collector.paused():  # the boot's imports and objects, without collections (fleet.runtime.collector)
+                self.boot()
             try:
                 self._loop()
             finally:

@@ -391,6 +391,10 @@ def main(argv=None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="the socketpair end inherited from the supervisor")
     parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
     args = parser.parse_args(argv)
+    # No collections while it loads and boots (~100k objects, all kept: numpy, the kernels,
+    # fleet's modules, the handlers'), but the full one of each `settle`; on again before the
+    # first fork, so every worker runs with the collector on (fleet.runtime.collector says more).
+    gc.disable()
     from fleet._native import lib
 
     lib.fleet_set_pdeathsig(signal.SIGKILL)
@@ -411,8 +415,15 @@ def main(argv=None) -> int:
     except BaseException as exc:  # noqa: BLE001 - report any boot failure to the supervisor
         zygote.send(op="error", type=type(exc).__name__, message=str(exc), path=getattr(exc, "path", None))
         return 1
+    gc.enable()
     zygote.send(op="ready", pid=os.getpid(), fleet=FLEET_ROOT)  # the supervisor checks it runs the same copy
-    return zygote.serve()
+    code = zygote.serve()
+    # Served (asked to exit, or the supervisor is gone): it ends as its workers do, without
+    # the interpreter's finalization (the teardown of every module it loaded, numpy's
+    # included, and a collection of them all: 30-60 ms a supervisor's shutdown waited for).
+    # What it printed goes out first; it holds nothing else to flush or remove.
+    _flush_std()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -119,3 +119,25 @@ def test_an_executor_whose_boot_fails_after_the_launch_leaves_no_process(tmp_pat
                               "threads": [t.name for t in threading.enumerate() if "spawner" in t.name]}))
     """, tmp_path)
     assert got == {"error": True, "children": 0, "threads": []}
+
+
+def test_the_fork_server_ends_without_the_interpreters_finalization(tmp_path):
+    """Asked to exit, the fork server ends as its workers do (os._exit after flushing what
+    it printed): no teardown of what it loaded for the shutdown to wait for, and no exit
+    handler of the main module it imported runs there. Only this process's runs, once."""
+    got = run("""
+        import atexit, json, os, sys
+        sys.path.insert(0, {repo})
+        import fleet
+
+        atexit.register(lambda: open("exits", "a").write(f"{os.getpid()}\\n"))  # each process that imports this
+
+        if __name__ == "__main__":
+            with fleet.Executor(max_workers=1) as ex:
+                server = ex.fleet._sup._rig.workers.zygote.pid
+                result = ex.submit(abs, -5).result()
+            print(json.dumps({"result": result, "server": server, "me": os.getpid()}))
+    """, tmp_path)
+    exits = (tmp_path / "exits").read_text().split()
+    assert got["result"] == 5
+    assert exits == [str(got["me"])], (exits, got["server"])

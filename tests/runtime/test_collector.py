@@ -1,0 +1,103 @@
+"""The collector held off while a fleet boots (fleet.runtime.collector): off inside the
+pause, back as it was after it (also when the boot fails), nested pauses end with the
+last; a boot makes no collection of its own but the full ones it asks for, and the
+workers run with the collector on."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+import fleet
+from fleet.runtime import collector
+from tests.api.test_executor_start import run
+from tests.fleets import config, role, unique_name
+
+
+@pytest.fixture
+def collector_on():
+    """The collector on at the start, and on again at the end whatever the test did."""
+    gc.enable()
+    yield
+    gc.enable()
+
+
+def test_the_collector_is_off_inside_the_pause_and_on_again_after(collector_on):
+    with collector.paused():
+        assert gc.isenabled() is False
+    assert gc.isenabled() is True
+
+
+def test_a_pause_whose_block_raises_puts_the_collector_back(collector_on):
+    with pytest.raises(KeyError):
+        with collector.paused():
+            raise KeyError("boot failed")
+    assert gc.isenabled() is True
+
+
+def test_a_program_that_runs_with_the_collector_off_keeps_it_off(collector_on):
+    gc.disable()
+    with collector.paused():
+        assert gc.isenabled() is False
+    assert gc.isenabled() is False
+
+
+def test_overlapping_pauses_turn_it_on_when_the_last_ends(collector_on):
+    first, second = collector.paused(), collector.paused()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # a boot of another thread ended first
+    assert gc.isenabled() is False
+    second.__exit__(None, None, None)
+    assert gc.isenabled() is True
+
+
+#: A boot in a fresh interpreter (it imports the runtime, as a program's first boot does),
+#: with the generations of the collections that start meanwhile (gc.callbacks).
+WATCHED = """
+    import gc, json, sys
+    sys.path.insert(0, {repo})
+    import fleet
+    from tests.fleets import config, role, unique_name
+
+    seen = []
+
+    def watch(phase, info):
+        if phase == "start":
+            seen.append(info["generation"])
+
+    if __name__ == "__main__":
+        boot = %s  # the face imported before: the boot is watched, not this import
+        gc.callbacks.append(watch)
+        made = boot(%s)
+        gc.callbacks.remove(watch)
+        try:
+            print(json.dumps({"boot": seen, "on": gc.isenabled(), "worker": %s}))
+        finally:
+            made.shutdown()
+"""
+
+
+def test_an_executor_boots_without_collections_of_its_own_and_its_workers_collect(tmp_path):
+    """The boot's only collections are the ones it asks for (a full one while the fork
+    server boots, the young generations' before `gc.freeze`); none of those that 700
+    allocations start. Then the loop runs (collecting again), this process collects, and
+    so do its workers: the fork server turned the collector on before its forks."""
+    got = run(WATCHED % ("fleet.Executor", "max_workers=1", "made.submit(gc.isenabled).result(timeout=60)"),
+              tmp_path)
+    assert got["boot"][:2] == [2, 1], got
+    assert got["on"] is True and got["worker"] is True
+
+
+def test_a_fleet_boots_without_collections_of_its_own(tmp_path):
+    got = run(WATCHED % ("fleet.Fleet.from_config", "config(unique_name('gcb'), {'w': role('echo', slots=1)}), env={}",
+                         "made.submit('w', 7).result(timeout=60)"), tmp_path)
+    assert got["boot"][:2] == [2, 1], got
+    assert got["on"] is True and got["worker"] == 7
+
+
+def test_a_fleet_whose_boot_fails_puts_the_collector_back(collector_on):
+    name = unique_name("gcp")
+    with pytest.raises(fleet.ConfigError):
+        fleet.Fleet.from_config(config(name, {"w": role("no_such_handler")}), env={})
+    assert gc.isenabled() is True
