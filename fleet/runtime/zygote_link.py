@@ -128,6 +128,7 @@ class ZygoteLink:
             "worker_nice": worker_nice,
             "roles": [dataclasses.asdict(r) for r in roles],
             "sys_path": list(sys.path),
+            "pythonpath": os.environ.get("PYTHONPATH"),  # zygote_env's is for the zygote's own start
             "log_level": logging.getLogger("fleet").getEffectiveLevel(),
             "workers": None if workers is None else workers.to_boot(),
         }
@@ -145,8 +146,8 @@ class ZygoteLink:
             raise WorkerStartError(f"worker fork server said {reply!r} at boot")
         theirs = reply.get("fleet")
         if theirs is None or os.path.realpath(theirs) != os.path.realpath(FLEET_ROOT):
-            raise WorkerStartError(f"worker fork server runs the fleet package of {theirs!r}, "
-                                   f"this process the one of {FLEET_ROOT!r}: they must be one copy")
+            raise WorkerStartError(f"worker fork server imports fleet from {theirs!r}, "
+                                   f"this process from {FLEET_ROOT!r}: they must run one copy")
         self._sock.setblocking(False)
 
     def _reply(self, deadline: float) -> dict:

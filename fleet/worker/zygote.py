@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 #: fleet (its table layout, FSM and ring protocol), whatever else the zygote's working
 #: directory or environment would put first (a folder named fleet, another install).
 #: The zygote says it back at boot (`fleet.runtime.zygote_link` checks it).
-FLEET_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLEET_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def resolve_handler(spec: str, where: str):
@@ -159,6 +159,14 @@ class Zygote:
         self.name = msg["name"]
         name_process(titles.fork_server(self.name))
         sys.path[:] = msg["sys_path"]
+        # The environment the workers (and whatever they start) inherit is the caller's:
+        # the PYTHONPATH this process was started with put fleet's root first for its own
+        # start only.
+        if "pythonpath" in msg:
+            if msg["pythonpath"] is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = msg["pythonpath"]
         self.worker_nice = msg.get("worker_nice")
         self.setup = WorkerSetup.from_boot(msg.get("workers"))
         self.init = prepare_zygote(self.setup)  # the main module first: handlers and pickles may name it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -278,3 +279,32 @@ def test_a_zygote_preloads_the_built_kernels_and_the_worker_without_numba(fleet_
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [["fleet.shm.table._kernels", "fleet.worker.process", "fleet.host.priority"],
                                       [False, True], True, False]
+
+
+def test_a_copy_of_fleet_found_only_on_this_process_path_is_the_one_the_workers_run(tmp_path, fleet_name):
+    """A second copy of the package (a checkout beside the program), not the installed one:
+    the zygote imports it from the same directory, or the boot would refuse the mismatch."""
+    alt = tmp_path / "alt"
+    shutil.copytree(os.path.dirname(fleet.__file__), alt / "fleet", ignore=shutil.ignore_patterns("__pycache__"))
+    done = _run(tmp_path, tmp_path, fleet_name, str(alt))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"fleet {alt / 'fleet' / '__init__.py'}" in done.stdout and "result 49" in done.stdout
+
+
+def _environment(_=None):
+    """In a worker: its PYTHONPATH, and whether a Python it starts finds fleet's subpackages
+    at the top level (it must not: they are fleet.api, fleet.rules, ...)."""
+    probe = subprocess.run([sys.executable, "-c", "import importlib.util as u; "
+                            "print([m for m in ('api', 'rules', 'runtime', 'worker') if u.find_spec(m)])"],
+                           capture_output=True, text=True, timeout=60)
+    return os.environ.get("PYTHONPATH"), probe.stdout.strip()
+
+
+@pytest.mark.parametrize("pythonpath", [None, "/nowhere/a"])
+def test_a_worker_inherits_the_callers_pythonpath_not_the_zygotes(pythonpath, monkeypatch):
+    if pythonpath is None:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONPATH", pythonpath)
+    with fleet.Executor(max_workers=1) as ex:
+        assert ex.submit(_environment).result(60) == (pythonpath, "[]")
