@@ -203,7 +203,8 @@ def test_table_survives_an_attacher_and_a_process_killed_mid_run(table, reaper, 
 
 
 def test_snapshots_never_show_a_torn_record(table, reaper):
-    """A writer process rewrites a slot record in a tight loop; every snapshot sees it whole."""
+    """A writer process rewrites a slot record in a tight loop; every snapshot sees it whole,
+    or says it is torn: never a mix of two writes passed off as one."""
     writer = _spawn(reaper, "meta-writer", table.name, 2)
     _wait_ready(writer)
     _start(writer)
@@ -212,7 +213,11 @@ def test_snapshots_never_show_a_torn_record(table, reaper):
     while len(seen) < 2_000:
         assert time.monotonic() < deadline, "the writer made no progress"
         snap = table.snapshot()
-        assert snap.torn == ()
+        if snap.torn:
+            # The writer was preempted mid-write for longer than TORN_TIMEOUT_NS (a loaded
+            # host): the reader says so and moves on, which is what the bound is for.
+            assert snap.torn == ("slots[2]",)
+            continue
         rec = snap.slots[2]
         unit, pid, lo, hi = (int(x) for x in rec[[L.S_UNIT, L.S_PID, L.S_CPUS_LO, L.S_CPUS_HI]])
         assert unit == pid == lo == hi, f"torn record: {unit} {pid} {lo} {hi}"
