@@ -59,11 +59,11 @@ def cpu_times(proc: str = "/proc") -> dict[int, tuple[int, int]]:
         return {}
     out = {}
     for line in text.splitlines():
-        if not line.startswith("cpu") or line.startswith("cpu "):
+        if not line.startswith("cpu"):
             continue
         fields = line.split()
         try:
-            cpu = int(fields[0][3:])
+            cpu = int(fields[0][3:])  # (the first line, "cpu", sums every CPU: no number)
             ticks = [int(v) for v in fields[1:1 + _TOTAL_COLUMNS]]
         except ValueError:
             continue
