@@ -22,8 +22,9 @@ The decision, per seat, with hysteresis:
   worker is then *widened*: its affinity becomes its share's CPUs (`share_cpus`: the
   CPUs of every running seat that runs the same roles), so the scheduler places it on
   whichever of them is free, as it does a peer's workers.
-* contended -> calm: `hold` windows in a row below `exit_share` (or without evidence)
-  in which the seat's own CPUs were free. The worker is *re-pinned* to them.
+* contended -> calm: `hold` windows below `exit_share` (or without evidence) in which
+  the seat's own CPUs were free, with none at or above `exit_share` between them. The
+  worker is *re-pinned* to them.
 * Free, the home CPUs. A widened worker's wait is read where it runs now, not on its
   home core: it runs where nobody waits, or it is idle, and a neighbour that stays
   looks like calm. So while the worker runs beyond its seat's CPUs the window also
@@ -31,8 +32,11 @@ The decision, per seat, with hysteresis:
   `free_share` of their time, they have room for it again; below that, something
   still fills them (the neighbour, or the fleet's own work, when the worker is busy
   on them itself) and the window does not count toward calm whatever the worker's own
-  wait says. Measured on 2 cores, a busy loop pinned to one: that core idle 0 % of
-  every window; the loop gone (nothing else there), 96-100 %.
+  wait says. Nor does it break the calm spell: a neighbour that stays (a busy loop on
+  them leaves them idle 0 % of every window, measured on 2 cores; gone, with nothing
+  else there, 96-100 %) never lets the spell grow, while on a host busy all over the
+  free windows between its bursts still add up to one, so the worker goes back there
+  too, later.
   A worker on its own CPUs needs no such reading: its wait is read there.
 * Contention that comes back within `hold` windows of a re-pin (a neighbour that comes
   and goes, or home CPUs that could not be read) doubles the hold (at most
@@ -165,9 +169,10 @@ def step(state: SeatContention, share: float | None, policy: ContentionPolicy = 
         # back within a hold of the last re-pin: the neighbour stayed, wait twice as long next time
         hold = min(policy.hold_max, state.hold * 2) if since is not None else policy.calm_windows
         return SeatContention(True, 0, hold, None, state.episodes + 1), WIDEN
-    home_taken = home_idle is not None and home_idle < policy.free_share
-    if home_taken or (share is not None and share >= policy.exit_share):
+    if share is not None and share >= policy.exit_share:
         return replace(state, calm=0), None
+    if home_idle is not None and home_idle < policy.free_share:
+        return state, None  # its own CPUs still filled: no calm window, nor one against the calm
     calm = state.calm + 1
     if calm < state.hold:
         return replace(state, calm=calm), None

@@ -5,7 +5,6 @@ seat may widen to, and the policy's validation."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pytest
 
@@ -67,10 +66,10 @@ FREE = ("unread", "free", "idle")
 @pytest.mark.parametrize("state, reading, home", list(itertools.product(STATES, READINGS, HOMES)))
 def test_a_contended_seat_counts_a_window_calm_only_while_its_home_cpus_are_free(state, reading, home):
     got = C.step(STATES[state], READINGS[reading], P, HOMES[home])
-    if home in FREE or not STATES[state].contended:
+    if home in FREE or not STATES[state].contended or reading not in CALM:
         assert got == EXPECTED[(state, reading)]  # its own wait decides, as without the reading
-    else:  # something still fills its own CPUs: no calm window, whatever its own wait
-        assert got == (replace(STATES[state], calm=0), None)
+    else:  # something still fills its own CPUs: no calm window, nor one that breaks the spell
+        assert got == (STATES[state], None)
 
 
 def test_a_neighbour_that_stays_on_the_home_cpu_keeps_the_worker_widened_until_it_leaves():
@@ -83,6 +82,20 @@ def test_a_neighbour_that_stays_on_the_home_cpu_keeps_the_worker_widened_until_i
     assert action is None
     state, action = C.step(state, None, P, 1.0)
     assert action == C.REPIN and (state.hold, state.episodes) == (2, 1)  # one episode, the hold never doubled
+
+
+def test_free_windows_between_the_bursts_of_a_busy_host_add_up_to_the_calm_spell():
+    state, _ = C.step(S(), 0.5, P)
+    state, action = C.step(state, 0.0, P, 0.5)  # free: one calm window of the hold's two
+    for _ in range(5):  # taken again: they neither count nor break the spell
+        state, action = C.step(state, 0.0, P, 0.1)
+        assert action is None and state.calm == 1
+    state, action = C.step(state, 0.0, P, 0.3)
+    assert action == C.REPIN
+    state, _ = C.step(S(), 0.5, P)
+    state, _ = C.step(state, 0.0, P, 0.5)
+    state, _ = C.step(state, 0.2, P, 0.1)  # the worker's own wait breaks it
+    assert state.calm == 0
 
 
 def test_a_neighbour_that_stays_doubles_the_hold_up_to_its_most():
