@@ -106,9 +106,9 @@ def timed(submit, direction: str, size: int, calls: int):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"of {','.join(SIZES)}")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated, of {','.join(SIZES)} (default {DEFAULT_SIZES})")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; a figure is their median (default 3)")
     ap.add_argument("--calls", type=int, default=0, help="calls per measure (default: ~256 MiB moved, 2..64)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
