@@ -37,8 +37,6 @@ def test_noisy_reports_every_ratio_quiet_noisy_and_its_quotient():
     res = run_bench("--noisy")
     noisy = res["noisy"]
     assert isinstance(noisy["noise_core"], int)
-    # the busy process was let run once per measure and round (the noisy half of each)
-    assert noisy["noise_spells"] >= res["rounds"]
     for row in ("fleet_slots_eq_workers", "fleet_slots_32_per_worker", "fleet_executor", "process_pool_executor",
                 "multiprocessing_pool", "bare_processes"):
         assert row in res and row in noisy, row

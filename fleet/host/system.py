@@ -78,10 +78,6 @@ class Host:
         """(ns run, ns waited on a run queue) of process `pid` (`fleet.host.affinity.schedstat`)."""
         return affinity.schedstat(pid)
 
-    def cpu_times(self) -> dict[int, tuple[int, int]]:
-        """Each CPU's (idle, total) ticks since boot (`fleet.host.affinity.cpu_times`)."""
-        return affinity.cpu_times()
-
 
 class FakeClockHost(Host):
     """A real host whose monotonic clock is stepped by hand (tests).

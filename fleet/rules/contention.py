@@ -22,26 +22,13 @@ The decision, per seat, with hysteresis:
   worker is then *widened*: its affinity becomes its share's CPUs (`share_cpus`: the
   CPUs of every running seat that runs the same roles), so the scheduler places it on
   whichever of them is free, as it does a peer's workers.
-* contended -> calm: `hold` windows below `exit_share` (or without evidence) in which
-  the seat's own CPUs were free, with none at or above `exit_share` between them. The
-  worker is *re-pinned* to them.
-* Free, the home CPUs. A widened worker's wait is read where it runs now, not on its
-  home core: it runs where nobody waits, or it is idle, and a neighbour that stays
-  looks like calm. So while the worker runs beyond its seat's CPUs the window also
-  reads those CPUs themselves (``/proc/stat``, `idle_share`): idle for at least
-  `free_share` of their time, they have room for it again; below that, something
-  still fills them (the neighbour, or the fleet's own work, when the worker is busy
-  on them itself) and the window does not count toward calm whatever the worker's own
-  wait says. Nor does it break the calm spell: a neighbour that stays (a busy loop on
-  them leaves them idle 0 % of every window, measured on 2 cores; gone, with nothing
-  else there, 96-100 %) never lets the spell grow, while on a host busy all over the
-  free windows between its bursts still add up to one, so the worker goes back there
-  too, later.
-  A worker on its own CPUs needs no such reading: its wait is read there.
-* Contention that comes back within `hold` windows of a re-pin (a neighbour that comes
-  and goes, or home CPUs that could not be read) doubles the hold (at most
-  `hold_max`), so such a neighbour costs one window per hold, ever rarer; contention
-  after a longer calm starts again from `calm_windows`.
+* contended -> calm: `hold` windows in a row below `exit_share` (or without evidence).
+  The worker is *re-pinned* to its seat's own CPUs.
+* A widened worker's wait is read where it runs now, not on its home core: a neighbour
+  that stays may look like calm, the worker is re-pinned and waits again. Contention
+  that comes back within `hold` windows of a re-pin doubles the hold (at most
+  `hold_max`), so a neighbour that stays costs one window per hold, ever rarer;
+  contention after a longer calm starts again from `calm_windows`.
 
 A worker's spin backs off (`spin_for`). A worker that ran out of work looks for its next
 task for a while (yielding the CPU between looks) before it sleeps: on a quiet host that
@@ -65,7 +52,7 @@ units go to the same process, widened or not.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from fleet.rules.errors import ConfigError
 
@@ -88,9 +75,6 @@ class ContentionPolicy:
     enter_share: float = 0.25
     #: a window below this counts toward calm
     exit_share: float = 0.10
-    #: a widened worker's home CPUs idle at least this share of a window have room for it
-    #: again (a busy loop on them: 0; gone, nothing else there: 0.96-1)
-    free_share: float = 0.25
     #: demand (run + wait) below this share of the window: no evidence, counts as calm
     min_demand: float = 0.05
     #: calm windows before a re-pin (2 s at the posture's 0.25 s)
@@ -99,7 +83,7 @@ class ContentionPolicy:
     hold_max: int = 64
 
     def __post_init__(self):
-        for name in ("enter_share", "exit_share", "free_share", "min_demand"):
+        for name in ("enter_share", "exit_share", "min_demand"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"contention.{name}", f"must be a share in [0, 1], got {value!r}")
@@ -140,28 +124,10 @@ def wait_share(run_ns: int, wait_ns: int, window_ns: int, policy: ContentionPoli
     return wait_ns / demand
 
 
-def idle_share(before: Mapping[int, tuple[int, int]], after: Mapping[int, tuple[int, int]],
-               cpus: Sequence[int]) -> float | None:
-    """The share of `cpus`' time they were idle between two readings of every CPU's
-    (idle, total) time (`fleet.host.affinity.cpu_times`); None when a CPU is missing
-    from either, or the readings went back or saw no time pass."""
-    idle = total = 0
-    for cpu in cpus:
-        if cpu not in before or cpu not in after:
-            return None
-        d_idle, d_total = after[cpu][0] - before[cpu][0], after[cpu][1] - before[cpu][1]
-        if d_idle < 0 or d_total < d_idle:
-            return None
-        idle, total = idle + d_idle, total + d_total
-    return idle / total if total > 0 else None
-
-
-def step(state: SeatContention, share: float | None, policy: ContentionPolicy = POLICY,
-         home_idle: float | None = None) -> tuple[SeatContention, str | None]:
-    """One window's reading applied to a seat: its new state, and WIDEN, REPIN or None
-    for what its worker's affinity should do. `share` is the worker's wait share
-    (`wait_share`); `home_idle`, while the worker runs beyond its seat's CPUs, their
-    idle share (`idle_share`; None: it runs on them, or they could not be read)."""
+def step(state: SeatContention, share: float | None, policy: ContentionPolicy = POLICY
+         ) -> tuple[SeatContention, str | None]:
+    """One window's reading (`wait_share`) applied to a seat: its new state, and WIDEN,
+    REPIN or None for what its worker's affinity should do."""
     if not state.contended:
         since = None if state.since_repin is None or state.since_repin >= state.hold else state.since_repin + 1
         if share is None or share < policy.enter_share:
@@ -171,8 +137,6 @@ def step(state: SeatContention, share: float | None, policy: ContentionPolicy = 
         return SeatContention(True, 0, hold, None, state.episodes + 1), WIDEN
     if share is not None and share >= policy.exit_share:
         return replace(state, calm=0), None
-    if home_idle is not None and home_idle < policy.free_share:
-        return state, None  # its own CPUs still filled: no calm window, nor one against the calm
     calm = state.calm + 1
     if calm < state.hold:
         return replace(state, calm=calm), None

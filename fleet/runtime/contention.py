@@ -3,9 +3,7 @@ posture sample; a contended one runs on its share's CPUs while that lasts, then 
 to its pin (`fleet.rules.contention` holds the rule and says why).
 
 Each sample reads every running seat's worker (`Host.schedstat`: ns run, ns waited),
-and, while a seat is contended, every CPU's idle time (`Host.cpu_times`): a widened
-worker's seat's own CPUs are judged by it (`rule.idle_share`). It hands the window's
-readings to the rule, and carries out its word: the worker's
+hands the window's wait share to the rule, and carries out its word: the worker's
 affinity (every thread, `Host.pin_process`) set to its share's CPUs (WIDEN) or back to
 its seat's (REPIN); the seat's slots' CPUs and contention published in the table
 (`fleetctl status --json`: each slot's ``cpus``, ``contended`` and ``contentions``), where
@@ -40,8 +38,6 @@ class ContentionWatch:
         n = len(layout.seats)
         self.states = [rule.SeatContention(hold=policy.calm_windows) for _ in range(n)]
         self._last: list[tuple[int, int, int, float] | None] = [None] * n
-        #: every CPU's (idle, total) ticks at the last sample, read while a seat is contended
-        self._times: dict[int, tuple[int, int]] | None = None
         #: (its seat's CPUs, the CPUs its worker was set to) while widened; None: on its seat's
         self._applied: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = [None] * n
         self._refused: set[int] = set()  # seats whose last move was refused (warned once until one succeeds)
@@ -51,32 +47,15 @@ class ContentionWatch:
     def sample(self, now: float) -> None:
         """Read every running seat's worker over the window since the last sample; act."""
         placement = self._follow.placement.cpus
-        # every CPU's times only while some seat is contended: no widened worker without one
-        times = self._host.cpu_times() if self._times is not None else None
         for seat in range(len(self.states)):
             if placement[seat] is None:  # retired: its worker leaves
                 if self._last[seat] is not None:
                     self._last[seat] = None
                     self._new_worker(seat)
                 continue
-            self._read(seat, now, placement, times)
-        if not any(state.contended for state in self.states):
-            self._times = None
-        elif times is None:  # the first contended window: the next one reads from here
-            self._times = self._host.cpu_times()
-        else:
-            self._times = times
+            self._read(seat, now, placement)
 
-    def _home_idle(self, seat: int, times) -> float | None:
-        """The idle share of the seat's own CPUs over the window while its worker runs
-        beyond them (None: it runs on them, its own wait tells; or no readings)."""
-        home = tuple(self._workers.cpus_of(seat))
-        applied = self._applied[seat]
-        if applied is None or applied[0] != home or times is None or self._times is None:
-            return None  # (an epoch that moved the seat re-pinned its worker to its new CPUs)
-        return rule.idle_share(self._times, times, home)
-
-    def _read(self, seat: int, now: float, placement, times) -> None:
+    def _read(self, seat: int, now: float, placement) -> None:
         pid = self._workers.pids.get(seat)
         stat = self._host.schedstat(pid) if pid is not None else None
         last = self._last[seat]
@@ -86,7 +65,7 @@ class ContentionWatch:
                 self._new_worker(seat)
             return
         share = rule.wait_share(stat[0] - last[1], stat[1] - last[2], int((now - last[3]) * 1e9), self._policy)
-        state, action = rule.step(self.states[seat], share, self._policy, self._home_idle(seat, times))
+        state, action = rule.step(self.states[seat], share, self._policy)
         self.states[seat] = state
         if action is not None:
             self._publish(seat)

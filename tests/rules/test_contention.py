@@ -1,7 +1,6 @@
 """The contention rule (fleet.rules.contention): the wait share of a window, every state
-against every kind of reading, a widened seat's home CPUs that must be free before it
-goes back, the hold that doubles for a neighbour that comes back, the share a contended
-seat may widen to, and the policy's validation."""
+against every kind of reading, the hold that doubles for a neighbour that stays, the
+share a contended seat may widen to, and the policy's validation."""
 from __future__ import annotations
 
 import itertools
@@ -11,7 +10,7 @@ import pytest
 from fleet.rules import contention as C
 from fleet.rules.errors import ConfigError
 
-P = C.ContentionPolicy(enter_share=0.25, exit_share=0.10, free_share=0.25, min_demand=0.05, calm_windows=2, hold_max=8)
+P = C.ContentionPolicy(enter_share=0.25, exit_share=0.10, min_demand=0.05, calm_windows=2, hold_max=8)
 S = C.SeatContention
 
 #: states: fresh; re-pinned a window ago (hold 2); re-pinned a hold ago (ages out now);
@@ -57,51 +56,9 @@ def test_the_table_covers_the_whole_product():
     assert set(EXPECTED) == set(itertools.product(STATES, READINGS))
 
 
-#: a widened worker's home CPUs over the window: not read (or not widened), taken (a busy
-#: loop), just short of the free share, exactly it, wholly idle
-HOMES = {"unread": None, "taken": 0.0, "short": 0.24, "free": 0.25, "idle": 1.0}
-FREE = ("unread", "free", "idle")
-
-
-@pytest.mark.parametrize("state, reading, home", list(itertools.product(STATES, READINGS, HOMES)))
-def test_a_contended_seat_counts_a_window_calm_only_while_its_home_cpus_are_free(state, reading, home):
-    got = C.step(STATES[state], READINGS[reading], P, HOMES[home])
-    if home in FREE or not STATES[state].contended or reading not in CALM:
-        assert got == EXPECTED[(state, reading)]  # its own wait decides, as without the reading
-    else:  # something still fills its own CPUs: no calm window, nor one that breaks the spell
-        assert got == (STATES[state], None)
-
-
-def test_a_neighbour_that_stays_on_the_home_cpu_keeps_the_worker_widened_until_it_leaves():
-    state, action = C.step(S(), 0.5, P)
-    assert action == C.WIDEN
-    for _ in range(100):  # widened, it waits for nothing; the neighbour fills its home CPU
-        state, action = C.step(state, 0.0, P, 0.0)
-        assert action is None and state.contended
-    state, action = C.step(state, 0.0, P, 0.9)  # the neighbour left
-    assert action is None
-    state, action = C.step(state, None, P, 1.0)
-    assert action == C.REPIN and (state.hold, state.episodes) == (2, 1)  # one episode, the hold never doubled
-
-
-def test_free_windows_between_the_bursts_of_a_busy_host_add_up_to_the_calm_spell():
-    state, _ = C.step(S(), 0.5, P)
-    state, action = C.step(state, 0.0, P, 0.5)  # free: one calm window of the hold's two
-    for _ in range(5):  # taken again: they neither count nor break the spell
-        state, action = C.step(state, 0.0, P, 0.1)
-        assert action is None and state.calm == 1
-    state, action = C.step(state, 0.0, P, 0.3)
-    assert action == C.REPIN
-    state, _ = C.step(S(), 0.5, P)
-    state, _ = C.step(state, 0.0, P, 0.5)
-    state, _ = C.step(state, 0.2, P, 0.1)  # the worker's own wait breaks it
-    assert state.calm == 0
-
-
 def test_a_neighbour_that_stays_doubles_the_hold_up_to_its_most():
-    """Widened, with its home CPU unread, the worker runs where it is not waited for, looks
-    calm and is re-pinned; the neighbour is still there (or came back): each return within
-    the hold doubles it, up to hold_max."""
+    """Widened, the worker runs where it is not waited for, looks calm and is re-pinned; the
+    neighbour is still there: each return within the hold doubles it, up to hold_max."""
     state, holds = S(), []
     for _ in range(5):
         state, action = C.step(state, 0.5, P)
@@ -148,28 +105,6 @@ def test_the_wait_share_of_a_window(run, wait, window, share):
     assert got == (pytest.approx(share) if share is not None else None)
 
 
-def times(**cpus):
-    """A reading of `fleet.host.affinity.cpu_times`: cpuN=(idle, total)."""
-    return {int(name[3:]): value for name, value in cpus.items()}
-
-
-@pytest.mark.parametrize("before, after, cpus, share", [
-    (times(cpu0=(0, 0), cpu1=(10, 100)), times(cpu0=(25, 25), cpu1=(10, 125)), (1,), 0.0),  # taken: not idle a tick
-    (times(cpu0=(0, 0), cpu1=(10, 100)), times(cpu0=(25, 25), cpu1=(10, 125)), (0,), 1.0),
-    (times(cpu0=(0, 0), cpu1=(10, 100)), times(cpu0=(25, 25), cpu1=(10, 125)), (0, 1), 0.5),  # a seat of two CPUs
-    (times(cpu0=(0, 0), cpu1=(0, 0)), times(cpu0=(5, 20), cpu1=(0, 30)), (0, 1), 0.1),  # ticks, not CPUs, weigh
-    (times(cpu0=(0, 0)), times(cpu0=(0, 0)), (0,), None),  # no time passed
-    (times(cpu0=(0, 0)), times(cpu0=(25, 25), cpu1=(0, 25)), (1,), None),  # a CPU missing from a reading
-    (times(cpu0=(0, 0), cpu1=(0, 0)), times(cpu0=(25, 25)), (0, 1), None),
-    (times(cpu0=(10, 100)), times(cpu0=(5, 120)), (0,), None),  # went back (a CPU hot-plugged anew)
-    (times(cpu0=(10, 100)), times(cpu0=(40, 110)), (0,), None),  # more idle than time: no sense
-    ({}, {}, (0,), None),  # /proc/stat unreadable
-])
-def test_the_idle_share_of_home_cpus(before, after, cpus, share):
-    got = C.idle_share(before, after, cpus)
-    assert got == (pytest.approx(share) if share is not None else None)
-
-
 ROLES = [frozenset({"call"}), frozenset({"call"}), frozenset({"call"}), frozenset({"resolve"})]
 
 
@@ -188,7 +123,6 @@ def test_a_contended_seat_widens_to_its_roles_share_only(placement, seat, share)
     ({"enter_share": 1.5}, "contention.enter_share"),
     ({"exit_share": -0.1}, "contention.exit_share"),
     ({"min_demand": 2.0}, "contention.min_demand"),
-    ({"free_share": -0.5}, "contention.free_share"),
     ({"enter_share": 0.1, "exit_share": 0.2}, "contention.exit_share"),
     ({"calm_windows": 0}, "contention.calm_windows"),
     ({"calm_windows": 9, "hold_max": 8}, "contention.calm_windows"),

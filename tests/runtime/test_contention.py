@@ -148,15 +148,9 @@ class FakeHost:
         self.stats: dict[int, tuple[int, int]] = {}
         self.pins: list[tuple[int, tuple[int, ...]]] = []
         self.refuse = False
-        self.times: dict[int, tuple[int, int]] = {}  # each CPU's (idle, total) ticks; {}: unreadable
-        self.times_read = 0
 
     def schedstat(self, pid):
         return self.stats.get(pid)
-
-    def cpu_times(self):
-        self.times_read += 1
-        return dict(self.times)
 
     def pin_process(self, pid, cpus):
         if self.refuse:
@@ -189,15 +183,11 @@ def fake_watch(widen=True, roles=("work", "work", "other")):
     return watch, host, table, follow, workers
 
 
-def window(watch, host, now, waits, idle=None):
-    """One sample `now` (s): each pid ran 100 ms more and waited `waits[pid]` ms more;
-    each CPU in `idle` was idle that many of the window's 25 ticks."""
+def window(watch, host, now, waits):
+    """One sample `now` (s): each pid ran 100 ms more and waited `waits[pid]` ms more."""
     for pid, wait_ms in waits.items():
         run, wait = host.stats.get(pid, (0, 0))
         host.stats[pid] = (run + 100_000_000, wait + wait_ms * 1_000_000)
-    for cpu, ticks in (idle or {}).items():
-        was_idle, was_total = host.times.get(cpu, (0, 0))
-        host.times[cpu] = (was_idle + ticks, was_total + 25)
     watch.sample(now)
 
 
@@ -267,38 +257,3 @@ def test_a_retired_seat_is_forgotten_and_a_refused_move_is_logged_not_raised(cap
     window(watch, host, 1.5, {100: 100, 101: 0, 102: 0})
     assert host.pins[-1] == (100, (0, 1)) and watch.widened == 2
 
-
-
-def test_a_widened_worker_goes_back_only_once_its_own_cpu_is_free():
-    """Widened, seat 1's worker waits for nothing where it runs now; its own CPU 1 stays
-    taken (a busy loop: not idle a tick) and it stays widened; CPU 1 free, it goes back
-    after the hold."""
-    watch, host, table, _follow, _workers = fake_watch()
-    busy = {0: 0, 1: 0, 2: 25}
-    window(watch, host, 0.0, {100: 0, 101: 0}, busy)
-    window(watch, host, 0.25, {100: 0, 101: 100}, busy)
-    assert host.pins == [(101, (0, 1))] and host.times_read == 1  # read from the first contended window on
-    for i in range(2, 40):
-        window(watch, host, i / 4, {100: 0, 101: 0}, busy)
-    assert host.pins == [(101, (0, 1))] and watch.states[1].contended and watch.repinned == 0
-    free = {0: 0, 1: 20, 2: 25}
-    window(watch, host, 10.0, {100: 0, 101: 0}, free)
-    assert len(host.pins) == 1  # one free window of the hold's two
-    window(watch, host, 10.25, {100: 0, 101: 0}, free)
-    assert host.pins[-1] == (101, (1,)) and watch.repinned == 1 and table.contention[2] == (False, 1)
-
-
-def test_cpu_times_are_read_only_while_a_seat_is_contended_and_a_worker_on_its_pin_is_judged_by_its_wait():
-    watch, host, _table, _follow, _workers = fake_watch()
-    for i in range(4):
-        window(watch, host, i / 4, {100: 0, 101: 0, 102: 0}, {0: 25, 1: 25, 2: 25})
-    assert host.times_read == 0
-    # seat 2, its role's only seat, is contended on its pin: its CPU taken, its wait calm, it is calm again
-    window(watch, host, 1.0, {100: 0, 101: 0, 102: 100}, {0: 25, 1: 25, 2: 0})
-    assert watch.states[2].contended
-    for i in range(2):
-        window(watch, host, 1.25 + i / 4, {100: 0, 101: 0, 102: 0}, {0: 25, 1: 25, 2: 0})
-    assert not watch.states[2].contended and host.pins == []
-    reads = host.times_read
-    window(watch, host, 2.0, {100: 0, 101: 0, 102: 0})
-    assert host.times_read == reads  # no seat contended: no reading

@@ -339,9 +339,6 @@ class Noise:
         self.core = max(os.sched_getaffinity(0))
         self.proc = subprocess.Popen([sys.executable, "-c", NOISE.format(parent=os.getpid(), core=self.core)],
                                      stdin=subprocess.DEVNULL)
-        #: times it was let run: a contention rule that follows the neighbour widens a seat
-        #: at most once per spell
-        self.spells = 0
         self.on = True
         self.set(False)
 
@@ -351,7 +348,6 @@ class Noise:
                 raise RuntimeError(f"the noise process exited ({self.proc.returncode})")
             self.proc.send_signal(signal.SIGCONT if on else signal.SIGSTOP)
             self.on = on
-            self.spells += on
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -844,8 +840,7 @@ def main(argv=None):
             for c in contenders:
                 res[c.name] = c.result()
             if noise:
-                res["noisy"] = {"noise_core": noise.core, "noise_spells": noise.spells,
-                                **{c.name: c.result() for c in twins}}
+                res["noisy"] = {"noise_core": noise.core, **{c.name: c.result() for c in twins}}
                 # what each fleet's contention watch did over the run (fleet.rules.contention)
                 res["noisy"]["contention"] = {f"fleet_{name}": contention_counts(f) for name, (f, _m, _x) in opened.items()}
                 for name in ("mpire", "loky"):
