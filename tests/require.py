@@ -21,3 +21,9 @@ def lacking(why: str) -> None:
     if required():
         pytest.fail(f"{REQUIRE}=1: {why}")
     pytest.skip(why)
+
+
+#: A test that takes a core with a busy process, or that needs its fleet's CPUs to go calm
+#: once its own busy process stops: they run on one xdist worker, one at a time (`--dist
+#: loadgroup`), so one test's noise is never another's contention that never clears.
+NOISE_ALONE = pytest.mark.xdist_group("cpu-noise")

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from tests.daemons import BOUND_S, wait_until
+from tests.require import NOISE_ALONE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "tools", "bench", "dispatch_bench.py")
@@ -33,6 +34,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@NOISE_ALONE
 def test_noisy_reports_every_ratio_quiet_noisy_and_its_quotient():
     res = run_bench("--noisy")
     noisy = res["noisy"]
@@ -92,6 +94,7 @@ def test_service_stages_reports_every_stage_and_cleans_up():
     assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
 
 
+@NOISE_ALONE
 def test_a_killed_bench_leaves_no_busy_process():
     """The noise process dies with the bench, however it dies (PR_SET_PDEATHSIG)."""
     # killed only once the noise is past its start (pinned: busy looping), not while it

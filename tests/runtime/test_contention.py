@@ -20,6 +20,7 @@ from fleet.rules import contention as rule
 from fleet.rules.seats import Seat
 from fleet.runtime.contention import ContentionWatch
 from tests import require
+from tests.require import NOISE_ALONE
 from tests.daemons import BOUND_S, wait_until
 from tests.fleets import running
 
@@ -105,6 +106,7 @@ def _the_busy_seat(f):
     return seats[-1].index, f._sup.seats.workers.pids[seats[-1].index], cpu
 
 
+@NOISE_ALONE
 def test_a_worker_whose_cpu_a_busy_process_takes_runs_on_its_roles_cpus_then_goes_back(fleet_name):
     with running(two_seats(fleet_name, "widen")) as f:
         seat, pid, cpu = _the_busy_seat(f)
@@ -126,6 +128,7 @@ def test_a_worker_whose_cpu_a_busy_process_takes_runs_on_its_roles_cpus_then_goe
         assert f._sup.seats.workers.pids[seat] == pid  # the same worker: moved, never replaced
 
 
+@NOISE_ALONE
 def test_with_contention_pin_a_contended_worker_is_shown_and_stays_on_its_cpu(fleet_name):
     with running(two_seats(fleet_name, "pin")) as f:
         seat, pid, cpu = _the_busy_seat(f)
