@@ -25,6 +25,7 @@ from fleet.shm import parcels
 from fleet.service.control import fds as fdpass
 from fleet.service.control import outcome_record
 from fleet.service.control.wire import decode_reply, encode_request
+from tests import require
 from tests.daemons import BOUND_S, served_fleetd, wait_until
 from tests.fleets import role
 from tests.service.test_submit_batch import all_stopped
@@ -399,7 +400,7 @@ def test_a_large_payload_of_a_client_of_another_uid_than_fleetds_arrives(tmp_pat
     """fleetd runs as uid 65534; this client (root, which may submit to it) trusts that uid:
     the memfd crosses whatever the uids."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to run fleetd as uid 65534")
+        require.lacking("root, to run fleetd as uid 65534")
     data = os.urandom(3 << 20)
     with served_fleetd("ldn", roles(), as_nobody=True) as d:
         name = d.name
