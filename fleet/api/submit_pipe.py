@@ -235,10 +235,7 @@ class SubmitPipe:
         try:
             while True:
                 try:
-                    data, ancdata, flags, _ = sock.recvmsg(1 << 16, fdpass.ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
-                    if ancdata or flags & socket.MSG_CTRUNC:
-                        arrivals.add(arrivals.position + len(buf) + max(len(data), 1) - 1, fdpass.received(ancdata),
-                                     bool(flags & socket.MSG_CTRUNC))
+                    data = arrivals.recv(sock, 1 << 16, len(buf))
                 except TimeoutError:
                     with self._lock:
                         late = self._flight and self._flight[0].sent and \
@@ -251,7 +248,7 @@ class SubmitPipe:
                     break
                 buf += data
                 while (nl := buf.find(b"\n")) >= 0:
-                    fds, cut = arrivals.take(arrivals.position + nl + 1)
+                    fds, cut = arrivals.take(nl + 1)
                     try:
                         frame = decode_stream(bytes(buf[:nl]))
                         if cut:

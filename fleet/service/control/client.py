@@ -87,7 +87,7 @@ class ControlClient:
         rid = next(self._ids)
         frame = encode_request(op, spec.to_wire(**args), rid)
         line = self._roundtrip(frame)
-        fds, cut = self._arrivals.take(self._arrivals.position + len(line) + 1)
+        fds, cut = self._arrivals.take(len(line) + 1)
         try:
             reply = decode_reply(line)
             if cut:
@@ -116,7 +116,7 @@ class ControlClient:
         """Send ``data`` as-is and decode one reply: for tests and diagnostics (descriptors that
         came with it are closed)."""
         line = self._roundtrip(data)
-        fdpass.close_all(self._arrivals.take(self._arrivals.position + len(line) + 1)[0])
+        fdpass.close_all(self._arrivals.take(len(line) + 1)[0])
         return decode_reply(line)
 
     def close(self) -> None:
@@ -239,11 +239,7 @@ class ControlClient:
                 line = bytes(self._buf[:nl])
                 del self._buf[: nl + 1]
                 return line
-            data, ancdata, flags, _ = sock.recvmsg(65536, fdpass.ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
-            if ancdata or flags & socket.MSG_CTRUNC:
-                arrivals = self._arrivals
-                arrivals.add(arrivals.position + len(self._buf) + max(len(data), 1) - 1, fdpass.received(ancdata),
-                             bool(flags & socket.MSG_CTRUNC))
+            data = self._arrivals.recv(sock, 65536, len(self._buf))
             if not data:
                 raise NotRunning(f"fleet daemon at {self.path} closed the connection before replying")
             self._buf += data

@@ -147,7 +147,7 @@ def close_all(fds) -> None:
         try:
             os.close(fd)
         except OSError:
-            pass
+            pass  # closed already (EBADF): what this call is for is done
 
 
 def send_with_fds(sock: socket.socket, data: bytes, fds: list[int]) -> None:
@@ -182,15 +182,26 @@ class Arrivals:
     def __len__(self) -> int:
         return len(self._fds)
 
+    def recv(self, sock: socket.socket, size: int, buffered: int) -> bytes:
+        """One read of at most `size` bytes from `sock` (raising as `sock.recvmsg` does), its
+        descriptors kept at the position of its last byte; `buffered` is how many bytes read
+        before it no frame has taken yet."""
+        data, ancdata, flags, _ = sock.recvmsg(size, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
+        if ancdata or flags & socket.MSG_CTRUNC:
+            self.add(self.position + buffered + max(len(data), 1) - 1, received(ancdata),
+                     bool(flags & socket.MSG_CTRUNC))
+        return data
+
     def add(self, at: int, fds: list[int], cut: bool) -> None:
         for fd in fds:
             self._fds.append((at, fd))
         if cut:
             self._cut.append(at)
 
-    def take(self, end: int) -> tuple[list[int], bool]:
-        """The descriptors that came with the bytes before stream position `end` (a frame's
-        end, its newline included), and whether some were cut on the way."""
+    def take(self, nbytes: int) -> tuple[list[int], bool]:
+        """The descriptors that came with the stream's next `nbytes` bytes (a frame, its
+        newline included), and whether some were cut on the way."""
+        end = self.position + nbytes
         fds = []
         while self._fds and self._fds[0][0] < end:
             fds.append(self._fds.popleft()[1])

@@ -581,20 +581,17 @@ class ControlServer:
 
     def _read(self, conn: _Conn) -> None:
         try:
-            data, ancdata, flags, _ = conn.sock.recvmsg(65536, fdpass.ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
+            # Descriptors that come with these bytes wait for the frame holding the last of
+            # them (`fds.Arrivals`, `_advance`).
+            data = conn.arrivals.recv(conn.sock, 65536, len(conn.rbuf))
         except (BlockingIOError, InterruptedError):
             return
-        if ancdata or flags & socket.MSG_CTRUNC:
-            # Descriptors came with these bytes: the frame holding the last of them claims them
-            # (`fds.Arrivals`, `_advance`).
-            arrivals = conn.arrivals
-            arrivals.add(arrivals.position + len(conn.rbuf) + max(len(data), 1) - 1, fdpass.received(ancdata),
-                         bool(flags & socket.MSG_CTRUNC))
-            if len(arrivals) > fdpass.MAX_HELD_FDS:
-                self._reply(conn, encode_error(None, E_INVALID_ARGS, f"the connection holds {len(arrivals)} file "
-                                               f"descriptors no frame has claimed (at most {fdpass.MAX_HELD_FDS})"))
-                conn.closing = True
-                arrivals.close()
+        arrivals = conn.arrivals
+        if len(arrivals) > fdpass.MAX_HELD_FDS:
+            self._reply(conn, encode_error(None, E_INVALID_ARGS, f"the connection holds {len(arrivals)} file "
+                                           f"descriptors no frame has claimed (at most {fdpass.MAX_HELD_FDS})"))
+            conn.closing = True
+            arrivals.close()
         if data:
             conn.rbuf += data
         else:
@@ -626,7 +623,7 @@ class ControlServer:
                 break
             frame = bytes(conn.rbuf[:nl])
             del conn.rbuf[: nl + 1]
-            fds = conn.arrivals.take(conn.arrivals.position + nl + 1)
+            fds = conn.arrivals.take(nl + 1)
             conn.scanned = 0
             conn.spoke = True
             consumed = True
