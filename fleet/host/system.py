@@ -49,8 +49,9 @@ class Host:
             time.sleep(0.005)
 
     def affinity(self) -> list[int]:
-        """The CPUs this process may run on."""
-        return sorted(os.sched_getaffinity(0))
+        """The CPUs this process may run on: its main thread's mask, not the calling
+        thread's (the supervisor's loop and fleetd's control thread are pinned narrower)."""
+        return sorted(os.sched_getaffinity(os.getpid()))
 
     def effective_cpus(self):
         """The cgroup quota detection (fleet.host.cgroup.effective_cpus)."""

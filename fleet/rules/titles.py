@@ -37,6 +37,8 @@ COMM_BYTES = 15
 PREFIX = "fleet-"
 #: The supervisor loop thread's name (the program that embeds fleet keeps its own).
 LOOP_THREAD = "fleet-loop"
+#: fleetd's control thread's name (it serves the control socket, beside the loop).
+CONTROL_THREAD = "fleet-control"
 
 
 @dataclass(frozen=True)

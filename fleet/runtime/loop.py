@@ -227,6 +227,13 @@ class Supervisor:
         return quota_mod.project(config, self.host.effective_cpus(), self._cpus or self.host.affinity())
 
     @property
+    def loop_cpus(self) -> tuple[int, ...] | None:
+        """The CPUs the loop runs on when pinned: the reserve the budget sets aside for it,
+        off the workers' seats (None: not pinned; the scheduler places it). Moved by an
+        epoch (`fleet.runtime.reseat`); any thread may read it."""
+        return self.follow.loop_cpus if self.follow is not None else None
+
+    @property
     def draining(self) -> bool:
         """Whether a drain refuses new units (fleetd's STATUS= line reads it): the door's
         flag, the fleet's one copy of it."""

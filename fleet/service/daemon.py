@@ -582,6 +582,7 @@ class Daemon:
             self.server = control.ControlServer(
                 path, control.with_blocking_ops(self.handler, self.calls.submit, self.calls.refusal),
                 group=self.options.socket_group, mode=self.options.socket_mode,
+                cpus=lambda: self.sup.loop_cpus,  # the control plane runs beside the loop
             ).start()
         except BaseException:
             self.sup.kill()

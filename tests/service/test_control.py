@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from fleet.service import control as c
 from fleet.rules.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, ConfigError
-from tests.daemons import idle_connections
+from tests.daemons import idle_connections, wait_until
 from tests import require
 
 NOBODY = 65534
@@ -1145,3 +1145,42 @@ def test_pressure_log_is_rate_limited():
         assert len(records) == 2  # nothing new: nothing to say
     finally:
         c.log.removeHandler(handler)
+
+
+# ---------------------------------------------------------------- where the server's thread runs
+
+
+def _allowed(tid: int) -> set:
+    return os.sched_getaffinity(tid)
+
+
+def test_the_server_thread_runs_where_cpus_names_and_follows_each_change(sockdir):
+    mask = sorted(os.sched_getaffinity(os.getpid()))
+    if len(mask) < 2:
+        require.lacking(f"needs two CPUs to tell a pinned thread from a free one (this process may use {mask})")
+    where = [(mask[0],)]
+    with serving(sockdir, cpus=lambda: where[0]) as s:
+        tid = s.server._thread.native_id
+        assert comm_of(tid) == "fleet-control"
+        wait_until(lambda: _allowed(tid) == {mask[0]}, "the server thread on the first CPU")
+        where[0] = (mask[-1],)
+        with c.ControlClient(s.path) as cl:
+            cl.call("status")  # any pass of the server's loop looks again
+        wait_until(lambda: _allowed(tid) == {mask[-1]}, "the server thread moved to the last CPU")
+        where[0] = None  # nowhere in particular: wherever the process may run
+        with c.ControlClient(s.path) as cl:
+            cl.call("status")
+        wait_until(lambda: _allowed(tid) == set(mask), "the server thread free again")
+        assert os.sched_getaffinity(os.getpid()) == set(mask)  # the process's own mask is untouched
+
+
+def test_without_cpus_the_server_thread_stays_where_it_was_started(sockdir):
+    with serving(sockdir) as s:
+        with c.ControlClient(s.path) as cl:
+            cl.call("status")
+        assert _allowed(s.server._thread.native_id) == os.sched_getaffinity(os.getpid())
+
+
+def comm_of(tid: int) -> str:
+    with open(f"/proc/{os.getpid()}/task/{tid}/comm") as f:
+        return f.read().strip()

@@ -430,3 +430,37 @@ def test_a_test_process_that_dies_without_teardown_takes_its_fleetd_along(fleet_
             _reap([daemon, *children])
         remove_segments(fleet_name)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- where fleetd's threads run
+
+
+def _threads_by_name(pid: int) -> dict:
+    out: dict = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                out.setdefault(f.read().strip(), []).append(int(tid))
+        except FileNotFoundError:
+            pass  # a thread that ended meanwhile
+    return out
+
+
+def test_the_control_thread_runs_on_the_supervisor_loops_cpus_off_the_workers_seats(fleet_name):
+    # One worker of one core on a host of two or more: the budget gives the loop CPUs of its
+    # own, and fleetd's control thread belongs there with it, not on the worker's core.
+    if len(os.sched_getaffinity(0)) < 2:
+        from tests import require
+        require.lacking("needs two CPUs: one for the worker's seat, one for the supervisor's loop")
+    with Fleetd(fleet_name, {"sq": role("square", slots=1)}) as d, d.connect() as client:
+        assert client.submit("sq", 3).result(BOUND_S) == 9
+        workers = [row["pid"] for row in client.status()["census"] if row.get("pid")]
+        pid = d.proc.pid
+        names = _threads_by_name(pid)
+        (loop,), (control,) = names["fleet-loop"], names["fleet-control"]
+        loop_cpus = os.sched_getaffinity(loop)
+        assert loop_cpus != os.sched_getaffinity(pid), "the loop is pinned to the CPUs its budget reserves"
+        wait_until(lambda: os.sched_getaffinity(control) == loop_cpus, "the control thread on the loop's CPUs")
+        worker_cpus = set().union(*(os.sched_getaffinity(w) for w in workers))
+        assert workers and not worker_cpus & loop_cpus
+        assert os.sched_getaffinity(pid) == os.sched_getaffinity(0)  # the process's own mask stays whole

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.host.proctitle import name_thread
+from fleet.rules import titles
 from fleet.rules.errors import FleetError
 from fleet.service.control import fds as fdpass
 from fleet.service.control.calls import Call, Peer
@@ -276,6 +278,7 @@ class ControlServer:
         write_timeout: float = WRITE_TIMEOUT_S,
         idle_timeout: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        cpus: Callable[[], tuple[int, ...] | None] | None = None,
     ):
         if max_connections < 1 or max_per_uid < 1 or not 0 <= reserved <= max_connections:
             raise ValueError(
@@ -297,6 +300,8 @@ class ControlServer:
         self.write_timeout = write_timeout
         self.idle_timeout = idle_timeout
         self._clock = clock
+        self._cpus = cpus
+        self._pinned: tuple[int, ...] | None = None  # where this server's thread was put (None: as inherited)
         self._listener: socket.socket | None = None
         self._inode: tuple[int, int] | None = None
         self._sel: selectors.BaseSelector | None = None
@@ -420,8 +425,10 @@ class ControlServer:
 
     def _serve(self) -> None:
         assert self._sel is not None
+        name_thread(titles.CONTROL_THREAD)  # top -H; and where it runs: `_follow_cpus`
         try:
             while not self._stopping.is_set():
+                self._follow_cpus()
                 for key, events in self._sel.select(self._sleep_for()):
                     if key.data == "listener":
                         self._accept_burst()
@@ -437,6 +444,23 @@ class ControlServer:
             log.exception("control server loop failed; no more control requests are served")
         finally:
             self._teardown()
+
+    def _follow_cpus(self) -> None:
+        """Run this thread on the CPUs ``cpus()`` names, once they change (None: wherever the
+        process may run). fleetd names its supervisor loop's: the reserve the budget sets
+        aside for the loop, off the workers' seats. A request's way from this thread to the
+        loop is then a hand-over on one CPU, and a worker's CPU is not shared with the
+        control plane (measured in docs/internals.md)."""
+        if self._cpus is None:
+            return
+        want = self._cpus()
+        if want == self._pinned:
+            return
+        try:
+            os.sched_setaffinity(0, want if want is not None else os.sched_getaffinity(os.getpid()))
+        except OSError as exc:
+            log.warning("cannot run the control thread on CPUs %s: %s", list(want or ()), exc)
+        self._pinned = want  # tried once per change: a refusal is not logged at every pass
 
     def _guarded(self, conn: _Conn, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn`` for one connection; a bug or I/O error there closes that one only."""
