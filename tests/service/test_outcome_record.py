@@ -211,3 +211,90 @@ def test_a_client_resolves_a_good_record():  # the control of the test above
         client.close()
         server.close()
         run.cleanup()
+
+
+# ---------------------------------------------------------------- values in memfds (claim_values)
+
+VALUE = b"v" * 4096
+
+
+def _memfd(data: bytes = VALUE, sealed: bool = True) -> int:
+    import fcntl
+
+    from fleet.service.control import fds as fdpass
+
+    fd = os.memfd_create("value", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    if sealed:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fdpass.REQUIRED_SEALS)
+    return fd
+
+
+def _inodes(fds) -> set:
+    return {(st.st_dev, st.st_ino) for st in map(os.fstat, fds)}
+
+
+def _held(inodes: set) -> set:
+    """Which of ``inodes`` a descriptor of this process still refers to (a mapping's own
+    duplicate included: mmap keeps one)."""
+    out = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            st = os.stat(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own descriptor, gone
+        if (st.st_dev, st.st_ino) in inodes:
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
+def _fd_record(seq: int, index, length=len(VALUE)) -> dict:
+    return {rec.V: rec.VERSION, rec.SEQ: seq, rec.KIND: rec.SOLVED, rec.VALUE_FD: index, rec.VALUE_LEN: length}
+
+
+def test_values_in_memfds_are_mapped_in_their_records_places():
+    other = b"w" * 100
+    fds = [_memfd(), _memfd(other)]
+    records = [_fd_record(1, 1, len(other)), {rec.V: rec.VERSION, rec.SEQ: 2, rec.KIND: rec.SOLVED, rec.VALUE: "eA=="},
+               _fd_record(3, 0)]
+    inodes = _inodes(fds)
+    rec.claim_values(records, fds)
+    try:
+        assert bytes(records[0][rec.VALUE_FD].view) == other and bytes(records[2][rec.VALUE_FD].view) == VALUE
+        assert rec.VALUE_FD not in records[1]
+    finally:
+        for r in (records[0], records[2]):
+            r[rec.VALUE_FD].close()
+    assert not _held(inodes)  # the frame's descriptors closed, and the mappings' own with them
+
+
+@pytest.mark.parametrize("records, nfds, field, needle", [
+    ([_fd_record(1, 2)], 1, rec.VALUE_FD, "outcome of seq 1: value_fd 2 names no descriptor: the frame brought 1"),
+    ([_fd_record(1, 0), _fd_record(2, 0)], 1, rec.VALUE_FD, "value_fd 0 is named by seq 1 too"),
+    ([_fd_record(1, 0)], 2, rec.VALUE_FD, "the frame brought 2 file descriptor(s); no record names 1"),
+    ([], 1, rec.VALUE_FD, "no record names 0"),
+    ([_fd_record(1, -1)], 1, rec.VALUE_FD, "must be a descriptor's index"),
+    ([_fd_record(1, "0")], 1, rec.VALUE_FD, "must be a descriptor's index"),
+    ([_fd_record(1, 0, 0)], 1, rec.VALUE_LEN, "must be an integer >= 1"),
+    ([_fd_record(1, 0, len(VALUE) + 1)], 1, rec.VALUE_FD, f"the memfd holds {len(VALUE)} bytes"),
+], ids=["past the frame's", "named twice", "named by none", "no record", "negative", "a string", "no length",
+        "a wrong length"])
+def test_a_value_fd_that_does_not_fit_is_a_bad_record_naming_it_and_every_descriptor_is_closed(records, nfds, field,
+                                                                                              needle):
+    fds = [_memfd() for _ in range(nfds)]
+    inodes = _inodes(fds)
+    with pytest.raises(rec.BadOutcomeRecord) as err:
+        rec.claim_values(records, fds)
+    assert err.value.field == field and needle in err.value.message, err.value.message
+    assert not _held(inodes)
+
+
+def test_an_unsealed_value_memfd_is_refused_and_the_ones_mapped_before_it_are_released():
+    fds = [_memfd(), _memfd(sealed=False)]
+    inodes = _inodes(fds)
+    records = [_fd_record(1, 0), _fd_record(2, 1)]
+    with pytest.raises(rec.BadOutcomeRecord, match="value_fd 1: the memfd is not sealed") as err:
+        rec.claim_values(records, fds)
+    assert err.value.field == rec.VALUE_FD
+    assert not _held(inodes)  # the first one's mapping was released too
+    assert records[0][rec.VALUE_FD] == 0  # nothing was put in a record's place

@@ -24,6 +24,7 @@ import mmap
 import os
 import socket
 import stat
+from collections.abc import Callable
 
 from fleet.service.control.errors import E_INVALID_ARGS, ProtocolError
 
@@ -140,6 +141,52 @@ def received(ancdata: list) -> list[int]:
             ints.frombytes(data[:len(data) - len(data) % ints.itemsize])
             fds.extend(ints)
     return fds
+
+
+def claim(items: list[tuple[int | None, int, str, str]], fds: list[int], refuse: Callable[[str], Exception],
+          noun: str) -> list[Mapped | None]:
+    """Map the memfds a frame brought, each in the place of the one item that names it.
+
+    ``items[k]`` is ``(index, length, what, who)``: the index of its descriptor among ``fds``
+    (None: it names none; otherwise an int >= 0, as its caller's schema checked), the length
+    the frame gives it, ``what`` names the field in messages ("units[1]: payload_fd"), and
+    ``who`` the item ("units[1]"). Every descriptor must be named by exactly one item, and
+    each is checked as `open_sealed` checks it. Returns the mappings in item order (None for
+    an item that names none). Owns ``fds``: on a refusal it raises ``refuse(message)`` (the
+    caller's typed error: the daemon's InvalidArgs, the client's BadOutcomeRecord) after
+    closing every descriptor and releasing every mapping made; `noun` names the items in the
+    message about a descriptor none of them names."""
+    fds, mapped = list(fds), []
+    try:
+        named: dict[int, str] = {}
+        for index, _length, what, who in items:
+            if index is None:
+                continue
+            if index >= len(fds):
+                raise refuse(f"{what} {index} names no descriptor: the frame brought {len(fds)}")
+            if index in named:
+                raise refuse(f"{what} {index} is named by {named[index]} too")
+            named[index] = who
+        if len(named) < len(fds):
+            unnamed = sorted(set(range(len(fds))) - set(named))
+            raise refuse(f"the frame brought {len(fds)} file descriptor(s); no {noun} names "
+                         f"{', '.join(map(str, unnamed))}")
+        for index, length, what, _who in items:
+            if index is None:
+                mapped.append(None)
+                continue
+            fd, fds[index] = fds[index], -1
+            try:
+                mapped.append(open_sealed(fd, length, f"{what} {index}"))
+            except ProtocolError as exc:
+                raise refuse(exc.message) from None
+    except BaseException:
+        close_all(fd for fd in fds if fd >= 0)
+        for one in mapped:
+            if one is not None:
+                one.close()
+        raise
+    return mapped
 
 
 def close_all(fds) -> None:

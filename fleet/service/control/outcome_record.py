@@ -206,40 +206,26 @@ def parse(obj: Any) -> Record:
 
 
 def claim_values(records: Any, fds: list[int]) -> None:
-    """Map the memfd each record's ``value_fd`` names (checked as `fds.open_sealed` checks a
-    payload's) in its place, from the descriptors its frame brought: every one named by
-    exactly one record. Owns ``fds``: BadOutcomeRecord naming what was wrong, every
-    descriptor closed and every mapping released, when they do not fit."""
-    fds, mapped = list(fds), []
+    """Map the memfd each record's ``value_fd`` names (`fds.claim`: every descriptor of the
+    frame named by exactly one record, each checked as a payload's is) in its place. Owns
+    ``fds``: BadOutcomeRecord naming what was wrong, every descriptor closed and every
+    mapping released, when they do not fit."""
+    records = [r for r in records if isinstance(r, dict) and VALUE_FD in r] if isinstance(records, list) else []
+    items = []
     try:
-        named = []
-        for record in records if isinstance(records, list) else ():
-            if isinstance(record, dict) and VALUE_FD in record:
-                i, n = record[VALUE_FD], record.get(VALUE_LEN)
-                if not (_is_int(i) and 0 <= i < len(fds)) or i in named:
-                    raise BadOutcomeRecord(VALUE_FD, f"{i!r:.40} names no descriptor of the {len(fds)} the frame "
-                                                     "brought, or one another record named")
-                if not (_is_int(n) and n >= 1):
-                    raise BadOutcomeRecord(VALUE_LEN, f"must be an integer >= 1, got {n!r:.40}")
-                named.append(i)
-        if len(named) != len(fds):
-            raise BadOutcomeRecord(VALUE_FD, f"the frame brought {len(fds)} descriptor(s), its records name "
-                                             f"{len(named)}")
-        for record in records if named else ():
-            if isinstance(record, dict) and VALUE_FD in record:
-                i = record[VALUE_FD]
-                fd, fds[i] = fds[i], -1
-                try:
-                    one = fdpass.open_sealed(fd, record[VALUE_LEN], f"outcome of seq {record.get(SEQ)}")
-                except ProtocolError as exc:
-                    raise BadOutcomeRecord(VALUE_FD, exc.message) from None
-                mapped.append(one)
-                record[VALUE_FD] = one
-    except BaseException:
-        fdpass.close_all(fd for fd in fds if fd >= 0)
-        for one in mapped:
-            one.close()
+        for record in records:
+            i, n = record[VALUE_FD], record.get(VALUE_LEN)
+            if not (_is_int(i) and i >= 0):
+                raise BadOutcomeRecord(VALUE_FD, f"must be a descriptor's index (an integer >= 0), got {i!r:.40}")
+            if not (_is_int(n) and n >= 1):
+                raise BadOutcomeRecord(VALUE_LEN, f"must be an integer >= 1, got {n!r:.40}")
+            items.append((i, n, f"outcome of seq {record.get(SEQ)}: value_fd", f"seq {record.get(SEQ)}"))
+    except BadOutcomeRecord:
+        fdpass.close_all(fds)
         raise
+    mapped = fdpass.claim(items, fds, lambda message: BadOutcomeRecord(VALUE_FD, message), "record")
+    for record, one in zip(records, mapped):
+        record[VALUE_FD] = one
 
 
 #: `join_part`'s answer while parts of a value are still to come.

@@ -328,40 +328,17 @@ class SubmitBatchOp(Op):
 
 
 def claim_payloads(op: Op, units: list[tuple[str, dict[str, Any]]], fds: list[int]) -> list:
-    """Map the memfd each unit's ``payload_fd`` names (checked: `fds.open_sealed`) as its
-    payload; the mappings, for the call to release. Every descriptor of the frame must be
-    named by exactly one unit. Owns ``fds``: on a refusal (InvalidArgs naming the unit and
-    what was wrong) every descriptor is closed and every mapping released."""
-    held, fds = [], list(fds)
-    try:
-        named: dict[int, str] = {}
-        for where, unit in units:
-            i = unit["payload_fd"]
-            if i is None:
-                continue
-            if i >= len(fds):
-                raise op.bad(f"{where}payload_fd {i} names no descriptor: the frame brought {len(fds)}")
-            if i in named:
-                raise op.bad(f"{where}payload_fd {i} is named by {named[i] or 'the submit'} too")
-            named[i] = where.rstrip(": ")
-        if len(named) < len(fds):
-            unnamed = sorted(set(range(len(fds))) - set(named))
-            raise op.bad(f"the frame brought {len(fds)} file descriptor(s); no unit names "
-                         f"{', '.join(map(str, unnamed))}")
-        for where, unit in units:
-            i = unit["payload_fd"]
-            if i is None:
-                continue
-            fd, fds[i] = fds[i], -1
-            mapped = fdpass.open_sealed(fd, unit["payload_len"], f"{op.name}: {where}payload_fd {i}")
-            held.append(mapped)
-            unit["payload"] = mapped.view
-    except BaseException:
-        fdpass.close_all(fd for fd in fds if fd >= 0)
-        for mapped in held:
-            mapped.close()
-        raise
-    return held
+    """Map the memfd each unit's ``payload_fd`` names (`fds.claim`: every descriptor of the
+    frame named by exactly one unit, each checked) as its payload; the mappings, for the
+    call to release. Owns ``fds``: on a refusal (InvalidArgs naming the unit and what was
+    wrong) every descriptor is closed and every mapping released."""
+    items = [(unit["payload_fd"], unit["payload_len"], f"{where}payload_fd", where.rstrip(": ") or "the submit")
+             for where, unit in units]
+    mapped = fdpass.claim(items, fds, op.bad, "unit")
+    for (_where, unit), one in zip(units, mapped):
+        if one is not None:
+            unit["payload"] = one.view
+    return [one for one in mapped if one is not None]
 
 
 #: The arguments of a plain unit (role, pickled payload, seq: `fleet.Client.submit`'s
