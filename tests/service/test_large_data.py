@@ -303,7 +303,7 @@ HOSTILE = {
                                     batch(fd_unit(1)), f"a frame carries at most {fdpass.MAX_FRAME_FDS} file "
                                                        "descriptors; this one brought 65"),
     "more than a recvmsg takes": (lambda: [memfd(PAYLOAD, SEALED) for _ in range(100)], batch(fd_unit(1)),
-                                  f"a frame carries at most {fdpass.MAX_FRAME_FDS} file descriptors"),
+                                  "and more, cut"),  # what one recvmsg's room took, and the flag that more came
     "claimed by no unit": (lambda: [memfd(PAYLOAD, SEALED), memfd(PAYLOAD, SEALED)], batch(fd_unit(1), b64_unit(2)),
                            "the frame brought 2 file descriptor(s); no unit names 1"),
     "named twice": (lambda: [memfd(PAYLOAD, SEALED)], batch(fd_unit(1), fd_unit(2)),

@@ -40,6 +40,9 @@ REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 #: Ancillary room of one recvmsg: one descriptor more than a frame may carry, so that a
 #: sender passing more in one message is seen (the excess is cut: MSG_CTRUNC).
 ANCILLARY_SPACE = socket.CMSG_SPACE((MAX_FRAME_FDS + 1) * array.array("i").itemsize)
+#: recvmsg's flag as a plain int: the socket module's IntFlag would cost three Python calls
+#: (enum's) on every read of every connection.
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)
 
 
 def refused(message: str) -> ProtocolError:
@@ -234,9 +237,8 @@ class Arrivals:
         descriptors kept at the position of its last byte; `buffered` is how many bytes read
         before it no frame has taken yet."""
         data, ancdata, flags, _ = sock.recvmsg(size, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
-        if ancdata or flags & socket.MSG_CTRUNC:
-            self.add(self.position + buffered + max(len(data), 1) - 1, received(ancdata),
-                     bool(flags & socket.MSG_CTRUNC))
+        if ancdata or flags & _MSG_CTRUNC:
+            self.add(self.position + buffered + max(len(data), 1) - 1, received(ancdata), bool(flags & _MSG_CTRUNC))
         return data
 
     def add(self, at: int, fds: list[int], cut: bool) -> None:

@@ -68,6 +68,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+#: One decoder for every frame (it keeps no state between calls): `json.loads` with an
+#: argument would build a new one per frame.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _loads(frame: bytes, max_frame: int) -> Any:
     """Parse one frame, raising ProtocolError for every way it can be bad."""
     if frame.endswith(b"\r"):
@@ -79,7 +84,7 @@ def _loads(frame: bytes, max_frame: int) -> Any:
     except UnicodeDecodeError as exc:
         raise ProtocolError(E_MALFORMED, f"frame is not UTF-8: {exc.reason} at byte {exc.start}")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return _DECODER.decode(text)
     except RecursionError:
         raise ProtocolError(E_MALFORMED, "JSON nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, and int digit limits
