@@ -121,6 +121,7 @@ CONFIG = {
     "limits.max_payload_bytes": Range(1, 1 << 48, unit="bytes"),
     "limits.max_parcel_bytes": Range(1, 1 << 48, unit="bytes"),
     "limits.max_held_outcome_bytes": Range(1, 1 << 48, unit="bytes"),
+    "limits.held_outcome_ttl_s": Range(1, WEEK_S, integer=False, unit="s"),
     # The kernel takes PSI trigger windows of 0.5..10 s, and a stall no longer than its window
     "memory.pressure_stall_ms": Range(1, 10_000, unit="ms"),
     "memory.pressure_window_ms": Range(500, 10_000, unit="ms"),

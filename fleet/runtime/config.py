@@ -137,7 +137,8 @@ _ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name
 class Limits:
     """Input limits. `max_payload_bytes`: largest unit payload accepted, pickled (default:
     none below memory; a payload too large for its ring travels beside it, fleet.shm.parcels).
-    `max_parcel_bytes`: the cap on payload bytes beside the rings at once."""
+    `max_parcel_bytes`: the cap on payload bytes beside the rings at once. The last two are
+    fleetd's own (`DAEMON_LIMITS`), for the outcomes it holds for its clients."""
 
     max_payload_bytes: int | None = None
     #: Most bytes of payloads held beside the rings at once (parcels made at submit and not
@@ -149,6 +150,21 @@ class Limits:
     #: ResultError naming it, more of them held at once drop the client's outcomes
     #: (OutcomesDropped). None: a quarter of physical memory.
     max_held_outcome_bytes: int | None = None
+    #: fleetd: seconds a client's outcomes are held after the client was last heard from (a
+    #: submit, a poll, an acknowledgement); then they are dropped (OutcomesDropped). None:
+    #: 300 s.
+    held_outcome_ttl_s: float | None = None
+
+
+#: The limits fleetd itself applies (its outcome store): a reload (SIGHUP) applies them live;
+#: the others are the supervisor's, fixed at boot.
+DAEMON_LIMITS = ("max_held_outcome_bytes", "held_outcome_ttl_s")
+
+
+def supervisor_limits(limits: Limits) -> Limits:
+    """`limits` without fleetd's own (`DAEMON_LIMITS`): what a reload compares to tell
+    whether the supervisor's limits changed (they need a restart)."""
+    return dataclasses.replace(limits, **{key: None for key in DAEMON_LIMITS})
 
 
 @dataclass(frozen=True)
@@ -373,7 +389,7 @@ def _roles(data):
 
 def _limits(data):
     data = _table("limits", data)
-    keys = ("max_payload_bytes", "max_parcel_bytes", "max_held_outcome_bytes")
+    keys = tuple(f.name for f in dataclasses.fields(Limits))
     _reject_unknown("limits", data, keys)
     caps = {key: data.get(key) for key in keys}
     return Limits(**{key: None if cap is None else _number(f"limits.{key}", cap) for key, cap in caps.items()})
@@ -590,6 +606,7 @@ _TYPES = {
     ("limits", "max_payload_bytes"): "int?",
     ("limits", "max_parcel_bytes"): "int?",
     ("limits", "max_held_outcome_bytes"): "int?",
+    ("limits", "held_outcome_ttl_s"): "float?",
     ("restart", "max_restarts"): "int",
     ("restart", "within_seconds"): "float",
     ("restart", "fork_server_timeout_s"): "float",

@@ -55,7 +55,7 @@ from concurrent.futures import Future
 
 from fleet.service import control, replays, sdnotify, start_exporter
 from fleet.runtime.beside import default_cap
-from fleet.runtime.config import FleetConfig, load_config
+from fleet.runtime.config import DAEMON_LIMITS, FleetConfig, load_config
 from fleet.service.control import outcome_record
 from fleet.service.control.ops import ServedOperations
 from fleet.host.proctitle import name_process
@@ -78,6 +78,9 @@ TICK_S = 0.25
 
 #: How a client's held outcomes are bounded (`OutcomeStore.max_bytes`), and the default.
 HELD_BYTES_KEY = "limits.max_held_outcome_bytes"
+TTL_KEY = "limits.held_outcome_ttl_s"
+#: How long a client's outcomes are held after it was last heard from, unless the config says.
+DEFAULT_OUTCOME_TTL_S = 300.0
 DEFAULT_HELD_BYTES = 64 << 20
 
 
@@ -156,7 +159,7 @@ class OutcomeStore:
     fleetd's linger at a stop does not wait for acknowledgements.
     """
 
-    def __init__(self, *, max_bytes: int = DEFAULT_HELD_BYTES, ttl_s: float = 300.0,
+    def __init__(self, *, max_bytes: int = DEFAULT_HELD_BYTES, ttl_s: float = DEFAULT_OUTCOME_TTL_S,
                  clock: Callable[[], float] = time.monotonic, lost_memory: int = 4096):
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
@@ -206,7 +209,8 @@ class OutcomeStore:
             if box.bytes > self.max_bytes:
                 self._forget_sent(box)  # handed over already: room first, before anything is lost
             if box.bytes > self.max_bytes:
-                self._drop(token, f"it held more than {self.max_bytes} bytes of uncollected outcomes")
+                self._drop(token, f"it held more than {self.max_bytes} bytes of uncollected outcomes "
+                                  f"({HELD_BYTES_KEY})")
                 wake = push = None
             elif box.stream is not None:
                 wake, push = None, None
@@ -365,7 +369,7 @@ class OutcomeStore:
                     continue
                 if now - box.seen > self.ttl_s:
                     if len(box.items) > box.sent:
-                        self._drop(token, f"nobody collected them for {self.ttl_s:g}s")
+                        self._drop(token, f"nobody collected them for {self.ttl_s:g}s ({TTL_KEY})")
                     else:
                         del self._boxes[token]
         for item in wake:
@@ -560,8 +564,7 @@ class Daemon:
         from fleet.runtime.loop import Supervisor
 
         self.config = load_config(self.options.config_path, env=self.env)
-        held = self.config.limits.max_held_outcome_bytes
-        self.store.max_bytes = default_cap() if held is None else held
+        self._apply_limits(self.config.limits)
         name = control.validate_fleet_name(self.config.name)
         if self.options.title_args is not None:
             name_process(titles.daemon(name, self.options.title_args))
@@ -750,6 +753,20 @@ class Daemon:
                      ", ".join(result["needs_restart"]) or "nothing")
         self._send("ready", self._summary())
 
+    def _apply_limits(self, limits) -> list[str]:
+        """fleetd's own limits (`config.DAEMON_LIMITS`) onto its outcome store, at boot and at
+        each reload; the keys whose value changed. A lower byte bound applies from the next
+        outcome held: a client already past it loses its outcomes then (OutcomesDropped)."""
+        held = default_cap() if limits.max_held_outcome_bytes is None else limits.max_held_outcome_bytes
+        ttl = DEFAULT_OUTCOME_TTL_S if limits.held_outcome_ttl_s is None else limits.held_outcome_ttl_s
+        store, changed = self.store, []
+        if held != store.max_bytes:
+            changed.append(HELD_BYTES_KEY)
+        if ttl != store.ttl_s:
+            changed.append(TTL_KEY)
+        store.max_bytes, store.ttl_s = held, ttl
+        return changed
+
     def reload(self) -> dict:
         """Load the config file again and hand it to the reload op (`ReloadOp`, on the loop).
 
@@ -762,6 +779,9 @@ class Daemon:
             raise ConfigReloadError(f"the config now names fleet {new.name!r}, not {self.config.name!r}; "
                                     "a fleet cannot be renamed live (start it under the new name)")
         result = self.handler.reload(new)
+        result["applied"] += self._apply_limits(new.limits)
+        self.config = dataclasses.replace(self.config, limits=dataclasses.replace(
+            self.config.limits, **{key: getattr(new.limits, key) for key in DAEMON_LIMITS}))
         if "roles" not in result["needs_restart"]:
             # Keep what was applied (queue bounds for submit replies); roles that need
             # a restart keep the running definition.

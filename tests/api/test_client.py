@@ -578,7 +578,7 @@ def test_store_drops_what_nobody_collects_and_says_so():
     clock.now += 61
     store.expire()
     assert store.undelivered() == 0 and store.tokens() == 0
-    with pytest.raises(control.OutcomesDropped, match="nobody collected them for 60s"):
+    with pytest.raises(control.OutcomesDropped, match=r"nobody collected them for 60s \(limits.held_outcome_ttl_s\)"):
         store.collect(TOKEN, 1).result(0)
     with pytest.raises(control.OutcomesDropped):
         store.hold(TOKEN)

@@ -242,6 +242,41 @@ def test_outcomes_past_the_held_bound_are_a_named_failure_or_dropped_and_their_m
             assert raised.value.type == "OutcomesDropped"
 
 
+def test_an_unheard_clients_outcomes_go_after_held_outcome_ttl_s_and_the_refusal_names_the_key():
+    with served_fleetd("ldt", roles(), limits={"held_outcome_ttl_s": 1}) as d, \
+            control.ControlClient(sock_path(d)) as c:
+        token = "goes-quiet-0123456789"
+        submit_v1(c, token, 300 << 10)  # held in a memfd: its closing tells that the outcome went
+        wait_until(lambda: memfds(d.proc.pid), "the value held in a memfd")
+        wait_until(lambda: memfds(d.proc.pid) == [], "fleetd to drop what nobody asked for within 1 s")
+        with pytest.raises(control.RemoteError, match=r"nobody collected them for 1s \(limits.held_outcome_ttl_s\)") \
+                as raised:
+            c.call("collect", token=token, timeout=0.0, fds=True)
+        assert raised.value.type == "OutcomesDropped"
+
+
+def test_sighup_applies_fleetds_own_limits_live_and_only_them():
+    bound = 8 << 20
+    with served_fleetd("ldr", roles(), limits={"max_held_outcome_bytes": bound}) as d:
+        with d.connect() as client:
+            assert client.submit("mk", 5 << 20).result(BOUND_S) == pattern(5 << 20)
+            d.write_config(roles(), limits={"max_held_outcome_bytes": 4 << 20, "held_outcome_ttl_s": 30})
+            d.signal(signal.SIGHUP)
+            d.wait_ready(count=2)
+            assert any("applied limits.max_held_outcome_bytes, limits.held_outcome_ttl_s; needs a restart to "
+                       "change: nothing" in line for line in d.stderr().splitlines()), d.stderr()[-2000:]
+            with pytest.raises(fleet.UnitFailed, match=f"limits.max_held_outcome_bytes is {4 << 20}"):
+                client.submit("mk", 5 << 20).result(BOUND_S)
+            # the supervisor's limits still need a restart, and say so
+            d.write_config(roles(), limits={"max_held_outcome_bytes": 4 << 20, "held_outcome_ttl_s": 30,
+                                            "max_payload_bytes": 1 << 20})
+            d.signal(signal.SIGHUP)
+            d.wait_ready(count=3)
+            assert any("applied nothing; needs a restart to change: limits" in line
+                       for line in d.stderr().splitlines()), d.stderr()[-2000:]
+            assert client.submit("sq", 3).result(BOUND_S) == 9
+
+
 # --------------------------------------------------------------------------- hostile clients
 
 def memfd(data: bytes, seals: int) -> int:

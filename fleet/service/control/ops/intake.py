@@ -161,12 +161,15 @@ class ReloadOp(Op):
         queue bounds, the provider catalog); report what needs a restart: ``applied``,
         ``needs_restart``. Nothing is applied if the posture policy is invalid. `run` has
         checked `config` as a boot would first."""
+        from fleet.runtime.config import supervisor_limits  # here: the client's import of the ops stays light
+
         applied, restart = [], []
         old = sup.config
-        for field in ("name", "profile", "cpus", "budget", "limits", "restart", "memory", "metrics", "store",
-                      "saturation"):
+        for field in ("name", "profile", "cpus", "budget", "restart", "memory", "metrics", "store", "saturation"):
             if getattr(config, field) != getattr(old, field):
                 restart.append(field)
+        if supervisor_limits(config.limits) != supervisor_limits(old.limits):
+            restart.append("limits")  # fleetd's own (config.DAEMON_LIMITS) it applies itself, live
         # Compare roles with the one live field masked (1: a Role refuses a bound below 1).
         old_roles = {r.name: dataclasses.replace(r, queue_bound=1) for r in old.roles}
         new_roles = {r.name: dataclasses.replace(r, queue_bound=1) for r in config.roles}
