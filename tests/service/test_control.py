@@ -1161,7 +1161,7 @@ def test_the_server_thread_runs_where_cpus_names_and_follows_each_change(sockdir
     where = [(mask[0],)]
     with serving(sockdir, cpus=lambda: where[0]) as s:
         tid = s.server._thread.native_id
-        assert comm_of(tid) == "fleet-control"
+        wait_until(lambda: comm_of(tid) == "fleet-control", "the server thread named (top -H)")
         wait_until(lambda: _allowed(tid) == {mask[0]}, "the server thread on the first CPU")
         where[0] = (mask[-1],)
         with c.ControlClient(s.path) as cl:
