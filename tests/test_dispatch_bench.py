@@ -56,6 +56,15 @@ def test_noisy_reports_every_ratio_quiet_noisy_and_its_quotient():
     k = "latency_p50_fleet_over_ppe"
     assert quot[k] == pytest.approx(quiet[k] / loud[k], abs=2e-3)
     assert "quotients" in res["targets"]
+    # each contender's own figures, noisy / quiet (the p50 turned over), from the rows themselves
+    kept = noisy["held"]
+    assert set(kept) >= {"fleet_slots_eq_workers", "fleet_executor", "process_pool_executor", "multiprocessing_pool"}
+    row, twin = res["process_pool_executor"], noisy["process_pool_executor"]
+    assert kept["process_pool_executor"]["submit_units_per_s"] == pytest.approx(
+        twin["submit_units_per_s"] / row["submit_units_per_s"], abs=2e-3)
+    assert kept["process_pool_executor"]["latency_p50"] == pytest.approx(
+        row["latency_us"]["p50"] / twin["latency_us"]["p50"], abs=2e-3)
+    assert set(kept["fleet_executor"]) >= {"submit_units_per_s", "map_chunk1_units_per_s", "latency_p50"}
     # what each fleet's contention watch did over the run (widened, re-pinned, episodes per seat)
     assert set(noisy["contention"]) == {"fleet_slots_eq_workers", "fleet_slots_32_per_worker", "fleet_executor"}
     for counts in noisy["contention"].values():

@@ -27,7 +27,9 @@ and ~50 µs CPU handlers:
                          run, quiet and with a noise process (a Python busy loop pinned to one
                          core) running, interleaved measure by measure; "noisy" holds the noisy
                          rows, its "ratios" and "quotients" (noisy ratio / quiet ratio; for the
-                         latency ratios quiet / noisy, so >= 0.8 means "held up" for every key)
+                         latency ratios quiet / noisy, so >= 0.8 means "held up" for every key),
+                         and "held": each contender's own noisy / quiet figure per measure (a
+                         quotient falls when fleet loses, and also when a peer gains)
   --service              per-unit submit through a real fleetd (fleet.connect(name).submit) against
                          a one-worker ProcessPoolExecutor, interleaved: units/s, round trip p50/p99
 fleet.Executor runs with its defaults (no max_workers, no profile: every whole core of
@@ -773,6 +775,27 @@ def quotients(quiet: dict, noisy: dict) -> dict:
     return out
 
 
+def held(quiet: dict, noisy: dict) -> dict:
+    """Per contender (a row in both), how much of its own quiet figure each measure keeps with
+    the noise on: noisy / quiet for a throughput, quiet / noisy for the round trip's p50. The
+    quotients compare fleet's ratio over a peer's, and a peer can gain from the noise (its
+    processes crowd onto the free core, where hand-overs are cheaper): these say which side
+    moved."""
+    out = {}
+    for name, row in quiet.items():
+        twin = noisy.get(name)
+        if not isinstance(row, dict) or not isinstance(twin, dict):
+            continue
+        kept = {k: round(twin[k] / v, 3) for k, v in row.items()
+                if k.endswith("_per_s") and isinstance(v, (int, float)) and v and twin.get(k)}
+        p50, loud = (row.get("latency_us") or {}).get("p50"), (twin.get("latency_us") or {}).get("p50")
+        if p50 and loud:
+            kept["latency_p50"] = round(p50 / loud, 3)
+        if kept:
+            out[name] = kept
+    return out
+
+
 def _round_rates(res) -> None:
     for section in [k for k in res if isinstance(res[k], dict) and k not in ("ratios", "ratios_by_config", "targets")]:
         for k, v in list(res[section].items()):
@@ -853,6 +876,7 @@ def main(argv=None):
         res["ratios"] = contender_ratios(res, w)
         res["noisy"]["ratios"] = contender_ratios(res["noisy"], w)
         res["noisy"]["quotients"] = quotients(res["ratios"], res["noisy"]["ratios"])
+        res["noisy"]["held"] = held({k: v for k, v in res.items() if k != "noisy"}, res["noisy"])
         res["targets"] = {"quotients": ">= 0.8 each (noisy ratio / quiet ratio; latency: quiet / noisy)"}
         _round_rates(res)
         _round_rates(res["noisy"])
