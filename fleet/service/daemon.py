@@ -78,10 +78,11 @@ TICK_S = 0.25
 
 #: How a client's held outcomes are bounded (`OutcomeStore.max_bytes`), and the default.
 HELD_BYTES_KEY = "limits.max_held_outcome_bytes"
-TTL_KEY = "limits.held_outcome_ttl_s"
-#: How long a client's outcomes are held after it was last heard from, unless the config says.
-DEFAULT_OUTCOME_TTL_S = 300.0
 DEFAULT_HELD_BYTES = 64 << 20
+#: How long a client's outcomes are held after it was last heard from (`OutcomeStore.ttl_s`),
+#: and the default.
+TTL_KEY = "limits.held_outcome_ttl_s"
+DEFAULT_OUTCOME_TTL_S = 300.0
 
 
 class ConfigReloadError(FleetError):
