@@ -407,7 +407,9 @@ import json, os, sys
 from tests.daemons import Fleetd
 from tests.fleets import role
 d = Fleetd(sys.argv[1], {"hang": role("hang", slots=1)}, base_dir=sys.argv[2]).start()
-d.connect().submit("hang", 3600)
+# In flight or still queued when the process dies, whichever the race gives: a unit of 2 s, so
+# the drain ends either way (in-flight units finish; one of an hour held the test to its bound)
+d.connect().submit("hang", 2)
 print(json.dumps([d.proc.pid, sorted(d.descendants())]), flush=True)
 os._exit(1)  # as pytest-timeout's thread method ends a test process: no teardown runs
 """
@@ -438,11 +440,9 @@ def test_a_test_process_that_dies_without_teardown_takes_its_fleetd_along(fleet_
 def _threads_by_name(pid: int) -> dict:
     out: dict = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 out.setdefault(f.read().strip(), []).append(int(tid))
-        except FileNotFoundError:
-            pass  # a thread that ended meanwhile
     return out
 
 

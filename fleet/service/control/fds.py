@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import collections
+import contextlib
 import fcntl
 import mmap
 import os
@@ -193,11 +194,10 @@ def claim(items: list[tuple[int | None, int, str, str]], fds: list[int], refuse:
 
 
 def close_all(fds) -> None:
+    """Close each of `fds`; one closed already (EBADF) is what this call is for, done."""
     for fd in fds:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass  # closed already (EBADF): what this call is for is done
 
 
 def send_with_fds(sock: socket.socket, data: bytes, fds: list[int]) -> None:
