@@ -39,6 +39,8 @@ PREFIX = "fleet-"
 LOOP_THREAD = "fleet-loop"
 #: fleetd's control thread's name (it serves the control socket, beside the loop).
 CONTROL_THREAD = "fleet-control"
+#: fleetd's thread that writes large outcomes out for their clients, off the loop.
+OUTCOME_THREAD = "fleet-outcomes"
 
 
 @dataclass(frozen=True)

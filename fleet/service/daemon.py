@@ -42,10 +42,12 @@ on its own (its supervisor loop failed).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import logging
 import os
+import queue
 import selectors
 import signal
 import threading
@@ -57,8 +59,9 @@ from fleet.service import control, replays, sdnotify, start_exporter
 from fleet.runtime.beside import default_cap
 from fleet.runtime.config import DAEMON_LIMITS, FleetConfig, load_config
 from fleet.service.control import outcome_record
+from fleet.worker.codec import CodecError
 from fleet.service.control.ops import ServedOperations
-from fleet.host.proctitle import name_process
+from fleet.host.proctitle import name_process, name_thread
 from fleet.rules import titles
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
 from fleet.runtime import collector
@@ -131,6 +134,39 @@ class _Box:
     fds: bool = False
 
 
+class _Writer:
+    """One thread, started at its first job, that runs jobs in the order given. It takes
+    the process's CPUs and niceness (those of its main thread), not those of the thread
+    that started it: that is the supervisor's loop, pinned to its reserve at a higher
+    priority, which a copy of a large value must not compete with."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+                self._thread.start()
+
+    def _serve(self) -> None:
+        name_thread(self._name)  # top -H
+        main = os.getpid()  # the main thread's id: its mask and niceness are the process's
+        with contextlib.suppress(OSError):  # a mask or niceness it may not take: it keeps its own
+            os.sched_setaffinity(0, os.sched_getaffinity(main))
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, main))
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - one job's bug must not stop the others
+                log.exception("%s: a job failed", self._name)
+
+
 class OutcomeStore:
     """Outcomes held per client token until that client's `collect` takes them.
 
@@ -172,6 +208,8 @@ class OutcomeStore:
         self._closing = False
         self._flusher: int | None = None  # the supervisor loop's thread, once it called `flush`
         self._due: list[str] = []  # attached tokens held for on that thread: `flush` writes them
+        self._writer = _Writer(titles.OUTCOME_THREAD)  # large values written out off the loop (`deliver`)
+        self._writing = 0  # outcomes handed to it and not held yet
 
     # -- from submits and outcomes
     def hold(self, token: str, fds: bool = False) -> None:
@@ -190,12 +228,42 @@ class OutcomeStore:
             box = self._boxes.get(token)
             return box is not None and box.fds
 
+    def deliver(self, token: str, seq: int | None, role: str) -> Callable[[Future], None]:
+        """The done-callback of a unit submitted under ``token``: its records held (`record`,
+        `put`). It runs where the unit ends, on the supervisor's loop; a value still in its
+        worker's parcel (`outcome_record.in_parcel`) is read and written out for the client
+        (a memfd, or base64) on the store's writer thread instead, so that a large result
+        costs the loop that serves every unit an open, not a copy. Until its records are held
+        it counts as undelivered (fleetd's linger waits for it)."""
+        def done(future: Future) -> None:
+            if not outcome_record.in_parcel(future):
+                self.put(token, self.record(token, seq, role, future))
+                return
+            with self._lock:
+                self._writing += 1
+            self._writer.run(lambda: self._write(token, seq, role, future))
+        return done
+
+    def _write(self, token: str, seq: int | None, role: str, future: Future) -> None:
+        try:
+            self.put(token, self.record(token, seq, role, future))
+        finally:
+            with self._lock:
+                self._writing -= 1
+
     def record(self, token: str, seq: int | None, role: str, future) -> list[dict]:
         """The outcome records of ``future`` for ``token``'s client (`outcome_record.encode`);
         a value alone larger than ``max_bytes`` is its unit's failed ResultError naming both
-        sizes and the key, never held."""
-        return outcome_record.encode(seq, role, future, fds=self.takes_fds(token), max_bytes=self.max_bytes,
-                                     key=HELD_BYTES_KEY)
+        sizes and the key, never held. One the daemon cannot write out (no memory, no
+        descriptor left for its memfd) is a failed ResultError saying so: the client is owed
+        exactly one outcome either way."""
+        try:
+            return outcome_record.encode(seq, role, future, fds=self.takes_fds(token), max_bytes=self.max_bytes,
+                                         key=HELD_BYTES_KEY)
+        except (OSError, MemoryError, CodecError) as exc:
+            log.warning("the outcome of unit %s could not be written out for its client: %s: %s",
+                        getattr(future, "unit_id", None), type(exc).__name__, exc)
+            return [outcome_record.undeliverable(seq, role, future, exc)]
 
     def put(self, token: str, records: list[dict]) -> None:
         """Hold ``records`` for ``token``; wakes its long poll."""
@@ -387,9 +455,10 @@ class OutcomeStore:
             _resolve(item)
 
     def undelivered(self) -> int:
-        """Records held and never sent, over every token."""
+        """Records held and never sent, over every token, and outcomes still being written
+        out (`deliver`)."""
         with self._lock:
-            return sum(len(box.items) - box.sent for box in self._boxes.values())
+            return self._writing + sum(len(box.items) - box.sent for box in self._boxes.values())
 
     def tokens(self) -> int:
         with self._lock:

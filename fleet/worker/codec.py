@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import io
+import mmap
 import os
 import pickle
 import struct
@@ -401,6 +402,13 @@ class _Pickled:
     def __init__(self, data: bytes):
         self.data = data
 
+    def pieces(self) -> list:
+        """The pickled bytes as buffers to write one after the other (here, one: `data`)."""
+        return [self.data]
+
+    def release(self) -> None:
+        """Done with the bytes (nothing to let go here; `_InParcel` closes its parcel)."""
+
     def __reduce__(self):
         data = self.data
         if type(data) is not bytes:
@@ -555,26 +563,97 @@ def _outcome(status: int, body, relay: bool):
 
 def _relayed(body, what: str) -> _Pickled:
     """A value kept pickled for fleetd's client, never unpickled here. One that came beside
-    the ring (a parcel) is taken and read out: its pickle alone, or, with out-of-band
-    buffers or blobs, a pickle of `_parts` that rebuilds it from them at the client's end
-    (fleetd sends it in parts whatever its size)."""
+    the ring (a parcel) is only opened here (taken, or held while lent): its bytes stay in
+    the parcel until fleetd writes them out for the client (`_InParcel`), so the loop that
+    took the result never copies a large value."""
     if not (len(body) and body[0] == PARCEL):
         return _Pickled(bytes(body))
     name, offsets, sizes, n_oob = pickle.loads(body[2:])
     lent = body[1] == _LEND
     try:
-        fd, _size = parcels.open_fd(name, take=not lent)
-        try:
-            parts = [parcels.read(fd, o, n) for o, n in zip(offsets, sizes)]
-        finally:
-            os.close(fd)
-            if lent:
-                parcels.give_back(name)
+        fd, size = parcels.open_fd(name, take=not lent)
     except parcels.ParcelError as exc:
         raise CodecError(f"{what} cannot be read: {exc}") from None
-    if len(parts) == 1:
-        return _Pickled(parts[0])
-    return _Pickled(pickle.dumps(_Parts(parts[0], parts[1 : 1 + n_oob], parts[1 + n_oob:]), protocol=5))
+    return _InParcel(fd, size, name if lent else None, list(zip(offsets, sizes)), n_oob)
+
+
+class _InParcel(_Pickled):
+    """A relayed value whose bytes are still in the parcel its worker wrote, open (`_relayed`).
+
+    `pieces` maps the parcel and gives the value's pickled bytes as views of it: its pickle
+    alone, or, with out-of-band buffers or blobs, a pickle of `_Parts` composed around them
+    (the pickler hands large buffers to its file as they are, so nothing large is copied to
+    compose it), which rebuilds the object at the client's end. Whoever writes them out (a
+    memfd: one copy, by the kernel, from the parcel's pages) then calls `release`, which
+    unmaps and closes the parcel, and gives a lent one back to its writer. `data` is the
+    same bytes joined, for a client that takes them base64. A value never written out is
+    released when it is dropped."""
+
+    __slots__ = ("_fd", "_size", "_lent", "_spans", "_n_oob", "_mm", "_pieces")
+
+    def __init__(self, fd: int, size: int, lent: str | None, spans: list, n_oob: int):
+        self._fd, self._size, self._lent, self._spans, self._n_oob = fd, size, lent, spans, n_oob
+        self._mm = self._pieces = None
+
+    def pieces(self) -> list:
+        if self._pieces is None:
+            if self._fd < 0:
+                raise CodecError("a relayed value's parcel was released before it was read")
+            # Private and writable (never written: its pages are the parcel's, copied only
+            # on a write) so the out-of-band buffers pickle as bytearrays: the client's
+            # arrays are built over them writable, without a copy of its own.
+            self._mm = mmap.mmap(self._fd, self._size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+            view = memoryview(self._mm)
+            spans = [view[o : o + n] for o, n in self._spans]
+            if len(spans) == 1:
+                self._pieces = [spans[0].toreadonly()]
+            else:
+                n_oob, out = self._n_oob, _Pieces()
+                pickle.Pickler(out, protocol=5).dump(_Parts(
+                    pickle.PickleBuffer(spans[0].toreadonly()),
+                    [pickle.PickleBuffer(b) for b in spans[1 : 1 + n_oob]],
+                    [pickle.PickleBuffer(b.toreadonly()) for b in spans[1 + n_oob:]]))
+                self._pieces = out.pieces
+        return self._pieces
+
+    @property
+    def data(self) -> bytes:
+        try:
+            return b"".join(self.pieces())
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        self._pieces = None
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # a view of it still lives (a caller's): the mapping goes with that view
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+            if self._lent is not None:
+                parcels.give_back(self._lent)
+
+    def __del__(self):
+        self.release()
+
+
+class _Pieces:
+    """A pickler's file that keeps what it is given, in order, without copying: its small
+    writes (frames) as bytes, its large buffers as views of where they are."""
+
+    __slots__ = ("pieces",)
+
+    def __init__(self):
+        self.pieces: list = []
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self.pieces.append(data if type(data) is bytes else view)
+        return view.nbytes
 
 
 class _Parts:
@@ -590,8 +669,9 @@ class _Parts:
 
 
 def _from_parts(stream: bytes, buffers: list, blobs: list = ()):
-    """The object `_Parts` carries (the buffers as bytearrays: an array over one is writable)."""
-    return _load_parts(stream, [bytearray(b) for b in buffers], list(blobs))
+    """The object `_Parts` carries (the buffers as bytearrays: an array over one is writable;
+    fleetd sends them as bytearrays already, which are used as they are)."""
+    return _load_parts(stream, [b if type(b) is bytearray else bytearray(b) for b in buffers], list(blobs))
 
 
 def clip_detail(detail: str | None) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 import pickle
+import pickletools
 import subprocess
 import sys
 import threading
@@ -245,18 +246,74 @@ def test_a_configured_payload_cap_refuses_a_parcel_by_size_and_key_and_leaves_no
     assert parcels.count(fleet_name) == 0
 
 
-def test_a_relayed_value_beside_the_ring_is_read_out_for_the_client_whole(fleet_name):
+def test_a_relayed_value_beside_the_ring_stays_in_its_parcel_until_written_out_whole(fleet_name):
     import numpy as np
     from fleet.shm import parcels
 
     value = {"array": np.arange(codec.OOB_MIN, dtype=np.int32), "bytes": b"z" * (codec.INLINE_MAX + 1)}
     body, _ = codec.pack(value, "the result", fleet_name, take=True)
     outcome, relayed, _ = codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)
-    assert outcome.kind == "solved" and type(relayed).__name__ == "_Pickled"
-    assert parcels.count(fleet_name) == 0  # taken by the supervisor as it read it out
-    back = pickle.loads(pickle.dumps(relayed)).load()  # as a client of fleetd gets it
+    assert outcome.kind == "solved" and isinstance(relayed, codec._Pickled)
+    assert parcels.count(fleet_name) == 0  # taken by the supervisor as it opened it
+    pieces = relayed.pieces()
+    # the large parts are views of the parcel, not copies: nothing large was copied to compose it
+    assert [type(p) for p in pieces if memoryview(p).nbytes >= codec.OOB_MIN] == [memoryview, memoryview]
+    sent = b"".join(pickle.PickleBuffer(p) if isinstance(p, memoryview) else p for p in pieces)  # a memfd's bytes
+    # the array's buffer goes as a bytearray (the client's array is built over it as it is);
+    # the bytes value and the pickle as bytes
+    ops = [op.name for op, _, _ in pickletools.genops(sent) if "BYTE" in op.name]
+    assert ops[1:] == ["BYTEARRAY8", "BINBYTES"] and ops[0].endswith("BINBYTES"), ops
+    relayed.release()
+    back = pickle.loads(sent)  # as a client of fleetd gets it
     assert back["bytes"] == value["bytes"] and np.array_equal(back["array"], value["array"])
     assert back["array"].flags.writeable
+    assert type(_base(back["array"])) is bytearray  # its buffer travelled as one (see below)
+    with pytest.raises(codec.CodecError, match="released before it was read"):
+        relayed.pieces()
+
+
+def _base(array):
+    """What an array's memory belongs to, through the arrays and the memoryview between."""
+    while isinstance(getattr(array, "base", None), type(array)):
+        array = array.base
+    base = array.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def test_a_client_builds_a_relayed_array_over_the_bytearray_it_received_without_a_copy():
+    import numpy as np
+
+    buffers: list = []
+    stream = pickle.dumps(np.arange(1000), protocol=5, buffer_callback=buffers.append)
+    received = bytearray(buffers[0].raw())  # as fleetd sends an out-of-band buffer now
+    array = codec._from_parts(stream, [received])
+    assert _base(array) is received and array.flags.writeable
+    array[0] = 7
+    assert received[0] == 7
+    older = codec._from_parts(stream, [bytes(buffers[0].raw())])  # an older fleetd sent bytes: copied, writable
+    assert older.flags.writeable and older[1] == 1
+
+
+def test_a_lent_relayed_value_goes_back_to_its_worker_once_written_out_or_dropped(fleet_name):
+    import numpy as np
+    from fleet.shm import parcels
+
+    lender = parcels.Lender(fleet_name)
+    value = np.arange(1 << 18, dtype=np.int64)
+    for let_go in ("data", "drop"):
+        body, name = codec.pack(value, "the result", fleet_name, take=True, writer=lender.write, lend=True)
+        outcome, relayed, _ = codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)
+        assert outcome.kind == "solved" and parcels.count(fleet_name) == 1  # lent: still its worker's
+        assert parcels.count(fleet_name, warm=True) == 0
+        if let_go == "data":
+            assert np.array_equal(pickle.loads(relayed.data), value)  # base64's path: read, then given back
+        del relayed
+        assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1
+        # the worker writes its next result into the parcel given back
+        body, again = codec.pack(value, "the result", fleet_name, take=True, writer=lender.write, lend=True)
+        assert again != name and parcels.count(fleet_name) == 1
+        codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)[1].release()
+    parcels.sweep(fleet_name)
 
 
 def test_a_stray_results_parcel_is_dropped_and_text_bodies_are_left_alone(fleet_name):

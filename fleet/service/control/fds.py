@@ -52,18 +52,25 @@ def refused(message: str) -> ProtocolError:
 
 
 def sealed(data, name: str = "fleet-data") -> int:
-    """A sealed memfd holding `data` (a buffer of at least one byte); the caller's to close."""
+    """A sealed memfd holding `data` (a buffer, or a list of buffers written one after the
+    other; at least one byte in all); the caller's to close."""
+    views = [memoryview(piece).cast("B") for piece in (data if isinstance(data, list) else [data])]
     fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        view = memoryview(data).cast("B")
-        os.ftruncate(fd, view.nbytes)
-        done = 0
-        while done < view.nbytes:
-            done += os.pwrite(fd, view[done:done + (1 << 30)], done)
+        os.ftruncate(fd, sum(view.nbytes for view in views))
+        at = 0
+        for view in views:
+            done = 0
+            while done < view.nbytes:  # pwrite lets other threads run while it copies
+                done += os.pwrite(fd, view[done:done + (1 << 30)], at + done)
+            at += done
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS | fcntl.F_SEAL_SEAL)
     except BaseException:
         os.close(fd)
         raise
+    finally:
+        for view in views:
+            view.release()
     return fd
 
 
@@ -74,7 +81,9 @@ class Sealed:
     __slots__ = ("fd", "size")
 
     def __init__(self, data):
-        self.size = memoryview(data).nbytes
+        """`data`: a buffer, or a list of buffers written one after the other (`sealed`)."""
+        self.fd = -1  # until it is made: a failed make leaves nothing for `close`
+        self.size = sum(memoryview(piece).nbytes for piece in (data if isinstance(data, list) else [data]))
         self.fd = sealed(data)
 
     def close(self) -> None:

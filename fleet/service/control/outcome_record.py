@@ -27,7 +27,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.worker.codec import MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _Pickled, clip_detail, dumps, handler_error, loads
+from fleet.worker.codec import (MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _InParcel, _Pickled, clip_detail, dumps,
+                                handler_error, loads)
 from fleet.rules.outcomes import FAILED, KINDS, SOLVED
 from fleet.rules.raised import unit_exception
 from fleet.rules.vocab import Reason
@@ -103,25 +104,46 @@ def encode(seq: int | None, role: str, future: Future, *, fds: bool = False, max
         return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR,
                  DETAIL: f"the daemon could not deliver the outcome: {type(exc).__name__}: {exc}"}]
     value = future.result()
-    if isinstance(value, _Pickled):
-        raw = value.data
-    else:
+    if not isinstance(value, _Pickled):
         try:
-            raw = dumps(value, "solved, but its value")
+            value = _Pickled(dumps(value, "solved, but its value"))
         except CodecError as err:  # any pickling failure is this unit's outcome
             return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR, DETAIL: f"{err} for the client"}]
-    held = len(raw) if fds else (len(raw) + 2) // 3 * 4
+    try:
+        return _solved(base, value.pieces(), fds, max_bytes, key)
+    finally:
+        value.release()  # a relayed value still in its parcel: the parcel goes (or back to its worker)
+
+
+def _solved(base: dict, pieces: list, fds: bool, max_bytes: int | None, key: str) -> list[dict]:
+    """The records of a solved value whose pickled bytes are ``pieces`` (`_Pickled.pieces`)."""
+    size = sum(memoryview(piece).nbytes for piece in pieces)
+    held = size if fds else (size + 2) // 3 * 4
     if max_bytes is not None and held > max_bytes:
         return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR,
-                 DETAIL: f"solved, but its value is {len(raw)} bytes pickled ({held} held for the client), "
+                 DETAIL: f"solved, but its value is {size} bytes pickled ({held} held for the client), "
                          f"more than fleetd holds for one client: {key} is {max_bytes}"}]
-    if fds and len(raw) >= fdpass.MEMFD_MIN:
-        return [{**base, KIND: SOLVED, VALUE_FD: fdpass.Sealed(raw), VALUE_LEN: len(raw)}]
-    text = base64.b64encode(raw).decode("ascii")
+    if fds and size >= fdpass.MEMFD_MIN:
+        return [{**base, KIND: SOLVED, VALUE_FD: fdpass.Sealed(pieces), VALUE_LEN: size}]
+    text = base64.b64encode(b"".join(pieces)).decode("ascii")
     if len(text) <= PART_CHARS:
         return [{**base, KIND: SOLVED, VALUE: text}]
     parts = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)]
     return [{**base, KIND: SOLVED, VALUE: p, PART: i, PARTS: len(parts)} for i, p in enumerate(parts)]
+
+
+def in_parcel(future: Future) -> bool:
+    """Whether ``future`` (ended) is solved with a value whose bytes are still in its
+    worker's parcel: `encode` reads them, a copy, where its caller runs."""
+    return not future.cancelled() and future.exception() is None and type(future.result()) is _InParcel
+
+
+def undeliverable(seq: int | None, role: str, future: Future, exc: BaseException) -> dict:
+    """The failed ResultError record of an outcome the daemon could not write out (`encode`
+    raised: no memory, no descriptor for a memfd), naming why."""
+    return {V: VERSION, SEQ: seq, UNIT: getattr(future, "unit_id", None), ROLE: role, KIND: FAILED,
+            REASON: Reason.RESULT_ERROR,
+            DETAIL: f"the daemon could not deliver the outcome: {type(exc).__name__}: {exc}"}
 
 
 def _pickled_error(exc: BaseException | _Pickled | None) -> str | None:

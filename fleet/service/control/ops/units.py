@@ -111,7 +111,7 @@ class SubmitOp(Op):
                 daemon.replays.admitted(request_id, same, fut)
         if token is not None:
             store, seq = daemon.store, args["seq"]
-            fut.add_done_callback(lambda f: store.put(token, store.record(token, seq, role, f)))
+            fut.add_done_callback(store.deliver(token, seq, role))
         return fut, replayed
 
     def take_fds(self, args: dict[str, Any], fds: list[int]) -> list:
@@ -301,8 +301,7 @@ class SubmitBatchOp(Op):
                 futures = daemon.sup.submit_pickled(role, [u["payload"] for u in units[i:end]])
                 for k, fut in enumerate(futures, i):
                     seq = units[k]["seq"]
-                    fut.add_done_callback(lambda f, seq=seq, role=role: store.put(
-                        token, store.record(token, seq, role, f)))
+                    fut.add_done_callback(store.deliver(token, seq, role))
                     ids[k] = fut.unit_id
                 i += len(futures)
                 if futures and role not in roles:
