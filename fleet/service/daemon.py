@@ -165,6 +165,9 @@ class _Writer:
                 job()
             except Exception:  # noqa: BLE001 - one job's bug must not stop the others
                 log.exception("%s: a job failed", self._name)
+            # What the job held (a unit's future, its value's parcel) goes now, not when
+            # the next job comes.
+            del job
 
 
 class OutcomeStore:

@@ -585,9 +585,11 @@ class _InParcel(_Pickled):
     (the pickler hands large buffers to its file as they are, so nothing large is copied to
     compose it), which rebuilds the object at the client's end. Whoever writes them out (a
     memfd: one copy, by the kernel, from the parcel's pages) then calls `release`, which
-    unmaps and closes the parcel, and gives a lent one back to its writer. `data` is the
-    same bytes joined, for a client that takes them base64. A value never written out is
-    released when it is dropped."""
+    unmaps it. `data` is the same bytes joined, for a client that takes them base64. The
+    parcel stays open while the value lives, as a value read out would stay in memory: a
+    retry of its submit (the same request id) is answered with it again. It is closed, and a
+    lent one given back to its writer, when the value is dropped (`close`), which for most
+    is as soon as its outcome is written out."""
 
     __slots__ = ("_fd", "_size", "_lent", "_spans", "_n_oob", "_mm", "_pieces")
 
@@ -598,7 +600,7 @@ class _InParcel(_Pickled):
     def pieces(self) -> list:
         if self._pieces is None:
             if self._fd < 0:
-                raise CodecError("a relayed value's parcel was released before it was read")
+                raise CodecError("a relayed value's parcel was closed before it was read")
             # Private and writable (never written: its pages are the parcel's, copied only
             # on a write) so the out-of-band buffers pickle as bytearrays: the client's
             # arrays are built over them writable, without a copy of its own.
@@ -631,6 +633,10 @@ class _InParcel(_Pickled):
                 mm.close()
             except BufferError:
                 pass  # a view of it still lives (a caller's): the mapping goes with that view
+
+    def close(self) -> None:
+        """Let the parcel go: unmapped and closed, a lent one given back to its writer."""
+        self.release()
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
@@ -638,7 +644,7 @@ class _InParcel(_Pickled):
                 parcels.give_back(self._lent)
 
     def __del__(self):
-        self.release()
+        self.close()
 
 
 class _Pieces:

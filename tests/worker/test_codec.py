@@ -259,16 +259,19 @@ def test_a_relayed_value_beside_the_ring_stays_in_its_parcel_until_written_out_w
     # the large parts are views of the parcel, not copies: nothing large was copied to compose it
     assert [type(p) for p in pieces if memoryview(p).nbytes >= codec.OOB_MIN] == [memoryview, memoryview]
     sent = b"".join(pickle.PickleBuffer(p) if isinstance(p, memoryview) else p for p in pieces)  # a memfd's bytes
+    del pieces
     # the array's buffer goes as a bytearray (the client's array is built over it as it is);
     # the bytes value and the pickle as bytes
     ops = [op.name for op, _, _ in pickletools.genops(sent) if "BYTE" in op.name]
     assert ops[1:] == ["BYTEARRAY8", "BINBYTES"] and ops[0].endswith("BINBYTES"), ops
     relayed.release()
+    assert relayed.data == sent  # read again (a retry of the same request id is answered with it)
     back = pickle.loads(sent)  # as a client of fleetd gets it
     assert back["bytes"] == value["bytes"] and np.array_equal(back["array"], value["array"])
     assert back["array"].flags.writeable
     assert type(_base(back["array"])) is bytearray  # its buffer travelled as one (see below)
-    with pytest.raises(codec.CodecError, match="released before it was read"):
+    relayed.close()
+    with pytest.raises(codec.CodecError, match="closed before it was read"):
         relayed.pieces()
 
 
@@ -294,7 +297,7 @@ def test_a_client_builds_a_relayed_array_over_the_bytearray_it_received_without_
     assert older.flags.writeable and older[1] == 1
 
 
-def test_a_lent_relayed_value_goes_back_to_its_worker_once_written_out_or_dropped(fleet_name):
+def test_a_lent_relayed_value_goes_back_to_its_worker_once_dropped(fleet_name):
     import numpy as np
     from fleet.shm import parcels
 
@@ -306,13 +309,14 @@ def test_a_lent_relayed_value_goes_back_to_its_worker_once_written_out_or_droppe
         assert outcome.kind == "solved" and parcels.count(fleet_name) == 1  # lent: still its worker's
         assert parcels.count(fleet_name, warm=True) == 0
         if let_go == "data":
-            assert np.array_equal(pickle.loads(relayed.data), value)  # base64's path: read, then given back
+            assert np.array_equal(pickle.loads(relayed.data), value)  # base64's path
+            assert parcels.count(fleet_name) == 1  # read, still held while the value lives
         del relayed
         assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1
         # the worker writes its next result into the parcel given back
         body, again = codec.pack(value, "the result", fleet_name, take=True, writer=lender.write, lend=True)
         assert again != name and parcels.count(fleet_name) == 1
-        codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)[1].release()
+        codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)[1].close()
     parcels.sweep(fleet_name)
 
 

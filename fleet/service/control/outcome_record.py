@@ -112,7 +112,7 @@ def encode(seq: int | None, role: str, future: Future, *, fds: bool = False, max
     try:
         return _solved(base, value.pieces(), fds, max_bytes, key)
     finally:
-        value.release()  # a relayed value still in its parcel: the parcel goes (or back to its worker)
+        value.release()  # a relayed value still in its parcel: unmapped (the parcel goes with the value)
 
 
 def _solved(base: dict, pieces: list, fds: bool, max_bytes: int | None, key: str) -> list[dict]:
