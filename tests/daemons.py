@@ -109,8 +109,9 @@ class Fleetd:
 
     def __init__(self, name: str, roles: dict, *, posture: dict | None = None, limits: dict | None = None,
                  args: tuple = (), env: dict | None = None, base_dir: str | None = None, extra: dict | None = None,
-                 as_nobody: bool = False):
+                 as_nobody: bool = False, nofile: tuple[int, int] | None = None):
         self.name = name
+        self.nofile = nofile  # (soft, hard): fleetd's limit on open files as it starts (prlimit)
         self.as_nobody = as_nobody  # run as uid 65534 (tests.uids): another local user's fleetd
         self.extra = dict(extra or {})  # more config sections (e.g. [store]), written as they are
         self.args = list(args)
@@ -173,6 +174,8 @@ class Fleetd:
         # reaps its workers and unlinks its segments. setpriv sets it after any change of uid
         # (which would clear it) and execs: the pid stays fleetd's.
         argv.insert(1, "--pdeathsig=TERM")
+        if self.nofile is not None:
+            argv = ["prlimit", f"--nofile={self.nofile[0]}:{self.nofile[1]}", "--", *argv]  # execs: the pid stays fleetd's
         self.proc = subprocess.Popen(
             argv,
             env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr, cwd=self.dir,

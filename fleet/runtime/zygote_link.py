@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+from fleet.host import open_files
 from fleet.rules.errors import BootRefused, ConfigError, UnguardedMain
 from fleet.worker import zygote as _zygote
 from fleet.worker.zygote import FLEET_ROOT
@@ -102,7 +103,8 @@ class ZygoteLink:
             # -P: the working directory does not go first on the zygote's sys.path, the
             # root of this fleet (zygote_env) does; the boot message then gives the
             # zygote our whole sys.path, so handlers import as they do here.
-            [sys.executable, "-P", "-m", "fleet.worker.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
+            [sys.executable, "-P", "-m", "fleet.worker.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid()),
+             *_nofile_args()],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=zygote_env(os.environ),
@@ -315,6 +317,13 @@ def _event(line: bytes):
     if msg["op"] == "exited":
         return Exited(msg["pid"], msg["status"])
     return None
+
+
+def _nofile_args() -> list[str]:
+    """The soft limit on open files the zygote and its workers run with: the one this
+    process found, when it raised its own (fleetd: `fleet.host.open_files`)."""
+    soft = open_files.found_soft()
+    return [] if soft is None else ["--nofile", str(soft)]
 
 
 def zygote_env(environ, root: str = FLEET_ROOT, site_dirs=None) -> dict:

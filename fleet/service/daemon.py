@@ -61,6 +61,7 @@ from fleet.runtime.config import DAEMON_LIMITS, FleetConfig, load_config
 from fleet.service.control import outcome_record
 from fleet.worker.codec import CodecError
 from fleet.service.control.ops import ServedOperations
+from fleet.host import open_files
 from fleet.host.proctitle import name_process, name_thread
 from fleet.rules import titles
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
@@ -638,6 +639,10 @@ class Daemon:
 
         self.config = load_config(self.options.config_path, env=self.env)
         self._apply_limits(self.config.limits)
+        raised = open_files.raise_soft()  # its workers keep the limit found (fleet.host.open_files)
+        if raised is not None:
+            log.info("open files: soft limit raised from %d to %d (the hard limit); workers keep %d", raised[0],
+                     raised[1], raised[0])
         name = control.validate_fleet_name(self.config.name)
         if self.options.title_args is not None:
             name_process(titles.daemon(name, self.options.title_args))

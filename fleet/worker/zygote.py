@@ -398,7 +398,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="fleet.worker.zygote", description="Fork server for fleet workers (internal).")
     parser.add_argument("--fd", type=int, required=True, help="the socketpair end inherited from the supervisor")
     parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
+    parser.add_argument("--nofile", type=int, default=None,
+                        help="the soft limit on open files for this process and its workers (fleet.host.open_files)")
     args = parser.parse_args(argv)
+    if args.nofile is not None:  # fleetd raised its own: user code gets the limit fleetd found
+        from fleet.host import open_files
+
+        open_files.restore_soft(args.nofile)
     # No collections while it loads and boots (~100k objects, all kept: numpy, the kernels,
     # fleet's modules, the handlers'), but the full one of each `settle`; on again before the
     # first fork, so every worker runs with the collector on (fleet.runtime.collector says more).

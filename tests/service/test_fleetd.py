@@ -464,3 +464,53 @@ def test_the_control_thread_runs_on_the_supervisor_loops_cpus_off_the_workers_se
         worker_cpus = set().union(*(os.sched_getaffinity(w) for w in workers))
         assert workers and not worker_cpus & loop_cpus
         assert os.sched_getaffinity(pid) == os.sched_getaffinity(0)  # the process's own mask stays whole
+
+
+# ---------------------------------------------------------------- fleetd's limit on open files
+
+
+def _nofile(proc) -> tuple:
+    import psutil
+
+    return tuple(proc.rlimit(psutil.RLIMIT_NOFILE))
+
+
+def _fork_server(daemon):
+    import psutil
+
+    servers = [p for p in psutil.Process(daemon.proc.pid).children() if p.name() == "fleet-forksrv"]
+    return servers[0] if len(servers) == 1 else None
+
+
+def test_fleetd_raises_its_open_files_limit_and_the_code_it_runs_keeps_the_one_it_found(fleet_name):
+    # fleetd holds a descriptor per connection and per large value in flight: the soft limit
+    # a service starts with (1024) is raised to the hard one; its fork server and workers,
+    # which run user code (select() fails past 1024), keep the soft limit fleetd found.
+    with Fleetd(fleet_name, roles(), nofile=(256, 4096)) as d:
+        import psutil
+
+        assert _nofile(psutil.Process(d.proc.pid)) == (4096, 4096)
+        assert "open files: soft limit raised from 256 to 4096" in d.stderr()
+        server = _fork_server(d)
+        assert server is not None
+        workers = server.children()
+        assert workers and {_nofile(p) for p in [server, *workers]} == {(256, 4096)}
+        with d.connect() as client:
+            assert client.submit("sq", 7).result(BOUND_S) == 49
+        # a fork server started again, after the first was killed, runs with it too
+        server.kill()
+        wait_until(lambda: (s := _fork_server(d)) is not None and s.pid != server.pid and s.children(),
+                   "a new fork server and its workers")
+        again = _fork_server(d)
+        assert {_nofile(p) for p in [again, *again.children()]} == {(256, 4096)}
+        with d.connect() as client:
+            assert client.submit("sq", 8).result(BOUND_S) == 64
+
+
+def test_fleetd_leaves_a_limit_already_at_its_hard_one(fleet_name):
+    with Fleetd(fleet_name, roles(), nofile=(4096, 4096)) as d:
+        import psutil
+
+        server = _fork_server(d)
+        assert _nofile(psutil.Process(d.proc.pid)) == (4096, 4096) == _nofile(server)
+        assert "soft limit raised" not in d.stderr()

@@ -48,6 +48,11 @@ def test_enable_now_returns_once_fleetd_is_ready_with_its_workers_up(vm_run):
     assert doc["creator_pid"] == doc["main_pid"]
     assert doc["worker_pids_at_ready"] and all(doc["worker_pids_at_ready"]), doc["worker_pids_at_ready"]
     assert doc["serves"] is True
+    # systemd starts a service at 1024 open files (its hard limit far above): fleetd raises
+    # its own soft limit to the hard one; its workers, which run user code, keep 1024
+    nofile = doc["nofile"]
+    assert nofile["fleetd"][0] == nofile["fleetd"][1] > 1024, nofile
+    assert nofile["workers"] and all(w == [1024, nofile["fleetd"][1]] for w in nofile["workers"]), nofile
     # status names the group the posture reads: the unit's own, and the groups above it
     reads = doc["throttle_reads"]
     assert reads["group"] == doc["unit_cgroup"] and reads["version"] == 2, reads

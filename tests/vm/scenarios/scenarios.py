@@ -267,7 +267,21 @@ def s_install_and_start() -> dict:
         "creator_pid": st.get("creator_pid"),
         "worker_pids_at_ready": [r.get("pid") for r in census],
         "serves": serves(),
+        # fleetd raises its soft limit on open files; the workers keep systemd's (fleet.host.open_files)
+        "nofile": {"fleetd": open_files_limit(main_pid()),
+                   "workers": [open_files_limit(r["pid"]) for r in census if r.get("pid")]},
     }
+
+
+def open_files_limit(pid) -> list | None:
+    """[soft, hard] of a process's limit on open files (/proc/<pid>/limits)."""
+    try:
+        for line in pathlib.Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                return [int(v) for v in line.split()[3:5]]
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def s_status_text() -> dict:
