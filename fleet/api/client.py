@@ -432,17 +432,21 @@ class Client(Executor):
         if self._closing:
             raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
         try:
-            raw = codec.dumps(payload, f"payload for role {role!r}")
+            # Its large buffers and bytes by reference (`dump_pieces`): written once, into
+            # the memfd below, never copied into a pickle first.
+            pieces = codec.dump_pieces(payload, f"payload for role {role!r}")
         except codec.CodecError as exc:  # whatever pickling raises, the unit cannot travel
             raise PayloadUnpicklable(str(exc)) from None
         seq = next(self._seq)
-        if len(raw) >= fdpass.MEMFD_MIN:
+        size = len(pieces[0]) if len(pieces) == 1 else sum(memoryview(p).nbytes for p in pieces)
+        if size >= fdpass.MEMFD_MIN:
             # Beside the frame, in a sealed memfd its descriptor goes with (the pipe numbers it)
-            args = {"role": role, "payload": None, "payload_fd": fdpass.Sealed(raw), "payload_len": len(raw),
+            args = {"role": role, "payload": None, "payload_fd": fdpass.Sealed(pieces), "payload_len": size,
                     "encoding": "pickle", "seq": seq}
         else:
+            raw = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             args = {"role": role, "payload": base64.b64encode(raw).decode("ascii"), "encoding": "pickle", "seq": seq}
-        del raw
+        del pieces
         for name, value, default in (("key", key, None), ("lane", lane, None), ("priority", priority, 0),
                                      ("timeout", timeout, None), ("request_id", request_id, None),
                                      ("chunk", chunk, False)):

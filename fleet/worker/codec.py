@@ -109,6 +109,26 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     Raises CodecError (it cannot be pickled), parcels.ParcelError (no room in /dev/shm)."""
     if fleet is None:
         return dumps(value, what), None
+    data, aside, blobs = _set_aside(value, what)
+    if not aside and not blobs and len(data) <= inline_max:
+        return data, None
+    parts = [data, *aside, *blobs]
+    sizes = [memoryview(p).nbytes for p in parts]
+    if reserve is not None:
+        reserve(parcels.layout(sizes)[1])
+    written = parcels.write(fleet, parts) if writer is None else writer(parts)
+    name, offsets = written[0], written[1]
+    lent = lend and written[2]  # a lender's writer says whether it lends this one
+    mode = _LEND if lent else _TAKE if take else _KEEP
+    ref = bytes((PARCEL, mode)) + pickle.dumps((name, offsets, sizes, len(aside)), protocol=5)
+    return ref, name
+
+
+def _set_aside(value, what: str) -> tuple[bytes, list, list]:
+    """`value` pickled with protocol 5 under the guard, with each buffer of OOB_MIN bytes or
+    more set aside out of band and each `bytes` that large found in its first levels set
+    aside as a blob: (the pickle, the buffers as views of their memory, the blobs). Nothing
+    set aside is copied."""
     aside: list = []
     blobs: list = []
 
@@ -123,18 +143,22 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
         data = _guarded(lambda v: _dump_with_blobs(v, inline, blobs), value, what, None)
     else:
         data = _guarded(lambda v: pickle.dumps(v, protocol=5, buffer_callback=inline), value, what, None)
-    if not aside and not blobs and len(data) <= inline_max:
-        return data, None
-    parts = [data, *aside, *blobs]
-    sizes = [memoryview(p).nbytes for p in parts]
-    if reserve is not None:
-        reserve(parcels.layout(sizes)[1])
-    written = parcels.write(fleet, parts) if writer is None else writer(parts)
-    name, offsets = written[0], written[1]
-    lent = lend and written[2]  # a lender's writer says whether it lends this one
-    mode = _LEND if lent else _TAKE if take else _KEEP
-    ref = bytes((PARCEL, mode)) + pickle.dumps((name, offsets, sizes, len(aside)), protocol=5)
-    return ref, name
+    return data, aside, blobs
+
+
+def dump_pieces(value, what: str) -> list:
+    """`value` as one in-band pickle, in pieces to write one after the other (a memfd's, for
+    fleetd): its large buffers and `bytes` (`_set_aside`) are pieces of their own, views of
+    the caller's objects, so writing the pieces out is their one copy, where `dumps` would
+    copy each into the pickle first. One piece (the pickle) when nothing is that large.
+    The receiver's `loads` rebuilds the object (`_Parts`); it must not change until then."""
+    data, aside, blobs = _set_aside(value, what)
+    if not aside and not blobs:
+        return [data]
+    out = _Pieces()
+    pickle.Pickler(out, protocol=5).dump(_Parts(
+        pickle.PickleBuffer(data), [pickle.PickleBuffer(b) for b in aside], [pickle.PickleBuffer(b) for b in blobs]))
+    return out.pieces
 
 
 def _has_blob(obj, depth: int) -> bool:

@@ -383,3 +383,24 @@ def test_lending_unmaps_a_task_parcel_at_the_end_and_makes_one_still_used_its_ow
         warm.end(again, reuse=False)
     finally:
         warm.close()
+
+
+def test_a_payload_is_dumped_in_pieces_that_refer_to_its_large_buffers_and_bytes_without_copying_them():
+    import numpy as np
+
+    array, blob = np.arange(1 << 16, dtype=np.float64), b"b" * codec.OOB_MIN
+    value = {"array": array, "blob": blob, "small": [1, 2, 3]}
+    pieces = codec.dump_pieces(value, "payload")
+    large = [p for p in pieces if memoryview(p).nbytes >= codec.OOB_MIN]
+    # the caller's own memory, by reference: writing the pieces out is their one copy
+    assert len(large) == 2 and all(isinstance(p, memoryview) for p in large)
+    assert any(memoryview(p).obj is blob for p in large)
+    assert any(np.shares_memory(np.frombuffer(p, np.uint8), array.view(np.uint8)) for p in large)
+    back = codec.loads(b"".join(pieces), "payload", "in the worker")  # as the worker rebuilds it
+    assert np.array_equal(back["array"], array) and back["array"].flags.writeable
+    assert type(_base(back["array"])) is bytearray  # built over what arrived, no copy of its own
+    assert back["blob"] == blob and type(back["blob"]) is bytes and back["small"] == [1, 2, 3]
+    # nothing that large: one piece, the pickle `dumps` makes
+    assert codec.dump_pieces({"small": [1, 2, 3]}, "payload") == [codec.dumps({"small": [1, 2, 3]}, "payload")]
+    with pytest.raises(codec.CodecError, match="payload cannot be pickled"):
+        codec.dump_pieces(threading.Lock(), "payload")
