@@ -41,6 +41,9 @@ LOOP_THREAD = "fleet-loop"
 CONTROL_THREAD = "fleet-control"
 #: fleetd's thread that writes large outcomes out for their clients, off the loop.
 OUTCOME_THREAD = "fleet-outcomes"
+#: fleetd's thread that takes in large payloads (copies them beside the rings), off the
+#: control thread.
+INTAKE_THREAD = "fleet-intake"
 
 
 @dataclass(frozen=True)

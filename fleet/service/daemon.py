@@ -42,12 +42,10 @@ on its own (its supervisor loop failed).
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import itertools
 import logging
 import os
-import queue
 import selectors
 import signal
 import threading
@@ -59,10 +57,11 @@ from fleet.service import control, replays, sdnotify, start_exporter
 from fleet.runtime.beside import default_cap
 from fleet.runtime.config import DAEMON_LIMITS, FleetConfig, load_config
 from fleet.service.control import outcome_record
+from fleet.service.side_thread import SideThread
 from fleet.worker.codec import CodecError
 from fleet.service.control.ops import ServedOperations
 from fleet.host import open_files
-from fleet.host.proctitle import name_process, name_thread
+from fleet.host.proctitle import name_process
 from fleet.rules import titles
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, FleetError
 from fleet.runtime import collector
@@ -135,42 +134,6 @@ class _Box:
     fds: bool = False
 
 
-class _Writer:
-    """One thread, started at its first job, that runs jobs in the order given. It takes
-    the process's CPUs and niceness (those of its main thread), not those of the thread
-    that started it: that is the supervisor's loop, pinned to its reserve at a higher
-    priority, which a copy of a large value must not compete with."""
-
-    def __init__(self, name: str):
-        self._name = name
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def run(self, job: Callable[[], None]) -> None:
-        self._jobs.put(job)
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
-                self._thread.start()
-
-    def _serve(self) -> None:
-        name_thread(self._name)  # top -H
-        main = os.getpid()  # the main thread's id: its mask and niceness are the process's
-        with contextlib.suppress(OSError):  # a mask or niceness it may not take: it keeps its own
-            os.sched_setaffinity(0, os.sched_getaffinity(main))
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, main))
-        while True:
-            job = self._jobs.get()
-            try:
-                job()
-            except Exception:  # noqa: BLE001 - one job's bug must not stop the others
-                log.exception("%s: a job failed", self._name)
-            # What the job held (a unit's future, its value's parcel) goes now, not when
-            # the next job comes.
-            del job
-
-
 class OutcomeStore:
     """Outcomes held per client token until that client's `collect` takes them.
 
@@ -212,7 +175,7 @@ class OutcomeStore:
         self._closing = False
         self._flusher: int | None = None  # the supervisor loop's thread, once it called `flush`
         self._due: list[str] = []  # attached tokens held for on that thread: `flush` writes them
-        self._writer = _Writer(titles.OUTCOME_THREAD)  # large values written out off the loop (`deliver`)
+        self._writer = SideThread(titles.OUTCOME_THREAD)  # large values written out off the loop (`deliver`)
         self._writing = 0  # outcomes handed to it and not held yet
 
     # -- from submits and outcomes
@@ -661,7 +624,8 @@ class Daemon:
             self.handler = ServedOperations(self)
             self.calls = control.CallQueue(wakeup=self._wake)
             self.server = control.ControlServer(
-                path, control.with_blocking_ops(self.handler, self.calls.submit, self.calls.refusal),
+                path, control.with_blocking_ops(self.handler, self.calls.submit, self.calls.refusal,
+                                                side=SideThread(titles.INTAKE_THREAD)),
                 group=self.options.socket_group, mode=self.options.socket_mode,
                 cpus=lambda: self.sup.loop_cpus,  # the control plane runs beside the loop
             ).start()

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from fleet.service import control as c
 from fleet.rules.errors import EXIT_CONFIG, EXIT_NO_PERMISSION, EXIT_NOT_RUNNING, EXIT_USAGE, ConfigError
-from tests.daemons import idle_connections, wait_until
+from tests.daemons import BOUND_S, idle_connections, wait_until
 from tests import require
 
 NOBODY = 65534
@@ -1184,3 +1184,46 @@ def test_without_cpus_the_server_thread_stays_where_it_was_started(sockdir):
 def comm_of(tid: int) -> str:
     with open(f"/proc/{os.getpid()}/task/{tid}/comm") as f:
         return f.read().strip()
+
+
+def test_a_direct_op_bringing_a_large_payload_runs_beside_the_server_thread_which_serves_on(sockdir):
+    """A submit whose memfds hold SIDE_MIN_BYTES or more (a copy beside the rings that may
+    take a second) runs on the side thread: while it runs, every other connection is
+    served; its own waits for its reply. A small one still runs on the server's thread."""
+    from fleet.api.client import Client
+    from fleet.rules import titles
+    from fleet.service.side_thread import SideThread
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(Handler):
+        def __init__(self):
+            super().__init__()
+            self.ran_on: list[tuple[int, str]] = []
+
+        def submit_batch(self, v, token, units, ack=None, fds=False, stream=None):
+            size = sum(memoryview(u["payload"]).nbytes for u in units)
+            self.ran_on.append((size, threading.current_thread().name))
+            if size >= c.SIDE_MIN_BYTES:
+                entered.set()
+                assert release.wait(BOUND_S), "the test never released the large submit"
+            return super().submit_batch(v, token, units, ack, fds, stream)
+
+    handler = Slow()
+    path = os.path.join(sockdir, "t.sock")
+    side = SideThread(titles.INTAKE_THREAD)
+    with c.ControlServer(path, c.with_blocking_ops(handler, c.inline_dispatch(handler), side=side)):
+        big, small = Client("f", path, timeout=BOUND_S), Client("f", path, timeout=BOUND_S)
+        try:
+            fut = big.submit("r", b"x" * c.SIDE_MIN_BYTES)
+            assert entered.wait(BOUND_S)
+            with c.ControlClient(path) as other:  # served while the large one holds the side thread
+                assert other.call("status")["units"] == 0
+            assert small.submit("r", 1).unit_id == 1  # a small submit: on the server's thread, at once
+            release.set()
+            assert fut.unit_id == 2  # its reply, once its op ended
+        finally:
+            release.set()
+            big.close()
+            small.close()
+    assert [name for _size, name in handler.ran_on] == [titles.INTAKE_THREAD, "fleet-control"]

@@ -118,7 +118,7 @@ from fleet.rules.errors import NotRunning
 # The fleet-name rule lives in fleet.rules.names (one rule for config, segments and
 # sockets); both names stay importable from here.
 from fleet.rules.names import InvalidFleetName, validate_fleet_name
-from fleet.service.control.calls import Call, CallQueue, Peer, inline_dispatch, with_blocking_ops
+from fleet.service.control.calls import SIDE_MIN_BYTES, Call, CallQueue, Peer, inline_dispatch, with_blocking_ops
 from fleet.service.control.client import ControlClient
 from fleet.service.control.errors import (
     E_BUSY,
@@ -210,4 +210,5 @@ __all__ = [
     "socket_path",
     "validate_fleet_name",
     "with_blocking_ops",
+    "SIDE_MIN_BYTES",
 ]

@@ -68,8 +68,18 @@ def inline_dispatch(handler) -> Callable[[Call], Future]:
     return dispatch
 
 
+#: A direct op whose frame brought this many bytes or more in memfds (a large payload, to
+#: be copied beside the rings) runs on the ``side`` thread of `with_blocking_ops`.
+SIDE_MIN_BYTES = 8 << 20
+
+
+def held_bytes(call: Call) -> int:
+    """The bytes of the memfds a call's frame brought (`fds.Mapped`)."""
+    return sum(mapped.view.nbytes for mapped in call.held)
+
+
 def with_blocking_ops(handler, dispatch: Callable[[Call], Future],
-                      refusal: Callable[[], str | None] = lambda: None) -> Callable[[Call], Future]:
+                      refusal: Callable[[], str | None] = lambda: None, side=None) -> Callable[[Call], Future]:
     """A dispatch that keeps blocking ops (``Op.blocking``, a long poll) and direct ones
     (``Op.direct``, a submit) off ``dispatch``.
 
@@ -78,21 +88,30 @@ def with_blocking_ops(handler, dispatch: Callable[[Call], Future],
     the loop that owns the state. A direct op touches only state with an owner of its
     own that any thread may call (the supervisor's submitter, the outcome store, the
     replays): it runs here, on the server's thread, and its Future is done on return,
-    so it crosses no loop it does not need. ``refusal()``: why calls are refused now
+    so it crosses no loop it does not need; except one whose frame brought
+    `SIDE_MIN_BYTES` or more in memfds, whose copy beside the rings would hold the server's
+    thread, and every other connection with it, for as long as it takes: that one runs
+    on ``side`` (a `fleet.service.side_thread.SideThread`), when given, and its
+    connection alone waits for its reply. ``refusal()``: why calls are refused now
     (`CallQueue.refusal`: the daemon is shutting down), or None; a direct op then fails
     ShuttingDown as a queued one would. Every other call goes to ``dispatch``
     (normally `CallQueue.submit`).
     """
 
+    def direct(call: Call):
+        why = refusal()
+        if why is not None:
+            raise ShuttingDown(why)
+        return call.run(handler)
+
     def route(call: Call) -> Future:
         if call.op.direct:
+            if side is not None and call.held and held_bytes(call) >= SIDE_MIN_BYTES:
+                return side.submit(lambda: direct(call))
             fut = Future()
             fut.set_running_or_notify_cancel()
-            why = refusal()
             try:
-                if why is not None:
-                    raise ShuttingDown(why)
-                fut.set_result(call.run(handler))
+                fut.set_result(direct(call))
             except Exception as exc:  # delivered to the peer as the reply
                 fut.set_exception(exc)
             return fut
