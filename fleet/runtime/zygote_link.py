@@ -103,8 +103,8 @@ class ZygoteLink:
             # -P: the working directory does not go first on the zygote's sys.path, the
             # root of this fleet (zygote_env) does; the boot message then gives the
             # zygote our whole sys.path, so handlers import as they do here.
-            [sys.executable, "-P", "-m", "fleet.worker.zygote", "--fd", str(theirs.fileno()), "--parent", str(os.getpid()),
-             *_nofile_args()],
+            [sys.executable, "-P", "-m", "fleet.worker.zygote", "--fd", str(theirs.fileno()),
+             "--parent", str(os.getpid()), *_nofile_args()],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=zygote_env(os.environ),

@@ -101,8 +101,7 @@ def encode(seq: int | None, role: str, future: Future, *, fds: bool = False, max
             record[ERROR] = error
         return [record]
     if exc is not None:
-        return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR,
-                 DETAIL: f"the daemon could not deliver the outcome: {type(exc).__name__}: {exc}"}]
+        return [undeliverable(seq, role, future, exc)]
     value = future.result()
     if not isinstance(value, _Pickled):
         try:
