@@ -213,3 +213,38 @@ def test_a_value_from_a_lent_parcel_is_its_own_and_the_parcel_goes_back(fleet_na
     codec.pack(np.zeros(100_000), "the result", fleet_name, take=True, writer=lender.write, lend=True)
     assert got[0] == -1.0 and got[1:].tolist() == list(range(1, 100_000))
     parcels.sweep(fleet_name)
+
+
+def _resident_kib(mm) -> int:
+    """The KiB of `mm` this process has mapped (its Rss line in /proc/self/smaps)."""
+    import ctypes
+
+    start = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.split("-", 1)[0] == f"{start:x}" or line.startswith(f"{start:08x}-"):
+            return next(int(ln.split()[1]) for ln in lines[i + 1:] if ln.startswith("Rss:"))
+    raise AssertionError("the mapping is not in /proc/self/smaps")
+
+
+@pytest.mark.parametrize("numpy_loaded", [True, False])
+def test_a_populated_mapping_has_every_page_mapped_at_once(numpy_loaded, monkeypatch, fleet_name):
+    # Mapped now, not faulted page by page at its first write; with numpy, by a read of a
+    # byte per page that lets other threads run (MAP_POPULATE holds the GIL meanwhile).
+    import sys
+
+    if not numpy_loaded:
+        monkeypatch.delitem(sys.modules, "numpy", raising=False)
+    size = 8 << 20
+    name, _offsets, fd = parcels.write(fleet_name, [b"x" * size], keep_fd=True)
+    try:
+        mm = parcels.populated(fd, size)
+        try:
+            assert _resident_kib(mm) == size // 1024
+            assert mm[:1] == b"x" and mm[size - 1:] == b"x"
+        finally:
+            mm.close()
+    finally:
+        os.close(fd)
+        parcels.remove(name)
