@@ -4,6 +4,7 @@ against a model; multi-process tests pin the wake-ups (no lost wake-up, no busy
 waiting) and the segment's lifecycle (stale reclaim, typed errors, cleanup)."""
 from __future__ import annotations
 
+import faulthandler
 import mmap
 import os
 import signal
@@ -80,6 +81,8 @@ def _fork(fn, *args):
     if pid == 0:
         code = 1
         try:
+            # A child that hangs shows where: `_wait_all` asks for every thread's stack.
+            faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
             code = fn(*args) or 0
         except BaseException:
             traceback.print_exc()
@@ -89,8 +92,10 @@ def _fork(fn, *args):
     return pid
 
 
-def _wait_all(pids, timeout_s=COMPLETION_BOUND_S):
-    """Exit codes of every pid; kills the lot and fails the test if they do not finish in time."""
+def _wait_all(pids, timeout_s=COMPLETION_BOUND_S, state=lambda: ""):
+    """Exit codes of every pid; kills the lot and fails the test if they do not finish in
+    time, saying where each one was (its scheduler state, kernel wait channel and cgroup;
+    its Python stack on stderr, from `_fork`'s handler) and ``state()``, the test's own."""
     deadline = time.monotonic() + timeout_s
     codes = {}
     while len(codes) < len(pids) and time.monotonic() < deadline:
@@ -101,12 +106,31 @@ def _wait_all(pids, timeout_s=COMPLETION_BOUND_S):
                     codes[pid] = os.waitstatus_to_exitcode(status)
         time.sleep(0.01)
     if len(codes) < len(pids):
-        for pid in pids:
-            if pid not in codes:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-        pytest.fail(f"processes {sorted(set(pids) - set(codes))} did not finish in {timeout_s} s (lost wake-up?)")
+        stuck = sorted(set(pids) - set(codes))
+        where = {pid: _where(pid) for pid in stuck}
+        for pid in stuck:
+            os.kill(pid, signal.SIGUSR1)  # its stack to stderr (captured with the test's output)
+        time.sleep(0.5)
+        for pid in stuck:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        pytest.fail(f"processes {stuck} did not finish in {timeout_s} s (lost wake-up?): {where}; "
+                    f"load {os.getloadavg()}; {state()}")
     return [codes[p] for p in pids]
+
+
+def _where(pid: int) -> dict:
+    """A live process's scheduler state, kernel wait channel and cgroups, from /proc."""
+    out = {}
+    for key, path in (("stat", f"/proc/{pid}/stat"), ("wchan", f"/proc/{pid}/wchan"),
+                      ("cgroup", f"/proc/{pid}/cgroup")):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError as exc:
+            text = f"unreadable: {exc}"
+        out[key] = text.rsplit(")", 1)[-1].split()[0] if key == "stat" and ")" in text else text
+    return out
 
 
 def _shared_counters(n):
@@ -393,7 +417,9 @@ def test_two_process_stress_no_loss_no_lost_wakeup(fleet_name, reaper):
     block = os.urandom(1400)
     pids = [_fork(_stress_consumer, fleet_name, n, stats, block), _fork(_stress_producer, fleet_name, n, stats, block)]
     reaper.extend(pids)
-    assert _wait_all(pids) == [0, 0]
+    ring = seg.tasks(0)
+    assert _wait_all(pids, state=lambda: f"full {stats[0]}, woke {stats[1]}, empty {stats[2]}, ring holds "
+                                         f"{ring.used} of {ring.capacity} bytes") == [0, 0]
     assert stats[0] > 0, "the producer never found the ring full"
     assert stats[1] > 0, "no notify ever woke a sleeping consumer"
     assert stats[2] > 0, "the consumer never found the ring empty"
