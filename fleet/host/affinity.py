@@ -11,6 +11,12 @@ import os
 from typing import Iterable
 
 
+def process_cpus() -> set[int]:
+    """The CPUs this process may run on: its main thread's mask. A thread pinned narrower
+    (a supervisor's loop, fleetd's control thread) reads its own with sched_getaffinity(0)."""
+    return os.sched_getaffinity(os.getpid())
+
+
 def pin_process(pid: int, cpus: Iterable[int]) -> bool:
     """Pin every thread of process `pid` to `cpus`. False when the process is gone; a
     thread that ended meanwhile is skipped. OSError (a CPU outside the cpuset, EPERM)

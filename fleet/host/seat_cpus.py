@@ -9,7 +9,7 @@ before its fork.
 """
 from __future__ import annotations
 
-import os
+from fleet.host import affinity
 
 _seat: tuple[int, ...] | None = None
 
@@ -25,4 +25,4 @@ def budget_cpus() -> list[int]:
     (the process's mask, its main thread's: not the calling thread's)."""
     if _seat is not None:
         return list(_seat)
-    return sorted(os.sched_getaffinity(os.getpid()))
+    return sorted(affinity.process_cpus())

@@ -51,7 +51,7 @@ class Host:
     def affinity(self) -> list[int]:
         """The CPUs this process may run on: its main thread's mask, not the calling
         thread's (the supervisor's loop and fleetd's control thread are pinned narrower)."""
-        return sorted(os.sched_getaffinity(os.getpid()))
+        return sorted(affinity.process_cpus())
 
     def effective_cpus(self):
         """The cgroup quota detection (fleet.host.cgroup.effective_cpus)."""

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from fleet.host import affinity, priority
 from fleet.host.proctitle import name_thread
 
 log = logging.getLogger(__name__)
@@ -59,10 +60,9 @@ class SideThread:
 
     def _serve(self) -> None:
         name_thread(self.name)  # top -H
-        main = os.getpid()  # the main thread's id: its mask and niceness are the process's
         with contextlib.suppress(OSError):  # a mask or niceness it may not take: it keeps its own
-            os.sched_setaffinity(0, os.sched_getaffinity(main))
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, main))
+            os.sched_setaffinity(0, affinity.process_cpus())
+            priority.set_this_thread(os.getpriority(os.PRIO_PROCESS, os.getpid()))  # the main thread's nice
         while True:
             job = self._jobs.get()
             try:

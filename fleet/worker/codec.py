@@ -32,7 +32,7 @@ import sys
 import threading
 
 from fleet.shm import messages as M
-from fleet.shm import parcels
+from fleet.shm import parcels, segments
 from fleet.worker.calls import Calls
 from fleet.rules.outcomes import FAILED, SOLVED, SUPPRESSED, Refused
 from fleet.rules.vocab import Reason
@@ -653,10 +653,7 @@ class _InParcel(_Pickled):
         self._pieces = None
         mm, self._mm = self._mm, None
         if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                pass  # a view of it still lives (a caller's): the mapping goes with that view
+            segments.close_quietly(mm)  # a caller's view of it still alive: unmapped with that view
 
     def close(self) -> None:
         """Let the parcel go: unmapped and closed, a lent one given back to its writer."""

@@ -106,7 +106,7 @@ def with_blocking_ops(handler, dispatch: Callable[[Call], Future],
 
     def route(call: Call) -> Future:
         if call.op.direct:
-            if side is not None and call.held and held_bytes(call) >= SIDE_MIN_BYTES:
+            if side is not None and held_bytes(call) >= SIDE_MIN_BYTES:
                 return side.submit(lambda: direct(call))
             fut = Future()
             fut.set_running_or_notify_cancel()

@@ -27,6 +27,7 @@ import socket
 import stat
 from collections.abc import Callable
 
+from fleet.shm import segments
 from fleet.service.control.errors import E_INVALID_ARGS, ProtocolError
 
 #: Pickled bytes from which a payload or a result travels in a memfd rather than base64
@@ -107,10 +108,7 @@ class Mapped:
         if self._mm is None:
             return
         self.view.release()
-        try:
-            self._mm.close()
-        except BufferError:
-            pass  # a view of it outlives this call: the mapping (and its descriptor) goes with it
+        segments.close_quietly(self._mm)  # a view outliving this call takes the mapping (and its descriptor)
         self._mm = None
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.host import affinity
 from fleet.host.proctitle import name_thread
 from fleet.rules import titles
 from fleet.rules.errors import FleetError
@@ -457,7 +458,7 @@ class ControlServer:
         if want == self._pinned:
             return
         try:
-            os.sched_setaffinity(0, want if want is not None else os.sched_getaffinity(os.getpid()))
+            os.sched_setaffinity(0, want if want is not None else affinity.process_cpus())
         except OSError as exc:
             log.warning("cannot run the control thread on CPUs %s: %s", list(want or ()), exc)
         self._pinned = want  # tried once per change: a refusal is not logged at every pass

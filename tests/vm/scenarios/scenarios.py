@@ -276,12 +276,11 @@ def s_install_and_start() -> dict:
 def open_files_limit(pid) -> list | None:
     """[soft, hard] of a process's limit on open files (/proc/<pid>/limits)."""
     try:
-        for line in pathlib.Path(f"/proc/{pid}/limits").read_text().splitlines():
-            if line.startswith("Max open files"):
-                return [int(v) for v in line.split()[3:5]]
-    except (OSError, ValueError):
-        pass
-    return None
+        lines = pathlib.Path(f"/proc/{pid}/limits").read_text().splitlines()
+    except OSError:
+        return None  # the process is gone
+    found = [line.split()[3:5] for line in lines if line.startswith("Max open files")]
+    return [int(v) for v in found[0]] if found else None
 
 
 def s_status_text() -> dict:
