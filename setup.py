@@ -4,8 +4,10 @@ All metadata lives in pyproject.toml; this only registers the compiled modules, 
 are built at install time: fleet._native (cffi, described by native/build_native.py:
 atomics, futex, rings), fleet._rings (a CPython extension: the rings' non-blocking calls
 with the GIL held, over the same ring code), fleet._chunk (a CPython extension: a chunk's
-items run through their handler in one C loop) and fleet.shm.table._kernels (the slot
-table's transition kernels, compiled ahead by numba: fleet/shm/table/kernel_build.py).
+items run through their handler in one C loop), fleet._table (a CPython extension: the
+transition kernels' calls over a mapped table, with the GIL held) and
+fleet.shm.table._kernels (the slot table's transition kernels, compiled ahead by numba:
+fleet/shm/table/kernel_build.py, linked with native/fleet_kernels.c).
 """
 import os
 import sys
@@ -18,9 +20,8 @@ KERNELS = "fleet.shm.table._kernels"
 
 
 class BuildExt(build_ext):
-    """setuptools' build_ext, with the kernels' module built by numba's AOT compiler
-    (numba is a build requirement) into wherever build_ext puts a module: the build
-    folder for a wheel, the tree for an editable install."""
+    """setuptools' build_ext, with the kernels' object code compiled by numba first (numba
+    is a build requirement) and linked into their module like any other object."""
 
     def build_extension(self, ext):
         if ext.name != KERNELS:
@@ -30,11 +31,14 @@ class BuildExt(build_ext):
         try:
             from fleet.shm.table import kernel_build
 
-            target = self.get_ext_fullpath(ext.name)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            kernel_build.build(target)
+            os.makedirs(self.build_temp, exist_ok=True)
+            obj = os.path.join(self.build_temp, "fleet_kernels_numba.o")
+            digest = kernel_build.build_object(obj)
         finally:
             sys.path.remove(here)
+        ext.extra_objects = [obj]
+        ext.define_macros = [("FLEET_KERNELS_DIGEST", f"{digest}LL")]
+        return super().build_extension(ext)
 
 
 setup(
@@ -46,7 +50,8 @@ setup(
         # PyInit is exported), whatever else the process loads.
         Extension("fleet._rings", ["native/fleet_rings.c", "native/fleet_native.c"], include_dirs=["native"],
                   extra_compile_args=[*_C, "-fvisibility=hidden"], libraries=["pthread"]),
-        # Sources: fleet/shm/table/kernels.py, compiled by BuildExt (none for the C compiler).
-        Extension(KERNELS, sources=[]),
+        Extension("fleet._table", ["native/fleet_table.c"], extra_compile_args=_C),
+        # With the object code BuildExt has numba compile from fleet/shm/table/kernel_entry.py.
+        Extension(KERNELS, ["native/fleet_kernels.c"], extra_compile_args=_C),
     ],
 )

@@ -608,3 +608,11 @@ int fleet_epoll_wait_ns(int epfd, uint64_t *out, int max_events, int64_t timeout
         out[i] = ((uint64_t)evs[i].events << 32) | (uint32_t)evs[i].data.fd;
     return (int)n;
 }
+
+void fleet_prefault(const void *p, size_t len, size_t page) {
+    const volatile uint8_t *at = (const volatile uint8_t *)p;
+    if (page == 0) return;
+    for (size_t off = 0; off < len; off += page) (void)at[off];
+}
+
+void fleet_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }

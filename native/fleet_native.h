@@ -141,3 +141,11 @@ int     fleet_word_watch(const uint32_t *word, uint32_t seen, int64_t spin_ns);
  * -ENOSYS (or -EPERM from a seccomp filter) when the kernel does not offer it, -EINTR
  * when a signal came (the caller runs its handlers and waits again for what is left). */
 int     fleet_epoll_wait_ns(int epfd, uint64_t *out, int max_events, int64_t timeout_ns);
+
+/* Map every page of [p, p + len) now: one read per `page` bytes (a shared memory file's
+ * page is allocated at its first touch, read or write). cffi calls it with the GIL
+ * released, where mmap's MAP_POPULATE would hold it for the whole populating. */
+void    fleet_prefault(const void *p, size_t len, size_t page);
+/* memcpy, for cffi to call with the GIL released: a large copy (a payload into its
+ * parcel) then lets every other thread of the process run. */
+void    fleet_copy(void *dst, const void *src, size_t n);

@@ -33,9 +33,9 @@ def watch(name: str, counts: dict) -> dict:
         samples, max_held, over, pinned, switches = 0, [0] * len(names), [], {}, []
         print("ready", flush=True)
         while not select.select([sys.stdin], [], [], 0.0005)[0]:  # a breath: this host has 2 cores
-            first = words.copy()
-            second = words.copy()
-            if (first != second).any():
+            first = words.tolist()
+            second = words.tolist()
+            if first != second:
                 continue  # a word moved while we read: not one instant
             samples += 1
             held = [0] * len(names)

@@ -79,22 +79,29 @@ def write_meta(slots, slot, rounds, fields, values):
     return i
 
 
+def _arrays(table):
+    """numpy views of the table's regions (a SlotTable gives memoryviews), for the njit loops."""
+    return (np.frombuffer(table.slots, dtype=np.uint64), np.frombuffer(table.roles, dtype=np.uint64),
+            np.frombuffer(table.posture, dtype=np.uint64))
+
+
 def main(argv):
     command, name = argv[0], argv[1]
     table = SlotTable.attach(name)
     table._kernels()
+    slots, roles, posture = _arrays(table)
     if command == "meta-writer":
         fields = np.array([2, 3, 4, 5], dtype=np.int64) + int(argv[2]) * SLOT_FIELDS  # unit, pid, cpus lo/hi
         values = np.zeros(4, dtype=np.uint64)
-        write_meta(table.slots, int(argv[2]), 1, fields, values)
+        write_meta(slots, int(argv[2]), 1, fields, values)
         print("ready", flush=True)
         sys.stdin.readline()
-        write_meta(table.slots, int(argv[2]), -1, fields, values)
+        write_meta(slots, int(argv[2]), -1, fields, values)
         return
     role, n_slots, target, out = int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
     counts = np.zeros((n_slots, 3), dtype=np.int64)
     # Compile before the start line, so the race starts together.
-    hammer(table.slots, table.roles, table.n_roles, table.posture, n_slots, role, 0, counts)
+    hammer(slots, roles, table.n_roles, posture, n_slots, role, 0, counts)
     gate = None
     if len(argv) > 7:  # a start barrier: a file of uint64 words the racers share, and how many they are
         with open(argv[6], "r+b") as f:
@@ -105,9 +112,10 @@ def main(argv):
     if gate is not None:
         arrive(gate, int(argv[7]), 2_000_000_000)
     if command == "hammer":
-        attempts = hammer(table.slots, table.roles, table.n_roles, table.posture, n_slots, role, target, counts)
+        attempts = hammer(slots, roles, table.n_roles, posture, n_slots, role, target, counts)
         np.save(out, counts)
         print(f"attempts {attempts}", flush=True)
+    del slots, roles, posture
     table.close()
 
 

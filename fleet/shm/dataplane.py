@@ -36,10 +36,9 @@ import os
 import threading
 import time
 
-import numpy as np
-
 from fleet import _rings
 from fleet.shm import segments as shm
+from fleet.shm.header import HeaderLayout, HeaderView
 from fleet._native import ffi, lib
 from fleet.rules.errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 
@@ -59,23 +58,21 @@ MIN_CAPACITY = 4096
 MAX_CAPACITY = 1 << 31  # the C side keeps message lengths in 32 bits
 DEFAULT_CAPACITY = 1 << 18
 
-HEADER_DTYPE = np.dtype(
-    [
-        ("magic", "<u8"),
-        ("version", "<u4"),
-        ("n_seats", "<u4"),
-        ("task_capacity", "<u8"),
-        ("result_capacity", "<u8"),
-        ("creator_pid", "<u8"),
-        ("creator_start", "<u8"),
-        ("created_ns", "<u8"),
-        ("total_size", "<u8"),
-        ("rings_off", "<u8"),
-        ("seat_stride", "<u8"),
-        ("name", "S64"),  # the fleet's name: a reclaimer checks it is this fleet's segment
-    ]
+HEADER_FIELDS = (
+    ("magic", "Q"),
+    ("version", "I"),
+    ("n_seats", "I"),
+    ("task_capacity", "Q"),
+    ("result_capacity", "Q"),
+    ("creator_pid", "Q"),
+    ("creator_start", "Q"),
+    ("created_ns", "Q"),
+    ("total_size", "Q"),
+    ("rings_off", "Q"),
+    ("seat_stride", "Q"),
+    ("name", "64s"),  # the fleet's name: a reclaimer checks it is this fleet's segment
 )
-assert HEADER_DTYPE.itemsize <= HEADER_SIZE
+HEADER = HeaderLayout(HEADER_FIELDS, HEADER_SIZE)
 
 _EAGAIN, _EMSGSIZE = -11, -90
 _U32 = 0xFFFFFFFF
@@ -123,10 +120,10 @@ KIND = shm.Kind(
     suffix=".data",
     magic=MAGIC,
     header_size=HEADER_SIZE,
-    name_off=HEADER_DTYPE.fields["name"][1],
-    name_len=HEADER_DTYPE.fields["name"][0].itemsize,
-    start_off=HEADER_DTYPE.fields["creator_start"][1],
-    pid_off=HEADER_DTYPE.fields["creator_pid"][1],
+    name_off=HEADER.offset("name"),
+    name_len=HEADER.size("name"),
+    start_off=HEADER.offset("creator_start"),
+    pid_off=HEADER.offset("creator_pid"),
     errors=shm.Errors(
         base=DataPlaneError, not_found=DataSegmentNotFound, in_use=DataSegmentInUse, corrupt=DataSegmentCorrupt,
         denied=DataSegmentAccessDenied,
@@ -387,9 +384,9 @@ def _layout(n_seats: int, task_capacity: int, result_capacity: int) -> tuple[int
     return stride, RINGS_OFF + n_seats * stride
 
 
-def _header_view(mm: mmap.mmap) -> np.ndarray:
-    # frombuffer, not ndarray(buffer=): the view must pin the mapping.
-    return np.frombuffer(mm, dtype=HEADER_DTYPE, count=1).reshape(())
+def _header_view(mm: mmap.mmap) -> HeaderView:
+    """The segment header's fields, in place in the mapping."""
+    return HEADER.view(mm)
 
 
 class DataSegment:

@@ -54,6 +54,7 @@ import sys
 import threading
 import time
 
+from fleet._native import ffi, lib
 from fleet.rules.errors import FleetError
 from fleet.shm.segments import OWNER_ONLY, SHM_DIR
 
@@ -68,7 +69,8 @@ WARM_MARK = ".w"
 _NAME_RE = re.compile(r"fleet\.([^./~]+)\.p([0-9]+)\.[0-9a-f]{16}")
 #: A parcel's name or a warm one's: what the sweeps remove.
 _OURS_RE = re.compile(r"fleet\.([^./~]+)\.([pw])[0-9]+\.[0-9a-f]{16}")
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+#: From this size a copy is made in C with the GIL released (`copy`): below it, the call costs more.
+_C_COPY_MIN = 1 << 20
 #: Most bytes of warm parcels a fleet keeps free (and a cap's quarter when that is less).
 WARM_MAX = 1 << 30
 #: A warm parcel free this long is let go at the next write or outcome (an idle fleet
@@ -191,14 +193,15 @@ def populated(fd: int, size: int) -> mmap.mmap:
     faulted one by one at its first touch (a write into a fresh mapping of 512 MiB: ~235 ms,
     against ~25 ms into one populated). MAP_POPULATE does it in mmap's constructor, which
     holds the GIL meanwhile (~60 ms for 512 MiB here, when every other thread of the
-    process waits: a supervisor's loop, fleetd's control thread); with numpy loaded, a read
-    of one byte per page does it in ~40 ms with the GIL released."""
-    np = sys.modules.get("numpy")
-    prot = mmap.PROT_READ | mmap.PROT_WRITE
-    if np is None:
-        return mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE, prot)
-    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
-    np.frombuffer(mm, np.uint8)[:: mmap.PAGESIZE].max()  # a numpy reduction lets other threads run
+    process waits: a supervisor's loop, fleetd's control thread); a read of one byte per
+    page in C (`fleet_prefault`, called with the GIL released) does it while they run."""
+    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    if size:
+        at = ffi.from_buffer(mm)
+        try:
+            lib.fleet_prefault(at, size, mmap.PAGESIZE)
+        finally:
+            ffi.release(at)
     return mm
 
 
@@ -290,16 +293,28 @@ def _warm_size(total: int) -> int:
     return -(-total // granule) * granule
 
 
-def _copy_into(mm: mmap.mmap, offset: int, view: memoryview) -> None:
-    """`view`'s bytes into `mm` at `offset`: numpy's copy when numpy is loaded (it lets
-    other threads run meanwhile: the supervisor's loop may share this process), else a
-    memoryview's."""
-    np = sys.modules.get("numpy")
-    if np is not None and view.nbytes >= 1 << 20:
-        np.copyto(np.frombuffer(mm, np.uint8, view.nbytes, offset), np.frombuffer(view, np.uint8))
+def _copy_into(mm, offset: int, view: memoryview) -> None:
+    """`view`'s bytes into `mm` at `offset`: from 1 MiB in C with the GIL released
+    (`fleet_copy`: other threads run meanwhile, the supervisor's loop may share this
+    process), below it a memoryview's copy (cheaper than the call)."""
+    if view.nbytes >= _C_COPY_MIN:
+        copy(mm, offset, view)
     else:
         with memoryview(mm) as whole:
             whole[offset : offset + view.nbytes] = view
+
+
+def copy(dst, offset: int, src) -> None:
+    """All of buffer `src` into writable buffer `dst` at `offset`, in C with the GIL released."""
+    to, of = ffi.from_buffer(dst, require_writable=True), ffi.from_buffer(src)
+    try:
+        n = len(of)
+        if offset < 0 or offset + n > len(to):
+            raise ValueError(f"{n} bytes at offset {offset} do not fit a buffer of {len(to)}")
+        lib.fleet_copy(to + offset, of, n)
+    finally:
+        ffi.release(to)
+        ffi.release(of)
 
 
 class Warm:
@@ -451,17 +466,16 @@ def give_back(name: str) -> bool:
 def copy_out(fd: int, size: int, parts) -> list:
     """The `parts` ((offset, length) each) of an open parcel, each copied into memory of
     its own (an array of bytes when numpy is loaded: its large blocks are huge pages; else
-    a bytearray), through one read-only mapping unmapped before this returns."""
+    a bytearray), through one read-only mapping unmapped before this returns. A large part
+    is copied with the GIL released."""
     np = sys.modules.get("numpy")
     mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
     try:
         out = []
         for off, n in parts:
-            if np is not None:
-                own = np.empty(n, np.uint8)
-                np.copyto(own, np.frombuffer(mm, np.uint8, n, off))  # lets other threads run meanwhile
-            else:
-                own = bytearray(mm[off : off + n])
+            own = np.empty(n, np.uint8) if np is not None else bytearray(n)
+            with memoryview(mm) as whole, whole[off : off + n] as part:
+                _copy_into(own, 0, part)
             out.append(own)
         return out
     finally:

@@ -1,6 +1,6 @@
 """The zygote: a single-threaded process that forks the fleet's workers.
 
-Starting a Python worker from scratch costs the interpreter, numpy, fleet's own
+Starting a Python worker from scratch costs the interpreter, fleet's own
 modules, the transition kernels and the handler modules: a few tenths of a second.
 The supervisor cannot fork itself (it is multi-threaded, and embedded in somebody's program), so it starts
 this process once; the zygote pays the start-up cost, and every worker — at boot
@@ -338,19 +338,14 @@ class Zygote:
 
 def preload_kernels() -> None:
     """Load the transition kernels (fleet.shm.table.kernel_load): the ones built at
-    install, a ~1 ms import; without them numba's, from its cache, for the table's
-    argument types (~0.3-0.5 s). It needs nothing of the boot message, so it runs while
-    the supervisor loads its own copy, and the table attached at boot finds them loaded.
-    A failure here is left to boot, which loads them again and reports it."""
+    install, a ~1 ms import (no numpy); without them numba's, compiled or from its cache
+    (~0.3-0.5 s). It needs nothing of the boot message, so it runs while the supervisor
+    loads its own copy, and the table attached at boot finds them loaded. A failure here
+    is left to boot, which loads them again and reports it."""
     try:
-        import numpy as np
-
         from fleet.shm.table import kernel_load
 
-        kernels = kernel_load.load()
-        if not kernel_load.is_built(kernels):
-            dummy = np.zeros(1, dtype="<u8")
-            kernels.warm_up(dummy, dummy, 0, dummy)
+        kernel_load.load()
     except Exception:  # noqa: BLE001 - boot's own load says what is wrong
         pass
 

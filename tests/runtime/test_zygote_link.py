@@ -16,6 +16,7 @@ import pytest
 
 import fleet
 from fleet.runtime.zygote_link import FLEET_ROOT, WorkerStartError, ZygoteLink, zygote_env
+from fleet.shm.table import kernel_load
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -171,84 +172,39 @@ def test_a_boot_that_fails_after_launching_the_zygote_leaves_no_process_and_no_s
 
 def test_the_kernels_a_zygote_preloads_are_the_ones_its_table_calls(fleet_name):
     """On numba's run-time path (FLEET_KERNELS=jit: the kernels not built at install), the
-    zygote loads the kernels before its boot message, on arrays of the table's types:
-    attaching the table then loads nothing more (a type that differed would load, or
-    compile, every kernel a second time, after the boot message: on the critical path)."""
+    zygote compiles (or loads from numba's cache) the kernels' entry points before its
+    boot message: attaching the table then calls those very entry points, and nothing is
+    compiled or loaded after the boot message, on the critical path."""
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import json
+        import json, sys
         from fleet.worker.zygote import preload_kernels
-        from fleet.shm.table import kernels
+        from fleet.shm.table import kernel_load
         from fleet.rules.roles import Role, RoleSet
         from fleet.shm.table import SlotTable
 
-        names = ("apply_transition", "apply_batch", "start_unit", "finish_unit", "seq_write", "add_field",
-                 "store_field")
-        def loaded():
-            return {{n: len(getattr(kernels, n).signatures) for n in names}}
         preload_kernels()
-        first = loaded()
+        first = kernel_load.load()
+        entry = sys.modules.get(kernel_load.JIT)
+        made = {{n: e.address for n, e in entry.ENTRY_POINTS.items()}} if entry else {{}}
         table = SlotTable.create({fleet_name!r}, RoleSet((Role("w", kind="pooled", handler="m:f", slots=1),)), 1)
         try:
             table.load_kernels()
-            print(json.dumps([first, loaded()]))
+            again = {{n: e.address for n, e in sys.modules[kernel_load.JIT].ENTRY_POINTS.items()}}
+            print(json.dumps([first.name, table.kernels is first, list(first.addresses) == list(made.values()),
+                              again == made]))
         finally:
             table.unlink()
             table.close()
     """)], capture_output=True, text=True, timeout=300, env={**os.environ, "FLEET_KERNELS": "jit"})
     assert out.returncode == 0, out.stderr
-    first, after = json.loads(out.stdout)
-    assert all(n >= 1 for n in first.values()) and after == first
-
-
-def test_a_launched_zygote_is_placed_in_its_cgroup_before_anything_is_asked_of_it(fleet_name):
-    """A delegated fleet moves the fork server into its workers leaf (every worker it forks
-    is born there): `place` runs on the new zygote's pid before `launch` returns. Here the
-    leaf is a real v1 cpu group of this host; on cgroup v2 it is `<unit>/workers`."""
-    from fleet.host import cgroup
-    from fleet.runtime import workers as workers_mod
-    from tests.cgroups import cpu_group
-
-    with cpu_group(1.0) as g:
-        placed = []
-
-        def place(pid):
-            placed.append(pid)
-            cgroup.place(pid, g.path)
-
-        launched = workers_mod.launch(fleet_name, place=place)
-        try:
-            assert placed == [launched.link.pid]
-            assert launched.link.pid in g.pids()
-        finally:
-            launched.stop()
-
-
-def test_a_fork_server_that_cannot_be_placed_is_said_and_boot_goes_on(caplog):
-    """The placement boot gives the zygote: a move that fails is logged with the leaf and
-    why, never raised (the workers then run in the supervisor's leaf)."""
-    import logging
-
-    from fleet.rules import delegation as D
-    from fleet.runtime import boot
-
-    unit = D.Group("/sys/fs/cgroup/u", frozenset(D.READINGS), frozenset({"cpu"}), True)
-    arranged = D.decide(D.Facts("/sys/fs/cgroup", unit, D.Group("/sys/fs/cgroup"), arrange=True))
-
-    class Host:
-        def place(self, pid, leaf):
-            raise FileNotFoundError(2, "No such file or directory")
-
-    assert boot._placer(D.failed(arranged, "x"), Host(), "f") is None  # embedded: nothing moves
-    with caplog.at_level(logging.WARNING, logger="fleet.runtime.boot"):
-        boot._placer(arranged, Host(), "f")(4242)
-    assert "the worker fork server (pid 4242) could not move into /sys/fs/cgroup/u/workers" in caplog.text
+    assert json.loads(out.stdout) == [kernel_load.JIT, True, True, True]
 
 
 def test_a_zygote_preloads_the_built_kernels_and_the_worker_without_numba(fleet_name):
     """With the kernels built at install, the zygote's preload is their module and the
     worker's own (fleet.worker.process, and fleet.host.priority, which its set-up after
     the fork calls), so a fork imports none of them; the table attached at boot takes
-    that same module, and numba is never imported. asyncio comes only with an I/O-bound
+    that same module, and neither numba nor numpy is ever imported. asyncio comes only with an I/O-bound
     role (`preload_io`): the Executor's zygote starts without it."""
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import json, sys
@@ -270,7 +226,8 @@ def test_a_zygote_preloads_the_built_kernels_and_the_worker_without_numba(fleet_
         table = SlotTable.create({fleet_name!r}, roles, 1)
         try:
             table.load_kernels()
-            print(json.dumps([preloaded, io, table._k is kernel_load.load(), "numba" in sys.modules]))
+            print(json.dumps([preloaded, io, table.kernels is kernel_load.load(), "numba" in sys.modules,
+                              "numpy" in sys.modules]))
         finally:
             table.unlink()
             table.close()
@@ -278,7 +235,7 @@ def test_a_zygote_preloads_the_built_kernels_and_the_worker_without_numba(fleet_
         env={k: v for k, v in os.environ.items() if k != "FLEET_KERNELS"})
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [["fleet.shm.table._kernels", "fleet.worker.process", "fleet.host.priority"],
-                                      [False, True], True, False]
+                                      [False, True], True, False, False]
 
 
 def test_a_copy_of_fleet_found_only_on_this_process_path_is_the_one_the_workers_run(tmp_path, fleet_name):

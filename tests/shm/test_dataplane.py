@@ -587,7 +587,7 @@ def test_attach_to_a_missing_segment_is_a_typed_error(fleet_name):
 )
 def test_attach_refuses_a_corrupt_header(fleet_name, field, value, match):
     seg = DataSegment.create(fleet_name, 1, 4096, 4096)
-    np.frombuffer(seg._mm, dtype=dp.HEADER_DTYPE, count=1)[0][field] = value
+    dp.HEADER.view(seg._mm)[field] = value
     with pytest.raises(dp.DataSegmentCorrupt, match=match):
         DataSegment.attach(fleet_name)
 

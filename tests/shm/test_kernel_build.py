@@ -1,7 +1,8 @@
-"""The transition kernels built at install (fleet.shm.table._kernels, numba's AOT compiler):
-present and current after an install, the same results as numba's run-time kernels on
-every FSM vector, refused with one WARNING when stale or missing (numba's kernels then
-run), and a fleet that runs them never imports numba.
+"""The transition kernels built at install (fleet.shm.table._kernels: numba's object code of
+the entry points in kernel_entry): present and current after an install, the same results
+as numba's run-time build on every FSM vector, refused with one WARNING when stale or
+missing (numba's build then runs), and a fleet that runs them imports neither numba nor
+numpy.
 
 Mutations that turn these red: deleting the built module or editing kernels.py without
 reinstalling (the first test); a changed comparison in kernels.py's `_decide` against
@@ -18,9 +19,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from fleet import _table
 from fleet.rules import fsm
 from fleet.rules.roles import Role, RoleSet
 from fleet.shm.table import SlotTable, kernel_load
@@ -36,7 +37,7 @@ MATRIX = RoleSet(tuple(Role(name=f"{k}_{c}", kind=k, cordon_class=c) for k in KI
 def test_the_install_built_current_kernels():
     module, why = kernel_load.built_module()
     assert module is not None, f"{why}: reinstall (pip install -e .) to build them"
-    assert kernel_load.is_built(module)
+    assert kernel_load.is_built(kernel_load.built_kernels(module))
 
 
 @pytest.fixture
@@ -44,12 +45,12 @@ def tables(fleet_name):
     """Two tables of one fleet's shape, one per build: (built kernels, table), (numba's, table)."""
     import importlib
 
-    from fleet.shm.table import kernels
-
     made = [SlotTable.create(f"{fleet_name}{i}", MATRIX, 4) for i in range(2)]
     built = importlib.import_module(kernel_load.BUILT)  # whatever is built: compared, stale or not
-    kernels.warm_up(made[1].slots, made[1].roles, made[1].n_roles, made[1].posture)
-    yield [(built, made[0]), (kernels, made[1])]
+    made[0].use_kernels(kernel_load.built_kernels(built))
+    made[1].use_kernels(kernel_load.jit_kernels())
+    assert made[0].kernels.built and not made[1].kernels.built
+    yield [(made[0]._k, made[0]), (made[1]._k, made[1])]
     for t in made:
         t.close()
         t.unlink()
@@ -58,17 +59,15 @@ def tables(fleet_name):
 def _outcomes(k, t, word, event, role, key, gen, posture):
     """Every kernel's answer to one vector, from the same starting word, with the word after each."""
     t.set_posture(posture)
-    base = (t.slots, t.roles, t.n_roles, t.posture)
     out = []
     t.slots[L.S_WORD] = word
-    out += [k.apply_transition(*base, 0, event, role, key, gen), int(t.slots[L.S_WORD])]
+    out += [k.transition(0, event, role, key, gen), int(t.slots[L.S_WORD])]
     t.slots[L.S_WORD] = word
-    ops, reasons = np.array([0, event, role, key, 0, 0, fsm.START, fsm.ANY_ROLE, key, 1], dtype=np.int64), np.zeros(2, np.int64)
-    out += [k.apply_batch(*base, ops, reasons), *reasons.tolist(), int(t.slots[L.S_WORD])]
+    out += [k.batch([0, event, role, key, 0, 0, fsm.START, fsm.ANY_ROLE, key, 1]), *k.reasons(2), int(t.slots[L.S_WORD])]
     t.slots[L.S_WORD] = word
-    out += [k.start_unit(*base, 0, event, role, key, 77), int(t.slots[L.S_WORD]), int(t.slots[L.S_UNIT])]
+    out += [k.start_unit(0, event, role, key, 77), int(t.slots[L.S_WORD]), int(t.slots[L.S_UNIT])]
     t.slots[L.S_WORD] = word
-    out += [k.finish_unit(*base, 0, event, role), int(t.slots[L.S_WORD]), int(t.slots[L.S_DONE])]
+    out += [k.finish_unit(0, event, role), int(t.slots[L.S_WORD]), int(t.slots[L.S_DONE])]
     return out
 
 
@@ -91,13 +90,15 @@ def test_built_and_run_time_kernels_agree_on_every_fsm_vector(tables):
 
 def test_built_and_run_time_field_writers_agree(tables):
     for k, t in tables:
-        fields = np.array([L.L_SUBMITTED, L.L_SOLVED], dtype=np.int64)
-        assert k.seq_write(t.ledger, L.L_SEQ, fields, np.array([3, 2**64 - 1], dtype=np.uint64))
-        assert not k.seq_write(t.ledger, L.L_SEQ, np.array([t.ledger.size], dtype=np.int64), np.zeros(1, np.uint64))
-        assert not k.seq_write(t.ledger, -1, fields, np.zeros(2, np.uint64))
-        assert k.add_field(t.slots, L.S_DONE, np.uint64(5)) == 0 and k.add_field(t.slots, L.S_DONE, np.uint64(1)) == 5
-        assert k.add_field(t.slots, t.slots.size, np.uint64(1)) == 0
-        assert k.store_field(t.slots, SLOT_FIELDS + L.S_UNIT, np.uint64(9)) and not k.store_field(t.slots, -1, np.uint64(9))
+        fields = (L.L_SUBMITTED, L.L_SOLVED)
+        assert k.seq_write(_table.LEDGER, L.L_SEQ, fields, (3, -1)) is True  # -1: 2**64 - 1, a word
+        assert k.seq_write(_table.LEDGER, L.L_SEQ, (len(t.ledger),), (0,)) is False
+        assert k.seq_write(_table.LEDGER, -1, fields, (0, 0)) is False
+        assert k.add_field(_table.SLOTS, L.S_DONE, 5) == 0 and k.add_field(_table.SLOTS, L.S_DONE, 1) == 5
+        assert k.add_field(_table.SLOTS, len(t.slots), 1) == 0
+        assert k.store_field(_table.SLOTS, SLOT_FIELDS + L.S_UNIT, 9) is True
+        assert k.store_field(_table.SLOTS, -1, 9) is False
+        assert t.ledger[L.L_SOLVED] == 2**64 - 1 and t.slots[SLOT_FIELDS + L.S_UNIT] == 9
     (_, tb), (_, tj) = tables
     assert tb.ledger.tolist() == tj.ledger.tolist() and tb.slots.tolist() == tj.slots.tolist()
 
@@ -117,7 +118,7 @@ FOLLOWS = textwrap.dedent(
     t2 = SlotTable.create(sys.argv[2] + "b", RoleSet((Role("pool", kind="pooled"),)), 1)  # chosen once per process
     try:
         got = [t.transition(0, e, 0 if e == fsm.LEASE else fsm.ANY_ROLE, 0) for e in (fsm.LEASE, fsm.START, fsm.RELEASE)]
-        print(got[-1], t._k.__name__, "numba" in sys.modules)
+        print(got[-1], t.kernels.name, "numba" in sys.modules, "numpy" in sys.modules)
     finally:
         for x in (t, t2):
             x.close(); x.unlink()
@@ -148,7 +149,7 @@ def _without_t5(package: Path) -> None:
 
 def test_a_build_from_another_fsm_table_is_refused_and_numba_follows_the_new_one(tmp_path, fleet_name):
     out, warnings = _run_copy(tmp_path, fleet_name, _without_t5)
-    assert out == [str(fsm.R_ILLEGAL), "fleet.shm.table.kernels", "True"]  # T5 is gone: the new rules, not the build's
+    assert out == [str(fsm.R_ILLEGAL), kernel_load.JIT, "True", "True"]  # T5 is gone: the new rules, not the build's
     assert len(warnings) == 1 and warnings[0].startswith("WARNING") and "stale build" in warnings[0], warnings
 
 
@@ -158,39 +159,41 @@ def test_a_missing_build_runs_numba_kernels_with_one_warning(tmp_path, fleet_nam
             so.unlink()
 
     out, warnings = _run_copy(tmp_path, fleet_name, remove_build)
-    assert out == [str(fsm.OK), "fleet.shm.table.kernels", "True"]
+    assert out == [str(fsm.OK), kernel_load.JIT, "True", "True"]
     assert len(warnings) == 1 and "cannot be imported" in warnings[0], warnings
 
 
 def test_an_untouched_copy_runs_the_build_silently(tmp_path, fleet_name):
     out, warnings = _run_copy(tmp_path, fleet_name, lambda package: None)
-    assert out == [str(fsm.OK), kernel_load.BUILT, "False"]
+    assert out == [str(fsm.OK), kernel_load.BUILT, "False", "False"]  # neither numba nor numpy
     assert warnings == []
 
 
-# --- a fleet on the built kernels never imports numba ----------------------------------------------
+# --- a fleet on the built kernels imports neither numba nor numpy ----------------------------------
 
 NO_NUMBA = textwrap.dedent(
     """
     import sys
     from fleet import Executor
 
-    def numba_here(_):
-        return "numba" in sys.modules
+    def loaded(_):
+        return "numba" in sys.modules, "numpy" in sys.modules
 
     if __name__ == "__main__":
         with Executor(max_workers=2) as ex:
-            workers = set(ex.map(numba_here, range(20)))
-        print(sorted(workers), "numba" in sys.modules)
+            workers = {str(found).replace(" ", "") for found in ex.map(loaded, range(20))}
+        print(sorted(workers), "numba" in sys.modules, "numpy" in sys.modules)
     """
 )
 
 
-def test_an_executor_and_its_workers_never_import_numba(tmp_path):
+def test_an_executor_and_its_workers_import_neither_numba_nor_numpy(tmp_path):
+    # numpy costs each process ~0.1 s at start (numba's more): neither the caller, nor the
+    # fork server its workers are forks of, loads it for the table or its kernels.
     script = tmp_path / "no_numba.py"
     script.write_text(NO_NUMBA)
     env = {k: v for k, v in os.environ.items() if k != "FLEET_KERNELS"}
     out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["[False]", "False"], out.stdout
+    assert out.stdout.split() == ["['(False,False)']", "False", "False"], out.stdout

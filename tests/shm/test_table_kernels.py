@@ -2,7 +2,8 @@
 state x event x role kind x cordon class x posture x role/key arguments, on a real
 shared-memory table; plus bad input (indices, events, roles) that must change nothing.
 Every test runs on both builds of the kernels: the one built at install
-(fleet.shm.table._kernels) and numba's run-time one (fleet.shm.table.kernels)."""
+(fleet.shm.table._kernels) and numba's run-time one (fleet.shm.table.kernel_entry), both
+called through fleet._table."""
 from __future__ import annotations
 
 import itertools
@@ -26,23 +27,21 @@ MATRIX = RoleSet(tuple(Role(name=f"{k}_{c}", kind=k, cordon_class=c) for k in KI
 @pytest.fixture(params=["built", "jit"])
 def table(fleet_name, request):
     t = SlotTable.create(fleet_name, MATRIX, 4)
-    t._k = kernels_of(request.param, t)
+    t.use_kernels(kernels_of(request.param))
+    assert t.kernels.built == (request.param == "built")
     yield t
     t.close()
     t.unlink()
 
 
-def kernels_of(build: str, table):
-    """The kernels `build` names, loaded for `table`: the ones built at install (which
-    must be there and current: tests/shm/test_kernel_build.py says why when not) or numba's."""
+def kernels_of(build: str):
+    """The kernels `build` names: the ones built at install (which must be there and
+    current: tests/shm/test_kernel_build.py says why when not) or numba's."""
     if build == "built":
         module, why = kernel_load.built_module()
         assert module is not None, why
-        return module
-    from fleet.shm.table import kernels
-
-    kernels.warm_up(table.slots, table.roles, table.n_roles, table.posture)
-    return kernels
+        return kernel_load.built_kernels(module)
+    return kernel_load.jit_kernels()
 
 
 def _force_word(table, slot, word):
@@ -167,7 +166,7 @@ def test_unknown_event_is_a_typed_error(table, event):
 
 
 def test_bad_event_code_inside_the_kernel(table):
-    assert table._k.apply_transition(table.slots, table.roles, table.n_roles, table.posture, 0, 42, 0, 0, -1) == fsm.R_BAD_EVENT
+    assert table._k.transition(0, 42, 0, 0, -1) == fsm.R_BAD_EVENT
 
 
 def test_events_by_transition_id_and_name(table):
@@ -194,7 +193,7 @@ def test_batch_applies_in_order_and_reports_each_reason(table):
         [pooled, any_, any_, any_, pooled, any_],
         [0, 0, 0, 0, 0, 0],
     )
-    assert reasons.tolist() == [fsm.OK, fsm.OK, fsm.R_ILLEGAL, fsm.OK, fsm.R_BAD_SLOT, fsm.R_ILLEGAL]
+    assert reasons == [fsm.OK, fsm.OK, fsm.R_ILLEGAL, fsm.OK, fsm.R_BAD_SLOT, fsm.R_ILLEGAL]
     assert table.state(0) == (fsm.IDLE, 0, 0, 3)
 
 
@@ -205,7 +204,7 @@ def test_a_chained_event_is_not_tried_after_a_refusal(table):
     before = table.word(1)
     reasons = table.apply_batch([1, 1, 2], [fsm.UNPIN, fsm.LEASE, fsm.LEASE], [fsm.ANY_ROLE, pinned, pooled],
                                 [0, 3, 0], chained=[0, 1, 0])
-    assert reasons.tolist() == [fsm.R_ILLEGAL, fsm.R_NOT_TRIED, fsm.OK]  # the next grant is its own
+    assert reasons == [fsm.R_ILLEGAL, fsm.R_NOT_TRIED, fsm.OK]  # the next grant is its own
     assert table.word(1) == before
     assert table.state(2)[:2] == (fsm.LEASED, pooled)
     assert fsm.REASON_NAMES[fsm.R_NOT_TRIED].startswith("not tried")
@@ -217,7 +216,7 @@ def test_a_chained_event_runs_after_an_applied_one(table):
     table.apply(0, "START")
     table.apply(0, "PIN_KEYED")
     reasons = table.apply_batch([0, 0], [fsm.UNPIN, fsm.LEASE], [fsm.ANY_ROLE, pinned], [0, 4], chained=[0, 1])
-    assert reasons.tolist() == [fsm.OK, fsm.OK]
+    assert reasons == [fsm.OK, fsm.OK]
     assert table.state(0)[:3] == (fsm.LEASED, pinned, 4)
 
 
@@ -294,8 +293,9 @@ def test_reference_profile_table(fleet_name):
 
 
 def test_snapshot_is_word_aligned(table):
-    assert table.slots.ctypes.data % L.LINE == 0
-    assert np.all(np.array([table.roles.ctypes.data, table.posture.ctypes.data, table.ledger.ctypes.data]) % L.LINE == 0)
+    h = table.segment.header
+    for region in ("slots", "roles", "posture", "ledger", "bulkheads"):
+        assert h[f"{region}_off"] % L.LINE == 0, region  # the mapping itself starts on a page
 
 
 @pytest.mark.parametrize("bad", [1.5, "0", None])

@@ -8,6 +8,7 @@ Figures (all measured in this run):
   ns_per_transition_contended  two processes racing on the same slots (per attempt, each side)
   ns_per_call_python           one transition from Python through SlotTable.transition
   ns_per_call_kernel_direct    the same kernel called from Python without the wrapper
+                               (fleet._table's call over the mapping)
   ns_per_grant_K_per_pass_*    a loop pass granting K slots (LEASE each): one call per grant
                                (`calls`) against one `apply_ops` call for the pass (`batch`)
   us_per_snapshot              full consistent snapshot of a 64-slot table
@@ -57,7 +58,9 @@ def cycle(slots, roles, n_roles, posture, n_slots, role, attempts):
 
 
 def _kernel_args(t):
-    return t.slots, t.roles, t.n_roles, t.posture
+    """The table as the njit loop takes it: numpy views of its regions (memoryviews in a SlotTable)."""
+    as_array = lambda region: np.frombuffer(region, dtype=np.uint64)  # noqa: E731
+    return as_array(t.slots), as_array(t.roles), t.n_roles, as_array(t.posture)
 
 
 def bench_njit(table, n):
@@ -111,11 +114,9 @@ def bench_python_call(table, n):
     t.transition(0, RELEASE)
     per_method = timeit.timeit(lambda: t.transition(1, LEASE, ROLE) or t.transition(1, START) or t.transition(1, RELEASE),
                                number=n // 3) / (n // 3 * 3)
-    k = t._kernels()
-    args = _kernel_args(t)
-    fn = k.apply_transition
+    fn = t._kernels().transition
     per_direct = timeit.timeit(
-        lambda: (fn(*args, 2, LEASE, ROLE, 0, -1), fn(*args, 2, START, ANY, 0, -1), fn(*args, 2, RELEASE, ANY, 0, -1)),
+        lambda: (fn(2, LEASE, ROLE, 0, -1), fn(2, START, ANY, 0, -1), fn(2, RELEASE, ANY, 0, -1)),
         number=n // 3) / (n // 3 * 3)
     return per_method * 1e9, per_direct * 1e9
 

@@ -147,7 +147,7 @@ class BulkheadWriter:
             base = rec * FIELDS
             words = pack(row)
             fields = {base + i: w for i, w in enumerate(words) if i != L.B_SEQ}
-            self.table._seq_write(self.table.bulkheads, base + L.B_SEQ, fields)
+            self.table.write_bulkhead(base + L.B_SEQ, fields)
             written += 1
         return written
 

@@ -53,6 +53,13 @@ from fleet.shm.table.atomics import compare_and_swap, fetch_add, load_acquire, s
 from fleet.shm.table.kernel_tables import *  # noqa: E402,F403
 from fleet.shm.table.kernel_tables import _source_digest, tables_digest  # noqa: E402,F401
 
+# What numba freezes: the tables as int64 arrays, the slot word's masks and shifts as
+# uint64 (an int64 in a bitwise expression with a uint64 word would make it a float).
+_NEXT, _KIND_MASK, _GATED, _HALTS, _MAY_HALT = (np.array(table, dtype=np.int64)
+                                                for table in (_NEXT, _KIND_MASK, _GATED, _HALTS, _MAY_HALT))  # noqa: F405
+_STATE_MASK, _ROLE_MASK, _KEY_MASK, _GEN_MASK, _ROLE_SHIFT, _KEY_SHIFT, _GEN_SHIFT = (
+    np.uint64(v) for v in (_STATE_MASK, _ROLE_MASK, _KEY_MASK, _GEN_MASK, _ROLE_SHIFT, _KEY_SHIFT, _GEN_SHIFT))  # noqa: F405
+
 
 #: Digest of every module-level constant and table here (fleet.shm.table.kernel_tables'): the
 #: FSM arrays, the fsm codes and the layout's fields, all frozen into the kernels that read them; and

@@ -31,6 +31,8 @@ from __future__ import annotations
 import struct
 
 from fleet.rules import vocab
+from fleet.shm.header import HeaderLayout
+from fleet.shm.header import HeaderView as _HeaderView
 # The table's capacity and a slot-event row's width are agreed with the rules above the table.
 from fleet.rules.limits import MAX_BULKHEADS, MAX_ROLES, MAX_SLOTS, OP_FIELDS  # noqa: F401
 
@@ -105,43 +107,15 @@ HEADER_FIELDS = (
 )
 
 
-def _field_structs():
-    out, off = {}, 0
-    for name, code in HEADER_FIELDS:
-        st = struct.Struct("<" + code)
-        if not name.startswith("_"):
-            out[name] = (off, st)
-        off += st.size
-    assert off <= HEADER_SIZE, off
-    return out
+#: The table header's fields and offsets (fleet.shm.header).
+HEADER = HeaderLayout(HEADER_FIELDS, HEADER_SIZE)
 
 
-_HEADER_AT = _field_structs()
-
-
-class HeaderView:
-    """The header fields of a mapped table, read and written in place (no numpy).
-
+def HeaderView(buf) -> _HeaderView:  # noqa: N802 - reads as the type it makes
+    """The header fields of a mapped table, read and written in place (no numpy):
     ``h["n_slots"]`` is an int (bytes for boot_id and name); ``h["flags"] = 1`` writes
-    through to the mapping.
-    """
-
-    __slots__ = ("_buf",)
-
-    def __init__(self, buf):
-        self._buf = buf
-
-    def __getitem__(self, name):
-        off, st = _HEADER_AT[name]
-        return st.unpack_from(self._buf, off)[0]
-
-    def __setitem__(self, name, value):
-        off, st = _HEADER_AT[name]
-        st.pack_into(self._buf, off, value)
-
-    @staticmethod
-    def fields() -> tuple[str, ...]:
-        return tuple(_HEADER_AT)
+    through to the mapping."""
+    return HEADER.view(buf)
 
 
 FLAG_CLOSING = 1  # the owner is shutting down; take nothing new

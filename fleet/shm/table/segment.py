@@ -33,6 +33,7 @@ from fleet.shm import segments as shm
 from fleet.rules.errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 from fleet.rules.names import InvalidFleetName
 from fleet.shm.segments import creator_alive, process_start_time  # noqa: F401 (re-exported for readers and tests)
+from fleet.shm.header import HeaderView
 from fleet.shm.table import layout as L
 
 log = logging.getLogger(__name__)
@@ -74,27 +75,16 @@ class TableAccessDenied(TableError):
 BadFleetName = InvalidFleetName
 
 
-def _header_field(field: str) -> tuple[int, int]:
-    """(offset, size) of a header field, from the layout's field list."""
-    off = 0
-    for name, code in L.HEADER_FIELDS:
-        size = struct.calcsize("<" + code)
-        if name == field:
-            return off, size
-        off += size
-    raise KeyError(field)
-
-
 #: The table as a kind of fleet segment (name, magic, creator identity in its header).
 KIND = shm.Kind(
     label="table",
     suffix="",
     magic=L.MAGIC,
     header_size=L.HEADER_SIZE,
-    name_off=_header_field("name")[0],
-    name_len=_header_field("name")[1],
-    start_off=_header_field("creator_start")[0],
-    pid_off=_header_field("creator_pid")[0],
+    name_off=L.HEADER.offset("name"),
+    name_len=L.HEADER.size("name"),
+    start_off=L.HEADER.offset("creator_start"),
+    pid_off=L.HEADER.offset("creator_pid"),
     errors=shm.Errors(
         base=TableError, not_found=TableNotFound, in_use=TableInUse, corrupt=TableCorrupt, denied=TableAccessDenied
     ),
@@ -114,21 +104,20 @@ class Segment:
 
     name: str
     mm: mmap.mmap
-    header: L.HeaderView  # the header fields, in place
+    header: HeaderView  # the header fields, in place
     created: bool
 
     @property
     def size(self) -> int:
         return len(self.mm)
 
-    def view_u64(self, offset: int, n_fields: int):
-        """A numpy uint64 view of part of the mapping (the owner's and workers' side)."""
-        import numpy as np  # here, not at import: read-only tools never need numpy
-
-        return np.frombuffer(self.mm, dtype="<u8", count=n_fields, offset=offset)
+    def view_u64(self, offset: int, n_fields: int) -> memoryview:
+        """A uint64 view of part of the mapping (the owner's and workers' side): ints in,
+        ints out, and read-only on a read-only mapping."""
+        return memoryview(self.mm)[offset : offset + n_fields * L.U64].cast("Q")
 
     def close(self) -> None:
-        """Unmap now, or when the last numpy view of the mapping is gone."""
+        """Unmap now, or when the last view of the mapping is gone."""
         self.header = None
         self.__dict__.pop("_reader", None)
         shm.close_quietly(self.mm)
@@ -211,7 +200,7 @@ def attach(name: str, *, writable: bool = False, trust: frozenset[int] | None = 
     return Segment(name=name, mm=mm, header=header, created=False)
 
 
-def validate_header(header: L.HeaderView, mapped_size: int, seg_name: str) -> None:
+def validate_header(header: HeaderView, mapped_size: int, seg_name: str) -> None:
     """Raise TableCorrupt / TableVersionError naming the first field that is wrong."""
     if int(header["magic"]) != L.MAGIC:
         raise TableCorrupt(f"table {seg_name}: bad magic {int(header['magic']):#018x} (not initialised or not a fleet table)")

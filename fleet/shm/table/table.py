@@ -2,8 +2,10 @@
 
 The owner (the supervisor) creates the table from the fleet's roles; workers and
 tools attach by name. Transitions go through the transition kernels (loaded lazily by
-`kernel_load`: the ones built at install, else numba's), so an attach-and-snapshot
-reader such as `fleetctl status` loads neither.
+`kernel_load`: the ones built at install, else numba's), called by `fleet._table` over
+the mapping, so an attach-and-snapshot reader such as `fleetctl status` loads neither.
+The regions (`slots`, `roles`, `posture`, `ledger`, `bulkheads`) are uint64 memoryviews
+of the mapping: no numpy in a process that runs the built kernels.
 """
 from __future__ import annotations
 
@@ -11,8 +13,7 @@ import operator
 import time
 from typing import Iterable
 
-import numpy as np
-
+from fleet import _table
 from fleet.rules import fsm
 from fleet.rules.errors import FleetError
 from fleet.rules.roles import RoleSet
@@ -25,10 +26,11 @@ ROLE_FIELDS = L.ROLE_SIZE // L.U64
 DEFAULT_BULKHEADS = 64
 #: The ledger's fields in `set_ledger`'s order: the five counters, fsm_refused,
 #: stray_results, the five counters in items, then failures by reason.
-_LEDGER_FIELDS = np.array([L.L_SUBMITTED, L.L_SOLVED, L.L_SUPPRESSED, L.L_FAILED, L.L_INFLIGHT, L.L_FSM_REFUSED,
-                           L.L_STRAY_RESULTS]
-                          + [L.L_ITEMS + i for i in range(L.N_ITEM_COUNTS)]
-                          + [L.L_FAILED_BY_REASON + i for i in range(L.N_FAILURE_REASONS)], dtype=np.int64)
+_LEDGER_FIELDS = tuple([L.L_SUBMITTED, L.L_SOLVED, L.L_SUPPRESSED, L.L_FAILED, L.L_INFLIGHT, L.L_FSM_REFUSED,
+                        L.L_STRAY_RESULTS]
+                       + [L.L_ITEMS + i for i in range(L.N_ITEM_COUNTS)]
+                       + [L.L_FAILED_BY_REASON + i for i in range(L.N_FAILURE_REASONS)])
+assert _table.OP_FIELDS == L.OP_FIELDS, "native/fleet_table.c's batch rows are not the layout's"
 
 
 class TransitionRejected(FleetError):
@@ -50,9 +52,10 @@ class UnknownEvent(FleetError, ValueError):
 
 def event_code(event) -> int:
     """Accept an event code or name ('LEASE', 'lease', 'T1'...)."""
-    if isinstance(event, (int, np.integer)) and not isinstance(event, bool):
-        if 0 <= event < fsm.N_EVENTS:
-            return int(event)
+    if not isinstance(event, (str, bool)) and hasattr(event, "__index__"):  # an int, a numpy int
+        code = operator.index(event)
+        if 0 <= code < fsm.N_EVENTS:
+            return code
         raise UnknownEvent(f"no such event code {event}; events are 0..{fsm.N_EVENTS - 1}")
     if isinstance(event, str):
         upper = event.upper()
@@ -81,9 +84,11 @@ class SlotTable:
         self.bulkheads = segment.view_u64(
             int(h["bulkheads_off"]), self.n_bulkheads * (L.BULKHEAD_SIZE // L.U64)
         )
-        self._k = None
-        self._ledger_values = None
-        self._reasons = np.empty(16, dtype=np.int64)  # apply_ops' reasons, reused
+        # (offset, words) of each region, in fleet._table's order (SLOTS ... BULKHEADS)
+        self._regions = tuple((int(h[f"{region}_off"]), len(getattr(self, region)))
+                              for region in ("slots", "roles", "posture", "ledger", "bulkheads"))
+        self.kernels = None  # which build (kernel_load.Kernels), once loaded
+        self._k = None  # fleet._table.Calls over this mapping, once loaded
 
     # --- life cycle -------------------------------------------------------------------
     @classmethod
@@ -119,6 +124,9 @@ class SlotTable:
 
     def close(self) -> None:
         """Unmap (the segment stays until `unlink`)."""
+        if self._k is not None:
+            self._k.release()
+            self._k = None
         self.slots = self.roles = self.posture = self.ledger = self.bulkheads = None
         if self.segment is not None:
             self.segment.close()
@@ -141,8 +149,8 @@ class SlotTable:
             self.roles[base + L.R_QUEUE_BOUND] = role.queue_bound
             self.roles[base + L.R_SLOT_CAP] = role.slots
             name = role.name.encode()[: L.ROLE_NAME_BYTES]
-            raw = self.roles[base : base + ROLE_FIELDS].view(np.uint8)
-            raw[L.R_NAME_BYTE : L.R_NAME_BYTE + len(name)] = np.frombuffer(name, dtype=np.uint8)
+            at = self._regions[_table.ROLES][0] + base * L.U64 + L.R_NAME_BYTE
+            self.segment.mm[at : at + len(name)] = name
 
     def load_kernels(self) -> None:
         """Load the transition kernels now, before anybody depends on latency (a fork
@@ -154,23 +162,25 @@ class SlotTable:
         if self._k is None:
             from fleet.shm.table import kernel_load
 
-            kernels = kernel_load.load()
-            if not kernel_load.is_built(kernels):
-                kernels.warm_up(self.slots, self.roles, self.n_roles, self.posture)
-            self._k = kernels
+            self.use_kernels(kernel_load.load())
         return self._k
+
+    def use_kernels(self, kernels) -> None:
+        """Run this table's transitions on `kernels` (a kernel_load.Kernels: the process's
+        choice by default; a test compares the two builds)."""
+        calls = _table.Calls(self.segment.mm, self._regions, self.n_roles, kernels.addresses)
+        if self._k is not None:
+            self._k.release()
+        self.kernels, self._k = kernels, calls
 
     # --- transitions --------------------------------------------------------------------
     def transition(self, slot: int, event, role: int = fsm.ANY_ROLE, key: int = 0, expected_gen: int = -1) -> int:
-        """Apply one event; returns fsm.OK or a reason code. Never raises for a refusal."""
+        """Apply one event; returns fsm.OK or a reason code. Never raises for a refusal.
+        Ints, or anything with ``__index__`` (numpy ints); a float is a TypeError."""
         k = self._k or self._kernels()
         if type(event) is not int or not 0 <= event < fsm.N_EVENTS:
             event = event_code(event)
-        if not (type(slot) is type(role) is type(key) is type(expected_gen) is int):
-            # Fast path above; here numpy ints are accepted and floats refused (TypeError),
-            # so that numba never compiles a float-indexed variant.
-            slot, role, key, expected_gen = map(operator.index, (slot, role, key, expected_gen))
-        return k.apply_transition(self.slots, self.roles, self.n_roles, self.posture, slot, event, role, key, expected_gen)
+        return k.transition(slot, event, role, key, expected_gen)
 
     def apply(self, slot: int, event, role: int = fsm.ANY_ROLE, key: int = 0, expected_gen: int = -1) -> int:
         """Apply one event or raise TransitionRejected naming why; returns the new word."""
@@ -181,7 +191,7 @@ class SlotTable:
             raise TransitionRejected(reason, slot, ev, word)
         return self.word(slot)
 
-    def apply_batch(self, slot_ids, events, role_ids, keys, chained=None) -> np.ndarray:
+    def apply_batch(self, slot_ids, events, role_ids, keys, chained=None) -> list[int]:
         """Apply many events in order, in one kernel call; returns each one's reason.
         `chained[i]` true: event i is tried only if event i-1 was applied (else its
         reason is fsm.R_NOT_TRIED), for a grant of several events on one slot."""
@@ -190,33 +200,21 @@ class SlotTable:
             chained = [0] * n
         if not n == len(events) == len(role_ids) == len(keys) == len(chained):
             raise ValueError("apply_batch: slot_ids, events, role_ids, keys and chained must have one length")
-        columns = [np.asarray(column) for column in (slot_ids, events, role_ids, keys, chained)]
-        for column in columns:
-            if column.size and column.dtype.kind not in "iub":
-                raise TypeError(f"apply_batch takes integers, not {column.dtype}")
-        ops = np.ascontiguousarray(np.column_stack(columns).reshape(-1), dtype=np.int64) if n else np.zeros(0, np.int64)
-        out = np.empty(n, dtype=np.int64)
-        self._kernels().apply_batch(self.slots, self.roles, self.n_roles, self.posture, ops, out)
-        return out
+        ops = [operator.index(value) for row in zip(slot_ids, events, role_ids, keys, chained) for value in row]
+        calls = self._kernels()
+        calls.batch(ops)
+        return calls.reasons(n)
 
     def apply_ops(self, ops: list) -> int:
         """The loop's form of `apply_batch`: `ops` a flat list of int rows (slot, event,
         role, key, chained), as `fleet.rules.dispatch.Grant.ops` joined; returns how many
         events were applied. When that is fewer than the rows, `reasons(n)` tells each
         row's reason."""
-        n = len(ops) // L.OP_FIELDS
-        if n == 1:  # one event (a lone grant): the one-event kernel, no array to build
-            reason = self._reasons[0] = self.transition(ops[0], ops[1], ops[2], ops[3])
-            return int(reason == fsm.OK)
-        if len(self._reasons) < n:
-            self._reasons = np.empty(max(n, 2 * len(self._reasons)), dtype=np.int64)
-        # an int64 ndarray: the ahead-built kernels take no other sequence (kernel_build)
-        return (self._k or self._kernels()).apply_batch(self.slots, self.roles, self.n_roles, self.posture,
-                                                        np.array(ops, dtype=np.int64), self._reasons)
+        return (self._k or self._kernels()).batch(ops)
 
     def reasons(self, n: int) -> list[int]:
         """The reasons of the last `apply_ops` call's first `n` rows."""
-        return self._reasons[:n].tolist()
+        return self._k.reasons(n)
 
     def word(self, slot: int) -> int:
         """The slot's current word (see layout.unpack_word)."""
@@ -235,10 +233,10 @@ class SlotTable:
         return L.unpack_word(self.word(slot))
 
     # --- single-writer records ----------------------------------------------------------
-    def _seq_write(self, arr: np.ndarray, seq_idx: int, fields: dict[int, int]) -> None:
-        idx = np.fromiter(fields.keys(), dtype=np.int64, count=len(fields))
-        vals = np.fromiter((int(v) & 0xFFFFFFFFFFFFFFFF for v in fields.values()), dtype=np.uint64, count=len(fields))
-        if not self._kernels().seq_write(arr, seq_idx, idx, vals):
+    def _seq_write(self, region: int, seq_idx: int, fields: dict[int, int]) -> None:
+        """Seqlocked write of a record's fields (`region`: fleet._table.SLOTS ... BULKHEADS);
+        values are kept modulo 2**64."""
+        if not self._kernels().seq_write(region, seq_idx, tuple(fields), tuple(map(int, fields.values()))):
             raise IndexError(f"field index out of range: {fields}")
 
     def set_slot_meta(self, slot: int, *, unit=None, pid=None, cpus: Iterable[int] | None = None, binding=None) -> None:
@@ -262,20 +260,20 @@ class SlotTable:
         if binding is not None:
             fields[base + L.S_BINDING] = L.BINDINGS.index(binding)
         if fields:
-            self._seq_write(self.slots, base + L.S_SEQ, fields)
+            self._seq_write(_table.SLOTS, base + L.S_SEQ, fields)
 
     def start_unit(self, slot: int, event: int, role: int, key: int, unit_id: int) -> int:
         """Worker: START/RESUME the slot and record its unit in one kernel call; returns the reason."""
-        return self._k.start_unit(self.slots, self.roles, self.n_roles, self.posture, slot, event, role, key, unit_id)
+        return self._k.start_unit(slot, event, role, key, unit_id)
 
     def finish_unit(self, slot: int, event: int, role: int) -> tuple[int, int]:
         """Worker: end the slot's unit (DRAINED if it was drained meanwhile); (reason, state after)."""
-        packed = self._k.finish_unit(self.slots, self.roles, self.n_roles, self.posture, slot, event, role)
+        packed = self._k.finish_unit(slot, event, role)
         return packed >> 4, packed & 15
 
     def count_ride(self, slot: int) -> None:
         """A child was granted on `slot`, riding its waiting parent's slot (supervisor)."""
-        self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_RIDES, np.uint64(1))
+        self._kernels().add_field(_table.SLOTS, slot * SLOT_FIELDS + L.S_RIDES, 1)
 
     def set_contention(self, slot: int, contended: bool, episodes: int) -> None:
         """Publish the contention of `slot`'s seat (fleet.rules.contention): contended now,
@@ -283,14 +281,14 @@ class SlotTable:
         if not 0 <= slot < self.n_slots:
             raise IndexError(f"slot {slot} out of range [0, {self.n_slots})")
         base = slot * SLOT_FIELDS
-        self._seq_write(self.slots, base + L.S_SEQ, {base + L.S_CONTENTION: int(bool(contended)) | episodes << 1})
+        self._seq_write(_table.SLOTS, base + L.S_SEQ, {base + L.S_CONTENTION: int(bool(contended)) | episodes << 1})
 
     def contended(self, slot: int) -> bool:
         """Whether `slot`'s seat is contended now (fleet.rules.contention; a worker reads its own)."""
         return bool(self.slots[slot * SLOT_FIELDS + L.S_CONTENTION] & 1)
 
     def count_done(self, slot: int) -> None:
-        self._kernels().add_field(self.slots, slot * SLOT_FIELDS + L.S_DONE, np.uint64(1))
+        self._kernels().add_field(_table.SLOTS, slot * SLOT_FIELDS + L.S_DONE, 1)
 
     def set_posture(self, state: int, *, cause: int = 0, since_ns: int | None = None, **counters) -> None:
         """Publish the posture (state + record) in one seqlocked write."""
@@ -311,11 +309,11 @@ class SlotTable:
             if key not in names:
                 raise TypeError(f"set_posture: unknown field {key!r}")
             fields[names[key]] = value
-        self._seq_write(self.posture, L.P_SEQ, fields)
+        self._seq_write(_table.POSTURE, L.P_SEQ, fields)
 
     def set_quota_epoch(self, epoch: int, detected_cpus: float) -> None:
         """Publish the quota epoch and the detected quota (posture record, seqlocked)."""
-        self._seq_write(self.posture, L.P_SEQ, {L.P_EPOCH: epoch, L.P_QUOTA_UCPU: int(round(detected_cpus * 1e6))})
+        self._seq_write(_table.POSTURE, L.P_SEQ, {L.P_EPOCH: epoch, L.P_QUOTA_UCPU: int(round(detected_cpus * 1e6))})
 
     def set_ledger(self, *, submitted: int, solved: int, suppressed: int, failed: int, inflight: int = 0,
                    failed_by_reason: Iterable[int] = (), fsm_refused: int = 0, stray_results: int = 0,
@@ -323,8 +321,8 @@ class SlotTable:
         """Publish the ledger counters in one seqlocked write (single writer: the ledger).
         ``items``: submitted, solved, suppressed, failed and in flight counted in items
         (fleet.rules.ledger.ITEM_COUNTS); missing ones are 0."""
-        # Published after every batch of outcomes: preallocated index and value arrays,
-        # not a dict turned into arrays each time.
+        # Published after every batch of outcomes: the fields' indices made once, the
+        # values a list, not a dict.
         items = tuple(items)
         if len(items) > L.N_ITEM_COUNTS:
             raise ValueError(f"at most {L.N_ITEM_COUNTS} item counts")
@@ -334,22 +332,18 @@ class SlotTable:
         n = len(values)
         if n > len(_LEDGER_FIELDS):
             raise ValueError(f"at most {L.N_FAILURE_REASONS} failure reasons")
-        if self._ledger_values is None:
-            self._ledger_values = np.zeros(len(_LEDGER_FIELDS), dtype=np.uint64)
-        buf = self._ledger_values[:n]
-        buf[:] = values
-        if not self._kernels().seq_write(self.ledger, L.L_SEQ, _LEDGER_FIELDS[:n], buf):
+        if not self._kernels().seq_write(_table.LEDGER, L.L_SEQ, _LEDGER_FIELDS[:n], values):
             raise IndexError("ledger field index out of range")
 
     def set_worker_exits(self, *, oom_kills: int, recycles: int) -> None:
         """Publish the workers the OOM killer killed and those recycled (ledger record,
         seqlocked; its one writer: the loop thread, as for `set_ledger`)."""
-        self._seq_write(self.ledger, L.L_SEQ, {L.L_OOM_KILLS: oom_kills, L.L_RECYCLES: recycles})
+        self._seq_write(_table.LEDGER, L.L_SEQ, {L.L_OOM_KILLS: oom_kills, L.L_RECYCLES: recycles})
 
     def set_children(self, children: int) -> None:
         """Publish the units submitted from inside running units (ledger record, seqlocked;
         its one writer: the loop thread)."""
-        self._seq_write(self.ledger, L.L_SEQ, {L.L_CHILDREN: children})
+        self._seq_write(_table.LEDGER, L.L_SEQ, {L.L_CHILDREN: children})
 
     def set_queue_depth(self, role: int, depth: int, in_use: int | None = None, repins: int | None = None) -> None:
         base = role * ROLE_FIELDS
@@ -358,17 +352,22 @@ class SlotTable:
             fields[base + L.R_IN_USE] = in_use
         if repins is not None:
             fields[base + L.R_REPINS] = repins
-        self._seq_write(self.roles, base + L.R_SEQ, fields)
+        self._seq_write(_table.ROLES, base + L.R_SEQ, fields)
 
     def set_saturation(self, role: int, *, saturated: bool, episodes: int, arrival_rate: float,
                        service_rate: float, pinned_cores: float | None) -> None:
         """Publish a role's saturation reading (fleet.rules.saturation; one writer: the loop)."""
         base = role * ROLE_FIELDS
-        self._seq_write(self.roles, base + L.R_SEQ, {
+        self._seq_write(_table.ROLES, base + L.R_SEQ, {
             base + L.R_SATURATION: (int(episodes) << 1) | int(bool(saturated)),
             base + L.R_ARRIVAL_MRATE: round(max(0.0, arrival_rate) * 1000),
             base + L.R_SERVICE_MRATE: round(max(0.0, service_rate) * 1000),
             base + L.R_PINNED_MCORES: round((pinned_cores or 0) * 1000)})
+
+    def write_bulkhead(self, seq_idx: int, fields: dict[int, int]) -> None:
+        """Publish one bulkhead record's fields (seqlocked; its one writer:
+        fleet.shm.table.bulkheads.BulkheadWriter)."""
+        self._seq_write(_table.BULKHEADS, seq_idx, fields)
 
     def set_flags(self, flags: int) -> None:
         self.segment.header["flags"] = flags
