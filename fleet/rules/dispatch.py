@@ -88,6 +88,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, NamedTuple
 
 from fleet.rules import cordon, fsm
+from fleet.rules.fsm import RIDE  # noqa: F401 - a grant's start event for a riding child, re-exported
 from fleet.rules.limits import OP_FIELDS  # a grant's rows are the table's batch rows
 from fleet.rules.roles import Role, RoleSet
 from fleet.rules.seats import NO_SEAT, SeatLayout
@@ -95,9 +96,6 @@ from fleet.rules.vocab import CLASS_DEFERRABLE, CLASS_FLOOR
 
 #: Units queued behind one pin (its seat runs them in order).
 DEFAULT_PIN_DEPTH = 16
-#: The start event of a child that rides its parked parent's slot (no slot transition;
-#: outside the FSM's events).
-RIDE = 0xFF
 #: Children in flight on one parked parent's slot at once: one runs, one waits on the
 #: seat's ring behind it (no round trip through the supervisor between them).
 RIDERS = 2

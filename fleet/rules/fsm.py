@@ -78,6 +78,9 @@ EVENT_NAMES = (
     "VACATE",
 )
 N_EVENTS = len(EVENT_NAMES)
+#: The start event of a child that rides its parked parent's slot (fleet.rules.dispatch):
+#: no slot transition, so outside the events above; a grant and a worker both read it.
+RIDE = 0xFF
 
 # --- role kinds (shared with fleet.rules.roles) ------------------------------------------
 KIND_PINNED = 0  # keyed: one persistent pin per key (solver bins)

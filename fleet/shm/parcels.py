@@ -48,7 +48,6 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import secrets
 import stat
 import sys
 import threading
@@ -84,7 +83,7 @@ class ParcelError(FleetError):
 
 def name_for(fleet: str, pid: int | None = None) -> str:
     """A fresh parcel name of `fleet` for the creator `pid` (default: this process), without the '/'."""
-    return f"fleet.{fleet}{MARK}{os.getpid() if pid is None else pid}.{secrets.token_hex(8)}"
+    return f"fleet.{fleet}{MARK}{os.getpid() if pid is None else pid}.{os.urandom(8).hex()}"
 
 
 def _path(name: str) -> str:

@@ -69,7 +69,6 @@ import logging
 import mmap
 import os
 import re
-import secrets
 import stat
 import struct
 import time
@@ -377,7 +376,7 @@ def _create_exclusive(fleet: str, kind: Kind) -> tuple[int, str]:
         held = now
         break
     for _ in range(_ALTERNATE_TRIES):
-        where = f"{plain}{ALTERNATE}{secrets.token_hex(8)}"
+        where = f"{plain}{ALTERNATE}{os.urandom(8).hex()}"
         try:
             fd = _open_new(where)
         except FileExistsError:

@@ -30,7 +30,7 @@ the units that come, its children among them, and takes their outcomes in) while
 unit runs on and waits for them; when it is done, its thread ends its unit and waits,
 idle, to serve the ring again. One thread serves the ring at a time; the result ring
 has one lock for every thread that pushes. A unit that rides its parent's slot
-(start event RIDE, fleet.rules.dispatch) walks no slot transition: its slot is its
+(start event RIDE, fleet.rules.fsm) walks no slot transition: its slot is its
 parent's, Running; it reports STARTED first, the evidence a seat death reads.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from fleet.host import seat_cpus
 from fleet.rules import contention, cordon, fsm
-from fleet.rules.dispatch import RIDE
+from fleet.rules.fsm import RIDE
 from fleet.shm import messages as M
 from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps,
                                  error_parts, loads, pack, parcel_of, refused_body, safe_str, split_route)

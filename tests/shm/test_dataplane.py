@@ -647,3 +647,12 @@ def test_bad_name_and_sizes_are_refused(fleet_name):
     with pytest.raises(dp.DataPlaneError, match="n_seats = 0"):
         DataSegment.create(fleet_name, 0)
     assert not dp.exists(fleet_name)
+
+
+def test_the_header_layout_is_the_one_segments_of_this_version_were_written_with():
+    # A fleet of the same LAYOUT_VERSION (an older release, a reclaimer) reads these offsets:
+    # a field moved is a new version, never the same one read differently.
+    want = {"magic": 0, "version": 8, "n_seats": 12, "task_capacity": 16, "result_capacity": 24, "creator_pid": 32,
+            "creator_start": 40, "created_ns": 48, "total_size": 56, "rings_off": 64, "seat_stride": 72, "name": 80}
+    assert dp.LAYOUT_VERSION == 3
+    assert {name: dp.HEADER.offset(name) for name in want} == want and dp.HEADER.size("name") == 64

@@ -45,15 +45,18 @@ def tables(fleet_name):
     """Two tables of one fleet's shape, one per build: (built kernels, table), (numba's, table)."""
     import importlib
 
-    made = [SlotTable.create(f"{fleet_name}{i}", MATRIX, 4) for i in range(2)]
-    built = importlib.import_module(kernel_load.BUILT)  # whatever is built: compared, stale or not
-    made[0].use_kernels(kernel_load.built_kernels(built))
-    made[1].use_kernels(kernel_load.jit_kernels())
-    assert made[0].kernels.built and not made[1].kernels.built
-    yield [(made[0]._k, made[0]), (made[1]._k, made[1])]
-    for t in made:
-        t.close()
-        t.unlink()
+    made = []
+    try:  # removed however the set-up ends: a failure before the yield would leave them in /dev/shm
+        made += [SlotTable.create(f"{fleet_name}{i}", MATRIX, 4) for i in range(2)]
+        built = importlib.import_module(kernel_load.BUILT)  # whatever is built: compared, stale or not
+        made[0].use_kernels(kernel_load.built_kernels(built))
+        made[1].use_kernels(kernel_load.jit_kernels())
+        assert made[0].kernels.built and not made[1].kernels.built
+        yield [(made[0]._k, made[0]), (made[1]._k, made[1])]
+    finally:
+        for t in made:
+            t.close()
+            t.unlink()
 
 
 def _outcomes(k, t, word, event, role, key, gen, posture):
@@ -151,6 +154,17 @@ def test_a_build_from_another_fsm_table_is_refused_and_numba_follows_the_new_one
     out, warnings = _run_copy(tmp_path, fleet_name, _without_t5)
     assert out == [str(fsm.R_ILLEGAL), kernel_load.JIT, "True", "True"]  # T5 is gone: the new rules, not the build's
     assert len(warnings) == 1 and warnings[0].startswith("WARNING") and "stale build" in warnings[0], warnings
+
+
+def test_an_edited_entry_point_is_a_stale_build(tmp_path, fleet_name):
+    # kernel_entry.py is compiled into the build as much as kernels.py is: its digest is the build's
+    def edit(package):
+        entry = package / "shm" / "table" / "kernel_entry.py"
+        entry.write_text(entry.read_text() + "\n# edited\n")
+
+    out, warnings = _run_copy(tmp_path, fleet_name, edit)
+    assert out == [str(fsm.OK), kernel_load.JIT, "True", "True"]
+    assert len(warnings) == 1 and "stale build" in warnings[0], warnings
 
 
 def test_a_missing_build_runs_numba_kernels_with_one_warning(tmp_path, fleet_name):

@@ -27,11 +27,13 @@ MATRIX = RoleSet(tuple(Role(name=f"{k}_{c}", kind=k, cordon_class=c) for k in KI
 @pytest.fixture(params=["built", "jit"])
 def table(fleet_name, request):
     t = SlotTable.create(fleet_name, MATRIX, 4)
-    t.use_kernels(kernels_of(request.param))
-    assert t.kernels.built == (request.param == "built")
-    yield t
-    t.close()
-    t.unlink()
+    try:  # removed however the set-up ends
+        t.use_kernels(kernels_of(request.param))
+        assert t.kernels.built == (request.param == "built")
+        yield t
+    finally:
+        t.close()
+        t.unlink()
 
 
 def kernels_of(build: str):
@@ -357,3 +359,42 @@ def test_a_batch_lease_counts_switches_too(table):
     slot = table.snapshot().slot(0)
     assert (slot["state"], slot["role"], slot["key"], slot["last_role"], slot["switches"]) == (
         "Pinned", "pinned_never", 3, "pinned_never", 1)
+
+
+# --- fleet._table: the calls over one mapping -------------------------------------------------------
+
+def test_closing_the_table_gives_its_mapping_back_and_its_calls_refuse(fleet_name):
+    t = SlotTable.create(fleet_name, MATRIX, 2)
+    try:
+        calls, mm = t._kernels(), t.segment.mm
+        t.close()
+        assert mm.closed  # the calls held the mapping's buffer: released, it unmaps at once
+        with pytest.raises(ValueError, match="released"):
+            calls.transition(0, fsm.LEASE, 0, 0, -1)
+    finally:
+        t.close()
+        t.unlink()
+
+
+def test_the_calls_refuse_bad_arguments_with_a_typed_error_and_change_nothing(table):
+    from fleet import _table
+
+    calls, before = table._k, table.segment.mm[:]
+    with pytest.raises(ValueError, match="no such table region 5"):
+        calls.add_field(5, 0, 1)
+    with pytest.raises(TypeError):
+        calls.seq_write(_table.LEDGER, L.L_SEQ, [L.L_SOLVED], [1.5])
+    with pytest.raises(ValueError, match="2 fields but 1 values"):
+        calls.seq_write(_table.LEDGER, L.L_SEQ, [L.L_SOLVED, L.L_FAILED], [1])
+    with pytest.raises(TypeError, match="takes 5 arguments"):
+        calls.transition(0, fsm.LEASE)
+    with pytest.raises(TypeError):
+        calls.batch([0, fsm.LEASE, 0, 0, "0"])
+    assert table.segment.mm[:] == before
+    regions = ((0, 8),) * 5
+    with pytest.raises(ValueError, match="not within"):
+        _table.Calls(table.segment.mm, ((0, 8),) * 4 + ((len(table.segment.mm), 1),), 1, table.kernels.addresses)
+    with pytest.raises(TypeError, match="tuple of 7"):
+        _table.Calls(table.segment.mm, regions, 1, table.kernels.addresses[:6])
+    with pytest.raises(TypeError, match="5 \\(offset, words\\) pairs"):
+        _table.Calls(table.segment.mm, regions[:4], 1, table.kernels.addresses)

@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 import logging
 import mmap
+import os
 import struct
 import time
-import uuid
 from dataclasses import dataclass
 
 from fleet.shm import segments as shm
@@ -147,7 +147,7 @@ def create(
     header["version"] = L.LAYOUT_VERSION
     header["header_size"] = L.HEADER_SIZE
     header["total_size"] = offsets["total_size"]
-    header["boot_id"] = uuid.uuid4().bytes
+    header["boot_id"] = os.urandom(16)  # a random id, as uuid4's bytes (without importing uuid)
     header["created_ns"] = now_ns()
     header["n_slots"], header["n_roles"], header["n_bulkheads"] = n_slots, n_roles, n_bulkheads
     for key in ("posture_off", "ledger_off", "roles_off", "slots_off", "bulkheads_off", "meta_off"):
