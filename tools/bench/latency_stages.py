@@ -120,7 +120,7 @@ LOOP_STAGES = (
     ("intake drain", ("intake.py:drain", "intake.py:post")),
     ("accept", ("accept.py:", "books.py:enter", "ledger.py:submitted", "ledger.py:_submitted")),
     ("grant (dispatcher)", ("rules/dispatch.py:", "books.py:skip_at_grant", "future.py:claim")),
-    ("FSM transitions (table)", ("shm/table/", "_kernels")),
+    ("FSM transitions (table)", ("shm/table/", "_kernels", "fleet._table")),
     ("send (task pack, push)", ("seats.py:", "push_many", "loop.py:dispatch", "gates.py:started",
                                 "provider_gate.py:started", "method 'pack'")),
     ("result taking", ("results.py:", "pop_many", "codec.py:", "books.py:close", "books.py:solved", "books.py:_end",
