@@ -137,3 +137,19 @@ def fork_and_wait(unit):
             time.sleep(0.01)
         return "child"
     return pid
+
+
+def live_children(pids) -> list[int]:
+    """Children of `pids` that still run (a child that ended and was not waited for is a
+    zombie: it runs nothing; one reaped between the listing and its status is gone)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        for child in psutil.Process(pid).children():
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    out.append(child.pid)
+            except psutil.NoSuchProcess:
+                pass
+    return out

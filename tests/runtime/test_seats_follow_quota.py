@@ -15,7 +15,7 @@ import pytest
 from fleet.rules import titles
 from tests import require
 from tests.cgroups import FleetdInGroup, cpu_group
-from tests.daemons import BOUND_S, segments, wait_until
+from tests.daemons import BOUND_S, alive, segments, wait_until
 
 #: 20 ms of CPU a unit: long enough that units are in flight on a seat as it retires
 SPIN_US = 20_000
@@ -123,8 +123,7 @@ def test_the_seats_follow_a_live_quota_change_under_load(fleet_name, loop, at_tw
                 assert _loop_affinity(d) == [0, 1]  # no core reserved for it at 1 CPU
                 gone = pids[0] - pids[1]
                 assert len(gone) == len(at_two) - len(at_one)
-                wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                           for p in gone), "the retired worker gone")
+                wait_until(lambda: not alive(gone), "the retired worker gone")
                 retired = _retired_rows(d.ctl_json("status"), pids[1])
                 done = len(load.futures)
                 wait_until(lambda: len(load.futures) > done + 2 * WINDOW, "the load served on one worker")

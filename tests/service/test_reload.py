@@ -49,7 +49,14 @@ def modules(tmp_path, monkeypatch):
 def _zygote_children(f) -> set[int]:
     """The fork server's live children (its workers; a checker that outlived its check would show)."""
     zygote = psutil.Process(f._sup.seats.workers.zygote.pid)
-    return {p.pid for p in zygote.children() if p.status() != psutil.STATUS_ZOMBIE}
+    live = set()
+    for child in zygote.children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                live.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass  # a checker reaped between the listing and its status: gone, as wanted
+    return live
 
 
 # handler -> what the refusal says (each a ConfigError naming roles.sq.handler)

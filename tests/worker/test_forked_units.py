@@ -36,18 +36,7 @@ def _ended_or_zombie(pid: int) -> bool:
         return True
 
 
-def _live_children(pids) -> list[int]:
-    """Children of the workers that still run (a child that ended and was not waited for
-    is a zombie: it runs nothing)."""
-    out = []
-    for pid in pids:
-        for child in psutil.Process(pid).children():
-            try:
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    out.append(child.pid)
-            except psutil.NoSuchProcess:
-                pass
-    return out
+_live_children = forking.live_children
 
 
 def _map_records(path) -> dict[int, list[int]]:
@@ -101,8 +90,7 @@ SCRIPT = textwrap.dedent("""
                     break
                 time.sleep(0.01)
             out["workers_after"] = sorted(ex._sup.pids().values())
-            out["live_children"] = [c.pid for w in out["workers"] for c in psutil.Process(w).children()
-                                    if c.status() != psutil.STATUS_ZOMBIE]
+            out["live_children"] = forking.live_children(out["workers"])
             out["ledger"] = ex._sup.ledger_counts().to_dict()
             out["name"] = ex._sup.name
         print(json.dumps(out))
