@@ -111,7 +111,9 @@ def test_a_worker_whose_cpu_a_busy_process_takes_runs_on_its_roles_cpus_then_goe
     with running(two_seats(fleet_name, "widen")) as f:
         seat, pid, cpu = _the_busy_seat(f)
         share = tuple(sorted(c for s in f.layout.seats for c in s.cpus))
-        assert affinity(pid) == {(cpu,)}
+        # On its own CPU first: a worker pins itself just after its fork, which the boot does
+        # not wait for (nor for a host busy at boot, where the watch may widen it at once).
+        wait_until(lambda: affinity(pid) == {(cpu,)}, f"seat {seat}'s worker on CPU {cpu}", BOUND_S)
         with busy_on(cpu), load(f):
             wait_until(lambda: affinity(pid) == {share}, f"seat {seat}'s worker widened to CPUs {share}", BOUND_S)
             # status says so: the seat's slots contended, on the CPUs the worker runs on now
