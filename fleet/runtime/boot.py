@@ -28,6 +28,7 @@ from fleet.rules.dispatch import Dispatcher
 from fleet.rules.errors import FleetError
 from fleet.runtime.lease_gate import HostGroupLease, gated_roles, orchestrator_id
 from fleet.runtime.publish import Publisher
+from fleet.runtime import collector
 from fleet.runtime import workers as workers_mod
 from fleet.runtime.workers import Workers
 from fleet.runtime.zygote_link import BOOT_TIMEOUT_S
@@ -263,16 +264,17 @@ def gates(rig: Rig, config, roles, wake) -> list:
     return made
 
 
-def settle(config) -> None:
+def settle(config) -> bool:
     """The last step of a boot: with `gc_freeze`, the objects alive then (the modules
     imported, and numba's compiler state, ~100k objects, when the kernels were not built
-    at install) go out of the collector's sight, so full collections stop stalling the loop.
-    The full collection before it ran while the zygote booted (`_rest`: 10-40 ms off the
-    way to the first result); what boot made since is young, and a collection of the
-    young generations takes it."""
+    at install) go out of the collector's sight while the fleet runs, so full collections
+    stop stalling the loop (`collector.freeze_for_fleet`; the loop's end thaws them,
+    `collector.thaw_after_fleet`). The full collection before it ran while the zygote
+    booted (`_rest`: 10-40 ms off the way to the first result); what boot made since is
+    young, and a collection of the young generations takes it. Returns whether it froze."""
     if config.gc_freeze:
-        gc.collect(1)
-        gc.freeze()
+        collector.freeze_for_fleet()
+    return bool(config.gc_freeze)
 
 
 class _NoGates:

@@ -23,6 +23,36 @@ import threading
 _lock = threading.Lock()
 _depth = 0
 _was_enabled = False
+_frozen_by = 0  # fleets of this process running with their boot's objects frozen
+_frozen_before = 0  # objects the program itself had frozen when the first of them froze
+
+
+def freeze_for_fleet() -> None:
+    """A fleet's boot ends with `gc_freeze` (fleet.runtime.boot.settle): what is alive now
+    (the modules imported, the supervisor just built) leaves the collector's sight, so a
+    full collection no longer walks it all while the fleet runs. Held until the last such
+    fleet of the process stops (`thaw_after_fleet`)."""
+    global _frozen_by, _frozen_before
+    with _lock:
+        if _frozen_by == 0:
+            _frozen_before = gc.get_freeze_count()
+        gc.collect(1)
+        gc.freeze()
+        _frozen_by += 1
+
+
+def thaw_after_fleet() -> None:
+    """A fleet that froze at boot has stopped. When it was the last, the objects are put
+    back in the collector's sight: a stopped fleet is a cycle of objects (its supervisor,
+    its seats, the views that keep its shared memory mapped) that only the collector can
+    free, and frozen it would stay until the process exits. A program that had frozen
+    objects of its own before the first fleet's boot keeps them frozen (`gc.unfreeze`
+    cannot tell whose they are), and so keeps the stopped fleets' too."""
+    global _frozen_by
+    with _lock:
+        _frozen_by -= 1
+        if _frozen_by == 0 and _frozen_before == 0:
+            gc.unfreeze()
 
 
 @contextlib.contextmanager

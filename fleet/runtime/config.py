@@ -275,7 +275,7 @@ class FleetConfig:
     # some 100k, when the kernels run on numba's run-time path)
     # leave the collector's sight, so a full collection no longer walks them all, a stall
     # of every thread in the process (the dispatch loop's included) of 30-100 ms. Process-
-    # wide: objects alive at boot are never collected as cyclic garbage afterwards.
+    # wide, while a fleet that froze runs: the last one's stop thaws them (collector).
     gc_freeze: bool = True
     # Nice levels between the supervisor's loop and its workers, so a woken worker does not
     # preempt the loop that feeds every seat (fleet.host.priority: how, and what 0 keeps).

@@ -57,7 +57,7 @@ from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import FleetClosed, Outcome
 from fleet.rules.vocab import Reason
 from fleet.rules.when import utc
-from fleet.runtime import boot, spans
+from fleet.runtime import boot, collector, spans
 from fleet.runtime.accept import Acceptor
 from fleet.runtime.books import Books
 from fleet.runtime.config import FleetConfig
@@ -138,6 +138,7 @@ class Supervisor:
         self.dispatcher = self.gates = self.books = self.seats = self.posture = self.providers = self.follow = None
         self.publisher = self.saturation = self.inside = self.contention = None
         self._accept = self._results = self._deadlines = self._deaths = self._stops = None
+        self._froze = False  # whether its boot froze the collector's old objects (boot.settle)
 
     # ================================================================== start: boot and compose
     def start(self) -> "Supervisor":
@@ -158,7 +159,7 @@ class Supervisor:
             self._submitter.warm.close()
             raise
         self.gates.install(boot.gates(rig, self.config, self.roles, self._ring))
-        boot.settle(self.config)
+        self._froze = boot.settle(self.config)
         thread = threading.Thread(target=self._loop, name=f"fleet-{self.name}", daemon=True)
         self.door.open(thread)
         thread.start()
@@ -459,6 +460,8 @@ class Supervisor:
             self._rig.teardown(self.gates, self.ledger)
             self._submitter.warm.close()  # its units are over: the warm parcels' pages go
             self.door.shut(f"fleet {self.name!r} has stopped")
+            if self._froze:
+                collector.thaw_after_fleet()  # a stopped fleet's objects may be collected again
 
     def _raise_loop_thread(self) -> None:
         """This thread only: the loop runs on the reserve cores the budget set aside for

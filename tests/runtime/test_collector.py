@@ -101,3 +101,57 @@ def test_a_fleet_whose_boot_fails_puts_the_collector_back(collector_on):
     with pytest.raises(fleet.ConfigError):
         fleet.Fleet.from_config(config(name, {"w": role("no_such_handler")}), env={})
     assert gc.isenabled() is True
+
+
+STOPPED = """
+import gc, json, sys, weakref
+sys.path.insert(0, {repo})
+from fleet import Executor
+
+def f(x):
+    return x
+
+def mapped():
+    return sorted(line.split()[-2].rsplit("/", 1)[-1] for line in open("/proc/self/maps") if "/dev/shm/fleet." in line)
+
+def stopped(ex):
+    ex.shutdown()
+    ref = weakref.ref(ex._sup)
+    return ref
+
+if __name__ == "__main__":
+    out = {}
+    if "{case}" == "program_froze":
+        gc.freeze()  # the program's own frozen objects: a fleet's stop must not thaw them
+    a = Executor(max_workers=1)
+    a.submit(f, 1).result()
+    if "{case}" == "two_at_once":
+        b = Executor(max_workers=1)
+        b.submit(f, 2).result()
+        ra = stopped(a); del a; gc.collect()
+        out["first_alive_while_second_runs"] = ra() is not None  # frozen by the second's boot too
+        rb = stopped(b); del b; gc.collect()
+        refs = [ra, rb]
+    else:
+        refs = [stopped(a)]
+        del a
+        gc.collect()
+    out["alive"] = sum(r() is not None for r in refs)
+    out["mapped"] = mapped()
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("case", ["one", "two_at_once"])
+def test_a_stopped_fleet_is_collected_and_its_shared_memory_unmapped(tmp_path, case):
+    # Frozen at boot, a supervisor is a cycle only the collector frees: it and the mapping of
+    # its deleted data segment stayed until the process exited. The last fleet's stop thaws.
+    got = run(STOPPED.replace("{case}", case), tmp_path)
+    assert got["alive"] == 0 and got["mapped"] == [], got
+    if case == "two_at_once":
+        assert got["first_alive_while_second_runs"] is True  # thawed only when the last one stops
+
+
+def test_a_program_that_froze_objects_itself_keeps_them_frozen(tmp_path):
+    got = run(STOPPED.replace("{case}", "program_froze"), tmp_path)
+    assert got["alive"] == 1  # gc.unfreeze cannot tell its objects from the fleet's: nothing is thawed
