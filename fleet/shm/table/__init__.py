@@ -1,7 +1,8 @@
 """The shared-memory table: slot words, posture, ledger counters, bulkheads.
 
-`SlotTable` is the owner's and workers' handle (transitions through the kernels
-built at install by numba's AOT compiler, loaded lazily; see kernel_load); `snapshot.take` / `SlotTable.snapshot` is the lock-free reader.
+`SlotTable` is the owner's and workers' handle (transitions through the kernels:
+numba's, built at install as C entry points, called through fleet._table and loaded
+lazily; see kernel_load); `snapshot.take` / `SlotTable.snapshot` is the lock-free reader.
 """
 from fleet.shm.table.segment import (
     BadFleetName,

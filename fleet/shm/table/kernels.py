@@ -1,10 +1,11 @@
 """numba transition kernels over the shared table.
 
-These functions are the one source of the kernels, compiled two ways: ahead at install,
-by numba's AOT compiler with the signatures of `kernel_build` (the module a fleet runs,
-without numba), and here by numba at run time, the fallback when that module is missing
-or stale (`kernel_load` chooses). Write them for both: an argument is never reassigned
-(built ahead, its type is fixed by the signature: assign a local instead).
+These functions are the one source of the kernels. Each is called through a C entry
+point over raw pointers (`kernel_entry`), compiled two ways: ahead at install into
+object code (`kernel_build`: the module a fleet runs, without numba or numpy), and by
+numba at run time, the fallback when that module is missing or stale (`kernel_load`
+chooses). An argument is never reassigned (its type is fixed by the entry point's
+signature: assign a local instead).
 
 `apply_transition` validates (old word, event) against the slot FSM and installs the
 new word with one compare-and-swap. On a lost race it re-reads and re-validates, so
