@@ -148,8 +148,9 @@ def live_children(pids) -> list[int]:
     for pid in pids:
         for child in psutil.Process(pid).children():
             try:
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    out.append(child.pid)
+                status = child.status()
             except psutil.NoSuchProcess:
-                pass
+                continue  # reaped since the listing: not a live child
+            if status != psutil.STATUS_ZOMBIE:
+                out.append(child.pid)
     return out

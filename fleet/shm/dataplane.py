@@ -38,7 +38,7 @@ import time
 
 from fleet import _rings
 from fleet.shm import segments as shm
-from fleet.shm.header import HeaderLayout, HeaderView
+from fleet.shm.header import HeaderLayout
 from fleet._native import ffi, lib
 from fleet.rules.errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 
@@ -384,11 +384,6 @@ def _layout(n_seats: int, task_capacity: int, result_capacity: int) -> tuple[int
     return stride, RINGS_OFF + n_seats * stride
 
 
-def _header_view(mm: mmap.mmap) -> HeaderView:
-    """The segment header's fields, in place in the mapping."""
-    return HEADER.view(mm)
-
-
 class DataSegment:
     """The fleet's data segment: a bell and one tasks + results ring pair per seat."""
 
@@ -397,7 +392,7 @@ class DataSegment:
         self.created = created
         self._mm = mm
         self._base = ffi.from_buffer(mm)  # pins the mapping while any view lives
-        h = _header_view(mm)
+        h = HEADER.view(mm)
         self.n_seats = int(h["n_seats"])
         self.task_capacity = int(h["task_capacity"])
         self.result_capacity = int(h["result_capacity"])
@@ -435,7 +430,7 @@ class DataSegment:
         _check_capacity("result_capacity", result_capacity)
         stride, total = _layout(n_seats, task_capacity, result_capacity)
         mm = shm.create(name, KIND, total)  # 0600; name, creator pid and start written
-        h = _header_view(mm)
+        h = HEADER.view(mm)
         h["version"] = LAYOUT_VERSION
         h["n_seats"] = n_seats
         h["task_capacity"], h["result_capacity"] = task_capacity, result_capacity
@@ -514,7 +509,7 @@ class DataSegment:
 
 def _validate(mm: mmap.mmap, seg: str) -> None:
     """Raise DataSegmentCorrupt naming the first field that is wrong."""
-    h = _header_view(mm)
+    h = HEADER.view(mm)
     magic = int(lib.fleet_load_acquire_u64(ffi.cast("uint64_t *", ffi.from_buffer(mm))))
     if magic != MAGIC:
         raise DataSegmentCorrupt(f"data segment {seg}: bad magic {magic:#018x} (not initialised or not a fleet data segment)")

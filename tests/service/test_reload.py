@@ -15,6 +15,7 @@ import pytest
 
 from fleet.rules.budget import BudgetOverQuota
 from fleet.rules.errors import ConfigError
+from tests import forking
 from tests.daemons import BOUND_S, Fleetd, wait_until
 from tests.fleets import config, role, running
 
@@ -48,15 +49,7 @@ def modules(tmp_path, monkeypatch):
 
 def _zygote_children(f) -> set[int]:
     """The fork server's live children (its workers; a checker that outlived its check would show)."""
-    zygote = psutil.Process(f._sup.seats.workers.zygote.pid)
-    live = set()
-    for child in zygote.children():
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                live.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass  # a checker reaped between the listing and its status: gone, as wanted
-    return live
+    return set(forking.live_children([f._sup.seats.workers.zygote.pid]))
 
 
 # handler -> what the refusal says (each a ConfigError naming roles.sq.handler)

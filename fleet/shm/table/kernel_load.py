@@ -86,7 +86,3 @@ def load() -> Kernels:
             _loaded = built_kernels(module)
     return _loaded
 
-
-def is_built(kernels: Kernels) -> bool:
-    """Whether `kernels` (from `load`) are the ahead-built ones."""
-    return kernels.built

@@ -32,7 +32,6 @@ import struct
 
 from fleet.rules import vocab
 from fleet.shm.header import HeaderLayout
-from fleet.shm.header import HeaderView as _HeaderView
 # The table's capacity and a slot-event row's width are agreed with the rules above the table.
 from fleet.rules.limits import MAX_BULKHEADS, MAX_ROLES, MAX_SLOTS, OP_FIELDS  # noqa: F401
 
@@ -107,15 +106,10 @@ HEADER_FIELDS = (
 )
 
 
-#: The table header's fields and offsets (fleet.shm.header).
+#: The table header's fields and offsets (fleet.shm.header): ``HEADER.view(mm)`` reads
+#: ``h["n_slots"]`` as an int (bytes for boot_id and name) and writes ``h["flags"] = 1``
+#: through to the mapping, no numpy.
 HEADER = HeaderLayout(HEADER_FIELDS, HEADER_SIZE)
-
-
-def HeaderView(buf) -> _HeaderView:  # noqa: N802 - reads as the type it makes
-    """The header fields of a mapped table, read and written in place (no numpy):
-    ``h["n_slots"]`` is an int (bytes for boot_id and name); ``h["flags"] = 1`` writes
-    through to the mapping."""
-    return HEADER.view(buf)
 
 
 FLAG_CLOSING = 1  # the owner is shutting down; take nothing new

@@ -143,7 +143,7 @@ def create(
             raise TableError(f"{what} = {count} is out of range [{low}, {high}]")
     offsets = L.region_offsets(n_slots, n_roles, n_bulkheads)
     mm = shm.create(name, KIND, offsets["total_size"], readers_group=readers_group)
-    header = L.HeaderView(mm)  # name, creator pid and start are written (fleet.shm.segments)
+    header = L.HEADER.view(mm)  # name, creator pid and start are written (fleet.shm.segments)
     header["version"] = L.LAYOUT_VERSION
     header["header_size"] = L.HEADER_SIZE
     header["total_size"] = offsets["total_size"]
@@ -191,7 +191,7 @@ def attach(name: str, *, writable: bool = False, trust: frozenset[int] | None = 
     """
     mm = shm.attach(name, KIND, writable=writable, trust=trust)
     try:
-        header = L.HeaderView(mm)
+        header = L.HEADER.view(mm)
         validate_header(header, len(mm), segment_name(name))
     except TableError:
         header = None
