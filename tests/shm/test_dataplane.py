@@ -370,9 +370,12 @@ def _stress_producer(name, n, stats, block):
         if seq % (n // 10) == n // 20:
             # Let the consumer drain and fall asleep, so the next notify must wake it.
             # (Half a period off the consumer's pauses, so the two never wait on each other.)
-            seen = int(stats[2])  # before notify: the woken consumer may drain at once
+            # Wait for the ring to be empty, not for the consumer to count one more empty
+            # look: it may have drained and counted before this pause began, and then it
+            # sleeps with nothing to read, rightly woken by no notify (both waited for ever,
+            # the ring holding 0 bytes: a hang of this test, not a lost wake-up).
             ring.notify()
-            while int(stats[2]) == seen:
+            while ring.used:
                 time.sleep(0.001)
             time.sleep(0.02)
     return 0
