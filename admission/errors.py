@@ -10,13 +10,10 @@ httpx2, requests) only when their modules are already imported, never importing 
 """
 from __future__ import annotations
 
-import calendar
-import json
 import math
 import re
 import sys
 import time
-from datetime import datetime
 
 # The exit codes these errors carry (sysexits.h where one fits); the binaries exit with them.
 EXIT_FAILURE = 1
@@ -156,6 +153,8 @@ def _text_of(response) -> str:
 def _error_of(text: str) -> tuple[str, str | None]:
     """(message, code) of an error body: ``{"error": {"message", "code" or "type"}}`` as OpenAI,
     Anthropic and OpenRouter write it; the text itself (200 characters) when it is not JSON."""
+    import json  # here: as email below, json's package weighs on every process's start
+
     try:
         body = json.loads(text)
     except ValueError:
@@ -245,6 +244,9 @@ def _http_date(value) -> float | None:
 
 
 def _rfc3339(value) -> float | None:
+    import calendar  # here, as email above
+    from datetime import datetime
+
     try:
         when = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00")) if value else None
     except ValueError:

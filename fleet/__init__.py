@@ -3,33 +3,24 @@
 This module is the public face: the user's API, what README.md and docs/ show users
 writing (tests/test_exports.py pins it). Everything else lives in its wing and may move.
 """
-from admission.errors import Refused
-from admission.route import Route
 from fleet._version import __version__
-from fleet.rules.errors import BootRefused, ConfigError, FleetError, NotRunning
-from fleet.rules.unit import (
-    BadUnit,
-    Draining,
-    FleetClosed,
-    NotInsideUnit,
-    Outcome,
-    PayloadTooLarge,
-    PayloadUnpicklable,
-    QueueFull,
-    RoleStopped,
-    SubmitRefused,
-    Suppress,
-    Unit,
-    UnitError,
-    UnitFailed,
-    UnitSuppressed,
-    current_unit,
-    report_cost,
-)
 
-# Heavier parts load on first use (PEP 562), so that `fleetctl status`, which imports
-# this package, starts fast: name -> the module that defines it.
+# Every name loads on first use (PEP 562): `import fleet` costs nothing more, so a
+# process that needs one part (`fleetctl status`, the fork server, which this package's
+# import precedes) pays for that part alone, and `from fleet import Executor` loads the
+# executor's face and what it needs to start: name -> the module that defines it.
 _LAZY = {
+    "Refused": "admission.errors",
+    "Route": "admission.route",
+    "BootRefused": "fleet.rules.errors",
+    "ConfigError": "fleet.rules.errors",
+    "FleetError": "fleet.rules.errors",
+    "NotRunning": "fleet.rules.errors",
+    **dict.fromkeys([
+        "BadUnit", "Draining", "FleetClosed", "NotInsideUnit", "Outcome", "PayloadTooLarge", "PayloadUnpicklable",
+        "QueueFull", "RoleStopped", "SubmitRefused", "Suppress", "Unit", "UnitError", "UnitFailed",
+        "UnitSuppressed", "current_unit", "report_cost",
+    ], "fleet.rules.unit"),
     "Executor": "fleet.api.executor",
     "Fleet": "fleet.api.fleet",
     "Client": "fleet.api.client",

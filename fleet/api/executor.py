@@ -25,21 +25,21 @@ import math
 import os
 from concurrent.futures import Executor as _StdExecutor
 from concurrent.futures import Future
-from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from fleet.rules.ranges import config_range
-from fleet.rules.roles import Role
-from fleet.rules.unit import FleetClosed
-from fleet.worker.prepare import check_not_importing_main
+from fleet.rules.limits import DEFAULT_LOOKAHEAD
+from fleet.worker.main_guard import check_not_importing_main
 
 if TYPE_CHECKING:
+    from multiprocessing.context import BaseContext
+
     from fleet.api.fleet import Fleet
 
-# This module stays light (no numpy, no runtime, no numba: tests/api/test_executor_start.py
-# pins it): `Executor()` launches the fork server first, and imports the runtime only then,
-# so that the fork server's start (its interpreter, numpy, the kernels) runs on the other
-# core while this process imports. Imported here, they would come one after the other.
+# This module stays light (neither the runtime nor fleet's rules, nor multiprocessing:
+# tests/api/test_executor_start.py pins it): `Executor()` launches the fork server first,
+# and imports the runtime only then, so that the fork server's start (its interpreter, its
+# modules, the kernels) runs on the other core while this process imports. Each module
+# imported here would delay the fork server's launch, which is the first result's path.
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ QUEUE_BOUND = 10_000_000
 #: a `map` early wait for it), so what waits beyond the running calls is about a round
 #: trip, or a call per worker: never more than ProcessPoolExecutor's call queue
 #: (max_workers + 1 calls) holds.
-MAX_LOOKAHEAD = Role.lookahead
+MAX_LOOKAHEAD = DEFAULT_LOOKAHEAD
 
 
 #: The message ProcessPoolExecutor's submit raises after shutdown (a plain RuntimeError there too).
@@ -125,10 +125,10 @@ class Executor(_StdExecutor):
             check_not_importing_main("fleet.Executor")  # the workers import __main__: no executor made there
             _check_args(max_workers, mp_context, initializer, max_tasks_per_child)
             _check_rss(max_rss_mib)
-            from fleet.runtime import workers as workers_mod
+            from fleet.runtime import zygote_link
 
             name = f"{NAME_PREFIX}{os.getpid()}-{next(_names)}"
-            launched = workers_mod.launch(name)  # first: see the note at the top of this module
+            launched = zygote_link.launch(name)  # first: see the note at the top of this module
             try:
                 self._boot(name, launched, max_workers, mp_context, initializer, initargs, max_tasks_per_child,
                            oversubscribe, max_parcel_bytes, max_rss_mib)
@@ -198,7 +198,7 @@ class Executor(_StdExecutor):
             raise RuntimeError(AFTER_SHUTDOWN)
         try:
             return self._sup.submit_call(self._role_code, ROLE, (fn, args, kwargs))
-        except FleetClosed:
+        except _fleet_closed():
             raise RuntimeError(AFTER_SHUTDOWN) from None
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
@@ -254,7 +254,7 @@ class Executor(_StdExecutor):
         try:
             return self._fleet._map(ROLE, items, chunksize, timeout, None, ordered, progress, total, chunk_of,
                                     batches)
-        except FleetClosed:
+        except _fleet_closed():
             raise RuntimeError(AFTER_SHUTDOWN) from None
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -282,6 +282,21 @@ class Executor(_StdExecutor):
         return f"<fleet.Executor max_workers={self._max_workers} fleet={self._fleet.name!r}>"
 
 
+def _fleet_closed() -> type:
+    """`FleetClosed`, for an ``except`` clause, which evaluates it only when an exception
+    is on its way: the runtime, loaded by then, holds it; this module does not import it."""
+    from fleet.rules.unit import FleetClosed
+
+    return FleetClosed
+
+
+def _is_mp_context(value) -> bool:
+    # multiprocessing is imported only for a context given (one was made with it)
+    from multiprocessing.context import BaseContext
+
+    return isinstance(value, BaseContext)
+
+
 def _check_args(max_workers, mp_context, initializer, max_tasks_per_child) -> None:
     """ProcessPoolExecutor's argument checks, with its messages."""
     if max_workers is not None:
@@ -289,7 +304,7 @@ def _check_args(max_workers, mp_context, initializer, max_tasks_per_child) -> No
             raise TypeError(f"max_workers must be an int, got {max_workers!r}")
         if max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
-    if mp_context is not None and not isinstance(mp_context, BaseContext):
+    if mp_context is not None and not _is_mp_context(mp_context):
         raise TypeError(f"mp_context must be a multiprocessing context or None, got {mp_context!r}")
     if initializer is not None and not callable(initializer):
         raise TypeError("initializer must be a callable")
@@ -306,6 +321,8 @@ def _check_rss(max_rss_mib) -> None:
         return
     if isinstance(max_rss_mib, bool) or not isinstance(max_rss_mib, int):
         raise TypeError(f"max_rss_mib must be an int (MiB) or None, got {max_rss_mib!r}")
+    from fleet.rules.ranges import config_range
+
     why = config_range("roles.*.max_rss_mib").problem(max_rss_mib)
     if why:
         raise ValueError(f"max_rss_mib {why}")

@@ -15,23 +15,50 @@ function per call), see `fleet.Executor` (fleet.api.executor).
 """
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import Executor, Future
 from typing import Callable, Iterable, Iterator
 
-from fleet.worker.mapping import length_of, map_units, map_window, with_progress
 from fleet.runtime import collector
 from fleet.runtime.config import FleetConfig, load_config
 from fleet.runtime.submit import WAIT_ARGS, UNIT_ARGS, check_unit_args, submit_signature
-from fleet.service import start_exporter
-from fleet.service.control.ops import OPS, Operations
 from fleet.rules.errors import ConfigError
 from fleet.rules.ledger import abort_process
-from fleet.worker.prepare import check_not_importing_main
+from fleet.worker.main_guard import check_not_importing_main
 
 
-@OPS.fleet_methods
-class Fleet(Executor):
+class _OpsOnFirstLook(type):
+    """`Fleet`'s type: its operator methods, one per op with ``fleet = True`` (``status``,
+    ``ledger``, ``posture_*``, ``drain``, ``admission_*``, ...), are made from the op
+    registry (`fleet.service.control.ops.OPS.fleet_methods`) at the first look for a name
+    the class does not have, not when this module is imported: the registry (every op's
+    modules, the wire's checks, fleetctl's halves) is ~17 ms of a boot that may never use
+    it, an Executor's first result among them. Once made, they are the class's own
+    methods: `dir`, `help` and `inspect.signature` see them as written ones."""
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__") or not _make_op_methods():
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+        return type.__getattribute__(cls, name)
+
+    def __dir__(cls):
+        _make_op_methods()
+        return super().__dir__()
+
+
+def _make_op_methods() -> bool:
+    """Give `Fleet` its op methods unless it has them; True when this call made them."""
+    if "_op_methods_made" in Fleet.__dict__:
+        return False
+    from fleet.service.control.ops import OPS
+
+    Fleet._op_methods_made = True  # first: a failure below is not tried again at each look
+    OPS.fleet_methods(Fleet)
+    return True
+
+
+class Fleet(Executor, metaclass=_OpsOnFirstLook):
     """A running fleet embedded in this process. Build it with `from_config`."""
 
     def __init__(self, config: FleetConfig, *, on_fuse=abort_process, cpus=None, admission_clock=None,
@@ -44,13 +71,15 @@ class Fleet(Executor):
         with collector.paused():  # the boot's imports and objects, without collections (fleet.runtime.collector)
             check_not_importing_main("fleet.Fleet")  # the workers import __main__: no fleet made there
             if _launched is None:
-                from fleet.runtime import workers
+                from fleet.runtime import zygote_link
 
                 # The zygote first: its interpreter and imports start now, on the other core,
                 # while this process imports the supervisor's runtime (docs/executor.md)
-                _launched = workers.launch(config.name)
+                _launched = zygote_link.launch(config.name)
             try:
                 from fleet.runtime.loop import Supervisor
+
+                from fleet.service import start_exporter
 
                 self.config = config
                 self._sup = Supervisor(config, mode="embedded", on_fuse=on_fuse, cpus=cpus,
@@ -59,11 +88,22 @@ class Fleet(Executor):
             except BaseException:
                 _launched.stop()  # idempotent: one the boot already stopped stays stopped
                 raise
-        #: The operator ops, each a command on the fleet's loop: the façade fleetd's control
-        #: ops run against (`fleet.service.control.ops.Operations`; ``drain``, ``cancel`` and
-        #: the rest). Some are this class's own methods too (made from their ops: ``status``,
-        #: ``ledger``, ``posture_*``, ``admission_*``, ``report_budget``).
-        self.operations = Operations(self._sup)
+
+    @functools.cached_property
+    def operations(self):
+        """The operator ops, each a command on the fleet's loop: the façade fleetd's control
+        ops run against (`fleet.service.control.ops.Operations`; ``drain``, ``cancel`` and
+        the rest). Some are this class's own methods too (made from their ops: ``status``,
+        ``ledger``, ``posture_*``, ``admission_*``, ``report_budget``)."""
+        from fleet.service.control.ops import Operations
+
+        return Operations(self._sup)
+
+    def __getattr__(self, name: str):
+        # an op's method, looked up on a fleet before any on the class (see _OpsOnFirstLook)
+        if name.startswith("_") or not _make_op_methods():
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self, name)
 
     @classmethod
     def from_config(cls, source=None, *, env=None, **kwargs) -> "Fleet":
@@ -160,10 +200,17 @@ class Fleet(Executor):
 
     def _map(self, role, iterable, chunksize, timeout, lane, ordered: bool, progress: bool = False,
              total: int | None = None, chunk_of: Callable[[list], object] | None = None, batches=None) -> Iterator:
+        from fleet.worker.mapping import length_of, map_units, map_window, with_progress
+
         sup = self._sup
+
+        def window() -> int:
+            spec = sup.roles[role]  # read at each look at the window: a reload may change the bound
+            return map_window(chunksize, spec.queue_bound, spec.slots)
+
         results = map_units(
             lambda payload, chunk: sup.submit(role, payload, lane=lane, chunk=chunk),
-            role, iterable, chunksize=chunksize, timeout=timeout, window=lambda: self._window(role, chunksize),
+            role, iterable, chunksize=chunksize, timeout=timeout, window=window,
             ordered=ordered,
             submit_many=lambda payloads, chunk: sup.submit_many(role, payloads, lane=lane, chunk=chunk),
             chunk_of=chunk_of, batches=batches,
@@ -171,10 +218,6 @@ class Fleet(Executor):
         if not progress:
             return results
         return with_progress(results, length_of(iterable) if total is None else total, role)
-
-    def _window(self, role, chunksize: int) -> int:
-        spec = self._sup.roles[role]  # read at each look at the window: a reload may change the bound
-        return map_window(chunksize, spec.queue_bound, spec.slots)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking units. Queued units still run unless cancel_futures (then they are

@@ -19,6 +19,10 @@ MAX_BULKHEADS = 4096
 #: slot, event, role, key, chained (tried only if the row before it was applied).
 OP_FIELDS = 5
 
+#: Units sent ahead to a pooled slot beyond the one it runs, unless a role says
+#: (`fleet.rules.roles.Role.lookahead`); the Executor feeds its workers as deep.
+DEFAULT_LOOKAHEAD = 16
+
 #: Linux nice values, and the most levels apart two nices can be.
 NICE_MIN, NICE_MAX = -20, 19
 LEVELS_MAX = NICE_MAX - NICE_MIN

@@ -30,25 +30,56 @@ client applies this rule once it has rebuilt it.
 """
 from __future__ import annotations
 
-from concurrent.futures.process import BrokenProcessPool, _RemoteTraceback
-
 from fleet.rules.unit import Outcome, RoleStopped, UnitFailed, error_for
 from fleet.rules.vocab import FAILED, Reason
 
 #: The reasons that say the unit's worker (or its role's workers) are gone.
 BROKEN_REASONS = frozenset((Reason.LANE_DEATH, Reason.ROLE_STOPPED))
 
+# concurrent.futures.process (ProcessPoolExecutor's module, and multiprocessing's with it)
+# is imported when first needed, not with this module: it is a fork server's and an
+# Executor's whole start to import it (~6 ms of each here), and most programs never see a
+# broken unit. UnitBroken and RoleBroken, its BrokenProcessPool's subclasses, are made
+# then (`__getattr__`); they are this module's own names for every other purpose (import,
+# pickling, `fleet.UnitBroken`).
 
-class UnitBroken(UnitFailed, BrokenProcessPool):
-    """The unit failed because its worker died while it ran (LaneDeath) or its role was
-    stopped (RoleStopped). Also a BrokenProcessPool: only this unit failed, and the
-    fleet goes on."""
+
+def _make_broken() -> dict:
+    from concurrent.futures.process import BrokenProcessPool
+
+    class UnitBroken(UnitFailed, BrokenProcessPool):
+        """The unit failed because its worker died while it ran (LaneDeath) or its role was
+        stopped (RoleStopped). Also a BrokenProcessPool: only this unit failed, and the
+        fleet goes on."""
+
+    class RoleBroken(RoleStopped, BrokenProcessPool):
+        """A submit to a role that was stopped (repeated worker deaths, a failed worker
+        initializer): refused, nothing queued. Also a BrokenProcessPool, as
+        ProcessPoolExecutor's submit raises once its pool is broken."""
+
+    made = {"UnitBroken": UnitBroken, "RoleBroken": RoleBroken}
+    for cls in made.values():
+        cls.__module__, cls.__qualname__ = __name__, cls.__name__
+    return made
 
 
-class RoleBroken(RoleStopped, BrokenProcessPool):
-    """A submit to a role that was stopped (repeated worker deaths, a failed worker
-    initializer): refused, nothing queued. Also a BrokenProcessPool, as
-    ProcessPoolExecutor's submit raises once its pool is broken."""
+def __getattr__(name: str):
+    if name in ("UnitBroken", "RoleBroken"):
+        return _broken(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _broken(name: str) -> type:
+    cls = globals().get(name)
+    if cls is None:
+        globals().update(_make_broken())  # made once: every later look finds them here
+        cls = globals()[name]
+    return cls
+
+
+def role_broken(message: str) -> BaseException:
+    """The RoleBroken a submit to a stopped role raises (`message` says why)."""
+    return _broken("RoleBroken")(message)
 
 
 def unit_exception(unit_id: int, role: str, outcome: Outcome, original=None) -> BaseException:
@@ -59,11 +90,13 @@ def unit_exception(unit_id: int, role: str, outcome: Outcome, original=None) -> 
         if outcome.reason == Reason.HANDLER_ERROR and isinstance(original, BaseException):
             return own_exception(original, outcome.detail)
         if outcome.reason in BROKEN_REASONS:
-            return UnitBroken(unit_id, role, outcome, original)
+            return _broken("UnitBroken")(unit_id, role, outcome, original)
     return error_for(unit_id, role, outcome, original)
 
 
 def own_exception(exc: BaseException, traceback_text: str | None) -> BaseException:
     """`exc` with the worker's traceback as its cause, as ProcessPoolExecutor raises it."""
+    from concurrent.futures.process import _RemoteTraceback
+
     exc.__cause__ = _RemoteTraceback(f'\n"""\n{traceback_text or ""}"""')
     return exc

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from fleet.rules import fsm, ranges
 from fleet.rules.errors import ConfigError, FleetError
-from fleet.rules.limits import MAX_ROLES
+from fleet.rules.limits import DEFAULT_LOOKAHEAD, MAX_ROLES
 from fleet.rules.vocab import CLASS_CODES, CordonClass
 
 KINDS = {name: i for i, name in enumerate(fsm.KIND_NAMES)}
@@ -91,7 +91,7 @@ class Role:
     io_bound: bool = False
     timeout_s: float | None = None
     elastic_repin: bool = False
-    lookahead: int = 16
+    lookahead: int = DEFAULT_LOOKAHEAD
     max_rss_mib: int | None = None
 
     def __post_init__(self):

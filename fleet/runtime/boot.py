@@ -29,7 +29,7 @@ from fleet.rules.errors import FleetError
 from fleet.runtime.lease_gate import HostGroupLease, gated_roles, orchestrator_id
 from fleet.runtime.publish import Publisher
 from fleet.runtime import collector
-from fleet.runtime import workers as workers_mod
+from fleet.runtime import zygote_link
 from fleet.runtime.workers import Workers
 from fleet.runtime.zygote_link import BOOT_TIMEOUT_S
 from fleet.shm.dataplane import DataSegment
@@ -106,10 +106,10 @@ class Rig:
 
 
 def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket_path=None, readers_group=None,
-         started_ns: int, admission_args: dict, launched: workers_mod.Launched | None = None) -> Rig:
+         started_ns: int, admission_args: dict, launched: zygote_link.Launched | None = None) -> Rig:
     """The plan and the table, the posture, the provider gate, the publisher, the data
     plane and the zygote; the first forks asked for (`fork_seats`, then `await_forks`).
-    `launched`: the zygote the face launched first thing (`workers.launch`), before it
+    `launched`: the zygote the face launched first thing (`zygote_link.launch`), before it
     imported this runtime, so that its start overlapped those imports; None: launched
     here. On any failure here, it and what was built are stopped before the error goes up."""
     zygote = [launched]  # the one to stop on a failure, once there is one
@@ -159,7 +159,7 @@ def _plan(config, host, *, name: str, mode: str, roles, ledger, cpus, socket_pat
     # the face before it imported the runtime is placed now, before it forks anything.
     launched = zygote[0]
     if launched is None:
-        launched = zygote[0] = workers_mod.launch(name, place=place)
+        launched = zygote[0] = zygote_link.launch(name, place=place)
     elif place is not None:
         place(launched.link.pid)
     table = SlotTable.create(name, roles, len(projection.layout.slots), meta=meta, readers_group=readers_group)
@@ -173,21 +173,28 @@ def _plan(config, host, *, name: str, mode: str, roles, ledger, cpus, socket_pat
     rig.quota_watcher = QuotaWatcher(projection.quota, arm_pressure=lambda: PressureInput.for_read(cpu_pressure),
                                      arm_memory=arm_memory,
                                      clock=host.now_ms)
-    try:
+
+    def make_providers() -> None:
+        # Nothing of the zygote's boot needs it: made while the zygote boots (`_rest`)
         from fleet.runtime.provider_gate import ProviderGate
 
         shared = (config.store.url, orchestrator_id(config.store.orchestrator, name)) if config.store.url else None
         slot_of = dispatcher.slot_of
         rig.providers = ProviderGate(config.admission, table=rig.table, shared_store=shared, catalog_file=config.source,
                                      holds_slot=lambda unit_id: slot_of(unit_id) is not None, **admission_args)
-        _rest(rig, config, roles, ledger, host, launched, place)
+
+    try:
+        _rest(rig, config, roles, ledger, host, launched, place, meanwhile=make_providers)
     except BaseException:
         rig.teardown(_NoGates(), ledger, kill=True)  # the zygote too, once handed to the workers
         raise
     return rig
 
 
-def _rest(rig: Rig, config, roles, ledger, host, launched, place) -> None:
+def _rest(rig: Rig, config, roles, ledger, host, launched, place, meanwhile) -> None:
+    """The rest of the boot, from the seats' CPUs to the first forks asked for. The zygote's
+    boot message goes as soon as what it attaches (the table, the data segment) is made;
+    `meanwhile()`, then this process's full collection, run while it boots."""
     layout, table = rig.layout, rig.table
     # The seats are laid out for the most CPUs the fleet may get; its quota places those
     # that run now (fleet.rules.seats.place), the others wait for an epoch that adds them.
@@ -207,8 +214,13 @@ def _rest(rig: Rig, config, roles, ledger, host, launched, place) -> None:
     rig.workers = workers = Workers(rig.name, config, roles, layout, rig.priority, host, table,
                                     rig.dispatcher.slots_of_seat, rig.data.bell.ring, place=place)
     workers.adopt(launched)
-    # This process's full collection (`settle`) runs while the zygote boots, not after
-    workers.start_zygote(meanwhile=gc.collect if config.gc_freeze else None)
+
+    def while_it_boots() -> None:
+        meanwhile()
+        if config.gc_freeze:  # this process's full collection (`settle`), while the zygote boots, not after
+            gc.collect()
+
+    workers.start_zygote(meanwhile=while_it_boots)
     for seat in placement.live:
         workers.set_cpus(seat, placement.cpus[seat])
     workers.fork_many(placement.live)  # one batch: the zygote makes every fork before it reports

@@ -28,7 +28,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-from fleet.rules.raised import RoleBroken
+from fleet.rules.raised import role_broken
 from fleet.rules.when import utc
 from fleet.rules.unit import Draining, FleetClosed, QueueFull
 
@@ -319,7 +319,7 @@ class Door:
         a closing or draining fleet still owes its parent, and so takes it)."""
         if code in self.role_stops.view:
             why = self.role_stops.reasons.get(code, "repeated worker deaths")
-            raise RoleBroken(f"role {role!r} was stopped ({why}); it takes no more work")
+            raise role_broken(f"role {role!r} was stopped ({why}); it takes no more work")
 
     def refuse_if_closed(self, code: int, role: str) -> None:
         """FleetClosed once the fleet is shut down (or was never started); RoleBroken for
@@ -328,7 +328,7 @@ class Door:
             raise FleetClosed(f"fleet {self.name!r} is shut down; cannot submit")
         if code in self.role_stops.view:
             why = self.role_stops.reasons.get(code, "repeated worker deaths")
-            raise RoleBroken(f"role {role!r} was stopped ({why}); it takes no more work")
+            raise role_broken(f"role {role!r} was stopped ({why}); it takes no more work")
         since = self.draining_since
         if since is not None:
             raise Draining(f"fleet {self.name!r} is draining since {utc(since)}: it takes no new units "

@@ -45,11 +45,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
 import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Callable
 
@@ -209,7 +209,7 @@ class LeaseGate:
         self._open_store = open_store
         self._clock, self._monotonic = clock, monotonic
         # unit ids restart with every boot; the nonce keeps request ids unique in the group
-        self._prefix = f"{self.orchestrator}/{uuid.uuid4().hex[:12]}/"
+        self._prefix = f"{self.orchestrator}/{os.urandom(6).hex()}/"
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._watchdog = _Watchdog(self._expired, monotonic)

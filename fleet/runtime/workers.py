@@ -21,54 +21,17 @@ import logging
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from fleet.host import affinity
 from fleet.runtime.deathwatch import DeathWatch, stopped, zombie_status
 from fleet.worker.prepare import WorkerSetup
-from fleet.runtime.zygote_link import Exited, Forked, WorkerStartError, ZygoteLink
+from fleet.runtime.zygote_link import Exited, Forked, Launched, WorkerStartError, ZygoteLink, spawner_for
 
 log = logging.getLogger(__name__)
 
 #: How long teardown waits for the workers it SIGKILLed to be gone (the kernel's
 #: time to tear a process down: a bound for a wedged host, never reached otherwise).
 KILL_WAIT_S = 5.0
-
-
-def spawner_for(name: str) -> ThreadPoolExecutor:
-    """The thread that starts a fleet's zygotes. The zygote's parent-death signal fires
-    when the *thread* that started it exits: it lives exactly as long as the fleet."""
-    return ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{name}-spawner")
-
-
-@dataclasses.dataclass
-class Launched:
-    """A zygote launched at the start of a boot (`launch`), and the thread that started it."""
-
-    spawner: ThreadPoolExecutor
-    link: ZygoteLink
-
-    def stop(self) -> None:
-        """The boot failed: stop the zygote and its thread. Idempotent. One not yet booted
-        holds nothing (no segment, no child): SIGKILL is all its teardown, and it does not
-        wait for the zygote to finish its imports before it reads an exit."""
-        self.link.kill()
-        self.link.close()
-        # Its thread is idle (the launch waited for the Popen): joined, it is gone when the
-        # boot's error goes up, not some moments later
-        self.spawner.shutdown(wait=True)
-
-
-def launch(name: str, place=None) -> Launched:
-    """Start fleet `name`'s zygote now, to boot later (`Workers.adopt`): it starts and
-    loads the kernels while this process makes its table. `place(pid)` puts it in its
-    cgroup (`ZygoteLink.launch`)."""
-    spawner = spawner_for(name)
-    try:
-        return Launched(spawner, ZygoteLink.launch(spawner, place=place))
-    except BaseException:
-        spawner.shutdown(wait=False)
-        raise
 
 
 class Workers:
@@ -96,8 +59,9 @@ class Workers:
         self._zygote_gone = False  # its death has been handled (no new one yet)
         self._launched: ZygoteLink | None = None  # a zygote launched by boot, not yet booted
 
-    def adopt(self, launched: "Launched") -> None:
-        """Boot's zygote, launched before this object existed (`launch`): `start_zygote` boots it."""
+    def adopt(self, launched: Launched) -> None:
+        """Boot's zygote, launched before this object existed (`fleet.runtime.zygote_link.launch`):
+        `start_zygote` boots it."""
         self._spawner, self._launched = launched.spawner, launched.link
 
     def start_zygote(self, meanwhile=None) -> None:
@@ -115,6 +79,8 @@ class Workers:
         self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice,
                                        workers=worker_setup(self.config), answer_s=self.answer_s,
                                        place=self.place)
+        if meanwhile is not None:  # none launched ahead: it runs once this one has booted
+            meanwhile()
 
     def restart_zygote(self, attempts: int = 3) -> None:
         """Start a new fork server. A start can fail when the new zygote is itself killed

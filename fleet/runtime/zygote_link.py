@@ -2,6 +2,10 @@
 noticing its death (the zygote's own end is fleet.worker.zygote, which documents the
 protocol: JSON lines over a socketpair).
 
+`launch` starts the zygote first thing in a boot (`Launched`: the process and the thread
+that started it), before the supervisor imports its runtime, so this module imports
+little beyond the standard library's core: every module it loads would delay the
+zygote's start, which is the first result's path (docs/executor.md, "What a boot costs").
 `ZygoteLink.start` launches `python -m fleet.worker.zygote`, sends the boot message and
 waits for `ready` (a handler that cannot be imported comes back as the ConfigError
 naming the role). After boot the socket is non-blocking: `fork(seat, cpus)` asks
@@ -14,7 +18,7 @@ on a channel of its own that `await_check` reads on any thread.
 """
 from __future__ import annotations
 
-import dataclasses
+import collections
 import json
 import logging
 import os
@@ -23,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from fleet.host import open_files
 from fleet.rules.errors import BootRefused, ConfigError, UnguardedMain
@@ -40,20 +45,54 @@ class WorkerStartError(BootRefused):
     """The worker fork server could not start (it says why)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Forked:
-    """The zygote forked the worker of `seat`."""
-
-    seat: int
-    pid: int
+#: The zygote forked the worker of `seat`.
+Forked = collections.namedtuple("Forked", "seat pid")
+#: A worker exited (status: exit code, or minus the signal that killed it).
+Exited = collections.namedtuple("Exited", "pid status")
 
 
-@dataclasses.dataclass(frozen=True)
-class Exited:
-    """A worker exited (status: exit code, or minus the signal that killed it)."""
+def _role_doc(role) -> dict:
+    """A role (`fleet.rules.roles.Role`) as the zygote's messages carry it."""
+    import dataclasses  # here: the launch, before the runtime's imports, does without it
 
-    pid: int
-    status: int
+    return dataclasses.asdict(role)
+
+
+def spawner_for(name: str) -> ThreadPoolExecutor:
+    """The thread that starts a fleet's zygotes. The zygote's parent-death signal fires
+    when the *thread* that started it exits: it lives exactly as long as the fleet."""
+    return ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{name}-spawner")
+
+
+class Launched:
+    """A zygote launched at the start of a boot (`launch`), and the thread that started it."""
+
+    __slots__ = ("spawner", "link")
+
+    def __init__(self, spawner: ThreadPoolExecutor, link: "ZygoteLink"):
+        self.spawner, self.link = spawner, link
+
+    def stop(self) -> None:
+        """The boot failed: stop the zygote and its thread. Idempotent. One not yet booted
+        holds nothing (no segment, no child): SIGKILL is all its teardown, and it does not
+        wait for the zygote to finish its imports before it reads an exit."""
+        self.link.kill()
+        self.link.close()
+        # Its thread is idle (the launch waited for the Popen): joined, it is gone when the
+        # boot's error goes up, not some moments later
+        self.spawner.shutdown(wait=True)
+
+
+def launch(name: str, place=None) -> Launched:
+    """Start fleet `name`'s zygote now, to boot later (`fleet.runtime.workers.Workers.adopt`):
+    it starts and loads the kernels while this process imports its runtime and makes its
+    table. `place(pid)` puts it in its cgroup (`ZygoteLink.launch`)."""
+    spawner = spawner_for(name)
+    try:
+        return Launched(spawner, ZygoteLink.launch(spawner, place=place))
+    except BaseException:
+        spawner.shutdown(wait=False)
+        raise
 
 
 class ZygoteLink:
@@ -128,7 +167,7 @@ class ZygoteLink:
             "op": "boot",
             "name": name,
             "worker_nice": worker_nice,
-            "roles": [dataclasses.asdict(r) for r in roles],
+            "roles": [_role_doc(r) for r in roles],
             "sys_path": list(sys.path),
             "pythonpath": os.environ.get("PYTHONPATH"),  # zygote_env's is for the zygote's own start
             "log_level": logging.getLogger("fleet").getEffectiveLevel(),
@@ -222,7 +261,7 @@ class ZygoteLink:
 
         Raises WorkerStartError when the zygote cannot be asked (it is gone)."""
         ours, theirs = socket.socketpair()
-        msg = {"op": "check", "roles": [dataclasses.asdict(r) for r in roles], "sys_path": list(sys.path),
+        msg = {"op": "check", "roles": [_role_doc(r) for r in roles], "sys_path": list(sys.path),
                "bound_s": _zygote.CHECK_BOUND_S}
         try:
             self._sock.setblocking(True)

@@ -14,7 +14,7 @@ them once, so that every worker, at boot and at every restart, inherits them:
   zygote counts as bootstrapping (as a spawned child does): a script that would make
   an Executor or a Fleet outside the guard gets fleet's own error, `UnguardedMain`,
   raised in the program that made the fleet, naming the guard and why
-  (`check_not_importing_main`);
+  (`fleet.worker.main_guard`);
 * **the command line** (`argv`): the parent's ``sys.argv``, which the zygote takes on
   before it imports the main module, as a spawned child does (spawn's ``sys_argv``):
   a script whose top level reads its arguments imports in the workers as in the parent;
@@ -41,12 +41,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from fleet.rules.errors import UnguardedMain
-
-#: True while the zygote imports the program's main module (`prepare_zygote`).
-_importing_main = False
-#: What the main module is called while the zygote imports it (multiprocessing's name).
-_MAIN_AS = "__mp_main__"
+from fleet.worker.main_guard import importing_main
 
 
 @dataclass(frozen=True)
@@ -105,8 +100,6 @@ class WorkerSetup:
 def prepare_zygote(setup: WorkerSetup):
     """In the zygote, before the handlers are imported: the authkey, the command line and
     the main module. Returns the initializer to call in each worker, ``(callable, args)`` or None."""
-    import multiprocessing
-    import sys
     from multiprocessing import process, spawn
 
     from fleet.worker.codec import loads
@@ -116,47 +109,9 @@ def prepare_zygote(setup: WorkerSetup):
     if setup.authkey is not None:
         process.current_process().authkey = process.AuthenticationString(bytes.fromhex(setup.authkey))
     if setup.main:
-        global _importing_main
-        me = multiprocessing.current_process()
-        me._inheriting = True  # multiprocessing's own "still bootstrapping" mark, read by its guard
-        _importing_main = True  # fleet's (check_not_importing_main)
-        try:
+        with importing_main():
             spawn.prepare(dict(setup.main))
-        finally:
-            me._inheriting = _importing_main = False
     return None if setup.initializer is None else loads(setup.initializer, "the initializer", "in the worker")
-
-
-def check_not_importing_main(face: str) -> None:
-    """Refuse to make a fleet (`face`: which one, as the user wrote it) while the main
-    module is being imported to prepare workers.
-
-    Raises:
-        UnguardedMain: the zygote is importing the main module, whose top level makes a
-            fleet (the zygote reports it, and the program that made the first fleet
-            raises it). In a child multiprocessing's spawn prepares, its own RuntimeError.
-    """
-    if _importing_main:
-        raise UnguardedMain(
-            f"{face} was made at the top level of this program's main module ({_where_in_main()}), outside "
-            "the `if __name__ == \"__main__\":` guard. fleet's workers import the main module, as "
-            "multiprocessing's spawn and forkserver start methods do (forkserver is the default on Linux "
-            "from Python 3.14), so that the functions it defines can run in them; the guard keeps the rest "
-            "of the program, and the fleet it makes, from running there too. Put the code that makes and "
-            "uses the fleet under `if __name__ == \"__main__\":`.")
-    from multiprocessing import spawn
-
-    spawn._check_not_importing_main()
-
-
-def _where_in_main() -> str:
-    """The main module's line that is making the fleet, as the zygote imports it."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__") != _MAIN_AS:
-        frame = frame.f_back
-    if frame is None:
-        return "its top level"
-    return f"{frame.f_code.co_filename}, line {frame.f_lineno}"
 
 
 def run_initializer(init) -> bool:

@@ -19,7 +19,6 @@ workers die with it.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib
 import json
@@ -359,6 +358,10 @@ def preload_worker() -> None:
     writes, pages shared with the zygote until then)."""
     import fleet.host.priority  # noqa: F401 - child_setup's; imported for every fork to inherit
     import fleet.worker.process  # noqa: F401 - imported for every fork to inherit
+    # and what the boot message's preparation runs (fleet.worker.prepare.prepare_zygote
+    # imports the main module as multiprocessing's spawn does): here, while the supervisor
+    # makes its table, rather than once the boot message has come
+    import multiprocessing.spawn  # noqa: F401
 
 
 def preload_io(roles) -> None:
@@ -408,6 +411,8 @@ def _flush_std() -> None:
 
 
 def main(argv=None) -> int:
+    import argparse  # here: the supervisor imports this module before its launch, for FLEET_ROOT
+
     parser = argparse.ArgumentParser(prog="fleet.worker.zygote", description="Fork server for fleet workers (internal).")
     parser.add_argument("--fd", type=int, required=True, help="the socketpair end inherited from the supervisor")
     parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")

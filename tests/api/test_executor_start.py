@@ -47,22 +47,33 @@ def test_importing_the_executor_loads_neither_numpy_nor_the_runtime(tmp_path):
     assert heavy(got) == []
 
 
+#: What `Executor()` has not imported yet when it launches its fork server: each would
+#: delay the fork server's start, the first result's path (docs/executor.md, "What a boot
+#: costs"). dataclasses is the costliest (the code of each dataclass is written and compiled
+#: at import), multiprocessing and concurrent.futures.process come with ProcessPoolExecutor's
+#: errors (fleet.rules.raised), hashlib and uuid with OpenSSL.
+BEFORE_LAUNCH = ("dataclasses", "multiprocessing", "concurrent.futures.process", "hashlib", "uuid",
+                 "fleet.rules.unit", "fleet.rules.roles", "fleet.runtime.config", "fleet.runtime.workers",
+                 "fleet.worker.prepare", "fleet.service.control.ops")
+
 LAUNCH_SPY = """
     import json, sys
     sys.path.insert(0, {repo})
-    from fleet.runtime import workers
+    BEFORE_LAUNCH = {before_launch}
+    from fleet.runtime import zygote_link
 
     seen = {}
-    launch = workers.launch
+    launch = zygote_link.launch
 
     def spy(name, place=None):
         # what this process had imported when the zygote was launched
         seen["loaded"] = sorted(m for m in sys.modules if m.startswith(("numpy", "fleet.runtime.loop", "fleet.api.fleet")))
+        seen["before_launch"] = sorted(m for m in sys.modules if m in BEFORE_LAUNCH)
         seen["launched"] = launched = launch(name, place=place)
         return launched
 
-    workers.launch = spy
-"""
+    zygote_link.launch = spy
+""".replace("{before_launch}", repr(BEFORE_LAUNCH))
 
 
 def test_the_executor_launches_its_zygote_before_it_imports_the_runtime_and_boots_that_one(tmp_path):
@@ -73,9 +84,10 @@ def test_the_executor_launches_its_zygote_before_it_imports_the_runtime_and_boot
         with fleet.Executor(max_workers=1) as ex:
             result = ex.submit(abs, -3).result()
             booted = ex.fleet._sup._rig.workers.zygote.pid
-        print(json.dumps({"loaded": seen["loaded"], "same": booted == seen["launched"].link.pid, "result": result}))
+        print(json.dumps({"loaded": seen["loaded"], "same": booted == seen["launched"].link.pid, "result": result,
+                          "before_launch": seen["before_launch"]}))
     """, tmp_path)
-    assert got == {"loaded": [], "same": True, "result": 3}
+    assert got == {"loaded": [], "same": True, "result": 3, "before_launch": []}
 
 
 def test_a_fleet_launches_its_zygote_before_it_imports_the_supervisor(tmp_path):
@@ -141,3 +153,107 @@ def test_the_fork_server_ends_without_the_interpreters_finalization(tmp_path):
     exits = (tmp_path / "exits").read_text().split()
     assert got["result"] == 5
     assert exits == [str(got["me"])], (exits, got["server"])
+
+
+def test_importing_fleet_loads_nothing_but_its_version(tmp_path):
+    """`import fleet` (the fork server's first import, and every tool's) loads no module of
+    fleet's or admission's beyond the version: each public name loads its module on first
+    use, and is then the very object its module defines."""
+    got = run("""
+        import json, sys
+        sys.path.insert(0, {repo})
+        import fleet
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("fleet", "admission"))
+        from fleet import Unit, Refused
+        from fleet.rules.unit import Unit as unit_class
+        from admission.errors import Refused as refused_class
+        print(json.dumps({"loaded": loaded, "same": Unit is unit_class and Refused is refused_class}))
+    """, tmp_path)
+    assert got == {"loaded": ["fleet", "fleet._version"], "same": True}
+
+
+def test_a_fork_servers_preloads_leave_out_processpoolexecutors_module(tmp_path):
+    """What a worker runs (the fork server's preloads) does without concurrent.futures.process
+    (ProcessPoolExecutor's module, and multiprocessing's connections and queues with it):
+    fleet.rules.raised makes its BrokenProcessPool subclasses on first use, once, as its own
+    names, and they pickle by them."""
+    got = run("""
+        import json, pickle, sys
+        sys.path.insert(0, {repo})
+        from fleet.worker import zygote
+        zygote.preload_kernels()
+        zygote.preload_worker()
+        preloaded = "concurrent.futures.process" in sys.modules
+        from fleet.rules import raised
+        from concurrent.futures.process import BrokenProcessPool
+        broken = raised.role_broken("stopped")
+        print(json.dumps({
+            "preloaded": preloaded,
+            "is_ppe_error": isinstance(broken, BrokenProcessPool) and issubclass(raised.UnitBroken, BrokenProcessPool),
+            "made_once": raised.RoleBroken is type(broken) and raised.UnitBroken is raised.UnitBroken,
+            "name": f"{type(broken).__module__}.{type(broken).__qualname__}",
+            "pickles": type(pickle.loads(pickle.dumps(broken))) is raised.RoleBroken,
+        }))
+    """, tmp_path)
+    assert got == {"preloaded": False, "is_ppe_error": True, "made_once": True, "name": "fleet.rules.raised.RoleBroken",
+                   "pickles": True}
+
+
+def test_a_fleets_operator_methods_are_made_at_the_first_look_for_one(tmp_path):
+    """fleet.Fleet's op methods come from the op registry, which its import leaves out: the
+    first look for one (on the class or on a fleet) makes them all, as the class's own;
+    a name that is no op is an AttributeError, before and after."""
+    got = run("""
+        import inspect, json, sys
+        sys.path.insert(0, {repo})
+        from fleet.api.fleet import Fleet
+        imported = "fleet.service.control.ops" in sys.modules
+        try:
+            Fleet.no_such_op
+            missing = None
+        except AttributeError as exc:
+            missing = str(exc)
+        made = "fleet.service.control.ops" in sys.modules
+        print(json.dumps({"imported": imported, "missing": missing, "made": made,
+                          "own": "drain" in Fleet.__dict__ and "status" in dir(Fleet),
+                          "signature": str(inspect.signature(Fleet.posture_set))}))
+    """, tmp_path)
+    assert got["imported"] is False and got["made"] is True and got["own"] is True
+    assert got["missing"] == "type object 'Fleet' has no attribute 'no_such_op'"
+    assert got["signature"].startswith("(self")
+
+
+def test_a_boot_that_fails_while_the_fork_server_boots_leaves_nothing(tmp_path):
+    """The provider gate is made while the fork server boots (after its boot message, before
+    its answer). A failure there (injected: the gate's constructor raises) goes up as it
+    is, and the fork server, its workers and the fleet's segments are gone with it."""
+    name = unique_name("pg")
+    got = run("""
+        import json, os, sys, time
+        sys.path.insert(0, {repo})
+        import psutil
+        import fleet
+        from fleet.runtime import provider_gate
+
+        class Injected(Exception):
+            pass
+
+        def refuse(self, *args, **kwargs):
+            raise Injected("the provider gate could not be made")
+
+        provider_gate.ProviderGate.__init__ = refuse
+
+        if __name__ == "__main__":
+            roles = {"w": {"kind": "pooled", "handler": "json:dumps", "slots": 1, "peak_cpus": 1}}
+            try:
+                fleet.Fleet.from_config({"fleet": {"name": %r}, "roles": roles}, env={})
+                error = None
+            except Injected as exc:
+                error = str(exc)
+            deadline = time.monotonic() + 10
+            while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print(json.dumps({"error": error, "children": len(psutil.Process().children(recursive=True)),
+                              "left": [p for p in os.listdir("/dev/shm") if p.startswith("fleet.%s")]}))
+    """ % (name, name), tmp_path)
+    assert got == {"error": "the provider gate could not be made", "children": 0, "left": []}

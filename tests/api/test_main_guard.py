@@ -1,5 +1,5 @@
 """A program whose main module makes a fleet outside the ``if __name__ == "__main__":``
-guard gets fleet's own error in the program itself (fleet.worker.prepare): a typed
+guard gets fleet's own error in the program itself (fleet.worker.main_guard): a typed
 `UnguardedMain` naming the guard, the line, and why fleet's workers import the main
 module; not multiprocessing's "bootstrapping phase" text. Real scripts, run as programs."""
 from __future__ import annotations
@@ -68,3 +68,40 @@ def test_the_error_is_a_boot_refusal_and_a_runtime_error():
     from fleet.rules.errors import UnguardedMain
 
     assert issubclass(UnguardedMain, fleet.BootRefused) and issubclass(UnguardedMain, RuntimeError)
+
+
+def test_a_fleet_made_where_multiprocessings_spawn_imports_the_main_module_gets_its_own_error(tmp_path):
+    """A spawned multiprocessing child that imports a main module making an Executor at its
+    top level gets multiprocessing's own RuntimeError there (the guard defers to it), before
+    any fork server is launched; the program's own process is unaffected."""
+    script = tmp_path / "spawner.py"
+    script.write_text(textwrap.dedent("""
+        import multiprocessing as mp
+        import sys
+        sys.path.insert(0, {repo!r})
+        import fleet
+        from fleet.runtime import zygote_link
+
+        def work():
+            pass
+
+        def launch(*args, **kwargs):
+            open("launched", "a").write("a fork server was launched\\n")  # the guard comes first
+            return launch_it(*args, **kwargs)
+
+        launch_it, zygote_link.launch = zygote_link.launch, launch
+
+        if mp.current_process().name != "MainProcess":  # in the spawned child, as it imports this module
+            fleet.Executor(max_workers=1)
+
+        if __name__ == "__main__":
+            child = mp.get_context("spawn").Process(target=work)
+            child.start()
+            child.join(120)
+            print(child.exitcode)
+    """).lstrip("\n").format(repo=REPO))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "1", (out.stdout, out.stderr[-3000:])
+    assert "bootstrapping phase" in out.stderr and "UnguardedMain" not in out.stderr
+    assert not (tmp_path / "launched").exists()
