@@ -35,7 +35,6 @@ import logging
 import math
 import os
 import random
-import tempfile
 import time
 from typing import NamedTuple, Protocol, Sequence
 
@@ -151,6 +150,8 @@ class FileClosureStore:
         blob = json.dumps({"version": self.VERSION, "closures": [c._asdict() for c in closures]},
                           sort_keys=True, indent=1).encode()
         folder = os.path.dirname(os.path.abspath(self.path))
+        import tempfile  # here: a fleet's boot imports this module, and tempfile brings shutil's archivers
+
         fd, tmp = tempfile.mkstemp(prefix=".closures.", dir=folder)
         try:
             os.fchmod(fd, 0o600)

@@ -194,7 +194,7 @@ def _plan(config, host, *, name: str, mode: str, roles, ledger, cpus, socket_pat
 def _rest(rig: Rig, config, roles, ledger, host, launched, place, meanwhile) -> None:
     """The rest of the boot, from the seats' CPUs to the first forks asked for. The zygote's
     boot message goes as soon as what it attaches (the table, the data segment) is made;
-    `meanwhile()`, then this process's full collection, run while it boots."""
+    `meanwhile()` runs while it boots."""
     layout, table = rig.layout, rig.table
     # The seats are laid out for the most CPUs the fleet may get; its quota places those
     # that run now (fleet.rules.seats.place), the others wait for an epoch that adds them.
@@ -214,13 +214,7 @@ def _rest(rig: Rig, config, roles, ledger, host, launched, place, meanwhile) -> 
     rig.workers = workers = Workers(rig.name, config, roles, layout, rig.priority, host, table,
                                     rig.dispatcher.slots_of_seat, rig.data.bell.ring, place=place)
     workers.adopt(launched)
-
-    def while_it_boots() -> None:
-        meanwhile()
-        if config.gc_freeze:  # this process's full collection (`settle`), while the zygote boots, not after
-            gc.collect()
-
-    workers.start_zygote(meanwhile=while_it_boots)
+    workers.start_zygote(meanwhile=meanwhile)
     for seat in placement.live:
         workers.set_cpus(seat, placement.cpus[seat])
     workers.fork_many(placement.live)  # one batch: the zygote makes every fork before it reports
@@ -281,9 +275,8 @@ def settle(config) -> bool:
     imported, and numba's compiler state, ~100k objects, when the kernels were not built
     at install) go out of the collector's sight while the fleet runs, so full collections
     stop stalling the loop (`collector.freeze_for_fleet`; the loop's end thaws them,
-    `collector.thaw_after_fleet`). The full collection before it ran while the zygote
-    booted (`_rest`: 10-40 ms off the way to the first result); what boot made since is
-    young, and a collection of the young generations takes it. Returns whether it froze."""
+    `collector.thaw_after_fleet`), with no collection first (`freeze_for_fleet` says why).
+    Returns whether it froze."""
     if config.gc_freeze:
         collector.freeze_for_fleet()
     return bool(config.gc_freeze)

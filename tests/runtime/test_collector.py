@@ -79,20 +79,20 @@ WATCHED = """
 
 
 def test_an_executor_boots_without_collections_of_its_own_and_its_workers_collect(tmp_path):
-    """The boot's only collections are the ones it asks for (a full one while the fork
-    server boots, the young generations' before `gc.freeze`); none of those that 700
-    allocations start. Then the loop runs (collecting again), this process collects, and
-    so do its workers: the fork server turned the collector on before its forks."""
+    """The boot makes no collection: none of those that 700 allocations start, and none
+    before its `gc.freeze` (only the loop, once running, may collect its young objects).
+    Then this process collects, and so do its workers: the fork server turned the
+    collector on before its forks."""
     got = run(WATCHED % ("fleet.Executor", "max_workers=1", "made.submit(gc.isenabled).result(timeout=60)"),
               tmp_path)
-    assert got["boot"][:2] == [2, 1], got
+    assert not {1, 2} & set(got["boot"]), got
     assert got["on"] is True and got["worker"] is True
 
 
 def test_a_fleet_boots_without_collections_of_its_own(tmp_path):
     got = run(WATCHED % ("fleet.Fleet.from_config", "config(unique_name('gcb'), {'w': role('echo', slots=1)}), env={}",
                          "made.submit('w', 7).result(timeout=60)"), tmp_path)
-    assert got["boot"][:2] == [2, 1], got
+    assert not {1, 2} & set(got["boot"]), got
     assert got["on"] is True and got["worker"] == 7
 
 
