@@ -25,13 +25,14 @@ import math
 import os
 from concurrent.futures import Executor as _StdExecutor
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Callable, Iterator
 
 from fleet.rules.limits import DEFAULT_LOOKAHEAD
 from fleet.worker.main_guard import check_not_importing_main
 
+TYPE_CHECKING = False  # typing's own flag, without typing's import (~2 ms before the launch)
 if TYPE_CHECKING:
     from multiprocessing.context import BaseContext
+    from typing import Callable, Iterator
 
     from fleet.api.fleet import Fleet
 

@@ -52,7 +52,7 @@ def test_importing_the_executor_loads_neither_numpy_nor_the_runtime(tmp_path):
 #: costs"). dataclasses is the costliest (the code of each dataclass is written and compiled
 #: at import), multiprocessing and concurrent.futures.process come with ProcessPoolExecutor's
 #: errors (fleet.rules.raised), hashlib and uuid with OpenSSL.
-BEFORE_LAUNCH = ("dataclasses", "multiprocessing", "concurrent.futures.process", "hashlib", "uuid",
+BEFORE_LAUNCH = ("dataclasses", "typing", "multiprocessing", "concurrent.futures.process", "hashlib", "uuid",
                  "fleet.rules.unit", "fleet.rules.roles", "fleet.runtime.config", "fleet.runtime.workers",
                  "fleet.worker.prepare", "fleet.service.control.ops")
 
