@@ -3,7 +3,8 @@
 PostgreSQL comes from ``FLEET_PG_DSN`` (a ``postgresql://`` URI) when it is set;
 otherwise a throwaway cluster is started from the installed server binaries
 (as the ``postgres`` user when we are root, on a unix socket in a temp dir) and
-stopped at the end of the session. With ``FLEET_REQUIRE_PG=1`` a PostgreSQL that
+stopped at the end of the session, or, when the test process dies without its
+teardown (killed, or aborted by a fleet's fuse), by its reaper. With ``FLEET_REQUIRE_PG=1`` a PostgreSQL that
 cannot be had fails the test instead of skipping it. Each test gets its own
 schema, dropped afterwards even when the test fails, so tests run in parallel.
 """
@@ -15,6 +16,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 
@@ -38,6 +40,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: A throwaway cluster's reaper: a process that waits on a pipe from the test process and,
+#: when the pipe ends without the word that the cluster was stopped (the test process died:
+#: killed, or aborted by a fleet's fuse, and no fixture ran), stops it and removes its dir.
+#: A pipe's end is seen whatever killed the writer; nothing but the test process holds it.
+REAPER = """
+import os, shutil, subprocess, sys
+prefix_len = int(sys.argv[1])
+prefix, (pg_ctl, data, folder) = sys.argv[2:2 + prefix_len], sys.argv[2 + prefix_len:]
+if sys.stdin.read() != "stopped":
+    subprocess.run(prefix + [pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True, timeout=120)
+    shutil.rmtree(folder, ignore_errors=True)
+"""
+
+
 class _Cluster:
     """A throwaway PostgreSQL cluster in a temp dir, reachable only on its unix socket."""
 
@@ -54,6 +70,11 @@ class _Cluster:
             os.chown(self.dir, user.pw_uid, user.pw_gid)
             self.prefix = ["runuser", "-u", "postgres", "--"]
         data = os.path.join(self.dir, "data")
+        # the reaper first: from here on a dying test process leaves nothing behind
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-c", REAPER, str(len(self.prefix)), *self.prefix, f"{self.bin}/pg_ctl", data, self.dir],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+            start_new_session=True)  # not in the test's process group: a signal to the group spares it
         self._run([f"{self.bin}/initdb", "-D", data, "-U", "postgres", "--auth=trust", "-N"])
         self._run([f"{self.bin}/pg_ctl", "-D", data, "-w", "-l", os.path.join(self.dir, "log"),
                    "-o", f"-k {self.dir} -c listen_addresses='' -p {self.port} -c fsync=off", "start"])
@@ -68,6 +89,7 @@ class _Cluster:
             self._run([f"{self.bin}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"])
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+            self._reaper.communicate("stopped", timeout=60)  # it has nothing left to do
 
 
 @pytest.fixture(scope="session")
