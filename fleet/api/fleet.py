@@ -78,7 +78,6 @@ class Fleet(Executor, metaclass=_OpsOnFirstLook):
                 _launched = zygote_link.launch(config.name)
             try:
                 from fleet.runtime.loop import Supervisor
-
                 from fleet.service import start_exporter
 
                 self.config = config

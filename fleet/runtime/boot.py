@@ -11,7 +11,6 @@ way tears down what it built (`Rig.teardown`) and raises its typed refusal.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import os
 import time

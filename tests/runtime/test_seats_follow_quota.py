@@ -9,7 +9,6 @@ import os
 import signal
 import threading
 
-import psutil
 import pytest
 
 from fleet.rules import titles

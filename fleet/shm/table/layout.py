@@ -28,7 +28,6 @@ This module is pure: constants and arithmetic, no numba, no shared memory.
 """
 from __future__ import annotations
 
-import struct
 
 from fleet.rules import vocab
 from fleet.shm.header import HeaderLayout

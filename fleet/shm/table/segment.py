@@ -25,7 +25,6 @@ import json
 import logging
 import mmap
 import os
-import struct
 import time
 from dataclasses import dataclass
 
