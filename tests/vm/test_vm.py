@@ -238,7 +238,7 @@ def test_the_seats_follow_cpuquota_200_100_200_under_load(vm_run):
     assert cpus("grown") == [[0], [1]] and phases["grown"]["quota"]["cpus"] == 2, phases["grown"]
     for phase in phases.values():  # every thread of every worker pinned where status says
         assert all(w["threads"] == [w["census"]] for w in phase["workers"].values()), phase
-    # one worker for one CPU: a load that fits it (half a CPU, in one unit) is not throttled
+    # one worker for one CPU: a load that fits it (a quarter of a CPU, in one unit) is not throttled
     # (a stray period at most in ten: under emulation the supervisor's own loop is a good
     # part of the quota)
     fit = doc["fitting"]
