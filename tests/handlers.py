@@ -271,3 +271,10 @@ def make_bytes(unit):
     """A bytes result of `unit.payload` bytes (a pattern: each byte its offset mod 251)."""
     n = int(unit.payload)
     return (bytes(range(251)) * (n // 251 + 1))[:n]
+
+
+def make_array(unit):
+    """A float64 array result of `unit.payload` bytes, each element its index."""
+    import numpy as np
+
+    return np.arange(int(unit.payload) // 8, dtype=np.float64)

@@ -590,7 +590,8 @@ class Client(Executor):
                                 f"with unit(s) pending; their outcomes are lost"))
                             continue
                         token, ack = self._token, self._received
-                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S, ack=ack, fds=True)
+                    reply = self._polls.call("collect", token=token, timeout=COLLECT_WAIT_S, ack=ack, fds=True,
+                                            parcels=True)
             except (ControlTimeout, ControlBusy) as exc:
                 # A live daemon too slow or too busy to answer still owes the outcomes (it
                 # holds what it sent until acknowledged): the futures stay pending.

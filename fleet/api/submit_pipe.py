@@ -178,7 +178,7 @@ class SubmitPipe:
         # v2: this connection carries the token's outcomes back (pushed), and the batch
         # acknowledges the ones taken so far (fleetd lets go of them).
         data = encode_request("submit_batch", {"v": BATCH_VERSION, "token": token, "ack": self._client._received,
-                                               "fds": True, "units": wire}, frame.rid)
+                                               "fds": True, "parcels": True, "units": wire}, frame.rid)
         with self._lock:
             self._flight.append(frame)  # before the bytes go: its reply may come at once
         try:

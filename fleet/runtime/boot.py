@@ -183,17 +183,18 @@ def _plan(config, host, *, name: str, mode: str, roles, ledger, cpus, socket_pat
                                      holds_slot=lambda unit_id: slot_of(unit_id) is not None, **admission_args)
 
     try:
-        _rest(rig, config, roles, ledger, host, launched, place, meanwhile=make_providers)
+        _rest(rig, config, roles, ledger, host, launched, place, meanwhile=make_providers, relay=mode == "service")
     except BaseException:
         rig.teardown(_NoGates(), ledger, kill=True)  # the zygote too, once handed to the workers
         raise
     return rig
 
 
-def _rest(rig: Rig, config, roles, ledger, host, launched, place, meanwhile) -> None:
+def _rest(rig: Rig, config, roles, ledger, host, launched, place, meanwhile, relay: bool) -> None:
     """The rest of the boot, from the seats' CPUs to the first forks asked for. The zygote's
     boot message goes as soon as what it attaches (the table, the data segment) is made;
-    `meanwhile()` runs while it boots."""
+    `meanwhile()` runs while it boots. ``relay``: results go to fleetd's clients as they
+    are (`fleet.runtime.workers.worker_setup`)."""
     layout, table = rig.layout, rig.table
     # The seats are laid out for the most CPUs the fleet may get; its quota places those
     # that run now (fleet.rules.seats.place), the others wait for an epoch that adds them.
@@ -211,7 +212,7 @@ def _rest(rig: Rig, config, roles, ledger, host, launched, place, meanwhile) -> 
     cap = _next_pow2(4 * (INLINE_MAX + 4096))
     rig.data = DataSegment.create(rig.name, len(layout.seats), cap, cap)
     rig.workers = workers = Workers(rig.name, config, roles, layout, rig.priority, host, table,
-                                    rig.dispatcher.slots_of_seat, rig.data.bell.ring, place=place)
+                                    rig.dispatcher.slots_of_seat, rig.data.bell.ring, place=place, relay=relay)
     workers.adopt(launched)
     workers.start_zygote(meanwhile=meanwhile)
     for seat in placement.live:

@@ -36,8 +36,10 @@ KILL_WAIT_S = 5.0
 class Workers:
     """The zygote link and the pid of each seat's worker."""
 
-    def __init__(self, name: str, config, roles, layout, priority, host, table, slots_of_seat, ring, place=None):
+    def __init__(self, name: str, config, roles, layout, priority, host, table, slots_of_seat, ring, place=None,
+                 relay: bool = False):
         self.name, self.config, self.roles, self.layout = name, config, roles, layout
+        self.relay = relay  # service mode: fleetd relays each result's parcel (`WorkerSetup.lend`)
         self.place = place  # puts a new zygote in the workers' cgroup leaf (None: where it starts)
         self.priority, self.host, self.table, self._slots_of_seat = priority, host, table, slots_of_seat
         self.zygote: ZygoteLink | None = None
@@ -71,12 +73,12 @@ class Workers:
         launched, self._launched = self._launched, None
         if launched is not None:
             launched.answer_s = self.answer_s
-            launched.boot(self.name, self.roles, worker_nice=self.priority.worker_nice, workers=worker_setup(self.config),
+            launched.boot(self.name, self.roles, worker_nice=self.priority.worker_nice, workers=worker_setup(self.config, self.relay),
                           meanwhile=meanwhile)
             self.zygote = launched
             return
         self.zygote = ZygoteLink.start(self.name, self.roles, self._spawner, worker_nice=self.priority.worker_nice,
-                                       workers=worker_setup(self.config), answer_s=self.answer_s,
+                                       workers=worker_setup(self.config, self.relay), answer_s=self.answer_s,
                                        place=self.place)
         if meanwhile is not None:  # none launched ahead: it runs once this one has booted
             meanwhile()
@@ -316,11 +318,11 @@ def _set_affinity(pid: int, cpus, name: str) -> None:
         log.warning("fleet %s: cannot pin worker pid %d to cpus %s: %s", name, pid, list(cpus), exc)
 
 
-def worker_setup(config) -> WorkerSetup:
+def worker_setup(config, relay: bool = False) -> WorkerSetup:
     """The config's worker setup; a handler named in ``__main__`` also brings the main
     module in, with the command line its top level may read (fleet.worker.prepare),
-    so a script's own function can be one."""
-    setup = config.workers
+    so a script's own function can be one. ``relay`` (service mode): results are not lent."""
+    setup = config.workers if not relay else dataclasses.replace(config.workers, lend=False)
     if setup.main is None and any((r.handler or "").startswith("__main__:") for r in config.roles):
         here = WorkerSetup.of_this_process()
         setup = dataclasses.replace(setup, main=here.main, argv=setup.argv or here.argv,

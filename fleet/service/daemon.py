@@ -130,8 +130,10 @@ class _Box:
     #: is asked of it already (one wake-up carries every record held meanwhile).
     stream: object = None
     push_due: bool = False
-    #: The client takes large values in memfds (said by its submit_batch or collect).
+    #: The client takes large values in memfds (said by its submit_batch or collect), and
+    #: those still in their worker's parcels as the parcels' descriptors.
     fds: bool = False
+    parcels: bool = False
 
 
 class OutcomeStore:
@@ -179,14 +181,15 @@ class OutcomeStore:
         self._writing = 0  # outcomes handed to it and not held yet
 
     # -- from submits and outcomes
-    def hold(self, token: str, fds: bool = False) -> None:
+    def hold(self, token: str, fds: bool = False, parcels: bool = False) -> None:
         """A submit under ``token``: keep a box for it. OutcomesDropped if it lost some.
-        ``fds``: the client takes large values in memfds (`takes_fds`)."""
+        ``fds``: the client takes large values in memfds (`takes_fds`); ``parcels``: and
+        in their parcels' descriptors (`takes_parcels`)."""
         with self._lock:
             self._refuse_lost(token)
             box = self._box(token)
             box.seen = self._clock()
-            box.fds = box.fds or fds
+            box.fds, box.parcels = box.fds or fds, box.parcels or parcels
 
     def takes_fds(self, token: str) -> bool:
         """Whether ``token``'s client said it takes large values in memfds (its records may
@@ -194,6 +197,13 @@ class OutcomeStore:
         with self._lock:
             box = self._boxes.get(token)
             return box is not None and box.fds
+
+    def takes_parcels(self, token: str) -> bool:
+        """Whether ``token``'s client said it takes a value still in its worker's parcel as
+        the parcel's descriptor (`outcome_record.encode`'s ``parcels``)."""
+        with self._lock:
+            box = self._boxes.get(token)
+            return box is not None and box.parcels
 
     def deliver(self, token: str, seq: int | None, role: str) -> Callable[[Future], None]:
         """The done-callback of a unit submitted under ``token``: its records held (`record`,
@@ -225,7 +235,8 @@ class OutcomeStore:
         descriptor left for its memfd) is a failed ResultError saying so: the client is owed
         exactly one outcome either way."""
         try:
-            return outcome_record.encode(seq, role, future, fds=self.takes_fds(token), max_bytes=self.max_bytes,
+            return outcome_record.encode(seq, role, future, fds=self.takes_fds(token),
+                                         parcels=self.takes_parcels(token), max_bytes=self.max_bytes,
                                          key=HELD_BYTES_KEY)
         except (OSError, MemoryError, CodecError) as exc:
             log.warning("the outcome of unit %s could not be written out for its client: %s: %s",
@@ -356,7 +367,8 @@ class OutcomeStore:
         return control.encode_push(token, first, out)
 
     # -- from collect
-    def collect(self, token: str, timeout: float, ack: int | None = None, fds: bool = False) -> Future:
+    def collect(self, token: str, timeout: float, ack: int | None = None, fds: bool = False,
+                parcels: bool = False) -> Future:
         """A Future of ``{"outcomes", "first", "more", "closing"}`` for ``token``: resolved
         now if anything is ready (or the daemon is closing), else when something arrives
         or ``timeout`` seconds pass (then with no outcomes). ``first`` numbers the first
@@ -370,7 +382,7 @@ class OutcomeStore:
                 self._refuse_lost(token)
                 box = self._box(token)
                 self._acknowledge(token, box, ack)
-                box.fds = box.fds or fds
+                box.fds, box.parcels = box.fds or fds, box.parcels or parcels
             except (control.OutcomesDropped, control.ProtocolError) as exc:
                 fut.set_exception(exc)
                 return fut

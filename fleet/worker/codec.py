@@ -299,21 +299,48 @@ def _unparcel(data):
     if data[1] == _LEND:
         return _copied_out(name, offsets, sizes, n_oob)
     take = data[1] == _TAKE
+
+    def mapped(fd: int, size: int) -> mmap.mmap:
+        mm = parcels.map_(fd, size, take=take)
+        if not take:
+            lent = _LENT.get()
+            if lent is None:
+                parcels.privatize(mm)  # no unit's run to give it back at: its own pages from now
+            else:
+                lent.append(mm)
+        return mm
+
     fd, size = parcels.open_fd(name, take=take)
     try:
-        blobs = [parcels.read(fd, o, n) for o, n in zip(offsets[1 + n_oob:], sizes[1 + n_oob:])]
-        if not n_oob:
-            return _load_parts(parcels.read(fd, offsets[0], sizes[0]), (), blobs)
-        mm = parcels.map_(fd, size, take=take)
+        return _built(fd, size, offsets, sizes, n_oob, mapped)
     finally:
         os.close(fd)
-    if not take:
-        lent = _LENT.get()
-        if lent is None:
-            parcels.privatize(mm)  # no unit's run to give it back at: its own pages from now
-        else:
-            lent.append(mm)
-    view = memoryview(mm)
+
+
+def value_in_parcel(fd: int, size: int, offsets, sizes, n_oob: int):
+    """The object a parcel holds, from a read-only descriptor of it (a client of fleetd's:
+    `fleet.service.control.fds.open_parcel`), as `_unparcel` builds a taken one: its
+    out-of-band buffers are views of a private writable mapping (the file is never written
+    through it), which lives as long as the objects built over them; its blobs are read
+    into bytes of their own. The descriptor stays the caller's. Raises CodecError when
+    the layout does not fit the file or the bytes cannot be unpickled."""
+    if len(offsets) != len(sizes) or not 0 <= n_oob < len(sizes) or any(
+            o < 0 or n < 0 or o + n > size for o, n in zip(offsets, sizes)):
+        raise CodecError(f"the value's layout does not fit its parcel of {size} bytes")
+
+    def mapped(fd: int, size: int) -> mmap.mmap:
+        return mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+
+    return _guarded(lambda _: _built(fd, size, offsets, sizes, n_oob, mapped), None, "the result", "here")
+
+
+def _built(fd: int, size: int, offsets, sizes, n_oob: int, mapped):
+    """The object of an open parcel's pickle, buffers and blobs (`pack`'s layout): the
+    blobs read into bytes of their own, the buffers views of ``mapped(fd, size)``."""
+    blobs = [parcels.read(fd, o, n) for o, n in zip(offsets[1 + n_oob:], sizes[1 + n_oob:])]
+    if not n_oob:
+        return _load_parts(parcels.read(fd, offsets[0], sizes[0]), (), blobs)
+    view = memoryview(mapped(fd, size))
     stream = view[offsets[0] : offsets[0] + sizes[0]]
     buffers = [view[o : o + n] for o, n in zip(offsets[1 : 1 + n_oob], sizes[1 : 1 + n_oob])]
     return _load_parts(stream, buffers, blobs)
@@ -641,6 +668,21 @@ class _InParcel(_Pickled):
                     [pickle.PickleBuffer(b.toreadonly()) for b in spans[1 + n_oob:]]))
                 self._pieces = out.pieces
         return self._pieces
+
+    def reopened(self) -> tuple[int, int, list, list, int] | None:
+        """A new read-only descriptor of the parcel, for a client to build the value over
+        (`value_in_parcel`) with no copy on the way: ``(fd, size, offsets, sizes, n_oob)``,
+        the descriptor the caller's. None for a lent parcel (its writer writes it again once
+        given back) or where it cannot be reopened (no /proc): the bytes are then copied out
+        (`pieces`)."""
+        if self._lent is not None or self._fd < 0:
+            return None
+        try:  # its name is gone (taken): the process's own descriptor is the way back to it
+            fd = os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        offsets, sizes = (list(x) for x in zip(*self._spans))
+        return fd, self._size, offsets, sizes, self._n_oob
 
     @property
     def data(self) -> bytes:

@@ -59,6 +59,11 @@ class WorkerSetup:
     max_tasks: int | None = None
     #: the parent's ``sys.argv`` (None: the zygote keeps its own)
     argv: tuple[str, ...] | None = None
+    #: results lent: written into parcels the worker keeps warm, copied out by the
+    #: supervisor and given back (`fleet.shm.parcels.Lender`). False in service mode:
+    #: fleetd hands a result's parcel itself to its client (one copy, the worker's), so
+    #: each travels in a parcel of its own
+    lend: bool = True
 
     @classmethod
     def of_this_process(cls, *, initializer=None, initargs=(), max_tasks=None) -> "WorkerSetup":
@@ -86,7 +91,7 @@ class WorkerSetup:
     def to_boot(self) -> dict:
         return {"main": self.main, "authkey": self.authkey, "max_tasks": self.max_tasks,
                 "initializer": None if self.initializer is None else base64.b64encode(self.initializer).decode(),
-                "argv": None if self.argv is None else list(self.argv)}
+                "argv": None if self.argv is None else list(self.argv), "lend": self.lend}
 
     @classmethod
     def from_boot(cls, doc: dict | None) -> "WorkerSetup":
@@ -94,7 +99,7 @@ class WorkerSetup:
         init = doc.get("initializer")
         argv = doc.get("argv")
         return cls(doc.get("main"), doc.get("authkey"), None if init is None else base64.b64decode(init),
-                   doc.get("max_tasks"), None if argv is None else tuple(argv))
+                   doc.get("max_tasks"), None if argv is None else tuple(argv), bool(doc.get("lend", True)))
 
 
 def prepare_zygote(setup: WorkerSetup):

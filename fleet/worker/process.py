@@ -117,7 +117,8 @@ class Worker:
     `init`: the initializer to call first, `(callable, args)`; `max_tasks`: units run
     before the worker exits to be replaced (fleet.worker.prepare; None: no limit)."""
 
-    def __init__(self, seat: int, table, data, roles, handlers: list, max_tasks: int | None = None, init=None):
+    def __init__(self, seat: int, table, data, roles, handlers: list, max_tasks: int | None = None, init=None,
+                 lend: bool = True):
         self.seat = seat
         self.init = init
         self.tasks_left = max_tasks
@@ -129,8 +130,9 @@ class Worker:
         self.bell = data.bell
         #: Where a result too large for the ring goes: a parcel of this fleet, beside it, lent
         #: to the supervisor, which copies the result out and gives the parcel back (its pages
-        #: stay warm for the next: `parcels.Lender`)
-        self._lender = Lender(data.name)
+        #: stay warm for the next: `parcels.Lender`); none lent when fleetd relays each one's
+        #: parcel itself to its client (``lend`` False: `fleet.worker.prepare.WorkerSetup.lend`)
+        self._lender = Lender(data.name) if lend else Lender(data.name, keep=0)
         self._beside = (data.name, min(INLINE_MAX, self.results.max_message - M.RESULT_HEAD.size), self._lender.write)
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
         self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]

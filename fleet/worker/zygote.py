@@ -184,7 +184,8 @@ class Zygote:
         from fleet.worker.process import Worker
 
         self.seat_workers = [Worker(seat, self.table, self.data, self.roles, self.handlers,
-                                    max_tasks=self.setup.max_tasks, init=self.init)
+                                    max_tasks=self.setup.max_tasks, init=self.init,
+                                    lend=self.setup.lend)
                              for seat in range(self.data.n_seats)]
         # Everything imported so far (numba, the handlers' modules) lives as long as the
         # process: out of the collector's sight, a worker's full collections walk only
@@ -210,7 +211,7 @@ class Zygote:
                     os._exit(1)  # the zygote died before our death signal was armed: never an orphan
                 worker = self.seat_workers[seat] if seat < len(self.seat_workers) else Worker(
                     seat, self.table, self.data, self.roles, self.handlers, max_tasks=self.setup.max_tasks,
-                    init=self.init)
+                    init=self.init, lend=self.setup.lend)
                 code = worker.run()
             except BaseException:  # noqa: BLE001 - a crashing worker must still exit, never return here
                 logging.getLogger("fleet.worker.process").exception("worker for seat %d crashed", seat)

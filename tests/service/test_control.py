@@ -78,7 +78,7 @@ class Handler:
         self.units.append(unit)
         return {"unit": len(self.units)}
 
-    def submit_batch(self, v, token, units, ack=None, fds=False, stream=None):
+    def submit_batch(self, v, token, units, ack=None, fds=False, parcels=False, stream=None):
         ids = [self.submit(**unit)["unit"] for unit in units]  # each checked, the token in it
         return {"units": ids, "errors": {}, "replayed": [], "roles": {}}
 
@@ -947,7 +947,7 @@ class StreamKeeper(Handler):
         super().__init__()
         self.stream = None
 
-    def submit_batch(self, v, token, units, ack=None, fds=False, stream=None):
+    def submit_batch(self, v, token, units, ack=None, fds=False, parcels=False, stream=None):
         self.stream = stream
         return super().submit_batch(v, token, units, ack, stream)
 
@@ -1201,7 +1201,7 @@ def test_a_direct_op_bringing_a_large_payload_runs_beside_the_server_thread_whic
             super().__init__()
             self.ran_on: list[tuple[int, str]] = []
 
-        def submit_batch(self, v, token, units, ack=None, fds=False, stream=None):
+        def submit_batch(self, v, token, units, ack=None, fds=False, parcels=False, stream=None):
             size = sum(memoryview(u["payload"]).nbytes for u in units)
             self.ran_on.append((size, threading.current_thread().name))
             if size >= c.SIDE_MIN_BYTES:

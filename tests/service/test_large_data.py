@@ -36,7 +36,7 @@ TOKEN = "large-token-0123456789"
 
 def roles():
     plain = {name: {k: v for k, v in role(handler, slots=1).items() if k != "peak_cpus"}
-             for name, handler in (("dig", "digest"), ("sq", "square"), ("mk", "make_bytes"), ("fail", "fail"),
+             for name, handler in (("dig", "digest"), ("sq", "square"), ("mk", "make_bytes"), ("arr", "make_array"), ("fail", "fail"),
                                    ("die", "die"))}
     # one slot, nothing sent ahead: a unit held on its gate file keeps the next one queued
     return {**plain, "gate": role("wait_for_file", slots=1, io_bound=True, peak_cpus=0, lookahead=0)}
@@ -180,6 +180,55 @@ def test_many_large_results_in_flight_together_each_come_back_whole(served, quie
         assert [f.result(BOUND_S) for f in futures] == [pattern(n) for n in sizes]
         assert client.submit("sq", 3).result(BOUND_S) == 9
         wait_until(lambda: memfds(served.proc.pid) == [], "fleetd to close the acknowledged values' memfds")
+
+
+def memory_owner(obj):
+    """What finally holds an array's memory: its bases followed through views and buffers."""
+    import pickle
+
+    while True:
+        if type(obj) in (memoryview, pickle.PickleBuffer):
+            obj = memoryview(obj).obj
+        elif getattr(obj, "base", None) is not None:
+            obj = obj.base
+        else:
+            return obj
+
+
+def test_a_large_array_result_is_built_over_its_workers_parcel_with_no_copy_on_the_way(served, quiet):
+    """fleetd hands the client a read-only descriptor of the parcel the worker wrote (no
+    memfd, no copy of its own); the client's array is a writable view of its private
+    mapping of it, and its writes stay its own."""
+    import numpy as np
+
+    size = 8 << 20
+    with served.connect() as client:
+        value = client.submit("arr", size).result(BOUND_S)
+        assert memfds(served.proc.pid) == []  # held for the client still (until acknowledged): no memfd made
+        assert value.flags.writeable and np.array_equal(value, np.arange(size // 8, dtype=np.float64))
+        assert type(memory_owner(value)).__name__ == "mmap"  # not a bytearray the client copied into
+        value[:] = -1.0
+        again = client.submit("arr", size).result(BOUND_S)
+        assert again[0] == 0.0 and again[-1] == size // 8 - 1 and value[0] == -1.0
+        assert client.submit("sq", 3).result(BOUND_S) == 9  # acknowledges both: fleetd lets their parcels go
+
+
+def test_a_client_that_takes_parcels_gets_the_workers_parcel_unlinked_one_that_does_not_a_memfd(served, quiet):
+    size = 3 << 20
+    with control.ControlClient(sock_path(served)) as c:
+        submit_v1(c, TOKEN, size)
+        (record,) = collect_all(c, TOKEN, 1, fds=True, parcels=True)
+        held = record[outcome_record.VALUE_FD]
+        assert isinstance(held, fdpass.ParcelFd), record
+        target = os.readlink(f"/proc/self/fd/{held.fd}")
+        assert target.startswith(f"/dev/shm/fleet.{served.name}") and target.endswith("(deleted)"), target
+        assert outcome_record.result_of(outcome_record.parse(record), held, "mk") == pattern(size)
+        assert held.fd == -1  # closed once the value is built
+        token = "memfd-client-0123456789"
+        submit_v1(c, token, size)
+        (record,) = collect_all(c, token, 1, fds=True)
+        assert isinstance(record[outcome_record.VALUE_FD], fdpass.Mapped)
+        record[outcome_record.VALUE_FD].close()
 
 
 def collect_all(c, token: str, n: int, **args) -> list:

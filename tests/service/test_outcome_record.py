@@ -168,10 +168,10 @@ class OneRecord:
     def submit(self, **kwargs):
         return {"unit": 7}
 
-    def submit_batch(self, v, token, units, ack=None, fds=False, stream=None):
+    def submit_batch(self, v, token, units, ack=None, fds=False, parcels=False, stream=None):
         return {"units": [7] * len(units), "errors": {}, "replayed": [], "roles": {}}
 
-    def collect(self, *, token, timeout, ack=None, fds=False):
+    def collect(self, *, token, timeout, ack=None, fds=False, parcels=False):
         fut: Future = Future()
         records, self.sent = ([] if self.sent else self.records), True
         fut.set_result({"outcomes": records, "more": False, "closing": False})
@@ -298,3 +298,153 @@ def test_an_unsealed_value_memfd_is_refused_and_the_ones_mapped_before_it_are_re
     assert err.value.field == rec.VALUE_FD
     assert not _held(inodes)  # the first one's mapping was released too
     assert records[0][rec.VALUE_FD] == 0  # nothing was put in a record's place
+
+
+# ---------------------------------------------------------------- values in their workers' parcels
+
+def _relayed_from_a_parcel(value, *, lend: bool = False):
+    """A relayed value as fleetd holds it: pickled by a worker into a parcel (lent or taken)
+    and opened by the supervisor (`codec.result_outcome` with relay)."""
+    import numpy as np  # noqa: F401 - the values below may be arrays
+
+    from fleet.shm import messages as M
+    from fleet.shm import parcels
+    from fleet.worker import codec
+
+    fleet = f"rec-{os.getpid()}"
+    lender = parcels.Lender(fleet) if lend else None
+    body, name = codec.pack(value, "v", fleet, take=True, inline_max=0,
+                            writer=None if lender is None else lender.write, lend=lend)
+    outcome, relayed, _ = codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=True)
+    return relayed, name, fleet, lender
+
+
+def _parcel_records(value, **kw):
+    from fleet.shm import parcels
+
+    relayed, name, fleet, _lender = _relayed_from_a_parcel(value, **kw)
+    try:
+        return relayed, rec.encode(3, "r", ended(value=relayed), fds=True, parcels=True), fleet
+    finally:
+        parcels.sweep(fleet)  # a lent one's warm name, once given back, too
+
+
+def test_a_value_in_its_workers_parcel_goes_as_a_read_only_descriptor_of_that_parcel_and_arrives_writable():
+    import fcntl
+
+    import numpy as np
+
+    from fleet.service.control import fds as fdpass
+
+    value = {"a": np.arange(1 << 17, dtype=np.float64), "b": b"z" * (300 << 10)}
+    relayed, (record,), _fleet = _parcel_records(value)
+    held = record[rec.VALUE_FD]
+    assert type(held) is fdpass.Held and record[rec.VALUE_LEN] == held.size
+    assert record[rec.VALUE_OOB] == 1 and len(record[rec.VALUE_SPANS]) == 3  # the pickle, the array, the blob
+    # the very parcel the worker wrote (no copy made), and read-only for the client
+    assert os.fstat(held.fd).st_ino == os.fstat(relayed._fd).st_ino and os.fstat(held.fd).st_nlink == 0
+    assert fcntl.fcntl(held.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+    wire = json.loads(json.dumps({**record, rec.VALUE_FD: 0}))
+    fds = [os.dup(held.fd)]
+    held.close()
+    relayed.close()
+    rec.claim_values([wire], fds)
+    parsed = rec.parse(wire)
+    got = rec.result_of(parsed, rec.join_part(parsed, {}), "r")
+    assert got["b"] == value["b"] and np.array_equal(got["a"], value["a"])
+    assert got["a"].flags.writeable
+    got["a"][0] = -1.0  # the client's own pages (copy on write): the parcel is not written
+    from tests.service.test_large_data import memory_owner
+
+    assert type(memory_owner(got["a"])).__name__ == "mmap"  # built over the mapping: no copy on the client's side
+
+
+def test_a_lent_parcels_value_and_one_for_a_client_without_parcels_go_in_a_memfd():
+    import numpy as np
+
+    from fleet.service.control import fds as fdpass
+
+    from fleet.shm import parcels
+
+    value = np.ones(1 << 16)
+    relayed, (record,), fleet = _parcel_records(value, lend=True)  # its writer writes it again once given back
+    try:
+        assert type(record[rec.VALUE_FD]) is fdpass.Sealed
+        record[rec.VALUE_FD].close()
+    finally:
+        relayed.close()  # given back: under its warm name
+        parcels.sweep(fleet)
+    relayed, name, fleet, _ = _relayed_from_a_parcel(value)
+    try:
+        (record,) = rec.encode(3, "r", ended(value=relayed), fds=True)
+        assert type(record[rec.VALUE_FD]) is fdpass.Sealed
+        record[rec.VALUE_FD].close()
+    finally:
+        relayed.close()
+        parcels.sweep(fleet)
+
+
+def _parcel_fd(data: bytes = VALUE, *, unlinked: bool = True) -> int:
+    path = f"/dev/shm/rec-parcel-{os.getpid()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, data)
+    if unlinked:
+        os.unlink(path)
+    return fd
+
+
+def _parcel_record(seq: int, index: int, spans, oob=0, length=len(VALUE)) -> dict:
+    return {**_fd_record(seq, index, length), rec.VALUE_SPANS: spans, rec.VALUE_OOB: oob}
+
+
+@pytest.mark.parametrize("change, field, needle", [
+    ({rec.VALUE_SPANS: []}, rec.VALUE_SPANS, "non-empty list of [offset, bytes] pairs"),
+    ({rec.VALUE_SPANS: [[0]]}, rec.VALUE_SPANS, "non-empty list of [offset, bytes] pairs"),
+    ({rec.VALUE_SPANS: [[0, -1]]}, rec.VALUE_SPANS, "non-empty list of [offset, bytes] pairs"),
+    ({rec.VALUE_SPANS: [["0", 1]]}, rec.VALUE_SPANS, "non-empty list of [offset, bytes] pairs"),
+    ({rec.VALUE_OOB: 1}, rec.VALUE_OOB, "must be an integer from 0 to 0"),
+    ({rec.VALUE_OOB: None}, rec.VALUE_OOB, "must be an integer from 0 to 0"),
+], ids=["no span", "half a pair", "negative", "a string", "more buffers than parts", "no buffer count"])
+def test_a_parcel_record_with_a_bad_layout_is_a_bad_record_naming_its_field(change, field, needle):
+    raw = {**_parcel_record(1, 0, [[0, len(VALUE)]]), **change}
+    rec.claim_values([raw], [_parcel_fd()])
+    try:
+        with pytest.raises(rec.BadOutcomeRecord) as err:
+            rec.parse(raw)
+        assert err.value.field == field and needle in err.value.message, err.value.message
+    finally:
+        raw[rec.VALUE_FD].close()
+
+
+def test_a_layout_past_the_parcels_end_fails_its_unit_result_error_not_the_client():
+    import pickle
+
+    data = pickle.dumps(b"x" * 100)
+    raw = _parcel_record(1, 0, [[0, len(data) + 1]], length=len(data))
+    rec.claim_values([raw], [_parcel_fd(data)])
+    record = rec.parse(raw)
+    with pytest.raises(UnitFailed, match="does not fit its parcel") as err:
+        rec.result_of(record, rec.join_part(record, {}), "r")
+    assert err.value.outcome.reason == "ResultError"
+
+
+def test_a_parcel_with_a_name_or_of_another_size_is_refused_and_every_descriptor_closed():
+    named = _parcel_fd(unlinked=False)
+    try:
+        inodes = _inodes([named])
+        with pytest.raises(rec.BadOutcomeRecord, match=r"value_fd 0: the file still has a name \(1 link") as err:
+            rec.claim_values([_parcel_record(1, 0, [[0, len(VALUE)]])], [named])
+        assert err.value.field == rec.VALUE_FD and not _held(inodes)
+    finally:
+        os.unlink(f"/dev/shm/rec-parcel-{os.getpid()}")
+    fds = [_parcel_fd()]
+    inodes = _inodes(fds)
+    with pytest.raises(rec.BadOutcomeRecord, match=f"the parcel holds {len(VALUE)} bytes, the record says 5"):
+        rec.claim_values([_parcel_record(1, 0, [[0, 5]], length=5)], fds)
+    assert not _held(inodes)
+
+
+def test_a_layout_without_a_parcels_descriptor_is_a_bad_record():
+    raw = {rec.V: rec.VERSION, rec.SEQ: 1, rec.KIND: rec.SOLVED, rec.VALUE: "eA==", rec.VALUE_SPANS: [[0, 1]]}
+    with pytest.raises(rec.BadOutcomeRecord, match="a layout comes only with a parcel's descriptor"):
+        rec.parse(raw)

@@ -135,3 +135,8 @@ def unit_nbytes(unit):
 def unit_make_bytes(unit):
     """`make_bytes` as a fleet role's handler: a result of `unit.payload` bytes."""
     return make_bytes(unit.payload)
+
+
+def unit_make_array(unit):
+    """`make_array` as a fleet role's handler: a float64 array of `unit.payload` bytes."""
+    return make_array(unit.payload)

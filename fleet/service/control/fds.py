@@ -14,6 +14,15 @@ it under the receiver's mapping: SIGBUS), and exactly as long as the frame says.
 carries at most `MAX_FRAME_FDS`; every descriptor a frame brought and did not claim is
 closed, as are those of a frame refused, cut short, or of a connection that closes.
 `Arrivals` keeps which descriptors came with which bytes of a stream.
+
+One kind of descriptor is not a memfd: a large result fleetd relays from its worker's
+parcel goes to a client that takes them (``parcels``) as a read-only descriptor of that
+parcel itself (`Held`), so that its bytes are written once, by the worker, and never
+copied on the way. A parcel cannot be sealed (only a memfd can); what the client checks
+instead (`open_parcel`) is that it is a regular file no name reaches any more (unlinked:
+nobody can open it again to change it) of the size the record gives. Its writer has let
+it go and fleetd never writes it: the client trusts its fleetd that far, as it already
+does when it unpickles what fleetd sends.
 """
 from __future__ import annotations
 
@@ -96,6 +105,66 @@ class Sealed:
         self.close()
 
 
+class Held:
+    """A read-only descriptor of a file this process holds open (a relayed result's parcel,
+    unlinked), for a frame to carry as `Sealed`'s is carried; closed like it (`close`)."""
+
+    __slots__ = ("fd", "size")
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self):
+        self.close()
+
+
+#: What a frame may carry beside its bytes (`fleet.service.control.wire`).
+CARRIED = (Sealed, Held)
+
+
+class ParcelFd:
+    """A received parcel's descriptor (`open_parcel`), owned until `close`: ``fd`` and its
+    ``size``, for `fleet.worker.codec.value_in_parcel` to build the value over."""
+
+    __slots__ = ("fd", "size")
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self):
+        self.close()
+
+
+def open_parcel(fd: int, length: int, what: str) -> ParcelFd:
+    """Take a parcel's descriptor fleetd sent as `length` bytes of `what`, after checking
+    it is a regular file of exactly that size that no name reaches (see the module's text).
+    Closes `fd` when it is refused. Raises InvalidArgs naming what was wrong."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refused(f"{what}: the descriptor is not a regular file (a parcel is required)")
+        if st.st_nlink != 0:
+            raise refused(f"{what}: the file still has a name ({st.st_nlink} link(s)): a relayed parcel is unlinked")
+        if st.st_size != length:
+            raise refused(f"{what}: the parcel holds {st.st_size} bytes, the record says {length}")
+        if length < 1:
+            raise refused(f"{what}: an empty parcel carries nothing")
+    except BaseException:
+        os.close(fd)
+        raise
+    return ParcelFd(fd, length)
+
+
 class Mapped:
     """The bytes of a received memfd, mapped read-only: ``view`` (a memoryview) until `close`."""
 
@@ -154,23 +223,24 @@ def received(ancdata: list) -> list[int]:
     return fds
 
 
-def claim(items: list[tuple[int | None, int, str, str]], fds: list[int], refuse: Callable[[str], Exception],
-          noun: str) -> list[Mapped | None]:
+def claim(items: list[tuple], fds: list[int], refuse: Callable[[str], Exception],
+          noun: str) -> list[Mapped | ParcelFd | None]:
     """Map the memfds a frame brought, each in the place of the one item that names it.
 
     ``items[k]`` is ``(index, length, what, who)``: the index of its descriptor among ``fds``
     (None: it names none; otherwise an int >= 0, as its caller's schema checked), the length
     the frame gives it, ``what`` names the field in messages ("units[1]: payload_fd"), and
-    ``who`` the item ("units[1]"). Every descriptor must be named by exactly one item, and
-    each is checked as `open_sealed` checks it. Returns the mappings in item order (None for
-    an item that names none). Owns ``fds``: on a refusal it raises ``refuse(message)`` (the
+    ``who`` the item ("units[1]"); a fifth element, when there is one, is what checks and
+    opens its descriptor (`open_parcel`), else `open_sealed`. Every descriptor must be named
+    by exactly one item. Returns what each opened, in item order (None for an item that
+    names none). Owns ``fds``: on a refusal it raises ``refuse(message)`` (the
     caller's typed error: the daemon's InvalidArgs, the client's BadOutcomeRecord) after
     closing every descriptor and releasing every mapping made; `noun` names the items in the
     message about a descriptor none of them names."""
     fds, mapped = list(fds), []
     try:
         named: dict[int, str] = {}
-        for index, _length, what, who in items:
+        for index, _length, what, who, *_opener in items:
             if index is None:
                 continue
             if index >= len(fds):
@@ -182,13 +252,13 @@ def claim(items: list[tuple[int | None, int, str, str]], fds: list[int], refuse:
             unnamed = sorted(set(range(len(fds))) - set(named))
             raise refuse(f"the frame brought {len(fds)} file descriptor(s); no {noun} names "
                          f"{', '.join(map(str, unnamed))}")
-        for index, length, what, _who in items:
+        for index, length, what, _who, *opener in items:
             if index is None:
                 mapped.append(None)
                 continue
             fd, fds[index] = fds[index], -1
             try:
-                mapped.append(open_sealed(fd, length, f"{what} {index}"))
+                mapped.append((opener[0] if opener else open_sealed)(fd, length, f"{what} {index}"))
             except ProtocolError as exc:
                 raise refuse(exc.message) from None
     except BaseException:

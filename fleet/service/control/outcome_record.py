@@ -14,7 +14,12 @@ and ``parts`` (how many). For a client that takes them (it said ``fds`` at its
 travels in a sealed memfd instead: the record carries ``value_fd`` (the index of its
 descriptor among those of the frame that carries the record) and ``value_len`` (its
 bytes), no ``value``; the descriptor goes with that frame, and again with every frame
-that sends the record again. A failed or suppressed record carries ``reason``,
+that sends the record again. For a client that takes parcels too (``parcels``), a value
+still in the parcel its worker wrote travels as a read-only descriptor of that parcel
+(`fds.Held`): ``value_fd``, ``value_len`` (the parcel's bytes), ``value_spans`` (each
+part's ``[offset, bytes]``: the pickle, then its out-of-band buffers, then its blobs) and
+``value_oob`` (how many buffers); the client builds the value over it
+(`fleet.worker.codec.value_in_parcel`), its bytes never copied on the way. A failed or suppressed record carries ``reason``,
 ``detail`` (the traceback text, its head cut past `MAX_DETAIL_CHARS`) and, when
 the handler's exception pickles within `MAX_ERROR_BYTES`, ``error`` (base64 of it).
 A record without ``v`` is version 1 (the format before records carried it).
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.worker.codec import (MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _InParcel, _Pickled, clip_detail, dumps,
-                                handler_error, loads)
+                                handler_error, loads, value_in_parcel)
 from fleet.rules.outcomes import FAILED, KINDS, SOLVED
 from fleet.rules.raised import unit_exception
 from fleet.rules.vocab import Reason
@@ -51,6 +56,8 @@ ERROR = "error"
 VALUE = "value"
 VALUE_FD = "value_fd"
 VALUE_LEN = "value_len"
+VALUE_SPANS = "value_spans"
+VALUE_OOB = "value_oob"
 PART = "part"
 PARTS = "parts"
 
@@ -68,15 +75,17 @@ class BadOutcomeRecord(ProtocolError):
 
 
 # ================================================================== daemon half
-def encode(seq: int | None, role: str, future: Future, *, fds: bool = False, max_bytes: int | None = None,
-           key: str = "") -> list[dict]:
+def encode(seq: int | None, role: str, future: Future, *, fds: bool = False, parcels: bool = False,
+           max_bytes: int | None = None, key: str = "") -> list[dict]:
     """The outcome records for one ended unit, as `collect` sends them.
 
     One record, or several ``part``s when the pickled value is larger than
     `PART_CHARS` in base64; with ``fds`` (the client takes memfds) one record whose
     value is in a sealed memfd (`fds.Sealed`, held in the record until it is let go) when
-    it is `fds.MEMFD_MIN` bytes or more. A value over ``max_bytes`` (what may be held for
-    a client, the config's ``key``) is a failed ``ResultError`` record naming both.
+    it is `fds.MEMFD_MIN` bytes or more; with ``parcels`` too, such a value still in its
+    worker's parcel travels as a descriptor of the parcel (`fds.Held`). A value over
+    ``max_bytes`` (what may be held for a client, the config's ``key``) is a failed
+    ``ResultError`` record naming both.
 
     A solved value travels as the bytes its worker pickled: in service mode the
     supervisor relays them without unpickling (`fleet.worker.codec._Pickled`), so the
@@ -109,6 +118,10 @@ def encode(seq: int | None, role: str, future: Future, *, fds: bool = False, max
         except CodecError as err:  # any pickling failure is this unit's outcome
             return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR, DETAIL: f"{err} for the client"}]
     try:
+        if fds and parcels and type(value) is _InParcel:
+            records = _in_parcel(base, value, max_bytes, key)
+            if records is not None:
+                return records
         return _solved(base, value.pieces(), fds, max_bytes, key)
     finally:
         value.release()  # a relayed value still in its parcel: unmapped (the parcel goes with the value)
@@ -117,11 +130,9 @@ def encode(seq: int | None, role: str, future: Future, *, fds: bool = False, max
 def _solved(base: dict, pieces: list, fds: bool, max_bytes: int | None, key: str) -> list[dict]:
     """The records of a solved value whose pickled bytes are ``pieces`` (`_Pickled.pieces`)."""
     size = sum(memoryview(piece).nbytes for piece in pieces)
-    held = size if fds else (size + 2) // 3 * 4
-    if max_bytes is not None and held > max_bytes:
-        return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR,
-                 DETAIL: f"solved, but its value is {size} bytes pickled ({held} held for the client), "
-                         f"more than fleetd holds for one client: {key} is {max_bytes}"}]
+    refused = _too_large(base, size, size if fds else (size + 2) // 3 * 4, max_bytes, key)
+    if refused is not None:
+        return refused
     if fds and size >= fdpass.MEMFD_MIN:
         return [{**base, KIND: SOLVED, VALUE_FD: fdpass.Sealed(pieces), VALUE_LEN: size}]
     text = base64.b64encode(b"".join(pieces)).decode("ascii")
@@ -129,6 +140,35 @@ def _solved(base: dict, pieces: list, fds: bool, max_bytes: int | None, key: str
         return [{**base, KIND: SOLVED, VALUE: text}]
     parts = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)]
     return [{**base, KIND: SOLVED, VALUE: p, PART: i, PARTS: len(parts)} for i, p in enumerate(parts)]
+
+
+def _too_large(base: dict, size: int, held: int, max_bytes: int | None, key: str) -> list[dict] | None:
+    """The failed ResultError record of a value of ``size`` bytes pickled, ``held`` as the
+    client takes it, over ``max_bytes``; None when it is not."""
+    if max_bytes is None or held <= max_bytes:
+        return None
+    return [{**base, KIND: FAILED, REASON: Reason.RESULT_ERROR,
+             DETAIL: f"solved, but its value is {size} bytes pickled ({held} held for the client), "
+                     f"more than fleetd holds for one client: {key} is {max_bytes}"}]
+
+
+def _in_parcel(base: dict, value: _InParcel, max_bytes: int | None, key: str) -> list[dict] | None:
+    """The record of a solved value still in its worker's parcel, as a descriptor of that
+    parcel; None when it goes as `_solved` sends it (too small, lent, not to be reopened)."""
+    reopened = value.reopened()
+    if reopened is None:
+        return None
+    fd, size, offsets, sizes, n_oob = reopened
+    held = fdpass.Held(fd, size)
+    if size < fdpass.MEMFD_MIN:
+        held.close()
+        return None
+    refused = _too_large(base, size, size, max_bytes, key)
+    if refused is not None:
+        held.close()
+        return refused
+    return [{**base, KIND: SOLVED, VALUE_FD: held, VALUE_LEN: size,
+             VALUE_SPANS: [[o, n] for o, n in zip(offsets, sizes)], VALUE_OOB: n_oob}]
 
 
 def in_parcel(future: Future) -> bool:
@@ -173,8 +213,11 @@ class Record:
     value: str | None = None
     part: int | None = None
     parts: int | None = None
-    #: The value's memfd, mapped (`claim_values`), when it came in one.
+    #: The value's memfd, mapped, or its parcel's descriptor (`claim_values`), when it came in one.
     mapped: Any = None
+    #: A parcel's layout: each part's ``(offset, bytes)``, and how many are out-of-band buffers.
+    spans: tuple = ()
+    oob: int = 0
 
 
 def _is_int(value: Any) -> bool:
@@ -206,8 +249,9 @@ def parse(obj: Any) -> Record:
     reason, detail, error, value = (_optional(obj, f, lambda v: isinstance(v, str), "a string")
                                     for f in (REASON, DETAIL, ERROR, VALUE))
     mapped = obj.get(VALUE_FD)
-    if mapped is not None and type(mapped) is not fdpass.Mapped:
+    if mapped is not None and type(mapped) not in (fdpass.Mapped, fdpass.ParcelFd):
         raise BadOutcomeRecord(VALUE_FD, f"names no descriptor the frame brought, got {mapped!r:.80}")
+    spans, oob = _layout(obj, mapped)
     if mapped is not None and (kind != SOLVED or value is not None or PARTS in obj):
         raise BadOutcomeRecord(VALUE_FD, "a value in a memfd is a solved record's whole value, alone")
     if kind == SOLVED and value is None and mapped is None:
@@ -223,12 +267,29 @@ def parse(obj: Any) -> Record:
             raise BadOutcomeRecord(PART, f"must be between 0 and {parts - 1}, got {part}")
         if kind != SOLVED:
             raise BadOutcomeRecord(PARTS, f"only a solved value travels in parts, not a {kind} record")
-    return Record(seq, unit, role, kind, reason, detail, error, value, part, parts, mapped)
+    return Record(seq, unit, role, kind, reason, detail, error, value, part, parts, mapped, spans, oob)
+
+
+def _layout(obj: dict, mapped: Any) -> tuple[tuple, int]:
+    """A parcel record's ``value_spans`` and ``value_oob``, checked; ``((), 0)`` for any other."""
+    spans, oob = obj.get(VALUE_SPANS), obj.get(VALUE_OOB)
+    if type(mapped) is not fdpass.ParcelFd:
+        if spans is not None or oob is not None:
+            raise BadOutcomeRecord(VALUE_SPANS, "a layout comes only with a parcel's descriptor (value_fd)")
+        return (), 0
+    if not (isinstance(spans, list) and spans and all(
+            isinstance(one, list) and len(one) == 2 and all(_is_int(x) and x >= 0 for x in one) for one in spans)):
+        raise BadOutcomeRecord(VALUE_SPANS, f"must be a non-empty list of [offset, bytes] pairs of integers >= 0, "
+                                            f"got {spans!r:.80}")
+    if not (_is_int(oob) and 0 <= oob < len(spans)):
+        raise BadOutcomeRecord(VALUE_OOB, f"must be an integer from 0 to {len(spans) - 1}, got {oob!r:.40}")
+    return tuple((o, n) for o, n in spans), oob
 
 
 def claim_values(records: Any, fds: list[int]) -> None:
     """Map the memfd each record's ``value_fd`` names (`fds.claim`: every descriptor of the
-    frame named by exactly one record, each checked as a payload's is) in its place. Owns
+    frame named by exactly one record, each checked as a payload's is), or take the parcel's
+    descriptor of a record with ``value_spans`` (`fds.open_parcel`), in its place. Owns
     ``fds``: BadOutcomeRecord naming what was wrong, every descriptor closed and every
     mapping released, when they do not fit."""
     records = [r for r in records if isinstance(r, dict) and VALUE_FD in r] if isinstance(records, list) else []
@@ -240,7 +301,8 @@ def claim_values(records: Any, fds: list[int]) -> None:
                 raise BadOutcomeRecord(VALUE_FD, f"must be a descriptor's index (an integer >= 0), got {i!r:.40}")
             if not (_is_int(n) and n >= 1):
                 raise BadOutcomeRecord(VALUE_LEN, f"must be an integer >= 1, got {n!r:.40}")
-            items.append((i, n, f"outcome of seq {record.get(SEQ)}: value_fd", f"seq {record.get(SEQ)}"))
+            item = (i, n, f"outcome of seq {record.get(SEQ)}: value_fd", f"seq {record.get(SEQ)}")
+            items.append((*item, fdpass.open_parcel) if VALUE_SPANS in record else item)
     except BadOutcomeRecord:
         fdpass.close_all(fds)
         raise
@@ -275,6 +337,12 @@ def result_of(record: Record, value: str | None, role: str) -> Any:
             if type(value) is fdpass.Mapped:
                 try:
                     return loads(value.view, "the result")
+                finally:
+                    value.close()
+            if type(value) is fdpass.ParcelFd:
+                try:
+                    offsets, sizes = zip(*record.spans)
+                    return value_in_parcel(value.fd, value.size, offsets, sizes, record.oob)
                 finally:
                     value.close()
             return loads(_unbase64(value, VALUE), "the result")

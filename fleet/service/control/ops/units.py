@@ -231,6 +231,8 @@ class SubmitBatchOp(Op):
                                                   "seq required"),
         "ack": Arg((int, type(None)), doc="v2: how many of the token's outcomes the client has received"),
         "fds": Arg((bool,), default=False, doc="the client takes large values in sealed memfds (value_fd)"),
+        "parcels": Arg((bool,), default=False, doc="with fds: the client takes a value still in its worker's "
+                                                   "parcel as the parcel's read-only descriptor (value_spans)"),
     }
 
     def check(self, args: dict[str, Any]) -> None:
@@ -276,14 +278,14 @@ class SubmitBatchOp(Op):
         return claim_payloads(self, [(f"units[{i}]: ", unit) for i, unit in enumerate(args["units"])], fds)
 
     def on_daemon(self, daemon, v: int, token: str, units: list, ack: int | None = None, fds: bool = False,
-                  stream=None) -> dict:
+                  parcels: bool = False, stream=None) -> dict:
         """Admit every unit of a checked batch in order; a refusal is that unit's alone. A
         run of plain units of one role (nothing but a pickled payload: the common case) is
         admitted a run at a time (`Submitter.submit_pickled`); a unit such a run stopped
         at, and any other unit, one by one (`SubmitOp.admit`), each with its own refusal.
         v2: the token's outcomes are pushed on ``stream`` (the batch's connection) from
         now on, and ``ack`` lets go of those the client has."""
-        daemon.store.hold(token, fds)  # OutcomesDropped before anything is admitted
+        daemon.store.hold(token, fds, parcels)  # OutcomesDropped before anything is admitted
         if v >= 2:
             if ack is not None:
                 daemon.store.acknowledge(token, ack)
@@ -403,13 +405,17 @@ class CollectOp(Op):
         "timeout": Arg((float,), default=10.0, doc=f"seconds to wait, 0-{COLLECT_MAX_WAIT_S:g}"),
         "ack": Arg((int, type(None)), doc="how many of the token's outcomes the client has received"),
         "fds": Arg((bool,), default=False, doc="the client takes large values in sealed memfds (value_fd)"),
+        "parcels": Arg((bool,), default=False, doc="with fds: the client takes a value still in its worker's "
+                                                   "parcel as the parcel's read-only descriptor (value_spans)"),
     }
 
-    def on_daemon(self, daemon, token: str, timeout: float, ack: int | None = None, fds: bool = False) -> Future:
+    def on_daemon(self, daemon, token: str, timeout: float, ack: int | None = None, fds: bool = False,
+                  parcels: bool = False) -> Future:
         """The outcomes held for ``token``: a Future resolved, without blocking the caller, as
         soon as one is ready or after ``timeout`` seconds (then empty). ``ack``: how many of
-        the token's outcomes the client has; ``fds``: it takes large values in memfds."""
-        return daemon.store.collect(token, timeout, ack, fds)
+        the token's outcomes the client has; ``fds``: it takes large values in memfds;
+        ``parcels``: and those in their workers' parcels as the parcels' descriptors."""
+        return daemon.store.collect(token, timeout, ack, fds, parcels)
 
     def claim_reply_fds(self, result: Any, fds: list[int]) -> None:
         """The memfds of the reply's values, each mapped in its record's place."""
@@ -425,7 +431,8 @@ class CollectOp(Op):
             raise self.bad(f"ack must be >= 0, got {args['ack']!r}")
 
     def call_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {"token": args["token"], "timeout": float(args["timeout"]), "ack": args["ack"], "fds": args["fds"]}
+        return {"token": args["token"], "timeout": float(args["timeout"]), "ack": args["ack"], "fds": args["fds"],
+                "parcels": args["parcels"]}
 
 
 #: What `cancel` says became of a unit (its reply's ``state``).
