@@ -216,10 +216,11 @@ def test_a_large_array_result_is_built_over_its_workers_parcel_with_no_copy_on_t
 def test_a_client_that_takes_parcels_gets_the_workers_parcel_unlinked_one_that_does_not_a_memfd(served, quiet):
     size = 3 << 20
     with control.ControlClient(sock_path(served)) as c:
-        submit_v1(c, TOKEN, size)
-        (record,) = collect_all(c, TOKEN, 1, fds=True, parcels=True)
+        token = "parcel-client-0123456789"  # a token's own: what its client takes is said at its submit
+        submit_v1(c, token, size, parcels=True)
+        (record,) = collect_all(c, token, 1, fds=True, parcels=True)
         held = record[outcome_record.VALUE_FD]
-        assert isinstance(held, fdpass.ParcelFd), record
+        assert isinstance(held, fdpass.Held), record
         target = os.readlink(f"/proc/self/fd/{held.fd}")
         assert target.startswith(f"/dev/shm/fleet.{served.name}") and target.endswith("(deleted)"), target
         assert outcome_record.result_of(outcome_record.parse(record), held, "mk") == pattern(size)
@@ -241,10 +242,10 @@ def collect_all(c, token: str, n: int, **args) -> list:
     return records
 
 
-def submit_v1(c, token: str, *sizes) -> None:
+def submit_v1(c, token: str, *sizes, parcels: bool = False) -> None:
     units = [{"role": "mk", "payload": base64.b64encode(pickle.dumps(n)).decode(), "encoding": "pickle",
               "seq": i} for i, n in enumerate(sizes)]
-    reply = c.call("submit_batch", v=1, token=token, units=units, fds=True)
+    reply = c.call("submit_batch", v=1, token=token, units=units, fds=True, parcels=parcels)
     assert all(isinstance(u, int) for u in reply["units"]), reply
 
 

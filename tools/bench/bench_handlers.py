@@ -132,11 +132,12 @@ def unit_nbytes(unit):
     return nbytes(unit.payload)
 
 
-def unit_make_bytes(unit):
-    """`make_bytes` as a fleet role's handler: a result of `unit.payload` bytes."""
-    return make_bytes(unit.payload)
+def make(spec):
+    """``(kind, n)``: a result of n bytes, ``bytes`` (`make_bytes`) or a float64 array (`make_array`)."""
+    kind, n = spec
+    return make_bytes(n) if kind == "bytes" else make_array(n)
 
 
-def unit_make_array(unit):
-    """`make_array` as a fleet role's handler: a float64 array of `unit.payload` bytes."""
-    return make_array(unit.payload)
+def unit_make(unit):
+    """`make` as a fleet role's handler."""
+    return make(unit.payload)

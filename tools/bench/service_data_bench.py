@@ -6,7 +6,8 @@ same run.
     python tools/bench/service_data_bench.py [--json] [--sizes 512K,1M,64M] [--repeat R] [--calls N]
 
   in   ``submit(nbytes, <size bytes>)``: the payload crosses, a few bytes come back
-  out  ``submit(make_bytes, size)``: a few bytes cross, the result comes back
+  out  ``submit(make, ("bytes", size))``: a few bytes cross, the result (bytes) comes back
+  out-array  ``submit(make, ("array", size))``: the same with a float64 array of that size
 Each figure is size * calls / seconds (calls one after another, each waited for), the
 median of --repeat rounds; the service and the Executor interleave round by round. A call
 that fails is reported by its error's type and text (a limit), not timed.
@@ -41,7 +42,7 @@ BOOT_S = 60.0
 
 
 class Fleetd:
-    """A fleetd of two roles (bench_handlers unit_nbytes and unit_make_bytes, one worker each) in a
+    """A fleetd of two roles (bench_handlers unit_nbytes and unit_make, one worker each) in a
     temporary folder; stopped (SIGTERM, then SIGKILL) and its folder removed on the way out."""
 
     def __init__(self):
@@ -50,7 +51,7 @@ class Fleetd:
         config = os.path.join(self.dir, "fleet.toml")
         with open(config, "w") as f:
             f.write(f'[fleet]\nname = "{self.name}"\n')
-            for role in ("nbytes", "make_bytes"):
+            for role in ("nbytes", "make"):
                 f.write(f'\n[roles.{role}]\nkind = "pooled"\nhandler = "bench_handlers:unit_{role}"\nslots = 1\n'
                         'peak_cpus = 1\n')
         path = [HERE, *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -98,8 +99,10 @@ def timed(submit, direction: str, size: int, calls: int):
         for _ in range(calls):
             if direction == "in":
                 assert submit("nbytes", data).result(600) == size
+            elif direction == "out":
+                assert len(submit("make", ("bytes", size)).result(600)) == size
             else:
-                assert len(submit("make_bytes", size).result(600)) == size
+                assert submit("make", ("array", size)).result(600).nbytes == size
     except Exception as exc:  # noqa: BLE001 - a limit is a figure too
         return f"{type(exc).__name__}: {str(exc)[:120]}"
     return size * calls / MIB / (time.perf_counter() - start)
@@ -121,7 +124,7 @@ def main(argv=None) -> int:
                      "executor": lambda role, x: ex.submit(getattr(H, role), x)}
             for label, size in sizes:
                 calls = args.calls or max(2, min(64, (256 * MIB) // size))
-                for direction in ("in", "out"):
+                for direction in ("in", "out", "out-array"):
                     rounds: dict = {side: [] for side in sides}
                     for _ in range(args.repeat):
                         for side, submit in sides.items():

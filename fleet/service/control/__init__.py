@@ -29,7 +29,10 @@ value of `fds.MEMFD_MIN` bytes or more in a sealed memfd (``value_fd``, ``value_
 its outcome record, `outcome_record`), the descriptor passed with the first bytes of the push
 or reply that carries the record, in a message of that frame alone; one that does not
 (an older client) gets base64 parts as before, and an older daemon refuses ``fds`` with
-``InvalidArgs``. A reader attributes the descriptors of one read to the frame holding its
+``InvalidArgs``. A client that also says ``"parcels": true`` gets a value still in the
+parcel its worker wrote as a read-only descriptor of that parcel, unlinked (``value_fd``,
+``value_len``, ``value_spans``, ``value_oob``: `outcome_record`), checked by `fds.open_parcel`
+rather than for seals; an older daemon refuses ``parcels`` with ``InvalidArgs``. A reader attributes the descriptors of one read to the frame holding its
 last byte (`fds.Arrivals` says why).
 
 Ops. Each op is one class holding all of the command: fleetctl's half (its words,

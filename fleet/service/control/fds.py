@@ -84,68 +84,40 @@ def sealed(data, name: str = "fleet-data") -> int:
     return fd
 
 
-class Sealed:
-    """A sealed memfd a sender holds until its frame went out (`close`, idempotent; also
-    when dropped, so a unit that never went out leaks nothing)."""
+class Held:
+    """A descriptor this process owns and the bytes of what it holds, until `close`
+    (idempotent; also when dropped, so one that never went out leaks nothing): a frame
+    carries it beside its bytes (`fleet.service.control.wire`). As fleetd sends it and as
+    a client receives it (`open_parcel`), a relayed parcel's read-only descriptor, which
+    `fleet.worker.codec.value_in_parcel` builds the value over."""
 
     __slots__ = ("fd", "size")
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self):
+        self.close()
+
+
+class Sealed(Held):
+    """A sealed memfd a sender holds until its frame went out."""
+
+    __slots__ = ()
 
     def __init__(self, data):
         """`data`: a buffer, or a list of buffers written one after the other (`sealed`)."""
-        self.fd = -1  # until it is made: a failed make leaves nothing for `close`
-        self.size = sum(memoryview(piece).nbytes for piece in (data if isinstance(data, list) else [data]))
+        # -1 until it is made: a failed make leaves nothing for `close`
+        super().__init__(-1, sum(memoryview(piece).nbytes for piece in (data if isinstance(data, list) else [data])))
         self.fd = sealed(data)
 
-    def close(self) -> None:
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
 
-    def __del__(self):
-        self.close()
-
-
-class Held:
-    """A read-only descriptor of a file this process holds open (a relayed result's parcel,
-    unlinked), for a frame to carry as `Sealed`'s is carried; closed like it (`close`)."""
-
-    __slots__ = ("fd", "size")
-
-    def __init__(self, fd: int, size: int):
-        self.fd, self.size = fd, size
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __del__(self):
-        self.close()
-
-
-#: What a frame may carry beside its bytes (`fleet.service.control.wire`).
-CARRIED = (Sealed, Held)
-
-
-class ParcelFd:
-    """A received parcel's descriptor (`open_parcel`), owned until `close`: ``fd`` and its
-    ``size``, for `fleet.worker.codec.value_in_parcel` to build the value over."""
-
-    __slots__ = ("fd", "size")
-
-    def __init__(self, fd: int, size: int):
-        self.fd, self.size = fd, size
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __del__(self):
-        self.close()
-
-
-def open_parcel(fd: int, length: int, what: str) -> ParcelFd:
+def open_parcel(fd: int, length: int, what: str) -> Held:
     """Take a parcel's descriptor fleetd sent as `length` bytes of `what`, after checking
     it is a regular file of exactly that size that no name reaches (see the module's text).
     Closes `fd` when it is refused. Raises InvalidArgs naming what was wrong."""
@@ -162,7 +134,7 @@ def open_parcel(fd: int, length: int, what: str) -> ParcelFd:
     except BaseException:
         os.close(fd)
         raise
-    return ParcelFd(fd, length)
+    return Held(fd, length)
 
 
 class Mapped:
@@ -224,7 +196,7 @@ def received(ancdata: list) -> list[int]:
 
 
 def claim(items: list[tuple], fds: list[int], refuse: Callable[[str], Exception],
-          noun: str) -> list[Mapped | ParcelFd | None]:
+          noun: str) -> list[Mapped | Held | None]:
     """Map the memfds a frame brought, each in the place of the one item that names it.
 
     ``items[k]`` is ``(index, length, what, who)``: the index of its descriptor among ``fds``

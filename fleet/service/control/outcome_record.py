@@ -249,7 +249,7 @@ def parse(obj: Any) -> Record:
     reason, detail, error, value = (_optional(obj, f, lambda v: isinstance(v, str), "a string")
                                     for f in (REASON, DETAIL, ERROR, VALUE))
     mapped = obj.get(VALUE_FD)
-    if mapped is not None and type(mapped) not in (fdpass.Mapped, fdpass.ParcelFd):
+    if mapped is not None and type(mapped) not in (fdpass.Mapped, fdpass.Held):
         raise BadOutcomeRecord(VALUE_FD, f"names no descriptor the frame brought, got {mapped!r:.80}")
     spans, oob = _layout(obj, mapped)
     if mapped is not None and (kind != SOLVED or value is not None or PARTS in obj):
@@ -273,7 +273,7 @@ def parse(obj: Any) -> Record:
 def _layout(obj: dict, mapped: Any) -> tuple[tuple, int]:
     """A parcel record's ``value_spans`` and ``value_oob``, checked; ``((), 0)`` for any other."""
     spans, oob = obj.get(VALUE_SPANS), obj.get(VALUE_OOB)
-    if type(mapped) is not fdpass.ParcelFd:
+    if type(mapped) is not fdpass.Held:
         if spans is not None or oob is not None:
             raise BadOutcomeRecord(VALUE_SPANS, "a layout comes only with a parcel's descriptor (value_fd)")
         return (), 0
@@ -339,7 +339,7 @@ def result_of(record: Record, value: str | None, role: str) -> Any:
                     return loads(value.view, "the result")
                 finally:
                     value.close()
-            if type(value) is fdpass.ParcelFd:
+            if type(value) is fdpass.Held:
                 try:
                     offsets, sizes = zip(*record.spans)
                     return value_in_parcel(value.fd, value.size, offsets, sizes, record.oob)

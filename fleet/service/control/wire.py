@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.service.control.errors import E_INVALID, E_INVALID_ARGS, E_INVALID_REPLY, E_MALFORMED, E_TOO_LARGE, ProtocolError
-from fleet.service.control.fds import CARRIED
+from fleet.service.control.fds import Held
 
 
 #: Largest frame (one JSON line, newline excluded) either side accepts: 1 MiB.
@@ -46,12 +46,12 @@ class WithFds(bytes):
 
 
 def _dumps(obj: Any) -> bytes:
-    sealed: list = []
+    sealed: list[Held] = []
 
     def fd_index(value: Any) -> int:
         # A value in a memfd or a parcel (an outcome record's): named by its index, the
         # descriptor beside.
-        if type(value) in CARRIED:
+        if isinstance(value, Held):
             sealed.append(value)
             return len(sealed) - 1
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
