@@ -411,19 +411,55 @@ def _flush_std() -> None:
             pass
 
 
-def main(argv=None) -> int:
-    import argparse  # here: the supervisor imports this module before its launch, for FLEET_ROOT
+#: The fork server's command line, which only its supervisor writes (`zygote_link`).
+USAGE = ("usage: python -m fleet.worker.zygote --fd FD --parent PID [--nofile N]\n"
+         "Fork server for fleet workers (internal: started by its supervisor).\n"
+         "  --fd FD       the socketpair end inherited from the supervisor\n"
+         "  --parent PID  the supervisor's pid\n"
+         "  --nofile N    the soft limit on open files for this process and its workers (fleet.host.open_files)")
 
-    parser = argparse.ArgumentParser(prog="fleet.worker.zygote", description="Fork server for fleet workers (internal).")
-    parser.add_argument("--fd", type=int, required=True, help="the socketpair end inherited from the supervisor")
-    parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
-    parser.add_argument("--nofile", type=int, default=None,
-                        help="the soft limit on open files for this process and its workers (fleet.host.open_files)")
-    args = parser.parse_args(argv)
-    if args.nofile is not None:  # fleetd raised its own: user code gets the limit fleetd found
+
+def _usage_error(message: str):
+    sys.stderr.write(f"{USAGE}\nfleet.worker.zygote: error: {message}\n")
+    raise SystemExit(2)
+
+
+def parse_args(argv: list[str]) -> dict:
+    """``{"fd", "parent", "nofile"}`` from the command line (`USAGE`); SystemExit(2) naming
+    what is wrong, as argparse's. Parsed by hand: argparse (with gettext, and shutil with
+    the compression modules, for its help's width) is ~8 ms of the fork server's start,
+    which the first result waits for."""
+    args: dict = {"fd": None, "parent": None, "nofile": None}
+    words = list(argv)
+    while words:
+        word = words.pop(0)
+        if word in ("-h", "--help"):
+            print(USAGE)
+            raise SystemExit(0)
+        name, eq, value = word.partition("=")
+        key = name[2:] if name.startswith("--") else None
+        if key not in args:
+            _usage_error(f"unrecognized argument {word!r}")
+        if not eq:
+            if not words:
+                _usage_error(f"{name} expects a number")
+            value = words.pop(0)
+        try:
+            args[key] = int(value)
+        except ValueError:
+            _usage_error(f"{name} expects a number, got {value!r}")
+    missing = [f"--{k}" for k in ("fd", "parent") if args[k] is None]
+    if missing:
+        _usage_error(f"{' and '.join(missing)} required")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args["nofile"] is not None:  # fleetd raised its own: user code gets the limit fleetd found
         from fleet.host import open_files
 
-        open_files.restore_soft(args.nofile)
+        open_files.restore_soft(args["nofile"])
     # No collections while it loads and boots (~100k objects, all kept: numpy, the kernels,
     # fleet's modules, the handlers'), but the full one of each `settle`; on again before the
     # first fork, so every worker runs with the collector on (fleet.runtime.collector says more).
@@ -431,10 +467,10 @@ def main(argv=None) -> int:
     from fleet._native import lib
 
     lib.fleet_set_pdeathsig(signal.SIGKILL)
-    if os.getppid() != args.parent:
+    if os.getppid() != args["parent"]:
         return 1  # the supervisor died before the death signal was armed
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(fileno=args.fd)
+    sock = socket.socket(fileno=args["fd"])
     zygote = Zygote(sock)
     preload_kernels()  # while the supervisor loads its own: its boot message comes after
     preload_worker()
