@@ -273,6 +273,29 @@ def make_bytes(unit):
     return (bytes(range(251)) * (n // 251 + 1))[:n]
 
 
+def memory_owner(obj):
+    """What finally holds an array's memory: its bases followed through views and buffers."""
+    import pickle
+
+    while True:
+        if type(obj) in (memoryview, pickle.PickleBuffer):
+            obj = memoryview(obj).obj
+        elif getattr(obj, "base", None) is not None:
+            obj = obj.base
+        else:
+            return obj
+
+
+def payload_memory(unit):
+    """(whether the payload's array ``a`` is writable, what holds its memory (a type name),
+    its sum) of a ``{"a": array, "b": bytes}`` payload; ``b`` must have arrived as bytes."""
+    array = unit.payload["a"]
+    assert type(unit.payload["b"]) is bytes
+    writable = bool(array.flags.writeable)
+    array[0] += 0.0  # a write: the worker's own page (copy on write), never fleetd's or the client's
+    return writable, type(memory_owner(array)).__name__, float(array.sum())
+
+
 def make_array(unit):
     """A float64 array result of `unit.payload` bytes, each element its index."""
     import numpy as np

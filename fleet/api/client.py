@@ -432,20 +432,21 @@ class Client(Executor):
         if self._closing:
             raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
         try:
-            # Its large buffers and bytes by reference (`dump_pieces`): written once, into
-            # the memfd below, never copied into a pickle first.
-            pieces = codec.dump_pieces(payload, f"payload for role {role!r}")
+            # Laid out as a parcel is (`lay_out`): its large buffers and bytes by reference,
+            # written once, into the memfd below, never copied into a pickle first; fleetd
+            # packs each part as it is, and the worker builds the object over its parcel.
+            pieces, spans, n_oob = codec.lay_out(payload, f"payload for role {role!r}")
         except codec.CodecError as exc:  # whatever pickling raises, the unit cannot travel
             raise PayloadUnpicklable(str(exc)) from None
         seq = next(self._seq)
         size = len(pieces[0]) if len(pieces) == 1 else sum(memoryview(p).nbytes for p in pieces)
-        if size >= fdpass.MEMFD_MIN:
+        if size >= fdpass.MEMFD_MIN or len(pieces) > 1:
             # Beside the frame, in a sealed memfd its descriptor goes with (the pipe numbers it)
             args = {"role": role, "payload": None, "payload_fd": fdpass.Sealed(pieces), "payload_len": size,
-                    "encoding": "pickle", "seq": seq}
-        else:
-            raw = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            args = {"role": role, "payload": base64.b64encode(raw).decode("ascii"), "encoding": "pickle", "seq": seq}
+                    "payload_spans": spans, "payload_oob": n_oob, "encoding": "pickle", "seq": seq}
+        else:  # small, nothing set aside: one pickle, in the frame
+            args = {"role": role, "payload": base64.b64encode(pieces[0]).decode("ascii"), "encoding": "pickle",
+                    "seq": seq}
         del pieces
         for name, value, default in (("key", key, None), ("lane", lane, None), ("priority", priority, 0),
                                      ("timeout", timeout, None), ("request_id", request_id, None),
@@ -460,7 +461,7 @@ class Client(Executor):
                 # Checked here as the daemon checks it (its payload aside): a bad argument is
                 # BadUnit now, before anything is queued.
                 _SUBMIT.validate({**args, "payload": "", "payload_fd": None, "payload_len": None,
-                                  "token": "checked-here"})
+                                  "payload_spans": None, "payload_oob": None, "token": "checked-here"})
             except ProtocolError as exc:
                 raise self._translate(exc, role, request_id) from None
         fut = _RemoteUnitFuture(self)

@@ -146,21 +146,6 @@ def _set_aside(value, what: str) -> tuple[bytes, list, list]:
     return data, aside, blobs
 
 
-def dump_pieces(value, what: str) -> list:
-    """`value` as one in-band pickle, in pieces to write one after the other (a memfd's, for
-    fleetd): its large buffers and `bytes` (`_set_aside`) are pieces of their own, views of
-    the caller's objects, so writing the pieces out is their one copy, where `dumps` would
-    copy each into the pickle first. One piece (the pickle) when nothing is that large.
-    The receiver's `loads` rebuilds the object (`_Parts`); it must not change until then."""
-    data, aside, blobs = _set_aside(value, what)
-    if not aside and not blobs:
-        return [data]
-    out = _Pieces()
-    pickle.Pickler(out, protocol=5).dump(_Parts(
-        pickle.PickleBuffer(data), [pickle.PickleBuffer(b) for b in aside], [pickle.PickleBuffer(b) for b in blobs]))
-    return out.pieces
-
-
 def _has_blob(obj, depth: int) -> bool:
     """Whether `obj` holds a `bytes` of OOB_MIN bytes or more: itself, or in the tuples,
     lists, dicts (values) and map chunks (`Calls`: its calls' arguments) of its first
@@ -473,6 +458,46 @@ class _Pickled:
         return loads(self.data, what, where)
 
 
+class _Laid(_Pickled):
+    """A service-mode client's payload as its client laid it out in its memfd (`lay_out`):
+    its pickle, then its out-of-band buffers, then its blobs, each at its span, in fleetd's
+    writable private mapping of the memfd (`data`, the whole of it). Packed into a task, each
+    part is a buffer of its own (`__reduce__`): the large ones go out of band, copied once
+    into the task's parcel, and the worker builds the object over its mapping of that
+    parcel (`_from_parts`), its arrays without a copy of their own. fleetd never reads the
+    pickle: it only cuts the memfd where the client said (`SubmitOp` checked the spans)."""
+
+    __slots__ = ("spans", "n_oob")
+
+    def __init__(self, data, spans, n_oob: int):
+        super().__init__(data)
+        self.spans, self.n_oob = spans, n_oob
+
+    def __reduce__(self):
+        parts = [pickle.PickleBuffer(self.data[o : o + n]) for o, n in self.spans]
+        n_oob = self.n_oob
+        return (_from_parts, (parts[0], parts[1 : 1 + n_oob], parts[1 + n_oob:]))
+
+
+def lay_out(value, what: str) -> tuple[list, list, int]:
+    """`value` laid out for a memfd of a service-mode client's payload, as `pack` lays out a
+    parcel: (the pieces to write one after the other, padding between them included, each
+    part's ``[offset, bytes]``, how many are out-of-band buffers). Its large buffers and
+    `bytes` are pieces of their own, views of the caller's objects, so writing the pieces
+    out is their one copy; they must not change until then. Raises CodecError."""
+    data, aside, blobs = _set_aside(value, what)
+    parts = [data, *aside, *blobs]
+    sizes = [memoryview(p).nbytes for p in parts]
+    offsets, _total = parcels.layout(sizes)
+    pieces, at = [], 0
+    for part, offset, size in zip(parts, offsets, sizes):
+        if offset > at:
+            pieces.append(bytes(offset - at))
+        pieces.append(part)
+        at = offset + size
+    return pieces, [[o, n] for o, n in zip(offsets, sizes)], len(aside)
+
+
 #: What multiprocessing says of an object only its children may inherit (a Queue, a Lock,
 #: a Pipe end: `multiprocessing.context.assert_spawning`) ...
 _INHERITED_ONLY = "through inheritance"
@@ -512,7 +537,7 @@ def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: byt
         QueueFull: `room` refused to wait for room.
     """
     if pickled_payload is not None:
-        payload = _Pickled(pickled_payload)
+        payload = pickled_payload if isinstance(pickled_payload, _Pickled) else _Pickled(pickled_payload)
     what = f"payload for role {role!r}"
     taken = []
 
@@ -738,9 +763,13 @@ class _Parts:
 
 
 def _from_parts(stream: bytes, buffers: list, blobs: list = ()):
-    """The object `_Parts` carries (the buffers as bytearrays: an array over one is writable;
-    fleetd sends them as bytearrays already, which are used as they are)."""
-    return _load_parts(stream, [b if type(b) is bytearray else bytearray(b) for b in buffers], list(blobs))
+    """The object `_Parts` (or a client's laid-out payload, `_Laid`) carries. Its buffers as
+    they came when writable (an array over one is writable: fleetd's bytearrays at a client,
+    a worker's views of its task parcel's private mapping), else copied into bytearrays; its
+    blobs as bytes (a view of a parcel is read into bytes of its own)."""
+    return _load_parts(stream, [b if type(b) is bytearray or (type(b) is memoryview and not b.readonly)
+                                else bytearray(b) for b in buffers],
+                       [b if type(b) is bytes else bytes(b) for b in blobs])
 
 
 def clip_detail(detail: str | None) -> str | None:

@@ -949,7 +949,7 @@ class StreamKeeper(Handler):
 
     def submit_batch(self, v, token, units, ack=None, fds=False, parcels=False, stream=None):
         self.stream = stream
-        return super().submit_batch(v, token, units, ack, stream)
+        return super().submit_batch(v, token, units, ack, fds=fds, parcels=parcels, stream=stream)
 
 
 def test_pushes_made_on_two_threads_go_out_in_the_order_they_were_made(sockdir):
@@ -1202,12 +1202,12 @@ def test_a_direct_op_bringing_a_large_payload_runs_beside_the_server_thread_whic
             self.ran_on: list[tuple[int, str]] = []
 
         def submit_batch(self, v, token, units, ack=None, fds=False, parcels=False, stream=None):
-            size = sum(memoryview(u["payload"]).nbytes for u in units)
+            size = sum(memoryview(getattr(u["payload"], "data", u["payload"])).nbytes for u in units)  # laid out
             self.ran_on.append((size, threading.current_thread().name))
             if size >= c.SIDE_MIN_BYTES:
                 entered.set()
                 assert release.wait(BOUND_S), "the test never released the large submit"
-            return super().submit_batch(v, token, units, ack, fds, stream)
+            return super().submit_batch(v, token, units, ack, fds=fds, parcels=parcels, stream=stream)
 
     handler = Slow()
     path = os.path.join(sockdir, "t.sock")

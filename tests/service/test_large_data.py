@@ -28,6 +28,7 @@ from fleet.service.control.wire import decode_reply, encode_request
 from tests import require
 from tests.daemons import BOUND_S, served_fleetd, wait_until
 from tests.fleets import role
+from tests.handlers import memory_owner
 from tests.service.test_submit_batch import all_stopped
 from tests.uids import NOBODY
 
@@ -36,7 +37,7 @@ TOKEN = "large-token-0123456789"
 
 def roles():
     plain = {name: {k: v for k, v in role(handler, slots=1).items() if k != "peak_cpus"}
-             for name, handler in (("dig", "digest"), ("sq", "square"), ("mk", "make_bytes"), ("arr", "make_array"), ("fail", "fail"),
+             for name, handler in (("dig", "digest"), ("sq", "square"), ("mk", "make_bytes"), ("arr", "make_array"), ("mem", "payload_memory"), ("fail", "fail"),
                                    ("die", "die"))}
     # one slot, nothing sent ahead: a unit held on its gate file keeps the next one queued
     return {**plain, "gate": role("wait_for_file", slots=1, io_bound=True, peak_cpus=0, lookahead=0)}
@@ -182,19 +183,6 @@ def test_many_large_results_in_flight_together_each_come_back_whole(served, quie
         wait_until(lambda: memfds(served.proc.pid) == [], "fleetd to close the acknowledged values' memfds")
 
 
-def memory_owner(obj):
-    """What finally holds an array's memory: its bases followed through views and buffers."""
-    import pickle
-
-    while True:
-        if type(obj) in (memoryview, pickle.PickleBuffer):
-            obj = memoryview(obj).obj
-        elif getattr(obj, "base", None) is not None:
-            obj = obj.base
-        else:
-            return obj
-
-
 def test_a_large_array_result_is_built_over_its_workers_parcel_with_no_copy_on_the_way(served, quiet):
     """fleetd hands the client a read-only descriptor of the parcel the worker wrote (no
     memfd, no copy of its own); the client's array is a writable view of its private
@@ -211,6 +199,18 @@ def test_a_large_array_result_is_built_over_its_workers_parcel_with_no_copy_on_t
         again = client.submit("arr", size).result(BOUND_S)
         assert again[0] == 0.0 and again[-1] == size // 8 - 1 and value[0] == -1.0
         assert client.submit("sq", 3).result(BOUND_S) == 9  # acknowledges both: fleetd lets their parcels go
+
+
+def test_a_large_array_payload_is_built_over_the_workers_task_parcel_with_no_copy_of_its_own(served, quiet):
+    """The client lays its payload out in the memfd as a parcel (its pickle, then each large
+    buffer); fleetd packs each part as it is, and the worker's array is a writable view of
+    its task parcel's mapping, not a bytearray copied from an in-band pickle."""
+    import numpy as np
+
+    value = np.arange(1 << 20, dtype=np.float64)  # 8 MiB
+    with served.connect() as client:
+        writable, owner, total = client.submit("mem", {"a": value, "b": b"q" * (1 << 19)}).result(BOUND_S)
+    assert writable is True and owner == "mmap" and total == float(value.sum())
 
 
 def test_a_client_that_takes_parcels_gets_the_workers_parcel_unlinked_one_that_does_not_a_memfd(served, quiet):
@@ -399,6 +399,25 @@ HOSTILE = {
                                       "ledger: it carries no file descriptors; the frame brought 1"),
     "with a payload besides": (lambda: [memfd(PAYLOAD, SEALED)],
                                batch({**fd_unit(1), "payload": "eA=="}), "payload null"),
+    # a laid-out payload's spans: all fleetd reads of the memfd, so each must stay within it
+    "a span past its end": (lambda: [memfd(PAYLOAD, SEALED)],
+                            batch({**fd_unit(1), "payload_spans": [[0, len(PAYLOAD) + 1]], "payload_oob": 0}),
+                            f"payload_spans[0] [0, {len(PAYLOAD) + 1}] must follow the part before it (at 0) and "
+                            f"end within the memfd's {len(PAYLOAD)} bytes"),
+    "spans overlapping": (lambda: [memfd(PAYLOAD, SEALED)],
+                          batch({**fd_unit(1), "payload_spans": [[0, 10], [5, 10]], "payload_oob": 1}),
+                          "payload_spans[1] [5, 10] must follow the part before it (at 10)"),
+    "a span not a pair": (lambda: [memfd(PAYLOAD, SEALED)],
+                          batch({**fd_unit(1), "payload_spans": [[0, 10, 3]], "payload_oob": 0}),
+                          "payload_spans[0] must be [offset, bytes], integers >= 0"),
+    "more buffers than parts": (lambda: [memfd(PAYLOAD, SEALED)],
+                                batch({**fd_unit(1), "payload_spans": [[0, 10]], "payload_oob": 1}),
+                                "payload_oob must be 0-0 (the parts but the pickle), got 1"),
+    "spans without a count": (lambda: [memfd(PAYLOAD, SEALED)],
+                              batch({**fd_unit(1), "payload_spans": [[0, 10]]}),
+                              "payload_spans and payload_oob go together"),
+    "spans without a memfd": (lambda: [], batch({**b64_unit(1), "payload_spans": [[0, 1]], "payload_oob": 0}),
+                              "payload_spans and payload_oob lay out a memfd: give payload_fd and payload_len too"),
 }
 
 

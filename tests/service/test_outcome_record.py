@@ -354,7 +354,7 @@ def test_a_value_in_its_workers_parcel_goes_as_a_read_only_descriptor_of_that_pa
     assert got["b"] == value["b"] and np.array_equal(got["a"], value["a"])
     assert got["a"].flags.writeable
     got["a"][0] = -1.0  # the client's own pages (copy on write): the parcel is not written
-    from tests.service.test_large_data import memory_owner
+    from tests.handlers import memory_owner
 
     assert type(memory_owner(got["a"])).__name__ == "mmap"  # built over the mapping: no copy on the client's side
 

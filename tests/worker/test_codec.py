@@ -3,6 +3,7 @@ a task body is refused, typed, when it cannot be pickled or is too large; whatev
 unit's objects do when they are pickled or unpickled is a CodecError naming why."""
 from __future__ import annotations
 
+import os
 import pathlib
 import pickle
 import pickletools
@@ -385,22 +386,40 @@ def test_lending_unmaps_a_task_parcel_at_the_end_and_makes_one_still_used_its_ow
         warm.close()
 
 
-def test_a_payload_is_dumped_in_pieces_that_refer_to_its_large_buffers_and_bytes_without_copying_them():
+def test_a_client_lays_out_a_payload_as_a_parcel_by_reference_and_the_worker_builds_it_over_its_parcel(fleet_name):
+    """A service-mode client's payload (`lay_out`): its large buffers and bytes are pieces of
+    their own, the caller's memory by reference (writing them out is their one copy), at a
+    parcel's aligned offsets; fleetd cuts the memfd at the spans (`_Laid`) and packs each
+    part as it is, out of band; the worker's array is built over its task parcel's mapping,
+    writable, with no copy of its own."""
+    import mmap
+
     import numpy as np
+
+    from fleet.service.control import fds as fdpass
+    from fleet.shm import parcels
 
     array, blob = np.arange(1 << 16, dtype=np.float64), b"b" * codec.OOB_MIN
     value = {"array": array, "blob": blob, "small": [1, 2, 3]}
-    pieces = codec.dump_pieces(value, "payload")
+    pieces, spans, n_oob = codec.lay_out(value, "payload")
     large = [p for p in pieces if memoryview(p).nbytes >= codec.OOB_MIN]
-    # the caller's own memory, by reference: writing the pieces out is their one copy
-    assert len(large) == 2 and all(isinstance(p, memoryview) for p in large)
-    assert any(memoryview(p).obj is blob for p in large)
+    assert len(large) == 2 and any(p is blob for p in large)  # the caller's own objects and memory
     assert any(np.shares_memory(np.frombuffer(p, np.uint8), array.view(np.uint8)) for p in large)
-    back = codec.loads(b"".join(pieces), "payload", "in the worker")  # as the worker rebuilds it
+    assert n_oob == 1 and len(spans) == 3 and [o for o, _ in spans] == parcels.layout([n for _, n in spans])[0]
+    fd = fdpass.sealed(pieces)  # what the client sends
+    size = os.fstat(fd).st_size
+    mm = mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)  # what fleetd maps
+    os.close(fd)
+    laid = codec._Laid(memoryview(mm), [tuple(x) for x in spans], n_oob)
+    body, name, _size = codec.pack_task("r", None, None, None, None, pickled_payload=laid, limit=None,
+                                        fleet=fleet_name)
+    back, *_rest = codec.loads(body, "the payload", "in the worker")  # as the worker unpickles its task
     assert np.array_equal(back["array"], array) and back["array"].flags.writeable
-    assert type(_base(back["array"])) is bytearray  # built over what arrived, no copy of its own
+    assert type(_base(back["array"])).__name__ == "mmap"  # over the task parcel's mapping: no copy of its own
     assert back["blob"] == blob and type(back["blob"]) is bytes and back["small"] == [1, 2, 3]
+    assert parcels.remove(name)
     # nothing that large: one piece, the pickle `dumps` makes
-    assert codec.dump_pieces({"small": [1, 2, 3]}, "payload") == [codec.dumps({"small": [1, 2, 3]}, "payload")]
+    assert codec.lay_out({"small": [1, 2, 3]}, "payload") == ([codec.dumps({"small": [1, 2, 3]}, "payload")],
+                                                              [[0, len(codec.dumps({"small": [1, 2, 3]}, "p"))]], 0)
     with pytest.raises(codec.CodecError, match="payload cannot be pickled"):
-        codec.dump_pieces(threading.Lock(), "payload")
+        codec.lay_out(threading.Lock(), "payload")

@@ -6,6 +6,7 @@ same run.
     python tools/bench/service_data_bench.py [--json] [--sizes 512K,1M,64M] [--repeat R] [--calls N]
 
   in   ``submit(nbytes, <size bytes>)``: the payload crosses, a few bytes come back
+  in-array  ``submit(nbytes, <a float64 array of size bytes>)``: the same with an array
   out  ``submit(make, ("bytes", size))``: a few bytes cross, the result (bytes) comes back
   out-array  ``submit(make, ("array", size))``: the same with a float64 array of that size
 Each figure is size * calls / seconds (calls one after another, each waited for), the
@@ -94,10 +95,14 @@ class Fleetd:
 def timed(submit, direction: str, size: int, calls: int):
     """MiB/s of `calls` calls one after another, or the error that stopped the first."""
     data = b"\1" * size
+    if direction == "in-array":
+        import numpy as np
+
+        data = np.ones(size // 8)
     start = time.perf_counter()
     try:
         for _ in range(calls):
-            if direction == "in":
+            if direction in ("in", "in-array"):
                 assert submit("nbytes", data).result(600) == size
             elif direction == "out":
                 assert len(submit("make", ("bytes", size)).result(600)) == size
@@ -124,7 +129,7 @@ def main(argv=None) -> int:
                      "executor": lambda role, x: ex.submit(getattr(H, role), x)}
             for label, size in sizes:
                 calls = args.calls or max(2, min(64, (256 * MIB) // size))
-                for direction in ("in", "out", "out-array"):
+                for direction in ("in", "in-array", "out", "out-array"):
                     rounds: dict = {side: [] for side in sides}
                     for _ in range(args.repeat):
                         for side, submit in sides.items():

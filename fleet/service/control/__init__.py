@@ -13,7 +13,11 @@ connection goes on.
 Descriptors beside frames. A request may bring file descriptors (SCM_RIGHTS; `fds`): a
 ``submit`` / ``submit_batch`` unit whose pickled payload is in a sealed memfd says
 ``"payload": null, "payload_fd": <index among the frame's descriptors>, "payload_len":
-<bytes>`` (a client sends one from `fds.MEMFD_MIN` bytes). The sender passes a frame's
+<bytes>`` (a client sends one from `fds.MEMFD_MIN` bytes), and, when the memfd is laid out
+as a parcel (`fleet.worker.codec.lay_out`: the pickle, its out-of-band buffers, its blobs),
+``"payload_spans": [[offset, bytes], ...]`` (in order, within the memfd, none overlapping)
+and ``"payload_oob": <how many are buffers>``; fleetd cuts the memfd at the spans and packs
+each part as it is (`fleet.worker.codec._Laid`), never reading the pickle. The sender passes a frame's
 descriptors with the first bytes of that frame (one sendmsg); the server attributes each
 descriptor to the frame whose bytes it came with, and the frame must name each exactly once.
 Every descriptor is checked as hostile (a regular file, sealed against shrinking, growing

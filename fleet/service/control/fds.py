@@ -112,8 +112,8 @@ class Sealed(Held):
 
     def __init__(self, data):
         """`data`: a buffer, or a list of buffers written one after the other (`sealed`)."""
-        # -1 until it is made: a failed make leaves nothing for `close`
-        super().__init__(-1, sum(memoryview(piece).nbytes for piece in (data if isinstance(data, list) else [data])))
+        self.fd = -1  # until it is made: a failed make leaves nothing for `close`
+        self.size = sum(memoryview(piece).nbytes for piece in (data if isinstance(data, list) else [data]))
         self.fd = sealed(data)
 
 
@@ -153,10 +153,13 @@ class Mapped:
         self._mm = None
 
 
-def open_sealed(fd: int, length: int, what: str) -> Mapped:
+def open_sealed(fd: int, length: int, what: str, private: bool = False) -> Mapped:
     """Map a descriptor a peer sent as `length` bytes of `what`, after checking it is a
     sealed memory file of exactly that size. Closes `fd` either way (the mapping keeps
-    what it needs). Raises InvalidArgs naming what was wrong."""
+    what it needs). ``private``: the mapping is private and writable, never written (a
+    payload's: its parts, packed out of band, reach the worker as writable buffers, as an
+    embedded caller's arrays do); else shared and read-only. Raises InvalidArgs naming
+    what was wrong."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -173,6 +176,8 @@ def open_sealed(fd: int, length: int, what: str) -> Mapped:
             raise refused(f"{what}: the memfd holds {st.st_size} bytes, the frame says {length}")
         if length < 1:
             raise refused(f"{what}: an empty memfd carries nothing (send the bytes in the frame)")
+        if private:
+            return Mapped(mmap.mmap(fd, length, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE))
         return Mapped(mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ))
     finally:
         os.close(fd)

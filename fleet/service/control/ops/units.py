@@ -17,6 +17,7 @@ from fleet.service.control import fds as fdpass
 from fleet.service.control import outcome_record
 from fleet.service.control.ops.base import OPS, Op, in_range
 from fleet.service.control.wire import Arg, json_type
+from fleet.worker.codec import _Laid
 
 #: Longest a `collect` may wait: below ControlServer's default reply_timeout (30 s),
 #: so a long poll always ends with an answer, never with the server's Timeout.
@@ -72,6 +73,9 @@ class SubmitOp(Op):
         "payload_fd": Arg((int, type(None)), doc="the pickled payload is in a sealed memfd: the index of its "
                                                  "descriptor among those the frame brought (payload null)"),
         "payload_len": Arg((int, type(None)), doc="with payload_fd: the memfd's length in bytes"),
+        "payload_spans": Arg((list, type(None)), doc="with payload_fd: each part's [offset, bytes] in the memfd: "
+                                                     "the pickle, its out-of-band buffers, then its blobs"),
+        "payload_oob": Arg((int, type(None)), doc="with payload_spans: how many of the parts are out-of-band buffers"),
     }
 
     direct = True  # the submitter, the outcome store and the replays take any thread
@@ -100,7 +104,8 @@ class SubmitOp(Op):
         # answers it (its outcome goes to this token too); nothing runs twice.
         same = fut = None
         if request_id is not None:
-            same = replays.identity(role, payload, unit["key"], unit["lane"], chunk, unit["route"])
+            raw = payload.data if type(payload) is _Laid else payload  # a laid-out payload: its memfd's bytes
+            same = replays.identity(role, raw, unit["key"], unit["lane"], chunk, unit["route"])
             fut = daemon.replays.find(request_id, same)
         replayed = fut is not None
         if not replayed:
@@ -170,6 +175,9 @@ class SubmitOp(Op):
                 raise self.bad(f"payload_fd must be 0-{fdpass.MAX_FRAME_FDS - 1}, got {args['payload_fd']}")
             if args["payload_len"] < 1:
                 raise self.bad(f"payload_len must be >= 1, got {args['payload_len']}")
+            _check_layout(self, args)
+        elif args["payload_spans"] is not None or args["payload_oob"] is not None:
+            raise self.bad("payload_spans and payload_oob lay out a memfd: give payload_fd and payload_len too")
         elif args["encoding"] == "pickle":
             if not isinstance(args["payload"], str):
                 raise self.bad(f"a pickle payload must be a base64 string, got {json_type(args['payload'])}")
@@ -328,18 +336,53 @@ class SubmitBatchOp(Op):
         return {"units": ids, "errors": errors, "replayed": replayed, "roles": roles}
 
 
+#: Most parts a laid-out payload may have (its pickle, buffers and blobs): a bound on the
+#: work of packing it, far above what an object's large buffers come to.
+MAX_PAYLOAD_SPANS = 4096
+
+
+def _check_layout(op: Op, args: dict[str, Any]) -> None:
+    """A memfd payload's ``payload_spans`` and ``payload_oob`` (both or neither): parts in
+    order, each within the memfd, none overlapping another; the count of buffers in range.
+    The spans are all fleetd reads of the memfd (`fleet.worker.codec._Laid`)."""
+    spans, oob, length = args["payload_spans"], args["payload_oob"], args["payload_len"]
+    if spans is None and oob is None:
+        return
+    if spans is None or oob is None:
+        raise op.bad("payload_spans and payload_oob go together (the memfd's parts and how many are buffers)")
+    if not 1 <= len(spans) <= MAX_PAYLOAD_SPANS:
+        raise op.bad(f"payload_spans must hold 1-{MAX_PAYLOAD_SPANS} parts, got {len(spans)}")
+    end = 0
+    for i, span in enumerate(spans):
+        if not (type(span) is list and len(span) == 2 and all(type(x) is int and x >= 0 for x in span)):
+            raise op.bad(f"payload_spans[{i}] must be [offset, bytes], integers >= 0, got {span!r:.60}")
+        offset, size = span
+        if offset < end or offset + size > length:
+            raise op.bad(f"payload_spans[{i}] [{offset}, {size}] must follow the part before it (at {end}) and "
+                         f"end within the memfd's {length} bytes")
+        end = offset + size
+    if not 0 <= oob < len(spans):
+        raise op.bad(f"payload_oob must be 0-{len(spans) - 1} (the parts but the pickle), got {oob}")
+    args["payload_spans"] = [tuple(span) for span in spans]
+
+
 def claim_payloads(op: Op, units: list[tuple[str, dict[str, Any]]], fds: list[int]) -> list:
     """Map the memfd each unit's ``payload_fd`` names (`fds.claim`: every descriptor of the
     frame named by exactly one unit, each checked) as its payload; the mappings, for the
     call to release. Owns ``fds``: on a refusal (InvalidArgs naming the unit and what was
     wrong) every descriptor is closed and every mapping released."""
-    items = [(unit["payload_fd"], unit["payload_len"], f"{where}payload_fd", where.rstrip(": ") or "the submit")
-             for where, unit in units]
+    items = [(unit["payload_fd"], unit["payload_len"], f"{where}payload_fd", where.rstrip(": ") or "the submit",
+              _open_payload) for where, unit in units]
     mapped = fdpass.claim(items, fds, op.bad, "unit")
     for (_where, unit), one in zip(units, mapped):
         if one is not None:
-            unit["payload"] = one.view
+            spans = unit.get("payload_spans")
+            unit["payload"] = one.view if spans is None else _Laid(one.view, spans, unit["payload_oob"])
     return [one for one in mapped if one is not None]
+
+
+def _open_payload(fd: int, length: int, what: str):
+    return fdpass.open_sealed(fd, length, what, private=True)
 
 
 #: The arguments of a plain unit (role, pickled payload, seq: `fleet.Client.submit`'s
