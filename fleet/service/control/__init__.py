@@ -17,7 +17,8 @@ Descriptors beside frames. A request may bring file descriptors (SCM_RIGHTS; `fd
 as a parcel (`fleet.worker.codec.lay_out`: the pickle, its out-of-band buffers, its blobs),
 ``"payload_spans": [[offset, bytes], ...]`` (in order, within the memfd, none overlapping)
 and ``"payload_oob": <how many are buffers>``; fleetd cuts the memfd at the spans and packs
-each part as it is (`fleet.worker.codec._Laid`), never reading the pickle. The sender passes a frame's
+each part as it is (`fleet.worker.codec._Laid`), never reading the pickle. A daemon older
+than the spans refuses them with ``InvalidArgs`` (unknown arguments), admitting nothing. The sender passes a frame's
 descriptors with the first bytes of that frame (one sendmsg); the server attributes each
 descriptor to the frame whose bytes it came with, and the frame must name each exactly once.
 Every descriptor is checked as hostile (a regular file, sealed against shrinking, growing
