@@ -183,27 +183,22 @@ class OutcomeStore:
     # -- from submits and outcomes
     def hold(self, token: str, fds: bool = False, parcels: bool = False) -> None:
         """A submit under ``token``: keep a box for it. OutcomesDropped if it lost some.
-        ``fds``: the client takes large values in memfds (`takes_fds`); ``parcels``: and
-        in their parcels' descriptors (`takes_parcels`)."""
+        ``fds``: the client takes large values in memfds; ``parcels``: and in their
+        parcels' descriptors (`takes`)."""
         with self._lock:
             self._refuse_lost(token)
             box = self._box(token)
             box.seen = self._clock()
             box.fds, box.parcels = box.fds or fds, box.parcels or parcels
 
-    def takes_fds(self, token: str) -> bool:
+    def takes(self, token: str) -> tuple[bool, bool]:
         """Whether ``token``'s client said it takes large values in memfds (its records may
-        carry one; a client that did not say so gets them base64, in parts)."""
+        carry one; a client that did not say so gets them base64, in parts), and whether it
+        takes a value still in its worker's parcel as the parcel's descriptor
+        (`outcome_record.encode`'s ``fds`` and ``parcels``)."""
         with self._lock:
             box = self._boxes.get(token)
-            return box is not None and box.fds
-
-    def takes_parcels(self, token: str) -> bool:
-        """Whether ``token``'s client said it takes a value still in its worker's parcel as
-        the parcel's descriptor (`outcome_record.encode`'s ``parcels``)."""
-        with self._lock:
-            box = self._boxes.get(token)
-            return box is not None and box.parcels
+            return (box.fds, box.parcels) if box is not None else (False, False)
 
     def deliver(self, token: str, seq: int | None, role: str) -> Callable[[Future], None]:
         """The done-callback of a unit submitted under ``token``: its records held (`record`,
@@ -235,8 +230,8 @@ class OutcomeStore:
         descriptor left for its memfd) is a failed ResultError saying so: the client is owed
         exactly one outcome either way."""
         try:
-            return outcome_record.encode(seq, role, future, fds=self.takes_fds(token),
-                                         parcels=self.takes_parcels(token), max_bytes=self.max_bytes,
+            fds, parcels = self.takes(token)
+            return outcome_record.encode(seq, role, future, fds=fds, parcels=parcels, max_bytes=self.max_bytes,
                                          key=HELD_BYTES_KEY)
         except (OSError, MemoryError, CodecError) as exc:
             log.warning("the outcome of unit %s could not be written out for its client: %s: %s",

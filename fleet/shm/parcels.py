@@ -107,6 +107,23 @@ def layout(sizes) -> tuple[list[int], int]:
     return offsets, end
 
 
+def spans_fault(spans, n_oob: int, size: int, *, spans_name: str, oob_name: str, file: str) -> str | None:
+    """What is wrong with a parcel's layout received from a peer (each part's ``(offset,
+    bytes)``: the pickle, then ``n_oob`` out-of-band buffers, then blobs), in a file of
+    ``size`` bytes: a part before the end of the one before it or past the file's end, or
+    a count of buffers out of range; None when nothing is. The message names the part by
+    ``spans_name`` and the count by ``oob_name``; ``file`` names the file."""
+    end = 0
+    for i, (offset, nbytes) in enumerate(spans):
+        if offset < end or offset + nbytes > size:
+            return (f"{spans_name}[{i}] [{offset}, {nbytes}] must follow the part before it (at {end}) and end "
+                    f"within {file}'s {size} bytes")
+        end = offset + nbytes
+    if not 0 <= n_oob < len(spans):
+        return f"{oob_name} must be 0-{len(spans) - 1} (the parts but the pickle), got {n_oob}"
+    return None
+
+
 def _bytes_views(parts) -> list[memoryview]:
     return [p if isinstance(p, memoryview) and p.format == "B" and p.ndim == 1 else memoryview(p).cast("B")
             for p in parts]

@@ -302,16 +302,19 @@ def _unparcel(data):
         os.close(fd)
 
 
-def value_in_parcel(fd: int, size: int, offsets, sizes, n_oob: int):
+def value_in_parcel(fd: int, size: int, spans, n_oob: int):
     """The object a parcel holds, from a read-only descriptor of it (a client of fleetd's:
     `fleet.service.control.fds.open_parcel`), as `_unparcel` builds a taken one: its
     out-of-band buffers are views of a private writable mapping (the file is never written
     through it), which lives as long as the objects built over them; its blobs are read
     into bytes of their own. The descriptor stays the caller's. Raises CodecError when
-    the layout does not fit the file or the bytes cannot be unpickled."""
-    if len(offsets) != len(sizes) or not 0 <= n_oob < len(sizes) or any(
-            o < 0 or n < 0 or o + n > size for o, n in zip(offsets, sizes)):
-        raise CodecError(f"the value's layout does not fit its parcel of {size} bytes")
+    the layout (each part's ``(offset, bytes)``) does not fit the file or the bytes cannot
+    be unpickled."""
+    fault = parcels.spans_fault(spans, n_oob, size, spans_name="value_spans", oob_name="value_oob",
+                                file="the parcel")
+    if fault is not None:
+        raise CodecError(f"the value's layout does not fit its parcel of {size} bytes: {fault}")
+    offsets, sizes = zip(*spans)
 
     def mapped(fd: int, size: int) -> mmap.mmap:
         return mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -694,9 +697,10 @@ class _InParcel(_Pickled):
                 self._pieces = out.pieces
         return self._pieces
 
-    def reopened(self) -> tuple[int, int, list, list, int] | None:
+    def reopened(self) -> tuple[int, int, list, int] | None:
         """A new read-only descriptor of the parcel, for a client to build the value over
-        (`value_in_parcel`) with no copy on the way: ``(fd, size, offsets, sizes, n_oob)``,
+        (`value_in_parcel`) with no copy on the way: ``(fd, size, spans, n_oob)``, each span
+        a part's ``(offset, bytes)``,
         the descriptor the caller's. None for a lent parcel (its writer writes it again once
         given back) or where it cannot be reopened (no /proc): the bytes are then copied out
         (`pieces`)."""
@@ -706,8 +710,7 @@ class _InParcel(_Pickled):
             fd = os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
-        offsets, sizes = (list(x) for x in zip(*self._spans))
-        return fd, self._size, offsets, sizes, self._n_oob
+        return fd, self._size, self._spans, self._n_oob
 
     @property
     def data(self) -> bytes:

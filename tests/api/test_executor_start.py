@@ -238,7 +238,7 @@ def test_a_boot_that_fails_while_the_fork_server_boots_leaves_nothing(tmp_path):
         from fleet.runtime import provider_gate
 
         class Injected(Exception):
-            pass
+            "The provider gate failing, injected."
 
         def refuse(self, *args, **kwargs):
             raise Injected("the provider gate could not be made")

@@ -83,7 +83,7 @@ def test_a_fleet_made_where_multiprocessings_spawn_imports_the_main_module_gets_
         from fleet.runtime import zygote_link
 
         def work():
-            pass
+            "Never runs: the spawned child fails importing this module first."
 
         def launch(*args, **kwargs):
             open("launched", "a").write("a fork server was launched\\n")  # the guard comes first

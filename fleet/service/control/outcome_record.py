@@ -158,7 +158,7 @@ def _in_parcel(base: dict, value: _InParcel, max_bytes: int | None, key: str) ->
     reopened = value.reopened()
     if reopened is None:
         return None
-    fd, size, offsets, sizes, n_oob = reopened
+    fd, size, spans, n_oob = reopened
     held = fdpass.Held(fd, size)
     if size < fdpass.MEMFD_MIN:
         held.close()
@@ -168,7 +168,7 @@ def _in_parcel(base: dict, value: _InParcel, max_bytes: int | None, key: str) ->
         held.close()
         return refused
     return [{**base, KIND: SOLVED, VALUE_FD: held, VALUE_LEN: size,
-             VALUE_SPANS: [[o, n] for o, n in zip(offsets, sizes)], VALUE_OOB: n_oob}]
+             VALUE_SPANS: [list(span) for span in spans], VALUE_OOB: n_oob}]
 
 
 def in_parcel(future: Future) -> bool:
@@ -341,8 +341,7 @@ def result_of(record: Record, value: str | None, role: str) -> Any:
                     value.close()
             if type(value) is fdpass.Held:
                 try:
-                    offsets, sizes = zip(*record.spans)
-                    return value_in_parcel(value.fd, value.size, offsets, sizes, record.oob)
+                    return value_in_parcel(value.fd, value.size, record.spans, record.oob)
                 finally:
                     value.close()
             return loads(_unbase64(value, VALUE), "the result")

@@ -17,6 +17,7 @@ from fleet.service.control import fds as fdpass
 from fleet.service.control import outcome_record
 from fleet.service.control.ops.base import OPS, Op, in_range
 from fleet.service.control.wire import Arg, json_type
+from fleet.shm import parcels
 from fleet.worker.codec import _Laid
 
 #: Longest a `collect` may wait: below ControlServer's default reply_timeout (30 s),
@@ -352,17 +353,13 @@ def _check_layout(op: Op, args: dict[str, Any]) -> None:
         raise op.bad("payload_spans and payload_oob go together (the memfd's parts and how many are buffers)")
     if not 1 <= len(spans) <= MAX_PAYLOAD_SPANS:
         raise op.bad(f"payload_spans must hold 1-{MAX_PAYLOAD_SPANS} parts, got {len(spans)}")
-    end = 0
     for i, span in enumerate(spans):
         if not (type(span) is list and len(span) == 2 and all(type(x) is int and x >= 0 for x in span)):
             raise op.bad(f"payload_spans[{i}] must be [offset, bytes], integers >= 0, got {span!r:.60}")
-        offset, size = span
-        if offset < end or offset + size > length:
-            raise op.bad(f"payload_spans[{i}] [{offset}, {size}] must follow the part before it (at {end}) and "
-                         f"end within the memfd's {length} bytes")
-        end = offset + size
-    if not 0 <= oob < len(spans):
-        raise op.bad(f"payload_oob must be 0-{len(spans) - 1} (the parts but the pickle), got {oob}")
+    fault = parcels.spans_fault(spans, oob, length, spans_name="payload_spans", oob_name="payload_oob",
+                                file="the memfd")
+    if fault is not None:
+        raise op.bad(fault)
     args["payload_spans"] = [tuple(span) for span in spans]
 
 
