@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from admission.errors import ConfigError
+from admission.records import field, record
 from admission.route import Route
 
 SECTION = "admission"
@@ -67,7 +67,7 @@ class PolicyError(ConfigError):
     """The admission policy is invalid; `path` is the dotted path of the offending key."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(slots=True)
 class ModelNode:
     """One model as one provider serves it, with its own marks and its place in the tiers."""
 
@@ -80,7 +80,7 @@ class ModelNode:
     token_index: int = -1  # that token's position in its tier
 
 
-@dataclass(frozen=True, slots=True)
+@record(slots=True)
 class LanePolicy:
     """What a lane declares: fallback exclusions, required marks, a hard pin."""
 
@@ -93,7 +93,7 @@ class LanePolicy:
     refusal_deadline: float | None = None  # None: the policy's
 
 
-@dataclass(frozen=True, eq=False)
+@record(eq=False)
 class Policy:
     """The validated, immutable admission policy. Build with `from_dict`."""
 

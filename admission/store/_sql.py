@@ -30,10 +30,9 @@ import math
 import threading
 import time
 from contextlib import contextmanager
-import dataclasses
-from dataclasses import dataclass, field
 from typing import Callable
 
+from admission.records import field, record, replace
 from admission.store import rules
 from admission.vocab import APPROVED, POLICY, REJECTED, RENEWED, sql_list
 from admission.store.base import (
@@ -133,7 +132,7 @@ def _record(row) -> Record:
                   decided_at=dec, reason=reason)
 
 
-@dataclass
+@record(frozen=False)
 class _Tx:
     """One transaction's view: the live records (and the one it is about), changed in memory.
 
@@ -153,7 +152,7 @@ class _Tx:
     audit: list = field(default_factory=list)
 
     def change(self, rec: Record, kind: str, reason: str, **fields) -> Record:
-        new = dataclasses.replace(rec, decided_at=self.now, reason=reason, **fields)
+        new = replace(rec, decided_at=self.now, reason=reason, **fields)
         self.records[rec.id] = new
         if rec.id not in self.inserted:
             self.changed[rec.id] = new

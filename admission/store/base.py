@@ -17,15 +17,14 @@ request changes nothing.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import math
-from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from admission.bounds import (  # noqa: F401 - re-exported: the store's callers read them here
     MAX_AGING_S, MAX_HEARTBEAT_S, MAX_LEASE_TTL_S, MAX_LEASES, MAX_QUEUE_TIMEOUT_S, PRIORITY_MAX, PRIORITY_MIN, shown,
 )
 from admission.errors import EXIT_CONFIG, FleetError
+from admission.records import asdict, field, fields, record
 from admission.store.tiers import HOST, TIERS, UnknownTier, tier_of  # noqa: F401 - re-exported
 from admission.vocab import (  # noqa: F401 - the store's callers read the states here too
     ADMITTED, AWAITING_APPROVAL, BLOCKED_APPROVAL, BLOCKED_CAPACITY, BLOCKED_POLICY, CANCELLED, DENIED, EVENT_KINDS,
@@ -278,7 +277,7 @@ def lease_lost(request_id: str, state: str, reason: str) -> LeaseLost:
 # ----------------------------------------------------------------------------- records
 
 
-@dataclass(frozen=True)
+@record
 class Request:
     """What an orchestrator asks the store for: permission to dispatch one piece of work.
 
@@ -310,12 +309,12 @@ class Request:
 
 #: The fields two submissions of one id must share to be the same request (`runtime` is a
 #: label: a replay that names the same tier otherwise is the same request).
-IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(Request) if f.name not in ("id", "runtime"))
+IDENTITY_FIELDS = tuple(f.name for f in fields(Request) if f.name not in ("id", "runtime"))
 #: Of those, the ones that say where the work runs.
 PLACEMENT_FIELDS = ("orchestrator", "environment", "provider", "tier")
 
 
-@dataclass(frozen=True)
+@record
 class Record:
     """A request as the store holds it: the request, when it arrived, and where it stands.
 
@@ -357,13 +356,13 @@ class Record:
         raise backpressure_of(self) or LeaseLost(self.id, self.state, self.reason)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self.request)
+        d = asdict(self.request)
         d.update(submitted_at=self.submitted_at, state=self.state, revision=self.revision,
                  lease_expires=self.lease_expires, decided_at=self.decided_at, reason=self.reason)
         return d
 
 
-@dataclass(frozen=True)
+@record
 class Lease:
     """Capacity held for `request_id` until `expires`, at revision `revision`.
 
@@ -384,7 +383,7 @@ class Lease:
         return self.state == ADMITTED and now < self.expires
 
 
-@dataclass(frozen=True)
+@record
 class Event:
     """One audit row: `actor` (an orchestrator id) did `kind` to `request_id` at `at`, because `reason`."""
 
@@ -396,7 +395,7 @@ class Event:
     reason: str
 
 
-@dataclass(frozen=True)
+@record
 class Orchestrator:
     """One orchestrator's heartbeat: it beat at `beat_at` and counts as gone from `lapses_at` on.
 
@@ -414,7 +413,7 @@ class Orchestrator:
         return now < self.lapses_at
 
 
-@dataclass(frozen=True)
+@record
 class Closure:
     """A provider (credential None) or one of its keys known to be spent, as the host group shares it.
 
@@ -440,7 +439,7 @@ class Closure:
         return f"{self.provider}/{'*' if self.credential is None else self.credential}"
 
 
-@dataclass(frozen=True)
+@record
 class Health:
     """What `fleetctl store check` reports."""
 
@@ -491,7 +490,7 @@ def _tier_limits(value) -> dict:
     return out
 
 
-@dataclass(frozen=True)
+@record
 class Policy:
     """The host group's limits, shared through the store.
 
@@ -519,7 +518,7 @@ class Policy:
         Raises QuotaConfigInvalid naming the first bad key.
         """
         raw = dict(data or {}, **kw)
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in fields(cls)}
         for key in raw:
             if key not in known:
                 raise QuotaConfigInvalid(str(key), f"unknown key; keys: {', '.join(sorted(known))}")
@@ -543,7 +542,7 @@ class Policy:
 
     def checked(self) -> "Policy":
         """This policy through `build`'s checks (for one built by hand)."""
-        return Policy.build({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        return Policy.build({f.name: getattr(self, f.name) for f in fields(self)})
 
     def tier_limit(self, tier: str) -> int | None:
         if tier in self.tiers:

@@ -42,12 +42,12 @@ No I/O and no clock here: `now` is an argument.
 """
 from __future__ import annotations
 
-import dataclasses
+from admission.records import field, replace
 import math
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from admission.records import record
 from admission.store.base import (
     ADMITTED,
     AWAITING_APPROVAL,
@@ -112,7 +112,7 @@ def normalized(request: Request) -> Request:
     tier = tier_of(request.tier)
     if tier == request.tier and request.runtime:
         return request
-    return dataclasses.replace(request, tier=tier, runtime=request.runtime or request.tier)
+    return replace(request, tier=tier, runtime=request.runtime or request.tier)
 
 
 def granted_state(request: Request) -> str:
@@ -131,7 +131,7 @@ def retry_of(request: Request, attempt: int) -> Request:
     if problem:
         raise BadRequest("attempt", problem)
     base = request.id.rsplit("~", 1)[0] if request.id.rsplit("~", 1)[-1].isdigit() else request.id
-    return dataclasses.replace(request, id=f"{base}~{attempt}")
+    return replace(request, id=f"{base}~{attempt}")
 
 
 def identity_mismatch(stored: Request, replay: Request) -> tuple[str, ...]:
@@ -222,7 +222,7 @@ def lease_end(request: Request, now: float, heartbeats: Mapping[str, float]) -> 
     return min(now + request.lease_ttl, heartbeats.get(request.orchestrator, math.inf))
 
 
-@dataclass
+@record(frozen=False)
 class Plan:
     """What one transaction must write. Every list holds (record, reason) pairs."""
 
@@ -295,7 +295,7 @@ def _holding(cand: Record) -> Record:
     """A request admitted in this pass, as later candidates of the same pass see it: holding
     capacity at its base priority, so one of higher effective priority may preempt it at
     once, as the next pass would (a plan is the fixed point of its instant)."""
-    return dataclasses.replace(cand, state=granted_state(cand.request))
+    return replace(cand, state=granted_state(cand.request))
 
 
 def preemptible_by(victim: Record, cand: Record, now: float, aging_interval: float) -> bool:

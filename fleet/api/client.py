@@ -355,7 +355,7 @@ class Client(Executor):
         return self._submit(role, payload, key=ask["key"], lane=ask["lane"], priority=ask["priority"],
                             timeout=ask["timeout"], request_id=ask["request_id"], **admission)
 
-    submit.__signature__ = submit_signature()
+    submit.__wrapped__ = submit_signature()  # its arguments, for inspect and help()
 
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
             lane=None) -> Iterator:

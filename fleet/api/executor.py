@@ -139,7 +139,7 @@ class Executor(_StdExecutor):
 
     def _boot(self, name, launched, max_workers, mp_context, initializer, initargs, max_tasks_per_child,
               oversubscribe, max_parcel_bytes, max_rss_mib) -> None:
-        import dataclasses
+        from admission.records import replace
 
         from fleet.api.fleet import Fleet
         from fleet.host.system import Host
@@ -183,7 +183,7 @@ class Executor(_StdExecutor):
         self._max_tasks = max_tasks_per_child
         self._mp_context = mp_context
         self._shutdown = False
-        self._fleet = Fleet(dataclasses.replace(config, workers=setup, paced=True), _launched=launched)
+        self._fleet = Fleet(replace(config, workers=setup, paced=True), _launched=launched)
         self._sup = self._fleet._sup
         self._role_code = self._sup.roles.code(ROLE)
 

@@ -165,7 +165,7 @@ class Fleet(Executor, metaclass=_OpsOnFirstLook):
             check_unit_args(unit, _SUBMIT_ARGS)
         return self._sup.submit(role, payload, **unit)
 
-    submit.__signature__ = submit_signature(WAIT_ARGS)
+    submit.__wrapped__ = submit_signature(WAIT_ARGS)  # its arguments, for inspect and help()
 
     def map(self, role: str, iterable: Iterable, *, chunksize: int = 1, timeout: float | None = None,
             lane=None, progress: bool = False) -> Iterator:

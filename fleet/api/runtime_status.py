@@ -10,7 +10,7 @@ process's CPUs, with ``fleet_booted: false``.
 """
 from __future__ import annotations
 
-import dataclasses
+from admission.records import replace
 import os
 
 from fleet.rules.errors import FleetError
@@ -55,7 +55,7 @@ def default_projection() -> dict:
     from fleet.runtime.config import load_config
 
     config = load_config(None, env=os.environ)
-    roles = RoleSet(tuple(r if r.handler else dataclasses.replace(r, handler=PROJECTED_HANDLER)
+    roles = RoleSet(tuple(r if r.handler else replace(r, handler=PROJECTED_HANDLER)
                           for r in config.roles))
-    config = dataclasses.replace(config, roles=roles)
+    config = replace(config, roles=roles)
     return status.runtime_view(status.gather_projection(config, config.name))

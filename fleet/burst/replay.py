@@ -60,8 +60,8 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
+from admission.records import field, record
 import fleet
 
 from fleet.burst.clock import ReplayClock
@@ -83,7 +83,7 @@ class FleetFailed(Exception):
     """The fleet could not boot or lost units during the replay."""
 
 
-@dataclass
+@record(frozen=False)
 class Round:
     """One arrival's life in one mode (trace seconds)."""
 
@@ -116,7 +116,7 @@ class Round:
                 "probe": self.probe, "tries": [list(t) for t in self.tries]}
 
 
-@dataclass
+@record(frozen=False)
 class ModeResult:
     mode: str
     profile: str

@@ -41,9 +41,9 @@ import json
 import math
 import random
 import threading
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from admission.records import field, record
 from fleet.burst.clock import ReplayClock
 from fleet.burst.trace import Header, Key, Latency, Pool
 
@@ -81,7 +81,7 @@ def credit_epoch(key: Key, t: float) -> int:
     return sum(1 for top_up in key.top_ups if top_up <= t)
 
 
-@dataclass
+@record(frozen=False)
 class PoolCounts:
     requests: int = 0
     ok: int = 0
@@ -96,7 +96,7 @@ class PoolCounts:
                 "max_concurrency": self.max_concurrency}
 
 
-@dataclass
+@record(frozen=False)
 class _KeyState:
     key: Key
     closed: list = field(default_factory=list)

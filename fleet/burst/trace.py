@@ -66,9 +66,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from admission.records import field, record
 from fleet.host.files import read_regular
 
 FORMAT = "fleet-burst-trace"
@@ -111,7 +111,7 @@ class _Bad(Exception):
     pass
 
 
-@dataclass(frozen=True)
+@record
 class Latency:
     """Lognormal round time in trace seconds, times a load factor over in-flight counts."""
 
@@ -130,7 +130,7 @@ class Latency:
         return pts[-1][1]
 
 
-@dataclass(frozen=True)
+@record
 class Pool:
     model: str
     provider: str
@@ -145,7 +145,7 @@ class Pool:
         return f"{self.model}@{self.provider}"
 
 
-@dataclass(frozen=True)
+@record
 class Key:
     credential: str
     provider: str | None = None
@@ -155,7 +155,7 @@ class Key:
     credit_requests: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Route:
     model: str
     provider: str
@@ -166,7 +166,7 @@ class Route:
         return f"{self.model}@{self.provider}"
 
 
-@dataclass(frozen=True)
+@record
 class Arrival:
     t: float
     id: str
@@ -193,7 +193,7 @@ class Arrival:
         return out
 
 
-@dataclass(frozen=True)
+@record
 class Header:
     name: str
     start: float  # UTC epoch seconds
@@ -212,7 +212,7 @@ class Header:
         return next((p for p in self.pools if p.name == name), None)
 
 
-@dataclass(frozen=True)
+@record
 class Trace:
     header: Header
     arrivals: tuple[Arrival, ...]

@@ -7,11 +7,11 @@ exists, else the built-in reference profile, and its first line says which.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
 
+from admission.records import replace
 from fleet.host import cgroup
 from fleet.rules.budget import json_number
 from fleet.cli._common import NAME_PRECEDENCE, fleet_name
@@ -99,7 +99,7 @@ def plan_processes(plan, roles) -> list[dict]:
     """The worker processes each role would run on under `plan` (`fleet.rules.processes`).
     A dry run lays the seats out as if every declared role had a handler (the
     reference profile names none), on CPUs numbered 0..Q-1."""
-    active = RoleSet(tuple(r if r.handler else dataclasses.replace(r, handler="dry.run:unit") for r in roles))
+    active = RoleSet(tuple(r if r.handler else replace(r, handler="dry.run:unit") for r in roles))
     layout = seats.layout(plan, active, list(range(max(1, math.ceil(plan.quota_cpus)))))
     meta = {**layout.to_meta(), "slot_roles": [spec.role for spec in layout.slots]}
     return role_processes(meta, roles)

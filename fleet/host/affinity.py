@@ -8,7 +8,7 @@ thread's, which runs a worker's units).
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def process_cpus() -> set[int]:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 import re
 import select
-from dataclasses import dataclass, field
 
+from admission.records import field, record
 from fleet.host import seat_cpus
 from fleet.rules import delegation
 from fleet.rules.errors import FleetError
@@ -40,7 +40,7 @@ class CgroupUnavailable(FleetError):
 # --- /proc/<pid>/cgroup and /proc/<pid>/mountinfo ---------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Membership:
     """The process's cgroup paths: `v2` from the `0::` line, `v1` per controller."""
 
@@ -65,7 +65,7 @@ def parse_proc_cgroup(text: str) -> Membership:
     return Membership(v2=v2, v1=v1)
 
 
-@dataclass(frozen=True)
+@record
 class Mount:
     """One cgroup mount from mountinfo: where it is, which subtree it shows, its options."""
 
@@ -104,7 +104,7 @@ def parse_mountinfo(text: str) -> tuple[Mount, ...]:
 # --- locating the directories that matter ----------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class ControllerDir:
     """A controller's directory for this process, and the mount it lives under."""
 
@@ -114,7 +114,7 @@ class ControllerDir:
     top: str  # the mount point: ancestor walks stop here
 
 
-@dataclass(frozen=True)
+@record
 class CgroupPaths:
     """Result of `locate`: the cpu and cpuset directories (None if unknown) and why."""
 
@@ -324,7 +324,7 @@ def effective_cpus(paths: CgroupPaths | None = None, root: str = "/", affinity=_
 # --- cpu.stat ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class CpuStat:
     """Cumulative CPU counters of one cgroup. Throttle fields are None when not reported.
 
@@ -398,7 +398,7 @@ def read_throttle(cdir: ControllerDir, root: str = "/") -> CpuStat:
 # --- PSI --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class PsiLine:
     """One PSI line: share of time stalled (percent) over 10/60/300 s, and total µs."""
 
@@ -408,7 +408,7 @@ class PsiLine:
     total_us: int
 
 
-@dataclass(frozen=True)
+@record
 class Pressure:
     """A PSI file: `some` always, `full` where the kernel reports it (None otherwise)."""
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
+from admission.records import record
 from fleet.host import cgroup
 from fleet.rules import delegation, pressure, quota
 from fleet.host.cgroup import CgroupUnavailable, CpuStat
@@ -30,7 +30,7 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-@dataclass(frozen=True)
+@record
 class Tick:
     """What one tick saw: the time, the reading (None if unreadable) and any change."""
 
@@ -225,7 +225,7 @@ class PressureInput:
         self._trigger.close()
 
 
-@dataclass(frozen=True)
+@record
 class Seen:
     """What one `QuotaWatcher.poll` found: a quota change, and a pressure HOLD/RELEASE."""
 

@@ -94,9 +94,9 @@ floors, the sum exceeds the quota, and the budget says so instead of refusing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from admission.records import field, record, replace
 from fleet.rules.errors import (
     EXIT_BELOW_HOST_FLOOR,
     EXIT_BUDGET_OVER_QUOTA,
@@ -192,7 +192,7 @@ def _in_range(where, key, value):
     return value
 
 
-@dataclass(frozen=True)
+@record
 class BudgetOverrides:
     """Terminal overrides of the budget rules (None: the rule decides).
 
@@ -266,7 +266,7 @@ NO_OVERRIDES = BudgetOverrides()
 # --- the table ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Share:
     """One consumer's row: its cores, its threads (None: not a thread pool) and why.
 
@@ -317,7 +317,7 @@ def json_number(x):
     return int(x) if x.is_integer() else x
 
 
-@dataclass(frozen=True)
+@record
 class FleetBudget:
     """The shares table for one quota and binding. Build it with `FleetBudget.derive`."""
 

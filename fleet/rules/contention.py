@@ -51,9 +51,9 @@ units go to the same process, widened or not.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Sequence
+from collections.abc import Sequence
 
+from admission.records import record, replace
 from fleet.rules.errors import ConfigError
 
 #: Actions `step` returns: widen the seat's worker to its share's CPUs, or pin it back.
@@ -66,7 +66,7 @@ CONTENTION_PIN = "pin"
 CONTENTION_MODES = (CONTENTION_WIDEN, CONTENTION_PIN)
 
 
-@dataclass(frozen=True)
+@record
 class ContentionPolicy:
     """The thresholds, each a share of one reading's window (a posture sample: 0.25 s)."""
 
@@ -98,7 +98,7 @@ class ContentionPolicy:
 POLICY = ContentionPolicy()
 
 
-@dataclass(frozen=True)
+@record
 class SeatContention:
     """One seat's contention state (each worker of the seat starts calm)."""
 

@@ -28,7 +28,8 @@ memory pressure, OOM kills) asks it, so they all read the same group.
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass, field, replace
+
+from admission.records import field, record, replace
 
 #: The leaves a delegated fleet makes under its group, by what runs in them.
 SUPERVISOR, WORKERS = "supervisor", "workers"
@@ -51,7 +52,7 @@ V1_FILES = {CPU_STAT: ("cpu", "cpu.stat"), MEMORY_EVENTS: ("memory", "memory.oom
 HOST_PSI = {CPU_PRESSURE: "/proc/pressure/cpu", MEMORY_PRESSURE: "/proc/pressure/memory"}
 
 
-@dataclass(frozen=True)
+@record
 class Group:
     """One cgroup2 directory as found: its path, the names of the files in it, its
     ``cgroup.controllers`` and whether systemd marked it delegated."""
@@ -62,7 +63,7 @@ class Group:
     marked: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class Facts:
     """What the host says, read at the edge (`fleet.host.cgroup.facts`).
 
@@ -86,7 +87,7 @@ class Facts:
     v1_tops: frozenset = frozenset()  # the v1 mount points: a v1 dir that is one is the host's
 
 
-@dataclass(frozen=True)
+@record
 class Read:
     """Where one reading comes from: the file, its cgroup version (None: a /proc file),
     and whether it is the fleet's own group's (False: the host's, other tenants in it)."""
@@ -96,7 +97,7 @@ class Read:
     own: bool
 
 
-@dataclass(frozen=True)
+@record
 class Arrangement:
     """`decide`'s answer.
 

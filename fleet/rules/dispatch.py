@@ -84,9 +84,9 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from typing import Hashable, NamedTuple
 
+from admission.records import field, record
 from fleet.rules import cordon, fsm
 from fleet.rules.fsm import RIDE  # noqa: F401 - a grant's start event for a riding child, re-exported
 from fleet.rules.limits import OP_FIELDS  # a grant's rows are the table's batch rows
@@ -112,7 +112,7 @@ def precedence(role: Role) -> int:
     return 2
 
 
-@dataclass(slots=True)
+@record(frozen=False, slots=True)
 class Pending:
     """A unit waiting for a grant (the supervisor keeps the rest of it by id)."""
 
@@ -167,7 +167,7 @@ def _ops(slot: int, events: tuple) -> tuple:
     return rows
 
 
-@dataclass
+@record(frozen=False)
 class _Slot:
     index: int
     seat: int

@@ -13,12 +13,13 @@ on any monotonic clock): the rule never reads a clock.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from admission.records import record
+
 
 History = tuple[float, ...]
 
 
-@dataclass(frozen=True)
+@record
 class Verdict:
     """What one death means: the history to keep, and whether the limit is exceeded."""
 

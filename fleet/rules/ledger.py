@@ -31,8 +31,8 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
 
+from admission.records import field, record
 from fleet.rules.errors import EXIT_FUSE_TRIPPED, FleetError
 from fleet.rules.outcomes import FAILED, FAILURE_REASONS, KINDS, SOLVED, SUPPRESSED
 
@@ -55,7 +55,7 @@ def abort_process(error: FuseTripped) -> None:
 ITEM_COUNTS = ("submitted", "solved", "suppressed", "failed", "inflight")
 
 
-@dataclass(frozen=True)
+@record
 class LedgerCounts:
     submitted: int
     solved: int

@@ -22,14 +22,15 @@ reads the counter (`fleet.host.cgroup.read_oom_kills`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from admission.records import record
+
 
 #: How long a kill seen in the counter may be claimed by a worker's death: the loop hears a
 #: death within a wait of its pidfd; a sample (0.25 s) may read the kill first.
 CLAIM_MS = 5000
 
 
-@dataclass(frozen=True)
+@record
 class OomBooks:
     """`last`: the counter at the last reading (None: never read). `seen`: when each kill
     not yet claimed was seen (ms). `named`: deaths named OOM kills so far."""

@@ -30,8 +30,8 @@ I/O-dominant roles' remainder.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from admission.records import record
 from fleet.rules.budget import (
     NO_OVERRIDES,
     PINNED,
@@ -50,7 +50,7 @@ AUTO = "auto"
 PROFILES = (AUTO, SERIAL, PINNED)
 
 
-@dataclass(frozen=True)
+@record
 class TierRefusal:
     """The tier a plan could not take, and why (serialised as ``tier_refused``)."""
 
@@ -63,7 +63,7 @@ class TierRefusal:
         return {"tier": self.tier, "error": self.error, "floor_cpus": self.floor_cpus, "message": self.message}
 
 
-@dataclass(frozen=True)
+@record
 class TierPlan:
     """What a quota runs: the requested profile, the binding it resolved to, the budget."""
 

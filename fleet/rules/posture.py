@@ -45,8 +45,8 @@ swaps the policy on retune and logs.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields, replace
 
+from admission.records import fields, record, replace
 from fleet.rules import cordon
 from fleet.rules.errors import EXIT_CONFIG, EXIT_USAGE, FleetError
 from fleet.rules.ranges import posture_range
@@ -134,7 +134,7 @@ class PostureRetuneError(FleetError, ValueError):
 # --- policy and its validation ------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class PosturePolicy:
     """The six tunable keys. `cordon_sim_intake_floor` None means half the slot cap."""
 
@@ -196,7 +196,7 @@ DEFAULT_POLICY = PosturePolicy()
 # --- state and the pure rules ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Delta:
     """Throttling seen between two readings, stamped with the later one's time."""
 
@@ -209,7 +209,7 @@ class Delta:
         return self.events == 0 and self.throttled_ns == 0
 
 
-@dataclass(frozen=True)
+@record
 class PostureState:
     """Everything the posture rules remember. Build the first one with `initial`."""
 
@@ -224,7 +224,7 @@ class PostureState:
     dwell_ms: int = 0  # completed cordoned time; see `cordoned_dwell_ms`
 
 
-@dataclass(frozen=True)
+@record
 class Transition:
     """A posture change: from, to, when, the rule that fired (for people) and its cause
     (a code of fleet.rules.vocab.POSTURE_CAUSES, for the table; none when it leaves Cordoned)."""

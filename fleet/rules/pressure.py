@@ -21,8 +21,8 @@ reads the trigger and the file.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from admission.records import record
 from fleet.rules.vocab import Cause
 
 HOLD = "hold"
@@ -34,7 +34,7 @@ CAUSE = Cause.CPU_PRESSURE
 MEMORY_CAUSE = Cause.MEMORY_PRESSURE
 
 
-@dataclass(frozen=True)
+@record
 class PressureState:
     """`held`: the cause is raised. `last`: (ms, total µs) of the last reading.
     `calm_since_ms`: since when the stall rate stayed below the trigger's."""

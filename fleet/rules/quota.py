@@ -22,8 +22,8 @@ Everything here is a pure function of its inputs (readings, the clock in ms);
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from admission.records import record
 from fleet.rules.budget import json_number
 
 CONFIG = "config"
@@ -34,7 +34,7 @@ DETECTED = "detected"
 SAME_QUOTA = 1e-6
 
 
-@dataclass(frozen=True)
+@record
 class CpuLimit:
     """The effective CPU budget and each input to it (None = no limit / unknown).
 
@@ -67,7 +67,7 @@ def detected_from(limit: CpuLimit) -> str:
     return "cpu count"
 
 
-@dataclass(frozen=True)
+@record
 class Quota:
     """The quota a plan uses, and both of its inputs with their sources."""
 
@@ -119,7 +119,7 @@ def boot_notes(plan) -> list[str]:
     return [note] if note else []
 
 
-@dataclass(frozen=True)
+@record
 class Projection:
     """What a config boots on this host: the quota, the tier plan, the seats and slots.
 
@@ -219,7 +219,7 @@ def _share(share) -> str:
 # --------------------------------------------------------------------------- runtime
 
 
-@dataclass(frozen=True)
+@record
 class Change:
     """What one re-detection found that differs from the last one.
 
@@ -240,7 +240,7 @@ class Change:
         return f"{moved}: epoch {self.epoch} plans with {_cpus(self.new.cpus)} CPUs"
 
 
-@dataclass(frozen=True)
+@record
 class WatchState:
     """What `QuotaWatch` remembers: the quota now in force, its epoch, the next check."""
 
@@ -275,7 +275,7 @@ def observe(state: WatchState, now_ms: int, every_ms: int, detected: float | Non
     return WatchState(new, epoch, state.next_check_ms), Change(now_ms, old, new, epoch)
 
 
-@dataclass(frozen=True)
+@record
 class Replan:
     """The plan for an epoch's quota, against the plan the seats were booted with.
 

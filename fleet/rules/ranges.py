@@ -22,9 +22,9 @@ This module is pure: constants and comparisons.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from admission.bounds import MAX_AGING_S, MAX_LEASE_TTL_S, MAX_LEASES, shown  # noqa: F401 - shown: re-exported
+from admission.records import record
 from fleet.rules.limits import LEVELS_MAX, MAX_SLOTS
 
 CPUS_MAX = 1024
@@ -39,7 +39,7 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 16
 
 
-@dataclass(frozen=True)
+@record
 class Range:
     """Where a number must fall: ``[lo, hi]``, or ``(lo, hi]`` with `open_lo`.
 

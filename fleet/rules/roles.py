@@ -8,8 +8,8 @@ worker-fleet design so that budgets and tests have a known vector to hold on to.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+from admission.records import field, record
 from fleet.rules import fsm, ranges
 from fleet.rules.errors import ConfigError, FleetError
 from fleet.rules.limits import DEFAULT_LOOKAHEAD, MAX_ROLES
@@ -43,7 +43,7 @@ def _in_range(path: str, value) -> None:
         raise ConfigError(path, why)
 
 
-@dataclass(frozen=True)
+@record
 class Role:
     """One declared role.
 
@@ -145,7 +145,7 @@ class Role:
         return self.kind == "pinned"
 
 
-@dataclass(frozen=True)
+@record
 class RoleSet:
     """The fleet's roles in a fixed order; a role's index is its code in the slot word."""
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import collections
 import math
-from dataclasses import dataclass
+
+from admission.records import record
 
 RAISED = "raised"
 CLEARED = "cleared"
@@ -38,7 +39,7 @@ __all__ = ["SaturationPolicy", "DEFAULT_SATURATION", "RoleSaturation", "Reading"
 SATURATION_KEYS = ("window_s", "raise_depth", "clear_depth", "margin", "warn")
 
 
-@dataclass(frozen=True)
+@record
 class SaturationPolicy:
     """The thresholds (``[saturation]`` in the config).
 
@@ -80,7 +81,7 @@ class SaturationPolicy:
 DEFAULT_SATURATION = SaturationPolicy()
 
 
-@dataclass(frozen=True)
+@record
 class Reading:
     """One role's saturation reading at the latest sample."""
 

@@ -44,9 +44,9 @@ shows them) but no seat.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 from typing import Sequence
 
+from admission.records import record, replace
 from fleet.rules.budget import PINNED, SERIAL
 from fleet.rules.plan import TierPlan
 from fleet.rules.roles import RoleSet
@@ -55,7 +55,7 @@ LOGICAL, SHARED = "logical", "shared"
 NO_SEAT = -1
 
 
-@dataclass(frozen=True)
+@record
 class Seat:
     index: int
     name: str
@@ -69,7 +69,7 @@ class Seat:
                 "binding": self.binding}
 
 
-@dataclass(frozen=True)
+@record
 class SlotSpec:
     index: int
     #: the role whose budget count laid the slot out (its home role); any role of its
@@ -78,7 +78,7 @@ class SlotSpec:
     seat: int  # NO_SEAT for a role without a handler
 
 
-@dataclass(frozen=True)
+@record
 class SeatLayout:
     seats: tuple[Seat, ...]
     slots: tuple[SlotSpec, ...]
@@ -212,7 +212,7 @@ def loop_cpus(seats: SeatLayout) -> tuple[int, ...] | None:
 # --------------------------------------------------------------------------- epochs
 
 
-@dataclass(frozen=True)
+@record
 class Placement:
     """Which of the booted seats run in an epoch, and on which CPUs (002 §3.4, T9).
 
@@ -241,7 +241,7 @@ class Placement:
         return tuple(replace(s, cpus=self.cpus[s.index]) for s in seats.seats if self.cpus[s.index] is not None)
 
 
-@dataclass(frozen=True)
+@record
 class SeatChange:
     """What an epoch boundary does to the seats: `retire` (their workers leave once
     nothing is in flight on them), `add` (a worker is forked, on its CPUs), `repin`

@@ -29,7 +29,8 @@ program's. Only its loop thread is named (``fleet-loop``, in ``top -H``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from admission.records import record
+
 
 #: The kernel keeps a command name of at most 15 bytes (TASK_COMM_LEN 16, with its NUL).
 COMM_BYTES = 15
@@ -46,7 +47,7 @@ OUTCOME_THREAD = "fleet-outcomes"
 INTAKE_THREAD = "fleet-intake"
 
 
-@dataclass(frozen=True)
+@record
 class Title:
     """A process's two names: its command line and its command name (<= COMM_BYTES)."""
 

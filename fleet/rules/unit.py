@@ -7,17 +7,18 @@ raises `UnitFailed` or `UnitSuppressed`, both carrying the unit's `Outcome`.
 """
 from __future__ import annotations
 
+import collections
 import math
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any, Hashable, NamedTuple
 
+from admission.records import record
 from fleet.rules.errors import FleetError
 from fleet.rules.outcomes import FAILED, SUPPRESSED
 
 
-class Unit(NamedTuple):
-    """What a handler receives (immutable; a NamedTuple because workers build one per item).
+class Unit(collections.namedtuple("Unit", ("id", "role", "payload", "key", "lane", "request_id", "route"),
+                                  defaults=(None, None, None, None, None))):
+    """What a handler receives (immutable; a named tuple because workers build one per item).
 
     Attributes:
         id: the fleet-wide unit id (unique for the life of the fleet).
@@ -31,13 +32,11 @@ class Unit(NamedTuple):
             None for a unit submitted without a route.
     """
 
-    id: int
-    role: str
-    payload: Any = None
-    key: Hashable | None = None
-    lane: str | None = None
-    request_id: str | None = None
-    route: Any = None
+    # collections' namedtuple, not typing's: every worker imports this module, and typing
+    # would be ~2 ms of the fork server's start. The fields' types, as typing would keep them:
+    __annotations__ = {"id": "int", "role": "str", "payload": "Any", "key": "Hashable | None", "lane": "str | None",
+                       "request_id": "str | None", "route": "Any"}
+    __slots__ = ()
 
 
 class _Running:
@@ -97,7 +96,7 @@ class Suppress(Exception):
         super().__init__(reason)
 
 
-@dataclass(frozen=True, slots=True)
+@record(slots=True)
 class Outcome:
     """How a unit ended: kind is solved, suppressed or failed; reason and detail say why."""
 

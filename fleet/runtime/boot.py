@@ -10,11 +10,11 @@ way tears down what it built (`Rig.teardown`) and raises its typed refusal.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
 
+from admission.records import record
 from fleet.shm import parcels
 from fleet.worker.codec import INLINE_MAX
 from fleet.host import priority as priority_mod
@@ -37,7 +37,7 @@ from fleet.shm.table import SlotTable
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(eq=False)
+@record(frozen=False, eq=False)
 class Rig:
     """What boot built for one fleet. The plan's parts stay; `teardown` lets the
     resources go (and sets their fields to None)."""

@@ -113,10 +113,10 @@ section is unknown is an error, so a typo cannot pass silently.
 """
 from __future__ import annotations
 
-import dataclasses
+from admission.records import field, fields, replace
 import os
-from dataclasses import dataclass, field
 
+from admission.records import record
 from fleet.rules.budget import BudgetOverrides
 from fleet.rules.contention import CONTENTION_MODES, CONTENTION_WIDEN
 from fleet.worker.prepare import WorkerSetup
@@ -130,10 +130,10 @@ from fleet.rules.ranges import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, config_range
 from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
 from fleet.rules.saturation import DEFAULT_SATURATION, SATURATION_KEYS, SaturationPolicy
 
-_ROLE_FIELDS = tuple(f.name for f in dataclasses.fields(Role) if f.name != "name")
+_ROLE_FIELDS = tuple(f.name for f in fields(Role) if f.name != "name")
 
 
-@dataclass(frozen=True)
+@record
 class Limits:
     """Input limits. `max_payload_bytes`: largest unit payload accepted, pickled (default:
     none below memory; a payload too large for its ring travels beside it, fleet.shm.parcels).
@@ -164,10 +164,10 @@ DAEMON_LIMITS = ("max_held_outcome_bytes", "held_outcome_ttl_s")
 def supervisor_limits(limits: Limits) -> Limits:
     """`limits` without fleetd's own (`DAEMON_LIMITS`): what a reload compares to tell
     whether the supervisor's limits changed (they need a restart)."""
-    return dataclasses.replace(limits, **{key: None for key in DAEMON_LIMITS})
+    return replace(limits, **{key: None for key in DAEMON_LIMITS})
 
 
-@dataclass(frozen=True)
+@record
 class RestartIntensity:
     """OTP-style restart intensity: more than `max_restarts` within `within_seconds` stops the fleet."""
 
@@ -178,7 +178,7 @@ class RestartIntensity:
     fork_server_timeout_s: float = 5.0
 
 
-@dataclass(frozen=True)
+@record
 class MemoryConfig:
     """Memory pressure as a cordon input (fleet.rules.pressure): a PSI trigger on the fleet's
     own cgroup2 group's memory.pressure fires at `pressure_stall_ms` of stall within
@@ -190,7 +190,7 @@ class MemoryConfig:
     pressure_window_ms: int = 2000
 
 
-@dataclass(frozen=True)
+@record
 class MetricsConfig:
     """The Prometheus endpoint: served on `host`:`port` when `enabled` (port 0: any free port);
     `spans`: a span per unit through OpenTelemetry (fleet.runtime.spans; the fleet[otel] extra)."""
@@ -201,7 +201,7 @@ class MetricsConfig:
     spans: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class StoreRole:
     """How units of one role ask the host-group store: placement, priority, waiting limit."""
 
@@ -220,7 +220,7 @@ class StoreRole:
 MAX_LEASE_RETRIES = 100
 
 
-@dataclass(frozen=True)
+@record
 class StoreConfig:
     """The host-group admission store (admission.store); off unless `url` is set.
 
@@ -241,7 +241,7 @@ class StoreConfig:
         return dict(self.roles).get(name)
 
 
-@dataclass(frozen=True)
+@record
 class RecordConfig:
     """The arrival log: one JSON line per accepted unit at `path` when `enabled` (fleet.runtime.arrivals)."""
 
@@ -249,7 +249,7 @@ class RecordConfig:
     path: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class AdmissionConfig:
     """The provider admission's declared policy (``[admission]``; see admission.policy).
 
@@ -264,7 +264,7 @@ class AdmissionConfig:
     closure_file: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class FleetConfig:
     """The validated configuration. Build it with `load_config`."""
 
@@ -371,7 +371,7 @@ def _posture(data):
     data = _table("posture", data)
     _reject_unknown("posture", data, POLICY_KEYS)
     try:
-        return dataclasses.replace(DEFAULT_POLICY, **data)
+        return replace(DEFAULT_POLICY, **data)
     except PostureRetuneError as exc:
         key, why = next(iter(exc.problems.items()))
         raise ConfigError(f"posture.{key}", why) from None
@@ -389,7 +389,7 @@ def _roles(data):
 
 def _limits(data):
     data = _table("limits", data)
-    keys = tuple(f.name for f in dataclasses.fields(Limits))
+    keys = tuple(f.name for f in fields(Limits))
     _reject_unknown("limits", data, keys)
     caps = {key: data.get(key) for key in keys}
     return Limits(**{key: None if cap is None else _number(f"limits.{key}", cap) for key, cap in caps.items()})
@@ -408,7 +408,7 @@ def _restart(data):
 
 def _memory(data):
     data = _table("memory", data)
-    _reject_unknown("memory", data, tuple(f.name for f in dataclasses.fields(MemoryConfig)))
+    _reject_unknown("memory", data, tuple(f.name for f in fields(MemoryConfig)))
     cordon = data.get("pressure_cordon", MemoryConfig.pressure_cordon)
     if not isinstance(cordon, bool):
         raise ConfigError("memory.pressure_cordon", f"must be true or false, got {cordon!r}")
@@ -440,7 +440,7 @@ def _metrics(data):
 _STORE_KEYS = ("url", "orchestrator", "lease_ttl", "renew_every", "poll_every", "global_limit", "aging_interval",
                "preemption", "environments", "providers", "tiers", "roles")
 _POLICY_KEYS = ("global_limit", "aging_interval", "preemption", "environments", "providers", "tiers")
-_STORE_ROLE_KEYS = tuple(f.name for f in dataclasses.fields(StoreRole))
+_STORE_ROLE_KEYS = tuple(f.name for f in fields(StoreRole))
 
 
 def _store(data, roles: RoleSet):
@@ -510,7 +510,7 @@ def _saturation(data):
     if clear_depth >= raise_depth:
         raise ConfigError("saturation.clear_depth", f"must be below saturation.raise_depth ({raise_depth}), "
                                                     f"got {clear_depth!r}")
-    return dataclasses.replace(DEFAULT_SATURATION, **data)
+    return replace(DEFAULT_SATURATION, **data)
 
 
 def _record(data):

@@ -28,14 +28,14 @@ puts the units back; this module only decides.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
+from admission.records import record
 from fleet.rules.outcomes import FAILED, FAILURE_REASONS, LANE_DEATH, TIMEOUT
 from fleet.rules.unit import Outcome
 
 
-@dataclass(frozen=True, slots=True)
+@record(slots=True)
 class Owed:
     """What is known of one unit a dead seat owed."""
 

@@ -50,9 +50,9 @@ import queue
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
+from admission.records import record
 from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import Outcome
 from fleet.rules.vocab import LEASE_LOST_REASONS, Reason
@@ -88,7 +88,7 @@ def call_timeout(lease_ttl: float, renew_every: float) -> float:
     return max(0.05, min(renew_every, lease_ttl / 4))
 
 
-@dataclass
+@record(frozen=False)
 class _Held:
     unit_id: int
     request_id: str

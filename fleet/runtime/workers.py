@@ -16,7 +16,7 @@ stopped answering (stopped, wedged): `stalled` says so and the deaths shell repl
 """
 from __future__ import annotations
 
-import dataclasses
+from admission.records import replace
 import logging
 import signal
 import time
@@ -322,9 +322,9 @@ def worker_setup(config, relay: bool = False) -> WorkerSetup:
     """The config's worker setup; a handler named in ``__main__`` also brings the main
     module in, with the command line its top level may read (fleet.worker.prepare),
     so a script's own function can be one. ``relay`` (service mode): results are not lent."""
-    setup = config.workers if not relay else dataclasses.replace(config.workers, lend=False)
+    setup = config.workers if not relay else replace(config.workers, lend=False)
     if setup.main is None and any((r.handler or "").startswith("__main__:") for r in config.roles):
         here = WorkerSetup.of_this_process()
-        setup = dataclasses.replace(setup, main=here.main, argv=setup.argv or here.argv,
+        setup = replace(setup, main=here.main, argv=setup.argv or here.argv,
                                     authkey=setup.authkey or here.authkey)
     return setup

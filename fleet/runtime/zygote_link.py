@@ -53,9 +53,9 @@ Exited = collections.namedtuple("Exited", "pid status")
 
 def _role_doc(role) -> dict:
     """A role (`fleet.rules.roles.Role`) as the zygote's messages carry it."""
-    import dataclasses  # here: the launch, before the runtime's imports, does without it
+    from admission.records import asdict  # here: the launch, before the runtime's imports, does without it
 
-    return dataclasses.asdict(role)
+    return asdict(role)
 
 
 def spawner_for(name: str) -> ThreadPoolExecutor:

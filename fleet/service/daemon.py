@@ -42,7 +42,6 @@ on its own (its supervisor loop failed).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import logging
 import os
@@ -53,6 +52,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
+from admission.records import field, record, replace
 from fleet.service import control, replays, sdnotify, start_exporter
 from fleet.runtime.beside import default_cap
 from fleet.runtime.config import DAEMON_LIMITS, FleetConfig, load_config
@@ -107,14 +107,14 @@ def _size(record: dict) -> int:
     return size
 
 
-@dataclasses.dataclass(eq=False)
+@record(frozen=False, eq=False)
 class _Box:
     """What one client token is owed: records in order, not yet acknowledged, and a
     waiting long poll. ``base`` numbers ``items[0]`` (the token's records are numbered
     from 0 in the order they were held); the first ``sent`` items went out in a reply."""
 
     seen: float
-    items: collections.deque = dataclasses.field(default_factory=collections.deque)
+    items: collections.deque = field(default_factory=collections.deque)
     base: int = 0
     sent: int = 0
     bytes: int = 0
@@ -530,7 +530,7 @@ def _short(token: str) -> str:
 
 
 # ================================================================== the daemon
-@dataclasses.dataclass
+@record(frozen=False)
 class Options:
     """What the command line chose (see fleet.cli.fleetd)."""
 
@@ -829,12 +829,12 @@ class Daemon:
                                     "a fleet cannot be renamed live (start it under the new name)")
         result = self.handler.reload(new)
         result["applied"] += self._apply_limits(new.limits)
-        self.config = dataclasses.replace(self.config, limits=dataclasses.replace(
+        self.config = replace(self.config, limits=replace(
             self.config.limits, **{key: getattr(new.limits, key) for key in DAEMON_LIMITS}))
         if "roles" not in result["needs_restart"]:
             # Keep what was applied (queue bounds for submit replies); roles that need
             # a restart keep the running definition.
-            self.config = dataclasses.replace(self.config, posture=new.posture, roles=new.roles)
+            self.config = replace(self.config, posture=new.posture, roles=new.roles)
         elif "posture" in result["applied"]:
-            self.config = dataclasses.replace(self.config, posture=new.posture)
+            self.config = replace(self.config, posture=new.posture)
         return result

@@ -62,7 +62,6 @@ This module imports no numpy and no numba, so read-only tools stay fast.
 """
 from __future__ import annotations
 
-import dataclasses
 import errno
 import importlib
 import logging
@@ -73,6 +72,7 @@ import stat
 import struct
 import time
 
+from admission.records import record
 from fleet.rules.errors import FleetError
 from fleet.host.groups import resolve_gid
 from fleet.rules.names import validate_fleet_name
@@ -97,7 +97,7 @@ _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Errors:
     """The typed errors a kind raises (each kind keeps its own, for its callers)."""
 
@@ -108,7 +108,7 @@ class Errors:
     denied: type  # called with a message
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Kind:
     """One kind of fleet segment: where its name, magic and creator identity live."""
 
@@ -155,7 +155,7 @@ def path(fleet: str, kind: Kind) -> str:
     return SHM_DIR + segment_name(fleet, kind)
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Found:
     """One entry under a fleet's names in /dev/shm, as ``lstat`` saw it (never opened to find it)."""
 

@@ -39,12 +39,12 @@ import base64
 import logging
 import os
 import sys
-from dataclasses import dataclass
 
+from admission.records import record
 from fleet.worker.main_guard import importing_main
 
 
-@dataclass(frozen=True)
+@record
 class WorkerSetup:
     """See the module docstring. The default asks for nothing beyond the handlers."""
 

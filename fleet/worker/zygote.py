@@ -97,11 +97,10 @@ def check_handlers(roles, out) -> None:
 
 def check_async_handler(role, handler) -> None:
     """An `async def` handler needs an event loop: only I/O-bound roles run one."""
-    import inspect
-
     from fleet.rules.errors import ConfigError
+    from fleet.worker.process import is_coroutine_function  # the worker's own rule (no inspect at boot)
 
-    if handler is not None and inspect.iscoroutinefunction(handler) and not role.io_bound:
+    if handler is not None and not role.io_bound and is_coroutine_function(handler):
         raise ConfigError(f"roles.{role.name}.handler",
                           f"{role.handler!r} is an async def handler; declare the role io_bound = true to run it")
 

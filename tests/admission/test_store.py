@@ -1,7 +1,7 @@
 """The host-group admission store, the same suite against SQLite and a real PostgreSQL."""
 from __future__ import annotations
 
-import dataclasses
+from admission.records import replace
 import sqlite3
 
 import pytest
@@ -212,7 +212,7 @@ def test_effective_priority_counts_whole_intervals():
     assert r.effective_priority(rec, 110.0, 10) == 3
     assert r.effective_priority(rec, 145.0, 10) == 6
     # aging lifts waiting requests only: an admitted lease counts its base priority
-    running = dataclasses.replace(rec, state=ADMITTED, revision=1, lease_expires=1e9)
+    running = replace(rec, state=ADMITTED, revision=1, lease_expires=1e9)
     assert r.effective_priority(running, 145.0, 10) == 2
 
 
@@ -439,7 +439,7 @@ def test_ids_are_global_across_orchestrators(store_url, clock):
                                          ("lease_ttl", -1)])
 def test_a_bad_request_is_refused_by_name_and_stores_nothing(store, field, value):
     with pytest.raises(BadRequest) as err:
-        store.submit(dataclasses.replace(req("r"), **{field: value}))
+        store.submit(replace(req("r"), **{field: value}))
     assert err.value.field == field and err.value.exit_code == 94
     assert store.events() == [] and store.active() == []
 
@@ -537,7 +537,7 @@ def test_reopen_ends_a_closure_early_for_every_fleet_and_is_audited(store_url, c
                                          ("message", None), ("provider", "a\x00b")])
 def test_a_bad_closure_is_refused_by_name_and_writes_nothing(store, clock, field, value):
     good = closure(until=clock.now + 60)
-    bad = dataclasses.replace(closure(provider="other", until=clock.now + 60), **{field: value})
+    bad = replace(closure(provider="other", until=clock.now + 60), **{field: value})
     with pytest.raises(BadRequest) as err:
         store.put_closures([good, bad])
     assert err.value.field == field

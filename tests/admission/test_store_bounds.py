@@ -7,7 +7,7 @@ written out here from their statement, not read from the store.
 """
 from __future__ import annotations
 
-import dataclasses
+from admission.records import replace
 import json
 import math
 
@@ -185,7 +185,7 @@ def _sql(url: str, statement: str, args=()) -> None:
 
 def test_a_request_built_by_hand_is_checked_field_by_field(store):
     # a dataclass does not check its fields: the store does, whatever built the request
-    bad = dataclasses.replace(req("x"), priority=2**40)
+    bad = replace(req("x"), priority=2**40)
     with pytest.raises(BadRequest, match="priority"):
         store.submit(bad)
     assert store.active() == []

@@ -4,7 +4,7 @@ the act (`fleet.host.cgroup.arrange`, `place`) on fake files and on real groups 
 host's cgroup2 and v1 cpu trees."""
 from __future__ import annotations
 
-import dataclasses
+from admission.records import replace
 import itertools
 import os
 import subprocess
@@ -255,14 +255,14 @@ def test_real_cgroup2_group_marked_by_hand_is_found_arranged_and_left_clean():
         cgroup.place(child.pid, group)
         facts = cgroup.facts(pid=str(child.pid), arrange=True)
         assert facts.own.path == group and facts.own.marked and not facts.parent.marked
-        a = D.decide(dataclasses.replace(facts, v1={}))
+        a = D.decide(replace(facts, v1={}))
         assert a.arranged and a.group == group and a.move_self
         done = cgroup.arrange(a, pid=child.pid)
         assert done.arranged, done.notes
         with open(f"/proc/{child.pid}/cgroup") as f:
             assert f"0::{group[len(mount):]}/supervisor" in f.read().splitlines()
         # asked again from the leaf, the answer is the same group, nothing left to move
-        again = D.decide(dataclasses.replace(cgroup.facts(pid=str(child.pid), arrange=True), v1={}))
+        again = D.decide(replace(cgroup.facts(pid=str(child.pid), arrange=True), v1={}))
         assert again.group == group and not again.move_self
     finally:
         if child is not None:
@@ -294,7 +294,7 @@ def test_a_reading_needs_its_controller_on_the_group_not_only_the_file():
     own = D.Group("/g/x", frozenset(V2_FILES), frozenset({"pids"}), False)
     a = D.decide(D.Facts("/g", own, D.Group("/g"), arrange=True))
     assert a.reads[D.CPU_STAT] is None and a.reads[D.MEMORY_EVENTS] is None
-    both = D.decide(D.Facts("/g", dataclasses.replace(own, controllers=frozenset({"cpu", "memory"})), D.Group("/g")))
+    both = D.decide(D.Facts("/g", replace(own, controllers=frozenset({"cpu", "memory"})), D.Group("/g")))
     assert both.reads[D.CPU_STAT].path == "/g/x/cpu.stat" and both.reads[D.MEMORY_EVENTS].path == "/g/x/memory.events"
 
 

@@ -1,7 +1,7 @@
 """The dispatcher's pure rules: precedence, pooled grants, pins by key, posture gating."""
 from __future__ import annotations
 
-import dataclasses
+from admission.records import replace
 
 import pytest
 
@@ -96,7 +96,7 @@ def test_distinct_keys_take_distinct_pins_and_then_wait(d):
 
 
 def _elastic():
-    roles = RoleSet(tuple(dataclasses.replace(r, elastic_repin=True) if r.name == "solver" else r for r in ROLES))
+    roles = RoleSet(tuple(replace(r, elastic_repin=True) if r.name == "solver" else r for r in ROLES))
     return Dispatcher(roles, _layout(roles), pin_depth=2)
 
 

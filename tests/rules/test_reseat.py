@@ -9,7 +9,7 @@ booted quota places every seat as booted, and `changes` carries one placement on
 next."""
 from __future__ import annotations
 
-import dataclasses
+from admission.records import replace
 import itertools
 
 import pytest
@@ -33,7 +33,7 @@ ROLE_SETS = {
     "declared peaks": RoleSet((Role("a", kind="pooled", handler="m:f", slots=2, peak_cpus=1),
                                Role("b", kind="pooled", handler="m:f", slots=2))),
     # 002's roles, each given a handler (declared only, they would lay out no seat)
-    "reference": RoleSet(tuple(dataclasses.replace(r, handler="m:f") for r in plan_mod.REFERENCE_ROLES)),
+    "reference": RoleSet(tuple(replace(r, handler="m:f") for r in plan_mod.REFERENCE_ROLES)),
 }
 LOOPS = ("auto", "priority")
 QUOTAS = [q / 4 for q in range(1, 33)]  # 0.25 .. 8 CPUs

@@ -1,13 +1,13 @@
 """Seat and slot layout from a tier plan (pure)."""
 from __future__ import annotations
 
-import dataclasses
+from admission.records import replace
 
 from fleet.rules.plan import resolve
 from fleet.rules.roles import REFERENCE_ROLES, Role, RoleSet
 from fleet.rules.seats import NO_SEAT, layout
 
-ACTIVE = RoleSet(tuple(dataclasses.replace(r, handler="m:f") for r in REFERENCE_ROLES))
+ACTIVE = RoleSet(tuple(replace(r, handler="m:f") for r in REFERENCE_ROLES))
 
 
 def test_serial_one_seat_holds_every_slot_on_the_core_after_the_reserve():

@@ -13,9 +13,9 @@ listed in OTHER_VOCABULARIES, each with the vocabulary it belongs to.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import pathlib
 
+from admission.records import fields
 import admission
 import fleet
 from admission import state as admission_state
@@ -101,7 +101,7 @@ def test_lease_states_and_posture_keys():
     assert vocab.lease_states.STATES == lease_vocab.STATES
     assert set(lease_vocab.LIVE_STATES) | set(lease_vocab.TERMINAL_STATES) == LEASE_STATES
     assert set(vocab.POSTURE_KEYS) == POSTURE_KEYS
-    assert tuple(f.name for f in dataclasses.fields(posture.PosturePolicy)) == vocab.POSTURE_KEYS
+    assert tuple(f.name for f in fields(posture.PosturePolicy)) == vocab.POSTURE_KEYS
 
 
 def test_bulkhead_states_and_closure_causes_keep_their_codes():

@@ -8,14 +8,14 @@ import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
+from admission.records import record
 from fleet.service.control.errors import ShuttingDown
 from fleet.service.control.ops import Op
 
 
-@dataclass(frozen=True)
+@record
 class Peer:
     """The process at the other end of a connection, from SO_PEERCRED."""
 
@@ -30,7 +30,7 @@ class Peer:
         return cls(*struct.unpack(fmt, raw))
 
 
-@dataclass(frozen=True)
+@record
 class Call:
     """A validated request, ready to run against the handler on the owning thread."""
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 import base64
 import binascii
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
+from admission.records import record
 from fleet.worker.codec import (MAX_DETAIL_CHARS, MAX_ERROR_BYTES, CodecError, _InParcel, _Pickled, clip_detail, dumps,
                                 handler_error, loads, value_in_parcel)
 from fleet.rules.outcomes import FAILED, KINDS, SOLVED
@@ -199,7 +199,7 @@ def _pickled_error(exc: BaseException | _Pickled | None) -> str | None:
 
 
 # ================================================================== client half
-@dataclass(frozen=True)
+@record
 class Record:
     """One parsed outcome record (see the module docstring for the fields)."""
 

@@ -14,10 +14,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from admission.records import field, record
 from fleet.host import affinity
 from fleet.host.proctitle import name_thread
 from fleet.rules import titles
@@ -68,7 +68,7 @@ _ACCEPT_PAUSE_S = 0.1
 _TICK_S = 1.0
 
 
-@dataclass(eq=False)
+@record(frozen=False, eq=False)
 class _Conn:
     """One accepted connection; owned by the server loop thread."""
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from admission.records import record
 from fleet.service.control.errors import E_INVALID, E_INVALID_ARGS, E_INVALID_REPLY, E_MALFORMED, E_TOO_LARGE, ProtocolError
 from fleet.service.control.fds import Held
 
@@ -17,7 +17,7 @@ from fleet.service.control.fds import Held
 MAX_FRAME = 1 << 20
 
 
-@dataclass(frozen=True)
+@record
 class Request:
     """A decoded request envelope. ``args`` is not yet checked against the op's schema."""
 
@@ -26,7 +26,7 @@ class Request:
     args: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@record
 class Reply:
     """A decoded reply: ``result`` when ``ok``, else ``error_type`` and ``error_message``."""
 
@@ -138,7 +138,7 @@ def encode_error(id: int | str | None, type: str, message: str) -> bytes:
     return _dumps({"id": id, "ok": False, "error": {"type": type, "message": message}})
 
 
-@dataclass(frozen=True)
+@record
 class Push:
     """A decoded push frame: outcome records a connection carries unasked (see `encode_push`)."""
 
@@ -213,7 +213,7 @@ def _is(value: Any, kinds: tuple[type, ...]) -> bool:
     return isinstance(value, kinds)
 
 
-@dataclass(frozen=True)
+@record
 class Arg:
     """One argument of an op: accepted JSON types (None = any JSON value), required, default."""
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from dataclasses import dataclass
 
+from admission.records import record
 from fleet.shm.table import kernel_tables
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ NAMES = ("apply_transition", "apply_batch", "start_unit", "finish_unit", "seq_wr
 _loaded = None
 
 
-@dataclass(frozen=True)
+@record
 class Kernels:
     """A build of the kernels: where it came from, and its entry points' addresses."""
 

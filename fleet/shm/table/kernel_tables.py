@@ -11,7 +11,7 @@ makes numpy arrays of the tables and uint64 scalars of the masks: what numba fre
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 try:  # hashlib's own BLAKE2, without hashlib's import of OpenSSL (~3 ms of each process's start)
     from _blake2 import blake2b
@@ -21,7 +21,7 @@ except ImportError:  # an interpreter built without its bundled hashes
 from fleet.rules import cordon, fsm
 from fleet.shm.table import layout as L
 
-_HERE = Path(__file__).resolve().parent
+_HERE = os.path.dirname(os.path.realpath(__file__))  # os.path: pathlib is ~3 ms of each process's start
 
 
 def _tables():
@@ -92,12 +92,13 @@ def _as_tuples(value):
 
 
 def _source_digest(module) -> int:
-    return file_digest(Path(module.__file__))
+    return file_digest(module.__file__)
 
 
-def file_digest(path: Path) -> int:
+def file_digest(path: str) -> int:
     """A 60-bit digest of a file's bytes."""
-    return int(blake2b(path.read_bytes(), digest_size=8).hexdigest()[:15], 16)
+    with open(path, "rb") as f:
+        return int(blake2b(f.read(), digest_size=8).hexdigest()[:15], 16)
 
 
 def _embedded() -> dict:
@@ -112,7 +113,7 @@ def build_digest() -> int:
     build (kernel_build.py).
     An edit of any of them, or of a rule whose value lands in a table (fsm.py, cordon.py),
     changes it; `kernel_load` then refuses the stale build and compiles instead."""
-    sources = {name: file_digest(_HERE / name)
+    sources = {name: file_digest(os.path.join(_HERE, name))
                for name in ("kernels.py", "atomics.py", "kernel_entry.py", "kernel_build.py")}
     return tables_digest({**_embedded(), **sources})
 

@@ -26,8 +26,8 @@ import logging
 import mmap
 import os
 import time
-from dataclasses import dataclass
 
+from admission.records import record
 from fleet.shm import segments as shm
 from fleet.rules.errors import EXIT_NO_PERMISSION, EXIT_TABLE_IN_USE, FleetError
 from fleet.rules.names import InvalidFleetName
@@ -97,7 +97,7 @@ def segment_name(name: str) -> str:
     return shm.segment_name(name, KIND)
 
 
-@dataclass
+@record(frozen=False)
 class Segment:
     """A mapped table segment. `header` is a live view; `buf` the whole mapping."""
 

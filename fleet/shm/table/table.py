@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from fleet import _table
 from fleet.rules import fsm

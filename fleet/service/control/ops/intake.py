@@ -3,9 +3,9 @@ reload of its config."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 
+from admission.records import replace
 from fleet.rules.errors import EXIT_FAILURE, EXIT_OK, EXIT_TIMED_OUT
 from fleet.service.control.ops.base import OPS, Op
 
@@ -171,8 +171,8 @@ class ReloadOp(Op):
         if supervisor_limits(config.limits) != supervisor_limits(old.limits):
             restart.append("limits")  # fleetd's own (config.DAEMON_LIMITS) it applies itself, live
         # Compare roles with the one live field masked (1: a Role refuses a bound below 1).
-        old_roles = {r.name: dataclasses.replace(r, queue_bound=1) for r in old.roles}
-        new_roles = {r.name: dataclasses.replace(r, queue_bound=1) for r in config.roles}
+        old_roles = {r.name: replace(r, queue_bound=1) for r in old.roles}
+        new_roles = {r.name: replace(r, queue_bound=1) for r in config.roles}
         if old_roles != new_roles:
             restart.append("roles")
         policy = sup.posture.policy
