@@ -292,3 +292,47 @@ def test_a_bad_fork_server_command_line_exits_2_naming_what_is_wrong(argv, says,
         zygote.parse_args(argv)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and f"fleet.worker.zygote: error: {says}\n" in err and err.startswith("usage: "), err
+
+
+#: What neither process of a start imports, your process through its first result and the
+#: fork server through its preloads (docs/executor.md, "What a boot costs"): dataclasses
+#: (fleet declares records), inspect with ast and dis, and in the fork server typing and
+#: pathlib, each 2-5 ms of a start on its path.
+NEVER_IMPORTED = ("dataclasses", "inspect", "ast", "dis")
+NOT_IN_THE_FORK_SERVER = (*NEVER_IMPORTED, "typing", "pathlib")
+
+
+def test_a_first_result_imports_neither_dataclasses_nor_inspect(tmp_path):
+    got = run("""
+        import json, sys
+        sys.path.insert(0, {repo})
+        from fleet import Executor
+
+        if __name__ == "__main__":
+            with Executor(max_workers=1) as ex:
+                assert ex.submit(abs, -3).result() == 3
+            print(json.dumps(sorted(m for m in %r if m in sys.modules)))
+    """ % (NEVER_IMPORTED,), tmp_path)
+    assert got == []
+
+
+def test_the_fork_server_preloads_without_typing_pathlib_or_inspect():
+    """Its preloads, in an interpreter without `site` (whose .pth files, an editable install's
+    import hook among them, import pathlib and more before fleet runs), fleet's root and
+    the site-packages on its path."""
+    import sysconfig
+
+    paths = os.pathsep.join([REPO, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    code = textwrap.dedent("""
+        import json, sys
+        before = set(sys.modules)
+        import fleet.worker.zygote as z
+        assert z.__file__.startswith(sys.argv[1]), z.__file__
+        z.preload_kernels()
+        z.preload_worker()
+        print(json.dumps(sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules and m not in before)))
+    """)
+    out = subprocess.run([sys.executable, "-S", "-c", code, REPO, json.dumps(NOT_IN_THE_FORK_SERVER)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": paths})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout) == []

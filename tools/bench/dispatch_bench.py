@@ -15,14 +15,20 @@ and ~50 µs CPU handlers:
   io_fleet               1,000 units that each `await asyncio.sleep(0.01)` on one I/O-bound
                          role with 100 slots; `io_fleet_of_ideal` = 0.1 s / the median run
   start                  a fresh interpreter each, fleet.Executor() against ProcessPoolExecutor()
-                         (defaults): `first_result_s` from the import to the first result;
+                         (defaults): `first_result_s` from the import to the first result
+                         (--start-samples starts of each face a round, interleaved: a start
+                         is ~0.1 s, and the machine's noise is larger than the ratio's margin);
                          `script_100_s` a script mapping 100 items, end to end (the interpreter's
                          start and exit included); `idle_pss_mib` the PSS of the process tree
                          (parent, fork server, 2 workers) idle after a map, `idle_worker_uss_mib`
                          a worker's own memory (USS, the median of the tree's leaves), and
                          `idle_by_process_mib` the last round's PSS and USS of the parent, the
                          fork server and the workers together. Bytecode is
-                         cached (PYTHONDONTWRITEBYTECODE is dropped). --only-start: these alone
+                         cached (PYTHONDONTWRITEBYTECODE is dropped). --python: the interpreter
+                         of the start scripts (default this one; e.g. a venv where fleet is
+                         installed from its wheel, as users install it: an editable install's
+                         import hook runs in every interpreter's start, the fork server's
+                         included). --only-start: these alone
   --noisy               the contenders and ratios above (not io_fleet, start, idle) twice in one
                          run, quiet and with a noise process (a Python busy loop pinned to one
                          core) running, interleaved measure by measure; "noisy" holds the noisy
@@ -447,12 +453,18 @@ if __name__ == "__main__":
 _SCRIPTS = None  # the folder of the start scripts, while bench_start runs
 
 
+#: The interpreter of the start scripts (--python).
+START_PYTHON = sys.executable
+#: First results measured per face and round (--start-samples), interleaved face by face.
+START_SAMPLES = 5
+
+
 def _python(text: str) -> list:
     """The command that runs `text` as a script file (a main module the workers can import)."""
     path = os.path.join(_SCRIPTS, f"start_{abs(hash(text))}.py")
     with open(path, "w") as f:
         f.write(text)
-    return [sys.executable, path]
+    return [START_PYTHON, path]
 
 
 def tree_memory_mib(pid: int) -> tuple[float, float, dict]:
@@ -522,10 +534,12 @@ def _start_rounds(rounds: int, runs: dict, where: dict) -> None:
     import subprocess
 
     for _ in range(rounds):
+        for _sample in range(START_SAMPLES):
+            for face, line in FACES.items():
+                out = subprocess.run(_python(FIRST_RESULT.format(face=line)), capture_output=True, text=True,
+                                     timeout=300, check=True, env=START_ENV)
+                runs[face]["first_result_s"].append(float(out.stdout))
         for face, line in FACES.items():
-            out = subprocess.run(_python(FIRST_RESULT.format(face=line)), capture_output=True, text=True, timeout=300,
-                                 check=True, env=START_ENV)
-            runs[face]["first_result_s"].append(float(out.stdout))
             t0 = time.perf_counter()
             subprocess.run(_python(SCRIPT_100.format(face=line)), capture_output=True, timeout=300, check=True,
                            env=START_ENV)
@@ -804,7 +818,7 @@ def _round_rates(res) -> None:
 
 
 def main(argv=None):
-    global REPEAT
+    global REPEAT, START_SAMPLES, START_PYTHON
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--workers", type=int, default=2)
@@ -814,6 +828,10 @@ def main(argv=None):
                              "the median of its rounds (default %(default)s)")
     parser.add_argument("--only-start", action="store_true",
                         help="only the start rows: first result, a 100-item script, the idle footprint")
+    parser.add_argument("--start-samples", type=int, default=START_SAMPLES,
+                        help="first results of each face per round, interleaved (default %(default)s)")
+    parser.add_argument("--python", default=START_PYTHON,
+                        help="the interpreter that runs the start scripts (default: this one)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--noisy", action="store_true",
                       help="the contenders and ratios, quiet and with a busy process pinned to one core, "
@@ -823,7 +841,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.start_samples < 1:
+        parser.error("--start-samples must be at least 1")
+    if not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
+        parser.error(f"--python {args.python!r} is not an executable file")
     REPEAT = args.repeat
+    START_SAMPLES, START_PYTHON = args.start_samples, args.python
     if args.only_start:
         start = bench_start(REPEAT)
         res = {"rounds": REPEAT, "start": start, "ratios": start_ratios(start), "targets": START_TARGETS}
