@@ -17,7 +17,11 @@ compiled when first called: most classes are never compared, and the few compare
 hot path run the same code a dataclass's do.
 
 The functions are those of dataclasses, for records: `field`, `fields`, `replace`,
-`asdict`. What a record does not do: `order`, `unsafe_hash`, `InitVar` and `KW_ONLY`
+`asdict`. And a record is a dataclass to `dataclasses` itself: `is_dataclass`, `fields`,
+`asdict` and `replace` of the standard library (and what reads them: pytest's diffs, a
+user's `dataclasses.asdict(outcome)`) find its `__dataclass_fields__`, made the first time
+one is looked for, by the module that looks and has imported dataclasses (a record's own
+process never does). What a record does not do: `order`, `unsafe_hash`, `InitVar` and `KW_ONLY`
 (nothing here uses them; an InitVar is refused at class creation); a class without a
 docstring keeps none (a dataclass writes its signature there).
 
@@ -124,6 +128,27 @@ def _plain(obj):
     return copy.deepcopy(obj)
 
 
+class _DataclassFields:
+    """A record class's ``__dataclass_fields__``, made when first looked for: the
+    `dataclasses.Field` of each field, as `dataclasses.fields`, `asdict`, `replace` and
+    `is_dataclass` read them. `dataclasses` is imported then, by then already the looker's;
+    each record class holds one of these, replaced by what it made (a subclass makes its own)."""
+
+    def __get__(self, obj, cls):
+        import dataclasses
+
+        made = {}
+        for f in cls.__record_fields__.values():
+            d = dataclasses.field(default=dataclasses.MISSING if f.default is MISSING else f.default,
+                                  default_factory=(dataclasses.MISSING if f.default_factory is MISSING
+                                                   else f.default_factory),
+                                  init=f.init, repr=f.repr, compare=f.compare, kw_only=f.kw_only)
+            d.name, d.type, d._field_type = f.name, f.type, dataclasses._FIELD  # what dataclasses' own processing sets
+            made[f.name] = d
+        type.__setattr__(cls, "__dataclass_fields__", made)
+        return made
+
+
 def record(cls=None, /, *, frozen: bool = True, eq: bool = True, slots: bool = False, kw_only: bool = False):
     """Class decorator: `cls` made as `@dataclass(frozen=frozen, eq=eq, slots=slots,
     kw_only=kw_only)` would make it. Frozen by default, the common case here."""
@@ -152,6 +177,8 @@ def _make(cls, *, frozen: bool, eq: bool, slots: bool, kw_only: bool):
         cls = _slotted(cls, declared)
     cls.__record_fields__ = declared
     cls.__record_frozen__ = frozen
+    cls.__dataclass_fields__ = _DataclassFields()
+    cls.__replace__ = replace  # copy.replace (Python 3.13), as a dataclass has it
     every = tuple(declared.values())
     names = tuple(declared)
     cls.__match_args__ = tuple(f.name for f in every if f.init and not f.kw_only)
