@@ -189,8 +189,8 @@ class Zygote:
         # Everything imported so far (numba, the handlers' modules) lives as long as the
         # process: out of the collector's sight, a worker's full collections walk only
         # what it made itself (and forked pages stay shared, untouched by the collector).
-        # `settle` did it once for the preloads, before the boot message: this one walks
-        # only what boot made since.
+        # `settle` froze the preloads' before the boot message: this one walks only what
+        # boot made since.
         settle()
 
     def fork(self, seat: int, cpus) -> int:
@@ -394,11 +394,15 @@ def warm_allocator() -> None:
     del block
 
 
-def settle() -> None:
-    """Collect, then put what is alive out of the collector's sight (`gc.freeze`): at the
-    preloads' end, while the zygote waits for its boot message, and again at boot's end,
-    where the collection then walks only what boot made (a few ms, not ~20)."""
-    gc.collect()
+def settle(collect: bool = True) -> None:
+    """Collect, then put what is alive out of the collector's sight (`gc.freeze`): at
+    boot's end, where the collection walks only what boot made (the main module, the
+    handlers' modules: a few ms, not ~20). At the preloads' end without the collection:
+    what they leave for it is fleet's and the standard library's (~180 objects, a few
+    KiB, measured), and the ~3 ms it took are on the first result's path (the fork server
+    is its critical path: docs/executor.md, "What a boot costs")."""
+    if collect:
+        gc.collect()
     gc.freeze()
 
 
@@ -474,7 +478,7 @@ def main(argv=None) -> int:
     preload_kernels()  # while the supervisor loads its own: its boot message comes after
     preload_worker()
     warm_allocator()
-    settle()
+    settle(collect=False)
     boot = zygote.read_one()
     if boot.get("op") != "boot":
         return 0  # launched, then stopped before its boot (the supervisor's boot failed)
