@@ -19,11 +19,14 @@ hot path run the same code a dataclass's do.
 The functions are those of dataclasses, for records: `field`, `fields`, `replace`,
 `asdict`. And a record is a dataclass to `dataclasses` itself: `is_dataclass`, `fields`,
 `asdict` and `replace` of the standard library (and what reads them: pytest's diffs, a
-user's `dataclasses.asdict(outcome)`) find its `__dataclass_fields__`, made the first time
-one is looked for, by the module that looks and has imported dataclasses (a record's own
-process never does). What a record does not do: `order`, `unsafe_hash`, `InitVar` and `KW_ONLY`
-(nothing here uses them; an InitVar is refused at class creation); a class without a
-docstring keeps none (a dataclass writes its signature there).
+user's `dataclasses.asdict(outcome)`) find its `__dataclass_fields__`, made the first
+time one is looked for, by the module that looks and has imported dataclasses (a
+record's own process never does).
+
+What a record does not do: `order`, `unsafe_hash`, `InitVar` and `KW_ONLY` (nothing here
+uses them; an InitVar is refused at class creation), nor `__dataclass_params__` (a
+standard dataclass cannot subclass a record); a class without a docstring keeps none (a
+dataclass writes its signature there).
 
 This module imports only the standard library, as `admission` does.
 """
@@ -320,8 +323,8 @@ def _eq(cls, names: tuple):
 
 
 def _hash(cls, names: tuple):
-    return _on_first_call(cls, "__hash__", f"def __hash__(self):\n    return hash(({''.join(f'self.{n},' for n in names)}))\n",
-                          {})
+    mine = "".join(f"self.{n}," for n in names)
+    return _on_first_call(cls, "__hash__", f"def __hash__(self):\n    return hash(({mine}))\n", {})
 
 
 def _frozen(cls, names: frozenset):

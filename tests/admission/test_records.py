@@ -102,8 +102,8 @@ def test_defaults_keyword_only_post_init_and_uninitialised_fields():
         object.__setattr__(self, "total", self.a + self.b)
 
     body = {"__annotations__": {"a": int, "b": int, "total": int, "note": str},
-            "b": 10, "total": {"init": False, "repr": False, "compare": False}, "note": {"default": "n", "kw_only": True},
-            "__post_init__": post}
+            "b": 10, "total": {"init": False, "repr": False, "compare": False},
+            "note": {"default": "n", "kw_only": True}, "__post_init__": post}
     D, R = twins(body, {"frozen": True}, {})
     r = R(1, note="m")
     assert (r.a, r.b, r.total, r.note) == (1, 10, 11, "m") and seen == [r]
