@@ -205,10 +205,16 @@ def _make(cls, *, frozen: bool, eq: bool, slots: bool, kw_only: bool):
 def _declare(cls, kw_only: bool) -> dict:
     """name -> Field: the bases' records' fields, then this class's annotations (a name
     declared again keeps its place and takes the new declaration)."""
+    own = cls.__dict__
+    if "__annotations__" not in own and "__annotate__" in own:
+        # Python 3.14 keeps a class's annotations in its dict only under `from __future__
+        # import annotations` (PEP 749); without it, a record would have no fields at all
+        raise TypeError(f"record {cls.__qualname__}: declare it in a module with `from __future__ import "
+                        "annotations` (its fields are read from the class's own annotations)")
     declared = {}
     for base in reversed(cls.__mro__[1:]):
         declared.update(base.__dict__.get("__record_fields__", {}))
-    for name, kind in cls.__dict__.get("__annotations__", {}).items():
+    for name, kind in own.get("__annotations__", {}).items():
         text = kind if isinstance(kind, str) else repr(kind)
         if text.startswith(("ClassVar", "typing.ClassVar")):
             continue

@@ -136,6 +136,9 @@ def test_what_a_record_refuses():
         record(type("Bad", (), {"__annotations__": {"a": int, "b": int}, "a": 1}))
     with pytest.raises(TypeError, match="InitVar"):
         record(type("Bad", (), {"__annotations__": {"a": "dataclasses.InitVar[int]"}}))
+    with pytest.raises(TypeError, match="from __future__ import annotations"):
+        # a class body's lazy annotations (Python 3.14 without the future import): not read as none
+        record(type("Lazy", (), {"__annotate__": lambda fmt: {"a": int}}))
     Frozen = record(type("Frozen", (), {"__annotations__": {"a": int}}))
     with pytest.raises(TypeError, match=r"frozen=False\) cannot inherit Frozen \(frozen=True\)"):
         record(frozen=False)(type("Thawed", (Frozen,), {"__annotations__": {"b": int}}))
