@@ -296,6 +296,49 @@ def payload_memory(unit):
     return writable, type(memory_owner(array)).__name__, float(array.sum())
 
 
+def mapping_of(array) -> tuple[str, int]:
+    """(the path, the inode) of the mapping that holds `array`'s first byte, from /proc/self/maps."""
+    address = array.__array_interface__["data"][0]
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return (fields[5].strip() if len(fields) > 5 else ""), int(fields[4])
+    return "", 0
+
+
+def payload_mapping(unit):
+    """(whether the array payload is writable, the path and inode of the mapping holding it,
+    its sum) of an array payload: where the worker's array lives."""
+    array = unit.payload
+    writable = bool(array.flags.writeable)
+    array[0] += 0.0  # a write: the worker's own page (copy on write)
+    path, inode = mapping_of(array)
+    return writable, path, inode, float(array.sum())
+
+
+def hold_then_map(unit):
+    """Payload (pid file, gate file, array or None): writes this worker's pid to the pid file
+    (when given), waits for the gate file (when given), then returns `payload_mapping`'s
+    answer for the array (None without one). Lets a test hold a worker with a unit sent
+    ahead to it, and kill it."""
+    pid_file, gate, array = unit.payload
+    if pid_file is not None:
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+    deadline = time.monotonic() + 120
+    while gate is not None and not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{gate} never appeared")
+        time.sleep(0.005)
+    if array is None:
+        return None
+    path, inode = mapping_of(array)
+    return bool(array.flags.writeable), path, inode, float(array.sum())
+
+
 def make_array(unit):
     """A float64 array result of `unit.payload` bytes, each element its index."""
     import numpy as np

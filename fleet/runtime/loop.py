@@ -120,7 +120,8 @@ class Supervisor:
         self.recorder = _arrival_log(config)  # None unless [record] enabled
         self.role_stops = RoleStops(config.restart)  # its `view` and reasons are read by callers
         self.door = Door(self.name, [r.queue_bound for r in self.roles], self.role_stops, self._ring)
-        self._submitter = Submitter(self.door, self.roles, self.ledger, config.limits, self.recorder)
+        self._submitter = Submitter(self.door, self.roles, self.ledger, config.limits, self.recorder,
+                                    handoff=self.mode == "service")
         # The caller's half of a submit (fleet.runtime.submit), bound here: no call between.
         self.submit, self.submit_call, self.submit_many, self.submit_pickled = (
             self._submitter.submit, self._submitter.submit_call, self._submitter.submit_many,
@@ -370,6 +371,8 @@ class Supervisor:
                     continue
             if not unit.plain:
                 started(unit)  # it runs from here (on its provider too); no gate ever saw a plain one
+            if unit.handed is not None:
+                self.seats.hand(g.seat, unit.handed)  # before its task: the worker finds it as it reads the task
             task = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags) + unit.body
             batch = sends.get(g.seat)
             if batch is None:

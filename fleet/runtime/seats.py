@@ -58,6 +58,11 @@ class Seats:
             outbox.extend(tasks[pushed:])
             self.flush(seat)
 
+    def hand(self, seat: int, handed) -> None:
+        """Send a payload's memfd (`fleet.shm.handoff.Handed`) to the seat's worker, ahead of
+        the task that names it."""
+        handed.send(self.workers.channels.get(seat), seat)
+
     def send_message(self, seat: int, tag: int, message: bytes) -> None:
         """One message of another kind than a task (a child's outcome, M.CHILD_DONE), in
         the same order as the tasks: it waits in the outbox behind them when they wait."""

@@ -85,14 +85,20 @@ class LoopUnit(Pending):
     #: no gate ever hears of it, so its start and its solved end take the batch paths
     #: (fleet.runtime.accept `accept_run`, fleet.runtime.results `take`).
     plain: bool = False
+    #: Its payload's memfd, handed to each worker that runs it (fleet.shm.handoff.Handed;
+    #: a service-mode client's large payload), sent before its task; None for any other.
+    handed: object = None
 
 
 class Submitter:
     """The caller's half of a submit, for one fleet: checks, pickles, takes queue room
     and posts to the loop's `accept` (or `accept_many`). Any thread may call it."""
 
-    def __init__(self, door, roles, ledger, limits, recorder=None):
+    def __init__(self, door, roles, ledger, limits, recorder=None, handoff: bool = False):
         self._door, self._roles, self._ledger, self._recorder = door, roles, ledger, recorder
+        #: fleetd's fleet: a payload a client sent in a memfd is handed to its worker as it
+        #: is, never copied here (fleet.shm.handoff)
+        self.handoff = handoff
         self._room, self._intake = door.room, door.intake
         self._max_payload = limits.max_payload_bytes
         self.beside = Beside(limits.max_parcel_bytes)  # payload bytes in parcels, capped (backpressure)
@@ -151,7 +157,7 @@ class Submitter:
             parcel = codec.pack_task(role, payload, key, lane, request_id, pickled_payload=pickled_payload,
                                      limit=self._max_payload, fleet=self._door.name, room=self.beside,
                                      block=block and not self._door.on_loop(), block_timeout=block_timeout,
-                                     writer=self.warm.write)
+                                     writer=self.warm.write, handoff=self.handoff)
         body = parcel[0]
         timeout = timeout if timeout is not None else spec.timeout_s
         flags = _task_flags(chunk, timeout, self._recorder is not None)
@@ -266,7 +272,7 @@ class Submitter:
                         raw = None
                     packed.append(codec.pack_task(role, payload, None, lane, None, pickled_payload=raw, limit=limit,
                                                   fleet=fleet, room=beside, block=first and not on_loop,
-                                                  writer=self.warm.write))
+                                                  writer=self.warm.write, handoff=self.handoff))
                 except QueueFull:
                     if first:
                         raise
@@ -304,7 +310,10 @@ class Submitter:
         `reuse` (fleet.shm.parcels.Warm), else removed."""
         for _body, name, size in packed:
             if name is not None:
-                self.warm.end(name, reuse)
+                if type(name) is str:
+                    self.warm.end(name, reuse)
+                else:
+                    name.close()  # a handed memfd (fleet.shm.handoff.Handed): the worker's mapping is its own
                 self.beside.give(size)
 
     def _queued(self, code: int, role: str, key, priority: int, body: bytes, flags: int, timeout, block: bool,
@@ -351,6 +360,9 @@ class Submitter:
             # keeps its own mapping. Solved, its worker gave the mapping back before it
             # answered (fleet.worker.codec.lending): the parcel may be written again.
             future.add_done_callback(lambda f, p=parcel: self._unpack([p], _solved(f)))
+            if type(parcel[1]) is not str:
+                return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout,
+                                handed=parcel[1])
         return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
 
     def _turned_away(self, error: BaseException, unit: LoopUnit, *_rest) -> None:

@@ -23,6 +23,7 @@ import time
 
 from fleet.host import affinity
 from fleet.runtime.deathwatch import DeathWatch, stopped, zombie_status
+from fleet.shm import handoff
 from fleet.worker.prepare import WorkerSetup
 from fleet.runtime.zygote_link import Exited, Forked, Launched, WorkerStartError, ZygoteLink, spawner_for
 
@@ -48,6 +49,9 @@ class Workers:
         self.watch = DeathWatch(name, ring)  # a pidfd per worker: rings `ring` at each death
         self._watch_seen = 0  # the watch's news count when it was last read
         self.pids: dict[int, int] = {}  # seat -> pid (read by the loop's views; written here only)
+        #: seat -> the supervisor's end of its descriptor channel (service mode: fleet.shm.handoff),
+        #: made with each fork of its worker
+        self.channels: dict[int, object] = {}
         self._seat_of_pid: dict[int, int] = {}
         self._pending_forks: dict[int, float] = {}  # seat -> when its fork was asked (time.monotonic)
         #: seat -> the CPUs it runs on in this epoch, where they are not the layout's (`set_cpus`)
@@ -111,13 +115,33 @@ class Workers:
     def fork_many(self, seats) -> None:
         """Ask for a worker for each of `seats`, in one message to the zygote (a batch it
         forks before it reports: `ZygoteLink.fork_many`)."""
-        forks = []
-        for seat in seats:
-            self._pending_forks.setdefault(seat, time.monotonic())
-            self._asked[seat] = cpus = self.cpus_of(seat)
-            forks.append((seat, cpus))
-        if forks:
-            self.zygote.fork_many(forks)
+        forks, theirs = [], []
+        try:
+            for seat in seats:
+                self._pending_forks.setdefault(seat, time.monotonic())
+                self._asked[seat] = cpus = self.cpus_of(seat)
+                forks.append((seat, cpus))
+                if self.relay:
+                    # A new worker, a new channel: what the last one was sent dies with its end.
+                    ours, end = handoff.channel()
+                    self._close_channel(seat)
+                    self.channels[seat] = ours
+                    theirs.append(end)
+            if forks:
+                self.zygote.fork_many(forks, channels=theirs if self.relay else None)
+        finally:
+            for end in theirs:
+                end.close()  # the zygote has its own copy (or none: the fork is asked again)
+
+    def _close_channel(self, seat: int) -> None:
+        ours = self.channels.pop(seat, None)
+        if ours is not None:
+            ours.close()
+
+    def close_channels(self) -> None:
+        """Close every seat's descriptor channel (the fleet is down)."""
+        for seat in list(self.channels):
+            self._close_channel(seat)
 
     def fork_pending(self, seat: int) -> bool:
         """A fork was asked for `seat` and not yet reported."""
@@ -305,6 +329,7 @@ class Workers:
             self.zygote = None
         self._kill_and_wait(self.watch.watching())
         self.watch.close()
+        self.close_channels()
         if self._spawner is not None:
             self._spawner.shutdown(wait=False)
             self._spawner = None

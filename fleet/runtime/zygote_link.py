@@ -211,13 +211,22 @@ class ZygoteLink:
         """Ask for a worker for `seat`, pinned to `cpus` (answered by a `Forked` event)."""
         self.fork_many([(seat, cpus)])
 
-    def fork_many(self, forks) -> None:
+    def fork_many(self, forks, channels=None) -> None:
         """Ask for a worker for each ``(seat, cpus)`` of `forks`, in one write: the zygote
         reads them as one batch, and makes a batch's forks before it reports any
         (`fleet.worker.zygote.Zygote.handle`: its own writes between two forks would be
-        the earlier worker's own memory)."""
+        the earlier worker's own memory). ``channels``: each fork's end of its seat's
+        descriptor channel (`fleet.shm.handoff`), passed along (SCM_RIGHTS), in order;
+        the caller closes its copies."""
         try:
-            self._send(*({"op": "fork", "seat": seat, "cpus": list(cpus)} for seat, cpus in forks))
+            if channels is None:
+                self._send(*({"op": "fork", "seat": seat, "cpus": list(cpus)} for seat, cpus in forks))
+            else:
+                # at most MAX_PASSED descriptors a write: the zygote takes as many with one read
+                for at in range(0, len(forks), _zygote.MAX_PASSED):
+                    part = range(at, min(at + _zygote.MAX_PASSED, len(forks)))
+                    self._send_fds([{"op": "fork", "seat": forks[i][0], "cpus": list(forks[i][1]), "channel": True}
+                                    for i in part], [channels[i].fileno() for i in part])
         except OSError as exc:
             # The zygote is gone (its end of the socket closed under us). The next read
             # says so, and the supervisor forks every seat again, these ones included.
@@ -301,6 +310,17 @@ class ZygoteLink:
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
+
+    def _send_fds(self, msgs: list, fds: list) -> None:
+        """Send `msgs` in one write with `fds` (SCM_RIGHTS on its first bytes), as `_send`."""
+        self._sock.settimeout(self.answer_s)
+        try:
+            data = b"".join(json.dumps(msg).encode() + b"\n" for msg in msgs)
+            sent = socket.send_fds(self._sock, [data], fds)
+            if sent < len(data):
+                self._sock.sendall(data[sent:])
+        finally:
+            self._sock.setblocking(False)
 
     def _send(self, *msgs: dict) -> None:
         """Send `msgs` in one write, waiting at most `answer_s` for room (OSError past that)."""

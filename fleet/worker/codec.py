@@ -67,6 +67,17 @@ PARCEL = 0x50
 #: After it: whether the receiver takes the parcel (a result) or its sender keeps it (a task),
 #: or the receiver copies out of it and gives it back to its writer (a worker's result).
 _TAKE, _KEEP, _LEND = ord("T"), ord("K"), ord("L")
+#: Or: the payload is in a memfd handed to the worker beside the task (`fleet.shm.handoff`).
+_HANDED = ord("H")
+#: A worker's end of its seat's descriptor channel (`fleet.shm.handoff.Inbox`), set as it
+#: starts in a service-mode fleet; None elsewhere.
+_INBOX = None
+
+
+def set_inbox(inbox) -> None:
+    """This worker takes handed payloads' descriptors from `inbox` (`fleet.shm.handoff.Inbox`)."""
+    global _INBOX
+    _INBOX = inbox
 
 
 class CodecError(Exception):
@@ -280,6 +291,8 @@ def _unparcel(data):
     and no view into memory reused later. The mapping is writable, and the receiver's own:
     a result's is taken; a task's is private and given back at the unit's end (`lending`).
     Its blobs (large `bytes`) are read into bytes of their own: one copy, no mapping."""
+    if data[1] == _HANDED:
+        return _from_handed(data)
     name, offsets, sizes, n_oob = pickle.loads(data[2:])
     if data[1] == _LEND:
         return _copied_out(name, offsets, sizes, n_oob)
@@ -300,6 +313,52 @@ def _unparcel(data):
         return _built(fd, size, offsets, sizes, n_oob, mapped)
     finally:
         os.close(fd)
+
+
+def _from_handed(data):
+    """A task whose payload is a memfd handed beside it (`_handed_task`): the descriptor
+    taken from this worker's channel, mapped privately (writable, copy-on-write: the memfd
+    is sealed), and the task's pickle loaded with each of its buffers a view of that
+    mapping, which lives as long as the objects built over it."""
+    from fleet.shm.handoff import HandoffError
+
+    ino, size, stream, spans, n_oob = pickle.loads(data[2:])
+    if _INBOX is None:
+        raise HandoffError("this worker has no descriptor channel for a payload handed beside its task")
+    fd = _INBOX.take(ino)
+    try:
+        if os.fstat(fd).st_size < size:
+            raise HandoffError(f"the payload's memfd holds {os.fstat(fd).st_size} bytes, its task says {size}")
+        # The payload's pickle and its blobs are read (into bytes of their own: one copy, as
+        # from a parcel); only its out-of-band buffers are views of the mapping.
+        parts = [parcels.read(fd, o, n) for o, n in spans[:1]]
+        if n_oob:
+            view = memoryview(mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE))
+            parts += [view[o : o + n] for o, n in spans[1 : 1 + n_oob]]
+        parts += [parcels.read(fd, o, n) for o, n in spans[1 + n_oob:]]
+    finally:
+        os.close(fd)
+    return pickle.loads(stream, buffers=parts)
+
+
+def handed_inode(body, routed: bool = False) -> int | None:
+    """The inode of the memfd a task body's payload is handed in (`_handed_task`); None
+    for any other body. ``routed``: the body carries its route in front (F_ROUTED)."""
+    if routed:
+        (n,) = _ROUTE_LEN.unpack_from(body)
+        body = body[_ROUTE_LEN.size + n:]
+    if len(body) > 1 and body[0] == PARCEL and body[1] == _HANDED:
+        return pickle.loads(body[2:])[0]
+    return None
+
+
+def let_go_handed(body, routed: bool = False) -> None:
+    """A task this worker hands back unrun: the descriptor handed with it, if any, is
+    closed (the supervisor hands it again with the task's next run)."""
+    if _INBOX is not None:
+        ino = handed_inode(body, routed)
+        if ino is not None:
+            _INBOX.drop(ino)
 
 
 def value_in_parcel(fd: int, size: int, spans, n_oob: int):
@@ -470,11 +529,12 @@ class _Laid(_Pickled):
     parcel (`_from_parts`), its arrays without a copy of their own. fleetd never reads the
     pickle: it only cuts the memfd where the client said (`SubmitOp` checked the spans)."""
 
-    __slots__ = ("spans", "n_oob")
+    __slots__ = ("spans", "n_oob", "fd")
 
-    def __init__(self, data, spans, n_oob: int):
+    def __init__(self, data, spans, n_oob: int, fd: int = -1):
         super().__init__(data)
         self.spans, self.n_oob = spans, n_oob
+        self.fd = fd  # the memfd's descriptor, fleetd's until its call ends (-1: none kept)
 
     def __reduce__(self):
         parts = [pickle.PickleBuffer(self.data[o : o + n]) for o, n in self.spans]
@@ -523,10 +583,15 @@ def task_body(role: str, payload, key, lane, request_id, *, pickled_payload: byt
 
 def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: bytes | None, limit: int | None,
               fleet: str | None, inline_max: int = INLINE_MAX, room=None, block: bool = True,
-              block_timeout: float | None = None, writer=None) -> tuple[bytes, str | None, int]:
+              block_timeout: float | None = None, writer=None, handoff: bool = False) -> tuple[bytes, object, int]:
     """The body of one task, the name of the parcel it travels in beside the ring (None:
     inline) and the parcel's size in bytes (0: none). The parcel is the caller's to remove
     at the unit's outcome (`parcels.remove`), and its room to give back to `room`.
+
+    ``handoff``: the fleet hands memfds to its workers (`fleet.shm.handoff`): a payload
+    fleetd received in a memfd (`_Laid` with its descriptor) is not copied into a parcel;
+    a `fleet.shm.handoff.Handed` takes the parcel's place (the caller's to close at the
+    outcome; its bytes take room as a parcel's would).
 
     ``writer``: what writes a parcel (`pack`'s).
     ``room``: where a parcel of `n` bytes takes room before it is written (``room.take(n, what,
@@ -553,6 +618,10 @@ def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: byt
         taken.append(n)
 
     try:
+        if handoff and type(payload) is _Laid and payload.fd >= 0 and fleet is not None:
+            handed = _handed_task(payload, key, lane, request_id, reserve)
+            if handed is not None:
+                return handed
         body, parcel = pack((payload, key, lane, request_id), what, fleet, take=False, inline_max=inline_max,
                             reserve=reserve, writer=writer)
     except CodecError as exc:
@@ -564,6 +633,39 @@ def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: byt
     if parcel is None and limit is not None and len(body) > limit:
         raise PayloadTooLarge(f"{what} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
     return body, parcel, (taken[-1] if parcel is not None else 0)
+
+
+def _handed_task(payload: _Laid, key, lane, request_id, reserve) -> tuple[bytes, object, int] | None:
+    """A task whose payload stays in its client's memfd (`pack_task`'s ``handoff``): its
+    body names the memfd's inode and carries the task's pickle with every part of the
+    payload out of band, at its span in the memfd; the worker maps the memfd handed to it
+    and loads the pickle over it (`_from_handed`). None when the task cannot go so (its
+    buffers do not match the payload's parts, or the body would pass a ring message's
+    bound): it is then packed into a parcel as any other."""
+    from fleet.shm.handoff import Handed
+
+    buffers: list = []
+    stream = pickle.dumps((payload, key, lane, request_id), protocol=5, buffer_callback=buffers.append)
+    if len(buffers) != len(payload.spans):
+        return None
+    size = memoryview(payload.data).nbytes
+    fd = os.dup(payload.fd)  # the unit's own: fleetd's goes when its call ends
+    try:
+        handed = Handed(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    ref = bytes((PARCEL, _HANDED)) + pickle.dumps(
+        (handed.ino, size, stream, [tuple(s) for s in payload.spans], payload.n_oob), protocol=5)
+    try:
+        if len(ref) > INLINE_MAX:
+            handed.close()
+            return None
+        reserve(size)
+    except BaseException:
+        handed.close()
+        raise
+    return ref, handed, size
 
 
 _ROUTE_LEN = struct.Struct("<I")

@@ -50,7 +50,7 @@ from fleet.host import seat_cpus
 from fleet.rules import contention, cordon, fsm
 from fleet.rules.fsm import RIDE
 from fleet.shm import messages as M
-from fleet.worker.codec import (INLINE_MAX, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps,
+from fleet.worker.codec import (INLINE_MAX, let_go_handed, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps,
                                  error_parts, loads, pack, parcel_of, refused_body, safe_str, split_route)
 from fleet.shm.parcels import Lender, ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
@@ -428,6 +428,7 @@ class Worker:
             # requeues the unit); any other refusal is a broken rule.
             drained = start_event == fsm.RESUME and self._state(slot) == fsm.IDLE
             log.log(logging.INFO if drained else logging.ERROR, "unit %d: %s", unit_id, text)
+            let_go_handed(body, bool(flags & M.F_ROUTED))  # its next run is handed its payload again
             self._send(unit_id, slot, M.ST_START_REFUSED, self._state(slot), 0.0, text.encode())
             return
         if ride or flags & M.F_TIMED:

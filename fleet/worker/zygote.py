@@ -59,6 +59,9 @@ def resolve_handler(spec: str, where: str):
     return fn
 
 
+#: Most descriptors one message from the supervisor passes (a check's answer channel, the
+#: seats' descriptor channels of a batch of forks); it sends no more per write.
+MAX_PASSED = 64
 #: How long a reload's check of the handlers may take in the fork server (`Zygote.check`):
 #: past it the checking process is ended by SIGALRM and the reload is refused. Short: the
 #: daemon waits for it before it pings the watchdog again (WatchdogSec=30s pings each 15 s).
@@ -127,7 +130,7 @@ class Zygote:
     def read_messages(self) -> list | None:
         """Every complete message received so far (None once the supervisor is gone).
         Reads what the socket has; several messages may arrive in one read."""
-        chunk, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, 16)
+        chunk, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, MAX_PASSED)
         self.fds.extend(fds)
         if not chunk:
             return None
@@ -182,6 +185,8 @@ class Zygote:
         # its copy, as pristine at a seat's re-fork as at its first.
         from fleet.worker.process import Worker
 
+        if not self.setup.lend:  # service mode: each worker takes payloads' memfds (fleet.shm.handoff)
+            import fleet.shm.handoff  # noqa: F401 - imported for every fork to inherit
         self.seat_workers = [Worker(seat, self.table, self.data, self.roles, self.handlers,
                                     max_tasks=self.setup.max_tasks, init=self.init,
                                     lend=self.setup.lend)
@@ -193,9 +198,16 @@ class Zygote:
         # boot made since.
         settle()
 
-    def fork(self, seat: int, cpus) -> int:
+    def fork(self, seat: int, cpus, channel: int | None = None) -> int:
+        """Fork the worker of `seat`, pinned to `cpus`; ``channel``: its end of the seat's
+        descriptor channel (`fleet.shm.handoff`: service mode), the worker's alone after."""
         zygote = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except BaseException:
+            if channel is not None:
+                os.close(channel)
+            raise
         if pid == 0:
             from fleet.rules.errors import EXIT_WORKER_BROKEN
 
@@ -211,12 +223,19 @@ class Zygote:
                 worker = self.seat_workers[seat] if seat < len(self.seat_workers) else Worker(
                     seat, self.table, self.data, self.roles, self.handlers, max_tasks=self.setup.max_tasks,
                     init=self.init, lend=self.setup.lend)
+                if channel is not None:
+                    from fleet.shm.handoff import Inbox
+                    from fleet.worker import codec
+
+                    codec.set_inbox(Inbox(socket.socket(fileno=channel)))
                 code = worker.run()
             except BaseException:  # noqa: BLE001 - a crashing worker must still exit, never return here
                 logging.getLogger("fleet.worker.process").exception("worker for seat %d crashed", seat)
             finally:
                 _flush_std()  # what its units printed is theirs: os._exit would drop it
                 os._exit(code)
+        if channel is not None:
+            os.close(channel)
         self.children[pid] = seat
         return pid
 
@@ -292,7 +311,8 @@ class Zygote:
         forked = []
         for msg in msgs:
             if msg["op"] == "fork":
-                forked.append((msg["seat"], self.fork(msg["seat"], msg.get("cpus"))))
+                channel = self.fds.pop(0) if msg.get("channel") and self.fds else None
+                forked.append((msg["seat"], self.fork(msg["seat"], msg.get("cpus"), channel)))
                 continue
             self._tell_forked(forked)
             if msg["op"] == "check":

@@ -38,9 +38,12 @@ TOKEN = "large-token-0123456789"
 def roles():
     plain = {name: {k: v for k, v in role(handler, slots=1).items() if k != "peak_cpus"}
              for name, handler in (("dig", "digest"), ("sq", "square"), ("mk", "make_bytes"), ("arr", "make_array"), ("mem", "payload_memory"), ("fail", "fail"),
-                                   ("die", "die"))}
+                                   ("die", "die"), ("map", "payload_mapping"))}
+    # one slot, one unit sent ahead of the one it runs: the next unit waits in its worker
+    ahead = {k: v for k, v in role("hold_then_map", slots=1, lookahead=1).items() if k != "peak_cpus"}
     # one slot, nothing sent ahead: a unit held on its gate file keeps the next one queued
-    return {**plain, "gate": role("wait_for_file", slots=1, io_bound=True, peak_cpus=0, lookahead=0)}
+    return {**plain, "ahead": ahead,
+            "gate": role("wait_for_file", slots=1, io_bound=True, peak_cpus=0, lookahead=0)}
 
 
 def queue_depth(client, name: str) -> int:
@@ -211,6 +214,57 @@ def test_a_large_array_payload_is_built_over_the_workers_task_parcel_with_no_cop
     with served.connect() as client:
         writable, owner, total = client.submit("mem", {"a": value, "b": b"q" * (1 << 19)}).result(BOUND_S)
     assert writable is True and owner == "mmap" and total == float(value.sum())
+
+
+@pytest.fixture
+def client_memfds(monkeypatch):
+    """The inode of each memfd this process's client seals a payload into."""
+    inodes, real = [], fdpass.sealed
+
+    def recording(data, name="fleet-data"):
+        fd = real(data, name)
+        inodes.append(os.fstat(fd).st_ino)
+        return fd
+
+    monkeypatch.setattr(fdpass, "sealed", recording)
+    return inodes
+
+
+def test_a_large_payload_reaches_its_worker_in_the_clients_own_memfd_never_copied_by_fleetd(served, quiet,
+                                                                                           client_memfds):
+    """fleetd hands the worker the very memfd the client wrote (`fleet.shm.handoff`): the
+    worker's array is a writable private mapping of it (its inode), not of a parcel fleetd
+    copied the payload into. And fleetd lets it go at the outcome (`quiet`)."""
+    import numpy as np
+
+    value = np.arange(1 << 20, dtype=np.float64)  # 8 MiB
+    with served.connect() as client:
+        writable, path, inode, total = client.submit("map", value).result(BOUND_S)
+    assert path.startswith("/memfd:") and inode in client_memfds, (path, inode, client_memfds)
+    assert writable is True and total == float(value.sum())
+
+
+def test_a_handed_payload_sent_ahead_to_a_worker_that_is_killed_runs_on_its_successor(served, quiet,
+                                                                                    client_memfds, tmp_path):
+    """A unit sent ahead to a worker (its payload's memfd handed with it) that is SIGKILLed
+    before it starts goes to the seat's next worker, through that worker's new channel,
+    and runs there over the same memfd; the unit that was running fails; nothing is left
+    open in fleetd or in /dev/shm (`quiet`)."""
+    import numpy as np
+
+    pid_file, gate = tmp_path / "pid", tmp_path / "gate"
+    value = np.full(1 << 20, 2.0)  # 8 MiB
+    with served.connect() as client:
+        running = client.submit("ahead", (str(pid_file), str(gate), None))
+        wait_until(pid_file.exists, "the first unit to run")
+        sent = client.submit("ahead", (None, None, value))
+        wait_until(lambda: queue_depth(client, "ahead") == 0, "the second unit to be sent ahead to the worker")
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        with pytest.raises(fleet.UnitFailed):
+            running.result(BOUND_S)
+        writable, path, inode, total = sent.result(BOUND_S)
+    assert path.startswith("/memfd:") and inode in client_memfds
+    assert writable is True and total == float(value.sum())
 
 
 def test_a_client_that_takes_parcels_gets_the_workers_parcel_unlinked_one_that_does_not_a_memfd(served, quiet):

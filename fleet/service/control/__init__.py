@@ -16,8 +16,9 @@ Descriptors beside frames. A request may bring file descriptors (SCM_RIGHTS; `fd
 <bytes>`` (a client sends one from `fds.MEMFD_MIN` bytes), and, when the memfd is laid out
 as a parcel (`fleet.worker.codec.lay_out`: the pickle, its out-of-band buffers, its blobs),
 ``"payload_spans": [[offset, bytes], ...]`` (in order, within the memfd, none overlapping)
-and ``"payload_oob": <how many are buffers>``; fleetd cuts the memfd at the spans and packs
-each part as it is (`fleet.worker.codec._Laid`), never reading the pickle. A daemon older
+and ``"payload_oob": <how many are buffers>``; fleetd never reads the pickle: it hands the
+memfd itself to the worker with the task (`fleet.shm.handoff`), which builds the payload over
+its mapping of it at the spans (`fleet.worker.codec._Laid`). A daemon older
 than the spans refuses them with ``InvalidArgs`` (unknown arguments), admitting nothing. The sender passes a frame's
 descriptors with the first bytes of that frame (one sendmsg); the server attributes each
 descriptor to the frame whose bytes it came with, and the frame must name each exactly once.

@@ -138,14 +138,18 @@ def open_parcel(fd: int, length: int, what: str) -> Held:
 
 
 class Mapped:
-    """The bytes of a received memfd, mapped read-only: ``view`` (a memoryview) until `close`."""
+    """The bytes of a received memfd, mapped: ``view`` (a memoryview) until `close`; and,
+    when it was kept (`open_sealed`'s ``keep``), its descriptor ``fd`` (else -1), closed then too."""
 
-    __slots__ = ("_mm", "view")
+    __slots__ = ("_mm", "view", "fd")
 
-    def __init__(self, mm: mmap.mmap):
-        self._mm, self.view = mm, memoryview(mm)
+    def __init__(self, mm: mmap.mmap, fd: int = -1):
+        self._mm, self.view, self.fd = mm, memoryview(mm), fd
 
     def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
         if self._mm is None:
             return
         self.view.release()
@@ -153,13 +157,15 @@ class Mapped:
         self._mm = None
 
 
-def open_sealed(fd: int, length: int, what: str, private: bool = False) -> Mapped:
+def open_sealed(fd: int, length: int, what: str, private: bool = False, keep: bool = False) -> Mapped:
     """Map a descriptor a peer sent as `length` bytes of `what`, after checking it is a
-    sealed memory file of exactly that size. Closes `fd` either way (the mapping keeps
-    what it needs). ``private``: the mapping is private and writable, never written (a
+    sealed memory file of exactly that size. Closes `fd` (the mapping keeps what it
+    needs), unless ``keep``: then the mapping holds it (``Mapped.fd``) until it is closed,
+    refused or not. ``private``: the mapping is private and writable, never written (a
     payload's: its parts, packed out of band, reach the worker as writable buffers, as an
     embedded caller's arrays do); else shared and read-only. Raises InvalidArgs naming
     what was wrong."""
+    kept = False
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -177,10 +183,14 @@ def open_sealed(fd: int, length: int, what: str, private: bool = False) -> Mappe
         if length < 1:
             raise refused(f"{what}: an empty memfd carries nothing (send the bytes in the frame)")
         if private:
-            return Mapped(mmap.mmap(fd, length, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE))
-        return Mapped(mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ))
+            mm = mmap.mmap(fd, length, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        else:
+            mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
+        kept = keep
+        return Mapped(mm, fd if keep else -1)
     finally:
-        os.close(fd)
+        if not kept:
+            os.close(fd)
 
 
 def _seal_names(seals: int) -> str:

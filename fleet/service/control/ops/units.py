@@ -373,13 +373,17 @@ def claim_payloads(op: Op, units: list[tuple[str, dict[str, Any]]], fds: list[in
     mapped = fdpass.claim(items, fds, op.bad, "unit")
     for (_where, unit), one in zip(units, mapped):
         if one is not None:
-            spans = unit.get("payload_spans")
-            unit["payload"] = one.view if spans is None else _Laid(one.view, spans, unit["payload_oob"])
+            # A payload in a memfd is laid out (a pickle alone: one part, no buffers); the
+            # memfd's descriptor goes with it, for the supervisor to hand to the worker
+            # (`fleet.shm.handoff`): its bytes are written once, by the client.
+            spans = unit.get("payload_spans") or [(0, unit["payload_len"])]
+            oob = unit["payload_oob"] if unit.get("payload_spans") else 0
+            unit["payload"] = _Laid(one.view, spans, oob, one.fd)
     return [one for one in mapped if one is not None]
 
 
 def _open_payload(fd: int, length: int, what: str):
-    return fdpass.open_sealed(fd, length, what, private=True)
+    return fdpass.open_sealed(fd, length, what, private=True, keep=True)
 
 
 #: The arguments of a plain unit (role, pickled payload, seq: `fleet.Client.submit`'s
