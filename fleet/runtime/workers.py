@@ -50,8 +50,12 @@ class Workers:
         self._watch_seen = 0  # the watch's news count when it was last read
         self.pids: dict[int, int] = {}  # seat -> pid (read by the loop's views; written here only)
         #: seat -> the supervisor's end of its descriptor channel (service mode: fleet.shm.handoff),
-        #: made with each fork of its worker
+        #: one per worker: made for the seat's first worker, and anew as each one is gone (what
+        #: is sent meanwhile is for its successor, as the tasks pushed meanwhile are)
         self.channels: dict[int, object] = {}
+        #: seat -> the worker's end of its channel, kept until that worker is forked (a fork
+        #: asked again, of a new zygote, passes the same end)
+        self._unforked: dict[int, object] = {}
         self._seat_of_pid: dict[int, int] = {}
         self._pending_forks: dict[int, float] = {}  # seat -> when its fork was asked (time.monotonic)
         #: seat -> the CPUs it runs on in this epoch, where they are not the layout's (`set_cpus`)
@@ -116,31 +120,32 @@ class Workers:
         """Ask for a worker for each of `seats`, in one message to the zygote (a batch it
         forks before it reports: `ZygoteLink.fork_many`)."""
         forks, theirs = [], []
-        try:
-            for seat in seats:
-                self._pending_forks.setdefault(seat, time.monotonic())
-                self._asked[seat] = cpus = self.cpus_of(seat)
-                forks.append((seat, cpus))
-                if self.relay:
-                    # A new worker, a new channel: what the last one was sent dies with its end.
-                    ours, end = handoff.channel()
-                    self._close_channel(seat)
-                    self.channels[seat] = ours
-                    theirs.append(end)
-            if forks:
-                self.zygote.fork_many(forks, channels=theirs if self.relay else None)
-        finally:
-            for end in theirs:
-                end.close()  # the zygote has its own copy (or none: the fork is asked again)
+        for seat in seats:
+            self._pending_forks.setdefault(seat, time.monotonic())
+            self._asked[seat] = cpus = self.cpus_of(seat)
+            forks.append((seat, cpus))
+            if self.relay:
+                if seat not in self._unforked:
+                    self._new_channel(seat)
+                theirs.append(self._unforked[seat])
+        if forks:
+            self.zygote.fork_many(forks, channels=theirs if self.relay else None)
+
+    def _new_channel(self, seat: int) -> None:
+        """A new descriptor channel for the seat's next worker: what the last one's end was
+        sent and never took dies with it."""
+        self._close_channel(seat)
+        self.channels[seat], self._unforked[seat] = handoff.channel()
 
     def _close_channel(self, seat: int) -> None:
-        ours = self.channels.pop(seat, None)
-        if ours is not None:
-            ours.close()
+        for ends in (self.channels, self._unforked):
+            end = ends.pop(seat, None)
+            if end is not None:
+                end.close()
 
     def close_channels(self) -> None:
         """Close every seat's descriptor channel (the fleet is down)."""
-        for seat in list(self.channels):
+        for seat in set(self.channels) | set(self._unforked):
             self._close_channel(seat)
 
     def fork_pending(self, seat: int) -> bool:
@@ -192,6 +197,9 @@ class Workers:
                     _set_affinity(pid, self.cpus_of(seat), self.name)  # the seat moved while it was forked
                 self.pids[seat] = pid
                 self._seat_of_pid[pid] = seat
+                end = self._unforked.pop(seat, None)
+                if end is not None:
+                    end.close()  # the worker holds its end now
                 for slot in self._slots_of_seat(seat):
                     self.table.set_slot_meta(slot, pid=pid)
                 if not self.watch.watch(pid):
@@ -259,8 +267,11 @@ class Workers:
 
     def gone(self, seat: int, pid: int) -> None:
         """Worker `pid` of `seat` is gone (its death is being handled): its seat has no pid."""
-        if self.pids.get(seat) == pid:
+        current = self.pids.get(seat)
+        if current == pid:
             self.pids.pop(seat, None)
+        if self.relay and current in (None, pid):
+            self._new_channel(seat)  # for its successor: tasks sent from now on are its
 
     def death_handled(self, pid: int) -> None:
         """The death of worker `pid` was handled: a kill of ours is forgotten, and its pidfd."""

@@ -64,7 +64,7 @@ def test_the_zygote_makes_a_batchs_forks_first_and_reports_them_after():
 
     events = []
     z = Zygote(sock=None)
-    z.fork = lambda seat, cpus: events.append(("fork", seat)) or 100 + seat
+    z.fork = lambda seat, cpus, channel=None: events.append(("fork", seat)) or 100 + seat
     z.send = lambda **msg: events.append((msg["op"], msg["seat"], msg["pid"]))
     z.tell = lambda: events.append(("tell",))
     z.check = lambda msg, fd: events.append(("check",))
