@@ -61,7 +61,7 @@ class Seats:
     def hand(self, seat: int, handed) -> None:
         """Send a payload's memfd (`fleet.shm.handoff.Handed`) to the seat's worker, ahead of
         the task that names it."""
-        handed.send(self.workers.channels.get(seat), seat)
+        handed.send(self.workers.channel(seat), seat)
 
     def send_message(self, seat: int, tag: int, message: bytes) -> None:
         """One message of another kind than a task (a child's outcome, M.CHILD_DONE), in

@@ -126,10 +126,20 @@ class Workers:
             forks.append((seat, cpus))
             if self.relay:
                 if seat not in self._unforked:
-                    self._new_channel(seat)
+                    self._new_channel(seat)  # a first fork, or a worker that ran: a channel of its own
                 theirs.append(self._unforked[seat])
         if forks:
             self.zygote.fork_many(forks, channels=theirs if self.relay else None)
+
+    def channel(self, seat: int):
+        """The supervisor's end of the descriptor channel of `seat`'s current or next worker
+        (made now when its last worker is gone and no fork has been asked since: what is
+        sent on it waits there for that fork); None outside service mode."""
+        if not self.relay:
+            return None
+        if seat not in self.channels:
+            self._new_channel(seat)
+        return self.channels[seat]
 
     def _new_channel(self, seat: int) -> None:
         """A new descriptor channel for the seat's next worker: what the last one's end was
@@ -270,8 +280,11 @@ class Workers:
         current = self.pids.get(seat)
         if current == pid:
             self.pids.pop(seat, None)
-        if self.relay and current in (None, pid):
-            self._new_channel(seat)  # for its successor: tasks sent from now on are its
+        if current in (None, pid):
+            # What its end was sent and never took goes with it. Its successor gets a channel
+            # of its own as soon as anything is sent to the seat or it is forked (`channel`):
+            # tasks sent from now on are its. A seat retired for good makes none.
+            self._close_channel(seat)
 
     def death_handled(self, pid: int) -> None:
         """The death of worker `pid` was handled: a kill of ours is forgotten, and its pidfd."""
