@@ -50,8 +50,9 @@ class Workers:
         self._watch_seen = 0  # the watch's news count when it was last read
         self.pids: dict[int, int] = {}  # seat -> pid (read by the loop's views; written here only)
         #: seat -> the supervisor's end of its descriptor channel (service mode: fleet.shm.handoff),
-        #: one per worker: made for the seat's first worker, and anew as each one is gone (what
-        #: is sent meanwhile is for its successor, as the tasks pushed meanwhile are)
+        #: one per worker: closed as a worker is gone, and made for the next one when its fork is
+        #: asked or something is sent to the seat first (`channel`: what is sent meanwhile is
+        #: for that successor, as the tasks pushed meanwhile are)
         self.channels: dict[int, object] = {}
         #: seat -> the worker's end of its channel, kept until that worker is forked (a fork
         #: asked again, of a new zygote, passes the same end)

@@ -217,7 +217,8 @@ class ZygoteLink:
         (`fleet.worker.zygote.Zygote.handle`: its own writes between two forks would be
         the earlier worker's own memory). ``channels``: each fork's end of its seat's
         descriptor channel (`fleet.shm.handoff`), passed along (SCM_RIGHTS), in order;
-        the caller closes its copies."""
+        the caller keeps its copies until each worker is forked (a fork asked again of a
+        new zygote passes the same ends)."""
         try:
             if channels is None:
                 self._send(*({"op": "fork", "seat": seat, "cpus": list(cpus)} for seat, cpus in forks))

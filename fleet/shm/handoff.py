@@ -4,9 +4,9 @@ A service-mode client sends a large payload in a sealed memfd (`fleet.service.co
 Copied into a parcel, its bytes would be written twice on the way in: once by the client,
 once by fleetd. Instead fleetd keeps the memfd and hands the worker a descriptor of it.
 
-Each seat of a service-mode fleet has a channel: a SOCK_SEQPACKET socketpair made with the
-fork of its worker (the supervisor keeps one end, the worker inherits the other through
-the fork server). When the loop sends a task whose payload is in a memfd, it first sends the
+Each worker of a service-mode fleet has a channel: a SOCK_SEQPACKET socketpair made for it
+before its fork (the supervisor keeps one end, the worker inherits the other through the
+fork server; `fleet.runtime.workers.Workers.channel`). When the loop sends a task whose payload is in a memfd, it first sends the
 memfd's descriptor on the seat's channel, one record per task: the memfd's inode number
 and the descriptor (SCM_RIGHTS). The task's body names that inode
 (`fleet.worker.codec`). The worker takes the descriptor from its channel as it decodes the
@@ -19,7 +19,8 @@ whatever it is, so a unit that runs again (its worker died, it was refused) is h
 it again. The worker's copy is its own: mapped, then closed. A record for a task the
 worker hands back unrun is dropped (`Inbox.drop`). A worker that dies takes its end
 with it, and the records still in the channel are freed by the kernel with the
-supervisor's end, which is closed when its seat is forked again. Nothing is ever named:
+supervisor's end, which is closed as the death is handled: the tasks it never took go to
+the seat's next worker, and their records on that worker's new channel. Nothing is ever named:
 /dev/shm never sees these bytes, and the kernel frees them with the last descriptor.
 
 A record goes out before its task is pushed, so the worker finds it waiting when it
