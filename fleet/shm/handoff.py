@@ -107,6 +107,14 @@ class Handed:
             os.close(fd)
 
     def __del__(self):
+        if self.fd >= 0:
+            # Every path of a unit closes it at its outcome: one dropped open is a bug, told
+            # (its descriptor still goes here).
+            try:
+                log.error("a handed payload's memfd (inode %d) was dropped before its unit's outcome let it go",
+                          self.ino)
+            except Exception:  # noqa: BLE001 - at interpreter exit logging may be gone; the close matters
+                pass
         self.close()
 
 

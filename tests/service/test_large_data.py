@@ -113,6 +113,7 @@ def quiet(served):
     wait_until(lambda: open_fds(pid) <= base, f"fleetd's descriptors back to {base}")
     assert memfds(pid) == []
     wait_until(lambda: shm_of(served.name) <= shm, "fleetd's /dev/shm entries back to where they were")
+    assert "was dropped before its unit's outcome" not in served.stderr()  # each closed by its unit's end
 
 
 SIZES = {"1KiB": 1 << 10, "1MiB": 1 << 20, "64MiB": 64 << 20}

@@ -253,3 +253,16 @@ def test_a_large_memfd_is_let_go_on_a_thread_beside_the_loop_and_a_small_one_at_
     else:
         pytest.fail("the large memfd's descriptor was never closed")
     assert "fleet-handoff" in {t.name for t in threading.enumerate()}
+
+
+def test_a_handed_memfd_dropped_open_is_told_and_closed(caplog):
+    import gc
+
+    one = handoff.Handed(memfd(b"d"), 1)
+    fd, ino = one.fd, one.ino
+    with caplog.at_level(logging.ERROR, logger="fleet.shm.handoff"):
+        del one
+        gc.collect()
+    assert f"(inode {ino}) was dropped before its unit's outcome" in caplog.text
+    with pytest.raises(OSError):
+        os.fstat(fd)
