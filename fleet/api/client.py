@@ -434,7 +434,7 @@ class Client(Executor):
         try:
             # Laid out as a parcel is (`lay_out`): its large buffers and bytes by reference,
             # written once, into the memfd below, never copied into a pickle first; fleetd
-            # packs each part as it is, and the worker builds the object over its parcel.
+            # hands the memfd to the worker (fleet.shm.handoff), which builds the object over it.
             pieces, spans, n_oob = codec.lay_out(payload, f"payload for role {role!r}")
         except codec.CodecError as exc:  # whatever pickling raises, the unit cannot travel
             raise PayloadUnpicklable(str(exc)) from None

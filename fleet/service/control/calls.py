@@ -68,8 +68,8 @@ def inline_dispatch(handler) -> Callable[[Call], Future]:
     return dispatch
 
 
-#: A direct op whose frame brought this many bytes or more in memfds (a large payload, to
-#: be copied beside the rings) runs on the ``side`` thread of `with_blocking_ops`.
+#: A direct op whose frame brought this many bytes or more in memfds (a large payload,
+#: which its admission may read whole) runs on the ``side`` thread of `with_blocking_ops`.
 SIDE_MIN_BYTES = 8 << 20
 
 
@@ -89,8 +89,10 @@ def with_blocking_ops(handler, dispatch: Callable[[Call], Future],
     own that any thread may call (the supervisor's submitter, the outcome store, the
     replays): it runs here, on the server's thread, and its Future is done on return,
     so it crosses no loop it does not need; except one whose frame brought
-    `SIDE_MIN_BYTES` or more in memfds, whose copy beside the rings would hold the server's
-    thread, and every other connection with it, for as long as it takes: that one runs
+    `SIDE_MIN_BYTES` or more in memfds, whose admission may read them whole (a unit with a
+    request id hashes its payload: `fleet.service.replays`; the payload itself is handed to
+    its worker as it is, `fleet.shm.handoff`) and so hold the server's thread, and every
+    other connection with it, for as long as it takes: that one runs
     on ``side`` (a `fleet.service.side_thread.SideThread`), when given, and its
     connection alone waits for its reply. ``refusal()``: why calls are refused now
     (`CallQueue.refusal`: the daemon is shutting down), or None; a direct op then fails

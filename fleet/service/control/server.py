@@ -812,7 +812,8 @@ class ControlServer:
             return
         if checked.held:
             # What the frame's descriptors hold is the op's until its call ends (a direct op's
-            # has ended here already: what it admitted was copied beside the rings).
+            # has ended here already: a unit it admitted holds a descriptor of its payload's
+            # memfd of its own, `fleet.shm.handoff`).
             fut.add_done_callback(lambda _f, call=checked: _release(call))
         conn.call = checked
         if fut.done():
