@@ -353,6 +353,7 @@ class Submitter:
         future = UnitFuture()  # a Future without the cost of building a Condition nobody waits on
         unit_id = self._door.new_id()
         future.unit_id = unit_id  # fleetd replies to a remote submit with it
+        handed = None
         if parcel[1] is not None:
             # The unit owns the parcel its payload travels in: every outcome resolves the
             # future (solved, failed, cancelled, timed out, its worker dead, shut down),
@@ -361,9 +362,9 @@ class Submitter:
             # answered (fleet.worker.codec.lending): the parcel may be written again.
             future.add_done_callback(lambda f, p=parcel: self._unpack([p], _solved(f)))
             if type(parcel[1]) is not str:
-                return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout,
-                                handed=parcel[1])
-        return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout)
+                handed = parcel[1]  # a memfd its worker is handed (fleet.shm.handoff), not a parcel's name
+        return LoopUnit(unit_id, code, key, priority, future=future, body=body, flags=flags, timeout=timeout,
+                        handed=handed)
 
     def _turned_away(self, error: BaseException, unit: LoopUnit, *_rest) -> None:
         """A submit the loop never accepted: it had stopped as the caller posted (this runs

@@ -31,6 +31,7 @@ the unit fails for want of its payload when the worker reads its task.
 from __future__ import annotations
 
 import array
+import contextlib
 import errno
 import logging
 import os
@@ -110,11 +111,9 @@ class Handed:
         if self.fd >= 0:
             # Every path of a unit closes it at its outcome: one dropped open is a bug, told
             # (its descriptor still goes here).
-            try:
+            with contextlib.suppress(Exception):  # at interpreter exit logging may be gone; the close matters
                 log.error("a handed payload's memfd (inode %d) was dropped before its unit's outcome let it go",
                           self.ino)
-            except Exception:  # noqa: BLE001 - at interpreter exit logging may be gone; the close matters
-                pass
         self.close()
 
 
@@ -194,9 +193,7 @@ class Inbox:
             try:
                 data, ancdata, flags, _ = self._end.recvmsg(RECORD.size, _FD_SPACE,
                                                             socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
-            except (BlockingIOError, InterruptedError):
-                return None
-            except OSError:
+            except OSError:  # nothing waiting (EAGAIN), or no channel any more
                 return None
             if not data:
                 return None  # the supervisor's end is closed

@@ -327,8 +327,9 @@ def _from_handed(data):
         raise HandoffError("this worker has no descriptor channel for a payload handed beside its task")
     fd = _INBOX.take(ino)
     try:
-        if os.fstat(fd).st_size < size:
-            raise HandoffError(f"the payload's memfd holds {os.fstat(fd).st_size} bytes, its task says {size}")
+        held = os.fstat(fd).st_size
+        if held < size:
+            raise HandoffError(f"the payload's memfd holds {held} bytes, its task says {size}")
         # The payload's pickle and its blobs are read (into bytes of their own: one copy, as
         # from a parcel); only its out-of-band buffers are views of the mapping.
         parts = [parcels.read(fd, o, n) for o, n in spans[:1]]
@@ -523,11 +524,13 @@ class _Pickled:
 class _Laid(_Pickled):
     """A service-mode client's payload as its client laid it out in its memfd (`lay_out`):
     its pickle, then its out-of-band buffers, then its blobs, each at its span, in fleetd's
-    writable private mapping of the memfd (`data`, the whole of it). Packed into a task, each
-    part is a buffer of its own (`__reduce__`): the large ones go out of band, copied once
-    into the task's parcel, and the worker builds the object over its mapping of that
-    parcel (`_from_parts`), its arrays without a copy of their own. fleetd never reads the
-    pickle: it only cuts the memfd where the client said (`SubmitOp` checked the spans)."""
+    writable private mapping of the memfd (`data`, the whole of it), with the memfd's
+    descriptor (`fd`). Packed into a task, each part is a buffer of its own (`__reduce__`),
+    out of band: fleetd hands the memfd itself to the worker (`_handed_task`), which builds
+    the object over its mapping of it (`_from_parts`), its arrays without a copy of their
+    own; where it cannot be handed, the parts are copied once into the task's parcel.
+    fleetd never reads the pickle: it only cuts the memfd where the client said
+    (`SubmitOp` checked the spans)."""
 
     __slots__ = ("spans", "n_oob", "fd")
 

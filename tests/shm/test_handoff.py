@@ -5,7 +5,9 @@ refused by name; nothing is left open. fleetd's whole path is in
 tests/service/test_large_data.py."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import mmap
 import os
 import pickle
 import socket
@@ -47,15 +49,28 @@ def inbox_set(pair):
         codec.set_inbox(None)
 
 
-def laid(value, fd_of=None):
+def laid(value):
     """A `codec._Laid` of `value` in a sealed memfd, as fleetd holds a client's payload."""
     pieces, spans, n_oob = codec.lay_out(value, "payload")
     fd = memfd(pieces)
-    size = os.fstat(fd).st_size
-    import mmap
-
-    mm = mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    mm = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
     return codec._Laid(memoryview(mm), [tuple(s) for s in spans], n_oob, fd), fd
+
+
+@contextlib.contextmanager
+def handed_task(value, key=None):
+    """A task packed with handoff, its payload `value` laid out in a memfd as fleetd holds
+    it: (the payload, its memfd, the body, the `Handed`, its size); each closed after."""
+    payload, fd = laid(value)
+    handed = None
+    try:
+        body, handed, size = codec.pack_task("r", None, key, None, None, pickled_payload=payload, limit=None,
+                                             fleet="handofftest", handoff=True)
+        yield payload, fd, body, handed, size
+    finally:
+        if handed is not None:
+            handed.close()
+        os.close(fd)
 
 
 def test_records_are_taken_by_inode_whatever_their_order(pair):
@@ -153,10 +168,7 @@ def test_the_supervisors_end_takes_nothing_back():
 def test_a_task_packed_with_handoff_names_the_memfd_and_is_built_over_it_writable(inbox_set):
     ours = inbox_set
     value = {"a": np.arange(1 << 16, dtype=np.float64), "b": b"q" * (1 << 19), "n": 7}
-    payload, fd = laid(value)
-    try:
-        body, handed, size = codec.pack_task("r", None, "k", None, None, pickled_payload=payload, limit=None,
-                                             fleet="handofftest", handoff=True)
+    with handed_task(value, key="k") as (payload, fd, body, handed, size):
         assert isinstance(handed, handoff.Handed) and size == os.fstat(fd).st_size
         assert codec.handed_inode(body) == os.fstat(fd).st_ino
         assert len(body) < 4096  # the payload's bytes stay in the memfd
@@ -167,17 +179,11 @@ def test_a_task_packed_with_handoff_names_the_memfd_and_is_built_over_it_writabl
         got["a"][0] = -1.0  # the worker's own page: the memfd is sealed, and no one else sees it
         assert payload.n_oob == 1  # the array; the bytes are a blob
         assert os.pread(fd, 8, payload.spans[1][0]) == np.float64(0.0).tobytes()
-        handed.close()
-    finally:
-        os.close(fd)
 
 
 def test_a_routed_task_handed_back_unrun_lets_its_descriptor_go(inbox_set):
     ours = inbox_set
-    payload, fd = laid(np.ones(1 << 15))
-    try:
-        body, handed, _ = codec.pack_task("r", None, None, None, None, pickled_payload=payload, limit=None,
-                                          fleet="handofftest", handoff=True)
+    with handed_task(np.ones(1 << 15)) as (_payload, _fd, body, handed, _size):
         routed = codec.with_route(body, ("p", "m"))
         assert codec.handed_inode(routed, routed=True) == handed.ino
         before = open_count()
@@ -186,9 +192,6 @@ def test_a_routed_task_handed_back_unrun_lets_its_descriptor_go(inbox_set):
         assert open_count() == before
         with pytest.raises(handoff.HandoffError):
             codec._INBOX.take(handed.ino)  # gone from the channel and from the inbox
-        handed.close()
-    finally:
-        os.close(fd)
 
 
 def test_without_handoff_or_a_descriptor_a_laid_payload_is_copied_into_a_parcel():
@@ -205,28 +208,16 @@ def test_without_handoff_or_a_descriptor_a_laid_payload_is_copied_into_a_parcel(
 
 
 def test_a_handed_task_in_a_worker_without_a_channel_fails_by_name():
-    payload, fd = laid(np.ones(1 << 15))
-    try:
-        body, handed, _ = codec.pack_task("r", None, None, None, None, pickled_payload=payload, limit=None,
-                                          fleet="handofftest", handoff=True)
+    with handed_task(np.ones(1 << 15)) as (_payload, _fd, body, _handed, _size):
         with pytest.raises(codec.CodecError, match="no descriptor channel"):
             codec.loads(body, "the payload", "in the worker")
-        handed.close()
-    finally:
-        os.close(fd)
 
 
 def test_the_handed_body_is_a_pickle_of_inode_size_stream_spans_and_buffer_count():
-    payload, fd = laid(np.ones(1 << 15))
-    try:
-        body, handed, size = codec.pack_task("r", None, None, None, None, pickled_payload=payload, limit=None,
-                                             fleet="handofftest", handoff=True)
-        ino, n, stream, spans, n_oob = pickle.loads(body[2:])
+    with handed_task(np.ones(1 << 15)) as (payload, _fd, body, handed, size):
+        ino, n, _stream, spans, n_oob = pickle.loads(body[2:])
         assert (ino, n) == (handed.ino, size) and spans == [tuple(s) for s in payload.spans]
         assert n_oob == payload.n_oob == 1
-        handed.close()
-    finally:
-        os.close(fd)
 
 
 def test_a_large_memfd_is_let_go_on_a_thread_beside_the_loop_and_a_small_one_at_once():
