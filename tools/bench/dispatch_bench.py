@@ -327,6 +327,9 @@ def run_rounds(contenders, rounds, noise=None, noisy=None):
 NOISE = """
 import ctypes, os, signal, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Stopped for the quiet half, it would get the SIGHUP a shell's exit sends an orphaned
+# group's stopped processes (a bench run in the background) and end the run: ignored.
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
 if os.getppid() != {parent}:
     sys.exit(0)
 os.sched_setaffinity(0, {{{core}}})
