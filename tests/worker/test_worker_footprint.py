@@ -82,8 +82,8 @@ FAULTS = """
     sys.path.insert(0, {repo!r})
     import fleet
 
-    def minor_faults(_):
-        return os.getpid(), int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[7])
+    def minor_faults(pid):
+        return int(open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[7])
 
     def nbytes(b):
         return len(b)
@@ -92,11 +92,15 @@ FAULTS = """
         data = [os.urandom(1 << 20) for _ in range(64)]
         with fleet.Executor(max_workers=2) as ex:
             list(ex.map(nbytes, data))  # each worker's first large values: its allocator settles
-            before = dict(ex.map(minor_faults, range(32)))
+            # Read from here, every worker's: a probe unit reports only the worker it ran on,
+            # and which worker runs which unit is the dispatcher's choice.
+            pids = sorted(ex._sup.pids().values())
+            before = {{pid: minor_faults(pid) for pid in pids}}
             list(ex.map(nbytes, data * 3))
-            after = dict(ex.map(minor_faults, range(32)))
-        print(json.dumps({{"per_unit": sum(after[p] - before[p] for p in before) / (3 * len(data)),
-                           "workers": len(before)}}))
+            after = {{pid: minor_faults(pid) for pid in pids}}
+            same = sorted(ex._sup.pids().values()) == pids  # no worker replaced meanwhile
+        print(json.dumps({{"per_unit": sum(after[p] - before[p] for p in pids) / (3 * len(data)),
+                           "workers": len(pids), "same": same}}))
 """
 
 
@@ -110,4 +114,4 @@ def test_a_worker_takes_1_mib_values_without_mapping_fresh_pages_for_each(tmp_pa
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["workers"] >= 1 and got["per_unit"] < 32, got
+    assert got["workers"] == 2 and got["same"] and got["per_unit"] < 32, got
