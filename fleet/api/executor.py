@@ -126,10 +126,10 @@ class Executor(_StdExecutor):
             check_not_importing_main("fleet.Executor")  # the workers import __main__: no executor made there
             _check_args(max_workers, mp_context, initializer, max_tasks_per_child)
             _check_rss(max_rss_mib)
-            from fleet.runtime import zygote_link
+            from fleet.runtime import zygote_launch
 
             name = f"{NAME_PREFIX}{os.getpid()}-{next(_names)}"
-            launched = zygote_link.launch(name)  # first: see the note at the top of this module
+            launched = zygote_launch.launch(name)  # first: see the note at the top of this module
             try:
                 self._boot(name, launched, max_workers, mp_context, initializer, initargs, max_tasks_per_child,
                            oversubscribe, max_parcel_bytes, max_rss_mib)

@@ -71,11 +71,11 @@ class Fleet(Executor, metaclass=_OpsOnFirstLook):
         with collector.paused():  # the boot's imports and objects, without collections (fleet.runtime.collector)
             check_not_importing_main("fleet.Fleet")  # the workers import __main__: no fleet made there
             if _launched is None:
-                from fleet.runtime import zygote_link
+                from fleet.runtime import zygote_launch
 
                 # The zygote first: its interpreter and imports start now, on the other core,
                 # while this process imports the supervisor's runtime (docs/executor.md)
-                _launched = zygote_link.launch(config.name)
+                _launched = zygote_launch.launch(config.name)
             try:
                 from fleet.runtime.loop import Supervisor
                 from fleet.service import start_exporter

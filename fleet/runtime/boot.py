@@ -28,7 +28,7 @@ from fleet.rules.errors import FleetError
 from fleet.runtime.lease_gate import HostGroupLease, gated_roles, orchestrator_id
 from fleet.runtime.publish import Publisher
 from fleet.runtime import collector
-from fleet.runtime import zygote_link
+from fleet.runtime import zygote_launch
 from fleet.runtime.workers import Workers
 from fleet.runtime.zygote_link import BOOT_TIMEOUT_S
 from fleet.shm.dataplane import DataSegment
@@ -105,10 +105,10 @@ class Rig:
 
 
 def plan(config, host, *, name: str, mode: str, roles, ledger, cpus=None, socket_path=None, readers_group=None,
-         started_ns: int, admission_args: dict, launched: zygote_link.Launched | None = None) -> Rig:
+         started_ns: int, admission_args: dict, launched: zygote_launch.Launched | None = None) -> Rig:
     """The plan and the table, the posture, the provider gate, the publisher, the data
     plane and the zygote; the first forks asked for (`fork_seats`, then `await_forks`).
-    `launched`: the zygote the face launched first thing (`zygote_link.launch`), before it
+    `launched`: the zygote the face launched first thing (`zygote_launch.launch`), before it
     imported this runtime, so that its start overlapped those imports; None: launched
     here. On any failure here, it and what was built are stopped before the error goes up."""
     zygote = [launched]  # the one to stop on a failure, once there is one
@@ -158,9 +158,9 @@ def _plan(config, host, *, name: str, mode: str, roles, ledger, cpus, socket_pat
     # the face before it imported the runtime is placed now, before it forks anything.
     launched = zygote[0]
     if launched is None:
-        launched = zygote[0] = zygote_link.launch(name, place=place)
+        launched = zygote[0] = zygote_launch.launch(name, place=place)
     elif place is not None:
-        place(launched.link.pid)
+        place(launched.pid)
     table = SlotTable.create(name, roles, len(projection.layout.slots), meta=meta, readers_group=readers_group)
     rig = Rig(name, projection, priority, dispatcher, owner, sampler, table, tuple(cpus), oom=oom)
     rig.table.set_quota_epoch(0, projection.quota.detected)

@@ -109,7 +109,7 @@ class Supervisor:
                  socket_path: str | None = None, readers_group: int | str | None = None, admission_clock=None,
                  admission_rng=None, closure_file=None, host: Host | None = None, exporter=None, launched=None):
         """`launched`: the fleet's zygote, launched by the face before it imported the
-        runtime (`fleet.runtime.zygote_link.launch`); None: boot launches it."""
+        runtime (`fleet.runtime.zygote_launch.launch`); None: boot launches it."""
         self.config = config
         self.host = host if host is not None else Host()
         self.name = config.name

@@ -25,7 +25,8 @@ from fleet.host import affinity
 from fleet.runtime.deathwatch import DeathWatch, stopped, zombie_status
 from fleet.shm import handoff
 from fleet.worker.prepare import WorkerSetup
-from fleet.runtime.zygote_link import Exited, Forked, Launched, WorkerStartError, ZygoteLink, spawner_for
+from fleet.runtime.zygote_launch import Launched, spawner_for
+from fleet.runtime.zygote_link import Exited, Forked, WorkerStartError, ZygoteLink
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +71,9 @@ class Workers:
         self._launched: ZygoteLink | None = None  # a zygote launched by boot, not yet booted
 
     def adopt(self, launched: Launched) -> None:
-        """Boot's zygote, launched before this object existed (`fleet.runtime.zygote_link.launch`):
+        """Boot's zygote, launched before this object existed (`fleet.runtime.zygote_launch.launch`):
         `start_zygote` boots it."""
-        self._spawner, self._launched = launched.spawner, launched.link
+        self._spawner, self._launched = launched.spawner, ZygoteLink.adopt(launched)
 
     def start_zygote(self, meanwhile=None) -> None:
         """Boot the zygote boot launched (`adopt`), or start a new one. `meanwhile()`: work

@@ -2,11 +2,10 @@
 noticing its death (the zygote's own end is fleet.worker.zygote, which documents the
 protocol: JSON lines over a socketpair).
 
-`launch` starts the zygote first thing in a boot (`Launched`: the process and the thread
-that started it), before the supervisor imports its runtime, so this module imports
-little beyond the standard library's core: every module it loads would delay the
-zygote's start, which is the first result's path (docs/executor.md, "What a boot costs").
-`ZygoteLink.start` launches `python -m fleet.worker.zygote`, sends the boot message and
+A boot launches the zygote first thing (`fleet.runtime.zygote_launch`, which imports
+next to nothing), before the supervisor imports its runtime, this module included;
+`ZygoteLink.adopt` takes that process over. `ZygoteLink.start` (a zygote started
+again) launches `python -m fleet.worker.zygote` the same way, sends the boot message and
 waits for `ready` (a handler that cannot be imported comes back as the ConfigError
 naming the role). After boot the socket is non-blocking: `fork(seat, cpus)` asks
 for a worker, `read()` returns the `Forked` and `Exited` events received so far
@@ -22,17 +21,14 @@ import collections
 import json
 import logging
 import os
-import site
 import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-from fleet.host import open_files
 from fleet.rules.errors import BootRefused, ConfigError, UnguardedMain
+from fleet.runtime.zygote_launch import FLEET_ROOT, Launched, spawn
 from fleet.worker import zygote as _zygote
-from fleet.worker.zygote import FLEET_ROOT
 
 log = logging.getLogger(__name__)
 
@@ -56,43 +52,6 @@ def _role_doc(role) -> dict:
     from admission.records import asdict  # here: the launch, before the runtime's imports, does without it
 
     return asdict(role)
-
-
-def spawner_for(name: str) -> ThreadPoolExecutor:
-    """The thread that starts a fleet's zygotes. The zygote's parent-death signal fires
-    when the *thread* that started it exits: it lives exactly as long as the fleet."""
-    return ThreadPoolExecutor(1, thread_name_prefix=f"fleet-{name}-spawner")
-
-
-class Launched:
-    """A zygote launched at the start of a boot (`launch`), and the thread that started it."""
-
-    __slots__ = ("spawner", "link")
-
-    def __init__(self, spawner: ThreadPoolExecutor, link: "ZygoteLink"):
-        self.spawner, self.link = spawner, link
-
-    def stop(self) -> None:
-        """The boot failed: stop the zygote and its thread. Idempotent. One not yet booted
-        holds nothing (no segment, no child): SIGKILL is all its teardown, and it does not
-        wait for the zygote to finish its imports before it reads an exit."""
-        self.link.kill()
-        self.link.close()
-        # Its thread is idle (the launch waited for the Popen): joined, it is gone when the
-        # boot's error goes up, not some moments later
-        self.spawner.shutdown(wait=True)
-
-
-def launch(name: str, place=None) -> Launched:
-    """Start fleet `name`'s zygote now, to boot later (`fleet.runtime.workers.Workers.adopt`):
-    it starts and loads the kernels while this process imports its runtime and makes its
-    table. `place(pid)` puts it in its cgroup (`ZygoteLink.launch`)."""
-    spawner = spawner_for(name)
-    try:
-        return Launched(spawner, ZygoteLink.launch(spawner, place=place))
-    except BaseException:
-        spawner.shutdown(wait=False)
-        raise
 
 
 class ZygoteLink:
@@ -130,28 +89,16 @@ class ZygoteLink:
 
     @classmethod
     def launch(cls, spawner, answer_s: float = 5.0, place=None) -> "ZygoteLink":
-        """Start the zygote process, not yet booted (`boot`). It loads the transition kernels
-        and the worker's modules while it waits for its boot message, so a boot that launches
-        it first makes its table meanwhile, not one after the other.
+        """Start the zygote process, not yet booted (`boot`): `fleet.runtime.zygote_launch.spawn`."""
+        proc, sock = spawn(spawner, place)
+        return cls(proc, _wrapped(sock), answer_s)
 
-        `place(pid)`, when given, puts the new zygote in its cgroup (a delegated fleet's
-        workers leaf) before anything is asked of it: every worker it forks is born there."""
-        ours, theirs = socket.socketpair()
-        proc = spawner.submit(
-            subprocess.Popen,
-            # -P: the working directory does not go first on the zygote's sys.path, the
-            # root of this fleet (zygote_env) does; the boot message then gives the
-            # zygote our whole sys.path, so handlers import as they do here.
-            [sys.executable, "-P", "-m", "fleet.worker.zygote", "--fd", str(theirs.fileno()),
-             "--parent", str(os.getpid()), *_nofile_args()],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env=zygote_env(os.environ),
-        ).result()
-        theirs.close()
-        if place is not None:
-            place(proc.pid)
-        return cls(proc, ours, answer_s)
+    @classmethod
+    def adopt(cls, launched: Launched, answer_s: float = 5.0) -> "ZygoteLink":
+        """The link to a zygote launched ahead of the runtime (`fleet.runtime.zygote_launch.launch`),
+        not yet booted. From here on the link's socket is the one `launched.stop` closes."""
+        launched.sock = sock = _wrapped(launched.sock)  # one object owns the descriptor
+        return cls(launched.proc, sock, answer_s)
 
     def boot(self, name: str, roles, worker_nice: int | None = None, workers=None, meanwhile=None) -> None:
         """Boot a launched zygote with `roles` (see `start`); on any failure it is stopped.
@@ -370,6 +317,12 @@ def await_check(sock: socket.socket, bound_s: float | None = None) -> None:
         raise ConfigError(at["at"] if at else "roles", f"{answer['type']}: {answer['message']}")
 
 
+def _wrapped(sock) -> socket.socket:
+    """The launch's raw ``_socket.socket`` (`fleet.runtime.zygote_launch`) as a
+    `socket.socket`: the same descriptor, which the raw object no longer owns."""
+    return sock if isinstance(sock, socket.socket) else socket.socket(fileno=sock.detach())
+
+
 def _event(line: bytes):
     msg = json.loads(line)
     if msg["op"] == "forked":
@@ -377,25 +330,3 @@ def _event(line: bytes):
     if msg["op"] == "exited":
         return Exited(msg["pid"], msg["status"])
     return None
-
-
-def _nofile_args() -> list[str]:
-    """The soft limit on open files the zygote and its workers run with: the one this
-    process found, when it raised its own (fleetd: `fleet.host.open_files`)."""
-    soft = open_files.found_soft()
-    return [] if soft is None else ["--nofile", str(soft)]
-
-
-def zygote_env(environ, root: str = FLEET_ROOT, site_dirs=None) -> dict:
-    """The zygote's environment: `environ`, with `root` first on PYTHONPATH, unless it is
-    one of the interpreter's own site directories: a zygote started with -P finds it
-    there as this process did (and site-packages put ahead of the standard library
-    could shadow a module of it with a stale backport of the same name)."""
-    env = dict(environ)
-    if site_dirs is None:
-        site_dirs = [*site.getsitepackages(), site.getusersitepackages()]
-    if os.path.realpath(root) in {os.path.realpath(d) for d in site_dirs}:
-        return env
-    rest = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = root + (os.pathsep + rest if rest else "")
-    return env

@@ -30,14 +30,9 @@ import signal
 import socket
 import sys
 
-log = logging.getLogger(__name__)
+from fleet._root import FLEET_ROOT  # said back at boot: the supervisor checks it runs the same copy
 
-#: The directory this fleet package was imported from. The zygote is started so that
-#: it imports fleet from here too: a supervisor and its workers must run one copy of
-#: fleet (its table layout, FSM and ring protocol), whatever else the zygote's working
-#: directory or environment would put first (a folder named fleet, another install).
-#: The zygote says it back at boot (`fleet.runtime.zygote_link` checks it).
-FLEET_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+log = logging.getLogger(__name__)
 
 
 def resolve_handler(spec: str, where: str):

@@ -53,8 +53,11 @@ def test_importing_the_executor_loads_neither_numpy_nor_the_runtime(tmp_path):
 #: delay the fork server's start, the first result's path (docs/executor.md, "What a boot
 #: costs"). dataclasses is the costliest (the code of each dataclass is written and compiled
 #: at import), multiprocessing and concurrent.futures.process come with ProcessPoolExecutor's
-#: errors (fleet.rules.raised), hashlib and uuid with OpenSSL.
+#: errors (fleet.rules.raised), hashlib and uuid with OpenSSL; socket brings its
+#: constants and selectors (its C core makes the launch's socketpair), and the zygote's link, its
+#: module and fleet's errors are the protocol's, wanted only once the zygote answers.
 BEFORE_LAUNCH = ("dataclasses", "typing", "multiprocessing", "concurrent.futures.process", "hashlib", "uuid",
+                 "socket", "fleet.runtime.zygote_link", "fleet.worker.zygote", "fleet.rules.errors",
                  "fleet.rules.unit", "fleet.rules.roles", "fleet.runtime.config", "fleet.runtime.workers",
                  "fleet.worker.prepare", "fleet.service.control.ops")
 
@@ -62,10 +65,10 @@ LAUNCH_SPY = """
     import json, sys
     sys.path.insert(0, {repo})
     BEFORE_LAUNCH = {before_launch}
-    from fleet.runtime import zygote_link
+    from fleet.runtime import zygote_launch
 
     seen = {}
-    launch = zygote_link.launch
+    launch = zygote_launch.launch
 
     def spy(name, place=None):
         # what this process had imported when the zygote was launched
@@ -74,7 +77,7 @@ LAUNCH_SPY = """
         seen["launched"] = launched = launch(name, place=place)
         return launched
 
-    zygote_link.launch = spy
+    zygote_launch.launch = spy
 """.replace("{before_launch}", repr(BEFORE_LAUNCH))
 
 
@@ -86,7 +89,7 @@ def test_the_executor_launches_its_zygote_before_it_imports_the_runtime_and_boot
         with fleet.Executor(max_workers=1) as ex:
             result = ex.submit(abs, -3).result()
             booted = ex.fleet._sup._rig.workers.zygote.pid
-        print(json.dumps({"loaded": seen["loaded"], "same": booted == seen["launched"].link.pid, "result": result,
+        print(json.dumps({"loaded": seen["loaded"], "same": booted == seen["launched"].pid, "result": result,
                           "before_launch": seen["before_launch"]}))
     """, tmp_path)
     assert got == {"loaded": [], "same": True, "result": 3, "before_launch": []}
@@ -106,7 +109,7 @@ def test_a_fleet_launches_its_zygote_before_it_imports_the_supervisor(tmp_path):
             result = f.submit("w", 21).result()
             booted = f._sup._rig.workers.zygote.pid
         loaded = [m for m in seen["loaded"] if m.startswith("fleet.runtime.loop")]
-        print(json.dumps({"loaded": loaded, "same": booted == seen["launched"].link.pid, "result": result}))
+        print(json.dumps({"loaded": loaded, "same": booted == seen["launched"].pid, "result": result}))
     """ % name, tmp_path)
     assert got == {"loaded": [], "same": True, "result": 42}
 

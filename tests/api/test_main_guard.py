@@ -80,7 +80,7 @@ def test_a_fleet_made_where_multiprocessings_spawn_imports_the_main_module_gets_
         import sys
         sys.path.insert(0, {repo!r})
         import fleet
-        from fleet.runtime import zygote_link
+        from fleet.runtime import zygote_launch
 
         def work():
             "Never runs: the spawned child fails importing this module first."
@@ -89,7 +89,7 @@ def test_a_fleet_made_where_multiprocessings_spawn_imports_the_main_module_gets_
             open("launched", "a").write("a fork server was launched\\n")  # the guard comes first
             return launch_it(*args, **kwargs)
 
-        launch_it, zygote_link.launch = zygote_link.launch, launch
+        launch_it, zygote_launch.launch = zygote_launch.launch, launch
 
         if mp.current_process().name != "MainProcess":  # in the spawned child, as it imports this module
             fleet.Executor(max_workers=1)

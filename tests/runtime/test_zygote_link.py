@@ -15,7 +15,8 @@ import threading
 import pytest
 
 import fleet
-from fleet.runtime.zygote_link import FLEET_ROOT, WorkerStartError, ZygoteLink, zygote_env
+from fleet.runtime.zygote_launch import FLEET_ROOT, zygote_env
+from fleet.runtime.zygote_link import WorkerStartError, ZygoteLink
 from fleet.shm.table import kernel_load
 
 SCRIPT = textwrap.dedent("""
@@ -168,6 +169,45 @@ def test_a_boot_that_fails_after_launching_the_zygote_leaves_no_process_and_no_s
     assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not [n for n in os.listdir("/dev/shm") if fleet_name in n]
     assert not [t for t in threading.enumerate() if fleet_name in t.name]  # nor its spawner thread
+
+
+def test_a_launch_whose_zygote_cannot_be_placed_leaves_no_process_and_no_thread(fleet_name):
+    """`place` puts the zygote in its cgroup before it forks anything: one that cannot be
+    placed is killed and reaped before the error goes up (never left to run, or forking,
+    outside its cgroup), and the thread that started it is gone."""
+    import psutil
+
+    from fleet.runtime import zygote_launch
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    placed = []
+
+    def place(pid):
+        placed.append(pid)
+        raise PermissionError("cgroup.procs: permission denied")
+
+    with pytest.raises(PermissionError, match="cgroup.procs"):
+        zygote_launch.launch(fleet_name, place=place)
+    assert placed and not psutil.pid_exists(placed[0])  # reaped: not even a zombie
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
+    spawners = [t for t in threading.enumerate() if fleet_name in t.name]
+    for t in spawners:
+        t.join(10)  # shut down without waiting: it ends on its own at once
+    assert not [t for t in spawners if t.is_alive()]
+
+
+def test_stopping_an_adopted_launch_closes_the_links_socket_and_reaps_the_zygote(fleet_name):
+    """The link adopts the launch's socket (one object owns the descriptor): a boot that
+    fails after the adoption stops the launch, and that closes the link's socket too."""
+    from fleet.runtime import zygote_launch
+
+    launched = zygote_launch.launch(fleet_name)
+    link = ZygoteLink.adopt(launched)
+    assert isinstance(link._sock, socket.socket)
+    launched.stop()
+    launched.stop()  # idempotent
+    assert link._sock.fileno() == -1
+    assert launched.proc.returncode is not None
 
 
 def test_the_kernels_a_zygote_preloads_are_the_ones_its_table_calls(fleet_name):
