@@ -10,11 +10,14 @@ CPU each thread spends per unit over a burst.
 unit, the median of R rounds: the CPU of the caller thread (its submits, then its result
 taking), of the supervisor's loop thread and of the workers (each thread's on-CPU time
 from /proc/<pid>/task/<tid>/schedstat, which counts a spinning wait as CPU: the loop
-and a caller watch for what comes next before they sleep); then one more round under
-cProfile on the loop thread, its time split by stage (each function's own time, by the
-module it is in) and the Python calls per unit, and one under cProfile on the caller's
-submits, split the same way. cProfile slows a thread several times over: read its split
-as shares, not as microseconds.
+and a caller watch for what comes next before they sleep), and the submits' wall time
+(`caller_submit_wall`: past the caller's CPU, the time it waited, for the GIL above
+all, which it shares with the loop thread); then one more round under cProfile on the
+loop thread, its time split by stage (each function's own time, by the module it is
+in) and the Python calls per unit, one under cProfile on the caller's submits, and one
+under cProfile in each worker (both workers' time together, per unit), split the same
+way. cProfile slows a thread several times over: read its split as shares, not as
+microseconds.
 
 Without --burst (the latency view), a diagnostic, not a ratio: it times `f.submit(role, 0).result()` one unit at a time (the
 shape of dispatch_bench's latency key) on 2 pinned workers, and stamps the supervisor's
@@ -34,6 +37,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 import uuid
 
@@ -144,6 +148,57 @@ CALLER_STAGES = (
 )
 
 
+#: A worker's stages of a unit, as LOOP_STAGES.
+WORKER_STAGES = (
+    ("wait (ring spin and sleep)", ("ring_wait", "word_watch", "bell_wait", "dataplane.py:wait")),
+    ("task taking and decoding", ("process.py:_task", "process.py:_message", "process.py:_unit",
+                                  "process.py:_decode", "codec.py:_load", "codec.py:loads", "_pickle.loads",
+                                  "pop_many", "dataplane.py:seq", "strays.py:", "unit.py:", "method 'unpack")),
+    ("the call (fleet's frames around it)", ("process.py:_run", "process.py:_execute", "calls.py:",
+                                             "bench_handlers.py:", "<lambda>")),
+    ("result encoding and sending", ("process.py:_send", "process.py:_finish", "process.py:_result",
+                                     "codec.py:", "_pickle.dumps", "dataplane.py:push", "push2", "method 'pack'",
+                                     "shm/table/", "fleet._table")),
+    ("builtins (len, locks, ...)", ("~:",)),
+    ("other", ("",)),
+)
+
+#: Each worker's profiler while `burst` profiles the workers (`_worker_profiling`).
+_WORKER_PROFILER = None
+
+
+def _worker_profiling(dump_to: str | None):
+    """In a worker: start profiling (``dump_to`` None), or stop and write the profile to
+    ``dump_to``.<pid>; idempotent, so `burst` sends it until every worker has run it.
+    Returns (this worker's pid, whether it acted)."""
+    global _WORKER_PROFILER
+    import cProfile
+
+    if dump_to is None:
+        if _WORKER_PROFILER is not None:
+            return os.getpid(), False
+        _WORKER_PROFILER = cProfile.Profile()
+        _WORKER_PROFILER.enable()
+        return os.getpid(), True
+    if _WORKER_PROFILER is None:
+        return os.getpid(), False
+    _WORKER_PROFILER.disable()
+    _WORKER_PROFILER.dump_stats(f"{dump_to}.{os.getpid()}")
+    _WORKER_PROFILER = None
+    return os.getpid(), True
+
+
+def _on_every_worker(ex, pids, arg) -> None:
+    """Run `_worker_profiling(arg)` until each of `pids` has (units go where the
+    dispatcher sends them, so a few at a time until every worker has had one)."""
+    seen: set = set()
+    for _ in range(1000):
+        seen |= {pid for pid, _acted in ex.map(_worker_profiling, [arg] * 8, chunksize=1)}
+        if seen >= set(pids):
+            return
+    raise RuntimeError(f"workers {sorted(set(pids) - seen)} never ran the profiler's switch")
+
+
 def _on_cpu_ns(pid: int, tid: int | None = None) -> int:
     """Nanoseconds on CPU of a thread (`tid`) or a whole process (its schedstat)."""
     path = f"/proc/{pid}/task/{tid}/schedstat" if tid is not None else f"/proc/{pid}/schedstat"
@@ -195,6 +250,18 @@ def _loop_split(stats, units: int) -> dict:
             "python_calls_per_unit": round(calls / units, 1)}
 
 
+def _worker_split(stats, units: int) -> dict:
+    """The workers' cProfile (both together): each stage's share of their work, and the
+    Python calls and profiled work per unit, their waits aside."""
+    totals, calls = _split(stats, WORKER_STAGES)
+    waited = totals.pop(WORKER_STAGES[0][0])
+    whole = sum(totals.values()) or 1.0
+    return {"share_of_work": {k: round(v / whole, 3) for k, v in totals.items()},
+            "profiled_work_us_per_unit": round(whole / units * 1e6, 2),
+            "profiled_wait_us_per_unit": round(waited / units * 1e6, 2),
+            "python_calls_per_unit": round(calls / units, 1)}
+
+
 def burst(units: int, rounds: int) -> dict:
     """The throughput view (see the module doc): CPU per unit of each thread over bursts."""
     import cProfile
@@ -219,12 +286,13 @@ def burst(units: int, rounds: int) -> dict:
             futures = [ex.submit(H.work, i) for i in range(units)]
             if caller is not None:
                 caller.disable()
-            c1 = time.thread_time_ns()
+            c1, s1 = time.thread_time_ns(), time.perf_counter_ns()
             for fut in futures:
                 fut.result()
             t1 = time.perf_counter_ns()
             c2, l1, w1 = time.thread_time_ns(), _on_cpu_ns(me, loop_tid), _workers_cpu_ns(pids)
-            return {"wall": (t1 - t0) / units, "caller_submit": (c1 - c0) / units, "caller_results": (c2 - c1) / units,
+            return {"wall": (t1 - t0) / units, "caller_submit": (c1 - c0) / units,
+                    "caller_submit_wall": (s1 - t0) / units, "caller_results": (c2 - c1) / units,
                     "loop": (l1 - l0) / units, "workers (all)": (w1 - w0) / units}
 
         for _ in range(rounds):
@@ -237,10 +305,17 @@ def burst(units: int, rounds: int) -> dict:
         caller = cProfile.Profile()
         one_round(caller)
         caller_split = _caller_split(pstats.Stats(caller), units)
+        with tempfile.TemporaryDirectory(prefix="latency-stages-") as where:
+            dump_to = os.path.join(where, "worker")
+            _on_every_worker(ex, pids, None)
+            one_round()
+            _on_every_worker(ex, pids, dump_to)
+            dumps = [os.path.join(where, name) for name in os.listdir(where)]
+            worker_split = _worker_split(pstats.Stats(*dumps), units)
     per_unit = {k: round(statistics.median(r[k] for r in rows) / 1e3, 2) for k in rows[0]}
     return {"units": units, "rounds": rounds, "workers": len(pids), "us_per_unit": per_unit,
             "units_per_s": round(1e9 / statistics.median(r["wall"] for r in rows)), "loop_profile": split,
-            "caller_profile": caller_split}
+            "caller_profile": caller_split, "worker_profile": worker_split}
 
 
 def main(argv=None) -> int:
@@ -270,6 +345,12 @@ def main(argv=None) -> int:
                   f"{prof['profiled_us_per_unit']} us (profiled) by stage:")
             for label, share in prof["share"].items():
                 print(f"  {label:28} {share:8.1%}")
+            prof = res["worker_profile"]
+            print(f"the workers under cProfile (both together): {prof['python_calls_per_unit']} Python calls per "
+                  f"unit; {prof['profiled_work_us_per_unit']} us of work (profiled) by stage, besides "
+                  f"{prof['profiled_wait_us_per_unit']} us waiting:")
+            for label, share in prof["share_of_work"].items():
+                print(f"  {label:36} {share:8.1%}")
         return 0
     res = measure(args.units, args.slots_per_worker)
     if args.json:
