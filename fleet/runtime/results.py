@@ -116,7 +116,7 @@ class Results:
         and at the slice's end (so outcomes resolve in the order their results came).
         Anything else goes through `_take_message`, in its place."""
         get, slot_of, complete = self._books.get, self._dispatcher.slot_of, self._dispatcher.complete
-        seat_of, outcome_of, relay = self._seats.slot_seats, codec.result_outcome, self._relay
+        seat_of, outcome_of, relay = self._seats.slot_seats, codec.solved_outcome, self._relay
         unpack, head = M.RESULT_HEAD.unpack_from, M.RESULT_HEAD.size
         ended: list = []  # (unit, value, run time), in the order their results came
         try:
@@ -126,7 +126,7 @@ class Results:
                     if status == M.ST_SOLVED:
                         unit = get(unit_id)
                         if unit is not None and unit.plain and slot_of(unit_id) == slot and seat_of[slot] == seat:
-                            outcome, value, original = outcome_of(status, view[head:], relay=relay)
+                            outcome, value, original = outcome_of(view[head:], relay)
                             complete(unit_id, final)
                             if outcome.kind == SOLVED:
                                 ended.append((unit, value, elapsed))
