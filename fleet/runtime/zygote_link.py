@@ -173,8 +173,8 @@ class ZygoteLink:
                 # at most MAX_PASSED descriptors a write: the zygote takes as many with one read
                 for at in range(0, len(forks), _zygote.MAX_PASSED):
                     part = range(at, min(at + _zygote.MAX_PASSED, len(forks)))
-                    self._send_fds([{"op": "fork", "seat": forks[i][0], "cpus": list(forks[i][1]), "channel": True}
-                                    for i in part], [channels[i].fileno() for i in part])
+                    self._send(*({"op": "fork", "seat": forks[i][0], "cpus": list(forks[i][1]), "channel": True}
+                                 for i in part), fds=[channels[i].fileno() for i in part])
         except OSError as exc:
             # The zygote is gone (its end of the socket closed under us). The next read
             # says so, and the supervisor forks every seat again, these ones included.
@@ -221,11 +221,7 @@ class ZygoteLink:
         msg = {"op": "check", "roles": [_role_doc(r) for r in roles], "sys_path": list(sys.path),
                "bound_s": _zygote.CHECK_BOUND_S}
         try:
-            self._sock.setblocking(True)
-            try:
-                socket.send_fds(self._sock, [json.dumps(msg).encode() + b"\n"], [theirs.fileno()])
-            finally:
-                self._sock.setblocking(False)
+            self._send(msg, fds=[theirs.fileno()])
         except OSError as exc:
             ours.close()
             raise WorkerStartError(f"the worker fork server cannot check the handlers: {exc}") from None
@@ -259,22 +255,15 @@ class ZygoteLink:
             self._proc.kill()
         self._proc.wait()
 
-    def _send_fds(self, msgs: list, fds: list) -> None:
-        """Send `msgs` in one write with `fds` (SCM_RIGHTS on its first bytes), as `_send`."""
+    def _send(self, *msgs: dict, fds=()) -> None:
+        """Send `msgs` in one write, `fds` passed with its first bytes (SCM_RIGHTS), waiting
+        at most `answer_s` for room (OSError past that)."""
+        data = b"".join(json.dumps(msg).encode() + b"\n" for msg in msgs)
         self._sock.settimeout(self.answer_s)
         try:
-            data = b"".join(json.dumps(msg).encode() + b"\n" for msg in msgs)
-            sent = socket.send_fds(self._sock, [data], fds)
+            sent = socket.send_fds(self._sock, [data], fds) if fds else 0
             if sent < len(data):
                 self._sock.sendall(data[sent:])
-        finally:
-            self._sock.setblocking(False)
-
-    def _send(self, *msgs: dict) -> None:
-        """Send `msgs` in one write, waiting at most `answer_s` for room (OSError past that)."""
-        self._sock.settimeout(self.answer_s)
-        try:
-            self._sock.sendall(b"".join(json.dumps(msg).encode() + b"\n" for msg in msgs))
         finally:
             self._sock.setblocking(False)
 

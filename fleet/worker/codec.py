@@ -346,8 +346,7 @@ def handed_inode(body, routed: bool = False) -> int | None:
     """The inode of the memfd a task body's payload is handed in (`_handed_task`); None
     for any other body. ``routed``: the body carries its route in front (F_ROUTED)."""
     if routed:
-        (n,) = _ROUTE_LEN.unpack_from(body)
-        body = body[_ROUTE_LEN.size + n:]
+        body = _after_route(body)[1]
     if len(body) > 1 and body[0] == PARCEL and body[1] == _HANDED:
         return pickle.loads(body[2:])[0]
     return None
@@ -688,9 +687,15 @@ def split_route(body, where: str = "here"):
     """(route, the rest of the body) of a body made by `with_route` (CodecError if it cannot be read)."""
     from admission.route import Route
 
+    route, rest = _after_route(body)
+    return Route(*loads(route, "the route", where)), rest
+
+
+def _after_route(body) -> tuple:
+    """(the route's pickle, the rest of the body) of a body made by `with_route`."""
     (n,) = _ROUTE_LEN.unpack_from(body)
     start = _ROUTE_LEN.size
-    return Route(*loads(body[start : start + n], "the route", where)), body[start + n :]
+    return body[start : start + n], body[start + n :]
 
 
 def refused_body(exc: Refused, raised_at: float | None = None) -> bytes:

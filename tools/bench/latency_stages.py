@@ -239,22 +239,12 @@ def _caller_split(stats, units: int) -> dict:
             "profiled_us_per_unit": round(whole / units * 1e6, 2), "python_calls_per_unit": round(calls / units, 1)}
 
 
-def _loop_split(stats, units: int) -> dict:
-    """cProfile's own time per loop stage (share of the loop's profiled time) and calls per unit."""
-    totals, calls = _split(stats, LOOP_STAGES)
-    waited = totals.pop(LOOP_STAGES[0][0])
-    whole = sum(totals.values()) or 1.0
-    return {"share_of_work": {k: round(v / whole, 3) for k, v in totals.items()},
-            "profiled_work_us_per_unit": round(whole / units * 1e6, 2),
-            "profiled_wait_us_per_unit": round(waited / units * 1e6, 2),
-            "python_calls_per_unit": round(calls / units, 1)}
-
-
-def _worker_split(stats, units: int) -> dict:
-    """The workers' cProfile (both together): each stage's share of their work, and the
-    Python calls and profiled work per unit, their waits aside."""
-    totals, calls = _split(stats, WORKER_STAGES)
-    waited = totals.pop(WORKER_STAGES[0][0])
+def _work_split(stats, stages, units: int) -> dict:
+    """cProfile's own time per stage of `stages` whose first is the waits (the loop's, or
+    the workers' together): each other stage's share of the work, and the Python calls,
+    work and waits per unit."""
+    totals, calls = _split(stats, stages)
+    waited = totals.pop(stages[0][0])
     whole = sum(totals.values()) or 1.0
     return {"share_of_work": {k: round(v / whole, 3) for k, v in totals.items()},
             "profiled_work_us_per_unit": round(whole / units * 1e6, 2),
@@ -301,7 +291,7 @@ def burst(units: int, rounds: int) -> dict:
         sup.inspect(lambda _sup: prof.enable())  # on the loop thread: cProfile profiles the thread that enables it
         one_round()
         sup.inspect(lambda _sup: prof.disable())
-        split = _loop_split(pstats.Stats(prof), units)
+        split = _work_split(pstats.Stats(prof), LOOP_STAGES, units)
         caller = cProfile.Profile()
         one_round(caller)
         caller_split = _caller_split(pstats.Stats(caller), units)
@@ -311,11 +301,19 @@ def burst(units: int, rounds: int) -> dict:
             one_round()
             _on_every_worker(ex, pids, dump_to)
             dumps = [os.path.join(where, name) for name in os.listdir(where)]
-            worker_split = _worker_split(pstats.Stats(*dumps), units)
+            worker_split = _work_split(pstats.Stats(*dumps), WORKER_STAGES, units)
     per_unit = {k: round(statistics.median(r[k] for r in rows) / 1e3, 2) for k in rows[0]}
     return {"units": units, "rounds": rounds, "workers": len(pids), "us_per_unit": per_unit,
             "units_per_s": round(1e9 / statistics.median(r["wall"] for r in rows)), "loop_profile": split,
             "caller_profile": caller_split, "worker_profile": worker_split}
+
+
+def _print_work_split(title: str, prof: dict) -> None:
+    """A `_work_split` as text: its calls, work and waits per unit, then each stage's share."""
+    print(f"{title}: {prof['python_calls_per_unit']} Python calls per unit; {prof['profiled_work_us_per_unit']} "
+          f"us of work (profiled) by stage, besides {prof['profiled_wait_us_per_unit']} us waiting:")
+    for label, share in prof["share_of_work"].items():
+        print(f"  {label:36} {share:8.1%}")
 
 
 def main(argv=None) -> int:
@@ -334,23 +332,13 @@ def main(argv=None) -> int:
             print(f"{res['units_per_s']} units/s; CPU per unit, us (median of {res['rounds']} rounds):")
             for label, value in res["us_per_unit"].items():
                 print(f"  {label:28} {value:8.2f}")
-            prof = res["loop_profile"]
-            print(f"loop under cProfile: {prof['python_calls_per_unit']} Python calls per unit; "
-                  f"{prof['profiled_work_us_per_unit']} us of work (profiled) by stage, besides "
-                  f"{prof['profiled_wait_us_per_unit']} us waiting:")
-            for label, share in prof["share_of_work"].items():
-                print(f"  {label:28} {share:8.1%}")
+            _print_work_split("loop under cProfile", res["loop_profile"])
             prof = res["caller_profile"]
             print(f"caller's submits under cProfile: {prof['python_calls_per_unit']} Python calls per unit; "
                   f"{prof['profiled_us_per_unit']} us (profiled) by stage:")
             for label, share in prof["share"].items():
                 print(f"  {label:28} {share:8.1%}")
-            prof = res["worker_profile"]
-            print(f"the workers under cProfile (both together): {prof['python_calls_per_unit']} Python calls per "
-                  f"unit; {prof['profiled_work_us_per_unit']} us of work (profiled) by stage, besides "
-                  f"{prof['profiled_wait_us_per_unit']} us waiting:")
-            for label, share in prof["share_of_work"].items():
-                print(f"  {label:36} {share:8.1%}")
+            _print_work_split("the workers under cProfile (both together)", res["worker_profile"])
         return 0
     res = measure(args.units, args.slots_per_worker)
     if args.json:
