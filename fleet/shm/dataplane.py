@@ -378,6 +378,27 @@ class Pulse:
         return lib.fleet_word_watch(self._words, seen & _U32, int(spin_s * 1e9)) == 0
 
 
+def _lay_out(mm: mmap.mmap, n_seats: int, task_capacity: int, result_capacity: int) -> None:
+    """A new segment's header and rings in `mm`, published (its magic written last)."""
+    stride, total = _layout(n_seats, task_capacity, result_capacity)
+    h = HEADER.view(mm)
+    h["version"] = LAYOUT_VERSION
+    h["n_seats"] = n_seats
+    h["task_capacity"], h["result_capacity"] = task_capacity, result_capacity
+    h["created_ns"] = time.time_ns()
+    h["total_size"], h["rings_off"], h["seat_stride"] = total, RINGS_OFF, stride
+    base = ffi.from_buffer(mm)
+    task_bytes = lib.fleet_ring_bytes(task_capacity)
+    for seat in range(n_seats):
+        off = RINGS_OFF + seat * stride
+        for ring_off, cap in ((off, task_capacity), (off + task_bytes, result_capacity)):
+            rc = lib.fleet_ring_init(base + ring_off, cap)
+            if rc != 0:  # only a layout bug gets here: capacities were checked
+                raise DataPlaneError(f"cannot initialise ring at offset {ring_off}: errno {-rc}")
+    # Magic last, with a release store: an attacher that sees it sees every ring.
+    lib.fleet_store_release_u64(ffi.cast("uint64_t *", base), MAGIC)
+
+
 def _layout(n_seats: int, task_capacity: int, result_capacity: int) -> tuple[int, int]:
     """(seat_stride, total_size); every ring offset is a multiple of 64."""
     stride = lib.fleet_ring_bytes(task_capacity) + lib.fleet_ring_bytes(result_capacity)
@@ -428,26 +449,19 @@ class DataSegment:
             raise DataPlaneError(f"n_seats = {n_seats} is out of range [1, {MAX_SEATS}]")
         _check_capacity("task_capacity", task_capacity)
         _check_capacity("result_capacity", result_capacity)
-        stride, total = _layout(n_seats, task_capacity, result_capacity)
-        mm = shm.create(name, KIND, total)  # 0600; name, creator pid and start written
-        h = HEADER.view(mm)
-        h["version"] = LAYOUT_VERSION
-        h["n_seats"] = n_seats
-        h["task_capacity"], h["result_capacity"] = task_capacity, result_capacity
-        h["created_ns"] = time.time_ns()
-        h["total_size"], h["rings_off"], h["seat_stride"] = total, RINGS_OFF, stride
-        base = ffi.from_buffer(mm)
-        task_bytes = lib.fleet_ring_bytes(task_capacity)
-        for seat in range(n_seats):
-            off = RINGS_OFF + seat * stride
-            for ring_off, cap in ((off, task_capacity), (off + task_bytes, result_capacity)):
-                rc = lib.fleet_ring_init(base + ring_off, cap)
-                if rc != 0:  # only a layout bug gets here: capacities were checked
-                    raise DataPlaneError(f"cannot initialise ring at offset {ring_off}: errno {-rc}")
-        # Magic last, with a release store: an attacher that sees it sees every ring.
-        lib.fleet_store_release_u64(ffi.cast("uint64_t *", base), MAGIC)
-        del base, h
+        # 0600; name, creator pid and start written
+        mm = shm.create(name, KIND, _layout(n_seats, task_capacity, result_capacity)[1])
+        _lay_out(mm, n_seats, task_capacity, result_capacity)
         return cls(name, mm, created=True)
+
+    @classmethod
+    def scratch(cls, name: str, n_seats: int = 1, capacity: int = MIN_CAPACITY) -> "DataSegment":
+        """A data segment of this process alone, in anonymous memory (nothing in /dev/shm,
+        no creator recorded): the fork server's rehearsal runs a worker's loop over it
+        (`fleet.worker.rehearsal`). `name`: its fleet's (what a worker names its parcels by)."""
+        mm = mmap.mmap(-1, _layout(n_seats, capacity, capacity)[1])
+        _lay_out(mm, n_seats, capacity, capacity)
+        return cls(name, mm, created=False)
 
     @classmethod
     def attach(cls, name: str) -> "DataSegment":

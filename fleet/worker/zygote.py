@@ -193,6 +193,22 @@ class Zygote:
         # boot made since.
         settle()
 
+    def rehearse(self) -> None:
+        """A worker's loop run here over scratch memory before the first fork
+        (`fleet.worker.rehearsal`: why), once the supervisor has this process's `ready`:
+        its turnaround to the first forks (reading the answer, sending the forks) runs
+        meanwhile, so the rehearsal's ~1 ms is mostly off the first result's path. One that
+        fails costs the workers some memory, never their start: it is logged and the forks
+        go on. Its garbage (the scratch Worker's cycles) is collected here, not in each fork."""
+        try:
+            from fleet.worker import rehearsal
+
+            rehearsal.rehearse(self.name, lend=self.setup.lend)
+        except Exception:  # noqa: BLE001 - an unrehearsed worker is a whole worker
+            logging.getLogger(__name__).warning("the workers' rehearsal failed; they start without it",
+                                                exc_info=True)
+        settle()
+
     def fork(self, seat: int, cpus, channel: int | None = None) -> int:
         """Fork the worker of `seat`, pinned to `cpus`; ``channel``: its end of the seat's
         descriptor channel (`fleet.shm.handoff`: service mode), the worker's alone after."""
@@ -505,6 +521,7 @@ def main(argv=None) -> int:
         return 1
     gc.enable()
     zygote.send(op="ready", pid=os.getpid(), fleet=FLEET_ROOT)  # the supervisor checks it runs the same copy
+    zygote.rehearse()
     code = zygote.serve()
     # Served (asked to exit, or the supervisor is gone): it ends as its workers do, without
     # the interpreter's finalization (the teardown of every module it loaded, numpy's

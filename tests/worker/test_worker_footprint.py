@@ -47,13 +47,17 @@ SCRIPT = """
 """
 
 
-def test_a_workers_fork_imports_nothing_and_runs_the_worker_the_zygote_made(tmp_path):
-    script = tmp_path / "footprint.py"
-    script.write_text(textwrap.dedent(SCRIPT).format(repo=REPO))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+def _script_says(tmp_path, source: str):
+    """What a script (one of this module's, run as a program's main module) printed last, as JSON."""
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(source).format(repo=REPO))
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"imported_after_fork": [],
-                                                               "worker_made_in_zygote": True}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_workers_fork_imports_nothing_and_runs_the_worker_the_zygote_made(tmp_path):
+    assert _script_says(tmp_path, SCRIPT) == {"imported_after_fork": [], "worker_made_in_zygote": True}
 
 
 def test_the_zygote_makes_a_batchs_forks_first_and_reports_them_after():
@@ -109,9 +113,74 @@ def test_a_worker_takes_1_mib_values_without_mapping_fresh_pages_for_each(tmp_pa
     # from glibc's defaults, a worker mapped, faulted in and unmapped that memory for every
     # unit (~100 minor faults per unit, a quarter of such a map's time); the fork server
     # warms the allocator once (`fleet.worker.zygote.warm_allocator`): ~4 per unit.
-    path = tmp_path / "faults.py"
-    path.write_text(textwrap.dedent(FAULTS.format(repo=REPO)))
-    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _script_says(tmp_path, FAULTS)
     assert got["workers"] == 2 and got["same"] and got["per_unit"] < 32, got
+
+
+REHEARSED = """
+    import dis, json, sys
+    sys.path.insert(0, {repo!r})
+
+    def specialised():
+        # The functions each unit runs in a worker (its loop, the codec, pickle's C core
+        # has none), read by the worker's first unit: which of them run bytecode that
+        # Python specialised (names outside dis.opmap: RESUME_QUICK, LOAD_ATTR_*, ...),
+        # as a function does only after it ran a few times.
+        from fleet.worker import codec
+        from fleet.worker.process import Worker
+
+        path = [Worker._tasks, Worker._message, Worker._task, Worker._execute, Worker._run_one, Worker._finish,
+                Worker._send, codec.pack]
+        return {{fn.__qualname__: any(i.opname not in dis.opmap for i in dis.get_instructions(fn, adaptive=True))
+                 for fn in path}}
+
+    if __name__ == "__main__":
+        import fleet
+
+        with fleet.Executor(max_workers=1) as ex:
+            print(json.dumps(ex.submit(specialised).result()))
+"""
+
+
+def test_a_workers_first_unit_runs_code_the_fork_server_specialised(tmp_path):
+    # The fork server runs a worker's loop over scratch memory before it forks
+    # (fleet.worker.rehearsal): its workers inherit that code specialised, so their first
+    # units do not write it into pages of their own (~130 KiB of each worker's USS). Read
+    # by the worker's very first unit, which the path has run once by then: unrehearsed,
+    # none of it would be.
+    got = _script_says(tmp_path, REHEARSED)
+    assert got and all(got.values()), got
+
+
+def test_the_rehearsal_runs_its_units_in_memory_of_its_own():
+    # Nothing of a fleet's is touched and nothing is left: no segment in /dev/shm, no
+    # descriptor, no thread; every unit solved through the worker's real path.
+    import os
+    import threading
+
+    from fleet.worker import rehearsal
+
+    shm, fds, threads = sorted(os.listdir("/dev/shm")), sorted(os.listdir("/proc/self/fd")), threading.active_count()
+    assert rehearsal.rehearse("probe-rehearsal", lend=True) == rehearsal.UNITS
+    assert rehearsal.rehearse("probe-rehearsal", lend=False, units=3) == 3
+    assert sorted(os.listdir("/dev/shm")) == shm
+    assert sorted(os.listdir("/proc/self/fd")) == fds
+    assert threading.active_count() == threads
+
+
+def test_a_failed_rehearsal_is_logged_and_the_forks_go_on(monkeypatch, caplog):
+    import types
+
+    from fleet.worker import rehearsal
+    from fleet.worker.zygote import Zygote
+
+    def broken(fleet, *, lend):
+        raise RuntimeError("rehearsal: LEASE refused: illegal")
+
+    monkeypatch.setattr(rehearsal, "rehearse", broken)
+    monkeypatch.setattr("gc.freeze", lambda: None)  # this test process's objects stay in the collector's sight
+    z = Zygote(sock=None)
+    z.name, z.setup = "probe", types.SimpleNamespace(lend=True)
+    with caplog.at_level("WARNING", logger="fleet.worker.zygote"):
+        z.rehearse()  # returns: the workers start unrehearsed
+    assert "the workers' rehearsal failed" in caplog.text and "LEASE refused" in caplog.text

@@ -142,7 +142,22 @@ def create(
             raise TableError(f"{what} = {count} is out of range [{low}, {high}]")
     offsets = L.region_offsets(n_slots, n_roles, n_bulkheads)
     mm = shm.create(name, KIND, offsets["total_size"], readers_group=readers_group)
-    header = L.HEADER.view(mm)  # name, creator pid and start are written (fleet.shm.segments)
+    # name, creator pid and start are written (fleet.shm.segments)
+    return Segment(name=name, mm=mm, header=_lay_out(mm, offsets, n_slots, n_roles, n_bulkheads, now_ns), created=True)
+
+
+def scratch(n_slots: int, n_roles: int) -> Segment:
+    """A table segment of this process alone, in anonymous memory (nothing in /dev/shm, no
+    name, no creator recorded, no bulkheads), for the fork server's rehearsal
+    (`fleet.worker.rehearsal`); gone with its last mapping."""
+    offsets = L.region_offsets(n_slots, n_roles, 0)
+    mm = mmap.mmap(-1, offsets["total_size"])
+    return Segment(name="", mm=mm, header=_lay_out(mm, offsets, n_slots, n_roles, 0, time.time_ns), created=False)
+
+
+def _lay_out(mm: mmap.mmap, offsets: dict, n_slots: int, n_roles: int, n_bulkheads: int, now_ns) -> HeaderView:
+    """The header of a new table in `mm`: its layout, sizes and boot id (not yet published)."""
+    header = L.HEADER.view(mm)
     header["version"] = L.LAYOUT_VERSION
     header["header_size"] = L.HEADER_SIZE
     header["total_size"] = offsets["total_size"]
@@ -151,7 +166,7 @@ def create(
     header["n_slots"], header["n_roles"], header["n_bulkheads"] = n_slots, n_roles, n_bulkheads
     for key in ("posture_off", "ledger_off", "roles_off", "slots_off", "bulkheads_off", "meta_off"):
         header[key] = offsets[key]
-    return Segment(name=name, mm=mm, header=header, created=True)
+    return header
 
 
 def write_meta(segment: Segment, meta: dict) -> None:

@@ -118,6 +118,21 @@ class SlotTable:
         return table
 
     @classmethod
+    def scratch(cls, roles: RoleSet, n_slots: int = 1) -> "SlotTable":
+        """A table of this process alone, in anonymous memory (`segment.scratch`), its
+        roles set and the process's kernels loaded: the fork server's rehearsal runs a
+        worker's loop over it (`fleet.worker.rehearsal`), never over the fleet's table."""
+        table = cls(seg.scratch(n_slots, len(roles)))
+        try:
+            table._init_roles(roles)
+            table._kernels()
+            seg.publish(table.segment)
+        except BaseException:
+            table.close()
+            raise
+        return table
+
+    @classmethod
     def attach(cls, name: str, *, writable: bool = True) -> "SlotTable":
         """Attach to a running fleet's table (read-only: O_RDONLY, PROT_READ). Never resizes it."""
         return cls(seg.attach(name, writable=writable))
