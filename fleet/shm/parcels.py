@@ -179,12 +179,14 @@ def open_(name: str, *, take: bool) -> mmap.mmap:
         os.close(fd)
 
 
-def open_fd(name: str, *, take: bool) -> tuple[int, int]:
+def open_fd(name: str, *, take: bool, writable: bool = False) -> tuple[int, int]:
     """(an open descriptor, the size) of the parcel `name`, checked as `open_` says; with
-    ``take`` its name is removed now. The descriptor is the caller's to close."""
+    ``take`` its name is removed now. Opened for writing with ``take`` or ``writable`` (a
+    shared writable mapping needs it), else read-only. The descriptor is the caller's to close."""
     path = _path(name)
     try:
-        fd = os.open(path, (os.O_RDWR if take else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, (os.O_RDWR if take or writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
     except OSError as exc:
         raise ParcelError(f"cannot open the parcel {path}: {exc.strerror}") from None
     try:

@@ -215,6 +215,62 @@ def test_a_value_from_a_lent_parcel_is_its_own_and_the_parcel_goes_back(fleet_na
     parcels.sweep(fleet_name)
 
 
+def _memory_of(array):
+    """What an array's memory belongs to: the end of its chain of bases (a mapping, a bytearray, ...)."""
+    import numpy as np
+
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def test_a_large_value_from_a_lent_parcel_is_built_over_it_and_goes_back_once_dropped(fleet_name):
+    # From codec.ADOPT_MIN bytes of buffers, no copy out: the value is built over the parcel
+    # (the worker's write is its one copy), which stays the value's while it lives.
+    import mmap
+
+    import numpy as np
+
+    from fleet.worker import codec
+
+    lender = parcels.Lender(fleet_name)
+    n = codec.ADOPT_MIN // 8
+    body, name = codec.pack(np.arange(n, dtype=np.float64), "the result", fleet_name, take=True,
+                            writer=lender.write, lend=True)
+    got = codec.loads(body, "the result")
+    assert isinstance(_memory_of(got), mmap.mmap) and got.flags.writeable
+    assert parcels.count(fleet_name) == 1 and parcels.count(fleet_name, warm=True) == 0  # still the value's
+    got[0] = -1.0
+    # the writer's next value of that size goes to another parcel: this one is not back
+    body, again = codec.pack(np.zeros(n), "the result", fleet_name, take=True, writer=lender.write, lend=True)
+    assert again != name and lender.held() == 2
+    codec.loads(body, "the result")  # dropped at once: its parcel goes back
+    assert parcels.count(fleet_name) == 1 and parcels.count(fleet_name, warm=True) == 1
+    assert got[0] == -1.0 and got[1] == 1.0 and got[-1] == n - 1
+    del got
+    assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 2
+    # and the writer writes into them again
+    codec.loads(codec.pack(np.ones(n), "the result", fleet_name, take=True, writer=lender.write, lend=True)[0],
+                "the result")
+    assert lender.held() == 2 and parcels.count(fleet_name, warm=True) == 2
+    parcels.sweep(fleet_name)
+
+
+def test_a_value_just_under_the_adoption_bound_is_copied_out_and_its_parcel_goes_back_at_once(fleet_name):
+    import numpy as np
+
+    from fleet.worker import codec
+
+    lender = parcels.Lender(fleet_name)
+    body, _name = codec.pack(np.zeros(codec.ADOPT_MIN - 8, dtype=np.uint8), "the result", fleet_name, take=True,
+                             writer=lender.write, lend=True)
+    got = codec.loads(body, "the result")
+    assert isinstance(_memory_of(got), np.ndarray)  # memory of its own (codec's copy out)
+    assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1
+    parcels.sweep(fleet_name)
+
+
 def _resident_kib(mm) -> int:
     """The KiB of `mm` this process has mapped (its Rss line in /proc/self/smaps)."""
     import ctypes
