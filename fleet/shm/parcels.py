@@ -490,37 +490,23 @@ def give_back(name: str) -> bool:
         return False
 
 
-def copy_out(fd: int, size: int, parts) -> list:
-    """The `parts` ((offset, length) each) of an open parcel, each copied into memory of
-    its own (an array of bytes when numpy is loaded: its large blocks are huge pages; else
-    a bytearray), through one read-only mapping unmapped before this returns. A large part
-    is copied with the GIL released."""
-    np = sys.modules.get("numpy")
-    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-    try:
-        out = []
-        for off, n in parts:
-            own = np.empty(n, np.uint8) if np is not None else bytearray(n)
-            with memoryview(mm) as whole, whole[off : off + n] as part:
-                _copy_into(own, 0, part)
-            out.append(own)
-        return out
-    finally:
-        mm.close()
-
-
-#: Most parcels a writer keeps of those it lends (`Lender`), and most bytes of them.
-LEND_KEEP = 4
+#: Most parcels a writer keeps of those it lends (`Lender`), and most bytes of them. A
+#: parcel is its receiver's while the value built over it lives, so a worker needs one per
+#: result in flight (a map's window holds several) to write each into pages it has: past
+#: `LEND_KEEP`, a result's parcel is a fresh one (4 kept: 1 and 8 MiB arrays out of a map
+#: at 10-40% less, docs/executor.md).
+LEND_KEEP = 32
 LEND_MAX = 128 << 20
 
 
 class Lender:
-    """The parcels of a process that sends large values to a receiver which copies them
-    out (a worker's results, `fleet.worker.codec.pack` with ``lend``): each kept mapped
-    here, lent under a parcel's name and given back by its receiver under its warm name
-    (`give_back`), then written into again. Fresh shared-memory pages cost more here than
-    the copy itself (each is allocated as it is first written, and freed with the parcel);
-    a parcel given back has its pages already. At most `keep` parcels and `keep_bytes`
+    """The parcels of a process that sends large values to a receiver (a worker's results,
+    `fleet.worker.codec.pack` with ``lend``), which builds each value over its parcel and
+    gives the parcel back once the value is gone (`fleet.worker.codec._adopted`): each kept
+    mapped here, lent under a parcel's name and given back by its receiver under its warm
+    name (`give_back`), then written into again. Fresh shared-memory pages cost more than
+    the write itself (each is allocated and zeroed as it is first written, and freed with
+    the parcel); a parcel given back has its pages already. At most `keep` parcels and `keep_bytes`
     bytes are kept, until the process ends (its parcels are swept with its pid): past
     them, one given back is let go to make room, and when all are still out a value
     travels in a parcel the receiver takes, as without a lender. A parcel lent is never

@@ -61,14 +61,6 @@ MAX_DEPTH = 10_000
 OOB_MIN = 256 * 1024
 #: A pickle larger than this travels beside its ring whole (a ring message stays small).
 INLINE_MAX = 1 << 20
-#: A lent result whose out-of-band buffers come to this many bytes or more is built over
-#: its parcel itself (`_adopted`: one copy, the worker's write), not copied out of it
-#: (`_copied_out`). A copy's destination that large is always fresh memory (glibc maps an
-#: allocation of 32 MiB or more on its own, whatever its thresholds), which the copy's
-#: first touch pays for page by page on top of the copy; below it, the copy lands in the
-#: heap's warm memory and costs less than keeping the parcel from its writer while the
-#: value lives (its writer writes a fresh one meanwhile). Measured in docs/executor.md.
-ADOPT_MIN = 32 << 20
 #: Containers looked into for large `bytes` (`_has_blob`): this deep, this long at most.
 SCAN_DEPTH, SCAN_LEN = 4, 64
 #: The first byte of a body that names a parcel ("P"); a pickle's first byte is PROTO (0x80).
@@ -304,9 +296,7 @@ def _unparcel(data):
         return _from_handed(data)
     name, offsets, sizes, n_oob = pickle.loads(data[2:])
     if data[1] == _LEND:
-        if sum(sizes[1 : 1 + n_oob]) >= ADOPT_MIN:
-            return _adopted(name, offsets, sizes, n_oob)
-        return _copied_out(name, offsets, sizes, n_oob)
+        return _adopted(name, offsets, sizes, n_oob)
     take = data[1] == _TAKE
 
     def mapped(fd: int, size: int) -> mmap.mmap:
@@ -405,47 +395,27 @@ def _built(fd: int, size: int, offsets, sizes, n_oob: int, mapped):
 
 
 def _adopted(name: str, offsets, sizes, n_oob: int):
-    """The object a lent parcel holds (from `ADOPT_MIN` bytes of buffers), built over the
-    parcel itself: its out-of-band buffers are views of a shared writable mapping of it,
-    which the objects built over them own (no copy: an array's base is the mapping); its
-    blobs are read into bytes of their own. The parcel goes back to its writer
-    (`parcels.give_back`: it writes into it again only then) once the mapping is gone,
-    when the last object built over it is: never while an object still shows it. Until
-    then its name stays in /dev/shm, as a value's memory (a teardown's sweep removes the
-    name, never the memory: the mapping stays valid and the give-back finds nothing)."""
+    """The object a lent parcel holds, built over the parcel itself: its out-of-band
+    buffers are views of a shared writable mapping of it, which the objects built over
+    them own (no copy: the worker's write was the one; an array's base is the mapping);
+    its blobs are read into bytes of their own (a `bytes` owns its memory). The parcel
+    goes back to its writer (`parcels.give_back`: it writes into it again only then) once
+    the mapping is gone, when the last object built over it is: never while an object
+    still shows it. Until then its name stays in /dev/shm, as the value's memory (a
+    teardown's sweep removes the name, never the memory: the mapping stays valid and the
+    give-back finds nothing). With no buffer, or no mapping to be had (the guard reports
+    why), nothing shows it and it goes back at once."""
     fd, size = parcels.open_fd(name, take=False, writable=True)
-    mapped_any = False
-
-    def mapped(fd: int, size: int) -> mmap.mmap:
-        nonlocal mapped_any
-        mm = parcels.populated(fd, size)
-        mapped_any = True
-        weakref.finalize(mm, parcels.give_back, name)
-        return mm
-
+    mm = None
     try:
-        return _built(fd, size, offsets, sizes, n_oob, mapped)
+        if n_oob:
+            mm = parcels.populated(fd, size)
+            weakref.finalize(mm, parcels.give_back, name)
+        return _built(fd, size, offsets, sizes, n_oob, lambda _fd, _size: mm)
     finally:
         os.close(fd)
-        if not mapped_any:
+        if mm is None:
             parcels.give_back(name)
-
-
-def _copied_out(name: str, offsets, sizes, n_oob: int):
-    """The object a lent parcel holds (below `ADOPT_MIN` bytes of buffers), built over memory
-    of its own: its pickle, buffers and blobs copied out (one copy each, as a pipe's read
-    would make), and the parcel given back to its writer before the object is built,
-    whatever building it does. (Its writer's pages are kept warm: a fresh segment's cost
-    more than the copy, at these sizes.)"""
-    fd, size = parcels.open_fd(name, take=False)
-    try:
-        stream = parcels.read(fd, offsets[0], sizes[0])
-        buffers = parcels.copy_out(fd, size, list(zip(offsets[1 : 1 + n_oob], sizes[1 : 1 + n_oob])))
-        blobs = [parcels.read(fd, o, n) for o, n in zip(offsets[1 + n_oob:], sizes[1 + n_oob:])]
-    finally:
-        os.close(fd)
-        parcels.give_back(name)
-    return _load_parts(stream, buffers, blobs)
 
 
 def _guarded(action, arg, what: str, where: str | None):

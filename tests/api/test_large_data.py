@@ -85,23 +85,24 @@ def test_an_array_arrives_writable_both_ways_and_survives_the_next_thousand_unit
     for i, value in enumerate(face.map("make_array", sizes)):
         assert value.nbytes == 320 * KIB and value[0] == 1.0, i
     assert got[0] == 7.0 and float(got[1:].sum()) == got.size - 1
+    del got, value  # each built over its parcel: the parcel is the array's until then
     face.no_parcels_left()
 
 
-def test_a_large_result_array_is_built_over_its_parcel_which_goes_back_once_dropped(face):
-    # From codec.ADOPT_MIN bytes, a result array is not copied out of the parcel its worker
-    # wrote it in: that write is its one copy. It is writable, and its parcel is its own
-    # until it is gone: results written meanwhile go elsewhere.
+def test_a_result_array_is_built_over_its_parcel_which_goes_back_once_dropped(face):
+    # A result array is not copied out of the parcel its worker wrote it in: that write is
+    # its one copy. It is writable, and its parcel is its own until it is gone: results
+    # written meanwhile go elsewhere.
     import mmap
 
-    from fleet.worker import codec
     from tests.shm.test_parcels import _memory_of
 
-    got = face("make_array", codec.ADOPT_MIN).result(BOUND_S)
+    size = 8 * MIB
+    got = face("make_array", size).result(BOUND_S)
     assert isinstance(_memory_of(got), mmap.mmap) and got.flags.writeable
     got[0] = 7.0
     for _ in range(6):  # one at a time, each dropped: its writer's next one goes into its parcel
-        value = face("make_array", codec.ADOPT_MIN).result(BOUND_S)
+        value = face("make_array", size).result(BOUND_S)
         assert value[0] == 1.0 and isinstance(_memory_of(value), mmap.mmap)
         del value
     assert got[0] == 7.0 and float(got[1:].sum()) == got.size - 1
@@ -134,13 +135,11 @@ def test_an_array_a_worker_keeps_is_its_own_while_its_parcel_carries_the_next_pa
     assert parcels.count(name) == 0 and parcels.count(name, warm=True) == 0
 
 
-def test_a_large_result_held_past_shutdown_stays_whole_and_leaves_nothing_in_dev_shm():
+def test_a_result_array_held_past_shutdown_stays_whole_and_leaves_nothing_in_dev_shm():
     # Its parcel's name is swept with the fleet; its memory is the array's until it goes,
     # and the give-back at its end finds nothing to give back to.
-    from fleet.worker import codec
-
     with fleet.Executor(max_workers=1) as ex:
-        got = ex.submit(D.make_array, codec.ADOPT_MIN, 3.0).result(BOUND_S)
+        got = ex.submit(D.make_array, 8 * MIB, 3.0).result(BOUND_S)
         name = ex.fleet.name
         assert parcels.count(name) == 1  # the array's
     assert parcels.count(name) == 0 and parcels.count(name, warm=True) == 0

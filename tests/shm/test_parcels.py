@@ -199,22 +199,6 @@ def test_a_lent_parcel_is_never_removed_before_it_is_given_back(fleet_name):
     parcels.sweep(fleet_name)
 
 
-def test_a_value_from_a_lent_parcel_is_its_own_and_the_parcel_goes_back(fleet_name):
-    import numpy as np
-
-    from fleet.worker import codec
-
-    lender = parcels.Lender(fleet_name)
-    body, name = codec.pack(np.arange(100_000, dtype=np.float64), "the result", fleet_name, take=True,
-                            writer=lender.write, lend=True)
-    got = codec.loads(body, "the result")
-    assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1  # given back
-    got[0] = -1.0  # writable, and its memory is its own: the next value written there leaves it be
-    codec.pack(np.zeros(100_000), "the result", fleet_name, take=True, writer=lender.write, lend=True)
-    assert got[0] == -1.0 and got[1:].tolist() == list(range(1, 100_000))
-    parcels.sweep(fleet_name)
-
-
 def _memory_of(array):
     """What an array's memory belongs to: the end of its chain of bases (a mapping, a bytearray, ...)."""
     import numpy as np
@@ -225,9 +209,9 @@ def _memory_of(array):
     return base.obj if isinstance(base, memoryview) else base
 
 
-def test_a_large_value_from_a_lent_parcel_is_built_over_it_and_goes_back_once_dropped(fleet_name):
-    # From codec.ADOPT_MIN bytes of buffers, no copy out: the value is built over the parcel
-    # (the worker's write is its one copy), which stays the value's while it lives.
+def test_a_value_from_a_lent_parcel_is_built_over_it_and_the_parcel_goes_back_once_dropped(fleet_name):
+    # No copy out: the value is built over the parcel (the worker's write is its one copy),
+    # which stays the value's while it lives, and goes back to its writer once it is gone.
     import mmap
 
     import numpy as np
@@ -235,7 +219,7 @@ def test_a_large_value_from_a_lent_parcel_is_built_over_it_and_goes_back_once_dr
     from fleet.worker import codec
 
     lender = parcels.Lender(fleet_name)
-    n = codec.ADOPT_MIN // 8
+    n = 100_000
     body, name = codec.pack(np.arange(n, dtype=np.float64), "the result", fleet_name, take=True,
                             writer=lender.write, lend=True)
     got = codec.loads(body, "the result")
@@ -248,7 +232,10 @@ def test_a_large_value_from_a_lent_parcel_is_built_over_it_and_goes_back_once_dr
     codec.loads(body, "the result")  # dropped at once: its parcel goes back
     assert parcels.count(fleet_name) == 1 and parcels.count(fleet_name, warm=True) == 1
     assert got[0] == -1.0 and got[1] == 1.0 and got[-1] == n - 1
+    view = got[10:20]  # a view holds the parcel as the array does
     del got
+    assert parcels.count(fleet_name) == 1 and view[0] == 10.0
+    del view
     assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 2
     # and the writer writes into them again
     codec.loads(codec.pack(np.ones(n), "the result", fleet_name, take=True, writer=lender.write, lend=True)[0],
@@ -257,18 +244,56 @@ def test_a_large_value_from_a_lent_parcel_is_built_over_it_and_goes_back_once_dr
     parcels.sweep(fleet_name)
 
 
-def test_a_value_just_under_the_adoption_bound_is_copied_out_and_its_parcel_goes_back_at_once(fleet_name):
+FULL_MAP = """
+    import json, mmap, sys
+    sys.path.insert(0, {repo!r})
     import numpy as np
-
+    from fleet.shm import parcels
     from fleet.worker import codec
 
-    lender = parcels.Lender(fleet_name)
-    body, _name = codec.pack(np.zeros(codec.ADOPT_MIN - 8, dtype=np.uint8), "the result", fleet_name, take=True,
+    lender = parcels.Lender({fleet!r})
+    body, _name = codec.pack(np.arange(1 << 17, dtype=np.float64), "the result", {fleet!r}, take=True,
                              writer=lender.write, lend=True)
-    got = codec.loads(body, "the result")
-    assert isinstance(_memory_of(got), np.ndarray)  # memory of its own (codec's copy out)
-    assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1
-    parcels.sweep(fleet_name)
+    # Take every mapping this process may still make (vm.max_map_count): one page each, in
+    # alternating protections, so that no two merge into one.
+    held = []
+    try:
+        while True:
+            held.append(mmap.mmap(-1, 4096, prot=mmap.PROT_READ | (mmap.PROT_WRITE if len(held) % 2 else 0)))
+    except OSError:
+        pass
+    try:
+        codec.loads(body, "the result")
+        failed = ""
+    except codec.CodecError as exc:
+        failed = str(exc)
+    said = {{"mappings": len(held), "failed": failed, "back": parcels.count({fleet!r}, warm=True),
+             "out": parcels.count({fleet!r})}}
+    del held
+    print(json.dumps(said))
+    parcels.sweep({fleet!r})
+"""
+
+
+def test_a_value_whose_parcel_cannot_be_mapped_fails_clearly_and_its_parcel_goes_back(fleet_name, tmp_path):
+    # A process at its count of mappings (vm.max_map_count): the value cannot be built over
+    # its parcel (nor copied: memory that large is a mapping too), so it fails, saying why,
+    # and its parcel goes back to its writer rather than stay lent to nobody.
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.daemons import REPO
+
+    script = tmp_path / "full_map.py"
+    script.write_text(textwrap.dedent(FULL_MAP).format(repo=REPO, fleet=fleet_name))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said["mappings"] > 1000, said  # the count was reached
+    assert "the result cannot be unpickled here" in said["failed"] and "Cannot allocate memory" in said["failed"]
+    assert (said["back"], said["out"]) == (1, 0), said
 
 
 def _resident_kib(mm) -> int:
