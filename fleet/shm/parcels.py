@@ -49,7 +49,6 @@ import mmap
 import os
 import re
 import stat
-import sys
 import threading
 import time
 
@@ -506,8 +505,8 @@ class Lender:
     mapped here, lent under a parcel's name and given back by its receiver under its warm
     name (`give_back`), then written into again. Fresh shared-memory pages cost more than
     the write itself (each is allocated and zeroed as it is first written, and freed with
-    the parcel); a parcel given back has its pages already. At most `keep` parcels and `keep_bytes`
-    bytes are kept, until the process ends (its parcels are swept with its pid): past
+    the parcel); a parcel given back has its pages already. At most `keep` parcels and
+    `keep_bytes` bytes are kept, until the process ends (its parcels are swept with its pid): past
     them, one given back is let go to make room, and when all are still out a value
     travels in a parcel the receiver takes, as without a lender. A parcel lent is never
     removed before its receiver gave it back. Any thread writes (one lock; the copies run
