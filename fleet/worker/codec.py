@@ -410,12 +410,20 @@ def _adopted(name: str, offsets, sizes, n_oob: int):
     try:
         if n_oob:
             mm = parcels.populated(fd, size)
-            weakref.finalize(mm, parcels.give_back, name)
+            weakref.finalize(mm, _give_back_from, os.getpid(), name)
         return _built(fd, size, offsets, sizes, n_oob, lambda _fd, _size: mm)
     finally:
         os.close(fd)
         if mm is None:
             parcels.give_back(name)
+
+
+def _give_back_from(pid: int, name: str) -> None:
+    """Give the parcel `name` back, from the process that built a value over it (`pid`)
+    only: a child forked meanwhile holds a copy of the value and of this finalizer, and
+    dropping its copy (or exiting) must not hand back a parcel its parent's value shows."""
+    if os.getpid() == pid:
+        parcels.give_back(name)
 
 
 def _guarded(action, arg, what: str, where: str | None):

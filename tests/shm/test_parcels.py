@@ -244,6 +244,33 @@ def test_a_value_from_a_lent_parcel_is_built_over_it_and_the_parcel_goes_back_on
     parcels.sweep(fleet_name)
 
 
+def test_a_child_forked_while_a_value_lives_does_not_give_its_parcel_back(fleet_name):
+    # The child's copy of the value (and of its finalizer) goes with the child: dropping it
+    # there must not hand the parent's parcel back to its writer (nor would the child's
+    # exit: the same finalizer runs then, and checks the same pid).
+    import numpy as np
+
+    from fleet.worker import codec
+
+    lender = parcels.Lender(fleet_name)
+    body, _name = codec.pack(np.arange(100_000, dtype=np.float64), "the result", fleet_name, take=True,
+                             writer=lender.write, lend=True)
+    got = codec.loads(body, "the result")
+    pid = os.fork()
+    if pid == 0:  # the child drops its copy
+        code = 1
+        try:
+            del got
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert parcels.count(fleet_name) == 1 and parcels.count(fleet_name, warm=True) == 0  # still the parent's
+    del got
+    assert parcels.count(fleet_name) == 0 and parcels.count(fleet_name, warm=True) == 1
+    parcels.sweep(fleet_name)
+
+
 FULL_MAP = """
     import json, mmap, sys
     sys.path.insert(0, {repo!r})
