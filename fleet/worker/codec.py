@@ -121,7 +121,10 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     Raises CodecError (it cannot be pickled), parcels.ParcelError (no room in /dev/shm)."""
     if fleet is None:
         return dumps(value, what), None
-    data, aside, blobs = _set_aside(value, what)
+    if type(value) in _ATOMS:  # nothing in it to set aside, nothing that fails to pickle
+        data, aside, blobs = pickle.dumps(value, protocol=5), (), ()
+    else:
+        data, aside, blobs = _set_aside(value, what)
     if not aside and not blobs and len(data) <= inline_max:
         return data, None
     parts = [data, *aside, *blobs]
@@ -134,6 +137,11 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     mode = _LEND if lent else _TAKE if take else _KEEP
     ref = bytes((PARCEL, mode)) + pickle.dumps((name, offsets, sizes, len(aside)), protocol=5)
     return ref, name
+
+
+#: Values `pack` pickles as they are: no buffer or `bytes` in them to set aside, and none
+#: can fail to pickle (a no-op's None, a number, a string: most small results).
+_ATOMS = frozenset((type(None), bool, int, float, complex, str))
 
 
 def _set_aside(value, what: str) -> tuple[bytes, list, list]:
@@ -229,6 +237,13 @@ def _load_parts(stream, buffers, blobs: list):
 
 #: The mappings of task parcels the running unit was lent (`lending`), in this context.
 _LENT: contextvars.ContextVar = contextvars.ContextVar("fleet_lent", default=None)
+
+
+def names_parcel(body, routed: bool = False) -> bool:
+    """Whether unpickling task `body` may map a parcel (it names one, or a memfd handed
+    beside it), which `lending` gives back at the unit's end; an inline body maps
+    nothing. ``routed``: the body carries its route in front (looked past by `split_route`)."""
+    return routed or (len(body) > 0 and body[0] == PARCEL)
 
 
 class lending:

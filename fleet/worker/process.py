@@ -50,8 +50,9 @@ from fleet.host import seat_cpus
 from fleet.rules import contention, cordon, fsm
 from fleet.rules.fsm import RIDE
 from fleet.shm import messages as M
-from fleet.worker.codec import (INLINE_MAX, let_go_handed, lending, MAX_DETAIL_CHARS, CodecError, clip_detail, describe, dumps,
-                                 error_parts, loads, pack, parcel_of, refused_body, safe_str, split_route)
+from fleet.worker.codec import (INLINE_MAX, let_go_handed, lending, names_parcel, MAX_DETAIL_CHARS, CodecError,
+                                 clip_detail, describe, dumps, error_parts, loads, pack, parcel_of, refused_body,
+                                 safe_str, split_route)
 from fleet.shm.parcels import Lender, ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
@@ -152,6 +153,7 @@ class Worker:
         self._beside = (data.name, min(INLINE_MAX, self.results.max_message - M.RESULT_HEAD.size), self._lender.write)
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
         self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
+        self._role_names = [r.name for r in roles]  # by role code
         self._async = [is_coroutine_function(h) for h in handlers]
         self._io_bound = [r.io_bound for r in roles]
         #: bytes of RSS above which a unit of the role recycles this worker (None: never looked at)
@@ -469,19 +471,17 @@ class Worker:
         arrivals): each read is a system call, as long as a small unit's whole run."""
         measured = flags & M.F_CPU
         cpu0 = time.thread_time() if measured else 0.0
+        run = self._run_chunk if flags & M.F_CHUNK else self._run_one
         t0 = time.perf_counter()
-        with lending():  # the task parcel's mapping given back before the result goes
-            if flags & M.F_CHUNK:
-                status, out, cost = self._run_chunk(unit_id, role, body)
-            else:
-                status, out, cost = self._run_one(unit_id, role, body, flags)
+        if names_parcel(body, flags & M.F_ROUTED):
+            with lending():  # the task parcel's mapping given back before the result goes
+                status, out, cost = run(unit_id, role, body, flags)
+        else:  # an inline body maps nothing to give back
+            status, out, cost = run(unit_id, role, body, flags)
         elapsed = time.perf_counter() - t0
         if strays.stray:  # forked while its payload was unpickled or its result pickled
             strays.leave()
         return status, out, elapsed, cost, time.thread_time() - cpu0 if measured else NO_CPU
-
-    def _unit(self, unit_id: int, role: int, payload, key, lane, request_id, route=None) -> Unit:
-        return Unit(unit_id, self.roles.by_code(role).name, payload, key, lane, request_id, route)
 
     def _decode_one(self, unit_id: int, role: int, body, flags: int = 0) -> Unit:
         route = None
@@ -490,7 +490,7 @@ class Worker:
         payload, key, lane, request_id = loads(body, "the payload", _HERE)
         if type(payload).__name__ == "_Pickled":
             payload = payload.load("the payload", _HERE)  # a service-mode client's payload, pickled at its end
-        return self._unit(unit_id, role, payload, key, lane, request_id, route)
+        return Unit(unit_id, self._role_names[role], payload, key, lane, request_id, route)
 
     def _decode_chunk(self, unit_id: int, role: int, body):
         """A chunk's items (a list, or an executor's `calls.Calls`), and the Unit its every
@@ -505,7 +505,7 @@ class Worker:
                                 f"but its handler is not {calls.__name__}.call")
         elif type(payloads) is not list:
             payloads = list(payloads)
-        return payloads, Unit(unit_id, self.roles.by_code(role).name, None, key, lane, request_id)
+        return payloads, Unit(unit_id, self._role_names[role], None, key, lane, request_id)
 
     def _run_one(self, unit_id: int, role: int, body, flags: int) -> tuple[int, bytes, float]:
         running = _Running()
@@ -523,7 +523,7 @@ class Worker:
             strays.leave()
         return (*_result_body(value, self._beside), _cost(running))
 
-    def _run_chunk(self, unit_id: int, role: int, body) -> tuple[int, bytes, float]:
+    def _run_chunk(self, unit_id: int, role: int, body, flags: int = 0) -> tuple[int, bytes, float]:
         """Run every item of a chunk, in order: (values, {index: (status, detail)} for items
         that did not solve), and the cost its items reported, summed. A flat list of
         values pickles far faster than per-item tuples. The items run in one C loop

@@ -238,6 +238,48 @@ def test_a_pickle_too_large_for_the_ring_travels_whole_beside_it(fleet_name):
     assert codec.loads(body, "the result") == data and parcels.count(fleet_name) == 0
 
 
+@pytest.mark.parametrize("value", [None, True, 7, -(1 << 70), 2.5, 1j, "", "é" * 10, "s" * (codec.INLINE_MAX + 1)],
+                         ids=["None", "bool", "int", "bigint", "float", "complex", "empty", "text", "long text"])
+def test_an_atom_result_travels_as_any_value_does(fleet_name, value):
+    # `pack`'s shortcut for values with nothing to set aside (no buffer_callback, no scan):
+    # the same pickle, inline up to inline_max and beside the ring past it.
+    from fleet.shm import parcels
+
+    body, parcel = codec.pack(value, "the result", fleet_name, take=True, inline_max=codec.INLINE_MAX)
+    long = type(value) is str and len(value) > codec.INLINE_MAX
+    assert (parcel is not None) == long and parcels.count(fleet_name) == int(long)
+    if not long:
+        assert bytes(body) == pickle.dumps(value, protocol=5)
+    assert codec.loads(body, "the result") == value and parcels.count(fleet_name) == 0
+
+
+def test_a_large_bytes_result_alone_is_set_aside_not_copied_into_the_pickle(fleet_name):
+    # No atom: pickle would copy a bytes into the pickle before it went beside the ring.
+    from fleet.shm import parcels
+
+    data = b"x" * codec.OOB_MIN
+    body, parcel = codec.pack(data, "the result", fleet_name, take=True)
+    name, _offsets, sizes, n_oob = pickle.loads(bytes(body[2:]))
+    assert name == parcel and n_oob == 0 and sizes[0] < 100 and list(sizes[1:]) == [len(data)]
+    assert codec.loads(body, "the result") == data and parcels.count(fleet_name) == 0
+
+
+def test_only_a_body_naming_a_parcel_or_routed_is_lent_for_its_run(fleet_name):
+    # What a worker's run wraps in `lending` (the mappings its payload's unpickling makes,
+    # given back at its end): a body naming a parcel, or one whose route hides its start.
+    import numpy as np
+
+    inline = codec.task_body("r", (abs, (-1,), {}), None, None, None, pickled_payload=None, limit=None)
+    beside, parcel = codec.pack_task("r", np.zeros(codec.OOB_MIN), None, None, None, pickled_payload=None,
+                                     limit=None, fleet=fleet_name)[:2]
+    assert not codec.names_parcel(inline) and not codec.names_parcel(memoryview(b""))
+    assert codec.names_parcel(beside) and codec.names_parcel(memoryview(beside))
+    assert codec.names_parcel(inline, routed=True)
+    from fleet.shm import parcels
+
+    parcels.remove(parcel)
+
+
 def test_a_task_body_beside_the_ring_stays_for_its_sender_to_remove(fleet_name):
     import numpy as np
     from fleet.shm import parcels
