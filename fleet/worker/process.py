@@ -399,7 +399,7 @@ class Worker:
     # --- one unit ---------------------------------------------------------------------
     def _task(self, head: tuple, body) -> None:
         unit_id, slot, key_id, role, start_event, flags = head
-        if any(held[0][1] == slot for held in self.held):
+        if self.held and any(held[0][1] == slot for held in self.held):
             # Behind a unit cordon held back on the same slot: keep their order (its
             # RESUME could not apply before the held START anyway).
             self.held.append((head, bytes(body)))
@@ -450,7 +450,8 @@ class Worker:
         status, out, elapsed, cost, cpu = self._execute(unit_id, role, flags, body)
         status, out, final = self._finish(unit_id, slot, role, status, out, ride)
         self._send(unit_id, slot, status, final, elapsed, out, cost=cost, cpu=cpu)
-        self._rejoin()
+        if self._seceded:  # (a unit that never seceded has nothing to rejoin)
+            self._rejoin()
         if self._server != me or self._seceded:
             return  # not while units wait on other threads: retiring would take them down too
         bound = self._rss_bound[role]
