@@ -51,7 +51,7 @@ from fleet.host.system import Host
 from fleet.rules import fsm, titles
 from fleet.rules.dispatch import RIDE
 from fleet.rules import seats as seats_mod
-from fleet.rules.contention import CONTENTION_WIDEN
+from fleet.rules.contention import CONTENTION_WIDEN, LookBeforeSleep
 from fleet.rules.ledger import Ledger, abort_process
 from fleet.rules.outcomes import FAILED
 from fleet.rules.unit import FleetClosed, Outcome
@@ -82,10 +82,14 @@ log = logging.getLogger(__name__)
 #: Longest the loop sleeps with nothing to do (timers are checked at least this often).
 IDLE_WAIT_S = 0.1
 #: With units out, or right after a turn that delivered results, the loop looks at its
-#: bell this long before it sleeps (yielding the CPU between looks): their results, and
-#: a caller's next submit, come within a wake-up's time (~20-50 us on a busy VM), so
-#: catching them awake saves that wake-up on each.
+#: bell up to this long before it sleeps (yielding the CPU between looks): their results,
+#: and a caller's next submit, come within a wake-up's time (~20-50 us on a busy VM), so
+#: catching them awake saves that wake-up on each. Shorter, down to none, while events
+#: come slower than that (`fleet.rules.contention.LookBeforeSleep`: a look is a core's
+#: time the workers need).
 IN_FLIGHT_SPIN_S = 150e-6
+#: The shortest look worth making: below it, the loop sleeps at once (`LookBeforeSleep`).
+LEAST_SPIN_S = 20e-6
 #: Commands a turn runs before it dispatches what they brought (a fast poster does not
 #: keep the loop draining while no unit starts).
 INTAKE_BATCH = 64
@@ -428,6 +432,7 @@ class Supervisor:
         next_sample = 0.0
         self._raise_loop_thread()
         deaths, books = self._deaths, self.books
+        look = LookBeforeSleep(IN_FLIGHT_SPIN_S, LEAST_SPIN_S)
         try:
             while True:
                 seen = bell.value
@@ -453,7 +458,13 @@ class Supervisor:
                     # Keep looking a while with units out, or just after results went
                     # out: a caller's next submit tends to follow its result at once.
                     busy = delivered or len(books)
-                    if not bell.wait(seen, self._sleep_for(now), spin_s=IN_FLIGHT_SPIN_S if busy else 0.0):
+                    if busy:  # how soon the next event comes tells the next look (real time: wake-ups)
+                        t0 = time.perf_counter()
+                        came = bell.wait(seen, self._sleep_for(now), spin_s=look.look_s)
+                        look.waited(time.perf_counter() - t0, came)
+                    else:
+                        came = bell.wait(seen, self._sleep_for(now))
+                    if not came:
                         deaths.hear()  # a quiet spell: a zygote that died said nothing
         except BaseException:  # noqa: BLE001 - the loop must never die silently
             log.exception("fleet %s: supervisor loop crashed", self.name)

@@ -136,3 +136,36 @@ def test_a_bad_policy_is_refused_naming_its_key(kwargs, path):
 @pytest.mark.parametrize("contended, spin", [(False, 2e-4), (True, 0.0)])
 def test_a_thread_spins_for_its_next_message_only_on_calm_cpus(contended, spin):
     assert C.spin_for(2e-4, contended) == spin
+
+
+# --- the loop's look before it sleeps (LookBeforeSleep) --------------------------------
+def test_events_that_come_within_a_look_keep_the_look_whole():
+    look = C.LookBeforeSleep(150e-6, 20e-6)
+    for seconds in (3e-6, 40e-6, 150e-6):
+        look.waited(seconds, came=True)
+        assert look.look_s == 150e-6
+
+
+def test_waits_longer_than_a_look_halve_it_to_none():
+    # a result every 1.6 ms (a map's chunks on 2 workers): three waits and the loop looks no more
+    look = C.LookBeforeSleep(150e-6, 20e-6)
+    seen = []
+    for _ in range(4):
+        look.waited(1.6e-3, came=True)
+        seen.append(look.look_s)
+    assert seen == [75e-6, 37.5e-6, 0.0, 0.0]
+
+
+def test_one_event_soon_after_the_sleep_began_brings_the_whole_look_back():
+    look = C.LookBeforeSleep(150e-6, 20e-6)
+    for _ in range(4):
+        look.waited(5e-3, came=True)
+    assert look.look_s == 0.0
+    look.waited(60e-6, came=True)  # woken from its sleep 60 us in: a look would have caught it
+    assert look.look_s == 150e-6
+
+
+def test_a_wait_that_timed_out_is_no_event():
+    look = C.LookBeforeSleep(150e-6, 20e-6)
+    look.waited(10e-6, came=False)  # a short timeout ran out: nothing came
+    assert look.look_s == 75e-6
