@@ -84,9 +84,11 @@ IDLE_WAIT_S = 0.1
 #: With units out, or right after a turn that delivered results, the loop looks at its
 #: bell up to this long before it sleeps (yielding the CPU between looks): their results,
 #: and a caller's next submit, come within a wake-up's time (~20-50 us on a busy VM), so
-#: catching them awake saves that wake-up on each. Shorter, down to none, while events
-#: come slower than that (`fleet.rules.contention.LookBeforeSleep`: a look is a core's
-#: time the workers need).
+#: catching them awake saves that wake-up on each. With units out, shorter, down to
+#: none, while their results come slower than that (`fleet.rules.contention.LookBeforeSleep`:
+#: a look is a core's time the workers need); after a turn that delivered the last
+#: results, always this long (the gaps between a caller's round trips say nothing of
+#: how soon a result comes).
 IN_FLIGHT_SPIN_S = 150e-6
 #: The shortest look worth making: below it, the loop sleeps at once (`LookBeforeSleep`).
 LEAST_SPIN_S = 20e-6
@@ -457,13 +459,12 @@ class Supervisor:
                 if quiet:
                     # Keep looking a while with units out, or just after results went
                     # out: a caller's next submit tends to follow its result at once.
-                    busy = delivered or len(books)
-                    if busy:  # how soon the next event comes tells the next look (real time: wake-ups)
-                        t0 = time.perf_counter()
+                    if len(books):  # units out: how soon their results come tells the next look
+                        t0 = time.perf_counter()  # (real time: it is about wake-ups)
                         came = bell.wait(seen, self._sleep_for(now), spin_s=look.look_s)
                         look.waited(time.perf_counter() - t0, came)
-                    else:
-                        came = bell.wait(seen, self._sleep_for(now))
+                    else:  # none out: a caller's next submit follows its result at once, or not soon
+                        came = bell.wait(seen, self._sleep_for(now), spin_s=IN_FLIGHT_SPIN_S if delivered else 0.0)
                     if not came:
                         deaths.hear()  # a quiet spell: a zygote that died said nothing
         except BaseException:  # noqa: BLE001 - the loop must never die silently
