@@ -464,7 +464,8 @@ class Supervisor:
                         came = bell.wait(seen, self._sleep_for(now), spin_s=look.look_s)
                         look.waited(time.perf_counter() - t0, came)
                     else:  # none out: a caller's next submit follows its result at once, or not soon
-                        came = bell.wait(seen, self._sleep_for(now), spin_s=IN_FLIGHT_SPIN_S if delivered else 0.0)
+                        spin = IN_FLIGHT_SPIN_S if delivered else 0.0
+                        came = bell.wait(seen, self._sleep_for(now), spin_s=spin)
                     if not came:
                         deaths.hear()  # a quiet spell: a zygote that died said nothing
         except BaseException:  # noqa: BLE001 - the loop must never die silently

@@ -492,8 +492,8 @@ def give_back(name: str) -> bool:
 #: Most parcels a writer keeps of those it lends (`Lender`), and most bytes of them. A
 #: parcel is its receiver's while the value built over it lives, so a worker needs one per
 #: result in flight (a map's window holds several) to write each into pages it has: past
-#: `LEND_KEEP`, a result's parcel is a fresh one (4 kept: 1 and 8 MiB arrays out of a map
-#: at 10-40% less, docs/executor.md).
+#: `LEND_KEEP`, a result's parcel is a fresh one (with 4 kept, 1 and 8 MiB arrays came out
+#: of data_bench's maps 10-50% slower than with 32).
 LEND_KEEP = 32
 LEND_MAX = 128 << 20
 

@@ -188,8 +188,8 @@ def _has_blob(obj, depth: int) -> bool:
         if kind is bytes:
             if len(item) >= OOB_MIN:
                 return True
-        elif (kind is tuple or kind is list or kind is dict or kind is _Pickled or kind is Calls) and item and _has_blob(
-                item, depth - 1):  # (an empty one, a call's () or {}, holds nothing: no call)
+        elif (kind is tuple or kind is list or kind is dict or kind is _Pickled or kind is Calls) and (
+                item and _has_blob(item, depth - 1)):  # (an empty one, a call's () or {}, holds nothing)
             return True
     return False
 

@@ -46,7 +46,11 @@ def rehearse(fleet: str, *, lend: bool, units: int = UNITS) -> int:
     and forks unrehearsed workers (`fleet.worker.zygote`)."""
     roles = RoleSet((ROLE,))
     table = SlotTable.scratch(roles)
-    data = DataSegment.scratch(fleet)
+    try:
+        data = DataSegment.scratch(fleet)
+    except BaseException:
+        table.close()
+        raise
     try:
         worker = Worker(0, table, data, roles, [calls.call], lend=lend)
         worker._server = threading.get_ident()  # as its loop sets it: the whole path of a unit

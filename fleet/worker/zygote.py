@@ -197,7 +197,7 @@ class Zygote:
         """A worker's loop run here over scratch memory before the first fork
         (`fleet.worker.rehearsal`: why), once the supervisor has this process's `ready`:
         its turnaround to the first forks (reading the answer, sending the forks) runs
-        meanwhile, so the rehearsal's ~1 ms is mostly off the first result's path. One that
+        meanwhile, so the rehearsal's ~0.7 ms is mostly off the first result's path. One that
         fails costs the workers some memory, never their start: it is logged and the forks
         go on. Its garbage (the scratch Worker's cycles) is collected here, not in each fork."""
         try:
@@ -205,8 +205,7 @@ class Zygote:
 
             rehearsal.rehearse(self.name, lend=self.setup.lend)
         except Exception:  # noqa: BLE001 - an unrehearsed worker is a whole worker
-            logging.getLogger(__name__).warning("the workers' rehearsal failed; they start without it",
-                                                exc_info=True)
+            log.warning("the workers' rehearsal failed; they start without it", exc_info=True)
         settle()
 
     def fork(self, seat: int, cpus, channel: int | None = None) -> int:

@@ -284,11 +284,11 @@ FULL_MAP = """
     # Take every mapping this process may still make (vm.max_map_count): one page each, in
     # alternating protections, so that no two merge into one.
     held = []
-    try:
-        while True:
+    while True:
+        try:
             held.append(mmap.mmap(-1, 4096, prot=mmap.PROT_READ | (mmap.PROT_WRITE if len(held) % 2 else 0)))
-    except OSError:
-        pass
+        except OSError:  # the count is reached
+            break
     try:
         codec.loads(body, "the result")
         failed = ""
