@@ -156,6 +156,8 @@ int fleet_snapshot_copy(const uint64_t *src, uint64_t *dst, size_t n_words,
 #define RING_MIN_CAP   4096u
 #define RING_WRAP      0xffffffffu
 #define FRAME          8u
+/* Early wrap's offset (see fleet_native.h), for rings larger than four times it. */
+#define EARLY_WRAP_AT  (64u << 10)
 
 /* Each line is written by one side only, so the two processes never fight over a
  * line on the hot path (false sharing costs ~4x per operation, PLATFORM.md). The
@@ -241,6 +243,22 @@ static inline int has_room(struct ring_hdr *h, uint64_t head, uint64_t total) {
     return head - h->tail_cache + total <= cap;
 }
 
+/* Producer, at offset `pos` >= early_wrap_at: is the ring empty, and does the message
+ * (`need` bytes) fit before `pos`? Then it may go at offset 0, the rest of the lap
+ * skipped: the consumer passes the marker at its next read and has the whole ring free
+ * again. (Only an empty ring: one that wrapped early beside unread bytes would count
+ * the skipped lap as used until they are read, and a slow consumer would leave its
+ * producer a ring of `pos` bytes meanwhile.) The consumer's tail is re-read only when
+ * the cached copy does not show it caught up. */
+static inline int early_wrap(struct ring_hdr *h, uint64_t head, uint64_t pos, uint64_t need) {
+    if (need > pos) return 0;
+    if (h->tail_cache == head) return 1;
+    h->tail_cache = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
+    return h->tail_cache == head;
+}
+
+static inline uint64_t early_wrap_at(uint64_t cap) { return cap / 4 < EARLY_WRAP_AT ? cap / 4 : EARLY_WRAP_AT; }
+
 static int push_parts(void *ring, uint32_t tag, const void *a, uint32_t alen,
                       const void *b, uint32_t blen) {
     struct ring_hdr *h = HDR(ring);
@@ -249,11 +267,17 @@ static int push_parts(void *ring, uint32_t tag, const void *a, uint32_t alen,
     if (len64 > max_len(cap)) return -EMSGSIZE;
     uint32_t len = (uint32_t)len64;
     uint64_t head = h->head;   /* ours: no ordering needed */
-    uint64_t total = footprint(cap, head, len);
-    if (!has_room(h, head, total)) return -EAGAIN;
-    uint8_t *data = DATA(ring);
     uint64_t pos = head & (cap - 1);
-    if (FRAME + pad8(len) > cap - pos) {
+    uint64_t need = FRAME + pad8(len);
+    uint64_t total;
+    if (pos >= early_wrap_at(cap) && early_wrap(h, head, pos, need)) {
+        total = cap - pos + need;   /* room: the ring is empty and need <= pos */
+    } else {
+        total = footprint(cap, head, len);
+        if (!has_room(h, head, total)) return -EAGAIN;
+    }
+    uint8_t *data = DATA(ring);
+    if (total > need) {   /* behind a wrap marker, at offset 0 */
         uint32_t marker[2] = {RING_WRAP, 0};
         memcpy(data + pos, marker, FRAME);
         pos = 0;

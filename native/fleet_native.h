@@ -58,6 +58,12 @@ int fleet_snapshot_copy(const uint64_t *src, uint64_t *dst, size_t n_words,
  * by a wrap marker (len = 0xffffffff) and starts at offset 0. A message fits the
  * ring at all only if len + 16 <= capacity / 2 (then it always fits an empty ring).
  *
+ * Early wrap: from offset min(64 KiB, capacity / 4) on, a message pushed into an
+ * empty ring goes back to offset 0 (behind a wrap marker) when it fits before that
+ * offset. A ring's pages in use are then those of its longest backlog, not its whole
+ * capacity: without it every byte that crossed a ring would have touched its page,
+ * until all of it was held (a tmpfs page stays allocated for the segment's life).
+ *
  * Wake-ups are futexes: the consumer sleeps on data_seq, the producer on space_seq,
  * and a side issues FUTEX_WAKE only when its peer announced it is waiting, so a
  * busy ring makes no system calls. */

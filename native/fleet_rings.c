@@ -127,9 +127,34 @@ static PyObject *push(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 PyDoc_STRVAR(push_many_doc,
 "push_many(ring, tag, messages, notify) -> int\n"
 "\n"
-"Append the messages of the list `messages` (bytes each) in order until one does not\n"
-"fit: how many were pushed (a message that can never fit stops the run too, left for\n"
-"push to report). With `notify` true, wake the consumer once after them.");
+"Append the messages of the list `messages` in order until one does not fit: how many\n"
+"were pushed (a message that can never fit stops the run too, left for push to report).\n"
+"A message is bytes, or a pair (head, body) of bytes pushed as one message, head then\n"
+"body, without joining them first. With `notify` true, wake the consumer once after them.");
+
+/* Message `m` of push_many as (a, alen, b, blen): bytes, or a pair of bytes. -1 with
+ * TypeError set when it is neither. */
+static int message_parts(PyObject *m, Py_ssize_t i, const char **a, Py_ssize_t *alen, const char **b,
+                         Py_ssize_t *blen) {
+    if (PyBytes_Check(m)) {
+        *a = PyBytes_AS_STRING(m);
+        *alen = PyBytes_GET_SIZE(m);
+        *b = NULL;
+        *blen = 0;
+        return 0;
+    }
+    if (PyTuple_CheckExact(m) && PyTuple_GET_SIZE(m) == 2 && PyBytes_Check(PyTuple_GET_ITEM(m, 0)) &&
+        PyBytes_Check(PyTuple_GET_ITEM(m, 1))) {
+        *a = PyBytes_AS_STRING(PyTuple_GET_ITEM(m, 0));
+        *alen = PyBytes_GET_SIZE(PyTuple_GET_ITEM(m, 0));
+        *b = PyBytes_AS_STRING(PyTuple_GET_ITEM(m, 1));
+        *blen = PyBytes_GET_SIZE(PyTuple_GET_ITEM(m, 1));
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "push_many: message %zd is %.100s, not bytes or a pair (head, body) of bytes", i,
+                 Py_TYPE(m)->tp_name);
+    return -1;
+}
 
 static PyObject *push_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -145,18 +170,16 @@ static PyObject *push_many(PyObject *module, PyObject *const *args, Py_ssize_t n
     }
     int wake = PyObject_IsTrue(args[3]);
     if (wake < 0) return NULL;
+    const char *a, *b;
+    Py_ssize_t alen, blen;
     Py_ssize_t n = PyList_GET_SIZE(messages), i = 0;
     for (; i < n; i++) {  /* refused whole, before anything is pushed */
-        PyObject *m = PyList_GET_ITEM(messages, i);
-        if (!PyBytes_Check(m)) {
-            PyErr_Format(PyExc_TypeError, "push_many: message %zd is %.100s, not bytes", i, Py_TYPE(m)->tp_name);
-            return NULL;
-        }
+        if (message_parts(PyList_GET_ITEM(messages, i), i, &a, &alen, &b, &blen) < 0) return NULL;
     }
     for (i = 0; i < n; i++) {
-        PyObject *m = PyList_GET_ITEM(messages, i);
-        Py_ssize_t len = PyBytes_GET_SIZE(m);
-        if ((uint64_t)len > UINT32_MAX || fleet_ring_push(ring, tag, PyBytes_AS_STRING(m), (uint32_t)len) != 0) break;
+        message_parts(PyList_GET_ITEM(messages, i), i, &a, &alen, &b, &blen);
+        if ((uint64_t)alen + (uint64_t)blen > UINT32_MAX ||
+            fleet_ring_push2(ring, tag, a, (uint32_t)alen, b, (uint32_t)blen) != 0) break;
     }
     if (wake && i > 0) fleet_ring_notify(ring);
     return PyLong_FromSsize_t(i);

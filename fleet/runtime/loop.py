@@ -379,7 +379,9 @@ class Supervisor:
                 started(unit)  # it runs from here (on its provider too); no gate ever saw a plain one
             if unit.handed is not None:
                 self.seats.hand(g.seat, unit.handed)  # before its task: the worker finds it as it reads the task
-            task = M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags) + unit.body
+            # (head, body): the ring joins them as it copies (a body up to a ring message's
+            # bound is not copied once more here, beside the one the unit keeps)
+            task = (M.TASK_HEAD.pack(g.unit_id, g.slot, g.key_id, g.role, g.start_event, unit.flags), unit.body)
             batch = sends.get(g.seat)
             if batch is None:
                 sends[g.seat] = [task]

@@ -42,14 +42,15 @@ class Seats:
 
     # ------------------------------------------------------------------ out
     def send(self, seat: int, tasks: list) -> None:
-        """A seat's tasks of one pass: pushed and its worker woken in one call; what does
-        not fit waits in its outbox (behind any already waiting, so the order holds)."""
+        """A seat's tasks of one pass, each a pair (head, body) of bytes: pushed and its
+        worker woken in one call; what does not fit waits in its outbox (behind any
+        already waiting, so the order holds)."""
         outbox = self._outbox[seat]
         if outbox:
             outbox.extend(tasks)
             self.flush(seat)
             return
-        if type(tasks[0]) is tuple:  # another kind of message (send_message)
+        if type(tasks[0]) is _Other:  # another kind of message (send_message)
             outbox.extend(tasks)
             self.flush(seat)
             return
@@ -66,7 +67,7 @@ class Seats:
     def send_message(self, seat: int, tag: int, message: bytes) -> None:
         """One message of another kind than a task (a child's outcome, M.CHILD_DONE), in
         the same order as the tasks: it waits in the outbox behind them when they wait."""
-        self.send(seat, [(tag, message)])
+        self.send(seat, [_Other(tag, message)])
 
     def task_max(self, seat: int) -> int:
         """The longest message the seat's tasks ring takes."""
@@ -74,11 +75,11 @@ class Seats:
 
     def flush(self, seat: int) -> None:
         """Push what waits in the seat's outbox, as far as its ring has room; wake its worker.
-        An entry is a task's bytes, or (tag, bytes) of another kind of message."""
+        An entry is a task's (head, body), or another kind of message (`_Other`)."""
         ring, outbox = self._data.tasks(seat), self._outbox[seat]
         while outbox:
             entry = outbox[0]
-            if not (ring.push(*entry) if type(entry) is tuple else ring.push(M.TASK, entry)):
+            if not (ring.push(entry.tag, entry.data) if type(entry) is _Other else ring.push2(M.TASK, *entry)):
                 break
             outbox.popleft()
         ring.notify()
@@ -121,3 +122,12 @@ class Seats:
     def kill(self, pid: int) -> None:
         """Kill a worker for a reason of the supervisor's own: its death is no lane death."""
         self.workers.kill(pid)
+
+
+class _Other:
+    """A message of another kind than a task in a seat's outbox (`Seats.send_message`)."""
+
+    __slots__ = ("tag", "data")
+
+    def __init__(self, tag: int, data: bytes):
+        self.tag, self.data = tag, data

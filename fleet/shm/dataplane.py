@@ -193,9 +193,10 @@ class Ring:
         raise self._too_large(sum(memoryview(p).nbytes for p in parts))
 
     def push_many(self, tag: int, messages: list, notify: bool = True) -> int:
-        """Append `messages` (a list of bytes) in order, in one call, until one does not
-        fit: how many were pushed (the rest are the caller's to retry; push reports one
-        that can never fit). `notify`: wake the consumer once after them."""
+        """Append `messages` in order, in one call, until one does not fit: how many were
+        pushed (the rest are the caller's to retry; push reports one that can never fit).
+        A message is bytes, or a pair (head, body) of bytes pushed as one message, as
+        `push2` does. `notify`: wake the consumer once after them."""
         return _rings.push_many(self._a, tag, messages, notify)
 
     def notify(self) -> bool:

@@ -331,6 +331,14 @@ CTRL_C_SCRIPT = """
 """
 
 
+def _sigint_default() -> None:
+    """A script's SIGINT as a terminal's Ctrl-C finds it (Python's KeyboardInterrupt), also when
+    the suite runs as a background job, whose children a shell starts with SIGINT ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _calls_started_after_ctrl_c(tmp_path, face: str) -> int:
     """Run CTRL_C_SCRIPT with `face`; SIGINT once two calls have started; the calls that
     started in all, as the calls themselves counted them."""
@@ -340,7 +348,8 @@ def _calls_started_after_ctrl_c(tmp_path, face: str) -> int:
     script, started = tmp_path / f"ctrl_c_{face}.py", tmp_path / f"{face}.started"
     script.write_text(textwrap.dedent(CTRL_C_SCRIPT))
     proc = subprocess.Popen([sys.executable, str(script), face, str(started)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=tmp_path)
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=tmp_path,
+                            preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + WAIT_S
         while not started.exists() or len(started.read_text().split()) < 2:
@@ -402,6 +411,7 @@ def test_a_second_ctrl_c_stops_at_once_every_future_resolved_nothing_left(tmp_pa
             ex = Executor(max_workers=2)
             print(ex.fleet.name, flush=True)
             futures = [ex.submit(long_call, sys.argv[1]) for _ in range(10)]
+            print("submitted", flush=True)  # the Ctrl-C is for the wait below, not for the submits
             try:
                 futures[0].result()
             except KeyboardInterrupt:
@@ -415,15 +425,18 @@ def test_a_second_ctrl_c_stops_at_once_every_future_resolved_nothing_left(tmp_pa
     """))
     before = descendants()
     proc = subprocess.Popen([sys.executable, str(script), str(marks)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=tmp_path)
+                            text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=tmp_path, preexec_fn=_sigint_default)
     try:
         name = proc.stdout.readline().strip()
+        # (on a loaded host two calls may start before the tenth submit: a Ctrl-C then would
+        # interrupt the submits, outside the script's try)
+        assert proc.stdout.readline() == "submitted\n", proc.poll() is not None and proc.stderr.read()
         deadline = time.monotonic() + WAIT_S
         while not marks.exists() or marks.read_text().count("start") < 2:
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
-        assert proc.stdout.readline() == "waiting\n"
+        assert proc.stdout.readline() == "waiting\n", proc.poll() is not None and proc.stderr.read()
         proc.send_signal(signal.SIGINT)  # the shutdown waits for 30 s calls: stop now
         second = proc.stdout.readline().split()
         proc.communicate(timeout=WAIT_S)

@@ -50,15 +50,21 @@ def pad8(n):
 
 class RingModel:
     """Byte accounting of the ring, from its documented framing: 8-byte frame + payload
-    padded to 8; a message that would straddle the end skips to offset 0."""
+    padded to 8; a message that would straddle the end skips to offset 0, and so does
+    one pushed into an empty ring from offset min(64 KiB, capacity / 4) on, when it
+    fits before that offset (early wrap)."""
 
     def __init__(self, capacity):
         self.cap, self.head, self.tail, self.q = capacity, 0, 0, deque()
 
     def push(self, tag, data):
         need = 8 + pad8(len(data))
-        to_end = self.cap - self.head % self.cap
-        total = need if need <= to_end else to_end + need
+        pos = self.head % self.cap
+        to_end = self.cap - pos
+        if pos >= min(64 * 1024, self.cap // 4) and self.head == self.tail and need <= pos:
+            total = to_end + need
+        else:
+            total = need if need <= to_end else to_end + need
         if self.head - self.tail + total > self.cap:
             return False
         self.head += total
@@ -325,6 +331,46 @@ def test_random_sizes_and_wrap_around_match_a_model(ops):
     while model.q:
         assert r.pop() == model.pop()
     assert r.pop() is None
+
+
+def test_a_ring_uses_the_pages_of_its_backlog_not_of_its_capacity():
+    """Early wrap: a consumer that keeps up keeps its producer within the ring's first
+    64 KiB, and a backlog of B bytes uses about B more. Counted as the pages of a memfd's
+    (tmpfs) file, allocated as they are first written: without early wrap, every byte
+    that crosses a ring touches a page until the whole capacity is held."""
+    cap = 8 << 20
+    size = lib.fleet_ring_bytes(cap)
+    fd = os.memfd_create("fleet-test-ring-pages")
+    try:
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size)
+        base = ffi.from_buffer(mm)
+        try:
+            assert lib.fleet_ring_init(base, cap) == 0
+            r = Ring(base, base, "paged ring")
+
+            def held() -> int:
+                return os.fstat(fd).st_blocks * 512
+
+            msg = bytes(range(250)) * 4
+            for i in range(4096):  # 4 MiB through a ring its consumer keeps empty
+                assert r.push(i, msg)
+                assert r.pop() == (i, msg)
+            assert held() <= 64 * 1024 + 2 * mmap.PAGESIZE, held()
+            for _ in range(8):  # 512 KiB at a time, then all of it taken
+                for i in range(512):
+                    assert r.push(i, msg)
+                taken = 0
+                while batch := r.pop_many(max_bytes=1 << 20, max_msgs=4096):
+                    taken += len(batch)
+                assert taken == 512
+            assert 512 * 1024 <= held() <= 512 * 1024 + 64 * 1024 + 2 * mmap.PAGESIZE, held()
+            del r
+        finally:
+            ffi.release(base)
+            mm.close()
+    finally:
+        os.close(fd)
 
 
 # -- wake-ups between processes ---------------------------------------------------------

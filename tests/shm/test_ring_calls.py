@@ -34,6 +34,12 @@ def test_what_one_side_pushes_the_other_pops(ring):
     assert _rings.used(addr) == 0 and _rings.pop_many(addr, 1 << 16, 64) == []
 
 
+def test_push_many_joins_a_pair_as_it_copies(ring):
+    r, _base, addr = ring
+    assert _rings.push_many(addr, 5, [(b"head:", b"body"), b"plain", (b"", b""), (b"h", b"")], True) == 4
+    assert [(t, bytes(v)) for t, v in r.pop_many()] == [(5, b"head:body"), (5, b"plain"), (5, b""), (5, b"h")]
+
+
 def test_pop_many_views_share_one_buffer_and_outlive_later_calls(ring):
     r, _base, addr = ring
     r.push_many(1, [b"first", b"second"])
@@ -69,6 +75,8 @@ def test_push_reports_no_room_and_too_large(ring):
 @pytest.mark.parametrize("call, args, error", [
     ("push_many", (1, [b"ok", "not bytes"], True), TypeError),
     ("push_many", (1, (b"a tuple",), True), TypeError),
+    ("push_many", (1, [b"ok", (b"head", "not bytes")], True), TypeError),
+    ("push_many", (1, [(b"one", b"two", b"three")], True), TypeError),
     ("push_many", (2**32, [b"tag too big"], True), OverflowError),
     ("push", (1, "str", b""), TypeError),
     ("pop_many", (-1, 8), ValueError),
