@@ -28,6 +28,15 @@ def pattern(n: int) -> bytes:
     return (block * (n // 256 + 1))[:n]
 
 
+def make_pieces(n: int) -> list[bytes]:
+    """`n` pieces of 1 KiB (`pieces`): a result pickled whole, nothing of it out of band."""
+    return pieces(n)
+
+
+def pieces(n: int) -> list[bytes]:
+    return [bytes([i % 251]) * 1024 for i in range(n)]
+
+
 def make_array(n: int, value: float = 1.0) -> np.ndarray:
     """An array of `n` bytes of float64 `value`."""
     return np.full(n // 8, value)

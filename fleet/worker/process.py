@@ -50,9 +50,9 @@ from fleet.host import seat_cpus
 from fleet.rules import contention, cordon, fsm
 from fleet.rules.fsm import RIDE
 from fleet.shm import messages as M
-from fleet.worker.codec import (INLINE_MAX, let_go_handed, lending, names_parcel, MAX_DETAIL_CHARS, CodecError,
-                                 clip_detail, describe, dumps, error_parts, loads, pack, parcel_of, refused_body,
-                                 safe_str, split_route)
+from fleet.worker.codec import (INLINE_MAX, RESULT_INLINE_MAX, let_go_handed, lending, names_parcel, MAX_DETAIL_CHARS,
+                                 CodecError, clip_detail, describe, dumps, error_parts, loads, pack, parcel_of,
+                                 refused_body, safe_str, split_route)
 from fleet.shm.parcels import Lender, ParcelError, remove as remove_parcel
 from fleet._chunk import run_items
 from fleet.shm.dataplane import RingRelay
@@ -145,12 +145,15 @@ class Worker:
         self.tasks = data.tasks(seat)
         self.results = data.results(seat)
         self.bell = data.bell
-        #: Where a result too large for the ring goes: a parcel of this fleet, beside it, lent
-        #: to the supervisor, which copies the result out and gives the parcel back (its pages
-        #: stay warm for the next: `parcels.Lender`); none lent when fleetd relays each one's
-        #: parcel itself to its client (``lend`` False: `fleet.worker.prepare.WorkerSetup.lend`)
+        #: Where a large result goes: a parcel of this fleet, beside the ring, lent to the
+        #: supervisor, which builds the result over it and gives it back once the result is
+        #: gone (its pages stay warm for the next: `parcels.Lender`), from RESULT_INLINE_MAX
+        #: on; none lent when fleetd relays each one's parcel itself to its client (``lend``
+        #: False: `fleet.worker.prepare.WorkerSetup.lend`), each then a fresh parcel, whose
+        #: pages cost more to allocate than a copy out of the ring: from INLINE_MAX on.
         self._lender = Lender(data.name) if lend else Lender(data.name, keep=0)
-        self._beside = (data.name, min(INLINE_MAX, self.results.max_message - M.RESULT_HEAD.size), self._lender.write)
+        inline_max = RESULT_INLINE_MAX if lend else INLINE_MAX
+        self._beside = (data.name, min(inline_max, self.results.max_message - M.RESULT_HEAD.size), self._lender.write)
         self.held: list[tuple] = []  # (head tuple, body) refused by cordon, in order
         self._completion = [fsm.COMPLETION[fsm.KIND_NAMES.index(r.kind)] for r in roles]
         self._role_names = [r.name for r in roles]  # by role code

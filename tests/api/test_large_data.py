@@ -110,6 +110,27 @@ def test_a_result_array_is_built_over_its_parcel_which_goes_back_once_dropped(fa
     face.no_parcels_left()  # each parcel back with its writer once its array is gone
 
 
+def test_a_result_pickled_over_the_rings_bound_comes_in_a_lent_parcel_not_through_the_ring(face):
+    # A result whose pickle passes RESULT_INLINE_MAX (600 pieces of 1 KiB: nothing out of
+    # band) travels in a parcel its worker lends, unpickled in place and given back at once:
+    # the ring's pages in use stay those of small messages. Counted as the data segment's
+    # pages (tmpfs allocates a page as it is first written).
+    import os
+
+    from fleet.shm.dataplane import data_segment_name
+    from fleet.worker.codec import INLINE_MAX, RESULT_INLINE_MAX
+
+    path = "/dev/shm" + data_segment_name(face.name)
+    n = 600
+    assert RESULT_INLINE_MAX < n * 1024 < INLINE_MAX
+    before = os.stat(path).st_blocks * 512
+    for _ in range(6):
+        assert face("make_pieces", n).result(BOUND_S) == D.pieces(n)
+    grown = os.stat(path).st_blocks * 512 - before
+    assert grown < RESULT_INLINE_MAX, grown
+    face.no_parcels_left()
+
+
 def test_a_map_of_arrays_each_arrives_whole(face):
     arrays = [np.full(MIB // 8 * (i + 1), float(i)) for i in range(8)]  # 1..8 MiB, distinct
     assert list(face.map("digest", arrays)) == [D.digest(a) for a in arrays]
