@@ -509,7 +509,8 @@ class Lender:
     `keep_bytes` bytes are kept, until the process ends (its parcels are swept with its pid): past
     them, one given back is let go to make room, and when all are still out a value
     travels in a parcel the receiver takes, as without a lender. A parcel lent is never
-    removed before its receiver gave it back. Any thread writes (one lock; the copies run
+    removed before its receiver gave it back; one its receiver removed instead (a stray
+    result's) is let go as one given back would be. Any thread writes (one lock; the copies run
     outside it)."""
 
     def __init__(self, fleet: str, keep: int = LEND_KEEP, keep_bytes: int = LEND_MAX):
@@ -565,7 +566,8 @@ class Lender:
 
     def _room(self, size: int) -> bool:
         """Whether a new parcel of `size` may be kept: room under the keep, made by letting
-        go parcels given back (oldest first) when needed; never one still lent."""
+        go parcels given back (oldest first) when needed, and those their receiver removed
+        instead (a stray result's: `fleet.worker.codec.drop_parcel`); never one still lent."""
         if size > self._keep_bytes:
             return False
         with self._lock:
@@ -573,9 +575,7 @@ class Lender:
             for entry in list(self._held):
                 if len(self._held) < self._keep and sum(e[1] for e in self._held) + size <= self._keep_bytes:
                     break
-                try:  # succeeds only for one given back: a lent one stays its receiver's
-                    os.unlink(os.path.join(SHM_DIR, _warm_name(entry[0])))
-                except OSError:
+                if not self._let_go(entry[0]):
                     continue
                 self._held.remove(entry)
                 gone.append(entry)
@@ -583,6 +583,28 @@ class Lender:
         for _name, _size, mm in gone:
             mm.close()
         return room
+
+    @staticmethod
+    def _let_go(name: str) -> bool:
+        """Whether the parcel lent as `name` is free to let go: given back (its warm name,
+        removed here) or removed by its receiver (neither name is there). Giving back is a
+        rename, so one of the two names is there while it is lent; the warm name is looked
+        for again after the lent one is found gone, as it may have been given back between."""
+        warm = os.path.join(SHM_DIR, _warm_name(name))
+        try:
+            os.unlink(warm)
+            return True
+        except OSError:
+            pass
+        if os.path.exists(os.path.join(SHM_DIR, name)):
+            return False  # still lent: its receiver's
+        try:
+            os.unlink(warm)
+        except FileNotFoundError:
+            return True  # removed by its receiver
+        except OSError:
+            return False
+        return True
 
     def held(self) -> int:
         """Parcels kept now (lent or given back)."""

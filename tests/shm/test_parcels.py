@@ -199,6 +199,21 @@ def test_a_lent_parcel_is_never_removed_before_it_is_given_back(fleet_name):
     parcels.sweep(fleet_name)
 
 
+def test_a_lent_parcel_its_receiver_removed_is_let_go_to_make_room(fleet_name):
+    # A stray result's parcel is removed by the supervisor (codec.drop_parcel), never given
+    # back: its lender lets it go when it needs the room, as it does one given back.
+    lender = parcels.Lender(fleet_name, keep=2)
+    first, _o, lent = lender.write([bytes(100_000)])
+    second, _o, _lent = lender.write([bytes(100_000)])
+    assert lent and lender.held() == 2
+    parcels.remove(first)  # dropped by its receiver
+    third, _o, lent = lender.write([bytes(900_000)])  # no fit: the dropped one makes room
+    assert lent and lender.held() == 2 and parcels.count(fleet_name) == 2
+    assert os.path.exists(os.path.join(SHM_DIR, second))  # still lent: left alone
+    assert not os.path.exists(os.path.join(SHM_DIR, first))
+    parcels.sweep(fleet_name)
+
+
 def _memory_of(array):
     """What an array's memory belongs to: the end of its chain of bases (a mapping, a bytearray, ...)."""
     import numpy as np
