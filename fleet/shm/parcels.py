@@ -586,24 +586,11 @@ class Lender:
 
     @staticmethod
     def _let_go(name: str) -> bool:
-        """Whether the parcel lent as `name` is free to let go: given back (its warm name,
-        removed here) or removed by its receiver (neither name is there). Giving back is a
-        rename, so one of the two names is there while it is lent; the warm name is looked
-        for again after the lent one is found gone, as it may have been given back between."""
-        warm = os.path.join(SHM_DIR, _warm_name(name))
-        try:
-            os.unlink(warm)
-            return True
-        except OSError:
-            pass
+        """Whether the parcel lent as `name` is free to let go: its lent name is gone, so
+        its receiver gave it back (a rename: its warm name, removed here) or removed it."""
         if os.path.exists(os.path.join(SHM_DIR, name)):
             return False  # still lent: its receiver's
-        try:
-            os.unlink(warm)
-        except FileNotFoundError:
-            return True  # removed by its receiver
-        except OSError:
-            return False
+        _unlink(_warm_name(name))
         return True
 
     def held(self) -> int:

@@ -66,7 +66,8 @@ INLINE_MAX = 1 << 20
 #: parcel back at once: one copy fewer than out of the ring (taken out whole, then
 #: unpickled), and the ring's pages in use stay those of small messages. A map of 1 KiB
 #: `bytes` results, whose batches come back 0.2-0.7 MiB each: the parent's peak RSS over
-#: the bytes moved 1.1-1.3, against 1.7-2.25 with INLINE_MAX (tools/bench/data_bench.py).
+#: the bytes moved 0.93-1.24 in its first round, against 1.69-1.96 with INLINE_MAX
+#: (tools/bench/data_bench.py's measure, in fresh processes).
 RESULT_INLINE_MAX = 128 << 10
 #: Containers looked into for large `bytes` (`_has_blob`): this deep, this long at most.
 SCAN_DEPTH, SCAN_LEN = 4, 64
