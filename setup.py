@@ -4,7 +4,8 @@ All metadata lives in pyproject.toml; this only registers the compiled modules, 
 are built at install time: fleet._native (cffi, described by native/build_native.py:
 atomics, futex, rings), fleet._rings (a CPython extension: the rings' non-blocking calls
 with the GIL held, over the same ring code), fleet._chunk (a CPython extension: a chunk's
-items run through their handler in one C loop), fleet._table (a CPython extension: the
+items run through their handler in one C loop), fleet._codec (a CPython extension: the look
+for large `bytes` a payload gets before it is pickled), fleet._table (a CPython extension: the
 transition kernels' calls over a mapped table, with the GIL held) and
 fleet.shm.table._kernels (the slot table's transition kernels, compiled ahead by numba:
 fleet/shm/table/kernel_build.py, linked with native/fleet_kernels.c).
@@ -46,6 +47,7 @@ setup(
     cmdclass={"build_ext": BuildExt},
     ext_modules=[
         Extension("fleet._chunk", ["native/fleet_chunk.c"], extra_compile_args=_C),
+        Extension("fleet._codec", ["native/fleet_codec.c"], extra_compile_args=_C),
         # Hidden visibility: the ring functions it carries stay private to it (only its
         # PyInit is exported), whatever else the process loads.
         Extension("fleet._rings", ["native/fleet_rings.c", "native/fleet_native.c"], include_dirs=["native"],

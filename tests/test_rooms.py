@@ -25,7 +25,8 @@ WINGS = ("rules", "host", "shm", "worker", "runtime", "service", "api", "cli", "
 #: import (the version; where the package lives; the C extensions built from native/ at install) and the public
 #: face (fleet/__init__.py), which re-exports the user's API from the wings up to api
 #: and which the tools above it use as a user does.
-TOP = {"_version": "leaves", "_root": "leaves", "_native": "leaves", "_rings": "leaves", "_chunk": "leaves", "_table": "leaves",
+TOP = {"_version": "leaves", "_root": "leaves", "_native": "leaves", "_rings": "leaves", "_chunk": "leaves", "_codec": "leaves",
+       "_table": "leaves",
        "__init__": "face"}
 #: Every room, lowest first: a module may need its own room and the rooms before it.
 FLOORS = ("admission", "leaves", "rules", "host", "shm", "worker", "runtime", "service", "api", "face", "cli", "burst")

@@ -32,6 +32,7 @@ import sys
 import threading
 import weakref
 
+from fleet._codec import BlobScan
 from fleet.shm import messages as M
 from fleet.shm import parcels, segments
 from fleet.worker.calls import Calls
@@ -69,7 +70,7 @@ INLINE_MAX = 1 << 20
 #: the bytes moved 0.93-1.24 in its first round, against 1.69-1.96 with INLINE_MAX
 #: (tools/bench/data_bench.py's measure, in fresh processes).
 RESULT_INLINE_MAX = 128 << 10
-#: Containers looked into for large `bytes` (`_has_blob`): this deep, this long at most.
+#: Containers looked into for large `bytes` (`_holds_blob`): this deep, this long at most.
 SCAN_DEPTH, SCAN_LEN = 4, 64
 #: The first byte of a body that names a parcel ("P"); a pickle's first byte is PROTO (0x80).
 PARCEL = 0x50
@@ -114,7 +115,7 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     """`value` as a ring message's body, under the guard: (body, the parcel's name or None).
 
     Pickled with protocol 5: each buffer of OOB_MIN bytes or more is set aside out of band,
-    and so is each `bytes` object that large found in the value's first levels (`_has_blob`:
+    and so is each `bytes` object that large found in the value's first levels (`_holds_blob`:
     pickle keeps bytes in band, which would copy it into the pickle first); if there is one,
     or the pickle is over `inline_max` bytes, the pickle and what was set aside are written
     once into a parcel of `fleet` and the body only names it. ``take``: the receiver owns the
@@ -129,12 +130,30 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     Raises CodecError (it cannot be pickled), parcels.ParcelError (no room in /dev/shm)."""
     if fleet is None:
         return dumps(value, what), None
+    pickled = _pickled(value, what)
+    body = _inline(pickled, inline_max)
+    if body is not None:
+        return body, None
+    return _parcelled(pickled, fleet, take=take, reserve=reserve, writer=writer, lend=lend)
+
+
+def _pickled(value, what: str) -> tuple[bytes, list, list]:
+    """`pack`'s first half: `value` pickled, what was set aside beside it (`_set_aside`)."""
     if type(value) in _ATOMS:  # nothing in it to set aside, nothing that fails to pickle
-        data, aside, blobs = pickle.dumps(value, protocol=5), (), ()
-    else:
-        data, aside, blobs = _set_aside(value, what)
-    if not aside and not blobs and len(data) <= inline_max:
-        return data, None
+        return pickle.dumps(value, protocol=5), (), ()
+    return _set_aside(value, what)
+
+
+def _inline(pickled: tuple, inline_max: int) -> bytes | None:
+    """The pickle as a ring message's body, when nothing was set aside and it is at most
+    `inline_max` bytes; else None (it travels in a parcel: `_parcelled`)."""
+    data, aside, blobs = pickled
+    return data if not aside and not blobs and len(data) <= inline_max else None
+
+
+def _parcelled(pickled: tuple, fleet: str, *, take: bool, reserve, writer, lend: bool) -> tuple[bytes, str]:
+    """`pack`'s second half for what does not go inline: written into a parcel (see `pack`)."""
+    data, aside, blobs = pickled
     parts = [data, *aside, *blobs]
     sizes = [memoryview(p).nbytes for p in parts]
     if reserve is not None:
@@ -167,39 +186,17 @@ def _set_aside(value, what: str) -> tuple[bytes, list, list]:
         aside.append(buf.raw())  # bytes, in C or Fortran order alike
         return False
 
-    if _has_blob(value, SCAN_DEPTH):
+    if _holds_blob(value):
         data = _guarded(lambda v: _dump_with_blobs(v, inline, blobs), value, what, None)
     else:
-        data = _guarded(lambda v: pickle.dumps(v, protocol=5, buffer_callback=inline), value, what, None)
+        data = _guarded(_dump_with_aside, (value, inline), what, None)
     return data, aside, blobs
 
 
-def _has_blob(obj, depth: int) -> bool:
-    """Whether `obj` holds a `bytes` of OOB_MIN bytes or more: itself, or in the tuples,
-    lists, dicts (values) and map chunks (`Calls`: its calls' arguments) of its first
-    `depth` levels of at most SCAN_LEN items (a call's arguments, a task body, a chunk, a
-    result). Deeper, or in longer containers, one stays in band.
-    (It runs on every submit: loops, not generators; a container's atoms looked at in place.)"""
-    kind = type(obj)
-    if kind is bytes:
-        return len(obj) >= OOB_MIN
-    if kind is _Pickled:
-        return len(obj.data) >= OOB_MIN
-    if kind is dict:
-        obj, kind = obj.values(), list
-    elif kind is Calls:
-        obj, kind = obj.items, list
-    if not depth or (kind is not tuple and kind is not list) or len(obj) > SCAN_LEN:
-        return False
-    for item in obj:
-        kind = type(item)
-        if kind is bytes:
-            if len(item) >= OOB_MIN:
-                return True
-        elif (kind is tuple or kind is list or kind is dict or kind is _Pickled or kind is Calls) and (
-                item and _has_blob(item, depth - 1)):  # (an empty one, a call's () or {}, holds nothing)
-            return True
-    return False
+def _dump_with_aside(value_and_callback: tuple) -> bytes:
+    """`_set_aside`'s pickling when no large `bytes` is in the value (the common case: a
+    function, not a lambda made per submit, under the guard)."""
+    return pickle.dumps(value_and_callback[0], protocol=5, buffer_callback=value_and_callback[1])
 
 
 class _BlobPickler(pickle.Pickler):
@@ -560,6 +557,15 @@ class _Pickled:
         return loads(self.data, what, where)
 
 
+#: Whether a value holds a `bytes` of OOB_MIN bytes or more: itself, or in the tuples,
+#: lists, dicts (values) and map chunks (`Calls`: its calls' arguments) of its first
+#: SCAN_DEPTH levels of at most SCAN_LEN items each (a call's arguments, a task body, a
+#: chunk, a result); deeper, or in longer containers, one stays in band. It runs on every
+#: submit, so it is C (native/fleet_codec.c, where the rule is written out): ~4% of the
+#: Executor's submit throughput went to the same walk in Python.
+_holds_blob = BlobScan(OOB_MIN, SCAN_LEN, SCAN_DEPTH, _Pickled, Calls).holds
+
+
 class _Laid(_Pickled):
     """A service-mode client's payload as its client laid it out in its memfd (`lay_out`):
     its pickle, then its out-of-band buffers, then its blobs, each at its span, in fleetd's
@@ -649,32 +655,57 @@ def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: byt
     if pickled_payload is not None:
         payload = pickled_payload if isinstance(pickled_payload, _Pickled) else _Pickled(pickled_payload)
     what = f"payload for role {role!r}"
-    taken = []
-
-    def reserve(n: int) -> None:
-        if limit is not None and n > limit:
-            raise PayloadTooLarge(f"{what} is {n} bytes pickled; limits.max_payload_bytes is {limit}")
-        if room is not None:
-            room.take(n, what, block=block, timeout=block_timeout)
-            taken.append(room)
-        taken.append(n)
-
+    reserve = None  # made only for a parcel: most tasks go inline, and this runs on every submit
     try:
         if handoff and type(payload) is _Laid and payload.fd >= 0 and fleet is not None:
+            reserve = _Reserve(what, limit, room, block, block_timeout)
             handed = _handed_task(payload, key, lane, request_id, reserve)
             if handed is not None:
                 return handed
-        body, parcel = pack((payload, key, lane, request_id), what, fleet, take=False, inline_max=inline_max,
-                            reserve=reserve, writer=writer)
+        task = (payload, key, lane, request_id)
+        if fleet is None:
+            body, parcel = pack(task, what, None, take=False)
+        else:
+            pickled = _pickled(task, what)
+            body, parcel = _inline(pickled, inline_max), None
+            if body is None:
+                if reserve is None:
+                    reserve = _Reserve(what, limit, room, block, block_timeout)
+                body, parcel = _parcelled(pickled, fleet, take=False, reserve=reserve, writer=writer, lend=False)
     except CodecError as exc:
         raise unpicklable(exc) from None
     except parcels.ParcelError as exc:
-        if len(taken) == 2:
-            taken[0].give(taken[1])
+        if reserve is not None:
+            reserve.give_back()
         raise PayloadTooLarge(f"{what}: {exc}") from None
     if parcel is None and limit is not None and len(body) > limit:
         raise PayloadTooLarge(f"{what} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
-    return body, parcel, (taken[-1] if parcel is not None else 0)
+    return body, parcel, (reserve.bytes if parcel is not None else 0)
+
+
+class _Reserve:
+    """`pack_task`'s ``reserve(n)`` for a task's parcel of `n` bytes: refused over `limit`
+    (limits.max_payload_bytes), then room taken in `room` (which may wait or refuse:
+    fleet.runtime.beside); `give_back` returns that room when the parcel is not made."""
+
+    __slots__ = ("what", "limit", "room", "block", "timeout", "bytes", "_taken")
+
+    def __init__(self, what: str, limit: int | None, room, block: bool, timeout: float | None):
+        self.what, self.limit, self.room, self.block, self.timeout = what, limit, room, block, timeout
+        self.bytes, self._taken = 0, False
+
+    def __call__(self, n: int) -> None:
+        if self.limit is not None and n > self.limit:
+            raise PayloadTooLarge(f"{self.what} is {n} bytes pickled; limits.max_payload_bytes is {self.limit}")
+        if self.room is not None:
+            self.room.take(n, self.what, block=self.block, timeout=self.timeout)
+            self._taken = True
+        self.bytes = n
+
+    def give_back(self) -> None:
+        if self._taken:
+            self._taken = False
+            self.room.give(self.bytes)
 
 
 def _handed_task(payload: _Laid, key, lane, request_id, reserve) -> tuple[bytes, object, int] | None:

@@ -482,3 +482,93 @@ def test_a_client_lays_out_a_payload_as_a_parcel_by_reference_and_the_worker_bui
                                                               [[0, len(codec.dumps({"small": [1, 2, 3]}, "p"))]], 0)
     with pytest.raises(codec.CodecError, match="payload cannot be pickled"):
         codec.lay_out(threading.Lock(), "payload")
+
+
+# -- the look for large bytes before pickling (fleet._codec.BlobScan) ---------------------------
+class _BlobModel:
+    """The rule BlobScan carries (native/fleet_codec.c), written out as its documentation
+    says, on a small scale: bytes of MIN or more are large; containers are looked into
+    DEPTH levels deep, each of at most LEN items; types match exactly."""
+
+    MIN, LEN, DEPTH = 4, 3, 2
+
+    def holds(self, obj, depth=None) -> bool:
+        from fleet.worker.calls import Calls
+
+        depth = self.DEPTH if depth is None else depth
+        kind = type(obj)
+        if kind is bytes:
+            return len(obj) >= self.MIN
+        if kind is codec._Pickled:
+            return len(obj.data) >= self.MIN
+        if not depth:
+            return False
+        if kind is dict:
+            items = list(obj.values())
+        elif kind is Calls:
+            items = obj.items
+        elif kind in (tuple, list):
+            items = obj
+        else:
+            return False
+        return len(items) <= self.LEN and any(self.holds(item, depth - 1) for item in items)
+
+
+class _Bytes(bytes):
+    """A bytes subclass: pickle sees an object like any other, and so does the scan."""
+
+
+def _values():
+    from hypothesis import strategies as st
+
+    from fleet.worker.calls import Calls
+
+    leaves = st.one_of(st.binary(max_size=6), st.integers(), st.text(max_size=3), st.none(),
+                       st.binary(max_size=6).map(_Bytes), st.binary(max_size=6).map(codec._Pickled))
+    return st.recursive(leaves, lambda kids: st.one_of(
+        st.lists(kids, max_size=4), st.lists(kids, max_size=4).map(tuple),
+        st.dictionaries(st.text(max_size=2), kids, max_size=4),
+        st.lists(kids, max_size=4).map(lambda items: Calls(len, items))), max_leaves=12)
+
+
+def test_the_blob_scan_finds_large_bytes_exactly_where_its_rule_says():
+    from hypothesis import given, settings
+
+    from fleet._codec import BlobScan
+    from fleet.worker.calls import Calls
+
+    model = _BlobModel()
+    scan = BlobScan(model.MIN, model.LEN, model.DEPTH, codec._Pickled, Calls).holds
+
+    @settings(max_examples=600, deadline=None)
+    @given(_values())
+    def agrees(value):
+        assert scan(value) is model.holds(value), value
+
+    agrees()
+
+
+def test_the_blob_scan_stops_at_its_depth_and_length_and_passes_subclasses_by():
+    from fleet._codec import BlobScan
+    from fleet.worker.calls import Calls
+
+    scan = BlobScan(4, 3, 2, codec._Pickled, Calls).holds
+    big = b"1234"
+    assert scan(big) and not scan(b"123") and not scan(_Bytes(big))
+    assert scan([big]) and scan(([big],)) and not scan((([big],),))  # two levels in, not three
+    assert scan({"k": big}) and not scan({big: 1})  # a dict's values, not its keys
+    assert scan([1, 2, big]) and not scan([1, 2, 3, big])  # at most three items looked at
+    assert scan(Calls(len, [b"", big])) and scan(codec._Pickled(big)) and scan([codec._Pickled(big)])
+    assert not scan(frozenset([big])) and not scan(bytearray(big))  # only the kinds named
+    # The executor's own: a call's (fn, args, kwargs) with a large bytes argument is found.
+    assert codec._holds_blob((len, (b"x" * codec.OOB_MIN,), {}))
+    assert not codec._holds_blob((len, (b"x" * (codec.OOB_MIN - 1),), {}))
+
+
+def test_the_blob_scan_refuses_a_bad_configuration():
+    from fleet._codec import BlobScan
+
+    with pytest.raises(ValueError, match="depth"):
+        BlobScan(4, 3, -1, codec._Pickled, list)
+    with pytest.raises(TypeError, match="classes"):
+        BlobScan(4, 3, 2, "not a class", list)
