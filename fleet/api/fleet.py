@@ -163,7 +163,8 @@ class Fleet(Executor, metaclass=_OpsOnFirstLook):
         """
         if unit:
             check_unit_args(unit, _SUBMIT_ARGS)
-        return self._sup.submit(role, payload, **unit)
+            return self._sup.submit(role, payload, **unit)
+        return self._sup.submit_plain(role, payload)
 
     submit.__wrapped__ = submit_signature(WAIT_ARGS)  # its arguments, for inspect and help()
 

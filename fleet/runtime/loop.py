@@ -129,9 +129,9 @@ class Supervisor:
         self._submitter = Submitter(self.door, self.roles, self.ledger, config.limits, self.recorder,
                                     handoff=self.mode == "service")
         # The caller's half of a submit (fleet.runtime.submit), bound here: no call between.
-        self.submit, self.submit_call, self.submit_many, self.submit_pickled = (
-            self._submitter.submit, self._submitter.submit_call, self._submitter.submit_many,
-            self._submitter.submit_pickled)
+        self.submit, self.submit_plain, self.submit_call, self.submit_many, self.submit_pickled = (
+            self._submitter.submit, self._submitter.submit_plain, self._submitter.submit_call,
+            self._submitter.submit_many, self._submitter.submit_pickled)
         self._cpus = cpus  # the quota to plan with, when given (fleet.Fleet's cpus=)
         self._boot_args = {"cpus": cpus, "socket_path": socket_path, "readers_group": readers_group,
                            "launched": launched,

@@ -94,9 +94,15 @@ def test_worker_exit_fails_its_unit_with_lane_death_and_is_replaced(fleet_name):
 
 
 def test_payload_limits_and_bad_arguments_are_refused_at_submit(fleet_name):
-    cfg = config(fleet_name, {"work": role("echo"), "pin": role("keyed", kind="pinned")},
+    idle = role("echo", peak_cpus=0)
+    del idle["handler"]  # declared, not active
+    cfg = config(fleet_name, {"work": role("echo"), "pin": role("keyed", kind="pinned"), "idle": idle},
                  limits={"max_payload_bytes": 1024})
     with running(cfg) as f:
+        # A submit with no argument but the payload takes the short path (Submitter.submit_plain):
+        # the role's own refusals are the same there.
+        with pytest.raises(BadUnit, match="'idle' has no handler"):
+            f.submit("idle", 1)
         with pytest.raises(PayloadTooLarge, match="1024"):
             f.submit("work", b"x" * 2000)
         with pytest.raises(PayloadUnpicklable):
