@@ -11,6 +11,10 @@ def square(x):
     return x * x
 
 
+def first(values):
+    return float(values[0])
+
+
 def nap(seconds):
     import time
 

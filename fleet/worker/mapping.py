@@ -191,6 +191,8 @@ class _Feeder:
     def _chunk(self, n: int | None = None):
         """The next chunk's payload: up to `n` (default `chunksize`) items; empty (falsy) at the end."""
         items = list(itertools.islice(self.items, n or self.chunksize))
+        if items and self.batches is not None:
+            self.batches.saw(items[0])  # its calls' arguments' size bounds the batches' bytes
         return self.chunk_of(items) if items and self.chunk_of is not None else items
 
     def _track(self, future: Future) -> None:

@@ -195,6 +195,23 @@ def test_a_map_without_chunksize_batches_short_calls_and_keeps_their_order(ex, m
     assert after_units - units < 3500 / 4  # batched: a unit carried many calls
 
 
+def test_a_batching_maps_batches_of_large_arguments_hold_their_bytes_bound(ex, monkeypatch):
+    # Calls that run in no time on arguments of a known size (their buffers'): the batches
+    # are bounded by BATCH_BYTES of arguments, not by time alone.
+    import numpy as np
+
+    monkeypatch.setattr(pace, "BATCH_S", 3600.0)  # time alone would make batches as large as growth allows
+    monkeypatch.setattr(pace, "BATCH_BYTES", 64 << 10)  # four of these 16 KiB arguments
+    arrays = [np.full((16 << 10) // 8, float(i)) for i in range(400)]
+    units, items = _units_and_items(ex)
+    assert list(ex.map(C.first, arrays)) == [float(i) for i in range(400)]
+    after_units, after_items = _units_and_items(ex)
+    assert after_items - items == 400
+    # at most four a unit (by time alone: about 40 units, the later ones of up to 256 calls)
+    assert after_units - units >= 400 // 4
+    assert after_units - units < 400  # and batched all the same
+
+
 def test_a_batching_maps_failed_call_raises_at_its_place(ex, monkeypatch):
     monkeypatch.setattr(pace, "BATCH_S", 3600.0)
     divisors = [1] * 2000

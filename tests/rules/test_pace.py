@@ -102,3 +102,39 @@ def test_slow_calls_never_batch():
     for _ in range(30):
         b.ran(0.05, 1)
     assert [b.size() for _ in range(5)] == [1] * 5
+
+
+def test_a_batch_of_large_arguments_holds_at_most_its_bytes():
+    from fleet.rules.pace import BATCH_BYTES
+
+    fast = 1e-9  # calls that cost nothing measured: time alone would batch BATCH_MAX of them
+    assert batch_for(fast, BATCH_MAX, item_bytes=1 << 20) == BATCH_BYTES // (1 << 20)
+    assert batch_for(fast, BATCH_MAX, item_bytes=BATCH_BYTES) == 1 == batch_for(fast, 4, item_bytes=BATCH_BYTES * 3)
+    assert batch_for(fast, BATCH_MAX, item_bytes=0) == BATCH_MAX  # size not known: time alone
+    assert batch_for(fast, BATCH_MAX, item_bytes=1024) == min(BATCH_MAX, BATCH_BYTES // 1024)
+    assert batch_for(None, BATCH_MAX, item_bytes=1) == 1  # not measured yet: one, whatever the size
+    assert batch_for(BATCH_S / 2, BATCH_MAX, item_bytes=1) == 2  # time still bounds small ones
+
+
+def test_the_size_of_a_calls_argument_is_read_from_its_buffer_or_not_at_all():
+    import numpy as np
+
+    from fleet.rules.pace import value_bytes
+
+    assert value_bytes(b"x" * 1000) == 1000 and value_bytes(bytearray(7)) == 7
+    assert value_bytes(memoryview(b"abcd")[1:]) == 3 and value_bytes("text") == 4
+    assert value_bytes(np.zeros(128)) == 1024 and value_bytes(np.zeros((4, 8), dtype=np.int32)[:, ::2]) == 64
+    assert value_bytes((b"ab", np.zeros(2), 5)) == 2 + 16  # a star map's arguments: its buffers summed
+    assert value_bytes(12345) == 0 and value_bytes([b"x" * 100]) == 0 and value_bytes(None) == 0
+
+
+def test_batches_learn_the_size_of_the_maps_arguments():
+    from fleet.rules.pace import BATCH_BYTES
+
+    b = Batches(slots=2)
+    b.ran(1e-9, 1)
+    b.saw(b"x" * (1 << 20))
+    assert [b.size() for _ in range(4)] == [BATCH_GROWTH, min(BATCH_GROWTH ** 2, BATCH_BYTES >> 20)] + \
+        [BATCH_BYTES >> 20] * 2
+    b.saw(7)  # arguments of no known size: time alone again
+    assert b.size() == min(BATCH_MAX, BATCH_GROWTH * (BATCH_BYTES >> 20))
