@@ -15,6 +15,12 @@ def first(values):
     return float(values[0])
 
 
+def ones(n):
+    import numpy as np
+
+    return np.ones(n)
+
+
 def nap(seconds):
     import time
 

@@ -118,14 +118,17 @@ BATCH_GROWTH = 4
 #: Units a batching map keeps submitted ahead of its results, per slot: about
 #: BATCH_AHEAD * BATCH_S of work each, so a batch size measured anew reaches the queue soon.
 BATCH_AHEAD = 16
-#: Most bytes of arguments a batch carries, for calls whose arguments' size is known
-#: (`value_bytes`). A call's run in the worker does not count its argument's trip (an
-#: array arrives in shared memory and is adopted there), so calls on 1 MiB arrays measured
-#: a microsecond and went 16-46 to a batch: parcels of sizes the next batch rarely matched,
-#: written into fresh pages (1 MiB numpy in: 1.5-11 GB/s from one map to the next). Past a
-#: few MiB a unit's own trip (tens of microseconds) is a small share of its copy: eight
-#: 1 MiB calls a batch, one of 8 MiB or more (4 MiB: 3.8-5.0 GB/s; 8 MiB: 5.9-6.5; 16 MiB:
-#: 3.4-7.1, its last batches of odd sizes missing the warm parcels).
+#: Most bytes of arguments and results a batch carries, for calls whose arguments' or
+#: results' size is known (`value_bytes`). A call's run in the worker counts neither its
+#: argument's trip (an array arrives in shared memory and is adopted there) nor its
+#: result's (pickled after the batch's last call). So calls on 1 MiB arrays measured a
+#: microsecond and went 16-46 to a batch: parcels of sizes the next batch rarely matched,
+#: written into fresh pages (1 MiB numpy in: 1.5-11 GB/s from one map to the next); and
+#: calls that return 1 MiB arrays made cheaply grew batches of as many, held whole by the
+#: worker and then by the parent. Past a few MiB a unit's own trip (tens of microseconds)
+#: is a small share of its copy: eight 1 MiB calls a batch, one of 8 MiB or more (4 MiB:
+#: 3.8-5.0 GB/s; 8 MiB: 5.9-6.5; 16 MiB: 3.4-7.1, its last batches of odd sizes missing
+#: the warm parcels).
 BATCH_BYTES = 8 << 20
 
 
@@ -133,8 +136,8 @@ def batch_for(item_s: float | None, last: int, target_s: float = BATCH_S, most: 
               item_bytes: int = 0) -> int:
     """Calls per batch for calls that cost `item_s` seconds each (None: not measured
     yet: one), when the last batch held `last`: as many as run `target_s`, at least one,
-    at most `most`, BATCH_GROWTH times `last`, and BATCH_BYTES of arguments for calls
-    of `item_bytes` each (0: not known, no bound)."""
+    at most `most`, BATCH_GROWTH times `last`, and BATCH_BYTES for calls that move
+    `item_bytes` each, argument and result (0: not known, no bound)."""
     if item_s is None or item_s != item_s:  # not measured, or NaN
         return 1
     fit = int(target_s / item_s) if item_s > 0 else most
@@ -144,7 +147,7 @@ def batch_for(item_s: float | None, last: int, target_s: float = BATCH_S, most: 
 
 
 def value_bytes(value) -> int:
-    """Bytes a call's argument carries, as far as it says so cheaply: a buffer's (bytes,
+    """Bytes a call's argument (or result) carries, as far as it says so cheaply: a buffer's (bytes,
     bytearray, memoryview, a numpy array: anything with the buffer protocol) or a str's
     length, summed over a tuple's first items (a map over several iterables: one
     argument of each); 0 for anything else (not known)."""
@@ -177,13 +180,18 @@ class Batches:
         self._target_s = BATCH_S if target_s is None else target_s
         self._most = most
         self._item_s: float | None = None
-        self._item_bytes = 0
+        self._arg_bytes = self._result_bytes = 0
         self._last = 1
 
     def saw(self, value) -> None:
         """A call's argument of the map, as a chunk is made (its first): the size of the
-        next ones is taken to be its (`value_bytes`), which bounds a batch's bytes."""
-        self._item_bytes = value_bytes(value)
+        next ones is taken to be its (`value_bytes`); with the results' (`returned`), it
+        bounds a batch's bytes."""
+        self._arg_bytes = value_bytes(value)
+
+    def returned(self, value) -> None:
+        """A call's result, as a chunk comes back (its first): the size of the next ones."""
+        self._result_bytes = value_bytes(value)
 
     def ran(self, seconds: float, calls: int) -> None:
         if not calls or not seconds >= 0:  # NaN or a negative: no measure
@@ -197,7 +205,8 @@ class Batches:
         return self._item_s
 
     def size(self) -> int:
-        self._last = batch_for(self._item_s, self._last, self._target_s, self._most, self._item_bytes)
+        self._last = batch_for(self._item_s, self._last, self._target_s, self._most,
+                               self._arg_bytes + self._result_bytes)
         return self._last
 
 

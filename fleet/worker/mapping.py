@@ -255,6 +255,8 @@ def _results(role, future: Future, chunks: bool, left, batches: Batches | None =
     values, failures = chunk[0], chunk[1]
     if batches is not None and len(chunk) > 2:
         batches.ran(chunk[2], len(values))
+        if values:
+            batches.returned(values[0])  # its calls' results' size bounds the batches' bytes too
     del chunk
     return _upto_failure(role, values, failures) if failures else (hand_out(values),)
 

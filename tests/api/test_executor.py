@@ -212,6 +212,20 @@ def test_a_batching_maps_batches_of_large_arguments_hold_their_bytes_bound(ex, m
     assert after_units - units < 400  # and batched all the same
 
 
+def test_a_batching_maps_batches_of_large_results_hold_their_bytes_bound(ex, monkeypatch):
+    # Calls on arguments of no known size (numbers) that return 16 KiB arrays: the results'
+    # size, read from each chunk that comes back, bounds the next batches.
+    monkeypatch.setattr(pace, "BATCH_S", 3600.0)
+    monkeypatch.setattr(pace, "BATCH_BYTES", 64 << 10)
+    units, items = _units_and_items(ex)
+    assert sum(len(a) for a in ex.map(C.ones, [2048] * 400)) == 2048 * 400
+    after_units, after_items = _units_and_items(ex)
+    assert after_items - items == 400
+    # four a unit once the first have come back (by time alone: about 40 units in all)
+    assert after_units - units >= 400 // 4
+    assert after_units - units < 400
+
+
 def test_a_batching_maps_failed_call_raises_at_its_place(ex, monkeypatch):
     monkeypatch.setattr(pace, "BATCH_S", 3600.0)
     divisors = [1] * 2000

@@ -138,3 +138,17 @@ def test_batches_learn_the_size_of_the_maps_arguments():
         [BATCH_BYTES >> 20] * 2
     b.saw(7)  # arguments of no known size: time alone again
     assert b.size() == min(BATCH_MAX, BATCH_GROWTH * (BATCH_BYTES >> 20))
+
+
+def test_batches_learn_the_size_of_the_maps_results_and_bound_a_call_by_both():
+    from fleet.rules.pace import BATCH_BYTES
+
+    b = Batches(slots=2)
+    b.ran(1e-9, 1)
+    b.returned(b"r" * (1 << 20))  # results of 1 MiB, arguments of no known size
+    assert [b.size() for _ in range(3)] == [BATCH_GROWTH, BATCH_BYTES >> 20, BATCH_BYTES >> 20]
+    b.saw(b"a" * (1 << 20))  # and arguments of 1 MiB too: a call moves 2 MiB
+    assert b.size() == BATCH_BYTES >> 21
+    b.returned(None)
+    b.saw(3)  # neither known: time alone again
+    assert b.size() == min(BATCH_MAX, BATCH_GROWTH * (BATCH_BYTES >> 21))
