@@ -172,8 +172,9 @@ class Batches:
     payload's arrival to its last call's end (`ran(seconds, calls)`): a call's cost is
     that over its calls, smoothed over the map's chunks (`SMOOTHING`). Only the map's
     own chunks count: another map's calls of the same executor may be far shorter or
-    longer. `size()`: the next chunk's calls, one until a chunk has come back. One map
-    feeds and asks it, from the thread that takes its results."""
+    longer. `size()`: the next chunk's calls, one until a chunk has come back, and no
+    more than BATCH_BYTES of arguments and results of the sizes last seen (`saw`,
+    `returned`). One map feeds and asks it, from the thread that takes its results."""
 
     def __init__(self, slots: int, target_s: float | None = None, most: int = BATCH_MAX):
         self.slots = max(1, slots)

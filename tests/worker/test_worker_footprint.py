@@ -95,10 +95,10 @@ FAULTS = """
     if __name__ == "__main__":
         data = [os.urandom(1 << 20) for _ in range(64)]
         with fleet.Executor(max_workers=2) as ex:
-            # Four values per unit: a batch sized from the map's own timing (its default)
-            # could hold 16 MiB or more of them at once, past the heap's warmed trim
-            # threshold, and the count then depended on the timing (seen: 37-193 per value).
-            # Four are 4 MiB, within the thresholds warm_allocator sets.
+            # Four values per unit, fixed: a batch the map sizes itself follows its timing
+            # (fleet.rules.pace), and one past 16 MiB of values went past the heap's warmed
+            # trim threshold (seen: 37-193 faults per value). Four are 4 MiB, within the
+            # thresholds warm_allocator sets.
             list(ex.map(nbytes, data, chunksize=4))  # each worker's first large values: its allocator settles
             # Read from here, every worker's: a probe unit reports only the worker it ran on,
             # and which worker runs which unit is the dispatcher's choice.
