@@ -137,18 +137,23 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     return _parcelled(pickled, fleet, take=take, reserve=reserve, writer=writer, lend=lend)
 
 
-def _pickled(value, what: str) -> tuple[bytes, list, list]:
-    """`pack`'s first half: `value` pickled, what was set aside beside it (`_set_aside`)."""
+def _pickled(value, what: str) -> tuple[bytes | memoryview, list, list]:
+    """`pack`'s first half: `value` pickled, what was set aside beside it (`_set_aside`).
+    The pickle may be a view of this thread's staging buffer (`_Staging`), valid until
+    the thread's next pickle: `_inline` and `_parcelled` take it at once."""
     if type(value) in _ATOMS:  # nothing in it to set aside, nothing that fails to pickle
         return pickle.dumps(value, protocol=5), (), ()
-    return _set_aside(value, what)
+    return _set_aside(value, what, True)
 
 
 def _inline(pickled: tuple, inline_max: int) -> bytes | None:
     """The pickle as a ring message's body, when nothing was set aside and it is at most
-    `inline_max` bytes; else None (it travels in a parcel: `_parcelled`)."""
+    `inline_max` bytes; else None (it travels in a parcel: `_parcelled`). A body of its
+    own: a pickle made in the staging buffer is copied out of it (the unit keeps its body)."""
     data, aside, blobs = pickled
-    return data if not aside and not blobs and len(data) <= inline_max else None
+    if aside or blobs or len(data) > inline_max:
+        return None
+    return data if type(data) is bytes else bytes(data)
 
 
 def _parcelled(pickled: tuple, fleet: str, *, take: bool, reserve, writer, lend: bool) -> tuple[bytes, str]:
@@ -171,11 +176,14 @@ def _parcelled(pickled: tuple, fleet: str, *, take: bool, reserve, writer, lend:
 _ATOMS = frozenset((type(None), bool, int, float, complex, str))
 
 
-def _set_aside(value, what: str) -> tuple[bytes, list, list]:
+def _set_aside(value, what: str, staged: bool = False) -> tuple[bytes | memoryview, list, list]:
     """`value` pickled with protocol 5 under the guard, with each buffer of OOB_MIN bytes or
     more set aside out of band and each `bytes` that large found in its first levels set
     aside as a blob: (the pickle, the buffers as views of their memory, the blobs). Nothing
-    set aside is copied."""
+    set aside is copied. ``staged``: the pickle may be made in this thread's staging
+    buffer (`_Staging`: after a pickle of STAGE_MIN bytes or more), and is then a view of
+    it, valid until the thread's next staged pickle."""
+    global _stage_next
     aside: list = []
     blobs: list = []
 
@@ -186,10 +194,16 @@ def _set_aside(value, what: str) -> tuple[bytes, list, list]:
         aside.append(buf.raw())  # bytes, in C or Fortran order alike
         return False
 
-    if _holds_blob(value):
+    if staged and _stage_next:
+        data = _guarded(_dump_staged, (value, inline, blobs if _holds_blob(value) else None), what, None)
+        if len(data) < STAGE_MIN:
+            _stage_next = False  # small again: pickle.dumps is cheaper for small pickles
+    elif _holds_blob(value):
         data = _guarded(lambda v: _dump_with_blobs(v, inline, blobs), value, what, None)
     else:
         data = _guarded(_dump_with_aside, (value, inline), what, None)
+    if staged and len(data) >= STAGE_MIN:
+        _stage_next = True
     return data, aside, blobs
 
 
@@ -220,6 +234,100 @@ def _dump_with_blobs(value, inline, blobs: list) -> bytes:
     out = io.BytesIO()
     _BlobPickler(out, inline, blobs).dump(value)
     return out.getvalue()
+
+
+#: A pickle of at least this many bytes made by `_pickled` sends the next ones through their
+#: thread's staging buffer (`_Staging`), until one comes out smaller. Such pickles travel
+#: in a parcel (beside the ring, from INLINE_MAX), so each is copied once more anyway;
+#: made by pickle.dumps, each is a fresh block of memory as large, which glibc's malloc
+#: maps (and the kernel zeroes, page by page, as the pickle is written) and unmaps again
+#: for most sizes: a map over 64 KiB `bytes` (batches of 8 MiB) faulted in every byte it
+#: moved in the parent (17k faults a round of 62.5 MiB), and ran at 0.75-1.0 GB/s in
+#: most rounds, 3.1-3.4 in the others. The staging buffer's pages stay.
+STAGE_MIN = INLINE_MAX
+#: Most bytes the staging buffers of all this process's threads hold between pickles: a
+#: buffer is let go once its pickle is taken while they hold more (one outsized payload,
+#: or many threads pickling large values, does not stay resident). Twice a batching map's
+#: most bytes (pace.BATCH_BYTES).
+STAGE_KEEP = 16 << 20
+#: Whether the next pickle `_pickled` makes is staged (any thread's last one was large). A
+#: hint: a race costs at most one pickle made the other way.
+_stage_next = False
+_stages = threading.local()
+_stage_lock = threading.Lock()
+_stage_held = 0  # bytes of the staging buffers alive, every thread's
+
+
+class _Staging:
+    """A thread's pickling buffer, a file for pickle.Pickler: the pickle's frames and its
+    large in-band objects are copied in as pickle writes them, into pages that stay from
+    one pickle to the next (up to STAGE_KEEP bytes). `taken()` gives the pickle as a view
+    of the buffer, valid until this thread's next staged pickle; one pickled while another
+    is being made on the thread (a `__reduce__` that submits) is made by pickle.dumps."""
+
+    __slots__ = ("buf", "mem", "end", "busy")
+
+    def __init__(self, size: int = STAGE_MIN):
+        self.buf = bytearray(size)
+        self.mem = memoryview(self.buf)
+        self.end = 0
+        self.busy = False
+        _count_staged(size)
+
+    def __del__(self):  # its thread ended, or it was let go
+        _count_staged(-len(self.buf))
+
+    def write(self, data) -> int:
+        view = data.raw() if type(data) is pickle.PickleBuffer else memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        n = view.nbytes
+        end = self.end + n
+        if end > len(self.buf):
+            self._grow(end)
+        self.mem[self.end:end] = view
+        self.end = end
+        return n
+
+    def _grow(self, need: int) -> None:
+        buf = bytearray(max(need, 2 * len(self.buf)))
+        buf[: self.end] = self.mem[: self.end]
+        _count_staged(len(buf) - len(self.buf))
+        self.buf, self.mem = buf, memoryview(buf)
+
+    def taken(self) -> memoryview:
+        data = self.mem[: self.end]
+        self.end = 0
+        if _stage_held > STAGE_KEEP:
+            _stages.staging = None  # the view keeps its bytes alive while they are read
+        return data
+
+
+def _count_staged(n: int) -> None:
+    global _stage_held
+    with _stage_lock:
+        _stage_held += n
+
+
+def _dump_staged(args: tuple):
+    """`_set_aside`'s pickling into this thread's staging buffer (``args``: the value, the
+    buffer callback, the blobs' list or None when no large `bytes` is in the value)."""
+    value, inline, blobs = args
+    stage = getattr(_stages, "staging", None)
+    if stage is None:
+        stage = _stages.staging = _Staging()
+    elif stage.busy:  # a pickle within a pickle, on this thread
+        return _dump_with_aside((value, inline)) if blobs is None else _dump_with_blobs(value, inline, blobs)
+    stage.busy = True
+    try:
+        if blobs is None:
+            pickle.Pickler(stage, protocol=5, buffer_callback=inline).dump(value)
+        else:
+            _BlobPickler(stage, inline, blobs).dump(value)
+        return stage.taken()
+    finally:
+        stage.end = 0
+        stage.busy = False
 
 
 class _BlobUnpickler(pickle.Unpickler):

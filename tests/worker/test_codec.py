@@ -420,6 +420,164 @@ def test_a_map_chunks_large_bytes_are_set_aside_too(fleet_name):
     assert parcels.count(fleet_name) == 0
 
 
+# --- the staging buffer: large pickles made in pages that stay ------------------------------
+@pytest.fixture
+def staging(monkeypatch):
+    """`codec`'s staging state as a fresh process has it, on every thread this test runs."""
+    monkeypatch.setattr(codec, "_stage_next", False)
+    monkeypatch.setattr(codec, "_stages", threading.local())
+    return codec
+
+
+def _medium(tag: int, n: int = 20) -> list:
+    """A value whose pickle passes STAGE_MIN in band: `n` bytes of 64 KiB (below OOB_MIN)."""
+    return [bytes([tag % 251, i]) * (32 << 10) for i in range(n)]
+
+
+def test_after_a_large_pickle_the_next_are_made_in_a_staging_buffer_and_each_travels_intact(fleet_name, staging):
+    from fleet.shm import parcels
+
+    first = _medium(1)
+    assert len(pickle.dumps(first, protocol=5)) >= staging.STAGE_MIN
+    bodies = [codec.pack(first, "the result", fleet_name, take=True)[0]]
+    assert staging._stage_next and getattr(staging._stages, "staging", None) is None  # made by pickle.dumps
+    values = [first, _medium(2), _medium(3, 40)]
+    for value in values[1:]:
+        bodies.append(codec.pack(value, "the result", fleet_name, take=True)[0])
+    stage = staging._stages.staging
+    assert stage is not None and len(stage.buf) >= len(pickle.dumps(values[2], protocol=5))
+    # each parcel holds its own pickle: the buffer written again did not change the ones before
+    assert [codec.loads(b, "the result") for b in bodies] == values
+    # a small one after them, staged too: its body is its own bytes, and it ends the staging
+    small = codec.pack(["s"] * 10, "the result", fleet_name, take=True)[0]
+    assert type(small) is bytes and not staging._stage_next
+    codec.pack(_medium(4), "the result", fleet_name, take=True)  # by pickle.dumps: staging again from here
+    big = codec.pack(_medium(5), "the result", fleet_name, take=True)[0]  # staged: the buffer written again
+    assert codec.loads(small, "the result") == ["s"] * 10 and codec.loads(big, "the result") == _medium(5)
+    parcels.sweep(fleet_name)
+
+
+def test_a_staged_task_goes_inline_or_beside_the_ring_as_any_other(fleet_name, staging):
+    from fleet.shm import parcels
+
+    staging._stage_next = True
+    body, parcel, size = codec.pack_task("r", _medium(6), None, None, None, pickled_payload=None, limit=None,
+                                         fleet=fleet_name)
+    assert parcel is not None and size > staging.STAGE_MIN
+    assert codec.loads(body, "the payload", "in the worker")[0] == _medium(6)
+    inline = codec.pack_task("r", _medium(7, 2), None, None, None, pickled_payload=None, limit=None,
+                             fleet=fleet_name)
+    assert inline[1] is None and type(inline[0]) is bytes
+    assert codec.loads(inline[0], "the payload", "in the worker")[0] == _medium(7, 2)
+    parcels.remove(parcel)
+
+
+def test_staged_pickles_on_threads_and_within_a_pickle_each_travel_intact(fleet_name, staging):
+    from fleet.shm import parcels
+
+    class Submits:
+        """Packs a large value of its own while it is being pickled (a `__reduce__` that submits)."""
+
+        inner = []
+
+        def __reduce__(self):
+            Submits.inner.append(codec.pack(_medium(99), "the result", fleet_name, take=True)[0])
+            return (list, ((1, 2),))
+
+    staging._stage_next = True
+    outer = codec.pack([*_medium(8), Submits()], "the result", fleet_name, take=True)[0]
+    assert codec.loads(outer, "the result") == [*_medium(8), [1, 2]]
+    assert codec.loads(Submits.inner[0], "the result") == _medium(99)
+
+    got, errors = {}, []
+
+    def packs(k: int) -> None:
+        try:
+            staging._stage_next = True
+            got[k] = [codec.pack(_medium(10 * k + i), "the result", fleet_name, take=True)[0] for i in range(4)]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=packs, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for k, bodies in got.items():
+        assert [codec.loads(b, "the result") for b in bodies] == [_medium(10 * k + i) for i in range(4)]
+    parcels.sweep(fleet_name)
+
+
+def test_a_staged_pickle_that_fails_leaves_the_buffer_ready_for_the_next(fleet_name, staging):
+    staging._stage_next = True
+    with pytest.raises(codec.CodecError, match="the result cannot be pickled"):
+        codec.pack([*_medium(11), lambda: 0], "the result", fleet_name, take=True)
+    stage = staging._stages.staging
+    assert not stage.busy and stage.end == 0
+    body = codec.pack(_medium(12), "the result", fleet_name, take=True)[0]
+    assert codec.loads(body, "the result") == _medium(12)
+
+
+def test_staging_buffers_past_their_keep_are_let_go(fleet_name, staging, monkeypatch):
+    monkeypatch.setattr(codec, "STAGE_KEEP", 2 << 20)
+    held = codec._stage_held
+    staging._stage_next = True
+    body = codec.pack(_medium(13, 60), "the result", fleet_name, take=True)[0]  # ~3.75 MiB
+    assert getattr(staging._stages, "staging", "unset") is None and codec._stage_held == held
+    assert codec.loads(body, "the result") == _medium(13, 60)
+    body = codec.pack(_medium(14), "the result", fleet_name, take=True)[0]
+    assert len(staging._stages.staging.buf) <= 2 << 20 and codec.loads(body, "the result") == _medium(14)
+    kept = codec._stage_held - held
+    assert 0 < kept <= 2 << 20
+    # the keep is every thread's together: another thread's buffer is let go while this one's stays
+    bodies, let_go = [], []
+
+    def packs() -> None:
+        bodies.append(codec.pack(_medium(15), "the result", fleet_name, take=True)[0])
+        let_go.append(getattr(codec._stages, "staging", "unset") is None)  # before its thread ends
+
+    for _ in range(2):
+        thread = threading.Thread(target=packs)
+        thread.start()
+        thread.join()
+    assert let_go == [True, True] and codec._stage_held - held == kept
+    assert [codec.loads(b, "the result") for b in bodies] == [_medium(15)] * 2
+    staging._stages = threading.local()  # this thread's buffer let go: its bytes are counted off
+    import gc
+
+    gc.collect()
+    assert codec._stage_held == held
+
+
+class _FortranBuffer:
+    """Pickles as a PickleBuffer over a Fortran-ordered array (as a library may hand one out)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __reduce_ex__(self, protocol):
+        return (bytes, (pickle.PickleBuffer(self.array),))
+
+
+def test_in_band_arrays_of_any_layout_are_staged_as_pickle_writes_them(fleet_name, staging):
+    import numpy as np
+
+    # 128 KiB each: past pickle's frame (64 KiB), so written to the buffer as they are (a
+    # PickleBuffer, in their own layout), below OOB_MIN, so in band
+    arrays = [np.arange(1 << 14, dtype=np.float64).reshape(128, 128) + i for i in range(12)]
+    arrays += [np.asfortranarray(a) for a in arrays[:4]] + [np.arange(1000, dtype=np.int16)]
+    staging._stage_next = True
+    body = codec.pack(arrays, "the result", fleet_name, take=True)[0]
+    assert staging._stages.staging is not None
+    back = codec.loads(body, "the result")
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype and a.flags.f_contiguous == b.flags.f_contiguous
+               for a, b in zip(arrays, back)) and len(back) == len(arrays)
+    fortran = np.asfortranarray(arrays[0])
+    body = codec.pack([_FortranBuffer(fortran)] * 12, "the result", fleet_name, take=True)[0]
+    assert codec.loads(body, "the result") == [fortran.tobytes(order="A")] * 12
+
+
 def test_lending_unmaps_a_task_parcel_at_the_end_and_makes_one_still_used_its_own(fleet_name):
     import numpy as np
     from fleet.shm import parcels
