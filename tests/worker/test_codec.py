@@ -683,10 +683,12 @@ def _values():
 
     leaves = st.one_of(st.binary(max_size=6), st.integers(), st.text(max_size=3), st.none(),
                        st.binary(max_size=6).map(_Bytes), st.binary(max_size=6).map(codec._Pickled))
-    return st.recursive(leaves, lambda kids: st.one_of(
-        st.lists(kids, max_size=4), st.lists(kids, max_size=4).map(tuple),
-        st.dictionaries(st.text(max_size=2), kids, max_size=4),
-        st.lists(kids, max_size=4).map(lambda items: Calls(len, items))), max_leaves=12)
+    def containers(kids):
+        lists = st.lists(kids, max_size=4)
+        return st.one_of(lists, lists.map(tuple), st.dictionaries(st.text(max_size=2), kids, max_size=4),
+                         lists.map(lambda items: Calls(len, items)))
+
+    return st.recursive(leaves, containers, max_leaves=12)
 
 
 def test_the_blob_scan_finds_large_bytes_exactly_where_its_rule_says():
