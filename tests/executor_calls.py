@@ -100,6 +100,10 @@ def box(x):
     return Box(x)
 
 
+def same(x):
+    return x
+
+
 def leak(_=None):
     """tests.handlers.leak for an executor: (pid, resident MiB after the call)."""
     from tests.handlers import leak as leak_

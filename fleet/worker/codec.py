@@ -275,7 +275,10 @@ class _Staging:
         _count_staged(size)
 
     def __del__(self):  # its thread ended, or it was let go
-        _count_staged(-len(self.buf))
+        try:
+            _count_staged(-len(self.buf))
+        except (TypeError, AttributeError):  # the interpreter's exit cleared this module first
+            pass
 
     def write(self, data) -> int:
         view = data.raw() if type(data) is pickle.PickleBuffer else memoryview(data)

@@ -226,6 +226,20 @@ def test_a_batching_maps_batches_of_large_results_hold_their_bytes_bound(ex, mon
     assert after_units - units < 400
 
 
+def test_batches_of_medium_bytes_travel_through_staging_buffers_intact(ex, monkeypatch):
+    # 64 KiB `bytes` stay in their batch's pickle (below OOB_MIN): batches of 8 MiB go and
+    # come back beside the rings, their pickles made in the staging buffers of this process
+    # and of the workers (fleet.worker.codec._Staging), each written again batch after batch.
+    from fleet.worker import codec
+
+    monkeypatch.setattr(pace, "BATCH_S", 3600.0)
+    items = [bytes([i % 251, i // 251]) * (32 << 10) for i in range(600)]
+    assert list(ex.map(C.same, items)) == items
+    assert list(ex.map(C.same, items[::-1])) == items[::-1]
+    assert getattr(codec._stages, "staging", None) is not None  # this thread's, kept for the next
+    assert 0 < codec._stage_held <= codec.STAGE_KEEP
+
+
 def test_a_batching_maps_failed_call_raises_at_its_place(ex, monkeypatch):
     monkeypatch.setattr(pace, "BATCH_S", 3600.0)
     divisors = [1] * 2000
