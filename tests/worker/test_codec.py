@@ -423,10 +423,16 @@ def test_a_map_chunks_large_bytes_are_set_aside_too(fleet_name):
 # --- the staging buffer: large pickles made in pages that stay ------------------------------
 @pytest.fixture
 def staging(monkeypatch):
-    """`codec`'s staging state as a fresh process has it, on every thread this test runs."""
+    """`codec`'s staging state as a fresh process has it, on every thread this test runs
+    (whatever buffers the tests before it left in this process)."""
+    import gc
+
     monkeypatch.setattr(codec, "_stage_next", False)
     monkeypatch.setattr(codec, "_stages", threading.local())
-    return codec
+    monkeypatch.setattr(codec, "_stage_held", 0)
+    yield codec
+    codec._stages = threading.local()  # this test's buffers let go, counted off before the state goes back
+    gc.collect()
 
 
 def _medium(tag: int, n: int = 20) -> list:
