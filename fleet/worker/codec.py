@@ -196,14 +196,15 @@ def _set_aside(value, what: str, staged: bool = False) -> tuple[bytes | memoryvi
 
     if staged and _stage_next:
         data = _guarded(_dump_staged, (value, inline, blobs if _holds_blob(value) else None), what, None)
-        if len(data) < STAGE_MIN:
-            _stage_next = False  # small again: pickle.dumps is cheaper for small pickles
     elif _holds_blob(value):
         data = _guarded(lambda v: _dump_with_blobs(v, inline, blobs), value, what, None)
     else:
         data = _guarded(_dump_with_aside, (value, inline), what, None)
-    if staged and len(data) >= STAGE_MIN:
-        _stage_next = True
+    if staged:
+        # Staged from here while pickles come this large: not smaller ones (pickle.dumps is
+        # cheaper for those), nor larger than the buffers keep (a buffer grown past it is
+        # copied as it grows, and let go; pickle.dumps grows its block in place)
+        _stage_next = STAGE_MIN <= len(data) <= STAGE_KEEP
     return data, aside, blobs
 
 
@@ -236,14 +237,15 @@ def _dump_with_blobs(value, inline, blobs: list) -> bytes:
     return out.getvalue()
 
 
-#: A pickle of at least this many bytes made by `_pickled` sends the next ones through their
-#: thread's staging buffer (`_Staging`), until one comes out smaller. Such pickles travel
-#: in a parcel (beside the ring, from INLINE_MAX), so each is copied once more anyway;
-#: made by pickle.dumps, each is a fresh block of memory as large, which glibc's malloc
-#: maps (and the kernel zeroes, page by page, as the pickle is written) and unmaps again
-#: for most sizes: a map over 64 KiB `bytes` (batches of 8 MiB) faulted in every byte it
-#: moved in the parent (17k faults a round of 62.5 MiB), and ran at 0.75-1.0 GB/s in
-#: most rounds, 3.1-3.4 in the others. The staging buffer's pages stay.
+#: A pickle of at least this many bytes (and at most STAGE_KEEP) made by `_pickled` sends
+#: the next ones through their thread's staging buffer (`_Staging`), until one comes out
+#: smaller or larger. Such pickles travel in a parcel (beside the ring, from INLINE_MAX),
+#: so each is copied once more anyway; made by pickle.dumps, each is a fresh block of
+#: memory as large, which glibc's malloc maps (and the kernel zeroes, page by page, as the
+#: pickle is written) and unmaps again for most sizes: a map over 64 KiB `bytes` (batches
+#: of 8 MiB) faulted in every byte it moved in the parent (17k faults a round of 62.5
+#: MiB), and ran at 0.75-1.0 GB/s in most rounds, 3.1-3.4 in the others. The staging
+#: buffer's pages stay.
 STAGE_MIN = INLINE_MAX
 #: Most bytes the staging buffers of all this process's threads hold between pickles: a
 #: buffer is let go once its pickle is taken while they hold more (one outsized payload,

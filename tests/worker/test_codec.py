@@ -532,6 +532,11 @@ def test_staging_buffers_past_their_keep_are_let_go(fleet_name, staging, monkeyp
     body = codec.pack(_medium(13, 60), "the result", fleet_name, take=True)[0]  # ~3.75 MiB
     assert getattr(staging._stages, "staging", "unset") is None and codec._stage_held == held
     assert codec.loads(body, "the result") == _medium(13, 60)
+    # and pickles that large are made by pickle.dumps from here (it grows its block in place)
+    assert not staging._stage_next
+    codec.pack(_medium(13, 60), "the result", fleet_name, take=True)
+    assert getattr(staging._stages, "staging", "unset") is None and not staging._stage_next
+    staging._stage_next = True
     body = codec.pack(_medium(14), "the result", fleet_name, take=True)[0]
     assert len(staging._stages.staging.buf) <= 2 << 20 and codec.loads(body, "the result") == _medium(14)
     kept = codec._stage_held - held
