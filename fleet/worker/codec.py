@@ -256,31 +256,28 @@ STAGE_KEEP = 16 << 20
 #: hint: a race costs at most one pickle made the other way.
 _stage_next = False
 _stages = threading.local()
-_stage_lock = threading.Lock()
-_stage_held = 0  # bytes of the staging buffers alive, every thread's
+#: Every thread's staging buffer alive (one whose thread ended, or that was let go, leaves).
+_stagings: weakref.WeakSet = weakref.WeakSet()
+_stage_lock = threading.Lock()  # over `_stagings`: threads add to it and read it
 
 
 class _Staging:
     """A thread's pickling buffer, a file for pickle.Pickler: the pickle's frames and its
     large in-band objects are copied in as pickle writes them, into pages that stay from
-    one pickle to the next (up to STAGE_KEEP bytes). `taken()` gives the pickle as a view
-    of the buffer, valid until this thread's next staged pickle; one pickled while another
-    is being made on the thread (a `__reduce__` that submits) is made by pickle.dumps."""
+    one pickle to the next (STAGE_KEEP bytes for all threads together). `taken()` gives
+    the pickle as a view of the buffer, valid until this thread's next staged pickle; one
+    pickled while another is being made on the thread (a `__reduce__` that submits) is
+    made by pickle.dumps."""
 
-    __slots__ = ("buf", "mem", "end", "busy")
+    __slots__ = ("buf", "mem", "end", "busy", "__weakref__")
 
     def __init__(self, size: int = STAGE_MIN):
         self.buf = bytearray(size)
         self.mem = memoryview(self.buf)
         self.end = 0
         self.busy = False
-        _count_staged(size)
-
-    def __del__(self):  # its thread ended, or it was let go
-        try:
-            _count_staged(-len(self.buf))
-        except (TypeError, AttributeError):  # the interpreter's exit cleared this module first
-            pass
+        with _stage_lock:
+            _stagings.add(self)
 
     def write(self, data) -> int:
         view = data.raw() if type(data) is pickle.PickleBuffer else memoryview(data)
@@ -297,21 +294,19 @@ class _Staging:
     def _grow(self, need: int) -> None:
         buf = bytearray(max(need, 2 * len(self.buf)))
         buf[: self.end] = self.mem[: self.end]
-        _count_staged(len(buf) - len(self.buf))
         self.buf, self.mem = buf, memoryview(buf)
 
     def taken(self) -> memoryview:
         data = self.mem[: self.end]
-        self.end = 0
-        if _stage_held > STAGE_KEEP:
+        if staged_bytes() > STAGE_KEEP:
             _stages.staging = None  # the view keeps its bytes alive while they are read
         return data
 
 
-def _count_staged(n: int) -> None:
-    global _stage_held
+def staged_bytes() -> int:
+    """Bytes the staging buffers of this process's threads hold now."""
     with _stage_lock:
-        _stage_held += n
+        return sum(len(stage.buf) for stage in _stagings)
 
 
 def _dump_staged(args: tuple):

@@ -237,7 +237,7 @@ def test_batches_of_medium_bytes_travel_through_staging_buffers_intact(ex, monke
     assert list(ex.map(C.same, items)) == items
     assert list(ex.map(C.same, items[::-1])) == items[::-1]
     assert getattr(codec._stages, "staging", None) is not None  # this thread's, kept for the next
-    assert 0 < codec._stage_held <= codec.STAGE_KEEP
+    assert 0 < codec.staged_bytes() <= codec.STAGE_KEEP
 
 
 def test_a_batching_maps_failed_call_raises_at_its_place(ex, monkeypatch):

@@ -10,6 +10,7 @@ import pickletools
 import subprocess
 import sys
 import threading
+import weakref
 
 import pytest
 
@@ -429,7 +430,7 @@ def staging(monkeypatch):
 
     monkeypatch.setattr(codec, "_stage_next", False)
     monkeypatch.setattr(codec, "_stages", threading.local())
-    monkeypatch.setattr(codec, "_stage_held", 0)
+    monkeypatch.setattr(codec, "_stagings", weakref.WeakSet())
     yield codec
     codec._stages = threading.local()  # this test's buffers let go, counted off before the state goes back
     gc.collect()
@@ -527,10 +528,10 @@ def test_a_staged_pickle_that_fails_leaves_the_buffer_ready_for_the_next(fleet_n
 
 def test_staging_buffers_past_their_keep_are_let_go(fleet_name, staging, monkeypatch):
     monkeypatch.setattr(codec, "STAGE_KEEP", 2 << 20)
-    held = codec._stage_held
+    held = codec.staged_bytes()
     staging._stage_next = True
     body = codec.pack(_medium(13, 60), "the result", fleet_name, take=True)[0]  # ~3.75 MiB
-    assert getattr(staging._stages, "staging", "unset") is None and codec._stage_held == held
+    assert getattr(staging._stages, "staging", "unset") is None and codec.staged_bytes() == held
     assert codec.loads(body, "the result") == _medium(13, 60)
     # and pickles that large are made by pickle.dumps from here (it grows its block in place)
     assert not staging._stage_next
@@ -539,7 +540,7 @@ def test_staging_buffers_past_their_keep_are_let_go(fleet_name, staging, monkeyp
     staging._stage_next = True
     body = codec.pack(_medium(14), "the result", fleet_name, take=True)[0]
     assert len(staging._stages.staging.buf) <= 2 << 20 and codec.loads(body, "the result") == _medium(14)
-    kept = codec._stage_held - held
+    kept = codec.staged_bytes() - held
     assert 0 < kept <= 2 << 20
     # the keep is every thread's together: another thread's buffer is let go while this one's stays
     bodies, let_go = [], []
@@ -552,13 +553,13 @@ def test_staging_buffers_past_their_keep_are_let_go(fleet_name, staging, monkeyp
         thread = threading.Thread(target=packs)
         thread.start()
         thread.join()
-    assert let_go == [True, True] and codec._stage_held - held == kept
+    assert let_go == [True, True] and codec.staged_bytes() - held == kept
     assert [codec.loads(b, "the result") for b in bodies] == [_medium(15)] * 2
     staging._stages = threading.local()  # this thread's buffer let go: its bytes are counted off
     import gc
 
     gc.collect()
-    assert codec._stage_held == held
+    assert codec.staged_bytes() == held
 
 
 class _FortranBuffer:
