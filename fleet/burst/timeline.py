@@ -184,7 +184,12 @@ def _time_axis(ax, report, drawn, *, utc, ticks) -> None:
     if not utc:
         ax.set_xlabel("trace seconds")
         return
-    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=ticks, tz=mdates.UTC))
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=ticks, tz=mdates.UTC)
+    # A span of two or three minutes has too many seconds for its steps of up to 30 s and
+    # too few minutes for its minute steps: matplotlib warned on stderr, as it fell back
+    # to 30 s (the README's first replay, at speed 60). Whole minutes, counted in seconds:
+    locator.intervald[mdates.SECONDLY] = [*locator.intervald[mdates.SECONDLY], 60, 120]
+    ax.xaxis.set_major_locator(locator)
     span = max([t for series, _ in drawn for xs, _ys in series.values() for t in xs] or [report["horizon_s"]])
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%SZ" if span < 3 * 3600 else "%H:%MZ", tz=mdates.UTC))
     if span >= 6 * 3600:

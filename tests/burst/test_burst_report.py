@@ -233,6 +233,30 @@ def test_time_is_utc_and_the_closure_is_readable(fig):
     assert "UTC" in fig.axes[-1].get_xlabel()
 
 
+@pytest.mark.parametrize("span_s", [20, 84, 138, 170, 600, 3000, 20000, 86400])
+def test_a_time_axis_of_any_span_gets_utc_ticks_without_a_warning(span_s):
+    # The README's first replay (speed 60) spans ~1.4-2.3 minutes: matplotlib's date
+    # locator found no interval for it and warned on the newcomer's terminal.
+    import warnings
+    from datetime import datetime, timezone
+
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    f, ax = plt.subplots(figsize=(9, 3))
+    try:
+        ax.plot([mdates.date2num(datetime.fromtimestamp(START + t, timezone.utc)) for t in (0, span_s)], [0, 1])
+        T._time_axis(ax, {"start": START, "horizon_s": float(span_s)}, [({"m@p": ([0, span_s], [0, 1])}, {})],
+                     utc=True, ticks=6)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            f.canvas.draw()
+        ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        assert 2 <= len(ticks) <= 7 and all(t.endswith("Z") for t in ticks), ticks
+    finally:
+        plt.close(f)
+
+
 def test_the_legend_is_off_the_data(fig):
     assert all(ax.get_legend() is None for ax in fig.axes)
     (legend,) = fig.legends
