@@ -194,7 +194,7 @@ def _set_aside(value, what: str, staged: bool = False) -> tuple[bytes | memoryvi
         aside.append(buf.raw())  # bytes, in C or Fortran order alike
         return False
 
-    if staged and _stage_next:
+    if staged and _stage_next and _stage_free():
         data = _guarded(_dump_staged, (value, inline, blobs if _holds_blob(value) else None), what, None)
     elif _holds_blob(value):
         data = _guarded(lambda v: _dump_with_blobs(v, inline, blobs), value, what, None)
@@ -309,15 +309,21 @@ def staged_bytes() -> int:
         return sum(len(stage.buf) for stage in _stagings)
 
 
+def _stage_free() -> bool:
+    """Whether this thread's staging buffer may take a pickle: not while another is being
+    made into it (a pickle within a pickle, on this thread: made by pickle.dumps)."""
+    stage = getattr(_stages, "staging", None)
+    return stage is None or not stage.busy
+
+
 def _dump_staged(args: tuple):
-    """`_set_aside`'s pickling into this thread's staging buffer (``args``: the value, the
-    buffer callback, the blobs' list or None when no large `bytes` is in the value)."""
+    """`_set_aside`'s pickling into this thread's staging buffer, which is free
+    (`_stage_free`) (``args``: the value, the buffer callback, the blobs' list or None
+    when no large `bytes` is in the value)."""
     value, inline, blobs = args
     stage = getattr(_stages, "staging", None)
     if stage is None:
         stage = _stages.staging = _Staging()
-    elif stage.busy:  # a pickle within a pickle, on this thread
-        return _dump_with_aside((value, inline)) if blobs is None else _dump_with_blobs(value, inline, blobs)
     stage.busy = True
     try:
         if blobs is None:
