@@ -5,12 +5,13 @@ outcomes are recorded (the solved ones in one ledger call) and the slots they fr
 granted and sent at once, before the next slice is read. Counters are published once
 per pass, before the futures they count resolve (at the end of the turn).
 
-A plain unit's solved result (`LoopUnit.plain`: no gate ever saw it) takes the batch
-path when no watch, arrival log or run observer listens (`take`): a slice's plain solved
-units are checked and their slots completed in one pass, their outcomes recorded in one
-books call (`Books.close_solved`) and their run times paced in one call per role; any
-other message of the slice, and every message of another unit, takes the path of one
-message (`_take_message`). Both keep the same checks; `batched` counts the batch path's.
+A plain unit's solved result (`LoopUnit.plain`: no gate ever saw it; a unit's value, or
+a map chunk's values when every item solved) takes the batch path when no watch, arrival
+log or run observer listens (`take`): a slice's plain solved units are checked and their
+slots completed in one pass, their outcomes recorded in one books call
+(`Books.close_solved`) and their run times paced in one call per role; any other message
+of the slice, and every message of another unit, takes the path of one message
+(`_take_message`). Both keep the same checks; `batched` counts the batch path's.
 
 A result is taken only from the seat its unit was sent to, for the slot it was granted,
 while the unit is owed: anything else (a duplicate, a unit already ended or never
@@ -33,6 +34,8 @@ from fleet.worker import codec
 
 #: Statuses of units that never ran: their elapsed time says nothing of the role's run time.
 _UNRUN = frozenset((M.ST_START_REFUSED, M.ST_HELD_AT_CLOSE, M.ST_COMPLETION_REFUSED))
+#: Statuses of a solved result (`codec.SOLVED_BODIES`): a plain unit's take the batch path.
+_SOLVED_STATUSES = frozenset(codec.SOLVED_BODIES)
 #: Results handled before the units they free are granted, sent and delivered. Units
 #: that end together (an I/O role's timers fire in batches) would otherwise wait for the
 #: whole batch: the last one's successor would start only after every other's had.
@@ -117,16 +120,16 @@ class Results:
         Anything else goes through `_take_message`, in its place."""
         get, slot_of, complete = self._books.get, self._dispatcher.slot_of, self._dispatcher.complete
         seat_of, outcome_of, relay = self._seats.slot_seats, codec.solved_outcome, self._relay
-        unpack, head = M.RESULT_HEAD.unpack_from, M.RESULT_HEAD.size
+        unpack, head, solved_statuses = M.RESULT_HEAD.unpack_from, M.RESULT_HEAD.size, _SOLVED_STATUSES
         ended: list = []  # (unit, value, run time), in the order their results came
         try:
             for tag, view in batch:
                 if tag == M.RESULT and len(view) >= head:
                     unit_id, slot, status, final, elapsed, cost, cpu = unpack(view)
-                    if status == M.ST_SOLVED:
+                    if status in solved_statuses:
                         unit = get(unit_id)
                         if unit is not None and unit.plain and slot_of(unit_id) == slot and seat_of[slot] == seat:
-                            outcome, value, original = outcome_of(view[head:], relay)
+                            outcome, value, original = outcome_of(status, view[head:], relay)
                             complete(unit_id, final)
                             if outcome.kind == SOLVED:
                                 ended.append((unit, value, elapsed))

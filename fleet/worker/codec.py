@@ -904,15 +904,21 @@ def result_outcome(status: int, body, relay: bool = False):
         return _result_error(exc)
 
 
-def solved_outcome(body, relay: bool = False):
-    """`result_outcome` of a solved result (ST_SOLVED), the loop's most common call: a
-    value pickled in the ring is unpickled under the guard with no frame between (the
-    loop takes each unit's result in Python: three frames fewer a unit). A parcel, or a
-    value relayed to fleetd's client, takes `result_outcome`'s path."""
+#: What a solved result's body holds, by its status: a unit's value, or a chunk's values
+#: (every item solved). The statuses `solved_outcome` decodes, and the names its errors give.
+SOLVED_BODIES = {M.ST_SOLVED: "the result", M.ST_CHUNK: "the chunk's results"}
+
+
+def solved_outcome(status: int, body, relay: bool = False):
+    """`result_outcome` of a solved result (a status of `SOLVED_BODIES`: a unit's, or a
+    chunk's whose every item solved), the loop's most common call: a value pickled in the
+    ring is unpickled under the guard with no frame between (the loop takes each unit's
+    result in Python: three frames fewer a unit). A parcel, or a value relayed to fleetd's
+    client, takes `result_outcome`'s path."""
     if relay or not len(body) or body[0] == PARCEL:
-        return result_outcome(M.ST_SOLVED, body, relay)
+        return result_outcome(status, body, relay)
     try:
-        return _SOLVED, _guarded(pickle.loads, body, "the result", "here"), None
+        return _SOLVED, _guarded(pickle.loads, body, SOLVED_BODIES[status], "here"), None
     except CodecError as exc:
         return _result_error(exc)
 
@@ -932,9 +938,11 @@ _CHUNK_OUTCOMES = {
 
 def _outcome(status: int, body, relay: bool):
     if status == M.ST_SOLVED:
-        return _SOLVED, (_relayed(body, "the result") if relay else loads(body, "the result")), None
+        what = SOLVED_BODIES[status]
+        return _SOLVED, (_relayed(body, what) if relay else loads(body, what)), None
     if status in _CHUNK_OUTCOMES:
-        chunk = _relayed(body, "the chunk's results") if relay else loads(body, "the chunk's results")
+        what = SOLVED_BODIES[M.ST_CHUNK]  # a chunk's body is its values whatever its items' outcomes
+        chunk = _relayed(body, what) if relay else loads(body, what)
         return _CHUNK_OUTCOMES[status], chunk, None
     if status == M.ST_SUPPRESSED:
         return Outcome(SUPPRESSED, None, _text(body)), None, None

@@ -71,6 +71,26 @@ def test_a_run_of_plain_submits_is_accepted_and_taken_in_bulk():
         assert _one_outcome_each(f, 50)["solved"] == 50
 
 
+def test_a_maps_chunks_whose_items_all_solved_are_taken_in_bulk_and_counted_by_item():
+    with running(config(unique_name("plain"), {"work": role("echo", slots=2)})) as f:
+        assert list(f.map("work", range(100), chunksize=10)) == list(range(100))
+        assert _paths(f)[1] == 10  # every chunk's values, on the batch path
+        counts = f.ledger()
+        assert (counts["submitted"], counts["solved"], counts["inflight"]) == (10, 10, 0)
+        assert (counts["items"]["submitted"], counts["items"]["solved"], counts["items"]["inflight"]) == (100, 100, 0)
+
+
+def test_a_chunk_with_an_item_that_failed_keeps_the_one_unit_path():
+    with running(config(unique_name("plain"), {"work": role("square", slots=2)})) as f:
+        assert list(f.map("work", range(20), chunksize=10)) == [i * i for i in range(20)]  # both chunks in bulk
+        with pytest.raises(TypeError):  # "x" * "x": the item's own exception
+            list(f.map("work", [1, 2, "x", 4], chunksize=4))
+        assert _paths(f)[1] == 2  # the failed item's chunk ended on the one-unit path
+        counts = f.ledger()
+        assert (counts["submitted"], counts["solved"], counts["failed"], counts["inflight"]) == (3, 2, 1, 0)
+        assert (counts["items"]["solved"], counts["items"]["failed"]) == (20, 4)
+
+
 def test_a_lone_plain_submit_still_ends_in_bulk():
     with running(config(unique_name("plain"), {"work": role("echo", slots=2)})) as f:
         assert f.submit("work", 7).result(WAIT_S) == 7
@@ -161,13 +181,14 @@ def test_outcomes_in_a_slice_resolve_in_the_order_their_results_came_on_both_pat
     for unit in units:
         unit.future.add_done_callback(lambda f, i=unit.unit_id: order.append(i))
     results = Results(_Seats(), books, _Dispatcher({1: 0, 2: 1, 3: 2}), None, None, roles, None, None, None)
-    # plain solved, then a suppressed one (the one-unit path), then plain solved again
+    # plain solved, then a suppressed one (the one-unit path), then a plain chunk that solved
+    chunk = ([1, 2], {})
     results.take([_result(1, 0, M.ST_SOLVED, pickle.dumps("a")), _result(2, 1, M.ST_SUPPRESSED, b"no"),
-                  _result(3, 2, M.ST_SOLVED, pickle.dumps("c"))], 0)
+                  _result(3, 2, M.ST_CHUNK, pickle.dumps(chunk))], 0)
     books.deliver()
     assert order == [1, 2, 3]
     assert results.batched == 2
-    assert (units[0].future.result(0), units[2].future.result(0)) == ("a", "c")
+    assert (units[0].future.result(0), units[2].future.result(0)) == ("a", chunk)
     counts = books.ledger.counts()
     assert (counts.submitted, counts.solved, counts.suppressed, counts.inflight) == (3, 2, 1, 0)
 

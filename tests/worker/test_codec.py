@@ -51,19 +51,22 @@ def test_each_result_status_decodes_to_its_outcome(status, body, kind, reason, v
     assert (outcome.kind, outcome.reason, got, original) == (kind, reason, value, None)
 
 
+@pytest.mark.parametrize("status", [M.ST_SOLVED, M.ST_CHUNK])
 @pytest.mark.parametrize("body, relay", [
     (_dumps({"a": 1}), False),
     (_dumps(None), False),
+    (_dumps(([1, 2], {})), False),
     (b"not a pickle", False),
     (b"", False),
     (_dumps(H.ExitsOnLoad()), False),  # raises SystemExit as it is unpickled: the guard's ResultError
     (_dumps([1, 2]), True),  # relayed to fleetd's client: kept pickled
 ])
-def test_the_loops_solved_path_decodes_as_every_result_does(body, relay):
-    # `solved_outcome` is the loop's one-frame path for solved results: what it says of a
-    # body is what `result_outcome` says of it, failures and their text included.
-    got = codec.solved_outcome(memoryview(body), relay)
-    want = codec.result_outcome(M.ST_SOLVED, memoryview(body), relay=relay)
+def test_the_loops_solved_path_decodes_as_every_result_does(status, body, relay):
+    # `solved_outcome` is the loop's one-frame path for solved results (a unit's, a chunk's
+    # whose every item solved): what it says of a body is what `result_outcome` says of
+    # it, failures and their text included.
+    got = codec.solved_outcome(status, memoryview(body), relay)
+    want = codec.result_outcome(status, memoryview(body), relay=relay)
     assert got[0] == want[0] and got[2] == want[2]
     assert (type(got[1]), getattr(got[1], "data", got[1])) == (type(want[1]), getattr(want[1], "data", want[1]))
 
