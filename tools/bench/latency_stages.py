@@ -4,6 +4,7 @@ CPU each thread spends per unit over a burst.
 
     python tools/bench/latency_stages.py [--json] [--units N] [--slots-per-worker K]
     python tools/bench/latency_stages.py --burst [--json] [--units N] [--rounds R]
+    python tools/bench/latency_stages.py --map C [--json] [--units N] [--rounds R]
 
 `--burst` (the throughput view): fleet.Executor with its defaults takes N no-op
 `submit`s, then the caller takes every result (dispatch_bench's submit key). Reported per
@@ -19,7 +20,13 @@ under cProfile in each worker (both workers' time together, per unit), split the
 way. cProfile slows a thread several times over: read its split as shares, not as
 microseconds.
 
-Without --burst (the latency view), a diagnostic, not a ratio: it times `f.submit(role, 0).result()` one unit at a time (the
+`--map C` (the same view of a map): fleet.Executor's `map` of N no-op calls at chunksize
+C, the caller taking every value. Per item, the median of R rounds: the caller's CPU (the
+whole map: feeding it and taking its values), the loop's, the workers' and the wall
+time; then one more round under cProfile on the loop thread: its Python calls per unit
+(a chunk of C calls is one unit).
+
+Without --burst or --map (the latency view), a diagnostic, not a ratio: it times `f.submit(role, 0).result()` one unit at a time (the
 shape of dispatch_bench's latency key) on 2 pinned workers, and stamps the supervisor's
 own steps by wrapping them (each wrapper adds well under a microsecond):
 
@@ -308,6 +315,46 @@ def burst(units: int, rounds: int) -> dict:
             "caller_profile": caller_split, "worker_profile": worker_split}
 
 
+def map_burst(items: int, chunksize: int, rounds: int) -> dict:
+    """The map view (see the module doc): CPU per item of each thread over maps."""
+    import cProfile
+    import pstats
+    import statistics
+
+    import bench_handlers as H
+
+    rows = []
+    with fleet.Executor() as ex:
+        sup = ex._sup
+        list(ex.map(H.work, range(2000), chunksize=chunksize))  # warm
+        loop_tid = sup.door._thread.native_id
+        me = os.getpid()
+        pids = list(sup.pids().values())
+
+        def one_round():
+            c0, l0, w0 = time.thread_time_ns(), _on_cpu_ns(me, loop_tid), _workers_cpu_ns(pids)
+            t0 = time.perf_counter_ns()
+            for _value in ex.map(H.work, range(items), chunksize=chunksize):
+                pass
+            t1 = time.perf_counter_ns()
+            c1, l1, w1 = time.thread_time_ns(), _on_cpu_ns(me, loop_tid), _workers_cpu_ns(pids)
+            return {"wall": (t1 - t0) / items, "caller": (c1 - c0) / items, "loop": (l1 - l0) / items,
+                    "workers (all)": (w1 - w0) / items}
+
+        for _ in range(rounds):
+            rows.append(one_round())
+        prof = cProfile.Profile()
+        sup.inspect(lambda _sup: prof.enable())  # on the loop thread: cProfile profiles the thread that enables it
+        one_round()
+        sup.inspect(lambda _sup: prof.disable())
+        calls = sum(cc for cc, _nc, _tt, _ct, _callers in pstats.Stats(prof).stats.values())
+    units = -(-items // chunksize)
+    return {"items": items, "chunksize": chunksize, "rounds": rounds, "workers": len(pids),
+            "ns_per_item": {k: round(statistics.median(r[k] for r in rows)) for k in rows[0]},
+            "items_per_s": round(1e9 / statistics.median(r["wall"] for r in rows)),
+            "loop_python_calls_per_unit": round(calls / units, 1)}
+
+
 def _print_work_split(title: str, prof: dict) -> None:
     """A `_work_split` as text: its calls, work and waits per unit, then each stage's share."""
     print(f"{title}: {prof['python_calls_per_unit']} Python calls per unit; {prof['profiled_work_us_per_unit']} "
@@ -319,11 +366,32 @@ def _print_work_split(title: str, prof: dict) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--units", type=int, default=3000)
+    parser.add_argument("--units", type=int, help="units (3000), or with --map the calls mapped (400,000)")
     parser.add_argument("--slots-per-worker", type=int, default=1)
     parser.add_argument("--burst", action="store_true", help="CPU per unit of each thread over bursts of submits")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--map", type=int, metavar="C", help="CPU per item of each thread over maps at chunksize C")
     args = parser.parse_args(argv)
+    if args.units is None:
+        args.units = 400_000 if args.map is not None else 3000
+    for name in ("units", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if args.map is not None:
+        if args.map < 1:
+            parser.error("--map (a chunksize) must be at least 1")
+        if args.burst:
+            parser.error("--map and --burst are two views: give one")
+        res = map_burst(args.units, args.map, args.rounds)
+        if args.json:
+            print(json.dumps(res, indent=2))
+        else:
+            print(f"{res['items_per_s']} items/s at chunksize {res['chunksize']}; CPU per item, ns "
+                  f"(median of {res['rounds']} rounds):")
+            for label, value in res["ns_per_item"].items():
+                print(f"  {label:28} {value:8d}")
+            print(f"the loop: {res['loop_python_calls_per_unit']} Python calls per unit of {res['chunksize']} calls")
+        return 0
     if args.burst:
         res = burst(args.units, args.rounds)
         if args.json:
