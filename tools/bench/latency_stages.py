@@ -267,7 +267,6 @@ def burst(units: int, rounds: int) -> dict:
 
     import bench_handlers as H
 
-    rows = []
     with fleet.Executor() as ex:
         sup = ex._sup
         list(ex.map(H.work, range(2000)))  # warm
@@ -292,13 +291,8 @@ def burst(units: int, rounds: int) -> dict:
                     "caller_submit_wall": (s1 - t0) / units, "caller_results": (c2 - c1) / units,
                     "loop": (l1 - l0) / units, "workers (all)": (w1 - w0) / units}
 
-        for _ in range(rounds):
-            rows.append(one_round())
-        prof = cProfile.Profile()
-        sup.inspect(lambda _sup: prof.enable())  # on the loop thread: cProfile profiles the thread that enables it
-        one_round()
-        sup.inspect(lambda _sup: prof.disable())
-        split = _work_split(pstats.Stats(prof), LOOP_STAGES, units)
+        rows = [one_round() for _ in range(rounds)]
+        split = _work_split(_loop_profiled(sup, one_round), LOOP_STAGES, units)
         caller = cProfile.Profile()
         one_round(caller)
         caller_split = _caller_split(pstats.Stats(caller), units)
@@ -315,15 +309,25 @@ def burst(units: int, rounds: int) -> dict:
             "caller_profile": caller_split, "worker_profile": worker_split}
 
 
-def map_burst(items: int, chunksize: int, rounds: int) -> dict:
-    """The map view (see the module doc): CPU per item of each thread over maps."""
+def _loop_profiled(sup, one_round):
+    """One more `one_round()` under cProfile on the supervisor's loop thread (cProfile
+    profiles the thread that enables it): its stats."""
     import cProfile
     import pstats
+
+    prof = cProfile.Profile()
+    sup.inspect(lambda _sup: prof.enable())
+    one_round()
+    sup.inspect(lambda _sup: prof.disable())
+    return pstats.Stats(prof)
+
+
+def map_burst(items: int, chunksize: int, rounds: int) -> dict:
+    """The map view (see the module doc): CPU per item of each thread over maps."""
     import statistics
 
     import bench_handlers as H
 
-    rows = []
     with fleet.Executor() as ex:
         sup = ex._sup
         list(ex.map(H.work, range(2000), chunksize=chunksize))  # warm
@@ -341,13 +345,8 @@ def map_burst(items: int, chunksize: int, rounds: int) -> dict:
             return {"wall": (t1 - t0) / items, "caller": (c1 - c0) / items, "loop": (l1 - l0) / items,
                     "workers (all)": (w1 - w0) / items}
 
-        for _ in range(rounds):
-            rows.append(one_round())
-        prof = cProfile.Profile()
-        sup.inspect(lambda _sup: prof.enable())  # on the loop thread: cProfile profiles the thread that enables it
-        one_round()
-        sup.inspect(lambda _sup: prof.disable())
-        calls = sum(cc for cc, _nc, _tt, _ct, _callers in pstats.Stats(prof).stats.values())
+        rows = [one_round() for _ in range(rounds)]
+        calls = sum(cc for cc, _nc, _tt, _ct, _callers in _loop_profiled(sup, one_round).stats.values())
     units = -(-items // chunksize)
     return {"items": items, "chunksize": chunksize, "rounds": rounds, "workers": len(pids),
             "ns_per_item": {k: round(statistics.median(r[k] for r in rows)) for k in rows[0]},
