@@ -34,8 +34,6 @@ from fleet.worker import codec
 
 #: Statuses of units that never ran: their elapsed time says nothing of the role's run time.
 _UNRUN = frozenset((M.ST_START_REFUSED, M.ST_HELD_AT_CLOSE, M.ST_COMPLETION_REFUSED))
-#: Statuses of a solved result (`codec.SOLVED_BODIES`): a plain unit's take the batch path.
-_SOLVED_STATUSES = frozenset(codec.SOLVED_BODIES)
 #: Results handled before the units they free are granted, sent and delivered. Units
 #: that end together (an I/O role's timers fire in batches) would otherwise wait for the
 #: whole batch: the last one's successor would start only after every other's had.
@@ -120,7 +118,9 @@ class Results:
         Anything else goes through `_take_message`, in its place."""
         get, slot_of, complete = self._books.get, self._dispatcher.slot_of, self._dispatcher.complete
         seat_of, outcome_of, relay = self._seats.slot_seats, codec.solved_outcome, self._relay
-        unpack, head, solved_statuses = M.RESULT_HEAD.unpack_from, M.RESULT_HEAD.size, _SOLVED_STATUSES
+        # a plain unit's solved result, or a chunk's whose every item solved: the statuses
+        # `codec.solved_outcome` decodes
+        unpack, head, solved_statuses = M.RESULT_HEAD.unpack_from, M.RESULT_HEAD.size, codec.SOLVED_BODIES
         ended: list = []  # (unit, value, run time), in the order their results came
         try:
             for tag, view in batch:
