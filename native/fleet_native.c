@@ -595,6 +595,52 @@ int fleet_bell_wait_spin(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64
     return fleet_bell_wait(bell, waiting, seen, timeout_after_spin(timeout_ns, start));
 }
 
+/* Look on while *theirs is set (the thread that rang still holds the GIL), at most
+ * `handover_ns`, yielding the CPU at each look: on a shared core the holder runs, and
+ * lets go, in that yield. */
+static void await_handover(const uint32_t *theirs, int64_t handover_ns) {
+    if (theirs == NULL || handover_ns <= 0) return;
+    for (int64_t until = monotonic_ns() + handover_ns;
+         __atomic_load_n(theirs, __ATOMIC_ACQUIRE) != 0 && monotonic_ns() < until;)
+        sched_yield();
+}
+
+/* `theirs` if it is clear now, else NULL: only a word set during a wait is the ringing
+ * thread's, not one left set by a thread that has been running on since (a burst of
+ * submits, a loop turning without a wait), for which looking on is a loss. */
+static const uint32_t *armed(const uint32_t *theirs) {
+    return theirs != NULL && __atomic_load_n(theirs, __ATOMIC_ACQUIRE) == 0 ? theirs : NULL;
+}
+
+int fleet_bell_wait_spin_held(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64_t timeout_ns,
+                              int64_t spin_ns, uint32_t *mine, const uint32_t *theirs, int64_t handover_ns) {
+    if (mine != NULL) __atomic_store_n(mine, 0, __ATOMIC_RELEASE);  /* the cffi call let go of the GIL */
+    theirs = armed(theirs);
+    int64_t start = monotonic_ns();
+    if (timeout_ns >= 0 && spin_ns > timeout_ns) spin_ns = timeout_ns;  /* the spin is part of the wait */
+    int rc = 1;
+    for (int64_t now = start, until = start + spin_ns;; now = monotonic_ns()) {
+        if (__atomic_load_n(bell, __ATOMIC_ACQUIRE) != seen) {
+            rc = 0;
+            break;
+        }
+        if (now >= until) break;
+        sched_yield();
+    }
+    if (rc != 0) rc = fleet_bell_wait(bell, waiting, seen, timeout_after_spin(timeout_ns, start));
+    if (rc == 0) await_handover(theirs, handover_ns);  /* also after a sleep: one wake-up, not two */
+    return rc;
+}
+
+int fleet_word_watch_held(const uint32_t *word, uint32_t seen, int64_t spin_ns, uint32_t *mine,
+                          const uint32_t *theirs, int64_t handover_ns) {
+    if (mine != NULL) __atomic_store_n(mine, 0, __ATOMIC_RELEASE);
+    theirs = armed(theirs);
+    int rc = fleet_word_watch(word, seen, spin_ns);
+    if (rc == 0) await_handover(theirs, handover_ns);
+    return rc;
+}
+
 int fleet_word_watch(const uint32_t *word, uint32_t seen, int64_t spin_ns) {
     for (int64_t until = monotonic_ns() + spin_ns;;) {
         if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) return 0;

@@ -138,6 +138,20 @@ int     fleet_bell_wait_spin(uint32_t *bell, uint32_t *waiting, uint32_t seen, i
  * watch for a short while, never sleeping: word_watch looks until *word != seen (0)
  * or spin_ns have passed (1), yielding the CPU at each look. */
 int     fleet_word_watch(const uint32_t *word, uint32_t seen, int64_t spin_ns);
+/* A GIL handover between two threads of a process (fleet.shm.dataplane.Handover). The
+ * thread that rings a bell or bumps a word for another sets its own `held` word first
+ * (it holds the GIL), and these waits clear it as they begin (`mine`: the GIL is let
+ * go by then). The woken thread, once it sees the ring or the bump (awake or after a
+ * sleep), looks on while the other's word (`theirs`) is still set, at most
+ * `handover_ns`, so it asks for the GIL once it is free instead of sleeping on the
+ * GIL's condition and being woken again; only when that word was clear as the wait
+ * began (one set before is a thread's that went on running: a burst of submits, a
+ * loop turning). NULL: none.
+ * Each returns what bell_wait_spin and word_watch return. */
+int     fleet_bell_wait_spin_held(uint32_t *bell, uint32_t *waiting, uint32_t seen, int64_t timeout_ns,
+                                  int64_t spin_ns, uint32_t *mine, const uint32_t *theirs, int64_t handover_ns);
+int     fleet_word_watch_held(const uint32_t *word, uint32_t seen, int64_t spin_ns, uint32_t *mine,
+                              const uint32_t *theirs, int64_t handover_ns);
 
 /* epoll_wait with a nanosecond timeout (epoll_pwait2, Linux 5.11): an event loop's
  * timers then fire when due, where epoll_wait's whole milliseconds wake them up to 1 ms

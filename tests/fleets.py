@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import uuid
 
@@ -90,3 +91,18 @@ def worker_pids(f, timeout: float = 30.0) -> set[int]:
 def hold(f, cause: str = "operator") -> None:
     """Hold `f`'s posture Cordoned for `cause` (an operator cordon, on the fleet's loop)."""
     f._sup.call(f._sup.posture.hold, cause)
+
+
+def hold_loop(f, wait_s: float = 60.0) -> threading.Event:
+    """Hold fleet `f`'s loop on a command until the returned event is set: what is posted
+    meanwhile waits in its intake (the first post rings), and the loop drains it as one
+    run."""
+    go, holding = threading.Event(), threading.Event()
+
+    def hold():
+        holding.set()
+        go.wait(wait_s)
+
+    f._sup.door.intake.post(hold)
+    assert holding.wait(wait_s)
+    return go

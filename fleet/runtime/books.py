@@ -23,7 +23,7 @@ from fleet.rules.outcomes import FAILED, SOLVED
 from fleet.rules.raised import unit_exception
 from fleet.rules.unit import Outcome
 from fleet.rules.vocab import Reason
-from fleet.runtime.future import SETTLED
+from fleet.runtime.future import HANDOVER, SETTLED
 
 if TYPE_CHECKING:
     from fleet.runtime.submit import LoopUnit
@@ -251,6 +251,7 @@ class Books:
             for future, value, error in done:
                 future.settle(value, error, error is not None)  # refused (no-op) when cancelled meanwhile
         if delivered:
+            HANDOVER.loop_holds()  # the loop's next wait lets go of the GIL and says so
             SETTLED.bump()  # callers watching for their result take it now (fleet.runtime.future)
         if self.watch is not None:
             self.watch.flush()

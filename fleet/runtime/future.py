@@ -52,7 +52,7 @@ from concurrent.futures._base import (
     InvalidStateError,
 )
 
-from fleet.shm.dataplane import Pulse
+from fleet.shm.dataplane import Handover, Pulse
 
 __all__ = ["UnitFuture", "TRANSITIONS", "CANCEL", "START", "SET_RESULT", "SET_EXCEPTION"]
 
@@ -88,6 +88,9 @@ _DESCRIPTION = {PENDING: "pending", RUNNING: "running", CANCELLED: "cancelled",
 #: later (a thread's wake-up on a VM), which would be a third of a round trip.
 SETTLED = Pulse()
 RESULT_SPIN_S = 200e-6
+#: The GIL handed between this process's fleet loops, as they settle futures, and its
+#: callers, as they submit and then watch SETTLED (fleet.shm.dataplane.Handover).
+HANDOVER = Handover()
 
 # `_RLock` is the C lock itself, not `threading.RLock` (a Python function around it):
 # creating one is a fraction of what a Condition costs.
@@ -242,7 +245,7 @@ class UnitFuture(Future):
         while True:
             seen = SETTLED.value
             left = end - time.monotonic()
-            if self._state in _DONE or left <= 0 or not SETTLED.watch(seen, left):
+            if self._state in _DONE or left <= 0 or not SETTLED.watch(seen, left, HANDOVER):
                 return
 
     def add_done_callback(self, fn) -> None:

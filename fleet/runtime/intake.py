@@ -29,8 +29,9 @@ import time
 from concurrent.futures import Future
 
 from fleet.rules.raised import role_broken
-from fleet.rules.when import utc
 from fleet.rules.unit import Draining, FleetClosed, QueueFull
+from fleet.rules.when import utc
+from fleet.runtime.future import HANDOVER
 
 
 class TurnedAway(FleetClosed):
@@ -67,11 +68,14 @@ class Intake:
         turned away), so none is lost with the error."""
         self._runs[fn] = many
 
-    def post(self, fn, *args, reply: Future | None = None, refused=None, pace: bool = False) -> None:
+    def post(self, fn, *args, reply: Future | None = None, refused=None, pace: bool = False,
+             hand_over: bool = False) -> None:
         """Queue ``fn(*args)`` for the loop and wake it. After `close` it is turned away at
         once: `reply` fails, or ``refused(FleetClosed, *args)`` is called (the command's
         own args, so a poster needs no closure per command). `pace`: wait while
-        the loop is `high` commands behind (see the class doc)."""
+        the loop is `high` commands behind (see the class doc). `hand_over`: the poster is
+        a caller that watches for its results next (fleet.runtime.future.HANDOVER): the
+        loop it wakes looks on until that watch lets go of the GIL."""
         queue = self._queue
         queue.append((fn, args, reply, refused))
         if self._closed is not None:
@@ -83,6 +87,8 @@ class Intake:
             # earlier command still queued, and the loop drains until the queue is empty
             # (or runs another turn at once when it stopped at its limit), so it sees
             # this one too without another wake-up.
+            if hand_over:
+                HANDOVER.caller_holds()
             self._wake()
         elif pace and n >= self.high:
             self._wait_for_loop()

@@ -63,6 +63,7 @@ from fleet.runtime.books import Books
 from fleet.runtime.config import FleetConfig
 from fleet.runtime.contention import ContentionWatch
 from fleet.runtime.deadlines import Deadlines
+from fleet.runtime.future import HANDOVER
 from fleet.runtime.gates import Gates
 from fleet.runtime.inside import Inside
 from fleet.runtime.intake import Door, TurnedAway
@@ -463,11 +464,11 @@ class Supervisor:
                     # out: a caller's next submit tends to follow its result at once.
                     if len(books):  # units out: how soon their results come tells the next look
                         t0 = time.perf_counter()  # (real time: it is about wake-ups)
-                        came = bell.wait(seen, self._sleep_for(now), spin_s=look.look_s)
+                        came = bell.wait(seen, self._sleep_for(now), look.look_s, HANDOVER)
                         look.waited(time.perf_counter() - t0, came)
                     else:  # none out: a caller's next submit follows its result at once, or not soon
                         spin = IN_FLIGHT_SPIN_S if delivered else 0.0
-                        came = bell.wait(seen, self._sleep_for(now), spin_s=spin)
+                        came = bell.wait(seen, self._sleep_for(now), spin, HANDOVER)
                     if not came:
                         deaths.hear()  # a quiet spell: a zygote that died said nothing
         except BaseException:  # noqa: BLE001 - the loop must never die silently

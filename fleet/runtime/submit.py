@@ -167,7 +167,7 @@ class Submitter:
         unit.route, unit.ask, unit.parent = route, admission, child_of
         if chunk:
             unit.items = items if items is not None else len(payload) if pickled_payload is None else 1
-        return self._post(unit, on_loop, role, payload, key, lane)
+        return self._post(unit, on_loop, role, payload, key, lane, hand_over=block)
 
     def room_for_child(self, role: str, body: bytes, parcel: str | None, size: int) -> None:
         """A running unit's child, packed in its worker (`codec.pack_task`): held to
@@ -214,7 +214,8 @@ class Submitter:
         unit = self._new_unit(code, None, 0, parcel[0], _task_flags(False, timeout, self._recorder is not None),
                               timeout, parcel)
         arrival = (unit.unit_id, role, payload, None, None) if self._recorder is not None else None
-        self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop)
+        self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop,
+                          hand_over=not on_loop)
         return unit.future
 
     def submit_many(self, role: str, payloads: list, *, lane=None, chunk: bool = False) -> list[Future]:
@@ -314,7 +315,8 @@ class Submitter:
             arrivals = None
             if self._recorder is not None:
                 arrivals = [(u.unit_id, role, p, None, lane) for u, p in zip(units, payloads[start:start + took])]
-            self._intake.post(self._accept_many, units, arrivals, refused=self._turned_away_many, pace=not on_loop)
+            self._intake.post(self._accept_many, units, arrivals, refused=self._turned_away_many, pace=not on_loop,
+                              hand_over=not on_loop)
             futures.extend(u.future for u in units)
             start += took
 
@@ -351,15 +353,19 @@ class Submitter:
             raise
         return self._new_unit(code, key, priority, body, flags, timeout, parcel), on_loop
 
-    def _post(self, unit: LoopUnit, on_loop: bool, role: str, payload, key=None, lane=None) -> Future:
-        """Hand a queued unit to the loop (paced, off the loop's thread); its future."""
+    def _post(self, unit: LoopUnit, on_loop: bool, role: str, payload, key=None, lane=None,
+              hand_over: bool = False) -> Future:
+        """Hand a queued unit to the loop (paced, off the loop's thread); its future.
+        `hand_over`: a caller's own submit (one that may wait: not fleetd's control thread),
+        whose caller watches for the result next (`Intake.post`)."""
         arrival = (unit.unit_id, role, payload, key, lane) if self._recorder is not None else None
         if unit.parent and on_loop:
             # a running unit's child, on the loop (fleet.runtime.inside): accepted now, also
             # while the fleet closes and its intake takes no more posts
             self._accept(unit, arrival)
             return unit.future
-        self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop)
+        self._intake.post(self._accept, unit, arrival, refused=self._turned_away, pace=not on_loop,
+                          hand_over=hand_over and not on_loop)
         return unit.future
 
     def _new_unit(self, code: int, key, priority: int, body: bytes, flags: int, timeout,

@@ -7,7 +7,6 @@ every unit got exactly one outcome on either.
 from __future__ import annotations
 
 import pickle
-import threading
 import types
 from concurrent.futures import Future
 
@@ -27,7 +26,7 @@ from fleet.runtime.submit import LoopUnit
 from fleet.shm import messages as M
 
 from ..admission_catalog import GLM_AZ, ONE_REFUSAL, catalog
-from ..fleets import config, role, running, unique_name
+from ..fleets import config, hold_loop, role, running, unique_name
 
 WAIT_S = 60.0
 
@@ -45,23 +44,9 @@ def _one_outcome_each(f, n: int) -> dict:
     return counts
 
 
-def _held_loop(f):
-    """Hold the loop on a command until the returned event is set: what is posted meanwhile
-    waits in its intake, and the loop drains it as one run."""
-    go, holding = threading.Event(), threading.Event()
-
-    def hold():
-        holding.set()
-        go.wait(WAIT_S)
-
-    f._sup.door.intake.post(hold)
-    assert holding.wait(WAIT_S)
-    return go
-
-
 def test_a_run_of_plain_submits_is_accepted_and_taken_in_bulk():
     with running(config(unique_name("plain"), {"work": role("echo", slots=2)})) as f:
-        go = _held_loop(f)
+        go = hold_loop(f)
         futures = [f.submit("work", i) for i in range(50)]
         go.set()
         assert [x.result(WAIT_S) for x in futures] == list(range(50))
@@ -103,7 +88,7 @@ def test_ends_other_than_solved_take_the_one_unit_path_and_each_unit_ends_once()
     for name in ("fails", "bad"):
         del roles[name]["peak_cpus"]  # the declared peaks add up against the quota
     with running(config(unique_name("plain"), roles)) as f:
-        go = _held_loop(f)
+        go = hold_loop(f)
         ok = [f.submit("work", i) for i in range(10)]
         failed = [f.submit("fails", i) for i in range(3)]
         unreadable = f.submit("bad", None)
@@ -127,7 +112,7 @@ def test_a_unit_with_a_route_keeps_the_gated_path():
                                                   "slots": 2, "peak_cpus": 1, "queue_bound": 1000}})
     cfg["admission"] = catalog(**ONE_REFUSAL)
     with running(cfg) as f:
-        go = _held_loop(f)
+        go = hold_loop(f)
         before = [f.submit("plain", {}) for _ in range(5)]
         routed = f.submit("plain", {"cost": 0.5}, route=GLM_AZ)
         after = [f.submit("plain", {}) for _ in range(5)]
