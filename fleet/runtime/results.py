@@ -38,6 +38,8 @@ _UNRUN = frozenset((M.ST_START_REFUSED, M.ST_HELD_AT_CLOSE, M.ST_COMPLETION_REFU
 #: that end together (an I/O role's timers fire in batches) would otherwise wait for the
 #: whole batch: the last one's successor would start only after every other's had.
 RESULT_SLICE = 8
+#: Payload bytes a slice takes at most (`Ring.pop_many`'s budget).
+RESULT_BYTES = 1 << 16
 
 
 class Results:
@@ -55,6 +57,7 @@ class Results:
         self._table, self._roles, self._host, self._publisher = table, roles, host, publisher
         self._dispatch, self._relay, self._recorder = dispatch, relay, recorder
         self._run_observer = None
+        self._rings = None  # (seat, result ring, its taker) per seat, made at the first collect
         self.batched = 0  # solved results of plain units taken through the batch path
         self.inside = None  # the children submitted from inside (fleet.runtime.inside), once composed
         #: seat -> (role code, RSS bytes, bound bytes) its worker sent as it left to be
@@ -75,10 +78,11 @@ class Results:
         """Every seat's results, slice by slice, until its ring is empty; counters
         published once, if any came."""
         busy = False
-        seats = self._seats
-        for seat in range(seats.count):
-            ring = seats.results(seat)
-            while batch := ring.pop_many(max_msgs=RESULT_SLICE):
+        rings = self._rings
+        if rings is None:
+            rings = self._rings = self._seats.result_rings()
+        for seat, ring, take in rings:
+            while batch := take(RESULT_BYTES, RESULT_SLICE):
                 busy = True
                 self.handle(batch, seat)
                 # A short slice may be short for bytes (pop_many's budget), not for want of
@@ -86,7 +90,7 @@ class Results:
                 # the loop's idle timeout, as its worker rang the bell already.
                 if len(batch) < RESULT_SLICE and not ring.used:
                     break
-            seats.flush_waiting(seat)
+        self._seats.flush_waiting()  # tasks that waited for room: the results above made some
         if busy:
             self._publisher.units()
 

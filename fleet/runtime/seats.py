@@ -84,10 +84,11 @@ class Seats:
             outbox.popleft()
         ring.notify()
 
-    def flush_waiting(self, seat: int) -> None:
-        """`flush`, when something waits in the seat's outbox."""
-        if self._outbox.get(seat):
-            self.flush(seat)
+    def flush_waiting(self) -> None:
+        """`flush` every seat whose outbox holds something (once a turn, after its results)."""
+        for seat, outbox in self._outbox.items():
+            if outbox:
+                self.flush(seat)
 
     def waiting(self, seat: int) -> bool:
         """Whether tasks wait in the seat's outbox (not yet on its ring)."""
@@ -105,6 +106,12 @@ class Seats:
     def results(self, seat: int):
         """The seat's result ring (what its worker sends back)."""
         return self._data.results(seat)
+
+    def result_rings(self) -> tuple:
+        """(seat, its result ring, the ring's `taker`) for every seat, in seat order: what
+        the loop polls each turn (the layout's seats, hence the rings, are fixed)."""
+        return tuple((seat, ring, ring.taker()) for seat, ring in
+                     ((seat, self._data.results(seat)) for seat in range(self.count)))
 
     # ------------------------------------------------------------------ workers
     def seat_of(self, slot: int) -> int:

@@ -30,6 +30,7 @@ message framing). Rules that keep it fast and safe:
 """
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -235,6 +236,12 @@ class Ring:
         bytearray (valid after later calls); [] when the ring is empty. A single
         message larger than `max_bytes` is still returned, alone."""
         return _rings.pop_many(self._a, max_bytes, max_msgs)
+
+    def taker(self):
+        """`pop_many` as ``take(max_bytes, max_msgs)`` with no Python frame around the C
+        call: for a consumer that polls the ring every turn (the loop, each result ring),
+        most often to find it empty."""
+        return functools.partial(_rings.pop_many, self._a)
 
     def wait(self, timeout_s: float | None = None, spin_s: float = 0.0) -> bool:
         """Block until a message may be there (True) or the timeout ends (False).
