@@ -110,8 +110,8 @@ class Seats:
     def result_rings(self) -> tuple:
         """(seat, its result ring, the ring's `taker`) for every seat, in seat order: what
         the loop polls each turn (the layout's seats, hence the rings, are fixed)."""
-        return tuple((seat, ring, ring.taker()) for seat, ring in
-                     ((seat, self._data.results(seat)) for seat in range(self.count)))
+        rings = [(seat, self._data.results(seat)) for seat in range(self.count)]
+        return tuple((seat, ring, ring.taker()) for seat, ring in rings)
 
     # ------------------------------------------------------------------ workers
     def seat_of(self, slot: int) -> int:
