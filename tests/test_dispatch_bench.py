@@ -103,6 +103,25 @@ def test_service_stages_reports_every_stage_and_cleans_up():
     assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
 
 
+def test_service_stages_counts_each_threads_work_and_cleans_up():
+    """`--calls`: on-CPU time and Python calls per round trip for the client and fleetd's
+    control thread (the loop's CPU too), from real fleetds that leave nothing behind."""
+    stages = os.path.join(REPO, "tools", "bench", "service_stages.py")
+    out = subprocess.run([sys.executable, stages, "--calls", "--units", "60", "--json"], capture_output=True,
+                         text=True, timeout=240, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout)
+    assert res["round_trips"] == 60 and len(res["fleets"]) == 2
+    assert set(res["cpu_us_per_round_trip"]) == {"client: every thread", "fleetd: control thread", "fleetd: loop"}
+    assert all(us > 0 for us in res["cpu_us_per_round_trip"].values())
+    calls = res["python_calls_per_round_trip"]
+    assert set(calls) == {"client: caller", "client: reader", "fleetd: control thread"}
+    assert all(n > 10 for n in calls.values())  # each thread's per-frame path is dozens of calls
+    for name in res["fleets"]:
+        assert not [e for e in os.listdir("/dev/shm") if name in e]
+        assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
+
+
 @NOISE_ALONE
 def test_a_killed_bench_leaves_no_busy_process():
     """The noise process dies with the bench, however it dies (PR_SET_PDEATHSIG)."""

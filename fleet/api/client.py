@@ -301,7 +301,12 @@ class Client(Executor):
         self._requests = _Channel(path, timeout=timeout, trust_uids=trust)
         self._pipe = SubmitPipe(self, path, timeout=timeout, trust_uids=trust)
         self._polls = _Channel(path, timeout=max(timeout, COLLECT_WAIT_S + COLLECT_GRACE_S), trust_uids=trust)
-        self._cond = threading.Condition()
+        # The client's state lock, and the collector's condition over it: taken as the
+        # lock alone where nobody is woken (a submit, each record of a delivery), which
+        # costs no Python frame, where the condition's enter and exit cost two.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._collector_waits = False  # the collector sleeps for a unit to be owed (`_wake_collector`)
         self._pending: dict[int, tuple[Future, str]] = {}
         self._parts: dict[int, list[str]] = {}
         self._delivery = threading.Lock()  # one thread takes records at a time (_deliver)
@@ -465,25 +470,33 @@ class Client(Executor):
             except ProtocolError as exc:
                 raise self._translate(exc, role, request_id) from None
         fut = _RemoteUnitFuture(self)
-        with self._cond:
+        with self._lock:
             if self._closing:  # shutdown() began since the check above: it waits for none of ours
                 raise FleetClosed(f"client of fleet {self.name!r} is closed; cannot submit")
             self._pending[seq] = (fut, role)
         # Sent now, or with the next frame if one is in flight (fleet.api.submit_pipe);
         # its reply answers `unit_id`, or fails the future with the fleet's refusal.
         self._pipe.put(seq, fut, role, args)
-        with self._cond:
-            self._cond.notify_all()  # after the write: the collector's wake-up must not delay it
+        self._wake_collector()  # after the write: the collector's wake-up must not delay it
         return fut
+
+    def _wake_collector(self) -> None:
+        """A unit is owed: wake the collector if it sleeps for one (it sets
+        ``_collector_waits`` under the lock before it sleeps, and a unit owed is recorded
+        under the same lock before this is asked, so the flag read here is never stale in
+        the way that matters: a collector that read nothing owed is asleep with it set)."""
+        if self._collector_waits:
+            with self._cond:
+                self._cond.notify_all()
 
     def _token_for_pid(self, pid: int, unsent) -> str:
         """`_token_for` a frame of the submit pipe: the units in ``unsent()`` (seqs) never went
         to the old daemon, so a restart fails the others and these go to the new one."""
-        with self._cond:
+        with self._lock:
             if self._token_pid == pid:
                 return self._token  # the same daemon: nothing to set apart (every frame but a restart's)
         seqs = unsent()  # the pipe's lock, never taken inside ours
-        with self._cond:
+        with self._lock:
             keep = {seq: self._pending.pop(seq) for seq in seqs if seq in self._pending}
             try:
                 return self._token_for(pid)
@@ -492,7 +505,7 @@ class Client(Executor):
 
     def _refused(self, seq: int, fut: Future, exc: BaseException) -> None:
         """The submit of ``fut`` was refused, or its reply lost: it gets no outcome here."""
-        with self._cond:
+        with self._lock:
             entry = self._pending.get(seq)
             if entry is not None and entry[0] is fut:
                 del self._pending[seq]
@@ -557,12 +570,12 @@ class Client(Executor):
         """A submit's reply admitted a unit: its outcome will be held for us, so the
         collector polls from now on (started at the first; a uid that may not submit has
         nothing to collect, and never polls)."""
-        with self._cond:
+        with self._lock:
             # Even while closing: shutdown(wait=True) waits for this unit's outcome (a
             # collector with nothing owed ends at once).
             if self._collector is None:
                 self._start_collector_locked()
-            self._cond.notify_all()
+        self._wake_collector()
 
     def _start_collector_locked(self) -> None:
         self._collector = threading.Thread(target=self._collect_loop, name=f"fleet-client-{self.name}", daemon=True)
@@ -576,7 +589,11 @@ class Client(Executor):
                 if self._waiting():
                     linger_until = time.monotonic() + COLLECT_LINGER_S
                 elif breaks or time.monotonic() >= linger_until:
-                    self._cond.wait_for(lambda: self._waiting() or self._closing)
+                    self._collector_waits = True
+                    try:
+                        self._cond.wait_for(lambda: self._waiting() or self._closing)
+                    finally:
+                        self._collector_waits = False
                 if self._closing and not self._waiting():
                     return  # closing, nothing owed
             token = connected = None
@@ -641,7 +658,7 @@ class Client(Executor):
         skipped = False
         with self._delivery:
             for number, raw in enumerate(records, first):
-                with self._cond:
+                with self._lock:
                     if token != self._token:
                         break  # retired (a restart, a bad record): its futures have failed already
                     if number < self._received:
@@ -658,7 +675,7 @@ class Client(Executor):
                 value = outcome_record.join_part(record, self._parts)
                 if value is outcome_record.INCOMPLETE:
                     continue
-                with self._cond:
+                with self._lock:
                     entry = self._pending.pop(record.seq, None)
                 if entry is not None:  # else not ours any more (a submit that raised), or delivered
                     out.append((entry, record, value))

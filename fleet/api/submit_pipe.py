@@ -72,6 +72,7 @@ class SubmitPipe:
         self._path, self._timeout, self._trust = path, timeout, trust_uids
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)  # unit ids waited for (`unit_id`)
+        self._awaiting_ids = 0  # threads in `wait_answer`: only they are woken by an answer
         self._queue: list = []
         self._writer = False  # a thread is writing frames (one at a time: the stream must not interleave)
         self._flight: collections.deque[_Frame] = collections.deque()
@@ -137,8 +138,7 @@ class SubmitPipe:
             else:
                 keep.append(unit)
         if len(keep) < len(units):
-            with self._lock:
-                self._answered.notify_all()
+            self._tell_awaiting()
         return keep
 
     def _write(self, units: list) -> None:
@@ -315,15 +315,26 @@ class SubmitPipe:
         """Each unit's id (None: refused), for `unit_id`; wakes whoever waits for one."""
         for unit, unit_id in zip(units, ids):
             unit[1]._unit_id = unit_id
-        with self._lock:
-            self._answered.notify_all()
+        self._tell_awaiting()
         if any(unit_id is not None for unit_id in ids):
             self._client._admitted()
 
     def wait_answer(self, future, timeout: float | None) -> None:
         """Wait (at most `timeout`) until `future`'s submit has its reply (`unit_id`)."""
         with self._lock:
-            self._answered.wait_for(lambda: future._unit_id is not _UNANSWERED, timeout)
+            self._awaiting_ids += 1
+            try:
+                self._answered.wait_for(lambda: future._unit_id is not _UNANSWERED, timeout)
+            finally:
+                self._awaiting_ids -= 1
+
+    def _tell_awaiting(self) -> None:
+        """Unit ids were answered: wake the threads that wait for one. (A waiter counts
+        itself under the lock before it looks, and an id is set before this is asked: one
+        that saw no id is asleep and counted.)"""
+        if self._awaiting_ids:
+            with self._lock:
+                self._answered.notify_all()
 
     def _broken(self, sock, why: str) -> None:
         """`sock` is done: the frames in flight on it fail SubmitUncertain (they went out,
@@ -351,8 +362,7 @@ class SubmitPipe:
                 future._unit_id = None
             one = exc if exc is not None else client._translate(error, role, args.get("request_id"))
             client._refused(seq, future, one)
-        with self._lock:
-            self._answered.notify_all()
+        self._tell_awaiting()
 
     def close(self) -> None:
         """No more submits; the connection closes (the client fails what is still owed)."""

@@ -181,15 +181,25 @@ class OutcomeStore:
         self._writing = 0  # outcomes handed to it and not held yet
 
     # -- from submits and outcomes
-    def hold(self, token: str, fds: bool = False, parcels: bool = False) -> None:
+    def hold(self, token: str, fds: bool = False, parcels: bool = False, *, ack: int | None = None,
+             stream=None) -> None:
         """A submit under ``token``: keep a box for it. OutcomesDropped if it lost some.
         ``fds``: the client takes large values in memfds; ``parcels``: and in their
-        parcels' descriptors (`takes`)."""
+        parcels' descriptors (`takes`). A ``submit_batch`` v2 says the rest of what it
+        says of its token under the same lock: ``ack``, as `acknowledge`; ``stream``, as
+        `attach`."""
+        attached = push = None
         with self._lock:
             self._refuse_lost(token)
             box = self._box(token)
             box.seen = self._clock()
             box.fds, box.parcels = box.fds or fds, box.parcels or parcels
+            if ack is not None:
+                self._batch_ack(token, box, ack)
+            if stream is not None:
+                attached, push = self._attach(token, box, stream)
+        if attached:
+            self._attached(token, stream, push)
 
     def takes(self, token: str) -> tuple[bool, bool]:
         """Whether ``token``'s client said it takes large values in memfds (its records may
@@ -278,10 +288,20 @@ class OutcomeStore:
             self._refuse_lost(token)
             box = self._box(token)
             box.seen = self._clock()
-            if box.stream is stream:
-                return
-            box.stream, box.sent, box.push_due = stream, 0, False
-            push = self._push_due(token, box) if box.items else None
+            attached, push = self._attach(token, box, stream)
+        if attached:
+            self._attached(token, stream, push)
+
+    def _attach(self, token: str, box: _Box, stream) -> tuple[bool, Callable[[], None] | None]:
+        """`attach`'s part under the lock: whether ``stream`` is newly attached, and the
+        push it is then asked for (None: nothing held)."""
+        if box.stream is stream:
+            return False, None
+        box.stream, box.sent, box.push_due = stream, 0, False
+        return True, self._push_due(token, box) if box.items else None
+
+    def _attached(self, token: str, stream, push) -> None:
+        """`attach`'s part after the lock: detached when ``stream`` closes; its push asked."""
         stream.on_close(lambda: self.detach(token, stream))
         if push is not None:
             push()
@@ -321,8 +341,13 @@ class OutcomeStore:
         batch goes on); OutcomesDropped when it asks again for records let go."""
         with self._lock:
             box = self._boxes.get(token)
-            if box is not None and ack <= box.issued:
-                self._acknowledge(token, box, ack)
+            if box is not None:
+                self._batch_ack(token, box, ack)
+
+    def _batch_ack(self, token: str, box: _Box, ack: int) -> None:
+        """A batch's ``ack`` (lock held): advisory, so one past what was sent is ignored."""
+        if ack <= box.issued:
+            self._acknowledge(token, box, ack)
 
     def _push_due(self, token: str, box: _Box):
         """The call that asks ``box``'s stream for a push, unless one is asked already (lock held)."""

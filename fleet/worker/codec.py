@@ -777,7 +777,10 @@ def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: byt
             if handed is not None:
                 return handed
         task = (payload, key, lane, request_id)
-        if fleet is None:
+        body = _relayed_inline(pickled_payload, task, fleet, inline_max)
+        if body is not None:
+            parcel = None
+        elif fleet is None:
             body, parcel = pack(task, what, None, take=False)
         else:
             pickled = _pickled(task, what)
@@ -795,6 +798,19 @@ def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: byt
     if parcel is None and limit is not None and len(body) > limit:
         raise PayloadTooLarge(f"{what} is {len(body)} bytes pickled; limits.max_payload_bytes is {limit}")
     return body, parcel, (reserve.bytes if parcel is not None else 0)
+
+
+def _relayed_inline(pickled_payload, task: tuple, fleet: str | None, inline_max: int) -> bytes | None:
+    """The body of `task` (``(payload, key, lane, request_id)``) when its payload is bytes
+    a client pickled, nothing else travels beside them and they go inline (fleetd's common
+    unit): pickled as it is, with no guard, no look for buffers and no staging, since
+    bytes wrapped in `_Pickled` set nothing aside and cannot fail to pickle. None:
+    `pack_task`'s whole path decides."""
+    if type(pickled_payload) is not bytes or fleet is None or len(pickled_payload) >= inline_max \
+            or task[1] is not None or task[2] is not None or task[3] is not None:
+        return None
+    body = pickle.dumps(task, protocol=5)
+    return body if len(body) <= inline_max else None
 
 
 class _Reserve:

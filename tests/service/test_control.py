@@ -456,6 +456,45 @@ def test_call_queue_wakeup_is_called_on_submit():
     assert woken == [1] and len(queue) == 1
 
 
+def test_a_direct_op_is_answered_on_the_spot_and_never_queued():
+    """A direct op (a submit) runs on the server's thread as it is routed: its answer is
+    known when `route` returns (`calls.Answered`: no Future made and settled per frame),
+    the op's value or the error it raised, and a callback asked of it runs at once; a
+    daemon shutting down refuses it as the queue would, ShuttingDown."""
+    from fleet.rules.unit import Draining
+    from fleet.service.control.calls import Answered
+
+    class Handler:
+        def __init__(self):
+            self.error = None
+
+        def submit_batch(self, v, token, units, ack=None, fds=False, parcels=False, stream=None):
+            if self.error is not None:
+                raise self.error
+            return {"units": [], "errors": {}, "replayed": [], "roles": {}, "token": token}
+
+    handler, closing = Handler(), []
+    route = c.with_blocking_ops(handler, lambda call: pytest.fail(f"{call.op.name} was queued"),
+                                lambda: closing[0] if closing else None)
+    args = c.OPS.get("submit_batch").validate({"v": 2, "token": "direct-token", "units": [
+        {"role": "r", "payload": base64.b64encode(pickle.dumps(1)).decode(), "encoding": "pickle", "seq": 1}]})
+    call = c.Call(c.OPS.get("submit_batch"), args, c.Peer(1, 0, 0))
+    answer = route(call)
+    assert type(answer) is Answered and answer.done() and not answer.cancel()
+    assert answer.result(timeout=0)["token"] == "direct-token" and answer.exception() is None
+    seen = []
+    answer.add_done_callback(seen.append)
+    assert seen == [answer]
+    handler.error = Draining("draining since now")
+    answer = route(call)
+    with pytest.raises(Draining, match="draining since now"):
+        answer.result(timeout=0)
+    assert answer.exception() is handler.error
+    closing.append("the daemon is stopping")
+    with pytest.raises(c.ShuttingDown, match="the daemon is stopping"):
+        route(call).result(timeout=0)
+
+
 def test_a_connection_refused_for_want_of_room_raises_control_busy(sockdir):
     # The only connection root may hold is busy (its request waits on a queue nobody
     # drains), so it cannot be closed to make room: the next one is refused as busy.

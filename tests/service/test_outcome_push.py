@@ -175,6 +175,28 @@ def test_an_attach_pushes_again_from_the_first_record_not_acknowledged():
     assert pushed(frame).first == 1 and [r["seq"] for r in pushed(frame).outcomes] == [2, 3]
 
 
+def test_a_batch_says_its_ack_and_its_connection_with_its_hold():
+    """``submit_batch`` v2 says all it says of its token in one `hold`: the client's ack
+    lets go of what it has, its connection is attached and pushed to from the first
+    record not acknowledged, an ack past what was sent is ignored, and attaching the same
+    connection again asks for nothing."""
+    store, first, second = OutcomeStore(clock=Clock()), FakeStream(), FakeStream()
+    store.hold(TOKEN, True, False, ack=None, stream=first)
+    assert store.takes(TOKEN) == (True, False)
+    for seq in (1, 2, 3):
+        store.put(TOKEN, solved(seq))
+    first.run()
+    store.hold(TOKEN, ack=1, stream=second)  # the next batch, on a new connection
+    [frame] = second.run()
+    assert pushed(frame).first == 1 and [r["seq"] for r in pushed(frame).outcomes] == [2, 3]
+    store.hold(TOKEN, ack=99, stream=second)  # past what was sent; the same connection
+    assert second.pulls == [] and len(second.closers) == 1
+    assert store.collect(TOKEN, 0, ack=3).result(0)["first"] == 3  # 1 acknowledged, 2 and 3 by this poll
+    second.close()  # detached: nothing more goes to it
+    store.put(TOKEN, solved(4))
+    assert second.pulls == []
+
+
 def test_an_ack_older_than_one_heard_before_drops_nothing():
     store, stream = OutcomeStore(clock=Clock()), FakeStream()
     store.attach(TOKEN, stream)

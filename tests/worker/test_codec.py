@@ -96,6 +96,36 @@ def test_a_task_body_round_trips_and_a_client_pickled_payload_stays_pickled():
     assert type(payload).__name__ == "_Pickled" and payload.load() == "remote"
 
 
+class _WholePath(Exception):
+    """Raised where `pack_task`'s whole path would pickle: the relayed path was not taken."""
+
+
+def _whole_path(*_args, **_kwargs):
+    raise _WholePath
+
+
+def test_a_client_pickled_payload_alone_is_relayed_as_it_is(monkeypatch):
+    """fleetd's common unit (a client's pickled bytes, nothing beside them, inline) is
+    pickled as it is: the same body the whole path makes, none of its steps taken; the
+    payload limit still holds. Anything else beside it, or bytes that do not go inline,
+    take the whole path."""
+    raw = _dumps({"x": [1, 2]})
+    whole = codec.task_body("r", None, None, None, None, pickled_payload=raw, limit=None)
+    monkeypatch.setattr(codec, "_set_aside", _whole_path)
+    assert codec.pack_task("r", None, None, None, None, pickled_payload=raw, limit=None,
+                           fleet="f") == (whole, None, 0)
+    with pytest.raises(PayloadTooLarge, match="limits.max_payload_bytes is 10"):
+        codec.pack_task("r", None, None, None, None, pickled_payload=raw, limit=10, fleet="f")
+    for key, lane, request_id in (("k", None, None), (None, "io", None), (None, None, "req")):
+        with pytest.raises(_WholePath):
+            codec.pack_task("r", None, key, lane, request_id, pickled_payload=raw, limit=None, fleet="f")
+    with pytest.raises(_WholePath):  # not plain bytes (a memfd's mapping is laid out)
+        codec.pack_task("r", None, None, None, None, pickled_payload=bytearray(raw), limit=None, fleet="f")
+    with pytest.raises(_WholePath):  # too large to go inline: a parcel
+        codec.pack_task("r", None, None, None, None, pickled_payload=raw, limit=None, fleet="f",
+                        inline_max=len(raw))
+
+
 def test_a_task_body_is_refused_typed():
     with pytest.raises(PayloadUnpicklable, match="role 'r'.*lock"):
         codec.task_body("r", threading.Lock(), None, None, None, pickled_payload=None, limit=1 << 20)

@@ -2,6 +2,7 @@
 """Where a service-mode round trip's time goes: p50 of each stage, in microseconds.
 
     python tools/bench/service_stages.py [--json] [--units N]
+    python tools/bench/service_stages.py --calls [--json] [--units N]
 
 A diagnostic, not a ratio: it times ``client.submit("work", 0).result()`` one unit at a
 time through a real fleetd (dispatch_bench's `Fleetd`: one role, one worker) and stamps
@@ -19,6 +20,13 @@ its window after the step before it.
   push made -> client reads       the write, waking the client's reader, the frame decoded
   client reads -> future set      the record parsed, the value unpickled, the future set
   future set -> caller back       waking the caller
+
+`--calls` (the same round trips, seen as work): on-CPU time per round trip
+(/proc/<pid>/task/<tid>/schedstat: the client's threads together, fleetd's control
+thread, and its loop, whose look before it sleeps counts as CPU), then one more run with
+the client's caller, its reader and fleetd's control thread under cProfile: their Python
+calls per round trip, fixed for a given tree whatever the machine is doing, which is how
+a change to their per-frame paths is read on a host too noisy to time it.
 """
 from __future__ import annotations
 
@@ -63,7 +71,7 @@ import os as _os
 if _os.environ.get("STAGES_FINE"):
     from fleet.runtime import submit as _submit
     _wrap(_server.ControlServer, "_check", "d_checked", after=True)
-    _wrap(_daemon.OutcomeStore, "attach", "d_attached", after=True)
+    _wrap(_daemon.OutcomeStore, "hold", "d_token_held", after=True)
     _wrap(_submit.Submitter, "submit_pickled", "d_posted", after=True)
 if hasattr(_server, "Stream"):  # outcomes pushed on the submit connection
     _wrap(_server.ControlServer, "_push_some", "d_pushed")
@@ -168,19 +176,114 @@ def stages(windows: list, stamps: list) -> dict:
             "stages_p50_us": p50, "stages_sum_us": round(sum(p50.values()), 1)}
 
 
+#: What fleetd runs first for `--calls`: its control thread under cProfile, the stats
+#: written to $CALLS_OUT when the thread ends (fleetd's stop).
+CALLS_PRELUDE = """
+import cProfile as _cProfile, os as _os
+from fleet.service.control import server as _server
+_profile, _serve = _cProfile.Profile(), _server.ControlServer._serve
+def _profiled(self):
+    _profile.enable()
+    try:
+        return _serve(self)
+    finally:
+        _profile.disable()
+        _profile.dump_stats(_os.environ["CALLS_OUT"])
+_server.ControlServer._serve = _profiled
+"""
+
+
+def _on_cpu_ns(pid: int) -> dict:
+    """Each thread of `pid`, by name: its on-CPU nanoseconds so far."""
+    out: dict = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[name] = out.get(name, 0) + int(f.read().split()[0])
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return out
+
+
+def calls(units: int) -> dict:
+    """`--calls`: on-CPU microseconds and Python calls per round trip, by thread."""
+    import cProfile
+    import pstats
+
+    from fleet.api import submit_pipe
+
+    reader = cProfile.Profile()
+    read = submit_pipe.SubmitPipe._read
+
+    def profiled_read(self, sock):  # the reader thread's whole life, under cProfile
+        reader.enable()
+        try:
+            return read(self, sock)
+        finally:
+            reader.disable()
+
+    with tempfile.NamedTemporaryFile(prefix="calls-", suffix=".prof", dir="/tmp", delete=False) as f:
+        out = f.name  # fleetd's control thread writes its stats here when it stops
+    os.environ["CALLS_OUT"] = out
+    fleetd = dispatch_bench.FLEETD
+    cpu: dict = {}
+    names = []
+    try:
+        with dispatch_bench.Fleetd(units) as daemon, daemon.connect() as client:  # the CPU view: nothing profiled
+            names.append(daemon.name)
+            [client.submit("work", i).result() for i in range(200)]  # warm
+            me, them = _on_cpu_ns(os.getpid()), _on_cpu_ns(daemon.proc.pid)
+            [client.submit("work", 0).result() for _ in range(units)]
+            mine, theirs = _on_cpu_ns(os.getpid()), _on_cpu_ns(daemon.proc.pid)
+            # the client's threads (the caller, its reader, the collector) bear the process's name
+            cpu["client: every thread"] = round((sum(mine.values()) - sum(me.values())) / units / 1e3, 1)
+            for label, name in (("fleetd: control thread", "fleet-control"), ("fleetd: loop", "fleet-loop")):
+                cpu[label] = round((theirs.get(name, 0) - them.get(name, 0)) / units / 1e3, 1)
+        dispatch_bench.FLEETD = CALLS_PRELUDE + fleetd
+        submit_pipe.SubmitPipe._read = profiled_read
+        caller = cProfile.Profile()
+        with dispatch_bench.Fleetd(units) as daemon, daemon.connect() as client:
+            names.append(daemon.name)
+            [client.submit("work", i).result() for i in range(200)]
+            caller.enable()
+            [client.submit("work", 0).result() for _ in range(units)]
+            caller.disable()
+        counted = {"client: caller": pstats.Stats(caller).total_calls / units,
+                   "client: reader": pstats.Stats(reader).total_calls / (units + 200),
+                   "fleetd: control thread": pstats.Stats(out).total_calls / (units + 200)}
+    finally:
+        dispatch_bench.FLEETD = fleetd
+        submit_pipe.SubmitPipe._read = read
+        if os.path.exists(out):
+            os.unlink(out)
+    return {"fleets": names, "round_trips": units, "cpu_us_per_round_trip": cpu,
+            "python_calls_per_round_trip": {k: round(v, 1) for k, v in counted.items()}}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--units", type=int, default=2000)
+    parser.add_argument("--calls", action="store_true", help="on-CPU time and Python calls per round trip, by thread")
     args = parser.parse_args(argv)
-    res = measure(args.units)
-    if args.json:
-        print(json.dumps(res, indent=2))
-    else:
-        print(f"{res['round_trips']} round trips, p50 {res['round_trip_p50_us']} us")
-        for name, us in res["stages_p50_us"].items():
-            print(f"  {name:32s} {us:8.1f}")
+    if args.units < 1:
+        parser.error("--units must be at least 1")
+    res, text = (calls(args.units), _calls_text) if args.calls else (measure(args.units), _stages_text)
+    print(json.dumps(res, indent=2) if args.json else text(res))
     return 0
+
+
+def _stages_text(res: dict) -> str:
+    rows = [f"  {name:32s} {us:8.1f}" for name, us in res["stages_p50_us"].items()]
+    return "\n".join([f"{res['round_trips']} round trips, p50 {res['round_trip_p50_us']} us", *rows])
+
+
+def _calls_text(res: dict) -> str:
+    rows = [f"  {label:28s} {us:8.1f} us on CPU" for label, us in res["cpu_us_per_round_trip"].items()]
+    rows += [f"  {label:28s} {n:8.1f} Python calls" for label, n in res["python_calls_per_round_trip"].items()]
+    return "\n".join([f"{res['round_trips']} round trips; per round trip:", *rows])
 
 
 if __name__ == "__main__":

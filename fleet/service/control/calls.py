@@ -1,5 +1,6 @@
 """Validated calls and how they reach the thread that owns the state: `Peer`,
-`Call`, the dispatches (`inline_dispatch`, `with_blocking_ops`) and `CallQueue`."""
+`Call`, the dispatches (`inline_dispatch`, `with_blocking_ops`), a call's answer made on the
+spot (`Answered`) and `CallQueue`."""
 from __future__ import annotations
 
 import collections
@@ -49,23 +50,54 @@ class Call:
         return self.op.execute(handler, self.args)
 
 
-def inline_dispatch(handler) -> Callable[[Call], Future]:
+def inline_dispatch(handler) -> Callable[[Call], Answered]:
     """A dispatch that runs each call at once on the server's connection thread.
 
     Only for handlers that are safe to call from any thread; a daemon whose loop
     owns its state uses `CallQueue` instead.
     """
 
-    def dispatch(call: Call) -> Future:
-        fut: Future = Future()
-        fut.set_running_or_notify_cancel()
-        try:
-            fut.set_result(call.run(handler))
-        except Exception as exc:  # delivered to the waiter as the reply
-            fut.set_exception(exc)
-        return fut
+    def dispatch(call: Call) -> Answered:
+        return answered(call.run, handler)
 
     return dispatch
+
+
+class Answered:
+    """The answer of a call run at once on the server's thread, as the server reads a
+    Future's (`done`, `result`, `add_done_callback`): a reply made on the spot needs no
+    Future's condition, locks and callbacks list, made and settled per frame (a service
+    client's every submit is one)."""
+
+    __slots__ = ("_value", "_error")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None):
+        self._value, self._error = value, error
+
+    def done(self) -> bool:
+        return True
+
+    def cancel(self) -> bool:
+        return False  # it ran already
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[Answered], None]) -> None:
+        fn(self)  # done already: at once, as a Future's would be
+
+
+def answered(fn: Callable[..., Any], *args: Any) -> Answered:
+    """`fn(*args)` run now: its value, or the Exception it raised (the reply says it)."""
+    try:
+        return Answered(fn(*args))
+    except Exception as exc:  # delivered to the waiter as the reply
+        return Answered(error=exc)
 
 
 #: A direct op whose frame brought this many bytes or more in memfds (a large payload,
@@ -79,7 +111,7 @@ def held_bytes(call: Call) -> int:
 
 
 def with_blocking_ops(handler, dispatch: Callable[[Call], Future],
-                      refusal: Callable[[], str | None] = lambda: None, side=None) -> Callable[[Call], Future]:
+                      refusal: Callable[[], str | None] = lambda: None, side=None) -> Callable[[Call], Future | Answered]:
     """A dispatch that keeps blocking ops (``Op.blocking``, a long poll) and direct ones
     (``Op.direct``, a submit) off ``dispatch``.
 
@@ -106,17 +138,11 @@ def with_blocking_ops(handler, dispatch: Callable[[Call], Future],
             raise ShuttingDown(why)
         return call.run(handler)
 
-    def route(call: Call) -> Future:
+    def route(call: Call) -> Future | Answered:
         if call.op.direct:
-            if side is not None and held_bytes(call) >= SIDE_MIN_BYTES:
+            if side is not None and call.held and held_bytes(call) >= SIDE_MIN_BYTES:
                 return side.submit(lambda: direct(call))
-            fut = Future()
-            fut.set_running_or_notify_cancel()
-            try:
-                fut.set_result(direct(call))
-            except Exception as exc:  # delivered to the peer as the reply
-                fut.set_exception(exc)
-            return fut
+            return answered(direct, call)
         if not call.op.blocking:
             return dispatch(call)
         try:

@@ -224,6 +224,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
 def _optional(obj: dict, field: str, ok: Any, what: str) -> Any:
     value = obj.get(field)
     if value is not None and not ok(value):
@@ -243,11 +247,17 @@ def parse(obj: Any) -> Record:
     kind = obj.get(KIND)
     if kind not in KINDS:
         raise BadOutcomeRecord(KIND, f"must be one of {', '.join(KINDS)}, got {kind!r:.80}")
-    seq = _optional(obj, SEQ, _is_int, "an integer")
-    unit = _optional(obj, UNIT, _is_int, "an integer")
-    role = _optional(obj, ROLE, lambda v: isinstance(v, str), "a string")
-    reason, detail, error, value = (_optional(obj, f, lambda v: isinstance(v, str), "a string")
-                                    for f in (REASON, DETAIL, ERROR, VALUE))
+    get = obj.get
+    seq, unit, part, parts = get(SEQ), get(UNIT), get(PART), get(PARTS)
+    role, reason, detail, error, value = get(ROLE), get(REASON), get(DETAIL), get(ERROR), get(VALUE)
+    # Each field None or of its kind, in the order they are named; the common record's
+    # plain types pass on one look each, anything else is asked as `_optional` asks.
+    for field, got in ((SEQ, seq), (UNIT, unit)):
+        if got is not None and type(got) is not int:
+            _optional(obj, field, _is_int, "an integer")
+    for field, got in ((ROLE, role), (REASON, reason), (DETAIL, detail), (ERROR, error), (VALUE, value)):
+        if got is not None and type(got) is not str:
+            _optional(obj, field, _is_str, "a string")
     mapped = obj.get(VALUE_FD)
     if mapped is not None and type(mapped) not in (fdpass.Mapped, fdpass.Held):
         raise BadOutcomeRecord(VALUE_FD, f"names no descriptor the frame brought, got {mapped!r:.80}")
@@ -256,8 +266,9 @@ def parse(obj: Any) -> Record:
         raise BadOutcomeRecord(VALUE_FD, "a value in a memfd is a solved record's whole value, alone")
     if kind == SOLVED and value is None and mapped is None:
         raise BadOutcomeRecord(VALUE, "a solved record must carry its value (a base64 string, or a memfd)")
-    part = _optional(obj, PART, _is_int, "an integer")
-    parts = _optional(obj, PARTS, _is_int, "an integer")
+    for field, got in ((PART, part), (PARTS, parts)):
+        if got is not None and type(got) is not int:
+            _optional(obj, field, _is_int, "an integer")
     if (part is None) != (parts is None):
         raise BadOutcomeRecord(PART if part is None else PARTS, "part and parts come together")
     if parts is not None:

@@ -23,7 +23,7 @@ from fleet.host.proctitle import name_thread
 from fleet.rules import titles
 from fleet.rules.errors import FleetError
 from fleet.service.control import fds as fdpass
-from fleet.service.control.calls import Call, Peer
+from fleet.service.control.calls import Answered, Call, Peer
 from fleet.service.control.errors import (
     E_BUSY,
     E_INTERNAL,
@@ -253,7 +253,8 @@ class ControlServer:
 
     Args:
         path: socket path; its directory must exist (see `prepare_runtime_dir`).
-        dispatch: ``Call -> Future`` (normally ``CallQueue.submit``).
+        dispatch: ``Call -> Future`` (normally ``CallQueue.submit``), or the call's
+            `calls.Answered` when it ran at once (a direct op's).
         registry: the ops served (default `OPS`).
         group: gid or group name the socket file is given; default the owner's group.
         mode: socket file mode; 0660 lets the group connect and no one else.
@@ -264,7 +265,7 @@ class ControlServer:
     def __init__(
         self,
         path: str | os.PathLike,
-        dispatch: Callable[[Call], Future],
+        dispatch: Callable[[Call], Future | Answered],
         *,
         registry: OpRegistry = OPS,
         group: int | str | None = None,
@@ -777,7 +778,7 @@ class ControlServer:
                 log.info("control connection from pid %d uid %d closed: it left a reply unread for %gs",
                          conn.peer.pid, conn.peer.uid, self.write_timeout)
                 self._drop(conn)
-            elif conn.idle and now - conn.last_active >= self.idle_timeout:
+            elif now - conn.last_active >= self.idle_timeout and conn.idle:
                 self._drop(conn)
 
     def _call_timed_out(self, conn: _Conn) -> None:
@@ -873,7 +874,7 @@ class ControlServer:
             self._advance(conn)
 
     @staticmethod
-    def _reply_for(call: Call, fut: Future) -> bytes:
+    def _reply_for(call: Call, fut: Future | Answered) -> bytes:
         rid = call.request_id
         try:
             result = fut.result(timeout=0)

@@ -206,6 +206,8 @@ def json_type(value: Any) -> str:
 
 
 def _is(value: Any, kinds: tuple[type, ...]) -> bool:
+    # (`check_args` asks only when the value's own type is not among `kinds`: a match
+    # there is this function's True, in one look.)
     if isinstance(value, bool):  # bool is an int subclass; JSON keeps them apart
         return bool in kinds
     if isinstance(value, int) and float in kinds:
@@ -243,7 +245,7 @@ def check_args(op: str, schema: Mapping[str, Arg], args: Mapping[str, Any]) -> d
         if name not in args:
             if spec.required:
                 problems.append(f"missing required argument {name} ({spec.describe()})")
-        elif spec.kinds is not None and not _is(args[name], spec.kinds):
+        elif spec.kinds is not None and type(args[name]) not in spec.kinds and not _is(args[name], spec.kinds):
             problems.append(f"argument {name} must be {spec.describe()}, got {json_type(args[name])}")
     if problems:
         raise ProtocolError(E_INVALID_ARGS, f"{op}: " + "; ".join(problems))

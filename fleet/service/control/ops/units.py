@@ -294,12 +294,11 @@ class SubmitBatchOp(Op):
         at, and any other unit, one by one (`SubmitOp.admit`), each with its own refusal.
         v2: the token's outcomes are pushed on ``stream`` (the batch's connection) from
         now on, and ``ack`` lets go of those the client has."""
-        daemon.store.hold(token, fds, parcels)  # OutcomesDropped before anything is admitted
+        # OutcomesDropped before anything is admitted
         if v >= 2:
-            if ack is not None:
-                daemon.store.acknowledge(token, ack)
-            if stream is not None:
-                daemon.store.attach(token, stream)
+            daemon.store.hold(token, fds, parcels, ack=ack, stream=stream)
+        else:
+            daemon.store.hold(token, fds, parcels)
         ids, errors, replayed, roles = [None] * len(units), {}, [], {}
         specs, store, i = daemon.config.roles, daemon.store, 0
         while i < len(units):
