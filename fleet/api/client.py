@@ -481,10 +481,10 @@ class Client(Executor):
         return fut
 
     def _wake_collector(self) -> None:
-        """A unit is owed: wake the collector if it sleeps for one (it sets
-        ``_collector_waits`` under the lock before it sleeps, and a unit owed is recorded
-        under the same lock before this is asked, so the flag read here is never stale in
-        the way that matters: a collector that read nothing owed is asleep with it set)."""
+        """A unit is owed: wake the collector if it sleeps for one. The flag is read
+        without the lock, and no wake-up is missed: a collector that found nothing owed
+        set it under the lock before it slept, and the unit was recorded owed under that
+        lock before this is asked."""
         if self._collector_waits:
             with self._cond:
                 self._cond.notify_all()

@@ -294,8 +294,7 @@ class SubmitBatchOp(Op):
         at, and any other unit, one by one (`SubmitOp.admit`), each with its own refusal.
         v2: the token's outcomes are pushed on ``stream`` (the batch's connection) from
         now on, and ``ack`` lets go of those the client has."""
-        # OutcomesDropped before anything is admitted
-        if v >= 2:
+        if v >= 2:  # OutcomesDropped (raised by hold) before anything is admitted
             daemon.store.hold(token, fds, parcels, ack=ack, stream=stream)
         else:
             daemon.store.hold(token, fds, parcels)
