@@ -616,18 +616,7 @@ int fleet_bell_wait_spin_held(uint32_t *bell, uint32_t *waiting, uint32_t seen, 
                               int64_t spin_ns, uint32_t *mine, const uint32_t *theirs, int64_t handover_ns) {
     if (mine != NULL) __atomic_store_n(mine, 0, __ATOMIC_RELEASE);  /* the cffi call let go of the GIL */
     theirs = armed(theirs);
-    int64_t start = monotonic_ns();
-    if (timeout_ns >= 0 && spin_ns > timeout_ns) spin_ns = timeout_ns;  /* the spin is part of the wait */
-    int rc = 1;
-    for (int64_t now = start, until = start + spin_ns;; now = monotonic_ns()) {
-        if (__atomic_load_n(bell, __ATOMIC_ACQUIRE) != seen) {
-            rc = 0;
-            break;
-        }
-        if (now >= until) break;
-        sched_yield();
-    }
-    if (rc != 0) rc = fleet_bell_wait(bell, waiting, seen, timeout_after_spin(timeout_ns, start));
+    int rc = fleet_bell_wait_spin(bell, waiting, seen, timeout_ns, spin_ns);
     if (rc == 0) await_handover(theirs, handover_ns);  /* also after a sleep: one wake-up, not two */
     return rc;
 }
