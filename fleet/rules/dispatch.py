@@ -82,6 +82,7 @@ Rules:
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from collections import OrderedDict, deque
 from typing import Hashable, NamedTuple
@@ -143,12 +144,18 @@ class Grant(NamedTuple):
     key_id: int
     ops: tuple  # (slot, event, role, key_id, chained) * its events
     ahead: bool = False  # sent behind the slot's running unit (the worker LEASEs the slot)
+    item: Pending | None = None  # what was queued (the loop's own record of the unit)
 
     @property
     def transitions(self) -> tuple:
         """The grant's events as ((event, role, key_id), ...)."""
         ops = self.ops
         return tuple((ops[i + 1], ops[i + 2], ops[i + 3]) for i in range(0, len(ops), OP_FIELDS))
+
+
+#: A Grant made from its fields in order, every field given: `tuple.__new__` itself, a C
+#: call, where `Grant(...)` runs the NamedTuple's Python-level __new__ (one per unit granted).
+_new_grant = functools.partial(tuple.__new__, Grant)
 
 
 class Lost(NamedTuple):
@@ -251,12 +258,34 @@ class _PriorityQueue:
         (level.appendleft if front else level.append)(item)
         self.n += 1
 
-    def peek(self) -> Pending | None:
+    def extend(self, items: list) -> None:
+        """`push` each of `items` at the back, in order (a run of one level costs one
+        lookup of it, not one call per unit)."""
+        levels, last, level = self.levels, None, None
+        for item in items:
+            priority = item.priority
+            if priority != last:
+                level = levels.get(priority)
+                if level is None:
+                    level = levels[priority] = deque()
+                    bisect.insort(self.order, -priority)
+                last = priority
+            level.append(item)
+        self.n += len(items)
+
+    def head(self) -> deque | None:
+        """The highest priority level that holds a unit (its first is `peek`), or None.
+        A grant pass takes units off it directly, `n` kept by the taker, until it is
+        empty: nothing is queued during a pass."""
         for neg in self.order:
             level = self.levels[-neg]
             if level:
-                return level[0]
+                return level
         return None
+
+    def peek(self) -> Pending | None:
+        level = self.head()
+        return level[0] if level else None
 
     def pop(self) -> Pending:
         for neg in self.order:
@@ -303,6 +332,15 @@ class _RoleQueue:
         else:
             self.plain.push(item, front)
         self.n += 1
+
+    def extend(self, items: list) -> None:
+        """`push` each of `items` (units of this role) at the back, in order."""
+        if self.keyed:
+            for item in items:
+                self.push(item)
+            return
+        self.plain.extend(items)
+        self.n += len(items)
 
     def push_first(self, item: Pending) -> None:
         """`item` goes first: at the head of its priority level (of its key's queue, and
@@ -370,7 +408,10 @@ class Dispatcher:
         self._queues = [_RoleQueue(keyed=r.kind in ("pinned", "singleton")) for r in roles]
         self._order = sorted(range(len(roles)), key=lambda c: (precedence(roles.by_code(c)), c))
         self._in_use = [0] * len(roles)
-        self._where: dict[int, _Slot] = {}  # unit id -> slot, while in flight
+        self._where: dict[int, int] = {}  # unit id -> its slot's index, while in flight
+        #: slot_of(unit_id) -> the slot a unit in flight was granted, or None: the dict's own
+        #: get (the loop asks it of every result; `_where` is never replaced)
+        self.slot_of = self._where.get
         #: every unit in flight, in grant order: what goes back to a queue when its pin
         #: drains or its seat dies before it started
         self._granted: dict[int, Pending] = {}
@@ -468,9 +509,7 @@ class Dispatcher:
     def enqueue_many(self, items: list) -> None:
         """`enqueue` each of `items` (units of one role), in order."""
         if items:
-            push = self._queues[items[0].role].push
-            for item in items:
-                push(item)
+            self._queues[items[0].role].extend(items)
 
     def drain_queue(self, role: int | None = None) -> list[Pending]:
         """Remove and return queued (not granted) units, of one role or all."""
@@ -494,9 +533,10 @@ class Dispatcher:
     def park(self, parent: int) -> bool:
         """`parent` submitted a child: its children are granted first, and may ride its
         slot (see the module doc). False when it is not in flight here."""
-        slot = self._where.get(parent)  # a rider's is the slot it rides: its children ride it too
-        if slot is None:
+        index = self._where.get(parent)  # a rider's is the slot it rides: its children ride it too
+        if index is None:
             return False
+        slot = self._slots[index]
         if parent not in self._parked:
             self._parked[parent] = slot
             slot.parked += 1
@@ -550,12 +590,12 @@ class Dispatcher:
                     leased = self._lease_on(seat, code)
                     out.append(self._take(leased, item, fsm.START, (leased.index, fsm.LEASE, code, 0, 0)))
                     continue
-                self._where[item.unit_id] = slot
+                self._where[item.unit_id] = slot.index
                 self._granted[item.unit_id] = item
                 self._riding[item.unit_id] = parent
                 self._riders[parent] = self._riders.get(parent, 0) + 1
                 self.rides[code] += 1
-                out.append(Grant(item.unit_id, code, slot.index, slot.seat, RIDE, 0, ()))
+                out.append(_new_grant((item.unit_id, code, slot.index, slot.seat, RIDE, 0, (), False, item)))
             if not kids:
                 self._kids.pop(parent, None)
 
@@ -600,21 +640,31 @@ class Dispatcher:
         feedable, plain = self._feedable[code], queue.plain
         # Fixed for this loop (it leases nothing, and posture changes between grants only):
         held, shallow, nominal = self._held[code], self._ahead[code] > 1, not cordon.restricts(self.posture)
+        skip, slots, sent_ahead, take = self.skip, self._slots, self._sent_ahead, self._take
+        level = None  # the queue's head level, taken from directly (`_PriorityQueue.head`)
         while feedable:
             # The shallowest slot first, so the role's seats fill evenly; and only while
             # the queue holds at least as many units as every slot would then have ahead
             # of it: a unit never waits behind more than is left for the other slots.
-            slot = self._slots[self._shallowest(feedable) if shallow and len(feedable) > 1 else next(iter(feedable))]
+            slot = slots[self._shallowest(feedable) if shallow and len(feedable) > 1 else next(iter(feedable))]
             if plain.n < held * len(slot.inflight):
                 return
-            item = self._next_live(plain, queue)
-            if item is None or not (nominal or self._posture_allows(code, item, False)):
+            if not level:
+                level = plain.head()
+                if level is None:
+                    return
+            item = level[0]
+            if skip is not None and skip(item.unit_id):
+                self._drop_head(level, plain, queue)
+                continue
+            if not (nominal or self._posture_allows(code, item, False)):
                 return
-            plain.pop()
+            level.popleft()
+            plain.n -= 1
             queue.n -= 1
-            self._sent_ahead.add(item.unit_id)
+            sent_ahead.add(item.unit_id)
             self.sent_ahead_total += 1
-            out.append(self._take(slot, item, fsm.LEASE, (), ahead=True))
+            out.append(take(slot, item, fsm.LEASE, (), True))
 
     def _shallowest(self, feedable: dict) -> int:
         """The feedable slot with the fewest units in flight (the first of them on a tie)."""
@@ -676,12 +726,21 @@ class Dispatcher:
     def _next_live(self, q: _PriorityQueue, queue: _RoleQueue) -> Pending | None:
         """The head of `q`, dropping units `skip` says were cancelled."""
         while True:
-            item = q.peek()
-            if item is None or self.skip is None or not self.skip(item.unit_id):
+            level = q.head()
+            if level is None:
+                return None
+            item = level[0]
+            if self.skip is None or not self.skip(item.unit_id):
                 return item
-            q.pop()
-            queue.n -= 1
-            self._skipped.append(item.unit_id)
+            self._drop_head(level, q, queue)
+
+    def _drop_head(self, level: deque, q: _PriorityQueue, queue: _RoleQueue) -> None:
+        """`skip` said the head of `level` (`q`'s head level) was cancelled: it leaves the
+        queue, and is collected for `take_skipped`."""
+        item = level.popleft()
+        q.n -= 1
+        queue.n -= 1
+        self._skipped.append(item.unit_id)
 
     def take_skipped(self) -> list[int]:
         out, self._skipped = self._skipped, []
@@ -801,11 +860,11 @@ class Dispatcher:
             self._in_use[slot.role] += 1
         slot.inflight.append(item.unit_id)
         slot.last_used = next(self._clock)
-        self._where[item.unit_id] = slot
+        self._where[item.unit_id] = slot.index
         self._granted[item.unit_id] = item
         if self._pooled[slot.role]:
             self._update_feedable(slot)
-        return Grant(item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, ops, ahead)
+        return _new_grant((item.unit_id, slot.role, slot.index, slot.seat, start_event, slot.key_id, ops, ahead, item))
 
     def ahead_caps(self) -> list[int]:
         """Per role: the most units sent ahead to one of its slots (0: none ever)."""
@@ -842,8 +901,8 @@ class Dispatcher:
             left = self._riders.pop(parent) - 1
             if left:
                 self._riders[parent] = left
-            return self._where.pop(unit_id).index
-        slot = self._where.pop(unit_id)
+            return self._where.pop(unit_id)
+        slot = self._slots[self._where.pop(unit_id)]
         del self._granted[unit_id]
         self._sent_ahead.discard(unit_id)
         if slot.inflight and slot.inflight[0] == unit_id:
@@ -867,8 +926,8 @@ class Dispatcher:
         """A unit sent behind a pin that was drained to Idle came back unstarted: put it at
         the head of its key's queue again (submit order kept). False (nothing changed)
         when it was not such a unit."""
-        slot = self._where.get(unit_id)
-        if slot is None or not slot.drained:
+        index = self._where.get(unit_id)
+        if index is None or not self._slots[index].drained:
             return False
         item = self._granted[unit_id]
         self.complete(unit_id, fsm.IDLE)
@@ -887,8 +946,8 @@ class Dispatcher:
         (`fleet.runtime.deaths`) and gives back those that never started (`put_back_first`)."""
         slot_of: dict[int, int] = {}  # unit id -> slot, for the seat's units in flight
         for child, parent in list(self._riding.items()):
-            if self._where[child].seat == seat:
-                slot_of[child] = self._where.pop(child).index
+            if self._slots[self._where[child]].seat == seat:
+                slot_of[child] = self._where.pop(child)
                 del self._riding[child]
                 left = self._riders.pop(parent) - 1
                 if left:
@@ -924,11 +983,6 @@ class Dispatcher:
     def sent_ahead(self, unit_id: int) -> bool:
         """Whether `unit_id` was sent behind a running unit and has not ended."""
         return unit_id in self._sent_ahead
-
-    def slot_of(self, unit_id: int) -> int | None:
-        """The slot a unit in flight was granted (None when it is not in flight)."""
-        slot = self._where.get(unit_id)
-        return None if slot is None else slot.index
 
     def slots_of_seat(self, seat: int) -> list[int]:
         return list(self._seat_slots[seat]) if 0 <= seat < len(self._seat_slots) else []

@@ -76,7 +76,7 @@ class Pace:
     def ran(self, code: int, seconds: float) -> int | None:
         if self._caps[code] <= 0 or not seconds >= 0:  # nothing to pace; NaN or a negative: no measure
             return None
-        return self._settle(code, _smoothed(self._run_s[code], seconds))
+        return self._settle(code, _smoothed(self._run_s[code], (seconds,)))
 
     def ran_many(self, code: int, seconds: list) -> int | None:
         """`ran` for each of `seconds` in order (a slice of the role's results), the depth
@@ -84,10 +84,7 @@ class Pace:
         is no longer in force by then), in one call."""
         if self._caps[code] <= 0:
             return None
-        run_s = self._run_s[code]
-        for s in seconds:
-            if s >= 0:  # NaN or a negative: no measure
-                run_s = _smoothed(run_s, s)
+        run_s = _smoothed(self._run_s[code], seconds)
         return None if run_s is None else self._settle(code, run_s)
 
     def _settle(self, code: int, run_s: float) -> int | None:
@@ -197,9 +194,7 @@ class Batches:
     def ran(self, seconds: float, calls: int) -> None:
         if not calls or not seconds >= 0:  # NaN or a negative: no measure
             return
-        x = seconds / calls
-        last = self._item_s
-        self._item_s = x if last is None else last + SMOOTHING * (x - last)
+        self._item_s = _smoothed(self._item_s, (seconds / calls,))
 
     def item_s(self) -> float | None:
         """A call's measured run in seconds; None before a chunk came back."""
@@ -211,7 +206,11 @@ class Batches:
         return self._last
 
 
-def _smoothed(last: float | None, seconds: float) -> float:
-    """A role's run time after one more measure (`seconds`): the first measure as it is,
-    then an exponential moving average (SMOOTHING)."""
-    return seconds if last is None else last + SMOOTHING * (seconds - last)
+def _smoothed(last: float | None, seconds) -> float | None:
+    """A run time after the measures `seconds` (an iterable, in order; a NaN or a negative
+    one is no measure and is passed over): the first measure as it is, then an
+    exponential moving average (SMOOTHING). One call for a slice of measures."""
+    for s in seconds:
+        if s >= 0:
+            last = s if last is None else last + SMOOTHING * (s - last)
+    return last

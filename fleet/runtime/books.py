@@ -59,6 +59,9 @@ class Books:
         self._ends_dropped = 0
         #: ``on_end(unit_id, outcome)``: told of every end (fleet.runtime.inside: a parent's children)
         self.on_end = None
+        #: ``on_solved(unit_ids)``: `on_end` of each of them, all solved (a slice's plain
+        #: units, `close_solved`), in one call
+        self.on_solved = None
         #: ``on_delivered()``: called at the end of every `deliver`, on the loop, after the
         #: futures' callbacks (fleetd: the outcomes they held for clients go out in one write
         #: per client from here, with no other thread woken for it)
@@ -174,17 +177,18 @@ class Books:
         ...), ...]``: the outcome `close` records for each, in one call; their ids onto
         `solved`, which the caller ledgers in one call. The caller checked that no watch is
         on and no gate stopped any unit (`plain_ends`)."""
-        held, done, on_end, room = self._units, self._done, self.on_end, self._room
+        held, done, room = self._units, self._done, self._room
+        first = len(solved)
         for unit, value, _run_s in ended:
             unit_id = unit.unit_id
             del held[unit_id]
             if unit.queued:  # never, for a unit that ran; `_end`'s rule all the same
                 unit.queued = False
                 room.give(unit.role)
-            if on_end is not None:
-                on_end(unit_id, _SOLVED)
             solved.append(unit_id)
             done.append((unit.future, value, None))
+        if self.on_solved is not None:
+            self.on_solved(solved[first:])
 
     @property
     def plain_ends(self) -> bool:

@@ -270,6 +270,8 @@ class Door:
         self.room = QueueRoom(queue_bounds)
         self.role_stops = role_stops
         self._ids = itertools.count(1)  # next() is atomic: callers number their own units
+        #: new_id() -> the next unit id: the counter's own __next__ (every submit calls it)
+        self.new_id = self._ids.__next__
         #: Intake closed: no new units (written by the loop only, a plain attribute swap).
         self.closing = False
         #: Draining since (epoch seconds), or None: submits are refused with Draining
@@ -312,9 +314,6 @@ class Door:
         self.stopped.set()
 
     # ------------------------------------------------------------------ callers
-    def new_id(self) -> int:
-        return next(self._ids)
-
     def issued(self, unit_id: int) -> bool:
         """Whether this fleet ever handed out `unit_id` (a look spends an id: ids are
         unique, not dense)."""

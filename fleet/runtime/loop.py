@@ -211,7 +211,7 @@ class Supervisor:
         self.door.intake.take_runs(accept, self._accept.accept_run)
         self.inside = Inside(name, roles, self._submitter, self.books, rig.dispatcher, self.seats, self._results.sent_to)
         self._results.inside = self._deaths.inside = self.inside
-        self.books.on_end = self.inside.ended
+        self.books.on_end, self.books.on_solved = self.inside.ended, self.inside.solved
         self.inside.publisher = rig.publisher
 
     # ================================================================== what boot planned
@@ -359,12 +359,11 @@ class Supervisor:
         sends: dict[int, list] = {}  # seat -> its tasks of this pass, pushed in one call each
         freed: dict[int, int] = {}  # role -> units granted, whose queue room goes back at once below
         started = self.gates.started
-        get = books.get
         now = time.time() if grants else 0.0  # one clock read per pass: when its units run since
         for g in grants:
             if g.start_event == RIDE:
                 table.count_ride(g.slot)  # the census shows it (status "rides")
-            unit = get(g.unit_id)
+            unit = g.item  # what was queued: the unit's record on the books
             unit.queued = False
             unit.since = now
             freed[unit.role] = freed.get(unit.role, 0) + 1

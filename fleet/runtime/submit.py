@@ -317,7 +317,7 @@ class Submitter:
                 arrivals = [(u.unit_id, role, p, None, lane) for u, p in zip(units, payloads[start:start + took])]
             self._intake.post(self._accept_many, units, arrivals, refused=self._turned_away_many, pace=not on_loop,
                               hand_over=not on_loop)
-            futures.extend(u.future for u in units)
+            futures.extend([u.future for u in units])
             start += took
 
     def _unpack(self, packed: list, reuse: bool = True) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import itertools
 import queue
+import sys
 import time
 from concurrent.futures import Future
 from typing import Callable, Iterable, Iterator
@@ -120,9 +121,11 @@ class _Feeder:
         self.more = True
         self.pending = collections.deque() if ordered else set()
         self.done = None if ordered else queue.SimpleQueue()
-        #: a batch top-up waits until no more than this many are pending (set at each
-        #: look at the window: the map reads its window only then, not per result)
-        self.low = 0
+        #: `fill` tops the window up only while `more` and no more than this many are
+        #: pending (its caller looks before it calls). A batch top-up sets it at each look
+        #: at the window (the map reads its window only then, not per result); the other
+        #: ways look at every result.
+        self.low = 0 if submit_many is not None and batches is None else sys.maxsize
 
     def fill(self) -> None:
         if self.batches is not None:
@@ -151,8 +154,7 @@ class _Feeder:
                 payloads.append(chunk)
         self.more = len(payloads) == free
         if payloads:
-            for future in self.submit_many(payloads, self.chunksize > 1):
-                self._track(future)
+            self._track_all(self.submit_many(payloads, self.chunksize > 1))
 
     def _fill_batches(self) -> None:
         """Top the window up with units of the size the map's measure calls for now."""
@@ -171,11 +173,9 @@ class _Feeder:
         if not payloads:
             return
         if self.submit_many is not None:
-            futures = self.submit_many(payloads, True)
+            self._track_all(self.submit_many(payloads, True))
         else:
-            futures = [self.submit(payload, True) for payload in payloads]
-        for future in futures:
-            self._track(future)
+            self._track_all([self.submit(payload, True) for payload in payloads])
 
     def _feed(self) -> bool:
         if self.chunksize == 1:
@@ -196,9 +196,13 @@ class _Feeder:
         return self.chunk_of(items) if items and self.chunk_of is not None else items
 
     def _track(self, future: Future) -> None:
+        self._track_all((future,))
+
+    def _track_all(self, futures) -> None:
         if self.done is None:
-            self.pending.append(future)
-        else:
+            self.pending.extend(futures)
+            return
+        for future in futures:
             self.pending.add(future)
             future.add_done_callback(self.done.put)
 
@@ -212,11 +216,16 @@ def _left(deadline):
 
 
 def _ordered(role, feeder, chunksize, deadline):
-    pending = feeder.pending
+    pending, chunks, batches = feeder.pending, feeder.chunks, feeder.batches
     try:
         while pending:
-            yield from _results(role, pending.popleft(), feeder.chunks, _left(deadline), feeder.batches)
-            feeder.fill()
+            left = None if deadline is None else _left(deadline)
+            if chunks:
+                yield from _results(role, pending.popleft(), True, left, batches)
+            else:  # `_results` of a unit of one call, with no frame between
+                yield hand_out([pending.popleft().result(left)])
+            if feeder.more and len(pending) <= feeder.low:
+                feeder.fill()
     finally:
         feeder.cancel_rest()
 
@@ -231,7 +240,8 @@ def _unordered(role, feeder, chunksize, deadline):
                 raise TimeoutError(f"map_unordered over {role!r}: timed out with {len(pending)} unit(s) owed") from None
             pending.discard(future)
             yield from _results(role, future, feeder.chunks, 0, feeder.batches)
-            feeder.fill()
+            if feeder.more and len(pending) <= feeder.low:
+                feeder.fill()
     finally:
         feeder.cancel_rest()
 

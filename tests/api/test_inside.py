@@ -34,6 +34,17 @@ def test_a_task_fans_out_and_joins_its_children(ex):
     assert balanced(after)
 
 
+def test_a_parent_that_solved_leaves_no_record_of_its_children(ex):
+    """A plain parent's solved end takes the batch path (`Books.close_solved`): the loop
+    forgets its children as any end does (`Inside.solved`), or the record would grow with
+    every parent that ever ran."""
+    future = ex.submit(C.fan_out, 5)
+    assert future.result(WAIT_S) == sum(i * i for i in range(5))
+    assert ex._sup.inspect(lambda sup: future.unit_id in sup.inside._of or bool(sup.books.get(future.unit_id)),
+                           timeout=WAIT_S) is False
+    assert ex._sup.inspect(lambda sup: sup._results.batched, timeout=WAIT_S) > 0  # the path it took
+
+
 @pytest.mark.parametrize("chunksize", [1, 4])
 def test_a_task_maps_over_its_children_in_order(ex, chunksize):
     assert ex.submit(C.fan_map, 30, chunksize).result(WAIT_S) == [i * i for i in range(30)]

@@ -74,6 +74,42 @@ def test_priority_then_submit_order_inside_a_role(d):
     assert [g.unit_id for g in d.grant()] == [2, 3]
 
 
+@pytest.mark.parametrize("role", ["resolve", "solver"])
+def test_a_run_queued_in_one_call_is_granted_as_units_queued_one_by_one(role):
+    """`enqueue_many` (a run of submits, accepted in bulk) keeps every order `enqueue` keeps:
+    priority first, then submit order, per key for a keyed role."""
+    keys = ["a", "b"] if role == "solver" else [None, None]
+    run = [_unit(uid, role, keys[uid % 2], priority) for uid, priority in
+           enumerate([0, 5, 0, 5, 7, 0, 7, 5, 0], start=1)]
+    one_by_one, bulk = Dispatcher(ROLES, _layout(), pin_depth=9), Dispatcher(ROLES, _layout(), pin_depth=9)
+    for item in run:
+        one_by_one.enqueue(replace(item))
+    bulk.enqueue_many([replace(item) for item in run])
+    code = ROLES.code(role)
+    assert bulk.queued(code) == one_by_one.queued(code) == len(run)
+    order = _granted_till_empty(one_by_one)
+    assert _granted_till_empty(bulk) == order and sorted(order) == list(range(1, 10))
+    if role == "resolve":
+        assert order == [5, 7, 2, 4, 8, 1, 3, 6, 9]
+
+
+def _granted_till_empty(d) -> list:
+    """Every unit's id in grant order, each pass's grants completed before the next pass."""
+    order = []
+    while grants := d.grant():
+        order += [g.unit_id for g in grants]
+        for g in grants:
+            d.complete(g.unit_id, fsm.IDLE if g.role != ROLES.code("solver") else fsm.PINNED)
+    return order
+
+
+def test_a_grant_carries_what_was_queued(d):
+    item = _unit(1, "resolve")
+    d.enqueue(item)
+    (g,) = d.grant()
+    assert g.item is item and g.unit_id == 1
+
+
 def test_keyed_units_claim_then_resume_their_pin_in_order(d):
     solver = ROLES.code("solver")
     for uid in range(1, 4):
@@ -274,6 +310,31 @@ def test_skip_drops_cancelled_units(d):
         d.enqueue(_unit(uid, "resolve"))
     assert [g.unit_id for g in d.grant()] == [1, 3]
     assert d.take_skipped() == [2] and d.take_skipped() == []
+
+
+def test_a_run_queued_in_one_call_is_sent_ahead_as_one_by_one():
+    grants = []
+    for bulk in (False, True):
+        roles, d = _two(Role("a", handler="m:f", slots=1, lookahead=4), Role("b", handler="m:f", slots=1))
+        run = [Pending(uid, roles.code("a")) for uid in range(1, 6)]
+        if bulk:
+            d.enqueue_many(run)
+        else:
+            for item in run:
+                d.enqueue(item)
+        grants.append([(g.unit_id, g.ahead) for g in d.grant()])
+    assert grants[0] == grants[1] == [(1, False), (2, True), (3, True)]  # then 2 queued < 1 held x 3 in flight
+
+
+def test_a_unit_cancelled_as_it_would_be_sent_ahead_is_dropped_and_the_next_goes():
+    roles, d = _two(Role("a", handler="m:f", slots=1, lookahead=4), Role("b", handler="m:f", slots=1))
+    a = roles.code("a")
+    d.skip = lambda uid: uid in (2, 3)
+    for uid in range(1, 6):
+        d.enqueue(Pending(uid, a))
+    grants = d.grant()
+    assert [(g.unit_id, g.ahead) for g in grants] == [(1, False), (4, True)]  # 5 waits: 1 queued < 1 held x 2
+    assert d.take_skipped() == [2, 3] and d.queued(a) == 1
 
 
 def test_drain_queue_returns_queued_units(d):

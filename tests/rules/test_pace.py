@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.rules.pace import (BATCH_GROWTH, BATCH_MAX, BATCH_S, FIRST_AHEAD, IDLE_SHARE, ROUND_TRIP_S,
+from fleet.rules.pace import (BATCH_GROWTH, BATCH_MAX, BATCH_S, FIRST_AHEAD, IDLE_SHARE, ROUND_TRIP_S, SMOOTHING,
                               Batches, Pace, batch_for, depth_for)
 
 
@@ -30,6 +30,18 @@ def test_what_waits_ahead_of_a_worker_runs_about_a_round_trip_or_one_unit():
     for run_s in (1e-7, 1e-6, 3e-5, 2e-4, 9e-4, 1e-3, 0.004, 0.03, 0.05, 1.0, 60.0):
         depth = depth_for(run_s, 64)
         assert depth <= 1 or depth * run_s <= ROUND_TRIP_S + run_s
+
+
+def test_the_run_time_is_the_first_measure_then_a_moving_average_and_a_slice_is_its_measures_in_order():
+    one, many = Pace([16]), Pace([16])
+    runs = [4e-4, float("nan"), 2e-4, -1.0, 1e-4]  # a NaN or a negative one is no measure
+    for s in runs:
+        one.ran(0, s)
+    many.ran_many(0, runs)
+    expected = 4e-4
+    for s in (2e-4, 1e-4):
+        expected += SMOOTHING * (s - expected)
+    assert one.run_s(0) == many.run_s(0) == pytest.approx(expected)
 
 
 def test_pace_reports_a_roles_depth_only_when_it_changes_and_smooths_one_odd_unit():
