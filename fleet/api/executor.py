@@ -27,6 +27,7 @@ from concurrent.futures import Executor as _StdExecutor
 from concurrent.futures import Future
 
 from fleet.rules.limits import DEFAULT_LOOKAHEAD
+from fleet.worker.calls import call_payload
 from fleet.worker.main_guard import check_not_importing_main
 
 TYPE_CHECKING = False  # typing's own flag, without typing's import (~2 ms before the launch)
@@ -198,7 +199,7 @@ class Executor(_StdExecutor):
         if self._shutdown:
             raise RuntimeError(AFTER_SHUTDOWN)
         try:
-            return self._sup.submit_call(self._role_code, ROLE, (fn, args, kwargs))
+            return self._sup.submit_call(self._role_code, ROLE, call_payload(fn, args, kwargs))
         except _fleet_closed():
             raise RuntimeError(AFTER_SHUTDOWN) from None
 
@@ -226,7 +227,7 @@ class Executor(_StdExecutor):
         if self._shutdown:
             raise RuntimeError(AFTER_SHUTDOWN)
         from fleet.rules.pace import Batches
-        from fleet.worker.calls import NO_KWARGS, Calls
+        from fleet.worker.calls import Calls, payloads
         from fleet.worker.mapping import length_of
 
         lengths = [length_of(i) for i in iterables] if progress else [None]
@@ -240,9 +241,9 @@ class Executor(_StdExecutor):
                                        functools.partial(Calls, fn, star=star), Batches(self._max_workers))
             chunksize = 1  # a worker's count of units is of calls: one call per unit
         if chunksize == 1:
-            # one call per unit, as submit makes it; zip and repeat in C: no Python frame
-            # per item on the caller's side of a map
-            items = zip(itertools.repeat(fn), zip(*iterables), itertools.repeat(NO_KWARGS))
+            # one call per unit, as submit makes it (`calls.payloads`): no Python frame per
+            # item on the caller's side of a map
+            items = payloads(fn, zip(*iterables))
             chunk_of = None
         else:
             # a chunk travels as one Calls: fn once, then the items' arguments (one

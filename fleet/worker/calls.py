@@ -5,6 +5,18 @@ reference (its module and name, as pickle does for any function), so the worker
 imports it; a function of the program's ``__main__`` is found because the zygote
 imported the main module first (`fleet.worker.prepare`).
 
+A module-level function travels as its name: ``(module, name, args, kwargs)``
+(`call_payload`). Pickle writes a function as that same reference, but finds the
+module through the import system at every pickle, to check that the name still
+gives the function, and again at every unpickle: about a microsecond each way, for
+a no-op call a fifth of the caller's work. Here the caller checks that once per
+function and then one dictionary look per call (the module's namespace still holds
+that very function under its name: rebinding it makes the next call go the whole
+way, as pickle), and the worker imports each name once (`call`). A name that no
+longer resolves in the worker fails the unit as its unpickling would have. Anything
+else (a builtin method, a partial, a nested function, a callable object) is pickled
+as it is.
+
 A chunk of `map` travels as one `Calls`: the function once and the items' arguments
 as one list, so a chunk of 64 calls pickles one reference to `fn` rather than 64
 ``(fn, args, kwargs)`` tuples, and the worker runs it as the builtin ``map`` does,
@@ -13,15 +25,93 @@ in C, with no Python frame of fleet's per call (`run_chunk`).
 from __future__ import annotations
 
 import itertools
+import sys
 
 #: The kwargs of a single call made without any: one object, and `call` skips the unpack.
 NO_KWARGS: dict = {}
 
+# types' own definitions, without importing types (this module is on the Executor's import path)
+FunctionType, BuiltinFunctionType = type(lambda: None), type(len)
+
+#: The caller's: function -> (its module's name, its name, the module's namespace), for
+#: the functions found at module level under their own name (never evicted: such a
+#: function lives as long as its module).
+_NAMES: dict = {}
+#: The worker's: (module, name) -> the function it names here, imported once.
+_FOUND: dict = {}
+
+
+def call_payload(fn, args: tuple, kwargs: dict) -> tuple:
+    """The payload of the call ``fn(*args, **kwargs)``: ``(module, name, args, kwargs)``
+    for a function at module level under its own name (checked at each call: its
+    module still holds it there), else ``(fn, args, kwargs)`` (see the module doc)."""
+    named = by_name(fn)
+    return (fn, args, kwargs) if named is None else (named[0], named[1], args, kwargs)
+
+
+def payloads(fn, arguments) -> zip:
+    """The payloads of ``fn(*args)`` for each ``args`` of `arguments` (a map's items, one
+    call a unit), as `call_payload` makes each: whether `fn` travels by name is looked at
+    once, and the tuples are made by zip and repeat in C, with no Python frame per item."""
+    named = by_name(fn)
+    if named is None:
+        return zip(itertools.repeat(fn), arguments, itertools.repeat(NO_KWARGS))
+    return zip(itertools.repeat(named[0]), itertools.repeat(named[1]), arguments, itertools.repeat(NO_KWARGS))
+
+
+def by_name(fn) -> tuple | None:
+    """``(module name, name, the module's namespace)`` when `fn` may travel by name now (a
+    function, or a builtin of a module, that its module holds under its own name: what
+    pickle checks before it writes a reference), else None."""
+    kind = type(fn)
+    if kind is FunctionType or kind is BuiltinFunctionType:
+        named = _NAMES.get(fn)
+        if named is None:
+            named = _named(fn)
+        if named is not None and named[2].get(named[1]) is fn:
+            return named
+    return None
+
+
+def _named(fn):
+    """(module name, name, module namespace) of `fn` when it is its module's attribute of
+    its own name, remembered; else None."""
+    name, module_name = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
+    if type(name) is not str or type(module_name) is not str:
+        return None
+    # a method (``[].append``, ``Class.f``: a dotted name), a nested function, a lambda: not
+    # their module's attribute of that name
+    space = getattr(sys.modules.get(module_name), "__dict__", None)
+    if type(space) is not dict or space.get(name) is not fn:
+        return None
+    named = _NAMES[fn] = (module_name, name, space)
+    return named
+
 
 def call(unit):
     """Run the call a unit carries and return its value (its exception is the unit's)."""
-    fn, args, kwargs = unit.payload
+    payload = unit.payload
+    if len(payload) == 4:  # a function by name (`call_payload`)
+        module_name, name, args, kwargs = payload
+        fn = _FOUND.get((module_name, name)) or _found(module_name, name)
+    else:
+        fn, args, kwargs = payload
     return fn(*args, **kwargs) if kwargs else fn(*args)
+
+
+def _found(module_name: str, name: str):
+    """The function `module_name`.`name` in this process, imported as pickle would find
+    it, and remembered. One that cannot be found fails the unit as its payload's
+    unpickling would have (CodecError, worded as that one)."""
+    try:
+        __import__(module_name)
+        fn = getattr(sys.modules[module_name], name)
+    except Exception as exc:  # noqa: BLE001 - whatever the import raises is the payload's failure
+        from fleet.worker import codec
+
+        raise codec.CodecError(f"the payload cannot be unpickled in the worker: {codec.describe(exc)}") from None
+    _FOUND[(module_name, name)] = fn
+    return fn
 
 
 class Calls:

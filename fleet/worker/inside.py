@@ -200,7 +200,7 @@ class ExecutorFleet(RoleFleet):
     ``map(fn, *iterables)``, as the Executor itself."""
 
     def submit(self, fn, /, *args, **kwargs) -> Future:  # noqa: D102 - the Executor's
-        return self._children.submit(self._unit.id, self._owner, self._unit.role, (fn, args, kwargs))
+        return self._children.submit(self._unit.id, self._owner, self._unit.role, calls.call_payload(fn, args, kwargs))
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int = 1):  # noqa: D102
         return self._calls(fn, iterables, timeout, chunksize, True)
@@ -210,7 +210,7 @@ class ExecutorFleet(RoleFleet):
 
     def _calls(self, fn, iterables, timeout, chunksize, ordered):
         if chunksize == 1:
-            items = zip(itertools.repeat(fn), zip(*iterables), itertools.repeat(calls.NO_KWARGS))
+            items = calls.payloads(fn, zip(*iterables))
             chunk_of = None
         else:
             star = len(iterables) != 1

@@ -7,6 +7,7 @@ and the budget an embedded executor boots with.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import logging
@@ -133,6 +134,30 @@ def test_a_chunk_with_failed_calls_hands_out_the_values_before_the_first(ex):
         for value in ex.map_unordered(C.square, [1, "x", 3], chunksize=3):
             got.append(value)
     assert got == [1]
+
+
+def test_a_function_the_workers_cannot_find_by_name_fails_as_its_unpickling_would(ex, monkeypatch):
+    """A module-level function travels by name (fleet.worker.calls): one the caller's module
+    holds but the workers' does not (made after they started) fails its call with the
+    outcome pickle's way gives, and submit and map with it as well."""
+
+    def late(x):
+        return x
+
+    late.__qualname__, late.__name__, late.__module__ = "late", "late", C.__name__
+    monkeypatch.setattr(C, "late", late, raising=False)
+    assert fleet.worker.calls.call_payload(late, (1,), {})[:2] == (C.__name__, "late")
+    failures = []
+    for fn in (late, functools.partial(late)):  # by name; as pickle writes it
+        with pytest.raises(fleet.UnitFailed) as raised:
+            ex.submit(fn, 1).result(60)
+        failures.append(raised.value)
+    for exc in failures:
+        assert exc.reason == "HandlerError" and exc.original is None
+        assert "the payload cannot be unpickled in the worker: AttributeError: " in exc.outcome.detail
+    with pytest.raises(fleet.UnitFailed, match="cannot be unpickled in the worker: AttributeError"):
+        list(ex.map(late, [1, 2], timeout=60))
+    assert ex.submit(C.square, 7).result(60) == 49  # and the executor goes on
 
 
 def test_a_manager_proxy_passed_as_an_argument_reaches_its_manager(ex):

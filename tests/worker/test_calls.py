@@ -78,3 +78,54 @@ def test_a_run_resumed_past_the_start_calls_only_the_rest(start):
     values = [None] * start
     assert calls.run_chunk(chunk, values, start) is None
     assert seen == ["a", "b", "c"][start:] and len(values) == 3
+
+
+def test_a_module_level_function_travels_by_name_and_the_worker_finds_it_once():
+    import math
+
+    payload = calls.call_payload(C.add, (2, 3), calls.NO_KWARGS)
+    assert payload == ("tests.executor_calls", "add", (2, 3), calls.NO_KWARGS)
+    assert calls.call_payload(math.sqrt, (9,), calls.NO_KWARGS)[:2] == ("math", "sqrt")
+    assert calls.call_payload(pow, (2, 3), calls.NO_KWARGS)[:2] == ("builtins", "pow")
+    calls._FOUND.pop(("tests.executor_calls", "add"), None)
+    assert calls.call(unit(pickle.loads(pickle.dumps(payload)))) == 5
+    assert calls._FOUND[("tests.executor_calls", "add")] is C.add  # imported once, then looked up
+    assert calls.call(unit(("tests.executor_calls", "add", (2,), {"y": 5}))) == 7
+
+
+def test_what_is_not_its_modules_own_name_travels_as_pickle_writes_it():
+    import functools
+
+    def nested(x):
+        return x
+
+    class Thing:
+        def method(self):
+            return 1
+
+    for fn in (lambda x: x, nested, functools.partial(C.add, 1), [].append, Thing().method, Thing.method,
+               operator.itemgetter(0), C.square.__call__):
+        assert calls.call_payload(fn, (1,), calls.NO_KWARGS)[0] is fn  # (fn, args, kwargs): pickle's way
+    assert not {id(fn) for fn in calls._NAMES} & {id(nested), id(Thing.method)}  # nor kept (a closure made per call)
+
+
+def test_a_function_its_module_no_longer_holds_goes_the_whole_way_again(monkeypatch):
+    """Checked at every call, as pickle checks at every pickle: rebound in its module, the
+    function is no longer that name, and pickle says so (its PicklingError, at submit)."""
+    original = C.square
+    assert calls.call_payload(original, (2,), calls.NO_KWARGS)[:2] == ("tests.executor_calls", "square")
+    monkeypatch.setattr(C, "square", lambda x: -x)
+    assert calls.call_payload(original, (2,), calls.NO_KWARGS)[0] is original
+    with pytest.raises(pickle.PicklingError):
+        pickle.dumps(original)
+    assert calls.payloads(original, [(1,), (2,)]).__next__()[0] is original  # a map looks once, the same way
+
+
+def test_a_name_the_worker_cannot_find_fails_as_its_unpickling_would():
+    from fleet.worker.codec import CodecError
+
+    with pytest.raises(CodecError, match=r"the payload cannot be unpickled in the worker: AttributeError"):
+        calls.call(unit(("tests.executor_calls", "no_such_function", (), calls.NO_KWARGS)))
+    with pytest.raises(CodecError, match=r"cannot be unpickled in the worker: ModuleNotFoundError"):
+        calls.call(unit(("tests.no_such_module_here", "f", (), calls.NO_KWARGS)))
+    assert ("tests.executor_calls", "no_such_function") not in calls._FOUND
