@@ -43,34 +43,25 @@ _FOUND: dict = {}
 
 def call_payload(fn, args: tuple, kwargs: dict) -> tuple:
     """The payload of the call ``fn(*args, **kwargs)``: ``(module, name, args, kwargs)``
-    for a function at module level under its own name (checked at each call: its
-    module still holds it there), else ``(fn, args, kwargs)`` (see the module doc)."""
-    named = by_name(fn)
-    return (fn, args, kwargs) if named is None else (named[0], named[1], args, kwargs)
+    for a function, or a builtin of a module, that its module holds under its own name
+    (what pickle checks before it writes a reference; looked at on each call), else
+    ``(fn, args, kwargs)`` (see the module doc)."""
+    kind = type(fn)
+    if kind is FunctionType or kind is BuiltinFunctionType:
+        named = _NAMES.get(fn) or _named(fn)
+        if named is not None and named[2].get(named[1]) is fn:
+            return (named[0], named[1], args, kwargs)
+    return (fn, args, kwargs)
 
 
 def payloads(fn, arguments) -> zip:
     """The payloads of ``fn(*args)`` for each ``args`` of `arguments` (a map's items, one
-    call a unit), as `call_payload` makes each: whether `fn` travels by name is looked at
-    once, and the tuples are made by zip and repeat in C, with no Python frame per item."""
-    named = by_name(fn)
-    if named is None:
+    call a unit), as `call_payload` makes each: how `fn` travels is looked at once, and
+    the tuples are made by zip and repeat in C, with no Python frame per item."""
+    first = call_payload(fn, (), NO_KWARGS)
+    if len(first) == 3:
         return zip(itertools.repeat(fn), arguments, itertools.repeat(NO_KWARGS))
-    return zip(itertools.repeat(named[0]), itertools.repeat(named[1]), arguments, itertools.repeat(NO_KWARGS))
-
-
-def by_name(fn) -> tuple | None:
-    """``(module name, name, the module's namespace)`` when `fn` may travel by name now (a
-    function, or a builtin of a module, that its module holds under its own name: what
-    pickle checks before it writes a reference), else None."""
-    kind = type(fn)
-    if kind is FunctionType or kind is BuiltinFunctionType:
-        named = _NAMES.get(fn)
-        if named is None:
-            named = _named(fn)
-        if named is not None and named[2].get(named[1]) is fn:
-            return named
-    return None
+    return zip(itertools.repeat(first[0]), itertools.repeat(first[1]), arguments, itertools.repeat(NO_KWARGS))
 
 
 def _named(fn):

@@ -87,6 +87,8 @@ def test_a_module_level_function_travels_by_name_and_the_worker_finds_it_once():
     assert payload == ("tests.executor_calls", "add", (2, 3), calls.NO_KWARGS)
     assert calls.call_payload(math.sqrt, (9,), calls.NO_KWARGS)[:2] == ("math", "sqrt")
     assert calls.call_payload(pow, (2, 3), calls.NO_KWARGS)[:2] == ("builtins", "pow")
+    assert list(calls.payloads(C.add, [(1, 2), (3,)])) == [("tests.executor_calls", "add", (1, 2), calls.NO_KWARGS),
+                                                         ("tests.executor_calls", "add", (3,), calls.NO_KWARGS)]
     calls._FOUND.pop(("tests.executor_calls", "add"), None)
     assert calls.call(unit(pickle.loads(pickle.dumps(payload)))) == 5
     assert calls._FOUND[("tests.executor_calls", "add")] is C.add  # imported once, then looked up
