@@ -27,6 +27,33 @@ def run_bench(*argv: str) -> dict:
     return json.loads(out.stdout)
 
 
+def _bench():
+    """tools/bench/dispatch_bench.py as a module (its helpers, without running it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dispatch_bench_under_test", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_host_says_what_it_does_with_an_idle_cpu(tmp_path):
+    """Every mode reports the host's idle settings: on a guest that halts at once the peers'
+    round trips pay the hypervisor's wake-up, and the ratios are read against it."""
+    bench = _bench()
+    cpuidle, haltpoll = tmp_path / "devices/system/cpu/cpuidle", tmp_path / "module/haltpoll/parameters"
+    cpuidle.mkdir(parents=True)
+    haltpoll.mkdir(parents=True)
+    (cpuidle / "current_driver").write_text("haltpoll\n")
+    (cpuidle / "current_governor").write_text("menu\n")  # an older kernel: no current_governor_ro
+    (haltpoll / "guest_halt_poll_ns").write_text("200000\n")
+    assert bench.host_idle(str(tmp_path)) == {"cpuidle_driver": "haltpoll", "cpuidle_governor": "menu",
+                                              "guest_halt_poll_ns": 200000}
+    (cpuidle / "current_governor_ro").write_text("haltpoll\n")
+    assert bench.host_idle(str(tmp_path))["cpuidle_governor"] == "haltpoll"
+    assert bench.host_idle(str(tmp_path / "elsewhere")) == dict.fromkeys(bench.HOST_IDLE)  # none of them here
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -81,6 +108,7 @@ def test_service_reports_submit_ratio_and_p50_and_cleans_up():
         assert 0 < svc[row]["latency_us"]["p50"] <= svc[row]["latency_us"]["p99"]
     r = res["ratios"]
     assert set(r) == {"service_submit_over_ppe", "service_p50_over_ppe", "service_submit_units_per_s", "service_p50_us"}
+    assert res["host"] == _bench().host_idle()  # what the figures were measured on
     assert r["service_p50_us"] == svc["fleetd"]["latency_us"]["p50"]
     assert not [e for e in os.listdir("/dev/shm") if name in e]
     assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
@@ -161,6 +189,7 @@ def test_only_start_reports_each_face_and_the_start_ratios():
     assert set(res["start"]["fleet"]["idle_by_process_mib"]) == {"parent", "fork_server", "workers"}
     assert set(res["start"]["ppe"]["idle_by_process_mib"]) == {"parent", "workers"}
     fl, ppe, r = res["start"]["fleet"], res["start"]["ppe"], res["ratios"]
+    assert set(res["host"]) == set(_bench().HOST_IDLE)
     assert set(r) == set(res["targets"]) == {"executor_first_result_over_ppe", "executor_script_100_over_ppe",
                                              "executor_idle_pss_over_ppe_mib", "executor_worker_uss_over_ppe"}
     assert r["executor_first_result_over_ppe"] == pytest.approx(fl["first_result_s"] / ppe["first_result_s"], abs=6e-3)

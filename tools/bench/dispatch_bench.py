@@ -49,6 +49,9 @@ in each, every measure runs once on each contender, one right after another, so 
 slow stretch of a shared machine falls on fleet and its peers alike. A throughput is
 the median of its rounds ("runs" keeps each); a latency, the p50/p99 of every round's
 round trips together. idle_cpu_percent is taken once the peers are closed.
+Every mode reports "host": what this host does with an idle CPU (its cpuidle driver and
+governor, and a KVM guest's `guest_halt_poll_ns`), which moves the peers' round trips
+(docs/internals.md, "The host's idle CPUs").
 """
 from __future__ import annotations
 
@@ -765,6 +768,37 @@ def contender_ratios(res, w) -> dict:
     return ratios
 
 
+#: What the kernel does with an idle CPU, read for every run: on a VM whose guest halts at
+#: once (cpuidle driver ``haltpoll`` with ``guest_halt_poll_ns`` 0), waking a thread whose
+#: CPU halted is an exit to the hypervisor and back, tens of microseconds, which every
+#: peer pays on each round trip and fleet, whose threads look before they sleep, does not;
+#: a CPU kept busy (the --noisy mode's noise) never halts, so the peers get faster under
+#: noise there. The ratios are read against it (docs/internals.md, "The host's idle CPUs").
+HOST_IDLE = {
+    "cpuidle_driver": "devices/system/cpu/cpuidle/current_driver",
+    "cpuidle_governor": "devices/system/cpu/cpuidle/current_governor_ro",
+    "guest_halt_poll_ns": "module/haltpoll/parameters/guest_halt_poll_ns",
+}
+
+
+def host_idle(sysfs: str = "/sys") -> dict:
+    """`HOST_IDLE`'s settings as this host has them (None: not there), as text; a number
+    as an int."""
+    out = {}
+    for key, rel in HOST_IDLE.items():
+        path = os.path.join(sysfs, rel)
+        if key == "cpuidle_governor" and not os.path.exists(path):
+            path = os.path.join(sysfs, "devices/system/cpu/cpuidle/current_governor")
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            out[key] = None
+            continue
+        out[key] = int(text) if text.isdigit() else text
+    return out
+
+
 def contention_counts(f) -> dict:
     """A fleet's contention watch over the run: workers widened and re-pinned, and each
     seat's contended episodes."""
@@ -852,17 +886,18 @@ def main(argv=None):
     START_SAMPLES, START_PYTHON = args.start_samples, args.python
     if args.only_start:
         start = bench_start(REPEAT)
-        res = {"rounds": REPEAT, "start": start, "ratios": start_ratios(start), "targets": START_TARGETS}
+        res = {"rounds": REPEAT, "host": host_idle(), "start": start, "ratios": start_ratios(start),
+               "targets": START_TARGETS}
         print(json.dumps(res, indent=2) if args.json else res)
         return 0
     w, n = args.workers, args.units
     if args.service:
-        res = {"rounds": REPEAT, "service": bench_service(n, REPEAT)}
+        res = {"rounds": REPEAT, "host": host_idle(), "service": bench_service(n, REPEAT)}
         res["ratios"] = service_ratios(res["service"])
         res["targets"] = SERVICE_TARGETS
         print(json.dumps(res, indent=2) if args.json else res)
         return 0
-    res = {"workers": w, "rounds": REPEAT}
+    res = {"workers": w, "rounds": REPEAT, "host": host_idle()}
     with contextlib.ExitStack() as natural:
         noise = natural.enter_context(Noise()) if args.noisy else None
         # the tuned configuration closes with the peers: the idle figure is the natural one's alone
