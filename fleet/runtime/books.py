@@ -57,10 +57,10 @@ class Books:
         #: (an ended unit above it that is not kept here was solved)
         self._ends: collections.OrderedDict = collections.OrderedDict()
         self._ends_dropped = 0
-        #: ``on_end(unit_id, outcome)``: told of every end (fleet.runtime.inside: a parent's children)
+        #: ``on_end(unit_id, outcome)``: told of every end (fleet.runtime.inside: a parent's
+        #: children) but a slice's plain solved ones, which ``on_solved(unit_ids)`` hears
+        #: in one call (`close_solved`)
         self.on_end = None
-        #: ``on_solved(unit_ids)``: `on_end` of each of them, all solved (a slice's plain
-        #: units, `close_solved`), in one call
         self.on_solved = None
         #: ``on_delivered()``: called at the end of every `deliver`, on the loop, after the
         #: futures' callbacks (fleetd: the outcomes they held for clients go out in one write

@@ -34,9 +34,11 @@ NO_KWARGS: dict = {}
 FunctionType, BuiltinFunctionType = type(lambda: None), type(len)
 
 #: The caller's: function -> (its module's name, its name, the module's namespace), for
-#: the functions found at module level under their own name (never evicted: such a
-#: function lives as long as its module).
+#: the functions found at module level under their own name. A cache: such a function
+#: lives as long as its module, but one replaced there (a reload) would stay, so past
+#: `NAMES_KEPT` entries it starts afresh.
 _NAMES: dict = {}
+NAMES_KEPT = 4096
 #: The worker's: (module, name) -> the function it names here, imported once.
 _FOUND: dict = {}
 
@@ -75,6 +77,8 @@ def _named(fn):
     space = getattr(sys.modules.get(module_name), "__dict__", None)
     if type(space) is not dict or space.get(name) is not fn:
         return None
+    if len(_NAMES) >= NAMES_KEPT:
+        _NAMES.clear()
     named = _NAMES[fn] = (module_name, name, space)
     return named
 

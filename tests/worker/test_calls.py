@@ -131,3 +131,12 @@ def test_a_name_the_worker_cannot_find_fails_as_its_unpickling_would():
     with pytest.raises(CodecError, match=r"cannot be unpickled in the worker: ModuleNotFoundError"):
         calls.call(unit(("tests.no_such_module_here", "f", (), calls.NO_KWARGS)))
     assert ("tests.executor_calls", "no_such_function") not in calls._FOUND
+
+
+def test_the_callers_names_are_a_cache_that_starts_afresh_past_its_bound(monkeypatch):
+    monkeypatch.setattr(calls, "NAMES_KEPT", 2)
+    calls._NAMES.clear()
+    for fn in (C.add, C.square, C.divide):
+        assert calls.call_payload(fn, (1,), calls.NO_KWARGS)[1] == fn.__name__
+    assert list(calls._NAMES) == [C.divide]  # the third found it full: it began again
+    assert calls.call_payload(C.add, (1, 2), calls.NO_KWARGS) == ("tests.executor_calls", "add", (1, 2), calls.NO_KWARGS)
