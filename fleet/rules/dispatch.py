@@ -274,7 +274,7 @@ class _PriorityQueue:
         self.n += len(items)
 
     def head(self) -> deque | None:
-        """The highest priority level that holds a unit (its first is `peek`), or None.
+        """The highest priority level that holds a unit (its first is the queue's head), or None.
         A grant pass takes units off it directly, `n` kept by the taker, until it is
         empty: nothing is queued during a pass."""
         for neg in self.order:
@@ -282,10 +282,6 @@ class _PriorityQueue:
             if level:
                 return level
         return None
-
-    def peek(self) -> Pending | None:
-        level = self.head()
-        return level[0] if level else None
 
     def pop(self) -> Pending:
         for neg in self.order:

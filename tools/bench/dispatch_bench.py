@@ -774,28 +774,29 @@ def contender_ratios(res, w) -> dict:
 #: peer pays on each round trip and fleet, whose threads look before they sleep, does not;
 #: a CPU kept busy (the --noisy mode's noise) never halts, so the peers get faster under
 #: noise there. The ratios are read against it (docs/internals.md, "The host's idle CPUs").
+#: Each setting's files under /sys, the first there read (an older kernel has no
+#: ``current_governor_ro``).
 HOST_IDLE = {
-    "cpuidle_driver": "devices/system/cpu/cpuidle/current_driver",
-    "cpuidle_governor": "devices/system/cpu/cpuidle/current_governor_ro",
-    "guest_halt_poll_ns": "module/haltpoll/parameters/guest_halt_poll_ns",
+    "cpuidle_driver": ("devices/system/cpu/cpuidle/current_driver",),
+    "cpuidle_governor": ("devices/system/cpu/cpuidle/current_governor_ro",
+                         "devices/system/cpu/cpuidle/current_governor"),
+    "guest_halt_poll_ns": ("module/haltpoll/parameters/guest_halt_poll_ns",),
 }
 
 
 def host_idle(sysfs: str = "/sys") -> dict:
     """`HOST_IDLE`'s settings as this host has them (None: not there), as text; a number
     as an int."""
-    out = {}
-    for key, rel in HOST_IDLE.items():
-        path = os.path.join(sysfs, rel)
-        if key == "cpuidle_governor" and not os.path.exists(path):
-            path = os.path.join(sysfs, "devices/system/cpu/cpuidle/current_governor")
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            out[key] = None
-            continue
-        out[key] = int(text) if text.isdigit() else text
+    out = dict.fromkeys(HOST_IDLE)
+    for key, paths in HOST_IDLE.items():
+        for rel in paths:
+            try:
+                with open(os.path.join(sysfs, rel)) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            out[key] = int(text) if text.isdigit() else text
+            break
     return out
 
 
