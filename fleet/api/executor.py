@@ -9,8 +9,9 @@
 It is an embedded `fleet.Fleet` (the same loop, rings, slot FSM, ledger and budget)
 with one role, ``call``, whose handler (`fleet.worker.calls.call`) runs the call a
 unit carries, ``(fn, args, kwargs)``, pickled by reference as ProcessPoolExecutor
-pickles it; a chunk of `map` travels as one `fleet.worker.calls.Calls` (the
-function once, then each call's arguments). The fleet is booted with ``[budget] loop = "priority"``
+pickles it, or by name (`fleet.worker.calls.call_payload`); a chunk of `map` travels
+as one `fleet.worker.calls.Calls` (the function once, by name where it can, then each
+call's arguments). The fleet is booted with ``[budget] loop = "priority"``
 (`fleet.rules.budget`): every whole core of the detected quota (cgroup, cpuset,
 affinity) is a worker's, and the supervisor's loop keeps its place by priority.
 docs/executor.md says what is the same as ProcessPoolExecutor, what fleet adds and

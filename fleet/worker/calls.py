@@ -20,7 +20,8 @@ as it is.
 A chunk of `map` travels as one `Calls`: the function once and the items' arguments
 as one list, so a chunk of 64 calls pickles one reference to `fn` rather than 64
 ``(fn, args, kwargs)`` tuples, and the worker runs it as the builtin ``map`` does,
-in C, with no Python frame of fleet's per call (`run_chunk`).
+in C, with no Python frame of fleet's per call (`run_chunk`). Its function travels
+by name by the same rule (`Calls.wire`).
 """
 from __future__ import annotations
 
@@ -109,17 +110,46 @@ def _found(module_name: str, name: str):
     return fn
 
 
+#: The first item of a chunk's wire form by name (`Calls.wire`): what tells the worker a
+#: tuple is a chunk of calls, not a chunk of items.
+WIRE = "fleet.calls"
+
+
 class Calls:
     """A chunk of `map`'s calls of one function: ``fn(item)`` for each item, or
     ``fn(*item)`` with ``star`` (a map over several iterables: each item is the tuple
     of one argument from each). Its length is its number of calls: what the ledger
-    counts as the chunk's items."""
+    counts as the chunk's items.
 
-    __slots__ = ("fn", "items", "star")
+    ``wire`` is what the chunk travels as: for a function that travels by name
+    (`call_payload`'s rule), the plain tuple ``(WIRE, module, name, items, star)``,
+    which pickle writes with no reference to look up (the chunk's class and its
+    function would be two: each a walk of the import system, at each pickle and each
+    unpickle); else the chunk itself. The worker makes the chunk again (`from_wire`)."""
+
+    __slots__ = ("fn", "items", "star", "wire")
 
     def __init__(self, fn, items, star: bool = False):
         # map's feeder hands over the list it just built: kept, not copied again
         self.fn, self.items, self.star = fn, items if type(items) is list else list(items), bool(star)
+        named = call_payload(fn, (), NO_KWARGS)
+        self.wire = (WIRE, named[0], named[1], self.items, self.star) if len(named) == 4 else self
+
+    @classmethod
+    def from_wire(cls, wire: tuple) -> "Calls":
+        """The chunk a `wire` tuple carries, its function imported here once (`call`'s
+        rule: one that cannot be found fails the chunk as its unpickling would)."""
+        _mark, module_name, name, items, star = wire
+        calls = cls.__new__(cls)
+        calls.fn = _FOUND.get((module_name, name)) or _found(module_name, name)
+        calls.items, calls.star, calls.wire = items, bool(star), wire
+        return calls
+
+    @staticmethod
+    def is_wire(payload) -> bool:
+        """Whether a chunk's payload is a `wire` tuple (a list, or any other shape, is not)."""
+        return (type(payload) is tuple and len(payload) == 5 and payload[0] == WIRE and type(payload[1]) is str
+                and type(payload[2]) is str and type(payload[3]) is list)
 
     def __len__(self) -> int:
         return len(self.items)

@@ -137,13 +137,14 @@ def pack(value, what: str, fleet: str | None, *, take: bool, inline_max: int = I
     return _parcelled(pickled, fleet, take=take, reserve=reserve, writer=writer, lend=lend)
 
 
-def _pickled(value, what: str) -> tuple[bytes | memoryview, list, list]:
-    """`pack`'s first half: `value` pickled, what was set aside beside it (`_set_aside`).
+def _pickled(value, what: str, scan=None) -> tuple[bytes | memoryview, list, list]:
+    """`pack`'s first half: `value` pickled, what was set aside beside it (`_set_aside`;
+    ``scan``: what the look for large `bytes` looks at, when not `value` itself).
     The pickle may be a view of this thread's staging buffer (`_Staging`), valid until
     the thread's next pickle: `_inline` and `_parcelled` take it at once."""
     if type(value) in _ATOMS:  # nothing in it to set aside, nothing that fails to pickle
         return pickle.dumps(value, protocol=5), (), ()
-    return _set_aside(value, what, True)
+    return _set_aside(value, what, True, scan)
 
 
 def _inline(pickled: tuple, inline_max: int) -> bytes | None:
@@ -176,13 +177,15 @@ def _parcelled(pickled: tuple, fleet: str, *, take: bool, reserve, writer, lend:
 _ATOMS = frozenset((type(None), bool, int, float, complex, str))
 
 
-def _set_aside(value, what: str, staged: bool = False) -> tuple[bytes | memoryview, list, list]:
+def _set_aside(value, what: str, staged: bool = False, scan=None) -> tuple[bytes | memoryview, list, list]:
     """`value` pickled with protocol 5 under the guard, with each buffer of OOB_MIN bytes or
     more set aside out of band and each `bytes` that large found in its first levels set
     aside as a blob: (the pickle, the buffers as views of their memory, the blobs). Nothing
     set aside is copied. ``staged``: the pickle may be made in this thread's staging
     buffer (`_Staging`: after a pickle of STAGE_MIN bytes or more), and is then a view of
-    it, valid until the thread's next staged pickle."""
+    it, valid until the thread's next staged pickle. ``scan``: the value the look for
+    `bytes` looks at instead (a task whose chunk travels as its `Calls.wire`: the look
+    goes as deep into its items as into the chunk's)."""
     global _stage_next
     aside: list = []
     blobs: list = []
@@ -194,9 +197,10 @@ def _set_aside(value, what: str, staged: bool = False) -> tuple[bytes | memoryvi
         aside.append(buf.raw())  # bytes, in C or Fortran order alike
         return False
 
+    holds_blob = _holds_blob(value if scan is None else scan)
     if staged and _stage_next and _stage_free():
-        data = _guarded(_dump_staged, (value, inline, blobs if _holds_blob(value) else None), what, None)
-    elif _holds_blob(value):
+        data = _guarded(_dump_staged, (value, inline, blobs if holds_blob else None), what, None)
+    elif holds_blob:
         data = _guarded(lambda v: _dump_with_blobs(v, inline, blobs), value, what, None)
     else:
         data = _guarded(_dump_with_aside, (value, inline), what, None)
@@ -778,12 +782,14 @@ def pack_task(role: str, payload, key, lane, request_id, *, pickled_payload: byt
                 return handed
         task = (payload, key, lane, request_id)
         body = _relayed_inline(pickled_payload, task, fleet, inline_max)
+        # an executor's chunk travels as its wire form (`Calls.wire`): by its function's name
+        wire = (payload.wire, key, lane, request_id) if type(payload) is Calls else task
         if body is not None:
             parcel = None
         elif fleet is None:
-            body, parcel = pack(task, what, None, take=False)
+            body, parcel = pack(wire, what, None, take=False)
         else:
-            pickled = _pickled(task, what)
+            pickled = _pickled(wire, what, task)
             body, parcel = _inline(pickled, inline_max), None
             if body is None:
                 if reserve is None:

@@ -502,11 +502,14 @@ class Worker:
         payloads, key, lane, request_id = loads(body, "the chunk's payloads", _HERE)
         if type(payloads).__name__ == "_Pickled":
             payloads = payloads.load("the chunk's payloads", _HERE)  # a service-mode client's chunk, pickled at its end
-        if type(payloads) is calls.Calls:
+        wire = calls.Calls.is_wire(payloads)  # an executor's chunk, its function by name
+        if wire or type(payloads) is calls.Calls:
             if self.handlers[role] is not calls.call:
                 # a Calls runs its own function: only the role whose handler is the call does that
                 raise TypeError(f"role {self.roles.by_code(role).name!r} got a chunk of executor calls, "
                                 f"but its handler is not {calls.__name__}.call")
+            if wire:  # checked first: its name is imported only where a chunk of calls may run
+                payloads = calls.Calls.from_wire(payloads)
         elif type(payloads) is not list:
             payloads = list(payloads)
         return payloads, Unit(unit_id, self._role_names[role], None, key, lane, request_id)

@@ -157,6 +157,8 @@ def test_a_function_the_workers_cannot_find_by_name_fails_as_its_unpickling_woul
         assert "the payload cannot be unpickled in the worker: AttributeError: " in exc.outcome.detail
     with pytest.raises(fleet.UnitFailed, match="cannot be unpickled in the worker: AttributeError"):
         list(ex.map(late, [1, 2], timeout=60))
+    with pytest.raises(fleet.UnitFailed, match="cannot be unpickled in the worker: AttributeError"):
+        list(ex.map(late, [1, 2, 3], chunksize=2, timeout=60))  # a chunk, by name (`Calls.wire`)
     assert ex.submit(C.square, 7).result(60) == 49  # and the executor goes on
 
 

@@ -57,6 +57,41 @@ def test_a_chunk_counts_its_calls_and_pickles_its_function_once():
     assert len(body) < len(as_tuples)
 
 
+def test_a_chunk_of_a_module_level_function_travels_by_name_as_a_plain_tuple():
+    chunk = calls.Calls(C.add, [(1, 2), (3, 4)], star=True)
+    assert chunk.wire == (calls.WIRE, "tests.executor_calls", "add", chunk.items, True)
+    body = pickle.dumps(chunk.wire, protocol=pickle.HIGHEST_PROTOCOL)
+    assert b"Calls" not in body  # no reference pickle would look up: the class, nor the function
+    calls._FOUND.pop(("tests.executor_calls", "add"), None)
+    back = calls.Calls.from_wire(pickle.loads(body))
+    assert (back.fn, back.items, back.star, len(back)) == (C.add, chunk.items, True, 2)
+    assert calls._FOUND[("tests.executor_calls", "add")] is C.add
+    values = []
+    assert calls.run_chunk(back, values) is None and values == [3, 7]
+    assert calls.Calls.is_wire(chunk.wire)
+    # a chunk of items (a role's own handler's) is no wire, whatever it holds
+    for payload in (list(chunk.wire), chunk.wire[:4], ("other", "m", "f", [], False), (calls.WIRE, "m", "f", (), 0)):
+        assert not calls.Calls.is_wire(payload)
+
+
+def test_a_chunk_whose_function_does_not_travel_by_name_is_pickled_as_itself(monkeypatch):
+    def nested(x):
+        return x
+
+    for fn in (nested, operator.itemgetter(0), C.square.__call__):
+        assert calls.Calls(fn, [1]).wire is not None and type(calls.Calls(fn, [1]).wire) is calls.Calls
+    original = C.square
+    monkeypatch.setattr(C, "square", lambda x: -x)  # rebound: no longer its module's own name
+    assert type(calls.Calls(original, [1]).wire) is calls.Calls
+
+
+def test_a_chunk_name_the_worker_cannot_find_fails_as_its_unpickling_would():
+    from fleet.worker.codec import CodecError
+
+    with pytest.raises(CodecError, match=r"the payload cannot be unpickled in the worker: AttributeError"):
+        calls.Calls.from_wire((calls.WIRE, "tests.executor_calls", "no_such_function", [1], False))
+
+
 def test_a_chunk_of_a_builtin_and_of_no_items_runs():
     values = []
     assert calls.run_chunk(calls.Calls(operator.neg, []), values) is None and values == []

@@ -454,6 +454,26 @@ def test_a_map_chunks_large_bytes_are_set_aside_too(fleet_name):
     assert parcels.count(fleet_name) == 0
 
 
+def test_an_executor_chunk_by_name_has_its_large_bytes_set_aside_as_deep_as_a_chunk(fleet_name):
+    """A chunk that travels by its function's name (`Calls.wire`, one level deeper than the
+    chunk) is looked at for large `bytes` as the chunk itself is: an argument's list holds one."""
+    from fleet.shm import parcels
+    from fleet.worker.calls import Calls
+
+    blob = bytes(range(256)) * (codec.OOB_MIN // 256)
+    chunk = Calls(len, [([blob],), (b"small",)], star=True)
+    assert chunk.wire[0] == "fleet.calls"
+    body, parcel, _size = codec.pack_task("call", chunk, None, None, None, pickled_payload=None, limit=None,
+                                          fleet=fleet_name)
+    _name, _offsets, sizes, n_oob = pickle.loads(body[2:])
+    assert n_oob == 0 and sizes[0] < 1000 and sizes[1:] == [len(blob)]
+    wire = codec.loads(body, "the payload")[0]
+    back = Calls.from_wire(wire)
+    assert back.fn is len and back.items == chunk.items and back.items[0][0][0] == blob
+    parcels.remove(parcel)
+    assert parcels.count(fleet_name) == 0
+
+
 # --- the staging buffer: large pickles made in pages that stay ------------------------------
 @pytest.fixture
 def staging(monkeypatch):
