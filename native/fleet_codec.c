@@ -15,6 +15,15 @@
  * containers, nothing is looked at (a large `bytes` there stays in band). Types are
  * matched exactly: a subclass is an object like any other, as pickle sees it.
  *
+ * `.plain(obj)` is the other question every submit asks: whether `obj` is made of
+ * nothing but atoms (None, bool, int, float, complex, a str of fewer than `min_bytes`
+ * characters, a bytes of fewer than `min_bytes` bytes) in tuples, lists and dicts (keys and values) of its first `depth`
+ * levels, each of at most `max_len` items. Such a value is pickled as it is: pickle
+ * calls no Python code for it, it cannot fail (but for memory), and it holds nothing
+ * to set aside (no buffer, no large `bytes`). A call by name of a few small arguments,
+ * the common unit, is one; deeper or longer, or any other type, is not (the whole
+ * path looks at it).
+ *
  * This is a CPython extension module, not a cffi one: it reads Python objects.
  */
 #define PY_SSIZE_T_CLEAN
@@ -88,6 +97,45 @@ static int scan(BlobScan *s, PyObject *obj, int depth) {
     return found;
 }
 
+/* 1: plain; 0: not. It runs no Python code (type checks only), so nothing it looks
+ * at can change under it. */
+static int plain(BlobScan *s, PyObject *obj, int depth) {
+    PyTypeObject *kind = Py_TYPE(obj);
+    if (obj == Py_None || kind == &PyLong_Type || kind == &PyFloat_Type || kind == &PyBool_Type ||
+        kind == &PyComplex_Type)
+        return 1;
+    if (kind == &PyUnicode_Type)
+        return PyUnicode_GET_LENGTH(obj) < s->min_bytes;
+    if (kind == &PyBytes_Type)
+        return PyBytes_GET_SIZE(obj) < s->min_bytes;
+    if (!depth)
+        return 0;
+    if (kind == &PyTuple_Type || kind == &PyList_Type) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+        if (n > s->max_len)
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!plain(s, PySequence_Fast_GET_ITEM(obj, i), depth - 1))
+                return 0;
+        return 1;
+    }
+    if (kind == &PyDict_Type) {
+        if (PyDict_GET_SIZE(obj) > s->max_len)
+            return 0;
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(obj, &pos, &key, &value))
+            if (!plain(s, key, depth - 1) || !plain(s, value, depth - 1))
+                return 0;
+        return 1;
+    }
+    return 0;
+}
+
+static PyObject *blob_scan_plain(BlobScan *self, PyObject *obj) {
+    return PyBool_FromLong(plain(self, obj, self->depth));
+}
+
 static PyObject *blob_scan_holds(BlobScan *self, PyObject *obj) {
     int found = scan(self, obj, self->depth);
     if (found < 0)
@@ -128,6 +176,8 @@ static void blob_scan_dealloc(BlobScan *self) {
 static PyMethodDef blob_scan_methods[] = {
     {"holds", (PyCFunction)blob_scan_holds, METH_O,
      "holds(obj) -> bool: whether obj is, or holds in its first levels, a large bytes (see the module doc)."},
+    {"plain", (PyCFunction)blob_scan_plain, METH_O,
+     "plain(obj) -> bool: whether obj is atoms alone, small ones, in its first levels (see the module doc)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -50,6 +50,8 @@ class Books:
         #: get(unit_id) -> the unit owed, or None: the dict's own get (called several times
         #: per unit on the loop; `_units` is never replaced)
         self.get = self._units.get
+        #: count() -> units owed an outcome: `len(books)` with no Python frame (the loop asks it every turn)
+        self.count = self._units.__len__
         self._done: list = []  # (future, value, error) decided this turn, delivered at its end
         self._stops: dict[int, tuple[str, str]] = {}  # unit id -> (reason, detail): a gate stopped it
         self.watch = None  # the UnitWatch (fleet.runtime.spans) when makespans or spans are on

@@ -27,6 +27,8 @@ class Deadlines:
     def __init__(self, name: str, books, dispatcher, seats):
         self._name, self._books, self._dispatcher, self._seats = name, books, dispatcher, seats
         self._heap: list = []
+        #: armed() -> how many run time limits are armed: `bool(deadlines)` with no Python frame (every turn)
+        self.armed = self._heap.__len__
         self._timed_out: set[int] = set()
 
     def __bool__(self) -> bool:

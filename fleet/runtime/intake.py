@@ -52,6 +52,8 @@ class Intake:
 
     def __init__(self, wake, high: int = 256, low: int = 64, pace_timeout: float = 0.05):
         self._queue: collections.deque = collections.deque()
+        #: pending() -> commands queued: the loop looks with no Python frame before it drains
+        self.pending = self._queue.__len__
         self._wake = wake
         self._closed: str | None = None
         self.high, self.low, self.pace_timeout = high, low, pace_timeout

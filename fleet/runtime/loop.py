@@ -433,13 +433,15 @@ class Supervisor:
         self.door.joined()
         name_thread(titles.LOOP_THREAD)  # top -H; the program that embeds the fleet keeps its own name
         bell = self.seats.bell
+        rung = bell.count  # the bell's count, read with no Python frame (twice a turn)
         next_sample = 0.0
         self._raise_loop_thread()
         deaths, books = self._deaths, self.books
+        owed = books.count
         look = LookBeforeSleep(IN_FLIGHT_SPIN_S, LEAST_SPIN_S)
         try:
             while True:
-                seen = bell.value
+                seen = rung()
                 left = self._turn()
                 now = self.host.monotonic()
                 if now >= next_sample:
@@ -450,18 +452,18 @@ class Supervisor:
                     self.contention.sample(now)
                     next_sample = now + SAMPLE_EVERY_S
                 delivered = books.deliver()
-                if self.door.closing and not len(books):
+                if self.door.closing and not owed():
                     break
                 # Turn again at once only for input the turn left behind or that rang
                 # since it began: everything else that comes in rings the bell. (Turning
                 # again on every busy turn cost the round trip: a caller woken by this
                 # turn's deliveries and the loop reading every ring handed the GIL back
                 # and forth; the wait lets go of it and catches what comes next awake.)
-                quiet = not left and bell.value == seen
+                quiet = not left and rung() == seen
                 if quiet:
                     # Keep looking a while with units out, or just after results went
                     # out: a caller's next submit tends to follow its result at once.
-                    if len(books):  # units out: how soon their results come tells the next look
+                    if owed():  # units out: how soon their results come tells the next look
                         t0 = time.perf_counter()  # (real time: it is about wake-ups)
                         came = bell.wait(seen, self._sleep_for(now), look.look_s, HANDOVER)
                         look.waited(time.perf_counter() - t0, came)
@@ -502,23 +504,26 @@ class Supervisor:
     def _turn(self) -> bool:
         """One pass over every input; True if it left some behind (commands past its
         intake batch): look again at once."""
-        ran = self.door.intake.drain(INTAKE_BATCH)
+        intake = self.door.intake
+        ran = intake.drain(INTAKE_BATCH) if intake.pending() else 0
         if self._accept.take_news():
             self.dispatch()
         seats = self.seats
-        if seats.workers.has_news(seats.zygote_news.value):
+        if seats.workers.has_news(seats.zygote_news_count()):
             self._deaths.hear()  # it sent an event (and rang)
         self._results.collect()
         for i, moved in self.gates.tick():
             self._moved(i, moved)
         now = self.host.monotonic()
-        if self._deadlines:
+        if self._deadlines.armed():
             self._deadlines.check(now)
-        self._stops.due(now)
+        if self._stops.stop_at is not None:  # a stop's grace runs
+            self._stops.due(now)
         return ran >= INTAKE_BATCH
 
     def _sleep_for(self, now: float) -> float:
-        return self._stops.wake_in(now, self.gates.wake_in(IDLE_WAIT_S))
+        wait = self.gates.wake_in(IDLE_WAIT_S)
+        return wait if self._stops.stop_at is None else self._stops.wake_in(now, wait)
 
     def _moved(self, i: int, moved) -> None:
         """What gate `i`'s tick reports: cancelled units forgotten, ended ones closed,

@@ -25,6 +25,9 @@ class Seats:
         #: slot -> its seat (`seat_of`, as a tuple the result pass indexes: the layout is fixed)
         self.slot_seats = tuple(s.seat for s in layout.slots)
         self._outbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        #: zygote_news_count() -> the zygote's news count (it bumps it and rings as it sends an
+        #: event), read with no Python frame: the loop looks at it every turn
+        self.zygote_news_count = data.zygote_news.count
 
     @property
     def count(self) -> int:

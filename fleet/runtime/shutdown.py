@@ -42,7 +42,9 @@ class Stops:
         self._door, self._books, self._gates, self._dispatcher = door, books, gates, dispatcher
         self._seats, self._results, self._posture, self._roles = seats, results, posture, roles
         self._table, self._host, self._dispatch, self._recorder = table, host, dispatch, recorder
-        self._stop_at: float | None = None  # stop(grace): when queued units fail Shutdown
+        #: stop(grace): when queued units fail Shutdown (None: no stop's grace runs); the
+        #: loop reads it to skip `due` and `wake_in` on every turn while none runs
+        self.stop_at: float | None = None
 
     # ------------------------------------------------------------------ the three stops
     def shutdown(self, cancel_futures: bool) -> None:
@@ -57,7 +59,7 @@ class Stops:
 
     def stop(self, grace_s: float) -> None:
         self.close_intake()
-        self._stop_at = self._host.monotonic() + grace_s
+        self.stop_at = self._host.monotonic() + grace_s
         self._drop_gates(False, Reason.SHUTDOWN, "the fleet stopped while the unit waited for {waits_for}")
 
     def kill(self) -> None:
@@ -67,13 +69,13 @@ class Stops:
     # ------------------------------------------------------------------ a stop's grace
     def due(self, now: float) -> None:
         """Once a stop's grace has passed, every unit not yet granted fails Shutdown."""
-        if self._stop_at is not None and now >= self._stop_at:
-            self._stop_at = None
+        if self.stop_at is not None and now >= self.stop_at:
+            self.stop_at = None
             self.fail_queued(Reason.SHUTDOWN, "the fleet stopped before it ran")
 
     def wake_in(self, now: float, cap: float) -> float:
         """Seconds, at most `cap`, until a stop's grace ends."""
-        return cap if self._stop_at is None else min(cap, max(0.0, self._stop_at - now))
+        return cap if self.stop_at is None else min(cap, max(0.0, self.stop_at - now))
 
     # ------------------------------------------------------------------ what they do
     def close_intake(self) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import mmap
+import operator
 import os
 import threading
 import time
@@ -323,16 +324,19 @@ class Bell:
     nothing was found, ``bell.wait(seen, timeout)``. A ring after `seen` was read
     makes the wait return at once."""
 
-    __slots__ = ("_bell", "_waiting", "_keep", "_word", "_addrs")
+    __slots__ = ("_bell", "_waiting", "_keep", "_word", "_addrs", "count")
 
     def __init__(self, bell_ptr, waiting_ptr, keepalive):
         self._bell, self._waiting, self._keep = bell_ptr, waiting_ptr, keepalive
         self._addrs = (int(ffi.cast("uintptr_t", bell_ptr)), int(ffi.cast("uintptr_t", waiting_ptr)))
-        # Read as a plain aligned 32-bit load, not a C call: the loop reads it every turn,
-        # and a C call gives the GIL away. Its ordering before the ring loads that follow
+        # Read as a plain aligned 32-bit load, not a cffi call: the loop reads it every turn,
+        # and a cffi call gives the GIL away. Its ordering before the ring loads that follow
         # (the waiting pattern needs it) holds all the same: each ring read is a cffi call,
         # which releases the GIL (a mutex operation, a full barrier) before it loads.
         self._word = memoryview(ffi.buffer(bell_ptr, 4)).cast("I")
+        #: count() is `value` with no Python frame between (C calls that keep the GIL):
+        #: the loop reads it twice a turn
+        self.count = functools.partial(operator.getitem, self._word, 0)
 
     @property
     def value(self) -> int:
@@ -349,8 +353,9 @@ class Bell:
         first (yielding the CPU between looks) before the usual short spin and sleep;
         the spin is part of the wait (it never outlasts `timeout_s`). `handover`: the
         waiter is the loop of that `Handover` (its word cleared, a caller's awaited)."""
-        if handover is not None:
-            return lib.fleet_bell_wait_spin_held(self._bell, self._waiting, seen & _U32, _timeout_ns(timeout_s),
+        if handover is not None:  # the loop's wait, every turn it sleeps: `_timeout_ns` written out
+            return lib.fleet_bell_wait_spin_held(self._bell, self._waiting, seen & _U32,
+                                                 -1 if timeout_s is None else max(0, int(timeout_s * 1e9)),
                                                  int(spin_s * 1e9), handover.loop_word, handover.caller_word,
                                                  handover.bound_ns) == 0
         if spin_s > 0:
@@ -421,13 +426,15 @@ class Pulse:
     processes map too (`keepalive` pins it), for a count another process bumps; by
     default the process's own."""
 
-    __slots__ = ("_words", "_addrs", "_word", "_keep")
+    __slots__ = ("_words", "_addrs", "_word", "_keep", "count")
 
     def __init__(self, words=None, keepalive=None):
         self._words = ffi.new("uint32_t[2]") if words is None else words
         self._keep = keepalive
         self._addrs = (int(ffi.cast("uintptr_t", self._words)), int(ffi.cast("uintptr_t", self._words + 1)))
         self._word = memoryview(ffi.buffer(self._words, 4)).cast("I")
+        #: count() is `value` with no Python frame between (the loop reads one every turn)
+        self.count = functools.partial(operator.getitem, self._word, 0)
 
     @property
     def value(self) -> int:

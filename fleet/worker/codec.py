@@ -142,8 +142,14 @@ def _pickled(value, what: str, scan=None) -> tuple[bytes | memoryview, list, lis
     ``scan``: what the look for large `bytes` looks at, when not `value` itself).
     The pickle may be a view of this thread's staging buffer (`_Staging`), valid until
     the thread's next pickle: `_inline` and `_parcelled` take it at once."""
+    global _stage_next
     if type(value) in _ATOMS:  # nothing in it to set aside, nothing that fails to pickle
         return pickle.dumps(value, protocol=5), (), ()
+    if _plain(value):  # small atoms alone: nothing in it to set aside, nothing that fails to pickle
+        data = pickle.dumps(value, protocol=5)
+        if len(data) < STAGE_MIN:
+            _stage_next = False  # as `_set_aside` leaves it after a pickle this small
+            return data, (), ()
     return _set_aside(value, what, True, scan)
 
 
@@ -170,11 +176,6 @@ def _parcelled(pickled: tuple, fleet: str, *, take: bool, reserve, writer, lend:
     mode = _LEND if lent else _TAKE if take else _KEEP
     ref = bytes((PARCEL, mode)) + pickle.dumps((name, offsets, sizes, len(aside)), protocol=5)
     return ref, name
-
-
-#: Values `pack` pickles as they are: no buffer or `bytes` in them to set aside, and none
-#: can fail to pickle (a no-op's None, a number, a string: most small results).
-_ATOMS = frozenset((type(None), bool, int, float, complex, str))
 
 
 def _set_aside(value, what: str, staged: bool = False, scan=None) -> tuple[bytes | memoryview, list, list]:
@@ -681,7 +682,17 @@ class _Pickled:
 #: chunk, a result); deeper, or in longer containers, one stays in band. It runs on every
 #: submit, so it is C (native/fleet_codec.c, where the rule is written out): ~4% of the
 #: Executor's submit throughput went to the same walk in Python.
-_holds_blob = BlobScan(OOB_MIN, SCAN_LEN, SCAN_DEPTH, _Pickled, Calls).holds
+_scan = BlobScan(OOB_MIN, SCAN_LEN, SCAN_DEPTH, _Pickled, Calls)
+_holds_blob = _scan.holds
+#: Whether a value is small atoms alone (None, bool, int, float, complex, str and bytes
+#: under OOB_MIN) in the tuples, lists and dicts of the same first levels: `_pickled`
+#: pickles it as it is, with no guard, no look for buffers and no staging (a call by name
+#: of a few small arguments, most results). The same C walk (native/fleet_codec.c):
+#: in Python the look would cost what it saves.
+_plain = _scan.plain
+#: Values `_pickled` pickles as they are, with no look: no buffer or `bytes` in them to set
+#: aside, and none can fail to pickle (a no-op's None, a number, a string: most small results)
+_ATOMS = frozenset((type(None), bool, int, float, complex, str))
 
 
 class _Laid(_Pickled):
@@ -714,7 +725,10 @@ def lay_out(value, what: str) -> tuple[list, list, int]:
     part's ``[offset, bytes]``, how many are out-of-band buffers). Its large buffers and
     `bytes` are pieces of their own, views of the caller's objects, so writing the pieces
     out is their one copy; they must not change until then. Raises CodecError."""
-    data, aside, blobs = _set_aside(value, what)
+    if _plain(value):  # small atoms alone (most calls): one pickle, nothing to set aside or to fail
+        data, aside, blobs = pickle.dumps(value, protocol=5), (), ()
+    else:
+        data, aside, blobs = _set_aside(value, what)
     parts = [data, *aside, *blobs]
     sizes = [memoryview(p).nbytes for p in parts]
     offsets, _total = parcels.layout(sizes)

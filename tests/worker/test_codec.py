@@ -736,6 +736,20 @@ class _BlobModel:
             return False
         return len(items) <= self.LEN and any(self.holds(item, depth - 1) for item in items)
 
+    def plain(self, obj, depth=None) -> bool:
+        """Small atoms alone: None, bool, int, float, complex, str and bytes under MIN,
+        in tuples, lists and dicts (keys and values) of DEPTH levels of at most LEN items."""
+        depth = self.DEPTH if depth is None else depth
+        kind = type(obj)
+        if obj is None or kind in (bool, int, float, complex):
+            return True
+        if kind in (str, bytes):
+            return len(obj) < self.MIN
+        if not depth or kind not in (tuple, list, dict):
+            return False
+        items = [x for pair in obj.items() for x in pair] if kind is dict else obj
+        return len(obj) <= self.LEN and all(self.plain(item, depth - 1) for item in items)
+
 
 class _Bytes(bytes):
     """A bytes subclass: pickle sees an object like any other, and so does the scan."""
@@ -746,8 +760,10 @@ def _values():
 
     from fleet.worker.calls import Calls
 
-    leaves = st.one_of(st.binary(max_size=6), st.integers(), st.text(max_size=3), st.none(),
-                       st.binary(max_size=6).map(_Bytes), st.binary(max_size=6).map(codec._Pickled))
+    leaves = st.one_of(st.binary(max_size=6), st.integers(), st.text(max_size=6), st.none(), st.booleans(),
+                       st.floats(allow_nan=False), st.complex_numbers(allow_nan=False),
+                       st.binary(max_size=6).map(_Bytes), st.binary(max_size=6).map(codec._Pickled),
+                       st.binary(max_size=6).map(bytearray))
     def containers(kids):
         lists = st.lists(kids, max_size=4)
         return st.one_of(lists, lists.map(tuple), st.dictionaries(st.text(max_size=2), kids, max_size=4),
@@ -771,6 +787,63 @@ def test_the_blob_scan_finds_large_bytes_exactly_where_its_rule_says():
         assert scan(value) is model.holds(value), value
 
     agrees()
+
+
+def test_the_plain_look_passes_small_atoms_alone_exactly_where_its_rule_says():
+    from hypothesis import given, settings
+
+    from fleet._codec import BlobScan
+    from fleet.worker.calls import Calls
+
+    model = _BlobModel()
+    plain = BlobScan(model.MIN, model.LEN, model.DEPTH, codec._Pickled, Calls).plain
+
+    @settings(max_examples=600, deadline=None)
+    @given(_values())
+    def agrees(value):
+        assert plain(value) is model.plain(value), value
+
+    agrees()
+    assert codec._plain(("m", "f", (1, 2.5, None, True, 1j, b"x"), {"k": "v"})) and plain({1: (2,)})
+    assert not plain("1234") and not plain(b"1234") and not plain([1, 2, 3, 4]) and not plain(((([1],),),))
+    assert not plain(_Bytes(b"")) and not plain(bytearray()) and not plain(len) and not plain(Calls(len, [1]))
+    assert not plain({(): frozenset()}) and not plain({frozenset(): 1})  # a dict's keys count too
+
+
+def test_small_atoms_alone_are_pickled_as_they_are_and_the_rest_takes_the_whole_path(monkeypatch):
+    """`_pickled`'s plain path: what it makes is what the whole path makes; a value it does
+    not pass (a function by reference, a large bytes) takes the guarded path, as before."""
+    whole = []
+    set_aside = codec._set_aside
+
+    def watched(value, *args):
+        whole.append(value)
+        return set_aside(value, *args)
+
+    monkeypatch.setattr(codec, "_set_aside", watched)
+    call = (("tests.executor_calls", "add", (1, 2.5, "x", b"y", None), {"k": True}), None, None, None)
+    monkeypatch.setattr(codec, "_stage_next", True)
+    data, aside, blobs = codec._pickled(call, "the payload")
+    assert (data, aside, blobs, whole) == (pickle.dumps(call, protocol=5), (), (), [])
+    assert codec._stage_next is False  # as the whole path leaves it after a pickle this small
+    assert pickle.loads(data) == call
+    for atom in (None, True, 10**40, 1.5, 2j, "x", "x" * codec.OOB_MIN):  # a lone atom: as it is, no look
+        assert type(atom) in codec._ATOMS
+        assert codec._pickled(atom, "the value") == (pickle.dumps(atom, protocol=5), (), ())
+    assert whole == []
+    for value in ((len, (1,), {}), (b"x" * codec.OOB_MIN,), ("x" * codec.OOB_MIN,), [bytearray(b"x")]):
+        codec._pickled(value, "the payload")
+        assert whole[-1] is value  # not plain: the guarded whole path
+    monkeypatch.setattr(codec, "STAGE_MIN", 16)  # a plain pickle this large is staged as before
+    codec._pickled(call, "the payload")
+    assert whole[-1] is call
+    # a service client's payload, laid out for its memfd: the same look
+    del whole[:]
+    assert codec.lay_out(call[0], "the payload") == ([pickle.dumps(call[0], protocol=5)],
+                                                     [[0, len(pickle.dumps(call[0], protocol=5))]], 0)
+    assert whole == []
+    codec.lay_out((len,), "the payload")
+    assert whole == [(len,)]
 
 
 def test_the_blob_scan_stops_at_its_depth_and_length_and_passes_subclasses_by():
