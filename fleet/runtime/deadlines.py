@@ -27,12 +27,9 @@ class Deadlines:
     def __init__(self, name: str, books, dispatcher, seats):
         self._name, self._books, self._dispatcher, self._seats = name, books, dispatcher, seats
         self._heap: list = []
-        #: armed() -> how many run time limits are armed: `bool(deadlines)` with no Python frame (every turn)
+        #: armed() -> how many run time limits are armed, with no Python frame (the loop asks every turn)
         self.armed = self._heap.__len__
         self._timed_out: set[int] = set()
-
-    def __bool__(self) -> bool:
-        return bool(self._heap)
 
     def arm(self, unit, now: float) -> None:
         """`unit` started now: it times out `unit.timeout` seconds from here."""
