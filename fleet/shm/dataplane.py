@@ -353,9 +353,8 @@ class Bell:
         first (yielding the CPU between looks) before the usual short spin and sleep;
         the spin is part of the wait (it never outlasts `timeout_s`). `handover`: the
         waiter is the loop of that `Handover` (its word cleared, a caller's awaited)."""
-        if handover is not None:  # the loop's wait, every turn it sleeps: `_timeout_ns` written out
-            return lib.fleet_bell_wait_spin_held(self._bell, self._waiting, seen & _U32,
-                                                 -1 if timeout_s is None else max(0, int(timeout_s * 1e9)),
+        if handover is not None:
+            return lib.fleet_bell_wait_spin_held(self._bell, self._waiting, seen & _U32, _timeout_ns(timeout_s),
                                                  int(spin_s * 1e9), handover.loop_word, handover.caller_word,
                                                  handover.bound_ns) == 0
         if spin_s > 0:
