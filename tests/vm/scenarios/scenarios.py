@@ -686,6 +686,10 @@ class _SteadyLoad:
         return {"submitted": len(self.futures), "solved": values, "errors": errors}
 
 
+#: How many times the seats scenario measures its load that fits one CPU, at most.
+FIT_TRIES = 3
+
+
 def _throttled(before: dict, after: dict) -> dict:
     """Periods, throttled periods and throttled time (ms) of a cgroup's cpu.stat between two reads."""
     return {"periods": after["nr_periods"] - before["nr_periods"],
@@ -728,18 +732,25 @@ def s_seats_follow_quota() -> dict:
         # fleet idle and no unit in flight but this one). A supervisor that spun, or a second
         # worker kept, still goes over in every period. (Units submitted one at a time would
         # measure the supervisor's own cost per unit, which under emulation is a good part of a
-        # CPU: `one_at_a_time`, for the record.) The fleet's own idle use of the quota first,
-        # for the record too.
+        # CPU: `one_at_a_time`, for the record.) The host's noise comes in bursts (the rest of
+        # the suite runs beside the VM), so the load is measured up to FIT_TRIES times, ending
+        # at the first try with no throttled period: the host judges the calmest, and a
+        # supervisor that spun goes over in every period of every try. The fleet's own idle
+        # use of the quota first, for the record too.
         load.paused.set()
         wait_for("the steady load quiet", lambda: _seats_status()["ledger"]["inflight"] == 0, 300, 0.2)
         stat0 = read_kv(f"{group}/cpu.stat")
         time.sleep(3)
         stat1 = read_kv(f"{group}/cpu.stat")
         out["idle"] = _throttled(stat0, stat1)
-        stat1 = read_kv(f"{group}/cpu.stat")  # its 8 s dwarf the submit's own cost
-        periods = client.submit("spin", (8.0, 0.25)).result(timeout=600)
-        stat2 = read_kv(f"{group}/cpu.stat")
-        out["fitting"] = dict(_throttled(stat1, stat2), solved=isinstance(periods, int))
+        out["fitting"] = []
+        for _ in range(FIT_TRIES):
+            stat1 = read_kv(f"{group}/cpu.stat")  # its 8 s dwarf the submit's own cost
+            periods = client.submit("spin", (8.0, 0.25)).result(timeout=600)
+            stat2 = read_kv(f"{group}/cpu.stat")
+            out["fitting"].append(dict(_throttled(stat1, stat2), solved=isinstance(periods, int)))
+            if out["fitting"][-1]["throttled"] == 0:
+                break
         ones = []
         for _ in range(10):
             ones.append(client.submit("spin", 0.005).result(timeout=300))
