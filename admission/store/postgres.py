@@ -30,7 +30,7 @@ from admission.store._sql import (
     _queued_reason,
     _record,
 )
-from admission.store.base import DEFAULT_HEARTBEAT_WINDOW, SchemaMissing, StoreUnreachable
+from admission.store.base import DEFAULT_HEARTBEAT_WINDOW, SchemaMissing, StoreTimeout, StoreUnreachable
 from admission.vocab import ADMITTED, HOLDING_STATES, LIVE_STATES, QUEUED, RELEASED, sql_list
 
 PREFIXES = ("postgresql://", "postgres://")
@@ -173,6 +173,7 @@ class PostgresStore(SqlStore):
         self.connect_timeout = connect_timeout
         self.call_timeout = call_timeout
         self._has_admit_at_once = False  # until _migrate finds or creates the function
+        self._read_done = time.monotonic()  # when the locked transaction's reads were answered
         super().__init__(url, actor, clock, create, heartbeat_window)
 
     def _connect(self):
@@ -215,6 +216,15 @@ class PostgresStore(SqlStore):
             run[1].execute(_HOLDING_FOR_UPDATE)
             run[2].execute(_QUEUED_AND_ONE, (request_id,))
             run[3].execute(_BEATS_SQL)
+        # psycopg ends a pipeline with a Sync and then a Flush. The server arms its
+        # idle_in_transaction_session_timeout as it answers the Sync and disarms it as it reads
+        # the Flush, so after a pipeline the session would idle in its transaction, the group
+        # lock held for the whole group, as long as this client stalls (stopped, swapped out,
+        # kept off a busy host's CPU). An empty query, the last message the server reads, arms
+        # it again: a client stalled past its deadline loses its session and the lock with it.
+        # One round trip more under the lock, the price of that bound.
+        cur.execute("")
+        self._read_done = time.monotonic()
         row = run[0].fetchone()
         rows = run[1].fetchall() + run[2].fetchall()
         return row, rows, run[3].fetchall()
@@ -301,12 +311,23 @@ class PostgresStore(SqlStore):
     def _write_and_commit(self, conn, cur, writes) -> None:
         # One round trip, pipelined like the reads: every write, the commit, and the wait for
         # durability (the statement after COMMIT is a transaction of its own, ended at the sync).
-        with conn.pipeline():
-            run = self._psycopg.Cursor(conn)
-            for sql, rows in writes:
-                run.executemany(sql, rows)
-            run.execute("COMMIT")
-            run.execute(_DURABLE)
+        kept = time.monotonic() - self._read_done
+        try:
+            with conn.pipeline():
+                run = self._psycopg.Cursor(conn)
+                for sql, rows in writes:
+                    run.executemany(sql, rows)
+                run.execute("COMMIT")
+                run.execute(_DURABLE)
+        except self._psycopg.OperationalError as exc:
+            if kept <= self.call_timeout:
+                raise
+            # The server ended the session this client left idle in its transaction past the
+            # deadline (see `_lock_and_read`); libpq tells it as a lost connection.
+            self._drop_connection()
+            raise StoreTimeout(f"{self.redacted_url()}: the call passed its deadline: this client was kept "
+                               f"{kept:.3f} s inside its transaction (call_timeout {self.call_timeout:g} s) and "
+                               f"the server ended its session; nothing was decided") from exc
 
     def _commit(self, conn, cur) -> None:
         cur.execute(_COMMIT_DURABLY)
@@ -338,7 +359,9 @@ class PostgresStore(SqlStore):
 
     def _timed_out(self, exc: BaseException) -> bool:
         errors = self._psycopg.errors
-        return isinstance(exc, (errors.LockNotAvailable, errors.QueryCanceled))
+        # IdleInTransactionSessionTimeout: the server ended this session, left idle in its
+        # transaction past the deadline (see `_lock_and_read`); the connection is gone with it
+        return isinstance(exc, (errors.LockNotAvailable, errors.QueryCanceled, errors.IdleInTransactionSessionTimeout))
 
     def _unreachable(self, exc: BaseException) -> bool:
         return isinstance(exc, (self._psycopg.OperationalError, self._psycopg.InterfaceError))

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from admission.store import Policy, Request, StoreUnreachable, open_store
+from admission.store import Policy, Request, StoreTimeout, StoreUnreachable, open_store
 
 from ..store_backends import GroupLockHeld, Stores, backend, pg_dsn, store_url, stores  # noqa: F401
 from ..runtime.test_store_fleet import BOUND_S, _fleet, _unlink_segments, wait_for
@@ -120,6 +120,70 @@ def test_a_stalled_store_stops_the_unit_before_its_lease_ends_and_lets_no_peer_i
     assert f"request {held} lease revision {rec.revision}" in err.value.outcome.detail
     assert last < rec.lease_expires, "the unit ran past its lease"
     assert admitted_at and admitted_at[0] > last, "a peer was admitted while the unit still ran"
+
+
+class StallingClock:
+    """The wall clock, which first stalls `pause` seconds while `stalled` is set, doing
+    `meanwhile()` in that time. The store reads its clock inside a locked transaction,
+    between the round trip that takes the group lock and reads and the one that writes: a
+    stalled read is the client kept off its CPU there (stopped, swapped out, on a busy host)."""
+
+    def __init__(self, pause: float):
+        self.pause, self.stalled, self.meanwhile = pause, False, lambda: None
+
+    def __call__(self) -> float:
+        if self.stalled:
+            until = time.monotonic() + self.pause
+            self.meanwhile()
+            time.sleep(max(0.0, until - time.monotonic()))
+        return time.time()
+
+
+def _pg_store(tmp_path, request) -> str:
+    stores = Stores("postgresql", tmp_path, request)
+    request.addfinalizer(stores.cleanup)
+    return stores.new_url()
+
+
+def test_a_client_stalled_inside_its_transaction_frees_the_group_lock_at_its_deadline(tmp_path, request):
+    """PostgreSQL: a client kept inside a locked transaction past its call's deadline loses
+    its session, and the group lock with it, at the deadline: another orchestrator's locked
+    call goes through meanwhile (with a bound shorter than the stall). The stalled call
+    fails StoreTimeout, as a call past its deadline does (never a raw driver error, which a
+    fleet's lease gate takes for a crash), having decided nothing; its next call works."""
+    url = _pg_store(tmp_path, request)
+    clock = StallingClock(2.0)
+    with open_store(url, actor="orch-a", clock=clock, call_timeout=0.1) as slow, \
+            open_store(url, actor="observer", call_timeout=1.0) as observer:
+        rec = slow.submit(Request("r1", "orch-a", "prod", "x", "host", lease_ttl=30.0))
+        assert rec.state == "admitted", rec
+        seen = []
+        clock.meanwhile = lambda: seen.append(observer.get("r1"))  # a locked call, bound 1 s
+        clock.stalled = True
+        with pytest.raises(StoreTimeout, match="kept .* inside its transaction") as err:
+            slow.renew("r1", rec.revision)
+        clock.stalled = False
+        assert seen == [rec], seen  # the lock was free within the stall
+        assert "nothing was decided" in str(err.value)
+        assert observer.get("r1") == rec  # nothing renewed
+        lease = slow.renew("r1", rec.revision)
+        assert lease.revision == rec.revision + 1 and observer.get("r1").revision == lease.revision
+
+
+def test_a_session_ended_for_idling_in_a_transaction_is_store_timeout_and_the_next_call_works(tmp_path, request):
+    """PostgreSQL: whatever left the handle's session idle in a transaction past its
+    deadline, the server ends it (FATAL 25P03, which psycopg raises as an InternalError, not
+    an OperationalError); the handle's next call fails StoreTimeout, never the raw error,
+    and the one after runs on a new connection."""
+    url = _pg_store(tmp_path, request)
+    with open_store(url, actor="orch-a", call_timeout=0.1) as s:
+        rec = s.submit(Request("r1", "orch-a", "prod", "x", "host", lease_ttl=30.0))
+        s._connection().execute("BEGIN")  # left open: the state a stalled call leaves
+        time.sleep(0.5)
+        r2 = Request("r2", "orch-a", "prod", "x", "host", lease_ttl=30.0)
+        with pytest.raises(StoreTimeout, match="idle-in-transaction"):
+            s.submit(r2)  # one statement, not a pipeline: libpq reads the server's FATAL
+        assert s.submit(r2).state == "queued" and s.get("r1") == rec  # the host tier: one lease, r1 holds it
 
 
 def test_a_sigkilled_orchestrators_queued_requests_block_nobody_past_its_heartbeat(store_url, reaper):
