@@ -15,7 +15,13 @@ its window after the step before it.
   sent -> fleetd reads            waking fleetd's control thread
   reads -> decoded                the frame decoded and checked (submit_batch)
   decoded -> admitted             the unit queued to the supervisor (its reply's unit id)
-  admitted -> outcome held        the supervisor's loop and the worker: accept to result
+  admitted -> loop takes it       waking the supervisor's loop (and it taking the GIL, which
+                                  the control thread holds on; negative when the loop took
+                                  the unit before the admission's reply was made)
+  taken -> granted                the loop's accept and the dispatcher's grant
+  granted -> sent to the worker   the slot's transition and the push that wakes the worker
+  sent -> result taken            waking the worker, the handler, its result, the loop seeing it
+  result taken -> outcome held    the outcome recorded, the delivery up to its record
   outcome held -> push made       the rest of the delivery, the push frame made (on the loop)
   push made -> client reads       the write, waking the client's reader, the frame decoded
   client reads -> future set      the record parsed, the value unpickled, the future set
@@ -67,6 +73,13 @@ _wrap(_server.ControlServer, "_read", "d_read")
 _wrap(_units.SubmitBatchOp, "on_daemon", "d_decoded")
 _wrap(_units.SubmitBatchOp, "on_daemon", "d_admitted", after=True)
 _wrap(_record, "encode", "d_held")
+# the supervisor's loop (the same steps latency_stages.py stamps for fleet.Executor)
+from fleet.runtime import intake as _intake, seats as _seats, results as _results
+from fleet.rules import dispatch as _dispatch
+_wrap(_intake.Intake, "drain", "d_taken")
+_wrap(_dispatch.Dispatcher, "grant", "d_granted", after=True)
+_wrap(_seats.Seats, "send", "d_sent", after=True)
+_wrap(_results.Results, "handle", "d_result")
 import os as _os
 if _os.environ.get("STAGES_FINE"):
     from fleet.runtime import submit as _submit
@@ -86,7 +99,11 @@ STAGES = (
     ("sent -> fleetd reads", "c_sent", "d_read"),
     ("reads -> decoded", "d_read", "d_decoded"),
     ("decoded -> admitted", "d_decoded", "d_admitted"),
-    ("admitted -> outcome held", "d_admitted", "d_held"),
+    ("admitted -> loop takes it", "d_admitted", "d_taken"),
+    ("taken -> granted", "d_taken", "d_granted"),
+    ("granted -> sent to the worker", "d_granted", "d_sent"),
+    ("sent -> result taken", "d_sent", "d_result"),
+    ("result taken -> outcome held", "d_result", "d_held"),
     ("outcome held -> push made", "d_held", "d_pushed"),
     ("push made -> client reads", "d_pushed", "c_read"),
     ("client reads -> future set", "c_read", "c_set"),
@@ -142,8 +159,10 @@ def measure(units: int) -> dict:
 
 
 #: A step looked for after an earlier one than the step before it: fleetd may read the
-#: frame before the client's write returns (its stamp, after the write).
-_AFTER = {"d_read": "c_submit"}
+#: frame before the client's write returns (its stamp, after the write), and the loop may
+#: take the unit before the admission that posted it returns (its stamp, after the reply
+#: is made): that stage is then negative, for that round trip.
+_AFTER = {"d_read": "c_submit", "d_taken": "d_decoded"}
 
 
 def stages(windows: list, stamps: list) -> dict:
