@@ -170,6 +170,15 @@ def stores(backend, tmp_path, request):
 
 
 @pytest.fixture
+def pg_stores(tmp_path, request):
+    """Fresh PostgreSQL store urls for one test whatever the backend: for what only
+    PostgreSQL has (a connection to lose, a schema, sessions the server ends)."""
+    s = Stores("postgresql", tmp_path, request)
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture
 def store_url(stores):
     """One fresh store url for this test, on the parametrized backend."""
     return stores.new_url()

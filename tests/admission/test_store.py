@@ -31,7 +31,7 @@ from admission.store import (
 from admission.store import rules
 from admission.store._sql import SCHEMA_VERSION
 
-from ..store_backends import FakeClock, Stores, backend, pg_dsn, quota_history_violations, clock, req, store, store_url, stores  # noqa: F401
+from ..store_backends import FakeClock, backend, pg_dsn, pg_stores, quota_history_violations, clock, req, store, store_url, stores  # noqa: F401
 
 
 def admitted_ids(store):
@@ -622,13 +622,6 @@ def test_unreachable_store_is_named(tmp_path, backend):
     with pytest.raises(StoreUnreachable) as err:
         open_store(url)
     assert err.value.exit_code == 90
-
-
-@pytest.fixture
-def pg_stores(tmp_path, request):
-    s = Stores("postgresql", tmp_path, request)
-    yield s
-    s.cleanup()
 
 
 def test_a_lost_connection_fails_closed_and_recovers(pg_stores, clock):

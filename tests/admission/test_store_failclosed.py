@@ -17,7 +17,7 @@ import pytest
 
 from admission.store import Policy, Request, StoreTimeout, StoreUnreachable, open_store
 
-from ..store_backends import GroupLockHeld, Stores, backend, pg_dsn, store_url, stores  # noqa: F401
+from ..store_backends import GroupLockHeld, Stores, backend, pg_dsn, pg_stores, store_url, stores  # noqa: F401
 from ..runtime.test_store_fleet import BOUND_S, _fleet, _unlink_segments, wait_for
 
 
@@ -139,19 +139,13 @@ class StallingClock:
         return time.time()
 
 
-def _pg_store(tmp_path, request) -> str:
-    stores = Stores("postgresql", tmp_path, request)
-    request.addfinalizer(stores.cleanup)
-    return stores.new_url()
-
-
-def test_a_client_stalled_inside_its_transaction_frees_the_group_lock_at_its_deadline(tmp_path, request):
+def test_a_client_stalled_inside_its_transaction_frees_the_group_lock_at_its_deadline(pg_stores):
     """PostgreSQL: a client kept inside a locked transaction past its call's deadline loses
     its session, and the group lock with it, at the deadline: another orchestrator's locked
     call goes through meanwhile (with a bound shorter than the stall). The stalled call
     fails StoreTimeout, as a call past its deadline does (never a raw driver error, which a
     fleet's lease gate takes for a crash), having decided nothing; its next call works."""
-    url = _pg_store(tmp_path, request)
+    url = pg_stores.new_url()
     clock = StallingClock(2.0)
     with open_store(url, actor="orch-a", clock=clock, call_timeout=0.1) as slow, \
             open_store(url, actor="observer", call_timeout=1.0) as observer:
@@ -170,12 +164,12 @@ def test_a_client_stalled_inside_its_transaction_frees_the_group_lock_at_its_dea
         assert lease.revision == rec.revision + 1 and observer.get("r1").revision == lease.revision
 
 
-def test_a_session_ended_for_idling_in_a_transaction_is_store_timeout_and_the_next_call_works(tmp_path, request):
+def test_a_session_ended_for_idling_in_a_transaction_is_store_timeout_and_the_next_call_works(pg_stores):
     """PostgreSQL: whatever left the handle's session idle in a transaction past its
     deadline, the server ends it (FATAL 25P03, which psycopg raises as an InternalError, not
     an OperationalError); the handle's next call fails StoreTimeout, never the raw error,
     and the one after runs on a new connection."""
-    url = _pg_store(tmp_path, request)
+    url = pg_stores.new_url()
     with open_store(url, actor="orch-a", call_timeout=0.1) as s:
         rec = s.submit(Request("r1", "orch-a", "prod", "x", "host", lease_ttl=30.0))
         s._connection().execute("BEGIN")  # left open: the state a stalled call leaves

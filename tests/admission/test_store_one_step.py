@@ -21,7 +21,7 @@ import math
 
 from admission.store import ADMITTED, AWAITING_APPROVAL, QUEUED, RELEASED, Policy, Record, Request, open_store, rules
 
-from ..store_backends import FakeClock, GroupLockHeld, Stores, backend, pg_dsn, store_url, stores  # noqa: F401
+from ..store_backends import FakeClock, GroupLockHeld, backend, pg_dsn, pg_stores, store_url, stores  # noqa: F401
 
 ME, OTHER = "orch-me", "orch-other"
 ENVS, PROVS, TIERS = ("prod", "dev"), ("p1", "p2"), ("host", "container")
@@ -65,13 +65,6 @@ def _record_of(i: int, row: dict) -> Record:
         return Record(req, submitted_at=submitted, state=QUEUED, decided_at=submitted, reason="submitted")
     return Record(req, submitted_at=submitted, state=row["state"], revision=1,
                   lease_expires=NOW + row["lease_left"], decided_at=submitted, reason="capacity")
-
-
-@pytest.fixture
-def pg_stores(pg_dsn, tmp_path, request):
-    s = Stores("postgresql", tmp_path, request)
-    yield s
-    s.cleanup()
 
 
 @pytest.fixture
