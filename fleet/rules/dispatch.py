@@ -19,7 +19,9 @@ Rules:
   state), else the slot that went Idle last is taken; the table counts each lease
   for another role than the last as a role switch (status shows it per slot).
 * A pooled unit takes an Idle slot within its role's count: the grant is LEASE (T1)
-  and the worker STARTs it (T2); the slot is Idle again after the unit (T5).
+  and the worker STARTs it (T2); the slot is Idle again after the unit (T5). Of the
+  role's seats, the one whose slot went Idle last, while nothing runs there (its worker
+  may still be looking for its next task, not yet asleep); else the seats take turns.
 * Seats stay fed (the role's `lookahead`, default 16). With no Idle slot left for it,
   a pooled role's next unit is sent to a slot it holds that runs one already, to wait
   on the seat's ring behind it: the worker, once the slot is Idle again (T5), LEASEs
@@ -370,7 +372,11 @@ class Dispatcher:
         #: the seats each role may lease slots of, and where the next search starts (so
         #: a role's grants alternate over its seats)
         self._seats_for = [seat_layout.seats_for(r.name) for r in roles]
+        self._may_use = [frozenset(seats) for seats in self._seats_for]
         self._next_seat = [0] * len(roles)
+        #: the seat whose slot went Idle last: its worker ran out of work last, and may
+        #: still be looking for its next task (`_idle_seat`)
+        self._warm_seat = -1
         #: Idle slots per seat (see _IdlePool): O(1) grants, and a role gets back a slot it
         #: served before when there is one (no switch).
         self._idle = [_IdlePool(len(slots)) for slots in self._seat_slots]
@@ -438,6 +444,7 @@ class Dispatcher:
         slot.role = -1
         if self._live[slot.seat]:
             self._idle[slot.seat].put(slot)
+            self._warm_seat = slot.seat
 
     def _under_count(self, code: int) -> bool:
         """May `code` hold one more slot? Its budget count bounds the slots it holds at once."""
@@ -445,12 +452,20 @@ class Dispatcher:
 
     def _idle_seat(self, code: int) -> int:
         """A seat of `code`'s with an Idle slot, when the role may hold one more slot (else
-        -1). The role's seats take turns, so its units spread over them."""
+        -1). The seat whose slot went Idle last, when nothing runs there: its worker ran
+        out of work last, and a worker looks for its next task a while before it sleeps
+        (`fleet.worker.process.IDLE_SPIN_S`), so a unit sent there is taken at once where
+        a sleeping worker is woken tens of microseconds later (one unit at a time, the
+        seats taking turns put every unit on a worker that had slept). Else the role's
+        seats take turns, so its units spread over them."""
         if not self._under_count(code):
             return -1
         seats = self._seats_for[code]
         if len(seats) == 1:
             return seats[0] if self._idle[seats[0]].n else -1
+        warm = self._warm_seat
+        if warm >= 0 and self._idle[warm].n == len(self._seat_slots[warm]) and warm in self._may_use[code]:
+            return warm
         n, first = len(seats), self._next_seat[code]
         for k in range(n):
             seat = seats[(first + k) % n]

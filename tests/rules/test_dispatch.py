@@ -500,3 +500,61 @@ def test_a_role_leases_only_slots_of_seats_it_may_use():
     d.enqueue(Pending(2, roles.code("a")))
     (ga,) = d.grant()
     assert (g.slot, g.seat, ga.slot, ga.seat) == (1, 1, 0, 0)  # b's cores are not a's share
+
+
+def _seats(n_seats: int, per_seat: int, slots: int | None = None):
+    """One pooled role over `n_seats` seats of `per_seat` slots each."""
+    roles = RoleSet((Role("a", handler="m:f", slots=slots or n_seats * per_seat, lookahead=0),))
+    seats = tuple(Seat(s, f"a-{s}", ("a",), (s,), "pinned") for s in range(n_seats))
+    specs = tuple(SlotSpec(s * per_seat + k, "a", s) for s in range(n_seats) for k in range(per_seat))
+    return roles.code("a"), Dispatcher(roles, SeatLayout(seats, specs))
+
+
+def test_one_unit_at_a_time_goes_to_the_worker_that_ran_out_of_work_last():
+    # Its worker may still be looking for its next task; the seats taking turns would
+    # put every such unit on a worker that had gone to sleep.
+    a, d = _seats(3, 1)
+    seats = []
+    for uid in range(1, 6):
+        d.enqueue(Pending(uid, a))
+        (g,) = d.grant()
+        seats.append(g.seat)
+        d.complete(uid, fsm.IDLE)
+    assert seats == [0] * 5
+
+
+def test_the_warm_seat_is_the_one_whose_slot_went_idle_last():
+    a, d = _seats(3, 1)
+    for uid in (1, 2, 3):
+        d.enqueue(Pending(uid, a))
+    first = {g.unit_id: g.seat for g in d.grant()}
+    assert sorted(first.values()) == [0, 1, 2]
+    d.complete(1, fsm.IDLE)
+    d.complete(2, fsm.IDLE)  # unit 2's seat ran out of work last (taking turns would give unit 1's)
+    d.enqueue(Pending(4, a))
+    (g,) = d.grant()
+    assert g.seat == first[2]
+
+
+def test_a_burst_still_spreads_over_the_seats_of_many_slots():
+    # The warm seat is taken only while nothing runs there: a burst's units take turns.
+    a, d = _seats(2, 4)
+    d.enqueue(Pending(1, a))
+    (g,) = d.grant()
+    d.complete(1, fsm.IDLE)
+    for uid in range(2, 6):
+        d.enqueue(Pending(uid, a))
+    assert sorted(x.seat for x in d.grant()) == [0, 0, 1, 1]
+
+
+def test_the_warm_seat_is_not_taken_by_a_role_that_may_not_use_it():
+    roles = RoleSet((Role("a", handler="m:f", slots=1), Role("b", handler="m:f", slots=2)))
+    seats = (Seat(0, "a-0", ("a",), (0,), "pinned"), Seat(1, "b-0", ("b",), (1,), "pinned"),
+             Seat(2, "b-1", ("b",), (2,), "pinned"))
+    d = Dispatcher(roles, SeatLayout(seats, (SlotSpec(0, "a", 0), SlotSpec(1, "b", 1), SlotSpec(2, "b", 2))))
+    d.enqueue(Pending(1, roles.code("a")))
+    (g,) = d.grant()
+    d.complete(1, fsm.IDLE)  # seat 0 is warm, but it is a's alone
+    d.enqueue(Pending(2, roles.code("b")))
+    (gb,) = d.grant()
+    assert g.seat == 0 and gb.seat in (1, 2)
