@@ -22,6 +22,7 @@ Rules:
   and the worker STARTs it (T2); the slot is Idle again after the unit (T5). Of the
   role's seats, the one whose slot went Idle last, while nothing runs there (its worker
   may still be looking for its next task, not yet asleep); else the seats take turns.
+  Workers that retire after a number of units (`warm_seats` False) always take turns.
 * Seats stay fed (the role's `lookahead`, default 16). With no Idle slot left for it,
   a pooled role's next unit is sent to a slot it holds that runs one already, to wait
   on the seat's ring behind it: the worker, once the slot is Idle again (T5), LEASEs
@@ -363,7 +364,7 @@ class Dispatcher:
     """Queues and grants for one fleet. Not thread-safe: its owner serialises calls."""
 
     def __init__(self, roles: RoleSet, seat_layout: SeatLayout, *, pin_depth: int = DEFAULT_PIN_DEPTH,
-                 ahead_off=()):
+                 ahead_off=(), warm_seats: bool = True):
         self.roles = roles
         self.pin_depth = pin_depth
         n_seats = len(seat_layout.seats)
@@ -375,8 +376,12 @@ class Dispatcher:
         self._may_use = [frozenset(seats) for seats in self._seats_for]
         self._next_seat = [0] * len(roles)
         #: the seat whose slot went Idle last: its worker ran out of work last, and may
-        #: still be looking for its next task (`_idle_seat`)
+        #: still be looking for its next task (`_idle_seat`). Not kept when workers retire
+        #: after a number of units (`warm_seats` False: `max_tasks`): a worker's last unit
+        #: leaves its seat to a successor still starting, and the seat that ran it last
+        #: would then be the one whose worker is sure to be gone.
         self._warm_seat = -1
+        self._keeps_warm = warm_seats
         #: Idle slots per seat (see _IdlePool): O(1) grants, and a role gets back a slot it
         #: served before when there is one (no switch).
         self._idle = [_IdlePool(len(slots)) for slots in self._seat_slots]
@@ -444,7 +449,8 @@ class Dispatcher:
         slot.role = -1
         if self._live[slot.seat]:
             self._idle[slot.seat].put(slot)
-            self._warm_seat = slot.seat
+            if self._keeps_warm:
+                self._warm_seat = slot.seat
 
     def _under_count(self, code: int) -> bool:
         """May `code` hold one more slot? Its budget count bounds the slots it holds at once."""

@@ -130,7 +130,10 @@ def _plan(config, host, *, name: str, mode: str, roles, ledger, cpus, socket_pat
     _log_plan(config, name, projection, priority)
     # A unit sent ahead is dispatched: a role whose units need a host-group lease sends
     # none ahead, so a lease lost while a unit waits for a slot still stops it unrun.
-    dispatcher = Dispatcher(roles, projection.layout, ahead_off=gated_roles(config.store, roles))
+    # A worker that retires after `max_tasks` units leaves its seat at its last one: no
+    # seat is kept warm for the next unit (fleet.rules.dispatch, `warm_seats`).
+    dispatcher = Dispatcher(roles, projection.layout, ahead_off=gated_roles(config.store, roles),
+                            warm_seats=config.workers.max_tasks is None)
     owner = posture_mod.PostureOwner(config.posture, now_ms=host.now_ms())
     # Which group is ours, before any process of ours starts: fleetd in a delegated group
     # moves into its supervisor leaf here, and the zygote goes to the workers leaf

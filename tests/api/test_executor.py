@@ -206,6 +206,18 @@ def test_max_tasks_per_child_replaces_the_worker_after_that_many_calls(monkeypat
         assert max(runs) <= 3 and len(runs) >= 10, pids
 
 
+def test_lone_calls_stay_on_the_worker_still_awake_and_take_turns_under_max_tasks_per_child():
+    # One call at a time goes to the worker that ran out of work last (it may still be
+    # looking for its next task); with max_tasks_per_child that worker may be the one
+    # leaving, so the workers take turns (fleet.rules.dispatch, `warm_seats`).
+    with fleet.Executor(max_workers=2, oversubscribe=True) as ex:  # two workers on any host
+        pids = [ex.submit(C.pid).result(WAIT_S) for _ in range(6)]
+        assert len(set(pids)) == 1, pids
+    with fleet.Executor(max_workers=2, oversubscribe=True, max_tasks_per_child=10) as ex:
+        pids = [ex.submit(C.pid).result(WAIT_S) for _ in range(6)]
+        assert pids[0] != pids[1] and pids[0::2] == [pids[0]] * 3 and pids[1::2] == [pids[1]] * 3, pids
+
+
 # --- map's batches -------------------------------------------------------------------------------
 def _units_and_items(ex) -> tuple[int, int]:
     ledger = ex.fleet.ledger()

@@ -502,25 +502,37 @@ def test_a_role_leases_only_slots_of_seats_it_may_use():
     assert (g.slot, g.seat, ga.slot, ga.seat) == (1, 1, 0, 0)  # b's cores are not a's share
 
 
-def _seats(n_seats: int, per_seat: int, slots: int | None = None):
+def _seats(n_seats: int, per_seat: int, slots: int | None = None, warm_seats: bool = True):
     """One pooled role over `n_seats` seats of `per_seat` slots each."""
     roles = RoleSet((Role("a", handler="m:f", slots=slots or n_seats * per_seat, lookahead=0),))
     seats = tuple(Seat(s, f"a-{s}", ("a",), (s,), "pinned") for s in range(n_seats))
     specs = tuple(SlotSpec(s * per_seat + k, "a", s) for s in range(n_seats) for k in range(per_seat))
-    return roles.code("a"), Dispatcher(roles, SeatLayout(seats, specs))
+    return roles.code("a"), Dispatcher(roles, SeatLayout(seats, specs), warm_seats=warm_seats)
+
+
+def _lone_units(a, d, n: int) -> list[int]:
+    """The seats of `n` units granted and completed one at a time."""
+    seats = []
+    for uid in range(1, n + 1):
+        d.enqueue(Pending(uid, a))
+        (g,) = d.grant()
+        seats.append(g.seat)
+        d.complete(uid, fsm.IDLE)
+    return seats
 
 
 def test_one_unit_at_a_time_goes_to_the_worker_that_ran_out_of_work_last():
     # Its worker may still be looking for its next task; the seats taking turns would
     # put every such unit on a worker that had gone to sleep.
     a, d = _seats(3, 1)
-    seats = []
-    for uid in range(1, 6):
-        d.enqueue(Pending(uid, a))
-        (g,) = d.grant()
-        seats.append(g.seat)
-        d.complete(uid, fsm.IDLE)
-    assert seats == [0] * 5
+    assert _lone_units(a, d, 5) == [0] * 5
+
+
+def test_lone_units_take_turns_when_no_seat_is_kept_warm():
+    # Workers that retire after max_tasks: the seat that ran the last unit is the one
+    # whose worker may be leaving.
+    a, d = _seats(3, 1, warm_seats=False)
+    assert _lone_units(a, d, 5) == [0, 1, 2, 0, 1]
 
 
 def test_the_warm_seat_is_the_one_whose_slot_went_idle_last():
