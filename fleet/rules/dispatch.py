@@ -983,12 +983,19 @@ class Dispatcher:
             if slot.role >= 0:
                 self._feedable[slot.role].pop(slot.index, None)
                 self._unhold(slot)
+        self._cool(seat)  # its slots are Idle again, but its worker is gone
         if not slot_of:
             return []
         lost = [Lost(item, slot_of[unit_id]) for unit_id, item in self._granted.items() if unit_id in slot_of]
         for item, _slot in lost:
             del self._granted[item.unit_id]
         return lost
+
+    def _cool(self, seat: int) -> None:
+        """`seat`'s worker is gone: no unit goes there for its warmth (`_idle_seat`) until
+        one of its slots goes Idle again (its successor ran a unit)."""
+        if self._warm_seat == seat:
+            self._warm_seat = -1
 
     def put_back_first(self, items: list[Pending]) -> None:
         """Units granted that never started (their seat died), in grant order: back to the

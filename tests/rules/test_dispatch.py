@@ -570,3 +570,21 @@ def test_the_warm_seat_is_not_taken_by_a_role_that_may_not_use_it():
     d.enqueue(Pending(2, roles.code("b")))
     (gb,) = d.grant()
     assert g.seat == 0 and gb.seat in (1, 2)
+
+
+def test_a_seat_whose_worker_died_is_not_kept_warm():
+    # Its slots are Idle again at once, but its successor is still starting.
+    a, d = _seats(2, 1)
+    assert _lone_units(a, d, 2) == [0, 0]
+    d.enqueue(Pending(10, a))
+    (g,) = d.grant()
+    assert g.seat == 0
+    d.seat_lost(0)  # its worker died running unit 10
+    d.enqueue(Pending(11, a))
+    (g,) = d.grant()
+    assert g.seat == 1
+    d.complete(11, fsm.IDLE)
+    d.seat_lost(1)  # a worker that died with nothing to run
+    d.enqueue(Pending(12, a))
+    (g,) = d.grant()
+    assert g.seat == 0
