@@ -342,11 +342,19 @@ class _RoleQueue:
         self.n += len(items)
 
     def push_first(self, item: Pending) -> None:
-        """`item` goes first: at the head of its priority level (of its key's queue, and
-        that key first of all)."""
-        self.push(item, front=True)
+        """`item`, granted and never started, goes back ahead of its priority level's units
+        submitted after it (of its key's queue, and that key first of all). In submit order
+        with the others put back, whichever seat's death put them back first: units of
+        two seats that died one after the other go back in the order they had."""
         if self.keyed:
+            q = self.by_key.get(item.key)
+            if q is None:
+                q = self.by_key[item.key] = _PriorityQueue()
+            q.put_back(item)
             self.by_key.move_to_end(item.key, last=False)
+        else:
+            self.plain.put_back(item)
+        self.n += 1
 
     def drain(self) -> list[Pending]:
         out = self.plain.drain()

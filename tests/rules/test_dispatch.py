@@ -588,3 +588,19 @@ def test_a_seat_whose_worker_died_is_not_kept_warm():
     d.enqueue(Pending(12, a))
     (g,) = d.grant()
     assert g.seat == 0
+
+
+def test_units_put_back_by_two_seat_deaths_are_granted_again_in_submit_order():
+    # Unit 1 put back by one seat's death, granted again elsewhere, put back by a second
+    # death after unit 2 was: each death's units went to the head, so unit 2 went first.
+    a, d = _seats(2, 1)
+    d.enqueue(Pending(1, a))
+    (g1,) = d.grant()
+    d.put_back_first([x.item for x in d.seat_lost(g1.seat)])
+    (g1,) = d.grant()
+    d.enqueue(Pending(2, a))
+    (g2,) = d.grant()
+    assert g1.seat != g2.seat
+    d.put_back_first([x.item for x in d.seat_lost(g1.seat)])
+    d.put_back_first([x.item for x in d.seat_lost(g2.seat)])
+    assert [g.unit_id for g in d.grant()] == [1, 2]

@@ -41,8 +41,9 @@ ROLES = RoleSet((
     Role("bg", kind="pooled", cordon_class="deferrable", handler="m:f", slots=1),
     Role("resolve", kind="pooled", handler="m:f", slots=2, io_bound=True),  # sends ahead on its slots
 ))
-#: Two seat groups: every role but resolve shares seat 0 (serial-like); resolve has seat 1.
-GROUPS = {0: ("solver", "bins", "merge", "sim", "bg"), 1: ("resolve",)}
+#: Three seat groups: every role but resolve shares seat 0 (serial-like); resolve has
+#: seats 1 and 2, a slot on each (its lone units go to the seat that went Idle last).
+GROUPS = {0: ("solver", "bins", "merge", "sim", "bg"), 1: ("resolve",), 2: ("resolve",)}
 FLOOR = 1  # sim's intake floor under cordon
 KEYS = ("a", "b", "c")
 PIN_DEPTH = 2
@@ -51,9 +52,9 @@ PIN_DEPTH = 2
 def _layout() -> SeatLayout:
     slots = []
     for role in ROLES:
-        seat = next(s for s, names in GROUPS.items() if role.name in names)
-        for _ in range(role.slots):
-            slots.append(SlotSpec(len(slots), role.name, seat))
+        seats = [s for s, names in GROUPS.items() if role.name in names]
+        for k in range(role.slots):  # a role's slots spread over its seats
+            slots.append(SlotSpec(len(slots), role.name, seats[k % len(seats)]))
     seats = tuple(Seat(s, f"seat-{s}", names, (s,), "logical") for s, names in GROUPS.items())
     return SeatLayout(seats, tuple(slots))
 
