@@ -87,7 +87,9 @@ def open_store(url: str, actor: str = "fleet", clock: Callable[[], float] = time
     one of its calls (each call about its own requests beats; see `AdmissionStore`).
     Raises BadRequest for an unknown url scheme or a bad `call_timeout` or window,
     StoreUnreachable when the database cannot be reached, SchemaTooNew when newer
-    code owns the store.
+    code owns the store, StoreTimeout when the open itself (creating or migrating the
+    schema) passes `call_timeout`: it waited on another session, or this client was
+    kept from going on inside the open's transaction.
     """
     if not isinstance(url, str):
         raise BadRequest("url", f"must be a string, got {url!r}")

@@ -156,6 +156,25 @@ policies = st.builds(
 )
 
 
+#: Opens of the short-deadline handle tried before the test gives up (`_open_hasty`).
+HASTY_OPENS = 20
+
+
+def _open_hasty(url, clock):
+    """The orchestrator "orch" again, with a 50 ms deadline. Its open is a call under that
+    deadline too: on a loaded host this client can be kept off the CPU for 50 ms inside the
+    open's transaction, and PostgreSQL then ends the session (idle in a transaction past
+    the deadline): StoreTimeout, nothing decided, as `open_store` says. Seen once, on a
+    full run beside two busy loops. The open is not what this machine tests, so it is
+    tried again, a bounded number of times."""
+    for attempt in range(1, HASTY_OPENS + 1):
+        try:
+            return open_store(url, actor="orch", clock=clock, call_timeout=0.05, heartbeat_window=WINDOW)
+        except StoreTimeout:
+            if attempt == HASTY_OPENS:
+                raise
+
+
 def machine_for(new_url):
     class StoreMachine(RuleBasedStateMachine):
         @initialize(policy=policies)
@@ -166,8 +185,7 @@ def machine_for(new_url):
                            for o in ORCHS + [WATCH]}
             self.store = self.stores[WATCH]
             # the same orchestrator with a short deadline, for the calls a stall meets
-            self.hasty = open_store(self.url, actor="orch", clock=self.clock, call_timeout=0.05,
-                                    heartbeat_window=WINDOW)
+            self.hasty = _open_hasty(self.url, self.clock)
             self.store.set_policy(policy)
             self.model = Model(policy)
             self.frozen: dict[str, str] = {}
