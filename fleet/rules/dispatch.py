@@ -1006,9 +1006,11 @@ class Dispatcher:
             self._warm_seat = -1
 
     def put_back_first(self, items: list[Pending]) -> None:
-        """Units granted that never started (their seat died), in grant order: back to the
-        head of their queues in that order, which is the order they had there; a keyed
-        unit's key goes before its role's other keys (it was waiting before them)."""
+        """Units granted that never started (their seat died): back in their queues ahead
+        of every unit submitted after them, in submit order with the units put back
+        before (by this death or an earlier one), which is the order they had there; a
+        keyed unit's key goes before its role's other keys (it was waiting before them; the
+        last key moved to the front is the first unit's, so the keys keep their order too)."""
         for item in reversed(items):
             self._queues[item.role].push_first(item)
 
