@@ -322,12 +322,17 @@ class _RoleQueue:
         self.by_key: OrderedDict[Hashable, _PriorityQueue] = OrderedDict()
         self.n = 0
 
+    def key_queue(self, key) -> _PriorityQueue:
+        """The queue of `key`'s units (a keyed role's), made on its first unit, after the
+        keys already waiting."""
+        q = self.by_key.get(key)
+        if q is None:
+            q = self.by_key[key] = _PriorityQueue()
+        return q
+
     def push(self, item: Pending, front: bool = False) -> None:
         if self.keyed:
-            q = self.by_key.get(item.key)
-            if q is None:
-                q = self.by_key[item.key] = _PriorityQueue()
-            q.push(item, front)
+            self.key_queue(item.key).push(item, front)
         else:
             self.plain.push(item, front)
         self.n += 1
@@ -347,10 +352,7 @@ class _RoleQueue:
         with the others put back, whichever seat's death put them back first: units of
         two seats that died one after the other go back in the order they had."""
         if self.keyed:
-            q = self.by_key.get(item.key)
-            if q is None:
-                q = self.by_key[item.key] = _PriorityQueue()
-            q.put_back(item)
+            self.key_queue(item.key).put_back(item)
             self.by_key.move_to_end(item.key, last=False)
         else:
             self.plain.put_back(item)
@@ -957,11 +959,10 @@ class Dispatcher:
         item = self._granted[unit_id]
         self.complete(unit_id, fsm.IDLE)
         queue = self._queues[item.role]
-        sub = queue.by_key.get(item.key)
-        if sub is None:
-            sub = queue.by_key[item.key] = _PriorityQueue()
+        fresh = item.key not in queue.by_key
+        queue.key_queue(item.key).put_back(item)
+        if fresh:
             queue.by_key.move_to_end(item.key, last=False)  # it was waiting before newer keys
-        sub.put_back(item)
         queue.n += 1
         return True
 
