@@ -100,8 +100,13 @@ int64_t fleet_ring_pop_many(void *ring, void *out, uint64_t cap, uint32_t *lens,
  * timeout_ns passes (1); timeout_ns < 0 waits forever. Spurious 0s happen. */
 int     fleet_ring_wait(void *ring, int64_t timeout_ns);
 /* fleet_ring_wait after looking up to spin_ns for a message (yielding the CPU at each
- * look; the spin is part of the timeout). */
+ * look; the spin is part of the timeout). Each look's time is counted in the ring's
+ * header (fleet_ring_looked). */
 int     fleet_ring_wait_spin(void *ring, int64_t timeout_ns, int64_t spin_ns);
+/* What the consumer's looks (fleet_ring_wait_spin) took since the ring was made, in ns:
+ * out[0] on CPU, out[1] off it in short yields (other threads that look, handing the CPU
+ * straight back), out[2] off it in yields of 500 us or more (a task that ran a slice). */
+void    fleet_ring_looked(const void *ring, uint64_t *out);
 /* A consumer that also waits for wake-ups of its own (another thread of its process
  * calling fleet_ring_notify) reads seq = fleet_ring_seq(ring), looks at its own work,
  * then calls fleet_ring_wait_since(ring, seq, ...): it returns 0 at once if a message

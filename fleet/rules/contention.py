@@ -15,6 +15,18 @@ The reading. Each posture sample (`fleet.runtime.contention`) reads the worker's
 its demand (run + wait) it spent waiting says how contended its CPUs are for it. A
 worker that asked for the CPU for less than `ContentionPolicy.min_demand` of the window
 gives no evidence (an idle seat waits for nothing): such a window counts as calm.
+The worker's looks for its next task (see `spin_for` below) are left out of both, but
+for their long yields: a look yields the CPU at every turn, so beside the fleet's own
+threads, which look too (the loop, a caller waiting for its result), it sat on the run
+queue with nothing to run, a few microseconds a yield. Counted, that made a quiet
+host's lone round trips read as contention (the serving seat's wait share over 0.25
+within a second, every run), which turned the worker's look off and woke it for every
+task: a p50 of 90-120 us where 50-75 us with it kept. A yield that kept the worker off
+its CPU for 500 us or more is another matter: a busy neighbour ran a slice of its own
+there (0.7-4 ms), and a task that came meanwhile waited for it; that stays in the
+reading, and is how a seat beside a busy loop is found contended while it looks (left
+out too, the same lone round trips beside one took 4 ms each, never found). The worker
+counts its looks itself in its tasks ring (`fleet.shm.dataplane.Ring.looked`).
 
 The decision, per seat, with hysteresis:
 
@@ -113,11 +125,15 @@ class SeatContention:
     episodes: int = 0
 
 
-def wait_share(run_ns: int, wait_ns: int, window_ns: int, policy: ContentionPolicy = POLICY) -> float | None:
+def wait_share(run_ns: int, wait_ns: int, window_ns: int, policy: ContentionPolicy = POLICY,
+               looked: tuple[int, int] = (0, 0)) -> float | None:
     """The share of a worker's demand over a window spent waiting for a CPU; None when it
-    asked for too little of the window (or the window or readings make no sense) to tell."""
-    if window_ns <= 0 or run_ns < 0 or wait_ns < 0:
+    asked for too little of the window (or the window or readings make no sense) to tell.
+    `looked`: of `run_ns` and `wait_ns`, what its looks for a task took on CPU and off
+    it in short yields (left out: the module doc says why)."""
+    if window_ns <= 0 or run_ns < 0 or wait_ns < 0 or looked[0] < 0 or looked[1] < 0:
         return None
+    run_ns, wait_ns = max(0, run_ns - looked[0]), max(0, wait_ns - looked[1])
     demand = run_ns + wait_ns
     if demand <= 0 or demand < policy.min_demand * window_ns:
         return None

@@ -2,8 +2,9 @@
 posture sample; a contended one runs on its share's CPUs while that lasts, then goes back
 to its pin (`fleet.rules.contention` holds the rule and says why).
 
-Each sample reads every running seat's worker (`Host.schedstat`: ns run, ns waited),
-hands the window's wait share to the rule, and carries out its word: the worker's
+Each sample reads every running seat's worker (`Host.schedstat`: ns run, ns waited)
+and what its looks for a task took of those (`looks`: the seat's tasks ring counts
+them), hands the window's wait share to the rule, and carries out its word: the worker's
 affinity (every thread, `Host.pin_process`) set to its share's CPUs (WIDEN) or back to
 its seat's (REPIN); the seat's slots' CPUs and contention published in the table
 (`fleetctl status --json`: each slot's ``cpus``, ``contended`` and ``contentions``), where
@@ -29,15 +30,20 @@ class ContentionWatch:
     """Per seat: the rule's state, the last reading (pid, ns run, ns waited, when) and the
     CPUs its worker was last set to."""
 
-    def __init__(self, name: str, layout, follow, workers, table, slots_of_seat, host,
+    def __init__(self, name: str, layout, follow, workers, table, slots_of_seat, host, looks,
                  policy: rule.ContentionPolicy = rule.POLICY, widen: bool = True):
+        """`looks(seat)`: what the seat's workers' looks for a task took so far, in ns: on
+        CPU, off it in short yields, (optionally) off it in long ones, which stay in the
+        reading (`fleet.runtime.seats.Seats.looked`)."""
         self._widen = widen  # False (`[fleet] contention = "pin"`): read and shown, never moved
+        self._looks = looks
         self._name, self._layout, self._follow, self._workers = name, layout, follow, workers
         self._table, self._slots_of_seat, self._host, self._policy = table, slots_of_seat, host, policy
         self._roles = [frozenset(s.roles) for s in layout.seats]
         n = len(layout.seats)
         self.states = [rule.SeatContention(hold=policy.calm_windows) for _ in range(n)]
-        self._last: list[tuple[int, int, int, float] | None] = [None] * n
+        #: per seat: (pid, ns run, ns waited, when, its looks' counts)
+        self._last: list[tuple[int, int, int, float, tuple] | None] = [None] * n
         #: (its seat's CPUs, the CPUs its worker was set to) while widened; None: on its seat's
         self._applied: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = [None] * n
         self._refused: set[int] = set()  # seats whose last move was refused (warned once until one succeeds)
@@ -58,13 +64,15 @@ class ContentionWatch:
     def _read(self, seat: int, now: float, placement) -> None:
         pid = self._workers.pids.get(seat)
         stat = self._host.schedstat(pid) if pid is not None else None
+        looked = self._looks(seat)
         last = self._last[seat]
-        self._last[seat] = None if stat is None else (pid, stat[0], stat[1], now)
+        self._last[seat] = None if stat is None else (pid, stat[0], stat[1], now, looked)
         if stat is None or last is None or last[0] != pid:
             if last is not None and (stat is None or last[0] != pid):
                 self._new_worker(seat)
             return
-        share = rule.wait_share(stat[0] - last[1], stat[1] - last[2], int((now - last[3]) * 1e9), self._policy)
+        share = rule.wait_share(stat[0] - last[1], stat[1] - last[2], int((now - last[3]) * 1e9), self._policy,
+                                (looked[0] - last[4][0], looked[1] - last[4][1]))
         state, action = rule.step(self.states[seat], share, self._policy)
         self.states[seat] = state
         if action is not None:

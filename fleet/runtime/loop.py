@@ -191,7 +191,7 @@ class Supervisor:
         self.saturation = SaturationWatch(name, roles, self.config.saturation, rig.table, rig.plan,
                                           rig.projection.live_placement.running(rig.layout))
         self.contention = ContentionWatch(name, rig.layout, self.follow, rig.workers, rig.table,
-                                          rig.dispatcher.slots_of_seat, host,
+                                          rig.dispatcher.slots_of_seat, host, self.seats.looked,
                                           widen=self.config.contention == CONTENTION_WIDEN)
         self._deadlines = Deadlines(name, self.books, rig.dispatcher, self.seats)
         self._results = Results(self.seats, self.books, rig.dispatcher, self._deadlines, rig.table, roles, host,

@@ -106,6 +106,12 @@ class Seats:
         self._outbox.pop(seat, None)
 
     # ------------------------------------------------------------------ in
+    def looked(self, seat: int) -> tuple[int, int, int]:
+        """What the seat's workers' looks for a task on its tasks ring took, in ns: on CPU,
+        off it in short yields, off it in long ones (`fleet.shm.dataplane.Ring.looked`;
+        the contention watch's reading)."""
+        return self._data.tasks(seat).looked()
+
     def results(self, seat: int):
         """The seat's result ring (what its worker sends back)."""
         return self._data.results(seat)

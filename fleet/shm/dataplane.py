@@ -253,6 +253,16 @@ class Ring:
             return lib.fleet_ring_wait_spin(self._p, _timeout_ns(timeout_s), int(spin_s * 1e9)) == 0
         return lib.fleet_ring_wait(self._p, _timeout_ns(timeout_s)) == 0
 
+    def looked(self) -> tuple[int, int, int]:
+        """What the consumer's looks for a message (`wait` with `spin_s`) took since the
+        ring was made, in ns: on CPU; off it in short yields (threads that look too,
+        handing the CPU straight back); off it in yields of 500 us or more (a task that
+        ran a slice of its own beside it). The contention watch takes the first two out
+        of its reading of the consumer's wait (`fleet.rules.contention`)."""
+        out = ffi.new("uint64_t[3]")
+        lib.fleet_ring_looked(self._p, out)
+        return int(out[0]), int(out[1]), int(out[2])
+
     def seq(self) -> int:
         """The ring's notify count, for `wait_since` (read it before looking for work)."""
         return _rings.seq(self._a)

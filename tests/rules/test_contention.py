@@ -105,6 +105,19 @@ def test_the_wait_share_of_a_window(run, wait, window, share):
     assert got == (pytest.approx(share) if share is not None else None)
 
 
+@pytest.mark.parametrize("run, wait, looked, share", [
+    (20, 60, (10, 55), 0.333),  # a worker that waited mostly in its looks: its units' wait is 5 of 15
+    (10, 55, (10, 55), None),  # all of it looking: no demand of its own, no evidence
+    (60, 60, (0, 0), 0.5),  # no looks: the plain reading
+    (60, 60, (10, 10), 0.5),  # looks beside a busy loop: the units still waited half their demand
+    (60, 60, (80, 0), 1.0),  # a look counted past the window's run (a torn read): none of it run
+    (60, 60, (-5, 0), None),  # look counts that went back (a ring made anew): no evidence
+])
+def test_a_workers_looks_for_its_next_task_are_left_out_of_its_wait_share(run, wait, looked, share):
+    got = C.wait_share(run, wait, 100, P, looked)
+    assert got == (pytest.approx(share, abs=1e-3) if share is not None else None)
+
+
 ROLES = [frozenset({"call"}), frozenset({"call"}), frozenset({"call"}), frozenset({"resolve"})]
 
 

@@ -151,6 +151,7 @@ P = rule.ContentionPolicy(calm_windows=2, hold_max=4)
 class FakeHost:
     def __init__(self):
         self.stats: dict[int, tuple[int, int]] = {}
+        self.looks: dict[int, tuple[int, int]] = {}  # seat -> its tasks ring's look counts (ns run, ns waited)
         self.pins: list[tuple[int, tuple[int, ...]]] = []
         self.refuse = False
 
@@ -184,7 +185,7 @@ def fake_watch(widen=True, roles=("work", "work", "other")):
                               cpus_of=lambda seat: follow.placement.cpus[seat])
     host, table = FakeHost(), FakeTable()
     watch = ContentionWatch("t", layout, follow, workers, table, lambda seat: (2 * seat, 2 * seat + 1), host,
-                            policy=P, widen=widen)
+                            lambda seat: host.looks.get(seat, (0, 0)), policy=P, widen=widen)
     return watch, host, table, follow, workers
 
 
@@ -210,6 +211,21 @@ def test_the_watch_widens_a_contended_seat_over_its_roles_seats_and_re_pins_it_a
     assert host.pins[1:] == [(101, (1,))] and table.cpus[2] == (1,)
     assert table.contention[2] == (False, 1) and table.contention[4] == (False, 1)
     assert (watch.widened, watch.repinned) == (1, 1)
+
+
+def test_a_seat_whose_worker_waited_only_in_its_looks_for_a_task_stays_calm():
+    watch, host, table, _follow, _workers = fake_watch()
+    window(watch, host, 0.0, {100: 0, 101: 0})
+    # both waited 100 ms of their 200 ms demand; seat 0's waits were its looks (beside the
+    # fleet's own looking threads), seat 1's were its units'
+    host.looks[0] = (50_000_000, 100_000_000)
+    window(watch, host, 0.25, {100: 100, 101: 100})
+    assert not watch.states[0].contended and watch.states[1].contended
+    assert host.pins == [(101, (0, 1))]
+    # the counts are read as deltas: the next window's looks are its own
+    host.looks[0] = (60_000_000, 110_000_000)
+    window(watch, host, 0.5, {100: 100, 101: 0})
+    assert watch.states[0].contended  # 90 of its units' 180 ms of demand waited
 
 
 def test_with_widen_off_the_watch_reads_and_shows_but_never_moves():

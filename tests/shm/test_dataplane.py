@@ -9,6 +9,7 @@ import mmap
 import os
 import signal
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -561,6 +562,60 @@ def test_a_spinning_bell_wait_catches_a_ring_awake_and_never_outlasts_its_timeou
     reaper.append(pid)
     assert bell.wait(seen, 30, spin_s=0.001) is True
     assert _wait_all([pid]) == [0]
+
+
+def test_a_consumers_looks_for_a_message_are_counted_on_cpu_and_off_it(reaper):
+    """`Ring.looked`: what the consumer's looks (`wait` with `spin_s`) took, on CPU, off it
+    in short yields (beside threads that look too) and off it in yields that lost the CPU
+    for a slice (beside a busy process); the contention watch keeps only the last."""
+    ring = anon_ring()
+    assert ring.looked() == (0, 0, 0)
+    assert ring.wait(0.5, spin_s=0.05) is False  # a 50 ms look, then a sleep to the timeout
+    counts = ring.looked()
+    assert 0.05e9 <= sum(counts) <= 0.3e9  # the look only, not the sleep after it
+    assert ring.wait(0.02) is False and ring.looked() == counts  # no look, nothing counted
+
+    def pusher():
+        time.sleep(0.02)
+        ring.push(1, b"go")
+        ring.notify()
+
+    thread = threading.Thread(target=pusher)
+    thread.start()
+    t0 = time.monotonic()
+    assert ring.wait(30, spin_s=30.0) is True  # a message ends the look
+    wall = time.monotonic() - t0
+    thread.join()
+    assert 0 < sum(ring.looked()) - sum(counts) <= wall * 1e9
+    assert ring.pop() == (1, b"go")
+
+    def look_beside(code):
+        """A 200 ms look with `code` running in a process on this thread's one CPU."""
+        before = ring.looked()
+        cpu, mine = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
+        other = subprocess.Popen([sys.executable, "-c", code])
+        reaper.append(other)
+        try:
+            os.sched_setaffinity(other.pid, {cpu})
+            os.sched_setaffinity(0, {cpu})  # this thread only
+            time.sleep(0.05)  # the other process runs
+            assert ring.wait(0.3, spin_s=0.2) is False
+        finally:
+            os.sched_setaffinity(0, mine)
+            other.kill()
+            other.wait(10)
+        return tuple(a - b for a, b in zip(ring.looked(), before))
+
+    # Beside a busy process, a yield gives it the CPU for a slice: most of the look is
+    # held off, which is a neighbour's contention.
+    run, short, held = look_beside("while True: pass")
+    assert run + short + held >= 0.2e9
+    assert held > 0.5 * (run + short + held), (run, short, held)
+    # Beside a process that looks too (yields at every turn), the look waits a little at
+    # each yield, and the CPU comes straight back.
+    run, short, held = look_beside("import os\nwhile True: os.sched_yield()")
+    assert run + short + held >= 0.2e9
+    assert short > 0.1 * (run + short + held), (run, short, held)
 
 
 @pytest.mark.parametrize("what", ["ring", "space", "bell"])
