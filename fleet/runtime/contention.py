@@ -64,6 +64,10 @@ class ContentionWatch:
     def _read(self, seat: int, now: float, placement) -> None:
         pid = self._workers.pids.get(seat)
         stat = self._host.schedstat(pid) if pid is not None else None
+        # The looks are those of the thread that serves the ring, schedstat is the main
+        # thread's: once a unit seceded (it submitted children), another thread may serve
+        # the ring from then on, and its looks are taken from the main thread's reading,
+        # which reads calmer (the rule clamps at none; `fleet.worker.process`, "secede").
         looked = self._looks(seat)
         last = self._last[seat]
         self._last[seat] = None if stat is None else (pid, stat[0], stat[1], now, looked)
