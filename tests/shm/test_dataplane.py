@@ -582,11 +582,9 @@ def test_a_consumers_looks_for_a_message_are_counted_on_cpu_and_off_it(reaper):
 
     thread = threading.Thread(target=pusher)
     thread.start()
-    t0 = time.monotonic()
-    assert ring.wait(30, spin_s=30.0) is True  # a message ends the look
-    wall = time.monotonic() - t0
+    assert ring.wait(30, spin_s=30.0) is True  # a message ends the look (and is counted)
     thread.join()
-    assert 0 < sum(ring.looked()) - sum(counts) <= wall * 1e9
+    assert sum(ring.looked()) > sum(counts)
     assert ring.pop() == (1, b"go")
 
     def look_beside(code):
