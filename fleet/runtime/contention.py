@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class ContentionWatch:
-    """Per seat: the rule's state, the last reading (pid, ns run, ns waited, when) and the
-    CPUs its worker was last set to."""
+    """Per seat: the rule's state, the last reading (pid, ns run, ns waited, when, and
+    what its looks took of those) and the CPUs its worker was last set to."""
 
     def __init__(self, name: str, layout, follow, workers, table, slots_of_seat, host, looks,
                  policy: rule.ContentionPolicy = rule.POLICY, widen: bool = True):
@@ -42,8 +42,8 @@ class ContentionWatch:
         self._roles = [frozenset(s.roles) for s in layout.seats]
         n = len(layout.seats)
         self.states = [rule.SeatContention(hold=policy.calm_windows) for _ in range(n)]
-        #: per seat: (pid, ns run, ns waited, when, its looks' counts)
-        self._last: list[tuple[int, int, int, float, tuple] | None] = [None] * n
+        #: per seat: (pid, ns run, ns waited, when, its looks' ns on CPU, their ns off it)
+        self._last: list[tuple[int, int, int, float, int, int] | None] = [None] * n
         #: (its seat's CPUs, the CPUs its worker was set to) while widened; None: on its seat's
         self._applied: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = [None] * n
         self._refused: set[int] = set()  # seats whose last move was refused (warned once until one succeeds)
@@ -70,13 +70,13 @@ class ContentionWatch:
         # which reads calmer (the rule clamps at none; `fleet.worker.process`, "secede").
         looked = self._looks(seat)
         last = self._last[seat]
-        self._last[seat] = None if stat is None else (pid, stat[0], stat[1], now, looked)
+        self._last[seat] = None if stat is None else (pid, stat[0], stat[1], now, looked[0], looked[1])
         if stat is None or last is None or last[0] != pid:
             if last is not None and (stat is None or last[0] != pid):
                 self._new_worker(seat)
             return
         share = rule.wait_share(stat[0] - last[1], stat[1] - last[2], int((now - last[3]) * 1e9), self._policy,
-                                (looked[0] - last[4][0], looked[1] - last[4][1]))
+                                (looked[0] - last[4], looked[1] - last[5]))
         state, action = rule.step(self.states[seat], share, self._policy)
         self.states[seat] = state
         if action is not None:
