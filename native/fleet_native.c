@@ -428,6 +428,54 @@ int64_t fleet_ring_pop_many(void *ring, void *out, uint64_t cap, uint32_t *lens,
     return n;
 }
 
+/* A consumer that does not trust its producer (a service client's lane, fleet.shm.lane)
+ * reads the ring with the capacity it made it with, never the ring's own word, and
+ * checks every frame against it before a byte is copied: where the producer may write
+ * anything into the shared pages, a bad word must cost the consumer an error, never a
+ * read outside the ring. A payload may still change while it is copied: it is checked
+ * after, as bytes of the consumer's own. */
+int64_t fleet_ring_pop_many_checked(void *ring, uint64_t capacity, void *out, uint64_t cap,
+                                    uint32_t *lens, uint32_t *tags, uint32_t max_msgs) {
+    struct ring_hdr *h = HDR(ring);
+    if (capacity < RING_MIN_CAP || (capacity & (capacity - 1)) != 0) return -EINVAL;
+    uint64_t tail = __atomic_load_n(&h->tail, __ATOMIC_RELAXED), start = tail;
+    uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
+    if (head - tail > capacity || (tail & 7u) != 0 || (head & 7u) != 0) return -EPROTO;
+    uint8_t *data = DATA(ring), *dst = (uint8_t *)out;
+    uint64_t used = 0;
+    uint32_t n = 0;
+    while (n < max_msgs && tail != head) {
+        uint64_t t = tail, pos = t & (capacity - 1);
+        uint32_t frame[2];
+        memcpy(frame, data + pos, FRAME);
+        if (frame[0] == RING_WRAP) {   /* the rest of the ring skipped, a frame at 0 follows */
+            if (head - t < capacity - pos + FRAME) return -EPROTO;
+            t += capacity - pos;
+            pos = 0;
+            memcpy(frame, data, FRAME);
+        }
+        uint32_t len = frame[0];
+        uint64_t padded = ((uint64_t)len + 7u) & ~(uint64_t)7u;   /* 64-bit: no length wraps to 0 */
+        uint64_t need = FRAME + padded;
+        if (pos + need > capacity || head - t < need) return -EPROTO;
+        if (used + len > cap) {
+            if (n == 0) { lens[0] = len; return -ENOBUFS; }
+            break;
+        }
+        memcpy(dst + used, data + pos + FRAME, len);
+        lens[n] = len;
+        tags[n] = frame[1];
+        used += padded;
+        tail = t + need;
+        n++;
+    }
+    if (tail != start) {
+        __atomic_store_n(&h->tail, tail, __ATOMIC_RELEASE);
+        after_pop(h);
+    }
+    return n;
+}
+
 uint64_t fleet_ring_used(const void *ring) {
     const struct ring_hdr *h = (const struct ring_hdr *)ring;
     uint64_t tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);

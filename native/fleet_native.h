@@ -96,6 +96,11 @@ int64_t fleet_ring_pop(void *ring, uint32_t *tag, void *out, uint32_t cap, uint3
  * Wakes a waiting producer once, at the end. */
 int64_t fleet_ring_pop_many(void *ring, void *out, uint64_t cap, uint32_t *lens,
                             uint32_t *tags, uint32_t max_msgs);
+/* fleet_ring_pop_many for a consumer that does not trust the producer: `capacity` is the
+ * one the consumer made the ring with; -EPROTO (the ring left as it was) when a word
+ * of the ring or a frame's length would take a read outside it. */
+int64_t fleet_ring_pop_many_checked(void *ring, uint64_t capacity, void *out, uint64_t cap,
+                                    uint32_t *lens, uint32_t *tags, uint32_t max_msgs);
 /* Returns 0 at once if a message is there, else sleeps until one may be (0) or
  * timeout_ns passes (1); timeout_ns < 0 waits forever. Spurious 0s happen. */
 int     fleet_ring_wait(void *ring, int64_t timeout_ns);

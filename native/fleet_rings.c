@@ -192,6 +192,17 @@ PyDoc_STRVAR(pop_many_doc,
 "views share one fresh bytearray. [] when the ring is empty. A single message larger\n"
 "than `max_bytes` is still returned, alone.");
 
+/* A pop of up to max_msgs messages, max_bytes of payload: from a ring this process
+ * trusts (capacity 0: the ring's own words), or with every frame checked against the
+ * capacity its consumer made it with (fleet_ring_pop_many_checked). */
+static int64_t pop_into(void *ring, uint64_t capacity, void *out, uint64_t cap, uint32_t *lens, uint32_t *tags,
+                        uint32_t max_msgs) {
+    if (capacity == 0) return fleet_ring_pop_many(ring, out, cap, lens, tags, max_msgs);
+    return fleet_ring_pop_many_checked(ring, capacity, out, cap, lens, tags, max_msgs);
+}
+
+static PyObject *pop_list(void *ring, uint64_t capacity, Py_ssize_t max_bytes, Py_ssize_t max_msgs);
+
 static PyObject *pop_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     void *ring;
@@ -199,6 +210,33 @@ static PyObject *pop_many(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_ssize_t max_bytes = PyLong_AsSsize_t(args[1]);
     Py_ssize_t max_msgs = PyLong_AsSsize_t(args[2]);
     if (PyErr_Occurred()) return NULL;
+    return pop_list(ring, 0, max_bytes, max_msgs);
+}
+
+PyDoc_STRVAR(pop_many_checked_doc,
+"pop_many_checked(ring, capacity, max_bytes, max_msgs) -> list[(tag, memoryview)]\n"
+"\n"
+"pop_many for a ring whose producer this process does not trust: `capacity` is the one\n"
+"it made the ring with, and every frame is checked against it before it is copied.\n"
+"Raises ValueError when a word of the ring or a frame would take a read outside it\n"
+"(the ring is left as it was).");
+
+static PyObject *pop_many_checked(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    void *ring;
+    if (check_nargs("pop_many_checked", nargs, 4) || take_address(args[0], &ring, "ring")) return NULL;
+    unsigned long long capacity = PyLong_AsUnsignedLongLong(args[1]);
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t max_msgs = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (capacity == 0) {
+        PyErr_SetString(PyExc_ValueError, "pop_many_checked: capacity must be the ring's, not 0");
+        return NULL;
+    }
+    return pop_list(ring, capacity, max_bytes, max_msgs);
+}
+
+static PyObject *pop_list(void *ring, uint64_t capacity, Py_ssize_t max_bytes, Py_ssize_t max_msgs) {
     if (max_bytes < 0 || max_msgs < 1 || max_msgs > UINT32_MAX) {
         PyErr_Format(PyExc_ValueError, "pop_many: max_bytes (%zd) must be >= 0 and max_msgs (%zd) >= 1", max_bytes,
                      max_msgs);
@@ -206,6 +244,7 @@ static PyObject *pop_many(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     uint64_t in_ring = fleet_ring_used(ring);
     if (in_ring == 0) return PyList_New(0);  /* the common look at an empty ring: nothing made */
+    if (capacity != 0 && in_ring > capacity) in_ring = capacity;  /* an untrusted ring's words bound nothing */
     uint32_t stack_lens[STACK_MSGS], stack_tags[STACK_MSGS];
     uint32_t *lens = stack_lens, *tags = stack_tags;
     if (max_msgs > STACK_MSGS) {
@@ -218,10 +257,14 @@ static PyObject *pop_many(PyObject *module, PyObject *const *args, Py_ssize_t na
     uint64_t cap = (uint64_t)max_bytes < in_ring ? (uint64_t)max_bytes : in_ring;
     PyObject *buf = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)cap);
     if (buf == NULL) goto done;
-    int64_t n = fleet_ring_pop_many(ring, PyByteArray_AS_STRING(buf), cap, lens, tags, (uint32_t)max_msgs);
+    int64_t n = pop_into(ring, capacity, PyByteArray_AS_STRING(buf), cap, lens, tags, (uint32_t)max_msgs);
     if (n == -ENOBUFS) {  /* one message larger than max_bytes: it comes alone */
         if (PyByteArray_Resize(buf, (Py_ssize_t)lens[0]) < 0) goto done;
-        n = fleet_ring_pop_many(ring, PyByteArray_AS_STRING(buf), lens[0], lens, tags, 1);
+        n = pop_into(ring, capacity, PyByteArray_AS_STRING(buf), lens[0], lens, tags, 1);
+    }
+    if (n == -EPROTO || n == -EINVAL) {
+        PyErr_SetString(PyExc_ValueError, "the ring's words or a frame's length point outside it: not a ring");
+        goto done;
     }
     if (n <= 0) {
         out = PyList_New(0);
@@ -261,6 +304,7 @@ static PyMethodDef methods[] = {
     {"push", (PyCFunction)(void (*)(void))push, METH_FASTCALL, push_doc},
     {"push_many", (PyCFunction)(void (*)(void))push_many, METH_FASTCALL, push_many_doc},
     {"pop_many", (PyCFunction)(void (*)(void))pop_many, METH_FASTCALL, pop_many_doc},
+    {"pop_many_checked", (PyCFunction)(void (*)(void))pop_many_checked, METH_FASTCALL, pop_many_checked_doc},
     {NULL, NULL, 0, NULL},
 };
 

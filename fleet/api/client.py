@@ -63,7 +63,6 @@ or unpickled. Anything else is `fleet.UntrustedPeer` naming the uid.
 """
 from __future__ import annotations
 
-import base64
 import itertools
 import logging
 import os
@@ -449,9 +448,8 @@ class Client(Executor):
             # Beside the frame, in a sealed memfd its descriptor goes with (the pipe numbers it)
             args = {"role": role, "payload": None, "payload_fd": fdpass.Sealed(pieces), "payload_len": size,
                     "payload_spans": spans, "payload_oob": n_oob, "encoding": "pickle", "seq": seq}
-        else:  # small, nothing set aside: one pickle, in the frame
-            args = {"role": role, "payload": base64.b64encode(pieces[0]).decode("ascii"), "encoding": "pickle",
-                    "seq": seq}
+        else:  # small, nothing set aside: one pickle, in the frame (base64) or the inlet (as it is)
+            args = {"role": role, "payload": bytes(pieces[0]), "encoding": "pickle", "seq": seq}
         del pieces
         for name, value, default in (("key", key, None), ("lane", lane, None), ("priority", priority, 0),
                                      ("timeout", timeout, None), ("request_id", request_id, None),

@@ -5,7 +5,12 @@ written the caller writes one at once itself (a lone submit waits for nothing: n
 no other thread), and that frame carries every unit queued while the previous frame was
 being written (other threads' submits, or units queued while a frame was being written
 for them), as one ``submit_batch``. So the socket, the daemon's read and its reply are
-paid once per batch, not once per unit.
+paid once per batch, not once per unit. A batch of plain units (a role and a small
+pickled payload, nothing else) goes through the connection's inlet instead
+(`fleet.shm.inlet`, opened as the connection is made): pushed into shared memory for the
+supervisor's loop to take itself, the loop's bell rung; its reply comes on the
+connection as a frame's does. A batch the inlet has no room for, and any other, goes on
+the socket.
 
 One reader thread per connection takes the replies (one per frame, in order) and
 answers each unit of the frame: its unit id (`_RemoteUnitFuture.unit_id`), or its
@@ -24,6 +29,7 @@ resolved outside it (their callbacks may submit again).
 """
 from __future__ import annotations
 
+import base64
 import collections
 import itertools
 import logging
@@ -39,6 +45,9 @@ from fleet.service.control import outcome_record
 from fleet.service.control.client import _remote_error
 from fleet.service.control.ops.units import BATCH_VERSION, MAX_BATCH_UNITS
 from fleet.service.control.wire import Push, decode_stream, encode_request
+from fleet.rules.errors import FleetError
+from fleet.shm import inlet as inlet_mod
+from fleet.shm.dataplane import DataSegment, MessageTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +91,10 @@ class SubmitPipe:
         self._ids = itertools.count(1)
         self._closed = False
         self.frames = 0  # frames written: how many submits travelled together is units / frames
+        self.inlet_frames = 0  # of those, the ones that went through the connection's inlet
+        self._inlet = None  # the connection's (inlet, bell), or None: frames on the socket only
+        #: Open an inlet on each connection (fleet.shm.inlet); False: frames on the socket only.
+        self.use_inlet = True
 
     def in_flight(self) -> int:
         """Frames written whose replies have not come."""
@@ -147,7 +160,8 @@ class SubmitPipe:
             take, size, fds = 0, 0, 0
             for _seq, _fut, _role, args in units[:MAX_BATCH_UNITS]:
                 payload = args["payload"]
-                size += (0 if payload is None else len(payload)) + _UNIT_OVERHEAD
+                # a frame carries it in base64 (`_with_fd_indices`)
+                size += (0 if payload is None else (len(payload) + 2) // 3 * 4) + _UNIT_OVERHEAD
                 fds += "payload_fd" in args
                 if take and (size > FRAME_BUDGET or fds > fdpass.MAX_FRAME_FDS):
                     break
@@ -158,7 +172,7 @@ class SubmitPipe:
     def _write_frame(self, units: list, later: list) -> None:
         """One frame of `units` (`later`: the units of the frames after it)."""
         try:
-            sock, pid = self._connection()
+            sock, pid, inlet = self._connection()
         except BaseException as exc:
             self._fail(units, self._client._translate(exc, units[0][2]))
             if isinstance(exc, Exception):
@@ -174,6 +188,8 @@ class SubmitPipe:
         if not units:
             return
         frame = _Frame(next(self._ids), units)
+        if inlet is not None and self._through_inlet(inlet, frame, token):
+            return
         wire, sealed = _with_fd_indices([u[3] for u in units])
         # v2: this connection carries the token's outcomes back (pushed), and the batch
         # acknowledges the ones taken so far (fleetd lets go of them).
@@ -202,30 +218,93 @@ class SubmitPipe:
             self.frames += 1
             self._used = time.monotonic()
 
+    def _through_inlet(self, inlet, frame: _Frame, token: str) -> bool:
+        """Send ``frame`` through the connection's inlet when every unit is plain (a role and
+        a pickled payload, as `_plain` says) and the ring has room now: True when it went.
+        Its reply comes on the connection as a frame's does."""
+        units = frame.units
+        if not all(_plain(u[3]) for u in units):
+            return False
+        ring, bell = inlet
+        with self._lock:
+            self._flight.append(frame)  # before it goes: the loop may answer at once
+        try:
+            went = ring.push(frame.rid, token, self._client._received, True, True,
+                             [(seq, role, args["payload"]) for seq, _fut, role, args in units])
+        except MessageTooLarge:
+            went = False
+        if not went:  # full now, or too large ever: the socket takes it
+            with self._lock:
+                self._flight.remove(frame)
+            return False
+        bell.ring()
+        with self._lock:
+            frame.sent = True
+            self.frames += 1
+            self.inlet_frames += 1
+            self._used = time.monotonic()
+        return True
+
     def _connection(self):
-        """The open connection and the daemon's pid on it; connects (and starts its reader)
-        when there is none, or when it sat unused long enough to have been closed."""
+        """The open connection, the daemon's pid on it and its inlet (None: frames only);
+        connects (opens the inlet and starts its reader) when there is none, or when it sat
+        unused long enough to have been closed."""
         with self._lock:
             if self._closed:
                 raise control.NotRunning(f"the client of {self._path} is closed")
             sock = self._sock
             stale = sock is not None and not self._flight and time.monotonic() - self._used > IDLE_REFRESH_S
             if sock is not None and not stale:
-                return sock, self._pid
+                return sock, self._pid, self._inlet
+            inlet = self._inlet
             if stale:
-                self._sock = None
+                self._sock, self._inlet = None, None
         if stale:
-            _close(sock)
+            _close(sock, inlet)
         opener = control.ControlClient(self._path, timeout=self._timeout, trust_uids=self._trust)
         sock = opener._connect()  # SO_PEERCRED checked against the trusted uids
         pid = opener._server_pid
+        inlet = self._open_inlet(opener) if self.use_inlet else None
+        if opener._sock is not sock:  # the ask lost the connection (no reply in time): a new one, frames only
+            sock = opener._connect()
+            pid = opener._server_pid
+        opener._sock = None  # the connection is this pipe's now
         with self._lock:
             if self._closed:
-                _close(sock)
+                _close(sock, inlet)
                 raise control.NotRunning(f"the client of {self._path} is closed")
-            self._sock, self._pid, self._used = sock, pid, time.monotonic()
+            self._sock, self._pid, self._inlet, self._used = sock, pid, inlet, time.monotonic()
         threading.Thread(target=self._read, args=(sock,), name="fleet-client-submits", daemon=True).start()
-        return sock, pid
+        return sock, pid, inlet
+
+    def _open_inlet(self, opener):
+        """The connection's inlet and the loop's bell it rings, or None when fleetd gives
+        none (an older fleetd, its bound on inlets) or its data segment is not ours to
+        map: the frames go on the socket then, as they always could."""
+        try:
+            reply = opener.call("open_inlet")
+        except FleetError as exc:  # refused, or the op unknown there; a lost connection shows on the first frame
+            log.debug("fleet client: no inlet from fleetd at %s (%s): frames go on the socket", self._path, exc)
+            return None
+        held, capacity, fleet = reply["inlet"], reply.get("capacity"), reply.get("fleet")
+        if type(capacity) is not int or type(fleet) is not str:
+            held.close()
+            log.debug("fleet client: fleetd at %s sent an inlet reply without its capacity and fleet", self._path)
+            return None
+        try:
+            ring = inlet_mod.Inlet.open(held.fd, capacity)
+        except (OSError, inlet_mod.InletError) as exc:
+            log.debug("fleet client: the inlet of fleetd at %s is not usable (%s)", self._path, exc)
+            return None
+        finally:
+            held.fd = -1  # Inlet.open owns it (closed there)
+        try:
+            segment = DataSegment.attach(fleet)
+        except (OSError, FleetError) as exc:  # not there, or not a uid of ours and root's (UntrustedPeer)
+            ring.close()
+            log.debug("fleet client: cannot ring fleetd's loop at %s (%s): frames go on the socket", self._path, exc)
+            return None
+        return ring, _Bell(segment)
 
     # -- the reader's side
     def _read(self, sock) -> None:
@@ -339,13 +418,15 @@ class SubmitPipe:
     def _broken(self, sock, why: str) -> None:
         """`sock` is done: the frames in flight on it fail SubmitUncertain (they went out,
         no reply came); the next submit connects again."""
+        inlet = None
         with self._lock:
             if self._sock is sock:
-                self._sock = None
+                self._sock, inlet = None, self._inlet
+                self._inlet = None
                 lost, self._flight = list(self._flight), collections.deque()
             else:
                 lost = []  # replaced already (closed, idle): its frames were answered
-        _close(sock)
+        _close(sock, inlet)
         for frame in lost:
             self._answer(frame.units, [None] * len(frame.units))
             self._fail(frame.units, None, ReplyLost(f"fleetd at {self._path}: {why} after the submit went out, "
@@ -369,9 +450,10 @@ class SubmitPipe:
         with self._lock:
             self._closed = True
             sock, self._sock = self._sock, None
+            inlet, self._inlet = self._inlet, None
             lost, self._flight = list(self._flight), collections.deque()
         if sock is not None:
-            _close(sock)
+            _close(sock, inlet)
         for frame in lost:
             self._answer(frame.units, [None] * len(frame.units))
 
@@ -382,7 +464,8 @@ _UNANSWERED = object()
 
 def _with_fd_indices(units: list) -> tuple[list, list]:
     """The units' wire arguments, each memfd payload (`fdpass.Sealed`) named by its index
-    among the frame's descriptors; and those memfds, in that order."""
+    among the frame's descriptors, a payload of bytes in base64; and those memfds, in that
+    order."""
     sealed = []
     wire = []
     for args in units:
@@ -390,8 +473,33 @@ def _with_fd_indices(units: list) -> tuple[list, list]:
         if one is not None:
             args = {**args, "payload_fd": len(sealed)}
             sealed.append(one)
+        elif type(args["payload"]) is bytes:
+            args = {**args, "payload": base64.b64encode(args["payload"]).decode("ascii")}
         wire.append(args)
     return wire, sealed
+
+
+#: What a plain unit's arguments are (`fleet.Client._submit`'s small payload, nothing else
+#: asked): what an inlet carries.
+_PLAIN_KEYS = frozenset({"role", "payload", "encoding", "seq"})
+
+
+def _plain(args: dict) -> bool:
+    return args.keys() == _PLAIN_KEYS and type(args["payload"]) is bytes
+
+
+class _Bell:
+    """The loop's bell in fleetd's data segment, which this client maps to ring it."""
+
+    __slots__ = ("_segment", "ring")
+
+    def __init__(self, segment):
+        self._segment = segment
+        self.ring = segment.bell.ring
+
+    def close(self) -> None:
+        self.ring = None
+        self._segment.close()
 
 
 def _batch_reply(result: Any, n: int) -> bool:
@@ -406,9 +514,13 @@ def _batch_reply(result: Any, n: int) -> bool:
             and all(isinstance(b, list) and len(b) == 2 for b in roles.values()))
 
 
-def _close(sock) -> None:
+def _close(sock, inlet=None) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
     sock.close()
+    if inlet is not None:
+        ring, bell = inlet
+        ring.close()
+        bell.close()

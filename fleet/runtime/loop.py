@@ -147,6 +147,10 @@ class Supervisor:
         self.publisher = self.saturation = self.inside = self.contention = None
         self._accept = self._results = self._deadlines = self._deaths = self._stops = None
         self._froze = False  # whether its boot froze the collector's old objects (boot.settle)
+        #: What the loop takes from outside its own inputs at every turn, before its intake
+        #: (`add_feed`): fleetd's inlets (fleet.service.inlets). Replaced whole, never changed
+        #: in place: the loop reads it from its own thread while another adds.
+        self._feeds: tuple = ()
 
     # ================================================================== start: boot and compose
     def start(self) -> "Supervisor":
@@ -247,6 +251,12 @@ class Supervisor:
         """Whether a drain refuses new units (fleetd's STATUS= line reads it): the door's
         flag, the fleet's one copy of it."""
         return self.door.draining_since is not None
+
+    def add_feed(self, feed) -> None:
+        """From the next turn on, the loop calls ``feed()`` at every turn, on its thread,
+        before it drains its intake (what `feed` submits is taken in the same turn). A feed
+        must not block; what brings it input rings the bell (`seats.bell`)."""
+        self._feeds = (*self._feeds, feed)
 
     # ================================================================== posting to the loop
     def _ring(self) -> None:
@@ -504,6 +514,8 @@ class Supervisor:
     def _turn(self) -> bool:
         """One pass over every input; True if it left some behind (commands past its
         intake batch): look again at once."""
+        for feed in self._feeds:
+            feed()
         intake = self.door.intake
         ran = intake.drain(INTAKE_BATCH) if intake.pending() else 0
         if self._accept.take_news():

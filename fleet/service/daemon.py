@@ -60,6 +60,7 @@ from fleet.service.control import outcome_record
 from fleet.service.side_thread import SideThread
 from fleet.worker.codec import CodecError
 from fleet.service.control.ops import ServedOperations
+from fleet.service.inlets import Inlets
 from fleet.host import open_files
 from fleet.host.proctitle import name_process
 from fleet.rules import titles
@@ -595,6 +596,7 @@ class Daemon:
         self.handler: ServedOperations | None = None  # what the control ops run against
         self.store = OutcomeStore(clock=clock)
         self.replays = replays.Replays(clock=clock)  # submits made at most once per request_id
+        self.inlets: Inlets | None = None  # the clients' inlets (fleet.service.inlets), once booted
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = self._wake_w = -1
         self._stopping: str | None = None  # None, "drain" or "kill"
@@ -651,7 +653,8 @@ class Daemon:
                               readers_group=self.options.socket_group,
                               closure_file=default_closure_file(name, self.env), exporter=start_exporter).start()
         # The outcomes held for clients during a delivery go out at its end, on the loop.
-        self.sup.books.on_delivered = self.store.flush
+        self.inlets = Inlets(self)  # the loop takes a client's batches from its inlet itself
+        self.sup.books.on_delivered = self._turned
         try:
             self.handler = ServedOperations(self)
             self.calls = control.CallQueue(wakeup=self._wake)
@@ -670,6 +673,12 @@ class Daemon:
         log.info("fleet %s: serving on %s (%s); pid %d", name, path, self._summary(), os.getpid())
         self._send("ready", self._summary())
         self._next_status = self.clock() + STATUS_EVERY_S
+
+    def _turned(self) -> None:
+        """The end of a turn of the supervisor's loop, on its thread: the replies of the
+        batches its inlets brought, then the outcomes held for attached clients."""
+        self.inlets.flush()
+        self.store.flush()
 
     def _loop(self) -> None:
         with selectors.DefaultSelector() as sel:
@@ -696,6 +705,8 @@ class Daemon:
             self.server.close()
         if self.sup is not None and not self.sup.wait_stopped(0):
             self.sup.kill()  # the loop left early (an exception): never leave workers behind
+        if self.inlets is not None:
+            self.inlets.close()  # the loop that read them has stopped
         log.info("fleet %s: stopped; ledger %s", self.config.name if self.config else "?",
                  self.sup.ledger_counts().to_dict() if self.sup else {})
 

@@ -724,11 +724,13 @@ def test_decode_request_enforces_the_frame_limit():
 
 def test_exactly_the_changing_ops_are_mutating():
     mutating = {name for name in c.OPS.names() if c.OPS.get(name).mutating}
-    # collect consumes the outcomes held for a token, and only a uid that may submit has any
-    assert mutating == {"posture_set", "posture_release", "drain", "resume", "submit", "submit_batch", "collect", "cancel",
-                        "admission_close", "admission_reopen", "admission_budget"}
+    # collect consumes the outcomes held for a token, and only a uid that may submit has any;
+    # an inlet is a way to submit
+    assert mutating == {"posture_set", "posture_release", "drain", "resume", "submit", "submit_batch", "open_inlet",
+                        "collect", "cancel", "admission_close", "admission_reopen", "admission_budget"}
     assert set(c.OPS.names()) == {"ping", "status", "posture_show", "posture_set", "posture_release", "drain",
-                                  "drain_state", "resume", "submit", "submit_batch", "ledger", "collect", "cancel", "admission_show",
+                                  "drain_state", "resume", "submit", "submit_batch", "open_inlet", "ledger", "collect",
+                                  "cancel", "admission_show",
                                   "admission_close", "admission_reopen", "admission_allowance", "admission_plan",
                                   "admission_starving", "admission_budget", "why"}
     assert {name for name in c.OPS.names() if c.OPS.get(name).blocking} == {"collect"}

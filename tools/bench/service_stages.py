@@ -70,6 +70,11 @@ def _wrap(owner, name, key, after=False):
     setattr(owner, name, stamped)
 
 _wrap(_server.ControlServer, "_read", "d_read")
+try:  # a batch through the client's inlet: the loop reads it (fleet.service.inlets)
+    from fleet.service import inlets as _inlets
+    _wrap(_inlets.Inlets, "_batch", "d_read")
+except ImportError:  # a fleet from before the inlets
+    pass
 _wrap(_units.SubmitBatchOp, "on_daemon", "d_decoded")
 _wrap(_units.SubmitBatchOp, "on_daemon", "d_admitted", after=True)
 _wrap(_record, "encode", "d_held")

@@ -105,6 +105,13 @@ class Held:
         self.close()
 
 
+class HandedOff(Held):
+    """A descriptor a reply gives away (an inlet's memfd, `open_inlet`): closed here as soon
+    as the frame holds its own copy (`wire`), so the sender keeps none of it."""
+
+    __slots__ = ()
+
+
 class Sealed(Held):
     """A sealed memfd a sender holds until its frame went out."""
 

@@ -820,7 +820,7 @@ class ControlServer:
         if fut.done():
             # Answered on this thread already (an op that runs here, `Op.direct`): its reply
             # joins the others of this read, with no trip through the wake-up pipe.
-            self._reply(conn, self._reply_for(checked, fut))
+            self._reply(conn, self.reply_for(checked, fut))
             return
         conn.inflight = fut
         conn.call_deadline = self._clock() + self.reply_timeout
@@ -869,12 +869,14 @@ class ControlServer:
             self._guarded(conn, self._answer, fut)
 
     def _answer(self, conn: _Conn, fut: Future) -> None:
-        self._reply(conn, self._reply_for(conn.call, fut))
+        self._reply(conn, self.reply_for(conn.call, fut))
         if conn in self._conns:
             self._advance(conn)
 
     @staticmethod
-    def _reply_for(call: Call, fut: Future | Answered) -> bytes:
+    def reply_for(call: Call, fut: Future | Answered) -> bytes:
+        """The reply frame of ``call`` once ``fut`` is done: its result, or its error as the
+        wire says it (a direct op's answer made on another thread too: fleet.service.inlets)."""
         rid = call.request_id
         try:
             result = fut.result(timeout=0)

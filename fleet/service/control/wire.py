@@ -10,7 +10,7 @@ from typing import Any
 
 from admission.records import record
 from fleet.service.control.errors import E_INVALID, E_INVALID_ARGS, E_INVALID_REPLY, E_MALFORMED, E_TOO_LARGE, ProtocolError
-from fleet.service.control.fds import Held
+from fleet.service.control.fds import HandedOff, Held
 
 
 #: Largest frame (one JSON line, newline excluded) either side accepts: 1 MiB.
@@ -62,6 +62,9 @@ def _dumps(obj: Any) -> bytes:
         return data
     framed = WithFds(data)
     framed.fds = [os.dup(one.fd) for one in sealed]  # the frame's own: the record may be let go before it is sent
+    for one in sealed:
+        if type(one) is HandedOff:
+            one.close()  # given away: the frame's copy is the only one kept
     return framed
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from fleet.rules import ranges
 from fleet.rules.errors import EXIT_DATA, EXIT_FAILURE, EXIT_OK, FleetError
-from fleet.service.control.errors import E_INTERNAL, ProtocolError
+from fleet.service.control.errors import E_INTERNAL, E_INVALID_REPLY, ProtocolError
 from fleet.runtime.submit import UNIT_ARGS
 from fleet.service import replays
 from fleet.service.control import fds as fdpass
@@ -179,7 +179,7 @@ class SubmitOp(Op):
             _check_layout(self, args)
         elif args["payload_spans"] is not None or args["payload_oob"] is not None:
             raise self.bad("payload_spans and payload_oob lay out a memfd: give payload_fd and payload_len too")
-        elif args["encoding"] == "pickle":
+        elif args["encoding"] == "pickle" and type(args["payload"]) is not bytes:  # bytes: an inlet's, as they are
             if not isinstance(args["payload"], str):
                 raise self.bad(f"a pickle payload must be a base64 string, got {json_type(args['payload'])}")
             try:
@@ -335,6 +335,46 @@ class SubmitBatchOp(Op):
         return {"units": ids, "errors": errors, "replayed": replayed, "roles": roles}
 
 
+@OPS.register
+class OpenInletOp(Op):
+    """Open an inlet for this connection: a byte ring in shared memory that the client
+    pushes its batches of plain units into, for the supervisor's loop to take itself
+    (`fleet.shm.inlet`, `fleet.service.inlets`), with no frame for fleetd's control
+    thread to read. Each batch is answered on this connection as a ``submit_batch`` v2
+    frame would be (its reply, then its token's outcomes pushed), and is checked as one.
+
+    Reply: ``{"inlet": <descriptor index>, "capacity": bytes, "fleet": name}``, the
+    inlet's sealed memfd beside (SCM_RIGHTS). The client rings the loop's bell in the
+    fleet's data segment (``fleet``) after each push. The inlet closes with the
+    connection; at most one per connection (a second is refused, as is one past
+    fleetd's bound on inlets: the client's batches then go as frames)."""
+
+    name = "open_inlet"
+    mutating = True
+    direct = True
+    streams = True
+    summary = "Open a shared-memory inlet for this connection's submits (fleet.Client opens one)."
+    no_command = "an inlet is a client's, for its submits from Python (fleet.connect(name).submit)"
+    method = None
+    no_method = "fleet.Client opens one on its submit connection"
+    schema = {}
+
+    def on_daemon(self, daemon, stream=None) -> dict:
+        inlet = daemon.inlets.open(stream)
+        # fleetd keeps no descriptor of it: its mapping keeps the memfd while the inlet lives
+        return {"inlet": fdpass.HandedOff(inlet.hand_over(), inlet.capacity), "capacity": inlet.capacity,
+                "fleet": daemon.sup.name}
+
+    def claim_reply_fds(self, result: Any, fds: list[int]) -> None:
+        """The inlet's memfd, in its index's place (`fds.Held`); any other descriptor closed."""
+        index = result.get("inlet") if isinstance(result, dict) else None
+        if type(index) is not int or not 0 <= index < len(fds) or len(fds) != 1:
+            fdpass.close_all(fds)
+            raise ProtocolError(E_INVALID_REPLY, f"open_inlet: the reply names descriptor {index!r} of "
+                                                 f"{len(fds)} it brought")
+        result["inlet"] = fdpass.Held(fds[0], 0)
+
+
 #: Most parts a laid-out payload may have (its pickle, buffers and blobs): a bound on the
 #: work of packing it, far above what an object's large buffers come to.
 MAX_PAYLOAD_SPANS = 4096
@@ -405,13 +445,17 @@ def _plain_unit(unit: Any, token: str) -> dict[str, Any] | None:
     if type(unit) is not dict or not unit.keys() <= _PLAIN_KEYS or unit.get("encoding") != "pickle":
         return None
     role, payload, seq = unit.get("role"), unit.get("payload"), unit.get("seq")
-    if type(role) is not str or not role or type(payload) is not str or type(seq) is not int \
-            or not ranges.SEQ.holds(seq):
+    if type(role) is not str or not role or type(seq) is not int or not ranges.SEQ.holds(seq):
         return None
-    try:
-        raw = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
+    if type(payload) is bytes:  # an inlet's (fleet.service.inlets): the pickled bytes themselves
+        raw = payload
+    elif type(payload) is not str:
         return None
+    else:
+        try:
+            raw = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            return None
     return {**_PLAIN_DEFAULTS, "role": role, "payload": raw, "encoding": "pickle", "seq": seq, "token": token}
 
 
