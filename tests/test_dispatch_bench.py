@@ -110,6 +110,8 @@ def test_service_reports_submit_ratio_and_p50_and_cleans_up():
     assert set(r) == {"service_submit_over_ppe", "service_p50_over_ppe", "service_submit_units_per_s", "service_p50_us"}
     assert res["host"] == _bench().host_idle()  # what the figures were measured on
     assert r["service_p50_us"] == svc["fleetd"]["latency_us"]["p50"]
+    # the client's plain submits went through its inlet, every batch
+    assert svc["fleetd"]["through_inlet"] == svc["fleetd"]["frames"] > 0
     assert not [e for e in os.listdir("/dev/shm") if name in e]
     assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
 
@@ -141,10 +143,13 @@ def test_service_stages_counts_each_threads_work_and_cleans_up():
     res = json.loads(out.stdout)
     assert res["round_trips"] == 60 and len(res["fleets"]) == 2
     assert set(res["cpu_us_per_round_trip"]) == {"client: every thread", "fleetd: control thread", "fleetd: loop"}
-    assert all(us > 0 for us in res["cpu_us_per_round_trip"].values())
+    cpu = res["cpu_us_per_round_trip"]
+    # the client's batches go through its inlet: fleetd's control thread has next to nothing of them
+    assert cpu["client: every thread"] > 0 and cpu["fleetd: loop"] > 0 and cpu["fleetd: control thread"] >= 0
     calls = res["python_calls_per_round_trip"]
     assert set(calls) == {"client: caller", "client: reader", "fleetd: control thread"}
-    assert all(n > 10 for n in calls.values())  # each thread's per-frame path is dozens of calls
+    assert calls["client: caller"] > 10 and calls["client: reader"] > 10  # each one's path is dozens of calls
+    assert 0 <= calls["fleetd: control thread"] < calls["client: reader"]
     for name in res["fleets"]:
         assert not [e for e in os.listdir("/dev/shm") if name in e]
         assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]

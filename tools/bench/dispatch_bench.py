@@ -706,7 +706,9 @@ def bench_service(units: int, rounds: int) -> dict:
             "latency_us": lambda: round_trips(lambda: ex.submit(H.work, 0).result(), samples),
         }, {"workers": 1})
         run_rounds([fleetd, ppe], rounds)
-        out = {"units": units, "latency_samples_per_round": samples, "fleetd": fleetd.result(),
+        # how the client's batches went: through its inlet (shared memory), or frames on the socket
+        paths = {"frames": client._pipe.frames, "through_inlet": client._pipe.inlet_frames}
+        out = {"units": units, "latency_samples_per_round": samples, "fleetd": {**fleetd.result(), **paths},
                "process_pool_executor": ppe.result()}
     return out
 
