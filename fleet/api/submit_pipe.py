@@ -62,13 +62,13 @@ IDLE_REFRESH_S = 60.0
 
 
 class _Frame:
-    """One ``submit_batch`` request: its id, its units ``(seq, future, role, args)``, and
-    whether it went out whole."""
+    """One ``submit_batch`` request: its id, its units ``(seq, future, role, args)``,
+    whether it went out whole, and whether through the connection's inlet."""
 
-    __slots__ = ("rid", "units", "sent", "at")
+    __slots__ = ("rid", "units", "sent", "at", "inlet")
 
     def __init__(self, rid: int, units: list):
-        self.rid, self.units, self.sent, self.at = rid, units, False, time.monotonic()
+        self.rid, self.units, self.sent, self.at, self.inlet = rid, units, False, time.monotonic(), False
 
 
 class SubmitPipe:
@@ -166,17 +166,23 @@ class SubmitPipe:
                 if take and (size > FRAME_BUDGET or fds > fdpass.MAX_FRAME_FDS):
                     break
                 take += 1
-            self._write_frame(units[:take], units[take:])
+            if not self._write_frame(units[:take], units[take:]):
+                with self._lock:
+                    self._queue[:0] = units  # first in the frame after the replies in flight
+                return
             units = self._unsent(units[take:])
 
-    def _write_frame(self, units: list, later: list) -> None:
-        """One frame of `units` (`later`: the units of the frames after it)."""
+    def _write_frame(self, units: list, later: list) -> bool:
+        """One frame of `units` (`later`: the units of the frames after it). False when it
+        must wait for the frames in flight instead (nothing sent, nothing failed): frames
+        in flight all went one way, the inlet or the socket, so their replies come in the
+        order they went, and a client's units are admitted in the order it submitted them."""
         try:
             sock, pid, inlet = self._connection()
         except BaseException as exc:
             self._fail(units, self._client._translate(exc, units[0][2]))
             if isinstance(exc, Exception):
-                return
+                return True
             raise
         def unsent() -> list:
             with self._lock:
@@ -186,10 +192,16 @@ class SubmitPipe:
         token = self._client._token_for_pid(pid, unsent)
         units = self._unsent(units)
         if not units:
-            return
+            return True
+        with self._lock:
+            in_inlet = any(f.inlet for f in self._flight)
+            on_socket = len(self._flight) > in_inlet
         frame = _Frame(next(self._ids), units)
-        if inlet is not None and self._through_inlet(inlet, frame, token):
-            return
+        if inlet is not None and not on_socket and all(_plain(u[3]) for u in units):
+            if self._through_inlet(inlet, frame, token):
+                return True
+        if in_inlet:  # the inlet is full (or the frame is not plain): after its replies
+            return False
         wire, sealed = _with_fd_indices([u[3] for u in units])
         # v2: this connection carries the token's outcomes back (pushed), and the batch
         # acknowledges the ones taken so far (fleetd lets go of them).
@@ -209,7 +221,7 @@ class SubmitPipe:
                 self._fail(units, FleetConnectionLost(f"lost fleetd at {self._path} before the submit went out: "
                                                       f"{exc}"))
             self._broken(sock, f"the connection broke: {exc}")
-            return
+            return True
         finally:
             for one in sealed:
                 one.close()  # sent (the daemon holds its own descriptor now) or never: ours goes
@@ -217,25 +229,30 @@ class SubmitPipe:
             frame.sent = True
             self.frames += 1
             self._used = time.monotonic()
+        return True
 
     def _through_inlet(self, inlet, frame: _Frame, token: str) -> bool:
-        """Send ``frame`` through the connection's inlet when every unit is plain (a role and
-        a pickled payload, as `_plain` says) and the ring has room now: True when it went.
-        Its reply comes on the connection as a frame's does."""
+        """Send ``frame`` (its units plain: a role and a pickled payload, as `_plain` says)
+        through the connection's inlet when the ring has room now: True when it went. Its
+        reply comes on the connection as a frame's does."""
         units = frame.units
-        if not all(_plain(u[3]) for u in units):
-            return False
         ring, bell = inlet
+        frame.inlet = True
         with self._lock:
             self._flight.append(frame)  # before it goes: the loop may answer at once
+        went = False
         try:
             went = ring.push(frame.rid, token, self._client._received, True, True,
                              [(seq, role, args["payload"]) for seq, _fut, role, args in units])
         except MessageTooLarge:
-            went = False
-        if not went:  # full now, or too large ever: the socket takes it
-            with self._lock:
-                self._flight.remove(frame)
+            pass
+        finally:  # whatever stopped it (too large, or an error on its way out), it is not in flight
+            if not went:
+                with self._lock:
+                    if frame in self._flight:  # (a broken connection failed it meanwhile)
+                        self._flight.remove(frame)
+                frame.inlet = False
+        if not went:  # full now, or too large ever: not this way
             return False
         bell.ring()
         with self._lock:

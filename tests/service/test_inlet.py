@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import struct
 import time
 
@@ -19,6 +20,7 @@ from fleet.shm import inlet as inlet_mod
 from fleet.shm.dataplane import DataSegment
 from tests.daemons import BOUND_S, Fleetd, served_fleetd, wait_until
 from tests.fleets import role
+from tests.stalls import wait_state
 from tests.uids import NOBODY, as_nobody
 
 TOKEN = "inlet-token-0123456789"
@@ -111,6 +113,30 @@ def test_a_clients_submits_go_through_its_inlet(served):
         assert lone == [0, 1, 4, 9, 16]
         assert client._pipe.frames >= 6 and client._pipe.inlet_frames == client._pipe.frames
     assert submitted(served) - base == 45
+
+
+def test_a_burst_split_over_the_inlet_and_the_socket_keeps_its_order(served):
+    """Units queued past one batch while a frame is in flight, with one the inlet does not
+    carry (a timeout) among them: the frames that take them go one way at a time, so every
+    reply comes in the order its frame went (a batch through the inlet is answered at the
+    loop's turn, one on the socket by the control thread, sooner), and the units are
+    admitted in the order they were submitted (their ids rise)."""
+    with served.connect() as client:
+        client.submit("sq", 0).result(BOUND_S)  # connected, its inlet open
+        threads = [int(t) for t in os.listdir(f"/proc/{served.proc.pid}/task")]
+        served.signal(signal.SIGSTOP)  # the next frame stays in flight while the rest queue
+        try:
+            for tid in threads:
+                wait_state(tid, "Tt")
+            futs = [client.submit("sq", i) for i in range(5000)]
+            futs.append(client.submit("sq", 5000, timeout=30.0))
+            futs += [client.submit("sq", i) for i in range(5001, 5200)]
+        finally:
+            served.signal(signal.SIGCONT)
+        assert [f.result(BOUND_S) for f in futs] == [i * i for i in range(5200)]
+        ids = [f.unit_id for f in futs]
+        assert ids == sorted(ids)
+        assert 0 < client._pipe.inlet_frames < client._pipe.frames  # both ways were taken
 
 
 def test_a_batch_is_answered_as_a_frame_is_a_refusal_for_its_unit_alone(served, raw):
