@@ -316,8 +316,8 @@ class SubmitPipe:
         finally:
             held.fd = -1  # Inlet.open owns it (closed there)
         try:
-            segment = DataSegment.attach(fleet)
-        except (OSError, FleetError) as exc:  # not there, or not a uid of ours and root's (UntrustedPeer)
+            segment = DataSegment.attach(fleet, trust=self._trust)  # fleetd's own: a uid this client trusts
+        except (OSError, FleetError) as exc:  # not there, not ours to open, or not a trusted uid's
             ring.close()
             log.debug("fleet client: cannot ring fleetd's loop at %s (%s): frames go on the socket", self._path, exc)
             return None

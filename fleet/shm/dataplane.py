@@ -548,9 +548,10 @@ class DataSegment:
         return cls(name, mm, created=False)
 
     @classmethod
-    def attach(cls, name: str) -> "DataSegment":
-        """Map an existing segment after validating it. Never passes a size."""
-        mm = shm.attach(name, KIND, writable=True)
+    def attach(cls, name: str, trust: frozenset[int] | None = None) -> "DataSegment":
+        """Map an existing segment after validating it. Never passes a size. ``trust``: the
+        uids its owner may be (`fleet.shm.segments.attach`; default ours and root)."""
+        mm = shm.attach(name, KIND, writable=True, trust=trust)
         try:
             _validate(mm, data_segment_name(name))
             return cls(name, mm, created=False)

@@ -18,6 +18,7 @@ from fleet.service import control
 from fleet.service.control.wire import decode_reply, decode_stream
 from fleet.shm import inlet as inlet_mod
 from fleet.shm.dataplane import DataSegment
+from tests import require
 from tests.daemons import BOUND_S, Fleetd, served_fleetd, wait_until
 from tests.fleets import role
 from tests.stalls import wait_state
@@ -262,3 +263,14 @@ def test_a_uid_that_may_not_submit_gets_no_inlet(fleet_name):
         with d.connect() as client:  # the owner still gets one
             assert client.submit("sq", 4).result(BOUND_S) == 16
             assert client._pipe.inlet_frames == 1
+
+
+def test_a_client_of_another_uid_that_trusts_fleetds_uid_gets_its_inlet(fleet_name):
+    """fleetd runs as uid 65534; this client (root, which may submit to it) trusts that uid,
+    and rings the bell in the data segment that uid owns."""
+    if os.geteuid() != 0:
+        require.lacking("root, to run fleetd as uid 65534")
+    with Fleetd(fleet_name, roles(), as_nobody=True) as d:
+        with d.connect(trust_uids=(NOBODY,)) as client:
+            assert [client.submit("sq", i).result(BOUND_S) for i in range(3)] == [0, 1, 4]
+            assert client._pipe.inlet_frames == client._pipe.frames == 3
