@@ -26,7 +26,7 @@ import logging
 import threading
 
 from fleet.service.control.calls import Call, answered
-from fleet.service.control.errors import E_INVALID_ARGS, ProtocolError
+from fleet.service.control.errors import E_INTERNAL, E_INVALID_ARGS, ProtocolError
 from fleet.service.control.ops.units import BATCH_VERSION, SubmitBatchOp
 from fleet.service.control.server import ControlServer
 from fleet.service.control.wire import encode_error
@@ -110,6 +110,11 @@ class Inlets:
             except inlet_mod.InletError as exc:
                 log.warning("fleetd: closed a client's inlet: %s", exc)
                 self._replies.append((entry.stream, encode_error(None, E_INVALID_ARGS, f"inlet closed: {exc}")))
+                self._close(entry)
+                continue
+            except Exception as exc:  # noqa: BLE001 - one inlet's bug must not stop the loop that serves all
+                log.exception("fleetd: a client's inlet failed; closed")
+                self._replies.append((entry.stream, encode_error(None, E_INTERNAL, f"inlet closed: {exc}")))
                 self._close(entry)
                 continue
             if entry.gone:
