@@ -88,10 +88,8 @@ class Inlets:
         turn, after taking what it still holds (the client pushed it: its outcomes are
         held for the token's `collect`)."""
         entry.gone = True
-        try:
-            self._daemon.sup.door.intake.post(self.take)
-        except Exception:  # noqa: BLE001 - the loop has stopped: `close` frees it
-            pass
+        # a turn at once (a loop that has stopped turns the post away: `close` frees it)
+        self._daemon.sup.door.intake.post(self.take)
 
     def take(self) -> None:
         """Every batch waiting in every inlet, admitted and answered (the loop, each turn)."""
@@ -107,14 +105,11 @@ class Inlets:
                     if tag != inlet_mod.BATCH:
                         raise inlet_mod.InletError(f"a message of tag {tag} (an inlet carries {inlet_mod.BATCH})")
                     self._batch(entry, view)
-            except inlet_mod.InletError as exc:
-                log.warning("fleetd: closed a client's inlet: %s", exc)
-                self._replies.append((entry.stream, encode_error(None, E_INVALID_ARGS, f"inlet closed: {exc}")))
-                self._close(entry)
-                continue
-            except Exception as exc:  # noqa: BLE001 - one inlet's bug must not stop the loop that serves all
-                log.exception("fleetd: a client's inlet failed; closed")
-                self._replies.append((entry.stream, encode_error(None, E_INTERNAL, f"inlet closed: {exc}")))
+            except Exception as exc:  # noqa: BLE001 - one inlet's fault (or bug) must not stop the loop that serves all
+                written_wrong = isinstance(exc, inlet_mod.InletError)
+                log.warning("fleetd: closed a client's inlet: %s", exc, exc_info=not written_wrong)
+                code = E_INVALID_ARGS if written_wrong else E_INTERNAL
+                self._replies.append((entry.stream, encode_error(None, code, f"inlet closed: {exc}")))
                 self._close(entry)
                 continue
             if entry.gone:

@@ -34,6 +34,7 @@ import struct
 
 from fleet import _rings
 from fleet._native import ffi, lib
+from fleet.shm import segments
 from fleet.shm.dataplane import DataPlaneError, Ring
 
 #: The inlet ring's capacity: a batch of up to half of it travels in one message
@@ -141,10 +142,7 @@ class Inlet:
             os.close(fd)
         self.ring = None
         self._base = None
-        try:
-            self._mm.close()
-        except BufferError:  # a view still pins it: unmapped when that goes
-            pass
+        segments.close_quietly(self._mm)
 
 
 def decode(view) -> tuple[int, str, int | None, bool, bool, list]:
