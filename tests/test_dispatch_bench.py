@@ -134,22 +134,31 @@ def test_service_stages_reports_every_stage_and_cleans_up():
 
 
 def test_service_stages_counts_each_threads_work_and_cleans_up():
-    """`--calls`: on-CPU time and Python calls per round trip for the client and fleetd's
-    control thread (the loop's CPU too), from real fleetds that leave nothing behind."""
+    """`--calls`: per round trip, each party's on-CPU time and its wait for a CPU (the
+    client, fleetd's control thread, its loop, its worker), the wall time, and Python calls
+    (the client's, the control thread's, the loop's), from real fleetds that leave nothing
+    behind."""
     stages = os.path.join(REPO, "tools", "bench", "service_stages.py")
     out = subprocess.run([sys.executable, stages, "--calls", "--units", "60", "--json"], capture_output=True,
                          text=True, timeout=240, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)
     assert res["round_trips"] == 60 and len(res["fleets"]) == 2
-    assert set(res["cpu_us_per_round_trip"]) == {"client: every thread", "fleetd: control thread", "fleetd: loop"}
-    cpu = res["cpu_us_per_round_trip"]
+    parties = {"client: every thread", "fleetd: control thread", "fleetd: loop", "fleetd: workers"}
+    cpu, waits, wall = res["cpu_us_per_round_trip"], res["cpu_wait_us_per_round_trip"], res["wall_us_per_round_trip"]
+    assert set(cpu) == set(waits) == parties
     # the client's batches go through its inlet: fleetd's control thread has next to nothing of them
     assert cpu["client: every thread"] > 0 and cpu["fleetd: loop"] > 0 and cpu["fleetd: control thread"] >= 0
+    assert cpu["fleetd: workers"] > 0  # the worker ran every unit (its fork server is not counted)
+    assert all(us >= 0 for us in waits.values())
+    # the parties cannot use more CPU than the machine has over the round trips (a unit
+    # slip, ns for us, would pass it many times over); the reads of /proc around them add a little
+    assert 0 < sum(cpu.values()) <= os.cpu_count() * wall + 5000 / 60
     calls = res["python_calls_per_round_trip"]
-    assert set(calls) == {"client: caller", "client: reader", "fleetd: control thread"}
+    assert set(calls) == {"client: caller", "client: reader", "fleetd: control thread", "fleetd: loop"}
     assert calls["client: caller"] > 10 and calls["client: reader"] > 10  # each one's path is dozens of calls
     assert 0 <= calls["fleetd: control thread"] < calls["client: reader"]
+    assert calls["fleetd: loop"] > calls["client: caller"]  # the loop takes each unit in and its outcome out
     for name in res["fleets"]:
         assert not [e for e in os.listdir("/dev/shm") if name in e]
         assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]

@@ -27,12 +27,16 @@ its window after the step before it.
   client reads -> future set      the record parsed, the value unpickled, the future set
   future set -> caller back       waking the caller
 
-`--calls` (the same round trips, seen as work): on-CPU time per round trip
-(/proc/<pid>/task/<tid>/schedstat: the client's threads together, fleetd's control
-thread, and its loop, whose look before it sleeps counts as CPU), then one more run with
-the client's caller, its reader and fleetd's control thread under cProfile: their Python
-calls per round trip, fixed for a given tree whatever the machine is doing, which is how
-a change to their per-frame paths is read on a host too noisy to time it.
+`--calls` (the same round trips, seen as work): per round trip, each party's on-CPU time
+and its time runnable but waiting for a CPU (/proc/<pid>/task/<tid>/schedstat, its first
+two fields): the client's threads together, fleetd's control thread, its loop (whose look
+before it sleeps counts as CPU) and its worker (whose look for its next task counts too).
+The wall time beside it: when the parties' CPU comes near twice the wall on a 2-core
+machine, a round trip is short of CPU, and the waits say who goes without. Then one more
+run with the client's caller, its reader, fleetd's control thread and its loop under
+cProfile: their Python calls per round trip, fixed for a given tree whatever the machine
+is doing, which is how a change to their per-frame paths is read on a host too noisy to
+time it.
 """
 from __future__ import annotations
 
@@ -200,39 +204,75 @@ def stages(windows: list, stamps: list) -> dict:
             "stages_p50_us": p50, "stages_sum_us": round(sum(p50.values()), 1)}
 
 
-#: What fleetd runs first for `--calls`: its control thread under cProfile, the stats
-#: written to $CALLS_OUT when the thread ends (fleetd's stop).
+#: What fleetd runs first for `--calls`: its control thread and its supervisor's loop
+#: under cProfile each, the stats written to $CALLS_OUT and $CALLS_OUT.loop when each
+#: thread ends (fleetd's stop).
 CALLS_PRELUDE = """
 import cProfile as _cProfile, os as _os
+from fleet.runtime import loop as _loop
 from fleet.service.control import server as _server
-_profile, _serve = _cProfile.Profile(), _server.ControlServer._serve
-def _profiled(self):
-    _profile.enable()
-    try:
-        return _serve(self)
-    finally:
-        _profile.disable()
-        _profile.dump_stats(_os.environ["CALLS_OUT"])
-_server.ControlServer._serve = _profiled
+def _profiled(run, out):
+    profile = _cProfile.Profile()
+    def profiled(self):
+        profile.enable()
+        try:
+            return run(self)
+        finally:
+            profile.disable()
+            profile.dump_stats(out)
+    return profiled
+_server.ControlServer._serve = _profiled(_server.ControlServer._serve, _os.environ["CALLS_OUT"])
+_loop.Supervisor._loop = _profiled(_loop.Supervisor._loop, _os.environ["CALLS_OUT"] + ".loop")
 """
 
 
-def _on_cpu_ns(pid: int) -> dict:
-    """Each thread of `pid`, by name: its on-CPU nanoseconds so far."""
+def _sched_ns(pid: int) -> dict:
+    """Each thread of `pid`, by name: ``[on-CPU ns, runnable-but-waiting ns]`` so far."""
     out: dict = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                out[name] = out.get(name, 0) + int(f.read().split()[0])
-        except OSError:
+                run, wait = map(int, f.read().split()[:2])
+        except (OSError, ValueError):
             continue  # a thread that ended meanwhile
+        both = out.setdefault(name, [0, 0])
+        both[0] += run
+        both[1] += wait
+    return out
+
+
+def _parties(client_pid: int, fleetd_pid: int) -> dict:
+    """``[on-CPU ns, waiting ns]`` so far of each party of a round trip: the client's
+    threads together, fleetd's control thread, its loop, and its workers together (the
+    processes fleetd's fork server started: every descendant but it and its checker,
+    `fleet.rules.titles`)."""
+    import psutil
+
+    from fleet.rules import titles
+
+    not_workers = {titles.fork_server("").comm, titles.fork_server_check("").comm}
+    client, fleetd = _sched_ns(client_pid), _sched_ns(fleetd_pid)
+    out = {"client: every thread": [sum(v[0] for v in client.values()), sum(v[1] for v in client.values())],
+           "fleetd: control thread": fleetd.get("fleet-control", [0, 0]),
+           "fleetd: loop": fleetd.get("fleet-loop", [0, 0]), "fleetd: workers": [0, 0]}
+    for child in psutil.Process(fleetd_pid).children(recursive=True):
+        try:
+            if child.name() in not_workers:
+                continue
+            threads = _sched_ns(child.pid)
+        except (OSError, psutil.Error):
+            continue  # gone meanwhile
+        for run, wait in threads.values():
+            out["fleetd: workers"][0] += run
+            out["fleetd: workers"][1] += wait
     return out
 
 
 def calls(units: int) -> dict:
-    """`--calls`: on-CPU microseconds and Python calls per round trip, by thread."""
+    """`--calls`: per round trip, each party's on-CPU and waiting microseconds, the wall
+    time, and the Python calls of the client's threads and fleetd's."""
     import cProfile
     import pstats
 
@@ -249,22 +289,22 @@ def calls(units: int) -> dict:
             reader.disable()
 
     with tempfile.NamedTemporaryFile(prefix="calls-", suffix=".prof", dir="/tmp", delete=False) as f:
-        out = f.name  # fleetd's control thread writes its stats here when it stops
+        out = f.name  # fleetd's control thread writes its stats here when it stops, its loop beside
     os.environ["CALLS_OUT"] = out
     fleetd = dispatch_bench.FLEETD
-    cpu: dict = {}
+    cpu, waits = {}, {}
     names = []
     try:
         with dispatch_bench.Fleetd(units) as daemon, daemon.connect() as client:  # the CPU view: nothing profiled
             names.append(daemon.name)
-            [client.submit("work", i).result() for i in range(200)]  # warm
-            me, them = _on_cpu_ns(os.getpid()), _on_cpu_ns(daemon.proc.pid)
+            [client.submit("work", i).result() for i in range(200)]  # warm: the worker is up
+            before, t0 = _parties(os.getpid(), daemon.proc.pid), time.perf_counter()
             [client.submit("work", 0).result() for _ in range(units)]
-            mine, theirs = _on_cpu_ns(os.getpid()), _on_cpu_ns(daemon.proc.pid)
+            wall, after = time.perf_counter() - t0, _parties(os.getpid(), daemon.proc.pid)
             # the client's threads (the caller, its reader, the collector) bear the process's name
-            cpu["client: every thread"] = round((sum(mine.values()) - sum(me.values())) / units / 1e3, 1)
-            for label, name in (("fleetd: control thread", "fleet-control"), ("fleetd: loop", "fleet-loop")):
-                cpu[label] = round((theirs.get(name, 0) - them.get(name, 0)) / units / 1e3, 1)
+            for label, (run, wait) in after.items():
+                cpu[label] = round((run - before[label][0]) / units / 1e3, 1)
+                waits[label] = round((wait - before[label][1]) / units / 1e3, 1)
         dispatch_bench.FLEETD = CALLS_PRELUDE + fleetd
         submit_pipe.SubmitPipe._read = profiled_read
         caller = cProfile.Profile()
@@ -276,13 +316,16 @@ def calls(units: int) -> dict:
             caller.disable()
         counted = {"client: caller": pstats.Stats(caller).total_calls / units,
                    "client: reader": pstats.Stats(reader).total_calls / (units + 200),
-                   "fleetd: control thread": pstats.Stats(out).total_calls / (units + 200)}
+                   "fleetd: control thread": pstats.Stats(out).total_calls / (units + 200),
+                   "fleetd: loop": pstats.Stats(out + ".loop").total_calls / (units + 200)}
     finally:
         dispatch_bench.FLEETD = fleetd
         submit_pipe.SubmitPipe._read = read
-        if os.path.exists(out):
-            os.unlink(out)
-    return {"fleets": names, "round_trips": units, "cpu_us_per_round_trip": cpu,
+        for path in (out, out + ".loop"):
+            if os.path.exists(path):
+                os.unlink(path)
+    return {"fleets": names, "round_trips": units, "wall_us_per_round_trip": round(wall / units * 1e6, 1),
+            "cpu_us_per_round_trip": cpu, "cpu_wait_us_per_round_trip": waits,
             "python_calls_per_round_trip": {k: round(v, 1) for k, v in counted.items()}}
 
 
@@ -290,7 +333,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--units", type=int, default=2000)
-    parser.add_argument("--calls", action="store_true", help="on-CPU time and Python calls per round trip, by thread")
+    parser.add_argument("--calls", action="store_true",
+                        help="on-CPU and waiting time and Python calls per round trip, by party")
     args = parser.parse_args(argv)
     if args.units < 1:
         parser.error("--units must be at least 1")
@@ -305,9 +349,14 @@ def _stages_text(res: dict) -> str:
 
 
 def _calls_text(res: dict) -> str:
-    rows = [f"  {label:28s} {us:8.1f} us on CPU" for label, us in res["cpu_us_per_round_trip"].items()]
+    waits = res["cpu_wait_us_per_round_trip"]
+    rows = [f"  {label:28s} {us:8.1f} us on CPU, {waits[label]:8.1f} us waiting for one"
+            for label, us in res["cpu_us_per_round_trip"].items()]
+    rows.append(f"  {'all of them':28s} {sum(res['cpu_us_per_round_trip'].values()):8.1f} us on CPU, "
+                f"{sum(waits.values()):8.1f} us waiting for one")
     rows += [f"  {label:28s} {n:8.1f} Python calls" for label, n in res["python_calls_per_round_trip"].items()]
-    return "\n".join([f"{res['round_trips']} round trips; per round trip:", *rows])
+    return "\n".join([f"{res['round_trips']} round trips; per round trip, {res['wall_us_per_round_trip']} us "
+                      "of wall time:", *rows])
 
 
 if __name__ == "__main__":
