@@ -4,7 +4,8 @@
 An inlet is opened on a client's submit connection (``open_inlet``) and lives as long
 as it. At every turn the loop calls `Inlets.take` (`Supervisor.add_feed`), which takes
 every batch waiting in every inlet and, for each, does what fleetd's control thread does
-for a ``submit_batch`` v2 frame: the same check (`SubmitBatchOp.validate`), the same
+for a ``submit_batch`` v2 frame: the same rules (`SubmitBatchOp.check_plain`: the rules
+`SubmitBatchOp.validate` applies, on units the ring typed already), the same
 admission (`SubmitBatchOp.on_daemon`, which attaches the token's outcomes to the
 connection), and the same reply, written on the connection (`control.Stream.write`) from
 the loop's thread. So a batch's reply, its refusals and its outcomes are a frame's, and
@@ -25,7 +26,6 @@ from __future__ import annotations
 import logging
 import threading
 
-from fleet.service.control.calls import Call, answered
 from fleet.service.control.errors import E_INTERNAL, E_INVALID_ARGS, ProtocolError
 from fleet.service.control.ops.units import BATCH_VERSION, SubmitBatchOp
 from fleet.service.control.server import ControlServer
@@ -116,20 +116,25 @@ class Inlets:
                 self._close(entry)
 
     def _batch(self, entry: _Open, view) -> None:
-        """One batch: checked, admitted and answered as a ``submit_batch`` v2 frame is."""
+        """One batch: checked, admitted and answered as a ``submit_batch`` v2 frame is. Its
+        units come typed from the ring (`inlet_mod.decode`), so the check is the rules alone
+        (`SubmitBatchOp.check_plain`), and the admission is the op's own (`on_daemon`), run
+        here: a batch crosses no frame's machinery (no schema, no call, no served method)."""
         rid, token, ack, fds, parcels, units = inlet_mod.decode(view)
         self.taken += 1
         op = self._op
-        wire = {"v": BATCH_VERSION, "token": token, "ack": ack, "fds": fds, "parcels": parcels,
-                "units": [{"role": role, "payload": payload, "encoding": "pickle", "seq": seq}
-                          for seq, role, payload in units]}
         try:
-            args = op.validate(wire)
+            checked = op.check_plain(token, ack, units)
+            if checked is None:  # a unit the plain rule does not take: the whole check says what
+                checked = op.validate({"v": BATCH_VERSION, "token": token, "ack": ack, "fds": fds,
+                                       "parcels": parcels,
+                                       "units": [{"role": role, "payload": payload, "encoding": "pickle", "seq": seq}
+                                                 for seq, role, payload in units]})["units"]
         except ProtocolError as exc:
             reply = encode_error(rid, exc.code, exc.message)
         else:
-            call = Call(op, args, None, rid, entry.stream)
-            reply = ControlServer.reply_for(call, answered(call.run, self._daemon.handler))
+            reply = ControlServer.reply_of(rid, op.name, op.on_daemon, self._daemon, BATCH_VERSION, token, checked,
+                                           ack, fds, parcels, entry.stream)
         self._replies.append((entry.stream, reply))
 
     def flush(self) -> None:

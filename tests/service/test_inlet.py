@@ -13,6 +13,8 @@ import struct
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleet.service import control
 from fleet.service.control.wire import decode_reply, decode_stream
@@ -29,6 +31,37 @@ TOKEN = "inlet-token-0123456789"
 
 def roles():
     return {"sq": {k: v for k, v in role("square", slots=1).items() if k != "peak_cpus"}}
+
+
+_OP = control.OPS.get("submit_batch")
+
+
+def _verdict(fn):
+    try:
+        return "admitted", fn()
+    except control.ProtocolError as exc:
+        return "refused", exc.code, exc.message
+
+
+@settings(max_examples=400, deadline=None)
+@given(token=st.one_of(st.sampled_from(["token-0123456789", "bad token!", "short", "x" * 129]),
+                       st.text(alphabet="ab_-9 ", max_size=14)),
+       ack=st.integers(-2, 4),
+       units=st.lists(st.tuples(st.one_of(st.integers(-2, 4), st.sampled_from([(1 << 63) - 1, 1 << 63])),
+                                st.sampled_from(["work", "", "other"]), st.binary(max_size=3)), max_size=5))
+def test_an_inlets_batch_is_checked_by_the_rules_a_frames_is(token, ack, units):
+    """What the loop admits from an inlet (`check_plain`, on the units the ring typed) is
+    what `validate` admits from the same batch as a frame, checked the same, and refused
+    with the same error; where the plain rule does not take a unit, `validate` refuses it."""
+    wire = {"v": 2, "token": token, "ack": ack, "fds": True, "parcels": True,
+            "units": [{"role": role, "payload": payload, "encoding": "pickle", "seq": seq}
+                      for seq, role, payload in units]}
+    plain = _verdict(lambda: _OP.check_plain(token, ack, units))
+    full = _verdict(lambda: _OP.validate(wire)["units"])
+    if plain == ("admitted", None):
+        assert full[0] == "refused"
+    else:
+        assert plain == full
 
 
 @pytest.fixture(scope="module")

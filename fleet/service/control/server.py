@@ -876,24 +876,30 @@ class ControlServer:
     @staticmethod
     def reply_for(call: Call, fut: Future | Answered) -> bytes:
         """The reply frame of ``call`` once ``fut`` is done: its result, or its error as the
-        wire says it (a direct op's answer made on another thread too: fleet.service.inlets)."""
-        rid = call.request_id
+        wire says it."""
+        return ControlServer.reply_of(call.request_id, call.op.name, fut.result, 0)
+
+    @staticmethod
+    def reply_of(rid, op: str, fn: Callable[..., Any], *args: Any) -> bytes:
+        """The reply frame to request ``rid`` of op ``op``: what ``fn(*args)`` returns, or the
+        error it raises, as the wire says it (a call's answer, or an op run on another thread
+        as a direct op's would be: fleet.service.inlets)."""
         try:
-            result = fut.result(timeout=0)
+            result = fn(*args)
         except CancelledError:
-            return encode_error(rid, E_SHUTTING_DOWN, f"{call.op.name} not executed: the server is closing")
+            return encode_error(rid, E_SHUTTING_DOWN, f"{op} not executed: the server is closing")
         except ShuttingDown as exc:
             return encode_error(rid, E_SHUTTING_DOWN, str(exc))
         except FleetError as exc:
             return encode_error(rid, type(exc).__name__, str(exc))
         except Exception as exc:
-            log.error("op %s failed", call.op.name, exc_info=exc)
-            return encode_error(rid, E_INTERNAL, f"{call.op.name} failed: {type(exc).__name__}: {exc}")
+            log.error("op %s failed", op, exc_info=exc)
+            return encode_error(rid, E_INTERNAL, f"{op} failed: {type(exc).__name__}: {exc}")
         try:
             return encode_reply(rid, result)
         except (TypeError, ValueError) as exc:
-            log.error("op %s returned a result that is not JSON: %s", call.op.name, exc)
-            return encode_error(rid, E_INTERNAL, f"{call.op.name} returned a result that is not JSON: {exc}")
+            log.error("op %s returned a result that is not JSON: %s", op, exc)
+            return encode_error(rid, E_INTERNAL, f"{op} returned a result that is not JSON: {exc}")
 
 
 def _queue(conn: _Conn, data: bytes) -> None:

@@ -245,17 +245,8 @@ class SubmitBatchOp(Op):
     }
 
     def check(self, args: dict[str, Any]) -> None:
-        if args["v"] not in BATCH_VERSIONS:
-            raise self.bad(f"batch version {args['v']} is not spoken here (this daemon speaks "
-                           f"{', '.join(map(str, BATCH_VERSIONS))})")
-        if args["ack"] is not None and (args["v"] < 2 or args["ack"] < 0):
-            raise self.bad(f"ack must be an integer >= 0, with v 2 or later; got ack {args['ack']!r} with "
-                           f"v {args['v']}")
-        if not _TOKEN.fullmatch(args["token"]):
-            raise self.bad(f"token must be 8-128 letters, digits, '_' or '-', got {args['token']!r}")
+        self._check_batch(args["v"], args["token"], args["ack"], args["units"])
         units = args["units"]
-        if not 1 <= len(units) <= MAX_BATCH_UNITS:
-            raise self.bad(f"units must hold 1-{MAX_BATCH_UNITS} units, got {len(units)}")
         submit, checked, seqs, token = OPS.get(SubmitOp.name), [], set(), args["token"]
         for i, unit in enumerate(units):
             one = _plain_unit(unit, token)
@@ -281,6 +272,34 @@ class SubmitBatchOp(Op):
             seqs.add(one["seq"])
             checked.append(one)
         args["units"] = checked
+
+    def _check_batch(self, v: int, token: str, ack: int | None, units: list) -> None:
+        """The rules of a batch's own arguments (its units are each checked after)."""
+        if v not in BATCH_VERSIONS:
+            raise self.bad(f"batch version {v} is not spoken here (this daemon speaks "
+                           f"{', '.join(map(str, BATCH_VERSIONS))})")
+        if ack is not None and (v < 2 or ack < 0):
+            raise self.bad(f"ack must be an integer >= 0, with v 2 or later; got ack {ack!r} with v {v}")
+        if not _TOKEN.fullmatch(token):
+            raise self.bad(f"token must be 8-128 letters, digits, '_' or '-', got {token!r}")
+        if not 1 <= len(units) <= MAX_BATCH_UNITS:
+            raise self.bad(f"units must hold 1-{MAX_BATCH_UNITS} units, got {len(units)}")
+
+    def check_plain(self, token: str, ack: int, units: list) -> list[dict[str, Any]] | None:
+        """A v2 batch of plain units ``[(seq, role, pickled payload), ...]`` (an inlet's,
+        `fleet.service.inlets`: each field of its type already), checked by the rules
+        `validate` applies to such a batch: its units' checked arguments as `validate`
+        makes them. ProtocolError for the batch's own arguments; None when some unit is
+        not one a plain unit's rule takes (or a seq repeats): `validate` then says what."""
+        self._check_batch(BATCH_VERSION, token, ack, units)
+        checked, seqs = [], set()
+        for seq, role, payload in units:
+            one = _plain_args(role, payload, seq, token)
+            if one is None or seq in seqs:
+                return None
+            seqs.add(seq)
+            checked.append(one)
+        return checked
 
     def take_fds(self, args: dict[str, Any], fds: list[int]) -> list:
         """The memfds the units' ``payload_fd`` name, each mapped in place of its payload."""
@@ -444,19 +463,22 @@ def _plain_unit(unit: Any, token: str) -> dict[str, Any] | None:
     what. The same rules, on the path every plain unit of a batch takes."""
     if type(unit) is not dict or not unit.keys() <= _PLAIN_KEYS or unit.get("encoding") != "pickle":
         return None
-    role, payload, seq = unit.get("role"), unit.get("payload"), unit.get("seq")
-    if type(role) is not str or not role or type(seq) is not int or not ranges.SEQ.holds(seq):
-        return None
-    if type(payload) is bytes:  # an inlet's (fleet.service.inlets): the pickled bytes themselves
-        raw = payload
-    elif type(payload) is not str:
-        return None
-    else:
+    payload = unit.get("payload")
+    if type(payload) is str:
         try:
-            raw = base64.b64decode(payload, validate=True)
+            payload = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             return None
-    return {**_PLAIN_DEFAULTS, "role": role, "payload": raw, "encoding": "pickle", "seq": seq, "token": token}
+    return _plain_args(unit.get("role"), payload, unit.get("seq"), token)
+
+
+def _plain_args(role: Any, payload: Any, seq: Any, token: str) -> dict[str, Any] | None:
+    """A plain unit's checked arguments from its role, its pickled bytes and its seq; None
+    when one of them is not what a plain unit's is."""
+    if type(role) is not str or not role or type(seq) is not int or not ranges.SEQ.holds(seq) \
+            or type(payload) is not bytes:
+        return None
+    return {**_PLAIN_DEFAULTS, "role": role, "payload": payload, "encoding": "pickle", "seq": seq, "token": token}
 
 
 @OPS.register
