@@ -285,7 +285,7 @@ class SubmitBatchOp(Op):
         if not 1 <= len(units) <= MAX_BATCH_UNITS:
             raise self.bad(f"units must hold 1-{MAX_BATCH_UNITS} units, got {len(units)}")
 
-    def check_plain(self, token: str, ack: int, units: list) -> list[dict[str, Any]] | None:
+    def check_plain(self, token: str, ack: int | None, units: list) -> list[dict[str, Any]] | None:
         """A v2 batch of plain units ``[(seq, role, pickled payload), ...]`` (an inlet's,
         `fleet.service.inlets`: each field of its type already), checked by the rules
         `validate` applies to such a batch: its units' checked arguments as `validate`
