@@ -27,6 +27,11 @@ def run_bench(*argv: str) -> dict:
     return json.loads(out.stdout)
 
 
+def bench_peers():
+    """The bench's per-unit submit peers: (row, the key of its rate)."""
+    return _bench().SUBMIT_PEERS
+
+
 def _bench():
     """tools/bench/dispatch_bench.py as a module (its helpers, without running it)."""
     import importlib.util
@@ -35,6 +40,20 @@ def _bench():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_submit_is_read_against_the_fastest_peer_of_the_run():
+    """`best_submit_peer`: the peer whose per-unit submit ran fastest (mpire's per-unit form
+    is apply_async, not its map), a peer not installed left out."""
+    bench = _bench()
+    res = {"process_pool_executor": {"submit_units_per_s": 11_000.0},
+           "loky": {"submit_units_per_s": 9_800.0, "map_chunk64_units_per_s": 5e5},
+           "mpire": {"apply_async_units_per_s": 16_800.0, "map_default_units_per_s": 170_000.0}}
+    assert bench.best_submit_peer(res) == ("mpire", 16_800.0)
+    res["mpire"] = {}  # mpire not installed: its row is there, empty
+    assert bench.best_submit_peer(res) == ("process_pool_executor", 11_000.0)
+    res["loky"]["submit_units_per_s"] = 12_000.0
+    assert bench.best_submit_peer(res) == ("loky", 12_000.0)
 
 
 def test_the_host_says_what_it_does_with_an_idle_cpu(tmp_path):
@@ -77,6 +96,12 @@ def test_noisy_reports_every_ratio_quiet_noisy_and_its_quotient():
         assert key in quiet and key in loud, key
     assert set(loud) == set(quiet)
     assert set(quot) == {k for k in quiet if quiet[k] and loud[k]}
+    # submit against the run's fastest peer, never above the ratio against ProcessPoolExecutor
+    peer = res["best_submit_peer"]
+    assert quiet["executor_submit_over_best_peer"] == pytest.approx(
+        res["fleet_executor"]["submit_units_per_s"] / res[peer][dict(bench_peers())[peer]], abs=0.01)
+    assert quiet["executor_submit_over_best_peer"] <= quiet["executor_submit_over_ppe"]
+    assert quiet["submit_fleet_over_best_peer"] <= quiet["submit_fleet_over_ppe"]
     # the quotient is noisy / quiet, turned over for a latency (lower is better there)
     k = "submit_fleet_over_ppe"
     assert quot[k] == pytest.approx(loud[k] / quiet[k], abs=2e-3)
