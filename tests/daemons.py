@@ -23,6 +23,7 @@ import psutil
 import fleet
 from fleet.shm import dataplane
 from fleet.rules.errors import FleetError
+from fleet.service import control
 from fleet.shm.table import segment
 from tests.fleets import unique_name
 
@@ -119,6 +120,7 @@ class Fleetd:
         self._own_dir = base_dir is None
         os.chmod(self.dir, 0o755)  # another uid may need to reach the socket inside
         self.runtime_dir = os.path.join(self.dir, "run")
+        self.socket_path = os.path.join(self.runtime_dir, f"{name}.sock")  # its control socket (RUNTIME_DIRECTORY)
         self.config_path = os.path.join(self.dir, "fleet.toml")
         self.write_config(roles, posture=posture, limits=limits)
         # STATE_DIRECTORY: the closure file of the provider admission stays in the test's dir
@@ -249,6 +251,11 @@ class Fleetd:
 
     def connect(self, **kwargs) -> fleet.Client:
         return fleet.connect(self.name, env=self.env, **kwargs)
+
+    def submitted(self) -> int:
+        """Units its ledger counts as submitted (admitted), read over its control socket."""
+        with control.ControlClient(self.socket_path) as c:
+            return c.call("ledger")["submitted"]
 
 
 def segments(name: str) -> list[str]:

@@ -245,7 +245,7 @@ class SubmitPipe:
             went = ring.push(frame.rid, token, self._client._received, True, True,
                              [(seq, role, args["payload"]) for seq, _fut, role, args in units])
         except MessageTooLarge:
-            pass
+            went = False  # larger than the ring could ever hold: the socket takes it
         finally:  # whatever stopped it (too large, or an error on its way out), it is not in flight
             if not went:
                 with self._lock:

@@ -54,17 +54,18 @@ class _Open:
 
 
 class Inlets:
-    """The inlets of one fleetd (``daemon``: its served operations and its supervisor)."""
+    """The inlets of one fleetd (``daemon``: its served operations and its supervisor,
+    started: its loop takes them from the next turn on, `Supervisor.add_feed`)."""
 
     def __init__(self, daemon, most: int = MAX_INLETS):
         self._daemon = daemon
         self._most = most
         self._lock = threading.Lock()
         self._open: tuple = ()  # read by the loop without the lock (replaced whole)
-        self._fed = False
         self._op = SubmitBatchOp()
         self._replies: list = []  # (stream, reply frame) of the batches taken this turn (`flush`)
         self.taken = 0  # batches taken through inlets (how many went this way)
+        daemon.sup.add_feed(self.take)
 
     def open(self, stream) -> inlet_mod.Inlet:
         """An inlet for the connection of ``stream`` (control thread: `OpenInletOp`)."""
@@ -77,9 +78,6 @@ class Inlets:
             inlet = inlet_mod.Inlet.make()
             entry = _Open(inlet, stream)
             self._open = (*self._open, entry)
-            feed, self._fed = not self._fed, True
-        if feed:
-            self._daemon.sup.add_feed(self.take)
         stream.on_close(lambda: self._gone(entry))
         return inlet
 

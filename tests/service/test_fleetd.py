@@ -50,7 +50,7 @@ def test_fleetctl_status_reads_the_running_daemon(fleetd):
     doc = fleetd.ctl_json("status")
     assert doc["fleet"] == fleetd.name and doc["alive"] and not doc["stale"]
     assert doc["mode"] == "service" and doc["creator_pid"] == fleetd.proc.pid
-    assert doc["socket"] == os.path.join(fleetd.runtime_dir, f"{fleetd.name}.sock")
+    assert doc["socket"] == fleetd.socket_path
     assert {q["name"] for q in doc["queues"]} == {"sq", "hang"}
     human = fleetd.ctl("status")
     assert human.returncode == 0 and f"fleet {fleetd.name}" in human.stdout and "running" in human.stdout
@@ -392,7 +392,7 @@ def test_the_owner_is_served_with_1000_idle_connections_open(fleet_name):
     # (The holders raise their own RLIMIT_NOFILE; fleetd needs no more descriptors than
     # its connection cap, so its limit is left as it is.)
     with Fleetd(fleet_name, roles(), args=("--socket-group", str(NOBODY))) as d:
-        path = os.path.join(d.runtime_dir, f"{d.name}.sock")
+        path = d.socket_path
         with idle_connections(path, 1000, NOBODY, NOBODY) as theirs, idle_connections(path, 1000) as ours:
             assert (theirs, ours) == (1000, 1000)
             shown = d.ctl("posture", "show", "--json")

@@ -176,7 +176,7 @@ def _raw_call(d: Fleetd, frame: bytes) -> dict:
     """One request frame as any client could write it (the library's client checks first)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(BOUND_S)
-        sock.connect(os.path.join(d.runtime_dir, f"{d.name}.sock"))
+        sock.connect(d.socket_path)
         sock.sendall(frame + b"\n")
         buf = b""
         while not buf.endswith(b"\n"):

@@ -70,15 +70,6 @@ def served():
         yield d
 
 
-def sock_path(d) -> str:
-    return f"{d.runtime_dir}/{d.name}.sock"
-
-
-def submitted(d) -> int:
-    with control.ControlClient(sock_path(d)) as c:
-        return c.call("ledger")["submitted"]
-
-
 def inlet_fds(pid: int) -> int:
     """fleetd's mappings of inlet memfds (its descriptor of one goes with the reply)."""
     with open(f"/proc/{pid}/maps") as maps:
@@ -90,7 +81,7 @@ class Raw:
     hostile client could do instead."""
 
     def __init__(self, d):
-        self.client = control.ControlClient(sock_path(d), timeout=BOUND_S)
+        self.client = control.ControlClient(d.socket_path, timeout=BOUND_S)
         reply = self.client.call("open_inlet")
         self.sock = self.client._sock
         held = reply["inlet"]
@@ -139,14 +130,14 @@ def raw(served):
 
 
 def test_a_clients_submits_go_through_its_inlet(served):
-    base = submitted(served)
+    base = served.submitted()
     with served.connect() as client:
         futs = [client.submit("sq", i) for i in range(40)]
         lone = [client.submit("sq", i).result(BOUND_S) for i in range(5)]
         assert [f.result(BOUND_S) for f in futs] == [i * i for i in range(40)]
         assert lone == [0, 1, 4, 9, 16]
         assert client._pipe.frames >= 6 and client._pipe.inlet_frames == client._pipe.frames
-    assert submitted(served) - base == 45
+    assert served.submitted() - base == 45
 
 
 def test_a_burst_split_over_the_inlet_and_the_socket_keeps_its_order(served):
@@ -174,7 +165,7 @@ def test_a_burst_split_over_the_inlet_and_the_socket_keeps_its_order(served):
 
 
 def test_a_batch_is_answered_as_a_frame_is_a_refusal_for_its_unit_alone(served, raw):
-    base = submitted(served)
+    base = served.submitted()
     raw.push(1, [(1, "sq", pickle.dumps(3)), (2, "nope", pickle.dumps(4)), (3, "sq", pickle.dumps(5))])
     reply = raw.reply()
     assert reply.ok and reply.id == 1, reply
@@ -184,7 +175,7 @@ def test_a_batch_is_answered_as_a_frame_is_a_refusal_for_its_unit_alone(served, 
     while len(raw.pushed) < 2:  # the socket's timeout bounds each read
         raw.pushed.extend(_pushes(raw))
     assert sorted((r["seq"], r["kind"]) for r in raw.pushed) == [(1, "solved"), (3, "solved")]
-    assert submitted(served) - base == 2
+    assert served.submitted() - base == 2
 
 
 def _pushes(raw) -> list:
@@ -199,12 +190,12 @@ def _pushes(raw) -> list:
     ([], "units must hold 1-4096 units, got 0"),
 ])
 def test_a_malformed_batch_is_refused_whole_and_admits_nothing(served, raw, units, says):
-    base = submitted(served)
+    base = served.submitted()
     raw.push(7, units)
     reply = raw.reply()
     assert not reply.ok and reply.id == 7 and reply.error_type == "InvalidArgs", reply
     assert says in reply.error_message
-    assert submitted(served) == base
+    assert served.submitted() == base
 
 
 def _harm_words(raw) -> None:  # head far past anything written
@@ -221,7 +212,7 @@ def _harm_body(raw) -> None:  # a batch whose count says more units than it hold
 
 @pytest.mark.parametrize("harm", [_harm_words, _harm_tag, _harm_body], ids=["words", "tag", "body"])
 def test_an_inlet_written_wrong_is_closed_and_fleetd_serves_on(served, raw, harm):
-    base = submitted(served)
+    base = served.submitted()
     before = inlet_fds(served.proc.pid)
     harm(raw)
     raw.segment.bell.ring()
@@ -229,7 +220,7 @@ def test_an_inlet_written_wrong_is_closed_and_fleetd_serves_on(served, raw, harm
     assert not frame.ok and frame.id is None and frame.error_type == "InvalidArgs", frame
     assert "inlet closed" in frame.error_message
     wait_until(lambda: inlet_fds(served.proc.pid) == before - 1, "fleetd to let the inlet go")
-    assert submitted(served) == base
+    assert served.submitted() == base
     with served.connect() as client:  # everyone else is served as before
         assert [client.submit("sq", i).result(BOUND_S) for i in range(3)] == [0, 1, 4]
     assert served.proc.poll() is None
@@ -271,16 +262,16 @@ def test_an_inlet_lives_as_long_as_its_connection(served):
 
 
 def test_a_batch_pushed_just_before_its_client_left_is_still_admitted(served):
-    base = submitted(served)
+    base = served.submitted()
     r = Raw(served)
     r.push(1, [(1, "sq", pickle.dumps(2)), (2, "sq", pickle.dumps(3))])
     r.close()  # at once: the reply is never read
-    wait_until(lambda: submitted(served) - base == 2, "the two units admitted")
+    wait_until(lambda: served.submitted() - base == 2, "the two units admitted")
 
 
 def test_a_uid_that_may_not_submit_gets_no_inlet(fleet_name):
     with Fleetd(fleet_name, roles(), args=("--socket-group", str(NOBODY))) as d:
-        path = sock_path(d)
+        path = d.socket_path
 
         def child():
             with control.ControlClient(path) as c:

@@ -56,10 +56,6 @@ def served():
         yield d
 
 
-def sock_path(d) -> str:
-    return f"{d.runtime_dir}/{d.name}.sock"
-
-
 def open_fds(pid: int) -> int:
     """fleetd's open descriptors but its warm parcels' (`parcels.Warm`: mapped for the next
     payload, bounded by parcels.WARM_MAX bytes); none of them may be a memfd."""
@@ -92,13 +88,8 @@ def shm_of(name: str) -> set[str]:
     return {entry for entry in os.listdir("/dev/shm") if name in entry and f"{name}{parcels.WARM_MARK}" not in entry}
 
 
-def submitted(d) -> int:
-    with control.ControlClient(sock_path(d)) as c:
-        return c.call("ledger")["submitted"]
-
-
 def settled(d) -> bool:
-    with control.ControlClient(sock_path(d)) as c:
+    with control.ControlClient(d.socket_path) as c:
         return c.call("ledger")["inflight"] == 0
 
 
@@ -271,7 +262,7 @@ def test_a_handed_payload_sent_ahead_to_a_worker_that_is_killed_runs_on_its_succ
 
 def test_a_client_that_takes_parcels_gets_the_workers_parcel_unlinked_one_that_does_not_a_memfd(served, quiet):
     size = 3 << 20
-    with control.ControlClient(sock_path(served)) as c:
+    with control.ControlClient(served.socket_path) as c:
         token = "parcel-client-0123456789"  # a token's own: what its client takes is said at its submit
         submit_v1(c, token, size, parcels=True)
         (record,) = collect_all(c, token, 1, fds=True, parcels=True)
@@ -307,7 +298,7 @@ def submit_v1(c, token: str, *sizes, parcels: bool = False) -> None:
 
 def test_a_large_result_comes_by_collect_in_a_memfd_and_base64_to_a_client_that_did_not_ask(served, quiet):
     size = 3 << 20
-    with control.ControlClient(sock_path(served)) as c:
+    with control.ControlClient(served.socket_path) as c:
         submit_v1(c, TOKEN, size)
         (record,) = collect_all(c, TOKEN, 1, fds=True)
         assert isinstance(record[outcome_record.VALUE_FD], fdpass.Mapped)
@@ -337,7 +328,7 @@ def test_outcomes_past_the_held_bound_are_a_named_failure_or_dropped_and_their_m
             assert client.submit("mk", 5 << 20).result(BOUND_S) == pattern(5 << 20)
             assert client.submit("sq", 3).result(BOUND_S) == 9  # acknowledges the value: its memfd goes
             wait_until(lambda: memfds(d.proc.pid) == [], "fleetd to close the acknowledged value's memfd")
-        with control.ControlClient(sock_path(d)) as c:
+        with control.ControlClient(d.socket_path) as c:
             token = "never-collects-0123456789"
             submit_v1(c, token, 5 << 20)
             wait_until(lambda: memfds(d.proc.pid), "the first value held in a memfd")
@@ -350,7 +341,7 @@ def test_outcomes_past_the_held_bound_are_a_named_failure_or_dropped_and_their_m
 
 def test_an_unheard_clients_outcomes_go_after_held_outcome_ttl_s_and_the_refusal_names_the_key():
     with served_fleetd("ldt", roles(), limits={"held_outcome_ttl_s": 1}) as d, \
-            control.ControlClient(sock_path(d)) as c:
+            control.ControlClient(d.socket_path) as c:
         token = "goes-quiet-0123456789"
         submit_v1(c, token, 300 << 10)  # held in a memfd: its closing tells that the outcome went
         wait_until(lambda: memfds(d.proc.pid), "the value held in a memfd")
@@ -410,7 +401,7 @@ def raw_call(d, frame: bytes, fds: list[int], *, close_after: bool = False):
     """Send ``frame`` with ``fds`` (one sendmsg) on a new connection; its reply."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(BOUND_S)
-        sock.connect(sock_path(d))
+        sock.connect(d.socket_path)
         sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
         if close_after:
             return None
@@ -480,7 +471,7 @@ HOSTILE = {
 @pytest.mark.parametrize("make, frame, needle", list(HOSTILE.values()), ids=list(HOSTILE))
 def test_a_hostile_descriptor_is_refused_by_name_admits_nothing_and_leaves_nothing_open(served, quiet, make,
                                                                                        frame, needle):
-    base = submitted(served)
+    base = served.submitted()
     fds = make()
     try:
         reply = raw_call(served, frame, fds)
@@ -488,18 +479,18 @@ def test_a_hostile_descriptor_is_refused_by_name_admits_nothing_and_leaves_nothi
         fdpass.close_all(fds)
     assert not reply.ok and reply.error_type == control.E_INVALID_ARGS, reply
     assert needle in reply.error_message, reply.error_message
-    assert submitted(served) == base  # not even the frame's good units
+    assert served.submitted() == base  # not even the frame's good units
 
 
 def test_descriptors_belong_to_their_own_frame_when_frames_before_it_arrive_in_the_same_read(served, quiet):
     """fleetd stopped while a plain frame and then one with a memfd are written: its first read
     takes both (Linux glues plain bytes in front of a message with descriptors), and the
     descriptor still belongs to the second frame."""
-    base = submitted(served)
+    base = served.submitted()
     fd = memfd(PAYLOAD, SEALED)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(BOUND_S)
-        sock.connect(sock_path(served))
+        sock.connect(served.socket_path)
         served.signal(signal.SIGSTOP)
         try:
             wait_until(lambda: all_stopped(served.proc.pid), "every thread of fleetd to stop")
@@ -516,15 +507,15 @@ def test_descriptors_belong_to_their_own_frame_when_frames_before_it_arrive_in_t
             buf += chunk
     replies = [decode_reply(line) for line in buf.splitlines()]
     assert [r.ok for r in replies] == [True, True], replies
-    assert submitted(served) == base + 2
-    with control.ControlClient(sock_path(served)) as c:
+    assert served.submitted() == base + 2
+    with control.ControlClient(served.socket_path) as c:
         outcomes = collect_all(c, TOKEN, 2)
     assert sorted((r["seq"], pickle.loads(base64.b64decode(r["value"]))) for r in outcomes) == [
         (1, 9), (2, (1000, hashlib.sha256(b"x" * 1000).hexdigest()))]
 
 
 def test_descriptors_with_a_frame_cut_off_by_a_disconnect_are_closed_and_admit_nothing(served, quiet):
-    base = submitted(served)
+    base = served.submitted()
     fds = [memfd(PAYLOAD, SEALED) for _ in range(3)]
     frame = batch(fd_unit(1, 0), fd_unit(2, 1), fd_unit(3, 2))
     try:
@@ -532,14 +523,14 @@ def test_descriptors_with_a_frame_cut_off_by_a_disconnect_are_closed_and_admit_n
     finally:
         fdpass.close_all(fds)
     wait_until(lambda: open_fds(served.proc.pid) <= quiet, "fleetd to close the descriptors of the cut frame")
-    assert submitted(served) == base
+    assert served.submitted() == base
 
 
 def test_a_connection_holding_too_many_unclaimed_descriptors_is_refused_and_closed(served, quiet):
-    base = submitted(served)
+    base = served.submitted()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(BOUND_S)
-        sock.connect(sock_path(served))
+        sock.connect(served.socket_path)
         frame = batch(fd_unit(1))
         fds = [memfd(PAYLOAD, SEALED) for _ in range(fdpass.MAX_FRAME_FDS)]
         try:
@@ -553,7 +544,7 @@ def test_a_connection_holding_too_many_unclaimed_descriptors_is_refused_and_clos
     reply = decode_reply(buf.split(b"\n")[0])
     assert reply.error_type == control.E_INVALID_ARGS and reply.id is None
     assert f"no frame has claimed (at most {fdpass.MAX_HELD_FDS})" in reply.error_message
-    assert submitted(served) == base
+    assert served.submitted() == base
 
 
 def test_a_large_payload_of_a_client_of_another_uid_than_fleetds_arrives(tmp_path):

@@ -47,17 +47,8 @@ def unit(seq: int, value=3, **extra) -> dict:
             "seq": seq, **extra}
 
 
-def sock_path(d) -> str:
-    return f"{d.runtime_dir}/{d.name}.sock"
-
-
-def submitted(d) -> int:
-    with control.ControlClient(sock_path(d)) as c:
-        return c.call("ledger")["submitted"]
-
-
 def settled(d) -> int:
-    with control.ControlClient(sock_path(d)) as c:
+    with control.ControlClient(d.socket_path) as c:
         counts = c.call("ledger")
     assert counts["submitted"] == counts["solved"] + counts["suppressed"] + counts["failed"] + counts["inflight"]
     return counts["inflight"]
@@ -116,7 +107,7 @@ def test_a_lone_submit_goes_out_at_once_and_those_made_meanwhile_go_out_as_one_f
 def test_a_unit_the_fleet_refuses_is_refused_alone_and_its_batch_runs(served, client, stopped):
     client.submit("sq", 1).result(BOUND_S)
     answered(client)
-    base = submitted(served)
+    base = served.submitted()
     stopped()
     first = client.submit("sq", 2)
     frames = client._pipe.frames
@@ -133,7 +124,7 @@ def test_a_unit_the_fleet_refuses_is_refused_alone_and_its_batch_runs(served, cl
     assert client._pipe.frames == frames + 1  # the four travelled in one frame
     assert unknown.unit_id is None and keyed.unit_id is None and isinstance(good.unit_id, int)
     wait_until(lambda: settled(served) == 0, "the units to end")
-    assert submitted(served) - base == 3  # the refused ones were never units
+    assert served.submitted() - base == 3  # the refused ones were never units
 
 
 GOOD = unit(1)
@@ -162,9 +153,9 @@ MALFORMED = [
 
 @pytest.mark.parametrize("change, needle", MALFORMED, ids=[m[1][:40] for m in MALFORMED])
 def test_a_malformed_batch_is_refused_whole_naming_what_was_wrong_and_admits_nothing(served, change, needle):
-    base = submitted(served)
+    base = served.submitted()
     args = {"v": 1, "token": TOKEN, "units": [GOOD], **change}
-    with control.ControlClient(sock_path(served)) as c:
+    with control.ControlClient(served.socket_path) as c:
         reply = c.send_raw(encode_request("submit_batch", args, 7))
         assert not reply.ok and reply.id == 7
         assert reply.error_type == control.E_INVALID_ARGS and needle in reply.error_message, reply.error_message
@@ -172,20 +163,20 @@ def test_a_malformed_batch_is_refused_whole_naming_what_was_wrong_and_admits_not
         again = c.send_raw(encode_request("submit_batch", {"v": 1, "token": TOKEN, "units": [unit(9)]}, 8))
         assert again.ok and isinstance(again.result["units"][0], int)
     wait_until(lambda: settled(served) == 0, "the well-formed unit to end")
-    assert submitted(served) - base == 1  # the malformed frame admitted no unit, not even its good one
+    assert served.submitted() - base == 1  # the malformed frame admitted no unit, not even its good one
 
 
 def test_a_batch_whose_sender_leaves_before_its_reply_gives_each_unit_one_outcome(served):
     token = "leaver-token-0123456789"
-    base = submitted(served)
+    base = served.submitted()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(sock_path(served))
+    sock.connect(served.socket_path)
     frame = encode_request("submit_batch", {"v": 1, "token": token, "units": [unit(1, 1), unit(2, 2), unit(3, 3)]}, 1)
     cut = encode_request("submit_batch", {"v": 1, "token": token, "units": [unit(4, 4)]}, 2)
     sock.sendall(frame + cut[: len(cut) // 2])  # a whole frame, then half of one, then gone
     sock.close()
     got, ack = {}, 0
-    with control.ControlClient(sock_path(served)) as c:
+    with control.ControlClient(served.socket_path) as c:
         while len(got) < 3:
             reply = c.call("collect", token=token, timeout=5.0, ack=ack)
             for record in reply["outcomes"]:
@@ -194,14 +185,14 @@ def test_a_batch_whose_sender_leaves_before_its_reply_gives_each_unit_one_outcom
             ack = reply["first"] + len(reply["outcomes"])
     assert sorted(got) == [1, 2, 3] and {r["kind"] for r in got.values()} == {"solved"}
     wait_until(lambda: settled(served) == 0, "the units to end")
-    assert submitted(served) - base == 3  # the half frame admitted nothing
+    assert served.submitted() - base == 3  # the half frame admitted nothing
 
 
 def test_an_idle_and_a_hostile_connection_cost_a_client_nothing(served, client):
-    base = submitted(served)
-    with idle_connections(sock_path(served), 1):
+    base = served.submitted()
+    with idle_connections(served.socket_path, 1):
         hostile = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        hostile.connect(sock_path(served))
+        hostile.connect(served.socket_path)
         try:
             hostile.sendall(encode_request("submit_batch", {"v": 1, "token": TOKEN, "units": [[1], {"x": 1}]}, 1))
             # then a batch frame that never ends, past the frame limit
@@ -216,7 +207,7 @@ def test_an_idle_and_a_hostile_connection_cost_a_client_nothing(served, client):
     assert b"InvalidArgs" in replies and b"units[0] must be an object, got array" in replies
     assert b"FrameTooLarge" in replies
     wait_until(lambda: settled(served) == 0, "the client's units to end")
-    assert submitted(served) - base == 20
+    assert served.submitted() - base == 20
 
 
 def test_many_threads_submitting_at_once_each_get_one_outcome_per_unit(served, client):
